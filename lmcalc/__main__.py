@@ -1,0 +1,3 @@
+from lmcalc.cli import main
+
+main()

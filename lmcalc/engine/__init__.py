@@ -1,0 +1,1 @@
+"""The accounting engine: pure functions of specs that return result objects. No printing, no torch."""

@@ -1,0 +1,220 @@
+"""Finding and loading presets: built-in YAML, the user's own files and directories, HF config.json.
+
+Built-in presets live in ``presets/`` at the top of the repository and are shipped inside the wheel as
+``lmcalc/presets``. ``LMCALC_PRESET_PATH`` (directories separated by ``os.pathsep``) adds the user's
+own, laid out the same way: ``models/*.yaml``, ``hardware/*.yaml``, ``precisions.yaml``,
+``optimizers.yaml``. Wherever a preset name is accepted, a path to a YAML file (or, for models, a
+Hugging Face ``config.json``) is accepted too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from lmcalc.errors import LmcalcError
+from lmcalc.hf_config import model_from_hf_config
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+
+PRESET_PATH_ENV = "LMCALC_PRESET_PATH"
+KINDS = ("models", "hardware", "precisions", "optimizers")
+_SPEC_OF_KIND: dict[str, type[BaseModel]] = {
+    "models": ModelSpec, "hardware": HardwareSpec, "precisions": PrecisionRecipe, "optimizers": OptimizerSpec,
+}
+_SINGULAR = {"models": "model", "hardware": "hardware", "precisions": "precision", "optimizers": "optimizer"}
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+S = TypeVar("S", bound=BaseModel)
+
+
+def builtin_dir() -> Path:
+    """``lmcalc/presets`` in an installed wheel; the repository's ``presets/`` in a checkout."""
+    packaged = Path(__file__).parent / "presets"
+    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "presets"
+
+
+def search_dirs() -> list[Path]:
+    """The user's directories first (so they can shadow a built-in name), then the built-in one."""
+    extra = [Path(p).expanduser() for p in os.environ.get(PRESET_PATH_ENV, "").split(os.pathsep) if p]
+    return [*extra, builtin_dir()]
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip().lower())
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file; syntax errors become one line naming the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise LmcalcError(f"{where}: YAML syntax error: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise LmcalcError(f"{path}: YAML error: {exc}") from None
+
+
+def validate(spec_type: type[S], data: Any, origin: str) -> S:
+    """Build a spec; a validation error becomes one line naming the field and the reason."""
+    if not isinstance(data, dict):
+        raise LmcalcError(f"{origin}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return spec_type.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        message = first["msg"].removeprefix("Value error, ")
+        raise LmcalcError(f"{origin}: {field}: {message}{more}") from None
+
+
+def _entries_in(directory: Path, kind: str) -> list[tuple[dict[str, Any], str]]:
+    if kind in ("models", "hardware"):
+        folder = directory / kind
+        if not folder.is_dir():
+            return []
+        return [(read_yaml(p), str(p)) for p in sorted(folder.glob("*.y*ml"))]
+    path = directory / f"{kind}.yaml"
+    if not path.is_file():
+        return []
+    data = read_yaml(path)
+    items = data.get(kind) if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise LmcalcError(f"{path}: expected a top-level list named '{kind}'")
+    return [(item, f"{path} [{kind}[{i}]]") for i, item in enumerate(items)]
+
+
+@dataclass(frozen=True)
+class Registry:
+    """All presets of one kind, indexed by canonical name, alias and family name."""
+
+    kind: str
+    specs: dict[str, BaseModel]
+    origins: dict[str, str]
+    names: dict[str, str]
+    families: dict[str, str]
+
+    def resolve(self, name: str) -> tuple[BaseModel, str]:
+        """The spec for ``name`` and a note when a family name picked a default member."""
+        key = normalise(name)
+        if key in self.names:
+            return self.specs[self.names[key]], ""
+        if key in self.families:
+            chosen = self.families[key]
+            return self.specs[chosen], f"'{name}' is a family name; using its default member {chosen}"
+        choices = sorted(set(self.names) | set(self.families))
+        close = difflib.get_close_matches(key, choices, n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else f"; run 'lmcalc presets list {self.kind}'"
+        raise LmcalcError(f"unknown {_SINGULAR[self.kind]} '{name}'{hint}")
+
+
+@cache
+def registry(kind: str) -> Registry:
+    """Load every preset of ``kind`` from the search path (cached for the process)."""
+    specs: dict[str, BaseModel] = {}
+    origins: dict[str, str] = {}
+    names: dict[str, str] = {}
+    families: dict[str, str] = {}
+    for directory in search_dirs():
+        for data, origin in _entries_in(directory, kind):
+            spec = validate(_SPEC_OF_KIND[kind], data, origin)
+            canonical = spec.name  # type: ignore[attr-defined]
+            if canonical in specs:
+                continue  # a user directory earlier on the path shadows this one
+            specs[canonical] = spec
+            origins[canonical] = origin
+            for alias in [canonical, *getattr(spec, "aliases", [])]:
+                names.setdefault(normalise(alias), canonical)
+            for family in getattr(spec, "family_aliases", []):
+                families.setdefault(normalise(family), canonical)
+    return Registry(kind, specs, origins, names, families)
+
+
+def _looks_like_path(name: str) -> bool:
+    return os.sep in name or "/" in name or name.endswith((".yaml", ".yml", ".json"))
+
+
+def load_spec_file(path: Path, spec_type: type[S]) -> S:
+    """A user's own preset file: YAML for any kind; a HF ``config.json`` for a model."""
+    if not path.is_file():
+        raise LmcalcError(f"no such file: {path}")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise LmcalcError(f"{path}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
+        if spec_type is ModelSpec and isinstance(data, dict) and "name" not in data:
+            return validate(spec_type, model_from_hf_config(data, path.stem, str(path)), str(path))
+        return validate(spec_type, data, str(path))
+    return validate(spec_type, read_yaml(path), str(path))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A spec found by name or path, with a line to show the user when the lookup chose something."""
+
+    spec: Any
+    origin: str
+    note: str = ""
+
+
+def _resolve(kind: str, name: str, spec_type: type[S]) -> Resolved:
+    if _looks_like_path(name):
+        return Resolved(load_spec_file(Path(name).expanduser(), spec_type), name)
+    reg = registry(kind)
+    spec, note = reg.resolve(name)
+    return Resolved(spec, reg.origins[spec.name], note)  # type: ignore[attr-defined]
+
+
+def resolve_model(name: str) -> Resolved:
+    return _resolve("models", name, ModelSpec)
+
+
+def resolve_hardware(name: str) -> Resolved:
+    return _resolve("hardware", name, HardwareSpec)
+
+
+def resolve_precision(name: str) -> Resolved:
+    return _resolve("precisions", name, PrecisionRecipe)
+
+
+def resolve_optimizer(name: str) -> Resolved:
+    return _resolve("optimizers", name, OptimizerSpec)
+
+
+_CLUSTER_RE = re.compile(r"^\s*(\d+)\s*[x×]\s*(?:(\d+)\s*[x×]\s*)?(.+?)\s*$", re.IGNORECASE)
+
+
+def parse_cluster(text: str) -> Cluster:
+    """``8xH100`` (8 GPUs), ``1024xH100`` (1024 GPUs, the preset's GPUs per node), ``128x8xH100``."""
+    match = _CLUSTER_RE.match(text)
+    if not match:
+        raise LmcalcError(
+            f"cannot read cluster {text!r}; expected COUNTxGPU or NODESxGPUS_PER_NODExGPU, "
+            "e.g. 8xH100, 1024xH100, 128x8xH100"
+        )
+    first, per_node, gpu = match.groups()
+    hardware = resolve_hardware(gpu).spec
+    if int(first) <= 0 or (per_node is not None and int(per_node) <= 0):
+        raise LmcalcError(f"cluster {text!r}: the number of nodes and of GPUs must be positive")
+    if per_node is None:
+        count = int(first)
+        gpus_per_node = min(hardware.gpus_per_node, count)
+    else:
+        count, gpus_per_node = int(first) * int(per_node), int(per_node)
+    return Cluster(hardware=hardware, count=count, gpus_per_node=gpus_per_node)

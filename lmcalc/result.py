@@ -1,0 +1,104 @@
+"""Result objects: every figure the engine returns, with the formula and numbers that made it.
+
+The table, ``--json`` and ``--explain`` renderers all read the same ``Result``, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmcalc.units import format_quantity
+
+
+@dataclass(frozen=True)
+class Term:
+    """One named figure: ``value`` in ``unit``, from ``formula`` with the numbers in ``substituted``."""
+
+    key: str
+    label: str
+    value: float
+    unit: str
+    formula: str = ""
+    substituted: str = ""
+    source: str = ""
+    note: str = ""
+
+    @property
+    def text(self) -> str:
+        return format_quantity(self.value, self.unit)
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"value": self.value, "unit": self.unit, "label": self.label}
+        for name in ("formula", "substituted", "source", "note"):
+            if getattr(self, name):
+                data[name] = getattr(self, name)
+        return data
+
+
+@dataclass(frozen=True)
+class Input:
+    """A value the calculation started from, and where it came from (user, preset, default)."""
+
+    key: str
+    label: str
+    value: Any
+    unit: str = ""
+    origin: str = ""
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.value, int | float) and not isinstance(self.value, bool) and self.unit:
+            return format_quantity(float(self.value), self.unit)
+        return f"{self.value}{' ' + self.unit if self.unit else ''}"
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"value": self.value}
+        if self.unit:
+            data["unit"] = self.unit
+        if self.origin:
+            data["origin"] = self.origin
+        return data
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled group of terms inside a result (e.g. one row per ZeRO stage)."""
+
+    key: str
+    title: str
+    terms: tuple[Term, ...]
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a command computed: its inputs, its sections of terms, and notes on assumptions."""
+
+    command: str
+    title: str
+    inputs: tuple[Input, ...]
+    sections: tuple[Section, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def term(self, key: str) -> Term:
+        """The term named ``key`` in any section (``section.key`` for a specific one)."""
+        section_key, _, term_key = key.rpartition(".")
+        for section in self.sections:
+            if section_key and section.key != section_key:
+                continue
+            for term in section.terms:
+                if term.key == term_key:
+                    return term
+        raise KeyError(key)
+
+    def value(self, key: str) -> float:
+        return self.term(key).value
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "title": self.title,
+            "inputs": {i.key: i.as_json() for i in self.inputs},
+            "results": {s.key: {t.key: t.as_json() for t in s.terms} for s in self.sections},
+            "notes": list(self.notes),
+        }

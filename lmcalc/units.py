@@ -1,0 +1,117 @@
+"""Parsing and printing of quantities, with the unit always attached.
+
+Counts (parameters, tokens, FLOPs) use decimal suffixes: K = 1e3, M = 1e6, B = G = 1e9, T = 1e12,
+P = 1e15. Bytes are printed both in decimal GB (1e9 bytes, as spec sheets print them) and binary GiB
+(2**30 bytes, as ``torch.cuda`` and ``nvidia-smi`` report them), because the two differ by 7% and
+confusing them is a classic way to over-fill a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from lmcalc.errors import LmcalcError
+
+COUNT_SUFFIXES: dict[str, float] = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
+BYTE_SUFFIXES: dict[str, float] = {
+    "B": 1.0,
+    "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+}
+GB = 1e9
+GiB = 2**30
+SECONDS_PER_DAY = 86_400.0
+SECONDS_PER_HOUR = 3_600.0
+
+_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]?)\s*$")
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_count(text: str | float | int, what: str = "count") -> float:
+    """Parse ``15T``, ``1.4T``, ``300B``, ``4M``, ``1e12`` or a plain number into a positive float."""
+    if isinstance(text, int | float):
+        value = float(text)
+    else:
+        match = _COUNT_RE.match(str(text))
+        if not match or match.group(2).upper() not in COUNT_SUFFIXES:
+            raise LmcalcError(
+                f"cannot read {what} {text!r}; expected a number with an optional suffix "
+                "K, M, B, T or P (e.g. 15T, 1.4T, 300B, 4M, 1e12)"
+            )
+        value = float(match.group(1)) * COUNT_SUFFIXES[match.group(2).upper()]
+    if not math.isfinite(value) or value <= 0:
+        raise LmcalcError(f"{what} must be a positive number, got {text!r}")
+    return value
+
+
+def parse_bytes(text: str | float | int, what: str = "size") -> float:
+    """Parse ``80GB``, ``79.6GiB``, ``512MiB`` or a plain number of bytes."""
+    if isinstance(text, int | float):
+        value = float(text)
+    else:
+        match = _BYTES_RE.match(str(text))
+        suffix = match.group(2).upper() if match else ""
+        if not match or (suffix and suffix not in BYTE_SUFFIXES):
+            raise LmcalcError(
+                f"cannot read {what} {text!r}; expected bytes with an optional unit "
+                "B, KB, MB, GB, TB (decimal) or KiB, MiB, GiB, TiB (binary), e.g. 2GiB"
+            )
+        value = float(match.group(1)) * BYTE_SUFFIXES.get(suffix, 1.0)
+    if not math.isfinite(value) or value < 0:
+        raise LmcalcError(f"{what} must be zero or a positive number of bytes, got {text!r}")
+    return value
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """Parse a tensor shape written ``12288x49152`` (or with ``×`` or ``,``)."""
+    parts = re.split(r"[x×,*]", text.strip().lower())
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise LmcalcError(f"cannot read shape {text!r}; expected sizes joined by 'x', e.g. 12288x49152") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise LmcalcError(f"every dimension of shape {text!r} must be a positive integer")
+    return dims
+
+
+def si(value: float, digits: int = 3) -> str:
+    """``7.0e10 -> '70.0 B'``: a count with a decimal suffix (B = billion)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    for suffix, scale in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.{digits}g} {suffix}"
+    return f"{value:.{digits}g}"
+
+
+def sci(value: float, digits: int = 3) -> str:
+    """Scientific notation for big counts: ``3.14e+23``."""
+    return f"{value:.{digits - 1}e}"
+
+
+def group(value: float) -> str:
+    """An exact integer with thousands separators, or a float to 6 significant figures."""
+    if float(value).is_integer() and abs(value) < 1e21:
+        return f"{int(value):,}"
+    return f"{value:.6g}"
+
+
+def format_quantity(value: float, unit: str) -> str:
+    """Print a value with its unit the way an engineer would read it."""
+    if unit == "bytes":
+        return f"{value / GB:,.2f} GB ({value / GiB:,.2f} GiB)" if value >= 1e7 else f"{group(value)} bytes"
+    if unit == "FLOP/s":
+        return f"{value / 1e12:,.1f} TFLOP/s"
+    if unit == "FLOPs":
+        return f"{sci(value)} FLOPs"
+    if unit in ("params", "tokens", "GPUs", "elements", "sequences"):
+        text = group(value) if abs(value) < 1e4 else si(value, 4)
+        return f"{text} {unit}"
+    if unit == "USD":
+        return f"${value:,.0f}"
+    if unit == "ratio":
+        return f"{value:.4g}"
+    if unit == "%":
+        return f"{value:.1f} %"
+    return f"{value:,.4g} {unit}"
