@@ -116,8 +116,8 @@ class Registry:
             chosen = self.families[key]
             return self.specs[chosen], f"'{name}' is a family name; using its default member {chosen}"
         choices = sorted(set(self.names) | set(self.families))
-        close = difflib.get_close_matches(key, choices, n=3, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(close)}?" if close else f"; run 'lmcalc presets list {self.kind}'"
+        close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; run 'lmcalc presets list {self.kind}'"
         raise LmcalcError(f"unknown {_SINGULAR[self.kind]} '{name}'{hint}")
 
 

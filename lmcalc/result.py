@@ -69,6 +69,9 @@ class Section:
     title: str
     terms: tuple[Term, ...]
 
+    def term(self, key: str) -> Term:
+        return next(t for t in self.terms if t.key == key)
+
 
 @dataclass(frozen=True)
 class Result:
@@ -79,6 +82,7 @@ class Result:
     inputs: tuple[Input, ...]
     sections: tuple[Section, ...]
     notes: tuple[str, ...] = field(default=())
+    layout: str = "sections"  # "grid": one row per section, one column per term (comparisons)
 
     def term(self, key: str) -> Term:
         """The term named ``key`` in any section (``section.key`` for a specific one)."""

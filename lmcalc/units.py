@@ -24,8 +24,8 @@ GiB = 2**30
 SECONDS_PER_DAY = 86_400.0
 SECONDS_PER_HOUR = 3_600.0
 
-_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]?)\s*$")
-_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_COUNT_RE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]?)\s*$")
+_BYTES_RE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_count(text: str | float | int, what: str = "count") -> float:
@@ -110,6 +110,8 @@ def format_quantity(value: float, unit: str) -> str:
         return f"{text} {unit}"
     if unit == "USD":
         return f"${value:,.0f}"
+    if unit == "":
+        return f"{value:.6g}"
     if unit == "ratio":
         return f"{value:.4g}"
     if unit == "%":

@@ -1,0 +1,283 @@
+"""The ``lmcalc`` command line: parse flags, resolve presets, call the estimates, render. No arithmetic.
+
+Errors in the user's input are printed as one line (``lmcalc: error: ...``) with exit code 2; the
+accounting commands never import torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from lmcalc import __version__
+from lmcalc import estimates as est
+from lmcalc import presets as pr
+from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
+from lmcalc.errors import LmcalcError
+from lmcalc.render import render
+from lmcalc.result import Result
+from lmcalc.units import parse_bytes, parse_count, parse_shape
+
+app = typer.Typer(
+    name="lmcalc",
+    help="What an LLM training run costs before you rent a GPU: parameters, FLOPs, memory per GPU, time.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+presets_app = typer.Typer(help="List, show and check the built-in and your own presets.", no_args_is_help=True)
+app.add_typer(presets_app, name="presets")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
+ExplainOpt = Annotated[bool, typer.Option("--explain", help="Print the derivation: formula, numbers, sources.")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset name, family name, YAML file or HF config.json.")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="Precision recipe (lmcalc presets list precisions).")]
+OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer (lmcalc presets list optimizers).")]
+SeqOpt = Annotated[str | None, typer.Option("--seq", help="Sequence length in tokens, e.g. 4096 or 8K.")]
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none | selective | full.")]
+AttentionOpt = Annotated[str, typer.Option(
+    "--attention", help="Attention kernel: flash (fused, no s² scores) | eager (scores materialised).")]
+OverheadOpt = Annotated[str, typer.Option(
+    "--overhead", help="Allowance for CUDA context, workspaces and fragmentation (e.g. 2GiB, 0).")]
+
+
+def _choice(value: str, options: tuple[str, ...], flag: str) -> str:
+    key = value.strip().lower()
+    if key not in options:
+        raise LmcalcError(f"{flag} must be one of {', '.join(options)}; got {value!r}")
+    return key
+
+
+def _positive_int(value: int, flag: str) -> int:
+    if value <= 0:
+        raise LmcalcError(f"{flag} must be a positive integer, got {value}")
+    return value
+
+
+def _seq(value: str | None, model=None) -> est.Given:
+    if value is None:
+        return est.default_seq_len(model)
+    seq = parse_count(value, "--seq")
+    if not seq.is_integer():
+        raise LmcalcError(f"--seq must be a whole number of tokens, got {value!r}")
+    return est.Given(int(seq), "--seq")
+
+
+def _emit(result: Result, as_json: bool, explain: bool) -> None:
+    render(result, as_json=as_json, explain=explain)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"lmcalc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """What an LLM training run costs before you rent a GPU: parameters, FLOPs, memory per GPU, time."""
+
+
+@app.command("train-time")
+def train_time(
+    model: ModelOpt,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="Cluster: 1024xH100 or 128x8xH100.")] = None,
+    tokens: Annotated[str | None, typer.Option(
+        "--tokens", help="Training tokens (15T, 300B). Default: the preset's published count, else 20 per parameter.")] = None,
+    mfu: Annotated[float | None, typer.Option("--mfu", help="Model FLOPs utilisation in (0, 1]. Default: 0.4 (an assumption).")] = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    days: Annotated[float | None, typer.Option("--days", help="Solve for GPUs: finish within this many days.")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU type when solving for the GPU count with --days.")] = None,
+    flops_basis: Annotated[str, typer.Option("--flops-basis", help="6nd (napkin, default) | detailed (matmul count, causal).")] = "6nd",
+    seq: SeqOpt = None,
+    price: Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour, for the cost.")] = None,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Days and GPU-hours to train a model on a cluster, or GPUs needed to meet a deadline."""
+    resolved = pr.resolve_model(model)
+    spec = resolved.spec
+    basis = _choice(flops_basis, ("6nd", "detailed"), "--flops-basis")
+    tokens_given = est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else est.default_tokens(spec)
+    mfu_given = est.Given(mfu, "--mfu") if mfu is not None else est.default_mfu()
+    if price is not None and price < 0:
+        raise LmcalcError(f"--price-per-gpu-hour must not be negative, got {price:g}")
+    recipe = pr.resolve_precision(precision).spec
+    cluster = hardware = None
+    if days is not None:
+        if days <= 0:
+            raise LmcalcError(f"--days must be positive, got {days:g}")
+        if gpus is not None:
+            raise LmcalcError("give either --gpus (to get the time) or --days with --gpu (to get the GPU count), not both")
+        if gpu is None:
+            raise LmcalcError("--days needs --gpu, the GPU type to count (e.g. --gpu H100)")
+        hardware = pr.resolve_hardware(gpu).spec
+    elif gpus is None:
+        raise LmcalcError("give --gpus (e.g. --gpus 1024xH100), or --days with --gpu to solve for the GPU count")
+    else:
+        cluster = pr.parse_cluster(gpus)
+    result = est.train_time_result(spec, tokens_given, mfu_given, recipe, cluster=cluster, hardware=hardware,
+                                   days=days, seq_len=_seq(seq, spec), basis=basis, price_per_gpu_hour=price,
+                                   note=resolved.note)
+    _emit(result, as_json, explain)
+
+
+@app.command("max-params")
+def max_params(
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster: 8xH100, 2x8xA100-80GB.")],
+    optimizer: OptimizerOpt = "adamw",
+    precision: PrecisionOpt = "bf16-mixed",
+    seq: Annotated[str, typer.Option("--seq", help="Sequence length for the activation column.")] = "4096",
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU for the activation column.")] = 1,
+    attention: AttentionOpt = "flash",
+    recompute: RecomputeOpt = "none",
+    overhead: OverheadOpt = f"{OVERHEAD_ALLOWANCE_BYTES}",
+    like: Annotated[str, typer.Option("--like", help="Model whose proportions the activation column scales.")] = "llama-3.1-8b",
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3."""
+    cluster = pr.parse_cluster(gpus)
+    result = est.max_params_result(
+        cluster, pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec,
+        pr.resolve_model(like).spec, int(_seq(seq).value), _positive_int(micro_batch, "--micro-batch"),
+        _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
+        _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
+        parse_bytes(overhead, "--overhead"))
+    _emit(result, as_json, explain)
+
+
+@app.command("flops")
+def flops(
+    model: ModelOpt,
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens. Default: published, else 20/param.")] = None,
+    seq: SeqOpt = None,
+    attn_flops: Annotated[str, typer.Option("--attn-flops", help="Attention convention: causal | full.")] = "causal",
+    recompute: RecomputeOpt = "none",
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Training FLOPs: 6·N·D, the detailed matmul count (causal or full attention), and PaLM's convention."""
+    resolved = pr.resolve_model(model)
+    spec = resolved.spec
+    tokens_given = est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else est.default_tokens(spec)
+    result = est.flops_result(spec, tokens_given, _seq(seq, spec),
+                              _choice(attn_flops, ("causal", "full"), "--attn-flops"),  # type: ignore[arg-type]
+                              _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
+                              note=resolved.note)
+    _emit(result, as_json, explain)
+
+
+@app.command("memory")
+def memory(
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster; all GPUs form the data-parallel group.")] = "1xH100",
+    seq: SeqOpt = None,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per step.")] = 1,
+    zero: Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 (3 = FSDP full sharding).")] = 0,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    attention: AttentionOpt = "flash",
+    recompute: RecomputeOpt = "none",
+    overhead: OverheadOpt = f"{OVERHEAD_ALLOWANCE_BYTES}",
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Memory per GPU of one training step: parameters, gradients, optimizer, activations, overhead."""
+    resolved = pr.resolve_model(model)
+    spec = resolved.spec
+    result = est.memory_result(
+        spec, pr.parse_cluster(gpus), pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec,
+        zero, _seq(seq, spec), _positive_int(micro_batch, "--micro-batch"),
+        _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
+        _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
+        parse_bytes(overhead, "--overhead"), note=resolved.note)
+    _emit(result, as_json, explain)
+
+
+@app.command("params")
+def params(model: ModelOpt, as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
+    """The exact parameter count, tensor group by tensor group."""
+    resolved = pr.resolve_model(model)
+    _emit(est.params_result(resolved.spec, resolved.note), as_json, explain)
+
+
+@app.command("tensor")
+def tensor(
+    shape: Annotated[str, typer.Argument(help="Shape, e.g. 12288x49152.")],
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16, fp8, int8, int4, ...")] = "fp32",
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Bytes of one tensor: elements × bytes per element."""
+    _emit(est.tensor_result(parse_shape(shape), dtype), as_json, explain)
+
+
+@app.command("dtypes")
+def dtypes(as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
+    """Floating-point formats: bits, largest value, smallest normal, machine epsilon."""
+    _emit(est.dtypes_result(), as_json, explain)
+
+
+@presets_app.command("list")
+def presets_list(
+    kind: Annotated[str | None, typer.Argument(help="models | hardware | precisions | optimizers (default: all).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List presets with their aliases and where each was loaded from."""
+    from lmcalc.preset_views import list_presets
+
+    kinds = pr.KINDS if kind is None else (_choice(kind, pr.KINDS, "presets list KIND"),)
+    list_presets(kinds, as_json)
+
+
+@presets_app.command("show")
+def presets_show(
+    name: Annotated[str, typer.Argument(help="A preset name or alias of any kind.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show every field of a preset."""
+    from lmcalc.preset_views import show_preset
+
+    show_preset(name, as_json)
+
+
+@presets_app.command("check")
+def presets_check(
+    files: Annotated[list[str] | None, typer.Argument(help="Preset files to check (default: every preset on the path).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate preset files (schema; computed vs published parameter count); exit 1 on any failure."""
+    from lmcalc.preset_views import check_presets
+
+    if not check_presets(files or [], as_json):
+        raise typer.Exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app and turn every error into one line and a non-zero exit code."""
+    try:
+        code = app(args=argv, prog_name="lmcalc", standalone_mode=False)
+    except LmcalcError as exc:
+        print(f"lmcalc: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        print("lmcalc: aborted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as exc:  # typer's usage errors: unknown option, missing value, bad type
+        message = " ".join(getattr(exc, "format_message", exc.__str__)().split())
+        print(f"lmcalc: error: {message} (see 'lmcalc --help')", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except Exception as exc:  # never show a traceback to a user, unless asked
+        if os.environ.get("LMCALC_DEBUG"):
+            raise
+        print(f"lmcalc: internal error: {type(exc).__name__}: {exc} (set LMCALC_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,167 @@
+"""Training FLOPs: the napkin rule 6·N·D, the detailed matmul count, and the PaLM convention.
+
+A matmul of an (m × n) by an (n × p) matrix costs 2·m·n·p FLOPs (one multiply and one add per term).
+Per token, a weight matrix of n·p elements therefore costs 2·n·p FLOPs in the forward pass; the
+backward pass computes the gradient with respect to both the input and the weight, twice as much
+(Kaplan et al. 2020 §2.1; Narayanan et al. 2021 §5.1). Hence forward 2·N·D, backward 4·N·D, total
+6·N·D for N parameters and D tokens.
+
+The detailed count adds what 6·N·D leaves out and removes what it wrongly includes:
+  * the attention score and value products, 2·s·H·d each per token and layer, which have no weights
+    (full convention: every query against all s keys, as ``FlopCounterMode`` counts them; causal:
+    query i only against keys 1..i, an average of (s+1)/2);
+  * the output logits, 2·h·V, counted once whether or not the head is tied to the embedding;
+  * no FLOPs for the embedding lookup, norms, biases, activations or softmax (element-wise work is
+    negligible next to matmuls and is not what MFU conventions count).
+For MoE only the routed experts a token visits count (k of E), plus the router.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lmcalc.engine.params import count_params, weight_tensors
+from lmcalc.result import Section, Term
+from lmcalc.specs import ModelSpec
+from lmcalc.units import group, sci
+
+AttnConvention = Literal["causal", "full"]
+Recompute = Literal["none", "selective", "full"]
+BACKWARD_TO_FORWARD = 2  # Kaplan et al. 2020 §2.1: backward costs twice the forward
+
+
+@dataclass(frozen=True)
+class ForwardFlops:
+    """Forward-pass FLOPs per token, by where they are spent."""
+
+    projections: float  # attention Q/K/V/O (and MLA low-rank) weight matmuls
+    mlp: float  # dense MLP, routed experts visited, shared experts, router
+    attention_scores: float  # Q·K^T
+    attention_values: float  # softmax(QK^T)·V
+    logits: float
+
+    @property
+    def layers(self) -> float:
+        return self.projections + self.mlp + self.attention_scores + self.attention_values
+
+    @property
+    def total(self) -> float:
+        return self.layers + self.logits
+
+
+def effective_keys(seq_len: int, convention: AttnConvention) -> float:
+    """Keys each query is scored against, averaged over positions: s (full) or (s+1)/2 (causal)."""
+    return seq_len if convention == "full" else (seq_len + 1) / 2
+
+
+def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: AttnConvention = "causal") -> ForwardFlops:
+    """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens."""
+    projections = mlp = 0.0
+    for t in weight_tensors(spec):
+        if not t.matmul:
+            continue
+        if t.group == "attention":
+            projections += 2 * t.active_total
+        else:
+            mlp += 2 * t.active_total
+    keys = effective_keys(seq_len, convention)
+    L, H = spec.num_layers, spec.num_heads
+    return ForwardFlops(
+        projections=projections,
+        mlp=mlp,
+        attention_scores=2 * L * keys * H * spec.qk_head_dim,
+        attention_values=2 * L * keys * H * spec.v_head_dim,
+        logits=2 * spec.hidden_size * spec.vocab_size,
+    )
+
+
+def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute) -> float:
+    """Extra forward work redone in the backward pass (Korthikanti et al. 2022 Appendix A).
+
+    Selective recomputation redoes only the attention core (scores and values); full recomputation
+    redoes the whole forward pass of every layer (not the logits).
+    """
+    if recompute == "full":
+        return fwd.layers
+    if recompute == "selective":
+        return fwd.attention_scores + fwd.attention_values
+    return 0.0
+
+
+def napkin_params(spec: ModelSpec) -> int:
+    """The N of 6·N·D: all parameters for a dense model, the active ones for MoE."""
+    counts = count_params(spec)
+    return counts.active if spec.moe else counts.total
+
+
+def napkin_section(spec: ModelSpec, tokens: float) -> Section:
+    n = napkin_params(spec)
+    n_name = "N_active" if spec.moe else "N"
+    return Section("napkin", "Napkin rule (6·N·D)", (
+        Term("forward", "Forward", 2 * n * tokens, "FLOPs", f"2·{n_name}·D", f"2 × {group(n)} × {sci(tokens)}",
+             "Kaplan et al. 2020 §2.1: 2 FLOPs per parameter per token"),
+        Term("backward", "Backward", 4 * n * tokens, "FLOPs", f"4·{n_name}·D", f"4 × {group(n)} × {sci(tokens)}",
+             "backward = 2 × forward (gradients w.r.t. inputs and weights)"),
+        Term("total", "Total training FLOPs", 6 * n * tokens, "FLOPs", f"6·{n_name}·D",
+             f"6 × {group(n)} × {sci(tokens)}", "Kaplan et al. 2020; Hoffmann et al. 2022 (C ≈ 6ND)"),
+    ))
+
+
+def detailed_section(spec: ModelSpec, tokens: float, seq_len: int, convention: AttnConvention,
+                     recompute: Recompute) -> Section:
+    fwd = forward_flops_per_token(spec, seq_len, convention)
+    keys = effective_keys(seq_len, convention)
+    keys_text = f"{seq_len}" if convention == "full" else f"({seq_len}+1)/2"
+    L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
+    per_token = (1 + BACKWARD_TO_FORWARD) * fwd.total
+    extra = recompute_flops_per_token(fwd, recompute)
+    model_total = per_token * tokens
+    hardware_total = (per_token + extra) * tokens
+    s_sym = "s" if convention == "full" else "(s+1)/2"
+    terms = (
+        Term("projections", "Attention projections (fwd, per token)", fwd.projections, "FLOPs",
+             "2 · Σ attention weight elements", f"2 × {group(fwd.projections / 2)}"),
+        Term("mlp", "MLP / experts (fwd, per token)", fwd.mlp, "FLOPs",
+             "2 · Σ FFN weight elements a token uses" + (" (k routed + shared + router)" if spec.moe else ""),
+             f"2 × {group(fwd.mlp / 2)}"),
+        Term("attention_scores", f"Attention scores QKᵀ (fwd, per token, {convention})", fwd.attention_scores,
+             "FLOPs", f"2 · L · {s_sym} · H · d_qk", f"2 × {L} × {keys_text} × {H} × {dqk}",
+             note=f"{convention} convention: each query scored against {keys:g} keys on average"),
+        Term("attention_values", f"Attention values AV (fwd, per token, {convention})", fwd.attention_values,
+             "FLOPs", f"2 · L · {s_sym} · H · d_v", f"2 × {L} × {keys_text} × {H} × {dv}"),
+        Term("logits", "Output logits (fwd, per token)", fwd.logits, "FLOPs", "2 · h · V",
+             f"2 × {spec.hidden_size} × {spec.vocab_size}"),
+        Term("forward_per_token", "Forward per token", fwd.total, "FLOPs", "sum of the rows above"),
+        Term("training_per_token", "Training per token (fwd + bwd)", per_token, "FLOPs",
+             "3 · forward (backward = 2 × forward)", f"3 × {sci(fwd.total, 4)}"),
+        Term("model_flops", "Total model FLOPs", model_total, "FLOPs", "training per token · D",
+             f"{sci(per_token, 4)} × {sci(tokens)}", note="what MFU is measured against"),
+        Term("recompute_per_token", f"Recompute per token ({recompute})", extra, "FLOPs",
+             {"none": "0", "selective": "attention scores + values, forward again",
+              "full": "forward of every layer again (not the logits)"}[recompute],
+             source="Korthikanti et al. 2022 Appendix A"),
+        Term("hardware_flops", "Total hardware FLOPs", hardware_total, "FLOPs",
+             "(training per token + recompute per token) · D", f"({sci(per_token, 4)} + {sci(extra, 4)}) × {sci(tokens)}",
+             note="what the GPUs actually execute (HFU is measured against this)"),
+    )
+    return Section("detailed", f"Detailed matmul count ({convention} attention)", terms)
+
+
+def palm_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+    """Chowdhery et al. 2022 (PaLM) Appendix B, as nanoGPT's ``estimate_mfu`` computes it: 6N + 12·L·H·Q·T."""
+    return 6 * napkin_params(spec) + 12 * spec.num_layers * spec.num_heads * spec.qk_head_dim * seq_len
+
+
+def palm_section(spec: ModelSpec, tokens: float, seq_len: int) -> Section:
+    n = napkin_params(spec)
+    per_token = palm_flops_per_token(spec, seq_len)
+    L, H, Q = spec.num_layers, spec.num_heads, spec.qk_head_dim
+    return Section("palm", "PaLM / nanoGPT convention (6N + 12·L·H·Q·T)", (
+        Term("per_token", "Training per token", per_token, "FLOPs", "6·N + 12·L·H·Q·T",
+             f"6 × {group(n)} + 12 × {L} × {H} × {Q} × {seq_len}",
+             "Chowdhery et al. 2022 Appendix B; karpathy/nanoGPT estimate_mfu",
+             note="N counts every parameter, embeddings included; attention counted non-causal"),
+        Term("total", "Total training FLOPs", per_token * tokens, "FLOPs", "per token · D",
+             f"{sci(per_token, 4)} × {sci(tokens)}"),
+    ))

@@ -1,0 +1,101 @@
+"""Wall-clock time and cost of a run: FLOPs / (GPUs × dense peak FLOP/s × MFU).
+
+Model FLOPs utilisation (MFU) is the fraction of the accelerator's peak that the model's own FLOPs
+achieve (Chowdhery et al. 2022 §4.1 and Appendix B). Given an MFU, the time to train follows by
+division; given a deadline, so does the number of GPUs. The peak is the spec sheet's DENSE figure for
+the recipe's compute dtype (never the 2:4-sparsity headline, which is twice as large).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lmcalc.result import Term
+from lmcalc.specs import HardwareSpec, PrecisionRecipe
+from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR, sci
+
+DEFAULT_MFU = 0.4
+"""Default model FLOPs utilisation when the user gives none: an assumption, always labelled as one.
+Well-tuned large dense runs publish 0.38–0.43 on H100 (Llama 3 405B, Dubey et al. 2024 Table 4) and
+0.44–0.56 on A100 (Narayanan et al. 2021 Table 1; Korthikanti et al. 2022 Table 5)."""
+
+
+@dataclass(frozen=True)
+class RunTime:
+    flops: float
+    gpus: float
+    peak_flops_per_gpu: float
+    mfu: float
+    tokens: float
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.gpus * self.peak_flops_per_gpu * self.mfu
+
+    @property
+    def seconds(self) -> float:
+        return self.flops / self.achieved_flops_per_s
+
+    @property
+    def days(self) -> float:
+        return self.seconds / SECONDS_PER_DAY
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * self.seconds / SECONDS_PER_HOUR
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def peak_for(hardware: HardwareSpec, precision: PrecisionRecipe) -> float:
+    """Dense peak FLOP/s of ``hardware`` at the recipe's compute dtype; a clear error if it has none."""
+    from lmcalc.errors import LmcalcError
+
+    if precision.compute_dtype not in hardware.peak_tflops_dense:
+        have = ", ".join(hardware.peak_tflops_dense) or "none"
+        raise LmcalcError(
+            f"{hardware.name} has no {precision.compute_dtype} peak on its spec sheet (it has: {have}); "
+            "choose another --precision"
+        )
+    return hardware.peak_flops(precision.compute_dtype)
+
+
+def time_terms(run: RunTime, hardware: HardwareSpec, precision: PrecisionRecipe,
+               price_per_gpu_hour: float | None) -> tuple[Term, ...]:
+    dtype = precision.compute_dtype
+    peak_source = hardware.sources.get("compute", "")
+    terms = [
+        Term("peak_per_gpu", f"Peak per GPU (dense {dtype})", run.peak_flops_per_gpu, "FLOP/s",
+             f"spec sheet, dense {dtype}", f"{hardware.peak_tflops_dense[dtype]:g} TFLOP/s",  # type: ignore[index]
+             peak_source, note=hardware.sparsity_note),
+        Term("achieved", "Achieved by the cluster", run.achieved_flops_per_s, "FLOP/s", "GPUs · peak · MFU",
+             f"{run.gpus:g} × {sci(run.peak_flops_per_gpu, 4)} × {run.mfu:g}"),
+        Term("seconds", "Training time (seconds)", run.seconds, "s", "FLOPs / achieved FLOP/s",
+             f"{sci(run.flops, 4)} / {sci(run.achieved_flops_per_s, 4)}"),
+        Term("days", "Training time (days)", run.days, "days", "seconds / 86,400", f"{sci(run.seconds, 4)} / 86400"),
+        Term("gpu_hours", "GPU-hours", run.gpu_hours, "GPU-hours", "GPUs · seconds / 3,600",
+             f"{run.gpus:g} × {sci(run.seconds, 4)} / 3600"),
+        Term("tokens_per_s", "Throughput", run.tokens_per_s, "tokens/s", "D / seconds",
+             f"{sci(run.tokens)} / {sci(run.seconds, 4)}"),
+        Term("tokens_per_s_per_gpu", "Throughput per GPU", run.tokens_per_s / run.gpus, "tokens/s/GPU",
+             "D / seconds / GPUs", f"{sci(run.tokens_per_s, 4)} / {run.gpus:g}"),
+    ]
+    if price_per_gpu_hour is not None:
+        terms.append(Term("cost", "Cost", run.gpu_hours * price_per_gpu_hour, "USD", "GPU-hours · price",
+                          f"{sci(run.gpu_hours, 4)} × {price_per_gpu_hour:g} $/GPU-hour"))
+    return tuple(terms)
+
+
+def gpus_for_deadline(flops: float, days: float, peak_flops_per_gpu: float, mfu: float) -> float:
+    """GPUs needed to finish ``flops`` in ``days`` (a real number; round up to buy whole GPUs)."""
+    return flops / (days * SECONDS_PER_DAY * peak_flops_per_gpu * mfu)
+
+
+def whole_gpus(gpus: float, per_node: int) -> tuple[int, int]:
+    """The whole number of GPUs and of full nodes that meet the deadline."""
+    count = math.ceil(gpus - 1e-9)
+    nodes = math.ceil(count / per_node)
+    return count, nodes

@@ -1,0 +1,156 @@
+"""``lmcalc presets list|show|check``: presenting and checking preset files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmcalc import presets as pr
+from lmcalc.engine.params import count_params
+from lmcalc.errors import LmcalcError
+from lmcalc.specs import HardwareSpec, ModelSpec
+from lmcalc.units import group
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, markup=False)
+
+
+def _summary(kind: str, spec: Any) -> str:
+    if kind == "models":
+        return f"{group(count_params(spec).total)} params"
+    if kind == "hardware":
+        bf16 = spec.peak_tflops_dense.get("bf16")
+        return f"{spec.memory_label}; " + (f"bf16 {bf16:g} TFLOP/s dense" if bf16 else "no bf16 peak")
+    if kind == "precisions":
+        return f"compute {spec.compute_dtype}"
+    return ", ".join(s.name for s in spec.states) or "no state"
+
+
+def list_presets(kinds: tuple[str, ...], as_json: bool) -> None:
+    data = {}
+    for kind in kinds:
+        reg = pr.registry(kind)
+        data[kind] = [
+            {"name": name, "aliases": list(getattr(spec, "aliases", [])),
+             "family_aliases": list(getattr(spec, "family_aliases", [])),
+             "summary": _summary(kind, spec), "origin": reg.origins[name]}
+            for name, spec in sorted(reg.specs.items())
+        ]
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    from rich.table import Table
+
+    console = _console()
+    for kind, rows in data.items():
+        table = Table(title=f"{kind} ({len(rows)})", title_justify="left", show_edge=False, pad_edge=False)
+        table.add_column("Name")
+        table.add_column("Also known as", style="dim")
+        table.add_column("Summary", justify="right")
+        for row in rows:
+            also = ", ".join(row["aliases"] + [f"{f} (family default)" for f in row["family_aliases"]])
+            table.add_row(row["name"], also, row["summary"])
+        console.print(table)
+        console.print()
+
+
+def _find_any(name: str) -> tuple[str, Any, str]:
+    errors = []
+    for kind in pr.KINDS:
+        try:
+            spec, _ = pr.registry(kind).resolve(name)
+            return kind, spec, pr.registry(kind).origins[spec.name]
+        except LmcalcError as exc:
+            errors.append(str(exc))
+    suggestions = [e.split("did you mean ", 1)[1].rstrip("?") for e in errors if "did you mean" in e]
+    hint = f"; did you mean {' or '.join(suggestions)}?" if suggestions else "; run 'lmcalc presets list'"
+    raise LmcalcError(f"unknown preset '{name}'{hint}")
+
+
+def show_preset(name: str, as_json: bool) -> None:
+    kind, spec, origin = _find_any(name)
+    data = {"kind": kind, "origin": origin, **spec.model_dump(exclude_none=True)}
+    if isinstance(spec, ModelSpec):
+        counts = count_params(spec)
+        data["computed_params"] = {"total": counts.total, "active": counts.active, "by_group": counts.by_group}
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    import yaml
+
+    console = _console()
+    console.print(f"{spec.name} ({kind[:-1] if kind != 'hardware' else kind}) from {origin}", style="bold")
+    console.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110).rstrip())
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    origin: str
+    ok: bool
+    message: str
+
+
+def _check_model(spec: ModelSpec, origin: str) -> CheckOutcome:
+    total = count_params(spec).total
+    if spec.published_params is None:
+        return CheckOutcome(origin, True, f"valid; {group(total)} params (no published count to compare)")
+    digits = spec.published_params_sig_figs
+    rounded = float(f"{total:.{digits}g}") if digits else total
+    if rounded != spec.published_params:
+        return CheckOutcome(origin, False, f"computed {group(total)} params != published {group(spec.published_params)}"
+                            + (f" (to {digits} significant figures)" if digits else ""))
+    return CheckOutcome(origin, True, f"valid; {group(total)} params = published"
+                        + (f" to {digits} significant figures" if digits else " exactly"))
+
+
+def _check_file(path: Path) -> list[CheckOutcome]:
+    """Validate one file of any kind: a model or hardware YAML, or a precisions/optimizers list."""
+    try:
+        data = pr.read_yaml(path) if path.suffix != ".json" else None
+        if data is None:
+            return [_check_model(pr.load_spec_file(path, ModelSpec), str(path))]
+        for kind in ("precisions", "optimizers"):
+            if isinstance(data, dict) and kind in data:
+                return [CheckOutcome(o, True, "valid") for o in _validate_list(data[kind], kind, path)]
+        if isinstance(data, dict) and "vocab_size" in data:
+            return [_check_model(pr.validate(ModelSpec, data, str(path)), str(path))]
+        pr.validate(HardwareSpec, data, str(path))
+        return [CheckOutcome(str(path), True, "valid")]
+    except LmcalcError as exc:
+        return [CheckOutcome(str(path), False, str(exc))]
+
+
+def _validate_list(items: Any, kind: str, path: Path) -> list[str]:
+    if not isinstance(items, list):
+        raise LmcalcError(f"{path}: '{kind}' must be a list")
+    spec_type = pr._SPEC_OF_KIND[kind]
+    return [pr.validate(spec_type, item, f"{path} [{kind}[{i}]]") and f"{path} [{kind}[{i}]]"
+            for i, item in enumerate(items)]
+
+
+def _all_preset_files() -> list[Path]:
+    files: list[Path] = []
+    for directory in pr.search_dirs():
+        for sub in ("models", "hardware"):
+            files += sorted((directory / sub).glob("*.y*ml")) if (directory / sub).is_dir() else []
+        files += [directory / f"{k}.yaml" for k in ("precisions", "optimizers") if (directory / f"{k}.yaml").is_file()]
+    return files
+
+
+def check_presets(files: list[str], as_json: bool) -> bool:
+    paths = [Path(f) for f in files] or _all_preset_files()
+    outcomes = [o for p in paths for o in _check_file(p)]
+    ok = all(o.ok for o in outcomes)
+    if as_json:
+        print(json.dumps({"ok": ok, "files": [o.__dict__ for o in outcomes]}, indent=2))
+        return ok
+    console = _console()
+    for o in outcomes:
+        console.print(f"{'ok  ' if o.ok else 'FAIL'} {o.origin}: {o.message}", style=None if o.ok else "bold red")
+    console.print(f"{sum(o.ok for o in outcomes)} ok, {sum(not o.ok for o in outcomes)} failed")
+    return ok

@@ -1,0 +1,112 @@
+"""Rendering a Result: rich tables, the ``--explain`` derivation, and ``--json``. Computes nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from lmcalc.result import Result, Term
+
+
+def to_json(result: Result) -> str:
+    return json.dumps(result.as_json(), indent=2, ensure_ascii=False)
+
+
+def _console(file: TextIO | None = None):
+    from rich.console import Console
+
+    return Console(file=file, highlight=False, soft_wrap=False, markup=False)
+
+
+def _inputs_table(result: Result):
+    from rich.table import Table
+
+    table = Table(title="Inputs", title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("Input")
+    table.add_column("Value", justify="right")
+    table.add_column("From", style="dim")
+    for item in result.inputs:
+        table.add_row(item.label, item.text, item.origin)
+    return table
+
+
+def _section_table(title: str, terms: tuple[Term, ...]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("Figure")
+    table.add_column("Value", justify="right", style="bold")
+    table.add_column("Formula", style="dim")
+    for term in terms:
+        table.add_row(term.label, term.text, term.formula)
+    return table
+
+
+def _grid_table(result: Result):
+    from rich.table import Table
+
+    first = result.sections[0].terms
+    table = Table(title=result.title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("")
+    for term in first:
+        table.add_column(term.label, justify="right")
+    for section in result.sections:
+        table.add_row(section.title, *(t.text for t in section.terms))
+    return table
+
+
+def print_table(result: Result, file: TextIO | None = None) -> None:
+    console = _console(file)
+    console.print(result.title, style="bold")
+    if result.inputs:
+        console.print(_inputs_table(result))
+        console.print()
+    if result.layout == "grid":
+        console.print(_grid_table(result))
+    else:
+        for section in result.sections:
+            console.print(_section_table(section.title, section.terms))
+            console.print()
+    for note in result.notes:
+        console.print(f"• {note}", style="italic")
+
+
+def print_explain(result: Result, file: TextIO | None = None) -> None:
+    """Every figure as a derivation: formula, numbers substituted, result, and the source of constants."""
+    console = _console(file)
+    from rich.text import Text
+
+    console.print(f"{result.title} — derivation", style="bold")
+    console.print()
+    console.print("Inputs", style="bold")
+    for item in result.inputs:
+        console.print(Text.assemble(f"  {item.label} = {item.text}", (f"   ({item.origin})" if item.origin else "", "dim")))
+    step = 0
+    for section in result.sections:
+        console.print()
+        console.print(section.title, style="bold")
+        for term in section.terms:
+            step += 1
+            console.print(f"  {step}. {term.label}")
+            if term.formula:
+                console.print(f"       = {term.formula}")
+            if term.substituted:
+                console.print(f"       = {term.substituted}")
+            console.print(Text.assemble("       = ", (term.text, "bold")))
+            if term.source:
+                console.print(f"       source: {term.source}", style="dim")
+            if term.note:
+                console.print(f"       note: {term.note}", style="dim")
+    if result.notes:
+        console.print()
+        for note in result.notes:
+            console.print(f"• {note}", style="italic")
+
+
+def render(result: Result, *, as_json: bool = False, explain: bool = False, file: TextIO | None = None) -> None:
+    if as_json:
+        print(to_json(result), file=file)
+    elif explain:
+        print_explain(result, file)
+    else:
+        print_table(result, file)

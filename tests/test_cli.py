@@ -1,0 +1,290 @@
+"""The CLI as a user meets it: the documented commands, their figures, JSON, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lmcalc.cli import main
+
+ISSUE_COMMANDS = [
+    "train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5",
+    "train-time --model llama-70b --gpus 1024xH100",
+    "max-params --gpus 8xH100 --optimizer adamw",
+    "flops --model gpt-3 --tokens 300B",
+    "memory --model llama-3-8b --seq 4096 --micro-batch 1 --gpus 8xH100 --zero 3",
+    "presets list",
+    "presets list models",
+    "presets list hardware",
+    "presets list precisions",
+    "presets list optimizers",
+    "presets show llama-3-70b",
+    "presets show H100",
+    "presets check",
+    "train-time --model llama-3-70b --tokens 15T --days 30 --gpu H100",
+    "tensor 12288x49152 --dtype fp32",
+    "dtypes",
+    "params --model deepseek-v3",
+]
+
+
+def run(args: str | list[str], capsys) -> tuple[int, str, str]:
+    argv = args.split() if isinstance(args, str) else args
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def run_json(args: str, capsys) -> dict:
+    code, out, err = run(args + " --json", capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("command", ISSUE_COMMANDS)
+def test_documented_commands_run(command, capsys):
+    code, out, err = run(command, capsys)
+    assert code == 0, err
+    assert out.strip()
+
+
+@pytest.mark.parametrize("command", [c for c in ISSUE_COMMANDS if not c.startswith("presets")])
+def test_explain_prints_the_derivation(command, capsys):
+    code, out, _ = run(command + " --explain", capsys)
+    assert code == 0
+    assert "derivation" in out and "= " in out
+
+
+def test_lecture_144_days(capsys):
+    # Lecture: 6 · 70e9 · 15e12 / (1024 · 989.5e12 · 0.5 · 86,400 s) ≈ 143.9 days for a 70B model.
+    # With the preset's exact N = 70,553,706,496 the answer scales by N / 70e9.
+    data = run_json("train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5", capsys)
+    days = data["results"]["time"]["days"]["value"]
+    lecture = 6 * 70e9 * 15e12 / (1024 * 989.5e12 * 0.5 * 86_400)
+    assert lecture == pytest.approx(143.9, abs=0.05)
+    assert days == pytest.approx(lecture * 70_553_706_496 / 70e9, rel=1e-9)
+
+
+def test_family_name_says_which_member(capsys):
+    data = run_json("train-time --model llama-70b --gpus 1024xH100", capsys)
+    assert any("llama-3.1-70b" in note and "family" in note for note in data["notes"])
+    assert data["inputs"]["tokens"]["origin"].startswith("preset")
+    assert data["inputs"]["mfu"]["origin"].startswith("assumption")
+
+
+def test_default_tokens_fall_back_to_chinchilla(capsys):
+    # mistral-7b has no published token count: 20 tokens per parameter (Hoffmann et al. 2022).
+    data = run_json("train-time --model mistral-7b --gpus 64xH100", capsys)
+    assert data["inputs"]["tokens"]["value"] == 20 * 7_241_732_096
+    assert "20 tokens/parameter" in data["inputs"]["tokens"]["origin"]
+
+
+def test_deadline_solver_inverts_the_time(capsys):
+    data = run_json("train-time --model llama-3-70b --tokens 15T --mfu 0.5 --days 30 --gpu H100", capsys)
+    exact = data["results"]["deadline"]["gpus_exact"]["value"]
+    # 6·N·D / (30 days · 86,400 s · 989.5e12 · 0.5)
+    assert exact == pytest.approx(6 * 70_553_706_496 * 15e12 / (30 * 86_400 * 989.5e12 * 0.5), rel=1e-12)
+    assert data["results"]["deadline"]["gpus"]["value"] == -(-exact // 1)
+    assert data["results"]["time"]["days"]["value"] <= 30
+
+
+def test_cost_and_throughput(capsys):
+    data = run_json("train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5 "
+                    "--price-per-gpu-hour 2", capsys)
+    time = data["results"]["time"]
+    assert time["cost"]["value"] == pytest.approx(2 * time["gpu_hours"]["value"])
+    assert time["tokens_per_s_per_gpu"]["value"] * 1024 == pytest.approx(time["tokens_per_s"]["value"])
+
+
+def test_max_params_lecture_figures(capsys):
+    # Lecture: 8 × 80 GB / 16 bytes per parameter ≈ 40B fully sharded; 80 GB / 16 B = 5B replicated.
+    data = run_json("max-params --gpus 8xH100 --optimizer adamw", capsys)
+    assert data["results"]["zero3"]["states_only"]["value"] == pytest.approx(40e9)
+    assert data["results"]["zero0"]["states_only"]["value"] == pytest.approx(5e9)
+    for key in ("zero0", "zero1", "zero2", "zero3"):
+        row = data["results"][key]
+        assert row["with_activations"]["value"] < row["with_overhead"]["value"] < row["states_only"]["value"]
+
+
+def test_flops_gpt3(capsys):
+    # GPT-3 Table D.1: 3.14e23 FLOPs.
+    data = run_json("flops --model gpt-3 --tokens 300B", capsys)
+    assert data["results"]["napkin"]["total"]["value"] == pytest.approx(3.14e23, rel=0.005)
+    assert data["results"]["napkin"]["total"]["unit"] == "FLOPs"
+
+
+def test_memory_zero3_shards_states(capsys):
+    data = run_json("memory --model llama-3-8b --seq 4096 --micro-batch 1 --gpus 8xH100 --zero 3", capsys)
+    state = data["results"]["state"]
+    # bf16-mixed AdamW: 16 bytes per parameter, divided over 8 GPUs by ZeRO-3.
+    assert state["total"]["value"] == pytest.approx(16 * 8_030_261_248 / 8)
+    assert data["results"]["total"]["capacity"]["value"] == 80e9
+
+
+def test_tensor_json_has_units(capsys):
+    data = run_json("tensor 4x8 --dtype fp32", capsys)
+    assert data["results"]["tensor"]["bytes"] == {"value": 128, "unit": "bytes", "label": "Size",
+                                                  "formula": "elements × bytes per element",
+                                                  "substituted": "32 × 4"}
+
+
+def test_version(capsys):
+    code, out, _ = run("--version", capsys)
+    assert code == 0 and out.startswith("lmcalc ")
+
+
+BAD_INPUT = [
+    ("train-time --model lama-3-70b --gpus 8xH100", "unknown model 'lama-3-70b'; did you mean llama-3-70b?"),
+    ("train-time --model llama-3-70b --gpus 8xH1000", "unknown hardware 'H1000'"),
+    ("train-time --model llama-3-70b --gpus eightH100", "cannot read cluster"),
+    ("train-time --model llama-3-70b --gpus 0xH100", "must be positive"),
+    ("train-time --model llama-3-70b --gpus 8xH100 --mfu 1.5", "MFU must be in (0, 1]"),
+    ("train-time --model llama-3-70b --gpus 8xH100 --mfu 0", "MFU must be in (0, 1]"),
+    ("train-time --model llama-3-70b --gpus 8xH100 --tokens -5T", "--tokens must be a positive number"),
+    ("train-time --model llama-3-70b --gpus 8xH100 --tokens lots", "cannot read --tokens"),
+    ("train-time --model llama-3-70b", "give --gpus"),
+    ("train-time --model llama-3-70b --days 30", "--days needs --gpu"),
+    ("memory --model llama-3-8b --micro-batch 0", "--micro-batch must be a positive integer"),
+    ("memory --model llama-3-8b --zero 5", "--zero must be 0, 1, 2 or 3"),
+    ("memory --model llama-3-8b --recompute sometimes", "--recompute must be one of none, selective, full"),
+    ("max-params --gpus 8xH100 --optimizer adamx", "unknown optimizer 'adamx'; did you mean adam"),
+    ("tensor 12x0", "must be a positive integer"),
+    ("tensor 4x8 --dtype fp12", "unknown dtype 'fp12'"),
+    ("flops --model llama-3-8b --nonsense", "No such option"),
+    ("presets show nothing-like-this", "unknown preset"),
+]
+
+
+@pytest.mark.parametrize("command,message", BAD_INPUT)
+def test_bad_input_is_one_line(command, message, capsys):
+    code, out, err = run(command, capsys)
+    assert code != 0
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("lmcalc: error: ")
+    assert message in lines[0]
+
+
+def test_unknown_preset_exits_2(capsys):
+    code, _, _ = run("flops --model lama-3-70b", capsys)
+    assert code == 2
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
+    path = _write(tmp_path, "broken.yaml", """\
+        name: broken
+        vocab_size: 1000
+        hidden_size: [64
+        """)
+    code, _, err = run(["flops", "--model", path], capsys)
+    assert code == 2 and f"{path}:" in err and "YAML syntax error" in err and len(err.strip().splitlines()) == 1
+
+
+def test_validation_error_names_field(tmp_path, capsys):
+    path = _write(tmp_path, "bad.yaml", """\
+        name: bad
+        vocab_size: 1000
+        hidden_size: 100
+        num_layers: 2
+        num_heads: 3
+        ffn_size: 400
+        ffn_kind: swiglu
+        norm_kind: rmsnorm
+        tied_embeddings: false
+        position_embedding: rope
+        max_seq_len: 128
+        """)
+    code, _, err = run(["flops", "--model", path], capsys)
+    assert code == 2 and "hidden_size 100 is not divisible by num_heads 3" in err
+
+
+def test_kv_heads_must_divide_heads(tmp_path, capsys):
+    path = _write(tmp_path, "gqa.yaml", """\
+        name: gqa
+        vocab_size: 1000
+        hidden_size: 128
+        num_layers: 2
+        num_heads: 8
+        num_kv_heads: 3
+        ffn_size: 400
+        ffn_kind: swiglu
+        norm_kind: rmsnorm
+        tied_embeddings: false
+        position_embedding: rope
+        max_seq_len: 128
+        """)
+    code, _, err = run(["flops", "--model", path], capsys)
+    assert code == 2 and "num_kv_heads 3 does not divide num_heads 8" in err
+
+
+def test_negative_size_in_file(tmp_path, capsys):
+    path = _write(tmp_path, "neg.yaml", "name: neg\nvocab_size: -5\n")
+    code, _, err = run(["flops", "--model", path], capsys)
+    assert code == 2 and "vocab_size" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unreadable_file(tmp_path, capsys):
+    code, _, err = run(["flops", "--model", str(tmp_path / "missing.yaml")], capsys)
+    assert code == 2 and "no such file" in err
+
+
+def test_user_preset_directory(tmp_path, monkeypatch, capsys):
+    from lmcalc import presets
+
+    (tmp_path / "models").mkdir()
+    _write(tmp_path / "models", "mini.yaml", """\
+        name: mini
+        vocab_size: 1000
+        hidden_size: 64
+        num_layers: 2
+        num_heads: 4
+        ffn_size: 256
+        ffn_kind: gelu_mlp
+        norm_kind: layernorm
+        tied_embeddings: true
+        position_embedding: learned
+        max_seq_len: 128
+        """)
+    monkeypatch.setenv(presets.PRESET_PATH_ENV, str(tmp_path))
+    presets.registry.cache_clear()
+    try:
+        data = run_json("params --model mini", capsys)
+        # V·h + s·h + L·(4h² + 4h + 2·h·f + f + h + 4h) + 2h, LayerNorm with biases, biases off by default:
+        # embed 64000 + pos 8192 + 2·(4·4096 + 2·64·256 + 4·64) + 2·64
+        assert data["results"]["params"]["total"]["value"] == 64000 + 8192 + 2 * (4 * 4096 + 2 * 64 * 256 + 4 * 64) + 128
+    finally:
+        presets.registry.cache_clear()
+
+
+def test_accounting_commands_never_import_torch():
+    code = textwrap.dedent("""
+        import sys
+        from lmcalc.cli import main
+        for argv in (["train-time", "--model", "llama-3-70b", "--gpus", "1024xH100"],
+                     ["memory", "--model", "llama-3-8b", "--gpus", "8xH100", "--zero", "3"],
+                     ["max-params", "--gpus", "8xH100"], ["flops", "--model", "gpt-3"], ["dtypes"]):
+            try:
+                main(argv)
+            except SystemExit as e:
+                assert e.code == 0, argv
+        print("torch" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False"
+
+
+def test_python_dash_m_works():
+    out = subprocess.run([sys.executable, "-m", "lmcalc", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("lmcalc")

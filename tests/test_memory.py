@@ -1,0 +1,115 @@
+"""Memory formulas against Korthikanti et al. 2022 and the ZeRO paper, derived by hand below."""
+
+import pytest
+
+from lmcalc.engine import memory as mem
+from lmcalc.engine.maxparams import bytes_per_param
+from lmcalc.engine.params import weight_tensors
+from lmcalc.presets import resolve_model
+from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
+
+# The ZeRO paper's mixed-precision Adam: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, m, v).
+MIXED = PrecisionRecipe(name="mixed", description="test", compute_dtype="bf16", param_bytes=2, grad_bytes=2,
+                        master_bytes=4, optimizer_state_bytes=4, activation_bytes=2)
+ADAM = OptimizerSpec(name="adam", description="test", states=[OptimizerState(name="exp_avg"),
+                                                              OptimizerState(name="exp_avg_sq")])
+
+
+def gpt3() -> ModelSpec:
+    return resolve_model("gpt3-175b").spec
+
+
+@pytest.mark.parametrize("s,b", [(2048, 1), (2048, 4), (4096, 2)])
+def test_gpt3_layer_is_korthikanti_eq1(s, b):
+    # Korthikanti et al. 2022 eq. (1): sbh(34 + 5as/h) bytes per layer, 16-bit activations, dropout, no TP.
+    m = gpt3()
+    h, a = m.hidden_size, m.num_heads
+    act = mem.activation_memory(m, s, b, 2, attention="eager", recompute="none")
+    assert act.dense_layer_bytes == s * b * h * (34 + 5 * a * s / h)
+
+
+def test_gpt3_worked_number_5as_over_h_is_80():
+    # Korthikanti §4.1 worked number: GPT-3, a=96, s=2048, h=12288 -> 5as/h = 80.
+    m = gpt3()
+    act = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="none")
+    assert act.dense_layer_bytes / (2048 * 12288) == 34 + 80
+
+
+def test_selective_recompute_is_korthikanti_table2():
+    # Table 2 (t = 1): selective recomputation keeps sbh(10 + 24) = 34·sbh per layer.
+    m = gpt3()
+    act = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="selective")
+    assert act.dense_layer_bytes == 34 * 2048 * 12288
+
+
+def test_selective_saves_about_70_percent_for_gpt3():
+    # Korthikanti §5 "selective recomputation saves 70% of activation memory" for GPT-3 (34 vs 34 + 80).
+    m = gpt3()
+    none = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="none").dense_layer_bytes
+    selective = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="selective").dense_layer_bytes
+    assert 1 - selective / none == pytest.approx(0.70, abs=0.01)
+
+
+def test_full_recompute_keeps_layer_inputs_plus_one_layer():
+    # Table 2: full recomputation stores 2sbh per layer; one layer is rebuilt at a time in backward.
+    m = gpt3()
+    s, b, h, L = 2048, 1, 12288, 96
+    full = mem.activation_memory(m, s, b, 2, attention="eager", recompute="full")
+    one_layer = s * b * h * (34 + 5 * 96 * s / h)
+    assert full.layers_bytes == L * 2 * s * b * h + one_layer
+
+
+def test_swiglu_gqa_flash_layer_by_hand():
+    # Llama 3 8B, flash attention, no dropout, bf16, s=4096, b=1 (h=4096, H=32, H_kv=8, d=128, f=14336):
+    # attention: norm in + qkv in + Q + K + V + O(for backward) + o-proj in = sb(h + h + h + h/4 + h/4 + h + h)
+    #            + log-sum-exp 4·b·H·s bytes
+    # MLP: norm in + gate/up in + 4·f (gate, up, silu(gate), product)
+    m = resolve_model("llama-3.1-8b").spec
+    s, b, h, f = 4096, 1, 4096, 14336
+    elements = s * b * (h + h + h + h // 4 + h // 4 + h + h) + s * b * (h + h + 4 * f)
+    expected = 2 * elements + 4 * b * 32 * s
+    act = mem.activation_memory(m, s, b, 2, attention="flash", recompute="none")
+    assert act.dense_layer_bytes == expected
+
+
+def test_flash_has_no_quadratic_term():
+    m = resolve_model("llama-3.1-8b").spec
+    short = mem.activation_memory(m, 4096, 1, 2, "flash").dense_layer_bytes
+    long = mem.activation_memory(m, 8192, 1, 2, "flash").dense_layer_bytes
+    assert long == 2 * short  # linear in s
+
+
+@pytest.mark.parametrize("stage,published_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.88)])
+def test_zero_paper_figure1(stage, published_gb):
+    # Rajbhandari et al. 2020 Figure 1: Ψ = 7.5B, K = 12, N_d = 64 -> 120 GB, 31.4 GB, 16.6 GB, 1.88 GB.
+    per_gpu = 7.5e9 * bytes_per_param(MIXED, 8, stage, 64)
+    assert per_gpu / 1e9 == pytest.approx(published_gb, rel=0.005)
+
+
+def test_state_memory_uses_exact_parameter_count():
+    m = resolve_model("llama-3.1-8b").spec
+    n = 8_030_261_248
+    state = mem.state_memory(m, MIXED, ADAM, zero_stage=3, dp=8)
+    assert state.total == pytest.approx(16 * n / 8)
+    assert mem.state_memory(m, MIXED, ADAM, zero_stage=1, dp=8).params == 2 * n
+
+
+def test_adafactor_factored_second_moment_by_hand():
+    # Shazeer & Stern 2018: an r×c matrix keeps r + c statistics; vectors keep their full size.
+    tiny = ModelSpec(name="tiny", vocab_size=10, hidden_size=4, num_layers=1, num_heads=1, ffn_size=8,
+                     ffn_kind="gelu_mlp", norm_kind="rmsnorm", tied_embeddings=True, position_embedding="none",
+                     max_seq_len=16)
+    factored = OptimizerSpec(name="adafactor", description="t", states=[OptimizerState(name="v", factored=True)])
+    # embed 10×4 -> 14; q,k,v,o 4×4 -> 8 each; fc 8×4 -> 12; proj 4×8 -> 12; 3 norms of 4 -> 12
+    elements = 14 + 4 * 8 + 12 + 12 + 12
+    assert mem.optimizer_state_bytes(weight_tensors(tiny), MIXED, factored) == elements * 4
+
+
+def test_eight_bit_adam_adds_one_scale_per_block():
+    # Dettmers et al. 2022: two 1-byte states plus one fp32 absmax per 2048-element block each.
+    m = resolve_model("gpt2-124m").spec
+    n = 124_439_808
+    adam8 = OptimizerSpec(name="adam8bit", description="t", states=[
+        OptimizerState(name="m", bytes=1, quantization_block=2048),
+        OptimizerState(name="v", bytes=1, quantization_block=2048)])
+    assert mem.optimizer_state_bytes(weight_tensors(m), MIXED, adam8) == pytest.approx(2 * n + 2 * n / 2048 * 4)
