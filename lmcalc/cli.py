@@ -6,6 +6,7 @@ accounting commands never import torch.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Annotated
@@ -49,6 +50,14 @@ def _choice(value: str, options: tuple[str, ...], flag: str) -> str:
     if key not in options:
         raise LmcalcError(f"{flag} must be one of {', '.join(options)}; got {value!r}")
     return key
+
+
+def _finite(value: float | None, flag: str, allow_zero: bool = False) -> float | None:
+    """A float flag that is a finite positive number (or zero, if allowed); nan and inf are refused."""
+    if value is not None and not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0))):
+        wanted = "zero or a positive number" if allow_zero else "a positive number"
+        raise LmcalcError(f"{flag} must be {wanted}, got {value}")
+    return value
 
 
 def _positive_int(value: int, flag: str) -> int:
@@ -106,13 +115,11 @@ def train_time(
     basis = _choice(flops_basis, ("6nd", "detailed"), "--flops-basis")
     tokens_given = est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else est.default_tokens(spec)
     mfu_given = est.Given(mfu, "--mfu") if mfu is not None else est.default_mfu()
-    if price is not None and price < 0:
-        raise LmcalcError(f"--price-per-gpu-hour must not be negative, got {price:g}")
+    _finite(price, "--price-per-gpu-hour", allow_zero=True)
+    _finite(days, "--days")
     recipe = pr.resolve_precision(precision).spec
     cluster = hardware = None
     if days is not None:
-        if days <= 0:
-            raise LmcalcError(f"--days must be positive, got {days:g}")
         if gpus is not None:
             raise LmcalcError("give either --gpus (to get the time) or --days with --gpu (to get the GPU count), not both")
         if gpu is None:
@@ -260,24 +267,30 @@ def presets_check(
         raise typer.Exit(1)
 
 
+def _one_line(text: str) -> str:
+    """The message on one printable line: control characters from the user's input are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and turn every error into one line and a non-zero exit code."""
     try:
         code = app(args=argv, prog_name="lmcalc", standalone_mode=False)
     except LmcalcError as exc:
-        print(f"lmcalc: error: {exc}", file=sys.stderr)
+        print(f"lmcalc: error: {_one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
     except typer.Abort:
         print("lmcalc: aborted", file=sys.stderr)
         sys.exit(130)
     except typer.TyperException as exc:  # typer's usage errors: unknown option, missing value, bad type
-        message = " ".join(getattr(exc, "format_message", exc.__str__)().split())
-        print(f"lmcalc: error: {message} (see 'lmcalc --help')", file=sys.stderr)
+        message = " ".join(getattr(exc, "format_message", exc.__str__)().split("\n"))
+        print(f"lmcalc: error: {_one_line(message)} (see 'lmcalc --help')", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))
     except Exception as exc:  # never show a traceback to a user, unless asked
         if os.environ.get("LMCALC_DEBUG"):
             raise
-        print(f"lmcalc: internal error: {type(exc).__name__}: {exc} (set LMCALC_DEBUG=1 for the traceback)",
+        print(f"lmcalc: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+              "(set LMCALC_DEBUG=1 for the traceback)",
               file=sys.stderr)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

@@ -6,6 +6,7 @@ whose inputs say where every value came from (the user, a preset, or a documente
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lmcalc.engine import flops as fl
@@ -29,6 +30,16 @@ class Given:
 
     value: float
     origin: str
+
+
+def checked(result: Result) -> Result:
+    """Refuse to print a figure that overflowed or vanished: name it instead of printing inf or NaN."""
+    for section in result.sections:
+        for term in section.terms:
+            if not math.isfinite(term.value):
+                raise LmcalcError(f"{term.label} is out of range ({term.value}) for these inputs; "
+                                  "check the sizes, --tokens, --days and --mfu")
+    return result
 
 
 def default_tokens(model: ModelSpec) -> Given:
@@ -104,8 +115,8 @@ def flops_result(model: ModelSpec, tokens: Given, seq_len: Given, convention: fl
         Input("attention_convention", "Attention FLOPs convention", convention, origin="--attn-flops"),
         Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
     )
-    return Result("flops", f"Training FLOPs of {model.label}", inputs, (napkin, detailed, palm, compare),
-                  _model_notes(model, note))
+    return checked(Result("flops", f"Training FLOPs of {model.label}", inputs, (napkin, detailed, palm, compare),
+                          _model_notes(model, note)))
 
 
 def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str) -> Term:
@@ -157,7 +168,8 @@ def train_time_result(model: ModelSpec, tokens: Given, mfu: Given, precision: Pr
     notes = list(_model_notes(model, note))
     if mfu.origin.startswith("assumption"):
         notes.append(f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu, or measure with lmcalc bench")
-    return Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
+    return checked(Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections),
+                          tuple(notes)))
 
 
 def memory_result(model: ModelSpec, cluster: Cluster, precision: PrecisionRecipe, optimizer: OptimizerSpec,
@@ -200,7 +212,8 @@ def memory_result(model: ModelSpec, cluster: Cluster, precision: PrecisionRecipe
     notes.append("fits" if total <= capacity else
                  f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB; try a higher --zero, "
                  "--recompute full, a smaller --micro-batch or more GPUs")
-    return Result("memory", f"Training memory per GPU: {model.label}", inputs, (state, acts, summary), tuple(notes))
+    return checked(Result("memory", f"Training memory per GPU: {model.label}", inputs, (state, acts, summary),
+                          tuple(notes)))
 
 
 def max_params_result(cluster: Cluster, precision: PrecisionRecipe, optimizer: OptimizerSpec, template: ModelSpec,

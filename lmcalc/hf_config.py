@@ -1,8 +1,10 @@
 """Reading a Hugging Face ``config.json`` as plain JSON (no transformers, no network) into ModelSpec fields.
 
-Supported ``model_type`` families: gpt2, llama, mistral, mixtral, qwen2, qwen2_moe-style MoE fields,
-olmo2, deepseek_v3 (MLA + MoE). Unknown types are read with the Llama field names, which most
-decoder-only configs share; a field the config lacks and the type does not imply is an error.
+Supported ``model_type`` families: gpt2, llama, mistral, mixtral, qwen2, qwen3, olmo2, deepseek_v3
+(MLA + MoE). Other types are refused with a clear message rather than guessed at: their modules differ
+in ways a config does not spell out (GPT-J's rotary and bias layout, GPT-NeoX's parallel block,
+Qwen2-MoE's gated shared expert, Gemma-2's extra norms), and a wrong count called exact is worse than
+none. Write a YAML preset for those.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 from lmcalc.errors import LmcalcError
 
 _GELU_ACTS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "deepseek_v3")
+SUPPORTED = ("gpt2", *LLAMA_LIKE)
 
 
 def _get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) -> Any:
@@ -26,7 +30,12 @@ def _get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) ->
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     """ModelSpec fields for a HF config; the caller validates them."""
     model_type = str(config.get("model_type", "")).lower()
-    if model_type == "gpt2" or "n_embd" in config:
+    if model_type not in SUPPORTED:
+        raise LmcalcError(
+            f"{origin}: config.json model_type {model_type or '(missing)'!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED)}); describe the model in a YAML preset instead (see docs/presets.md)"
+        )
+    if model_type == "gpt2":
         hidden = _get(config, origin, "n_embd")
         return {
             "name": name, "display_name": f"{name} (from config.json)", "vocab_size": _get(config, origin, "vocab_size"),
@@ -54,6 +63,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         "norm_kind": "rmsnorm",
         "attention_bias": "qkv" if model_type.startswith("qwen2") else ("all" if bias else "none"),
         "mlp_bias": bool(config.get("mlp_bias", False)),
+        # Every supported Llama-like config class defaults to untied embeddings (transformers' own default,
+        # True, applies only to types not listed here).
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),

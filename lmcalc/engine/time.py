@@ -47,7 +47,7 @@ class RunTime:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds
+        return self.tokens / self.seconds if self.seconds > 0 else math.inf
 
 
 def peak_for(hardware: HardwareSpec, precision: PrecisionRecipe) -> float:
