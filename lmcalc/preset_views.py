@@ -64,7 +64,7 @@ def _find_any(name: str) -> tuple[str, Any, str]:
     for kind in pr.KINDS:
         try:
             spec, _ = pr.registry(kind).resolve(name)
-            return kind, spec, pr.registry(kind).origins[spec.name]
+            return kind, spec, pr.registry(kind).entries[spec.name].origin
         except LmcalcError as exc:
             errors.append(str(exc))
     suggestions = [e.split("did you mean ", 1)[1].rstrip("?") for e in errors if "did you mean" in e]

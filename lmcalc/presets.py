@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -31,7 +31,21 @@ _SPEC_OF_KIND: dict[str, type[BaseModel]] = {
     "models": ModelSpec, "hardware": HardwareSpec, "precisions": PrecisionRecipe, "optimizers": OptimizerSpec,
 }
 _SINGULAR = {"models": "model", "hardware": "hardware", "precisions": "precision", "optimizers": "optimizer"}
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe YAML loader (libyaml when available) that also reads ``15e12`` and ``1.5e+13`` as numbers.
+
+    YAML 1.1 (PyYAML) only takes exponents with a dot and a sign (``1.5e+13``); a preset author writing
+    ``15e12`` would otherwise get a string.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 S = TypeVar("S", bound=BaseModel)
 
 
@@ -97,50 +111,112 @@ def _entries_in(directory: Path, kind: str) -> list[tuple[dict[str, Any], str]]:
     return [(item, f"{path} [{kind}[{i}]]") for i, item in enumerate(items)]
 
 
-@dataclass(frozen=True)
-class Registry:
-    """All presets of one kind, indexed by canonical name, alias and family name."""
+def construct_trusted(spec_type: type[S], data: dict[str, Any]) -> S:
+    """Build a spec from a built-in preset without running validation.
 
-    kind: str
-    specs: dict[str, BaseModel]
-    origins: dict[str, str]
-    names: dict[str, str]
-    families: dict[str, str]
+    Built-in presets ship with the package and every one of them is validated by the test suite and by
+    ``lmcalc presets check``; skipping pydantic's validator here keeps the accounting commands quick to
+    start (the validator is compiled on first use). User files are always validated.
+    """
+    fields: dict[str, Any] = {}
+    for key, value in data.items():
+        info = spec_type.model_fields.get(key)
+        nested = _nested_spec_type(info.annotation) if info else None
+        if nested and isinstance(value, dict):
+            value = construct_trusted(nested, value)
+        elif nested and isinstance(value, list):
+            value = [construct_trusted(nested, v) if isinstance(v, dict) else v for v in value]
+        fields[key] = value
+    return spec_type.model_construct(**fields)
+
+
+def _nested_spec_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _nested_spec_type(arg)
+        if found:
+            return found
+    return None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One preset as read from its file, before it becomes a spec."""
+
+    data: dict[str, Any]
+    origin: str
+    builtin: bool
+
+
+class Registry:
+    """All presets of one kind, indexed by canonical name, alias and family name; specs built on demand."""
+
+    def __init__(self, kind: str, entries: dict[str, Entry], names: dict[str, str], families: dict[str, str]):
+        self.kind = kind
+        self.entries = entries
+        self.names = names
+        self.families = families
+        self._built: dict[str, BaseModel] = {}
+
+    @property
+    def origins(self) -> dict[str, str]:
+        return {name: entry.origin for name, entry in self.entries.items()}
+
+    def spec(self, name: str) -> BaseModel:
+        """The spec of canonical ``name``: validated for user files, constructed directly for built-ins."""
+        if name not in self._built:
+            entry = self.entries[name]
+            spec_type = _SPEC_OF_KIND[self.kind]
+            self._built[name] = (construct_trusted(spec_type, entry.data) if entry.builtin
+                                 else validate(spec_type, entry.data, entry.origin))
+        return self._built[name]
+
+    @property
+    def specs(self) -> dict[str, BaseModel]:
+        """Every preset of this kind, each fully validated (for listing, checking and tests)."""
+        spec_type = _SPEC_OF_KIND[self.kind]
+        return {name: validate(spec_type, e.data, e.origin) for name, e in self.entries.items()}
 
     def resolve(self, name: str) -> tuple[BaseModel, str]:
         """The spec for ``name`` and a note when a family name picked a default member."""
         key = normalise(name)
         if key in self.names:
-            return self.specs[self.names[key]], ""
+            return self.spec(self.names[key]), ""
         if key in self.families:
             chosen = self.families[key]
-            return self.specs[chosen], f"'{name}' is a family name; using its default member {chosen}"
+            return self.spec(chosen), f"'{name}' is a family name; using its default member {chosen}"
         choices = sorted(set(self.names) | set(self.families))
         close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else f"; run 'lmcalc presets list {self.kind}'"
         raise LmcalcError(f"unknown {_SINGULAR[self.kind]} '{name}'{hint}")
 
 
+def _names(data: dict[str, Any], field: str) -> list[str]:
+    value = data.get(field, [])
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 @cache
 def registry(kind: str) -> Registry:
-    """Load every preset of ``kind`` from the search path (cached for the process)."""
-    specs: dict[str, BaseModel] = {}
-    origins: dict[str, str] = {}
+    """Read every preset file of ``kind`` on the search path (cached for the process)."""
+    entries: dict[str, Entry] = {}
     names: dict[str, str] = {}
     families: dict[str, str] = {}
+    builtin = builtin_dir()
     for directory in search_dirs():
         for data, origin in _entries_in(directory, kind):
-            spec = validate(_SPEC_OF_KIND[kind], data, origin)
-            canonical = spec.name  # type: ignore[attr-defined]
-            if canonical in specs:
+            if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+                raise LmcalcError(f"{origin}: a preset needs a 'name' field")
+            canonical = data["name"]
+            if canonical in entries:
                 continue  # a user directory earlier on the path shadows this one
-            specs[canonical] = spec
-            origins[canonical] = origin
-            for alias in [canonical, *getattr(spec, "aliases", [])]:
+            entries[canonical] = Entry(data, origin, builtin=directory == builtin)
+            for alias in [canonical, *_names(data, "aliases")]:
                 names.setdefault(normalise(alias), canonical)
-            for family in getattr(spec, "family_aliases", []):
+            for family in _names(data, "family_aliases"):
                 families.setdefault(normalise(family), canonical)
-    return Registry(kind, specs, origins, names, families)
+    return Registry(kind, entries, names, families)
 
 
 def _looks_like_path(name: str) -> bool:
@@ -179,7 +255,7 @@ def _resolve(kind: str, name: str, spec_type: type[S]) -> Resolved:
         return Resolved(load_spec_file(Path(name).expanduser(), spec_type), name)
     reg = registry(kind)
     spec, note = reg.resolve(name)
-    return Resolved(spec, reg.origins[spec.name], note)  # type: ignore[attr-defined]
+    return Resolved(spec, reg.entries[spec.name].origin, note)  # type: ignore[attr-defined]
 
 
 def resolve_model(name: str) -> Resolved:

@@ -7,6 +7,7 @@ preset file cannot be read two ways.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -18,7 +19,7 @@ ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class MoESpec(_Spec):
@@ -204,12 +205,13 @@ class OptimizerSpec(_Spec):
     sources: list[str] = Field(default_factory=list)
 
 
-class Cluster(_Spec):
-    """``count`` accelerators of one kind, ``gpus_per_node`` to a node."""
+@dataclass(frozen=True)
+class Cluster:
+    """``count`` accelerators of one kind, ``gpus_per_node`` to a node (parsed from ``128x8xH100``)."""
 
     hardware: HardwareSpec
-    count: PositiveInt
-    gpus_per_node: PositiveInt
+    count: int
+    gpus_per_node: int
 
     @property
     def nodes(self) -> int:

@@ -18,6 +18,7 @@ from lmcalc.presets import (
     load_spec_file,
     normalise,
     parse_cluster,
+    construct_trusted,
     registry,
     resolve_hardware,
     resolve_optimizer,
@@ -217,7 +218,8 @@ def test_every_missing_training_dtype_is_explained(path):
     spec = _hw(path.stem)
     for dtype in TRAINING_DTYPES:
         if dtype not in spec.peak_tflops_dense:
-            assert any(dtype in note for note in spec.notes), f"{spec.name}: no note explains the missing {dtype}"
+            explained = any(dtype in note for note in spec.notes)
+            assert explained, f"{spec.name}: no note explains the missing {dtype}"
 
 
 # ----------------------------------------------------------------------------------------- memory, links
@@ -333,7 +335,9 @@ def test_every_recipe_runs_on_h100_and_is_documented():
 
 def test_optimizer_presets():
     specs = registry("optimizers").specs
-    assert {"sgd", "sgd-momentum", "adagrad", "rmsprop", "adam", "adamw", "lion", "adafactor", "adam-8bit"} <= set(specs)
+    expected = {"sgd", "sgd-momentum", "adagrad", "rmsprop", "adam", "adamw", "lion", "adafactor",
+                "adam-8bit"}
+    assert expected <= set(specs)
     assert [s.name for s in specs["lion"].states] == ["momentum"]  # Chen et al. 2023: momentum only
     (adafactor,) = specs["adafactor"].states  # Shazeer & Stern 2018: factored 2nd moment, no 1st moment
     assert adafactor.factored
@@ -389,3 +393,14 @@ def test_adafactor_state_matches_torch():
         # A factored state costs rows + columns for a matrix, a full copy for a vector.
         expected = sum(param.shape) if param.dim() == 2 else param.numel()
         assert elements == expected
+
+
+@pytest.mark.parametrize("kind", ["models", "hardware", "precisions", "optimizers"])
+def test_fast_construction_equals_validation(kind):
+    # Built-in presets skip the validator at run time (lmcalc.presets.construct_trusted); that is only
+    # sound if every built-in file already holds exactly what validation would produce (no coercion).
+    reg = registry(kind)
+    for name, validated in reg.specs.items():
+        trusted = construct_trusted(type(validated), reg.entries[name].data)
+        assert trusted == validated, name
+        assert trusted.model_dump() == validated.model_dump(), name
