@@ -144,8 +144,9 @@ def train_time_result(model: ModelSpec, tokens: Given, mfu: Given, precision: Pr
         Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
         Input("mfu", "MFU", mfu.value, origin=mfu.origin),
         Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
-        Input("flops_basis", "FLOPs counted", basis,
-              origin="6·N·D (lecture, Kaplan et al.)" if basis == "6nd" else f"detailed, causal, s = {int(seq.value)}"),
+        Input("flops_basis", "FLOPs counted", "6·N·D" if basis == "6nd" else "detailed",
+              origin="--flops-basis 6nd: the napkin rule (Kaplan et al. 2020)" if basis == "6nd"
+              else f"--flops-basis detailed: causal matmul count at s = {int(seq.value)}"),
     ]
     sections = [Section("flops", "Work", (flops_term,))]
     if days is not None:

@@ -46,7 +46,7 @@ def _grid_table(result: Result):
     from rich.table import Table
 
     first = result.sections[0].terms
-    table = Table(title=result.title, title_justify="left", show_edge=False, pad_edge=False)
+    table = Table(show_edge=False, pad_edge=False)
     table.add_column("")
     for term in first:
         table.add_column(term.label, justify="right")

@@ -102,10 +102,15 @@ def format_quantity(value: float, unit: str) -> str:
     if unit == "bytes":
         return f"{value / GB:,.2f} GB ({value / GiB:,.2f} GiB)" if value >= 1e7 else f"{group(value)} bytes"
     if unit == "FLOP/s":
-        return f"{value / 1e12:,.1f} TFLOP/s"
+        for prefix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9)):
+            if abs(value) >= scale:
+                return f"{value / scale:,.4g} {prefix}FLOP/s"
+        return f"{value:.4g} FLOP/s"
     if unit == "FLOPs":
         return f"{sci(value)} FLOPs"
-    if unit in ("params", "tokens", "GPUs", "elements", "sequences"):
+    if unit == "elements":
+        return f"{group(value)} elements"
+    if unit in ("params", "tokens", "GPUs", "sequences"):
         text = group(value) if abs(value) < 1e4 else si(value, 4)
         return f"{text} {unit}"
     if unit == "USD":

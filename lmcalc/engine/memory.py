@@ -257,7 +257,10 @@ def activation_section(spec: ModelSpec, seq_len: int, micro_batch: int, act_byte
     dense = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, False), recompute)
 
     def formula(tensors: list[SavedTensor]) -> str:
-        return " + ".join(f"{t.bytes_per_element:g}·{t.symbol}" for t in tensors)
+        counts: dict[tuple[float, str], int] = {}
+        for t in tensors:
+            counts[(t.bytes_per_element, t.symbol)] = counts.get((t.bytes_per_element, t.symbol), 0) + 1
+        return " + ".join(f"{n * b:g}·{symbol}" for (b, symbol), n in counts.items())
 
     terms = [
         Term("dense_layer", "One dense layer" if spec.moe else "One layer", act.dense_layer_bytes, "bytes",
