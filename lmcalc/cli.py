@@ -34,15 +34,20 @@ app.add_typer(presets_app, name="presets")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Print the derivation: formula, numbers, sources.")]
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset name, family name, YAML file or HF config.json.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Model preset name, family name, YAML file or HF config.json.")
+]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Precision recipe (lmcalc presets list precisions).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer (lmcalc presets list optimizers).")]
 SeqOpt = Annotated[str | None, typer.Option("--seq", help="Sequence length in tokens, e.g. 4096 or 8K.")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none | selective | full.")]
-AttentionOpt = Annotated[str, typer.Option(
-    "--attention", help="Attention kernel: flash (fused, no s² scores) | eager (scores materialised).")]
-OverheadOpt = Annotated[str, typer.Option(
-    "--overhead", help="Allowance for CUDA context, workspaces and fragmentation (e.g. 2GiB, 0).")]
+AttentionOpt = Annotated[
+    str,
+    typer.Option("--attention", help="Attention kernel: flash (fused, no s² scores) | eager (scores materialised)."),
+]
+OverheadOpt = Annotated[
+    str, typer.Option("--overhead", help="Allowance for CUDA context, workspaces and fragmentation (e.g. 2GiB, 0).")
+]
 
 
 def _choice(value: str, options: tuple[str, ...], flag: str) -> str:
@@ -87,8 +92,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """What an LLM training run costs before you rent a GPU: parameters, FLOPs, memory per GPU, time."""
 
@@ -97,15 +103,28 @@ def _root(
 def train_time(
     model: ModelOpt,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Cluster: 1024xH100 or 128x8xH100.")] = None,
-    tokens: Annotated[str | None, typer.Option(
-        "--tokens", help="Training tokens (15T, 300B). Default: the preset's published count, else 20 per parameter.")] = None,
-    mfu: Annotated[float | None, typer.Option("--mfu", help="Model FLOPs utilisation in (0, 1]. Default: 0.4 (an assumption).")] = None,
+    tokens: Annotated[
+        str | None,
+        typer.Option(
+            "--tokens",
+            help="Training tokens (15T, 300B). Default: the preset's published count, else 20 per parameter.",
+        ),
+    ] = None,
+    mfu: Annotated[
+        float | None, typer.Option("--mfu", help="Model FLOPs utilisation in (0, 1]. Default: 0.4 (an assumption).")
+    ] = None,
     precision: PrecisionOpt = "bf16-mixed",
     days: Annotated[float | None, typer.Option("--days", help="Solve for GPUs: finish within this many days.")] = None,
-    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU type when solving for the GPU count with --days.")] = None,
-    flops_basis: Annotated[str, typer.Option("--flops-basis", help="6nd (napkin, default) | detailed (matmul count, causal).")] = "6nd",
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="GPU type when solving for the GPU count with --days.")
+    ] = None,
+    flops_basis: Annotated[
+        str, typer.Option("--flops-basis", help="6nd (napkin, default) | detailed (matmul count, causal).")
+    ] = "6nd",
     seq: SeqOpt = None,
-    price: Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour, for the cost.")] = None,
+    price: Annotated[
+        float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour, for the cost.")
+    ] = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
@@ -121,7 +140,9 @@ def train_time(
     cluster = hardware = None
     if days is not None:
         if gpus is not None:
-            raise LmcalcError("give either --gpus (to get the time) or --days with --gpu (to get the GPU count), not both")
+            raise LmcalcError(
+                "give either --gpus (to get the time) or --days with --gpu (to get the GPU count), not both"
+            )
         if gpu is None:
             raise LmcalcError("--days needs --gpu, the GPU type to count (e.g. --gpu H100)")
         hardware = pr.resolve_hardware(gpu).spec
@@ -129,9 +150,19 @@ def train_time(
         raise LmcalcError("give --gpus (e.g. --gpus 1024xH100), or --days with --gpu to solve for the GPU count")
     else:
         cluster = pr.parse_cluster(gpus)
-    result = est.train_time_result(spec, tokens_given, mfu_given, recipe, cluster=cluster, hardware=hardware,
-                                   days=days, seq_len=_seq(seq, spec), basis=basis, price_per_gpu_hour=price,
-                                   note=resolved.note)
+    result = est.train_time_result(
+        spec,
+        tokens_given,
+        mfu_given,
+        recipe,
+        cluster=cluster,
+        hardware=hardware,
+        days=days,
+        seq_len=_seq(seq, spec),
+        basis=basis,
+        price_per_gpu_hour=price,
+        note=resolved.note,
+    )
     _emit(result, as_json, explain)
 
 
@@ -145,25 +176,34 @@ def max_params(
     attention: AttentionOpt = "flash",
     recompute: RecomputeOpt = "none",
     overhead: OverheadOpt = f"{OVERHEAD_ALLOWANCE_BYTES}",
-    like: Annotated[str, typer.Option("--like", help="Model whose proportions the activation column scales.")] = "llama-3.1-8b",
+    like: Annotated[
+        str, typer.Option("--like", help="Model whose proportions the activation column scales.")
+    ] = "llama-3.1-8b",
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
     """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3."""
     cluster = pr.parse_cluster(gpus)
     result = est.max_params_result(
-        cluster, pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec,
-        pr.resolve_model(like).spec, int(_seq(seq).value), _positive_int(micro_batch, "--micro-batch"),
+        cluster,
+        pr.resolve_precision(precision).spec,
+        pr.resolve_optimizer(optimizer).spec,
+        pr.resolve_model(like).spec,
+        int(_seq(seq).value),
+        _positive_int(micro_batch, "--micro-batch"),
         _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
         _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
-        parse_bytes(overhead, "--overhead"))
+        parse_bytes(overhead, "--overhead"),
+    )
     _emit(result, as_json, explain)
 
 
 @app.command("flops")
 def flops(
     model: ModelOpt,
-    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens. Default: published, else 20/param.")] = None,
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="Training tokens. Default: published, else 20/param.")
+    ] = None,
     seq: SeqOpt = None,
     attn_flops: Annotated[str, typer.Option("--attn-flops", help="Attention convention: causal | full.")] = "causal",
     recompute: RecomputeOpt = "none",
@@ -174,10 +214,14 @@ def flops(
     resolved = pr.resolve_model(model)
     spec = resolved.spec
     tokens_given = est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else est.default_tokens(spec)
-    result = est.flops_result(spec, tokens_given, _seq(seq, spec),
-                              _choice(attn_flops, ("causal", "full"), "--attn-flops"),  # type: ignore[arg-type]
-                              _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
-                              note=resolved.note)
+    result = est.flops_result(
+        spec,
+        tokens_given,
+        _seq(seq, spec),
+        _choice(attn_flops, ("causal", "full"), "--attn-flops"),  # type: ignore[arg-type]
+        _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
+        note=resolved.note,
+    )
     _emit(result, as_json, explain)
 
 
@@ -200,11 +244,18 @@ def memory(
     resolved = pr.resolve_model(model)
     spec = resolved.spec
     result = est.memory_result(
-        spec, pr.parse_cluster(gpus), pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec,
-        zero, _seq(seq, spec), _positive_int(micro_batch, "--micro-batch"),
+        spec,
+        pr.parse_cluster(gpus),
+        pr.resolve_precision(precision).spec,
+        pr.resolve_optimizer(optimizer).spec,
+        zero,
+        _seq(seq, spec),
+        _positive_int(micro_batch, "--micro-batch"),
         _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
         _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
-        parse_bytes(overhead, "--overhead"), note=resolved.note)
+        parse_bytes(overhead, "--overhead"),
+        note=resolved.note,
+    )
     _emit(result, as_json, explain)
 
 
@@ -234,7 +285,9 @@ def dtypes(as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
 
 @presets_app.command("list")
 def presets_list(
-    kind: Annotated[str | None, typer.Argument(help="models | hardware | precisions | optimizers (default: all).")] = None,
+    kind: Annotated[
+        str | None, typer.Argument(help="models | hardware | precisions | optimizers (default: all).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List presets with their aliases and where each was loaded from."""
@@ -257,7 +310,9 @@ def presets_show(
 
 @presets_app.command("check")
 def presets_check(
-    files: Annotated[list[str] | None, typer.Argument(help="Preset files to check (default: every preset on the path).")] = None,
+    files: Annotated[
+        list[str] | None, typer.Argument(help="Preset files to check (default: every preset on the path).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Validate preset files (schema; computed vs published parameter count); exit 1 on any failure."""
@@ -289,8 +344,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # never show a traceback to a user, unless asked
         if os.environ.get("LMCALC_DEBUG"):
             raise
-        print(f"lmcalc: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
-              "(set LMCALC_DEBUG=1 for the traceback)",
-              file=sys.stderr)
+        print(
+            f"lmcalc: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(set LMCALC_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

@@ -37,8 +37,10 @@ def checked(result: Result) -> Result:
     for section in result.sections:
         for term in section.terms:
             if not math.isfinite(term.value):
-                raise LmcalcError(f"{term.label} is out of range ({term.value}) for these inputs; "
-                                  "check the sizes, --tokens, --days and --mfu")
+                raise LmcalcError(
+                    f"{term.label} is out of range ({term.value}) for these inputs; "
+                    "check the sizes, --tokens, --days and --mfu"
+                )
     return result
 
 
@@ -47,8 +49,10 @@ def default_tokens(model: ModelSpec) -> Given:
     if model.training_tokens:
         return Given(model.training_tokens, f"preset: {model.training_tokens_source or 'published'}")
     n = fl.napkin_params(model)
-    return Given(CHINCHILLA_TOKENS_PER_PARAM * n,
-                 f"default: compute-optimal 20 tokens/parameter (Hoffmann et al. 2022) × {group(n)}")
+    return Given(
+        CHINCHILLA_TOKENS_PER_PARAM * n,
+        f"default: compute-optimal 20 tokens/parameter (Hoffmann et al. 2022) × {group(n)}",
+    )
 
 
 def default_seq_len(model: ModelSpec) -> Given:
@@ -61,14 +65,15 @@ def default_mfu() -> Given:
 
 
 def _recipe_text(precision: PrecisionRecipe) -> str:
-    return (f"{precision.param_bytes:g} B weights + {precision.grad_bytes:g} B grads + {precision.master_bytes:g} B "
-            f"master + {precision.optimizer_state_bytes:g} B per optimizer state; matmuls at the "
-            f"{precision.compute_dtype} peak")
+    return (
+        f"{precision.param_bytes:g} B weights + {precision.grad_bytes:g} B grads + {precision.master_bytes:g} B "
+        f"master + {precision.optimizer_state_bytes:g} B per optimizer state; matmuls at the "
+        f"{precision.compute_dtype} peak"
+    )
 
 
 def _optimizer_text(optimizer: OptimizerSpec) -> str:
-    return "states: " + (", ".join(s.name + (" (factored)" if s.factored else "") for s in optimizer.states)
-                         or "none")
+    return "states: " + (", ".join(s.name + (" (factored)" if s.factored else "") for s in optimizer.states) or "none")
 
 
 def _model_input(model: ModelSpec, note: str) -> Input:
@@ -76,8 +81,13 @@ def _model_input(model: ModelSpec, note: str) -> Input:
 
 
 def params_result(model: ModelSpec, note: str = "") -> Result:
-    return Result("params", f"Parameters of {model.label}", (_model_input(model, note),),
-                  (params_section(model),), _model_notes(model, note))
+    return Result(
+        "params",
+        f"Parameters of {model.label}",
+        (_model_input(model, note),),
+        (params_section(model),),
+        _model_notes(model, note),
+    )
 
 
 def _model_notes(model: ModelSpec, note: str) -> tuple[str, ...]:
@@ -87,27 +97,55 @@ def _model_notes(model: ModelSpec, note: str) -> tuple[str, ...]:
         digits = model.published_params_sig_figs
         rounded = float(f"{total:.{digits}g}") if digits else total
         verdict = "matches" if rounded == model.published_params else "DIFFERS FROM"
-        notes.append(f"parameter count {group(total)} {verdict} the published {group(model.published_params)}"
-                     f"{f' (to {digits} significant figures)' if digits else ''}: {model.published_params_source}")
+        notes.append(
+            f"parameter count {group(total)} {verdict} the published {group(model.published_params)}"
+            f"{f' (to {digits} significant figures)' if digits else ''}: {model.published_params_source}"
+        )
     return tuple(notes)
 
 
-def flops_result(model: ModelSpec, tokens: Given, seq_len: Given, convention: fl.AttnConvention = "causal",
-                 recompute: fl.Recompute = "none", note: str = "") -> Result:
+def flops_result(
+    model: ModelSpec,
+    tokens: Given,
+    seq_len: Given,
+    convention: fl.AttnConvention = "causal",
+    recompute: fl.Recompute = "none",
+    note: str = "",
+) -> Result:
     napkin = fl.napkin_section(model, tokens.value)
     detailed = fl.detailed_section(model, tokens.value, int(seq_len.value), convention, recompute)
     palm = fl.palm_section(model, tokens.value, int(seq_len.value))
     other = "full" if convention == "causal" else "causal"
     other_model = fl.detailed_section(model, tokens.value, int(seq_len.value), other, "none").term("model_flops")
-    compare = Section("compare", "Conventions compared", (
-        Term("detailed_over_napkin", "Detailed / napkin", detailed.term("model_flops").value / napkin.term("total").value, "ratio",
-             "detailed model FLOPs / 6·N·D"),
-        Term(f"model_flops_{other}", f"Detailed model FLOPs ({other} attention)", other_model.value, "FLOPs",
-             other_model.formula, other_model.substituted,
-             note="the other attention convention, for comparing MFU figures across tools"),
-        Term("palm_over_napkin", "PaLM / napkin", palm.term("total").value / napkin.term("total").value, "ratio",
-             "(6N + 12·L·H·Q·T)·D / 6·N·D"),
-    ))
+    compare = Section(
+        "compare",
+        "Conventions compared",
+        (
+            Term(
+                "detailed_over_napkin",
+                "Detailed / napkin",
+                detailed.term("model_flops").value / napkin.term("total").value,
+                "ratio",
+                "detailed model FLOPs / 6·N·D",
+            ),
+            Term(
+                f"model_flops_{other}",
+                f"Detailed model FLOPs ({other} attention)",
+                other_model.value,
+                "FLOPs",
+                other_model.formula,
+                other_model.substituted,
+                note="the other attention convention, for comparing MFU figures across tools",
+            ),
+            Term(
+                "palm_over_napkin",
+                "PaLM / napkin",
+                palm.term("total").value / napkin.term("total").value,
+                "ratio",
+                "(6N + 12·L·H·Q·T)·D / 6·N·D",
+            ),
+        ),
+    )
     inputs = (
         _model_input(model, note),
         Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
@@ -115,8 +153,15 @@ def flops_result(model: ModelSpec, tokens: Given, seq_len: Given, convention: fl
         Input("attention_convention", "Attention FLOPs convention", convention, origin="--attn-flops"),
         Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
     )
-    return checked(Result("flops", f"Training FLOPs of {model.label}", inputs, (napkin, detailed, palm, compare),
-                          _model_notes(model, note)))
+    return checked(
+        Result(
+            "flops",
+            f"Training FLOPs of {model.label}",
+            inputs,
+            (napkin, detailed, palm, compare),
+            _model_notes(model, note),
+        )
+    )
 
 
 def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str) -> Term:
@@ -126,10 +171,19 @@ def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str) ->
     return fl.detailed_section(model, tokens, seq_len, "causal", "none").term("model_flops")
 
 
-def train_time_result(model: ModelSpec, tokens: Given, mfu: Given, precision: PrecisionRecipe,
-                      cluster: Cluster | None = None, hardware: HardwareSpec | None = None,
-                      days: float | None = None, seq_len: Given | None = None, basis: str = "6nd",
-                      price_per_gpu_hour: float | None = None, note: str = "") -> Result:
+def train_time_result(
+    model: ModelSpec,
+    tokens: Given,
+    mfu: Given,
+    precision: PrecisionRecipe,
+    cluster: Cluster | None = None,
+    hardware: HardwareSpec | None = None,
+    days: float | None = None,
+    seq_len: Given | None = None,
+    basis: str = "6nd",
+    price_per_gpu_hour: float | None = None,
+    note: str = "",
+) -> Result:
     """Days to train on a cluster; or, with ``days`` and a GPU type, how many GPUs meet the deadline."""
     if not 0 < mfu.value <= 1:
         raise LmcalcError(f"MFU must be in (0, 1], got {mfu.value:g}")
@@ -144,22 +198,45 @@ def train_time_result(model: ModelSpec, tokens: Given, mfu: Given, precision: Pr
         Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
         Input("mfu", "MFU", mfu.value, origin=mfu.origin),
         Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
-        Input("flops_basis", "FLOPs counted", "6·N·D" if basis == "6nd" else "detailed",
-              origin="--flops-basis 6nd: the napkin rule (Kaplan et al. 2020)" if basis == "6nd"
-              else f"--flops-basis detailed: causal matmul count at s = {int(seq.value)}"),
+        Input(
+            "flops_basis",
+            "FLOPs counted",
+            "6·N·D" if basis == "6nd" else "detailed",
+            origin="--flops-basis 6nd: the napkin rule (Kaplan et al. 2020)"
+            if basis == "6nd"
+            else f"--flops-basis detailed: causal matmul count at s = {int(seq.value)}",
+        ),
     ]
     sections = [Section("flops", "Work", (flops_term,))]
     if days is not None:
         needed = gpus_for_deadline(flops_term.value, days, peak, mfu.value)
         count, nodes = whole_gpus(needed, hw.gpus_per_node)
         inputs += [Input("days", "Deadline", days, "days", "--days"), Input("gpu", "GPU", hw.name, origin=hw.label)]
-        sections.append(Section("deadline", "GPUs to meet the deadline", (
-            Term("gpus_exact", "GPUs needed (exact)", needed, "GPUs", "FLOPs / (days · 86,400 · peak · MFU)",
-                 f"{sci(flops_term.value, 4)} / ({days:g} × 86400 × {sci(peak, 4)} × {mfu.value:g})"),
-            Term("gpus", "GPUs to rent", count, "GPUs", "⌈exact⌉", f"⌈{needed:.6g}⌉"),
-            Term("nodes", f"Nodes of {hw.gpus_per_node}", nodes, "nodes", "⌈GPUs / GPUs per node⌉",
-                 f"⌈{count} / {hw.gpus_per_node}⌉"),
-        )))
+        sections.append(
+            Section(
+                "deadline",
+                "GPUs to meet the deadline",
+                (
+                    Term(
+                        "gpus_exact",
+                        "GPUs needed (exact)",
+                        needed,
+                        "GPUs",
+                        "FLOPs / (days · 86,400 · peak · MFU)",
+                        f"{sci(flops_term.value, 4)} / ({days:g} × 86400 × {sci(peak, 4)} × {mfu.value:g})",
+                    ),
+                    Term("gpus", "GPUs to rent", count, "GPUs", "⌈exact⌉", f"⌈{needed:.6g}⌉"),
+                    Term(
+                        "nodes",
+                        f"Nodes of {hw.gpus_per_node}",
+                        nodes,
+                        "nodes",
+                        "⌈GPUs / GPUs per node⌉",
+                        f"⌈{count} / {hw.gpus_per_node}⌉",
+                    ),
+                ),
+            )
+        )
         run = RunTime(flops_term.value, count, peak, mfu.value, tokens.value)
     else:
         assert cluster is not None
@@ -169,14 +246,24 @@ def train_time_result(model: ModelSpec, tokens: Given, mfu: Given, precision: Pr
     notes = list(_model_notes(model, note))
     if mfu.origin.startswith("assumption"):
         notes.append(f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu, or measure with lmcalc bench")
-    return checked(Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections),
-                          tuple(notes)))
+    return checked(
+        Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
+    )
 
 
-def memory_result(model: ModelSpec, cluster: Cluster, precision: PrecisionRecipe, optimizer: OptimizerSpec,
-                  zero_stage: int, seq_len: Given, micro_batch: int, attention: mem.AttentionImpl = "flash",
-                  recompute: fl.Recompute = "none", overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
-                  note: str = "") -> Result:
+def memory_result(
+    model: ModelSpec,
+    cluster: Cluster,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    zero_stage: int,
+    seq_len: Given,
+    micro_batch: int,
+    attention: mem.AttentionImpl = "flash",
+    recompute: fl.Recompute = "none",
+    overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
+    note: str = "",
+) -> Result:
     if zero_stage not in (0, 1, 2, 3):
         raise LmcalcError(f"--zero must be 0, 1, 2 or 3, got {zero_stage}")
     dp = cluster.count
@@ -186,18 +273,39 @@ def memory_result(model: ModelSpec, cluster: Cluster, precision: PrecisionRecipe
     capacity = cluster.hardware.memory_bytes
     states_total, acts_total = state.term("total").value, acts.term("total").value
     total = states_total + acts_total + overhead_bytes
-    summary = Section("total", "Per GPU", (
-        Term("states", "Model states", states_total, "bytes"),
-        Term("activations", "Activations", acts_total, "bytes"),
-        Term("overhead", "Overhead allowance", overhead_bytes, "bytes", "CUDA context, workspaces, fragmentation",
-             source="lmcalc allowance (not measured), change with --overhead"),
-        Term("total", "Total", total, "bytes", "states + activations + overhead"),
-        Term("capacity", f"{cluster.hardware.name} memory", capacity, "bytes", cluster.hardware.memory_label,
-             note=cluster.hardware.memory_note),
-        Term("headroom", "Headroom" if total <= capacity else "Over capacity by", capacity - total, "bytes",
-             "capacity − total"),
-        Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
-    ))
+    summary = Section(
+        "total",
+        "Per GPU",
+        (
+            Term("states", "Model states", states_total, "bytes"),
+            Term("activations", "Activations", acts_total, "bytes"),
+            Term(
+                "overhead",
+                "Overhead allowance",
+                overhead_bytes,
+                "bytes",
+                "CUDA context, workspaces, fragmentation",
+                source="lmcalc allowance (not measured), change with --overhead",
+            ),
+            Term("total", "Total", total, "bytes", "states + activations + overhead"),
+            Term(
+                "capacity",
+                f"{cluster.hardware.name} memory",
+                capacity,
+                "bytes",
+                cluster.hardware.memory_label,
+                note=cluster.hardware.memory_note,
+            ),
+            Term(
+                "headroom",
+                "Headroom" if total <= capacity else "Over capacity by",
+                capacity - total,
+                "bytes",
+                "capacity − total",
+            ),
+            Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
+        ),
+    )
     inputs = (
         _model_input(model, note),
         Input("cluster", "GPUs (data parallel)", cluster.label, origin=f"DP = {dp}"),
@@ -210,38 +318,90 @@ def memory_result(model: ModelSpec, cluster: Cluster, precision: PrecisionRecipe
         Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
     )
     notes = list(_model_notes(model, note))
-    notes.append("fits" if total <= capacity else
-                 f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB; try a higher --zero, "
-                 "--recompute full, a smaller --micro-batch or more GPUs")
-    return checked(Result("memory", f"Training memory per GPU: {model.label}", inputs, (state, acts, summary),
-                          tuple(notes)))
+    notes.append(
+        "fits"
+        if total <= capacity
+        else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB; try a higher --zero, "
+        "--recompute full, a smaller --micro-batch or more GPUs"
+    )
+    return checked(
+        Result("memory", f"Training memory per GPU: {model.label}", inputs, (state, acts, summary), tuple(notes))
+    )
 
 
-def max_params_result(cluster: Cluster, precision: PrecisionRecipe, optimizer: OptimizerSpec, template: ModelSpec,
-                      seq_len: int, micro_batch: int, attention: mem.AttentionImpl = "flash",
-                      recompute: fl.Recompute = "none",
-                      overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES) -> Result:
+def max_params_result(
+    cluster: Cluster,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    template: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    attention: mem.AttentionImpl = "flash",
+    recompute: fl.Recompute = "none",
+    overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
+) -> Result:
     capacity = cluster.hardware.memory_bytes
-    rows = mp.max_params(capacity, cluster.count, precision, optimizer, template, overhead_bytes, seq_len,
-                         micro_batch, attention, recompute)
+    rows = mp.max_params(
+        capacity,
+        cluster.count,
+        precision,
+        optimizer,
+        template,
+        overhead_bytes,
+        seq_len,
+        micro_batch,
+        attention,
+        recompute,
+    )
     sections = []
     for row in rows:
         shape = row.activation_shape
-        shape_text = (f"h={shape.hidden_size}, L={shape.num_layers}, H={shape.num_heads}, f={shape.ffn_size}"
-                      if shape else "nothing fits")
-        sections.append(Section(f"zero{row.zero_stage}", row.label, (
-            Term("bytes_per_param", "State bytes per parameter per GPU", row.bytes_per_param, "bytes",
-                 _bpp_formula(row.zero_stage), source="Rajbhandari et al. 2020 (ZeRO) §5.1"),
-            Term("states_only", "Largest N (states only)", row.states_only, "params", "C / bytes per param",
-                 f"{group(capacity)} / {row.bytes_per_param:.6g}"),
-            Term("with_overhead", "Largest N (+ overhead)", row.with_overhead, "params",
-                 "(C − overhead) / bytes per param", f"({group(capacity)} − {group(overhead_bytes)}) / "
-                 f"{row.bytes_per_param:.6g}"),
-            Term("with_activations", "Largest N (+ overhead + activations)", row.with_activations, "params",
-                 "largest N with N · bytes/param + activations(shape(N)) + overhead ≤ C",
-                 f"activations {row.activation_bytes / GiB:.2f} GiB for {shape_text}",
-                 note=f"shape scaled from {template.name}"),
-        )))
+        shape_text = (
+            f"h={shape.hidden_size}, L={shape.num_layers}, H={shape.num_heads}, f={shape.ffn_size}"
+            if shape
+            else "nothing fits"
+        )
+        sections.append(
+            Section(
+                f"zero{row.zero_stage}",
+                row.label,
+                (
+                    Term(
+                        "bytes_per_param",
+                        "State bytes per parameter per GPU",
+                        row.bytes_per_param,
+                        "bytes",
+                        _bpp_formula(row.zero_stage),
+                        source="Rajbhandari et al. 2020 (ZeRO) §5.1",
+                    ),
+                    Term(
+                        "states_only",
+                        "Largest N (states only)",
+                        row.states_only,
+                        "params",
+                        "C / bytes per param",
+                        f"{group(capacity)} / {row.bytes_per_param:.6g}",
+                    ),
+                    Term(
+                        "with_overhead",
+                        "Largest N (+ overhead)",
+                        row.with_overhead,
+                        "params",
+                        "(C − overhead) / bytes per param",
+                        f"({group(capacity)} − {group(overhead_bytes)}) / {row.bytes_per_param:.6g}",
+                    ),
+                    Term(
+                        "with_activations",
+                        "Largest N (+ overhead + activations)",
+                        row.with_activations,
+                        "params",
+                        "largest N with N · bytes/param + activations(shape(N)) + overhead ≤ C",
+                        f"activations {row.activation_bytes / GiB:.2f} GiB for {shape_text}",
+                        note=f"shape scaled from {template.name}",
+                    ),
+                ),
+            )
+        )
     inputs = (
         Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
         Input("capacity", "Memory per GPU", capacity, "bytes", cluster.hardware.memory_label),
@@ -252,11 +412,14 @@ def max_params_result(cluster: Cluster, precision: PrecisionRecipe, optimizer: O
         Input("micro_batch", "Micro-batch (activations)", micro_batch, "sequences", "--micro-batch"),
         Input("template", "Shape for activations", template.name, origin="--like"),
     )
-    notes = ("N = C / bytes-per-parameter: the lecture's napkin (80 GB / 16 B = 5B per H100; × 8 fully sharded ≈ 40B)",
-             f"activations assume the proportions of {template.name} scaled to N, {attention} attention, "
-             f"recomputation: {recompute}")
-    return Result("max-params", f"Largest trainable model on {cluster.label}", inputs, tuple(sections), notes,
-                  layout="grid")
+    notes = (
+        "N = C / bytes-per-parameter: the lecture's napkin (80 GB / 16 B = 5B per H100; × 8 fully sharded ≈ 40B)",
+        f"activations assume the proportions of {template.name} scaled to N, {attention} attention, "
+        f"recomputation: {recompute}",
+    )
+    return Result(
+        "max-params", f"Largest trainable model on {cluster.label}", inputs, tuple(sections), notes, layout="grid"
+    )
 
 
 def _bpp_formula(stage: int) -> str:
@@ -268,28 +431,66 @@ def tensor_result(shape: tuple[int, ...], dtype: str) -> Result:
     per = dtype_bytes(dtype)
     total = elements * per
     dims = " × ".join(str(d) for d in shape)
-    return Result("tensor", f"Memory of a {'x'.join(map(str, shape))} {dtype} tensor", (
-        Input("shape", "Shape", "x".join(map(str, shape))), Input("dtype", "dtype", dtype)), (
-        Section("tensor", "Tensor", (
-            Term("elements", "Elements", elements, "elements", "product of the dimensions", dims),
-            Term("bytes_per_element", "Bytes per element", per, "bytes", f"bits of {dtype} / 8"),
-            Term("bytes", "Size", total, "bytes", "elements × bytes per element", f"{group(elements)} × {per:g}"),
-            Term("gb", "Size (decimal GB)", total / GB, "GB", "bytes / 1e9"),
-            Term("gib", "Size (binary GiB)", total / GiB, "GiB", "bytes / 2^30"),
-        )),))
+    return Result(
+        "tensor",
+        f"Memory of a {'x'.join(map(str, shape))} {dtype} tensor",
+        (Input("shape", "Shape", "x".join(map(str, shape))), Input("dtype", "dtype", dtype)),
+        (
+            Section(
+                "tensor",
+                "Tensor",
+                (
+                    Term("elements", "Elements", elements, "elements", "product of the dimensions", dims),
+                    Term("bytes_per_element", "Bytes per element", per, "bytes", f"bits of {dtype} / 8"),
+                    Term(
+                        "bytes", "Size", total, "bytes", "elements × bytes per element", f"{group(elements)} × {per:g}"
+                    ),
+                    Term("gb", "Size (decimal GB)", total / GB, "GB", "bytes / 1e9"),
+                    Term("gib", "Size (binary GiB)", total / GiB, "GiB", "bytes / 2^30"),
+                ),
+            ),
+        ),
+    )
 
 
 def dtypes_result() -> Result:
     sections = []
     for f in FORMATS.values():
-        sections.append(Section(f.name, f.name, (
-            Term("bits", "Bits", f.bits, "bits", "1 + e + m", f"1 + {f.exponent_bits} + {f.fraction_bits}", f.source),
-            Term("exponent_bits", "Exponent bits", f.exponent_bits, "bits"),
-            Term("fraction_bits", "Fraction bits", f.fraction_bits, "bits"),
-            Term("max", "Largest finite", f.max, "",
-                 "(2 − 2·2^−m)·2^(2^e − 1 − bias)" if f.finite_only else "(2 − 2^−m)·2^(2^e − 2 − bias)"),
-            Term("smallest_normal", "Smallest normal", f.smallest_normal, "", "2^(1 − bias)", f"2^{1 - f.bias}"),
-            Term("eps", "Machine epsilon", f.eps, "", "2^−m", f"2^-{f.fraction_bits}"),
-        )))
-    return Result("dtypes", "Floating-point formats", (), tuple(sections),
-                  ("bias = 2^(e−1) − 1; fp8-e4m3 is the E4M3FN variant (no inf, max 448)",), layout="grid")
+        sections.append(
+            Section(
+                f.name,
+                f.name,
+                (
+                    Term(
+                        "bits",
+                        "Bits",
+                        f.bits,
+                        "bits",
+                        "1 + e + m",
+                        f"1 + {f.exponent_bits} + {f.fraction_bits}",
+                        f.source,
+                    ),
+                    Term("exponent_bits", "Exponent bits", f.exponent_bits, "bits"),
+                    Term("fraction_bits", "Fraction bits", f.fraction_bits, "bits"),
+                    Term(
+                        "max",
+                        "Largest finite",
+                        f.max,
+                        "",
+                        "(2 − 2·2^−m)·2^(2^e − 1 − bias)" if f.finite_only else "(2 − 2^−m)·2^(2^e − 2 − bias)",
+                    ),
+                    Term(
+                        "smallest_normal", "Smallest normal", f.smallest_normal, "", "2^(1 − bias)", f"2^{1 - f.bias}"
+                    ),
+                    Term("eps", "Machine epsilon", f.eps, "", "2^−m", f"2^-{f.fraction_bits}"),
+                ),
+            )
+        )
+    return Result(
+        "dtypes",
+        "Floating-point formats",
+        (),
+        tuple(sections),
+        ("bias = 2^(e−1) − 1; fp8-e4m3 is the E4M3FN variant (no inf, max 448)",),
+        layout="grid",
+    )

@@ -30,11 +30,22 @@ def model_figures(name: str) -> dict[str, Any]:
     seq = min(s["seq_len"], spec.max_seq_len)
     precision = resolve_precision(s["precision"]).spec
     flops = est.flops_result(spec, est.Given(s["tokens"], "golden"), est.Given(seq, "golden"))
-    memory = est.memory_result(spec, parse_cluster(s["cluster_memory"]), precision,
-                               resolve_optimizer(s["optimizer"]).spec, s["zero_stage"], est.Given(seq, "golden"),
-                               s["micro_batch"])
-    time = est.train_time_result(spec, est.Given(s["tokens"], "golden"), est.Given(s["mfu"], "golden"), precision,
-                                 cluster=parse_cluster(s["cluster_time"]))
+    memory = est.memory_result(
+        spec,
+        parse_cluster(s["cluster_memory"]),
+        precision,
+        resolve_optimizer(s["optimizer"]).spec,
+        s["zero_stage"],
+        est.Given(seq, "golden"),
+        s["micro_batch"],
+    )
+    time = est.train_time_result(
+        spec,
+        est.Given(s["tokens"], "golden"),
+        est.Given(s["mfu"], "golden"),
+        precision,
+        cluster=parse_cluster(s["cluster_time"]),
+    )
     params = est.params_result(spec)
     figures = {
         "params_total": params.value("params.total"),
@@ -55,8 +66,11 @@ def model_figures(name: str) -> dict[str, Any]:
 
 def hardware_figures(name: str) -> dict[str, Any]:
     spec = registry("hardware").specs[name]
-    return {"memory_bytes": spec.memory_bytes, "peak_tflops_dense": dict(spec.peak_tflops_dense),
-            "memory_bandwidth_tbps": spec.memory_bandwidth_tbps}
+    return {
+        "memory_bytes": spec.memory_bytes,
+        "peak_tflops_dense": dict(spec.peak_tflops_dense),
+        "memory_bandwidth_tbps": spec.memory_bandwidth_tbps,
+    }
 
 
 def golden_table() -> dict[str, Any]:

@@ -38,12 +38,21 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     if model_type == "gpt2":
         hidden = _get(config, origin, "n_embd")
         return {
-            "name": name, "display_name": f"{name} (from config.json)", "vocab_size": _get(config, origin, "vocab_size"),
-            "hidden_size": hidden, "num_layers": _get(config, origin, "n_layer"),
-            "num_heads": _get(config, origin, "n_head"), "ffn_size": _get(config, origin, "n_inner", default=4 * hidden),
-            "ffn_kind": "gelu_mlp", "norm_kind": "layernorm", "attention_bias": "all", "mlp_bias": True,
-            "tied_embeddings": bool(config.get("tie_word_embeddings", True)), "position_embedding": "learned",
-            "max_seq_len": _get(config, origin, "n_positions", "n_ctx"), "dropout": True,
+            "name": name,
+            "display_name": f"{name} (from config.json)",
+            "vocab_size": _get(config, origin, "vocab_size"),
+            "hidden_size": hidden,
+            "num_layers": _get(config, origin, "n_layer"),
+            "num_heads": _get(config, origin, "n_head"),
+            "ffn_size": _get(config, origin, "n_inner", default=4 * hidden),
+            "ffn_kind": "gelu_mlp",
+            "norm_kind": "layernorm",
+            "attention_bias": "all",
+            "mlp_bias": True,
+            "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
+            "position_embedding": "learned",
+            "max_seq_len": _get(config, origin, "n_positions", "n_ctx"),
+            "dropout": True,
             "sources": [origin],
         }
     act = str(_get(config, origin, "hidden_act", "hidden_activation", default="silu")).lower()

@@ -17,7 +17,7 @@ from lmcalc.units import group
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False, markup=False)
+    return Console(highlight=False, markup=False, emoji=False)
 
 
 def _summary(kind: str, spec: Any) -> str:
@@ -36,9 +36,13 @@ def list_presets(kinds: tuple[str, ...], as_json: bool) -> None:
     for kind in kinds:
         reg = pr.registry(kind)
         data[kind] = [
-            {"name": name, "aliases": list(getattr(spec, "aliases", [])),
-             "family_aliases": list(getattr(spec, "family_aliases", [])),
-             "summary": _summary(kind, spec), "origin": reg.origins[name]}
+            {
+                "name": name,
+                "aliases": list(getattr(spec, "aliases", [])),
+                "family_aliases": list(getattr(spec, "family_aliases", [])),
+                "summary": _summary(kind, spec),
+                "origin": reg.origins[name],
+            }
             for name, spec in sorted(reg.specs.items())
         ]
     if as_json:
@@ -102,10 +106,17 @@ def _check_model(spec: ModelSpec, origin: str) -> CheckOutcome:
     digits = spec.published_params_sig_figs
     rounded = float(f"{total:.{digits}g}") if digits else total
     if rounded != spec.published_params:
-        return CheckOutcome(origin, False, f"computed {group(total)} params != published {group(spec.published_params)}"
-                            + (f" (to {digits} significant figures)" if digits else ""))
-    return CheckOutcome(origin, True, f"valid; {group(total)} params = published"
-                        + (f" to {digits} significant figures" if digits else " exactly"))
+        return CheckOutcome(
+            origin,
+            False,
+            f"computed {group(total)} params != published {group(spec.published_params)}"
+            + (f" (to {digits} significant figures)" if digits else ""),
+        )
+    return CheckOutcome(
+        origin,
+        True,
+        f"valid; {group(total)} params = published" + (f" to {digits} significant figures" if digits else " exactly"),
+    )
 
 
 def _check_file(path: Path) -> list[CheckOutcome]:
@@ -129,8 +140,10 @@ def _validate_list(items: Any, kind: str, path: Path) -> list[str]:
     if not isinstance(items, list):
         raise LmcalcError(f"{path}: '{kind}' must be a list")
     spec_type = pr._SPEC_OF_KIND[kind]
-    return [pr.validate(spec_type, item, f"{path} [{kind}[{i}]]") and f"{path} [{kind}[{i}]]"
-            for i, item in enumerate(items)]
+    return [
+        pr.validate(spec_type, item, f"{path} [{kind}[{i}]]") and f"{path} [{kind}[{i}]]"
+        for i, item in enumerate(items)
+    ]
 
 
 def _all_preset_files() -> list[Path]:

@@ -28,7 +28,10 @@ from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, Precis
 PRESET_PATH_ENV = "LMCALC_PRESET_PATH"
 KINDS = ("models", "hardware", "precisions", "optimizers")
 _SPEC_OF_KIND: dict[str, type[BaseModel]] = {
-    "models": ModelSpec, "hardware": HardwareSpec, "precisions": PrecisionRecipe, "optimizers": OptimizerSpec,
+    "models": ModelSpec,
+    "hardware": HardwareSpec,
+    "precisions": PrecisionRecipe,
+    "optimizers": OptimizerSpec,
 }
 _SINGULAR = {"models": "model", "hardware": "hardware", "precisions": "precision", "optimizers": "optimizer"}
 
@@ -168,8 +171,11 @@ class Registry:
         if name not in self._built:
             entry = self.entries[name]
             spec_type = _SPEC_OF_KIND[self.kind]
-            self._built[name] = (construct_trusted(spec_type, entry.data) if entry.builtin
-                                 else validate(spec_type, entry.data, entry.origin))
+            self._built[name] = (
+                construct_trusted(spec_type, entry.data)
+                if entry.builtin
+                else validate(spec_type, entry.data, entry.origin)
+            )
         return self._built[name]
 
     @property

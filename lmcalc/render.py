@@ -15,7 +15,7 @@ def to_json(result: Result) -> str:
 def _console(file: TextIO | None = None):
     from rich.console import Console
 
-    return Console(file=file, highlight=False, soft_wrap=False, markup=False)
+    return Console(file=file, highlight=False, soft_wrap=False, markup=False, emoji=False)
 
 
 def _inputs_table(result: Result):
@@ -80,7 +80,9 @@ def print_explain(result: Result, file: TextIO | None = None) -> None:
     console.print()
     console.print("Inputs", style="bold")
     for item in result.inputs:
-        console.print(Text.assemble(f"  {item.label} = {item.text}", (f"   ({item.origin})" if item.origin else "", "dim")))
+        console.print(
+            Text.assemble(f"  {item.label} = {item.text}", (f"   ({item.origin})" if item.origin else "", "dim"))
+        )
     step = 0
     for section in result.sections:
         console.print()

@@ -16,8 +16,14 @@ from lmcalc.errors import LmcalcError
 COUNT_SUFFIXES: dict[str, float] = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 BYTE_SUFFIXES: dict[str, float] = {
     "B": 1.0,
-    "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
 }
 GB = 1e9
 GiB = 2**30

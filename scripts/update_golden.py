@@ -1,7 +1,7 @@
 """Regenerate tests/golden/presets.json after a reviewed change to a formula or a preset.
 
-    python scripts/update_golden.py          # rewrite the file
-    python scripts/update_golden.py --check  # exit 1 if the file is out of date
+python scripts/update_golden.py          # rewrite the file
+python scripts/update_golden.py --check  # exit 1 if the file is out of date
 """
 
 import json

@@ -94,8 +94,9 @@ def test_deadline_solver_inverts_the_time(capsys):
 
 
 def test_cost_and_throughput(capsys):
-    data = run_json("train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5 "
-                    "--price-per-gpu-hour 2", capsys)
+    data = run_json(
+        "train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5 --price-per-gpu-hour 2", capsys
+    )
     time = data["results"]["time"]
     assert time["cost"]["value"] == pytest.approx(2 * time["gpu_hours"]["value"])
     assert time["tokens_per_s_per_gpu"]["value"] * 1024 == pytest.approx(time["tokens_per_s"]["value"])
@@ -128,9 +129,13 @@ def test_memory_zero3_shards_states(capsys):
 
 def test_tensor_json_has_units(capsys):
     data = run_json("tensor 4x8 --dtype fp32", capsys)
-    assert data["results"]["tensor"]["bytes"] == {"value": 128, "unit": "bytes", "label": "Size",
-                                                  "formula": "elements × bytes per element",
-                                                  "substituted": "32 × 4"}
+    assert data["results"]["tensor"]["bytes"] == {
+        "value": 128,
+        "unit": "bytes",
+        "label": "Size",
+        "formula": "elements × bytes per element",
+        "substituted": "32 × 4",
+    }
 
 
 def test_version(capsys):
@@ -183,17 +188,24 @@ def _write(tmp_path, name, text):
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
-    path = _write(tmp_path, "broken.yaml", """\
+    path = _write(
+        tmp_path,
+        "broken.yaml",
+        """\
         name: broken
         vocab_size: 1000
         hidden_size: [64
-        """)
+        """,
+    )
     code, _, err = run(["flops", "--model", path], capsys)
     assert code == 2 and f"{path}:" in err and "YAML syntax error" in err and len(err.strip().splitlines()) == 1
 
 
 def test_validation_error_names_field(tmp_path, capsys):
-    path = _write(tmp_path, "bad.yaml", """\
+    path = _write(
+        tmp_path,
+        "bad.yaml",
+        """\
         name: bad
         vocab_size: 1000
         hidden_size: 100
@@ -205,13 +217,17 @@ def test_validation_error_names_field(tmp_path, capsys):
         tied_embeddings: false
         position_embedding: rope
         max_seq_len: 128
-        """)
+        """,
+    )
     code, _, err = run(["flops", "--model", path], capsys)
     assert code == 2 and "hidden_size 100 is not divisible by num_heads 3" in err
 
 
 def test_kv_heads_must_divide_heads(tmp_path, capsys):
-    path = _write(tmp_path, "gqa.yaml", """\
+    path = _write(
+        tmp_path,
+        "gqa.yaml",
+        """\
         name: gqa
         vocab_size: 1000
         hidden_size: 128
@@ -224,7 +240,8 @@ def test_kv_heads_must_divide_heads(tmp_path, capsys):
         tied_embeddings: false
         position_embedding: rope
         max_seq_len: 128
-        """)
+        """,
+    )
     code, _, err = run(["flops", "--model", path], capsys)
     assert code == 2 and "num_kv_heads 3 does not divide num_heads 8" in err
 
@@ -244,7 +261,10 @@ def test_user_preset_directory(tmp_path, monkeypatch, capsys):
     from lmcalc import presets
 
     (tmp_path / "models").mkdir()
-    _write(tmp_path / "models", "mini.yaml", """\
+    _write(
+        tmp_path / "models",
+        "mini.yaml",
+        """\
         name: mini
         vocab_size: 1000
         hidden_size: 64
@@ -256,14 +276,17 @@ def test_user_preset_directory(tmp_path, monkeypatch, capsys):
         tied_embeddings: true
         position_embedding: learned
         max_seq_len: 128
-        """)
+        """,
+    )
     monkeypatch.setenv(presets.PRESET_PATH_ENV, str(tmp_path))
     presets.registry.cache_clear()
     try:
         data = run_json("params --model mini", capsys)
         # V·h + s·h + L·(4h² + 4h + 2·h·f + f + h + 4h) + 2h, LayerNorm with biases, biases off by default:
         # embed 64000 + pos 8192 + 2·(4·4096 + 2·64·256 + 4·64) + 2·64
-        assert data["results"]["params"]["total"]["value"] == 64000 + 8192 + 2 * (4 * 4096 + 2 * 64 * 256 + 4 * 64) + 128
+        assert (
+            data["results"]["params"]["total"]["value"] == 64000 + 8192 + 2 * (4 * 4096 + 2 * 64 * 256 + 4 * 64) + 128
+        )
     finally:
         presets.registry.cache_clear()
 
@@ -288,3 +311,34 @@ def test_accounting_commands_never_import_torch():
 def test_python_dash_m_works():
     out = subprocess.run([sys.executable, "-m", "lmcalc", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("lmcalc")
+
+
+def test_presets_check_fails_on_a_wrong_published_count(tmp_path, capsys):
+    path = _write(
+        tmp_path,
+        "wrong.yaml",
+        """\
+        name: wrong
+        vocab_size: 1000
+        hidden_size: 64
+        num_layers: 2
+        num_heads: 4
+        ffn_size: 256
+        ffn_kind: gelu_mlp
+        norm_kind: layernorm
+        tied_embeddings: true
+        position_embedding: none
+        max_seq_len: 128
+        published_params: 12345
+        """,
+    )
+    code, out, _ = run(["presets", "check", path], capsys)
+    assert code == 1
+    assert "FAIL" in out and "!= published 12,345" in out
+
+
+def test_presets_check_reports_schema_errors(tmp_path, capsys):
+    path = _write(tmp_path, "schema.yaml", "name: x\nvocab_size: 10\nhidden_size: 8\n")
+    code, out, _ = run(["presets", "check", path, "--json"], capsys)
+    report = json.loads(out)
+    assert code == 1 and report["ok"] is False and "num_layers" in report["files"][0]["message"]

@@ -28,9 +28,13 @@ def test_golden_figures_unchanged():
     changed = [
         f"{key}: {expected.get(key)} -> {actual.get(key)}"
         for key in sorted(set(expected) | set(actual))
-        if not (isinstance(expected.get(key), float | int) and isinstance(actual.get(key), float | int)
-                and actual[key] == pytest.approx(expected[key], rel=1e-12))
+        if not (
+            isinstance(expected.get(key), float | int)
+            and isinstance(actual.get(key), float | int)
+            and actual[key] == pytest.approx(expected[key], rel=1e-12)
+        )
         and expected.get(key) != actual.get(key)
     ]
-    assert not changed, ("preset figures changed (review, then run python scripts/update_golden.py):\n"
-                         + "\n".join(changed[:40]))
+    assert not changed, "preset figures changed (review, then run python scripts/update_golden.py):\n" + "\n".join(
+        changed[:40]
+    )

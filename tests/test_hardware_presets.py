@@ -15,10 +15,10 @@ import pytest
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import (
     builtin_dir,
+    construct_trusted,
     load_spec_file,
     normalise,
     parse_cluster,
-    construct_trusted,
     registry,
     resolve_hardware,
     resolve_optimizer,
@@ -45,9 +45,35 @@ def _key(alias: str) -> str:
 def test_the_expected_accelerators_are_there():
     names = {p.stem for p in HARDWARE_FILES}
     expected = {
-        "v100", "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h100-nvl", "h200", "gh200", "h20", "h800",
-        "b200", "b300", "gb200", "l4", "l40s", "a10g", "rtx-3090", "rtx-4090", "rtx-5090", "mi250x", "mi300x",
-        "mi325x", "mi355x", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "gaudi2", "gaudi3",
+        "v100",
+        "a100-40gb",
+        "a100-80gb",
+        "h100-sxm",
+        "h100-pcie",
+        "h100-nvl",
+        "h200",
+        "gh200",
+        "h20",
+        "h800",
+        "b200",
+        "b300",
+        "gb200",
+        "l4",
+        "l40s",
+        "a10g",
+        "rtx-3090",
+        "rtx-4090",
+        "rtx-5090",
+        "mi250x",
+        "mi300x",
+        "mi325x",
+        "mi355x",
+        "tpu-v4",
+        "tpu-v5e",
+        "tpu-v5p",
+        "tpu-v6e",
+        "gaudi2",
+        "gaudi3",
     }
     assert expected <= names, sorted(expected - names)
 
@@ -187,8 +213,14 @@ def test_lecture_napkin_figure_is_half_the_sparse_headline():
 
 @pytest.mark.parametrize(
     ("preset", "dtype", "sparse_headline"),
-    [("h100-sxm", "bf16", 1979), ("l40s", "bf16", 733), ("b200", "bf16", 4500), ("gb200", "bf16", 5000),
-     ("l4", "bf16", 242), ("mi300x", "bf16", 2614.9)],
+    [
+        ("h100-sxm", "bf16", 1979),
+        ("l40s", "bf16", 733),
+        ("b200", "bf16", 4500),
+        ("gb200", "bf16", 5000),
+        ("l4", "bf16", 242),
+        ("mi300x", "bf16", 2614.9),
+    ],
 )
 def test_no_sparse_headline_figure_is_stored(preset, dtype, sparse_headline):
     # Dense is half the 2:4-sparse headline (L40S prints 362.05 | 733, a little under half).
@@ -335,8 +367,7 @@ def test_every_recipe_runs_on_h100_and_is_documented():
 
 def test_optimizer_presets():
     specs = registry("optimizers").specs
-    expected = {"sgd", "sgd-momentum", "adagrad", "rmsprop", "adam", "adamw", "lion", "adafactor",
-                "adam-8bit"}
+    expected = {"sgd", "sgd-momentum", "adagrad", "rmsprop", "adam", "adamw", "lion", "adafactor", "adam-8bit"}
     assert expected <= set(specs)
     assert [s.name for s in specs["lion"].states] == ["momentum"]  # Chen et al. 2023: momentum only
     (adafactor,) = specs["adafactor"].states  # Shazeer & Stern 2018: factored 2nd moment, no 1st moment

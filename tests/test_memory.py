@@ -9,10 +9,19 @@ from lmcalc.presets import resolve_model
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
 
 # The ZeRO paper's mixed-precision Adam: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, m, v).
-MIXED = PrecisionRecipe(name="mixed", description="test", compute_dtype="bf16", param_bytes=2, grad_bytes=2,
-                        master_bytes=4, optimizer_state_bytes=4, activation_bytes=2)
-ADAM = OptimizerSpec(name="adam", description="test", states=[OptimizerState(name="exp_avg"),
-                                                              OptimizerState(name="exp_avg_sq")])
+MIXED = PrecisionRecipe(
+    name="mixed",
+    description="test",
+    compute_dtype="bf16",
+    param_bytes=2,
+    grad_bytes=2,
+    master_bytes=4,
+    optimizer_state_bytes=4,
+    activation_bytes=2,
+)
+ADAM = OptimizerSpec(
+    name="adam", description="test", states=[OptimizerState(name="exp_avg"), OptimizerState(name="exp_avg_sq")]
+)
 
 
 def gpt3() -> ModelSpec:
@@ -96,9 +105,19 @@ def test_state_memory_uses_exact_parameter_count():
 
 def test_adafactor_factored_second_moment_by_hand():
     # Shazeer & Stern 2018: an r×c matrix keeps r + c statistics; vectors keep their full size.
-    tiny = ModelSpec(name="tiny", vocab_size=10, hidden_size=4, num_layers=1, num_heads=1, ffn_size=8,
-                     ffn_kind="gelu_mlp", norm_kind="rmsnorm", tied_embeddings=True, position_embedding="none",
-                     max_seq_len=16)
+    tiny = ModelSpec(
+        name="tiny",
+        vocab_size=10,
+        hidden_size=4,
+        num_layers=1,
+        num_heads=1,
+        ffn_size=8,
+        ffn_kind="gelu_mlp",
+        norm_kind="rmsnorm",
+        tied_embeddings=True,
+        position_embedding="none",
+        max_seq_len=16,
+    )
     factored = OptimizerSpec(name="adafactor", description="t", states=[OptimizerState(name="v", factored=True)])
     # embed 10×4 -> 14; q,k,v,o 4×4 -> 8 each; fc 8×4 -> 12; proj 4×8 -> 12; 3 norms of 4 -> 12
     elements = 14 + 4 * 8 + 12 + 12 + 12
@@ -109,7 +128,12 @@ def test_eight_bit_adam_adds_one_scale_per_block():
     # Dettmers et al. 2022: two 1-byte states plus one fp32 absmax per 2048-element block each.
     m = resolve_model("gpt2-124m").spec
     n = 124_439_808
-    adam8 = OptimizerSpec(name="adam8bit", description="t", states=[
-        OptimizerState(name="m", bytes=1, quantization_block=2048),
-        OptimizerState(name="v", bytes=1, quantization_block=2048)])
+    adam8 = OptimizerSpec(
+        name="adam8bit",
+        description="t",
+        states=[
+            OptimizerState(name="m", bytes=1, quantization_block=2048),
+            OptimizerState(name="v", bytes=1, quantization_block=2048),
+        ],
+    )
     assert mem.optimizer_state_bytes(weight_tensors(m), MIXED, adam8) == pytest.approx(2 * n + 2 * n / 2048 * 4)

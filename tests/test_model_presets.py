@@ -187,8 +187,15 @@ LLAMA_STYLE = [
 def test_llama_style_by_hand(name, shape, exact):
     assert llama_style(**shape) == exact
     spec = preset(name)
-    assert (spec.vocab_size, spec.hidden_size, spec.num_layers, spec.num_heads, spec.kv_heads, spec.head_size,
-            spec.ffn_size) == tuple(shape[k] for k in ("V", "h", "L", "H", "kv", "d", "f"))
+    assert (
+        spec.vocab_size,
+        spec.hidden_size,
+        spec.num_layers,
+        spec.num_heads,
+        spec.kv_heads,
+        spec.head_size,
+        spec.ffn_size,
+    ) == tuple(shape[k] for k in ("V", "h", "L", "H", "kv", "d", "f"))
     assert spec.tied_embeddings is shape.get("tied", False)
     assert count_params(spec).total == exact
 
@@ -249,7 +256,8 @@ def test_deepseek_v3_total_and_active_by_hand():
     q_rank, kv_rank, d_nope, d_rope, d_v = 1536, 512, 128, 64, 128
     f, f_expert, E, k, n_shared, n_dense = 18432, 2048, 256, 8, 1, 3
     attention = (
-        h * q_rank + q_rank  # W_DQ and the RMSNorm on the compressed query
+        h * q_rank
+        + q_rank  # W_DQ and the RMSNorm on the compressed query
         + q_rank * H * (d_nope + d_rope)  # W_UQ and W_QR
         + h * (kv_rank + d_rope)  # W_DKV and W_KR
         + kv_rank  # RMSNorm on the compressed key-value latent
@@ -295,35 +303,69 @@ def gpt2_like(nn, V, s, L, h, f):
     wte = nn.Embedding(V, h)
     lm_head = nn.Linear(h, V, bias=False)
     lm_head.weight = wte.weight
-    block = lambda: nn.ModuleDict(dict(  # noqa: E731
-        ln_1=nn.LayerNorm(h), c_attn=nn.Linear(h, 3 * h), c_proj=nn.Linear(h, h),
-        ln_2=nn.LayerNorm(h), c_fc=nn.Linear(h, f), mlp_proj=nn.Linear(f, h),
-    ))
-    return nn.ModuleDict(dict(
-        wte=wte, wpe=nn.Embedding(s, h), h=nn.ModuleList(block() for _ in range(L)), ln_f=nn.LayerNorm(h),
-        lm_head=lm_head,
-    ))
+
+    def block():
+        return nn.ModuleDict(
+            dict(
+                ln_1=nn.LayerNorm(h),
+                c_attn=nn.Linear(h, 3 * h),
+                c_proj=nn.Linear(h, h),
+                ln_2=nn.LayerNorm(h),
+                c_fc=nn.Linear(h, f),
+                mlp_proj=nn.Linear(f, h),
+            )
+        )
+
+    return nn.ModuleDict(
+        dict(
+            wte=wte,
+            wpe=nn.Embedding(s, h),
+            h=nn.ModuleList(block() for _ in range(L)),
+            ln_f=nn.LayerNorm(h),
+            lm_head=lm_head,
+        )
+    )
 
 
 def test_gpt2_like_module(nn):
-    spec = ModelSpec(name="tiny-gpt2", **TINY, hidden_size=24, num_layers=2, num_heads=4, ffn_size=96,
-                     ffn_kind="gelu_mlp", norm_kind="layernorm", attention_bias="all", mlp_bias=True,
-                     tied_embeddings=True, position_embedding="learned", dropout=True)
+    spec = ModelSpec(
+        name="tiny-gpt2",
+        **TINY,
+        hidden_size=24,
+        num_layers=2,
+        num_heads=4,
+        ffn_size=96,
+        ffn_kind="gelu_mlp",
+        norm_kind="layernorm",
+        attention_bias="all",
+        mlp_bias=True,
+        tied_embeddings=True,
+        position_embedding="learned",
+        dropout=True,
+    )
     module = gpt2_like(nn, V=101, s=37, L=2, h=24, f=96)
     assert numel(module) == count_params(spec).total
 
 
 def swiglu(nn, h, f):
-    return nn.ModuleDict(dict(gate_proj=nn.Linear(h, f, bias=False), up_proj=nn.Linear(h, f, bias=False),
-                              down_proj=nn.Linear(f, h, bias=False)))
+    return nn.ModuleDict(
+        dict(
+            gate_proj=nn.Linear(h, f, bias=False),
+            up_proj=nn.Linear(h, f, bias=False),
+            down_proj=nn.Linear(f, h, bias=False),
+        )
+    )
 
 
 def llama_like(nn, V, L, h, H, kv, d, f, tied, qkv_bias=False, olmo2=False):
     """HF LlamaForCausalLM (Qwen2: q/k/v biases; OLMo 2: post-norms and full-width q/k RMSNorms)."""
+
     def layer():
         attention = dict(
-            q_proj=nn.Linear(h, H * d, bias=qkv_bias), k_proj=nn.Linear(h, kv * d, bias=qkv_bias),
-            v_proj=nn.Linear(h, kv * d, bias=qkv_bias), o_proj=nn.Linear(H * d, h, bias=False),
+            q_proj=nn.Linear(h, H * d, bias=qkv_bias),
+            k_proj=nn.Linear(h, kv * d, bias=qkv_bias),
+            v_proj=nn.Linear(h, kv * d, bias=qkv_bias),
+            o_proj=nn.Linear(H * d, h, bias=False),
         )
         if olmo2:
             attention.update(q_norm=nn.RMSNorm(H * d), k_norm=nn.RMSNorm(kv * d))
@@ -336,13 +378,15 @@ def llama_like(nn, V, L, h, H, kv, d, f, tied, qkv_bias=False, olmo2=False):
     lm_head = nn.Linear(h, V, bias=False)
     if tied:
         lm_head.weight = embed.weight
-    return nn.ModuleDict(dict(embed_tokens=embed, layers=nn.ModuleList(layer() for _ in range(L)),
-                              norm=nn.RMSNorm(h), lm_head=lm_head))
+    return nn.ModuleDict(
+        dict(embed_tokens=embed, layers=nn.ModuleList(layer() for _ in range(L)), norm=nn.RMSNorm(h), lm_head=lm_head)
+    )
 
 
 def llama_spec(**fields) -> ModelSpec:
-    return ModelSpec(**{"name": "tiny", **TINY, "ffn_kind": "swiglu", "norm_kind": "rmsnorm",
-                        "position_embedding": "rope", **fields})
+    return ModelSpec(
+        **{"name": "tiny", **TINY, "ffn_kind": "swiglu", "norm_kind": "rmsnorm", "position_embedding": "rope", **fields}
+    )
 
 
 # h = 48 with 4 heads of 16: H*d = 64 does not tile h, as in models that set head_dim explicitly.
@@ -382,20 +426,38 @@ def test_mixtral_like_module(nn):
     V, L, h, H, kv, d, f, E, k = 101, 2, 32, 4, 2, 8, 56, 4, 2
 
     def layer():
-        attention = nn.ModuleDict(dict(
-            q_proj=nn.Linear(h, H * d, bias=False), k_proj=nn.Linear(h, kv * d, bias=False),
-            v_proj=nn.Linear(h, kv * d, bias=False), o_proj=nn.Linear(H * d, h, bias=False),
-        ))
-        return nn.ModuleDict(dict(
-            input_layernorm=nn.RMSNorm(h), self_attn=attention, post_attention_layernorm=nn.RMSNorm(h),
-            gate=nn.Linear(h, E, bias=False), experts=nn.ModuleList(swiglu(nn, h, f) for _ in range(E)),
-        ))
+        attention = nn.ModuleDict(
+            dict(
+                q_proj=nn.Linear(h, H * d, bias=False),
+                k_proj=nn.Linear(h, kv * d, bias=False),
+                v_proj=nn.Linear(h, kv * d, bias=False),
+                o_proj=nn.Linear(H * d, h, bias=False),
+            )
+        )
+        return nn.ModuleDict(
+            dict(
+                input_layernorm=nn.RMSNorm(h),
+                self_attn=attention,
+                post_attention_layernorm=nn.RMSNorm(h),
+                gate=nn.Linear(h, E, bias=False),
+                experts=nn.ModuleList(swiglu(nn, h, f) for _ in range(E)),
+            )
+        )
 
     layers = nn.ModuleList(layer() for _ in range(L))
-    module = nn.ModuleDict(dict(embed_tokens=nn.Embedding(V, h), layers=layers, norm=nn.RMSNorm(h),
-                                lm_head=nn.Linear(h, V, bias=False)))
-    spec = llama_spec(num_layers=L, hidden_size=h, num_heads=H, num_kv_heads=kv, head_dim=d, ffn_size=f,
-                      tied_embeddings=False, moe=dict(num_experts=E, experts_per_token=k, expert_ffn_size=f))
+    module = nn.ModuleDict(
+        dict(embed_tokens=nn.Embedding(V, h), layers=layers, norm=nn.RMSNorm(h), lm_head=nn.Linear(h, V, bias=False))
+    )
+    spec = llama_spec(
+        num_layers=L,
+        hidden_size=h,
+        num_heads=H,
+        num_kv_heads=kv,
+        head_dim=d,
+        ffn_size=f,
+        tied_embeddings=False,
+        moe=dict(num_experts=E, experts_per_token=k, expert_ffn_size=f),
+    )
     counts = count_params(spec)
     assert numel(module) == counts.total
     assert routed_active(module, layers, k) == counts.active
@@ -409,40 +471,65 @@ def test_deepseek_like_module_with_mla_and_shared_experts(nn, q_lora_rank):
 
     def attention():
         if q_lora_rank:
-            query = dict(q_a_proj=nn.Linear(h, q_lora_rank, bias=False),
-                         q_a_layernorm=nn.RMSNorm(q_lora_rank),
-                         q_b_proj=nn.Linear(q_lora_rank, H * (d_nope + d_rope), bias=False))
+            query = dict(
+                q_a_proj=nn.Linear(h, q_lora_rank, bias=False),
+                q_a_layernorm=nn.RMSNorm(q_lora_rank),
+                q_b_proj=nn.Linear(q_lora_rank, H * (d_nope + d_rope), bias=False),
+            )
         else:
             query = dict(q_proj=nn.Linear(h, H * (d_nope + d_rope), bias=False))
-        return nn.ModuleDict(dict(
-            **query,
-            kv_a_proj_with_mqa=nn.Linear(h, kv_rank + d_rope, bias=False), kv_a_layernorm=nn.RMSNorm(kv_rank),
-            kv_b_proj=nn.Linear(kv_rank, H * (d_nope + d_v), bias=False),
-            o_proj=nn.Linear(H * d_v, h, bias=False),
-        ))
+        return nn.ModuleDict(
+            dict(
+                **query,
+                kv_a_proj_with_mqa=nn.Linear(h, kv_rank + d_rope, bias=False),
+                kv_a_layernorm=nn.RMSNorm(kv_rank),
+                kv_b_proj=nn.Linear(kv_rank, H * (d_nope + d_v), bias=False),
+                o_proj=nn.Linear(H * d_v, h, bias=False),
+            )
+        )
 
     def moe():
         # DeepSeek's gate: a weight of E x h and e_score_correction_bias of E (a Linear with bias has both);
         # the shared experts are one SwiGLU of width n_shared * f_expert.
-        return nn.ModuleDict(dict(
-            gate=nn.Linear(h, E, bias=True), experts=nn.ModuleList(swiglu(nn, h, f_expert) for _ in range(E)),
-            shared_experts=swiglu(nn, h, n_shared * f_expert),
-        ))
+        return nn.ModuleDict(
+            dict(
+                gate=nn.Linear(h, E, bias=True),
+                experts=nn.ModuleList(swiglu(nn, h, f_expert) for _ in range(E)),
+                shared_experts=swiglu(nn, h, n_shared * f_expert),
+            )
+        )
 
     def layer(i):
         mlp = swiglu(nn, h, f) if i < n_dense else moe()
-        return nn.ModuleDict(dict(input_layernorm=nn.RMSNorm(h), self_attn=attention(),
-                                  post_attention_layernorm=nn.RMSNorm(h), mlp=mlp))
+        return nn.ModuleDict(
+            dict(input_layernorm=nn.RMSNorm(h), self_attn=attention(), post_attention_layernorm=nn.RMSNorm(h), mlp=mlp)
+        )
 
     layers = nn.ModuleList(layer(i) for i in range(L))
-    module = nn.ModuleDict(dict(embed_tokens=nn.Embedding(V, h), layers=layers, norm=nn.RMSNorm(h),
-                                lm_head=nn.Linear(h, V, bias=False)))
+    module = nn.ModuleDict(
+        dict(embed_tokens=nn.Embedding(V, h), layers=layers, norm=nn.RMSNorm(h), lm_head=nn.Linear(h, V, bias=False))
+    )
     spec = llama_spec(
-        num_layers=L, hidden_size=h, num_heads=H, ffn_size=f, tied_embeddings=False,
-        mla=dict(q_lora_rank=q_lora_rank, kv_lora_rank=kv_rank, qk_nope_head_dim=d_nope,
-                 qk_rope_head_dim=d_rope, v_head_dim=d_v),
-        moe=dict(num_experts=E, experts_per_token=k, shared_experts=n_shared, expert_ffn_size=f_expert,
-                 dense_layers=n_dense, router_bias=True),
+        num_layers=L,
+        hidden_size=h,
+        num_heads=H,
+        ffn_size=f,
+        tied_embeddings=False,
+        mla=dict(
+            q_lora_rank=q_lora_rank,
+            kv_lora_rank=kv_rank,
+            qk_nope_head_dim=d_nope,
+            qk_rope_head_dim=d_rope,
+            v_head_dim=d_v,
+        ),
+        moe=dict(
+            num_experts=E,
+            experts_per_token=k,
+            shared_experts=n_shared,
+            expert_ffn_size=f_expert,
+            dense_layers=n_dense,
+            router_bias=True,
+        ),
     )
     counts = count_params(spec)
     assert numel(module) == counts.total
@@ -506,9 +593,24 @@ HF_CONFIGS = {
     "deepseek-v3": "deepseek-v3",
 }
 SAME_FIELDS = (
-    "vocab_size", "hidden_size", "num_layers", "num_heads", "kv_heads", "qk_head_dim", "v_head_dim",
-    "ffn_kind", "norm_kind", "qk_norm", "attention_bias", "mlp_bias", "tied_embeddings",
-    "position_embedding", "max_seq_len", "dropout", "mla", "moe",
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "kv_heads",
+    "qk_head_dim",
+    "v_head_dim",
+    "ffn_kind",
+    "norm_kind",
+    "qk_norm",
+    "attention_bias",
+    "mlp_bias",
+    "tied_embeddings",
+    "position_embedding",
+    "max_seq_len",
+    "dropout",
+    "mla",
+    "moe",
 )
 
 

@@ -8,10 +8,19 @@ from lmcalc.estimates import tensor_result
 from lmcalc.units import parse_bytes, parse_count, parse_shape
 
 
-@pytest.mark.parametrize("text,value", [
-    ("15T", 15e12), ("1.4T", 1.4e12), ("300B", 300e9), ("4M", 4e6), ("1e12", 1e12), ("8192", 8192.0),
-    ("2k", 2e3), ("0.5P", 5e14),
-])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("15T", 15e12),
+        ("1.4T", 1.4e12),
+        ("300B", 300e9),
+        ("4M", 4e6),
+        ("1e12", 1e12),
+        ("8192", 8192.0),
+        ("2k", 2e3),
+        ("0.5P", 5e14),
+    ],
+)
 def test_parse_count(text, value):
     assert parse_count(text) == value
 
@@ -54,8 +63,14 @@ def test_dtype_bytes():
         dtype_bytes("fp12")
 
 
-TORCH_NAMES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
-               "fp8-e4m3": "float8_e4m3fn", "fp8-e5m2": "float8_e5m2"}
+TORCH_NAMES = {
+    "fp64": "float64",
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8-e4m3": "float8_e4m3fn",
+    "fp8-e5m2": "float8_e5m2",
+}
 
 
 @pytest.mark.parametrize("name", sorted(TORCH_NAMES))

@@ -98,18 +98,44 @@ def napkin_params(spec: ModelSpec) -> int:
 def napkin_section(spec: ModelSpec, tokens: float) -> Section:
     n = napkin_params(spec)
     n_name = "N_active" if spec.moe else "N"
-    return Section("napkin", "Napkin rule (6·N·D)", (
-        Term("forward", "Forward", 2 * n * tokens, "FLOPs", f"2·{n_name}·D", f"2 × {group(n)} × {sci(tokens)}",
-             "Kaplan et al. 2020 §2.1: 2 FLOPs per parameter per token"),
-        Term("backward", "Backward", 4 * n * tokens, "FLOPs", f"4·{n_name}·D", f"4 × {group(n)} × {sci(tokens)}",
-             "backward = 2 × forward (gradients w.r.t. inputs and weights)"),
-        Term("total", "Total training FLOPs", 6 * n * tokens, "FLOPs", f"6·{n_name}·D",
-             f"6 × {group(n)} × {sci(tokens)}", "Kaplan et al. 2020; Hoffmann et al. 2022 (C ≈ 6ND)"),
-    ))
+    return Section(
+        "napkin",
+        "Napkin rule (6·N·D)",
+        (
+            Term(
+                "forward",
+                "Forward",
+                2 * n * tokens,
+                "FLOPs",
+                f"2·{n_name}·D",
+                f"2 × {group(n)} × {sci(tokens)}",
+                "Kaplan et al. 2020 §2.1: 2 FLOPs per parameter per token",
+            ),
+            Term(
+                "backward",
+                "Backward",
+                4 * n * tokens,
+                "FLOPs",
+                f"4·{n_name}·D",
+                f"4 × {group(n)} × {sci(tokens)}",
+                "backward = 2 × forward (gradients w.r.t. inputs and weights)",
+            ),
+            Term(
+                "total",
+                "Total training FLOPs",
+                6 * n * tokens,
+                "FLOPs",
+                f"6·{n_name}·D",
+                f"6 × {group(n)} × {sci(tokens)}",
+                "Kaplan et al. 2020; Hoffmann et al. 2022 (C ≈ 6ND)",
+            ),
+        ),
+    )
 
 
-def detailed_section(spec: ModelSpec, tokens: float, seq_len: int, convention: AttnConvention,
-                     recompute: Recompute) -> Section:
+def detailed_section(
+    spec: ModelSpec, tokens: float, seq_len: int, convention: AttnConvention, recompute: Recompute
+) -> Section:
     fwd = forward_flops_per_token(spec, seq_len, convention)
     keys = effective_keys(seq_len, convention)
     keys_text = f"{seq_len}" if convention == "full" else f"({seq_len}+1)/2"
@@ -120,30 +146,86 @@ def detailed_section(spec: ModelSpec, tokens: float, seq_len: int, convention: A
     hardware_total = (per_token + extra) * tokens
     s_sym = "s" if convention == "full" else "(s+1)/2"
     terms = (
-        Term("projections", "Attention projections (fwd, per token)", fwd.projections, "FLOPs",
-             "2 · Σ attention weight elements", f"2 × {group(fwd.projections / 2)}"),
-        Term("mlp", "MLP / experts (fwd, per token)", fwd.mlp, "FLOPs",
-             "2 · Σ FFN weight elements a token uses" + (" (k routed + shared + router)" if spec.moe else ""),
-             f"2 × {group(fwd.mlp / 2)}"),
-        Term("attention_scores", f"Attention scores QKᵀ (fwd, per token, {convention})", fwd.attention_scores,
-             "FLOPs", f"2 · L · {s_sym} · H · d_qk", f"2 × {L} × {keys_text} × {H} × {dqk}",
-             note=f"{convention} convention: each query scored against {keys:g} keys on average"),
-        Term("attention_values", f"Attention values AV (fwd, per token, {convention})", fwd.attention_values,
-             "FLOPs", f"2 · L · {s_sym} · H · d_v", f"2 × {L} × {keys_text} × {H} × {dv}"),
-        Term("logits", "Output logits (fwd, per token)", fwd.logits, "FLOPs", "2 · h · V",
-             f"2 × {spec.hidden_size} × {spec.vocab_size}"),
+        Term(
+            "projections",
+            "Attention projections (fwd, per token)",
+            fwd.projections,
+            "FLOPs",
+            "2 · Σ attention weight elements",
+            f"2 × {group(fwd.projections / 2)}",
+        ),
+        Term(
+            "mlp",
+            "MLP / experts (fwd, per token)",
+            fwd.mlp,
+            "FLOPs",
+            "2 · Σ FFN weight elements a token uses" + (" (k routed + shared + router)" if spec.moe else ""),
+            f"2 × {group(fwd.mlp / 2)}",
+        ),
+        Term(
+            "attention_scores",
+            f"Attention scores QKᵀ (fwd, per token, {convention})",
+            fwd.attention_scores,
+            "FLOPs",
+            f"2 · L · {s_sym} · H · d_qk",
+            f"2 × {L} × {keys_text} × {H} × {dqk}",
+            note=f"{convention} convention: each query scored against {keys:g} keys on average",
+        ),
+        Term(
+            "attention_values",
+            f"Attention values AV (fwd, per token, {convention})",
+            fwd.attention_values,
+            "FLOPs",
+            f"2 · L · {s_sym} · H · d_v",
+            f"2 × {L} × {keys_text} × {H} × {dv}",
+        ),
+        Term(
+            "logits",
+            "Output logits (fwd, per token)",
+            fwd.logits,
+            "FLOPs",
+            "2 · h · V",
+            f"2 × {spec.hidden_size} × {spec.vocab_size}",
+        ),
         Term("forward_per_token", "Forward per token", fwd.total, "FLOPs", "sum of the rows above"),
-        Term("training_per_token", "Training per token (fwd + bwd)", per_token, "FLOPs",
-             "3 · forward (backward = 2 × forward)", f"3 × {sci(fwd.total, 4)}"),
-        Term("model_flops", "Total model FLOPs", model_total, "FLOPs", "training per token · D",
-             f"{sci(per_token, 4)} × {sci(tokens)}", note="what MFU is measured against"),
-        Term("recompute_per_token", f"Recompute per token ({recompute})", extra, "FLOPs",
-             {"none": "0", "selective": "attention scores + values, forward again",
-              "full": "forward of every layer again (not the logits)"}[recompute],
-             source="Korthikanti et al. 2022 Appendix A"),
-        Term("hardware_flops", "Total hardware FLOPs", hardware_total, "FLOPs",
-             "(training per token + recompute per token) · D", f"({sci(per_token, 4)} + {sci(extra, 4)}) × {sci(tokens)}",
-             note="what the GPUs actually execute (HFU is measured against this)"),
+        Term(
+            "training_per_token",
+            "Training per token (fwd + bwd)",
+            per_token,
+            "FLOPs",
+            "3 · forward (backward = 2 × forward)",
+            f"3 × {sci(fwd.total, 4)}",
+        ),
+        Term(
+            "model_flops",
+            "Total model FLOPs",
+            model_total,
+            "FLOPs",
+            "training per token · D",
+            f"{sci(per_token, 4)} × {sci(tokens)}",
+            note="what MFU is measured against",
+        ),
+        Term(
+            "recompute_per_token",
+            f"Recompute per token ({recompute})",
+            extra,
+            "FLOPs",
+            {
+                "none": "0",
+                "selective": "attention scores + values, forward again",
+                "full": "forward of every layer again (not the logits)",
+            }[recompute],
+            source="Korthikanti et al. 2022 Appendix A",
+        ),
+        Term(
+            "hardware_flops",
+            "Total hardware FLOPs",
+            hardware_total,
+            "FLOPs",
+            "(training per token + recompute per token) · D",
+            f"({sci(per_token, 4)} + {sci(extra, 4)}) × {sci(tokens)}",
+            note="what the GPUs actually execute (HFU is measured against this)",
+        ),
     )
     return Section("detailed", f"Detailed matmul count ({convention} attention)", terms)
 
@@ -157,11 +239,27 @@ def palm_section(spec: ModelSpec, tokens: float, seq_len: int) -> Section:
     n = napkin_params(spec)
     per_token = palm_flops_per_token(spec, seq_len)
     L, H, Q = spec.num_layers, spec.num_heads, spec.qk_head_dim
-    return Section("palm", "PaLM / nanoGPT convention (6N + 12·L·H·Q·T)", (
-        Term("per_token", "Training per token", per_token, "FLOPs", "6·N + 12·L·H·Q·T",
-             f"6 × {group(n)} + 12 × {L} × {H} × {Q} × {seq_len}",
-             "Chowdhery et al. 2022 Appendix B; karpathy/nanoGPT estimate_mfu",
-             note="N counts every parameter, embeddings included; attention counted non-causal"),
-        Term("total", "Total training FLOPs", per_token * tokens, "FLOPs", "per token · D",
-             f"{sci(per_token, 4)} × {sci(tokens)}"),
-    ))
+    return Section(
+        "palm",
+        "PaLM / nanoGPT convention (6N + 12·L·H·Q·T)",
+        (
+            Term(
+                "per_token",
+                "Training per token",
+                per_token,
+                "FLOPs",
+                "6·N + 12·L·H·Q·T",
+                f"6 × {group(n)} + 12 × {L} × {H} × {Q} × {seq_len}",
+                "Chowdhery et al. 2022 Appendix B; karpathy/nanoGPT estimate_mfu",
+                note="N counts every parameter, embeddings included; attention counted non-causal",
+            ),
+            Term(
+                "total",
+                "Total training FLOPs",
+                per_token * tokens,
+                "FLOPs",
+                "per token · D",
+                f"{sci(per_token, 4)} × {sci(tokens)}",
+            ),
+        ),
+    )

@@ -24,12 +24,14 @@ from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
 STRATEGIES = ((0, "Data parallel (replicated)"), (1, "ZeRO-1"), (2, "ZeRO-2"), (3, "ZeRO-3 / FSDP"))
 
 
-def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes_per_param: float, zero_stage: int,
-                    dp: int) -> float:
+def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes_per_param: float, zero_stage: int, dp: int) -> float:
     """Per-GPU bytes of model state per parameter after ZeRO sharding."""
     p_div, g_div, o_div = zero_divisors(zero_stage, dp)
-    return (precision.param_bytes / p_div + precision.grad_bytes / g_div
-            + (precision.master_bytes + optimizer_bytes_per_param) / o_div)
+    return (
+        precision.param_bytes / p_div
+        + precision.grad_bytes / g_div
+        + (precision.master_bytes + optimizer_bytes_per_param) / o_div
+    )
 
 
 def optimizer_bytes_per_param(template: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec) -> float:
@@ -48,12 +50,23 @@ def scaled_model(template: ModelSpec, n_params: float) -> ModelSpec:
     def shape(heads: int) -> ModelSpec:
         h = heads * head
         kv = max(1, math.gcd(heads, max(1, round(heads * kv_ratio))))
-        return template.model_copy(update={
-            "name": f"{template.name}-scaled", "display_name": "", "hidden_size": h, "num_heads": heads,
-            "num_kv_heads": kv, "head_dim": head, "num_layers": max(1, round(h / aspect)),
-            "ffn_size": max(1, round(ffn_ratio * h)), "published_params": None, "family_aliases": [],
-            "aliases": [], "moe": None, "mla": None,
-        })
+        return template.model_copy(
+            update={
+                "name": f"{template.name}-scaled",
+                "display_name": "",
+                "hidden_size": h,
+                "num_heads": heads,
+                "num_kv_heads": kv,
+                "head_dim": head,
+                "num_layers": max(1, round(h / aspect)),
+                "ffn_size": max(1, round(ffn_ratio * h)),
+                "published_params": None,
+                "family_aliases": [],
+                "aliases": [],
+                "moe": None,
+                "mla": None,
+            }
+        )
 
     lo, hi = 1, 1
     while count_params(shape(hi)).total < n_params and hi < 1 << 20:
@@ -79,9 +92,18 @@ class MaxParamsRow:
     activation_bytes: float
 
 
-def max_params(capacity_bytes: float, dp: int, precision: PrecisionRecipe, optimizer: OptimizerSpec,
-               template: ModelSpec, overhead_bytes: float, seq_len: int, micro_batch: int,
-               attention: AttentionImpl, recompute: Recompute) -> list[MaxParamsRow]:
+def max_params(
+    capacity_bytes: float,
+    dp: int,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    template: ModelSpec,
+    overhead_bytes: float,
+    seq_len: int,
+    micro_batch: int,
+    attention: AttentionImpl,
+    recompute: Recompute,
+) -> list[MaxParamsRow]:
     """One row per sharding strategy: N that fits with states only, + overhead, + activations."""
     opt_bpp = optimizer_bytes_per_param(template, precision, optimizer)
     rows = []

@@ -51,8 +51,9 @@ class SavedTensor:
         return self.elements * self.bytes_per_element
 
 
-def layer_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float,
-                        attention: AttentionImpl, moe_layer: bool) -> list[SavedTensor]:
+def layer_saved_tensors(
+    spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float, attention: AttentionImpl, moe_layer: bool
+) -> list[SavedTensor]:
     """What one transformer layer saves for backward, following Korthikanti et al. 2022 §4.1."""
     s, b, h = seq_len, micro_batch, spec.hidden_size
     sb = s * b
@@ -73,8 +74,11 @@ def layer_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_byt
             tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, MASK_BYTES, True))
             tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act_bytes, True))
     else:
-        tensors.append(SavedTensor("attention output (for the fused backward)", "s·b·H·d_v", sb * H * dv,
-                                   act_bytes, attention_core=True))
+        tensors.append(
+            SavedTensor(
+                "attention output (for the fused backward)", "s·b·H·d_v", sb * H * dv, act_bytes, attention_core=True
+            )
+        )
         tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
     tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act_bytes))
     if spec.dropout:
@@ -93,8 +97,9 @@ def layer_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_byt
     return tensors
 
 
-def _ffn_saved(spec: ModelSpec, rows: float, width: int, act_bytes: float, rows_sym: str,
-               width_sym: str) -> list[SavedTensor]:
+def _ffn_saved(
+    spec: ModelSpec, rows: float, width: int, act_bytes: float, rows_sym: str, width_sym: str
+) -> list[SavedTensor]:
     h = spec.hidden_size
     if spec.ffn_kind == "gelu_mlp":
         return [
@@ -152,8 +157,14 @@ def _kept(tensors: list[SavedTensor], recompute: Recompute) -> list[SavedTensor]
     return [t for t in tensors if not (recompute == "selective" and t.attention_core)]
 
 
-def activation_memory(spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float,
-                      attention: AttentionImpl = "flash", recompute: Recompute = "none") -> ActivationMemory:
+def activation_memory(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    act_bytes: float,
+    attention: AttentionImpl = "flash",
+    recompute: Recompute = "none",
+) -> ActivationMemory:
     dense = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, False), recompute)
     moe = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, True), recompute)
     dense_bytes = sum(t.bytes for t in dense)
@@ -210,8 +221,9 @@ def zero_divisors(zero_stage: int, dp: int) -> tuple[int, int, int]:
     return (dp if zero_stage >= 3 else 1, dp if zero_stage >= 2 else 1, dp if zero_stage >= 1 else 1)
 
 
-def state_memory(spec: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, zero_stage: int,
-                 dp: int) -> StateMemory:
+def state_memory(
+    spec: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, zero_stage: int, dp: int
+) -> StateMemory:
     tensors = weight_tensors(spec)
     n = count_params(spec).total
     p_div, g_div, o_div = zero_divisors(zero_stage, dp)
@@ -225,8 +237,9 @@ def state_memory(spec: ModelSpec, precision: PrecisionRecipe, optimizer: Optimiz
     )
 
 
-def state_section(spec: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, zero_stage: int,
-                  dp: int) -> Section:
+def state_section(
+    spec: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, zero_stage: int, dp: int
+) -> Section:
     mem = state_memory(spec, precision, optimizer, zero_stage, dp)
     n = count_params(spec).total
     p_div, g_div, o_div = zero_divisors(zero_stage, dp)
@@ -236,23 +249,61 @@ def state_section(spec: ModelSpec, precision: PrecisionRecipe, optimizer: Optimi
         return f" / {div}" if div > 1 else ""
 
     states = ", ".join(s.name for s in optimizer.states) or "no state"
-    return Section("state", f"Model states per GPU (ZeRO-{zero_stage}, DP = {dp})", (
-        Term("params", "Parameters", mem.params, "bytes", f"N · {precision.param_bytes:g} B{shard(p_div)}",
-             f"{group(n)} × {precision.param_bytes:g}{shard(p_div)}", f"precision recipe {precision.name}"),
-        Term("grads", "Gradients", mem.grads, "bytes", f"N · {precision.grad_bytes:g} B{shard(g_div)}",
-             f"{group(n)} × {precision.grad_bytes:g}{shard(g_div)}", f"precision recipe {precision.name}"),
-        Term("master", "Master weights (fp32)", mem.master, "bytes", f"N · {precision.master_bytes:g} B{shard(o_div)}",
-             f"{group(n)} × {precision.master_bytes:g}{shard(o_div)}", f"precision recipe {precision.name}"),
-        Term("optimizer", f"Optimizer states ({optimizer.name}: {states})", mem.optimizer, "bytes",
-             "Σ states · N · bytes per state" + shard(o_div),
-             f"{format_quantity(opt_unsharded, 'bytes')}{shard(o_div)}", "; ".join(optimizer.sources)),
-        Term("total", "Model states", mem.total, "bytes", "params + grads + master + optimizer",
-             source="Rajbhandari et al. 2020 (ZeRO) §3.1, §5.1"),
-    ))
+    return Section(
+        "state",
+        f"Model states per GPU (ZeRO-{zero_stage}, DP = {dp})",
+        (
+            Term(
+                "params",
+                "Parameters",
+                mem.params,
+                "bytes",
+                f"N · {precision.param_bytes:g} B{shard(p_div)}",
+                f"{group(n)} × {precision.param_bytes:g}{shard(p_div)}",
+                f"precision recipe {precision.name}",
+            ),
+            Term(
+                "grads",
+                "Gradients",
+                mem.grads,
+                "bytes",
+                f"N · {precision.grad_bytes:g} B{shard(g_div)}",
+                f"{group(n)} × {precision.grad_bytes:g}{shard(g_div)}",
+                f"precision recipe {precision.name}",
+            ),
+            Term(
+                "master",
+                "Master weights (fp32)",
+                mem.master,
+                "bytes",
+                f"N · {precision.master_bytes:g} B{shard(o_div)}",
+                f"{group(n)} × {precision.master_bytes:g}{shard(o_div)}",
+                f"precision recipe {precision.name}",
+            ),
+            Term(
+                "optimizer",
+                f"Optimizer states ({optimizer.name}: {states})",
+                mem.optimizer,
+                "bytes",
+                "Σ states · N · bytes per state" + shard(o_div),
+                f"{format_quantity(opt_unsharded, 'bytes')}{shard(o_div)}",
+                "; ".join(optimizer.sources),
+            ),
+            Term(
+                "total",
+                "Model states",
+                mem.total,
+                "bytes",
+                "params + grads + master + optimizer",
+                source="Rajbhandari et al. 2020 (ZeRO) §3.1, §5.1",
+            ),
+        ),
+    )
 
 
-def activation_section(spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float,
-                       attention: AttentionImpl, recompute: Recompute) -> Section:
+def activation_section(
+    spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float, attention: AttentionImpl, recompute: Recompute
+) -> Section:
     act = activation_memory(spec, seq_len, micro_batch, act_bytes, attention, recompute)
     dense = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, False), recompute)
 
@@ -263,33 +314,67 @@ def activation_section(spec: ModelSpec, seq_len: int, micro_batch: int, act_byte
         return " + ".join(f"{n * b:g}·{symbol}" for (b, symbol), n in counts.items())
 
     terms = [
-        Term("dense_layer", "One dense layer" if spec.moe else "One layer", act.dense_layer_bytes, "bytes",
-             formula(dense), f"s={seq_len}, b={micro_batch}, h={spec.hidden_size}, H={spec.num_heads}, "
-             f"H_kv={spec.kv_heads}, f={spec.ffn_size}, {act_bytes:g} B/element",
-             "Korthikanti et al. 2022 §4.1 eq. (1), tensor by tensor",
-             note=f"{attention} attention; {recompute} recomputation"),
+        Term(
+            "dense_layer",
+            "One dense layer" if spec.moe else "One layer",
+            act.dense_layer_bytes,
+            "bytes",
+            formula(dense),
+            f"s={seq_len}, b={micro_batch}, h={spec.hidden_size}, H={spec.num_heads}, "
+            f"H_kv={spec.kv_heads}, f={spec.ffn_size}, {act_bytes:g} B/element",
+            "Korthikanti et al. 2022 §4.1 eq. (1), tensor by tensor",
+            note=f"{attention} attention; {recompute} recomputation",
+        ),
     ]
     if spec.moe:
         moe = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, True), recompute)
-        terms.append(Term("moe_layer", "One MoE layer", act.moe_layer_bytes, "bytes", formula(moe),
-                          f"k={spec.moe.experts_per_token}, E_shared={spec.moe.shared_experts}, "
-                          f"f_e={spec.moe.expert_ffn_size}"))
+        terms.append(
+            Term(
+                "moe_layer",
+                "One MoE layer",
+                act.moe_layer_bytes,
+                "bytes",
+                formula(moe),
+                f"k={spec.moe.experts_per_token}, E_shared={spec.moe.shared_experts}, f_e={spec.moe.expert_ffn_size}",
+            )
+        )
     if recompute == "full":
-        terms.append(Term("layers", "All layers (full recompute)", act.layers_bytes, "bytes",
-                          "L · s·b·h·bytes (layer inputs) + one layer rebuilt during its backward",
-                          f"{spec.num_layers} × {format_quantity(act.checkpoint_bytes, 'bytes')} + "
-                          f"{format_quantity(act.recompute_working_bytes, 'bytes')}",
-                          "Korthikanti et al. 2022 Table 2 (full recomputation: 2sbh per layer)"))
+        terms.append(
+            Term(
+                "layers",
+                "All layers (full recompute)",
+                act.layers_bytes,
+                "bytes",
+                "L · s·b·h·bytes (layer inputs) + one layer rebuilt during its backward",
+                f"{spec.num_layers} × {format_quantity(act.checkpoint_bytes, 'bytes')} + "
+                f"{format_quantity(act.recompute_working_bytes, 'bytes')}",
+                "Korthikanti et al. 2022 Table 2 (full recomputation: 2sbh per layer)",
+            )
+        )
     else:
         counts = f"{act.dense_layers} × dense" + (f" + {act.moe_layers} × MoE" if spec.moe else "")
-        terms.append(Term("layers", "All layers", act.layers_bytes, "bytes", counts,
-                          f"{act.dense_layers} × {format_quantity(act.dense_layer_bytes, 'bytes')}"
-                          + (f" + {act.moe_layers} × {format_quantity(act.moe_layer_bytes, 'bytes')}"
-                             if spec.moe else "")))
+        terms.append(
+            Term(
+                "layers",
+                "All layers",
+                act.layers_bytes,
+                "bytes",
+                counts,
+                f"{act.dense_layers} × {format_quantity(act.dense_layer_bytes, 'bytes')}"
+                + (f" + {act.moe_layers} × {format_quantity(act.moe_layer_bytes, 'bytes')}" if spec.moe else ""),
+            )
+        )
     model_tensors = model_saved_tensors(spec, seq_len, micro_batch, act_bytes)
-    terms.append(Term("outside_layers", "Embedding, final norm, head, logits", act.model_bytes, "bytes",
-                      formula(model_tensors), f"V={spec.vocab_size}",
-                      "Korthikanti et al. 2022 §4.3 (extra terms: final LN, output layer, fp32 logits)"))
+    terms.append(
+        Term(
+            "outside_layers",
+            "Embedding, final norm, head, logits",
+            act.model_bytes,
+            "bytes",
+            formula(model_tensors),
+            f"V={spec.vocab_size}",
+            "Korthikanti et al. 2022 §4.3 (extra terms: final LN, output layer, fp32 logits)",
+        )
+    )
     terms.append(Term("total", "Activations", act.total, "bytes", "layers + outside the layers"))
-    return Section("activations", f"Activations per GPU (micro-batch {micro_batch} × {seq_len} tokens)",
-                   tuple(terms))
+    return Section("activations", f"Activations per GPU (micro-batch {micro_batch} × {seq_len} tokens)", tuple(terms))

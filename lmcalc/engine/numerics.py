@@ -34,7 +34,7 @@ class FloatFormat:
 
     @property
     def eps(self) -> float:
-        return 2.0 ** -self.fraction_bits
+        return 2.0**-self.fraction_bits
 
     @property
     def smallest_normal(self) -> float:
@@ -56,18 +56,31 @@ FORMATS: dict[str, FloatFormat] = {
     for f in (
         FloatFormat("fp64", 11, 52, 8),
         FloatFormat("fp32", 8, 23, 4),
-        FloatFormat("tf32", 8, 10, 4, source="NVIDIA A100 whitepaper: TF32 = fp32 range, 10-bit fraction; stored as fp32"),
+        FloatFormat(
+            "tf32", 8, 10, 4, source="NVIDIA A100 whitepaper: TF32 = fp32 range, 10-bit fraction; stored as fp32"
+        ),
         FloatFormat("fp16", 5, 10, 2),
         FloatFormat("bf16", 8, 7, 2, source="Google Brain bfloat16: fp32's exponent, 7-bit fraction"),
-        FloatFormat("fp8-e4m3", 4, 3, 1, finite_only=True, source="Micikevicius et al. 2022, FP8 Formats for Deep Learning"),
+        FloatFormat(
+            "fp8-e4m3", 4, 3, 1, finite_only=True, source="Micikevicius et al. 2022, FP8 Formats for Deep Learning"
+        ),
         FloatFormat("fp8-e5m2", 5, 2, 1, source="Micikevicius et al. 2022, FP8 Formats for Deep Learning"),
     )
 }
 INTEGER_BYTES = {"int8": 1.0, "int4": 0.5, "uint8": 1.0, "int32": 4.0, "int64": 8.0}
 DTYPE_ALIASES = {
-    "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
-    "float64": "fp64", "double": "fp64", "fp8": "fp8-e4m3", "e4m3": "fp8-e4m3", "e5m2": "fp8-e5m2",
-    "float8_e4m3fn": "fp8-e4m3", "float8_e5m2": "fp8-e5m2",
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "float64": "fp64",
+    "double": "fp64",
+    "fp8": "fp8-e4m3",
+    "e4m3": "fp8-e4m3",
+    "e5m2": "fp8-e5m2",
+    "float8_e4m3fn": "fp8-e4m3",
+    "float8_e5m2": "fp8-e5m2",
 }
 
 

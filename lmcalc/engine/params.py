@@ -66,8 +66,18 @@ def _norm(name: str, group_: str, size: int, symbol: str, spec: ModelSpec, count
     return tensors
 
 
-def _linear(name: str, group_: str, out: int, inp: int, out_sym: str, in_sym: str, count: int,
-            count_symbol: str, bias: bool, active: float | None = None) -> list[WeightTensor]:
+def _linear(
+    name: str,
+    group_: str,
+    out: int,
+    inp: int,
+    out_sym: str,
+    in_sym: str,
+    count: int,
+    count_symbol: str,
+    bias: bool,
+    active: float | None = None,
+) -> list[WeightTensor]:
     used = count if active is None else active
     tensors = [WeightTensor(f"{name}.weight", group_, (out, inp), (out_sym, in_sym), count, count_symbol, used, True)]
     if bias:
@@ -85,15 +95,26 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         if m.q_lora_rank:
             tensors += _linear("attn.q_a", "attention", m.q_lora_rank, h, "r_q", "h", n, "L", qkv_bias)
             tensors += _norm("attn.q_a_norm", "attention", m.q_lora_rank, "r_q", spec, n, "L")
-            tensors += _linear("attn.q_b", "attention", heads * m.qk_head_dim, m.q_lora_rank,
-                               "H·d_qk", "r_q", n, "L", qkv_bias)
+            tensors += _linear(
+                "attn.q_b", "attention", heads * m.qk_head_dim, m.q_lora_rank, "H·d_qk", "r_q", n, "L", qkv_bias
+            )
         else:
             tensors += _linear("attn.q", "attention", heads * m.qk_head_dim, h, "H·d_qk", "h", n, "L", qkv_bias)
-        tensors += _linear("attn.kv_a", "attention", m.kv_lora_rank + m.qk_rope_head_dim, h,
-                           "(r_kv+d_rope)", "h", n, "L", qkv_bias)
+        tensors += _linear(
+            "attn.kv_a", "attention", m.kv_lora_rank + m.qk_rope_head_dim, h, "(r_kv+d_rope)", "h", n, "L", qkv_bias
+        )
         tensors += _norm("attn.kv_a_norm", "attention", m.kv_lora_rank, "r_kv", spec, n, "L")
-        tensors += _linear("attn.kv_b", "attention", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
-                           "H·(d_nope+d_v)", "r_kv", n, "L", qkv_bias)
+        tensors += _linear(
+            "attn.kv_b",
+            "attention",
+            heads * (m.qk_nope_head_dim + m.v_head_dim),
+            m.kv_lora_rank,
+            "H·(d_nope+d_v)",
+            "r_kv",
+            n,
+            "L",
+            qkv_bias,
+        )
         tensors += _linear("attn.o", "attention", h, heads * m.v_head_dim, "h", "H·d_v", n, "L", out_bias)
         return tensors
     tensors = _linear("attn.q", "attention", heads * d, h, "H·d", "h", n, "L", qkv_bias)
@@ -109,15 +130,26 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     return tensors
 
 
-def _ffn(prefix: str, group_: str, spec: ModelSpec, width: int, width_sym: str, count: int,
-         count_symbol: str, active: float | None = None) -> list[WeightTensor]:
+def _ffn(
+    prefix: str,
+    group_: str,
+    spec: ModelSpec,
+    width: int,
+    width_sym: str,
+    count: int,
+    count_symbol: str,
+    active: float | None = None,
+) -> list[WeightTensor]:
     h, bias = spec.hidden_size, spec.mlp_bias
     if spec.ffn_kind == "gelu_mlp":
-        return (_linear(f"{prefix}.fc", group_, width, h, width_sym, "h", count, count_symbol, bias, active)
-                + _linear(f"{prefix}.proj", group_, h, width, "h", width_sym, count, count_symbol, bias, active))
-    return (_linear(f"{prefix}.gate", group_, width, h, width_sym, "h", count, count_symbol, bias, active)
-            + _linear(f"{prefix}.up", group_, width, h, width_sym, "h", count, count_symbol, bias, active)
-            + _linear(f"{prefix}.down", group_, h, width, "h", width_sym, count, count_symbol, bias, active))
+        return _linear(f"{prefix}.fc", group_, width, h, width_sym, "h", count, count_symbol, bias, active) + _linear(
+            f"{prefix}.proj", group_, h, width, "h", width_sym, count, count_symbol, bias, active
+        )
+    return (
+        _linear(f"{prefix}.gate", group_, width, h, width_sym, "h", count, count_symbol, bias, active)
+        + _linear(f"{prefix}.up", group_, width, h, width_sym, "h", count, count_symbol, bias, active)
+        + _linear(f"{prefix}.down", group_, h, width, "h", width_sym, count, count_symbol, bias, active)
+    )
 
 
 def weight_tensors(spec: ModelSpec) -> list[WeightTensor]:
@@ -125,8 +157,9 @@ def weight_tensors(spec: ModelSpec) -> list[WeightTensor]:
     h, L = spec.hidden_size, spec.num_layers
     tensors = [WeightTensor("embed.weight", "embedding", (spec.vocab_size, h), ("V", "h"), 1, "1", 1, False)]
     if spec.position_embedding == "learned":
-        tensors.append(WeightTensor("pos_embed.weight", "position", (spec.max_seq_len, h), ("s_max", "h"),
-                                    1, "1", 1, False))
+        tensors.append(
+            WeightTensor("pos_embed.weight", "position", (spec.max_seq_len, h), ("s_max", "h"), 1, "1", 1, False)
+        )
     tensors += _attention(spec, L)
     tensors += _norm("attn_norm", "norm", h, "h", spec, L, "L")
     tensors += _norm("mlp_norm", "norm", h, "h", spec, L, "L")
@@ -137,16 +170,33 @@ def weight_tensors(spec: ModelSpec) -> list[WeightTensor]:
         n_moe = spec.moe_layers
         if moe.dense_layers:
             tensors += _ffn("dense_mlp", "mlp", spec, spec.ffn_size, "f", moe.dense_layers, "L_dense")
-        tensors.append(WeightTensor("router.weight", "router", (moe.num_experts, h), ("E", "h"), n_moe, "L_moe",
-                                    n_moe, True))
+        tensors.append(
+            WeightTensor("router.weight", "router", (moe.num_experts, h), ("E", "h"), n_moe, "L_moe", n_moe, True)
+        )
         if moe.router_bias:
-            tensors.append(WeightTensor("router.bias", "router", (moe.num_experts,), ("E",), n_moe, "L_moe",
-                                        n_moe, False))
-        tensors += _ffn("experts", "experts", spec, moe.expert_ffn_size, "f_e", n_moe * moe.num_experts,
-                        "L_moe·E", active=n_moe * moe.experts_per_token)
+            tensors.append(
+                WeightTensor("router.bias", "router", (moe.num_experts,), ("E",), n_moe, "L_moe", n_moe, False)
+            )
+        tensors += _ffn(
+            "experts",
+            "experts",
+            spec,
+            moe.expert_ffn_size,
+            "f_e",
+            n_moe * moe.num_experts,
+            "L_moe·E",
+            active=n_moe * moe.experts_per_token,
+        )
         if moe.shared_experts:
-            tensors += _ffn("shared_experts", "shared_experts", spec, moe.expert_ffn_size, "f_e",
-                            n_moe * moe.shared_experts, "L_moe·E_shared")
+            tensors += _ffn(
+                "shared_experts",
+                "shared_experts",
+                spec,
+                moe.expert_ffn_size,
+                "f_e",
+                n_moe * moe.shared_experts,
+                "L_moe·E_shared",
+            )
     tensors += _norm("final_norm", "norm", h, "h", spec, 1, "1")
     if not spec.tied_embeddings:
         tensors.append(WeightTensor("lm_head.weight", "head", (spec.vocab_size, h), ("V", "h"), 1, "1", 1, False))
@@ -201,18 +251,40 @@ def params_section(spec: ModelSpec) -> Section:
             continue
         formula, numbers = _group_formula(members)
         terms.append(Term(name, GROUP_LABELS[name], counts.by_group[name], "params", formula, numbers))
-    terms.append(Term("total", "Total parameters", counts.total, "params", "sum of the rows above",
-                      " + ".join(group(counts.by_group[g]) for g in GROUPS if g in counts.by_group)))
+    terms.append(
+        Term(
+            "total",
+            "Total parameters",
+            counts.total,
+            "params",
+            "sum of the rows above",
+            " + ".join(group(counts.by_group[g]) for g in GROUPS if g in counts.by_group),
+        )
+    )
     if spec.moe:
         expert = [t for t in tensors if t.group == "experts"]
         formula, numbers = _group_formula(expert, active=True)
-        terms.append(Term("active", "Active parameters per token", counts.active, "params",
-                          f"total − routed experts + {formula}",
-                          f"{group(counts.total)} − {group(counts.by_group['experts'])} + ({numbers})",
-                          note=f"each token uses {spec.moe.experts_per_token} of {spec.moe.num_experts} routed "
-                               "experts per MoE layer"))
-    terms.append(Term("non_embedding", "Non-embedding parameters", counts.non_embedding, "params",
-                      "total − token and position embeddings",
-                      f"{group(counts.total)} − {group(counts.embedding)}",
-                      note="the N of Kaplan et al. 2020; the output head counts when untied"))
+        terms.append(
+            Term(
+                "active",
+                "Active parameters per token",
+                counts.active,
+                "params",
+                f"total − routed experts + {formula}",
+                f"{group(counts.total)} − {group(counts.by_group['experts'])} + ({numbers})",
+                note=f"each token uses {spec.moe.experts_per_token} of {spec.moe.num_experts} routed "
+                "experts per MoE layer",
+            )
+        )
+    terms.append(
+        Term(
+            "non_embedding",
+            "Non-embedding parameters",
+            counts.non_embedding,
+            "params",
+            "total − token and position embeddings",
+            f"{group(counts.total)} − {group(counts.embedding)}",
+            note="the N of Kaplan et al. 2020; the output head counts when untied",
+        )
+    )
     return Section("params", "Parameters", tuple(terms))

@@ -63,29 +63,75 @@ def peak_for(hardware: HardwareSpec, precision: PrecisionRecipe) -> float:
     return hardware.peak_flops(precision.compute_dtype)
 
 
-def time_terms(run: RunTime, hardware: HardwareSpec, precision: PrecisionRecipe,
-               price_per_gpu_hour: float | None) -> tuple[Term, ...]:
+def time_terms(
+    run: RunTime, hardware: HardwareSpec, precision: PrecisionRecipe, price_per_gpu_hour: float | None
+) -> tuple[Term, ...]:
     dtype = precision.compute_dtype
     peak_source = hardware.sources.get("compute", "")
     terms = [
-        Term("peak_per_gpu", f"Peak per GPU (dense {dtype})", run.peak_flops_per_gpu, "FLOP/s",
-             f"spec sheet, dense {dtype}", f"{hardware.peak_tflops_dense[dtype]:g} TFLOP/s",  # type: ignore[index]
-             peak_source, note=hardware.sparsity_note),
-        Term("achieved", "Achieved by the cluster", run.achieved_flops_per_s, "FLOP/s", "GPUs · peak · MFU",
-             f"{run.gpus:g} × {sci(run.peak_flops_per_gpu, 4)} × {run.mfu:g}"),
-        Term("seconds", "Training time (seconds)", run.seconds, "s", "FLOPs / achieved FLOP/s",
-             f"{sci(run.flops, 4)} / {sci(run.achieved_flops_per_s, 4)}"),
+        Term(
+            "peak_per_gpu",
+            f"Peak per GPU (dense {dtype})",
+            run.peak_flops_per_gpu,
+            "FLOP/s",
+            f"spec sheet, dense {dtype}",
+            f"{hardware.peak_tflops_dense[dtype]:g} TFLOP/s",  # type: ignore[index]
+            peak_source,
+            note=hardware.sparsity_note,
+        ),
+        Term(
+            "achieved",
+            "Achieved by the cluster",
+            run.achieved_flops_per_s,
+            "FLOP/s",
+            "GPUs · peak · MFU",
+            f"{run.gpus:g} × {sci(run.peak_flops_per_gpu, 4)} × {run.mfu:g}",
+        ),
+        Term(
+            "seconds",
+            "Training time (seconds)",
+            run.seconds,
+            "s",
+            "FLOPs / achieved FLOP/s",
+            f"{sci(run.flops, 4)} / {sci(run.achieved_flops_per_s, 4)}",
+        ),
         Term("days", "Training time (days)", run.days, "days", "seconds / 86,400", f"{sci(run.seconds, 4)} / 86400"),
-        Term("gpu_hours", "GPU-hours", run.gpu_hours, "GPU-hours", "GPUs · seconds / 3,600",
-             f"{run.gpus:g} × {sci(run.seconds, 4)} / 3600"),
-        Term("tokens_per_s", "Throughput", run.tokens_per_s, "tokens/s", "D / seconds",
-             f"{sci(run.tokens)} / {sci(run.seconds, 4)}"),
-        Term("tokens_per_s_per_gpu", "Throughput per GPU", run.tokens_per_s / run.gpus, "tokens/s/GPU",
-             "D / seconds / GPUs", f"{sci(run.tokens_per_s, 4)} / {run.gpus:g}"),
+        Term(
+            "gpu_hours",
+            "GPU-hours",
+            run.gpu_hours,
+            "GPU-hours",
+            "GPUs · seconds / 3,600",
+            f"{run.gpus:g} × {sci(run.seconds, 4)} / 3600",
+        ),
+        Term(
+            "tokens_per_s",
+            "Throughput",
+            run.tokens_per_s,
+            "tokens/s",
+            "D / seconds",
+            f"{sci(run.tokens)} / {sci(run.seconds, 4)}",
+        ),
+        Term(
+            "tokens_per_s_per_gpu",
+            "Throughput per GPU",
+            run.tokens_per_s / run.gpus,
+            "tokens/s/GPU",
+            "D / seconds / GPUs",
+            f"{sci(run.tokens_per_s, 4)} / {run.gpus:g}",
+        ),
     ]
     if price_per_gpu_hour is not None:
-        terms.append(Term("cost", "Cost", run.gpu_hours * price_per_gpu_hour, "USD", "GPU-hours · price",
-                          f"{sci(run.gpu_hours, 4)} × {price_per_gpu_hour:g} $/GPU-hour"))
+        terms.append(
+            Term(
+                "cost",
+                "Cost",
+                run.gpu_hours * price_per_gpu_hour,
+                "USD",
+                "GPU-hours · price",
+                f"{sci(run.gpu_hours, 4)} × {price_per_gpu_hour:g} $/GPU-hour",
+            )
+        )
     return tuple(terms)
 
 
