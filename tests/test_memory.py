@@ -34,21 +34,22 @@ def test_gpt3_layer_is_korthikanti_eq1(s, b):
     m = gpt3()
     h, a = m.hidden_size, m.num_heads
     act = mem.activation_memory(m, s, b, 2, attention="eager", recompute="none")
-    assert act.dense_layer_bytes == s * b * h * (34 + 5 * a * s / h)
+    # + the two LayerNorms' mean and 1/std in fp32 (2 · 2 · 4 · s·b bytes), which §4.1 leaves out
+    assert act.dense_layer_bytes == s * b * h * (34 + 5 * a * s / h) + 16 * s * b
 
 
 def test_gpt3_worked_number_5as_over_h_is_80():
     # Korthikanti §4.1 worked number: GPT-3, a=96, s=2048, h=12288 -> 5as/h = 80.
     m = gpt3()
     act = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="none")
-    assert act.dense_layer_bytes / (2048 * 12288) == 34 + 80
+    assert (act.dense_layer_bytes - 16 * 2048) / (2048 * 12288) == 34 + 80
 
 
 def test_selective_recompute_is_korthikanti_table2():
     # Table 2 (t = 1): selective recomputation keeps sbh(10 + 24) = 34·sbh per layer.
     m = gpt3()
     act = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="selective")
-    assert act.dense_layer_bytes == 34 * 2048 * 12288
+    assert act.dense_layer_bytes == 34 * 2048 * 12288 + 16 * 2048  # + LayerNorm statistics, as above
 
 
 def test_selective_saves_about_70_percent_for_gpt3():
@@ -64,19 +65,20 @@ def test_full_recompute_keeps_layer_inputs_plus_one_layer():
     m = gpt3()
     s, b, h, L = 2048, 1, 12288, 96
     full = mem.activation_memory(m, s, b, 2, attention="eager", recompute="full")
-    one_layer = s * b * h * (34 + 5 * 96 * s / h)
+    one_layer = s * b * h * (34 + 5 * 96 * s / h) + 16 * s * b
     assert full.layers_bytes == L * 2 * s * b * h + one_layer
 
 
 def test_swiglu_gqa_flash_layer_by_hand():
     # Llama 3 8B, flash attention, no dropout, bf16, s=4096, b=1 (h=4096, H=32, H_kv=8, d=128, f=14336):
-    # attention: norm in + qkv in + Q + K + V + O(for backward) + o-proj in = sb(h + h + h + h/4 + h/4 + h + h)
-    #            + log-sum-exp 4·b·H·s bytes
+    # attention: norm in + qkv in + Q + K + V + O (the fused kernel's output, which the output projection
+    #            reads as a view) = sb(h + h + h + h/4 + h/4 + h), + log-sum-exp 4·b·H·s bytes
     # MLP: norm in + gate/up in + 4·f (gate, up, silu(gate), product)
+    # two RMSNorms keep 1/rms per row in fp32: 2 · 4·s·b bytes
     m = resolve_model("llama-3.1-8b").spec
     s, b, h, f = 4096, 1, 4096, 14336
-    elements = s * b * (h + h + h + h // 4 + h // 4 + h + h) + s * b * (h + h + 4 * f)
-    expected = 2 * elements + 4 * b * 32 * s
+    elements = s * b * (h + h + h + h // 4 + h // 4 + h) + s * b * (h + h + 4 * f)
+    expected = 2 * elements + 4 * b * 32 * s + 2 * 4 * s * b
     act = mem.activation_memory(m, s, b, 2, attention="flash", recompute="none")
     assert act.dense_layer_bytes == expected
 

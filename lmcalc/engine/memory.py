@@ -34,6 +34,9 @@ with ``--overhead``, and ``lmcalc validate`` measures the real figure on a GPU."
 MASK_BYTES = 1  # dropout masks are stored as bool / uint8 (Korthikanti et al. 2022 §4.1)
 LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
+STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
+TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
+ROUTING_BYTES_PER_ASSIGNMENT = 3 * 8 + 4  # per (token, expert) pair: three int64 index tensors, one fp32 weight
 
 
 @dataclass(frozen=True)
@@ -51,65 +54,115 @@ class SavedTensor:
         return self.elements * self.bytes_per_element
 
 
-def layer_saved_tensors(
-    spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float, attention: AttentionImpl, moe_layer: bool
-) -> list[SavedTensor]:
-    """What one transformer layer saves for backward, following Korthikanti et al. 2022 §4.1."""
-    s, b, h = seq_len, micro_batch, spec.hidden_size
-    sb = s * b
-    H, dqk, dv = spec.num_heads, spec.qk_head_dim, spec.v_head_dim
-    # Eager attention expands K and V to all H heads before the matmul (repeat_kv); fused kernels don't.
-    kv = spec.kv_heads if (attention == "flash" and not spec.mla) else H
-    kv_sym = "H_kv" if kv != H else "H"
-    tensors = [
-        SavedTensor("attention norm input", "s·b·h", sb * h, act_bytes),
-        SavedTensor("QKV projection input", "s·b·h", sb * h, act_bytes),
-        SavedTensor("Q (after RoPE)", "s·b·H·d_qk", sb * H * dqk, act_bytes),
-        SavedTensor("K", f"s·b·{kv_sym}·d_qk", sb * kv * dqk, act_bytes),
-        SavedTensor("V", f"s·b·{kv_sym}·d_v", sb * kv * dv, act_bytes),
+def _norm_saved(spec: ModelSpec, label: str, rows: float, width: int, act_bytes: float, width_sym: str,
+                rows_sym: str = "s·b") -> list[SavedTensor]:
+    """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms)."""
+    stats = 2 if spec.norm_kind != "rmsnorm" else 1
+    return [
+        SavedTensor(f"{label} input", f"{rows_sym}·{width_sym}", rows * width, act_bytes),
+        SavedTensor(f"{label} statistics (fp32)", rows_sym, rows * stats, STAT_BYTES),
     ]
-    if attention == "eager":
-        tensors.append(SavedTensor("softmax output", "b·H·s²", b * H * s * s, act_bytes, attention_core=True))
-        if spec.dropout:
-            tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, MASK_BYTES, True))
-            tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act_bytes, True))
+
+
+def _attention_saved(spec: ModelSpec, sb: float, act_bytes: float, attention: AttentionImpl,
+                     recompute: Recompute) -> list[SavedTensor]:
+    H, dqk, dv, h = spec.num_heads, spec.qk_head_dim, spec.v_head_dim, spec.hidden_size
+    tensors = [SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act_bytes)]
+    if spec.mla:
+        m = spec.mla
+        if m.q_lora_rank:
+            tensors += _norm_saved(spec, "query latent norm", sb, m.q_lora_rank, act_bytes, "r_q")
+            tensors.append(SavedTensor("query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act_bytes))
+        kv_width = m.kv_lora_rank + m.qk_rope_head_dim
+        tensors.append(SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width,
+                                   act_bytes))
+        tensors.append(SavedTensor("KV latent norm statistics (fp32)", "s·b",
+                                   sb * (2 if spec.norm_kind != "rmsnorm" else 1), STAT_BYTES))
+        tensors.append(SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act_bytes))
+        tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act_bytes))
+        tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act_bytes))
+        tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act_bytes))
     else:
-        tensors.append(
-            SavedTensor(
-                "attention output (for the fused backward)", "s·b·H·d_v", sb * H * dv, act_bytes, attention_core=True
-            )
-        )
-        tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
-    tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act_bytes))
-    if spec.dropout:
-        tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, MASK_BYTES))
-    tensors.append(SavedTensor("MLP norm input", "s·b·h", sb * h, act_bytes))
-    if moe_layer and spec.moe:
-        moe = spec.moe
-        tensors.append(SavedTensor("router input", "s·b·h", sb * h, act_bytes))
-        tensors.append(SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4))
-        copies = moe.experts_per_token + moe.shared_experts
-        tensors += _ffn_saved(spec, sb * copies, moe.expert_ffn_size, act_bytes, "(k+E_shared)·s·b", "f_e")
-    else:
-        tensors += _ffn_saved(spec, sb, spec.ffn_size, act_bytes, "s·b", "f")
-    if spec.dropout:
-        tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, MASK_BYTES))
+        # Eager attention expands K and V to all H heads before the matmul (repeat_kv) unless that
+        # expansion sits inside the recomputed core; fused kernels read the H_kv heads directly.
+        expanded = attention == "eager" and recompute != "selective"
+        kv = H if expanded else spec.kv_heads
+        kv_sym = "H" if expanded or kv == H else "H_kv"
+        if spec.qk_norm != "none":
+            norm_rows = sb if spec.qk_norm == "full" else sb * H
+            tensors += [
+                SavedTensor("Q before QK-norm", "s·b·H·d", sb * H * dqk, act_bytes),
+                SavedTensor("K before QK-norm", "s·b·H_kv·d", sb * spec.kv_heads * dqk, act_bytes),
+                SavedTensor("QK-norm statistics (fp32)", "s·b" if spec.qk_norm == "full" else "s·b·(H+H_kv)",
+                            (norm_rows + norm_rows * spec.kv_heads / H) * (2 if spec.norm_kind != "rmsnorm" else 1),
+                            STAT_BYTES),
+            ]
+        tensors += [
+            SavedTensor("Q (after RoPE)", "s·b·H·d", sb * H * dqk, act_bytes),
+            SavedTensor("K (after RoPE)", f"s·b·{kv_sym}·d", sb * kv * dqk, act_bytes),
+            SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act_bytes),
+        ]
     return tensors
 
 
-def _ffn_saved(
-    spec: ModelSpec, rows: float, width: int, act_bytes: float, rows_sym: str, width_sym: str
-) -> list[SavedTensor]:
+def layer_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float,
+                        attention: AttentionImpl, moe_layer: bool, recompute: Recompute = "none",
+                        mask_bytes: float = MASK_BYTES) -> list[SavedTensor]:
+    """What one transformer layer saves for backward, following Korthikanti et al. 2022 §4.1."""
+    s, b, h = seq_len, micro_batch, spec.hidden_size
+    sb = s * b
+    H, dv = spec.num_heads, spec.v_head_dim
+    tensors = _norm_saved(spec, "attention norm", sb, h, act_bytes, "h")
+    tensors += _attention_saved(spec, sb, act_bytes, attention, recompute)
+    if attention == "eager":
+        tensors.append(SavedTensor("softmax output", "b·H·s²", b * H * s * s, act_bytes, attention_core=True))
+        if spec.dropout:
+            tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask_bytes, True))
+            tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act_bytes, True))
+        tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act_bytes))
+    else:
+        tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
+        # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output
+        # projection's input is a view of the same storage, so it is counted once.
+        tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv,
+                                   act_bytes))
+    if spec.dropout:
+        tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask_bytes))
+    tensors += _norm_saved(spec, "MLP norm", sb, h, act_bytes, "h")
+    if moe_layer and spec.moe:
+        moe = spec.moe
+        k, f_e = moe.experts_per_token, moe.expert_ffn_size
+        tensors.append(SavedTensor("router / shared-expert input (norm output)", "s·b·h", sb * h, act_bytes))
+        tensors.append(SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4))
+        tensors.append(SavedTensor("routing indices (int64, 3 copies) and weights (fp32)", "s·b·k",
+                                   sb * k, ROUTING_BYTES_PER_ASSIGNMENT))
+        tensors.append(SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act_bytes))
+        tensors += _ffn_saved(spec, k * sb, f_e, act_bytes, "k·s·b", "f_e", with_input=False)
+        tensors.append(SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h,
+                                   act_bytes))
+        tensors.append(SavedTensor("weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h,
+                                   act_bytes))
+        if moe.shared_experts:
+            tensors += _ffn_saved(spec, moe.shared_experts * sb, f_e, act_bytes, "E_shared·s·b", "f_e",
+                                  with_input=False)
+    else:
+        tensors += _ffn_saved(spec, sb, spec.ffn_size, act_bytes, "s·b", "f")
+    if spec.dropout:
+        tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, mask_bytes))
+    return tensors
+
+
+def _ffn_saved(spec: ModelSpec, rows: float, width: int, act_bytes: float, rows_sym: str, width_sym: str,
+               with_input: bool = True) -> list[SavedTensor]:
     h = spec.hidden_size
+    tensors = [SavedTensor("MLP input (norm output)", f"{rows_sym}·h", rows * h, act_bytes)] if with_input else []
     if spec.ffn_kind == "gelu_mlp":
-        return [
-            SavedTensor("MLP input", f"{rows_sym}·h", rows * h, act_bytes),
+        return tensors + [
             SavedTensor("GELU input", f"{rows_sym}·{width_sym}", rows * width, act_bytes),
             SavedTensor("down projection input (GELU output)", f"{rows_sym}·{width_sym}", rows * width, act_bytes),
         ]
     act = "SiLU" if spec.ffn_kind == "swiglu" else "GELU"
-    return [
-        SavedTensor("gate/up input", f"{rows_sym}·h", rows * h, act_bytes),
+    return tensors + [
         SavedTensor(f"gate output ({act} input)", f"{rows_sym}·{width_sym}", rows * width, act_bytes),
         SavedTensor("up output", f"{rows_sym}·{width_sym}", rows * width, act_bytes),
         SavedTensor(f"{act}(gate)", f"{rows_sym}·{width_sym}", rows * width, act_bytes),
@@ -117,14 +170,15 @@ def _ffn_saved(
     ]
 
 
-def model_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float) -> list[SavedTensor]:
-    """Saved tensors outside the layers: embedding dropout, final norm, head input, fp32 logits."""
+def model_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float,
+                        mask_bytes: float = MASK_BYTES) -> list[SavedTensor]:
+    """Saved tensors outside the layers: token ids, embedding dropout, final norm, head input, fp32 logits."""
     sb, h = seq_len * micro_batch, spec.hidden_size
-    tensors = []
+    tensors = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES)]
     if spec.dropout:
-        tensors.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, MASK_BYTES))
+        tensors.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, mask_bytes))
+    tensors += _norm_saved(spec, "final norm", sb, h, act_bytes, "h")
     tensors += [
-        SavedTensor("final norm input", "s·b·h", sb * h, act_bytes),
         SavedTensor("output head input", "s·b·h", sb * h, act_bytes),
         SavedTensor("logits (fp32, for the cross-entropy)", "s·b·V", sb * spec.vocab_size, LOGITS_BYTES),
     ]
@@ -133,14 +187,28 @@ def model_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_byt
 
 @dataclass(frozen=True)
 class ActivationMemory:
-    dense_layer_bytes: float
-    moe_layer_bytes: float
+    dense_layer: list[SavedTensor]
+    moe_layer: list[SavedTensor]
     dense_layers: int
     moe_layers: int
     checkpoint_bytes: float  # per layer under full recompute: the layer input
-    recompute_working_bytes: float  # one layer's activations rebuilt during its backward (full recompute)
-    model_bytes: float
+    outside: list[SavedTensor]
     recompute: Recompute
+
+    @property
+    def dense_layer_bytes(self) -> float:
+        return sum(t.bytes for t in self.dense_layer)
+
+    @property
+    def moe_layer_bytes(self) -> float:
+        return sum(t.bytes for t in self.moe_layer)
+
+    @property
+    def recompute_working_bytes(self) -> float:
+        """Under full recomputation, one layer's activations are rebuilt at a time during backward."""
+        if self.recompute != "full":
+            return 0.0
+        return max(self.dense_layer_bytes if self.dense_layers else 0.0, self.moe_layer_bytes)
 
     @property
     def layers_bytes(self) -> float:
@@ -149,12 +217,12 @@ class ActivationMemory:
         return self.dense_layers * self.dense_layer_bytes + self.moe_layers * self.moe_layer_bytes
 
     @property
+    def model_bytes(self) -> float:
+        return sum(t.bytes for t in self.outside)
+
+    @property
     def total(self) -> float:
         return self.layers_bytes + self.model_bytes
-
-
-def _kept(tensors: list[SavedTensor], recompute: Recompute) -> list[SavedTensor]:
-    return [t for t in tensors if not (recompute == "selective" and t.attention_core)]
 
 
 def activation_memory(
@@ -164,21 +232,27 @@ def activation_memory(
     act_bytes: float,
     attention: AttentionImpl = "flash",
     recompute: Recompute = "none",
+    mask_bytes: float = MASK_BYTES,
 ) -> ActivationMemory:
-    dense = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, False), recompute)
-    moe = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, True), recompute)
-    dense_bytes = sum(t.bytes for t in dense)
-    moe_bytes = sum(t.bytes for t in moe) if spec.moe else 0.0
+    """Bytes saved for backward in one training step (Korthikanti et al. 2022 §4, tensor by tensor).
+
+    Selective recomputation drops the attention core's tensors (Korthikanti §4.2.2); full recomputation
+    keeps each layer's input and rebuilds one layer at a time (§4.2.3, Table 2).
+    """
+
+    def kept(moe_layer: bool) -> list[SavedTensor]:
+        tensors = layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, moe_layer, recompute,
+                                      mask_bytes)
+        return [t for t in tensors if not (recompute == "selective" and t.attention_core)]
+
     n_moe = spec.moe_layers
-    working = max(dense_bytes, moe_bytes) if recompute == "full" else 0.0
     return ActivationMemory(
-        dense_layer_bytes=dense_bytes,
-        moe_layer_bytes=moe_bytes,
+        dense_layer=kept(False),
+        moe_layer=kept(True) if spec.moe else [],
         dense_layers=spec.num_layers - n_moe,
         moe_layers=n_moe,
         checkpoint_bytes=seq_len * micro_batch * spec.hidden_size * act_bytes,
-        recompute_working_bytes=working,
-        model_bytes=sum(t.bytes for t in model_saved_tensors(spec, seq_len, micro_batch, act_bytes)),
+        outside=model_saved_tensors(spec, seq_len, micro_batch, act_bytes, mask_bytes),
         recompute=recompute,
     )
 
@@ -301,80 +375,55 @@ def state_section(
     )
 
 
+def _saved_formula(tensors: list[SavedTensor]) -> str:
+    """``8·s·b·h + 4·b·H·s² + ...``: bytes times element count, like terms merged."""
+    counts: dict[tuple[str, float], float] = {}
+    for t in tensors:
+        counts[(t.symbol, t.bytes_per_element)] = counts.get((t.symbol, t.bytes_per_element), 0) + t.bytes_per_element
+    return " + ".join(f"{total:g}·{symbol}" for (symbol, _), total in counts.items())
+
+
 def activation_section(
-    spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float, attention: AttentionImpl, recompute: Recompute
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    act_bytes: float,
+    attention: AttentionImpl,
+    recompute: Recompute,
+    mask_bytes: float = MASK_BYTES,
 ) -> Section:
-    act = activation_memory(spec, seq_len, micro_batch, act_bytes, attention, recompute)
-    dense = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, False), recompute)
-
-    def formula(tensors: list[SavedTensor]) -> str:
-        counts: dict[tuple[float, str], int] = {}
-        for t in tensors:
-            counts[(t.bytes_per_element, t.symbol)] = counts.get((t.bytes_per_element, t.symbol), 0) + 1
-        return " + ".join(f"{n * b:g}·{symbol}" for (b, symbol), n in counts.items())
-
-    terms = [
-        Term(
-            "dense_layer",
-            "One dense layer" if spec.moe else "One layer",
-            act.dense_layer_bytes,
-            "bytes",
-            formula(dense),
-            f"s={seq_len}, b={micro_batch}, h={spec.hidden_size}, H={spec.num_heads}, "
-            f"H_kv={spec.kv_heads}, f={spec.ffn_size}, {act_bytes:g} B/element",
-            "Korthikanti et al. 2022 §4.1 eq. (1), tensor by tensor",
-            note=f"{attention} attention; {recompute} recomputation",
-        ),
-    ]
+    act = activation_memory(spec, seq_len, micro_batch, act_bytes, attention, recompute, mask_bytes)
+    shape = (f"s={seq_len}, b={micro_batch}, h={spec.hidden_size}, H={spec.num_heads}, H_kv={spec.kv_heads}, "
+             f"d={spec.qk_head_dim}, f={spec.ffn_size}, V={spec.vocab_size}, {act_bytes:g} B/element")
+    terms = []
+    if act.dense_layers:
+        terms.append(Term("dense_layer", "One dense layer" if spec.moe else "One layer", act.dense_layer_bytes,
+                          "bytes", _saved_formula(act.dense_layer), shape,
+                          "Korthikanti et al. 2022 §4.1 eq. (1), tensor by tensor",
+                          note=f"{attention} attention; recomputation: {recompute}"))
     if spec.moe:
-        moe = _kept(layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, True), recompute)
-        terms.append(
-            Term(
-                "moe_layer",
-                "One MoE layer",
-                act.moe_layer_bytes,
-                "bytes",
-                formula(moe),
-                f"k={spec.moe.experts_per_token}, E_shared={spec.moe.shared_experts}, f_e={spec.moe.expert_ffn_size}",
-            )
-        )
+        terms.append(Term("moe_layer", "One MoE layer", act.moe_layer_bytes, "bytes", _saved_formula(act.moe_layer),
+                          f"{shape}, E={spec.moe.num_experts}, k={spec.moe.experts_per_token}, "
+                          f"E_shared={spec.moe.shared_experts}, f_e={spec.moe.expert_ffn_size}"))
     if recompute == "full":
-        terms.append(
-            Term(
-                "layers",
-                "All layers (full recompute)",
-                act.layers_bytes,
-                "bytes",
-                "L · s·b·h·bytes (layer inputs) + one layer rebuilt during its backward",
-                f"{spec.num_layers} × {format_quantity(act.checkpoint_bytes, 'bytes')} + "
-                f"{format_quantity(act.recompute_working_bytes, 'bytes')}",
-                "Korthikanti et al. 2022 Table 2 (full recomputation: 2sbh per layer)",
-            )
-        )
+        terms.append(Term(
+            "layers", "All layers (full recompute)", act.layers_bytes, "bytes",
+            "L · s·b·h·bytes (each layer's input) + one layer rebuilt during its backward",
+            f"{spec.num_layers} × {format_quantity(act.checkpoint_bytes, 'bytes')} + "
+            f"{format_quantity(act.recompute_working_bytes, 'bytes')}",
+            "Korthikanti et al. 2022 Table 2 (full recomputation: 2sbh per layer)"))
     else:
-        counts = f"{act.dense_layers} × dense" + (f" + {act.moe_layers} × MoE" if spec.moe else "")
-        terms.append(
-            Term(
-                "layers",
-                "All layers",
-                act.layers_bytes,
-                "bytes",
-                counts,
-                f"{act.dense_layers} × {format_quantity(act.dense_layer_bytes, 'bytes')}"
-                + (f" + {act.moe_layers} × {format_quantity(act.moe_layer_bytes, 'bytes')}" if spec.moe else ""),
-            )
-        )
-    model_tensors = model_saved_tensors(spec, seq_len, micro_batch, act_bytes)
-    terms.append(
-        Term(
-            "outside_layers",
-            "Embedding, final norm, head, logits",
-            act.model_bytes,
-            "bytes",
-            formula(model_tensors),
-            f"V={spec.vocab_size}",
-            "Korthikanti et al. 2022 §4.3 (extra terms: final LN, output layer, fp32 logits)",
-        )
-    )
+        parts = []
+        if act.dense_layers:
+            parts.append(f"{act.dense_layers} × {format_quantity(act.dense_layer_bytes, 'bytes')}")
+        if act.moe_layers:
+            parts.append(f"{act.moe_layers} × {format_quantity(act.moe_layer_bytes, 'bytes')}")
+        counts = " + ".join(
+            p for p in (f"{act.dense_layers} × dense" if act.dense_layers else "",
+                        f"{act.moe_layers} × MoE" if act.moe_layers else "") if p)
+        terms.append(Term("layers", "All layers", act.layers_bytes, "bytes", counts, " + ".join(parts)))
+    terms.append(Term("outside_layers", "Token ids, final norm, head, logits", act.model_bytes, "bytes",
+                      _saved_formula(act.outside), f"V={spec.vocab_size}",
+                      "Korthikanti et al. 2022 §4.3 (extra terms: final LN, output layer, fp32 logits)"))
     terms.append(Term("total", "Activations", act.total, "bytes", "layers + outside the layers"))
     return Section("activations", f"Activations per GPU (micro-batch {micro_batch} × {seq_len} tokens)", tuple(terms))

@@ -1,0 +1,300 @@
+"""A plain PyTorch implementation of any ModelSpec: the real thing lmcalc's numbers are checked against.
+
+It is written to be read: one class per block, the layers in the order the engine counts them. It builds
+on any device, ``meta`` included (a 405B model in seconds, no memory), in two attention flavours:
+``eager`` (scores materialised, K/V repeated to every head for GQA, as reference implementations do)
+and ``flash`` (``F.scaled_dot_product_attention`` with native GQA). RMSNorm saves only its input and
+the reciprocal RMS, as fused kernels (Apex, Transformer Engine, Liger) do. MoE routing is real top-k on
+real data; on the meta device, where values do not exist, tokens are spread evenly over the experts
+(the FLOP total does not depend on the split: every routed token-expert pair costs the same).
+
+torch is imported here and nowhere in the accounting path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from lmcalc.specs import ModelSpec
+
+AttentionImpl = Literal["eager", "flash"]
+Recompute = Literal["none", "selective", "full"]
+DROPOUT_P = 0.1  # the GPT-2/GPT-3 setting, used when the spec says the model trained with dropout
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """y = x / rms(x) · w, saving only x and 1/rms for backward (what fused RMSNorm kernels keep)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return (x.float() * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rstd, weight = ctx.saved_tensors
+        xhat = x.float() * rstd
+        grad_weight = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        g = grad.float() * weight.float()
+        grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight, None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x):
+        return RMSNormFunction.apply(x, self.weight, self.eps)
+
+
+def make_norm(spec: ModelSpec, size: int, **kw) -> nn.Module:
+    if spec.norm_kind == "rmsnorm":
+        return RMSNorm(size, **kw)
+    return nn.LayerNorm(size, bias=spec.norm_kind == "layernorm", **kw)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the last dimension (Su et al. 2021), the half-split form Llama uses."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Multi-head attention with GQA/MQA, optional QKV bias and QK-norm, or DeepSeek's latent attention."""
+
+    def __init__(self, spec: ModelSpec, impl: AttentionImpl, **kw):
+        super().__init__()
+        self.spec, self.impl = spec, impl
+        h, heads, kv, d = spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_size
+        qkv_bias, out_bias = spec.attention_bias in ("qkv", "all"), spec.attention_bias == "all"
+        if spec.mla:
+            m = spec.mla
+            if m.q_lora_rank:
+                self.q_a = nn.Linear(h, m.q_lora_rank, bias=qkv_bias, **kw)
+                self.q_a_norm = make_norm(spec, m.q_lora_rank, **kw)
+                self.q_b = nn.Linear(m.q_lora_rank, heads * m.qk_head_dim, bias=qkv_bias, **kw)
+            else:
+                self.q = nn.Linear(h, heads * m.qk_head_dim, bias=qkv_bias, **kw)
+            self.kv_a = nn.Linear(h, m.kv_lora_rank + m.qk_rope_head_dim, bias=qkv_bias, **kw)
+            self.kv_a_norm = make_norm(spec, m.kv_lora_rank, **kw)
+            self.kv_b = nn.Linear(m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim), bias=qkv_bias, **kw)
+            self.o = nn.Linear(heads * m.v_head_dim, h, bias=out_bias, **kw)
+            return
+        self.q = nn.Linear(h, heads * d, bias=qkv_bias, **kw)
+        self.k = nn.Linear(h, kv * d, bias=qkv_bias, **kw)
+        self.v = nn.Linear(h, kv * d, bias=qkv_bias, **kw)
+        self.o = nn.Linear(heads * d, h, bias=out_bias, **kw)
+        if spec.qk_norm == "full":
+            self.q_norm, self.k_norm = make_norm(spec, heads * d, **kw), make_norm(spec, kv * d, **kw)
+        elif spec.qk_norm == "per_head":
+            self.q_norm, self.k_norm = make_norm(spec, d, **kw), make_norm(spec, d, **kw)
+
+    def project(self, x, cos, sin):
+        """Queries, keys and values as (batch, heads, seq, dim), RoPE applied."""
+        spec = self.spec
+        b, s, _ = x.shape
+        heads = spec.num_heads
+        if spec.mla:
+            m = spec.mla
+            q = self.q_b(self.q_a_norm(self.q_a(x))) if m.q_lora_rank else self.q(x)
+            q = q.view(b, s, heads, m.qk_head_dim).transpose(1, 2)
+            q_nope, q_rope = q.split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
+            latent, k_rope = self.kv_a(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
+            kv = self.kv_b(self.kv_a_norm(latent)).view(b, s, heads, m.qk_nope_head_dim + m.v_head_dim)
+            k_nope, v = kv.transpose(1, 2).split([m.qk_nope_head_dim, m.v_head_dim], dim=-1)
+            k_rope = rotary(k_rope.view(b, 1, s, m.qk_rope_head_dim), cos, sin).expand(b, heads, s, -1)
+            q = torch.cat((q_nope, rotary(q_rope, cos, sin)), dim=-1)
+            k = torch.cat((k_nope, k_rope), dim=-1)
+            return q, k, v.contiguous()  # V on its own, not a view that keeps the whole up-projection alive
+        kv, d = spec.kv_heads, spec.head_size
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        if spec.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.view(b, s, n, d).transpose(1, 2) for t, n in ((q, heads), (k, kv), (v, kv)))
+        if spec.qk_norm == "per_head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if spec.position_embedding == "rope":
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        return q, k, v
+
+    def core(self, q, k, v, causal_bias):
+        """softmax(QKᵀ/√d + causal mask)·V."""
+        p = DROPOUT_P if (self.spec.dropout and self.training) else 0.0
+        groups = q.shape[1] // k.shape[1]
+        if self.impl == "flash":
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
+        if groups > 1:  # eager GQA: every query head gets its own copy of its group's K and V
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        s = q.shape[2]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + causal_bias[:s, :s]
+        probs = F.dropout(torch.softmax(scores, dim=-1), p, self.training)
+        return probs @ v
+
+    def forward(self, x, cos, sin, causal_bias, selective: bool):
+        b, s, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
+        if selective:  # Korthikanti et al. 2022: recompute only the attention core in backward
+            out = checkpoint(self.core, q, k, v, causal_bias, use_reentrant=False)
+        else:
+            out = self.core(q, k, v, causal_bias)
+        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """GELU MLP (GPT) or gated MLP (SwiGLU: Llama; GeGLU: Gemma)."""
+
+    def __init__(self, spec: ModelSpec, width: int, **kw):
+        super().__init__()
+        h, bias = spec.hidden_size, spec.mlp_bias
+        self.kind = spec.ffn_kind
+        if self.kind == "gelu_mlp":
+            self.fc, self.proj = nn.Linear(h, width, bias=bias, **kw), nn.Linear(width, h, bias=bias, **kw)
+        else:
+            self.gate, self.up = nn.Linear(h, width, bias=bias, **kw), nn.Linear(h, width, bias=bias, **kw)
+            self.down = nn.Linear(width, h, bias=bias, **kw)
+
+    def forward(self, x):
+        if self.kind == "gelu_mlp":
+            return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        act = F.silu if self.kind == "swiglu" else F.gelu
+        return self.down(act(self.gate(x)) * self.up(x))
+
+
+def batched_experts(experts: nn.ModuleList, xs: torch.Tensor) -> torch.Tensor:
+    """Every expert on its own (tokens × h) slice of ``xs`` (experts × tokens × h), as batched matmuls."""
+
+    def linear(name: str, inputs: torch.Tensor) -> torch.Tensor:
+        layers = [getattr(e, name) for e in experts]
+        out = torch.bmm(inputs, torch.stack([layer.weight for layer in layers]).transpose(1, 2))
+        if layers[0].bias is not None:
+            out = out + torch.stack([layer.bias for layer in layers])[:, None, :]
+        return out
+
+    if experts[0].kind == "gelu_mlp":
+        return linear("proj", F.gelu(linear("fc", xs), approximate="tanh"))
+    act = F.silu if experts[0].kind == "swiglu" else F.gelu
+    return linear("down", act(linear("gate", xs)) * linear("up", xs))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (softmax router, Mixtral; with a score bias, DeepSeek-V3) plus shared experts."""
+
+    def __init__(self, spec: ModelSpec, **kw):
+        super().__init__()
+        moe = spec.moe
+        assert moe is not None
+        self.k, self.num_experts = moe.experts_per_token, moe.num_experts
+        self.router = nn.Linear(spec.hidden_size, moe.num_experts, bias=False, **kw)
+        if moe.router_bias:
+            self.router_bias = nn.Parameter(torch.zeros(moe.num_experts, **kw))
+        self.experts = nn.ModuleList(FeedForward(spec, moe.expert_ffn_size, **kw) for _ in range(moe.num_experts))
+        self.shared = nn.ModuleList(FeedForward(spec, moe.expert_ffn_size, **kw) for _ in range(moe.shared_experts))
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        # DeepSeek-V3 adds its bias only to choose the experts; the weights are the unbiased scores.
+        scores = probs + self.router_bias if hasattr(self, "router_bias") else probs
+        experts = scores.topk(self.k, dim=-1).indices
+        weights = probs.gather(-1, experts)
+        order = experts.reshape(-1).argsort()
+        token_of = order // self.k
+        flat_weights = weights.reshape(-1)[order].to(x.dtype)
+        if x.is_meta and token_of.numel() % self.num_experts == 0:
+            # No values on meta: an even split, run as one batched matmul per projection (the FLOP
+            # total is the same for any split: every routed token-expert pair costs the same).
+            rows = token_of.view(self.num_experts, -1)
+            y = batched_experts(self.experts, x[rows]) * flat_weights.view(self.num_experts, -1, 1)
+            out = torch.zeros_like(x).index_add(0, token_of, y.reshape(-1, x.shape[-1]))
+        elif x.is_meta:
+            raise ValueError("on the meta device, tokens × experts_per_token must split evenly over the experts")
+        else:
+            counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
+            out = torch.zeros_like(x)
+            start = 0
+            for expert, count in zip(self.experts, counts, strict=True):
+                if count:
+                    rows = token_of[start : start + count]
+                    y = expert(x[rows]) * flat_weights[start : start + count, None]
+                    out = out.index_add(0, rows, y)
+                start += count
+        for shared in self.shared:
+            out = out + shared(x)
+        return out.reshape(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, moe_layer: bool, impl: AttentionImpl, **kw):
+        super().__init__()
+        self.attn_norm = make_norm(spec, spec.hidden_size, **kw)
+        self.attn = Attention(spec, impl, **kw)
+        self.mlp_norm = make_norm(spec, spec.hidden_size, **kw)
+        self.mlp = MoE(spec, **kw) if moe_layer else FeedForward(spec, spec.ffn_size, **kw)
+        self.p = DROPOUT_P if spec.dropout else 0.0
+
+    def forward(self, x, cos, sin, causal_bias, selective: bool = False):
+        x = x + F.dropout(self.attn(self.attn_norm(x), cos, sin, causal_bias, selective), self.p, self.training)
+        return x + F.dropout(self.mlp(self.mlp_norm(x)), self.p, self.training)
+
+
+class ReferenceModel(nn.Module):
+    """Embedding, L blocks, final norm, output head — in the order ``engine.params`` counts them."""
+
+    def __init__(self, spec: ModelSpec, attention: AttentionImpl = "flash", max_seq: int | None = None, **kw):
+        super().__init__()
+        self.spec = spec
+        h = spec.hidden_size
+        self.embed = nn.Embedding(spec.vocab_size, h, **kw)
+        if spec.position_embedding == "learned":
+            self.pos_embed = nn.Embedding(spec.max_seq_len, h, **kw)
+        n_dense = spec.moe.dense_layers if spec.moe else spec.num_layers
+        self.layers = nn.ModuleList(Block(spec, i >= n_dense, attention, **kw) for i in range(spec.num_layers))
+        self.final_norm = make_norm(spec, h, **kw)
+        if not spec.tied_embeddings:
+            self.lm_head = nn.Linear(h, spec.vocab_size, bias=False, **kw)
+        seq = max_seq or spec.max_seq_len
+        rope_dim = spec.mla.qk_rope_head_dim if spec.mla else spec.head_size
+        device = kw.get("device")
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, rope_dim, 2, device=device, dtype=torch.float32) / rope_dim))
+        angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        dtype = kw.get("dtype") or torch.get_default_dtype()
+        self.register_buffer("cos", angles.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", angles.sin().to(dtype), persistent=False)
+        mask = torch.full((seq, seq), float("-inf"), device=device, dtype=dtype).triu(1)
+        self.register_buffer("causal_bias", mask, persistent=False)
+
+    def forward(self, tokens: torch.Tensor, recompute: Recompute = "none") -> torch.Tensor:
+        """Logits for ``tokens`` of shape (batch, seq)."""
+        s = tokens.shape[1]
+        x = self.embed(tokens)
+        if hasattr(self, "pos_embed"):
+            x = x + self.pos_embed(torch.arange(s, device=tokens.device))
+        x = F.dropout(x, DROPOUT_P if self.spec.dropout else 0.0, self.training)
+        cos, sin = self.cos[:s], self.sin[:s]
+        for layer in self.layers:
+            if recompute == "full":
+                x = checkpoint(layer, x, cos, sin, self.causal_bias, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, self.causal_bias, recompute == "selective")
+        x = self.final_norm(x)
+        head = self.lm_head.weight if hasattr(self, "lm_head") else self.embed.weight
+        return F.linear(x, head)
+
+
+def loss(model: ReferenceModel, tokens: torch.Tensor, recompute: Recompute = "none") -> torch.Tensor:
+    """Next-token cross-entropy in fp32, the way training scripts compute it."""
+    logits = model(tokens, recompute)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens.reshape(-1))
