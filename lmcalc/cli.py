@@ -283,6 +283,41 @@ def dtypes(as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
     _emit(est.dtypes_result(), as_json, explain)
 
 
+@app.command("validate")
+def validate(
+    model: ModelOpt,
+    seq: Annotated[
+        str, typer.Option("--seq", help="Sequence length for the FLOP check (the CPU check caps it at 512).")
+    ] = "1024",
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per step.")] = 1,
+    recompute: Annotated[
+        str | None,
+        typer.Option("--recompute", help="Check one recomputation mode: none | selective | full (default: all three)."),
+    ] = None,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Check lmcalc's counts against PyTorch: parameters, FlopCounterMode, bytes saved for backward."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LmcalcError("validate needs PyTorch: pip install 'lmcalc[bench]'") from None
+    from lmcalc.validate import passed, validate_result
+
+    resolved = pr.resolve_model(model)
+    modes = (
+        ("none", "selective", "full")
+        if recompute is None
+        else (_choice(recompute, ("none", "selective", "full"), "--recompute"),)
+    )
+    result = validate_result(
+        resolved.spec, int(_seq(seq).value), _positive_int(micro_batch, "--micro-batch"), modes, note=resolved.note
+    )
+    _emit(result, as_json, explain)
+    if not passed(result):
+        raise typer.Exit(1)
+
+
 @presets_app.command("list")
 def presets_list(
     kind: Annotated[

@@ -298,10 +298,11 @@ def memory_result(
             ),
             Term(
                 "headroom",
-                "Headroom" if total <= capacity else "Over capacity by",
+                "Headroom",
                 capacity - total,
                 "bytes",
                 "capacity − total",
+                note="negative: the step does not fit",
             ),
             Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
         ),

@@ -23,16 +23,20 @@ class Term:
     substituted: str = ""
     source: str = ""
     note: str = ""
+    ok: bool | None = None  # for checks: passed, failed, or not a check
 
     @property
     def text(self) -> str:
-        return format_quantity(self.value, self.unit)
+        verdict = {True: " ✓", False: " ✗ FAIL", None: ""}[self.ok]
+        return format_quantity(self.value, self.unit) + verdict
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"value": self.value, "unit": self.unit, "label": self.label}
         for name in ("formula", "substituted", "source", "note"):
             if getattr(self, name):
                 data[name] = getattr(self, name)
+        if self.ok is not None:
+            data["pass"] = self.ok
         return data
 
 

@@ -105,8 +105,14 @@ def group(value: float) -> str:
 
 def format_quantity(value: float, unit: str) -> str:
     """Print a value with its unit the way an engineer would read it."""
+    if math.isnan(value):
+        return "n/a"
     if unit == "bytes":
-        return f"{value / GB:,.2f} GB ({value / GiB:,.2f} GiB)" if value >= 1e7 else f"{group(value)} bytes"
+        if abs(value) >= 1e9:
+            return f"{value / GB:,.2f} GB ({value / GiB:,.2f} GiB)"
+        if abs(value) >= 1e6:
+            return f"{value / 1e6:,.2f} MB ({value / 2**20:,.2f} MiB)"
+        return f"{group(value)} bytes"
     if unit == "FLOP/s":
         for prefix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9)):
             if abs(value) >= scale:
@@ -126,5 +132,5 @@ def format_quantity(value: float, unit: str) -> str:
     if unit == "ratio":
         return f"{value:.4g}"
     if unit == "%":
-        return f"{value:.1f} %"
+        return f"{value:.3g} %"
     return f"{value:,.4g} {unit}"

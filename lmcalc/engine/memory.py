@@ -54,8 +54,9 @@ class SavedTensor:
         return self.elements * self.bytes_per_element
 
 
-def _norm_saved(spec: ModelSpec, label: str, rows: float, width: int, act_bytes: float, width_sym: str,
-                rows_sym: str = "s·b") -> list[SavedTensor]:
+def _norm_saved(
+    spec: ModelSpec, label: str, rows: float, width: int, act_bytes: float, width_sym: str, rows_sym: str = "s·b"
+) -> list[SavedTensor]:
     """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms)."""
     stats = 2 if spec.norm_kind != "rmsnorm" else 1
     return [
@@ -64,8 +65,9 @@ def _norm_saved(spec: ModelSpec, label: str, rows: float, width: int, act_bytes:
     ]
 
 
-def _attention_saved(spec: ModelSpec, sb: float, act_bytes: float, attention: AttentionImpl,
-                     recompute: Recompute) -> list[SavedTensor]:
+def _attention_saved(
+    spec: ModelSpec, sb: float, act_bytes: float, attention: AttentionImpl, recompute: Recompute
+) -> list[SavedTensor]:
     H, dqk, dv, h = spec.num_heads, spec.qk_head_dim, spec.v_head_dim, spec.hidden_size
     tensors = [SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act_bytes)]
     if spec.mla:
@@ -74,10 +76,14 @@ def _attention_saved(spec: ModelSpec, sb: float, act_bytes: float, attention: At
             tensors += _norm_saved(spec, "query latent norm", sb, m.q_lora_rank, act_bytes, "r_q")
             tensors.append(SavedTensor("query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act_bytes))
         kv_width = m.kv_lora_rank + m.qk_rope_head_dim
-        tensors.append(SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width,
-                                   act_bytes))
-        tensors.append(SavedTensor("KV latent norm statistics (fp32)", "s·b",
-                                   sb * (2 if spec.norm_kind != "rmsnorm" else 1), STAT_BYTES))
+        tensors.append(
+            SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act_bytes)
+        )
+        tensors.append(
+            SavedTensor(
+                "KV latent norm statistics (fp32)", "s·b", sb * (2 if spec.norm_kind != "rmsnorm" else 1), STAT_BYTES
+            )
+        )
         tensors.append(SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act_bytes))
         tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act_bytes))
         tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act_bytes))
@@ -93,9 +99,12 @@ def _attention_saved(spec: ModelSpec, sb: float, act_bytes: float, attention: At
             tensors += [
                 SavedTensor("Q before QK-norm", "s·b·H·d", sb * H * dqk, act_bytes),
                 SavedTensor("K before QK-norm", "s·b·H_kv·d", sb * spec.kv_heads * dqk, act_bytes),
-                SavedTensor("QK-norm statistics (fp32)", "s·b" if spec.qk_norm == "full" else "s·b·(H+H_kv)",
-                            (norm_rows + norm_rows * spec.kv_heads / H) * (2 if spec.norm_kind != "rmsnorm" else 1),
-                            STAT_BYTES),
+                SavedTensor(
+                    "QK-norm statistics (fp32)",
+                    "s·b" if spec.qk_norm == "full" else "s·b·(H+H_kv)",
+                    (norm_rows + norm_rows * spec.kv_heads / H) * (2 if spec.norm_kind != "rmsnorm" else 1),
+                    STAT_BYTES,
+                ),
             ]
         tensors += [
             SavedTensor("Q (after RoPE)", "s·b·H·d", sb * H * dqk, act_bytes),
@@ -105,9 +114,16 @@ def _attention_saved(spec: ModelSpec, sb: float, act_bytes: float, attention: At
     return tensors
 
 
-def layer_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float,
-                        attention: AttentionImpl, moe_layer: bool, recompute: Recompute = "none",
-                        mask_bytes: float = MASK_BYTES) -> list[SavedTensor]:
+def layer_saved_tensors(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    act_bytes: float,
+    attention: AttentionImpl,
+    moe_layer: bool,
+    recompute: Recompute = "none",
+    mask_bytes: float = MASK_BYTES,
+) -> list[SavedTensor]:
     """What one transformer layer saves for backward, following Korthikanti et al. 2022 §4.1."""
     s, b, h = seq_len, micro_batch, spec.hidden_size
     sb = s * b
@@ -124,8 +140,7 @@ def layer_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_byt
         tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
         # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output
         # projection's input is a view of the same storage, so it is counted once.
-        tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv,
-                                   act_bytes))
+        tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act_bytes))
     if spec.dropout:
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask_bytes))
     tensors += _norm_saved(spec, "MLP norm", sb, h, act_bytes, "h")
@@ -134,17 +149,21 @@ def layer_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_byt
         k, f_e = moe.experts_per_token, moe.expert_ffn_size
         tensors.append(SavedTensor("router / shared-expert input (norm output)", "s·b·h", sb * h, act_bytes))
         tensors.append(SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4))
-        tensors.append(SavedTensor("routing indices (int64, 3 copies) and weights (fp32)", "s·b·k",
-                                   sb * k, ROUTING_BYTES_PER_ASSIGNMENT))
+        tensors.append(
+            SavedTensor(
+                "routing indices (int64, 3 copies) and weights (fp32)", "s·b·k", sb * k, ROUTING_BYTES_PER_ASSIGNMENT
+            )
+        )
         tensors.append(SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act_bytes))
         tensors += _ffn_saved(spec, k * sb, f_e, act_bytes, "k·s·b", "f_e", with_input=False)
-        tensors.append(SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h,
-                                   act_bytes))
-        tensors.append(SavedTensor("weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h,
-                                   act_bytes))
+        tensors.append(SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h, act_bytes))
+        tensors.append(
+            SavedTensor("weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h, act_bytes)
+        )
         if moe.shared_experts:
-            tensors += _ffn_saved(spec, moe.shared_experts * sb, f_e, act_bytes, "E_shared·s·b", "f_e",
-                                  with_input=False)
+            tensors += _ffn_saved(
+                spec, moe.shared_experts * sb, f_e, act_bytes, "E_shared·s·b", "f_e", with_input=False
+            )
     else:
         tensors += _ffn_saved(spec, sb, spec.ffn_size, act_bytes, "s·b", "f")
     if spec.dropout:
@@ -152,8 +171,9 @@ def layer_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_byt
     return tensors
 
 
-def _ffn_saved(spec: ModelSpec, rows: float, width: int, act_bytes: float, rows_sym: str, width_sym: str,
-               with_input: bool = True) -> list[SavedTensor]:
+def _ffn_saved(
+    spec: ModelSpec, rows: float, width: int, act_bytes: float, rows_sym: str, width_sym: str, with_input: bool = True
+) -> list[SavedTensor]:
     h = spec.hidden_size
     tensors = [SavedTensor("MLP input (norm output)", f"{rows_sym}·h", rows * h, act_bytes)] if with_input else []
     if spec.ffn_kind == "gelu_mlp":
@@ -170,8 +190,9 @@ def _ffn_saved(spec: ModelSpec, rows: float, width: int, act_bytes: float, rows_
     ]
 
 
-def model_saved_tensors(spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float,
-                        mask_bytes: float = MASK_BYTES) -> list[SavedTensor]:
+def model_saved_tensors(
+    spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float, mask_bytes: float = MASK_BYTES
+) -> list[SavedTensor]:
     """Saved tensors outside the layers: token ids, embedding dropout, final norm, head input, fp32 logits."""
     sb, h = seq_len * micro_batch, spec.hidden_size
     tensors = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES)]
@@ -241,8 +262,9 @@ def activation_memory(
     """
 
     def kept(moe_layer: bool) -> list[SavedTensor]:
-        tensors = layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, moe_layer, recompute,
-                                      mask_bytes)
+        tensors = layer_saved_tensors(
+            spec, seq_len, micro_batch, act_bytes, attention, moe_layer, recompute, mask_bytes
+        )
         return [t for t in tensors if not (recompute == "selective" and t.attention_core)]
 
     n_moe = spec.moe_layers
@@ -393,25 +415,49 @@ def activation_section(
     mask_bytes: float = MASK_BYTES,
 ) -> Section:
     act = activation_memory(spec, seq_len, micro_batch, act_bytes, attention, recompute, mask_bytes)
-    shape = (f"s={seq_len}, b={micro_batch}, h={spec.hidden_size}, H={spec.num_heads}, H_kv={spec.kv_heads}, "
-             f"d={spec.qk_head_dim}, f={spec.ffn_size}, V={spec.vocab_size}, {act_bytes:g} B/element")
+    shape = (
+        f"s={seq_len}, b={micro_batch}, h={spec.hidden_size}, H={spec.num_heads}, H_kv={spec.kv_heads}, "
+        f"d={spec.qk_head_dim}, f={spec.ffn_size}, V={spec.vocab_size}, {act_bytes:g} B/element"
+    )
     terms = []
     if act.dense_layers:
-        terms.append(Term("dense_layer", "One dense layer" if spec.moe else "One layer", act.dense_layer_bytes,
-                          "bytes", _saved_formula(act.dense_layer), shape,
-                          "Korthikanti et al. 2022 §4.1 eq. (1), tensor by tensor",
-                          note=f"{attention} attention; recomputation: {recompute}"))
+        terms.append(
+            Term(
+                "dense_layer",
+                "One dense layer" if spec.moe else "One layer",
+                act.dense_layer_bytes,
+                "bytes",
+                _saved_formula(act.dense_layer),
+                shape,
+                "Korthikanti et al. 2022 §4.1 eq. (1), tensor by tensor",
+                note=f"{attention} attention; recomputation: {recompute}",
+            )
+        )
     if spec.moe:
-        terms.append(Term("moe_layer", "One MoE layer", act.moe_layer_bytes, "bytes", _saved_formula(act.moe_layer),
-                          f"{shape}, E={spec.moe.num_experts}, k={spec.moe.experts_per_token}, "
-                          f"E_shared={spec.moe.shared_experts}, f_e={spec.moe.expert_ffn_size}"))
+        terms.append(
+            Term(
+                "moe_layer",
+                "One MoE layer",
+                act.moe_layer_bytes,
+                "bytes",
+                _saved_formula(act.moe_layer),
+                f"{shape}, E={spec.moe.num_experts}, k={spec.moe.experts_per_token}, "
+                f"E_shared={spec.moe.shared_experts}, f_e={spec.moe.expert_ffn_size}",
+            )
+        )
     if recompute == "full":
-        terms.append(Term(
-            "layers", "All layers (full recompute)", act.layers_bytes, "bytes",
-            "L · s·b·h·bytes (each layer's input) + one layer rebuilt during its backward",
-            f"{spec.num_layers} × {format_quantity(act.checkpoint_bytes, 'bytes')} + "
-            f"{format_quantity(act.recompute_working_bytes, 'bytes')}",
-            "Korthikanti et al. 2022 Table 2 (full recomputation: 2sbh per layer)"))
+        terms.append(
+            Term(
+                "layers",
+                "All layers (full recompute)",
+                act.layers_bytes,
+                "bytes",
+                "L · s·b·h·bytes (each layer's input) + one layer rebuilt during its backward",
+                f"{spec.num_layers} × {format_quantity(act.checkpoint_bytes, 'bytes')} + "
+                f"{format_quantity(act.recompute_working_bytes, 'bytes')}",
+                "Korthikanti et al. 2022 Table 2 (full recomputation: 2sbh per layer)",
+            )
+        )
     else:
         parts = []
         if act.dense_layers:
@@ -419,11 +465,24 @@ def activation_section(
         if act.moe_layers:
             parts.append(f"{act.moe_layers} × {format_quantity(act.moe_layer_bytes, 'bytes')}")
         counts = " + ".join(
-            p for p in (f"{act.dense_layers} × dense" if act.dense_layers else "",
-                        f"{act.moe_layers} × MoE" if act.moe_layers else "") if p)
+            p
+            for p in (
+                f"{act.dense_layers} × dense" if act.dense_layers else "",
+                f"{act.moe_layers} × MoE" if act.moe_layers else "",
+            )
+            if p
+        )
         terms.append(Term("layers", "All layers", act.layers_bytes, "bytes", counts, " + ".join(parts)))
-    terms.append(Term("outside_layers", "Token ids, final norm, head, logits", act.model_bytes, "bytes",
-                      _saved_formula(act.outside), f"V={spec.vocab_size}",
-                      "Korthikanti et al. 2022 §4.3 (extra terms: final LN, output layer, fp32 logits)"))
+    terms.append(
+        Term(
+            "outside_layers",
+            "Token ids, final norm, head, logits",
+            act.model_bytes,
+            "bytes",
+            _saved_formula(act.outside),
+            f"V={spec.vocab_size}",
+            "Korthikanti et al. 2022 §4.3 (extra terms: final LN, output layer, fp32 logits)",
+        )
+    )
     terms.append(Term("total", "Activations", act.total, "bytes", "layers + outside the layers"))
     return Section("activations", f"Activations per GPU (micro-batch {micro_batch} × {seq_len} tokens)", tuple(terms))

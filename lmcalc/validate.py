@@ -1,0 +1,236 @@
+"""``lmcalc validate``: the engine's figures side by side with PyTorch's own, with a verdict per row.
+
+1. Parameters of the reference ``nn.Module`` (built on the meta device) vs the engine's exact count.
+2. FLOPs of one training step counted by ``FlopCounterMode`` (meta device) vs the engine's detailed
+   count in the same convention: full, non-causal attention, as the counter counts it.
+3. Bytes saved for backward by a small model of the same architecture on the CPU (distinct storages,
+   parameters and buffers excluded) vs the engine's activation formula, per attention kernel and
+   recomputation mode.
+4. With CUDA, the peak memory allocated by real AdamW steps vs the engine's predicted peak.
+
+torch is imported only when a check runs, never by the accounting commands.
+"""
+
+from __future__ import annotations
+
+from lmcalc.engine import flops as fl
+from lmcalc.engine.memory import activation_memory
+from lmcalc.engine.params import count_params
+from lmcalc.result import Input, Result, Section, Term
+from lmcalc.specs import ModelSpec
+
+PARAM_TOLERANCE = 0.0  # the count is exact: any difference is a bug
+FLOP_TOLERANCE = 1e-3  # 0.1 %
+ACTIVATION_TOLERANCE = 0.05  # 5 %
+PEAK_MEMORY_TOLERANCE = 0.10  # 10 %
+SMALL_SEQ_CAP = 512  # the CPU model keeps eager attention's b·H·s² scores small
+SMALL_HIDDEN, SMALL_HEADS, SMALL_LAYERS, SMALL_VOCAB = 64, 8, 2, 256
+CPU_ACT_BYTES = 4  # the CPU check runs in fp32
+CPU_MASK_BYTES = 4  # PyTorch's CPU dropout keeps a float mask (CUDA keeps a bool one)
+
+
+def small_config(spec: ModelSpec) -> ModelSpec:
+    """The same architecture at toy size: every kind of tensor is still there, in the same proportions."""
+    h, heads = SMALL_HIDDEN, SMALL_HEADS
+    ratio = spec.ffn_size / spec.hidden_size
+    update: dict = {
+        "name": f"{spec.name}-small",
+        "display_name": "",
+        "aliases": [],
+        "family_aliases": [],
+        "vocab_size": SMALL_VOCAB,
+        "hidden_size": h,
+        "num_heads": heads,
+        "num_kv_heads": max(1, heads * spec.kv_heads // spec.num_heads) if not spec.mla else None,
+        "head_dim": None,
+        "ffn_size": max(8, round(ratio * h)),
+        "num_layers": SMALL_LAYERS,
+        "max_seq_len": SMALL_SEQ_CAP,
+        "published_params": None,
+        "published_params_sig_figs": None,
+    }
+    if spec.mla:
+        update["head_dim"] = 8
+        update["mla"] = {
+            "q_lora_rank": 32 if spec.mla.q_lora_rank else None,
+            "kv_lora_rank": 24,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 8,
+        }
+    if spec.moe:
+        moe = spec.moe
+        experts = min(moe.num_experts, 4)
+        update["moe"] = {
+            "num_experts": experts,
+            "experts_per_token": min(moe.experts_per_token, experts // 2 or 1),
+            "shared_experts": min(moe.shared_experts, 1),
+            "expert_ffn_size": max(8, round(moe.expert_ffn_size / spec.hidden_size * h)),
+            "dense_layers": min(moe.dense_layers, 1),
+            "router_bias": moe.router_bias,
+        }
+    return ModelSpec.model_validate({**spec.model_dump(), **update})
+
+
+def cpu_fallback_reason(spec: ModelSpec, attention: str) -> str:
+    """Why PyTorch's CPU ``scaled_dot_product_attention`` would not run a fused kernel, or ''."""
+    if attention != "flash":
+        return ""
+    if spec.dropout:
+        return "CPU sdpa has no fused dropout: it falls back to the math kernel (scores materialised)"
+    if spec.qk_head_dim != spec.v_head_dim:
+        return "CPU sdpa needs equal Q/K and V head sizes for its fused kernel; MLA's differ"
+    return ""
+
+
+def _compare(
+    key: str, title: str, engine: float, measured: float, unit: str, tolerance: float, note: str = "", source: str = ""
+) -> Section:
+    error = (engine - measured) / measured if measured else float(engine != measured)
+    return Section(
+        key,
+        title,
+        (
+            Term("lmcalc", "lmcalc", engine, unit, note=note),
+            Term("pytorch", "PyTorch", measured, unit, source=source),
+            Term(
+                "error",
+                "Relative error",
+                100 * error,
+                "%",
+                "(lmcalc − PyTorch) / PyTorch",
+                note=f"tolerance {100 * tolerance:g} %",
+                ok=abs(error) <= tolerance,
+            ),
+        ),
+    )
+
+
+def _not_run(key: str, title: str, engine: float, unit: str, reason: str) -> Section:
+    return Section(
+        key,
+        title,
+        (
+            Term("lmcalc", "lmcalc", engine, unit),
+            Term("pytorch", "PyTorch", float("nan"), unit, note=reason),
+            Term("error", "Relative error", float("nan"), "%", note=f"not run: {reason}"),
+        ),
+    )
+
+
+def validate_result(
+    spec: ModelSpec, seq_len: int, micro_batch: int, recompute_modes: tuple[str, ...], note: str = ""
+) -> Result:
+    import torch
+
+    from lmcalc import measure
+
+    sections = []
+    reference = measure.build(spec, "flash", seq_len, "meta")
+    sections.append(
+        _compare(
+            "params",
+            "Parameters (meta device)",
+            count_params(spec).total,
+            measure.parameter_count(reference),
+            "params",
+            PARAM_TOLERANCE,
+            source="sum(p.numel() for p in module.parameters())",
+        )
+    )
+    engine_flops = 3 * fl.forward_flops_per_token(spec, seq_len, "full").total * seq_len * micro_batch
+    causal = 3 * fl.forward_flops_per_token(spec, seq_len, "causal").total * seq_len * micro_batch
+    sections.append(
+        _compare(
+            "flops",
+            f"FLOPs of one step, full attention (b={micro_batch}, s={seq_len})",
+            engine_flops,
+            measure.training_step_flops(reference, seq_len, micro_batch),
+            "FLOPs",
+            FLOP_TOLERANCE,
+            note=f"causal convention: {causal:.4e} FLOPs",
+            source="torch.utils.flop_counter.FlopCounterMode",
+        )
+    )
+    del reference
+
+    small = small_config(spec)
+    s = min(seq_len, SMALL_SEQ_CAP)
+    torch.manual_seed(0)
+    tokens = torch.randint(0, small.vocab_size, (micro_batch, s))
+    for attention in ("eager", "flash"):
+        model = measure.build(small, attention, s, "cpu")
+        for recompute in recompute_modes:
+            key = f"activations_{attention}_{recompute}"
+            title = f"Activations, {attention} attention, recompute {recompute} (small model, s={s})"
+            engine = activation_memory(
+                small,
+                s,
+                micro_batch,
+                CPU_ACT_BYTES,
+                attention,
+                recompute,  # type: ignore[arg-type]
+                CPU_MASK_BYTES,
+            ).total
+            reason = cpu_fallback_reason(small, attention)
+            if reason:
+                sections.append(_not_run(key, title, engine, "bytes", reason))
+                continue
+            sections.append(
+                _compare(
+                    key,
+                    title,
+                    engine,
+                    measure.peak_saved_bytes(model, tokens, recompute),  # type: ignore[arg-type]
+                    "bytes",
+                    ACTIVATION_TOLERANCE,
+                    source="torch.autograd.graph.saved_tensors_hooks, by storage",
+                )
+            )
+    sections.append(_peak_memory_row(spec))
+    inputs = (
+        Input("model", "Model", spec.name, origin=note or spec.label),
+        Input("seq_len", "Sequence length (rows 1–2)", seq_len, "tokens", "--seq"),
+        Input("micro_batch", "Micro-batch", micro_batch, "sequences", "--micro-batch"),
+        Input(
+            "small",
+            "Small model (row 3)",
+            f"h={small.hidden_size}, H={small.num_heads}, "
+            f"H_kv={small.kv_heads}, L={small.num_layers}, V={small.vocab_size}, fp32, CPU",
+        ),
+    )
+    failed = [sec.title for sec in sections for t in sec.terms if t.ok is False]
+    not_run = [f"{sec.title}: not run, {sec.term('pytorch').note}" for sec in sections if sec.term("pytorch").note]
+    verdict = "FAILED: " + "; ".join(failed) if failed else "every check that ran passed"
+    notes = [verdict, *not_run, f"torch {torch.__version__}"]
+    return Result("validate", f"{spec.label}: lmcalc vs PyTorch", inputs, tuple(sections), tuple(notes), layout="grid")
+
+
+def _peak_memory_row(spec: ModelSpec) -> Section:
+    """Row 4 needs a GPU: without CUDA it says so instead of pretending."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return _not_run(
+            "peak_memory",
+            "Peak memory of AdamW steps (CUDA)",
+            float("nan"),
+            "bytes",
+            "CUDA is not available on this machine",
+        )
+    from lmcalc import measure
+
+    engine, measured, detail = measure.cuda_peak_memory(spec)
+    return _compare(
+        "peak_memory",
+        f"Peak memory of AdamW steps (CUDA, {detail})",
+        engine,
+        measured,
+        "bytes",
+        PEAK_MEMORY_TOLERANCE,
+        source="torch.cuda.max_memory_allocated",
+    )
+
+
+def passed(result: Result) -> bool:
+    return all(t.ok is not False for section in result.sections for t in section.terms)

@@ -1,0 +1,149 @@
+"""lmcalc against PyTorch itself: nn.Module parameters, FlopCounterMode, bytes saved for backward."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lmcalc import measure  # noqa: E402
+from lmcalc import validate as val  # noqa: E402
+from lmcalc.engine import flops as fl  # noqa: E402
+from lmcalc.engine.memory import activation_memory  # noqa: E402
+from lmcalc.engine.params import count_params  # noqa: E402
+from lmcalc.presets import builtin_dir, resolve_model  # noqa: E402
+from lmcalc.specs import ModelSpec  # noqa: E402
+
+PRESETS = sorted(p.stem for p in (builtin_dir() / "models").glob("*.yaml"))
+META_SEQ = 256  # tokens × k divides evenly over every preset's experts (DeepSeek-V3: 256 × 8 / 256)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_matches_pytorch_params_and_flops(name):
+    # Rows 1 and 2 at full size on the meta device: the module's parameter count equals the engine's,
+    # and FlopCounterMode's count of one forward + backward equals the engine's full-attention count.
+    spec = resolve_model(name).spec
+    model = measure.build(spec, "flash", META_SEQ, "meta")
+    assert measure.parameter_count(model) == count_params(spec).total
+    engine = 3 * fl.forward_flops_per_token(spec, META_SEQ, "full").total * META_SEQ
+    assert measure.training_step_flops(model, META_SEQ, 1) == pytest.approx(engine, rel=1e-3)
+
+
+BASE = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, ffn_size=160, max_seq_len=256)
+ARCHITECTURES = {
+    "gpt2-like (learned positions, biases, dropout, tied)": dict(
+        ffn_kind="gelu_mlp",
+        norm_kind="layernorm",
+        position_embedding="learned",
+        attention_bias="all",
+        mlp_bias=True,
+        tied_embeddings=True,
+        dropout=True,
+    ),
+    "llama-like (GQA, SwiGLU, RMSNorm)": dict(
+        num_kv_heads=2, ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", tied_embeddings=False
+    ),
+    "olmo2-like (QK-norm)": dict(
+        ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", qk_norm="full", tied_embeddings=False
+    ),
+    "mixtral-like (MoE)": dict(
+        num_kv_heads=2,
+        ffn_kind="swiglu",
+        norm_kind="rmsnorm",
+        position_embedding="rope",
+        tied_embeddings=False,
+        moe=dict(num_experts=4, experts_per_token=2, expert_ffn_size=96),
+    ),
+    "deepseek-like (MLA, shared expert, dense first layer)": dict(
+        ffn_kind="swiglu",
+        norm_kind="rmsnorm",
+        position_embedding="rope",
+        tied_embeddings=False,
+        head_dim=16,
+        mla=dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16),
+        moe=dict(
+            num_experts=4, experts_per_token=2, shared_experts=1, expert_ffn_size=48, dense_layers=1, router_bias=True
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("seq,batch", [(64, 1), (64, 2), (128, 1), (128, 2)])
+def test_activation_formula_matches_saved_tensors(arch, attention, recompute, seq, batch):
+    # Row 3: at two sequence lengths and two micro-batch sizes, so a formula fitted to one point fails.
+    spec = ModelSpec(name="arch", **{**BASE, **ARCHITECTURES[arch]})
+    if val.cpu_fallback_reason(spec, attention):
+        pytest.skip(val.cpu_fallback_reason(spec, attention))
+    model = measure.build(spec, attention, seq, "cpu")
+    torch.manual_seed(0)
+    tokens = torch.randint(0, spec.vocab_size, (batch, seq))
+    measured = measure.peak_saved_bytes(model, tokens, recompute)
+    engine = activation_memory(spec, seq, batch, 4, attention, recompute, mask_bytes=4).total
+    assert engine == pytest.approx(measured, rel=val.ACTIVATION_TOLERANCE)
+
+
+def test_flash_saves_no_quadratic_scores():
+    # The fused kernel keeps O(s) per head; doubling s doubles the saved bytes of a layer (no s² term).
+    spec = ModelSpec(name="arch", **{**BASE, **ARCHITECTURES["llama-like (GQA, SwiGLU, RMSNorm)"]})
+    model = measure.build(spec, "flash", 256, "cpu")
+    short = measure.saved_for_backward(model, torch.zeros(1, 64, dtype=torch.long), layer=0).bytes
+    long = measure.saved_for_backward(model, torch.zeros(1, 128, dtype=torch.long), layer=0).bytes
+    assert long == 2 * short
+
+
+def test_validate_passes_and_reports_every_row(capsys):
+    from lmcalc.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--model", "llama-3.2-1b", "--seq", "256", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert exit_info.value.code == 0
+    rows = data["results"]
+    assert rows["params"]["error"]["pass"] and rows["flops"]["error"]["pass"]
+    assert all(
+        rows[f"activations_{a}_{r}"]["error"]["pass"] for a in ("eager", "flash") for r in ("none", "selective", "full")
+    )
+    if not torch.cuda.is_available():
+        assert "pass" not in rows["peak_memory"]["error"]
+        assert any("CUDA is not available" in note for note in data["notes"])
+
+
+def test_perturbed_flops_make_the_check_fail(monkeypatch):
+    # Drop the attention term from the engine: the FlopCounterMode row must catch it.
+    original = fl.forward_flops_per_token
+
+    def without_attention(spec, seq_len, convention="causal"):
+        f = original(spec, seq_len, convention)
+        return fl.ForwardFlops(f.projections, f.mlp, 0.0, 0.0, f.logits)
+
+    monkeypatch.setattr(fl, "forward_flops_per_token", without_attention)
+    result = val.validate_result(resolve_model("gpt2-124m").spec, 256, 1, ("none",))
+    assert result.term("flops.error").ok is False
+    assert not val.passed(result)
+
+
+def test_perturbed_activations_make_the_check_fail(monkeypatch):
+    # Forget the softmax output (eager attention's s² term): the saved-tensor row must catch it.
+    from lmcalc.engine import memory
+
+    original = memory.layer_saved_tensors
+
+    def without_softmax(*args, **kwargs):
+        return [t for t in original(*args, **kwargs) if t.label != "softmax output"]
+
+    monkeypatch.setattr(memory, "layer_saved_tensors", without_softmax)
+    result = val.validate_result(resolve_model("llama-3.2-1b").spec, 256, 1, ("none",))
+    assert result.term("activations_eager_none.error").ok is False
+    assert result.term("activations_flash_none.error").ok is True
+
+
+def test_validation_doc_covers_every_preset():
+    # docs/validation.md's table is generated by scripts/validation_table.py: a new preset needs a rerun.
+    table = (Path(__file__).resolve().parent.parent / "docs" / "validation.md").read_text().split("| model |")[1]
+    missing = [name for name in PRESETS if f"| {name} |" not in table]
+    assert not missing, f"rerun python scripts/validation_table.py (missing: {missing})"
+    assert "FAIL" not in table
