@@ -20,7 +20,9 @@ from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
 from lmcalc.render import render
 from lmcalc.result import Result
-from lmcalc.units import parse_bytes, parse_count, parse_shape
+from lmcalc.units import GiB, parse_bytes, parse_count, parse_shape
+
+OVERHEAD_DEFAULT = f"{OVERHEAD_ALLOWANCE_BYTES / GiB:g}GiB"
 
 app = typer.Typer(
     name="lmcalc",
@@ -175,7 +177,7 @@ def max_params(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU for the activation column.")] = 1,
     attention: AttentionOpt = "flash",
     recompute: RecomputeOpt = "none",
-    overhead: OverheadOpt = f"{OVERHEAD_ALLOWANCE_BYTES}",
+    overhead: OverheadOpt = OVERHEAD_DEFAULT,
     like: Annotated[
         str, typer.Option("--like", help="Model whose proportions the activation column scales.")
     ] = "llama-3.1-8b",
@@ -236,7 +238,7 @@ def memory(
     optimizer: OptimizerOpt = "adamw",
     attention: AttentionOpt = "flash",
     recompute: RecomputeOpt = "none",
-    overhead: OverheadOpt = f"{OVERHEAD_ALLOWANCE_BYTES}",
+    overhead: OverheadOpt = OVERHEAD_DEFAULT,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:

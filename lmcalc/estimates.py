@@ -7,7 +7,7 @@ whose inputs say where every value came from (the user, a preset, or a documente
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine import maxparams as mp
@@ -76,6 +76,18 @@ def _optimizer_text(optimizer: OptimizerSpec) -> str:
     return "states: " + (", ".join(s.name + (" (factored)" if s.factored else "") for s in optimizer.states) or "none")
 
 
+def context_note(model: ModelSpec, seq_len: int) -> tuple[str, ...]:
+    """Refuse a sequence the model cannot embed; flag one longer than its context."""
+    if seq_len <= model.max_seq_len:
+        return ()
+    if model.position_embedding == "learned":
+        raise LmcalcError(
+            f"{model.name} has learned positions for {model.max_seq_len} tokens; "
+            f"a sequence of {seq_len} does not fit them (use --seq {model.max_seq_len} or less)"
+        )
+    return (f"sequence length {seq_len} exceeds {model.name}'s context of {model.max_seq_len} tokens",)
+
+
 def _model_input(model: ModelSpec, note: str) -> Input:
     return Input("model", "Model", model.name, origin=note or model.label)
 
@@ -99,7 +111,8 @@ def _model_notes(model: ModelSpec, note: str) -> tuple[str, ...]:
         verdict = "matches" if rounded == model.published_params else "DIFFERS FROM"
         notes.append(
             f"parameter count {group(total)} {verdict} the published {group(model.published_params)}"
-            f"{f' (to {digits} significant figures)' if digits else ''}: {model.published_params_source}"
+            f"{f' (to {digits} significant figures)' if digits else ''}"
+            + (f": {model.published_params_source}" if model.published_params_source else "")
         )
     return tuple(notes)
 
@@ -129,7 +142,7 @@ def flops_result(
                 "detailed model FLOPs / 6·N·D",
             ),
             Term(
-                f"model_flops_{other}",
+                "model_flops_other_convention",
                 f"Detailed model FLOPs ({other} attention)",
                 other_model.value,
                 "FLOPs",
@@ -153,22 +166,26 @@ def flops_result(
         Input("attention_convention", "Attention FLOPs convention", convention, origin="--attn-flops"),
         Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
     )
+    notes = (*_model_notes(model, note), *context_note(model, int(seq_len.value)))
     return checked(
         Result(
             "flops",
             f"Training FLOPs of {model.label}",
             inputs,
             (napkin, detailed, palm, compare),
-            _model_notes(model, note),
+            notes,
         )
     )
 
 
 def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str) -> Term:
     """The FLOPs a run's time is computed from: 6·N·D (napkin) or the detailed causal count."""
-    if basis == "6nd":
-        return fl.napkin_section(model, tokens).term("total")
-    return fl.detailed_section(model, tokens, seq_len, "causal", "none").term("model_flops")
+    term = (
+        fl.napkin_section(model, tokens).term("total")
+        if basis == "6nd"
+        else fl.detailed_section(model, tokens, seq_len, "causal", "none").term("model_flops")
+    )
+    return replace(term, key="training_flops")  # one key in --json whichever basis was chosen
 
 
 def train_time_result(
@@ -245,7 +262,7 @@ def train_time_result(
     sections.append(Section("time", "Time and throughput", time_terms(run, hw, precision, price_per_gpu_hour)))
     notes = list(_model_notes(model, note))
     if mfu.origin.startswith("assumption"):
-        notes.append(f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu, or measure with lmcalc bench")
+        notes.append(f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu (what your runs achieve)")
     return checked(
         Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
     )
@@ -318,16 +335,29 @@ def memory_result(
         Input("attention", "Attention kernel", attention, origin="--attention"),
         Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
     )
-    notes = list(_model_notes(model, note))
+    notes = [*_model_notes(model, note), *context_note(model, seq)]
     notes.append(
         "fits"
         if total <= capacity
-        else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB; try a higher --zero, "
-        "--recompute full, a smaller --micro-batch or more GPUs"
+        else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB"
+        + _fit_advice(zero_stage, recompute, micro_batch)
     )
     return checked(
         Result("memory", f"Training memory per GPU: {model.label}", inputs, (state, acts, summary), tuple(notes))
     )
+
+
+def _fit_advice(zero_stage: int, recompute: str, micro_batch: int) -> str:
+    """What the user has not tried yet, among the levers this command has."""
+    levers = []
+    if zero_stage < 3:
+        levers.append(f"--zero {zero_stage + 1}")
+    if recompute != "full":
+        levers.append("--recompute " + ("selective" if recompute == "none" else "full"))
+    if micro_batch > 1:
+        levers.append("a smaller --micro-batch")
+    levers.append("more GPUs" if zero_stage else "more GPUs with --zero")
+    return "; try " + ", ".join(levers)
 
 
 def max_params_result(
@@ -358,7 +388,8 @@ def max_params_result(
     for row in rows:
         shape = row.activation_shape
         shape_text = (
-            f"h={shape.hidden_size}, L={shape.num_layers}, H={shape.num_heads}, f={shape.ffn_size}"
+            f"h={shape.hidden_size}, L={shape.num_layers}, H={shape.num_heads}, H_kv={shape.kv_heads}, "
+            f"f={shape.ffn_size}"
             if shape
             else "nothing fits"
         )
@@ -413,8 +444,11 @@ def max_params_result(
         Input("micro_batch", "Micro-batch (activations)", micro_batch, "sequences", "--micro-batch"),
         Input("template", "Shape for activations", template.name, origin="--like"),
     )
+    replicated, sharded = rows[0], rows[-1]
     notes = (
-        "N = C / bytes-per-parameter: the lecture's napkin (80 GB / 16 B = 5B per H100; × 8 fully sharded ≈ 40B)",
+        f"N = C / bytes per parameter: {capacity / GB:g} GB / {replicated.bytes_per_param:g} B = "
+        f"{replicated.states_only / 1e9:.3g}B replicated on every GPU; fully sharded over {cluster.count} GPUs "
+        f"{sharded.states_only / 1e9:.3g}B (the lecture's napkin: 8 × 80 GB / 16 B ≈ 40B on 8 H100s)",
         f"activations assume the proportions of {template.name} scaled to N, {attention} attention, "
         f"recomputation: {recompute}",
     )

@@ -10,7 +10,7 @@ from typing import Any
 from lmcalc import presets as pr
 from lmcalc.engine.params import count_params
 from lmcalc.errors import LmcalcError
-from lmcalc.specs import HardwareSpec, ModelSpec
+from lmcalc.specs import ModelSpec
 from lmcalc.units import group
 
 
@@ -56,9 +56,12 @@ def list_presets(kinds: tuple[str, ...], as_json: bool) -> None:
         table.add_column("Name")
         table.add_column("Also known as", style="dim")
         table.add_column("Summary", justify="right")
+        table.add_column("From", style="dim")
+        builtin = str(pr.builtin_dir())
         for row in rows:
             also = ", ".join(row["aliases"] + [f"{f} (family default)" for f in row["family_aliases"]])
-            table.add_row(row["name"], also, row["summary"])
+            origin = "built-in" if row["origin"].startswith(builtin) else row["origin"]
+            table.add_row(row["name"], also, row["summary"], origin)
         console.print(table)
         console.print()
 
@@ -87,9 +90,9 @@ def show_preset(name: str, as_json: bool) -> None:
         return
     import yaml
 
-    console = _console()
-    console.print(f"{spec.name} ({kind[:-1] if kind != 'hardware' else kind}) from {origin}", style="bold")
-    console.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110).rstrip())
+    # Plain print: YAML has its own line breaks, which a terminal-width wrap would break again.
+    print(f"# {spec.name} ({kind[:-1] if kind != 'hardware' else kind}) from {origin}")
+    print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=float("inf")).rstrip())
 
 
 @dataclass(frozen=True)
@@ -128,12 +131,27 @@ def _check_file(path: Path) -> list[CheckOutcome]:
         for kind in ("precisions", "optimizers"):
             if isinstance(data, dict) and kind in data:
                 return [CheckOutcome(o, True, "valid") for o in _validate_list(data[kind], kind, path)]
-        if isinstance(data, dict) and "vocab_size" in data:
+        kind = _kind_of(data)
+        if kind == "models":
             return [_check_model(pr.validate(ModelSpec, data, str(path)), str(path))]
-        pr.validate(HardwareSpec, data, str(path))
-        return [CheckOutcome(str(path), True, "valid")]
+        pr.validate(pr._SPEC_OF_KIND[kind], data, str(path))
+        return [CheckOutcome(str(path), True, f"valid {kind[:-1] if kind != 'hardware' else kind} preset")]
     except LmcalcError as exc:
-        return [CheckOutcome(str(path), False, str(exc))]
+        return [CheckOutcome(str(path), False, str(exc).removeprefix(f"{path}: "))]
+
+
+# Fields only one kind of preset has: a file is checked as the kind whose fields it uses most.
+_KIND_FIELDS = {
+    "models": {"vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size", "ffn_kind", "norm_kind"},
+    "hardware": {"vendor", "memory_bytes", "memory_label", "peak_tflops_dense", "memory_bandwidth_tbps"},
+    "precisions": {"compute_dtype", "param_bytes", "grad_bytes", "master_bytes", "optimizer_state_bytes"},
+    "optimizers": {"states"},
+}
+
+
+def _kind_of(data: Any) -> str:
+    keys = set(data) if isinstance(data, dict) else set()
+    return max(_KIND_FIELDS, key=lambda kind: len(keys & _KIND_FIELDS[kind]))
 
 
 def _validate_list(items: Any, kind: str, path: Path) -> list[str]:

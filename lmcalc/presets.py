@@ -91,10 +91,15 @@ def validate(spec_type: type[S], data: Any, origin: str) -> S:
     try:
         return spec_type.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt field shows up as one unknown field plus one missing field: name the misspelling.
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(first["loc"][-1]), list(spec_type.model_fields), n=1)
+            message = "unknown field" + (f"; did you mean {close[0]}?" if close else "")
         raise LmcalcError(f"{origin}: {field}: {message}{more}") from None
 
 

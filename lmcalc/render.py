@@ -78,7 +78,8 @@ def print_explain(result: Result, file: TextIO | None = None) -> None:
 
     console.print(f"{result.title} — derivation", style="bold")
     console.print()
-    console.print("Inputs", style="bold")
+    if result.inputs:
+        console.print("Inputs", style="bold")
     for item in result.inputs:
         console.print(
             Text.assemble(f"  {item.label} = {item.text}", (f"   ({item.origin})" if item.origin else "", "dim"))
@@ -92,7 +93,7 @@ def print_explain(result: Result, file: TextIO | None = None) -> None:
             console.print(f"  {step}. {term.label}")
             if term.formula:
                 console.print(f"       = {term.formula}")
-            if term.substituted:
+            if term.substituted and term.substituted not in (term.formula, term.text):
                 console.print(f"       = {term.substituted}")
             console.print(Text.assemble("       = ", (term.text, "bold")))
             if term.source:

@@ -218,6 +218,6 @@ class Cluster:
 
     @property
     def label(self) -> str:
-        if self.nodes > 1 and self.count % self.gpus_per_node == 0:
+        if self.nodes > 1 and self.gpus_per_node > 1 and self.count % self.gpus_per_node == 0:
             return f"{self.nodes}x{self.gpus_per_node}x{self.hardware.name}"
         return f"{self.count}x{self.hardware.name}"

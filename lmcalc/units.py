@@ -122,9 +122,9 @@ def format_quantity(value: float, unit: str) -> str:
         return f"{sci(value)} FLOPs"
     if unit == "elements":
         return f"{group(value)} elements"
-    if unit in ("params", "tokens", "GPUs", "sequences"):
+    if unit in ("params", "tokens", "GPUs", "sequences", "nodes"):
         text = group(value) if abs(value) < 1e4 else si(value, 4)
-        return f"{text} {unit}"
+        return f"{text} {unit[:-1] if value == 1 else unit}"
     if unit == "USD":
         return f"${value:,.0f}"
     if unit == "":

@@ -543,7 +543,6 @@ FAMILIES = {
     "llama-3b": "llama-3.2-3b",
     "llama-7b": "llama-2-7b",
     "llama-8b": "llama-3.1-8b",
-    "llama-3-8b-latest": "llama-3.1-8b",
     "llama-13b": "llama-2-13b",
     "llama-70b": "llama-3.1-70b",
     "llama-405b": "llama-3.1-405b",

@@ -13,7 +13,6 @@ activations. The shape used is reported, so the assumption is visible.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from lmcalc.engine.flops import Recompute
@@ -41,15 +40,16 @@ def optimizer_bytes_per_param(template: ModelSpec, precision: PrecisionRecipe, o
 
 
 def scaled_model(template: ModelSpec, n_params: float) -> ModelSpec:
-    """``template`` resized to about ``n_params`` parameters, keeping its proportions."""
+    """``template`` resized to about ``n_params`` parameters, keeping its proportions: head size, query
+    heads per KV head, FFN-to-hidden and hidden-to-layers ratios. It grows by whole KV groups."""
     head = template.head_size
     aspect = template.hidden_size / template.num_layers
     ffn_ratio = template.ffn_size / template.hidden_size
-    kv_ratio = template.kv_heads / template.num_heads
+    group_size = template.num_heads // template.kv_heads
 
-    def shape(heads: int) -> ModelSpec:
+    def shape(kv_groups: int) -> ModelSpec:
+        heads, kv = kv_groups * group_size, kv_groups
         h = heads * head
-        kv = max(1, math.gcd(heads, max(1, round(heads * kv_ratio))))
         return template.model_copy(
             update={
                 "name": f"{template.name}-scaled",

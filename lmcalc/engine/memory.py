@@ -20,7 +20,7 @@ from typing import Literal
 from lmcalc.engine.flops import Recompute
 from lmcalc.engine.params import WeightTensor, count_params, weight_tensors
 from lmcalc.result import Section, Term
-from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
 from lmcalc.units import GiB, format_quantity, group
 
 AttentionImpl = Literal["eager", "flash"]
@@ -29,7 +29,8 @@ OVERHEAD_ALLOWANCE_BYTES = 2 * GiB
 """Allowance for what is not model state or activations: the CUDA context, cuBLAS/NCCL workspaces and
 the caching allocator's fragmentation. It is a round, deliberately conservative allowance, not a
 measurement (CUDA contexts alone take several hundred MiB and vary by driver and GPU); users change it
-with ``--overhead``, and ``lmcalc validate`` measures the real figure on a GPU."""
+with ``--overhead``. On a GPU, ``lmcalc validate`` compares the predicted peak of real training steps
+with ``torch.cuda.max_memory_allocated`` (which excludes the CUDA context)."""
 
 MASK_BYTES = 1  # dropout masks are stored as bool / uint8 (Korthikanti et al. 2022 §4.1)
 LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
@@ -317,6 +318,14 @@ def zero_divisors(zero_stage: int, dp: int) -> tuple[int, int, int]:
     return (dp if zero_stage >= 3 else 1, dp if zero_stage >= 2 else 1, dp if zero_stage >= 1 else 1)
 
 
+def _state_formula(state: OptimizerState, precision: PrecisionRecipe) -> str:
+    per_element = state.bytes if state.bytes is not None else precision.optimizer_state_bytes
+    text = f"Σ_matrices (rows + cols) · {per_element:g} B" if state.factored else f"N · {per_element:g} B"
+    if state.quantization_block:
+        text += f" + N / {state.quantization_block} · 4 B"
+    return f"{text} ({state.name})"
+
+
 def state_memory(
     spec: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, zero_stage: int, dp: int
 ) -> StateMemory:
@@ -381,7 +390,7 @@ def state_section(
                 f"Optimizer states ({optimizer.name}: {states})",
                 mem.optimizer,
                 "bytes",
-                "Σ states · N · bytes per state" + shard(o_div),
+                (" + ".join(_state_formula(s, precision) for s in optimizer.states) or "0") + shard(o_div),
                 f"{format_quantity(opt_unsharded, 'bytes')}{shard(o_div)}",
                 "; ".join(optimizer.sources),
             ),

@@ -17,8 +17,10 @@ from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR, sci
 
 DEFAULT_MFU = 0.4
 """Default model FLOPs utilisation when the user gives none: an assumption, always labelled as one.
-Well-tuned large dense runs publish 0.38–0.43 on H100 (Llama 3 405B, Dubey et al. 2024 Table 4) and
-0.44–0.56 on A100 (Narayanan et al. 2021 Table 1; Korthikanti et al. 2022 Table 5)."""
+Well-tuned large dense runs publish a BF16 MFU of 0.38–0.43 on H100 (Llama 3 405B, Dubey et al. 2024
+Table 4) and 0.415–0.563 on A100 (Korthikanti et al. 2022 Table 5, 22B–1T, with selective
+recomputation). Narayanan et al. 2021's 44–52 % of peak count the recomputed forward pass too, so
+they are hardware, not model, FLOPs utilisation."""
 
 
 @dataclass(frozen=True)
