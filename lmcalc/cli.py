@@ -16,6 +16,7 @@ import typer
 from lmcalc import __version__
 from lmcalc import estimates as est
 from lmcalc import presets as pr
+from lmcalc.engine import layout as ly
 from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
 from lmcalc.render import render
@@ -227,13 +228,77 @@ def flops(
     _emit(result, as_json, explain)
 
 
+DegreeHelp = {
+    "dp": "Data-parallel degree (default: GPUs / (TP·PP·CP)).",
+    "tp": "Tensor-parallel degree (within a node).",
+    "pp": "Pipeline-parallel stages.",
+    "cp": "Context-parallel degree (splits the sequence; needs --attention flash).",
+    "ep": "Expert-parallel degree (MoE models; divides DP·CP).",
+}
+
+
+def build_layout(
+    cluster,
+    dp: int | None,
+    tp: int,
+    pp: int,
+    cp: int,
+    ep: int,
+    zero: int,
+    sequence_parallel: bool,
+    micro_batch: int,
+    grad_accum: int,
+    schedule: str,
+    virtual_stages: int,
+) -> ly.Layout:
+    """The layout the flags describe; DP fills the GPUs the other degrees leave."""
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep)):
+        _positive_int(value, flag)
+    if dp is None:
+        if cluster.count % (tp * pp * cp):
+            raise LmcalcError(f"TP·PP·CP = {tp * pp * cp} does not divide the {cluster.count} GPUs of {cluster.label}")
+        dp = cluster.count // (tp * pp * cp)
+    schedule = _choice(schedule, ("1f1b", "interleaved"), "--schedule")
+    return ly.Layout(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        zero=zero,
+        sequence_parallel=sequence_parallel,
+        micro_batch=_positive_int(micro_batch, "--micro-batch"),
+        grad_accum=_positive_int(grad_accum, "--grad-accum"),
+        schedule=schedule,  # type: ignore[arg-type]
+        virtual_stages=_positive_int(virtual_stages, "--virtual-stages"),
+    )
+
+
 @app.command("memory")
 def memory(
     model: ModelOpt,
-    gpus: Annotated[str, typer.Option("--gpus", help="Cluster; all GPUs form the data-parallel group.")] = "1xH100",
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 8xH100 or 64x8xH100.")] = "1xH100",
     seq: SeqOpt = None,
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per step.")] = 1,
-    zero: Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 (3 = FSDP full sharding).")] = 0,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per micro-batch.")] = 1,
+    grad_accum: Annotated[
+        int, typer.Option("--grad-accum", help="Micro-batches per step (gradient accumulation).")
+    ] = 1,
+    dp: Annotated[int | None, typer.Option("--dp", help=DegreeHelp["dp"])] = None,
+    tp: Annotated[int, typer.Option("--tp", help=DegreeHelp["tp"])] = 1,
+    pp: Annotated[int, typer.Option("--pp", help=DegreeHelp["pp"])] = 1,
+    cp: Annotated[int, typer.Option("--cp", help=DegreeHelp["cp"])] = 1,
+    ep: Annotated[int, typer.Option("--ep", help=DegreeHelp["ep"])] = 1,
+    zero: Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 over DP·CP (3 = FSDP full sharding).")] = 0,
+    sequence_parallel: Annotated[
+        bool,
+        typer.Option(
+            "--sequence-parallel", help="Split norms, dropout and linear inputs over TP too (Korthikanti et al.)."
+        ),
+    ] = False,
+    schedule: Annotated[str, typer.Option("--schedule", help="Pipeline schedule: 1f1b | interleaved.")] = "1f1b",
+    virtual_stages: Annotated[
+        int, typer.Option("--virtual-stages", help="Model chunks per pipeline stage (interleaved schedule).")
+    ] = 1,
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
     attention: AttentionOpt = "flash",
@@ -242,17 +307,20 @@ def memory(
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
-    """Memory per GPU of one training step: parameters, gradients, optimizer, activations, overhead."""
+    """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout."""
     resolved = pr.resolve_model(model)
     spec = resolved.spec
+    cluster = pr.parse_cluster(gpus)
+    layout = build_layout(
+        cluster, dp, tp, pp, cp, ep, zero, sequence_parallel, micro_batch, grad_accum, schedule, virtual_stages
+    )
     result = est.memory_result(
         spec,
-        pr.parse_cluster(gpus),
+        cluster,
         pr.resolve_precision(precision).spec,
         pr.resolve_optimizer(optimizer).spec,
-        zero,
+        layout,
         _seq(seq, spec),
-        _positive_int(micro_batch, "--micro-batch"),
         _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
         _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
         parse_bytes(overhead, "--overhead"),

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from lmcalc.engine import flops as fl
+from lmcalc.engine import layout as ly
 from lmcalc.engine import maxparams as mp
 from lmcalc.engine import memory as mem
 from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
@@ -273,78 +274,51 @@ def memory_result(
     cluster: Cluster,
     precision: PrecisionRecipe,
     optimizer: OptimizerSpec,
-    zero_stage: int,
+    layout: ly.Layout,
     seq_len: Given,
-    micro_batch: int,
     attention: mem.AttentionImpl = "flash",
     recompute: fl.Recompute = "none",
     overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
     note: str = "",
 ) -> Result:
-    if zero_stage not in (0, 1, 2, 3):
-        raise LmcalcError(f"--zero must be 0, 1, 2 or 3, got {zero_stage}")
-    dp = cluster.count
+    """Memory of the most loaded GPU of one training step, for any parallel layout."""
     seq = int(seq_len.value)
-    state = mem.state_section(model, precision, optimizer, zero_stage, dp)
-    acts = mem.activation_section(model, seq, micro_batch, precision.activation_bytes, attention, recompute)
+    ly.check_layout(model, layout, cluster, seq, attention)
+    gpu = ly.most_loaded_gpu(model, layout, precision, optimizer, seq, attention, recompute, overhead_bytes)
     capacity = cluster.hardware.memory_bytes
-    states_total, acts_total = state.term("total").value, acts.term("total").value
-    total = states_total + acts_total + overhead_bytes
-    summary = Section(
-        "total",
-        "Per GPU",
-        (
-            Term("states", "Model states", states_total, "bytes"),
-            Term("activations", "Activations", acts_total, "bytes"),
-            Term(
-                "overhead",
-                "Overhead allowance",
-                overhead_bytes,
-                "bytes",
-                "CUDA context, workspaces, fragmentation",
-                source="lmcalc allowance (not measured), change with --overhead",
-            ),
-            Term("total", "Total", total, "bytes", "states + activations + overhead"),
-            Term(
-                "capacity",
-                f"{cluster.hardware.name} memory",
-                capacity,
-                "bytes",
-                cluster.hardware.memory_label,
-                note=cluster.hardware.memory_note,
-            ),
-            Term(
-                "headroom",
-                "Headroom",
-                capacity - total,
-                "bytes",
-                "capacity − total",
-                note="negative: the step does not fit",
-            ),
-            Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
-        ),
+    sections = ly.memory_sections(
+        model,
+        layout,
+        gpu,
+        precision,
+        optimizer,
+        seq,
+        attention,
+        recompute,
+        capacity,
+        f"{cluster.hardware.name}: {cluster.hardware.memory_label}",
     )
     inputs = (
         _model_input(model, note),
-        Input("cluster", "GPUs (data parallel)", cluster.label, origin=f"DP = {dp}"),
+        Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
+        Input("layout", "Layout", layout.label, origin="--dp --tp --pp --cp --ep --zero --sequence-parallel"),
         Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
         Input("optimizer", "Optimizer", optimizer.name, origin=_optimizer_text(optimizer)),
-        Input("zero", "ZeRO stage", zero_stage, origin="--zero"),
         Input("seq_len", "Sequence length", seq, "tokens", seq_len.origin),
-        Input("micro_batch", "Micro-batch", micro_batch, "sequences", "--micro-batch"),
+        Input("micro_batch", "Micro-batch", layout.micro_batch, "sequences", "--micro-batch"),
+        Input("grad_accum", "Micro-batches per step", layout.grad_accum, "micro-batches", "--grad-accum"),
         Input("attention", "Attention kernel", attention, origin="--attention"),
         Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
     )
+    total = gpu.total
     notes = [*_model_notes(model, note), *context_note(model, seq)]
     notes.append(
         "fits"
         if total <= capacity
         else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB"
-        + _fit_advice(zero_stage, recompute, micro_batch)
+        + _fit_advice(layout.zero, recompute, layout.micro_batch)
     )
-    return checked(
-        Result("memory", f"Training memory per GPU: {model.label}", inputs, (state, acts, summary), tuple(notes))
-    )
+    return checked(Result("memory", f"Training memory per GPU: {model.label}", inputs, sections, tuple(notes)))
 
 
 def _fit_advice(zero_stage: int, recompute: str, micro_batch: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmcalc import estimates as est
+from lmcalc.engine.layout import Layout
 from lmcalc.presets import parse_cluster, registry, resolve_optimizer, resolve_precision
 
 GOLDEN_SETTINGS = {
@@ -35,9 +36,8 @@ def model_figures(name: str) -> dict[str, Any]:
         parse_cluster(s["cluster_memory"]),
         precision,
         resolve_optimizer(s["optimizer"]).spec,
-        s["zero_stage"],
+        Layout(dp=8, zero=s["zero_stage"], micro_batch=s["micro_batch"]),
         est.Given(seq, "golden"),
-        s["micro_batch"],
     )
     time = est.train_time_result(
         spec,

@@ -19,9 +19,8 @@ from typing import Literal
 
 from lmcalc.engine.flops import Recompute
 from lmcalc.engine.params import WeightTensor, count_params, weight_tensors
-from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
-from lmcalc.units import GiB, format_quantity, group
+from lmcalc.units import GiB
 
 AttentionImpl = Literal["eager", "flash"]
 
@@ -49,6 +48,7 @@ class SavedTensor:
     elements: float
     bytes_per_element: float
     attention_core: bool = False  # recomputed under selective recomputation
+    split: str = "tp"  # "tp": split over tensor-parallel ranks; "seq": only with sequence parallelism; "none"
 
     @property
     def bytes(self) -> float:
@@ -61,8 +61,8 @@ def _norm_saved(
     """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms)."""
     stats = 2 if spec.norm_kind != "rmsnorm" else 1
     return [
-        SavedTensor(f"{label} input", f"{rows_sym}·{width_sym}", rows * width, act_bytes),
-        SavedTensor(f"{label} statistics (fp32)", rows_sym, rows * stats, STAT_BYTES),
+        SavedTensor(f"{label} input", f"{rows_sym}·{width_sym}", rows * width, act_bytes, split="seq"),
+        SavedTensor(f"{label} statistics (fp32)", rows_sym, rows * stats, STAT_BYTES, split="seq"),
     ]
 
 
@@ -70,22 +70,30 @@ def _attention_saved(
     spec: ModelSpec, sb: float, act_bytes: float, attention: AttentionImpl, recompute: Recompute
 ) -> list[SavedTensor]:
     H, dqk, dv, h = spec.num_heads, spec.qk_head_dim, spec.v_head_dim, spec.hidden_size
-    tensors = [SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act_bytes)]
+    tensors = [SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act_bytes, split="seq")]
     if spec.mla:
         m = spec.mla
         if m.q_lora_rank:
             tensors += _norm_saved(spec, "query latent norm", sb, m.q_lora_rank, act_bytes, "r_q")
-            tensors.append(SavedTensor("query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act_bytes))
+            tensors.append(
+                SavedTensor("query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act_bytes, split="seq")
+            )
         kv_width = m.kv_lora_rank + m.qk_rope_head_dim
         tensors.append(
-            SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act_bytes)
+            SavedTensor(
+                "KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act_bytes, split="seq"
+            )
         )
         tensors.append(
             SavedTensor(
-                "KV latent norm statistics (fp32)", "s·b", sb * (2 if spec.norm_kind != "rmsnorm" else 1), STAT_BYTES
+                "KV latent norm statistics (fp32)",
+                "s·b",
+                sb * (2 if spec.norm_kind != "rmsnorm" else 1),
+                STAT_BYTES,
+                split="seq",
             )
         )
-        tensors.append(SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act_bytes))
+        tensors.append(SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act_bytes, split="seq"))
         tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act_bytes))
         tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act_bytes))
         tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act_bytes))
@@ -143,23 +151,35 @@ def layer_saved_tensors(
         # projection's input is a view of the same storage, so it is counted once.
         tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act_bytes))
     if spec.dropout:
-        tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask_bytes))
+        tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask_bytes, split="seq"))
     tensors += _norm_saved(spec, "MLP norm", sb, h, act_bytes, "h")
     if moe_layer and spec.moe:
         moe = spec.moe
         k, f_e = moe.experts_per_token, moe.expert_ffn_size
-        tensors.append(SavedTensor("router / shared-expert input (norm output)", "s·b·h", sb * h, act_bytes))
-        tensors.append(SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4))
+        tensors.append(
+            SavedTensor("router / shared-expert input (norm output)", "s·b·h", sb * h, act_bytes, split="seq")
+        )
+        tensors.append(SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"))
         tensors.append(
             SavedTensor(
-                "routing indices (int64, 3 copies) and weights (fp32)", "s·b·k", sb * k, ROUTING_BYTES_PER_ASSIGNMENT
+                "routing indices (int64, 3 copies) and weights (fp32)",
+                "s·b·k",
+                sb * k,
+                ROUTING_BYTES_PER_ASSIGNMENT,
+                split="seq",
             )
         )
-        tensors.append(SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act_bytes))
+        tensors.append(SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act_bytes, split="seq"))
         tensors += _ffn_saved(spec, k * sb, f_e, act_bytes, "k·s·b", "f_e", with_input=False)
-        tensors.append(SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h, act_bytes))
         tensors.append(
-            SavedTensor("weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h, act_bytes)
+            SavedTensor(
+                "expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h, act_bytes, split="seq"
+            )
+        )
+        tensors.append(
+            SavedTensor(
+                "weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h, act_bytes, split="seq"
+            )
         )
         if moe.shared_experts:
             tensors += _ffn_saved(
@@ -168,7 +188,7 @@ def layer_saved_tensors(
     else:
         tensors += _ffn_saved(spec, sb, spec.ffn_size, act_bytes, "s·b", "f")
     if spec.dropout:
-        tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, mask_bytes))
+        tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, mask_bytes, split="seq"))
     return tensors
 
 
@@ -176,7 +196,11 @@ def _ffn_saved(
     spec: ModelSpec, rows: float, width: int, act_bytes: float, rows_sym: str, width_sym: str, with_input: bool = True
 ) -> list[SavedTensor]:
     h = spec.hidden_size
-    tensors = [SavedTensor("MLP input (norm output)", f"{rows_sym}·h", rows * h, act_bytes)] if with_input else []
+    tensors = (
+        [SavedTensor("MLP input (norm output)", f"{rows_sym}·h", rows * h, act_bytes, split="seq")]
+        if with_input
+        else []
+    )
     if spec.ffn_kind == "gelu_mlp":
         return tensors + [
             SavedTensor("GELU input", f"{rows_sym}·{width_sym}", rows * width, act_bytes),
@@ -196,12 +220,12 @@ def model_saved_tensors(
 ) -> list[SavedTensor]:
     """Saved tensors outside the layers: token ids, embedding dropout, final norm, head input, fp32 logits."""
     sb, h = seq_len * micro_batch, spec.hidden_size
-    tensors = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES)]
+    tensors = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
     if spec.dropout:
-        tensors.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, mask_bytes))
+        tensors.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, mask_bytes, split="seq"))
     tensors += _norm_saved(spec, "final norm", sb, h, act_bytes, "h")
     tensors += [
-        SavedTensor("output head input", "s·b·h", sb * h, act_bytes),
+        SavedTensor("output head input", "s·b·h", sb * h, act_bytes, split="seq"),
         SavedTensor("logits (fp32, for the cross-entropy)", "s·b·V", sb * spec.vocab_size, LOGITS_BYTES),
     ]
     return tensors
@@ -318,7 +342,7 @@ def zero_divisors(zero_stage: int, dp: int) -> tuple[int, int, int]:
     return (dp if zero_stage >= 3 else 1, dp if zero_stage >= 2 else 1, dp if zero_stage >= 1 else 1)
 
 
-def _state_formula(state: OptimizerState, precision: PrecisionRecipe) -> str:
+def state_formula(state: OptimizerState, precision: PrecisionRecipe) -> str:
     per_element = state.bytes if state.bytes is not None else precision.optimizer_state_bytes
     text = f"Σ_matrices (rows + cols) · {per_element:g} B" if state.factored else f"N · {per_element:g} B"
     if state.quantization_block:
@@ -342,156 +366,9 @@ def state_memory(
     )
 
 
-def state_section(
-    spec: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, zero_stage: int, dp: int
-) -> Section:
-    mem = state_memory(spec, precision, optimizer, zero_stage, dp)
-    n = count_params(spec).total
-    p_div, g_div, o_div = zero_divisors(zero_stage, dp)
-    opt_unsharded = mem.optimizer * o_div
-
-    def shard(div: int) -> str:
-        return f" / {div}" if div > 1 else ""
-
-    states = ", ".join(s.name for s in optimizer.states) or "no state"
-    return Section(
-        "state",
-        f"Model states per GPU (ZeRO-{zero_stage}, DP = {dp})",
-        (
-            Term(
-                "params",
-                "Parameters",
-                mem.params,
-                "bytes",
-                f"N · {precision.param_bytes:g} B{shard(p_div)}",
-                f"{group(n)} × {precision.param_bytes:g}{shard(p_div)}",
-                f"precision recipe {precision.name}",
-            ),
-            Term(
-                "grads",
-                "Gradients",
-                mem.grads,
-                "bytes",
-                f"N · {precision.grad_bytes:g} B{shard(g_div)}",
-                f"{group(n)} × {precision.grad_bytes:g}{shard(g_div)}",
-                f"precision recipe {precision.name}",
-            ),
-            Term(
-                "master",
-                "Master weights (fp32)",
-                mem.master,
-                "bytes",
-                f"N · {precision.master_bytes:g} B{shard(o_div)}",
-                f"{group(n)} × {precision.master_bytes:g}{shard(o_div)}",
-                f"precision recipe {precision.name}",
-            ),
-            Term(
-                "optimizer",
-                f"Optimizer states ({optimizer.name}: {states})",
-                mem.optimizer,
-                "bytes",
-                (" + ".join(_state_formula(s, precision) for s in optimizer.states) or "0") + shard(o_div),
-                f"{format_quantity(opt_unsharded, 'bytes')}{shard(o_div)}",
-                "; ".join(optimizer.sources),
-            ),
-            Term(
-                "total",
-                "Model states",
-                mem.total,
-                "bytes",
-                "params + grads + master + optimizer",
-                source="Rajbhandari et al. 2020 (ZeRO) §3.1, §5.1",
-            ),
-        ),
-    )
-
-
-def _saved_formula(tensors: list[SavedTensor]) -> str:
+def saved_formula(tensors: list[SavedTensor]) -> str:
     """``8·s·b·h + 4·b·H·s² + ...``: bytes times element count, like terms merged."""
     counts: dict[tuple[str, float], float] = {}
     for t in tensors:
         counts[(t.symbol, t.bytes_per_element)] = counts.get((t.symbol, t.bytes_per_element), 0) + t.bytes_per_element
     return " + ".join(f"{total:g}·{symbol}" for (symbol, _), total in counts.items())
-
-
-def activation_section(
-    spec: ModelSpec,
-    seq_len: int,
-    micro_batch: int,
-    act_bytes: float,
-    attention: AttentionImpl,
-    recompute: Recompute,
-    mask_bytes: float = MASK_BYTES,
-) -> Section:
-    act = activation_memory(spec, seq_len, micro_batch, act_bytes, attention, recompute, mask_bytes)
-    shape = (
-        f"s={seq_len}, b={micro_batch}, h={spec.hidden_size}, H={spec.num_heads}, H_kv={spec.kv_heads}, "
-        f"d={spec.qk_head_dim}, f={spec.ffn_size}, V={spec.vocab_size}, {act_bytes:g} B/element"
-    )
-    terms = []
-    if act.dense_layers:
-        terms.append(
-            Term(
-                "dense_layer",
-                "One dense layer" if spec.moe else "One layer",
-                act.dense_layer_bytes,
-                "bytes",
-                _saved_formula(act.dense_layer),
-                shape,
-                "Korthikanti et al. 2022 §4.1 eq. (1), tensor by tensor",
-                note=f"{attention} attention; recomputation: {recompute}",
-            )
-        )
-    if spec.moe:
-        terms.append(
-            Term(
-                "moe_layer",
-                "One MoE layer",
-                act.moe_layer_bytes,
-                "bytes",
-                _saved_formula(act.moe_layer),
-                f"{shape}, E={spec.moe.num_experts}, k={spec.moe.experts_per_token}, "
-                f"E_shared={spec.moe.shared_experts}, f_e={spec.moe.expert_ffn_size}",
-            )
-        )
-    if recompute == "full":
-        terms.append(
-            Term(
-                "layers",
-                "All layers (full recompute)",
-                act.layers_bytes,
-                "bytes",
-                "L · s·b·h·bytes (each layer's input) + one layer rebuilt during its backward",
-                f"{spec.num_layers} × {format_quantity(act.checkpoint_bytes, 'bytes')} + "
-                f"{format_quantity(act.recompute_working_bytes, 'bytes')}",
-                "Korthikanti et al. 2022 Table 2 (full recomputation: 2sbh per layer)",
-            )
-        )
-    else:
-        parts = []
-        if act.dense_layers:
-            parts.append(f"{act.dense_layers} × {format_quantity(act.dense_layer_bytes, 'bytes')}")
-        if act.moe_layers:
-            parts.append(f"{act.moe_layers} × {format_quantity(act.moe_layer_bytes, 'bytes')}")
-        counts = " + ".join(
-            p
-            for p in (
-                f"{act.dense_layers} × dense" if act.dense_layers else "",
-                f"{act.moe_layers} × MoE" if act.moe_layers else "",
-            )
-            if p
-        )
-        terms.append(Term("layers", "All layers", act.layers_bytes, "bytes", counts, " + ".join(parts)))
-    terms.append(
-        Term(
-            "outside_layers",
-            "Token ids, final norm, head, logits",
-            act.model_bytes,
-            "bytes",
-            _saved_formula(act.outside),
-            f"V={spec.vocab_size}",
-            "Korthikanti et al. 2022 §4.3 (extra terms: final LN, output layer, fp32 logits)",
-        )
-    )
-    terms.append(Term("total", "Activations", act.total, "bytes", "layers + outside the layers"))
-    return Section("activations", f"Activations per GPU (micro-batch {micro_batch} × {seq_len} tokens)", tuple(terms))

@@ -1,0 +1,517 @@
+"""Memory per GPU for any parallel layout: DP/ZeRO, TP (+ sequence parallelism), PP, CP and EP.
+
+Sharding is data. Each weight tensor says which dimension tensor parallelism splits (Megatron-LM,
+Shoeybi et al. 2019: column-parallel Q/K/V, FC1/gate/up and the vocabulary of the embedding and the
+head; row-parallel attention output and FC2/down; norms, routers and MLA's low-rank down-projections
+replicated), which layers hold it (pipeline stages split the layers; the embedding lives on the first
+stage, the final norm and head on the last), and whether expert parallelism splits its copies. ZeRO
+then shards the resulting per-GPU states over the data-parallel replicas (Rajbhandari et al. 2020):
+DP × CP for dense tensors, DP × CP / EP for experts.
+
+Activations follow Korthikanti et al. 2022: tensors inside attention and the MLP are split by the
+tensor-parallel degree t (eq. 2); the norm inputs, dropout masks and linear inputs are split too only
+with sequence parallelism (eq. 4); context parallelism splits the sequence. Under 1F1B the first
+pipeline stage holds p micro-batches in flight, each through L/p layers (eq. 5); the interleaved
+schedule multiplies that by 1 + (p − 1)/(p·v) for v virtual stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lmcalc.engine.flops import Recompute
+from lmcalc.engine.memory import (
+    MASK_BYTES,
+    AttentionImpl,
+    SavedTensor,
+    layer_saved_tensors,
+    model_saved_tensors,
+    optimizer_state_bytes,
+    saved_formula,
+    state_formula,
+)
+from lmcalc.engine.params import WeightTensor, weight_tensors
+from lmcalc.errors import LmcalcError
+from lmcalc.result import Section, Term
+from lmcalc.specs import Cluster, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.units import group
+
+Schedule = Literal["1f1b", "interleaved"]
+
+# Megatron-LM's tensor-parallel split, by module name: column-parallel modules split their output
+# dimension (weight and bias), row-parallel ones their input dimension (weight only).
+COLUMN_PARALLEL = {"q", "k", "v", "q_b", "kv_b", "fc", "gate", "up", "embed", "lm_head"}
+ROW_PARALLEL = {"o", "proj", "down"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a training step is spread over GPUs; the product dp·tp·pp·cp is the number of GPUs."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    micro_batch: int = 1
+    grad_accum: int = 1
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def label(self) -> str:
+        parts = [
+            f"DP={self.dp}",
+            f"TP={self.tp}",
+            f"PP={self.pp}",
+            f"CP={self.cp}",
+            f"EP={self.ep}",
+            f"ZeRO-{self.zero}",
+        ]
+        if self.sequence_parallel:
+            parts.append("SP")
+        if self.pp > 1:
+            parts.append(f"{self.schedule}" + (f" v={self.virtual_stages}" if self.schedule == "interleaved" else ""))
+        return ", ".join(parts)
+
+
+def check_layout(
+    model: ModelSpec,
+    layout: Layout,
+    cluster: Cluster | None,
+    seq_len: int,
+    attention: AttentionImpl,
+    tp_within_node: bool = True,
+) -> None:
+    """Refuse a layout that cannot exist, naming the constraint that fails."""
+    degrees = {
+        "--dp": layout.dp,
+        "--tp": layout.tp,
+        "--pp": layout.pp,
+        "--cp": layout.cp,
+        "--ep": layout.ep,
+        "--micro-batch": layout.micro_batch,
+        "--grad-accum": layout.grad_accum,
+        "--virtual-stages": layout.virtual_stages,
+    }
+    for flag, value in degrees.items():
+        if value < 1:
+            raise LmcalcError(f"{flag} must be a positive integer, got {value}")
+    if layout.zero not in (0, 1, 2, 3):
+        raise LmcalcError(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
+    if cluster and layout.gpus != cluster.count:
+        raise LmcalcError(
+            f"DP·TP·PP·CP = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.gpus} "
+            f"does not equal the {cluster.count} GPUs of {cluster.label}"
+        )
+    if model.num_heads % layout.tp:
+        raise LmcalcError(f"TP={layout.tp} does not divide the {model.num_heads} attention heads of {model.name}")
+    if not model.mla and model.kv_heads % layout.tp:
+        raise LmcalcError(f"TP={layout.tp} does not divide the {model.kv_heads} KV heads of {model.name}")
+    if cluster and tp_within_node and layout.tp > cluster.gpus_per_node:
+        raise LmcalcError(
+            f"TP={layout.tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
+            "(tensor parallelism needs the intra-node links)"
+        )
+    stages = layout.pp * (layout.virtual_stages if layout.schedule == "interleaved" else 1)
+    if model.num_layers % stages:
+        raise LmcalcError(f"{model.num_layers} layers do not split evenly into {stages} pipeline stages")
+    if layout.schedule == "interleaved" and layout.pp > 1 and layout.grad_accum % layout.pp:
+        raise LmcalcError(
+            f"the interleaved schedule needs micro-batches (--grad-accum {layout.grad_accum}) "
+            f"divisible by PP={layout.pp}"
+        )
+    if layout.ep > 1:
+        if not model.moe:
+            raise LmcalcError(f"EP={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
+        if model.moe.num_experts % layout.ep:
+            raise LmcalcError(f"EP={layout.ep} does not divide the {model.moe.num_experts} experts of {model.name}")
+        if (layout.dp * layout.cp) % layout.ep:
+            raise LmcalcError(
+                f"EP={layout.ep} must divide DP·CP = {layout.dp * layout.cp} (experts are spread "
+                "over the data-parallel ranks)"
+            )
+    if seq_len % layout.cp:
+        raise LmcalcError(f"CP={layout.cp} does not divide the sequence length {seq_len}")
+    if layout.cp > 1 and attention != "flash":
+        raise LmcalcError(
+            "context parallelism needs fused attention (--attention flash): ring attention "
+            "never materialises the s² scores"
+        )
+
+
+def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int]:
+    """(dense layers, MoE layers) on pipeline stage ``stage`` (layers split evenly, dense ones first)."""
+    per_stage = model.num_layers // layout.pp
+    first, last = stage * per_stage, (stage + 1) * per_stage
+    n_dense = model.moe.dense_layers if model.moe else model.num_layers
+    dense = max(0, min(last, n_dense) - first)
+    return dense, per_stage - dense
+
+
+def _tp_divisor(tensor: WeightTensor, model: ModelSpec, tp: int) -> int:
+    module, _, param = tensor.name.rpartition(".")
+    leaf = module.rsplit(".", 1)[-1]
+    column = leaf in COLUMN_PARALLEL or (leaf in ("q_norm", "k_norm") and model.qk_norm == "full")
+    return tp if column or (leaf in ROW_PARALLEL and param == "weight") else 1
+
+
+def _copies_on_stage(tensor: WeightTensor, model: ModelSpec, layout: Layout, stage: int) -> float:
+    """How many copies of ``tensor`` one GPU of ``stage`` holds (before tensor-parallel splitting)."""
+    dense, moe = stage_layers(model, layout, stage)
+    first, last = stage == 0, stage == layout.pp - 1
+    symbol = tensor.count_symbol
+    if symbol == "1":
+        if tensor.group in ("embedding", "position"):
+            on_stage = first or (last and tensor.group == "embedding" and model.tied_embeddings)
+        else:  # final norm, untied head
+            on_stage = last
+        return 1.0 if on_stage else 0.0
+    if symbol == "L":
+        return tensor.count / model.num_layers * (dense + moe)
+    if symbol == "L_dense":
+        return tensor.count / model.moe.dense_layers * dense  # type: ignore[union-attr]
+    per_layer = tensor.count / model.moe_layers  # L_moe, L_moe·E, L_moe·E_shared
+    if tensor.group == "experts":
+        per_layer /= layout.ep
+    return per_layer * moe
+
+
+@dataclass(frozen=True)
+class StageParams:
+    dense: float  # parameters on one GPU of the stage, replicated over DP·CP
+    experts: float  # routed-expert parameters on one GPU, replicated over DP·CP/EP
+
+
+def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
+    dense = experts = 0.0
+    for tensor in weight_tensors(model):
+        held = _copies_on_stage(tensor, model, layout, stage) * tensor.numel / _tp_divisor(tensor, model, layout.tp)
+        if tensor.group == "experts":
+            experts += held
+        else:
+            dense += held
+    return StageParams(dense, experts)
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """The parts of one GPU's memory during a training step."""
+
+    stage: int
+    params: float
+    grads: float
+    master: float
+    optimizer: float
+    activations: float
+    zero3_buffers: float
+    overhead: float
+    micro_batches_in_flight: float
+
+    @property
+    def states(self) -> float:
+        return self.params + self.grads + self.master + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.states + self.activations + self.zero3_buffers + self.overhead
+
+
+def _split(tensor: SavedTensor, layout: Layout) -> float:
+    """Bytes of ``tensor`` on one GPU: TP splits attention/MLP internals, SP the rest, CP the sequence."""
+    divisor = layout.cp
+    if tensor.split == "tp" or (tensor.split == "seq" and layout.sequence_parallel):
+        divisor *= layout.tp
+    return tensor.bytes / divisor
+
+
+def stage_activation_bytes(
+    model: ModelSpec,
+    layout: Layout,
+    stage: int,
+    seq_len: int,
+    act_bytes: float,
+    attention: AttentionImpl,
+    recompute: Recompute,
+    mask_bytes: float = MASK_BYTES,
+) -> tuple[float, float]:
+    """Activation bytes on one GPU of ``stage`` and the number of micro-batches it holds in flight."""
+    b = layout.micro_batch
+
+    def layer_bytes(moe_layer: bool) -> float:
+        tensors = layer_saved_tensors(model, seq_len, b, act_bytes, attention, moe_layer, recompute, mask_bytes)
+        return sum(_split(t, layout) for t in tensors if not (recompute == "selective" and t.attention_core))
+
+    dense, moe = stage_layers(model, layout, stage)
+    if recompute == "full":
+        checkpoint = SavedTensor("layer input", "s·b·h", seq_len * b * model.hidden_size, act_bytes, split="seq")
+        per_micro_batch = (dense + moe) * _split(checkpoint, layout)
+        working = max(layer_bytes(False) if dense else 0.0, layer_bytes(True) if moe else 0.0)
+    else:
+        per_micro_batch = dense * layer_bytes(False) + (moe * layer_bytes(True) if moe else 0.0)
+        working = 0.0
+    # 1F1B: stage i holds (p − i) micro-batches' activations when the steady state begins (Narayanan et
+    # al. 2021 §2.2.1); never more micro-batches than the step has.
+    in_flight = float(min(layout.pp - stage, layout.grad_accum))
+    if layout.schedule == "interleaved" and layout.pp > 1:
+        in_flight *= 1 + (layout.pp - 1) / (layout.pp * layout.virtual_stages)  # Korthikanti et al. 2022 §4.2.3
+    outside = 0.0
+    for tensor in model_saved_tensors(model, seq_len, b, act_bytes, mask_bytes):
+        on_first = tensor.label.startswith(("token ids", "embedding"))
+        if (on_first and stage == 0) or (not on_first and stage == layout.pp - 1):
+            outside += _split(tensor, layout) * (in_flight if on_first else 1)
+    return in_flight * per_micro_batch + working + outside, in_flight
+
+
+def gpu_memory(
+    model: ModelSpec,
+    layout: Layout,
+    stage: int,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    seq_len: int,
+    attention: AttentionImpl,
+    recompute: Recompute,
+    overhead_bytes: float,
+    mask_bytes: float = MASK_BYTES,
+) -> GpuMemory:
+    """Every part of one GPU's memory on pipeline stage ``stage``."""
+    held = stage_params(model, layout, stage)
+    replicas_dense = layout.dp * layout.cp
+    replicas_experts = replicas_dense // layout.ep
+    tensors = weight_tensors(model)
+    opt_per_param = optimizer_state_bytes(tensors, precision, optimizer) / sum(t.total for t in tensors)
+
+    def sharded(bytes_per_param: float, stage_min: int) -> float:
+        if layout.zero >= stage_min:
+            return bytes_per_param * (held.dense / replicas_dense + held.experts / replicas_experts)
+        return bytes_per_param * (held.dense + held.experts)
+
+    activations, in_flight = stage_activation_bytes(
+        model, layout, stage, seq_len, precision.activation_bytes, attention, recompute, mask_bytes
+    )
+    zero3 = 0.0
+    if layout.zero >= 3 and replicas_dense > 1:
+        # ZeRO-3 gathers a layer's full parameters before using it and prefetches the next one.
+        dense, moe = stage_layers(model, layout, stage)
+        per_layer = (held.dense + held.experts) / max(1, dense + moe)
+        zero3 = 2 * per_layer * precision.param_bytes
+    return GpuMemory(
+        stage=stage,
+        params=sharded(precision.param_bytes, 3),
+        grads=sharded(precision.grad_bytes, 2),
+        master=sharded(precision.master_bytes, 1),
+        optimizer=sharded(opt_per_param, 1),
+        activations=activations,
+        zero3_buffers=zero3,
+        overhead=overhead_bytes,
+        micro_batches_in_flight=in_flight,
+    )
+
+
+def most_loaded_gpu(
+    model: ModelSpec,
+    layout: Layout,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    seq_len: int,
+    attention: AttentionImpl,
+    recompute: Recompute,
+    overhead_bytes: float,
+    mask_bytes: float = MASK_BYTES,
+) -> GpuMemory:
+    """The pipeline stage whose GPUs need the most memory (the first holds the most activations, the
+    last holds the head and the logits)."""
+    stages = {0, layout.pp - 1}
+    return max(
+        (
+            gpu_memory(
+                model, layout, s, precision, optimizer, seq_len, attention, recompute, overhead_bytes, mask_bytes
+            )
+            for s in stages
+        ),
+        key=lambda m: m.total,
+    )
+
+
+def memory_sections(
+    model: ModelSpec,
+    layout: Layout,
+    gpu: GpuMemory,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    seq_len: int,
+    attention: AttentionImpl,
+    recompute: Recompute,
+    capacity: float,
+    capacity_label: str,
+    mask_bytes: float = MASK_BYTES,
+) -> tuple[Section, ...]:
+    """The memory of the most loaded GPU as terms: model states, activations, and the whole."""
+    held = stage_params(model, layout, gpu.stage)
+    n_stage = held.dense + held.experts
+    rep_d, rep_e = layout.dp * layout.cp, layout.dp * layout.cp // layout.ep
+    where = f"stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "every GPU"
+
+    def shard_text(stage_min: int) -> str:
+        if layout.zero < stage_min or rep_d == 1:
+            return ""
+        if held.experts:
+            return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero})"
+        return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP)"
+
+    states_formula = (
+        f"N_gpu = {group(round(n_stage))} parameters on one GPU of {where} "
+        f"(TP={layout.tp} splits the matrices, PP={layout.pp} the layers"
+        + (f", EP={layout.ep} the experts" if layout.ep > 1 else "")
+        + ")"
+    )
+    opt_formula = " + ".join(state_formula(s, precision) for s in optimizer.states) or "0"
+    state = Section(
+        "state",
+        f"Model states per GPU ({layout.label})",
+        (
+            Term(
+                "params_per_gpu",
+                "Parameters held (before ZeRO)",
+                n_stage,
+                "params",
+                states_formula,
+                source="Shoeybi et al. 2019 (Megatron-LM) tensor-parallel split",
+            ),
+            Term(
+                "params",
+                "Parameters",
+                gpu.params,
+                "bytes",
+                f"N_gpu · {precision.param_bytes:g} B{shard_text(3)}",
+                source=f"precision recipe {precision.name}",
+            ),
+            Term("grads", "Gradients", gpu.grads, "bytes", f"N_gpu · {precision.grad_bytes:g} B{shard_text(2)}"),
+            Term(
+                "master",
+                "Master weights (fp32)",
+                gpu.master,
+                "bytes",
+                f"N_gpu · {precision.master_bytes:g} B{shard_text(1)}",
+            ),
+            Term(
+                "optimizer",
+                f"Optimizer states ({optimizer.name})",
+                gpu.optimizer,
+                "bytes",
+                f"{opt_formula}, over N_gpu{shard_text(1)}",
+                source="; ".join(optimizer.sources),
+            ),
+            Term(
+                "total",
+                "Model states",
+                gpu.states,
+                "bytes",
+                "params + grads + master + optimizer",
+                source="Rajbhandari et al. 2020 (ZeRO) §3.1, §5.1",
+            ),
+        ),
+    )
+    dense, moe = stage_layers(model, layout, gpu.stage)
+    b = layout.micro_batch
+    split_text = (
+        f"TP={layout.tp}"
+        + (" with SP" if layout.sequence_parallel else " without SP")
+        + (f", CP={layout.cp}" if layout.cp > 1 else "")
+    )
+    terms = []
+    for moe_layer, count in ((False, dense), (True, moe)):
+        if not count:
+            continue
+        tensors = [
+            t
+            for t in layer_saved_tensors(
+                model, seq_len, b, precision.activation_bytes, attention, moe_layer, recompute, mask_bytes
+            )
+            if not (recompute == "selective" and t.attention_core)
+        ]
+        terms.append(
+            Term(
+                "moe_layer" if moe_layer else "dense_layer",
+                ("One MoE layer" if moe_layer else "One dense layer" if model.moe else "One layer") + " on this GPU",
+                sum(_split(t, layout) for t in tensors),
+                "bytes",
+                saved_formula(tensors),
+                f"s={seq_len}, b={b}, h={model.hidden_size}, H={model.num_heads}, H_kv={model.kv_heads}, "
+                f"f={model.ffn_size}; divided for {split_text}",
+                "Korthikanti et al. 2022 §4.1 eq. (1)–(4), tensor by tensor",
+                note=f"{attention} attention; recomputation: {recompute}",
+            )
+        )
+    terms.append(
+        Term(
+            "layers_on_gpu", "Layers on this GPU", dense + moe, "layers", "L / PP", f"{model.num_layers} / {layout.pp}"
+        )
+    )
+    terms.append(
+        Term(
+            "in_flight",
+            "Micro-batches in flight",
+            gpu.micro_batches_in_flight,
+            "micro-batches",
+            "min(PP − stage, micro-batches per step)"
+            + (" · (1 + (p − 1)/(p·v))" if layout.schedule == "interleaved" else ""),
+            source="Narayanan et al. 2021 §2.2 (1F1B); Korthikanti et al. 2022 §4.2.3 (interleaved)",
+            note="under 1F1B the first stage holds one micro-batch per pipeline stage",
+        )
+    )
+    terms.append(
+        Term(
+            "total",
+            "Activations",
+            gpu.activations,
+            "bytes",
+            "in flight · layers · one layer (+ embedding on the first stage, head and logits on the last)"
+            + (" — full recompute keeps each layer's input and rebuilds one layer" if recompute == "full" else ""),
+        )
+    )
+    acts = Section("activations", f"Activations per GPU (micro-batch {b} × {seq_len} tokens)", tuple(terms))
+    total = gpu.total
+    summary = Section(
+        "total",
+        f"Most loaded GPU ({where})",
+        (
+            Term("states", "Model states", gpu.states, "bytes"),
+            Term("activations", "Activations", gpu.activations, "bytes"),
+            Term(
+                "zero3_buffers",
+                "ZeRO-3 gathered parameters",
+                gpu.zero3_buffers,
+                "bytes",
+                "2 layers' parameters (the one in use and the prefetched one)" if layout.zero >= 3 else "none",
+            ),
+            Term(
+                "overhead",
+                "Overhead allowance",
+                gpu.overhead,
+                "bytes",
+                "CUDA context, workspaces, fragmentation",
+                source="lmcalc allowance (not measured), change with --overhead",
+            ),
+            Term("total", "Total", total, "bytes", "states + activations + buffers + overhead"),
+            Term("capacity", "GPU memory", capacity, "bytes", capacity_label),
+            Term(
+                "headroom",
+                "Headroom",
+                capacity - total,
+                "bytes",
+                "capacity − total",
+                note="negative: the step does not fit",
+            ),
+            Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
+        ),
+    )
+    return state, acts, summary

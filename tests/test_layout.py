@@ -1,0 +1,148 @@
+"""Memory per GPU under DP/ZeRO/TP/SP/PP/CP/EP, against the papers' closed forms (derived by hand)."""
+
+import pytest
+
+from lmcalc.engine import layout as ly
+from lmcalc.errors import LmcalcError
+from lmcalc.presets import parse_cluster, resolve_model, resolve_optimizer, resolve_precision
+
+MIXED = resolve_precision("bf16-mixed").spec
+ADAMW = resolve_optimizer("adamw").spec
+
+
+def gpt3():
+    return resolve_model("gpt3-175b").spec
+
+
+def one_layer(model, layout, s, b, attention="eager", recompute="none"):
+    """Bytes of one layer's saved tensors on one GPU (1 layer per stage, 1 micro-batch in flight)."""
+    tensors = ly.layer_saved_tensors(model, s, b, 2, attention, False, recompute, 1)
+    return sum(ly._split(t, layout) for t in tensors if not (recompute == "selective" and t.attention_core))
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_tensor_parallel_is_korthikanti_eq2(t):
+    # Korthikanti et al. 2022 eq. (2): sbh(10 + 24/t + 5as/(ht)) per layer with TP and no SP,
+    # + the LayerNorm statistics (2 norms · 2 · 4 bytes · s·b, replicated), which the paper leaves out.
+    m, s, b = gpt3(), 2048, 1
+    h, a = m.hidden_size, m.num_heads
+    expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) + 16 * s * b
+    assert one_layer(m, ly.Layout(tp=t), s, b) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_sequence_parallel_is_korthikanti_eq4(t):
+    # Eq. (4): with sequence parallelism every term is divided by t: (sbh/t)(34 + 5as/h).
+    m, s, b = gpt3(), 2048, 1
+    h, a = m.hidden_size, m.num_heads
+    expected = (s * b * h * (34 + 5 * a * s / h) + 16 * s * b) / t
+    assert one_layer(m, ly.Layout(tp=t, sequence_parallel=True), s, b) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_selective_with_sequence_parallel_is_34sbh_over_t(t):
+    # Table 2: TP + SP + selective recomputation keeps sbh·34/t per layer.
+    m, s = gpt3(), 2048
+    expected = (34 * s * m.hidden_size + 16 * s) / t
+    got = one_layer(m, ly.Layout(tp=t, sequence_parallel=True), s, 1, recompute="selective")
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_first_stage_holds_all_layers_worth_under_1f1b(p):
+    # Eq. (5): the first stage holds p micro-batches through L/p layers: L layers' worth whatever p,
+    # plus, per micro-batch, the embedding dropout mask (the paper's extra term sbhp/t, 1 byte) and
+    # the int64 token ids and targets (2 · 8 · s·b bytes, not split).
+    m = gpt3()
+    s, h, t = 2048, m.hidden_size, 8
+    layout = ly.Layout(pp=p, tp=t, sequence_parallel=True, grad_accum=64)
+    acts, in_flight = ly.stage_activation_bytes(m, layout, 0, s, 2, "eager", "none")
+    assert in_flight == p
+    expected = m.num_layers * one_layer(m, layout, s, 1) + p * (s * h / t + 2 * 8 * s)
+    assert acts == pytest.approx(expected, rel=1e-12)
+
+
+def test_interleaving_factor():
+    # Korthikanti §4.2.3: the interleaved schedule multiplies the first stage's activations by 1 + (p−1)/(p·m).
+    m = gpt3()
+    plain = ly.Layout(pp=8, tp=8, sequence_parallel=True, grad_accum=64)
+    interleaved = ly.Layout(pp=8, tp=8, sequence_parallel=True, grad_accum=64, schedule="interleaved", virtual_stages=4)
+    _, n_plain = ly.stage_activation_bytes(m, plain, 0, 2048, 2, "flash", "none")
+    _, n_inter = ly.stage_activation_bytes(m, interleaved, 0, 2048, 2, "flash", "none")
+    assert n_inter / n_plain == pytest.approx(1 + 7 / (8 * 4))
+
+
+def test_tensor_parallel_splits_llama_weights_by_hand():
+    # Llama 3 8B at TP=8: embedding and head split by vocabulary; q, k, v, o, gate, up, down split;
+    # the 2 RMSNorms per layer and the final norm are replicated.
+    m = resolve_model("llama-3.1-8b").spec
+    V, h, L, f, kv = 128256, 4096, 32, 14336, 1024
+    per_gpu = 2 * V * h / 8 + L * (2 * h * h + 2 * h * kv + 3 * h * f) / 8 + L * 2 * h + h
+    held = ly.stage_params(m, ly.Layout(tp=8), 0)
+    assert held.dense == pytest.approx(per_gpu) and held.experts == 0
+
+
+def test_pipeline_stages_split_layers_embedding_first_head_last():
+    m = resolve_model("llama-3.1-8b").spec
+    V, h, f, kv = 128256, 4096, 14336, 1024
+    layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h  # 32 layers, 8 per stage
+    layout = ly.Layout(pp=4)
+    assert ly.stage_params(m, layout, 0).dense == V * h + 8 * layer
+    assert ly.stage_params(m, layout, 1).dense == 8 * layer
+    assert ly.stage_params(m, layout, 3).dense == 8 * layer + h + V * h
+
+
+def test_expert_parallel_splits_routed_experts_only():
+    # Mixtral 8x7B at EP=8: each GPU holds 1 of 8 experts per layer; attention, router, norms are whole.
+    m = resolve_model("mixtral-8x7b").spec
+    h, f, L = 4096, 14336, 32
+    held = ly.stage_params(m, ly.Layout(dp=8, ep=8), 0)
+    assert held.experts == L * 3 * h * f
+    full = ly.stage_params(m, ly.Layout(dp=8), 0)
+    assert held.dense == full.dense and full.experts == 8 * held.experts
+
+
+def test_zero_shards_experts_over_their_own_replicas():
+    # With EP=8 over DP=8 every expert exists once: ZeRO has nothing to shard it over (DP·CP/EP = 1).
+    m = resolve_model("mixtral-8x7b").spec
+    layout = ly.Layout(dp=8, ep=8, zero=1)
+    gpu = ly.gpu_memory(m, layout, 0, MIXED, ADAMW, 4096, "flash", "none", 0)
+    held = ly.stage_params(m, layout, 0)
+    assert gpu.master == pytest.approx(4 * (held.dense / 8 + held.experts))
+
+
+def test_zero3_matches_the_zero_paper_through_the_layout():
+    # Rajbhandari et al. 2020 Figure 1 with Ψ = 8.03B: ZeRO-3 over 64 ranks keeps 16Ψ/64 bytes.
+    m = resolve_model("llama-3.1-8b").spec
+    gpu = ly.gpu_memory(m, ly.Layout(dp=64, zero=3), 0, MIXED, ADAMW, 4096, "flash", "none", 0)
+    assert gpu.states == pytest.approx(16 * 8_030_261_248 / 64)
+
+
+BAD_LAYOUTS = [
+    ("llama-3.1-8b", "3xH100", dict(tp=3), "TP=3 does not divide the 32 attention heads"),
+    ("llama-3.1-8b", "16xH100", dict(tp=16), "TP=16 does not divide the 8 KV heads"),
+    ("llama-2-7b", "2x8xH100", dict(tp=16), "TP=16 spans more than the 8 GPUs of a node"),
+    ("llama-3.1-8b", "5xH100", dict(pp=5), "32 layers do not split evenly into 5 pipeline stages"),
+    ("llama-3.1-8b", "8xH100", dict(dp=3), "does not equal the 8 GPUs"),
+    ("llama-3.1-8b", "8xH100", dict(dp=8, ep=2), "needs a mixture-of-experts model"),
+    ("mixtral-8x7b", "8xH100", dict(dp=8, ep=3), "EP=3 does not divide the 8 experts"),
+    ("llama-3.1-8b", "3xH100", dict(cp=3), "CP=3 does not divide the sequence length 4096"),
+    ("llama-3.1-8b", "8xH100", dict(dp=8, zero=4), "--zero must be 0, 1, 2 or 3"),
+    (
+        "llama-3.1-8b",
+        "8xH100",
+        dict(pp=8, schedule="interleaved", virtual_stages=2, grad_accum=4),
+        "needs micro-batches",
+    ),
+]
+
+
+@pytest.mark.parametrize("model,cluster,changes,message", BAD_LAYOUTS)
+def test_impossible_layouts_name_the_constraint(model, cluster, changes, message):
+    with pytest.raises(LmcalcError, match=message):
+        ly.check_layout(resolve_model(model).spec, ly.Layout(**changes), parse_cluster(cluster), 4096, "flash")
+
+
+def test_context_parallel_needs_fused_attention():
+    with pytest.raises(LmcalcError, match="needs fused attention"):
+        ly.check_layout(resolve_model("llama-3.1-8b").spec, ly.Layout(cp=2), parse_cluster("2xH100"), 4096, "eager")
