@@ -304,6 +304,9 @@ def memory(
     attention: AttentionOpt = "flash",
     recompute: RecomputeOpt = "none",
     overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    sweep: Annotated[
+        str | None, typer.Option("--sweep", help="One row per value: seq=1k,4k,16k,64k or micro-batch=1,2,4,8.")
+    ] = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
@@ -311,22 +314,51 @@ def memory(
     resolved = pr.resolve_model(model)
     spec = resolved.spec
     cluster = pr.parse_cluster(gpus)
-    layout = build_layout(
-        cluster, dp, tp, pp, cp, ep, zero, sequence_parallel, micro_batch, grad_accum, schedule, virtual_stages
-    )
-    result = est.memory_result(
-        spec,
-        cluster,
-        pr.resolve_precision(precision).spec,
-        pr.resolve_optimizer(optimizer).spec,
-        layout,
-        _seq(seq, spec),
-        _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
-        _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
-        parse_bytes(overhead, "--overhead"),
-        note=resolved.note,
-    )
-    _emit(result, as_json, explain)
+    recipe, opt = pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec
+    attention = _choice(attention, ("flash", "eager"), "--attention")
+    recompute = _choice(recompute, ("none", "selective", "full"), "--recompute")
+    overhead_bytes = parse_bytes(overhead, "--overhead")
+
+    def one(seq_text: str | None, batch: int) -> Result:
+        layout = build_layout(
+            cluster, dp, tp, pp, cp, ep, zero, sequence_parallel, batch, grad_accum, schedule, virtual_stages
+        )
+        return est.memory_result(
+            spec,
+            cluster,
+            recipe,
+            opt,
+            layout,
+            _seq(seq_text, spec),
+            attention,
+            recompute,
+            overhead_bytes,  # type: ignore[arg-type]
+            note=resolved.note,
+        )
+
+    if sweep is None:
+        _emit(one(seq, micro_batch), as_json, explain)
+        return
+    name, values = _sweep(sweep)
+    rows = [(v, one(v, micro_batch) if name == "seq" else one(seq, _count_int(v, "--sweep"))) for v in values]
+    _emit(est.memory_sweep_result(rows, name), as_json, explain)
+
+
+def _count_int(text: str, flag: str) -> int:
+    value = parse_count(text, flag)
+    if not value.is_integer():
+        raise LmcalcError(f"{flag} needs whole numbers, got {text!r}")
+    return int(value)
+
+
+def _sweep(text: str) -> tuple[str, list[str]]:
+    """``seq=1k,4k`` -> ('seq', ['1k', '4k'])."""
+    name, _, values = text.partition("=")
+    name = name.strip().lower()
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if name not in est.SWEEPABLE or not items:
+        raise LmcalcError(f"cannot read --sweep {text!r}; expected seq=1k,4k,16k or micro-batch=1,2,4")
+    return name, items
 
 
 @app.command("params")

@@ -318,7 +318,27 @@ def memory_result(
         else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB"
         + _fit_advice(layout.zero, recompute, layout.micro_batch)
     )
-    return checked(Result("memory", f"Training memory per GPU: {model.label}", inputs, sections, tuple(notes)))
+    return checked(Result("memory", f"Training memory per GPU: {model.label}", inputs, sections, tuple(notes),
+                          stack=MEMORY_STACK, capacity="total.capacity"))
+
+
+MEMORY_STACK = ("state.params", "state.grads", "state.master", "state.optimizer", "total.activations",
+                "total.zero3_buffers", "total.overhead")
+SWEEPABLE = {"seq": "sequence length", "micro-batch": "micro-batch"}
+
+
+def memory_sweep_result(results: list[tuple[str, Result]], name: str) -> Result:
+    """Memory results at several values of one setting, one row each: how the parts grow."""
+    sections = []
+    for value, result in results:
+        terms = [replace(result.term(key), key=key.rpartition(".")[2]) for key in MEMORY_STACK]
+        terms += [result.term("total.total"), result.term("total.capacity"), result.term("total.headroom")]
+        sections.append(Section(f"{name}={value}", f"{name}={value}", tuple(terms)))
+    first = results[0][1]
+    inputs = tuple(i for i in first.inputs if i.key not in ("seq_len", "micro_batch"))
+    return Result("memory-sweep", f"{first.title}, sweeping {SWEEPABLE[name]}", inputs, tuple(sections),
+                  (f"capacity {first.term('total.capacity').text} per GPU",), layout="grid",
+                  stack=tuple(k.rpartition(".")[2] for k in MEMORY_STACK), capacity="capacity")
 
 
 def _fit_advice(zero_stage: int, recompute: str, micro_batch: int) -> str:

@@ -51,8 +51,56 @@ def _grid_table(result: Result):
     for term in first:
         table.add_column(term.label, justify="right")
     for section in result.sections:
-        table.add_row(section.title, *(t.text for t in section.terms))
+        table.add_row(section.title, *(t.formatted(compact=True) for t in section.terms))
     return table
+
+
+BAR_WIDTH = 60
+BAR_STYLES = ("blue", "cyan", "magenta", "yellow", "green", "white", "bright_black")
+
+
+def _bar(terms: list[Term], capacity: float):
+    """One stacked bar: each part's share of the GPU's memory, '│' at capacity, red past it."""
+    from rich.text import Text
+
+    scale = BAR_WIDTH / capacity
+    bar = Text()
+    used = 0.0
+    for term, style in zip(terms, BAR_STYLES, strict=False):
+        start, used = used, used + term.value * scale
+        cells = round(used) - round(start)
+        bar.append("█" * cells, style="red" if round(used) > BAR_WIDTH else style)
+    if round(used) < BAR_WIDTH:
+        bar.append("·" * (BAR_WIDTH - round(used)), style="dim")
+        bar.append("│", style="bold")
+    else:
+        bar.append(" over", style="bold red")
+    return bar
+
+
+def _legend(terms: list[Term]):
+    from rich.text import Text
+
+    legend = Text()
+    for term, style in zip(terms, BAR_STYLES, strict=False):
+        legend.append("█ ", style=style)
+        legend.append(f"{term.label}  ")
+    return legend
+
+
+def print_bars(result: Result, console) -> None:
+    """The memory picture: parts stacked against the capacity line, one bar per row of a sweep."""
+    from rich.text import Text
+
+    if result.layout == "grid":
+        rows = [(s.title, [s.term(k) for k in result.stack], s.term(result.capacity).value) for s in result.sections]
+    else:
+        rows = [("", [result.term(k) for k in result.stack], result.term(result.capacity).value)]
+    width = max(len(label) for label, _, _ in rows)
+    console.print()
+    for label, terms, capacity in rows:
+        console.print(Text.assemble(f"{label:<{width}} ", _bar(terms, capacity)))
+    console.print(_legend(rows[0][1]))
 
 
 def print_table(result: Result, file: TextIO | None = None) -> None:
@@ -67,6 +115,8 @@ def print_table(result: Result, file: TextIO | None = None) -> None:
         for section in result.sections:
             console.print(_section_table(section.title, section.terms))
             console.print()
+    if result.stack:
+        print_bars(result, console)
     for note in result.notes:
         console.print(f"• {note}", style="italic")
 

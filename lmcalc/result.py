@@ -27,8 +27,11 @@ class Term:
 
     @property
     def text(self) -> str:
+        return self.formatted()
+
+    def formatted(self, compact: bool = False) -> str:
         verdict = {True: " ✓", False: " ✗ FAIL", None: ""}[self.ok]
-        return format_quantity(self.value, self.unit) + verdict
+        return format_quantity(self.value, self.unit, compact) + verdict
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"value": self.value, "unit": self.unit, "label": self.label}
@@ -87,6 +90,8 @@ class Result:
     sections: tuple[Section, ...]
     notes: tuple[str, ...] = field(default=())
     layout: str = "sections"  # "grid": one row per section, one column per term (comparisons)
+    stack: tuple[str, ...] = ()  # term keys drawn as one stacked bar against ``capacity`` (memory)
+    capacity: str = ""
 
     def term(self, key: str) -> Term:
         """The term named ``key`` in any section (``section.key`` for a specific one)."""

@@ -103,15 +103,21 @@ def group(value: float) -> str:
     return f"{value:.6g}"
 
 
-def format_quantity(value: float, unit: str) -> str:
-    """Print a value with its unit the way an engineer would read it."""
+SINGULAR = {"params": "param", "tokens": "token", "GPUs": "GPU", "sequences": "sequence", "nodes": "node",
+            "layers": "layer", "micro-batches": "micro-batch", "days": "day"}
+
+
+def format_quantity(value: float, unit: str, compact: bool = False) -> str:
+    """Print a value with its unit the way an engineer would read it (``compact``: bytes in GB only)."""
     if math.isnan(value):
         return "n/a"
+    if value == 1 and unit in SINGULAR:
+        unit = SINGULAR[unit]
     if unit == "bytes":
         if abs(value) >= 1e9:
-            return f"{value / GB:,.2f} GB ({value / GiB:,.2f} GiB)"
+            return f"{value / GB:,.2f} GB" + ("" if compact else f" ({value / GiB:,.2f} GiB)")
         if abs(value) >= 1e6:
-            return f"{value / 1e6:,.2f} MB ({value / 2**20:,.2f} MiB)"
+            return f"{value / 1e6:,.2f} MB" + ("" if compact else f" ({value / 2**20:,.2f} MiB)")
         return f"{group(value)} bytes"
     if unit == "FLOP/s":
         for prefix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9)):
@@ -122,9 +128,9 @@ def format_quantity(value: float, unit: str) -> str:
         return f"{sci(value)} FLOPs"
     if unit == "elements":
         return f"{group(value)} elements"
-    if unit in ("params", "tokens", "GPUs", "sequences", "nodes"):
+    if unit in ("params", "tokens", "GPUs", "sequences", "nodes", *SINGULAR.values()):
         text = group(value) if abs(value) < 1e4 else si(value, 4)
-        return f"{text} {unit[:-1] if value == 1 else unit}"
+        return f"{text} {unit}"
     if unit == "USD":
         return f"${value:,.0f}"
     if unit == "":

@@ -342,3 +342,32 @@ def test_presets_check_reports_schema_errors(tmp_path, capsys):
     code, out, _ = run(["presets", "check", path, "--json"], capsys)
     report = json.loads(out)
     assert code == 1 and report["ok"] is False and "num_layers" in report["files"][0]["message"]
+
+
+def test_memory_layout_flags(capsys):
+    # Llama 3 70B on 64 GPUs, TP=8 × PP=4 leaves DP=2; the most loaded GPU is reported.
+    data = run_json(
+        "memory --model llama-3-70b --gpus 8x8xH100 --tp 8 --pp 4 --sequence-parallel --zero 1 "
+        "--grad-accum 16 --seq 8192 --recompute selective",
+        capsys,
+    )
+    assert data["inputs"]["layout"]["value"].startswith("DP=2, TP=8, PP=4")
+    assert data["results"]["activations"]["in_flight"]["value"] == 4  # 1F1B: PP micro-batches on stage 1
+    assert data["results"]["activations"]["layers_on_gpu"]["value"] == 20
+
+
+def test_memory_sweep_grows_activations_only(capsys):
+    data = run_json("memory --model llama-3-8b --gpus 8xH100 --zero 3 --sweep seq=1k,4k,16k", capsys)
+    rows = [data["results"][f"seq={v}"] for v in ("1k", "4k", "16k")]
+    acts = [r["activations"]["value"] for r in rows]
+    assert acts[0] < acts[1] < acts[2]
+    assert len({r["params"]["value"] for r in rows}) == 1
+    code, out, _ = run("memory --model llama-3-8b --gpus 8xH100 --zero 3 --sweep micro-batch=1,2", capsys)
+    assert code == 0 and "micro-batch=2" in out and "█" in out
+
+
+def test_bad_sweep_and_layout(capsys):
+    code, _, err = run("memory --model llama-3-8b --sweep heads=1,2", capsys)
+    assert code == 2 and "cannot read --sweep" in err
+    code, _, err = run("memory --model llama-3-8b --gpus 8xH100 --tp 3", capsys)
+    assert code == 2 and "TP·PP·CP = 3 does not divide the 8 GPUs" in err

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from lmcalc.cli import main
 
 NUMBERS = st.sampled_from(
-    [
+    ["seq=1k,4k", "micro-batch=1,2", "seq=", "1f1b", "interleaved"]
+    + [
         "0",
         "-1",
         "1",
@@ -104,7 +105,18 @@ COMMANDS = {
         "--attention",
         "--recompute",
         "--overhead",
+        "--dp",
+        "--tp",
+        "--pp",
+        "--cp",
+        "--ep",
+        "--grad-accum",
+        "--schedule",
+        "--virtual-stages",
+        "--sweep",
+        "--sequence-parallel",
     ],
+    "validate": ["--model", "--seq", "--micro-batch", "--recompute"],
     "params": ["--model"],
     "tensor": [],
     "dtypes": [],
