@@ -344,6 +344,53 @@ def memory(
     _emit(est.memory_sweep_result(rows, name), as_json, explain)
 
 
+@app.command("fit")
+def fit_command(
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster whose GPU type (and layout) to fit on.")] = "8xH100",
+    seq: SeqOpt = None,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per micro-batch.")] = 1,
+    grad_accum: Annotated[int, typer.Option("--grad-accum", help="Micro-batches per step.")] = 1,
+    dp: Annotated[int | None, typer.Option("--dp", help=DegreeHelp["dp"])] = None,
+    tp: Annotated[int, typer.Option("--tp", help=DegreeHelp["tp"])] = 1,
+    pp: Annotated[int, typer.Option("--pp", help=DegreeHelp["pp"])] = 1,
+    cp: Annotated[int, typer.Option("--cp", help=DegreeHelp["cp"])] = 1,
+    ep: Annotated[int, typer.Option("--ep", help=DegreeHelp["ep"])] = 1,
+    zero: Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 over DP·CP.")] = 0,
+    sequence_parallel: Annotated[
+        bool, typer.Option("--sequence-parallel", help="Sequence parallelism with TP.")
+    ] = False,
+    schedule: Annotated[str, typer.Option("--schedule", help="Pipeline schedule: 1f1b | interleaved.")] = "1f1b",
+    virtual_stages: Annotated[int, typer.Option("--virtual-stages", help="Model chunks per stage.")] = 1,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    attention: AttentionOpt = "flash",
+    recompute: RecomputeOpt = "none",
+    overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """The largest micro-batch, the longest sequence and the fewest GPUs that fit, and what binds each."""
+    resolved = pr.resolve_model(model)
+    cluster = pr.parse_cluster(gpus)
+    layout = build_layout(
+        cluster, dp, tp, pp, cp, ep, zero, sequence_parallel, micro_batch, grad_accum, schedule, virtual_stages
+    )
+    result = est.fit_result(
+        resolved.spec,
+        cluster,
+        pr.resolve_precision(precision).spec,
+        pr.resolve_optimizer(optimizer).spec,
+        layout,
+        _seq(seq, resolved.spec),
+        _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
+        _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
+        parse_bytes(overhead, "--overhead"),
+        note=resolved.note,
+    )
+    _emit(result, as_json, explain)
+
+
 def _count_int(text: str, flag: str) -> int:
     value = parse_count(text, flag)
     if not value.is_integer():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from lmcalc.engine import fit
 from lmcalc.engine import flops as fl
 from lmcalc.engine import layout as ly
 from lmcalc.engine import maxparams as mp
@@ -318,12 +319,28 @@ def memory_result(
         else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB"
         + _fit_advice(layout.zero, recompute, layout.micro_batch)
     )
-    return checked(Result("memory", f"Training memory per GPU: {model.label}", inputs, sections, tuple(notes),
-                          stack=MEMORY_STACK, capacity="total.capacity"))
+    return checked(
+        Result(
+            "memory",
+            f"Training memory per GPU: {model.label}",
+            inputs,
+            sections,
+            tuple(notes),
+            stack=MEMORY_STACK,
+            capacity="total.capacity",
+        )
+    )
 
 
-MEMORY_STACK = ("state.params", "state.grads", "state.master", "state.optimizer", "total.activations",
-                "total.zero3_buffers", "total.overhead")
+MEMORY_STACK = (
+    "state.params",
+    "state.grads",
+    "state.master",
+    "state.optimizer",
+    "total.activations",
+    "total.zero3_buffers",
+    "total.overhead",
+)
 SWEEPABLE = {"seq": "sequence length", "micro-batch": "micro-batch"}
 
 
@@ -336,9 +353,16 @@ def memory_sweep_result(results: list[tuple[str, Result]], name: str) -> Result:
         sections.append(Section(f"{name}={value}", f"{name}={value}", tuple(terms)))
     first = results[0][1]
     inputs = tuple(i for i in first.inputs if i.key not in ("seq_len", "micro_batch"))
-    return Result("memory-sweep", f"{first.title}, sweeping {SWEEPABLE[name]}", inputs, tuple(sections),
-                  (f"capacity {first.term('total.capacity').text} per GPU",), layout="grid",
-                  stack=tuple(k.rpartition(".")[2] for k in MEMORY_STACK), capacity="capacity")
+    return Result(
+        "memory-sweep",
+        f"{first.title}, sweeping {SWEEPABLE[name]}",
+        inputs,
+        tuple(sections),
+        (f"capacity {first.term('total.capacity').text} per GPU",),
+        layout="grid",
+        stack=tuple(k.rpartition(".")[2] for k in MEMORY_STACK),
+        capacity="capacity",
+    )
 
 
 def _fit_advice(zero_stage: int, recompute: str, micro_batch: int) -> str:
@@ -522,4 +546,102 @@ def dtypes_result() -> Result:
         tuple(sections),
         ("bias = 2^(e−1) − 1; fp8-e4m3 is the E4M3FN variant (no inf, max 448)",),
         layout="grid",
+    )
+
+
+def fit_result(
+    model: ModelSpec,
+    cluster: Cluster,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    layout: ly.Layout,
+    seq_len: Given,
+    attention: mem.AttentionImpl = "flash",
+    recompute: fl.Recompute = "none",
+    overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
+    note: str = "",
+) -> Result:
+    """The largest micro-batch, the longest sequence and the fewest GPUs that fit, each with its binding part."""
+    seq = int(seq_len.value)
+    ly.check_layout(model, layout, cluster, seq, attention)
+    capacity = cluster.hardware.memory_bytes
+    setting = fit.Setting(model, layout, seq, precision, optimizer, attention, recompute, overhead_bytes, capacity)
+    seq_step = math.lcm(128, layout.cp)
+    seq_limit = model.max_seq_len if model.position_embedding == "learned" else max(model.max_seq_len, 1 << 20)
+    dp_step = layout.ep // math.gcd(layout.ep, layout.cp)
+    limits = (
+        ("micro_batch", "Largest micro-batch", "sequences", "b", fit.largest_micro_batch(setting)),
+        ("seq", "Longest sequence", "tokens", "s", fit.longest_sequence(setting, seq_step, seq_limit)),
+        ("dp", "Fewest data-parallel replicas", "GPUs", "DP", fit.fewest_data_parallel(setting, dp_step)),
+    )
+    sections = []
+    for key, label, unit, symbol, limit in limits:
+        found = limit.value is not None
+        beyond = (
+            f"; at {symbol} = {limit.beyond_value}: {limit.beyond.total / GB:.2f} GB"
+            if limit.beyond is not None and limit.beyond_value is not None
+            else ""
+        )
+        at_limit = f"at {symbol} = {limit.value}: {limit.fits.total / GB:.2f} GB" if limit.fits else "nothing fits"
+        terms = [
+            Term(
+                "value",
+                label if found else f"{label}: none fits",
+                limit.value or 0,
+                unit if key != "dp" else "replicas",
+                f"{'smallest' if key == 'dp' else 'largest'} {symbol} with memory ≤ {capacity / GB:g} GB"
+                if found
+                else f"binding: {limit.binding}",
+                at_limit + beyond,
+                note=f"binding: {limit.binding}",
+            )
+        ]
+        if key == "dp" and found:
+            gpus = limit.value * layout.tp * layout.pp * layout.cp
+            terms.append(
+                Term(
+                    "gpus",
+                    "Fewest GPUs",
+                    gpus,
+                    "GPUs",
+                    "DP · TP · PP · CP",
+                    f"{limit.value} × {layout.tp} × {layout.pp} × {layout.cp}",
+                )
+            )
+            terms.append(
+                Term(
+                    "nodes",
+                    f"Nodes of {cluster.hardware.gpus_per_node}",
+                    -(-gpus // cluster.hardware.gpus_per_node),
+                    "nodes",
+                    "⌈GPUs / GPUs per node⌉",
+                )
+            )
+        if limit.fits:
+            terms.append(
+                Term(
+                    "memory",
+                    "Memory at the limit",
+                    limit.fits.total,
+                    "bytes",
+                    "states + activations + buffers + overhead",
+                )
+            )
+        sections.append(Section(key, f"{label} — binding: {limit.binding}", tuple(terms)))
+    inputs = (
+        _model_input(model, note),
+        Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
+        Input("layout", "Layout", layout.label, origin="searched one setting at a time from this layout"),
+        Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
+        Input("optimizer", "Optimizer", optimizer.name, origin=_optimizer_text(optimizer)),
+        Input("seq_len", "Sequence length", seq, "tokens", seq_len.origin),
+        Input("micro_batch", "Micro-batch", layout.micro_batch, "sequences", "--micro-batch"),
+        Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
+    )
+    notes = (
+        *_model_notes(model, note),
+        "each line changes one setting and keeps the others; the fewest GPUs keeps TP, PP and CP and grows DP",
+    )
+    return checked(
+        Result("fit", f"What fits on {cluster.hardware.name}: {model.label}", inputs, tuple(sections), notes)
     )

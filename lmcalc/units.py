@@ -103,8 +103,16 @@ def group(value: float) -> str:
     return f"{value:.6g}"
 
 
-SINGULAR = {"params": "param", "tokens": "token", "GPUs": "GPU", "sequences": "sequence", "nodes": "node",
-            "layers": "layer", "micro-batches": "micro-batch", "days": "day"}
+SINGULAR = {
+    "params": "param",
+    "tokens": "token",
+    "GPUs": "GPU",
+    "sequences": "sequence",
+    "nodes": "node",
+    "layers": "layer",
+    "micro-batches": "micro-batch",
+    "days": "day",
+}
 
 
 def format_quantity(value: float, unit: str, compact: bool = False) -> str:

@@ -1,0 +1,34 @@
+"""List, tensor by tensor, what lmcalc counts as saved for the backward pass of one layer.
+
+    python docs/examples/saved_tensors.py MODEL [--seq S] [--micro-batch B] [--attention flash|eager]
+                                          [--recompute none|selective|full] [--moe] [--outside]
+
+It prints the list that ``lmcalc memory`` adds up (``layer_saved_tensors`` and ``model_saved_tensors``
+in ``lmcalc/engine/memory.py``) for a bf16 model: each tensor's bytes per element, its shape in the
+symbols of docs/formulas.md, and its bytes. ``--moe`` lists an MoE layer instead of a dense one;
+``--outside`` lists what is saved outside the layers (token ids, final norm, head input, logits).
+Used by docs/formulas.md §5.4.
+"""
+
+import argparse
+
+from lmcalc.engine.memory import activation_memory
+from lmcalc.presets import resolve_model
+
+parser = argparse.ArgumentParser()
+parser.add_argument("model")
+parser.add_argument("--seq", type=int, default=8192)
+parser.add_argument("--micro-batch", type=int, default=1)
+parser.add_argument("--attention", default="flash", choices=("flash", "eager"))
+parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+group = parser.add_mutually_exclusive_group()
+group.add_argument("--moe", action="store_true")
+group.add_argument("--outside", action="store_true")
+args = parser.parse_args()
+
+spec = resolve_model(args.model).spec
+act = activation_memory(spec, args.seq, args.micro_batch, 2, args.attention, args.recompute)
+tensors = act.outside if args.outside else act.moe_layer if args.moe else act.dense_layer
+for t in tensors:
+    print(f"{t.label:<52} {t.bytes_per_element:>2g} B · {t.symbol:<12} {t.bytes:>16,.0f}")
+print(f"{'total':<52} {'':<17} {sum(t.bytes for t in tensors):>16,.0f}")

@@ -1,0 +1,158 @@
+"""Solvers: the largest micro-batch, the longest sequence and the fewest GPUs that fit in memory.
+
+Each one searches a single setting of a layout and asks the memory model (``engine.layout``) whether the
+most loaded GPU fits; memory grows with micro-batch and sequence length and shrinks as ZeRO spreads the
+model states over more data-parallel GPUs, so a doubling search followed by bisection finds the limit.
+The answer names the binding part of memory: the one that grows with the setting (activations for
+micro-batch and sequence), or the model states when the GPU count is what is searched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from lmcalc.engine.flops import Recompute
+from lmcalc.engine.layout import GpuMemory, Layout, most_loaded_gpu
+from lmcalc.engine.memory import AttentionImpl
+from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
+
+SEARCH_LIMIT = 1 << 24  # no search goes past 16M (sequences, tokens or data-parallel replicas)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Everything but the searched value: how to ask whether a layout fits."""
+
+    model: ModelSpec
+    layout: Layout
+    seq_len: int
+    precision: PrecisionRecipe
+    optimizer: OptimizerSpec
+    attention: AttentionImpl
+    recompute: Recompute
+    overhead_bytes: float
+    capacity: float
+
+    def memory(self, layout: Layout | None = None, seq_len: int | None = None) -> GpuMemory:
+        return most_loaded_gpu(
+            self.model,
+            layout or self.layout,
+            self.precision,
+            self.optimizer,
+            seq_len or self.seq_len,
+            self.attention,
+            self.recompute,
+            self.overhead_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The largest (or smallest) value that fits, its memory, and the memory one step beyond."""
+
+    value: int | None  # None: no value fits
+    fits: GpuMemory | None
+    beyond: GpuMemory | None
+    beyond_value: int | None
+    binding: str
+
+
+def _largest(fits: Callable[[int], GpuMemory | None], step: int, limit: int) -> tuple[int | None, int]:
+    """Largest multiple of ``step`` (up to ``limit``) for which ``fits`` returns memory, by doubling then bisection."""
+    if fits(step) is None:
+        return None, step
+    lo = step
+    while lo * 2 <= limit and fits(lo * 2) is not None:
+        lo *= 2
+    hi = min(lo * 2, limit + step)
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if mid <= lo:
+            break
+        if fits(mid) is not None:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+def _checker(setting: Setting, make: Callable[[int], tuple[Layout, int]]) -> Callable[[int], GpuMemory | None]:
+    def fits(value: int) -> GpuMemory | None:
+        layout, seq = make(value)
+        memory = setting.memory(layout, seq)
+        return memory if memory.total <= setting.capacity else None
+
+    return fits
+
+
+def largest_micro_batch(setting: Setting) -> Limit:
+    fits = _checker(setting, lambda b: (replace(setting.layout, micro_batch=b), setting.seq_len))
+    value, over = _largest(fits, 1, SEARCH_LIMIT)
+    return _limit(
+        setting,
+        value,
+        over,
+        lambda b: (replace(setting.layout, micro_batch=b), setting.seq_len),
+        "activations grow with the micro-batch",
+    )
+
+
+def longest_sequence(setting: Setting, step: int, limit: int) -> Limit:
+    fits = _checker(setting, lambda s: (setting.layout, s))
+    value, over = _largest(fits, step, limit)
+    return _limit(setting, value, over, lambda s: (setting.layout, s), "activations grow with the sequence")
+
+
+def fewest_data_parallel(setting: Setting, step: int) -> Limit:
+    """The smallest DP degree (a multiple of ``step``) that fits: ZeRO spreads the model states over it."""
+
+    def make(dp: int) -> tuple[Layout, int]:
+        return replace(setting.layout, dp=dp), setting.seq_len
+
+    fits = _checker(setting, make)
+    dp = step
+    while dp <= SEARCH_LIMIT and fits(dp) is None:
+        dp *= 2
+    if dp > SEARCH_LIMIT:
+        memory = setting.memory(make(SEARCH_LIMIT)[0])
+        return Limit(None, None, memory, SEARCH_LIMIT, _binding(memory, "even fully sharded"))
+    lo, hi = dp // 2, dp  # lo does not fit (or is below step), hi fits
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if mid <= lo:
+            break
+        if fits(mid) is not None:
+            hi = mid
+        else:
+            lo = mid
+    below = setting.memory(make(lo)[0]) if lo >= step else None
+    return Limit(
+        hi,
+        setting.memory(make(hi)[0]),
+        below,
+        lo if lo >= step else None,
+        "model states, which ZeRO spreads over the data-parallel GPUs"
+        if setting.layout.zero
+        else "model states: without ZeRO every data-parallel GPU holds them all",
+    )
+
+
+def _limit(
+    setting: Setting, value: int | None, over: int, make: Callable[[int], tuple[Layout, int]], grows: str
+) -> Limit:
+    beyond = setting.memory(*make(over))
+    if value is None:
+        return Limit(None, None, beyond, over, _binding(beyond, "at the smallest setting"))
+    return Limit(value, setting.memory(*make(value)), beyond, over, grows)
+
+
+def _binding(memory: GpuMemory, when: str) -> str:
+    parts = {
+        "model states": memory.states,
+        "activations": memory.activations,
+        "ZeRO-3 buffers": memory.zero3_buffers,
+        "overhead": memory.overhead,
+    }
+    biggest = max(parts, key=parts.__getitem__)
+    return f"{biggest} ({parts[biggest] / 1e9:.1f} GB) {when}"
