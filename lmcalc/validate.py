@@ -13,9 +13,12 @@ torch is imported only when a check runs, never by the accounting commands.
 
 from __future__ import annotations
 
+import math
+
 from lmcalc.engine import flops as fl
 from lmcalc.engine.memory import activation_memory
 from lmcalc.engine.params import count_params
+from lmcalc.errors import LmcalcError
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
 
@@ -125,6 +128,13 @@ def validate_result(
 
     from lmcalc import measure
 
+    if spec.moe:  # on meta the tokens are spread evenly: every expert must get the same number
+        unit = spec.moe.num_experts // math.gcd(spec.moe.num_experts, spec.moe.experts_per_token)
+        if (seq_len * micro_batch) % unit:
+            raise LmcalcError(
+                f"the FLOP check spreads tokens evenly over {spec.name}'s experts: micro-batch × --seq "
+                f"must be a multiple of {unit} (e.g. --seq {max(unit, seq_len // unit * unit)})"
+            )
     sections = []
     reference = measure.build(spec, "flash", seq_len, "meta")
     sections.append(
