@@ -241,13 +241,35 @@ def stage_activation_bytes(
     attention: AttentionImpl,
     recompute: Recompute,
     mask_bytes: float = MASK_BYTES,
+    cache: dict | None = None,
 ) -> tuple[float, float]:
-    """Activation bytes on one GPU of ``stage`` and the number of micro-batches it holds in flight."""
+    """Activation bytes on one GPU of ``stage`` and the number of micro-batches it holds in flight.
+
+    ``cache``, a dict the caller keeps for one model, remembers per-layer figures across layouts (the
+    planner evaluates thousands of layouts that share them)."""
     b = layout.micro_batch
 
     def layer_bytes(moe_layer: bool) -> float:
+        key = (
+            "layer",
+            seq_len,
+            b,
+            act_bytes,
+            attention,
+            moe_layer,
+            recompute,
+            mask_bytes,
+            layout.tp,
+            layout.sequence_parallel,
+            layout.cp,
+        )
+        if cache is not None and key in cache:
+            return cache[key]
         tensors = layer_saved_tensors(model, seq_len, b, act_bytes, attention, moe_layer, recompute, mask_bytes)
-        return sum(_split(t, layout) for t in tensors if not (recompute == "selective" and t.attention_core))
+        value = sum(_split(t, layout) for t in tensors if not (recompute == "selective" and t.attention_core))
+        if cache is not None:
+            cache[key] = value
+        return value
 
     dense, moe = stage_layers(model, layout, stage)
     if recompute == "full":
@@ -263,11 +285,31 @@ def stage_activation_bytes(
     if layout.schedule == "interleaved" and layout.pp > 1:
         in_flight *= 1 + (layout.pp - 1) / (layout.pp * layout.virtual_stages)  # Korthikanti et al. 2022 §4.2.3
     outside = 0.0
-    for tensor in model_saved_tensors(model, seq_len, b, act_bytes, mask_bytes):
+    for tensor in _outside(model, seq_len, b, act_bytes, mask_bytes, cache):
         on_first = tensor.label.startswith(("token ids", "embedding"))
         if (on_first and stage == 0) or (not on_first and stage == layout.pp - 1):
             outside += _split(tensor, layout) * (in_flight if on_first else 1)
     return in_flight * per_micro_batch + working + outside, in_flight
+
+
+def _outside(
+    model: ModelSpec, seq_len: int, b: int, act_bytes: float, mask_bytes: float, cache: dict | None
+) -> list[SavedTensor]:
+    key = ("outside", seq_len, b, act_bytes, mask_bytes)
+    if cache is None:
+        return model_saved_tensors(model, seq_len, b, act_bytes, mask_bytes)
+    if key not in cache:
+        cache[key] = model_saved_tensors(model, seq_len, b, act_bytes, mask_bytes)
+    return cache[key]
+
+
+def cached_stage_params(model: ModelSpec, layout: Layout, stage: int, cache: dict | None) -> StageParams:
+    key = ("params", layout.tp, layout.pp, layout.ep, stage)
+    if cache is None:
+        return stage_params(model, layout, stage)
+    if key not in cache:
+        cache[key] = stage_params(model, layout, stage)
+    return cache[key]
 
 
 def gpu_memory(
@@ -281,13 +323,20 @@ def gpu_memory(
     recompute: Recompute,
     overhead_bytes: float,
     mask_bytes: float = MASK_BYTES,
+    cache: dict | None = None,
 ) -> GpuMemory:
     """Every part of one GPU's memory on pipeline stage ``stage``."""
-    held = stage_params(model, layout, stage)
+    held = cached_stage_params(model, layout, stage, cache)
     replicas_dense = layout.dp * layout.cp
     replicas_experts = replicas_dense // layout.ep
-    tensors = weight_tensors(model)
-    opt_per_param = optimizer_state_bytes(tensors, precision, optimizer) / sum(t.total for t in tensors)
+    opt_key = ("optimizer", precision.name, optimizer.name)
+    if cache is not None and opt_key in cache:
+        opt_per_param = cache[opt_key]
+    else:
+        tensors = weight_tensors(model)
+        opt_per_param = optimizer_state_bytes(tensors, precision, optimizer) / sum(t.total for t in tensors)
+        if cache is not None:
+            cache[opt_key] = opt_per_param
 
     def sharded(bytes_per_param: float, stage_min: int) -> float:
         if layout.zero >= stage_min:
@@ -295,7 +344,7 @@ def gpu_memory(
         return bytes_per_param * (held.dense + held.experts)
 
     activations, in_flight = stage_activation_bytes(
-        model, layout, stage, seq_len, precision.activation_bytes, attention, recompute, mask_bytes
+        model, layout, stage, seq_len, precision.activation_bytes, attention, recompute, mask_bytes, cache
     )
     zero3 = 0.0
     if layout.zero >= 3 and replicas_dense > 1:
@@ -326,6 +375,7 @@ def most_loaded_gpu(
     recompute: Recompute,
     overhead_bytes: float,
     mask_bytes: float = MASK_BYTES,
+    cache: dict | None = None,
 ) -> GpuMemory:
     """The pipeline stage whose GPUs need the most memory (the first holds the most activations, the
     last holds the head and the logits)."""
@@ -333,7 +383,17 @@ def most_loaded_gpu(
     return max(
         (
             gpu_memory(
-                model, layout, s, precision, optimizer, seq_len, attention, recompute, overhead_bytes, mask_bytes
+                model,
+                layout,
+                s,
+                precision,
+                optimizer,
+                seq_len,
+                attention,
+                recompute,
+                overhead_bytes,
+                mask_bytes,
+                cache,
             )
             for s in stages
         ),

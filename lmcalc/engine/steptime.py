@@ -1,0 +1,163 @@
+"""Time of one training step for a layout: compute, exposed communication and the pipeline bubble.
+
+Compute is the step's hardware FLOPs (model FLOPs in the full-attention convention, plus what
+recomputation redoes) spread over the GPUs at a fraction of the dense peak. Communication follows
+``engine.comm``; what overlaps with compute and what does not is an assumption, stated per term:
+
+* TP: 2 collectives per layer forward (after attention and after the MLP) and 2 backward, each moving
+  one activation tensor s·b·h (all-reduce, or all-gather + reduce-scatter with sequence parallelism, the
+  same volume); full recomputation repeats the forward ones. Exposed (Korthikanti et al. 2022 §3).
+* EP: an all-to-all to dispatch and one to combine the routed tokens, forward and backward. Exposed.
+* CP: ring attention passes K and V around the CP group; overlapped with the attention compute.
+* PP: the 1F1B bubble (p − 1)/m of the ideal time, divided by v with the interleaved schedule
+  (Narayanan et al. 2021 §2.2), and one activation sent between stages per micro-batch each way.
+* DP: the gradient all-reduce (reduce-scatter under ZeRO-2/3) overlaps the last micro-batch's
+  backward pass; ZeRO's all-gather of the updated parameters after the optimizer step is exposed;
+  ZeRO-3 gathers each layer's parameters forward and backward, overlapped with that micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmcalc.engine import flops as fl
+from lmcalc.engine.comm import collective_time, link_for
+from lmcalc.engine.layout import Layout, cached_stage_params, stage_layers
+from lmcalc.specs import HardwareSpec, ModelSpec, PrecisionRecipe
+
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+"""Fraction of the dense peak a whole training step's compute reaches (matmuls at realistic shapes plus
+the memory-bound kernels between them): an assumption calibrated on published runs (docs/plan-accuracy.md).
+Large matmuls alone reach 0.80 of peak on H100 and 0.87 on A100 (stas00 maximum-achievable-matmul tables);
+use ``lmcalc bench`` figures or ``--efficiency`` to override."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute: float
+    tp: float
+    ep: float
+    cp: float
+    pp_p2p: float
+    bubble: float
+    dp: float
+    zero: float
+    model_flops: float  # per step, whole cluster
+    hardware_flops: float
+    tokens: float
+    gpus: int
+    peak: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp + self.ep + self.cp + self.pp_p2p + self.bubble + self.dp + self.zero
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.total * self.gpus * self.peak)
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_flops / (self.total * self.gpus * self.peak)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.total
+
+
+def step_time(
+    model: ModelSpec,
+    layout: Layout,
+    seq_len: int,
+    precision: PrecisionRecipe,
+    hardware: HardwareSpec,
+    gpus_per_node: int,
+    recompute: fl.Recompute,
+    efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+    cache: dict | None = None,
+) -> StepTime:
+    """Seconds per step on the most loaded pipeline stage, with the parts it is made of."""
+    t, p, c, d, m, b = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum, layout.micro_batch
+    gpus = layout.gpus
+    peak = hardware.peak_flops(precision.compute_dtype)
+    act = precision.activation_bytes
+    tokens = d * m * b * seq_len
+    key = ("forward_flops", seq_len)
+    if cache is not None and key in cache:
+        fwd = cache[key]
+    else:
+        fwd = fl.forward_flops_per_token(model, seq_len, "full")
+        if cache is not None:
+            cache[key] = fwd
+    model_flops = 3 * fwd.total * tokens
+    hardware_flops = model_flops + fl.recompute_flops_per_token(fwd, recompute) * tokens
+    compute = hardware_flops / (gpus * peak * efficiency)
+    per_micro_batch = compute / m
+
+    dense, moe = stage_layers(model, layout, 0)
+    layers = dense + moe
+    activation = seq_len * b * model.hidden_size * act / c
+    tp_link = link_for(hardware, t, gpus_per_node)
+    collectives = 4 + (2 if recompute == "full" else 0)
+    tp_time = m * layers * collectives * collective_time("all-reduce", activation, t, tp_link)
+
+    ep_time = 0.0
+    if model.moe and moe and layout.ep > 1:
+        routed = model.moe.experts_per_token * activation / (t if layout.sequence_parallel else 1)
+        ep_link = link_for(hardware, layout.ep * t * c, gpus_per_node)
+        ep_time = m * moe * 4 * collective_time("all-to-all", routed, layout.ep, ep_link)
+
+    cp_time = 0.0
+    if c > 1:
+        kv_chunk = 2 * seq_len / c * b * model.kv_heads * model.qk_head_dim * act / (t if t > 1 else 1)
+        cp_link = link_for(hardware, c * t, gpus_per_node)
+        ring = 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, cp_link)  # forward once, backward twice
+        attention_compute = (
+            3
+            * (fwd.attention_scores + fwd.attention_values)
+            / model.num_layers
+            * seq_len
+            * b
+            / (t * c * peak * efficiency)
+        )
+        cp_time = m * layers * max(0.0, ring - attention_compute)
+
+    pp_p2p = 0.0
+    bubble = 0.0
+    if p > 1:
+        pp_link = link_for(hardware, t * c * d * p, gpus_per_node)
+        pp_p2p = m * 2 * collective_time("p2p", activation / (t if layout.sequence_parallel else 1), 2, pp_link)
+        virtual = layout.virtual_stages if layout.schedule == "interleaved" else 1
+        bubble = (p - 1) / (virtual * m) * (compute + tp_time + ep_time + cp_time)
+
+    held = cached_stage_params(model, layout, 0, cache)
+    params = held.dense + held.experts
+    replicas = d * c
+    dp_link = link_for(hardware, t * c * d, gpus_per_node)
+    dp_time = zero_time = 0.0
+    if replicas > 1:
+        if layout.zero >= 3:
+            gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
+            scatter = collective_time("reduce-scatter", params * precision.grad_bytes, replicas, dp_link)
+            zero_time = m * max(0.0, 2 * gather + scatter - per_micro_batch)
+        else:
+            op = "reduce-scatter" if layout.zero == 2 else "all-reduce"
+            reduce = collective_time(op, params * precision.grad_bytes, replicas, dp_link)
+            dp_time = max(0.0, reduce - 2 / 3 * per_micro_batch)
+            if layout.zero >= 1:
+                zero_time = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
+    return StepTime(
+        compute,
+        tp_time,
+        ep_time,
+        cp_time,
+        pp_p2p,
+        bubble,
+        dp_time,
+        zero_time,
+        model_flops,
+        hardware_flops,
+        tokens,
+        gpus,
+        peak,
+    )
