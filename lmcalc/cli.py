@@ -17,6 +17,7 @@ from lmcalc import __version__
 from lmcalc import estimates as est
 from lmcalc import presets as pr
 from lmcalc.engine import layout as ly
+from lmcalc.engine import plan as pl
 from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
 from lmcalc.render import render
@@ -387,6 +388,82 @@ def fit_command(
         _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
         parse_bytes(overhead, "--overhead"),
         note=resolved.note,
+    )
+    _emit(result, as_json, explain)
+
+
+@app.command("plan")
+def plan_command(
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 64x8xH100.")],
+    seq: SeqOpt = None,
+    global_batch: Annotated[str, typer.Option("--global-batch", help="Tokens per step, e.g. 4M.")] = "4M",
+    top: Annotated[int, typer.Option("--top", help="How many of the fastest layouts to show.")] = 10,
+    tp: Annotated[int | None, typer.Option("--tp", help="Pin the tensor-parallel degree.")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Pin the pipeline-parallel degree.")] = None,
+    cp: Annotated[int | None, typer.Option("--cp", help="Pin the context-parallel degree.")] = None,
+    ep: Annotated[int | None, typer.Option("--ep", help="Pin the expert-parallel degree.")] = None,
+    zero: Annotated[int | None, typer.Option("--zero", help="Pin the ZeRO stage.")] = None,
+    micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
+    recompute: Annotated[str | None, typer.Option("--recompute", help="Pin none | selective | full.")] = None,
+    max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pipeline degree to try.")] = 64,
+    max_cp: Annotated[int, typer.Option("--max-cp", help="Largest context-parallel degree to try.")] = 16,
+    tp_across_nodes: Annotated[
+        bool, typer.Option("--tp-across-nodes", help="Allow TP groups larger than a node.")
+    ] = False,
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens, for the days column.")] = None,
+    efficiency: Annotated[
+        float | None,
+        typer.Option("--efficiency", help="Fraction of peak the compute reaches (default 0.6, calibrated)."),
+    ] = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    attention: AttentionOpt = "flash",
+    overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question)."""
+    resolved = pr.resolve_model(model)
+    spec = resolved.spec
+    cluster = pr.parse_cluster(gpus)
+    if zero is not None and zero not in (0, 1, 2, 3):
+        raise LmcalcError(f"--zero must be 0, 1, 2 or 3, got {zero}")
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--micro-batch", micro_batch)):
+        if value is not None:
+            _positive_int(value, flag)
+    pins = pl.Pins(
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        zero=zero,
+        micro_batch=micro_batch,
+        recompute=_choice(recompute, ("none", "selective", "full"), "--recompute") if recompute else None,  # type: ignore[arg-type]
+        max_pp=_positive_int(max_pp, "--max-pp"),
+        max_cp=_positive_int(max_cp, "--max-cp"),
+        tp_within_node=not tp_across_nodes,
+    )
+    eff = None
+    if efficiency is not None:
+        if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
+            raise LmcalcError(f"--efficiency must be in (0, 1], got {efficiency}")
+        eff = est.Given(efficiency, "--efficiency")
+    result = est.plan_result(
+        spec,
+        cluster,
+        _seq(seq, spec),
+        parse_count(global_batch, "--global-batch"),
+        pr.resolve_precision(precision).spec,
+        pr.resolve_optimizer(optimizer).spec,
+        pins,
+        None if as_json else _positive_int(top, "--top"),
+        _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
+        eff,
+        parse_bytes(overhead, "--overhead"),
+        est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else None,
+        note=resolved.note,
+        explain=explain,
     )
     _emit(result, as_json, explain)
 

@@ -14,6 +14,8 @@ from lmcalc.engine import flops as fl
 from lmcalc.engine import layout as ly
 from lmcalc.engine import maxparams as mp
 from lmcalc.engine import memory as mem
+from lmcalc.engine import plan as pl
+from lmcalc.engine import steptime as st
 from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
 from lmcalc.engine.params import count_params, params_section
 from lmcalc.engine.time import DEFAULT_MFU, RunTime, gpus_for_deadline, peak_for, time_terms, whole_gpus
@@ -645,3 +647,186 @@ def fit_result(
     return checked(
         Result("fit", f"What fits on {cluster.hardware.name}: {model.label}", inputs, tuple(sections), notes)
     )
+
+
+def _layout_text(candidate) -> str:
+    layout = candidate.layout
+    return f"{layout.label}, mb={layout.micro_batch}, GA={layout.grad_accum}, recompute {candidate.recompute}"
+
+
+def plan_result(
+    model: ModelSpec,
+    cluster: Cluster,
+    seq_len: Given,
+    global_batch_tokens: float,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    pins: pl.Pins,
+    top: int | None,
+    attention: mem.AttentionImpl = "flash",
+    efficiency: Given | None = None,
+    overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
+    tokens: Given | None = None,
+    note: str = "",
+    explain: bool = False,
+) -> Result:
+    """The fastest layouts that fit, ranked by throughput (``top`` of them; None: all); with ``explain``,
+    the winner derived term by term instead."""
+    seq = int(seq_len.value)
+    sequences = round(global_batch_tokens / seq)
+    if sequences < 1:
+        raise LmcalcError(f"--global-batch {global_batch_tokens:g} tokens is less than one sequence of {seq}")
+    eff = efficiency or Given(
+        st.DEFAULT_COMPUTE_EFFICIENCY, "assumption: calibrated on published runs (docs/plan-accuracy.md)"
+    )
+    found = pl.plan(model, cluster, seq, sequences, precision, optimizer, pins, attention, eff.value, overhead_bytes)
+    if not found.fitting:
+        closest = found.closest
+        if closest is None:
+            raise LmcalcError(
+                f"no layout of {model.name} can exist on {cluster.label} with these constraints "
+                f"(global batch {sequences} sequences; check --tp/--pp/--cp and the GPU count)"
+            )
+        m = closest.memory
+        parts = {
+            "model states": m.states,
+            "activations": m.activations,
+            "ZeRO-3 buffers": m.zero3_buffers,
+            "overhead": m.overhead,
+        }
+        biggest = max(parts, key=parts.__getitem__)
+        raise LmcalcError(
+            f"nothing fits on {cluster.label} ({found.evaluated} layouts tried); closest: {_layout_text(closest)} "
+            f"needs {m.total / GB:.1f} GB of {found.capacity / GB:.0f} GB, "
+            f"over by {(m.total - found.capacity) / GB:.1f} GB, mostly {biggest} ({parts[biggest] / GB:.1f} GB)"
+        )
+    train_tokens = tokens or default_tokens(model)
+    sections = []
+    for rank, c in enumerate(found.fitting[:top], start=1):
+        t = c.time
+        sections.append(
+            Section(
+                f"rank{rank}",
+                f"{rank}. {_layout_text(c)}",
+                (
+                    Term("tokens_per_s", "tokens/s", t.tokens_per_s, "tokens/s", "tokens per step / step time"),
+                    Term("tokens_per_s_per_gpu", "tokens/s/GPU", t.tokens_per_s / cluster.count, "tokens/s/GPU"),
+                    Term("mfu", "MFU", 100 * t.mfu, "%", "model FLOPs / (step time · GPUs · peak)"),
+                    Term("step_time", "step", t.total, "s", "compute + exposed communication + bubble"),
+                    Term("memory", "memory/GPU", c.memory.total, "bytes", "most loaded GPU"),
+                    Term(
+                        "days",
+                        "days",
+                        train_tokens.value / t.tokens_per_s / 86_400,
+                        "days",
+                        "training tokens / tokens per second / 86,400",
+                    ),
+                ),
+            )
+        )
+    winner = found.fitting[0]
+    inputs = (
+        _model_input(model, note),
+        Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
+        Input("seq_len", "Sequence length", seq, "tokens", seq_len.origin),
+        Input("global_batch", "Global batch", sequences, "sequences", f"--global-batch {global_batch_tokens:g} tokens"),
+        Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
+        Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
+        Input("optimizer", "Optimizer", optimizer.name, origin=_optimizer_text(optimizer)),
+        Input("efficiency", "Compute efficiency", eff.value, origin=eff.origin),
+        Input("evaluated", "Layouts evaluated", found.evaluated, origin=f"{len(found.fitting)} fit in memory"),
+    )
+    notes = (
+        f"best: {_layout_text(winner)}; run 'lmcalc plan … --explain' for its derivation",
+        "TP within a node; TP, EP and PP communication exposed; DP gradient reduction overlaps the last "
+        "micro-batch's backward pass; CP's K/V exchange is exposed too (docs/formulas.md)",
+    )
+    title = f"Layouts for {model.label} on {cluster.label}"
+    if explain:
+        sections = winner_sections(model, cluster, winner, seq, precision, optimizer, attention)
+        return checked(Result("plan", f"{title}: the best, derived", inputs, sections, notes))
+    return checked(Result("plan", title, inputs, tuple(sections), notes, layout="grid"))
+
+
+def winner_sections(
+    model: ModelSpec,
+    cluster: Cluster,
+    winner,
+    seq: int,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    attention: mem.AttentionImpl,
+) -> tuple[Section, ...]:
+    """The winning layout's memory and time, term by term, for ``plan --explain``."""
+    t = winner.time
+    memory = ly.memory_sections(
+        model,
+        winner.layout,
+        winner.memory,
+        precision,
+        optimizer,
+        seq,
+        attention,
+        winner.recompute,
+        cluster.hardware.memory_bytes,
+        cluster.hardware.memory_label,
+    )
+    time = Section(
+        "time",
+        "Step time of the best layout",
+        (
+            Term(
+                "compute",
+                "Compute",
+                t.compute,
+                "s",
+                "hardware FLOPs / (GPUs · peak · efficiency)",
+                f"{t.hardware_flops:.4e} / ({t.gpus} × {t.peak:.4g} × efficiency)",
+            ),
+            Term(
+                "tp",
+                "Tensor-parallel collectives (exposed)",
+                t.tp,
+                "s",
+                "micro-batches · layers · (4, or 6 with full recompute) · all-reduce(s·b·h)",
+            ),
+            Term(
+                "ep", "Expert all-to-all (exposed)", t.ep, "s", "micro-batches · MoE layers · 4 · all-to-all(k·s·b·h)"
+            ),
+            Term(
+                "cp",
+                "Context-parallel K/V exchange (exposed)",
+                t.cp,
+                "s",
+                "micro-batches · layers · 3 · (CP − 1) · p2p(K, V)",
+            ),
+            Term("pp_p2p", "Pipeline sends", t.pp_p2p, "s", "micro-batches · 2 · p2p(s·b·h)"),
+            Term(
+                "bubble",
+                "Pipeline bubble",
+                t.bubble,
+                "s",
+                "(p − 1)/(v·m) · (compute + exposed communication)",
+                source="Narayanan et al. 2021 §2.2",
+            ),
+            Term("dp", "Gradient reduction (exposed)", t.dp, "s", "max(0, reduce − backward of the last micro-batch)"),
+            Term(
+                "zero",
+                "ZeRO parameter gathers (exposed)",
+                t.zero,
+                "s",
+                "all-gather of updated (or per-layer) parameters",
+            ),
+            Term("total", "Step time", t.total, "s", "sum of the rows above"),
+            Term(
+                "mfu",
+                "MFU",
+                100 * t.mfu,
+                "%",
+                "model FLOPs / (step time · GPUs · peak)",
+                f"{t.model_flops:.4e} / ({t.total:.4g} × {t.gpus} × {t.peak:.4g})",
+                note="model FLOPs count attention in full (the Korthikanti/PaLM convention)",
+            ),
+        ),
+    )
+    return (*memory, time)

@@ -82,6 +82,14 @@ def test_tensor_parallel_splits_llama_weights_by_hand():
     assert held.dense == pytest.approx(per_gpu) and held.experts == 0
 
 
+def test_uneven_pipeline_stages_put_the_extra_layers_first():
+    # Llama 3 405B: 126 layers on 16 stages -> 14 stages of 8 and 2 of 7 (the paper trims first and last;
+    # lmcalc gives the extra layers to the first stages, the most loaded one is what matters).
+    m = resolve_model("llama-3.1-405b").spec
+    counts = [sum(ly.stage_layers(m, ly.Layout(pp=16), s)) for s in range(16)]
+    assert sum(counts) == 126 and max(counts) == 8 and min(counts) == 7
+
+
 def test_pipeline_stages_split_layers_embedding_first_head_last():
     m = resolve_model("llama-3.1-8b").spec
     V, h, f, kv = 128256, 4096, 14336, 1024
@@ -122,7 +130,13 @@ BAD_LAYOUTS = [
     ("llama-3.1-8b", "3xH100", dict(tp=3), "TP=3 does not divide the 32 attention heads"),
     ("llama-3.1-8b", "16xH100", dict(tp=16), "TP=16 does not divide the 8 KV heads"),
     ("llama-2-7b", "2x8xH100", dict(tp=16), "TP=16 spans more than the 8 GPUs of a node"),
-    ("llama-3.1-8b", "5xH100", dict(pp=5), "32 layers do not split evenly into 5 pipeline stages"),
+    ("llama-3.1-8b", "64xH100", dict(pp=64), "PP=64 exceeds the 32 layers"),
+    (
+        "llama-3.1-8b",
+        "32xH100",
+        dict(pp=32, schedule="interleaved", virtual_stages=2, grad_accum=32),
+        "needs at least one layer per chunk",
+    ),
     ("llama-3.1-8b", "8xH100", dict(dp=3), "does not equal the 8 GPUs"),
     ("llama-3.1-8b", "8xH100", dict(dp=8, ep=2), "needs a mixture-of-experts model"),
     ("mixtral-8x7b", "8xH100", dict(dp=8, ep=3), "EP=3 does not divide the 8 experts"),

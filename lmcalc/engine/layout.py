@@ -120,9 +120,14 @@ def check_layout(
             f"TP={layout.tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
             "(tensor parallelism needs the intra-node links)"
         )
-    stages = layout.pp * (layout.virtual_stages if layout.schedule == "interleaved" else 1)
-    if model.num_layers % stages:
-        raise LmcalcError(f"{model.num_layers} layers do not split evenly into {stages} pipeline stages")
+    if layout.pp > model.num_layers:
+        raise LmcalcError(f"PP={layout.pp} exceeds the {model.num_layers} layers of {model.name}")
+    stages = layout.pp * layout.virtual_stages
+    if layout.schedule == "interleaved" and model.num_layers < stages:
+        raise LmcalcError(
+            f"the interleaved schedule needs at least one layer per chunk: {model.num_layers} layers "
+            f"< PP × virtual stages = {stages}"
+        )
     if layout.schedule == "interleaved" and layout.pp > 1 and layout.grad_accum % layout.pp:
         raise LmcalcError(
             f"the interleaved schedule needs micro-batches (--grad-accum {layout.grad_accum}) "
@@ -148,9 +153,12 @@ def check_layout(
 
 
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int]:
-    """(dense layers, MoE layers) on pipeline stage ``stage`` (layers split evenly, dense ones first)."""
-    per_stage = model.num_layers // layout.pp
-    first, last = stage * per_stage, (stage + 1) * per_stage
+    """(dense layers, MoE layers) on pipeline stage ``stage``: L/PP each, the first stages taking one more
+    when PP does not divide L (Llama 3 405B's 126 layers on 16 stages); the dense layers come first."""
+    base, extra = divmod(model.num_layers, layout.pp)
+    first = stage * base + min(stage, extra)
+    last = first + base + (1 if stage < extra else 0)
+    per_stage = last - first
     n_dense = model.moe.dense_layers if model.moe else model.num_layers
     dense = max(0, min(last, n_dense) - first)
     return dense, per_stage - dense

@@ -8,7 +8,8 @@ recomputation redoes) spread over the GPUs at a fraction of the dense peak. Comm
   one activation tensor s·b·h (all-reduce, or all-gather + reduce-scatter with sequence parallelism, the
   same volume); full recomputation repeats the forward ones. Exposed (Korthikanti et al. 2022 §3).
 * EP: an all-to-all to dispatch and one to combine the routed tokens, forward and backward. Exposed.
-* CP: ring attention passes K and V around the CP group; overlapped with the attention compute.
+* CP: K and V pass around the CP group (Llama 3 gathers them); counted as exposed, since the
+  exchange only partly hides behind the attention it feeds.
 * PP: the 1F1B bubble (p − 1)/m of the ideal time, divided by v with the interleaved schedule
   (Narayanan et al. 2021 §2.2), and one activation sent between stages per micro-batch each way.
 * DP: the gradient all-reduce (reduce-scatter under ZeRO-2/3) overlaps the last micro-batch's
@@ -112,15 +113,7 @@ def step_time(
         kv_chunk = 2 * seq_len / c * b * model.kv_heads * model.qk_head_dim * act / (t if t > 1 else 1)
         cp_link = link_for(hardware, c * t, gpus_per_node)
         ring = 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, cp_link)  # forward once, backward twice
-        attention_compute = (
-            3
-            * (fwd.attention_scores + fwd.attention_values)
-            / model.num_layers
-            * seq_len
-            * b
-            / (t * c * peak * efficiency)
-        )
-        cp_time = m * layers * max(0.0, ring - attention_compute)
+        cp_time = m * layers * ring
 
     pp_p2p = 0.0
     bubble = 0.0

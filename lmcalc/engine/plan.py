@@ -1,0 +1,176 @@
+"""The layout search behind ``lmcalc plan``: every valid split, those that fit, ranked by throughput.
+
+It follows the Ultra-Scale Playbook's recipe. First make one replica fit: TP within a node, then PP
+over layers, CP for long sequences, EP for experts, ZeRO and recomputation to trade memory. Then reach
+the global batch with data parallelism and gradient accumulation. Among what fits, the fastest wins.
+The search only asks the memory model (``engine.layout``) and the time model (``engine.steptime``);
+it holds no formula of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from lmcalc.engine.flops import Recompute
+from lmcalc.engine.layout import GpuMemory, Layout, most_loaded_gpu
+from lmcalc.engine.memory import AttentionImpl
+from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
+from lmcalc.errors import LmcalcError
+from lmcalc.specs import Cluster, ModelSpec, OptimizerSpec, PrecisionRecipe
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+VIRTUAL_STAGES = (2, 3, 4)
+RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Constraints the user fixed; None leaves a dimension to the search."""
+
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    zero: int | None = None
+    micro_batch: int | None = None
+    recompute: Recompute | None = None
+    max_tp: int | None = None
+    max_pp: int = 64
+    max_cp: int = 16
+    tp_within_node: bool = True
+
+
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    recompute: Recompute
+    memory: GpuMemory
+    time: StepTime
+
+
+@dataclass
+class Plan:
+    evaluated: int = 0
+    fitting: list[Candidate] = field(default_factory=list)
+    closest: Candidate | None = None  # the smallest overflow, when nothing fits
+    capacity: float = 0.0
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
+
+
+def layouts(
+    model: ModelSpec, cluster: Cluster, seq_len: int, global_batch: int, pins: Pins, attention: AttentionImpl
+) -> Iterator[tuple[Layout, Recompute]]:
+    """Every layout that can exist for this model, cluster, sequence and global batch (in sequences)."""
+    gpus, per_node = cluster.count, cluster.gpus_per_node
+    max_tp = pins.max_tp or (per_node if pins.tp_within_node else gpus)
+    tps = (
+        [pins.tp]
+        if pins.tp
+        else [t for t in _powers_of_two(max_tp) if model.num_heads % t == 0 and (model.mla or model.kv_heads % t == 0)]
+    )
+    pps = [pins.pp] if pins.pp else [p for p in range(1, min(pins.max_pp, model.num_layers) + 1) if gpus % p == 0]
+    cps = (
+        [pins.cp]
+        if pins.cp
+        else [c for c in _powers_of_two(pins.max_cp) if seq_len % c == 0 and (c == 1 or attention == "flash")]
+    )
+    zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
+    micro = [pins.micro_batch] if pins.micro_batch else list(MICRO_BATCHES)
+    recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE)
+    for tp, pp, cp in itertools.product(tps, pps, cps):
+        if gpus % (tp * pp * cp):
+            continue
+        dp = gpus // (tp * pp * cp)
+        experts = model.moe.num_experts if model.moe else 1
+        eps = [pins.ep] if pins.ep else [e for e in _divisors(experts) if (dp * cp) % e == 0]
+        for ep, zero, mb in itertools.product(eps, zeros, micro):
+            if global_batch % (dp * mb):
+                continue
+            accum = global_batch // (dp * mb)
+            schedules: list[tuple[str, int]] = [("1f1b", 1)]
+            if pp > 1 and accum % pp == 0:
+                schedules += [("interleaved", v) for v in VIRTUAL_STAGES if model.num_layers >= pp * v]
+            for (schedule, virtual), recompute in itertools.product(schedules, recomputes):
+                yield (
+                    Layout(
+                        dp=dp,
+                        tp=tp,
+                        pp=pp,
+                        cp=cp,
+                        ep=ep,
+                        zero=zero,
+                        sequence_parallel=tp > 1,
+                        micro_batch=mb,
+                        grad_accum=accum,
+                        schedule=schedule,  # type: ignore[arg-type]
+                        virtual_stages=virtual,
+                    ),
+                    recompute,
+                )
+
+
+def plan(
+    model: ModelSpec,
+    cluster: Cluster,
+    seq_len: int,
+    global_batch: int,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    pins: Pins,
+    attention: AttentionImpl = "flash",
+    efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+    overhead_bytes: float = 0.0,
+) -> Plan:
+    """Evaluate every layout; keep those that fit, fastest first, or the one that misses by least."""
+    if global_batch < 1:
+        raise LmcalcError("the global batch must hold at least one sequence")
+    result = Plan(capacity=cluster.hardware.memory_bytes)
+    cache: dict = {}
+    for layout, recompute in layouts(model, cluster, seq_len, global_batch, pins, attention):
+        result.evaluated += 1
+        memory = most_loaded_gpu(
+            model, layout, precision, optimizer, seq_len, attention, recompute, overhead_bytes, cache=cache
+        )
+        if memory.total > result.capacity:
+            if result.closest is None or memory.total < result.closest.memory.total:
+                result.closest = Candidate(
+                    layout,
+                    recompute,
+                    memory,
+                    _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
+                )
+            continue
+        result.fitting.append(
+            Candidate(
+                layout,
+                recompute,
+                memory,
+                _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
+            )
+        )
+    result.fitting.sort(key=lambda c: -c.time.tokens_per_s)
+    return result
+
+
+def _time(
+    model: ModelSpec,
+    layout: Layout,
+    seq_len: int,
+    precision: PrecisionRecipe,
+    cluster: Cluster,
+    recompute: Recompute,
+    efficiency: float,
+    cache: dict,
+) -> StepTime:
+    return step_time(
+        model, layout, seq_len, precision, cluster.hardware, cluster.gpus_per_node, recompute, efficiency, cache=cache
+    )

@@ -1,0 +1,81 @@
+"""Communication costs, the step-time model against published runs, and the layout search."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lmcalc.accuracy import MFU_TOLERANCE, assess, load_runs
+from lmcalc.cli import main
+from lmcalc.engine.comm import NVLINK_RING_EFFICIENCY, Link, collective_time, link_for
+from lmcalc.engine.plan import Pins, plan
+from lmcalc.presets import parse_cluster, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
+
+RUNS = load_runs(Path(__file__).resolve().parent.parent / "benchmarks" / "published_runs.yaml")
+
+
+def test_ring_collective_costs():
+    # nccl-tests PERFORMANCE.md: all-reduce moves 2(n−1)/n of the buffer per rank, all-gather (n−1)/n.
+    link = Link(bandwidth=100e9, latency=0.0, name="test")
+    assert collective_time("all-reduce", 1e9, 8, link) == pytest.approx(2 * 7 / 8 * 1e9 / 100e9)
+    assert collective_time("all-gather", 1e9, 8, link) == pytest.approx(7 / 8 * 1e9 / 100e9)
+    assert collective_time("reduce-scatter", 1e9, 8, link) == collective_time("all-gather", 1e9, 8, link)
+    assert collective_time("all-reduce", 1e9, 1, link) == 0.0
+
+
+def test_groups_inside_a_node_use_nvlink():
+    h100 = resolve_hardware("H100").spec
+    inside, across = link_for(h100, 8, 8), link_for(h100, 16, 8)
+    # H100 SXM: NVLink 4 450 GB/s per direction at the measured ring efficiency; NDR 400 Gb/s = 50 GB/s.
+    assert inside.bandwidth == pytest.approx(450e9 * NVLINK_RING_EFFICIENCY)
+    assert across.bandwidth < 50e9 and across.name == "inter-node"
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[r.id for r in RUNS])
+def test_predicted_mfu_of_published_runs(run):
+    # docs/plan-accuracy.md: within ±20 % of the published MFU given the published layout.
+    assert abs(assess(run).error) <= MFU_TOLERANCE
+
+
+def test_search_respects_pins_and_ranks_by_throughput():
+    found = plan(
+        resolve_model("llama-3-70b").spec,
+        parse_cluster("8x8xH100"),
+        8192,
+        512,
+        resolve_precision("bf16-mixed").spec,
+        resolve_optimizer("adamw").spec,
+        Pins(tp=8, zero=1),
+    )
+    assert found.fitting and all(c.layout.tp == 8 and c.layout.zero == 1 for c in found.fitting)
+    speeds = [c.time.tokens_per_s for c in found.fitting]
+    assert speeds == sorted(speeds, reverse=True)
+    assert all(c.memory.total <= found.capacity for c in found.fitting)
+    assert all(c.layout.gpus == 64 for c in found.fitting)
+
+
+def run(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args.split())
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_plan_command_table_json_and_explain(capsys):
+    cmd = "plan --model llama-3-70b --gpus 8x8xH100 --seq 8192 --global-batch 4M --top 5"
+    code, out, _ = run(cmd, capsys)
+    assert code == 0 and "1. DP=" in out and "6. " not in out
+    code, out, _ = run(cmd + " --json", capsys)
+    data = json.loads(out)
+    assert code == 0
+    fitting = int(data["inputs"]["evaluated"]["origin"].split()[0])
+    assert len(data["results"]) == fitting  # --json lists every layout that fits
+    code, out, _ = run(cmd + " --explain", capsys)
+    assert code == 0 and "Step time of the best layout" in out and "Pipeline bubble" in out
+
+
+def test_plan_with_nothing_that_fits_says_what_is_closest(capsys):
+    code, _, err = run("plan --model llama-3.1-405b --gpus 8xH100 --seq 8192 --global-batch 64K", capsys)
+    assert code == 2
+    assert err.startswith("lmcalc: error: nothing fits on 8xh100-sxm") and "closest:" in err and "over by" in err
+    assert len(err.strip().splitlines()) == 1
