@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import replace
 from typing import Annotated
 
 import typer
@@ -43,7 +44,7 @@ ModelOpt = Annotated[
 ]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Precision recipe (lmcalc presets list precisions).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer (lmcalc presets list optimizers).")]
-SeqOpt = Annotated[str | None, typer.Option("--seq", help="Sequence length in tokens, e.g. 4096 or 8K.")]
+SeqOpt = Annotated[str | None, typer.Option("--seq", help="Sequence length in tokens: 4096, or 8K = 8192 (binary K).")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none | selective | full.")]
 AttentionOpt = Annotated[
     str,
@@ -78,7 +79,7 @@ def _positive_int(value: int, flag: str) -> int:
 def _seq(value: str | None, model=None) -> est.Given:
     if value is None:
         return est.default_seq_len(model)
-    seq = parse_count(value, "--seq")
+    seq = parse_count(value, "--seq", binary=True)
     if not seq.is_integer():
         raise LmcalcError(f"--seq must be a whole number of tokens, got {value!r}")
     return est.Given(int(seq), "--seq")
@@ -86,6 +87,27 @@ def _seq(value: str | None, model=None) -> est.Given:
 
 def _emit(result: Result, as_json: bool, explain: bool) -> None:
     render(result, as_json=as_json, explain=explain)
+
+
+def _measured_peak(peak: str, calibration: str | None, hardware, recipe) -> tuple[float, str] | None:
+    """The measured FLOP/s for this GPU and the recipe's dtype from a benchmark file, or None for --peak spec."""
+    from pathlib import Path
+
+    from lmcalc.bench import results
+
+    if _choice(peak, ("spec", "measured"), "--peak") == "spec" and calibration is None:
+        return None
+    path = Path(calibration).expanduser() if calibration else results.default_path()
+    if calibration and not path.exists():
+        raise LmcalcError(f"no such benchmark file: {path}")
+    found = results.measured_peak(results.load(path), hardware.name, recipe.compute_dtype)
+    if found is None:
+        raise LmcalcError(
+            f"{path} has no {recipe.compute_dtype} measurement for {hardware.name}; run "
+            f"'lmcalc bench --dtype {recipe.compute_dtype}' on one (or use --peak spec)"
+        )
+    flops, record = found
+    return flops, f"{record.kind} benchmark on {record.device}, {record.when}, {path}"
 
 
 def _version(value: bool) -> None:
@@ -129,6 +151,15 @@ def train_time(
     price: Annotated[
         float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour, for the cost.")
     ] = None,
+    peak: Annotated[
+        str, typer.Option("--peak", help="spec (the dense spec-sheet peak) | measured (lmcalc bench results).")
+    ] = "spec",
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration", help="Benchmark results file to take the measured peak from (implies --peak measured)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
@@ -166,6 +197,7 @@ def train_time(
         basis=basis,
         price_per_gpu_hour=price,
         note=resolved.note,
+        measured_peak=_measured_peak(peak, calibration, cluster.hardware if cluster else hardware, recipe),
     )
     _emit(result, as_json, explain)
 
@@ -466,6 +498,193 @@ def plan_command(
         explain=explain,
     )
     _emit(result, as_json, explain)
+
+
+bench_app = typer.Typer(help="Measure what the hardware delivers with PyTorch; results feed the estimates.")
+app.add_typer(bench_app, name="bench")
+DeviceOpt = Annotated[str, typer.Option("--device", help="cuda | cpu | mps | auto (the first available).")]
+HardwareOpt = Annotated[
+    str | None, typer.Option("--hardware", help="Hardware preset to compare with (default: matched by name).")
+]
+SaveOpt = Annotated[
+    str | None, typer.Option("--save", help="Results file (default: ~/.local/share/lmcalc/bench.json).")
+]
+NoSaveOpt = Annotated[bool, typer.Option("--no-save", help="Do not write the results.")]
+
+
+def _torch_or_fail() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LmcalcError("bench needs PyTorch: pip install 'lmcalc[bench]'") from None
+
+
+def _save(records, save: str | None, no_save: bool) -> str:
+    from pathlib import Path
+
+    from lmcalc.bench import results
+
+    if no_save:
+        return "not saved (--no-save)"
+    path = results.save(Path(save).expanduser() if save else results.default_path(), records)
+    return f"saved to {path}"
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench_main(
+    ctx: typer.Context,
+    dtype: Annotated[
+        str | None,
+        typer.Option("--dtype", help="bf16 | fp16 | fp32 | tf32 | fp8 (default: bf16 on GPUs, fp32 on CPUs)."),
+    ] = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="MxNxK, e.g. 8192x8192x8192.")] = None,
+    sweep: Annotated[
+        bool, typer.Option("--sweep", help="Search a grid of shapes; report the best and the spread.")
+    ] = False,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Benchmark this model's own matmul shapes.")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel split of the model's shapes.")] = 1,
+    seq: Annotated[str, typer.Option("--seq", help="Sequence length for --model shapes.")] = "2048",
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Micro-batch for --model shapes.")] = 1,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls first.")] = 10,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per shape.")] = 50,
+    device: DeviceOpt = "auto",
+    hardware: HardwareOpt = None,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Matmul throughput (one shape, --sweep, or a model's shapes with --model) against the dense peak."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _bench_matmul(
+        dtype,
+        shape,
+        sweep,
+        model,
+        tp,
+        seq,
+        micro_batch,
+        warmup,
+        repeats,
+        device,
+        hardware,
+        save,
+        no_save,
+        as_json,
+        explain,
+    )
+
+
+@bench_app.command("matmul")
+def bench_matmul(
+    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 | tf32 | fp8.")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="MxNxK.")] = None,
+    sweep: Annotated[bool, typer.Option("--sweep", help="Search a grid of shapes.")] = False,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Benchmark this model's matmul shapes.")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel split of the model's shapes.")] = 1,
+    seq: Annotated[str, typer.Option("--seq", help="Sequence length for --model shapes.")] = "2048",
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Micro-batch for --model shapes.")] = 1,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls first.")] = 10,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per shape.")] = 50,
+    device: DeviceOpt = "auto",
+    hardware: HardwareOpt = None,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Matmul throughput against the dense peak (same as plain `lmcalc bench`)."""
+    _bench_matmul(
+        dtype,
+        shape,
+        sweep,
+        model,
+        tp,
+        seq,
+        micro_batch,
+        warmup,
+        repeats,
+        device,
+        hardware,
+        save,
+        no_save,
+        as_json,
+        explain,
+    )
+
+
+def _bench_matmul(
+    dtype, shape, sweep, model, tp, seq, micro_batch, warmup, repeats, device, hardware, save, no_save, as_json, explain
+) -> None:
+    _torch_or_fail()
+    from rich.progress import Progress
+
+    from lmcalc.bench import matmul, report
+    from lmcalc.bench.device import detect
+
+    dev = detect(device, hardware)
+    dtype = (dtype or ("bf16" if dev.torch_device.type == "cuda" else "fp32")).lower()
+    warmup, repeats = max(0, warmup), _positive_int(repeats, "--repeats")
+    if model is not None:
+        spec = pr.resolve_model(model).spec
+        tokens = _positive_int(micro_batch, "--micro-batch") * int(_seq(seq).value)
+        shapes = matmul.model_matmuls(spec, tokens, _positive_int(tp, "--tp"))
+    elif sweep:
+        shapes = None
+    else:
+        m, n, k = parse_shape(shape) if shape else ((8192,) * 3 if dev.torch_device.type == "cuda" else (1024,) * 3)
+        measurement = matmul.measure(m, n, k, dtype, dev, warmup, repeats)
+        note = _save(report.matmul_records([measurement], dev), save, no_save)
+        result = report.matmul_result([measurement], dev, sweep=False)
+        _emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+        return
+    grid = [(mm.m, mm.n, mm.k) for mm in shapes] if shapes else matmul.sweep_shapes(dev)
+    unique = list(dict.fromkeys(grid))
+    measured: dict[tuple[int, int, int], matmul.MatmulMeasurement] = {}
+    with Progress(transient=True, disable=as_json) as progress:
+        task = progress.add_task(f"{dtype} matmuls on {dev.name}", total=len(unique))
+        for m, n, k in unique:
+            measured[(m, n, k)] = matmul.measure(m, n, k, dtype, dev, warmup, repeats)
+            progress.advance(task)
+    if shapes:
+        pairs = [(mm, measured[(mm.m, mm.n, mm.k)]) for mm in shapes]
+        rate = matmul.flop_weighted_rate(pairs)
+        note = _save([report.model_record(spec.name, rate, dtype, dev)], save, no_save)
+        result = report.model_result(spec.name, tokens, tp, pairs, rate, dev)
+    else:
+        note = _save(report.matmul_records(list(measured.values()), dev), save, no_save)
+        result = report.matmul_result(list(measured.values()), dev, sweep=True)
+    _emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+
+
+@bench_app.command("memory")
+def bench_memory(
+    size: Annotated[
+        str | None, typer.Option("--size", help="Buffer size, e.g. 1GiB (default 2 GiB on GPUs, 256 MiB on CPUs).")
+    ] = None,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed copies.")] = 20,
+    device: DeviceOpt = "auto",
+    hardware: HardwareOpt = None,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Device memory bandwidth from a large copy (bytes read + written) against the spec sheet."""
+    _torch_or_fail()
+    from lmcalc.bench import bandwidth, report
+    from lmcalc.bench.device import detect
+
+    dev = detect(device, hardware)
+    meas = bandwidth.measure(
+        dev, int(parse_bytes(size, "--size")) if size else None, repeats=_positive_int(repeats, "--repeats")
+    )
+    note = _save([report.bandwidth_record(meas, dev)], save, no_save)
+    result = report.bandwidth_result(meas, dev)
+    _emit(replace(result, notes=(*result.notes, note)), as_json, explain)
 
 
 def _count_int(text: str, flag: str) -> int:

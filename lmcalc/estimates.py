@@ -204,8 +204,11 @@ def train_time_result(
     basis: str = "6nd",
     price_per_gpu_hour: float | None = None,
     note: str = "",
+    measured_peak: tuple[float, str] | None = None,
 ) -> Result:
-    """Days to train on a cluster; or, with ``days`` and a GPU type, how many GPUs meet the deadline."""
+    """Days to train on a cluster; or, with ``days`` and a GPU type, how many GPUs meet the deadline.
+
+    ``measured_peak`` (FLOP/s, where it was measured) replaces the spec sheet's dense peak."""
     if not 0 < mfu.value <= 1:
         raise LmcalcError(f"MFU must be in (0, 1], got {mfu.value:g}")
     seq = seq_len or default_seq_len(model)
@@ -213,7 +216,7 @@ def train_time_result(
     hw = cluster.hardware if cluster else hardware
     if hw is None:
         raise LmcalcError("give --gpus (e.g. 1024xH100) or --days with --gpu (e.g. --days 30 --gpu H100)")
-    peak = peak_for(hw, precision)
+    peak = measured_peak[0] if measured_peak else peak_for(hw, precision)
     inputs = [
         _model_input(model, note),
         Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
@@ -263,8 +266,14 @@ def train_time_result(
         assert cluster is not None
         inputs.append(Input("cluster", "Cluster", cluster.label, origin=f"{cluster.count} × {hw.label}"))
         run = RunTime(flops_term.value, cluster.count, peak, mfu.value, tokens.value)
-    sections.append(Section("time", "Time and throughput", time_terms(run, hw, precision, price_per_gpu_hour)))
-    notes = list(_model_notes(model, note))
+    source = measured_peak[1] if measured_peak else None
+    sections.append(Section("time", "Time and throughput", time_terms(run, hw, precision, price_per_gpu_hour, source)))
+    notes = [*_model_notes(model, note), *context_note(model, int(seq.value))]
+    if measured_peak:
+        notes.append(
+            f"peak per GPU is the measured {measured_peak[0] / 1e12:.1f} TFLOP/s ({measured_peak[1]}), "
+            "not the spec sheet: MFU then counts against what the hardware delivered"
+        )
     if mfu.origin.startswith("assumption"):
         notes.append(f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu (what your runs achieve)")
     return checked(
@@ -318,8 +327,7 @@ def memory_result(
     notes.append(
         "fits"
         if total <= capacity
-        else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB"
-        + _fit_advice(layout.zero, recompute, layout.micro_batch)
+        else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB" + _fit_advice(layout, recompute)
     )
     return checked(
         Result(
@@ -367,16 +375,16 @@ def memory_sweep_result(results: list[tuple[str, Result]], name: str) -> Result:
     )
 
 
-def _fit_advice(zero_stage: int, recompute: str, micro_batch: int) -> str:
+def _fit_advice(layout: ly.Layout, recompute: str) -> str:
     """What the user has not tried yet, among the levers this command has."""
     levers = []
-    if zero_stage < 3:
-        levers.append(f"--zero {zero_stage + 1}")
+    if layout.zero < 3 and layout.dp * layout.cp > 1:
+        levers.append(f"--zero {layout.zero + 1}")
     if recompute != "full":
         levers.append("--recompute " + ("selective" if recompute == "none" else "full"))
-    if micro_batch > 1:
+    if layout.micro_batch > 1:
         levers.append("a smaller --micro-batch")
-    levers.append("more GPUs" if zero_stage else "more GPUs with --zero")
+    levers.append("more GPUs" if layout.zero else "more GPUs with --zero")
     return "; try " + ", ".join(levers)
 
 

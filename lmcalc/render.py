@@ -68,13 +68,13 @@ def _bar(terms: list[Term], capacity: float):
     used = 0.0
     for term, style in zip(terms, BAR_STYLES, strict=False):
         start, used = used, used + term.value * scale
-        cells = round(used) - round(start)
-        bar.append("█" * cells, style="red" if round(used) > BAR_WIDTH else style)
+        cells = min(round(used), BAR_WIDTH) - min(round(start), BAR_WIDTH)  # the bar stops at capacity
+        bar.append("█" * cells, style=style)
     if round(used) < BAR_WIDTH:
         bar.append("·" * (BAR_WIDTH - round(used)), style="dim")
         bar.append("│", style="bold")
     else:
-        bar.append(" over", style="bold red")
+        bar.append(f" {100 * used / BAR_WIDTH:.0f} % of capacity: does not fit", style="bold red")
     return bar
 
 

@@ -34,18 +34,23 @@ _COUNT_RE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA
 _BYTES_RE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_count(text: str | float | int, what: str = "count") -> float:
-    """Parse ``15T``, ``1.4T``, ``300B``, ``4M``, ``1e12`` or a plain number into a positive float."""
+BINARY_COUNT_SUFFIXES: dict[str, float] = {"": 1.0, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_count(text: str | float | int, what: str = "count", binary: bool = False) -> float:
+    """Parse ``15T``, ``1.4T``, ``300B``, ``4M``, ``1e12`` or a plain number into a positive float.
+
+    With ``binary`` (sequence lengths), K, M and G are powers of two: ``8K`` is 8192, as context lengths
+    are quoted; token and parameter counts are decimal (``15T`` = 15·10¹²)."""
+    suffixes = BINARY_COUNT_SUFFIXES if binary else COUNT_SUFFIXES
     if isinstance(text, int | float):
         value = float(text)
     else:
         match = _COUNT_RE.match(str(text))
-        if not match or match.group(2).upper() not in COUNT_SUFFIXES:
-            raise LmcalcError(
-                f"cannot read {what} {text!r}; expected a number with an optional suffix "
-                "K, M, B, T or P (e.g. 15T, 1.4T, 300B, 4M, 1e12)"
-            )
-        value = float(match.group(1)) * COUNT_SUFFIXES[match.group(2).upper()]
+        if not match or match.group(2).upper() not in suffixes:
+            accepted = "K, M or G (binary: 8K = 8192)" if binary else "K, M, B, T or P (e.g. 15T, 1.4T, 300B, 4M, 1e12)"
+            raise LmcalcError(f"cannot read {what} {text!r}; expected a number with an optional suffix {accepted}")
+        value = float(match.group(1)) * suffixes[match.group(2).upper()]
     if not math.isfinite(value) or value <= 0:
         raise LmcalcError(f"{what} must be a positive number, got {text!r}")
     return value

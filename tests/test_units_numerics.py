@@ -31,6 +31,12 @@ def test_parse_count_rejects(text):
         parse_count(text, "--tokens")
 
 
+def test_sequence_lengths_use_binary_k():
+    # Context lengths are quoted in binary units: an "8K context" holds 8192 tokens; token counts stay decimal.
+    assert parse_count("8K", binary=True) == 8192 and parse_count("128k", binary=True) == 131072
+    assert parse_count("8K") == 8000
+
+
 def test_parse_bytes_decimal_and_binary():
     assert parse_bytes("80GB") == 80e9
     assert parse_bytes("2GiB") == 2 * 1024**3

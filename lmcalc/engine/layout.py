@@ -292,12 +292,28 @@ def stage_activation_bytes(
     in_flight = float(min(layout.pp - stage, layout.grad_accum))
     if layout.schedule == "interleaved" and layout.pp > 1:
         in_flight *= 1 + (layout.pp - 1) / (layout.pp * layout.virtual_stages)  # Korthikanti et al. 2022 §4.2.3
+    outside = stage_outside_bytes(model, layout, stage, seq_len, act_bytes, mask_bytes, in_flight, cache)
+    return in_flight * per_micro_batch + working + outside, in_flight
+
+
+def stage_outside_bytes(
+    model: ModelSpec,
+    layout: Layout,
+    stage: int,
+    seq_len: int,
+    act_bytes: float,
+    mask_bytes: float,
+    in_flight: float,
+    cache: dict | None = None,
+) -> float:
+    """Saved bytes outside the layers: token ids and embedding dropout on the first stage (per micro-batch
+    in flight), the final norm, head input and logits on the last."""
     outside = 0.0
-    for tensor in _outside(model, seq_len, b, act_bytes, mask_bytes, cache):
+    for tensor in _outside(model, seq_len, layout.micro_batch, act_bytes, mask_bytes, cache):
         on_first = tensor.label.startswith(("token ids", "embedding"))
         if (on_first and stage == 0) or (not on_first and stage == layout.pp - 1):
             outside += _split(tensor, layout) * (in_flight if on_first else 1)
-    return in_flight * per_micro_batch + working + outside, in_flight
+    return outside
 
 
 def _outside(
@@ -427,6 +443,7 @@ def memory_sections(
     n_stage = held.dense + held.experts
     rep_d, rep_e = layout.dp * layout.cp, layout.dp * layout.cp // layout.ep
     where = f"stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "every GPU"
+    on_gpu = f"one GPU of {where}" if layout.pp > 1 else "each GPU"
 
     def shard_text(stage_min: int) -> str:
         if layout.zero < stage_min or rep_d == 1:
@@ -436,12 +453,12 @@ def memory_sections(
         return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP)"
 
     states_formula = (
-        f"N_gpu = {group(round(n_stage))} parameters on one GPU of {where} "
+        f"N_gpu = {group(round(n_stage))} parameters on {on_gpu} "
         f"(TP={layout.tp} splits the matrices, PP={layout.pp} the layers"
         + (f", EP={layout.ep} the experts" if layout.ep > 1 else "")
         + ")"
     )
-    opt_formula = " + ".join(state_formula(s, precision) for s in optimizer.states) or "0"
+    opt_formula = " + ".join(state_formula(s, precision, "N_gpu") for s in optimizer.states) or "0"
     state = Section(
         "state",
         f"Model states per GPU ({layout.label})",
@@ -475,7 +492,7 @@ def memory_sections(
                 f"Optimizer states ({optimizer.name})",
                 gpu.optimizer,
                 "bytes",
-                f"{opt_formula}, over N_gpu{shard_text(1)}",
+                f"{opt_formula}{shard_text(1)}",
                 source="; ".join(optimizer.sources),
             ),
             Term(
@@ -536,6 +553,19 @@ def memory_sections(
             note="under 1F1B the first stage holds one micro-batch per pipeline stage",
         )
     )
+    outside = stage_outside_bytes(
+        model, layout, gpu.stage, seq_len, precision.activation_bytes, mask_bytes, gpu.micro_batches_in_flight
+    )
+    terms.append(
+        Term(
+            "outside_layers",
+            "Token ids, final norm, head input, logits",
+            outside,
+            "bytes",
+            "embedding side on the first stage (per micro-batch in flight); head side on the last",
+            source="Korthikanti et al. 2022 §4.3 (extra terms)",
+        )
+    )
     terms.append(
         Term(
             "total",
@@ -559,7 +589,9 @@ def memory_sections(
                 "ZeRO-3 gathered parameters",
                 gpu.zero3_buffers,
                 "bytes",
-                "2 layers' parameters (the one in use and the prefetched one)" if layout.zero >= 3 else "none",
+                "2 × (this stage's parameters / its layers): the layer in use and the prefetched one"
+                if layout.zero >= 3
+                else "none (ZeRO-3 only)",
             ),
             Term(
                 "overhead",

@@ -59,11 +59,16 @@ def _norm_saved(
     spec: ModelSpec, label: str, rows: float, width: int, act_bytes: float, width_sym: str, rows_sym: str = "s·b"
 ) -> list[SavedTensor]:
     """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms)."""
-    stats = 2 if spec.norm_kind != "rmsnorm" else 1
     return [
         SavedTensor(f"{label} input", f"{rows_sym}·{width_sym}", rows * width, act_bytes, split="seq"),
-        SavedTensor(f"{label} statistics (fp32)", rows_sym, rows * stats, STAT_BYTES, split="seq"),
+        *_norm_stats(spec, label, rows, rows_sym),
     ]
+
+
+def _norm_stats(spec: ModelSpec, label: str, rows: float, rows_sym: str, split: str = "seq") -> list[SavedTensor]:
+    """One fp32 value per row for each statistic the norm keeps: LayerNorm's mean and 1/std, RMSNorm's 1/rms."""
+    names = ("1/rms",) if spec.norm_kind == "rmsnorm" else ("mean", "1/std")
+    return [SavedTensor(f"{label} {name} (fp32)", rows_sym, rows, STAT_BYTES, split=split) for name in names]
 
 
 def _attention_saved(
@@ -84,15 +89,7 @@ def _attention_saved(
                 "KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act_bytes, split="seq"
             )
         )
-        tensors.append(
-            SavedTensor(
-                "KV latent norm statistics (fp32)",
-                "s·b",
-                sb * (2 if spec.norm_kind != "rmsnorm" else 1),
-                STAT_BYTES,
-                split="seq",
-            )
-        )
+        tensors += _norm_stats(spec, "KV latent norm", sb, "s·b")
         tensors.append(SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act_bytes, split="seq"))
         tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act_bytes))
         tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act_bytes))
@@ -108,16 +105,20 @@ def _attention_saved(
             tensors += [
                 SavedTensor("Q before QK-norm", "s·b·H·d", sb * H * dqk, act_bytes),
                 SavedTensor("K before QK-norm", "s·b·H_kv·d", sb * spec.kv_heads * dqk, act_bytes),
-                SavedTensor(
-                    "QK-norm statistics (fp32)",
-                    "s·b" if spec.qk_norm == "full" else "s·b·(H+H_kv)",
-                    (norm_rows + norm_rows * spec.kv_heads / H) * (2 if spec.norm_kind != "rmsnorm" else 1),
-                    STAT_BYTES,
+                # A full-width QK-norm has one row per token for Q and one for K; a per-head one, one per head.
+                *_norm_stats(spec, "Q-norm", norm_rows, "s·b" if spec.qk_norm == "full" else "s·b·H", "tp"),
+                *_norm_stats(
+                    spec,
+                    "K-norm",
+                    sb if spec.qk_norm == "full" else sb * spec.kv_heads,
+                    "s·b" if spec.qk_norm == "full" else "s·b·H_kv",
+                    "tp",
                 ),
             ]
+        rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
         tensors += [
-            SavedTensor("Q (after RoPE)", "s·b·H·d", sb * H * dqk, act_bytes),
-            SavedTensor("K (after RoPE)", f"s·b·{kv_sym}·d", sb * kv * dqk, act_bytes),
+            SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act_bytes),
+            SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act_bytes),
             SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act_bytes),
         ]
     return tensors
@@ -342,11 +343,11 @@ def zero_divisors(zero_stage: int, dp: int) -> tuple[int, int, int]:
     return (dp if zero_stage >= 3 else 1, dp if zero_stage >= 2 else 1, dp if zero_stage >= 1 else 1)
 
 
-def state_formula(state: OptimizerState, precision: PrecisionRecipe) -> str:
+def state_formula(state: OptimizerState, precision: PrecisionRecipe, n: str = "N") -> str:
     per_element = state.bytes if state.bytes is not None else precision.optimizer_state_bytes
-    text = f"Σ_matrices (rows + cols) · {per_element:g} B" if state.factored else f"N · {per_element:g} B"
+    text = f"Σ_matrices (rows + cols) · {per_element:g} B" if state.factored else f"{n} · {per_element:g} B"
     if state.quantization_block:
-        text += f" + N / {state.quantization_block} · 4 B"
+        text += f" + {n} / {state.quantization_block} · 4 B"
     return f"{text} ({state.name})"
 
 

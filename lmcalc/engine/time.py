@@ -66,21 +66,38 @@ def peak_for(hardware: HardwareSpec, precision: PrecisionRecipe) -> float:
 
 
 def time_terms(
-    run: RunTime, hardware: HardwareSpec, precision: PrecisionRecipe, price_per_gpu_hour: float | None
+    run: RunTime,
+    hardware: HardwareSpec,
+    precision: PrecisionRecipe,
+    price_per_gpu_hour: float | None,
+    measured_source: str | None = None,
 ) -> tuple[Term, ...]:
+    """The time figures; ``measured_source`` says where a measured peak came from (else the spec sheet)."""
     dtype = precision.compute_dtype
-    peak_source = hardware.sources.get("compute", "")
-    terms = [
-        Term(
+    if measured_source:
+        peak = Term(
+            "peak_per_gpu",
+            f"Peak per GPU (measured {dtype})",
+            run.peak_flops_per_gpu,
+            "FLOP/s",
+            "lmcalc bench",
+            f"{run.peak_flops_per_gpu / 1e12:.1f} TFLOP/s",
+            measured_source,
+            note="a measured rate, used instead of the spec sheet's dense peak",
+        )
+    else:
+        peak = Term(
             "peak_per_gpu",
             f"Peak per GPU (dense {dtype})",
             run.peak_flops_per_gpu,
             "FLOP/s",
             f"spec sheet, dense {dtype}",
             f"{hardware.peak_tflops_dense[dtype]:g} TFLOP/s",  # type: ignore[index]
-            peak_source,
+            hardware.sources.get("compute", ""),
             note=hardware.sparsity_note,
-        ),
+        )
+    terms = [
+        peak,
         Term(
             "achieved",
             "Achieved by the cluster",

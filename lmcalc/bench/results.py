@@ -1,0 +1,83 @@
+"""Benchmark results on disk: written atomically, read back as the measured peak the estimates use.
+
+The file is JSON: ``{"lmcalc_bench": 1, "records": [...]}``, one record per measurement, each naming
+its kind (matmul, model, memory, comm, step), device, matched hardware preset, dtype and figures, and
+stamped with the date and software versions. A new run adds its records to the file; it never drops
+what was there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from lmcalc.errors import LmcalcError
+
+FORMAT_VERSION = 1
+
+
+def default_path() -> Path:
+    """``$XDG_DATA_HOME/lmcalc/bench.json`` (``~/.local/share/lmcalc/bench.json``)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "lmcalc" / "bench.json"
+
+
+@dataclass(frozen=True)
+class Record:
+    kind: str
+    device: str
+    hardware: str | None
+    dtype: str | None
+    figures: dict[str, Any]
+    when: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    software: dict[str, str] = field(default_factory=dict)
+
+
+def software_versions() -> dict[str, str]:
+    import torch
+
+    versions = {"torch": torch.__version__}
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    if getattr(torch.version, "hip", None):
+        versions["hip"] = torch.version.hip  # type: ignore[assignment]
+    return versions
+
+
+def load(path: Path) -> list[Record]:
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LmcalcError(f"cannot read benchmark results {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("lmcalc_bench") != FORMAT_VERSION:
+        raise LmcalcError(f'{path} is not an lmcalc benchmark file (expected "lmcalc_bench": {FORMAT_VERSION})')
+    return [Record(**r) for r in data.get("records", [])]
+
+
+def save(path: Path, records: list[Record]) -> Path:
+    """Add ``records`` to the file at ``path`` (created if needed), replacing it atomically."""
+    existing = load(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"lmcalc_bench": FORMAT_VERSION, "records": [asdict(r) for r in [*existing, *records]]}
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as tmp:
+        json.dump(payload, tmp, indent=1)
+    os.replace(tmp.name, path)
+    return path
+
+
+def measured_peak(records: list[Record], hardware: str, dtype: str) -> tuple[float, Record] | None:
+    """The measured FLOP/s for ``hardware`` and ``dtype``: a model-shape benchmark if there is one
+    (the FLOP-weighted rate of the model's own matmuls), else the best matmul median."""
+    for kind in ("model", "matmul"):
+        matching = [r for r in records if r.kind == kind and r.hardware == hardware and r.dtype == dtype]
+        if matching:
+            best = max(matching, key=lambda r: r.figures["flops_per_s"])
+            return best.figures["flops_per_s"], best
+    return None

@@ -1,0 +1,64 @@
+"""Timing that measures the device, not the host: CUDA events on GPUs, a synchronised clock elsewhere.
+
+The method follows careful matmul benchmarks (stas00's mamf-finder; AMD's max-achievable-FLOPs
+method): warm-up iterations first (first calls autotune and allocate), then many timed repeats, each
+timed on its own, reporting the median and the spread rather than one mean.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def time_calls(fn: Callable[[int], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
+    """Seconds taken by each of ``repeats`` calls ``fn(i)`` after ``warmup`` untimed ones."""
+    for i in range(warmup):
+        fn(i)
+    synchronize(device)
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+        for i, (start, end) in enumerate(events):
+            start.record()
+            fn(warmup + i)
+            end.record()
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) / 1e3 for start, end in events]
+    times = []
+    for i in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn(warmup + i)
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Median and spread of repeated timings, in seconds."""
+
+    median: float
+    fastest: float
+    slowest: float
+    repeats: int
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> Stats:
+        return cls(statistics.median(seconds), min(seconds), max(seconds), len(seconds))
+
+    @property
+    def spread(self) -> float:
+        """(slowest − fastest) / median."""
+        return (self.slowest - self.fastest) / self.median

@@ -1,0 +1,127 @@
+"""lmcalc bench on the CPU: matmuls, a model's shapes, bandwidth, saved results and the measured peak."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lmcalc.bench import matmul, results  # noqa: E402
+from lmcalc.bench.device import FLOPS_PER_CYCLE, detect  # noqa: E402
+from lmcalc.cli import main  # noqa: E402
+from lmcalc.errors import LmcalcError  # noqa: E402
+from lmcalc.presets import resolve_model  # noqa: E402
+
+
+def run(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+@pytest.fixture(autouse=True)
+def data_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # never write to the real ~/.local/share
+    return tmp_path
+
+
+def test_matmul_measures_and_checks_against_float64():
+    cpu = detect("cpu")
+    meas = matmul.measure(128, 64, 96, "fp32", cpu, warmup=1, repeats=5)
+    assert meas.flops == 2 * 128 * 64 * 96
+    assert meas.flops_per_s == pytest.approx(meas.flops / meas.stats.median)
+    assert meas.relative_error < 1e-5 and meas.stats.repeats == 5
+
+
+def test_a_wrong_fast_kernel_is_a_failure(monkeypatch):
+    monkeypatch.setattr(matmul, "_product", lambda dtype, device: lambda a, b: torch.zeros(a.shape[0], b.shape[1]))
+    with pytest.raises(LmcalcError, match="is wrong"):
+        matmul.measure(64, 64, 64, "fp32", detect("cpu"), warmup=0, repeats=2)
+
+
+def test_fp8_without_support_is_one_clear_message():
+    with pytest.raises(LmcalcError, match="fp8 matmuls need torch._scaled_mm"):
+        matmul.measure(64, 64, 64, "fp8", detect("cpu"), warmup=0, repeats=1)
+
+
+def test_cpu_peak_is_labelled_an_estimate():
+    cpu = detect("cpu")
+    if not cpu.peak_tflops:
+        pytest.skip("no vector unit or clock readable on this CPU")
+    # peak = cores × clock × FLOPs/cycle (reference: hardware_facts.yaml methods.cpu_peak_fp32)
+    assert cpu.peak_is_estimate and "estimate" in cpu.peak_source
+    per_cycle = [v for k, v in FLOPS_PER_CYCLE.items() if f"({k})" in cpu.peak_source][0]
+    assert cpu.peak("fp32") > 0 and cpu.peak("fp32") % per_cycle < 1e-3 * cpu.peak("fp32")
+
+
+def test_model_shapes_cover_every_weight_matmul():
+    # Forward, input-grad and weight-grad matmuls of every weight: 3 × 2 × (matmul weights) FLOPs per token
+    # (Kaplan et al. 6·N·D without the embedding lookup), here for Llama 3.2 1B (tied head, GQA 32/8).
+    spec = resolve_model("llama-3.2-1b").spec
+    h, L, f, V, kv = 2048, 16, 8192, 128256, 8 * 64
+    weights = L * (2 * h * h + 2 * h * kv + 3 * h * f) + V * h
+    tokens = 512
+    assert sum(mm.flops for mm in matmul.model_matmuls(spec, tokens)) == 6 * weights * tokens
+    split = matmul.model_matmuls(spec, tokens, tp=2)
+    assert sum(mm.flops for mm in split) == 6 * weights * tokens / 2
+    with pytest.raises(LmcalcError, match="does not divide"):
+        matmul.model_matmuls(spec, tokens, tp=3)
+
+
+def test_flop_weighted_rate_is_total_flops_over_total_time():
+    class Fake:
+        def __init__(self, rate):
+            self.flops_per_s = rate
+
+    a, b = matmul.ModelMatmul("a", 1, 1, 1, 3), matmul.ModelMatmul("b", 1, 1, 1, 1)  # 6 and 2 FLOPs
+    assert matmul.flop_weighted_rate([(a, Fake(6.0)), (b, Fake(1.0))]) == pytest.approx(8 / (1 + 2))
+
+
+def test_bench_command_saves_results_atomically(capsys, data_home):
+    code, out, err = run(["bench", "--device", "cpu", "--shape", "64x64x64", "--repeats", "3", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["results"]["matmul"]["achieved"]["unit"] == "FLOP/s"
+    saved = results.load(results.default_path())
+    assert saved[0].kind == "matmul" and saved[0].figures["shape"] == [64, 64, 64]
+    run(["bench", "matmul", "--device", "cpu", "--shape", "32x32x32", "--repeats", "2", "--json"], capsys)
+    assert len(results.load(results.default_path())) == 2  # appended, nothing lost
+    assert not list(results.default_path().parent.glob("*.tmp"))
+
+
+def test_bench_model_and_sweep_and_memory(capsys, monkeypatch):
+    code, out, err = run(["bench", "--device", "cpu", "--model", "gpt2", "--seq", "64", "--repeats", "2",
+                          "--warmup", "0", "--no-save", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["results"]["model"]["achieved"]["value"] > 0
+    monkeypatch.setattr(matmul, "sweep_shapes", lambda device: [(32, 32, 32), (64, 64, 64)])
+    code, out, _ = run(["bench", "--device", "cpu", "--sweep", "--repeats", "2", "--no-save"], capsys)
+    assert code == 0 and "Sweep of 2 shapes" in out
+    code, out, err = run(["bench", "memory", "--device", "cpu", "--size", "8MiB", "--repeats", "3", "--no-save",
+                          "--json"], capsys)
+    assert code == 0, err and json.loads(out)["results"]["memory"]["achieved"]["unit"] == "GB/s"
+
+
+def test_measured_peak_feeds_train_time(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    results.save(path, [results.Record("matmul", "NVIDIA H100 80GB HBM3", "h100-sxm", "bf16",
+                                       {"shape": [8192] * 3, "flops_per_s": 7.9e14})])
+    code, out, _ = run(["train-time", "--model", "llama-3-70b", "--gpus", "1024xH100", "--tokens", "15T",
+                        "--mfu", "0.5", "--calibration", str(path), "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["results"]["time"]["peak_per_gpu"]["value"] == 7.9e14
+    # 6·N·D / (1024 · 790 TFLOP/s · 0.5) instead of the spec sheet's 989.5
+    expected = 6 * 70_553_706_496 * 15e12 / (1024 * 7.9e14 * 0.5 * 86_400)
+    assert data["results"]["time"]["days"]["value"] == pytest.approx(expected)
+    assert any("measured" in n for n in data["notes"])
+    code, _, err = run(["train-time", "--model", "llama-3-70b", "--gpus", "8xA100", "--calibration", str(path)],
+                       capsys)
+    assert code == 2 and "has no bf16 measurement for a100-80gb" in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_matmul_matches_a_preset():
+    gpu = detect("cuda")
+    meas = matmul.measure(4096, 4096, 4096, "bf16", gpu, warmup=5, repeats=20)
+    assert gpu.hardware is not None and meas.flops_per_s < gpu.peak("bf16")

@@ -1,0 +1,196 @@
+"""``lmcalc bench step``: real AdamW steps of a tiny model on the CPU, and the figures derived from them."""
+
+import json
+import math
+import statistics
+from dataclasses import asdict, replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lmcalc import measure  # noqa: E402
+from lmcalc.bench import step  # noqa: E402
+from lmcalc.bench.device import Device, detect  # noqa: E402
+from lmcalc.engine.memory import activation_memory  # noqa: E402
+from lmcalc.errors import LmcalcError  # noqa: E402
+from lmcalc.presets import resolve_model  # noqa: E402
+from lmcalc.specs import ModelSpec  # noqa: E402
+
+# A llama-like toy: h = 64, L = 2, H = 4 heads of d = 16, SwiGLU f = 128, V = 256, untied head, no biases.
+TINY = ModelSpec(
+    name="tiny",
+    vocab_size=256,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    ffn_size=128,
+    ffn_kind="swiglu",
+    norm_kind="rmsnorm",
+    position_embedding="rope",
+    tied_embeddings=False,
+    max_seq_len=256,
+)
+SEQ, BATCH, WARMUP, REPEATS = 32, 2, 2, 5
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return step.run_steps(TINY, SEQ, BATCH, detect("cpu"), "fp32", "flash", "none", WARMUP, REPEATS)
+
+
+def test_the_optimizer_really_steps(measured):
+    # One fixed batch: AdamW at lr 1e-3 lowers the loss at every step (about 0.15 nats each here).
+    losses = measured.losses
+    assert len(losses) == WARMUP + REPEATS
+    assert all(later < earlier for earlier, later in zip(losses, losses[1:], strict=False))
+    assert losses[-1] < losses[0] - 0.3
+
+
+def test_the_loss_is_next_token():
+    # Scoring each position against its own token, a tied model would start at a loss of ~0 (its logits are
+    # the input embedding dotted with itself); against the next random token it starts near ln V or above.
+    tied = TINY.model_copy(update={"tied_embeddings": True})
+    m = step.run_steps(tied, SEQ, BATCH, detect("cpu"), "fp32", "flash", "none", 0, 1)
+    assert m.losses[0] > math.log(TINY.vocab_size) / 2
+
+
+def test_tokens_per_second_is_batch_times_seq_over_median(measured):
+    assert len(measured.seconds) == REPEATS
+    median = statistics.median(measured.seconds)
+    assert measured.stats.median == median
+    assert measured.tokens_per_s == BATCH * SEQ / median
+
+
+def test_flops_per_step_closed_form(measured):
+    # Forward FLOPs per token, full attention (every query against all s = 32 keys):
+    #   Q, K, V, O projections   2 · 4h² · L       = 2 · 4 · 64² · 2        = 65,536
+    #   SwiGLU gate, up, down    2 · 3·h·f · L     = 2 · 3 · 64 · 128 · 2   = 98,304
+    #   scores QKᵀ               2 · L · s · H · d = 2 · 2 · 32 · 4 · 16    =  8,192
+    #   values AV                2 · L · s · H · d                          =  8,192
+    #   logits                   2 · h · V         = 2 · 64 · 256           = 32,768
+    #                                                                 total = 212,992
+    # A step is 3 × forward (backward = 2 × forward) over b·s = 64 tokens: 3 × 212,992 × 64 = 40,894,464.
+    h, L, H, d, f, V = 64, 2, 4, 16, 128, 256
+    forward = L * (8 * h * h + 6 * h * f + 4 * SEQ * H * d) + 2 * h * V
+    assert forward == 212_992
+    assert measured.model_flops == 3 * forward * BATCH * SEQ == 40_894_464
+    assert measured.hardware_flops == measured.model_flops  # no recomputation
+    assert measured.achieved_flops_per_s == measured.model_flops / measured.stats.median
+
+
+def test_flops_per_step_match_pytorch_flop_counter():
+    # FlopCounterMode counts attention full too: the convention MFU is quoted in.
+    model = measure.build(TINY, "flash", SEQ, "meta")
+    assert measure.training_step_flops(model, SEQ, BATCH) == step.model_flops_per_step(TINY, SEQ, BATCH)
+
+
+def test_selective_recompute_counts_attention_again_in_hfu_only():
+    # Selective recomputation redoes the scores and values: 2 × 8,192 per token, once more.
+    extra = 2 * 8_192 * BATCH * SEQ
+    assert step.hardware_flops_per_step(TINY, SEQ, BATCH, "selective") == 40_894_464 + extra
+
+
+def test_mfu_is_achieved_over_peak(measured):
+    peak = measured.device.peak("fp32")
+    if peak is None:
+        pytest.skip("no FP32 peak estimate for this CPU")
+    assert measured.peak_flops_per_s == peak
+    assert measured.mfu == pytest.approx(measured.achieved_flops_per_s / peak, rel=1e-12)
+    result = step.step_result(measured)
+    assert result.value("flops.mfu") == pytest.approx(100 * measured.mfu, rel=1e-12)
+
+
+def test_mfu_with_a_known_peak(measured):
+    # A device with a 1 TFLOP/s fp32 peak: MFU = model FLOPs / (median × 1e12).
+    device = Device(torch.device("cpu"), "test CPU", None, {"fp32": 1.0}, "test peak")
+    m = replace(measured, device=device)
+    assert m.mfu == pytest.approx(40_894_464 / (m.stats.median * 1e12), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "device,dtype",
+    [(Device(torch.device("cpu"), "test CPU", None, {}, "no peak"), "fp32"), (None, "bf16")],
+    ids=["no peak at all", "bf16 on a CPU with only an fp32 estimate"],
+)
+def test_no_peak_means_no_mfu(measured, device, dtype):
+    m = replace(measured, device=device or Device(torch.device("cpu"), "test CPU", None, {"fp32": 1.0}), dtype=dtype)
+    assert m.peak_flops_per_s is None and m.mfu is None and m.hfu is None
+    result = step.step_result(m)
+    assert math.isnan(result.value("flops.mfu")) and math.isnan(result.value("flops.peak"))
+    assert "not available" in result.term("flops.mfu").note
+    assert result.value("time.tokens_per_s") == m.tokens_per_s  # the rest is still reported
+
+
+def test_memory_recipe_follows_the_dtype():
+    # fp32 model + fp32 AdamW: 4 + 4 + 2 × 4 = 16 bytes per parameter; bf16 model + bf16 AdamW: 2 + 2 + 2 × 2 = 8.
+    fp32 = step.predict_memory(TINY, SEQ, BATCH, "fp32", "flash", "none", "cpu")
+    bf16 = step.predict_memory(TINY, SEQ, BATCH, "bf16", "flash", "none", "cuda")
+    assert (fp32.recipe, fp32.bytes_per_param) == ("fp32", 16)
+    assert (bf16.recipe, bf16.bytes_per_param) == ("bf16-pure", 8)
+    assert fp32.states == 16 * fp32.params and bf16.states == 8 * bf16.params
+    # Activations at the recipe's 2 bytes (logits, norm statistics and token ids stay fp32/int64), bool masks on CUDA.
+    assert bf16.activations == activation_memory(TINY, SEQ, BATCH, 2, "flash", "none", mask_bytes=1).total
+
+
+def test_result_carries_units_inputs_and_conventions(measured):
+    result = step.step_result(measured)
+    assert result.command == "bench-step"
+    units = {t.key: t.unit for s in result.sections for t in s.terms}
+    assert units["median"] == "s" and units["tokens_per_s"] == "tokens/s"
+    assert units["achieved"] == "FLOP/s" and units["mfu"] == "%" and units["predicted"] == "bytes"
+    assert {i.key for i in result.inputs} >= {
+        "model",
+        "seq_len",
+        "micro_batch",
+        "device",
+        "dtype",
+        "attention",
+        "recompute",
+        "repeats",
+    }
+    assert result.value("flops.model_flops") == 40_894_464
+    assert result.value("memory.predicted") == measured.predicted.total
+    assert math.isnan(result.value("memory.measured"))  # the CPU has no allocator peak
+    assert any("CPU peak memory is not measured" in n for n in result.notes)
+    assert any("full (non-causal)" in n for n in result.notes)
+    json.loads(json.dumps(result.as_json()))
+
+
+def test_records(measured):
+    (record,) = step.records(measured)
+    assert record.kind == "step" and record.dtype == "fp32"
+    assert record.figures["tokens_per_s"] == measured.tokens_per_s
+    assert record.figures["model_flops_per_step"] == 40_894_464
+    assert record.figures["flop_convention"] == "full"
+    assert record.software["torch"] == torch.__version__
+    json.dumps(asdict(record))
+
+
+def test_refuses_a_model_too_large_for_this_machine():
+    spec = resolve_model("llama-3.1-405b").spec
+    with pytest.raises(LmcalcError) as refused:
+        step.run_steps(spec, 128, 1, detect("cpu"), "fp32", "flash", "none", 1, 1)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "llama-3.1-405b" in message and "llama-3.2-1b" in message and "gpt2-124m" in message
+    assert "16 bytes" in message  # 4 (weights) + 4 (grads) + 8 (two fp32 AdamW states)
+
+
+def test_limit_without_meminfo_is_4_gb(monkeypatch):
+    monkeypatch.setattr(step, "MEMINFO", "/nonexistent/meminfo")
+    limit, why = step.memory_limit(detect("cpu"))
+    assert limit == 4e9 and "4 GB" in why
+
+
+def test_refuses_bad_dtype_and_too_long_sequence():
+    with pytest.raises(LmcalcError, match="--dtype"):
+        step.run_steps(TINY, SEQ, BATCH, detect("cpu"), "fp16")
+    with pytest.raises(LmcalcError, match="context"):
+        step.run_steps(TINY, 512, 1, detect("cpu"))
+
+
+def test_threads_are_set_for_the_run_and_restored():
+    before = torch.get_num_threads()
+    m = step.run_steps(TINY, SEQ, BATCH, detect("cpu"), "fp32", "flash", "none", 0, 1, threads=1)
+    assert m.threads == 1 and torch.get_num_threads() == before
