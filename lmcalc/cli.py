@@ -687,6 +687,91 @@ def bench_memory(
     _emit(replace(result, notes=(*result.notes, note)), as_json, explain)
 
 
+@bench_app.command("comm")
+def bench_comm(
+    op: Annotated[
+        str, typer.Option("--op", help="all-reduce | all-gather | reduce-scatter (comma list for several).")
+    ] = "all-reduce",
+    sizes: Annotated[
+        str, typer.Option("--sizes", help="Message sizes, binary units: 1M..1G (doubling) or 1M,16M.")
+    ] = "1M..64M",
+    world_size: Annotated[
+        int | None,
+        typer.Option("--world-size", help="Local processes to spawn (default 2; under torchrun: WORLD_SIZE)."),
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="auto | nccl | gloo.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16.")] = "fp32",
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls per size.")] = 5,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per size.")] = 20,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Collectives through torch.distributed (NCCL on GPUs under torchrun, gloo on CPU): algbw and busbw."""
+    _torch_or_fail()
+    from lmcalc.bench import comm
+
+    ops = [o.strip() for o in op.split(",") if o.strip()]
+    measurements = comm.run_collectives(
+        ops if len(ops) > 1 else op,
+        comm.parse_sizes(sizes),
+        world_size,
+        backend,
+        max(0, warmup),
+        _positive_int(repeats, "--repeats"),
+        dtype=dtype,
+    )
+    if not measurements:  # a rank other than 0 under torchrun: rank 0 reports
+        return
+    note = _save(comm.records(measurements, measurements[0].device), save, no_save)
+    result = comm.comm_result(measurements)
+    _emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+
+
+@bench_app.command("step")
+def bench_step(
+    model: ModelOpt,
+    seq: Annotated[str, typer.Option("--seq", help="Sequence length (binary K: 1K = 1024).")] = "256",
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per step.")] = 1,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="fp32 | bf16 (default: bf16 on GPUs, fp32 on CPUs).")
+    ] = None,
+    attention: AttentionOpt = "flash",
+    recompute: RecomputeOpt = "none",
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps first.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed steps.")] = 5,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch (default: torch's).")] = None,
+    device: DeviceOpt = "auto",
+    hardware: HardwareOpt = None,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Real AdamW training steps of the reference model: tokens/s, MFU, and memory against the engine."""
+    _torch_or_fail()
+    from lmcalc.bench import step
+    from lmcalc.bench.device import detect
+
+    spec = pr.resolve_model(model).spec
+    measurement = step.run_steps(
+        spec,
+        int(_seq(seq).value),
+        _positive_int(micro_batch, "--micro-batch"),
+        detect(device, hardware),
+        dtype,
+        _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
+        _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
+        max(0, warmup),
+        _positive_int(repeats, "--repeats"),
+        threads=_positive_int(threads, "--threads") if threads is not None else None,
+    )
+    note = _save(step.records(measurement), save, no_save)
+    result = step.step_result(measurement)
+    _emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+
+
 def _count_int(text: str, flag: str) -> int:
     value = parse_count(text, flag)
     if not value.is_integer():

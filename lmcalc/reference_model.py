@@ -295,6 +295,8 @@ class ReferenceModel(nn.Module):
 
 
 def loss(model: ReferenceModel, tokens: torch.Tensor, recompute: Recompute = "none") -> torch.Tensor:
-    """Next-token cross-entropy in fp32, the way training scripts compute it."""
+    """Next-token cross-entropy in fp32, the way training scripts compute it. The targets are the tokens
+    shifted by one (the last position wraps around to the first token, which keeps every shape at s)."""
     logits = model(tokens, recompute)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens.reshape(-1))
+    targets = tokens.roll(-1, dims=1)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

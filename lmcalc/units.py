@@ -148,6 +148,8 @@ def format_quantity(value: float, unit: str, compact: bool = False) -> str:
         return f"${value:,.0f}"
     if unit == "":
         return f"{value:.6g}"
+    if unit == "s" and 0 < abs(value) < 1:
+        return f"{value * 1e3:.4g} ms" if abs(value) >= 1e-3 else f"{value * 1e6:.4g} µs"
     if unit == "ratio":
         return f"{value:.4g}"
     if unit == "%":

@@ -28,7 +28,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from lmcalc.bench.device import Device
 from lmcalc.bench.results import Record, software_versions
@@ -38,7 +37,7 @@ from lmcalc.engine.memory import MASK_BYTES, activation_memory, state_memory
 from lmcalc.engine.params import count_params
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_optimizer, resolve_precision
-from lmcalc.reference_model import AttentionImpl, Recompute, ReferenceModel
+from lmcalc.reference_model import AttentionImpl, Recompute, ReferenceModel, loss
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import format_quantity, group
@@ -169,19 +168,6 @@ def check_fits(prediction: MemoryPrediction, spec: ModelSpec, seq_len: int, micr
     )
 
 
-def next_token_loss(
-    model: ReferenceModel, inputs: torch.Tensor, targets: torch.Tensor, recompute: Recompute
-) -> torch.Tensor:
-    """fp32 cross-entropy of each position's logits against the token that follows it.
-
-    ``reference_model.loss`` scores each position against its own input token: the same FLOPs and saved
-    tensors, but a model with tied embeddings then predicts its input almost exactly and the loss is 0
-    from the first step, so nothing would show that the optimizer steps.
-    """
-    logits = model(inputs, recompute)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
 @dataclass(frozen=True)
 class StepMeasurement:
     """What ``run_steps`` timed and read, with the figures derived from it."""
@@ -264,12 +250,11 @@ def _timed_steps(
     model = ReferenceModel(spec, attention, max_seq=seq_len, device=torch_device, dtype=TORCH_DTYPES[dtype])
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
-    tokens = torch.randint(0, spec.vocab_size, (micro_batch, seq_len + 1)).to(torch_device)
-    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    tokens = torch.randint(0, spec.vocab_size, (micro_batch, seq_len)).to(torch_device)
     losses: list[torch.Tensor] = []
 
     def training_step(_: int) -> None:
-        value = next_token_loss(model, inputs, targets, recompute)
+        value = loss(model, tokens, recompute)
         value.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

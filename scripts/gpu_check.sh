@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU check of issue #5, in one call: matmul sweeps (bf16, fp16, tf32, fp8), memory bandwidth, real
+# training steps of a 1B preset, and validate's peak-memory row, as JSON plus a summary under OUTDIR.
+# For a CUDA machine with torch already installed and no network; about 3-4 minutes on one H200.
+#   bash scripts/gpu_check.sh OUTDIR
+set -uo pipefail
+out=${1:?usage: scripts/gpu_check.sh OUTDIR}
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" XDG_DATA_HOME="$out" PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+summary="$out/summary.txt"
+: > "$summary"
+if ! $py -c "import torch, typer, pydantic, rich, yaml; assert torch.cuda.is_available()" 2>> "$out/errors.txt"; then
+  echo "gpu_check: needs torch with CUDA and typer, pydantic, rich, pyyaml importable (see $out/errors.txt)" | tee -a "$summary"
+  exit 2
+fi
+$py -c "import torch; p = torch.cuda.get_device_properties(0); print(f'device: {p.name}, {p.total_memory} bytes, torch {torch.__version__}, CUDA {torch.version.cuda}')" | tee -a "$summary"
+date -u +"date: %Y-%m-%dT%H:%M:%SZ" | tee -a "$summary"
+
+step() {  # step NAME TIMEOUT_S lmcalc-args...: run, keep the JSON, add one line to the summary
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  if timeout "$limit" $py -m lmcalc "$@" --json > "$out/$name.json" 2> "$out/$name.err"; then
+    $py - "$out/$name.json" "$name" $((SECONDS - start)) >> "$summary" <<'PY'
+import json, sys
+data, name, seconds = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+picks = []
+for section, terms in data["results"].items():
+    for key in ("achieved", "best", "ratio", "tokens_per_s", "mfu", "error", "median", "predicted_peak", "measured_peak"):
+        if key in terms:
+            t = terms[key]
+            picks.append(f"{section}.{key}={t['value']:.4g} {t['unit']}")
+print(f"{name} ({seconds} s): " + "; ".join(picks[:8]))
+PY
+  else
+    echo "$name FAILED after $((SECONDS - start)) s: $(tail -n 1 "$out/$name.err")" | tee -a "$summary"
+  fi
+}
+
+step matmul_bf16_8192 60 bench --dtype bf16 --shape 8192x8192x8192
+step sweep_bf16 90 bench --dtype bf16 --sweep --warmup 5 --repeats 20
+step sweep_fp16 60 bench --dtype fp16 --sweep --warmup 5 --repeats 20
+step sweep_tf32 60 bench --dtype tf32 --sweep --warmup 5 --repeats 10
+step sweep_fp8 60 bench --dtype fp8 --sweep --warmup 5 --repeats 20
+step model_llama_8b 60 bench --dtype bf16 --model llama-3.1-8b --seq 4096
+step memory 30 bench memory
+step step_llama_1b 90 bench step --model llama-3.2-1b --seq 2048 --micro-batch 2
+step validate_llama_1b 120 validate --model llama-3.2-1b --seq 1024 --recompute none
+cp "$XDG_DATA_HOME/lmcalc/bench.json" "$out/bench.json" 2>/dev/null || true
+echo "done in $SECONDS s" | tee -a "$summary"
