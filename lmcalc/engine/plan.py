@@ -157,7 +157,7 @@ def plan(
                 _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
             )
         )
-    result.fitting.sort(key=lambda c: -c.time.tokens_per_s)
+    result.fitting.sort(key=lambda c: (-round(c.time.tokens_per_s, 6), c.memory.total))  # ties: more headroom
     return result
 
 
