@@ -429,7 +429,9 @@ def plan_command(
     model: ModelOpt,
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 64x8xH100.")],
     seq: SeqOpt = None,
-    global_batch: Annotated[str, typer.Option("--global-batch", help="Tokens per step, binary units: 4M = 4,194,304 (512 × 8192).")] = "4M",
+    global_batch: Annotated[
+        str, typer.Option("--global-batch", help="Tokens per step (binary: 4M = 4,194,304).")
+    ] = "4M",
     top: Annotated[int, typer.Option("--top", help="How many of the fastest layouts to show.")] = 10,
     tp: Annotated[int | None, typer.Option("--tp", help="Pin the tensor-parallel degree.")] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="Pin the pipeline-parallel degree.")] = None,
