@@ -269,6 +269,12 @@ DegreeHelp = {
     "ep": "Expert-parallel degree (MoE models; divides DP·CP).",
 }
 
+DpOpt = Annotated[int | None, typer.Option("--dp", help=DegreeHelp["dp"])]
+TpOpt = Annotated[int, typer.Option("--tp", help=DegreeHelp["tp"])]
+PpOpt = Annotated[int, typer.Option("--pp", help=DegreeHelp["pp"])]
+CpOpt = Annotated[int, typer.Option("--cp", help=DegreeHelp["cp"])]
+EpOpt = Annotated[int, typer.Option("--ep", help=DegreeHelp["ep"])]
+
 
 def build_layout(
     cluster,
@@ -316,11 +322,11 @@ def memory(
     grad_accum: Annotated[
         int, typer.Option("--grad-accum", help="Micro-batches per step (gradient accumulation).")
     ] = 1,
-    dp: Annotated[int | None, typer.Option("--dp", help=DegreeHelp["dp"])] = None,
-    tp: Annotated[int, typer.Option("--tp", help=DegreeHelp["tp"])] = 1,
-    pp: Annotated[int, typer.Option("--pp", help=DegreeHelp["pp"])] = 1,
-    cp: Annotated[int, typer.Option("--cp", help=DegreeHelp["cp"])] = 1,
-    ep: Annotated[int, typer.Option("--ep", help=DegreeHelp["ep"])] = 1,
+    dp: DpOpt = None,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    cp: CpOpt = 1,
+    ep: EpOpt = 1,
     zero: Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 over DP·CP (3 = FSDP full sharding).")] = 0,
     sequence_parallel: Annotated[
         bool,
@@ -384,11 +390,11 @@ def fit_command(
     seq: SeqOpt = None,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per micro-batch.")] = 1,
     grad_accum: Annotated[int, typer.Option("--grad-accum", help="Micro-batches per step.")] = 1,
-    dp: Annotated[int | None, typer.Option("--dp", help=DegreeHelp["dp"])] = None,
-    tp: Annotated[int, typer.Option("--tp", help=DegreeHelp["tp"])] = 1,
-    pp: Annotated[int, typer.Option("--pp", help=DegreeHelp["pp"])] = 1,
-    cp: Annotated[int, typer.Option("--cp", help=DegreeHelp["cp"])] = 1,
-    ep: Annotated[int, typer.Option("--ep", help=DegreeHelp["ep"])] = 1,
+    dp: DpOpt = None,
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    cp: CpOpt = 1,
+    ep: EpOpt = 1,
     zero: Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 over DP·CP.")] = 0,
     sequence_parallel: Annotated[
         bool, typer.Option("--sequence-parallel", help="Sequence parallelism with TP.")
@@ -532,25 +538,31 @@ def _save(records, save: str | None, no_save: bool) -> str:
     return f"saved to {path}"
 
 
+MatmulDtypeOpt = Annotated[
+    str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 | tf32 | fp8 (default: bf16 on GPUs, fp32 on CPUs).")
+]
+ShapeOpt = Annotated[str | None, typer.Option("--shape", help="MxNxK, e.g. 8192x8192x8192.")]
+SweepFlag = Annotated[bool, typer.Option("--sweep", help="Search a grid of shapes; report the best and the spread.")]
+BenchModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Benchmark this model's own matmul shapes.")]
+BenchTpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel split of the model's shapes.")]
+BenchSeqOpt = Annotated[str, typer.Option("--seq", help="Sequence length for --model shapes.")]
+BenchBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Micro-batch for --model shapes.")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="Untimed calls first.")]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", help="Timed calls per shape.")]
+
+
 @bench_app.callback(invoke_without_command=True)
 def bench_main(
     ctx: typer.Context,
-    dtype: Annotated[
-        str | None,
-        typer.Option("--dtype", help="bf16 | fp16 | fp32 | tf32 | fp8 (default: bf16 on GPUs, fp32 on CPUs)."),
-    ] = None,
-    shape: Annotated[str | None, typer.Option("--shape", help="MxNxK, e.g. 8192x8192x8192.")] = None,
-    sweep: Annotated[
-        bool, typer.Option("--sweep", help="Search a grid of shapes; report the best and the spread.")
-    ] = False,
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="Benchmark this model's own matmul shapes.")
-    ] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel split of the model's shapes.")] = 1,
-    seq: Annotated[str, typer.Option("--seq", help="Sequence length for --model shapes.")] = "2048",
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Micro-batch for --model shapes.")] = 1,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls first.")] = 10,
-    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per shape.")] = 50,
+    dtype: MatmulDtypeOpt = None,
+    shape: ShapeOpt = None,
+    sweep: SweepFlag = False,
+    model: BenchModelOpt = None,
+    tp: BenchTpOpt = 1,
+    seq: BenchSeqOpt = "2048",
+    micro_batch: BenchBatchOpt = 1,
+    warmup: WarmupOpt = 10,
+    repeats: RepeatsOpt = 50,
     device: DeviceOpt = "auto",
     hardware: HardwareOpt = None,
     save: SaveOpt = None,
@@ -559,38 +571,37 @@ def bench_main(
     explain: ExplainOpt = False,
 ) -> None:
     """Matmul throughput (one shape, --sweep, or a model's shapes with --model) against the dense peak."""
-    if ctx.invoked_subcommand is not None:
-        return
-    _bench_matmul(
-        dtype,
-        shape,
-        sweep,
-        model,
-        tp,
-        seq,
-        micro_batch,
-        warmup,
-        repeats,
-        device,
-        hardware,
-        save,
-        no_save,
-        as_json,
-        explain,
-    )
+    if ctx.invoked_subcommand is None:
+        _bench_matmul(
+            dtype,
+            shape,
+            sweep,
+            model,
+            tp,
+            seq,
+            micro_batch,
+            warmup,
+            repeats,
+            device,
+            hardware,
+            save,
+            no_save,
+            as_json,
+            explain,
+        )
 
 
 @bench_app.command("matmul")
 def bench_matmul(
-    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 | tf32 | fp8.")] = None,
-    shape: Annotated[str | None, typer.Option("--shape", help="MxNxK.")] = None,
-    sweep: Annotated[bool, typer.Option("--sweep", help="Search a grid of shapes.")] = False,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Benchmark this model's matmul shapes.")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel split of the model's shapes.")] = 1,
-    seq: Annotated[str, typer.Option("--seq", help="Sequence length for --model shapes.")] = "2048",
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Micro-batch for --model shapes.")] = 1,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls first.")] = 10,
-    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per shape.")] = 50,
+    dtype: MatmulDtypeOpt = None,
+    shape: ShapeOpt = None,
+    sweep: SweepFlag = False,
+    model: BenchModelOpt = None,
+    tp: BenchTpOpt = 1,
+    seq: BenchSeqOpt = "2048",
+    micro_batch: BenchBatchOpt = 1,
+    warmup: WarmupOpt = 10,
+    repeats: RepeatsOpt = 50,
     device: DeviceOpt = "auto",
     hardware: HardwareOpt = None,
     save: SaveOpt = None,
@@ -598,7 +609,7 @@ def bench_matmul(
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
-    """Matmul throughput against the dense peak (same as plain `lmcalc bench`)."""
+    """Matmul throughput against the dense peak (the same as plain `lmcalc bench`)."""
     _bench_matmul(
         dtype,
         shape,

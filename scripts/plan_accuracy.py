@@ -1,13 +1,13 @@
 """Regenerate docs/plan-accuracy.md: the planner against published runs (benchmarks/published_runs.yaml).
 
-    python scripts/plan_accuracy.py
+python scripts/plan_accuracy.py
 """
 
-import os
-import tempfile
 import time
 from datetime import date
 from pathlib import Path
+
+from docgen import write_generated
 
 from lmcalc.accuracy import MFU_TOLERANCE, TOP_RANK, assess, load_runs
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
@@ -21,10 +21,12 @@ def main() -> None:
     start = time.perf_counter()
     rows = [assess(run) for run in load_runs(ROOT / "benchmarks" / "published_runs.yaml")]
     lines = [
-        MARKER, "",
+        MARKER,
+        "",
         f"Generated on {date.today().isoformat()} with compute efficiency {DEFAULT_COMPUTE_EFFICIENCY} "
         f"(tolerance ±{MFU_TOLERANCE:.0%} on MFU; rank of the published split among the distinct splits that fit, "
-        f"target top {TOP_RANK}).", "",
+        f"target top {TOP_RANK}).",
+        "",
         "| run | layout as published | published MFU | predicted MFU | error | rank of published split |",
         "|---|---|---|---|---|---|",
     ]
@@ -33,16 +35,14 @@ def main() -> None:
         mfu_ok = "✓" if abs(a.error) <= MFU_TOLERANCE else "✗"
         rank_ok = "✓" if a.rank is not None and a.rank <= TOP_RANK else "✗"
         rank = f"{a.rank} of {a.splits}" if a.rank is not None else f"does not fit (of {a.splits})"
-        lines.append(f"| {r.id} | {r.layout.label}, recompute {r.recompute}, s={r.seq} | {r.mfu:.3f} | "
-                     f"{a.predicted_mfu:.3f} | {a.error:+.1%} {mfu_ok} | {rank} {rank_ok} |")
+        lines.append(
+            f"| {r.id} | {r.layout.label}, recompute {r.recompute}, s={r.seq} | {r.mfu:.3f} | "
+            f"{a.predicted_mfu:.3f} | {a.error:+.1%} {mfu_ok} | {rank} {rank_ok} |"
+        )
     lines += ["", "Assumptions for what the papers leave out:", ""]
     lines += [f"- {a.run.id}: {a.run.assumed}" for a in rows if a.run.assumed]
     lines += ["", f"({len(rows)} runs in {time.perf_counter() - start:.1f} s.)", ""]
-    head = DOC.read_text().split(MARKER)[0]
-    with tempfile.NamedTemporaryFile("w", dir=DOC.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(head + "\n".join(lines))
-    os.replace(tmp.name, DOC)
-    print(f"wrote {DOC}")
+    write_generated(DOC, MARKER, lines)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,13 @@ The text above the marker line in docs/validation.md is kept; the table below it
 (atomically) from this run.
 """
 
-import os
 import platform
-import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
 import torch
+from docgen import write_generated
 
 from lmcalc.presets import registry
 from lmcalc.validate import passed, validate_result
@@ -55,11 +54,7 @@ def main() -> None:
             + f" | {'pass' if passed(result) else 'FAIL'} |"
         )
     lines += ["", f"({len(specs)} presets in {time.perf_counter() - start:.0f} s.)", ""]
-    head = DOC.read_text().split(MARKER)[0]
-    with tempfile.NamedTemporaryFile("w", dir=DOC.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(head + "\n".join(lines))
-    os.replace(tmp.name, DOC)
-    print(f"wrote {DOC}")
+    write_generated(DOC, MARKER, lines)
 
 
 if __name__ == "__main__":
