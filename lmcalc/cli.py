@@ -18,7 +18,6 @@ from lmcalc import __version__
 from lmcalc import estimates as est
 from lmcalc import presets as pr
 from lmcalc.engine import layout as ly
-from lmcalc.engine import plan as pl
 from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
 from lmcalc.render import render
@@ -464,6 +463,7 @@ def plan_command(
     explain: ExplainOpt = False,
 ) -> None:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question)."""
+    from lmcalc.engine import plan as pl
     resolved = pr.resolve_model(model)
     spec = resolved.spec
     cluster = pr.parse_cluster(gpus)

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
-from lmcalc.engine import fit
 from lmcalc.engine import flops as fl
 from lmcalc.engine import layout as ly
 from lmcalc.engine import maxparams as mp
 from lmcalc.engine import memory as mem
-from lmcalc.engine import plan as pl
-from lmcalc.engine import steptime as st
 from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
 from lmcalc.engine.params import count_params, params_section
 from lmcalc.engine.time import DEFAULT_MFU, RunTime, gpus_for_deadline, peak_for, time_terms, whole_gpus
@@ -572,6 +570,7 @@ def fit_result(
     note: str = "",
 ) -> Result:
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit, each with its binding part."""
+    from lmcalc.engine import fit  # only this command searches
     seq = int(seq_len.value)
     ly.check_layout(model, layout, cluster, seq, attention)
     capacity = cluster.hardware.memory_bytes
@@ -669,7 +668,7 @@ def plan_result(
     global_batch_tokens: float,
     precision: PrecisionRecipe,
     optimizer: OptimizerSpec,
-    pins: pl.Pins,
+    pins: Any,
     top: int | None,
     attention: mem.AttentionImpl = "flash",
     efficiency: Given | None = None,
@@ -680,6 +679,8 @@ def plan_result(
 ) -> Result:
     """The fastest layouts that fit, ranked by throughput (``top`` of them; None: all); with ``explain``,
     the winner derived term by term instead."""
+    from lmcalc.engine import plan as pl
+    from lmcalc.engine import steptime as st
     seq = int(seq_len.value)
     sequences = round(global_batch_tokens / seq)
     if sequences < 1:

@@ -94,12 +94,13 @@ def cuda_peak_memory(spec: ModelSpec) -> tuple[float, float, str]:
     the small configuration's proportions scaled to a quarter of the GPU's memory.
     """
     from lmcalc.engine.maxparams import scaled_model
+    from lmcalc.engine.params import count_params
     from lmcalc.engine.memory import activation_memory, state_memory
     from lmcalc.presets import resolve_optimizer, resolve_precision
 
     precision, adamw = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec
     capacity = torch.cuda.get_device_properties(0).total_memory
-    model_spec = spec if 8 * sum_params(spec) < capacity / 4 else scaled_model(spec, capacity / 4 / 8)
+    model_spec = spec if 8 * count_params(spec).total < capacity / 4 else scaled_model(spec, capacity / 4 / 8)
     seq = min(CUDA_CHECK_SEQ, model_spec.max_seq_len)
     model = build(model_spec, "flash", seq, "cuda", torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -118,9 +119,3 @@ def cuda_peak_memory(spec: ModelSpec) -> tuple[float, float, str]:
         + activation_memory(model_spec, seq, 1, precision.activation_bytes, "flash", "none").total
     )
     return predicted, float(measured), f"{model_spec.name}, bf16, s={seq}"
-
-
-def sum_params(spec: ModelSpec) -> int:
-    from lmcalc.engine.params import count_params
-
-    return count_params(spec).total
