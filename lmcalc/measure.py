@@ -94,8 +94,8 @@ def cuda_peak_memory(spec: ModelSpec) -> tuple[float, float, str]:
     the small configuration's proportions scaled to a quarter of the GPU's memory.
     """
     from lmcalc.engine.maxparams import scaled_model
-    from lmcalc.engine.params import count_params
     from lmcalc.engine.memory import activation_memory, state_memory
+    from lmcalc.engine.params import count_params
     from lmcalc.presets import resolve_optimizer, resolve_precision
 
     precision, adamw = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec
