@@ -6,9 +6,11 @@ accounting commands never import torch.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Annotated
 
@@ -84,7 +86,14 @@ def _seq(value: str | None, model=None) -> est.Given:
     return est.Given(int(seq), "--seq")
 
 
+_CAPTURE: ContextVar[list[Result] | None] = ContextVar("lmcalc_capture", default=None)
+
+
 def _emit(result: Result, as_json: bool, explain: bool) -> None:
+    captured = _CAPTURE.get()
+    if captured is not None:  # lmcalc.estimate(): hand the result back instead of printing it
+        captured.append(result)
+        return
     render(result, as_json=as_json, explain=explain)
 
 
@@ -464,6 +473,7 @@ def plan_command(
 ) -> None:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question)."""
     from lmcalc.engine import plan as pl
+
     resolved = pr.resolve_model(model)
     spec = resolved.spec
     cluster = pr.parse_cluster(gpus)
@@ -884,6 +894,31 @@ def presets_show(
     from lmcalc.preset_views import show_preset
 
     show_preset(name, as_json)
+
+
+@presets_app.command("schema")
+def presets_schema(
+    kind: Annotated[str, typer.Argument(help="models | hardware | precisions | optimizers.")] = "models",
+) -> None:
+    """Print the JSON Schema of a preset file, for editors that validate YAML."""
+    from lmcalc.preset_views import preset_schema
+
+    print(json.dumps(preset_schema(_choice(kind, pr.KINDS, "presets schema KIND")), indent=2))
+
+
+def run_captured(argv: list[str]) -> Result:
+    """Run one command as the CLI would and return its result object instead of printing it."""
+    captured: list[Result] = []
+    token = _CAPTURE.set(captured)
+    try:
+        app(args=argv, prog_name="lmcalc", standalone_mode=False)
+    except typer.TyperException as exc:
+        raise LmcalcError(" ".join(getattr(exc, "format_message", exc.__str__)().split("\n"))) from None
+    finally:
+        _CAPTURE.reset(token)
+    if not captured:
+        raise LmcalcError(f"'{' '.join(argv)}' produced no result (use a command that computes one)")
+    return captured[-1]
 
 
 @presets_app.command("check")

@@ -571,6 +571,7 @@ def fit_result(
 ) -> Result:
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit, each with its binding part."""
     from lmcalc.engine import fit  # only this command searches
+
     seq = int(seq_len.value)
     ly.check_layout(model, layout, cluster, seq, attention)
     capacity = cluster.hardware.memory_bytes
@@ -681,6 +682,7 @@ def plan_result(
     the winner derived term by term instead."""
     from lmcalc.engine import plan as pl
     from lmcalc.engine import steptime as st
+
     seq = int(seq_len.value)
     sequences = round(global_batch_tokens / seq)
     if sequences < 1:

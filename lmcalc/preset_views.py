@@ -185,3 +185,19 @@ def check_presets(files: list[str], as_json: bool) -> bool:
         console.print(f"{'ok  ' if o.ok else 'FAIL'} {o.origin}: {o.message}", style=None if o.ok else "bold red")
     console.print(f"{sum(o.ok for o in outcomes)} ok, {sum(not o.ok for o in outcomes)} failed")
     return ok
+
+
+def preset_schema(kind: str) -> dict[str, Any]:
+    """JSON Schema of a preset file of ``kind``: one spec per file, or a list under the kind's name."""
+    schema = pr._SPEC_OF_KIND[kind].model_json_schema()
+    if kind in ("models", "hardware"):
+        return {**schema, "$schema": "https://json-schema.org/draft/2020-12/schema"}
+    definitions = schema.pop("$defs", {})
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"lmcalc {kind} file",
+        "type": "object",
+        "properties": {kind: {"type": "array", "items": schema}},
+        "required": [kind],
+        **({"$defs": definitions} if definitions else {}),
+    }

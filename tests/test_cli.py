@@ -371,3 +371,24 @@ def test_bad_sweep_and_layout(capsys):
     assert code == 2 and "cannot read --sweep" in err
     code, _, err = run("memory --model llama-3-8b --gpus 8xH100 --tp 3", capsys)
     assert code == 2 and "TP·PP·CP = 3 does not divide the 8 GPUs" in err
+
+
+@pytest.mark.parametrize("kind", ["models", "hardware", "precisions", "optimizers"])
+def test_presets_schema_describes_the_files(kind, capsys):
+    code, out, _ = run(["presets", "schema", kind], capsys)
+    schema = json.loads(out)
+    assert code == 0 and schema["$schema"].startswith("https://json-schema.org/")
+    if kind in ("models", "hardware"):
+        assert schema["additionalProperties"] is False and "name" in schema["required"]
+    else:
+        assert schema["required"] == [kind] and schema["properties"][kind]["type"] == "array"
+
+
+def test_python_api_returns_the_same_result_object(capsys):
+    import lmcalc
+
+    result = lmcalc.estimate("train-time", model="llama-3-70b", gpus="1024xH100", tokens="15T", mfu=0.5)
+    data = run_json("train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5", capsys)
+    assert result.as_json() == data
+    with pytest.raises(lmcalc.errors.LmcalcError, match="did you mean"):
+        lmcalc.estimate("flops", model="lama-3-70b")

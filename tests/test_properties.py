@@ -1,0 +1,82 @@
+"""Properties that must hold for any valid input (hypothesis): monotone, consistent units, finite."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmcalc.engine import layout as ly
+from lmcalc.engine import memory as mem
+from lmcalc.engine.time import RunTime, gpus_for_deadline
+from lmcalc.presets import registry, resolve_optimizer, resolve_precision
+from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
+
+MODELS = sorted(registry("models").entries)
+MIXED = resolve_precision("bf16-mixed").spec
+ADAMW = resolve_optimizer("adamw").spec
+model_names = st.sampled_from(MODELS)
+
+
+def spec(name):
+    return registry("models").spec(name)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    flops=st.floats(1e15, 1e27),
+    gpus=st.integers(1, 1 << 20),
+    extra=st.integers(1, 1 << 10),
+    peak=st.floats(1e12, 1e16),
+    mfu=st.floats(0.01, 1.0),
+    tokens=st.floats(1e6, 1e15),
+)
+def test_more_gpus_never_slow_the_napkin_time(flops, gpus, extra, peak, mfu, tokens):
+    fewer, more = RunTime(flops, gpus, peak, mfu, tokens), RunTime(flops, gpus + extra, peak, mfu, tokens)
+    assert more.seconds <= fewer.seconds
+    for run in (fewer, more):  # unit consistency and no NaN/inf, up to 1e27 FLOPs
+        assert math.isfinite(run.seconds) and run.seconds > 0
+        assert run.days * SECONDS_PER_DAY == pytest.approx(run.seconds)
+        assert run.gpu_hours * SECONDS_PER_HOUR == pytest.approx(run.gpus * run.seconds)
+        assert math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0
+    needed = gpus_for_deadline(flops, fewer.days, peak, mfu)
+    assert needed == pytest.approx(gpus)  # the deadline solver inverts the time
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=model_names, dp=st.sampled_from([1, 2, 8, 64, 1024]), seq=st.sampled_from([512, 2048, 8192]))
+def test_more_zero_sharding_never_increases_state_memory(name, dp, seq):
+    model = spec(name)
+    states = [
+        ly.gpu_memory(model, ly.Layout(dp=dp, zero=z), 0, MIXED, ADAMW, seq, "flash", "none", 0).states
+        for z in (0, 1, 2, 3)
+    ]
+    assert states == sorted(states, reverse=True)
+    assert all(math.isfinite(s) and s > 0 for s in states)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=model_names,
+    seq=st.integers(1, 16384),
+    longer=st.integers(1, 16384),
+    batch=st.integers(1, 16),
+    attention=st.sampled_from(["flash", "eager"]),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+)
+def test_longer_sequences_never_shrink_activations(name, seq, longer, batch, attention, recompute):
+    model = spec(name)
+    short = mem.activation_memory(model, seq, batch, 2, attention, recompute).total
+    long = mem.activation_memory(model, seq + longer, batch, 2, attention, recompute).total
+    assert 0 < short <= long and math.isfinite(long)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=model_names, tp=st.sampled_from([1, 2, 4, 8]), sp=st.booleans(), seq=st.sampled_from([1024, 4096]))
+def test_tensor_parallelism_never_increases_a_gpus_share(name, tp, sp, seq):
+    model = spec(name)
+    if model.num_heads % tp or (not model.mla and model.kv_heads % tp):
+        return
+    one = ly.gpu_memory(model, ly.Layout(), 0, MIXED, ADAMW, seq, "flash", "none", 0)
+    split = ly.gpu_memory(model, ly.Layout(tp=tp, sequence_parallel=sp), 0, MIXED, ADAMW, seq, "flash", "none", 0)
+    assert split.states <= one.states and split.activations <= one.activations
