@@ -354,13 +354,47 @@ def memory(
     sweep: Annotated[
         str | None, typer.Option("--sweep", help="One row per value: seq=1k,4k,16k,64k or micro-batch=1,2,4,8.")
     ] = None,
+    inference: Annotated[bool, typer.Option("--inference", help="Serving memory instead: weights + KV cache.")] = False,
+    batch: Annotated[int, typer.Option("--batch", help="With --inference: sequences served at once.")] = 1,
+    context: Annotated[
+        str | None, typer.Option("--context", help="With --inference: tokens per sequence (8K = 8192).")
+    ] = None,
+    weights_dtype: Annotated[
+        str, typer.Option("--weights-dtype", help="With --inference: bf16 | fp16 | fp8 | int8 | int4.")
+    ] = "bf16",
+    kv_dtype: Annotated[
+        str, typer.Option("--kv-dtype", help="With --inference: KV-cache dtype (bf16 | fp16 | fp8).")
+    ] = "bf16",
+    quant_group: Annotated[
+        int | None,
+        typer.Option(
+            "--quant-group", help="With --inference: count one fp16 scale per group of this many int8/int4 weights."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
-    """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout."""
+    """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout
+    (or, with --inference, of serving: weights and KV cache)."""
     resolved = pr.resolve_model(model)
     spec = resolved.spec
     cluster = pr.parse_cluster(gpus)
+    if inference:
+        ctx = int(_seq(context, spec).value)
+        result = est.inference_result(
+            spec,
+            cluster,
+            _positive_int(batch, "--batch"),
+            ctx,
+            weights_dtype,
+            kv_dtype,
+            _positive_int(tp, "--tp"),
+            parse_bytes(overhead, "--overhead"),
+            quant_group,
+            note=resolved.note,
+        )
+        _emit(result, as_json, explain)
+        return
     recipe, opt = pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec
     attention = _choice(attention, ("flash", "eager"), "--attention")
     recompute = _choice(recompute, ("none", "selective", "full"), "--recompute")

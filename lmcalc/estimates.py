@@ -841,3 +841,58 @@ def winner_sections(
         ),
     )
     return (*memory, time)
+
+
+def inference_result(
+    model: ModelSpec,
+    cluster: Cluster,
+    batch: int,
+    context: int,
+    weights_dtype: str,
+    kv_dtype: str,
+    tp: int,
+    overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
+    quant_group_size: int | None = None,
+    note: str = "",
+) -> Result:
+    """Serving memory per GPU: weights (any dtype, int8/int4 included), the KV cache, and what fits."""
+    from lmcalc.engine import inference as inf
+
+    capacity = cluster.hardware.memory_bytes
+    sections = inf.inference_sections(
+        model,
+        batch,
+        context,
+        weights_dtype,
+        kv_dtype,
+        capacity,
+        tp,
+        overhead_bytes,
+        capacity_label=f"{cluster.hardware.name}: {cluster.hardware.memory_label}",
+        quant_group_size=quant_group_size,
+    )
+    inputs = (
+        _model_input(model, note),
+        Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
+        Input("tp", "Tensor-parallel GPUs", tp, origin="--tp"),
+        Input("batch", "Batch", batch, "sequences", "--batch"),
+        Input("context", "Context", context, "tokens", "--context"),
+        Input("weights_dtype", "Weights dtype", weights_dtype, origin="--weights-dtype"),
+        Input("kv_dtype", "KV-cache dtype", kv_dtype, origin="--kv-dtype"),
+    )
+    notes = (
+        *_model_notes(model, note),
+        *context_note(model, context),
+        "inference keeps no gradients and no optimizer states: weights, the KV cache and a working allowance",
+    )
+    return checked(
+        Result(
+            "memory-inference",
+            f"Inference memory per GPU: {model.label}",
+            inputs,
+            sections,
+            notes,
+            stack=inf.INFERENCE_STACK,
+            capacity=inf.INFERENCE_CAPACITY,
+        )
+    )

@@ -392,3 +392,15 @@ def test_python_api_returns_the_same_result_object(capsys):
     assert result.as_json() == data
     with pytest.raises(lmcalc.errors.LmcalcError, match="did you mean"):
         lmcalc.estimate("flops", model="lama-3-70b")
+
+
+def test_inference_memory(capsys):
+    # Llama 3.1 8B in bf16: 131,072 bytes of KV cache per token (2 · 32 layers · 8 KV heads · 128 · 2 B);
+    # the largest batch at 8192 tokens is ⌊(80e9 − weights − 2 GiB) / (8192 · 131,072)⌋.
+    data = run_json("memory --model llama-3.1-8b --inference --batch 32 --context 8K", capsys)
+    per_gpu = data["results"]["per_gpu"]
+    budget = 80e9 - 8_030_261_248 * 2 - 2 * 2**30
+    assert per_gpu["max_batch"]["value"] == budget // (8192 * 131_072)
+    assert data["results"]["kv_cache"]["per_token"]["value"] == 131_072
+    code, _, err = run("memory --model llama-3.1-70b --inference --weights-dtype fp32", capsys)
+    assert code == 2 and "do not fit" in err

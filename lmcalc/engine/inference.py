@@ -1,0 +1,475 @@
+"""Memory of serving a model: the weights, the KV cache, and how many sequences fit on one GPU.
+
+Inference keeps no gradients, no optimizer states and no activations for a backward pass (the lecture:
+"we don't do this during inference, we don't have to do all this back prop"). A GPU holds the weights,
+the key/value cache of every sequence it is generating, and transient working memory (the forward
+pass's activations, logits, kernel workspaces), which the overhead allowance covers.
+
+The KV cache: every attention layer keeps, for each token already seen, what later tokens attend to
+(DeepSeek-V2, arXiv:2405.04434, §2.1 and Table 1, per token and layer):
+
+- multi-head, grouped-query and multi-query attention keep K and V for the H_kv key-value heads:
+  H_kv·(d_k + d_v) = 2·H_kv·d elements (MHA: H_kv = H; GQA, Ainslie et al. 2023: H_kv < H;
+  MQA, Shazeer 2019: H_kv = 1);
+- multi-head latent attention (DeepSeek-V2/V3, §2.1.2–2.1.3) keeps the compressed KV latent c^KV
+  (d_c = kv_lora_rank) and the decoupled RoPE key k^R that all heads share (d_h^R = qk_rope_head_dim):
+  d_c + d_h^R elements. This is what inference engines cache: the K and V up-projections are absorbed
+  into the query and output projections, and vLLM stores MLA as one "head" of kv_lora_rank +
+  qk_rope_head_dim (``ModelConfig.get_num_kv_heads``: "When using MLA during decode it becomes MQA").
+
+The whole cache is tokens × layers × elements per token and layer × bytes of the KV dtype. Every layer
+of the models lmcalc describes has attention, MoE ones included (MoE changes only the feed-forward);
+sliding-window attention (a rolling cache of the window) is not modelled: the cache holds every token.
+
+Tensor parallelism over ``tp`` GPUs follows vLLM's ``QKVParallelLinear``: the query heads are split,
+and the KV heads are split when H_kv ≥ TP (TP must divide H_kv) or replicated when H_kv < TP (TP must
+be a multiple of H_kv), so each GPU caches max(1, H_kv/TP) heads. MLA's latent is shared by all heads,
+so every TP rank caches all of it. The weights are taken as evenly split, N·bytes/TP: an approximation,
+since norms and routers are replicated on every rank.
+
+The memory of one GPU is W/TP + b·s·c + overhead, with c the cache bytes per token on that GPU, so
+it is linear in b·s: the largest batch at context s is ⌊(C − W/TP − overhead) / (s·c)⌋ and the longest
+context at batch b is ⌊(C − W/TP − overhead) / (b·c)⌋. Paged caches allocate in blocks (vLLM: 16
+tokens), which rounds each sequence up to a block; that rounding is not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from math import ceil
+
+from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
+from lmcalc.engine.numerics import DTYPE_ALIASES, dtype_bytes
+from lmcalc.engine.params import count_params
+from lmcalc.errors import LmcalcError
+from lmcalc.result import Section, Term
+from lmcalc.specs import ModelSpec
+from lmcalc.units import GB, group
+
+SERVING_DTYPES = ("fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "int8", "int4")
+"""Storage formats accepted for the weights and the KV cache (aliases such as ``fp8`` and ``bfloat16`` too)."""
+
+QUANTIZED_WEIGHT_DTYPES = ("int8", "int4")
+"""Integer weight formats that carry group-wise scales when ``quant_group_size`` is given."""
+
+QUANT_SCALE_BYTES = 2
+"""One fp16 scale per group of weights in group-wise integer quantisation (GPTQ, Frantar et al. 2022, arXiv:2210.17323,
+'grouping'; AWQ, Lin et al. 2023, default group size 128). An assumption of lmcalc's, counted only when a
+group size is given: zero-points (asymmetric schemes), per-channel and per-tensor scales are not counted."""
+
+KV_CACHE_SOURCE = "DeepSeek-V2 (arXiv:2405.04434) §2.1, Table 1: KV cache per token"
+TP_SOURCE = "vLLM QKVParallelLinear / ModelConfig.get_num_kv_heads: KV heads split, or replicated when H_kv < TP"
+
+
+def serving_dtype_bytes(name: str, what: str) -> float:
+    """Bytes of one weight or cache element stored as ``name``; ``what`` names the setting in errors."""
+    key = DTYPE_ALIASES.get(name.lower(), name.lower())
+    if key not in SERVING_DTYPES:
+        raise LmcalcError(f"unknown {what} '{name}'; accepted: fp32, fp16, bf16, fp8, int8, int4")
+    return dtype_bytes(key)
+
+
+def kv_elements_per_token_per_layer(spec: ModelSpec) -> int:
+    """Cache elements one token leaves in one attention layer: H_kv·(d_k + d_v), or d_c + d_rope for MLA."""
+    if spec.mla:
+        return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
+    return spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim)
+
+
+def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
+    """KV heads cached on each of ``tp`` GPUs: H_kv/TP, or 1 (replicated) when H_kv < TP; MLA's latent is 1."""
+    _check_positive(tp, "tensor-parallel degree (TP)", "GPUs")
+    if spec.num_heads % tp:
+        raise LmcalcError(f"TP={tp} does not divide the {spec.num_heads} attention heads of {spec.name}")
+    if spec.mla:
+        return 1
+    kv = spec.kv_heads
+    if kv >= tp and kv % tp:
+        raise LmcalcError(f"TP={tp} does not divide the {kv} KV heads of {spec.name}")
+    if kv < tp and tp % kv:
+        raise LmcalcError(
+            f"TP={tp} is not a multiple of the {kv} KV heads of {spec.name}, so they cannot be replicated"
+        )
+    return max(1, kv // tp)
+
+
+def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> int:
+    """What one GPU of ``tp`` caches per token and layer: its KV heads, or the whole MLA latent."""
+    heads = kv_heads_per_gpu(spec, tp)
+    if spec.mla:
+        return kv_elements_per_token_per_layer(spec)
+    return heads * (spec.qk_head_dim + spec.v_head_dim)
+
+
+def kv_cache_bytes_per_token(spec: ModelSpec, kv_dtype: str, tp: int = 1) -> float:
+    """Cache bytes per token over all layers, on one GPU of ``tp`` (the whole model for tp = 1)."""
+    per_layer = kv_elements_per_token_per_layer_per_gpu(spec, tp)
+    return spec.num_layers * per_layer * serving_dtype_bytes(kv_dtype, "KV-cache dtype")
+
+
+def weights_bytes(spec: ModelSpec, weights_dtype: str) -> float:
+    """Every parameter (all experts of an MoE) at the weight dtype; quantisation scales not included."""
+    return count_params(spec).total * serving_dtype_bytes(weights_dtype, "weights dtype")
+
+
+def quant_scale_bytes(spec: ModelSpec, weights_dtype: str, quant_group_size: int | None) -> float:
+    """One fp16 scale per ``quant_group_size`` weights for int8/int4 group-wise quantisation; 0 when not asked."""
+    if quant_group_size is None or weights_dtype.lower() not in QUANTIZED_WEIGHT_DTYPES:
+        return 0.0
+    _check_positive(quant_group_size, "quantisation group size", "weights")
+    return ceil(count_params(spec).total / quant_group_size) * QUANT_SCALE_BYTES
+
+
+def _check_positive(value: int, what: str, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LmcalcError(f"{what} must be a positive whole number of {unit}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class InferenceMemory:
+    """Memory of serving ``batch`` sequences of ``context`` tokens, for the whole model and for one GPU of ``tp``."""
+
+    params: int
+    weights: float  # whole model
+    quant_scales: float  # whole model; 0 unless a group size was given
+    kv_per_token_per_layer: float  # whole model, bytes
+    kv_per_token_per_layer_per_gpu: float  # bytes on one GPU of tp
+    layers: int
+    batch: int
+    context: int
+    tp: int
+    overhead: float
+    capacity: float
+
+    @property
+    def weights_per_gpu(self) -> float:
+        return (self.weights + self.quant_scales) / self.tp
+
+    @property
+    def kv_per_token(self) -> float:
+        return self.layers * self.kv_per_token_per_layer
+
+    @property
+    def kv_per_token_per_gpu(self) -> float:
+        return self.layers * self.kv_per_token_per_layer_per_gpu
+
+    @property
+    def kv_cache(self) -> float:
+        """The whole cache of the batch, counted once (no TP replication)."""
+        return self.batch * self.context * self.kv_per_token
+
+    @property
+    def kv_cache_per_gpu(self) -> float:
+        return self.batch * self.context * self.kv_per_token_per_gpu
+
+    @property
+    def total_per_gpu(self) -> float:
+        return self.weights_per_gpu + self.kv_cache_per_gpu + self.overhead
+
+    @property
+    def cache_budget(self) -> float:
+        """What one GPU has left for the cache after the weights and the overhead allowance."""
+        return self.capacity - self.weights_per_gpu - self.overhead
+
+    @property
+    def max_batch(self) -> int:
+        """The most sequences of ``context`` tokens whose cache fits: ⌊budget / (s·c)⌋."""
+        return _whole_fit(self.cache_budget, self.context * self.kv_per_token_per_gpu)
+
+    @property
+    def max_context(self) -> int:
+        """The most tokens per sequence at ``batch`` sequences whose cache fits: ⌊budget / (b·c)⌋."""
+        return _whole_fit(self.cache_budget, self.batch * self.kv_per_token_per_gpu)
+
+
+def _whole_fit(budget: float, bytes_each: float) -> int:
+    """⌊budget / bytes_each⌋, in exact arithmetic so that a cache filling the GPU to the byte still fits."""
+    return int(Fraction(budget) // Fraction(bytes_each))
+
+
+def inference_memory(
+    spec: ModelSpec,
+    batch: int,
+    context: int,
+    weights_dtype: str,
+    kv_dtype: str,
+    capacity_bytes: float,
+    tp: int = 1,
+    overhead_bytes: float = OVERHEAD_ALLOWANCE_BYTES,
+    quant_group_size: int | None = None,
+) -> InferenceMemory:
+    """Weights and KV cache of serving ``spec``; refuses settings where the weights alone do not fit a GPU."""
+    _check_positive(batch, "batch", "sequences")
+    _check_positive(context, "context", "tokens")
+    kv_bytes = serving_dtype_bytes(kv_dtype, "KV-cache dtype")
+    memory = InferenceMemory(
+        params=count_params(spec).total,
+        weights=weights_bytes(spec, weights_dtype),
+        quant_scales=quant_scale_bytes(spec, weights_dtype, quant_group_size),
+        kv_per_token_per_layer=kv_elements_per_token_per_layer(spec) * kv_bytes,
+        kv_per_token_per_layer_per_gpu=kv_elements_per_token_per_layer_per_gpu(spec, tp) * kv_bytes,
+        layers=spec.num_layers,
+        batch=batch,
+        context=context,
+        tp=tp,
+        overhead=overhead_bytes,
+        capacity=capacity_bytes,
+    )
+    if memory.cache_budget < 0:
+        raise LmcalcError(
+            f"the weights alone do not fit: {memory.weights_per_gpu / GB:.2f} GB per GPU (TP={tp}) + "
+            f"{overhead_bytes / GB:.2f} GB overhead > {capacity_bytes / GB:.2f} GB of GPU memory, "
+            f"short by {-memory.cache_budget / GB:.2f} GB; try a larger TP or a smaller weights dtype"
+        )
+    return memory
+
+
+def _weights_section(spec: ModelSpec, memory: InferenceMemory, weights_dtype: str) -> Section:
+    n, tp = memory.params, memory.tp
+    per_param = memory.weights / n
+    terms = [
+        Term(
+            "params",
+            "Parameters held",
+            n,
+            "params",
+            "every tensor" + (", all routed experts" if spec.moe else ""),
+            group(n),
+            "lmcalc.engine.params.count_params",
+            note=f"each token uses {spec.moe.experts_per_token} of {spec.moe.num_experts} routed experts, "
+            "but all of them are held in memory"
+            if spec.moe
+            else "",
+        ),
+        Term(
+            "weights",
+            f"Weights ({weights_dtype})",
+            memory.weights,
+            "bytes",
+            "N · bytes per weight",
+            f"{group(n)} × {per_param:g} B",
+            note="every parameter at this dtype; quantised checkpoints often keep the embedding, head and norms "
+            "in 16-bit (not modelled); "
+            + (
+                "group scales counted below, zero-points not counted"
+                if memory.quant_scales
+                else "quantisation scales and zero-points not counted"
+            ),
+        ),
+    ]
+    if memory.quant_scales:
+        groups = memory.quant_scales / QUANT_SCALE_BYTES
+        terms.append(
+            Term(
+                "quant_scales",
+                "Quantisation scales (fp16 per group)",
+                memory.quant_scales,
+                "bytes",
+                f"⌈N / group⌉ · {QUANT_SCALE_BYTES} B",
+                f"{group(groups)} groups × {QUANT_SCALE_BYTES} B",
+                "assumption: one fp16 scale per group, as GPTQ/AWQ group-wise quantisation; zero-points not counted",
+            )
+        )
+    scales = " + scales" if memory.quant_scales else ""
+    terms.append(
+        Term(
+            "weights_per_gpu",
+            "Weights per GPU",
+            memory.weights_per_gpu,
+            "bytes",
+            f"(weights{scales}) / TP",
+            f"{group(memory.weights + memory.quant_scales)} B / {tp}",
+            note="approximate: norms and routers are replicated on every TP rank" if tp > 1 else "",
+        )
+    )
+    return Section("weights", "Weights", tuple(terms))
+
+
+def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[str, str]:
+    """``2·H_kv·d·bytes`` with its numbers, or MLA's ``(d_c + d_rope)·bytes``."""
+    if spec.mla:
+        m = spec.mla
+        return "(d_c + d_rope) · bytes", f"({m.kv_lora_rank} + {m.qk_rope_head_dim}) × {kv_bytes:g} B"
+    if spec.qk_head_dim == spec.v_head_dim:
+        return "2 · H_kv · d · bytes", f"2 × {heads} × {spec.head_size} × {kv_bytes:g} B"
+    return "H_kv · (d_k + d_v) · bytes", f"{heads} × ({spec.qk_head_dim} + {spec.v_head_dim}) × {kv_bytes:g} B"
+
+
+def _attention_kind(spec: ModelSpec) -> str:
+    if spec.mla:
+        return "MLA: the compressed KV latent and the shared RoPE key"
+    if spec.kv_heads == spec.num_heads:
+        return f"MHA: K and V for all {spec.num_heads} heads"
+    if spec.kv_heads == 1:
+        return f"MQA: K and V for 1 head shared by {spec.num_heads}"
+    return f"GQA: K and V for {spec.kv_heads} KV heads shared by {spec.num_heads} query heads"
+
+
+def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Section:
+    kv_bytes = memory.kv_per_token_per_layer / kv_elements_per_token_per_layer(spec)
+    L, b, s, tp = memory.layers, memory.batch, memory.context, memory.tp
+    formula, numbers = _per_layer_formula(spec, kv_bytes, spec.kv_heads)
+    terms = [
+        Term(
+            "per_token_per_layer",
+            f"Per token, one layer ({kv_dtype})",
+            memory.kv_per_token_per_layer,
+            "bytes",
+            formula,
+            numbers,
+            KV_CACHE_SOURCE,
+            note=_attention_kind(spec),
+        ),
+        Term(
+            "per_token",
+            "Per token, all layers",
+            memory.kv_per_token,
+            "bytes",
+            "L · per token per layer",
+            f"{L} × {group(memory.kv_per_token_per_layer)} B",
+            note="every layer has attention (MoE changes only the feed-forward)" if spec.moe else "",
+        ),
+        Term(
+            "per_sequence",
+            "Per sequence",
+            s * memory.kv_per_token,
+            "bytes",
+            "context · per token",
+            f"{s} × {group(memory.kv_per_token)} B",
+        ),
+        Term(
+            "total",
+            "Whole batch",
+            memory.kv_cache,
+            "bytes",
+            "batch · context · per token",
+            f"{b} × {s} × {group(memory.kv_per_token)} B",
+        ),
+    ]
+    if tp > 1:
+        heads = kv_heads_per_gpu(spec, tp)
+        if spec.mla:
+            gpu_formula, gpu_numbers = "L · " + formula, f"{L} × {numbers}"
+            gpu_note = "MLA's latent serves every head, so each TP rank caches all of it"
+        else:
+            layer_formula, layer_numbers = _per_layer_formula(spec, kv_bytes, heads)
+            gpu_formula = "L · " + layer_formula.replace("H_kv", "max(1, H_kv/TP)")
+            gpu_numbers = f"{L} × {layer_numbers}"
+            gpu_note = (
+                f"the {spec.kv_heads} KV heads are replicated over TP={tp}: one per GPU"
+                if spec.kv_heads < tp
+                else f"{spec.kv_heads} KV heads split over TP={tp}"
+            )
+        terms.append(
+            Term(
+                "per_token_per_gpu",
+                "Per token on one GPU",
+                memory.kv_per_token_per_gpu,
+                "bytes",
+                gpu_formula,
+                gpu_numbers,
+                TP_SOURCE,
+                note=gpu_note,
+            )
+        )
+    terms.append(
+        Term(
+            "per_gpu",
+            "Whole batch on one GPU",
+            memory.kv_cache_per_gpu,
+            "bytes",
+            "batch · context · per token on one GPU",
+            f"{b} × {s} × {group(memory.kv_per_token_per_gpu)} B",
+        )
+    )
+    return Section("kv_cache", f"KV cache ({b} × {s} tokens)", tuple(terms))
+
+
+def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_label: str) -> Section:
+    total, capacity = memory.total_per_gpu, memory.capacity
+    budget, c = memory.cache_budget, memory.kv_per_token_per_gpu
+    budget_text = f"({group(capacity)} − {group(memory.weights_per_gpu)} − {group(memory.overhead)}) B"
+    max_context = memory.max_context
+    return Section(
+        "per_gpu",
+        f"Memory per GPU (TP={memory.tp})",
+        (
+            Term(
+                "weights",
+                "Weights",
+                memory.weights_per_gpu,
+                "bytes",
+                "(weights + scales) / TP" if memory.quant_scales else "weights / TP",
+            ),
+            Term("kv_cache", "KV cache", memory.kv_cache_per_gpu, "bytes", "batch · context · per token on one GPU"),
+            Term(
+                "overhead",
+                "Overhead allowance",
+                memory.overhead,
+                "bytes",
+                "CUDA context, workspaces, forward activations and logits, fragmentation",
+                source="lmcalc allowance (not measured), change with --overhead",
+            ),
+            Term("total", "Total", total, "bytes", "weights + KV cache + overhead"),
+            Term("capacity", "GPU memory", capacity, "bytes", capacity_label),
+            Term("headroom", "Headroom", capacity - total, "bytes", "capacity − total", note="negative: does not fit"),
+            Term(
+                "cache_budget",
+                "Memory left for the KV cache",
+                budget,
+                "bytes",
+                "capacity − weights − overhead",
+                budget_text,
+            ),
+            Term(
+                "max_batch",
+                f"Largest batch at {memory.context} tokens",
+                memory.max_batch,
+                "sequences",
+                "⌊cache budget / (context · per token on one GPU)⌋",
+                f"⌊{group(budget)} / ({memory.context} × {group(c)})⌋",
+                note="not even one sequence of this context fits" if memory.max_batch == 0 else "",
+            ),
+            Term(
+                "max_context",
+                f"Longest context at batch {memory.batch}",
+                max_context,
+                "tokens",
+                "⌊cache budget / (batch · per token on one GPU)⌋",
+                f"⌊{group(budget)} / ({memory.batch} × {group(c)})⌋",
+                note=f"memory allows more than {spec.name}'s context of {spec.max_seq_len} tokens"
+                if max_context > spec.max_seq_len
+                else "",
+            ),
+        ),
+    )
+
+
+INFERENCE_STACK = ("per_gpu.weights", "per_gpu.kv_cache", "per_gpu.overhead")
+"""Term keys a memory bar stacks against ``INFERENCE_CAPACITY`` (see ``Result.stack``)."""
+INFERENCE_CAPACITY = "per_gpu.capacity"
+
+
+def inference_sections(
+    spec: ModelSpec,
+    batch: int,
+    context: int,
+    weights_dtype: str,
+    kv_dtype: str,
+    capacity_bytes: float,
+    tp: int = 1,
+    overhead_bytes: float = OVERHEAD_ALLOWANCE_BYTES,
+    *,
+    capacity_label: str = "",
+    quant_group_size: int | None = None,
+) -> tuple[Section, ...]:
+    """Serving memory as terms: the weights, the KV cache, and one GPU's total with the largest batch and context."""
+    memory = inference_memory(
+        spec, batch, context, weights_dtype, kv_dtype, capacity_bytes, tp, overhead_bytes, quant_group_size
+    )
+    return (
+        _weights_section(spec, memory, weights_dtype),
+        _kv_section(spec, memory, kv_dtype),
+        _per_gpu_section(spec, memory, capacity_label),
+    )
