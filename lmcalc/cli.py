@@ -846,6 +846,40 @@ def _sweep(text: str) -> tuple[str, list[str]]:
     return name, items
 
 
+@app.command("optimal")
+def optimal(
+    compute: Annotated[str | None, typer.Option("--compute", help="Training budget in FLOPs, e.g. 1e24.")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="Or a cluster (with --days), e.g. 1024xH100.")] = None,
+    days: Annotated[float | None, typer.Option("--days", help="With --gpus: days of training.")] = None,
+    mfu: Annotated[
+        float | None, typer.Option("--mfu", help="With --gpus: model FLOPs utilisation (default 0.4).")
+    ] = None,
+    tokens_per_param: Annotated[float, typer.Option("--tokens-per-param", help="The rule of thumb's ratio.")] = 20,
+    precision: PrecisionOpt = "bf16-mixed",
+    price: Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour.")] = None,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Compute-optimal parameters and tokens (Hoffmann et al. 2022) for a FLOP budget or a cluster and deadline."""
+    _finite(days, "--days")
+    _finite(tokens_per_param, "--tokens-per-param")
+    _finite(price, "--price-per-gpu-hour", allow_zero=True)
+    if compute is not None and gpus is not None:
+        raise LmcalcError("give either --compute or --gpus with --days, not both")
+    cluster = pr.parse_cluster(gpus) if gpus else None
+    recipe = pr.resolve_precision(precision).spec if cluster else None
+    result = est.optimal_result(
+        parse_count(compute, "--compute") if compute else None,
+        cluster,
+        days,
+        recipe,
+        est.Given(mfu, "--mfu") if mfu is not None else None,
+        tokens_per_param,
+        price,
+    )
+    _emit(result, as_json, explain)
+
+
 @app.command("params")
 def params(model: ModelOpt, as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
     """The exact parameter count, tensor group by tensor group."""

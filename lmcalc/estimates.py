@@ -15,6 +15,7 @@ from lmcalc.engine import layout as ly
 from lmcalc.engine import maxparams as mp
 from lmcalc.engine import memory as mem
 from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
+from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, params_section
 from lmcalc.engine.time import DEFAULT_MFU, RunTime, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.errors import LmcalcError
@@ -22,7 +23,6 @@ from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 from lmcalc.units import GB, GiB, group, sci
 
-CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal D ≈ 20·N
 DEFAULT_SEQ_CAP = 8192
 
 
@@ -52,7 +52,7 @@ def default_tokens(model: ModelSpec) -> Given:
         return Given(model.training_tokens, f"preset: {model.training_tokens_source or 'published'}")
     n = fl.napkin_params(model)
     return Given(
-        CHINCHILLA_TOKENS_PER_PARAM * n,
+        TOKENS_PER_PARAM * n,
         f"default: compute-optimal 20 tokens/parameter (Hoffmann et al. 2022) × {group(n)}",
     )
 
@@ -896,3 +896,48 @@ def inference_result(
             capacity=inf.INFERENCE_CAPACITY,
         )
     )
+
+
+def optimal_result(
+    compute: float | None = None,
+    cluster: Cluster | None = None,
+    days: float | None = None,
+    precision: PrecisionRecipe | None = None,
+    mfu: Given | None = None,
+    tokens_per_param: float = TOKENS_PER_PARAM,
+    price_per_gpu_hour: float | None = None,
+) -> Result:
+    """The compute-optimal model size and tokens for a budget in FLOPs, or for a cluster and a deadline."""
+    from lmcalc.engine import optimal as opt
+
+    mfu = mfu or default_mfu()
+    budget: tuple[Section, ...] = ()
+    inputs: list[Input] = []
+    if compute is None:
+        if cluster is None or days is None or precision is None:
+            raise LmcalcError("give --compute (e.g. 1e24), or --gpus with --days (e.g. --gpus 1024xH100 --days 30)")
+        section = opt.budget_section(cluster, precision, mfu.value, days)
+        compute, budget = section.term("compute").value, (section,)
+        inputs += [
+            Input("cluster", "Cluster", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
+            Input("days", "Deadline", days, "days", "--days"),
+            Input("mfu", "MFU", mfu.value, origin=mfu.origin),
+            Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
+        ]
+    else:
+        inputs.append(Input("compute", "Compute budget", compute, "FLOPs", "--compute"))
+    sections = opt.optimal_sections(
+        compute,
+        cluster,
+        precision if cluster else None,
+        mfu.value if cluster else None,
+        tokens_per_param,
+        price_per_gpu_hour=price_per_gpu_hour,
+    )
+    notes = (
+        "Hoffmann et al. 2022: ~20 tokens per parameter; the paper's fitted law (Approach 3, rounded constants) "
+        "favours smaller models on more tokens (Besiroglu et al. 2024 discuss why)",
+    )
+    if cluster and mfu.origin.startswith("assumption"):
+        notes += (f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu",)
+    return checked(Result("optimal", "Compute-optimal model and data", tuple(inputs), (*budget, *sections), notes))

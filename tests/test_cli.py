@@ -404,3 +404,14 @@ def test_inference_memory(capsys):
     assert data["results"]["kv_cache"]["per_token"]["value"] == 131_072
     code, _, err = run("memory --model llama-3.1-70b --inference --weights-dtype fp32", capsys)
     assert code == 2 and "do not fit" in err
+
+
+def test_optimal_command(capsys):
+    # Hoffmann et al. 2022 rule: C = 6·N·(20·N) -> N = sqrt(C/120); at 1e24 FLOPs N = 91.29B.
+    data = run_json("optimal --compute 1e24", capsys)
+    assert data["results"]["rule_of_thumb"]["params"]["value"] == pytest.approx((1e24 / 120) ** 0.5)
+    data = run_json("optimal --gpus 1024xH100 --days 30 --mfu 0.4", capsys)
+    # C = 1024 GPUs · 989.5e12 FLOP/s · 0.4 · 30 · 86,400 s
+    assert data["results"]["budget"]["compute"]["value"] == pytest.approx(1024 * 989.5e12 * 0.4 * 30 * 86_400)
+    code, _, err = run("optimal --days 30", capsys)
+    assert code == 2 and "give --compute" in err
