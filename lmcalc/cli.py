@@ -354,6 +354,10 @@ def memory(
     sweep: Annotated[
         str | None, typer.Option("--sweep", help="One row per value: seq=1k,4k,16k,64k or micro-batch=1,2,4,8.")
     ] = None,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="Also draw the breakdown: memory.png / .svg / .pdf.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
     inference: Annotated[bool, typer.Option("--inference", help="Serving memory instead: weights + KV cache.")] = False,
     batch: Annotated[int, typer.Option("--batch", help="With --inference: sequences served at once.")] = 1,
     context: Annotated[
@@ -393,7 +397,7 @@ def memory(
             quant_group,
             note=resolved.note,
         )
-        _emit(result, as_json, explain)
+        _emit_with_plot(result, as_json, explain, plot, force)
         return
     recipe, opt = pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec
     attention = _choice(attention, ("flash", "eager"), "--attention")
@@ -418,11 +422,23 @@ def memory(
         )
 
     if sweep is None:
-        _emit(one(seq, micro_batch), as_json, explain)
+        _emit_with_plot(one(seq, micro_batch), as_json, explain, plot, force)
         return
     name, values = _sweep(sweep)
     rows = [(v, one(v, micro_batch) if name == "seq" else one(seq, _count_int(v, "--sweep"))) for v in values]
-    _emit(est.memory_sweep_result(rows, name), as_json, explain)
+    _emit_with_plot(est.memory_sweep_result(rows, name), as_json, explain, plot, force)
+
+
+def _emit_with_plot(
+    result: Result, as_json: bool, explain: bool, plot: str | None, force: bool, draw: str = "memory"
+) -> None:
+    """Render the result; with --plot, also draw it to a file and say where."""
+    if plot:
+        from lmcalc import plots
+
+        written = (plots.plot_memory if draw == "memory" else plots.plot_plan)(result, plot, force)
+        result = replace(result, notes=(*result.notes, f"plot written to {written}"))
+    _emit(result, as_json, explain)
 
 
 @app.command("fit")
@@ -494,6 +510,8 @@ def plan_command(
         bool, typer.Option("--tp-across-nodes", help="Allow TP groups larger than a node.")
     ] = False,
     tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens, for the days column.")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
     efficiency: Annotated[
         float | None,
         typer.Option("--efficiency", help="Fraction of peak the compute reaches (default 0.6, calibrated)."),
@@ -533,23 +551,36 @@ def plan_command(
         if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
             raise LmcalcError(f"--efficiency must be in (0, 1], got {efficiency}")
         eff = est.Given(efficiency, "--efficiency")
-    result = est.plan_result(
-        spec,
-        cluster,
-        _seq(seq, spec),
-        parse_count(global_batch, "--global-batch", binary=True),
-        pr.resolve_precision(precision).spec,
-        pr.resolve_optimizer(optimizer).spec,
-        pins,
-        None if as_json else _positive_int(top, "--top"),
-        _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
-        eff,
-        parse_bytes(overhead, "--overhead"),
-        est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else None,
-        note=resolved.note,
-        explain=explain,
-    )
-    _emit(result, as_json, explain)
+    top_n = _positive_int(top, "--top")
+
+    def ranked(explained: bool) -> Result:  # every layout that fits; the table shows the top ones
+        return est.plan_result(
+            spec,
+            cluster,
+            _seq(seq, spec),
+            parse_count(global_batch, "--global-batch", binary=True),
+            pr.resolve_precision(precision).spec,
+            pr.resolve_optimizer(optimizer).spec,
+            pins,
+            None,
+            _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
+            eff,
+            parse_bytes(overhead, "--overhead"),
+            est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else None,
+            note=resolved.note,
+            explain=explained,
+        )
+
+    full = ranked(False)
+    if plot:
+        from lmcalc import plots
+
+        written = plots.plot_plan(full, plot, force)
+        full = replace(full, notes=(*full.notes, f"plot written to {written}"))
+    if explain:
+        _emit(ranked(True), as_json, explain)
+    else:
+        _emit(full if as_json else replace(full, sections=full.sections[:top_n]), as_json, explain)
 
 
 bench_app = typer.Typer(help="Measure what the hardware delivers with PyTorch; results feed the estimates.")

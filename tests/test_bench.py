@@ -100,7 +100,8 @@ def test_bench_model_and_sweep_and_memory(capsys, monkeypatch):
     assert code == 0 and "Sweep of 2 shapes" in out
     code, out, err = run(["bench", "memory", "--device", "cpu", "--size", "8MiB", "--repeats", "3", "--no-save",
                           "--json"], capsys)
-    assert code == 0, err and json.loads(out)["results"]["memory"]["achieved"]["unit"] == "GB/s"
+    assert code == 0, err
+    assert json.loads(out)["results"]["memory"]["achieved"]["unit"] == "GB/s"
 
 
 def test_measured_peak_feeds_train_time(tmp_path, capsys):

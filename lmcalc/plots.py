@@ -1,0 +1,96 @@
+"""Pictures of results (matplotlib, an optional extra): the memory breakdown and the ranked layouts.
+
+Like the other renderers, these compute nothing: they read the terms of a Result. A file is written
+to a temporary name and renamed into place, and an existing file is only replaced when asked (--force).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from lmcalc.errors import LmcalcError
+from lmcalc.result import Result
+
+GB = 1e9
+COLOURS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise LmcalcError("--plot needs matplotlib: pip install 'lmcalc[plot]'") from None
+    return plt
+
+
+def _target(path: str, force: bool) -> Path:
+    target = Path(path).expanduser()
+    if target.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise LmcalcError(f"--plot {path!r}: the file name must end in .png, .svg or .pdf")
+    if target.exists() and not force:
+        raise LmcalcError(f"{target} exists; pass --force to replace it")
+    if not target.parent.exists():
+        raise LmcalcError(f"no such directory: {target.parent}")
+    return target
+
+
+def _save(figure, target: Path) -> Path:
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=target.suffix, delete=False) as tmp:
+        figure.savefig(tmp.name, bbox_inches="tight", dpi=150)
+    os.replace(tmp.name, target)
+    return target
+
+
+def plot_memory(result: Result, path: str, force: bool = False) -> Path:
+    """Stacked bars of the memory parts against the GPU's capacity: one bar, or one per sweep value."""
+    if not result.stack:
+        raise LmcalcError("--plot draws memory results only")
+    target = _target(path, force)
+    plt = _pyplot()
+    if result.layout == "grid":
+        rows = [(s.title, [s.term(k) for k in result.stack], s.term(result.capacity).value) for s in result.sections]
+    else:
+        rows = [("this step", [result.term(k) for k in result.stack], result.term(result.capacity).value)]
+    figure, axes = plt.subplots(figsize=(max(4.0, 1.2 * len(rows) + 3), 4.5))
+    bottoms = [0.0] * len(rows)
+    for index, label in enumerate(term.label for term in rows[0][1]):
+        heights = [terms[index].value / GB for _, terms, _ in rows]
+        axes.bar([name for name, _, _ in rows], heights, bottom=bottoms, label=label, color=COLOURS[index % 7])
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    capacity = rows[0][2] / GB
+    axes.axhline(capacity, color="black", linestyle="--", linewidth=1)
+    axes.text(len(rows) - 0.5, capacity, f" GPU memory {capacity:.0f} GB", va="bottom", ha="right", fontsize=8)
+    axes.set_ylabel("GB per GPU (10⁹ bytes)")
+    axes.set_title(result.title, fontsize=10)
+    axes.legend(fontsize=7, loc="upper left")
+    figure.tight_layout()
+    written = _save(figure, target)
+    plt.close(figure)
+    return written
+
+
+def plot_plan(result: Result, path: str, force: bool = False) -> Path:
+    """The ranked layouts: memory per GPU against MFU, the winner marked."""
+    target = _target(path, force)
+    plt = _pyplot()
+    ranked = [s for s in result.sections if s.key.startswith("rank")]
+    if not ranked:
+        raise LmcalcError("--plot draws plan results only")
+    memory = [s.term("memory").value / GB for s in ranked]
+    mfu = [s.term("mfu").value for s in ranked]
+    figure, axes = plt.subplots(figsize=(6, 4.5))
+    axes.scatter(memory, mfu, s=12, color=COLOURS[0], alpha=0.6, label="layouts that fit")
+    axes.scatter(memory[:1], mfu[:1], s=60, color=COLOURS[2], label=ranked[0].title[:60])
+    axes.set_xlabel("memory of the most loaded GPU (GB)")
+    axes.set_ylabel("predicted MFU (%)")
+    axes.set_title(result.title, fontsize=10)
+    axes.legend(fontsize=7, loc="lower right")
+    figure.tight_layout()
+    written = _save(figure, target)
+    plt.close(figure)
+    return written
