@@ -723,7 +723,10 @@ def _bench_matmul(
     elif sweep:
         shapes = None
     else:
-        m, n, k = parse_shape(shape) if shape else ((8192,) * 3 if dev.torch_device.type == "cuda" else (1024,) * 3)
+        dims = parse_shape(shape) if shape else ((8192,) * 3 if dev.torch_device.type == "cuda" else (1024,) * 3)
+        if len(dims) != 3:
+            raise LmcalcError(f"--shape needs three sizes MxNxK (e.g. 4096x4096x4096), got {shape!r}")
+        m, n, k = dims
         measurement = matmul.measure(m, n, k, dtype, dev, warmup, repeats)
         note = _save(report.matmul_records([measurement], dev), save, no_save)
         result = report.matmul_result([measurement], dev, sweep=False)
@@ -909,6 +912,79 @@ def optimal(
         price,
     )
     _emit(result, as_json, explain)
+
+
+@app.command("report")
+def report(
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 1024xH100 or 64x8xH100.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="The HTML file to write, e.g. report.html.")],
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="Training tokens (default: published, else 20/param).")
+    ] = None,
+    mfu: Annotated[
+        float | None, typer.Option("--mfu", help="Model FLOPs utilisation (default 0.4, an assumption).")
+    ] = None,
+    seq: SeqOpt = None,
+    zero: Annotated[int, typer.Option("--zero", help="ZeRO stage for the memory section.")] = 3,
+    recompute: RecomputeOpt = "selective",
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+) -> None:
+    """One self-contained HTML page: parameters, FLOPs, training time and memory, with derivations and a plot."""
+    from pathlib import Path
+
+    from lmcalc.atomic import write_atomic
+    from lmcalc.html_report import render_report
+
+    target = Path(output).expanduser()
+    if target.exists() and not force:
+        raise LmcalcError(f"{target} exists; pass --force to replace it")
+    if not target.parent.is_dir():
+        raise LmcalcError(f"no such directory: {target.parent}")
+    resolved = pr.resolve_model(model)
+    spec, cluster = resolved.spec, pr.parse_cluster(gpus)
+    recipe, opt = pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec
+    tokens_given = est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else est.default_tokens(spec)
+    seq_given = _seq(seq, spec)
+    layout = ly.Layout(dp=cluster.count, zero=zero)
+    memory_result = est.memory_result(
+        spec,
+        cluster,
+        recipe,
+        opt,
+        layout,
+        seq_given,
+        "flash",
+        _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
+        note=resolved.note,
+    )
+    try:
+        from lmcalc.plots import memory_svg
+
+        picture = memory_svg(memory_result)
+    except LmcalcError:  # no matplotlib: the page goes without its picture
+        picture = "<p class='muted'>(install matplotlib for the memory picture: pip install 'lmcalc[plot]')</p>"
+    results = [
+        (est.params_result(spec, resolved.note), ""),
+        (est.flops_result(spec, tokens_given, seq_given, note=resolved.note), ""),
+        (
+            est.train_time_result(
+                spec,
+                tokens_given,
+                est.Given(mfu, "--mfu") if mfu is not None else est.default_mfu(),
+                recipe,
+                cluster=cluster,
+                seq_len=seq_given,
+                note=resolved.note,
+            ),
+            "",
+        ),
+        (memory_result, picture),
+    ]
+    write_atomic(target, render_report(f"{spec.label} on {cluster.label}", results))
+    print(f"wrote {target}")
 
 
 @app.command("params")

@@ -740,7 +740,13 @@ def plan_result(
         _model_input(model, note),
         Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
         Input("seq_len", "Sequence length", seq, "tokens", seq_len.origin),
-        Input("global_batch", "Global batch", sequences, "sequences", f"--global-batch {global_batch_tokens:g} tokens"),
+        Input(
+            "global_batch",
+            "Global batch",
+            sequences,
+            "sequences",
+            f"--global-batch {group(global_batch_tokens)} tokens / {seq} per sequence",
+        ),
         Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
         Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
         Input("optimizer", "Optimizer", optimizer.name, origin=_optimizer_text(optimizer)),
@@ -792,7 +798,8 @@ def winner_sections(
                 t.compute,
                 "s",
                 "hardware FLOPs / (GPUs · peak · efficiency)",
-                f"{t.hardware_flops:.4e} / ({t.gpus} × {t.peak:.4g} × efficiency)",
+                f"{t.hardware_flops:.4e} / ({t.gpus} × {t.peak:.4g} × "
+                f"{t.hardware_flops / (t.compute * t.gpus * t.peak):.3g})",
             ),
             Term(
                 "tp",

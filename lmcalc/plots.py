@@ -6,10 +6,10 @@ to a temporary name and renamed into place, and an existing file is only replace
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
+from lmcalc.atomic import finish_atomic
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Result
 
@@ -41,16 +41,37 @@ def _target(path: str, force: bool) -> Path:
 
 def _save(figure, target: Path) -> Path:
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=target.suffix, delete=False) as tmp:
-        figure.savefig(tmp.name, bbox_inches="tight", dpi=150)
-    os.replace(tmp.name, target)
+        figure.savefig(
+            tmp.name, bbox_inches="tight", dpi=150, metadata={"Date": None} if target.suffix != ".png" else None
+        )
+    finish_atomic(Path(tmp.name), target)
     return target
 
 
 def plot_memory(result: Result, path: str, force: bool = False) -> Path:
     """Stacked bars of the memory parts against the GPU's capacity: one bar, or one per sweep value."""
+    target = _target(path, force)
+    figure = memory_figure(result)
+    written = _save(figure, target)
+    _pyplot().close(figure)
+    return written
+
+
+def memory_svg(result: Result) -> str:
+    """The memory picture as inline SVG text (for the self-contained HTML report)."""
+    import io
+
+    figure = memory_figure(result)
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    _pyplot().close(figure)
+    svg = buffer.getvalue()
+    return svg[svg.index("<svg") :]  # inline: no XML prolog, no DOCTYPE
+
+
+def memory_figure(result: Result):
     if not result.stack:
         raise LmcalcError("--plot draws memory results only")
-    target = _target(path, force)
     plt = _pyplot()
     if result.layout == "grid":
         rows = [(s.title, [s.term(k) for k in result.stack], s.term(result.capacity).value) for s in result.sections]
@@ -69,9 +90,7 @@ def plot_memory(result: Result, path: str, force: bool = False) -> Path:
     axes.set_title(result.title, fontsize=10)
     axes.legend(fontsize=7, loc="upper left")
     figure.tight_layout()
-    written = _save(figure, target)
-    plt.close(figure)
-    return written
+    return figure
 
 
 def plot_plan(result: Result, path: str, force: bool = False) -> Path:

@@ -113,5 +113,6 @@ class Result:
             "title": self.title,
             "inputs": {i.key: i.as_json() for i in self.inputs},
             "results": {s.key: {t.key: t.as_json() for t in s.terms} for s in self.sections},
+            "section_titles": {s.key: s.title for s in self.sections},
             "notes": list(self.notes),
         }

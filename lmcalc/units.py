@@ -117,6 +117,7 @@ SINGULAR = {
     "layers": "layer",
     "micro-batches": "micro-batch",
     "days": "day",
+    "replicas": "replica",
 }
 
 
@@ -141,8 +142,10 @@ def format_quantity(value: float, unit: str, compact: bool = False) -> str:
         return f"{sci(value)} FLOPs"
     if unit == "elements":
         return f"{group(value)} elements"
-    if unit in ("params", "tokens", "GPUs", "sequences", "nodes", *SINGULAR.values()):
-        text = group(value) if abs(value) < 1e4 else si(value, 4)
+    if unit in ("params", "tokens", "GPUs", "sequences", "nodes", "replicas", *SINGULAR.values()):
+        # whole tokens, sequences and GPUs are printed exactly up to ten million (no K/M to misread)
+        exact_below = 1e4 if unit in ("params", "param") else 1e7
+        text = group(value) if abs(value) < exact_below else si(value, 4)
         return f"{text} {unit}"
     if unit == "USD":
         return f"${value:,.0f}"

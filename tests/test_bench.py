@@ -91,33 +91,70 @@ def test_bench_command_saves_results_atomically(capsys, data_home):
 
 
 def test_bench_model_and_sweep_and_memory(capsys, monkeypatch):
-    code, out, err = run(["bench", "--device", "cpu", "--model", "gpt2", "--seq", "64", "--repeats", "2",
-                          "--warmup", "0", "--no-save", "--json"], capsys)
+    code, out, err = run(
+        [
+            "bench",
+            "--device",
+            "cpu",
+            "--model",
+            "gpt2",
+            "--seq",
+            "64",
+            "--repeats",
+            "2",
+            "--warmup",
+            "0",
+            "--no-save",
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert json.loads(out)["results"]["model"]["achieved"]["value"] > 0
     monkeypatch.setattr(matmul, "sweep_shapes", lambda device: [(32, 32, 32), (64, 64, 64)])
     code, out, _ = run(["bench", "--device", "cpu", "--sweep", "--repeats", "2", "--no-save"], capsys)
     assert code == 0 and "Sweep of 2 shapes" in out
-    code, out, err = run(["bench", "memory", "--device", "cpu", "--size", "8MiB", "--repeats", "3", "--no-save",
-                          "--json"], capsys)
+    code, out, err = run(
+        ["bench", "memory", "--device", "cpu", "--size", "8MiB", "--repeats", "3", "--no-save", "--json"], capsys
+    )
     assert code == 0, err
     assert json.loads(out)["results"]["memory"]["achieved"]["unit"] == "GB/s"
 
 
 def test_measured_peak_feeds_train_time(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    results.save(path, [results.Record("matmul", "NVIDIA H100 80GB HBM3", "h100-sxm", "bf16",
-                                       {"shape": [8192] * 3, "flops_per_s": 7.9e14})])
-    code, out, _ = run(["train-time", "--model", "llama-3-70b", "--gpus", "1024xH100", "--tokens", "15T",
-                        "--mfu", "0.5", "--calibration", str(path), "--json"], capsys)
+    results.save(
+        path,
+        [
+            results.Record(
+                "matmul", "NVIDIA H100 80GB HBM3", "h100-sxm", "bf16", {"shape": [8192] * 3, "flops_per_s": 7.9e14}
+            )
+        ],
+    )
+    code, out, _ = run(
+        [
+            "train-time",
+            "--model",
+            "llama-3-70b",
+            "--gpus",
+            "1024xH100",
+            "--tokens",
+            "15T",
+            "--mfu",
+            "0.5",
+            "--calibration",
+            str(path),
+            "--json",
+        ],
+        capsys,
+    )
     data = json.loads(out)
     assert code == 0 and data["results"]["time"]["peak_per_gpu"]["value"] == 7.9e14
     # 6·N·D / (1024 · 790 TFLOP/s · 0.5) instead of the spec sheet's 989.5
     expected = 6 * 70_553_706_496 * 15e12 / (1024 * 7.9e14 * 0.5 * 86_400)
     assert data["results"]["time"]["days"]["value"] == pytest.approx(expected)
     assert any("measured" in n for n in data["notes"])
-    code, _, err = run(["train-time", "--model", "llama-3-70b", "--gpus", "8xA100", "--calibration", str(path)],
-                       capsys)
+    code, _, err = run(["train-time", "--model", "llama-3-70b", "--gpus", "8xA100", "--calibration", str(path)], capsys)
     assert code == 2 and "has no bf16 measurement for a100-80gb" in err
 
 

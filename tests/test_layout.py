@@ -127,6 +127,8 @@ def test_zero3_matches_the_zero_paper_through_the_layout():
 
 
 BAD_LAYOUTS = [
+    ("llama-3.1-8b", "8xH100", dict(pp=8, schedule="interleaved", grad_accum=8), "needs --virtual-stages 2 or more"),
+    ("llama-3.1-8b", "8xH100", dict(pp=8, virtual_stages=4, grad_accum=8), "applies to --schedule interleaved only"),
     ("llama-3.1-8b", "3xH100", dict(tp=3), "TP=3 does not divide the 32 attention heads"),
     ("llama-3.1-8b", "16xH100", dict(tp=16), "TP=16 does not divide the 8 KV heads"),
     ("llama-2-7b", "2x8xH100", dict(tp=16), "TP=16 spans more than the 8 GPUs of a node"),

@@ -79,3 +79,22 @@ def test_plan_with_nothing_that_fits_says_what_is_closest(capsys):
     assert code == 2
     assert err.startswith("lmcalc: error: nothing fits on 8xh100-sxm") and "closest:" in err and "over by" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ("plan --model gpt2-124m --gpus 8xH100 --tp 8", "TP=8 does not divide the 12 attention heads"),
+        ("plan --model llama-3.1-8b --gpus 2x8xH100 --tp 16", "TP=16 does not divide the 8 KV heads"),
+        ("plan --model llama-3.1-8b --gpus 8xH100 --cp 8 --attention eager", "needs fused attention"),
+    ],
+)
+def test_pinned_degrees_are_checked_like_memory_checks_them(args, message, capsys):
+    code, _, err = run(args, capsys)
+    assert code == 2 and message in err and "no layout can exist" in err
+
+
+def test_plan_json_names_each_layout(capsys):
+    code, out, _ = run("plan --model llama-3.1-8b --gpus 8xH100 --seq 4096 --global-batch 256K --json", capsys)
+    data = json.loads(out)
+    assert code == 0 and data["section_titles"]["rank1"].startswith("1. DP=")

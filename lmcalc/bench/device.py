@@ -104,7 +104,9 @@ def detect(device: str = "auto", hardware: str | None = None) -> Device:
         raise LmcalcError("--device mps: no Apple GPU is available here (try --device cpu)")
     if device not in ("cuda", "cpu", "mps"):
         raise LmcalcError(f"--device must be cuda, cpu, mps or auto; got {device!r}")
-    if device == "cpu" and hardware is None:
+    if device == "cpu":
+        if hardware is not None:
+            raise LmcalcError("--hardware names an accelerator preset; this run is on the CPU (drop --hardware)")
         return cpu_device()
     name = torch.cuda.get_device_name(0) if device == "cuda" else ("Apple GPU" if device == "mps" else "CPU")
     spec = resolve_hardware(hardware).spec if hardware else match_hardware(name)

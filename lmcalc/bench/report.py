@@ -160,7 +160,6 @@ def bandwidth_result(meas: BandwidthMeasurement, device: Device) -> Result:
         f"Memory bandwidth on {device.name}",
         _device_inputs(device),
         (Section("memory", "Copy bandwidth (read + write)", tuple(terms)),),
-        _notes(device),
     )
 
 

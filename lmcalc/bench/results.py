@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from lmcalc.atomic import write_atomic
 from lmcalc.errors import LmcalcError
 
 FORMAT_VERSION = 1
@@ -66,10 +66,7 @@ def save(path: Path, records: list[Record]) -> Path:
     existing = load(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"lmcalc_bench": FORMAT_VERSION, "records": [asdict(r) for r in [*existing, *records]]}
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as tmp:
-        json.dump(payload, tmp, indent=1)
-    os.replace(tmp.name, path)
-    return path
+    return write_atomic(path, json.dumps(payload, indent=1))
 
 
 def measured_peak(records: list[Record], hardware: str, dtype: str) -> tuple[float, Record] | None:

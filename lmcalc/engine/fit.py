@@ -116,7 +116,8 @@ def fewest_data_parallel(setting: Setting, step: int) -> Limit:
         dp *= 2
     if dp > SEARCH_LIMIT:
         memory = setting.memory(make(SEARCH_LIMIT)[0])
-        return Limit(None, None, memory, SEARCH_LIMIT, _binding(memory, "even fully sharded"))
+        when = "even fully sharded" if setting.layout.zero else "with every GPU holding all model states (no ZeRO)"
+        return Limit(None, None, memory, SEARCH_LIMIT, _binding(memory, when))
     lo, hi = dp // 2, dp  # lo does not fit (or is below step), hi fits
     while hi - lo > step:
         mid = (lo + hi) // 2 // step * step

@@ -120,6 +120,10 @@ def check_layout(
             f"TP={layout.tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
             "(tensor parallelism needs the intra-node links)"
         )
+    if layout.schedule == "interleaved" and layout.virtual_stages < 2:
+        raise LmcalcError("the interleaved schedule needs --virtual-stages 2 or more (1 is plain 1F1B)")
+    if layout.schedule != "interleaved" and layout.virtual_stages != 1:
+        raise LmcalcError("--virtual-stages applies to --schedule interleaved only")
     if layout.pp > model.num_layers:
         raise LmcalcError(f"PP={layout.pp} exceeds the {model.num_layers} layers of {model.name}")
     stages = layout.pp * layout.virtual_stages
@@ -492,7 +496,7 @@ def memory_sections(
                 f"Optimizer states ({optimizer.name})",
                 gpu.optimizer,
                 "bytes",
-                f"{opt_formula}{shard_text(1)}",
+                f"({opt_formula}){shard_text(1)}" if shard_text(1) else opt_formula,
                 source="; ".join(optimizer.sources),
             ),
             Term(
@@ -609,7 +613,7 @@ def memory_sections(
                 capacity - total,
                 "bytes",
                 "capacity − total",
-                note="negative: the step does not fit",
+                note="negative: the step does not fit" if capacity < total else "",
             ),
             Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
         ),

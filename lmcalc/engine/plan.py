@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from lmcalc.engine.flops import Recompute
-from lmcalc.engine.layout import GpuMemory, Layout, most_loaded_gpu
+from lmcalc.engine.layout import GpuMemory, Layout, check_layout, most_loaded_gpu
 from lmcalc.engine.memory import AttentionImpl
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
 from lmcalc.errors import LmcalcError
@@ -135,7 +135,13 @@ def plan(
         raise LmcalcError("the global batch must hold at least one sequence")
     result = Plan(capacity=cluster.hardware.memory_bytes)
     cache: dict = {}
+    refusal = ""
     for layout, recompute in layouts(model, cluster, seq_len, global_batch, pins, attention):
+        try:  # pinned degrees are taken as given: the same checks as `lmcalc memory` keep them honest
+            check_layout(model, layout, cluster, seq_len, attention, pins.tp_within_node)
+        except LmcalcError as exc:
+            refusal = refusal or str(exc)
+            continue
         result.evaluated += 1
         memory = most_loaded_gpu(
             model, layout, precision, optimizer, seq_len, attention, recompute, overhead_bytes, cache=cache
@@ -157,6 +163,8 @@ def plan(
                 _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
             )
         )
+    if not result.evaluated and refusal:
+        raise LmcalcError(f"no layout can exist with these constraints: {refusal}")
     result.fitting.sort(key=lambda c: (-round(c.time.tokens_per_s, 6), c.memory.total))  # ties: more headroom
     return result
 
