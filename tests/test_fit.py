@@ -83,3 +83,9 @@ def test_fit_command(capsys):
     # TP=8 keeps 70.55B/8 parameters per GPU; ZeRO-1 over DP leaves 4 + 12/DP bytes each.
     assert data["results"]["dp"]["gpus"]["value"] == 8 * data["results"]["dp"]["value"]["value"]
     assert data["results"]["micro_batch"]["value"]["value"] == 0  # 16 B × 8.8B = 141 GB: nothing fits at DP=1
+
+
+def test_learned_positions_bind_before_memory():
+    # GPT-2 has 1024 learned positions: at 1024 tokens a 124M model uses a few GB of 80 (no memory limit).
+    limit = fit.longest_sequence(setting("gpt2-124m", Layout(), 1024), 128, 1024)
+    assert limit.value == 1024 and "learned positions" in limit.binding and limit.fits.total < H100.memory_bytes / 4

@@ -99,8 +99,14 @@ def largest_micro_batch(setting: Setting) -> Limit:
 
 
 def longest_sequence(setting: Setting, step: int, limit: int) -> Limit:
+    """The longest sequence (a multiple of ``step``, at most ``limit``) that fits."""
     fits = _checker(setting, lambda s: (setting.layout, s))
     value, over = _largest(fits, step, limit)
+    if value is not None and value + step > limit:  # memory never ran out: the limit did
+        reason = (
+            "the model's learned positions" if setting.model.position_embedding == "learned" else "the search limit"
+        ) + f" ({limit} tokens), not memory"
+        return Limit(value, setting.memory(seq_len=value), None, None, reason)
     return _limit(setting, value, over, lambda s: (setting.layout, s), "activations grow with the sequence")
 
 
