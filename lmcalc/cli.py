@@ -383,7 +383,13 @@ def memory(
     resolved = pr.resolve_model(model)
     spec = resolved.spec
     cluster = pr.parse_cluster(gpus)
+    if not inference and (batch != 1 or context is not None):
+        raise LmcalcError(
+            "--batch and --context describe serving: add --inference (training uses --micro-batch and --seq)"
+        )
     if inference:
+        if tp > cluster.count:
+            raise LmcalcError(f"--tp {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
         ctx = int(_seq(context, spec).value)
         result = est.inference_result(
             spec,
@@ -900,6 +906,8 @@ def optimal(
     _finite(price, "--price-per-gpu-hour", allow_zero=True)
     if compute is not None and gpus is not None:
         raise LmcalcError("give either --compute or --gpus with --days, not both")
+    if gpus is None and (mfu is not None or price is not None):
+        raise LmcalcError("--mfu and --price-per-gpu-hour apply to a cluster: add --gpus and --days")
     cluster = pr.parse_cluster(gpus) if gpus else None
     recipe = pr.resolve_precision(precision).spec if cluster else None
     result = est.optimal_result(

@@ -413,7 +413,14 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_label: s
             ),
             Term("total", "Total", total, "bytes", "weights + KV cache + overhead"),
             Term("capacity", "GPU memory", capacity, "bytes", capacity_label),
-            Term("headroom", "Headroom", capacity - total, "bytes", "capacity − total", note="negative: does not fit"),
+            Term(
+                "headroom",
+                "Headroom",
+                capacity - total,
+                "bytes",
+                "capacity − total",
+                note="negative: does not fit" if total > capacity else "",
+            ),
             Term(
                 "cache_budget",
                 "Memory left for the KV cache",
