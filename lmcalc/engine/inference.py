@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil
 
-from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
+from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES, capacity_terms, overhead_term
 from lmcalc.engine.numerics import DTYPE_ALIASES, dtype_bytes
 from lmcalc.engine.params import count_params
 from lmcalc.errors import LmcalcError
@@ -403,24 +403,9 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_label: s
                 "(weights + scales) / TP" if memory.quant_scales else "weights / TP",
             ),
             Term("kv_cache", "KV cache", memory.kv_cache_per_gpu, "bytes", "batch · context · per token on one GPU"),
-            Term(
-                "overhead",
-                "Overhead allowance",
-                memory.overhead,
-                "bytes",
-                "CUDA context, workspaces, forward activations and logits, fragmentation",
-                source="lmcalc allowance (not measured), change with --overhead",
-            ),
+            overhead_term(memory.overhead, "CUDA context, workspaces, forward activations and logits, fragmentation"),
             Term("total", "Total", total, "bytes", "weights + KV cache + overhead"),
-            Term("capacity", "GPU memory", capacity, "bytes", capacity_label),
-            Term(
-                "headroom",
-                "Headroom",
-                capacity - total,
-                "bytes",
-                "capacity − total",
-                note="negative: does not fit" if total > capacity else "",
-            ),
+            *capacity_terms(total, capacity, capacity_label)[:2],
             Term(
                 "cache_budget",
                 "Memory left for the KV cache",

@@ -25,9 +25,11 @@ from lmcalc.engine.memory import (
     MASK_BYTES,
     AttentionImpl,
     SavedTensor,
+    capacity_terms,
     layer_saved_tensors,
     model_saved_tensors,
     optimizer_state_bytes,
+    overhead_term,
     saved_formula,
     state_formula,
 )
@@ -597,25 +599,9 @@ def memory_sections(
                 if layout.zero >= 3
                 else "none (ZeRO-3 only)",
             ),
-            Term(
-                "overhead",
-                "Overhead allowance",
-                gpu.overhead,
-                "bytes",
-                "CUDA context, workspaces, fragmentation",
-                source="lmcalc allowance (not measured), change with --overhead",
-            ),
+            overhead_term(gpu.overhead),
             Term("total", "Total", total, "bytes", "states + activations + buffers + overhead"),
-            Term("capacity", "GPU memory", capacity, "bytes", capacity_label),
-            Term(
-                "headroom",
-                "Headroom",
-                capacity - total,
-                "bytes",
-                "capacity − total",
-                note="negative: the step does not fit" if capacity < total else "",
-            ),
-            Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
+            *capacity_terms(total, capacity, capacity_label),
         ),
     )
     return state, acts, summary

@@ -19,6 +19,7 @@ from typing import Literal
 
 from lmcalc.engine.flops import Recompute
 from lmcalc.engine.params import WeightTensor, count_params, weight_tensors
+from lmcalc.result import Term
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
 from lmcalc.units import GiB
 
@@ -373,3 +374,30 @@ def saved_formula(tensors: list[SavedTensor]) -> str:
     for t in tensors:
         counts[(t.symbol, t.bytes_per_element)] = counts.get((t.symbol, t.bytes_per_element), 0) + t.bytes_per_element
     return " + ".join(f"{total:g}·{symbol}" for (symbol, _), total in counts.items())
+
+
+def overhead_term(value: float, what: str = "CUDA context, workspaces, fragmentation") -> Term:
+    return Term(
+        "overhead",
+        "Overhead allowance",
+        value,
+        "bytes",
+        what,
+        source="lmcalc allowance (not measured), change with --overhead",
+    )
+
+
+def capacity_terms(total: float, capacity: float, capacity_label: str) -> tuple[Term, ...]:
+    """The GPU's memory, what is left of it (negative: does not fit) and the fraction used."""
+    return (
+        Term("capacity", "GPU memory", capacity, "bytes", capacity_label),
+        Term(
+            "headroom",
+            "Headroom",
+            capacity - total,
+            "bytes",
+            "capacity − total",
+            note="negative: does not fit" if total > capacity else "",
+        ),
+        Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
+    )
