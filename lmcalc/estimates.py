@@ -16,7 +16,7 @@ from lmcalc.engine import maxparams as mp
 from lmcalc.engine import memory as mem
 from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
-from lmcalc.engine.params import count_params, params_section
+from lmcalc.engine.params import count_params, matches_published, params_section
 from lmcalc.engine.time import DEFAULT_MFU, RunTime, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Input, Result, Section, Term
@@ -109,8 +109,7 @@ def _model_notes(model: ModelSpec, note: str) -> tuple[str, ...]:
     if model.published_params:
         total = count_params(model).total
         digits = model.published_params_sig_figs
-        rounded = float(f"{total:.{digits}g}") if digits else total
-        verdict = "matches" if rounded == model.published_params else "DIFFERS FROM"
+        verdict = "matches" if matches_published(model, total) else "DIFFERS FROM"
         notes.append(
             f"parameter count {group(total)} {verdict} the published {group(model.published_params)}"
             f"{f' (to {digits} significant figures)' if digits else ''}"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lmcalc import presets as pr
-from lmcalc.engine.params import count_params
+from lmcalc.engine.params import count_params, matches_published
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
@@ -107,8 +107,7 @@ def _check_model(spec: ModelSpec, origin: str) -> CheckOutcome:
     if spec.published_params is None:
         return CheckOutcome(origin, True, f"valid; {group(total)} params (no published count to compare)")
     digits = spec.published_params_sig_figs
-    rounded = float(f"{total:.{digits}g}") if digits else total
-    if rounded != spec.published_params:
+    if not matches_published(spec, total):
         return CheckOutcome(
             origin,
             False,

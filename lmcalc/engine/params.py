@@ -228,6 +228,12 @@ def count_params(spec: ModelSpec) -> ParamCount:
     return ParamCount(by_group=by_group, total=total, active=active, embedding=embedding)
 
 
+def matches_published(spec: ModelSpec, total: int) -> bool:
+    """``total`` equals the published count, to the significant figures its source prints."""
+    digits = spec.published_params_sig_figs
+    return (float(f"{total:.{digits}g}") if digits else total) == spec.published_params
+
+
 def _group_formula(tensors: list[WeightTensor], active: bool = False) -> tuple[str, str]:
     parts, numbers = [], []
     for t in tensors:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from lmcalc.errors import LmcalcError
 from lmcalc.result import Term
 from lmcalc.specs import HardwareSpec, PrecisionRecipe
 from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR, sci
@@ -54,8 +55,6 @@ class RunTime:
 
 def peak_for(hardware: HardwareSpec, precision: PrecisionRecipe) -> float:
     """Dense peak FLOP/s of ``hardware`` at the recipe's compute dtype; a clear error if it has none."""
-    from lmcalc.errors import LmcalcError
-
     if precision.compute_dtype not in hardware.peak_tflops_dense:
         have = ", ".join(hardware.peak_tflops_dense) or "none"
         raise LmcalcError(
