@@ -936,11 +936,15 @@ def report(
     seq: SeqOpt = None,
     zero: Annotated[int, typer.Option("--zero", help="ZeRO stage for the memory section.")] = 3,
     recompute: RecomputeOpt = "selective",
+    global_batch: Annotated[
+        str, typer.Option("--global-batch", help="Tokens per step for the layout search (binary: 4M = 4,194,304).")
+    ] = "4M",
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
-    """One self-contained HTML page: parameters, FLOPs, training time and memory, with derivations and a plot."""
+    """One self-contained HTML page: parameters, FLOPs, training time, memory and the best parallel layouts, with
+    derivations and plots."""
     from pathlib import Path
 
     from lmcalc.atomic import write_atomic
@@ -968,12 +972,6 @@ def report(
         _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
         note=resolved.note,
     )
-    try:
-        from lmcalc.plots import memory_svg
-
-        picture = memory_svg(memory_result)
-    except LmcalcError:  # no matplotlib: the page goes without its picture
-        picture = "<p class='muted'>(install matplotlib for the memory picture: pip install 'lmcalc[plot]')</p>"
     results = [
         (est.params_result(spec, resolved.note), ""),
         (est.flops_result(spec, tokens_given, seq_given, note=resolved.note), ""),
@@ -989,10 +987,45 @@ def report(
             ),
             "",
         ),
-        (memory_result, picture),
+        (memory_result, _report_picture("memory_svg", memory_result)),
+        *_report_plan(spec, cluster, seq_given, global_batch, recipe, opt, resolved.note),
     ]
     write_atomic(target, render_report(f"{spec.label} on {cluster.label}", results))
     print(f"wrote {target}")
+
+
+REPORT_TOP_LAYOUTS = 10
+
+
+def _report_picture(draw: str, result: Result) -> str:
+    """A picture for the report as inline SVG; without matplotlib, a line saying how to get it."""
+    try:
+        from lmcalc import plots
+
+        return getattr(plots, draw)(result)
+    except LmcalcError:
+        return "<p class='muted'>(install matplotlib for the picture: pip install 'lmcalc[plot]')</p>"
+
+
+def _report_plan(spec, cluster, seq_given, global_batch: str, recipe, opt, note: str) -> list[tuple[Result, str]]:
+    """The report's layout search: the fastest layouts (all of them in the picture), then the best one derived.
+    When nothing fits, the page says so and why, instead of failing."""
+    from lmcalc.engine import plan as pl
+
+    tokens_per_step = parse_count(global_batch, "--global-batch", binary=True)
+
+    def ranked(explained: bool) -> Result:
+        return est.plan_result(
+            spec, cluster, seq_given, tokens_per_step, recipe, opt, pl.Pins(), None, note=note, explain=explained
+        )
+
+    try:
+        everything = ranked(False)
+    except LmcalcError as error:
+        title = f"Layouts for {spec.label} on {cluster.label}"
+        return [(Result("plan", title, (), (), (str(error),)), "")]
+    table = replace(everything, sections=everything.sections[:REPORT_TOP_LAYOUTS])
+    return [(table, _report_picture("plan_svg", everything)), (ranked(True), "")]
 
 
 @app.command("params")

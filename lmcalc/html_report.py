@@ -1,4 +1,4 @@
-"""One self-contained HTML page of results: the tables, every derivation, and the memory picture.
+"""One self-contained HTML page of results: the tables, every derivation, and the pictures.
 
 No network: styles are inline, the picture is inline SVG, and nothing is fetched from a CDN. Like the
 other renderers it computes nothing: it lays out the terms of the Results it is given.
@@ -37,6 +37,18 @@ def _section_table(section: Section) -> str:
     )
 
 
+def _grid_table(result: Result) -> str:
+    """A comparison (e.g. ranked layouts): one row per section, one column per term."""
+    head = "".join(f"<th>{escape(t.label)}</th>" for t in result.sections[0].terms)
+    rows = "".join(
+        f"<tr><td>{escape(s.title)}</td>"
+        + "".join(f"<td class='value'>{escape(t.formatted(compact=True))}</td>" for t in s.terms)
+        + "</tr>"
+        for s in result.sections
+    )
+    return f"<table><tr><th></th>{head}</tr>{rows}</table>"
+
+
 def _derivation(result: Result) -> str:
     lines = []
     for section in result.sections:
@@ -63,12 +75,16 @@ def _result_html(result: Result, picture: str) -> str:
     parts = [f"<h2>{escape(result.title)}</h2>"]
     if inputs:
         parts.append(f"<table><tr><th>Input</th><th>Value</th><th>From</th></tr>{inputs}</table>")
-    parts += [_section_table(section) for section in result.sections]
+    if result.layout == "grid" and result.sections:
+        parts.append(_grid_table(result))
+    else:
+        parts += [_section_table(section) for section in result.sections]
     if picture:
         parts.append(f"<figure>{picture}</figure>")
     if result.notes:
         parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in result.notes) + "</ul>")
-    parts.append(_derivation(result))
+    if result.sections:
+        parts.append(_derivation(result))
     return "\n".join(parts)
 
 

@@ -59,9 +59,17 @@ def plot_memory(result: Result, path: str, force: bool = False) -> Path:
 
 def memory_svg(result: Result) -> str:
     """The memory picture as inline SVG text (for the self-contained HTML report)."""
+    return _inline_svg(memory_figure(result))
+
+
+def plan_svg(result: Result) -> str:
+    """The ranked layouts' picture as inline SVG text (for the self-contained HTML report)."""
+    return _inline_svg(plan_figure(result))
+
+
+def _inline_svg(figure) -> str:
     import io
 
-    figure = memory_figure(result)
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     _pyplot().close(figure)
@@ -96,10 +104,17 @@ def memory_figure(result: Result):
 def plot_plan(result: Result, path: str, force: bool = False) -> Path:
     """The ranked layouts: memory per GPU against MFU, the winner marked."""
     target = _target(path, force)
-    plt = _pyplot()
+    figure = plan_figure(result)
+    written = _save(figure, target)
+    _pyplot().close(figure)
+    return written
+
+
+def plan_figure(result: Result):
     ranked = [s for s in result.sections if s.key.startswith("rank")]
     if not ranked:
         raise LmcalcError("--plot draws plan results only")
+    plt = _pyplot()
     memory = [s.term("memory").value / GB for s in ranked]
     mfu = [s.term("mfu").value for s in ranked]
     figure, axes = plt.subplots(figsize=(6, 4.5))
@@ -110,6 +125,4 @@ def plot_plan(result: Result, path: str, force: bool = False) -> Path:
     axes.set_title(result.title, fontsize=10)
     axes.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
-    written = _save(figure, target)
-    plt.close(figure)
-    return written
+    return figure

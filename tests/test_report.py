@@ -1,8 +1,10 @@
 """lmcalc report: one self-contained HTML page, checked as HTML and rendered by headless Chromium."""
 
+import json
 import re
 import shutil
 import subprocess
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -36,9 +38,29 @@ def test_report_is_self_contained(report):
     assert not re.search(r"""(src|href)\s*=\s*["']?https?:""", html)
     for title in ("Parameters of Llama 3 70B", "Training FLOPs", "Training time", "Training memory per GPU"):
         assert title in html
-    assert html.count("<details>") == 4  # a derivation per section
+    assert "Layouts for Llama 3 70B" in html and "the best, derived" in html
+    assert html.count("<details>") == 6  # a derivation per result: 4 figures, the ranked layouts, the best one
     if pytest.importorskip("matplotlib"):
-        assert "<svg" in html
+        assert html.count("<svg") == 2  # the memory bars and the ranked layouts
+
+
+def test_report_ranks_the_layouts_plan_ranks(report, capsys):
+    # the page's table is the plan command's top 10, in the same order, for the same defaults
+    code, out, err = run(["plan", "-m", "llama-3-70b", "--gpus", "128x8xH100", "--json"], capsys)
+    assert code == 0, err
+    best = list(json.loads(out)["section_titles"].values())[:10]
+    html = report.read_text()
+    shown = re.findall(r"<tr><td>(\d+\. DP=[^<]*)</td>", html)
+    assert shown == [escape(title) for title in best]
+
+
+def test_report_says_when_no_layout_fits(tmp_path, capsys):
+    path = tmp_path / "405b.html"
+    code, _, err = run(["report", "-m", "llama-3.1-405b", "--gpus", "8xH100", "-o", str(path)], capsys)
+    assert code == 0, err
+    html = path.read_text()
+    # 405B needs about 16 bytes per parameter of model states: ~6.5 TB, far beyond 8 × 80 GB
+    assert "nothing fits on 8xh100-sxm" in html and "mostly model states" in html
 
 
 def test_report_never_replaces_a_file_unasked(tmp_path, capsys):
