@@ -28,6 +28,8 @@ class PublishedRun:
     seq: int
     mfu: float
     assumed: str
+    toolset: Pins  # what the authors' software offered: the search space their choice was made in
+    toolset_note: str
 
 
 def gpt_model(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
@@ -57,6 +59,7 @@ def load_runs(path: Path) -> list[PublishedRun]:
         spec = resolve_model(model["preset"]).spec if "preset" in model else gpt_model(row["id"], **model["gpt"])
         hardware = resolve_hardware(row["hardware"]).spec
         cluster = Cluster(hardware=hardware, count=row["gpus"], gpus_per_node=min(hardware.gpus_per_node, row["gpus"]))
+        toolset = row.get("toolset", {})
         runs.append(
             PublishedRun(
                 row["id"],
@@ -68,6 +71,8 @@ def load_runs(path: Path) -> list[PublishedRun]:
                 row["seq"],
                 row["mfu"],
                 row.get("assumed", ""),
+                Pins(**toolset.get("pins", {})),
+                toolset.get("why", ""),
             )
         )
     return runs
@@ -79,6 +84,9 @@ class Accuracy:
     predicted_mfu: float
     rank: int | None  # of the published split among distinct splits that fit, fastest first
     splits: int
+    toolset_rank: int | None  # the same, searching only what the authors' software offered
+    toolset_splits: int
+    rank_as_published: int  # where the published configuration's own speed ranks, fitting or not
 
     @property
     def error(self) -> float:
@@ -89,34 +97,58 @@ class Accuracy:
         return abs(self.error) <= MFU_TOLERANCE and self.rank is not None and self.rank <= TOP_RANK
 
 
+Split = tuple[int, int, int, int]
+
+
+def _split(layout: Layout) -> Split:
+    return (layout.tp, layout.pp, layout.cp, layout.dp)
+
+
+def _fastest_per_split(run: PublishedRun, pins: Pins, efficiency: float) -> dict[Split, float]:
+    """Tokens/s of each split's fastest variant (ZeRO stage, micro-batch, recomputation, schedule) that fits,
+    fastest split first."""
+    found = plan(
+        run.model,
+        run.cluster,
+        run.seq,
+        run.layout.dp * run.layout.micro_batch * run.layout.grad_accum,
+        resolve_precision("bf16-mixed").spec,
+        resolve_optimizer("adamw").spec,
+        pins,
+        efficiency=efficiency,
+    )
+    fastest: dict[Split, float] = {}
+    for candidate in found.fitting:  # already fastest first
+        fastest.setdefault(_split(candidate.layout), candidate.time.tokens_per_s)
+    return fastest
+
+
+def _rank(split: Split, fastest: dict[Split, float]) -> int | None:
+    order = list(fastest)
+    return order.index(split) + 1 if split in order else None
+
+
 def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> Accuracy:
-    precision = resolve_precision("bf16-mixed").spec
     time = step_time(
         run.model,
         run.layout,
         run.seq,
-        precision,
+        resolve_precision("bf16-mixed").spec,
         run.cluster.hardware,
         run.cluster.gpus_per_node,
         run.recompute,
         efficiency,
     )  # type: ignore[arg-type]
-    sequences = run.layout.dp * run.layout.micro_batch * run.layout.grad_accum
-    found = plan(
-        run.model,
-        run.cluster,
-        run.seq,
-        sequences,
-        precision,
-        resolve_optimizer("adamw").spec,
-        Pins(),
-        efficiency=efficiency,
+    published = _split(run.layout)
+    everything = _fastest_per_split(run, Pins(), efficiency)
+    toolset = _fastest_per_split(run, run.toolset, efficiency)
+    faster = sum(1 for split, speed in everything.items() if split != published and speed > time.tokens_per_s)
+    return Accuracy(
+        run,
+        time.mfu,
+        _rank(published, everything),
+        len(everything),
+        _rank(published, toolset),
+        len(toolset),
+        faster + 1,
     )
-    order: list[tuple[int, int, int, int]] = []
-    for candidate in found.fitting:  # fastest first; a split's rank is that of its fastest variant
-        split = (candidate.layout.tp, candidate.layout.pp, candidate.layout.cp, candidate.layout.dp)
-        if split not in order:
-            order.append(split)
-    published = (run.layout.tp, run.layout.pp, run.layout.cp, run.layout.dp)
-    rank = order.index(published) + 1 if published in order else None
-    return Accuracy(run, time.mfu, rank, len(order))

@@ -37,6 +37,18 @@ def test_predicted_mfu_of_published_runs(run):
     assert abs(assess(run).error) <= MFU_TOLERANCE
 
 
+def test_the_authors_toolset_narrows_the_search_to_their_options():
+    run = next(r for r in RUNS if r.id == "korthikanti-22b")
+    accuracy = assess(run)
+    # 22.06B parameters (12·L·h² + V·h, h = 6144, L = 48, V = 51,200) × 16 B of model states = 353 GB. With no
+    # ZeRO (the paper's Megatron-LM) only TP·PP = 8 brings that under 80 GB (44 GB; TP·PP = 4 needs 88 GB),
+    # so the splits open to the authors on 8 GPUs are TP×PP = 8×1, 4×2, 2×4 and 1×8 with DP = 1.
+    assert accuracy.toolset_splits == 4
+    assert accuracy.toolset_rank is not None  # the published split is among them: it fits
+    # lmcalc's own search also offers ZeRO-3 and context parallelism, so it has more splits to rank
+    assert accuracy.splits > accuracy.toolset_splits
+
+
 def test_search_respects_pins_and_ranks_by_throughput():
     found = plan(
         resolve_model("llama-3-70b").spec,
