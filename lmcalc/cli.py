@@ -45,7 +45,12 @@ ModelOpt = Annotated[
 ]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Precision recipe (lmcalc presets list precisions).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer (lmcalc presets list optimizers).")]
-SeqOpt = Annotated[str | None, typer.Option("--seq", help="Sequence length in tokens: 4096, or 8K = 8192 (binary K).")]
+SeqOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--seq", help="Sequence length in tokens: 4096, or 8K = 8192 (binary K). Default: min(model context, 8192)."
+    ),
+]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none | selective | full.")]
 AttentionOpt = Annotated[
     str,
@@ -246,7 +251,8 @@ def max_params(
 def flops(
     model: ModelOpt,
     tokens: Annotated[
-        str | None, typer.Option("--tokens", help="Training tokens. Default: published, else 20/param.")
+        str | None,
+        typer.Option("--tokens", help="Training tokens. Default: the preset's published count, else 20 per parameter."),
     ] = None,
     seq: SeqOpt = None,
     attn_flops: Annotated[str, typer.Option("--attn-flops", help="Attention convention: causal | full.")] = "causal",
@@ -589,7 +595,11 @@ def plan_command(
         _emit(full if as_json else replace(full, sections=full.sections[:top_n]), as_json, explain)
 
 
-bench_app = typer.Typer(help="Measure what the hardware delivers with PyTorch; results feed the estimates.")
+bench_app = typer.Typer(
+    help="Measure what the hardware delivers with PyTorch; results feed the estimates. Plain `lmcalc bench` times "
+    "matmuls (one shape, --sweep, or a model's shapes with --model); the subcommands time memory bandwidth, "
+    "collectives and training steps."
+)
 app.add_typer(bench_app, name="bench")
 DeviceOpt = Annotated[str, typer.Option("--device", help="cuda | cpu | mps | auto (the first available).")]
 HardwareOpt = Annotated[
@@ -928,7 +938,8 @@ def report(
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 1024xH100 or 64x8xH100.")],
     output: Annotated[str, typer.Option("--output", "-o", help="The HTML file to write, e.g. report.html.")],
     tokens: Annotated[
-        str | None, typer.Option("--tokens", help="Training tokens (default: published, else 20/param).")
+        str | None,
+        typer.Option("--tokens", help="Training tokens. Default: the preset's published count, else 20 per parameter."),
     ] = None,
     mfu: Annotated[
         float | None, typer.Option("--mfu", help="Model FLOPs utilisation (default 0.4, an assumption).")
