@@ -49,11 +49,15 @@ def main() -> None:
     flops = 2 * m * n * k
     print(f"shape {m}x{n}x{k} fp32 on {cpu.name}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"lmcalc bench:      median {lm * 1e3:.3f} ms  ({flops / lm / 1e9:.1f} GFLOP/s)")
-    print(f"bare torch.matmul, same {buffers} rotating buffers: median {bare * 1e3:.3f} ms  "
-          f"({flops / bare / 1e9:.1f} GFLOP/s)")
+    print(
+        f"bare torch.matmul, same {buffers} rotating buffers: median {bare * 1e3:.3f} ms  "
+        f"({flops / bare / 1e9:.1f} GFLOP/s)"
+    )
     print(f"ratio lmcalc / bare: {lm / bare:.3f}  (target within 5 %)")
-    print(f"for reference, one pair hot in the cache: median {hot * 1e3:.3f} ms ({flops / hot / 1e9:.1f} GFLOP/s); "
-          f"rotating buffers lowers throughput by {1 - hot / bare:.1%} at this shape")
+    print(
+        f"for reference, one pair hot in the cache: median {hot * 1e3:.3f} ms ({flops / hot / 1e9:.1f} GFLOP/s); "
+        f"rotating buffers lowers throughput by {1 - hot / bare:.1%} at this shape"
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ def main(repeats: int = 5) -> None:
     best = found.fitting[0]
     print(f"405B on {cluster.count} GPUs: {found.evaluated} layouts evaluated, {len(found.fitting)} fit")
     print(f"search time: median {statistics.median(seconds):.3f} s over {repeats} runs (target < 2 s)")
-    print(f"fastest: {best.layout.label}, mb={best.layout.micro_batch}, recompute {best.recompute}, "
-          f"MFU {best.time.mfu:.3f}")
+    print(
+        f"fastest: {best.layout.label}, mb={best.layout.micro_batch}, recompute {best.recompute}, "
+        f"MFU {best.time.mfu:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -324,7 +324,8 @@ def memory_result(
     notes.append(
         "fits"
         if total <= capacity
-        else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB" + _fit_advice(layout, recompute)
+        else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB"
+        + _fit_advice(model, layout, precision, optimizer, seq, attention, recompute, overhead_bytes, capacity)
     )
     return checked(
         Result(
@@ -372,17 +373,40 @@ def memory_sweep_result(results: list[tuple[str, Result]], name: str) -> Result:
     )
 
 
-def _fit_advice(layout: ly.Layout, recompute: str) -> str:
-    """What the user has not tried yet, among the levers this command has."""
-    levers = []
+def _fit_advice(
+    model: ModelSpec,
+    layout: ly.Layout,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    seq: int,
+    attention: mem.AttentionImpl,
+    recompute: mem.Recompute,
+    overhead_bytes: float,
+    capacity: float,
+) -> str:
+    """The levers of this command the user has not pulled, each with what the GPU would then need, most
+    effective first; then more GPUs. Selective recomputation is offered only with eager attention: with
+    FlashAttention the s² scores it drops are never stored."""
+    levers: list[tuple[str, ly.Layout, mem.Recompute]] = []
     if layout.zero < 3 and layout.dp * layout.cp > 1:
-        levers.append(f"--zero {layout.zero + 1}")
+        levers.append(("--zero 3", replace(layout, zero=3), recompute))
+    if layout.tp > 1 and not layout.sequence_parallel:
+        levers.append(("--sequence-parallel", replace(layout, sequence_parallel=True), recompute))
+    if recompute == "none" and attention == "eager":
+        levers.append(("--recompute selective", layout, "selective"))
     if recompute != "full":
-        levers.append("--recompute " + ("selective" if recompute == "none" else "full"))
+        levers.append(("--recompute full", layout, "full"))
     if layout.micro_batch > 1:
-        levers.append("a smaller --micro-batch")
-    levers.append("more GPUs" if layout.zero else "more GPUs with --zero")
-    return "; try " + ", ".join(levers)
+        levers.append(("--micro-batch 1", replace(layout, micro_batch=1), recompute))
+    tried = []
+    for flag, changed, recomputed in levers:
+        total = ly.most_loaded_gpu(
+            model, changed, precision, optimizer, seq, attention, recomputed, overhead_bytes
+        ).total
+        tried.append((total, f"{flag} ({total / GB:.1f} GB{', fits' if total <= capacity else ''})"))
+    advice = [text for _, text in sorted(tried)]
+    advice.append("more GPUs" if layout.zero else "more GPUs with --zero")
+    return "; try " + ", ".join(advice)
 
 
 def max_params_result(
@@ -753,15 +777,24 @@ def plan_result(
         Input("evaluated", "Layouts evaluated", found.evaluated, origin=f"{len(found.fitting)} fit in memory"),
     )
     notes = (
-        f"best: {_layout_text(winner)}; run 'lmcalc plan … --explain' for its derivation",
+        f"best: {_layout_text(winner)}" + ("" if explain else "; run 'lmcalc plan … --explain' for its derivation"),
         "TP within a node; TP, EP and PP communication exposed; DP gradient reduction overlaps the last "
         "micro-batch's backward pass; CP's K/V exchange is exposed too (docs/formulas.md)",
     )
     title = f"Layouts for {model.label} on {cluster.label}"
     if explain:
         sections = winner_sections(model, cluster, winner, seq, precision, optimizer, attention)
-        return checked(Result("plan", f"{title}: the best, derived", inputs, sections, notes))
+        best = f"The best layout for {model.label} on {cluster.label}"
+        return checked(Result("plan", best, inputs, sections, notes))
     return checked(Result("plan", title, inputs, tuple(sections), notes, layout="grid"))
+
+
+ZERO_GATHER_FORMULA = {
+    0: "none: no ZeRO sharding over data parallelism",
+    1: "max(0, all-gather of the updated parameters − first forward of the next step)",
+    2: "max(0, all-gather of the updated parameters − first forward of the next step)",
+    3: "micro-batches · max(0, 2 · all-gather + reduce-scatter − compute per micro-batch)",
+}
 
 
 def winner_sections(
@@ -832,7 +865,7 @@ def winner_sections(
                 "ZeRO parameter gathers (exposed)",
                 t.zero,
                 "s",
-                "all-gather of updated (or per-layer) parameters",
+                ZERO_GATHER_FORMULA[min(winner.layout.zero, 3) if winner.layout.dp * winner.layout.cp > 1 else 0],
             ),
             Term("total", "Step time", t.total, "s", "sum of the rows above"),
             Term(
@@ -890,6 +923,12 @@ def inference_result(
         *_model_notes(model, note),
         *context_note(model, context),
         "inference keeps no gradients and no optimizer states: weights, the KV cache and a working allowance",
+        *(
+            term.note  # memory would hold a longer context than the model was trained for: say so beside the table
+            for section in sections
+            for term in section.terms
+            if term.key == "max_context" and term.note
+        ),
     )
     return checked(
         Result(

@@ -66,12 +66,19 @@ def list_presets(kinds: tuple[str, ...], as_json: bool) -> None:
         console.print()
 
 
+def _shown_origin(origin: str) -> str:
+    """A built-in preset's file named inside lmcalc's presets (``built-in optimizers.yaml [optimizers[5]]``), the
+    same on every machine; a user's file by its full path."""
+    builtin = str(pr.builtin_dir())
+    return "built-in " + origin[len(builtin) :].lstrip("/\\") if origin.startswith(builtin) else origin
+
+
 def _find_any(name: str) -> tuple[str, Any, str]:
     errors = []
     for kind in pr.KINDS:
         try:
             spec, _ = pr.registry(kind).resolve(name)
-            return kind, spec, pr.registry(kind).entries[spec.name].origin
+            return kind, spec, _shown_origin(pr.registry(kind).entries[spec.name].origin)
         except LmcalcError as exc:
             errors.append(str(exc))
     suggestions = [e.split("did you mean ", 1)[1].rstrip("?") for e in errors if "did you mean" in e]

@@ -70,8 +70,8 @@ def _bar(terms: list[Term], capacity: float):
         start, used = used, used + term.value * scale
         cells = min(round(used), BAR_WIDTH) - min(round(start), BAR_WIDTH)  # the bar stops at capacity
         bar.append("█" * cells, style=style)
-    if round(used) < BAR_WIDTH:
-        bar.append("·" * (BAR_WIDTH - round(used)), style="dim")
+    if sum(term.value for term in terms) <= capacity:  # the bytes decide, not the rounded cells
+        bar.append("·" * (BAR_WIDTH - min(round(used), BAR_WIDTH)), style="dim")
         bar.append("│", style="bold")
     else:
         bar.append(f" {100 * used / BAR_WIDTH:.0f} % of capacity: does not fit", style="bold red")

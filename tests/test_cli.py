@@ -415,3 +415,39 @@ def test_optimal_command(capsys):
     assert data["results"]["budget"]["compute"]["value"] == pytest.approx(1024 * 989.5e12 * 0.4 * 30 * 86_400)
     code, _, err = run("optimal --days 30", capsys)
     assert code == 2 and "give --compute" in err
+
+
+def test_memory_bar_says_does_not_fit_only_when_the_bytes_overflow():
+    from rich.text import Text
+
+    from lmcalc.render import BAR_WIDTH, _bar
+    from lmcalc.result import Term
+
+    def drawn(*gigabytes: float) -> str:
+        bar = _bar([Term(f"part{i}", f"part {i}", g * 1e9, "bytes") for i, g in enumerate(gigabytes)], 80e9)
+        return Text.assemble(bar).plain
+
+    # 79.36 GB of 80 GB is 99.2 %: the bar is full when rounded to 60 cells, yet it fits (headroom 0.64 GB)
+    nearly_full = drawn(70.0, 9.36)
+    assert "does not fit" not in nearly_full and nearly_full.endswith("│")
+    assert nearly_full.count("█") == BAR_WIDTH
+    # 80.5 GB overflows by 0.5 GB, although it too rounds to 60 cells
+    assert "101 % of capacity: does not fit" in drawn(70.0, 10.5)
+    half = drawn(40.0)  # half the capacity: 30 filled cells, 30 free
+    assert half.count("█") == 30 and half.count("·") == 30
+
+
+def test_memory_advice_gives_what_each_lever_would_need(capsys):
+    base = "memory -m llama-3.1-8b --gpus 8xH100 --seq 4096"
+    notes = run_json(base, capsys)["notes"]
+    advice = next(n for n in notes if n.startswith("does NOT fit"))
+    # each lever's figure is what `memory` itself gives with that flag
+    zero3 = run_json(base + " --zero 3", capsys)["results"]["total"]["total"]["value"]
+    full = run_json(base + " --recompute full", capsys)["results"]["total"]["total"]["value"]
+    assert f"--zero 3 ({zero3 / 1e9:.1f} GB, fits)" in advice
+    assert f"--recompute full ({full / 1e9:.1f} GB)" in advice
+    assert advice.index("--zero 3") < advice.index("--recompute full")  # the larger saving first
+    # FlashAttention never stores the s² scores, so selective recomputation is not offered with it
+    assert "selective" not in advice
+    eager = next(n for n in run_json(base + " --attention eager", capsys)["notes"] if n.startswith("does NOT"))
+    assert "--recompute selective (" in eager

@@ -232,3 +232,14 @@ def test_sections_for_mla_under_tp():
     assert result.term("kv_cache.per_token_per_layer").substituted == "(512 + 64) × 2 B"
     assert result.value("kv_cache.per_token_per_gpu") == 70_272
     assert "routed experts" in result.term("weights.params").note
+
+
+def test_a_context_beyond_the_models_window_is_said_beside_the_table():
+    from lmcalc.cli import run_captured
+
+    # Llama 3.1 8B on one H100: the KV cache budget holds 471,435 tokens at batch 1 (see above), more than
+    # the 131,072 the model was trained for; at batch 8 it holds 58,929, within it
+    long = run_captured(["memory", "--inference", "-m", "llama-3.1-8b", "--batch", "1", "--context", "8K"])
+    assert any("beyond llama-3.1-8b's trained context of 131,072 tokens" in n for n in long.notes)
+    short = run_captured(["memory", "--inference", "-m", "llama-3.1-8b", "--batch", "8", "--context", "8K"])
+    assert not any("trained context" in n for n in short.notes)

@@ -162,3 +162,44 @@ def test_impossible_layouts_name_the_constraint(model, cluster, changes, message
 def test_context_parallel_needs_fused_attention():
     with pytest.raises(LmcalcError, match="needs fused attention"):
         ly.check_layout(resolve_model("llama-3.1-8b").spec, ly.Layout(cp=2), parse_cluster("2xH100"), 4096, "eager")
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ly.Layout(),
+        ly.Layout(tp=8),
+        ly.Layout(tp=8, sequence_parallel=True),
+        ly.Layout(tp=4, cp=2, sequence_parallel=True),
+        ly.Layout(tp=2, cp=4),
+    ],
+    ids=["single", "tp8", "tp8-sp", "tp4-cp2-sp", "tp2-cp4"],
+)
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+def test_one_layer_formula_evaluates_to_its_value(layout, attention):
+    # The memory table's formula for one layer, with the shape substituted, must give the figure it sits
+    # beside: the TP and CP divisors included (a formula without them would be 8× too large at TP = 8).
+    import re
+
+    model, s, b = resolve_model("llama-3-70b").spec, 4096, 1
+    gpu = ly.most_loaded_gpu(model, layout, resolve_precision("bf16-mixed").spec, ADAMW, s, attention, "none", 0.0)
+    sections = ly.memory_sections(
+        model, layout, gpu, resolve_precision("bf16-mixed").spec, ADAMW, s, attention, "none", 80e9, "80 GB"
+    )
+    term = next(t for section in sections for t in section.terms if t.key == "dense_layer")
+    symbols = {
+        "H_kv": model.kv_heads,
+        "d_v": model.head_dim,
+        "TP": layout.tp,
+        "CP": layout.cp,
+        "s": s,
+        "b": b,
+        "h": model.hidden_size,
+        "H": model.num_heads,
+        "d": model.head_dim,
+        "f": model.ffn_size,
+    }
+    python = re.sub(r"H_kv|d_v|TP|CP|[sbhHdf]", lambda m: str(symbols[m.group()]), term.formula)
+    value = eval(python.replace("·", "*").replace("²", "**2"))  # noqa: S307 - our own formula text
+    assert value == pytest.approx(term.value, rel=1e-12)
+    assert ("/TP" in term.formula or "TP·" in term.formula) == (layout.tp > 1)

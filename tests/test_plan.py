@@ -8,7 +8,10 @@ import pytest
 from lmcalc.accuracy import MFU_TOLERANCE, assess, load_runs
 from lmcalc.cli import main
 from lmcalc.engine.comm import NVLINK_RING_EFFICIENCY, Link, collective_time, link_for
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.params import count_params
 from lmcalc.engine.plan import Pins, plan
+from lmcalc.engine.steptime import step_time
 from lmcalc.presets import parse_cluster, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 
 RUNS = load_runs(Path(__file__).resolve().parent.parent / "benchmarks" / "published_runs.yaml")
@@ -110,3 +113,17 @@ def test_plan_json_names_each_layout(capsys):
     code, out, _ = run("plan --model llama-3.1-8b --gpus 8xH100 --seq 4096 --global-batch 256K --json", capsys)
     data = json.loads(out)
     assert code == 0 and data["section_titles"]["rank1"].startswith("1. DP=")
+
+
+def test_zero1_gather_hides_behind_the_next_first_forward_only():
+    # GPT-2 124M over 16 H100s in two nodes, ZeRO-1, one micro-batch: the all-gather of the updated bf16
+    # parameters (2 B each over 16 replicas, inter-node) is far longer than the first forward pass it
+    # overlaps, which is 1/3 of the micro-batch's compute (backward = 2 × forward).
+    model, h100 = resolve_model("gpt2").spec, resolve_hardware("H100").spec
+    layout = Layout(dp=16, zero=1)
+    t = step_time(model, layout, 1024, resolve_precision("bf16-mixed").spec, h100, 8, "none")
+    gather = collective_time("all-gather", count_params(model).total * 2, 16, link_for(h100, 16, 8))
+    assert t.zero == pytest.approx(gather - t.compute / 3, rel=1e-9)
+    assert 0 < t.zero < gather
+    # ZeRO-0 never gathers parameters
+    assert step_time(model, Layout(dp=16), 1024, resolve_precision("bf16-mixed").spec, h100, 8, "none").zero == 0

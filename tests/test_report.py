@@ -38,7 +38,7 @@ def test_report_is_self_contained(report):
     assert not re.search(r"""(src|href)\s*=\s*["']?https?:""", html)
     for title in ("Parameters of Llama 3 70B", "Training FLOPs", "Training time", "Training memory per GPU"):
         assert title in html
-    assert "Layouts for Llama 3 70B" in html and "the best, derived" in html
+    assert "Layouts for Llama 3 70B" in html and "The best layout for Llama 3 70B" in html
     assert html.count("<details>") == 6  # a derivation per result: 4 figures, the ranked layouts, the best one
     if pytest.importorskip("matplotlib"):
         assert html.count("<svg") == 2  # the memory bars and the ranked layouts

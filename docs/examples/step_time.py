@@ -82,7 +82,8 @@ if replicas > 1 and a.zero >= 3:
 elif replicas > 1:
     reduce = collective_time("reduce-scatter" if a.zero == 2 else "all-reduce", params * 2, replicas, dp_link)
     grads = max(0.0, reduce - 2 / 3 * compute / m)
-    zero = collective_time("all-gather", params * 2, replicas, dp_link) if a.zero >= 1 else 0.0
+    gather = collective_time("all-gather", params * 2, replicas, dp_link)  # hidden behind the next first forward
+    zero = max(0.0, gather - 1 / 3 * compute / m) if a.zero >= 1 else 0.0
 
 lmcalc = step_time(model, layout, s, bf16, hw, per_node, a.recompute)
 rows = [

@@ -430,7 +430,8 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_label: s
                 "tokens",
                 "⌊cache budget / (batch · per token on one GPU)⌋",
                 f"⌊{group(budget)} / ({memory.batch} × {group(c)})⌋",
-                note=f"memory allows more than {spec.name}'s context of {spec.max_seq_len} tokens"
+                note=f"memory would hold a context of {max_context:,} tokens at batch {memory.batch}, beyond "
+                f"{spec.name}'s trained context of {spec.max_seq_len:,} tokens"
                 if max_context > spec.max_seq_len
                 else "",
             ),

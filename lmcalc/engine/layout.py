@@ -246,6 +246,21 @@ def _split(tensor: SavedTensor, layout: Layout) -> float:
     return tensor.bytes / divisor
 
 
+def _split_formula(tensors: list[SavedTensor], layout: Layout) -> str:
+    """``saved_formula`` with each group of tensors over what splits it on one GPU: ``(…)/(TP·CP) + (…)/CP``."""
+    groups: dict[str, list[SavedTensor]] = {}
+    for tensor in tensors:
+        by_tp = layout.tp > 1 and (tensor.split == "tp" or (tensor.split == "seq" and layout.sequence_parallel))
+        factors = [name for name, applies in (("TP", by_tp), ("CP", layout.cp > 1)) if applies]
+        divisor = f"({'·'.join(factors)})" if len(factors) > 1 else "".join(factors)
+        groups.setdefault(divisor, []).append(tensor)
+    if list(groups) == [""]:
+        return saved_formula(tensors)
+    return " + ".join(
+        f"({saved_formula(group)})/{divisor}" if divisor else saved_formula(group) for divisor, group in groups.items()
+    )
+
+
 def stage_activation_bytes(
     model: ModelSpec,
     layout: Layout,
@@ -535,7 +550,7 @@ def memory_sections(
                 ("One MoE layer" if moe_layer else "One dense layer" if model.moe else "One layer") + " on this GPU",
                 sum(_split(t, layout) for t in tensors),
                 "bytes",
-                saved_formula(tensors),
+                _split_formula(tensors, layout),
                 f"s={seq_len}, b={b}, h={model.hidden_size}, H={model.num_heads}, H_kv={model.kv_heads}, "
                 f"f={model.ffn_size}; divided for {split_text}",
                 "Korthikanti et al. 2022 §4.1 eq. (1)–(4), tensor by tensor",

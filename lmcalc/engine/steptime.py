@@ -13,7 +13,8 @@ recomputation redoes) spread over the GPUs at a fraction of the dense peak. Comm
 * PP: the 1F1B bubble (p − 1)/m of the ideal time, divided by v with the interleaved schedule
   (Narayanan et al. 2021 §2.2), and one activation sent between stages per micro-batch each way.
 * DP: the gradient all-reduce (reduce-scatter under ZeRO-2/3) overlaps the last micro-batch's
-  backward pass; ZeRO's all-gather of the updated parameters after the optimizer step is exposed;
+  backward pass; under ZeRO-1/2 the all-gather of the updated parameters overlaps the next step's first
+  forward pass, layer by layer (Megatron-LM's --overlap-param-gather, FSDP's SHARD_GRAD_OP prefetch);
   ZeRO-3 gathers each layer's parameters forward and backward, overlapped with that micro-batch.
 """
 
@@ -137,8 +138,9 @@ def step_time(
             op = "reduce-scatter" if layout.zero == 2 else "all-reduce"
             reduce = collective_time(op, params * precision.grad_bytes, replicas, dp_link)
             dp_time = max(0.0, reduce - 2 / 3 * per_micro_batch)
-            if layout.zero >= 1:
-                zero_time = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
+            if layout.zero >= 1:  # the updated shards, gathered while the next step's first forward runs
+                gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
+                zero_time = max(0.0, gather - 1 / 3 * per_micro_batch)
     return StepTime(
         compute,
         tp_time,
