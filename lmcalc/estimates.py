@@ -829,9 +829,16 @@ def winner_sections(
                 "Compute",
                 t.compute,
                 "s",
-                "hardware FLOPs / (GPUs · peak · efficiency)",
-                f"{t.hardware_flops:.4e} / ({t.gpus} × {t.peak:.4g} × "
-                f"{t.hardware_flops / (t.compute * t.gpus * t.peak):.3g})",
+                "hardware FLOPs of the slowest stage / (GPUs per stage · peak · efficiency)",
+                f"{t.stage_flops:.4e} / ({t.gpus // winner.layout.pp} × {t.peak:.4g} × "
+                f"{t.stage_flops * winner.layout.pp / (t.compute * t.gpus * t.peak):.3g})",
+                note=(
+                    f"stage {t.slowest_stage + 1} of {winner.layout.pp} is the slowest: "
+                    f"{t.stage_flops / t.hardware_flops:.1%} of the step's {t.hardware_flops:.4e} FLOPs, "
+                    f"against an even {1 / winner.layout.pp:.1%}"
+                    if winner.layout.pp > 1
+                    else ""
+                ),
             ),
             Term(
                 "tp",

@@ -8,7 +8,8 @@ import pytest
 from lmcalc.accuracy import MFU_TOLERANCE, assess, load_runs
 from lmcalc.cli import main
 from lmcalc.engine.comm import NVLINK_RING_EFFICIENCY, Link, collective_time, link_for
-from lmcalc.engine.layout import Layout
+from lmcalc.engine.flops import forward_flops_per_token
+from lmcalc.engine.layout import Layout, stage_forward_flops
 from lmcalc.engine.params import count_params
 from lmcalc.engine.plan import Pins, plan
 from lmcalc.engine.steptime import step_time
@@ -127,3 +128,33 @@ def test_zero1_gather_hides_behind_the_next_first_forward_only():
     assert 0 < t.zero < gather
     # ZeRO-0 never gathers parameters
     assert step_time(model, Layout(dp=16), 1024, resolve_precision("bf16-mixed").spec, h100, 8, "none").zero == 0
+
+
+@pytest.mark.parametrize(
+    ("preset", "pp"), [("llama-3-70b", 8), ("llama-3.1-405b", 16), ("deepseek-v3", 16), ("mixtral-8x7b", 4)]
+)
+def test_the_stages_forward_flops_add_up_to_the_model(preset, pp):
+    # Each stage counts the weights it holds (layers; the head on the last); the stages together must be
+    # the whole model's forward count (§3.3), with 126 layers on 16 stages and DeepSeek's 3 dense layers too.
+    model = resolve_model(preset).spec
+    stages = [stage_forward_flops(model, Layout(pp=pp), stage, 4096) for stage in range(pp)]
+    whole = forward_flops_per_token(model, 4096, "full")
+    assert sum(f.total for f in stages) == pytest.approx(whole.total, rel=1e-12)
+    assert sum(f.logits for f in stages) == stages[-1].logits == whole.logits
+
+
+def test_the_pipeline_moves_at_its_slowest_stage():
+    # Llama 3 70B, PP = 8: 10 layers a stage, and the last stage also computes the logits, 2·h·V per token
+    # (2 × 8,192 × 128,256 = 2.10 GFLOPs, more than one layer's 1.98 at s = 8,192). By hand, that stage's
+    # hardware FLOPs are 3 × (10 layers + logits) per token, and compute is that work over its 8 GPUs.
+    model, h100 = resolve_model("llama-3-70b").spec, resolve_hardware("H100").spec
+    s, layout = 8192, Layout(pp=8, grad_accum=8)
+    forward = forward_flops_per_token(model, s, "full")
+    last_stage = 3 * (10 * forward.layers / 80 + 2 * 8192 * 128256) * s * 8  # 8 micro-batches of one sequence
+    t = step_time(model, layout, s, resolve_precision("bf16-mixed").spec, h100, 8, "none")
+    assert t.slowest_stage == 7
+    assert t.compute == pytest.approx(last_stage / (1 * h100.peak_flops("bf16") * 0.6), rel=1e-12)
+    # against an even split: the last stage's share × 8 = (10 × 1.9797 + 2.1013) × 8 / (80 × 1.9797 + 2.1013)
+    # = 1.0917 (GFLOPs per token per layer and for the logits): the pipeline is 9 % slower
+    even = t.hardware_flops / (8 * h100.peak_flops("bf16") * 0.6)
+    assert t.compute / even == pytest.approx(1.0917, abs=1e-4)

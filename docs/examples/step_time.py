@@ -13,7 +13,7 @@ import argparse
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine.comm import collective_time, link_for
-from lmcalc.engine.layout import Layout, stage_layers, stage_params
+from lmcalc.engine.layout import Layout, stage_params
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, step_time
 from lmcalc.presets import parse_cluster, resolve_model, resolve_precision
 
@@ -47,14 +47,22 @@ s, b, h = a.seq, a.micro_batch, model.hidden_size
 t, p, c, d, m, v = a.tp, a.pp, a.cp, a.dp, a.grad_accum, a.virtual_stages
 sp = t if a.sequence_parallel else 1
 peak, eff = hw.peak_flops("bf16"), DEFAULT_COMPUTE_EFFICIENCY
-layers = sum(stage_layers(model, layout, 0))
-moe_layers = stage_layers(model, layout, 0)[1]
 
-# Compute: hardware FLOPs of the step over GPUs × peak × efficiency.
+# Compute: the slowest stage's hardware FLOPs over its GPUs × peak × efficiency. By hand for a dense model:
+# every layer costs forward.layers / L; stage k holds L // p layers, one more for the first L % p stages;
+# the last stage adds the logits.
 forward = fl.forward_flops_per_token(model, s, "full")
+per_layer = forward.layers / model.num_layers
+redone = fl.recompute_flops_per_token(forward, a.recompute) / model.num_layers
+stage_work = []
+for stage in range(p):
+    n = model.num_layers // p + (1 if stage < model.num_layers % p else 0)
+    logits = forward.logits if stage == p - 1 else 0.0
+    stage_work.append((3 * (n * per_layer + logits) + n * redone, n))
+work, layers = max(stage_work)
 tokens = d * m * b * s
-hardware_flops = (3 * forward.total + fl.recompute_flops_per_token(forward, a.recompute)) * tokens
-compute = hardware_flops / (d * t * p * c * peak * eff)
+compute = work * tokens / (d * t * c * peak * eff)
+moe_layers = layers if model.moe else 0
 # TP: 4 collectives of one activation per layer and micro-batch (6 with full recomputation).
 activation = s * b * h * 2 / c
 collectives = 6 if a.recompute == "full" else 4

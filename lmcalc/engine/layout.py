@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lmcalc.engine.flops import Recompute
+from lmcalc.engine.flops import ForwardFlops, Recompute, effective_keys
 from lmcalc.engine.memory import (
     MASK_BYTES,
     AttentionImpl,
@@ -213,6 +213,31 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> StageParams:
         else:
             dense += held
     return StageParams(dense, experts)
+
+
+def stage_forward_flops(model: ModelSpec, layout: Layout, stage: int, seq_len: int) -> ForwardFlops:
+    """Forward FLOPs per token of pipeline stage ``stage`` (all its TP, CP and EP ranks together): the matmuls
+    of the weights it holds that a token uses, its layers' attention (counted in full, as model FLOPs are),
+    and the logits on the last stage. The stages of a layout add up to ``forward_flops_per_token``."""
+    whole_experts = Layout(tp=layout.tp, pp=layout.pp)  # the stage's work, whichever GPU of it does it
+    projections = mlp = 0.0
+    for tensor in weight_tensors(model):
+        if not tensor.matmul:
+            continue
+        used = 2 * _copies_on_stage(tensor, model, whole_experts, stage) * tensor.active / tensor.count * tensor.numel
+        if tensor.group == "attention":
+            projections += used
+        else:
+            mlp += used
+    layers = sum(stage_layers(model, layout, stage))
+    keys = effective_keys(seq_len, "full")
+    return ForwardFlops(
+        projections=projections,
+        mlp=mlp,
+        attention_scores=2 * layers * keys * model.num_heads * model.qk_head_dim,
+        attention_values=2 * layers * keys * model.num_heads * model.v_head_dim,
+        logits=2 * model.hidden_size * model.vocab_size if stage == layout.pp - 1 else 0.0,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Time of one training step for a layout: compute, exposed communication and the pipeline bubble.
 
 Compute is the step's hardware FLOPs (model FLOPs in the full-attention convention, plus what
-recomputation redoes) spread over the GPUs at a fraction of the dense peak. Communication follows
+recomputation redoes) at a fraction of the dense peak. With pipeline parallelism, every stage waits for
+the slowest, so compute is that stage's share of the work over its GPUs: the stage with the most layers,
+or the last stage when the logits outweigh the layer it lacks (a large vocabulary). Communication follows
 ``engine.comm``; what overlaps with compute and what does not is an assumption, stated per term:
 
 * TP: 2 collectives per layer forward (after attention and after the MLP) and 2 backward, each moving
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine.comm import collective_time, link_for
-from lmcalc.engine.layout import Layout, cached_stage_params, stage_layers
+from lmcalc.engine.layout import Layout, cached_stage_params, stage_forward_flops, stage_layers
 from lmcalc.specs import HardwareSpec, ModelSpec, PrecisionRecipe
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
@@ -36,6 +38,8 @@ use ``lmcalc bench`` figures or ``--efficiency`` to override."""
 
 @dataclass(frozen=True)
 class StepTime:
+    slowest_stage: int  # the pipeline stage with the most work, which sets the pace
+    stage_flops: float  # that stage's hardware FLOPs per step, over all its GPUs
     compute: float
     tp: float
     ep: float
@@ -67,6 +71,24 @@ class StepTime:
         return self.tokens / self.total
 
 
+def _slowest_stage(
+    model: ModelSpec, layout: Layout, seq_len: int, recompute: fl.Recompute, cache: dict | None
+) -> tuple[int, float]:
+    """The pipeline stage with the most hardware FLOPs per token, and those FLOPs: its layers forward and
+    backward (3×), the logits on the last stage, and what recomputation redoes. With one stage, the model."""
+    key = ("stage_flops", seq_len, layout.pp, recompute)
+    if cache is not None and key in cache:
+        return cache[key]
+    work = []
+    for stage in range(layout.pp):
+        fwd = stage_forward_flops(model, layout, stage, seq_len)
+        work.append(fl.BACKWARD_TO_FORWARD * fwd.total + fwd.total + fl.recompute_flops_per_token(fwd, recompute))
+    slowest = max(range(layout.pp), key=work.__getitem__)
+    if cache is not None:
+        cache[key] = (slowest, work[slowest])
+    return slowest, work[slowest]
+
+
 def step_time(
     model: ModelSpec,
     layout: Layout,
@@ -93,10 +115,11 @@ def step_time(
             cache[key] = fwd
     model_flops = 3 * fwd.total * tokens
     hardware_flops = model_flops + fl.recompute_flops_per_token(fwd, recompute) * tokens
-    compute = hardware_flops / (gpus * peak * efficiency)
+    slowest, stage_flops = _slowest_stage(model, layout, seq_len, recompute, cache)
+    compute = stage_flops * tokens / (gpus / p * peak * efficiency)  # the pipeline moves at its slowest stage
     per_micro_batch = compute / m
 
-    dense, moe = stage_layers(model, layout, 0)
+    dense, moe = stage_layers(model, layout, slowest)
     layers = dense + moe
     activation = seq_len * b * model.hidden_size * act / c
     tp_link = link_for(hardware, t, gpus_per_node)
@@ -142,6 +165,8 @@ def step_time(
                 gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
                 zero_time = max(0.0, gather - 1 / 3 * per_micro_batch)
     return StepTime(
+        slowest,
+        stage_flops * tokens,
         compute,
         tp_time,
         ep_time,
