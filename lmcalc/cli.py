@@ -290,6 +290,24 @@ CpOpt = Annotated[int, typer.Option("--cp", help=DegreeHelp["cp"])]
 EpOpt = Annotated[int, typer.Option("--ep", help=DegreeHelp["ep"])]
 
 
+FirstStageOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--first-stage-layers",
+        help="Layers on the first pipeline stage, which also holds the embedding (Megatron-LM's "
+        "--decoder-first-pipeline-num-layers); the other stages share the rest. Default: an even split.",
+    ),
+]
+LastStageOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--last-stage-layers",
+        help="Layers on the last pipeline stage, which also computes the logits (Megatron-LM's "
+        "--decoder-last-pipeline-num-layers). Default: an even split.",
+    ),
+]
+
+
 def build_layout(
     cluster,
     dp: int | None,
@@ -303,6 +321,8 @@ def build_layout(
     grad_accum: int,
     schedule: str,
     virtual_stages: int,
+    first_stage_layers: int | None = None,
+    last_stage_layers: int | None = None,
 ) -> ly.Layout:
     """The layout the flags describe; DP fills the GPUs the other degrees leave."""
     for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep)):
@@ -324,6 +344,8 @@ def build_layout(
         grad_accum=_positive_int(grad_accum, "--grad-accum"),
         schedule=schedule,  # type: ignore[arg-type]
         virtual_stages=_positive_int(virtual_stages, "--virtual-stages"),
+        first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers,
     )
 
 
@@ -352,6 +374,8 @@ def memory(
     virtual_stages: Annotated[
         int, typer.Option("--virtual-stages", help="Model chunks per pipeline stage (interleaved schedule).")
     ] = 1,
+    first_stage_layers: FirstStageOpt = None,
+    last_stage_layers: LastStageOpt = None,
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
     attention: AttentionOpt = "flash",
@@ -418,7 +442,20 @@ def memory(
 
     def one(seq_text: str | None, batch: int) -> Result:
         layout = build_layout(
-            cluster, dp, tp, pp, cp, ep, zero, sequence_parallel, batch, grad_accum, schedule, virtual_stages
+            cluster,
+            dp,
+            tp,
+            pp,
+            cp,
+            ep,
+            zero,
+            sequence_parallel,
+            batch,
+            grad_accum,
+            schedule,
+            virtual_stages,
+            first_stage_layers,
+            last_stage_layers,
         )
         return est.memory_result(
             spec,
@@ -471,6 +508,8 @@ def fit_command(
     ] = False,
     schedule: Annotated[str, typer.Option("--schedule", help="Pipeline schedule: 1f1b | interleaved.")] = "1f1b",
     virtual_stages: Annotated[int, typer.Option("--virtual-stages", help="Model chunks per stage.")] = 1,
+    first_stage_layers: FirstStageOpt = None,
+    last_stage_layers: LastStageOpt = None,
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
     attention: AttentionOpt = "flash",
@@ -483,7 +522,20 @@ def fit_command(
     resolved = pr.resolve_model(model)
     cluster = pr.parse_cluster(gpus)
     layout = build_layout(
-        cluster, dp, tp, pp, cp, ep, zero, sequence_parallel, micro_batch, grad_accum, schedule, virtual_stages
+        cluster,
+        dp,
+        tp,
+        pp,
+        cp,
+        ep,
+        zero,
+        sequence_parallel,
+        micro_batch,
+        grad_accum,
+        schedule,
+        virtual_stages,
+        first_stage_layers,
+        last_stage_layers,
     )
     result = est.fit_result(
         resolved.spec,
@@ -521,6 +573,8 @@ def plan_command(
     tp_across_nodes: Annotated[
         bool, typer.Option("--tp-across-nodes", help="Allow TP groups larger than a node.")
     ] = False,
+    first_stage_layers: FirstStageOpt = None,
+    last_stage_layers: LastStageOpt = None,
     tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens, for the days column.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
@@ -557,6 +611,8 @@ def plan_command(
         max_pp=_positive_int(max_pp, "--max-pp"),
         max_cp=_positive_int(max_cp, "--max-cp"),
         tp_within_node=not tp_across_nodes,
+        first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers,
     )
     eff = None
     if efficiency is not None:

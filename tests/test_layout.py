@@ -203,3 +203,47 @@ def test_one_layer_formula_evaluates_to_its_value(layout, attention):
     value = eval(python.replace("·", "*").replace("²", "**2"))  # noqa: S307 - our own formula text
     assert value == pytest.approx(term.value, rel=1e-12)
     assert ("/TP" in term.formula or "TP·" in term.formula) == (layout.tp > 1)
+
+
+def test_uneven_first_and_last_stages_split_the_rest_evenly():
+    # Llama 3 405B as Dubey et al. 2024 §3.3.2 ran it: one layer fewer on the first and last of 16 stages,
+    # so 126 = 7 + 14 × 8 + 7.
+    llama405 = resolve_model("llama-3.1-405b").spec
+    assert ly.stage_layer_counts(llama405, ly.Layout(pp=16, first_stage_layers=7, last_stage_layers=7)) == [
+        7,
+        *[8] * 14,
+        7,
+    ]
+    # without the flags, the first 14 stages take the 2 layers 16 does not divide: 14 × 8 + 2 × 7
+    assert ly.stage_layer_counts(llama405, ly.Layout(pp=16)) == [8] * 14 + [7] * 2
+    # Llama 3 70B, 80 layers, first stage 6: 74 over 7 stages = 10 rest 4, so four stages of 11
+    llama70 = resolve_model("llama-3-70b").spec
+    assert ly.stage_layer_counts(llama70, ly.Layout(pp=8, first_stage_layers=6)) == [6, 11, 11, 11, 11, 10, 10, 10]
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        (ly.Layout(first_stage_layers=7), "need pipeline stages"),
+        (ly.Layout(pp=16, schedule="interleaved", virtual_stages=2, grad_accum=16, last_stage_layers=7), "1f1b"),
+        (ly.Layout(pp=16, first_stage_layers=0), "positive integer"),
+        (ly.Layout(pp=16, first_stage_layers=100, last_stage_layers=20), "leave 6 of the 126 layers"),
+        (ly.Layout(pp=2, first_stage_layers=60, last_stage_layers=60), "must add up to L"),
+    ],
+)
+def test_impossible_stage_splits_are_refused(layout, message):
+    with pytest.raises(LmcalcError, match=message):
+        ly.check_layout(resolve_model("llama-3.1-405b").spec, layout, None, 8192, "flash")
+
+
+def test_a_lighter_first_stage_moves_the_peak_to_the_second():
+    # 1F1B keeps PP − stage micro-batches in flight: the first stage 16 × 7 = 112 layer-activations, the second
+    # 15 × 8 = 120. The second stage is now the most loaded; its activations are 120 layers' worth.
+    model, precision = resolve_model("llama-3.1-405b").spec, resolve_precision("bf16-mixed").spec
+    layout = ly.Layout(
+        dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32, first_stage_layers=7, last_stage_layers=7
+    )
+    gpu = ly.most_loaded_gpu(model, layout, precision, ADAMW, 8192, "flash", "none", 0.0)
+    per_layer = one_layer(model, layout, 8192, 1, attention="flash")
+    assert gpu.stage == 1
+    assert gpu.activations == pytest.approx(15 * 8 * per_layer, rel=1e-12)

@@ -137,10 +137,16 @@ def test_the_stages_forward_flops_add_up_to_the_model(preset, pp):
     # Each stage counts the weights it holds (layers; the head on the last); the stages together must be
     # the whole model's forward count (§3.3), with 126 layers on 16 stages and DeepSeek's 3 dense layers too.
     model = resolve_model(preset).spec
-    stages = [stage_forward_flops(model, Layout(pp=pp), stage, 4096) for stage in range(pp)]
     whole = forward_flops_per_token(model, 4096, "full")
-    assert sum(f.total for f in stages) == pytest.approx(whole.total, rel=1e-12)
-    assert sum(f.logits for f in stages) == stages[-1].logits == whole.logits
+    for layout in (Layout(pp=pp), Layout(pp=pp, first_stage_layers=1, last_stage_layers=2)):
+        stages = [stage_forward_flops(model, layout, stage, 4096) for stage in range(pp)]
+        assert sum(f.total for f in stages) == pytest.approx(whole.total, rel=1e-12)
+        assert sum(f.logits for f in stages) == stages[-1].logits == whole.logits
+    # the uneven stages hold what they were given: one layer's work on the first (no logits, no matmul for
+    # the embedding lookup), the whole model's layers spread over all
+    first = stage_forward_flops(model, Layout(pp=pp, first_stage_layers=1), 0, 4096)
+    if not model.moe:  # every layer costs the same in a dense model
+        assert first.total == pytest.approx(whole.layers / model.num_layers, rel=1e-12)
 
 
 def test_the_pipeline_moves_at_its_slowest_stage():
@@ -158,3 +164,19 @@ def test_the_pipeline_moves_at_its_slowest_stage():
     # = 1.0917 (GFLOPs per token per layer and for the logits): the pipeline is 9 % slower
     even = t.hardware_flops / (8 * h100.peak_flops("bf16") * 0.6)
     assert t.compute / even == pytest.approx(1.0917, abs=1e-4)
+
+
+def test_rebalancing_the_last_stage_moves_the_pace_to_the_first():
+    # Llama 3 70B, PP = 8, last stage 9 layers: the other 71 layers split 11 + 6 × 10 over stages 1-7. The
+    # first stage's 11 layers (11 × 1.98 GFLOPs per token) now outweigh the last stage's 9 layers + logits
+    # (9 × 1.98 + 2.10), so the first stage sets the pace, and the step is faster than with the even split
+    # (10 + logits = 21.9 on the last stage).
+    model, h100 = resolve_model("llama-3-70b").spec, resolve_hardware("H100").spec
+    s, bf16 = 8192, resolve_precision("bf16-mixed").spec
+    forward = forward_flops_per_token(model, s, "full")
+    rebalanced = step_time(model, Layout(pp=8, grad_accum=8, last_stage_layers=9), s, bf16, h100, 8, "none")
+    assert rebalanced.slowest_stage == 0
+    first_stage = 3 * 11 * forward.layers / 80 * s * 8
+    assert rebalanced.compute == pytest.approx(first_stage / (h100.peak_flops("bf16") * 0.6), rel=1e-12)
+    even = step_time(model, Layout(pp=8, grad_accum=8), s, bf16, h100, 8, "none")
+    assert rebalanced.compute < even.compute

@@ -17,7 +17,7 @@ schedule multiplies that by 1 + (p − 1)/(p·v) for v virtual stages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from lmcalc.engine.flops import ForwardFlops, Recompute, effective_keys
@@ -62,6 +62,8 @@ class Layout:
     grad_accum: int = 1
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
+    first_stage_layers: int | None = None  # Megatron-LM's --decoder-first-pipeline-num-layers; None: even split
+    last_stage_layers: int | None = None  # --decoder-last-pipeline-num-layers
 
     @property
     def gpus(self) -> int:
@@ -81,6 +83,10 @@ class Layout:
             parts.append("SP")
         if self.pp > 1:
             parts.append(f"{self.schedule}" + (f" v={self.virtual_stages}" if self.schedule == "interleaved" else ""))
+        if self.first_stage_layers is not None:
+            parts.append(f"first stage {self.first_stage_layers} layers")
+        if self.last_stage_layers is not None:
+            parts.append(f"last stage {self.last_stage_layers} layers")
         return ", ".join(parts)
 
 
@@ -139,6 +145,7 @@ def check_layout(
             f"the interleaved schedule needs micro-batches (--grad-accum {layout.grad_accum}) "
             f"divisible by PP={layout.pp}"
         )
+    _check_stage_layers(model, layout)
     if layout.ep > 1:
         if not model.moe:
             raise LmcalcError(f"EP={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
@@ -158,13 +165,51 @@ def check_layout(
         )
 
 
+def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
+    """Uneven first and last stages (Megatron-LM's --decoder-first/last-pipeline-num-layers) must leave every
+    other stage at least one layer, under the 1F1B schedule."""
+    given = {"--first-stage-layers": layout.first_stage_layers, "--last-stage-layers": layout.last_stage_layers}
+    given = {flag: value for flag, value in given.items() if value is not None}
+    if not given:
+        return
+    flags = " and ".join(given)
+    if layout.pp < 2:
+        raise LmcalcError(f"{flags} need pipeline stages: --pp 2 or more")
+    if layout.schedule != "1f1b":
+        raise LmcalcError(f"{flags} work with --schedule 1f1b (lmcalc does not model uneven interleaved chunks)")
+    for flag, value in given.items():
+        if value < 1:
+            raise LmcalcError(f"{flag} must be a positive integer, got {value}")
+    rest = model.num_layers - sum(given.values())
+    others = layout.pp - len(given)
+    if rest < others or (others == 0 and rest != 0):
+        raise LmcalcError(
+            f"{flags} leave {rest} of the {model.num_layers} layers for the other {others} stages "
+            + ("(each needs at least one)" if others else "(there are none: the two must add up to L)")
+        )
+
+
+def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
+    """Layers on each pipeline stage: the --first/--last-stage-layers where given, and the rest split as evenly as
+    possible over the other stages, the earlier ones taking one more when the split is uneven (Llama 3 405B's
+    126 layers on 16 stages)."""
+    fixed = {0: layout.first_stage_layers, layout.pp - 1: layout.last_stage_layers}
+    fixed = {stage: n for stage, n in fixed.items() if n is not None}
+    others = [stage for stage in range(layout.pp) if stage not in fixed]
+    counts = dict(fixed)
+    if others:
+        base, extra = divmod(model.num_layers - sum(fixed.values()), len(others))
+        counts.update({stage: base + (1 if i < extra else 0) for i, stage in enumerate(others)})
+    return [counts[stage] for stage in range(layout.pp)]
+
+
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int]:
-    """(dense layers, MoE layers) on pipeline stage ``stage``: L/PP each, the first stages taking one more
-    when PP does not divide L (Llama 3 405B's 126 layers on 16 stages); the dense layers come first."""
-    base, extra = divmod(model.num_layers, layout.pp)
-    first = stage * base + min(stage, extra)
-    last = first + base + (1 if stage < extra else 0)
-    per_stage = last - first
+    """(dense layers, MoE layers) on pipeline stage ``stage`` (``stage_layer_counts``); the dense layers come
+    first in the model, so they sit on the first stages."""
+    counts = stage_layer_counts(model, layout)
+    first = sum(counts[:stage])
+    per_stage = counts[stage]
+    last = first + per_stage
     n_dense = model.moe.dense_layers if model.moe else model.num_layers
     dense = max(0, min(last, n_dense) - first)
     return dense, per_stage - dense
@@ -219,7 +264,7 @@ def stage_forward_flops(model: ModelSpec, layout: Layout, stage: int, seq_len: i
     """Forward FLOPs per token of pipeline stage ``stage`` (all its TP, CP and EP ranks together): the matmuls
     of the weights it holds that a token uses, its layers' attention (counted in full, as model FLOPs are),
     and the logits on the last stage. The stages of a layout add up to ``forward_flops_per_token``."""
-    whole_experts = Layout(tp=layout.tp, pp=layout.pp)  # the stage's work, whichever GPU of it does it
+    whole_experts = replace(layout, ep=1)  # the stage's work, whichever of its GPUs does it
     projections = mlp = 0.0
     for tensor in weight_tensors(model):
         if not tensor.matmul:
@@ -374,7 +419,7 @@ def _outside(
 
 
 def cached_stage_params(model: ModelSpec, layout: Layout, stage: int, cache: dict | None) -> StageParams:
-    key = ("params", layout.tp, layout.pp, layout.ep, stage)
+    key = ("params", layout.tp, layout.pp, layout.ep, layout.first_stage_layers, layout.last_stage_layers, stage)
     if cache is None:
         return stage_params(model, layout, stage)
     if key not in cache:
@@ -448,8 +493,10 @@ def most_loaded_gpu(
     cache: dict | None = None,
 ) -> GpuMemory:
     """The pipeline stage whose GPUs need the most memory (the first holds the most activations, the
-    last holds the head and the logits)."""
+    last holds the head and the logits; with a lighter first stage, the second may hold the most)."""
     stages = {0, layout.pp - 1}
+    if layout.first_stage_layers is not None and layout.pp > 2:
+        stages.add(1)
     return max(
         (
             gpu_memory(
@@ -582,11 +629,13 @@ def memory_sections(
                 note=f"{attention} attention; recomputation: {recompute}",
             )
         )
-    terms.append(
-        Term(
-            "layers_on_gpu", "Layers on this GPU", dense + moe, "layers", "L / PP", f"{model.num_layers} / {layout.pp}"
-        )
-    )
+    counts = stage_layer_counts(model, layout)
+    if len(set(counts)) == 1:
+        layers_formula, layers_numbers = "L / PP", f"{model.num_layers} / {layout.pp}"
+    else:
+        layers_formula = f"stage {gpu.stage + 1}'s share of the L layers (stages differ)"
+        layers_numbers = f"{model.num_layers} = " + " + ".join(str(n) for n in counts)
+    terms.append(Term("layers_on_gpu", "Layers on this GPU", dense + moe, "layers", layers_formula, layers_numbers))
     terms.append(
         Term(
             "in_flight",

@@ -40,6 +40,8 @@ class Pins:
     max_pp: int = 64
     max_cp: int = 16
     tp_within_node: bool = True
+    first_stage_layers: int | None = None  # uneven pipeline stages (1F1B only); None: an even split
+    last_stage_layers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ def layouts(
                 continue
             accum = global_batch // (dp * mb)
             schedules: list[tuple[str, int]] = [("1f1b", 1)]
-            if pp > 1 and accum % pp == 0:
+            uneven = pins.first_stage_layers is not None or pins.last_stage_layers is not None
+            if pp > 1 and accum % pp == 0 and not uneven:
                 schedules += [("interleaved", v) for v in VIRTUAL_STAGES if model.num_layers >= pp * v]
             for (schedule, virtual), recompute in itertools.product(schedules, recomputes):
                 yield (
@@ -113,6 +116,8 @@ def layouts(
                         grad_accum=accum,
                         schedule=schedule,  # type: ignore[arg-type]
                         virtual_stages=virtual,
+                        first_stage_layers=pins.first_stage_layers,
+                        last_stage_layers=pins.last_stage_layers,
                     ),
                     recompute,
                 )

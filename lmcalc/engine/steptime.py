@@ -76,7 +76,7 @@ def _slowest_stage(
 ) -> tuple[int, float]:
     """The pipeline stage with the most hardware FLOPs per token, and those FLOPs: its layers forward and
     backward (3×), the logits on the last stage, and what recomputation redoes. With one stage, the model."""
-    key = ("stage_flops", seq_len, layout.pp, recompute)
+    key = ("stage_flops", seq_len, layout.pp, layout.first_stage_layers, layout.last_stage_layers, recompute)
     if cache is not None and key in cache:
         return cache[key]
     work = []
