@@ -18,6 +18,7 @@ schedule multiplies that by 1 + (p − 1)/(p·v) for v virtual stages.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Literal
 
 from lmcalc.engine.flops import ForwardFlops, Recompute, effective_keys
@@ -193,20 +194,24 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
     """Layers on each pipeline stage: the --first/--last-stage-layers where given, and the rest split as evenly as
     possible over the other stages, the earlier ones taking one more when the split is uneven (Llama 3 405B's
     126 layers on 16 stages)."""
-    fixed = {0: layout.first_stage_layers, layout.pp - 1: layout.last_stage_layers}
-    fixed = {stage: n for stage, n in fixed.items() if n is not None}
-    others = [stage for stage in range(layout.pp) if stage not in fixed]
+    return list(_layer_counts(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers))
+
+
+@cache  # the planner asks for the same few splits thousands of times
+def _layer_counts(layers: int, pp: int, first: int | None, last: int | None) -> tuple[int, ...]:
+    fixed = {stage: n for stage, n in ((0, first), (pp - 1, last)) if n is not None}
+    others = [stage for stage in range(pp) if stage not in fixed]
     counts = dict(fixed)
     if others:
-        base, extra = divmod(model.num_layers - sum(fixed.values()), len(others))
+        base, extra = divmod(layers - sum(fixed.values()), len(others))
         counts.update({stage: base + (1 if i < extra else 0) for i, stage in enumerate(others)})
-    return [counts[stage] for stage in range(layout.pp)]
+    return tuple(counts[stage] for stage in range(pp))
 
 
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int]:
     """(dense layers, MoE layers) on pipeline stage ``stage`` (``stage_layer_counts``); the dense layers come
     first in the model, so they sit on the first stages."""
-    counts = stage_layer_counts(model, layout)
+    counts = _layer_counts(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
     first = sum(counts[:stage])
     per_stage = counts[stage]
     last = first + per_stage
