@@ -872,7 +872,7 @@ def winner_sections(
                 "ZeRO parameter gathers (exposed)",
                 t.zero,
                 "s",
-                ZERO_GATHER_FORMULA[min(winner.layout.zero, 3) if winner.layout.dp * winner.layout.cp > 1 else 0],
+                ZERO_GATHER_FORMULA[winner.layout.zero if winner.layout.dp * winner.layout.cp > 1 else 0],
             ),
             Term("total", "Step time", t.total, "s", "sum of the rows above"),
             Term(

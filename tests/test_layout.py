@@ -224,7 +224,7 @@ def test_uneven_first_and_last_stages_split_the_rest_evenly():
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
-        (ly.Layout(first_stage_layers=7), "need pipeline stages"),
+        (ly.Layout(first_stage_layers=7), "needs pipeline stages: --pp 2 or more"),
         (ly.Layout(pp=16, schedule="interleaved", virtual_stages=2, grad_accum=16, last_stage_layers=7), "1f1b"),
         (ly.Layout(pp=16, first_stage_layers=0), "positive integer"),
         (ly.Layout(pp=16, first_stage_layers=100, last_stage_layers=20), "leave 6 of the 126 layers"),

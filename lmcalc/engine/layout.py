@@ -174,10 +174,14 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
     if not given:
         return
     flags = " and ".join(given)
+    plural = len(given) > 1
     if layout.pp < 2:
-        raise LmcalcError(f"{flags} need pipeline stages: --pp 2 or more")
+        raise LmcalcError(f"{flags} {'need' if plural else 'needs'} pipeline stages: --pp 2 or more")
     if layout.schedule != "1f1b":
-        raise LmcalcError(f"{flags} work with --schedule 1f1b (lmcalc does not model uneven interleaved chunks)")
+        raise LmcalcError(
+            f"{flags} {'work' if plural else 'works'} with --schedule 1f1b only "
+            "(lmcalc does not model uneven interleaved chunks)"
+        )
     for flag, value in given.items():
         if value < 1:
             raise LmcalcError(f"{flag} must be a positive integer, got {value}")
@@ -185,7 +189,8 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
     others = layout.pp - len(given)
     if rest < others or (others == 0 and rest != 0):
         raise LmcalcError(
-            f"{flags} leave {rest} of the {model.num_layers} layers for the other {others} stages "
+            f"{flags} {'leave' if plural else 'leaves'} {rest} of the {model.num_layers} layers for the other "
+            f"{others} stages "
             + ("(each needs at least one)" if others else "(there are none: the two must add up to L)")
         )
 
