@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from lmcalc.engine import layout as ly
 from lmcalc.engine import memory as mem
+from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, step_time
 from lmcalc.engine.time import RunTime, gpus_for_deadline
-from lmcalc.presets import registry, resolve_optimizer, resolve_precision
+from lmcalc.presets import registry, resolve_hardware, resolve_optimizer, resolve_precision
 from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
 
 MODELS = sorted(registry("models").entries)
@@ -80,3 +81,25 @@ def test_tensor_parallelism_never_increases_a_gpus_share(name, tp, sp, seq):
     one = ly.gpu_memory(model, ly.Layout(), 0, MIXED, ADAMW, seq, "flash", "none", 0)
     split = ly.gpu_memory(model, ly.Layout(tp=tp, sequence_parallel=sp), 0, MIXED, ADAMW, seq, "flash", "none", 0)
     assert split.states <= one.states and split.activations <= one.activations
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=model_names,
+    pp=st.sampled_from([1, 2, 3, 4, 8, 16]),
+    seq=st.sampled_from([512, 2048, 8192]),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+)
+def test_the_slowest_stage_is_never_faster_than_an_even_split(name, pp, seq, recompute):
+    # The pipeline waits for its slowest stage, which holds at least the average share of the work: compute
+    # is never below the whole step's FLOPs spread evenly over every GPU, and equals it with one stage.
+    model, h100 = spec(name), resolve_hardware("H100").spec
+    if pp > model.num_layers:
+        return
+    layout = ly.Layout(pp=pp, grad_accum=pp)
+    t = step_time(model, layout, seq, resolve_precision("bf16-mixed").spec, h100, 8, recompute)
+    even = t.hardware_flops / (pp * h100.peak_flops("bf16") * DEFAULT_COMPUTE_EFFICIENCY)
+    assert math.isfinite(t.compute) and t.compute >= even * (1 - 1e-12)
+    if pp == 1:
+        assert t.compute == pytest.approx(even, rel=1e-12)
+    assert t.stage_flops <= t.hardware_flops * (1 + 1e-12)
