@@ -180,3 +180,12 @@ def test_rebalancing_the_last_stage_moves_the_pace_to_the_first():
     assert rebalanced.compute == pytest.approx(first_stage / (h100.peak_flops("bf16") * 0.6), rel=1e-12)
     even = step_time(model, Layout(pp=8, grad_accum=8), s, bf16, h100, 8, "none")
     assert rebalanced.compute < even.compute
+
+
+def test_a_plan_with_an_impossible_stage_split_says_why(capsys):
+    # PP = 1 layouts are not even tried with uneven stages, so the refusal names the real problem
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "-m", "llama-3.1-8b", "--gpus", "8xH100", "--first-stage-layers", "40"])
+    code = exit_info.value.code
+    err = capsys.readouterr().err
+    assert code == 2 and "--first-stage-layers asks for 40 layers; llama-3.1-8b has 32" in err

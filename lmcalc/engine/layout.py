@@ -187,6 +187,11 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
             raise LmcalcError(f"{flag} must be a positive integer, got {value}")
     rest = model.num_layers - sum(given.values())
     others = layout.pp - len(given)
+    if rest < 0:
+        raise LmcalcError(
+            f"{flags} {'ask' if plural else 'asks'} for {sum(given.values())} layers; "
+            f"{model.name} has {model.num_layers}"
+        )
     if rest < others or (others == 0 and rest != 0):
         raise LmcalcError(
             f"{flags} {'leave' if plural else 'leaves'} {rest} of the {model.num_layers} layers for the other "

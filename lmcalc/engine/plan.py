@@ -79,7 +79,13 @@ def layouts(
         if pins.tp
         else [t for t in _powers_of_two(max_tp) if model.num_heads % t == 0 and (model.mla or model.kv_heads % t == 0)]
     )
-    pps = [pins.pp] if pins.pp else [p for p in range(1, min(pins.max_pp, model.num_layers) + 1) if gpus % p == 0]
+    uneven = pins.first_stage_layers is not None or pins.last_stage_layers is not None
+    smallest_pp = 2 if uneven else 1  # uneven first and last stages need a pipeline
+    pps = (
+        [pins.pp]
+        if pins.pp
+        else [p for p in range(smallest_pp, min(pins.max_pp, model.num_layers) + 1) if gpus % p == 0]
+    )
     cps = (
         [pins.cp]
         if pins.cp
@@ -99,7 +105,6 @@ def layouts(
                 continue
             accum = global_batch // (dp * mb)
             schedules: list[tuple[str, int]] = [("1f1b", 1)]
-            uneven = pins.first_stage_layers is not None or pins.last_stage_layers is not None
             if pp > 1 and accum % pp == 0 and not uneven:
                 schedules += [("interleaved", v) for v in VIRTUAL_STAGES if model.num_layers >= pp * v]
             for (schedule, virtual), recompute in itertools.product(schedules, recomputes):
