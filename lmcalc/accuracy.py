@@ -104,7 +104,7 @@ def _split(layout: Layout) -> Split:
     return (layout.tp, layout.pp, layout.cp, layout.dp)
 
 
-def _fastest_per_split(run: PublishedRun, pins: Pins, efficiency: float) -> dict[Split, float]:
+def fastest_per_split(run: PublishedRun, pins: Pins, efficiency: float) -> dict[Split, float]:
     """Tokens/s of each split's fastest variant (ZeRO stage, micro-batch, recomputation, schedule) that fits,
     fastest split first."""
     found = plan(
@@ -140,8 +140,8 @@ def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) ->
         efficiency,
     )  # type: ignore[arg-type]
     published = _split(run.layout)
-    everything = _fastest_per_split(run, Pins(), efficiency)
-    toolset = _fastest_per_split(run, run.toolset, efficiency)
+    everything = fastest_per_split(run, Pins(), efficiency)
+    toolset = fastest_per_split(run, run.toolset, efficiency)
     faster = sum(1 for split, speed in everything.items() if split != published and speed > time.tokens_per_s)
     return Accuracy(
         run,

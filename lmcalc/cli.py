@@ -295,7 +295,7 @@ FirstStageOpt = Annotated[
     typer.Option(
         "--first-stage-layers",
         help="Layers on the first pipeline stage, which also holds the embedding (Megatron-LM's "
-        "--decoder-first-pipeline-num-layers); the other stages share the rest. Default: an even split.",
+        "--decoder-first-pipeline-num-layers); the other stages share the rest. 1F1B only. Default: an even split.",
     ),
 ]
 LastStageOpt = Annotated[
@@ -303,7 +303,7 @@ LastStageOpt = Annotated[
     typer.Option(
         "--last-stage-layers",
         help="Layers on the last pipeline stage, which also computes the logits (Megatron-LM's "
-        "--decoder-last-pipeline-num-layers). Default: an even split.",
+        "--decoder-last-pipeline-num-layers); the other stages share the rest. 1F1B only. Default: an even split.",
     ),
 ]
 

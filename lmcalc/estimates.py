@@ -310,7 +310,13 @@ def memory_result(
     inputs = (
         _model_input(model, note),
         Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
-        Input("layout", "Layout", layout.label, origin="--dp --tp --pp --cp --ep --zero --sequence-parallel"),
+        Input(
+            "layout",
+            "Layout",
+            layout.label,
+            origin="--dp --tp --pp --cp --ep --zero --sequence-parallel --schedule --virtual-stages"
+            + (" --first/--last-stage-layers" if layout.first_stage_layers or layout.last_stage_layers else ""),
+        ),
         Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
         Input("optimizer", "Optimizer", optimizer.name, origin=_optimizer_text(optimizer)),
         Input("seq_len", "Sequence length", seq, "tokens", seq_len.origin),
@@ -833,7 +839,7 @@ def winner_sections(
                 f"{t.stage_flops:.4e} / ({t.gpus // winner.layout.pp} × {t.peak:.4g} × "
                 f"{t.stage_flops * winner.layout.pp / (t.compute * t.gpus * t.peak):.3g})",
                 note=(
-                    f"stage {t.slowest_stage + 1} of {winner.layout.pp} is the slowest: "
+                    f"stage {t.slowest_stage + 1} of {winner.layout.pp} sets the pace: it does "
                     f"{t.stage_flops / t.hardware_flops:.1%} of the step's {t.hardware_flops:.4e} FLOPs, "
                     f"against an even {1 / winner.layout.pp:.1%}"
                     if winner.layout.pp > 1

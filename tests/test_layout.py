@@ -229,7 +229,11 @@ def test_uneven_first_and_last_stages_split_the_rest_evenly():
         (ly.Layout(pp=16, first_stage_layers=0), "positive integer"),
         (ly.Layout(pp=16, first_stage_layers=100, last_stage_layers=20), "leave 6 of the 126 layers"),
         (ly.Layout(pp=16, last_stage_layers=127), "asks for 127 layers; llama-3.1-405b has 126"),
-        (ly.Layout(pp=2, first_stage_layers=60, last_stage_layers=60), "must add up to L"),
+        (ly.Layout(pp=2, first_stage_layers=126), "leaves 0 of the 126 layers for the other stage, which needs"),
+        (
+            ly.Layout(pp=2, first_stage_layers=60, last_stage_layers=60),
+            "must add up to the 126 layers of llama-3.1-405b, not 120",
+        ),
     ],
 )
 def test_impossible_stage_splits_are_refused(layout, message):

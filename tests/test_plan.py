@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from lmcalc.accuracy import MFU_TOLERANCE, assess, load_runs
+from lmcalc.accuracy import MFU_TOLERANCE, assess, fastest_per_split, load_runs
 from lmcalc.cli import main
 from lmcalc.engine.comm import NVLINK_RING_EFFICIENCY, Link, collective_time, link_for
 from lmcalc.engine.flops import forward_flops_per_token
-from lmcalc.engine.layout import Layout, stage_forward_flops
+from lmcalc.engine.layout import Layout, gpu_memory, most_loaded_gpu, stage_forward_flops, stage_params
 from lmcalc.engine.params import count_params
 from lmcalc.engine.plan import Pins, plan
-from lmcalc.engine.steptime import step_time
+from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, step_time
 from lmcalc.presets import parse_cluster, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 
 RUNS = load_runs(Path(__file__).resolve().parent.parent / "benchmarks" / "published_runs.yaml")
@@ -47,8 +47,10 @@ def test_the_authors_toolset_narrows_the_search_to_their_options():
     # 22.06B parameters (12·L·h² + V·h, h = 6144, L = 48, V = 51,200) × 16 B of model states = 353 GB. With no
     # ZeRO (the paper's Megatron-LM) only TP·PP = 8 brings that under 80 GB (44 GB; TP·PP = 4 needs 88 GB),
     # so the splits open to the authors on 8 GPUs are TP×PP = 8×1, 4×2, 2×4 and 1×8 with DP = 1.
+    splits = fastest_per_split(run, run.toolset, DEFAULT_COMPUTE_EFFICIENCY)  # (TP, PP, CP, DP) → tokens/s
+    assert set(splits) == {(8, 1, 1, 1), (4, 2, 1, 1), (2, 4, 1, 1), (1, 8, 1, 1)}
     assert accuracy.toolset_splits == 4
-    assert accuracy.toolset_rank is not None  # the published split is among them: it fits
+    assert accuracy.toolset_rank == list(splits).index((8, 1, 1, 1)) + 1  # the published split, TP 8
     # lmcalc's own search also offers ZeRO-3 and context parallelism, so it has more splits to rank
     assert accuracy.splits > accuracy.toolset_splits
 
@@ -124,7 +126,9 @@ def test_zero1_gather_hides_behind_the_next_first_forward_only():
     layout = Layout(dp=16, zero=1)
     t = step_time(model, layout, 1024, resolve_precision("bf16-mixed").spec, h100, 8, "none")
     gather = collective_time("all-gather", count_params(model).total * 2, 16, link_for(h100, 16, 8))
-    assert t.zero == pytest.approx(gather - t.compute / 3, rel=1e-9)
+    # compute: 3 × forward FLOPs per token × 16 sequences of 1,024 tokens over 16 GPUs at 0.6 of the peak
+    compute = 3 * forward_flops_per_token(model, 1024, "full").total * 16 * 1024 / (16 * h100.peak_flops("bf16") * 0.6)
+    assert t.zero == pytest.approx(gather - compute / 3, rel=1e-9)
     assert 0 < t.zero < gather
     # ZeRO-0 never gathers parameters
     assert step_time(model, Layout(dp=16), 1024, resolve_precision("bf16-mixed").spec, h100, 8, "none").zero == 0
@@ -189,3 +193,57 @@ def test_a_plan_with_an_impossible_stage_split_says_why(capsys):
     code = exit_info.value.code
     err = capsys.readouterr().err
     assert code == 2 and "--first-stage-layers asks for 40 layers; llama-3.1-8b has 32" in err
+
+
+@pytest.mark.parametrize(
+    ("preset", "layout"),
+    [
+        ("deepseek-v3", Layout(dp=32, tp=4, pp=16, zero=2, sequence_parallel=True, grad_accum=32)),
+        ("deepseek-v3", Layout(dp=64, tp=2, pp=16, ep=64, zero=1, sequence_parallel=True, grad_accum=16)),
+        ("llama-3.1-405b", Layout(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32)),
+        ("llama-3.1-405b", Layout(dp=64, tp=8, pp=16, zero=3, grad_accum=32, first_stage_layers=2)),
+    ],
+    ids=["deepseek", "deepseek-ep64", "llama405", "llama405-light-first"],
+)
+def test_the_most_loaded_gpu_is_the_heaviest_of_every_stage(preset, layout):
+    # Checked against every stage, one by one. DeepSeek-V3's 3 dense layers make stage 1 light in parameters,
+    # so the peak is on stage 2, the first all-MoE stage, although stage 1 holds more micro-batches.
+    model, precision = resolve_model(preset).spec, resolve_precision("bf16-mixed").spec
+    adamw = resolve_optimizer("adamw").spec
+    every = [
+        gpu_memory(model, layout, stage, precision, adamw, 4096, "flash", "none", 0.0) for stage in range(layout.pp)
+    ]
+    heaviest = max(every, key=lambda g: g.total)
+    assert most_loaded_gpu(model, layout, precision, adamw, 4096, "flash", "none", 0.0).total == heaviest.total
+    if preset == "deepseek-v3":
+        assert heaviest.stage == 1
+
+
+def test_data_parallel_traffic_is_that_of_the_heaviest_stage():
+    # Llama 3.1 405B, PP = 16 with one layer on the first stage: the other 125 layers split 5 × 9 + 10 × 8, so
+    # under ZeRO-3 the step waits for a 9-layer stage's gathers, not the first stage's one layer. By hand, for
+    # stage 2: P = its parameters on one GPU; per micro-batch it all-gathers P twice (forward, backward) and
+    # reduce-scatters P's gradients, in bf16, over the 64 replicas (inter-node), and hides that behind its
+    # compute: 3 × 9 layers' forward FLOPs per token over its 512 GPUs at 0.6 of the peak.
+    model, h100, bf16 = (
+        resolve_model("llama-3.1-405b").spec,
+        resolve_hardware("H100").spec,
+        resolve_precision("bf16-mixed").spec,
+    )
+    layout = Layout(dp=64, tp=8, pp=16, zero=3, sequence_parallel=True, grad_accum=16, first_stage_layers=1)
+    s, m = 8192, 16
+    t = step_time(model, layout, s, bf16, h100, 8, "none")
+    held = stage_params(model, layout, 1)
+    p = held.dense + held.experts
+    link = link_for(h100, 8 * 64, 8)
+    per_micro_batch_traffic = 2 * collective_time("all-gather", 2 * p, 64, link) + collective_time(
+        "reduce-scatter", 2 * p, 64, link
+    )
+    forward = forward_flops_per_token(model, s, "full")
+    tokens_per_micro_batch = 64 * s
+    compute_per_micro_batch = (
+        3 * 9 * forward.layers / 126 * tokens_per_micro_batch / (512 * h100.peak_flops("bf16") * 0.6)
+    )
+    assert t.slowest_stage not in (0, 15)
+    assert t.zero == pytest.approx(m * max(0.0, per_micro_batch_traffic - compute_per_micro_batch), rel=1e-9)
+    assert t.zero > 1.0  # seconds: the first stage's single layer would have hidden it entirely

@@ -83,23 +83,23 @@ def test_tensor_parallelism_never_increases_a_gpus_share(name, tp, sp, seq):
     assert split.states <= one.states and split.activations <= one.activations
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     name=model_names,
     pp=st.sampled_from([1, 2, 3, 4, 8, 16]),
+    first=st.sampled_from([None, 1, 2]),
     seq=st.sampled_from([512, 2048, 8192]),
     recompute=st.sampled_from(["none", "selective", "full"]),
 )
-def test_the_slowest_stage_is_never_faster_than_an_even_split(name, pp, seq, recompute):
+def test_the_slowest_stage_is_never_faster_than_an_even_split(name, pp, first, seq, recompute):
     # The pipeline waits for its slowest stage, which holds at least the average share of the work: compute
     # is never below the whole step's FLOPs spread evenly over every GPU, and equals it with one stage.
     model, h100 = spec(name), resolve_hardware("H100").spec
-    if pp > model.num_layers:
+    if pp > model.num_layers or (first is not None and (pp == 1 or model.num_layers - first < pp - 1)):
         return
-    layout = ly.Layout(pp=pp, grad_accum=pp)
+    layout = ly.Layout(pp=pp, grad_accum=pp, first_stage_layers=first)
     t = step_time(model, layout, seq, resolve_precision("bf16-mixed").spec, h100, 8, recompute)
     even = t.hardware_flops / (pp * h100.peak_flops("bf16") * DEFAULT_COMPUTE_EFFICIENCY)
-    assert math.isfinite(t.compute) and t.compute >= even * (1 - 1e-12)
+    assert math.isfinite(t.total) and t.compute >= even * (1 - 1e-12)
     if pp == 1:
         assert t.compute == pytest.approx(even, rel=1e-12)
-    assert t.stage_flops <= t.hardware_flops * (1 + 1e-12)

@@ -185,18 +185,23 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
     for flag, value in given.items():
         if value < 1:
             raise LmcalcError(f"{flag} must be a positive integer, got {value}")
-    rest = model.num_layers - sum(given.values())
+    asked = sum(given.values())
+    rest = model.num_layers - asked
     others = layout.pp - len(given)
     if rest < 0:
         raise LmcalcError(
-            f"{flags} {'ask' if plural else 'asks'} for {sum(given.values())} layers; "
-            f"{model.name} has {model.num_layers}"
+            f"{flags} {'ask' if plural else 'asks'} for {asked} layers; {model.name} has {model.num_layers}"
         )
-    if rest < others or (others == 0 and rest != 0):
+    if others == 0 and rest:
+        raise LmcalcError(
+            f"with --pp 2 there are no other stages: {flags} must add up to the {model.num_layers} layers of "
+            f"{model.name}, not {asked}"
+        )
+    if rest < others:
+        stages = "stage" if others == 1 else f"{others} stages"
         raise LmcalcError(
             f"{flags} {'leave' if plural else 'leaves'} {rest} of the {model.num_layers} layers for the other "
-            f"{others} stages "
-            + ("(each needs at least one)" if others else "(there are none: the two must add up to L)")
+            f"{stages}, which {'needs at least one' if others == 1 else 'need at least one each'}"
         )
 
 
@@ -216,6 +221,28 @@ def _layer_counts(layers: int, pp: int, first: int | None, last: int | None) -> 
         base, extra = divmod(layers - sum(fixed.values()), len(others))
         counts.update({stage: base + (1 if i < extra else 0) for i, stage in enumerate(others)})
     return tuple(counts[stage] for stage in range(pp))
+
+
+def distinct_stages(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """The stages that bound all the others: the first, the last, and the first stage of every (dense, MoE)
+    mix of layers. A later stage with the same layers holds the same parameters, does the same work and keeps
+    fewer micro-batches in flight, so it never needs more memory or more time (DeepSeek-V3: its 3 dense layers
+    make stage 1 light, and stage 2, the first all-MoE stage, the heaviest)."""
+    dense_layers = model.moe.dense_layers if model.moe else model.num_layers
+    return _distinct_stages(
+        model.num_layers, dense_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers
+    )
+
+
+@cache
+def _distinct_stages(layers: int, dense_layers: int, pp: int, first: int | None, last: int | None) -> tuple[int, ...]:
+    firsts: dict[tuple[int, int], int] = {}
+    start = 0
+    for stage, count in enumerate(_layer_counts(layers, pp, first, last)):
+        dense = max(0, min(start + count, dense_layers) - start)
+        firsts.setdefault((dense, count - dense), stage)
+        start += count
+    return tuple(sorted({0, pp - 1, *firsts.values()}))
 
 
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int]:
@@ -507,11 +534,9 @@ def most_loaded_gpu(
     mask_bytes: float = MASK_BYTES,
     cache: dict | None = None,
 ) -> GpuMemory:
-    """The pipeline stage whose GPUs need the most memory (the first holds the most activations, the
-    last holds the head and the logits; with a lighter first stage, the second may hold the most)."""
-    stages = {0, layout.pp - 1}
-    if layout.first_stage_layers is not None and layout.pp > 2:
-        stages.add(1)
+    """The pipeline stage whose GPUs need the most memory: usually the first, which holds the most
+    micro-batches in flight, or the last, which holds the head and the logits; but a lighter first stage
+    (--first-stage-layers, or DeepSeek-V3's dense layers) can leave the peak to the next (``distinct_stages``)."""
     return max(
         (
             gpu_memory(
@@ -527,7 +552,7 @@ def most_loaded_gpu(
                 mask_bytes,
                 cache,
             )
-            for s in stages
+            for s in distinct_stages(model, layout)
         ),
         key=lambda m: m.total,
     )

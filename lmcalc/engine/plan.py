@@ -173,6 +173,8 @@ def plan(
                 _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
             )
         )
+    if not result.evaluated and not refusal and (pins.first_stage_layers or pins.last_stage_layers):
+        refusal = "--first-stage-layers and --last-stage-layers need a pipeline, and no PP of 2 or more was tried"
     if not result.evaluated and refusal:
         raise LmcalcError(f"no layout can exist with these constraints: {refusal}")
     result.fitting.sort(key=lambda c: (-round(c.time.tokens_per_s, 6), c.memory.total))  # ties: more headroom

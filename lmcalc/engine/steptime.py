@@ -2,8 +2,9 @@
 
 Compute is the step's hardware FLOPs (model FLOPs in the full-attention convention, plus what
 recomputation redoes) at a fraction of the dense peak. With pipeline parallelism, every stage waits for
-the slowest, so compute is that stage's share of the work over its GPUs: the stage with the most layers,
-or the last stage when the logits outweigh the layer it lacks (a large vocabulary). Communication follows
+the slowest, so each stage is timed with its own share of the work, its own layers' communication and its
+own parameters' data-parallel traffic, and the longest sets the step: often the stage with the most
+layers, or the last when the logits outweigh a layer (a large vocabulary). Communication follows
 ``engine.comm``; what overlaps with compute and what does not is an assumption, stated per term:
 
 * TP: 2 collectives per layer forward (after attention and after the MLP) and 2 backward, each moving
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine.comm import collective_time, link_for
-from lmcalc.engine.layout import Layout, cached_stage_params, stage_forward_flops, stage_layers
+from lmcalc.engine.layout import Layout, cached_stage_params, distinct_stages, stage_forward_flops, stage_layers
 from lmcalc.specs import HardwareSpec, ModelSpec, PrecisionRecipe
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
@@ -38,7 +39,7 @@ use ``lmcalc bench`` figures or ``--efficiency`` to override."""
 
 @dataclass(frozen=True)
 class StepTime:
-    slowest_stage: int  # the pipeline stage with the most work, which sets the pace
+    slowest_stage: int  # the pipeline stage whose step is longest, which sets the pace
     stage_flops: float  # that stage's hardware FLOPs per step, over all its GPUs
     compute: float
     tp: float
@@ -71,22 +72,19 @@ class StepTime:
         return self.tokens / self.total
 
 
-def _slowest_stage(
-    model: ModelSpec, layout: Layout, seq_len: int, recompute: fl.Recompute, cache: dict | None
-) -> tuple[int, float]:
-    """The pipeline stage with the most hardware FLOPs per token, and those FLOPs: its layers forward and
-    backward (3×), the logits on the last stage, and what recomputation redoes. With one stage, the model."""
-    key = ("stage_flops", seq_len, layout.pp, layout.first_stage_layers, layout.last_stage_layers, recompute)
+def _stage_work(
+    model: ModelSpec, layout: Layout, stage: int, seq_len: int, recompute: fl.Recompute, cache: dict | None
+) -> tuple[float, float]:
+    """Forward FLOPs per token of ``stage`` and its hardware FLOPs per token: forward and backward (3×), the
+    logits on the last stage, and what recomputation redoes."""
+    key = ("stage_work", seq_len, layout.pp, layout.first_stage_layers, layout.last_stage_layers, recompute, stage)
     if cache is not None and key in cache:
         return cache[key]
-    work = []
-    for stage in range(layout.pp):
-        fwd = stage_forward_flops(model, layout, stage, seq_len)
-        work.append(fl.BACKWARD_TO_FORWARD * fwd.total + fwd.total + fl.recompute_flops_per_token(fwd, recompute))
-    slowest = max(range(layout.pp), key=work.__getitem__)
+    fwd = stage_forward_flops(model, layout, stage, seq_len)
+    work = (fwd.total, (1 + fl.BACKWARD_TO_FORWARD) * fwd.total + fl.recompute_flops_per_token(fwd, recompute))
     if cache is not None:
-        cache[key] = (slowest, work[slowest])
-    return slowest, work[slowest]
+        cache[key] = work
+    return work
 
 
 def step_time(
@@ -100,7 +98,9 @@ def step_time(
     efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
     cache: dict | None = None,
 ) -> StepTime:
-    """Seconds per step on the most loaded pipeline stage, with the parts it is made of."""
+    """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
+    stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
+    the longest."""
     t, p, c, d, m, b = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum, layout.micro_batch
     gpus = layout.gpus
     peak = hardware.peak_flops(precision.compute_dtype)
@@ -115,69 +115,70 @@ def step_time(
             cache[key] = fwd
     model_flops = 3 * fwd.total * tokens
     hardware_flops = model_flops + fl.recompute_flops_per_token(fwd, recompute) * tokens
-    slowest, stage_flops = _slowest_stage(model, layout, seq_len, recompute, cache)
-    compute = stage_flops * tokens / (gpus / p * peak * efficiency)  # the pipeline moves at its slowest stage
-    per_micro_batch = compute / m
-
-    dense, moe = stage_layers(model, layout, slowest)
-    layers = dense + moe
     activation = seq_len * b * model.hidden_size * act / c
     tp_link = link_for(hardware, t, gpus_per_node)
     collectives = 4 + (2 if recompute == "full" else 0)
-    tp_time = m * layers * collectives * collective_time("all-reduce", activation, t, tp_link)
-
-    ep_time = 0.0
-    if model.moe and moe and layout.ep > 1:
+    tp_per_layer = collectives * collective_time("all-reduce", activation, t, tp_link)
+    ep_per_moe_layer = 0.0
+    if model.moe and layout.ep > 1:
         routed = model.moe.experts_per_token * activation / (t if layout.sequence_parallel else 1)
-        ep_link = link_for(hardware, layout.ep * t * c, gpus_per_node)
-        ep_time = m * moe * 4 * collective_time("all-to-all", routed, layout.ep, ep_link)
-
-    cp_time = 0.0
+        ep_per_moe_layer = 4 * collective_time(
+            "all-to-all", routed, layout.ep, link_for(hardware, layout.ep * t * c, gpus_per_node)
+        )
+    cp_per_layer = 0.0
     if c > 1:
         kv_chunk = 2 * seq_len / c * b * model.kv_heads * model.qk_head_dim * act / (t if t > 1 else 1)
         cp_link = link_for(hardware, c * t, gpus_per_node)
-        ring = 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, cp_link)  # forward once, backward twice
-        cp_time = m * layers * ring
-
+        cp_per_layer = 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, cp_link)  # forward once, backward twice
     pp_p2p = 0.0
-    bubble = 0.0
     if p > 1:
         pp_link = link_for(hardware, t * c * d * p, gpus_per_node)
         pp_p2p = m * 2 * collective_time("p2p", activation / (t if layout.sequence_parallel else 1), 2, pp_link)
-        virtual = layout.virtual_stages if layout.schedule == "interleaved" else 1
-        bubble = (p - 1) / (virtual * m) * (compute + tp_time + ep_time + cp_time)
-
-    held = cached_stage_params(model, layout, 0, cache)
-    params = held.dense + held.experts
+    virtual = layout.virtual_stages if layout.schedule == "interleaved" else 1
     replicas = d * c
     dp_link = link_for(hardware, t * c * d, gpus_per_node)
-    dp_time = zero_time = 0.0
-    if replicas > 1:
-        if layout.zero >= 3:
-            gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
-            scatter = collective_time("reduce-scatter", params * precision.grad_bytes, replicas, dp_link)
-            zero_time = m * max(0.0, 2 * gather + scatter - per_micro_batch)
-        else:
-            op = "reduce-scatter" if layout.zero == 2 else "all-reduce"
-            reduce = collective_time(op, params * precision.grad_bytes, replicas, dp_link)
-            dp_time = max(0.0, reduce - 2 / 3 * per_micro_batch)
-            if layout.zero >= 1:  # the updated shards, gathered while the next step's first forward runs
+
+    def stage_time(stage: int) -> StepTime:
+        """The step as ``stage`` lives it; the pipeline waits for the slowest."""
+        forward, work = _stage_work(model, layout, stage, seq_len, recompute, cache)
+        compute = work * tokens / (gpus / p * peak * efficiency)
+        per_micro_batch = compute / m
+        dense, moe = stage_layers(model, layout, stage)
+        tp_time = m * (dense + moe) * tp_per_layer
+        ep_time = m * moe * ep_per_moe_layer
+        cp_time = m * (dense + moe) * cp_per_layer
+        bubble = (p - 1) / (virtual * m) * (compute + tp_time + ep_time + cp_time) if p > 1 else 0.0
+        held = cached_stage_params(model, layout, stage, cache)
+        params = held.dense + held.experts
+        dp_time = zero_time = 0.0
+        if replicas > 1:
+            if layout.zero >= 3:
                 gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
-                zero_time = max(0.0, gather - 1 / 3 * per_micro_batch)
-    return StepTime(
-        slowest,
-        stage_flops * tokens,
-        compute,
-        tp_time,
-        ep_time,
-        cp_time,
-        pp_p2p,
-        bubble,
-        dp_time,
-        zero_time,
-        model_flops,
-        hardware_flops,
-        tokens,
-        gpus,
-        peak,
-    )
+                scatter = collective_time("reduce-scatter", params * precision.grad_bytes, replicas, dp_link)
+                zero_time = m * max(0.0, 2 * gather + scatter - per_micro_batch)
+            else:
+                op = "reduce-scatter" if layout.zero == 2 else "all-reduce"
+                reduce = collective_time(op, params * precision.grad_bytes, replicas, dp_link)
+                dp_time = max(0.0, reduce - 2 / 3 * per_micro_batch)
+                if layout.zero >= 1:  # the updated shards, gathered while the next step's first forward runs
+                    gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
+                    zero_time = max(0.0, gather - forward / work * per_micro_batch)
+        return StepTime(
+            stage,
+            work * tokens,
+            compute,
+            tp_time,
+            ep_time,
+            cp_time,
+            pp_p2p,
+            bubble,
+            dp_time,
+            zero_time,
+            model_flops,
+            hardware_flops,
+            tokens,
+            gpus,
+            peak,
+        )
+
+    return max((stage_time(stage) for stage in distinct_stages(model, layout)), key=lambda st: st.total)
