@@ -58,8 +58,8 @@ stage_work = []
 for stage in range(p):
     n = model.num_layers // p + (1 if stage < model.num_layers % p else 0)
     logits = forward.logits if stage == p - 1 else 0.0
-    stage_work.append((3 * (n * per_layer + logits) + n * redone, n))
-work, layers = max(stage_work)
+    stage_work.append((3 * (n * per_layer + logits) + n * redone, n, stage, n * per_layer + logits))
+work, layers, slowest, stage_forward = max(stage_work)
 tokens = d * m * b * s
 compute = work * tokens / (d * t * c * peak * eff)
 moe_layers = layers if model.moe else 0
@@ -78,8 +78,8 @@ cp = m * layers * 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, link_for(hw,
 # PP: one activation each way per micro-batch, and the bubble.
 pp_sends = m * 2 * collective_time("p2p", activation / sp, 2, link_for(hw, t * c * d * p, per_node)) if p > 1 else 0.0
 bubble = (p - 1) / (v * m) * (compute + tp + ep + cp) if p > 1 else 0.0
-# DP and ZeRO over the DP·CP replicas of stage 1's parameters.
-held = stage_params(model, layout, 0)
+# DP and ZeRO over the DP·CP replicas of the slowest stage's parameters.
+held = stage_params(model, layout, slowest)
 params, replicas, dp_link = held.dense + held.experts, d * c, link_for(hw, t * c * d, per_node)
 grads, zero = 0.0, 0.0
 if replicas > 1 and a.zero >= 3:
@@ -91,7 +91,8 @@ elif replicas > 1:
     reduce = collective_time("reduce-scatter" if a.zero == 2 else "all-reduce", params * 2, replicas, dp_link)
     grads = max(0.0, reduce - 2 / 3 * compute / m)
     gather = collective_time("all-gather", params * 2, replicas, dp_link)  # hidden behind the next first forward
-    zero = max(0.0, gather - 1 / 3 * compute / m) if a.zero >= 1 else 0.0
+    first_forward = stage_forward / work * compute / m  # 1/3 of a micro-batch without recomputation
+    zero = max(0.0, gather - first_forward) if a.zero >= 1 else 0.0
 
 lmcalc = step_time(model, layout, s, bf16, hw, per_node, a.recompute)
 rows = [
