@@ -7,9 +7,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
 from lmcalc import measure  # noqa: E402
 from lmcalc import validate as val  # noqa: E402
 from lmcalc.engine import flops as fl  # noqa: E402
+from lmcalc.engine.layout import Layout, stage_forward_flops, stage_layer_counts  # noqa: E402
 from lmcalc.engine.memory import activation_memory  # noqa: E402
 from lmcalc.engine.params import count_params  # noqa: E402
 from lmcalc.presets import builtin_dir, resolve_model  # noqa: E402
@@ -147,3 +150,34 @@ def test_validation_doc_covers_every_preset():
     missing = [name for name in PRESETS if f"| {name} |" not in table]
     assert not missing, f"rerun python scripts/validation_table.py (missing: {missing})"
     assert "FAIL" not in table
+
+
+def _stage_forward_flops_by_pytorch(model: torch.nn.Module, counts: list[int], stage: int, s: int) -> int:
+    """FlopCounterMode's count of one pipeline stage's forward pass: its blocks, and on the last stage the
+    final norm and the output head, run on a hidden state of the stage's input shape (meta device)."""
+    first = sum(counts[:stage])
+    x = torch.zeros(1, s, model.spec.hidden_size, device="meta")
+    cos, sin = model.cos[:s], model.sin[:s]
+    with FlopCounterMode(display=False) as counter:
+        for block in model.layers[first : first + counts[stage]]:
+            x = block(x, cos, sin, model.causal_bias)
+        if stage == len(counts) - 1:
+            head = model.lm_head.weight if hasattr(model, "lm_head") else model.embed.weight
+            torch.nn.functional.linear(model.final_norm(x), head)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize(
+    ("name", "pp", "first", "last"),
+    [("llama-3.1-8b", 4, None, 7), ("mixtral-8x7b", 4, 6, None), ("gpt2", 3, None, None)],
+)
+def test_each_pipeline_stages_flops_match_pytorch(name, pp, first, last):
+    # The step time paces the pipeline by its slowest stage (docs/formulas.md §9.1); each stage's forward FLOPs
+    # must be what PyTorch counts for exactly the blocks (and head) that stage runs, uneven splits included.
+    spec, s = resolve_model(name).spec, 64  # 64 tokens × top-2 spread evenly over Mixtral's 8 experts on meta
+    layout = Layout(pp=pp, first_stage_layers=first, last_stage_layers=last)
+    model = measure.build(spec, "flash", s)
+    counts = stage_layer_counts(spec, layout)
+    for stage in range(pp):
+        engine = stage_forward_flops(spec, layout, stage, s).total * s
+        assert _stage_forward_flops_by_pytorch(model, counts, stage, s) == pytest.approx(engine, rel=1e-9)
