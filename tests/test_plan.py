@@ -247,3 +247,24 @@ def test_data_parallel_traffic_is_that_of_the_heaviest_stage():
     assert t.slowest_stage not in (0, 15)
     assert t.zero == pytest.approx(m * max(0.0, per_micro_batch_traffic - compute_per_micro_batch), rel=1e-9)
     assert t.zero > 1.0  # seconds: the first stage's single layer would have hidden it entirely
+
+
+def test_the_search_lightens_the_last_stage_when_the_logits_weigh_on_it():
+    # Llama 3.1 8B, TP 2 × PP 4: with 8 layers a stage the last also computes the logits, 1.05 GFLOPs per token
+    # against 0.57 per layer at s = 8,192, about 9.8 layers' work. With 7 (or 6) layers on the last stage the
+    # others take 9, 8, 8 (or 9, 9, 8): the slowest does 9 layers' work, so the lighter split must win.
+    found = plan(
+        resolve_model("llama-3.1-8b").spec,
+        parse_cluster("8xH100"),
+        8192,
+        128,
+        resolve_precision("bf16-mixed").spec,
+        resolve_optimizer("adamw").spec,
+        Pins(tp=2, pp=4, zero=1, recompute="none"),
+    )
+    best = found.fitting[0]
+    best_even = next(c for c in found.fitting if c.layout.last_stage_layers is None)
+    assert best.layout.schedule == "1f1b" and best.layout.last_stage_layers in (6, 7)
+    assert best.time.tokens_per_s > best_even.time.tokens_per_s
+    # uneven splits are tried under 1F1B only
+    assert all(c.layout.last_stage_layers is None for c in found.fitting if c.layout.schedule == "interleaved")

@@ -104,10 +104,10 @@ def layouts(
             if global_batch % (dp * mb):
                 continue
             accum = global_batch // (dp * mb)
-            schedules: list[tuple[str, int]] = [("1f1b", 1)]
+            schedules = [("1f1b", 1, first, last) for first, last in _stage_splits(model, pp, pins)]
             if pp > 1 and accum % pp == 0 and not uneven:
-                schedules += [("interleaved", v) for v in VIRTUAL_STAGES if model.num_layers >= pp * v]
-            for (schedule, virtual), recompute in itertools.product(schedules, recomputes):
+                schedules += [("interleaved", v, None, None) for v in VIRTUAL_STAGES if model.num_layers >= pp * v]
+            for (schedule, virtual, first, last), recompute in itertools.product(schedules, recomputes):
                 yield (
                     Layout(
                         dp=dp,
@@ -121,11 +121,27 @@ def layouts(
                         grad_accum=accum,
                         schedule=schedule,  # type: ignore[arg-type]
                         virtual_stages=virtual,
-                        first_stage_layers=pins.first_stage_layers,
-                        last_stage_layers=pins.last_stage_layers,
+                        first_stage_layers=first,
+                        last_stage_layers=last,
                     ),
                     recompute,
                 )
+
+
+LIGHTER_LAST_STAGE = (1, 2)  # layers taken off the last stage, which also computes the logits
+
+
+def _stage_splits(model: ModelSpec, pp: int, pins: Pins) -> list[tuple[int | None, int | None]]:
+    """(first, last) stage layer counts to try under 1F1B: the pinned ones; else the even split, and the last
+    stage one or two layers lighter, the remedy for a large vocabulary's logits (Megatron-LM's
+    --decoder-last-pipeline-num-layers)."""
+    if pins.first_stage_layers is not None or pins.last_stage_layers is not None:
+        return [(pins.first_stage_layers, pins.last_stage_layers)]
+    splits: list[tuple[int | None, int | None]] = [(None, None)]
+    if pp > 1:
+        even_last = model.num_layers // pp
+        splits += [(None, even_last - k) for k in LIGHTER_LAST_STAGE if even_last - k >= 1]
+    return splits
 
 
 def plan(
