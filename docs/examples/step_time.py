@@ -89,7 +89,7 @@ if replicas > 1 and a.zero >= 3:
     zero = m * max(0.0, per_micro_batch - compute / m)
 elif replicas > 1:
     reduce = collective_time("reduce-scatter" if a.zero == 2 else "all-reduce", params * 2, replicas, dp_link)
-    grads = max(0.0, reduce - 2 / 3 * compute / m)
+    grads = max(0.0, reduce - (work - stage_forward) / work * compute / m)  # 2/3 without recomputation
     gather = collective_time("all-gather", params * 2, replicas, dp_link)  # hidden behind the next first forward
     first_forward = stage_forward / work * compute / m  # 1/3 of a micro-batch without recomputation
     zero = max(0.0, gather - first_forward) if a.zero >= 1 else 0.0

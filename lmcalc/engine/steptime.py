@@ -159,7 +159,7 @@ def step_time(
             else:
                 op = "reduce-scatter" if layout.zero == 2 else "all-reduce"
                 reduce = collective_time(op, params * precision.grad_bytes, replicas, dp_link)
-                dp_time = max(0.0, reduce - 2 / 3 * per_micro_batch)
+                dp_time = max(0.0, reduce - (work - forward) / work * per_micro_batch)  # its last backward
                 if layout.zero >= 1:  # the updated shards, gathered while the next step's first forward runs
                     gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
                     zero_time = max(0.0, gather - forward / work * per_micro_batch)
