@@ -1,10 +1,12 @@
-"""Rerun every `$ command` shown in docs/ and check its output is what the page shows.
+"""Rerun every `$ command` shown in README.md and docs/ and check its output is what the page shows.
 
     python scripts/verify_docs.py [PAGE.md ...]
 
 * Only blocks fenced ```text are rerun. Measured output (timings from `lmcalc bench`, which change from
   run to run) and slow commands are fenced ```console instead: those are listed, never rerun.
-* A page's commands run at the terminal width it declares (its first `COLUMNS=N`), else 100 columns.
+* A page's commands run at the terminal width it declares (its first `COLUMNS=N`), else 100 columns; a
+  block preceded by the line `<!-- COLUMNS=N -->` runs at N. README.md and every page under docs/ are
+  checked.
 * An expected output without `…` must equal the real one (trailing spaces ignored); with `…`, the shown
   lines must appear in the real output, in order.
 """
@@ -37,7 +39,7 @@ def matches(expected: list[str], actual: list[str]) -> str:
 
 
 def main() -> int:
-    pages = sys.argv[1:] or sorted(str(p) for p in (ROOT / "docs").rglob("*.md"))
+    pages = sys.argv[1:] or [str(ROOT / "README.md"), *sorted(str(p) for p in (ROOT / "docs").rglob("*.md"))]
     env = {k: v for k, v in os.environ.items() if k != "LMCALC_PRESET_PATH"}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     failed = total = 0
@@ -46,27 +48,28 @@ def main() -> int:
         text = pathlib.Path(page).read_text()
         declared = re.search(r"COLUMNS=(\d+)", text)
         page_env = dict(env, COLUMNS=declared.group(1) if declared else "100")
-        for fence, block in re.findall(r"```(\w*)\n(.*?)```", text, re.S):
+        for width, fence, block in re.findall(r"(?:<!-- COLUMNS=(\d+) -->\n)?```(\w*)\n(.*?)```", text, re.S):
             commands = [line for line in block.split("\n") if line.startswith("$ ")]
             if fence != "text":
-                skipped += [(page, c[2:]) for c in commands]
+                skipped += [(page, fence or "plain", c[2:]) for c in commands]
                 continue
+            block_env = dict(page_env, COLUMNS=width) if width else page_env
             lines = block.rstrip("\n").split("\n")
             starts = [i for i, line in enumerate(lines) if line.startswith("$ ")]
             for n, start in enumerate(starts):
                 end = starts[n + 1] if n + 1 < len(starts) else len(lines)
                 command = lines[start][2:]
                 expected = [line.rstrip() for line in lines[start + 1 : end]]
-                run = subprocess.run(["bash", "-c", command], cwd=ROOT, env=page_env, capture_output=True, text=True)
+                run = subprocess.run(["bash", "-c", command], cwd=ROOT, env=block_env, capture_output=True, text=True)
                 actual = [line.rstrip() for line in (run.stdout + run.stderr).rstrip("\n").split("\n")]
                 total += 1
                 why = matches(expected, actual)
                 if why:
                     failed += 1
                     print(f"FAIL {page}: {lines[start]}\n     {why}")
-    for page, command in skipped:
-        print(f"not rerun (```console, measured or slow) {page}: $ {command}")
-    print(f"{total} commands, {failed} failed; {len(skipped)} commands in ```console blocks not rerun")
+    for page, fence, command in skipped:
+        print(f"not rerun (```{fence}) {page}: $ {command}")
+    print(f"{total} commands, {failed} failed; {len(skipped)} commands in other blocks not rerun")
     return 1 if failed else 0
 
 
