@@ -1014,6 +1014,7 @@ def report(
     derivations and plots."""
     from pathlib import Path
 
+    from lmcalc import plots
     from lmcalc.atomic import write_atomic
     from lmcalc.html_report import render_report
 
@@ -1054,7 +1055,7 @@ def report(
             ),
             "",
         ),
-        (memory_result, _report_picture("memory_svg", memory_result)),
+        (memory_result, _report_picture(plots.memory_svg, memory_result)),
         *_report_plan(spec, cluster, seq_given, global_batch, recipe, opt, resolved.note),
     ]
     write_atomic(target, render_report(f"{spec.label} on {cluster.label}", results))
@@ -1064,12 +1065,10 @@ def report(
 REPORT_TOP_LAYOUTS = 10
 
 
-def _report_picture(draw: str, result: Result) -> str:
-    """A picture for the report as inline SVG; without matplotlib, a line saying how to get it."""
+def _report_picture(draw, result: Result) -> str:
+    """``draw(result)``, a picture for the report as inline SVG; without matplotlib, a line saying how to get it."""
     try:
-        from lmcalc import plots
-
-        return getattr(plots, draw)(result)
+        return draw(result)
     except LmcalcError:
         return "<p class='muted'>(install matplotlib for the picture: pip install 'lmcalc[plot]')</p>"
 
@@ -1077,6 +1076,7 @@ def _report_picture(draw: str, result: Result) -> str:
 def _report_plan(spec, cluster, seq_given, global_batch: str, recipe, opt, note: str) -> list[tuple[Result, str]]:
     """The report's layout search: the fastest layouts (all of them in the picture), then the best one derived.
     When nothing fits, the page says so and why, instead of failing."""
+    from lmcalc import plots
     from lmcalc.engine import plan as pl
 
     tokens_per_step = parse_count(global_batch, "--global-batch", binary=True)
@@ -1092,7 +1092,7 @@ def _report_plan(spec, cluster, seq_given, global_batch: str, recipe, opt, note:
         title = f"Layouts for {spec.label} on {cluster.label}"
         return [(Result("plan", title, (), (), (str(error),)), "")]
     table = replace(everything, sections=everything.sections[:REPORT_TOP_LAYOUTS])
-    return [(table, _report_picture("plan_svg", everything)), (ranked(True), "")]
+    return [(table, _report_picture(plots.plan_svg, everything)), (ranked(True), "")]
 
 
 @app.command("params")

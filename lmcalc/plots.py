@@ -40,21 +40,20 @@ def _target(path: str, force: bool) -> Path:
 
 
 def _save(figure, target: Path) -> Path:
+    """Write ``figure`` to ``target`` through a temporary file beside it, and close it."""
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=target.suffix, delete=False) as tmp:
         figure.savefig(
             tmp.name, bbox_inches="tight", dpi=150, metadata={"Date": None} if target.suffix != ".png" else None
         )
+    _pyplot().close(figure)
     finish_atomic(Path(tmp.name), target)
     return target
 
 
 def plot_memory(result: Result, path: str, force: bool = False) -> Path:
     """Stacked bars of the memory parts against the GPU's capacity: one bar, or one per sweep value."""
-    target = _target(path, force)
-    figure = memory_figure(result)
-    written = _save(figure, target)
-    _pyplot().close(figure)
-    return written
+    target = _target(path, force)  # refuse an existing file before drawing anything
+    return _save(memory_figure(result), target)
 
 
 def memory_svg(result: Result) -> str:
@@ -104,10 +103,7 @@ def memory_figure(result: Result):
 def plot_plan(result: Result, path: str, force: bool = False) -> Path:
     """The ranked layouts: memory per GPU against MFU, the winner marked."""
     target = _target(path, force)
-    figure = plan_figure(result)
-    written = _save(figure, target)
-    _pyplot().close(figure)
-    return written
+    return _save(plan_figure(result), target)
 
 
 def plan_figure(result: Result):

@@ -43,6 +43,11 @@ class Pins:
     first_stage_layers: int | None = None  # uneven pipeline stages (1F1B only); None: an even split
     last_stage_layers: int | None = None
 
+    @property
+    def stage_split(self) -> bool:
+        """Whether --first-stage-layers or --last-stage-layers pins the split of the layers."""
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -79,8 +84,7 @@ def layouts(
         if pins.tp
         else [t for t in _powers_of_two(max_tp) if model.num_heads % t == 0 and (model.mla or model.kv_heads % t == 0)]
     )
-    uneven = pins.first_stage_layers is not None or pins.last_stage_layers is not None
-    smallest_pp = 2 if uneven else 1  # uneven first and last stages need a pipeline
+    smallest_pp = 2 if pins.stage_split else 1  # uneven first and last stages need a pipeline
     pps = (
         [pins.pp]
         if pins.pp
@@ -105,7 +109,7 @@ def layouts(
                 continue
             accum = global_batch // (dp * mb)
             schedules = [("1f1b", 1, first, last) for first, last in _stage_splits(model, pp, pins)]
-            if pp > 1 and accum % pp == 0 and not uneven:
+            if pp > 1 and accum % pp == 0 and not pins.stage_split:
                 schedules += [("interleaved", v, None, None) for v in VIRTUAL_STAGES if model.num_layers >= pp * v]
             for (schedule, virtual, first, last), recompute in itertools.product(schedules, recomputes):
                 yield (
@@ -135,7 +139,7 @@ def _stage_splits(model: ModelSpec, pp: int, pins: Pins) -> list[tuple[int | Non
     """(first, last) stage layer counts to try under 1F1B: the pinned ones; else the even split, and the last
     stage one or two layers lighter, the remedy for a large vocabulary's logits (Megatron-LM's
     --decoder-last-pipeline-num-layers)."""
-    if pins.first_stage_layers is not None or pins.last_stage_layers is not None:
+    if pins.stage_split:
         return [(pins.first_stage_layers, pins.last_stage_layers)]
     splits: list[tuple[int | None, int | None]] = [(None, None)]
     if pp > 1:
@@ -189,7 +193,7 @@ def plan(
                 _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
             )
         )
-    if not result.evaluated and not refusal and (pins.first_stage_layers or pins.last_stage_layers):
+    if not result.evaluated and not refusal and pins.stage_split:
         refusal = "--first-stage-layers and --last-stage-layers need a pipeline, and no PP of 2 or more was tried"
     if not result.evaluated and refusal:
         raise LmcalcError(f"no layout can exist with these constraints: {refusal}")
