@@ -5,11 +5,15 @@ These are the independent figures ``lmcalc validate`` sets beside the engine's. 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from lmcalc.engine.step_peak import StepPeak, plain_step_peak
 from lmcalc.reference_model import AttentionImpl, Recompute, ReferenceModel, loss
 from lmcalc.specs import ModelSpec
 
@@ -81,41 +85,221 @@ def peak_saved_bytes(model: ReferenceModel, tokens: torch.Tensor, recompute: Rec
     return held + max(saved_for_backward(model, tokens, layer=i).bytes for i in kinds if i is not None)
 
 
-CUDA_CHECK_SEQ = 1024
-CUDA_CHECK_STEPS = 3
+CUDA_CHECK_SEQ = 1024  # row 4's sequence when --seq is longer: the check is about the timeline, not scale
+CUDA_MODEL_FRACTION = 0.25  # a model whose bf16-pure AdamW states exceed this share of the GPU is scaled down
 
 
-def cuda_peak_memory(spec: ModelSpec) -> tuple[float, float, str]:
-    """Peak bytes allocated by real AdamW training steps on the GPU, and the engine's prediction.
+class AllocatorStats:
+    """Bytes the CUDA caching allocator has handed out: now, and at most since the last reset.
+
+    ``torch.cuda.memory_allocated`` / ``max_memory_allocated`` count tensors only: not the CUDA context,
+    not cached-but-free blocks. Each read synchronises first, so queued kernels have run.
+    """
+
+    def __init__(self, device: str | torch.device = "cuda"):
+        self.device = torch.device(device)
+
+    def allocated(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+class StorageTracker(TorchDispatchMode):
+    """The CPU's stand-in for the CUDA allocator's counters: bytes of live storages, each counted from
+    the operator that made it until PyTorch frees it (a weak reference's callback on the storage).
+
+    ``resident`` tensors (weights, optimizer states) are counted from the start. The same idea as
+    ``torch.distributed._tools.mem_tracker.MemTracker``, reduced to the counters ``step_memory`` reads.
+    Enter the mode around the step; only tensors on ``device`` count.
+    """
+
+    def __init__(self, resident: list[torch.Tensor], device: str | torch.device = "cpu"):
+        super().__init__()
+        self.device = torch.device(device)
+        self.live = self.high = 0
+        self._refs: dict[int, weakref.ref] = {}
+        for tensor in resident:
+            self._track(tensor.untyped_storage())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.device == self.device:
+                self._track(tensor.untyped_storage())
+        return out
+
+    def _track(self, storage: torch.UntypedStorage) -> None:
+        key = storage.data_ptr()
+        if key in self._refs and self._refs[key]() is storage:
+            return  # counted already: a view, or an in-place result
+        size = storage.nbytes()
+        self._refs[key] = weakref.ref(storage, lambda _ref, size=size: self._free(size))
+        self.live += size
+        self.high = max(self.high, self.live)
+
+    def _free(self, size: int) -> None:
+        self.live -= size
+
+    def allocated(self) -> int:
+        return self.live
+
+    def peak(self) -> int:
+        return self.high
+
+    def reset_peak(self) -> None:
+        self.high = self.live
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """What the allocator reported around one AdamW step whose optimizer states already exist."""
+
+    weights: int  # Σ bytes of the parameters
+    optimizer_states: int  # Σ bytes of the optimizer's state tensors on the device
+    buffers: int  # Σ bytes of the module's buffers (rotary tables, causal mask): not model state
+    baseline: int  # allocated before the step: weights + states + buffers
+    after_forward: int  # allocated once the loss is computed: + tensors saved for backward
+    peak_forward: int
+    peak_backward: int
+    after_backward: int  # + gradients
+    peak_optimizer: int
+
+    @property
+    def activations(self) -> int:
+        return self.after_forward - self.baseline
+
+    @property
+    def gradients(self) -> int:
+        return self.after_backward - self.baseline
+
+    @property
+    def backward_transient(self) -> int:
+        """Above the saved activations at the backward pass's peak."""
+        return self.peak_backward - self.after_forward
+
+    @property
+    def optimizer_temporary(self) -> int:
+        return self.peak_optimizer - self.after_backward
+
+    @property
+    def peak(self) -> int:
+        return max(self.peak_forward, self.peak_backward, self.peak_optimizer)
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer, device: torch.device) -> list[torch.Tensor]:
+    """The optimizer's per-element state tensors on ``device``, without scalar step counters."""
+    return [
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.device == device and value.dim() > 0
+    ]
+
+
+def step_memory(
+    model: ReferenceModel,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    recompute: Recompute,
+    stats: AllocatorStats,
+) -> StepMemory:
+    """One training step with the allocator read between its phases: forward, backward, optimizer."""
+    device = tokens.device
+    baseline = stats.allocated()
+    stats.reset_peak()
+    value = loss(model, tokens, recompute)
+    after_forward, peak_forward = stats.allocated(), stats.peak()
+    stats.reset_peak()
+    value.backward()
+    after_backward, peak_backward = stats.allocated(), stats.peak()
+    stats.reset_peak()
+    optimizer.step()
+    peak_optimizer = stats.peak()
+    optimizer.zero_grad(set_to_none=True)
+    return StepMemory(
+        weights=tensor_bytes(model.parameters()),
+        buffers=tensor_bytes(model.buffers()),
+        optimizer_states=tensor_bytes(optimizer_state_tensors(optimizer, device)),
+        baseline=baseline,
+        after_forward=after_forward,
+        peak_forward=peak_forward,
+        peak_backward=peak_backward,
+        after_backward=after_backward,
+        peak_optimizer=peak_optimizer,
+    )
+
+
+def cpu_step_memory(
+    spec: ModelSpec, seq_len: int, micro_batch: int = 1, recompute: Recompute = "none"
+) -> tuple[StepPeak, StepMemory]:
+    """The same step on the CPU in fp32, its live storages counted by ``StorageTracker``.
+
+    ``torch.optim.AdamW`` is asked for its multi-tensor kernels (``foreach=True``), its default on
+    GPUs, so that the optimizer step holds what it holds there. Flash attention; a CPU keeps dropout
+    masks as floats, so the engine is given 4-byte masks.
+    """
+    from lmcalc.presets import resolve_optimizer, resolve_precision
+
+    precision, adamw = resolve_precision("fp32").spec, resolve_optimizer("adamw").spec
+    predicted = plain_step_peak(spec, seq_len, micro_batch, precision, adamw, "flash", recompute, mask_bytes=4)
+    torch.manual_seed(0)
+    model = build(spec, "flash", seq_len, "cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    tokens = torch.randint(0, spec.vocab_size, (micro_batch, seq_len))
+    loss(model, tokens, recompute).backward()  # creates the AdamW states
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    device = torch.device("cpu")
+    tracker = StorageTracker([*model.parameters(), *model.buffers(), *optimizer_state_tensors(optimizer, device)])
+    with tracker:
+        measured = step_memory(model, optimizer, tokens, recompute, tracker)
+    return predicted, measured
+
+
+def cuda_step_memory(
+    spec: ModelSpec, seq_len: int, micro_batch: int = 1, recompute: Recompute = "none"
+) -> tuple[StepPeak, StepMemory, str]:
+    """The engine's phase-by-phase peak of a plain bf16 AdamW step, and the allocator's figures.
 
     The model runs in bf16 with AdamW states in bf16 (the ``bf16-pure`` recipe: what plain PyTorch does
-    with a bf16 model), flash attention, micro-batch 1 at ``CUDA_CHECK_SEQ`` tokens. The peak is read
-    after the first step, once the optimizer states exist. Models too large for the GPU are checked at
-    the small configuration's proportions scaled to a quarter of the GPU's memory.
+    with a bf16 model), flash attention. One step runs first so that AdamW's states exist; the next is
+    measured. A model whose states would take more than a quarter of the GPU is checked at its own
+    proportions scaled down to that size (``scaled_model``).
     """
     from lmcalc.engine.maxparams import scaled_model
-    from lmcalc.engine.memory import activation_memory, state_memory
     from lmcalc.engine.params import count_params
+    from lmcalc.errors import LmcalcError
     from lmcalc.presets import resolve_optimizer, resolve_precision
 
     precision, adamw = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec
     capacity = torch.cuda.get_device_properties(0).total_memory
-    model_spec = spec if 8 * count_params(spec).total < capacity / 4 else scaled_model(spec, capacity / 4 / 8)
-    seq = min(CUDA_CHECK_SEQ, model_spec.max_seq_len)
+    per_param = precision.param_bytes + precision.grad_bytes + 2 * precision.optimizer_state_bytes
+    budget = CUDA_MODEL_FRACTION * capacity
+    model_spec = spec if per_param * count_params(spec).total < budget else scaled_model(spec, budget / per_param)
+    seq = min(seq_len, model_spec.max_seq_len)
+    predicted = plain_step_peak(model_spec, seq, micro_batch, precision, adamw, "flash", recompute)
+    if predicted.peak > 0.9 * capacity:
+        raise LmcalcError(
+            f"row 4 would need about {predicted.peak / 1e9:.0f} GB of the GPU's {capacity / 1e9:.0f} GB at "
+            f"s={seq}, b={micro_batch}; try a shorter --seq or a smaller --micro-batch"
+        )
     model = build(model_spec, "flash", seq, "cuda", torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    tokens = torch.randint(0, model_spec.vocab_size, (1, seq), device="cuda")
-    for step in range(CUDA_CHECK_STEPS):
-        if step == 1:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        loss(model, tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    measured = torch.cuda.max_memory_allocated()
-    predicted = (
-        state_memory(model_spec, precision, adamw, 0, 1).total
-        + activation_memory(model_spec, seq, 1, precision.activation_bytes, "flash", "none").total
-    )
-    return predicted, float(measured), f"{model_spec.name}, bf16, s={seq}"
+    tokens = torch.randint(0, model_spec.vocab_size, (micro_batch, seq), device="cuda")
+    stats = AllocatorStats("cuda")
+    step_memory(model, optimizer, tokens, recompute, stats)  # creates the AdamW states
+    measured = step_memory(model, optimizer, tokens, recompute, stats)
+    detail = f"{model_spec.name}, bf16, s={seq}, b={micro_batch}, recompute {recompute}"
+    return predicted, measured, detail

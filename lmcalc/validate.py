@@ -6,7 +6,8 @@
 3. Bytes saved for backward by a small model of the same architecture on the CPU (distinct storages,
    parameters and buffers excluded) vs the engine's activation formula, per attention kernel and
    recomputation mode.
-4. With CUDA, the peak memory allocated by real AdamW steps vs the engine's predicted peak.
+4. With CUDA, the peak memory allocated by a real AdamW step vs the engine's phase-by-phase peak
+   (``engine.step_peak``), with the parts it is made of set side by side.
 
 torch is imported only when a check runs, never by the accounting commands.
 """
@@ -14,13 +15,18 @@ torch is imported only when a check runs, never by the accounting commands.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine.memory import activation_memory
 from lmcalc.engine.params import count_params
+from lmcalc.engine.step_peak import StepPeak
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from lmcalc.measure import StepMemory
 
 PARAM_TOLERANCE = 0.0  # the count is exact: any difference is a bug
 FLOP_TOLERANCE = 1e-3  # 0.1 %
@@ -197,7 +203,9 @@ def validate_result(
                     source="torch.autograd.graph.saved_tensors_hooks, by storage",
                 )
             )
-    sections.append(_peak_memory_row(spec))
+    step_mode = recompute_modes[0] if len(recompute_modes) == 1 else "none"
+    sections += _cpu_step_rows(small, s, micro_batch, step_mode)
+    sections += _peak_memory_rows(spec, seq_len, micro_batch, step_mode)
     inputs = (
         Input("model", "Model", spec.name, origin=note or spec.label),
         Input("seq_len", "Sequence length (rows 1–2)", seq_len, "tokens", "--seq"),
@@ -216,29 +224,101 @@ def validate_result(
     return Result("validate", f"{spec.label}: lmcalc vs PyTorch", inputs, tuple(sections), tuple(notes), layout="grid")
 
 
-def _peak_memory_row(spec: ModelSpec) -> Section:
-    """Row 4 needs a GPU: without CUDA it says so instead of pretending."""
+def _peak_memory_rows(spec: ModelSpec, seq_len: int, micro_batch: int, recompute: str) -> list[Section]:
+    """Row 4 and what its difference is made of; without CUDA it says so instead of pretending."""
     import torch
 
+    title = "Peak memory of an AdamW step (CUDA)"
     if not torch.cuda.is_available():
-        return _not_run(
-            "peak_memory",
-            "Peak memory of AdamW steps (CUDA)",
-            float("nan"),
-            "bytes",
-            "CUDA is not available on this machine",
-        )
+        return [_not_run("peak_memory", title, float("nan"), "bytes", "CUDA is not available on this machine")]
     from lmcalc import measure
 
-    engine, measured, detail = measure.cuda_peak_memory(spec)
-    return _compare(
-        "peak_memory",
-        f"Peak memory of AdamW steps (CUDA, {detail})",
-        engine,
-        measured,
-        "bytes",
-        PEAK_MEMORY_TOLERANCE,
-        source="torch.cuda.max_memory_allocated",
+    seq = min(seq_len, measure.CUDA_CHECK_SEQ)
+    predicted, measured, detail = measure.cuda_step_memory(spec, seq, micro_batch, recompute)  # type: ignore[arg-type]
+    return _step_rows("peak_memory", f"Peak memory of an AdamW step (CUDA, {detail})", predicted, measured)
+
+
+def _cpu_step_rows(small: ModelSpec, seq_len: int, micro_batch: int, recompute: str) -> list[Section]:
+    """The same timeline on the small model on the CPU, its live storages tracked (row 4's CPU twin)."""
+    from lmcalc import measure
+
+    spec, dropout_note = small, ""
+    if small.dropout:  # CPU sdpa has no fused dropout: run the timeline without it (row 3 checks the masks)
+        spec, dropout_note = small.model_copy(update={"dropout": False}), ", dropout off"
+    title = f"Peak memory of an AdamW step (small model, s={seq_len}, fp32, CPU{dropout_note})"
+    reason = cpu_fallback_reason(spec, "flash")
+    if reason:
+        return [_not_run("peak_memory_cpu", title, float("nan"), "bytes", reason)]
+    predicted, measured = measure.cpu_step_memory(spec, seq_len, micro_batch, recompute)  # type: ignore[arg-type]
+    return _step_rows("peak_memory_cpu", title, predicted, measured, tracked=True)
+
+
+def _step_rows(key: str, title: str, predicted: StepPeak, measured: StepMemory, tracked: bool = False) -> list[Section]:
+    """The step's peak, judged, then its parts side by side (not judged): what a difference is made of.
+    The module's buffers (rotary tables, causal mask) are not model state: they are taken off the
+    measured figures, and shown."""
+    phases, extra = predicted.phases, measured.buffers
+    counter = (
+        "measure.StorageTracker (live storages)" if tracked else "torch.cuda.memory_allocated / max_memory_allocated"
+    )
+    return [
+        _compare(
+            key,
+            title,
+            predicted.peak,
+            measured.peak - extra,
+            "bytes",
+            PEAK_MEMORY_TOLERANCE,
+            note=f"phase by phase, the largest at the {predicted.peak_phase.replace('_', ' ')} (engine.step_peak)",
+            source=f"{counter}, peak of the step − module buffers",
+        ),
+        _part(f"{key}_buffers", "… module buffers (not model state)", 0.0, extra, "Σ bytes of module.buffers()"),
+        _part(
+            f"{key}_states",
+            "… weights + optimizer states",
+            predicted.weights + predicted.optimizer_states,
+            measured.baseline - extra,
+            f"{counter}, before the step",
+        ),
+        _part(
+            f"{key}_activations",
+            "… activations saved by the forward pass",
+            predicted.activations,
+            measured.activations,
+            "after the forward − before the step",
+        ),
+        _part(
+            f"{key}_gradients", "… gradients", predicted.gradients, measured.gradients, "after the backward − before"
+        ),
+        _part(
+            f"{key}_backward",
+            "… peak of the backward pass",
+            max(phases["backward_start"], phases["backward_end"]),
+            measured.peak_backward - extra,
+            "peak over loss.backward()",
+        ),
+        _part(
+            f"{key}_optimizer",
+            "… peak of optimizer.step()",
+            phases["optimizer_step"],
+            measured.peak_optimizer - extra,
+            "peak over optimizer.step()",
+        ),
+    ]
+
+
+def _part(key: str, title: str, engine: float, measured: float, source: str) -> Section:
+    """A component of row 4: compared, not judged (the peak is the check). An engine figure of 0 is
+    one the engine leaves out by design: no error is computed for it."""
+    error = (engine - measured) / measured if measured and engine else math.nan
+    return Section(
+        key,
+        title,
+        (
+            Term("lmcalc", "lmcalc", engine, "bytes"),
+            Term("pytorch", "PyTorch", measured, "bytes", source=source),
+            Term("error", "Relative error", 100 * error, "%", "(lmcalc − PyTorch) / PyTorch", note="not judged"),
+        ),
     )
 
 

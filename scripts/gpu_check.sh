@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check of issue #5, in one call: matmul sweeps (bf16, fp16, tf32, fp8), memory bandwidth, real
-# training steps of a 1B preset, and validate's peak-memory row, as JSON plus a summary under OUTDIR.
-# For a CUDA machine with torch already installed and no network; about 3-4 minutes on one H200.
+# training steps of a 1B preset, validate's peak-memory row and the step's memory phase by phase
+# (benchmarks/step_memory_phases.py), as JSON plus a summary under OUTDIR. For a CUDA machine with torch
+# already installed and no network; about 3 minutes on one H200 (each step has its own time limit).
 #   bash scripts/gpu_check.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUTDIR}
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" XDG_DATA_HOME="$out" PYTHONUNBUFFERED=1
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" XDG_DATA_HOME="$out" PYTHONUNBUFFERED=1 LMCALC_DEBUG=1
 py=${PYTHON:-python3}
 summary="$out/summary.txt"
 : > "$summary"
@@ -21,31 +22,40 @@ date -u +"date: %Y-%m-%dT%H:%M:%SZ" | tee -a "$summary"
 step() {  # step NAME TIMEOUT_S lmcalc-args...: run, keep the JSON, add one line to the summary
   local name=$1 limit=$2; shift 2
   local start=$SECONDS
-  if timeout "$limit" $py -m lmcalc "$@" --json > "$out/$name.json" 2> "$out/$name.err"; then
-    $py - "$out/$name.json" "$name" $((SECONDS - start)) >> "$summary" <<'PY'
+  timeout "$limit" $py -m lmcalc "$@" --json > "$out/$name.json" 2> "$out/$name.err"
+  local rc=$?
+  if ! $py - "$out/$name.json" "$name" $((SECONDS - start)) $rc >> "$summary" 2>> "$out/$name.err" <<'PY'
 import json, sys
-data, name, seconds = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+data, name, seconds, rc = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], sys.argv[4]
 picks = []
 for section, terms in data["results"].items():
-    for key in ("achieved", "best", "ratio", "tokens_per_s", "mfu", "error", "median", "predicted_peak", "measured_peak"):
+    for key in ("achieved", "best", "ratio", "tokens_per_s", "mfu", "median", "predicted", "measured", "lmcalc",
+                "pytorch", "error"):
         if key in terms:
             t = terms[key]
             picks.append(f"{section}.{key}={t['value']:.4g} {t['unit']}")
-print(f"{name} ({seconds} s): " + "; ".join(picks[:8]))
+print(f"{name} ({seconds} s, exit {rc}): " + "; ".join(picks[:24]))
 PY
-  else
-    echo "$name FAILED after $((SECONDS - start)) s: $(tail -n 1 "$out/$name.err")" | tee -a "$summary"
+  then
+    echo "$name FAILED after $((SECONDS - start)) s (exit $rc): $(tail -n 1 "$out/$name.err")" | tee -a "$summary"
   fi
 }
 
-step matmul_bf16_8192 60 bench --dtype bf16 --shape 8192x8192x8192
-step sweep_bf16 90 bench --dtype bf16 --sweep --warmup 5 --repeats 20
+step matmul_bf16_8192 45 bench --dtype bf16 --shape 8192x8192x8192
+step sweep_bf16 75 bench --dtype bf16 --sweep --warmup 5 --repeats 20
 step sweep_fp16 60 bench --dtype fp16 --sweep --warmup 5 --repeats 20
 step sweep_tf32 60 bench --dtype tf32 --sweep --warmup 5 --repeats 10
 step sweep_fp8 60 bench --dtype fp8 --sweep --warmup 5 --repeats 20
-step model_llama_8b 60 bench --dtype bf16 --model llama-3.1-8b --seq 4096
-step memory 30 bench memory
-step step_llama_1b 90 bench step --model llama-3.2-1b --seq 2048 --micro-batch 2
-step validate_llama_1b 120 validate --model llama-3.2-1b --seq 1024 --recompute none
+step model_llama_8b 45 bench --dtype bf16 --model llama-3.1-8b --seq 4096
+step memory 20 bench memory
+step step_llama_1b 60 bench step --model llama-3.2-1b --seq 2048 --micro-batch 2
+step validate_llama_1b 60 validate --model llama-3.2-1b --seq 1024 --recompute none
+start=$SECONDS
+if timeout 90 $py "$root/benchmarks/step_memory_phases.py" --out "$out/step_memory_phases.json" \
+    > "$out/step_memory_phases.txt" 2> "$out/step_memory_phases.err"; then
+  echo "step_memory_phases ($((SECONDS - start)) s): see step_memory_phases.txt" | tee -a "$summary"
+else
+  echo "step_memory_phases FAILED after $((SECONDS - start)) s: $(tail -n 1 "$out/step_memory_phases.err")" | tee -a "$summary"
+fi
 cp "$XDG_DATA_HOME/lmcalc/bench.json" "$out/bench.json" 2>/dev/null || true
 echo "done in $SECONDS s" | tee -a "$summary"

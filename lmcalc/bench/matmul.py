@@ -119,8 +119,8 @@ def measure(
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"  # explicit: fp32 means fp32, tf32 means tf32
     try:
         seconds = time_calls(lambda i: product(*buffers[i % sets]), device.torch_device, warmup, repeats)
-        a, b = buffers[0]
-        result = product(a, b).double()
+        a, b = (t.float() if dtype == "fp8" else t for t in buffers[0])  # fp8 widens through fp32
+        result = product(*buffers[0]).double()
         rows = torch.randperm(m, device=a.device)[:SAMPLE_ROWS]
         reference = a[rows].double() @ b.double()
         error = ((result[rows] - reference).norm() / reference.norm()).item()

@@ -4,7 +4,8 @@ One step is what a training loop does: forward, fp32 cross-entropy, backward, ``
 ``zero_grad``. The model is ``ReferenceModel`` (the module ``lmcalc validate`` checks the engine
 against) in one dtype throughout, with ``torch.optim.AdamW`` keeping its states in that dtype, on one
 fixed batch of random tokens, scored against the next token (so the loss must fall: proof that the
-optimizer really steps).
+optimizer really steps). AdamW's multi-tensor ``foreach`` kernels, its default on a GPU, are asked for
+on every device, so that the memory prediction describes what runs.
 
 Conventions, each stated once here and again in the result's notes:
 
@@ -16,9 +17,10 @@ Conventions, each stated once here and again in the result's notes:
 * **MFU** = model FLOPs per step / (median step time × the device's dense peak for the dtype), the
   peak from ``Device.peak`` (a hardware preset, or a labelled estimate on a CPU). Where the device has
   no peak for the dtype, MFU is reported as not available; no peak is ever invented.
-* **Memory**: the engine's model states (the precision recipe plain PyTorch matches: ``fp32`` for an
-  fp32 model, ``bf16-pure`` for a bf16 one; AdamW) plus its activations, against
-  ``torch.cuda.max_memory_allocated`` on CUDA. A CPU has no allocator statistics: the prediction
+* **Memory**: the engine's peak of a plain PyTorch step (``engine.step_peak``: the largest of backward
+  start, backward end and the optimizer step, with the precision recipe plain PyTorch matches: ``fp32``
+  for an fp32 model, ``bf16-pure`` for a bf16 one; AdamW), against ``torch.cuda.max_memory_allocated``
+  on CUDA. A CPU has no allocator statistics: the prediction
   stands alone there.
 """
 
@@ -35,6 +37,7 @@ from lmcalc.bench.timing import Stats, synchronize, time_calls
 from lmcalc.engine import flops as fl
 from lmcalc.engine.memory import MASK_BYTES, activation_memory, state_memory
 from lmcalc.engine.params import count_params
+from lmcalc.engine.step_peak import PHASES, StepPeak, plain_step_peak
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_optimizer, resolve_precision
 from lmcalc.reference_model import AttentionImpl, Recompute, ReferenceModel, loss
@@ -91,10 +94,11 @@ class MemoryPrediction:
     params: int
     states: float
     activations: float
+    step: StepPeak  # the phases of the step: states and activations do not all live at once
 
     @property
     def total(self) -> float:
-        return self.states + self.activations
+        return self.step.peak
 
 
 def predict_memory(
@@ -106,7 +110,8 @@ def predict_memory(
     recompute: Recompute,
     device_type: str,
 ) -> MemoryPrediction:
-    """States (``state_memory``, no ZeRO) + saved activations (``activation_memory``) for one device.
+    """States (``state_memory``, no ZeRO), saved activations (``activation_memory``) and the step's
+    peak, phase by phase (``plain_step_peak``), for one device.
 
     Dropout masks are bool on CUDA; PyTorch's CPU dropout keeps its mask in the input's dtype.
     """
@@ -117,8 +122,9 @@ def predict_memory(
     activations = activation_memory(
         spec, seq_len, micro_batch, precision.activation_bytes, attention, recompute, mask_bytes
     )
+    step = plain_step_peak(spec, seq_len, micro_batch, precision, optimizer, attention, recompute, mask_bytes)
     n = count_params(spec).total
-    return MemoryPrediction(precision.name, states.total / n, n, states.total, activations.total)
+    return MemoryPrediction(precision.name, states.total / n, n, states.total, activations.total, step)
 
 
 def _gb(value: float) -> str:
@@ -161,9 +167,9 @@ def check_fits(prediction: MemoryPrediction, spec: ModelSpec, seq_len: int, micr
     if prediction.total <= limit:
         return
     raise LmcalcError(
-        f"{spec.name} at s={seq_len}, b={micro_batch} needs about {_gb(prediction.total)} "
+        f"{spec.name} at s={seq_len}, b={micro_batch} needs about {_gb(prediction.total)} at its peak "
         f"({prediction.bytes_per_param:g} bytes × {group(prediction.params)} parameters for {prediction.recipe} "
-        f"AdamW + {_gb(prediction.activations)} of activations), more than {why}; "
+        f"AdamW, {_gb(prediction.activations)} of activations), more than {why}; "
         f"try {smaller_presets(spec)} or a shorter --seq / smaller --micro-batch"
     )
 
@@ -249,7 +255,7 @@ def _timed_steps(
     torch.manual_seed(SEED)
     model = ReferenceModel(spec, attention, max_seq=seq_len, device=torch_device, dtype=TORCH_DTYPES[dtype])
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, foreach=True)  # the GPU default, everywhere
     tokens = torch.randint(0, spec.vocab_size, (micro_batch, seq_len)).to(torch_device)
     losses: list[torch.Tensor] = []
 
@@ -498,13 +504,16 @@ def _memory_section(m: StepMeasurement) -> Section:
                 f"s={m.seq_len}, b={m.micro_batch}, {m.attention} attention, recompute {m.recompute}",
                 "Korthikanti et al. 2022 §4.1, tensor by tensor (lmcalc.engine.memory.activation_memory)",
             ),
+            *(term for term in p.step.terms() if term.key in PHASES),
             Term(
                 "predicted",
                 "Predicted peak",
                 p.total,
                 "bytes",
-                "states + activations",
-                note="no overhead allowance: max_memory_allocated excludes the CUDA context",
+                "max(backward start, backward end, optimizer step)",
+                source="lmcalc.engine.step_peak (docs/formulas.md §5.8)",
+                note=f"at the {p.step.peak_phase.replace('_', ' ')}; no overhead allowance: "
+                "max_memory_allocated excludes the CUDA context",
             ),
             Term(
                 "measured",

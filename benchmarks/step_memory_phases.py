@@ -1,0 +1,85 @@
+"""Where a plain PyTorch AdamW step peaks, phase by phase: the engine's figures against the CUDA allocator's.
+
+For several models and shapes, one bf16 AdamW step (after a first one that creates the optimizer
+states) is run with ``torch.cuda.memory_allocated`` / ``max_memory_allocated`` read between its phases,
+and set beside ``lmcalc.engine.step_peak``: weights + states, activations saved by the forward pass,
+gradients, the backward pass's peak, the optimizer step's peak, and the step's peak. Prints the ratio
+engine / measured for each. Needs CUDA; a minute or so on one H200.
+    python benchmarks/step_memory_phases.py [--out FILE.json]
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from lmcalc.measure import cuda_step_memory
+from lmcalc.presets import resolve_model
+
+CASES = (  # model, s, b, recompute; mixtral cut to 2 layers so that its real MoE blocks fit unscaled
+    ("llama-3.2-1b", 1024, 1, "none"),
+    ("llama-3.2-1b", 2048, 2, "none"),
+    ("llama-3.2-1b", 2048, 2, "full"),
+    ("llama-3.2-3b", 4096, 1, "none"),
+    ("gpt2-124m", 1024, 8, "none"),
+    ("mixtral-8x7b", 1024, 1, "none"),
+)
+MIXTRAL_LAYERS = 2
+
+
+def parts(predicted, measured) -> list[tuple[str, float, float]]:
+    phases = predicted.phases
+    return [
+        ("weights + states", predicted.weights + predicted.optimizer_states, measured.baseline),
+        ("activations", predicted.activations, measured.activations),
+        ("gradients", predicted.gradients, measured.gradients),
+        ("backward peak", max(phases["backward_start"], phases["backward_end"]), measured.peak_backward),
+        ("optimizer peak", phases["optimizer_step"], measured.peak_optimizer),
+        ("forward peak", float("nan"), measured.peak_forward),
+        ("step peak", predicted.peak, measured.peak),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write every figure as JSON here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("step_memory_phases: needs CUDA (torch.cuda.is_available() is False)")
+    rows = []
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print(f"{'case':<44} {'part':<18} {'engine GB':>10} {'measured GB':>12} {'ratio':>7}")
+    for name, seq, batch, recompute in CASES:
+        spec = resolve_model(name).spec
+        if spec.moe:
+            spec = spec.model_copy(update={"num_layers": MIXTRAL_LAYERS, "name": f"{name}-{MIXTRAL_LAYERS}-layers"})
+        start = time.perf_counter()
+        predicted, measured, detail = cuda_step_memory(spec, seq, batch, recompute)
+        seconds = time.perf_counter() - start
+        for part, engine, actual in parts(predicted, measured):
+            print(f"{detail:<44} {part:<18} {engine / 1e9:>10.3f} {actual / 1e9:>12.3f} {engine / actual:>7.3f}")
+        rows.append(
+            {
+                "case": detail,
+                "seconds": seconds,
+                "engine": {
+                    **predicted.phases,
+                    "peak": predicted.peak,
+                    "peak_phase": predicted.peak_phase,
+                    **{t.key: t.value for t in predicted.terms()},
+                },
+                "measured": {**vars(measured), "peak": measured.peak},
+            }
+        )
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as out:
+            json.dump(
+                {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cases": rows}, out, indent=1
+            )
+
+
+if __name__ == "__main__":
+    main()
