@@ -241,6 +241,26 @@ def step_memory(
     )
 
 
+def model_that_fits(spec: ModelSpec, max_params: float) -> ModelSpec:
+    """``spec`` if it has at most ``max_params`` parameters; else the same model with fewer layers, every
+    tensor at its real shape (an MoE model keeps one dense layer if it had any, and at least one MoE
+    layer); else, where even that is too large, its proportions scaled down (``scaled_model``)."""
+    from lmcalc.engine.maxparams import scaled_model
+    from lmcalc.engine.params import count_params
+
+    if count_params(spec).total <= max_params:
+        return spec
+    fewest = 1 + (min(spec.moe.dense_layers, 1) if spec.moe else 0)
+    for layers in range(spec.num_layers - 1, fewest - 1, -1):
+        update: dict = {"num_layers": layers, "name": f"{spec.name}-{layers}-layers", "published_params": None}
+        if spec.moe:
+            update["moe"] = spec.moe.model_copy(update={"dense_layers": min(spec.moe.dense_layers, layers - 1)})
+        cut = spec.model_copy(update=update)
+        if count_params(cut).total <= max_params:
+            return cut
+    return scaled_model(spec, max_params)
+
+
 def cpu_step_memory(
     spec: ModelSpec, seq_len: int, micro_batch: int = 1, recompute: Recompute = "none"
 ) -> tuple[StepPeak, StepMemory]:
@@ -275,19 +295,15 @@ def cuda_step_memory(
 
     The model runs in bf16 with AdamW states in bf16 (the ``bf16-pure`` recipe: what plain PyTorch does
     with a bf16 model), flash attention. One step runs first so that AdamW's states exist; the next is
-    measured. A model whose states would take more than a quarter of the GPU is checked at its own
-    proportions scaled down to that size (``scaled_model``).
+    measured. A model whose states would take more than a quarter of the GPU is cut (``model_that_fits``).
     """
-    from lmcalc.engine.maxparams import scaled_model
-    from lmcalc.engine.params import count_params
     from lmcalc.errors import LmcalcError
     from lmcalc.presets import resolve_optimizer, resolve_precision
 
     precision, adamw = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec
     capacity = torch.cuda.get_device_properties(0).total_memory
     per_param = precision.param_bytes + precision.grad_bytes + 2 * precision.optimizer_state_bytes
-    budget = CUDA_MODEL_FRACTION * capacity
-    model_spec = spec if per_param * count_params(spec).total < budget else scaled_model(spec, budget / per_param)
+    model_spec = model_that_fits(spec, CUDA_MODEL_FRACTION * capacity / per_param)
     seq = min(seq_len, model_spec.max_seq_len)
     predicted = plain_step_peak(model_spec, seq, micro_batch, precision, adamw, "flash", recompute)
     if predicted.peak > 0.9 * capacity:

@@ -164,3 +164,30 @@ def test_the_cpu_timeline_check_can_fail(monkeypatch):
     rows = {sec.key: sec for sec in val._cpu_step_rows(_small("llama-3.2-1b"), 512, 2, "none")}
     assert rows["peak_memory_cpu"].term("error").ok is False
     assert rows["peak_memory_cpu"].term("error").value < -10
+
+
+def test_a_model_too_large_for_the_gpu_check_keeps_its_layer_shapes():
+    from lmcalc.engine.params import count_params
+
+    budget = 0.25 * 141e9 / 8  # a quarter of an H200 at 8 bytes per parameter of bf16-pure AdamW states
+    small = resolve_model("llama-3.2-1b").spec
+    assert measure.model_that_fits(small, budget) is small
+    # Llama 3 70B: 80 layers of 0.869 B parameters; embedding and output head 1.05 B each (untied).
+    llama = resolve_model("llama-3-70b").spec
+    cut = measure.model_that_fits(llama, budget)
+    assert (cut.num_layers, cut.hidden_size, cut.ffn_size) == (2, 8192, 28672)  # 2.10 + 2 × 0.869 ≤ 4.41 B
+    assert count_params(cut).total <= budget < count_params(cut.model_copy(update={"num_layers": 3})).total
+    mixtral = measure.model_that_fits(resolve_model("mixtral-8x7b").spec, budget)
+    assert mixtral.moe is not None and mixtral.moe.num_experts == 8 and mixtral.num_layers >= 1
+
+
+def test_gpu_check_says_what_it_needs_without_cuda(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the script would run")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
+    run = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "needs torch with CUDA" in run.stdout
+    assert (tmp_path / "summary.txt").read_text().startswith("gpu_check: needs torch with CUDA")
