@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch.utils import _pytree as pytree
@@ -86,7 +87,17 @@ def peak_saved_bytes(model: ReferenceModel, tokens: torch.Tensor, recompute: Rec
 
 
 CUDA_CHECK_SEQ = 1024  # row 4's sequence when --seq is longer: the check is about the timeline, not scale
-CUDA_MODEL_FRACTION = 0.25  # a model whose bf16-pure AdamW states exceed this share of the GPU is scaled down
+CUDA_MODEL_FRACTION = 0.25  # a model whose bf16-pure AdamW states exceed this share of the GPU is cut
+
+
+class MemoryCounters(Protocol):
+    """What ``step_memory`` reads: bytes live now, the most since the last reset, and the reset."""
+
+    def allocated(self) -> int: ...
+
+    def peak(self) -> int: ...
+
+    def reset_peak(self) -> None: ...
 
 
 class AllocatorStats:
@@ -181,15 +192,6 @@ class StepMemory:
         return self.after_backward - self.baseline
 
     @property
-    def backward_transient(self) -> int:
-        """Above the saved activations at the backward pass's peak."""
-        return self.peak_backward - self.after_forward
-
-    @property
-    def optimizer_temporary(self) -> int:
-        return self.peak_optimizer - self.after_backward
-
-    @property
     def peak(self) -> int:
         return max(self.peak_forward, self.peak_backward, self.peak_optimizer)
 
@@ -213,7 +215,7 @@ def step_memory(
     optimizer: torch.optim.Optimizer,
     tokens: torch.Tensor,
     recompute: Recompute,
-    stats: AllocatorStats,
+    stats: MemoryCounters,
 ) -> StepMemory:
     """One training step with the allocator read between its phases: forward, backward, optimizer."""
     device = tokens.device
@@ -312,7 +314,7 @@ def cuda_step_memory(
             f"s={seq}, b={micro_batch}; try a shorter --seq or a smaller --micro-batch"
         )
     model = build(model_spec, "flash", seq, "cuda", torch.bfloat16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)  # its default on a GPU, stated
     tokens = torch.randint(0, model_spec.vocab_size, (micro_batch, seq), device="cuda")
     stats = AllocatorStats("cuda")
     step_memory(model, optimizer, tokens, recompute, stats)  # creates the AdamW states

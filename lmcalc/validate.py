@@ -6,8 +6,9 @@
 3. Bytes saved for backward by a small model of the same architecture on the CPU (distinct storages,
    parameters and buffers excluded) vs the engine's activation formula, per attention kernel and
    recomputation mode.
-4. With CUDA, the peak memory allocated by a real AdamW step vs the engine's phase-by-phase peak
-   (``engine.step_peak``), with the parts it is made of set side by side.
+4. The peak memory of a real AdamW step vs the engine's phase-by-phase peak (``engine.step_peak``), with
+   the parts it is made of set side by side: always on the small model on the CPU (live storages
+   tracked), and with CUDA on the model itself on the GPU (the allocator's counters).
 
 torch is imported only when a check runs, never by the accounting commands.
 """

@@ -80,6 +80,10 @@ class StepPeak:
         layer = self.first_layer + self.layer_backward - self.not_yet_made
         return max(layer, 2 * self.embedding_gradient) if self.tied else layer
 
+    @staticmethod
+    def _gb(value: float) -> str:
+        return f"{value / 1e9:.4g} GB"
+
     @property
     def peak_phase(self) -> str:
         return max(self.phases, key=self.phases.__getitem__)
@@ -91,6 +95,9 @@ class StepPeak:
     def terms(self) -> tuple[Term, ...]:
         """Each component and each phase, with its formula: what ``--explain`` and ``--json`` read."""
         phases = self.phases
+        gb = self._gb
+        base = f"{gb(self.weights)} + {gb(self.optimizer_states)}"
+        start_extra = max(self.loss_backward, self.layer_backward - LOGITS_BYTES * self.sbv)
         src = "lmcalc.engine.step_peak (PyTorch's autograd frees saved tensors once their node has run)"
         return (
             Term("weights", "Weights W", self.weights, "bytes", "N · bytes per weight"),
@@ -134,6 +141,7 @@ class StepPeak:
                 phases["backward_start"],
                 "bytes",
                 "W + O + A + max(cross-entropy backward, a layer's backward gradients − 4·s·b·V)",
+                f"{base} + {gb(self.activations)} + {gb(start_extra)}",
                 source=src,
             ),
             Term(
@@ -144,6 +152,7 @@ class StepPeak:
                 "W + O + G + max(first layer + its backward − gradients not made yet, 2 · V·h)"
                 if self.tied
                 else "W + O + G + first layer + its backward − gradients not made yet",
+                f"{base} + {gb(self.gradients)} + {gb(self.backward_end_extra)}",
             ),
             Term(
                 "optimizer_step",
@@ -151,6 +160,7 @@ class StepPeak:
                 phases["optimizer_step"],
                 "bytes",
                 "W + O + G + AdamW temporary",
+                f"{base} + {gb(self.gradients)} + {gb(self.optimizer_temporary)}",
             ),
             Term(
                 "peak",
