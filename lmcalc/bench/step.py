@@ -20,8 +20,8 @@ Conventions, each stated once here and again in the result's notes:
 * **Memory**: the engine's peak of a plain PyTorch step (``engine.step_peak``: the largest of backward
   start, backward end and the optimizer step, with the precision recipe plain PyTorch matches: ``fp32``
   for an fp32 model, ``bf16-pure`` for a bf16 one; AdamW), against ``torch.cuda.max_memory_allocated``
-  on CUDA. A CPU has no allocator statistics: the prediction
-  stands alone there.
+  on CUDA, and against the live storages of one more, untimed step on a CPU (``measure.StorageTracker``,
+  as a CPU has no allocator statistics), both less the module's buffers (rotary tables, causal mask).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lmcalc import measure
 from lmcalc.bench.device import Device
 from lmcalc.bench.results import Record, software_versions
 from lmcalc.bench.timing import Stats, synchronize, time_calls
@@ -189,7 +190,7 @@ class StepMeasurement:
     seconds: tuple[float, ...]  # one per timed step
     losses: tuple[float, ...]  # every step, warm-up included, in order
     predicted: MemoryPrediction
-    measured_peak_bytes: float | None  # torch.cuda.max_memory_allocated over the timed steps; None off CUDA
+    measured_peak_bytes: float | None  # less module buffers: CUDA allocator or CPU live storages; None on MPS
     threads: int
     learning_rate: float
 
@@ -251,7 +252,9 @@ def _timed_steps(
     repeats: int,
     learning_rate: float,
 ) -> tuple[list[float], list[float], float | None]:
-    """Seconds per timed step, the loss of every step, and the CUDA allocator's peak over the timed ones."""
+    """Seconds per timed step, the loss of every step, and the peak bytes of a step less the module's
+    buffers: on CUDA the allocator's peak over the timed steps; on a CPU the live storages of one more,
+    untimed step (``measure.StorageTracker``: tracking every operator would slow the timed ones)."""
     torch.manual_seed(SEED)
     model = ReferenceModel(spec, attention, max_seq=seq_len, device=torch_device, dtype=TORCH_DTYPES[dtype])
     model.train()
@@ -273,7 +276,15 @@ def _timed_steps(
         torch.cuda.reset_peak_memory_stats(torch_device)
     seconds = time_calls(training_step, torch_device, 0, repeats)
     synchronize(torch_device)
-    peak = float(torch.cuda.max_memory_allocated(torch_device)) if torch_device.type == "cuda" else None
+    buffers = measure.tensor_bytes(model.buffers())
+    peak: float | None = None
+    if torch_device.type == "cuda":
+        peak = float(torch.cuda.max_memory_allocated(torch_device) - buffers)
+    elif torch_device.type == "cpu":
+        states = measure.optimizer_state_tensors(optimizer, torch_device)
+        tracker = measure.StorageTracker([*model.parameters(), *model.buffers(), *states])
+        with tracker:
+            peak = float(measure.step_memory(model, optimizer, tokens, recompute, tracker).peak - buffers)
     return seconds, [float(v) for v in losses], peak
 
 
@@ -481,7 +492,10 @@ def _memory_section(m: StepMeasurement) -> Section:
     p = m.predicted
     measured = m.measured_peak_bytes
     error = (p.total - measured) / measured if measured else math.nan
-    not_measured = "CPU peak memory is not measured" if m.device.torch_device.type == "cpu" else "not measured off CUDA"
+    sources = {
+        "cuda": "torch.cuda.max_memory_allocated over the timed steps − module buffers",
+        "cpu": "live storages of one more, untimed step (measure.StorageTracker) − module buffers",
+    }
     return Section(
         "memory",
         f"Memory of the step (engine: {p.recipe} recipe, AdamW)",
@@ -512,16 +526,16 @@ def _memory_section(m: StepMeasurement) -> Section:
                 "bytes",
                 "max(backward start, backward end, optimizer step)",
                 source="lmcalc.engine.step_peak (docs/formulas.md §5.8)",
-                note=f"at the {p.step.peak_phase.replace('_', ' ')}; no overhead allowance: "
-                "max_memory_allocated excludes the CUDA context",
+                note=f"at the {p.step.peak_phase.replace('_', ' ')}; no overhead allowance (the CUDA context "
+                "is not a tensor)",
             ),
             Term(
                 "measured",
                 "Measured peak",
                 measured if measured is not None else math.nan,
                 "bytes",
-                source="torch.cuda.max_memory_allocated, reset after the warm-up steps" if measured else "",
-                note="" if measured is not None else not_measured,
+                source=sources.get(m.device.torch_device.type, ""),
+                note="" if measured is not None else "not measured on this device (no allocator statistics)",
             ),
             Term("error", "Prediction error", 100 * error, "%", "(predicted − measured) / measured"),
         ),
