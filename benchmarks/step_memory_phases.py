@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from lmcalc.measure import cuda_step_memory
+from lmcalc.measure import measured_step
 from lmcalc.presets import resolve_model
 
 CASES = (  # model, s, b, recompute; mixtral cut to 2 layers so that its real MoE blocks fit unscaled
@@ -56,7 +56,7 @@ def main() -> None:
         if spec.moe:
             spec = spec.model_copy(update={"num_layers": MIXTRAL_LAYERS, "name": f"{name}-{MIXTRAL_LAYERS}-layers"})
         start = time.perf_counter()
-        predicted, measured, detail = cuda_step_memory(spec, seq, batch, recompute)
+        predicted, measured, detail = measured_step(spec, seq, batch, recompute, "cuda")
         seconds = time.perf_counter() - start
         for part, engine, actual in parts(predicted, measured):
             print(f"{detail:<44} {part:<18} {engine / 1e9:>10.3f} {actual / 1e9:>12.3f} {engine / actual:>7.3f}")

@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from lmcalc.engine.memory import CPU_MASK_BYTES, MASK_BYTES
 from lmcalc.engine.step_peak import StepPeak, plain_step_peak
 from lmcalc.reference_model import AttentionImpl, Recompute, ReferenceModel, loss
 from lmcalc.specs import ModelSpec
@@ -263,61 +264,51 @@ def model_that_fits(spec: ModelSpec, max_params: float) -> ModelSpec:
     return scaled_model(spec, max_params)
 
 
-def cpu_step_memory(
-    spec: ModelSpec, seq_len: int, micro_batch: int = 1, recompute: Recompute = "none"
-) -> tuple[StepPeak, StepMemory]:
-    """The same step on the CPU in fp32, its live storages counted by ``StorageTracker``.
-
-    ``torch.optim.AdamW`` is asked for its multi-tensor kernels (``foreach=True``), its default on
-    GPUs, so that the optimizer step holds what it holds there. Flash attention; a CPU keeps dropout
-    masks as floats, so the engine is given 4-byte masks.
-    """
-    from lmcalc.presets import resolve_optimizer, resolve_precision
-
-    precision, adamw = resolve_precision("fp32").spec, resolve_optimizer("adamw").spec
-    predicted = plain_step_peak(spec, seq_len, micro_batch, precision, adamw, "flash", recompute, mask_bytes=4)
-    torch.manual_seed(0)
-    model = build(spec, "flash", seq_len, "cpu")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    tokens = torch.randint(0, spec.vocab_size, (micro_batch, seq_len))
-    loss(model, tokens, recompute).backward()  # creates the AdamW states
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    device = torch.device("cpu")
-    tracker = StorageTracker([*model.parameters(), *model.buffers(), *optimizer_state_tensors(optimizer, device)])
-    with tracker:
-        measured = step_memory(model, optimizer, tokens, recompute, tracker)
-    return predicted, measured
-
-
-def cuda_step_memory(
-    spec: ModelSpec, seq_len: int, micro_batch: int = 1, recompute: Recompute = "none"
+def measured_step(
+    spec: ModelSpec, seq_len: int, micro_batch: int = 1, recompute: Recompute = "none", device: str = "cpu"
 ) -> tuple[StepPeak, StepMemory, str]:
-    """The engine's phase-by-phase peak of a plain bf16 AdamW step, and the allocator's figures.
+    """The engine's phase-by-phase peak of a plain AdamW step, one real step measured beside it, and
+    what ran (model, dtype, shape).
 
-    The model runs in bf16 with AdamW states in bf16 (the ``bf16-pure`` recipe: what plain PyTorch does
-    with a bf16 model), flash attention. One step runs first so that AdamW's states exist; the next is
-    measured. A model whose states would take more than a quarter of the GPU is cut (``model_that_fits``).
+    * ``cuda``: the model in bf16 with AdamW states in bf16 (the ``bf16-pure`` recipe: what plain
+      PyTorch does with a bf16 model), read by the allocator's counters (``AllocatorStats``). A model
+      whose states would take more than a quarter of the GPU is cut (``model_that_fits``).
+    * ``cpu``: fp32, every live storage counted by ``StorageTracker``; dropout masks are floats there.
+
+    Flash attention and ``torch.optim.AdamW(foreach=True)`` (its default on a GPU) on both. One step
+    runs first, so that AdamW's states exist; the next is measured.
     """
     from lmcalc.errors import LmcalcError
     from lmcalc.presets import resolve_optimizer, resolve_precision
 
-    precision, adamw = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec
-    capacity = torch.cuda.get_device_properties(0).total_memory
-    per_param = precision.param_bytes + precision.grad_bytes + 2 * precision.optimizer_state_bytes
-    model_spec = model_that_fits(spec, CUDA_MODEL_FRACTION * capacity / per_param)
-    seq = min(seq_len, model_spec.max_seq_len)
-    predicted = plain_step_peak(model_spec, seq, micro_batch, precision, adamw, "flash", recompute)
-    if predicted.peak > 0.9 * capacity:
+    cuda = device == "cuda"
+    precision = resolve_precision("bf16-pure" if cuda else "fp32").spec
+    adamw = resolve_optimizer("adamw").spec
+    if cuda:
+        capacity = torch.cuda.get_device_properties(0).total_memory
+        per_param = precision.param_bytes + precision.grad_bytes + 2 * precision.optimizer_state_bytes
+        spec = model_that_fits(spec, CUDA_MODEL_FRACTION * capacity / per_param)
+    seq = min(seq_len, spec.max_seq_len)
+    mask_bytes = MASK_BYTES if cuda else CPU_MASK_BYTES
+    predicted = plain_step_peak(spec, seq, micro_batch, precision, adamw, "flash", recompute, mask_bytes)
+    if cuda and predicted.peak > 0.9 * capacity:
         raise LmcalcError(
             f"row 4 would need about {predicted.peak / 1e9:.0f} GB of the GPU's {capacity / 1e9:.0f} GB at "
             f"s={seq}, b={micro_batch}; try a shorter --seq or a smaller --micro-batch"
         )
-    model = build(model_spec, "flash", seq, "cuda", torch.bfloat16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)  # its default on a GPU, stated
-    tokens = torch.randint(0, model_spec.vocab_size, (micro_batch, seq), device="cuda")
-    stats = AllocatorStats("cuda")
-    step_memory(model, optimizer, tokens, recompute, stats)  # creates the AdamW states
-    measured = step_memory(model, optimizer, tokens, recompute, stats)
-    detail = f"{model_spec.name}, bf16, s={seq}, b={micro_batch}, recompute {recompute}"
+    torch.manual_seed(0)
+    model = build(spec, "flash", seq, device, torch.bfloat16 if cuda else torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    tokens = torch.randint(0, spec.vocab_size, (micro_batch, seq), device=device)
+    loss(model, tokens, recompute).backward()  # the first step makes AdamW's states
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if cuda:
+        measured = step_memory(model, optimizer, tokens, recompute, AllocatorStats(device))
+    else:
+        states = optimizer_state_tensors(optimizer, tokens.device)
+        tracker = StorageTracker([*model.parameters(), *model.buffers(), *states])
+        with tracker:
+            measured = step_memory(model, optimizer, tokens, recompute, tracker)
+    detail = f"{spec.name}, {'bf16' if cuda else 'fp32'}, s={seq}, b={micro_batch}, recompute {recompute}"
     return predicted, measured, detail

@@ -19,7 +19,7 @@ import math
 from typing import TYPE_CHECKING
 
 from lmcalc.engine import flops as fl
-from lmcalc.engine.memory import activation_memory
+from lmcalc.engine.memory import CPU_MASK_BYTES, activation_memory
 from lmcalc.engine.params import count_params
 from lmcalc.engine.step_peak import StepPeak
 from lmcalc.errors import LmcalcError
@@ -36,7 +36,6 @@ PEAK_MEMORY_TOLERANCE = 0.10  # 10 %
 SMALL_SEQ_CAP = 512  # the CPU model keeps eager attention's b·H·s² scores small
 SMALL_HIDDEN, SMALL_HEADS, SMALL_LAYERS, SMALL_VOCAB = 64, 8, 2, 256
 CPU_ACT_BYTES = 4  # the CPU check runs in fp32
-CPU_MASK_BYTES = 4  # PyTorch's CPU dropout keeps a float mask (CUDA keeps a bool one)
 
 
 def small_config(spec: ModelSpec) -> ModelSpec:
@@ -235,7 +234,7 @@ def _peak_memory_rows(spec: ModelSpec, seq_len: int, micro_batch: int, recompute
     from lmcalc import measure
 
     seq = min(seq_len, measure.CUDA_CHECK_SEQ)
-    predicted, measured, detail = measure.cuda_step_memory(spec, seq, micro_batch, recompute)  # type: ignore[arg-type]
+    predicted, measured, detail = measure.measured_step(spec, seq, micro_batch, recompute, "cuda")  # type: ignore[arg-type]
     return _step_rows("peak_memory", f"Peak memory of an AdamW step (CUDA, {detail})", predicted, measured)
 
 
@@ -250,7 +249,7 @@ def _cpu_step_rows(small: ModelSpec, seq_len: int, micro_batch: int, recompute: 
     reason = cpu_fallback_reason(spec, "flash")
     if reason:
         return [_not_run("peak_memory_cpu", title, float("nan"), "bytes", reason)]
-    predicted, measured = measure.cpu_step_memory(spec, seq_len, micro_batch, recompute)  # type: ignore[arg-type]
+    predicted, measured, _ = measure.measured_step(spec, seq_len, micro_batch, recompute, "cpu")  # type: ignore[arg-type]
     return _step_rows("peak_memory_cpu", title, predicted, measured, tracked=True)
 
 

@@ -109,7 +109,12 @@ def _fake_cuda(monkeypatch, measured_peak: float):
         peak_optimizer=int(measured_peak),
     )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(measure, "cuda_step_memory", lambda *args: (predicted, measured, "llama-3.2-1b, bf16"))
+    real = measure.measured_step
+
+    def on_a_fake_gpu(*args):
+        return (predicted, measured, "llama-3.2-1b, bf16") if args[-1] == "cuda" else real(*args)
+
+    monkeypatch.setattr(measure, "measured_step", on_a_fake_gpu)
     return predicted
 
 
@@ -141,7 +146,7 @@ def _small(name: str):
 
 @pytest.mark.parametrize("name, s, b, recompute", CPU_CASES)
 def test_step_timeline_matches_live_storages_on_the_cpu(name, s, b, recompute):
-    predicted, m = measure.cpu_step_memory(_small(name), s, b, recompute)
+    predicted, m, _ = measure.measured_step(_small(name), s, b, recompute)
     assert predicted.weights + predicted.optimizer_states == m.baseline - m.buffers  # exact
     assert predicted.gradients == pytest.approx(m.gradients, abs=8)  # the loss scalar is still alive
     assert predicted.activations == pytest.approx(m.activations, rel=0.01)

@@ -33,6 +33,7 @@ with ``--overhead``. On a GPU, ``lmcalc validate`` compares the predicted peak o
 with ``torch.cuda.max_memory_allocated`` (which excludes the CUDA context)."""
 
 MASK_BYTES = 1  # dropout masks are stored as bool / uint8 (Korthikanti et al. 2022 §4.1)
+CPU_MASK_BYTES = 4  # PyTorch's CPU dropout keeps a float mask (CUDA keeps a bool one)
 LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
 STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
