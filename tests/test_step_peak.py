@@ -34,6 +34,10 @@ def test_short_sequence_peaks_at_the_optimizer_step():
     assert p.phases["backward_start"] == 6 * n + a + 8 * 1024 * V_LLAMA_3  # 10.51e9
     assert p.phases["optimizer_step"] == 10 * n  # 12.36e9
     assert p.peak_phase == "optimizer_step" and p.peak == 10 * n
+    # A SwiGLU layer's backward holds the gate and up gradients, 2·s·b·f in bf16 (f = 8192); at the end of
+    # backward the tied matrix's two gradient parts, 2·V·h in bf16 (h = 2048), outweigh the first layer.
+    assert p.layer_backward == 2 * 1024 * 8192 * 2
+    assert p.phases["backward_end"] == 8 * n + 2 * V_LLAMA_3 * 2048 * 2  # 10.94e9
 
 
 def test_long_batch_peaks_when_backward_starts():
