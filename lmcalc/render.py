@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import TextIO
 
-from lmcalc.result import Result, Term
+from lmcalc.result import Result, Term, json_safe
 
 
 def to_json(result: Result) -> str:
-    return json.dumps(result.as_json(), indent=2, ensure_ascii=False)
+    """The result as strict JSON: a figure that is not available (NaN) is ``null``."""
+    return json.dumps(json_safe(result.as_json()), indent=2, ensure_ascii=False, allow_nan=False)
 
 
 def _console(file: TextIO | None = None):

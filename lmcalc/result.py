@@ -5,6 +5,7 @@ The table, ``--json`` and ``--explain`` renderers all read the same ``Result``, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,3 +117,15 @@ class Result:
             "section_titles": {s.key: s.title for s in self.sections},
             "notes": list(self.notes),
         }
+
+
+def json_safe(data: Any) -> Any:
+    """``data`` with every NaN or infinity replaced by None: JSON has no such numbers (``NaN`` is not
+    JSON, and strict parsers reject it), and a figure that is not available is ``null``."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: json_safe(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [json_safe(value) for value in data]
+    return data

@@ -40,10 +40,23 @@ def run(args: str | list[str], capsys) -> tuple[int, str, str]:
     return exit_info.value.code, out, err
 
 
+def _not_json(constant: str):
+    raise AssertionError(f"--json printed {constant}, which is not JSON")
+
+
 def run_json(args: str, capsys) -> dict:
+    """Run with --json and parse strictly: NaN and Infinity are not JSON, and strict parsers refuse them."""
     code, out, err = run(args + " --json", capsys)
     assert code == 0, err
-    return json.loads(out)
+    return json.loads(out, parse_constant=_not_json)
+
+
+def test_a_figure_that_is_not_available_is_json_null():
+    from lmcalc.render import to_json
+    from lmcalc.result import Result, Section, Term
+
+    result = Result("x", "x", (), (Section("s", "s", (Term("a", "a", float("nan"), "%"),)),), ())
+    assert json.loads(to_json(result), parse_constant=_not_json)["results"]["s"]["a"]["value"] is None
 
 
 @pytest.mark.parametrize("command", ISSUE_COMMANDS)

@@ -17,6 +17,7 @@ from typing import Any
 
 from lmcalc.atomic import write_atomic
 from lmcalc.errors import LmcalcError
+from lmcalc.result import json_safe
 
 FORMAT_VERSION = 1
 
@@ -66,7 +67,7 @@ def save(path: Path, records: list[Record]) -> Path:
     existing = load(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"lmcalc_bench": FORMAT_VERSION, "records": [asdict(r) for r in [*existing, *records]]}
-    return write_atomic(path, json.dumps(payload, indent=1))
+    return write_atomic(path, json.dumps(json_safe(payload), indent=1, allow_nan=False))
 
 
 def measured_peak(records: list[Record], hardware: str, dtype: str) -> tuple[float, Record] | None:
