@@ -620,35 +620,27 @@ def plan_command(
             raise LmcalcError(f"--efficiency must be in (0, 1], got {efficiency}")
         eff = est.Given(efficiency, "--efficiency")
     top_n = _positive_int(top, "--top")
-
-    def ranked(explained: bool) -> Result:  # every layout that fits; the table shows the top ones
-        return est.plan_result(
-            spec,
-            cluster,
-            _seq(seq, spec),
-            parse_count(global_batch, "--global-batch", binary=True),
-            pr.resolve_precision(precision).spec,
-            pr.resolve_optimizer(optimizer).spec,
-            pins,
-            None,
-            _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
-            eff,
-            parse_bytes(overhead, "--overhead"),
-            est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else None,
-            note=resolved.note,
-            explain=explained,
-        )
-
-    full = ranked(False)
+    ranked, derived = est.plan_results(
+        spec,
+        cluster,
+        _seq(seq, spec),
+        parse_count(global_batch, "--global-batch", binary=True),
+        pr.resolve_precision(precision).spec,
+        pr.resolve_optimizer(optimizer).spec,
+        pins,
+        _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
+        eff,
+        parse_bytes(overhead, "--overhead"),
+        est.Given(parse_count(tokens, "--tokens"), "--tokens") if tokens else None,
+        note=resolved.note,
+    )
+    shown = derived if explain else ranked if as_json else replace(ranked, sections=ranked.sections[:top_n])
     if plot:
         from lmcalc import plots
 
-        written = plots.plot_plan(full, plot, force)
-        full = replace(full, notes=(*full.notes, f"plot written to {written}"))
-    if explain:
-        _emit(ranked(True), as_json, explain)
-    else:
-        _emit(full if as_json else replace(full, sections=full.sections[:top_n]), as_json, explain)
+        written = plots.plot_plan(ranked, plot, force)  # every layout that fits, whatever is shown
+        shown = replace(shown, notes=(*shown.notes, f"plot written to {written}"))
+    _emit(shown, as_json, explain)
 
 
 bench_app = typer.Typer(
@@ -717,68 +709,11 @@ def bench_main(
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
-    """Matmul throughput (one shape, --sweep, or a model's shapes with --model) against the dense peak."""
-    if ctx.invoked_subcommand is None:
-        _bench_matmul(
-            dtype,
-            shape,
-            sweep,
-            model,
-            tp,
-            seq,
-            micro_batch,
-            warmup,
-            repeats,
-            device,
-            hardware,
-            save,
-            no_save,
-            as_json,
-            explain,
-        )
+    """Matmul throughput (one shape, --sweep, or a model's shapes with --model) against the dense peak.
 
-
-@bench_app.command("matmul")
-def bench_matmul(
-    dtype: MatmulDtypeOpt = None,
-    shape: ShapeOpt = None,
-    sweep: SweepFlag = False,
-    model: BenchModelOpt = None,
-    tp: BenchTpOpt = 1,
-    seq: BenchSeqOpt = "2048",
-    micro_batch: BenchBatchOpt = 1,
-    warmup: WarmupOpt = 10,
-    repeats: RepeatsOpt = 50,
-    device: DeviceOpt = "auto",
-    hardware: HardwareOpt = None,
-    save: SaveOpt = None,
-    no_save: NoSaveOpt = False,
-    as_json: JsonOpt = False,
-    explain: ExplainOpt = False,
-) -> None:
-    """Matmul throughput against the dense peak (the same as plain `lmcalc bench`)."""
-    _bench_matmul(
-        dtype,
-        shape,
-        sweep,
-        model,
-        tp,
-        seq,
-        micro_batch,
-        warmup,
-        repeats,
-        device,
-        hardware,
-        save,
-        no_save,
-        as_json,
-        explain,
-    )
-
-
-def _bench_matmul(
-    dtype, shape, sweep, model, tp, seq, micro_batch, warmup, repeats, device, hardware, save, no_save, as_json, explain
-) -> None:
+    Also registered as `lmcalc bench matmul` (below): a leaf command has no subcommand, so it runs here."""
+    if ctx.invoked_subcommand is not None:
+        return
     _torch_or_fail()
     from rich.progress import Progress
 
@@ -821,6 +756,11 @@ def _bench_matmul(
         note = _save(report.matmul_records(list(measured.values()), dev), save, no_save)
         result = report.matmul_result(list(measured.values()), dev, sweep=True)
     _emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+
+
+bench_app.command("matmul", help="Matmul throughput against the dense peak (the same as plain `lmcalc bench`).")(
+    bench_main
+)
 
 
 @bench_app.command("memory")
@@ -1056,7 +996,7 @@ def report(
             "",
         ),
         (memory_result, _report_picture(plots.memory_svg, memory_result)),
-        *_report_plan(spec, cluster, seq_given, global_batch, recipe, opt, resolved.note),
+        *_report_plan(spec, cluster, seq_given, global_batch, recipe, opt, tokens_given, resolved.note),
     ]
     write_atomic(target, render_report(f"{spec.label} on {cluster.label}", results))
     print(f"wrote {target}")
@@ -1073,26 +1013,31 @@ def _report_picture(draw, result: Result) -> str:
         return "<p class='muted'>(install matplotlib for the picture: pip install 'lmcalc[plot]')</p>"
 
 
-def _report_plan(spec, cluster, seq_given, global_batch: str, recipe, opt, note: str) -> list[tuple[Result, str]]:
+def _report_plan(
+    spec, cluster, seq_given, global_batch: str, recipe, opt, tokens, note: str
+) -> list[tuple[Result, str]]:
     """The report's layout search: the fastest layouts (all of them in the picture), then the best one derived.
     When nothing fits, the page says so and why, instead of failing."""
     from lmcalc import plots
     from lmcalc.engine import plan as pl
 
-    tokens_per_step = parse_count(global_batch, "--global-batch", binary=True)
-
-    def ranked(explained: bool) -> Result:
-        return est.plan_result(
-            spec, cluster, seq_given, tokens_per_step, recipe, opt, pl.Pins(), None, note=note, explain=explained
-        )
-
     try:
-        everything = ranked(False)
+        ranked, derived = est.plan_results(
+            spec,
+            cluster,
+            seq_given,
+            parse_count(global_batch, "--global-batch", binary=True),
+            recipe,
+            opt,
+            pl.Pins(),
+            tokens=tokens,
+            note=note,
+        )
     except LmcalcError as error:
         title = f"Layouts for {spec.label} on {cluster.label}"
         return [(Result("plan", title, (), (), (str(error),)), "")]
-    table = replace(everything, sections=everything.sections[:REPORT_TOP_LAYOUTS])
-    return [(table, _report_picture(plots.plan_svg, everything)), (ranked(True), "")]
+    table = replace(ranked, sections=ranked.sections[:REPORT_TOP_LAYOUTS])
+    return [(table, _report_picture(plots.plan_svg, ranked)), (derived, "")]
 
 
 @app.command("params")

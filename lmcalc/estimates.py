@@ -691,7 +691,7 @@ def _layout_text(candidate) -> str:
     return f"{layout.label}, mb={layout.micro_batch}, GA={layout.grad_accum}, recompute {candidate.recompute}"
 
 
-def plan_result(
+def plan_results(
     model: ModelSpec,
     cluster: Cluster,
     seq_len: Given,
@@ -699,16 +699,14 @@ def plan_result(
     precision: PrecisionRecipe,
     optimizer: OptimizerSpec,
     pins: Any,
-    top: int | None,
     attention: mem.AttentionImpl = "flash",
     efficiency: Given | None = None,
     overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
     tokens: Given | None = None,
     note: str = "",
-    explain: bool = False,
-) -> Result:
-    """The fastest layouts that fit, ranked by throughput (``top`` of them; None: all); with ``explain``,
-    the winner derived term by term instead."""
+) -> tuple[Result, Result]:
+    """One layout search, two views of it: every layout that fits, ranked by throughput, and the winner
+    derived term by term (what ``--explain`` shows)."""
     from lmcalc.engine import plan as pl
     from lmcalc.engine import steptime as st
 
@@ -742,7 +740,7 @@ def plan_result(
         )
     train_tokens = tokens or default_tokens(model)
     sections = []
-    for rank, c in enumerate(found.fitting[:top], start=1):
+    for rank, c in enumerate(found.fitting, start=1):
         t = c.time
         sections.append(
             Section(
@@ -782,17 +780,27 @@ def plan_result(
         Input("efficiency", "Compute efficiency", eff.value, origin=eff.origin),
         Input("evaluated", "Layouts evaluated", found.evaluated, origin=f"{len(found.fitting)} fit in memory"),
     )
-    notes = (
-        f"best: {_layout_text(winner)}" + ("" if explain else "; run 'lmcalc plan … --explain' for its derivation"),
+    assumptions = (
         "TP within a node; TP, EP and PP communication exposed; DP gradient reduction overlaps the last "
-        "micro-batch's backward pass; CP's K/V exchange is exposed too (docs/formulas.md)",
+        "micro-batch's backward pass; CP's K/V exchange is exposed too (docs/formulas.md)"
     )
-    title = f"Layouts for {model.label} on {cluster.label}"
-    if explain:
-        sections = winner_sections(model, cluster, winner, seq, precision, optimizer, attention)
-        best = f"The best layout for {model.label} on {cluster.label}"
-        return checked(Result("plan", best, inputs, sections, notes))
-    return checked(Result("plan", title, inputs, tuple(sections), notes, layout="grid"))
+    best = f"best: {_layout_text(winner)}"
+    ranked = Result(
+        "plan",
+        f"Layouts for {model.label} on {cluster.label}",
+        inputs,
+        tuple(sections),
+        (f"{best}; run 'lmcalc plan … --explain' for its derivation", assumptions),
+        layout="grid",
+    )
+    derived = Result(
+        "plan",
+        f"The best layout for {model.label} on {cluster.label}",
+        inputs,
+        winner_sections(model, cluster, winner, seq, precision, optimizer, attention),
+        (best, assumptions),
+    )
+    return checked(ranked), checked(derived)
 
 
 ZERO_GATHER_FORMULA = {

@@ -1,6 +1,7 @@
 """--plot: the memory picture and the ranked layouts as image files, written safely."""
 
 import builtins
+import json
 
 import pytest
 
@@ -70,6 +71,14 @@ def test_plan_plot_and_bad_suffix(tmp_path, capsys):
     assert (tmp_path / "plan.png").read_bytes()[:8] == PNG_MAGIC
     code, _, err = run(["memory", "--model", "gpt2", "--plot", str(tmp_path / "memory.jpg")], capsys)
     assert code == 2 and ".png, .svg or .pdf" in err
+
+
+def test_plan_explain_says_where_its_plot_went(tmp_path, capsys):
+    path = tmp_path / "plan.svg"
+    args = ["plan", "-m", "gpt2", "--gpus", "8xH100", "--explain", "--plot", str(path), "--json"]
+    code, out, err = run(args, capsys)
+    assert code == 0, err
+    assert path.read_text().startswith("<?xml") and f"plot written to {path}" in json.loads(out)["notes"]
 
 
 def test_without_matplotlib_the_command_says_how_to_install_it(tmp_path, monkeypatch, capsys):

@@ -1,5 +1,6 @@
 """lmcalc report: one self-contained HTML page, checked as HTML and rendered by headless Chromium."""
 
+import importlib.util
 import json
 import re
 import shutil
@@ -40,8 +41,10 @@ def test_report_is_self_contained(report):
         assert title in html
     assert "Layouts for Llama 3 70B" in html and "The best layout for Llama 3 70B" in html
     assert html.count("<details>") == 6  # a derivation per result: 4 figures, the ranked layouts, the best one
-    if pytest.importorskip("matplotlib"):
+    if importlib.util.find_spec("matplotlib"):
         assert html.count("<svg") == 2  # the memory bars and the ranked layouts
+    else:
+        assert html.count("install matplotlib for the picture") == 2
 
 
 def test_report_ranks_the_layouts_plan_ranks(report, capsys):
@@ -61,6 +64,16 @@ def test_report_says_when_no_layout_fits(tmp_path, capsys):
     html = path.read_text()
     # 405B needs about 16 bytes per parameter of model states: ~6.5 TB, far beyond 8 × 80 GB
     assert "nothing fits on 8xh100-sxm" in html and "mostly model states" in html
+
+
+def test_report_layouts_use_the_tokens_asked_for(tmp_path, capsys):
+    # the ranked layouts' days column and the best layout's derivation count the --tokens given, as the
+    # FLOPs and time sections do, not the preset's published count
+    path = tmp_path / "8b.html"
+    code, _, err = run(["report", "-m", "llama-3.1-8b", "--gpus", "8xH100", "--tokens", "1T", "-o", str(path)], capsys)
+    assert code == 0, err
+    rows = re.findall(r"Training tokens</td><td class='value'>([^<]*)</td><td class='muted'>([^<]*)<", path.read_text())
+    assert rows == [("1 T tokens", "--tokens")] * 2  # the ranked layouts and the best one
 
 
 def test_report_never_replaces_a_file_unasked(tmp_path, capsys):

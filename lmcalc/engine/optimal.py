@@ -189,23 +189,11 @@ def _rule_terms(compute: float, alloc: Allocation, tokens_per_param: float, law:
         Term(
             "tokens", "Training tokens D", alloc.tokens, "tokens", f"{r:g}·N", f"{r:g} × {sci(alloc.params, 5)}", source
         ),
-        Term(
-            "tokens_per_param",
-            "Tokens per parameter",
-            alloc.tokens_per_param,
-            "ratio",
-            "D / N",
-            f"{sci(alloc.tokens, 5)} / {sci(alloc.params, 5)}",
-            note="the rule's input" + ("" if r == TOKENS_PER_PARAM else ", set by the user"),
-        ),
-        Term(
-            "flops",
-            "Training FLOPs",
-            alloc.flops,
-            "FLOPs",
-            f"{k}·N·D",
-            f"{k} × {sci(alloc.params, 5)} × {sci(alloc.tokens, 5)}",
-            note="equals the budget C",
+        *_ratio_and_flops_terms(
+            alloc,
+            "",
+            "the rule's input" + ("" if r == TOKENS_PER_PARAM else ", set by the user"),
+            "equals the budget C",
         ),
         _loss_term(alloc, law, "the fitted law's loss at this allocation, never below the frontier's"),
     )
@@ -246,25 +234,27 @@ def _frontier_terms(compute: float, alloc: Allocation, law: ParametricLoss) -> t
             f"({sci(compute, 4)} / {k})^{b:.4f} / {g:.4f}",
             eq4,
         ),
+        *_ratio_and_flops_terms(alloc, "_opt", "grows with C as C^(b−a)", "equals the budget C (a + b = 1)"),
+        _loss_term(alloc, law, "the lowest loss the fitted law allows for this budget"),
+    )
+
+
+def _ratio_and_flops_terms(alloc: Allocation, opt: str, ratio_note: str, flops_note: str) -> tuple[Term, Term]:
+    """D/N and k·N·D of an allocation (``opt``: the symbols' subscript, "" or "_opt")."""
+    k, n, d = FLOPS_PER_PARAM_PER_TOKEN, sci(alloc.params, 5), sci(alloc.tokens, 5)
+    return (
         Term(
             "tokens_per_param",
             "Tokens per parameter",
             alloc.tokens_per_param,
             "ratio",
-            "D_opt / N_opt",
-            f"{sci(alloc.tokens, 5)} / {sci(alloc.params, 5)}",
-            note="grows with C as C^(b−a)",
+            f"D{opt} / N{opt}",
+            f"{d} / {n}",
+            note=ratio_note,
         ),
         Term(
-            "flops",
-            "Training FLOPs",
-            alloc.flops,
-            "FLOPs",
-            f"{k}·N_opt·D_opt",
-            f"{k} × {sci(alloc.params, 5)} × {sci(alloc.tokens, 5)}",
-            note="equals the budget C (a + b = 1)",
+            "flops", "Training FLOPs", alloc.flops, "FLOPs", f"{k}·N{opt}·D{opt}", f"{k} × {n} × {d}", note=flops_note
         ),
-        _loss_term(alloc, law, "the lowest loss the fitted law allows for this budget"),
     )
 
 
