@@ -9,7 +9,7 @@ from typing import Any
 
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.plan import Pins, plan
-from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, step_time
+from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
 from lmcalc.presets import read_yaml, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster, ModelSpec
 
@@ -128,8 +128,9 @@ def _rank(split: Split, fastest: dict[Split, float]) -> int | None:
     return order.index(split) + 1 if split in order else None
 
 
-def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> Accuracy:
-    time = step_time(
+def published_step_time(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> StepTime:
+    """The step-time model's figures for the run's own layout (its MFU is what the paper's is compared with)."""
+    return step_time(
         run.model,
         run.layout,
         run.seq,
@@ -139,9 +140,14 @@ def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) ->
         run.recompute,
         efficiency,
     )  # type: ignore[arg-type]
+
+
+def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> Accuracy:
+    time = published_step_time(run, efficiency)
     published = _split(run.layout)
     everything = fastest_per_split(run, Pins(), efficiency)
-    toolset = fastest_per_split(run, run.toolset, efficiency)
+    # a run whose authors had every option lmcalc searches needs no second search
+    toolset = everything if run.toolset == Pins() else fastest_per_split(run, run.toolset, efficiency)
     faster = sum(1 for split, speed in everything.items() if split != published and speed > time.tokens_per_s)
     return Accuracy(
         run,

@@ -5,11 +5,10 @@ python scripts/update_golden.py --check  # exit 1 if the file is out of date
 """
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from lmcalc.atomic import write_atomic
 from lmcalc.golden import golden_table
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "golden" / "presets.json"
@@ -21,9 +20,7 @@ def main() -> int:
         current = GOLDEN.read_text() if GOLDEN.exists() else ""
         print("up to date" if current == text else f"{GOLDEN} is out of date")
         return 0 if current == text else 1
-    with tempfile.NamedTemporaryFile("w", dir=GOLDEN.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, GOLDEN)  # atomic: a reader never sees half a file
+    write_atomic(GOLDEN, text)  # a reader never sees half a file; ordinary permissions, not tempfile's 0600
     print(f"wrote {GOLDEN}")
     return 0
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcalc.accuracy import MFU_TOLERANCE, assess, fastest_per_split, load_runs
+from lmcalc.accuracy import MFU_TOLERANCE, assess, fastest_per_split, load_runs, published_step_time
 from lmcalc.cli import main
 from lmcalc.engine.comm import NVLINK_RING_EFFICIENCY, Link, collective_time, link_for
 from lmcalc.engine.flops import forward_flops_per_token
@@ -37,8 +37,9 @@ def test_groups_inside_a_node_use_nvlink():
 
 @pytest.mark.parametrize("run", RUNS, ids=[r.id for r in RUNS])
 def test_predicted_mfu_of_published_runs(run):
-    # docs/plan-accuracy.md: within ±20 % of the published MFU given the published layout.
-    assert abs(assess(run).error) <= MFU_TOLERANCE
+    # docs/plan-accuracy.md: within ±20 % of the published MFU given the published layout (the step-time model
+    # alone: the rank, which needs the whole search, is the accuracy page's)
+    assert abs(published_step_time(run).mfu / run.mfu - 1) <= MFU_TOLERANCE
 
 
 def test_the_authors_toolset_narrows_the_search_to_their_options():
