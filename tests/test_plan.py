@@ -188,7 +188,7 @@ def test_rebalancing_the_last_stage_moves_the_pace_to_the_first():
 
 
 def test_a_plan_with_an_impossible_stage_split_says_why(capsys):
-    # PP = 1 layouts are not even tried with uneven stages, so the refusal names the real problem
+    # PP = 1 is refused for needing stages, PP ≥ 2 for the split itself: the deepest pipeline's refusal is shown
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "-m", "llama-3.1-8b", "--gpus", "8xH100", "--first-stage-layers", "40"])
     code = exit_info.value.code

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from lmcalc.engine.flops import Recompute
-from lmcalc.engine.layout import GpuMemory, Layout, check_layout, most_loaded_gpu
+from lmcalc.engine.layout import GpuMemory, Layout, check_layout, most_loaded_gpu, stage_layer_counts
 from lmcalc.engine.memory import AttentionImpl
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
 from lmcalc.errors import LmcalcError
@@ -84,12 +84,7 @@ def layouts(
         if pins.tp
         else [t for t in _powers_of_two(max_tp) if model.num_heads % t == 0 and (model.mla or model.kv_heads % t == 0)]
     )
-    smallest_pp = 2 if pins.stage_split else 1  # uneven first and last stages need a pipeline
-    pps = (
-        [pins.pp]
-        if pins.pp
-        else [p for p in range(smallest_pp, min(pins.max_pp, model.num_layers) + 1) if gpus % p == 0]
-    )
+    pps = [pins.pp] if pins.pp else [p for p in range(1, min(pins.max_pp, model.num_layers) + 1) if gpus % p == 0]
     cps = (
         [pins.cp]
         if pins.cp
@@ -143,7 +138,7 @@ def _stage_splits(model: ModelSpec, pp: int, pins: Pins) -> list[tuple[int | Non
         return [(pins.first_stage_layers, pins.last_stage_layers)]
     splits: list[tuple[int | None, int | None]] = [(None, None)]
     if pp > 1:
-        even_last = model.num_layers // pp
+        even_last = stage_layer_counts(model, Layout(pp=pp))[-1]
         splits += [(None, even_last - k) for k in LIGHTER_LAST_STAGE if even_last - k >= 1]
     return splits
 
@@ -165,12 +160,13 @@ def plan(
         raise LmcalcError("the global batch must hold at least one sequence")
     result = Plan(capacity=cluster.hardware.memory_bytes)
     cache: dict = {}
-    refusal = ""
+    refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2
     for layout, recompute in layouts(model, cluster, seq_len, global_batch, pins, attention):
         try:  # pinned degrees are taken as given: the same checks as `lmcalc memory` keep them honest
             check_layout(model, layout, cluster, seq_len, attention, pins.tp_within_node)
         except LmcalcError as exc:
-            refusal = refusal or str(exc)
+            if refusal is None or layout.pp > refusal[0]:
+                refusal = (layout.pp, str(exc))
             continue
         result.evaluated += 1
         memory = most_loaded_gpu(
@@ -193,10 +189,8 @@ def plan(
                 _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
             )
         )
-    if not result.evaluated and not refusal and pins.stage_split:
-        refusal = "--first-stage-layers and --last-stage-layers need a pipeline, and no PP of 2 or more was tried"
     if not result.evaluated and refusal:
-        raise LmcalcError(f"no layout can exist with these constraints: {refusal}")
+        raise LmcalcError(f"no layout can exist with these constraints: {refusal[1]}")
     result.fitting.sort(key=lambda c: (-round(c.time.tokens_per_s, 6), c.memory.total))  # ties: more headroom
     return result
 
