@@ -82,13 +82,14 @@ def _positive_int(value: int, flag: str) -> int:
     return value
 
 
-def _seq(value: str | None, model=None) -> est.Given:
+def _seq(value: str | None, model=None, flag: str = "--seq") -> est.Given:
+    """Tokens per sequence from ``flag`` (``--seq``, or ``--context`` for serving), else the model's default."""
     if value is None:
         return est.default_seq_len(model)
-    seq = parse_count(value, "--seq", binary=True)
+    seq = parse_count(value, flag, binary=True)
     if not seq.is_integer():
-        raise LmcalcError(f"--seq must be a whole number of tokens, got {value!r}")
-    return est.Given(int(seq), "--seq")
+        raise LmcalcError(f"{flag} must be a whole number of tokens, got {value!r}")
+    return est.Given(int(seq), flag)
 
 
 _CAPTURE: ContextVar[list[Result] | None] = ContextVar("lmcalc_capture", default=None)
@@ -349,8 +350,20 @@ def build_layout(
     )
 
 
+SERVING_ONLY = ("batch", "context", "weights_dtype", "kv_dtype", "quant_group")
+MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference", "as_json", "explain")
+
+
+def _flags_given(ctx: typer.Context, names) -> list[str]:
+    """The flags (as typed: ``--batch``) among the parameters ``names`` that the command line set. (The
+    source is compared by name: typer carries its own copy of click's ``ParameterSource``.)"""
+    given = [p for p in ctx.command.params if p.name in names]
+    return [p.opts[0] for p in given if getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"]
+
+
 @app.command("memory")
 def memory(
+    ctx: typer.Context,
     model: ModelOpt,
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 8xH100 or 64x8xH100.")] = "1xH100",
     seq: SeqOpt = None,
@@ -413,19 +426,25 @@ def memory(
     resolved = pr.resolve_model(model)
     spec = resolved.spec
     cluster = pr.parse_cluster(gpus)
-    if not inference and (batch != 1 or context is not None):
+    serving = _flags_given(ctx, SERVING_ONLY)
+    if not inference and serving:
         raise LmcalcError(
-            "--batch and --context describe serving: add --inference (training uses --micro-batch and --seq)"
+            f"{' and '.join(serving)} describe{'s' if len(serving) == 1 else ''} serving: add --inference "
+            "(training uses --micro-batch and --seq)"
+        )
+    training = _flags_given(ctx, {p.name for p in ctx.command.params} - set(SERVING_ONLY) - set(MEMORY_SHARED))
+    if inference and training:
+        raise LmcalcError(
+            f"{' and '.join(training)} describe{'s' if len(training) == 1 else ''} training, not serving: "
+            f"drop {'it' if len(training) == 1 else 'them'}, or drop --inference "
+            "(serving takes --batch, --context, --weights-dtype, --kv-dtype, --quant-group and --tp)"
         )
     if inference:
-        if tp > cluster.count:
-            raise LmcalcError(f"--tp {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
-        ctx = int(_seq(context, spec).value)
         result = est.inference_result(
             spec,
             cluster,
             _positive_int(batch, "--batch"),
-            ctx,
+            _seq(context, spec, "--context"),
             weights_dtype,
             kv_dtype,
             _positive_int(tp, "--tp"),
@@ -478,14 +497,12 @@ def memory(
     _emit_with_plot(est.memory_sweep_result(rows, name), as_json, explain, plot, force)
 
 
-def _emit_with_plot(
-    result: Result, as_json: bool, explain: bool, plot: str | None, force: bool, draw: str = "memory"
-) -> None:
-    """Render the result; with --plot, also draw it to a file and say where."""
+def _emit_with_plot(result: Result, as_json: bool, explain: bool, plot: str | None, force: bool) -> None:
+    """Render a memory result; with --plot, also draw its bars to a file and say where."""
     if plot:
         from lmcalc import plots
 
-        written = (plots.plot_memory if draw == "memory" else plots.plot_plan)(result, plot, force)
+        written = plots.plot_memory(result, plot, force)
         result = replace(result, notes=(*result.notes, f"plot written to {written}"))
     _emit(result, as_json, explain)
 

@@ -907,7 +907,7 @@ def inference_result(
     model: ModelSpec,
     cluster: Cluster,
     batch: int,
-    context: int,
+    context: Given,
     weights_dtype: str,
     kv_dtype: str,
     tp: int,
@@ -918,11 +918,14 @@ def inference_result(
     """Serving memory per GPU: weights (any dtype, int8/int4 included), the KV cache, and what fits."""
     from lmcalc.engine import inference as inf
 
+    if tp > cluster.count:
+        raise LmcalcError(f"--tp {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
+
     capacity = cluster.hardware.memory_bytes
     sections = inf.inference_sections(
         model,
         batch,
-        context,
+        int(context.value),
         weights_dtype,
         kv_dtype,
         capacity,
@@ -936,13 +939,13 @@ def inference_result(
         Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
         Input("tp", "Tensor-parallel GPUs", tp, origin="--tp"),
         Input("batch", "Batch", batch, "sequences", "--batch"),
-        Input("context", "Context", context, "tokens", "--context"),
+        Input("context", "Context", int(context.value), "tokens", context.origin),
         Input("weights_dtype", "Weights dtype", weights_dtype, origin="--weights-dtype"),
         Input("kv_dtype", "KV-cache dtype", kv_dtype, origin="--kv-dtype"),
     )
     notes = (
         *_model_notes(model, note),
-        *context_note(model, context),
+        *context_note(model, int(context.value)),
         "inference keeps no gradients and no optimizer states: weights, the KV cache and a working allowance",
         *(
             term.note  # memory would hold a longer context than the model was trained for: say so beside the table

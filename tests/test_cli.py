@@ -419,6 +419,27 @@ def test_inference_memory(capsys):
     assert code == 2 and "do not fit" in err
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("--inference --seq 4K --zero 3", "--seq and --zero describe training, not serving: drop them"),
+        ("--inference --micro-batch 2", "--micro-batch describes training, not serving: drop it"),
+        ("--batch 4 --kv-dtype fp8", "--batch and --kv-dtype describe serving: add --inference"),
+    ],
+)
+def test_memory_refuses_flags_of_the_other_mode(args, message, capsys):
+    # a flag that does not apply is refused, never silently ignored (--inference --seq 4K used to run at 8K)
+    code, _, err = run(f"memory --model llama-3.1-8b {args}", capsys)
+    assert code == 2 and message in err
+
+
+def test_inference_context_keeps_its_origin(capsys):
+    inputs = run_json("memory --model llama-3.1-8b --inference", capsys)["inputs"]
+    assert inputs["context"] == {"value": 8192, "unit": "tokens", "origin": "default: min(model context 131072, 8192)"}
+    code, _, err = run("memory --model llama-3.1-8b --inference --context 1000.5", capsys)
+    assert code == 2 and "--context must be a whole number of tokens" in err
+
+
 def test_optimal_command(capsys):
     # Hoffmann et al. 2022 rule: C = 6·N·(20·N) -> N = sqrt(C/120); at 1e24 FLOPs N = 91.29B.
     data = run_json("optimal --compute 1e24", capsys)
