@@ -17,7 +17,7 @@ from lmcalc.engine import memory as mem
 from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, matches_published, params_section
-from lmcalc.engine.time import DEFAULT_MFU, RunTime, gpus_for_deadline, peak_for, time_terms, whole_gpus
+from lmcalc.engine.time import DEFAULT_MFU, RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
@@ -206,8 +206,7 @@ def train_time_result(
     """Days to train on a cluster; or, with ``days`` and a GPU type, how many GPUs meet the deadline.
 
     ``measured_peak`` (FLOP/s, where it was measured) replaces the spec sheet's dense peak."""
-    if not 0 < mfu.value <= 1:
-        raise LmcalcError(f"MFU must be in (0, 1], got {mfu.value:g}")
+    check_mfu(mfu.value)
     seq = seq_len or default_seq_len(model)
     flops_term = training_flops(model, tokens.value, int(seq.value), basis)
     hw = cluster.hardware if cluster else hardware

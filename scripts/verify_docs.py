@@ -46,7 +46,7 @@ def main() -> int:
     skipped = []
     for page in pages:
         text = pathlib.Path(page).read_text()
-        declared = re.search(r"COLUMNS=(\d+)", text)
+        declared = re.search(r"(?<!<!-- )COLUMNS=(\d+)", text)  # the page's width, not a block's marker
         page_env = dict(env, COLUMNS=declared.group(1) if declared else "100")
         for width, fence, block in re.findall(r"(?:<!-- COLUMNS=(\d+) -->\n)?```(\w*)\n(.*?)```", text, re.S):
             commands = [line for line in block.split("\n") if line.startswith("$ ")]

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from lmcalc.engine.flops import BACKWARD_TO_FORWARD
-from lmcalc.engine.time import RunTime, peak_for, time_terms
+from lmcalc.engine.time import RunTime, check_mfu, peak_for, time_terms
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
 from lmcalc.specs import Cluster, PrecisionRecipe
@@ -136,15 +136,9 @@ def _check_compute(compute: float) -> None:
         raise LmcalcError(f"the compute budget must be a positive number of FLOPs, got {compute!r}")
 
 
-def _check_mfu(mfu: float | None) -> float:
-    if mfu is None or not 0 < mfu <= 1:
-        raise LmcalcError(f"MFU must be in (0, 1], got {mfu!r}")
-    return mfu
-
-
 def budget_section(cluster: Cluster, precision: PrecisionRecipe, mfu: float, days: float) -> Section:
     """The compute budget of ``cluster`` for ``days`` at ``mfu``; its ``compute`` term feeds ``optimal_sections``."""
-    mfu = _check_mfu(mfu)
+    mfu = check_mfu(mfu)
     if not math.isfinite(days) or days <= 0:
         raise LmcalcError(f"the deadline must be a positive number of days, got {days!r}")
     peak = peak_for(cluster.hardware, precision)
@@ -304,7 +298,7 @@ def optimal_sections(
         return sections
     if precision is None:
         raise LmcalcError("a cluster needs a precision recipe to choose its peak FLOP/s")
-    mfu = _check_mfu(mfu)
+    mfu = check_mfu(mfu)
     peak = peak_for(cluster.hardware, precision)
     timed = []
     for key, name, alloc in (("rule_of_thumb", "rule of thumb", rule), ("parametric_fit", "fitted frontier", fit)):

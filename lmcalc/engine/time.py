@@ -24,6 +24,13 @@ recomputation). Narayanan et al. 2021's 44–52 % of peak count the recomputed f
 they are hardware, not model, FLOPs utilisation."""
 
 
+def check_mfu(mfu: float | None) -> float:
+    """MFU is a fraction of the dense peak: in (0, 1]."""
+    if mfu is None or not 0 < mfu <= 1:
+        raise LmcalcError(f"MFU must be in (0, 1], got {mfu if mfu is None else format(mfu, 'g')}")
+    return mfu
+
+
 @dataclass(frozen=True)
 class RunTime:
     flops: float
