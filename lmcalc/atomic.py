@@ -6,6 +6,19 @@ import os
 import tempfile
 from pathlib import Path
 
+from lmcalc.errors import LmcalcError
+
+
+def new_file(path: str, force: bool) -> Path:
+    """``path`` as a place to write: refused if a file is there and ``force`` is not given (nothing the user
+    had is overwritten unasked), or if its folder does not exist."""
+    target = Path(path).expanduser()
+    if target.exists() and not force:
+        raise LmcalcError(f"{target} exists; pass --force to replace it")
+    if not target.parent.is_dir():
+        raise LmcalcError(f"no such directory: {target.parent}")
+    return target
+
 
 def write_atomic(path: Path, data: str | bytes) -> Path:
     """Write ``data`` to a temporary file beside ``path``, then rename it into place."""

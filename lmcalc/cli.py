@@ -969,17 +969,12 @@ def report(
 ) -> None:
     """One self-contained HTML page: parameters, FLOPs, training time, memory and the best parallel layouts, with
     derivations and plots."""
-    from pathlib import Path
 
     from lmcalc import plots
-    from lmcalc.atomic import write_atomic
+    from lmcalc.atomic import new_file, write_atomic
     from lmcalc.html_report import render_report
 
-    target = Path(output).expanduser()
-    if target.exists() and not force:
-        raise LmcalcError(f"{target} exists; pass --force to replace it")
-    if not target.parent.is_dir():
-        raise LmcalcError(f"no such directory: {target.parent}")
+    target = new_file(output, force)
     resolved = pr.resolve_model(model)
     spec, cluster = resolved.spec, pr.parse_cluster(gpus)
     recipe, opt = pr.resolve_precision(precision).spec, pr.resolve_optimizer(optimizer).spec

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from lmcalc.atomic import finish_atomic
+from lmcalc.atomic import finish_atomic, new_file
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Result
 
@@ -29,14 +29,9 @@ def _pyplot():
 
 
 def _target(path: str, force: bool) -> Path:
-    target = Path(path).expanduser()
-    if target.suffix.lower() not in (".png", ".svg", ".pdf"):
+    if Path(path).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise LmcalcError(f"--plot {path!r}: the file name must end in .png, .svg or .pdf")
-    if target.exists() and not force:
-        raise LmcalcError(f"{target} exists; pass --force to replace it")
-    if not target.parent.exists():
-        raise LmcalcError(f"no such directory: {target.parent}")
-    return target
+    return new_file(path, force)
 
 
 def _save(figure, target: Path) -> Path:

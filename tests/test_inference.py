@@ -16,16 +16,21 @@ def model(name: str):
     return resolve_model(name).spec
 
 
+def kv_per_token(spec, kv_dtype: str, tp: int = 1) -> float:
+    """Cache bytes per token over all layers on one GPU of ``tp``, as ``inference_memory`` counts them."""
+    return inf.inference_memory(spec, 1, 1, "bf16", kv_dtype, 10**15, tp).kv_per_token_per_gpu
+
+
 def test_llama31_8b_kv_cache_is_128_kib_per_token():
     # GQA: 2 (K and V) × 32 layers × 8 KV heads × 128 head size × 2 bytes (bf16) = 131,072 B = 128 KiB per token.
-    assert inf.kv_cache_bytes_per_token(model("llama-3.1-8b"), "bf16") == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert kv_per_token(model("llama-3.1-8b"), "bf16") == 2 * 32 * 8 * 128 * 2 == 131_072
 
 
 def test_llama2_7b_mha_cache_is_4x_llama3_8b_gqa():
     # Llama 2 7B has no GQA: 32 KV heads instead of Llama 3's 8, same 32 layers and head size 128:
     # 2 × 32 × 32 × 128 × 2 = 524,288 B per token, 4× the 131,072 above.
-    llama2 = inf.kv_cache_bytes_per_token(model("llama-2-7b"), "bf16")
-    llama3 = inf.kv_cache_bytes_per_token(model("llama-3-8b"), "bf16")
+    llama2 = kv_per_token(model("llama-2-7b"), "bf16")
+    llama3 = kv_per_token(model("llama-3-8b"), "bf16")
     assert llama2 == 524_288
     assert llama2 == 4 * llama3
 
@@ -36,7 +41,7 @@ def test_deepseek_v3_mla_caches_the_latent_and_the_rope_key():
     # 61 × (512 + 64) × 2 = 70,272 B per token — less than Llama 3.1 8B's 131,072 for a 671B model.
     v3 = model("deepseek-v3")
     assert inf.kv_elements_per_token_per_layer(v3) == 512 + 64
-    assert inf.kv_cache_bytes_per_token(v3, "bf16") == 61 * (512 + 64) * 2 == 70_272
+    assert kv_per_token(v3, "bf16") == 61 * (512 + 64) * 2 == 70_272
 
 
 def test_deepseek_v3_mla_versus_mha_of_the_same_heads():
@@ -66,7 +71,7 @@ def test_int4_group_scales_are_opt_in():
 
 def test_fp8_kv_cache_halves_bf16():
     m = model("llama-3.1-8b")
-    assert inf.kv_cache_bytes_per_token(m, "fp8") == inf.kv_cache_bytes_per_token(m, "bf16") / 2 == 65_536
+    assert kv_per_token(m, "fp8") == kv_per_token(m, "bf16") / 2 == 65_536
 
 
 def test_moe_holds_every_expert_and_caches_every_layer():
@@ -140,8 +145,8 @@ def test_tp_splits_kv_heads_then_replicates_them():
     # QKVParallelLinear). Per token on one GPU at TP=8: 80 layers × 2 × 1 × 128 × 2 B = 40,960 B.
     m = model("llama-3.1-70b")
     assert [inf.kv_heads_per_gpu(m, tp) for tp in (1, 2, 4, 8, 16)] == [8, 4, 2, 1, 1]
-    assert inf.kv_cache_bytes_per_token(m, "bf16", tp=8) == 80 * 2 * 1 * 128 * 2 == 40_960
-    assert inf.kv_cache_bytes_per_token(m, "bf16", tp=16) == 40_960
+    assert kv_per_token(m, "bf16", tp=8) == 80 * 2 * 1 * 128 * 2 == 40_960
+    assert kv_per_token(m, "bf16", tp=16) == 40_960
 
 
 def test_tp_divides_the_weights():
@@ -153,7 +158,7 @@ def test_tp_divides_the_weights():
 def test_mla_latent_is_replicated_over_tp():
     # The latent serves all 128 heads, so each TP rank keeps all of it (vLLM: MLA has 1 KV head).
     v3 = model("deepseek-v3")
-    assert inf.kv_cache_bytes_per_token(v3, "bf16", tp=8) == inf.kv_cache_bytes_per_token(v3, "bf16") == 70_272
+    assert kv_per_token(v3, "bf16", tp=8) == kv_per_token(v3, "bf16") == 70_272
 
 
 @pytest.mark.parametrize("tp,message", [(3, "does not divide the 32 attention heads"), (0, "positive whole number")])

@@ -116,8 +116,10 @@ def test_sections_explain_every_figure():
         for key in ("params", "tokens", "predicted_loss"):
             assert "Hoffmann et al. 2022" in section.term(key).source
         assert section.term("flops").value == pytest.approx(1e24, rel=1e-12)
-    fit = sections["parametric_fit"]
-    assert fit.term("params").value == FIT.frontier(1e24).params
+    # Hoffmann et al. 2022 §3.3 eq. 4: N_opt = G·(C/6)^a, a = β/(α+β), G = (αA/(βB))^(1/(α+β))
+    al, be, a_coef, b_coef = FIT.alpha, FIT.beta, FIT.A, FIT.B
+    g = (al * a_coef / (be * b_coef)) ** (1 / (al + be))
+    assert sections["parametric_fit"].term("params").value == pytest.approx(g * (1e24 / 6) ** (be / (al + be)))
 
 
 def test_cluster_adds_time_and_cost():

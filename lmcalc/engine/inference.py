@@ -102,12 +102,6 @@ def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> int:
     return heads * (spec.qk_head_dim + spec.v_head_dim)
 
 
-def kv_cache_bytes_per_token(spec: ModelSpec, kv_dtype: str, tp: int = 1) -> float:
-    """Cache bytes per token over all layers, on one GPU of ``tp`` (the whole model for tp = 1)."""
-    per_layer = kv_elements_per_token_per_layer_per_gpu(spec, tp)
-    return spec.num_layers * per_layer * serving_dtype_bytes(kv_dtype, "KV-cache dtype")
-
-
 def weights_bytes(spec: ModelSpec, weights_dtype: str) -> float:
     """Every parameter (all experts of an MoE) at the weight dtype; quantisation scales not included."""
     return count_params(spec).total * serving_dtype_bytes(weights_dtype, "weights dtype")
@@ -227,7 +221,7 @@ def inference_memory(
 
 def _weights_section(spec: ModelSpec, memory: InferenceMemory, weights_dtype: str) -> Section:
     n, tp = memory.params, memory.tp
-    per_param = memory.weights / n
+    per_param = serving_dtype_bytes(weights_dtype, "weights dtype")
     terms = [
         Term(
             "params",
@@ -307,7 +301,7 @@ def _attention_kind(spec: ModelSpec) -> str:
 
 
 def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Section:
-    kv_bytes = memory.kv_per_token_per_layer / kv_elements_per_token_per_layer(spec)
+    kv_bytes = serving_dtype_bytes(kv_dtype, "KV-cache dtype")
     L, b, s, tp = memory.layers, memory.batch, memory.context, memory.tp
     formula, numbers = _per_layer_formula(spec, kv_bytes, spec.kv_heads)
     terms = [
