@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from html import escape
 
 from lmcalc import __version__
+from lmcalc.render import term_lines
 from lmcalc.result import Result, Section
 
 STYLE = """
@@ -55,12 +56,7 @@ def _derivation(result: Result) -> str:
         lines.append(section.title)
         for term in section.terms:
             lines.append(f"  {term.label}")
-            for part in (term.formula, term.substituted):
-                if part:
-                    lines.append(f"      = {part}")
-            lines.append(f"      = {term.text}")
-            if term.source:
-                lines.append(f"      source: {term.source}")
+            lines += [f"      {text}" for text, _ in term_lines(term)]
     return (
         f"<details><summary>Derivation</summary><div class='derivation'>{escape(chr(10).join(lines))}</div></details>"
     )

@@ -122,6 +122,17 @@ def print_table(result: Result, file: TextIO | None = None) -> None:
         console.print(f"• {note}", style="italic")
 
 
+def term_lines(term: Term) -> list[tuple[str, str]]:
+    """A term's derivation, line by line with a style: formula, numbers substituted, value, source, note.
+    ``--explain`` and the HTML report both print these."""
+    lines = [(f"= {term.formula}", "")] if term.formula else []
+    if term.substituted and term.substituted not in (term.formula, term.text):
+        lines.append((f"= {term.substituted}", ""))
+    lines.append((f"= {term.text}", "bold"))
+    lines += [(f"{name}: {text}", "dim") for name, text in (("source", term.source), ("note", term.note)) if text]
+    return lines
+
+
 def print_explain(result: Result, file: TextIO | None = None) -> None:
     """Every figure as a derivation: formula, numbers substituted, result, and the source of constants."""
     console = _console(file)
@@ -142,15 +153,8 @@ def print_explain(result: Result, file: TextIO | None = None) -> None:
         for term in section.terms:
             step += 1
             console.print(f"  {step}. {term.label}")
-            if term.formula:
-                console.print(f"       = {term.formula}")
-            if term.substituted and term.substituted not in (term.formula, term.text):
-                console.print(f"       = {term.substituted}")
-            console.print(Text.assemble("       = ", (term.text, "bold")))
-            if term.source:
-                console.print(f"       source: {term.source}", style="dim")
-            if term.note:
-                console.print(f"       note: {term.note}", style="dim")
+            for text, style in term_lines(term):
+                console.print(Text.assemble("       ", (text, style)))
     if result.notes:
         console.print()
         for note in result.notes:
