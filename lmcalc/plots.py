@@ -75,10 +75,7 @@ def memory_figure(result: Result):
     if not result.stack:
         raise LmcalcError("--plot draws memory results only")
     plt = _pyplot()
-    if result.layout == "grid":
-        rows = [(s.title, [s.term(k) for k in result.stack], s.term(result.capacity).value) for s in result.sections]
-    else:
-        rows = [("this step", [result.term(k) for k in result.stack], result.term(result.capacity).value)]
+    rows = result.stack_rows("this step")
     figure, axes = plt.subplots(figsize=(max(4.0, 1.2 * len(rows) + 3), 4.5))
     bottoms = [0.0] * len(rows)
     for index, label in enumerate(term.label for term in rows[0][1]):

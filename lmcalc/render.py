@@ -93,10 +93,7 @@ def print_bars(result: Result, console) -> None:
     """The memory picture: parts stacked against the capacity line, one bar per row of a sweep."""
     from rich.text import Text
 
-    if result.layout == "grid":
-        rows = [(s.title, [s.term(k) for k in result.stack], s.term(result.capacity).value) for s in result.sections]
-    else:
-        rows = [("", [result.term(k) for k in result.stack], result.term(result.capacity).value)]
+    rows = result.stack_rows()
     width = max(len(label) for label, _, _ in rows)
     console.print()
     for label, terms, capacity in rows:

@@ -108,6 +108,13 @@ class Result:
     def value(self, key: str) -> float:
         return self.term(key).value
 
+    def stack_rows(self, single: str = "") -> list[tuple[str, list[Term], float]]:
+        """What a memory picture stacks: for each row (a sweep's sections, else the one result, labelled
+        ``single``), the ``stack`` terms and the ``capacity`` they are drawn against."""
+        if self.layout == "grid":
+            return [(s.title, [s.term(k) for k in self.stack], s.term(self.capacity).value) for s in self.sections]
+        return [(single, [self.term(k) for k in self.stack], self.term(self.capacity).value)]
+
     def as_json(self) -> dict[str, Any]:
         return {
             "command": self.command,
