@@ -1153,7 +1153,7 @@ def run_captured(argv: list[str]) -> Result:
     try:
         app(args=argv, prog_name="lmcalc", standalone_mode=False)
     except typer.TyperException as exc:
-        raise LmcalcError(" ".join(getattr(exc, "format_message", exc.__str__)().split("\n"))) from None
+        raise LmcalcError(_usage_message(exc)) from None
     finally:
         _CAPTURE.reset(token)
     if not captured:
@@ -1175,6 +1175,11 @@ def presets_check(
         raise typer.Exit(1)
 
 
+def _usage_message(exc: Exception) -> str:
+    """A typer usage error (unknown option, missing value, bad type) as one line."""
+    return " ".join(getattr(exc, "format_message", exc.__str__)().split("\n"))
+
+
 def _one_line(text: str) -> str:
     """The message on one printable line: control characters from the user's input are escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -1191,8 +1196,7 @@ def main(argv: list[str] | None = None) -> None:
         print("lmcalc: aborted", file=sys.stderr)
         sys.exit(130)
     except typer.TyperException as exc:  # typer's usage errors: unknown option, missing value, bad type
-        message = " ".join(getattr(exc, "format_message", exc.__str__)().split("\n"))
-        print(f"lmcalc: error: {_one_line(message)} (see 'lmcalc --help')", file=sys.stderr)
+        print(f"lmcalc: error: {_one_line(_usage_message(exc))} (see 'lmcalc --help')", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))
     except Exception as exc:  # never show a traceback to a user, unless asked
         if os.environ.get("LMCALC_DEBUG"):
