@@ -109,9 +109,11 @@ def check_layout(
         "--micro-batch": layout.micro_batch,
         "--grad-accum": layout.grad_accum,
         "--virtual-stages": layout.virtual_stages,
+        "--first-stage-layers": layout.first_stage_layers,
+        "--last-stage-layers": layout.last_stage_layers,
     }
     for flag, value in degrees.items():
-        if value < 1:
+        if value is not None and value < 1:
             raise LmcalcError(f"{flag} must be a positive integer, got {value}")
     if layout.zero not in (0, 1, 2, 3):
         raise LmcalcError(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
@@ -182,9 +184,6 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
             f"{flags} {'work' if plural else 'works'} with --schedule 1f1b only "
             "(lmcalc does not model uneven interleaved chunks)"
         )
-    for flag, value in given.items():
-        if value < 1:
-            raise LmcalcError(f"{flag} must be a positive integer, got {value}")
     asked = sum(given.values())
     rest = model.num_layers - asked
     others = layout.pp - len(given)
@@ -350,19 +349,21 @@ class GpuMemory:
         return self.states + self.activations + self.zero3_buffers + self.overhead
 
 
+def _split_by_tp(tensor: SavedTensor, layout: Layout) -> bool:
+    """TP splits attention/MLP internals always, the rest of a layer's tensors only under SP."""
+    return tensor.split == "tp" or (tensor.split == "seq" and layout.sequence_parallel)
+
+
 def _split(tensor: SavedTensor, layout: Layout) -> float:
-    """Bytes of ``tensor`` on one GPU: TP splits attention/MLP internals, SP the rest, CP the sequence."""
-    divisor = layout.cp
-    if tensor.split == "tp" or (tensor.split == "seq" and layout.sequence_parallel):
-        divisor *= layout.tp
-    return tensor.bytes / divisor
+    """Bytes of ``tensor`` on one GPU: split by TP (``_split_by_tp``) and by CP over the sequence."""
+    return tensor.bytes / (layout.cp * (layout.tp if _split_by_tp(tensor, layout) else 1))
 
 
 def _split_formula(tensors: list[SavedTensor], layout: Layout) -> str:
     """``saved_formula`` with each group of tensors over what splits it on one GPU: ``(…)/(TP·CP) + (…)/CP``."""
     groups: dict[str, list[SavedTensor]] = {}
     for tensor in tensors:
-        by_tp = layout.tp > 1 and (tensor.split == "tp" or (tensor.split == "seq" and layout.sequence_parallel))
+        by_tp = layout.tp > 1 and _split_by_tp(tensor, layout)
         factors = [name for name, applies in (("TP", by_tp), ("CP", layout.cp > 1)) if applies]
         divisor = f"({'·'.join(factors)})" if len(factors) > 1 else "".join(factors)
         groups.setdefault(divisor, []).append(tensor)
