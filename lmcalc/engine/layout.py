@@ -17,8 +17,8 @@ schedule multiplies that by 1 + (p − 1)/(p·v) for v virtual stages.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
-from functools import cache
 from typing import Literal
 
 from lmcalc.engine.flops import ForwardFlops, Recompute, effective_keys
@@ -211,7 +211,7 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
     return list(_layer_counts(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers))
 
 
-@cache  # the planner asks for the same few splits thousands of times
+@functools.cache  # the planner asks for the same few splits thousands of times
 def _layer_counts(layers: int, pp: int, first: int | None, last: int | None) -> tuple[int, ...]:
     fixed = {stage: n for stage, n in ((0, first), (pp - 1, last)) if n is not None}
     others = [stage for stage in range(pp) if stage not in fixed]
@@ -227,33 +227,31 @@ def distinct_stages(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
     mix of layers. A later stage with the same layers holds the same parameters, does the same work and keeps
     fewer micro-batches in flight, so it never needs more memory or more time (DeepSeek-V3: its 3 dense layers
     make stage 1 light, and stage 2, the first all-MoE stage, the heaviest)."""
-    dense_layers = model.moe.dense_layers if model.moe else model.num_layers
-    return _distinct_stages(
-        model.num_layers, dense_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers
-    )
-
-
-@cache
-def _distinct_stages(layers: int, dense_layers: int, pp: int, first: int | None, last: int | None) -> tuple[int, ...]:
-    firsts: dict[tuple[int, int], int] = {}
-    start = 0
-    for stage, count in enumerate(_layer_counts(layers, pp, first, last)):
-        dense = max(0, min(start + count, dense_layers) - start)
-        firsts.setdefault((dense, count - dense), stage)
-        start += count
-    return tuple(sorted({0, pp - 1, *firsts.values()}))
+    mixes = _stage_mixes(model, layout)
+    firsts = {mix: mixes.index(mix) for mix in mixes}
+    return tuple(sorted({0, layout.pp - 1, *firsts.values()}))
 
 
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int]:
     """(dense layers, MoE layers) on pipeline stage ``stage`` (``stage_layer_counts``); the dense layers come
     first in the model, so they sit on the first stages."""
-    counts = _layer_counts(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
-    first = sum(counts[:stage])
-    per_stage = counts[stage]
-    last = first + per_stage
-    n_dense = model.moe.dense_layers if model.moe else model.num_layers
-    dense = max(0, min(last, n_dense) - first)
-    return dense, per_stage - dense
+    return _stage_mixes(model, layout)[stage]
+
+
+def _stage_mixes(model: ModelSpec, layout: Layout) -> tuple[tuple[int, int], ...]:
+    dense_layers = model.moe.dense_layers if model.moe else model.num_layers
+    return _mixes(model.num_layers, dense_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
+
+
+@functools.cache
+def _mixes(layers: int, dense_layers: int, pp: int, first: int | None, last: int | None) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) layers of every stage, in order: the dense layers fill the first stages."""
+    mixes, start = [], 0
+    for count in _layer_counts(layers, pp, first, last):
+        dense = max(0, min(start + count, dense_layers) - start)
+        mixes.append((dense, count - dense))
+        start += count
+    return tuple(mixes)
 
 
 def _tp_divisor(tensor: WeightTensor, model: ModelSpec, tp: int) -> int:
