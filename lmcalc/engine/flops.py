@@ -18,10 +18,11 @@ For MoE only the routed experts a token visits count (k of E), plus the router.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from lmcalc.engine.params import count_params, weight_tensors
+from lmcalc.engine.params import WeightTensor, count_params, weight_tensors
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group, sci
@@ -55,24 +56,36 @@ def effective_keys(seq_len: int, convention: AttnConvention) -> float:
     return seq_len if convention == "full" else (seq_len + 1) / 2
 
 
-def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: AttnConvention = "causal") -> ForwardFlops:
-    """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens."""
+def forward_flops_per_token(
+    spec: ModelSpec,
+    seq_len: int,
+    convention: AttnConvention = "causal",
+    *,
+    share: Callable[[WeightTensor], float] | None = None,
+    layers: int | None = None,
+    logits: bool = True,
+) -> ForwardFlops:
+    """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens.
+
+    A part of the model (a pipeline stage, ``layout.stage_forward_flops``) passes the ``share`` of each
+    weight tensor's copies it holds, its number of ``layers``, and whether it computes the ``logits``."""
     projections = mlp = 0.0
     for t in weight_tensors(spec):
         if not t.matmul:
             continue
+        used = 2 * t.active_total * (share(t) if share else 1)
         if t.group == "attention":
-            projections += 2 * t.active_total
+            projections += used
         else:
-            mlp += 2 * t.active_total
+            mlp += used
     keys = effective_keys(seq_len, convention)
-    L, H = spec.num_layers, spec.num_heads
+    L, H = spec.num_layers if layers is None else layers, spec.num_heads
     return ForwardFlops(
         projections=projections,
         mlp=mlp,
         attention_scores=2 * L * keys * H * spec.qk_head_dim,
         attention_values=2 * L * keys * H * spec.v_head_dim,
-        logits=2 * spec.hidden_size * spec.vocab_size,
+        logits=2 * spec.hidden_size * spec.vocab_size if logits else 0.0,
     )
 
 

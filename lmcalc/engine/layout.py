@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from lmcalc.engine.flops import ForwardFlops, Recompute, effective_keys
+from lmcalc.engine.flops import ForwardFlops, Recompute, forward_flops_per_token
 from lmcalc.engine.memory import (
     MASK_BYTES,
     AttentionImpl,
@@ -304,23 +304,13 @@ def stage_forward_flops(model: ModelSpec, layout: Layout, stage: int, seq_len: i
     of the weights it holds that a token uses, its layers' attention (counted in full, as model FLOPs are),
     and the logits on the last stage. The stages of a layout add up to ``forward_flops_per_token``."""
     whole_experts = replace(layout, ep=1)  # the stage's work, whichever of its GPUs does it
-    projections = mlp = 0.0
-    for tensor in weight_tensors(model):
-        if not tensor.matmul:
-            continue
-        used = 2 * _copies_on_stage(tensor, model, whole_experts, stage) * tensor.active / tensor.count * tensor.numel
-        if tensor.group == "attention":
-            projections += used
-        else:
-            mlp += used
-    layers = sum(stage_layers(model, layout, stage))
-    keys = effective_keys(seq_len, "full")
-    return ForwardFlops(
-        projections=projections,
-        mlp=mlp,
-        attention_scores=2 * layers * keys * model.num_heads * model.qk_head_dim,
-        attention_values=2 * layers * keys * model.num_heads * model.v_head_dim,
-        logits=2 * model.hidden_size * model.vocab_size if stage == layout.pp - 1 else 0.0,
+    return forward_flops_per_token(
+        model,
+        seq_len,
+        "full",
+        share=lambda tensor: _copies_on_stage(tensor, model, whole_experts, stage) / tensor.count,
+        layers=sum(stage_layers(model, layout, stage)),
+        logits=stage == layout.pp - 1,
     )
 
 
