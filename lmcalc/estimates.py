@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine import layout as ly
 from lmcalc.engine import maxparams as mp
 from lmcalc.engine import memory as mem
+from lmcalc.engine import optimal as opt
 from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, matches_published, params_section
@@ -22,6 +23,9 @@ from lmcalc.errors import LmcalcError
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 from lmcalc.units import GB, GiB, group, sci
+
+if TYPE_CHECKING:  # the planner is imported when a plan is asked for, not at start-up
+    from lmcalc.engine import plan as pl
 
 DEFAULT_SEQ_CAP = 8192
 
@@ -697,7 +701,7 @@ def plan_results(
     global_batch_tokens: float,
     precision: PrecisionRecipe,
     optimizer: OptimizerSpec,
-    pins: Any,
+    pins: pl.Pins,
     attention: mem.AttentionImpl = "flash",
     efficiency: Given | None = None,
     overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
@@ -976,7 +980,6 @@ def optimal_result(
     price_per_gpu_hour: float | None = None,
 ) -> Result:
     """The compute-optimal model size and tokens for a budget in FLOPs, or for a cluster and a deadline."""
-    from lmcalc.engine import optimal as opt
 
     mfu = mfu or default_mfu()
     budget: tuple[Section, ...] = ()
