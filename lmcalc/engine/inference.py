@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil
 
+from lmcalc.engine.layout import check_tp_heads
 from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES, capacity_terms, overhead_term
 from lmcalc.engine.numerics import DTYPE_ALIASES, dtype_bytes
 from lmcalc.engine.params import count_params
@@ -80,18 +81,8 @@ def kv_elements_per_token_per_layer(spec: ModelSpec) -> int:
 def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
     """KV heads cached on each of ``tp`` GPUs: H_kv/TP, or 1 (replicated) when H_kv < TP; MLA's latent is 1."""
     _check_positive(tp, "tensor-parallel degree (TP)", "GPUs")
-    if spec.num_heads % tp:
-        raise LmcalcError(f"TP={tp} does not divide the {spec.num_heads} attention heads of {spec.name}")
-    if spec.mla:
-        return 1
-    kv = spec.kv_heads
-    if kv >= tp and kv % tp:
-        raise LmcalcError(f"TP={tp} does not divide the {kv} KV heads of {spec.name}")
-    if kv < tp and tp % kv:
-        raise LmcalcError(
-            f"TP={tp} is not a multiple of the {kv} KV heads of {spec.name}, so they cannot be replicated"
-        )
-    return max(1, kv // tp)
+    check_tp_heads(spec, tp, replicate_kv=True)
+    return 1 if spec.mla else max(1, spec.kv_heads // tp)
 
 
 def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> int:

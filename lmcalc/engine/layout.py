@@ -122,10 +122,7 @@ def check_layout(
             f"DP·TP·PP·CP = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.gpus} "
             f"does not equal the {cluster.count} GPUs of {cluster.label}"
         )
-    if model.num_heads % layout.tp:
-        raise LmcalcError(f"TP={layout.tp} does not divide the {model.num_heads} attention heads of {model.name}")
-    if not model.mla and model.kv_heads % layout.tp:
-        raise LmcalcError(f"TP={layout.tp} does not divide the {model.kv_heads} KV heads of {model.name}")
+    check_tp_heads(model, layout.tp)
     if cluster and tp_within_node and layout.tp > cluster.gpus_per_node:
         raise LmcalcError(
             f"TP={layout.tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
@@ -165,6 +162,22 @@ def check_layout(
         raise LmcalcError(
             "context parallelism needs fused attention (--attention flash): ring attention "
             "never materialises the s² scores"
+        )
+
+
+def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> None:
+    """TP splits the attention heads evenly, and in training the KV heads too (Megatron-LM). Serving may
+    instead replicate KV heads that are fewer than TP, when TP is a multiple of them (vLLM)."""
+    if model.num_heads % tp:
+        raise LmcalcError(f"TP={tp} does not divide the {model.num_heads} attention heads of {model.name}")
+    kv = model.kv_heads
+    if model.mla or kv % tp == 0:
+        return
+    if not replicate_kv or kv > tp:
+        raise LmcalcError(f"TP={tp} does not divide the {kv} KV heads of {model.name}")
+    if tp % kv:
+        raise LmcalcError(
+            f"TP={tp} is not a multiple of the {kv} KV heads of {model.name}, so they cannot be replicated"
         )
 
 
