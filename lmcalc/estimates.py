@@ -946,16 +946,13 @@ def inference_result(
         Input("weights_dtype", "Weights dtype", weights_dtype, origin="--weights-dtype"),
         Input("kv_dtype", "KV-cache dtype", kv_dtype, origin="--kv-dtype"),
     )
+    # memory would hold a longer context than the model was trained for: the table's note is said below it too
+    beyond = next(s for s in sections if s.key == "per_gpu").term("max_context").note
     notes = (
         *_model_notes(model, note),
         *context_note(model, int(context.value)),
         "inference keeps no gradients and no optimizer states: weights, the KV cache and a working allowance",
-        *(
-            term.note  # memory would hold a longer context than the model was trained for: say so beside the table
-            for section in sections
-            for term in section.terms
-            if term.key == "max_context" and term.note
-        ),
+        *([beyond] if beyond else []),
     )
     return checked(
         Result(
