@@ -848,7 +848,7 @@ def winner_sections(
                 "s",
                 "hardware FLOPs of the slowest stage / (GPUs per stage · peak · efficiency)",
                 f"{t.stage_flops:.4e} / ({t.gpus // winner.layout.pp} × {t.peak:.4g} × "
-                f"{t.stage_flops * winner.layout.pp / (t.compute * t.gpus * t.peak):.3g})",
+                f"{t.efficiency:g})",
                 note=(
                     f"stage {t.slowest_stage + 1} of {winner.layout.pp} sets the pace: it does "
                     f"{t.stage_flops / t.hardware_flops:.1%} of the step's {t.hardware_flops:.4e} FLOPs, "

@@ -54,6 +54,7 @@ class StepTime:
     tokens: float
     gpus: int
     peak: float
+    efficiency: float  # the fraction of peak the compute is assumed to reach
 
     @property
     def total(self) -> float:
@@ -179,6 +180,7 @@ def step_time(
             tokens,
             gpus,
             peak,
+            efficiency,
         )
 
     return max((stage_time(stage) for stage in distinct_stages(model, layout)), key=lambda st: st.total)
