@@ -150,8 +150,14 @@ def test_the_stages_forward_flops_add_up_to_the_model(preset, pp):
     # the uneven stages hold what they were given: one layer's work on the first (no logits, no matmul for
     # the embedding lookup), the whole model's layers spread over all
     first = stage_forward_flops(model, Layout(pp=pp, first_stage_layers=1), 0, 4096)
-    if not model.moe:  # every layer costs the same in a dense model
-        assert first.total == pytest.approx(whole.layers / model.num_layers, rel=1e-12)
+    average = whole.layers / model.num_layers
+    if not model.moe or not model.moe.dense_layers:  # every layer costs the same (Mixtral: all MoE)
+        assert first.total == pytest.approx(average, rel=1e-12)
+    else:
+        # DeepSeek-V3's first layer is dense, f = 18,432 = (8 routed + 1 shared) × 2,048 active in an MoE
+        # layer: the same MLP work without the router's 2·h·E = 2 × 7,168 × 256 per token
+        moe_layer = (whole.layers - 3 * first.total) / (model.num_layers - 3)
+        assert moe_layer - first.total == pytest.approx(2 * 7168 * 256, rel=1e-9)
 
 
 def test_the_pipeline_moves_at_its_slowest_stage():
