@@ -21,6 +21,7 @@ from lmcalc import estimates as est
 from lmcalc import presets as pr
 from lmcalc.engine import layout as ly
 from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
+from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
 from lmcalc.render import render
 from lmcalc.result import Result
@@ -917,7 +918,9 @@ def optimal(
     mfu: Annotated[
         float | None, typer.Option("--mfu", help="With --gpus: model FLOPs utilisation (default 0.4).")
     ] = None,
-    tokens_per_param: Annotated[float, typer.Option("--tokens-per-param", help="The rule of thumb's ratio.")] = 20,
+    tokens_per_param: Annotated[
+        float, typer.Option("--tokens-per-param", help="The rule of thumb's ratio.")
+    ] = TOKENS_PER_PARAM,
     precision: PrecisionOpt = "bf16-mixed",
     price: Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour.")] = None,
     as_json: JsonOpt = False,

@@ -847,8 +847,7 @@ def winner_sections(
                 t.compute,
                 "s",
                 "hardware FLOPs of the slowest stage / (GPUs per stage · peak · efficiency)",
-                f"{t.stage_flops:.4e} / ({t.gpus // winner.layout.pp} × {t.peak:.4g} × "
-                f"{t.efficiency:g})",
+                f"{t.stage_flops:.4e} / ({t.gpus // winner.layout.pp} × {t.peak:.4g} × {t.efficiency:g})",
                 note=(
                     f"stage {t.slowest_stage + 1} of {winner.layout.pp} sets the pace: it does "
                     f"{t.stage_flops / t.hardware_flops:.1%} of the step's {t.hardware_flops:.4e} FLOPs, "

@@ -57,10 +57,9 @@ def list_presets(kinds: tuple[str, ...], as_json: bool) -> None:
         table.add_column("Also known as", style="dim")
         table.add_column("Summary", justify="right")
         table.add_column("From", style="dim")
-        builtin = str(pr.builtin_dir())
         for row in rows:
             also = ", ".join(row["aliases"] + [f"{f} (family default)" for f in row["family_aliases"]])
-            origin = "built-in" if row["origin"].startswith(builtin) else row["origin"]
+            origin = "built-in" if _is_builtin(row["origin"]) else row["origin"]
             table.add_row(row["name"], also, row["summary"], origin)
         console.print(table)
         console.print()
@@ -70,7 +69,11 @@ def _shown_origin(origin: str) -> str:
     """A built-in preset's file named inside lmcalc's presets (``built-in optimizers.yaml [optimizers[5]]``), the
     same on every machine; a user's file by its full path."""
     builtin = str(pr.builtin_dir())
-    return "built-in " + origin[len(builtin) :].lstrip("/\\") if origin.startswith(builtin) else origin
+    return "built-in " + origin[len(builtin) :].lstrip("/\\") if _is_builtin(origin) else origin
+
+
+def _is_builtin(origin: str) -> bool:
+    return origin.startswith(str(pr.builtin_dir()))
 
 
 def _find_any(name: str) -> tuple[str, Any, str]:
@@ -173,9 +176,10 @@ def _validate_list(items: Any, kind: str, path: Path) -> list[str]:
 def _all_preset_files() -> list[Path]:
     files: list[Path] = []
     for directory in pr.search_dirs():
-        for sub in ("models", "hardware"):
+        for sub in pr.FILE_PER_SPEC_KINDS:
             files += sorted((directory / sub).glob("*.y*ml")) if (directory / sub).is_dir() else []
-        files += [directory / f"{k}.yaml" for k in ("precisions", "optimizers") if (directory / f"{k}.yaml").is_file()]
+        lists = [k for k in pr.KINDS if k not in pr.FILE_PER_SPEC_KINDS]
+        files += [directory / f"{k}.yaml" for k in lists if (directory / f"{k}.yaml").is_file()]
     return files
 
 
@@ -196,7 +200,7 @@ def check_presets(files: list[str], as_json: bool) -> bool:
 def preset_schema(kind: str) -> dict[str, Any]:
     """JSON Schema of a preset file of ``kind``: one spec per file, or a list under the kind's name."""
     schema = pr._SPEC_OF_KIND[kind].model_json_schema()
-    if kind in ("models", "hardware"):
+    if kind in pr.FILE_PER_SPEC_KINDS:
         return {**schema, "$schema": "https://json-schema.org/draft/2020-12/schema"}
     definitions = schema.pop("$defs", {})
     return {

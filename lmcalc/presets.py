@@ -27,6 +27,7 @@ from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, Precis
 
 PRESET_PATH_ENV = "LMCALC_PRESET_PATH"
 KINDS = ("models", "hardware", "precisions", "optimizers")
+FILE_PER_SPEC_KINDS = ("models", "hardware")  # one spec per file in a folder; the others: a list in one file
 _SPEC_OF_KIND: dict[str, type[BaseModel]] = {
     "models": ModelSpec,
     "hardware": HardwareSpec,
@@ -104,7 +105,7 @@ def validate(spec_type: type[S], data: Any, origin: str) -> S:
 
 
 def _entries_in(directory: Path, kind: str) -> list[tuple[dict[str, Any], str]]:
-    if kind in ("models", "hardware"):
+    if kind in FILE_PER_SPEC_KINDS:
         folder = directory / kind
         if not folder.is_dir():
             return []

@@ -30,6 +30,7 @@ from lmcalc.units import group, sci
 AttnConvention = Literal["causal", "full"]
 Recompute = Literal["none", "selective", "full"]
 BACKWARD_TO_FORWARD = 2  # Kaplan et al. 2020 §2.1: backward costs twice the forward
+FLOPS_PER_PARAM_PER_TOKEN = 2 * (1 + BACKWARD_TO_FORWARD)  # the 6 of 6·N·D: 2 forward + 4 backward
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def napkin_section(spec: ModelSpec, tokens: float) -> Section:
             Term(
                 "total",
                 "Total training FLOPs",
-                6 * n * tokens,
+                FLOPS_PER_PARAM_PER_TOKEN * n * tokens,
                 "FLOPs",
                 f"6·{n_name}·D",
                 f"6 × {group(n)} × {sci(tokens)}",

@@ -390,7 +390,7 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_label: s
             Term("kv_cache", "KV cache", memory.kv_cache_per_gpu, "bytes", "batch · context · per token on one GPU"),
             overhead_term(memory.overhead, "CUDA context, workspaces, forward activations and logits, fragmentation"),
             Term("total", "Total", total, "bytes", "weights + KV cache + overhead"),
-            *capacity_terms(total, capacity, capacity_label)[:2],
+            *capacity_terms(total, capacity, capacity_label, utilisation=False),
             Term(
                 "cache_budget",
                 "Memory left for the KV cache",

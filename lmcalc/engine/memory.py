@@ -388,9 +388,9 @@ def overhead_term(value: float, what: str = "CUDA context, workspaces, fragmenta
     )
 
 
-def capacity_terms(total: float, capacity: float, capacity_label: str) -> tuple[Term, ...]:
-    """The GPU's memory, what is left of it (negative: does not fit) and the fraction used."""
-    return (
+def capacity_terms(total: float, capacity: float, capacity_label: str, utilisation: bool = True) -> tuple[Term, ...]:
+    """The GPU's memory, what is left of it (negative: does not fit) and, unless not wanted, the fraction used."""
+    terms = (
         Term("capacity", "GPU memory", capacity, "bytes", capacity_label),
         Term(
             "headroom",
@@ -400,5 +400,7 @@ def capacity_terms(total: float, capacity: float, capacity_label: str) -> tuple[
             "capacity − total",
             note="negative: does not fit" if total > capacity else "",
         ),
-        Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"),
     )
+    if not utilisation:
+        return terms
+    return (*terms, Term("utilisation", "Fraction of memory used", 100 * total / capacity, "%", "total / capacity"))

@@ -26,14 +26,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lmcalc.engine.flops import BACKWARD_TO_FORWARD
+from lmcalc.engine.flops import FLOPS_PER_PARAM_PER_TOKEN
 from lmcalc.engine.time import RunTime, check_mfu, peak_for, time_terms
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
 from lmcalc.specs import Cluster, PrecisionRecipe
 from lmcalc.units import SECONDS_PER_DAY, sci
 
-FLOPS_PER_PARAM_PER_TOKEN = 2 * (1 + BACKWARD_TO_FORWARD)
 """The 6 of C = 6·N·D: 2 FLOPs per parameter per token forward, twice that backward (flops.py)."""
 
 TOKENS_PER_PARAM = 20
