@@ -983,7 +983,7 @@ def optimal_result(
     if compute is None:
         if cluster is None or days is None or precision is None:
             raise LmcalcError("give --compute (e.g. 1e24), or --gpus with --days (e.g. --gpus 1024xH100 --days 30)")
-        section = opt.budget_section(cluster, precision, mfu.value, days)
+        section = opt.budget_section(cluster, precision, mfu.value, days, price_per_gpu_hour)
         compute, budget = section.term("compute").value, (section,)
         inputs += [
             Input("cluster", "Cluster", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
@@ -993,14 +993,9 @@ def optimal_result(
         ]
     else:
         inputs.append(Input("compute", "Compute budget", compute, "FLOPs", "--compute"))
-    sections = opt.optimal_sections(
-        compute,
-        cluster,
-        precision if cluster else None,
-        mfu.value if cluster else None,
-        tokens_per_param,
-        price_per_gpu_hour=price_per_gpu_hour,
-    )
+    sections = opt.optimal_sections(compute, tokens_per_param)
+    if budget:
+        sections += (opt.throughput_section(sections, cluster, days),)  # type: ignore[arg-type]
     notes = (
         "Hoffmann et al. 2022: ~20 tokens per parameter; the paper's fitted law (Approach 3, rounded constants) "
         "favours smaller models on more tokens (Besiroglu et al. 2024 discuss why)",

@@ -99,11 +99,12 @@ def test_budget_from_cluster_and_deadline():
     compute = budget.term("compute").value
     assert compute == pytest.approx(1024 * 989.5e12 * 0.4 * 30 * 86_400, rel=1e-12)
     assert compute == pytest.approx(1.0505e24, rel=1e-4)
-    # Spending exactly that budget on the same cluster takes the deadline, whichever allocation.
-    sections = {s.key: s for s in opt.optimal_sections(compute, cluster, bf16(), 0.4)}
-    for key in ("rule_of_thumb_time", "parametric_fit_time"):
-        assert sections[key].term("days").value == pytest.approx(30, rel=1e-12)
-        assert sections[key].term("gpu_hours").value == pytest.approx(1024 * 30 * 24, rel=1e-12)
+    # Any allocation of that budget takes the deadline on that cluster: 1024 GPUs × 30 days × 24 = 737,280
+    # GPU-hours; at $2 an hour, $1,474,560.
+    priced = {t.key: t.value for t in opt.budget_section(cluster, bf16(), 0.4, 30, price_per_gpu_hour=2).terms}
+    assert priced["gpu_hours"] == pytest.approx(1024 * 30 * 24, rel=1e-12)
+    assert priced["cost"] == pytest.approx(1_474_560, rel=1e-12)
+    assert "cost" not in {t.key for t in budget.terms}  # no price, no cost
 
 
 def test_sections_explain_every_figure():
@@ -122,17 +123,17 @@ def test_sections_explain_every_figure():
     assert sections["parametric_fit"].term("params").value == pytest.approx(g * (1e24 / 6) ** (be / (al + be)))
 
 
-def test_cluster_adds_time_and_cost():
+def test_a_deadline_gives_the_throughput_each_allocation_needs():
+    # 30 days = 2,592,000 s; the rule of thumb's D = 20·N with N = √(C / 120), the frontier's D_opt from eq. 4.
     cluster = parse_cluster("64xH100")
-    sections = opt.optimal_sections(1e23, cluster, bf16(), 0.4, price_per_gpu_hour=2)
-    keys = [s.key for s in sections]
-    assert keys == ["rule_of_thumb", "parametric_fit", "cluster", "rule_of_thumb_time", "parametric_fit_time"]
-    # Cost = GPU-hours × $2, and the same for both allocations: both spend the same C FLOPs.
-    rule_time, fit_time = sections[3], sections[4]
-    assert rule_time.term("cost").value == pytest.approx(2 * rule_time.term("gpu_hours").value, rel=1e-12)
-    assert fit_time.term("cost").value == pytest.approx(rule_time.term("cost").value, rel=1e-12)
-    # Without a cluster there is no time to report.
-    assert [s.key for s in opt.optimal_sections(1e23)] == ["rule_of_thumb", "parametric_fit"]
+    compute = opt.budget_section(cluster, bf16(), 0.4, 30).term("compute").value
+    allocations = opt.optimal_sections(compute)
+    needed = opt.throughput_section(allocations, cluster, 30)
+    rule_tokens = 20 * (compute / 120) ** 0.5
+    assert needed.term("rule_of_thumb").value == pytest.approx(rule_tokens / 2_592_000, rel=1e-12)
+    frontier_tokens = allocations[1].term("tokens").value
+    assert needed.term("parametric_fit").value == pytest.approx(frontier_tokens / 2_592_000, rel=1e-12)
+    assert [s.key for s in allocations] == ["rule_of_thumb", "parametric_fit"]
 
 
 @pytest.mark.parametrize("compute", [0.0, -1e20, math.nan, math.inf])
@@ -141,12 +142,8 @@ def test_bad_budget_is_refused(compute):
         opt.optimal_sections(compute)
 
 
-def test_cluster_needs_precision_and_mfu():
+def test_a_budget_needs_a_valid_mfu_and_deadline():
     cluster = parse_cluster("8xH100")
-    with pytest.raises(LmcalcError, match="precision"):
-        opt.optimal_sections(1e22, cluster, None, 0.4)
-    with pytest.raises(LmcalcError, match="MFU"):
-        opt.optimal_sections(1e22, cluster, bf16(), None)
     with pytest.raises(LmcalcError, match="MFU"):
         opt.budget_section(cluster, bf16(), 1.5, 30)
     with pytest.raises(LmcalcError, match="deadline"):

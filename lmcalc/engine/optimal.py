@@ -41,7 +41,6 @@ TOKENS_PER_PARAM = 20
 state it as a constant; the user may override it."""
 
 HOFFMANN_SOURCE = "Hoffmann et al. 2022 (arXiv:2203.15556)"
-TIME_KEYS = ("seconds", "days", "gpu_hours", "tokens_per_s", "tokens_per_s_per_gpu", "cost")
 
 
 @dataclass(frozen=True)
@@ -135,15 +134,18 @@ def _check_compute(compute: float) -> None:
         raise LmcalcError(f"the compute budget must be a positive number of FLOPs, got {compute!r}")
 
 
-def budget_section(cluster: Cluster, precision: PrecisionRecipe, mfu: float, days: float) -> Section:
-    """The compute budget of ``cluster`` for ``days`` at ``mfu``; its ``compute`` term feeds ``optimal_sections``."""
+def budget_section(
+    cluster: Cluster, precision: PrecisionRecipe, mfu: float, days: float, price_per_gpu_hour: float | None = None
+) -> Section:
+    """The compute budget of ``cluster`` for ``days`` at ``mfu``, its GPU-hours and (with a price) its cost;
+    its ``compute`` term feeds ``optimal_sections``. Any allocation of that budget takes the deadline."""
     mfu = check_mfu(mfu)
     if not math.isfinite(days) or days <= 0:
         raise LmcalcError(f"the deadline must be a positive number of days, got {days!r}")
     peak = peak_for(cluster.hardware, precision)
     compute = compute_budget(cluster.count, peak, mfu, days)
     run = RunTime(compute, cluster.count, peak, mfu, 0.0)
-    rate = {t.key: t for t in time_terms(run, cluster.hardware, precision, None)}
+    rate = {t.key: t for t in time_terms(run, cluster.hardware, precision, price_per_gpu_hour)}
     seconds = days * SECONDS_PER_DAY
     return Section(
         "budget",
@@ -161,8 +163,29 @@ def budget_section(cluster: Cluster, precision: PrecisionRecipe, mfu: float, day
                 f"{cluster.count:g} × {sci(peak, 4)} × {mfu:g} × {sci(seconds, 4)}",
                 note="what the optimal allocation below spends",
             ),
+            *(rate[key] for key in ("gpu_hours", "cost") if key in rate),
         ),
     )
+
+
+def throughput_section(allocations: tuple[Section, ...], cluster: Cluster, days: float) -> Section:
+    """The tokens per second each allocation needs to train its D tokens by the deadline."""
+    seconds = days * SECONDS_PER_DAY
+    terms = []
+    for section, name in zip(allocations, ("Rule of thumb", "Fitted frontier"), strict=True):
+        tokens = section.term("tokens").value
+        terms.append(
+            Term(
+                section.key,
+                name,
+                tokens / seconds,
+                "tokens/s",
+                "D / deadline seconds",
+                f"{sci(tokens, 4)} / {sci(seconds, 4)}",
+                note=f"{tokens / seconds / cluster.count:,.0f} tokens/s per GPU",
+            )
+        )
+    return Section("throughput", f"Throughput each allocation needs on {cluster.label}", tuple(terms))
 
 
 def _rule_terms(compute: float, alloc: Allocation, tokens_per_param: float, law: ParametricLoss) -> tuple[Term, ...]:
@@ -266,22 +289,15 @@ def _loss_term(alloc: Allocation, law: ParametricLoss, note: str) -> Term:
 
 
 def optimal_sections(
-    compute: float,
-    cluster: Cluster | None = None,
-    precision: PrecisionRecipe | None = None,
-    mfu: float | None = None,
-    tokens_per_param: float = TOKENS_PER_PARAM,
-    law: ParametricLoss = CHINCHILLA_FIT,
-    price_per_gpu_hour: float | None = None,
+    compute: float, tokens_per_param: float = TOKENS_PER_PARAM, law: ParametricLoss = CHINCHILLA_FIT
 ) -> tuple[Section, ...]:
     """N, D, tokens per parameter and predicted loss for ``compute`` FLOPs, by the 20-tokens rule and by
-    the fitted Approach 3 frontier; with ``cluster``, ``precision`` and ``mfu`` also the days, GPU-hours
-    (and, with a price, the cost) of each allocation on that cluster, from time.py."""
+    the fitted Approach 3 frontier."""
     _check_compute(compute)
     if not math.isfinite(tokens_per_param) or tokens_per_param <= 0:
         raise LmcalcError(f"tokens per parameter must be a positive number, got {tokens_per_param!r}")
     rule, fit = rule_of_thumb(compute, tokens_per_param), law.frontier(compute)
-    sections = (
+    return (
         Section(
             "rule_of_thumb",
             f"Rule of thumb: {tokens_per_param:g} tokens per parameter",
@@ -293,18 +309,3 @@ def optimal_sections(
             _frontier_terms(compute, fit, law),
         ),
     )
-    if cluster is None:
-        return sections
-    if precision is None:
-        raise LmcalcError("a cluster needs a precision recipe to choose its peak FLOP/s")
-    mfu = check_mfu(mfu)
-    peak = peak_for(cluster.hardware, precision)
-    timed = []
-    for key, name, alloc in (("rule_of_thumb", "rule of thumb", rule), ("parametric_fit", "fitted frontier", fit)):
-        run = RunTime(alloc.flops, cluster.count, peak, mfu, alloc.tokens)
-        terms = {t.key: t for t in time_terms(run, cluster.hardware, precision, price_per_gpu_hour)}
-        title = f"Training the {name} on {cluster.label}"
-        timed.append(Section(f"{key}_time", title, tuple(terms[k] for k in TIME_KEYS if k in terms)))
-    # Both allocations run at the same rate: the peak and the achieved FLOP/s are shown once.
-    rate = Section("cluster", f"{cluster.label} at MFU {mfu:g}", (terms["peak_per_gpu"], terms["achieved"]))
-    return (*sections, rate, *timed)
