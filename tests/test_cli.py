@@ -304,21 +304,25 @@ def test_user_preset_directory(tmp_path, monkeypatch, capsys):
         presets.registry.cache_clear()
 
 
-def test_accounting_commands_never_import_torch():
+def test_accounting_commands_never_import_torch_or_matplotlib():
     code = textwrap.dedent("""
         import sys
         from lmcalc.cli import main
         for argv in (["train-time", "--model", "llama-3-70b", "--gpus", "1024xH100"],
                      ["memory", "--model", "llama-3-8b", "--gpus", "8xH100", "--zero", "3"],
+                     ["memory", "--model", "llama-3-8b", "--inference", "--batch", "4"],
+                     ["plan", "--model", "llama-3-8b", "--gpus", "8xH100", "--explain"],
+                     ["fit", "--model", "llama-3-8b", "--gpus", "8xH100"],
+                     ["optimal", "--gpus", "8xH100", "--days", "7"],
                      ["max-params", "--gpus", "8xH100"], ["flops", "--model", "gpt-3"], ["dtypes"]):
             try:
                 main(argv)
             except SystemExit as e:
                 assert e.code == 0, argv
-        print("torch" in sys.modules)
+        print("torch" in sys.modules, "matplotlib" in sys.modules)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "False"
+    assert out.strip().splitlines()[-1] == "False False"
 
 
 def test_python_dash_m_works():
