@@ -83,6 +83,13 @@ def _positive_int(value: int, flag: str) -> int:
     return value
 
 
+def _non_negative_int(value: int, flag: str) -> int:
+    """A count that may be zero (warm-up calls), never negative."""
+    if value < 0:
+        raise LmcalcError(f"{flag} must be 0 or more, got {value}")
+    return value
+
+
 def _seq(value: str | None, model=None, flag: str = "--seq") -> est.Given:
     """Tokens per sequence from ``flag`` (``--seq``, or ``--context`` for serving), else the model's default."""
     if value is None:
@@ -740,7 +747,7 @@ def bench_main(
 
     dev = detect(device, hardware)
     dtype = (dtype or ("bf16" if dev.torch_device.type == "cuda" else "fp32")).lower()
-    warmup, repeats = max(0, warmup), _positive_int(repeats, "--repeats")
+    warmup, repeats = _non_negative_int(warmup, "--warmup"), _positive_int(repeats, "--repeats")
     if model is not None:
         spec = pr.resolve_model(model).spec
         tokens = _positive_int(micro_batch, "--micro-batch") * int(_seq(seq).value)
@@ -839,7 +846,7 @@ def bench_comm(
         comm.parse_sizes(sizes),
         world_size,
         backend,
-        max(0, warmup),
+        _non_negative_int(warmup, "--warmup"),
         _positive_int(repeats, "--repeats"),
         dtype=dtype,
     )
@@ -884,7 +891,7 @@ def bench_step(
         dtype,
         _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]
         _choice(recompute, ("none", "selective", "full"), "--recompute"),  # type: ignore[arg-type]
-        max(0, warmup),
+        _non_negative_int(warmup, "--warmup"),
         _positive_int(repeats, "--repeats"),
         threads=_positive_int(threads, "--threads") if threads is not None else None,
     )
@@ -912,6 +919,7 @@ def _sweep(text: str) -> tuple[str, list[str]]:
 
 @app.command("optimal")
 def optimal(
+    ctx: typer.Context,
     compute: Annotated[str | None, typer.Option("--compute", help="Training budget in FLOPs, e.g. 1e24.")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Or a cluster (with --days), e.g. 1024xH100.")] = None,
     days: Annotated[float | None, typer.Option("--days", help="With --gpus: days of training.")] = None,
@@ -932,8 +940,10 @@ def optimal(
     _finite(price, "--price-per-gpu-hour", allow_zero=True)
     if compute is not None and gpus is not None:
         raise LmcalcError("give either --compute or --gpus with --days, not both")
-    if gpus is None and (mfu is not None or price is not None):
-        raise LmcalcError("--mfu and --price-per-gpu-hour apply to a cluster: add --gpus and --days")
+    cluster_only = _flags_given(ctx, ("mfu", "price", "precision"))
+    if gpus is None and cluster_only:
+        verb = "applies" if len(cluster_only) == 1 else "apply"
+        raise LmcalcError(f"{', '.join(cluster_only)} {verb} to a cluster: add --gpus and --days")
     cluster = pr.parse_cluster(gpus) if gpus else None
     recipe = pr.resolve_precision(precision).spec if cluster else None
     result = est.optimal_result(

@@ -333,7 +333,7 @@ def memory_result(
     notes.append(
         "fits"
         if total <= capacity
-        else f"does NOT fit: {total / GB:.1f} GB needed of {capacity / GB:.1f} GB"
+        else f"does NOT fit: {total / GB:,.1f} GB needed of {capacity / GB:,.1f} GB"
         + _fit_advice(model, layout, precision, optimizer, seq, attention, recompute, overhead_bytes, capacity)
     )
     return checked(
@@ -412,7 +412,7 @@ def _fit_advice(
         total = ly.most_loaded_gpu(
             model, changed, precision, optimizer, seq, attention, recomputed, overhead_bytes
         ).total
-        tried.append((total, f"{flag} ({total / GB:.1f} GB{', fits' if total <= capacity else ''})"))
+        tried.append((total, f"{flag} ({total / GB:,.1f} GB{', fits' if total <= capacity else ''})"))
     advice = [text for _, text in sorted(tried)]
     advice.append("more GPUs" if layout.zero else "more GPUs with --zero")
     return "; try " + ", ".join(advice)
@@ -738,8 +738,8 @@ def plan_results(
         biggest = max(parts, key=parts.__getitem__)
         raise LmcalcError(
             f"nothing fits on {cluster.label} ({found.evaluated} layouts tried); closest: {_layout_text(closest)} "
-            f"needs {m.total / GB:.1f} GB of {found.capacity / GB:.0f} GB, "
-            f"over by {(m.total - found.capacity) / GB:.1f} GB, mostly {biggest} ({parts[biggest] / GB:.1f} GB)"
+            f"needs {m.total / GB:,.1f} GB of {found.capacity / GB:,.0f} GB, "
+            f"over by {(m.total - found.capacity) / GB:,.1f} GB, mostly {biggest} ({parts[biggest] / GB:,.1f} GB)"
         )
     train_tokens = tokens or default_tokens(model)
     sections = []

@@ -175,6 +175,9 @@ BAD_INPUT = [
     ("tensor 4x8 --dtype fp12", "unknown dtype 'fp12'"),
     ("flops --model llama-3-8b --nonsense", "No such option"),
     ("presets show nothing-like-this", "unknown preset"),
+    ("optimal --compute 1e24 --precision fp8-mixed", "--precision applies to a cluster"),
+    ("optimal --compute 1e24 --mfu 0.5 --price-per-gpu-hour 2", "--mfu, --price-per-gpu-hour apply to a cluster"),
+    ("bench --device cpu --shape 8x8x8 --warmup -1", "--warmup must be 0 or more"),
 ]
 
 
