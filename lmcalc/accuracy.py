@@ -87,6 +87,7 @@ class Accuracy:
     toolset_rank: int | None  # the same, searching only what the authors' software offered
     toolset_splits: int
     rank_as_published: int  # where the published configuration's own speed ranks, fitting or not
+    behind_fastest: float  # the published configuration's predicted tokens/s over the fastest split's, minus 1
 
     @property
     def error(self) -> float:
@@ -157,4 +158,5 @@ def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) ->
         _rank(published, toolset),
         len(toolset),
         faster + 1,
+        time.tokens_per_s / max(everything.values(), default=float("nan")) - 1,
     )

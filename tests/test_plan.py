@@ -54,6 +54,9 @@ def test_the_authors_toolset_narrows_the_search_to_their_options():
     assert accuracy.toolset_rank is not None  # the published split, TP 8, is among them: it fits
     # lmcalc's own search also offers ZeRO-3 and context parallelism, so it has more splits to rank
     assert accuracy.splits > accuracy.toolset_splits
+    # splits that the time model puts ahead of the published configuration make it slower than the fastest
+    assert accuracy.rank_as_published > 1
+    assert accuracy.behind_fastest < 0
 
 
 def test_search_respects_pins_and_ranks_by_throughput():
