@@ -4,8 +4,9 @@ For several models and shapes, one bf16 AdamW step (after a first one that creat
 states) is run with ``torch.cuda.memory_allocated`` / ``max_memory_allocated`` read between its phases,
 and set beside ``lmcalc.engine.step_peak``: weights + states, activations saved by the forward pass,
 gradients, the backward pass's peak, the optimizer step's peak, and the step's peak, the module's
-buffers (rotary tables, causal mask) taken off the measured figures. Prints the ratio engine /
-measured for each. Needs CUDA; a minute or so on one H200.
+buffers (rotary tables, causal mask) and cuBLAS's workspaces taken off the measured figures. Prints
+the ratio engine / measured for each. Needs CUDA; a minute or so on one H200. The JSON is rewritten
+after every case, so a case that fails (recorded with its error) or a time limit loses nothing before it.
     python benchmarks/step_memory_phases.py [--out FILE.json]
 """
 
@@ -13,11 +14,14 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from lmcalc.atomic import write_atomic
 from lmcalc.measure import measured_step
 from lmcalc.presets import resolve_model
+from lmcalc.result import json_safe
 
 CASES = (  # model, s, b, recompute; Mixtral is cut to the layers that fit (measure.model_that_fits)
     ("llama-3.2-1b", 1024, 1, "none"),
@@ -30,8 +34,9 @@ CASES = (  # model, s, b, recompute; Mixtral is cut to the layers that fit (meas
 
 
 def parts(predicted, measured) -> list[tuple[str, float, float]]:
-    """Engine and allocator, part by part; the module's buffers (not model state) come off the latter."""
-    phases, buffers = predicted.phases, measured.buffers
+    """Engine and allocator, part by part; the module's buffers and cuBLAS's workspaces (not model state)
+    come off the latter."""
+    phases, buffers = predicted.phases, measured.outside_model
     return [
         ("weights + states", predicted.weights + predicted.optimizer_states, measured.baseline - buffers),
         ("activations", predicted.activations, measured.activations),
@@ -55,7 +60,15 @@ def main() -> None:
     for name, seq, batch, recompute in CASES:
         spec = resolve_model(name).spec
         start = time.perf_counter()
-        predicted, measured, detail = measured_step(spec, seq, batch, recompute, "cuda")
+        try:
+            predicted, measured, detail = measured_step(spec, seq, batch, recompute, "cuda")
+        except Exception as exc:  # keep the other cases' figures; say what failed
+            detail = f"{name}, s={seq}, b={batch}, recompute {recompute}"
+            print(f"{detail:<60} FAILED: {type(exc).__name__}: {exc}")
+            rows.append({"case": detail, "error": f"{type(exc).__name__}: {exc}"})
+            torch.cuda.empty_cache()
+            write(args.out, rows)
+            continue
         seconds = time.perf_counter() - start
         for part, engine, actual in parts(predicted, measured):
             print(f"{detail:<60} {part:<18} {engine / 1e9:>10.3f} {actual / 1e9:>12.3f} {engine / actual:>7.3f}")
@@ -73,11 +86,14 @@ def main() -> None:
             }
         )
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as out:
-            json.dump(
-                {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cases": rows}, out, indent=1
-            )
+        write(args.out, rows)
+
+
+def write(path: str | None, rows: list[dict]) -> None:
+    """Every case so far as strict JSON (a figure that is not available is null), written atomically."""
+    if path:
+        data = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cases": rows}
+        write_atomic(Path(path), json.dumps(json_safe(data), indent=1, allow_nan=False))
 
 
 if __name__ == "__main__":

@@ -177,12 +177,18 @@ class StepMemory:
     weights: int  # Σ bytes of the parameters
     optimizer_states: int  # Σ bytes of the optimizer's state tensors on the device
     buffers: int  # Σ bytes of the module's buffers (rotary tables, causal mask): not model state
-    baseline: int  # allocated before the step: weights + states + buffers
+    baseline: int  # allocated before the step: weights + states + buffers + workspaces
     after_forward: int  # allocated once the loss is computed: + tensors saved for backward
     peak_forward: int
     peak_backward: int
     after_backward: int  # + gradients
     peak_optimizer: int
+    workspaces: int = 0  # allocated before the model existed: cuBLAS's workspaces on CUDA (cuda_workspaces)
+
+    @property
+    def outside_model(self) -> int:
+        """Bytes in every figure that are not model state: the module's buffers and cuBLAS's workspaces."""
+        return self.buffers + self.workspaces
 
     @property
     def activations(self) -> int:
@@ -211,14 +217,31 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer, device: torch.devi
     ]
 
 
+def cuda_workspaces(device: str | torch.device = "cuda") -> int:
+    """Bytes the CUDA allocator holds before any model exists, once cuBLAS has made its workspaces.
+
+    cuBLAS takes a workspace per handle from PyTorch's allocator (32 MiB each on Hopper), one for the
+    main thread and one for autograd's backward thread, so ``memory_allocated`` counts them in every
+    figure of a step. A tiny matmul, forward and backward, makes both; what is then allocated is not
+    model state, and is taken off the measured figures with the module's buffers."""
+    device = torch.device(device)
+    x = torch.ones(64, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    (x @ x).sum().backward()
+    del x
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device)
+
+
 def step_memory(
     model: ReferenceModel,
     optimizer: torch.optim.Optimizer,
     tokens: torch.Tensor,
     recompute: Recompute,
     stats: MemoryCounters,
+    workspaces: int = 0,
 ) -> StepMemory:
-    """One training step with the allocator read between its phases: forward, backward, optimizer."""
+    """One training step with the allocator read between its phases: forward, backward, optimizer.
+    ``workspaces``: what was allocated before the model was built (``cuda_workspaces``; 0 on a CPU)."""
     device = tokens.device
     baseline = stats.allocated()
     stats.reset_peak()
@@ -241,6 +264,7 @@ def step_memory(
         peak_backward=peak_backward,
         after_backward=after_backward,
         peak_optimizer=peak_optimizer,
+        workspaces=workspaces,
     )
 
 
@@ -296,6 +320,7 @@ def measured_step(
             f"row 4 would need about {predicted.peak / 1e9:.0f} GB of the GPU's {capacity / 1e9:.0f} GB at "
             f"s={seq}, b={micro_batch}; try a shorter --seq or a smaller --micro-batch"
         )
+    workspaces = cuda_workspaces(device) if cuda else 0
     torch.manual_seed(0)
     model = build(spec, "flash", seq, device, torch.bfloat16 if cuda else torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
@@ -304,7 +329,7 @@ def measured_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if cuda:
-        measured = step_memory(model, optimizer, tokens, recompute, AllocatorStats(device))
+        measured = step_memory(model, optimizer, tokens, recompute, AllocatorStats(device), workspaces)
     else:
         states = optimizer_state_tensors(optimizer, tokens.device)
         tracker = StorageTracker([*model.parameters(), *model.buffers(), *states])

@@ -3,10 +3,11 @@
 It is written to be read: one class per block, the layers in the order the engine counts them. It builds
 on any device, ``meta`` included (a 405B model in seconds, no memory), in two attention flavours:
 ``eager`` (scores materialised, K/V repeated to every head for GQA, as reference implementations do)
-and ``flash`` (``F.scaled_dot_product_attention`` with native GQA). RMSNorm saves only its input and
-the reciprocal RMS, as fused kernels (Apex, Transformer Engine, Liger) do. MoE routing is real top-k on
-real data; on the meta device, where values do not exist, tokens are spread evenly over the experts
-(the FLOP total does not depend on the split: every routed token-expert pair costs the same).
+and ``flash`` (``F.scaled_dot_product_attention`` with native GQA; on CUDA only its fused kernels).
+RMSNorm saves only its input and the reciprocal RMS, as fused kernels (Apex, Transformer Engine,
+Liger) do. MoE routing is real top-k on real data; on the meta device, where values do not exist,
+tokens are spread evenly over the experts (the FLOP total does not depend on the split: every routed
+token-expert pair costs the same).
 
 torch is imported here and nowhere in the accounting path.
 """
@@ -19,12 +20,16 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from lmcalc.specs import ModelSpec
 
 AttentionImpl = Literal["eager", "flash"]
 Recompute = Literal["none", "selective", "full"]
+FUSED_CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+"""``flash`` on CUDA: any of PyTorch's fused attention kernels (each saves the output and the row
+log-sum-exp, not the scores), never the math fallback."""
 DROPOUT_P = 0.1  # the GPT-2/GPT-3 setting, used when the spec says the model trained with dropout
 
 
@@ -133,7 +138,12 @@ class Attention(nn.Module):
         p = DROPOUT_P if (self.spec.dropout and self.training) else 0.0
         groups = q.shape[1] // k.shape[1]
         if self.impl == "flash":
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
+            if q.device.type != "cuda":
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
+            # A CUDA case no fused kernel takes would silently run the math kernel, which keeps the fp32
+            # b·H·s² scores: refuse it, so that a memory check never measures the wrong kernel.
+            with sdpa_kernel(FUSED_CUDA_KERNELS):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
         if groups > 1:  # eager GQA: every query head gets its own copy of its group's K and V
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         s = q.shape[2]

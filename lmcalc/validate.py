@@ -255,9 +255,9 @@ def _cpu_step_rows(small: ModelSpec, seq_len: int, micro_batch: int, recompute: 
 
 def _step_rows(key: str, title: str, predicted: StepPeak, measured: StepMemory, tracked: bool = False) -> list[Section]:
     """The step's peak, judged, then its parts side by side (not judged): what a difference is made of.
-    The module's buffers (rotary tables, causal mask) are not model state: they are taken off the
-    measured figures, and shown."""
-    phases, extra = predicted.phases, measured.buffers
+    The module's buffers (rotary tables, causal mask) and, on CUDA, cuBLAS's workspaces are not model
+    state: they are taken off the measured figures, and shown."""
+    phases, extra = predicted.phases, measured.outside_model
     counter = (
         "measure.StorageTracker (live storages)" if tracked else "torch.cuda.memory_allocated / max_memory_allocated"
     )
@@ -270,9 +270,16 @@ def _step_rows(key: str, title: str, predicted: StepPeak, measured: StepMemory, 
             "bytes",
             PEAK_MEMORY_TOLERANCE,
             note=f"phase by phase, the largest at the {predicted.peak_phase.replace('_', ' ')} (engine.step_peak)",
-            source=f"{counter}, peak of the step − module buffers",
+            source=f"{counter}, peak of the step − module buffers{'' if tracked else ' − cuBLAS workspaces'}",
         ),
-        _part(f"{key}_buffers", "… module buffers (not model state)", 0.0, extra, "Σ bytes of module.buffers()"),
+        _part(
+            f"{key}_buffers",
+            "… module buffers" + ("" if tracked else " + cuBLAS workspaces") + " (not model state)",
+            0.0,
+            extra,
+            "Σ bytes of module.buffers()"
+            + ("" if tracked else " + allocated before the model (measure.cuda_workspaces)"),
+        ),
         _part(
             f"{key}_states",
             "… weights + optimizer states",

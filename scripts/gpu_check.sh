@@ -32,48 +32,82 @@ time_left() {  # time_left NAME LIMIT_S: the step's limit cut to what is left of
   fi
 }
 
+failed=0
+verdict() {  # verdict NAME SECONDS RC LIMIT ERR: the summary line of a step that did not succeed
+  if (($3 == 124 || $3 == 137)); then
+    echo "$1 TIMED OUT after $2 s (limit $4 s)" | tee -a "$summary"
+  else
+    echo "$1 FAILED after $2 s (exit $3): $5" | tee -a "$summary"
+  fi
+  failed=1
+}
+
 step() {  # step NAME TIMEOUT_S lmcalc-args...: run, keep the JSON, add one line to the summary
   local name=$1 limit
   limit=$(time_left "$1" "$2"); shift 2
   ((limit > 0)) || return 0
   local start=$SECONDS
-  timeout "$limit" $py -m lmcalc "$@" --json > "$out/$name.json" 2> "$out/$name.err"
-  local rc=$?
-  if ! $py - "$out/$name.json" "$name" $((SECONDS - start)) $rc >> "$summary" 2>> "$out/$name.err" <<'PY'
+  timeout -k 10 "$limit" $py -m lmcalc "$@" --json > "$out/$name.json" 2> "$out/$name.err"
+  local rc=$? err
+  err=$(tail -n 1 "$out/$name.err")
+  # exit 1 from validate is a check that failed: its JSON is complete, and the summary says which row
+  if ! { ((rc == 0 || rc == 1)) && [[ -s "$out/$name.json" ]]; } ||
+    ! $py - "$out/$name.json" "$name" $((SECONDS - start)) $rc >> "$summary" 2> "$out/$name.summary.err" <<'PY'
 import json, sys
 data, name, seconds, rc = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], sys.argv[4]
+
+
+def number(term):
+    value = term["value"]
+    return "n/a" if value is None else f"{value:.4g} {term['unit']}"
+
+
 picks = []
-for section, terms in data["results"].items():
-    for key in ("achieved", "best", "ratio", "tokens_per_s", "mfu", "median", "predicted", "measured", "lmcalc",
-                "pytorch", "error"):
-        if key in terms:
-            t = terms[key]
-            picks.append(f"{section}.{key}={t['value']:.4g} {t['unit']}")
-print(f"{name} ({seconds} s, exit {rc}): " + "; ".join(picks[:24]))
+if name.startswith("validate"):  # the judged rows only: the parts beside them are not judged
+    for section, terms in data["results"].items():
+        error = terms.get("error", {})
+        if "pass" in error:
+            mark = "ok" if error["pass"] else "FAIL"
+            picks.append(f"{section}: lmcalc {number(terms['lmcalc'])}, pytorch {number(terms['pytorch'])}, {mark}")
+    picks += data.get("notes", [])[:3]  # the verdict, and any row that did not run
+else:
+    for section, terms in data["results"].items():
+        for key in ("achieved", "best", "ratio", "tokens_per_s", "mfu", "median", "predicted", "measured"):
+            if key in terms:
+                picks.append(f"{section}.{key}={number(terms[key])}")
+    picks = picks[:24]
+print(f"{name} ({seconds} s, exit {rc}): " + "; ".join(picks))
 PY
   then
-    echo "$name FAILED after $((SECONDS - start)) s (exit $rc): $(tail -n 1 "$out/$name.err")" | tee -a "$summary"
+    verdict "$name" $((SECONDS - start)) $rc "$limit" "$err"
+  elif ((rc != 0)); then
+    failed=1
   fi
 }
 
+# What the issues need most comes first (one large matmul, validate's CUDA row, the step and its memory
+# phase by phase), so that an overrun of the budget falls on the sweeps.
 step matmul_bf16_8192 45 bench --dtype bf16 --shape 8192x8192x8192
-step sweep_bf16 75 bench --dtype bf16 --sweep --warmup 5 --repeats 20
-step sweep_fp16 60 bench --dtype fp16 --sweep --warmup 5 --repeats 20
-step sweep_tf32 60 bench --dtype tf32 --sweep --warmup 5 --repeats 10
-step sweep_fp8 60 bench --dtype fp8 --sweep --warmup 5 --repeats 20
-step model_llama_8b 45 bench --dtype bf16 --model llama-3.1-8b --seq 4096
-step memory 20 bench memory
-step step_llama_1b 60 bench step --model llama-3.2-1b --seq 2048 --micro-batch 2
 step validate_llama_1b 60 validate --model llama-3.2-1b --seq 1024 --recompute none
+step step_llama_1b 60 bench step --model llama-3.2-1b --seq 2048 --micro-batch 2
 start=$SECONDS
 limit=$(time_left step_memory_phases 90)
-if ((limit == 0)); then
-  :
-elif timeout "$limit" $py "$root/benchmarks/step_memory_phases.py" --out "$out/step_memory_phases.json" \
-    > "$out/step_memory_phases.txt" 2> "$out/step_memory_phases.err"; then
-  echo "step_memory_phases ($((SECONDS - start)) s): see step_memory_phases.txt" | tee -a "$summary"
-else
-  echo "step_memory_phases FAILED after $((SECONDS - start)) s: $(tail -n 1 "$out/step_memory_phases.err")" | tee -a "$summary"
+if ((limit > 0)); then
+  timeout -k 10 "$limit" $py "$root/benchmarks/step_memory_phases.py" --out "$out/step_memory_phases.json" \
+    > "$out/step_memory_phases.txt" 2> "$out/step_memory_phases.err"
+  rc=$?
+  if ((rc == 0)); then
+    echo "step_memory_phases ($((SECONDS - start)) s): see step_memory_phases.txt" | tee -a "$summary"
+  else
+    verdict step_memory_phases $((SECONDS - start)) $rc "$limit" "$(tail -n 1 "$out/step_memory_phases.err")"
+  fi
 fi
+step memory 20 bench memory
+step sweep_bf16 45 bench --dtype bf16 --sweep --warmup 5 --repeats 20
+step sweep_fp16 45 bench --dtype fp16 --sweep --warmup 5 --repeats 20
+step sweep_tf32 45 bench --dtype tf32 --sweep --warmup 5 --repeats 10
+step sweep_fp8 45 bench --dtype fp8 --sweep --warmup 5 --repeats 20
+step model_llama_8b 45 bench --dtype bf16 --model llama-3.1-8b --seq 4096
 cp "$XDG_DATA_HOME/lmcalc/bench.json" "$out/bench.json" 2>/dev/null || true
-echo "done in $SECONDS s" | tee -a "$summary"
+echo "done in $SECONDS s$( ((failed)) && echo ', with failures')" | tee -a "$summary"
+exit $failed

@@ -156,8 +156,9 @@ def test_step_timeline_matches_live_storages_on_the_cpu(name, s, b, recompute):
     assert predicted.activations == pytest.approx(m.activations, rel=0.01)
     assert predicted.phases["optimizer_step"] == pytest.approx(m.peak_optimizer - m.buffers, rel=0.01)
     backward = max(predicted.phases["backward_start"], predicted.phases["backward_end"])
-    assert backward == pytest.approx(m.peak_backward - m.buffers, rel=0.01 if recompute == "none" else 0.03)
-    assert predicted.peak == pytest.approx(m.peak - m.buffers, rel=0.03)
+    tolerance = 0.002 if recompute == "none" else 0.01  # measured: within 0.1 % and 0.9 %
+    assert backward == pytest.approx(m.peak_backward - m.buffers, rel=tolerance)
+    assert predicted.peak == pytest.approx(m.peak - m.buffers, rel=tolerance)
 
 
 def test_the_cpu_timeline_check_can_fail(monkeypatch):
@@ -200,3 +201,56 @@ def test_gpu_check_says_what_it_needs_without_cuda(tmp_path):
     run = subprocess.run(["bash", str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "needs torch with CUDA" in run.stdout
     assert (tmp_path / "summary.txt").read_text().startswith("gpu_check: needs torch with CUDA")
+
+
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+# stands in for a CUDA machine's python3: canned answers, except the script's own summariser
+case "$1" in
+  -) exec python3 "$@" ;;
+  -c) [[ $2 == *get_device_properties* ]] && echo "device: fake"; exit 0 ;;
+esac
+if [[ " $* " == *" validate "* ]]; then
+  cat <<'JSON'
+{"results": {
+  "params": {"lmcalc": {"value": 1235814400, "unit": "params"}, "pytorch": {"value": 1235814400, "unit": "params"},
+             "error": {"value": 0.0, "unit": "%", "pass": true}},
+  "peak_memory": {"lmcalc": {"value": 12.0e9, "unit": "bytes"}, "pytorch": {"value": 14.0e9, "unit": "bytes"},
+                  "error": {"value": -14.3, "unit": "%", "pass": false}},
+  "peak_memory_buffers": {"lmcalc": {"value": 0.0, "unit": "bytes"}, "pytorch": {"value": 6.7e7, "unit": "bytes"},
+                          "error": {"value": null, "unit": "%"}}},
+ "notes": ["1 check failed: peak_memory"]}
+JSON
+  exit 1
+fi
+if [[ " $* " == *" 8192x8192x8192 "* ]]; then
+  echo '{"results": {"matmul": {"achieved": {"value": 7.8e14, "unit": "FLOP/s"}, "mfu": {"value": null, "unit": ""}}}}'
+  exit 0
+fi
+echo "lmcalc: error: simulated failure" >&2
+exit 2
+"""
+
+
+def test_gpu_check_summary_reads_nulls_failures_and_validates_verdict(tmp_path):
+    # the script's bookkeeping, run with a stand-in interpreter: a null figure prints as n/a, validate's exit 1
+    # (a check failed) still gives its judged rows, a failing step shows its own error, and the run exits 1
+    import os
+    import subprocess
+    from pathlib import Path
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(fake)}
+    run = subprocess.run(["bash", str(script), str(out)], capture_output=True, text=True, timeout=120, env=env)
+    summary = (out / "summary.txt").read_text()
+    assert run.returncode == 1, summary
+    assert "matmul_bf16_8192 (" in summary and "matmul.achieved=7.8e+14 FLOP/s; matmul.mfu=n/a" in summary
+    validate = next(line for line in summary.splitlines() if line.startswith("validate_llama_1b"))
+    assert "exit 1" in validate and "params: lmcalc 1.236e+09 params, pytorch 1.236e+09 params, ok" in validate
+    assert "peak_memory: lmcalc 1.2e+10 bytes, pytorch 1.4e+10 bytes, FAIL" in validate
+    assert "peak_memory_buffers" not in validate and "1 check failed: peak_memory" in validate
+    assert "sweep_bf16 FAILED after" in summary and "(exit 2): lmcalc: error: simulated failure" in summary
+    assert summary.rstrip().endswith("with failures")

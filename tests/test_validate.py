@@ -98,6 +98,22 @@ def test_flash_saves_no_quadratic_scores():
     assert long == 2 * short
 
 
+@pytest.mark.filterwarnings("ignore:.*attention:UserWarning")
+def test_the_fused_kernels_pinned_on_cuda_refuse_rather_than_fall_back_to_math():
+    # reference_model pins these on CUDA; the same pin on the CPU's kernels shows its effect: a case the
+    # fused kernel takes runs, one it does not (unequal Q/K and V head sizes) raises instead of running math
+    from torch.nn.attention import sdpa_kernel
+
+    from lmcalc.reference_model import FUSED_CUDA_KERNELS
+
+    q = k = torch.randn(1, 4, 16, 8)
+    with sdpa_kernel(FUSED_CUDA_KERNELS):
+        torch.nn.functional.scaled_dot_product_attention(q, k, torch.randn(1, 4, 16, 8), is_causal=True)
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.scaled_dot_product_attention(q, k, torch.randn(1, 4, 16, 4), is_causal=True)
+    torch.nn.functional.scaled_dot_product_attention(q, k, torch.randn(1, 4, 16, 4), is_causal=True)  # math, unpinned
+
+
 def test_validate_passes_and_reports_every_row(capsys):
     from lmcalc.cli import main
 

@@ -21,7 +21,8 @@ Conventions, each stated once here and again in the result's notes:
   start, backward end and the optimizer step, with the precision recipe plain PyTorch matches: ``fp32``
   for an fp32 model, ``bf16-pure`` for a bf16 one; AdamW), against ``torch.cuda.max_memory_allocated``
   on CUDA, and against the live storages of one more, untimed step on a CPU (``measure.StorageTracker``,
-  as a CPU has no allocator statistics), both less the module's buffers (rotary tables, causal mask).
+  as a CPU has no allocator statistics), both less the module's buffers (rotary tables, causal mask),
+  and on CUDA less cuBLAS's workspaces too (``measure.cuda_workspaces``).
 """
 
 from __future__ import annotations
@@ -253,8 +254,10 @@ def _timed_steps(
     learning_rate: float,
 ) -> tuple[list[float], list[float], float | None]:
     """Seconds per timed step, the loss of every step, and the peak bytes of a step less the module's
-    buffers: on CUDA the allocator's peak over the timed steps; on a CPU the live storages of one more,
+    buffers: on CUDA the allocator's peak over the timed steps, less cuBLAS's workspaces (allocated
+    before the model, ``measure.cuda_workspaces``); on a CPU the live storages of one more,
     untimed step (``measure.StorageTracker``: tracking every operator would slow the timed ones)."""
+    workspaces = measure.cuda_workspaces(torch_device) if torch_device.type == "cuda" else 0
     torch.manual_seed(SEED)
     model = ReferenceModel(spec, attention, max_seq=seq_len, device=torch_device, dtype=TORCH_DTYPES[dtype])
     model.train()
@@ -279,7 +282,7 @@ def _timed_steps(
     buffers = measure.tensor_bytes(model.buffers())
     peak: float | None = None
     if torch_device.type == "cuda":
-        peak = float(torch.cuda.max_memory_allocated(torch_device) - buffers)
+        peak = float(torch.cuda.max_memory_allocated(torch_device) - buffers - workspaces)
     elif torch_device.type == "cpu":
         states = measure.optimizer_state_tensors(optimizer, torch_device)
         tracker = measure.StorageTracker([*model.parameters(), *model.buffers(), *states])
@@ -493,7 +496,7 @@ def _memory_section(m: StepMeasurement) -> Section:
     measured = m.measured_peak_bytes
     error = (p.total - measured) / measured if measured else math.nan
     sources = {
-        "cuda": "torch.cuda.max_memory_allocated over the timed steps − module buffers",
+        "cuda": "torch.cuda.max_memory_allocated over the timed steps − module buffers − cuBLAS workspaces",
         "cpu": "live storages of one more, untimed step (measure.StorageTracker) − module buffers",
     }
     return Section(

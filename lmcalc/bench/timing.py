@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+QUEUE_AHEAD_CYCLES = 2_000_000  # ~1 ms at a 2 GHz GPU clock: the host's start-up of the timed loop
+QUEUE_AHEAD_CYCLES_PER_CALL = 100_000  # ~50 µs per call: well over the host's time to launch one matmul
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -29,6 +32,10 @@ def time_calls(fn: Callable[[int], object], device: torch.device, warmup: int, r
     synchronize(device)
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+        # An idle GPU records a call's start event before the host has launched its kernel, so a call faster
+        # than its launch would be timed as the launch. A spin kernel queued first keeps the GPU busy while
+        # the host queues every call behind it; then each pair of events brackets the kernels alone.
+        torch.cuda._sleep(int(QUEUE_AHEAD_CYCLES_PER_CALL * repeats + QUEUE_AHEAD_CYCLES))
         for i, (start, end) in enumerate(events):
             start.record()
             fn(warmup + i)

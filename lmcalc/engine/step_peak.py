@@ -10,13 +10,15 @@ largest at one of three moments, each on top of the weights W and optimizer stat
 1. **Backward start**: every activation A (Korthikanti et al. 2022 §4, as ``activation_memory`` counts
    them) is saved, and the loss's backward makes two fp32 tensors of the logits' size, the gradient of
    the log-softmax output (from ``nll_loss``) and that of its input: 2 · 4 · s·b·V bytes. The forward
-   pass peaks lower (the head's output and its fp32 copy beside the saved log-softmax output: at most
-   6 · s·b·V), so it is not a phase here.
+   pass peaks lower (the head's output and its fp32 copy beside the saved log-softmax output:
+   A + 6 · s·b·V in bf16, A + 4 · s·b·V in fp32), so it is not a phase here.
 2. **Backward end**: the first layer runs its backward with every gradient made but its own and those
    of the untied input tables (token embedding, learned positions), holding its saved tensors (under
-   full recomputation: its input and the rebuilt layer). With tied embeddings the moment just after
-   counts too: the output head's gradient of the shared matrix, waiting since the backward began, and
-   the embedding's are summed into a third V·h tensor (out of place, as PyTorch did on the CPU).
+   full recomputation: its input and the rebuilt layer); at its MLP's activation backward, where it
+   holds the most, a dense MLP's output projection has made its gradient. With tied embeddings the
+   moment just after counts too: the output head's gradient of the shared matrix, waiting since the
+   backward began, and the embedding's are summed into a third V·h tensor (out of place: the head's
+   part arrives as a transposed view, which autograd cannot accumulate into).
 3. **Optimizer step**: ``torch.optim.AdamW`` with its multi-tensor (``foreach``) kernels, its default on
    a GPU, computes ``exp_avg_sq.sqrt()`` for every parameter at once (``torch/optim/adam.py``,
    ``_multi_tensor_adam``): one temporary the size of a state, N · bytes per state, on top of G.
@@ -230,10 +232,14 @@ def layer_backward_bytes(
     return max(mlp, attn) * act_bytes
 
 
+MLP_OUTPUT_PROJECTIONS = ("mlp.down.", "mlp.proj.")  # a dense MLP's last matmul: its backward runs first
+
+
 def first_layer_late_params(spec: ModelSpec) -> int:
-    """Parameters whose gradients do not exist yet when the first layer's backward starts: the first
-    layer's own (dense or MoE, as it is) and the input tables (the token embedding when untied from the
-    head, a learned position table)."""
+    """Parameters whose gradients do not exist yet when the first layer's backward holds the most: the
+    first layer's own (dense or MoE, as it is) and the input tables (the token embedding when untied
+    from the head, a learned position table). That moment is the MLP's activation backward (SwiGLU's
+    or GELU's), so a dense MLP's output projection has made its gradient by then."""
     first_is_moe = bool(spec.moe) and spec.moe_layers == spec.num_layers
     per_layer = {"L": spec.num_layers, "L_dense": spec.num_layers - spec.moe_layers, "L_moe": spec.moe_layers}
     late = 0
@@ -241,6 +247,8 @@ def first_layer_late_params(spec: ModelSpec) -> int:
         kind = t.count_symbol.split("·")[0]
         if t.group == "position" or (t.group == "embedding" and not spec.tied_embeddings):
             late += t.total  # tied, the output head's part of the gradient is there from the start
+        elif t.name.startswith(MLP_OUTPUT_PROJECTIONS) and not first_is_moe:
+            continue
         elif kind in per_layer and (kind == "L" or (kind == "L_moe") == first_is_moe):
             late += t.total // per_layer[kind]
     return late
