@@ -40,6 +40,11 @@ def test_short_sequence_peaks_at_the_optimizer_step():
     assert p.phases["backward_end"] == 8 * n + 2 * V_LLAMA_3 * 2048 * 2  # 10.94e9
 
 
+def test_a_recipe_with_a_master_copy_is_not_a_plain_loop():
+    with pytest.raises(ValueError, match="master copy"):
+        plain_step_peak(resolve_model("llama-3.2-1b").spec, 1024, 1, resolve_precision("bf16-mixed").spec, ADAMW)
+
+
 def test_long_batch_peaks_when_backward_starts():
     p = _peak(2048, 2)
     a = activation_memory(resolve_model("llama-3.2-1b").spec, 2048, 2, 2, "flash", "none").total
@@ -159,6 +164,20 @@ def test_step_timeline_matches_live_storages_on_the_cpu(name, s, b, recompute):
     tolerance = 0.002 if recompute == "none" else 0.01  # measured: within 0.1 % and 0.9 %
     assert backward == pytest.approx(m.peak_backward - m.buffers, rel=tolerance)
     assert predicted.peak == pytest.approx(m.peak - m.buffers, rel=tolerance)
+
+
+def test_a_large_tied_vocabulary_peaks_as_its_two_gradient_parts_are_summed():
+    # The small models above have V = 256, too small for the tied term to matter. With V = 32,768 and h = 64
+    # at s = 64, under full recomputation (so that the saved activations stay small), the end of the
+    # backward pass is set by the shared matrix: the head's gradient (V·h, fp32), waiting since the backward
+    # began, and the embedding's, summed into a third out of place, on top of every other gradient:
+    # G + 2·V·h·4 B. That is where the engine puts the peak, and where PyTorch has it.
+    spec = _small("llama-3.2-1b").model_copy(update={"vocab_size": 32768})
+    assert spec.tied_embeddings
+    predicted, m, _ = measure.measured_step(spec, 64, 1, "full")
+    assert predicted.backward_end_extra == 2 * 32768 * 64 * 4
+    assert predicted.peak_phase == "backward_end"
+    assert predicted.peak == pytest.approx(m.peak - m.buffers, rel=1e-4)
 
 
 def test_the_cpu_timeline_check_can_fail(monkeypatch):

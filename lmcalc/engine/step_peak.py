@@ -51,7 +51,7 @@ class StepPeak:
     """Bytes live at each phase of a plain PyTorch AdamW step, and the largest of them."""
 
     weights: float
-    optimizer_states: float  # master copy included, where the recipe has one
+    optimizer_states: float  # the optimizer's states (a plain loop keeps no master copy)
     gradients: float
     activations: float  # saved by the forward pass (full recompute: layer inputs; the rebuilt layer is later)
     loss_backward: float  # the logits-sized gradients of the cross-entropy
@@ -186,7 +186,13 @@ def plain_step_peak(
     mask_bytes: float = MASK_BYTES,
 ) -> StepPeak:
     """Phase-by-phase peak of ``loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)`` on one
-    device, no parallelism, with ``torch.optim.AdamW``'s default foreach kernels."""
+    device, no parallelism, with ``torch.optim.AdamW``'s default foreach kernels. The recipe is the
+    model's own dtype (``fp32``, ``bf16-pure``): a plain loop keeps no separate master copy."""
+    if precision.master_bytes:
+        raise ValueError(
+            f"plain_step_peak models a model trained in its own dtype; {precision.name} keeps a master copy "
+            "(autocast or a mixed-precision framework), which this timeline does not describe"
+        )
     n = count_params(spec).total
     states = state_memory(spec, precision, optimizer, 0, 1)
     act = activation_memory(spec, seq_len, micro_batch, precision.activation_bytes, attention, recompute, mask_bytes)
