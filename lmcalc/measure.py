@@ -289,7 +289,12 @@ def model_that_fits(spec: ModelSpec, max_params: float) -> ModelSpec:
 
 
 def measured_step(
-    spec: ModelSpec, seq_len: int, micro_batch: int = 1, recompute: Recompute = "none", device: str = "cpu"
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int = 1,
+    recompute: Recompute = "none",
+    device: str = "cpu",
+    attention: AttentionImpl = "flash",
 ) -> tuple[StepPeak, StepMemory, str]:
     """The engine's phase-by-phase peak of a plain AdamW step, one real step measured beside it, and
     what ran (model, dtype, shape).
@@ -299,8 +304,8 @@ def measured_step(
       whose states would take more than a quarter of the GPU is cut (``model_that_fits``).
     * ``cpu``: fp32, every live storage counted by ``StorageTracker``; dropout masks are floats there.
 
-    Flash attention and ``torch.optim.AdamW(foreach=True)`` (its default on a GPU) on both. One step
-    runs first, so that AdamW's states exist; the next is measured.
+    Fused attention unless ``attention`` says eager, and ``torch.optim.AdamW(foreach=True)`` (its
+    default on a GPU), on both. One step runs first, so that AdamW's states exist; the next is measured.
     """
     from lmcalc.errors import LmcalcError
     from lmcalc.presets import resolve_optimizer, resolve_precision
@@ -314,7 +319,7 @@ def measured_step(
         spec = model_that_fits(spec, CUDA_MODEL_FRACTION * capacity / per_param)
     seq = min(seq_len, spec.max_seq_len)
     mask_bytes = MASK_BYTES if cuda else CPU_MASK_BYTES
-    predicted = plain_step_peak(spec, seq, micro_batch, precision, adamw, "flash", recompute, mask_bytes)
+    predicted = plain_step_peak(spec, seq, micro_batch, precision, adamw, attention, recompute, mask_bytes)
     if cuda and predicted.peak > 0.9 * capacity:
         raise LmcalcError(
             f"row 4 would need about {predicted.peak / 1e9:.0f} GB of the GPU's {capacity / 1e9:.0f} GB at "
@@ -322,7 +327,7 @@ def measured_step(
         )
     workspaces = cuda_workspaces(device) if cuda else 0
     torch.manual_seed(0)
-    model = build(spec, "flash", seq, device, torch.bfloat16 if cuda else torch.float32)
+    model = build(spec, attention, seq, device, torch.bfloat16 if cuda else torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     tokens = torch.randint(0, spec.vocab_size, (micro_batch, seq), device=device)
     loss(model, tokens, recompute).backward()  # the first step makes AdamW's states
@@ -336,4 +341,5 @@ def measured_step(
         with tracker:
             measured = step_memory(model, optimizer, tokens, recompute, tracker)
     detail = f"{spec.name}, {'bf16' if cuda else 'fp32'}, s={seq}, b={micro_batch}, recompute {recompute}"
+    detail += ", eager attention" if attention == "eager" else ""
     return predicted, measured, detail

@@ -14,7 +14,7 @@ FlashAttention (no s² score matrix; the per-row log-sum-exp instead).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from lmcalc.engine.flops import Recompute
@@ -51,6 +51,7 @@ class SavedTensor:
     bytes_per_element: float
     attention_core: bool = False  # recomputed under selective recomputation
     split: str = "tp"  # "tp": split over tensor-parallel ranks; "seq": only with sequence parallelism; "none"
+    block: str = "attention"  # the half of a layer that keeps it: "attention" or "mlp" (its norm included)
 
     @property
     def bytes(self) -> float:
@@ -155,7 +156,15 @@ def layer_saved_tensors(
         tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act_bytes))
     if spec.dropout:
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask_bytes, split="seq"))
-    tensors += _norm_saved(spec, "MLP norm", sb, h, act_bytes, "h")
+    return tensors + [
+        replace(t, block="mlp") for t in _mlp_saved(spec, sb, act_bytes, moe_layer and bool(spec.moe), mask_bytes)
+    ]
+
+
+def _mlp_saved(spec: ModelSpec, sb: float, act_bytes: float, moe_layer: bool, mask_bytes: float) -> list[SavedTensor]:
+    """The MLP half of a layer: its norm, the MLP (dense or routed), the residual dropout after it."""
+    h = spec.hidden_size
+    tensors = _norm_saved(spec, "MLP norm", sb, h, act_bytes, "h")
     if moe_layer and spec.moe:
         moe = spec.moe
         k, f_e = moe.experts_per_token, moe.expert_ffn_size

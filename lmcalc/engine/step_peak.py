@@ -23,27 +23,54 @@ largest at one of three moments, each on top of the weights W and optimizer stat
    a GPU, computes ``exp_avg_sq.sqrt()`` for every parameter at once (``torch/optim/adam.py``,
    ``_multi_tensor_adam``): one temporary the size of a state, N · bytes per state, on top of G.
 
-A layer's backward also holds a few activation-sized gradients at once: a gated MLP (SwiGLU, GeGLU)
-those of the gate and up outputs, 2 · s·b·f (the product's gradient is freed as the down projection's
-saved input is); a GELU MLP one, s·b·f; a routed MoE layer those of one expert at a time,
-2 · (k·s·b / E) · f_e for an even routing, or of a shared expert, 2 · s·b·f_e; eager attention the
-softmax's output and input gradients, 2 · b·H·s² (an upper bound); fused attention dQ, dK and dV,
-s·b·(H·d_qk + H_kv·(d_qk + d_v)). The largest is added at the first layer (moment 2), and at the
-last layer (moment 1), where the loss has already freed its saved 4 · s·b·V log-softmax output.
+A layer's backward runs its MLP half first, then its attention half, and holds the most at one of
+them. At the MLP's activation backward it keeps every tensor the layer saved and the gradients of a
+gated MLP's gate and up outputs, 2 · s·b·f (the product's gradient is freed as the down projection's
+saved input is); a GELU MLP's one, s·b·f; a routed MoE layer's of one expert at a time,
+2 · (k·s·b / E) · f_e for an even routing, or of a shared expert, 2 · s·b·f_e. By the attention's
+backward the MLP half's saved tensors are freed, and it holds eager attention's softmax output and
+input gradients, 2 · b·H·s² (an upper bound), or a fused kernel's dQ, dK and dV,
+s·b·(H·d_qk + H_kv·(d_qk + d_v)); under selective recomputation also the rebuilt attention core (the
+softmax output, or the log-sum-exp; eager GQA's K and V repeated to every head). The larger moment
+counts at the first layer (moment 2), and at the last layer (moment 1), where the loss, the head and
+the final norm have freed what they saved (the 4 · s·b·V log-softmax output, the head's and the norm's
+inputs), and where under full recomputation the last layer is rebuilt.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lmcalc.engine.flops import Recompute
-from lmcalc.engine.memory import LOGITS_BYTES, MASK_BYTES, AttentionImpl, activation_memory, state_memory
+from lmcalc.engine.memory import (
+    LOGITS_BYTES,
+    MASK_BYTES,
+    AttentionImpl,
+    activation_memory,
+    layer_saved_tensors,
+    state_memory,
+)
 from lmcalc.engine.params import count_params, weight_tensors
 from lmcalc.result import Term
 from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
 
 LOSS_BACKWARD_TENSORS = 2  # nll_loss's gradient and log_softmax's gradient, both fp32 s·b·V
 PHASES = ("backward_start", "backward_end", "optimizer_step")
+
+
+@dataclass(frozen=True)
+class LayerBackward:
+    """What one layer's backward holds beyond the activations, at its two moments (bytes)."""
+
+    saved: float  # the layer's saved tensors (full recompute: its input and the rebuilt layer)
+    mlp_saved: float  # of which the MLP half's, freed before the attention's backward runs
+    mlp: float  # the MLP's activation gradients held at once
+    attention: float  # the attention's gradients (and, under selective recomputation, its rebuilt core)
+
+    def moment(self, grads_mlp: float, grads_attention: float) -> float:
+        """The larger of the MLP's and the attention's moment, each with the parameter gradients it has
+        beyond what the phase counts (negative: those not made yet)."""
+        return max(self.saved + self.mlp + grads_mlp, self.saved - self.mlp_saved + self.attention + grads_attention)
 
 
 @dataclass(frozen=True)
@@ -55,31 +82,40 @@ class StepPeak:
     gradients: float
     activations: float  # saved by the forward pass (full recompute: layer inputs; the rebuilt layer is later)
     loss_backward: float  # the logits-sized gradients of the cross-entropy
-    first_layer: float  # one layer's activations while the first layer runs its backward
-    layer_backward: float  # the activation gradients a layer's backward holds at once (the largest layer)
+    head_side: float  # saved by the final norm, the head and the loss: freed before the last layer's backward
+    last_layer: LayerBackward  # the first to run its backward; ``saved``: beyond A (full recompute: the rebuilt layer)
+    first_layer: LayerBackward  # the last to run its backward
     embedding_gradient: float  # V·h · bytes per gradient
-    not_yet_made: float  # gradients made after the first layer's backward starts: its own, untied tables'
+    early_mlp: float  # gradient bytes made as the last layer's MLP backward runs (head, final norm, MLP output)
+    early_attention: float  # ... and as its attention's runs (head, final norm, its MLP half)
+    late_mlp: float  # gradient bytes not made yet as the first layer's MLP backward runs
+    late_attention: float  # ... and as its attention's runs
     tied: bool
     optimizer_temporary: float  # foreach AdamW's sqrt of the second moment, one per parameter
     sbv: float  # s·b·V, for the formulas
 
     @property
+    def backward_start_extra(self) -> float:
+        """Above A as the backward starts: the cross-entropy's gradients, or the last layer's moment once
+        the loss, the head and the final norm have freed what they saved (the fp32 log-softmax output,
+        the head's and the norm's inputs)."""
+        last = self.last_layer.moment(self.early_mlp, self.early_attention)
+        return max(self.loss_backward, last - self.head_side)
+
+    @property
     def phases(self) -> dict[str, float]:
         base = self.weights + self.optimizer_states
         return {
-            # the last layer's backward runs once the loss's saved fp32 log-softmax output is freed
-            "backward_start": base
-            + self.activations
-            + max(self.loss_backward, self.layer_backward - LOGITS_BYTES * self.sbv),
+            "backward_start": base + self.activations + self.backward_start_extra,
             "backward_end": base + self.gradients + self.backward_end_extra,
             "optimizer_step": base + self.gradients + self.optimizer_temporary,
         }
 
     @property
     def backward_end_extra(self) -> float:
-        """Above G at the end of backward: the first layer's activations and backward gradients, less
+        """Above G at the end of backward: the first layer's saved tensors and backward gradients, less
         the gradients not made by then; or, tied, the embedding's two gradient parts being summed."""
-        layer = self.first_layer + self.layer_backward - self.not_yet_made
+        layer = self.first_layer.moment(-self.late_mlp, -self.late_attention)
         return max(layer, 2 * self.embedding_gradient) if self.tied else layer
 
     @staticmethod
@@ -99,7 +135,6 @@ class StepPeak:
         phases = self.phases
         gb = self._gb
         base = f"{gb(self.weights)} + {gb(self.optimizer_states)}"
-        start_extra = max(self.loss_backward, self.layer_backward - LOGITS_BYTES * self.sbv)
         src = "lmcalc.engine.step_peak (PyTorch's autograd frees saved tensors once their node has run)"
         return (
             Term("weights", "Weights W", self.weights, "bytes", "N · bytes per weight"),
@@ -118,14 +153,16 @@ class StepPeak:
             Term(
                 "layer_backward",
                 "A layer's backward gradients",
-                self.layer_backward,
+                self.first_layer.mlp,
                 "bytes",
-                "gated MLP 2·s·b·f, GELU MLP s·b·f, eager 2·b·H·s², fused dQ+dK+dV (the largest)",
+                "MLP: gated 2·s·b·f, GELU s·b·f, routed 2·(k·s·b/E)·f_e",
+                note=f"then the attention's: {gb(self.first_layer.attention)} (eager 2·b·H·s², fused dQ+dK+dV; "
+                "selective: + the rebuilt core), once the MLP half's saved tensors are freed",
             ),
             Term(
                 "first_layer",
                 "First layer's activations",
-                self.first_layer,
+                self.first_layer.saved,
                 "bytes",
                 "one layer's saved tensors (full recompute: rebuilt layer + its input)",
             ),
@@ -142,8 +179,8 @@ class StepPeak:
                 "At backward start",
                 phases["backward_start"],
                 "bytes",
-                "W + O + A + max(cross-entropy backward, a layer's backward gradients − 4·s·b·V)",
-                f"{base} + {gb(self.activations)} + {gb(start_extra)}",
+                "W + O + A + max(cross-entropy backward, the last layer's backward − the head side's saved tensors)",
+                f"{base} + {gb(self.activations)} + {gb(self.backward_start_extra)}",
                 source=src,
             ),
             Term(
@@ -195,66 +232,115 @@ def plain_step_peak(
         )
     n = count_params(spec).total
     states = state_memory(spec, precision, optimizer, 0, 1)
-    act = activation_memory(spec, seq_len, micro_batch, precision.activation_bytes, attention, recompute, mask_bytes)
-    if recompute == "full":
-        first_layer = act.checkpoint_bytes + act.recompute_working_bytes
-    else:
-        first_layer = act.dense_layer_bytes if act.dense_layers else act.moe_layer_bytes
-    sbv = seq_len * micro_batch * spec.vocab_size
     act_bytes = precision.activation_bytes
+    act = activation_memory(spec, seq_len, micro_batch, act_bytes, attention, recompute, mask_bytes)
+    first_is_moe = bool(spec.moe) and spec.moe_layers == spec.num_layers  # MoE layers follow the dense ones
+    last_is_moe = bool(spec.moe) and spec.moe_layers > 0
+    first, last = (
+        layer_backward(spec, seq_len, micro_batch, act_bytes, attention, recompute, mask_bytes, moe)
+        for moe in (first_is_moe, last_is_moe)
+    )
+    full = recompute == "full"
+    sbv = seq_len * micro_batch * spec.vocab_size
     return StepPeak(
         weights=states.params,
         optimizer_states=states.master + states.optimizer,
         gradients=states.grads,
         activations=act.total - act.recompute_working_bytes,  # what the forward pass leaves saved
         loss_backward=LOSS_BACKWARD_TENSORS * LOGITS_BYTES * sbv,
-        first_layer=first_layer,
-        layer_backward=layer_backward_bytes(spec, seq_len, micro_batch, act_bytes, attention),
+        head_side=sum(t.bytes for t in act.outside if t.label.startswith(HEAD_SIDE)),
+        # A holds the last layer's saved tensors already, or (full) only its input: the layer is rebuilt
+        last_layer=replace(last, saved=last.saved if full else 0.0),
+        first_layer=replace(first, saved=first.saved + (act.checkpoint_bytes if full else 0.0)),
         embedding_gradient=spec.vocab_size * spec.hidden_size * precision.grad_bytes,
-        not_yet_made=first_layer_late_params(spec) * precision.grad_bytes,
+        **{key: count * precision.grad_bytes for key, count in early_and_late_params(spec).items()},
         tied=spec.tied_embeddings,
         optimizer_temporary=n * precision.optimizer_state_bytes,
         sbv=sbv,
     )
 
 
-def layer_backward_bytes(
-    spec: ModelSpec, seq_len: int, micro_batch: int, act_bytes: float, attention: AttentionImpl
-) -> float:
-    """The activation gradients one layer's backward holds at once, for the layer where it is largest."""
+def layer_backward(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    act_bytes: float,
+    attention: AttentionImpl,
+    recompute: Recompute,
+    mask_bytes: float,
+    moe_layer: bool,
+) -> LayerBackward:
+    """One layer's backward (dense or MoE): the saved tensors it holds as it runs (under selective
+    recomputation without the attention core, which comes back as the attention's backward starts;
+    under full recomputation the rebuilt layer), and the gradients each half holds at once."""
     sb = seq_len * micro_batch
-    gated = 1 if spec.ffn_kind == "gelu_mlp" else 2
-    mlp = gated * sb * spec.ffn_size
-    if spec.moe:
+    tensors = layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, moe_layer, recompute, mask_bytes)
+    selective = recompute == "selective"
+    kept = [t for t in tensors if not (selective and t.attention_core)]
+    if spec.moe and moe_layer:
         moe = spec.moe
         routed = 2 * moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
-        shared = 2 * sb * moe.expert_ffn_size if moe.shared_experts else 0
-        moe_mlp = max(routed, shared)
-        mlp = max(mlp, moe_mlp) if spec.moe_layers < spec.num_layers else moe_mlp
+        mlp = max(routed, 2 * sb * moe.expert_ffn_size if moe.shared_experts else 0)
+    else:
+        mlp = (1 if spec.ffn_kind == "gelu_mlp" else 2) * sb * spec.ffn_size
     if attention == "eager":
         attn = 2 * micro_batch * spec.num_heads * seq_len**2
     else:
         attn = sb * (spec.num_heads * spec.qk_head_dim + spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim))
-    return max(mlp, attn) * act_bytes
+    rebuilt = 0.0
+    if selective:  # the core runs again: its saved tensors, and eager GQA's K and V repeated to every head
+        rebuilt = sum(t.bytes for t in tensors if t.attention_core)
+        if attention == "eager" and not spec.mla and spec.kv_heads < spec.num_heads:
+            rebuilt += sb * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim) * act_bytes
+    return LayerBackward(
+        saved=sum(t.bytes for t in kept),
+        mlp_saved=sum(t.bytes for t in kept if t.block == "mlp"),
+        mlp=mlp * act_bytes,
+        attention=attn * act_bytes + rebuilt,
+    )
 
 
-MLP_OUTPUT_PROJECTIONS = ("mlp.down.", "mlp.proj.")  # a dense MLP's last matmul: its backward runs first
+HEAD_SIDE = ("final norm", "output head input", "logits")  # labels of engine.memory.model_saved_tensors
+MLP_OUTPUT_PROJECTIONS = ("mlp.down.", "mlp.proj.", "dense_mlp.down.", "dense_mlp.proj.")
+"""A dense MLP's last matmul: its backward runs first, before the activation's."""
+MLP_HALF_GROUPS = ("mlp", "experts", "router", "shared_experts")
 
 
-def first_layer_late_params(spec: ModelSpec) -> int:
-    """Parameters whose gradients do not exist yet when the first layer's backward holds the most: the
-    first layer's own (dense or MoE, as it is) and the input tables (the token embedding when untied
-    from the head, a learned position table). That moment is the MLP's activation backward (SwiGLU's
-    or GELU's), so a dense MLP's output projection has made its gradient by then."""
-    first_is_moe = bool(spec.moe) and spec.moe_layers == spec.num_layers
+def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
+    """Parameters of one layer (dense or MoE): ``all``; the ``mlp half`` (its norm, MLP, router and
+    experts), whose gradients exist by the time the attention's backward runs; or the ``mlp output``
+    projection of a dense MLP, whose gradient exists by the time the MLP's activation backward runs."""
     per_layer = {"L": spec.num_layers, "L_dense": spec.num_layers - spec.moe_layers, "L_moe": spec.moe_layers}
-    late = 0
+    total = 0
     for t in weight_tensors(spec):
         kind = t.count_symbol.split("·")[0]
-        if t.group == "position" or (t.group == "embedding" and not spec.tied_embeddings):
-            late += t.total  # tied, the output head's part of the gradient is there from the start
-        elif t.name.startswith(MLP_OUTPUT_PROJECTIONS) and not first_is_moe:
+        if kind not in per_layer or (kind != "L" and (kind == "L_moe") != moe_layer):
             continue
-        elif kind in per_layer and (kind == "L" or (kind == "L_moe") == first_is_moe):
-            late += t.total // per_layer[kind]
-    return late
+        if part == "mlp half" and not (t.group in MLP_HALF_GROUPS or t.name.startswith("mlp_norm.")):
+            continue
+        if part == "mlp output" and not t.name.startswith(MLP_OUTPUT_PROJECTIONS):
+            continue
+        total += t.total // per_layer[kind]
+    return total
+
+
+def early_and_late_params(spec: ModelSpec) -> dict[str, int]:
+    """Gradients at the layer moments, in parameters: made beyond A's count as the last layer runs its
+    backward (the head's, or the tied matrix's head part, and the final norm's; then that layer's MLP
+    output, or its MLP half), and not made yet as the first layer runs its (its own but the MLP output,
+    or but the MLP half; and the input tables: an untied token embedding, a learned position table)."""
+    first_is_moe = bool(spec.moe) and spec.moe_layers == spec.num_layers  # MoE layers follow the dense ones
+    last_is_moe = bool(spec.moe) and spec.moe_layers > 0
+    head, tables = spec.vocab_size * spec.hidden_size, 0
+    for t in weight_tensors(spec):
+        if t.group == "position" or (t.group == "embedding" and not spec.tied_embeddings):
+            tables += t.total
+        elif t.name.startswith("final_norm."):
+            head += t.total
+    first = layer_params(spec, first_is_moe)
+    return {
+        "early_mlp": head + layer_params(spec, last_is_moe, "mlp output"),
+        "early_attention": head + layer_params(spec, last_is_moe, "mlp half"),
+        "late_mlp": tables + first - layer_params(spec, first_is_moe, "mlp output"),
+        "late_attention": tables + first - layer_params(spec, first_is_moe, "mlp half"),
+    }
