@@ -571,7 +571,7 @@ def step_result(measurement: StepMeasurement) -> Result:
         Input("recompute", "Recomputation", m.recompute),
         Input("warmup", "Warm-up steps", m.warmup),
         Input("repeats", "Timed steps", m.stats.repeats),
-        Input("optimizer", "Optimizer", f"torch.optim.AdamW, lr {m.learning_rate:g}"),
+        Input("optimizer", "Optimizer", f"torch.optim.AdamW (foreach), lr {m.learning_rate:g}"),
     ]
     if dev.torch_device.type == "cpu":
         inputs.append(Input("threads", "CPU threads", m.threads, origin="torch.get_num_threads()"))
