@@ -15,6 +15,7 @@ torch is imported here and nowhere in the accounting path.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Literal
 
 import torch
@@ -138,11 +139,9 @@ class Attention(nn.Module):
         p = DROPOUT_P if (self.spec.dropout and self.training) else 0.0
         groups = q.shape[1] // k.shape[1]
         if self.impl == "flash":
-            if q.device.type != "cuda":
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
             # A CUDA case no fused kernel takes would silently run the math kernel, which keeps the fp32
             # b·H·s² scores: refuse it, so that a memory check never measures the wrong kernel.
-            with sdpa_kernel(FUSED_CUDA_KERNELS):
+            with sdpa_kernel(FUSED_CUDA_KERNELS) if q.device.type == "cuda" else nullcontext():
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
         if groups > 1:  # eager GQA: every query head gets its own copy of its group's K and V
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)

@@ -51,7 +51,8 @@ class SavedTensor:
     bytes_per_element: float
     attention_core: bool = False  # recomputed under selective recomputation
     split: str = "tp"  # "tp": split over tensor-parallel ranks; "seq": only with sequence parallelism; "none"
-    block: str = "attention"  # the half of a layer that keeps it: "attention" or "mlp" (its norm included)
+    block: str = "attention"  # what keeps it: a layer's "attention" or "mlp" half (its norm included), or
+    # outside the layers, the "embedding" side or the "head" side (final norm, output head, loss)
 
     @property
     def bytes(self) -> float:
@@ -232,15 +233,14 @@ def model_saved_tensors(
 ) -> list[SavedTensor]:
     """Saved tensors outside the layers: token ids, embedding dropout, final norm, head input, fp32 logits."""
     sb, h = seq_len * micro_batch, spec.hidden_size
-    tensors = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
+    embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
     if spec.dropout:
-        tensors.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, mask_bytes, split="seq"))
-    tensors += _norm_saved(spec, "final norm", sb, h, act_bytes, "h")
-    tensors += [
+        embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, mask_bytes, split="seq"))
+    head = _norm_saved(spec, "final norm", sb, h, act_bytes, "h") + [
         SavedTensor("output head input", "s·b·h", sb * h, act_bytes, split="seq"),
         SavedTensor("logits (fp32, for the cross-entropy)", "s·b·V", sb * spec.vocab_size, LOGITS_BYTES),
     ]
-    return tensors
+    return [replace(t, block="embedding") for t in embedding] + [replace(t, block="head") for t in head]
 
 
 @dataclass(frozen=True)

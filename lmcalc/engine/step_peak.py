@@ -248,12 +248,15 @@ def plain_step_peak(
         gradients=states.grads,
         activations=act.total - act.recompute_working_bytes,  # what the forward pass leaves saved
         loss_backward=LOSS_BACKWARD_TENSORS * LOGITS_BYTES * sbv,
-        head_side=sum(t.bytes for t in act.outside if t.label.startswith(HEAD_SIDE)),
+        head_side=sum(t.bytes for t in act.outside if t.block == "head"),
         # A holds the last layer's saved tensors already, or (full) only its input: the layer is rebuilt
         last_layer=replace(last, saved=last.saved if full else 0.0),
         first_layer=replace(first, saved=first.saved + (act.checkpoint_bytes if full else 0.0)),
         embedding_gradient=spec.vocab_size * spec.hidden_size * precision.grad_bytes,
-        **{key: count * precision.grad_bytes for key, count in early_and_late_params(spec).items()},
+        **{
+            key: count * precision.grad_bytes
+            for key, count in early_and_late_params(spec, first_is_moe, last_is_moe).items()
+        },
         tied=spec.tied_embeddings,
         optimizer_temporary=n * precision.optimizer_state_bytes,
         sbv=sbv,
@@ -300,7 +303,6 @@ def layer_backward(
     )
 
 
-HEAD_SIDE = ("final norm", "output head input", "logits")  # labels of engine.memory.model_saved_tensors
 MLP_OUTPUT_PROJECTIONS = ("mlp.down.", "mlp.proj.", "dense_mlp.down.", "dense_mlp.proj.")
 """A dense MLP's last matmul: its backward runs first, before the activation's."""
 MLP_HALF_GROUPS = ("mlp", "experts", "router", "shared_experts")
@@ -324,13 +326,11 @@ def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
     return total
 
 
-def early_and_late_params(spec: ModelSpec) -> dict[str, int]:
+def early_and_late_params(spec: ModelSpec, first_is_moe: bool, last_is_moe: bool) -> dict[str, int]:
     """Gradients at the layer moments, in parameters: made beyond A's count as the last layer runs its
     backward (the head's, or the tied matrix's head part, and the final norm's; then that layer's MLP
     output, or its MLP half), and not made yet as the first layer runs its (its own but the MLP output,
     or but the MLP half; and the input tables: an untied token embedding, a learned position table)."""
-    first_is_moe = bool(spec.moe) and spec.moe_layers == spec.num_layers  # MoE layers follow the dense ones
-    last_is_moe = bool(spec.moe) and spec.moe_layers > 0
     head, tables = spec.vocab_size * spec.hidden_size, 0
     for t in weight_tensors(spec):
         if t.group == "position" or (t.group == "embedding" and not spec.tied_embeddings):
