@@ -142,7 +142,8 @@ def test_row_4_fails_when_the_measured_peak_is_far_off(monkeypatch, factor, ok):
 # Row 4's CPU twin: the same timeline on small models in fp32, every live storage counted by
 # measure.StorageTracker. Two shapes × the recomputation modes × three architectures × both attention
 # kernels, so a phase formula that fits one point fails elsewhere. (MLA is left out: CPU sdpa runs its
-# unequal head sizes unfused.) Fused attention's selective recomputation saves what no recomputation does.
+# unequal head sizes unfused. Fused attention's selective recomputation differs from none only by the
+# log-sum-exp, so it is left out.)
 CPU_CASES = [
     (name, s, b, recompute, attention)
     for name in ("llama-3.2-1b", "gpt2-124m", "mixtral-8x7b")
@@ -151,7 +152,13 @@ CPU_CASES = [
     for recompute in modes
 ]
 # measured: within 0.1 % (fused, none), 0.4 % (eager, none), 0.8 % (full), 1.4 % (eager, selective)
-PEAK_TOLERANCE = {"none": 0.002, "selective": 0.02, "full": 0.01}
+PEAK_TOLERANCE = {
+    ("flash", "none"): 0.002,
+    ("eager", "none"): 0.005,
+    ("eager", "selective"): 0.02,
+    ("flash", "full"): 0.01,
+    ("eager", "full"): 0.01,
+}
 
 
 def _small(name: str):
@@ -166,7 +173,7 @@ def test_step_timeline_matches_live_storages_on_the_cpu(name, s, b, recompute, a
     assert predicted.activations == pytest.approx(m.activations, rel=0.01)
     assert predicted.phases["optimizer_step"] == pytest.approx(m.peak_optimizer - m.buffers, rel=0.01)
     backward = max(predicted.phases["backward_start"], predicted.phases["backward_end"])
-    tolerance = PEAK_TOLERANCE[recompute] if attention == "flash" or recompute != "none" else 0.005
+    tolerance = PEAK_TOLERANCE[(attention, recompute)]
     assert backward == pytest.approx(m.peak_backward - m.buffers, rel=tolerance)
     assert predicted.peak == pytest.approx(m.peak - m.buffers, rel=tolerance)
 
