@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec
 
 AttentionImpl = Literal["eager", "flash"]
@@ -31,6 +32,7 @@ Recompute = Literal["none", "selective", "full"]
 FUSED_CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
 """``flash`` on CUDA: any of PyTorch's fused attention kernels (each saves the output and the row
 log-sum-exp, not the scores), never the math fallback."""
+NO_KERNEL = "No available kernel"  # how PyTorch's sdpa says that no enabled kernel takes the case
 DROPOUT_P = 0.1  # the GPT-2/GPT-3 setting, used when the spec says the model trained with dropout
 
 
@@ -141,8 +143,17 @@ class Attention(nn.Module):
         if self.impl == "flash":
             # A CUDA case no fused kernel takes would silently run the math kernel, which keeps the fp32
             # b·H·s² scores: refuse it, so that a memory check never measures the wrong kernel.
-            with sdpa_kernel(FUSED_CUDA_KERNELS) if q.device.type == "cuda" else nullcontext():
-                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
+            try:
+                with sdpa_kernel(FUSED_CUDA_KERNELS) if q.device.type == "cuda" else nullcontext():
+                    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
+            except RuntimeError as exc:
+                if NO_KERNEL not in str(exc):
+                    raise
+                gqa = " with grouped-query attention" if groups > 1 else ""
+                raise LmcalcError(
+                    f"no fused attention kernel on this {q.device.type} takes {str(q.dtype).removeprefix('torch.')}, "
+                    f"head size {q.shape[-1]}{gqa}; try --attention eager or another --dtype"
+                ) from exc
         if groups > 1:  # eager GQA: every query head gets its own copy of its group's K and V
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         s = q.shape[2]

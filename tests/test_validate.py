@@ -114,6 +114,21 @@ def test_the_fused_kernels_pinned_on_cuda_refuse_rather_than_fall_back_to_math()
     torch.nn.functional.scaled_dot_product_attention(q, k, torch.randn(1, 4, 16, 4), is_causal=True)  # math, unpinned
 
 
+def test_no_fused_kernel_is_a_clear_error(monkeypatch):
+    # what PyTorch raises when the pinned kernels all refuse a case becomes one line that says what to do
+    from lmcalc import reference_model
+    from lmcalc.errors import LmcalcError
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(reference_model.F, "scaled_dot_product_attention", refuse)
+    spec = ModelSpec(name="arch", **{**BASE, **ARCHITECTURES["llama-like (GQA, SwiGLU, RMSNorm)"]})
+    model = measure.build(spec, "flash", 16, "cpu")
+    with pytest.raises(LmcalcError, match="no fused attention kernel .* takes float32, head size .* grouped-query"):
+        model(torch.zeros(1, 16, dtype=torch.long))
+
+
 def test_validate_passes_and_reports_every_row(capsys):
     from lmcalc.cli import main
 
