@@ -317,6 +317,24 @@ LastStageOpt = Annotated[
 ]
 
 
+EmbeddingSplitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--account-for-embedding-in-pipeline-split",
+        help="Count the input embedding as one layer when the layers are split over the pipeline stages "
+        "(Megatron-LM's flag): the first stage builds one layer fewer. Works with the interleaved schedule.",
+    ),
+]
+LossSplitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--account-for-loss-in-pipeline-split",
+        help="Count the output layer and the loss as one layer when the layers are split over the pipeline "
+        "stages (Megatron-LM's flag): the last stage builds one layer fewer. Works with the interleaved schedule.",
+    ),
+]
+
+
 def build_layout(
     cluster,
     dp: int | None,
@@ -332,6 +350,8 @@ def build_layout(
     virtual_stages: int,
     first_stage_layers: int | None = None,
     last_stage_layers: int | None = None,
+    embedding_in_split: bool = False,
+    loss_in_split: bool = False,
 ) -> ly.Layout:
     """The layout the flags describe; DP fills the GPUs the other degrees leave."""
     for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep)):
@@ -355,6 +375,8 @@ def build_layout(
         virtual_stages=_positive_int(virtual_stages, "--virtual-stages"),
         first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers,
+        embedding_in_split=embedding_in_split,
+        loss_in_split=loss_in_split,
     )
 
 
@@ -397,6 +419,8 @@ def memory(
     ] = 1,
     first_stage_layers: FirstStageOpt = None,
     last_stage_layers: LastStageOpt = None,
+    embedding_in_split: EmbeddingSplitOpt = False,
+    loss_in_split: LossSplitOpt = False,
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
     attention: AttentionOpt = "flash",
@@ -483,6 +507,8 @@ def memory(
             virtual_stages,
             first_stage_layers,
             last_stage_layers,
+            embedding_in_split,
+            loss_in_split,
         )
         return est.memory_result(
             spec,
@@ -535,6 +561,8 @@ def fit_command(
     virtual_stages: Annotated[int, typer.Option("--virtual-stages", help="Model chunks per stage.")] = 1,
     first_stage_layers: FirstStageOpt = None,
     last_stage_layers: LastStageOpt = None,
+    embedding_in_split: EmbeddingSplitOpt = False,
+    loss_in_split: LossSplitOpt = False,
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
     attention: AttentionOpt = "flash",
@@ -561,6 +589,8 @@ def fit_command(
         virtual_stages,
         first_stage_layers,
         last_stage_layers,
+        embedding_in_split,
+        loss_in_split,
     )
     result = est.fit_result(
         resolved.spec,
@@ -600,6 +630,8 @@ def plan_command(
     ] = False,
     first_stage_layers: FirstStageOpt = None,
     last_stage_layers: LastStageOpt = None,
+    embedding_in_split: EmbeddingSplitOpt = False,
+    loss_in_split: LossSplitOpt = False,
     tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens, for the days column.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
@@ -638,6 +670,8 @@ def plan_command(
         tp_within_node=not tp_across_nodes,
         first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers,
+        embedding_in_split=embedding_in_split,
+        loss_in_split=loss_in_split,
     )
     eff = None
     if efficiency is not None:

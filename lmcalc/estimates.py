@@ -318,7 +318,8 @@ def memory_result(
             "Layout",
             layout.label,
             origin="--dp --tp --pp --cp --ep --zero --sequence-parallel --schedule --virtual-stages"
-            + (" --first/--last-stage-layers" if layout.first_stage_layers or layout.last_stage_layers else ""),
+            + (" --first/--last-stage-layers" if layout.first_stage_layers or layout.last_stage_layers else "")
+            + (" --account-for-embedding/loss-in-pipeline-split" if layout.split_units else ""),
         ),
         Input("precision", "Precision recipe", precision.name, origin=_recipe_text(precision)),
         Input("optimizer", "Optimizer", optimizer.name, origin=_optimizer_text(optimizer)),

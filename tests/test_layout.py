@@ -221,10 +221,39 @@ def test_uneven_first_and_last_stages_split_the_rest_evenly():
     assert ly.stage_layer_counts(llama70, ly.Layout(pp=8, first_stage_layers=6)) == [6, 11, 11, 11, 11, 10, 10, 10]
 
 
+def test_counting_the_embedding_and_the_loss_as_layers_makes_the_same_split():
+    # Megatron-LM's --account-for-embedding/loss-in-pipeline-split: 126 layers + the embedding + the loss = 128
+    # units, 8 on each of 16 stages, so the first and the last build 7 layers: Llama 3's split, and now with the
+    # interleaved schedule too (128 chunks of one unit at 8 virtual stages; 126 layers alone make too few).
+    llama405 = resolve_model("llama-3.1-405b").spec
+    both = ly.Layout(pp=16, embedding_in_split=True, loss_in_split=True)
+    assert ly.stage_layer_counts(llama405, both) == [7, *[8] * 14, 7]
+    # the loss alone: 127 units, 15 stages of 8 and the last of 7, which builds 6
+    assert ly.stage_layer_counts(llama405, ly.Layout(pp=16, loss_in_split=True)) == [8] * 15 + [6]
+    interleaved = dict(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32, schedule="interleaved")
+    ly.check_layout(llama405, ly.Layout(**interleaved, virtual_stages=8, embedding_in_split=True, loss_in_split=True),
+                    None, 8192, "flash")  # fmt: skip
+    with pytest.raises(LmcalcError, match="126 layers < PP × virtual stages = 128"):
+        ly.check_layout(llama405, ly.Layout(**interleaved, virtual_stages=8), None, 8192, "flash")
+    # the same memory as the same split given by hand (a path that never counts units), stage by stage
+    precision = resolve_precision("bf16-mixed").spec
+    by_hand = ly.Layout(**{**interleaved, "schedule": "1f1b"}, first_stage_layers=7, last_stage_layers=7)
+    counted = ly.Layout(**{**interleaved, "schedule": "1f1b"}, embedding_in_split=True, loss_in_split=True)
+    for stage in (0, 1, 15):
+        a, b = (
+            ly.gpu_memory(llama405, lay, stage, precision, ADAMW, 8192, "flash", "none", 0.0)
+            for lay in (by_hand, counted)
+        )
+        assert a.total == b.total and a.activations == b.activations
+
+
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
         (ly.Layout(first_stage_layers=7), "needs pipeline stages: --pp 2 or more"),
+        (ly.Layout(loss_in_split=True), "needs --pp 2 or more"),
+        (ly.Layout(pp=16, first_stage_layers=7, loss_in_split=True), "give one or the other"),
+        (ly.Layout(pp=100, loss_in_split=True), "leaves a stage with no layer"),  # 127 units: the last has 1
         (ly.Layout(pp=16, schedule="interleaved", virtual_stages=2, grad_accum=16, last_stage_layers=7), "1f1b"),
         (ly.Layout(pp=16, first_stage_layers=0), "positive integer"),
         (ly.Layout(pp=16, first_stage_layers=100, last_stage_layers=20), "leave 6 of the 126 layers"),

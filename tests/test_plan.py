@@ -116,6 +116,20 @@ def test_pinned_degrees_are_checked_like_memory_checks_them(args, message, capsy
     assert code == 2 and message in err and "no layout can exist" in err
 
 
+def test_plan_pins_the_embedding_and_the_loss_in_the_split(capsys):
+    # every layout the search returns counts them, including interleaved ones the 126 layers alone allow
+    args = (
+        "plan --model llama-3.1-405b --gpus 2048x8xH100 --seq 8192 --global-batch 16M --tp 8 --pp 16 --cp 1 "
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --json"
+    )
+    code, out, _ = run(args, capsys)
+    titles = json.loads(out)["section_titles"]
+    assert code == 0 and titles
+    assert all(
+        "embedding and loss counted as a layer" in title for key, title in titles.items() if key.startswith("rank")
+    )
+
+
 def test_plan_json_names_each_layout(capsys):
     code, out, _ = run("plan --model llama-3.1-8b --gpus 8xH100 --seq 4096 --global-batch 256K --json", capsys)
     data = json.loads(out)

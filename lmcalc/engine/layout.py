@@ -65,6 +65,10 @@ class Layout:
     virtual_stages: int = 1
     first_stage_layers: int | None = None  # Megatron-LM's --decoder-first-pipeline-num-layers; None: even split
     last_stage_layers: int | None = None  # --decoder-last-pipeline-num-layers
+    # Megatron-LM's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the
+    # input embedding / the output layer and loss count as one layer each when the layers are split
+    embedding_in_split: bool = False
+    loss_in_split: bool = False
 
     @property
     def gpus(self) -> int:
@@ -88,7 +92,15 @@ class Layout:
             parts.append(f"first stage {self.first_stage_layers} layers")
         if self.last_stage_layers is not None:
             parts.append(f"last stage {self.last_stage_layers} layers")
+        counted = [name for name, on in (("embedding", self.embedding_in_split), ("loss", self.loss_in_split)) if on]
+        if counted:
+            parts.append(f"{' and '.join(counted)} counted as a layer")
         return ", ".join(parts)
+
+    @property
+    def split_units(self) -> int:
+        """What the pipeline split counts beyond the layers: the embedding and the loss, where asked."""
+        return int(self.embedding_in_split) + int(self.loss_in_split)
 
 
 def check_layout(
@@ -135,9 +147,10 @@ def check_layout(
     if layout.pp > model.num_layers:
         raise LmcalcError(f"PP={layout.pp} exceeds the {model.num_layers} layers of {model.name}")
     stages = layout.pp * layout.virtual_stages
-    if layout.schedule == "interleaved" and model.num_layers < stages:
+    if layout.schedule == "interleaved" and model.num_layers + layout.split_units < stages:
+        counted = f" + {layout.split_units} counted in the split" if layout.split_units else ""
         raise LmcalcError(
-            f"the interleaved schedule needs at least one layer per chunk: {model.num_layers} layers "
+            f"the interleaved schedule needs at least one layer per chunk: {model.num_layers} layers{counted} "
             f"< PP × virtual stages = {stages}"
         )
     if layout.schedule == "interleaved" and layout.pp > 1 and layout.grad_accum % layout.pp:
@@ -186,6 +199,8 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
     other stage at least one layer, under the 1F1B schedule."""
     given = {"--first-stage-layers": layout.first_stage_layers, "--last-stage-layers": layout.last_stage_layers}
     given = {flag: value for flag, value in given.items() if value is not None}
+    if layout.split_units:
+        _check_split_units(model, layout, given)
     if not given:
         return
     flags = " and ".join(given)
@@ -217,11 +232,40 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
         )
 
 
+def _check_split_units(model: ModelSpec, layout: Layout, given: dict) -> None:
+    """The embedding or the loss counted in the split (Megatron-LM's --account-for-*-in-pipeline-split)
+    needs pipeline stages, replaces --first/--last-stage-layers, and must leave every stage a layer."""
+    if layout.pp < 2:
+        raise LmcalcError("counting the embedding or the loss in the pipeline split needs --pp 2 or more")
+    if given:
+        raise LmcalcError(
+            f"{' and '.join(given)} and counting the embedding or the loss in the pipeline split both set the "
+            "split of the layers: give one or the other"
+        )
+    counts = stage_layer_counts(model, layout)
+    if min(counts) < 1:
+        raise LmcalcError(
+            f"counting the embedding or the loss as a layer leaves a stage with no layer: "
+            f"{model.num_layers} layers + {layout.split_units} on PP={layout.pp} stages"
+        )
+
+
 def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
     """Layers on each pipeline stage: the --first/--last-stage-layers where given, and the rest split as evenly as
     possible over the other stages, the earlier ones taking one more when the split is uneven (Llama 3 405B's
-    126 layers on 16 stages)."""
-    return list(_layer_counts(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers))
+    126 layers on 16 stages). With the embedding or the loss counted as a layer (Megatron-LM's
+    --account-for-embedding/loss-in-pipeline-split), the layers and those units are split evenly, and the
+    first or the last stage builds one layer fewer (Llama 3 405B: 126 + 2 = 16 × 8, so 7, 8, …, 8, 7)."""
+    return list(_layer_counts(model.num_layers, layout.pp, *stage_split(model, layout)))
+
+
+def stage_split(model: ModelSpec, layout: Layout) -> tuple[int | None, int | None]:
+    """(first, last) stage layer counts, as given or as the embedding and the loss counted in the split make
+    them (None: the even split of the rest)."""
+    if not (layout.embedding_in_split or layout.loss_in_split):
+        return layout.first_stage_layers, layout.last_stage_layers
+    units = _layer_counts(model.num_layers + layout.split_units, layout.pp, None, None)
+    return units[0] - int(layout.embedding_in_split), units[-1] - int(layout.loss_in_split)
 
 
 @functools.cache  # the planner asks for the same few splits thousands of times
@@ -253,7 +297,7 @@ def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int
 
 def _stage_mixes(model: ModelSpec, layout: Layout) -> tuple[tuple[int, int], ...]:
     dense_layers = model.moe.dense_layers if model.moe else model.num_layers
-    return _mixes(model.num_layers, dense_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
+    return _mixes(model.num_layers, dense_layers, layout.pp, *stage_split(model, layout))
 
 
 @functools.cache
@@ -463,7 +507,8 @@ def _outside(
 
 
 def cached_stage_params(model: ModelSpec, layout: Layout, stage: int, cache: dict | None) -> StageParams:
-    key = ("params", layout.tp, layout.pp, layout.ep, layout.first_stage_layers, layout.last_stage_layers, stage)
+    split = (layout.first_stage_layers, layout.last_stage_layers, layout.embedding_in_split, layout.loss_in_split)
+    key = ("params", layout.tp, layout.pp, layout.ep, split, stage)
     if cache is None:
         return stage_params(model, layout, stage)
     if key not in cache:

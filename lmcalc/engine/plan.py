@@ -42,6 +42,8 @@ class Pins:
     tp_within_node: bool = True
     first_stage_layers: int | None = None  # uneven pipeline stages (1F1B only); None: an even split
     last_stage_layers: int | None = None
+    embedding_in_split: bool = False  # the embedding / the loss counted as a layer in the split (Megatron-LM)
+    loss_in_split: bool = False
 
     @property
     def stage_split(self) -> bool:
@@ -104,8 +106,9 @@ def layouts(
                 continue
             accum = global_batch // (dp * mb)
             schedules = [("1f1b", 1, first, last) for first, last in _stage_splits(model, pp, pins)]
+            units = model.num_layers + int(pins.embedding_in_split) + int(pins.loss_in_split)
             if pp > 1 and accum % pp == 0 and not pins.stage_split:
-                schedules += [("interleaved", v, None, None) for v in VIRTUAL_STAGES if model.num_layers >= pp * v]
+                schedules += [("interleaved", v, None, None) for v in VIRTUAL_STAGES if units >= pp * v]
             for (schedule, virtual, first, last), recompute in itertools.product(schedules, recomputes):
                 yield (
                     Layout(
@@ -122,6 +125,8 @@ def layouts(
                         virtual_stages=virtual,
                         first_stage_layers=first,
                         last_stage_layers=last,
+                        embedding_in_split=pins.embedding_in_split and pp > 1,
+                        loss_in_split=pins.loss_in_split and pp > 1,
                     ),
                     recompute,
                 )
@@ -137,6 +142,8 @@ def _stage_splits(model: ModelSpec, pp: int, pins: Pins) -> list[tuple[int | Non
     if pins.stage_split:
         return [(pins.first_stage_layers, pins.last_stage_layers)]
     splits: list[tuple[int | None, int | None]] = [(None, None)]
+    if pins.embedding_in_split or pins.loss_in_split:  # the counted units set the split
+        return splits
     if pp > 1:
         even_last = stage_layer_counts(model, Layout(pp=pp))[-1]
         splits += [(None, even_last - k) for k in LIGHTER_LAST_STAGE if even_last - k >= 1]
