@@ -228,8 +228,10 @@ def test_counting_the_embedding_and_the_loss_as_layers_makes_the_same_split():
     llama405 = resolve_model("llama-3.1-405b").spec
     both = ly.Layout(pp=16, embedding_in_split=True, loss_in_split=True)
     assert ly.stage_layer_counts(llama405, both) == [7, *[8] * 14, 7]
-    # the loss alone: 127 units, 15 stages of 8 and the last of 7, which builds 6
-    assert ly.stage_layer_counts(llama405, ly.Layout(pp=16, loss_in_split=True)) == [8] * 15 + [6]
+    # one of them alone: Llama 3 8B's 32 layers + 1 = 33 = 3 × 11, so the stage that counts it builds 10
+    llama8 = resolve_model("llama-3-8b").spec
+    assert ly.stage_layer_counts(llama8, ly.Layout(pp=3, loss_in_split=True)) == [11, 11, 10]
+    assert ly.stage_layer_counts(llama8, ly.Layout(pp=3, embedding_in_split=True)) == [10, 11, 11]
     interleaved = dict(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32, schedule="interleaved")
     ly.check_layout(llama405, ly.Layout(**interleaved, virtual_stages=8, embedding_in_split=True, loss_in_split=True),
                     None, 8192, "flash")  # fmt: skip
@@ -251,9 +253,20 @@ def test_counting_the_embedding_and_the_loss_as_layers_makes_the_same_split():
     ("layout", "message"),
     [
         (ly.Layout(first_stage_layers=7), "needs pipeline stages: --pp 2 or more"),
-        (ly.Layout(loss_in_split=True), "needs --pp 2 or more"),
+        (ly.Layout(loss_in_split=True), "--account-for-loss-in-pipeline-split needs pipeline stages"),
         (ly.Layout(pp=16, first_stage_layers=7, loss_in_split=True), "give one or the other"),
-        (ly.Layout(pp=100, loss_in_split=True), "leaves a stage with no layer"),  # 127 units: the last has 1
+        (ly.Layout(pp=16, loss_in_split=True), r"126 layers \+ 1 = 127 must divide evenly over PP=16"),
+        (
+            ly.Layout(
+                pp=16,
+                schedule="interleaved",
+                virtual_stages=3,
+                grad_accum=16,
+                loss_in_split=True,
+                embedding_in_split=True,
+            ),
+            r"128 must divide evenly over PP × virtual stages = 48",
+        ),
         (ly.Layout(pp=16, schedule="interleaved", virtual_stages=2, grad_accum=16, last_stage_layers=7), "1f1b"),
         (ly.Layout(pp=16, first_stage_layers=0), "positive integer"),
         (ly.Layout(pp=16, first_stage_layers=100, last_stage_layers=20), "leave 6 of the 126 layers"),
@@ -281,3 +294,30 @@ def test_a_lighter_first_stage_moves_the_peak_to_the_second():
     per_layer = one_layer(model, layout, 8192, 1, attention="flash")
     assert gpu.stage == 1
     assert gpu.activations == pytest.approx(15 * 8 * per_layer, rel=1e-12)
+
+
+def test_layouts_that_differ_only_in_their_split_never_share_a_cached_figure():
+    # the planner keeps one cache for thousands of layouts: whichever is evaluated first, each layout's memory
+    # and step time must be what a fresh cache gives
+    from lmcalc.engine.steptime import step_time
+    from lmcalc.presets import resolve_hardware
+
+    model, precision = resolve_model("llama-3.1-405b").spec, resolve_precision("bf16-mixed").spec
+    common = dict(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32)
+    layouts = [
+        ly.Layout(**common),
+        ly.Layout(**common, embedding_in_split=True, loss_in_split=True),
+        ly.Layout(**common, first_stage_layers=6, last_stage_layers=8),
+    ]
+    hardware = resolve_hardware("H100").spec
+
+    def figures(layout, cache):
+        memory = ly.most_loaded_gpu(model, layout, precision, ADAMW, 8192, "flash", "none", 0.0, cache=cache)
+        time = step_time(model, layout, 8192, precision, hardware, 8, "none", cache=cache)
+        return memory.total, memory.stage, time.total
+
+    fresh = [figures(layout, {}) for layout in layouts]
+    assert len(set(fresh)) == len(layouts)  # three different splits, three different answers
+    for order in (layouts, layouts[::-1]):
+        shared: dict = {}
+        assert {layout: figures(layout, shared) for layout in order} == dict(zip(layouts, fresh, strict=True))

@@ -117,17 +117,39 @@ def test_pinned_degrees_are_checked_like_memory_checks_them(args, message, capsy
 
 
 def test_plan_pins_the_embedding_and_the_loss_in_the_split(capsys):
-    # every layout the search returns counts them, including interleaved ones the 126 layers alone allow
+    # every layout the search returns counts them; at PP = 32 they make interleaving with v = 4 possible
+    # (126 + 2 = 128 = 32 × 4; the 126 layers alone are too few for 128 chunks)
     args = (
-        "plan --model llama-3.1-405b --gpus 2048x8xH100 --seq 8192 --global-batch 16M --tp 8 --pp 16 --cp 1 "
-        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --json"
+        "plan --model llama-3.1-405b --gpus 2048x8xH100 --seq 8192 --global-batch 16M --tp 8 --pp 32 --cp 1 "
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --top 100 --json"
     )
     code, out, _ = run(args, capsys)
-    titles = json.loads(out)["section_titles"]
-    assert code == 0 and titles
-    assert all(
-        "embedding and loss counted as a layer" in title for key, title in titles.items() if key.startswith("rank")
+    ranked = [title for key, title in json.loads(out)["section_titles"].items() if key.startswith("rank")]
+    assert code == 0 and ranked
+    assert all("embedding and loss counted as a layer" in title for title in ranked)
+    assert any("interleaved v=4" in title for title in ranked)
+    code, out, _ = run(
+        args.replace(" --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split", ""), capsys
     )
+    assert code == 0 and not any("interleaved v=4" in title for title in json.loads(out)["section_titles"].values())
+    code, _, err = run(args.replace("--pp 32", "--pp 1"), capsys)
+    assert code == 2 and "need pipeline stages: --pp 2 or more" in err
+
+
+def test_memory_and_fit_count_the_embedding_and_the_loss_as_the_same_split_by_hand(capsys):
+    # Llama 3 405B on 16 stages: counting both (126 + 2 = 16 × 8) is --first-stage-layers 7 --last-stage-layers 7
+    base = "--model llama-3.1-405b --gpus 1024x8xH100 --seq 8192 --tp 8 --pp 16 --zero 2 --sequence-parallel"
+    base += " --grad-accum 32"
+    counted = " --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
+    by_hand = " --first-stage-layers 7 --last-stage-layers 7"
+    for command in ("memory", "fit"):
+        figures = []
+        for split in (counted, by_hand):
+            code, out, err = run(f"{command} {base}{split} --json", capsys)
+            assert code == 0, err
+            sections = json.loads(out)["results"].values()
+            figures.append([term.get("value") for section in sections for term in section.values()])
+        assert figures[0] == figures[1] and len(figures[0]) >= 4
 
 
 def test_plan_json_names_each_layout(capsys):

@@ -234,19 +234,27 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
 
 def _check_split_units(model: ModelSpec, layout: Layout, given: dict) -> None:
     """The embedding or the loss counted in the split (Megatron-LM's --account-for-*-in-pipeline-split)
-    needs pipeline stages, replaces --first/--last-stage-layers, and must leave every stage a layer."""
-    if layout.pp < 2:
-        raise LmcalcError("counting the embedding or the loss in the pipeline split needs --pp 2 or more")
-    if given:
-        raise LmcalcError(
-            f"{' and '.join(given)} and counting the embedding or the loss in the pipeline split both set the "
-            "split of the layers: give one or the other"
+    needs pipeline stages, replaces --first/--last-stage-layers, and, as Megatron-LM asserts, needs the
+    layers and the counted units to divide evenly over the stages (and over their chunks, interleaved)."""
+    flags = " and ".join(
+        flag
+        for flag, on in (
+            ("--account-for-embedding-in-pipeline-split", layout.embedding_in_split),
+            ("--account-for-loss-in-pipeline-split", layout.loss_in_split),
         )
-    counts = stage_layer_counts(model, layout)
-    if min(counts) < 1:
+        if on
+    )
+    if layout.pp < 2:
+        raise LmcalcError(f"{flags} needs pipeline stages: --pp 2 or more")
+    if given:
+        raise LmcalcError(f"{flags} and {' and '.join(given)} both set the split of the layers: give one or the other")
+    units = model.num_layers + layout.split_units
+    chunks = layout.pp * (layout.virtual_stages if layout.schedule == "interleaved" else 1)
+    if units % chunks:
+        what = f"PP × virtual stages = {chunks}" if chunks != layout.pp else f"PP={layout.pp}"
         raise LmcalcError(
-            f"counting the embedding or the loss as a layer leaves a stage with no layer: "
-            f"{model.num_layers} layers + {layout.split_units} on PP={layout.pp} stages"
+            f"with {flags}, the {model.num_layers} layers + {layout.split_units} = {units} must divide evenly "
+            f"over {what} (Megatron-LM asserts it)"
         )
 
 

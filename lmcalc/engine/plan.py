@@ -165,6 +165,8 @@ def plan(
     """Evaluate every layout; keep those that fit, fastest first, or the one that misses by least."""
     if global_batch < 1:
         raise LmcalcError("the global batch must hold at least one sequence")
+    if pins.pp == 1 and (pins.embedding_in_split or pins.loss_in_split):
+        raise LmcalcError("--account-for-embedding/loss-in-pipeline-split need pipeline stages: --pp 2 or more")
     result = Plan(capacity=cluster.hardware.memory_bytes)
     cache: dict = {}
     refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2
