@@ -245,7 +245,7 @@ def _check_split_units(model: ModelSpec, layout: Layout, given: dict) -> None:
         if on
     )
     if layout.pp < 2:
-        raise LmcalcError(f"{flags} needs pipeline stages: --pp 2 or more")
+        raise LmcalcError(f"{flags} {'need' if layout.split_units > 1 else 'needs'} pipeline stages: --pp 2 or more")
     if given:
         raise LmcalcError(f"{flags} and {' and '.join(given)} both set the split of the layers: give one or the other")
     units = model.num_layers + layout.split_units
