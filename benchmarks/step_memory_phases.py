@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lmcalc.atomic import write_atomic
-from lmcalc.measure import measured_step
+from lmcalc.measure import measured_step, step_parts
 from lmcalc.presets import resolve_model
 from lmcalc.result import json_safe
 
@@ -34,17 +34,13 @@ CASES = (  # model, s, b, recompute; Mixtral is cut to the layers that fit (meas
 
 
 def parts(predicted, measured) -> list[tuple[str, float, float]]:
-    """Engine and allocator, part by part; the module's buffers and cuBLAS's workspaces (not model state)
-    come off the latter."""
-    phases, buffers = predicted.phases, measured.outside_model
+    """Engine and allocator, part by part (``measure.step_parts``), then the forward's and the step's peak;
+    the module's buffers and cuBLAS's workspaces (not model state) come off the measured figures."""
+    outside = measured.outside_model
     return [
-        ("weights + states", predicted.weights + predicted.optimizer_states, measured.baseline - buffers),
-        ("activations", predicted.activations, measured.activations),
-        ("gradients", predicted.gradients, measured.gradients),
-        ("backward peak", max(phases["backward_start"], phases["backward_end"]), measured.peak_backward - buffers),
-        ("optimizer peak", phases["optimizer_step"], measured.peak_optimizer - buffers),
-        ("forward peak", float("nan"), measured.peak_forward - buffers),
-        ("step peak", predicted.peak, measured.peak - buffers),
+        *((what, engine, actual) for _, what, engine, actual in step_parts(predicted, measured)),
+        ("forward peak", float("nan"), measured.peak_forward - outside),
+        ("step peak", predicted.peak, measured.peak - outside),
     ]
 
 

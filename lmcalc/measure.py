@@ -268,6 +268,39 @@ def step_memory(
     )
 
 
+def tracked_step(
+    model: ReferenceModel, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, recompute: Recompute
+) -> StepMemory:
+    """``step_memory`` on a device without allocator statistics: every live storage counted by a
+    ``StorageTracker`` that starts from the weights, the buffers and the optimizer's states."""
+    states = optimizer_state_tensors(optimizer, tokens.device)
+    with StorageTracker([*model.parameters(), *model.buffers(), *states], tokens.device) as tracker:
+        return step_memory(model, optimizer, tokens, recompute, tracker)
+
+
+def step_parts(predicted: StepPeak, measured: StepMemory) -> list[tuple[str, str, float, float]]:
+    """(key, what, engine, measured) for each part of a step's peak, the measured figures less what is
+    not model state (``StepMemory.outside_model``): what a difference in the peak is made of."""
+    outside = measured.outside_model
+    return [
+        (
+            "states",
+            "weights + optimizer states",
+            predicted.weights + predicted.optimizer_states,
+            measured.baseline - outside,
+        ),
+        ("activations", "activations saved by the forward pass", predicted.activations, measured.activations),
+        ("gradients", "gradients", predicted.gradients, measured.gradients),
+        ("backward", "peak of the backward pass", predicted.backward_peak, measured.peak_backward - outside),
+        (
+            "optimizer",
+            "peak of optimizer.step()",
+            predicted.phases["optimizer_step"],
+            measured.peak_optimizer - outside,
+        ),
+    ]
+
+
 def model_that_fits(spec: ModelSpec, max_params: float) -> ModelSpec:
     """``spec`` if it has at most ``max_params`` parameters; else the same model with fewer layers, every
     tensor at its real shape (an MoE model keeps one dense layer if it had any, and at least one MoE
@@ -307,6 +340,7 @@ def measured_step(
     Fused attention unless ``attention`` says eager, and ``torch.optim.AdamW(foreach=True)`` (its
     default on a GPU), on both. One step runs first, so that AdamW's states exist; the next is measured.
     """
+    from lmcalc.engine.maxparams import bytes_per_param, optimizer_bytes_per_param
     from lmcalc.errors import LmcalcError
     from lmcalc.presets import resolve_optimizer, resolve_precision
 
@@ -315,7 +349,7 @@ def measured_step(
     adamw = resolve_optimizer("adamw").spec
     if cuda:
         capacity = torch.cuda.get_device_properties(0).total_memory
-        per_param = precision.param_bytes + precision.grad_bytes + 2 * precision.optimizer_state_bytes
+        per_param = bytes_per_param(precision, optimizer_bytes_per_param(spec, precision, adamw), 0, 1)
         spec = model_that_fits(spec, CUDA_MODEL_FRACTION * capacity / per_param)
     seq = min(seq_len, spec.max_seq_len)
     mask_bytes = MASK_BYTES if cuda else CPU_MASK_BYTES
@@ -336,10 +370,7 @@ def measured_step(
     if cuda:
         measured = step_memory(model, optimizer, tokens, recompute, AllocatorStats(device), workspaces)
     else:
-        states = optimizer_state_tensors(optimizer, tokens.device)
-        tracker = StorageTracker([*model.parameters(), *model.buffers(), *states])
-        with tracker:
-            measured = step_memory(model, optimizer, tokens, recompute, tracker)
+        measured = tracked_step(model, optimizer, tokens, recompute)
     detail = f"{spec.name}, {'bf16' if cuda else 'fp32'}, s={seq}, b={micro_batch}, recompute {recompute}"
     detail += ", eager attention" if attention == "eager" else ""
     return predicted, measured, detail

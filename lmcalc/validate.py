@@ -257,7 +257,9 @@ def _step_rows(key: str, title: str, predicted: StepPeak, measured: StepMemory, 
     """The step's peak, judged, then its parts side by side (not judged): what a difference is made of.
     The module's buffers (rotary tables, causal mask) and, on CUDA, cuBLAS's workspaces are not model
     state: they are taken off the measured figures, and shown."""
-    phases, extra = predicted.phases, measured.outside_model
+    from lmcalc import measure
+
+    extra = measured.outside_model
     counter = (
         "measure.StorageTracker (live storages)" if tracked else "torch.cuda.memory_allocated / max_memory_allocated"
     )
@@ -280,38 +282,20 @@ def _step_rows(key: str, title: str, predicted: StepPeak, measured: StepMemory, 
             "Σ bytes of module.buffers()"
             + ("" if tracked else " + allocated before the model (measure.cuda_workspaces)"),
         ),
-        _part(
-            f"{key}_states",
-            "… weights + optimizer states",
-            predicted.weights + predicted.optimizer_states,
-            measured.baseline - extra,
-            f"{counter}, before the step",
-        ),
-        _part(
-            f"{key}_activations",
-            "… activations saved by the forward pass",
-            predicted.activations,
-            measured.activations,
-            "after the forward − before the step",
-        ),
-        _part(
-            f"{key}_gradients", "… gradients", predicted.gradients, measured.gradients, "after the backward − before"
-        ),
-        _part(
-            f"{key}_backward",
-            "… peak of the backward pass",
-            max(phases["backward_start"], phases["backward_end"]),
-            measured.peak_backward - extra,
-            "peak over loss.backward()",
-        ),
-        _part(
-            f"{key}_optimizer",
-            "… peak of optimizer.step()",
-            phases["optimizer_step"],
-            measured.peak_optimizer - extra,
-            "peak over optimizer.step()",
+        *(
+            _part(f"{key}_{part}", f"… {what}", engine, actual, PART_SOURCES[part].format(counter=counter))
+            for part, what, engine, actual in measure.step_parts(predicted, measured)
         ),
     ]
+
+
+PART_SOURCES = {
+    "states": "{counter}, before the step",
+    "activations": "after the forward − before the step",
+    "gradients": "after the backward − before",
+    "backward": "peak over loss.backward()",
+    "optimizer": "peak over optimizer.step()",
+}
 
 
 def _part(key: str, title: str, engine: float, measured: float, source: str) -> Section:

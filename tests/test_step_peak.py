@@ -66,9 +66,9 @@ def test_full_recompute_keeps_layer_inputs_and_rebuilds_one_layer():
 
 def test_every_phase_and_the_peak_explain_themselves():
     terms = {t.key: t for t in _peak(1024, 1).terms()}
-    assert terms["peak"].value == max(terms[k].value for k in ("backward_start", "backward_end", "optimizer_step"))
+    assert terms["peak"].value == 10 * N_LLAMA_1B  # bf16-pure AdamW at the optimizer step, by hand above
     assert "optimizer step" in terms["peak"].note
-    assert terms["loss_backward"].substituted.startswith("2 × 4 × ")
+    assert terms["loss_backward"].substituted == "2 × 4 × 1.31334e+08"  # s·b·V = 1024 × 128,256 = 131,334,144
 
 
 class Counter(measure.AllocatorStats):
@@ -170,9 +170,9 @@ def test_step_timeline_matches_live_storages_on_the_cpu(name, s, b, recompute, a
     predicted, m, _ = measure.measured_step(_small(name), s, b, recompute, "cpu", attention)
     assert predicted.weights + predicted.optimizer_states == m.baseline - m.buffers  # exact
     assert predicted.gradients == pytest.approx(m.gradients, abs=8)  # the loss scalar is still alive
-    assert predicted.activations == pytest.approx(m.activations, rel=0.01)
-    assert predicted.phases["optimizer_step"] == pytest.approx(m.peak_optimizer - m.buffers, rel=0.01)
-    backward = max(predicted.phases["backward_start"], predicted.phases["backward_end"])
+    assert predicted.activations == pytest.approx(m.activations, rel=0.005)  # measured: within 0.4 %
+    assert predicted.phases["optimizer_step"] == pytest.approx(m.peak_optimizer - m.buffers, rel=1e-5)
+    backward = predicted.backward_peak
     tolerance = PEAK_TOLERANCE[(attention, recompute)]
     assert backward == pytest.approx(m.peak_backward - m.buffers, rel=tolerance)
     assert predicted.peak == pytest.approx(m.peak - m.buffers, rel=tolerance)

@@ -284,10 +284,7 @@ def _timed_steps(
     if torch_device.type == "cuda":
         peak = float(torch.cuda.max_memory_allocated(torch_device) - buffers - workspaces)
     elif torch_device.type == "cpu":
-        states = measure.optimizer_state_tensors(optimizer, torch_device)
-        tracker = measure.StorageTracker([*model.parameters(), *model.buffers(), *states])
-        with tracker:
-            peak = float(measure.step_memory(model, optimizer, tokens, recompute, tracker).peak - buffers)
+        peak = float(measure.tracked_step(model, optimizer, tokens, recompute).peak - buffers)
     return seconds, [float(v) for v in losses], peak
 
 

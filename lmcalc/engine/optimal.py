@@ -33,8 +33,6 @@ from lmcalc.result import Section, Term
 from lmcalc.specs import Cluster, PrecisionRecipe
 from lmcalc.units import SECONDS_PER_DAY, sci
 
-"""The 6 of C = 6·N·D: 2 FLOPs per parameter per token forward, twice that backward (flops.py)."""
-
 TOKENS_PER_PARAM = 20
 """Compute-optimal training tokens per parameter, the rule of thumb read from Hoffmann et al. 2022 Table 3
 (Approach 1 projections) and Chinchilla's 70B parameters on 1.4T tokens (Table 1). The paper does not

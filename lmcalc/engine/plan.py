@@ -95,6 +95,10 @@ def layouts(
     zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
     micro = [pins.micro_batch] if pins.micro_batch else list(MICRO_BATCHES)
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE)
+    units = (
+        model.num_layers
+        + Layout(embedding_in_split=pins.embedding_in_split, loss_in_split=pins.loss_in_split).split_units
+    )
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if gpus % (tp * pp * cp):
             continue
@@ -106,7 +110,6 @@ def layouts(
                 continue
             accum = global_batch // (dp * mb)
             schedules = [("1f1b", 1, first, last) for first, last in _stage_splits(model, pp, pins)]
-            units = model.num_layers + int(pins.embedding_in_split) + int(pins.loss_in_split)
             if pp > 1 and accum % pp == 0 and not pins.stage_split:
                 schedules += [("interleaved", v, None, None) for v in VIRTUAL_STAGES if units >= pp * v]
             for (schedule, virtual, first, last), recompute in itertools.product(schedules, recomputes):
@@ -125,8 +128,8 @@ def layouts(
                         virtual_stages=virtual,
                         first_stage_layers=first,
                         last_stage_layers=last,
-                        embedding_in_split=pins.embedding_in_split and pp > 1,
-                        loss_in_split=pins.loss_in_split and pp > 1,
+                        embedding_in_split=pins.embedding_in_split,
+                        loss_in_split=pins.loss_in_split,
                     ),
                     recompute,
                 )
@@ -165,8 +168,6 @@ def plan(
     """Evaluate every layout; keep those that fit, fastest first, or the one that misses by least."""
     if global_batch < 1:
         raise LmcalcError("the global batch must hold at least one sequence")
-    if pins.pp == 1 and (pins.embedding_in_split or pins.loss_in_split):
-        raise LmcalcError("--account-for-embedding/loss-in-pipeline-split need pipeline stages: --pp 2 or more")
     result = Plan(capacity=cluster.hardware.memory_bytes)
     cache: dict = {}
     refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2

@@ -45,6 +45,7 @@ from lmcalc.engine.flops import Recompute
 from lmcalc.engine.memory import (
     LOGITS_BYTES,
     MASK_BYTES,
+    ActivationMemory,
     AttentionImpl,
     activation_memory,
     layer_saved_tensors,
@@ -121,6 +122,11 @@ class StepPeak:
     @staticmethod
     def _gb(value: float) -> str:
         return f"{value / 1e9:.4g} GB"
+
+    @property
+    def backward_peak(self) -> float:
+        """The most the backward pass holds: the larger of its start and its end."""
+        return max(self.phases["backward_start"], self.phases["backward_end"])
 
     @property
     def peak_phase(self) -> str:
@@ -237,7 +243,7 @@ def plain_step_peak(
     first_is_moe = bool(spec.moe) and spec.moe_layers == spec.num_layers  # MoE layers follow the dense ones
     last_is_moe = bool(spec.moe) and spec.moe_layers > 0
     first, last = (
-        layer_backward(spec, seq_len, micro_batch, act_bytes, attention, recompute, mask_bytes, moe)
+        layer_backward(spec, seq_len, micro_batch, act_bytes, act, attention, mask_bytes, moe)
         for moe in (first_is_moe, last_is_moe)
     )
     full = recompute == "full"
@@ -268,18 +274,16 @@ def layer_backward(
     seq_len: int,
     micro_batch: int,
     act_bytes: float,
+    act: ActivationMemory,
     attention: AttentionImpl,
-    recompute: Recompute,
     mask_bytes: float,
     moe_layer: bool,
 ) -> LayerBackward:
-    """One layer's backward (dense or MoE): the saved tensors it holds as it runs (under selective
-    recomputation without the attention core, which comes back as the attention's backward starts;
-    under full recomputation the rebuilt layer), and the gradients each half holds at once."""
+    """One layer's backward (dense or MoE): the saved tensors it holds as it runs (``act``'s, so under
+    selective recomputation without the attention core, which comes back as the attention's backward
+    starts; under full recomputation the rebuilt layer), and the gradients each half holds at once."""
     sb = seq_len * micro_batch
-    tensors = layer_saved_tensors(spec, seq_len, micro_batch, act_bytes, attention, moe_layer, recompute, mask_bytes)
-    selective = recompute == "selective"
-    kept = [t for t in tensors if not (selective and t.attention_core)]
+    kept = act.moe_layer if moe_layer else act.dense_layer
     if spec.moe and moe_layer:
         moe = spec.moe
         routed = 2 * moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
@@ -291,7 +295,10 @@ def layer_backward(
     else:
         attn = sb * (spec.num_heads * spec.qk_head_dim + spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim))
     rebuilt = 0.0
-    if selective:  # the core runs again: its saved tensors, and eager GQA's K and V repeated to every head
+    if act.recompute == "selective":  # the core runs again: its saved tensors, and eager GQA's repeated K and V
+        tensors = layer_saved_tensors(
+            spec, seq_len, micro_batch, act_bytes, attention, moe_layer, "selective", mask_bytes
+        )
         rebuilt = sum(t.bytes for t in tensors if t.attention_core)
         if attention == "eager" and not spec.mla and spec.kv_heads < spec.num_heads:
             rebuilt += sb * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim) * act_bytes
