@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from lmcalc.engine.flops import ForwardFlops, Recompute, forward_flops_per_token
 from lmcalc.engine.memory import (
@@ -96,6 +96,17 @@ class Layout:
         if counted:
             parts.append(f"{' and '.join(counted)} counted as a layer")
         return ", ".join(parts)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per GPU: the virtual stages under the interleaved schedule, one under 1F1B."""
+        return self.virtual_stages if self.schedule == "interleaved" else 1
+
+    @property
+    def split(self) -> tuple:
+        """Everything that decides which layers each stage holds (a cache key)."""
+        return (self.pp, self.chunks, self.first_stage_layers, self.last_stage_layers, self.embedding_in_split,
+                self.loss_in_split)  # fmt: skip
 
     @property
     def split_units(self) -> int:
@@ -264,7 +275,7 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
     126 layers on 16 stages). With the embedding or the loss counted as a layer (Megatron-LM's
     --account-for-embedding/loss-in-pipeline-split), the layers and those units are split evenly, and the
     first or the last stage builds one layer fewer (Llama 3 405B: 126 + 2 = 16 × 8, so 7, 8, …, 8, 7)."""
-    return list(_layer_counts(model.num_layers, layout.pp, *stage_split(model, layout)))
+    return [sum(dense + moe for dense, moe in chunks) for chunks in stage_chunk_mixes(model, layout)]
 
 
 def stage_split(model: ModelSpec, layout: Layout) -> tuple[int | None, int | None]:
@@ -288,35 +299,63 @@ def _layer_counts(layers: int, pp: int, first: int | None, last: int | None) -> 
 
 
 def distinct_stages(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
-    """The stages that bound all the others: the first, the last, and the first stage of every (dense, MoE)
-    mix of layers. A later stage with the same layers holds the same parameters, does the same work and keeps
-    fewer micro-batches in flight, so it never needs more memory or more time (DeepSeek-V3: its 3 dense layers
-    make stage 1 light, and stage 2, the first all-MoE stage, the heaviest)."""
-    mixes = _stage_mixes(model, layout)
-    firsts = {mix: mixes.index(mix) for mix in mixes}
-    return tuple(sorted({0, layout.pp - 1, *firsts.values()}))
-
-
-def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int]:
-    """(dense layers, MoE layers) on pipeline stage ``stage`` (``stage_layer_counts``); the dense layers come
-    first in the model, so they sit on the first stages."""
-    return _stage_mixes(model, layout)[stage]
-
-
-def _stage_mixes(model: ModelSpec, layout: Layout) -> tuple[tuple[int, int], ...]:
-    dense_layers = model.moe.dense_layers if model.moe else model.num_layers
-    return _mixes(model.num_layers, dense_layers, layout.pp, *stage_split(model, layout))
+    """The stages that bound all the others: the first, the last, and the first stage of every mix of layers
+    (its chunks' dense and MoE layers). A later stage with the same layers holds the same parameters, does the
+    same work and keeps fewer micro-batches in flight, so it never needs more memory or more time
+    (DeepSeek-V3: its 3 dense layers make stage 1 light, and stage 2, the first all-MoE stage, the heaviest)."""
+    return _distinct_stages(*_split_args(model, layout))
 
 
 @functools.cache
-def _mixes(layers: int, dense_layers: int, pp: int, first: int | None, last: int | None) -> tuple[tuple[int, int], ...]:
-    """(dense, MoE) layers of every stage, in order: the dense layers fill the first stages."""
-    mixes, start = [], 0
-    for count in _layer_counts(layers, pp, first, last):
+def _distinct_stages(*split_args) -> tuple[int, ...]:
+    mixes = _chunk_mixes(*split_args)
+    firsts = {mix: mixes.index(mix) for mix in mixes}
+    return tuple(sorted({0, len(mixes) - 1, *firsts.values()}))
+
+
+def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, int]:
+    """(dense layers, MoE layers) on pipeline stage ``stage`` (``stage_layer_counts``), over all its chunks."""
+    chunks = stage_chunk_mixes(model, layout)[stage]
+    return sum(dense for dense, _ in chunks), sum(moe for _, moe in chunks)
+
+
+def stage_chunk_mixes(model: ModelSpec, layout: Layout) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """For every stage, the (dense, MoE) layers of each of its model chunks: one chunk under 1F1B, v under the
+    interleaved schedule.
+
+    The model's layers fill the chunks in order, and the dense layers come first in the model. Under 1F1B
+    a stage is one chunk (``stage_layer_counts``). Under the interleaved schedule chunk j of stage i is
+    the model's (j·p + i)-th slice of layers, as Megatron-LM's layer offset j·L/v + i·L/(p·v) places it.
+    The L layers (plus the embedding and the loss where they count in the split) are dealt over the p·v
+    slices as evenly as possible, earlier slices taking one more; a counted embedding takes a layer's
+    place in the first slice, a counted loss in the last."""
+    return _chunk_mixes(*_split_args(model, layout))
+
+
+def _split_args(model: ModelSpec, layout: Layout) -> tuple:
+    dense_layers = model.moe.dense_layers if model.moe else model.num_layers
+    first, last = stage_split(model, layout)
+    units = (layout.embedding_in_split, layout.loss_in_split)
+    return (model.num_layers, dense_layers, layout.pp, layout.chunks, first, last, *units)
+
+
+@functools.cache  # the planner asks for the same few splits thousands of times
+def _chunk_mixes(
+    layers: int, dense_layers: int, pp: int, v: int, first: int | None, last: int | None, embedding: bool, loss: bool
+) -> tuple[tuple[tuple[int, int], ...], ...]:
+    if v == 1:
+        sizes = _layer_counts(layers, pp, first, last)  # slice g is stage g
+    else:
+        base, extra = divmod(layers + int(embedding) + int(loss), pp * v)
+        sizes = tuple(base + (1 if g < extra else 0) - int(embedding and g == 0) - int(loss and g == pp * v - 1)
+                      for g in range(pp * v))  # fmt: skip
+    mixes: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    start = 0
+    for g, count in enumerate(sizes):  # slice g is chunk g // pp of stage g % pp
         dense = max(0, min(start + count, dense_layers) - start)
-        mixes.append((dense, count - dense))
+        mixes[g % pp].append((dense, count - dense))
         start += count
-    return tuple(mixes)
+    return tuple(tuple(chunks) for chunks in mixes)
 
 
 def _tp_divisor(tensor: WeightTensor, model: ModelSpec, tp: int) -> int:
@@ -391,7 +430,8 @@ class GpuMemory:
     activations: float
     zero3_buffers: float
     overhead: float
-    micro_batches_in_flight: float
+    micro_batches_in_flight: float  # at the stage's busiest moment, in passes through all its layers
+    activations_outside: float  # of the activations, the bytes outside the layers
 
     @property
     def states(self) -> float:
@@ -412,6 +452,24 @@ def _split(tensor: SavedTensor, layout: Layout) -> float:
     return tensor.bytes / (layout.cp * (layout.tp if _split_by_tp(tensor, layout) else 1))
 
 
+def _in_flight_term(model: ModelSpec, layout: Layout, gpu: GpuMemory) -> Term:
+    """How many micro-batches the stage holds at its busiest (``held_in_flight``), with the schedule's count."""
+    p, v, m, i = layout.pp, layout.chunks, layout.grad_accum, gpu.stage
+    source = "Narayanan et al. 2021 §2.2 (1F1B)"
+    if v == 1:
+        formula, numbers = "min(PP − stage, micro-batches per step)", f"min({p} − {i}, {m})"
+        note = "under 1F1B the first stage holds one micro-batch per pipeline stage"
+    else:
+        passes = min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1)
+        chunks = " + ".join(str(dense + moe) for dense, moe in stage_chunk_mixes(model, layout)[i])
+        formula = "forward passes through a chunk held by stage i (from 0): min(m·v, 2·(p − 1 − i) + (v − 1)·p + 1)"
+        numbers = f"min({m}·{v}, 2·({p} − 1 − {i}) + ({v} − 1)·{p} + 1) = {passes} passes; layers per chunk {chunks}"
+        source += "; Megatron-LM's interleaved warm-up + 1 (Korthikanti et al. 2022 §4.2.3 on the first stage)"
+        note = "counted in passes through all the stage's layers; stage i holds 2·i chunk passes fewer than the first"
+    return Term("in_flight", "Micro-batches in flight", gpu.micro_batches_in_flight, "micro-batches", formula, numbers,
+                source=source, note=note)  # fmt: skip
+
+
 def _split_formula(tensors: list[SavedTensor], layout: Layout) -> str:
     """``saved_formula`` with each group of tensors over what splits it on one GPU: ``(…)/(TP·CP) + (…)/CP``."""
     groups: dict[str, list[SavedTensor]] = {}
@@ -427,6 +485,12 @@ def _split_formula(tensors: list[SavedTensor], layout: Layout) -> str:
     )
 
 
+class StageActivations(NamedTuple):
+    total: float  # bytes at the stage's busiest moment
+    in_flight: float  # micro-batches in flight then, counted in passes through all the stage's layers
+    outside: float  # of the total, the bytes outside the layers (embedding side, head side)
+
+
 def stage_activation_bytes(
     model: ModelSpec,
     layout: Layout,
@@ -437,12 +501,16 @@ def stage_activation_bytes(
     recompute: Recompute,
     mask_bytes: float = MASK_BYTES,
     cache: dict | None = None,
-) -> tuple[float, float]:
-    """Activation bytes on one GPU of ``stage`` and the number of micro-batches it holds in flight.
+) -> StageActivations:
+    """Activation bytes on one GPU of ``stage`` at its busiest, and the micro-batches it holds in flight then.
 
     ``cache``, a dict the caller keeps for one model, remembers per-layer figures across layouts (the
     planner evaluates thousands of layouts that share them)."""
     b = layout.micro_batch
+    key = ("activations", seq_len, b, act_bytes, attention, recompute, mask_bytes, layout.tp, layout.sequence_parallel,
+           layout.cp, layout.split, layout.grad_accum, stage)  # fmt: skip
+    if cache is not None and key in cache:
+        return cache[key]
 
     def layer_bytes(moe_layer: bool) -> float:
         key = (
@@ -466,21 +534,66 @@ def stage_activation_bytes(
             cache[key] = value
         return value
 
-    dense, moe = stage_layers(model, layout, stage)
+    chunks = stage_chunk_mixes(model, layout)[stage]
     if recompute == "full":
         checkpoint = SavedTensor("layer input", "s·b·h", seq_len * b * model.hidden_size, act_bytes, split="seq")
-        per_micro_batch = (dense + moe) * _split(checkpoint, layout)
+        layers = [(dense + moe) * _split(checkpoint, layout) for dense, moe in chunks]
+        dense, moe = stage_layers(model, layout, stage)
         working = max(layer_bytes(False) if dense else 0.0, layer_bytes(True) if moe else 0.0)
     else:
-        per_micro_batch = dense * layer_bytes(False) + (moe * layer_bytes(True) if moe else 0.0)
+        layers = [dense * layer_bytes(False) + (moe * layer_bytes(True) if moe else 0.0) for dense, moe in chunks]
         working = 0.0
-    # 1F1B: stage i holds (p − i) micro-batches' activations when the steady state begins (Narayanan et
-    # al. 2021 §2.2.1); never more micro-batches than the step has.
-    in_flight = float(min(layout.pp - stage, layout.grad_accum))
-    if layout.schedule == "interleaved" and layout.pp > 1:
-        in_flight *= 1 + (layout.pp - 1) / (layout.pp * layout.virtual_stages)  # Korthikanti et al. 2022 §4.2.3
-    outside = stage_outside_bytes(model, layout, stage, seq_len, act_bytes, mask_bytes, in_flight, cache)
-    return in_flight * per_micro_batch + working + outside, in_flight
+    embedding_side, head_side = stage_outside_bytes(model, layout, stage, seq_len, act_bytes, mask_bytes, cache)
+    per_chunk = [*layers]
+    per_chunk[0] += embedding_side  # the first chunk of the first stage begins with the embedding
+    per_chunk[-1] += head_side  # the last chunk of the last stage ends with the head
+    held, counts = held_in_flight(layout, stage, tuple(per_chunk))
+    outside = counts[0] * embedding_side + counts[-1] * head_side
+    per_micro_batch = sum(layers)
+    in_flight = (held - outside) / per_micro_batch if per_micro_batch else float(counts[0])
+    result = StageActivations(held + working, in_flight, outside)
+    if cache is not None:
+        cache[key] = result
+    return result
+
+
+def held_in_flight(layout: Layout, stage: int, chunk_bytes: tuple[float, ...]) -> tuple[float, tuple[int, ...]]:
+    """The most bytes of saved activations a GPU of ``stage`` holds during a step, given the bytes one
+    micro-batch leaves in each of its chunks, and how many micro-batches' forward passes through each chunk
+    it holds at that moment. A micro-batch's activations are held from its forward pass through a chunk
+    to its backward pass through it.
+
+    1F1B (Narayanan et al. 2021 §2.2.1): stage i runs p − i − 1 forward passes, then one forward and one
+    backward in turn, so it holds min(p − i, m) micro-batches at most.
+
+    Interleaved (Narayanan et al. 2021 §2.2.2, as Megatron-LM schedules it): a GPU runs its chunks' forward
+    passes in groups of p micro-batches, chunk after chunk, so its k-th forward pass goes through chunk
+    ⌊k/p⌋ mod v, and its backward passes take the chunks in reverse order. Stage i first runs
+    2·(p − i − 1) + (v − 1)·p forward passes (all m·v, if that is no fewer), then one forward and one
+    backward in turn. On the first stage that is Korthikanti et al. 2022 §4.2.3's L·(1 + (p − 1)/(p·v))
+    layers of activations; later stages hold 2 chunks fewer each, not p/(p − i) times fewer as under 1F1B.
+    When the chunks differ (an uneven split, the embedding or the head, dense and MoE layers) the busiest
+    moment can fall after the first backward pass, so the steady state is followed through one period of
+    p·v steps, after which the pattern repeats."""
+    p, v, m = layout.pp, layout.chunks, layout.grad_accum
+    if v == 1:
+        n = min(p - stage, m)
+        return n * chunk_bytes[0], (n,)
+    total = m * v
+    warm = min(total, 2 * (p - stage - 1) + (v - 1) * p + 1)  # the warm-up forward passes and the first steady one
+    counts = [(warm // (p * v)) * p + min(p, max(0, warm % (p * v) - j * p)) for j in range(v)]
+    held = sum(n * size for n, size in zip(counts, chunk_bytes, strict=True))
+    most, at_most = held, tuple(counts)
+    if len(set(chunk_bytes)) > 1:
+        for i in range(1, min(total - warm, p * v) + 1):
+            forward = ((warm - 1 + i) // p) % v
+            backward = v - 1 - ((i - 1) // p) % v
+            counts[forward] += 1
+            counts[backward] -= 1
+            held += chunk_bytes[forward] - chunk_bytes[backward]
+            if held > most:
+                most, at_most = held, tuple(counts)
+    return most, at_most
 
 
 def stage_outside_bytes(
@@ -490,17 +603,18 @@ def stage_outside_bytes(
     seq_len: int,
     act_bytes: float,
     mask_bytes: float,
-    in_flight: float,
     cache: dict | None = None,
-) -> float:
-    """Saved bytes outside the layers: token ids and embedding dropout on the first stage (per micro-batch
-    in flight), the final norm, head input and logits on the last."""
-    outside = 0.0
+) -> tuple[float, float]:
+    """Saved bytes outside the layers that one micro-batch leaves on ``stage``: (the embedding side, the head
+    side). Token ids and embedding dropout belong to the first stage; the final norm, head input and logits
+    to the last."""
+    embedding = head = 0.0
     for tensor in _outside(model, seq_len, layout.micro_batch, act_bytes, mask_bytes, cache):
-        on_first = tensor.label.startswith(("token ids", "embedding"))
-        if (on_first and stage == 0) or (not on_first and stage == layout.pp - 1):
-            outside += _split(tensor, layout) * (in_flight if on_first else 1)
-    return outside
+        if tensor.label.startswith(("token ids", "embedding")):
+            embedding += _split(tensor, layout) if stage == 0 else 0.0
+        elif stage == layout.pp - 1:
+            head += _split(tensor, layout)
+    return embedding, head
 
 
 def _outside(
@@ -515,8 +629,7 @@ def _outside(
 
 
 def cached_stage_params(model: ModelSpec, layout: Layout, stage: int, cache: dict | None) -> StageParams:
-    split = (layout.first_stage_layers, layout.last_stage_layers, layout.embedding_in_split, layout.loss_in_split)
-    key = ("params", layout.tp, layout.pp, layout.ep, split, stage)
+    key = ("params", layout.tp, layout.ep, layout.split, stage)
     if cache is None:
         return stage_params(model, layout, stage)
     if key not in cache:
@@ -555,7 +668,7 @@ def gpu_memory(
             return bytes_per_param * (held.dense / replicas_dense + held.experts / replicas_experts)
         return bytes_per_param * (held.dense + held.experts)
 
-    activations, in_flight = stage_activation_bytes(
+    activations = stage_activation_bytes(
         model, layout, stage, seq_len, precision.activation_bytes, attention, recompute, mask_bytes, cache
     )
     zero3 = 0.0
@@ -570,10 +683,11 @@ def gpu_memory(
         grads=sharded(precision.grad_bytes, 2),
         master=sharded(precision.master_bytes, 1),
         optimizer=sharded(opt_per_param, 1),
-        activations=activations,
+        activations=activations.total,
         zero3_buffers=zero3,
         overhead=overhead_bytes,
-        micro_batches_in_flight=in_flight,
+        micro_batches_in_flight=activations.in_flight,
+        activations_outside=activations.outside,
     )
 
 
@@ -731,28 +845,16 @@ def memory_sections(
         layers_formula = f"stage {gpu.stage + 1}'s share of the L layers (stages differ)"
         layers_numbers = f"{model.num_layers} = " + " + ".join(str(n) for n in counts)
     terms.append(Term("layers_on_gpu", "Layers on this GPU", dense + moe, "layers", layers_formula, layers_numbers))
-    terms.append(
-        Term(
-            "in_flight",
-            "Micro-batches in flight",
-            gpu.micro_batches_in_flight,
-            "micro-batches",
-            "min(PP − stage, micro-batches per step)"
-            + (" · (1 + (p − 1)/(p·v))" if layout.schedule == "interleaved" else ""),
-            source="Narayanan et al. 2021 §2.2 (1F1B); Korthikanti et al. 2022 §4.2.3 (interleaved)",
-            note="under 1F1B the first stage holds one micro-batch per pipeline stage",
-        )
-    )
-    outside = stage_outside_bytes(
-        model, layout, gpu.stage, seq_len, precision.activation_bytes, mask_bytes, gpu.micro_batches_in_flight
-    )
+    terms.append(_in_flight_term(model, layout, gpu))
+    outside = gpu.activations_outside
     terms.append(
         Term(
             "outside_layers",
             "Token ids, final norm, head input, logits",
             outside,
             "bytes",
-            "embedding side on the first stage (per micro-batch in flight); head side on the last",
+            "embedding side on the first stage, head side on the last, per micro-batch in flight through the "
+            "stage's first and last chunk",
             source="Korthikanti et al. 2022 §4.3 (extra terms)",
         )
     )

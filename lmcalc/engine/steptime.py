@@ -78,8 +78,7 @@ def _stage_work(
 ) -> tuple[float, float]:
     """Forward FLOPs per token of ``stage`` and its hardware FLOPs per token: forward and backward (3×), the
     logits on the last stage, and what recomputation redoes."""
-    split = (layout.first_stage_layers, layout.last_stage_layers, layout.embedding_in_split, layout.loss_in_split)
-    key = ("stage_work", seq_len, layout.pp, split, recompute, stage)
+    key = ("stage_work", seq_len, layout.split, recompute, stage)
     if cache is not None and key in cache:
         return cache[key]
     fwd = stage_forward_flops(model, layout, stage, seq_len)
