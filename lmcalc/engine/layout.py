@@ -853,8 +853,7 @@ def memory_sections(
             "Token ids, final norm, head input, logits",
             outside,
             "bytes",
-            "embedding side on the first stage, head side on the last, per micro-batch in flight through the "
-            "stage's first and last chunk",
+            "per micro-batch in flight: embedding side on the first stage, head side on the last",
             source="Korthikanti et al. 2022 §4.3 (extra terms)",
         )
     )
