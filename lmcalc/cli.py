@@ -132,6 +132,27 @@ def _measured_peak(peak: str, calibration: str | None, hardware, recipe) -> tupl
     return flops, f"{record.kind} benchmark on {record.device}, {record.when}, {path}"
 
 
+def _measured_efficiency(calibration: str | None, hardware, recipe, model: str) -> est.Given:
+    """The compute efficiency from ``lmcalc bench step`` results: the HFU of a measured step on this GPU."""
+    from pathlib import Path
+
+    from lmcalc.bench import results
+
+    path = Path(calibration).expanduser() if calibration else results.default_path()
+    if calibration and not path.exists():
+        raise LmcalcError(f"no such benchmark file: {path}")
+    found = results.measured_step_efficiency(results.load(path), hardware.name, recipe.compute_dtype, model)
+    if found is None:
+        raise LmcalcError(
+            f"{path} has no {recipe.compute_dtype} training step measured on {hardware.name}; run "
+            f"'lmcalc bench step -m MODEL --dtype {recipe.compute_dtype}' on one (or give --efficiency)"
+        )
+    hfu, record = found
+    measured = record.figures["model"]
+    which = "this model's" if measured == model else f"{measured}'s (the largest step measured)"
+    return est.Given(hfu, f"measured: HFU of {which} step, {record.device}, {record.when}, {path}")
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"lmcalc {__version__}")
@@ -639,6 +660,18 @@ def plan_command(
         float | None,
         typer.Option("--efficiency", help="Fraction of peak the compute reaches (default 0.6, calibrated)."),
     ] = None,
+    measured_efficiency: Annotated[
+        bool,
+        typer.Option(
+            "--measured-efficiency",
+            help="Take the compute efficiency from 'lmcalc bench step' results on this GPU type: the HFU of the "
+            "model's own measured step, else of the largest step measured.",
+        ),
+    ] = False,
+    calibration: Annotated[
+        str | None,
+        typer.Option("--calibration", help="Benchmark results file for --measured-efficiency (implies it)."),
+    ] = None,
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
     attention: AttentionOpt = "flash",
@@ -675,16 +708,21 @@ def plan_command(
     )
     eff = None
     if efficiency is not None:
+        if measured_efficiency or calibration:
+            raise LmcalcError("give --efficiency or --measured-efficiency/--calibration, not both")
         if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
             raise LmcalcError(f"--efficiency must be in (0, 1], got {efficiency}")
         eff = est.Given(efficiency, "--efficiency")
+    recipe = pr.resolve_precision(precision).spec
+    if measured_efficiency or calibration:
+        eff = _measured_efficiency(calibration, cluster.hardware, recipe, spec.name)
     top_n = _positive_int(top, "--top")
     ranked, derived = est.plan_results(
         spec,
         cluster,
         _seq(seq, spec),
         parse_count(global_batch, "--global-batch", binary=True),
-        pr.resolve_precision(precision).spec,
+        recipe,
         pr.resolve_optimizer(optimizer).spec,
         pins,
         _choice(attention, ("flash", "eager"), "--attention"),  # type: ignore[arg-type]

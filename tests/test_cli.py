@@ -307,11 +307,17 @@ def test_user_preset_directory(tmp_path, monkeypatch, capsys):
         presets.registry.cache_clear()
 
 
-def test_accounting_commands_never_import_torch_or_matplotlib():
-    code = textwrap.dedent("""
+def test_accounting_commands_never_import_torch_or_matplotlib(tmp_path):
+    from lmcalc.bench import results
+
+    bench = tmp_path / "bench.json"  # a measured step, read by plan --calibration without torch
+    figures = {"model": "llama-3-8b", "hfu": 0.5, "hardware_flops_per_step": 1e14}
+    results.save(bench, [results.Record("step", "NVIDIA H100 80GB HBM3", "h100-sxm", "bf16", figures)])
+    code = textwrap.dedent(f"""
         import sys
         from lmcalc.cli import main
         for argv in (["train-time", "--model", "llama-3-70b", "--gpus", "1024xH100"],
+                     ["plan", "--model", "llama-3-8b", "--gpus", "8xH100", "--calibration", {str(bench)!r}],
                      ["memory", "--model", "llama-3-8b", "--gpus", "8xH100", "--zero", "3"],
                      ["memory", "--model", "llama-3-8b", "--inference", "--batch", "4"],
                      ["plan", "--model", "llama-3-8b", "--gpus", "8xH100", "--explain"],

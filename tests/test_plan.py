@@ -317,3 +317,53 @@ def test_the_search_lightens_the_last_stage_when_the_logits_weigh_on_it():
     assert best.time.tokens_per_s > best_even.time.tokens_per_s
     # uneven splits are tried under 1F1B only
     assert all(c.layout.last_stage_layers is None for c in found.fitting if c.layout.schedule == "interleaved")
+
+
+def _step_record(model, hardware, hfu, hardware_flops, when):
+    from lmcalc.bench.results import Record
+
+    figures = {"model": model, "hfu": hfu, "hardware_flops_per_step": hardware_flops}
+    return Record("step", f"GPU for {hardware}", hardware, "bf16", figures, when=when)
+
+
+def test_measured_efficiency_comes_from_bench_step_results(tmp_path, capsys):
+    # the issue's third source of the compute efficiency: a measured step's HFU (hardware FLOPs over step time × the
+    # dense peak), the same fraction --efficiency gives by hand
+    from lmcalc.bench import results
+
+    path = tmp_path / "bench.json"
+    results.save(
+        path,
+        [
+            _step_record("llama-3.1-8b", "h100-sxm", 0.52, 4e14, "2026-11-01T00:00:00+00:00"),
+            _step_record("llama-3.1-8b", "h100-sxm", 0.55, 4e14, "2026-11-02T00:00:00+00:00"),  # the latest
+            _step_record("gpt2-124m", "h100-sxm", 0.31, 1e12, "2026-11-03T00:00:00+00:00"),
+            _step_record("llama-3.2-1b", "h100-sxm", 0.45, 5e13, "2026-11-03T00:00:00+00:00"),
+            _step_record("llama-3.1-8b", "a100-80gb", 0.9, 4e14, "2026-11-03T00:00:00+00:00"),  # another GPU
+        ],
+    )
+
+    def plan_json(*args):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["plan", "--gpus", "8xH100", "--seq", "4096", "--global-batch", "1M", "--json", *args])
+        out, err = capsys.readouterr()
+        return exit_info.value.code, out, err
+
+    code, out, _ = plan_json("-m", "llama-3.1-8b", "--calibration", str(path))
+    measured = json.loads(out)
+    assert code == 0 and measured["inputs"]["efficiency"]["value"] == 0.55
+    assert "this model's step" in measured["inputs"]["efficiency"]["origin"]
+    _, out, _ = plan_json("-m", "llama-3.1-8b", "--efficiency", "0.55")
+    assert json.loads(out)["results"] == measured["results"]
+    # no step of this model: the largest step measured on this GPU, the latest of the two 8B steps (not the 1B,
+    # not GPT-2, not the A100's)
+    code, out, _ = plan_json("-m", "qwen2.5-7b", "--calibration", str(path))
+    assert code == 0 and json.loads(out)["inputs"]["efficiency"]["value"] == 0.55
+    assert "llama-3.1-8b's (the largest step measured)" in json.loads(out)["inputs"]["efficiency"]["origin"]
+    code, _, err = plan_json("-m", "llama-3.1-8b", "--calibration", str(path), "--efficiency", "0.5")
+    assert code == 2 and "not both" in err
+    code, _, err = plan_json("-m", "llama-3.1-8b", "--calibration", str(tmp_path / "none.json"))
+    assert code == 2 and "no such benchmark file" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "-m", "llama-3.1-8b", "--gpus", "8xH200", "--calibration", str(path)])
+    assert exit_info.value.code == 2 and "no bf16 training step measured on h200" in capsys.readouterr().err

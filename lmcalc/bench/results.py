@@ -79,3 +79,21 @@ def measured_peak(records: list[Record], hardware: str, dtype: str) -> tuple[flo
             best = max(matching, key=lambda r: r.figures["flops_per_s"])
             return best.figures["flops_per_s"], best
     return None
+
+
+def measured_step_efficiency(
+    records: list[Record], hardware: str, dtype: str, model: str
+) -> tuple[float, Record] | None:
+    """The fraction of the dense peak a measured training step reached on ``hardware`` in ``dtype``: its HFU,
+    hardware FLOPs (recomputation included) over step time × peak, which is what the planner's compute
+    efficiency means. The latest step of ``model`` if one was measured, else the step that did the most
+    hardware FLOPs (the latest of those), the measured workload closest to a large run's kernels."""
+    steps = [
+        r for r in records if r.kind == "step" and r.hardware == hardware and r.dtype == dtype and r.figures.get("hfu")
+    ]
+    if not steps:
+        return None
+    same = [r for r in steps if r.figures.get("model") == model]
+    largest = max(steps, key=lambda r: (r.figures["hardware_flops_per_step"], r.when))
+    best = max(same, key=lambda r: r.when) if same else largest
+    return best.figures["hfu"], best
