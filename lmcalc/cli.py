@@ -487,10 +487,11 @@ def memory(
         )
     training = _flags_given(ctx, {p.name for p in ctx.command.params} - set(SERVING_ONLY) - set(MEMORY_SHARED))
     if inference and training:
+        takes = [p.opts[0] for p in ctx.command.params if p.name in SERVING_ONLY] + ["--tp"]
         raise LmcalcError(
             f"{' and '.join(training)} describe{'s' if len(training) == 1 else ''} training, not serving: "
             f"drop {'it' if len(training) == 1 else 'them'}, or drop --inference "
-            "(serving takes --batch, --context, --weights-dtype, --kv-dtype, --quant-group and --tp)"
+            f"(serving takes {', '.join(takes[:-1])} and {takes[-1]})"
         )
     if inference:
         result = est.inference_result(

@@ -174,13 +174,8 @@ def _validate_list(items: Any, kind: str, path: Path) -> list[str]:
 
 
 def _all_preset_files() -> list[Path]:
-    files: list[Path] = []
-    for directory in pr.search_dirs():
-        for sub in pr.FILE_PER_SPEC_KINDS:
-            files += sorted((directory / sub).glob("*.y*ml")) if (directory / sub).is_dir() else []
-        lists = [k for k in pr.KINDS if k not in pr.FILE_PER_SPEC_KINDS]
-        files += [directory / f"{k}.yaml" for k in lists if (directory / f"{k}.yaml").is_file()]
-    return files
+    """Every preset file on the search path, directory by directory, kind by kind."""
+    return [path for directory in pr.search_dirs() for kind in pr.KINDS for path in pr.preset_files(directory, kind)]
 
 
 def check_presets(files: list[str], as_json: bool) -> bool:

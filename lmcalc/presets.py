@@ -104,15 +104,23 @@ def validate(spec_type: type[S], data: Any, origin: str) -> S:
         raise LmcalcError(f"{origin}: {field}: {message}{more}") from None
 
 
-def _entries_in(directory: Path, kind: str) -> list[tuple[dict[str, Any], str]]:
+def preset_files(directory: Path, kind: str) -> list[Path]:
+    """The preset files of ``kind`` in a presets directory: one file per spec under ``kind/``, or one
+    ``kind.yaml`` holding a list."""
     if kind in FILE_PER_SPEC_KINDS:
         folder = directory / kind
-        if not folder.is_dir():
-            return []
-        return [(read_yaml(p), str(p)) for p in sorted(folder.glob("*.y*ml"))]
+        return sorted(folder.glob("*.y*ml")) if folder.is_dir() else []
     path = directory / f"{kind}.yaml"
-    if not path.is_file():
+    return [path] if path.is_file() else []
+
+
+def _entries_in(directory: Path, kind: str) -> list[tuple[dict[str, Any], str]]:
+    files = preset_files(directory, kind)
+    if kind in FILE_PER_SPEC_KINDS:
+        return [(read_yaml(p), str(p)) for p in files]
+    if not files:
         return []
+    path = files[0]
     data = read_yaml(path)
     items = data.get(kind) if isinstance(data, dict) else None
     if not isinstance(items, list):

@@ -166,16 +166,20 @@ def budget_section(
     )
 
 
+ALLOCATION_LABELS = {"rule_of_thumb": "Rule of thumb", "parametric_fit": "Fitted frontier"}
+"""Short names of the two allocations ``optimal_sections`` returns, by section key."""
+
+
 def throughput_section(allocations: tuple[Section, ...], cluster: Cluster, days: float) -> Section:
     """The tokens per second each allocation needs to train its D tokens by the deadline."""
     seconds = days * SECONDS_PER_DAY
     terms = []
-    for section, name in zip(allocations, ("Rule of thumb", "Fitted frontier"), strict=True):
+    for section in allocations:
         tokens = section.term("tokens").value
         terms.append(
             Term(
                 section.key,
-                name,
+                ALLOCATION_LABELS[section.key],
                 tokens / seconds,
                 "tokens/s",
                 "D / deadline seconds",
