@@ -718,6 +718,12 @@ def plan_results(
     sequences = round(global_batch_tokens / seq)
     if sequences < 1:
         raise LmcalcError(f"--global-batch {global_batch_tokens:g} tokens is less than one sequence of {seq}")
+    train_tokens = tokens or default_tokens(model)
+    if sequences * seq > train_tokens.value:
+        raise LmcalcError(
+            f"--global-batch {group(sequences * seq)} tokens is more than the {group(train_tokens.value)} training "
+            f"tokens ({train_tokens.origin}): the run would not make one step"
+        )
     eff = efficiency or Given(
         st.DEFAULT_COMPUTE_EFFICIENCY, "assumption: calibrated on published runs (docs/plan-accuracy.md)"
     )
@@ -742,7 +748,6 @@ def plan_results(
             f"needs {m.total / GB:,.1f} GB of {found.capacity / GB:,.0f} GB, "
             f"over by {(m.total - found.capacity) / GB:,.1f} GB, mostly {biggest} ({parts[biggest] / GB:,.1f} GB)"
         )
-    train_tokens = tokens or default_tokens(model)
     sections = []
     for rank, c in enumerate(found.fitting, start=1):
         t = c.time

@@ -178,6 +178,12 @@ BAD_INPUT = [
     ("optimal --compute 1e24 --precision fp8-mixed", "--precision applies to a cluster"),
     ("optimal --compute 1e24 --mfu 0.5 --price-per-gpu-hour 2", "--mfu, --price-per-gpu-hour apply to a cluster"),
     ("bench --device cpu --shape 8x8x8 --warmup -1", "--warmup must be 0 or more"),
+    # one step of 1e30 tokens is more than the 15T the preset trains on; 1M more than --tokens 100K
+    ("plan --model llama-3.1-8b --gpus 8xH100 --global-batch 1e30", "more than the 15,000,000,000,000 training tokens"),
+    (
+        "plan --model llama-3.1-8b --gpus 8xH100 --global-batch 1M --tokens 100K",
+        "1,048,576 tokens is more than the 100,000",
+    ),
 ]
 
 
