@@ -325,7 +325,8 @@ FirstStageOpt = Annotated[
     typer.Option(
         "--first-stage-layers",
         help="Layers on the first pipeline stage, which also holds the embedding (Megatron-LM's "
-        "--decoder-first-pipeline-num-layers); the other stages share the rest. 1F1B only. Default: an even split.",
+        "--decoder-first-pipeline-num-layers); the other stages share the rest. Interleaved: every stage's "
+        "layers must split evenly over its chunks. Default: an even split.",
     ),
 ]
 LastStageOpt = Annotated[
@@ -333,7 +334,8 @@ LastStageOpt = Annotated[
     typer.Option(
         "--last-stage-layers",
         help="Layers on the last pipeline stage, which also computes the logits (Megatron-LM's "
-        "--decoder-last-pipeline-num-layers); the other stages share the rest. 1F1B only. Default: an even split.",
+        "--decoder-last-pipeline-num-layers); the other stages share the rest. Interleaved: every stage's "
+        "layers must split evenly over its chunks. Default: an even split.",
     ),
 ]
 

@@ -267,7 +267,10 @@ def test_counting_the_embedding_and_the_loss_as_layers_makes_the_same_split():
             ),
             r"128 must divide evenly over PP × virtual stages = 48",
         ),
-        (ly.Layout(pp=16, schedule="interleaved", virtual_stages=2, grad_accum=16, last_stage_layers=7), "1f1b"),
+        (
+            ly.Layout(pp=16, schedule="interleaved", virtual_stages=2, grad_accum=16, last_stage_layers=7),
+            "split evenly over its 2 chunks .*: --last-stage-layers 7 and the other 15 stages' 119 layers do not",
+        ),
         (ly.Layout(pp=16, first_stage_layers=0), "positive integer"),
         (ly.Layout(pp=16, first_stage_layers=100, last_stage_layers=20), "leave 6 of the 126 layers"),
         (ly.Layout(pp=16, last_stage_layers=127), "asks for 127 layers; llama-3.1-405b has 126"),

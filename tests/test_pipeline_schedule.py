@@ -159,3 +159,24 @@ def test_1f1b_holds_p_minus_i_micro_batches(p, m):
     # min(p − i, m) micro-batches; never more than the step has.
     layout = ly.Layout(pp=p, grad_accum=m)
     assert [ly.held_in_flight(layout, i, (1.0,))[1] for i in range(p)] == [(min(p - i, m),) for i in range(p)]
+
+
+def test_uneven_stages_under_the_interleaved_schedule_split_evenly_over_their_chunks():
+    # Llama 3 70B, 80 layers on 4 stages × 2 chunks with 18 layers on the first and the last stage: the middle two
+    # take 22 each; every stage's share splits in two (9 + 9, 11 + 11). Stage 1 runs 2·2 + 1·4 + 1 = 9 chunk passes
+    # of 11 layers at its busiest: 99 layers, more than the first stage's 2·3 + 4 + 1 = 11 passes of 9 layers.
+    m = resolve_model("llama-3-70b").spec
+    layout = ly.Layout(
+        pp=4, grad_accum=8, schedule="interleaved", virtual_stages=2, first_stage_layers=18, last_stage_layers=18
+    )
+    ly.check_layout(m, layout, None, 4096, "flash")
+    chunks = ly.stage_chunk_mixes(m, layout)
+    assert [[dense for dense, _ in stage] for stage in chunks] == [[9, 9], [11, 11], [11, 11], [9, 9]]
+    one = ly.stage_activation_bytes(m, ly.Layout(pp=80), 1, 4096, 2, "flash", "none").total
+    assert ly.stage_activation_bytes(m, layout, 1, 4096, 2, "flash", "none").total == pytest.approx(99 * one)
+    first = ly.stage_activation_bytes(m, layout, 0, 4096, 2, "flash", "none")
+    assert first.total - first.outside == pytest.approx(99 * one)
+    # 19 on the first stage does not split over 2 chunks
+    with pytest.raises(ly.LmcalcError, match="--first-stage-layers 19 .* do not"):
+        ly.check_layout(m, ly.Layout(**{**layout.__dict__, "first_stage_layers": 19, "last_stage_layers": 17}),
+                        None, 4096, "flash")  # fmt: skip

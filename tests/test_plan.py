@@ -367,3 +367,20 @@ def test_measured_efficiency_comes_from_bench_step_results(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "-m", "llama-3.1-8b", "--gpus", "8xH200", "--calibration", str(path)])
     assert exit_info.value.code == 2 and "no bf16 training step measured on h200" in capsys.readouterr().err
+
+
+def test_pinned_uneven_stages_are_searched_with_the_chunks_they_split_over():
+    # Llama 3 70B on 4 stages with 18 layers on the first and the last: the middle two take 22. 18 and 22 split over
+    # 2 chunks, not over 3 (22) or 4 (18), so besides 1F1B only v = 2 is tried.
+    found = plan(
+        resolve_model("llama-3-70b").spec,
+        parse_cluster("8x8xH100"),
+        8192,
+        512,
+        resolve_precision("bf16-mixed").spec,
+        resolve_optimizer("adamw").spec,
+        Pins(tp=8, pp=4, first_stage_layers=18, last_stage_layers=18, recompute="full"),
+    )
+    tried = {(c.layout.schedule, c.layout.virtual_stages) for c in found.fitting}
+    assert tried == {("1f1b", 1), ("interleaved", 2)}
+    assert all((c.layout.first_stage_layers, c.layout.last_stage_layers) == (18, 18) for c in found.fitting)

@@ -207,7 +207,8 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
 
 def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
     """Uneven first and last stages (Megatron-LM's --decoder-first/last-pipeline-num-layers) must leave every
-    other stage at least one layer, under the 1F1B schedule."""
+    other stage at least one layer; under the interleaved schedule every stage's layers, the first's, the
+    last's and the others' even share, must split evenly over its chunks."""
     given = {"--first-stage-layers": layout.first_stage_layers, "--last-stage-layers": layout.last_stage_layers}
     given = {flag: value for flag, value in given.items() if value is not None}
     if layout.split_units:
@@ -218,11 +219,6 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
     plural = len(given) > 1
     if layout.pp < 2:
         raise LmcalcError(f"{flags} {'need' if plural else 'needs'} pipeline stages: --pp 2 or more")
-    if layout.schedule != "1f1b":
-        raise LmcalcError(
-            f"{flags} {'work' if plural else 'works'} with --schedule 1f1b only "
-            "(lmcalc does not model uneven interleaved chunks)"
-        )
     asked = sum(given.values())
     rest = model.num_layers - asked
     others = layout.pp - len(given)
@@ -240,6 +236,15 @@ def _check_stage_layers(model: ModelSpec, layout: Layout) -> None:
         raise LmcalcError(
             f"{flags} {'leave' if plural else 'leaves'} {rest} of the {model.num_layers} layers for the other "
             f"{stages}, which {'needs at least one' if others == 1 else 'need at least one each'}"
+        )
+    v = layout.chunks
+    uneven = [f"{flag} {value}" for flag, value in given.items() if value % v]
+    if others and rest % (others * v) and v > 1:  # under 1F1B the earlier other stages take one more
+        uneven.append(f"the other {others} stages' {rest} layers")
+    if uneven:
+        raise LmcalcError(
+            f"with --virtual-stages {v} every stage's layers split evenly over its {v} chunks (Megatron-LM's layer "
+            f"offsets assume it): {' and '.join(uneven)} do not"
         )
 
 
@@ -328,7 +333,8 @@ def stage_chunk_mixes(model: ModelSpec, layout: Layout) -> tuple[tuple[tuple[int
     the model's (j·p + i)-th slice of layers, as Megatron-LM's layer offset j·L/v + i·L/(p·v) places it.
     The L layers (plus the embedding and the loss where they count in the split) are dealt over the p·v
     slices as evenly as possible, earlier slices taking one more; a counted embedding takes a layer's
-    place in the first slice, a counted loss in the last."""
+    place in the first slice, a counted loss in the last. With --first/--last-stage-layers each stage's
+    share is split evenly over its chunks (``check_layout`` refuses a share that does not divide)."""
     return _chunk_mixes(*_split_args(model, layout))
 
 
@@ -345,6 +351,9 @@ def _chunk_mixes(
 ) -> tuple[tuple[tuple[int, int], ...], ...]:
     if v == 1:
         sizes = _layer_counts(layers, pp, first, last)  # slice g is stage g
+    elif (first is not None or last is not None) and not (embedding or loss):  # each stage's share, split evenly
+        stages = _layer_counts(layers, pp, first, last)
+        sizes = tuple(stages[g % pp] // v for g in range(pp * v))
     else:
         base, extra = divmod(layers + int(embedding) + int(loss), pp * v)
         sizes = tuple(base + (1 if g < extra else 0) - int(embedding and g == 0) - int(loss and g == pp * v - 1)

@@ -40,7 +40,7 @@ class Pins:
     max_pp: int = 64
     max_cp: int = 16
     tp_within_node: bool = True
-    first_stage_layers: int | None = None  # uneven pipeline stages (1F1B only); None: an even split
+    first_stage_layers: int | None = None  # uneven pipeline stages; None: an even split
     last_stage_layers: int | None = None
     embedding_in_split: bool = False  # the embedding / the loss counted as a layer in the split (Megatron-LM)
     loss_in_split: bool = False
@@ -110,8 +110,9 @@ def layouts(
                 continue
             accum = global_batch // (dp * mb)
             schedules = [("1f1b", 1, first, last) for first, last in _stage_splits(model, pp, pins)]
-            if pp > 1 and accum % pp == 0 and not pins.stage_split:
-                schedules += [("interleaved", v, None, None) for v in VIRTUAL_STAGES if units >= pp * v]
+            if pp > 1 and accum % pp == 0:  # pinned uneven stages that do not split over v chunks are refused
+                first, last = pins.first_stage_layers, pins.last_stage_layers
+                schedules += [("interleaved", v, first, last) for v in VIRTUAL_STAGES if units >= pp * v]
             for (schedule, virtual, first, last), recompute in itertools.product(schedules, recomputes):
                 yield (
                     Layout(
