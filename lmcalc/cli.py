@@ -111,17 +111,27 @@ def _emit(result: Result, as_json: bool, explain: bool) -> None:
     render(result, as_json=as_json, explain=explain)
 
 
-def _measured_peak(peak: str, calibration: str | None, hardware, recipe) -> tuple[float, str] | None:
-    """The measured FLOP/s for this GPU and the recipe's dtype from a benchmark file, or None for --peak spec."""
+def _bench_file(calibration: str | None, run: str):
+    """The benchmark results file: --calibration's, else the default one; refused if it does not exist."""
     from pathlib import Path
 
     from lmcalc.bench import results
 
+    path = Path(calibration).expanduser() if calibration else results.default_path()
+    if not path.exists():
+        raise LmcalcError(
+            f"no such benchmark file: {path}" if calibration else f"no benchmark results yet ({path}): {run}"
+        )
+    return path
+
+
+def _measured_peak(peak: str, calibration: str | None, hardware, recipe) -> tuple[float, str] | None:
+    """The measured FLOP/s for this GPU and the recipe's dtype from a benchmark file, or None for --peak spec."""
+    from lmcalc.bench import results
+
     if _choice(peak, ("spec", "measured"), "--peak") == "spec" and calibration is None:
         return None
-    path = Path(calibration).expanduser() if calibration else results.default_path()
-    if calibration and not path.exists():
-        raise LmcalcError(f"no such benchmark file: {path}")
+    path = _bench_file(calibration, f"run 'lmcalc bench --dtype {recipe.compute_dtype}' on a {hardware.name}")
     found = results.measured_peak(results.load(path), hardware.name, recipe.compute_dtype)
     if found is None:
         raise LmcalcError(
@@ -134,13 +144,10 @@ def _measured_peak(peak: str, calibration: str | None, hardware, recipe) -> tupl
 
 def _measured_efficiency(calibration: str | None, hardware, recipe, model: str) -> est.Given:
     """The compute efficiency from ``lmcalc bench step`` results: the HFU of a measured step on this GPU."""
-    from pathlib import Path
-
     from lmcalc.bench import results
 
-    path = Path(calibration).expanduser() if calibration else results.default_path()
-    if calibration and not path.exists():
-        raise LmcalcError(f"no such benchmark file: {path}")
+    run = f"run 'lmcalc bench step -m MODEL --dtype {recipe.compute_dtype}' on a {hardware.name}"
+    path = _bench_file(calibration, run)
     found = results.measured_step_efficiency(results.load(path), hardware.name, recipe.compute_dtype, model)
     if found is None:
         raise LmcalcError(

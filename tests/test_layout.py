@@ -129,6 +129,7 @@ def test_zero3_matches_the_zero_paper_through_the_layout():
 BAD_LAYOUTS = [
     ("llama-3.1-8b", "8xH100", dict(pp=8, schedule="interleaved", grad_accum=8), "needs --virtual-stages 2 or more"),
     ("llama-3.1-8b", "8xH100", dict(pp=8, virtual_stages=4, grad_accum=8), "applies to --schedule interleaved only"),
+    ("llama-3.1-8b", "8xH100", dict(dp=8, schedule="interleaved", virtual_stages=2), "needs pipeline stages"),
     ("llama-3.1-8b", "3xH100", dict(tp=3), "TP=3 does not divide the 32 attention heads"),
     ("llama-3.1-8b", "16xH100", dict(tp=16), "TP=16 does not divide the 8 KV heads"),
     ("llama-2-7b", "2x8xH100", dict(tp=16), "TP=16 spans more than the 8 GPUs of a node"),
@@ -299,7 +300,7 @@ def test_a_lighter_first_stage_moves_the_peak_to_the_second():
     assert gpu.activations == pytest.approx(15 * 8 * per_layer, rel=1e-12)
 
 
-def test_layouts_that_differ_only_in_their_split_never_share_a_cached_figure():
+def test_a_shared_cache_gives_every_layout_its_own_figures():
     # the planner keeps one cache for thousands of layouts: whichever is evaluated first, each layout's memory
     # and step time must be what a fresh cache gives
     from lmcalc.engine.steptime import step_time
@@ -311,6 +312,9 @@ def test_layouts_that_differ_only_in_their_split_never_share_a_cached_figure():
         ly.Layout(**common),
         ly.Layout(**common, embedding_in_split=True, loss_in_split=True),
         ly.Layout(**common, first_stage_layers=6, last_stage_layers=8),
+        ly.Layout(**common, schedule="interleaved", virtual_stages=2),
+        ly.Layout(**common, schedule="interleaved", virtual_stages=4),
+        ly.Layout(**{**common, "grad_accum": 16}, schedule="interleaved", virtual_stages=4),  # m = p: fewer in flight
     ]
     hardware = resolve_hardware("H100").spec
 
@@ -320,7 +324,7 @@ def test_layouts_that_differ_only_in_their_split_never_share_a_cached_figure():
         return memory.total, memory.stage, time.total
 
     fresh = [figures(layout, {}) for layout in layouts]
-    assert len(set(fresh)) == len(layouts)  # three different splits, three different answers
+    assert len(set(fresh)) == len(layouts)  # six different layouts, six different answers
     for order in (layouts, layouts[::-1]):
         shared: dict = {}
         assert {layout: figures(layout, shared) for layout in order} == dict(zip(layouts, fresh, strict=True))

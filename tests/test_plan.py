@@ -335,8 +335,10 @@ def test_measured_efficiency_comes_from_bench_step_results(tmp_path, capsys):
     results.save(
         path,
         [
-            _step_record("llama-3.1-8b", "h100-sxm", 0.52, 4e14, "2026-11-01T00:00:00+00:00"),
-            _step_record("llama-3.1-8b", "h100-sxm", 0.55, 4e14, "2026-11-02T00:00:00+00:00"),  # the latest
+            _step_record("llama-3.1-8b", "h100-sxm", 0.58, 4e14, "2026-11-01T00:00:00+00:00"),
+            _step_record(
+                "llama-3.1-8b", "h100-sxm", 0.55, 4e14, "2026-11-02T00:00:00+00:00"
+            ),  # the latest, not the best
             _step_record("gpt2-124m", "h100-sxm", 0.31, 1e12, "2026-11-03T00:00:00+00:00"),
             _step_record("llama-3.2-1b", "h100-sxm", 0.45, 5e13, "2026-11-03T00:00:00+00:00"),
             _step_record("llama-3.1-8b", "a100-80gb", 0.9, 4e14, "2026-11-03T00:00:00+00:00"),  # another GPU

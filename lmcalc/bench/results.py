@@ -88,12 +88,15 @@ def measured_step_efficiency(
     hardware FLOPs (recomputation included) over step time × peak, which is what the planner's compute
     efficiency means. The latest step of ``model`` if one was measured, else the step that did the most
     hardware FLOPs (the latest of those), the measured workload closest to a large run's kernels."""
-    steps = [
-        r for r in records if r.kind == "step" and r.hardware == hardware and r.dtype == dtype and r.figures.get("hfu")
+    steps = [  # matched on the peak the HFU was taken against: TF32's for an fp32 step with TF32 matmuls
+        r
+        for r in records
+        if r.kind == "step" and r.hardware == hardware and r.figures.get("peak_key", r.dtype) == dtype
+        if r.figures.get("hfu")
     ]
     if not steps:
         return None
     same = [r for r in steps if r.figures.get("model") == model]
-    largest = max(steps, key=lambda r: (r.figures["hardware_flops_per_step"], r.when))
+    largest = max(steps, key=lambda r: (r.figures.get("hardware_flops_per_step", 0.0), r.when))
     best = max(same, key=lambda r: r.when) if same else largest
     return best.figures["hfu"], best

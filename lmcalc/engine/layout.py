@@ -11,8 +11,9 @@ DP × CP for dense tensors, DP × CP / EP for experts.
 Activations follow Korthikanti et al. 2022: tensors inside attention and the MLP are split by the
 tensor-parallel degree t (eq. 2); the norm inputs, dropout masks and linear inputs are split too only
 with sequence parallelism (eq. 4); context parallelism splits the sequence. Under 1F1B the first
-pipeline stage holds p micro-batches in flight, each through L/p layers (eq. 5); the interleaved
-schedule multiplies that by 1 + (p − 1)/(p·v) for v virtual stages.
+pipeline stage holds p micro-batches in flight, each through L/p layers (eq. 5); under the interleaved
+schedule every stage's count follows Megatron-LM's schedule chunk by chunk (``held_in_flight``), which
+on the first stage is Korthikanti et al.'s 1 + (p − 1)/(p·v) times as much.
 """
 
 from __future__ import annotations
@@ -153,6 +154,8 @@ def check_layout(
         )
     if layout.schedule == "interleaved" and layout.virtual_stages < 2:
         raise LmcalcError("the interleaved schedule needs --virtual-stages 2 or more (1 is plain 1F1B)")
+    if layout.schedule == "interleaved" and layout.pp < 2:
+        raise LmcalcError("the interleaved schedule needs pipeline stages: --pp 2 or more")
     if layout.schedule != "interleaved" and layout.virtual_stages != 1:
         raise LmcalcError("--virtual-stages applies to --schedule interleaved only")
     if layout.pp > model.num_layers:
@@ -265,7 +268,7 @@ def _check_split_units(model: ModelSpec, layout: Layout, given: dict) -> None:
     if given:
         raise LmcalcError(f"{flags} and {' and '.join(given)} both set the split of the layers: give one or the other")
     units = model.num_layers + layout.split_units
-    chunks = layout.pp * (layout.virtual_stages if layout.schedule == "interleaved" else 1)
+    chunks = layout.pp * layout.chunks
     if units % chunks:
         what = f"PP × virtual stages = {chunks}" if chunks != layout.pp else f"PP={layout.pp}"
         raise LmcalcError(
@@ -332,8 +335,9 @@ def stage_chunk_mixes(model: ModelSpec, layout: Layout) -> tuple[tuple[tuple[int
     a stage is one chunk (``stage_layer_counts``). Under the interleaved schedule chunk j of stage i is
     the model's (j·p + i)-th slice of layers, as Megatron-LM's layer offset j·L/v + i·L/(p·v) places it.
     The L layers (plus the embedding and the loss where they count in the split) are dealt over the p·v
-    slices as evenly as possible, earlier slices taking one more; a counted embedding takes a layer's
-    place in the first slice, a counted loss in the last. With --first/--last-stage-layers each stage's
+    slices as evenly as possible, earlier slices taking one more (Megatron-LM refuses a split that is not
+    even; lmcalc models it this way); a counted embedding takes a layer's place in the first slice, a
+    counted loss in the last. With --first/--last-stage-layers each stage's
     share is split evenly over its chunks (``check_layout`` refuses a share that does not divide)."""
     return _chunk_mixes(*_split_args(model, layout))
 
@@ -474,7 +478,10 @@ def _in_flight_term(model: ModelSpec, layout: Layout, gpu: GpuMemory) -> Term:
         formula = "forward passes through a chunk held by stage i (from 0): min(m·v, 2·(p − 1 − i) + (v − 1)·p + 1)"
         numbers = f"min({m}·{v}, 2·({p} − 1 − {i}) + ({v} − 1)·{p} + 1) = {passes} passes; layers per chunk {chunks}"
         source += "; Megatron-LM's interleaved warm-up + 1 (Korthikanti et al. 2022 §4.2.3 on the first stage)"
-        note = "counted in passes through all the stage's layers; stage i holds 2·i chunk passes fewer than the first"
+        note = (
+            "counted in passes through all the stage's layers, at the stage's busiest moment (with uneven chunks it "
+            "can come after the first backward pass)"
+        )
     return Term("in_flight", "Micro-batches in flight", gpu.micro_batches_in_flight, "micro-batches", formula, numbers,
                 source=source, note=note)  # fmt: skip
 
@@ -579,8 +586,9 @@ def held_in_flight(layout: Layout, stage: int, chunk_bytes: tuple[float, ...]) -
     passes in groups of p micro-batches, chunk after chunk, so its k-th forward pass goes through chunk
     ⌊k/p⌋ mod v, and its backward passes take the chunks in reverse order. Stage i first runs
     2·(p − i − 1) + (v − 1)·p forward passes (all m·v, if that is no fewer), then one forward and one
-    backward in turn. On the first stage that is Korthikanti et al. 2022 §4.2.3's L·(1 + (p − 1)/(p·v))
-    layers of activations; later stages hold 2 chunks fewer each, not p/(p − i) times fewer as under 1F1B.
+    backward in turn (current Megatron-LM; older releases ran every stage's forward passes first whenever
+    m = p). On the first stage that is Korthikanti et al. 2022 §4.2.3's L·(1 + (p − 1)/(p·v)) layers of
+    activations; later stages hold 2 chunks fewer each, not p/(p − i) times fewer as under 1F1B.
     When the chunks differ (an uneven split, the embedding or the head, dense and MoE layers) the busiest
     moment can fall after the first backward pass, so the steady state is followed through one period of
     p·v steps, after which the pattern repeats."""
@@ -862,7 +870,7 @@ def memory_sections(
             "Token ids, final norm, head input, logits",
             outside,
             "bytes",
-            "per micro-batch in flight: embedding side on the first stage, head side on the last",
+            "per micro-batch holding them: embedding side (first stage), head side (last stage)",
             source="Korthikanti et al. 2022 §4.3 (extra terms)",
         )
     )

@@ -135,7 +135,7 @@ def step_time(
     if p > 1:
         pp_link = link_for(hardware, t * c * d * p, gpus_per_node)
         pp_p2p = m * 2 * collective_time("p2p", activation / (t if layout.sequence_parallel else 1), 2, pp_link)
-    virtual = layout.virtual_stages if layout.schedule == "interleaved" else 1
+    virtual = layout.chunks
     replicas = d * c
     dp_link = link_for(hardware, t * c * d, gpus_per_node)
 
