@@ -131,7 +131,7 @@ def _measured_peak(peak: str, calibration: str | None, hardware, recipe) -> tupl
 
     if _choice(peak, ("spec", "measured"), "--peak") == "spec" and calibration is None:
         return None
-    path = _bench_file(calibration, f"run 'lmcalc bench --dtype {recipe.compute_dtype}' on a {hardware.name}")
+    path = _bench_file(calibration, f"run 'lmcalc bench --dtype {recipe.compute_dtype}' on one {hardware.name}")
     found = results.measured_peak(results.load(path), hardware.name, recipe.compute_dtype)
     if found is None:
         raise LmcalcError(
@@ -146,14 +146,12 @@ def _measured_efficiency(calibration: str | None, hardware, recipe, model: str) 
     """The compute efficiency from ``lmcalc bench step`` results: the HFU of a measured step on this GPU."""
     from lmcalc.bench import results
 
-    run = f"run 'lmcalc bench step -m MODEL --dtype {recipe.compute_dtype}' on a {hardware.name}"
+    dtype = recipe.compute_dtype
+    run = f"run 'lmcalc bench step -m MODEL --dtype {dtype}' on one {hardware.name} (or give --efficiency)"
     path = _bench_file(calibration, run)
     found = results.measured_step_efficiency(results.load(path), hardware.name, recipe.compute_dtype, model)
     if found is None:
-        raise LmcalcError(
-            f"{path} has no {recipe.compute_dtype} training step measured on {hardware.name}; run "
-            f"'lmcalc bench step -m MODEL --dtype {recipe.compute_dtype}' on one (or give --efficiency)"
-        )
+        raise LmcalcError(f"{path} has no {recipe.compute_dtype} training step measured on {hardware.name}; {run}")
     hfu, record = found
     measured = record.figures["model"]
     which = "this model's" if measured == model else f"{measured}'s (the largest step measured)"

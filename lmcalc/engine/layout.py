@@ -337,8 +337,8 @@ def stage_chunk_mixes(model: ModelSpec, layout: Layout) -> tuple[tuple[tuple[int
     The L layers (plus the embedding and the loss where they count in the split) are dealt over the p·v
     slices as evenly as possible, earlier slices taking one more (Megatron-LM refuses a split that is not
     even; lmcalc models it this way); a counted embedding takes a layer's place in the first slice, a
-    counted loss in the last. With --first/--last-stage-layers each stage's
-    share is split evenly over its chunks (``check_layout`` refuses a share that does not divide)."""
+    counted loss in the last. With --first/--last-stage-layers each stage's share is split evenly over its
+    chunks (``check_layout`` refuses a share that does not divide)."""
     return _chunk_mixes(*_split_args(model, layout))
 
 
@@ -473,7 +473,7 @@ def _in_flight_term(model: ModelSpec, layout: Layout, gpu: GpuMemory) -> Term:
         formula, numbers = "min(PP − stage, micro-batches per step)", f"min({p} − {i}, {m})"
         note = "under 1F1B the first stage holds one micro-batch per pipeline stage"
     else:
-        passes = min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1)
+        passes = interleaved_passes_held(layout, i)
         chunks = " + ".join(str(dense + moe) for dense, moe in stage_chunk_mixes(model, layout)[i])
         formula = "forward passes through a chunk held by stage i (from 0): min(m·v, 2·(p − 1 − i) + (v − 1)·p + 1)"
         numbers = f"min({m}·{v}, 2·({p} − 1 − {i}) + ({v} − 1)·{p} + 1) = {passes} passes; layers per chunk {chunks}"
@@ -597,7 +597,7 @@ def held_in_flight(layout: Layout, stage: int, chunk_bytes: tuple[float, ...]) -
         n = min(p - stage, m)
         return n * chunk_bytes[0], (n,)
     total = m * v
-    warm = min(total, 2 * (p - stage - 1) + (v - 1) * p + 1)  # the warm-up forward passes and the first steady one
+    warm = interleaved_passes_held(layout, stage)
     counts = [(warm // (p * v)) * p + min(p, max(0, warm % (p * v) - j * p)) for j in range(v)]
     held = sum(n * size for n, size in zip(counts, chunk_bytes, strict=True))
     most, at_most = held, tuple(counts)
@@ -611,6 +611,14 @@ def held_in_flight(layout: Layout, stage: int, chunk_bytes: tuple[float, ...]) -
             if held > most:
                 most, at_most = held, tuple(counts)
     return most, at_most
+
+
+def interleaved_passes_held(layout: Layout, stage: int) -> int:
+    """Chunk forward passes a GPU of ``stage`` has run and not yet run backward when its steady state begins
+    under the interleaved schedule: Megatron-LM's warm-up, 2·(p − 1 − i) + (v − 1)·p, and the first steady
+    forward pass; all m·v if the warm-up covers them."""
+    p, v, m = layout.pp, layout.chunks, layout.grad_accum
+    return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1)
 
 
 def stage_outside_bytes(
