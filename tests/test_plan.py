@@ -61,16 +61,15 @@ def test_the_authors_toolset_narrows_the_search_to_their_options():
     assert accuracy.behind_fastest < 0
 
 
+def plan_70b_on_64(pins: Pins):
+    """Llama 3 70B on 8 nodes of 8 H100s, 512 sequences of 8,192 tokens a step."""
+    model, cluster = resolve_model("llama-3-70b").spec, parse_cluster("8x8xH100")
+    precision, optimizer = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
+    return plan(model, cluster, 8192, 512, precision, optimizer, pins)
+
+
 def test_search_respects_pins_and_ranks_by_throughput():
-    found = plan(
-        resolve_model("llama-3-70b").spec,
-        parse_cluster("8x8xH100"),
-        8192,
-        512,
-        resolve_precision("bf16-mixed").spec,
-        resolve_optimizer("adamw").spec,
-        Pins(tp=8, zero=1),
-    )
+    found = plan_70b_on_64(Pins(tp=8, zero=1))
     assert found.fitting and all(c.layout.tp == 8 and c.layout.zero == 1 for c in found.fitting)
     speeds = [c.time.tokens_per_s for c in found.fitting]
     assert speeds == sorted(speeds, reverse=True)
@@ -374,15 +373,7 @@ def test_measured_efficiency_comes_from_bench_step_results(tmp_path, capsys):
 def test_pinned_uneven_stages_are_searched_with_the_chunks_they_split_over():
     # Llama 3 70B on 4 stages with 18 layers on the first and the last: the middle two take 22. 18 and 22 split over
     # 2 chunks, not over 3 (22) or 4 (18), so besides 1F1B only v = 2 is tried.
-    found = plan(
-        resolve_model("llama-3-70b").spec,
-        parse_cluster("8x8xH100"),
-        8192,
-        512,
-        resolve_precision("bf16-mixed").spec,
-        resolve_optimizer("adamw").spec,
-        Pins(tp=8, pp=4, first_stage_layers=18, last_stage_layers=18, recompute="full"),
-    )
+    found = plan_70b_on_64(Pins(tp=8, pp=4, first_stage_layers=18, last_stage_layers=18, recompute="full"))
     tried = {(c.layout.schedule, c.layout.virtual_stages) for c in found.fitting}
     assert tried == {("1f1b", 1), ("interleaved", 2)}
     assert all((c.layout.first_stage_layers, c.layout.last_stage_layers) == (18, 18) for c in found.fitting)
