@@ -457,6 +457,10 @@ def memory(
     sweep: Annotated[
         str | None, typer.Option("--sweep", help="One row per value: seq=1k,4k,16k,64k or micro-batch=1,2,4,8.")
     ] = None,
+    stages: Annotated[
+        bool,
+        typer.Option("--stages", help="One row per pipeline stage: which stage binds, and the room the others have."),
+    ] = False,
     plot: Annotated[
         str | None, typer.Option("--plot", help="Also draw the breakdown: memory.png / .svg / .pdf.")
     ] = None,
@@ -520,7 +524,7 @@ def memory(
     recompute = _choice(recompute, ("none", "selective", "full"), "--recompute")
     overhead_bytes = parse_bytes(overhead, "--overhead")
 
-    def one(seq_text: str | None, batch: int) -> Result:
+    def one(seq_text: str | None, batch: int, each_stage: bool = False) -> Result:
         layout = build_layout(
             cluster,
             dp,
@@ -539,7 +543,8 @@ def memory(
             embedding_in_split,
             loss_in_split,
         )
-        return est.memory_result(
+        result = est.memory_stages_result if each_stage else est.memory_result
+        return result(
             spec,
             cluster,
             recipe,
@@ -552,8 +557,10 @@ def memory(
             note=resolved.note,
         )
 
+    if stages and sweep is not None:
+        raise LmcalcError("give --sweep or --stages, not both: each draws its own rows")
     if sweep is None:
-        _emit_with_plot(one(seq, micro_batch), as_json, explain, plot, force)
+        _emit_with_plot(one(seq, micro_batch, stages), as_json, explain, plot, force)
         return
     name, values = _sweep(sweep)
     rows = [(v, one(v, micro_batch) if name == "seq" else one(seq, _count_int(v, "--sweep"))) for v in values]

@@ -362,13 +362,20 @@ MEMORY_STACK = (
 SWEEPABLE = {"seq": "sequence length", "micro-batch": "micro-batch"}
 
 
+def _memory_row(key: str, title: str, result: Result, parts: tuple[str, ...] = MEMORY_STACK) -> Section:
+    """One row of a memory grid: the ``parts`` (what the bars stack), the total against the capacity."""
+    terms = [replace(result.term(k), key=k.rpartition(".")[2]) for k in parts]
+    terms += [result.term("total.total"), result.term("total.capacity"), result.term("total.headroom")]
+    return Section(key, title, tuple(terms))
+
+
+STAGE_PARTS = ("total.states", "total.activations", "total.zero3_buffers", "total.overhead")
+"""What a stage's row stacks: the model states summed, so that the layers and micro-batches in flight fit beside."""
+
+
 def memory_sweep_result(results: list[tuple[str, Result]], name: str) -> Result:
     """Memory results at several values of one setting, one row each: how the parts grow."""
-    sections = []
-    for value, result in results:
-        terms = [replace(result.term(key), key=key.rpartition(".")[2]) for key in MEMORY_STACK]
-        terms += [result.term("total.total"), result.term("total.capacity"), result.term("total.headroom")]
-        sections.append(Section(f"{name}={value}", f"{name}={value}", tuple(terms)))
+    sections = [_memory_row(f"{name}={value}", f"{name}={value}", result) for value, result in results]
     first = results[0][1]
     inputs = tuple(i for i in first.inputs if i.key not in ("seq_len", "micro_batch"))
     return Result(
@@ -380,6 +387,62 @@ def memory_sweep_result(results: list[tuple[str, Result]], name: str) -> Result:
         layout="grid",
         stack=tuple(k.rpartition(".")[2] for k in MEMORY_STACK),
         capacity="capacity",
+    )
+
+
+def memory_stages_result(
+    model: ModelSpec,
+    cluster: Cluster,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    layout: ly.Layout,
+    seq_len: Given,
+    attention: mem.AttentionImpl = "flash",
+    recompute: fl.Recompute = "none",
+    overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
+    note: str = "",
+) -> Result:
+    """Memory of one GPU of every pipeline stage, one row each: which stage binds, and how much room the
+    others have (the stages differ in layers, in micro-batches in flight, in the embedding and the head)."""
+    seq = int(seq_len.value)
+    ly.check_layout(model, layout, cluster, seq, attention)
+    capacity = cluster.hardware.memory_bytes
+    label = f"{cluster.hardware.name}: {cluster.hardware.memory_label}"
+    cache: dict = {}
+    rows, totals = [], []
+    for stage in range(layout.pp):
+        gpu = ly.gpu_memory(
+            model, layout, stage, precision, optimizer, seq, attention, recompute, overhead_bytes, cache=cache
+        )
+        sections = ly.memory_sections(
+            model, layout, gpu, precision, optimizer, seq, attention, recompute, capacity, label
+        )
+        stage_result = Result("memory", "", (), sections)
+        row = _memory_row(f"stage{stage + 1}", f"stage {stage + 1}", stage_result, STAGE_PARTS)
+        shape = (stage_result.term("activations.layers_on_gpu"), stage_result.term("activations.in_flight"))
+        rows.append(replace(row, terms=(*shape, *row.terms)))
+        totals.append(gpu.total)
+    heaviest = max(range(layout.pp), key=totals.__getitem__)
+    lightest = min(range(layout.pp), key=totals.__getitem__)
+    single = memory_result(
+        model, cluster, precision, optimizer, layout, seq_len, attention, recompute, overhead_bytes, note
+    )
+    notes = [
+        f"most loaded: stage {heaviest + 1} ({totals[heaviest] / GB:,.2f} GB); least: stage {lightest + 1} "
+        f"({totals[lightest] / GB:,.2f} GB)",
+        *single.notes,
+    ]
+    return checked(
+        Result(
+            "memory-stages",
+            f"{single.title}, stage by stage",
+            single.inputs,
+            tuple(rows),
+            tuple(notes),
+            layout="grid",
+            stack=tuple(k.rpartition(".")[2] for k in STAGE_PARTS),
+            capacity="capacity",
+        )
     )
 
 

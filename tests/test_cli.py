@@ -398,6 +398,30 @@ def test_memory_sweep_grows_activations_only(capsys):
     assert code == 0 and "micro-batch=2" in out and "█" in out
 
 
+def test_memory_stages_shows_every_stage_under_1f1b(capsys):
+    # Llama 3.1 8B on 4 stages of 8 layers, 8 micro-batches: under 1F1B stage i holds 4 − i micro-batches
+    # (Narayanan et al. 2021 §2.2.1), so its layers' activations are (4 − i) · 8 layers; the first stage adds the
+    # embedding side once per micro-batch, the last the head side once.
+    command = "memory --model llama-3.1-8b --gpus 8xH100 --pp 4 --grad-accum 8 --seq 4096"
+    one = run_json(command, capsys)
+    layer = one["results"]["activations"]["dense_layer"]["value"]
+    data = run_json(command + " --stages", capsys)
+    rows = [data["results"][f"stage{i}"] for i in (1, 2, 3, 4)]
+    assert [r["in_flight"]["value"] for r in rows] == [4, 3, 2, 1]
+    assert [r["layers_on_gpu"]["value"] for r in rows] == [8, 8, 8, 8]
+    middle = [r["activations"]["value"] for r in rows[1:3]]
+    assert middle == pytest.approx([3 * 8 * layer, 2 * 8 * layer], rel=1e-12)
+    assert rows[0]["activations"]["value"] > 4 * 8 * layer and rows[3]["activations"]["value"] > 8 * layer
+    # the most loaded row is what plain `memory` reports
+    heaviest = max(rows, key=lambda r: r["total"]["value"])
+    assert heaviest["total"]["value"] == one["results"]["total"]["total"]["value"]
+    assert data["notes"][0].startswith("most loaded: stage 1")
+    code, _, err = run(command + " --stages --sweep seq=1k,2k", capsys)
+    assert code == 2 and "give --sweep or --stages, not both" in err
+    code, _, err = run("memory --model llama-3.1-8b --inference --stages", capsys)
+    assert code == 2 and "--stages describes training" in err
+
+
 def test_bad_sweep_and_layout(capsys):
     code, _, err = run("memory --model llama-3-8b --sweep heads=1,2", capsys)
     assert code == 2 and "cannot read --sweep" in err

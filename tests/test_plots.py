@@ -41,6 +41,15 @@ def test_memory_sweep_plot(tmp_path, capsys):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
+def test_memory_stages_plot_draws_a_bar_per_stage(tmp_path, capsys):
+    target = tmp_path / "stages.svg"
+    args = ["memory", "--model", "llama-3-8b", "--gpus", "8xH100", "--pp", "4", "--grad-accum", "8", "--stages"]
+    code, _, err = run([*args, "--plot", str(target)], capsys)
+    assert code == 0, err
+    svg = target.read_text()
+    assert all(f"stage {i}" in svg for i in (1, 2, 3, 4)) and "Model states" in svg
+
+
 def test_plot_never_replaces_a_file_unasked(tmp_path, capsys):
     target = tmp_path / "mine.svg"
     target.write_text("the user's own file")
