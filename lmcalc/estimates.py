@@ -427,11 +427,11 @@ def memory_stages_result(
     single = memory_result(
         model, cluster, precision, optimizer, layout, seq_len, attention, recompute, overhead_bytes, note
     )
-    notes = [
+    spread = (
         f"most loaded: stage {heaviest + 1} ({totals[heaviest] / GB:,.2f} GB); least: stage {lightest + 1} "
-        f"({totals[lightest] / GB:,.2f} GB)",
-        *single.notes,
-    ]
+        f"({totals[lightest] / GB:,.2f} GB)"
+    )
+    notes = [spread if layout.pp > 1 else "one pipeline stage: every GPU holds the same", *single.notes]
     return checked(
         Result(
             "memory-stages",

@@ -470,7 +470,7 @@ def _in_flight_term(model: ModelSpec, layout: Layout, gpu: GpuMemory) -> Term:
     p, v, m, i = layout.pp, layout.chunks, layout.grad_accum, gpu.stage
     source = "Narayanan et al. 2021 §2.2 (1F1B)"
     if v == 1:
-        formula, numbers = "min(PP − stage, micro-batches per step)", f"min({p} − {i}, {m})"
+        formula, numbers = "min(PP − i, micro-batches per step), stage i counted from 0", f"min({p} − {i}, {m})"
         note = "under 1F1B the first stage holds one micro-batch per pipeline stage"
     else:
         passes = interleaved_passes_held(layout, i)
