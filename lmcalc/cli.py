@@ -543,8 +543,7 @@ def memory(
             embedding_in_split,
             loss_in_split,
         )
-        result = est.memory_stages_result if each_stage else est.memory_result
-        return result(
+        return est.memory_result(
             spec,
             cluster,
             recipe,
@@ -555,6 +554,7 @@ def memory(
             recompute,
             overhead_bytes,  # type: ignore[arg-type]
             note=resolved.note,
+            stages=each_stage,
         )
 
     if stages and sweep is not None:

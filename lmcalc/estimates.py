@@ -292,8 +292,10 @@ def memory_result(
     recompute: fl.Recompute = "none",
     overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
     note: str = "",
+    stages: bool = False,
 ) -> Result:
-    """Memory of the most loaded GPU of one training step, for any parallel layout."""
+    """Memory of the most loaded GPU of one training step, for any parallel layout; with ``stages``, of one GPU
+    of every pipeline stage (``memory_stages_result``)."""
     seq = int(seq_len.value)
     ly.check_layout(model, layout, cluster, seq, attention)
     gpu = ly.most_loaded_gpu(model, layout, precision, optimizer, seq, attention, recompute, overhead_bytes)
@@ -337,7 +339,7 @@ def memory_result(
         else f"does NOT fit: {total / GB:,.1f} GB needed of {capacity / GB:,.1f} GB"
         + _fit_advice(model, layout, precision, optimizer, seq, attention, recompute, overhead_bytes, capacity)
     )
-    return checked(
+    single = checked(
         Result(
             "memory",
             f"Training memory per GPU: {model.label}",
@@ -348,6 +350,9 @@ def memory_result(
             capacity="total.capacity",
         )
     )
+    if not stages:
+        return single
+    return memory_stages_result(single, model, precision, optimizer, layout, seq, attention, recompute, overhead_bytes)
 
 
 MEMORY_STACK = (
@@ -391,42 +396,36 @@ def memory_sweep_result(results: list[tuple[str, Result]], name: str) -> Result:
 
 
 def memory_stages_result(
+    single: Result,
     model: ModelSpec,
-    cluster: Cluster,
     precision: PrecisionRecipe,
     optimizer: OptimizerSpec,
     layout: ly.Layout,
-    seq_len: Given,
-    attention: mem.AttentionImpl = "flash",
-    recompute: fl.Recompute = "none",
-    overhead_bytes: float = mem.OVERHEAD_ALLOWANCE_BYTES,
-    note: str = "",
+    seq: int,
+    attention: mem.AttentionImpl,
+    recompute: fl.Recompute,
+    overhead_bytes: float,
 ) -> Result:
-    """Memory of one GPU of every pipeline stage, one row each: which stage binds, and how much room the
-    others have (the stages differ in layers, in micro-batches in flight, in the embedding and the head)."""
-    seq = int(seq_len.value)
-    ly.check_layout(model, layout, cluster, seq, attention)
-    capacity = cluster.hardware.memory_bytes
-    label = f"{cluster.hardware.name}: {cluster.hardware.memory_label}"
+    """Memory of one GPU of every pipeline stage, one row each, beside ``single``, the most loaded GPU's result
+    (whose inputs and advice it keeps): which stage binds, and how much room the others have (the stages differ
+    in layers, in micro-batches in flight, in the embedding and the head)."""
+    capacity = single.term("total.capacity")
     cache: dict = {}
     rows, totals = [], []
     for stage in range(layout.pp):
         gpu = ly.gpu_memory(
             model, layout, stage, precision, optimizer, seq, attention, recompute, overhead_bytes, cache=cache
         )
-        sections = ly.memory_sections(
-            model, layout, gpu, precision, optimizer, seq, attention, recompute, capacity, label
+        parts = ly.memory_sections(
+            model, layout, gpu, precision, optimizer, seq, attention, recompute, capacity.value, capacity.formula
         )
-        stage_result = Result("memory", "", (), sections)
+        stage_result = Result("memory", "", (), parts)
         row = _memory_row(f"stage{stage + 1}", f"stage {stage + 1}", stage_result, STAGE_PARTS)
         shape = (stage_result.term("activations.layers_on_gpu"), stage_result.term("activations.in_flight"))
         rows.append(replace(row, terms=(*shape, *row.terms)))
         totals.append(gpu.total)
     heaviest = max(range(layout.pp), key=totals.__getitem__)
     lightest = min(range(layout.pp), key=totals.__getitem__)
-    single = memory_result(
-        model, cluster, precision, optimizer, layout, seq_len, attention, recompute, overhead_bytes, note
-    )
     spread = (
         f"most loaded: stage {heaviest + 1} ({totals[heaviest] / GB:,.2f} GB); least: stage {lightest + 1} "
         f"({totals[lightest] / GB:,.2f} GB)"

@@ -243,6 +243,11 @@ def test_a_plan_with_an_impossible_stage_split_says_why(capsys):
     assert code == 2 and "--first-stage-layers asks for 40 layers; llama-3.1-8b has 32" in err
 
 
+INTERLEAVED = dict(schedule="interleaved", virtual_stages=2)
+INTERLEAVED_V3 = dict(schedule="interleaved", virtual_stages=3)
+COUNTED_V8 = dict(schedule="interleaved", virtual_stages=8, embedding_in_split=True, loss_in_split=True)
+
+
 @pytest.mark.parametrize(
     ("preset", "layout"),
     [
@@ -251,40 +256,9 @@ def test_a_plan_with_an_impossible_stage_split_says_why(capsys):
         ("llama-3.1-405b", Layout(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32)),
         ("llama-3.1-405b", Layout(dp=64, tp=8, pp=16, zero=3, grad_accum=32, first_stage_layers=2)),
         # interleaved: dense layers in the first chunks, the embedding and the loss counted, an uneven split
-        (
-            "deepseek-v3",
-            Layout(
-                dp=32,
-                tp=4,
-                pp=16,
-                zero=2,
-                sequence_parallel=True,
-                grad_accum=32,
-                schedule="interleaved",
-                virtual_stages=2,
-            ),
-        ),  # fmt: skip
-        (
-            "llama-3.1-405b",
-            Layout(
-                dp=64,
-                tp=8,
-                pp=16,
-                zero=2,
-                sequence_parallel=True,
-                grad_accum=32,
-                schedule="interleaved",
-                virtual_stages=8,
-                embedding_in_split=True,
-                loss_in_split=True,
-            ),
-        ),  # fmt: skip
-        (
-            "llama-3-70b",
-            Layout(
-                dp=8, tp=2, pp=4, zero=1, sequence_parallel=True, grad_accum=8, schedule="interleaved", virtual_stages=3
-            ),
-        ),  # fmt: skip
+        ("deepseek-v3", Layout(dp=32, tp=4, pp=16, zero=2, sequence_parallel=True, grad_accum=32, **INTERLEAVED)),
+        ("llama-3.1-405b", Layout(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32, **COUNTED_V8)),
+        ("llama-3-70b", Layout(dp=8, tp=2, pp=4, zero=1, sequence_parallel=True, grad_accum=8, **INTERLEAVED_V3)),
     ],
     ids=["deepseek", "deepseek-ep64", "llama405", "llama405-light-first", "deepseek-v2", "llama405-v8", "llama70-v3"],
 )
