@@ -38,7 +38,7 @@ def parts(predicted, measured) -> list[tuple[str, float, float]]:
     the module's buffers and cuBLAS's workspaces (not model state) come off the measured figures."""
     outside = measured.outside_model
     return [
-        *((what, engine, actual) for _, what, engine, actual in step_parts(predicted, measured)),
+        *((what, engine, actual) for _, what, engine, actual, _ in step_parts(predicted, measured)),
         ("forward peak", float("nan"), measured.peak_forward - outside),
         ("step peak", predicted.peak, measured.peak - outside),
     ]

@@ -149,9 +149,9 @@ def _measured_efficiency(calibration: str | None, hardware, recipe, model: str) 
     dtype = recipe.compute_dtype
     run = f"run 'lmcalc bench step -m MODEL --dtype {dtype}' on one {hardware.name} (or give --efficiency)"
     path = _bench_file(calibration, run)
-    found = results.measured_step_efficiency(results.load(path), hardware.name, recipe.compute_dtype, model)
+    found = results.measured_step_efficiency(results.load(path), hardware.name, dtype, model)
     if found is None:
-        raise LmcalcError(f"{path} has no {recipe.compute_dtype} training step measured on {hardware.name}; {run}")
+        raise LmcalcError(f"{path} has no {dtype} training step measured on {hardware.name}; {run}")
     hfu, record = found
     measured = record.figures["model"]
     which = "this model's" if measured == model else f"{measured}'s (the largest step measured)"

@@ -278,25 +278,34 @@ def tracked_step(
         return step_memory(model, optimizer, tokens, recompute, tracker)
 
 
-def step_parts(predicted: StepPeak, measured: StepMemory) -> list[tuple[str, str, float, float]]:
-    """(key, what, engine, measured) for each part of a step's peak, the measured figures less what is
-    not model state (``StepMemory.outside_model``): what a difference in the peak is made of."""
+def step_parts(predicted: StepPeak, measured: StepMemory) -> list[tuple[str, str, float, float, str]]:
+    """(key, what, engine, measured, when it is read) for each part of a step's peak, the measured figures
+    less what is not model state (``StepMemory.outside_model``): what a difference in the peak is made of."""
     outside = measured.outside_model
+    states = predicted.weights + predicted.optimizer_states
     return [
+        ("states", "weights + optimizer states", states, measured.baseline - outside, "before the step"),
         (
-            "states",
-            "weights + optimizer states",
-            predicted.weights + predicted.optimizer_states,
-            measured.baseline - outside,
+            "activations",
+            "activations saved by the forward pass",
+            predicted.activations,
+            measured.activations,
+            "after the forward − before the step",
         ),
-        ("activations", "activations saved by the forward pass", predicted.activations, measured.activations),
-        ("gradients", "gradients", predicted.gradients, measured.gradients),
-        ("backward", "peak of the backward pass", predicted.backward_peak, measured.peak_backward - outside),
+        ("gradients", "gradients", predicted.gradients, measured.gradients, "after the backward − before"),
+        (
+            "backward",
+            "peak of the backward pass",
+            predicted.backward_peak,
+            measured.peak_backward - outside,
+            "peak over loss.backward()",
+        ),
         (
             "optimizer",
             "peak of optimizer.step()",
             predicted.phases["optimizer_step"],
             measured.peak_optimizer - outside,
+            "peak over optimizer.step()",
         ),
     ]
 

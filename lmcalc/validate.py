@@ -283,19 +283,10 @@ def _step_rows(key: str, title: str, predicted: StepPeak, measured: StepMemory, 
             + ("" if tracked else " + allocated before the model (measure.cuda_workspaces)"),
         ),
         *(
-            _part(f"{key}_{part}", f"… {what}", engine, actual, PART_SOURCES[part].format(counter=counter))
-            for part, what, engine, actual in measure.step_parts(predicted, measured)
+            _part(f"{key}_{part}", f"… {what}", engine, actual, f"{counter}, {when}")
+            for part, what, engine, actual, when in measure.step_parts(predicted, measured)
         ),
     ]
-
-
-PART_SOURCES = {
-    "states": "{counter}, before the step",
-    "activations": "after the forward − before the step",
-    "gradients": "after the backward − before",
-    "backward": "peak over loss.backward()",
-    "optimizer": "peak over optimizer.step()",
-}
 
 
 def _part(key: str, title: str, engine: float, measured: float, source: str) -> Section:

@@ -401,7 +401,8 @@ def test_memory_sweep_grows_activations_only(capsys):
 def test_memory_stages_shows_every_stage_under_1f1b(capsys):
     # Llama 3.1 8B on 4 stages of 8 layers, 8 micro-batches: under 1F1B stage i holds 4 − i micro-batches
     # (Narayanan et al. 2021 §2.2.1), so its layers' activations are (4 − i) · 8 layers; the first stage adds the
-    # embedding side once per micro-batch, the last the head side once.
+    # int64 token ids and targets once per micro-batch (2 · 8 · s bytes), the last, once, the final norm's and the
+    # head's bf16 inputs (2 · 2 · s·h), the norm's fp32 1/rms (4 · s) and the fp32 logits (4 · s·V).
     command = "memory --model llama-3.1-8b --gpus 8xH100 --pp 4 --grad-accum 8 --seq 4096"
     one = run_json(command, capsys)
     layer = one["results"]["activations"]["dense_layer"]["value"]
@@ -409,9 +410,10 @@ def test_memory_stages_shows_every_stage_under_1f1b(capsys):
     rows = [data["results"][f"stage{i}"] for i in (1, 2, 3, 4)]
     assert [r["in_flight"]["value"] for r in rows] == [4, 3, 2, 1]
     assert [r["layers_on_gpu"]["value"] for r in rows] == [8, 8, 8, 8]
-    middle = [r["activations"]["value"] for r in rows[1:3]]
-    assert middle == pytest.approx([3 * 8 * layer, 2 * 8 * layer], rel=1e-12)
-    assert rows[0]["activations"]["value"] > 4 * 8 * layer and rows[3]["activations"]["value"] > 8 * layer
+    s, h, vocab = 4096, 4096, 128256
+    head_side = 2 * 2 * s * h + 4 * s + 4 * s * vocab
+    expected = [4 * 8 * layer + 4 * 2 * 8 * s, 3 * 8 * layer, 2 * 8 * layer, 8 * layer + head_side]
+    assert [r["activations"]["value"] for r in rows] == pytest.approx(expected, rel=1e-12)
     # the most loaded row is what plain `memory` reports
     heaviest = max(rows, key=lambda r: r["total"]["value"])
     assert heaviest["total"]["value"] == one["results"]["total"]["total"]["value"]

@@ -158,13 +158,13 @@ def test_held_in_flight_is_the_schedule_run_pass_by_pass(p, v, groups, stage_at,
     assert most == megatron_step(p, v, m, stage, chunk_bytes)
 
 
-@pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 2), (1, 3)])
-def test_1f1b_holds_p_minus_i_micro_batches(p, m):
+@pytest.mark.parametrize(("p", "m", "held"), [(4, 8, [4, 3, 2, 1]), (4, 2, [2, 2, 2, 1]), (1, 3, [1])])
+def test_1f1b_holds_p_minus_i_micro_batches(p, m, held):
     # Narayanan et al. 2021 §2.2.1 and Figure 4 (top, p = 4, m = 8): device 1 runs micro-batches 1-4 forward
     # before its first backward pass, device 4 runs 1 and then its backward: 4, 3, 2, 1 held. With m = 2 < p no
     # stage can hold more than the step's 2; with one stage, one.
     layout = ly.Layout(pp=p, grad_accum=m)
-    assert [ly.held_in_flight(layout, i, (1.0,))[1] for i in range(p)] == [(min(p - i, m),) for i in range(p)]
+    assert [ly.held_in_flight(layout, i, (1.0,))[1] for i in range(p)] == [(n,) for n in held]
 
 
 def test_uneven_stages_under_the_interleaved_schedule_split_evenly_over_their_chunks():

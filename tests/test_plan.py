@@ -56,9 +56,8 @@ def test_the_authors_toolset_narrows_the_search_to_their_options():
     assert accuracy.toolset_rank < accuracy.rank
     # lmcalc's own search also offers ZeRO-3 and context parallelism, so it has more splits to rank
     assert accuracy.splits > accuracy.toolset_splits
-    # splits that the time model puts ahead of the published configuration make it slower than the fastest
+    # the time model puts other splits ahead of the published configuration
     assert accuracy.rank_as_published > 1
-    assert accuracy.behind_fastest < 0
 
 
 def plan_70b_on_64(pins: Pins):
@@ -273,12 +272,13 @@ def test_the_most_loaded_gpu_is_the_heaviest_of_every_stage(preset, layout, requ
     ]
     heaviest = max(every, key=lambda g: g.total)
     assert most_loaded_gpu(model, layout, precision, adamw, 4096, "flash", "none", 0.0).total == heaviest.total
-    # not the first stage: fewer parameters there, or only the embedding in its first chunk. Interleaved, DeepSeek's
-    # 3 dense layers fill the first chunks of stages 0 (2) and 1 (1), counting from 0, so stage 2 is the first all-MoE
-    # stage.
-    expected = {"deepseek": 1, "deepseek-ep64": 1, "deepseek-v2": 2, "llama405-v8": 1}
-    if case in expected:
-        assert heaviest.stage == expected[case]
+    # Stages counted from 0. Even splits: the first stage, which holds the most micro-batches (Llama 3 405B on
+    # 16 × 8 layers; Llama 3 70B's 20 layers a stage, interleaved). Otherwise the first stage that is not lighter:
+    # DeepSeek-V3's stage 1, all MoE (1F1B; interleaved its 3 dense layers fill the first chunks of stages 0 (2)
+    # and 1 (1), so stage 2); with 2 layers on the first stage, stage 1 (9 layers); with the embedding counted,
+    # stage 1 (141 layer passes against the first stage's 112, tests/test_pipeline_schedule.py).
+    expected = {"deepseek": 1, "deepseek-ep64": 1, "llama405": 0, "llama405-light-first": 1, "deepseek-v2": 2}
+    assert heaviest.stage == {**expected, "llama405-v8": 1, "llama70-v3": 0}[case]
 
 
 def test_data_parallel_traffic_is_that_of_the_heaviest_stage():
@@ -358,11 +358,8 @@ def test_measured_efficiency_comes_from_bench_step_results(tmp_path, capsys):
         ],
     )
 
-    def plan_json(*args):
-        with pytest.raises(SystemExit) as exit_info:
-            main(["plan", "--gpus", "8xH100", "--seq", "4096", "--global-batch", "1M", "--json", *args])
-        out, err = capsys.readouterr()
-        return exit_info.value.code, out, err
+    def plan_json(*args, gpus="8xH100"):
+        return run(f"plan --gpus {gpus} --seq 4096 --global-batch 1M --json {' '.join(args)}", capsys)
 
     code, out, _ = plan_json("-m", "llama-3.1-8b", "--calibration", str(path))
     measured = json.loads(out)
@@ -379,9 +376,8 @@ def test_measured_efficiency_comes_from_bench_step_results(tmp_path, capsys):
     assert code == 2 and "not both" in err
     code, _, err = plan_json("-m", "llama-3.1-8b", "--calibration", str(tmp_path / "none.json"))
     assert code == 2 and "no such benchmark file" in err
-    with pytest.raises(SystemExit) as exit_info:
-        main(["plan", "-m", "llama-3.1-8b", "--gpus", "8xH200", "--calibration", str(path)])
-    assert exit_info.value.code == 2 and "no bf16 training step measured on h200" in capsys.readouterr().err
+    code, _, err = plan_json("-m", "llama-3.1-8b", "--calibration", str(path), gpus="8xH200")
+    assert code == 2 and "no bf16 training step measured on h200" in err
 
 
 def test_pinned_uneven_stages_are_searched_with_the_chunks_they_split_over():

@@ -167,7 +167,7 @@ def check_layout(
             f"the interleaved schedule needs at least one layer per chunk: {model.num_layers} layers{counted} "
             f"< PP × virtual stages = {stages}"
         )
-    if layout.schedule == "interleaved" and layout.pp > 1 and layout.grad_accum % layout.pp:
+    if layout.schedule == "interleaved" and layout.grad_accum % layout.pp:
         raise LmcalcError(
             f"the interleaved schedule needs micro-batches (--grad-accum {layout.grad_accum}) "
             f"divisible by PP={layout.pp}"
@@ -286,15 +286,6 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
     return [sum(dense + moe for dense, moe in chunks) for chunks in stage_chunk_mixes(model, layout)]
 
 
-def stage_split(model: ModelSpec, layout: Layout) -> tuple[int | None, int | None]:
-    """(first, last) stage layer counts, as given or as the embedding and the loss counted in the split make
-    them (None: the even split of the rest)."""
-    if not (layout.embedding_in_split or layout.loss_in_split):
-        return layout.first_stage_layers, layout.last_stage_layers
-    units = _layer_counts(model.num_layers + layout.split_units, layout.pp, None, None)
-    return units[0] - int(layout.embedding_in_split), units[-1] - int(layout.loss_in_split)
-
-
 @functools.cache  # the planner asks for the same few splits thousands of times
 def _layer_counts(layers: int, pp: int, first: int | None, last: int | None) -> tuple[int, ...]:
     fixed = {stage: n for stage, n in ((0, first), (pp - 1, last)) if n is not None}
@@ -343,22 +334,17 @@ def stage_chunk_mixes(model: ModelSpec, layout: Layout) -> tuple[tuple[tuple[int
 
 
 def _split_args(model: ModelSpec, layout: Layout) -> tuple:
-    dense_layers = model.moe.dense_layers if model.moe else model.num_layers
-    first, last = stage_split(model, layout)
-    units = (layout.embedding_in_split, layout.loss_in_split)
-    return (model.num_layers, dense_layers, layout.pp, layout.chunks, first, last, *units)
+    return (model.num_layers, model.moe.dense_layers if model.moe else model.num_layers, *layout.split)
 
 
 @functools.cache  # the planner asks for the same few splits thousands of times
 def _chunk_mixes(
     layers: int, dense_layers: int, pp: int, v: int, first: int | None, last: int | None, embedding: bool, loss: bool
 ) -> tuple[tuple[tuple[int, int], ...], ...]:
-    if v == 1:
-        sizes = _layer_counts(layers, pp, first, last)  # slice g is stage g
-    elif (first is not None or last is not None) and not (embedding or loss):  # each stage's share, split evenly
+    if first is not None or last is not None:  # each stage's share, split evenly over its chunks
         stages = _layer_counts(layers, pp, first, last)
         sizes = tuple(stages[g % pp] // v for g in range(pp * v))
-    else:
+    else:  # the layers and the counted units dealt over the p·v slices, the counted units at the two ends
         base, extra = divmod(layers + int(embedding) + int(loss), pp * v)
         sizes = tuple(base + (1 if g < extra else 0) - int(embedding and g == 0) - int(loss and g == pp * v - 1)
                       for g in range(pp * v))  # fmt: skip
@@ -635,7 +621,7 @@ def stage_outside_bytes(
     to the last."""
     embedding = head = 0.0
     for tensor in _outside(model, seq_len, layout.micro_batch, act_bytes, mask_bytes, cache):
-        if tensor.label.startswith(("token ids", "embedding")):
+        if tensor.block == "embedding":
             embedding += _split(tensor, layout) if stage == 0 else 0.0
         elif stage == layout.pp - 1:
             head += _split(tensor, layout)

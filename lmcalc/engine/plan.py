@@ -95,10 +95,7 @@ def layouts(
     zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
     micro = [pins.micro_batch] if pins.micro_batch else list(MICRO_BATCHES)
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE)
-    units = (
-        model.num_layers
-        + Layout(embedding_in_split=pins.embedding_in_split, loss_in_split=pins.loss_in_split).split_units
-    )
+    units = model.num_layers + int(pins.embedding_in_split) + int(pins.loss_in_split)  # what the chunks share
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if gpus % (tp * pp * cp):
             continue
