@@ -1,5 +1,48 @@
-"""The one exception type the CLI turns into a one-line message and exit code 2."""
+"""The one exception type the CLI turns into a one-line message and exit code 2.
+
+Below the command line, code speaks in quantities and settings, never in flags: a message names a setting
+with ``setting("virtual_stages")``, and each front end says it in its own words when the error is shown
+(``LmcalcError.message``): the Python API by its keyword argument (``keyword``: a field's name, or where the
+two differ the name ``KEYWORDS`` gives), the command line by its flag (``lmcalc.cli.app.flag``: the keyword
+with dashes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+_OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: no user input or preset name spells them
+_SETTING = re.compile(f"{_OPEN}(\\w+){_CLOSE}")
+
+
+def setting(name: str) -> str:
+    """A placeholder for the setting ``name`` (a field or keyword name) inside an error message."""
+    return f"{_OPEN}{name}{_CLOSE}"
+
+
+KEYWORDS = {
+    "seq_len": "seq",
+    "overhead_bytes": "overhead",
+    "quant_group_size": "quant_group",
+    "embedding_in_split": "account_for_embedding_in_pipeline_split",
+    "loss_in_split": "account_for_loss_in_pipeline_split",
+}
+"""The fields whose keyword in the Python API (and flag on the command line) is not their own name."""
+
+
+def keyword(name: str) -> str:
+    """How the Python API names a setting: the keyword argument that sets the field ``name``."""
+    return KEYWORDS.get(name, name)
 
 
 class LmcalcError(Exception):
     """A problem with the user's input: the message names what was wrong and what is accepted."""
+
+    def message(self, name_of: Callable[[str], str] = keyword) -> str:
+        """The message, each setting named by ``name_of`` (its keyword by default)."""
+        text = str(self.args[0]) if self.args else ""
+        return _SETTING.sub(lambda match: name_of(match.group(1)), text)
+
+    def __str__(self) -> str:
+        return self.message()

@@ -14,14 +14,15 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from lmcalc.engine.memory import CPU_MASK_BYTES, MASK_BYTES
+from lmcalc.engine.choices import Attention, Recompute
 from lmcalc.engine.step_peak import StepPeak, plain_step_peak
-from lmcalc.reference_model import AttentionImpl, Recompute, ReferenceModel, loss
+from lmcalc.engine.workload import CPU_MASK_BYTES, MASK_BYTES, Workload
+from lmcalc.reference_model import ReferenceModel, loss
 from lmcalc.specs import ModelSpec
 
 
 def build(
-    spec: ModelSpec, attention: AttentionImpl, seq_len: int, device: str = "meta", dtype: torch.dtype = torch.float32
+    spec: ModelSpec, attention: Attention, seq_len: int, device: str = "meta", dtype: torch.dtype = torch.float32
 ) -> ReferenceModel:
     model = ReferenceModel(spec, attention, max_seq=seq_len, device=device, dtype=dtype)
     return model.train()
@@ -336,7 +337,7 @@ def measured_step(
     micro_batch: int = 1,
     recompute: Recompute = "none",
     device: str = "cpu",
-    attention: AttentionImpl = "flash",
+    attention: Attention = "flash",
 ) -> tuple[StepPeak, StepMemory, str]:
     """The engine's phase-by-phase peak of a plain AdamW step, one real step measured beside it, and
     what ran (model, dtype, shape).
@@ -349,7 +350,7 @@ def measured_step(
     Fused attention unless ``attention`` says eager, and ``torch.optim.AdamW(foreach=True)`` (its
     default on a GPU), on both. One step runs first, so that AdamW's states exist; the next is measured.
     """
-    from lmcalc.engine.maxparams import bytes_per_param, optimizer_bytes_per_param
+    from lmcalc.engine.states import bytes_per_param, optimizer_bytes_per_param
     from lmcalc.errors import LmcalcError
     from lmcalc.presets import resolve_optimizer, resolve_precision
 
@@ -358,11 +359,11 @@ def measured_step(
     adamw = resolve_optimizer("adamw").spec
     if cuda:
         capacity = torch.cuda.get_device_properties(0).total_memory
-        per_param = bytes_per_param(precision, optimizer_bytes_per_param(spec, precision, adamw), 0, 1)
+        per_param = bytes_per_param(precision, optimizer_bytes_per_param(Workload(spec, precision, adamw, 1)), 0, 1)
         spec = model_that_fits(spec, CUDA_MODEL_FRACTION * capacity / per_param)
     seq = min(seq_len, spec.max_seq_len)
     mask_bytes = MASK_BYTES if cuda else CPU_MASK_BYTES
-    predicted = plain_step_peak(spec, seq, micro_batch, precision, adamw, attention, recompute, mask_bytes)
+    predicted = plain_step_peak(Workload(spec, precision, adamw, seq, micro_batch, attention, recompute, mask_bytes))
     if cuda and predicted.peak > 0.9 * capacity:
         raise LmcalcError(
             f"row 4 would need about {predicted.peak / 1e9:.0f} GB of the GPU's {capacity / 1e9:.0f} GB at "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,11 +23,11 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from lmcalc.engine.choices import Attention as AttentionImpl
+from lmcalc.engine.choices import Recompute
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec
 
-AttentionImpl = Literal["eager", "flash"]
-Recompute = Literal["none", "selective", "full"]
 FUSED_CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
 """``flash`` on CUDA: any of PyTorch's fused attention kernels (each saves the output and the row
 log-sum-exp, not the scores), never the math fallback."""

@@ -126,6 +126,22 @@ class Result:
         }
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """What a command computes, for Python: the ``report`` that tables, ``--json`` and ``--explain`` render,
+    and, in each command's subclass, the figures as typed attributes."""
+
+    report: Result
+
+    def to_dict(self) -> dict[str, Any]:
+        """The command's ``--json`` document."""
+        return json_safe(self.report.as_json())
+
+    def value(self, key: str) -> float:
+        """The figure ``key`` of the report (``section.term``), as ``--json`` gives it."""
+        return self.report.value(key)
+
+
 def json_safe(data: Any) -> Any:
     """``data`` with every NaN or infinity replaced by None: JSON has no such numbers (``NaN`` is not
     JSON, and strict parsers reject it), and a figure that is not available is ``null``."""

@@ -8,7 +8,7 @@ preset file cannot be read two ways.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,8 +23,21 @@ PositionKind = Literal["learned", "rope", "none"]
 ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 
 
+def _hashable(value: Any) -> Any:
+    """``value`` with its lists and dicts made tuples, so that it can be hashed by its contents."""
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(item) for item in value)
+    if isinstance(value, dict):
+        return tuple(sorted((key, _hashable(item)) for key, item in value.items()))
+    return value
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    def __hash__(self) -> int:
+        """Specs are values: equal specs hash equal, so they can key a cache (``engine.workload.Workload``)."""
+        return hash((type(self), _hashable(tuple(self.__dict__.values()))))
 
 
 class MoESpec(_Spec):

@@ -19,10 +19,15 @@ import math
 from typing import TYPE_CHECKING
 
 from lmcalc.engine import flops as fl
-from lmcalc.engine.memory import CPU_MASK_BYTES, activation_memory
+from lmcalc.engine.choices import RECOMPUTE_MODES, Recompute
+from lmcalc.engine.gpu_memory import gpu_memory
+from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
 from lmcalc.engine.step_peak import StepPeak
-from lmcalc.errors import LmcalcError
+from lmcalc.engine.workload import CPU_MASK_BYTES, Workload
+from lmcalc.errors import LmcalcError, setting
+from lmcalc.estimates.inputs import ModelLike, choice, positive_int, resolve_model, seq_given
+from lmcalc.presets import resolve_optimizer, resolve_precision
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
 
@@ -35,7 +40,7 @@ ACTIVATION_TOLERANCE = 0.05  # 5 %
 PEAK_MEMORY_TOLERANCE = 0.10  # 10 %
 SMALL_SEQ_CAP = 512  # the CPU model keeps eager attention's b·H·s² scores small
 SMALL_HIDDEN, SMALL_HEADS, SMALL_LAYERS, SMALL_VOCAB = 64, 8, 2, 256
-CPU_ACT_BYTES = 4  # the CPU check runs in fp32
+CPU_RECIPE = "fp32"  # the CPU check runs in fp32, with torch.optim.AdamW
 
 
 def small_config(spec: ModelSpec) -> ModelSpec:
@@ -127,8 +132,20 @@ def _not_run(key: str, title: str, engine: float, unit: str, reason: str) -> Sec
     )
 
 
+def validate(*, model: ModelLike, seq: str | int = 1024, micro_batch: int = 1, recompute: str | None = None) -> Result:
+    """``lmcalc validate``: the engine against PyTorch for ``model``, in one ``recompute`` mode or all three."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LmcalcError("validate needs PyTorch: pip install 'lmcalc[bench]'") from None
+    resolved = resolve_model(model)
+    modes = RECOMPUTE_MODES if recompute is None else (choice(recompute, RECOMPUTE_MODES, "recompute"),)
+    seq_len = int(seq_given(seq).value)
+    return validate_result(resolved.spec, seq_len, positive_int(micro_batch, "micro_batch"), modes, resolved.note)
+
+
 def validate_result(
-    spec: ModelSpec, seq_len: int, micro_batch: int, recompute_modes: tuple[str, ...], note: str = ""
+    spec: ModelSpec, seq_len: int, micro_batch: int, recompute_modes: tuple[Recompute, ...], note: str = ""
 ) -> Result:
     import torch
 
@@ -138,7 +155,7 @@ def validate_result(
         unit = spec.moe.num_experts // math.gcd(spec.moe.num_experts, spec.moe.experts_per_token)
         if (seq_len * micro_batch) % unit:
             raise LmcalcError(
-                f"the FLOP check spreads tokens evenly over {spec.name}'s experts: micro-batch × --seq "
+                f"the FLOP check spreads tokens evenly over {spec.name}'s experts: micro-batch × {setting('seq')} "
                 f"must be a multiple of {unit} (e.g. --seq {max(unit, seq_len // unit * unit)})"
             )
     sections = []
@@ -154,8 +171,8 @@ def validate_result(
             source="sum(p.numel() for p in module.parameters())",
         )
     )
-    engine_flops = 3 * fl.forward_flops_per_token(spec, seq_len, "full").total * seq_len * micro_batch
-    causal = 3 * fl.forward_flops_per_token(spec, seq_len, "causal").total * seq_len * micro_batch
+    engine_flops = fl.step_flops(spec, seq_len).model * seq_len * micro_batch
+    causal = fl.step_flops(spec, seq_len, convention="causal").model * seq_len * micro_batch
     sections.append(
         _compare(
             "flops",
@@ -174,20 +191,14 @@ def validate_result(
     s = min(seq_len, SMALL_SEQ_CAP)
     torch.manual_seed(0)
     tokens = torch.randint(0, small.vocab_size, (micro_batch, s))
+    fp32, adamw = resolve_precision(CPU_RECIPE).spec, resolve_optimizer("adamw").spec
     for attention in ("eager", "flash"):
         model = measure.build(small, attention, s, "cpu")
         for recompute in recompute_modes:
             key = f"activations_{attention}_{recompute}"
             title = f"Activations, {attention} attention, recompute {recompute} (small model, s={s})"
-            engine = activation_memory(
-                small,
-                s,
-                micro_batch,
-                CPU_ACT_BYTES,
-                attention,
-                recompute,  # type: ignore[arg-type]
-                CPU_MASK_BYTES,
-            ).total
+            workload = Workload(small, fp32, adamw, s, micro_batch, attention, recompute, CPU_MASK_BYTES)
+            engine = gpu_memory(workload, Layout(), 0).activations  # the whole model on one device
             reason = cpu_fallback_reason(small, attention)
             if reason:
                 sections.append(_not_run(key, title, engine, "bytes", reason))
@@ -197,7 +208,7 @@ def validate_result(
                     key,
                     title,
                     engine,
-                    measure.peak_saved_bytes(model, tokens, recompute),  # type: ignore[arg-type]
+                    measure.peak_saved_bytes(model, tokens, recompute),
                     "bytes",
                     ACTIVATION_TOLERANCE,
                     source="torch.autograd.graph.saved_tensors_hooks, by storage",

@@ -7,9 +7,9 @@ import time
 from datetime import date
 from pathlib import Path
 
+from accuracy import MFU_TOLERANCE, TOP_RANK, assess, load_runs
 from docgen import write_generated
 
-from lmcalc.accuracy import MFU_TOLERANCE, TOP_RANK, assess, load_runs
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def main() -> None:
         r = a.run
         mfu_ok = "✓" if abs(a.error) <= MFU_TOLERANCE else "✗"
         lines.append(
-            f"| {r.id} | {r.layout.label}, recompute {r.recompute}, s={r.seq} | {r.mfu:.3f} | "
+            f"| {r.id} | {r.layout.label}, recompute {r.workload.recompute}, s={r.workload.seq_len} | {r.mfu:.3f} | "
             f"{a.predicted_mfu:.3f} | {a.error:+.1%} {mfu_ok} | {_rank(a.rank, a.splits)} | "
             f"{_rank(a.toolset_rank, a.toolset_splits)} | {a.rank_as_published} | {a.behind_fastest:+.1%} |"
         )

@@ -8,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from golden import golden_table
+
 from lmcalc.atomic import write_atomic
-from lmcalc.golden import golden_table
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "golden" / "presets.json"
 

@@ -9,8 +9,11 @@
   checked.
 * An expected output without `…` must equal the real one (trailing spaces ignored); with `…`, the shown
   lines must appear in the real output, in order.
+* Python examples fenced ```pycon (`>>> ` prompts and what they print, as in a Python session) are run as
+  doctests, the blocks of one page in order in one namespace; `...` in an expected output matches anything.
 """
 
+import doctest
 import os
 import pathlib
 import re
@@ -38,18 +41,41 @@ def matches(expected: list[str], actual: list[str]) -> str:
     return ""
 
 
+def run_python(page: str, text: str) -> tuple[int, int]:
+    """Run the ```pycon blocks of ``page`` as doctests, in order, sharing one namespace: (examples, failures)."""
+    blocks = [(m.group(1), text.count("\n", 0, m.start(1))) for m in re.finditer(r"```pycon\n(.*?)```", text, re.S)]
+    if not blocks:
+        return 0, 0
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    os.environ.pop("LMCALC_PRESET_PATH", None)  # the built-in presets, as for the commands
+    parser = doctest.DocTestParser()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    namespace: dict = {}
+    for n, (block, line) in enumerate(blocks, start=1):
+        test = parser.get_doctest(block, namespace, f"{page} python block {n}", page, line)
+        runner.run(test, clear_globs=False)
+        namespace = test.globs  # a doctest runs in a copy: the next block goes on from this one
+    result = runner.summarize(verbose=False)
+    return result.attempted, result.failed
+
+
 def main() -> int:
     pages = sys.argv[1:] or [str(ROOT / "README.md"), *sorted(str(p) for p in (ROOT / "docs").rglob("*.md"))]
     env = {k: v for k, v in os.environ.items() if k != "LMCALC_PRESET_PATH"}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    failed = total = 0
+    failed = total = examples = 0
     skipped = []
     for page in pages:
         text = pathlib.Path(page).read_text()
+        ran, wrong = run_python(page, text)
+        examples, failed = examples + ran, failed + wrong
         declared = re.search(r"(?<!<!-- )COLUMNS=(\d+)", text)  # the page's width, not a block's marker
         page_env = dict(env, COLUMNS=declared.group(1) if declared else "100")
         for width, fence, block in re.findall(r"(?:<!-- COLUMNS=(\d+) -->\n)?```(\w*)\n(.*?)```", text, re.S):
             commands = [line for line in block.split("\n") if line.startswith("$ ")]
+            if fence == "pycon":
+                continue
             if fence != "text":
                 skipped += [(page, fence or "plain", c[2:]) for c in commands]
                 continue
@@ -69,7 +95,8 @@ def main() -> int:
                     print(f"FAIL {page}: {lines[start]}\n     {why}")
     for page, fence, command in skipped:
         print(f"not rerun (```{fence}) {page}: $ {command}")
-    print(f"{total} commands, {failed} failed; {len(skipped)} commands in other blocks not rerun")
+    not_rerun = f"{len(skipped)} commands in other blocks not rerun"
+    print(f"{total} commands and {examples} Python examples, {failed} failed; {not_rerun}")
     return 1 if failed else 0
 
 

@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 from lmcalc import measure  # noqa: E402
 from lmcalc.bench import step  # noqa: E402
 from lmcalc.bench.device import Device, detect  # noqa: E402
-from lmcalc.engine.memory import activation_memory  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.presets import resolve_model  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
@@ -129,8 +128,23 @@ def test_memory_recipe_follows_the_dtype():
     assert (fp32.recipe, fp32.bytes_per_param) == ("fp32", 16)
     assert (bf16.recipe, bf16.bytes_per_param) == ("bf16-pure", 8)
     assert fp32.states == 16 * fp32.params and bf16.states == 8 * bf16.params
-    # Activations at the recipe's 2 bytes (logits, norm statistics and token ids stay fp32/int64), bool masks on CUDA.
-    assert bf16.activations == activation_memory(TINY, SEQ, BATCH, 2, "flash", "none", mask_bytes=1).total
+    # TINY's exact parameter count: embedding and untied head 2 × V·h = 2 × 256 × 64 = 32,768; a layer's Q, K, V, O
+    # 4·h² = 16,384, SwiGLU gate, up, down 3·h·f = 3 × 64 × 128 = 24,576, two RMSNorms 2·h = 128, so 41,088 a layer
+    # and 82,176 for L = 2; the final norm h = 64. N = 32,768 + 82,176 + 64 = 115,008: states 16·N = 1,840,128 B
+    # (fp32) and 8·N = 920,064 B (bf16).
+    assert fp32.params == bf16.params == 115_008
+    assert (fp32.states, bf16.states) == (1_840_128, 920_064)
+    # Activations at the recipe's 2 bytes (logits, norm statistics and token ids stay fp32/int64); TINY has no
+    # dropout, so no masks (bool on CUDA) at all. b·s = 64 tokens, h = 64, H = 4 heads of d = 16, f = 128, V = 256:
+    #   a layer's attention half: norm input, 1/rms (fp32), QKV input, Q, K, V (after RoPE), attention output
+    #     = 6 × 64·64 × 2 B + 64 × 4 B + log-sum-exp b·H·s = 256 × 4 B        = 49,152 + 256 + 1,024 =  50,432
+    #   its MLP half: norm input, 1/rms (fp32), MLP input, then gate, up, SiLU(gate), product (4 · s·b·f)
+    #     = 2 × 64·64 × 2 B + 64 × 4 B + 4 × 64·128 × 2 B                      = 16,384 + 256 + 65,536 =  82,176
+    #   two layers: 2 × 132,608                                                                       = 265,216
+    #   outside the layers: token ids and targets 2·s·b int64 = 1,024; final norm input 8,192 and 1/rms 256;
+    #     head input 8,192; fp32 logits s·b·V × 4 B = 64 × 256 × 4 = 65,536                           =  83,200
+    #   total                                                                                         = 348,416
+    assert bf16.activations == 348_416
 
 
 def test_result_carries_units_inputs_and_conventions(measured):

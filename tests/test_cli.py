@@ -442,16 +442,6 @@ def test_presets_schema_describes_the_files(kind, capsys):
         assert schema["required"] == [kind] and schema["properties"][kind]["type"] == "array"
 
 
-def test_python_api_returns_the_same_result_object(capsys):
-    import lmcalc
-
-    result = lmcalc.estimate("train-time", model="llama-3-70b", gpus="1024xH100", tokens="15T", mfu=0.5)
-    data = run_json("train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5", capsys)
-    assert result.as_json() == data
-    with pytest.raises(lmcalc.errors.LmcalcError, match="did you mean"):
-        lmcalc.estimate("flops", model="lama-3-70b")
-
-
 def test_inference_memory(capsys):
     # Llama 3.1 8B in bf16: 131,072 bytes of KV cache per token (2 · 32 layers · 8 KV heads · 128 · 2 B);
     # the largest batch at 8192 tokens is ⌊(80e9 − weights − 2 GiB) / (8192 · 131,072)⌋.

@@ -5,7 +5,9 @@ import math
 import pytest
 
 from lmcalc.engine import fit
-from lmcalc.engine.layout import Layout, most_loaded_gpu
+from lmcalc.engine.gpu_memory import most_loaded_gpu
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.workload import Workload
 from lmcalc.presets import resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 
 MIXED = resolve_precision("bf16-mixed").spec
@@ -15,15 +17,16 @@ OVERHEAD = 2 * 2**30
 
 
 def setting(model, layout, seq, recompute="none"):
-    return fit.Setting(
-        resolve_model(model).spec, layout, seq, MIXED, ADAMW, "flash", recompute, OVERHEAD, H100.memory_bytes
+    workload = Workload(
+        resolve_model(model).spec, MIXED, ADAMW, seq, attention="flash", recompute=recompute, overhead_bytes=OVERHEAD
     )
+    return fit.Setting(workload, layout, H100.memory_bytes)
 
 
 def test_largest_micro_batch_is_the_linear_solution():
     # Every activation term is proportional to b, so b_max = ⌊(C − states − overhead) / activations(b=1)⌋.
     s = setting("gpt2-124m", Layout(), 1024)
-    one = most_loaded_gpu(s.model, s.layout, MIXED, ADAMW, 1024, "flash", "none", OVERHEAD)
+    one = most_loaded_gpu(s.workload, s.layout)  # b = 1, s = 1024, flash, no recomputation, 2 GiB overhead
     expected = math.floor((H100.memory_bytes - one.states - OVERHEAD) / one.activations)
     limit = fit.largest_micro_batch(s)
     assert limit.value == expected
@@ -34,7 +37,7 @@ def test_fewest_replicas_under_zero3_is_the_closed_form():
     # ZeRO-3: states 16·N/DP; activations, the two gathered layers and the overhead do not depend on DP
     # (for DP ≥ 2: with one replica there is nothing to gather).
     s = setting("llama-3.1-70b", Layout(zero=3), 4096, recompute="full")
-    two = most_loaded_gpu(s.model, Layout(dp=2, zero=3), MIXED, ADAMW, 4096, "flash", "full", OVERHEAD)
+    two = most_loaded_gpu(s.workload, Layout(dp=2, zero=3))  # s = 4096, flash, full recomputation, 2 GiB overhead
     fixed = two.activations + two.zero3_buffers + OVERHEAD
     expected = math.ceil(16 * 70_553_706_496 / (H100.memory_bytes - fixed))
     assert fit.fewest_data_parallel(s, 1).value == expected

@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from lmcalc.golden import golden_table
+from golden import golden_table
 
 GOLDEN = Path(__file__).parent / "golden" / "presets.json"
 

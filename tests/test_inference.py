@@ -2,8 +2,10 @@
 
 import pytest
 
+import lmcalc
 from lmcalc.engine import inference as inf
-from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES
+from lmcalc.engine.memory_terms import Capacity
+from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_model
 from lmcalc.result import Result
@@ -16,9 +18,15 @@ def model(name: str):
     return resolve_model(name).spec
 
 
+def serve(spec, batch, context, weights_dtype, kv_dtype, capacity, tp=1, quant_group_size=None):
+    """``inference_memory`` of serving ``batch`` sequences of ``context`` tokens on GPUs of ``capacity`` bytes."""
+    serving = inf.Serving(spec, context, batch, weights_dtype, kv_dtype, tp, quant_group_size)
+    return inf.inference_memory(serving, capacity)
+
+
 def kv_per_token(spec, kv_dtype: str, tp: int = 1) -> float:
     """Cache bytes per token over all layers on one GPU of ``tp``, as ``inference_memory`` counts them."""
-    return inf.inference_memory(spec, 1, 1, "bf16", kv_dtype, 10**15, tp).kv_per_token_per_gpu
+    return serve(spec, 1, 1, "bf16", kv_dtype, 10**15, tp).kv_per_token_per_gpu
 
 
 def test_llama31_8b_kv_cache_is_128_kib_per_token():
@@ -65,7 +73,7 @@ def test_int4_group_scales_are_opt_in():
     assert inf.quant_scale_bytes(m, "int4", None) == 0
     assert inf.quant_scale_bytes(m, "int4", 128) == 551_200_832 * 2 == 1_102_401_664
     assert inf.quant_scale_bytes(m, "bf16", 128) == 0  # 16-bit weights carry no scales
-    mem = inf.inference_memory(m, 1, 1024, "int4", "bf16", H100_80GB, quant_group_size=128)
+    mem = serve(m, 1, 1024, "int4", "bf16", H100_80GB, quant_group_size=128)
     assert mem.weights_per_gpu == 35_276_853_248 + 1_102_401_664
 
 
@@ -78,7 +86,7 @@ def test_moe_holds_every_expert_and_caches_every_layer():
     # Mixtral 8x7B: all 8 experts are held (46,702,792,704 params × 2 B), though each token uses 2;
     # its 32 layers all have GQA attention with 8 KV heads of 128: 2 × 32 × 8 × 128 × 2 = 131,072 B per token.
     m = model("mixtral-8x7b")
-    mem = inf.inference_memory(m, 1, 1024, "bf16", "bf16", 141 * 10**9)
+    mem = serve(m, 1, 1024, "bf16", "bf16", 141 * 10**9)
     assert mem.weights == 46_702_792_704 * 2
     assert mem.kv_per_token == 131_072
 
@@ -90,7 +98,7 @@ def test_worked_example_llama31_8b_on_h100():
     #   per sequence 8,192 × 131,072 = 1,073,741,824 B (1 GiB)
     #   largest batch ⌊61,791,993,856 / 1,073,741,824⌋ = ⌊57.55⌋ = 57 sequences
     #   longest context at batch 1: ⌊61,791,993,856 / 131,072⌋ = 471,435 tokens (more than the 131,072 it knows)
-    mem = inf.inference_memory(model("llama-3.1-8b"), 1, 8192, "bf16", "bf16", H100_80GB)
+    mem = serve(model("llama-3.1-8b"), 1, 8192, "bf16", "bf16", H100_80GB)
     assert mem.weights_per_gpu == 16_060_522_496
     assert mem.cache_budget == 61_791_993_856
     assert mem.max_batch == 57
@@ -110,7 +118,7 @@ def test_worked_example_llama31_8b_on_h100():
 )
 def test_largest_batch_closed_form_matches_brute_force(name, context, weights_dtype, kv_dtype, capacity, tp):
     # Count sequences up one at a time until the next would not fit; the closed form must land on the same one.
-    mem = inf.inference_memory(model(name), 1, context, weights_dtype, kv_dtype, capacity, tp)
+    mem = serve(model(name), 1, context, weights_dtype, kv_dtype, capacity, tp)
     per_sequence = context * mem.kv_per_token_per_gpu
     batch = 0
     while mem.weights_per_gpu + (batch + 1) * per_sequence + mem.overhead <= capacity:
@@ -123,7 +131,7 @@ def test_longest_context_closed_form_matches_brute_force():
     m = model("gpt2-124m")
     weights = 124_439_808 * 4
     capacity = weights + OVERHEAD_ALLOWANCE_BYTES + 2**27
-    mem = inf.inference_memory(m, 4, 1024, "fp32", "fp32", capacity)
+    mem = serve(m, 4, 1024, "fp32", "fp32", capacity)
     per_token = 2 * 12 * 12 * 64 * 4  # K and V, 12 layers, 12 heads of 64, fp32: 73,728 B
     assert mem.kv_per_token == per_token
     tokens = 0
@@ -135,7 +143,7 @@ def test_longest_context_closed_form_matches_brute_force():
 def test_a_cache_that_fills_the_gpu_to_the_byte_fits():
     # Capacity = weights + overhead + exactly 10 sequences of 8,192 tokens: the answer is 10, not 9.
     exact = 16_060_522_496 + OVERHEAD_ALLOWANCE_BYTES + 10 * 8192 * 131_072
-    mem = inf.inference_memory(model("llama-3.1-8b"), 10, 8192, "bf16", "bf16", exact)
+    mem = serve(model("llama-3.1-8b"), 10, 8192, "bf16", "bf16", exact)
     assert mem.max_batch == 10
     assert mem.total_per_gpu == exact
 
@@ -151,7 +159,7 @@ def test_tp_splits_kv_heads_then_replicates_them():
 
 def test_tp_divides_the_weights():
     # 70,553,706,496 × 2 B / 8 = 17,638,426,624 B per GPU (approximate: norms are replicated).
-    mem = inf.inference_memory(model("llama-3.1-70b"), 1, 1024, "bf16", "bf16", H100_80GB, tp=8)
+    mem = serve(model("llama-3.1-70b"), 1, 1024, "bf16", "bf16", H100_80GB, tp=8)
     assert mem.weights_per_gpu == 70_553_706_496 * 2 / 8 == 17_638_426_624
 
 
@@ -191,13 +199,13 @@ def test_tp_must_split_or_replicate_kv_heads_evenly(heads, kv_heads, tp, message
 )
 def test_batch_and_context_must_be_positive(batch, context, message):
     with pytest.raises(LmcalcError, match=message):
-        inf.inference_memory(model("llama-3.1-8b"), batch, context, "bf16", "bf16", H100_80GB)
+        serve(model("llama-3.1-8b"), batch, context, "bf16", "bf16", H100_80GB)
 
 
 @pytest.mark.parametrize("weights_dtype,kv_dtype,what", [("fp7", "bf16", "weights dtype"), ("bf16", "q3", "KV-cache")])
 def test_unknown_dtype_is_one_line(weights_dtype, kv_dtype, what):
     with pytest.raises(LmcalcError, match=f"unknown {what}") as error:
-        inf.inference_memory(model("llama-3.1-8b"), 1, 1024, weights_dtype, kv_dtype, H100_80GB)
+        serve(model("llama-3.1-8b"), 1, 1024, weights_dtype, kv_dtype, H100_80GB)
     assert "\n" not in str(error.value)
     assert "accepted: fp32, fp16, bf16, fp8, int8, int4" in str(error.value)
 
@@ -206,15 +214,14 @@ def test_weights_that_do_not_fit_say_by_how_much():
     # Llama 3.1 70B in bf16 on one 80 GB GPU: 141,107,412,992 + 2,147,483,648 − 80,000,000,000
     # = 63,254,896,640 B short.
     with pytest.raises(LmcalcError, match="short by 63.25 GB") as error:
-        inf.inference_memory(model("llama-3.1-70b"), 1, 1024, "bf16", "bf16", H100_80GB)
+        serve(model("llama-3.1-70b"), 1, 1024, "bf16", "bf16", H100_80GB)
     assert "\n" not in str(error.value)
     assert "141.11 GB per GPU" in str(error.value)
 
 
 def test_sections_carry_formulas_with_numbers():
-    sections = inf.inference_sections(
-        model("llama-3.1-8b"), 4, 8192, "bf16", "fp8", H100_80GB, 1, OVERHEAD_ALLOWANCE_BYTES, capacity_label="80 GB"
-    )
+    serving = inf.Serving(model("llama-3.1-8b"), 8192, 4, "bf16", "fp8", 1, None, OVERHEAD_ALLOWANCE_BYTES)
+    sections = inf.inference_sections(serving, Capacity(H100_80GB, "80 GB"))
     result = Result("memory", "test", (), sections)
     per_layer = result.term("kv_cache.per_token_per_layer")
     # fp8 cache: 2 × 8 × 128 × 1 B = 2,048 B per layer; × 32 layers = 65,536 per token.
@@ -232,7 +239,8 @@ def test_sections_carry_formulas_with_numbers():
 
 
 def test_sections_for_mla_under_tp():
-    sections = inf.inference_sections(model("deepseek-v3"), 1, 4096, "fp8", "bf16", 141 * 10**9, 8)
+    serving = inf.Serving(model("deepseek-v3"), 4096, 1, "fp8", "bf16", 8)
+    sections = inf.inference_sections(serving, Capacity(141 * 10**9, "141 GB"))
     result = Result("memory", "test", (), sections)
     assert result.term("kv_cache.per_token_per_layer").substituted == "(512 + 64) × 2 B"
     assert result.value("kv_cache.per_token_per_gpu") == 70_272
@@ -240,11 +248,9 @@ def test_sections_for_mla_under_tp():
 
 
 def test_a_context_beyond_the_models_window_is_said_beside_the_table():
-    from lmcalc.cli import run_captured
-
     # Llama 3.1 8B on one H100: the KV cache budget holds 471,435 tokens at batch 1 (see above), more than
     # the 131,072 the model was trained for; at batch 8 it holds 58,929, within it
-    long = run_captured(["memory", "--inference", "-m", "llama-3.1-8b", "--batch", "1", "--context", "8K"])
+    long = lmcalc.inference(model="llama-3.1-8b", batch=1, context="8K").report
     assert any("beyond llama-3.1-8b's trained context of 131,072 tokens" in n for n in long.notes)
-    short = run_captured(["memory", "--inference", "-m", "llama-3.1-8b", "--batch", "8", "--context", "8K"])
+    short = lmcalc.inference(model="llama-3.1-8b", batch=8, context="8K").report
     assert not any("trained context" in n for n in short.notes)

@@ -2,9 +2,11 @@
 
 import pytest
 
-from lmcalc.engine import memory as mem
-from lmcalc.engine.maxparams import bytes_per_param
-from lmcalc.engine.params import weight_tensors
+from lmcalc.engine.activations import layer_kept_tensors, model_saved_tensors
+from lmcalc.engine.gpu_memory import gpu_memory
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.states import bytes_per_param, optimizer_state_bytes
+from lmcalc.engine.workload import Workload
 from lmcalc.presets import resolve_model
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
 
@@ -28,35 +30,45 @@ def gpt3() -> ModelSpec:
     return resolve_model("gpt3-175b").spec
 
 
+def workload(spec: ModelSpec, s: int, b: int, attention: str = "flash", recompute: str = "none") -> Workload:
+    """16-bit activations (MIXED keeps them in 2 bytes), bool dropout masks (1 byte), no overhead."""
+    return Workload(spec, MIXED, ADAM, s, b, attention, recompute, overhead_bytes=0.0)
+
+
+def dense_layer_bytes(w: Workload) -> float:
+    """What one dense layer keeps through its forward pass (selective: without the attention core)."""
+    return sum(t.bytes for t in layer_kept_tensors(w, False))
+
+
 @pytest.mark.parametrize("s,b", [(2048, 1), (2048, 4), (4096, 2)])
 def test_gpt3_layer_is_korthikanti_eq1(s, b):
     # Korthikanti et al. 2022 eq. (1): sbh(34 + 5as/h) bytes per layer, 16-bit activations, dropout, no TP.
     m = gpt3()
     h, a = m.hidden_size, m.num_heads
-    act = mem.activation_memory(m, s, b, 2, attention="eager", recompute="none")
+    act = workload(m, s, b, attention="eager", recompute="none")
     # + the two LayerNorms' mean and 1/std in fp32 (2 · 2 · 4 · s·b bytes), which §4.1 leaves out
-    assert act.dense_layer_bytes == s * b * h * (34 + 5 * a * s / h) + 16 * s * b
+    assert dense_layer_bytes(act) == s * b * h * (34 + 5 * a * s / h) + 16 * s * b
 
 
 def test_gpt3_worked_number_5as_over_h_is_80():
     # Korthikanti §4.1 worked number: GPT-3, a=96, s=2048, h=12288 -> 5as/h = 80.
     m = gpt3()
-    act = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="none")
-    assert (act.dense_layer_bytes - 16 * 2048) / (2048 * 12288) == 34 + 80
+    act = workload(m, 2048, 1, attention="eager", recompute="none")
+    assert (dense_layer_bytes(act) - 16 * 2048) / (2048 * 12288) == 34 + 80
 
 
 def test_selective_recompute_is_korthikanti_table2():
     # Table 2 (t = 1): selective recomputation keeps sbh(10 + 24) = 34·sbh per layer.
     m = gpt3()
-    act = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="selective")
-    assert act.dense_layer_bytes == 34 * 2048 * 12288 + 16 * 2048  # + LayerNorm statistics, as above
+    act = workload(m, 2048, 1, attention="eager", recompute="selective")
+    assert dense_layer_bytes(act) == 34 * 2048 * 12288 + 16 * 2048  # + LayerNorm statistics, as above
 
 
 def test_selective_saves_about_70_percent_for_gpt3():
     # Korthikanti §5 "selective recomputation saves 70% of activation memory" for GPT-3 (34 vs 34 + 80).
     m = gpt3()
-    none = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="none").dense_layer_bytes
-    selective = mem.activation_memory(m, 2048, 1, 2, attention="eager", recompute="selective").dense_layer_bytes
+    none = dense_layer_bytes(workload(m, 2048, 1, attention="eager", recompute="none"))
+    selective = dense_layer_bytes(workload(m, 2048, 1, attention="eager", recompute="selective"))
     assert 1 - selective / none == pytest.approx(0.70, abs=0.01)
 
 
@@ -64,9 +76,11 @@ def test_full_recompute_keeps_layer_inputs_plus_one_layer():
     # Table 2: full recomputation stores 2sbh per layer; one layer is rebuilt at a time in backward.
     m = gpt3()
     s, b, h, L = 2048, 1, 12288, 96
-    full = mem.activation_memory(m, s, b, 2, attention="eager", recompute="full")
+    w = workload(m, s, b, attention="eager", recompute="full")
+    full = gpu_memory(w, Layout(), 0)  # the whole model on one GPU
+    layers_bytes = full.activations - sum(t.bytes for t in model_saved_tensors(w))  # less what lies outside the layers
     one_layer = s * b * h * (34 + 5 * 96 * s / h) + 16 * s * b
-    assert full.layers_bytes == L * 2 * s * b * h + one_layer
+    assert layers_bytes == L * 2 * s * b * h + one_layer
 
 
 def test_swiglu_gqa_flash_layer_by_hand():
@@ -79,14 +93,14 @@ def test_swiglu_gqa_flash_layer_by_hand():
     s, b, h, f = 4096, 1, 4096, 14336
     elements = s * b * (h + h + h + h // 4 + h // 4 + h) + s * b * (h + h + 4 * f)
     expected = 2 * elements + 4 * b * 32 * s + 2 * 4 * s * b
-    act = mem.activation_memory(m, s, b, 2, attention="flash", recompute="none")
-    assert act.dense_layer_bytes == expected
+    act = workload(m, s, b, attention="flash", recompute="none")
+    assert dense_layer_bytes(act) == expected
 
 
 def test_flash_has_no_quadratic_term():
     m = resolve_model("llama-3.1-8b").spec
-    short = mem.activation_memory(m, 4096, 1, 2, "flash").dense_layer_bytes
-    long = mem.activation_memory(m, 8192, 1, 2, "flash").dense_layer_bytes
+    short = dense_layer_bytes(workload(m, 4096, 1, "flash"))
+    long = dense_layer_bytes(workload(m, 8192, 1, "flash"))
     assert long == 2 * short  # linear in s
 
 
@@ -100,9 +114,10 @@ def test_zero_paper_figure1(stage, published_gb):
 def test_state_memory_uses_exact_parameter_count():
     m = resolve_model("llama-3.1-8b").spec
     n = 8_030_261_248
-    state = mem.state_memory(m, MIXED, ADAM, zero_stage=3, dp=8)
-    assert state.total == pytest.approx(16 * n / 8)
-    assert mem.state_memory(m, MIXED, ADAM, zero_stage=1, dp=8).params == 2 * n
+    w = workload(m, 4096, 1)
+    state = gpu_memory(w, Layout(dp=8, zero=3), 0)
+    assert state.states == pytest.approx(16 * n / 8)
+    assert gpu_memory(w, Layout(dp=8, zero=1), 0).params == 2 * n
 
 
 def test_adafactor_factored_second_moment_by_hand():
@@ -123,7 +138,7 @@ def test_adafactor_factored_second_moment_by_hand():
     factored = OptimizerSpec(name="adafactor", description="t", states=[OptimizerState(name="v", factored=True)])
     # embed 10×4 -> 14; q,k,v,o 4×4 -> 8 each; fc 8×4 -> 12; proj 4×8 -> 12; 3 norms of 4 -> 12
     elements = 14 + 4 * 8 + 12 + 12 + 12
-    assert mem.optimizer_state_bytes(weight_tensors(tiny), MIXED, factored) == elements * 4
+    assert optimizer_state_bytes(tiny, MIXED, factored) == elements * 4
 
 
 def test_eight_bit_adam_adds_one_scale_per_block():
@@ -138,4 +153,4 @@ def test_eight_bit_adam_adds_one_scale_per_block():
             OptimizerState(name="v", bytes=1, quantization_block=2048),
         ],
     )
-    assert mem.optimizer_state_bytes(weight_tensors(m), MIXED, adam8) == pytest.approx(2 * n + 2 * n / 2048 * 4)
+    assert optimizer_state_bytes(m, MIXED, adam8) == pytest.approx(2 * n + 2 * n / 2048 * 4)

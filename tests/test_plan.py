@@ -4,18 +4,41 @@ import json
 from pathlib import Path
 
 import pytest
+from accuracy import MFU_TOLERANCE, assess, fastest_per_split, load_runs, published_step_time
 
-from lmcalc.accuracy import MFU_TOLERANCE, assess, fastest_per_split, load_runs, published_step_time
 from lmcalc.cli import main
 from lmcalc.engine.comm import NVLINK_RING_EFFICIENCY, Link, collective_time, link_for
 from lmcalc.engine.flops import forward_flops_per_token
-from lmcalc.engine.layout import Layout, gpu_memory, most_loaded_gpu, stage_forward_flops, stage_params
+from lmcalc.engine.gpu_memory import gpu_memory, most_loaded_gpu
+from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
+from lmcalc.engine.pipeline import PipelineSplit, stage_layers
 from lmcalc.engine.plan import Pins, plan
+from lmcalc.engine.sharding import stage_params, stage_part
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, step_time
+from lmcalc.engine.workload import Workload
 from lmcalc.presets import parse_cluster, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.specs import Cluster
 
 RUNS = load_runs(Path(__file__).resolve().parent.parent / "benchmarks" / "published_runs.yaml")
+BF16 = resolve_precision("bf16-mixed").spec
+ADAMW = resolve_optimizer("adamw").spec
+
+
+def workload(model, seq_len, recompute="none"):
+    """The engine's workload as the old engine calls took it: bf16-mixed, AdamW, flash attention, no overhead
+    allowance (the old engine's default)."""
+    return Workload(model, BF16, ADAMW, seq_len, recompute=recompute, overhead_bytes=0.0)
+
+
+def on_nodes_of_8(hardware, layout):
+    """The layout's GPUs, 8 to a node (what the old step_time's ``gpus_per_node=8`` meant)."""
+    return Cluster(hardware=hardware, count=layout.gpus, gpus_per_node=8)
+
+
+def stage_forward_flops(model, layout, stage, seq_len):
+    """Forward FLOPs per token of one pipeline stage (its share of the weights, its layers, the logits on the last)."""
+    return forward_flops_per_token(model, seq_len, "full", stage_part(model, stage_layers(model, layout, stage)))
 
 
 def test_ring_collective_costs():
@@ -64,7 +87,7 @@ def plan_70b_on_64(pins: Pins):
     """Llama 3 70B on 8 nodes of 8 H100s, 512 sequences of 8,192 tokens a step."""
     model, cluster = resolve_model("llama-3-70b").spec, parse_cluster("8x8xH100")
     precision, optimizer = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
-    return plan(model, cluster, 8192, 512, precision, optimizer, pins)
+    return plan(Workload(model, precision, optimizer, 8192, overhead_bytes=0.0), cluster, 512, pins)
 
 
 def test_search_respects_pins_and_ranks_by_throughput():
@@ -165,14 +188,14 @@ def test_zero1_gather_hides_behind_the_next_first_forward_only():
     # overlaps, which is 1/3 of the micro-batch's compute (backward = 2 × forward).
     model, h100 = resolve_model("gpt2").spec, resolve_hardware("H100").spec
     layout = Layout(dp=16, zero=1)
-    t = step_time(model, layout, 1024, resolve_precision("bf16-mixed").spec, h100, 8, "none")
+    t = step_time(workload(model, 1024), layout, on_nodes_of_8(h100, layout))
     gather = collective_time("all-gather", count_params(model).total * 2, 16, link_for(h100, 16, 8))
     # compute: 3 × forward FLOPs per token × 16 sequences of 1,024 tokens over 16 GPUs at 0.6 of the peak
     compute = 3 * forward_flops_per_token(model, 1024, "full").total * 16 * 1024 / (16 * h100.peak_flops("bf16") * 0.6)
     assert t.zero == pytest.approx(gather - compute / 3, rel=1e-9)
     assert 0 < t.zero < gather
     # ZeRO-0 never gathers parameters
-    assert step_time(model, Layout(dp=16), 1024, resolve_precision("bf16-mixed").spec, h100, 8, "none").zero == 0
+    assert step_time(workload(model, 1024), Layout(dp=16), on_nodes_of_8(h100, Layout(dp=16))).zero == 0
 
 
 @pytest.mark.parametrize(
@@ -183,13 +206,13 @@ def test_the_stages_forward_flops_add_up_to_the_model(preset, pp):
     # the whole model's forward count (§3.3), with 126 layers on 16 stages and DeepSeek's 3 dense layers too.
     model = resolve_model(preset).spec
     whole = forward_flops_per_token(model, 4096, "full")
-    for layout in (Layout(pp=pp), Layout(pp=pp, first_stage_layers=1, last_stage_layers=2)):
+    for layout in (Layout(pp=pp), Layout(pp=pp, split=PipelineSplit(first_stage_layers=1, last_stage_layers=2))):
         stages = [stage_forward_flops(model, layout, stage, 4096) for stage in range(pp)]
         assert sum(f.total for f in stages) == pytest.approx(whole.total, rel=1e-12)
         assert sum(f.logits for f in stages) == stages[-1].logits == whole.logits
     # the uneven stages hold what they were given: one layer's work on the first (no logits, no matmul for
     # the embedding lookup), the whole model's layers spread over all
-    first = stage_forward_flops(model, Layout(pp=pp, first_stage_layers=1), 0, 4096)
+    first = stage_forward_flops(model, Layout(pp=pp, split=PipelineSplit(first_stage_layers=1)), 0, 4096)
     average = whole.layers / model.num_layers
     if not model.moe or not model.moe.dense_layers:  # every layer costs the same (Mixtral: all MoE)
         assert first.total == pytest.approx(average, rel=1e-12)
@@ -208,7 +231,7 @@ def test_the_pipeline_moves_at_its_slowest_stage():
     s, layout = 8192, Layout(pp=8, grad_accum=8)
     forward = forward_flops_per_token(model, s, "full")
     last_stage = 3 * (10 * forward.layers / 80 + 2 * 8192 * 128256) * s * 8  # 8 micro-batches of one sequence
-    t = step_time(model, layout, s, resolve_precision("bf16-mixed").spec, h100, 8, "none")
+    t = step_time(workload(model, s), layout, on_nodes_of_8(h100, layout))
     assert t.slowest_stage == 7
     assert t.compute == pytest.approx(last_stage / (1 * h100.peak_flops("bf16") * 0.6), rel=1e-12)
     # against an even split: the last stage's share × 8 = (10 × 1.9797 + 2.1013) × 8 / (80 × 1.9797 + 2.1013)
@@ -223,13 +246,14 @@ def test_rebalancing_the_last_stage_moves_the_pace_to_the_first():
     # (9 × 1.98 + 2.10), so the first stage sets the pace, and the step is faster than with the even split
     # (10 + logits = 21.9 on the last stage).
     model, h100 = resolve_model("llama-3-70b").spec, resolve_hardware("H100").spec
-    s, bf16 = 8192, resolve_precision("bf16-mixed").spec
+    s, w = 8192, workload(model, 8192)
     forward = forward_flops_per_token(model, s, "full")
-    rebalanced = step_time(model, Layout(pp=8, grad_accum=8, last_stage_layers=9), s, bf16, h100, 8, "none")
+    lighter_last = Layout(pp=8, grad_accum=8, split=PipelineSplit(last_stage_layers=9))
+    rebalanced = step_time(w, lighter_last, on_nodes_of_8(h100, lighter_last))
     assert rebalanced.slowest_stage == 0
     first_stage = 3 * 11 * forward.layers / 80 * s * 8
     assert rebalanced.compute == pytest.approx(first_stage / (h100.peak_flops("bf16") * 0.6), rel=1e-12)
-    even = step_time(model, Layout(pp=8, grad_accum=8), s, bf16, h100, 8, "none")
+    even = step_time(w, Layout(pp=8, grad_accum=8), on_nodes_of_8(h100, Layout(pp=8, grad_accum=8)))
     assert rebalanced.compute < even.compute
 
 
@@ -242,9 +266,11 @@ def test_a_plan_with_an_impossible_stage_split_says_why(capsys):
     assert code == 2 and "--first-stage-layers asks for 40 layers; llama-3.1-8b has 32" in err
 
 
-INTERLEAVED = dict(schedule="interleaved", virtual_stages=2)
-INTERLEAVED_V3 = dict(schedule="interleaved", virtual_stages=3)
-COUNTED_V8 = dict(schedule="interleaved", virtual_stages=8, embedding_in_split=True, loss_in_split=True)
+INTERLEAVED = dict(split=PipelineSplit(schedule="interleaved", virtual_stages=2))
+INTERLEAVED_V3 = dict(split=PipelineSplit(schedule="interleaved", virtual_stages=3))
+COUNTED_V8 = dict(
+    split=PipelineSplit(schedule="interleaved", virtual_stages=8, embedding_in_split=True, loss_in_split=True)
+)
 
 
 @pytest.mark.parametrize(
@@ -253,7 +279,10 @@ COUNTED_V8 = dict(schedule="interleaved", virtual_stages=8, embedding_in_split=T
         ("deepseek-v3", Layout(dp=32, tp=4, pp=16, zero=2, sequence_parallel=True, grad_accum=32)),
         ("deepseek-v3", Layout(dp=64, tp=2, pp=16, ep=64, zero=1, sequence_parallel=True, grad_accum=16)),
         ("llama-3.1-405b", Layout(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32)),
-        ("llama-3.1-405b", Layout(dp=64, tp=8, pp=16, zero=3, grad_accum=32, first_stage_layers=2)),
+        (
+            "llama-3.1-405b",
+            Layout(dp=64, tp=8, pp=16, zero=3, grad_accum=32, split=PipelineSplit(first_stage_layers=2)),
+        ),
         # interleaved: dense layers in the first chunks, the embedding and the loss counted, an uneven split
         ("deepseek-v3", Layout(dp=32, tp=4, pp=16, zero=2, sequence_parallel=True, grad_accum=32, **INTERLEAVED)),
         ("llama-3.1-405b", Layout(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32, **COUNTED_V8)),
@@ -267,11 +296,10 @@ def test_the_most_loaded_gpu_is_the_heaviest_of_every_stage(preset, layout, requ
     # so the peak is on stage 2, the first all-MoE stage, although stage 1 holds more micro-batches.
     model, precision = resolve_model(preset).spec, resolve_precision("bf16-mixed").spec
     adamw = resolve_optimizer("adamw").spec
-    every = [
-        gpu_memory(model, layout, stage, precision, adamw, 4096, "flash", "none", 0.0) for stage in range(layout.pp)
-    ]
+    w = Workload(model, precision, adamw, 4096, attention="flash", recompute="none", overhead_bytes=0.0)
+    every = [gpu_memory(w, layout, stage) for stage in range(layout.pp)]
     heaviest = max(every, key=lambda g: g.total)
-    assert most_loaded_gpu(model, layout, precision, adamw, 4096, "flash", "none", 0.0).total == heaviest.total
+    assert most_loaded_gpu(w, layout).total == heaviest.total
     # Stages counted from 0. Even splits: the first stage, which holds the most micro-batches (Llama 3 405B on
     # 16 × 8 layers; Llama 3 70B's 20 layers a stage, interleaved). Otherwise the first stage that is not lighter:
     # DeepSeek-V3's stage 1, all MoE (1F1B; interleaved its 3 dense layers fill the first chunks of stages 0 (2)
@@ -292,10 +320,13 @@ def test_data_parallel_traffic_is_that_of_the_heaviest_stage():
         resolve_hardware("H100").spec,
         resolve_precision("bf16-mixed").spec,
     )
-    layout = Layout(dp=64, tp=8, pp=16, zero=3, sequence_parallel=True, grad_accum=16, first_stage_layers=1)
+    layout = Layout(
+        dp=64, tp=8, pp=16, zero=3, sequence_parallel=True, grad_accum=16, split=PipelineSplit(first_stage_layers=1)
+    )
     s, m = 8192, 16
-    t = step_time(model, layout, s, bf16, h100, 8, "none")
-    held = stage_params(model, layout, 1)
+    w = Workload(model, bf16, ADAMW, s, recompute="none", overhead_bytes=0.0)
+    t = step_time(w, layout, on_nodes_of_8(h100, layout))
+    held = stage_params(w, layout, 1)
     p = held.dense + held.experts
     link = link_for(h100, 8 * 64, 8)
     per_micro_batch_traffic = 2 * collective_time("all-gather", 2 * p, 64, link) + collective_time(
@@ -316,20 +347,25 @@ def test_the_search_lightens_the_last_stage_when_the_logits_weigh_on_it():
     # against 0.57 per layer at s = 8,192, about 9.8 layers' work. With 7 (or 6) layers on the last stage the
     # others take 9, 8, 8 (or 9, 9, 8): the slowest does 9 layers' work, so the lighter split must win.
     found = plan(
-        resolve_model("llama-3.1-8b").spec,
+        Workload(
+            resolve_model("llama-3.1-8b").spec,
+            resolve_precision("bf16-mixed").spec,
+            resolve_optimizer("adamw").spec,
+            8192,
+            overhead_bytes=0.0,
+        ),
         parse_cluster("8xH100"),
-        8192,
         128,
-        resolve_precision("bf16-mixed").spec,
-        resolve_optimizer("adamw").spec,
         Pins(tp=2, pp=4, zero=1, recompute="none"),
     )
     best = found.fitting[0]
-    best_even = next(c for c in found.fitting if c.layout.last_stage_layers is None)
-    assert best.layout.schedule == "1f1b" and best.layout.last_stage_layers in (6, 7)
+    best_even = next(c for c in found.fitting if c.layout.split.last_stage_layers is None)
+    assert best.layout.split.schedule == "1f1b" and best.layout.split.last_stage_layers in (6, 7)
     assert best.time.tokens_per_s > best_even.time.tokens_per_s
     # uneven splits are tried under 1F1B only
-    assert all(c.layout.last_stage_layers is None for c in found.fitting if c.layout.schedule == "interleaved")
+    assert all(
+        c.layout.split.last_stage_layers is None for c in found.fitting if c.layout.split.schedule == "interleaved"
+    )
 
 
 def _step_record(model, hardware, hfu, hardware_flops, when):
@@ -383,7 +419,9 @@ def test_measured_efficiency_comes_from_bench_step_results(tmp_path, capsys):
 def test_pinned_uneven_stages_are_searched_with_the_chunks_they_split_over():
     # Llama 3 70B on 4 stages with 18 layers on the first and the last: the middle two take 22. 18 and 22 split over
     # 2 chunks, not over 3 (22) or 4 (18), so besides 1F1B only v = 2 is tried.
-    found = plan_70b_on_64(Pins(tp=8, pp=4, first_stage_layers=18, last_stage_layers=18, recompute="full"))
-    tried = {(c.layout.schedule, c.layout.virtual_stages) for c in found.fitting}
+    found = plan_70b_on_64(
+        Pins(tp=8, pp=4, recompute="full", split=PipelineSplit(first_stage_layers=18, last_stage_layers=18))
+    )
+    tried = {(c.layout.split.schedule, c.layout.split.virtual_stages) for c in found.fitting}
     assert tried == {("1f1b", 1), ("interleaved", 2)}
-    assert all((c.layout.first_stage_layers, c.layout.last_stage_layers) == (18, 18) for c in found.fitting)
+    assert all((c.layout.split.first_stage_layers, c.layout.split.last_stage_layers) == (18, 18) for c in found.fitting)

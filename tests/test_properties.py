@@ -7,10 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmcalc.engine import layout as ly
-from lmcalc.engine import memory as mem
+from lmcalc.engine.gpu_memory import gpu_memory
+from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, step_time
 from lmcalc.engine.time import RunTime, gpus_for_deadline
+from lmcalc.engine.workload import Workload
 from lmcalc.presets import registry, resolve_hardware, resolve_optimizer, resolve_precision
+from lmcalc.specs import Cluster
 from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
 
 MODELS = sorted(registry("models").entries)
@@ -21,6 +24,11 @@ model_names = st.sampled_from(MODELS)
 
 def spec(name):
     return registry("models").spec(name)
+
+
+def workload(model, seq, micro_batch=1, attention="flash", recompute="none"):
+    """bf16-mixed (2-byte activations), AdamW, no overhead allowance: what the old engine calls passed."""
+    return Workload(model, MIXED, ADAMW, seq, micro_batch, attention, recompute, overhead_bytes=0.0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -48,10 +56,7 @@ def test_more_gpus_never_slow_the_napkin_time(flops, gpus, extra, peak, mfu, tok
 @given(name=model_names, dp=st.sampled_from([1, 2, 8, 64, 1024]), seq=st.sampled_from([512, 2048, 8192]))
 def test_more_zero_sharding_never_increases_state_memory(name, dp, seq):
     model = spec(name)
-    states = [
-        ly.gpu_memory(model, ly.Layout(dp=dp, zero=z), 0, MIXED, ADAMW, seq, "flash", "none", 0).states
-        for z in (0, 1, 2, 3)
-    ]
+    states = [gpu_memory(workload(model, seq), ly.Layout(dp=dp, zero=z), 0).states for z in (0, 1, 2, 3)]
     assert states == sorted(states, reverse=True)
     assert all(math.isfinite(s) and s > 0 for s in states)
 
@@ -67,8 +72,9 @@ def test_more_zero_sharding_never_increases_state_memory(name, dp, seq):
 )
 def test_longer_sequences_never_shrink_activations(name, seq, longer, batch, attention, recompute):
     model = spec(name)
-    short = mem.activation_memory(model, seq, batch, 2, attention, recompute).total
-    long = mem.activation_memory(model, seq + longer, batch, 2, attention, recompute).total
+    # the whole model on one GPU (the trivial layout): what the old activation_memory(...).total counted
+    short = gpu_memory(workload(model, seq, batch, attention, recompute), ly.Layout(), 0).activations
+    long = gpu_memory(workload(model, seq + longer, batch, attention, recompute), ly.Layout(), 0).activations
     assert 0 < short <= long and math.isfinite(long)
 
 
@@ -78,8 +84,8 @@ def test_tensor_parallelism_never_increases_a_gpus_share(name, tp, sp, seq):
     model = spec(name)
     if model.num_heads % tp or (not model.mla and model.kv_heads % tp):
         return
-    one = ly.gpu_memory(model, ly.Layout(), 0, MIXED, ADAMW, seq, "flash", "none", 0)
-    split = ly.gpu_memory(model, ly.Layout(tp=tp, sequence_parallel=sp), 0, MIXED, ADAMW, seq, "flash", "none", 0)
+    one = gpu_memory(workload(model, seq), ly.Layout(), 0)
+    split = gpu_memory(workload(model, seq), ly.Layout(tp=tp, sequence_parallel=sp), 0)
     assert split.states <= one.states and split.activations <= one.activations
 
 
@@ -97,8 +103,9 @@ def test_the_slowest_stage_is_never_faster_than_an_even_split(name, pp, first, s
     model, h100 = spec(name), resolve_hardware("H100").spec
     if pp > model.num_layers or (first is not None and (pp == 1 or model.num_layers - first < pp - 1)):
         return
-    layout = ly.Layout(pp=pp, grad_accum=pp, first_stage_layers=first)
-    t = step_time(model, layout, seq, resolve_precision("bf16-mixed").spec, h100, 8, recompute)
+    layout = ly.Layout(pp=pp, grad_accum=pp, split=PipelineSplit(first_stage_layers=first))
+    w = Workload(model, resolve_precision("bf16-mixed").spec, ADAMW, seq, recompute=recompute, overhead_bytes=0.0)
+    t = step_time(w, layout, Cluster(hardware=h100, count=layout.gpus, gpus_per_node=8))
     even = t.hardware_flops / (pp * h100.peak_flops("bf16") * DEFAULT_COMPUTE_EFFICIENCY)
     assert math.isfinite(t.total) and t.compute >= even * (1 - 1e-12)
     if pp == 1:

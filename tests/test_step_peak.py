@@ -9,9 +9,11 @@ torch = pytest.importorskip("torch")
 
 from lmcalc import measure  # noqa: E402
 from lmcalc import validate as val  # noqa: E402
-from lmcalc.engine.memory import activation_memory  # noqa: E402
+from lmcalc.engine.gpu_memory import gpu_memory  # noqa: E402
+from lmcalc.engine.layout import Layout  # noqa: E402
 from lmcalc.engine.params import count_params  # noqa: E402
 from lmcalc.engine.step_peak import plain_step_peak  # noqa: E402
+from lmcalc.engine.workload import Workload  # noqa: E402
 from lmcalc.presets import resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.reference_model import ReferenceModel  # noqa: E402
 
@@ -20,8 +22,17 @@ V_LLAMA_3 = 128_256
 BF16, ADAMW = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec
 
 
+def _workload(s: int, b: int, recompute: str = "none") -> Workload:
+    return Workload(resolve_model("llama-3.2-1b").spec, BF16, ADAMW, s, b, "flash", recompute)
+
+
 def _peak(s: int, b: int, recompute: str = "none"):
-    return plain_step_peak(resolve_model("llama-3.2-1b").spec, s, b, BF16, ADAMW, "flash", recompute)
+    return plain_step_peak(_workload(s, b, recompute))
+
+
+def _activations(s: int, b: int) -> float:
+    """Every activation the model saves, bf16 (2 bytes), flash, no recomputation: the whole model on one GPU."""
+    return gpu_memory(_workload(s, b), Layout(), 0).activations
 
 
 def test_short_sequence_peaks_at_the_optimizer_step():
@@ -31,7 +42,7 @@ def test_short_sequence_peaks_at_the_optimizer_step():
     assert p.weights == 2 * n and p.gradients == 2 * n and p.optimizer_states == 4 * n
     assert p.optimizer_temporary == 2 * n
     assert p.loss_backward == 2 * 4 * 1024 * V_LLAMA_3  # two fp32 s·b·V gradients
-    a = activation_memory(resolve_model("llama-3.2-1b").spec, 1024, 1, 2, "flash", "none").total
+    a = _activations(1024, 1)
     assert p.phases["backward_start"] == 6 * n + a + 8 * 1024 * V_LLAMA_3  # 10.51e9
     assert p.phases["optimizer_step"] == 10 * n  # 12.36e9
     assert p.peak_phase == "optimizer_step" and p.peak == 10 * n
@@ -43,12 +54,14 @@ def test_short_sequence_peaks_at_the_optimizer_step():
 
 def test_a_recipe_with_a_master_copy_is_not_a_plain_loop():
     with pytest.raises(ValueError, match="master copy"):
-        plain_step_peak(resolve_model("llama-3.2-1b").spec, 1024, 1, resolve_precision("bf16-mixed").spec, ADAMW)
+        plain_step_peak(
+            Workload(resolve_model("llama-3.2-1b").spec, resolve_precision("bf16-mixed").spec, ADAMW, 1024, 1)
+        )
 
 
 def test_long_batch_peaks_when_backward_starts():
     p = _peak(2048, 2)
-    a = activation_memory(resolve_model("llama-3.2-1b").spec, 2048, 2, 2, "flash", "none").total
+    a = _activations(2048, 2)
     start = 6 * N_LLAMA_1B + a + 8 * 2048 * 2 * V_LLAMA_3  # 7.41e9 + 8.18e9 + 4.20e9 ≈ 19.8e9
     assert p.peak_phase == "backward_start" and p.peak == start > 10 * N_LLAMA_1B
 

@@ -4,7 +4,7 @@ import pytest
 
 from lmcalc.engine.numerics import FORMATS, dtype_bytes
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates import tensor_result
+from lmcalc.estimates.counts import tensor
 from lmcalc.units import parse_bytes, parse_count, parse_shape
 
 
@@ -53,12 +53,12 @@ def test_parse_shape():
 
 def test_four_by_eight_fp32_is_128_bytes():
     # Lecture: a 4×8 fp32 tensor is 32 elements × 4 bytes = 128 bytes.
-    assert tensor_result((4, 8), "fp32").value("bytes") == 128
+    assert tensor(shape=(4, 8), dtype="fp32").value("bytes") == 128
 
 
 def test_gpt3_ffn_matrix_is_2_4_gb():
     # Lecture: one 12288 × 49152 fp32 matrix (a GPT-3 feed-forward weight) ≈ 2.4 GB.
-    result = tensor_result((12288, 49152), "fp32")
+    result = tensor(shape=(12288, 49152), dtype="fp32")
     assert result.value("bytes") == 12288 * 49152 * 4
     assert result.value("gb") == pytest.approx(2.4, abs=0.02)
 

@@ -12,10 +12,14 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from lmcalc import measure  # noqa: E402
 from lmcalc import validate as val  # noqa: E402
 from lmcalc.engine import flops as fl  # noqa: E402
-from lmcalc.engine.layout import Layout, stage_forward_flops, stage_layer_counts  # noqa: E402
-from lmcalc.engine.memory import activation_memory  # noqa: E402
+from lmcalc.engine import gpu_memory as gm  # noqa: E402
+from lmcalc.engine.gpu_memory import gpu_memory  # noqa: E402
+from lmcalc.engine.layout import Layout  # noqa: E402
 from lmcalc.engine.params import count_params  # noqa: E402
-from lmcalc.presets import builtin_dir, resolve_model  # noqa: E402
+from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts, stage_layers  # noqa: E402
+from lmcalc.engine.sharding import stage_part  # noqa: E402
+from lmcalc.engine.workload import Workload  # noqa: E402
+from lmcalc.presets import builtin_dir, resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 PRESETS = sorted(p.stem for p in (builtin_dir() / "models").glob("*.yaml"))
@@ -85,7 +89,9 @@ def test_activation_formula_matches_saved_tensors(arch, attention, recompute, se
     torch.manual_seed(0)
     tokens = torch.randint(0, spec.vocab_size, (batch, seq))
     measured = measure.peak_saved_bytes(model, tokens, recompute)
-    engine = activation_memory(spec, seq, batch, 4, attention, recompute, mask_bytes=4).total
+    fp32, adamw = resolve_precision("fp32").spec, resolve_optimizer("adamw").spec  # fp32: 4-byte activations
+    w = Workload(spec, fp32, adamw, seq, batch, attention, recompute, mask_bytes=4)
+    engine = gpu_memory(w, Layout(), 0).activations  # the whole model on one device
     assert engine == pytest.approx(measured, rel=val.ACTIVATION_TOLERANCE)
 
 
@@ -150,8 +156,8 @@ def test_perturbed_flops_make_the_check_fail(monkeypatch):
     # Drop the attention term from the engine: the FlopCounterMode row must catch it.
     original = fl.forward_flops_per_token
 
-    def without_attention(spec, seq_len, convention="causal"):
-        f = original(spec, seq_len, convention)
+    def without_attention(spec, seq_len, convention="causal", part=None):
+        f = original(spec, seq_len, convention, part)
         return fl.ForwardFlops(f.projections, f.mlp, 0.0, 0.0, f.logits)
 
     monkeypatch.setattr(fl, "forward_flops_per_token", without_attention)
@@ -162,17 +168,27 @@ def test_perturbed_flops_make_the_check_fail(monkeypatch):
 
 def test_perturbed_activations_make_the_check_fail(monkeypatch):
     # Forget the softmax output (eager attention's s² term): the saved-tensor row must catch it.
-    from lmcalc.engine import memory
+    from lmcalc.engine import activations
 
-    original = memory.layer_saved_tensors
+    original = activations.layer_saved_tensors
 
     def without_softmax(*args, **kwargs):
-        return [t for t in original(*args, **kwargs) if t.label != "softmax output"]
+        return tuple(t for t in original(*args, **kwargs) if t.label != "softmax output")
 
-    monkeypatch.setattr(memory, "layer_saved_tensors", without_softmax)
-    result = val.validate_result(resolve_model("llama-3.2-1b").spec, 256, 1, ("none",))
+    monkeypatch.setattr(activations, "layer_saved_tensors", without_softmax)
+    _forget_memoised_activations()  # validate's own test above ran this very workload unperturbed
+    try:
+        result = val.validate_result(resolve_model("llama-3.2-1b").spec, 256, 1, ("none",))
+    finally:
+        _forget_memoised_activations()  # and the tests that follow must not see the perturbed figures
     assert result.term("activations_eager_none.error").ok is False
     assert result.term("activations_flash_none.error").ok is True
+
+
+def _forget_memoised_activations() -> None:
+    """The engine memoises a layer's and a stage's activation bytes on the frozen workload: drop them."""
+    gm.layer_bytes.cache_clear()
+    gm._stage_activations.cache_clear()
 
 
 def test_validation_doc_covers_every_preset():
@@ -206,9 +222,10 @@ def test_each_pipeline_stages_flops_match_pytorch(name, pp, first, last):
     # The step time paces the pipeline by its slowest stage (docs/formulas.md §9.1); each stage's forward FLOPs
     # must be what PyTorch counts for exactly the blocks (and head) that stage runs, uneven splits included.
     spec, s = resolve_model(name).spec, 64  # 64 tokens × top-2 spread evenly over Mixtral's 8 experts on meta
-    layout = Layout(pp=pp, first_stage_layers=first, last_stage_layers=last)
+    layout = Layout(pp=pp, split=PipelineSplit(first_stage_layers=first, last_stage_layers=last))
     model = measure.build(spec, "flash", s)
     counts = stage_layer_counts(spec, layout)
     for stage in range(pp):
-        engine = stage_forward_flops(spec, layout, stage, s).total * s
+        part = stage_part(spec, stage_layers(spec, layout, stage))  # the stage's layers and, last, the logits
+        engine = fl.forward_flops_per_token(spec, s, "full", part).total * s
         assert _stage_forward_flops_by_pytorch(model, counts, stage, s) == pytest.approx(engine, rel=1e-9)

@@ -3,8 +3,8 @@
     python docs/examples/saved_tensors.py MODEL [--seq S] [--micro-batch B] [--attention flash|eager]
                                           [--recompute none|selective|full] [--moe] [--outside]
 
-It prints the list that ``lmcalc memory`` adds up (``layer_saved_tensors`` and ``model_saved_tensors``
-in ``lmcalc/engine/memory.py``) for a bf16 model: each tensor's bytes per element, its shape in the
+It prints the list that ``lmcalc memory`` adds up (``layer_kept_tensors`` and ``model_saved_tensors``
+in ``lmcalc/engine/activations.py``) for a bf16 model: each tensor's bytes per element, its shape in the
 symbols of docs/formulas.md, and its bytes. ``--moe`` lists an MoE layer instead of a dense one;
 ``--outside`` lists what is saved outside the layers (token ids, final norm, head input, logits).
 Used by docs/formulas.md §5.4.
@@ -12,8 +12,9 @@ Used by docs/formulas.md §5.4.
 
 import argparse
 
-from lmcalc.engine.memory import activation_memory
-from lmcalc.presets import resolve_model
+from lmcalc.engine.activations import layer_kept_tensors, model_saved_tensors
+from lmcalc.engine.workload import Workload
+from lmcalc.presets import resolve_model, resolve_optimizer, resolve_precision
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model")
@@ -27,8 +28,9 @@ group.add_argument("--outside", action="store_true")
 args = parser.parse_args()
 
 spec = resolve_model(args.model).spec
-act = activation_memory(spec, args.seq, args.micro_batch, 2, args.attention, args.recompute)
-tensors = act.outside if args.outside else act.moe_layer if args.moe else act.dense_layer
+bf16, adamw = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
+w = Workload(spec, bf16, adamw, args.seq, args.micro_batch, args.attention, args.recompute)
+tensors = model_saved_tensors(w) if args.outside else layer_kept_tensors(w, moe_layer=args.moe)
 for t in tensors:
     print(f"{t.label:<52} {t.bytes_per_element:>2g} B · {t.symbol:<12} {t.bytes:>16,.0f}")
 print(f"{'total':<52} {'':<17} {sum(t.bytes for t in tensors):>16,.0f}")

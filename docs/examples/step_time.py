@@ -13,9 +13,12 @@ import argparse
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine.comm import collective_time, link_for
-from lmcalc.engine.layout import Layout, stage_params
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.pipeline import PipelineSplit
+from lmcalc.engine.sharding import stage_params
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, step_time
-from lmcalc.presets import parse_cluster, resolve_model, resolve_precision
+from lmcalc.engine.workload import Workload
+from lmcalc.presets import parse_cluster, resolve_model, resolve_optimizer, resolve_precision
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model")
@@ -38,11 +41,10 @@ layout = Layout(
     ep=a.ep,
     zero=a.zero,
     sequence_parallel=a.sequence_parallel,
-    micro_batch=a.micro_batch,
     grad_accum=a.grad_accum,
-    virtual_stages=a.virtual_stages,
-    schedule="interleaved" if a.virtual_stages > 1 else "1f1b",
+    split=PipelineSplit("interleaved" if a.virtual_stages > 1 else "1f1b", a.virtual_stages),
 )
+w = Workload(model, bf16, resolve_optimizer("adamw").spec, a.seq, a.micro_batch, recompute=a.recompute)
 s, b, h = a.seq, a.micro_batch, model.hidden_size
 t, p, c, d, m, v = a.tp, a.pp, a.cp, a.dp, a.grad_accum, a.virtual_stages
 sp = t if a.sequence_parallel else 1
@@ -79,7 +81,7 @@ cp = m * layers * 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, link_for(hw,
 pp_sends = m * 2 * collective_time("p2p", activation / sp, 2, link_for(hw, t * c * d * p, per_node)) if p > 1 else 0.0
 bubble = (p - 1) / (v * m) * (compute + tp + ep + cp) if p > 1 else 0.0
 # DP and ZeRO over the DP·CP replicas of the slowest stage's parameters.
-held = stage_params(model, layout, slowest)
+held = stage_params(w, layout, slowest)
 params, replicas, dp_link = held.dense + held.experts, d * c, link_for(hw, t * c * d, per_node)
 grads, zero = 0.0, 0.0
 if replicas > 1 and a.zero >= 3:
@@ -94,7 +96,7 @@ elif replicas > 1:
     first_forward = stage_forward / work * compute / m  # 1/3 of a micro-batch without recomputation
     zero = max(0.0, gather - first_forward) if a.zero >= 1 else 0.0
 
-lmcalc = step_time(model, layout, s, bf16, hw, per_node, a.recompute)
+lmcalc = step_time(w, layout, cluster)
 rows = [
     ("compute", compute, lmcalc.compute),
     ("TP collectives", tp, lmcalc.tp),

@@ -37,18 +37,21 @@ from lmcalc.bench.device import Device
 from lmcalc.bench.results import Record, software_versions
 from lmcalc.bench.timing import Stats, synchronize, time_calls
 from lmcalc.engine import flops as fl
-from lmcalc.engine.memory import MASK_BYTES, activation_memory, state_memory
+from lmcalc.engine.choices import Attention, AttnConvention, Recompute
+from lmcalc.engine.gpu_memory import gpu_memory
+from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
 from lmcalc.engine.step_peak import PHASES, StepPeak, plain_step_peak
+from lmcalc.engine.workload import MASK_BYTES, Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_optimizer, resolve_precision
-from lmcalc.reference_model import AttentionImpl, Recompute, ReferenceModel, loss
+from lmcalc.reference_model import ReferenceModel, loss
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import format_quantity, group
 from lmcalc.validate import cpu_fallback_reason
 
-FLOP_CONVENTION: fl.AttnConvention = "full"  # Korthikanti et al. 2022 eq. (7); Chowdhery et al. 2022 App. B
+FLOP_CONVENTION: AttnConvention = "full"  # Korthikanti et al. 2022 eq. (7); Chowdhery et al. 2022 App. B
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 RECIPE_FOR_DTYPE = {"fp32": "fp32", "bf16": "bf16-pure"}  # what a model in that dtype + torch.optim.AdamW keeps
 OPTIMIZER = "adamw"
@@ -73,17 +76,15 @@ def peak_key(device: Device, dtype: str) -> str:
 
 
 def model_flops_per_step(
-    spec: ModelSpec, seq_len: int, micro_batch: int, convention: fl.AttnConvention = FLOP_CONVENTION
+    spec: ModelSpec, seq_len: int, micro_batch: int, convention: AttnConvention = FLOP_CONVENTION
 ) -> float:
     """3 · forward FLOPs per token · b · s: the work MFU is measured against (no recomputation)."""
-    forward = fl.forward_flops_per_token(spec, seq_len, convention).total
-    return (1 + fl.BACKWARD_TO_FORWARD) * forward * seq_len * micro_batch
+    return fl.step_flops(spec, seq_len, convention=convention).model * seq_len * micro_batch
 
 
 def hardware_flops_per_step(spec: ModelSpec, seq_len: int, micro_batch: int, recompute: Recompute) -> float:
     """Model FLOPs plus the forward work recomputation redoes in backward (Korthikanti et al. 2022 App. A)."""
-    forward = fl.forward_flops_per_token(spec, seq_len, FLOP_CONVENTION)
-    extra = fl.recompute_flops_per_token(forward, recompute)
+    extra = fl.step_flops(spec, seq_len, recompute, FLOP_CONVENTION).recomputed
     return model_flops_per_step(spec, seq_len, micro_batch) + extra * seq_len * micro_batch
 
 
@@ -108,25 +109,24 @@ def predict_memory(
     seq_len: int,
     micro_batch: int,
     dtype: str,
-    attention: AttentionImpl,
+    attention: Attention,
     recompute: Recompute,
     device_type: str,
 ) -> MemoryPrediction:
-    """States (``state_memory``, no ZeRO), saved activations (``activation_memory``) and the step's
-    peak, phase by phase (``plain_step_peak``), for one device.
+    """States and saved activations of the whole model on one device (``gpu_memory`` on the trivial layout)
+    and the step's peak, phase by phase (``plain_step_peak``).
 
     Dropout masks are bool on CUDA; PyTorch's CPU dropout keeps its mask in the input's dtype.
     """
     precision = resolve_precision(RECIPE_FOR_DTYPE[dtype]).spec
     optimizer = resolve_optimizer(OPTIMIZER).spec
-    states = state_memory(spec, precision, optimizer, 0, 1)
     mask_bytes = MASK_BYTES if device_type == "cuda" else precision.activation_bytes
-    activations = activation_memory(
-        spec, seq_len, micro_batch, precision.activation_bytes, attention, recompute, mask_bytes
-    )
-    step = plain_step_peak(spec, seq_len, micro_batch, precision, optimizer, attention, recompute, mask_bytes)
+    w = Workload(spec, precision, optimizer, seq_len, micro_batch, attention, recompute, mask_bytes)
+    one_device = gpu_memory(w, Layout(), 0)  # the whole model on one device, no ZeRO
     n = count_params(spec).total
-    return MemoryPrediction(precision.name, states.total / n, n, states.total, activations.total, step)
+    return MemoryPrediction(
+        precision.name, one_device.states / n, n, one_device.states, one_device.activations, plain_step_peak(w)
+    )
 
 
 def _gb(value: float) -> str:
@@ -185,7 +185,7 @@ class StepMeasurement:
     micro_batch: int
     device: Device
     dtype: str
-    attention: AttentionImpl
+    attention: Attention
     recompute: Recompute
     warmup: int
     seconds: tuple[float, ...]  # one per timed step
@@ -247,7 +247,7 @@ def _timed_steps(
     micro_batch: int,
     torch_device: torch.device,
     dtype: str,
-    attention: AttentionImpl,
+    attention: Attention,
     recompute: Recompute,
     warmup: int,
     repeats: int,
@@ -294,7 +294,7 @@ def run_steps(
     micro_batch: int,
     device: Device,
     dtype: str | None = None,
-    attention: AttentionImpl = "flash",
+    attention: Attention = "flash",
     recompute: Recompute = "none",
     warmup: int = 2,
     repeats: int = 5,
@@ -403,7 +403,7 @@ def _time_section(m: StepMeasurement) -> Section:
 
 def _flops_section(m: StepMeasurement) -> Section:
     spec, s, b = m.spec, m.seq_len, m.micro_batch
-    forward = fl.forward_flops_per_token(spec, s, FLOP_CONVENTION).total
+    forward = fl.step_flops(spec, s, convention=FLOP_CONVENTION).forward.total
     causal = model_flops_per_step(spec, s, b, "causal")
     peak = m.peak_flops_per_s
     no_peak = f"not available: the {m.device.name} has no {m.peak_key} peak (none is invented)"
@@ -420,7 +420,7 @@ def _flops_section(m: StepMeasurement) -> Section:
                 forward,
                 "FLOPs",
                 "engine detailed count, attention full (s keys per query)",
-                source="lmcalc.engine.flops.forward_flops_per_token",
+                source="lmcalc.engine.flops.step_flops",
             ),
             Term(
                 "model_flops",
@@ -516,7 +516,7 @@ def _memory_section(m: StepMeasurement) -> Section:
                 "bytes",
                 "tensors saved for backward",
                 f"s={m.seq_len}, b={m.micro_batch}, {m.attention} attention, recompute {m.recompute}",
-                "Korthikanti et al. 2022 §4.1, tensor by tensor (lmcalc.engine.memory.activation_memory)",
+                "Korthikanti et al. 2022 §4.1, tensor by tensor (lmcalc.engine.activations, lmcalc.engine.gpu_memory)",
             ),
             *(term for term in p.step.terms() if term.key in PHASES),
             Term(

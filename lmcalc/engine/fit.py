@@ -1,6 +1,6 @@
 """Solvers: the largest micro-batch, the longest sequence and the fewest GPUs that fit in memory.
 
-Each one searches a single setting of a layout and asks the memory model (``engine.layout``) whether the
+Each one searches a single setting of a layout and asks the memory model (``engine.gpu_memory``) whether the
 most loaded GPU fits; memory grows with micro-batch and sequence length and shrinks as ZeRO spreads the
 model states over more data-parallel GPUs, so a doubling search followed by bisection finds the limit.
 The answer names the binding part of memory: the one that grows with the setting (activations for
@@ -12,39 +12,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from lmcalc.engine.flops import Recompute
-from lmcalc.engine.layout import GpuMemory, Layout, most_loaded_gpu
-from lmcalc.engine.memory import AttentionImpl
-from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.engine.gpu_memory import GpuMemory, most_loaded_gpu
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.workload import Workload
 
 SEARCH_LIMIT = 1 << 24  # no search goes past 16M (sequences, tokens or data-parallel replicas)
+
+Variant = Callable[[int], tuple[Workload, Layout]]
+"""The workload and layout with the searched setting at a value."""
 
 
 @dataclass(frozen=True)
 class Setting:
-    """Everything but the searched value: how to ask whether a layout fits."""
+    """Everything but the searched value: the workload, the layout and the GPU's memory."""
 
-    model: ModelSpec
+    workload: Workload
     layout: Layout
-    seq_len: int
-    precision: PrecisionRecipe
-    optimizer: OptimizerSpec
-    attention: AttentionImpl
-    recompute: Recompute
-    overhead_bytes: float
     capacity: float
 
-    def memory(self, layout: Layout | None = None, seq_len: int | None = None) -> GpuMemory:
-        return most_loaded_gpu(
-            self.model,
-            layout or self.layout,
-            self.precision,
-            self.optimizer,
-            seq_len or self.seq_len,
-            self.attention,
-            self.recompute,
-            self.overhead_bytes,
-        )
+    def memory(self, variant: tuple[Workload, Layout] | None = None) -> GpuMemory:
+        return most_loaded_gpu(*(variant or (self.workload, self.layout)))
 
 
 @dataclass(frozen=True)
@@ -77,51 +64,48 @@ def _largest(fits: Callable[[int], GpuMemory | None], step: int, limit: int) -> 
     return lo, hi
 
 
-def _checker(setting: Setting, make: Callable[[int], tuple[Layout, int]]) -> Callable[[int], GpuMemory | None]:
+def _checker(setting: Setting, make: Variant) -> Callable[[int], GpuMemory | None]:
     def fits(value: int) -> GpuMemory | None:
-        layout, seq = make(value)
-        memory = setting.memory(layout, seq)
+        memory = setting.memory(make(value))
         return memory if memory.total <= setting.capacity else None
 
     return fits
 
 
 def largest_micro_batch(setting: Setting) -> Limit:
-    fits = _checker(setting, lambda b: (replace(setting.layout, micro_batch=b), setting.seq_len))
-    value, over = _largest(fits, 1, SEARCH_LIMIT)
-    return _limit(
-        setting,
-        value,
-        over,
-        lambda b: (replace(setting.layout, micro_batch=b), setting.seq_len),
-        "activations grow with the micro-batch",
-    )
+    def make(b: int) -> tuple[Workload, Layout]:
+        return replace(setting.workload, micro_batch=b), setting.layout
+
+    value, over = _largest(_checker(setting, make), 1, SEARCH_LIMIT)
+    return _limit(setting, value, over, make, "activations grow with the micro-batch")
 
 
 def longest_sequence(setting: Setting, step: int, limit: int) -> Limit:
     """The longest sequence (a multiple of ``step``, at most ``limit``) that fits."""
-    fits = _checker(setting, lambda s: (setting.layout, s))
-    value, over = _largest(fits, step, limit)
+
+    def make(s: int) -> tuple[Workload, Layout]:
+        return replace(setting.workload, seq_len=s), setting.layout
+
+    value, over = _largest(_checker(setting, make), step, limit)
     if value is not None and value + step > limit:  # memory never ran out: the limit did
-        reason = (
-            "the model's learned positions" if setting.model.position_embedding == "learned" else "the search limit"
-        ) + f" ({limit} tokens), not memory"
-        return Limit(value, setting.memory(seq_len=value), None, None, reason)
-    return _limit(setting, value, over, lambda s: (setting.layout, s), "activations grow with the sequence")
+        learned = setting.workload.model.position_embedding == "learned"
+        reason = ("the model's learned positions" if learned else "the search limit") + f" ({limit} tokens), not memory"
+        return Limit(value, setting.memory(make(value)), None, None, reason)
+    return _limit(setting, value, over, make, "activations grow with the sequence")
 
 
 def fewest_data_parallel(setting: Setting, step: int) -> Limit:
     """The smallest DP degree (a multiple of ``step``) that fits: ZeRO spreads the model states over it."""
 
-    def make(dp: int) -> tuple[Layout, int]:
-        return replace(setting.layout, dp=dp), setting.seq_len
+    def make(dp: int) -> tuple[Workload, Layout]:
+        return setting.workload, replace(setting.layout, dp=dp)
 
     fits = _checker(setting, make)
     dp = step
     while dp <= SEARCH_LIMIT and fits(dp) is None:
         dp *= 2
     if dp > SEARCH_LIMIT:
-        memory = setting.memory(make(SEARCH_LIMIT)[0])
+        memory = setting.memory(make(SEARCH_LIMIT))
         when = "even fully sharded" if setting.layout.zero else "with every GPU holding all model states (no ZeRO)"
         return Limit(None, None, memory, SEARCH_LIMIT, _binding(memory, when))
     lo, hi = dp // 2, dp  # lo does not fit (or is below step), hi fits
@@ -133,10 +117,10 @@ def fewest_data_parallel(setting: Setting, step: int) -> Limit:
             hi = mid
         else:
             lo = mid
-    below = setting.memory(make(lo)[0]) if lo >= step else None
+    below = setting.memory(make(lo)) if lo >= step else None
     return Limit(
         hi,
-        setting.memory(make(hi)[0]),
+        setting.memory(make(hi)),
         below,
         lo if lo >= step else None,
         "model states, which ZeRO spreads over the data-parallel GPUs"
@@ -145,21 +129,13 @@ def fewest_data_parallel(setting: Setting, step: int) -> Limit:
     )
 
 
-def _limit(
-    setting: Setting, value: int | None, over: int, make: Callable[[int], tuple[Layout, int]], grows: str
-) -> Limit:
-    beyond = setting.memory(*make(over))
+def _limit(setting: Setting, value: int | None, over: int, make: Variant, grows: str) -> Limit:
+    beyond = setting.memory(make(over))
     if value is None:
         return Limit(None, None, beyond, over, _binding(beyond, "at the smallest setting"))
-    return Limit(value, setting.memory(*make(value)), beyond, over, grows)
+    return Limit(value, setting.memory(make(value)), beyond, over, grows)
 
 
 def _binding(memory: GpuMemory, when: str) -> str:
-    parts = {
-        "model states": memory.states,
-        "activations": memory.activations,
-        "ZeRO-3 buffers": memory.zero3_buffers,
-        "overhead": memory.overhead,
-    }
-    biggest = max(parts, key=parts.__getitem__)
-    return f"{biggest} ({parts[biggest] / 1e9:.1f} GB) {when}"
+    part, size = memory.binding
+    return f"{part} ({size / 1e9:.1f} GB) {when}"

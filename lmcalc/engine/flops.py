@@ -18,17 +18,14 @@ For MoE only the routed experts a token visits count (k of E), plus the router.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
-from lmcalc.engine.params import WeightTensor, count_params, weight_tensors
+from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.params import count_params, weight_tensors
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group, sci
 
-AttnConvention = Literal["causal", "full"]
-Recompute = Literal["none", "selective", "full"]
 BACKWARD_TO_FORWARD = 2  # Kaplan et al. 2020 §2.1: backward costs twice the forward
 FLOPS_PER_PARAM_PER_TOKEN = 2 * (1 + BACKWARD_TO_FORWARD)  # the 6 of 6·N·D: 2 forward + 4 backward
 
@@ -57,36 +54,40 @@ def effective_keys(seq_len: int, convention: AttnConvention) -> float:
     return seq_len if convention == "full" else (seq_len + 1) / 2
 
 
-def forward_flops_per_token(
-    spec: ModelSpec,
-    seq_len: int,
-    convention: AttnConvention = "causal",
-    *,
-    share: Callable[[WeightTensor], float] | None = None,
-    layers: int | None = None,
-    logits: bool = True,
-) -> ForwardFlops:
-    """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens.
+@dataclass(frozen=True)
+class ModelPart:
+    """The part of a model one pipeline stage computes (``sharding.stage_part``): the share of each weight
+    tensor's copies it holds, in ``weight_tensors`` order; its layers; whether it computes the logits."""
 
-    A part of the model (a pipeline stage, ``layout.stage_forward_flops``) passes the ``share`` of each
-    weight tensor's copies it holds, its number of ``layers``, and whether it computes the ``logits``."""
+    shares: tuple[float, ...]
+    layers: int
+    logits: bool
+
+
+def forward_flops_per_token(
+    spec: ModelSpec, seq_len: int, convention: AttnConvention = "causal", part: ModelPart | None = None
+) -> ForwardFlops:
+    """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens: of the whole model,
+    or of the ``part`` a pipeline stage computes."""
     projections = mlp = 0.0
-    for t in weight_tensors(spec):
+    tensors = weight_tensors(spec)
+    shares = part.shares if part else (1,) * len(tensors)
+    for t, share in zip(tensors, shares, strict=True):
         if not t.matmul:
             continue
-        used = 2 * t.active_total * (share(t) if share else 1)
+        used = 2 * t.active_total * share
         if t.group == "attention":
             projections += used
         else:
             mlp += used
     keys = effective_keys(seq_len, convention)
-    L, H = spec.num_layers if layers is None else layers, spec.num_heads
+    L, H = spec.num_layers if part is None else part.layers, spec.num_heads
     return ForwardFlops(
         projections=projections,
         mlp=mlp,
         attention_scores=2 * L * keys * H * spec.qk_head_dim,
         attention_values=2 * L * keys * H * spec.v_head_dim,
-        logits=2 * spec.hidden_size * spec.vocab_size if logits else 0.0,
+        logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
     )
 
 
@@ -101,6 +102,39 @@ def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute) -> float:
     if recompute == "selective":
         return fwd.attention_scores + fwd.attention_values
     return 0.0
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs per token of one training step: the forward pass, the backward (twice the forward, Kaplan et al.
+    2020 §2.1), and the forward work recomputation redoes. Model FLOPs (what MFU counts) leave out the
+    recomputation; hardware FLOPs (what HFU counts, what the GPUs execute) include it (Chowdhery et al. 2022
+    §4.1)."""
+
+    forward: ForwardFlops
+    recomputed: float
+
+    @property
+    def model(self) -> float:
+        """3 · forward: forward and backward."""
+        return (1 + BACKWARD_TO_FORWARD) * self.forward.total
+
+    @property
+    def hardware(self) -> float:
+        return self.model + self.recomputed
+
+
+def step_flops(
+    spec: ModelSpec,
+    seq_len: int,
+    recompute: Recompute = "none",
+    convention: AttnConvention = "full",
+    part: ModelPart | None = None,
+) -> StepFlops:
+    """A training step's FLOPs per token, of the whole model or of one stage's ``part``: the one count that
+    ``lmcalc flops``, the step-time model, ``validate`` and ``bench step`` all use."""
+    forward = forward_flops_per_token(spec, seq_len, convention, part)
+    return StepFlops(forward, recompute_flops_per_token(forward, recompute))
 
 
 def napkin_params(spec: ModelSpec) -> int:
@@ -150,12 +184,12 @@ def napkin_section(spec: ModelSpec, tokens: float) -> Section:
 def detailed_section(
     spec: ModelSpec, tokens: float, seq_len: int, convention: AttnConvention, recompute: Recompute
 ) -> Section:
-    fwd = forward_flops_per_token(spec, seq_len, convention)
+    step = step_flops(spec, seq_len, recompute, convention)
+    fwd = step.forward
     keys = effective_keys(seq_len, convention)
     keys_text = f"{seq_len}" if convention == "full" else f"({seq_len}+1)/2"
     L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
-    per_token = (1 + BACKWARD_TO_FORWARD) * fwd.total
-    extra = recompute_flops_per_token(fwd, recompute)
+    per_token, extra = step.model, step.recomputed
     model_total = per_token * tokens
     hardware_total = (per_token + extra) * tokens
     s_sym = "s" if convention == "full" else "(s+1)/2"

@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil
 
-from lmcalc.engine.layout import check_tp_heads
-from lmcalc.engine.memory import OVERHEAD_ALLOWANCE_BYTES, capacity_terms, overhead_term
+from lmcalc.engine.memory_terms import Capacity, capacity_terms, overhead_term
 from lmcalc.engine.numerics import DTYPE_ALIASES, dtype_bytes
 from lmcalc.engine.params import count_params
+from lmcalc.engine.sharding import check_tp_heads
+from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
@@ -173,30 +174,36 @@ def _whole_fit(budget: float, bytes_each: float) -> int:
     return int(Fraction(budget) // Fraction(bytes_each))
 
 
-def inference_memory(
-    spec: ModelSpec,
-    batch: int,
-    context: int,
-    weights_dtype: str,
-    kv_dtype: str,
-    capacity_bytes: float,
-    tp: int = 1,
-    overhead_bytes: float = OVERHEAD_ALLOWANCE_BYTES,
-    quant_group_size: int | None = None,
-) -> InferenceMemory:
-    """Weights and KV cache of serving ``spec``; refuses settings where the weights alone do not fit a GPU."""
-    _check_positive(batch, "batch", "sequences")
-    _check_positive(context, "context", "tokens")
-    kv_bytes = serving_dtype_bytes(kv_dtype, "KV-cache dtype")
+@dataclass(frozen=True)
+class Serving:
+    """What is served and how: the model, ``batch`` sequences of ``context`` tokens each, the dtypes of the
+    weights and of the KV cache, the tensor-parallel GPUs, and the allowances."""
+
+    model: ModelSpec
+    context: int  # tokens per sequence
+    batch: int = 1  # sequences served at once
+    weights_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    tp: int = 1
+    quant_group_size: int | None = None  # one fp16 scale per group of this many int8/int4 weights; None: none
+    overhead_bytes: float = OVERHEAD_ALLOWANCE_BYTES
+
+
+def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory:
+    """Weights and KV cache of ``serving``; refuses settings where the weights alone do not fit a GPU."""
+    spec, tp, overhead_bytes = serving.model, serving.tp, serving.overhead_bytes
+    _check_positive(serving.batch, "batch", "sequences")
+    _check_positive(serving.context, "context", "tokens")
+    kv_bytes = serving_dtype_bytes(serving.kv_dtype, "KV-cache dtype")
     memory = InferenceMemory(
         params=count_params(spec).total,
-        weights=weights_bytes(spec, weights_dtype),
-        quant_scales=quant_scale_bytes(spec, weights_dtype, quant_group_size),
+        weights=weights_bytes(spec, serving.weights_dtype),
+        quant_scales=quant_scale_bytes(spec, serving.weights_dtype, serving.quant_group_size),
         kv_per_token_per_layer=kv_elements_per_token_per_layer(spec) * kv_bytes,
         kv_per_token_per_layer_per_gpu=kv_elements_per_token_per_layer_per_gpu(spec, tp) * kv_bytes,
         layers=spec.num_layers,
-        batch=batch,
-        context=context,
+        batch=serving.batch,
+        context=serving.context,
         tp=tp,
         overhead=overhead_bytes,
         capacity=capacity_bytes,
@@ -371,7 +378,7 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
     return Section("kv_cache", f"KV cache ({b} × {s} tokens)", tuple(terms))
 
 
-def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_label: str) -> Section:
+def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Capacity) -> Section:
     total, capacity = memory.total_per_gpu, memory.capacity
     budget, c = memory.cache_budget, memory.kv_per_token_per_gpu
     budget_text = f"({group(capacity)} − {group(memory.weights_per_gpu)} − {group(memory.overhead)}) B"
@@ -390,7 +397,7 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_label: s
             Term("kv_cache", "KV cache", memory.kv_cache_per_gpu, "bytes", "batch · context · per token on one GPU"),
             overhead_term(memory.overhead, "CUDA context, workspaces, forward activations and logits, fragmentation"),
             Term("total", "Total", total, "bytes", "weights + KV cache + overhead"),
-            *capacity_terms(total, capacity, capacity_label, utilisation=False),
+            *capacity_terms(total, capacity_spec, utilisation=False),
             Term(
                 "cache_budget",
                 "Memory left for the KV cache",
@@ -429,25 +436,11 @@ INFERENCE_STACK = ("per_gpu.weights", "per_gpu.kv_cache", "per_gpu.overhead")
 INFERENCE_CAPACITY = "per_gpu.capacity"
 
 
-def inference_sections(
-    spec: ModelSpec,
-    batch: int,
-    context: int,
-    weights_dtype: str,
-    kv_dtype: str,
-    capacity_bytes: float,
-    tp: int = 1,
-    overhead_bytes: float = OVERHEAD_ALLOWANCE_BYTES,
-    *,
-    capacity_label: str = "",
-    quant_group_size: int | None = None,
-) -> tuple[Section, ...]:
+def inference_sections(serving: Serving, capacity: Capacity) -> tuple[Section, ...]:
     """Serving memory as terms: the weights, the KV cache, and one GPU's total with the largest batch and context."""
-    memory = inference_memory(
-        spec, batch, context, weights_dtype, kv_dtype, capacity_bytes, tp, overhead_bytes, quant_group_size
-    )
+    memory = inference_memory(serving, capacity.bytes)
     return (
-        _weights_section(spec, memory, weights_dtype),
-        _kv_section(spec, memory, kv_dtype),
-        _per_gpu_section(spec, memory, capacity_label),
+        _weights_section(serving.model, memory, serving.weights_dtype),
+        _kv_section(serving.model, memory, serving.kv_dtype),
+        _per_gpu_section(serving.model, memory, capacity),
     )

@@ -13,30 +13,16 @@ activations. The shape used is reported, so the assumption is visible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from lmcalc.engine.flops import Recompute
-from lmcalc.engine.memory import AttentionImpl, activation_memory, optimizer_state_bytes, zero_divisors
-from lmcalc.engine.params import count_params, weight_tensors
-from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.engine.gpu_memory import gpu_memory
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.params import count_params
+from lmcalc.engine.states import bytes_per_param, optimizer_bytes_per_param
+from lmcalc.engine.workload import Workload
+from lmcalc.specs import Cluster, ModelSpec
 
 STRATEGIES = ((0, "Data parallel (replicated)"), (1, "ZeRO-1"), (2, "ZeRO-2"), (3, "ZeRO-3 / FSDP"))
-
-
-def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes_per_param: float, zero_stage: int, dp: int) -> float:
-    """Per-GPU bytes of model state per parameter after ZeRO sharding."""
-    p_div, g_div, o_div = zero_divisors(zero_stage, dp)
-    return (
-        precision.param_bytes / p_div
-        + precision.grad_bytes / g_div
-        + (precision.master_bytes + optimizer_bytes_per_param) / o_div
-    )
-
-
-def optimizer_bytes_per_param(template: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec) -> float:
-    """Optimizer bytes per parameter of ``template``'s shape (exact for unfactored optimizers)."""
-    tensors = weight_tensors(template)
-    return optimizer_state_bytes(tensors, precision, optimizer) / sum(t.total for t in tensors)
 
 
 def scaled_model(template: ModelSpec, n_params: float) -> ModelSpec:
@@ -92,20 +78,12 @@ class MaxParamsRow:
     activation_bytes: float
 
 
-def max_params(
-    capacity_bytes: float,
-    dp: int,
-    precision: PrecisionRecipe,
-    optimizer: OptimizerSpec,
-    template: ModelSpec,
-    overhead_bytes: float,
-    seq_len: int,
-    micro_batch: int,
-    attention: AttentionImpl,
-    recompute: Recompute,
-) -> list[MaxParamsRow]:
-    """One row per sharding strategy: N that fits with states only, + overhead, + activations."""
-    opt_bpp = optimizer_bytes_per_param(template, precision, optimizer)
+def max_params(template: Workload, cluster: Cluster) -> list[MaxParamsRow]:
+    """One row per sharding strategy over the cluster's GPUs: N that fits with states only, + overhead, +
+    activations of ``template``'s model scaled to N (at its sequence, micro-batch, attention, recomputation)."""
+    capacity_bytes, dp, overhead_bytes = cluster.hardware.memory_bytes, cluster.count, template.overhead_bytes
+    precision = template.precision
+    opt_bpp = optimizer_bytes_per_param(template)
     rows = []
     for stage, label in STRATEGIES:
         bpp = bytes_per_param(precision, opt_bpp, stage, dp)
@@ -113,9 +91,8 @@ def max_params(
         with_overhead = max(0.0, capacity_bytes - overhead_bytes) / bpp
 
         def activations(n: float) -> tuple[float, ModelSpec]:
-            model = scaled_model(template, n)
-            act = activation_memory(model, seq_len, micro_batch, precision.activation_bytes, attention, recompute)
-            return act.total, model
+            model = scaled_model(template.model, n)
+            return gpu_memory(replace(template, model=model), Layout(), 0).activations, model
 
         lo, hi = 0.0, with_overhead
         for _ in range(60):  # bisection: states + activations grow with N

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from typing import NamedTuple
 
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
@@ -59,147 +60,129 @@ class WeightTensor:
         return self.active * self.numel
 
 
-def _norm(name: str, group_: str, size: int, symbol: str, spec: ModelSpec, count: int, count_symbol: str):
-    tensors = [WeightTensor(f"{name}.weight", group_, (size,), (symbol,), count, count_symbol, count, False)]
+class Dim(NamedTuple):
+    """A size and the symbol formulas write it with: ``Dim(4096, "h")``."""
+
+    size: int
+    symbol: str
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where tensors sit: their group, how many copies of them the model holds (and the symbol of that count),
+    and how many copies one token uses (all of them, unless the tensors are routed experts)."""
+
+    group: str
+    count: int
+    count_symbol: str
+    active: float | None = None
+
+    @property
+    def used(self) -> float:
+        return self.count if self.active is None else self.active
+
+
+def _tensor(name: str, site: Site, shape: tuple[Dim, ...], matmul: bool) -> WeightTensor:
+    used = site.used if matmul or site.active is not None else site.count
+    sizes, symbols = tuple(d.size for d in shape), tuple(d.symbol for d in shape)
+    return WeightTensor(name, site.group, sizes, symbols, site.count, site.count_symbol, used, matmul)
+
+
+def _norm(name: str, site: Site, size: Dim, spec: ModelSpec) -> list[WeightTensor]:
+    """A norm's weight, and its bias where the norm has one (LayerNorm)."""
+    tensors = [_tensor(f"{name}.weight", site, (size,), False)]
     if spec.norm_kind == "layernorm":
-        tensors.append(WeightTensor(f"{name}.bias", group_, (size,), (symbol,), count, count_symbol, count, False))
+        tensors.append(_tensor(f"{name}.bias", site, (size,), False))
     return tensors
 
 
-def _linear(
-    name: str,
-    group_: str,
-    out: int,
-    inp: int,
-    out_sym: str,
-    in_sym: str,
-    count: int,
-    count_symbol: str,
-    bias: bool,
-    active: float | None = None,
-) -> list[WeightTensor]:
-    used = count if active is None else active
-    tensors = [WeightTensor(f"{name}.weight", group_, (out, inp), (out_sym, in_sym), count, count_symbol, used, True)]
+def _linear(name: str, site: Site, out: Dim, inp: Dim, bias: bool) -> list[WeightTensor]:
+    """A linear layer's (out × in) weight, and its bias of ``out`` where it has one."""
+    tensors = [_tensor(f"{name}.weight", site, (out, inp), True)]
     if bias:
-        tensors.append(WeightTensor(f"{name}.bias", group_, (out,), (out_sym,), count, count_symbol, used, False))
+        tensors.append(_tensor(f"{name}.bias", site, (out,), False))
     return tensors
 
 
 def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
-    h, heads, kv, d = spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_size
+    h, heads, kv, d = Dim(spec.hidden_size, "h"), spec.num_heads, spec.kv_heads, spec.head_size
+    site = Site("attention", n, "L")
     qkv_bias = spec.attention_bias in ("qkv", "all")
     out_bias = spec.attention_bias == "all"
     if spec.mla:
         m = spec.mla
         tensors: list[WeightTensor] = []
+        q_dim = Dim(heads * m.qk_head_dim, "H·d_qk")
         if m.q_lora_rank:
-            tensors += _linear("attn.q_a", "attention", m.q_lora_rank, h, "r_q", "h", n, "L", qkv_bias)
-            tensors += _norm("attn.q_a_norm", "attention", m.q_lora_rank, "r_q", spec, n, "L")
-            tensors += _linear(
-                "attn.q_b", "attention", heads * m.qk_head_dim, m.q_lora_rank, "H·d_qk", "r_q", n, "L", qkv_bias
-            )
+            q_rank = Dim(m.q_lora_rank, "r_q")
+            tensors += _linear("attn.q_a", site, q_rank, h, qkv_bias)
+            tensors += _norm("attn.q_a_norm", site, q_rank, spec)
+            tensors += _linear("attn.q_b", site, q_dim, q_rank, qkv_bias)
         else:
-            tensors += _linear("attn.q", "attention", heads * m.qk_head_dim, h, "H·d_qk", "h", n, "L", qkv_bias)
-        tensors += _linear(
-            "attn.kv_a", "attention", m.kv_lora_rank + m.qk_rope_head_dim, h, "(r_kv+d_rope)", "h", n, "L", qkv_bias
-        )
-        tensors += _norm("attn.kv_a_norm", "attention", m.kv_lora_rank, "r_kv", spec, n, "L")
-        tensors += _linear(
-            "attn.kv_b",
-            "attention",
-            heads * (m.qk_nope_head_dim + m.v_head_dim),
-            m.kv_lora_rank,
-            "H·(d_nope+d_v)",
-            "r_kv",
-            n,
-            "L",
-            qkv_bias,
-        )
-        tensors += _linear("attn.o", "attention", h, heads * m.v_head_dim, "h", "H·d_v", n, "L", out_bias)
+            tensors += _linear("attn.q", site, q_dim, h, qkv_bias)
+        kv_rank = Dim(m.kv_lora_rank, "r_kv")
+        tensors += _linear("attn.kv_a", site, Dim(m.kv_lora_rank + m.qk_rope_head_dim, "(r_kv+d_rope)"), h, qkv_bias)
+        tensors += _norm("attn.kv_a_norm", site, kv_rank, spec)
+        kv_up = Dim(heads * (m.qk_nope_head_dim + m.v_head_dim), "H·(d_nope+d_v)")
+        tensors += _linear("attn.kv_b", site, kv_up, kv_rank, qkv_bias)
+        tensors += _linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
         return tensors
-    tensors = _linear("attn.q", "attention", heads * d, h, "H·d", "h", n, "L", qkv_bias)
-    tensors += _linear("attn.k", "attention", kv * d, h, "H_kv·d", "h", n, "L", qkv_bias)
-    tensors += _linear("attn.v", "attention", kv * d, h, "H_kv·d", "h", n, "L", qkv_bias)
-    tensors += _linear("attn.o", "attention", h, heads * d, "h", "H·d", n, "L", out_bias)
+    q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")
+    tensors = _linear("attn.q", site, q, h, qkv_bias)
+    tensors += _linear("attn.k", site, kv_dim, h, qkv_bias)
+    tensors += _linear("attn.v", site, kv_dim, h, qkv_bias)
+    tensors += _linear("attn.o", site, h, q, out_bias)
     if spec.qk_norm == "full":
-        tensors += _norm("attn.q_norm", "attention", heads * d, "H·d", spec, n, "L")
-        tensors += _norm("attn.k_norm", "attention", kv * d, "H_kv·d", spec, n, "L")
+        tensors += _norm("attn.q_norm", site, q, spec)
+        tensors += _norm("attn.k_norm", site, kv_dim, spec)
     elif spec.qk_norm == "per_head":
-        tensors += _norm("attn.q_norm", "attention", d, "d", spec, n, "L")
-        tensors += _norm("attn.k_norm", "attention", d, "d", spec, n, "L")
+        tensors += _norm("attn.q_norm", site, Dim(d, "d"), spec)
+        tensors += _norm("attn.k_norm", site, Dim(d, "d"), spec)
     return tensors
 
 
-def _ffn(
-    prefix: str,
-    group_: str,
-    spec: ModelSpec,
-    width: int,
-    width_sym: str,
-    count: int,
-    count_symbol: str,
-    active: float | None = None,
-) -> list[WeightTensor]:
-    h, bias = spec.hidden_size, spec.mlp_bias
+def _ffn(prefix: str, site: Site, spec: ModelSpec, width: Dim) -> list[WeightTensor]:
+    """A feed-forward block of inner ``width``: GELU's fc and proj, or a gated MLP's gate, up and down."""
+    h, bias = Dim(spec.hidden_size, "h"), spec.mlp_bias
     if spec.ffn_kind == "gelu_mlp":
-        return _linear(f"{prefix}.fc", group_, width, h, width_sym, "h", count, count_symbol, bias, active) + _linear(
-            f"{prefix}.proj", group_, h, width, "h", width_sym, count, count_symbol, bias, active
-        )
+        return _linear(f"{prefix}.fc", site, width, h, bias) + _linear(f"{prefix}.proj", site, h, width, bias)
     return (
-        _linear(f"{prefix}.gate", group_, width, h, width_sym, "h", count, count_symbol, bias, active)
-        + _linear(f"{prefix}.up", group_, width, h, width_sym, "h", count, count_symbol, bias, active)
-        + _linear(f"{prefix}.down", group_, h, width, "h", width_sym, count, count_symbol, bias, active)
+        _linear(f"{prefix}.gate", site, width, h, bias)
+        + _linear(f"{prefix}.up", site, width, h, bias)
+        + _linear(f"{prefix}.down", site, h, width, bias)
     )
 
 
 def weight_tensors(spec: ModelSpec) -> list[WeightTensor]:
     """Every parameter tensor of the model, in build order, with multiplicities."""
-    h, L = spec.hidden_size, spec.num_layers
-    tensors = [WeightTensor("embed.weight", "embedding", (spec.vocab_size, h), ("V", "h"), 1, "1", 1, False)]
+    h, L = Dim(spec.hidden_size, "h"), spec.num_layers
+    vocab, once = Dim(spec.vocab_size, "V"), Site("embedding", 1, "1")
+    tensors = [_tensor("embed.weight", once, (vocab, h), False)]
     if spec.position_embedding == "learned":
         tensors.append(
-            WeightTensor("pos_embed.weight", "position", (spec.max_seq_len, h), ("s_max", "h"), 1, "1", 1, False)
+            _tensor("pos_embed.weight", Site("position", 1, "1"), (Dim(spec.max_seq_len, "s_max"), h), False)
         )
     tensors += _attention(spec, L)
-    tensors += _norm("attn_norm", "norm", h, "h", spec, L, "L")
-    tensors += _norm("mlp_norm", "norm", h, "h", spec, L, "L")
+    norms = Site("norm", L, "L")
+    tensors += _norm("attn_norm", norms, h, spec)
+    tensors += _norm("mlp_norm", norms, h, spec)
     moe = spec.moe
     if moe is None:
-        tensors += _ffn("mlp", "mlp", spec, spec.ffn_size, "f", L, "L")
+        tensors += _ffn("mlp", Site("mlp", L, "L"), spec, Dim(spec.ffn_size, "f"))
     else:
-        n_moe = spec.moe_layers
+        n_moe, f_e = spec.moe_layers, Dim(moe.expert_ffn_size, "f_e")
         if moe.dense_layers:
-            tensors += _ffn("dense_mlp", "mlp", spec, spec.ffn_size, "f", moe.dense_layers, "L_dense")
-        tensors.append(
-            WeightTensor("router.weight", "router", (moe.num_experts, h), ("E", "h"), n_moe, "L_moe", n_moe, True)
-        )
-        if moe.router_bias:
-            tensors.append(
-                WeightTensor("router.bias", "router", (moe.num_experts,), ("E",), n_moe, "L_moe", n_moe, False)
-            )
-        tensors += _ffn(
-            "experts",
-            "experts",
-            spec,
-            moe.expert_ffn_size,
-            "f_e",
-            n_moe * moe.num_experts,
-            "L_moe·E",
-            active=n_moe * moe.experts_per_token,
-        )
+            tensors += _ffn("dense_mlp", Site("mlp", moe.dense_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
+        router, experts = Site("router", n_moe, "L_moe"), Dim(moe.num_experts, "E")
+        tensors += _linear("router", router, experts, h, moe.router_bias)
+        routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * moe.experts_per_token)
+        tensors += _ffn("experts", routed, spec, f_e)
         if moe.shared_experts:
-            tensors += _ffn(
-                "shared_experts",
-                "shared_experts",
-                spec,
-                moe.expert_ffn_size,
-                "f_e",
-                n_moe * moe.shared_experts,
-                "L_moe·E_shared",
-            )
-    tensors += _norm("final_norm", "norm", h, "h", spec, 1, "1")
+            shared = Site("shared_experts", n_moe * moe.shared_experts, "L_moe·E_shared")
+            tensors += _ffn("shared_experts", shared, spec, f_e)
+    tensors += _norm("final_norm", Site("norm", 1, "1"), h, spec)
     if not spec.tied_embeddings:
-        tensors.append(WeightTensor("lm_head.weight", "head", (spec.vocab_size, h), ("V", "h"), 1, "1", 1, False))
+        tensors.append(_tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
     return tensors
 
 

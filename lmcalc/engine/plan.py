@@ -11,52 +11,90 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from lmcalc.engine.flops import Recompute
-from lmcalc.engine.layout import GpuMemory, Layout, check_layout, most_loaded_gpu, stage_layer_counts
-from lmcalc.engine.memory import AttentionImpl
+from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES, Recompute, ZeroStage
+from lmcalc.engine.gpu_memory import GpuMemory, most_loaded_gpu
+from lmcalc.engine.layout import Layout, check_layout
+from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
+from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.specs import Cluster, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import Cluster
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 VIRTUAL_STAGES = (2, 3, 4)
-RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
 class Pins:
-    """Constraints the user fixed; None leaves a dimension to the search."""
+    """Constraints the user fixed; None leaves a dimension to the search. The pipeline split's layer settings
+    (uneven stages, the embedding or the loss counted) are pinned as they are given; its schedule and virtual
+    stages are the search's."""
 
     tp: int | None = None
     pp: int | None = None
     cp: int | None = None
     ep: int | None = None
-    zero: int | None = None
+    zero: ZeroStage | None = None
     micro_batch: int | None = None
     recompute: Recompute | None = None
     max_tp: int | None = None
     max_pp: int = 64
     max_cp: int = 16
     tp_within_node: bool = True
-    first_stage_layers: int | None = None  # uneven pipeline stages; None: an even split
-    last_stage_layers: int | None = None
-    embedding_in_split: bool = False  # the embedding / the loss counted as a layer in the split (Megatron-LM)
-    loss_in_split: bool = False
-
-    @property
-    def stage_split(self) -> bool:
-        """Whether --first-stage-layers or --last-stage-layers pins the split of the layers."""
-        return self.first_stage_layers is not None or self.last_stage_layers is not None
+    split: PipelineSplit = PipelineSplit()
 
 
 @dataclass(frozen=True)
 class Candidate:
+    """One layout the search evaluated, the workload it runs (its micro-batch and recomputation), its most
+    loaded GPU's memory and its step time."""
+
     layout: Layout
-    recompute: Recompute
+    workload: Workload
     memory: GpuMemory
     time: StepTime
+
+    @property
+    def recompute(self) -> Recompute:
+        return self.workload.recompute
+
+    @property
+    def micro_batch(self) -> int:
+        return self.workload.micro_batch
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def cp(self) -> int:
+        return self.layout.cp
+
+    @property
+    def ep(self) -> int:
+        return self.layout.ep
+
+    @property
+    def zero(self) -> int:
+        return self.layout.zero
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.time.tokens_per_s
+
+    @property
+    def mfu(self) -> float:
+        return self.time.mfu
 
 
 @dataclass
@@ -75,10 +113,10 @@ def _powers_of_two(limit: int) -> list[int]:
     return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
 
 
-def layouts(
-    model: ModelSpec, cluster: Cluster, seq_len: int, global_batch: int, pins: Pins, attention: AttentionImpl
-) -> Iterator[tuple[Layout, Recompute]]:
-    """Every layout that can exist for this model, cluster, sequence and global batch (in sequences)."""
+def layouts(base: Workload, cluster: Cluster, global_batch: int, pins: Pins) -> Iterator[tuple[Layout, Workload]]:
+    """Every layout that can exist for the workload (its micro-batch and recomputation varied within the pins),
+    the cluster and the global batch (in sequences)."""
+    model = base.model
     gpus, per_node = cluster.count, cluster.gpus_per_node
     max_tp = pins.max_tp or (per_node if pins.tp_within_node else gpus)
     tps = (
@@ -90,12 +128,18 @@ def layouts(
     cps = (
         [pins.cp]
         if pins.cp
-        else [c for c in _powers_of_two(pins.max_cp) if seq_len % c == 0 and (c == 1 or attention == "flash")]
+        else [c for c in _powers_of_two(pins.max_cp) if base.seq_len % c == 0 and (c == 1 or base.attention == "flash")]
     )
-    zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
+    zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
     micro = [pins.micro_batch] if pins.micro_batch else list(MICRO_BATCHES)
-    recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE)
-    units = model.num_layers + int(pins.embedding_in_split) + int(pins.loss_in_split)  # what the chunks share
+    recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_MODES)
+    workloads = {(mb, rc): replace(base, micro_batch=mb, recompute=rc) for mb in micro for rc in recomputes}
+    units = model.num_layers + pins.split.units  # what the chunks share
+    splits_1f1b = {pp: _stage_splits(base, pp, pins) for pp in pps}  # made once: layouts share them
+    interleaved = {
+        pp: [replace(pins.split, schedule="interleaved", virtual_stages=v) for v in VIRTUAL_STAGES if units >= pp * v]
+        for pp in pps
+    }
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if gpus % (tp * pp * cp):
             continue
@@ -106,113 +150,67 @@ def layouts(
             if global_batch % (dp * mb):
                 continue
             accum = global_batch // (dp * mb)
-            schedules = [("1f1b", 1, first, last) for first, last in _stage_splits(model, pp, pins)]
+            splits = splits_1f1b[pp]
             if pp > 1 and accum % pp == 0:  # pinned uneven stages that do not split over v chunks are refused
-                first, last = pins.first_stage_layers, pins.last_stage_layers
-                schedules += [("interleaved", v, first, last) for v in VIRTUAL_STAGES if units >= pp * v]
-            for (schedule, virtual, first, last), recompute in itertools.product(schedules, recomputes):
-                yield (
-                    Layout(
-                        dp=dp,
-                        tp=tp,
-                        pp=pp,
-                        cp=cp,
-                        ep=ep,
-                        zero=zero,
-                        sequence_parallel=tp > 1,
-                        micro_batch=mb,
-                        grad_accum=accum,
-                        schedule=schedule,  # type: ignore[arg-type]
-                        virtual_stages=virtual,
-                        first_stage_layers=first,
-                        last_stage_layers=last,
-                        embedding_in_split=pins.embedding_in_split,
-                        loss_in_split=pins.loss_in_split,
-                    ),
-                    recompute,
+                splits = splits + interleaved[pp]
+            for split, recompute in itertools.product(splits, recomputes):
+                layout = Layout(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    cp=cp,
+                    ep=ep,
+                    zero=zero,
+                    sequence_parallel=tp > 1,
+                    grad_accum=accum,
+                    split=split,
                 )
+                yield layout, workloads[(mb, recompute)]
 
 
 LIGHTER_LAST_STAGE = (1, 2)  # layers taken off the last stage, which also computes the logits
 
 
-def _stage_splits(model: ModelSpec, pp: int, pins: Pins) -> list[tuple[int | None, int | None]]:
-    """(first, last) stage layer counts to try under 1F1B: the pinned ones; else the even split, and the last
-    stage one or two layers lighter, the remedy for a large vocabulary's logits (Megatron-LM's
-    --decoder-last-pipeline-num-layers)."""
-    if pins.stage_split:
-        return [(pins.first_stage_layers, pins.last_stage_layers)]
-    splits: list[tuple[int | None, int | None]] = [(None, None)]
-    if pins.embedding_in_split or pins.loss_in_split:  # the counted units set the split
-        return splits
-    if pp > 1:
-        even_last = stage_layer_counts(model, Layout(pp=pp))[-1]
-        splits += [(None, even_last - k) for k in LIGHTER_LAST_STAGE if even_last - k >= 1]
-    return splits
+def _stage_splits(base: Workload, pp: int, pins: Pins) -> list[PipelineSplit]:
+    """1F1B splits to try: the pinned one; else the even split, and the last stage one or two layers lighter,
+    the remedy for a large vocabulary's logits (Megatron-LM's --decoder-last-pipeline-num-layers)."""
+    pinned = replace(pins.split, schedule="1f1b", virtual_stages=1)
+    if pins.split.stage_layers_given or pins.split.units or pp == 1:  # the pins or the counted units set it
+        return [pinned]
+    even_last = stage_layer_counts(base.model, Layout(pp=pp))[-1]
+    return [pinned] + [
+        replace(pinned, last_stage_layers=even_last - k) for k in LIGHTER_LAST_STAGE if even_last - k >= 1
+    ]
 
 
 def plan(
-    model: ModelSpec,
+    base: Workload,
     cluster: Cluster,
-    seq_len: int,
     global_batch: int,
-    precision: PrecisionRecipe,
-    optimizer: OptimizerSpec,
     pins: Pins,
-    attention: AttentionImpl = "flash",
     efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
-    overhead_bytes: float = 0.0,
 ) -> Plan:
-    """Evaluate every layout; keep those that fit, fastest first, or the one that misses by least."""
+    """Evaluate every layout of the ``base`` workload, its micro-batch and recomputation searched within the
+    pins; keep those that fit, fastest first, or the one that misses by least."""
     if global_batch < 1:
         raise LmcalcError("the global batch must hold at least one sequence")
     result = Plan(capacity=cluster.hardware.memory_bytes)
-    cache: dict = {}
     refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2
-    for layout, recompute in layouts(model, cluster, seq_len, global_batch, pins, attention):
+    for layout, w in layouts(base, cluster, global_batch, pins):
         try:  # pinned degrees are taken as given: the same checks as `lmcalc memory` keep them honest
-            check_layout(model, layout, cluster, seq_len, attention, pins.tp_within_node)
+            check_layout(w, layout, cluster, pins.tp_within_node)
         except LmcalcError as exc:
             if refusal is None or layout.pp > refusal[0]:
-                refusal = (layout.pp, str(exc))
+                refusal = (layout.pp, exc.args[0])
             continue
         result.evaluated += 1
-        memory = most_loaded_gpu(
-            model, layout, precision, optimizer, seq_len, attention, recompute, overhead_bytes, cache=cache
-        )
+        memory = most_loaded_gpu(w, layout)
         if memory.total > result.capacity:
             if result.closest is None or memory.total < result.closest.memory.total:
-                result.closest = Candidate(
-                    layout,
-                    recompute,
-                    memory,
-                    _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
-                )
+                result.closest = Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency))
             continue
-        result.fitting.append(
-            Candidate(
-                layout,
-                recompute,
-                memory,
-                _time(model, layout, seq_len, precision, cluster, recompute, efficiency, cache),
-            )
-        )
+        result.fitting.append(Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency)))
     if not result.evaluated and refusal:
         raise LmcalcError(f"no layout can exist with these constraints: {refusal[1]}")
     result.fitting.sort(key=lambda c: (-round(c.time.tokens_per_s, 6), c.memory.total))  # ties: more headroom
     return result
-
-
-def _time(
-    model: ModelSpec,
-    layout: Layout,
-    seq_len: int,
-    precision: PrecisionRecipe,
-    cluster: Cluster,
-    recompute: Recompute,
-    efficiency: float,
-    cache: dict,
-) -> StepTime:
-    return step_time(
-        model, layout, seq_len, precision, cluster.hardware, cluster.gpus_per_node, recompute, efficiency, cache=cache
-    )

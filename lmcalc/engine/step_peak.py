@@ -41,19 +41,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lmcalc.engine.flops import Recompute
-from lmcalc.engine.memory import (
+from lmcalc.engine.activations import (
     LOGITS_BYTES,
-    MASK_BYTES,
-    ActivationMemory,
-    AttentionImpl,
-    activation_memory,
+    layer_checkpoint,
+    layer_kept_tensors,
     layer_saved_tensors,
-    state_memory,
+    model_saved_tensors,
 )
+from lmcalc.engine.gpu_memory import gpu_memory
+from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params, weight_tensors
+from lmcalc.engine.workload import Workload
 from lmcalc.result import Term
-from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import ModelSpec
 
 LOSS_BACKWARD_TENSORS = 2  # nll_loss's gradient and log_softmax's gradient, both fp32 s·b·V
 PHASES = ("backward_start", "backward_end", "optimizer_step")
@@ -218,46 +218,33 @@ class StepPeak:
         )
 
 
-def plain_step_peak(
-    spec: ModelSpec,
-    seq_len: int,
-    micro_batch: int,
-    precision: PrecisionRecipe,
-    optimizer: OptimizerSpec,
-    attention: AttentionImpl = "flash",
-    recompute: Recompute = "none",
-    mask_bytes: float = MASK_BYTES,
-) -> StepPeak:
+def plain_step_peak(w: Workload) -> StepPeak:
     """Phase-by-phase peak of ``loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)`` on one
     device, no parallelism, with ``torch.optim.AdamW``'s default foreach kernels. The recipe is the
     model's own dtype (``fp32``, ``bf16-pure``): a plain loop keeps no separate master copy."""
+    spec, precision = w.model, w.precision
     if precision.master_bytes:
         raise ValueError(
             f"plain_step_peak models a model trained in its own dtype; {precision.name} keeps a master copy "
             "(autocast or a mixed-precision framework), which this timeline does not describe"
         )
     n = count_params(spec).total
-    states = state_memory(spec, precision, optimizer, 0, 1)
-    act_bytes = precision.activation_bytes
-    act = activation_memory(spec, seq_len, micro_batch, act_bytes, attention, recompute, mask_bytes)
+    one_gpu = gpu_memory(w, Layout(), 0)  # the whole model on one device: the trivial layout
     first_is_moe = bool(spec.moe) and spec.moe_layers == spec.num_layers  # MoE layers follow the dense ones
     last_is_moe = bool(spec.moe) and spec.moe_layers > 0
-    first, last = (
-        layer_backward(spec, seq_len, micro_batch, act_bytes, act, attention, mask_bytes, moe)
-        for moe in (first_is_moe, last_is_moe)
-    )
-    full = recompute == "full"
-    sbv = seq_len * micro_batch * spec.vocab_size
+    first, last = (layer_backward(w, moe) for moe in (first_is_moe, last_is_moe))
+    full = w.recompute == "full"
+    sbv = w.seq_len * w.micro_batch * spec.vocab_size
     return StepPeak(
-        weights=states.params,
-        optimizer_states=states.master + states.optimizer,
-        gradients=states.grads,
-        activations=act.total - act.recompute_working_bytes,  # what the forward pass leaves saved
+        weights=one_gpu.params,
+        optimizer_states=one_gpu.master + one_gpu.optimizer,
+        gradients=one_gpu.grads,
+        activations=one_gpu.activations - one_gpu.activations_rebuilt,  # what the forward pass leaves saved
         loss_backward=LOSS_BACKWARD_TENSORS * LOGITS_BYTES * sbv,
-        head_side=sum(t.bytes for t in act.outside if t.block == "head"),
+        head_side=sum(t.bytes for t in model_saved_tensors(w) if t.block == "head"),
         # A holds the last layer's saved tensors already, or (full) only its input: the layer is rebuilt
         last_layer=replace(last, saved=last.saved if full else 0.0),
-        first_layer=replace(first, saved=first.saved + (act.checkpoint_bytes if full else 0.0)),
+        first_layer=replace(first, saved=first.saved + (layer_checkpoint(w).bytes if full else 0.0)),
         embedding_gradient=spec.vocab_size * spec.hidden_size * precision.grad_bytes,
         **{
             key: count * precision.grad_bytes
@@ -269,38 +256,27 @@ def plain_step_peak(
     )
 
 
-def layer_backward(
-    spec: ModelSpec,
-    seq_len: int,
-    micro_batch: int,
-    act_bytes: float,
-    act: ActivationMemory,
-    attention: AttentionImpl,
-    mask_bytes: float,
-    moe_layer: bool,
-) -> LayerBackward:
-    """One layer's backward (dense or MoE): the saved tensors it holds as it runs (``act``'s, so under
-    selective recomputation without the attention core, which comes back as the attention's backward
-    starts; under full recomputation the rebuilt layer), and the gradients each half holds at once."""
-    sb = seq_len * micro_batch
-    kept = act.moe_layer if moe_layer else act.dense_layer
+def layer_backward(w: Workload, moe_layer: bool) -> LayerBackward:
+    """One layer's backward (dense or MoE): the saved tensors it holds as it runs (under selective
+    recomputation without the attention core, which comes back as the attention's backward starts; under
+    full recomputation the rebuilt layer), and the gradients each half holds at once."""
+    spec, act_bytes = w.model, w.precision.activation_bytes
+    sb = w.tokens
+    kept = layer_kept_tensors(w, moe_layer)
     if spec.moe and moe_layer:
         moe = spec.moe
         routed = 2 * moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
         mlp = max(routed, 2 * sb * moe.expert_ffn_size if moe.shared_experts else 0)
     else:
         mlp = (1 if spec.ffn_kind == "gelu_mlp" else 2) * sb * spec.ffn_size
-    if attention == "eager":
-        attn = 2 * micro_batch * spec.num_heads * seq_len**2
+    if w.attention == "eager":
+        attn = 2 * w.micro_batch * spec.num_heads * w.seq_len**2
     else:
         attn = sb * (spec.num_heads * spec.qk_head_dim + spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim))
     rebuilt = 0.0
-    if act.recompute == "selective":  # the core runs again: its saved tensors, and eager GQA's repeated K and V
-        tensors = layer_saved_tensors(
-            spec, seq_len, micro_batch, act_bytes, attention, moe_layer, "selective", mask_bytes
-        )
-        rebuilt = sum(t.bytes for t in tensors if t.attention_core)
-        if attention == "eager" and not spec.mla and spec.kv_heads < spec.num_heads:
+    if w.recompute == "selective":  # the core runs again: its saved tensors, and eager GQA's repeated K and V
+        rebuilt = sum(t.bytes for t in layer_saved_tensors(w, moe_layer) if t.attention_core)
+        if w.attention == "eager" and not spec.mla and spec.kv_heads < spec.num_heads:
             rebuilt += sb * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim) * act_bytes
     return LayerBackward(
         saved=sum(t.bytes for t in kept),

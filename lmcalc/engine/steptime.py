@@ -23,12 +23,16 @@ layers, or the last when the logits outweigh a layer (a large vocabulary). Commu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine.comm import collective_time, link_for
-from lmcalc.engine.layout import Layout, cached_stage_params, distinct_stages, stage_forward_flops, stage_layers
-from lmcalc.specs import HardwareSpec, ModelSpec, PrecisionRecipe
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.pipeline import StageLayers, distinct_stages, stage_layers
+from lmcalc.engine.sharding import stage_params, stage_part
+from lmcalc.engine.workload import Workload
+from lmcalc.specs import Cluster
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
 """Fraction of the dense peak a whole training step's compute reaches (matmuls at realistic shapes plus
@@ -73,52 +77,36 @@ class StepTime:
         return self.tokens / self.total
 
 
-def _stage_work(
-    model: ModelSpec, layout: Layout, stage: int, seq_len: int, recompute: fl.Recompute, cache: dict | None
-) -> tuple[float, float]:
-    """Forward FLOPs per token of ``stage`` and its hardware FLOPs per token: forward and backward (3×), the
-    logits on the last stage, and what recomputation redoes."""
-    key = ("stage_work", seq_len, layout.split, recompute, stage)
-    if cache is not None and key in cache:
-        return cache[key]
-    fwd = stage_forward_flops(model, layout, stage, seq_len)
-    work = (fwd.total, (1 + fl.BACKWARD_TO_FORWARD) * fwd.total + fl.recompute_flops_per_token(fwd, recompute))
-    if cache is not None:
-        cache[key] = work
-    return work
+@functools.lru_cache(maxsize=1 << 14)
+def stage_step_flops(w: Workload, built: StageLayers) -> fl.StepFlops:
+    """FLOPs per token of a stage that builds ``built``: its share of the weights, its layers' attention (counted
+    in full, as model FLOPs are), the logits on the last stage, and what recomputation redoes."""
+    return fl.step_flops(w.model, w.seq_len, w.recompute, "full", stage_part(w.model, built))
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole_step_flops(w: Workload) -> fl.StepFlops:
+    return fl.step_flops(w.model, w.seq_len, w.recompute, "full")
 
 
 def step_time(
-    model: ModelSpec,
-    layout: Layout,
-    seq_len: int,
-    precision: PrecisionRecipe,
-    hardware: HardwareSpec,
-    gpus_per_node: int,
-    recompute: fl.Recompute,
-    efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
-    cache: dict | None = None,
+    w: Workload, layout: Layout, cluster: Cluster, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
 ) -> StepTime:
     """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
     stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
     the longest."""
-    t, p, c, d, m, b = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum, layout.micro_batch
+    hardware, gpus_per_node, precision, model = cluster.hardware, cluster.gpus_per_node, w.precision, w.model
+    t, p, c, d, m = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum
     gpus = layout.gpus
     peak = hardware.peak_flops(precision.compute_dtype)
     act = precision.activation_bytes
-    tokens = d * m * b * seq_len
-    key = ("forward_flops", seq_len)
-    if cache is not None and key in cache:
-        fwd = cache[key]
-    else:
-        fwd = fl.forward_flops_per_token(model, seq_len, "full")
-        if cache is not None:
-            cache[key] = fwd
-    model_flops = 3 * fwd.total * tokens
-    hardware_flops = model_flops + fl.recompute_flops_per_token(fwd, recompute) * tokens
-    activation = seq_len * b * model.hidden_size * act / c
+    tokens = d * m * w.micro_batch * w.seq_len
+    whole = _whole_step_flops(w)
+    model_flops = whole.model * tokens
+    hardware_flops = model_flops + whole.recomputed * tokens
+    activation = w.seq_len * w.micro_batch * model.hidden_size * act / c
     tp_link = link_for(hardware, t, gpus_per_node)
-    collectives = 4 + (2 if recompute == "full" else 0)
+    collectives = 4 + (2 if w.recompute == "full" else 0)
     tp_per_layer = collectives * collective_time("all-reduce", activation, t, tp_link)
     ep_per_moe_layer = 0.0
     if model.moe and layout.ep > 1:
@@ -128,29 +116,29 @@ def step_time(
         )
     cp_per_layer = 0.0
     if c > 1:
-        kv_chunk = 2 * seq_len / c * b * model.kv_heads * model.qk_head_dim * act / (t if t > 1 else 1)
+        kv_chunk = 2 * w.seq_len / c * w.micro_batch * model.kv_heads * model.qk_head_dim * act / (t if t > 1 else 1)
         cp_link = link_for(hardware, c * t, gpus_per_node)
         cp_per_layer = 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, cp_link)  # forward once, backward twice
     pp_p2p = 0.0
     if p > 1:
         pp_link = link_for(hardware, t * c * d * p, gpus_per_node)
         pp_p2p = m * 2 * collective_time("p2p", activation / (t if layout.sequence_parallel else 1), 2, pp_link)
-    virtual = layout.chunks
-    replicas = d * c
+    virtual = layout.split.chunks
+    replicas = layout.data_replicas
     dp_link = link_for(hardware, t * c * d, gpus_per_node)
 
     def stage_time(stage: int) -> StepTime:
         """The step as ``stage`` lives it; the pipeline waits for the slowest."""
-        forward, work = _stage_work(model, layout, stage, seq_len, recompute, cache)
+        built = stage_layers(model, layout, stage)
+        flops = stage_step_flops(w, built)
+        forward, work = flops.forward.total, flops.hardware
         compute = work * tokens / (gpus / p * peak * efficiency)
         per_micro_batch = compute / m
-        dense, moe = stage_layers(model, layout, stage)
-        tp_time = m * (dense + moe) * tp_per_layer
-        ep_time = m * moe * ep_per_moe_layer
-        cp_time = m * (dense + moe) * cp_per_layer
+        tp_time = m * built.layers * tp_per_layer
+        ep_time = m * built.moe * ep_per_moe_layer
+        cp_time = m * built.layers * cp_per_layer
         bubble = (p - 1) / (virtual * m) * (compute + tp_time + ep_time + cp_time) if p > 1 else 0.0
-        held = cached_stage_params(model, layout, stage, cache)
-        params = held.dense + held.experts
+        params = stage_params(w, layout, stage).total
         dp_time = zero_time = 0.0
         if replicas > 1:
             if layout.zero >= 3:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmcalc import estimates as est
-from lmcalc.engine.layout import Layout
-from lmcalc.presets import parse_cluster, registry, resolve_optimizer, resolve_precision
+from lmcalc import api
+from lmcalc.presets import registry
 
 GOLDEN_SETTINGS = {
     "seq_len": 4096,
@@ -29,38 +28,35 @@ def model_figures(name: str) -> dict[str, Any]:
     spec = registry("models").specs[name]
     s = GOLDEN_SETTINGS
     seq = min(s["seq_len"], spec.max_seq_len)
-    precision = resolve_precision(s["precision"]).spec
-    flops = est.flops_result(spec, est.Given(s["tokens"], "golden"), est.Given(seq, "golden"))
-    memory = est.memory_result(
-        spec,
-        parse_cluster(s["cluster_memory"]),
-        precision,
-        resolve_optimizer(s["optimizer"]).spec,
-        Layout(dp=8, zero=s["zero_stage"], micro_batch=s["micro_batch"]),
-        est.Given(seq, "golden"),
+    flops = api.flops(model=spec, tokens=s["tokens"], seq=seq)
+    memory = api.memory(
+        model=spec,
+        gpus=s["cluster_memory"],
+        seq=seq,
+        micro_batch=s["micro_batch"],
+        precision=s["precision"],
+        optimizer=s["optimizer"],
+        dp=8,
+        zero=s["zero_stage"],
     )
-    time = est.train_time_result(
-        spec,
-        est.Given(s["tokens"], "golden"),
-        est.Given(s["mfu"], "golden"),
-        precision,
-        cluster=parse_cluster(s["cluster_time"]),
+    time = api.train_time(
+        model=spec, gpus=s["cluster_time"], tokens=s["tokens"], mfu=s["mfu"], precision=s["precision"]
     )
-    params = est.params_result(spec)
+    params = api.params(model=spec)
     figures = {
-        "params_total": params.value("params.total"),
+        "params_total": params.total,
         "flops_per_token_causal": flops.value("detailed.training_per_token"),
         "flops_napkin_total": flops.value("napkin.total"),
-        "memory_params": memory.value("state.params"),
-        "memory_grads": memory.value("state.grads"),
-        "memory_master": memory.value("state.master"),
-        "memory_optimizer": memory.value("state.optimizer"),
-        "memory_activations": memory.value("activations.total"),
-        "memory_total": memory.value("total.total"),
-        "days": time.value("time.days"),
+        "memory_params": memory.gpu.params,
+        "memory_grads": memory.gpu.grads,
+        "memory_master": memory.gpu.master,
+        "memory_optimizer": memory.gpu.optimizer,
+        "memory_activations": memory.gpu.activations,
+        "memory_total": memory.total,
+        "days": time.days,
     }
     if spec.moe:
-        figures["params_active"] = params.value("params.active")
+        figures["params_active"] = params.active
     return figures
 
 

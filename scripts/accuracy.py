@@ -1,5 +1,8 @@
 """How well the planner predicts published runs: MFU given the published layout, and the rank of that
-layout among everything the planner would choose from (docs/plan-accuracy.md, ``scripts/plan_accuracy.py``)."""
+layout among everything the planner would choose from (docs/plan-accuracy.md, ``scripts/plan_accuracy.py``).
+
+A harness for the docs and the tests, not a command: it lives beside the scripts, outside the package.
+"""
 
 from __future__ import annotations
 
@@ -10,26 +13,32 @@ from typing import Any
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.plan import Pins, plan
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
+from lmcalc.engine.workload import Workload
+from lmcalc.estimates.inputs import build_layout, pipeline_split
 from lmcalc.presets import read_yaml, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster, ModelSpec
 
 MFU_TOLERANCE = 0.20  # relative
 TOP_RANK = 10
+PRECISION, OPTIMIZER = "bf16-mixed", "adamw"  # what every published run trained with
+OVERHEAD_BYTES = 0.0  # the runs are judged on model states and activations alone, without lmcalc's allowance
 
 
 @dataclass(frozen=True)
 class PublishedRun:
     id: str
     source: str
-    model: ModelSpec
     cluster: Cluster
     layout: Layout
-    recompute: str
-    seq: int
+    workload: Workload  # the model, sequence, micro-batch and recomputation as published
     mfu: float
     assumed: str
     toolset: Pins  # what the authors' software offered: the search space their choice was made in
     toolset_note: str
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.workload.model
 
 
 def gpt_model(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
@@ -53,29 +62,49 @@ def gpt_model(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
 
 
 def load_runs(path: Path) -> list[PublishedRun]:
+    precision, optimizer = resolve_precision(PRECISION).spec, resolve_optimizer(OPTIMIZER).spec
     runs = []
     for row in read_yaml(path)["runs"]:
         model: Any = row["model"]
         spec = resolve_model(model["preset"]).spec if "preset" in model else gpt_model(row["id"], **model["gpt"])
         hardware = resolve_hardware(row["hardware"]).spec
         cluster = Cluster(hardware=hardware, count=row["gpus"], gpus_per_node=min(hardware.gpus_per_node, row["gpus"]))
+        settings = dict(row["layout"])
+        micro_batch = settings.pop("micro_batch")
+        workload = Workload(
+            spec,
+            precision,
+            optimizer,
+            row["seq"],
+            micro_batch,
+            recompute=row["recompute"],
+            overhead_bytes=OVERHEAD_BYTES,
+        )
         toolset = row.get("toolset", {})
+        pins = dict(toolset.get("pins", {}))
+        split = {key: pins.pop(key) for key in list(pins) if key in PIN_SPLIT}
         runs.append(
             PublishedRun(
                 row["id"],
                 row["source"],
-                spec,
                 cluster,
-                Layout(**row["layout"]),
-                row["recompute"],
-                row["seq"],
+                build_layout(cluster, settings),
+                workload,
                 row["mfu"],
                 row.get("assumed", ""),
-                Pins(**toolset.get("pins", {})),
+                Pins(**pins, split=pipeline_split(**split)),
                 toolset.get("why", ""),
             )
         )
     return runs
+
+
+PIN_SPLIT = (
+    "first_stage_layers",
+    "last_stage_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
 
 
 @dataclass(frozen=True)
@@ -108,16 +137,8 @@ def _split(layout: Layout) -> Split:
 def fastest_per_split(run: PublishedRun, pins: Pins, efficiency: float) -> dict[Split, float]:
     """Tokens/s of each split's fastest variant (ZeRO stage, micro-batch, recomputation, schedule) that fits,
     fastest split first."""
-    found = plan(
-        run.model,
-        run.cluster,
-        run.seq,
-        run.layout.dp * run.layout.micro_batch * run.layout.grad_accum,
-        resolve_precision("bf16-mixed").spec,
-        resolve_optimizer("adamw").spec,
-        pins,
-        efficiency=efficiency,
-    )
+    layout = run.layout
+    found = plan(run.workload, run.cluster, layout.dp * run.workload.micro_batch * layout.grad_accum, pins, efficiency)
     fastest: dict[Split, float] = {}
     for candidate in found.fitting:  # already fastest first
         fastest.setdefault(_split(candidate.layout), candidate.time.tokens_per_s)
@@ -131,16 +152,7 @@ def _rank(split: Split, fastest: dict[Split, float]) -> int | None:
 
 def published_step_time(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> StepTime:
     """The step-time model's figures for the run's own layout (its MFU is what the paper's is compared with)."""
-    return step_time(
-        run.model,
-        run.layout,
-        run.seq,
-        resolve_precision("bf16-mixed").spec,
-        run.cluster.hardware,
-        run.cluster.gpus_per_node,
-        run.recompute,
-        efficiency,
-    )  # type: ignore[arg-type]
+    return step_time(run.workload, run.layout, run.cluster, efficiency)
 
 
 def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> Accuracy:

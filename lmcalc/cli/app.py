@@ -1,0 +1,105 @@
+"""The typer application every command module registers with, how a result is shown, and how an error is said.
+
+Errors in the user's input are printed as one line (``lmcalc: error: ...``) with exit code 2, each setting named
+by its flag (``flag``: the one place a setting's name becomes a flag); the accounting commands never import
+torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from lmcalc import __version__
+from lmcalc.errors import LmcalcError, keyword
+from lmcalc.render import render
+from lmcalc.result import Estimate, Result
+
+app = typer.Typer(
+    name="lmcalc",
+    help="What an LLM training run costs before you rent a GPU: parameters, FLOPs, memory per GPU, time.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+presets_app = typer.Typer(help="List, show and check the built-in and your own presets.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Measure what the hardware delivers with PyTorch; results feed the estimates. Plain `lmcalc bench` times "
+    "matmuls (one shape, --sweep, or a model's shapes with --model); the subcommands time memory bandwidth, "
+    "collectives and training steps."
+)
+
+
+def flag(name: str) -> str:
+    """The flag of a setting: its Python keyword with dashes (``virtual_stages`` → ``--virtual-stages``)."""
+    return "--" + keyword(name).replace("_", "-")
+
+
+def emit(shown: Estimate | Result, as_json: bool = False, explain: bool = False) -> None:
+    """Render an estimate (its report) or a result: a table, ``--json`` or ``--explain``."""
+    render(shown.report if isinstance(shown, Estimate) else shown, as_json=as_json, explain=explain)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"lmcalc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """What an LLM training run costs before you rent a GPU: parameters, FLOPs, memory per GPU, time."""
+
+
+def flags_given(ctx: typer.Context, names: set[str] | tuple[str, ...]) -> list[str]:
+    """The flags (as typed: ``--batch``) among the parameters ``names`` that the command line set. (The
+    source is compared by name: typer carries its own copy of click's ``ParameterSource``.)"""
+    given = [p for p in ctx.command.params if p.name in names]
+    return [p.opts[0] for p in given if getattr(ctx.get_parameter_source(p.name or ""), "name", "") == "COMMANDLINE"]
+
+
+def error_message(error: LmcalcError) -> str:
+    """The error as the command line says it: each setting by its flag, on one printable line."""
+    return _one_line(error.message(flag))
+
+
+def _usage_message(exc: Exception) -> str:
+    """A typer usage error (unknown option, missing value, bad type) as one line."""
+    return " ".join(getattr(exc, "format_message", exc.__str__)().split("\n"))
+
+
+def _one_line(text: str) -> str:
+    """The message on one printable line: control characters from the user's input are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app and turn every error into one line and a non-zero exit code."""
+    try:
+        code = app(args=argv, prog_name="lmcalc", standalone_mode=False)
+    except LmcalcError as exc:
+        print(f"lmcalc: error: {error_message(exc)}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        print("lmcalc: aborted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as exc:  # typer's usage errors: unknown option, missing value, bad type
+        print(f"lmcalc: error: {_one_line(_usage_message(exc))} (see 'lmcalc --help')", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except Exception as exc:  # never show a traceback to a user, unless asked
+        if os.environ.get("LMCALC_DEBUG"):
+            raise
+        print(
+            f"lmcalc: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(set LMCALC_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

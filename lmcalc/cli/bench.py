@@ -1,0 +1,240 @@
+"""``lmcalc bench``: measure what the hardware delivers with PyTorch; the results feed the estimates. torch is
+imported when a measurement runs, never at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated
+
+import typer
+
+from lmcalc import presets as pr
+from lmcalc.cli.app import bench_app, emit
+from lmcalc.cli.options import AttentionOpt, ExplainOpt, JsonOpt, ModelOpt, RecomputeOpt
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES
+from lmcalc.errors import LmcalcError
+from lmcalc.estimates.inputs import choice, nbytes, non_negative_int, positive_int, seq_given
+from lmcalc.units import parse_shape
+
+DeviceOpt = Annotated[str, typer.Option("--device", help="cuda | cpu | mps | auto (the first available).")]
+HardwareOpt = Annotated[
+    str | None, typer.Option("--hardware", help="Hardware preset to compare with (default: matched by name).")
+]
+SaveOpt = Annotated[
+    str | None, typer.Option("--save", help="Results file (default: ~/.local/share/lmcalc/bench.json).")
+]
+NoSaveOpt = Annotated[bool, typer.Option("--no-save", help="Do not write the results.")]
+
+
+def _torch_or_fail() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LmcalcError("bench needs PyTorch: pip install 'lmcalc[bench]'") from None
+
+
+def _save(records, save: str | None, no_save: bool) -> str:
+    from pathlib import Path
+
+    from lmcalc.bench import results
+
+    if no_save:
+        return "not saved (--no-save)"
+    path = results.save(Path(save).expanduser() if save else results.default_path(), records)
+    return f"saved to {path}"
+
+
+MatmulDtypeOpt = Annotated[
+    str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 | tf32 | fp8 (default: bf16 on GPUs, fp32 on CPUs).")
+]
+ShapeOpt = Annotated[str | None, typer.Option("--shape", help="MxNxK, e.g. 8192x8192x8192.")]
+SweepFlag = Annotated[bool, typer.Option("--sweep", help="Search a grid of shapes; report the best and the spread.")]
+BenchModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Benchmark this model's own matmul shapes.")]
+BenchTpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel split of the model's shapes.")]
+BenchSeqOpt = Annotated[str, typer.Option("--seq", help="Sequence length for --model shapes.")]
+BenchBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Micro-batch for --model shapes.")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="Untimed calls first.")]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", help="Timed calls per shape.")]
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench_main(
+    ctx: typer.Context,
+    dtype: MatmulDtypeOpt = None,
+    shape: ShapeOpt = None,
+    sweep: SweepFlag = False,
+    model: BenchModelOpt = None,
+    tp: BenchTpOpt = 1,
+    seq: BenchSeqOpt = "2048",
+    micro_batch: BenchBatchOpt = 1,
+    warmup: WarmupOpt = 10,
+    repeats: RepeatsOpt = 50,
+    device: DeviceOpt = "auto",
+    hardware: HardwareOpt = None,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Matmul throughput (one shape, --sweep, or a model's shapes with --model) against the dense peak.
+
+    Also registered as `lmcalc bench matmul` (below): a leaf command has no subcommand, so it runs here."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _torch_or_fail()
+    from rich.progress import Progress
+
+    from lmcalc.bench import matmul, report
+    from lmcalc.bench.device import detect
+
+    dev = detect(device, hardware)
+    dtype = (dtype or ("bf16" if dev.torch_device.type == "cuda" else "fp32")).lower()
+    warmup, repeats = non_negative_int(warmup, "warmup"), positive_int(repeats, "repeats")
+    if model is not None:
+        spec = pr.resolve_model(model).spec
+        tokens = positive_int(micro_batch, "micro_batch") * int(seq_given(seq).value)
+        shapes = matmul.model_matmuls(spec, tokens, positive_int(tp, "tp"))
+    elif sweep:
+        shapes = None
+    else:
+        dims = parse_shape(shape) if shape else ((8192,) * 3 if dev.torch_device.type == "cuda" else (1024,) * 3)
+        if len(dims) != 3:
+            raise LmcalcError(f"--shape needs three sizes MxNxK (e.g. 4096x4096x4096), got {shape!r}")
+        m, n, k = dims
+        measurement = matmul.measure(m, n, k, dtype, dev, warmup, repeats)
+        note = _save(report.matmul_records([measurement], dev), save, no_save)
+        result = report.matmul_result([measurement], dev, sweep=False)
+        emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+        return
+    grid = [(mm.m, mm.n, mm.k) for mm in shapes] if shapes else matmul.sweep_shapes(dev)
+    unique = list(dict.fromkeys(grid))
+    measured: dict[tuple[int, int, int], matmul.MatmulMeasurement] = {}
+    with Progress(transient=True, disable=as_json) as progress:
+        task = progress.add_task(f"{dtype} matmuls on {dev.name}", total=len(unique))
+        for m, n, k in unique:
+            measured[(m, n, k)] = matmul.measure(m, n, k, dtype, dev, warmup, repeats)
+            progress.advance(task)
+    if shapes:
+        pairs = [(mm, measured[(mm.m, mm.n, mm.k)]) for mm in shapes]
+        rate = matmul.flop_weighted_rate(pairs)
+        note = _save([report.model_record(spec.name, rate, dtype, dev)], save, no_save)
+        result = report.model_result(spec.name, tokens, tp, pairs, rate, dev)
+    else:
+        note = _save(report.matmul_records(list(measured.values()), dev), save, no_save)
+        result = report.matmul_result(list(measured.values()), dev, sweep=True)
+    emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+
+
+bench_app.command("matmul", help="Matmul throughput against the dense peak (the same as plain `lmcalc bench`).")(
+    bench_main
+)
+
+
+@bench_app.command("memory")
+def bench_memory(
+    size: Annotated[
+        str | None, typer.Option("--size", help="Buffer size, e.g. 1GiB (default 2 GiB on GPUs, 256 MiB on CPUs).")
+    ] = None,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed copies.")] = 20,
+    device: DeviceOpt = "auto",
+    hardware: HardwareOpt = None,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Device memory bandwidth from a large copy (bytes read + written) against the spec sheet."""
+    _torch_or_fail()
+    from lmcalc.bench import bandwidth, report
+    from lmcalc.bench.device import detect
+
+    dev = detect(device, hardware)
+    meas = bandwidth.measure(dev, int(nbytes(size, "size")) if size else None, repeats=positive_int(repeats, "repeats"))
+    note = _save([report.bandwidth_record(meas, dev)], save, no_save)
+    result = report.bandwidth_result(meas, dev)
+    emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+
+
+@bench_app.command("comm")
+def bench_comm(
+    op: Annotated[
+        str, typer.Option("--op", help="all-reduce | all-gather | reduce-scatter (comma list for several).")
+    ] = "all-reduce",
+    sizes: Annotated[
+        str, typer.Option("--sizes", help="Message sizes, binary units: 1M..1G (doubling) or 1M,16M.")
+    ] = "1M..64M",
+    world_size: Annotated[
+        int | None,
+        typer.Option("--world-size", help="Local processes to spawn (default 2; under torchrun: WORLD_SIZE)."),
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="auto | nccl | gloo.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16.")] = "fp32",
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls per size.")] = 5,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per size.")] = 20,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Collectives through torch.distributed (NCCL on GPUs under torchrun, gloo on CPU): algbw and busbw."""
+    _torch_or_fail()
+    from lmcalc.bench import comm
+
+    ops = [o.strip() for o in op.split(",") if o.strip()]
+    measurements = comm.run_collectives(
+        ops if len(ops) > 1 else op,
+        comm.parse_sizes(sizes),
+        world_size,
+        backend,
+        non_negative_int(warmup, "warmup"),
+        positive_int(repeats, "repeats"),
+        dtype=dtype,
+    )
+    if not measurements:  # a rank other than 0 under torchrun: rank 0 reports
+        return
+    note = _save(comm.records(measurements, measurements[0].device), save, no_save)
+    result = comm.comm_result(measurements)
+    emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+
+
+@bench_app.command("step")
+def bench_step(
+    model: ModelOpt,
+    seq: Annotated[str, typer.Option("--seq", help="Sequence length (binary K: 1K = 1024).")] = "256",
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per step.")] = 1,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="fp32 | bf16 (default: bf16 on GPUs, fp32 on CPUs).")
+    ] = None,
+    attention: AttentionOpt = "flash",
+    recompute: RecomputeOpt = "none",
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps first.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed steps.")] = 5,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch (default: torch's).")] = None,
+    device: DeviceOpt = "auto",
+    hardware: HardwareOpt = None,
+    save: SaveOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Real AdamW training steps of the reference model: tokens/s, MFU, and memory against the engine."""
+    _torch_or_fail()
+    from lmcalc.bench import step
+    from lmcalc.bench.device import detect
+
+    spec = pr.resolve_model(model).spec
+    measurement = step.run_steps(
+        spec,
+        int(seq_given(seq).value),
+        positive_int(micro_batch, "micro_batch"),
+        detect(device, hardware),
+        dtype,
+        choice(attention, ATTENTION_KERNELS, "attention"),
+        choice(recompute, RECOMPUTE_MODES, "recompute"),
+        non_negative_int(warmup, "warmup"),
+        positive_int(repeats, "repeats"),
+        threads=positive_int(threads, "threads") if threads is not None else None,
+    )
+    note = _save(step.records(measurement), save, no_save)
+    result = step.step_result(measurement)
+    emit(replace(result, notes=(*result.notes, note)), as_json, explain)

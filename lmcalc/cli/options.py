@@ -1,0 +1,159 @@
+"""The command line's options, declared once: the types every command shares, and the layout's options as groups
+that ``memory``, ``fit``, ``plan`` and ``report`` take alike (``with_options``).
+
+Each option is named like the Python API's keyword (``--first-stage-layers`` is ``first_stage_layers``), so a
+command passes what it parsed straight to the API.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Annotated, Any
+
+import typer
+
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
+from lmcalc.estimates.inputs import DEFAULT_OVERHEAD
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
+ExplainOpt = Annotated[bool, typer.Option("--explain", help="Print the derivation: formula, numbers, sources.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Model preset name, family name, YAML file or HF config.json.")
+]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="Precision recipe (lmcalc presets list precisions).")]
+OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer (lmcalc presets list optimizers).")]
+SeqOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--seq", help="Sequence length in tokens: 4096, or 8K = 8192 (binary K). Default: min(model context, 8192)."
+    ),
+]
+RecomputeOpt = Annotated[
+    str, typer.Option("--recompute", help=f"Activation recomputation: {' | '.join(RECOMPUTE_MODES)}.")
+]
+KERNEL_HELP = {"flash": "flash (fused, no s² scores)", "eager": "eager (scores materialised)"}
+AttentionOpt = Annotated[
+    str, typer.Option("--attention", help=f"Attention kernel: {' | '.join(KERNEL_HELP[k] for k in ATTENTION_KERNELS)}.")
+]
+OverheadOpt = Annotated[
+    str, typer.Option("--overhead", help="Allowance for CUDA context, workspaces and fragmentation (e.g. 2GiB, 0).")
+]
+MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per micro-batch.")]
+OVERHEAD_DEFAULT = DEFAULT_OVERHEAD
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option: its keyword (the API's), type, default and help."""
+
+    name: str
+    type: Any
+    default: Any
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parameter(self) -> inspect.Parameter:
+        annotation = Annotated[self.type, typer.Option(self.flag, help=self.help)]
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default, annotation=annotation)
+
+
+SPLIT_OPTIONS = (
+    Option(
+        "first_stage_layers",
+        int | None,
+        None,
+        "Layers on the first pipeline stage, which also holds the embedding (Megatron-LM's "
+        "--decoder-first-pipeline-num-layers); the other stages share the rest. Interleaved: every stage's "
+        "layers must split evenly over its chunks. Default: an even split.",
+    ),
+    Option(
+        "last_stage_layers",
+        int | None,
+        None,
+        "Layers on the last pipeline stage, which also computes the logits (Megatron-LM's "
+        "--decoder-last-pipeline-num-layers); the other stages share the rest. Interleaved: every stage's "
+        "layers must split evenly over its chunks. Default: an even split.",
+    ),
+    Option(
+        "account_for_embedding_in_pipeline_split",
+        bool,
+        False,
+        "Count the input embedding as one layer when the layers are split over the pipeline stages "
+        "(Megatron-LM's flag): the first stage builds one layer fewer. Works with the interleaved schedule.",
+    ),
+    Option(
+        "account_for_loss_in_pipeline_split",
+        bool,
+        False,
+        "Count the output layer and the loss as one layer when the layers are split over the pipeline "
+        "stages (Megatron-LM's flag): the last stage builds one layer fewer. Works with the interleaved schedule.",
+    ),
+)
+"""How the layers split over the pipeline stages (``estimates.inputs.SplitSettings``)."""
+
+DEGREES = {
+    "tp": "tensor-parallel degree",
+    "pp": "pipeline-parallel degree",
+    "cp": "context-parallel degree",
+    "ep": "expert-parallel degree",
+    "zero": "ZeRO stage",
+}
+
+LAYOUT_OPTIONS = (
+    Option("grad_accum", int, 1, "Micro-batches per step (gradient accumulation)."),
+    Option("dp", int | None, None, "Data-parallel degree (default: GPUs / (TP·PP·CP))."),
+    Option("tp", int, 1, "Tensor-parallel degree (within a node)."),
+    Option("pp", int, 1, "Pipeline-parallel stages."),
+    Option("cp", int, 1, "Context-parallel degree (splits the sequence; needs --attention flash)."),
+    Option("ep", int, 1, "Expert-parallel degree (MoE models; divides DP·CP)."),
+    Option("zero", int, 0, "ZeRO stage 0-3 over DP·CP (3 = FSDP full sharding)."),
+    Option(
+        "sequence_parallel", bool, False, "Split norms, dropout and linear inputs over TP too (Korthikanti et al.)."
+    ),
+    Option("schedule", str, "1f1b", f"Pipeline schedule: {' | '.join(SCHEDULES)}."),
+    Option("virtual_stages", int, 1, "Model chunks per pipeline stage (interleaved schedule)."),
+    *SPLIT_OPTIONS,
+)
+"""A parallel layout (``estimates.inputs.LayoutSettings``), as ``memory``, ``fit`` and ``report`` take it."""
+
+PIN_OPTIONS = tuple(
+    Option(o.name, int | None, None, f"Pin the {DEGREES[o.name]}.") for o in LAYOUT_OPTIONS if o.name in DEGREES
+)
+"""The degrees ``plan`` searches, each of which the user may pin instead."""
+
+
+def with_defaults(options: tuple[Option, ...], **defaults: Any) -> tuple[Option, ...]:
+    """``options`` with some defaults changed (``report`` shards with ZeRO-3 unless told otherwise)."""
+    return tuple(replace(o, default=defaults[o.name]) if o.name in defaults else o for o in options)
+
+
+def with_options(options: tuple[Option, ...], at: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command ``options`` in place of its parameter ``at``, which then receives them as one dict of
+    keyword → value: a group of options declared once, shared by every command that takes it. (typer reads a
+    command's options from its signature, so the wrapper's signature lists the group's options.)"""
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)  # the annotations as objects, as typer reads them
+        names = [o.name for o in options]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> None:
+            group = {name: kwargs.pop(name) for name in names}
+            command(**kwargs, **{at: group})
+
+        parameters: list[inspect.Parameter] = []
+        for parameter in signature.parameters.values():
+            if parameter.name == at:
+                parameters += [o.parameter() for o in options]
+            else:
+                parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+        wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate

@@ -1,0 +1,424 @@
+"""The accounting commands: parse the flags, call the Python API (``lmcalc.api``), render. No arithmetic, no torch
+at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated, Any
+
+import typer
+
+from lmcalc import api
+from lmcalc.cli.app import emit, flags_given
+from lmcalc.cli.options import (
+    LAYOUT_OPTIONS,
+    OVERHEAD_DEFAULT,
+    PIN_OPTIONS,
+    SPLIT_OPTIONS,
+    AttentionOpt,
+    ExplainOpt,
+    JsonOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    OptimizerOpt,
+    OverheadOpt,
+    PrecisionOpt,
+    RecomputeOpt,
+    SeqOpt,
+    with_options,
+)
+from lmcalc.engine.optimal import TOKENS_PER_PARAM
+from lmcalc.errors import LmcalcError
+from lmcalc.estimates.inputs import positive_int
+from lmcalc.result import Result
+
+
+def train_time(
+    model: ModelOpt,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="Cluster: 1024xH100 or 128x8xH100.")] = None,
+    tokens: Annotated[
+        str | None,
+        typer.Option(
+            "--tokens",
+            help="Training tokens (15T, 300B). Default: the preset's published count, else 20 per parameter.",
+        ),
+    ] = None,
+    mfu: Annotated[
+        float | None, typer.Option("--mfu", help="Model FLOPs utilisation in (0, 1]. Default: 0.4 (an assumption).")
+    ] = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    days: Annotated[float | None, typer.Option("--days", help="Solve for GPUs: finish within this many days.")] = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="GPU type when solving for the GPU count with --days.")
+    ] = None,
+    flops_basis: Annotated[
+        str, typer.Option("--flops-basis", help="6nd (napkin, default) | detailed (matmul count, causal).")
+    ] = "6nd",
+    seq: SeqOpt = None,
+    price: Annotated[
+        float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour, for the cost.")
+    ] = None,
+    peak: Annotated[
+        str, typer.Option("--peak", help="spec (the dense spec-sheet peak) | measured (lmcalc bench results).")
+    ] = "spec",
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration", help="Benchmark results file to take the measured peak from (implies --peak measured)."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Days and GPU-hours to train a model on a cluster, or GPUs needed to meet a deadline."""
+    estimate = api.train_time(
+        model=model,
+        gpus=gpus,
+        tokens=tokens,
+        mfu=mfu,
+        precision=precision,
+        days=days,
+        gpu=gpu,
+        flops_basis=flops_basis,
+        seq=seq,
+        price_per_gpu_hour=price,
+        peak=peak,
+        calibration=calibration,
+    )
+    emit(estimate, as_json, explain)
+
+
+def max_params(
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster: 8xH100, 2x8xA100-80GB.")],
+    optimizer: OptimizerOpt = "adamw",
+    precision: PrecisionOpt = "bf16-mixed",
+    seq: Annotated[str, typer.Option("--seq", help="Sequence length for the activation column.")] = "4096",
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU for the activation column.")] = 1,
+    attention: AttentionOpt = "flash",
+    recompute: RecomputeOpt = "none",
+    overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    like: Annotated[
+        str, typer.Option("--like", help="Model whose proportions the activation column scales.")
+    ] = "llama-3.1-8b",
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3."""
+    estimate = api.max_params(
+        gpus=gpus,
+        optimizer=optimizer,
+        precision=precision,
+        seq=seq,
+        micro_batch=micro_batch,
+        attention=attention,
+        recompute=recompute,
+        overhead=overhead,
+        like=like,
+    )
+    emit(estimate, as_json, explain)
+
+
+def flops(
+    model: ModelOpt,
+    tokens: Annotated[
+        str | None,
+        typer.Option("--tokens", help="Training tokens. Default: the preset's published count, else 20 per parameter."),
+    ] = None,
+    seq: SeqOpt = None,
+    attn_flops: Annotated[str, typer.Option("--attn-flops", help="Attention convention: causal | full.")] = "causal",
+    recompute: RecomputeOpt = "none",
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Training FLOPs: 6·N·D, the detailed matmul count (causal or full attention), and PaLM's convention."""
+    emit(api.flops(model=model, tokens=tokens, seq=seq, attn_flops=attn_flops, recompute=recompute), as_json, explain)
+
+
+SERVING_ONLY = ("batch", "context", "weights_dtype", "kv_dtype", "quant_group")
+MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference", "as_json", "explain")
+
+
+@with_options(LAYOUT_OPTIONS, at="layout")
+def memory(
+    ctx: typer.Context,
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 8xH100 or 64x8xH100.")] = "1xH100",
+    seq: SeqOpt = None,
+    micro_batch: MicroBatchOpt = 1,
+    layout: dict[str, Any] | None = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    attention: AttentionOpt = "flash",
+    recompute: RecomputeOpt = "none",
+    overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    sweep: Annotated[
+        str | None, typer.Option("--sweep", help="One row per value: seq=1k,4k,16k,64k or micro-batch=1,2,4,8.")
+    ] = None,
+    stages: Annotated[
+        bool,
+        typer.Option("--stages", help="One row per pipeline stage: which stage binds, and the room the others have."),
+    ] = False,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="Also draw the breakdown: memory.png / .svg / .pdf.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
+    inference: Annotated[bool, typer.Option("--inference", help="Serving memory instead: weights + KV cache.")] = False,
+    batch: Annotated[int, typer.Option("--batch", help="With --inference: sequences served at once.")] = 1,
+    context: Annotated[
+        str | None, typer.Option("--context", help="With --inference: tokens per sequence (8K = 8192).")
+    ] = None,
+    weights_dtype: Annotated[
+        str, typer.Option("--weights-dtype", help="With --inference: bf16 | fp16 | fp8 | int8 | int4.")
+    ] = "bf16",
+    kv_dtype: Annotated[
+        str, typer.Option("--kv-dtype", help="With --inference: KV-cache dtype (bf16 | fp16 | fp8).")
+    ] = "bf16",
+    quant_group: Annotated[
+        int | None,
+        typer.Option(
+            "--quant-group", help="With --inference: count one fp16 scale per group of this many int8/int4 weights."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout
+    (or, with --inference, of serving: weights and KV cache)."""
+    assert layout is not None  # filled in by with_options
+    serving = flags_given(ctx, SERVING_ONLY)
+    if not inference and serving:
+        raise LmcalcError(
+            f"{' and '.join(serving)} describe{'s' if len(serving) == 1 else ''} serving: add --inference "
+            "(training uses --micro-batch and --seq)"
+        )
+    training = flags_given(ctx, {p.name for p in ctx.command.params if p.name} - set(SERVING_ONLY) - set(MEMORY_SHARED))
+    if inference and training:
+        takes = [p.opts[0] for p in ctx.command.params if p.name in SERVING_ONLY] + ["--tp"]
+        raise LmcalcError(
+            f"{' and '.join(training)} describe{'s' if len(training) == 1 else ''} training, not serving: "
+            f"drop {'it' if len(training) == 1 else 'them'}, or drop --inference "
+            f"(serving takes {', '.join(takes[:-1])} and {takes[-1]})"
+        )
+    if inference:
+        served = api.inference(
+            model=model,
+            gpus=gpus,
+            tp=layout["tp"],
+            batch=batch,
+            context=context,
+            weights_dtype=weights_dtype,
+            kv_dtype=kv_dtype,
+            quant_group=quant_group,
+            overhead=overhead,
+        )
+        emit_with_plot(served.report, as_json, explain, plot, force)
+        return
+    if stages and sweep is not None:
+        raise LmcalcError("give --sweep or --stages, not both: each draws its own rows")
+    common = dict(
+        model=model,
+        gpus=gpus,
+        seq=seq,
+        micro_batch=micro_batch,
+        precision=precision,
+        optimizer=optimizer,
+        attention=attention,
+        recompute=recompute,
+        overhead=overhead,
+        **layout,
+    )
+    shown = api.memory(stages=stages, **common) if sweep is None else api.memory_sweep(sweep=sweep, **common)
+    emit_with_plot(shown.report, as_json, explain, plot, force)
+
+
+def emit_with_plot(result: Result, as_json: bool, explain: bool, plot: str | None, force: bool) -> None:
+    """Render a memory result; with --plot, also draw its bars to a file and say where."""
+    if plot:
+        from lmcalc import plots
+
+        written = plots.plot_memory(result, plot, force)
+        result = replace(result, notes=(*result.notes, f"plot written to {written}"))
+    emit(result, as_json, explain)
+
+
+@with_options(LAYOUT_OPTIONS, at="layout")
+def fit(
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster whose GPU type (and layout) to fit on.")] = "8xH100",
+    seq: SeqOpt = None,
+    micro_batch: MicroBatchOpt = 1,
+    layout: dict[str, Any] | None = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    attention: AttentionOpt = "flash",
+    recompute: RecomputeOpt = "none",
+    overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """The largest micro-batch, the longest sequence and the fewest GPUs that fit, and what binds each."""
+    assert layout is not None  # filled in by with_options
+    estimate = api.fit(
+        model=model,
+        gpus=gpus,
+        seq=seq,
+        micro_batch=micro_batch,
+        precision=precision,
+        optimizer=optimizer,
+        attention=attention,
+        recompute=recompute,
+        overhead=overhead,
+        **layout,
+    )
+    emit(estimate, as_json, explain)
+
+
+@with_options(SPLIT_OPTIONS, at="split")
+@with_options(PIN_OPTIONS, at="pins")
+def plan(
+    model: ModelOpt,
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 64x8xH100.")],
+    seq: SeqOpt = None,
+    global_batch: Annotated[
+        str, typer.Option("--global-batch", help="Tokens per step (binary: 4M = 4,194,304).")
+    ] = "4M",
+    top: Annotated[int, typer.Option("--top", help="How many of the fastest layouts to show.")] = 10,
+    pins: dict[str, Any] | None = None,
+    micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
+    recompute: Annotated[str | None, typer.Option("--recompute", help="Pin none | selective | full.")] = None,
+    max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pipeline degree to try.")] = 64,
+    max_cp: Annotated[int, typer.Option("--max-cp", help="Largest context-parallel degree to try.")] = 16,
+    tp_across_nodes: Annotated[
+        bool, typer.Option("--tp-across-nodes", help="Allow TP groups larger than a node.")
+    ] = False,
+    split: dict[str, Any] | None = None,
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens, for the days column.")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
+    efficiency: Annotated[
+        float | None,
+        typer.Option("--efficiency", help="Fraction of peak the compute reaches (default 0.6, calibrated)."),
+    ] = None,
+    measured_efficiency: Annotated[
+        bool,
+        typer.Option(
+            "--measured-efficiency",
+            help="Take the compute efficiency from 'lmcalc bench step' results on this GPU type: the HFU of the "
+            "model's own measured step, else of the largest step measured.",
+        ),
+    ] = False,
+    calibration: Annotated[
+        str | None,
+        typer.Option("--calibration", help="Benchmark results file for --measured-efficiency (implies it)."),
+    ] = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    attention: AttentionOpt = "flash",
+    overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question)."""
+    assert pins is not None and split is not None  # filled in by with_options
+    top_n = positive_int(top, "top")
+    found = api.plan(
+        model=model,
+        gpus=gpus,
+        seq=seq,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        recompute=recompute,
+        max_pp=max_pp,
+        max_cp=max_cp,
+        tp_across_nodes=tp_across_nodes,
+        tokens=tokens,
+        efficiency=efficiency,
+        measured_efficiency=measured_efficiency,
+        calibration=calibration,
+        precision=precision,
+        optimizer=optimizer,
+        attention=attention,
+        overhead=overhead,
+        **pins,
+        **split,
+    )
+    ranked = found.report
+    shown = found.derivation if explain else ranked if as_json else replace(ranked, sections=ranked.sections[:top_n])
+    if plot:
+        from lmcalc import plots
+
+        written = plots.plot_plan(ranked, plot, force)  # every layout that fits, whatever is shown
+        shown = replace(shown, notes=(*shown.notes, f"plot written to {written}"))
+    emit(shown, as_json, explain)
+
+
+def optimal(
+    ctx: typer.Context,
+    compute: Annotated[str | None, typer.Option("--compute", help="Training budget in FLOPs, e.g. 1e24.")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="Or a cluster (with --days), e.g. 1024xH100.")] = None,
+    days: Annotated[float | None, typer.Option("--days", help="With --gpus: days of training.")] = None,
+    mfu: Annotated[
+        float | None, typer.Option("--mfu", help="With --gpus: model FLOPs utilisation (default 0.4).")
+    ] = None,
+    tokens_per_param: Annotated[
+        float, typer.Option("--tokens-per-param", help="The rule of thumb's ratio.")
+    ] = TOKENS_PER_PARAM,
+    precision: PrecisionOpt = "bf16-mixed",
+    price: Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour.")] = None,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Compute-optimal parameters and tokens (Hoffmann et al. 2022) for a FLOP budget or a cluster and deadline."""
+    given = flags_given(ctx, ("precision",))  # its default applies to a cluster only: given alone, it is refused
+    estimate = api.optimal(
+        compute=compute,
+        gpus=gpus,
+        days=days,
+        mfu=mfu,
+        tokens_per_param=tokens_per_param,
+        precision=precision if given else None,
+        price_per_gpu_hour=price,
+    )
+    emit(estimate, as_json, explain)
+
+
+def params(model: ModelOpt, as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
+    """The exact parameter count, tensor group by tensor group."""
+    emit(api.params(model=model), as_json, explain)
+
+
+def tensor(
+    shape: Annotated[str, typer.Argument(help="Shape, e.g. 12288x49152.")],
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16, fp8, int8, int4, ...")] = "fp32",
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Bytes of one tensor: elements × bytes per element."""
+    emit(api.tensor(shape=shape, dtype=dtype), as_json, explain)
+
+
+def dtypes(as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
+    """Floating-point formats: bits, largest value, smallest normal, machine epsilon."""
+    emit(api.dtypes(), as_json, explain)
+
+
+def validate(
+    model: ModelOpt,
+    seq: Annotated[
+        str, typer.Option("--seq", help="Sequence length for the FLOP check (the CPU check caps it at 512).")
+    ] = "1024",
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per step.")] = 1,
+    recompute: Annotated[
+        str | None,
+        typer.Option("--recompute", help="Check one recomputation mode: none | selective | full (default: all three)."),
+    ] = None,
+    as_json: JsonOpt = False,
+    explain: ExplainOpt = False,
+) -> None:
+    """Check lmcalc's counts against PyTorch: parameters, FlopCounterMode, bytes saved for backward."""
+    from lmcalc.validate import passed, validate
+
+    result = validate(model=model, seq=seq, micro_batch=micro_batch, recompute=recompute)
+    emit(result, as_json, explain)
+    if not passed(result):
+        raise typer.Exit(1)

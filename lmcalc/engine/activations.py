@@ -1,0 +1,220 @@
+"""What a training step saves for backward, tensor by tensor: one transformer layer, and what lies outside the
+layers (token ids, the final norm, the head's input, the logits).
+
+The tensors follow Korthikanti et al. 2022 §4.1 (eq. 1: sbh(34 + 5as/h) bytes per GPT-3 layer), written
+out one by one instead of as one constant, so that the same derivation covers SwiGLU (gate, up, activation
+and product: 4·s·b·f instead of GELU's 8·sbh + 8·sbh for f = 4h), GQA (K and V at H_kv heads), models
+trained without dropout (no masks), MoE (k routed experts per token), multi-head latent attention, and
+FlashAttention (no s² score matrix; the per-row log-sum-exp instead). How many of them a GPU holds at once,
+over its layers, pipeline stage and micro-batches in flight, is ``engine.gpu_memory``'s question.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+from lmcalc.engine.params import Dim
+from lmcalc.engine.workload import Workload
+from lmcalc.specs import ModelSpec
+
+LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
+LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
+STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
+TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
+ROUTING_BYTES_PER_ASSIGNMENT = 3 * 8 + 4  # per (token, expert) pair: three int64 index tensors, one fp32 weight
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """A tensor kept for the backward pass: ``elements`` of ``bytes_per_element`` each."""
+
+    label: str
+    symbol: str
+    elements: float
+    bytes_per_element: float
+    attention_core: bool = False  # recomputed under selective recomputation
+    split: str = "tp"  # "tp": split over tensor-parallel ranks; "seq": only with sequence parallelism; "none"
+    block: str = "attention"  # what keeps it: a layer's "attention" or "mlp" half (its norm included), or
+    # outside the layers, the "embedding" side or the "head" side (final norm, output head, loss)
+
+    @property
+    def bytes(self) -> float:
+        return self.elements * self.bytes_per_element
+
+
+def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim) -> list[SavedTensor]:
+    """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms)."""
+    act = w.precision.activation_bytes
+    return [
+        SavedTensor(f"{label} input", f"{rows.symbol}·{width.symbol}", rows.size * width.size, act, split="seq"),
+        *_norm_stats(w.model, label, rows),
+    ]
+
+
+def _norm_stats(spec: ModelSpec, label: str, rows: Dim, split: str = "seq") -> list[SavedTensor]:
+    """One fp32 value per row for each statistic the norm keeps: LayerNorm's mean and 1/std, RMSNorm's 1/rms."""
+    names = ("1/rms",) if spec.norm_kind == "rmsnorm" else ("mean", "1/std")
+    return [SavedTensor(f"{label} {name} (fp32)", rows.symbol, rows.size, STAT_BYTES, split=split) for name in names]
+
+
+def _attention_saved(w: Workload) -> list[SavedTensor]:
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    H, dqk, dv, h = spec.num_heads, spec.qk_head_dim, spec.v_head_dim, spec.hidden_size
+    rows = Dim(sb, "s·b")
+    tensors = [SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq")]
+    if spec.mla:
+        m = spec.mla
+        if m.q_lora_rank:
+            tensors += _norm_saved(w, "query latent norm", rows, Dim(m.q_lora_rank, "r_q"))
+            tensors.append(SavedTensor("query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq"))
+        kv_width = m.kv_lora_rank + m.qk_rope_head_dim
+        tensors.append(
+            SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act, split="seq")
+        )
+        tensors += _norm_stats(spec, "KV latent norm", rows)
+        tensors.append(SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq"))
+        tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act))
+        tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act))
+        tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act))
+        return tensors
+    # Eager attention expands K and V to all H heads before the matmul (repeat_kv) unless that expansion
+    # sits inside the recomputed core; fused kernels read the H_kv heads directly.
+    expanded = w.attention == "eager" and w.recompute != "selective"
+    kv = H if expanded else spec.kv_heads
+    kv_sym = "H" if expanded or kv == H else "H_kv"
+    if spec.qk_norm != "none":
+        full = spec.qk_norm == "full"  # a full-width QK-norm has one row per token for Q and one for K
+        tensors += [
+            SavedTensor("Q before QK-norm", "s·b·H·d", sb * H * dqk, act),
+            SavedTensor("K before QK-norm", "s·b·H_kv·d", sb * spec.kv_heads * dqk, act),
+            *_norm_stats(spec, "Q-norm", rows if full else Dim(sb * H, "s·b·H"), "tp"),
+            *_norm_stats(spec, "K-norm", rows if full else Dim(sb * spec.kv_heads, "s·b·H_kv"), "tp"),
+        ]
+    rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
+    return tensors + [
+        SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
+        SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act),
+        SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act),
+    ]
+
+
+@functools.lru_cache(maxsize=4096)
+def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
+    """What one transformer layer (a dense one, or an MoE one) saves for backward, following Korthikanti et
+    al. 2022 §4.1; ``layer_kept_tensors`` drops what selective recomputation rebuilds."""
+    spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
+    s, b, h, sb = w.seq_len, w.micro_batch, spec.hidden_size, w.tokens
+    H, dv = spec.num_heads, spec.v_head_dim
+    tensors = _norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
+    tensors += _attention_saved(w)
+    if w.attention == "eager":
+        tensors.append(SavedTensor("softmax output", "b·H·s²", b * H * s * s, act, attention_core=True))
+        if spec.dropout:
+            tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
+            tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
+        tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act))
+    else:
+        tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
+        # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output
+        # projection's input is a view of the same storage, so it is counted once.
+        tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
+    if spec.dropout:
+        tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
+    return tuple(tensors + [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))])
+
+
+def layer_kept_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
+    """What one layer keeps through its forward pass: under selective recomputation, all but the attention core
+    (Korthikanti et al. 2022 §4.2.2), which is rebuilt in the backward pass."""
+    tensors = layer_saved_tensors(w, moe_layer)
+    if w.recompute != "selective":
+        return tensors
+    return tuple(t for t in tensors if not t.attention_core)
+
+
+def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
+    """The MLP half of a layer: its norm, the MLP (dense or routed), the residual dropout after it."""
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    h = spec.hidden_size
+    tensors = _norm_saved(w, "MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
+    if moe_layer and spec.moe:
+        moe = spec.moe
+        k, f_e = moe.experts_per_token, Dim(moe.expert_ffn_size, "f_e")
+        tensors += [
+            SavedTensor("router / shared-expert input (norm output)", "s·b·h", sb * h, act, split="seq"),
+            SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"),
+            SavedTensor(
+                "routing indices (int64, 3 copies) and weights (fp32)",
+                "s·b·k",
+                sb * k,
+                ROUTING_BYTES_PER_ASSIGNMENT,
+                split="seq",
+            ),
+            SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act, split="seq"),
+            *_ffn_saved(w, Dim(k * sb, "k·s·b"), f_e, with_input=False),
+            SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h, act, split="seq"),
+            SavedTensor(
+                "weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h, act, split="seq"
+            ),
+        ]
+        if moe.shared_experts:
+            tensors += _ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_e, with_input=False)
+    else:
+        tensors += _ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
+    if spec.dropout:
+        tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
+    return tensors
+
+
+def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> list[SavedTensor]:
+    act, h = w.precision.activation_bytes, w.model.hidden_size
+    inner = f"{rows.symbol}·{width.symbol}"
+    tensors = (
+        [SavedTensor("MLP input (norm output)", f"{rows.symbol}·h", rows.size * h, act, split="seq")]
+        if with_input
+        else []
+    )
+    n = rows.size * width.size
+    if w.model.ffn_kind == "gelu_mlp":
+        return tensors + [
+            SavedTensor("GELU input", inner, n, act),
+            SavedTensor("down projection input (GELU output)", inner, n, act),
+        ]
+    fn = "SiLU" if w.model.ffn_kind == "swiglu" else "GELU"
+    return tensors + [
+        SavedTensor(f"gate output ({fn} input)", inner, n, act),
+        SavedTensor("up output", inner, n, act),
+        SavedTensor(f"{fn}(gate)", inner, n, act),
+        SavedTensor("down projection input (product)", inner, n, act),
+    ]
+
+
+@functools.lru_cache(maxsize=4096)
+def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
+    """Saved tensors outside the layers: token ids, embedding dropout, final norm, head input, fp32 logits."""
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    h = spec.hidden_size
+    embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
+    if spec.dropout:
+        embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
+    head = _norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
+        SavedTensor("output head input", "s·b·h", sb * h, act, split="seq"),
+        SavedTensor("logits (fp32, for the cross-entropy)", "s·b·V", sb * spec.vocab_size, LOGITS_BYTES),
+    ]
+    return tuple([replace(t, block="embedding") for t in embedding] + [replace(t, block="head") for t in head])
+
+
+def layer_checkpoint(w: Workload) -> SavedTensor:
+    """What full recomputation keeps of each layer: its input (Korthikanti et al. 2022 §4.2.3, Table 2)."""
+    return SavedTensor(
+        "layer input", "s·b·h", w.tokens * w.model.hidden_size, w.precision.activation_bytes, split="seq"
+    )
+
+
+def saved_formula(tensors: tuple[SavedTensor, ...] | list[SavedTensor]) -> str:
+    """``8·s·b·h + 4·b·H·s² + ...``: bytes times element count, like terms merged."""
+    counts: dict[tuple[str, float], float] = {}
+    for t in tensors:
+        counts[(t.symbol, t.bytes_per_element)] = counts.get((t.symbol, t.bytes_per_element), 0) + t.bytes_per_element
+    return " + ".join(f"{total:g}·{symbol}" for (symbol, _), total in counts.items())

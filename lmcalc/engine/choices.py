@@ -1,0 +1,30 @@
+"""The closed choices of a training setup, each defined once; the lists of accepted values are read from the
+definitions (``typing.get_args``), so a new choice is one word added here.
+
+* ``Recompute``: activation recomputation (Korthikanti et al. 2022 §4.2): none; selective, which drops the
+  attention core's tensors and recomputes them in the backward pass; full, which keeps each layer's input
+  and recomputes the whole layer.
+* ``Attention``: the attention kernel: ``flash`` (fused, FlashAttention: the s² scores are never stored) or
+  ``eager`` (scores materialised, as reference implementations write it).
+* ``Schedule``: the pipeline schedule: 1F1B (Narayanan et al. 2021 §2.2.1) or interleaved (§2.2.2).
+* ``ZeroStage``: what ZeRO shards over the data-parallel replicas (Rajbhandari et al. 2020 §5.1): 0 nothing,
+  1 the optimizer states and master weights, 2 also the gradients, 3 also the parameters.
+* ``AttnConvention``: how attention FLOPs are counted: ``causal`` (query i against keys 1..i) or ``full``
+  (every query against all s keys, as ``FlopCounterMode`` and MFU conventions count).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Recompute = Literal["none", "selective", "full"]
+Attention = Literal["flash", "eager"]
+Schedule = Literal["1f1b", "interleaved"]
+ZeroStage = Literal[0, 1, 2, 3]
+AttnConvention = Literal["causal", "full"]
+
+RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
+ATTENTION_KERNELS: tuple[Attention, ...] = get_args(Attention)
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
+ATTN_CONVENTIONS: tuple[AttnConvention, ...] = get_args(AttnConvention)

@@ -1,0 +1,255 @@
+"""One GPU's memory as terms, each with its formula and source: the model states, the activations, the whole.
+
+``engine.gpu_memory`` finds the bytes; this module says how they were found, for the tables, ``--json`` and
+``--explain`` alike.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from lmcalc.engine.activations import SavedTensor, layer_kept_tensors, saved_formula
+from lmcalc.engine.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
+from lmcalc.engine.sharding import stage_params, zero_shards
+from lmcalc.engine.states import state_formula
+from lmcalc.engine.workload import Workload
+from lmcalc.result import Section, Term
+from lmcalc.units import group
+
+
+class Capacity(NamedTuple):
+    """A GPU's memory in bytes, and how the spec sheet words it (``h100-sxm: 80 GB HBM3``)."""
+
+    bytes: float
+    label: str
+
+
+def overhead_term(value: float, what: str = "CUDA context, workspaces, fragmentation") -> Term:
+    return Term(
+        "overhead",
+        "Overhead allowance",
+        value,
+        "bytes",
+        what,
+        source="lmcalc allowance (not measured), change with --overhead",
+    )
+
+
+def capacity_terms(total: float, capacity: Capacity, utilisation: bool = True) -> tuple[Term, ...]:
+    """The GPU's memory, what is left of it (negative: does not fit) and, unless not wanted, the fraction used."""
+    terms = (
+        Term("capacity", "GPU memory", capacity.bytes, "bytes", capacity.label),
+        Term(
+            "headroom",
+            "Headroom",
+            capacity.bytes - total,
+            "bytes",
+            "capacity − total",
+            note="negative: does not fit" if total > capacity.bytes else "",
+        ),
+    )
+    if not utilisation:
+        return terms
+    return (
+        *terms,
+        Term("utilisation", "Fraction of memory used", 100 * total / capacity.bytes, "%", "total / capacity"),
+    )
+
+
+def memory_sections(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity) -> tuple[Section, ...]:
+    """The memory of one GPU (``gpu``, of its stage) as terms: model states, activations, and the whole."""
+    return (
+        _states_section(w, layout, gpu),
+        _activations_section(w, layout, gpu),
+        _total_section(layout, gpu, capacity),
+    )
+
+
+def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
+    precision, optimizer = w.precision, w.optimizer
+    held = stage_params(w, layout, gpu.stage)
+    n_stage = held.total
+    rep_d, rep_e = layout.data_replicas, layout.data_replicas // layout.ep
+    on_gpu = f"one GPU of stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "each GPU"
+
+    def shard_text(state: str) -> str:
+        if not zero_shards(state, layout.zero) or rep_d == 1:
+            return ""
+        if held.experts:
+            return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero})"
+        return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP)"
+
+    states_formula = (
+        f"N_gpu = {group(round(n_stage))} parameters on {on_gpu} "
+        f"(TP={layout.tp} splits the matrices, PP={layout.pp} the layers"
+        + (f", EP={layout.ep} the experts" if layout.ep > 1 else "")
+        + ")"
+    )
+    opt_formula = " + ".join(state_formula(s, precision, "N_gpu") for s in optimizer.states) or "0"
+    return Section(
+        "state",
+        f"Model states per GPU ({layout.label})",
+        (
+            Term(
+                "params_per_gpu",
+                "Parameters held (before ZeRO)",
+                n_stage,
+                "params",
+                states_formula,
+                source="Shoeybi et al. 2019 (Megatron-LM) tensor-parallel split",
+            ),
+            Term(
+                "params",
+                "Parameters",
+                gpu.params,
+                "bytes",
+                f"N_gpu · {precision.param_bytes:g} B{shard_text('params')}",
+                source=f"precision recipe {precision.name}",
+            ),
+            Term("grads", "Gradients", gpu.grads, "bytes", f"N_gpu · {precision.grad_bytes:g} B{shard_text('grads')}"),
+            Term(
+                "master",
+                "Master weights (fp32)",
+                gpu.master,
+                "bytes",
+                f"N_gpu · {precision.master_bytes:g} B{shard_text('master')}",
+            ),
+            Term(
+                "optimizer",
+                f"Optimizer states ({optimizer.name})",
+                gpu.optimizer,
+                "bytes",
+                f"({opt_formula}){shard_text('optimizer')}" if shard_text("optimizer") else opt_formula,
+                source="; ".join(optimizer.sources),
+            ),
+            Term(
+                "total",
+                "Model states",
+                gpu.states,
+                "bytes",
+                "params + grads + master + optimizer",
+                source="Rajbhandari et al. 2020 (ZeRO) §3.1, §5.1",
+            ),
+        ),
+    )
+
+
+def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
+    model = w.model
+    built = stage_layers(model, layout, gpu.stage)
+    split_text = (
+        f"TP={layout.tp}"
+        + (" with SP" if layout.sequence_parallel else " without SP")
+        + (f", CP={layout.cp}" if layout.cp > 1 else "")
+    )
+    terms = []
+    for moe_layer, count in ((False, built.dense), (True, built.moe)):
+        if not count:
+            continue
+        tensors = layer_kept_tensors(w, moe_layer)
+        terms.append(
+            Term(
+                "moe_layer" if moe_layer else "dense_layer",
+                ("One MoE layer" if moe_layer else "One dense layer" if model.moe else "One layer") + " on this GPU",
+                sum(bytes_on_gpu(t, layout) for t in tensors),
+                "bytes",
+                _split_formula(tensors, layout),
+                f"s={w.seq_len}, b={w.micro_batch}, h={model.hidden_size}, H={model.num_heads}, "
+                f"H_kv={model.kv_heads}, f={model.ffn_size}; divided for {split_text}",
+                "Korthikanti et al. 2022 §4.1 eq. (1)–(4), tensor by tensor",
+                note=f"{w.attention} attention; recomputation: {w.recompute}",
+            )
+        )
+    counts = stage_layer_counts(model, layout)
+    if len(set(counts)) == 1:
+        layers_formula, layers_numbers = "L / PP", f"{model.num_layers} / {layout.pp}"
+    else:
+        layers_formula = f"stage {gpu.stage + 1}'s share of the L layers (stages differ)"
+        layers_numbers = f"{model.num_layers} = " + " + ".join(str(n) for n in counts)
+    terms.append(Term("layers_on_gpu", "Layers on this GPU", built.layers, "layers", layers_formula, layers_numbers))
+    terms.append(_in_flight_term(w, layout, gpu))
+    terms.append(
+        Term(
+            "outside_layers",
+            "Token ids, final norm, head input, logits",
+            gpu.activations_outside,
+            "bytes",
+            "per micro-batch holding them: embedding side (first stage), head side (last stage)",
+            source="Korthikanti et al. 2022 §4.3 (extra terms)",
+        )
+    )
+    terms.append(
+        Term(
+            "total",
+            "Activations",
+            gpu.activations,
+            "bytes",
+            "in flight · layers · one layer (+ embedding on the first stage, head and logits on the last)"
+            + (" — full recompute keeps each layer's input and rebuilds one layer" if w.recompute == "full" else ""),
+        )
+    )
+    title = f"Activations per GPU (micro-batch {w.micro_batch} × {w.seq_len} tokens)"
+    return Section("activations", title, tuple(terms))
+
+
+def _total_section(layout: Layout, gpu: GpuMemory, capacity: Capacity) -> Section:
+    where = f"stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "every GPU"
+    total = gpu.total
+    return Section(
+        "total",
+        f"Most loaded GPU ({where})",
+        (
+            Term("states", "Model states", gpu.states, "bytes"),
+            Term("activations", "Activations", gpu.activations, "bytes"),
+            Term(
+                "zero3_buffers",
+                "ZeRO-3 gathered parameters",
+                gpu.zero3_buffers,
+                "bytes",
+                "2 × (this stage's parameters / its layers): the layer in use and the prefetched one"
+                if layout.zero >= 3
+                else "none (ZeRO-3 only)",
+            ),
+            overhead_term(gpu.overhead),
+            Term("total", "Total", total, "bytes", "states + activations + buffers + overhead"),
+            *capacity_terms(total, capacity),
+        ),
+    )
+
+
+def _in_flight_term(w: Workload, layout: Layout, gpu: GpuMemory) -> Term:
+    """How many micro-batches the stage holds at its busiest (``held_in_flight``), with the schedule's count."""
+    p, v, m, i = layout.pp, layout.split.chunks, layout.grad_accum, gpu.stage
+    source = "Narayanan et al. 2021 §2.2 (1F1B)"
+    if v == 1:
+        formula, numbers = "min(PP − i, micro-batches per step), stage i counted from 0", f"min({p} − {i}, {m})"
+        note = "under 1F1B the first stage holds one micro-batch per pipeline stage"
+    else:
+        passes = interleaved_passes_held(layout, i)
+        chunks = " + ".join(str(dense + moe) for dense, moe in stage_chunk_mixes(w.model, layout)[i])
+        formula = "forward passes through a chunk held by stage i (from 0): min(m·v, 2·(p − 1 − i) + (v − 1)·p + 1)"
+        numbers = f"min({m}·{v}, 2·({p} − 1 − {i}) + ({v} − 1)·{p} + 1) = {passes} passes; layers per chunk {chunks}"
+        source += "; Megatron-LM's interleaved warm-up + 1 (Korthikanti et al. 2022 §4.2.3 on the first stage)"
+        note = (
+            "counted in passes through all the stage's layers, at the stage's busiest moment (with uneven chunks it "
+            "can come after the first backward pass)"
+        )
+    return Term("in_flight", "Micro-batches in flight", gpu.micro_batches_in_flight, "micro-batches", formula, numbers,
+                source=source, note=note)  # fmt: skip
+
+
+def _split_formula(tensors: tuple[SavedTensor, ...], layout: Layout) -> str:
+    """``saved_formula`` with each group of tensors over what splits it on one GPU: ``(…)/(TP·CP) + (…)/CP``."""
+    groups: dict[str, list[SavedTensor]] = {}
+    for tensor in tensors:
+        by_tp = layout.tp > 1 and split_by_tp(tensor, layout)
+        factors = [name for name, applies in (("TP", by_tp), ("CP", layout.cp > 1)) if applies]
+        divisor = f"({'·'.join(factors)})" if len(factors) > 1 else "".join(factors)
+        groups.setdefault(divisor, []).append(tensor)
+    if list(groups) == [""]:
+        return saved_formula(tensors)
+    return " + ".join(
+        f"({saved_formula(group)})/{divisor}" if divisor else saved_formula(group) for divisor, group in groups.items()
+    )

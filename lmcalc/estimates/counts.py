@@ -1,0 +1,249 @@
+"""Counting: the parameters of a model, the FLOPs of its training, the bytes of a tensor, the number formats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmcalc.engine import flops as fl
+from lmcalc.engine.choices import ATTN_CONVENTIONS, RECOMPUTE_MODES, AttnConvention, Recompute
+from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
+from lmcalc.engine.params import ParamCount, count_params, params_section
+from lmcalc.estimates.inputs import (
+    Count,
+    Given,
+    ModelLike,
+    checked,
+    choice,
+    context_note,
+    model_input,
+    model_notes,
+    resolve_model,
+    seq_given,
+    tokens_given,
+)
+from lmcalc.presets import Resolved
+from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.specs import ModelSpec
+from lmcalc.units import GB, GiB, group, parse_shape
+
+
+@dataclass(frozen=True)
+class ParamsEstimate(Estimate):
+    """The exact parameter count of ``model``, by tensor group (``counts.by_group``)."""
+
+    model: ModelSpec
+    counts: ParamCount
+
+    @property
+    def total(self) -> int:
+        return self.counts.total
+
+    @property
+    def active(self) -> int:
+        """Parameters one token uses: all of them for a dense model, the routed experts it visits for MoE."""
+        return self.counts.active
+
+
+def params(*, model: ModelLike) -> ParamsEstimate:
+    """The exact parameter count, tensor group by tensor group."""
+    return params_estimate(resolve_model(model))
+
+
+def params_estimate(resolved: Resolved) -> ParamsEstimate:
+    spec = resolved.spec
+    report = Result(
+        "params",
+        f"Parameters of {spec.label}",
+        (model_input(spec, resolved.note),),
+        (params_section(spec),),
+        model_notes(spec, resolved.note),
+    )
+    return ParamsEstimate(report, spec, count_params(spec))
+
+
+@dataclass(frozen=True)
+class FlopsEstimate(Estimate):
+    """Training FLOPs of ``model`` on ``tokens`` tokens of ``seq_len``: per token in ``step`` (the detailed count
+    in the chosen attention convention), and in total."""
+
+    model: ModelSpec
+    tokens: float
+    seq_len: int
+    step: fl.StepFlops
+
+    @property
+    def napkin_flops(self) -> float:
+        """6·N·D."""
+        return self.value("napkin.total")
+
+    @property
+    def model_flops(self) -> float:
+        """The detailed count of the whole run: what MFU is measured against."""
+        return self.step.model * self.tokens
+
+    @property
+    def hardware_flops(self) -> float:
+        """With recomputation: what the GPUs execute."""
+        return self.value("detailed.hardware_flops")
+
+
+def flops(
+    *,
+    model: ModelLike,
+    tokens: Count | None = None,
+    seq: Count | None = None,
+    attn_flops: str = "causal",
+    recompute: str = "none",
+) -> FlopsEstimate:
+    """Training FLOPs: 6·N·D, the detailed matmul count (causal or full attention), and PaLM's convention."""
+    resolved = resolve_model(model)
+    spec = resolved.spec
+    return flops_estimate(
+        resolved,
+        tokens_given(tokens, spec),
+        seq_given(seq, spec),
+        choice(attn_flops, ATTN_CONVENTIONS, "attn_flops"),
+        choice(recompute, RECOMPUTE_MODES, "recompute"),
+    )
+
+
+def flops_estimate(
+    resolved: Resolved,
+    tokens: Given,
+    seq_len: Given,
+    convention: AttnConvention = "causal",
+    recompute: Recompute = "none",
+) -> FlopsEstimate:
+    model, note, seq = resolved.spec, resolved.note, int(seq_len.value)
+    napkin = fl.napkin_section(model, tokens.value)
+    detailed = fl.detailed_section(model, tokens.value, seq, convention, recompute)
+    palm = fl.palm_section(model, tokens.value, seq)
+    other: AttnConvention = "full" if convention == "causal" else "causal"
+    other_model = fl.detailed_section(model, tokens.value, seq, other, "none").term("model_flops")
+    compare = Section(
+        "compare",
+        "Conventions compared",
+        (
+            Term(
+                "detailed_over_napkin",
+                "Detailed / napkin",
+                detailed.term("model_flops").value / napkin.term("total").value,
+                "ratio",
+                "detailed model FLOPs / 6·N·D",
+            ),
+            Term(
+                "model_flops_other_convention",
+                f"Detailed model FLOPs ({other} attention)",
+                other_model.value,
+                "FLOPs",
+                other_model.formula,
+                other_model.substituted,
+                note="the other attention convention, for comparing MFU figures across tools",
+            ),
+            Term(
+                "palm_over_napkin",
+                "PaLM / napkin",
+                palm.term("total").value / napkin.term("total").value,
+                "ratio",
+                "(6N + 12·L·H·Q·T)·D / 6·N·D",
+            ),
+        ),
+    )
+    inputs = (
+        model_input(model, note),
+        Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
+        Input("seq_len", "Sequence length s", seq, "tokens", seq_len.origin),
+        Input("attention_convention", "Attention FLOPs convention", convention, origin="--attn-flops"),
+        Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
+    )
+    notes = (*model_notes(model, note), *context_note(model, seq))
+    report = checked(
+        Result("flops", f"Training FLOPs of {model.label}", inputs, (napkin, detailed, palm, compare), notes)
+    )
+    step = fl.step_flops(model, seq, recompute, convention)
+    return FlopsEstimate(report, model, tokens.value, seq, step)
+
+
+@dataclass(frozen=True)
+class TensorEstimate(Estimate):
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def bytes(self) -> float:
+        return self.value("tensor.bytes")
+
+
+def tensor(*, shape: str | tuple[int, ...], dtype: str = "fp32") -> TensorEstimate:
+    """Bytes of one tensor: elements × bytes per element."""
+    dims = parse_shape(shape) if isinstance(shape, str) else tuple(shape)
+    elements = tensor_elements(dims)
+    per = dtype_bytes(dtype)
+    total = elements * per
+    written = " × ".join(str(d) for d in dims)
+    report = Result(
+        "tensor",
+        f"Memory of a {'x'.join(map(str, dims))} {dtype} tensor",
+        (Input("shape", "Shape", "x".join(map(str, dims))), Input("dtype", "dtype", dtype)),
+        (
+            Section(
+                "tensor",
+                "Tensor",
+                (
+                    Term("elements", "Elements", elements, "elements", "product of the dimensions", written),
+                    Term("bytes_per_element", "Bytes per element", per, "bytes", f"bits of {dtype} / 8"),
+                    Term(
+                        "bytes", "Size", total, "bytes", "elements × bytes per element", f"{group(elements)} × {per:g}"
+                    ),
+                    Term("gb", "Size (decimal GB)", total / GB, "GB", "bytes / 1e9"),
+                    Term("gib", "Size (binary GiB)", total / GiB, "GiB", "bytes / 2^30"),
+                ),
+            ),
+        ),
+    )
+    return TensorEstimate(report, dims, dtype)
+
+
+def dtypes() -> Estimate:
+    """Floating-point formats: bits, largest value, smallest normal, machine epsilon."""
+    sections = []
+    for f in FORMATS.values():
+        sections.append(
+            Section(
+                f.name,
+                f.name,
+                (
+                    Term(
+                        "bits",
+                        "Bits",
+                        f.bits,
+                        "bits",
+                        "1 + e + m",
+                        f"1 + {f.exponent_bits} + {f.fraction_bits}",
+                        f.source,
+                    ),
+                    Term("exponent_bits", "Exponent bits", f.exponent_bits, "bits"),
+                    Term("fraction_bits", "Fraction bits", f.fraction_bits, "bits"),
+                    Term(
+                        "max",
+                        "Largest finite",
+                        f.max,
+                        "",
+                        "(2 − 2·2^−m)·2^(2^e − 1 − bias)" if f.finite_only else "(2 − 2^−m)·2^(2^e − 2 − bias)",
+                    ),
+                    Term(
+                        "smallest_normal", "Smallest normal", f.smallest_normal, "", "2^(1 − bias)", f"2^{1 - f.bias}"
+                    ),
+                    Term("eps", "Machine epsilon", f.eps, "", "2^−m", f"2^-{f.fraction_bits}"),
+                ),
+            )
+        )
+    report = Result(
+        "dtypes",
+        "Floating-point formats",
+        (),
+        tuple(sections),
+        ("bias = 2^(e−1) − 1; fp8-e4m3 is the E4M3FN variant (no inf, max 448)",),
+        layout="grid",
+    )
+    return Estimate(report)

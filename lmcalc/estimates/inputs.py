@@ -1,0 +1,365 @@
+"""What every estimate starts from: the user's values resolved once, the same way for the Python API and the
+command line (which passes its flags through unchanged), and the documented defaults with their origins.
+
+A setting the user got wrong is named with ``errors.setting`` (its keyword), so the message says ``seq``
+to a Python caller and ``--seq`` at the command line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TypedDict, TypeVar, Unpack
+
+from lmcalc import presets as pr
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZeroStage
+from lmcalc.engine.flops import napkin_params
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.memory_terms import Capacity
+from lmcalc.engine.optimal import TOKENS_PER_PARAM
+from lmcalc.engine.params import count_params, matches_published
+from lmcalc.engine.pipeline import PipelineSplit
+from lmcalc.engine.time import DEFAULT_MFU
+from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES, Workload
+from lmcalc.errors import LmcalcError, setting
+from lmcalc.result import Input, Result
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.units import GiB, group, parse_bytes, parse_count
+
+DEFAULT_SEQ_CAP = 8192
+DEFAULT_PRECISION = "bf16-mixed"
+DEFAULT_OPTIMIZER = "adamw"
+DEFAULT_OVERHEAD = f"{OVERHEAD_ALLOWANCE_BYTES / GiB:g}GiB"
+
+ModelLike = str | ModelSpec
+ClusterLike = str | Cluster
+PrecisionLike = str | PrecisionRecipe
+OptimizerLike = str | OptimizerSpec
+Count = str | float | int
+Bytes = str | float | int
+C = TypeVar("C", bound=str)
+
+
+@dataclass(frozen=True)
+class Given:
+    """A value and where it came from, for the inputs table."""
+
+    value: float
+    origin: str
+
+
+# ------------------------------------------------------------------------------------------------- specs
+
+
+def resolve_model(value: ModelLike) -> pr.Resolved:
+    """A model preset name, family name, YAML file or HF config.json; or a spec, taken as it is."""
+    if isinstance(value, ModelSpec):
+        return pr.Resolved(value, "given")
+    return pr.resolve_model(value)
+
+
+def cluster_of(value: ClusterLike) -> Cluster:
+    """``8xH100``, ``1024xH100``, ``128x8xH100``; or a ``Cluster``."""
+    return value if isinstance(value, Cluster) else pr.parse_cluster(value)
+
+
+def hardware_of(value: str | HardwareSpec) -> HardwareSpec:
+    return value if isinstance(value, HardwareSpec) else pr.resolve_hardware(value).spec
+
+
+def precision_of(value: PrecisionLike) -> PrecisionRecipe:
+    return value if isinstance(value, PrecisionRecipe) else pr.resolve_precision(value).spec
+
+
+def optimizer_of(value: OptimizerLike) -> OptimizerSpec:
+    return value if isinstance(value, OptimizerSpec) else pr.resolve_optimizer(value).spec
+
+
+# ------------------------------------------------------------------------------------------------- values
+
+
+def choice(value: str, options: tuple[C, ...], name: str) -> C:
+    """``value`` (any case, spaces around) if it is one of ``options``."""
+    key = str(value).strip().lower()
+    for option in options:
+        if key == option:
+            return option
+    raise LmcalcError(f"{setting(name)} must be one of {', '.join(options)}; got {value!r}")
+
+
+def positive_int(value: int, name: str) -> int:
+    if value <= 0:
+        raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(value: int, name: str) -> int:
+    """A count that may be zero (warm-up calls), never negative."""
+    if value < 0:
+        raise LmcalcError(f"{setting(name)} must be 0 or more, got {value}")
+    return value
+
+
+def finite(value: float | None, name: str, allow_zero: bool = False) -> float | None:
+    """A number that is finite and positive (or zero, if allowed); nan and inf are refused."""
+    if value is not None and not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0))):
+        wanted = "zero or a positive number" if allow_zero else "a positive number"
+        raise LmcalcError(f"{setting(name)} must be {wanted}, got {value}")
+    return value
+
+
+def count(value: Count, name: str, binary: bool = False) -> float:
+    """A positive count written ``15T``, ``4M`` (binary: 4,194,304), ``1e12`` or as a number."""
+    return parse_count(value, setting(name), binary=binary)
+
+
+def whole_count(value: Count, name: str) -> int:
+    """A count that must be a whole number (``1M`` sizes, ``--sweep micro-batch=1,2``)."""
+    parsed = count(value, name)
+    if not parsed.is_integer():
+        raise LmcalcError(f"{setting(name)} needs whole numbers, got {value!r}")
+    return int(parsed)
+
+
+def nbytes(value: Bytes, name: str) -> float:
+    """Bytes written ``80GB``, ``2GiB``, ``512MiB`` or as a number."""
+    return parse_bytes(value, setting(name))
+
+
+def seq_given(value: Count | None, model: ModelSpec | None = None, name: str = "seq") -> Given:
+    """Tokens per sequence from ``value`` (binary K: 8K = 8192), else the model's default."""
+    if value is None:
+        assert model is not None, "a sequence length without a value needs the model's default"
+        return default_seq_len(model)
+    seq = count(value, name, binary=True)
+    if not seq.is_integer():
+        raise LmcalcError(f"{setting(name)} must be a whole number of tokens, got {value!r}")
+    return Given(int(seq), f"--{name}")
+
+
+def tokens_given(value: Count | None, model: ModelSpec) -> Given:
+    """Training tokens from ``value``, else the preset's published count, else 20 per parameter."""
+    return Given(count(value, "tokens"), "--tokens") if value else default_tokens(model)
+
+
+# ------------------------------------------------------------------------------------------------- defaults
+
+
+def default_tokens(model: ModelSpec) -> Given:
+    """The preset's published training tokens, else the compute-optimal ~20 tokens per parameter."""
+    if model.training_tokens:
+        return Given(model.training_tokens, f"preset: {model.training_tokens_source or 'published'}")
+    n = napkin_params(model)
+    return Given(
+        TOKENS_PER_PARAM * n,
+        f"default: compute-optimal 20 tokens/parameter (Hoffmann et al. 2022) × {group(n)}",
+    )
+
+
+def default_seq_len(model: ModelSpec) -> Given:
+    seq = min(model.max_seq_len, DEFAULT_SEQ_CAP)
+    return Given(seq, f"default: min(model context {model.max_seq_len}, {DEFAULT_SEQ_CAP})")
+
+
+def default_mfu() -> Given:
+    return Given(DEFAULT_MFU, "assumption: default MFU (published large runs reach 0.38–0.56; see docs)")
+
+
+def mfu_given(value: float | None) -> Given:
+    return Given(value, "--mfu") if value is not None else default_mfu()
+
+
+# ------------------------------------------------------------------------------------------------- layouts
+
+
+class SplitSettings(TypedDict, total=False):
+    """How the layers split over the pipeline stages (Megatron-LM's flags), as the user gives it."""
+
+    first_stage_layers: int | None
+    last_stage_layers: int | None
+    account_for_embedding_in_pipeline_split: bool
+    account_for_loss_in_pipeline_split: bool
+
+
+class LayoutSettings(SplitSettings, total=False):
+    """A parallel layout as the user gives it; DP, when not given, fills the GPUs the other degrees leave."""
+
+    dp: int | None
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    zero: int
+    sequence_parallel: bool
+    grad_accum: int
+    schedule: str
+    virtual_stages: int
+
+
+def pipeline_split(schedule: str = "1f1b", virtual_stages: int = 1, **split: Unpack[SplitSettings]) -> PipelineSplit:
+    """The pipeline split the settings describe."""
+    return PipelineSplit(
+        schedule=choice(schedule, SCHEDULES, "schedule"),
+        virtual_stages=virtual_stages,
+        first_stage_layers=split.get("first_stage_layers"),
+        last_stage_layers=split.get("last_stage_layers"),
+        embedding_in_split=split.get("account_for_embedding_in_pipeline_split", False),
+        loss_in_split=split.get("account_for_loss_in_pipeline_split", False),
+    )
+
+
+def split_settings(settings: LayoutSettings) -> SplitSettings:
+    """The pipeline split's settings among a layout's."""
+    return {key: value for key, value in settings.items() if key in SplitSettings.__annotations__}  # type: ignore[return-value]
+
+
+def build_layout(cluster: Cluster, settings: LayoutSettings) -> Layout:
+    """The layout the settings describe on ``cluster``; DP fills the GPUs the other degrees leave. Checked
+    against a workload by ``engine.layout.check_layout``."""
+    tp, pp, cp, ep = (settings.get(name, 1) for name in ("tp", "pp", "cp", "ep"))
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
+        positive_int(value, name)
+    dp = settings.get("dp")
+    if dp is None:
+        if cluster.count % (tp * pp * cp):
+            raise LmcalcError(f"TP·PP·CP = {tp * pp * cp} does not divide the {cluster.count} GPUs of {cluster.label}")
+        dp = cluster.count // (tp * pp * cp)
+    split = split_settings(settings)
+    zero: ZeroStage = settings.get("zero", 0)  # type: ignore[assignment]  # check_layout refuses another
+    return Layout(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        zero=zero,
+        sequence_parallel=settings.get("sequence_parallel", False),
+        grad_accum=positive_int(settings.get("grad_accum", 1), "grad_accum"),
+        split=pipeline_split(
+            settings.get("schedule", "1f1b"),
+            positive_int(settings.get("virtual_stages", 1), "virtual_stages"),
+            **split,
+        ),
+    )
+
+
+def layout_origin(layout: Layout) -> str:
+    """The settings a layout in an inputs table came from."""
+    split = layout.split
+    return (
+        "--dp --tp --pp --cp --ep --zero --sequence-parallel --schedule --virtual-stages"
+        + (" --first/--last-stage-layers" if split.first_stage_layers or split.last_stage_layers else "")
+        + (" --account-for-embedding/loss-in-pipeline-split" if split.units else "")
+    )
+
+
+# ------------------------------------------------------------------------------------------------- results
+
+
+def checked(result: Result) -> Result:
+    """Refuse to print a figure that overflowed or vanished: name it instead of printing inf or NaN."""
+    for section in result.sections:
+        for term in section.terms:
+            if not math.isfinite(term.value):
+                raise LmcalcError(
+                    f"{term.label} is out of range ({term.value}) for these inputs; "
+                    f"check the sizes, {setting('tokens')}, {setting('days')} and {setting('mfu')}"
+                )
+    return result
+
+
+def recipe_text(precision: PrecisionRecipe) -> str:
+    return (
+        f"{precision.param_bytes:g} B weights + {precision.grad_bytes:g} B grads + {precision.master_bytes:g} B "
+        f"master + {precision.optimizer_state_bytes:g} B per optimizer state; matmuls at the "
+        f"{precision.compute_dtype} peak"
+    )
+
+
+def optimizer_text(optimizer: OptimizerSpec) -> str:
+    return "states: " + (", ".join(s.name + (" (factored)" if s.factored else "") for s in optimizer.states) or "none")
+
+
+def context_note(model: ModelSpec, seq_len: int) -> tuple[str, ...]:
+    """Refuse a sequence the model cannot embed; flag one longer than its context."""
+    if seq_len <= model.max_seq_len:
+        return ()
+    if model.position_embedding == "learned":
+        raise LmcalcError(
+            f"{model.name} has learned positions for {model.max_seq_len} tokens; "
+            f"a sequence of {seq_len} does not fit them (use {setting('seq')} {model.max_seq_len} or less)"
+        )
+    return (f"sequence length {seq_len} exceeds {model.name}'s context of {model.max_seq_len} tokens",)
+
+
+def model_input(model: ModelSpec, note: str) -> Input:
+    return Input("model", "Model", model.name, origin=note or model.label)
+
+
+def model_notes(model: ModelSpec, note: str) -> tuple[str, ...]:
+    notes = [note] if note else []
+    if model.published_params:
+        total = count_params(model).total
+        digits = model.published_params_sig_figs
+        verdict = "matches" if matches_published(model, total) else "DIFFERS FROM"
+        notes.append(
+            f"parameter count {group(total)} {verdict} the published {group(model.published_params)}"
+            f"{f' (to {digits} significant figures)' if digits else ''}"
+            + (f": {model.published_params_source}" if model.published_params_source else "")
+        )
+    return tuple(notes)
+
+
+# ------------------------------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """A training workload on a cluster, resolved: what the memory, fit and plan estimates start from."""
+
+    resolved: pr.Resolved  # the model, and a note when a family name chose it
+    cluster: Cluster
+    workload: Workload
+    seq: Given  # the sequence length, and where it came from, for the inputs table
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.workload.model
+
+    @property
+    def capacity(self) -> Capacity:
+        hardware = self.cluster.hardware
+        return Capacity(hardware.memory_bytes, f"{hardware.name}: {hardware.memory_label}")
+
+
+def training_setup(
+    *,
+    model: ModelLike,
+    gpus: ClusterLike,
+    seq: Count | None,
+    micro_batch: int,
+    precision: PrecisionLike,
+    optimizer: OptimizerLike,
+    attention: str,
+    recompute: str,
+    overhead: Bytes,
+) -> TrainingSetup:
+    """The workload the user's values describe, on the cluster they name."""
+    resolved = resolve_model(model)
+    cluster = cluster_of(gpus)
+    recipe, opt = precision_of(precision), optimizer_of(optimizer)
+    kernel = choice(attention, ATTENTION_KERNELS, "attention")
+    mode = choice(recompute, RECOMPUTE_MODES, "recompute")
+    overhead_bytes = nbytes(overhead, "overhead")
+    seq_in = seq_given(seq, resolved.spec)
+    workload = Workload(
+        resolved.spec,
+        recipe,
+        opt,
+        int(seq_in.value),
+        micro_batch,
+        kernel,
+        mode,
+        overhead_bytes=overhead_bytes,
+    )
+    return TrainingSetup(resolved, cluster, workload, seq_in)

@@ -1,0 +1,299 @@
+"""What fits: the largest micro-batch, sequence and fewest GPUs for a layout (``fit``), and the largest model a
+cluster can train (``max_params``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Unpack
+
+from lmcalc.engine import maxparams as mp
+from lmcalc.engine.layout import Layout, check_layout
+from lmcalc.engine.workload import Workload
+from lmcalc.estimates.inputs import (
+    DEFAULT_OPTIMIZER,
+    DEFAULT_OVERHEAD,
+    DEFAULT_PRECISION,
+    Bytes,
+    ClusterLike,
+    Count,
+    LayoutSettings,
+    ModelLike,
+    OptimizerLike,
+    PrecisionLike,
+    TrainingSetup,
+    build_layout,
+    checked,
+    model_input,
+    model_notes,
+    optimizer_text,
+    recipe_text,
+    training_setup,
+)
+from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.units import GB, GiB, group
+
+if TYPE_CHECKING:  # the solvers are imported when a search is asked for, not at start-up
+    from lmcalc.engine import fit as fit_engine
+
+
+# ------------------------------------------------------------------------------------------------- fit
+
+
+@dataclass(frozen=True)
+class FitEstimate(Estimate):
+    """What fits on one GPU type for a layout: each search's ``Limit`` (its value, the memory there, what binds)."""
+
+    workload: Workload
+    layout: Layout
+    micro_batch: fit_engine.Limit
+    seq: fit_engine.Limit
+    dp: fit_engine.Limit
+
+
+def fit(
+    *,
+    model: ModelLike,
+    gpus: ClusterLike = "8xH100",
+    seq: Count | None = None,
+    micro_batch: int = 1,
+    precision: PrecisionLike = DEFAULT_PRECISION,
+    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
+    attention: str = "flash",
+    recompute: str = "none",
+    overhead: Bytes = DEFAULT_OVERHEAD,
+    **layout: Unpack[LayoutSettings],
+) -> FitEstimate:
+    """The largest micro-batch, the longest sequence and the fewest GPUs that fit a layout, and what binds each."""
+    setup = training_setup(
+        model=model,
+        gpus=gpus,
+        seq=seq,
+        micro_batch=micro_batch,
+        precision=precision,
+        optimizer=optimizer,
+        attention=attention,
+        recompute=recompute,
+        overhead=overhead,
+    )
+    return fit_estimate(setup, build_layout(setup.cluster, layout))
+
+
+def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
+    """The largest micro-batch, the longest sequence and the fewest GPUs that fit, each with its binding part."""
+    from lmcalc.engine import fit as fit_engine  # only this command searches
+
+    w, cluster, model, note = setup.workload, setup.cluster, setup.model, setup.resolved.note
+    check_layout(w, layout, cluster)
+    capacity = cluster.hardware.memory_bytes
+    setting_ = fit_engine.Setting(w, layout, capacity)
+    seq_step = math.lcm(128, layout.cp)
+    seq_limit = model.max_seq_len if model.position_embedding == "learned" else max(model.max_seq_len, 1 << 20)
+    dp_step = layout.ep // math.gcd(layout.ep, layout.cp)
+    found_limits = (
+        fit_engine.largest_micro_batch(setting_),
+        fit_engine.longest_sequence(setting_, seq_step, seq_limit),
+        fit_engine.fewest_data_parallel(setting_, dp_step),
+    )
+    limits = zip(
+        (
+            ("micro_batch", "Largest micro-batch", "sequences", "b"),
+            ("seq", "Longest sequence", "tokens", "s"),
+            ("dp", "Fewest data-parallel replicas", "GPUs", "DP"),
+        ),
+        found_limits,
+        strict=True,
+    )
+    sections = []
+    for (key, label, unit, symbol), limit in limits:
+        found = limit.value is not None
+        beyond = (
+            f"; at {symbol} = {limit.beyond_value}: {limit.beyond.total / GB:.2f} GB"
+            if limit.beyond is not None and limit.beyond_value is not None
+            else ""
+        )
+        at_limit = f"at {symbol} = {limit.value}: {limit.fits.total / GB:.2f} GB" if limit.fits else "nothing fits"
+        terms = [
+            Term(
+                "value",
+                label if found else f"{label}: none fits",
+                limit.value or 0,
+                unit if key != "dp" else "replicas",
+                f"{'smallest' if key == 'dp' else 'largest'} {symbol} with memory ≤ {capacity / GB:g} GB"
+                if found
+                else f"binding: {limit.binding}",
+                at_limit + beyond,
+                note=f"binding: {limit.binding}",
+            )
+        ]
+        if key == "dp" and limit.value is not None:
+            gpus = limit.value * layout.tp * layout.pp * layout.cp
+            terms.append(
+                Term(
+                    "gpus",
+                    "Fewest GPUs",
+                    gpus,
+                    "GPUs",
+                    "DP · TP · PP · CP",
+                    f"{limit.value} × {layout.tp} × {layout.pp} × {layout.cp}",
+                )
+            )
+            terms.append(
+                Term(
+                    "nodes",
+                    f"Nodes of {cluster.hardware.gpus_per_node}",
+                    -(-gpus // cluster.hardware.gpus_per_node),
+                    "nodes",
+                    "⌈GPUs / GPUs per node⌉",
+                )
+            )
+        if limit.fits:
+            terms.append(
+                Term(
+                    "memory",
+                    "Memory at the limit",
+                    limit.fits.total,
+                    "bytes",
+                    "states + activations + buffers + overhead",
+                )
+            )
+        sections.append(Section(key, f"{label} — binding: {limit.binding}", tuple(terms)))
+    inputs = (
+        model_input(model, note),
+        Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
+        Input("layout", "Layout", layout.label, origin="searched one setting at a time from this layout"),
+        Input("precision", "Precision recipe", w.precision.name, origin=recipe_text(w.precision)),
+        Input("optimizer", "Optimizer", w.optimizer.name, origin=optimizer_text(w.optimizer)),
+        Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
+        Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", "--micro-batch"),
+        Input("recompute", "Activation recomputation", w.recompute, origin="--recompute"),
+    )
+    notes = (
+        *model_notes(model, note),
+        "each line changes one setting and keeps the others; the fewest GPUs keeps TP, PP and CP and grows DP",
+    )
+    report = checked(
+        Result("fit", f"What fits on {cluster.hardware.name}: {model.label}", inputs, tuple(sections), notes)
+    )
+    return FitEstimate(report, w, layout, *found_limits)
+
+
+# ------------------------------------------------------------------------------------------------- max-params
+
+
+@dataclass(frozen=True)
+class MaxParamsEstimate(Estimate):
+    """The largest trainable model per sharding strategy, one ``MaxParamsRow`` each."""
+
+    rows: tuple[mp.MaxParamsRow, ...]
+
+
+def max_params(
+    *,
+    gpus: ClusterLike,
+    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
+    precision: PrecisionLike = DEFAULT_PRECISION,
+    seq: Count = "4096",
+    micro_batch: int = 1,
+    attention: str = "flash",
+    recompute: str = "none",
+    overhead: Bytes = DEFAULT_OVERHEAD,
+    like: ModelLike = "llama-3.1-8b",
+) -> MaxParamsEstimate:
+    """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3; the
+    activation column scales the proportions of the model ``like`` to each size."""
+    setup = training_setup(
+        model=like,
+        gpus=gpus,
+        seq=seq,
+        micro_batch=micro_batch,
+        precision=precision,
+        optimizer=optimizer,
+        attention=attention,
+        recompute=recompute,
+        overhead=overhead,
+    )
+    return max_params_estimate(setup)
+
+
+def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
+    w, cluster, template = setup.workload, setup.cluster, setup.model
+    precision, optimizer, overhead_bytes = w.precision, w.optimizer, w.overhead_bytes
+    capacity = cluster.hardware.memory_bytes
+    rows = mp.max_params(w, cluster)
+    sections = []
+    for row in rows:
+        shape = row.activation_shape
+        shape_text = (
+            f"h={shape.hidden_size}, L={shape.num_layers}, H={shape.num_heads}, H_kv={shape.kv_heads}, "
+            f"f={shape.ffn_size}"
+            if shape
+            else "nothing fits"
+        )
+        sections.append(
+            Section(
+                f"zero{row.zero_stage}",
+                row.label,
+                (
+                    Term(
+                        "bytes_per_param",
+                        "State bytes per parameter per GPU",
+                        row.bytes_per_param,
+                        "bytes",
+                        BYTES_PER_PARAM_FORMULA[row.zero_stage],
+                        source="Rajbhandari et al. 2020 (ZeRO) §5.1",
+                    ),
+                    Term(
+                        "states_only",
+                        "Largest N (states only)",
+                        row.states_only,
+                        "params",
+                        "C / bytes per param",
+                        f"{group(capacity)} / {row.bytes_per_param:.6g}",
+                    ),
+                    Term(
+                        "with_overhead",
+                        "Largest N (+ overhead)",
+                        row.with_overhead,
+                        "params",
+                        "(C − overhead) / bytes per param",
+                        f"({group(capacity)} − {group(overhead_bytes)}) / {row.bytes_per_param:.6g}",
+                    ),
+                    Term(
+                        "with_activations",
+                        "Largest N (+ overhead + activations)",
+                        row.with_activations,
+                        "params",
+                        "largest N with N · bytes/param + activations(shape(N)) + overhead ≤ C",
+                        f"activations {row.activation_bytes / GiB:.2f} GiB for {shape_text}",
+                        note=f"shape scaled from {template.name}",
+                    ),
+                ),
+            )
+        )
+    inputs = (
+        Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
+        Input("capacity", "Memory per GPU", capacity, "bytes", cluster.hardware.memory_label),
+        Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
+        Input("optimizer", "Optimizer", optimizer.name, origin=optimizer_text(optimizer)),
+        Input("overhead", "Overhead allowance", overhead_bytes, "bytes", "--overhead"),
+        Input("seq_len", "Sequence length (activations)", w.seq_len, "tokens", "--seq"),
+        Input("micro_batch", "Micro-batch (activations)", w.micro_batch, "sequences", "--micro-batch"),
+        Input("template", "Shape for activations", template.name, origin="--like"),
+    )
+    replicated, sharded = rows[0], rows[-1]
+    notes = (
+        f"N = C / bytes per parameter: {capacity / GB:g} GB / {replicated.bytes_per_param:g} B = "
+        f"{replicated.states_only / 1e9:.3g}B replicated on every GPU; fully sharded over {cluster.count} GPUs "
+        f"{sharded.states_only / 1e9:.3g}B (the lecture's napkin: 8 × 80 GB / 16 B ≈ 40B on 8 H100s)",
+        f"activations assume the proportions of {template.name} scaled to N, {w.attention} attention, "
+        f"recomputation: {w.recompute}",
+    )
+    report = Result(
+        "max-params", f"Largest trainable model on {cluster.label}", inputs, tuple(sections), notes, layout="grid"
+    )
+    return MaxParamsEstimate(report, tuple(rows))
+
+
+BYTES_PER_PARAM_FORMULA = {0: "p + g + (m + o)", 1: "p + g + (m + o)/n", 2: "p + (g + m + o)/n", 3: "(p + g + m + o)/n"}
+"""Per-GPU state bytes per parameter at each ZeRO stage: p weights, g gradients, m master, o optimizer; n replicas."""

@@ -1,0 +1,55 @@
+"""Figures measured by ``lmcalc bench`` and read back for the estimates: a GPU's matmul peak, a training step's
+efficiency. The results file is read without importing torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmcalc.bench import results
+from lmcalc.errors import LmcalcError, setting
+from lmcalc.estimates.inputs import Given, choice
+from lmcalc.specs import HardwareSpec, PrecisionRecipe
+
+PEAK_SOURCES = ("spec", "measured")
+
+
+def bench_file(calibration: str | None, run: str) -> Path:
+    """The benchmark results file: ``calibration``, else the default one; refused if it does not exist."""
+    path = Path(calibration).expanduser() if calibration else results.default_path()
+    if not path.exists():
+        raise LmcalcError(
+            f"no such benchmark file: {path}" if calibration else f"no benchmark results yet ({path}): {run}"
+        )
+    return path
+
+
+def measured_peak(
+    peak: str, calibration: str | None, hardware: HardwareSpec, recipe: PrecisionRecipe
+) -> tuple[float, str] | None:
+    """The measured FLOP/s for this GPU and the recipe's dtype from a benchmark file, or None for the spec
+    sheet's peak (``peak`` "spec" and no ``calibration``)."""
+    if choice(peak, PEAK_SOURCES, "peak") == "spec" and calibration is None:
+        return None
+    path = bench_file(calibration, f"run 'lmcalc bench --dtype {recipe.compute_dtype}' on one {hardware.name}")
+    found = results.measured_peak(results.load(path), hardware.name, recipe.compute_dtype)
+    if found is None:
+        raise LmcalcError(
+            f"{path} has no {recipe.compute_dtype} measurement for {hardware.name}; run "
+            f"'lmcalc bench --dtype {recipe.compute_dtype}' on one (or use {setting('peak')} spec)"
+        )
+    flops, record = found
+    return flops, f"{record.kind} benchmark on {record.device}, {record.when}, {path}"
+
+
+def measured_efficiency(calibration: str | None, hardware: HardwareSpec, recipe: PrecisionRecipe, model: str) -> Given:
+    """The compute efficiency from ``lmcalc bench step`` results: the HFU of a measured step on this GPU."""
+    dtype = recipe.compute_dtype
+    run = f"run 'lmcalc bench step -m MODEL --dtype {dtype}' on one {hardware.name} (or give {setting('efficiency')})"
+    path = bench_file(calibration, run)
+    found = results.measured_step_efficiency(results.load(path), hardware.name, dtype, model)
+    if found is None:
+        raise LmcalcError(f"{path} has no {dtype} training step measured on {hardware.name}; {run}")
+    hfu, record = found
+    measured = record.figures["model"]
+    which = "this model's" if measured == model else f"{measured}'s (the largest step measured)"
+    return Given(hfu, f"measured: HFU of {which} step, {record.device}, {record.when}, {path}")

@@ -1,0 +1,371 @@
+"""Memory per GPU: of a training step for any parallel layout (the most loaded GPU, every pipeline stage, or
+a sweep of one setting), and of serving (weights and KV cache)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Unpack
+
+from lmcalc.engine import inference as inf
+from lmcalc.engine.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
+from lmcalc.engine.layout import Layout, check_layout
+from lmcalc.engine.memory_terms import Capacity, memory_sections
+from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError, setting
+from lmcalc.estimates.inputs import (
+    DEFAULT_OPTIMIZER,
+    DEFAULT_OVERHEAD,
+    DEFAULT_PRECISION,
+    Bytes,
+    ClusterLike,
+    Count,
+    LayoutSettings,
+    ModelLike,
+    OptimizerLike,
+    PrecisionLike,
+    TrainingSetup,
+    build_layout,
+    checked,
+    cluster_of,
+    context_note,
+    layout_origin,
+    model_input,
+    model_notes,
+    nbytes,
+    optimizer_text,
+    positive_int,
+    recipe_text,
+    resolve_model,
+    seq_given,
+    training_setup,
+    whole_count,
+)
+from lmcalc.result import Estimate, Input, Result, Section
+from lmcalc.specs import Cluster
+from lmcalc.units import GB
+
+
+@dataclass(frozen=True)
+class MemoryEstimate(Estimate):
+    """One training step's memory: ``gpu``, the most loaded GPU of ``layout`` running ``workload``; with
+    ``stages``, one GPU of every pipeline stage."""
+
+    workload: Workload
+    layout: Layout
+    cluster: Cluster
+    gpu: GpuMemory
+    stages: tuple[GpuMemory, ...] = ()
+
+    @property
+    def total(self) -> float:
+        """Bytes the most loaded GPU needs."""
+        return self.gpu.total
+
+    @property
+    def capacity(self) -> float:
+        return self.cluster.hardware.memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.gpu.total <= self.capacity
+
+
+def memory(
+    *,
+    model: ModelLike,
+    gpus: ClusterLike = "1xH100",
+    seq: Count | None = None,
+    micro_batch: int = 1,
+    precision: PrecisionLike = DEFAULT_PRECISION,
+    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
+    attention: str = "flash",
+    recompute: str = "none",
+    overhead: Bytes = DEFAULT_OVERHEAD,
+    stages: bool = False,
+    **layout: Unpack[LayoutSettings],
+) -> MemoryEstimate:
+    """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout (the layout
+    settings are ``LayoutSettings``: ``tp=8, pp=4, zero=1, …``); with ``stages``, of one GPU of every stage."""
+    setup = training_setup(
+        model=model,
+        gpus=gpus,
+        seq=seq,
+        micro_batch=micro_batch,
+        precision=precision,
+        optimizer=optimizer,
+        attention=attention,
+        recompute=recompute,
+        overhead=overhead,
+    )
+    return memory_estimate(setup, build_layout(setup.cluster, layout), stages)
+
+
+MEMORY_STACK = (
+    "state.params",
+    "state.grads",
+    "state.master",
+    "state.optimizer",
+    "total.activations",
+    "total.zero3_buffers",
+    "total.overhead",
+)
+STAGE_PARTS = ("total.states", "total.activations", "total.zero3_buffers", "total.overhead")
+"""What a stage's row stacks: the model states summed, so that the layers and micro-batches in flight fit beside."""
+SWEEPABLE = {"seq": "sequence length", "micro-batch": "micro-batch"}
+
+
+def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) -> MemoryEstimate:
+    """Memory of the most loaded GPU of one training step, for any parallel layout; with ``stages``, of one GPU
+    of every pipeline stage (``memory_stages``)."""
+    w, cluster, model, note = setup.workload, setup.cluster, setup.model, setup.resolved.note
+    check_layout(w, layout, cluster)
+    gpu = most_loaded_gpu(w, layout)
+    capacity = setup.capacity
+    inputs = (
+        model_input(model, note),
+        Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
+        Input("layout", "Layout", layout.label, origin=layout_origin(layout)),
+        Input("precision", "Precision recipe", w.precision.name, origin=recipe_text(w.precision)),
+        Input("optimizer", "Optimizer", w.optimizer.name, origin=optimizer_text(w.optimizer)),
+        Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
+        Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", "--micro-batch"),
+        Input("grad_accum", "Micro-batches per step", layout.grad_accum, "micro-batches", "--grad-accum"),
+        Input("attention", "Attention kernel", w.attention, origin="--attention"),
+        Input("recompute", "Activation recomputation", w.recompute, origin="--recompute"),
+    )
+    total = gpu.total
+    notes = [*model_notes(model, note), *context_note(model, w.seq_len)]
+    notes.append(
+        "fits"
+        if total <= capacity.bytes
+        else f"does NOT fit: {total / GB:,.1f} GB needed of {capacity.bytes / GB:,.1f} GB"
+        + fit_advice(w, layout, capacity.bytes)
+    )
+    single = checked(
+        Result(
+            "memory",
+            f"Training memory per GPU: {model.label}",
+            inputs,
+            memory_sections(w, layout, gpu, capacity),
+            tuple(notes),
+            stack=MEMORY_STACK,
+            capacity="total.capacity",
+        )
+    )
+    estimate = MemoryEstimate(single, w, layout, cluster, gpu)
+    return memory_stages(estimate) if stages else estimate
+
+
+def _memory_row(key: str, title: str, result: Result, parts: tuple[str, ...] = MEMORY_STACK) -> Section:
+    """One row of a memory grid: the ``parts`` (what the bars stack), the total against the capacity."""
+    terms = [replace(result.term(k), key=k.rpartition(".")[2]) for k in parts]
+    terms += [result.term("total.total"), result.term("total.capacity"), result.term("total.headroom")]
+    return Section(key, title, tuple(terms))
+
+
+def memory_stages(single: MemoryEstimate) -> MemoryEstimate:
+    """Memory of one GPU of every pipeline stage, one row each, beside ``single``, the most loaded GPU's estimate
+    (whose inputs and advice it keeps): which stage binds, and how much room the others have (the stages differ
+    in layers, in micro-batches in flight, in the embedding and the head)."""
+    w, layout = single.workload, single.layout
+    capacity_term = single.report.term("total.capacity")
+    capacity = Capacity(capacity_term.value, capacity_term.formula)
+    rows = []
+    gpus = tuple(gpu_memory(w, layout, stage) for stage in range(layout.pp))
+    for stage, gpu in enumerate(gpus):
+        stage_result = Result("memory", "", (), memory_sections(w, layout, gpu, capacity))
+        row = _memory_row(f"stage{stage + 1}", f"stage {stage + 1}", stage_result, STAGE_PARTS)
+        shape = (stage_result.term("activations.layers_on_gpu"), stage_result.term("activations.in_flight"))
+        rows.append(replace(row, terms=(*shape, *row.terms)))
+    totals = [gpu.total for gpu in gpus]
+    heaviest = max(range(layout.pp), key=totals.__getitem__)
+    lightest = min(range(layout.pp), key=totals.__getitem__)
+    spread = (
+        f"most loaded: stage {heaviest + 1} ({totals[heaviest] / GB:,.2f} GB); least: stage {lightest + 1} "
+        f"({totals[lightest] / GB:,.2f} GB)"
+    )
+    notes = [spread if layout.pp > 1 else "one pipeline stage: every GPU holds the same", *single.report.notes]
+    report = checked(
+        Result(
+            "memory-stages",
+            f"{single.report.title}, stage by stage",
+            single.report.inputs,
+            tuple(rows),
+            tuple(notes),
+            layout="grid",
+            stack=tuple(k.rpartition(".")[2] for k in STAGE_PARTS),
+            capacity="capacity",
+        )
+    )
+    return replace(single, report=report, stages=gpus)
+
+
+def fit_advice(w: Workload, layout: Layout, capacity: float) -> str:
+    """The levers the user has not pulled, each with what the GPU would then need, most effective first; then
+    more GPUs. They are named by their flags, as the inputs table names origins. Selective recomputation is
+    offered only with eager attention: with FlashAttention the s² scores it drops are never stored."""
+    levers: list[tuple[str, Workload, Layout]] = []
+    if layout.zero < 3 and layout.data_replicas > 1:
+        levers.append(("--zero 3", w, replace(layout, zero=3)))
+    if layout.tp > 1 and not layout.sequence_parallel:
+        levers.append(("--sequence-parallel", w, replace(layout, sequence_parallel=True)))
+    if w.recompute == "none" and w.attention == "eager":
+        levers.append(("--recompute selective", replace(w, recompute="selective"), layout))
+    if w.recompute != "full":
+        levers.append(("--recompute full", replace(w, recompute="full"), layout))
+    if w.micro_batch > 1:
+        levers.append(("--micro-batch 1", replace(w, micro_batch=1), layout))
+    tried = []
+    for lever, changed_w, changed_layout in levers:
+        total = most_loaded_gpu(changed_w, changed_layout).total
+        tried.append((total, f"{lever} ({total / GB:,.1f} GB{', fits' if total <= capacity else ''})"))
+    advice = [text for _, text in sorted(tried)]
+    advice.append("more GPUs" if layout.zero else "more GPUs with --zero")
+    return "; try " + ", ".join(advice)
+
+
+@dataclass(frozen=True)
+class MemorySweepEstimate(Estimate):
+    """Memory at several values of one setting: one ``MemoryEstimate`` per value, in ``rows``."""
+
+    rows: tuple[tuple[str, MemoryEstimate], ...]
+
+
+def memory_sweep(
+    *,
+    sweep: str,
+    model: ModelLike,
+    gpus: ClusterLike = "1xH100",
+    seq: Count | None = None,
+    micro_batch: int = 1,
+    precision: PrecisionLike = DEFAULT_PRECISION,
+    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
+    attention: str = "flash",
+    recompute: str = "none",
+    overhead: Bytes = DEFAULT_OVERHEAD,
+    **layout: Unpack[LayoutSettings],
+) -> MemorySweepEstimate:
+    """``memory`` at each value of one setting, ``sweep="seq=1k,4k,16k"`` or ``"micro-batch=1,2,4"``: one row
+    each, to see how the parts grow."""
+    name, values = _sweep(sweep)
+    rows = []
+    for value in values:
+        one = (
+            {"seq": value, "micro_batch": micro_batch}
+            if name == "seq"
+            else {"seq": seq, "micro_batch": whole_count(value, "sweep")}
+        )
+        rows.append(
+            (
+                value,
+                memory(
+                    model=model,
+                    gpus=gpus,
+                    precision=precision,
+                    optimizer=optimizer,
+                    attention=attention,
+                    recompute=recompute,
+                    overhead=overhead,
+                    **one,
+                    **layout,
+                ),
+            )
+        )  # type: ignore[arg-type]
+    sections = [_memory_row(f"{name}={value}", f"{name}={value}", row.report) for value, row in rows]
+    first = rows[0][1].report
+    inputs = tuple(i for i in first.inputs if i.key not in ("seq_len", "micro_batch"))
+    report = Result(
+        "memory-sweep",
+        f"{first.title}, sweeping {SWEEPABLE[name]}",
+        inputs,
+        tuple(sections),
+        (f"capacity {first.term('total.capacity').text} per GPU",),
+        layout="grid",
+        stack=tuple(k.rpartition(".")[2] for k in MEMORY_STACK),
+        capacity="capacity",
+    )
+    return MemorySweepEstimate(report, tuple(rows))
+
+
+def _sweep(text: str) -> tuple[str, list[str]]:
+    """``seq=1k,4k`` -> ('seq', ['1k', '4k'])."""
+    name, _, values = text.partition("=")
+    name = name.strip().lower()
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if name not in SWEEPABLE or not items:
+        raise LmcalcError(f"cannot read {setting('sweep')} {text!r}; expected seq=1k,4k,16k or micro-batch=1,2,4")
+    return name, items
+
+
+@dataclass(frozen=True)
+class InferenceEstimate(Estimate):
+    """Serving memory per GPU: ``memory`` holds the weights, the KV cache and the largest batch and context."""
+
+    serving: inf.Serving
+    memory: inf.InferenceMemory
+
+    @property
+    def max_batch(self) -> int:
+        return self.memory.max_batch
+
+    @property
+    def max_context(self) -> int:
+        return self.memory.max_context
+
+
+def inference(
+    *,
+    model: ModelLike,
+    gpus: ClusterLike = "1xH100",
+    tp: int = 1,
+    batch: int = 1,
+    context: Count | None = None,
+    weights_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    quant_group: int | None = None,
+    overhead: Bytes = DEFAULT_OVERHEAD,
+) -> InferenceEstimate:
+    """Serving memory per GPU: weights (any dtype, int8/int4 included), the KV cache, and what fits."""
+    resolved = resolve_model(model)
+    spec, note = resolved.spec, resolved.note
+    cluster = cluster_of(gpus)
+    batch = positive_int(batch, "batch")
+    context_in = seq_given(context, spec, "context")
+    positive_int(tp, "tp")
+    serving = inf.Serving(
+        spec, int(context_in.value), batch, weights_dtype, kv_dtype, tp, quant_group, nbytes(overhead, "overhead")
+    )
+    if tp > cluster.count:
+        raise LmcalcError(f"{setting('tp')} {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
+    hardware = cluster.hardware
+    capacity = Capacity(hardware.memory_bytes, f"{hardware.name}: {hardware.memory_label}")
+    sections = inf.inference_sections(serving, capacity)
+    inputs = (
+        model_input(spec, note),
+        Input("gpu", "GPU", hardware.name, origin=hardware.memory_label),
+        Input("tp", "Tensor-parallel GPUs", tp, origin="--tp"),
+        Input("batch", "Batch", batch, "sequences", "--batch"),
+        Input("context", "Context", serving.context, "tokens", context_in.origin),
+        Input("weights_dtype", "Weights dtype", weights_dtype, origin="--weights-dtype"),
+        Input("kv_dtype", "KV-cache dtype", kv_dtype, origin="--kv-dtype"),
+    )
+    # memory would hold a longer context than the model was trained for: the table's note is said below it too
+    beyond = next(s for s in sections if s.key == "per_gpu").term("max_context").note
+    notes = (
+        *model_notes(spec, note),
+        *context_note(spec, serving.context),
+        "inference keeps no gradients and no optimizer states: weights, the KV cache and a working allowance",
+        *([beyond] if beyond else []),
+    )
+    report = checked(
+        Result(
+            "memory-inference",
+            f"Inference memory per GPU: {spec.label}",
+            inputs,
+            sections,
+            notes,
+            stack=inf.INFERENCE_STACK,
+            capacity=inf.INFERENCE_CAPACITY,
+        )
+    )
+    return InferenceEstimate(report, serving, inf.inference_memory(serving, capacity.bytes))

@@ -1,0 +1,326 @@
+"""The layout search: every layout that fits, ranked by throughput (``plan``), and the best one derived term by
+term."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Unpack
+
+from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES, ZeroStage
+from lmcalc.engine.memory_terms import Capacity, memory_sections
+from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
+from lmcalc.errors import LmcalcError, setting
+from lmcalc.estimates import measured
+from lmcalc.estimates.inputs import (
+    DEFAULT_OPTIMIZER,
+    DEFAULT_OVERHEAD,
+    DEFAULT_PRECISION,
+    Bytes,
+    ClusterLike,
+    Count,
+    Given,
+    ModelLike,
+    OptimizerLike,
+    PrecisionLike,
+    SplitSettings,
+    TrainingSetup,
+    checked,
+    choice,
+    count,
+    model_input,
+    optimizer_text,
+    pipeline_split,
+    positive_int,
+    recipe_text,
+    tokens_given,
+    training_setup,
+)
+from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.units import GB, group
+
+if TYPE_CHECKING:  # the planner is imported when a plan is asked for, not at start-up
+    from lmcalc.engine import plan as pl
+
+
+# ------------------------------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class PlanEstimate(Estimate):
+    """Every layout that fits, fastest first (``layouts``; ``report`` ranks them all), and the best one derived
+    term by term (``derivation``, what ``--explain`` shows)."""
+
+    derivation: Result
+    layouts: tuple[pl.Candidate, ...]
+    evaluated: int
+
+    @property
+    def best(self) -> pl.Candidate:
+        return self.layouts[0]
+
+
+def plan(
+    *,
+    model: ModelLike,
+    gpus: ClusterLike,
+    seq: Count | None = None,
+    global_batch: Count = "4M",
+    tp: int | None = None,
+    pp: int | None = None,
+    cp: int | None = None,
+    ep: int | None = None,
+    zero: int | None = None,
+    micro_batch: int | None = None,
+    recompute: str | None = None,
+    max_pp: int = 64,
+    max_cp: int = 16,
+    tp_across_nodes: bool = False,
+    tokens: Count | None = None,
+    efficiency: float | None = None,
+    measured_efficiency: bool = False,
+    calibration: str | None = None,
+    precision: PrecisionLike = DEFAULT_PRECISION,
+    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
+    attention: str = "flash",
+    overhead: Bytes = DEFAULT_OVERHEAD,
+    **split: Unpack[SplitSettings],
+) -> PlanEstimate:
+    """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question). The
+    degrees, ZeRO stage, micro-batch and recomputation given are pinned, the others searched; the pipeline
+    split settings (``SplitSettings``) are pinned as given. ``global_batch`` is in tokens (binary: 4M =
+    4,194,304). The compute efficiency is ``efficiency``, or measured by ``lmcalc bench step`` on this GPU type
+    (``measured_efficiency``, or a ``calibration`` file), else the calibrated default."""
+    from lmcalc.engine import plan as pl
+
+    setup = training_setup(
+        model=model,
+        gpus=gpus,
+        seq=seq,
+        micro_batch=1,
+        precision=precision,
+        optimizer=optimizer,
+        attention=attention,
+        recompute="none",
+        overhead=overhead,
+    )
+    if zero is not None and zero not in ZERO_STAGES:
+        raise LmcalcError(f"{setting('zero')} must be 0, 1, 2 or 3, got {zero}")
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("micro_batch", micro_batch)):
+        if value is not None:
+            positive_int(value, name)
+    zero_pin: ZeroStage | None = zero  # type: ignore[assignment]  # in ZERO_STAGES, checked above
+    pins = pl.Pins(
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        zero=zero_pin,
+        micro_batch=micro_batch,
+        recompute=choice(recompute, RECOMPUTE_MODES, "recompute") if recompute else None,
+        max_pp=positive_int(max_pp, "max_pp"),
+        max_cp=positive_int(max_cp, "max_cp"),
+        tp_within_node=not tp_across_nodes,
+        split=pipeline_split(**split),
+    )
+    eff = None
+    if efficiency is not None:
+        if measured_efficiency or calibration:
+            raise LmcalcError(
+                f"give {setting('efficiency')} or {setting('measured_efficiency')}/{setting('calibration')}, not both"
+            )
+        if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
+            raise LmcalcError(f"{setting('efficiency')} must be in (0, 1], got {efficiency}")
+        eff = Given(efficiency, "--efficiency")
+    if measured_efficiency or calibration:
+        w = setup.workload
+        eff = measured.measured_efficiency(calibration, setup.cluster.hardware, w.precision, w.model.name)
+    global_tokens = count(global_batch, "global_batch", binary=True)
+    return plan_estimate(setup, global_tokens, pins, eff, tokens_given(tokens, setup.model))
+
+
+def layout_text(candidate: pl.Candidate) -> str:
+    layout = candidate.layout
+    return f"{layout.label}, mb={candidate.micro_batch}, GA={layout.grad_accum}, recompute {candidate.recompute}"
+
+
+def plan_estimate(
+    setup: TrainingSetup, global_batch_tokens: float, pins: pl.Pins, efficiency: Given | None, train_tokens: Given
+) -> PlanEstimate:
+    """One layout search, two views of it: every layout that fits, ranked by throughput, and the winner
+    derived term by term (what ``--explain`` shows)."""
+    from lmcalc.engine import plan as pl
+
+    base, cluster, model, note = setup.workload, setup.cluster, setup.model, setup.resolved.note
+    seq = base.seq_len
+    sequences = round(global_batch_tokens / seq)
+    if sequences < 1:
+        raise LmcalcError(
+            f"{setting('global_batch')} {global_batch_tokens:g} tokens is less than one sequence of {seq}"
+        )
+    if sequences * seq > train_tokens.value:
+        raise LmcalcError(
+            f"{setting('global_batch')} {group(sequences * seq)} tokens is more than the {group(train_tokens.value)} "
+            f"training tokens ({train_tokens.origin}): the run would not make one step"
+        )
+    eff = efficiency or Given(
+        DEFAULT_COMPUTE_EFFICIENCY, "assumption: calibrated on published runs (docs/plan-accuracy.md)"
+    )
+    found = pl.plan(base, cluster, sequences, pins, eff.value)
+    if not found.fitting:
+        closest = found.closest
+        if closest is None:
+            raise LmcalcError(
+                f"no layout of {model.name} can exist on {cluster.label} with these constraints "
+                f"(global batch {sequences} sequences; check {setting('tp')}/{setting('pp')}/{setting('cp')} and the "
+                "GPU count)"
+            )
+        m = closest.memory
+        part, size = m.binding
+        raise LmcalcError(
+            f"nothing fits on {cluster.label} ({found.evaluated} layouts tried); closest: {layout_text(closest)} "
+            f"needs {m.total / GB:,.1f} GB of {found.capacity / GB:,.0f} GB, "
+            f"over by {(m.total - found.capacity) / GB:,.1f} GB, mostly {part} ({size / GB:,.1f} GB)"
+        )
+    sections = []
+    for rank, c in enumerate(found.fitting, start=1):
+        t = c.time
+        sections.append(
+            Section(
+                f"rank{rank}",
+                f"{rank}. {layout_text(c)}",
+                (
+                    Term("tokens_per_s", "tokens/s", t.tokens_per_s, "tokens/s", "tokens per step / step time"),
+                    Term("tokens_per_s_per_gpu", "tokens/s/GPU", t.tokens_per_s / cluster.count, "tokens/s/GPU"),
+                    Term("mfu", "MFU", 100 * t.mfu, "%", "model FLOPs / (step time · GPUs · peak)"),
+                    Term("step_time", "step", t.total, "s", "compute + exposed communication + bubble"),
+                    Term("memory", "memory/GPU", c.memory.total, "bytes", "most loaded GPU"),
+                    Term(
+                        "days",
+                        "days",
+                        train_tokens.value / t.tokens_per_s / 86_400,
+                        "days",
+                        "training tokens / tokens per second / 86,400",
+                    ),
+                ),
+            )
+        )
+    winner = found.fitting[0]
+    inputs = (
+        model_input(model, note),
+        Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
+        Input("seq_len", "Sequence length", seq, "tokens", setup.seq.origin),
+        Input(
+            "global_batch",
+            "Global batch",
+            sequences,
+            "sequences",
+            f"--global-batch {group(global_batch_tokens)} tokens / {seq} per sequence",
+        ),
+        Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
+        Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),
+        Input("optimizer", "Optimizer", base.optimizer.name, origin=optimizer_text(base.optimizer)),
+        Input("efficiency", "Compute efficiency", eff.value, origin=eff.origin),
+        Input("evaluated", "Layouts evaluated", found.evaluated, origin=f"{len(found.fitting)} fit in memory"),
+    )
+    assumptions = (
+        "TP within a node; TP, EP and PP communication exposed; DP gradient reduction overlaps the last "
+        "micro-batch's backward pass; CP's K/V exchange is exposed too (docs/formulas.md)"
+    )
+    best = f"best: {layout_text(winner)}"
+    ranked = Result(
+        "plan",
+        f"Layouts for {model.label} on {cluster.label}",
+        inputs,
+        tuple(sections),
+        (f"{best}; run 'lmcalc plan … --explain' for its derivation", assumptions),
+        layout="grid",
+    )
+    derived = Result(
+        "plan",
+        f"The best layout for {model.label} on {cluster.label}",
+        inputs,
+        winner_sections(winner, Capacity(cluster.hardware.memory_bytes, cluster.hardware.memory_label)),
+        (best, assumptions),
+    )
+    return PlanEstimate(checked(ranked), checked(derived), tuple(found.fitting), found.evaluated)
+
+
+ZERO_GATHER_FORMULA = {
+    0: "none: no ZeRO sharding over data parallelism",
+    1: "max(0, all-gather of the updated parameters − first forward of the next step)",
+    2: "max(0, all-gather of the updated parameters − first forward of the next step)",
+    3: "micro-batches · max(0, 2 · all-gather + reduce-scatter − compute per micro-batch)",
+}
+
+
+def winner_sections(winner: pl.Candidate, capacity: Capacity) -> tuple[Section, ...]:
+    """The winning layout's memory and time, term by term, for ``plan --explain``."""
+    t, layout = winner.time, winner.layout
+    memory = memory_sections(winner.workload, layout, winner.memory, capacity)
+    time = Section(
+        "time",
+        "Step time of the best layout",
+        (
+            Term(
+                "compute",
+                "Compute",
+                t.compute,
+                "s",
+                "hardware FLOPs of the slowest stage / (GPUs per stage · peak · efficiency)",
+                f"{t.stage_flops:.4e} / ({t.gpus // layout.pp} × {t.peak:.4g} × {t.efficiency:g})",
+                note=(
+                    f"stage {t.slowest_stage + 1} of {layout.pp} sets the pace: it does "
+                    f"{t.stage_flops / t.hardware_flops:.1%} of the step's {t.hardware_flops:.4e} FLOPs, "
+                    f"against an even {1 / layout.pp:.1%}"
+                    if layout.pp > 1
+                    else ""
+                ),
+            ),
+            Term(
+                "tp",
+                "Tensor-parallel collectives (exposed)",
+                t.tp,
+                "s",
+                "micro-batches · layers · (4, or 6 with full recompute) · all-reduce(s·b·h)",
+            ),
+            Term(
+                "ep", "Expert all-to-all (exposed)", t.ep, "s", "micro-batches · MoE layers · 4 · all-to-all(k·s·b·h)"
+            ),
+            Term(
+                "cp",
+                "Context-parallel K/V exchange (exposed)",
+                t.cp,
+                "s",
+                "micro-batches · layers · 3 · (CP − 1) · p2p(K, V)",
+            ),
+            Term("pp_p2p", "Pipeline sends", t.pp_p2p, "s", "micro-batches · 2 · p2p(s·b·h)"),
+            Term(
+                "bubble",
+                "Pipeline bubble",
+                t.bubble,
+                "s",
+                "(p − 1)/(v·m) · (compute + exposed communication)",
+                source="Narayanan et al. 2021 §2.2",
+            ),
+            Term("dp", "Gradient reduction (exposed)", t.dp, "s", "max(0, reduce − backward of the last micro-batch)"),
+            Term(
+                "zero",
+                "ZeRO parameter gathers (exposed)",
+                t.zero,
+                "s",
+                ZERO_GATHER_FORMULA[layout.zero if layout.data_replicas > 1 else 0],
+            ),
+            Term("total", "Step time", t.total, "s", "sum of the rows above"),
+            Term(
+                "mfu",
+                "MFU",
+                100 * t.mfu,
+                "%",
+                "model FLOPs / (step time · GPUs · peak)",
+                f"{t.model_flops:.4e} / ({t.total:.4g} × {t.gpus} × {t.peak:.4g})",
+                note="model FLOPs count attention in full (the Korthikanti/PaLM convention)",
+            ),
+        ),
+    )
+    return (*memory, time)

@@ -1,0 +1,93 @@
+"""The estimates one report page holds: parameters, FLOPs, training time, memory and the layout search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Unpack
+
+from lmcalc.errors import LmcalcError
+from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, flops_estimate, params_estimate
+from lmcalc.estimates.inputs import (
+    DEFAULT_OPTIMIZER,
+    DEFAULT_OVERHEAD,
+    DEFAULT_PRECISION,
+    ClusterLike,
+    Count,
+    LayoutSettings,
+    ModelLike,
+    OptimizerLike,
+    PrecisionLike,
+    build_layout,
+    count,
+    mfu_given,
+    pipeline_split,
+    split_settings,
+    tokens_given,
+    training_setup,
+)
+from lmcalc.estimates.memory import MemoryEstimate, memory_estimate
+from lmcalc.estimates.time import Timing, TrainTimeEstimate, train_time_estimate
+
+if TYPE_CHECKING:
+    from lmcalc.estimates.plan import PlanEstimate
+
+REPORT_ZERO = 3  # the report's memory section shards the model states over every GPU unless told otherwise
+
+
+@dataclass(frozen=True)
+class ReportEstimates:
+    """What a report holds; ``plan`` is the search's refusal when no layout fits (the page says why)."""
+
+    params: ParamsEstimate
+    flops: FlopsEstimate
+    train_time: TrainTimeEstimate
+    memory: MemoryEstimate
+    plan: PlanEstimate | LmcalcError
+
+
+def report(
+    *,
+    model: ModelLike,
+    gpus: ClusterLike,
+    tokens: Count | None = None,
+    mfu: float | None = None,
+    seq: Count | None = None,
+    recompute: str = "selective",
+    global_batch: Count = "4M",
+    precision: PrecisionLike = DEFAULT_PRECISION,
+    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
+    **layout: Unpack[LayoutSettings],
+) -> ReportEstimates:
+    """Parameters, FLOPs, training time, the memory of ``layout`` (ZeRO-3 over every GPU unless told otherwise)
+    and the layout search, whose pipeline split is pinned as ``layout`` gives it."""
+    from lmcalc.engine import plan as pl
+    from lmcalc.estimates.plan import plan_estimate
+
+    setup = training_setup(
+        model=model,
+        gpus=gpus,
+        seq=seq,
+        micro_batch=1,
+        precision=precision,
+        optimizer=optimizer,
+        attention="flash",
+        recompute=recompute,
+        overhead=DEFAULT_OVERHEAD,
+    )
+    cluster, resolved = setup.cluster, setup.resolved
+    tokens_in = tokens_given(tokens, setup.model)
+    memory = memory_estimate(setup, build_layout(cluster, {"zero": REPORT_ZERO, **layout}))
+    timing = Timing(cluster, cluster.hardware, seq_len=setup.seq)
+    found: PlanEstimate | LmcalcError
+    try:  # the search varies the micro-batch and the recomputation itself
+        pins = pl.Pins(split=pipeline_split(**split_settings(layout)))
+        found = plan_estimate(setup, count(global_batch, "global_batch", binary=True), pins, None, tokens_in)
+    except LmcalcError as error:
+        found = error
+    return ReportEstimates(
+        params_estimate(resolved),
+        flops_estimate(resolved, tokens_in, setup.seq),
+        train_time_estimate(resolved, tokens_in, mfu_given(mfu), setup.workload.precision, timing),
+        memory,
+        found,
+    )

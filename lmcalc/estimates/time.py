@@ -1,0 +1,309 @@
+"""Time and size of a run: how long training takes on a cluster (or how many GPUs meet a deadline), and the
+compute-optimal model and data for a budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from lmcalc.engine import flops as fl
+from lmcalc.engine import optimal as opt
+from lmcalc.engine.time import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
+from lmcalc.errors import LmcalcError, setting
+from lmcalc.estimates.inputs import (
+    DEFAULT_PRECISION,
+    ClusterLike,
+    Count,
+    Given,
+    ModelLike,
+    PrecisionLike,
+    checked,
+    choice,
+    cluster_of,
+    context_note,
+    count,
+    default_seq_len,
+    finite,
+    hardware_of,
+    mfu_given,
+    model_input,
+    model_notes,
+    precision_of,
+    recipe_text,
+    resolve_model,
+    seq_given,
+    tokens_given,
+)
+from lmcalc.estimates.measured import measured_peak
+from lmcalc.presets import Resolved
+from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, PrecisionRecipe
+from lmcalc.units import sci
+
+FLOPS_BASES = ("6nd", "detailed")
+
+
+@dataclass(frozen=True)
+class TrainTimeEstimate(Estimate):
+    """How long ``run.flops`` take on ``run.gpus`` GPUs at an MFU: days, GPU-hours, throughput."""
+
+    run: RunTime
+
+    @property
+    def days(self) -> float:
+        return self.run.days
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.run.gpu_hours
+
+    @property
+    def gpus(self) -> float:
+        return self.run.gpus
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.run.tokens_per_s
+
+
+def train_time(
+    *,
+    model: ModelLike,
+    gpus: ClusterLike | None = None,
+    tokens: Count | None = None,
+    mfu: float | None = None,
+    precision: PrecisionLike = DEFAULT_PRECISION,
+    days: float | None = None,
+    gpu: str | HardwareSpec | None = None,
+    flops_basis: str = "6nd",
+    seq: Count | None = None,
+    price_per_gpu_hour: float | None = None,
+    peak: str = "spec",
+    calibration: str | None = None,
+) -> TrainTimeEstimate:
+    """Days and GPU-hours to train a model on a cluster (``gpus``), or, with ``days`` and a GPU type (``gpu``),
+    the GPUs needed to meet the deadline. ``peak="measured"`` (or a ``calibration`` file) takes the peak from
+    ``lmcalc bench`` results instead of the spec sheet."""
+    resolved = resolve_model(model)
+    spec = resolved.spec
+    basis = choice(flops_basis, FLOPS_BASES, "flops_basis")
+    tokens_in = tokens_given(tokens, spec)
+    mfu_in = mfu_given(mfu)
+    finite(price_per_gpu_hour, "price_per_gpu_hour", allow_zero=True)
+    finite(days, "days")
+    recipe = precision_of(precision)
+    cluster: Cluster | None = None
+    hardware: HardwareSpec
+    if days is not None:
+        if gpus is not None:
+            raise LmcalcError(
+                f"give either {setting('gpus')} (to get the time) or {setting('days')} with {setting('gpu')} "
+                "(to get the GPU count), not both"
+            )
+        if gpu is None:
+            raise LmcalcError(f"{setting('days')} needs {setting('gpu')}, the GPU type to count (e.g. --gpu H100)")
+        hardware = hardware_of(gpu)
+    elif gpus is None:
+        raise LmcalcError(
+            f"give {setting('gpus')} (e.g. --gpus 1024xH100), or {setting('days')} with {setting('gpu')} to solve "
+            "for the GPU count"
+        )
+    else:
+        cluster = cluster_of(gpus)
+        hardware = cluster.hardware
+    seq_in = seq_given(seq, spec)
+    found = measured_peak(peak, calibration, hardware, recipe)
+    return train_time_estimate(
+        resolved, tokens_in, mfu_in, recipe, Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found)
+    )
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Where and how a run is timed: on ``cluster``, or on ``hardware`` within ``days``; the sequence length and
+    FLOPs basis; the price; and a measured peak (FLOP/s, where it was measured) instead of the spec sheet's."""
+
+    cluster: Cluster | None
+    hardware: HardwareSpec
+    days: float | None = None
+    seq_len: Given | None = None
+    basis: str = "6nd"
+    price_per_gpu_hour: float | None = None
+    measured_peak: tuple[float, str] | None = None
+
+
+def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str) -> Term:
+    """The FLOPs a run's time is computed from: 6·N·D (napkin) or the detailed causal count."""
+    term = (
+        fl.napkin_section(model, tokens).term("total")
+        if basis == "6nd"
+        else fl.detailed_section(model, tokens, seq_len, "causal", "none").term("model_flops")
+    )
+    return replace(term, key="training_flops")  # one key in --json whichever basis was chosen
+
+
+def train_time_estimate(
+    resolved: Resolved, tokens: Given, mfu: Given, precision: PrecisionRecipe, where: Timing
+) -> TrainTimeEstimate:
+    """Days to train on a cluster; or, with a deadline and a GPU type, how many GPUs meet it."""
+    model, note = resolved.spec, resolved.note
+    check_mfu(mfu.value)
+    seq = where.seq_len or default_seq_len(model)
+    flops_term = training_flops(model, tokens.value, int(seq.value), where.basis)
+    hw, cluster, days, measured = where.hardware, where.cluster, where.days, where.measured_peak
+    peak = measured[0] if measured else peak_for(hw, precision)
+    inputs = [
+        model_input(model, note),
+        Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
+        Input("mfu", "MFU", mfu.value, origin=mfu.origin),
+        Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
+        Input(
+            "flops_basis",
+            "FLOPs counted",
+            "6·N·D" if where.basis == "6nd" else "detailed",
+            origin="--flops-basis 6nd: the napkin rule (Kaplan et al. 2020)"
+            if where.basis == "6nd"
+            else f"--flops-basis detailed: causal matmul count at s = {int(seq.value)}",
+        ),
+    ]
+    sections = [Section("flops", "Work", (flops_term,))]
+    if days is not None:
+        needed = gpus_for_deadline(flops_term.value, days, peak, mfu.value)
+        gpu_count, nodes = whole_gpus(needed, hw.gpus_per_node)
+        inputs += [Input("days", "Deadline", days, "days", "--days"), Input("gpu", "GPU", hw.name, origin=hw.label)]
+        sections.append(
+            Section(
+                "deadline",
+                "GPUs to meet the deadline",
+                (
+                    Term(
+                        "gpus_exact",
+                        "GPUs needed (exact)",
+                        needed,
+                        "GPUs",
+                        "FLOPs / (days · 86,400 · peak · MFU)",
+                        f"{sci(flops_term.value, 4)} / ({days:g} × 86400 × {sci(peak, 4)} × {mfu.value:g})",
+                    ),
+                    Term("gpus", "GPUs to rent", gpu_count, "GPUs", "⌈exact⌉", f"⌈{needed:.6g}⌉"),
+                    Term(
+                        "nodes",
+                        f"Nodes of {hw.gpus_per_node}",
+                        nodes,
+                        "nodes",
+                        "⌈GPUs / GPUs per node⌉",
+                        f"⌈{gpu_count} / {hw.gpus_per_node}⌉",
+                    ),
+                ),
+            )
+        )
+        run = RunTime(flops_term.value, gpu_count, peak, mfu.value, tokens.value)
+    else:
+        assert cluster is not None
+        inputs.append(Input("cluster", "Cluster", cluster.label, origin=f"{cluster.count} × {hw.label}"))
+        run = RunTime(flops_term.value, cluster.count, peak, mfu.value, tokens.value)
+    source = measured[1] if measured else None
+    sections.append(
+        Section("time", "Time and throughput", time_terms(run, hw, precision, where.price_per_gpu_hour, source))
+    )
+    notes = [*model_notes(model, note), *context_note(model, int(seq.value))]
+    if measured:
+        notes.append(
+            f"peak per GPU is the measured {measured[0] / 1e12:.1f} TFLOP/s ({measured[1]}), "
+            "not the spec sheet: MFU then counts against what the hardware delivered"
+        )
+    if mfu.origin.startswith("assumption"):
+        notes.append(f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu (what your runs achieve)")
+    report = checked(
+        Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
+    )
+    return TrainTimeEstimate(report, run)
+
+
+@dataclass(frozen=True)
+class OptimalEstimate(Estimate):
+    """The compute-optimal allocations of ``compute`` FLOPs: by the rule of thumb and by the fitted frontier."""
+
+    compute: float
+    rule_of_thumb: opt.Allocation
+    fitted: opt.Allocation
+
+
+def optimal(
+    *,
+    compute: Count | None = None,
+    gpus: ClusterLike | None = None,
+    days: float | None = None,
+    mfu: float | None = None,
+    tokens_per_param: float = opt.TOKENS_PER_PARAM,
+    precision: PrecisionLike | None = None,
+    price_per_gpu_hour: float | None = None,
+) -> OptimalEstimate:
+    """Compute-optimal parameters and tokens (Hoffmann et al. 2022) for a FLOP budget (``compute``), or for a
+    cluster (``gpus``) and a deadline (``days``); ``mfu``, ``precision`` (default bf16-mixed) and the price
+    apply to a cluster only."""
+    finite(days, "days")
+    finite(tokens_per_param, "tokens_per_param")
+    finite(price_per_gpu_hour, "price_per_gpu_hour", allow_zero=True)
+    if compute is not None and gpus is not None:
+        raise LmcalcError(f"give either {setting('compute')} or {setting('gpus')} with {setting('days')}, not both")
+    cluster_only = [
+        name
+        for name, value in (("mfu", mfu), ("price_per_gpu_hour", price_per_gpu_hour), ("precision", precision))
+        if value is not None
+    ]
+    if gpus is None and cluster_only:
+        verb = "applies" if len(cluster_only) == 1 else "apply"
+        names = ", ".join(setting(name) for name in cluster_only)
+        raise LmcalcError(f"{names} {verb} to a cluster: add {setting('gpus')} and {setting('days')}")
+    cluster = cluster_of(gpus) if gpus is not None else None
+    recipe = precision_of(precision or DEFAULT_PRECISION) if cluster else None
+    budget = count(compute, "compute") if compute is not None else None
+    return optimal_estimate(budget, cluster, days, recipe, Budget(mfu_given(mfu), tokens_per_param, price_per_gpu_hour))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How a cluster's budget is spent: at ``mfu``, allocated at ``tokens_per_param`` by the rule of thumb, at a
+    price per GPU-hour."""
+
+    mfu: Given
+    tokens_per_param: float = opt.TOKENS_PER_PARAM
+    price_per_gpu_hour: float | None = None
+
+
+def optimal_estimate(
+    compute: float | None, cluster: Cluster | None, days: float | None, precision: PrecisionRecipe | None, how: Budget
+) -> OptimalEstimate:
+    """The compute-optimal model size and tokens for a budget in FLOPs, or for a cluster and a deadline."""
+    mfu = how.mfu
+    budget: tuple[Section, ...] = ()
+    inputs: list[Input] = []
+    if compute is None:
+        if cluster is None or days is None or precision is None:
+            raise LmcalcError(
+                f"give {setting('compute')} (e.g. 1e24), or {setting('gpus')} with {setting('days')} "
+                "(e.g. --gpus 1024xH100 --days 30)"
+            )
+        section = opt.budget_section(cluster, precision, mfu.value, days, how.price_per_gpu_hour)
+        compute, budget = section.term("compute").value, (section,)
+        inputs += [
+            Input("cluster", "Cluster", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
+            Input("days", "Deadline", days, "days", "--days"),
+            Input("mfu", "MFU", mfu.value, origin=mfu.origin),
+            Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
+        ]
+    else:
+        inputs.append(Input("compute", "Compute budget", compute, "FLOPs", "--compute"))
+    sections = opt.optimal_sections(compute, how.tokens_per_param)
+    if budget:
+        assert cluster is not None and days is not None
+        sections += (opt.throughput_section(sections, cluster, days),)
+    notes: tuple[str, ...] = (
+        "Hoffmann et al. 2022: ~20 tokens per parameter; the paper's fitted law (Approach 3, rounded constants) "
+        "favours smaller models on more tokens (Besiroglu et al. 2024 discuss why)",
+    )
+    if cluster and mfu.origin.startswith("assumption"):
+        notes += (f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu",)
+    report = checked(Result("optimal", "Compute-optimal model and data", tuple(inputs), (*budget, *sections), notes))
+    return OptimalEstimate(
+        report, compute, opt.rule_of_thumb(compute, how.tokens_per_param), opt.CHINCHILLA_FIT.frontier(compute)
+    )
