@@ -32,7 +32,7 @@ def _summary(kind: str, spec: Any) -> str:
 
 
 def list_presets(kinds: tuple[str, ...], as_json: bool) -> None:
-    data = {}
+    data: dict[str, list[dict[str, Any]]] = {}
     for kind in kinds:
         reg = pr.registry(kind)
         data[kind] = [
@@ -167,10 +167,12 @@ def _validate_list(items: Any, kind: str, path: Path) -> list[str]:
     if not isinstance(items, list):
         raise LmcalcError(f"{path}: '{kind}' must be a list")
     spec_type = pr._SPEC_OF_KIND[kind]
-    return [
-        pr.validate(spec_type, item, f"{path} [{kind}[{i}]]") and f"{path} [{kind}[{i}]]"
-        for i, item in enumerate(items)
-    ]
+    checked = []
+    for i, item in enumerate(items):
+        where = f"{path} [{kind}[{i}]]"
+        pr.validate(spec_type, item, where)  # raises, naming the field, when the item is not a valid preset
+        checked.append(where)
+    return checked
 
 
 def _all_preset_files() -> list[Path]:

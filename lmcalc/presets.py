@@ -23,12 +23,12 @@ from pydantic import BaseModel, ValidationError
 
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, NamedSpec, OptimizerSpec, PrecisionRecipe
 
 PRESET_PATH_ENV = "LMCALC_PRESET_PATH"
 KINDS = ("models", "hardware", "precisions", "optimizers")
 FILE_PER_SPEC_KINDS = ("models", "hardware")  # one spec per file in a folder; the others: a list in one file
-_SPEC_OF_KIND: dict[str, type[BaseModel]] = {
+_SPEC_OF_KIND: dict[str, type[NamedSpec]] = {
     "models": ModelSpec,
     "hardware": HardwareSpec,
     "precisions": PrecisionRecipe,
@@ -174,13 +174,13 @@ class Registry:
         self.entries = entries
         self.names = names
         self.families = families
-        self._built: dict[str, BaseModel] = {}
+        self._built: dict[str, NamedSpec] = {}
 
     @property
     def origins(self) -> dict[str, str]:
         return {name: entry.origin for name, entry in self.entries.items()}
 
-    def spec(self, name: str) -> BaseModel:
+    def spec(self, name: str) -> NamedSpec:
         """The spec of canonical ``name``: validated for user files, constructed directly for built-ins."""
         if name not in self._built:
             entry = self.entries[name]
@@ -193,12 +193,12 @@ class Registry:
         return self._built[name]
 
     @property
-    def specs(self) -> dict[str, BaseModel]:
+    def specs(self) -> dict[str, NamedSpec]:
         """Every preset of this kind, each fully validated (for listing, checking and tests)."""
         spec_type = _SPEC_OF_KIND[self.kind]
         return {name: validate(spec_type, e.data, e.origin) for name, e in self.entries.items()}
 
-    def resolve(self, name: str) -> tuple[BaseModel, str]:
+    def resolve(self, name: str) -> tuple[NamedSpec, str]:
         """The spec for ``name`` and a note when a family name picked a default member."""
         key = normalise(name)
         if key in self.names:
@@ -275,7 +275,7 @@ def _resolve(kind: str, name: str, spec_type: type[S]) -> Resolved:
         return Resolved(load_spec_file(Path(name).expanduser(), spec_type), name)
     reg = registry(kind)
     spec, note = reg.resolve(name)
-    return Resolved(spec, reg.entries[spec.name].origin, note)  # type: ignore[attr-defined]
+    return Resolved(spec, reg.entries[spec.name].origin, note)
 
 
 def resolve_model(name: str) -> Resolved:

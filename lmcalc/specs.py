@@ -40,6 +40,12 @@ class _Spec(BaseModel):
         return hash((type(self), _hashable(tuple(self.__dict__.values()))))
 
 
+class NamedSpec(_Spec):
+    """A spec a preset file holds, found by its name."""
+
+    name: str
+
+
 class MoESpec(_Spec):
     """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
 
@@ -71,10 +77,9 @@ class MLASpec(_Spec):
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
-class ModelSpec(_Spec):
+class ModelSpec(NamedSpec):
     """A decoder-only transformer, described the way its config file and paper describe it."""
 
-    name: str
     display_name: str = ""
     aliases: list[str] = Field(default_factory=list)
     family_aliases: list[str] = Field(
@@ -148,10 +153,9 @@ class ModelSpec(_Spec):
         return self.display_name or self.name
 
 
-class HardwareSpec(_Spec):
+class HardwareSpec(NamedSpec):
     """One accelerator as its spec sheet describes it: dense peaks, memory, links, power."""
 
-    name: str
     display_name: str = ""
     aliases: list[str] = Field(default_factory=list)
     vendor: str
@@ -183,10 +187,9 @@ class HardwareSpec(_Spec):
         return self.display_name or self.name
 
 
-class PrecisionRecipe(_Spec):
+class PrecisionRecipe(NamedSpec):
     """How many bytes each piece of training state takes, and which peak the matmuls run at."""
 
-    name: str
     aliases: list[str] = Field(default_factory=list)
     description: str
     compute_dtype: ComputeDtype
@@ -209,8 +212,7 @@ class OptimizerState(_Spec):
     )
 
 
-class OptimizerSpec(_Spec):
-    name: str
+class OptimizerSpec(NamedSpec):
     aliases: list[str] = Field(default_factory=list)
     description: str
     states: list[OptimizerState]

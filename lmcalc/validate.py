@@ -19,7 +19,7 @@ import math
 from typing import TYPE_CHECKING
 
 from lmcalc.engine import flops as fl
-from lmcalc.engine.choices import RECOMPUTE_MODES, Recompute
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, Recompute
 from lmcalc.engine.gpu_memory import gpu_memory
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
@@ -192,7 +192,7 @@ def validate_result(
     torch.manual_seed(0)
     tokens = torch.randint(0, small.vocab_size, (micro_batch, s))
     fp32, adamw = resolve_precision(CPU_RECIPE).spec, resolve_optimizer("adamw").spec
-    for attention in ("eager", "flash"):
+    for attention in sorted(ATTENTION_KERNELS):  # eager, then flash
         model = measure.build(small, attention, s, "cpu")
         for recompute in recompute_modes:
             key = f"activations_{attention}_{recompute}"

@@ -14,7 +14,7 @@ from lmcalc.engine.layout import Layout
 from lmcalc.engine.plan import Pins, plan
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
 from lmcalc.engine.workload import Workload
-from lmcalc.estimates.inputs import build_layout, pipeline_split
+from lmcalc.estimates.training import build_layout, pipeline_split
 from lmcalc.presets import read_yaml, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster, ModelSpec
 

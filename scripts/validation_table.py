@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from docgen import write_generated
 
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES
 from lmcalc.presets import registry
 from lmcalc.validate import passed, validate_result
 
@@ -31,7 +32,7 @@ def cell(result, key: str) -> str:
 
 def main() -> None:
     specs = registry("models").specs
-    keys = [f"activations_{a}_{r}" for a in ("eager", "flash") for r in ("none", "selective", "full")]
+    keys = [f"activations_{a}_{r}" for a in sorted(ATTENTION_KERNELS) for r in RECOMPUTE_MODES]
     lines = [
         MARKER,
         "",
@@ -46,7 +47,7 @@ def main() -> None:
     ]
     start = time.perf_counter()
     for name in sorted(specs):
-        result = validate_result(specs[name], min(SEQ, specs[name].max_seq_len), 1, ("none", "selective", "full"))
+        result = validate_result(specs[name], min(SEQ, specs[name].max_seq_len), 1, RECOMPUTE_MODES)
         params = result.term("params.lmcalc").value
         lines.append(
             f"| {name} | {int(params):,} {'✓' if result.term('params.error').ok else '✗'} | {cell(result, 'flops')} | "

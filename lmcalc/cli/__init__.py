@@ -4,7 +4,12 @@ The commands live by family (``training``, ``report``, ``bench``, ``presets``) a
 order ``lmcalc --help`` lists them.
 """
 
-from lmcalc.cli import bench, presets, report, training
+from lmcalc.cli import (
+    bench,  # noqa: F401  (its commands register themselves on bench_app)
+    presets,
+    report,
+    training,
+)
 from lmcalc.cli.app import app, bench_app, main, presets_app
 
 for name, command in (
@@ -31,6 +36,5 @@ for name, command in (
     presets_app.command(name)(command)
 app.add_typer(presets_app, name="presets")
 app.add_typer(bench_app, name="bench")
-assert bench.bench_main  # the bench commands register themselves on bench_app
 
 __all__ = ["app", "main"]

@@ -59,7 +59,8 @@ class Option:
         return "--" + self.name.replace("_", "-")
 
     def parameter(self) -> inspect.Parameter:
-        annotation = Annotated[self.type, typer.Option(self.flag, help=self.help)]
+        kind: Any = self.type
+        annotation = Annotated[kind, typer.Option(self.flag, help=self.help)]
         return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default, annotation=annotation)
 
 

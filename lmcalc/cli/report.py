@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from lmcalc import api
 from lmcalc.cli.app import error_message
 from lmcalc.cli.options import (
     LAYOUT_OPTIONS,
@@ -24,6 +23,9 @@ from lmcalc.cli.options import (
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.report import REPORT_ZERO
 from lmcalc.result import Result
+
+if TYPE_CHECKING:
+    from lmcalc.estimates.plan import PlanEstimate
 
 REPORT_TOP_LAYOUTS = 10
 
@@ -54,11 +56,12 @@ def report(
     default) and the best parallel layouts, with derivations and plots."""
     from lmcalc import plots
     from lmcalc.atomic import new_file, write_atomic
+    from lmcalc.estimates import report as estimates
     from lmcalc.html_report import render_report
 
     assert layout is not None  # filled in by with_options
     target = new_file(output, force)
-    found = api.report(
+    found = estimates.report(
         model=model,
         gpus=gpus,
         tokens=tokens,
@@ -90,7 +93,7 @@ def _picture(draw: Callable[[Result], str], result: Result) -> str:
         return "<p class='muted'>(install matplotlib for the picture: pip install 'lmcalc[plot]')</p>"
 
 
-def _plan_parts(plan: api.PlanEstimate | LmcalcError, title: str) -> list[tuple[Result, str]]:
+def _plan_parts(plan: PlanEstimate | LmcalcError, title: str) -> list[tuple[Result, str]]:
     """The report's layout search: the fastest layouts (all of them in the picture), then the best one derived.
     When nothing fits, the page says so and why, instead of failing."""
     from lmcalc import plots

@@ -1,5 +1,5 @@
 """The accounting commands: parse the flags, call the Python API (``lmcalc.api``), render. No arithmetic, no torch
-at start-up."""
+at start-up: each command imports the estimates it calls when it runs, so one command loads only its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from lmcalc import api
 from lmcalc.cli.app import emit, flags_given
 from lmcalc.cli.options import (
     LAYOUT_OPTIONS,
@@ -71,7 +70,9 @@ def train_time(
     explain: ExplainOpt = False,
 ) -> None:
     """Days and GPU-hours to train a model on a cluster, or GPUs needed to meet a deadline."""
-    estimate = api.train_time(
+    from lmcalc.estimates import time as estimates
+
+    estimate = estimates.train_time(
         model=model,
         gpus=gpus,
         tokens=tokens,
@@ -104,7 +105,9 @@ def max_params(
     explain: ExplainOpt = False,
 ) -> None:
     """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3."""
-    estimate = api.max_params(
+    from lmcalc.estimates import limits as estimates
+
+    estimate = estimates.max_params(
         gpus=gpus,
         optimizer=optimizer,
         precision=precision,
@@ -131,7 +134,13 @@ def flops(
     explain: ExplainOpt = False,
 ) -> None:
     """Training FLOPs: 6·N·D, the detailed matmul count (causal or full attention), and PaLM's convention."""
-    emit(api.flops(model=model, tokens=tokens, seq=seq, attn_flops=attn_flops, recompute=recompute), as_json, explain)
+    from lmcalc.estimates import counts as estimates
+
+    emit(
+        estimates.flops(model=model, tokens=tokens, seq=seq, attn_flops=attn_flops, recompute=recompute),
+        as_json,
+        explain,
+    )
 
 
 SERVING_ONLY = ("batch", "context", "weights_dtype", "kv_dtype", "quant_group")
@@ -184,6 +193,8 @@ def memory(
 ) -> None:
     """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout
     (or, with --inference, of serving: weights and KV cache)."""
+    from lmcalc.estimates import memory as estimates
+
     assert layout is not None  # filled in by with_options
     serving = flags_given(ctx, SERVING_ONLY)
     if not inference and serving:
@@ -200,7 +211,7 @@ def memory(
             f"(serving takes {', '.join(takes[:-1])} and {takes[-1]})"
         )
     if inference:
-        served = api.inference(
+        served = estimates.inference(
             model=model,
             gpus=gpus,
             tp=layout["tp"],
@@ -227,7 +238,9 @@ def memory(
         overhead=overhead,
         **layout,
     )
-    shown = api.memory(stages=stages, **common) if sweep is None else api.memory_sweep(sweep=sweep, **common)
+    shown = (
+        estimates.memory(stages=stages, **common) if sweep is None else estimates.memory_sweep(sweep=sweep, **common)
+    )
     emit_with_plot(shown.report, as_json, explain, plot, force)
 
 
@@ -257,8 +270,10 @@ def fit(
     explain: ExplainOpt = False,
 ) -> None:
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit, and what binds each."""
+    from lmcalc.estimates import limits as estimates
+
     assert layout is not None  # filled in by with_options
-    estimate = api.fit(
+    estimate = estimates.fit(
         model=model,
         gpus=gpus,
         seq=seq,
@@ -319,9 +334,11 @@ def plan(
     explain: ExplainOpt = False,
 ) -> None:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question)."""
+    from lmcalc.estimates import plan as estimates
+
     assert pins is not None and split is not None  # filled in by with_options
     top_n = positive_int(top, "top")
-    found = api.plan(
+    found = estimates.plan(
         model=model,
         gpus=gpus,
         seq=seq,
@@ -369,8 +386,10 @@ def optimal(
     explain: ExplainOpt = False,
 ) -> None:
     """Compute-optimal parameters and tokens (Hoffmann et al. 2022) for a FLOP budget or a cluster and deadline."""
+    from lmcalc.estimates import time as estimates
+
     given = flags_given(ctx, ("precision",))  # its default applies to a cluster only: given alone, it is refused
-    estimate = api.optimal(
+    estimate = estimates.optimal(
         compute=compute,
         gpus=gpus,
         days=days,
@@ -384,7 +403,9 @@ def optimal(
 
 def params(model: ModelOpt, as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
     """The exact parameter count, tensor group by tensor group."""
-    emit(api.params(model=model), as_json, explain)
+    from lmcalc.estimates import counts as estimates
+
+    emit(estimates.params(model=model), as_json, explain)
 
 
 def tensor(
@@ -394,12 +415,16 @@ def tensor(
     explain: ExplainOpt = False,
 ) -> None:
     """Bytes of one tensor: elements × bytes per element."""
-    emit(api.tensor(shape=shape, dtype=dtype), as_json, explain)
+    from lmcalc.estimates import counts as estimates
+
+    emit(estimates.tensor(shape=shape, dtype=dtype), as_json, explain)
 
 
 def dtypes(as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
     """Floating-point formats: bits, largest value, smallest normal, machine epsilon."""
-    emit(api.dtypes(), as_json, explain)
+    from lmcalc.estimates import counts as estimates
+
+    emit(estimates.dtypes(), as_json, explain)
 
 
 def validate(

@@ -27,7 +27,7 @@ from lmcalc.engine.activations import (
 )
 from lmcalc.engine.layout import ActivationLayout, Layout
 from lmcalc.engine.pipeline import distinct_stages, held_in_flight, stage_chunk_mixes, stage_layers
-from lmcalc.engine.sharding import sharded_state_bytes, stage_params
+from lmcalc.engine.sharding import sharded_state_bytes, stage_params, zero_shards
 from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
 
@@ -148,7 +148,7 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     precision = w.precision
     activations = stage_activations(w, layout, stage)
     zero3 = 0.0
-    if layout.zero >= 3 and layout.data_replicas > 1:
+    if zero_shards("params", layout.zero) and layout.data_replicas > 1:
         per_layer = held.total / max(1, stage_layers(w.model, layout, stage).layers)
         zero3 = GATHERED_LAYERS * per_layer * precision.param_bytes
     return GpuMemory(

@@ -209,7 +209,7 @@ def _total_section(layout: Layout, gpu: GpuMemory, capacity: Capacity) -> Sectio
                 gpu.zero3_buffers,
                 "bytes",
                 "2 × (this stage's parameters / its layers): the layer in use and the prefetched one"
-                if layout.zero >= 3
+                if zero_shards("params", layout.zero)
                 else "none (ZeRO-3 only)",
             ),
             overhead_term(gpu.overhead),

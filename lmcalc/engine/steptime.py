@@ -27,10 +27,10 @@ import functools
 from dataclasses import dataclass
 
 from lmcalc.engine import flops as fl
-from lmcalc.engine.comm import collective_time, link_for
+from lmcalc.engine.comm import Collective, collective_time, link_for
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.pipeline import StageLayers, distinct_stages, stage_layers
-from lmcalc.engine.sharding import stage_params, stage_part
+from lmcalc.engine.sharding import stage_params, stage_part, zero_shards
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import Cluster
 
@@ -141,15 +141,15 @@ def step_time(
         params = stage_params(w, layout, stage).total
         dp_time = zero_time = 0.0
         if replicas > 1:
-            if layout.zero >= 3:
+            if zero_shards("params", layout.zero):  # every layer's parameters gathered, its gradients scattered
                 gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
                 scatter = collective_time("reduce-scatter", params * precision.grad_bytes, replicas, dp_link)
                 zero_time = m * max(0.0, 2 * gather + scatter - per_micro_batch)
             else:
-                op = "reduce-scatter" if layout.zero == 2 else "all-reduce"
+                op: Collective = "reduce-scatter" if zero_shards("grads", layout.zero) else "all-reduce"
                 reduce = collective_time(op, params * precision.grad_bytes, replicas, dp_link)
                 dp_time = max(0.0, reduce - (work - forward) / work * per_micro_batch)  # its last backward
-                if layout.zero >= 1:  # the updated shards, gathered while the next step's first forward runs
+                if zero_shards("optimizer", layout.zero):  # the updated shards, gathered during the next forward
                     gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
                     zero_time = max(0.0, gather - forward / work * per_micro_batch)
         return StepTime(

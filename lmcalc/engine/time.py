@@ -98,7 +98,7 @@ def time_terms(
             run.peak_flops_per_gpu,
             "FLOP/s",
             f"spec sheet, dense {dtype}",
-            f"{hardware.peak_tflops_dense[dtype]:g} TFLOP/s",  # type: ignore[index]
+            f"{hardware.peak_tflops_dense[dtype]:g} TFLOP/s",
             hardware.sources.get("compute", ""),
             note=hardware.sparsity_note,
         )

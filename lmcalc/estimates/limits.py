@@ -17,19 +17,16 @@ from lmcalc.estimates.inputs import (
     Bytes,
     ClusterLike,
     Count,
-    LayoutSettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
-    TrainingSetup,
-    build_layout,
     checked,
     model_input,
     model_notes,
     optimizer_text,
     recipe_text,
-    training_setup,
 )
+from lmcalc.estimates.training import LayoutSettings, TrainingSetup, build_layout, training_setup
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.units import GB, GiB, group
 

@@ -19,16 +19,12 @@ from lmcalc.estimates.inputs import (
     Bytes,
     ClusterLike,
     Count,
-    LayoutSettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
-    TrainingSetup,
-    build_layout,
     checked,
     cluster_of,
     context_note,
-    layout_origin,
     model_input,
     model_notes,
     nbytes,
@@ -37,9 +33,9 @@ from lmcalc.estimates.inputs import (
     recipe_text,
     resolve_model,
     seq_given,
-    training_setup,
     whole_count,
 )
+from lmcalc.estimates.training import LayoutSettings, TrainingSetup, build_layout, layout_origin, training_setup
 from lmcalc.result import Estimate, Input, Result, Section
 from lmcalc.specs import Cluster
 from lmcalc.units import GB
@@ -270,7 +266,7 @@ def memory_sweep(
                     **layout,
                 ),
             )
-        )  # type: ignore[arg-type]
+        )
     sections = [_memory_row(f"{name}={value}", f"{name}={value}", row.report) for value, row in rows]
     first = rows[0][1].report
     inputs = tuple(i for i in first.inputs if i.key not in ("seq_len", "micro_batch"))

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
-from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES, ZeroStage
+from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES
 from lmcalc.engine.memory_terms import Capacity, memory_sections
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
 from lmcalc.errors import LmcalcError, setting
@@ -23,19 +23,16 @@ from lmcalc.estimates.inputs import (
     ModelLike,
     OptimizerLike,
     PrecisionLike,
-    SplitSettings,
-    TrainingSetup,
     checked,
     choice,
     count,
     model_input,
     optimizer_text,
-    pipeline_split,
     positive_int,
     recipe_text,
     tokens_given,
-    training_setup,
 )
+from lmcalc.estimates.training import SplitSettings, TrainingSetup, pipeline_split, training_setup
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.units import GB, group
 
@@ -109,13 +106,12 @@ def plan(
     for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("micro_batch", micro_batch)):
         if value is not None:
             positive_int(value, name)
-    zero_pin: ZeroStage | None = zero  # type: ignore[assignment]  # in ZERO_STAGES, checked above
     pins = pl.Pins(
         tp=tp,
         pp=pp,
         cp=cp,
         ep=ep,
-        zero=zero_pin,
+        zero=zero,
         micro_batch=micro_batch,
         recompute=choice(recompute, RECOMPUTE_MODES, "recompute") if recompute else None,
         max_pp=positive_int(max_pp, "max_pp"),

@@ -6,30 +6,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, flops_estimate, params_estimate
 from lmcalc.estimates.inputs import (
     DEFAULT_OPTIMIZER,
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
     ClusterLike,
     Count,
-    LayoutSettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
-    build_layout,
     count,
     mfu_given,
-    pipeline_split,
-    split_settings,
     tokens_given,
-    training_setup,
 )
-from lmcalc.estimates.memory import MemoryEstimate, memory_estimate
-from lmcalc.estimates.time import Timing, TrainTimeEstimate, train_time_estimate
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the estimates are imported when a report is made: the command line's start-up stays light
+    from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate
+    from lmcalc.estimates.memory import MemoryEstimate
     from lmcalc.estimates.plan import PlanEstimate
+    from lmcalc.estimates.time import TrainTimeEstimate
+    from lmcalc.estimates.training import LayoutSettings
 
 REPORT_ZERO = 3  # the report's memory section shards the model states over every GPU unless told otherwise
 
@@ -61,7 +57,11 @@ def report(
     """Parameters, FLOPs, training time, the memory of ``layout`` (ZeRO-3 over every GPU unless told otherwise)
     and the layout search, whose pipeline split is pinned as ``layout`` gives it."""
     from lmcalc.engine import plan as pl
+    from lmcalc.estimates.counts import flops_estimate, params_estimate
+    from lmcalc.estimates.memory import memory_estimate
     from lmcalc.estimates.plan import plan_estimate
+    from lmcalc.estimates.time import Timing, train_time_estimate
+    from lmcalc.estimates.training import build_layout, pipeline_split, split_settings, training_setup
 
     setup = training_setup(
         model=model,
