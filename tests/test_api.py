@@ -135,3 +135,12 @@ def test_errors_name_the_keyword_and_the_command_line_names_the_flag():
 def test_the_package_loads_the_api_only_when_asked():
     with pytest.raises(AttributeError, match="no attribute 'estimate'"):
         lmcalc.estimate  # noqa: B018 - the argv-building wrapper is gone
+
+
+def test_a_misspelt_setting_is_refused_as_python_refuses_it():
+    # memory, memory_sweep and fit take their workload and layout settings as **settings: a keyword none of them
+    # has must not be dropped silently
+    with pytest.raises(TypeError, match="memory\\(\\) got an unexpected keyword argument 'zeros'"):
+        lmcalc.memory(model="llama-3.1-8b", gpus="8xH100", zeros=3)
+    with pytest.raises(TypeError, match="fit\\(\\) got an unexpected keyword argument 'tensor_parallel'"):
+        lmcalc.fit(model="llama-3.1-8b", tensor_parallel=2)

@@ -3,6 +3,8 @@ imported when a measurement runs, never at start-up."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Annotated
 
@@ -82,47 +84,49 @@ def bench_main(
     if ctx.invoked_subcommand is not None:
         return
     _torch_or_fail()
-    from rich.progress import Progress
-
     from lmcalc.bench import matmul, report
     from lmcalc.bench.device import detect
+    from lmcalc.bench.dtypes import default_dtype
 
     dev = detect(device, hardware)
-    dtype = (dtype or ("bf16" if dev.torch_device.type == "cuda" else "fp32")).lower()
-    warmup, repeats = non_negative_int(warmup, "warmup"), positive_int(repeats, "repeats")
+    settings = matmul.MatmulSettings(
+        (dtype or default_dtype(dev.torch_device.type)).lower(),
+        non_negative_int(warmup, "warmup"),
+        positive_int(repeats, "repeats"),
+    )
+    description = f"{settings.dtype} matmuls on {dev.name}"
     if model is not None:
         spec = pr.resolve_model(model).spec
         tokens = positive_int(micro_batch, "micro_batch") * int(seq_given(seq).value)
-        shapes = matmul.model_matmuls(spec, tokens, positive_int(tp, "tp"))
+        shapes = matmul.ModelShapes(spec, tokens, positive_int(tp, "tp"))
+        with _progress_bar(description, hidden=as_json) as progress:
+            measured = matmul.measure_model(shapes, settings, dev, progress)
+        note = _save([report.model_record(measured, dev)], save, no_save)
+        result = report.model_result(measured, dev)
     elif sweep:
-        shapes = None
+        with _progress_bar(description, hidden=as_json) as progress:
+            measurements = matmul.measure_shapes(matmul.sweep_shapes(dev), settings, dev, progress)
+        note = _save(report.matmul_records(measurements, dev), save, no_save)
+        result = report.matmul_result(measurements, dev, sweep=True)
     else:
-        dims = parse_shape(shape) if shape else ((8192,) * 3 if dev.torch_device.type == "cuda" else (1024,) * 3)
+        dims = parse_shape(shape) if shape else matmul.default_shape(dev)
         if len(dims) != 3:
             raise LmcalcError(f"--shape needs three sizes MxNxK (e.g. 4096x4096x4096), got {shape!r}")
         m, n, k = dims
-        measurement = matmul.measure(m, n, k, dtype, dev, warmup, repeats)
+        measurement = matmul.measure((m, n, k), settings, dev)
         note = _save(report.matmul_records([measurement], dev), save, no_save)
         result = report.matmul_result([measurement], dev, sweep=False)
-        emit(replace(result, notes=(*result.notes, note)), as_json, explain)
-        return
-    grid = [(mm.m, mm.n, mm.k) for mm in shapes] if shapes else matmul.sweep_shapes(dev)
-    unique = list(dict.fromkeys(grid))
-    measured: dict[tuple[int, int, int], matmul.MatmulMeasurement] = {}
-    with Progress(transient=True, disable=as_json) as progress:
-        task = progress.add_task(f"{dtype} matmuls on {dev.name}", total=len(unique))
-        for m, n, k in unique:
-            measured[(m, n, k)] = matmul.measure(m, n, k, dtype, dev, warmup, repeats)
-            progress.advance(task)
-    if shapes:
-        pairs = [(mm, measured[(mm.m, mm.n, mm.k)]) for mm in shapes]
-        rate = matmul.flop_weighted_rate(pairs)
-        note = _save([report.model_record(spec.name, rate, dtype, dev)], save, no_save)
-        result = report.model_result(spec.name, tokens, tp, pairs, rate, dev)
-    else:
-        note = _save(report.matmul_records(list(measured.values()), dev), save, no_save)
-        result = report.matmul_result(list(measured.values()), dev, sweep=True)
     emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+
+
+@contextmanager
+def _progress_bar(description: str, hidden: bool) -> Iterator[Callable[[int, int], object]]:
+    """A transient rich progress bar, and the callback that moves it: (shapes measured, shapes in all)."""
+    from rich.progress import Progress
+
+    with Progress(transient=True, disable=hidden) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 bench_app.command("matmul", help="Matmul throughput against the dense peak (the same as plain `lmcalc bench`).")(
@@ -181,15 +185,14 @@ def bench_comm(
     from lmcalc.bench import comm
 
     ops = [o.strip() for o in op.split(",") if o.strip()]
-    measurements = comm.run_collectives(
+    settings = comm.CommSettings(
         ops if len(ops) > 1 else op,
         comm.parse_sizes(sizes),
-        world_size,
-        backend,
+        dtype,
         non_negative_int(warmup, "warmup"),
         positive_int(repeats, "repeats"),
-        dtype=dtype,
     )
+    measurements = comm.run_collectives(settings, world_size, backend)
     if not measurements:  # a rank other than 0 under torchrun: rank 0 reports
         return
     note = _save(comm.records(measurements, measurements[0].device), save, no_save)
@@ -223,11 +226,12 @@ def bench_step(
     from lmcalc.bench.device import detect
 
     spec = pr.resolve_model(model).spec
-    measurement = step.run_steps(
+    seq_len, sequences = int(seq_given(seq).value), positive_int(micro_batch, "micro_batch")
+    dev = detect(device, hardware)
+    setup = step.StepSetup(
         spec,
-        int(seq_given(seq).value),
-        positive_int(micro_batch, "micro_batch"),
-        detect(device, hardware),
+        seq_len,
+        sequences,
         dtype,
         choice(attention, ATTENTION_KERNELS, "attention"),
         choice(recompute, RECOMPUTE_MODES, "recompute"),
@@ -235,6 +239,7 @@ def bench_step(
         positive_int(repeats, "repeats"),
         threads=positive_int(threads, "threads") if threads is not None else None,
     )
+    measurement = step.run_steps(setup, dev)
     note = _save(step.records(measurement), save, no_save)
     result = step.step_result(measurement)
     emit(replace(result, notes=(*result.notes, note)), as_json, explain)

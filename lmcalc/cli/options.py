@@ -11,12 +11,12 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
-from lmcalc.estimates.inputs import DEFAULT_OVERHEAD
+from lmcalc.estimates.inputs import DEFAULT_OVERHEAD, TRAINING_DEFAULTS
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Print the derivation: formula, numbers, sources.")]
@@ -47,25 +47,30 @@ OVERHEAD_DEFAULT = DEFAULT_OVERHEAD
 
 @dataclass(frozen=True)
 class Option:
-    """One command-line option: its keyword (the API's), type, default and help."""
+    """One command-line option: its keyword (the API's), its annotation (type and typer's option: the flag and its
+    help), and its default."""
 
     name: str
-    type: Any
+    annotation: Any
     default: Any
-    help: str
 
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+    @classmethod
+    def of(cls, name: str, kind: Any, default: Any, help: str) -> Option:
+        """An option whose flag is its keyword with dashes."""
+        return cls(name, Annotated[kind, typer.Option("--" + name.replace("_", "-"), help=help)], default)
 
     def parameter(self) -> inspect.Parameter:
-        kind: Any = self.type
-        annotation = Annotated[kind, typer.Option(self.flag, help=self.help)]
-        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default, annotation=annotation)
+        return inspect.Parameter(
+            self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default, annotation=self.annotation
+        )
+
+    @property
+    def help(self) -> str:
+        return get_args(self.annotation)[1].help
 
 
 SPLIT_OPTIONS = (
-    Option(
+    Option.of(
         "first_stage_layers",
         int | None,
         None,
@@ -73,7 +78,7 @@ SPLIT_OPTIONS = (
         "--decoder-first-pipeline-num-layers); the other stages share the rest. Interleaved: every stage's "
         "layers must split evenly over its chunks. Default: an even split.",
     ),
-    Option(
+    Option.of(
         "last_stage_layers",
         int | None,
         None,
@@ -81,14 +86,14 @@ SPLIT_OPTIONS = (
         "--decoder-last-pipeline-num-layers); the other stages share the rest. Interleaved: every stage's "
         "layers must split evenly over its chunks. Default: an even split.",
     ),
-    Option(
+    Option.of(
         "account_for_embedding_in_pipeline_split",
         bool,
         False,
         "Count the input embedding as one layer when the layers are split over the pipeline stages "
         "(Megatron-LM's flag): the first stage builds one layer fewer. Works with the interleaved schedule.",
     ),
-    Option(
+    Option.of(
         "account_for_loss_in_pipeline_split",
         bool,
         False,
@@ -96,7 +101,7 @@ SPLIT_OPTIONS = (
         "stages (Megatron-LM's flag): the last stage builds one layer fewer. Works with the interleaved schedule.",
     ),
 )
-"""How the layers split over the pipeline stages (``estimates.inputs.SplitSettings``)."""
+"""How the layers split over the pipeline stages (``estimates.training.SplitSettings``)."""
 
 DEGREES = {
     "tp": "tensor-parallel degree",
@@ -107,24 +112,35 @@ DEGREES = {
 }
 
 LAYOUT_OPTIONS = (
-    Option("grad_accum", int, 1, "Micro-batches per step (gradient accumulation)."),
-    Option("dp", int | None, None, "Data-parallel degree (default: GPUs / (TP·PP·CP))."),
-    Option("tp", int, 1, "Tensor-parallel degree (within a node)."),
-    Option("pp", int, 1, "Pipeline-parallel stages."),
-    Option("cp", int, 1, "Context-parallel degree (splits the sequence; needs --attention flash)."),
-    Option("ep", int, 1, "Expert-parallel degree (MoE models; divides DP·CP)."),
-    Option("zero", int, 0, "ZeRO stage 0-3 over DP·CP (3 = FSDP full sharding)."),
-    Option(
+    Option.of("grad_accum", int, 1, "Micro-batches per step (gradient accumulation)."),
+    Option.of("dp", int | None, None, "Data-parallel degree (default: GPUs / (TP·PP·CP))."),
+    Option.of("tp", int, 1, "Tensor-parallel degree (within a node)."),
+    Option.of("pp", int, 1, "Pipeline-parallel stages."),
+    Option.of("cp", int, 1, "Context-parallel degree (splits the sequence; needs --attention flash)."),
+    Option.of("ep", int, 1, "Expert-parallel degree (MoE models; divides DP·CP)."),
+    Option.of("zero", int, 0, "ZeRO stage 0-3 over DP·CP (3 = FSDP full sharding)."),
+    Option.of(
         "sequence_parallel", bool, False, "Split norms, dropout and linear inputs over TP too (Korthikanti et al.)."
     ),
-    Option("schedule", str, "1f1b", f"Pipeline schedule: {' | '.join(SCHEDULES)}."),
-    Option("virtual_stages", int, 1, "Model chunks per pipeline stage (interleaved schedule)."),
+    Option.of("schedule", str, "1f1b", f"Pipeline schedule: {' | '.join(SCHEDULES)}."),
+    Option.of("virtual_stages", int, 1, "Model chunks per pipeline stage (interleaved schedule)."),
     *SPLIT_OPTIONS,
 )
-"""A parallel layout (``estimates.inputs.LayoutSettings``), as ``memory``, ``fit`` and ``report`` take it."""
+"""A parallel layout (``estimates.training.LayoutSettings``), as ``memory``, ``fit`` and ``report`` take it."""
+
+TRAINING_OPTIONS = (
+    Option("seq", SeqOpt, TRAINING_DEFAULTS["seq"]),
+    Option("micro_batch", MicroBatchOpt, TRAINING_DEFAULTS["micro_batch"]),
+    Option("precision", PrecisionOpt, TRAINING_DEFAULTS["precision"]),
+    Option("optimizer", OptimizerOpt, TRAINING_DEFAULTS["optimizer"]),
+    Option("attention", AttentionOpt, TRAINING_DEFAULTS["attention"]),
+    Option("recompute", RecomputeOpt, TRAINING_DEFAULTS["recompute"]),
+    Option("overhead", OverheadOpt, TRAINING_DEFAULTS["overhead"]),
+)
+"""What is trained and how (``estimates.training.TrainingSettings``), as ``memory`` and ``fit`` take it."""
 
 PIN_OPTIONS = tuple(
-    Option(o.name, int | None, None, f"Pin the {DEGREES[o.name]}.") for o in LAYOUT_OPTIONS if o.name in DEGREES
+    Option.of(o.name, int | None, None, f"Pin the {DEGREES[o.name]}.") for o in LAYOUT_OPTIONS if o.name in DEGREES
 )
 """The degrees ``plan`` searches, each of which the user may pin instead."""
 

@@ -14,10 +14,10 @@ from lmcalc.cli.options import (
     OVERHEAD_DEFAULT,
     PIN_OPTIONS,
     SPLIT_OPTIONS,
+    TRAINING_OPTIONS,
     AttentionOpt,
     ExplainOpt,
     JsonOpt,
-    MicroBatchOpt,
     ModelOpt,
     OptimizerOpt,
     OverheadOpt,
@@ -29,7 +29,7 @@ from lmcalc.cli.options import (
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import positive_int
-from lmcalc.result import Result
+from lmcalc.result import Estimate, Result
 
 
 def train_time(
@@ -148,18 +148,13 @@ MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference"
 
 
 @with_options(LAYOUT_OPTIONS, at="layout")
+@with_options(TRAINING_OPTIONS, at="training")
 def memory(
     ctx: typer.Context,
     model: ModelOpt,
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 8xH100 or 64x8xH100.")] = "1xH100",
-    seq: SeqOpt = None,
-    micro_batch: MicroBatchOpt = 1,
+    training: dict[str, Any] | None = None,
     layout: dict[str, Any] | None = None,
-    precision: PrecisionOpt = "bf16-mixed",
-    optimizer: OptimizerOpt = "adamw",
-    attention: AttentionOpt = "flash",
-    recompute: RecomputeOpt = "none",
-    overhead: OverheadOpt = OVERHEAD_DEFAULT,
     sweep: Annotated[
         str | None, typer.Option("--sweep", help="One row per value: seq=1k,4k,16k,64k or micro-batch=1,2,4,8.")
     ] = None,
@@ -195,19 +190,20 @@ def memory(
     (or, with --inference, of serving: weights and KV cache)."""
     from lmcalc.estimates import memory as estimates
 
-    assert layout is not None  # filled in by with_options
+    assert training is not None and layout is not None  # filled in by with_options
     serving = flags_given(ctx, SERVING_ONLY)
     if not inference and serving:
         raise LmcalcError(
             f"{' and '.join(serving)} describe{'s' if len(serving) == 1 else ''} serving: add --inference "
             "(training uses --micro-batch and --seq)"
         )
-    training = flags_given(ctx, {p.name for p in ctx.command.params if p.name} - set(SERVING_ONLY) - set(MEMORY_SHARED))
-    if inference and training:
+    given = {p.name for p in ctx.command.params if p.name}
+    training_flags = flags_given(ctx, given - set(SERVING_ONLY) - set(MEMORY_SHARED))
+    if inference and training_flags:
         takes = [p.opts[0] for p in ctx.command.params if p.name in SERVING_ONLY] + ["--tp"]
         raise LmcalcError(
-            f"{' and '.join(training)} describe{'s' if len(training) == 1 else ''} training, not serving: "
-            f"drop {'it' if len(training) == 1 else 'them'}, or drop --inference "
+            f"{' and '.join(training_flags)} describe{'s' if len(training_flags) == 1 else ''} training, not serving: "
+            f"drop {'it' if len(training_flags) == 1 else 'them'}, or drop --inference "
             f"(serving takes {', '.join(takes[:-1])} and {takes[-1]})"
         )
     if inference:
@@ -220,27 +216,16 @@ def memory(
             weights_dtype=weights_dtype,
             kv_dtype=kv_dtype,
             quant_group=quant_group,
-            overhead=overhead,
+            overhead=training["overhead"],
         )
         emit_with_plot(served.report, as_json, explain, plot, force)
         return
     if stages and sweep is not None:
         raise LmcalcError("give --sweep or --stages, not both: each draws its own rows")
-    common = dict(
-        model=model,
-        gpus=gpus,
-        seq=seq,
-        micro_batch=micro_batch,
-        precision=precision,
-        optimizer=optimizer,
-        attention=attention,
-        recompute=recompute,
-        overhead=overhead,
-        **layout,
-    )
-    shown = (
-        estimates.memory(stages=stages, **common) if sweep is None else estimates.memory_sweep(sweep=sweep, **common)
-    )
+    if sweep is None:
+        shown: Estimate = estimates.memory(model=model, gpus=gpus, stages=stages, **training, **layout)
+    else:
+        shown = estimates.memory_sweep(sweep=sweep, model=model, gpus=gpus, **training, **layout)
     emit_with_plot(shown.report, as_json, explain, plot, force)
 
 
@@ -255,37 +240,20 @@ def emit_with_plot(result: Result, as_json: bool, explain: bool, plot: str | Non
 
 
 @with_options(LAYOUT_OPTIONS, at="layout")
+@with_options(TRAINING_OPTIONS, at="training")
 def fit(
     model: ModelOpt,
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster whose GPU type (and layout) to fit on.")] = "8xH100",
-    seq: SeqOpt = None,
-    micro_batch: MicroBatchOpt = 1,
+    training: dict[str, Any] | None = None,
     layout: dict[str, Any] | None = None,
-    precision: PrecisionOpt = "bf16-mixed",
-    optimizer: OptimizerOpt = "adamw",
-    attention: AttentionOpt = "flash",
-    recompute: RecomputeOpt = "none",
-    overhead: OverheadOpt = OVERHEAD_DEFAULT,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit, and what binds each."""
     from lmcalc.estimates import limits as estimates
 
-    assert layout is not None  # filled in by with_options
-    estimate = estimates.fit(
-        model=model,
-        gpus=gpus,
-        seq=seq,
-        micro_batch=micro_batch,
-        precision=precision,
-        optimizer=optimizer,
-        attention=attention,
-        recompute=recompute,
-        overhead=overhead,
-        **layout,
-    )
-    emit(estimate, as_json, explain)
+    assert training is not None and layout is not None  # filled in by with_options
+    emit(estimates.fit(model=model, gpus=gpus, **training, **layout), as_json, explain)
 
 
 @with_options(SPLIT_OPTIONS, at="split")

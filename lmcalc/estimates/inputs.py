@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 from lmcalc import presets as pr
 from lmcalc.engine.flops import napkin_params
@@ -34,6 +34,29 @@ OptimizerLike = str | OptimizerSpec
 Count = str | float | int
 Bytes = str | float | int
 C = TypeVar("C", bound=str)
+
+
+class TrainingSettings(TypedDict, total=False):
+    """What is trained and how, as the user gives it; a setting left out takes its ``TRAINING_DEFAULTS`` value."""
+
+    seq: Count | None  # tokens per sequence (8K = 8192); None: min(the model's context, 8192)
+    micro_batch: int  # sequences per GPU per micro-batch
+    precision: PrecisionLike  # a precision recipe (bf16-mixed, fp32, ...)
+    optimizer: OptimizerLike  # an optimizer preset (adamw, sgd, adafactor, ...)
+    attention: str  # flash | eager
+    recompute: str  # none | selective | full
+    overhead: Bytes  # the per-GPU allowance for the CUDA context, workspaces and fragmentation
+
+
+TRAINING_DEFAULTS: TrainingSettings = {
+    "seq": None,
+    "micro_batch": 1,
+    "precision": DEFAULT_PRECISION,
+    "optimizer": DEFAULT_OPTIMIZER,
+    "attention": "flash",
+    "recompute": "none",
+    "overhead": DEFAULT_OVERHEAD,
+}
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,15 @@ from lmcalc.estimates.inputs import (
     optimizer_text,
     recipe_text,
 )
-from lmcalc.estimates.training import LayoutSettings, TrainingSetup, build_layout, training_setup
+from lmcalc.estimates.training import (
+    MemorySettings,
+    TrainingSettings,
+    TrainingSetup,
+    build_layout,
+    layout_settings,
+    training_settings,
+    training_setup,
+)
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.units import GB, GiB, group
 
@@ -48,32 +56,11 @@ class FitEstimate(Estimate):
     dp: fit_engine.Limit
 
 
-def fit(
-    *,
-    model: ModelLike,
-    gpus: ClusterLike = "8xH100",
-    seq: Count | None = None,
-    micro_batch: int = 1,
-    precision: PrecisionLike = DEFAULT_PRECISION,
-    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
-    attention: str = "flash",
-    recompute: str = "none",
-    overhead: Bytes = DEFAULT_OVERHEAD,
-    **layout: Unpack[LayoutSettings],
-) -> FitEstimate:
-    """The largest micro-batch, the longest sequence and the fewest GPUs that fit a layout, and what binds each."""
-    setup = training_setup(
-        model=model,
-        gpus=gpus,
-        seq=seq,
-        micro_batch=micro_batch,
-        precision=precision,
-        optimizer=optimizer,
-        attention=attention,
-        recompute=recompute,
-        overhead=overhead,
-    )
-    return fit_estimate(setup, build_layout(setup.cluster, layout))
+def fit(*, model: ModelLike, gpus: ClusterLike = "8xH100", **settings: Unpack[MemorySettings]) -> FitEstimate:
+    """The largest micro-batch, the longest sequence and the fewest GPUs that fit a layout, and what binds each;
+    ``settings`` as ``memory`` takes them."""
+    setup = training_setup(model, gpus, training_settings(settings, "fit"))
+    return fit_estimate(setup, build_layout(setup.cluster, layout_settings(settings, "fit")))
 
 
 def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
@@ -199,9 +186,7 @@ def max_params(
 ) -> MaxParamsEstimate:
     """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3; the
     activation column scales the proportions of the model ``like`` to each size."""
-    setup = training_setup(
-        model=like,
-        gpus=gpus,
+    settings = TrainingSettings(
         seq=seq,
         micro_batch=micro_batch,
         precision=precision,
@@ -210,6 +195,7 @@ def max_params(
         recompute=recompute,
         overhead=overhead,
     )
+    setup = training_setup(like, gpus, settings)
     return max_params_estimate(setup)
 
 

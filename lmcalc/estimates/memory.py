@@ -13,15 +13,11 @@ from lmcalc.engine.memory_terms import Capacity, memory_sections
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.estimates.inputs import (
-    DEFAULT_OPTIMIZER,
     DEFAULT_OVERHEAD,
-    DEFAULT_PRECISION,
     Bytes,
     ClusterLike,
     Count,
     ModelLike,
-    OptimizerLike,
-    PrecisionLike,
     checked,
     cluster_of,
     context_note,
@@ -35,7 +31,15 @@ from lmcalc.estimates.inputs import (
     seq_given,
     whole_count,
 )
-from lmcalc.estimates.training import LayoutSettings, TrainingSetup, build_layout, layout_origin, training_setup
+from lmcalc.estimates.training import (
+    MemorySettings,
+    TrainingSetup,
+    build_layout,
+    layout_origin,
+    layout_settings,
+    training_settings,
+    training_setup,
+)
 from lmcalc.result import Estimate, Input, Result, Section
 from lmcalc.specs import Cluster
 from lmcalc.units import GB
@@ -67,33 +71,15 @@ class MemoryEstimate(Estimate):
 
 
 def memory(
-    *,
-    model: ModelLike,
-    gpus: ClusterLike = "1xH100",
-    seq: Count | None = None,
-    micro_batch: int = 1,
-    precision: PrecisionLike = DEFAULT_PRECISION,
-    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
-    attention: str = "flash",
-    recompute: str = "none",
-    overhead: Bytes = DEFAULT_OVERHEAD,
-    stages: bool = False,
-    **layout: Unpack[LayoutSettings],
+    *, model: ModelLike, gpus: ClusterLike = "1xH100", stages: bool = False, **settings: Unpack[MemorySettings]
 ) -> MemoryEstimate:
-    """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout (the layout
-    settings are ``LayoutSettings``: ``tp=8, pp=4, zero=1, …``); with ``stages``, of one GPU of every stage."""
-    setup = training_setup(
-        model=model,
-        gpus=gpus,
-        seq=seq,
-        micro_batch=micro_batch,
-        precision=precision,
-        optimizer=optimizer,
-        attention=attention,
-        recompute=recompute,
-        overhead=overhead,
-    )
-    return memory_estimate(setup, build_layout(setup.cluster, layout), stages)
+    """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout; with ``stages``,
+    of one GPU of every pipeline stage. ``settings`` are the workload's (``TrainingSettings``: ``seq``,
+    ``micro_batch``, ``precision``, ``optimizer``, ``attention``, ``recompute``, ``overhead``) and the layout's
+    (``LayoutSettings``: ``tp=8, pp=4, zero=1, …``)."""
+    setup = training_setup(model, gpus, training_settings(settings, "memory"))
+    layout = build_layout(setup.cluster, layout_settings(settings, "memory"))
+    return memory_estimate(setup, layout, stages)
 
 
 MEMORY_STACK = (
@@ -228,45 +214,17 @@ class MemorySweepEstimate(Estimate):
 
 
 def memory_sweep(
-    *,
-    sweep: str,
-    model: ModelLike,
-    gpus: ClusterLike = "1xH100",
-    seq: Count | None = None,
-    micro_batch: int = 1,
-    precision: PrecisionLike = DEFAULT_PRECISION,
-    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
-    attention: str = "flash",
-    recompute: str = "none",
-    overhead: Bytes = DEFAULT_OVERHEAD,
-    **layout: Unpack[LayoutSettings],
+    *, sweep: str, model: ModelLike, gpus: ClusterLike = "1xH100", **settings: Unpack[MemorySettings]
 ) -> MemorySweepEstimate:
     """``memory`` at each value of one setting, ``sweep="seq=1k,4k,16k"`` or ``"micro-batch=1,2,4"``: one row
     each, to see how the parts grow."""
+    training_settings(settings, "memory_sweep")
     name, values = _sweep(sweep)
     rows = []
     for value in values:
-        one = (
-            {"seq": value, "micro_batch": micro_batch}
-            if name == "seq"
-            else {"seq": seq, "micro_batch": whole_count(value, "sweep")}
-        )
-        rows.append(
-            (
-                value,
-                memory(
-                    model=model,
-                    gpus=gpus,
-                    precision=precision,
-                    optimizer=optimizer,
-                    attention=attention,
-                    recompute=recompute,
-                    overhead=overhead,
-                    **one,
-                    **layout,
-                ),
-            )
-        )
+        one: MemorySettings = {"seq": value} if name == "seq" else {"micro_batch": whole_count(value, "sweep")}
+        merged: MemorySettings = {**settings, **one}
+        rows.append((value, memory(model=model, gpus=gpus, **merged)))
     sections = [_memory_row(f"{name}={value}", f"{name}={value}", row.report) for value, row in rows]
     first = rows[0][1].report
     inputs = tuple(i for i in first.inputs if i.key not in ("seq_len", "micro_batch"))

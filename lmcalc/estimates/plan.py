@@ -23,6 +23,7 @@ from lmcalc.estimates.inputs import (
     ModelLike,
     OptimizerLike,
     PrecisionLike,
+    TrainingSettings,
     checked,
     choice,
     count,
@@ -90,17 +91,9 @@ def plan(
     (``measured_efficiency``, or a ``calibration`` file), else the calibrated default."""
     from lmcalc.engine import plan as pl
 
-    setup = training_setup(
-        model=model,
-        gpus=gpus,
-        seq=seq,
-        micro_batch=1,
-        precision=precision,
-        optimizer=optimizer,
-        attention=attention,
-        recompute="none",
-        overhead=overhead,
-    )
+    # the search varies the micro-batch and the recomputation within the pins
+    base = TrainingSettings(seq=seq, precision=precision, optimizer=optimizer, attention=attention, overhead=overhead)
+    setup = training_setup(model, gpus, base)
     if zero is not None and zero not in ZERO_STAGES:
         raise LmcalcError(f"{setting('zero')} must be 0, 1, 2 or 3, got {zero}")
     for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("micro_batch", micro_batch)):

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Unpack
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
     DEFAULT_OPTIMIZER,
-    DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
     ClusterLike,
     Count,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
+    TrainingSettings,
     count,
     mfu_given,
     tokens_given,
@@ -61,26 +61,24 @@ def report(
     from lmcalc.estimates.memory import memory_estimate
     from lmcalc.estimates.plan import plan_estimate
     from lmcalc.estimates.time import Timing, train_time_estimate
-    from lmcalc.estimates.training import build_layout, pipeline_split, split_settings, training_setup
-
-    setup = training_setup(
-        model=model,
-        gpus=gpus,
-        seq=seq,
-        micro_batch=1,
-        precision=precision,
-        optimizer=optimizer,
-        attention="flash",
-        recompute=recompute,
-        overhead=DEFAULT_OVERHEAD,
+    from lmcalc.estimates.training import (
+        build_layout,
+        layout_settings,
+        pipeline_split,
+        split_settings,
+        training_setup,
     )
+
+    workload = TrainingSettings(seq=seq, precision=precision, optimizer=optimizer, recompute=recompute)
+    setup = training_setup(model, gpus, workload)
     cluster, resolved = setup.cluster, setup.resolved
     tokens_in = tokens_given(tokens, setup.model)
-    memory = memory_estimate(setup, build_layout(cluster, {"zero": REPORT_ZERO, **layout}))
+    given: LayoutSettings = {"zero": REPORT_ZERO, **layout_settings(layout, "report")}
+    memory = memory_estimate(setup, build_layout(cluster, given))
     timing = Timing(cluster, cluster.hardware, seq_len=setup.seq)
     found: PlanEstimate | LmcalcError
     try:  # the search varies the micro-batch and the recomputation itself
-        pins = pl.Pins(split=pipeline_split(**split_settings(layout)))
+        pins = pl.Pins(split=pipeline_split(**split_settings(given)))
         found = plan_estimate(setup, count(global_batch, "global_batch", binary=True), pins, None, tokens_in)
     except LmcalcError as error:
         found = error

@@ -4,8 +4,9 @@ for the command line)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack, cast
 
 from lmcalc import presets as pr
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZeroStage
@@ -15,13 +16,11 @@ from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
-    Bytes,
+    TRAINING_DEFAULTS,
     ClusterLike,
-    Count,
     Given,
     ModelLike,
-    OptimizerLike,
-    PrecisionLike,
+    TrainingSettings,
     choice,
     cluster_of,
     nbytes,
@@ -56,6 +55,29 @@ class LayoutSettings(SplitSettings, total=False):
     grad_accum: int
     schedule: str
     virtual_stages: int
+
+
+class MemorySettings(TrainingSettings, LayoutSettings, total=False):
+    """A training workload and its parallel layout, as ``memory`` and ``fit`` take them."""
+
+
+def training_settings(given: Mapping[str, Any], function: str) -> TrainingSettings:
+    """The workload's settings among ``given`` (a ``MemorySettings``), the others checked (``_known``)."""
+    return cast(TrainingSettings, _of(TrainingSettings, given, function))
+
+
+def layout_settings(given: Mapping[str, Any], function: str) -> LayoutSettings:
+    """The layout's settings among ``given`` (a ``MemorySettings``), the others checked (``_known``)."""
+    return cast(LayoutSettings, _of(LayoutSettings, given, function))
+
+
+def _of(kind: type, given: Mapping[str, Any], function: str) -> dict[str, Any]:
+    """The settings among ``given`` that the TypedDict ``kind`` holds; a keyword that no setting of the function
+    has is refused, as Python refuses an unexpected keyword argument (``**settings`` accepts any at run time)."""
+    unknown = sorted(set(given) - set(MemorySettings.__annotations__))
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+    return {key: value for key, value in given.items() if key in kind.__annotations__}
 
 
 def pipeline_split(schedule: str = "1f1b", virtual_stages: int = 1, **split: Unpack[SplitSettings]) -> PipelineSplit:
@@ -134,32 +156,23 @@ class TrainingSetup:
         return Capacity(hardware.memory_bytes, f"{hardware.name}: {hardware.memory_label}")
 
 
-def training_setup(
-    *,
-    model: ModelLike,
-    gpus: ClusterLike,
-    seq: Count | None,
-    micro_batch: int,
-    precision: PrecisionLike,
-    optimizer: OptimizerLike,
-    attention: str,
-    recompute: str,
-    overhead: Bytes,
-) -> TrainingSetup:
-    """The workload the user's values describe, on the cluster they name."""
+def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettings) -> TrainingSetup:
+    """The workload the user's settings describe (``TRAINING_DEFAULTS`` for those left out), on the cluster they
+    name."""
+    given: TrainingSettings = {**TRAINING_DEFAULTS, **settings}
     resolved = resolve_model(model)
     cluster = cluster_of(gpus)
-    recipe, opt = precision_of(precision), optimizer_of(optimizer)
-    kernel = choice(attention, ATTENTION_KERNELS, "attention")
-    mode = choice(recompute, RECOMPUTE_MODES, "recompute")
-    overhead_bytes = nbytes(overhead, "overhead")
-    seq_in = seq_given(seq, resolved.spec)
+    recipe, opt = precision_of(given["precision"]), optimizer_of(given["optimizer"])
+    kernel = choice(given["attention"], ATTENTION_KERNELS, "attention")
+    mode = choice(given["recompute"], RECOMPUTE_MODES, "recompute")
+    overhead_bytes = nbytes(given["overhead"], "overhead")
+    seq_in = seq_given(given["seq"], resolved.spec)
     workload = Workload(
         resolved.spec,
         recipe,
         opt,
         int(seq_in.value),
-        micro_batch,
+        given["micro_batch"],
         kernel,
         mode,
         overhead_bytes=overhead_bytes,
