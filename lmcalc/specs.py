@@ -7,6 +7,7 @@ preset file cannot be read two ways.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -32,12 +33,22 @@ def _hashable(value: Any) -> Any:
     return value
 
 
+_HASHES: dict[int, int] = {}
+"""Each live spec's hash, by ``id``: computed once (a model's walks some thirty fields), forgotten when the spec
+is (``weakref.finalize``), before its ``id`` can be reused."""
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     def __hash__(self) -> int:
-        """Specs are values: equal specs hash equal, so they can key a cache (``engine.workload.Workload``)."""
-        return hash((type(self), _hashable(tuple(self.__dict__.values()))))
+        """Specs are values: equal specs hash equal, so they can key the engine's caches. A frozen spec never
+        changes, so its hash is computed once."""
+        known = _HASHES.get(id(self))
+        if known is None:
+            known = _HASHES[id(self)] = hash((type(self), _hashable(tuple(self.__dict__.values()))))
+            weakref.finalize(self, _HASHES.pop, id(self), None)
+        return known
 
 
 class NamedSpec(_Spec):

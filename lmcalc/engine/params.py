@@ -12,6 +12,7 @@ pass, Kaplan et al. 2020 §2.1) and how many copies of it one token touches (MoE
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from math import prod
 from typing import NamedTuple
@@ -153,7 +154,8 @@ def _ffn(prefix: str, site: Site, spec: ModelSpec, width: Dim) -> list[WeightTen
     )
 
 
-def weight_tensors(spec: ModelSpec) -> list[WeightTensor]:
+@functools.lru_cache(maxsize=256)  # a frozen spec's tensors never change; the planner asks thousands of times
+def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     """Every parameter tensor of the model, in build order, with multiplicities."""
     h, L = Dim(spec.hidden_size, "h"), spec.num_layers
     vocab, once = Dim(spec.vocab_size, "V"), Site("embedding", 1, "1")
@@ -183,7 +185,7 @@ def weight_tensors(spec: ModelSpec) -> list[WeightTensor]:
     tensors += _norm("final_norm", Site("norm", 1, "1"), h, spec)
     if not spec.tied_embeddings:
         tensors.append(_tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
-    return tensors
+    return tuple(tensors)
 
 
 @dataclass(frozen=True)

@@ -104,14 +104,14 @@ class StageParams:
 
 def stage_params(w: Workload, layout: Layout, stage: int) -> StageParams:
     """The parameters one GPU of pipeline stage ``stage`` holds, before ZeRO shards them."""
-    return _params_held(w, layout.tp, layout.ep, stage_layers(w.model, layout, stage))
+    return _params_held(w.model, layout.tp, layout.ep, stage_layers(w.model, layout, stage))
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner asks for the same stages thousands of times
-def _params_held(w: Workload, tp: int, ep: int, built: StageLayers) -> StageParams:
+def _params_held(model: ModelSpec, tp: int, ep: int, built: StageLayers) -> StageParams:
     dense = experts = 0.0
-    for tensor in weight_tensors(w.model):
-        held = copies_on_stage(tensor, w.model, built, ep) * tensor.numel / tp_divisor(tensor, w.model, tp)
+    for tensor in weight_tensors(model):
+        held = copies_on_stage(tensor, model, built, ep) * tensor.numel / tp_divisor(tensor, model, tp)
         if tensor.group == "experts":
             experts += held
         else:
