@@ -42,7 +42,8 @@ def main() -> None:
     buffers, _ = matmul._operands(m, n, k, "fp32", cpu)
     lmcalc_s, bare_s, hot_s = [], [], []
     for _ in range(args.rounds):  # alternate, so drift in the machine's load hits all alike
-        lmcalc_s.append(matmul.measure(m, n, k, "fp32", cpu, warmup=5, repeats=args.repeats).stats.median)
+        settings = matmul.MatmulSettings("fp32", 5, args.repeats)
+        lmcalc_s.append(matmul.measure((m, n, k), settings, cpu).stats.median)
         bare_s.append(bare_median(m, n, k, args.repeats, buffers))
         hot_s.append(bare_median(m, n, k, args.repeats, 1))
     lm, bare, hot = (statistics.median(x) for x in (lmcalc_s, bare_s, hot_s))

@@ -5,8 +5,9 @@ These are the independent figures ``lmcalc validate`` sets beside the engine's. 
 
 from __future__ import annotations
 
+import functools
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -70,7 +71,8 @@ def saved_for_backward(
         if layer is not None:
             s = tokens.shape[1]
             x = model.embed(tokens).detach().requires_grad_()
-            model.layers[layer](x, model.cos[:s], model.sin[:s], model.causal_bias, False)
+            cos, sin = model.get_buffer("cos")[:s], model.get_buffer("sin")[:s]
+            model.layers[layer](x, cos, sin, model.get_buffer("causal_bias"), False)
         else:
             loss(model, tokens, recompute)
     return SavedTensors(sum(storages.values()), len(storages))
@@ -154,11 +156,11 @@ class StorageTracker(TorchDispatchMode):
         if key in self._refs and self._refs[key]() is storage:
             return  # counted already: a view, or an in-place result
         size = storage.nbytes()
-        self._refs[key] = weakref.ref(storage, lambda _ref, size=size: self._free(size))
+        self._refs[key] = weakref.ref(storage, functools.partial(self._free, size))
         self.live += size
         self.high = max(self.high, self.live)
 
-    def _free(self, size: int) -> None:
+    def _free(self, size: int, _storage: weakref.ref) -> None:
         self.live -= size
 
     def allocated(self) -> int:
@@ -239,10 +241,10 @@ def step_memory(
     tokens: torch.Tensor,
     recompute: Recompute,
     stats: MemoryCounters,
-    workspaces: int = 0,
 ) -> StepMemory:
-    """One training step with the allocator read between its phases: forward, backward, optimizer.
-    ``workspaces``: what was allocated before the model was built (``cuda_workspaces``; 0 on a CPU)."""
+    """One training step with the allocator read between its phases: forward, backward, optimizer. Bytes
+    allocated before the model was built (cuBLAS's workspaces, ``cuda_workspaces``) are in every figure; the
+    caller who measured them sets ``StepMemory.workspaces`` (0 here), as ``measured_step`` does."""
     device = tokens.device
     baseline = stats.allocated()
     stats.reset_peak()
@@ -265,7 +267,6 @@ def step_memory(
         peak_backward=peak_backward,
         after_backward=after_backward,
         peak_optimizer=peak_optimizer,
-        workspaces=workspaces,
     )
 
 
@@ -378,7 +379,9 @@ def measured_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if cuda:
-        measured = step_memory(model, optimizer, tokens, recompute, AllocatorStats(device), workspaces)
+        measured = replace(
+            step_memory(model, optimizer, tokens, recompute, AllocatorStats(device)), workspaces=workspaces
+        )
     else:
         measured = tracked_step(model, optimizer, tokens, recompute)
     detail = f"{spec.name}, {'bf16' if cuda else 'fp32'}, s={seq}, b={micro_batch}, recompute {recompute}"

@@ -302,7 +302,7 @@ class ReferenceModel(nn.Module):
         if hasattr(self, "pos_embed"):
             x = x + self.pos_embed(torch.arange(s, device=tokens.device))
         x = F.dropout(x, DROPOUT_P if self.spec.dropout else 0.0, self.training)
-        cos, sin = self.cos[:s], self.sin[:s]
+        cos, sin = self.get_buffer("cos")[:s], self.get_buffer("sin")[:s]
         for layer in self.layers:
             if recompute == "full":
                 x = checkpoint(layer, x, cos, sin, self.causal_bias, use_reentrant=False)

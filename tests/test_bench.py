@@ -8,6 +8,8 @@ torch = pytest.importorskip("torch")
 
 from lmcalc.bench import matmul, results  # noqa: E402
 from lmcalc.bench.device import FLOPS_PER_CYCLE, cpu_clock_hz, detect  # noqa: E402
+from lmcalc.bench.dtypes import DTYPES  # noqa: E402
+from lmcalc.bench.timing import Stats, time_calls  # noqa: E402
 from lmcalc.cli import main  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.presets import resolve_model  # noqa: E402
@@ -27,22 +29,58 @@ def data_home(tmp_path, monkeypatch):
 
 
 def test_matmul_measures_and_checks_against_float64():
-    cpu = detect("cpu")
-    meas = matmul.measure(128, 64, 96, "fp32", cpu, warmup=1, repeats=5)
-    assert meas.flops == 2 * 128 * 64 * 96
-    assert meas.flops_per_s == pytest.approx(meas.flops / meas.stats.median)
+    meas = matmul.measure((128, 64, 96), matmul.MatmulSettings("fp32", warmup=1, repeats=5), detect("cpu"))
+    assert (meas.m, meas.n, meas.k, meas.dtype, meas.tf32) == (128, 64, 96, "fp32", False)
     assert meas.relative_error < 1e-5 and meas.stats.repeats == 5
+
+
+def test_matmul_rate_by_hand():
+    # A (128 × 96) @ (96 × 64) product is 2·m·n·k = 2 × 128 × 64 × 96 = 1,572,864 FLOPs. At a median call
+    # of 1 ms that is 1.572864 GFLOP/s, and at the fastest call, 0.5 ms, 3.145728 GFLOP/s.
+    meas = matmul.MatmulMeasurement(128, 64, 96, "fp32", Stats(1e-3, 5e-4, 2e-3, 5), 0.0, False)
+    assert meas.flops == 1_572_864
+    assert meas.flops_per_s == pytest.approx(1.572864e9, rel=1e-12)
+    assert meas.best_flops_per_s == pytest.approx(3.145728e9, rel=1e-12)
+
+
+def test_each_shape_is_measured_once_and_progress_is_told():
+    told = []
+    shapes = [(32, 32, 32), (64, 32, 16), (32, 32, 32)]
+    settings = matmul.MatmulSettings("fp32", warmup=0, repeats=1)
+    measured = matmul.measure_shapes(shapes, settings, detect("cpu"), lambda done, total: told.append((done, total)))
+    assert [(m.m, m.n, m.k) for m in measured] == [(32, 32, 32), (64, 32, 16)]
+    assert told == [(0, 2), (1, 2), (2, 2)]
 
 
 def test_a_wrong_fast_kernel_is_a_failure(monkeypatch):
     monkeypatch.setattr(matmul, "_product", lambda dtype, device: lambda a, b: torch.zeros(a.shape[0], b.shape[1]))
     with pytest.raises(LmcalcError, match="is wrong"):
-        matmul.measure(64, 64, 64, "fp32", detect("cpu"), warmup=0, repeats=2)
+        matmul.measure((64, 64, 64), matmul.MatmulSettings("fp32", warmup=0, repeats=2), detect("cpu"))
 
 
 def test_fp8_without_support_is_one_clear_message():
     with pytest.raises(LmcalcError, match="fp8 matmuls need torch._scaled_mm"):
-        matmul.measure(64, 64, 64, "fp8", detect("cpu"), warmup=0, repeats=1)
+        matmul.measure((64, 64, 64), matmul.MatmulSettings("fp8", warmup=0, repeats=1), detect("cpu"))
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_the_dtype_table_agrees_with_torch(name):
+    # One table (lmcalc.bench.dtypes) names the torch dtype of each --dtype; its bytes and epsilon come from
+    # lmcalc.engine.numerics. TF32 is stored as fp32 (4 bytes) but rounds to a 10-bit fraction, so only its
+    # bytes are torch's.
+    dtype = DTYPES[name]
+    info = torch.finfo(dtype.torch())
+    assert info.bits // 8 == dtype.bytes
+    if name != "tf32":
+        assert info.eps == dtype.eps
+
+
+def test_time_calls_runs_the_hook_before_each_timed_call_only():
+    # Warm-up calls get no hook; each timed call is preceded by it (the barrier of a collective), untimed.
+    events = []
+    seconds = time_calls(lambda i: events.append(f"call {i}"), torch.device("cpu"), 2, 3, lambda: events.append("hook"))
+    assert len(seconds) == 3 and all(t >= 0 for t in seconds)
+    assert events == ["call 0", "call 1", "hook", "call 2", "hook", "call 3", "hook", "call 4"]
 
 
 def test_cpu_peak_is_labelled_an_estimate():

@@ -88,23 +88,82 @@ def test_element_count_rounds_to_rank_count_like_nccl_tests():
 
 def test_bad_arguments_fail_before_spawning():
     with pytest.raises(LmcalcError, match="unknown collective"):
-        comm.run_collectives("broadcast", [M], 2)
+        comm.CommSettings("broadcast", [M])
+    with pytest.raises(LmcalcError, match="--dtype for collectives"):
+        comm.CommSettings("all-reduce", [M], dtype="fp64")
+    with pytest.raises(LmcalcError, match="no message sizes"):
+        comm.CommSettings("all-reduce", [])
     with pytest.raises(LmcalcError, match="--backend"):
-        comm.run_collectives("all-reduce", [M], 2, backend="mpi")
+        comm.run_collectives(comm.CommSettings("all-reduce", [M]), 2, backend="mpi")
     with pytest.raises(LmcalcError, match="--world-size"):
-        comm.run_collectives("all-reduce", [M], 0)
+        comm.run_collectives(comm.CommSettings("all-reduce", [M]), 0)
+
+
+def test_settings_read_collectives_as_the_command_line_writes_them():
+    settings = comm.CommSettings(["All_Reduce", " all-gather", "all-reduce"], [M, 64 * K])
+    assert settings.ops == ("all-reduce", "all-gather") and settings.sizes == (M, 64 * K)
 
 
 def test_expected_output_is_the_sum_or_concatenation_of_rank_inputs():
     torch = pytest.importorskip("torch")
     cpu = torch.device("cpu")
-    inputs = [comm.rank_input("all-reduce", 6, 2, r, "fp32", cpu) for r in range(2)]
+    inputs = [comm.rank_input(comm.Collective("all-reduce", 6, 2), r, cpu) for r in range(2)]
     assert not torch.equal(inputs[0], inputs[1])
-    assert torch.equal(comm.expected_output("all-reduce", 6, 2, 1, "fp32", cpu), inputs[0] + inputs[1])
-    assert torch.equal(comm.expected_output("reduce-scatter", 6, 2, 1, "fp32", cpu), (inputs[0] + inputs[1])[3:])
-    halves = [comm.rank_input("all-gather", 6, 2, r, "fp32", cpu) for r in range(2)]
+    assert torch.equal(comm.expected_output(comm.Collective("all-reduce", 6, 2), 1, cpu), inputs[0] + inputs[1])
+    scatter = comm.Collective("reduce-scatter", 6, 2)
+    assert torch.equal(comm.expected_output(scatter, 1, cpu), (inputs[0] + inputs[1])[3:])
+    gather = comm.Collective("all-gather", 6, 2)
+    halves = [comm.rank_input(gather, r, cpu) for r in range(2)]
     assert halves[0].numel() == 3
-    assert torch.equal(comm.expected_output("all-gather", 6, 2, 0, "fp32", cpu), torch.cat(halves))
+    assert torch.equal(comm.expected_output(gather, 0, cpu), torch.cat(halves))
+    assert comm.rank_input(comm.Collective("all-reduce", 6, 2, "bf16"), 0, cpu).dtype == torch.bfloat16
+
+
+def _measured(op: str, size_bytes: int, n: int, median_s: float) -> comm.CommMeasurement:
+    """A measurement with chosen figures, for checking the definitions by hand."""
+    return comm.CommMeasurement(
+        op=op,
+        size_bytes=size_bytes,
+        requested_bytes=size_bytes,
+        world_size=n,
+        backend="nccl",
+        launcher="torchrun",
+        device="cuda",
+        dtype="fp32",
+        warmup=5,
+        repeats=20,
+        median_s=median_s,
+        fastest_s=median_s / 2,
+        slowest_s=2 * median_s,
+        mean_s=median_s,
+        rank_medians_s=(median_s,) * n,
+        max_error=0.0,
+    )
+
+
+# nccl-tests doc/PERFORMANCE.md: algbw = S / t, busbw = algbw · 2(n−1)/n (all-reduce), · (n−1)/n (all-gather,
+# reduce-scatter); GB = 1e9 bytes. Each row worked by hand:
+#   all-reduce of 1 MiB over 4 ranks in 0.5 ms: 1,048,576 / 0.0005 / 1e9 = 2.097152 GB/s; × 2·3/4 = 3.145728
+#   all-gather of 8 MiB over 8 ranks in 2 ms:   8,388,608 / 0.002 / 1e9 = 4.194304 GB/s; × 7/8 = 3.670016
+#   reduce-scatter of 64 KiB over 2 ranks in 0.1 ms: 65,536 / 0.0001 / 1e9 = 0.65536 GB/s; × 1/2 = 0.32768
+@pytest.mark.parametrize(
+    ("op", "size", "n", "seconds", "algbw", "busbw"),
+    [
+        ("all-reduce", M, 4, 5e-4, 2.097152, 3.145728),
+        ("all-gather", 8 * M, 8, 2e-3, 4.194304, 3.670016),
+        ("reduce-scatter", 64 * K, 2, 1e-4, 0.65536, 0.32768),
+    ],
+)
+def test_algbw_and_busbw_by_hand(op, size, n, seconds, algbw, busbw):
+    m = _measured(op, size, n, seconds)
+    assert m.algbw_gbps == pytest.approx(algbw, rel=1e-12)
+    assert m.busbw_gbps == pytest.approx(busbw, rel=1e-12)
+    section = comm.comm_result([m]).sections[0]
+    assert section.term("algbw").value == pytest.approx(algbw, rel=1e-12)
+    assert section.term("busbw").value == pytest.approx(busbw, rel=1e-12)
+    (record,) = comm.records([m], "GPU")
+    assert record.figures["algbw_gbps"] == pytest.approx(algbw, rel=1e-12)
+    assert record.figures["busbw_gbps"] == pytest.approx(busbw, rel=1e-12)
 
 
 def _gloo_available() -> bool:
@@ -126,7 +185,8 @@ def gloo_run():
     """One spawn of 2 gloo processes on loopback: all-reduce and all-gather at 64K and 1M."""
     if not _gloo_available():
         pytest.skip("torch.distributed with gloo (and a loopback interface) is not available")
-    return comm.run_collectives(["all-reduce", "all-gather"], [64 * K, M], 2, "gloo", warmup=2, repeats=5)
+    settings = comm.CommSettings(["all-reduce", "all-gather"], [64 * K, M], warmup=2, repeats=5)
+    return comm.run_collectives(settings, 2, "gloo")
 
 
 def test_gloo_two_processes(gloo_run):
@@ -136,7 +196,6 @@ def test_gloo_two_processes(gloo_run):
         ("all-gather", 64 * K),
         ("all-gather", M),
     ]
-    hand_factor = {"all-reduce": 2 * (2 - 1) / 2, "all-gather": (2 - 1) / 2}
     for m in gloo_run:
         assert (m.world_size, m.backend, m.launcher, m.device, m.repeats) == (2, "gloo", "spawn", "cpu", 5)
         # The checked call matched the locally computed sum (all-reduce: a + b is exact in fp32) or the
@@ -145,8 +204,8 @@ def test_gloo_two_processes(gloo_run):
         assert 0 < m.fastest_s <= m.median_s <= m.slowest_s
         assert m.mean_s > 0 and len(m.rank_medians_s) == 2 and all(t > 0 for t in m.rank_medians_s)
         assert m.median_s >= max(m.rank_medians_s)  # the median of per-repeat maxima bounds each rank's median
-        assert m.algbw_gbps == pytest.approx(m.size_bytes / m.median_s / 1e9, rel=1e-12)
-        assert m.busbw_gbps == pytest.approx(m.algbw_gbps * hand_factor[m.op], rel=1e-12)
+        # over 2 ranks busbw is algbw × 2·1/2 = algbw for all-reduce and algbw × 1/2 for all-gather
+        assert m.busbw_gbps == pytest.approx({"all-reduce": 1.0, "all-gather": 0.5}[m.op] * m.algbw_gbps, rel=1e-12)
 
 
 def test_comm_result_and_records(gloo_run):
@@ -164,7 +223,6 @@ def test_comm_result_and_records(gloo_run):
         ]
         assert section.term("size").value == m.size_bytes
         assert section.term("time").value == m.median_s
-        assert section.term("busbw").value == pytest.approx(section.term("algbw").value * m.factor)
     inputs = {i.key: i.value for i in result.inputs}
     assert inputs["world_size"] == 2 and inputs["backend"] == "gloo" and inputs["repeats"] == 5
     notes = " ".join(result.notes)
@@ -179,6 +237,6 @@ def test_comm_result_and_records(gloo_run):
 
     saved = comm.records(gloo_run, "CPU")
     assert [r.kind for r in saved] == ["comm"] * 4
-    assert saved[1].figures["busbw_gbps"] == gloo_run[1].busbw_gbps
+    assert saved[1].figures["median_s"] == gloo_run[1].median_s
     assert saved[1].figures["size_bytes"] == M and saved[1].dtype == "fp32"
     json.dumps([asdict(r) for r in saved])

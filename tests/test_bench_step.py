@@ -2,7 +2,6 @@
 
 import json
 import math
-import statistics
 from dataclasses import asdict, replace
 
 import pytest
@@ -12,6 +11,7 @@ torch = pytest.importorskip("torch")
 from lmcalc import measure  # noqa: E402
 from lmcalc.bench import step  # noqa: E402
 from lmcalc.bench.device import Device, detect  # noqa: E402
+from lmcalc.bench.step import StepSetup  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.presets import resolve_model  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
@@ -35,7 +35,19 @@ SEQ, BATCH, WARMUP, REPEATS = 32, 2, 2, 5
 
 @pytest.fixture(scope="module")
 def measured():
-    return step.run_steps(TINY, SEQ, BATCH, detect("cpu"), "fp32", "flash", "none", WARMUP, REPEATS)
+    return step.run_steps(StepSetup(TINY, SEQ, BATCH, "fp32", "flash", "none", WARMUP, REPEATS), detect("cpu"))
+
+
+# A device with a 1 GFLOP/s fp32 peak (0.001 TFLOP/s), and five timed steps of 0.40, 0.16, 0.32, 0.20 and
+# 0.25 s: sorted 0.16, 0.20, 0.25, 0.32, 0.40, so the median is 0.25 s, the spread (0.40 − 0.16) / 0.25 = 96 %.
+GFLOP_CPU = Device(torch.device("cpu"), "test CPU", None, {"fp32": 0.001}, "test peak")
+STEP_TIMES = (0.40, 0.16, 0.32, 0.20, 0.25)
+
+
+def _timed(measured, recompute="none"):
+    """The real measurement's prediction and losses, with the chosen device and step times."""
+    setup = replace(measured.setup, recompute=recompute)
+    return replace(measured, setup=setup, device=GFLOP_CPU, seconds=STEP_TIMES)
 
 
 def test_the_optimizer_really_steps(measured):
@@ -50,15 +62,19 @@ def test_the_loss_is_next_token():
     # Scoring each position against its own token, a tied model would start at a loss of ~0 (its logits are
     # the input embedding dotted with itself); against the next random token it starts near ln V or above.
     tied = TINY.model_copy(update={"tied_embeddings": True})
-    m = step.run_steps(tied, SEQ, BATCH, detect("cpu"), "fp32", "flash", "none", 0, 1)
+    m = step.run_steps(StepSetup(tied, SEQ, BATCH, "fp32", warmup=0, repeats=1), detect("cpu"))
     assert m.losses[0] > math.log(TINY.vocab_size) / 2
 
 
 def test_tokens_per_second_is_batch_times_seq_over_median(measured):
     assert len(measured.seconds) == REPEATS
-    median = statistics.median(measured.seconds)
-    assert measured.stats.median == median
-    assert measured.tokens_per_s == BATCH * SEQ / median
+    # b·s = 2 × 32 = 64 tokens per step over the 0.25 s median step: 256 tokens/s.
+    m = _timed(measured)
+    assert (m.stats.median, m.stats.fastest, m.stats.slowest) == (0.25, 0.16, 0.40)
+    assert m.tokens_per_s == 256.0
+    result = step.step_result(m)
+    assert result.value("time.tokens_per_s") == 256.0
+    assert result.value("time.spread") == pytest.approx(96.0, rel=1e-12)
 
 
 def test_flops_per_step_closed_form(measured):
@@ -75,7 +91,8 @@ def test_flops_per_step_closed_form(measured):
     assert forward == 212_992
     assert measured.model_flops == 3 * forward * BATCH * SEQ == 40_894_464
     assert measured.hardware_flops == measured.model_flops  # no recomputation
-    assert measured.achieved_flops_per_s == measured.model_flops / measured.stats.median
+    # over the 0.25 s median step: 40,894,464 / 0.25 = 163,577,856 FLOP/s
+    assert _timed(measured).achieved_flops_per_s == 163_577_856
 
 
 def test_flops_per_step_match_pytorch_flop_counter():
@@ -85,26 +102,35 @@ def test_flops_per_step_match_pytorch_flop_counter():
 
 
 def test_selective_recompute_counts_attention_again_in_hfu_only():
-    # Selective recomputation redoes the scores and values: 2 × 8,192 per token, once more.
-    extra = 2 * 8_192 * BATCH * SEQ
-    assert step.hardware_flops_per_step(TINY, SEQ, BATCH, "selective") == 40_894_464 + extra
+    # Selective recomputation redoes the scores and values: 2 × 8,192 per token, once more, over b·s = 64 tokens
+    # 1,048,576 FLOPs a step: 40,894,464 + 1,048,576 = 41,943,040.
+    assert step.hardware_flops_per_step(TINY, SEQ, BATCH, "selective") == 41_943_040
 
 
 def test_mfu_is_achieved_over_peak(measured):
-    peak = measured.device.peak("fp32")
-    if peak is None:
-        pytest.skip("no FP32 peak estimate for this CPU")
-    assert measured.peak_flops_per_s == peak
-    assert measured.mfu == pytest.approx(measured.achieved_flops_per_s / peak, rel=1e-12)
-    result = step.step_result(measured)
-    assert result.value("flops.mfu") == pytest.approx(100 * measured.mfu, rel=1e-12)
+    # PaLM (Chowdhery et al. 2022 App. B): MFU = model FLOPs per step / (step time × peak). With the 0.25 s
+    # median step and a 1 GFLOP/s peak: 40,894,464 / (0.25 × 1e9) = 0.163577856, 16.3577856 %.
+    m = _timed(measured)
+    assert m.peak_flops_per_s == 1e9
+    assert m.mfu == pytest.approx(0.163577856, rel=1e-12)
+    assert m.hfu == pytest.approx(0.163577856, rel=1e-12)  # no recomputation: HFU = MFU
+    result = step.step_result(m)
+    assert result.value("flops.mfu") == pytest.approx(16.3577856, rel=1e-12)
+    # Causal attention: each query meets (s + 1)/2 = 16.5 keys, so scores and values take 2 · 2 · 16.5 · 4 · 16
+    # = 4,224 FLOPs each per token instead of 8,192; forward = 65,536 + 98,304 + 2 × 4,224 + 32,768 = 205,056,
+    # a step 3 × 205,056 × 64 = 39,370,752 FLOPs, and 39,370,752 / (0.25 × 1e9) = 15.7483008 %.
+    assert result.value("flops.mfu_causal") == pytest.approx(15.7483008, rel=1e-12)
+    (record,) = step.records(m)
+    assert record.figures["mfu"] == pytest.approx(0.163577856, rel=1e-12)
+    assert record.figures["tokens_per_s"] == 256.0
 
 
-def test_mfu_with_a_known_peak(measured):
-    # A device with a 1 TFLOP/s fp32 peak: MFU = model FLOPs / (median × 1e12).
-    device = Device(torch.device("cpu"), "test CPU", None, {"fp32": 1.0}, "test peak")
-    m = replace(measured, device=device)
-    assert m.mfu == pytest.approx(40_894_464 / (m.stats.median * 1e12), rel=1e-12)
+def test_hfu_counts_recomputation(measured):
+    # Selective recomputation adds the scores and values once more, 2 × 8,192 × 64 = 1,048,576 FLOPs a step:
+    # HFU = (40,894,464 + 1,048,576) / (0.25 × 1e9) = 0.16777216, while MFU stays 0.163577856.
+    m = _timed(measured, recompute="selective")
+    assert m.hfu == pytest.approx(0.16777216, rel=1e-12)
+    assert m.mfu == pytest.approx(0.163577856, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -113,7 +139,8 @@ def test_mfu_with_a_known_peak(measured):
     ids=["no peak at all", "bf16 on a CPU with only an fp32 estimate"],
 )
 def test_no_peak_means_no_mfu(measured, device, dtype):
-    m = replace(measured, device=device or Device(torch.device("cpu"), "test CPU", None, {"fp32": 1.0}), dtype=dtype)
+    device = device or Device(torch.device("cpu"), "test CPU", None, {"fp32": 1.0})
+    m = replace(measured, device=device, setup=replace(measured.setup, dtype=dtype))
     assert m.peak_flops_per_s is None and m.mfu is None and m.hfu is None
     result = step.step_result(m)
     assert math.isnan(result.value("flops.mfu")) and math.isnan(result.value("flops.peak"))
@@ -123,8 +150,8 @@ def test_no_peak_means_no_mfu(measured, device, dtype):
 
 def test_memory_recipe_follows_the_dtype():
     # fp32 model + fp32 AdamW: 4 + 4 + 2 × 4 = 16 bytes per parameter; bf16 model + bf16 AdamW: 2 + 2 + 2 × 2 = 8.
-    fp32 = step.predict_memory(TINY, SEQ, BATCH, "fp32", "flash", "none", "cpu")
-    bf16 = step.predict_memory(TINY, SEQ, BATCH, "bf16", "flash", "none", "cuda")
+    fp32 = step.predict_memory(StepSetup(TINY, SEQ, BATCH, "fp32"), "cpu")
+    bf16 = step.predict_memory(StepSetup(TINY, SEQ, BATCH, "bf16"), "cuda")
     assert (fp32.recipe, fp32.bytes_per_param) == ("fp32", 16)
     assert (bf16.recipe, bf16.bytes_per_param) == ("bf16-pure", 8)
     assert fp32.states == 16 * fp32.params and bf16.states == 8 * bf16.params
@@ -176,7 +203,7 @@ def test_result_carries_units_inputs_and_conventions(measured):
 def test_records(measured):
     (record,) = step.records(measured)
     assert record.kind == "step" and record.dtype == "fp32"
-    assert record.figures["tokens_per_s"] == measured.tokens_per_s
+    assert record.figures["repeats"] == REPEATS and record.figures["median_s"] == measured.stats.median
     assert record.figures["model_flops_per_step"] == 40_894_464
     assert record.figures["flop_convention"] == "full"
     assert record.software["torch"] == torch.__version__
@@ -186,7 +213,7 @@ def test_records(measured):
 def test_refuses_a_model_too_large_for_this_machine():
     spec = resolve_model("llama-3.1-405b").spec
     with pytest.raises(LmcalcError) as refused:
-        step.run_steps(spec, 128, 1, detect("cpu"), "fp32", "flash", "none", 1, 1)
+        step.run_steps(StepSetup(spec, 128, 1, "fp32", warmup=1, repeats=1), detect("cpu"))
     message = str(refused.value)
     assert "\n" not in message
     assert "llama-3.1-405b" in message and "llama-3.2-1b" in message and "gpt2-124m" in message
@@ -194,19 +221,21 @@ def test_refuses_a_model_too_large_for_this_machine():
 
 
 def test_limit_without_meminfo_is_4_gb(monkeypatch):
-    monkeypatch.setattr(step, "MEMINFO", "/nonexistent/meminfo")
+    monkeypatch.setattr(step.predict, "MEMINFO", "/nonexistent/meminfo")
     limit, why = step.memory_limit(detect("cpu"))
     assert limit == 4e9 and "4 GB" in why
 
 
 def test_refuses_bad_dtype_and_too_long_sequence():
     with pytest.raises(LmcalcError, match="--dtype"):
-        step.run_steps(TINY, SEQ, BATCH, detect("cpu"), "fp16")
+        StepSetup(TINY, SEQ, BATCH, "fp16")
     with pytest.raises(LmcalcError, match="context"):
-        step.run_steps(TINY, 512, 1, detect("cpu"))
+        StepSetup(TINY, 512, 1)
+    with pytest.raises(LmcalcError, match="--threads"):
+        StepSetup(TINY, SEQ, BATCH, threads=0)
 
 
 def test_threads_are_set_for_the_run_and_restored():
     before = torch.get_num_threads()
-    m = step.run_steps(TINY, SEQ, BATCH, detect("cpu"), "fp32", "flash", "none", 0, 1, threads=1)
+    m = step.run_steps(StepSetup(TINY, SEQ, BATCH, "fp32", warmup=0, repeats=1, threads=1), detect("cpu"))
     assert m.threads == 1 and torch.get_num_threads() == before

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, setting
 from lmcalc.presets import normalise, registry, resolve_hardware
 from lmcalc.specs import HardwareSpec
 
@@ -53,7 +54,7 @@ def match_hardware(name: str) -> HardwareSpec | None:
 
 
 def _cpu_uarch() -> tuple[str, str]:
-    caps = getattr(torch.cpu, "get_capabilities", lambda: {})()
+    caps: dict[str, Any] = getattr(torch.cpu, "get_capabilities", lambda: {})()
     vendor = platform.processor() or caps.get("cpu_name", "")
     name = caps.get("cpu_name") or vendor or "CPU"
     if caps.get("avx512_f"):
@@ -80,7 +81,7 @@ def cpu_clock_hz() -> float | None:
 
 def cpu_device() -> Device:
     name, uarch = _cpu_uarch()
-    caps = getattr(torch.cpu, "get_capabilities", lambda: {})()
+    caps: dict[str, Any] = getattr(torch.cpu, "get_capabilities", lambda: {})()
     cores = caps.get("num_physical_cores") or os.cpu_count() or 1
     clock = cpu_clock_hz()
     if not uarch or clock is None:
@@ -99,18 +100,22 @@ def detect(device: str = "auto", hardware: str | None = None) -> Device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise LmcalcError("--device cuda: no CUDA device is available here (try --device cpu)")
+        raise LmcalcError(f"{setting('device')} cuda: no CUDA device is available here (try {setting('device')} cpu)")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise LmcalcError("--device mps: no Apple GPU is available here (try --device cpu)")
+        raise LmcalcError(f"{setting('device')} mps: no Apple GPU is available here (try {setting('device')} cpu)")
     if device not in ("cuda", "cpu", "mps"):
-        raise LmcalcError(f"--device must be cuda, cpu, mps or auto; got {device!r}")
+        raise LmcalcError(f"{setting('device')} must be cuda, cpu, mps or auto; got {device!r}")
     if device == "cpu":
         if hardware is not None:
-            raise LmcalcError("--hardware names an accelerator preset; this run is on the CPU (drop --hardware)")
+            raise LmcalcError(
+                f"{setting('hardware')} names an accelerator preset; this run is on the CPU "
+                f"(drop {setting('hardware')})"
+            )
         return cpu_device()
     name = torch.cuda.get_device_name(0) if device == "cuda" else ("Apple GPU" if device == "mps" else "CPU")
     spec = resolve_hardware(hardware).spec if hardware else match_hardware(name)
     if spec is None:
         return Device(torch.device(device), name, None, {}, f"no hardware preset matches {name!r} (use --hardware)")
     source = spec.sources.get("compute", spec.name) + ("" if hardware is None else " (--hardware)")
-    return Device(torch.device(device), name, spec, dict(spec.peak_tflops_dense), source)
+    peak_tflops: dict[str, float] = {key: value for key, value in spec.peak_tflops_dense.items()}
+    return Device(torch.device(device), name, spec, peak_tflops, source)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lmcalc.bench.bandwidth import BandwidthMeasurement
 from lmcalc.bench.device import Device
-from lmcalc.bench.matmul import MatmulMeasurement, ModelMatmul
+from lmcalc.bench.matmul import MatmulMeasurement, ModelMeasurement
 from lmcalc.bench.results import Record, software_versions
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.units import group
@@ -83,15 +83,10 @@ def matmul_result(measurements: list[MatmulMeasurement], device: Device, sweep: 
     return Result("bench", f"Matmul sweep on {device.name}", inputs, (summary, *shapes), _notes(device))
 
 
-def model_result(
-    model_name: str,
-    tokens: int,
-    tp: int,
-    measured: list[tuple[ModelMatmul, MatmulMeasurement]],
-    rate: float,
-    device: Device,
-) -> Result:
-    dtype = measured[0][1].dtype
+def model_result(measurement: ModelMeasurement, device: Device) -> Result:
+    """The FLOP-weighted rate of a model's matmuls against the peak, then each matmul's own rate."""
+    model_name, measured, rate = measurement.shapes.model.name, measurement.measured, measurement.flops_per_s
+    dtype = measurement.dtype
     total = sum(mm.flops for mm, _ in measured)
     sections = [
         Section(
@@ -129,8 +124,8 @@ def model_result(
     inputs = (
         *_device_inputs(device),
         Input("model", "Model", model_name),
-        Input("tokens", "Tokens per matmul (micro-batch × seq)", tokens, "tokens"),
-        Input("tp", "TP", tp),
+        Input("tokens", "Tokens per matmul (micro-batch × seq)", measurement.shapes.tokens, "tokens"),
+        Input("tp", "TP", measurement.shapes.tp),
         Input("dtype", "dtype", dtype),
     )
     notes = ("a better MFU ceiling than one square matmul: these are the shapes the model's step runs", *_notes(device))
@@ -193,11 +188,10 @@ def matmul_records(measurements: list[MatmulMeasurement], device: Device) -> lis
     ]
 
 
-def model_record(model_name: str, rate: float, dtype: str, device: Device) -> Record:
+def model_record(measurement: ModelMeasurement, device: Device) -> Record:
     hardware = device.hardware.name if device.hardware else None
-    return Record(
-        "model", device.name, hardware, dtype, {"model": model_name, "flops_per_s": rate}, software=software_versions()
-    )
+    figures = {"model": measurement.shapes.model.name, "flops_per_s": measurement.flops_per_s}
+    return Record("model", device.name, hardware, measurement.dtype, figures, software=software_versions())
 
 
 def bandwidth_record(meas: BandwidthMeasurement, device: Device) -> Record:

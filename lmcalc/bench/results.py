@@ -42,7 +42,7 @@ class Record:
 def software_versions() -> dict[str, str]:
     import torch
 
-    versions = {"torch": torch.__version__}
+    versions = {"torch": str(torch.__version__)}
     if torch.version.cuda:
         versions["cuda"] = torch.version.cuda
     if getattr(torch.version, "hip", None):

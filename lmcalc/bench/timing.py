@@ -25,8 +25,19 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def time_calls(fn: Callable[[int], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
-    """Seconds taken by each of ``repeats`` calls ``fn(i)`` after ``warmup`` untimed ones."""
+def time_calls(
+    fn: Callable[[int], object],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    before_each: Callable[[], object] | None = None,
+) -> list[float]:
+    """Seconds taken by each of ``repeats`` calls ``fn(i)`` after ``warmup`` untimed ones.
+
+    ``before_each``, if given, runs before every timed call, untimed and followed by a device
+    synchronisation: the barrier that lines up the ranks of a collective. The host then waits at each call,
+    so on CUDA no spin kernel queues the calls ahead (there is no queue to keep full).
+    """
     for i in range(warmup):
         fn(i)
     synchronize(device)
@@ -36,9 +47,12 @@ def time_calls(fn: Callable[[int], object], device: torch.device, warmup: int, r
         # than its launch would be timed as the launch. A spin kernel queued first keeps the GPU busy while
         # the host queues every call behind it; then each pair of events brackets the kernels alone.
         spin = getattr(torch.cuda, "_sleep", None)  # a private helper PyTorch's own tests use
-        if spin is not None:
+        if spin is not None and before_each is None:
             spin(int(QUEUE_AHEAD_CYCLES_PER_CALL * repeats + QUEUE_AHEAD_CYCLES))
         for i, (start, end) in enumerate(events):
+            if before_each is not None:
+                before_each()
+                synchronize(device)
             start.record()
             fn(warmup + i)
             end.record()
@@ -46,11 +60,13 @@ def time_calls(fn: Callable[[int], object], device: torch.device, warmup: int, r
         return [start.elapsed_time(end) / 1e3 for start, end in events]
     times = []
     for i in range(repeats):
+        if before_each is not None:
+            before_each()
         synchronize(device)
-        start = time.perf_counter()
+        began = time.perf_counter()
         fn(warmup + i)
         synchronize(device)
-        times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - began)
     return times
 
 
