@@ -89,13 +89,14 @@ def test_element_count_rounds_to_rank_count_like_nccl_tests():
 def test_bad_arguments_fail_before_spawning():
     with pytest.raises(LmcalcError, match="unknown collective"):
         comm.CommSettings("broadcast", [M])
-    with pytest.raises(LmcalcError, match="--dtype for collectives"):
+    # the library names the setting by its keyword; the command line says --dtype (below)
+    with pytest.raises(LmcalcError, match="^dtype for collectives"):
         comm.CommSettings("all-reduce", [M], dtype="fp64")
     with pytest.raises(LmcalcError, match="no message sizes"):
         comm.CommSettings("all-reduce", [])
-    with pytest.raises(LmcalcError, match="--backend"):
+    with pytest.raises(LmcalcError, match="^backend must be one of"):
         comm.run_collectives(comm.CommSettings("all-reduce", [M]), 2, backend="mpi")
-    with pytest.raises(LmcalcError, match="--world-size"):
+    with pytest.raises(LmcalcError, match="^world_size must be a positive number"):
         comm.run_collectives(comm.CommSettings("all-reduce", [M]), 0)
 
 
@@ -240,3 +241,20 @@ def test_comm_result_and_records(gloo_run):
     assert saved[1].figures["median_s"] == gloo_run[1].median_s
     assert saved[1].figures["size_bytes"] == M and saved[1].dtype == "fp32"
     json.dumps([asdict(r) for r in saved])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "fp64"], "lmcalc: error: --dtype for collectives must be one of fp32, bf16, fp16; got 'fp64'"),
+        (["--backend", "mpi"], "lmcalc: error: --backend must be one of auto, gloo, nccl; got 'mpi'"),
+        (["--world-size", "0"], "lmcalc: error: --world-size must be a positive number of processes; got 0"),
+    ],
+)
+def test_the_command_line_names_the_flags(args, message, capsys):
+    from lmcalc.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "comm", "--sizes", "1M", "--no-save", *args])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == message

@@ -227,11 +227,11 @@ def test_limit_without_meminfo_is_4_gb(monkeypatch):
 
 
 def test_refuses_bad_dtype_and_too_long_sequence():
-    with pytest.raises(LmcalcError, match="--dtype"):
+    with pytest.raises(LmcalcError, match="^dtype must be one of fp32, bf16 for a training step"):
         StepSetup(TINY, SEQ, BATCH, "fp16")
     with pytest.raises(LmcalcError, match="context"):
         StepSetup(TINY, 512, 1)
-    with pytest.raises(LmcalcError, match="--threads"):
+    with pytest.raises(LmcalcError, match="threads must be at least 1"):
         StepSetup(TINY, SEQ, BATCH, threads=0)
 
 
