@@ -6,21 +6,12 @@ several runs in this process). Target: under 2 s on the 2-core development machi
 """
 
 import statistics
-import sys
 import time
 
+from lmcalc.engine import clear_caches
 from lmcalc.engine.plan import Pins, plan
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import parse_cluster, resolve_model, resolve_optimizer, resolve_precision
-
-
-def clear_engine_caches() -> None:
-    """Forget every memoised engine figure, so that each run searches as a fresh `lmcalc plan` process does."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith("lmcalc.engine."):
-            for value in vars(module).values():
-                if callable(getattr(value, "cache_clear", None)):
-                    value.cache_clear()
 
 
 def main(repeats: int = 5) -> None:
@@ -30,7 +21,7 @@ def main(repeats: int = 5) -> None:
     base = Workload(model, precision, optimizer, 8192, overhead_bytes=0.0)  # no allowance: the figures of earlier runs
     seconds = []
     for _ in range(repeats):
-        clear_engine_caches()
+        clear_caches()  # each run searches as a fresh `lmcalc plan` process does
         start = time.perf_counter()
         found = plan(base, cluster, 2048, Pins())
         seconds.append(time.perf_counter() - start)

@@ -3,8 +3,8 @@
 Below the command line, code speaks in quantities and settings, never in flags: a message names a setting
 with ``setting("virtual_stages")``, and each front end says it in its own words when the error is shown
 (``LmcalcError.message``): the Python API by its keyword argument (``keyword``: a field's name, or where the
-two differ the name ``KEYWORDS`` gives), the command line by its flag (``lmcalc.cli.app.flag``: the keyword
-with dashes).
+two differ the name ``KEYWORDS`` gives), the command line by its flag (``flag``: the keyword with
+dashes).
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ KEYWORDS = {
 def keyword(name: str) -> str:
     """How the Python API names a setting: the keyword argument that sets the field ``name``."""
     return KEYWORDS.get(name, name)
+
+
+def flag(name: str) -> str:
+    """How the command line names a setting: its keyword with dashes (``virtual_stages`` → ``--virtual-stages``)."""
+    return "--" + keyword(name).replace("_", "-")
 
 
 class LmcalcError(Exception):

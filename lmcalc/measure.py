@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lmcalc.engine.choices import Attention, Recompute
 from lmcalc.engine.step_peak import StepPeak, plain_step_peak
-from lmcalc.engine.workload import CPU_MASK_BYTES, MASK_BYTES, Workload
+from lmcalc.engine.workload import Workload, dropout_mask_bytes
 from lmcalc.reference_model import ReferenceModel, loss
 from lmcalc.specs import ModelSpec
 
@@ -352,7 +352,7 @@ def measured_step(
     default on a GPU), on both. One step runs first, so that AdamW's states exist; the next is measured.
     """
     from lmcalc.engine.states import bytes_per_param, optimizer_bytes_per_param
-    from lmcalc.errors import LmcalcError
+    from lmcalc.errors import LmcalcError, setting
     from lmcalc.presets import resolve_optimizer, resolve_precision
 
     cuda = device == "cuda"
@@ -360,15 +360,15 @@ def measured_step(
     adamw = resolve_optimizer("adamw").spec
     if cuda:
         capacity = torch.cuda.get_device_properties(0).total_memory
-        per_param = bytes_per_param(precision, optimizer_bytes_per_param(Workload(spec, precision, adamw, 1)), 0, 1)
+        per_param = bytes_per_param(precision, optimizer_bytes_per_param(spec, precision, adamw), 0, 1)
         spec = model_that_fits(spec, CUDA_MODEL_FRACTION * capacity / per_param)
     seq = min(seq_len, spec.max_seq_len)
-    mask_bytes = MASK_BYTES if cuda else CPU_MASK_BYTES
+    mask_bytes = dropout_mask_bytes(device, precision)
     predicted = plain_step_peak(Workload(spec, precision, adamw, seq, micro_batch, attention, recompute, mask_bytes))
     if cuda and predicted.peak > 0.9 * capacity:
         raise LmcalcError(
             f"row 4 would need about {predicted.peak / 1e9:.0f} GB of the GPU's {capacity / 1e9:.0f} GB at "
-            f"s={seq}, b={micro_batch}; try a shorter --seq or a smaller --micro-batch"
+            f"s={seq}, b={micro_batch}; try a shorter {setting('seq')} or a smaller {setting('micro_batch')}"
         )
     workspaces = cuda_workspaces(device) if cuda else 0
     torch.manual_seed(0)

@@ -89,9 +89,19 @@ def _find_any(name: str) -> tuple[str, Any, str]:
     raise LmcalcError(f"unknown preset '{name}'{hint}")
 
 
+def _listed(value: Any) -> Any:
+    """A spec's dump with its tuples as lists: YAML writes lists, and the preset file's own numbers stay as
+    written (a JSON-mode dump would turn a float field's ``67`` into ``67.0``)."""
+    if isinstance(value, dict):
+        return {key: _listed(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [_listed(item) for item in value]
+    return value
+
+
 def show_preset(name: str, as_json: bool) -> None:
     kind, spec, origin = _find_any(name)
-    data = {"kind": kind, "origin": origin, **spec.model_dump(exclude_none=True)}
+    data = {"kind": kind, "origin": origin, **_listed(spec.model_dump(exclude_none=True))}
     if isinstance(spec, ModelSpec):
         counts = count_params(spec)
         data["computed_params"] = {"total": counts.total, "active": counts.active, "by_group": counts.by_group}

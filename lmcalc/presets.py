@@ -141,8 +141,8 @@ def construct_trusted(spec_type: type[S], data: dict[str, Any]) -> S:
         nested = _nested_spec_type(info.annotation) if info else None
         if nested and isinstance(value, dict):
             value = construct_trusted(nested, value)
-        elif nested and isinstance(value, list):
-            value = [construct_trusted(nested, v) if isinstance(v, dict) else v for v in value]
+        elif isinstance(value, list):  # a spec's sequences are tuples, as validation makes them
+            value = tuple(construct_trusted(nested, v) if nested and isinstance(v, dict) else v for v in value)
         fields[key] = value
     return spec_type.model_construct(**fields)
 

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lmcalc.engine.choices import Attention as AttentionImpl
 from lmcalc.engine.choices import Recompute
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import ModelSpec
 
 FUSED_CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
@@ -151,7 +151,7 @@ class Attention(nn.Module):
                 gqa = " with grouped-query attention" if groups > 1 else ""
                 raise LmcalcError(
                     f"no fused attention kernel on this {q.device.type} takes {str(q.dtype).removeprefix('torch.')}, "
-                    f"head size {q.shape[-1]}{gqa}; try --attention eager or another --dtype"
+                    f"head size {q.shape[-1]}{gqa}; try {setting('attention')} eager or another {setting('dtype')}"
                 ) from exc
         if groups > 1:  # eager GQA: every query head gets its own copy of its group's K and V
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)

@@ -35,7 +35,8 @@ def _hashable(value: Any) -> Any:
 
 _HASHES: dict[int, int] = {}
 """Each live spec's hash, by ``id``: computed once (a model's walks some thirty fields), forgotten when the spec
-is (``weakref.finalize``), before its ``id`` can be reused."""
+is (``weakref.finalize``), before its ``id`` can be reused. A spec is frozen and its sequences are tuples, so its
+hash cannot go stale (a hardware spec's dicts are the one thing a caller could still change in place: don't)."""
 
 
 class _Spec(BaseModel):
@@ -92,9 +93,9 @@ class ModelSpec(NamedSpec):
     """A decoder-only transformer, described the way its config file and paper describe it."""
 
     display_name: str = ""
-    aliases: list[str] = Field(default_factory=list)
-    family_aliases: list[str] = Field(
-        default_factory=list, description="short family names (e.g. llama-70b) that default to this model"
+    aliases: tuple[str, ...] = Field(default_factory=tuple)
+    family_aliases: tuple[str, ...] = Field(
+        default_factory=tuple, description="short family names (e.g. llama-70b) that default to this model"
     )
     vocab_size: PositiveInt
     hidden_size: PositiveInt
@@ -123,8 +124,8 @@ class ModelSpec(NamedSpec):
     published_params_source: str = ""
     training_tokens: PositiveFloat | None = None
     training_tokens_source: str = ""
-    notes: list[str] = Field(default_factory=list)
-    sources: list[str] = Field(default_factory=list)
+    notes: tuple[str, ...] = Field(default_factory=tuple)
+    sources: tuple[str, ...] = Field(default_factory=tuple)
 
     @model_validator(mode="after")
     def _shapes_consistent(self) -> ModelSpec:
@@ -168,7 +169,7 @@ class HardwareSpec(NamedSpec):
     """One accelerator as its spec sheet describes it: dense peaks, memory, links, power."""
 
     display_name: str = ""
-    aliases: list[str] = Field(default_factory=list)
+    aliases: tuple[str, ...] = Field(default_factory=tuple)
     vendor: str
     memory_bytes: PositiveInt = Field(description="device memory in bytes, stated exactly (see memory_note)")
     memory_label: str = Field(description="the spec sheet's wording, e.g. '80 GB HBM3'")
@@ -187,7 +188,7 @@ class HardwareSpec(NamedSpec):
     )
     tdp_watts: PositiveFloat | None = None
     sources: dict[str, str] = Field(default_factory=dict, description="source per group of figures")
-    notes: list[str] = Field(default_factory=list)
+    notes: tuple[str, ...] = Field(default_factory=tuple)
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak in FLOP/s (not TFLOP/s) for a compute dtype."""
@@ -201,7 +202,7 @@ class HardwareSpec(NamedSpec):
 class PrecisionRecipe(NamedSpec):
     """How many bytes each piece of training state takes, and which peak the matmuls run at."""
 
-    aliases: list[str] = Field(default_factory=list)
+    aliases: tuple[str, ...] = Field(default_factory=tuple)
     description: str
     compute_dtype: ComputeDtype
     param_bytes: float = Field(ge=0, description="bytes per parameter of the weights used in forward/backward")
@@ -209,7 +210,7 @@ class PrecisionRecipe(NamedSpec):
     master_bytes: float = Field(ge=0, description="bytes per parameter of a separate fp32 master copy (0: none)")
     optimizer_state_bytes: float = Field(gt=0, description="bytes of one optimizer state element")
     activation_bytes: float = Field(gt=0, description="bytes of one saved activation element")
-    sources: list[str] = Field(default_factory=list)
+    sources: tuple[str, ...] = Field(default_factory=tuple)
 
 
 class OptimizerState(_Spec):
@@ -224,10 +225,10 @@ class OptimizerState(_Spec):
 
 
 class OptimizerSpec(NamedSpec):
-    aliases: list[str] = Field(default_factory=list)
+    aliases: tuple[str, ...] = Field(default_factory=tuple)
     description: str
-    states: list[OptimizerState]
-    sources: list[str] = Field(default_factory=list)
+    states: tuple[OptimizerState, ...]
+    sources: tuple[str, ...] = Field(default_factory=tuple)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from lmcalc.engine.gpu_memory import gpu_memory
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
 from lmcalc.engine.step_peak import StepPeak
-from lmcalc.engine.workload import CPU_MASK_BYTES, Workload
+from lmcalc.engine.workload import Workload, dropout_mask_bytes
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.estimates.inputs import ModelLike, choice, positive_int, resolve_model, seq_given
 from lmcalc.presets import resolve_optimizer, resolve_precision
@@ -156,7 +156,7 @@ def validate_result(
         if (seq_len * micro_batch) % unit:
             raise LmcalcError(
                 f"the FLOP check spreads tokens evenly over {spec.name}'s experts: micro-batch × {setting('seq')} "
-                f"must be a multiple of {unit} (e.g. --seq {max(unit, seq_len // unit * unit)})"
+                f"must be a multiple of {unit} (e.g. {setting('seq')} {max(unit, seq_len // unit * unit)})"
             )
     sections = []
     reference = measure.build(spec, "flash", seq_len, "meta")
@@ -197,7 +197,8 @@ def validate_result(
         for recompute in recompute_modes:
             key = f"activations_{attention}_{recompute}"
             title = f"Activations, {attention} attention, recompute {recompute} (small model, s={s})"
-            workload = Workload(small, fp32, adamw, s, micro_batch, attention, recompute, CPU_MASK_BYTES)
+            mask = dropout_mask_bytes("cpu", fp32)
+            workload = Workload(small, fp32, adamw, s, micro_batch, attention, recompute, mask)
             engine = gpu_memory(workload, Layout(), 0).activations  # the whole model on one device
             reason = cpu_fallback_reason(small, attention)
             if reason:

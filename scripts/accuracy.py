@@ -14,7 +14,7 @@ from lmcalc.engine.layout import Layout
 from lmcalc.engine.plan import Pins, plan
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
 from lmcalc.engine.workload import Workload
-from lmcalc.estimates.training import build_layout, pipeline_split
+from lmcalc.estimates.training import build_layout, pipeline_split, split_settings
 from lmcalc.presets import read_yaml, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster, ModelSpec
 
@@ -82,7 +82,8 @@ def load_runs(path: Path) -> list[PublishedRun]:
         )
         toolset = row.get("toolset", {})
         pins = dict(toolset.get("pins", {}))
-        split = {key: pins.pop(key) for key in list(pins) if key in PIN_SPLIT}
+        split = split_settings(pins)
+        pins = {key: value for key, value in pins.items() if key not in split}
         runs.append(
             PublishedRun(
                 row["id"],
@@ -92,19 +93,11 @@ def load_runs(path: Path) -> list[PublishedRun]:
                 workload,
                 row["mfu"],
                 row.get("assumed", ""),
-                Pins(**pins, split=pipeline_split(**split)),
+                Pins(**pins, split=pipeline_split(split)),
                 toolset.get("why", ""),
             )
         )
     return runs
-
-
-PIN_SPLIT = (
-    "first_stage_layers",
-    "last_stage_layers",
-    "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split",
-)
 
 
 @dataclass(frozen=True)

@@ -442,6 +442,22 @@ def test_presets_schema_describes_the_files(kind, capsys):
         assert schema["required"] == [kind] and schema["properties"][kind]["type"] == "array"
 
 
+@pytest.mark.parametrize("name, file", [("H100", "hardware/h100-sxm.yaml"), ("tpu-v4", "hardware/tpu-v4.yaml")])
+def test_presets_show_prints_the_file_as_written(name, file, capsys):
+    # The file is the record: 'presets show' must give back its values as written (67 stays 67, not 67.0;
+    # a list stays a list), whichever way the spec holds them.
+    import yaml
+
+    from lmcalc.presets import builtin_dir
+
+    written = yaml.safe_load((builtin_dir() / file).read_text())
+    shown = run_json(f"presets show {name}", capsys)
+    for key, value in written.items():
+        assert shown[key] == value and type(shown[key]) is type(value), key
+        if isinstance(value, dict):
+            assert all(type(shown[key][k]) is type(v) for k, v in value.items()), key
+
+
 def test_inference_memory(capsys):
     # Llama 3.1 8B in bf16: 131,072 bytes of KV cache per token (2 · 32 layers · 8 KV heads · 128 · 2 B);
     # the largest batch at 8192 tokens is ⌊(80e9 − weights − 2 GiB) / (8192 · 131,072)⌋.

@@ -5,10 +5,11 @@ import re
 import pytest
 
 from lmcalc.cli.app import error_message
-from lmcalc.engine import activations, gpu_memory, pipeline, sharding, states, steptime
+from lmcalc.engine import activations, gpu_memory, sharding, steptime
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.memory_terms import Capacity, memory_sections
 from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts, stage_layers
+from lmcalc.engine.plan import Pins
 from lmcalc.engine.sharding import stage_params
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
@@ -25,7 +26,7 @@ def gpt3():
 def workload(model, seq_len=4096, **settings):
     """A bf16-mixed AdamW workload with no overhead allowance (micro-batch 1, flash attention, no recompute unless
     given)."""
-    return Workload(model, MIXED, ADAMW, seq_len, overhead_bytes=0.0, **settings)
+    return Workload(model, MIXED, ADAMW, seq_len, **{"overhead_bytes": 0.0, **settings})
 
 
 def interleaved(virtual_stages, **split):
@@ -186,7 +187,6 @@ BAD_LAYOUTS = [
     ("llama-3.1-8b", "8xH100", Layout(dp=8, ep=2), "needs a mixture-of-experts model"),
     ("mixtral-8x7b", "8xH100", Layout(dp=8, ep=3), "EP=3 does not divide the 8 experts"),
     ("llama-3.1-8b", "3xH100", Layout(cp=3), "CP=3 does not divide the sequence length 4096"),
-    ("llama-3.1-8b", "8xH100", Layout(dp=8, zero=4), "--zero must be 0, 1, 2 or 3"),
     (
         "llama-3.1-8b",
         "8xH100",
@@ -306,7 +306,6 @@ def test_counting_the_embedding_and_the_loss_as_layers_makes_the_same_split():
             Layout(pp=16, grad_accum=16, split=interleaved(2, last_stage_layers=7)),
             "split evenly over its 2 chunks .*: --last-stage-layers 7 and the other 15 stages' 119 layers do not",
         ),
-        (Layout(pp=16, split=PipelineSplit(first_stage_layers=0)), "positive integer"),
         (
             Layout(pp=16, split=PipelineSplit(first_stage_layers=100, last_stage_layers=20)),
             "leave 6 of the 126 layers",
@@ -330,6 +329,39 @@ def test_impossible_stage_splits_are_refused(layout, message):
     assert re.search(message, refusal(w, layout, None))
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Layout(dp=8, zero=4), "--zero must be 0, 1, 2 or 3, got 4"),
+        (lambda: Layout(tp=0), "--tp must be a positive integer, got 0"),
+        (lambda: Layout(grad_accum=0), "--grad-accum must be a positive integer, got 0"),
+        (lambda: Layout(dp=True), "--dp must be a positive integer, got True"),
+        (lambda: PipelineSplit(first_stage_layers=0), "--first-stage-layers must be a positive integer, got 0"),
+        (lambda: PipelineSplit(virtual_stages=0), "--virtual-stages must be a positive integer, got 0"),
+        (lambda: PipelineSplit(schedule="zb"), "--schedule must be one of 1f1b, interleaved; got 'zb'"),
+        (lambda: Pins(zero=5), "--zero must be 0, 1, 2 or 3, got 5"),
+        (lambda: Pins(max_pp=0), "--max-pp must be a positive integer, got 0"),
+        (lambda: Pins(recompute="some"), "--recompute must be one of none, selective, full; got 'some'"),
+        (lambda: workload(gpt3(), 0), "--seq must be a positive integer, got 0"),
+        (lambda: workload(gpt3(), micro_batch=True), "--micro-batch must be a positive integer, got True"),
+        (lambda: workload(gpt3(), attention="sdpa"), "--attention must be one of flash, eager; got 'sdpa'"),
+        (lambda: workload(gpt3(), overhead_bytes=-1), "--overhead must be zero or a positive number of bytes, got -1"),
+    ],
+)
+def test_values_check_themselves_when_made(make, message):
+    # a Layout, a PipelineSplit, the planner's Pins and a Workload refuse what they cannot hold the moment they
+    # are made, whoever makes them (the command line, the Python API, a test): the engine never sees them
+    with pytest.raises(LmcalcError) as raised:
+        make()
+    assert error_message(raised.value) == message
+
+
+def test_a_setting_only_the_engine_has_is_named_by_its_field():
+    # the bytes of a dropout-mask element are the engine's (1 on CUDA, 4 on a CPU): no flag sets them
+    with pytest.raises(LmcalcError, match="^mask_bytes must be a positive number of bytes, got 0$"):
+        workload(gpt3(), mask_bytes=0)
+
+
 def test_a_lighter_first_stage_moves_the_peak_to_the_second():
     # 1F1B keeps PP − stage micro-batches in flight: the first stage 16 × 7 = 112 layer-activations, the second
     # 15 × 8 = 120. The second stage is now the most loaded; its activations are 120 layers' worth.
@@ -349,57 +381,53 @@ def test_a_lighter_first_stage_moves_the_peak_to_the_second():
     assert gpu.activations == pytest.approx(15 * 8 * per_layer, rel=1e-12)
 
 
-MEMOISED = [
-    activations.layer_saved_tensors,
-    activations.model_saved_tensors,
-    gpu_memory.layer_bytes,
-    gpu_memory._stage_activations,
-    pipeline._stage_layers,
-    pipeline._chunk_mixes,
-    pipeline._distinct_stages,
-    sharding._params_held,
-    states.optimizer_bytes_per_param,
-    steptime.stage_step_flops,
-    steptime._whole_step_flops,
-]
-"""The engine's memoised functions (what the old shared ``cache=`` dict held)."""
-
-
-def clear_memoised():
-    for memoised in MEMOISED:
-        memoised.cache_clear()
-
-
-def test_a_shared_cache_gives_every_layout_its_own_figures():
-    # the planner evaluates thousands of layouts through the engine's memoised functions: whichever is evaluated
-    # first, each layout's memory and step time must be what a fresh (cleared) memo gives
+def test_memoised_figures_belong_to_their_own_layout_and_workload():
+    # the planner evaluates thousands of layouts through the engine's memoised functions, which share figures
+    # between layouts (activations across ZeRO and EP, a stage's parameters across DP, CP and ZeRO): whichever is
+    # evaluated first, each case's memory and step time must be what a cleared memo gives
+    from lmcalc.engine import clear_caches
     from lmcalc.presets import resolve_hardware
     from lmcalc.specs import Cluster
 
-    model = resolve_model("llama-3.1-405b").spec
-    w = workload(model, 8192, attention="flash", recompute="none")
+    llama, mixtral, gpt = (resolve_model(name).spec for name in ("llama-3.1-405b", "mixtral-8x7b", "gpt3-175b"))
     common = dict(dp=64, tp=8, pp=16, zero=2, sequence_parallel=True, grad_accum=32)
-    layouts = [
-        Layout(**common),
-        Layout(**common, split=PipelineSplit(embedding_in_split=True, loss_in_split=True)),
-        Layout(**common, split=PipelineSplit(first_stage_layers=6, last_stage_layers=8)),
-        Layout(**common, split=interleaved(2)),
-        Layout(**common, split=interleaved(4)),
-        Layout(**{**common, "grad_accum": 16}, split=interleaved(4)),  # m = p: fewer in flight
-    ]
+    moe = dict(dp=16, tp=2, pp=2, grad_accum=8)
+    cases = [  # (workload, layout): each differs from another in one thing only
+        *((workload(llama, 8192), Layout(**common, split=split)) for split in (
+            PipelineSplit(),
+            PipelineSplit(embedding_in_split=True, loss_in_split=True),
+            PipelineSplit(first_stage_layers=6, last_stage_layers=8),
+            interleaved(2),
+            interleaved(4),
+        )),
+        (workload(llama, 8192), Layout(**{**common, "grad_accum": 16}, split=interleaved(4))),  # m = p
+        *((workload(mixtral), Layout(**moe, zero=zero)) for zero in (0, 1, 2, 3)),
+        *((workload(mixtral), Layout(**moe, ep=ep)) for ep in (2, 8)),
+        (workload(mixtral), Layout(**{**moe, "dp": 8}, cp=2)),
+        (workload(mixtral), Layout(**moe, sequence_parallel=True)),
+        *((workload(mixtral, micro_batch=b, recompute=mode), Layout(**moe)) for b, mode in (
+            (2, "none"), (1, "selective"), (1, "full"),
+        )),
+        (workload(mixtral, 2048), Layout(**moe)),
+        *((workload(gpt, 2048, attention="eager", mask_bytes=mask), Layout(tp=8, pp=8, grad_accum=8))
+          for mask in (1, 4)),  # GPT-3 trains with dropout: the masks' bytes count
+    ]  # fmt: skip
     hardware = resolve_hardware("H100").spec
 
-    def figures(layout):
+    def figures(case):
+        w, layout = case
         memory = gpu_memory.most_loaded_gpu(w, layout)
         time = steptime.step_time(w, layout, Cluster(hardware=hardware, count=layout.gpus, gpus_per_node=8))
-        return memory.total, memory.stage, time.total
+        return memory.total, memory.states, memory.activations, memory.stage, time.total
 
-    def fresh_figures(layout):
-        clear_memoised()
-        return figures(layout)
+    def fresh_figures(case):
+        clear_caches()
+        return figures(case)
 
-    fresh = [fresh_figures(layout) for layout in layouts]
-    assert len(set(fresh)) == len(layouts)  # six different layouts, six different answers
-    for order in (layouts, layouts[::-1]):
-        clear_memoised()
-        assert {layout: figures(layout) for layout in order} == dict(zip(layouts, fresh, strict=True))
+    fresh = [fresh_figures(case) for case in cases]
+    assert len(set(fresh)) == len(cases)  # every case its own answer
+    for order in (cases, cases[::-1]):
+        clear_caches()
+        assert {case: figures(case) for case in order} == dict(zip(cases, fresh, strict=True))
+    # and the memo was shared, not bypassed: figures computed for one case served another
+    assert gpu_memory._stage_activations.cache_info().hits > 0 and sharding._params_held.cache_info().hits > 0

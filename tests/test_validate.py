@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from lmcalc import measure  # noqa: E402
 from lmcalc import validate as val  # noqa: E402
+from lmcalc.engine import clear_caches  # noqa: E402
 from lmcalc.engine import flops as fl  # noqa: E402
-from lmcalc.engine import gpu_memory as gm  # noqa: E402
 from lmcalc.engine.gpu_memory import gpu_memory  # noqa: E402
 from lmcalc.engine.layout import Layout  # noqa: E402
 from lmcalc.engine.params import count_params  # noqa: E402
@@ -176,19 +176,13 @@ def test_perturbed_activations_make_the_check_fail(monkeypatch):
         return tuple(t for t in original(*args, **kwargs) if t.label != "softmax output")
 
     monkeypatch.setattr(activations, "layer_saved_tensors", without_softmax)
-    _forget_memoised_activations()  # validate's own test above ran this very workload unperturbed
+    clear_caches()  # the engine memoises activation bytes, and validate's own test above ran this very workload
     try:
         result = val.validate_result(resolve_model("llama-3.2-1b").spec, 256, 1, ("none",))
     finally:
-        _forget_memoised_activations()  # and the tests that follow must not see the perturbed figures
+        clear_caches()  # and the tests that follow must not see the perturbed figures
     assert result.term("activations_eager_none.error").ok is False
     assert result.term("activations_flash_none.error").ok is True
-
-
-def _forget_memoised_activations() -> None:
-    """The engine memoises a layer's and a stage's activation bytes on the frozen workload: drop them."""
-    gm.layer_bytes.cache_clear()
-    gm._stage_activations.cache_clear()
 
 
 def test_validation_doc_covers_every_preset():

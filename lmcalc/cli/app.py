@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from lmcalc import __version__
-from lmcalc.errors import LmcalcError, keyword
+from lmcalc.errors import LmcalcError, flag
 from lmcalc.render import render
 from lmcalc.result import Estimate, Result
 
@@ -31,11 +31,6 @@ bench_app = typer.Typer(
     "matmuls (one shape, --sweep, or a model's shapes with --model); the subcommands time memory bandwidth, "
     "collectives and training steps."
 )
-
-
-def flag(name: str) -> str:
-    """The flag of a setting: its Python keyword with dashes (``virtual_stages`` → ``--virtual-stages``)."""
-    return "--" + keyword(name).replace("_", "-")
 
 
 def emit(shown: Estimate | Result, as_json: bool = False, explain: bool = False) -> None:

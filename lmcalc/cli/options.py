@@ -16,6 +16,7 @@ from typing import Annotated, Any, get_args
 import typer
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
+from lmcalc.errors import flag
 from lmcalc.estimates.inputs import DEFAULT_OVERHEAD, TRAINING_DEFAULTS
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
@@ -57,7 +58,7 @@ class Option:
     @classmethod
     def of(cls, name: str, kind: Any, default: Any, help: str) -> Option:
         """An option whose flag is its keyword with dashes."""
-        return cls(name, Annotated[kind, typer.Option("--" + name.replace("_", "-"), help=help)], default)
+        return cls(name, Annotated[kind, typer.Option(flag(name), help=help)], default)
 
     def parameter(self) -> inspect.Parameter:
         return inspect.Parameter(

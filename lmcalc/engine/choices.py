@@ -28,3 +28,14 @@ ATTENTION_KERNELS: tuple[Attention, ...] = get_args(Attention)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
 ATTN_CONVENTIONS: tuple[AttnConvention, ...] = get_args(AttnConvention)
+
+
+def one_of(options: tuple[object, ...]) -> str:
+    """The options in words, for a message: ``0, 1, 2 or 3``."""
+    words = [str(option) for option in options]
+    return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else words[0]
+
+
+def positive_integer(value: object) -> bool:
+    """Whether ``value`` is a whole number of at least 1 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -156,7 +156,9 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
         params=sharded_state_bytes(precision.param_bytes, "params", held, layout),
         grads=sharded_state_bytes(precision.grad_bytes, "grads", held, layout),
         master=sharded_state_bytes(precision.master_bytes, "master", held, layout),
-        optimizer=sharded_state_bytes(optimizer_bytes_per_param(w), "optimizer", held, layout),
+        optimizer=sharded_state_bytes(
+            optimizer_bytes_per_param(w.model, precision, w.optimizer), "optimizer", held, layout
+        ),
         activations=activations.total,
         zero3_buffers=zero3,
         overhead=w.overhead_bytes,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmcalc.engine.choices import SCHEDULES, ZERO_STAGES, ZeroStage
+from lmcalc.engine.choices import ZERO_STAGES, ZeroStage, one_of, positive_integer
 from lmcalc.engine.pipeline import PipelineSplit, check_split
 from lmcalc.engine.sharding import check_tp_heads
 from lmcalc.engine.workload import Workload
@@ -47,6 +47,13 @@ class Layout:
     grad_accum: int = 1  # micro-batches per step
     split: PipelineSplit = PipelineSplit()
 
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "ep", "grad_accum"):
+            if not positive_integer(getattr(self, name)):
+                raise LmcalcError(f"{setting(name)} must be a positive integer, got {getattr(self, name)}")
+        if self.zero not in ZERO_STAGES:
+            raise LmcalcError(f"{setting('zero')} must be {one_of(ZERO_STAGES)}, got {self.zero}")
+
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
@@ -77,25 +84,8 @@ class Layout:
 
 def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp_within_node: bool = True) -> None:
     """Refuse a layout that cannot exist for the workload (and the cluster, when given), naming the constraint
-    that fails."""
+    that fails. (What a layout can check alone, its degrees and ZeRO stage, it checked when it was made.)"""
     model, split = w.model, layout.split
-    if split.schedule not in SCHEDULES:
-        raise LmcalcError(f"{setting('schedule')} must be one of {', '.join(SCHEDULES)}; got {split.schedule!r}")
-    degrees = {
-        "dp": layout.dp,
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "cp": layout.cp,
-        "ep": layout.ep,
-        "grad_accum": layout.grad_accum,
-        "virtual_stages": split.virtual_stages,
-        **split.stage_layers_given,
-    }
-    for name, value in degrees.items():
-        if value < 1:
-            raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
-    if layout.zero not in ZERO_STAGES:
-        raise LmcalcError(f"{setting('zero')} must be 0, 1, 2 or 3, got {layout.zero}")
     if cluster and layout.gpus != cluster.count:
         raise LmcalcError(
             f"DP·TP·PP·CP = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.gpus} "

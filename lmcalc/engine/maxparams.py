@@ -83,7 +83,7 @@ def max_params(template: Workload, cluster: Cluster) -> list[MaxParamsRow]:
     activations of ``template``'s model scaled to N (at its sequence, micro-batch, attention, recomputation)."""
     capacity_bytes, dp, overhead_bytes = cluster.hardware.memory_bytes, cluster.count, template.overhead_bytes
     precision = template.precision
-    opt_bpp = optimizer_bytes_per_param(template)
+    opt_bpp = optimizer_bytes_per_param(template.model, precision, template.optimizer)
     rows = []
     for stage, label in STRATEGIES:
         bpp = bytes_per_param(precision, opt_bpp, stage, dp)

@@ -18,7 +18,7 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from lmcalc.engine.choices import Schedule
+from lmcalc.engine.choices import SCHEDULES, Schedule, positive_integer
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import ModelSpec
 
@@ -39,6 +39,13 @@ class PipelineSplit:
     embedding_in_split: bool = False
     loss_in_split: bool = False
 
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise LmcalcError(f"{setting('schedule')} must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}")
+        for name, value in (("virtual_stages", self.virtual_stages), *self.stage_layers_given.items()):
+            if not positive_integer(value):
+                raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
+
     @property
     def chunks(self) -> int:
         """Model chunks per GPU: the virtual stages under the interleaved schedule, one under 1F1B."""
@@ -49,7 +56,7 @@ class PipelineSplit:
         """What the split counts beyond the layers: the embedding and the loss, where asked."""
         return int(self.embedding_in_split) + int(self.loss_in_split)
 
-    @property
+    @functools.cached_property  # the planner asks tens of thousands of times
     def stage_layers_given(self) -> dict[str, int]:
         """The uneven stages' layer counts that were given, by setting name."""
         given = {"first_stage_layers": self.first_stage_layers, "last_stage_layers": self.last_stage_layers}
@@ -84,8 +91,8 @@ class Pipelined(Protocol):
 
 
 def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit) -> None:
-    """Refuse a split of ``model``'s layers over ``pp`` stages that cannot exist, naming the constraint. The
-    split's own settings are known to be in range (``layout.check_layout`` checks them first)."""
+    """Refuse a split of ``model``'s layers over ``pp`` stages that cannot exist, naming the constraint. (What a
+    split can check alone, it checked when it was made.)"""
     interleaved = split.schedule == "interleaved"
     if interleaved and split.virtual_stages < 2:
         raise LmcalcError(f"the interleaved schedule needs {setting('virtual_stages')} 2 or more (1 is plain 1F1B)")

@@ -13,13 +13,13 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES, Recompute, ZeroStage
+from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES, Recompute, ZeroStage, one_of, positive_integer
 from lmcalc.engine.gpu_memory import GpuMemory, most_loaded_gpu
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
 from lmcalc.engine.workload import Workload
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import Cluster
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -44,6 +44,18 @@ class Pins:
     max_cp: int = 16
     tp_within_node: bool = True
     split: PipelineSplit = PipelineSplit()
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "cp", "ep", "micro_batch", "max_tp", "max_pp", "max_cp"):
+            value = getattr(self, name)
+            if value is not None and not positive_integer(value):
+                raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
+        if self.zero is not None and self.zero not in ZERO_STAGES:
+            raise LmcalcError(f"{setting('zero')} must be {one_of(ZERO_STAGES)}, got {self.zero}")
+        if self.recompute is not None and self.recompute not in RECOMPUTE_MODES:
+            raise LmcalcError(
+                f"{setting('recompute')} must be one of {', '.join(RECOMPUTE_MODES)}; got {self.recompute!r}"
+            )
 
 
 @dataclass(frozen=True)

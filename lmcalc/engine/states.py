@@ -13,7 +13,6 @@ import functools
 
 from lmcalc.engine.params import weight_tensors
 from lmcalc.engine.sharding import zero_divisor
-from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
 
 SCALE_BYTES = 4  # block-wise quantised optimizer states keep one fp32 scale per block (Dettmers et al. 2022)
@@ -38,9 +37,9 @@ def optimizer_state_bytes(model: ModelSpec, precision: PrecisionRecipe, optimize
 
 
 @functools.lru_cache(maxsize=1024)
-def optimizer_bytes_per_param(w: Workload) -> float:
-    """Optimizer bytes per parameter of the workload's model (exact for unfactored optimizers)."""
-    return optimizer_state_bytes(w.model, w.precision, w.optimizer) / sum(t.total for t in weight_tensors(w.model))
+def optimizer_bytes_per_param(model: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec) -> float:
+    """Optimizer bytes per parameter of ``model`` (exact for unfactored optimizers)."""
+    return optimizer_state_bytes(model, precision, optimizer) / sum(t.total for t in weight_tensors(model))
 
 
 def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes: float, zero_stage: int, dp: int) -> float:

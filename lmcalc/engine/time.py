@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, setting
 from lmcalc.result import Term
 from lmcalc.specs import HardwareSpec, PrecisionRecipe
 from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR, sci
@@ -66,7 +66,7 @@ def peak_for(hardware: HardwareSpec, precision: PrecisionRecipe) -> float:
         have = ", ".join(hardware.peak_tflops_dense) or "none"
         raise LmcalcError(
             f"{hardware.name} has no {precision.compute_dtype} peak on its spec sheet (it has: {have}); "
-            "choose another --precision"
+            f"choose another {setting('precision')}"
         )
     return hardware.peak_flops(precision.compute_dtype)
 

@@ -25,7 +25,12 @@ with ``--overhead``. On a GPU, ``lmcalc validate`` compares the predicted peak o
 with ``torch.cuda.max_memory_allocated`` (which excludes the CUDA context)."""
 
 MASK_BYTES = 1  # dropout masks are stored as bool / uint8 (Korthikanti et al. 2022 §4.1)
-CPU_MASK_BYTES = 4  # PyTorch's CPU dropout keeps a float mask (CUDA keeps a bool one)
+
+
+def dropout_mask_bytes(device_type: str, precision: PrecisionRecipe) -> float:
+    """Bytes of one dropout-mask element on a device: a bool on CUDA (``MASK_BYTES``); PyTorch's CPU dropout
+    keeps its mask in the input's dtype, the recipe's activation bytes."""
+    return MASK_BYTES if device_type == "cuda" else precision.activation_bytes
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,10 @@ class Workload:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __reduce__(self) -> tuple[type[Workload], tuple[object, ...]]:
+        """Pickled as its fields, so that a copy made in another process (another hash seed) hashes anew."""
+        return type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init)
 
     @property
     def tokens(self) -> int:

@@ -17,7 +17,7 @@ from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, matches_published
 from lmcalc.engine.time import DEFAULT_MFU
 from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
-from lmcalc.errors import LmcalcError, setting
+from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.result import Input, Result
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 from lmcalc.units import GiB, group, parse_bytes, parse_count
@@ -153,7 +153,7 @@ def seq_given(value: Count | None, model: ModelSpec | None = None, name: str = "
     seq = count(value, name, binary=True)
     if not seq.is_integer():
         raise LmcalcError(f"{setting(name)} must be a whole number of tokens, got {value!r}")
-    return Given(int(seq), f"--{name}")
+    return Given(int(seq), flag(name))
 
 
 def tokens_given(value: Count | None, model: ModelSpec) -> Given:

@@ -30,6 +30,7 @@ from lmcalc.estimates.training import (
     MemorySettings,
     TrainingSettings,
     TrainingSetup,
+    accept,
     build_layout,
     layout_settings,
     training_settings,
@@ -59,8 +60,9 @@ class FitEstimate(Estimate):
 def fit(*, model: ModelLike, gpus: ClusterLike = "8xH100", **settings: Unpack[MemorySettings]) -> FitEstimate:
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit a layout, and what binds each;
     ``settings`` as ``memory`` takes them."""
-    setup = training_setup(model, gpus, training_settings(settings, "fit"))
-    return fit_estimate(setup, build_layout(setup.cluster, layout_settings(settings, "fit")))
+    accept(settings, MemorySettings, "fit")
+    setup = training_setup(model, gpus, training_settings(settings))
+    return fit_estimate(setup, build_layout(setup.cluster, layout_settings(settings)))
 
 
 def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:

@@ -34,6 +34,7 @@ from lmcalc.estimates.inputs import (
 from lmcalc.estimates.training import (
     MemorySettings,
     TrainingSetup,
+    accept,
     build_layout,
     layout_origin,
     layout_settings,
@@ -77,8 +78,9 @@ def memory(
     of one GPU of every pipeline stage. ``settings`` are the workload's (``TrainingSettings``: ``seq``,
     ``micro_batch``, ``precision``, ``optimizer``, ``attention``, ``recompute``, ``overhead``) and the layout's
     (``LayoutSettings``: ``tp=8, pp=4, zero=1, …``)."""
-    setup = training_setup(model, gpus, training_settings(settings, "memory"))
-    layout = build_layout(setup.cluster, layout_settings(settings, "memory"))
+    accept(settings, MemorySettings, "memory")
+    setup = training_setup(model, gpus, training_settings(settings))
+    layout = build_layout(setup.cluster, layout_settings(settings))
     return memory_estimate(setup, layout, stages)
 
 
@@ -218,7 +220,7 @@ def memory_sweep(
 ) -> MemorySweepEstimate:
     """``memory`` at each value of one setting, ``sweep="seq=1k,4k,16k"`` or ``"micro-batch=1,2,4"``: one row
     each, to see how the parts grow."""
-    training_settings(settings, "memory_sweep")
+    accept(settings, MemorySettings, "memory_sweep")
     name, values = _sweep(sweep)
     rows = []
     for value in values:

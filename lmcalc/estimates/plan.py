@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
-from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES
+from lmcalc.engine.choices import RECOMPUTE_MODES, ZeroStage
 from lmcalc.engine.memory_terms import Capacity, memory_sections
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
 from lmcalc.errors import LmcalcError, setting
@@ -29,11 +29,10 @@ from lmcalc.estimates.inputs import (
     count,
     model_input,
     optimizer_text,
-    positive_int,
     recipe_text,
     tokens_given,
 )
-from lmcalc.estimates.training import SplitSettings, TrainingSetup, pipeline_split, training_setup
+from lmcalc.estimates.training import SplitSettings, TrainingSetup, accept, pipeline_split, training_setup
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.units import GB, group
 
@@ -68,7 +67,7 @@ def plan(
     pp: int | None = None,
     cp: int | None = None,
     ep: int | None = None,
-    zero: int | None = None,
+    zero: ZeroStage | None = None,
     micro_batch: int | None = None,
     recompute: str | None = None,
     max_pp: int = 64,
@@ -91,14 +90,10 @@ def plan(
     (``measured_efficiency``, or a ``calibration`` file), else the calibrated default."""
     from lmcalc.engine import plan as pl
 
+    accept(split, SplitSettings, "plan")
     # the search varies the micro-batch and the recomputation within the pins
     base = TrainingSettings(seq=seq, precision=precision, optimizer=optimizer, attention=attention, overhead=overhead)
     setup = training_setup(model, gpus, base)
-    if zero is not None and zero not in ZERO_STAGES:
-        raise LmcalcError(f"{setting('zero')} must be 0, 1, 2 or 3, got {zero}")
-    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("micro_batch", micro_batch)):
-        if value is not None:
-            positive_int(value, name)
     pins = pl.Pins(
         tp=tp,
         pp=pp,
@@ -107,10 +102,10 @@ def plan(
         zero=zero,
         micro_batch=micro_batch,
         recompute=choice(recompute, RECOMPUTE_MODES, "recompute") if recompute else None,
-        max_pp=positive_int(max_pp, "max_pp"),
-        max_cp=positive_int(max_cp, "max_cp"),
+        max_pp=max_pp,
+        max_cp=max_cp,
         tp_within_node=not tp_across_nodes,
-        split=pipeline_split(**split),
+        split=pipeline_split(split),
     )
     eff = None
     if efficiency is not None:

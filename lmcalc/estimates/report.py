@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
+from lmcalc.engine.choices import ZeroStage
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
     DEFAULT_OPTIMIZER,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # the estimates are imported when a report is made: the comma
     from lmcalc.estimates.time import TrainTimeEstimate
     from lmcalc.estimates.training import LayoutSettings
 
-REPORT_ZERO = 3  # the report's memory section shards the model states over every GPU unless told otherwise
+REPORT_ZERO: ZeroStage = 3  # the report's memory section shards the model states over every GPU unless told otherwise
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,9 @@ def report(
     from lmcalc.estimates.plan import plan_estimate
     from lmcalc.estimates.time import Timing, train_time_estimate
     from lmcalc.estimates.training import (
+        LayoutSettings,
+        accept,
         build_layout,
-        layout_settings,
         pipeline_split,
         split_settings,
         training_setup,
@@ -73,12 +75,13 @@ def report(
     setup = training_setup(model, gpus, workload)
     cluster, resolved = setup.cluster, setup.resolved
     tokens_in = tokens_given(tokens, setup.model)
-    given: LayoutSettings = {"zero": REPORT_ZERO, **layout_settings(layout, "report")}
+    accept(layout, LayoutSettings, "report")
+    given: LayoutSettings = {"zero": REPORT_ZERO, **layout}
     memory = memory_estimate(setup, build_layout(cluster, given))
     timing = Timing(cluster, cluster.hardware, seq_len=setup.seq)
     found: PlanEstimate | LmcalcError
     try:  # the search varies the micro-batch and the recomputation itself
-        pins = pl.Pins(split=pipeline_split(**split_settings(given)))
+        pins = pl.Pins(split=pipeline_split(split_settings(given)))
         found = plan_estimate(setup, count(global_batch, "global_batch", binary=True), pins, None, tokens_in)
     except LmcalcError as error:
         found = error

@@ -100,12 +100,13 @@ def train_time(
                 "(to get the GPU count), not both"
             )
         if gpu is None:
-            raise LmcalcError(f"{setting('days')} needs {setting('gpu')}, the GPU type to count (e.g. --gpu H100)")
+            gpu_flag = setting("gpu")
+            raise LmcalcError(f"{setting('days')} needs {gpu_flag}, the GPU type to count (e.g. {gpu_flag} H100)")
         hardware = hardware_of(gpu)
     elif gpus is None:
         raise LmcalcError(
-            f"give {setting('gpus')} (e.g. --gpus 1024xH100), or {setting('days')} with {setting('gpu')} to solve "
-            "for the GPU count"
+            f"give {setting('gpus')} (e.g. {setting('gpus')} 1024xH100), or {setting('days')} with {setting('gpu')} "
+            "to solve for the GPU count"
         )
     else:
         cluster = cluster_of(gpus)
@@ -281,7 +282,7 @@ def optimal_estimate(
         if cluster is None or days is None or precision is None:
             raise LmcalcError(
                 f"give {setting('compute')} (e.g. 1e24), or {setting('gpus')} with {setting('days')} "
-                "(e.g. --gpus 1024xH100 --days 30)"
+                f"(e.g. {setting('gpus')} 1024xH100 {setting('days')} 30)"
             )
         section = opt.budget_section(cluster, precision, mfu.value, days, how.price_per_gpu_hour)
         compute, budget = section.term("compute").value, (section,)

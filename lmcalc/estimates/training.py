@@ -5,8 +5,8 @@ for the command line)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack, cast
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypedDict, cast
 
 from lmcalc import presets as pr
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZeroStage
@@ -14,7 +14,7 @@ from lmcalc.engine.layout import Layout
 from lmcalc.engine.memory_terms import Capacity
 from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, flag, keyword
 from lmcalc.estimates.inputs import (
     TRAINING_DEFAULTS,
     ClusterLike,
@@ -25,7 +25,6 @@ from lmcalc.estimates.inputs import (
     cluster_of,
     nbytes,
     optimizer_of,
-    positive_int,
     precision_of,
     resolve_model,
     seq_given,
@@ -50,7 +49,7 @@ class LayoutSettings(SplitSettings, total=False):
     pp: int
     cp: int
     ep: int
-    zero: int
+    zero: ZeroStage
     sequence_parallel: bool
     grad_accum: int
     schedule: str
@@ -61,77 +60,74 @@ class MemorySettings(TrainingSettings, LayoutSettings, total=False):
     """A training workload and its parallel layout, as ``memory`` and ``fit`` take them."""
 
 
-def training_settings(given: Mapping[str, Any], function: str) -> TrainingSettings:
-    """The workload's settings among ``given`` (a ``MemorySettings``), the others checked (``_known``)."""
-    return cast(TrainingSettings, _of(TrainingSettings, given, function))
-
-
-def layout_settings(given: Mapping[str, Any], function: str) -> LayoutSettings:
-    """The layout's settings among ``given`` (a ``MemorySettings``), the others checked (``_known``)."""
-    return cast(LayoutSettings, _of(LayoutSettings, given, function))
-
-
-def _of(kind: type, given: Mapping[str, Any], function: str) -> dict[str, Any]:
-    """The settings among ``given`` that the TypedDict ``kind`` holds; a keyword that no setting of the function
-    has is refused, as Python refuses an unexpected keyword argument (``**settings`` accepts any at run time)."""
-    unknown = sorted(set(given) - set(MemorySettings.__annotations__))
+def accept(given: Mapping[str, Any], accepted: type, function: str) -> None:
+    """Refuse a keyword among ``given`` that the TypedDict ``accepted`` has no setting for, as Python refuses an
+    unexpected keyword argument: a function taking ``**settings`` accepts any keyword at run time, and would
+    otherwise drop a misspelt one without a word."""
+    unknown = sorted(set(given) - set(accepted.__annotations__))
     if unknown:
         raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def training_settings(given: Mapping[str, Any]) -> TrainingSettings:
+    """The workload's settings among ``given``."""
+    return cast(TrainingSettings, _among(given, TrainingSettings))
+
+
+def layout_settings(given: Mapping[str, Any]) -> LayoutSettings:
+    """The layout's settings among ``given``."""
+    return cast(LayoutSettings, _among(given, LayoutSettings))
+
+
+def _among(given: Mapping[str, Any], kind: type) -> dict[str, Any]:
+    """The settings among ``given`` that the TypedDict ``kind`` holds."""
     return {key: value for key, value in given.items() if key in kind.__annotations__}
 
 
-def pipeline_split(schedule: str = "1f1b", virtual_stages: int = 1, **split: Unpack[SplitSettings]) -> PipelineSplit:
-    """The pipeline split the settings describe."""
-    return PipelineSplit(
-        schedule=choice(schedule, SCHEDULES, "schedule"),
-        virtual_stages=virtual_stages,
-        first_stage_layers=split.get("first_stage_layers"),
-        last_stage_layers=split.get("last_stage_layers"),
-        embedding_in_split=split.get("account_for_embedding_in_pipeline_split", False),
-        loss_in_split=split.get("account_for_loss_in_pipeline_split", False),
-    )
+def pipeline_split(settings: LayoutSettings | SplitSettings) -> PipelineSplit:
+    """The pipeline split the settings describe: each ``PipelineSplit`` field read under its keyword
+    (``errors.keyword``: ``embedding_in_split`` is ``account_for_embedding_in_pipeline_split``)."""
+    named: Mapping[str, Any] = settings
+    given = {f.name: named[keyword(f.name)] for f in fields(PipelineSplit) if keyword(f.name) in named}
+    if "schedule" in given:
+        given["schedule"] = choice(given["schedule"], SCHEDULES, "schedule")
+    return PipelineSplit(**given)
 
 
 def split_settings(settings: LayoutSettings) -> SplitSettings:
-    """The pipeline split's settings among a layout's."""
-    return {key: value for key, value in settings.items() if key in SplitSettings.__annotations__}  # type: ignore[return-value]
+    """The pipeline split's layer settings among a layout's."""
+    return cast(SplitSettings, _among(settings, SplitSettings))
 
 
 def build_layout(cluster: Cluster, settings: LayoutSettings) -> Layout:
-    """The layout the settings describe on ``cluster``; DP fills the GPUs the other degrees leave. Checked
-    against a workload by ``engine.layout.check_layout``."""
-    tp, pp, cp, ep = settings.get("tp", 1), settings.get("pp", 1), settings.get("cp", 1), settings.get("ep", 1)
-    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
-        positive_int(value, name)
+    """The layout the settings describe on ``cluster`` (checked when it is made); DP, when not given, fills the
+    GPUs the other degrees leave. Checked against a workload by ``engine.layout.check_layout``."""
     dp = settings.get("dp")
-    if dp is None:
-        if cluster.count % (tp * pp * cp):
-            raise LmcalcError(f"TP·PP·CP = {tp * pp * cp} does not divide the {cluster.count} GPUs of {cluster.label}")
-        dp = cluster.count // (tp * pp * cp)
-    split = split_settings(settings)
-    zero: ZeroStage = settings.get("zero", 0)  # type: ignore[assignment]  # check_layout refuses another
-    return Layout(
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        ep=ep,
-        zero=zero,
+    layout = Layout(
+        dp=1 if dp is None else dp,
+        tp=settings.get("tp", 1),
+        pp=settings.get("pp", 1),
+        cp=settings.get("cp", 1),
+        ep=settings.get("ep", 1),
+        zero=settings.get("zero", 0),
         sequence_parallel=settings.get("sequence_parallel", False),
-        grad_accum=positive_int(settings.get("grad_accum", 1), "grad_accum"),
-        split=pipeline_split(
-            settings.get("schedule", "1f1b"),
-            positive_int(settings.get("virtual_stages", 1), "virtual_stages"),
-            **split,
-        ),
+        grad_accum=settings.get("grad_accum", 1),
+        split=pipeline_split(settings),
     )
+    if dp is not None:
+        return layout
+    model_parallel = layout.tp * layout.pp * layout.cp
+    if cluster.count % model_parallel:
+        raise LmcalcError(f"TP·PP·CP = {model_parallel} does not divide the {cluster.count} GPUs of {cluster.label}")
+    return replace(layout, dp=cluster.count // model_parallel)
 
 
 def layout_origin(layout: Layout) -> str:
     """The settings a layout in an inputs table came from."""
     split = layout.split
+    degrees = ("dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel", "schedule", "virtual_stages")
     return (
-        "--dp --tp --pp --cp --ep --zero --sequence-parallel --schedule --virtual-stages"
+        " ".join(flag(name) for name in degrees)
         + (" --first/--last-stage-layers" if split.first_stage_layers or split.last_stage_layers else "")
         + (" --account-for-embedding/loss-in-pipeline-split" if split.units else "")
     )

@@ -20,8 +20,8 @@ from lmcalc.engine.gpu_memory import gpu_memory
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
 from lmcalc.engine.step_peak import StepPeak, plain_step_peak
-from lmcalc.engine.workload import MASK_BYTES, Workload
-from lmcalc.errors import LmcalcError
+from lmcalc.engine.workload import Workload, dropout_mask_bytes
+from lmcalc.errors import LmcalcError, setting
 from lmcalc.presets import resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 from lmcalc.units import format_quantity, group
@@ -69,7 +69,7 @@ def predict_memory(setup: StepSetup, device_type: str) -> MemoryPrediction:
     """
     precision = resolve_precision(RECIPE_FOR_DTYPE[setup.dtype_on(device_type)]).spec
     optimizer = resolve_optimizer(OPTIMIZER).spec
-    mask_bytes = MASK_BYTES if device_type == "cuda" else precision.activation_bytes
+    mask_bytes = dropout_mask_bytes(device_type, precision)
     s = setup
     w = Workload(s.model, precision, optimizer, s.seq_len, s.micro_batch, s.attention, s.recompute, mask_bytes)
     one_device = gpu_memory(w, Layout(), 0)  # the whole model on one device, no ZeRO
@@ -123,5 +123,5 @@ def check_fits(prediction: MemoryPrediction, setup: StepSetup, device: Device) -
         f"{spec.name} at s={setup.seq_len}, b={setup.micro_batch} needs about {_gb(p.total)} at its peak "
         f"({p.bytes_per_param:g} bytes × {group(p.params)} parameters for {p.recipe} "
         f"AdamW, {_gb(p.activations)} of activations), more than {why}; "
-        f"try {smaller_presets(spec)} or a shorter --seq / smaller --micro-batch"
+        f"try {smaller_presets(spec)} or a shorter {setting('seq')} / smaller {setting('micro_batch')}"
     )

@@ -18,7 +18,7 @@ from lmcalc.bench.step.config import SEED, StepSetup
 from lmcalc.bench.step.measurement import StepMeasurement
 from lmcalc.bench.step.predict import check_fits, predict_memory, smaller_presets
 from lmcalc.bench.timing import synchronize, time_calls
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, setting
 from lmcalc.reference_model import ReferenceModel, loss
 from lmcalc.validate import cpu_fallback_reason
 
@@ -51,7 +51,8 @@ def run_steps(setup: StepSetup, device: Device) -> StepMeasurement:
     except torch.OutOfMemoryError:
         raise LmcalcError(
             f"{setup.model.name} at s={setup.seq_len}, b={setup.micro_batch} ran out of memory on the "
-            f"{device.name}; try {smaller_presets(setup.model)} or a shorter --seq / smaller --micro-batch"
+            f"{device.name}; try {smaller_presets(setup.model)} or a shorter {setting('seq')} / smaller "
+            f"{setting('micro_batch')}"
         ) from None
     finally:
         torch.set_num_threads(previous_threads)
