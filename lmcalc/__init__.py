@@ -17,5 +17,7 @@ def __getattr__(name: str) -> Any:
     if importlib.util.find_spec(f"{__name__}.{name}") is None:
         api = importlib.import_module("lmcalc.api")
         if name in api.__all__:
-            return getattr(api, name)
+            value = getattr(api, name)
+            globals()[name] = value  # found once: later uses read the module's own attribute
+            return value
     raise AttributeError(f"module 'lmcalc' has no attribute {name!r}")

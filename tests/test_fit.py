@@ -40,17 +40,17 @@ def test_fewest_replicas_under_zero3_is_the_closed_form():
     two = most_loaded_gpu(s.workload, Layout(dp=2, zero=3))  # s = 4096, flash, full recomputation, 2 GiB overhead
     fixed = two.activations + two.zero3_buffers + OVERHEAD
     expected = math.ceil(16 * 70_553_706_496 / (H100.memory_bytes - fixed))
-    assert fit.fewest_data_parallel(s, 1).value == expected
+    assert fit.fewest_data_parallel(s).value == expected
 
 
 def test_without_zero_more_gpus_do_not_help():
-    limit = fit.fewest_data_parallel(setting("llama-3.1-70b", Layout(zero=0), 4096, "full"), 1)
+    limit = fit.fewest_data_parallel(setting("llama-3.1-70b", Layout(zero=0), 4096, "full"))
     assert limit.value is None and "model states" in limit.binding
 
 
 def test_longest_sequence_is_the_edge():
     s = setting("llama-3.1-8b", Layout(dp=8, zero=3), 4096, recompute="full")
-    limit = fit.longest_sequence(s, 128, 1 << 20)
+    limit = fit.longest_sequence(s)
     assert limit.value % 128 == 0
     assert limit.fits.total <= H100.memory_bytes < limit.beyond.total
     assert limit.beyond_value == limit.value + 128
@@ -90,5 +90,15 @@ def test_fit_command(capsys):
 
 def test_learned_positions_bind_before_memory():
     # GPT-2 has 1024 learned positions: at 1024 tokens a 124M model uses a few GB of 80 (no memory limit).
-    limit = fit.longest_sequence(setting("gpt2-124m", Layout(), 1024), 128, 1024)
+    limit = fit.longest_sequence(setting("gpt2-124m", Layout(), 1024))
     assert limit.value == 1024 and "learned positions" in limit.binding and limit.fits.total < H100.memory_bytes / 4
+
+
+@pytest.mark.parametrize("ep, cp, seq_step, dp_step", [(1, 1, 128, 1), (1, 3, 384, 1), (8, 2, 128, 4), (8, 8, 128, 1)])
+def test_search_steps_keep_the_layout_valid(ep, cp, seq_step, dp_step):
+    # CP must divide the sequence: 128 and 3 first meet at 384. EP must divide DP·CP: with EP 8 and CP 2 the
+    # smallest DP is 4 (4·2 = 8), and every DP that works is a multiple of it; with CP 8 any DP does.
+    layout = Layout(ep=ep, cp=cp)
+    assert fit.sequence_step(layout) == seq_step and fit.data_parallel_step(layout) == dp_step
+    assert all((dp * cp) % ep == 0 for dp in range(dp_step, 10 * dp_step, dp_step))
+    assert not any((dp * cp) % ep == 0 for dp in range(1, dp_step))

@@ -48,6 +48,17 @@ def test_ring_collective_costs():
     assert collective_time("all-gather", 1e9, 8, link) == pytest.approx(7 / 8 * 1e9 / 100e9)
     assert collective_time("reduce-scatter", 1e9, 8, link) == collective_time("all-gather", 1e9, 8, link)
     assert collective_time("all-reduce", 1e9, 1, link) == 0.0
+    assert collective_time("p2p", 1e9, 2, link) == pytest.approx(1e9 / 100e9)  # one hop, the whole message
+
+
+def test_ring_latency_steps():
+    # Thakur et al. 2005: a ring all-reduce is n−1 reduce-scatter steps then n−1 all-gather steps; a ring
+    # all-gather n−1 steps; a send one. With an infinitely fast link only the α of each step remains.
+    link = Link(bandwidth=float("inf"), latency=1e-6, name="test")
+    assert collective_time("all-reduce", 1e9, 8, link) == pytest.approx(14e-6)
+    assert collective_time("all-gather", 1e9, 8, link) == pytest.approx(7e-6)
+    assert collective_time("all-to-all", 1e9, 8, link) == pytest.approx(7e-6)
+    assert collective_time("p2p", 1e9, 2, link) == pytest.approx(1e-6)
 
 
 def test_groups_inside_a_node_use_nvlink():

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from lmcalc.bench.choices import DEVICES
+from lmcalc.engine.choices import one_of
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.presets import normalise, registry, resolve_hardware
 from lmcalc.specs import HardwareSpec
@@ -103,8 +105,8 @@ def detect(device: str = "auto", hardware: str | None = None) -> Device:
         raise LmcalcError(f"{setting('device')} cuda: no CUDA device is available here (try {setting('device')} cpu)")
     if device == "mps" and not torch.backends.mps.is_available():
         raise LmcalcError(f"{setting('device')} mps: no Apple GPU is available here (try {setting('device')} cpu)")
-    if device not in ("cuda", "cpu", "mps"):
-        raise LmcalcError(f"{setting('device')} must be cuda, cpu, mps or auto; got {device!r}")
+    if device not in DEVICES:
+        raise LmcalcError(f"{setting('device')} must be {one_of(DEVICES)}; got {device!r}")
     if device == "cpu":
         if hardware is not None:
             raise LmcalcError(

@@ -2,8 +2,8 @@
 and the floating-point format behind it (``lmcalc.engine.numerics.FORMATS``: storage bytes, machine epsilon).
 
 The formats stay in ``numerics``, which never imports torch; this table adds only what torch calls them, by
-name, so that it too can be read without importing torch. Each benchmark accepts its own subset (matmuls all
-five, collectives fp32, bf16 and fp16, training steps fp32 and bf16).
+name, so that it too can be read without importing torch. Each benchmark accepts its own subset
+(``bench.choices``: matmuls all five, collectives fp32, bf16 and fp16, training steps fp32 and bf16).
 """
 
 from __future__ import annotations

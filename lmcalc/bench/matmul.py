@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
+from lmcalc.bench.choices import MATMUL_DTYPES
 from lmcalc.bench.device import Device
 from lmcalc.bench.dtypes import DTYPES
 from lmcalc.bench.timing import Stats, time_calls
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import ModelSpec
 
-MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 # Largest relative error (Frobenius norm, against float64) a correct kernel shows on random normal inputs:
 # a product's rounding error grows like sqrt(k) · unit roundoff of the inputs' format.
 TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 3e-2, "fp8": 1.5e-1}

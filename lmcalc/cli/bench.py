@@ -11,14 +11,15 @@ from typing import Annotated
 import typer
 
 from lmcalc import presets as pr
+from lmcalc.bench.choices import BACKENDS, COMM_DTYPES, DEVICES, MATMUL_DTYPES, OPS, STEP_DTYPES
 from lmcalc.cli.app import bench_app, emit
-from lmcalc.cli.options import AttentionOpt, ExplainOpt, JsonOpt, ModelOpt, RecomputeOpt
+from lmcalc.cli.options import AttentionOpt, ExplainOpt, JsonOpt, ModelOpt, RecomputeOpt, alternatives
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import choice, nbytes, non_negative_int, positive_int, seq_given
 from lmcalc.units import parse_shape
 
-DeviceOpt = Annotated[str, typer.Option("--device", help="cuda | cpu | mps | auto (the first available).")]
+DeviceOpt = Annotated[str, typer.Option("--device", help=f"{alternatives(DEVICES, {'auto': 'the first available'})}.")]
 HardwareOpt = Annotated[
     str | None, typer.Option("--hardware", help="Hardware preset to compare with (default: matched by name).")
 ]
@@ -47,7 +48,8 @@ def _save(records, save: str | None, no_save: bool) -> str:
 
 
 MatmulDtypeOpt = Annotated[
-    str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 | tf32 | fp8 (default: bf16 on GPUs, fp32 on CPUs).")
+    str | None,
+    typer.Option("--dtype", help=f"{alternatives(MATMUL_DTYPES)} (default: bf16 on GPUs, fp32 on CPUs)."),
 ]
 ShapeOpt = Annotated[str | None, typer.Option("--shape", help="MxNxK, e.g. 8192x8192x8192.")]
 SweepFlag = Annotated[bool, typer.Option("--sweep", help="Search a grid of shapes; report the best and the spread.")]
@@ -161,9 +163,7 @@ def bench_memory(
 
 @bench_app.command("comm")
 def bench_comm(
-    op: Annotated[
-        str, typer.Option("--op", help="all-reduce | all-gather | reduce-scatter (comma list for several).")
-    ] = "all-reduce",
+    op: Annotated[str, typer.Option("--op", help=f"{alternatives(OPS)} (comma list for several).")] = "all-reduce",
     sizes: Annotated[
         str, typer.Option("--sizes", help="Message sizes, binary units: 1M..1G (doubling) or 1M,16M.")
     ] = "1M..64M",
@@ -171,8 +171,8 @@ def bench_comm(
         int | None,
         typer.Option("--world-size", help="Local processes to spawn (default 2; under torchrun: WORLD_SIZE)."),
     ] = None,
-    backend: Annotated[str, typer.Option("--backend", help="auto | nccl | gloo.")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 | bf16 | fp16.")] = "fp32",
+    backend: Annotated[str, typer.Option("--backend", help=f"{alternatives(BACKENDS)}.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help=f"{alternatives(COMM_DTYPES)}.")] = "fp32",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls per size.")] = 5,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per size.")] = 20,
     save: SaveOpt = None,
@@ -206,7 +206,8 @@ def bench_step(
     seq: Annotated[str, typer.Option("--seq", help="Sequence length (binary K: 1K = 1024).")] = "256",
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per step.")] = 1,
     dtype: Annotated[
-        str | None, typer.Option("--dtype", help="fp32 | bf16 (default: bf16 on GPUs, fp32 on CPUs).")
+        str | None,
+        typer.Option("--dtype", help=f"{alternatives(STEP_DTYPES)} (default: bf16 on GPUs, fp32 on CPUs)."),
     ] = None,
     attention: AttentionOpt = "flash",
     recompute: RecomputeOpt = "none",

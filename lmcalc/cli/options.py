@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any
 
 import typer
 
-from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES
 from lmcalc.errors import flag
-from lmcalc.estimates.inputs import DEFAULT_OVERHEAD, TRAINING_DEFAULTS
+from lmcalc.estimates.inputs import TRAINING_DEFAULTS
+
+
+def alternatives(options: tuple[object, ...], meanings: Mapping[object, str] | None = None) -> str:
+    """The values a help text offers, read from the tuple the code checks against: ``a | b``, each with its
+    meaning where one is given (``flash (fused, no s² scores) | eager (...)``)."""
+    meanings = meanings or {}
+    return " | ".join(f"{o} ({meanings[o]})" if o in meanings else str(o) for o in options)
+
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Print the derivation: formula, numbers, sources.")]
@@ -33,17 +41,16 @@ SeqOpt = Annotated[
     ),
 ]
 RecomputeOpt = Annotated[
-    str, typer.Option("--recompute", help=f"Activation recomputation: {' | '.join(RECOMPUTE_MODES)}.")
+    str, typer.Option("--recompute", help=f"Activation recomputation: {alternatives(RECOMPUTE_MODES)}.")
 ]
-KERNEL_HELP = {"flash": "flash (fused, no s² scores)", "eager": "eager (scores materialised)"}
+KERNELS = {"flash": "fused, no s² scores", "eager": "scores materialised"}
 AttentionOpt = Annotated[
-    str, typer.Option("--attention", help=f"Attention kernel: {' | '.join(KERNEL_HELP[k] for k in ATTENTION_KERNELS)}.")
+    str, typer.Option("--attention", help=f"Attention kernel: {alternatives(ATTENTION_KERNELS, KERNELS)}.")
 ]
 OverheadOpt = Annotated[
     str, typer.Option("--overhead", help="Allowance for CUDA context, workspaces and fragmentation (e.g. 2GiB, 0).")
 ]
 MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per micro-batch.")]
-OVERHEAD_DEFAULT = DEFAULT_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -64,10 +71,6 @@ class Option:
         return inspect.Parameter(
             self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default, annotation=self.annotation
         )
-
-    @property
-    def help(self) -> str:
-        return get_args(self.annotation)[1].help
 
 
 SPLIT_OPTIONS = (
@@ -119,11 +122,11 @@ LAYOUT_OPTIONS = (
     Option.of("pp", int, 1, "Pipeline-parallel stages."),
     Option.of("cp", int, 1, "Context-parallel degree (splits the sequence; needs --attention flash)."),
     Option.of("ep", int, 1, "Expert-parallel degree (MoE models; divides DP·CP)."),
-    Option.of("zero", int, 0, "ZeRO stage 0-3 over DP·CP (3 = FSDP full sharding)."),
+    Option.of("zero", int, 0, f"ZeRO stage {ZERO_STAGES[0]}-{ZERO_STAGES[-1]} over DP·CP (3 = FSDP full sharding)."),
     Option.of(
         "sequence_parallel", bool, False, "Split norms, dropout and linear inputs over TP too (Korthikanti et al.)."
     ),
-    Option.of("schedule", str, "1f1b", f"Pipeline schedule: {' | '.join(SCHEDULES)}."),
+    Option.of("schedule", str, "1f1b", f"Pipeline schedule: {alternatives(SCHEDULES)}."),
     Option.of("virtual_stages", int, 1, "Model chunks per pipeline stage (interleaved schedule)."),
     *SPLIT_OPTIONS,
 )

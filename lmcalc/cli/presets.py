@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from lmcalc import presets as pr
-from lmcalc.cli.options import JsonOpt
+from lmcalc.cli.options import JsonOpt, alternatives
 from lmcalc.errors import LmcalcError
 
 
@@ -20,9 +20,7 @@ def _kind(value: str, where: str) -> str:
 
 
 def presets_list(
-    kind: Annotated[
-        str | None, typer.Argument(help="models | hardware | precisions | optimizers (default: all).")
-    ] = None,
+    kind: Annotated[str | None, typer.Argument(help=f"{alternatives(pr.KINDS)} (default: all).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List presets with their aliases and where each was loaded from."""
@@ -42,7 +40,7 @@ def presets_show(
 
 
 def presets_schema(
-    kind: Annotated[str, typer.Argument(help="models | hardware | precisions | optimizers.")] = "models",
+    kind: Annotated[str, typer.Argument(help=f"{alternatives(pr.KINDS)}.")] = "models",
 ) -> None:
     """Print the JSON Schema of a preset file, for editors that validate YAML."""
     from lmcalc.preset_views import preset_schema

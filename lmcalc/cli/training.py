@@ -11,7 +11,6 @@ import typer
 from lmcalc.cli.app import emit, flags_given
 from lmcalc.cli.options import (
     LAYOUT_OPTIONS,
-    OVERHEAD_DEFAULT,
     PIN_OPTIONS,
     SPLIT_OPTIONS,
     TRAINING_OPTIONS,
@@ -24,12 +23,18 @@ from lmcalc.cli.options import (
     PrecisionOpt,
     RecomputeOpt,
     SeqOpt,
+    alternatives,
     with_options,
 )
+from lmcalc.engine.choices import ATTN_CONVENTIONS, FLOPS_BASES, PEAK_SOURCES, RECOMPUTE_MODES
+from lmcalc.engine.numerics import SERVING_DTYPES
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import positive_int
+from lmcalc.estimates.inputs import DEFAULT_OVERHEAD, positive_int
 from lmcalc.result import Estimate, Result
+
+FLOPS_BASIS_MEANINGS = {"6nd": "napkin, default", "detailed": "matmul count, causal"}
+PEAK_MEANINGS = {"spec": "the dense spec-sheet peak", "measured": "lmcalc bench results"}
 
 
 def train_time(
@@ -51,15 +56,13 @@ def train_time(
         str | None, typer.Option("--gpu", help="GPU type when solving for the GPU count with --days.")
     ] = None,
     flops_basis: Annotated[
-        str, typer.Option("--flops-basis", help="6nd (napkin, default) | detailed (matmul count, causal).")
+        str, typer.Option("--flops-basis", help=f"{alternatives(FLOPS_BASES, FLOPS_BASIS_MEANINGS)}.")
     ] = "6nd",
     seq: SeqOpt = None,
     price: Annotated[
         float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour, for the cost.")
     ] = None,
-    peak: Annotated[
-        str, typer.Option("--peak", help="spec (the dense spec-sheet peak) | measured (lmcalc bench results).")
-    ] = "spec",
+    peak: Annotated[str, typer.Option("--peak", help=f"{alternatives(PEAK_SOURCES, PEAK_MEANINGS)}.")] = "spec",
     calibration: Annotated[
         str | None,
         typer.Option(
@@ -97,7 +100,7 @@ def max_params(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU for the activation column.")] = 1,
     attention: AttentionOpt = "flash",
     recompute: RecomputeOpt = "none",
-    overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    overhead: OverheadOpt = DEFAULT_OVERHEAD,
     like: Annotated[
         str, typer.Option("--like", help="Model whose proportions the activation column scales.")
     ] = "llama-3.1-8b",
@@ -128,7 +131,9 @@ def flops(
         typer.Option("--tokens", help="Training tokens. Default: the preset's published count, else 20 per parameter."),
     ] = None,
     seq: SeqOpt = None,
-    attn_flops: Annotated[str, typer.Option("--attn-flops", help="Attention convention: causal | full.")] = "causal",
+    attn_flops: Annotated[
+        str, typer.Option("--attn-flops", help=f"Attention convention: {alternatives(ATTN_CONVENTIONS)}.")
+    ] = "causal",
     recompute: RecomputeOpt = "none",
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
@@ -172,10 +177,10 @@ def memory(
         str | None, typer.Option("--context", help="With --inference: tokens per sequence (8K = 8192).")
     ] = None,
     weights_dtype: Annotated[
-        str, typer.Option("--weights-dtype", help="With --inference: bf16 | fp16 | fp8 | int8 | int4.")
+        str, typer.Option("--weights-dtype", help=f"With --inference: {alternatives(SERVING_DTYPES)} (fp8 = fp8-e4m3).")
     ] = "bf16",
     kv_dtype: Annotated[
-        str, typer.Option("--kv-dtype", help="With --inference: KV-cache dtype (bf16 | fp16 | fp8).")
+        str, typer.Option("--kv-dtype", help=f"With --inference: KV-cache dtype ({alternatives(SERVING_DTYPES)}).")
     ] = "bf16",
     quant_group: Annotated[
         int | None,
@@ -268,7 +273,7 @@ def plan(
     top: Annotated[int, typer.Option("--top", help="How many of the fastest layouts to show.")] = 10,
     pins: dict[str, Any] | None = None,
     micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
-    recompute: Annotated[str | None, typer.Option("--recompute", help="Pin none | selective | full.")] = None,
+    recompute: Annotated[str | None, typer.Option("--recompute", help=f"Pin {alternatives(RECOMPUTE_MODES)}.")] = None,
     max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pipeline degree to try.")] = 64,
     max_cp: Annotated[int, typer.Option("--max-cp", help="Largest context-parallel degree to try.")] = 16,
     tp_across_nodes: Annotated[
@@ -297,7 +302,7 @@ def plan(
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
     attention: AttentionOpt = "flash",
-    overhead: OverheadOpt = OVERHEAD_DEFAULT,
+    overhead: OverheadOpt = DEFAULT_OVERHEAD,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
@@ -403,7 +408,9 @@ def validate(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per step.")] = 1,
     recompute: Annotated[
         str | None,
-        typer.Option("--recompute", help="Check one recomputation mode: none | selective | full (default: all three)."),
+        typer.Option(
+            "--recompute", help=f"Check one recomputation mode: {alternatives(RECOMPUTE_MODES)} (default: all of them)."
+        ),
     ] = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,

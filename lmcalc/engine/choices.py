@@ -11,6 +11,10 @@ definitions (``typing.get_args``), so a new choice is one word added here.
   1 the optimizer states and master weights, 2 also the gradients, 3 also the parameters.
 * ``AttnConvention``: how attention FLOPs are counted: ``causal`` (query i against keys 1..i) or ``full``
   (every query against all s keys, as ``FlopCounterMode`` and MFU conventions count).
+* ``FlopsBasis``: what a training time is computed from: ``6nd`` (Kaplan et al. 2020's C = 6·N·D) or
+  ``detailed`` (every matmul counted, causal attention).
+* ``PeakSource``: which peak FLOP/s a time divides by: ``spec`` (the dense spec-sheet peak) or ``measured``
+  (``lmcalc bench`` results).
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ Attention = Literal["flash", "eager"]
 Schedule = Literal["1f1b", "interleaved"]
 ZeroStage = Literal[0, 1, 2, 3]
 AttnConvention = Literal["causal", "full"]
+FlopsBasis = Literal["6nd", "detailed"]
+PeakSource = Literal["spec", "measured"]
 
 RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
 ATTENTION_KERNELS: tuple[Attention, ...] = get_args(Attention)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
 ATTN_CONVENTIONS: tuple[AttnConvention, ...] = get_args(AttnConvention)
+FLOPS_BASES: tuple[FlopsBasis, ...] = get_args(FlopsBasis)
+PEAK_SOURCES: tuple[PeakSource, ...] = get_args(PeakSource)
 
 
 def one_of(options: tuple[object, ...]) -> str:

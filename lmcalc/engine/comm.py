@@ -54,12 +54,24 @@ def link_for(hardware: HardwareSpec, span: int, gpus_per_node: int) -> Link:
     return Link(gbps * 1e9 * NETWORK_RING_EFFICIENCY, INTER_NODE_LATENCY_S, "inter-node")
 
 
+def ring_factor(op: Collective, n: int) -> float:
+    """Bytes each GPU puts on its link per byte of ``size`` (nccl-tests' bus-bandwidth factor): 2·(n−1)/n for
+    an all-reduce (a reduce-scatter, then an all-gather), (n−1)/n for the other collectives, 1 point to point."""
+    if op == "p2p":
+        return 1.0
+    return (2 if op == "all-reduce" else 1) * (n - 1) / n
+
+
+def ring_steps(op: Collective, n: int) -> int:
+    """Latency-bound steps of the ring: 2·(n−1) for an all-reduce, n−1 for the other collectives, 1 point to
+    point."""
+    if op == "p2p":
+        return 1
+    return (2 if op == "all-reduce" else 1) * (n - 1)
+
+
 def collective_time(op: Collective, size: float, n: int, link: Link) -> float:
     """Seconds for one collective of ``size`` bytes over ``n`` GPUs on ``link`` (0 for a group of one)."""
     if n <= 1 or size <= 0:
         return 0.0
-    if op == "all-reduce":
-        return 2 * (n - 1) / n * size / link.bandwidth + 2 * (n - 1) * link.latency
-    if op == "p2p":
-        return size / link.bandwidth + link.latency
-    return (n - 1) / n * size / link.bandwidth + (n - 1) * link.latency
+    return ring_factor(op, n) * size / link.bandwidth + ring_steps(op, n) * link.latency

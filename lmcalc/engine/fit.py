@@ -9,14 +9,20 @@ micro-batch and sequence), or the model states when the GPU count is what is sea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from lmcalc.engine.gpu_memory import GpuMemory, most_loaded_gpu
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.workload import Workload
+from lmcalc.specs import ModelSpec
 
 SEARCH_LIMIT = 1 << 24  # no search goes past 16M (sequences, tokens or data-parallel replicas)
+SEQ_MULTIPLE = 128
+"""Sequences are searched in multiples of 128 tokens (and of CP, which must divide them): the lengths runs use."""
+UNTRAINED_SEQ_LIMIT = 1 << 20
+"""A model whose positions are not a learned table is searched up to 2^20 tokens, or its context if longer."""
 
 Variant = Callable[[int], tuple[Workload, Layout]]
 """The workload and layout with the searched setting at a value."""
@@ -80,8 +86,27 @@ def largest_micro_batch(setting: Setting) -> Limit:
     return _limit(setting, value, over, make, "activations grow with the micro-batch")
 
 
-def longest_sequence(setting: Setting, step: int, limit: int) -> Limit:
-    """The longest sequence (a multiple of ``step``, at most ``limit``) that fits."""
+def sequence_step(layout: Layout) -> int:
+    """The step of the sequence search: a multiple of ``SEQ_MULTIPLE`` that CP divides."""
+    return math.lcm(SEQ_MULTIPLE, layout.cp)
+
+
+def sequence_limit(model: ModelSpec) -> int:
+    """The longest sequence searched: a learned position table has no rows past the trained context; other
+    positions go up to ``UNTRAINED_SEQ_LIMIT`` tokens or the context, whichever is longer."""
+    if model.position_embedding == "learned":
+        return model.max_seq_len
+    return max(model.max_seq_len, UNTRAINED_SEQ_LIMIT)
+
+
+def data_parallel_step(layout: Layout) -> int:
+    """The step of the DP search: the smallest DP for which EP divides DP·CP (experts spread over DP·CP)."""
+    return layout.ep // math.gcd(layout.ep, layout.cp)
+
+
+def longest_sequence(setting: Setting) -> Limit:
+    """The longest sequence (a multiple of ``sequence_step``, at most ``sequence_limit``) that fits."""
+    step, limit = sequence_step(setting.layout), sequence_limit(setting.workload.model)
 
     def make(s: int) -> tuple[Workload, Layout]:
         return replace(setting.workload, seq_len=s), setting.layout
@@ -94,8 +119,10 @@ def longest_sequence(setting: Setting, step: int, limit: int) -> Limit:
     return _limit(setting, value, over, make, "activations grow with the sequence")
 
 
-def fewest_data_parallel(setting: Setting, step: int) -> Limit:
-    """The smallest DP degree (a multiple of ``step``) that fits: ZeRO spreads the model states over it."""
+def fewest_data_parallel(setting: Setting) -> Limit:
+    """The smallest DP degree (a multiple of ``data_parallel_step``) that fits: ZeRO spreads the model states
+    over it."""
+    step = data_parallel_step(setting.layout)
 
     def make(dp: int) -> tuple[Workload, Layout]:
         return setting.workload, replace(setting.layout, dp=dp)

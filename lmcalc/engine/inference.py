@@ -40,7 +40,7 @@ from fractions import Fraction
 from math import ceil
 
 from lmcalc.engine.memory_terms import Capacity, capacity_terms, overhead_term
-from lmcalc.engine.numerics import DTYPE_ALIASES, dtype_bytes
+from lmcalc.engine.numerics import DTYPE_ALIASES, SERVING_DTYPES, dtype_bytes
 from lmcalc.engine.params import count_params
 from lmcalc.engine.sharding import check_tp_heads
 from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
@@ -48,9 +48,6 @@ from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import GB, group
-
-SERVING_DTYPES = ("fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "int8", "int4")
-"""Storage formats accepted for the weights and the KV cache (aliases such as ``fp8`` and ``bfloat16`` too)."""
 
 QUANTIZED_WEIGHT_DTYPES = ("int8", "int4")
 """Integer weight formats that carry group-wise scales when ``quant_group_size`` is given."""
@@ -68,7 +65,7 @@ def serving_dtype_bytes(name: str, what: str) -> float:
     """Bytes of one weight or cache element stored as ``name``; ``what`` names the setting in errors."""
     key = DTYPE_ALIASES.get(name.lower(), name.lower())
     if key not in SERVING_DTYPES:
-        raise LmcalcError(f"unknown {what} '{name}'; accepted: fp32, fp16, bf16, fp8, int8, int4")
+        raise LmcalcError(f"unknown {what} '{name}'; accepted: {', '.join(SERVING_DTYPES)} (fp8 = fp8-e4m3)")
     return dtype_bytes(key)
 
 
@@ -436,9 +433,9 @@ INFERENCE_STACK = ("per_gpu.weights", "per_gpu.kv_cache", "per_gpu.overhead")
 INFERENCE_CAPACITY = "per_gpu.capacity"
 
 
-def inference_sections(serving: Serving, capacity: Capacity) -> tuple[Section, ...]:
-    """Serving memory as terms: the weights, the KV cache, and one GPU's total with the largest batch and context."""
-    memory = inference_memory(serving, capacity.bytes)
+def inference_sections(serving: Serving, memory: InferenceMemory, capacity: Capacity) -> tuple[Section, ...]:
+    """Serving memory as terms (``memory``, what ``inference_memory`` found for ``capacity``): the weights, the KV
+    cache, and one GPU's total with the largest batch and context."""
     return (
         _weights_section(serving.model, memory, serving.weights_dtype),
         _kv_section(serving.model, memory, serving.kv_dtype),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.gpu_memory import gpu_memory
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
@@ -22,7 +23,12 @@ from lmcalc.engine.states import bytes_per_param, optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import Cluster, ModelSpec
 
-STRATEGIES = ((0, "Data parallel (replicated)"), (1, "ZeRO-1"), (2, "ZeRO-2"), (3, "ZeRO-3 / FSDP"))
+STRATEGIES: tuple[tuple[ZeroStage, str], ...] = (
+    (0, "Data parallel (replicated)"),
+    (1, "ZeRO-1"),
+    (2, "ZeRO-2"),
+    (3, "ZeRO-3 / FSDP"),
+)
 
 
 def scaled_model(template: ModelSpec, n_params: float) -> ModelSpec:

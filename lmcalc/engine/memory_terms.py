@@ -12,10 +12,11 @@ from lmcalc.engine.activations import SavedTensor, layer_kept_tensors, saved_for
 from lmcalc.engine.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
-from lmcalc.engine.sharding import stage_params, zero_shards
+from lmcalc.engine.sharding import ModelState, stage_params, zero_shards
 from lmcalc.engine.states import state_formula
 from lmcalc.engine.workload import Workload
 from lmcalc.result import Section, Term
+from lmcalc.specs import HardwareSpec
 from lmcalc.units import group
 
 
@@ -24,6 +25,11 @@ class Capacity(NamedTuple):
 
     bytes: float
     label: str
+
+    @classmethod
+    def of(cls, hardware: HardwareSpec) -> Capacity:
+        """The memory of one of ``hardware``: the spec sheet's bytes, labelled with the preset and its wording."""
+        return cls(hardware.memory_bytes, f"{hardware.name}: {hardware.memory_label}")
 
 
 def overhead_term(value: float, what: str = "CUDA context, workspaces, fragmentation") -> Term:
@@ -74,7 +80,7 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
     rep_d, rep_e = layout.data_replicas, layout.data_replicas // layout.ep
     on_gpu = f"one GPU of stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "each GPU"
 
-    def shard_text(state: str) -> str:
+    def shard_text(state: ModelState) -> str:
         if not zero_shards(state, layout.zero) or rep_d == 1:
             return ""
         if held.experts:

@@ -83,6 +83,10 @@ DTYPE_ALIASES = {
     "float8_e5m2": "fp8-e5m2",
 }
 
+SERVING_DTYPES = ("fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "int8", "int4")
+"""Storage formats a model's weights and KV cache can be served in (the aliases above are accepted too:
+``fp8`` is ``fp8-e4m3``)."""
+
 
 def dtype_bytes(name: str) -> float:
     """Storage bytes of one element of ``name`` (fp32, bf16, fp8, int8, int4, ...)."""

@@ -15,6 +15,7 @@ chunk (``held_in_flight``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -119,7 +120,7 @@ def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit
         _check_stage_layers(model, pp, split)
 
 
-def _names(names) -> str:
+def _names(names: Iterable[str]) -> str:
     return " and ".join(setting(name) for name in names)
 
 

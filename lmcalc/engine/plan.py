@@ -3,7 +3,7 @@
 It follows the Ultra-Scale Playbook's recipe. First make one replica fit: TP within a node, then PP
 over layers, CP for long sequences, EP for experts, ZeRO and recomputation to trade memory. Then reach
 the global batch with data parallelism and gradient accumulation. Among what fits, the fastest wins.
-The search only asks the memory model (``engine.layout``) and the time model (``engine.steptime``);
+The search only asks the memory model (``engine.gpu_memory``) and the time model (``engine.steptime``);
 it holds no formula of its own.
 """
 
@@ -125,9 +125,12 @@ def _powers_of_two(limit: int) -> list[int]:
     return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
 
 
-def layouts(base: Workload, cluster: Cluster, global_batch: int, pins: Pins) -> Iterator[tuple[Layout, Workload]]:
-    """Every layout that can exist for the workload (its micro-batch and recomputation varied within the pins),
-    the cluster and the global batch (in sequences)."""
+def layouts(
+    base: Workload, cluster: Cluster, global_batch: int, pins: Pins
+) -> Iterator[tuple[Layout, tuple[Workload, ...]]]:
+    """Every layout to try for the workload within the pins, the cluster and the global batch (in sequences),
+    each with the workloads it runs: its micro-batch at each recomputation mode the pins allow. (Whether a
+    layout can exist does not depend on recomputation: ``check_layout`` asks once per layout.)"""
     model = base.model
     gpus, per_node = cluster.count, cluster.gpus_per_node
     max_tp = pins.max_tp or (per_node if pins.tp_within_node else gpus)
@@ -145,7 +148,7 @@ def layouts(base: Workload, cluster: Cluster, global_batch: int, pins: Pins) -> 
     zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
     micro = [pins.micro_batch] if pins.micro_batch else list(MICRO_BATCHES)
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_MODES)
-    workloads = {(mb, rc): replace(base, micro_batch=mb, recompute=rc) for mb in micro for rc in recomputes}
+    workloads = {mb: tuple(replace(base, micro_batch=mb, recompute=rc) for rc in recomputes) for mb in micro}
     units = model.num_layers + pins.split.units  # what the chunks share
     splits_1f1b = {pp: _stage_splits(base, pp, pins) for pp in pps}  # made once: layouts share them
     interleaved = {
@@ -165,7 +168,7 @@ def layouts(base: Workload, cluster: Cluster, global_batch: int, pins: Pins) -> 
             splits = splits_1f1b[pp]
             if pp > 1 and accum % pp == 0:  # pinned uneven stages that do not split over v chunks are refused
                 splits = splits + interleaved[pp]
-            for split, recompute in itertools.product(splits, recomputes):
+            for split in splits:
                 layout = Layout(
                     dp=dp,
                     tp=tp,
@@ -177,7 +180,7 @@ def layouts(base: Workload, cluster: Cluster, global_batch: int, pins: Pins) -> 
                     grad_accum=accum,
                     split=split,
                 )
-                yield layout, workloads[(mb, recompute)]
+                yield layout, workloads[mb]
 
 
 LIGHTER_LAST_STAGE = (1, 2)  # layers taken off the last stage, which also computes the logits
@@ -208,20 +211,21 @@ def plan(
         raise LmcalcError("the global batch must hold at least one sequence")
     result = Plan(capacity=cluster.hardware.memory_bytes)
     refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2
-    for layout, w in layouts(base, cluster, global_batch, pins):
+    for layout, workloads in layouts(base, cluster, global_batch, pins):
         try:  # pinned degrees are taken as given: the same checks as `lmcalc memory` keep them honest
-            check_layout(w, layout, cluster, pins.tp_within_node)
+            check_layout(workloads[0], layout, cluster, pins.tp_within_node)
         except LmcalcError as exc:
             if refusal is None or layout.pp > refusal[0]:
                 refusal = (layout.pp, exc.args[0])
             continue
-        result.evaluated += 1
-        memory = most_loaded_gpu(w, layout)
-        if memory.total > result.capacity:
-            if result.closest is None or memory.total < result.closest.memory.total:
-                result.closest = Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency))
-            continue
-        result.fitting.append(Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency)))
+        for w in workloads:
+            result.evaluated += 1
+            memory = most_loaded_gpu(w, layout)
+            if memory.total > result.capacity:
+                if result.closest is None or memory.total < result.closest.memory.total:
+                    result.closest = Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency))
+                continue
+            result.fitting.append(Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency)))
     if not result.evaluated and refusal:
         raise LmcalcError(f"no layout can exist with these constraints: {refusal[1]}")
     result.fitting.sort(key=lambda c: (-round(c.time.tokens_per_s, 6), c.memory.total))  # ties: more headroom

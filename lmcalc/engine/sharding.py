@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.flops import ModelPart
 from lmcalc.engine.params import WeightTensor, weight_tensors
 from lmcalc.engine.pipeline import StageLayers, stage_layers
@@ -31,18 +32,19 @@ if TYPE_CHECKING:
 COLUMN_PARALLEL = {"q", "k", "v", "q_b", "kv_b", "fc", "gate", "up", "embed", "lm_head"}
 ROW_PARALLEL = {"o", "proj", "down"}
 
-ZERO_SHARDS_FROM = {"params": 3, "grads": 2, "master": 1, "optimizer": 1}
+ModelState = Literal["params", "grads", "master", "optimizer"]
+ZERO_SHARDS_FROM: dict[ModelState, ZeroStage] = {"params": 3, "grads": 2, "master": 1, "optimizer": 1}
 """The ZeRO stage from which each model state is sharded over the data-parallel replicas (Rajbhandari et al.
 2020 §5.1, Figure 1): ZeRO-1 the optimizer states (and the fp32 master copy, which the optimizer owns),
 ZeRO-2 also the gradients, ZeRO-3 also the parameters."""
 
 
-def zero_shards(state: str, zero: int) -> bool:
+def zero_shards(state: ModelState, zero: ZeroStage) -> bool:
     """Whether ZeRO stage ``zero`` shards the model state ``state`` (params, grads, master, optimizer)."""
     return zero >= ZERO_SHARDS_FROM[state]
 
 
-def zero_divisor(state: str, zero: int, replicas: int) -> int:
+def zero_divisor(state: ModelState, zero: ZeroStage, replicas: int) -> int:
     """Over how many GPUs ``state`` is spread: the data-parallel replicas once ZeRO shards it, else 1."""
     return replicas if zero_shards(state, zero) else 1
 
@@ -126,10 +128,10 @@ def stage_part(model: ModelSpec, built: StageLayers) -> ModelPart:
     return ModelPart(shares, built.layers, built.head)
 
 
-def sharded_state_bytes(bytes_per_param: float, state: str, held: StageParams, layout: Layout) -> float:
+def sharded_state_bytes(bytes_per_param: float, state: ModelState, held: StageParams, layout: Layout) -> float:
     """Bytes of one model state on a GPU holding ``held``: ``bytes_per_param`` for each parameter, spread over
     DP·CP for dense tensors and DP·CP/EP for experts once the layout's ZeRO stage shards ``state``."""
     if zero_shards(state, layout.zero):
-        replicas = layout.dp * layout.cp
+        replicas = layout.data_replicas
         return bytes_per_param * (held.dense / replicas + held.experts / (replicas // layout.ep))
     return bytes_per_param * (held.dense + held.experts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 
+from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.params import weight_tensors
 from lmcalc.engine.sharding import zero_divisor
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
@@ -42,7 +43,7 @@ def optimizer_bytes_per_param(model: ModelSpec, precision: PrecisionRecipe, opti
     return optimizer_state_bytes(model, precision, optimizer) / sum(t.total for t in weight_tensors(model))
 
 
-def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes: float, zero_stage: int, dp: int) -> float:
+def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes: float, zero_stage: ZeroStage, dp: int) -> float:
     """Per-GPU bytes of model state per parameter after ZeRO sharding over ``dp`` replicas, with
     ``optimizer_bytes`` of optimizer states per parameter."""
     return (

@@ -7,8 +7,8 @@ during the backward pass, frees them after the step, and frees each saved activa
 node has run (PyTorch's autograd engine). Activations shrink as gradients grow, so the live bytes are
 largest at one of three moments, each on top of the weights W and optimizer states O:
 
-1. **Backward start**: every activation A (Korthikanti et al. 2022 §4, as ``activation_memory`` counts
-   them) is saved, and the loss's backward makes two fp32 tensors of the logits' size, the gradient of
+1. **Backward start**: every activation A (Korthikanti et al. 2022 §4, as ``gpu_memory`` counts them
+   on one GPU) is saved, and the loss's backward makes two fp32 tensors of the logits' size, the gradient of
    the log-softmax output (from ``nll_loss``) and that of its input: 2 · 4 · s·b·V bytes. The forward
    pass peaks lower (the head's output and its fp32 copy beside the saved log-softmax output:
    A + 6 · s·b·V in bf16, A + 4 · s·b·V in fp32), so it is not a phase here.

@@ -116,7 +116,7 @@ def step_time(
         )
     cp_per_layer = 0.0
     if c > 1:
-        kv_chunk = 2 * w.seq_len / c * w.micro_batch * model.kv_heads * model.qk_head_dim * act / (t if t > 1 else 1)
+        kv_chunk = 2 * w.seq_len / c * w.micro_batch * model.kv_heads * model.qk_head_dim * act / t
         cp_link = link_for(hardware, c * t, gpus_per_node)
         cp_per_layer = 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, cp_link)  # forward once, backward twice
     pp_p2p = 0.0

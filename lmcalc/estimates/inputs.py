@@ -26,6 +26,8 @@ DEFAULT_SEQ_CAP = 8192
 DEFAULT_PRECISION = "bf16-mixed"
 DEFAULT_OPTIMIZER = "adamw"
 DEFAULT_OVERHEAD = f"{OVERHEAD_ALLOWANCE_BYTES / GiB:g}GiB"
+ASSUMPTION = "assumption:"
+"""How the origin of a value lmcalc assumed begins (``Given.assumed``)."""
 
 ModelLike = str | ModelSpec
 ClusterLike = str | Cluster
@@ -65,6 +67,11 @@ class Given:
 
     value: float
     origin: str
+
+    @property
+    def assumed(self) -> bool:
+        """Whether lmcalc assumed the value (a default) rather than the user or a preset giving it."""
+        return self.origin.startswith(ASSUMPTION)
 
 
 # ------------------------------------------------------------------------------------------------- specs
@@ -181,7 +188,7 @@ def default_seq_len(model: ModelSpec) -> Given:
 
 
 def default_mfu() -> Given:
-    return Given(DEFAULT_MFU, "assumption: default MFU (published large runs reach 0.38–0.56; see docs)")
+    return Given(DEFAULT_MFU, f"{ASSUMPTION} default MFU (published large runs reach 0.38–0.56; see docs)")
 
 
 def mfu_given(value: float | None) -> Given:

@@ -3,7 +3,6 @@ cluster can train (``max_params``)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
@@ -73,13 +72,10 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
     check_layout(w, layout, cluster)
     capacity = cluster.hardware.memory_bytes
     setting_ = fit_engine.Setting(w, layout, capacity)
-    seq_step = math.lcm(128, layout.cp)
-    seq_limit = model.max_seq_len if model.position_embedding == "learned" else max(model.max_seq_len, 1 << 20)
-    dp_step = layout.ep // math.gcd(layout.ep, layout.cp)
     found_limits = (
         fit_engine.largest_micro_batch(setting_),
-        fit_engine.longest_sequence(setting_, seq_step, seq_limit),
-        fit_engine.fewest_data_parallel(setting_, dp_step),
+        fit_engine.longest_sequence(setting_),
+        fit_engine.fewest_data_parallel(setting_),
     )
     limits = zip(
         (

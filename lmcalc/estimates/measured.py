@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmcalc.bench import results
+from lmcalc.engine.choices import PEAK_SOURCES
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.estimates.inputs import Given, choice
 from lmcalc.specs import HardwareSpec, PrecisionRecipe
-
-PEAK_SOURCES = ("spec", "measured")
 
 
 def bench_file(calibration: str | None, run: str) -> Path:

@@ -152,8 +152,7 @@ def memory_stages(single: MemoryEstimate) -> MemoryEstimate:
     (whose inputs and advice it keeps): which stage binds, and how much room the others have (the stages differ
     in layers, in micro-batches in flight, in the embedding and the head)."""
     w, layout = single.workload, single.layout
-    capacity_term = single.report.term("total.capacity")
-    capacity = Capacity(capacity_term.value, capacity_term.formula)
+    capacity = Capacity.of(single.cluster.hardware)
     rows = []
     gpus = tuple(gpu_memory(w, layout, stage) for stage in range(layout.pp))
     for stage, gpu in enumerate(gpus):
@@ -294,8 +293,9 @@ def inference(
     if tp > cluster.count:
         raise LmcalcError(f"{setting('tp')} {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
     hardware = cluster.hardware
-    capacity = Capacity(hardware.memory_bytes, f"{hardware.name}: {hardware.memory_label}")
-    sections = inf.inference_sections(serving, capacity)
+    capacity = Capacity.of(hardware)
+    held = inf.inference_memory(serving, capacity.bytes)
+    sections = inf.inference_sections(serving, held, capacity)
     inputs = (
         model_input(spec, note),
         Input("gpu", "GPU", hardware.name, origin=hardware.memory_label),
@@ -324,4 +324,4 @@ def inference(
             capacity=inf.INFERENCE_CAPACITY,
         )
     )
-    return InferenceEstimate(report, serving, inf.inference_memory(serving, capacity.bytes))
+    return InferenceEstimate(report, serving, held)

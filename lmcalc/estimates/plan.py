@@ -13,6 +13,7 @@ from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
+    ASSUMPTION,
     DEFAULT_OPTIMIZER,
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
@@ -148,7 +149,7 @@ def plan_estimate(
             f"training tokens ({train_tokens.origin}): the run would not make one step"
         )
     eff = efficiency or Given(
-        DEFAULT_COMPUTE_EFFICIENCY, "assumption: calibrated on published runs (docs/plan-accuracy.md)"
+        DEFAULT_COMPUTE_EFFICIENCY, f"{ASSUMPTION} calibrated on published runs (docs/plan-accuracy.md)"
     )
     found = pl.plan(base, cluster, sequences, pins, eff.value)
     if not found.fitting:
@@ -224,7 +225,7 @@ def plan_estimate(
         "plan",
         f"The best layout for {model.label} on {cluster.label}",
         inputs,
-        winner_sections(winner, Capacity(cluster.hardware.memory_bytes, cluster.hardware.memory_label)),
+        winner_sections(winner, Capacity.of(cluster.hardware)),
         (best, assumptions),
     )
     return PlanEstimate(checked(ranked), checked(derived), tuple(found.fitting), found.evaluated)

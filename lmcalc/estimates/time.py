@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine import optimal as opt
+from lmcalc.engine.choices import FLOPS_BASES
 from lmcalc.engine.time import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.estimates.inputs import (
@@ -38,8 +39,6 @@ from lmcalc.presets import Resolved
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, PrecisionRecipe
 from lmcalc.units import sci
-
-FLOPS_BASES = ("6nd", "detailed")
 
 
 @dataclass(frozen=True)
@@ -211,7 +210,7 @@ def train_time_estimate(
             f"peak per GPU is the measured {measured[0] / 1e12:.1f} TFLOP/s ({measured[1]}), "
             "not the spec sheet: MFU then counts against what the hardware delivered"
         )
-    if mfu.origin.startswith("assumption"):
+    if mfu.assumed:
         notes.append(f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu (what your runs achieve)")
     report = checked(
         Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
@@ -302,7 +301,7 @@ def optimal_estimate(
         "Hoffmann et al. 2022: ~20 tokens per parameter; the paper's fitted law (Approach 3, rounded constants) "
         "favours smaller models on more tokens (Besiroglu et al. 2024 discuss why)",
     )
-    if cluster and mfu.origin.startswith("assumption"):
+    if cluster and mfu.assumed:
         notes += (f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu",)
     report = checked(Result("optimal", "Compute-optimal model and data", tuple(inputs), (*budget, *sections), notes))
     return OptimalEstimate(

@@ -148,8 +148,7 @@ class TrainingSetup:
 
     @property
     def capacity(self) -> Capacity:
-        hardware = self.cluster.hardware
-        return Capacity(hardware.memory_bytes, f"{hardware.name}: {hardware.memory_label}")
+        return Capacity.of(self.cluster.hardware)
 
 
 def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettings) -> TrainingSetup:

@@ -29,10 +29,9 @@ The parts, each knowing nothing of the others' workings:
 No module here imports torch at import time: size parsing, the factors and the result need none.
 """
 
-from lmcalc.bench.comm.launch import BACKENDS, launched_by_torchrun, loopback_interface, run_collectives
+from lmcalc.bench.choices import BACKENDS, COMM_DTYPES, OPS
+from lmcalc.bench.comm.launch import launched_by_torchrun, loopback_interface, run_collectives
 from lmcalc.bench.comm.measurement import (
-    COMM_DTYPES,
-    OPS,
     SOURCE,
     Collective,
     CommMeasurement,

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from lmcalc.bench.choices import BACKENDS
 from lmcalc.bench.comm.measurement import CommMeasurement, CommSettings
 from lmcalc.bench.comm.ranks import measure_all
 from lmcalc.errors import LmcalcError, setting
@@ -27,7 +28,6 @@ from lmcalc.errors import LmcalcError, setting
 if TYPE_CHECKING:
     import torch
 
-BACKENDS = ("auto", "gloo", "nccl")
 TIMEOUT_S = 600
 
 

@@ -11,23 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
+from lmcalc.bench.choices import COMM_DTYPES, OPS, Op
 from lmcalc.bench.dtypes import DTYPES
+from lmcalc.engine.comm import ring_factor
 from lmcalc.errors import LmcalcError, setting
 
-OPS = ("all-reduce", "all-gather", "reduce-scatter")
-COMM_DTYPES = ("fp32", "bf16", "fp16")
 SOURCE = "NVIDIA nccl-tests doc/PERFORMANCE.md"
 
 
 def busbw_factor(op: str, world_size: int) -> float:
-    """nccl-tests' bus-bandwidth factor: all-reduce 2(n−1)/n, all-gather and reduce-scatter (n−1)/n."""
-    n = world_size
-    if op == "all-reduce":
-        return 2 * (n - 1) / n
-    if op in ("all-gather", "reduce-scatter"):
-        return (n - 1) / n
-    raise LmcalcError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+    """nccl-tests' bus-bandwidth factor: all-reduce 2(n−1)/n, all-gather and reduce-scatter (n−1)/n, the ring's
+    bytes per GPU that the step-time model charges too (``engine.comm.ring_factor``)."""
+    if op not in OPS:
+        raise LmcalcError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+    return ring_factor(cast(Op, op), world_size)
 
 
 def element_count(op: str, nbytes: int, world_size: int, dtype: str = "fp32") -> int:

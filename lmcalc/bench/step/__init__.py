@@ -29,15 +29,8 @@ and the check that it fits), ``run`` (building, stepping and timing the model), 
 (``StepMeasurement`` and the figures derived from it) and ``report`` (the result and the record).
 """
 
-from lmcalc.bench.step.config import (
-    FLOP_CONVENTION,
-    LEARNING_RATE,
-    OPTIMIZER,
-    RECIPE_FOR_DTYPE,
-    SEED,
-    STEP_DTYPES,
-    StepSetup,
-)
+from lmcalc.bench.choices import STEP_DTYPES
+from lmcalc.bench.step.config import FLOP_CONVENTION, LEARNING_RATE, OPTIMIZER, RECIPE_FOR_DTYPE, SEED, StepSetup
 from lmcalc.bench.step.measurement import StepMeasurement, peak_key
 from lmcalc.bench.step.predict import (
     MemoryPrediction,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lmcalc.bench.choices import STEP_DTYPES
 from lmcalc.bench.dtypes import default_dtype
 from lmcalc.engine.choices import Attention, AttnConvention, Recompute
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import ModelSpec
 
-STEP_DTYPES = ("fp32", "bf16")
 RECIPE_FOR_DTYPE = {"fp32": "fp32", "bf16": "bf16-pure"}  # what a model in that dtype + torch.optim.AdamW keeps
 FLOP_CONVENTION: AttnConvention = "full"  # Korthikanti et al. 2022 eq. (7); Chowdhery et al. 2022 App. B
 OPTIMIZER = "adamw"
