@@ -19,7 +19,7 @@ from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, TensorEstimate, dtypes, flops, params, tensor
-from lmcalc.estimates.inputs import cluster_of, resolve_model
+from lmcalc.estimates.inputs import TrainingSettings, cluster_of, resolve_model
 from lmcalc.estimates.limits import FitEstimate, MaxParamsEstimate, fit, max_params
 from lmcalc.estimates.memory import (
     InferenceEstimate,
@@ -32,7 +32,7 @@ from lmcalc.estimates.memory import (
 from lmcalc.estimates.plan import PlanEstimate, plan
 from lmcalc.estimates.report import ReportEstimates, report
 from lmcalc.estimates.time import OptimalEstimate, TrainTimeEstimate, optimal, train_time
-from lmcalc.estimates.training import LayoutSettings, SplitSettings
+from lmcalc.estimates.training import LayoutSettings, MemorySettings, SplitSettings
 from lmcalc.result import Estimate, Result
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 
@@ -49,6 +49,7 @@ __all__ = [
     "LmcalcError",
     "MaxParamsEstimate",
     "MemoryEstimate",
+    "MemorySettings",
     "MemorySweepEstimate",
     "ModelSpec",
     "OptimalEstimate",
@@ -62,6 +63,7 @@ __all__ = [
     "SplitSettings",
     "TensorEstimate",
     "TrainTimeEstimate",
+    "TrainingSettings",
     "Workload",
     "cluster_of",
     "dtypes",
