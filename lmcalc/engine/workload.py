@@ -45,7 +45,7 @@ class Workload:
     micro_batch: int = 1  # sequences per GPU per micro-batch
     attention: Attention = "flash"
     recompute: Recompute = "none"
-    mask_bytes: float = MASK_BYTES  # bytes of one dropout-mask element (1 on CUDA, 4 on a CPU)
+    mask_bytes: float = MASK_BYTES  # bytes of one dropout-mask element (see dropout_mask_bytes)
     overhead_bytes: float = OVERHEAD_ALLOWANCE_BYTES  # per-GPU allowance beyond states and activations
     _hash: int = field(init=False, repr=False, compare=False)
 

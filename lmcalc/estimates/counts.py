@@ -8,6 +8,7 @@ from lmcalc.engine import flops as fl
 from lmcalc.engine.choices import ATTN_CONVENTIONS, RECOMPUTE_MODES, AttnConvention, Recompute
 from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
 from lmcalc.engine.params import ParamCount, count_params, params_section
+from lmcalc.errors import flag
 from lmcalc.estimates.inputs import (
     Count,
     Given,
@@ -153,8 +154,8 @@ def flops_estimate(
         model_input(model, note),
         Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
         Input("seq_len", "Sequence length s", seq, "tokens", seq_len.origin),
-        Input("attention_convention", "Attention FLOPs convention", convention, origin="--attn-flops"),
-        Input("recompute", "Activation recomputation", recompute, origin="--recompute"),
+        Input("attention_convention", "Attention FLOPs convention", convention, origin=flag("attn_flops")),
+        Input("recompute", "Activation recomputation", recompute, origin=flag("recompute")),
     )
     notes = (*model_notes(model, note), *context_note(model, seq))
     report = checked(

@@ -165,7 +165,7 @@ def seq_given(value: Count | None, model: ModelSpec | None = None, name: str = "
 
 def tokens_given(value: Count | None, model: ModelSpec) -> Given:
     """Training tokens from ``value``, else the preset's published count, else 20 per parameter."""
-    return Given(count(value, "tokens"), "--tokens") if value else default_tokens(model)
+    return Given(count(value, "tokens"), flag("tokens")) if value else default_tokens(model)
 
 
 # ------------------------------------------------------------------------------------------------- defaults
@@ -192,7 +192,7 @@ def default_mfu() -> Given:
 
 
 def mfu_given(value: float | None) -> Given:
-    return Given(value, "--mfu") if value is not None else default_mfu()
+    return Given(value, flag("mfu")) if value is not None else default_mfu()
 
 
 # ------------------------------------------------------------------------------------------------- results

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Unpack
 from lmcalc.engine import maxparams as mp
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.workload import Workload
+from lmcalc.errors import flag
 from lmcalc.estimates.inputs import (
     DEFAULT_OPTIMIZER,
     DEFAULT_OVERHEAD,
@@ -147,8 +148,8 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         Input("precision", "Precision recipe", w.precision.name, origin=recipe_text(w.precision)),
         Input("optimizer", "Optimizer", w.optimizer.name, origin=optimizer_text(w.optimizer)),
         Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
-        Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", "--micro-batch"),
-        Input("recompute", "Activation recomputation", w.recompute, origin="--recompute"),
+        Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),
+        Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
     )
     notes = (
         *model_notes(model, note),
@@ -257,10 +258,10 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         Input("capacity", "Memory per GPU", capacity, "bytes", cluster.hardware.memory_label),
         Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
         Input("optimizer", "Optimizer", optimizer.name, origin=optimizer_text(optimizer)),
-        Input("overhead", "Overhead allowance", overhead_bytes, "bytes", "--overhead"),
-        Input("seq_len", "Sequence length (activations)", w.seq_len, "tokens", "--seq"),
-        Input("micro_batch", "Micro-batch (activations)", w.micro_batch, "sequences", "--micro-batch"),
-        Input("template", "Shape for activations", template.name, origin="--like"),
+        Input("overhead", "Overhead allowance", overhead_bytes, "bytes", flag("overhead")),
+        Input("seq_len", "Sequence length (activations)", w.seq_len, "tokens", flag("seq")),
+        Input("micro_batch", "Micro-batch (activations)", w.micro_batch, "sequences", flag("micro_batch")),
+        Input("template", "Shape for activations", template.name, origin=flag("like")),
     )
     replicated, sharded = rows[0], rows[-1]
     notes = (

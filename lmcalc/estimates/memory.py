@@ -11,7 +11,7 @@ from lmcalc.engine.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.memory_terms import Capacity, memory_sections
 from lmcalc.engine.workload import Workload
-from lmcalc.errors import LmcalcError, setting
+from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
     DEFAULT_OVERHEAD,
     Bytes,
@@ -112,10 +112,10 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
         Input("precision", "Precision recipe", w.precision.name, origin=recipe_text(w.precision)),
         Input("optimizer", "Optimizer", w.optimizer.name, origin=optimizer_text(w.optimizer)),
         Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
-        Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", "--micro-batch"),
-        Input("grad_accum", "Micro-batches per step", layout.grad_accum, "micro-batches", "--grad-accum"),
-        Input("attention", "Attention kernel", w.attention, origin="--attention"),
-        Input("recompute", "Activation recomputation", w.recompute, origin="--recompute"),
+        Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),
+        Input("grad_accum", "Micro-batches per step", layout.grad_accum, "micro-batches", flag("grad_accum")),
+        Input("attention", "Attention kernel", w.attention, origin=flag("attention")),
+        Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
     )
     total = gpu.total
     notes = [*model_notes(model, note), *context_note(model, w.seq_len)]
@@ -299,11 +299,11 @@ def inference(
     inputs = (
         model_input(spec, note),
         Input("gpu", "GPU", hardware.name, origin=hardware.memory_label),
-        Input("tp", "Tensor-parallel GPUs", tp, origin="--tp"),
-        Input("batch", "Batch", batch, "sequences", "--batch"),
+        Input("tp", "Tensor-parallel GPUs", tp, origin=flag("tp")),
+        Input("batch", "Batch", batch, "sequences", flag("batch")),
         Input("context", "Context", serving.context, "tokens", context_in.origin),
-        Input("weights_dtype", "Weights dtype", weights_dtype, origin="--weights-dtype"),
-        Input("kv_dtype", "KV-cache dtype", kv_dtype, origin="--kv-dtype"),
+        Input("weights_dtype", "Weights dtype", weights_dtype, origin=flag("weights_dtype")),
+        Input("kv_dtype", "KV-cache dtype", kv_dtype, origin=flag("kv_dtype")),
     )
     # memory would hold a longer context than the model was trained for: the table's note is said below it too
     beyond = next(s for s in sections if s.key == "per_gpu").term("max_context").note

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Unpack
 from lmcalc.engine.choices import RECOMPUTE_MODES, ZeroStage
 from lmcalc.engine.memory_terms import Capacity, memory_sections
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
-from lmcalc.errors import LmcalcError, setting
+from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
     ASSUMPTION,
@@ -116,7 +116,7 @@ def plan(
             )
         if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
             raise LmcalcError(f"{setting('efficiency')} must be in (0, 1], got {efficiency}")
-        eff = Given(efficiency, "--efficiency")
+        eff = Given(efficiency, flag("efficiency"))
     if measured_efficiency or calibration:
         w = setup.workload
         eff = measured.measured_efficiency(calibration, setup.cluster.hardware, w.precision, w.model.name)

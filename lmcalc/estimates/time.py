@@ -9,7 +9,7 @@ from lmcalc.engine import flops as fl
 from lmcalc.engine import optimal as opt
 from lmcalc.engine.choices import FLOPS_BASES
 from lmcalc.engine.time import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
-from lmcalc.errors import LmcalcError, setting
+from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
     DEFAULT_PRECISION,
     ClusterLike,
@@ -169,7 +169,7 @@ def train_time_estimate(
     if days is not None:
         needed = gpus_for_deadline(flops_term.value, days, peak, mfu.value)
         gpu_count, nodes = whole_gpus(needed, hw.gpus_per_node)
-        inputs += [Input("days", "Deadline", days, "days", "--days"), Input("gpu", "GPU", hw.name, origin=hw.label)]
+        inputs += [Input("days", "Deadline", days, "days", flag("days")), Input("gpu", "GPU", hw.name, origin=hw.label)]
         sections.append(
             Section(
                 "deadline",
@@ -287,12 +287,12 @@ def optimal_estimate(
         compute, budget = section.term("compute").value, (section,)
         inputs += [
             Input("cluster", "Cluster", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
-            Input("days", "Deadline", days, "days", "--days"),
+            Input("days", "Deadline", days, "days", flag("days")),
             Input("mfu", "MFU", mfu.value, origin=mfu.origin),
             Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
         ]
     else:
-        inputs.append(Input("compute", "Compute budget", compute, "FLOPs", "--compute"))
+        inputs.append(Input("compute", "Compute budget", compute, "FLOPs", flag("compute")))
     sections = opt.optimal_sections(compute, how.tokens_per_param)
     if budget:
         assert cluster is not None and days is not None

@@ -102,18 +102,10 @@ def split_settings(settings: LayoutSettings) -> SplitSettings:
 def build_layout(cluster: Cluster, settings: LayoutSettings) -> Layout:
     """The layout the settings describe on ``cluster`` (checked when it is made); DP, when not given, fills the
     GPUs the other degrees leave. Checked against a workload by ``engine.layout.check_layout``."""
+    named: Mapping[str, Any] = settings
+    degrees = {f.name: named[f.name] for f in fields(Layout) if f.name not in ("dp", "split") and f.name in named}
     dp = settings.get("dp")
-    layout = Layout(
-        dp=1 if dp is None else dp,
-        tp=settings.get("tp", 1),
-        pp=settings.get("pp", 1),
-        cp=settings.get("cp", 1),
-        ep=settings.get("ep", 1),
-        zero=settings.get("zero", 0),
-        sequence_parallel=settings.get("sequence_parallel", False),
-        grad_accum=settings.get("grad_accum", 1),
-        split=pipeline_split(settings),
-    )
+    layout = Layout(dp=1 if dp is None else dp, **degrees, split=pipeline_split(settings))  # the rest: Layout's own
     if dp is not None:
         return layout
     model_parallel = layout.tp * layout.pp * layout.cp
