@@ -200,7 +200,7 @@ def plan_estimate(
             "Global batch",
             sequences,
             "sequences",
-            f"--global-batch {group(global_batch_tokens)} tokens / {seq} per sequence",
+            f"{flag('global_batch')} {group(global_batch_tokens)} tokens / {seq} per sequence",
         ),
         Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
         Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),

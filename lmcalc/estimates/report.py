@@ -71,11 +71,11 @@ def report(
         training_setup,
     )
 
+    accept(layout, LayoutSettings, "report")
     workload = TrainingSettings(seq=seq, precision=precision, optimizer=optimizer, recompute=recompute)
     setup = training_setup(model, gpus, workload)
     cluster, resolved = setup.cluster, setup.resolved
     tokens_in = tokens_given(tokens, setup.model)
-    accept(layout, LayoutSettings, "report")
     given: LayoutSettings = {"zero": REPORT_ZERO, **layout}
     memory = memory_estimate(setup, build_layout(cluster, given))
     timing = Timing(cluster, cluster.hardware, seq_len=setup.seq)
