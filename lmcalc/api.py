@@ -19,7 +19,14 @@ from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, TensorEstimate, dtypes, flops, params, tensor
-from lmcalc.estimates.inputs import TrainingSettings, cluster_of, resolve_model
+from lmcalc.estimates.inputs import (
+    LayoutSettings,
+    MemorySettings,
+    SplitSettings,
+    TrainingSettings,
+    cluster_of,
+    resolve_model,
+)
 from lmcalc.estimates.limits import FitEstimate, MaxParamsEstimate, fit, max_params
 from lmcalc.estimates.memory import (
     InferenceEstimate,
@@ -32,7 +39,6 @@ from lmcalc.estimates.memory import (
 from lmcalc.estimates.plan import PlanEstimate, plan
 from lmcalc.estimates.report import ReportEstimates, report
 from lmcalc.estimates.time import OptimalEstimate, TrainTimeEstimate, optimal, train_time
-from lmcalc.estimates.training import LayoutSettings, MemorySettings, SplitSettings
 from lmcalc.result import Estimate, Result
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 

@@ -137,10 +137,23 @@ def test_the_package_loads_the_api_only_when_asked():
         lmcalc.estimate  # noqa: B018 - the argv-building wrapper is gone
 
 
-def test_a_misspelt_setting_is_refused_as_python_refuses_it():
-    # memory, memory_sweep and fit take their workload and layout settings as **settings: a keyword none of them
-    # has must not be dropped silently
-    with pytest.raises(TypeError, match="memory\\(\\) got an unexpected keyword argument 'zeros'"):
-        lmcalc.memory(model="llama-3.1-8b", gpus="8xH100", zeros=3)
-    with pytest.raises(TypeError, match="fit\\(\\) got an unexpected keyword argument 'tensor_parallel'"):
-        lmcalc.fit(model="llama-3.1-8b", tensor_parallel=2)
+MISSPELT = [
+    ("memory", dict(model="llama-3.1-8b", gpus="8xH100", zeros=3), "zeros"),
+    ("memory", dict(model="llama-3.1-8b", gpus="8xH100", zerro=3), "zerro"),
+    ("fit", dict(model="llama-3.1-8b", tensor_parallel=2), "tensor_parallel"),
+    ("fit", dict(model="llama-3.1-8b", zerro=3), "zerro"),
+    ("memory_sweep", dict(model="llama-3.1-8b", sweep="seq=1k,2k", zerro=3), "zerro"),
+    ("plan", dict(model="llama-3.1-8b", gpus="8xH100", zerro=3), "zerro"),
+    # plan takes the pipeline split as **split: a layout setting it searches instead is refused like a misspelling
+    ("plan", dict(model="llama-3.1-8b", gpus="8xH100", sequence_parallel=True), "sequence_parallel"),
+    ("report", dict(model="llama-3.1-8b", gpus="8xH100", zerro=3), "zerro"),
+]
+
+
+@pytest.mark.parametrize(("function", "kwargs", "misspelt"), MISSPELT, ids=[f"{f}-{m}" for f, _, m in MISSPELT])
+def test_a_misspelt_setting_is_refused_as_python_refuses_it(function, kwargs, misspelt):
+    # memory, memory_sweep, fit, plan and report take their workload, layout or split settings as **settings: a
+    # keyword none of them has must not be dropped silently, and is refused in Python's own words
+    with pytest.raises(TypeError) as raised:
+        getattr(lmcalc, function)(**kwargs)
+    assert str(raised.value) == f"{function}() got an unexpected keyword argument '{misspelt}'"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TypedDict, TypeVar
 
 from lmcalc import presets as pr
+from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.flops import napkin_params
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, matches_published
@@ -59,6 +60,34 @@ TRAINING_DEFAULTS: TrainingSettings = {
     "recompute": "none",
     "overhead": DEFAULT_OVERHEAD,
 }
+
+
+class SplitSettings(TypedDict, total=False):
+    """How the layers split over the pipeline stages (Megatron-LM's flags), as the user gives it."""
+
+    first_stage_layers: int | None
+    last_stage_layers: int | None
+    account_for_embedding_in_pipeline_split: bool
+    account_for_loss_in_pipeline_split: bool
+
+
+class LayoutSettings(SplitSettings, total=False):
+    """A parallel layout as the user gives it; DP, when not given, fills the GPUs the other degrees leave."""
+
+    dp: int | None
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    zero: ZeroStage
+    sequence_parallel: bool
+    grad_accum: int
+    schedule: str
+    virtual_stages: int
+
+
+class MemorySettings(TrainingSettings, LayoutSettings, total=False):
+    """A training workload and its parallel layout, as ``memory`` and ``fit`` take them."""
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ from lmcalc.estimates.inputs import (
     Bytes,
     ClusterLike,
     Count,
+    MemorySettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
+    TrainingSettings,
     checked,
     model_input,
     model_notes,
@@ -27,8 +29,6 @@ from lmcalc.estimates.inputs import (
     recipe_text,
 )
 from lmcalc.estimates.training import (
-    MemorySettings,
-    TrainingSettings,
     TrainingSetup,
     accept,
     build_layout,

@@ -17,6 +17,7 @@ from lmcalc.estimates.inputs import (
     Bytes,
     ClusterLike,
     Count,
+    MemorySettings,
     ModelLike,
     checked,
     cluster_of,
@@ -32,7 +33,6 @@ from lmcalc.estimates.inputs import (
     whole_count,
 )
 from lmcalc.estimates.training import (
-    MemorySettings,
     TrainingSetup,
     accept,
     build_layout,

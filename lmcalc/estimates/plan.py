@@ -24,6 +24,7 @@ from lmcalc.estimates.inputs import (
     ModelLike,
     OptimizerLike,
     PrecisionLike,
+    SplitSettings,
     TrainingSettings,
     checked,
     choice,
@@ -33,7 +34,7 @@ from lmcalc.estimates.inputs import (
     recipe_text,
     tokens_given,
 )
-from lmcalc.estimates.training import SplitSettings, TrainingSetup, accept, pipeline_split, training_setup
+from lmcalc.estimates.training import TrainingSetup, accept, pipeline_split, training_setup
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.units import GB, group
 

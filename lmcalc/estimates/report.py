@@ -12,6 +12,7 @@ from lmcalc.estimates.inputs import (
     DEFAULT_PRECISION,
     ClusterLike,
     Count,
+    LayoutSettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
@@ -26,7 +27,6 @@ if TYPE_CHECKING:  # the estimates are imported when a report is made: the comma
     from lmcalc.estimates.memory import MemoryEstimate
     from lmcalc.estimates.plan import PlanEstimate
     from lmcalc.estimates.time import TrainTimeEstimate
-    from lmcalc.estimates.training import LayoutSettings
 
 REPORT_ZERO: ZeroStage = 3  # the report's memory section shards the model states over every GPU unless told otherwise
 
@@ -63,7 +63,6 @@ def report(
     from lmcalc.estimates.plan import plan_estimate
     from lmcalc.estimates.time import Timing, train_time_estimate
     from lmcalc.estimates.training import (
-        LayoutSettings,
         accept,
         build_layout,
         pipeline_split,

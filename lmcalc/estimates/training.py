@@ -1,15 +1,15 @@
 """What a training estimate starts from: the workload the user's values describe, on the cluster they name, and
-the parallel layout their settings give (``LayoutSettings``: the same keywords for the Python API and, as flags,
-for the command line)."""
+the parallel layout their settings give (``estimates.inputs.LayoutSettings``: the same keywords for the Python API
+and, as flags, for the command line)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 from lmcalc import presets as pr
-from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZeroStage
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.memory_terms import Capacity
 from lmcalc.engine.pipeline import PipelineSplit
@@ -19,7 +19,9 @@ from lmcalc.estimates.inputs import (
     TRAINING_DEFAULTS,
     ClusterLike,
     Given,
+    LayoutSettings,
     ModelLike,
+    SplitSettings,
     TrainingSettings,
     choice,
     cluster_of,
@@ -30,34 +32,6 @@ from lmcalc.estimates.inputs import (
     seq_given,
 )
 from lmcalc.specs import Cluster, ModelSpec
-
-
-class SplitSettings(TypedDict, total=False):
-    """How the layers split over the pipeline stages (Megatron-LM's flags), as the user gives it."""
-
-    first_stage_layers: int | None
-    last_stage_layers: int | None
-    account_for_embedding_in_pipeline_split: bool
-    account_for_loss_in_pipeline_split: bool
-
-
-class LayoutSettings(SplitSettings, total=False):
-    """A parallel layout as the user gives it; DP, when not given, fills the GPUs the other degrees leave."""
-
-    dp: int | None
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    zero: ZeroStage
-    sequence_parallel: bool
-    grad_accum: int
-    schedule: str
-    virtual_stages: int
-
-
-class MemorySettings(TrainingSettings, LayoutSettings, total=False):
-    """A training workload and its parallel layout, as ``memory`` and ``fit`` take them."""
 
 
 def accept(given: Mapping[str, Any], accepted: type, function: str) -> None:

@@ -1,0 +1,103 @@
+"""Specs are values (lmcalc/specs.py): equal specs hash and compare equal, so they can key the engine's caches; a
+spec's hash is computed once and kept in ``_HASHES`` by ``id`` only while the spec lives; and nothing in a spec can
+change after its hash is taken."""
+
+import functools
+import gc
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from lmcalc import specs
+from lmcalc.presets import resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.specs import HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
+
+
+def test_equal_specs_hash_equal():
+    llama = resolve_model("llama-3.1-8b").spec
+    first, second = llama.model_copy(), llama.model_copy()
+    assert first is not second and first == second and hash(first) == hash(second) == hash(llama)
+    # read from its file twice: two objects validated apart, one value (DeepSeek-V3: nested MoE and MLA specs)
+    path = str(PRESETS / "models" / "deepseek-v3.yaml")
+    one, other = resolve_model(path).spec, resolve_model(path).spec
+    assert one is not other and one == other and hash(one) == hash(other)
+    assert one.moe is not None and one.mla is not None
+    # and rebuilt from its own fields
+    rebuilt = ModelSpec.model_validate(llama.model_dump())
+    assert rebuilt is not llama and rebuilt == llama and hash(rebuilt) == hash(llama)
+
+
+def test_a_changed_spec_hashes_differently():
+    llama = resolve_model("llama-3.1-8b").spec
+    deeper = ModelSpec.model_validate({**llama.model_dump(), "num_layers": llama.num_layers + 1})  # validated
+    assert deeper != llama and hash(deeper) != hash(llama)
+    # a nested spec's change reaches its parent's hash
+    deepseek = resolve_model("deepseek-v3").spec
+    assert deepseek.moe is not None
+    dumped = deepseek.model_dump()
+    more_shared = ModelSpec.model_validate(
+        {**dumped, "moe": {**dumped["moe"], "shared_experts": deepseek.moe.shared_experts + 1}}
+    )
+    assert more_shared != deepseek and hash(more_shared) != hash(deepseek)
+
+
+def test_a_dead_specs_hash_is_forgotten():
+    # _HASHES is keyed by id(): the entry must go with the spec, before its id can be given to another object
+    spec = resolve_model("llama-3.1-8b").spec.model_copy()  # a fresh object no cache holds
+    key = id(spec)
+    assert key not in specs._HASHES
+    hash(spec)
+    assert key in specs._HASHES
+    del spec
+    gc.collect()
+    assert key not in specs._HASHES
+
+
+def test_a_spec_cannot_change_under_its_hash():
+    llama = resolve_model("llama-3.1-8b").spec
+    hash(llama)
+    with pytest.raises(ValidationError):
+        llama.num_layers = 1  # frozen
+    # sequences are tuples, even when the preset file (or a caller) gives lists: none can be appended to
+    given_lists = ModelSpec.model_validate({**llama.model_dump(), "aliases": ["a", "b"], "notes": ["n"]})
+    assert given_lists.aliases == ("a", "b") and given_lists.notes == ("n",)
+    adafactor = resolve_optimizer("adafactor").spec
+    assert type(adafactor.states) is tuple and adafactor.states
+    presets = (llama, resolve_hardware("H100").spec, resolve_precision("bf16-mixed").spec, adafactor)
+    for spec in presets:
+        for name, value in spec:
+            assert not isinstance(value, list | set), f"{type(spec).__name__}.{name} is a {type(value).__name__}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [(ModelSpec, "llama-3.1-8b"), (HardwareSpec, "H100"), (PrecisionRecipe, "bf16-mixed"), (OptimizerSpec, "adamw")],
+)
+def test_every_kind_of_spec_keys_a_dict_and_a_cache(kind, name):
+    resolve = {
+        ModelSpec: resolve_model,
+        HardwareSpec: resolve_hardware,
+        PrecisionRecipe: resolve_precision,
+        OptimizerSpec: resolve_optimizer,
+    }[kind]
+    spec = resolve(name).spec
+    assert isinstance(spec, kind)
+    copy = spec.model_copy()
+    assert {spec: "found"}[copy] == "found"
+
+    calls = []
+
+    @functools.lru_cache(maxsize=16)  # bounded, as the engine's caches are
+    def cached(value):
+        calls.append(value)
+        return value.name
+
+    # the engine memoises on specs: an equal spec is a hit, a different one a miss
+    assert cached(spec) == cached(copy) == spec.name
+    assert calls == [spec] and cached.cache_info().hits == 1
+    other = kind.model_validate({**spec.model_dump(), "name": spec.name + "-other"})
+    cached(other)
+    assert len(calls) == 2
