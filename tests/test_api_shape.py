@@ -22,7 +22,8 @@ CLI = typer.main.get_command(app)
 LLAMA_8B = 8_030_261_248  # meta-llama/Llama-3.1-8B safetensors total
 
 COMMANDS = {
-    # command -> the API functions it calls (docs/api.md: "Every command is a Python function of the same name");
+    # command -> the API functions it calls (docs/api.md: "Every accounting command is a Python function named like
+    # the command");
     # memory calls memory_sweep with --sweep and inference with --inference
     "train-time": ("train_time",),
     "max-params": ("max_params",),
@@ -113,7 +114,7 @@ def test_every_command_of_the_api_is_mapped():
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_keyword_of_the_api_is_a_flag_of_its_command(command):
-    # docs/api.md: "Its arguments are the command's flags": no API setting the command line cannot reach
+    # docs/api.md: "the arguments are keyword-only: the command's flags": no API setting the command line cannot reach
     flags = {keyword_of(p) for p in CLI.commands[command].params}
     for function in COMMANDS[command]:
         missing = set(api_defaults(getattr(api, function))) - flags
@@ -165,6 +166,30 @@ def test_the_defaults_that_differ_do_so_for_their_reason():
     assert cli_default("optimal", "precision") == DEFAULT_PRECISION
     # memory --sweep: memory_sweep needs it
     assert inspect.signature(api.memory_sweep).parameters["sweep"].default is REQUIRED
+
+
+WORKLOAD_DEFAULTS_OF_THEIR_OWN = {
+    # the search varies the micro-batch and the recomputation: None leaves them to it
+    ("plan", "micro_batch"): None,
+    ("plan", "recompute"): None,
+    # a report's training time and memory assume selective recomputation (docs/commands/report.md)
+    ("report", "recompute"): "selective",
+    # max-params scales a template model and states its activation column at 4096 tokens
+    ("max_params", "seq"): "4096",
+    # optimal takes a precision only with a cluster (see DIFFERENT_ON_PURPOSE)
+    ("optimal", "precision"): None,
+}
+
+
+@pytest.mark.parametrize("function", [f for f in api.__all__ if inspect.isfunction(getattr(api, f))])
+def test_workload_keywords_default_to_the_one_table(function):
+    """A function that takes a workload setting as its own keyword (``plan(attention=...)``) defaults it to the
+    value ``TRAINING_DEFAULTS`` holds, the table ``memory`` and ``fit`` read, unless it has a reason of its own."""
+    parameters = inspect.signature(getattr(api, function)).parameters
+    for key in TrainingSettings.__optional_keys__ & parameters.keys():
+        default = parameters[key].default
+        expected = WORKLOAD_DEFAULTS_OF_THEIR_OWN.get((function, key), TRAINING_DEFAULTS[key])
+        assert default == expected, f"{function}({key}=...) defaults to {default!r}"
 
 
 def lmcalc_report_zero() -> int:

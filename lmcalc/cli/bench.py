@@ -16,7 +16,15 @@ from lmcalc.cli.app import bench_app, emit
 from lmcalc.cli.options import AttentionOpt, ExplainOpt, JsonOpt, ModelOpt, RecomputeOpt, alternatives
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import choice, nbytes, non_negative_int, positive_int, seq_given
+from lmcalc.estimates.inputs import (
+    DEFAULT_ATTENTION,
+    DEFAULT_RECOMPUTE,
+    choice,
+    nbytes,
+    non_negative_int,
+    positive_int,
+    seq_given,
+)
 from lmcalc.units import parse_shape
 
 DeviceOpt = Annotated[str, typer.Option("--device", help=f"{alternatives(DEVICES, {'auto': 'the first available'})}.")]
@@ -209,8 +217,8 @@ def bench_step(
         str | None,
         typer.Option("--dtype", help=f"{alternatives(STEP_DTYPES)} (default: bf16 on GPUs, fp32 on CPUs)."),
     ] = None,
-    attention: AttentionOpt = "flash",
-    recompute: RecomputeOpt = "none",
+    attention: AttentionOpt = DEFAULT_ATTENTION,
+    recompute: RecomputeOpt = DEFAULT_RECOMPUTE,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps first.")] = 2,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed steps.")] = 5,
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch (default: torch's).")] = None,

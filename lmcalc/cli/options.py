@@ -105,7 +105,7 @@ SPLIT_OPTIONS = (
         "stages (Megatron-LM's flag): the last stage builds one layer fewer. Works with the interleaved schedule.",
     ),
 )
-"""How the layers split over the pipeline stages (``estimates.training.SplitSettings``)."""
+"""How the layers split over the pipeline stages (``estimates.inputs.SplitSettings``)."""
 
 DEGREES = {
     "tp": "tensor-parallel degree",
@@ -130,7 +130,7 @@ LAYOUT_OPTIONS = (
     Option.of("virtual_stages", int, 1, "Model chunks per pipeline stage (interleaved schedule)."),
     *SPLIT_OPTIONS,
 )
-"""A parallel layout (``estimates.training.LayoutSettings``), as ``memory``, ``fit`` and ``report`` take it."""
+"""A parallel layout (``estimates.inputs.LayoutSettings``), as ``memory``, ``fit`` and ``report`` take it."""
 
 TRAINING_OPTIONS = (
     Option("seq", SeqOpt, TRAINING_DEFAULTS["seq"]),

@@ -21,6 +21,7 @@ from lmcalc.cli.options import (
     with_options,
 )
 from lmcalc.errors import LmcalcError
+from lmcalc.estimates.inputs import DEFAULT_OPTIMIZER, DEFAULT_PRECISION
 from lmcalc.estimates.report import REPORT_ZERO
 from lmcalc.result import Result
 
@@ -48,8 +49,8 @@ def report(
     global_batch: Annotated[
         str, typer.Option("--global-batch", help="Tokens per step for the layout search (binary: 4M = 4,194,304).")
     ] = "4M",
-    precision: PrecisionOpt = "bf16-mixed",
-    optimizer: OptimizerOpt = "adamw",
+    precision: PrecisionOpt = DEFAULT_PRECISION,
+    optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
     """One self-contained HTML page: parameters, FLOPs, training time, memory (of the layout given, ZeRO-3 by

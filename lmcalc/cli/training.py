@@ -30,7 +30,14 @@ from lmcalc.engine.choices import ATTN_CONVENTIONS, FLOPS_BASES, PEAK_SOURCES, R
 from lmcalc.engine.numerics import SERVING_DTYPES
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import DEFAULT_OVERHEAD, positive_int
+from lmcalc.estimates.inputs import (
+    DEFAULT_ATTENTION,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_OVERHEAD,
+    DEFAULT_PRECISION,
+    DEFAULT_RECOMPUTE,
+    positive_int,
+)
 from lmcalc.result import Estimate, Result
 
 FLOPS_BASIS_MEANINGS = {"6nd": "napkin, default", "detailed": "matmul count, causal"}
@@ -50,7 +57,7 @@ def train_time(
     mfu: Annotated[
         float | None, typer.Option("--mfu", help="Model FLOPs utilisation in (0, 1]. Default: 0.4 (an assumption).")
     ] = None,
-    precision: PrecisionOpt = "bf16-mixed",
+    precision: PrecisionOpt = DEFAULT_PRECISION,
     days: Annotated[float | None, typer.Option("--days", help="Solve for GPUs: finish within this many days.")] = None,
     gpu: Annotated[
         str | None, typer.Option("--gpu", help="GPU type when solving for the GPU count with --days.")
@@ -94,12 +101,12 @@ def train_time(
 
 def max_params(
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster: 8xH100, 2x8xA100-80GB.")],
-    optimizer: OptimizerOpt = "adamw",
-    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
+    precision: PrecisionOpt = DEFAULT_PRECISION,
     seq: Annotated[str, typer.Option("--seq", help="Sequence length for the activation column.")] = "4096",
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU for the activation column.")] = 1,
-    attention: AttentionOpt = "flash",
-    recompute: RecomputeOpt = "none",
+    attention: AttentionOpt = DEFAULT_ATTENTION,
+    recompute: RecomputeOpt = DEFAULT_RECOMPUTE,
     overhead: OverheadOpt = DEFAULT_OVERHEAD,
     like: Annotated[
         str, typer.Option("--like", help="Model whose proportions the activation column scales.")
@@ -134,7 +141,7 @@ def flops(
     attn_flops: Annotated[
         str, typer.Option("--attn-flops", help=f"Attention convention: {alternatives(ATTN_CONVENTIONS)}.")
     ] = "causal",
-    recompute: RecomputeOpt = "none",
+    recompute: RecomputeOpt = DEFAULT_RECOMPUTE,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
@@ -299,9 +306,9 @@ def plan(
         str | None,
         typer.Option("--calibration", help="Benchmark results file for --measured-efficiency (implies it)."),
     ] = None,
-    precision: PrecisionOpt = "bf16-mixed",
-    optimizer: OptimizerOpt = "adamw",
-    attention: AttentionOpt = "flash",
+    precision: PrecisionOpt = DEFAULT_PRECISION,
+    optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
+    attention: AttentionOpt = DEFAULT_ATTENTION,
     overhead: OverheadOpt = DEFAULT_OVERHEAD,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
@@ -353,7 +360,7 @@ def optimal(
     tokens_per_param: Annotated[
         float, typer.Option("--tokens-per-param", help="The rule of thumb's ratio.")
     ] = TOKENS_PER_PARAM,
-    precision: PrecisionOpt = "bf16-mixed",
+    precision: PrecisionOpt = DEFAULT_PRECISION,
     price: Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour.")] = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TypedDict, TypeVar
 
 from lmcalc import presets as pr
-from lmcalc.engine.choices import ZeroStage
+from lmcalc.engine.choices import Attention, Recompute, ZeroStage
 from lmcalc.engine.flops import napkin_params
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, matches_published
@@ -26,6 +26,8 @@ from lmcalc.units import GiB, group, parse_bytes, parse_count
 DEFAULT_SEQ_CAP = 8192
 DEFAULT_PRECISION = "bf16-mixed"
 DEFAULT_OPTIMIZER = "adamw"
+DEFAULT_ATTENTION: Attention = "flash"
+DEFAULT_RECOMPUTE: Recompute = "none"
 DEFAULT_OVERHEAD = f"{OVERHEAD_ALLOWANCE_BYTES / GiB:g}GiB"
 ASSUMPTION = "assumption:"
 """How the origin of a value lmcalc assumed begins (``Given.assumed``)."""
@@ -56,8 +58,8 @@ TRAINING_DEFAULTS: TrainingSettings = {
     "micro_batch": 1,
     "precision": DEFAULT_PRECISION,
     "optimizer": DEFAULT_OPTIMIZER,
-    "attention": "flash",
-    "recompute": "none",
+    "attention": DEFAULT_ATTENTION,
+    "recompute": DEFAULT_RECOMPUTE,
     "overhead": DEFAULT_OVERHEAD,
 }
 

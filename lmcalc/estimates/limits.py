@@ -11,9 +11,11 @@ from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import flag
 from lmcalc.estimates.inputs import (
+    DEFAULT_ATTENTION,
     DEFAULT_OPTIMIZER,
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
+    DEFAULT_RECOMPUTE,
     Bytes,
     ClusterLike,
     Count,
@@ -178,8 +180,8 @@ def max_params(
     precision: PrecisionLike = DEFAULT_PRECISION,
     seq: Count = "4096",
     micro_batch: int = 1,
-    attention: str = "flash",
-    recompute: str = "none",
+    attention: str = DEFAULT_ATTENTION,
+    recompute: str = DEFAULT_RECOMPUTE,
     overhead: Bytes = DEFAULT_OVERHEAD,
     like: ModelLike = "llama-3.1-8b",
 ) -> MaxParamsEstimate:

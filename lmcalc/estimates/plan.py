@@ -14,6 +14,7 @@ from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
     ASSUMPTION,
+    DEFAULT_ATTENTION,
     DEFAULT_OPTIMIZER,
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
@@ -81,7 +82,7 @@ def plan(
     calibration: str | None = None,
     precision: PrecisionLike = DEFAULT_PRECISION,
     optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
-    attention: str = "flash",
+    attention: str = DEFAULT_ATTENTION,
     overhead: Bytes = DEFAULT_OVERHEAD,
     **split: Unpack[SplitSettings],
 ) -> PlanEstimate:
