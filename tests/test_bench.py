@@ -1,6 +1,7 @@
 """lmcalc bench on the CPU: matmuls, a model's shapes, bandwidth, saved results and the measured peak."""
 
 import json
+import time
 
 import pytest
 
@@ -81,6 +82,20 @@ def test_time_calls_runs_the_hook_before_each_timed_call_only():
     seconds = time_calls(lambda i: events.append(f"call {i}"), torch.device("cpu"), 2, 3, lambda: events.append("hook"))
     assert len(seconds) == 3 and all(t >= 0 for t in seconds)
     assert events == ["call 0", "call 1", "hook", "call 2", "hook", "call 3", "hook", "call 4"]
+
+
+def test_time_calls_leaves_the_hook_out_of_the_times():
+    # A 20 ms hook before each call that does nothing: the hook ran once per timed call, and no sample holds
+    # its 20 ms (10 ms leaves room for a loaded machine).
+    hooks = []
+
+    def hook():
+        hooks.append(None)
+        time.sleep(0.02)
+
+    seconds = time_calls(lambda i: None, torch.device("cpu"), 1, 5, hook)
+    assert len(hooks) == 5 and len(seconds) == 5
+    assert all(0 <= t < 0.01 for t in seconds), seconds
 
 
 def test_cpu_peak_is_labelled_an_estimate():

@@ -167,6 +167,41 @@ def test_algbw_and_busbw_by_hand(op, size, n, seconds, algbw, busbw):
     assert record.figures["busbw_gbps"] == pytest.approx(busbw, rel=1e-12)
 
 
+# nccl-tests' src/all_gather.cu (AllGatherGetCollByteCount: sendcount = count/nranks, recvcount =
+# (count/nranks)*nranks; reduce_scatter.cu alike) sizes these two by the per-rank count in integer division, and
+# S is the whole array. 1,000 bytes of fp32 over 3 ranks: 1000 / 4 = 250 elements, 250 // 3 = 83 a rank,
+# S = 83 × 3 × 4 = 996 bytes. Timed at 4 µs: algbw = 996 / 4e-6 / 1e9 = 0.249 GB/s (the 1,000 bytes asked for
+# would read 0.25), busbw = 0.249 × 2/3 = 0.166.
+@pytest.mark.parametrize("op", ["all-gather", "reduce-scatter"])
+def test_algbw_counts_the_bytes_moved_after_rounding_to_the_ranks(op, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from lmcalc.bench.comm import ranks
+
+    timed = []
+
+    def fake_timed(collective, settings, device):  # 3 ranks, every repeat 4 µs: no process group needed
+        timed.append(collective)
+        return None, [[4e-6] * settings.repeats] * collective.world_size
+
+    monkeypatch.setattr(dist, "get_world_size", lambda *args, **kwargs: 3)
+    monkeypatch.setattr(ranks, "_timed", fake_timed)
+    settings = comm.CommSettings(op, [1000], warmup=0, repeats=3)
+    (m,) = ranks.measure_all(settings, torch.device("cpu"), "gloo", "spawn")
+    # the collective timed is the rounded one: 83 elements a rank, whether gathered from or scattered to it
+    (collective,) = timed
+    cpu = torch.device("cpu")
+    held = comm.expected_output if op == "reduce-scatter" else comm.rank_input  # the scattered or gathered share
+    per_rank = held(collective, 0, cpu)
+    assert per_rank.numel() == 83
+    assert (m.size_bytes, m.requested_bytes, m.world_size) == (996, 1000, 3)
+    assert m.algbw_gbps == pytest.approx(0.249, rel=1e-12)
+    assert m.busbw_gbps == pytest.approx(0.166, rel=1e-12)
+    size = comm.comm_result([m]).sections[0].term("size")
+    assert size.value == 996 and size.note == "1000 requested, rounded to 3 ranks"
+
+
 def _gloo_available() -> bool:
     try:
         import torch.distributed as dist

@@ -12,10 +12,10 @@ from lmcalc.engine.flops import forward_flops_per_token
 from lmcalc.engine.gpu_memory import gpu_memory, most_loaded_gpu
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
-from lmcalc.engine.pipeline import PipelineSplit, stage_layers
+from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts, stage_layers
 from lmcalc.engine.plan import Pins, plan
 from lmcalc.engine.sharding import stage_params, stage_part
-from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, step_time
+from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, stage_step_flops, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import parse_cluster, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster
@@ -26,13 +26,12 @@ ADAMW = resolve_optimizer("adamw").spec
 
 
 def workload(model, seq_len, recompute="none"):
-    """The engine's workload as the old engine calls took it: bf16-mixed, AdamW, flash attention, no overhead
-    allowance (the old engine's default)."""
+    """The workload these tests time: bf16-mixed, AdamW, flash attention, no overhead allowance."""
     return Workload(model, BF16, ADAMW, seq_len, recompute=recompute, overhead_bytes=0.0)
 
 
 def on_nodes_of_8(hardware, layout):
-    """The layout's GPUs, 8 to a node (what the old step_time's ``gpus_per_node=8`` meant)."""
+    """The layout's GPUs, 8 to a node."""
     return Cluster(hardware=hardware, count=layout.gpus, gpus_per_node=8)
 
 
@@ -217,16 +216,30 @@ def test_the_stages_forward_flops_add_up_to_the_model(preset, pp):
     # the whole model's forward count (§3.3), with 126 layers on 16 stages and DeepSeek's 3 dense layers too.
     model = resolve_model(preset).spec
     whole = forward_flops_per_token(model, 4096, "full")
+    w = workload(model, 4096, recompute="selective")
+    heads, dqk, dv = model.num_heads, model.qk_head_dim, model.v_head_dim
     for layout in (Layout(pp=pp), Layout(pp=pp, split=PipelineSplit(first_stage_layers=1, last_stage_layers=2))):
         stages = [stage_forward_flops(model, layout, stage, 4096) for stage in range(pp)]
         assert sum(f.total for f in stages) == pytest.approx(whole.total, rel=1e-12)
         assert sum(f.logits for f in stages) == stages[-1].logits == whole.logits
+        # stage_step_flops, what the step time times each stage with, counts that same forward; forward +
+        # backward is 3 × forward (Kaplan et al. 2020 §2.1), so the stages' step FLOPs add up to 3 × the whole
+        # model's forward; selective recomputation redoes each layer's attention core, QKᵀ and softmax·V:
+        # 2·s·H·(d_qk + d_v) FLOPs per token per layer (Korthikanti et al. 2022 Appendix A)
+        steps = [stage_step_flops(w, stage_layers(model, layout, stage)) for stage in range(pp)]
+        assert [step.forward for step in steps] == stages
+        assert sum(step.model for step in steps) == pytest.approx(3 * whole.total, rel=1e-12)
+        for step, layers in zip(steps, stage_layer_counts(model, layout), strict=True):
+            assert step.recomputed == pytest.approx(layers * 2 * 4096 * heads * (dqk + dv), rel=1e-12)
     # the uneven stages hold what they were given: one layer's work on the first (no logits, no matmul for
     # the embedding lookup), the whole model's layers spread over all
     first = stage_forward_flops(model, Layout(pp=pp, split=PipelineSplit(first_stage_layers=1)), 0, 4096)
     average = whole.layers / model.num_layers
     if not model.moe or not model.moe.dense_layers:  # every layer costs the same (Mixtral: all MoE)
         assert first.total == pytest.approx(average, rel=1e-12)
+        light_first = Layout(pp=pp, split=PipelineSplit(first_stage_layers=1))
+        one_layer = stage_step_flops(w, stage_layers(model, light_first, 0))
+        assert one_layer.model == pytest.approx(3 * average, rel=1e-12)
     else:
         # DeepSeek-V3's first layer is dense, f = 18,432 = (8 routed + 1 shared) × 2,048 active in an MoE
         # layer: the same MLP work without the router's 2·h·E = 2 × 7,168 × 256 per token
@@ -244,6 +257,9 @@ def test_the_pipeline_moves_at_its_slowest_stage():
     last_stage = 3 * (10 * forward.layers / 80 + 2 * 8192 * 128256) * s * 8  # 8 micro-batches of one sequence
     t = step_time(workload(model, s), layout, on_nodes_of_8(h100, layout))
     assert t.slowest_stage == 7
+    assert stage_step_flops(workload(model, s), stage_layers(model, layout, 7)).hardware * s * 8 == pytest.approx(
+        last_stage, rel=1e-12
+    )
     assert t.compute == pytest.approx(last_stage / (1 * h100.peak_flops("bf16") * 0.6), rel=1e-12)
     # against an even split: the last stage's share × 8 = (10 × 1.9797 + 2.1013) × 8 / (80 × 1.9797 + 2.1013)
     # = 1.0917 (GFLOPs per token per layer and for the logits): the pipeline is 9 % slower
@@ -253,7 +269,7 @@ def test_the_pipeline_moves_at_its_slowest_stage():
 
 def test_rebalancing_the_last_stage_moves_the_pace_to_the_first():
     # Llama 3 70B, PP = 8, last stage 9 layers: the other 71 layers split 11 + 6 × 10 over stages 1-7. The
-    # first stage's 11 layers (11 × 1.98 GFLOPs per token) now outweigh the last stage's 9 layers + logits
+    # first stage's 11 layers (11 × 1.98 GFLOPs per token) outweigh the last stage's 9 layers + logits
     # (9 × 1.98 + 2.10), so the first stage sets the pace, and the step is faster than with the even split
     # (10 + logits = 21.9 on the last stage).
     model, h100 = resolve_model("llama-3-70b").spec, resolve_hardware("H100").spec
@@ -263,6 +279,9 @@ def test_rebalancing_the_last_stage_moves_the_pace_to_the_first():
     rebalanced = step_time(w, lighter_last, on_nodes_of_8(h100, lighter_last))
     assert rebalanced.slowest_stage == 0
     first_stage = 3 * 11 * forward.layers / 80 * s * 8
+    assert stage_step_flops(w, stage_layers(model, lighter_last, 0)).hardware * s * 8 == pytest.approx(
+        first_stage, rel=1e-12
+    )
     assert rebalanced.compute == pytest.approx(first_stage / (h100.peak_flops("bf16") * 0.6), rel=1e-12)
     even = step_time(w, Layout(pp=8, grad_accum=8), on_nodes_of_8(h100, Layout(pp=8, grad_accum=8)))
     assert rebalanced.compute < even.compute

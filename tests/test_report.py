@@ -105,3 +105,59 @@ def test_report_renders_in_headless_chromium(report):
     subprocess.run([chromium, *flags, report.as_uri()], capture_output=True, timeout=120, check=False)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a rendered page, not a blank one
+
+
+def report_memory(args, tmp_path, capsys, monkeypatch):
+    """The memory section `lmcalc report ARGS` puts on its page, as the JSON document `memory --json` prints."""
+    import lmcalc.html_report
+    from lmcalc.result import json_safe
+
+    pages = []
+    render = lmcalc.html_report.render_report
+
+    def keep(title, results):
+        pages.append(results)
+        return render(title, results)
+
+    monkeypatch.setattr(lmcalc.html_report, "render_report", keep)
+    path = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.html"
+    code, _, err = run(["report", *args, "-o", str(path)], capsys)
+    assert code == 0, err
+    (results,) = pages
+    (memory,) = [result for result, _ in results if result.command == "memory"]
+    html = path.read_text()
+    assert all(escape(term.text) in html for section in memory.sections for term in section.terms)  # on the page
+    return json_safe(memory.as_json())
+
+
+def memory_json(args, capsys):
+    code, out, err = run(["memory", *args, "--json"], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+# The report recomputes selectively by default, memory does not (docs/commands): the memory commands below say so.
+LLAMA_8B = ["-m", "llama-3.1-8b", "--gpus", "8xH100"]
+
+
+def test_report_memory_is_that_of_the_layout_flags_given(tmp_path, capsys, monkeypatch):
+    # --tp 2 --pp 2 reaches the memory section: the page shows what `lmcalc memory` computes for the same layout
+    # (DP = 8 / (2 · 2) = 2), and not what it shows for the default layout
+    split = report_memory([*LLAMA_8B, "--tp", "2", "--pp", "2"], tmp_path, capsys, monkeypatch)
+    expected = memory_json([*LLAMA_8B, "--tp", "2", "--pp", "2", "--zero", "3", "--recompute", "selective"], capsys)
+    assert split == expected
+    assert split["inputs"]["layout"]["value"].startswith("DP=2, TP=2, PP=2,")
+    default = report_memory(LLAMA_8B, tmp_path, capsys, monkeypatch)
+    assert default["inputs"]["layout"]["value"].startswith("DP=8, TP=1, PP=1,")
+    assert default["results"] != split["results"]
+
+
+def test_report_shards_with_zero3_unless_told(tmp_path, capsys, monkeypatch):
+    # report's ZeRO default is 3 and memory's is 0 (docs/commands/report.md and memory.md): no --zero on the
+    # report is `memory --zero 3`, and `report --zero 0` is memory's own default
+    selective = ["--recompute", "selective"]
+    zero3 = memory_json([*LLAMA_8B, *selective, "--zero", "3"], capsys)
+    zero0 = memory_json([*LLAMA_8B, *selective], capsys)
+    assert zero3["results"] != zero0["results"]  # the two defaults are told apart
+    assert report_memory(LLAMA_8B, tmp_path, capsys, monkeypatch) == zero3
+    assert report_memory([*LLAMA_8B, "--zero", "0"], tmp_path, capsys, monkeypatch) == zero0

@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.utils import checkpoint  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from lmcalc import measure  # noqa: E402
@@ -18,6 +19,7 @@ from lmcalc.engine.layout import Layout  # noqa: E402
 from lmcalc.engine.params import count_params  # noqa: E402
 from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts, stage_layers  # noqa: E402
 from lmcalc.engine.sharding import stage_part  # noqa: E402
+from lmcalc.engine.steptime import stage_step_flops  # noqa: E402
 from lmcalc.engine.workload import Workload  # noqa: E402
 from lmcalc.presets import builtin_dir, resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
@@ -193,19 +195,30 @@ def test_validation_doc_covers_every_preset():
     assert "FAIL" not in table
 
 
-def _stage_forward_flops_by_pytorch(model: torch.nn.Module, counts: list[int], stage: int, s: int) -> int:
-    """FlopCounterMode's count of one pipeline stage's forward pass: its blocks, and on the last stage the
-    final norm and the output head, run on a hidden state of the stage's input shape (meta device)."""
+def _stage_flops_by_pytorch(
+    model: torch.nn.Module, counts: list[int], stage: int, s: int, checkpointed: bool = False
+) -> tuple[int, int]:
+    """FlopCounterMode's counts of one pipeline stage's forward and backward passes: its blocks, and on the last
+    stage the final norm and the output head, run on a hidden state of the stage's input shape (meta device),
+    then the backward from its output to its weights and to its input (which the stage before needs).
+    ``checkpointed``: every block is wrapped in ``torch.utils.checkpoint`` and rerun whole in the backward (early
+    stop off, which would skip the ops after the last saved tensor), as full recomputation does."""
     first = sum(counts[:stage])
-    x = torch.zeros(1, s, model.spec.hidden_size, device="meta")
+    x = torch.zeros(1, s, model.spec.hidden_size, device="meta", requires_grad=True)
     cos, sin = model.cos[:s], model.sin[:s]
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as forward, checkpoint.set_checkpoint_early_stop(False):
+        y = x
         for block in model.layers[first : first + counts[stage]]:
-            x = block(x, cos, sin, model.causal_bias)
+            if checkpointed:
+                y = checkpoint.checkpoint(block, y, cos, sin, model.causal_bias, use_reentrant=False)
+            else:
+                y = block(y, cos, sin, model.causal_bias)
         if stage == len(counts) - 1:
             head = model.lm_head.weight if hasattr(model, "lm_head") else model.embed.weight
-            torch.nn.functional.linear(model.final_norm(x), head)
-    return counter.get_total_flops()
+            y = torch.nn.functional.linear(model.final_norm(y), head)
+    with FlopCounterMode(display=False) as backward:
+        y.backward(torch.ones_like(y))
+    return forward.get_total_flops(), backward.get_total_flops()
 
 
 @pytest.mark.parametrize(
@@ -213,13 +226,28 @@ def _stage_forward_flops_by_pytorch(model: torch.nn.Module, counts: list[int], s
     [("llama-3.1-8b", 4, None, 7), ("mixtral-8x7b", 4, 6, None), ("gpt2", 3, None, None)],
 )
 def test_each_pipeline_stages_flops_match_pytorch(name, pp, first, last):
-    # The step time paces the pipeline by its slowest stage (docs/formulas.md §9.1); each stage's forward FLOPs
-    # must be what PyTorch counts for exactly the blocks (and head) that stage runs, uneven splits included.
+    # The step time paces the pipeline by its slowest stage (docs/formulas.md §9.1); each stage's FLOPs, forward
+    # and backward, must be what PyTorch counts for exactly the blocks (and head) that stage runs, uneven splits
+    # included.
     spec, s = resolve_model(name).spec, 64  # 64 tokens × top-2 spread evenly over Mixtral's 8 experts on meta
     layout = Layout(pp=pp, split=PipelineSplit(first_stage_layers=first, last_stage_layers=last))
     model = measure.build(spec, "flash", s)
     counts = stage_layer_counts(spec, layout)
+    precision, adamw = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
+    plain, full = (Workload(spec, precision, adamw, s, recompute=r) for r in ("none", "full"))
     for stage in range(pp):
-        part = stage_part(spec, stage_layers(spec, layout, stage))  # the stage's layers and, last, the logits
+        built = stage_layers(spec, layout, stage)
+        part = stage_part(spec, built)  # the stage's layers and, last, the logits
         engine = fl.forward_flops_per_token(spec, s, "full", part).total * s
-        assert _stage_forward_flops_by_pytorch(model, counts, stage, s) == pytest.approx(engine, rel=1e-9)
+        forward, backward = _stage_flops_by_pytorch(model, counts, stage, s)
+        assert forward == pytest.approx(engine, rel=1e-9)
+        # stage_step_flops, what the step time times each stage with: the forward, forward + backward, and
+        # with full recomputation what the GPUs execute, each block's forward twice (the head's once)
+        step = stage_step_flops(plain, built)
+        assert step.forward.total * s == pytest.approx(forward, rel=1e-9)
+        assert step.model * s == pytest.approx(forward + backward, rel=1e-9)
+        assert step.hardware == step.model  # nothing recomputed
+        redone = stage_step_flops(full, built)
+        assert redone.model == step.model
+        rerun = sum(_stage_flops_by_pytorch(model, counts, stage, s, checkpointed=True))
+        assert redone.hardware * s == pytest.approx(rerun, rel=1e-9)
