@@ -89,7 +89,7 @@ def test_first_stage_is_korthikanti_interleaving_factor_and_later_stages_are_not
     # GPT-3 175B on 8 stages × 3 chunks (Korthikanti et al. 2022's 175B run): 96 layers, 4 per chunk.
     # First stage: L·(1 + (p − 1)/(p·v)) = 96 · (1 + 7/24) = 124 layers of activations (§4.2.3), i.e.
     # 31 chunk passes of 4 layers = 2·7 + 2·8 + 1. The last stage: (v − 1)·p + 1 = 17 chunk passes, 68 layers;
-    # the old scaling of 1F1B's count, 1 · (1 + 7/24) micro-batches of 12 layers, would give 15.5 layers.
+    # scaling 1F1B's count instead, 1 · (1 + 7/24) micro-batches of 12 layers, would give 15.5 layers.
     m = resolve_model("gpt3-175b").spec
     w = workload(m, 2048)
     layout = Layout(

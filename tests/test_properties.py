@@ -27,7 +27,8 @@ def spec(name):
 
 
 def workload(model, seq, micro_batch=1, attention="flash", recompute="none"):
-    """bf16-mixed (2-byte activations), AdamW, no overhead allowance: what the old engine calls passed."""
+    """bf16-mixed (2-byte activations), AdamW, no overhead allowance: the properties concern states and
+    activations alone."""
     return Workload(model, MIXED, ADAMW, seq, micro_batch, attention, recompute, overhead_bytes=0.0)
 
 
@@ -72,7 +73,7 @@ def test_more_zero_sharding_never_increases_state_memory(name, dp, seq):
 )
 def test_longer_sequences_never_shrink_activations(name, seq, longer, batch, attention, recompute):
     model = spec(name)
-    # the whole model on one GPU (the trivial layout): what the old activation_memory(...).total counted
+    # the whole model on one GPU (the trivial layout)
     short = gpu_memory(workload(model, seq, batch, attention, recompute), ly.Layout(), 0).activations
     long = gpu_memory(workload(model, seq + longer, batch, attention, recompute), ly.Layout(), 0).activations
     assert 0 < short <= long and math.isfinite(long)
