@@ -28,6 +28,8 @@ def _summary(kind: str, spec: Any) -> str:
         return f"{spec.memory_label}; " + (f"bf16 {bf16:g} TFLOP/s dense" if bf16 else "no bf16 peak")
     if kind == "precisions":
         return f"compute {spec.compute_dtype}"
+    if kind == "frameworks":
+        return spec.version
     return ", ".join(s.name for s in spec.states) or "no state"
 
 
@@ -165,6 +167,7 @@ _KIND_FIELDS = {
     "hardware": {"vendor", "memory_bytes", "memory_label", "peak_tflops_dense", "memory_bandwidth_tbps"},
     "precisions": {"compute_dtype", "param_bytes", "grad_bytes", "master_bytes", "optimizer_state_bytes"},
     "optimizers": {"states"},
+    "frameworks": {"norm", "mlp", "rotary", "loss", "buffers", "allocator", "optimizer_step"},
 }
 
 

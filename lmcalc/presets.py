@@ -2,7 +2,7 @@
 
 Built-in presets live in ``presets/`` at the top of the repository and are shipped inside the wheel as
 ``lmcalc/presets``. ``LMCALC_PRESET_PATH`` (directories separated by ``os.pathsep``) adds the user's
-own, laid out the same way: ``models/*.yaml``, ``hardware/*.yaml``, ``precisions.yaml``,
+own, laid out the same way: ``models/*.yaml``, ``hardware/*.yaml``, ``frameworks/*.yaml``, ``precisions.yaml``,
 ``optimizers.yaml``. Wherever a preset name is accepted, a path to a YAML file (or, for models, a
 Hugging Face ``config.json``) is accepted too.
 """
@@ -23,18 +23,37 @@ from pydantic import BaseModel, ValidationError
 
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, NamedSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import (
+    Cluster,
+    FrameworkProfile,
+    HardwareSpec,
+    ModelSpec,
+    NamedSpec,
+    OptimizerSpec,
+    PrecisionRecipe,
+)
 
 PRESET_PATH_ENV = "LMCALC_PRESET_PATH"
-KINDS = ("models", "hardware", "precisions", "optimizers")
-FILE_PER_SPEC_KINDS = ("models", "hardware")  # one spec per file in a folder; the others: a list in one file
+KINDS = ("models", "hardware", "precisions", "optimizers", "frameworks")
+FILE_PER_SPEC_KINDS = (
+    "models",
+    "hardware",
+    "frameworks",
+)  # one spec per file in a folder; the others: a list in one file
 _SPEC_OF_KIND: dict[str, type[NamedSpec]] = {
     "models": ModelSpec,
     "hardware": HardwareSpec,
     "precisions": PrecisionRecipe,
     "optimizers": OptimizerSpec,
+    "frameworks": FrameworkProfile,
 }
-_SINGULAR = {"models": "model", "hardware": "hardware", "precisions": "precision", "optimizers": "optimizer"}
+_SINGULAR = {
+    "models": "model",
+    "hardware": "hardware",
+    "precisions": "precision",
+    "optimizers": "optimizer",
+    "frameworks": "framework",
+}
 
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
@@ -292,6 +311,10 @@ def resolve_precision(name: str) -> Resolved:
 
 def resolve_optimizer(name: str) -> Resolved:
     return _resolve("optimizers", name, OptimizerSpec)
+
+
+def resolve_framework(name: str) -> Resolved:
+    return _resolve("frameworks", name, FrameworkProfile)
 
 
 _CLUSTER_RE = re.compile(r"^\s*(\d+)\s*[x×]\s*(?:(\d+)\s*[x×]\s*)?(.+?)\s*$", re.IGNORECASE)

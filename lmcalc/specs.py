@@ -231,6 +231,182 @@ class OptimizerSpec(NamedSpec):
     sources: tuple[str, ...] = Field(default_factory=tuple)
 
 
+class Rule(_Spec):
+    """One thing a training framework does that decides its memory, and where that is stated: the framework's
+    file and version, or a paper."""
+
+    source: str = Field(min_length=1)
+
+
+NormKeeps = Literal["input", "fp32_input"]
+
+
+class NormRule(Rule):
+    """What a norm keeps for backward, for each kind of norm. ``input``: its input in the activation dtype and fp32
+    statistics (a fused kernel: apex, Transformer Engine, Triton, ``torch.nn.LayerNorm``); ``fp32_input``: an
+    fp32 copy of its input, the fp32 statistics and the normalised value in the activation dtype before the
+    weight's multiply (the unfused PyTorch form that upcasts, as Hugging Face's RMSNorm classes are written)."""
+
+    rmsnorm: NormKeeps
+    layernorm: NormKeeps
+
+
+class MlpRule(Rule):
+    gated: Literal["unfused", "fused"] = Field(
+        description="a gated MLP (SwiGLU, GeGLU): unfused keeps the gate and up outputs, act(gate) and the "
+        "product; fused keeps the gate and up outputs and the product"
+    )
+    gelu: Literal["fused", "tanh_unfused"] = Field(
+        description="a GELU MLP: fused keeps the GELU's input and output; tanh_unfused is the tanh approximation "
+        "written as elementwise PyTorch operations, each keeping its own inputs"
+    )
+
+
+class RotaryRule(Rule):
+    tables: bool = Field(
+        description="cos and sin tables of s·d_rope elements each, in the activation dtype, made once per forward "
+        "pass and kept for backward (shared by the layers)"
+    )
+
+
+class MoeRule(Rule):
+    routing_bytes: float = Field(
+        ge=0, description="bytes kept per (token, expert) assignment for the routing: index tensors and weights"
+    )
+    weighted_outputs: bool = Field(
+        description="the experts' outputs are kept twice: before and after the multiply by the routing weights "
+        "(an index_add that keeps its source)"
+    )
+
+
+class AttentionRule(Rule):
+    eager_softmax: Literal["activation", "fp32"] = Field(
+        description="eager attention's softmax: in the activation dtype (kept once), or in fp32, kept, and its "
+        "cast copy kept by the matmul with V"
+    )
+    q_copies: int = Field(1, ge=1, description="Q-sized tensors kept (a fused QKV output kept alive adds one)")
+    k_copies: int = Field(1, ge=1, description="K-sized tensors kept")
+    v_copies: int = Field(1, ge=1, description="V-sized tensors kept")
+
+
+class LossRule(Rule):
+    saved_bytes: float = Field(ge=0, description="bytes kept for backward per logit element (s·b·V/TP)")
+    transient_bytes: float = Field(
+        ge=0,
+        description="bytes per logit element the loss holds beyond the saved ones at its busiest moment: the "
+        "head's output, upcast copies, the logits' gradients",
+    )
+
+
+class StatesRule(Rule):
+    grad_bytes: float | None = Field(
+        None, gt=0, description="bytes per gradient the framework accumulates into (None: the precision recipe's)"
+    )
+    weights: Literal["recipe", "master_only"] = Field(
+        "recipe",
+        description="recipe: the recipe's weights and master copy; master_only: only the master copy persists "
+        "and the compute-dtype weights exist gathered, a layer or two at a time (FSDP2 mixed precision)",
+    )
+    ddp_bucket_copy: bool = Field(
+        False,
+        description="without ZeRO and with DP > 1, DDP's buckets hold a second copy of the gradients in the "
+        "weights' dtype (gradient_as_bucket_view False)",
+    )
+    compute_grads_transient: bool = Field(
+        False,
+        description="each backward makes the gradients in the weights' dtype before adding them into the "
+        "fp32 buffer: they exist at once at the end of the backward pass",
+    )
+
+
+class BuffersRule(Rule):
+    gathered_layers: int = Field(
+        ge=0,
+        description="under ZeRO-3/FSDP, layers whose parameters are gathered at once (the one in use and the "
+        "prefetched)",
+    )
+    reduce_scatter_bytes: float = Field(
+        0,
+        ge=0,
+        description="under ZeRO-3/FSDP, bytes per parameter of one layer whose gradients are being "
+        "reduce-scattered (unsharded gradients and the reduction's own buffer)",
+    )
+    head_gathered: bool = Field(
+        False,
+        description="under ZeRO-3/FSDP, the output head (and final norm) stays gathered from its forward to "
+        "its backward",
+    )
+    reduce_bucket_elements: float = Field(
+        0,
+        ge=0,
+        description="gradient elements of the data-parallel reduce bucket a framework allocates apart from "
+        "the gradients (DeepSpeed's IPG bucket), in the gradient dtype",
+    )
+    sequence_parallel_gather: int = Field(
+        0,
+        ge=0,
+        description="with sequence parallelism, buffers of one full-sequence layer input (s·b·h) each for "
+        "the all-gather",
+    )
+    pipeline_tensors: int = Field(
+        0, ge=0, description="layer-boundary tensors (s·b·h each) pipeline send/receive holds at once"
+    )
+    workspace_bytes: float = Field(ge=0, description="cuBLAS and NCCL workspaces, in bytes, inside PyTorch's pool")
+
+
+class OptimizerStepRule(Rule):
+    temporaries: Literal["none", "foreach"] = Field(
+        description="foreach: torch.optim's multi-tensor step makes one state-sized temporary for all the "
+        "parameters a GPU updates; none: a fused kernel works tensor by tensor"
+    )
+    fp32_grad_copy: bool = Field(
+        False,
+        description="the step makes an fp32 copy of this GPU's share of the gradients (DeepSpeed's fp32 "
+        "gradient partition)",
+    )
+
+
+class AllocatorRule(Rule):
+    fragmentation: float = Field(
+        ge=0,
+        description="reserved memory over allocated, less one: what the caching allocator holds beyond live "
+        "tensors at the peak",
+    )
+    context_bytes: float = Field(ge=0, description="the CUDA context and kernels, outside PyTorch's pool")
+    allowance_bytes: float = Field(
+        0, ge=0, description="a flat allowance instead of the parts above (the idealised profile's)"
+    )
+
+
+class FrameworkProfile(NamedSpec):
+    """What a training framework keeps and allocates beyond the textbook count: each rule with its source."""
+
+    display_name: str = ""
+    aliases: tuple[str, ...] = Field(default_factory=tuple)
+    description: str
+    version: str = Field(description="the framework version (and commit) the rules were read from")
+    norm: NormRule
+    mlp: MlpRule
+    rotary: RotaryRule
+    moe: MoeRule
+    attention: AttentionRule
+    loss: LossRule
+    states: StatesRule
+    buffers: BuffersRule
+    optimizer_step: OptimizerStepRule
+    allocator: AllocatorRule
+    transients: bool = Field(
+        True,
+        description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "
+        "gradients during backward (the idealised profile does not)",
+    )
+    not_modelled: tuple[str, ...] = Field(default_factory=tuple)
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.name
+
+
 @dataclass(frozen=True)
 class Cluster:
     """``count`` accelerators of one kind, ``gpus_per_node`` to a node (parsed from ``128x8xH100``)."""

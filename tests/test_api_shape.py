@@ -178,6 +178,8 @@ WORKLOAD_DEFAULTS_OF_THEIR_OWN = {
     ("max_params", "seq"): "4096",
     # optimal takes a precision only with a cluster (see DIFFERENT_ON_PURPOSE)
     ("optimal", "precision"): None,
+    # serving has no framework profile: its flat allowance covers the context, workspaces and the forward pass
+    ("inference", "overhead"): "2GiB",
 }
 
 

@@ -48,7 +48,20 @@ AttentionOpt = Annotated[
     str, typer.Option("--attention", help=f"Attention kernel: {alternatives(ATTENTION_KERNELS, KERNELS)}.")
 ]
 OverheadOpt = Annotated[
-    str, typer.Option("--overhead", help="Allowance for CUDA context, workspaces and fragmentation (e.g. 2GiB, 0).")
+    str | None,
+    typer.Option(
+        "--overhead",
+        help="A flat per-GPU allowance (e.g. 2GiB, 0) instead of the framework profile's context, workspaces and "
+        "fragmentation.",
+    ),
+]
+FrameworkOpt = Annotated[
+    str,
+    typer.Option(
+        "--framework",
+        help="Framework profile: what it keeps and allocates (lmcalc presets list frameworks; idealised: the "
+        "papers' count).",
+    ),
 ]
 MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per micro-batch.")]
 
@@ -139,6 +152,7 @@ TRAINING_OPTIONS = (
     Option("optimizer", OptimizerOpt, TRAINING_DEFAULTS["optimizer"]),
     Option("attention", AttentionOpt, TRAINING_DEFAULTS["attention"]),
     Option("recompute", RecomputeOpt, TRAINING_DEFAULTS["recompute"]),
+    Option("framework", FrameworkOpt, TRAINING_DEFAULTS["framework"]),
     Option("overhead", OverheadOpt, TRAINING_DEFAULTS["overhead"]),
 )
 """What is trained and how (``estimates.training.TrainingSettings``), as ``memory`` and ``fit`` take it."""

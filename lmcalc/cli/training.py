@@ -16,6 +16,7 @@ from lmcalc.cli.options import (
     TRAINING_OPTIONS,
     AttentionOpt,
     ExplainOpt,
+    FrameworkOpt,
     JsonOpt,
     ModelOpt,
     OptimizerOpt,
@@ -32,6 +33,7 @@ from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
     DEFAULT_ATTENTION,
+    DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
@@ -107,7 +109,8 @@ def max_params(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU for the activation column.")] = 1,
     attention: AttentionOpt = DEFAULT_ATTENTION,
     recompute: RecomputeOpt = DEFAULT_RECOMPUTE,
-    overhead: OverheadOpt = DEFAULT_OVERHEAD,
+    framework: FrameworkOpt = DEFAULT_FRAMEWORK,
+    overhead: OverheadOpt = None,
     like: Annotated[
         str, typer.Option("--like", help="Model whose proportions the activation column scales.")
     ] = "llama-3.1-8b",
@@ -125,6 +128,7 @@ def max_params(
         micro_batch=micro_batch,
         attention=attention,
         recompute=recompute,
+        framework=framework,
         overhead=overhead,
         like=like,
     )
@@ -157,6 +161,7 @@ def flops(
 
 SERVING_ONLY = ("batch", "context", "weights_dtype", "kv_dtype", "quant_group")
 MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference", "as_json", "explain")
+"""Flags serving takes as well as training (``overhead`` defaults to the serving allowance, ``DEFAULT_OVERHEAD``)."""
 
 
 @with_options(LAYOUT_OPTIONS, at="layout")
@@ -228,7 +233,7 @@ def memory(
             weights_dtype=weights_dtype,
             kv_dtype=kv_dtype,
             quant_group=quant_group,
-            overhead=training["overhead"],
+            overhead=DEFAULT_OVERHEAD if training["overhead"] is None else training["overhead"],
         )
         emit_with_plot(served.report, as_json, explain, plot, force)
         return
@@ -309,7 +314,8 @@ def plan(
     precision: PrecisionOpt = DEFAULT_PRECISION,
     optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
     attention: AttentionOpt = DEFAULT_ATTENTION,
-    overhead: OverheadOpt = DEFAULT_OVERHEAD,
+    framework: FrameworkOpt = DEFAULT_FRAMEWORK,
+    overhead: OverheadOpt = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
@@ -335,6 +341,7 @@ def plan(
         precision=precision,
         optimizer=optimizer,
         attention=attention,
+        framework=framework,
         overhead=overhead,
         **pins,
         **split,

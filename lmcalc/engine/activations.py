@@ -22,7 +22,6 @@ LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
 STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
 TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
-ROUTING_BYTES_PER_ASSIGNMENT = 3 * 8 + 4  # per (token, expert) pair: three int64 index tensors, one fp32 weight
 
 
 @dataclass(frozen=True)
@@ -36,19 +35,26 @@ class SavedTensor:
     attention_core: bool = False  # recomputed under selective recomputation
     split: str = "tp"  # "tp": split over tensor-parallel ranks; "seq": only with sequence parallelism; "none"
     block: str = "attention"  # what keeps it: a layer's "attention" or "mlp" half (its norm included), or
-    # outside the layers, the "embedding" side or the "head" side (final norm, output head, loss)
+    # outside the layers, the "embedding" side, the "head" side (final norm, output head, loss), or the rotary
+    # "tables" every stage makes once per micro-batch
 
     @property
     def bytes(self) -> float:
         return self.elements * self.bytes_per_element
 
 
-def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim) -> list[SavedTensor]:
-    """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms)."""
-    act = w.precision.activation_bytes
+def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "seq") -> list[SavedTensor]:
+    """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms). Written
+    unfused with an upcast (the framework profile's ``norm.keeps: fp32_input``), it keeps an fp32 copy of its
+    input instead, and the normalised value in the activation dtype, which the weight's multiply needs."""
+    act, symbol, n = w.precision.activation_bytes, f"{rows.symbol}·{width.symbol}", rows.size * width.size
+    rule = w.framework.norm
+    if (rule.rmsnorm if w.model.norm_kind == "rmsnorm" else rule.layernorm) == "input":
+        return [SavedTensor(f"{label} input", symbol, n, act, split=split), *_norm_stats(w.model, label, rows, split)]
     return [
-        SavedTensor(f"{label} input", f"{rows.symbol}·{width.symbol}", rows.size * width.size, act, split="seq"),
-        *_norm_stats(w.model, label, rows),
+        SavedTensor(f"{label} input (fp32 copy)", symbol, n, 4, split=split),
+        *_norm_stats(w.model, label, rows, split),
+        SavedTensor(f"{label} normalised value (before the weight)", symbol, n, act, split=split),
     ]
 
 
@@ -85,17 +91,29 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
     kv_sym = "H" if expanded or kv == H else "H_kv"
     if spec.qk_norm != "none":
         full = spec.qk_norm == "full"  # a full-width QK-norm has one row per token for Q and one for K
+        q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * spec.kv_heads, "s·b·H_kv"))
+        q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
+        k_width = Dim(spec.kv_heads * dqk, "H_kv·d") if full else Dim(dqk, "d")
         tensors += [
-            SavedTensor("Q before QK-norm", "s·b·H·d", sb * H * dqk, act),
-            SavedTensor("K before QK-norm", "s·b·H_kv·d", sb * spec.kv_heads * dqk, act),
-            *_norm_stats(spec, "Q-norm", rows if full else Dim(sb * H, "s·b·H"), "tp"),
-            *_norm_stats(spec, "K-norm", rows if full else Dim(sb * spec.kv_heads, "s·b·H_kv"), "tp"),
+            *_norm_saved(w, "Q-norm", q_rows, q_width, "tp"),
+            *_norm_saved(w, "K-norm", k_rows, k_width, "tp"),
         ]
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
+    rule = w.framework.attention  # copies beyond the kernel's own: a fused QKV output or a K/V copy kept alive
+    extra = [
+        SavedTensor(f"{name} (another copy, kept alive)", symbol, elements, act)
+        for name, symbol, elements, copies in (
+            ("Q", "s·b·H·d", sb * H * dqk, rule.q_copies),
+            ("K", f"s·b·{kv_sym}·d", sb * kv * dqk, rule.k_copies),
+            ("V", f"s·b·{kv_sym}·d", sb * kv * dv, rule.v_copies),
+        )
+        for _ in range(copies - 1)
+    ]
     return tensors + [
         SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
         SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act),
         SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act),
+        *extra,
     ]
 
 
@@ -109,7 +127,11 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
     tensors = _norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     tensors += _attention_saved(w)
     if w.attention == "eager":
-        tensors.append(SavedTensor("softmax output", "b·H·s²", b * H * s * s, act, attention_core=True))
+        if w.framework.attention.eager_softmax == "fp32":  # softmax in fp32, kept; its cast copy meets V
+            tensors.append(SavedTensor("softmax output (fp32)", "b·H·s²", b * H * s * s, 4, attention_core=True))
+            tensors.append(SavedTensor("softmax output, cast", "b·H·s²", b * H * s * s, act, attention_core=True))
+        else:
+            tensors.append(SavedTensor("softmax output", "b·H·s²", b * H * s * s, act, attention_core=True))
         if spec.dropout:
             tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
             tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
@@ -144,20 +166,17 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         tensors += [
             SavedTensor("router / shared-expert input (norm output)", "s·b·h", sb * h, act, split="seq"),
             SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"),
-            SavedTensor(
-                "routing indices (int64, 3 copies) and weights (fp32)",
-                "s·b·k",
-                sb * k,
-                ROUTING_BYTES_PER_ASSIGNMENT,
-                split="seq",
-            ),
+            SavedTensor("routing indices and weights", "s·b·k", sb * k, w.framework.moe.routing_bytes, split="seq"),
             SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act, split="seq"),
             *_ffn_saved(w, Dim(k * sb, "k·s·b"), f_e, with_input=False),
             SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h, act, split="seq"),
-            SavedTensor(
-                "weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h, act, split="seq"
-            ),
         ]
+        if w.framework.moe.weighted_outputs:
+            tensors.append(
+                SavedTensor(
+                    "weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h, act, split="seq"
+                )
+            )
         if moe.shared_experts:
             tensors += _ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_e, with_input=False)
     else:
@@ -176,7 +195,16 @@ def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> l
         else []
     )
     n = rows.size * width.size
+    rule = w.framework.mlp
     if w.model.ffn_kind == "gelu_mlp":
+        if rule.gelu == "tanh_unfused":  # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), op by op
+            return tensors + [
+                SavedTensor("GELU input x (for x³)", inner, n, act),
+                SavedTensor("tanh output", inner, n, act),
+                SavedTensor("0.5·x", inner, n, act),
+                SavedTensor("1 + tanh", inner, n, act),
+                SavedTensor("down projection input (GELU output)", inner, n, act),
+            ]
         return tensors + [
             SavedTensor("GELU input", inner, n, act),
             SavedTensor("down projection input (GELU output)", inner, n, act),
@@ -185,7 +213,7 @@ def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> l
     return tensors + [
         SavedTensor(f"gate output ({fn} input)", inner, n, act),
         SavedTensor("up output", inner, n, act),
-        SavedTensor(f"{fn}(gate)", inner, n, act),
+        *([SavedTensor(f"{fn}(gate)", inner, n, act)] if rule.gated == "unfused" else []),
         SavedTensor("down projection input (product)", inner, n, act),
     ]
 
@@ -200,9 +228,21 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     head = _norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
         SavedTensor("output head input", "s·b·h", sb * h, act, split="seq"),
-        SavedTensor("logits (fp32, for the cross-entropy)", "s·b·V", sb * spec.vocab_size, LOGITS_BYTES),
     ]
-    return tuple([replace(t, block="embedding") for t in embedding] + [replace(t, block="head") for t in head])
+    loss = w.framework.loss
+    if loss.saved_bytes:
+        head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))
+    tables = []
+    if w.framework.rotary.tables and spec.position_embedding == "rope":
+        d = Dim(spec.mla.qk_rope_head_dim if spec.mla else spec.qk_head_dim, "d_rope")
+        tables = [
+            SavedTensor(f"rotary {t} table", "s·b·d_rope", sb * d.size, act, split="none") for t in ("cos", "sin")
+        ]
+    return tuple(
+        [replace(t, block="embedding") for t in embedding]
+        + [replace(t, block="tables") for t in tables]
+        + [replace(t, block="head") for t in head]
+    )
 
 
 def layer_checkpoint(w: Workload) -> SavedTensor:

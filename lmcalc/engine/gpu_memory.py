@@ -17,7 +17,8 @@ Korthikanti et al.'s 1 + (p − 1)/(p·v) times as much.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from lmcalc.engine.activations import (
     SavedTensor,
@@ -26,19 +27,24 @@ from lmcalc.engine.activations import (
     model_saved_tensors,
 )
 from lmcalc.engine.layout import ActivationLayout, Layout
-from lmcalc.engine.pipeline import distinct_stages, held_in_flight, stage_chunk_mixes, stage_layers
-from lmcalc.engine.sharding import sharded_state_bytes, stage_params, zero_shards
+from lmcalc.engine.pipeline import StageLayers, distinct_stages, held_in_flight, stage_chunk_mixes, stage_layers
+from lmcalc.engine.sharding import StageParams, sharded_state_bytes, stage_params, zero_shards
 from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
 
-GATHERED_LAYERS = 2
-"""ZeRO-3 gathers a layer's full parameters before using it and prefetches the next one (FSDP's
-forward prefetch, DeepSpeed's prefetch bucket): two layers' parameters at once."""
+Verdict = Literal["fits", "tight", "does not fit"]
 
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """The parts of one GPU's memory during a training step."""
+    """The parts of one GPU's memory during a training step, as the workload's framework profile allocates them.
+
+    The allocated peak is the larger of two moments: during the forward and backward passes (the persistent parts,
+    the activations held, and the loss's or a layer's backward transient) and at the end of the step, once the
+    activations are freed (the persistent parts and what the step itself makes). The caching allocator reserves
+    more than it hands out (``fragmentation``); the CUDA context lies outside its pool; the flat ``overhead``
+    allowance is the idealised profile's stand-in for all of these.
+    """
 
     stage: int
     params: float
@@ -46,31 +52,70 @@ class GpuMemory:
     master: float
     optimizer: float
     activations: float
-    zero3_buffers: float
-    overhead: float
+    zero3_buffers: float  # ZeRO-3/FSDP: gathered layers, a layer's reduce-scatter, a head kept gathered
+    overhead: float  # the flat allowance
     micro_batches_in_flight: float  # at the stage's busiest moment, in passes through all its layers
     activations_outside: float  # of the activations, the bytes outside the layers
     activations_rebuilt: float  # of the activations, the layer full recomputation rebuilds in the backward pass
+    grad_buckets: float = 0.0  # DDP's second copy of the gradients
+    buffers: float = 0.0  # sequence-parallel and pipeline buffers, the reduce bucket, cuBLAS/NCCL workspaces
+    backward_transient: float = 0.0  # the loss's logit-sized tensors or a layer's activation gradients, at most
+    step_transient: float = 0.0  # at the end of the step: 16-bit gradients, optimizer temporaries, fp32 copies
+    fragmentation: float = 0.0  # reserved beyond allocated
+    context: float = 0.0  # the CUDA context, outside PyTorch's pool
 
     @property
     def states(self) -> float:
         return self.params + self.grads + self.master + self.optimizer
 
     @property
+    def framework_buffers(self) -> float:
+        return self.zero3_buffers + self.grad_buckets + self.buffers
+
+    @property
+    def transient(self) -> float:
+        """What the busier moment adds to the persistent parts beyond the activations held."""
+        return max(self.activations + self.backward_transient, self.step_transient) - self.activations
+
+    @property
+    def allocated(self) -> float:
+        """The most PyTorch's allocator hands out at once: persistent parts plus the busier moment."""
+        return self.states + self.framework_buffers + self.activations + self.transient
+
+    @property
+    def reserved(self) -> float:
+        """What PyTorch's caching allocator holds at the peak (``torch.cuda.max_memory_reserved``)."""
+        return self.allocated + self.fragmentation
+
+    @property
     def total(self) -> float:
-        return self.states + self.activations + self.zero3_buffers + self.overhead
+        """The device memory the step needs: reserved, the CUDA context, and the flat allowance."""
+        return self.reserved + self.context + self.overhead
+
+    @property
+    def parts(self) -> dict[str, float]:
+        return {
+            "model states": self.states,
+            "activations": self.activations,
+            "framework buffers": self.framework_buffers,
+            "transient peaks": self.transient,
+            "fragmentation and CUDA context": self.fragmentation + self.context,
+            "overhead": self.overhead,
+        }
 
     @property
     def binding(self) -> tuple[str, float]:
         """The largest part of the total, and its bytes: what binds when the GPU is full."""
-        parts = {
-            "model states": self.states,
-            "activations": self.activations,
-            "ZeRO-3 buffers": self.zero3_buffers,
-            "overhead": self.overhead,
-        }
+        parts = self.parts
         biggest = max(parts, key=parts.__getitem__)
         return biggest, parts[biggest]
+
+    def verdict(self, capacity: float) -> Verdict:
+        """``fits`` when the whole (reserved, context, allowance) is within ``capacity``; ``tight`` when only the
+        allocator's fragmentation overflows it, so that how the allocator fragments decides; else ``does not fit``."""
+        if self.total <= capacity:
+            return "fits"
+        return "tight" if self.total - self.fragmentation <= capacity else "does not fit"
 
 
 def split_by_tp(tensor: SavedTensor, layout: Layout | ActivationLayout) -> bool:
@@ -132,40 +177,102 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
 def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: int) -> tuple[float, float]:
     """Saved bytes outside the layers that one micro-batch leaves on ``stage``: (the embedding side, the head
     side). Token ids and embedding dropout belong to the first stage; the final norm, head input and logits
-    to the last."""
+    to the last; rotary tables, where the framework keeps them, to every stage's first layer."""
     embedding = head = 0.0
     for tensor in model_saved_tensors(w):
-        if tensor.block == "embedding":
-            embedding += bytes_on_gpu(tensor, layout) if stage == 0 else 0.0
-        elif stage == layout.pp - 1:
+        if tensor.block == "tables" or (tensor.block == "embedding" and stage == 0):
+            embedding += bytes_on_gpu(tensor, layout)
+        elif tensor.block == "head" and stage == layout.pp - 1:
             head += bytes_on_gpu(tensor, layout)
     return embedding, head
 
 
 def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
-    """Every part of one GPU's memory on pipeline stage ``stage``."""
+    """Every part of one GPU's memory on pipeline stage ``stage``, as the workload's framework allocates it."""
     held = stage_params(w, layout, stage)
-    precision = w.precision
+    precision, rules = w.precision, w.framework
     activations = stage_activations(w, layout, stage)
+    built = stage_layers(w.model, layout, stage)
+    replicated = layout.data_replicas > 1
+    grad_bytes = rules.states.grad_bytes or precision.grad_bytes
     zero3 = 0.0
-    if zero_shards("params", layout.zero) and layout.data_replicas > 1:
-        per_layer = held.total / max(1, stage_layers(w.model, layout, stage).layers)
-        zero3 = GATHERED_LAYERS * per_layer * precision.param_bytes
-    return GpuMemory(
+    if zero_shards("params", layout.zero) and replicated:
+        per_layer = held.total / max(1, built.layers)
+        zero3 = per_layer * (rules.buffers.gathered_layers * precision.param_bytes + rules.buffers.reduce_scatter_bytes)
+        if rules.buffers.head_gathered and built.head:
+            zero3 += w.model.vocab_size * w.model.hidden_size / layout.tp * precision.param_bytes
+    optimizer = sharded_state_bytes(
+        optimizer_bytes_per_param(w.model, precision, w.optimizer), "optimizer", held, layout
+    )
+    memory = GpuMemory(
         stage=stage,
-        params=sharded_state_bytes(precision.param_bytes, "params", held, layout),
-        grads=sharded_state_bytes(precision.grad_bytes, "grads", held, layout),
+        params=0.0
+        if rules.states.weights == "master_only"
+        else sharded_state_bytes(precision.param_bytes, "params", held, layout),
+        grads=sharded_state_bytes(grad_bytes, "grads", held, layout),
         master=sharded_state_bytes(precision.master_bytes, "master", held, layout),
-        optimizer=sharded_state_bytes(
-            optimizer_bytes_per_param(w.model, precision, w.optimizer), "optimizer", held, layout
-        ),
+        optimizer=optimizer,
         activations=activations.total,
         zero3_buffers=zero3,
-        overhead=w.overhead_bytes,
+        overhead=w.allowance,
         micro_batches_in_flight=activations.in_flight,
         activations_outside=activations.outside,
         activations_rebuilt=activations.rebuilt,
+        grad_buckets=held.total * precision.grad_bytes
+        if rules.states.ddp_bucket_copy and layout.zero == 0 and replicated
+        else 0.0,
+        buffers=_buffers(w, layout, replicated),
+        backward_transient=_backward_transient(w, layout, built) if rules.transients else 0.0,
+        step_transient=_step_transient(w, layout, held, optimizer),
+        context=rules.allocator.context_bytes,
     )
+    return replace(memory, fragmentation=rules.allocator.fragmentation * memory.allocated)
+
+
+def _buffers(w: Workload, layout: Layout, replicated: bool) -> float:
+    """The framework's buffers: sequence-parallel all-gather buffers of a full-sequence layer input, pipeline
+    send/receive tensors of a layer boundary, the data-parallel reduce bucket, cuBLAS and NCCL workspaces."""
+    rules, act = w.framework.buffers, w.precision.activation_bytes
+    layer_input = w.tokens * w.model.hidden_size * act / layout.cp
+    total = rules.workspace_bytes
+    if layout.sequence_parallel and layout.tp > 1:
+        total += rules.sequence_parallel_gather * layer_input
+    if layout.pp > 1:
+        total += rules.pipeline_tensors * layer_input / (layout.tp if layout.sequence_parallel else 1)
+    if replicated:
+        total += rules.reduce_bucket_elements * w.precision.grad_bytes
+    return total
+
+
+def _backward_transient(w: Workload, layout: Layout, built: StageLayers) -> float:
+    """The most the busiest moment holds beyond the saved tensors: on the last stage, the loss's logit-sized
+    tensors (the head's output, upcast copies, the logits' gradients); on every stage, one layer's MLP activation
+    gradients during its backward (a gated MLP's two, a GELU MLP's one; a routed layer's for one expert)."""
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    split = layout.tp * layout.cp
+    loss = w.framework.loss.transient_bytes * sb * spec.vocab_size / split if built.head else 0.0
+    gradients = 1 if spec.ffn_kind == "gelu_mlp" else 2
+    layer = gradients * sb * spec.ffn_size * act / split if built.dense else 0.0
+    if built.moe and spec.moe:
+        moe = spec.moe
+        routed = moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
+        layer = max(layer, gradients * routed * act / split)
+    return max(loss, layer)
+
+
+def _step_transient(w: Workload, layout: Layout, held: StageParams, optimizer: float) -> float:
+    """What the end of the step adds to the persistent parts once the activations are freed: the 16-bit
+    gradients a backward makes before they are added into an fp32 buffer, a foreach optimizer's state-sized
+    temporary, an fp32 copy of this GPU's share of the gradients."""
+    rules, precision = w.framework, w.precision
+    total = 0.0
+    if rules.states.compute_grads_transient:
+        total += held.total * precision.grad_bytes
+    if rules.optimizer_step.temporaries == "foreach" and w.optimizer.states:
+        total += optimizer / len(w.optimizer.states)
+    if rules.optimizer_step.fp32_grad_copy:
+        total += sharded_state_bytes(4, "optimizer", held, layout)
+    return total
 
 
 def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:

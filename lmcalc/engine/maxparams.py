@@ -7,19 +7,21 @@ ZeRO changes B: with data-parallel degree n, ZeRO-1 keeps 2 + 2 + 12/n bytes per
 
 Activations do not shrink with ZeRO and depend on the model's shape, not only on N. To include them,
 lmcalc scales a template architecture (by default the Llama 3 8B preset: its head size, KV heads,
-FFN ratio, vocabulary and hidden-size-to-layers ratio) to N parameters and counts that shape's
-activations. The shape used is reported, so the assumption is visible.
+FFN ratio, vocabulary and hidden-size-to-layers ratio) by whole KV groups and asks the memory engine
+(``gpu_memory``, the figure ``lmcalc memory`` prints, with the framework profile's buffers, transients and
+fragmentation) whether each shape fits: the largest that does is the answer, never a shape rounded up past
+it. The shape used is reported, so the assumption is visible.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from lmcalc.engine.choices import ZeroStage
-from lmcalc.engine.gpu_memory import gpu_memory
+from lmcalc.engine.gpu_memory import GpuMemory, gpu_memory
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
-from lmcalc.engine.states import bytes_per_param, optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import Cluster, ModelSpec
 
@@ -31,82 +33,101 @@ STRATEGIES: tuple[tuple[ZeroStage, str], ...] = (
 )
 
 
-def scaled_model(template: ModelSpec, n_params: float) -> ModelSpec:
-    """``template`` resized to about ``n_params`` parameters, keeping its proportions: head size, query
-    heads per KV head, FFN-to-hidden and hidden-to-layers ratios. It grows by whole KV groups."""
+def scaled_shape(template: ModelSpec, kv_groups: int) -> ModelSpec:
+    """``template`` with ``kv_groups`` KV groups, keeping its proportions: head size, query heads per KV head,
+    FFN-to-hidden and hidden-to-layers ratios."""
     head = template.head_size
     aspect = template.hidden_size / template.num_layers
     ffn_ratio = template.ffn_size / template.hidden_size
-    group_size = template.num_heads // template.kv_heads
+    heads = kv_groups * (template.num_heads // template.kv_heads)
+    h = heads * head
+    return template.model_copy(
+        update={
+            "name": f"{template.name}-scaled",
+            "display_name": "",
+            "hidden_size": h,
+            "num_heads": heads,
+            "num_kv_heads": kv_groups,
+            "head_dim": head,
+            "num_layers": max(1, round(h / aspect)),
+            "ffn_size": max(1, round(ffn_ratio * h)),
+            "published_params": None,
+            "family_aliases": [],
+            "aliases": [],
+            "moe": None,
+            "mla": None,
+        }
+    )
 
-    def shape(kv_groups: int) -> ModelSpec:
-        heads, kv = kv_groups * group_size, kv_groups
-        h = heads * head
-        return template.model_copy(
-            update={
-                "name": f"{template.name}-scaled",
-                "display_name": "",
-                "hidden_size": h,
-                "num_heads": heads,
-                "num_kv_heads": kv,
-                "head_dim": head,
-                "num_layers": max(1, round(h / aspect)),
-                "ffn_size": max(1, round(ffn_ratio * h)),
-                "published_params": None,
-                "family_aliases": [],
-                "aliases": [],
-                "moe": None,
-                "mla": None,
-            }
-        )
 
-    lo, hi = 1, 1
-    while count_params(shape(hi)).total < n_params and hi < 1 << 20:
+def _largest_groups(fits: Callable[[int], bool]) -> int:
+    """The most KV groups for which ``fits`` holds (0: not even one), by doubling then bisection."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi) and hi < 1 << 20:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if count_params(shape(mid)).total < n_params:
-            lo = mid
-        else:
-            hi = mid
-    return min((shape(lo), shape(hi)), key=lambda m: abs(count_params(m).total - n_params))
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def scaled_model(template: ModelSpec, n_params: float) -> ModelSpec:
+    """``template`` resized to about ``n_params`` parameters (``scaled_shape``): it grows by whole KV groups."""
+    below = _largest_groups(lambda groups: count_params(scaled_shape(template, groups)).total < n_params)
+    shapes = [scaled_shape(template, groups) for groups in (max(1, below), below + 1)]
+    return min(shapes, key=lambda m: abs(count_params(m).total - n_params))
 
 
 @dataclass(frozen=True)
 class MaxParamsRow:
     zero_stage: int
     label: str
-    bytes_per_param: float
+    bytes_per_param: float  # model-state bytes per parameter on one GPU, as the framework keeps them
+    fixed_bytes: float  # what does not grow with the model: the CUDA context, workspaces, the flat allowance
     states_only: float
     with_overhead: float
-    with_activations: float
+    with_activations: float  # the parameters of the largest shape whose whole memory fits (``memory``'s figure)
     activation_shape: ModelSpec | None
     activation_bytes: float
+    memory: GpuMemory | None  # that shape's memory, as ``memory`` gives it
 
 
 def max_params(template: Workload, cluster: Cluster) -> list[MaxParamsRow]:
-    """One row per sharding strategy over the cluster's GPUs: N that fits with states only, + overhead, +
-    activations of ``template``'s model scaled to N (at its sequence, micro-batch, attention, recomputation)."""
-    capacity_bytes, dp, overhead_bytes = cluster.hardware.memory_bytes, cluster.count, template.overhead_bytes
-    precision = template.precision
-    opt_bpp = optimizer_bytes_per_param(template.model, precision, template.optimizer)
+    """One row per sharding strategy over the cluster's GPUs (DP over all of them): the napkin N that fits with
+    the model states only, and with the fixed bytes; and the largest shape of ``template``'s proportions whose
+    memory, counted by ``gpu_memory`` as ``lmcalc memory`` counts it (activations, buffers, transients,
+    fragmentation), fits. The shape is never rounded up: its exact parameter count is the answer."""
+    capacity = cluster.hardware.memory_bytes
     rows = []
     for stage, label in STRATEGIES:
-        bpp = bytes_per_param(precision, opt_bpp, stage, dp)
-        states_only = capacity_bytes / bpp
-        with_overhead = max(0.0, capacity_bytes - overhead_bytes) / bpp
+        layout = Layout(dp=cluster.count, zero=stage)
+        reference = gpu_memory(template, layout, 0)
+        bpp = reference.states / count_params(template.model).total
+        fixed = reference.context + reference.overhead + template.framework.buffers.workspace_bytes
 
-        def activations(n: float) -> tuple[float, ModelSpec]:
-            model = scaled_model(template.model, n)
-            return gpu_memory(replace(template, model=model), Layout(), 0).activations, model
+        def memory_of(groups: int, layout: Layout = layout) -> GpuMemory:
+            return gpu_memory(replace(template, model=scaled_shape(template.model, groups)), layout, 0)
 
-        lo, hi = 0.0, with_overhead
-        for _ in range(60):  # bisection: states + activations grow with N
-            mid = (lo + hi) / 2
-            if mid * bpp + activations(mid)[0] + overhead_bytes <= capacity_bytes:
-                lo = mid
-            else:
-                hi = mid
-        act_bytes, shape = activations(lo) if lo > 0 else (0.0, None)
-        rows.append(MaxParamsRow(stage, label, bpp, states_only, with_overhead, lo, shape, act_bytes))
+        def fits(groups: int, memory_of: Callable[[int], GpuMemory] = memory_of) -> bool:
+            return memory_of(groups).total <= capacity
+
+        groups = _largest_groups(fits)
+        shape = scaled_shape(template.model, groups) if groups else None
+        memory = memory_of(groups) if groups else None
+        rows.append(
+            MaxParamsRow(
+                stage,
+                label,
+                bpp,
+                fixed,
+                capacity / bpp,
+                max(0.0, capacity - fixed) / bpp,
+                float(count_params(shape).total) if shape else 0.0,
+                shape,
+                memory.activations if memory else 0.0,
+                memory,
+            )
+        )
     return rows

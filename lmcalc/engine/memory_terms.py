@@ -17,7 +17,7 @@ from lmcalc.engine.states import state_formula
 from lmcalc.engine.workload import Workload
 from lmcalc.result import Section, Term
 from lmcalc.specs import HardwareSpec
-from lmcalc.units import group
+from lmcalc.units import GB, group
 
 
 class Capacity(NamedTuple):
@@ -69,7 +69,7 @@ def memory_sections(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capac
     return (
         _states_section(w, layout, gpu),
         _activations_section(w, layout, gpu),
-        _total_section(layout, gpu, capacity),
+        _total_section(w, layout, gpu, capacity),
     )
 
 
@@ -111,10 +111,19 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
                 "Parameters",
                 gpu.params,
                 "bytes",
-                f"N_gpu · {precision.param_bytes:g} B{shard_text('params')}",
+                f"N_gpu · {precision.param_bytes:g} B{shard_text('params')}"
+                if w.framework.states.weights == "recipe"
+                else "0: only the master copy persists; the 16-bit weights are gathered a layer at a time",
                 source=f"precision recipe {precision.name}",
             ),
-            Term("grads", "Gradients", gpu.grads, "bytes", f"N_gpu · {precision.grad_bytes:g} B{shard_text('grads')}"),
+            Term(
+                "grads",
+                "Gradients",
+                gpu.grads,
+                "bytes",
+                f"N_gpu · {w.framework.states.grad_bytes or precision.grad_bytes:g} B{shard_text('grads')}",
+                source=w.framework.states.source if w.framework.states.grad_bytes else "",
+            ),
             Term(
                 "master",
                 "Master weights (fp32)",
@@ -200,29 +209,99 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
     return Section("activations", title, tuple(terms))
 
 
-def _total_section(layout: Layout, gpu: GpuMemory, capacity: Capacity) -> Section:
+def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity) -> Section:
     where = f"stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "every GPU"
+    rules = w.framework
     total = gpu.total
-    return Section(
-        "total",
-        f"Most loaded GPU ({where})",
-        (
-            Term("states", "Model states", gpu.states, "bytes"),
-            Term("activations", "Activations", gpu.activations, "bytes"),
-            Term(
-                "zero3_buffers",
-                "ZeRO-3 gathered parameters",
-                gpu.zero3_buffers,
-                "bytes",
-                "2 × (this stage's parameters / its layers): the layer in use and the prefetched one"
-                if zero_shards("params", layout.zero)
-                else "none (ZeRO-3 only)",
-            ),
-            overhead_term(gpu.overhead),
-            Term("total", "Total", total, "bytes", "states + activations + buffers + overhead"),
-            *capacity_terms(total, capacity),
+    terms = [
+        Term("states", "Model states", gpu.states, "bytes"),
+        Term("activations", "Activations", gpu.activations, "bytes"),
+        Term(
+            "zero3_buffers",
+            "ZeRO-3 gathered parameters",
+            gpu.zero3_buffers,
+            "bytes",
+            "(gathered layers · 16-bit bytes + reduce-scatter bytes) per parameter of a layer (+ a head kept gathered)"
+            if zero_shards("params", layout.zero)
+            else "none (ZeRO-3 only)",
+            f"{rules.buffers.gathered_layers} layers gathered, {rules.buffers.reduce_scatter_bytes:g} B per parameter "
+            "of a layer being reduce-scattered" + (", the head kept gathered" if rules.buffers.head_gathered else ""),
+            source=rules.buffers.source,
         ),
+    ]
+    if rules.states.ddp_bucket_copy:
+        terms.append(
+            Term(
+                "grad_buckets",
+                "DDP gradient buckets",
+                gpu.grad_buckets,
+                "bytes",
+                "N_gpu · 16-bit gradient bytes, without ZeRO and with DP > 1",
+                source=rules.states.source,
+            )
+        )
+    if rules.transients or rules.buffers.workspace_bytes:
+        terms += [
+            Term(
+                "buffers",
+                "Framework buffers",
+                gpu.buffers,
+                "bytes",
+                "workspaces + SP all-gather (s·b·h each) + pipeline send/receive (s·b·h each) + DP reduce bucket",
+                f"{rules.buffers.workspace_bytes / 2**20:g} MiB workspaces; "
+                f"{rules.buffers.sequence_parallel_gather} SP buffers; "
+                f"{rules.buffers.pipeline_tensors} pipeline tensors; {rules.buffers.reduce_bucket_elements:g} bucket "
+                "elements",
+                source=rules.buffers.source,
+            ),
+            Term(
+                "transient",
+                "Transient peak",
+                gpu.transient,
+                "bytes",
+                "max(loss or layer backward transient, end-of-step transient − activations)",
+                f"loss/layer backward {gpu.backward_transient / GB:.3g} GB; "
+                f"end of step {gpu.step_transient / GB:.3g} GB",
+                source=f"{rules.loss.source}; {rules.optimizer_step.source}",
+                note="the loss's logit-sized tensors (last stage) or a layer's MLP activation gradients; at the "
+                "end of the step, 16-bit gradients, optimizer temporaries, fp32 gradient copies (activations freed)",
+            ),
+            Term(
+                "allocated",
+                "Allocated at the peak",
+                gpu.allocated,
+                "bytes",
+                "states + buffers + activations + transient",
+            ),
+            Term(
+                "fragmentation",
+                "Allocator fragmentation",
+                gpu.fragmentation,
+                "bytes",
+                "fragmentation fraction · allocated",
+                f"{rules.allocator.fragmentation:g} × {gpu.allocated / GB:.4g} GB",
+                source=rules.allocator.source,
+            ),
+            Term("reserved", "Reserved by PyTorch", gpu.reserved, "bytes", "allocated + fragmentation"),
+            Term(
+                "context", "CUDA context", gpu.context, "bytes", "outside PyTorch's pool", source=rules.allocator.source
+            ),
+        ]
+    if gpu.overhead or not (rules.transients or rules.buffers.workspace_bytes):
+        terms.append(overhead_term(gpu.overhead))
+    terms.append(
+        Term(
+            "total",
+            "Total",
+            total,
+            "bytes",
+            "states + activations + buffers + overhead"
+            if not rules.transients
+            else "reserved + CUDA context" + (" + allowance" if gpu.overhead else ""),
+            note=f"framework profile: {rules.name}",
+        )
     )
+    return Section("total", f"Most loaded GPU ({where})", (*terms, *capacity_terms(total, capacity)))
 
 
 def _in_flight_term(w: Workload, layout: Layout, gpu: GpuMemory) -> Term:

@@ -2,10 +2,11 @@
 
 Every memory, FLOP and time estimate of a training step starts from the same handful of facts: the
 model, the sequence length and micro-batch, the precision recipe and the optimizer, the attention kernel
-and the recomputation mode, and two allowances (the bytes of a dropout mask element, the per-GPU
-overhead). They travel together as a ``Workload``; engine functions take ``(workload, layout[, stage])``
-or ``(workload, layout, cluster)``. A workload is hashable, and memoised engine functions are keyed by it
-(its hash is computed once, when it is made), so a field added here is part of every cached figure.
+and the recomputation mode, the framework that runs it (its profile: what it keeps and allocates beyond the
+textbook count), and two allowances (the bytes of a dropout mask element, the per-GPU overhead). They travel
+together as a ``Workload``; engine functions take ``(workload, layout[, stage])`` or ``(workload, layout,
+cluster)``. A workload is hashable, and memoised engine functions are keyed by it (its hash is computed once,
+when it is made), so a field added here is part of every cached figure.
 """
 
 from __future__ import annotations
@@ -14,15 +15,26 @@ from dataclasses import dataclass, field, fields
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, Attention, Recompute
 from lmcalc.errors import LmcalcError, setting
-from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import FrameworkProfile, ModelSpec, OptimizerSpec, PrecisionRecipe
 from lmcalc.units import GiB
 
 OVERHEAD_ALLOWANCE_BYTES = 2 * GiB
-"""Allowance for what is not model state or activations: the CUDA context, cuBLAS/NCCL workspaces and
-the caching allocator's fragmentation. It is a round, deliberately conservative allowance, not a
-measurement (CUDA contexts alone take several hundred MiB and vary by driver and GPU); users change it
-with ``--overhead``. On a GPU, ``lmcalc validate`` compares the predicted peak of real training steps
-with ``torch.cuda.max_memory_allocated`` (which excludes the CUDA context)."""
+"""A flat allowance for what is not weights, states or activations: the CUDA context, cuBLAS/NCCL workspaces
+and the caching allocator's fragmentation; a round, deliberately conservative figure, not a measurement. The
+idealised framework profile and the serving estimate (``engine.inference``) use it; a real framework's profile
+counts those parts one by one. Users change it with ``--overhead``."""
+
+IDEALISED = "idealised"
+"""The framework profile of the textbook count (``presets/frameworks/idealised.yaml``): a workload made in code
+without naming a framework is counted as the papers count it."""
+
+
+def framework_profile(name: str = IDEALISED) -> FrameworkProfile:
+    """A built-in framework profile by name (the idealised one unless named)."""
+    from lmcalc.presets import resolve_framework  # the presets read YAML: only when a profile is first wanted
+
+    return resolve_framework(name).spec
+
 
 MASK_BYTES = 1  # dropout masks are stored as bool / uint8 (Korthikanti et al. 2022 §4.1)
 
@@ -46,7 +58,8 @@ class Workload:
     attention: Attention = "flash"
     recompute: Recompute = "none"
     mask_bytes: float = MASK_BYTES  # bytes of one dropout-mask element (see dropout_mask_bytes)
-    overhead_bytes: float = OVERHEAD_ALLOWANCE_BYTES  # per-GPU allowance beyond states and activations
+    overhead_bytes: float | None = None  # per-GPU allowance beyond what the profile counts; None: the profile's
+    framework: FrameworkProfile = field(default_factory=framework_profile)
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -59,7 +72,7 @@ class Workload:
                 raise LmcalcError(f"{setting(name)} must be one of {', '.join(options)}; got {getattr(self, name)!r}")
         if not self.mask_bytes > 0:
             raise LmcalcError(f"{setting('mask_bytes')} must be a positive number of bytes, got {self.mask_bytes}")
-        if not self.overhead_bytes >= 0:
+        if self.overhead_bytes is not None and not self.overhead_bytes >= 0:
             raise LmcalcError(
                 f"{setting('overhead_bytes')} must be zero or a positive number of bytes, got {self.overhead_bytes}"
             )
@@ -72,6 +85,11 @@ class Workload:
     def __reduce__(self) -> tuple[type[Workload], tuple[object, ...]]:
         """Pickled as its fields, so that a copy made in another process (another hash seed) hashes anew."""
         return type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init)
+
+    @property
+    def allowance(self) -> float:
+        """The flat per-GPU allowance: the user's ``overhead``, else the framework profile's."""
+        return self.framework.allocator.allowance_bytes if self.overhead_bytes is None else self.overhead_bytes
 
     @property
     def tokens(self) -> int:

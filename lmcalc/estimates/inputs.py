@@ -20,7 +20,7 @@ from lmcalc.engine.time import DEFAULT_MFU
 from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.result import Input, Result
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import Cluster, FrameworkProfile, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 from lmcalc.units import GiB, group, parse_bytes, parse_count
 
 DEFAULT_SEQ_CAP = 8192
@@ -29,6 +29,11 @@ DEFAULT_OPTIMIZER = "adamw"
 DEFAULT_ATTENTION: Attention = "flash"
 DEFAULT_RECOMPUTE: Recompute = "none"
 DEFAULT_OVERHEAD = f"{OVERHEAD_ALLOWANCE_BYTES / GiB:g}GiB"
+"""The serving estimate's flat allowance (``inference``); a training estimate's comes from its framework profile."""
+DEFAULT_FRAMEWORK = "megatron"
+"""The framework profile of a training estimate unless one is named: lmcalc's layouts (TP with sequence
+parallelism, PP with the interleaved schedule and Megatron's split flags, CP, EP, the distributed optimizer as
+ZeRO-1) are Megatron-LM's, the framework that runs all of them, so a plan is costed as Megatron would allocate it."""
 ASSUMPTION = "assumption:"
 """How the origin of a value lmcalc assumed begins (``Given.assumed``)."""
 
@@ -36,6 +41,7 @@ ModelLike = str | ModelSpec
 ClusterLike = str | Cluster
 PrecisionLike = str | PrecisionRecipe
 OptimizerLike = str | OptimizerSpec
+FrameworkLike = str | FrameworkProfile
 Count = str | float | int
 Bytes = str | float | int
 C = TypeVar("C", bound=str)
@@ -50,7 +56,8 @@ class TrainingSettings(TypedDict, total=False):
     optimizer: OptimizerLike  # an optimizer preset (adamw, sgd, adafactor, ...)
     attention: str  # flash | eager
     recompute: str  # none | selective | full
-    overhead: Bytes  # the per-GPU allowance for the CUDA context, workspaces and fragmentation
+    framework: FrameworkLike  # a framework profile (megatron, nanotron, torchtitan, transformers, deepspeed, ...)
+    overhead: Bytes | None  # a flat per-GPU allowance instead of the profile's; None: the profile's
 
 
 TRAINING_DEFAULTS: TrainingSettings = {
@@ -60,7 +67,8 @@ TRAINING_DEFAULTS: TrainingSettings = {
     "optimizer": DEFAULT_OPTIMIZER,
     "attention": DEFAULT_ATTENTION,
     "recompute": DEFAULT_RECOMPUTE,
-    "overhead": DEFAULT_OVERHEAD,
+    "framework": DEFAULT_FRAMEWORK,
+    "overhead": None,
 }
 
 
@@ -130,6 +138,10 @@ def precision_of(value: PrecisionLike) -> PrecisionRecipe:
 
 def optimizer_of(value: OptimizerLike) -> OptimizerSpec:
     return value if isinstance(value, OptimizerSpec) else pr.resolve_optimizer(value).spec
+
+
+def framework_of(value: FrameworkLike) -> FrameworkProfile:
+    return value if isinstance(value, FrameworkProfile) else pr.resolve_framework(value).spec
 
 
 # ------------------------------------------------------------------------------------------------- values
@@ -247,6 +259,10 @@ def recipe_text(precision: PrecisionRecipe) -> str:
         f"master + {precision.optimizer_state_bytes:g} B per optimizer state; matmuls at the "
         f"{precision.compute_dtype} peak"
     )
+
+
+def framework_text(framework: FrameworkProfile) -> str:
+    return f"{framework.label}; {framework.version}"
 
 
 def optimizer_text(optimizer: OptimizerSpec) -> str:

@@ -12,19 +12,21 @@ from lmcalc.engine.workload import Workload
 from lmcalc.errors import flag
 from lmcalc.estimates.inputs import (
     DEFAULT_ATTENTION,
+    DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
-    DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
     DEFAULT_RECOMPUTE,
     Bytes,
     ClusterLike,
     Count,
+    FrameworkLike,
     MemorySettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
     TrainingSettings,
     checked,
+    framework_text,
     model_input,
     model_notes,
     optimizer_text,
@@ -182,7 +184,8 @@ def max_params(
     micro_batch: int = 1,
     attention: str = DEFAULT_ATTENTION,
     recompute: str = DEFAULT_RECOMPUTE,
-    overhead: Bytes = DEFAULT_OVERHEAD,
+    framework: FrameworkLike = DEFAULT_FRAMEWORK,
+    overhead: Bytes | None = None,
     like: ModelLike = "llama-3.1-8b",
 ) -> MaxParamsEstimate:
     """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3; the
@@ -194,6 +197,7 @@ def max_params(
         optimizer=optimizer,
         attention=attention,
         recompute=recompute,
+        framework=framework,
         overhead=overhead,
     )
     setup = training_setup(like, gpus, settings)
@@ -202,7 +206,7 @@ def max_params(
 
 def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
     w, cluster, template = setup.workload, setup.cluster, setup.model
-    precision, optimizer, overhead_bytes = w.precision, w.optimizer, w.overhead_bytes
+    precision, optimizer = w.precision, w.optimizer
     capacity = cluster.hardware.memory_bytes
     rows = mp.max_params(w, cluster)
     sections = []
@@ -225,7 +229,8 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
                         row.bytes_per_param,
                         "bytes",
                         BYTES_PER_PARAM_FORMULA[row.zero_stage],
-                        source="Rajbhandari et al. 2020 (ZeRO) §5.1",
+                        f"{w.framework.name}: weights, gradients, master copy and optimizer states of the template",
+                        source="Rajbhandari et al. 2020 (ZeRO) §5.1; " + w.framework.states.source,
                     ),
                     Term(
                         "states_only",
@@ -237,20 +242,21 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
                     ),
                     Term(
                         "with_overhead",
-                        "Largest N (+ overhead)",
+                        "Largest N (+ fixed bytes)",
                         row.with_overhead,
                         "params",
-                        "(C − overhead) / bytes per param",
-                        f"({group(capacity)} − {group(overhead_bytes)}) / {row.bytes_per_param:.6g}",
+                        "(C − context − workspaces − allowance) / bytes per param",
+                        f"({group(capacity)} − {group(row.fixed_bytes)}) / {row.bytes_per_param:.6g}",
                     ),
                     Term(
                         "with_activations",
-                        "Largest N (+ overhead + activations)",
+                        "Largest N (whole memory)",
                         row.with_activations,
                         "params",
-                        "largest N with N · bytes/param + activations(shape(N)) + overhead ≤ C",
-                        f"activations {row.activation_bytes / GiB:.2f} GiB for {shape_text}",
-                        note=f"shape scaled from {template.name}",
+                        "parameters of the largest scaled shape whose memory (as lmcalc memory counts it) fits C",
+                        f"{shape_text}: activations {row.activation_bytes / GiB:.2f} GiB, total "
+                        f"{(row.memory.total if row.memory else 0) / GiB:.2f} GiB",
+                        note=f"shape scaled from {template.name} by whole KV groups, never rounded up",
                     ),
                 ),
             )
@@ -260,7 +266,7 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         Input("capacity", "Memory per GPU", capacity, "bytes", cluster.hardware.memory_label),
         Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
         Input("optimizer", "Optimizer", optimizer.name, origin=optimizer_text(optimizer)),
-        Input("overhead", "Overhead allowance", overhead_bytes, "bytes", flag("overhead")),
+        Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
         Input("seq_len", "Sequence length (activations)", w.seq_len, "tokens", flag("seq")),
         Input("micro_batch", "Micro-batch (activations)", w.micro_batch, "sequences", flag("micro_batch")),
         Input("template", "Shape for activations", template.name, origin=flag("like")),
@@ -272,6 +278,8 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         f"{sharded.states_only / 1e9:.3g}B (the lecture's napkin: 8 × 80 GB / 16 B ≈ 40B on 8 H100s)",
         f"activations assume the proportions of {template.name} scaled to N, {w.attention} attention, "
         f"recomputation: {w.recompute}",
+        f"memory as {w.framework.label} allocates it; each shape checked with the figure lmcalc memory gives for "
+        f"--gpus {cluster.label} --zero N",
     )
     report = Result(
         "max-params", f"Largest trainable model on {cluster.label}", inputs, tuple(sections), notes, layout="grid"

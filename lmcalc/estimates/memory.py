@@ -22,6 +22,7 @@ from lmcalc.estimates.inputs import (
     checked,
     cluster_of,
     context_note,
+    framework_text,
     model_input,
     model_notes,
     nbytes,
@@ -116,15 +117,9 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
         Input("grad_accum", "Micro-batches per step", layout.grad_accum, "micro-batches", flag("grad_accum")),
         Input("attention", "Attention kernel", w.attention, origin=flag("attention")),
         Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
+        Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
     )
-    total = gpu.total
-    notes = [*model_notes(model, note), *context_note(model, w.seq_len)]
-    notes.append(
-        "fits"
-        if total <= capacity.bytes
-        else f"does NOT fit: {total / GB:,.1f} GB needed of {capacity.bytes / GB:,.1f} GB"
-        + fit_advice(w, layout, capacity.bytes)
-    )
+    notes = [*model_notes(model, note), *context_note(model, w.seq_len), verdict_note(w, layout, gpu, capacity.bytes)]
     single = checked(
         Result(
             "memory",
@@ -181,6 +176,25 @@ def memory_stages(single: MemoryEstimate) -> MemoryEstimate:
         )
     )
     return replace(single, report=report, stages=gpus)
+
+
+def verdict_note(w: Workload, layout: Layout, gpu: GpuMemory, capacity: float) -> str:
+    """``fits``; ``tight`` (only the allocator's fragmentation overflows: how it fragments decides); or ``does NOT
+    fit``, naming the largest part and the levers that would make it fit."""
+    verdict, total = gpu.verdict(capacity), gpu.total
+    if verdict == "fits":
+        return f"fits: {total / GB:,.1f} GB of {capacity / GB:,.1f} GB as {w.framework.name} allocates it"
+    if verdict == "tight":
+        return (
+            f"tight: {(total - gpu.fragmentation) / GB:,.1f} GB without fragmentation, {total / GB:,.1f} GB with the "
+            f"{w.framework.name} profile's {w.framework.allocator.fragmentation:.0%}, of {capacity / GB:,.1f} GB: how "
+            "PyTorch's allocator fragments decides (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps)"
+        )
+    part, size = gpu.binding
+    return (
+        f"does NOT fit: {total / GB:,.1f} GB needed of {capacity / GB:,.1f} GB; the largest part is {part} "
+        f"({size / GB:,.1f} GB)" + fit_advice(w, layout, capacity)
+    )
 
 
 def fit_advice(w: Workload, layout: Layout, capacity: float) -> str:

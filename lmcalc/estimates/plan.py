@@ -15,12 +15,13 @@ from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
     ASSUMPTION,
     DEFAULT_ATTENTION,
+    DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
-    DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
     Bytes,
     ClusterLike,
     Count,
+    FrameworkLike,
     Given,
     ModelLike,
     OptimizerLike,
@@ -83,7 +84,8 @@ def plan(
     precision: PrecisionLike = DEFAULT_PRECISION,
     optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
     attention: str = DEFAULT_ATTENTION,
-    overhead: Bytes = DEFAULT_OVERHEAD,
+    framework: FrameworkLike = DEFAULT_FRAMEWORK,
+    overhead: Bytes | None = None,
     **split: Unpack[SplitSettings],
 ) -> PlanEstimate:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question). The
@@ -95,7 +97,9 @@ def plan(
 
     accept(split, SplitSettings, "plan")
     # the search varies the micro-batch and the recomputation within the pins
-    base = TrainingSettings(seq=seq, precision=precision, optimizer=optimizer, attention=attention, overhead=overhead)
+    base = TrainingSettings(
+        seq=seq, precision=precision, optimizer=optimizer, attention=attention, framework=framework, overhead=overhead
+    )
     setup = training_setup(model, gpus, base)
     pins = pl.Pins(
         tp=tp,

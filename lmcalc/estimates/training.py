@@ -25,6 +25,7 @@ from lmcalc.estimates.inputs import (
     TrainingSettings,
     choice,
     cluster_of,
+    framework_of,
     nbytes,
     optimizer_of,
     precision_of,
@@ -126,7 +127,8 @@ def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettin
     recipe, opt = precision_of(given["precision"]), optimizer_of(given["optimizer"])
     kernel = choice(given["attention"], ATTENTION_KERNELS, "attention")
     mode = choice(given["recompute"], RECOMPUTE_MODES, "recompute")
-    overhead_bytes = nbytes(given["overhead"], "overhead")
+    overhead = given["overhead"]
+    overhead_bytes = None if overhead is None else nbytes(overhead, "overhead")
     seq_in = seq_given(given["seq"], resolved.spec)
     workload = Workload(
         resolved.spec,
@@ -137,5 +139,6 @@ def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettin
         kernel,
         mode,
         overhead_bytes=overhead_bytes,
+        framework=framework_of(given["framework"]),
     )
     return TrainingSetup(resolved, cluster, workload, seq_in)

@@ -1,0 +1,910 @@
+"""What Hugging Face transformers really keeps for backward: a measurement harness for lmcalc's activation model.
+
+A harness for the docs and the tests, not a command: it lives beside the scripts, outside the package, and it
+imports torch and transformers (the package never does).
+
+For a named config (``CASES``: llama, qwen2, mistral, mixtral and gpt2, each "small" and at the real model's width
+cut to two layers), :func:`measure` builds the model with random weights in train mode, runs the forward and the
+loss the way ``Trainer`` does (``model(input_ids=..., labels=...).loss``) and counts the bytes of the distinct
+storages autograd keeps for backward, two ways:
+
+* hooks: under ``torch.autograd.graph.saved_tensors_hooks`` every tensor autograd packs is recorded; the total is
+  the sum of the distinct storages (keyed by ``untyped_storage().data_ptr()``) that are still alive once the forward
+  has returned, parameters and module buffers excluded. This is the figure of record (``Measurement.total_bytes``).
+* walk: the autograd graph is walked from ``loss.grad_fn`` through ``next_functions`` and each node's ``_saved_*``
+  tensors (``saved_tensors`` for Python functions) are read, which names the node that keeps each tensor
+  (``Measurement.tensors``). The walk cannot see what the non-reentrant checkpoint keeps for its layers (their
+  inputs live in the checkpoint frame, not in a node), nor read the nodes inside a checkpointed layer without
+  replaying it; those come from the hooks and are named after the module and torch function that saved them.
+
+With checkpointing (``model.gradient_checkpointing_enable()`` with transformers' default kwargs, which in 5.x are
+``{"use_reentrant": False}``), the forward keeps each layer's input plus whatever lies outside the layers, and the
+checkpointed layers' keyword arguments (rotary cos/sin, masks, position ids) are held by the checkpoint's closure
+rather than by autograd: they are listed apart (``Measurement.closure``). ``Measurement.rebuild`` is what one decoder
+layer keeps when it is replayed: layer 0's forward run standalone, under the hooks, on a fresh leaf copy of its
+input with the very keyword arguments the model passed it. lmcalc's peak is forward-kept + one rebuilt layer.
+
+``python scripts/hf_saved.py [--case NAME ...] [--quick]`` prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import gc
+import math
+import sys
+import time
+import warnings
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import transformers
+from torch.overrides import TorchFunctionMode
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+)
+
+transformers.logging.set_verbosity_error()
+
+# --------------------------------------------------------------------------------------------------------------------
+# The cases
+# --------------------------------------------------------------------------------------------------------------------
+
+LAYERS = 2  # every case is cut to two decoder layers
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    config_class: type[PretrainedConfig]
+    kwargs: dict[str, Any]  # the config class's kwargs, exactly as passed
+    source: str  # what the widths are copied from
+    dropout_knobs: tuple[str, ...] = ()  # config fields set from measure(..., dropout=) (gpt2 only)
+
+    def config(self, dropout: float | None = None) -> PretrainedConfig:
+        kwargs = dict(self.kwargs)
+        if dropout is not None:
+            for knob in self.dropout_knobs:
+                kwargs[knob] = dropout
+        return self.config_class(**kwargs)
+
+
+_LLAMA_ROPE = {  # Llama-3.1's llama3 RoPE scaling (irrelevant to memory, kept for fidelity)
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+_GPT2_DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
+
+CASES: dict[str, Case] = {
+    # ---- Llama ----
+    "llama-small": Case(
+        "llama-small",
+        LlamaConfig,
+        dict(
+            vocab_size=2048,
+            hidden_size=256,
+            intermediate_size=896,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=LAYERS,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-5,
+            attention_dropout=0.0,
+            tie_word_embeddings=False,
+        ),
+        "small Llama, GQA 4 heads / 2 kv heads",
+    ),
+    "llama-real": Case(
+        "llama-real",
+        LlamaConfig,
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            num_hidden_layers=LAYERS,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_parameters=_LLAMA_ROPE,
+            attention_dropout=0.0,
+            tie_word_embeddings=False,
+        ),
+        "meta-llama/Llama-3.1-8B widths, 2 layers",
+    ),
+    # ---- Qwen2 ----
+    "qwen2-small": Case(
+        "qwen2-small",
+        Qwen2Config,
+        dict(
+            vocab_size=2048,
+            hidden_size=256,
+            intermediate_size=1024,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=LAYERS,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-6,
+            attention_dropout=0.0,
+            use_sliding_window=False,
+            tie_word_embeddings=False,
+        ),
+        "small Qwen2 (q/k/v bias), GQA 4 heads / 2 kv heads",
+    ),
+    "qwen2-real": Case(
+        "qwen2-real",
+        Qwen2Config,
+        dict(
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            num_hidden_layers=LAYERS,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            attention_dropout=0.0,
+            use_sliding_window=False,
+            tie_word_embeddings=False,
+        ),
+        "Qwen/Qwen2.5-7B widths, 2 layers",
+    ),
+    # ---- Mistral ----
+    "mistral-small": Case(
+        "mistral-small",
+        MistralConfig,
+        dict(
+            vocab_size=2048,
+            hidden_size=256,
+            intermediate_size=896,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=LAYERS,
+            max_position_embeddings=2048,
+            sliding_window=4096,
+            rms_norm_eps=1e-5,
+            attention_dropout=0.0,
+            tie_word_embeddings=False,
+        ),
+        "small Mistral, GQA 4 heads / 2 kv heads, sliding window 4096 (> any measured sequence)",
+    ),
+    "mistral-real": Case(
+        "mistral-real",
+        MistralConfig,
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            num_hidden_layers=LAYERS,
+            max_position_embeddings=32768,
+            sliding_window=4096,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            attention_dropout=0.0,
+            tie_word_embeddings=False,
+        ),
+        "mistralai/Mistral-7B-v0.1 widths, 2 layers",
+    ),
+    # ---- Mixtral ----
+    "mixtral-small": Case(
+        "mixtral-small",
+        MixtralConfig,
+        dict(
+            vocab_size=2048,
+            hidden_size=256,
+            intermediate_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=LAYERS,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            max_position_embeddings=2048,
+            sliding_window=None,
+            rms_norm_eps=1e-5,
+            attention_dropout=0.0,
+            router_jitter_noise=0.0,
+            tie_word_embeddings=False,
+        ),
+        "small Mixtral, 8 experts top-2, GQA 4 heads / 2 kv heads",
+    ),
+    "mixtral-real": Case(
+        "mixtral-real",
+        MixtralConfig,
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            num_hidden_layers=LAYERS,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            max_position_embeddings=32768,
+            sliding_window=None,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            attention_dropout=0.0,
+            router_jitter_noise=0.0,
+            tie_word_embeddings=False,
+        ),
+        "mistralai/Mixtral-8x7B-v0.1 widths, 2 layers",
+    ),
+    # ---- GPT-2: keeps its default dropout 0.1 (resid/embd/attn) unless measure(..., dropout=) says otherwise ----
+    "gpt2-small": Case(
+        "gpt2-small",
+        GPT2Config,
+        dict(vocab_size=2048, n_embd=256, n_head=4, n_layer=LAYERS, n_positions=1024),
+        "small GPT-2 (tied embeddings, dropout 0.1 by default)",
+        _GPT2_DROPOUT,
+    ),
+    "gpt2-real": Case(
+        "gpt2-real",
+        GPT2Config,
+        dict(vocab_size=50257, n_embd=768, n_head=12, n_layer=LAYERS, n_positions=1024),
+        "openai-community/gpt2 (GPT-2 small) widths, 2 layers, dropout 0.1 by default",
+        _GPT2_DROPOUT,
+    ),
+}
+
+# --------------------------------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One distinct storage kept for backward."""
+
+    node: str  # the autograd node that keeps it (graph walk), or "<hook> torch-function" when the walk cannot name it
+    attr: str  # the node attribute (``_saved_self``, ``saved_tensors[0]`` ...) or "" for hook-only tensors
+    module: str  # the module whose forward was running when it was first packed ("model.layers.0.mlp" ...)
+    shape: tuple[int, ...]
+    dtype: str  # "bfloat16", "float32", "int64" ...
+    bytes: int  # the whole storage's size (a view keeps its whole storage alive)
+    note: str = ""  # "shared by layers 0,1", "layer input", "view of a larger storage" ...
+
+    @property
+    def scope(self) -> str:
+        """``layer`` for tensors packed inside a decoder layer, else the outside module (embed, norm, lm_head, loss)."""
+        return "layer" if _layer_index(self.module) is not None else (self.module or "loss (top-level forward)")
+
+
+@dataclass
+class Measurement:
+    case: str
+    attention: str
+    seq_len: int
+    micro_batch: int
+    checkpointing: bool
+    dtype: str
+    layers: int
+    total_bytes: int  # hooks: distinct alive storages the forward keeps (parameters and buffers excluded)
+    walk_bytes: int  # the graph walk's total (differs by wrapped Python scalars and, checkpointed, the frames)
+    tensors: list[Kept]  # the breakdown: every distinct storage, named by the walk where it can
+    per_layer_bytes: dict[int, int]  # hooks total attributed to each decoder layer (shared storages counted once)
+    outside_bytes: int  # hooks total outside the decoder layers
+    closure: list[Kept] = field(default_factory=list)  # held by checkpoint closures, not autograd (checkpointing)
+    closure_bytes: int = 0
+    rebuild: list[Kept] = field(default_factory=list)  # one decoder layer replayed standalone (checkpointing)
+    rebuild_bytes: int = 0  # all it keeps
+    rebuild_new_bytes: int = 0  # less what is already alive (its input, the shared cos/sin, masks)
+    use_reentrant: bool | None = None  # the checkpoint kwarg transformers used (None without checkpointing)
+    attn_nodes: list[str] = field(default_factory=list)  # the attention node names seen (which SDPA kernel ran)
+    experts_implementation: str | None = None
+    walk_notes: list[str] = field(default_factory=list)  # how the walk and the hooks differ, when they do
+    seconds: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.seq_len * self.micro_batch
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tracking what is packed
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _layer_index(module: str) -> int | None:
+    parts = module.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("layers", "h") and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    if storage.nbytes() == 0:
+        return None
+    return storage.data_ptr(), storage.nbytes()
+
+
+class _FunctionName(TorchFunctionMode):
+    """Remembers the outermost torch function running, to name what the hooks see."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.stack.append(getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func)))
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.stack.pop()
+
+
+@dataclass
+class _Packed:
+    ref: weakref.ReferenceType
+    key: tuple[int, int]
+    shape: tuple[int, ...]
+    dtype: str
+    modules: list[str]
+    function: str
+
+
+class _Recorder:
+    """saved_tensors_hooks that record every packed tensor (weakly: what the graph frees does not count)."""
+
+    def __init__(self, model: torch.nn.Module, exclude: set[int]) -> None:
+        self.exclude = exclude  # storage pointers of parameters and buffers
+        self.by_key: dict[tuple[int, int], _Packed] = {}
+        self.module_stack: list[str] = []
+        self.function = _FunctionName()
+        self.handles: list[Any] = []
+        for name, module in model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
+            self.handles.append(module.register_forward_hook(functools.partial(self._leave, name), always_call=True))
+
+    def _enter(self, name: str, module: torch.nn.Module, args: Any) -> None:
+        self.module_stack.append(name)
+
+    def _leave(self, name: str, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.module_stack and self.module_stack[-1] == name:
+            self.module_stack.pop()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key is not None and key[0] not in self.exclude:
+            module = self.module_stack[-1] if self.module_stack else ""
+            function = self.function.stack[-1] if self.function.stack else ""
+            old = self.by_key.get(key)
+            if old is not None and old.ref() is not None:
+                if module not in old.modules:
+                    old.modules.append(module)
+            else:
+                self.by_key[key] = _Packed(weakref.ref(t), key, tuple(t.shape), _dtype(t), [module], function)
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), self.function:
+            yield
+
+    def alive(self) -> dict[tuple[int, int], _Packed]:
+        return {k: p for k, p in self.by_key.items() if p.ref() is not None}
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The graph walk
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _saved_of(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor a node keeps, with the attribute it lives in."""
+    for attr in dir(node):
+        if not attr.startswith("_saved_"):
+            continue
+        try:
+            value = getattr(node, attr)
+        except Exception:  # a freed or undefined saved variable
+            continue
+        if isinstance(value, torch.Tensor):
+            yield attr, value
+        elif isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                if isinstance(item, torch.Tensor):
+                    yield f"{attr}[{i}]", item
+    if hasattr(node, "saved_tensors"):  # custom autograd.Function / custom_op backward nodes
+        try:
+            values = node.saved_tensors
+        except Exception:
+            values = ()
+        for i, item in enumerate(values or ()):
+            if isinstance(item, torch.Tensor):
+                yield f"saved_tensors[{i}]", item
+
+
+def _walk(root: Any, skip: set[Any]) -> tuple[dict[tuple[int, int], tuple[str, str, torch.Tensor]], set[str]]:
+    """Storage key -> (node name, attribute, tensor) over the graph below ``root``; nodes in ``skip`` are crossed
+    without reading what they keep (checkpointed layers: reading would replay them)."""
+    found: dict[tuple[int, int], tuple[str, str, torch.Tensor]] = {}
+    names: set[str] = set()
+    seen: set[Any] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(node.name())
+        if node not in skip:
+            for attr, t in _saved_of(node):
+                key = _storage_key(t)
+                if key is not None and key not in found:
+                    found[key] = (node.name(), attr, t)
+        for next_node, _ in node.next_functions:
+            if next_node is not None and next_node not in seen:
+                stack.append(next_node)
+    return found, names
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------------------------
+
+_MODEL_CACHE: dict[tuple, torch.nn.Module] = {}
+
+
+def build_model(
+    case_name: str,
+    attention: str,
+    dtype: torch.dtype = torch.bfloat16,
+    dropout: float | None = None,
+    experts_implementation: str | None = None,
+) -> torch.nn.Module:
+    """The case's model with random weights, train mode. The last one built is reused (weights don't matter)."""
+    case = CASES[case_name]
+    key = (case_name, str(dtype), dropout, experts_implementation)
+    model = _MODEL_CACHE.get(key)
+    if model is None:
+        _MODEL_CACHE.clear()
+        gc.collect()  # the previous model sits in reference cycles; free it before building the next
+        torch.manual_seed(0)
+        config = case.config(dropout)
+        kwargs: dict[str, Any] = {"attn_implementation": attention, "dtype": dtype}
+        if experts_implementation is not None:
+            kwargs["experts_implementation"] = experts_implementation
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
+        _MODEL_CACHE[key] = model
+    model.set_attn_implementation(attention)
+    assert model.config._attn_implementation == attention, model.config._attn_implementation
+    model.train()
+    return model
+
+
+def _exclude(model: torch.nn.Module) -> set[int]:
+    out = set()
+    for t in [*model.parameters(), *model.buffers()]:
+        out.add(t.untyped_storage().data_ptr())
+    return out
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    base = getattr(model, "model", None) or model.transformer
+    return list(base.layers if hasattr(base, "layers") else base.h)
+
+
+def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors_in(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors_in(item)
+
+
+@contextlib.contextmanager
+def _watch_checkpoints(
+    layers: list[torch.nn.Module], internal: set[Any], closure: dict, inputs: dict
+) -> Iterator[None]:
+    """Wrap each layer's checkpoint function: note the nodes created inside (not to be read by the walk), the
+    tensors its closure holds (the partial's keyword arguments) and the positional inputs checkpoint saves."""
+    originals = []
+    for index, layer in enumerate(layers):
+        original = layer._gradient_checkpointing_func
+        originals.append((layer, original))
+
+        def wrapped(function: Callable, *args: Any, _original: Callable = original, _index: int = index) -> Any:
+            for t in _tensors_in(getattr(function, "keywords", {})):
+                key = _storage_key(t)
+                if key is not None:
+                    closure.setdefault(key, (t, _index))
+            for t in _tensors_in(args):
+                key = _storage_key(t)
+                if key is not None:
+                    inputs.setdefault(key, _index)
+            out = _original(function, *args)
+            stop = {t.grad_fn for t in _tensors_in(args) if t.grad_fn is not None}
+            stack = [t.grad_fn for t in _tensors_in(out) if t.grad_fn is not None]
+            while stack:
+                node = stack.pop()
+                if node in internal or node in stop:
+                    continue
+                internal.add(node)
+                stack.extend(n for n, _ in node.next_functions if n is not None)
+            return out
+
+        layer._gradient_checkpointing_func = wrapped
+    try:
+        yield
+    finally:
+        for layer, original in originals:
+            layer._gradient_checkpointing_func = original
+
+
+def _enable_checkpointing(model: torch.nn.Module) -> bool:
+    """Transformers' default checkpointing; returns the ``use_reentrant`` it chose."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gradient_checkpointing_enable is a deprecated alias in 5.x
+        model.gradient_checkpointing_enable()
+    func = _decoder_layers(model)[0]._gradient_checkpointing_func
+    return bool(func.keywords.get("use_reentrant", True))
+
+
+def _disable_checkpointing(model: torch.nn.Module) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gradient_checkpointing_disable is a deprecated alias in 5.x
+        model.gradient_checkpointing_disable()
+    for layer in _decoder_layers(model):
+        layer.gradient_checkpointing = False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def measure(
+    case_name: str,
+    attention: str,
+    seq_len: int,
+    micro_batch: int,
+    checkpointing: bool,
+    dtype: torch.dtype = torch.bfloat16,
+    dropout: float | None = None,
+    experts_implementation: str | None = None,
+    num_items_in_batch: bool = False,
+    use_cache: bool | None = None,
+) -> Measurement:
+    """What the forward (and the loss) keep for backward; with checkpointing also one rebuilt layer.
+
+    ``dropout`` sets gpt2's resid/embd/attn dropout (None: its default 0.1; the other archs have none on).
+    ``num_items_in_batch`` passes the token count as Trainer does when it knows it (loss reduction "sum" then a
+    division; the saved set does not change). ``use_cache`` is passed to the model when not None; left None the
+    config's default applies, as under Trainer (True for every case here: without checkpointing a DynamicCache is
+    built in training too, and its torch.cat copies of K/V are what attention then saves)."""
+    if attention not in ("sdpa", "eager"):
+        raise ValueError(f"attention must be 'sdpa' or 'eager', not {attention!r}")
+    start = time.perf_counter()
+    case = CASES[case_name]
+    model = build_model(case_name, attention, dtype, dropout, experts_implementation)
+    layers = _decoder_layers(model)
+    use_reentrant = _enable_checkpointing(model) if checkpointing else None
+    if not checkpointing:
+        _disable_checkpointing(model)
+
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=generator)
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "labels": input_ids}
+    if num_items_in_batch:
+        kwargs["num_items_in_batch"] = torch.tensor(micro_batch * (seq_len - 1))
+    if use_cache is not None:
+        kwargs["use_cache"] = use_cache
+
+    captured: dict[str, Any] = {}
+
+    def capture_layer0(module: torch.nn.Module, args: tuple, kw: dict) -> None:
+        if "args" not in captured:
+            captured["args"], captured["kwargs"] = args, dict(kw)
+
+    exclude = _exclude(model)
+    recorder = _Recorder(model, exclude)
+    internal: set[Any] = set()
+    closure: dict = {}
+    ckpt_inputs: dict = {}
+    hook = layers[0].register_forward_pre_hook(capture_layer0, with_kwargs=True)
+    try:
+        with contextlib.ExitStack() as stack:
+            if checkpointing:
+                stack.enter_context(_watch_checkpoints(layers, internal, closure, ckpt_inputs))
+            stack.enter_context(recorder.recording())
+            torch.manual_seed(2)
+            out = model(**kwargs)
+            loss = out.loss
+        del out  # Trainer keeps only the loss through backward
+        alive = recorder.alive()
+        walked, node_names = _walk(loss.grad_fn, internal)
+    finally:
+        hook.remove()
+        recorder.close()
+
+    # ---- assemble the breakdown: the walk names what it reaches, the hooks fill in the rest ----
+    tensors: list[Kept] = []
+    per_layer: dict[int, int] = defaultdict(int)
+    outside = 0
+    notes: list[str] = []
+    for key, packed in alive.items():
+        modules = packed.modules
+        layer_ids = sorted({i for m in modules if (i := _layer_index(m)) is not None})
+        note_parts = []
+        if len(layer_ids) > 1:
+            note_parts.append("shared by layers " + ",".join(map(str, layer_ids)))
+        if key in ckpt_inputs:
+            note_parts.append(f"checkpoint input of layer {ckpt_inputs[key]}")
+        if key in walked:
+            node, attr, t = walked[key]
+            shape, dt = tuple(t.shape), _dtype(t)
+        else:
+            node, attr = f"<hook> {packed.function or '?'}", ""
+            shape, dt = packed.shape, packed.dtype
+            if key in ckpt_inputs:
+                node = "<checkpoint frame> saved input"
+        if math.prod(shape) * _itemsize(dt) < key[1]:
+            note_parts.append("view of a larger storage")
+        first = modules[0]
+        kept = Kept(node, attr, first, shape, dt, key[1], "; ".join(note_parts))
+        tensors.append(kept)
+        index = _layer_index(first)
+        if index is None:
+            outside += key[1]
+        else:
+            per_layer[index] += key[1]
+    walk_bytes = sum(k[1] for k in walked if k[0] not in exclude)
+    missing = [k for k in walked if k not in alive and k[0] not in exclude]
+    scalars = [k for k in missing if walked[k][2].dim() == 0 and walked[k][2].dtype == torch.float64]
+    if scalars:  # ``x * 0.5``: autograd keeps the wrapped Python number without calling the pack hook
+        notes.append(f"{len(scalars)} wrapped Python scalar(s) (0-dim float64, 8 B each) seen by the walk only")
+    for key in missing:
+        if key in scalars:
+            continue
+        node, attr, t = walked[key]
+        notes.append(f"walk-only {node}.{attr} {tuple(t.shape)} {_dtype(t)} {key[1]} B (not packed through the hooks)")
+    hook_only = [k for k in alive if k not in walked]
+    if hook_only:
+        b = sum(k[1] for k in hook_only)
+        notes.append(f"{len(hook_only)} storage(s), {b} B, seen by the hooks only (checkpoint frames / replay-only)")
+    tensors.sort(key=lambda k: (_layer_index(k.module) if _layer_index(k.module) is not None else 10**6, -k.bytes))
+
+    attn_nodes = sorted(n for n in node_names if "Attention" in n or "Softmax" in n or "Bmm" in n)
+
+    m = Measurement(
+        case=case.name,
+        attention=attention,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        checkpointing=checkpointing,
+        dtype=str(dtype).removeprefix("torch."),
+        layers=len(layers),
+        total_bytes=sum(k[1] for k in alive),
+        walk_bytes=walk_bytes,
+        tensors=tensors,
+        per_layer_bytes=dict(per_layer),
+        outside_bytes=outside,
+        use_reentrant=use_reentrant,
+        attn_nodes=attn_nodes,
+        experts_implementation=_experts_implementation(model),
+        walk_notes=notes,
+    )
+
+    if checkpointing:
+        for key, (t, index) in closure.items():
+            if key[0] in exclude:
+                continue
+            m.closure.append(
+                Kept("<checkpoint closure>", f"layer {index} kwarg", "", tuple(t.shape), _dtype(t), key[1])
+            )
+        m.closure_bytes = sum(k.bytes for k in m.closure)
+        del loss
+        m.rebuild, m.rebuild_bytes, m.rebuild_new_bytes = _rebuild_layer(model, layers[0], captured, exclude)
+    m.seconds = time.perf_counter() - start
+    return m
+
+
+def _experts_implementation(model: torch.nn.Module) -> str | None:
+    """The experts implementation the MoE blocks dispatch to (None for dense models)."""
+    if not any(type(m).__name__.endswith("Experts") for m in model.modules()):
+        return None
+    return model.config._experts_implementation
+
+
+def _itemsize(dtype: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def _rebuild_layer(
+    model: torch.nn.Module, layer: torch.nn.Module, captured: dict, exclude: set[int]
+) -> tuple[list[Kept], int, int]:
+    """Layer 0's forward, standalone, on a leaf copy of its input and the keyword arguments the model passed it."""
+    args = list(captured["args"])
+    kwargs = dict(captured["kwargs"])
+    hidden = args[0].detach().clone().requires_grad_(True)
+    args[0] = hidden
+    for name in ("cache", "past_key_values", "layer_past"):
+        if name in kwargs:
+            kwargs[name] = None
+    kwargs["use_cache"] = False if "use_cache" in kwargs else kwargs.get("use_cache", False)
+    already = {k for t in _tensors_in((args, kwargs)) if (k := _storage_key(t)) is not None}
+    recorder = _Recorder(model, exclude)
+    flag = layer.gradient_checkpointing
+    layer.gradient_checkpointing = False
+    try:
+        with recorder.recording():
+            torch.manual_seed(3)
+            out = layer(*args, **kwargs)
+        out_t = next(_tensors_in(out))
+        alive = recorder.alive()
+        walked, _ = _walk(out_t.grad_fn, set())
+    finally:
+        layer.gradient_checkpointing = flag
+        recorder.close()
+    kept = []
+    new = 0
+    for key, packed in alive.items():
+        if key in walked:
+            node, attr, t = walked[key]
+            shape, dt = tuple(t.shape), _dtype(t)
+        else:
+            node, attr, shape, dt = f"<hook> {packed.function}", "", packed.shape, packed.dtype
+        note = ""
+        if key == _storage_key(hidden):
+            note = "layer input (already kept by the checkpoint)"
+        elif key in already:
+            note = "layer kwarg (already alive: shared cos/sin, mask, ids)"
+        else:
+            new += key[1]
+        if math.prod(shape) * _itemsize(dt) < key[1]:
+            note = "; ".join(filter(None, [note, "view of a larger storage"]))
+        kept.append(Kept(node, attr, packed.modules[0], shape, dt, key[1], note))
+    kept.sort(key=lambda k: -k.bytes)
+    total = sum(k.bytes for k in kept)
+    del out, out_t
+    return kept, total, new
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Printing
+# --------------------------------------------------------------------------------------------------------------------
+
+GRID = [(128, 1), (128, 2), (256, 1), (256, 2)]
+
+
+def _group(m: Measurement, items: list[Kept] | None = None) -> dict[tuple[str, str, str], int]:
+    """Bytes by (scope, node, dtype); layer tensors are summed over layers."""
+    out: dict[tuple[str, str, str], int] = defaultdict(int)
+    for k in m.tensors if items is None else items:
+        node = k.node + (f".{k.attr}" if k.attr and k.node.startswith(("_", "<")) else "")
+        out[(k.scope, node, k.dtype)] += k.bytes
+    return out
+
+
+def _table(title: str, runs: list[Measurement], groups: list[dict[tuple[str, str, str], int]], per_layer: bool) -> None:
+    rows = sorted({r for g in groups for r in g}, key=lambda r: (r[0] != "layer", r[0], r[1], r[2]))
+    print(title)
+    head = " ".join(f"{f's={m.seq_len},b={m.micro_batch}':>14}" for m in runs)
+    unit = "B/tok/layer" if per_layer else "B/token"
+    print(f"  {'scope':<28} {'node':<44} {'dtype':<9} {head} {unit + ' (last)':>18}")
+    for r in rows:
+        values = [g.get(r, 0) for g in groups]
+        last = runs[-1]
+        denom = last.tokens * (last.layers if (per_layer and r[0] == "layer") else 1)
+        cells = " ".join(f"{v:>14,}" for v in values)
+        print(f"  {r[0][:28]:<28} {r[1][:44]:<44} {r[2]:<9} {cells} {values[-1] / denom:>18.2f}")
+
+
+def report(case_name: str, attention: str, checkpointing: bool, grid: list[tuple[int, int]], **kw: Any) -> None:
+    runs = [measure(case_name, attention, s, b, checkpointing, **kw) for s, b in grid]
+    last = runs[-1]
+    ckpt = f"on (use_reentrant={last.use_reentrant})" if checkpointing else "off"
+    experts = f" | experts={last.experts_implementation}" if last.experts_implementation else ""
+    title = (
+        f"\n=== {case_name} | {attention} | checkpointing={ckpt}{experts}"
+        f" | attention nodes: {', '.join(last.attn_nodes) or '-'}"
+    )
+    _table(title, runs, [_group(m) for m in runs], per_layer=True)
+    for m in runs:
+        layer_each = ", ".join(f"L{i}={b:,}" for i, b in sorted(m.per_layer_bytes.items()))
+        line = (
+            f"  s={m.seq_len},b={m.micro_batch}: forward keeps {m.total_bytes:,} B (walk {m.walk_bytes:,})"
+            f" = layers [{layer_each}] + outside {m.outside_bytes:,}"
+        )
+        if checkpointing:
+            line += (
+                f"; checkpoint closures {m.closure_bytes:,}; rebuilt layer {m.rebuild_bytes:,}"
+                f" (new {m.rebuild_new_bytes:,}); peak model = {m.total_bytes + m.rebuild_new_bytes:,}"
+            )
+        print(line + f"  [{m.seconds:.1f}s]")
+        for note in m.walk_notes:
+            print(f"      note: {note}")
+    if checkpointing:
+        groups = []
+        for m in runs:
+            g: dict[tuple[str, str, str], int] = defaultdict(int)
+            for k in m.rebuild:
+                scope = "rebuilt layer" + (" (already alive)" if "already" in k.note else "")
+                g[(scope, k.node, k.dtype)] += k.bytes
+            groups.append(g)
+        print("  rebuilt layer 0 (standalone replay):")
+        _table("", runs, groups, per_layer=False)
+
+
+def print_tensors(m: Measurement, limit: int | None = None) -> None:
+    """Every kept storage, one a line."""
+    for k in m.tensors[:limit]:
+        print(f"  {k.module:<34} {k.node + '.' + k.attr:<52} {k.shape!s:<24} {k.dtype:<9} {k.bytes:>12,} {k.note}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", choices=sorted(CASES), help="default: every case")
+    parser.add_argument("--attention", action="append", choices=["sdpa", "eager"])
+    parser.add_argument("--quick", action="store_true", help="only s=128,b=1 and s=256,b=2")
+    parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--list", action="store_true", help="also list every tensor of the s=128,b=1 run")
+    parser.add_argument("--dropout", type=float, default=None, help="gpt2 dropout (default: its 0.1)")
+    parser.add_argument("--no-cache", action="store_true", help="pass use_cache=False (default: the config's True)")
+    parser.add_argument("--experts", choices=["grouped_mm", "batched_mm", "eager"], help="MoE experts implementation")
+    args = parser.parse_args(argv)
+    grid = [GRID[0], GRID[-1]] if args.quick else GRID
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, dtype bfloat16, {LAYERS} layers")
+    for name in args.case or list(CASES):
+        print(f"\n##### {name}: {CASES[name].source}\n      {CASES[name].config_class.__name__}({CASES[name].kwargs})")
+        for attention in args.attention or ["sdpa", "eager"]:
+            for checkpointing in [False] if args.no_checkpointing else [False, True]:
+                extra: dict[str, Any] = {"dropout": args.dropout} if args.dropout is not None else {}
+                if args.no_cache:
+                    extra["use_cache"] = False
+                if args.experts:
+                    extra["experts_implementation"] = args.experts
+                report(name, attention, checkpointing, grid, **extra)
+                if args.list:
+                    m = measure(name, attention, 128, 1, checkpointing, **extra)
+                    print_tensors(m)
+                    for k in m.closure:
+                        print(f"  closure {k}")
+                    for k in m.rebuild:
+                        print(f"  rebuild {k}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
