@@ -21,7 +21,9 @@ GOLDEN_SETTINGS = {
     "mfu": 0.4,
     "precision": "bf16-mixed",
     "optimizer": "adamw",
+    "framework": "idealised",
 }
+FRAMEWORK_MODEL = "llama-3.1-8b"  # the model each framework profile's figures are taken on
 
 
 def model_figures(name: str) -> dict[str, Any]:
@@ -38,6 +40,7 @@ def model_figures(name: str) -> dict[str, Any]:
         optimizer=s["optimizer"],
         dp=8,
         zero=s["zero_stage"],
+        framework=s["framework"],
     )
     time = api.train_time(
         model=spec, gpus=s["cluster_time"], tokens=s["tokens"], mfu=s["mfu"], precision=s["precision"]
@@ -69,9 +72,30 @@ def hardware_figures(name: str) -> dict[str, Any]:
     }
 
 
+def framework_figures(name: str) -> dict[str, Any]:
+    """One profile's parts of the most loaded GPU, for ``FRAMEWORK_MODEL`` at the golden settings with ZeRO-1 and
+    ZeRO-3 (8 GPUs)."""
+    s = GOLDEN_SETTINGS
+    figures = {}
+    for zero in (1, 3):
+        gpu = api.memory(
+            model=FRAMEWORK_MODEL, gpus=s["cluster_memory"], seq=s["seq_len"], zero=zero, framework=name
+        ).gpu
+        figures[f"zero{zero}"] = {
+            "states": gpu.states,
+            "activations": gpu.activations,
+            "framework_buffers": gpu.framework_buffers,
+            "transient": gpu.transient,
+            "reserved": gpu.reserved,
+            "total": gpu.total,
+        }
+    return figures
+
+
 def golden_table() -> dict[str, Any]:
     return {
         "settings": GOLDEN_SETTINGS,
         "models": {name: model_figures(name) for name in sorted(registry("models").specs)},
         "hardware": {name: hardware_figures(name) for name in sorted(registry("hardware").specs)},
+        "frameworks": {name: framework_figures(name) for name in sorted(registry("frameworks").specs)},
     }

@@ -55,6 +55,7 @@ from transformers import (
     PretrainedConfig,
     Qwen2Config,
 )
+from transformers.initialization import no_init_weights
 
 transformers.logging.set_verbosity_error()
 
@@ -247,6 +248,28 @@ CASES: dict[str, Case] = {
             tie_word_embeddings=False,
         ),
         "mistralai/Mixtral-8x7B-v0.1 widths, 2 layers",
+    ),
+    "mixtral-real-4e": Case(
+        "mixtral-real-4e",
+        MixtralConfig,
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            num_hidden_layers=LAYERS,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=32768,
+            sliding_window=None,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            attention_dropout=0.0,
+            router_jitter_noise=0.0,
+            tie_word_embeddings=False,
+        ),
+        "mistralai/Mixtral-8x7B-v0.1 widths with 4 experts (top-2), 2 layers: half the weights to build",
     ),
     # ---- GPT-2: keeps its default dropout 0.1 (resid/embd/attn) unless measure(..., dropout=) says otherwise ----
     "gpt2-small": Case(
@@ -489,7 +512,7 @@ def build_model(
     dropout: float | None = None,
     experts_implementation: str | None = None,
 ) -> torch.nn.Module:
-    """The case's model with random weights, train mode. The last one built is reused (weights don't matter)."""
+    """The case's model with random weights (see ``_fill_weights``), train mode. The last one built is reused."""
     case = CASES[case_name]
     key = (case_name, str(dtype), dropout, experts_implementation)
     model = _MODEL_CACHE.get(key)
@@ -501,12 +524,36 @@ def build_model(
         kwargs: dict[str, Any] = {"attn_implementation": attention, "dtype": dtype}
         if experts_implementation is not None:
             kwargs["experts_implementation"] = experts_implementation
-        model = AutoModelForCausalLM.from_config(config, **kwargs)
+        with no_init_weights():  # transformers' own init draws every weight one by one: 10-20 s at real width
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        _fill_weights(model)
+        model.tie_weights()  # init_weights, skipped above, is what ties GPT-2's head to its embedding
         _MODEL_CACHE[key] = model
     model.set_attn_implementation(attention)
     assert model.config._attn_implementation == attention, model.config._attn_implementation
     model.train()
     return model
+
+
+_TILE = 1 << 20  # elements of the random block that the large weights repeat
+
+
+@torch.no_grad()
+def _fill_weights(model: torch.nn.Module) -> None:
+    """Cheap random weights: N(0, 0.02) for every matrix up to ``_TILE`` elements (the MoE router among them, whose
+    values decide how tokens spread over the experts), one random block of ``_TILE`` elements repeated through the
+    larger ones (what is saved for backward does not depend on their values), norm weights 1 and biases 0."""
+    block = torch.randn(_TILE) * 0.02
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            p.fill_(1.0 if name.endswith("weight") and ("norm" in name or "ln_" in name) else 0.0)
+        elif p.numel() <= _TILE:
+            p.normal_(0.0, 0.02)
+        else:
+            flat = p.view(-1)
+            whole = flat.numel() // _TILE * _TILE
+            flat[:whole].view(-1, _TILE).copy_(block.to(p.dtype).expand(whole // _TILE, _TILE))
+            flat[whole:].copy_(block[: flat.numel() - whole])
 
 
 def _exclude(model: torch.nn.Module) -> set[int]:

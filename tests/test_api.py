@@ -95,9 +95,13 @@ def test_figures_are_typed_attributes():
     assert time.days == pytest.approx(seconds / 86_400, rel=1e-12)
     assert time.gpu_hours == pytest.approx(1024 * seconds / 3600, rel=1e-12)
     assert lmcalc.params(model="llama-3.1-8b").total == LLAMA_8B
-    # ZeRO-3 over 64 GPUs with mixed-precision AdamW: 16 bytes per parameter, sharded 64 ways (ZeRO §5.1).
-    memory = lmcalc.memory(model="llama-3.1-8b", gpus="64xH100", zero=3)
+    # ZeRO-3 over 64 GPUs with mixed-precision AdamW: 16 bytes per parameter, sharded 64 ways (ZeRO §5.1); Megatron
+    # keeps fp32 gradients (main_grad): 2 + 4 + 4 + 8 = 18 bytes, the 18 of its theoretical_memory_usage.py.
+    memory = lmcalc.memory(model="llama-3.1-8b", gpus="64xH100", zero=3, framework="idealised")
     assert memory.gpu.states == pytest.approx(16 * LLAMA_8B / 64, rel=1e-12)
+    memory = lmcalc.memory(model="llama-3.1-8b", gpus="64xH100", zero=3)
+    assert memory.workload.framework.name == "megatron"
+    assert memory.gpu.states == pytest.approx(18 * LLAMA_8B / 64, rel=1e-12)
     assert memory.layout.dp == 64 and memory.workload.seq_len == 8192  # min(context 131,072, 8192)
     assert memory.fits and memory.total == memory.value("total.total")
 

@@ -117,7 +117,7 @@ def test_cost_and_throughput(capsys):
 
 def test_max_params_lecture_figures(capsys):
     # Lecture: 8 × 80 GB / 16 bytes per parameter ≈ 40B fully sharded; 80 GB / 16 B = 5B replicated.
-    data = run_json("max-params --gpus 8xH100 --optimizer adamw", capsys)
+    data = run_json("max-params --gpus 8xH100 --optimizer adamw --framework idealised", capsys)
     assert data["results"]["zero3"]["states_only"]["value"] == pytest.approx(40e9)
     assert data["results"]["zero0"]["states_only"]["value"] == pytest.approx(5e9)
     for key in ("zero0", "zero1", "zero2", "zero3"):
@@ -133,10 +133,16 @@ def test_flops_gpt3(capsys):
 
 
 def test_memory_zero3_shards_states(capsys):
-    data = run_json("memory --model llama-3-8b --seq 4096 --micro-batch 1 --gpus 8xH100 --zero 3", capsys)
+    command = "memory --model llama-3-8b --seq 4096 --micro-batch 1 --gpus 8xH100 --zero 3"
+    data = run_json(command + " --framework idealised", capsys)
     state = data["results"]["state"]
     # bf16-mixed AdamW: 16 bytes per parameter, divided over 8 GPUs by ZeRO-3.
     assert state["total"]["value"] == pytest.approx(16 * 8_030_261_248 / 8)
+    # torchtitan's FSDP2 keeps the fp32 shard (the master copy), fp32 gradients and Adam's two fp32 states, and
+    # gathers the bf16 weights a layer at a time: 4 + 4 + 4 + 4 bytes per parameter, divided over 8 GPUs.
+    data = run_json(command + " --framework torchtitan", capsys)
+    assert data["results"]["state"]["params"]["value"] == 0
+    assert data["results"]["state"]["total"]["value"] == pytest.approx(16 * 8_030_261_248 / 8)
     assert data["results"]["total"]["capacity"]["value"] == 80e9
 
 

@@ -12,6 +12,7 @@ import typer
 from lmcalc.cli.app import error_message
 from lmcalc.cli.options import (
     LAYOUT_OPTIONS,
+    FrameworkOpt,
     ModelOpt,
     OptimizerOpt,
     PrecisionOpt,
@@ -21,7 +22,7 @@ from lmcalc.cli.options import (
     with_options,
 )
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import DEFAULT_OPTIMIZER, DEFAULT_PRECISION
+from lmcalc.estimates.inputs import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISION
 from lmcalc.estimates.report import REPORT_ZERO
 from lmcalc.result import Result
 
@@ -51,6 +52,7 @@ def report(
     ] = "4M",
     precision: PrecisionOpt = DEFAULT_PRECISION,
     optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
+    framework: FrameworkOpt = DEFAULT_FRAMEWORK,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
     """One self-contained HTML page: parameters, FLOPs, training time, memory (of the layout given, ZeRO-3 by
@@ -72,6 +74,7 @@ def report(
         global_batch=global_batch,
         precision=precision,
         optimizer=optimizer,
+        framework=framework,
         **layout,
     )
     memory = found.memory.report

@@ -17,7 +17,7 @@ Korthikanti et al.'s 1 + (p − 1)/(p·v) times as much.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from lmcalc.engine.activations import (
@@ -204,13 +204,24 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     optimizer = sharded_state_bytes(
         optimizer_bytes_per_param(w.model, precision, w.optimizer), "optimizer", held, layout
     )
-    memory = GpuMemory(
+    params = sharded_state_bytes(precision.param_bytes, "params", held, layout)
+    if rules.states.weights == "master_only":
+        params = 0.0  # only the master copy persists; the 16-bit weights are gathered a layer at a time
+    grads = sharded_state_bytes(grad_bytes, "grads", held, layout)
+    master = sharded_state_bytes(precision.master_bytes, "master", held, layout)
+    buckets = 0.0
+    if rules.states.ddp_bucket_copy and layout.zero == 0 and replicated:
+        buckets = held.total * precision.grad_bytes
+    buffers = _buffers(w, layout, replicated)
+    backward = _backward_transient(w, layout, built) if rules.transients else 0.0
+    step = _step_transient(w, layout, held, optimizer)
+    busiest = max(activations.total + backward, step)  # the activations' moment, or the end of the step
+    allocated = params + grads + master + optimizer + zero3 + buckets + buffers + busiest
+    return GpuMemory(
         stage=stage,
-        params=0.0
-        if rules.states.weights == "master_only"
-        else sharded_state_bytes(precision.param_bytes, "params", held, layout),
-        grads=sharded_state_bytes(grad_bytes, "grads", held, layout),
-        master=sharded_state_bytes(precision.master_bytes, "master", held, layout),
+        params=params,
+        grads=grads,
+        master=master,
         optimizer=optimizer,
         activations=activations.total,
         zero3_buffers=zero3,
@@ -218,15 +229,13 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
         micro_batches_in_flight=activations.in_flight,
         activations_outside=activations.outside,
         activations_rebuilt=activations.rebuilt,
-        grad_buckets=held.total * precision.grad_bytes
-        if rules.states.ddp_bucket_copy and layout.zero == 0 and replicated
-        else 0.0,
-        buffers=_buffers(w, layout, replicated),
-        backward_transient=_backward_transient(w, layout, built) if rules.transients else 0.0,
-        step_transient=_step_transient(w, layout, held, optimizer),
+        grad_buckets=buckets,
+        buffers=buffers,
+        backward_transient=backward,
+        step_transient=step,
+        fragmentation=rules.allocator.fragmentation * allocated,
         context=rules.allocator.context_bytes,
     )
-    return replace(memory, fragmentation=rules.allocator.fragmentation * memory.allocated)
 
 
 def _buffers(w: Workload, layout: Layout, replicated: bool) -> float:

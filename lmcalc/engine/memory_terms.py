@@ -229,75 +229,64 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
             source=rules.buffers.source,
         ),
     ]
-    if rules.states.ddp_bucket_copy:
-        terms.append(
-            Term(
-                "grad_buckets",
-                "DDP gradient buckets",
-                gpu.grad_buckets,
-                "bytes",
-                "N_gpu · 16-bit gradient bytes, without ZeRO and with DP > 1",
-                source=rules.states.source,
-            )
-        )
-    if rules.transients or rules.buffers.workspace_bytes:
-        terms += [
-            Term(
-                "buffers",
-                "Framework buffers",
-                gpu.buffers,
-                "bytes",
-                "workspaces + SP all-gather (s·b·h each) + pipeline send/receive (s·b·h each) + DP reduce bucket",
-                f"{rules.buffers.workspace_bytes / 2**20:g} MiB workspaces; "
-                f"{rules.buffers.sequence_parallel_gather} SP buffers; "
-                f"{rules.buffers.pipeline_tensors} pipeline tensors; {rules.buffers.reduce_bucket_elements:g} bucket "
-                "elements",
-                source=rules.buffers.source,
-            ),
-            Term(
-                "transient",
-                "Transient peak",
-                gpu.transient,
-                "bytes",
-                "max(loss or layer backward transient, end-of-step transient − activations)",
-                f"loss/layer backward {gpu.backward_transient / GB:.3g} GB; "
-                f"end of step {gpu.step_transient / GB:.3g} GB",
-                source=f"{rules.loss.source}; {rules.optimizer_step.source}",
-                note="the loss's logit-sized tensors (last stage) or a layer's MLP activation gradients; at the "
-                "end of the step, 16-bit gradients, optimizer temporaries, fp32 gradient copies (activations freed)",
-            ),
-            Term(
-                "allocated",
-                "Allocated at the peak",
-                gpu.allocated,
-                "bytes",
-                "states + buffers + activations + transient",
-            ),
-            Term(
-                "fragmentation",
-                "Allocator fragmentation",
-                gpu.fragmentation,
-                "bytes",
-                "fragmentation fraction · allocated",
-                f"{rules.allocator.fragmentation:g} × {gpu.allocated / GB:.4g} GB",
-                source=rules.allocator.source,
-            ),
-            Term("reserved", "Reserved by PyTorch", gpu.reserved, "bytes", "allocated + fragmentation"),
-            Term(
-                "context", "CUDA context", gpu.context, "bytes", "outside PyTorch's pool", source=rules.allocator.source
-            ),
-        ]
-    if gpu.overhead or not (rules.transients or rules.buffers.workspace_bytes):
-        terms.append(overhead_term(gpu.overhead))
+    buffers = rules.buffers
+    terms += [
+        Term(
+            "grad_buckets",
+            "DDP gradient buckets",
+            gpu.grad_buckets,
+            "bytes",
+            "N_gpu · 16-bit gradient bytes, without ZeRO and with DP > 1"
+            if rules.states.ddp_bucket_copy
+            else f"none: {rules.name} keeps no second copy of the gradients",
+            source=rules.states.source,
+        ),
+        Term(
+            "buffers",
+            "Framework buffers",
+            gpu.buffers,
+            "bytes",
+            "workspaces + SP all-gather (s·b·h each) + pipeline send/receive (s·b·h each) + DP reduce bucket",
+            f"{buffers.workspace_bytes / 2**20:g} MiB workspaces; {buffers.sequence_parallel_gather} SP buffers; "
+            f"{buffers.pipeline_tensors} pipeline tensors; {buffers.reduce_bucket_elements:g} bucket elements",
+            source=buffers.source,
+        ),
+        Term(
+            "transient",
+            "Transient peak",
+            gpu.transient,
+            "bytes",
+            "max(loss or layer backward transient, end-of-step transient − activations)"
+            if rules.transients
+            else f"none: the {rules.name} profile counts no transients",
+            f"loss/layer backward {gpu.backward_transient / GB:.3g} GB; end of step {gpu.step_transient / GB:.3g} GB",
+            source=f"{rules.loss.source}; {rules.optimizer_step.source}",
+            note="the loss's logit-sized tensors (last stage) or a layer's MLP activation gradients; at the "
+            "end of the step, 16-bit gradients, optimizer temporaries, fp32 gradient copies (activations freed)",
+        ),
+        Term(
+            "allocated", "Allocated at the peak", gpu.allocated, "bytes", "states + buffers + activations + transient"
+        ),
+        Term(
+            "fragmentation",
+            "Allocator fragmentation",
+            gpu.fragmentation,
+            "bytes",
+            "fragmentation fraction · allocated",
+            f"{rules.allocator.fragmentation:g} × {gpu.allocated / GB:.4g} GB",
+            source=rules.allocator.source,
+        ),
+        Term("reserved", "Reserved by PyTorch", gpu.reserved, "bytes", "allocated + fragmentation"),
+        Term("context", "CUDA context", gpu.context, "bytes", "outside PyTorch's pool", source=rules.allocator.source),
+    ]
+    terms.append(overhead_term(gpu.overhead, "a flat allowance (--overhead) beside what the profile counts"))
     terms.append(
         Term(
             "total",
             "Total",
             total,
             "bytes",
-            "states + activations + buffers + overhead"
-            if not rules.transients
-            else "reserved + CUDA context" + (" + allowance" if gpu.overhead else ""),
+            "reserved + CUDA context + overhead allowance",
             note=f"framework profile: {rules.name}",
         )
     )

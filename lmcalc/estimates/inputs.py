@@ -262,7 +262,7 @@ def recipe_text(precision: PrecisionRecipe) -> str:
 
 
 def framework_text(framework: FrameworkProfile) -> str:
-    return f"{framework.label}; {framework.version}"
+    return framework.label
 
 
 def optimizer_text(optimizer: OptimizerSpec) -> str:

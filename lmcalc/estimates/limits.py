@@ -141,7 +141,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
                     "Memory at the limit",
                     limit.fits.total,
                     "bytes",
-                    "states + activations + buffers + overhead",
+                    "reserved + CUDA context + overhead allowance (as lmcalc memory counts it)",
                 )
             )
         sections.append(Section(key, f"{label} — binding: {limit.binding}", tuple(terms)))
@@ -154,6 +154,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
         Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),
         Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
+        Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
     )
     notes = (
         *model_notes(model, note),

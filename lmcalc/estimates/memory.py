@@ -92,9 +92,24 @@ MEMORY_STACK = (
     "state.optimizer",
     "total.activations",
     "total.zero3_buffers",
+    "total.grad_buckets",
+    "total.buffers",
+    "total.transient",
+    "total.fragmentation",
+    "total.context",
     "total.overhead",
 )
-STAGE_PARTS = ("total.states", "total.activations", "total.zero3_buffers", "total.overhead")
+STAGE_PARTS = (
+    "total.states",
+    "total.activations",
+    "total.zero3_buffers",
+    "total.grad_buckets",
+    "total.buffers",
+    "total.transient",
+    "total.fragmentation",
+    "total.context",
+    "total.overhead",
+)
 """What a stage's row stacks: the model states summed, so that the layers and micro-batches in flight fit beside."""
 SWEEPABLE = {"seq": "sequence length", "micro-batch": "micro-batch"}
 

@@ -31,6 +31,7 @@ from lmcalc.estimates.inputs import (
     checked,
     choice,
     count,
+    framework_text,
     model_input,
     optimizer_text,
     recipe_text,
@@ -211,6 +212,7 @@ def plan_estimate(
         Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
         Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),
         Input("optimizer", "Optimizer", base.optimizer.name, origin=optimizer_text(base.optimizer)),
+        Input("framework", "Framework", base.framework.name, origin=framework_text(base.framework)),
         Input("efficiency", "Compute efficiency", eff.value, origin=eff.origin),
         Input("evaluated", "Layouts evaluated", found.evaluated, origin=f"{len(found.fitting)} fit in memory"),
     )

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Unpack
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
+    DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
     DEFAULT_PRECISION,
     ClusterLike,
     Count,
+    FrameworkLike,
     LayoutSettings,
     ModelLike,
     OptimizerLike,
@@ -53,6 +55,7 @@ def report(
     global_batch: Count = "4M",
     precision: PrecisionLike = DEFAULT_PRECISION,
     optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
+    framework: FrameworkLike = DEFAULT_FRAMEWORK,
     **layout: Unpack[LayoutSettings],
 ) -> ReportEstimates:
     """Parameters, FLOPs, training time, the memory of ``layout`` (ZeRO-3 over every GPU unless told otherwise)
@@ -71,7 +74,9 @@ def report(
     )
 
     accept(layout, LayoutSettings, "report")
-    workload = TrainingSettings(seq=seq, precision=precision, optimizer=optimizer, recompute=recompute)
+    workload = TrainingSettings(
+        seq=seq, precision=precision, optimizer=optimizer, recompute=recompute, framework=framework
+    )
     setup = training_setup(model, gpus, workload)
     cluster, resolved = setup.cluster, setup.resolved
     tokens_in = tokens_given(tokens, setup.model)
