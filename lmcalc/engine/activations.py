@@ -233,10 +233,10 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     if loss.saved_bytes:
         head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))
     tables = []
-    if w.framework.rotary.tables and spec.position_embedding == "rope":
-        d = Dim(spec.mla.qk_rope_head_dim if spec.mla else spec.qk_head_dim, "d_rope")
+    if w.framework.rotary.tables and spec.position_embedding == "rope":  # [1, 1, s, d]: one per position
+        d = spec.mla.qk_rope_head_dim if spec.mla else spec.qk_head_dim
         tables = [
-            SavedTensor(f"rotary {t} table", "s·b·d_rope", sb * d.size, act, split="none") for t in ("cos", "sin")
+            SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
         ]
     return tuple(
         [replace(t, block="embedding") for t in embedding]
