@@ -52,7 +52,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
             "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
             "position_embedding": "learned",
             "max_seq_len": _get(config, origin, "n_positions", "n_ctx"),
-            "dropout": True,
+            # GPT2Config's dropout probabilities default to 0.1
+            "dropout": any(config.get(key, 0.1) > 0 for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
             "sources": [origin],
         }
     act = str(_get(config, origin, "hidden_act", "hidden_activation", default="silu")).lower()

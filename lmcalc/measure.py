@@ -60,6 +60,11 @@ def saved_for_backward(
     """
     state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     storages: dict[int, int] = {}
+    if layer is not None:
+        # the layer's input is the checkpoint full recomputation already keeps (the rebuilt layer's first norm
+        # saves that same storage), so it is not counted again; the embedding ran in the forward pass
+        x = model.embed(tokens).detach().requires_grad_()
+        state.add(x.untyped_storage().data_ptr())
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
@@ -70,7 +75,6 @@ def saved_for_backward(
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         if layer is not None:
             s = tokens.shape[1]
-            x = model.embed(tokens).detach().requires_grad_()
             cos, sin = model.get_buffer("cos")[:s], model.get_buffer("sin")[:s]
             model.layers[layer](x, cos, sin, model.get_buffer("causal_bias"), False)
         else:

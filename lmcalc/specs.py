@@ -287,6 +287,11 @@ class AttentionRule(Rule):
     q_copies: int = Field(1, ge=1, description="Q-sized tensors kept (a fused QKV output kept alive adds one)")
     k_copies: int = Field(1, ge=1, description="K-sized tensors kept")
     v_copies: int = Field(1, ge=1, description="V-sized tensors kept")
+    checkpoint_keeps_mask: bool = Field(
+        False,
+        description="under full recomputation, eager attention's additive [b, 1, s, s] mask (activation dtype) "
+        "and the int64 position ids stay alive for the rebuilt layers (held by the checkpointed layers' arguments)",
+    )
 
 
 class LossRule(Rule):

@@ -22,7 +22,9 @@ With checkpointing (``model.gradient_checkpointing_enable()`` with transformers'
 checkpointed layers' keyword arguments (rotary cos/sin, masks, position ids) are held by the checkpoint's closure
 rather than by autograd: they are listed apart (``Measurement.closure``). ``Measurement.rebuild`` is what one decoder
 layer keeps when it is replayed: layer 0's forward run standalone, under the hooks, on a fresh leaf copy of its
-input with the very keyword arguments the model passed it. lmcalc's peak is forward-kept + one rebuilt layer.
+input with the very keyword arguments the model passed it. What is alive for backward at the peak is
+forward-kept + closures + the rebuilt layer's new tensors (tests/test_framework_transformers.py compares it with
+lmcalc's total, and the rebuilt layer with lmcalc's rebuilt one).
 
 ``python scripts/hf_saved.py [--case NAME ...] [--quick]`` prints the tables.
 """
@@ -381,12 +383,15 @@ class _FunctionName(TorchFunctionMode):
 
 @dataclass
 class _Packed:
-    ref: weakref.ReferenceType
+    refs: list[weakref.ReferenceType]  # one per pack of the storage: it is kept while any of them lives
     key: tuple[int, int]
     shape: tuple[int, ...]
     dtype: str
     modules: list[str]
     function: str
+
+    def alive(self) -> bool:
+        return any(ref() is not None for ref in self.refs)
 
 
 class _Recorder:
@@ -410,17 +415,23 @@ class _Recorder:
             self.module_stack.pop()
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """Record ``t`` and hand autograd a detached alias of it (same storage, no grad_fn): a saved output packed
+        as itself would hold its own node (tensor -> grad_fn -> saved variable -> tensor), a cycle through C++
+        that Python's collector cannot see, and every graph, with the parameters it reaches, would leak."""
         key = _storage_key(t)
-        if key is not None and key[0] not in self.exclude:
-            module = self.module_stack[-1] if self.module_stack else ""
-            function = self.function.stack[-1] if self.function.stack else ""
-            old = self.by_key.get(key)
-            if old is not None and old.ref() is not None:
-                if module not in old.modules:
-                    old.modules.append(module)
-            else:
-                self.by_key[key] = _Packed(weakref.ref(t), key, tuple(t.shape), _dtype(t), [module], function)
-        return t
+        if key is None or key[0] in self.exclude:
+            return t
+        packed = t.detach()
+        module = self.module_stack[-1] if self.module_stack else ""
+        function = self.function.stack[-1] if self.function.stack else ""
+        old = self.by_key.get(key)
+        if old is not None and old.alive():
+            old.refs.append(weakref.ref(packed))
+            if module not in old.modules:
+                old.modules.append(module)
+        else:
+            self.by_key[key] = _Packed([weakref.ref(packed)], key, tuple(t.shape), _dtype(t), [module], function)
+        return packed
 
     @staticmethod
     def unpack(t: torch.Tensor) -> torch.Tensor:
@@ -432,7 +443,7 @@ class _Recorder:
             yield
 
     def alive(self) -> dict[tuple[int, int], _Packed]:
-        return {k: p for k, p in self.by_key.items() if p.ref() is not None}
+        return {k: p for k, p in self.by_key.items() if p.alive()}
 
     def close(self) -> None:
         for handle in self.handles:
@@ -517,8 +528,7 @@ def build_model(
     key = (case_name, str(dtype), dropout, experts_implementation)
     model = _MODEL_CACHE.get(key)
     if model is None:
-        _MODEL_CACHE.clear()
-        gc.collect()  # the previous model sits in reference cycles; free it before building the next
+        release_models()  # the previous one, before building the next
         torch.manual_seed(0)
         config = case.config(dropout)
         kwargs: dict[str, Any] = {"attn_implementation": attention, "dtype": dtype}
@@ -533,6 +543,12 @@ def build_model(
     assert model.config._attn_implementation == attention, model.config._attn_implementation
     model.train()
     return model
+
+
+def release_models() -> None:
+    """Free the model ``build_model`` keeps (up to a few GB at real width)."""
+    _MODEL_CACHE.clear()
+    gc.collect()  # a model sits in reference cycles
 
 
 _TILE = 1 << 20  # elements of the random block that the large weights repeat
@@ -897,7 +913,7 @@ def report(case_name: str, attention: str, checkpointing: bool, grid: list[tuple
         if checkpointing:
             line += (
                 f"; checkpoint closures {m.closure_bytes:,}; rebuilt layer {m.rebuild_bytes:,}"
-                f" (new {m.rebuild_new_bytes:,}); peak model = {m.total_bytes + m.rebuild_new_bytes:,}"
+                f" (new {m.rebuild_new_bytes:,}); peak = {m.total_bytes + m.closure_bytes + m.rebuild_new_bytes:,}"
             )
         print(line + f"  [{m.seconds:.1f}s]")
         for note in m.walk_notes:

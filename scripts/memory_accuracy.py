@@ -227,7 +227,7 @@ def _hf_table(rows: list[HfRow], predicted: Callable[[HfRow], float], title: str
         p = predicted(r)
         lines.append(
             f"| {case} | {r.attention} | {'on' if r.checkpointing else 'off'} | {r.measured:,} | {p:,.0f} "
-            f"| {err(p, r.measured):+.1%} |"
+            f"| {err(p, r.measured):+.2%} |"
         )
     every = [abs(err(predicted(r), r.measured)) for r in rows]
     llama_like = [abs(err(predicted(r), r.measured)) for r in rows if "gpt2" not in r.case]
@@ -461,9 +461,11 @@ def deepspeed_section() -> list[str]:
         "| lmcalc with buffers GiB | error |",
         "|---|---|---|---|---|---|---|",
     ]
+    gathered = 0.0
     for zero, estimate in estimates.items():
         w = Workload(model, BF16_MIXED, ADAMW, 4096, 1, "flash", "none", framework=fw)
         m = gpu_memory(w, Layout(dp=gpus, zero=zero), 0)
+        gathered = max(gathered, m.zero3_buffers)
         at_step = m.states + m.step_transient
         buffers = at_step + m.framework_buffers
         lines.append(
@@ -477,7 +479,9 @@ def deepspeed_section() -> list[str]:
         "partition, which is where the estimator's figure and lmcalc's agree. ZeRO-3: DeepSpeed counts 4 bytes per "
         "parameter of the largest module (the 525M-parameter embedding: 2.0 GiB) for what is gathered, and 18·P/N "
         "for the partitioned states; lmcalc counts 2 + 2 + 4 + 8 = 16·P/N persistent, the 4·P/N fp32 copy at the "
-        "step, and two gathered layers in bf16 (with the 1 GB reduce bucket among the buffers). Neither estimator "
+        f"step, and what it gathers: {fw.buffers.gathered_layers} layers in bf16"
+        + (", and the embedding and head whole" if fw.buffers.head_gathered else "")
+        + f" ({gib(gathered)} GiB here), with the 1 GB reduce bucket among the buffers. Neither estimator "
         "counts the reduce bucket or activations.",
     ]
     return lines + profile_note(fw)

@@ -282,3 +282,15 @@ def test_the_workload_keys_caches_by_its_profile():
     b = replace(a, framework=framework_profile("transformers"))
     assert a != b and hash(a) != hash(b)
     assert stage_activations(a, Layout(), 0).total != stage_activations(b, Layout(), 0).total
+
+
+def test_checkpointed_eager_layers_keep_their_mask():
+    # transformers binds a checkpointed layer's keyword arguments with functools.partial: the eager [b, 1, s, s]
+    # bf16 mask and the int64 position ids live until the rebuilt layers have run (full recomputation only)
+    keeps = with_rule("attention", checkpoint_keeps_mask=True)
+    extra = activations(keeps, attention="eager", recompute="full") - activations(
+        IDEAL, attention="eager", recompute="full"
+    )
+    assert extra == B * S * S * 2 + S * 8
+    assert activations(keeps, attention="eager") == activations(IDEAL, attention="eager")
+    assert activations(keeps, recompute="full") == activations(IDEAL, recompute="full")

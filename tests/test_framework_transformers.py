@@ -42,16 +42,17 @@ ATTENTION = {"sdpa": "flash", "eager": "eager"}  # transformers' attn_implementa
 
 SMALL = ("llama-small", "qwen2-small", "mistral-small", "mixtral-small", "gpt2-small")
 # Real widths, two layers. Mixtral keeps 4 of its 8 experts (top-2 still, every width real): 8 would double the
-# 3.5 GB of weights to build for what one expert more or less does not change (each token keeps its top-2's).
+# 3.5 GB of weights to build, and what is kept follows the tokens' top-2 assignments, not the number of experts.
 REAL = ("llama-real", "qwen2-real", "mistral-real", "mixtral-real-4e", "gpt2-real")
 SMALL_GRID = [(128, 1), (128, 2), (256, 1), (256, 2)]  # (sequence length, micro-batch)
 REAL_GRID = [(128, 1), (128, 2)]
 
 GPT2_EAGER_SOFTMAX = (
-    "transformers' GPT-2 eager attention keeps its softmax in bf16 (one b·H·s² tensor), where the profile's rule "
-    "(Llama-family eager_attention_forward: softmax(dtype=float32), then a bf16 cast) counts fp32 + bf16 (three "
-    "times the bytes): lmcalc is 4·b·H·s² bytes a layer too high, {size} in this case's {part}; the profile lists "
-    "it as not modelled. test_gpt2_eager_matches_with_a_bf16_softmax shows it is the whole gap"
+    "transformers' GPT-2 eager attention keeps its softmax once, in bf16 (b·H·s² elements), where the profile's "
+    "rule, read from the Llama family's eager_attention_forward (softmax(dtype=float32), then a bf16 cast), counts "
+    "it in fp32 and in bf16: lmcalc is 4·b·H·s² bytes a layer too high, measured +11 % to +25 % on a layer "
+    "(+14 % to +29 % on the rebuilt one under checkpointing) and +3 % to +20 % on the whole; the profile lists it as "
+    "not modelled, and test_gpt2_eager_matches_with_a_bf16_softmax shows it is the whole gap"
 )
 
 
@@ -71,10 +72,10 @@ class Case:
         return f"{self.name}-{self.attention}-{ckpt}-s{self.seq_len}-b{self.micro_batch}{drop}"
 
 
-def grid(names: tuple[str, ...], points: list[tuple[int, int]], dropout: float | None = None) -> list[Case]:
-    """Every point, case-major so that each model is built once (the harness keeps the last one)."""
+def grid(names: tuple[str, ...], points: list[tuple[int, int]], gpt2_dropout: float = 0.0) -> list[Case]:
+    """Every point, case-major so that each model is built once (the harness keeps the last one built)."""
     return [
-        Case(name, attention, checkpointing, s, b, dropout if name.startswith("gpt2") else None)
+        Case(name, attention, checkpointing, s, b, gpt2_dropout if name.startswith("gpt2") else None)
         for name in names
         for attention in ("sdpa", "eager")
         for checkpointing in (False, True)
@@ -82,14 +83,12 @@ def grid(names: tuple[str, ...], points: list[tuple[int, int]], dropout: float |
     ]
 
 
-def no_dropout(names: tuple[str, ...], points: list[tuple[int, int]]) -> list[Case]:
-    return grid(names, points, dropout=0.0)
-
-
 # GPT-2 with its default dropout 0.1, eager attention only: with dropout, transformers' SDPA call falls back on the
-# CPU to the math path in fp32 (its fused CPU kernel has no dropout), which no GPU run takes; not compared.
+# CPU to the math path in fp32 (the fused CPU kernel has no dropout), which no GPU run takes; not compared.
 DROPOUT_CASES = [c for c in grid(("gpt2-small", "gpt2-real"), [(128, 1), (256, 2)], 0.1) if c.attention == "eager"]
-CASES = no_dropout(SMALL, SMALL_GRID) + no_dropout(REAL, REAL_GRID) + DROPOUT_CASES
+CASES = grid(SMALL, SMALL_GRID) + grid(REAL, REAL_GRID) + DROPOUT_CASES
+GPT2_EAGER = [c for c in CASES if c.name.startswith("gpt2") and c.attention == "eager"]
+LLAMA_REAL = [c for c in CASES if c.name == "llama-real"]
 
 
 @functools.cache
@@ -145,63 +144,69 @@ def error(predicted_bytes: float, measured_bytes: int) -> float:
     return predicted_bytes / measured_bytes - 1
 
 
-def expected_failure(case: Case) -> pytest.MarkDecorator | None:
-    """GPT-2's bf16 eager softmax (see GPT2_EAGER_SOFTMAX), with its size in the comparison it breaks."""
-    if not (case.name.startswith("gpt2") and case.attention == "eager"):
-        return None
-    w = workload(case)
-    excess = 4 * case.micro_batch * w.model.num_heads * case.seq_len**2  # bytes, one layer
-    if case.checkpointing:
-        rebuilt = error(predicted(case).rebuilt, measured(case).rebuild_new_bytes)  # measured here: see note below
-        size, part = f"{excess:,} B, {rebuilt:+.0%}", "rebuilt layer"
-    else:
-        size, part = f"{excess:,} B a layer", "layers"
-    return pytest.mark.xfail(strict=True, reason=GPT2_EAGER_SOFTMAX.format(size=size, part=part))
-
-
 def params(cases: list[Case]) -> list:
-    out = []
-    for case in cases:
-        if case.name.startswith("gpt2") and case.attention == "eager":
-            mark = pytest.mark.xfail(strict=True, reason=GPT2_EAGER_SOFTMAX.format(size="4·b·H·s² B", part="layers"))
-            out.append(pytest.param(case, id=case.id, marks=mark))
-        else:
-            out.append(pytest.param(case, id=case.id))
-    return out
+    """The cases as pytest params; GPT-2's eager ones are expected to fail, by the bf16 softmax."""
+    softmax = pytest.mark.xfail(strict=True, reason=GPT2_EAGER_SOFTMAX)
+    return [pytest.param(c, id=c.id, marks=[softmax] if c in GPT2_EAGER else []) for c in cases]
+
+
+def bf16_eager_softmax() -> FrameworkProfile:
+    """The transformers profile with GPT-2's eager softmax: kept once, in the activation dtype."""
+    profile = framework_profile("transformers")
+    attention = profile.attention.model_copy(update={"eager_softmax": "activation"})
+    return profile.model_copy(update={"attention": attention})
+
+
+def within_tolerance(case: Case, profile: FrameworkProfile | None = None) -> None:
+    """lmcalc's bytes (with ``profile``, else the transformers profile) within TOLERANCE of the measured ones: the
+    whole, and the last layer (no checkpointing) or the forward's part and the rebuilt layer (checkpointing)."""
+    m = measured(case)
+    w = workload(case, profile)
+    acts = predicted(case, profile)
+    whole = peak_kept(m)
+    report = f"{case.id}: measured {whole:,} B, lmcalc {acts.total:,.0f} B ({error(acts.total, whole):+.2%})"
+    if case.checkpointing:
+        forward, rebuilt = m.total_bytes + m.closure_bytes, m.rebuild_new_bytes
+        kept = acts.total - acts.rebuilt
+        report += (
+            f"; forward + closures {forward:,} vs {kept:,.0f} ({error(kept, forward):+.2%})"
+            f"; rebuilt layer {rebuilt:,} vs {acts.rebuilt:,.0f} ({error(acts.rebuilt, rebuilt):+.2%})"
+        )
+        assert abs(error(kept, forward)) < TOLERANCE, report
+        assert abs(error(acts.rebuilt, rebuilt)) < TOLERANCE, report
+    else:
+        last = m.per_layer_bytes[m.layers - 1]
+        layer = sum(t.bytes for t in layer_saved_tensors(w, moe_layer=w.model.moe is not None))
+        report += f"; last layer {last:,} vs {layer:,.0f} ({error(layer, last):+.2%})"
+        if case.attention == "sdpa":  # the premise: transformers' SDPA ran the fused kernel, not the math path
+            assert "ScaledDotProductFlashAttentionForCpuBackward0" in m.attn_nodes, m.attn_nodes
+        assert abs(error(layer, last)) < TOLERANCE, report
+    assert abs(error(acts.total, whole)) < TOLERANCE, report
 
 
 @pytest.fixture(scope="module", autouse=True)
 def free_models():
     """The harness keeps the last model built (up to 3.5 GB at real width): free it for the tests that follow."""
     yield
-    hf_saved._MODEL_CACHE.clear()
+    hf_saved.release_models()
 
 
 @pytest.mark.parametrize("case", params(CASES))
 def test_bytes_kept_for_backward_match_transformers(case: Case):
+    within_tolerance(case)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in GPT2_EAGER])
+def test_gpt2_eager_matches_with_a_bf16_softmax(case: Case):
+    # The xfail above, pinned down: with the softmax kept once in bf16, GPT-2 eager (with and without dropout) is
+    # within the tolerance, so the softmax is the whole gap.
+    within_tolerance(case, bf16_eager_softmax())
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in LLAMA_REAL])
+def test_profile_matters_for_llama_at_real_width(case: Case):
+    # The textbook count (the idealised profile: RMSNorm keeping its bf16 input, not transformers' fp32 upcast; no
+    # rotary tables; the eager softmax kept once, in bf16) misses what transformers keeps by more than the tolerance.
     m = measured(case)
-    w = workload(case)
-    acts = predicted(case)
-    report = (
-        f"{case.id}: measured {peak_kept(m):,} B, lmcalc {acts.total:,.0f} B "
-        f"({error(acts.total, peak_kept(m)):+.2%})"
-    )
-    if case.checkpointing:
-        forward, rebuilt = m.total_bytes + m.closure_bytes, m.rebuild_new_bytes
-        report += (
-            f"; forward + closures {forward:,} vs {acts.total - acts.rebuilt:,.0f} "
-            f"({error(acts.total - acts.rebuilt, forward):+.2%}); rebuilt layer {rebuilt:,} vs {acts.rebuilt:,.0f} "
-            f"({error(acts.rebuilt, rebuilt):+.2%})"
-        )
-        assert abs(error(acts.total - acts.rebuilt, forward)) < TOLERANCE, report
-        assert abs(error(acts.rebuilt, rebuilt)) < TOLERANCE, report
-    else:
-        last = m.layers - 1
-        layer = sum(t.bytes for t in layer_saved_tensors(w, moe_layer=w.model.moe is not None))
-        report += (
-            f"; last layer {m.per_layer_bytes[last]:,} vs {layer:,.0f} ({error(layer, m.per_layer_bytes[last]):+.2%})"
-        )
-        if case.attention == "sdpa":  # the premise: transformers' SDPA ran the fused kernel, not the math path
-            assert "ScaledDotProductFlashAttentionForCpuBackward0" in m.attn_nodes, m.attn_nodes
-        assert abs(error(layer, m.per_layer_bytes[last])) < TOLERANCE, report
-    assert abs(error(acts.total, peak_kept(m))) < TOLERANCE, report
+    idealised = predicted(case, framework_profile("idealised")).total
+    assert abs(error(idealised, peak_kept(m))) > TOLERANCE, f"{case.id}: {idealised:,.0f} vs {peak_kept(m):,}"

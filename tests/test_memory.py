@@ -80,7 +80,9 @@ def test_full_recompute_keeps_layer_inputs_plus_one_layer():
     full = gpu_memory(w, Layout(), 0)  # the whole model on one GPU
     layers_bytes = full.activations - sum(t.bytes for t in model_saved_tensors(w))  # less what lies outside the layers
     one_layer = s * b * h * (34 + 5 * 96 * s / h) + 16 * s * b
-    assert layers_bytes == L * 2 * s * b * h + one_layer
+    # the rebuilt layer's first LayerNorm keeps its input, which is that layer's checkpoint (the same storage):
+    # its 2sbh are not counted twice
+    assert layers_bytes == L * 2 * s * b * h + one_layer - 2 * s * b * h
 
 
 def test_swiglu_gqa_flash_layer_by_hand():

@@ -238,6 +238,14 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         tables = [
             SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
         ]
+    if w.framework.attention.checkpoint_keeps_mask and w.attention == "eager" and w.recompute == "full":
+        tables += [
+            SavedTensor(
+                "eager attention mask (kept for the rebuilt layers)", "b·s²", w.micro_batch * w.seq_len**2, act
+            ),
+            SavedTensor("position ids (int64, kept for the rebuilt layers)", "s", w.seq_len, TOKEN_ID_BYTES),
+        ]
+        tables = [replace(t, split="none") for t in tables]
     return tuple(
         [replace(t, block="embedding") for t in embedding]
         + [replace(t, block="tables") for t in tables]

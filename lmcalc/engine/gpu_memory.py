@@ -161,6 +161,9 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
         layers = [(dense + moe) * checkpoint for dense, moe in chunks]
         built = stage_layers(w.model, layout, stage)
         rebuilt = max(one_layer(False) if built.dense else 0.0, one_layer(True) if built.moe else 0.0)
+        rule = w.framework.norm
+        if (rule.rmsnorm if w.model.norm_kind == "rmsnorm" else rule.layernorm) == "input":
+            rebuilt -= checkpoint  # the rebuilt layer's first norm keeps the checkpointed input, already counted
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]
     embedding_side, head_side = stage_outside_bytes(w, layout, stage)
