@@ -14,7 +14,20 @@ from lmcalc.errors import LmcalcError
 from lmcalc.result import Result
 
 GB = 1e9
-COLOURS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C")
+COLOURS = (
+    "#4C72B0",
+    "#55A868",
+    "#C44E52",
+    "#8172B2",
+    "#CCB974",
+    "#64B5CD",
+    "#8C8C8C",
+    "#DD8452",
+    "#937860",
+    "#DA8BC3",
+    "#2F4F4F",
+    "#B8860B",
+)
 
 
 def _pyplot():
@@ -80,7 +93,8 @@ def memory_figure(result: Result):
     bottoms = [0.0] * len(rows)
     for index, label in enumerate(term.label for term in rows[0][1]):
         heights = [terms[index].value / GB for _, terms, _ in rows]
-        axes.bar([name for name, _, _ in rows], heights, bottom=bottoms, label=label, color=COLOURS[index % 7])
+        colour = COLOURS[index % len(COLOURS)]
+        axes.bar([name for name, _, _ in rows], heights, bottom=bottoms, label=label, color=colour)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     capacity = rows[0][2] / GB
     axes.axhline(capacity, color="black", linestyle="--", linewidth=1)

@@ -57,7 +57,21 @@ def _grid_table(result: Result):
 
 
 BAR_WIDTH = 60
-BAR_STYLES = ("blue", "cyan", "magenta", "yellow", "green", "white", "bright_black")
+BAR_STYLES = (
+    "blue",
+    "cyan",
+    "magenta",
+    "yellow",
+    "green",
+    "white",
+    "bright_black",
+    "bright_blue",
+    "bright_cyan",
+    "bright_magenta",
+    "bright_yellow",
+    "bright_green",
+)
+"""One style for each part a memory bar can stack (``estimates.memory.MEMORY_STACK``), so none is left out."""
 
 
 def _bar(terms: list[Term], capacity: float):

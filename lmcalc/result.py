@@ -110,10 +110,14 @@ class Result:
 
     def stack_rows(self, single: str = "") -> list[tuple[str, list[Term], float]]:
         """What a memory picture stacks: for each row (a sweep's sections, else the one result, labelled
-        ``single``), the ``stack`` terms and the ``capacity`` they are drawn against."""
+        ``single``), the ``stack`` terms that are not zero in every row, and the ``capacity`` they are drawn
+        against."""
         if self.layout == "grid":
-            return [(s.title, [s.term(k) for k in self.stack], s.term(self.capacity).value) for s in self.sections]
-        return [(single, [self.term(k) for k in self.stack], self.term(self.capacity).value)]
+            rows = [(s.title, [s.term(k) for k in self.stack], s.term(self.capacity).value) for s in self.sections]
+        else:
+            rows = [(single, [self.term(k) for k in self.stack], self.term(self.capacity).value)]
+        shown = [i for i in range(len(self.stack)) if any(terms[i].value for _, terms, _ in rows)]  # none all-zero
+        return [(label, [terms[i] for i in shown], capacity) for label, terms, capacity in rows]
 
     def as_json(self) -> dict[str, Any]:
         return {

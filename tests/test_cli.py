@@ -399,7 +399,7 @@ def test_memory_sweep_grows_activations_only(capsys):
     rows = [data["results"][f"seq={v}"] for v in ("1k", "4k", "16k")]
     acts = [r["activations"]["value"] for r in rows]
     assert acts[0] < acts[1] < acts[2]
-    assert len({r["params"]["value"] for r in rows}) == 1
+    assert len({r["states"]["value"] for r in rows}) == 1
     code, out, _ = run("memory --model llama-3-8b --gpus 8xH100 --zero 3 --sweep micro-batch=1,2", capsys)
     assert code == 0 and "micro-batch=2" in out and "█" in out
 

@@ -294,3 +294,14 @@ def test_checkpointed_eager_layers_keep_their_mask():
     assert extra == B * S * S * 2 + S * 8
     assert activations(keeps, attention="eager") == activations(IDEAL, attention="eager")
     assert activations(keeps, recompute="full") == activations(IDEAL, recompute="full")
+
+
+def test_the_memory_bar_stacks_to_the_total():
+    """Every part of the total is drawn (none cut off for want of a style), and no part that is zero everywhere."""
+    from lmcalc.render import BAR_STYLES
+
+    for framework in ("megatron", "idealised", "transformers"):
+        report = lmcalc.memory(model="llama-3.1-8b", gpus="8xH100", zero=3, framework=framework).report
+        ((_, terms, _),) = report.stack_rows()
+        assert sum(t.value for t in terms) == pytest.approx(report.term("total.total").value, rel=1e-12)
+        assert all(t.value for t in terms) and len(terms) <= len(BAR_STYLES)

@@ -265,6 +265,13 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
             "end of the step, 16-bit gradients, optimizer temporaries, fp32 gradient copies (activations freed)",
         ),
         Term(
+            "framework_buffers",
+            "Framework buffers, all",
+            gpu.framework_buffers,
+            "bytes",
+            "ZeRO-3 gathered parameters + DDP gradient buckets + framework buffers",
+        ),
+        Term(
             "allocated", "Allocated at the peak", gpu.allocated, "bytes", "states + buffers + activations + transient"
         ),
         Term(

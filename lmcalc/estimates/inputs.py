@@ -17,7 +17,7 @@ from lmcalc.engine.flops import napkin_params
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, matches_published
 from lmcalc.engine.time import DEFAULT_MFU
-from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
+from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.result import Input, Result
 from lmcalc.specs import Cluster, FrameworkProfile, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
@@ -263,6 +263,11 @@ def recipe_text(precision: PrecisionRecipe) -> str:
 
 def framework_text(framework: FrameworkProfile) -> str:
     return framework.label
+
+
+def how_counted(framework: FrameworkProfile) -> str:
+    """``as megatron allocates it``; the idealised profile is no framework: ``as the papers count it``."""
+    return "as the papers count it" if framework.name == IDEALISED else f"as {framework.name} allocates it"
 
 
 def optimizer_text(optimizer: OptimizerSpec) -> str:

@@ -27,6 +27,7 @@ from lmcalc.estimates.inputs import (
     TrainingSettings,
     checked,
     framework_text,
+    how_counted,
     model_input,
     model_notes,
     optimizer_text,
@@ -230,8 +231,8 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
                         row.bytes_per_param,
                         "bytes",
                         BYTES_PER_PARAM_FORMULA[row.zero_stage],
-                        f"{w.framework.name}: weights, gradients, master copy and optimizer states of the template",
-                        source="Rajbhandari et al. 2020 (ZeRO) §5.1; " + w.framework.states.source,
+                        source="Rajbhandari et al. 2020 (ZeRO) §5.1",
+                        note=f"the model states as the {w.framework.name} profile keeps them",
                     ),
                     Term(
                         "states_only",
@@ -279,7 +280,7 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         f"{sharded.states_only / 1e9:.3g}B (the lecture's napkin: 8 × 80 GB / 16 B ≈ 40B on 8 H100s)",
         f"activations assume the proportions of {template.name} scaled to N, {w.attention} attention, "
         f"recomputation: {w.recompute}",
-        f"memory as {w.framework.label} allocates it; each shape checked with the figure lmcalc memory gives for "
+        f"memory {how_counted(w.framework)}; each shape checked with the figure lmcalc memory gives for "
         f"--gpus {cluster.label} --zero N",
     )
     report = Result(

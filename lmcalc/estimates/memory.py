@@ -23,6 +23,7 @@ from lmcalc.estimates.inputs import (
     cluster_of,
     context_note,
     framework_text,
+    how_counted,
     model_input,
     model_notes,
     nbytes,
@@ -91,9 +92,7 @@ MEMORY_STACK = (
     "state.master",
     "state.optimizer",
     "total.activations",
-    "total.zero3_buffers",
-    "total.grad_buckets",
-    "total.buffers",
+    "total.framework_buffers",
     "total.transient",
     "total.fragmentation",
     "total.context",
@@ -102,15 +101,14 @@ MEMORY_STACK = (
 STAGE_PARTS = (
     "total.states",
     "total.activations",
-    "total.zero3_buffers",
-    "total.grad_buckets",
-    "total.buffers",
+    "total.framework_buffers",
     "total.transient",
     "total.fragmentation",
     "total.context",
     "total.overhead",
 )
-"""What a stage's row stacks: the model states summed, so that the layers and micro-batches in flight fit beside."""
+"""What a stage's or a sweep's row stacks: the model states summed, so that the row stays narrow (a stage's row
+adds its layers and micro-batches in flight)."""
 SWEEPABLE = {"seq": "sequence length", "micro-batch": "micro-batch"}
 
 
@@ -198,7 +196,7 @@ def verdict_note(w: Workload, layout: Layout, gpu: GpuMemory, capacity: float) -
     fit``, naming the largest part and the levers that would make it fit."""
     verdict, total = gpu.verdict(capacity), gpu.total
     if verdict == "fits":
-        return f"fits: {total / GB:,.1f} GB of {capacity / GB:,.1f} GB as {w.framework.name} allocates it"
+        return f"fits: {total / GB:,.1f} GB of {capacity / GB:,.1f} GB {how_counted(w.framework)}"
     if verdict == "tight":
         return (
             f"tight: {(total - gpu.fragmentation) / GB:,.1f} GB without fragmentation, {total / GB:,.1f} GB with the "
@@ -255,7 +253,7 @@ def memory_sweep(
         one: MemorySettings = {"seq": value} if name == "seq" else {"micro_batch": whole_count(value, "sweep")}
         merged: MemorySettings = {**settings, **one}
         rows.append((value, memory(model=model, gpus=gpus, **merged)))
-    sections = [_memory_row(f"{name}={value}", f"{name}={value}", row.report) for value, row in rows]
+    sections = [_memory_row(f"{name}={value}", f"{name}={value}", row.report, STAGE_PARTS) for value, row in rows]
     first = rows[0][1].report
     inputs = tuple(i for i in first.inputs if i.key not in ("seq_len", "micro_batch"))
     report = Result(
@@ -265,7 +263,7 @@ def memory_sweep(
         tuple(sections),
         (f"capacity {first.term('total.capacity').text} per GPU",),
         layout="grid",
-        stack=tuple(k.rpartition(".")[2] for k in MEMORY_STACK),
+        stack=tuple(k.rpartition(".")[2] for k in STAGE_PARTS),
         capacity="capacity",
     )
     return MemorySweepEstimate(report, tuple(rows))
