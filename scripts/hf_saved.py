@@ -94,6 +94,25 @@ _LLAMA_ROPE = {  # Llama-3.1's llama3 RoPE scaling (irrelevant to memory, kept f
 }
 _GPT2_DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop")
 
+MIXTRAL_REAL = dict(
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    num_hidden_layers=LAYERS,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    max_position_embeddings=32768,
+    sliding_window=None,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    attention_dropout=0.0,
+    router_jitter_noise=0.0,
+    tie_word_embeddings=False,
+)
+"""mistralai/Mixtral-8x7B-v0.1's widths, cut to LAYERS layers."""
+
 CASES: dict[str, Case] = {
     # ---- Llama ----
     "llama-small": Case(
@@ -232,45 +251,13 @@ CASES: dict[str, Case] = {
     "mixtral-real": Case(
         "mixtral-real",
         MixtralConfig,
-        dict(
-            vocab_size=32000,
-            hidden_size=4096,
-            intermediate_size=14336,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            num_hidden_layers=LAYERS,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-            max_position_embeddings=32768,
-            sliding_window=None,
-            rms_norm_eps=1e-5,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-            attention_dropout=0.0,
-            router_jitter_noise=0.0,
-            tie_word_embeddings=False,
-        ),
+        MIXTRAL_REAL,
         "mistralai/Mixtral-8x7B-v0.1 widths, 2 layers",
     ),
     "mixtral-real-4e": Case(
         "mixtral-real-4e",
         MixtralConfig,
-        dict(
-            vocab_size=32000,
-            hidden_size=4096,
-            intermediate_size=14336,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            num_hidden_layers=LAYERS,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            max_position_embeddings=32768,
-            sliding_window=None,
-            rms_norm_eps=1e-5,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-            attention_dropout=0.0,
-            router_jitter_noise=0.0,
-            tie_word_embeddings=False,
-        ),
+        {**MIXTRAL_REAL, "num_local_experts": 4},
         "mistralai/Mixtral-8x7B-v0.1 widths with 4 experts (top-2), 2 layers: half the weights to build",
     ),
     # ---- GPT-2: keeps its default dropout 0.1 (resid/embd/attn) unless measure(..., dropout=) says otherwise ----

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from lmcalc.engine.params import Dim
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import ModelSpec
+from lmcalc.specs import ModelSpec, NormKeeps
 
 LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
@@ -48,14 +48,19 @@ def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "se
     unfused with an upcast (the framework profile's ``norm.keeps: fp32_input``), it keeps an fp32 copy of its
     input instead, and the normalised value in the activation dtype, which the weight's multiply needs."""
     act, symbol, n = w.precision.activation_bytes, f"{rows.symbol}·{width.symbol}", rows.size * width.size
-    rule = w.framework.norm
-    if (rule.rmsnorm if w.model.norm_kind == "rmsnorm" else rule.layernorm) == "input":
+    if norm_keeps(w) == "input":
         return [SavedTensor(f"{label} input", symbol, n, act, split=split), *_norm_stats(w.model, label, rows, split)]
     return [
         SavedTensor(f"{label} input (fp32 copy)", symbol, n, 4, split=split),
         *_norm_stats(w.model, label, rows, split),
         SavedTensor(f"{label} normalised value (before the weight)", symbol, n, act, split=split),
     ]
+
+
+def norm_keeps(w: Workload) -> NormKeeps:
+    """What the model's norms keep under the workload's framework profile: their ``input`` or an ``fp32_input``."""
+    rule = w.framework.norm
+    return rule.rmsnorm if w.model.norm_kind == "rmsnorm" else rule.layernorm
 
 
 def _norm_stats(spec: ModelSpec, label: str, rows: Dim, split: str = "seq") -> list[SavedTensor]:

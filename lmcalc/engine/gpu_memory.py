@@ -3,8 +3,9 @@
 A GPU of pipeline stage i holds its share of the model states (``engine.sharding``: TP splits the
 matrices, PP the layers, EP the experts, ZeRO shards the states over the data-parallel replicas), the
 activations of the micro-batches its stage holds in flight (``engine.pipeline.held_in_flight``), ZeRO-3's
-gathered layers, and an overhead allowance. A single GPU training the whole model is the trivial layout,
-``Layout()``.
+gathered layers, and what the workload's framework profile adds: its buffers, transient peaks, the caching
+allocator's fragmentation and the CUDA context (or, for the idealised profile, a flat allowance). A single GPU
+training the whole model is the trivial layout, ``Layout()``.
 
 Activations follow Korthikanti et al. 2022: tensors inside attention and the MLP are split by the
 tensor-parallel degree t (eq. 2); the norm inputs, dropout masks and linear inputs are split too only
@@ -25,6 +26,7 @@ from lmcalc.engine.activations import (
     layer_checkpoint,
     layer_kept_tensors,
     model_saved_tensors,
+    norm_keeps,
 )
 from lmcalc.engine.layout import ActivationLayout, Layout
 from lmcalc.engine.pipeline import StageLayers, distinct_stages, held_in_flight, stage_chunk_mixes, stage_layers
@@ -161,8 +163,7 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
         layers = [(dense + moe) * checkpoint for dense, moe in chunks]
         built = stage_layers(w.model, layout, stage)
         rebuilt = max(one_layer(False) if built.dense else 0.0, one_layer(True) if built.moe else 0.0)
-        rule = w.framework.norm
-        if (rule.rmsnorm if w.model.norm_kind == "rmsnorm" else rule.layernorm) == "input":
+        if norm_keeps(w) == "input":
             rebuilt -= checkpoint  # the rebuilt layer's first norm keeps the checkpointed input, already counted
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]

@@ -86,18 +86,6 @@ def memory(
     return memory_estimate(setup, layout, stages)
 
 
-MEMORY_STACK = (
-    "state.params",
-    "state.grads",
-    "state.master",
-    "state.optimizer",
-    "total.activations",
-    "total.framework_buffers",
-    "total.transient",
-    "total.fragmentation",
-    "total.context",
-    "total.overhead",
-)
 STAGE_PARTS = (
     "total.states",
     "total.activations",
@@ -109,6 +97,8 @@ STAGE_PARTS = (
 )
 """What a stage's or a sweep's row stacks: the model states summed, so that the row stays narrow (a stage's row
 adds its layers and micro-batches in flight)."""
+MEMORY_STACK = ("state.params", "state.grads", "state.master", "state.optimizer", *STAGE_PARTS[1:])
+"""What one GPU's bar stacks: the model states part by part, then the rest as a stage's row has it."""
 SWEEPABLE = {"seq": "sequence length", "micro-batch": "micro-batch"}
 
 
