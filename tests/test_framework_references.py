@@ -489,3 +489,32 @@ def test_megatron_profile_is_megatron_cores_own_layers_on_the_cpu():
 )
 def test_megatron_profile_with_grouped_query_attention_on_the_cpu():
     assert mcore_cpu_case(2) == pytest.approx(MCORE_CPU_GQA_BYTES, rel=0.01)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 6. torchtitan's own model code, measured on the CPU
+#
+# torchtitan 0.3.0 (PyPI) Llama 3 model code on the CPU, measured on 2026-12-01 with torch 2.13.0+cpu: bytes of the
+# distinct storages autograd keeps for backward (saved_tensors_hooks, parameters excluded), bf16, dim 256, 2 layers,
+# 4 heads, 2 KV heads, FFN 768, vocabulary 2048, s 128, b 2, no activation checkpointing, torchtitan's SDPA
+# attention class (flex attention needs torch.compile), the plain cross-entropy.
+TITAN_CPU_BYTES = 9_323_524
+
+
+def test_torchtitan_profile_is_torchtitans_own_model_on_the_cpu():
+    spec = ModelSpec(
+        name="torchtitan-cpu", vocab_size=2048, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+        ffn_size=768, ffn_kind="swiglu", norm_kind="rmsnorm", tied_embeddings=False, position_embedding="rope",
+        max_seq_len=2048,
+    )  # fmt: skip
+    titan = framework_profile("torchtitan")
+    # the measurement ran the plain cross-entropy, which keeps its fp32 log-softmax (4 bytes a logit); the profile's
+    # default is the Llama 3 configurations' chunked loss, which keeps none through the forward pass
+    plain = titan.model_copy(update={"loss": titan.loss.model_copy(update={"saved_bytes": 4.0})})
+    precision, optimizer = pr.resolve_precision("bf16-mixed").spec, pr.resolve_optimizer("adamw").spec
+    w = Workload(spec, precision, optimizer, 128, 2, "flash", "none", framework=plain)
+    tokens = 256
+    # nn.RMSNorm's CPU composite keeps 8·D + 4 bytes a token where CUDA's fused kernel keeps 2·D + 4 (five norms);
+    # the loss's fp32 total_weight scalar is 4 bytes
+    predicted = stage_activations(w, Layout(), 0).total + 5 * tokens * 6 * 256 + 4
+    assert predicted == TITAN_CPU_BYTES
