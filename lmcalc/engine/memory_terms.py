@@ -212,6 +212,7 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
 def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity) -> Section:
     where = f"stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "every GPU"
     rules = w.framework
+    buffers = rules.buffers
     total = gpu.total
     terms = [
         Term("states", "Model states", gpu.states, "bytes"),
@@ -224,13 +225,10 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
             "(gathered layers · 16-bit bytes + reduce-scatter bytes) per parameter of a layer (+ a head kept gathered)"
             if zero_shards("params", layout.zero)
             else "none (ZeRO-3 only)",
-            f"{rules.buffers.gathered_layers} layers gathered, {rules.buffers.reduce_scatter_bytes:g} B per parameter "
-            "of a layer being reduce-scattered" + (", the head kept gathered" if rules.buffers.head_gathered else ""),
-            source=rules.buffers.source,
+            f"{buffers.gathered_layers} layers gathered, {buffers.reduce_scatter_bytes:g} B per parameter "
+            "of a layer being reduce-scattered" + (", the head kept gathered" if buffers.head_gathered else ""),
+            source=buffers.source,
         ),
-    ]
-    buffers = rules.buffers
-    terms += [
         Term(
             "grad_buckets",
             "DDP gradient buckets",
