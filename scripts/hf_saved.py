@@ -113,23 +113,24 @@ MIXTRAL_REAL = dict(
 )
 """mistralai/Mixtral-8x7B-v0.1's widths, cut to LAYERS layers."""
 
+SMALL = dict(
+    vocab_size=2048,
+    hidden_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=LAYERS,
+    max_position_embeddings=2048,
+    attention_dropout=0.0,
+    tie_word_embeddings=False,
+)
+"""What the small Llama-family cases share: GQA with 4 heads and 2 KV heads, h 256, V 2048, LAYERS layers."""
+
 CASES: dict[str, Case] = {
     # ---- Llama ----
     "llama-small": Case(
         "llama-small",
         LlamaConfig,
-        dict(
-            vocab_size=2048,
-            hidden_size=256,
-            intermediate_size=896,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_hidden_layers=LAYERS,
-            max_position_embeddings=2048,
-            rms_norm_eps=1e-5,
-            attention_dropout=0.0,
-            tie_word_embeddings=False,
-        ),
+        {**SMALL, "intermediate_size": 896, "rms_norm_eps": 1e-5},
         "small Llama, GQA 4 heads / 2 kv heads",
     ),
     "llama-real": Case(
@@ -154,19 +155,7 @@ CASES: dict[str, Case] = {
     "qwen2-small": Case(
         "qwen2-small",
         Qwen2Config,
-        dict(
-            vocab_size=2048,
-            hidden_size=256,
-            intermediate_size=1024,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_hidden_layers=LAYERS,
-            max_position_embeddings=2048,
-            rms_norm_eps=1e-6,
-            attention_dropout=0.0,
-            use_sliding_window=False,
-            tie_word_embeddings=False,
-        ),
+        {**SMALL, "intermediate_size": 1024, "rms_norm_eps": 1e-6, "use_sliding_window": False},
         "small Qwen2 (q/k/v bias), GQA 4 heads / 2 kv heads",
     ),
     "qwen2-real": Case(
@@ -192,19 +181,7 @@ CASES: dict[str, Case] = {
     "mistral-small": Case(
         "mistral-small",
         MistralConfig,
-        dict(
-            vocab_size=2048,
-            hidden_size=256,
-            intermediate_size=896,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_hidden_layers=LAYERS,
-            max_position_embeddings=2048,
-            sliding_window=4096,
-            rms_norm_eps=1e-5,
-            attention_dropout=0.0,
-            tie_word_embeddings=False,
-        ),
+        {**SMALL, "intermediate_size": 896, "sliding_window": 4096, "rms_norm_eps": 1e-5},
         "small Mistral, GQA 4 heads / 2 kv heads, sliding window 4096 (> any measured sequence)",
     ),
     "mistral-real": Case(
@@ -230,22 +207,15 @@ CASES: dict[str, Case] = {
     "mixtral-small": Case(
         "mixtral-small",
         MixtralConfig,
-        dict(
-            vocab_size=2048,
-            hidden_size=256,
-            intermediate_size=512,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_hidden_layers=LAYERS,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-            max_position_embeddings=2048,
-            sliding_window=None,
-            rms_norm_eps=1e-5,
-            attention_dropout=0.0,
-            router_jitter_noise=0.0,
-            tie_word_embeddings=False,
-        ),
+        {
+            **SMALL,
+            "intermediate_size": 512,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "sliding_window": None,
+            "rms_norm_eps": 1e-5,
+            "router_jitter_noise": 0.0,
+        },
         "small Mixtral, 8 experts top-2, GQA 4 heads / 2 kv heads",
     ),
     "mixtral-real": Case(
