@@ -51,8 +51,8 @@ OverheadOpt = Annotated[
     str | None,
     typer.Option(
         "--overhead",
-        help="A flat per-GPU allowance (e.g. 2GiB, 0) instead of the framework profile's context, workspaces and "
-        "fragmentation.",
+        help="A flat per-GPU allowance (e.g. 2GiB, 0) on top of what the framework profile counts (it replaces the "
+        "idealised profile's 2 GiB).",
     ),
 ]
 FrameworkOpt = Annotated[

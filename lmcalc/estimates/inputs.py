@@ -57,7 +57,7 @@ class TrainingSettings(TypedDict, total=False):
     attention: str  # flash | eager
     recompute: str  # none | selective | full
     framework: FrameworkLike  # a framework profile (megatron, nanotron, torchtitan, transformers, deepspeed, ...)
-    overhead: Bytes | None  # a flat per-GPU allowance instead of the profile's; None: the profile's
+    overhead: Bytes | None  # a flat per-GPU allowance on top of what the profile counts; None: the profile's
 
 
 TRAINING_DEFAULTS: TrainingSettings = {
