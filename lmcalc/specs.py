@@ -187,6 +187,32 @@ class HardwareSpec(NamedSpec):
         None, description="scale-out bandwidth per GPU, one direction, GB/s (NIC Gb/s / 8)"
     )
     tdp_watts: PositiveFloat | None = None
+    architecture: str | None = Field(
+        None, description="the chip generation (ampere, hopper, blackwell, cdna3, tpu-v5p, ...): picks kernel rates"
+    )
+    compute_units: PositiveInt | None = Field(
+        None, description="streaming multiprocessors (NVIDIA), compute units (AMD) or cores: wave quantisation"
+    )
+    matmul_tflops: dict[ComputeDtype, PositiveFloat] = Field(
+        default_factory=dict,
+        description="maximum achievable matmul TFLOP/s per dtype, measured at the best shape (MAMF); "
+        "source under sources['matmul']",
+    )
+    intra_node_busbw_gbps: PositiveFloat | None = Field(
+        None,
+        description="measured ring all-reduce bus bandwidth within a node at large messages, GB/s "
+        "(nccl-tests busbw); source under sources['collectives']",
+    )
+    inter_node_busbw_gbps: PositiveFloat | None = Field(
+        None,
+        description="measured ring bus bandwidth per GPU across nodes at large messages, GB/s; "
+        "source under sources['collectives']",
+    )
+    scale_up_gpus: PositiveInt | None = Field(
+        None,
+        description="devices one scale-up fabric joins when it is larger than a node (GB200 NVL72: 72; a TPU "
+        "slice's ICI); None: the node",
+    )
     sources: dict[str, str] = Field(default_factory=dict, description="source per group of figures")
     notes: tuple[str, ...] = Field(default_factory=tuple)
 
