@@ -3,14 +3,17 @@ sources say.
 
 Expected figures below are typed from the project's reference facts (hardware_facts.yaml) and the papers
 cited next to them -- deliberately NOT read back from the preset YAML, so that a wrong edit to a preset
-fails here.
+fails here. The kernel-level facts (measured matmul and collective figures, compute units) are compared
+with the reference file itself where it has them, and the tests that need it skip when it is absent.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import (
@@ -28,6 +31,7 @@ from lmcalc.specs import HardwareSpec, OptimizerSpec, PrecisionRecipe
 
 HARDWARE_FILES = sorted((builtin_dir() / "hardware").glob("*.yaml"))
 TRAINING_DTYPES = ("bf16", "fp16", "fp8")
+MEASURED_SOURCE_GROUPS = ("matmul", "collectives", "compute_units")
 
 
 def _hw(name: str) -> HardwareSpec:
@@ -304,7 +308,8 @@ def test_bandwidth_units(preset, intra, inter, per_node):
 @pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
 def test_every_figure_group_names_its_source(path):
     spec = _hw(path.stem)
-    assert set(spec.sources) == {"compute", "memory", "interconnect", "power"}
+    assert {"compute", "memory", "interconnect", "power"} <= set(spec.sources)
+    assert set(spec.sources) <= {"compute", "memory", "interconnect", "power", *MEASURED_SOURCE_GROUPS}
     assert all(text.strip() for text in spec.sources.values())
     assert spec.sparsity_note.strip()
     assert path.read_text(encoding="utf-8").startswith("#"), "each file opens with a comment header"
@@ -314,6 +319,374 @@ def test_cluster_shapes_use_the_presets_node_size():
     assert parse_cluster("16xH100").nodes == 2
     assert parse_cluster("16xgb200").nodes == 4
     assert parse_cluster("4xrtx-4090").nodes == 4
+
+
+# ----------------------------------------------------------------------------------------- kernel-level facts
+#
+# What the kernel-level step-time model reads: the chip generation, its compute units (wave quantisation),
+# measured matmul rates and measured collective bus bandwidths. Where practical the figures are compared
+# with the reference file itself (../shared/reference/hardware_facts.yaml), so that this checks the preset
+# against its source rather than against numbers copied into the test.
+
+REFERENCE_FACTS = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "hardware_facts.yaml"
+ARCHITECTURES = {
+    "NVIDIA": {"volta", "ampere", "ada", "hopper", "blackwell"},
+    "AMD": {"cdna2", "cdna3", "cdna4"},
+    "Intel (Habana)": {"gaudi2", "gaudi3"},
+    "Google": {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"},
+}
+MATMUL_DTYPES = ("tf32", "bf16", "fp16", "fp8")
+
+# Each preset's entry in the reference's accelerators list.
+REFERENCE_ENTRY = {
+    "v100": "NVIDIA V100 SXM2 32GB",
+    "a100-40gb": "NVIDIA A100 SXM4 40GB",
+    "a100-80gb": "NVIDIA A100 SXM4 80GB",
+    "a10g": "NVIDIA A10G",
+    "l4": "NVIDIA L4",
+    "l40s": "NVIDIA L40S",
+    "rtx-3090": "NVIDIA GeForce RTX 3090",
+    "rtx-4090": "NVIDIA GeForce RTX 4090",
+    "rtx-5090": "NVIDIA GeForce RTX 5090",
+    "h100-sxm": "NVIDIA H100 SXM 80GB",
+    "h100-pcie": "NVIDIA H100 PCIe",
+    "h100-nvl": "NVIDIA H100 NVL",
+    "h200": "NVIDIA H200 SXM 141GB",
+    "h800": "NVIDIA H800 SXM",
+    "h20": "NVIDIA H20",
+    "gh200": "NVIDIA GH200 Grace Hopper Superchip (GPU part)",
+    "b200": "NVIDIA B200 (HGX B200, per GPU)",
+    "b300": "NVIDIA B300 / Blackwell Ultra (HGX B300, per GPU)",
+    "gb200": "NVIDIA GB200 (per Blackwell GPU in GB200 NVL72)",
+    "mi250x": "AMD Instinct MI250X",
+    "mi250x-gcd": "AMD Instinct MI250X",
+    "mi300x": "AMD Instinct MI300X",
+    "mi325x": "AMD Instinct MI325X",
+    "mi355x": "AMD Instinct MI355X",
+    "tpu-v4": "Google TPU v4",
+    "tpu-v5e": "Google TPU v5e",
+    "tpu-v5p": "Google TPU v5p",
+    "tpu-v6e": "Google TPU v6e (Trillium)",
+    "gaudi2": "Intel Gaudi 2",
+    "gaudi3": "Intel Gaudi 3",
+}
+
+# The device names under which the reference's 'achievable' rows measure each preset's chip. Deliberately
+# absent: the H800 PCIe row for h800 (another card), the A100 80GB and PCIe crowd rows for a100-40gb, and the
+# per-GCD MI250X row for the mi250x package (one matmul runs on one GCD).
+ACHIEVABLE_DEVICES = {
+    "v100": ["Tesla V100-SXM2-16GB"],
+    "a100-40gb": ["NVIDIA A100 SXM"],
+    "a100-80gb": ["NVIDIA A100 SXM", "NVIDIA A100 SXM4 80GB"],
+    "l4": ["NVIDIA L4"],
+    "l40s": ["NVIDIA L40S"],
+    "rtx-3090": ["NVIDIA GeForce RTX 3090"],
+    "rtx-4090": ["NVIDIA GeForce RTX 4090"],
+    "rtx-5090": ["NVIDIA GeForce RTX 5090"],
+    "h100-sxm": ["NVIDIA H100 SXM", "NVIDIA H100 80GB HBM3 (SXM)"],
+    "h100-pcie": ["NVIDIA H100 PCIe"],
+    "h200": ["NVIDIA H200 SXM", "NVIDIA H200"],
+    "h20": ["NVIDIA H20"],
+    "gh200": ["NVIDIA GH200 (900W, 141GB HBM3e)", "NVIDIA GH200"],
+    "b200": ["NVIDIA B200 SXM", "NVIDIA B200 180GB"],
+    "b300": ["NVIDIA B300 SXM"],
+    "gb200": ["NVIDIA GB200"],
+    "mi250x-gcd": ["AMD MI250X (1 GCD)"],
+    "mi300x": ["AMD MI300X"],
+    "mi325x": ["AMD MI325X (1000W)", "AMD MI325X"],
+    "mi355x": ["AMD MI355X"],
+    "gaudi2": ["Intel Gaudi 2"],
+    "gaudi3": ["Intel Gaudi 3"],
+}
+# A measurement of one chip that its source says holds for a sibling: (preset, dtype) -> the row's device.
+BORROWED_MATMUL = {("h200", "bf16"): "NVIDIA H100 SXM"}  # stas00's row notes "H200 is the same"
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    if not REFERENCE_FACTS.is_file():
+        pytest.skip(f"reference facts not found at {REFERENCE_FACTS}")
+    return yaml.safe_load(REFERENCE_FACTS.read_text(encoding="utf-8"))
+
+
+def _reference_entry(reference: dict, preset: str) -> dict:
+    (entry,) = [a for a in reference["accelerators"] if a["name"] == REFERENCE_ENTRY[preset]]
+    return entry
+
+
+def _achievable_rows(reference: dict) -> list[tuple[str, str, float, str, str]]:
+    """(device, dtype, TFLOP/s, source, note) for every single-figure row of the reference's 'achievable'
+    section: the per-dtype rows (stas00, AMD) and the crowd rows with one column per dtype."""
+    rows = []
+    for row in reference["achievable"]:
+        source, note = row.get("source", ""), row.get("note", "")
+        if "dtype" in row:
+            if "tflops" in row:
+                rows.append((row["device"], row["dtype"], float(row["tflops"]), source, note))
+            continue
+        columns = [d for d in ("fp32", "tf32", "fp16", "bf16") if d in row]
+        rows.extend((row["device"], d, float(row[d]), source, note) for d in columns)
+    return rows
+
+
+def _source_rank(source: str) -> int:
+    """The brief's order of preference: stas00 MAMF v2, then AMD's MAF, then stas00's older v1, then the
+    crowd's square torch.mm."""
+    if source == "stas00 MAMF table":
+        return 0
+    if source.startswith("rocm-blogs MAF"):
+        return 1
+    if "stas00 MAMF v1" in source:
+        return 2
+    assert "zzc0721" in source, source
+    return 3
+
+
+def _notes_about(spec: HardwareSpec, *words: str) -> list[str]:
+    return [note for note in spec.notes if all(word in note for word in words)]
+
+
+@pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
+def test_every_preset_names_its_architecture(path):
+    spec = _hw(path.stem)
+    assert spec.architecture in ARCHITECTURES[spec.vendor], f"{spec.name}: {spec.architecture!r}"
+
+
+@pytest.mark.parametrize("preset", sorted(REFERENCE_ENTRY))
+def test_architecture_agrees_with_the_reference(reference, preset):
+    described = _reference_entry(reference, preset).get("architecture")
+    if described is None:  # TPU and Gaudi entries name no generation beyond the product itself
+        pytest.skip("the reference entry has no architecture line")
+    # 'Hopper (GH100)', 'Ada Lovelace', 'CDNA 3, 304 CUs' -> hopper, ada, cdna3
+    assert _hw(preset).architecture in described.lower().replace(" ", "")
+
+
+@pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
+def test_gpus_count_their_compute_units_with_a_source(path):
+    spec = _hw(path.stem)
+    if spec.vendor in ("NVIDIA", "AMD"):
+        assert spec.compute_units, f"{spec.name}: SMs / CUs missing"
+        assert spec.sources.get("compute_units", "").strip()
+    else:
+        assert spec.compute_units is None
+        assert _notes_about(spec, "compute_units left out"), f"{spec.name}: no note says why compute_units is absent"
+
+
+@pytest.mark.parametrize("preset", sorted(REFERENCE_ENTRY))
+def test_compute_units_agree_with_the_reference_where_it_counts_them(reference, preset):
+    entry = _reference_entry(reference, preset)
+    text = f"{entry.get('architecture', '')} {entry.get('compute_source', {}).get('via', '')}"
+    counts = {int(n) for n in re.findall(r"(\d+) (?:SMs|CUs?)\b", text)}
+    if not counts:
+        pytest.skip("the reference does not count this chip's SMs / CUs")
+    assert counts == {_hw(preset).compute_units}
+
+
+# Counts the reference does not give, typed from the sources each preset cites (mostly
+# torch.cuda.get_device_properties().multi_processor_count printed in public logs).
+@pytest.mark.parametrize(
+    ("preset", "units"),
+    [
+        ("v100", 80),  # 'Tesla V100-SXM2-16GB' multi_processor_count=80
+        ("a100-80gb", 108),  # 'NVIDIA A100-SXM4-80GB' multi_processor_count=108
+        ("h100-pcie", 114),  # H100 datasheet 'SMs 132 | 114'
+        ("h800", 132),  # DeepSeek-V3 §3.5.1: '20 out of the 132 SMs available in the H800 GPU'
+        ("h20", 78),  # 'NVIDIA H20' multi_processor_count=78
+        ("b200", 148),  # Chips and Cheese: 74 SMs per die x 2
+        ("gb200", 152),  # 'NVIDIA GB200, 152 SMs' in measured benchmark notes
+        ("rtx-4090", 128),  # multi_processor_count=128; 16,384 CUDA cores / 128 per SM
+        ("rtx-3090", 82),  # 'GeForce RTX 3090' multi_processor_count=82
+        ("mi250x-gcd", 110),  # rocprofv3: 'AMD Instinct MI250X, 110 CUs' per GCD device
+    ],
+)
+def test_compute_units(preset, units):
+    assert _hw(preset).compute_units == units
+
+
+def test_the_mi250x_package_counts_both_gcds():
+    assert _hw("mi250x").compute_units == 2 * _hw("mi250x-gcd").compute_units
+
+
+@pytest.mark.parametrize("preset", sorted(REFERENCE_ENTRY))
+def test_matmul_figures_are_the_references_preferred_measurement(reference, preset):
+    # Each figure is the reference's measurement of this chip, from the most careful source it has: stas00's
+    # mamf-finder v2, else AMD's MAF, else stas00's v1, else the crowd's square torch.mm (best row).
+    spec = _hw(preset)
+    devices = ACHIEVABLE_DEVICES.get(preset, [])
+    rows = _achievable_rows(reference)
+    for dtype, tflops in spec.matmul_tflops.items():
+        borrowed = BORROWED_MATMUL.get((preset, dtype))
+        candidates = [r for r in rows if r[1] == dtype and (r[0] in devices or r[0] == borrowed)]
+        if borrowed:
+            (row,) = [r for r in candidates if r[0] == borrowed and r[3] == "stas00 MAMF table"]
+            assert preset[:4].upper() in row[4] and "same" in row[4], row  # "stas00: H200 is the same"
+        assert candidates, f"{preset} {dtype}: no measurement in the reference"
+        best_rank = min(_source_rank(r[3]) for r in candidates)
+        preferred = max(r[2] for r in candidates if _source_rank(r[3]) == best_rank)
+        assert tflops == pytest.approx(preferred, rel=1e-12), f"{preset} {dtype}"
+    measured = {r[1] for r in rows if r[0] in devices}
+    for dtype in measured - set(spec.matmul_tflops):
+        assert _notes_about(spec, "matmul_tflops", dtype), f"{preset}: a {dtype} measurement exists but is not used"
+
+
+@pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
+def test_matmul_figures_cite_their_source_and_stay_below_the_peak(path):
+    spec = _hw(path.stem)
+    if not spec.matmul_tflops:
+        assert [n for n in spec.notes if n.startswith("matmul_tflops:")], f"{spec.name}: no note says none was found"
+        return
+    source = spec.sources.get("matmul", "")
+    assert source.strip(), f"{spec.name}: sources['matmul'] missing"
+    if "zzc0721" in source:
+        assert "optimistic" in source, "the crowd rows flush no cache: the source must say they are optimistic"
+    for dtype, tflops in spec.matmul_tflops.items():
+        peak = spec.peak_tflops_dense.get(dtype)
+        if peak is None:
+            assert _notes_about(spec, "matmul_tflops", dtype, "no spec peak"), f"{spec.name} {dtype}"
+        elif tflops >= peak:
+            # Consumer cards boost above the spec clock (reference achievable_rules_of_thumb).
+            assert _notes_about(spec, "matmul_tflops", dtype, "exceeds"), f"{spec.name} {dtype}: {tflops} >= {peak}"
+
+
+@pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
+def test_every_unmeasured_matmul_dtype_is_explained(path):
+    spec = _hw(path.stem)
+    if not spec.matmul_tflops:
+        return  # the preceding test asks for the 'none found' note
+    for dtype in MATMUL_DTYPES:
+        if dtype in spec.peak_tflops_dense and dtype not in spec.matmul_tflops:
+            assert _notes_about(spec, "matmul_tflops", dtype), f"{spec.name}: no note says {dtype} was not measured"
+
+
+@pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
+def test_bus_bandwidth_never_exceeds_the_wire(path):
+    # A ring's bus bandwidth is what each GPU puts on its own link: it cannot beat the link's spec
+    # (only NVLS, which reduces inside the switch, can -- and it is never stored here).
+    spec = _hw(path.stem)
+    for measured, wire in (
+        (spec.intra_node_busbw_gbps, spec.intra_node_gbps),
+        (spec.inter_node_busbw_gbps, spec.inter_node_gbps),
+    ):
+        if measured is None:
+            continue
+        assert wire is not None and measured <= wire * 1.0, f"{spec.name}: busbw {measured} on a {wire} GB/s link"
+        assert spec.sources.get("collectives", "").strip(), f"{spec.name}: sources['collectives'] missing"
+
+
+# Intra-node Ring measurements: preset -> the reference's measured_collectives system (and algorithm).
+INTRA_NODE_RING = {
+    "h100-sxm": ("8x H200", "Ring (NCCL_NVLS_ENABLE=0)"),
+    "h200": ("8x H200", "Ring (NCCL_NVLS_ENABLE=0)"),
+    "a100-40gb": ("8x A100 SXM (NVLink3, 300 GB/s uni)", None),
+    "a100-80gb": ("8x A100 SXM (NVLink3, 300 GB/s uni)", None),
+    "b200": ("8x B200 (p6-b200)", "Ring"),
+    "mi300x": ("8x MI300X", None),
+    "mi325x": ("8x MI300X", None),
+}
+# The reference entry of the chip each of those systems measured, to check that a borrowed figure crosses
+# only between chips the reference gives the same fabric.
+MEASURED_ON = {
+    "8x H200": "h200",
+    "8x A100 SXM (NVLink3, 300 GB/s uni)": "a100-80gb",
+    "8x B200 (p6-b200)": "b200",
+    "8x MI300X": "mi300x",
+}
+NDR_PER_GPU = {"h100-sxm", "h200", "b200", "gb200", "h800"}  # one 400 Gb/s NDR NIC per GPU
+HDR_PER_GPU = {"a100-40gb", "a100-80gb"}  # one 200 Gb/s HDR NIC per GPU (DGX A100)
+
+
+def _collective_row(reference: dict, system: str, **match) -> dict:
+    rows = [r for r in reference["interconnect"]["measured_collectives"] if r["system"] == system]
+    rows = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    (row,) = rows
+    return row
+
+
+def test_only_sourced_presets_carry_a_measured_bus_bandwidth():
+    specs = registry("hardware").specs.values()
+    assert {s.name for s in specs if s.intra_node_busbw_gbps} == {*INTRA_NODE_RING, "h800"}
+    assert {s.name for s in specs if s.inter_node_busbw_gbps} == NDR_PER_GPU | HDR_PER_GPU
+
+
+@pytest.mark.parametrize(("preset", "row"), INTRA_NODE_RING.items())
+def test_intra_node_busbw_is_the_references_ring_measurement(reference, preset, row):
+    system, algo = row
+    measured = _collective_row(reference, system, collective="all_reduce", **({"algo": algo} if algo else {}))
+    assert _hw(preset).intra_node_busbw_gbps == pytest.approx(measured["busbw_GBps"], rel=1e-12)
+    sibling = MEASURED_ON[system]
+    if sibling != preset:  # same fabric: the reference gives both chips one interconnect block
+        assert (
+            _reference_entry(reference, preset)["interconnect"] == _reference_entry(reference, sibling)["interconnect"]
+        )
+
+
+def test_h800_intra_node_busbw_is_deepseeks_nvlink_figure():
+    # DeepSeek-V3 technical report (arXiv:2412.19437) §3.2.2: "NVLink offers a bandwidth of 160 GB/s, roughly
+    # 3.2 times that of IB (50 GB/s)" -- on their H800 cluster.
+    h800 = _hw("h800")
+    assert h800.intra_node_busbw_gbps == 160
+    assert "2412.19437" in h800.sources["collectives"]
+
+
+@pytest.mark.parametrize("preset", sorted(NDR_PER_GPU | HDR_PER_GPU))
+def test_inter_node_busbw_is_the_maintainers_per_nic_figure(reference, preset):
+    spec = _hw(preset)
+    if preset in NDR_PER_GPU:  # nccl-tests #290: "For NDR @ 400Gbps you should see 46-48GB/s per NIC"
+        assert spec.inter_node_gbps == 400 / 8
+        low, high = _collective_row(reference, "multi-node, NDR 400 Gb/s NICs, ring")["per_nic_GBps"]
+        assert low <= spec.inter_node_busbw_gbps <= high
+    else:  # nccl-tests #160: 24 GB/s per 200 Gb/s HDR NIC
+        assert spec.inter_node_gbps == 200 / 8
+        per_nic = _collective_row(reference, "multi-node, HDR 200 Gb/s NICs, ring")["per_nic_GBps"]
+        assert spec.inter_node_busbw_gbps == per_nic
+
+
+def test_h800_network_and_fp8():
+    # DeepSeek (arXiv:2505.09343): "each node is equipped with eight 400G Infiniband (IB) CX7 NICs" -> 50 GB/s
+    # per GPU. FP8: H800 keeps H100 SXM's tensor compute; dense FP8 = 3,958 sparse / 2.
+    h800 = _hw("h800")
+    assert h800.inter_node_gbps == 50
+    assert h800.peak_tflops_dense["fp8"] == 1979 == _hw("h100-sxm").peak_tflops_dense["fp8"]
+    assert _notes_about(h800, "fp8 1979")
+
+
+@pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
+def test_multi_node_presets_give_a_network_figure_or_say_it_is_unknown(path):
+    spec = _hw(path.stem)
+    if spec.gpus_per_node >= 4 and spec.inter_node_gbps is None:
+        assert [n for n in spec.notes if n.startswith("unknown:") and "inter_node_gbps" in n], spec.name
+
+
+@pytest.mark.parametrize(
+    ("preset", "gen"),
+    [("a10g", 4), ("l4", 4), ("l40s", 4), ("rtx-3090", 4), ("rtx-4090", 4), ("rtx-5090", 5)],
+)
+def test_cards_without_nvlink_talk_over_pcie(reference, preset, gen):
+    spec = _hw(preset)
+    (pcie,) = [r for r in reference["interconnect"]["pcie_per_x16"] if r.get("gen") == gen]
+    assert spec.intra_node_gbps == pcie["unidir_GBps"]  # stas00 PCIe table: Gen4 31, Gen5 63 one way
+    assert spec.gpus_per_node == 1
+    assert _notes_about(spec, "intra_node_gbps", "PCIe")
+
+
+def test_scale_up_domains():
+    # GB200 NVL72: 72 GPUs in one NVLink domain. TPU pods (Cloud TPU docs, 'TPU Pod size'): v4 4096,
+    # v5e 256, v5p 8960 (largest schedulable slice 6144), v6e 256.
+    expected = {"gb200": 72, "tpu-v4": 4096, "tpu-v5e": 256, "tpu-v5p": 8960, "tpu-v6e": 256}
+    assert {s.name: s.scale_up_gpus for s in registry("hardware").specs.values() if s.scale_up_gpus} == expected
+
+
+def test_gb200_domain_is_the_references_nvlink_domain(reference):
+    assert _hw("gb200").scale_up_gpus == _reference_entry(reference, "gb200")["interconnect"]["nvlink_domain"]
+
+
+def test_tpu_ici_per_chip_one_way(reference):
+    # Google prints bidirectional ICI per chip for v5e/v5p/v6e; one way is half. v4 has no per-chip figure
+    # from Google: 6 ICI links x 4.5e10 bytes/s one way (jax-ml scaling book, 'TPU v4p' row).
+    bidir = reference["interconnect"]["tpu_ici_bidir_GBps_per_chip"]
+    for version in ("v5e", "v5p", "v6e"):
+        assert _hw(f"tpu-{version}").intra_node_gbps == bidir[version] / 2
+    assert _hw("tpu-v4").intra_node_gbps == 6 * 45
 
 
 # ----------------------------------------------------------------------------------------- precisions
