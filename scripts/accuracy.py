@@ -1,5 +1,6 @@
-"""How well the planner predicts published runs: MFU given the published layout, and the rank of that
-layout among everything the planner would choose from (docs/plan-accuracy.md, ``scripts/plan_accuracy.py``).
+"""How well the planner predicts published runs: tokens/s per GPU (and MFU) given the published layout, and the
+rank of that layout among everything the planner would choose from (docs/plan-accuracy.md,
+``scripts/plan_accuracy.py``). The runs are in benchmarks/published_runs.yaml, whose header describes each field.
 
 A harness for the docs and the tests, not a command: it lives beside the scripts, outside the package.
 """
@@ -10,28 +11,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmcalc.engine.layout import Layout
+from lmcalc.engine.flops import step_flops
+from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.plan import Pins, plan
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
 from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError
+from lmcalc.estimates.inputs import DEFAULT_ATTENTION
 from lmcalc.estimates.training import build_layout, pipeline_split, split_settings
-from lmcalc.presets import read_yaml, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import (
+    read_yaml,
+    resolve_framework,
+    resolve_hardware,
+    resolve_model,
+    resolve_optimizer,
+    resolve_precision,
+)
 from lmcalc.specs import Cluster, ModelSpec
 
 MFU_TOLERANCE = 0.20  # relative
 TOP_RANK = 10
 PRECISION, OPTIMIZER = "bf16-mixed", "adamw"  # what every published run trained with
 OVERHEAD_BYTES = 0.0  # the runs are judged on model states and activations alone, without lmcalc's allowance
+FAMILIES = ("korthikanti", "megatron-2021", "llama3", "mpt", "playbook")
 
 
 @dataclass(frozen=True)
 class PublishedRun:
     id: str
+    family: str  # one of FAMILIES: the paper or benchmark the run comes from, for results per family
     source: str
     cluster: Cluster
     layout: Layout
-    workload: Workload  # the model, sequence, micro-batch and recomputation as published
-    mfu: float
+    workload: Workload  # the model, sequence, micro-batch, attention, recomputation and framework as published
+    tokens_per_s_per_gpu: float  # the published speed: what the step-time model is judged on
+    published_mfu: float | None  # the MFU the source prints, in its own convention (mfu_convention)
+    mfu_convention: str
+    derived: str  # how tokens_per_s_per_gpu follows from the source's printed figures
     assumed: str
     toolset: Pins  # what the authors' software offered: the search space their choice was made in
     toolset_note: str
@@ -40,9 +56,25 @@ class PublishedRun:
     def model(self) -> ModelSpec:
         return self.workload.model
 
+    @property
+    def global_batch(self) -> int:
+        """Sequences per step: DP · micro-batch · micro-batches per step."""
+        return self.layout.dp * self.workload.micro_batch * self.layout.grad_accum
+
+    @property
+    def mfu(self) -> float:
+        """The published speed as MFU in lmcalc's convention, the step-time model's own (``StepTime.mfu``): model
+        FLOPs per token, attention counted in full and recomputation left out (``engine.flops.step_flops``), times
+        tokens/s per GPU, over the dense peak of the recipe's compute dtype. It differs from ``published_mfu``
+        where the source counts another way (PaLM's 6N, eq. (3)'s recomputed forward, MosaicML's NumParams)."""
+        per_token = step_flops(self.model, self.workload.seq_len, "none", "full").model
+        peak = self.cluster.hardware.peak_flops(self.workload.precision.compute_dtype)
+        return per_token * self.tokens_per_s_per_gpu / peak
+
 
 def gpt_model(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
-    """A Megatron GPT of Korthikanti et al. 2022 Table 3: vocabulary 51,200, 4h GELU MLP, sequence 2048."""
+    """A Megatron GPT of Korthikanti et al. 2022 Table 3 and Narayanan et al. 2021 Table 1: vocabulary 51,200, 4h
+    GELU MLP, sequence 2048."""
     return ModelSpec(
         name=name,
         vocab_size=51200,
@@ -61,14 +93,32 @@ def gpt_model(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
     )
 
 
+def run_model(run_id: str, model: dict[str, Any], shapes: dict[str, dict[str, Any]]) -> ModelSpec:
+    """A run's model: a preset by name, a Megatron GPT by its width, depth and heads, or an entry of the file's
+    ``shapes`` (ModelSpec fields), with the fields given beside ``shape`` overriding the shape's."""
+    if "preset" in model:
+        return resolve_model(model["preset"]).spec
+    if "gpt" in model:
+        return gpt_model(run_id, **model["gpt"])
+    fields = dict(model)
+    name = fields.pop("shape")
+    if name not in shapes:
+        raise LmcalcError(f"run {run_id}: no shape {name!r} among {', '.join(shapes)}")
+    return ModelSpec(**{**shapes[name], **fields})
+
+
 def load_runs(path: Path) -> list[PublishedRun]:
     precision, optimizer = resolve_precision(PRECISION).spec, resolve_optimizer(OPTIMIZER).spec
+    data = read_yaml(path)
+    shapes = data.get("shapes", {})
     runs = []
-    for row in read_yaml(path)["runs"]:
-        model: Any = row["model"]
-        spec = resolve_model(model["preset"]).spec if "preset" in model else gpt_model(row["id"], **model["gpt"])
+    for row in data["runs"]:
+        if row["family"] not in FAMILIES:
+            raise LmcalcError(f"run {row['id']}: family {row['family']!r} is not one of {', '.join(FAMILIES)}")
+        spec = run_model(row["id"], row["model"], shapes)
         hardware = resolve_hardware(row["hardware"]).spec
-        cluster = Cluster(hardware=hardware, count=row["gpus"], gpus_per_node=min(hardware.gpus_per_node, row["gpus"]))
+        per_node = row.get("gpus_per_node", hardware.gpus_per_node)
+        cluster = Cluster(hardware=hardware, count=row["gpus"], gpus_per_node=min(per_node, row["gpus"]))
         settings = dict(row["layout"])
         micro_batch = settings.pop("micro_batch")
         workload = Workload(
@@ -77,9 +127,13 @@ def load_runs(path: Path) -> list[PublishedRun]:
             optimizer,
             row["seq"],
             micro_batch,
+            attention=row.get("attention", DEFAULT_ATTENTION),
             recompute=row["recompute"],
             overhead_bytes=OVERHEAD_BYTES,
+            framework=resolve_framework(row["framework"]).spec,
         )
+        layout = build_layout(cluster, settings)
+        check_layout(workload, layout, cluster)  # the published layout can exist: heads, layers, split, GPUs
         toolset = row.get("toolset", {})
         pins = dict(toolset.get("pins", {}))
         split = split_settings(pins)
@@ -87,11 +141,15 @@ def load_runs(path: Path) -> list[PublishedRun]:
         runs.append(
             PublishedRun(
                 row["id"],
+                row["family"],
                 row["source"],
                 cluster,
-                build_layout(cluster, settings),
+                layout,
                 workload,
-                row["mfu"],
+                float(row["tokens_per_s_per_gpu"]),
+                row.get("mfu"),
+                row.get("mfu_convention", ""),
+                row.get("derived", ""),
                 row.get("assumed", ""),
                 Pins(**pins, split=pipeline_split(split)),
                 toolset.get("why", ""),
@@ -104,6 +162,7 @@ def load_runs(path: Path) -> list[PublishedRun]:
 class Accuracy:
     run: PublishedRun
     predicted_mfu: float
+    predicted_tokens_per_s_per_gpu: float
     rank: int | None  # of the published split among distinct splits that fit, fastest first
     splits: int
     toolset_rank: int | None  # the same, searching only what the authors' software offered
@@ -113,7 +172,9 @@ class Accuracy:
 
     @property
     def error(self) -> float:
-        return self.predicted_mfu / self.run.mfu - 1
+        """Predicted tokens/s per GPU over the published, minus 1 (the same as the MFUs' ratio in lmcalc's
+        convention, ``PublishedRun.mfu``)."""
+        return self.predicted_tokens_per_s_per_gpu / self.run.tokens_per_s_per_gpu - 1
 
     @property
     def ok(self) -> bool:
@@ -130,8 +191,7 @@ def _split(layout: Layout) -> Split:
 def fastest_per_split(run: PublishedRun, pins: Pins, efficiency: float) -> dict[Split, float]:
     """Tokens/s of each split's fastest variant (ZeRO stage, micro-batch, recomputation, schedule) that fits,
     fastest split first."""
-    layout = run.layout
-    found = plan(run.workload, run.cluster, layout.dp * run.workload.micro_batch * layout.grad_accum, pins, efficiency)
+    found = plan(run.workload, run.cluster, run.global_batch, pins, efficiency)
     fastest: dict[Split, float] = {}
     for candidate in found.fitting:  # already fastest first
         fastest.setdefault(_split(candidate.layout), candidate.time.tokens_per_s)
@@ -144,7 +204,8 @@ def _rank(split: Split, fastest: dict[Split, float]) -> int | None:
 
 
 def published_step_time(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> StepTime:
-    """The step-time model's figures for the run's own layout (its MFU is what the paper's is compared with)."""
+    """The step-time model's figures for the run's own layout (its tokens/s per GPU are what the published ones are
+    compared with)."""
     return step_time(run.workload, run.layout, run.cluster, efficiency)
 
 
@@ -158,6 +219,7 @@ def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) ->
     return Accuracy(
         run,
         time.mfu,
+        time.tokens_per_s / run.layout.gpus,
         _rank(published, everything),
         len(everything),
         _rank(published, toolset),
