@@ -67,6 +67,11 @@ class MoESpec(_Spec):
     expert_ffn_size: PositiveInt
     dense_layers: int = Field(0, ge=0, description="leading layers that keep a dense FFN of ffn_size")
     router_bias: bool = Field(False, description="a learned per-expert bias on the router scores")
+    node_limit: PositiveInt | None = Field(
+        None,
+        description="node-limited routing: each token is sent to experts on at most this many nodes (DeepSeek-V3: "
+        "4, its 8 expert groups of which each token picks 4)",
+    )
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> MoESpec:
@@ -409,6 +414,43 @@ class AllocatorRule(Rule):
     )
 
 
+AttentionKernel = Literal["flash2", "flash3", "eager"]
+TpOverlap = Literal["none", "backward", "full"]
+
+
+class SpeedRule(Rule):
+    """How fast a framework runs the kernels of a step, beyond what they count: which fused attention kernel it
+    calls, how much host time each GPU operation costs, and which communication it hides behind computation."""
+
+    attention_kernel: AttentionKernel = Field(
+        description="the fused attention kernel (with attention 'flash'): flash2 (FlashAttention-2, PyTorch SDPA's "
+        "flash backend) or flash3 (FlashAttention-3, cuDNN/Transformer Engine fused attention on Hopper and later)"
+    )
+    host_seconds_per_op: float = Field(
+        ge=0,
+        description="CPU time to issue one GPU operation (Python, autograd, the dispatcher and the launch): when a "
+        "micro-batch's operations take longer to issue than to run, the host sets the pace",
+    )
+    tp_overlap: TpOverlap = Field(
+        description="tensor-parallel collectives hidden behind GEMMs: none; backward (the input gradient's "
+        "collective overlaps the weight-gradient GEMM, Megatron-LM's async TP); full (userbuffers comm-GEMM "
+        "overlap, forward and backward)"
+    )
+    dp_overlap: bool = Field(description="gradient reduction bucketed behind the last micro-batch's backward pass")
+    param_gather_overlap: bool = Field(
+        description="ZeRO's parameter all-gathers prefetched behind computation (ZeRO-1/2 after the step, ZeRO-3 "
+        "every layer)"
+    )
+    pp_overlap: bool = Field(description="pipeline sends and receives overlapped with computation")
+    moe_overlap: bool = Field(
+        False, description="expert all-to-all hidden behind another micro-batch's computation (DualPipe)"
+    )
+    fused_grad_accumulation: bool = Field(
+        description="the weight-gradient GEMM accumulates into the fp32 gradients (Megatron-LM's gradient "
+        "accumulation fusion); otherwise each micro-batch's gradients are added in by a separate pass"
+    )
+
+
 class FrameworkProfile(NamedSpec):
     """What a training framework keeps and allocates beyond the textbook count: each rule with its source."""
 
@@ -426,6 +468,7 @@ class FrameworkProfile(NamedSpec):
     buffers: BuffersRule
     optimizer_step: OptimizerStepRule
     allocator: AllocatorRule
+    speed: SpeedRule
     transients: bool = Field(
         True,
         description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "

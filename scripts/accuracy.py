@@ -27,7 +27,7 @@ from lmcalc.presets import (
     resolve_optimizer,
     resolve_precision,
 )
-from lmcalc.specs import Cluster, ModelSpec
+from lmcalc.specs import Cluster, FrameworkProfile, ModelSpec
 
 MFU_TOLERANCE = 0.20  # relative
 TOP_RANK = 10
@@ -102,19 +102,33 @@ def run_model(run_id: str, model: dict[str, Any], shapes: dict[str, dict[str, An
         return gpt_model(run_id, **model["gpt"])
     fields = dict(model)
     name = fields.pop("shape")
+    if isinstance(name, dict):  # the shape written in place
+        return ModelSpec(**{**name, **fields})
     if name not in shapes:
         raise LmcalcError(f"run {run_id}: no shape {name!r} among {', '.join(shapes)}")
     return ModelSpec(**{**shapes[name], **fields})
 
 
-def load_runs(path: Path) -> list[PublishedRun]:
-    precision, optimizer = resolve_precision(PRECISION).spec, resolve_optimizer(OPTIMIZER).spec
+def _framework(row: dict[str, Any]) -> FrameworkProfile:
+    """The run's framework profile, with the attention kernel the run used where it differs from the profile's
+    (``attention_kernel``: FlashAttention-2 on runs made before FlashAttention-3 existed)."""
+    profile = resolve_framework(row["framework"]).spec
+    if "attention_kernel" in row:
+        speed = profile.speed.model_copy(update={"attention_kernel": row["attention_kernel"]})
+        profile = profile.model_copy(update={"speed": speed})
+    return profile
+
+
+def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[PublishedRun]:
+    """The runs of a file in the published_runs.yaml layout; ``families`` (None: any) are the ones it may hold."""
+    optimizer = resolve_optimizer(OPTIMIZER).spec
     data = read_yaml(path)
     shapes = data.get("shapes", {})
     runs = []
     for row in data["runs"]:
-        if row["family"] not in FAMILIES:
-            raise LmcalcError(f"run {row['id']}: family {row['family']!r} is not one of {', '.join(FAMILIES)}")
+        if families is not None and row["family"] not in families:
+            raise LmcalcError(f"run {row['id']}: family {row['family']!r} is not one of {', '.join(families)}")
+        precision = resolve_precision(row.get("precision", PRECISION)).spec
         spec = run_model(row["id"], row["model"], shapes)
         hardware = resolve_hardware(row["hardware"]).spec
         per_node = row.get("gpus_per_node", hardware.gpus_per_node)
@@ -130,10 +144,10 @@ def load_runs(path: Path) -> list[PublishedRun]:
             attention=row.get("attention", DEFAULT_ATTENTION),
             recompute=row["recompute"],
             overhead_bytes=OVERHEAD_BYTES,
-            framework=resolve_framework(row["framework"]).spec,
+            framework=_framework(row),
         )
         layout = build_layout(cluster, settings)
-        check_layout(workload, layout, cluster)  # the published layout can exist: heads, layers, split, GPUs
+        check_layout(workload, layout, cluster, tp_within_node=False)  # it can exist: heads, layers, split, GPUs
         toolset = row.get("toolset", {})
         pins = dict(toolset.get("pins", {}))
         split = split_settings(pins)

@@ -1,77 +1,157 @@
-"""Collective communication on a ring: the standard costs, and which link a group runs over.
+"""Collective communication as NCCL runs it: latency plus bytes over the achievable bus bandwidth.
 
-For a group of n GPUs, each holding (or receiving) ``size`` bytes, with link bandwidth B per GPU in one
-direction and per-step latency α (Thakur et al. 2005; NCCL's ring algorithms; nccl-tests PERFORMANCE.md):
+For a group of n GPUs, each holding (or receiving) ``size`` bytes, the time of a ring collective is
 
-    all-reduce       2·(n−1)/n · size / B + 2·(n−1)·α
-    all-gather       (n−1)/n · size / B + (n−1)·α      (size = the gathered whole)
-    reduce-scatter   (n−1)/n · size / B + (n−1)·α      (size = the whole before scattering)
-    all-to-all       (n−1)/n · size / B + (n−1)·α
-    point-to-point   size / B + α
+    t = α + steps · α_step + factor · size / B_bus
 
-A group whose members sit on one node talks over the scale-up links (NVLink, xGMI, ICI); one that
-spans nodes is limited by each GPU's network interface. Ranks are laid out TP innermost, then CP, EP
-within DP, DP, and PP outermost (Megatron-LM's default order), so a group's span is its size times the
-product of the degrees inside it.
+* factor is nccl-tests' bus-bandwidth factor (its PERFORMANCE.md): 2·(n−1)/n for an all-reduce (a
+  reduce-scatter, then an all-gather), (n−1)/n for all-gather, reduce-scatter and all-to-all, 1 point to point;
+* B_bus is the bus bandwidth the link reaches at large messages: the hardware preset's measured figure
+  (``intra_node_busbw_gbps``, ``inter_node_busbw_gbps``: nccl-tests), else the link's spec bandwidth times
+  the efficiency measured on a comparable link (``NVLINK_RING_EFFICIENCY``, ``NETWORK_RING_EFFICIENCY``);
+* α and α_step are latencies: a fixed cost per collective and one per step (n − 1 steps of a ring within a node;
+  across nodes NCCL switches to trees, whose depth grows as log₂ n). Small messages are latency-bound, so the
+  achieved bandwidth grows with the message size and reaches B_bus only for large ones, as nccl-tests' curves
+  do.
+
+A group whose members share a node talks over the scale-up links (NVLink, xGMI, ICI); one with a single member
+per node is limited by each GPU's network interface; one with several members on each of several nodes is
+hierarchical: a reduce-scatter within the node, the collective across nodes on 1/g of the data (each GPU drives
+its own NIC), an all-gather within the node. Ranks are laid out TP innermost, then CP, EP within DP, DP, and PP
+outermost (Megatron-LM's default order): a group's members sit ``stride`` ranks apart, the product of the
+degrees inside it.
+
+A figure the preset does not have is never guessed: a group that needs a link the preset gives no bandwidth for
+is refused.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
-from lmcalc.specs import HardwareSpec
+from lmcalc.errors import LmcalcError
+from lmcalc.specs import Cluster, HardwareSpec
 
 Collective = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "p2p"]
 
-# Fraction of the link's spec bandwidth that NCCL's ring collectives reach at large messages.
 NVLINK_RING_EFFICIENCY = 367.2 / 450
-"""8×H200 all-reduce with NCCL_ALGO=Ring measured 367.2 GB/s bus bandwidth against NVLink4's 450 GB/s
-per direction (stas00, ml-engineering network benchmarks, 16 GiB payload)."""
+"""Where a chip has no measured bus bandwidth within a node: 8×H200 all-reduce with NCCL_ALGO=Ring measured
+367.2 GB/s bus bandwidth against NVLink4's 450 GB/s per direction (stas00, ml-engineering network benchmarks,
+16 GiB payload)."""
 NETWORK_RING_EFFICIENCY = 47 / 50
-"""NVIDIA maintainers expect 46–48 GB/s per 400 Gb/s (50 GB/s) NDR NIC for ring collectives on a good
-fabric (NVIDIA/nccl-tests issue #290)."""
-INTRA_NODE_LATENCY_S = 5e-6
+"""Where a chip has no measured bus bandwidth across nodes: NVIDIA maintainers expect 46-48 GB/s per 400 Gb/s
+(50 GB/s) NDR NIC for ring collectives on a good fabric (NVIDIA/nccl-tests issue #290)."""
+INTRA_NODE_LATENCY_S = 10e-6
+INTRA_NODE_STEP_S = 0.5e-6
 INTER_NODE_LATENCY_S = 20e-6
-"""Per-step latencies: an assumption of the order NCCL shows on NVLink (a few µs) and InfiniBand (tens
-of µs) for small messages; they matter only for small groups of small messages."""
-FALLBACK_INTER_NODE_GBPS = 25.0
-"""A GPU whose preset gives no network figure is assumed to have a 200 Gb/s NIC (25 GB/s)."""
+INTER_NODE_STEP_S = 5e-6
+"""Latencies, an assumption of the order nccl-tests shows for small messages: about 10-20 µs for an all-reduce
+of a few KB within an NVLink node, tens of µs across InfiniBand nodes."""
 
 
 @dataclass(frozen=True)
 class Link:
-    bandwidth: float  # bytes/s per GPU, one direction, achievable
-    latency: float  # seconds per ring step
+    bandwidth: float  # achievable bus bandwidth per GPU, bytes/s, at large messages
+    latency: float  # seconds per collective
+    step_latency: float  # seconds per ring (or tree) step
     name: str
+    source: str
+
+
+def _domain(hardware: HardwareSpec, gpus_per_node: int) -> int:
+    return max(gpus_per_node, hardware.scale_up_gpus or 1)
+
+
+def intra_link(hardware: HardwareSpec) -> Link:
+    if not hardware.intra_node_gbps:
+        raise LmcalcError(
+            f"{hardware.name} has no scale-up (within-node) bandwidth in its preset, and this layout needs GPUs of "
+            "one node to talk; add intra_node_gbps to a copy of the preset ('lmcalc presets show "
+            f"{hardware.name}') or use one GPU per node"
+        )
+    if hardware.intra_node_busbw_gbps:
+        bandwidth, source = hardware.intra_node_busbw_gbps, hardware.sources.get("collectives", "measured")
+    else:
+        bandwidth = hardware.intra_node_gbps * NVLINK_RING_EFFICIENCY
+        source = f"{hardware.intra_node_gbps:g} GB/s spec × {NVLINK_RING_EFFICIENCY:.3f} (8×H200 ring, stas00)"
+    return Link(bandwidth * 1e9, INTRA_NODE_LATENCY_S, INTRA_NODE_STEP_S, "intra-node", source)
+
+
+def inter_link(hardware: HardwareSpec) -> Link:
+    if not hardware.inter_node_gbps:
+        raise LmcalcError(
+            f"{hardware.name} has no inter-node (network) bandwidth in its preset, and this layout needs GPUs on "
+            "different nodes to talk; add inter_node_gbps (the NIC's Gb/s / 8 per GPU) to a copy of the preset "
+            f"('lmcalc presets show {hardware.name}') or keep the run within one node"
+        )
+    if hardware.inter_node_busbw_gbps:
+        bandwidth, source = hardware.inter_node_busbw_gbps, hardware.sources.get("collectives", "measured")
+    else:
+        bandwidth = hardware.inter_node_gbps * NETWORK_RING_EFFICIENCY
+        source = f"{hardware.inter_node_gbps:g} GB/s NIC × {NETWORK_RING_EFFICIENCY:.2f} (nccl-tests #290)"
+    return Link(bandwidth * 1e9, INTER_NODE_LATENCY_S, INTER_NODE_STEP_S, "inter-node", source)
 
 
 def link_for(hardware: HardwareSpec, span: int, gpus_per_node: int) -> Link:
-    """The link a group spanning ``span`` consecutive ranks uses."""
-    if span <= gpus_per_node and hardware.intra_node_gbps:
-        return Link(hardware.intra_node_gbps * 1e9 * NVLINK_RING_EFFICIENCY, INTRA_NODE_LATENCY_S, "intra-node")
-    gbps = hardware.inter_node_gbps or FALLBACK_INTER_NODE_GBPS
-    return Link(gbps * 1e9 * NETWORK_RING_EFFICIENCY, INTER_NODE_LATENCY_S, "inter-node")
+    """The link a group spanning ``span`` consecutive ranks uses: scale-up within a node (or a larger scale-up
+    domain, ``scale_up_gpus``), the network beyond it."""
+    if span <= _domain(hardware, gpus_per_node):
+        return intra_link(hardware)
+    return inter_link(hardware)
 
 
 def ring_factor(op: Collective, n: int) -> float:
     """Bytes each GPU puts on its link per byte of ``size`` (nccl-tests' bus-bandwidth factor): 2·(n−1)/n for
-    an all-reduce (a reduce-scatter, then an all-gather), (n−1)/n for the other collectives, 1 point to point."""
+    an all-reduce, (n−1)/n for the other collectives, 1 point to point."""
     if op == "p2p":
         return 1.0
     return (2 if op == "all-reduce" else 1) * (n - 1) / n
 
 
-def ring_steps(op: Collective, n: int) -> int:
-    """Latency-bound steps of the ring: 2·(n−1) for an all-reduce, n−1 for the other collectives, 1 point to
-    point."""
+def steps(op: Collective, n: int, link: Link) -> float:
+    """Latency-bound steps: n − 1 per ring pass within a node (two for an all-reduce), ⌈log₂ n⌉ per tree pass
+    across nodes, one point to point."""
     if op == "p2p":
         return 1
-    return (2 if op == "all-reduce" else 1) * (n - 1)
+    passes = 2 if op == "all-reduce" else 1
+    return passes * (n - 1 if link.name == "intra-node" else math.ceil(math.log2(n)))
 
 
 def collective_time(op: Collective, size: float, n: int, link: Link) -> float:
-    """Seconds for one collective of ``size`` bytes over ``n`` GPUs on ``link`` (0 for a group of one)."""
+    """Seconds for one collective of ``size`` bytes over ``n`` GPUs on one kind of ``link`` (0 for a group of
+    one)."""
     if n <= 1 or size <= 0:
         return 0.0
-    return ring_factor(op, n) * size / link.bandwidth + ring_steps(op, n) * link.latency
+    return link.latency + steps(op, n, link) * link.step_latency + ring_factor(op, n) * size / link.bandwidth
+
+
+def group_time(op: Collective, size: float, n: int, stride: int, cluster: Cluster) -> float:
+    """Seconds for one collective over a group of ``n`` GPUs whose members sit ``stride`` ranks apart, on the
+    links their placement gives them (flat within a node, flat over the NICs with one member per node,
+    hierarchical otherwise)."""
+    if n <= 1 or size <= 0:
+        return 0.0
+    hardware, per_node = cluster.hardware, cluster.gpus_per_node
+    domain = _domain(hardware, per_node)
+    if n * stride <= domain:
+        return collective_time(op, size, n, intra_link(hardware))
+    local = max(1, min(n, domain // stride))  # members per node (or scale-up domain)
+    if local == 1:
+        return collective_time(op, size, n, inter_link(hardware))
+    nodes = math.ceil(n / local)
+    intra, inter = intra_link(hardware), inter_link(hardware)
+    if op == "all-to-all":  # (n − local)/n of each GPU's bytes leave the node; both links run at once
+        remote = (n - local) / n * size / inter.bandwidth + inter.latency
+        near = (local - 1) / n * size / intra.bandwidth + intra.latency
+        return max(remote, near)
+    if op == "p2p":
+        return collective_time(op, size, 2, inter)
+    if op == "all-reduce":
+        return (
+            collective_time("reduce-scatter", size, local, intra)
+            + collective_time("all-reduce", size / local, nodes, inter)
+            + collective_time("all-gather", size, local, intra)
+        )
+    return collective_time(op, size, local, intra) + collective_time(op, size / local, nodes, inter)

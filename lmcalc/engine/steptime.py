@@ -1,24 +1,43 @@
-"""Time of one training step for a layout: compute, exposed communication and the pipeline bubble.
+"""Time of one training step for a layout, from the kernels up.
 
-Compute is the step's hardware FLOPs (model FLOPs in the full-attention convention, plus what
-recomputation redoes) at a fraction of the dense peak. With pipeline parallelism, every stage waits for
-the slowest, so each stage is timed with its own share of the work, its own layers' communication and its
-own parameters' data-parallel traffic, and the longest sets the step: often the stage with the most
-layers, or the last when the logits outweigh a layer (a large vocabulary). Communication follows
-``engine.comm``; what overlaps with compute and what does not is an assumption, stated per term:
+A step is ``m`` micro-batches through every pipeline stage, then the gradient reduction and the optimizer. Each
+stage is timed with its own work (``engine.kernels.stage_work``), and the pipeline waits for the slowest.
 
-* TP: 2 collectives per layer forward (after attention and after the MLP) and 2 backward, each moving
-  one activation tensor s·b·h (all-reduce, or all-gather + reduce-scatter with sequence parallelism, the
-  same volume); full recomputation repeats the forward ones. Exposed (Korthikanti et al. 2022 §3).
-* EP: an all-to-all to dispatch and one to combine the routed tokens, forward and backward. Exposed.
-* CP: K and V pass around the CP group (Llama 3 gathers them); counted as exposed, since the
-  exchange only partly hides behind the attention it feeds.
-* PP: the 1F1B bubble (p − 1)/m of the ideal time, divided by v with the interleaved schedule
-  (Narayanan et al. 2021 §2.2), and one activation sent between stages per micro-batch each way.
-* DP: the gradient all-reduce (reduce-scatter under ZeRO-2/3) overlaps the last micro-batch's
-  backward pass; under ZeRO-1/2 the all-gather of the updated parameters overlaps the next step's first
-  forward pass, layer by layer (Megatron-LM's --overlap-param-gather, FSDP's SHARD_GRAD_OP prefetch);
-  ZeRO-3 gathers each layer's parameters forward and backward, overlapped with that micro-batch.
+One micro-batch on one GPU:
+
+* **GPU compute**: every GEMM (forward, input gradient, weight gradient, and the forward again under full
+  recomputation), fused attention and the memory-bound kernels, each by the roofline of ``engine.rates``.
+* **Tensor-parallel collectives**: two activation-sized all-reduces per layer forward (after attention and after
+  the MLP; with sequence parallelism an all-gather before and a reduce-scatter after each block, the same bytes)
+  and two backward (Korthikanti et al. 2022 §3), two more forward under full recomputation. With sequence
+  parallelism the gathered input of each block is not kept, so the backward pass gathers it again for the
+  weight gradients: one more all-reduce's worth a layer (Megatron-LM's and nanotron's column-parallel
+  backward). What the framework hides: with ``tp_overlap`` backward the backward collectives run behind the
+  backward GEMMs (Megatron-LM's asynchronous TP); with full, the forward ones behind the forward GEMMs too.
+* **Expert all-to-alls**: dispatch and combine, forward and backward, k copies of each token; with node-limited
+  routing (DeepSeek-V3: at most ``node_limit`` nodes per token) a token crosses the network once per node it
+  visits, not once per expert. Hidden behind another micro-batch's compute when the profile overlaps them
+  (DualPipe).
+* **Context parallelism**: K and V pass around the ring, CP − 1 hops forward and twice as many backward,
+  overlapped with the attention they feed.
+* **The host**: the CPU issues every operation (``SpeedRule.host_seconds_per_op`` each); it runs ahead of the
+  GPU, so a micro-batch takes max(GPU time, host time). Small models at high TP are host-bound.
+
+Once per step:
+
+* **Pipeline bubble**: (p − 1)/v micro-batch times (1F1B, Narayanan et al. 2021 §2.2; v chunks interleaved), and
+  the activations sent between stages, each way per micro-batch, unless the profile overlaps them.
+* **Data parallelism**: the gradients' all-reduce (reduce-scatter under ZeRO-2/3) in the framework's gradient
+  dtype, behind the last micro-batch's backward pass when the profile buckets it; ZeRO-1/2's all-gather of the
+  updated parameters behind the next forward pass when it prefetches; ZeRO-3 gathers every layer's parameters
+  forward and backward and scatters its gradients, behind that micro-batch's compute when it prefetches.
+* **The optimizer step and gradient clipping**: memory traffic over this GPU's share of the states: read the
+  gradients (twice: the norm for clipping, then the step), read and write the master weights and the optimizer
+  states, write the weights; a foreach (multi-tensor) step makes ``FOREACH_PASSES`` passes where a fused one
+  makes one.
+
+``efficiency`` replaces the kernel model's compute with the old rule, hardware FLOPs at a fraction of the dense
+peak (``--efficiency``, or a measured training step): the rest of the model is unchanged.
 """
 
 from __future__ import annotations
@@ -27,25 +46,35 @@ import functools
 from dataclasses import dataclass
 
 from lmcalc.engine import flops as fl
-from lmcalc.engine.comm import Collective, collective_time, link_for
+from lmcalc.engine import rates
+from lmcalc.engine.comm import collective_time, group_time, intra_link
+from lmcalc.engine.kernels import StageWork, stage_work
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.pipeline import StageLayers, distinct_stages, stage_layers
 from lmcalc.engine.sharding import stage_params, stage_part, zero_shards
+from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import Cluster
+from lmcalc.specs import Cluster, HardwareSpec
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
-"""Fraction of the dense peak a whole training step's compute reaches (matmuls at realistic shapes plus
-the memory-bound kernels between them): an assumption calibrated on published runs (docs/plan-accuracy.md).
-Large matmuls alone reach 0.80 of peak on H100 and 0.87 on A100 (stas00 maximum-achievable-matmul tables);
-use ``lmcalc bench`` figures or ``--efficiency`` to override."""
+"""The fraction of the dense peak a step's compute reaches under ``--efficiency``-style timing, kept for the
+estimates that take one number (``lmcalc time``); the planner times kernels instead."""
+
+FOREACH_PASSES = 3
+"""A multi-tensor (foreach) AdamW step runs its update as separate element-wise kernels over the state lists
+(lerp, multiply, add-multiply, square root, divide, add: torch/optim/adamw.py ``_multi_tensor_adamw``), about
+three reads and writes of the states where a fused kernel makes one; an estimate, not a measurement."""
 
 
 @dataclass(frozen=True)
 class StepTime:
     slowest_stage: int  # the pipeline stage whose step is longest, which sets the pace
     stage_flops: float  # that stage's hardware FLOPs per step, over all its GPUs
-    compute: float
+    compute: float  # GPU kernel time over the step's micro-batches: gemm + attention + memory
+    gemm: float
+    attention: float
+    memory: float
+    host: float  # host time not hidden behind the GPU's
     tp: float
     ep: float
     cp: float
@@ -53,16 +82,30 @@ class StepTime:
     bubble: float
     dp: float
     zero: float
+    optimizer: float
     model_flops: float  # per step, whole cluster
     hardware_flops: float
     tokens: float
     gpus: int
     peak: float
-    efficiency: float  # the fraction of peak the compute is assumed to reach
+    efficiency: float | None  # the fraction of peak the compute is assumed to reach; None: timed kernel by kernel
+    matmul_rate: float  # the achievable matmul FLOP/s the GEMMs were timed against
+    matmul_source: str
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp + self.ep + self.cp + self.pp_p2p + self.bubble + self.dp + self.zero
+        return (
+            self.compute
+            + self.host
+            + self.tp
+            + self.ep
+            + self.cp
+            + self.pp_p2p
+            + self.bubble
+            + self.dp
+            + self.zero
+            + self.optimizer
+        )
 
     @property
     def mfu(self) -> float:
@@ -89,86 +132,223 @@ def _whole_step_flops(w: Workload) -> fl.StepFlops:
     return fl.step_flops(w.model, w.seq_len, w.recompute, "full")
 
 
+@dataclass(frozen=True)
+class KernelTimes:
+    """One micro-batch's GPU time on one GPU of a stage, by kind of kernel."""
+
+    gemm_forward: float
+    gemm_input_grad: float
+    gemm_weight_grad: float
+    gemm_recompute: float
+    attention_forward: float  # recomputation included
+    attention_backward: float
+    memory: float
+
+    @property
+    def attention(self) -> float:
+        return self.attention_forward + self.attention_backward
+
+    @property
+    def backward(self) -> float:
+        """The backward pass's GEMMs and attention (what a bucketed gradient reduction can hide behind)."""
+        return self.gemm_input_grad + self.gemm_weight_grad + self.attention_backward
+
+    @property
+    def forward(self) -> float:
+        return self.gemm_forward + self.attention_forward
+
+    @property
+    def gemm(self) -> float:
+        return self.gemm_forward + self.gemm_input_grad + self.gemm_weight_grad + self.gemm_recompute
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention + self.memory
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def kernel_times(
+    work: StageWork, hardware: HardwareSpec, dtype: str, kernel: str, e: float, cal: rates.Calibration
+) -> KernelTimes:
+    """Time each kernel of ``work`` by its roofline (``engine.rates``)."""
+    matmul = rates.matmul_rate(hardware, dtype)
+    rate = matmul.flops_per_s
+
+    def gemm(m: float, n: float, k: float, extra: float = 0.0) -> float:
+        return rates.gemm_seconds(hardware, rate, m, n, k, e, extra, cal)
+
+    forward = input_grad = weight_grad = 0.0
+    for g in work.gemms + work.head:
+        forward += g.count * gemm(g.m, g.n, g.k)
+        input_grad += g.count * gemm(g.m, g.k, g.n)
+        weight_grad += g.count * gemm(g.n, g.k, g.m, work.wgrad_accumulator_bytes * g.n * g.k)
+    batched = sum(g.count * gemm(g.m, g.n, g.k) for g in work.batched)
+    forward += batched
+    input_grad += 2 * batched  # the gradients of both operands
+    head = sum(g.count * gemm(g.m, g.n, g.k) for g in work.head)
+    recompute = work.recomputed_gemms * (forward - head)
+    attention_forward = attention_backward = 0.0
+    if work.attention_forward:
+        attn = rates.attention_rate(hardware, kernel, dtype, matmul, cal)  # type: ignore[arg-type]
+        attention_forward = (work.attention_forward + work.attention_recomputed) / attn.forward
+        attention_backward = work.attention_backward / attn.backward
+        attention_forward += work.layers * cal.kernel_overhead_s
+        attention_backward += work.layers * cal.kernel_overhead_s
+    moved = work.memory_forward + work.memory_backward + work.accumulation_bytes
+    memory = rates.memory_seconds(hardware, moved, work.memory_kernels, cal)
+    return KernelTimes(forward, input_grad, weight_grad, recompute, attention_forward, attention_backward, memory)
+
+
 def step_time(
-    w: Workload, layout: Layout, cluster: Cluster, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    w: Workload,
+    layout: Layout,
+    cluster: Cluster,
+    efficiency: float | None = None,
+    calibration: rates.Calibration = rates.CALIBRATION,
 ) -> StepTime:
     """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
     stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
     the longest."""
-    hardware, gpus_per_node, precision, model = cluster.hardware, cluster.gpus_per_node, w.precision, w.model
+    hardware, precision, model, speed = cluster.hardware, w.precision, w.model, w.framework.speed
     t, p, c, d, m = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum
-    gpus = layout.gpus
-    peak = hardware.peak_flops(precision.compute_dtype)
-    act = precision.activation_bytes
+    gpus, dtype, e = layout.gpus, precision.compute_dtype, precision.activation_bytes
+    peak = hardware.peak_flops(dtype)
+    matmul = rates.matmul_rate(hardware, dtype)
     tokens = d * m * w.micro_batch * w.seq_len
     whole = _whole_step_flops(w)
     model_flops = whole.model * tokens
     hardware_flops = model_flops + whole.recomputed * tokens
-    activation = w.seq_len * w.micro_batch * model.hidden_size * act / c
-    tp_link = link_for(hardware, t, gpus_per_node)
-    collectives = 4 + (2 if w.recompute == "full" else 0)
-    tp_per_layer = collectives * collective_time("all-reduce", activation, t, tp_link)
-    ep_per_moe_layer = 0.0
+    sp = layout.sequence_parallel and t > 1
+    kernel = speed.attention_kernel
+    grad_bytes = w.framework.states.grad_bytes or precision.grad_bytes
+    replicas = layout.data_replicas
+    virtual = layout.split.chunks
+
+    tp_one = 0.0
+    if t > 1:
+        activation = w.micro_batch * w.seq_len / c * model.hidden_size * e
+        tp_one = group_time("all-reduce", activation, t, 1, cluster)
+    ep_one = 0.0
     if model.moe and layout.ep > 1:
-        routed = model.moe.experts_per_token * activation / (t if layout.sequence_parallel else 1)
-        ep_per_moe_layer = 4 * collective_time(
-            "all-to-all", routed, layout.ep, link_for(hardware, layout.ep * t * c, gpus_per_node)
-        )
+        hidden_tokens = w.micro_batch * w.seq_len / c / (t if sp else 1)
+        routed = hidden_tokens * model.hidden_size * e * model.moe.experts_per_token
+        ep_one = _all_to_all(routed, layout.ep, t * c, cluster, model.moe.node_limit, model.moe.experts_per_token)
     cp_per_layer = 0.0
     if c > 1:
-        kv_chunk = 2 * w.seq_len / c * w.micro_batch * model.kv_heads * model.qk_head_dim * act / t
-        cp_link = link_for(hardware, c * t, gpus_per_node)
-        cp_per_layer = 3 * (c - 1) * collective_time("p2p", kv_chunk, 2, cp_link)  # forward once, backward twice
-    pp_p2p = 0.0
-    if p > 1:
-        pp_link = link_for(hardware, t * c * d * p, gpus_per_node)
-        pp_p2p = m * 2 * collective_time("p2p", activation / (t if layout.sequence_parallel else 1), 2, pp_link)
-    virtual = layout.split.chunks
-    replicas = layout.data_replicas
-    dp_link = link_for(hardware, t * c * d, gpus_per_node)
+        kv_chunk = 2 * w.seq_len / c * w.micro_batch * model.kv_heads * model.qk_head_dim * e / t
+        cp_per_layer = 3 * (c - 1) * group_time("p2p", kv_chunk, c, t, cluster)
 
     def stage_time(stage: int) -> StepTime:
-        """The step as ``stage`` lives it; the pipeline waits for the slowest."""
         built = stage_layers(model, layout, stage)
         flops = stage_step_flops(w, built)
-        forward, work = flops.forward.total, flops.hardware
-        compute = work * tokens / (gpus / p * peak * efficiency)
-        per_micro_batch = compute / m
-        tp_time = m * built.layers * tp_per_layer
-        ep_time = m * built.moe * ep_per_moe_layer
-        cp_time = m * built.layers * cp_per_layer
-        bubble = (p - 1) / (virtual * m) * (compute + tp_time + ep_time + cp_time) if p > 1 else 0.0
-        params = stage_params(w, layout, stage).total
+        work = stage_work(w, t, c, layout.ep, sp, built)
+        times = kernel_times(work, hardware, dtype, kernel if w.attention == "flash" else "eager", e, calibration)
+        if efficiency is not None:  # the one-number rule: hardware FLOPs at a fraction of the peak
+            compute_mb = flops.hardware * tokens / (gpus / p * peak * efficiency) / m
+        else:
+            compute_mb = times.total
+        # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients
+        tp_forward = built.layers * (4 if w.recompute == "full" else 2) * tp_one
+        tp_backward = built.layers * (3 if sp else 2) * tp_one
+        backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
+        if speed.tp_overlap == "full":
+            tp_mb = max(0.0, tp_forward - times.gemm_forward) + max(0.0, tp_backward - backward_gemms)
+        elif speed.tp_overlap == "backward":
+            tp_mb = tp_forward + max(0.0, tp_backward - backward_gemms)
+        else:
+            tp_mb = tp_forward + tp_backward
+        a2a = built.moe * (4 + (2 if w.recompute == "full" else 0)) * ep_one
+        ep_mb = max(0.0, a2a - compute_mb) if speed.moe_overlap else a2a
+        cp_mb = max(0.0, built.layers * cp_per_layer - times.attention)
+        busy = compute_mb + tp_mb + ep_mb + cp_mb
+        host_mb = work.operations * speed.host_seconds_per_op
+        per_micro_batch = max(busy, host_mb)
+        bubble = (p - 1) / virtual * per_micro_batch if p > 1 else 0.0
+        pp_p2p = 0.0
+        if p > 1 and not speed.pp_overlap:
+            activation = w.micro_batch * w.seq_len / c * model.hidden_size * e / (t if sp else 1)
+            pp_p2p = m * virtual * 2 * group_time("p2p", activation, 2, t * c * d, cluster)
+        held = stage_params(w, layout, stage)
+        params = held.total
         dp_time = zero_time = 0.0
         if replicas > 1:
-            if zero_shards("params", layout.zero):  # every layer's parameters gathered, its gradients scattered
-                gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
-                scatter = collective_time("reduce-scatter", params * precision.grad_bytes, replicas, dp_link)
-                zero_time = m * max(0.0, 2 * gather + scatter - per_micro_batch)
+            stride = t * c
+            backward = times.backward
+            if zero_shards("params", layout.zero):
+                gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
+                scatter = group_time("reduce-scatter", params * grad_bytes, replicas, stride, cluster)
+                comm = 2 * gather + scatter
+                zero_time = m * (max(0.0, comm - compute_mb) if speed.param_gather_overlap else comm)
             else:
-                op: Collective = "reduce-scatter" if zero_shards("grads", layout.zero) else "all-reduce"
-                reduce = collective_time(op, params * precision.grad_bytes, replicas, dp_link)
-                dp_time = max(0.0, reduce - (work - forward) / work * per_micro_batch)  # its last backward
-                if zero_shards("optimizer", layout.zero):  # the updated shards, gathered during the next forward
-                    gather = collective_time("all-gather", params * precision.param_bytes, replicas, dp_link)
-                    zero_time = max(0.0, gather - forward / work * per_micro_batch)
+                op = "reduce-scatter" if zero_shards("grads", layout.zero) else "all-reduce"
+                reduce = group_time(op, params * grad_bytes, replicas, stride, cluster)  # type: ignore[arg-type]
+                dp_time = max(0.0, reduce - backward) if speed.dp_overlap else reduce
+                if zero_shards("optimizer", layout.zero):
+                    gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
+                    zero_time = max(0.0, gather - times.forward) if speed.param_gather_overlap else gather
+        optimizer = _optimizer_seconds(w, layout, held.dense, held.experts, hardware, grad_bytes, calibration)
         return StepTime(
             stage,
-            work * tokens,
-            compute,
-            tp_time,
-            ep_time,
-            cp_time,
+            flops.hardware * tokens,
+            m * (compute_mb if efficiency is not None else times.total),
+            m * times.gemm if efficiency is None else 0.0,
+            m * times.attention if efficiency is None else 0.0,
+            m * times.memory if efficiency is None else 0.0,
+            m * (per_micro_batch - busy),
+            m * tp_mb,
+            m * ep_mb,
+            m * cp_mb,
             pp_p2p,
             bubble,
             dp_time,
             zero_time,
+            optimizer,
             model_flops,
             hardware_flops,
             tokens,
             gpus,
             peak,
             efficiency,
+            matmul.flops_per_s,
+            matmul.source,
         )
 
     return max((stage_time(stage) for stage in distinct_stages(model, layout)), key=lambda st: st.total)
+
+
+def _all_to_all(size: float, ep: int, stride: int, cluster: Cluster, node_limit: int | None, k: int) -> float:
+    """One all-to-all of ``size`` bytes per GPU (k copies of each token) over the EP group. With node-limited
+    routing a token goes to at most ``node_limit`` nodes, and crosses the network once per node it visits (then
+    NVLink forwards it to the experts there, DeepSeek-V3 §3.2.2): the network carries min(k, limit)/k of the
+    bytes a plain all-to-all would send off the node."""
+    per_node = max(1, cluster.gpus_per_node // stride)
+    if node_limit and ep > per_node:
+        nodes = -(-ep // per_node)
+        visited = min(k, node_limit, nodes)
+        size_remote = size * visited / k
+        remote = group_time("all-to-all", size_remote, ep, stride, cluster)
+        near = collective_time("all-to-all", size, min(ep, per_node), intra_link(cluster.hardware))
+        return max(remote, near)
+    return group_time("all-to-all", size, ep, stride, cluster)
+
+
+def _optimizer_seconds(
+    w: Workload,
+    layout: Layout,
+    dense: float,
+    experts: float,
+    hardware: HardwareSpec,
+    grad_bytes: float,
+    calibration: rates.Calibration,
+) -> float:
+    """The optimizer step and gradient clipping over this GPU's share of the states, as memory traffic."""
+    precision = w.precision
+    replicas = layout.data_replicas
+    if zero_shards("optimizer", layout.zero):
+        local = dense / replicas + experts / max(1, replicas // layout.ep)
+    else:
+        local = dense + experts
+    states = optimizer_bytes_per_param(w.model, precision, w.optimizer)
+    per_param = 2 * grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
+    passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
+    return rates.memory_seconds(hardware, local * per_param * passes, 4 * passes, calibration)
