@@ -436,18 +436,32 @@ class SpeedRule(Rule):
         "collective overlaps the weight-gradient GEMM, Megatron-LM's async TP); full (userbuffers comm-GEMM "
         "overlap, forward and backward)"
     )
-    dp_overlap: bool = Field(description="gradient reduction bucketed behind the last micro-batch's backward pass")
+    dp_overlap: Literal["always", "without_zero", "never"] = Field(
+        description="the gradient reduction bucketed behind the last micro-batch's backward pass: always; only "
+        "without ZeRO (DDP's buckets, when ZeRO's own reduction waits for the backward pass); never"
+    )
     param_gather_overlap: bool = Field(
         description="ZeRO's parameter all-gathers prefetched behind computation (ZeRO-1/2 after the step, ZeRO-3 "
         "every layer)"
     )
     pp_overlap: bool = Field(description="pipeline sends and receives overlapped with computation")
+    zero3_network: Literal["all_nics", "one_nic"] = Field(
+        "all_nics",
+        description="how ZeRO-3's parameter gathers and gradient scatters use the network: all_nics (NCCL's "
+        "rings over every NIC of the node, hierarchical) or one_nic (each GPU's whole share over its own NIC)",
+    )
     moe_overlap: bool = Field(
         False, description="expert all-to-all hidden behind another micro-batch's computation (DualPipe)"
     )
     fused_grad_accumulation: bool = Field(
         description="the weight-gradient GEMM accumulates into the fp32 gradients (Megatron-LM's gradient "
         "accumulation fusion); otherwise each micro-batch's gradients are added in by a separate pass"
+    )
+    fp8_casts: Literal["fused", "separate"] = Field(
+        "separate",
+        description="with fp8 GEMMs: fused (Transformer Engine: the casts ride in the norm and activation kernels "
+        "and the fp8 weights are kept for the step; only the transposed copies for the weight gradient cost a "
+        "pass) or separate (a cast-and-transpose kernel for every operand of every GEMM: torchao's float8)",
     )
 
 

@@ -111,10 +111,14 @@ def run_model(run_id: str, model: dict[str, Any], shapes: dict[str, dict[str, An
 
 def _framework(row: dict[str, Any]) -> FrameworkProfile:
     """The run's framework profile, with the attention kernel the run used where it differs from the profile's
-    (``attention_kernel``: FlashAttention-2 on runs made before FlashAttention-3 existed)."""
+    (``attention_kernel``: FlashAttention-2 on runs made before FlashAttention-3 existed) and any other speed rule
+    the source states (``speed``: DeepSeek-V3's DualPipe overlaps its all-to-alls)."""
     profile = resolve_framework(row["framework"]).spec
+    changes = dict(row.get("speed", {}))
     if "attention_kernel" in row:
-        speed = profile.speed.model_copy(update={"attention_kernel": row["attention_kernel"]})
+        changes["attention_kernel"] = row["attention_kernel"]
+    if changes:
+        speed = type(profile.speed).model_validate({**profile.speed.model_dump(), **changes})
         profile = profile.model_copy(update={"speed": speed})
     return profile
 

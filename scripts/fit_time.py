@@ -31,7 +31,8 @@ FITTED = ROOT / "benchmarks" / "published_runs.yaml"
 HELDOUT = ROOT / "benchmarks" / "heldout_runs.yaml"
 
 BOUNDS: dict[str, tuple[float, float]] = {
-    "gemm_fraction": (0.5, 1.0),
+    "gemm:ampere": (0.5, 1.0),
+    "gemm:hopper": (0.5, 1.0),
     "hbm_efficiency": (0.5, 0.95),
     "kernel_overhead_s": (0.0, 20e-6),
     "attention_fraction": (0.5, 1.3),
@@ -48,6 +49,8 @@ class Constants:
     def get(self, name: str) -> float:
         if name.startswith("host:"):
             return dict(self.host)[name[5:]]
+        if name.startswith("gemm:"):
+            return dict(self.calibration.gemm_fractions)[name[5:]]
         return float(getattr(self.calibration, name))
 
     def set(self, name: str, value: float) -> Constants:
@@ -55,6 +58,12 @@ class Constants:
             host = dict(self.host)
             host[name[5:]] = value
             return replace(self, host=tuple(sorted(host.items())))
+        if name.startswith("gemm:"):
+            fractions = dict(self.calibration.gemm_fractions)
+            fractions[name[5:]] = value
+            mean = statistics.fmean(fractions.values())  # what a chip no run measured gets
+            calibration = replace(self.calibration, gemm_fractions=tuple(sorted(fractions.items())), gemm_fraction=mean)
+            return replace(self, calibration=calibration)
         return replace(self, calibration=replace(self.calibration, **{name: value}))
 
 
@@ -108,13 +117,21 @@ def _golden(f: Callable[[float], float], low: float, high: float, steps: int = 1
     return (a + b) / 2
 
 
+def _determined(name: str, runs: Sequence[PublishedRun]) -> bool:
+    """Whether some run depends on the constant: a framework's host time needs its runs, a chip generation's GEMM
+    fraction runs on that generation."""
+    if name.startswith("host:"):
+        return any(run.workload.framework.name == name[5:] for run in runs)
+    if name.startswith("gemm:"):
+        return any(run.cluster.hardware.architecture == name[5:] for run in runs)
+    return True
+
+
 def fit(runs: Sequence[PublishedRun], start: Constants, sweeps: int = 3) -> Constants:
     """Coordinate descent: each constant in turn to its best value with the others held, a few sweeps. A constant
     no run can tell apart (a framework with no runs here) keeps its starting value."""
     constants = start
-    names = [name for name in BOUNDS if not name.startswith("host:") or any(
-        run.workload.framework.name == name[5:] for run in runs
-    )]
+    names = [name for name in BOUNDS if _determined(name, runs)]
     for _ in range(sweeps):
         for name in names:
             low, high = BOUNDS[name]
@@ -160,7 +177,11 @@ def main() -> None:
     fitted = fit(runs, shipped)
     print(f"fitted constants: {fitted}")
     for f in fields(Calibration):
-        print(f"  {f.name} = {fitted.get(f.name):.4g}")
+        if f.name == "gemm_fractions":
+            for arch, value in fitted.calibration.gemm_fractions:
+                print(f"  gemm_fraction[{arch}] = {value:.4g}")
+        else:
+            print(f"  {f.name} = {fitted.get(f.name):.4g}")
     for name, value in fitted.host:
         print(f"  host {name} = {value:.3g} s/op")
     print(f"  fitting set: {summary([log_error(r, fitted) for r in runs])}")

@@ -42,14 +42,16 @@ def test_bus_bandwidth_grows_with_the_message_as_nccl_tests_show():
 
 
 def test_one_member_per_node_runs_over_the_nics():
-    """A DP group of 4 with TP 8 inside: one GPU per node, a flat ring over each GPU's NIC (46 GB/s per 400 Gb/s
-    NDR NIC, NVIDIA's expectation in nccl-tests #290, the preset's inter_node_busbw_gbps), tree latency across
-    nodes (log₂ 4 = 2 steps a pass)."""
+    """A DP group of 4 with TP 8 inside: one GPU per node, a flat ring over each GPU's NIC (46-48 GB/s per
+    400 Gb/s NDR NIC, NVIDIA's expectation in nccl-tests #290: the preset's inter_node_busbw_gbps), tree latency
+    across nodes for an all-reduce (log₂ 4 = 2 steps a pass), ring latency for an all-gather (3 steps)."""
     t = comm.group_time("all-reduce", 1 * GB, 4, 8, on(H100, 32))
-    link = comm.inter_link(H100)
-    assert link.bandwidth == pytest.approx(46 * GB)
-    expected = comm.INTER_NODE_LATENCY_S + 2 * 2 * comm.INTER_NODE_STEP_S + 2 * 3 / 4 * GB / (46 * GB)
+    busbw = comm.inter_link(H100).bandwidth
+    assert 46 * GB <= busbw <= 48 * GB
+    expected = comm.INTER_NODE_LATENCY_S + 2 * 2 * comm.INTER_NODE_STEP_S + 2 * 3 / 4 * GB / busbw
     assert t == pytest.approx(expected)
+    gather = comm.group_time("all-gather", 1 * GB, 4, 8, on(H100, 32))
+    assert gather == pytest.approx(comm.INTER_NODE_LATENCY_S + 3 * comm.INTER_NODE_STEP_S + 3 / 4 * GB / busbw)
 
 
 def test_a_group_across_nodes_with_several_members_each_is_hierarchical():
@@ -75,6 +77,15 @@ def test_all_to_all_across_nodes_sends_the_remote_share_over_the_network():
     remote = 8 / 16 * size / comm.inter_link(H100).bandwidth + comm.INTER_NODE_LATENCY_S
     near = 7 / 16 * size / comm.intra_link(H100).bandwidth + comm.INTRA_NODE_LATENCY_S
     assert t == pytest.approx(max(remote, near))
+
+
+def test_one_nic_sends_a_gpus_whole_share_over_its_own_nic():
+    """ZeRO-3 as DeepSpeed ran it (SpeedRule.zero3_network one_nic): 16 GPUs on 2 nodes, a flat ring over the
+    NICs instead of the hierarchical reduce-scatter, all-gather and cross-node all-reduce of 1/8."""
+    cluster = on(H100, 16)
+    flat = comm.group_time("all-gather", GB, 16, 1, cluster, one_nic=True)
+    assert flat == pytest.approx(comm.collective_time("all-gather", GB, 16, comm.inter_link(H100)))
+    assert flat > comm.group_time("all-gather", GB, 16, 1, cluster)
 
 
 def test_a_missing_network_figure_is_refused_not_guessed():

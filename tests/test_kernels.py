@@ -197,7 +197,7 @@ def test_a_large_gemm_runs_at_the_sustained_matmul_rate():
     assert rate.measured and rate.flops_per_s == pytest.approx(794.5e12)
     t = rates.gemm_seconds(H100, rate.flops_per_s, 8192, 8192, 8192, 2)
     w = rates.wave_efficiency(H100, 8192, 8192)
-    assert t == pytest.approx(2 * 8192**3 / (cal.gemm_fraction * 794.5e12 * w) + cal.kernel_overhead_s)
+    assert t == pytest.approx(2 * 8192**3 / (cal.gemm_fraction_for(H100) * 794.5e12 * w) + cal.kernel_overhead_s)
 
 
 def test_an_unmeasured_chip_states_its_assumed_matmul_rate():

@@ -9,8 +9,8 @@ For a group of n GPUs, each holding (or receiving) ``size`` bytes, the time of a
 * B_bus is the bus bandwidth the link reaches at large messages: the hardware preset's measured figure
   (``intra_node_busbw_gbps``, ``inter_node_busbw_gbps``: nccl-tests), else the link's spec bandwidth times
   the efficiency measured on a comparable link (``NVLINK_RING_EFFICIENCY``, ``NETWORK_RING_EFFICIENCY``);
-* α and α_step are latencies: a fixed cost per collective and one per step (n − 1 steps of a ring within a node;
-  across nodes NCCL switches to trees, whose depth grows as log₂ n). Small messages are latency-bound, so the
+* α and α_step are latencies: a fixed cost per collective and one per step (n − 1 steps of a ring; across nodes
+  NCCL runs all-reduces as trees, whose depth grows as log₂ n). Small messages are latency-bound, so the
   achieved bandwidth grows with the message size and reaches B_bus only for large ones, as nccl-tests' curves
   do.
 
@@ -111,12 +111,14 @@ def ring_factor(op: Collective, n: int) -> float:
 
 
 def steps(op: Collective, n: int, link: Link) -> float:
-    """Latency-bound steps: n − 1 per ring pass within a node (two for an all-reduce), ⌈log₂ n⌉ per tree pass
-    across nodes, one point to point."""
-    if op == "p2p":
+    """Latency-bound steps: n − 1 per ring pass (two passes for an all-reduce); across nodes NCCL runs an
+    all-reduce as trees, 2·⌈log₂ n⌉ steps, but has only rings for all-gather and reduce-scatter; an all-to-all
+    posts its sends at once (one step); one step point to point."""
+    if op in ("p2p", "all-to-all"):
         return 1
-    passes = 2 if op == "all-reduce" else 1
-    return passes * (n - 1 if link.name == "intra-node" else math.ceil(math.log2(n)))
+    if op == "all-reduce":
+        return 2 * (n - 1 if link.name == "intra-node" else math.ceil(math.log2(n)))
+    return n - 1
 
 
 def collective_time(op: Collective, size: float, n: int, link: Link) -> float:
@@ -127,10 +129,11 @@ def collective_time(op: Collective, size: float, n: int, link: Link) -> float:
     return link.latency + steps(op, n, link) * link.step_latency + ring_factor(op, n) * size / link.bandwidth
 
 
-def group_time(op: Collective, size: float, n: int, stride: int, cluster: Cluster) -> float:
+def group_time(op: Collective, size: float, n: int, stride: int, cluster: Cluster, one_nic: bool = False) -> float:
     """Seconds for one collective over a group of ``n`` GPUs whose members sit ``stride`` ranks apart, on the
     links their placement gives them (flat within a node, flat over the NICs with one member per node,
-    hierarchical otherwise)."""
+    hierarchical otherwise; ``one_nic``: flat over the NICs whatever the placement, each GPU's whole share
+    through its own NIC)."""
     if n <= 1 or size <= 0:
         return 0.0
     hardware, per_node = cluster.hardware, cluster.gpus_per_node
@@ -138,7 +141,7 @@ def group_time(op: Collective, size: float, n: int, stride: int, cluster: Cluste
     if n * stride <= domain:
         return collective_time(op, size, n, intra_link(hardware))
     local = max(1, min(n, domain // stride))  # members per node (or scale-up domain)
-    if local == 1:
+    if local == 1 or one_nic:
         return collective_time(op, size, n, inter_link(hardware))
     nodes = math.ceil(n / local)
     intra, inter = intra_link(hardware), inter_link(hardware)

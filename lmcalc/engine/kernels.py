@@ -13,7 +13,8 @@ Three kinds of kernel, as a profiler shows them:
   that backward, which recomputes the scores (FlashAttention-2's benchmark convention, Dao 2023).
 * **Memory-bound kernels**, counted in bytes read and written per element: norms, residual adds, rotary
   embeddings, the MLP activation, dropout, layout copies, eager softmax, MoE permutation, the loss over the
-  logits, the embedding's gradient, and the per-micro-batch accumulation of gradients. Which of them are
+  logits, the embedding's gradient, the per-micro-batch accumulation of gradients, and with fp8 GEMMs the casts
+  of their operands (a fused cast and transpose per operand: Transformer Engine, torchao's float8). Which of them are
   fused, and so how many bytes they move, is the framework profile's (the same rules that decide what they
   keep for backward: ``specs.NormRule``, ``MlpRule``, ``RotaryRule``, ``AttentionRule``, ``LossRule``).
 
@@ -74,6 +75,7 @@ class StageWork:
     memory_kernels: float  # memory-bound kernels launched, forward and backward
     accumulation_bytes: float  # adding this micro-batch's gradients into the accumulated ones (unfused)
     wgrad_accumulator_bytes: float  # per weight element: the fp32 accumulator the fused weight-gradient GEMM updates
+    fp8_cast_bytes: float  # fp8 GEMMs: casting (and transposing) their operands to fp8 and back
     tp_collectives: float  # activation-sized collectives per micro-batch, forward (recompute included) + backward
     tp_collective_bytes: float  # bytes of one
     layers: int
@@ -254,6 +256,19 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
     if not fused_accumulation:
         kernels += sum(g.count for g in gemms) + len(head)
 
+    # fp8 GEMMs: separately, each GEMM's input, output gradient and weight are cast to fp8 with a transposed copy
+    # for the weight gradient (a cast-transpose kernel: read 2 bytes, write 1 + 1); fused into the producers, only
+    # the transposes (read 1, write 1) remain
+    fp8_cast = 0.0
+    if w.precision.compute_dtype == "fp8":
+        every = gemms + list(head)
+        if profile.speed.fp8_casts == "fused":  # the transposes of the input and of the output gradient only
+            fp8_cast = sum(2 * (g.m * g.k + g.m * g.n) * g.count for g in every)
+            kernels += 2 * (sum(g.count for g in gemms) + len(head))
+        else:
+            fp8_cast = sum(4 * (g.m * g.k + g.m * g.n + g.n * g.k) * g.count for g in every)
+            kernels += 3 * (sum(g.count for g in gemms) + len(head))
+
     collectives = 0.0
     if tp > 1:
         collectives = layers * (4 + (2 if w.recompute == "full" else 0))
@@ -271,6 +286,7 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
         memory_kernels=kernels * (1.5 if recompute_full else 1.0),
         accumulation_bytes=accumulation,
         wgrad_accumulator_bytes=2 * grad_bytes if fused_accumulation and grad_bytes > e else 0.0,
+        fp8_cast_bytes=fp8_cast * (1.5 if recompute_full else 1.0),
         tp_collectives=collectives,
         tp_collective_bytes=tokens * h * e,
         layers=layers,

@@ -173,9 +173,10 @@ def kernel_times(
     """Time each kernel of ``work`` by its roofline (``engine.rates``)."""
     matmul = rates.matmul_rate(hardware, dtype)
     rate = matmul.flops_per_s
+    operand = 1.0 if dtype == "fp8" else e  # fp8 GEMMs read one-byte operands
 
     def gemm(m: float, n: float, k: float, extra: float = 0.0) -> float:
-        return rates.gemm_seconds(hardware, rate, m, n, k, e, extra, cal)
+        return rates.gemm_seconds(hardware, rate, m, n, k, operand, extra, cal)
 
     forward = input_grad = weight_grad = 0.0
     for g in work.gemms + work.head:
@@ -189,12 +190,16 @@ def kernel_times(
     recompute = work.recomputed_gemms * (forward - head)
     attention_forward = attention_backward = 0.0
     if work.attention_forward:
-        attn = rates.attention_rate(hardware, kernel, dtype, matmul, cal)  # type: ignore[arg-type]
+        # attention runs in the activation dtype even when the GEMMs run in fp8 (Transformer Engine's default)
+        attention_dtype = "bf16" if dtype == "fp8" else dtype
+        attn = rates.attention_rate(
+            hardware, kernel, attention_dtype, rates.matmul_rate(hardware, attention_dtype), cal  # type: ignore[arg-type]
+        )
         attention_forward = (work.attention_forward + work.attention_recomputed) / attn.forward
         attention_backward = work.attention_backward / attn.backward
         attention_forward += work.layers * cal.kernel_overhead_s
         attention_backward += work.layers * cal.kernel_overhead_s
-    moved = work.memory_forward + work.memory_backward + work.accumulation_bytes
+    moved = work.memory_forward + work.memory_backward + work.accumulation_bytes + work.fp8_cast_bytes
     memory = rates.memory_seconds(hardware, moved, work.memory_kernels, cal)
     return KernelTimes(forward, input_grad, weight_grad, recompute, attention_forward, attention_backward, memory)
 
@@ -275,14 +280,16 @@ def step_time(
             stride = t * c
             backward = times.backward
             if zero_shards("params", layout.zero):
-                gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
-                scatter = group_time("reduce-scatter", params * grad_bytes, replicas, stride, cluster)
+                flat = speed.zero3_network == "one_nic"
+                gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster, flat)
+                scatter = group_time("reduce-scatter", params * grad_bytes, replicas, stride, cluster, flat)
                 comm = 2 * gather + scatter
                 zero_time = m * (max(0.0, comm - compute_mb) if speed.param_gather_overlap else comm)
             else:
                 op = "reduce-scatter" if zero_shards("grads", layout.zero) else "all-reduce"
                 reduce = group_time(op, params * grad_bytes, replicas, stride, cluster)  # type: ignore[arg-type]
-                dp_time = max(0.0, reduce - backward) if speed.dp_overlap else reduce
+                hidden = speed.dp_overlap == "always" or speed.dp_overlap == "without_zero" and layout.zero == 0
+                dp_time = max(0.0, reduce - backward) if hidden else reduce
                 if zero_shards("optimizer", layout.zero):
                     gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
                     zero_time = max(0.0, gather - times.forward) if speed.param_gather_overlap else gather
