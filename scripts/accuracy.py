@@ -14,7 +14,7 @@ from typing import Any
 from lmcalc.engine.flops import step_flops
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.plan import Pins, plan
-from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
+from lmcalc.engine.steptime import StepTime, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_ATTENTION
@@ -206,7 +206,7 @@ def _split(layout: Layout) -> Split:
     return (layout.tp, layout.pp, layout.cp, layout.dp)
 
 
-def fastest_per_split(run: PublishedRun, pins: Pins, efficiency: float) -> dict[Split, float]:
+def fastest_per_split(run: PublishedRun, pins: Pins, efficiency: float | None = None) -> dict[Split, float]:
     """Tokens/s of each split's fastest variant (ZeRO stage, micro-batch, recomputation, schedule) that fits,
     fastest split first."""
     found = plan(run.workload, run.cluster, run.global_batch, pins, efficiency)
@@ -221,13 +221,13 @@ def _rank(split: Split, fastest: dict[Split, float]) -> int | None:
     return order.index(split) + 1 if split in order else None
 
 
-def published_step_time(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> StepTime:
+def published_step_time(run: PublishedRun, efficiency: float | None = None) -> StepTime:
     """The step-time model's figures for the run's own layout (its tokens/s per GPU are what the published ones are
     compared with)."""
     return step_time(run.workload, run.layout, run.cluster, efficiency)
 
 
-def assess(run: PublishedRun, efficiency: float = DEFAULT_COMPUTE_EFFICIENCY) -> Accuracy:
+def assess(run: PublishedRun, efficiency: float | None = None) -> Accuracy:
     time = published_step_time(run, efficiency)
     published = _split(run.layout)
     everything = fastest_per_split(run, Pins(), efficiency)
