@@ -174,7 +174,7 @@ BAD_LAYOUTS = [
     ),
     ("llama-3.1-8b", "8xH100", Layout(dp=8, split=interleaved(2)), "needs pipeline stages"),
     ("llama-3.1-8b", "3xH100", Layout(tp=3), "TP=3 does not divide the 32 attention heads"),
-    ("llama-3.1-8b", "16xH100", Layout(tp=16), "TP=16 does not divide the 8 KV heads"),
+    ("qwen2.5-7b", "14xH100", Layout(tp=14), "TP=14 is not a multiple of the 4 KV heads"),
     ("llama-2-7b", "2x8xH100", Layout(tp=16), "TP=16 spans more than the 8 GPUs of a node"),
     ("llama-3.1-8b", "64xH100", Layout(pp=64), "PP=64 exceeds the 32 layers"),
     (

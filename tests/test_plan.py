@@ -140,7 +140,7 @@ def test_plan_with_nothing_that_fits_says_what_is_closest(capsys):
     "args,message",
     [
         ("plan --model gpt2-124m --gpus 8xH100 --tp 8", "TP=8 does not divide the 12 attention heads"),
-        ("plan --model llama-3.1-8b --gpus 2x8xH100 --tp 16", "TP=16 does not divide the 8 KV heads"),
+        ("plan --model qwen2.5-7b --gpus 14xH100 --tp 14", "TP=14 is not a multiple of the 4 KV heads"),
         ("plan --model llama-3.1-8b --gpus 8xH100 --cp 8 --attention eager", "needs fused attention"),
     ],
 )

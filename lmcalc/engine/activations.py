@@ -7,6 +7,12 @@ and product: 4·s·b·f instead of GELU's 8·sbh + 8·sbh for f = 4h), GQA (K an
 trained without dropout (no masks), MoE (k routed experts per token), multi-head latent attention, and
 FlashAttention (no s² score matrix; the per-row log-sum-exp instead). How many of them a GPU holds at once,
 over its layers, pipeline stage and micro-batches in flight, is ``engine.gpu_memory``'s question.
+
+Tensor parallelism splits what lies inside attention and the MLP (``SavedTensor.split``); K and V over at most
+their H_kv heads, each rank keeping one whole KV head when TP exceeds them (``SavedTensor.tp_ways``), as
+Megatron-Core does. Not modelled there: Megatron-Core gets that head by all-gathering the fused Q/K/V output
+over TP, so where a profile keeps the fused output alive (``q_copies``/``k_copies`` > 1) the storage kept is
+the gathered one, every head's, not the rank's slice.
 """
 
 from __future__ import annotations
@@ -37,10 +43,18 @@ class SavedTensor:
     block: str = "attention"  # what keeps it: a layer's "attention" or "mlp" half (its norm included), or
     # outside the layers, the "embedding" side, the "head" side (final norm, output head, loss), or the rotary
     # "tables" every stage makes once per micro-batch
+    most_tp_ranks: int | None = None  # K and V: their H_kv heads; more TP ranks share a head (``tp_ways``)
 
     @property
     def bytes(self) -> float:
         return self.elements * self.bytes_per_element
+
+    def tp_ways(self, tp: int) -> int:
+        """Over how many of ``tp`` tensor-parallel ranks the tensor is split, when TP splits it: all of them, or
+        for K and V at most their H_kv heads, since past them each rank keeps one whole KV head (Megatron-Core
+        core_v0.16.1, megatron/core/transformer/attention.py:289-293 and 1398-1411: the fused Q/K/V output is
+        all-gathered over TP and each rank slices out its group's K and V; ``sharding.check_tp_heads``)."""
+        return min(tp, self.most_tp_ranks) if self.most_tp_ranks else tp
 
 
 def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "seq") -> list[SavedTensor]:
@@ -94,30 +108,29 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
     expanded = w.attention == "eager" and w.recompute != "selective"
     kv = H if expanded else spec.kv_heads
     kv_sym = "H" if expanded or kv == H else "H_kv"
+    kv_ranks = None if expanded else spec.kv_heads  # TP ranks past the KV heads share one (SavedTensor.tp_ways)
     if spec.qk_norm != "none":
         full = spec.qk_norm == "full"  # a full-width QK-norm has one row per token for Q and one for K
         q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * spec.kv_heads, "s·b·H_kv"))
         q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
         k_width = Dim(spec.kv_heads * dqk, "H_kv·d") if full else Dim(dqk, "d")
-        tensors += [
-            *_norm_saved(w, "Q-norm", q_rows, q_width, "tp"),
-            *_norm_saved(w, "K-norm", k_rows, k_width, "tp"),
-        ]
+        k_norm = [replace(t, most_tp_ranks=spec.kv_heads) for t in _norm_saved(w, "K-norm", k_rows, k_width, "tp")]
+        tensors += [*_norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
     rule = w.framework.attention  # copies beyond the kernel's own: a fused QKV output or a K/V copy kept alive
     extra = [
-        SavedTensor(f"{name} (another copy, kept alive)", symbol, elements, act)
-        for name, symbol, elements, copies in (
-            ("Q", "s·b·H·d", sb * H * dqk, rule.q_copies),
-            ("K", f"s·b·{kv_sym}·d", sb * kv * dqk, rule.k_copies),
-            ("V", f"s·b·{kv_sym}·d", sb * kv * dv, rule.v_copies),
+        SavedTensor(f"{name} (another copy, kept alive)", symbol, elements, act, most_tp_ranks=ranks)
+        for name, symbol, elements, copies, ranks in (
+            ("Q", "s·b·H·d", sb * H * dqk, rule.q_copies, None),
+            ("K", f"s·b·{kv_sym}·d", sb * kv * dqk, rule.k_copies, kv_ranks),
+            ("V", f"s·b·{kv_sym}·d", sb * kv * dv, rule.v_copies, kv_ranks),
         )
         for _ in range(copies - 1)
     ]
     return tensors + [
         SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
-        SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act),
-        SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act),
+        SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act, most_tp_ranks=kv_ranks),
+        SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act, most_tp_ranks=kv_ranks),
         *extra,
     ]
 

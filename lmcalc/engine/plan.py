@@ -17,10 +17,11 @@ from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES, Recompute, ZeroS
 from lmcalc.engine.gpu_memory import GpuMemory, most_loaded_gpu
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts
+from lmcalc.engine.sharding import check_tp_heads
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, setting
-from lmcalc.specs import Cluster
+from lmcalc.specs import Cluster, ModelSpec
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 VIRTUAL_STAGES = (2, 3, 4)
@@ -125,6 +126,15 @@ def _powers_of_two(limit: int) -> list[int]:
     return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
 
 
+def _splits_heads(model: ModelSpec, tp: int) -> bool:
+    """Whether TP can split the model's attention heads (``sharding.check_tp_heads``)."""
+    try:
+        check_tp_heads(model, tp)
+    except LmcalcError:
+        return False
+    return True
+
+
 def layouts(
     base: Workload, cluster: Cluster, global_batch: int, pins: Pins
 ) -> Iterator[tuple[Layout, tuple[Workload, ...]]]:
@@ -134,11 +144,7 @@ def layouts(
     model = base.model
     gpus, per_node = cluster.count, cluster.gpus_per_node
     max_tp = pins.max_tp or (per_node if pins.tp_within_node else gpus)
-    tps = (
-        [pins.tp]
-        if pins.tp
-        else [t for t in _powers_of_two(max_tp) if model.num_heads % t == 0 and (model.mla or model.kv_heads % t == 0)]
-    )
+    tps = [pins.tp] if pins.tp else [t for t in _powers_of_two(max_tp) if _splits_heads(model, t)]
     pps = [pins.pp] if pins.pp else [p for p in range(1, min(pins.max_pp, model.num_layers) + 1) if gpus % p == 0]
     cps = (
         [pins.cp]

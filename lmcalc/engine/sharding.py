@@ -50,18 +50,31 @@ def zero_divisor(state: ModelState, zero: ZeroStage, replicas: int) -> int:
 
 
 def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> None:
-    """TP splits the attention heads evenly, and in training the KV heads too (Megatron-LM). Serving may
-    instead replicate KV heads that are fewer than TP, when TP is a multiple of them (vLLM)."""
+    """TP splits the query heads evenly, and the KV heads too while there are at least as many as TP ranks.
+    Past them, TP must be a multiple of the KV heads, and each rank keeps one whole KV head, shared by
+    TP / H_kv ranks. Training (Megatron-Core) gets there by sub-sharding, serving (vLLM, ``replicate_kv``) by
+    replicating the K/V weights; the two differ in what each rank's weights must split.
+
+    Megatron-Core (core_v0.16.1, megatron/core/transformer/transformer_config.py:939-946) accepts query groups
+    that are "a multiple or divisor of tensor_model_parallel_size". Past them (attention.py:289-301, 1398-1411,
+    1465-1475) the fused Q/K/V projection stays one column-parallel weight of (H + 2·H_kv)·d rows split evenly
+    (attention.py:1264; tensor_parallel/layers.py:842 divides the rows by TP, so TP must divide them), and its
+    output is all-gathered over TP, each rank slicing out its group's K and V head and its H/TP query heads."""
     if model.num_heads % tp:
         raise LmcalcError(f"TP={tp} does not divide the {model.num_heads} attention heads of {model.name}")
     kv = model.kv_heads
     if model.mla or kv % tp == 0:
         return
-    if not replicate_kv or kv > tp:
+    if kv > tp:
         raise LmcalcError(f"TP={tp} does not divide the {kv} KV heads of {model.name}")
     if tp % kv:
+        reason = "so they cannot be replicated" if replicate_kv else "(past them, TP / H_kv ranks share each KV head)"
+        raise LmcalcError(f"TP={tp} is not a multiple of the {kv} KV heads of {model.name} {reason}")
+    rows = (model.num_heads + 2 * kv) * model.head_size
+    if not replicate_kv and rows % tp:
         raise LmcalcError(
-            f"TP={tp} is not a multiple of the {kv} KV heads of {model.name}, so they cannot be replicated"
+            f"TP={tp} does not divide the (H + 2·H_kv)·d = {rows:,} rows of the fused Q/K/V projection of "
+            f"{model.name}, which Megatron-Core splits evenly when TP exceeds the {kv} KV heads"
         )
 
 
