@@ -121,6 +121,7 @@ SPLIT_OPTIONS = (
 """How the layers split over the pipeline stages (``estimates.inputs.SplitSettings``)."""
 
 DEGREES = {
+    "dp": "data-parallel degree",
     "tp": "tensor-parallel degree",
     "pp": "pipeline-parallel degree",
     "cp": "context-parallel degree",
@@ -157,10 +158,29 @@ TRAINING_OPTIONS = (
 )
 """What is trained and how (``estimates.training.TrainingSettings``), as ``memory`` and ``fit`` take it."""
 
-PIN_OPTIONS = tuple(
-    Option.of(o.name, int | None, None, f"Pin the {DEGREES[o.name]}.") for o in LAYOUT_OPTIONS if o.name in DEGREES
+PIN_OPTIONS = (
+    *(Option.of(o.name, int | None, None, f"Pin the {DEGREES[o.name]}.") for o in LAYOUT_OPTIONS if o.name in DEGREES),
+    Option.of("schedule", str | None, None, f"Pin the pipeline schedule: {alternatives(SCHEDULES)}."),
+    Option.of(
+        "virtual_stages",
+        int | None,
+        None,
+        "Pin the model chunks per pipeline stage (2 or more: the interleaved schedule; 1: 1F1B).",
+    ),
+    Option(
+        "sequence_parallel",
+        Annotated[
+            bool,
+            typer.Option(
+                "--sequence-parallel/--no-sequence-parallel",
+                help="Sequence parallelism wherever TP > 1 (Korthikanti et al.), or nowhere.",
+            ),
+        ],
+        True,
+    ),
 )
-"""The degrees ``plan`` searches, each of which the user may pin instead."""
+"""The layout's settings ``plan`` searches (the degrees, the ZeRO stage, the schedule and its virtual stages,
+sequence parallelism), each of which the user may pin instead."""
 
 
 def with_defaults(options: tuple[Option, ...], **defaults: Any) -> tuple[Option, ...]:

@@ -285,6 +285,14 @@ def plan(
     top: Annotated[int, typer.Option("--top", help="How many of the fastest layouts to show.")] = 10,
     pins: dict[str, Any] | None = None,
     micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
+    max_micro_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--max-micro-batch",
+            help="Largest micro-batch to try (default 16): every size up to it that divides the sequences each "
+            "data-parallel replica takes per step.",
+        ),
+    ] = None,
     recompute: Annotated[str | None, typer.Option("--recompute", help=f"Pin {alternatives(RECOMPUTE_MODES)}.")] = None,
     max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pipeline degree to try.")] = 64,
     max_cp: Annotated[int, typer.Option("--max-cp", help="Largest context-parallel degree to try.")] = 16,
@@ -330,6 +338,7 @@ def plan(
         seq=seq,
         global_batch=global_batch,
         micro_batch=micro_batch,
+        max_micro_batch=max_micro_batch,
         recompute=recompute,
         max_pp=max_pp,
         max_cp=max_cp,

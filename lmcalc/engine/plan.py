@@ -13,7 +13,16 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from lmcalc.engine.choices import RECOMPUTE_MODES, ZERO_STAGES, Recompute, ZeroStage, one_of, positive_integer
+from lmcalc.engine.choices import (
+    RECOMPUTE_MODES,
+    SCHEDULES,
+    ZERO_STAGES,
+    Recompute,
+    Schedule,
+    ZeroStage,
+    one_of,
+    positive_integer,
+)
 from lmcalc.engine.gpu_memory import GpuMemory, most_loaded_gpu
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts
@@ -23,23 +32,33 @@ from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import Cluster, ModelSpec
 
-MICRO_BATCHES = (1, 2, 4, 8, 16)
+MAX_MICRO_BATCH = 16
+"""The largest micro-batch the search tries unless told otherwise: every size up to it that divides the
+sequences each data-parallel replica takes per step (published runs use 3, 6, 10, 12 as well as powers of
+two). In the step-time model a larger micro-batch only saves collective latency and lengthens the pipeline
+bubble, while its activations grow: past 16 sequences it seldom wins, and it costs search time."""
 VIRTUAL_STAGES = (2, 3, 4)
 
 
 @dataclass(frozen=True)
 class Pins:
     """Constraints the user fixed; None leaves a dimension to the search. The pipeline split's layer settings
-    (uneven stages, the embedding or the loss counted) are pinned as they are given; its schedule and virtual
-    stages are the search's."""
+    (uneven stages, the embedding or the loss counted) are pinned as they are given; the schedule and the
+    virtual stages are searched unless pinned (virtual stages past 1 imply the interleaved schedule). Sequence
+    parallelism is on wherever TP > 1 unless pinned off (Megatron-LM turns it off at TP = 1 itself)."""
 
     tp: int | None = None
     pp: int | None = None
     cp: int | None = None
     ep: int | None = None
+    dp: int | None = None
     zero: ZeroStage | None = None
     micro_batch: int | None = None
     recompute: Recompute | None = None
+    schedule: Schedule | None = None
+    virtual_stages: int | None = None
+    sequence_parallel: bool = True
+    max_micro_batch: int = MAX_MICRO_BATCH
     max_tp: int | None = None
     max_pp: int = 64
     max_cp: int = 16
@@ -47,7 +66,10 @@ class Pins:
     split: PipelineSplit = PipelineSplit()
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "ep", "micro_batch", "max_tp", "max_pp", "max_cp"):
+        for name in (
+            "tp", "pp", "cp", "ep", "dp", "micro_batch", "virtual_stages", "max_micro_batch", "max_tp", "max_pp",
+            "max_cp",
+        ):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not positive_integer(value):
                 raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
@@ -57,6 +79,26 @@ class Pins:
             raise LmcalcError(
                 f"{setting('recompute')} must be one of {', '.join(RECOMPUTE_MODES)}; got {self.recompute!r}"
             )
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise LmcalcError(f"{setting('schedule')} must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise LmcalcError(f"{setting('sequence_parallel')} must be true or false, got {self.sequence_parallel!r}")
+        if self.schedule == "1f1b" and self.virtual_stages not in (None, 1):
+            raise LmcalcError(f"{setting('virtual_stages')} applies to {setting('schedule')} interleaved only")
+        if self.schedule == "interleaved" and self.virtual_stages == 1:
+            raise LmcalcError(f"the interleaved schedule needs {setting('virtual_stages')} 2 or more (1 is plain 1F1B)")
+        if self.schedules == ("interleaved",) and self.pp == 1:
+            raise LmcalcError(f"the interleaved schedule needs pipeline stages: {setting('pp')} 2 or more")
+
+    @property
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The schedules to try: the pinned one; interleaved where virtual stages past 1 are pinned, 1F1B where 1
+        is; else both."""
+        if self.schedule is not None:
+            return (self.schedule,)
+        if self.virtual_stages is not None:
+            return ("interleaved",) if self.virtual_stages > 1 else ("1f1b",)
+        return SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -118,8 +160,9 @@ class Plan:
     capacity: float = 0.0
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    """The divisors of ``n``, up to ``limit`` where one is given."""
+    return [d for d in range(1, min(n, limit or n) + 1) if n % d == 0]
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -140,7 +183,8 @@ def layouts(
 ) -> Iterator[tuple[Layout, tuple[Workload, ...]]]:
     """Every layout to try for the workload within the pins, the cluster and the global batch (in sequences),
     each with the workloads it runs: its micro-batch at each recomputation mode the pins allow. (Whether a
-    layout can exist does not depend on recomputation: ``check_layout`` asks once per layout.)"""
+    layout can exist does not depend on recomputation: ``check_layout`` asks once per layout.) The micro-batch
+    is each size up to ``pins.max_micro_batch`` that divides the sequences one replica takes per step."""
     model = base.model
     gpus, per_node = cluster.count, cluster.gpus_per_node
     max_tp = pins.max_tp or (per_node if pins.tp_within_node else gpus)
@@ -152,28 +196,42 @@ def layouts(
         else [c for c in _powers_of_two(pins.max_cp) if base.seq_len % c == 0 and (c == 1 or base.attention == "flash")]
     )
     zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
-    micro = [pins.micro_batch] if pins.micro_batch else list(MICRO_BATCHES)
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_MODES)
-    workloads = {mb: tuple(replace(base, micro_batch=mb, recompute=rc) for rc in recomputes) for mb in micro}
+    workloads: dict[int, tuple[Workload, ...]] = {}  # by micro-batch, made once: layouts share them
     units = model.num_layers + pins.split.units  # what the chunks share
-    splits_1f1b = {pp: _stage_splits(base, pp, pins) for pp in pps}  # made once: layouts share them
-    interleaved = {
-        pp: [replace(pins.split, schedule="interleaved", virtual_stages=v) for v in VIRTUAL_STAGES if units >= pp * v]
+    pinned_interleaved = pins.schedules == ("interleaved",)
+    splits_1f1b = {pp: _stage_splits(base, pp, pins) if "1f1b" in pins.schedules else [] for pp in pps}
+    virtual = (pins.virtual_stages,) if pins.virtual_stages else VIRTUAL_STAGES
+    interleaved = {  # a pinned schedule is tried where it cannot be, so that check_layout says why nothing can
+        pp: [
+            replace(pins.split, schedule="interleaved", virtual_stages=v)
+            for v in virtual
+            if pinned_interleaved or units >= pp * v
+        ]
+        if "interleaved" in pins.schedules
+        else []
         for pp in pps
     }
+    experts = model.moe.num_experts if model.moe else 1
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if gpus % (tp * pp * cp):
             continue
         dp = gpus // (tp * pp * cp)
-        experts = model.moe.num_experts if model.moe else 1
+        if (pins.dp and dp != pins.dp) or global_batch % dp:
+            continue
+        per_replica = global_batch // dp  # sequences one replica takes per step
+        if pins.micro_batch:
+            micro = [pins.micro_batch] if per_replica % pins.micro_batch == 0 else []
+        else:
+            micro = _divisors(per_replica, pins.max_micro_batch)
         eps = [pins.ep] if pins.ep else [e for e in _divisors(experts) if (dp * cp) % e == 0]
         for ep, zero, mb in itertools.product(eps, zeros, micro):
-            if global_batch % (dp * mb):
-                continue
-            accum = global_batch // (dp * mb)
+            accum = per_replica // mb
             splits = splits_1f1b[pp]
-            if pp > 1 and accum % pp == 0:  # pinned uneven stages that do not split over v chunks are refused
+            if pp > 1 and (pinned_interleaved or accum % pp == 0):  # uneven stages must split over v chunks
                 splits = splits + interleaved[pp]
+            if mb not in workloads:
+                workloads[mb] = tuple(replace(base, micro_batch=mb, recompute=rc) for rc in recomputes)
             for split in splits:
                 layout = Layout(
                     dp=dp,
@@ -182,7 +240,7 @@ def layouts(
                     cp=cp,
                     ep=ep,
                     zero=zero,
-                    sequence_parallel=tp > 1,
+                    sequence_parallel=pins.sequence_parallel and tp > 1,
                     grad_accum=accum,
                     split=split,
                 )
@@ -212,11 +270,20 @@ def plan(
     efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
 ) -> Plan:
     """Evaluate every layout of the ``base`` workload, its micro-batch and recomputation searched within the
-    pins; keep those that fit, fastest first, or the one that misses by least."""
+    pins; keep those that fit, fastest first, or the one that misses by least.
+
+    A layout's memory does not fall as its micro-batch grows with the sequences per step fixed: under 1F1B
+    stage i holds min(p − i, m) micro-batches of b sequences, min((p − i)·b, m·b) sequences' worth, and so
+    on chunk by chunk under the interleaved schedule, while the transients grow with b. ``layouts`` gives a
+    layout's micro-batches smallest first, so once one overflows at a recomputation mode, the larger ones of
+    the same layout and mode are counted as evaluated, and not fitting, without their memory being computed
+    (the closest miss, the smallest overflow, is never among them)."""
     if global_batch < 1:
         raise LmcalcError("the global batch must hold at least one sequence")
+    _check_dp_pin(cluster, global_batch, pins)
     result = Plan(capacity=cluster.hardware.memory_bytes)
     refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2
+    overflowed: set[tuple[object, ...]] = set()  # (a layout but its micro-batches, recomputation) that overflowed
     for layout, workloads in layouts(base, cluster, global_batch, pins):
         try:  # pinned degrees are taken as given: the same checks as `lmcalc memory` keep them honest
             check_layout(workloads[0], layout, cluster, pins.tp_within_node)
@@ -224,10 +291,14 @@ def plan(
             if refusal is None or layout.pp > refusal[0]:
                 refusal = (layout.pp, exc.args[0])
             continue
+        family = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.zero, layout.split)
         for w in workloads:
             result.evaluated += 1
+            if (family, w.recompute) in overflowed:  # a smaller micro-batch of it did not fit: nor does this one
+                continue
             memory = most_loaded_gpu(w, layout)
             if memory.total > result.capacity:
+                overflowed.add((family, w.recompute))
                 if result.closest is None or memory.total < result.closest.memory.total:
                     result.closest = Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency))
                 continue
@@ -236,3 +307,20 @@ def plan(
         raise LmcalcError(f"no layout can exist with these constraints: {refusal[1]}")
     result.fitting.sort(key=lambda c: (-round(c.time.tokens_per_s, 6), c.memory.total))  # ties: more headroom
     return result
+
+
+def _check_dp_pin(cluster: Cluster, global_batch: int, pins: Pins) -> None:
+    """Refuse a pinned DP that no layout can have: one that does not divide the GPUs or the global batch, or does
+    not make the GPUs with the other degrees when they are all pinned too."""
+    dp = pins.dp
+    if dp is None:
+        return
+    if cluster.count % dp:
+        raise LmcalcError(f"DP={dp} does not divide the {cluster.count} GPUs of {cluster.label}")
+    if global_batch % dp:
+        raise LmcalcError(f"DP={dp} does not divide the global batch of {global_batch} sequences")
+    if pins.tp and pins.pp and pins.cp and dp * pins.tp * pins.pp * pins.cp != cluster.count:
+        raise LmcalcError(
+            f"DP·TP·PP·CP = {dp}·{pins.tp}·{pins.pp}·{pins.cp} = {dp * pins.tp * pins.pp * pins.cp} "
+            f"does not equal the {cluster.count} GPUs of {cluster.label}"
+        )

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
-from lmcalc.engine.choices import RECOMPUTE_MODES, ZeroStage
+from lmcalc.engine.choices import RECOMPUTE_MODES, SCHEDULES, ZeroStage
 from lmcalc.engine.memory_terms import Capacity, memory_sections
 from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
 from lmcalc.errors import LmcalcError, flag, setting
@@ -72,9 +72,14 @@ def plan(
     pp: int | None = None,
     cp: int | None = None,
     ep: int | None = None,
+    dp: int | None = None,
     zero: ZeroStage | None = None,
     micro_batch: int | None = None,
     recompute: str | None = None,
+    schedule: str | None = None,
+    virtual_stages: int | None = None,
+    sequence_parallel: bool = True,
+    max_micro_batch: int | None = None,
     max_pp: int = 64,
     max_cp: int = 16,
     tp_across_nodes: bool = False,
@@ -90,10 +95,13 @@ def plan(
     **split: Unpack[SplitSettings],
 ) -> PlanEstimate:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question). The
-    degrees, ZeRO stage, micro-batch and recomputation given are pinned, the others searched; the pipeline
-    split settings (``SplitSettings``) are pinned as given. ``global_batch`` is in tokens (binary: 4M =
-    4,194,304). The compute efficiency is ``efficiency``, or measured by ``lmcalc bench step`` on this GPU type
-    (``measured_efficiency``, or a ``calibration`` file), else the calibrated default."""
+    degrees, ZeRO stage, micro-batch, recomputation, pipeline schedule and virtual stages given are pinned, the
+    others searched (virtual stages past 1 imply the interleaved schedule); the micro-batch is searched up to
+    ``max_micro_batch`` (default ``MAX_MICRO_BATCH``, 16). Sequence parallelism is on wherever TP > 1 unless
+    ``sequence_parallel`` is False. The pipeline split settings (``SplitSettings``) are pinned as given.
+    ``global_batch`` is in tokens (binary: 4M = 4,194,304). The compute efficiency is ``efficiency``, or
+    measured by ``lmcalc bench step`` on this GPU type (``measured_efficiency``, or a ``calibration`` file),
+    else the calibrated default."""
     from lmcalc.engine import plan as pl
 
     accept(split, SplitSettings, "plan")
@@ -107,9 +115,14 @@ def plan(
         pp=pp,
         cp=cp,
         ep=ep,
+        dp=dp,
         zero=zero,
         micro_batch=micro_batch,
         recompute=choice(recompute, RECOMPUTE_MODES, "recompute") if recompute else None,
+        schedule=choice(schedule, SCHEDULES, "schedule") if schedule else None,
+        virtual_stages=virtual_stages,
+        sequence_parallel=sequence_parallel,
+        max_micro_batch=pl.MAX_MICRO_BATCH if max_micro_batch is None else max_micro_batch,
         max_pp=max_pp,
         max_cp=max_cp,
         tp_within_node=not tp_across_nodes,
