@@ -149,7 +149,7 @@ MISSPELT = [
     ("memory_sweep", dict(model="llama-3.1-8b", sweep="seq=1k,2k", zerro=3), "zerro"),
     ("plan", dict(model="llama-3.1-8b", gpus="8xH100", zerro=3), "zerro"),
     # plan takes the pipeline split as **split: a layout setting it searches instead is refused like a misspelling
-    ("plan", dict(model="llama-3.1-8b", gpus="8xH100", sequence_parallel=True), "sequence_parallel"),
+    ("plan", dict(model="llama-3.1-8b", gpus="8xH100", grad_accum=4), "grad_accum"),
     ("report", dict(model="llama-3.1-8b", gpus="8xH100", zerro=3), "zerro"),
 ]
 
