@@ -102,5 +102,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
             "expert_ffn_size": _get(config, origin, "moe_intermediate_size", "intermediate_size"),
             "dense_layers": config.get("first_k_dense_replace") or 0,
             "router_bias": model_type == "deepseek_v3",
+            # group-limited routing: each token's experts come from topk_group of n_group groups, which training
+            # places a group to a node (DeepSeek-V3 §2.1.2: node-limited routing)
+            "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,
         }
     return fields

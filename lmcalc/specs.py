@@ -422,29 +422,39 @@ class SpeedRule(Rule):
     """How fast a framework runs the kernels of a step, beyond what they count: which fused attention kernel it
     calls, how much host time each GPU operation costs, and which communication it hides behind computation."""
 
+    source: str = Field(
+        "lmcalc's default for a profile that gives no speed rules: PyTorch eager with FlashAttention-2, nothing "
+        "overlapped but DDP's bucketed gradient reduction",
+        min_length=1,
+    )
     attention_kernel: AttentionKernel = Field(
+        "flash2",
         description="the fused attention kernel (with attention 'flash'): flash2 (FlashAttention-2, PyTorch SDPA's "
-        "flash backend) or flash3 (FlashAttention-3, cuDNN/Transformer Engine fused attention on Hopper and later)"
+        "flash backend) or flash3 (FlashAttention-3, cuDNN/Transformer Engine fused attention on Hopper and later)",
     )
     host_seconds_per_op: float = Field(
+        1.5e-5,
         ge=0,
         description="CPU time to issue one GPU operation (Python, autograd, the dispatcher and the launch): when a "
         "micro-batch's operations take longer to issue than to run, the host sets the pace",
     )
     tp_overlap: TpOverlap = Field(
+        "none",
         description="tensor-parallel collectives hidden behind GEMMs: none; backward (the input gradient's "
         "collective overlaps the weight-gradient GEMM, Megatron-LM's async TP); full (userbuffers comm-GEMM "
-        "overlap, forward and backward)"
+        "overlap, forward and backward)",
     )
     dp_overlap: Literal["always", "without_zero", "never"] = Field(
+        "always",
         description="the gradient reduction bucketed behind the last micro-batch's backward pass: always; only "
-        "without ZeRO (DDP's buckets, when ZeRO's own reduction waits for the backward pass); never"
+        "without ZeRO (DDP's buckets, when ZeRO's own reduction waits for the backward pass); never",
     )
     param_gather_overlap: bool = Field(
+        False,
         description="ZeRO's parameter all-gathers prefetched behind computation (ZeRO-1/2 after the step, ZeRO-3 "
-        "every layer)"
+        "every layer)",
     )
-    pp_overlap: bool = Field(description="pipeline sends and receives overlapped with computation")
+    pp_overlap: bool = Field(False, description="pipeline sends and receives overlapped with computation")
     zero3_network: Literal["all_nics", "one_nic"] = Field(
         "all_nics",
         description="how ZeRO-3's parameter gathers and gradient scatters use the network: all_nics (NCCL's "
@@ -454,8 +464,9 @@ class SpeedRule(Rule):
         False, description="expert all-to-all hidden behind another micro-batch's computation (DualPipe)"
     )
     fused_grad_accumulation: bool = Field(
+        False,
         description="the weight-gradient GEMM accumulates into the fp32 gradients (Megatron-LM's gradient "
-        "accumulation fusion); otherwise each micro-batch's gradients are added in by a separate pass"
+        "accumulation fusion); otherwise each micro-batch's gradients are added in by a separate pass",
     )
     fp8_casts: Literal["fused", "separate"] = Field(
         "separate",
@@ -482,7 +493,7 @@ class FrameworkProfile(NamedSpec):
     buffers: BuffersRule
     optimizer_step: OptimizerStepRule
     allocator: AllocatorRule
-    speed: SpeedRule
+    speed: SpeedRule = Field(default_factory=lambda: SpeedRule.model_validate({}))
     transients: bool = Field(
         True,
         description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "

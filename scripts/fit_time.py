@@ -135,7 +135,7 @@ def fit(runs: Sequence[PublishedRun], start: Constants, sweeps: int = 3) -> Cons
     for _ in range(sweeps):
         for name in names:
             low, high = BOUNDS[name]
-            best = _golden(lambda v, n=name: loss(runs, constants.set(n, v)), low, high)
+            best = _golden(lambda v, n=name, c=constants: loss(runs, c.set(n, v)), low, high)
             if loss(runs, constants.set(name, best)) < loss(runs, constants):
                 constants = constants.set(name, best)
     return constants

@@ -81,9 +81,7 @@ def _heldout_lines() -> list[str]:
         errors = groups[name]
         relative = [abs(e) for e in errors]
         within = sum(r <= MFU_TOLERANCE for r in relative)
-        lines.append(
-            f"| {name} | {len(errors)} | {statistics.median(relative):.1%} | {max(relative):.0%} | {within} |"
-        )
+        lines.append(f"| {name} | {len(errors)} | {statistics.median(relative):.1%} | {max(relative):.0%} | {within} |")
     return lines
 
 
@@ -138,8 +136,12 @@ def main() -> None:
         "### Every run",
         "",
         "| run | layout as published | published tokens/s/GPU | predicted | error | without its family "
-        + ("| without it | rank of published split | rank within the authors' toolset | its own speed ranks "
-           "| its speed against the fastest split " if not args.quick else "")
+        + (
+            "| without it | rank of published split | rank within the authors' toolset | its own speed ranks "
+            "| its speed against the fastest split "
+            if not args.quick
+            else ""
+        )
         + "|",
         "|---|---|---|---|---|---|" + ("---|---|---|---|---|" if not args.quick else ""),
     ]

@@ -103,7 +103,8 @@ def test_efficiency_replaces_the_kernels_with_one_fraction_of_the_peak():
     w = work(with_speed("megatron", host_seconds_per_op=0.0))
     t = step_time(w, Layout(grad_accum=2), Cluster(hardware=H100, count=1, gpus_per_node=1), efficiency=0.5)
     assert t.compute == pytest.approx(t.stage_flops / (H100.peak_flops("bf16") * 0.5))
-    assert t.efficiency == 0.5 and t.gemm == 0
+    assert t.efficiency == 0.5
+    assert t.gemm + t.attention + t.memory == pytest.approx(t.compute)  # shared out as the kernels share it
 
 
 def test_fp8_gemms_run_faster_but_attention_stays_in_bf16():

@@ -305,19 +305,33 @@ def plan(
     force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
     efficiency: Annotated[
         float | None,
-        typer.Option("--efficiency", help="Fraction of peak the compute reaches (default 0.6, calibrated)."),
+        typer.Option(
+            "--efficiency",
+            help="Time the compute as hardware FLOPs at this fraction of the dense peak, instead of kernel by kernel.",
+        ),
     ] = None,
     measured_efficiency: Annotated[
         bool,
         typer.Option(
             "--measured-efficiency",
-            help="Take the compute efficiency from 'lmcalc bench step' results on this GPU type: the HFU of the "
+            help="Take that fraction from 'lmcalc bench step' results on this GPU type: the HFU of the "
             "model's own measured step, else of the largest step measured.",
         ),
     ] = False,
+    peak: Annotated[
+        str,
+        typer.Option(
+            "--peak",
+            help="The matmul rate the GEMMs are timed against: spec (the preset's measured maximum achievable "
+            "rate) or measured ('lmcalc bench' results on this GPU type: the model's own shapes if benchmarked).",
+        ),
+    ] = "spec",
     calibration: Annotated[
         str | None,
-        typer.Option("--calibration", help="Benchmark results file for --measured-efficiency (implies it)."),
+        typer.Option(
+            "--calibration",
+            help="Benchmark results file for --peak measured or --measured-efficiency (alone, implies the latter).",
+        ),
     ] = None,
     precision: PrecisionOpt = DEFAULT_PRECISION,
     optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
@@ -346,6 +360,7 @@ def plan(
         tokens=tokens,
         efficiency=efficiency,
         measured_efficiency=measured_efficiency,
+        peak=peak,
         calibration=calibration,
         precision=precision,
         optimizer=optimizer,

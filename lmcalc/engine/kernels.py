@@ -4,8 +4,9 @@ Three kinds of kernel, as a profiler shows them:
 
 * **GEMMs**, one per weight matrix the stage's layers use (``params.weight_tensors``), with the shape one GPU
   sees: m tokens through a (k × n) weight, n or k divided by TP for column- or row-parallel weights
-  (Megatron-LM's split, ``sharding.tp_divisor``). With TP larger than the KV heads, each GPU computes one KV
-  head's K and V (replicated, as Megatron-LM does for GQA/MQA). Routed experts see the tokens routed to them:
+  (Megatron-LM's split, ``sharding.tp_divisor``; with TP larger than the KV heads Megatron-Core still splits the
+  fused Q/K/V weight by TP and gathers the K and V heads after the GEMM). Routed experts see the tokens routed
+  to them:
   with balanced routing each of the E/EP experts on a GPU gets m = T·k·EP/E tokens. The backward pass of each
   GEMM is two GEMMs of the same FLOPs: the input gradient (m × n)·(n × k) and the weight gradient
   (k × m)·(m × n) (Narayanan et al. 2021 §5.1). Eager attention's score and value products are batched GEMMs.
@@ -30,7 +31,7 @@ import functools
 from dataclasses import dataclass
 
 from lmcalc.engine.flops import effective_keys
-from lmcalc.engine.params import WeightTensor, weight_tensors
+from lmcalc.engine.params import weight_tensors
 from lmcalc.engine.pipeline import StageLayers
 from lmcalc.engine.sharding import tp_divisor
 from lmcalc.engine.workload import Workload
@@ -95,11 +96,6 @@ class StageWork:
         return gemms + attention + self.memory_kernels + self.tp_collectives
 
 
-def _kv_replicated(tensor: WeightTensor, model: ModelSpec, tp: int) -> bool:
-    leaf = tensor.name.rsplit(".", 2)[-2] if tensor.name.count(".") >= 2 else ""
-    return leaf in ("k", "v") and model.mla is None and tp > model.kv_heads
-
-
 def _layer_gemms(model: ModelSpec, tp: int, ep: int, tokens: float, moe: bool) -> list[Gemm]:
     """The GEMMs of one dense or MoE layer for ``tokens`` tokens on one GPU (all of the TP group's tokens: with
     sequence parallelism they are gathered before the GEMM)."""
@@ -110,9 +106,7 @@ def _layer_gemms(model: ModelSpec, tp: int, ep: int, tokens: float, moe: bool) -
         if moe and t.group == "mlp" or not moe and t.group in ("router", "experts", "shared_experts"):
             continue
         out, inp = t.shape
-        if _kv_replicated(t, model, tp):
-            out = model.head_size  # one KV head per GPU
-        elif tp_divisor(t, model, tp) > 1:
+        if tp_divisor(t, model, tp) > 1:
             leaf = t.name.rsplit(".", 2)[-2]
             if leaf in ("o", "proj", "down"):
                 inp = inp // tp
@@ -135,17 +129,14 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
     tokens = w.micro_batch * w.seq_len / cp  # through each GEMM of the TP group
     hidden_tokens = tokens / tp if sequence_parallel and tp > 1 else tokens  # element-wise work on h
     heads = model.num_heads / tp
-    kv_heads = 1.0 if model.mla is None and tp > model.kv_heads else (model.num_heads if model.mla else model.kv_heads) / tp
+    kv_heads = max(1.0, (model.num_heads if model.mla else model.kv_heads) / tp)  # whole KV heads after the gather
 
     gemms: list[Gemm] = []
     for kind, count in (("dense", built.dense), ("moe", built.moe)):
         if count:
             for g in _layer_gemms(model, tp, ep, tokens, kind == "moe"):
                 gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count))
-    if built.head:
-        head = (Gemm("lm_head", tokens, model.vocab_size / tp, h, 1),)
-    else:
-        head = ()
+    head = (Gemm("lm_head", tokens, model.vocab_size / tp, h, 1),) if built.head else ()
 
     layers = built.layers
     # attention core
@@ -197,8 +188,8 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
 
     # copies of Q, K and V the framework makes to lay them out for the kernel
     rule = profile.attention
-    copy_elements = tokens * d * layers * (
-        heads * (rule.q_copies - 1) + kv_heads * (rule.k_copies - 1 + rule.v_copies - 1)
+    copy_elements = (
+        tokens * d * layers * (heads * (rule.q_copies - 1) + kv_heads * (rule.k_copies - 1 + rule.v_copies - 1))
     )
     memory_forward += 2 * e * copy_elements
     memory_backward += 2 * e * copy_elements

@@ -27,7 +27,7 @@ from lmcalc.engine.gpu_memory import GpuMemory, most_loaded_gpu
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts
 from lmcalc.engine.sharding import check_tp_heads
-from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY, StepTime, step_time
+from lmcalc.engine.steptime import StepTime, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import Cluster, ModelSpec
@@ -267,7 +267,7 @@ def plan(
     cluster: Cluster,
     global_batch: int,
     pins: Pins,
-    efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+    efficiency: float | None = None,
 ) -> Plan:
     """Evaluate every layout of the ``base`` workload, its micro-batch and recomputation searched within the
     pins; keep those that fit, fastest first, or the one that misses by least.

@@ -114,13 +114,14 @@ def matmul_rate(hardware: HardwareSpec, dtype: str) -> MatmulRate:
     if dtype not in hardware.peak_tflops_dense:
         have = ", ".join(hardware.peak_tflops_dense) or "none"
         raise LmcalcError(f"{hardware.name} has no {dtype} peak on its spec sheet (it has: {have})")
-    measured = hardware.matmul_tflops.get(dtype)  # type: ignore[call-overload]
+    measured = hardware.matmul_tflops.get(dtype)
     if measured:
         return MatmulRate(measured * 1e12, hardware.sources.get("matmul", "measured"), True)
     peak = hardware.peak_flops(dtype)
     return MatmulRate(
         UNMEASURED_MATMUL_FRACTION * peak,
-        f"assumed {UNMEASURED_MATMUL_FRACTION:g} of the dense peak: no measured {dtype} matmul rate for {hardware.name}",
+        f"assumed {UNMEASURED_MATMUL_FRACTION:g} of the dense peak: no measured {dtype} matmul rate for "
+        f"{hardware.name}",
         False,
     )
 

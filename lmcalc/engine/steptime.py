@@ -43,7 +43,7 @@ peak (``--efficiency``, or a measured training step): the rest of the model is u
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine import rates
@@ -54,7 +54,7 @@ from lmcalc.engine.pipeline import StageLayers, distinct_stages, stage_layers
 from lmcalc.engine.sharding import stage_params, stage_part, zero_shards
 from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import Cluster, HardwareSpec
+from lmcalc.specs import AttentionKernel, Cluster, HardwareSpec
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
 """The fraction of the dense peak a step's compute reaches under ``--efficiency``-style timing, kept for the
@@ -91,6 +91,7 @@ class StepTime:
     efficiency: float | None  # the fraction of peak the compute is assumed to reach; None: timed kernel by kernel
     matmul_rate: float  # the achievable matmul FLOP/s the GEMMs were timed against
     matmul_source: str
+    gemm_fraction: float  # the share of it a step's GEMMs sustain (Calibration)
 
     @property
     def total(self) -> float:
@@ -165,10 +166,14 @@ class KernelTimes:
     def total(self) -> float:
         return self.gemm + self.attention + self.memory
 
+    def scaled(self, factor: float) -> KernelTimes:
+        """Every kernel ``factor`` times as long (``--efficiency``: the same shares, another total)."""
+        return KernelTimes(*(factor * getattr(self, f.name) for f in fields(self)))
+
 
 @functools.lru_cache(maxsize=1 << 14)
 def kernel_times(
-    work: StageWork, hardware: HardwareSpec, dtype: str, kernel: str, e: float, cal: rates.Calibration
+    work: StageWork, hardware: HardwareSpec, dtype: str, kernel: AttentionKernel, e: float, cal: rates.Calibration
 ) -> KernelTimes:
     """Time each kernel of ``work`` by its roofline (``engine.rates``)."""
     matmul = rates.matmul_rate(hardware, dtype)
@@ -193,7 +198,11 @@ def kernel_times(
         # attention runs in the activation dtype even when the GEMMs run in fp8 (Transformer Engine's default)
         attention_dtype = "bf16" if dtype == "fp8" else dtype
         attn = rates.attention_rate(
-            hardware, kernel, attention_dtype, rates.matmul_rate(hardware, attention_dtype), cal  # type: ignore[arg-type]
+            hardware,
+            kernel,
+            attention_dtype,
+            rates.matmul_rate(hardware, attention_dtype),
+            cal,
         )
         attention_forward = (work.attention_forward + work.attention_recomputed) / attn.forward
         attention_backward = work.attention_backward / attn.backward
@@ -248,8 +257,10 @@ def step_time(
         flops = stage_step_flops(w, built)
         work = stage_work(w, t, c, layout.ep, sp, built)
         times = kernel_times(work, hardware, dtype, kernel if w.attention == "flash" else "eager", e, calibration)
-        if efficiency is not None:  # the one-number rule: hardware FLOPs at a fraction of the peak
+        if efficiency is not None:  # the one-number rule: hardware FLOPs at a fraction of the peak, shared out as
+            # the kernels share it (what overlaps with what keeps its meaning)
             compute_mb = flops.hardware * tokens / (gpus / p * peak * efficiency) / m
+            times = times.scaled(compute_mb / times.total)
         else:
             compute_mb = times.total
         # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients
@@ -297,10 +308,10 @@ def step_time(
         return StepTime(
             stage,
             flops.hardware * tokens,
-            m * (compute_mb if efficiency is not None else times.total),
-            m * times.gemm if efficiency is None else 0.0,
-            m * times.attention if efficiency is None else 0.0,
-            m * times.memory if efficiency is None else 0.0,
+            m * compute_mb,
+            m * times.gemm,
+            m * times.attention,
+            m * times.memory,
             m * (per_micro_batch - busy),
             m * tp_mb,
             m * ep_mb,
@@ -318,6 +329,7 @@ def step_time(
             efficiency,
             matmul.flops_per_s,
             matmul.source,
+            calibration.gemm_fraction_for(hardware),
         )
 
     return max((stage_time(stage) for stage in distinct_stages(model, layout)), key=lambda st: st.total)

@@ -4,16 +4,15 @@ term."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Unpack
 
-from lmcalc.engine.choices import RECOMPUTE_MODES, SCHEDULES, ZeroStage
+from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, ZeroStage
 from lmcalc.engine.memory_terms import Capacity, memory_sections
-from lmcalc.engine.steptime import DEFAULT_COMPUTE_EFFICIENCY
+from lmcalc.engine.time_terms import compute_text, speed_text, step_time_section
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
-    ASSUMPTION,
     DEFAULT_ATTENTION,
     DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
@@ -86,6 +85,7 @@ def plan(
     tokens: Count | None = None,
     efficiency: float | None = None,
     measured_efficiency: bool = False,
+    peak: str = "spec",
     calibration: str | None = None,
     precision: PrecisionLike = DEFAULT_PRECISION,
     optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
@@ -99,9 +99,11 @@ def plan(
     others searched (virtual stages past 1 imply the interleaved schedule); the micro-batch is searched up to
     ``max_micro_batch`` (default ``MAX_MICRO_BATCH``, 16). Sequence parallelism is on wherever TP > 1 unless
     ``sequence_parallel`` is False. The pipeline split settings (``SplitSettings``) are pinned as given.
-    ``global_batch`` is in tokens (binary: 4M = 4,194,304). The compute efficiency is ``efficiency``, or
-    measured by ``lmcalc bench step`` on this GPU type (``measured_efficiency``, or a ``calibration`` file),
-    else the calibrated default."""
+    ``global_batch`` is in tokens (binary: 4M = 4,194,304). Compute is timed kernel by kernel against the
+    hardware preset's measured matmul rate, or the rate ``lmcalc bench`` measured on this GPU type (``peak``
+    "measured", from the default results file or ``calibration``); or, given an ``efficiency`` (or
+    ``measured_efficiency``: the HFU of a step ``lmcalc bench step`` measured), as hardware FLOPs at that
+    fraction of the dense peak."""
     from lmcalc.engine import plan as pl
 
     accept(split, SplitSettings, "plan")
@@ -137,11 +139,31 @@ def plan(
         if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
             raise LmcalcError(f"{setting('efficiency')} must be in (0, 1], got {efficiency}")
         eff = Given(efficiency, flag("efficiency"))
-    if measured_efficiency or calibration:
+    matmul_measured = choice(peak, PEAK_SOURCES, "peak") == "measured"
+    if measured_efficiency or calibration and not matmul_measured:
         w = setup.workload
         eff = measured.measured_efficiency(calibration, setup.cluster.hardware, w.precision, w.model.name)
+    if matmul_measured:
+        setup = _with_measured_matmul(setup, calibration)
     global_tokens = count(global_batch, "global_batch", binary=True)
     return plan_estimate(setup, global_tokens, pins, eff, tokens_given(tokens, setup.model))
+
+
+def _with_measured_matmul(setup: TrainingSetup, calibration: str | None) -> TrainingSetup:
+    """The setup with its GPU's matmul rate replaced by what ``lmcalc bench`` measured on one (its model-shape
+    benchmark, the FLOP-weighted rate of a model's own matmuls, where there is one; else the best shape)."""
+    hardware, recipe = setup.cluster.hardware, setup.workload.precision
+    found = measured.measured_peak("measured", calibration, hardware, recipe)
+    assert found is not None  # "measured" always reads the file, or refuses
+    flops, source = found
+    dtype = recipe.compute_dtype
+    hardware = hardware.model_copy(
+        update={
+            "matmul_tflops": {**hardware.matmul_tflops, dtype: flops / 1e12},
+            "sources": {**hardware.sources, "matmul": f"measured {dtype}: {source}"},
+        }
+    )
+    return replace(setup, cluster=replace(setup.cluster, hardware=hardware))
 
 
 def layout_text(candidate: pl.Candidate) -> str:
@@ -168,10 +190,7 @@ def plan_estimate(
             f"{setting('global_batch')} {group(sequences * seq)} tokens is more than the {group(train_tokens.value)} "
             f"training tokens ({train_tokens.origin}): the run would not make one step"
         )
-    eff = efficiency or Given(
-        DEFAULT_COMPUTE_EFFICIENCY, f"{ASSUMPTION} calibrated on published runs (docs/plan-accuracy.md)"
-    )
-    found = pl.plan(base, cluster, sequences, pins, eff.value)
+    found = pl.plan(base, cluster, sequences, pins, efficiency.value if efficiency else None)
     if not found.fitting:
         closest = found.closest
         if closest is None:
@@ -226,12 +245,16 @@ def plan_estimate(
         Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),
         Input("optimizer", "Optimizer", base.optimizer.name, origin=optimizer_text(base.optimizer)),
         Input("framework", "Framework", base.framework.name, origin=framework_text(base.framework)),
-        Input("efficiency", "Compute efficiency", eff.value, origin=eff.origin),
+        (
+            Input("efficiency", "Compute efficiency", efficiency.value, origin=efficiency.origin)
+            if efficiency
+            else Input("compute", "Compute", "kernels", origin=compute_text(base, cluster))
+        ),
         Input("evaluated", "Layouts evaluated", found.evaluated, origin=f"{len(found.fitting)} fit in memory"),
     )
     assumptions = (
-        "TP within a node; TP, EP and PP communication exposed; DP gradient reduction overlaps the last "
-        "micro-batch's backward pass; CP's K/V exchange is exposed too (docs/formulas.md)"
+        f"TP within a node unless allowed across; {base.framework.name}: {speed_text(base.framework.speed)} "
+        "(docs/formulas.md §8)"
     )
     best = f"best: {layout_text(winner)}"
     ranked = Result(
@@ -252,81 +275,7 @@ def plan_estimate(
     return PlanEstimate(checked(ranked), checked(derived), tuple(found.fitting), found.evaluated)
 
 
-ZERO_GATHER_FORMULA = {
-    0: "none: no ZeRO sharding over data parallelism",
-    1: "max(0, all-gather of the updated parameters − first forward of the next step)",
-    2: "max(0, all-gather of the updated parameters − first forward of the next step)",
-    3: "micro-batches · max(0, 2 · all-gather + reduce-scatter − compute per micro-batch)",
-}
-
-
 def winner_sections(winner: pl.Candidate, capacity: Capacity) -> tuple[Section, ...]:
     """The winning layout's memory and time, term by term, for ``plan --explain``."""
-    t, layout = winner.time, winner.layout
-    memory = memory_sections(winner.workload, layout, winner.memory, capacity)
-    time = Section(
-        "time",
-        "Step time of the best layout",
-        (
-            Term(
-                "compute",
-                "Compute",
-                t.compute,
-                "s",
-                "hardware FLOPs of the slowest stage / (GPUs per stage · peak · efficiency)",
-                f"{t.stage_flops:.4e} / ({t.gpus // layout.pp} × {t.peak:.4g} × {t.efficiency:g})",
-                note=(
-                    f"stage {t.slowest_stage + 1} of {layout.pp} sets the pace: it does "
-                    f"{t.stage_flops / t.hardware_flops:.1%} of the step's {t.hardware_flops:.4e} FLOPs, "
-                    f"against an even {1 / layout.pp:.1%}"
-                    if layout.pp > 1
-                    else ""
-                ),
-            ),
-            Term(
-                "tp",
-                "Tensor-parallel collectives (exposed)",
-                t.tp,
-                "s",
-                "micro-batches · layers · (4, or 6 with full recompute) · all-reduce(s·b·h)",
-            ),
-            Term(
-                "ep", "Expert all-to-all (exposed)", t.ep, "s", "micro-batches · MoE layers · 4 · all-to-all(k·s·b·h)"
-            ),
-            Term(
-                "cp",
-                "Context-parallel K/V exchange (exposed)",
-                t.cp,
-                "s",
-                "micro-batches · layers · 3 · (CP − 1) · p2p(K, V)",
-            ),
-            Term("pp_p2p", "Pipeline sends", t.pp_p2p, "s", "micro-batches · 2 · p2p(s·b·h)"),
-            Term(
-                "bubble",
-                "Pipeline bubble",
-                t.bubble,
-                "s",
-                "(p − 1)/(v·m) · (compute + exposed communication)",
-                source="Narayanan et al. 2021 §2.2",
-            ),
-            Term("dp", "Gradient reduction (exposed)", t.dp, "s", "max(0, reduce − backward of the last micro-batch)"),
-            Term(
-                "zero",
-                "ZeRO parameter gathers (exposed)",
-                t.zero,
-                "s",
-                ZERO_GATHER_FORMULA[layout.zero if layout.data_replicas > 1 else 0],
-            ),
-            Term("total", "Step time", t.total, "s", "sum of the rows above"),
-            Term(
-                "mfu",
-                "MFU",
-                100 * t.mfu,
-                "%",
-                "model FLOPs / (step time · GPUs · peak)",
-                f"{t.model_flops:.4e} / ({t.total:.4g} × {t.gpus} × {t.peak:.4g})",
-                note="model FLOPs count attention in full (the Korthikanti/PaLM convention)",
-            ),
-        ),
-    )
-    return (*memory, time)
+    memory = memory_sections(winner.workload, winner.layout, winner.memory, capacity)
+    return (*memory, step_time_section(winner.time, winner.layout))
