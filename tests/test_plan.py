@@ -464,3 +464,38 @@ def test_pinned_uneven_stages_are_searched_with_the_chunks_they_split_over():
     tried = {(c.layout.split.schedule, c.layout.split.virtual_stages) for c in found.fitting}
     assert tried == {("1f1b", 1), ("interleaved", 2)}
     assert all((c.layout.split.first_stage_layers, c.layout.split.last_stage_layers) == (18, 18) for c in found.fitting)
+
+
+def test_measured_matmul_rate_and_bus_bandwidth_come_from_bench_results(tmp_path, capsys):
+    # --peak measured: the GEMMs are timed against the matmul rate lmcalc bench measured on this GPU type (the
+    # model-shape benchmark before a single best shape), and a TP group within a node against the NCCL all-reduce
+    # bus bandwidth bench comm measured at its largest message (the plateau of nccl-tests' curve), not the preset's
+    from lmcalc.bench import results
+    from lmcalc.bench.results import Record
+
+    def comm(size, busbw, backend="nccl"):
+        figures = {"op": "all-reduce", "world_size": 8, "backend": backend, "size_bytes": size, "busbw_gbps": busbw}
+        return Record("comm", "8 x H100", "h100-sxm", "bf16", figures, when="2026-11-01T00:00:00+00:00")
+
+    path = tmp_path / "bench.json"
+    results.save(
+        path,
+        [
+            Record("matmul", "H100", "h100-sxm", "bf16", {"flops_per_s": 600e12}, when="2026-11-01T00:00:00+00:00"),
+            Record("model", "H100", "h100-sxm", "bf16", {"flops_per_s": 500e12}, when="2026-11-01T00:00:00+00:00"),
+            comm(1 << 20, 40.0),
+            comm(1 << 30, 200.0),  # the largest message: the plateau
+            comm(1 << 31, 900.0, backend="gloo"),  # not NCCL: ignored
+        ],
+    )
+    base = "plan -m llama-3.1-8b --gpus 8xH100 --seq 4096 --global-batch 1M --tp 8 --pp 1 --zero 0 --micro-batch 1"
+    _, out, _ = run(f"{base} --recompute none --explain --json", capsys)
+    spec = json.loads(out)
+    _, out, _ = run(f"{base} --recompute none --explain --json --peak measured --calibration {path}", capsys)
+    terms, spec_terms = json.loads(out)["results"]["time"], spec["results"]["time"]
+    assert "R = 500.0 TFLOP/s" in terms["gemm"]["substituted"] and "model benchmark" in terms["gemm"]["source"]
+    assert terms["gemm"]["value"] > spec_terms["gemm"]["value"]  # 500 against the preset's 794.5 TFLOP/s
+    # TP 8 collectives over 200 GB/s instead of the preset's 367.2: slower
+    assert terms["tp"]["value"] > spec_terms["tp"]["value"]
+    code, _, err = run(f"{base} --peak measured --calibration {tmp_path / 'none.json'}", capsys)
+    assert code == 2 and "no such benchmark file" in err

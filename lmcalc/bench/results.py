@@ -81,6 +81,24 @@ def measured_peak(records: list[Record], hardware: str, dtype: str) -> tuple[flo
     return None
 
 
+def measured_busbw(records: list[Record], hardware: str) -> tuple[float, Record] | None:
+    """The NCCL ring bus bandwidth ``lmcalc bench comm`` measured within one node of ``hardware``: the all-reduce
+    at its largest message (nccl-tests' plateau), bytes/s; None where none was measured with NCCL."""
+    measured = [
+        r
+        for r in records
+        if r.kind == "comm"
+        and r.hardware == hardware
+        and r.figures.get("backend") == "nccl"
+        and r.figures.get("op") == "all-reduce"
+        and r.figures.get("world_size", 1) > 1
+    ]
+    if not measured:
+        return None
+    largest = max(measured, key=lambda r: (r.figures["size_bytes"], r.when))
+    return largest.figures["busbw_gbps"] * 1e9, largest
+
+
 def measured_step_efficiency(
     records: list[Record], hardware: str, dtype: str, model: str
 ) -> tuple[float, Record] | None:

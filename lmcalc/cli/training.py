@@ -322,8 +322,9 @@ def plan(
         str,
         typer.Option(
             "--peak",
-            help="The matmul rate the GEMMs are timed against: spec (the preset's measured maximum achievable "
-            "rate) or measured ('lmcalc bench' results on this GPU type: the model's own shapes if benchmarked).",
+            help="The GPU figures the step is timed with: spec (the preset's measured maximum achievable matmul "
+            "rate and bus bandwidths) or measured ('lmcalc bench' results on this GPU type: the matmul rate, the "
+            "model's own shapes if benchmarked, and the NCCL bus bandwidth within a node if 'bench comm' ran).",
         ),
     ] = "spec",
     calibration: Annotated[

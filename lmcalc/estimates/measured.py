@@ -52,3 +52,18 @@ def measured_efficiency(calibration: str | None, hardware: HardwareSpec, recipe:
     measured = record.figures["model"]
     which = "this model's" if measured == model else f"{measured}'s (the largest step measured)"
     return Given(hfu, f"measured: HFU of {which} step, {record.device}, {record.when}, {path}")
+
+
+def measured_busbw(calibration: str | None, hardware: HardwareSpec) -> tuple[float, str] | None:
+    """The NCCL all-reduce bus bandwidth ``lmcalc bench comm`` measured within a node of this GPU type (bytes/s),
+    with its source; None where it measured none (the preset's figure stands)."""
+    path = bench_file(calibration, f"run 'lmcalc bench' on one {hardware.name}")
+    found = results.measured_busbw(results.load(path), hardware.name)
+    if found is None:
+        return None
+    busbw, record = found
+    size = record.figures["size_bytes"]
+    return busbw, (
+        f"lmcalc bench comm: all-reduce of {size:,} bytes over {record.figures['world_size']} GPUs, {record.device}, "
+        f"{record.when}, {path}"
+    )

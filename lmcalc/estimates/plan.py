@@ -150,20 +150,23 @@ def plan(
 
 
 def _with_measured_matmul(setup: TrainingSetup, calibration: str | None) -> TrainingSetup:
-    """The setup with its GPU's matmul rate replaced by what ``lmcalc bench`` measured on one (its model-shape
-    benchmark, the FLOP-weighted rate of a model's own matmuls, where there is one; else the best shape)."""
+    """The setup with its GPU's figures replaced by what ``lmcalc bench`` measured on one: the matmul rate (its
+    model-shape benchmark, the FLOP-weighted rate of a model's own matmuls, where there is one; else the best
+    shape), and the NCCL bus bandwidth within a node where ``lmcalc bench comm`` measured one."""
     hardware, recipe = setup.cluster.hardware, setup.workload.precision
     found = measured.measured_peak("measured", calibration, hardware, recipe)
     assert found is not None  # "measured" always reads the file, or refuses
     flops, source = found
     dtype = recipe.compute_dtype
-    hardware = hardware.model_copy(
-        update={
-            "matmul_tflops": {**hardware.matmul_tflops, dtype: flops / 1e12},
-            "sources": {**hardware.sources, "matmul": f"measured {dtype}: {source}"},
-        }
-    )
-    return replace(setup, cluster=replace(setup.cluster, hardware=hardware))
+    update: dict[str, object] = {
+        "matmul_tflops": {**hardware.matmul_tflops, dtype: flops / 1e12},
+        "sources": {**hardware.sources, "matmul": f"measured {dtype}: {source}"},
+    }
+    busbw = measured.measured_busbw(calibration, hardware)
+    if busbw is not None:
+        update["intra_node_busbw_gbps"] = busbw[0] / 1e9
+        update["sources"] = {**update["sources"], "collectives": busbw[1]}  # type: ignore[dict-item]
+    return replace(setup, cluster=replace(setup.cluster, hardware=hardware.model_copy(update=update)))
 
 
 def layout_text(candidate: pl.Candidate) -> str:
