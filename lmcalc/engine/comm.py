@@ -27,6 +27,7 @@ is refused.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -129,6 +130,7 @@ def collective_time(op: Collective, size: float, n: int, link: Link) -> float:
     return link.latency + steps(op, n, link) * link.step_latency + ring_factor(op, n) * size / link.bandwidth
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the planner's layouts ask for the same few collectives many times
 def group_time(op: Collective, size: float, n: int, stride: int, cluster: Cluster, one_nic: bool = False) -> float:
     """Seconds for one collective over a group of ``n`` GPUs whose members sit ``stride`` ranks apart, on the
     links their placement gives them (flat within a node, flat over the NICs with one member per node,

@@ -28,11 +28,19 @@ from lmcalc.engine.activations import (
     model_saved_tensors,
     norm_keeps,
 )
+from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.layout import ActivationLayout, Layout
-from lmcalc.engine.pipeline import StageLayers, distinct_stages, held_in_flight, stage_chunk_mixes, stage_layers
-from lmcalc.engine.sharding import StageParams, sharded_state_bytes, stage_params, zero_shards
+from lmcalc.engine.pipeline import (
+    StageLayers,
+    distinct_stage_layers,
+    held_in_flight,
+    stage_chunk_mixes,
+    stage_layers,
+)
+from lmcalc.engine.sharding import StageParams, _params_held, sharded_state_bytes, states_workload, zero_shards
 from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
+from lmcalc.specs import AllocatorRule, FrameworkProfile, OptimizerSpec, PrecisionRecipe
 
 Verdict = Literal["fits", "tight", "does not fit"]
 
@@ -89,7 +97,7 @@ class GpuMemory:
         """What PyTorch's caching allocator holds at the peak (``torch.cuda.max_memory_reserved``)."""
         return self.allocated + self.fragmentation
 
-    @property
+    @functools.cached_property  # the planner compares stages and layouts by it
     def total(self) -> float:
         """The device memory the step needs: reserved, the CUDA context, and the flat allowance."""
         return self.reserved + self.context + self.overhead
@@ -194,76 +202,166 @@ def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: i
 
 def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     """Every part of one GPU's memory on pipeline stage ``stage``, as the workload's framework allocates it."""
-    held = stage_params(w, layout, stage)
-    precision, rules = w.precision, w.framework
-    activations = stage_activations(w, layout, stage)
     built = stage_layers(w.model, layout, stage)
-    replicated = layout.data_replicas > 1
+    states = stage_states(states_workload(w), layout.tp, layout.ep, layout.zero, layout.data_replicas, built)
+    activations = stage_activations(w, layout, stage)
+    backward = _backward_transient(w, layout.tp, layout.cp, built)
+    return _stage_memory(w, stage, states, activations, backward, _layout_buffers(w, layout))
+
+
+def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
+    """The pipeline stage whose GPUs need the most memory: usually the first, which holds the most
+    micro-batches in flight, or the last, which holds the head and the logits; but a lighter first stage
+    (uneven stages, or DeepSeek-V3's dense layers) can leave the peak to the next (``distinct_stages``)."""
+    activation_layout, buffers = layout.activation_layout, _layout_buffers(w, layout)
+    states_w, allocator, allowance = states_workload(w), w.framework.allocator, w.allowance
+    tp, cp, ep, zero, replicas = layout.tp, layout.cp, layout.ep, layout.zero, layout.data_replicas
+    most: tuple[int, StageStates, StageActivations, float] | None = None
+    most_total = 0.0
+    for stage, built in distinct_stage_layers(w.model, layout):
+        states = stage_states(states_w, tp, ep, zero, replicas, built)
+        activations = _stage_activations(w, activation_layout, stage)
+        backward = _backward_transient(w, tp, cp, built)
+        total = _stage_total(states, activations.total, backward, buffers, allocator, allowance)
+        if most is None or total > most_total:  # the first of equally loaded stages
+            most, most_total = (stage, states, activations, backward), total
+    assert most is not None  # every layout has a first stage
+    memory = _stage_memory(w, *most, buffers)
+    assert memory.total == most_total  # _stage_total follows GpuMemory.total sum by sum
+    return memory
+
+
+def _stage_total(
+    states: StageStates,
+    activations: float,
+    backward: float,
+    buffers: float,
+    allocator: AllocatorRule,
+    allowance: float,
+) -> float:
+    """``GpuMemory.total`` of a stage, by the same sums in the same order as ``_stage_memory`` and the
+    ``GpuMemory`` properties, without building the ``GpuMemory``: the planner compares every distinct stage of
+    every layout it tries, and keeps one."""
+    busiest = max(activations + backward, states.step_transient)
+    persistent = states.params + states.grads + states.master + states.optimizer
+    fragmentation = allocator.fragmentation * (persistent + states.zero3 + states.buckets + buffers + busiest)
+    framework_buffers = states.zero3 + states.buckets + buffers
+    allocated = persistent + framework_buffers + activations + (busiest - activations)
+    return allocated + fragmentation + allocator.context_bytes + allowance
+
+
+def _stage_memory(
+    w: Workload, stage: int, states: StageStates, activations: StageActivations, backward: float, buffers: float
+) -> GpuMemory:
+    """One GPU's memory on ``stage`` from the parts it shares with other layouts: its model states
+    (``stage_states``), its activations, the backward transient, and the layout's buffers."""
+    allocator = w.framework.allocator
+    busiest = max(activations.total + backward, states.step_transient)  # the activations' moment, or the step's end
+    allocated = (
+        states.params
+        + states.grads
+        + states.master
+        + states.optimizer
+        + states.zero3
+        + states.buckets
+        + buffers
+        + busiest
+    )
+    return GpuMemory(
+        stage,
+        states.params,
+        states.grads,
+        states.master,
+        states.optimizer,
+        activations.total,
+        states.zero3,
+        w.allowance,
+        activations.in_flight,
+        activations.outside,
+        activations.rebuilt,
+        states.buckets,
+        buffers,
+        backward,
+        states.step_transient,
+        allocator.fragmentation * allocated,
+        allocator.context_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class StageStates:
+    """What one GPU of a stage keeps of the model states, and what ZeRO-3, DDP and the optimizer step add around
+    them: bytes that depend on the model, the precision, the optimizer, the framework and how TP, EP and ZeRO share
+    the stage's parameters, not on the micro-batch or the pipeline's schedule."""
+
+    params: float
+    grads: float
+    master: float
+    optimizer: float
+    zero3: float  # ZeRO-3/FSDP: gathered layers, a layer's reduce-scatter, a head kept gathered
+    buckets: float  # DDP's second copy of the gradients
+    step_transient: float  # at the end of the step
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def stage_states(w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, built: StageLayers) -> StageStates:
+    """The model states of one GPU of a stage that builds ``built``, with TP and EP splitting its weights and ZeRO
+    sharding them over ``replicas`` data-parallel replicas (DP · CP). Neither the micro-batch nor recomputation
+    changes them: the planner asks with ``states_workload``, which every micro-batch and mode share."""
+    model, precision, optimizer, rules = w.model, w.precision, w.optimizer, w.framework
+    held = _params_held(model, tp, ep, built)
+    replicated = replicas > 1
     grad_bytes = rules.states.grad_bytes or precision.grad_bytes
     zero3 = 0.0
-    if zero_shards("params", layout.zero) and replicated:
+    if zero_shards("params", zero) and replicated:
         per_layer = held.total / max(1, built.layers)
         zero3 = per_layer * (rules.buffers.gathered_layers * precision.param_bytes + rules.buffers.reduce_scatter_bytes)
         if rules.buffers.head_gathered and built.head:
-            zero3 += w.model.vocab_size * w.model.hidden_size / layout.tp * precision.param_bytes
-    optimizer = sharded_state_bytes(
-        optimizer_bytes_per_param(w.model, precision, w.optimizer), "optimizer", held, layout
-    )
-    params = sharded_state_bytes(precision.param_bytes, "params", held, layout)
+            zero3 += model.vocab_size * model.hidden_size / tp * precision.param_bytes
+    per_param = optimizer_bytes_per_param(model, precision, optimizer)
+    optimizer_states = sharded_state_bytes(per_param, "optimizer", held, zero, replicas, ep)
+    params = sharded_state_bytes(precision.param_bytes, "params", held, zero, replicas, ep)
     if rules.states.weights == "master_only":
         params = 0.0  # only the master copy persists; the 16-bit weights are gathered a layer at a time
-    grads = sharded_state_bytes(grad_bytes, "grads", held, layout)
-    master = sharded_state_bytes(precision.master_bytes, "master", held, layout)
+    grads = sharded_state_bytes(grad_bytes, "grads", held, zero, replicas, ep)
+    master = sharded_state_bytes(precision.master_bytes, "master", held, zero, replicas, ep)
     buckets = 0.0
-    if rules.states.ddp_bucket_copy and layout.zero == 0 and replicated:
+    if rules.states.ddp_bucket_copy and zero == 0 and replicated:
         buckets = held.total * precision.grad_bytes
-    buffers = _buffers(w, layout, replicated)
-    backward = _backward_transient(w, layout, built) if rules.transients else 0.0
-    step = _step_transient(w, layout, held, optimizer)
-    busiest = max(activations.total + backward, step)  # the activations' moment, or the end of the step
-    allocated = params + grads + master + optimizer + zero3 + buckets + buffers + busiest
-    return GpuMemory(
-        stage=stage,
-        params=params,
-        grads=grads,
-        master=master,
-        optimizer=optimizer,
-        activations=activations.total,
-        zero3_buffers=zero3,
-        overhead=w.allowance,
-        micro_batches_in_flight=activations.in_flight,
-        activations_outside=activations.outside,
-        activations_rebuilt=activations.rebuilt,
-        grad_buckets=buckets,
-        buffers=buffers,
-        backward_transient=backward,
-        step_transient=step,
-        fragmentation=rules.allocator.fragmentation * allocated,
-        context=rules.allocator.context_bytes,
-    )
+    step = _step_transient(rules, precision, optimizer, held, optimizer_states, zero, replicas, ep)
+    return StageStates(params, grads, master, optimizer_states, zero3, buckets, step)
 
 
-def _buffers(w: Workload, layout: Layout, replicated: bool) -> float:
+def _layout_buffers(w: Workload, layout: Layout) -> float:
+    return _buffers(w, layout.tp, layout.sequence_parallel, layout.cp, layout.pp, layout.data_replicas > 1)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _buffers(w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, replicated: bool) -> float:
     """The framework's buffers: sequence-parallel all-gather buffers of a full-sequence layer input, pipeline
     send/receive tensors of a layer boundary, the data-parallel reduce bucket, cuBLAS and NCCL workspaces."""
     rules, act = w.framework.buffers, w.precision.activation_bytes
-    layer_input = w.tokens * w.model.hidden_size * act / layout.cp
+    layer_input = w.tokens * w.model.hidden_size * act / cp
     total = rules.workspace_bytes
-    if layout.sequence_parallel and layout.tp > 1:
+    if sequence_parallel and tp > 1:
         total += rules.sequence_parallel_gather * layer_input
-    if layout.pp > 1:
-        total += rules.pipeline_tensors * layer_input / (layout.tp if layout.sequence_parallel else 1)
+    if pp > 1:
+        total += rules.pipeline_tensors * layer_input / (tp if sequence_parallel else 1)
     if replicated:
         total += rules.reduce_bucket_elements * w.precision.grad_bytes
     return total
 
 
-def _backward_transient(w: Workload, layout: Layout, built: StageLayers) -> float:
-    """The most the busiest moment holds beyond the saved tensors: on the last stage, the loss's logit-sized
-    tensors (the head's output, upcast copies, the logits' gradients); on every stage, one layer's MLP activation
-    gradients during its backward (a gated MLP's two, a GELU MLP's one; a routed layer's for one expert)."""
+@functools.lru_cache(maxsize=1 << 16)
+def _backward_transient(w: Workload, tp: int, cp: int, built: StageLayers) -> float:
+    """The most the busiest moment holds beyond the saved tensors, where the framework profile counts transients:
+    on the last stage, the loss's logit-sized tensors (the head's output, upcast copies, the logits' gradients);
+    on every stage, one layer's MLP activation gradients during its backward (a gated MLP's two, a GELU MLP's one;
+    a routed layer's for one expert)."""
+    if not w.framework.transients:
+        return 0.0
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
-    split = layout.tp * layout.cp
+    split = tp * cp
     loss = w.framework.loss.transient_bytes * sb * spec.vocab_size / split if built.head else 0.0
     gradients = 1 if spec.ffn_kind == "gelu_mlp" else 2
     layer = gradients * sb * spec.ffn_size * act / split if built.dense else 0.0
@@ -274,23 +372,24 @@ def _backward_transient(w: Workload, layout: Layout, built: StageLayers) -> floa
     return max(loss, layer)
 
 
-def _step_transient(w: Workload, layout: Layout, held: StageParams, optimizer: float) -> float:
+def _step_transient(
+    rules: FrameworkProfile,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    held: StageParams,
+    optimizer_bytes: float,
+    zero: ZeroStage,
+    replicas: int,
+    ep: int,
+) -> float:
     """What the end of the step adds to the persistent parts once the activations are freed: the 16-bit
     gradients a backward makes before they are added into an fp32 buffer, a foreach optimizer's state-sized
     temporary, an fp32 copy of this GPU's share of the gradients."""
-    rules, precision = w.framework, w.precision
     total = 0.0
     if rules.states.compute_grads_transient:
         total += held.total * precision.grad_bytes
-    if rules.optimizer_step.temporaries == "foreach" and w.optimizer.states:
-        total += optimizer / len(w.optimizer.states)
+    if rules.optimizer_step.temporaries == "foreach" and optimizer.states:
+        total += optimizer_bytes / len(optimizer.states)
     if rules.optimizer_step.fp32_grad_copy:
-        total += sharded_state_bytes(4, "optimizer", held, layout)
+        total += sharded_state_bytes(4, "optimizer", held, zero, replicas, ep)
     return total
-
-
-def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
-    """The pipeline stage whose GPUs need the most memory: usually the first, which holds the most
-    micro-batches in flight, or the last, which holds the head and the logits; but a lighter first stage
-    (uneven stages, or DeepSeek-V3's dense layers) can leave the peak to the next (``distinct_stages``)."""
-    return max((gpu_memory(w, layout, s) for s in distinct_stages(w.model, layout)), key=lambda m: m.total)

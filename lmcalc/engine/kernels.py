@@ -28,7 +28,7 @@ output's gradient and writes the input's gradient.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lmcalc.engine.flops import effective_keys
 from lmcalc.engine.params import weight_tensors
@@ -282,6 +282,14 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
         tp_collective_bytes=tokens * h * e,
         layers=layers,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def kernel_workload(w: Workload) -> Workload:
+    """``w`` as its kernels see it. Of recomputation, ``stage_work`` reads only whether it is full: selective
+    recomputation redoes attention's core, which fused attention never saved, so no kernel runs again. Figures
+    of the kernels cached under this workload serve both the selective mode and none."""
+    return replace(w, recompute="none") if w.recompute == "selective" else w
 
 
 def _norm_keeps(w: Workload) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple, Protocol
 
 from lmcalc.engine.choices import SCHEDULES, Schedule, positive_integer
@@ -46,6 +46,17 @@ class PipelineSplit:
         for name, value in (("virtual_stages", self.virtual_stages), *self.stage_layers_given.items()):
             if not positive_integer(value):
                 raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property  # once: the planner's caches hash the same few splits millions of times
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+
+    def __reduce__(self) -> tuple[type[PipelineSplit], tuple[object, ...]]:
+        """Pickled as its fields, so that a copy made in another process (another hash seed) hashes anew."""
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))
 
     @property
     def chunks(self) -> int:
@@ -128,27 +139,26 @@ def _check_stage_layers(model: ModelSpec, pp: int, split: PipelineSplit) -> None
     """Uneven first and last stages must leave every other stage at least one layer; under the interleaved
     schedule every stage's layers, the first's, the last's and the others' even share, must split evenly over
     its chunks (Megatron-LM's layer offsets assume it)."""
-    given = split.stage_layers_given
-    flags = _names(given)
+    given = split.stage_layers_given  # named (``_names``) only in a refusal: the planner checks thousands of splits
     plural = len(given) > 1
     if pp < 2:
-        raise LmcalcError(f"{flags} {'need' if plural else 'needs'} pipeline stages: {setting('pp')} 2 or more")
+        raise LmcalcError(f"{_names(given)} {'need' if plural else 'needs'} pipeline stages: {setting('pp')} 2 or more")
     asked = sum(given.values())
     rest = model.num_layers - asked
     others = pp - len(given)
     if rest < 0:
         raise LmcalcError(
-            f"{flags} {'ask' if plural else 'asks'} for {asked} layers; {model.name} has {model.num_layers}"
+            f"{_names(given)} {'ask' if plural else 'asks'} for {asked} layers; {model.name} has {model.num_layers}"
         )
     if others == 0 and rest:
         raise LmcalcError(
-            f"with {setting('pp')} 2 there are no other stages: {flags} must add up to the {model.num_layers} "
+            f"with {setting('pp')} 2 there are no other stages: {_names(given)} must add up to the {model.num_layers} "
             f"layers of {model.name}, not {asked}"
         )
     if rest < others:
         stages = "stage" if others == 1 else f"{others} stages"
         raise LmcalcError(
-            f"{flags} {'leave' if plural else 'leaves'} {rest} of the {model.num_layers} layers for the other "
+            f"{_names(given)} {'leave' if plural else 'leaves'} {rest} of the {model.num_layers} layers for the other "
             f"{stages}, which {'needs at least one' if others == 1 else 'need at least one each'}"
         )
     v = split.chunks
@@ -245,6 +255,25 @@ def distinct_stages(model: ModelSpec, layout: Pipelined) -> tuple[int, ...]:
     same work and keeps fewer micro-batches in flight, so it never needs more memory or more time
     (DeepSeek-V3: its 3 dense layers make stage 1 light, and stage 2, the first all-MoE stage, the heaviest)."""
     return _distinct_stages(*_model_layers(model), layout.pp, layout.split)
+
+
+def distinct_stage_layers(model: ModelSpec, layout: Pipelined) -> tuple[tuple[int, StageLayers], ...]:
+    """Each of the ``distinct_stages`` with the layers it builds (``stage_layers``): what the memory and the step
+    time of a layout are computed over, asked for once per layout."""
+    return split_stage_layers(model, layout.pp, layout.split)
+
+
+def split_stage_layers(model: ModelSpec, pp: int, split: PipelineSplit) -> tuple[tuple[int, StageLayers], ...]:
+    """``distinct_stage_layers`` of ``split`` over ``pp`` stages: all that they depend on."""
+    return _distinct_stage_layers(*_model_layers(model), pp, split)
+
+
+@functools.cache
+def _distinct_stage_layers(
+    layers: int, dense_layers: int, pp: int, split: PipelineSplit
+) -> tuple[tuple[int, StageLayers], ...]:
+    built = _stage_layers(layers, dense_layers, pp, split)
+    return tuple((stage, built[stage]) for stage in _distinct_stages(layers, dense_layers, pp, split))
 
 
 def _model_layers(model: ModelSpec) -> tuple[int, int]:

@@ -13,7 +13,7 @@ DP × CP for dense tensors, DP × CP / EP for experts.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from lmcalc.engine.choices import ZeroStage
@@ -117,6 +117,14 @@ class StageParams:
         return self.dense + self.experts
 
 
+@functools.lru_cache(maxsize=256)
+def states_workload(w: Workload) -> Workload:
+    """``w`` with one sequence per micro-batch and no recomputation. The model states and the traffic that moves
+    them depend on neither, so figures of them cached under this workload serve every micro-batch and
+    recomputation mode the planner tries."""
+    return replace(w, micro_batch=1, recompute="none")
+
+
 def stage_params(w: Workload, layout: Layout, stage: int) -> StageParams:
     """The parameters one GPU of pipeline stage ``stage`` holds, before ZeRO shards them."""
     return _params_held(w.model, layout.tp, layout.ep, stage_layers(w.model, layout, stage))
@@ -124,6 +132,7 @@ def stage_params(w: Workload, layout: Layout, stage: int) -> StageParams:
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner asks for the same stages thousands of times
 def _params_held(model: ModelSpec, tp: int, ep: int, built: StageLayers) -> StageParams:
+    """The parameters one GPU holds of a stage that builds ``built``, before ZeRO shards them."""
     dense = experts = 0.0
     for tensor in weight_tensors(model):
         held = copies_on_stage(tensor, model, built, ep) * tensor.numel / tp_divisor(tensor, model, tp)
@@ -141,10 +150,11 @@ def stage_part(model: ModelSpec, built: StageLayers) -> ModelPart:
     return ModelPart(shares, built.layers, built.head)
 
 
-def sharded_state_bytes(bytes_per_param: float, state: ModelState, held: StageParams, layout: Layout) -> float:
+def sharded_state_bytes(
+    bytes_per_param: float, state: ModelState, held: StageParams, zero: ZeroStage, replicas: int, ep: int
+) -> float:
     """Bytes of one model state on a GPU holding ``held``: ``bytes_per_param`` for each parameter, spread over
-    DP·CP for dense tensors and DP·CP/EP for experts once the layout's ZeRO stage shards ``state``."""
-    if zero_shards(state, layout.zero):
-        replicas = layout.data_replicas
-        return bytes_per_param * (held.dense / replicas + held.experts / (replicas // layout.ep))
+    the ``replicas`` (DP·CP) for dense tensors and DP·CP/EP for experts once ZeRO stage ``zero`` shards ``state``."""
+    if zero_shards(state, zero):
+        return bytes_per_param * (held.dense / replicas + held.experts / (replicas // ep))
     return bytes_per_param * (held.dense + held.experts)

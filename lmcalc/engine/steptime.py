@@ -47,14 +47,15 @@ from dataclasses import dataclass, fields
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine import rates
+from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.comm import collective_time, group_time, intra_link
-from lmcalc.engine.kernels import StageWork, stage_work
+from lmcalc.engine.kernels import StageWork, kernel_workload, stage_work
 from lmcalc.engine.layout import Layout
-from lmcalc.engine.pipeline import StageLayers, distinct_stages, stage_layers
-from lmcalc.engine.sharding import stage_params, stage_part, zero_shards
+from lmcalc.engine.pipeline import PipelineSplit, StageLayers, distinct_stage_layers, split_stage_layers
+from lmcalc.engine.sharding import _params_held, stage_part, states_workload, zero_shards
 from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import AttentionKernel, Cluster, HardwareSpec
+from lmcalc.specs import AttentionKernel, Cluster, HardwareSpec, SpeedRule
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
 """The fraction of the dense peak a step's compute reaches under ``--efficiency``-style timing, kept for the
@@ -93,20 +94,37 @@ class StepTime:
     matmul_source: str
     gemm_fraction: float  # the share of it a step's GEMMs sustain (Calibration)
 
-    @property
+    @functools.cached_property  # the planner ranks layouts by it
     def total(self) -> float:
-        return (
-            self.compute
-            + self.host
-            + self.tp
-            + self.ep
-            + self.cp
-            + self.pp_p2p
-            + self.bubble
-            + self.dp
-            + self.zero
-            + self.optimizer
+        return self.seconds(
+            self.compute,
+            self.host,
+            self.tp,
+            self.ep,
+            self.cp,
+            self.pp_p2p,
+            self.bubble,
+            self.dp,
+            self.zero,
+            self.optimizer,
         )
+
+    @staticmethod
+    def seconds(
+        compute: float,
+        host: float,
+        tp: float,
+        ep: float,
+        cp: float,
+        pp_p2p: float,
+        bubble: float,
+        dp: float,
+        zero: float,
+        optimizer: float,
+    ) -> float:
+        """The step's seconds from its parts (``total``; the planner compares stages by it before it builds a
+        ``StepTime``)."""
+        return compute + host + tp + ep + cp + pp_p2p + bubble + dp + zero + optimizer
 
     @property
     def mfu(self) -> float:
@@ -126,6 +144,12 @@ def stage_step_flops(w: Workload, built: StageLayers) -> fl.StepFlops:
     """FLOPs per token of a stage that builds ``built``: its share of the weights, its layers' attention (counted
     in full, as model FLOPs are), the logits on the last stage, and what recomputation redoes."""
     return fl.step_flops(w.model, w.seq_len, w.recompute, "full", stage_part(w.model, built))
+
+
+@functools.lru_cache(maxsize=64)
+def _matmul_rate(hardware: HardwareSpec, dtype: str) -> rates.MatmulRate:
+    """``rates.matmul_rate``, made once per chip and dtype: every step time reports it."""
+    return rates.matmul_rate(hardware, dtype)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -223,116 +247,318 @@ def step_time(
     """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
     stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
     the longest."""
-    hardware, precision, model, speed = cluster.hardware, w.precision, w.model, w.framework.speed
+    hardware, model = cluster.hardware, w.model
     t, p, c, d, m = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum
-    gpus, dtype, e = layout.gpus, precision.compute_dtype, precision.activation_bytes
+    ep, zero = layout.ep, layout.zero
+    gpus, dtype = layout.gpus, w.precision.compute_dtype
     peak = hardware.peak_flops(dtype)
-    matmul = rates.matmul_rate(hardware, dtype)
+    matmul = _matmul_rate(hardware, dtype)
     tokens = d * m * w.micro_batch * w.seq_len
     whole = _whole_step_flops(w)
     model_flops = whole.model * tokens
     hardware_flops = model_flops + whole.recomputed * tokens
     sp = layout.sequence_parallel and t > 1
-    kernel = speed.attention_kernel
-    grad_bytes = w.framework.states.grad_bytes or precision.grad_bytes
-    replicas = layout.data_replicas
-    virtual = layout.split.chunks
+    bubble_share = (p - 1) / layout.split.chunks  # of a micro-batch's time, with v chunks a stage
+    pp_p2p = _pipeline_sends(w, layout, cluster)
 
+    replicas, speed = layout.data_replicas, w.framework.speed
+    stages = distinct_stage_layers(model, layout)
+    timed = kernel_workload(w)  # the kernels of recomputation off and selective are the same
+    if efficiency is None:
+        micro_batches = stage_micro_batches(timed, t, c, ep, sp, p, layout.split, cluster, calibration)
+    else:  # the one-number rule: hardware FLOPs at a fraction of the peak, shared out as the kernels share it (what
+        # overlaps with what keeps its meaning)
+        micro_batches = tuple(
+            micro_batch_time(timed, t, c, ep, sp, built, cluster, calibration,
+                             stage_step_flops(w, built).hardware * tokens / (gpus / p * peak * efficiency) / m)
+            for _, built in stages
+        )  # fmt: skip
+    traffics = stage_state_traffic(states_workload(w), t, c, ep, d, zero, p, layout.split, cluster, calibration)
+
+    slowest: tuple[float, int, StageLayers, MicroBatchTime, float, float, float, float] | None = None
+    for (stage, built), mb, traffic in zip(stages, micro_batches, traffics, strict=True):
+        bubble = bubble_share * mb.total if p > 1 else 0.0
+        dp_time, zero_time = _exposed_traffic(traffic, mb, m, zero, replicas, speed)
+        total = StepTime.seconds(
+            m * mb.compute, m * mb.host, m * mb.tp, m * mb.ep, m * mb.cp, pp_p2p, bubble, dp_time, zero_time,
+            traffic.optimizer,
+        )  # fmt: skip
+        if slowest is None or total > slowest[0]:  # the first of equally slow stages
+            slowest = (total, stage, built, mb, bubble, dp_time, zero_time, traffic.optimizer)
+    assert slowest is not None  # every layout has a first stage
+    _, stage, built, mb, bubble, dp_time, zero_time, optimizer = slowest
+    return StepTime(
+        stage,
+        stage_step_flops(w, built).hardware * tokens,
+        m * mb.compute,
+        m * mb.kernels.gemm,
+        m * mb.kernels.attention,
+        m * mb.kernels.memory,
+        m * mb.host,
+        m * mb.tp,
+        m * mb.ep,
+        m * mb.cp,
+        pp_p2p,
+        bubble,
+        dp_time,
+        zero_time,
+        optimizer,
+        model_flops,
+        hardware_flops,
+        tokens,
+        gpus,
+        peak,
+        efficiency,
+        matmul.flops_per_s,
+        matmul.source,
+        calibration.gemm_fraction_for(hardware),
+    )
+
+
+@dataclass(frozen=True)
+class MicroBatchTime:
+    """One micro-batch through one GPU of a pipeline stage: its kernels, the collectives it waits for, and the host
+    that issues them. It depends on the workload, TP, CP, EP, SP and the stage's layers, not on DP, ZeRO or the
+    micro-batches per step, so the layouts the planner tries share it."""
+
+    kernels: KernelTimes  # as timed, or scaled to a given compute time (``--efficiency``)
+    compute: float  # the kernels' GPU time
+    tp: float  # tensor-parallel collectives not hidden behind GEMMs
+    ep: float  # expert all-to-alls not hidden behind compute
+    cp: float  # context-parallel ring passes not hidden behind attention
+    busy: float  # compute and the exposed collectives
+    total: float  # the longer of busy and the host's time to issue the micro-batch
+    host: float  # host time not hidden behind the GPU's: total − busy
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def stage_micro_batches(
+    w: Workload,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    pp: int,
+    split: PipelineSplit,
+    cluster: Cluster,
+    calibration: rates.Calibration,
+) -> tuple[MicroBatchTime, ...]:
+    """``micro_batch_time`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order:
+    a layout's step time looks them up at once."""
+    return tuple(
+        micro_batch_time(w, tp, cp, ep, sequence_parallel, built, cluster, calibration)
+        for _, built in split_stage_layers(w.model, pp, split)
+    )
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def micro_batch_time(
+    w: Workload,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    built: StageLayers,
+    cluster: Cluster,
+    calibration: rates.Calibration,
+    compute: float | None = None,
+) -> MicroBatchTime:
+    """One micro-batch on one GPU of a stage that builds ``built``: its kernels timed by their rooflines (or, given
+    ``compute``, scaled to take that long), and the tensor-parallel, expert and context-parallel communication
+    each can hide behind."""
+    speed, sp = w.framework.speed, sequence_parallel
+    times, operations = stage_kernel_times(w, tp, cp, ep, sp, built, cluster.hardware, calibration)
+    if compute is not None:
+        times = times.scaled(compute / times.total)
+    else:
+        compute = times.total
+    tp_one, ep_one, cp_per_layer = _layer_collectives(w, tp, cp, ep, sp, cluster)
+    # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients
+    tp_forward = built.layers * (4 if w.recompute == "full" else 2) * tp_one
+    tp_backward = built.layers * (3 if sp else 2) * tp_one
+    backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
+    if speed.tp_overlap == "full":
+        tp_mb = max(0.0, tp_forward - times.gemm_forward) + max(0.0, tp_backward - backward_gemms)
+    elif speed.tp_overlap == "backward":
+        tp_mb = tp_forward + max(0.0, tp_backward - backward_gemms)
+    else:
+        tp_mb = tp_forward + tp_backward
+    a2a = built.moe * (4 + (2 if w.recompute == "full" else 0)) * ep_one
+    ep_mb = max(0.0, a2a - compute) if speed.moe_overlap else a2a
+    cp_mb = max(0.0, built.layers * cp_per_layer - times.attention)
+    busy = compute + tp_mb + ep_mb + cp_mb
+    per_micro_batch = max(busy, operations * speed.host_seconds_per_op)
+    return MicroBatchTime(times, compute, tp_mb, ep_mb, cp_mb, busy, per_micro_batch, per_micro_batch - busy)
+
+
+ONE_DENSE_LAYER = StageLayers(1, 0, False, False)
+ONE_MOE_LAYER = StageLayers(0, 1, False, False)
+
+
+def stage_kernel_times(
+    w: Workload,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    built: StageLayers,
+    hardware: HardwareSpec,
+    calibration: rates.Calibration,
+) -> tuple[KernelTimes, float]:
+    """``kernel_times`` of a stage's work, and the operations the host issues for it. Both are sums over the
+    kernels, so a stage's are its dense layers', its MoE layers' and its embedding's and head's, each kind timed
+    once (``unit_kernel_times``) and counted as often as the stage builds it."""
+    units = (
+        (built.dense, ONE_DENSE_LAYER),
+        (built.moe, ONE_MOE_LAYER),
+        (1, StageLayers(0, 0, built.embedding, built.head)),
+    )
+    gemm_forward = gemm_input_grad = gemm_weight_grad = gemm_recompute = 0.0
+    attention_forward = attention_backward = memory = operations = 0.0
+    for count, unit in units:
+        if not count or not (unit.layers or unit.embedding or unit.head):
+            continue
+        times, unit_operations = unit_kernel_times(w, tp, cp, ep, sequence_parallel, unit, hardware, calibration)
+        gemm_forward += count * times.gemm_forward
+        gemm_input_grad += count * times.gemm_input_grad
+        gemm_weight_grad += count * times.gemm_weight_grad
+        gemm_recompute += count * times.gemm_recompute
+        attention_forward += count * times.attention_forward
+        attention_backward += count * times.attention_backward
+        memory += count * times.memory
+        operations += count * unit_operations
+    times = KernelTimes(
+        gemm_forward, gemm_input_grad, gemm_weight_grad, gemm_recompute, attention_forward, attention_backward, memory
+    )
+    return times, operations
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def unit_kernel_times(
+    w: Workload,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    unit: StageLayers,
+    hardware: HardwareSpec,
+    calibration: rates.Calibration,
+) -> tuple[KernelTimes, float]:
+    """``kernel_times`` of one unit of a stage's work (one dense or MoE layer, or the embedding and the head), and
+    the operations the host issues for it."""
+    work = stage_work(w, tp, cp, ep, sequence_parallel, unit)
+    kernel = w.framework.speed.attention_kernel if w.attention == "flash" else "eager"
+    e = w.precision.activation_bytes
+    return kernel_times(work, hardware, w.precision.compute_dtype, kernel, e, calibration), work.operations
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _layer_collectives(
+    w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, cluster: Cluster
+) -> tuple[float, float, float]:
+    """Per micro-batch: one tensor-parallel all-reduce of a layer's activations, one expert all-to-all of its
+    routed tokens, and a layer's context-parallel ring passes of K and V."""
+    model, e = w.model, w.precision.activation_bytes
     tp_one = 0.0
-    if t > 1:
-        activation = w.micro_batch * w.seq_len / c * model.hidden_size * e
-        tp_one = group_time("all-reduce", activation, t, 1, cluster)
+    if tp > 1:
+        activation = w.micro_batch * w.seq_len / cp * model.hidden_size * e
+        tp_one = group_time("all-reduce", activation, tp, 1, cluster)
     ep_one = 0.0
-    if model.moe and layout.ep > 1:
-        hidden_tokens = w.micro_batch * w.seq_len / c / (t if sp else 1)
+    if model.moe and ep > 1:
+        hidden_tokens = w.micro_batch * w.seq_len / cp / (tp if sequence_parallel else 1)
         routed = hidden_tokens * model.hidden_size * e * model.moe.experts_per_token
-        ep_one = _all_to_all(routed, layout.ep, t * c, cluster, model.moe.node_limit, model.moe.experts_per_token)
+        ep_one = _all_to_all(routed, ep, tp * cp, cluster, model.moe.node_limit, model.moe.experts_per_token)
     cp_per_layer = 0.0
-    if c > 1:
-        kv_chunk = 2 * w.seq_len / c * w.micro_batch * model.kv_heads * model.qk_head_dim * e / t
-        cp_per_layer = 3 * (c - 1) * group_time("p2p", kv_chunk, c, t, cluster)
+    if cp > 1:
+        kv_chunk = 2 * w.seq_len / cp * w.micro_batch * model.kv_heads * model.qk_head_dim * e / tp
+        cp_per_layer = 3 * (cp - 1) * group_time("p2p", kv_chunk, cp, tp, cluster)
+    return tp_one, ep_one, cp_per_layer
 
-    def stage_time(stage: int) -> StepTime:
-        built = stage_layers(model, layout, stage)
-        flops = stage_step_flops(w, built)
-        work = stage_work(w, t, c, layout.ep, sp, built)
-        times = kernel_times(work, hardware, dtype, kernel if w.attention == "flash" else "eager", e, calibration)
-        if efficiency is not None:  # the one-number rule: hardware FLOPs at a fraction of the peak, shared out as
-            # the kernels share it (what overlaps with what keeps its meaning)
-            compute_mb = flops.hardware * tokens / (gpus / p * peak * efficiency) / m
-            times = times.scaled(compute_mb / times.total)
-        else:
-            compute_mb = times.total
-        # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients
-        tp_forward = built.layers * (4 if w.recompute == "full" else 2) * tp_one
-        tp_backward = built.layers * (3 if sp else 2) * tp_one
-        backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
-        if speed.tp_overlap == "full":
-            tp_mb = max(0.0, tp_forward - times.gemm_forward) + max(0.0, tp_backward - backward_gemms)
-        elif speed.tp_overlap == "backward":
-            tp_mb = tp_forward + max(0.0, tp_backward - backward_gemms)
-        else:
-            tp_mb = tp_forward + tp_backward
-        a2a = built.moe * (4 + (2 if w.recompute == "full" else 0)) * ep_one
-        ep_mb = max(0.0, a2a - compute_mb) if speed.moe_overlap else a2a
-        cp_mb = max(0.0, built.layers * cp_per_layer - times.attention)
-        busy = compute_mb + tp_mb + ep_mb + cp_mb
-        host_mb = work.operations * speed.host_seconds_per_op
-        per_micro_batch = max(busy, host_mb)
-        bubble = (p - 1) / virtual * per_micro_batch if p > 1 else 0.0
-        pp_p2p = 0.0
-        if p > 1 and not speed.pp_overlap:
-            activation = w.micro_batch * w.seq_len / c * model.hidden_size * e / (t if sp else 1)
-            pp_p2p = m * virtual * 2 * group_time("p2p", activation, 2, t * c * d, cluster)
-        held = stage_params(w, layout, stage)
-        params = held.total
-        dp_time = zero_time = 0.0
-        if replicas > 1:
-            stride = t * c
-            backward = times.backward
-            if zero_shards("params", layout.zero):
-                flat = speed.zero3_network == "one_nic"
-                gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster, flat)
-                scatter = group_time("reduce-scatter", params * grad_bytes, replicas, stride, cluster, flat)
-                comm = 2 * gather + scatter
-                zero_time = m * (max(0.0, comm - compute_mb) if speed.param_gather_overlap else comm)
-            else:
-                op = "reduce-scatter" if zero_shards("grads", layout.zero) else "all-reduce"
-                reduce = group_time(op, params * grad_bytes, replicas, stride, cluster)  # type: ignore[arg-type]
-                hidden = speed.dp_overlap == "always" or speed.dp_overlap == "without_zero" and layout.zero == 0
-                dp_time = max(0.0, reduce - backward) if hidden else reduce
-                if zero_shards("optimizer", layout.zero):
-                    gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
-                    zero_time = max(0.0, gather - times.forward) if speed.param_gather_overlap else gather
-        optimizer = _optimizer_seconds(w, layout, held.dense, held.experts, hardware, grad_bytes, calibration)
-        return StepTime(
-            stage,
-            flops.hardware * tokens,
-            m * compute_mb,
-            m * times.gemm,
-            m * times.attention,
-            m * times.memory,
-            m * (per_micro_batch - busy),
-            m * tp_mb,
-            m * ep_mb,
-            m * cp_mb,
-            pp_p2p,
-            bubble,
-            dp_time,
-            zero_time,
-            optimizer,
-            model_flops,
-            hardware_flops,
-            tokens,
-            gpus,
-            peak,
-            efficiency,
-            matmul.flops_per_s,
-            matmul.source,
-            calibration.gemm_fraction_for(hardware),
-        )
 
-    return max((stage_time(stage) for stage in distinct_stages(model, layout)), key=lambda st: st.total)
+def _pipeline_sends(w: Workload, layout: Layout, cluster: Cluster) -> float:
+    """Per step: the activations each stage sends and receives, each way per micro-batch and chunk, unless the
+    framework overlaps them with compute."""
+    t, p, c = layout.tp, layout.pp, layout.cp
+    if p == 1 or w.framework.speed.pp_overlap:
+        return 0.0
+    sp = layout.sequence_parallel and t > 1
+    activation = w.micro_batch * w.seq_len / c * w.model.hidden_size * w.precision.activation_bytes / (t if sp else 1)
+    return layout.grad_accum * layout.split.chunks * 2 * group_time("p2p", activation, 2, t * c * layout.dp, cluster)
+
+
+@dataclass(frozen=True)
+class StateTraffic:
+    """Per step, for one GPU of a stage: the data-parallel collectives of its share of the parameters and
+    gradients, and its optimizer step. They depend on the stage's parameters and the layout's DP, ZeRO and EP, not
+    on the micro-batch."""
+
+    zero3: float  # ZeRO-3, per micro-batch: two all-gathers of the parameters (forward, backward) and a
+    # reduce-scatter of the gradients
+    reduce: float  # ZeRO-0/1/2, per step: the gradients' all-reduce (reduce-scatter from ZeRO-2)
+    gather: float  # ZeRO-1/2, per step: the all-gather of the updated parameters
+    optimizer: float
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def stage_state_traffic(
+    w: Workload, tp: int, cp: int, ep: int, dp: int, zero: ZeroStage, pp: int, split: PipelineSplit, cluster: Cluster,
+    calibration: rates.Calibration,
+) -> tuple[StateTraffic, ...]:  # fmt: skip
+    """``state_traffic`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order."""
+    return tuple(
+        state_traffic(w, tp, cp, ep, dp, zero, built, cluster, calibration)
+        for _, built in split_stage_layers(w.model, pp, split)
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def state_traffic(
+    w: Workload, tp: int, cp: int, ep: int, dp: int, zero: ZeroStage, built: StageLayers, cluster: Cluster,
+    calibration: rates.Calibration,
+) -> StateTraffic:  # fmt: skip
+    """The data-parallel traffic and the optimizer step of one GPU of a stage that builds ``built``. Neither the
+    micro-batch nor recomputation changes them: the step time asks with ``states_workload``."""
+    precision, speed = w.precision, w.framework.speed
+    grad_bytes = w.framework.states.grad_bytes or precision.grad_bytes
+    held = _params_held(w.model, tp, ep, built)
+    params = held.total
+    replicas = dp * cp
+    zero3 = reduce = gather = 0.0
+    if replicas > 1:
+        stride = tp * cp
+        if zero_shards("params", zero):
+            flat = speed.zero3_network == "one_nic"
+            gathered = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster, flat)
+            scatter = group_time("reduce-scatter", params * grad_bytes, replicas, stride, cluster, flat)
+            zero3 = 2 * gathered + scatter
+        else:
+            op = "reduce-scatter" if zero_shards("grads", zero) else "all-reduce"
+            reduce = group_time(op, params * grad_bytes, replicas, stride, cluster)
+            if zero_shards("optimizer", zero):
+                gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
+    optimizer = _optimizer_seconds(w, zero, replicas, ep, held.dense, held.experts, cluster.hardware, grad_bytes,
+                                   calibration)  # fmt: skip
+    return StateTraffic(zero3, reduce, gather, optimizer)
+
+
+def _exposed_traffic(
+    traffic: StateTraffic, mb: MicroBatchTime, grad_accum: int, zero: ZeroStage, replicas: int, speed: SpeedRule
+) -> tuple[float, float]:
+    """The data-parallel and ZeRO communication a stage's step leaves exposed: (DP, ZeRO) seconds. What hides
+    depends on the framework: a bucketed reduction behind the last backward pass, a prefetched gather behind the
+    next forward pass, ZeRO-3's traffic behind each micro-batch's compute."""
+    if replicas == 1:
+        return 0.0, 0.0
+    if zero_shards("params", zero):
+        comm = traffic.zero3
+        return 0.0, grad_accum * (max(0.0, comm - mb.compute) if speed.param_gather_overlap else comm)
+    hidden = speed.dp_overlap == "always" or speed.dp_overlap == "without_zero" and zero == 0
+    dp_time = max(0.0, traffic.reduce - mb.kernels.backward) if hidden else traffic.reduce
+    zero_time = 0.0
+    if zero_shards("optimizer", zero):
+        gather = traffic.gather
+        zero_time = max(0.0, gather - mb.kernels.forward) if speed.param_gather_overlap else gather
+    return dp_time, zero_time
 
 
 def _all_to_all(size: float, ep: int, stride: int, cluster: Cluster, node_limit: int | None, k: int) -> float:
@@ -353,7 +579,9 @@ def _all_to_all(size: float, ep: int, stride: int, cluster: Cluster, node_limit:
 
 def _optimizer_seconds(
     w: Workload,
-    layout: Layout,
+    zero: ZeroStage,
+    replicas: int,
+    ep: int,
     dense: float,
     experts: float,
     hardware: HardwareSpec,
@@ -362,11 +590,8 @@ def _optimizer_seconds(
 ) -> float:
     """The optimizer step and gradient clipping over this GPU's share of the states, as memory traffic."""
     precision = w.precision
-    replicas = layout.data_replicas
-    if zero_shards("optimizer", layout.zero):
-        local = dense / replicas + experts / max(1, replicas // layout.ep)
-    else:
-        local = dense + experts
+    sharded = zero_shards("optimizer", zero)
+    local = dense / replicas + experts / max(1, replicas // ep) if sharded else dense + experts
     states = optimizer_bytes_per_param(w.model, precision, w.optimizer)
     per_param = 2 * grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
     passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
