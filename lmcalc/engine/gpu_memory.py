@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from lmcalc.engine.activations import (
     SavedTensor,
@@ -31,9 +31,11 @@ from lmcalc.engine.activations import (
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.layout import ActivationLayout, Layout
 from lmcalc.engine.pipeline import (
+    PipelineSplit,
     StageLayers,
     distinct_stage_layers,
     held_in_flight,
+    split_stage_layers,
     stage_chunk_mixes,
     stage_layers,
 )
@@ -97,7 +99,7 @@ class GpuMemory:
         """What PyTorch's caching allocator holds at the peak (``torch.cuda.max_memory_reserved``)."""
         return self.allocated + self.fragmentation
 
-    @functools.cached_property  # the planner compares stages and layouts by it
+    @functools.cached_property  # the planner compares stages, checks the capacity and ranks layouts by it
     def total(self) -> float:
         """The device memory the step needs: reserved, the CUDA context, and the flat allowance."""
         return self.reserved + self.context + self.overhead
@@ -213,22 +215,38 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
     """The pipeline stage whose GPUs need the most memory: usually the first, which holds the most
     micro-batches in flight, or the last, which holds the head and the logits; but a lighter first stage
     (uneven stages, or DeepSeek-V3's dense layers) can leave the peak to the next (``distinct_stages``)."""
-    activation_layout, buffers = layout.activation_layout, _layout_buffers(w, layout)
-    states_w, allocator, allowance = states_workload(w), w.framework.allocator, w.allowance
-    tp, cp, ep, zero, replicas = layout.tp, layout.cp, layout.ep, layout.zero, layout.data_replicas
-    most: tuple[int, StageStates, StageActivations, float] | None = None
+    activation_layout, peaks = _activation_peaks(
+        w, layout.tp, layout.sequence_parallel, layout.cp, layout.pp, layout.grad_accum, layout.split
+    )
+    states_by_stage = _layout_states(
+        states_workload(w), layout.tp, layout.ep, layout.zero, layout.data_replicas, layout.pp, layout.split
+    )
+    buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
+    most: tuple[int, StageStates, float] | None = None
     most_total = 0.0
-    for stage, built in distinct_stage_layers(w.model, layout):
-        states = stage_states(states_w, tp, ep, zero, replicas, built)
-        activations = _stage_activations(w, activation_layout, stage)
-        backward = _backward_transient(w, tp, cp, built)
-        total = _stage_total(states, activations.total, backward, buffers, allocator, allowance)
+    for (stage, activations, backward), states in zip(peaks, states_by_stage, strict=True):
+        total = _stage_total(states, activations, backward, buffers, allocator, allowance)
         if most is None or total > most_total:  # the first of equally loaded stages
-            most, most_total = (stage, states, activations, backward), total
+            most, most_total = (stage, states, backward), total
     assert most is not None  # every layout has a first stage
-    memory = _stage_memory(w, *most, buffers)
+    stage, states, backward = most
+    memory = _stage_memory(w, stage, states, _stage_activations(w, activation_layout, stage), backward, buffers)
     assert memory.total == most_total  # _stage_total follows GpuMemory.total sum by sum
     return memory
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
+def _activation_peaks(
+    w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, grad_accum: int, split: PipelineSplit
+) -> tuple[ActivationLayout, tuple[tuple[int, float, float], ...]]:
+    """The activation layout of these degrees and, for each of its ``distinct_stages``, the stage, its activations
+    at their busiest and its backward transient: what the stages' memory depends on besides the model states,
+    looked up once for all of a layout's stages."""
+    layout = ActivationLayout(tp, sequence_parallel, cp, pp, grad_accum, split)
+    return layout, tuple(
+        (stage, _stage_activations(w, layout, stage).total, _backward_transient(w, tp, cp, built))
+        for stage, built in distinct_stage_layers(w.model, layout)
+    )
 
 
 def _stage_total(
@@ -288,8 +306,7 @@ def _stage_memory(
     )
 
 
-@dataclass(frozen=True)
-class StageStates:
+class StageStates(NamedTuple):
     """What one GPU of a stage keeps of the model states, and what ZeRO-3, DDP and the optimizer step add around
     them: bytes that depend on the model, the precision, the optimizer, the framework and how TP, EP and ZeRO share
     the stage's parameters, not on the micro-batch or the pipeline's schedule."""
@@ -301,6 +318,14 @@ class StageStates:
     zero3: float  # ZeRO-3/FSDP: gathered layers, a layer's reduce-scatter, a head kept gathered
     buckets: float  # DDP's second copy of the gradients
     step_transient: float  # at the end of the step
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _layout_states(
+    w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, pp: int, split: PipelineSplit
+) -> tuple[StageStates, ...]:
+    """``stage_states`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order."""
+    return tuple(stage_states(w, tp, ep, zero, replicas, built) for _, built in split_stage_layers(w.model, pp, split))
 
 
 @functools.lru_cache(maxsize=1 << 16)

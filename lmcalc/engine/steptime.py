@@ -43,7 +43,8 @@ peak (``--efficiency``, or a measured training step): the rest of the model is u
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine import rates
@@ -94,7 +95,7 @@ class StepTime:
     matmul_source: str
     gemm_fraction: float  # the share of it a step's GEMMs sustain (Calibration)
 
-    @functools.cached_property  # the planner ranks layouts by it
+    @property
     def total(self) -> float:
         return self.seconds(
             self.compute,
@@ -157,8 +158,7 @@ def _whole_step_flops(w: Workload) -> fl.StepFlops:
     return fl.step_flops(w.model, w.seq_len, w.recompute, "full")
 
 
-@dataclass(frozen=True)
-class KernelTimes:
+class KernelTimes(NamedTuple):
     """One micro-batch's GPU time on one GPU of a stage, by kind of kernel."""
 
     gemm_forward: float
@@ -192,7 +192,7 @@ class KernelTimes:
 
     def scaled(self, factor: float) -> KernelTimes:
         """Every kernel ``factor`` times as long (``--efficiency``: the same shares, another total)."""
-        return KernelTimes(*(factor * getattr(self, f.name) for f in fields(self)))
+        return KernelTimes(*(factor * seconds for seconds in self))
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -247,49 +247,18 @@ def step_time(
     """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
     stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
     the longest."""
-    hardware, model = cluster.hardware, w.model
-    t, p, c, d, m = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum
-    ep, zero = layout.ep, layout.zero
-    gpus, dtype = layout.gpus, w.precision.compute_dtype
-    peak = hardware.peak_flops(dtype)
+    hardware, m = cluster.hardware, layout.grad_accum
+    dtype = w.precision.compute_dtype
     matmul = _matmul_rate(hardware, dtype)
-    tokens = d * m * w.micro_batch * w.seq_len
+    tokens = layout.dp * m * w.micro_batch * w.seq_len
     whole = _whole_step_flops(w)
     model_flops = whole.model * tokens
-    hardware_flops = model_flops + whole.recomputed * tokens
-    sp = layout.sequence_parallel and t > 1
-    bubble_share = (p - 1) / layout.split.chunks  # of a micro-batch's time, with v chunks a stage
-    pp_p2p = _pipeline_sends(w, layout, cluster)
-
-    replicas, speed = layout.data_replicas, w.framework.speed
-    stages = distinct_stage_layers(model, layout)
-    timed = kernel_workload(w)  # the kernels of recomputation off and selective are the same
-    if efficiency is None:
-        micro_batches = stage_micro_batches(timed, t, c, ep, sp, p, layout.split, cluster, calibration)
-    else:  # the one-number rule: hardware FLOPs at a fraction of the peak, shared out as the kernels share it (what
-        # overlaps with what keeps its meaning)
-        micro_batches = tuple(
-            micro_batch_time(timed, t, c, ep, sp, built, cluster, calibration,
-                             stage_step_flops(w, built).hardware * tokens / (gpus / p * peak * efficiency) / m)
-            for _, built in stages
-        )  # fmt: skip
-    traffics = stage_state_traffic(states_workload(w), t, c, ep, d, zero, p, layout.split, cluster, calibration)
-
-    slowest: tuple[float, int, StageLayers, MicroBatchTime, float, float, float, float] | None = None
-    for (stage, built), mb, traffic in zip(stages, micro_batches, traffics, strict=True):
-        bubble = bubble_share * mb.total if p > 1 else 0.0
-        dp_time, zero_time = _exposed_traffic(traffic, mb, m, zero, replicas, speed)
-        total = StepTime.seconds(
-            m * mb.compute, m * mb.host, m * mb.tp, m * mb.ep, m * mb.cp, pp_p2p, bubble, dp_time, zero_time,
-            traffic.optimizer,
-        )  # fmt: skip
-        if slowest is None or total > slowest[0]:  # the first of equally slow stages
-            slowest = (total, stage, built, mb, bubble, dp_time, zero_time, traffic.optimizer)
-    assert slowest is not None  # every layout has a first stage
-    _, stage, built, mb, bubble, dp_time, zero_time, optimizer = slowest
+    timed = w if efficiency is not None else kernel_workload(w)  # what the stages' times depend on
+    slowest = slowest_stage(timed, layout, cluster, efficiency, calibration)
+    mb = slowest.micro_batch
     return StepTime(
-        stage,
-        stage_step_flops(w, built).hardware * tokens,
+        slowest.stage,
+        stage_step_flops(w, slowest.built).hardware * tokens,
         m * mb.compute,
         m * mb.kernels.gemm,
         m * mb.kernels.attention,
@@ -298,16 +267,16 @@ def step_time(
         m * mb.tp,
         m * mb.ep,
         m * mb.cp,
-        pp_p2p,
-        bubble,
-        dp_time,
-        zero_time,
-        optimizer,
+        slowest.pp_p2p,
+        slowest.bubble,
+        slowest.dp,
+        slowest.zero,
+        slowest.optimizer,
         model_flops,
-        hardware_flops,
+        model_flops + whole.recomputed * tokens,
         tokens,
-        gpus,
-        peak,
+        layout.gpus,
+        hardware.peak_flops(dtype),
         efficiency,
         matmul.flops_per_s,
         matmul.source,
@@ -315,8 +284,64 @@ def step_time(
     )
 
 
-@dataclass(frozen=True)
-class MicroBatchTime:
+class SlowestStage(NamedTuple):
+    """The pipeline stage whose step is longest: what it builds, one micro-batch's time on it, and what its step
+    adds once (pipeline sends, bubble, exposed data-parallel and ZeRO traffic, the optimizer)."""
+
+    stage: int
+    built: StageLayers
+    micro_batch: MicroBatchTime
+    pp_p2p: float
+    bubble: float
+    dp: float
+    zero: float
+    optimizer: float
+
+
+@functools.lru_cache(maxsize=16)  # the planner tries a layout's recomputation modes one after the other
+def slowest_stage(
+    w: Workload, layout: Layout, cluster: Cluster, efficiency: float | None, calibration: rates.Calibration
+) -> SlowestStage:
+    """Time every distinct stage of the layout and keep the slowest (the first of equally slow ones). Timed kernel
+    by kernel, the stages' times depend on the workload's kernels alone, so ``step_time`` asks with its
+    ``kernel_workload``, which runs without and with selective recomputation share; under ``efficiency`` the
+    compute follows the workload's own hardware FLOPs."""
+    t, p, c, d, m = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum
+    ep, zero, replicas, speed = layout.ep, layout.zero, layout.data_replicas, w.framework.speed
+    sp = layout.sequence_parallel and t > 1
+    stages = distinct_stage_layers(w.model, layout)
+    if efficiency is None:
+        micro_batches = stage_micro_batches(w, t, c, ep, sp, p, layout.split, cluster, calibration)
+    else:  # the one-number rule: hardware FLOPs at a fraction of the peak, shared out as the kernels share it (what
+        # overlaps with what keeps its meaning)
+        tokens = d * m * w.micro_batch * w.seq_len
+        peak = cluster.hardware.peak_flops(w.precision.compute_dtype)
+        micro_batches = tuple(
+            micro_batch_time(kernel_workload(w), t, c, ep, sp, built, cluster, calibration,
+                             stage_step_flops(w, built).hardware * tokens / (layout.gpus / p * peak * efficiency) / m)
+            for _, built in stages
+        )  # fmt: skip
+    traffics = stage_state_traffic(states_workload(w), t, c, ep, d, zero, p, layout.split, cluster, calibration)
+    pp_p2p = _pipeline_sends(w, layout, cluster)
+    bubble_share = (p - 1) / layout.split.chunks  # of a micro-batch's time, with v chunks a stage
+
+    slowest: tuple[int, StageLayers, MicroBatchTime, float, float, float, float] | None = None
+    slowest_total = 0.0
+    for (stage, built), mb, traffic in zip(stages, micro_batches, traffics, strict=True):
+        bubble = bubble_share * mb.total if p > 1 else 0.0
+        dp_time, zero_time = _exposed_traffic(traffic, mb, m, zero, replicas, speed)
+        total = StepTime.seconds(
+            m * mb.compute, m * mb.host, m * mb.tp, m * mb.ep, m * mb.cp, pp_p2p, bubble, dp_time, zero_time,
+            traffic.optimizer,
+        )  # fmt: skip
+        if slowest is None or total > slowest_total:  # the first of equally slow stages
+            slowest, slowest_total = (stage, built, mb, bubble, dp_time, zero_time, traffic.optimizer), total
+    assert slowest is not None  # every layout has a first stage
+    stage, built, mb, bubble, dp_time, zero_time, optimizer = slowest
+    return SlowestStage(stage, built, mb, pp_p2p, bubble, dp_time, zero_time, optimizer)
+
+
+class MicroBatchTime(NamedTuple):
     """One micro-batch through one GPU of a pipeline stage: its kernels, the collectives it waits for, and the host
     that issues them. It depends on the workload, TP, CP, EP, SP and the stage's layers, not on DP, ZeRO or the
     micro-batches per step, so the layouts the planner tries share it."""
@@ -367,15 +392,15 @@ def micro_batch_time(
     ``compute``, scaled to take that long), and the tensor-parallel, expert and context-parallel communication
     each can hide behind."""
     speed, sp = w.framework.speed, sequence_parallel
-    times, operations = stage_kernel_times(w, tp, cp, ep, sp, built, cluster.hardware, calibration)
+    layer = layer_times(w, tp, cp, ep, sp, cluster, calibration)
+    times, operations = stage_kernel_times(built, layer)
     if compute is not None:
         times = times.scaled(compute / times.total)
     else:
         compute = times.total
-    tp_one, ep_one, cp_per_layer = _layer_collectives(w, tp, cp, ep, sp, cluster)
     # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients
-    tp_forward = built.layers * (4 if w.recompute == "full" else 2) * tp_one
-    tp_backward = built.layers * (3 if sp else 2) * tp_one
+    tp_forward = built.layers * (4 if w.recompute == "full" else 2) * layer.tp_one
+    tp_backward = built.layers * (3 if sp else 2) * layer.tp_one
     backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
     if speed.tp_overlap == "full":
         tp_mb = max(0.0, tp_forward - times.gemm_forward) + max(0.0, tp_backward - backward_gemms)
@@ -383,42 +408,76 @@ def micro_batch_time(
         tp_mb = tp_forward + max(0.0, tp_backward - backward_gemms)
     else:
         tp_mb = tp_forward + tp_backward
-    a2a = built.moe * (4 + (2 if w.recompute == "full" else 0)) * ep_one
+    a2a = built.moe * (4 + (2 if w.recompute == "full" else 0)) * layer.ep_one
     ep_mb = max(0.0, a2a - compute) if speed.moe_overlap else a2a
-    cp_mb = max(0.0, built.layers * cp_per_layer - times.attention)
+    cp_mb = max(0.0, built.layers * layer.cp_per_layer - times.attention)
     busy = compute + tp_mb + ep_mb + cp_mb
     per_micro_batch = max(busy, operations * speed.host_seconds_per_op)
     return MicroBatchTime(times, compute, tp_mb, ep_mb, cp_mb, busy, per_micro_batch, per_micro_batch - busy)
 
 
-ONE_DENSE_LAYER = StageLayers(1, 0, False, False)
-ONE_MOE_LAYER = StageLayers(0, 1, False, False)
+class LayerTimes(NamedTuple):
+    """One micro-batch on one GPU, a unit of work at a time: the kernel times and host operations of one dense
+    layer, of one MoE layer and of what lies outside the layers (the embedding on the first stage, the head on the
+    last, both on a single stage), and the collectives of a layer. Every stage of a layout is made of these."""
+
+    dense: tuple[KernelTimes, float]
+    moe: tuple[KernelTimes, float] | None  # None for a dense model
+    embedding: tuple[KernelTimes, float]
+    head: tuple[KernelTimes, float]
+    embedding_and_head: tuple[KernelTimes, float]
+    tp_one: float  # one tensor-parallel all-reduce of a layer's activations
+    ep_one: float  # one expert all-to-all of a layer's routed tokens
+    cp_per_layer: float  # a layer's context-parallel ring passes of K and V
 
 
-def stage_kernel_times(
+@functools.lru_cache(maxsize=1 << 14)
+def layer_times(
     w: Workload,
     tp: int,
     cp: int,
     ep: int,
     sequence_parallel: bool,
-    built: StageLayers,
-    hardware: HardwareSpec,
+    cluster: Cluster,
     calibration: rates.Calibration,
-) -> tuple[KernelTimes, float]:
-    """``kernel_times`` of a stage's work, and the operations the host issues for it. Both are sums over the
-    kernels, so a stage's are its dense layers', its MoE layers' and its embedding's and head's, each kind timed
-    once (``unit_kernel_times``) and counted as often as the stage builds it."""
-    units = (
-        (built.dense, ONE_DENSE_LAYER),
-        (built.moe, ONE_MOE_LAYER),
-        (1, StageLayers(0, 0, built.embedding, built.head)),
+) -> LayerTimes:
+    """Each unit's kernels (``unit_kernel_times``) and a layer's collectives, with TP, CP and EP splitting them."""
+    hardware, sp = cluster.hardware, sequence_parallel
+
+    def unit(dense: int, moe: int, embedding: bool, head: bool, unit_ep: int = 1) -> tuple[KernelTimes, float]:
+        # EP splits only the experts: the other units' kernels are the same whatever it is
+        return unit_kernel_times(
+            w, tp, cp, unit_ep, sp, StageLayers(dense, moe, embedding, head), hardware, calibration
+        )
+
+    return LayerTimes(
+        unit(1, 0, False, False),
+        unit(0, 1, False, False, ep) if w.model.moe else None,
+        unit(0, 0, True, False),
+        unit(0, 0, False, True),
+        unit(0, 0, True, True),
+        *_layer_collectives(w, tp, cp, ep, sp, cluster),
     )
+
+
+def stage_kernel_times(built: StageLayers, layer: LayerTimes) -> tuple[KernelTimes, float]:
+    """``kernel_times`` of a stage's work, and the operations the host issues for it. Both are sums over the
+    kernels, so a stage's are its dense layers', its MoE layers' and its embedding's and head's (``layer``), each
+    kind timed once and counted as often as the stage builds it."""
+    units: list[tuple[int, tuple[KernelTimes, float]]] = []
+    if built.dense:
+        units.append((built.dense, layer.dense))
+    if built.moe and layer.moe:
+        units.append((built.moe, layer.moe))
+    if built.embedding and built.head:
+        units.append((1, layer.embedding_and_head))
+    elif built.embedding:
+        units.append((1, layer.embedding))
+    elif built.head:
+        units.append((1, layer.head))
     gemm_forward = gemm_input_grad = gemm_weight_grad = gemm_recompute = 0.0
     attention_forward = attention_backward = memory = operations = 0.0
-    for count, unit in units:
-        if not count or not (unit.layers or unit.embedding or unit.head):
-            continue
-        times, unit_operations = unit_kernel_times(w, tp, cp, ep, sequence_parallel, unit, hardware, calibration)
+    for count, (times, unit_operations) in units:
         gemm_forward += count * times.gemm_forward
         gemm_input_grad += count * times.gemm_input_grad
         gemm_weight_grad += count * times.gemm_weight_grad
@@ -486,8 +545,7 @@ def _pipeline_sends(w: Workload, layout: Layout, cluster: Cluster) -> float:
     return layout.grad_accum * layout.split.chunks * 2 * group_time("p2p", activation, 2, t * c * layout.dp, cluster)
 
 
-@dataclass(frozen=True)
-class StateTraffic:
+class StateTraffic(NamedTuple):
     """Per step, for one GPU of a stage: the data-parallel collectives of its share of the parameters and
     gradients, and its optimizer step. They depend on the stage's parameters and the layout's DP, ZeRO and EP, not
     on the micro-batch."""
