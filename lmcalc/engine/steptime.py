@@ -147,15 +147,29 @@ def stage_step_flops(w: Workload, built: StageLayers) -> fl.StepFlops:
     return fl.step_flops(w.model, w.seq_len, w.recompute, "full", stage_part(w.model, built))
 
 
+class ChipRates(NamedTuple):
+    """What every step time reports of the chip: its dense peak, the matmul rate its GEMMs are timed against and
+    where that comes from, and the share of that rate a step's GEMMs sustain."""
+
+    peak: float
+    matmul: float
+    matmul_source: str
+    gemm_fraction: float
+
+
 @functools.lru_cache(maxsize=64)
-def _matmul_rate(hardware: HardwareSpec, dtype: str) -> rates.MatmulRate:
-    """``rates.matmul_rate``, made once per chip and dtype: every step time reports it."""
-    return rates.matmul_rate(hardware, dtype)
+def _chip_rates(hardware: HardwareSpec, dtype: str, calibration: rates.Calibration) -> ChipRates:
+    matmul = rates.matmul_rate(hardware, dtype)
+    return ChipRates(
+        hardware.peak_flops(dtype), matmul.flops_per_s, matmul.source, calibration.gemm_fraction_for(hardware)
+    )
 
 
 @functools.lru_cache(maxsize=1024)
-def _whole_step_flops(w: Workload) -> fl.StepFlops:
-    return fl.step_flops(w.model, w.seq_len, w.recompute, "full")
+def _whole_step_flops(w: Workload) -> tuple[float, float]:
+    """Model FLOPs per token of a step of the whole model, and the FLOPs recomputation adds."""
+    flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full")
+    return flops.model, flops.recomputed
 
 
 class KernelTimes(NamedTuple):
@@ -247,12 +261,11 @@ def step_time(
     """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
     stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
     the longest."""
-    hardware, m = cluster.hardware, layout.grad_accum
-    dtype = w.precision.compute_dtype
-    matmul = _matmul_rate(hardware, dtype)
+    m = layout.grad_accum
+    chip = _chip_rates(cluster.hardware, w.precision.compute_dtype, calibration)
     tokens = layout.dp * m * w.micro_batch * w.seq_len
-    whole = _whole_step_flops(w)
-    model_flops = whole.model * tokens
+    model_per_token, recomputed_per_token = _whole_step_flops(w)
+    model_flops = model_per_token * tokens
     timed = w if efficiency is not None else kernel_workload(w)  # what the stages' times depend on
     slowest = slowest_stage(timed, layout, cluster, efficiency, calibration)
     mb = slowest.micro_batch
@@ -273,14 +286,14 @@ def step_time(
         slowest.zero,
         slowest.optimizer,
         model_flops,
-        model_flops + whole.recomputed * tokens,
+        model_flops + recomputed_per_token * tokens,
         tokens,
         layout.gpus,
-        hardware.peak_flops(dtype),
+        chip.peak,
         efficiency,
-        matmul.flops_per_s,
-        matmul.source,
-        calibration.gemm_fraction_for(hardware),
+        chip.matmul,
+        chip.matmul_source,
+        chip.gemm_fraction,
     )
 
 
