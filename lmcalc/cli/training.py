@@ -368,11 +368,12 @@ def plan(
         attention=attention,
         framework=framework,
         overhead=overhead,
+        shown=None if as_json or plot else top_n,  # a table shows the top; JSON and plots take every layout
         **pins,
         **split,
     )
     ranked = found.report
-    shown = found.derivation if explain else ranked if as_json else replace(ranked, sections=ranked.sections[:top_n])
+    shown = found.derivation if explain else ranked
     if plot:
         from lmcalc import plots
 

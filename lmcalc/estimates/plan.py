@@ -92,9 +92,11 @@ def plan(
     attention: str = DEFAULT_ATTENTION,
     framework: FrameworkLike = DEFAULT_FRAMEWORK,
     overhead: Bytes | None = None,
+    shown: int | None = None,
     **split: Unpack[SplitSettings],
 ) -> PlanEstimate:
-    """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question). The
+    """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question; the
+    report ranks the first ``shown`` of them, all by default, and ``layouts`` holds every one). The
     degrees, ZeRO stage, micro-batch, recomputation, pipeline schedule and virtual stages given are pinned, the
     others searched (virtual stages past 1 imply the interleaved schedule); the micro-batch is searched up to
     ``max_micro_batch`` (default ``MAX_MICRO_BATCH``, 16). Sequence parallelism is on wherever TP > 1 unless
@@ -146,7 +148,7 @@ def plan(
     if matmul_measured:
         setup = _with_measured_matmul(setup, calibration)
     global_tokens = count(global_batch, "global_batch", binary=True)
-    return plan_estimate(setup, global_tokens, pins, eff, tokens_given(tokens, setup.model))
+    return plan_estimate(setup, global_tokens, pins, eff, tokens_given(tokens, setup.model), shown)
 
 
 def _with_measured_matmul(setup: TrainingSetup, calibration: str | None) -> TrainingSetup:
@@ -175,10 +177,16 @@ def layout_text(candidate: pl.Candidate) -> str:
 
 
 def plan_estimate(
-    setup: TrainingSetup, global_batch_tokens: float, pins: pl.Pins, efficiency: Given | None, train_tokens: Given
+    setup: TrainingSetup,
+    global_batch_tokens: float,
+    pins: pl.Pins,
+    efficiency: Given | None,
+    train_tokens: Given,
+    shown: int | None = None,
 ) -> PlanEstimate:
-    """One layout search, two views of it: every layout that fits, ranked by throughput, and the winner
-    derived term by term (what ``--explain`` shows)."""
+    """One layout search, two views of it: the layouts that fit, ranked by throughput (the first ``shown`` of
+    them in the report, all when None; ``layouts`` always holds every one), and the winner derived term by term
+    (what ``--explain`` shows)."""
     from lmcalc.engine import plan as pl
 
     base, cluster, model, note = setup.workload, setup.cluster, setup.model, setup.resolved.note
@@ -210,7 +218,7 @@ def plan_estimate(
             f"over by {(m.total - found.capacity) / GB:,.1f} GB, mostly {part} ({size / GB:,.1f} GB)"
         )
     sections = []
-    for rank, c in enumerate(found.fitting, start=1):
+    for rank, c in enumerate(found.fitting[:shown], start=1):
         t = c.time
         sections.append(
             Section(
