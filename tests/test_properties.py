@@ -99,9 +99,10 @@ def test_tensor_parallelism_never_increases_a_gpus_share(name, tp, sp, seq):
     recompute=st.sampled_from(["none", "selective", "full"]),
 )
 def test_the_slowest_stage_is_never_faster_than_an_even_split(name, pp, first, seq, recompute):
-    # The pipeline waits for its slowest stage, which holds at least the average share of the work: compute
-    # is never below the whole step's FLOPs spread evenly over every GPU, and equals it with one stage (timed as
-    # FLOPs at one fraction of the peak; with kernels, and the kernel model keeps it too: see the next test).
+    # The pipeline waits for its slowest stage, which holds at least the average share of the work: the step is
+    # never shorter than the whole step's FLOPs spread evenly over every GPU (timed as FLOPs at one fraction of
+    # the peak, so that the FLOPs decide), and its compute equals that with one stage. (The stage that sets the
+    # pace is the one with the longest step, communication included, which need not be the one with most FLOPs.)
     model, h100 = spec(name), resolve_hardware("H100").spec
     if pp > model.num_layers or (first is not None and (pp == 1 or model.num_layers - first < pp - 1)):
         return
@@ -110,9 +111,6 @@ def test_the_slowest_stage_is_never_faster_than_an_even_split(name, pp, first, s
     cluster = Cluster(hardware=h100, count=layout.gpus, gpus_per_node=8)
     t = step_time(w, layout, cluster, efficiency=DEFAULT_COMPUTE_EFFICIENCY)  # the FLOPs alone decide
     even = t.hardware_flops / (pp * h100.peak_flops("bf16") * DEFAULT_COMPUTE_EFFICIENCY)
-    assert math.isfinite(t.total) and t.compute >= even * (1 - 1e-12)
+    assert math.isfinite(t.total) and t.total >= even * (1 - 1e-12)
     if pp == 1:
         assert t.compute == pytest.approx(even, rel=1e-12)
-    kernels = step_time(w, layout, cluster)  # every stage's kernels are at least its share of the whole model's
-    whole = step_time(w, ly.Layout(grad_accum=pp), Cluster(hardware=h100, count=1, gpus_per_node=8))
-    assert kernels.compute >= whole.compute / pp * (1 - 1e-9)

@@ -226,7 +226,7 @@ def _stage_flops_by_pytorch(
     [("llama-3.1-8b", 4, None, 7), ("mixtral-8x7b", 4, 6, None), ("gpt2", 3, None, None)],
 )
 def test_each_pipeline_stages_flops_match_pytorch(name, pp, first, last):
-    # The step time paces the pipeline by its slowest stage (docs/formulas.md §9.1); each stage's FLOPs, forward
+    # The step time paces the pipeline by its slowest stage (docs/formulas.md §8.10); each stage's FLOPs, forward
     # and backward, must be what PyTorch counts for exactly the blocks (and head) that stage runs, uneven splits
     # included.
     spec, s = resolve_model(name).spec, 64  # 64 tokens × top-2 spread evenly over Mixtral's 8 experts on meta

@@ -260,8 +260,8 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
             fp8_cast = sum(4 * (g.m * g.k + g.m * g.n + g.n * g.k) * g.count for g in every)
             kernels += 3 * (sum(g.count for g in gemms) + len(head))
 
-    collectives = 0.0
-    if tp > 1:
+    collectives = 0.0  # tensor-parallel collectives the host issues: four a layer (two more recomputed), the count
+    if tp > 1:  # the host time per operation was fitted with (sequence parallelism issues them in halves)
         collectives = layers * (4 + (2 if w.recompute == "full" else 0))
     recompute_full = w.recompute == "full"
     return StageWork(

@@ -35,8 +35,9 @@ from lmcalc.specs import Cluster, ModelSpec
 MAX_MICRO_BATCH = 16
 """The largest micro-batch the search tries unless told otherwise: every size up to it that divides the
 sequences each data-parallel replica takes per step (published runs use 3, 6, 10, 12 as well as powers of
-two). In the step-time model a larger micro-batch only saves collective latency and lengthens the pipeline
-bubble, while its activations grow: past 16 sequences it seldom wins, and it costs search time."""
+two). In the step-time model a larger micro-batch amortises per-kernel, host and collective-latency costs and
+fills GEMMs better, but lengthens the pipeline bubble, and its activations grow: past 16 sequences it seldom
+wins, and it costs search time."""
 VIRTUAL_STAGES = (2, 3, 4)
 
 
