@@ -51,6 +51,8 @@ DIFFERENT_ON_PURPOSE = {
     ("optimal", "precision"): "bf16-mixed",
     # --sweep chooses memory_sweep (which requires it) over memory: left out, the command calls memory
     ("memory", "sweep"): None,
+    # a plan table shows the top 10 (--top); the API, like --json and --plot, ranks every layout that fits
+    ("plan", "top"): 10,
 }
 
 
@@ -166,6 +168,8 @@ def test_the_defaults_that_differ_do_so_for_their_reason():
     assert cli_default("optimal", "precision") == DEFAULT_PRECISION
     # memory --sweep: memory_sweep needs it
     assert inspect.signature(api.memory_sweep).parameters["sweep"].default is REQUIRED
+    # plan: the API ranks every layout that fits
+    assert inspect.signature(api.plan).parameters["top"].default is None
 
 
 WORKLOAD_DEFAULTS_OF_THEIR_OWN = {

@@ -368,7 +368,7 @@ def plan(
         attention=attention,
         framework=framework,
         overhead=overhead,
-        shown=None if as_json or plot else top_n,  # a table shows the top; JSON and plots take every layout
+        top=None if as_json or plot else top_n,  # a table shows the top; JSON and plots take every layout
         **pins,
         **split,
     )

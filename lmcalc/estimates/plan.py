@@ -92,11 +92,11 @@ def plan(
     attention: str = DEFAULT_ATTENTION,
     framework: FrameworkLike = DEFAULT_FRAMEWORK,
     overhead: Bytes | None = None,
-    shown: int | None = None,
+    top: int | None = None,
     **split: Unpack[SplitSettings],
 ) -> PlanEstimate:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question; the
-    report ranks the first ``shown`` of them, all by default, and ``layouts`` holds every one). The
+    report ranks the first ``top`` of them, all by default, and ``layouts`` holds every one). The
     degrees, ZeRO stage, micro-batch, recomputation, pipeline schedule and virtual stages given are pinned, the
     others searched (virtual stages past 1 imply the interleaved schedule); the micro-batch is searched up to
     ``max_micro_batch`` (default ``MAX_MICRO_BATCH``, 16). Sequence parallelism is on wherever TP > 1 unless
@@ -148,7 +148,7 @@ def plan(
     if matmul_measured:
         setup = _with_measured_matmul(setup, calibration)
     global_tokens = count(global_batch, "global_batch", binary=True)
-    return plan_estimate(setup, global_tokens, pins, eff, tokens_given(tokens, setup.model), shown)
+    return plan_estimate(setup, global_tokens, pins, eff, tokens_given(tokens, setup.model), top)
 
 
 def _with_measured_matmul(setup: TrainingSetup, calibration: str | None) -> TrainingSetup:
