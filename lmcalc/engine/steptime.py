@@ -58,10 +58,6 @@ from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import AttentionKernel, Cluster, HardwareSpec, SpeedRule
 
-DEFAULT_COMPUTE_EFFICIENCY = 0.6
-"""The fraction of the dense peak a step's compute reaches under ``--efficiency``-style timing, kept for the
-estimates that take one number (``lmcalc time``); the planner times kernels instead."""
-
 FOREACH_PASSES = 3
 """A multi-tensor (foreach) AdamW step runs its update as separate element-wise kernels over the state lists
 (lerp, multiply, add-multiply, square root, divide, add: torch/optim/adamw.py ``_multi_tensor_adamw``), about
