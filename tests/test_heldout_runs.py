@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from accuracy import gpt_model
 
 from lmcalc.engine.layout import check_layout
 from lmcalc.engine.workload import Workload
@@ -63,34 +64,13 @@ SPLIT_KEYS = (
 )
 
 
-def megatron_gpt(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
-    """Megatron's GPT of Korthikanti et al. 2022 Table 3 (vocabulary 51,200, 4h GELU MLP, sequence 2048), the shape
-    the `gpt:` form names in benchmarks/published_runs.yaml too."""
-    return ModelSpec(
-        name=name,
-        vocab_size=51200,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        ffn_size=4 * hidden,
-        ffn_kind="gelu_mlp",
-        norm_kind="layernorm",
-        attention_bias="all",
-        mlp_bias=True,
-        tied_embeddings=True,
-        position_embedding="learned",
-        max_seq_len=2048,
-        dropout=True,
-    )
-
-
 def model_of(run: dict) -> ModelSpec:
     model = run["model"]
     (form,) = model  # exactly one of preset, gpt, shape
     if form == "preset":
         return resolve_model(model["preset"]).spec
     if form == "gpt":
-        return megatron_gpt(run["id"], **model["gpt"])
+        return gpt_model(run["id"], **model["gpt"])  # the `gpt:` form of benchmarks/published_runs.yaml
     assert form == "shape", f"{run['id']}: unknown model form {form!r}"
     return ModelSpec(**model["shape"])
 
