@@ -22,10 +22,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from lmcalc.errors import LmcalcError
+from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.specs import (
     Cluster,
-    FrameworkProfile,
     HardwareSpec,
     ModelSpec,
     NamedSpec,

@@ -1,4 +1,5 @@
-"""Validated descriptions of what lmcalc reasons about: models, accelerators, precisions, optimizers.
+"""Validated descriptions of what lmcalc reasons about: models, accelerators, precisions, optimizers (and, in
+``framework_specs``, the training frameworks' rules).
 
 Every preset file is parsed into one of these pydantic models once; the engine only ever sees these
 objects, never raw YAML. Units are in the field names (``memory_bytes``, ``peak_tflops_dense``) so a
@@ -39,7 +40,7 @@ is (``weakref.finalize``), before its ``id`` can be reused. A spec is frozen and
 hash cannot go stale (a hardware spec's dicts are the one thing a caller could still change in place: don't)."""
 
 
-class _Spec(BaseModel):
+class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     def __hash__(self) -> int:
@@ -52,13 +53,13 @@ class _Spec(BaseModel):
         return known
 
 
-class NamedSpec(_Spec):
+class NamedSpec(Spec):
     """A spec a preset file holds, found by its name."""
 
     name: str
 
 
-class MoESpec(_Spec):
+class MoESpec(Spec):
     """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
 
     num_experts: PositiveInt
@@ -80,7 +81,7 @@ class MoESpec(_Spec):
         return self
 
 
-class MLASpec(_Spec):
+class MLASpec(Spec):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and joint low-rank K/V projections."""
 
     q_lora_rank: PositiveInt | None = Field(None, description="None: plain h x (heads*qk_head_dim) query")
@@ -244,7 +245,7 @@ class PrecisionRecipe(NamedSpec):
     sources: tuple[str, ...] = Field(default_factory=tuple)
 
 
-class OptimizerState(_Spec):
+class OptimizerState(Spec):
     """One tensor an optimizer keeps per parameter tensor (momentum, second moment, ...)."""
 
     name: str
@@ -260,250 +261,6 @@ class OptimizerSpec(NamedSpec):
     description: str
     states: tuple[OptimizerState, ...]
     sources: tuple[str, ...] = Field(default_factory=tuple)
-
-
-class Rule(_Spec):
-    """One thing a training framework does that decides its memory, and where that is stated: the framework's
-    file and version, or a paper."""
-
-    source: str = Field(min_length=1)
-
-
-NormKeeps = Literal["input", "fp32_input"]
-
-
-class NormRule(Rule):
-    """What a norm keeps for backward, for each kind of norm. ``input``: its input in the activation dtype and fp32
-    statistics (a fused kernel: apex, Transformer Engine, Triton, ``torch.nn.LayerNorm``); ``fp32_input``: an
-    fp32 copy of its input, the fp32 statistics and the normalised value in the activation dtype before the
-    weight's multiply (the unfused PyTorch form that upcasts, as Hugging Face's RMSNorm classes are written)."""
-
-    rmsnorm: NormKeeps
-    layernorm: NormKeeps
-
-
-class MlpRule(Rule):
-    gated: Literal["unfused", "fused"] = Field(
-        description="a gated MLP (SwiGLU, GeGLU): unfused keeps the gate and up outputs, act(gate) and the "
-        "product; fused keeps the gate and up outputs and the product"
-    )
-    gelu: Literal["fused", "tanh_unfused"] = Field(
-        description="a GELU MLP: fused keeps the GELU's input and output; tanh_unfused is the tanh approximation "
-        "written as elementwise PyTorch operations, each keeping its own inputs"
-    )
-
-
-class RotaryRule(Rule):
-    tables: bool = Field(
-        description="cos and sin tables of s·d_rope elements each, in the activation dtype, made once per forward "
-        "pass and kept for backward (shared by the layers)"
-    )
-
-
-class MoeRule(Rule):
-    routing_bytes: float = Field(
-        ge=0, description="bytes kept per (token, expert) assignment for the routing: index tensors and weights"
-    )
-    weighted_outputs: bool = Field(
-        description="the experts' outputs are kept twice: before and after the multiply by the routing weights "
-        "(an index_add that keeps its source)"
-    )
-
-
-class AttentionRule(Rule):
-    eager_softmax: Literal["activation", "fp32"] = Field(
-        description="eager attention's softmax: in the activation dtype (kept once), or in fp32, kept, and its "
-        "cast copy kept by the matmul with V"
-    )
-    q_copies: int = Field(1, ge=1, description="Q-sized tensors kept (a fused QKV output kept alive adds one)")
-    k_copies: int = Field(1, ge=1, description="K-sized tensors kept")
-    v_copies: int = Field(1, ge=1, description="V-sized tensors kept")
-    checkpoint_keeps_mask: bool = Field(
-        False,
-        description="under full recomputation, eager attention's additive [b, 1, s, s] mask (activation dtype) "
-        "and the int64 position ids stay alive for the rebuilt layers (held by the checkpointed layers' arguments)",
-    )
-
-
-class LossRule(Rule):
-    saved_bytes: float = Field(ge=0, description="bytes kept for backward per logit element (s·b·V/TP)")
-    transient_bytes: float = Field(
-        ge=0,
-        description="bytes per logit element the loss holds beyond the saved ones at its busiest moment: the "
-        "head's output, upcast copies, the logits' gradients",
-    )
-
-
-class StatesRule(Rule):
-    grad_bytes: float | None = Field(
-        None, gt=0, description="bytes per gradient the framework accumulates into (None: the precision recipe's)"
-    )
-    weights: Literal["recipe", "master_only"] = Field(
-        "recipe",
-        description="recipe: the recipe's weights and master copy; master_only: only the master copy persists "
-        "and the compute-dtype weights exist gathered, a layer or two at a time (FSDP2 mixed precision)",
-    )
-    ddp_bucket_copy: bool = Field(
-        False,
-        description="without ZeRO and with DP > 1, DDP's buckets hold a second copy of the gradients in the "
-        "weights' dtype (gradient_as_bucket_view False)",
-    )
-    compute_grads_transient: bool = Field(
-        False,
-        description="each backward makes the gradients in the weights' dtype before adding them into the "
-        "fp32 buffer: they exist at once at the end of the backward pass",
-    )
-
-
-class BuffersRule(Rule):
-    gathered_layers: int = Field(
-        ge=0,
-        description="under ZeRO-3/FSDP, layers whose parameters are gathered at once (the one in use and the "
-        "prefetched)",
-    )
-    reduce_scatter_bytes: float = Field(
-        0,
-        ge=0,
-        description="under ZeRO-3/FSDP, bytes per parameter of one layer whose gradients are being "
-        "reduce-scattered (unsharded gradients and the reduction's own buffer)",
-    )
-    head_gathered: bool = Field(
-        False,
-        description="under ZeRO-3/FSDP, the output head (and final norm) stays gathered from its forward to "
-        "its backward",
-    )
-    reduce_bucket_elements: float = Field(
-        0,
-        ge=0,
-        description="gradient elements of the data-parallel reduce bucket a framework allocates apart from "
-        "the gradients (DeepSpeed's IPG bucket), in the gradient dtype",
-    )
-    sequence_parallel_gather: int = Field(
-        0,
-        ge=0,
-        description="with sequence parallelism, buffers of one full-sequence layer input (s·b·h) each for "
-        "the all-gather",
-    )
-    pipeline_tensors: int = Field(
-        0, ge=0, description="layer-boundary tensors (s·b·h each) pipeline send/receive holds at once"
-    )
-    workspace_bytes: float = Field(ge=0, description="cuBLAS and NCCL workspaces, in bytes, inside PyTorch's pool")
-
-
-class OptimizerStepRule(Rule):
-    temporaries: Literal["none", "foreach"] = Field(
-        description="foreach: torch.optim's multi-tensor step makes one state-sized temporary for all the "
-        "parameters a GPU updates; none: a fused kernel works tensor by tensor"
-    )
-    fp32_grad_copy: bool = Field(
-        False,
-        description="the step makes an fp32 copy of this GPU's share of the gradients (DeepSpeed's fp32 "
-        "gradient partition)",
-    )
-
-
-class AllocatorRule(Rule):
-    fragmentation: float = Field(
-        ge=0,
-        description="reserved memory over allocated, less one: what the caching allocator holds beyond live "
-        "tensors at the peak",
-    )
-    context_bytes: float = Field(ge=0, description="the CUDA context and kernels, outside PyTorch's pool")
-    allowance_bytes: float = Field(
-        0, ge=0, description="a flat allowance instead of the parts above (the idealised profile's)"
-    )
-
-
-AttentionKernel = Literal["flash2", "flash3", "eager"]
-TpOverlap = Literal["none", "backward", "full"]
-
-
-class SpeedRule(Rule):
-    """How fast a framework runs the kernels of a step, beyond what they count: which fused attention kernel it
-    calls, how much host time each GPU operation costs, and which communication it hides behind computation."""
-
-    source: str = Field(
-        "lmcalc's default for a profile that gives no speed rules: PyTorch eager with FlashAttention-2, nothing "
-        "overlapped but DDP's bucketed gradient reduction",
-        min_length=1,
-    )
-    attention_kernel: AttentionKernel = Field(
-        "flash2",
-        description="the fused attention kernel (with attention 'flash'): flash2 (FlashAttention-2, PyTorch SDPA's "
-        "flash backend) or flash3 (FlashAttention-3, cuDNN/Transformer Engine fused attention on Hopper and later)",
-    )
-    host_seconds_per_op: float = Field(
-        1.5e-5,
-        ge=0,
-        description="CPU time to issue one GPU operation (Python, autograd, the dispatcher and the launch): when a "
-        "micro-batch's operations take longer to issue than to run, the host sets the pace",
-    )
-    tp_overlap: TpOverlap = Field(
-        "none",
-        description="tensor-parallel collectives hidden behind GEMMs: none; backward (the input gradient's "
-        "collective overlaps the weight-gradient GEMM, Megatron-LM's async TP); full (userbuffers comm-GEMM "
-        "overlap, forward and backward)",
-    )
-    dp_overlap: Literal["always", "without_zero", "never"] = Field(
-        "always",
-        description="the gradient reduction bucketed behind the last micro-batch's backward pass: always; only "
-        "without ZeRO (DDP's buckets, when ZeRO's own reduction waits for the backward pass); never",
-    )
-    param_gather_overlap: bool = Field(
-        False,
-        description="ZeRO's parameter all-gathers prefetched behind computation (ZeRO-1/2 after the step, ZeRO-3 "
-        "every layer)",
-    )
-    pp_overlap: bool = Field(False, description="pipeline sends and receives overlapped with computation")
-    zero3_network: Literal["all_nics", "one_nic"] = Field(
-        "all_nics",
-        description="how ZeRO-3's parameter gathers and gradient scatters use the network: all_nics (NCCL's "
-        "rings over every NIC of the node, hierarchical) or one_nic (each GPU's whole share over its own NIC)",
-    )
-    moe_overlap: bool = Field(
-        False, description="expert all-to-all hidden behind another micro-batch's computation (DualPipe)"
-    )
-    fused_grad_accumulation: bool = Field(
-        False,
-        description="the weight-gradient GEMM accumulates into the fp32 gradients (Megatron-LM's gradient "
-        "accumulation fusion); otherwise each micro-batch's gradients are added in by a separate pass",
-    )
-    fp8_casts: Literal["fused", "separate"] = Field(
-        "separate",
-        description="with fp8 GEMMs: fused (Transformer Engine: the casts ride in the norm and activation kernels "
-        "and the fp8 weights are kept for the step; only the transposed copies for the weight gradient cost a "
-        "pass) or separate (a cast-and-transpose kernel for every operand of every GEMM: torchao's float8)",
-    )
-
-
-class FrameworkProfile(NamedSpec):
-    """What a training framework keeps and allocates beyond the textbook count: each rule with its source."""
-
-    display_name: str = ""
-    aliases: tuple[str, ...] = Field(default_factory=tuple)
-    description: str
-    version: str = Field(description="the framework version (and commit) the rules were read from")
-    norm: NormRule
-    mlp: MlpRule
-    rotary: RotaryRule
-    moe: MoeRule
-    attention: AttentionRule
-    loss: LossRule
-    states: StatesRule
-    buffers: BuffersRule
-    optimizer_step: OptimizerStepRule
-    allocator: AllocatorRule
-    speed: SpeedRule = Field(default_factory=lambda: SpeedRule.model_validate({}))
-    transients: bool = Field(
-        True,
-        description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "
-        "gradients during backward (the idealised profile does not)",
-    )
-    not_modelled: tuple[str, ...] = Field(default_factory=tuple)
-
-    @property
-    def label(self) -> str:
-        return self.display_name or self.name
 
 
 @dataclass(frozen=True)

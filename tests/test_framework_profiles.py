@@ -19,7 +19,7 @@ from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
 from lmcalc.engine.workload import Workload, framework_profile
 from lmcalc.errors import LmcalcError
-from lmcalc.specs import FrameworkProfile
+from lmcalc.framework_specs import FrameworkProfile
 
 IDEAL = framework_profile("idealised")
 LLAMA = pr.resolve_model("llama-3.1-8b").spec  # h 4096, H 32, H_kv 8, d 128, f 14336, L 32, V 128256, RMSNorm

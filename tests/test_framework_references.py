@@ -27,7 +27,8 @@ from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
 from lmcalc.engine.sharding import stage_params
 from lmcalc.engine.workload import Workload, framework_profile
-from lmcalc.specs import FrameworkProfile, ModelSpec
+from lmcalc.framework_specs import FrameworkProfile
+from lmcalc.specs import ModelSpec
 
 MB = 2**20  # Megatron's NUM_BYTES_IN_MEGABYTE; DeepSpeed's printers use 2**30 and call it GB
 BUILTIN_FRAMEWORKS = {"idealised", "megatron", "nanotron", "torchtitan", "transformers", "deepspeed"}

@@ -32,9 +32,10 @@ from lmcalc.engine.activations import layer_saved_tensors  # noqa: E402
 from lmcalc.engine.gpu_memory import StageActivations, stage_activations  # noqa: E402
 from lmcalc.engine.layout import Layout  # noqa: E402
 from lmcalc.engine.workload import Workload, dropout_mask_bytes, framework_profile  # noqa: E402
+from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
-from lmcalc.specs import FrameworkProfile, ModelSpec  # noqa: E402
+from lmcalc.specs import ModelSpec  # noqa: E402
 
 TOLERANCE = 0.05  # |predicted / measured − 1|, the target
 PRECISION = resolve_precision("bf16-pure").spec  # the models are cast to bf16: weights, activations, no master copy

@@ -12,12 +12,13 @@ from lmcalc.engine.flops import forward_flops_per_token
 from lmcalc.engine.gpu_memory import gpu_memory, most_loaded_gpu
 from lmcalc.engine.kernels import stage_work
 from lmcalc.engine.layout import Layout
+from lmcalc.engine.microbatch import kernel_times
 from lmcalc.engine.params import count_params
 from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts, stage_layers
 from lmcalc.engine.plan import Pins, plan
 from lmcalc.engine.rates import CALIBRATION
 from lmcalc.engine.sharding import stage_params, stage_part
-from lmcalc.engine.steptime import kernel_times, stage_step_flops, step_time
+from lmcalc.engine.steptime import stage_step_flops, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import parse_cluster, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster
@@ -198,7 +199,7 @@ def test_plan_json_names_each_layout(capsys):
 def test_zero1_gather_hides_behind_the_next_first_forward_only():
     # GPT-2 124M over 16 H100s in two nodes, ZeRO-1, one micro-batch: the all-gather of the updated bf16
     # parameters (2 B each over 16 replicas: hierarchical, 8 in each node) is far longer than the first forward
-    # pass it hides behind (the forward GEMMs and attention of one micro-batch, engine.steptime.kernel_times)
+    # pass it hides behind (the forward GEMMs and attention of one micro-batch, engine.microbatch.kernel_times)
     model, h100 = resolve_model("gpt2").spec, resolve_hardware("H100").spec
     layout = Layout(dp=16, zero=1)
     w = workload(model, 1024)

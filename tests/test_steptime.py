@@ -11,11 +11,13 @@ from lmcalc.engine import rates
 from lmcalc.engine.comm import group_time
 from lmcalc.engine.kernels import stage_work
 from lmcalc.engine.layout import Layout
+from lmcalc.engine.microbatch import kernel_times
 from lmcalc.engine.pipeline import PipelineSplit, stage_layers
-from lmcalc.engine.steptime import kernel_times, step_time
+from lmcalc.engine.steptime import step_time
 from lmcalc.engine.workload import Workload, framework_profile
+from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.presets import resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
-from lmcalc.specs import Cluster, FrameworkProfile
+from lmcalc.specs import Cluster
 
 BF16 = resolve_precision("bf16-mixed").spec
 FP8 = resolve_precision("fp8-mixed").spec

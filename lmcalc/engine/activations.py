@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 
 from lmcalc.engine.params import Dim
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import ModelSpec, NormKeeps
+from lmcalc.framework_specs import NormKeeps
+from lmcalc.specs import ModelSpec
 
 LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")

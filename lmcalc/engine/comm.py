@@ -66,33 +66,41 @@ def _domain(hardware: HardwareSpec, gpus_per_node: int) -> int:
 
 
 def intra_link(hardware: HardwareSpec) -> Link:
+    """The scale-up link within a node (NVLink, xGMI, ICI), refused where the preset gives no bandwidth for it."""
     if not hardware.intra_node_gbps:
         raise LmcalcError(
             f"{hardware.name} has no scale-up (within-node) bandwidth in its preset, and this layout needs GPUs of "
             "one node to talk; add intra_node_gbps to a copy of the preset ('lmcalc presets show "
             f"{hardware.name}') or use one GPU per node"
         )
-    if hardware.intra_node_busbw_gbps:
-        bandwidth, source = hardware.intra_node_busbw_gbps, hardware.sources.get("collectives", "measured")
-    else:
-        bandwidth = hardware.intra_node_gbps * NVLINK_RING_EFFICIENCY
-        source = f"{hardware.intra_node_gbps:g} GB/s spec × {NVLINK_RING_EFFICIENCY:.3f} (8×H200 ring, stas00)"
-    return Link(bandwidth * 1e9, INTRA_NODE_LATENCY_S, INTRA_NODE_STEP_S, "intra-node", source)
+    derived = f"{hardware.intra_node_gbps:g} GB/s spec × {NVLINK_RING_EFFICIENCY:.3f} (8×H200 ring, stas00)"
+    spec = hardware.intra_node_gbps * NVLINK_RING_EFFICIENCY
+    bandwidth, source = _bus_bandwidth(hardware, hardware.intra_node_busbw_gbps, spec, derived)
+    return Link(bandwidth, INTRA_NODE_LATENCY_S, INTRA_NODE_STEP_S, "intra-node", source)
 
 
 def inter_link(hardware: HardwareSpec) -> Link:
+    """The network between nodes (each GPU's NIC), refused where the preset gives no bandwidth for it."""
     if not hardware.inter_node_gbps:
         raise LmcalcError(
             f"{hardware.name} has no inter-node (network) bandwidth in its preset, and this layout needs GPUs on "
             "different nodes to talk; add inter_node_gbps (the NIC's Gb/s / 8 per GPU) to a copy of the preset "
             f"('lmcalc presets show {hardware.name}') or keep the run within one node"
         )
-    if hardware.inter_node_busbw_gbps:
-        bandwidth, source = hardware.inter_node_busbw_gbps, hardware.sources.get("collectives", "measured")
-    else:
-        bandwidth = hardware.inter_node_gbps * NETWORK_RING_EFFICIENCY
-        source = f"{hardware.inter_node_gbps:g} GB/s NIC × {NETWORK_RING_EFFICIENCY:.2f} (nccl-tests #290)"
-    return Link(bandwidth * 1e9, INTER_NODE_LATENCY_S, INTER_NODE_STEP_S, "inter-node", source)
+    derived = f"{hardware.inter_node_gbps:g} GB/s NIC × {NETWORK_RING_EFFICIENCY:.2f} (nccl-tests #290)"
+    spec = hardware.inter_node_gbps * NETWORK_RING_EFFICIENCY
+    bandwidth, source = _bus_bandwidth(hardware, hardware.inter_node_busbw_gbps, spec, derived)
+    return Link(bandwidth, INTER_NODE_LATENCY_S, INTER_NODE_STEP_S, "inter-node", source)
+
+
+def _bus_bandwidth(
+    hardware: HardwareSpec, measured_gbps: float | None, derived_gbps: float, derived: str
+) -> tuple[float, str]:
+    """Bytes/s a link's ring collectives reach, and its source: the preset's measured bus bandwidth, else the spec
+    figure times a measured efficiency."""
+    if measured_gbps:
+        return measured_gbps * 1e9, hardware.sources.get("collectives", "measured")
+    return derived_gbps * 1e9, derived
 
 
 def link_for(hardware: HardwareSpec, span: int, gpus_per_node: int) -> Link:

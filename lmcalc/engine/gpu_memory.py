@@ -42,7 +42,8 @@ from lmcalc.engine.pipeline import (
 from lmcalc.engine.sharding import StageParams, _params_held, sharded_state_bytes, states_workload, zero_shards
 from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import AllocatorRule, FrameworkProfile, OptimizerSpec, PrecisionRecipe
+from lmcalc.framework_specs import AllocatorRule, FrameworkProfile
+from lmcalc.specs import OptimizerSpec, PrecisionRecipe
 
 Verdict = Literal["fits", "tight", "does not fit"]
 

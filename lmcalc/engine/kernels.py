@@ -17,7 +17,7 @@ Three kinds of kernel, as a profiler shows them:
   logits, the embedding's gradient, the per-micro-batch accumulation of gradients, and with fp8 GEMMs the casts
   of their operands (a fused cast and transpose per operand: Transformer Engine, torchao's float8). Which of them are
   fused, and so how many bytes they move, is the framework profile's (the same rules that decide what they
-  keep for backward: ``specs.NormRule``, ``MlpRule``, ``RotaryRule``, ``AttentionRule``, ``LossRule``).
+  keep for backward: ``framework_specs.NormRule``, ``MlpRule``, ``RotaryRule``, ``AttentionRule``, ``LossRule``).
 
 Byte counts of an element-wise kernel: it reads each input and writes each output once. A fused kernel does the
 whole operation in one pass; an unfused PyTorch form pays one pass per operation (an upcast, a square, a mean,

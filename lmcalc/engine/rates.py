@@ -24,7 +24,8 @@ import math
 from dataclasses import dataclass
 
 from lmcalc.errors import LmcalcError
-from lmcalc.specs import AttentionKernel, HardwareSpec
+from lmcalc.framework_specs import AttentionKernel
+from lmcalc.specs import HardwareSpec
 
 GEMM_TILE = (128, 128)
 """Output tile of a bf16 GEMM on Ampere and Hopper tensor cores, the common CUTLASS/cuBLAS choice (128 × 128

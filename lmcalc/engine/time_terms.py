@@ -7,8 +7,9 @@ from lmcalc.engine import rates
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.steptime import StepTime
 from lmcalc.engine.workload import Workload
+from lmcalc.framework_specs import SpeedRule
 from lmcalc.result import Section, Term
-from lmcalc.specs import Cluster, SpeedRule
+from lmcalc.specs import Cluster
 
 ZERO_GATHER_FORMULA = {
     0: "none: no ZeRO sharding over data parallelism",

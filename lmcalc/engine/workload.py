@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, Attention, Recompute
 from lmcalc.errors import LmcalcError, setting
-from lmcalc.specs import FrameworkProfile, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.framework_specs import FrameworkProfile
+from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
 from lmcalc.units import GiB
 
 OVERHEAD_ALLOWANCE_BYTES = 2 * GiB

@@ -19,8 +19,9 @@ from lmcalc.engine.params import count_params, matches_published
 from lmcalc.engine.time import DEFAULT_MFU
 from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError, flag, setting
+from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.result import Input, Result
-from lmcalc.specs import Cluster, FrameworkProfile, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 from lmcalc.units import GiB, group, parse_bytes, parse_count
 
 DEFAULT_SEQ_CAP = 8192
