@@ -19,6 +19,7 @@ from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_ATTENTION
 from lmcalc.estimates.training import build_layout, pipeline_split, split_settings
+from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.presets import (
     read_yaml,
     resolve_framework,
@@ -27,7 +28,7 @@ from lmcalc.presets import (
     resolve_optimizer,
     resolve_precision,
 )
-from lmcalc.specs import Cluster, FrameworkProfile, ModelSpec
+from lmcalc.specs import Cluster, ModelSpec
 
 MFU_TOLERANCE = 0.20  # relative
 TOP_RANK = 10

@@ -24,7 +24,7 @@ from accuracy import PublishedRun, load_runs
 
 from lmcalc.engine.rates import CALIBRATION, Calibration
 from lmcalc.engine.steptime import step_time
-from lmcalc.specs import FrameworkProfile
+from lmcalc.framework_specs import FrameworkProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 FITTED = ROOT / "benchmarks" / "published_runs.yaml"

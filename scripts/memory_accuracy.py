@@ -26,9 +26,10 @@ from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params
 from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload, dropout_mask_bytes, framework_profile
+from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.presets import registry, resolve_model, resolve_optimizer, resolve_precision
-from lmcalc.specs import FrameworkProfile, ModelSpec
+from lmcalc.specs import ModelSpec
 from lmcalc.units import GiB
 
 ROOT = Path(__file__).resolve().parent.parent
