@@ -49,6 +49,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
             "norm_kind": "layernorm",
             "attention_bias": "all",
             "mlp_bias": True,
+            "fused_linears": ["qkv"],  # GPT-2's c_attn
             "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
             "position_embedding": "learned",
             "max_seq_len": _get(config, origin, "n_positions", "n_ctx"),

@@ -117,6 +117,11 @@ class ModelSpec(NamedSpec):
     )
     attention_bias: Literal["none", "qkv", "all"] = "none"
     mlp_bias: bool = False
+    fused_linears: tuple[Literal["qkv", "gate_up"], ...] = Field(
+        default_factory=tuple,
+        description="weights the reference implementation stores as one matrix (GPT-2's c_attn: qkv; Phi-3's "
+        "qkv_proj and gate_up_proj): the count is the same, but a LoRA adapter on it spans the fused output",
+    )
     tied_embeddings: bool
     position_embedding: PositionKind
     max_seq_len: PositiveInt

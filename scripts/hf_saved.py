@@ -624,6 +624,7 @@ def measure(
     experts_implementation: str | None = None,
     num_items_in_batch: bool = False,
     use_cache: bool | None = None,
+    lora: dict[str, Any] | None = None,
 ) -> Measurement:
     """What the forward (and the loss) keep for backward; with checkpointing also one rebuilt layer.
 
@@ -631,12 +632,17 @@ def measure(
     ``num_items_in_batch`` passes the token count as Trainer does when it knows it (loss reduction "sum" then a
     division; the saved set does not change). ``use_cache`` is passed to the model when not None; left None the
     config's default applies, as under Trainer (True for every case here: without checkpointing a DynamicCache is
-    built in training too, and its torch.cat copies of K/V are what attention then saves)."""
+    built in training too, and its torch.cat copies of K/V are what attention then saves). ``lora``: PEFT
+    ``LoraConfig`` keyword arguments; the model is then built afresh, its adapters injected in place
+    (``peft.inject_adapter_in_model``, in the model's dtype) and every other weight frozen, as ``get_peft_model``
+    leaves it."""
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention must be 'sdpa' or 'eager', not {attention!r}")
     start = time.perf_counter()
     case = CASES[case_name]
     model = build_model(case_name, attention, dtype, dropout, experts_implementation)
+    if lora is not None:
+        model = _with_lora(model, lora)
     layers = _decoder_layers(model)
     use_reentrant = _enable_checkpointing(model) if checkpointing else None
     if not checkpointing:
@@ -758,6 +764,23 @@ def measure(
         m.rebuild, m.rebuild_bytes, m.rebuild_new_bytes = _rebuild_layer(model, layers[0], captured, exclude)
     m.seconds = time.perf_counter() - start
     return m
+
+
+def _with_lora(model: torch.nn.Module, lora: dict[str, Any]) -> torch.nn.Module:
+    """The model with PEFT's LoRA adapters injected and only they trained; the cached model is dropped, since the
+    adapters change it in place."""
+    import peft  # only the LoRA cases need it
+
+    _MODEL_CACHE.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.inject_adapter_in_model(peft.LoraConfig(**lora), model)
+    dtype = model.get_input_embeddings().weight.dtype
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+        if "lora_" in name:
+            p.data = p.data.to(dtype)
+    return model
 
 
 def _experts_implementation(model: torch.nn.Module) -> str | None:

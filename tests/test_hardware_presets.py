@@ -68,6 +68,13 @@ def test_the_expected_accelerators_are_there():
         "rtx-3090",
         "rtx-4090",
         "rtx-5090",
+        "rtx-4080",
+        "rtx-4060-ti-16gb",
+        "rtx-a6000",
+        "rtx-a5000",
+        "rtx-6000-ada",
+        "a40",
+        "t4",
         "mi250x",
         "mi300x",
         "mi325x",
@@ -108,6 +115,15 @@ def test_names_and_aliases_are_unique_across_files():
         ("h200-sxm", "h200"),
         ("v100-sxm2", "v100"),
         ("tpu_v5p", "tpu-v5p"),
+        ("a6000", "rtx-a6000"),
+        ("RTX A6000", "rtx-a6000"),
+        ("RTXA6000", "rtx-a6000"),
+        ("a5000", "rtx-a5000"),
+        ("6000-ada", "rtx-6000-ada"),
+        ("RTX 6000 Ada Generation", "rtx-6000-ada"),
+        ("t4", "t4"),
+        ("RTX4080", "rtx-4080"),
+        ("rtx-4060-ti", "rtx-4060-ti-16gb"),
     ],
 )
 def test_short_aliases(alias, preset):
@@ -130,6 +146,15 @@ TORCH_DEVICE_NAMES = {
     "Tesla V100-SXM2-16GB": "v100",
     "AMD Instinct MI300X VF": "mi300x",
     "NVIDIA A10G": "a10g",
+    # Not in the reference: the names these cards report, as the presets' sources print them (device-query
+    # dumps, Lightning's matcher, public GPU tables keyed by torch device name).
+    "NVIDIA RTX A6000": "rtx-a6000",
+    "NVIDIA RTX A5000": "rtx-a5000",
+    "NVIDIA RTX 6000 Ada Generation": "rtx-6000-ada",
+    "NVIDIA A40": "a40",
+    "Tesla T4": "t4",
+    "NVIDIA GeForce RTX 4080": "rtx-4080",
+    "NVIDIA GeForce RTX 4060 Ti": "rtx-4060-ti-16gb",  # the 8 GB card reports the same name (preset note)
 }
 
 
@@ -145,6 +170,8 @@ def test_torch_device_names_are_aliases(device_name, preset):
         ("NVIDIA A100-PCIE-40GB", {"a100-40gb", "a100-80gb"}),
         # H800 PCIe measures like H100 PCIe (504 TFLOP/s bf16), not like the H800 SXM preset.
         ("NVIDIA H800 PCIe", {"h800"}),
+        # The RTX 4080 SUPER has 80 SMs, not the 4080's 76.
+        ("NVIDIA GeForce RTX 4080 SUPER", {"rtx-4080"}),
     ],
 )
 def test_torch_names_of_other_variants_do_not_match_the_wrong_preset(device_name, wrong):
@@ -184,6 +211,19 @@ DENSE_PEAKS = [
     ("a10g", "bf16", 70),  # A10G datasheet "70 TFLOPS (140 with sparsity)"
     ("rtx-4090", "bf16", 165.2),  # Ada whitepaper App. A "BF16 ... FP32 Accumulate 165.2/330.4"
     ("rtx-3090", "fp16", 71),  # GA102 whitepaper App. A "FP16 ... FP32 Accumulate 71"
+    # Cards the reference lacks, typed from the datasheets their presets cite:
+    ("rtx-a6000", "bf16", 154.8),  # RTX A6000 datasheet "Tensor Performance 309.7" (sparse) / 2; Microway 154.8
+    ("rtx-a6000", "tf32", 77.4),  # Lightning _CUDA_FLOPS['a6000']
+    ("a40", "bf16", 149.7),  # A40 datasheet "BF16 ... with FP32 Accumulate 149.7 | 299.4*"
+    ("a40", "tf32", 74.8),  # A40 datasheet "TF32 Tensor 74.8 | 149.6*"
+    ("rtx-a5000", "bf16", 111.1),  # RTX A5000 datasheet "Tensor Performance 222.2" (sparse) / 2
+    ("rtx-6000-ada", "fp8", 728.5),  # RTX 6000 Ada datasheet "1457.0", "effective FP8 ... sparsity" / 2
+    ("rtx-6000-ada", "bf16", 364.25),  # dense FP8 / 2, full-rate FP32 accumulate (professional Ada)
+    ("t4", "fp16", 65),  # T4 datasheet "Mixed Precision (FP16/FP32) 65 FP16 TFLOPS" (Turing: dense)
+    ("t4", "fp32", 8.1),
+    ("rtx-4080", "int8", 389.9),  # Ada whitepaper via Lightning _CUDA_FLOPS['rtx 4080']
+    ("rtx-4080", "bf16", 97.5),  # int8 / 4: GeForce FP32 accumulate (the whitepaper's RTX 4090 ratio)
+    ("rtx-4060-ti-16gb", "bf16", 44.1),  # NVIDIA "353 AI TOPS" (8-bit, sparse) / 8
     ("mi250x", "bf16", 383),  # AMD launch table "FP16|bf16 383.0 TF"
     ("mi250x-gcd", "bf16", 191.5),  # reference per_gcd_note: halve per GCD
     ("mi300x", "bf16", 1307.4),  # AMD MI300X page; ROCm blog "1307.4 FP16 non-sparse"
@@ -224,6 +264,12 @@ def test_lecture_napkin_figure_is_half_the_sparse_headline():
         ("gb200", "bf16", 5000),
         ("l4", "bf16", 242),
         ("mi300x", "bf16", 2614.9),
+        ("rtx-a6000", "bf16", 309.7),
+        ("a40", "bf16", 299.4),
+        ("rtx-a5000", "bf16", 222.2),
+        ("rtx-6000-ada", "fp8", 1457.0),
+        ("rtx-4080", "int8", 780),
+        ("rtx-4060-ti-16gb", "int8", 353),
     ],
 )
 def test_no_sparse_headline_figure_is_stored(preset, dtype, sparse_headline):
@@ -240,6 +286,10 @@ def test_no_sparse_headline_figure_is_stored(preset, dtype, sparse_headline):
         ("rtx-3090", ["bf16"]),  # not read in any source (reference gaps)
         ("b300", ["int8"]),  # NVIDIA documents disagree
         ("mi355x", ["tf32"]),  # AMD publishes none
+        ("t4", ["bf16", "tf32", "fp8"]),  # Turing: FP16/INT8/INT4 tensor cores only
+        ("rtx-a6000", ["fp8"]),  # Ampere: no FP8 hardware
+        ("a40", ["fp8"]),
+        ("rtx-a5000", ["fp8", "tf32"]),  # tf32: the datasheet prints none
     ],
 )
 def test_unsupported_or_unsourced_dtypes_are_left_out_with_a_note(preset, missing):
@@ -247,6 +297,30 @@ def test_unsupported_or_unsourced_dtypes_are_left_out_with_a_note(preset, missin
     for dtype in missing:
         assert dtype not in spec.peak_tflops_dense
         assert any(dtype in note for note in spec.notes), f"{preset}: no note explains the missing {dtype}"
+
+
+@pytest.mark.parametrize(
+    ("preset", "ai_tops"),
+    [
+        ("rtx-4090", 1321.2),  # Ada whitepaper App. A: INT8 660.6 / 1321.2 sparse; bf16 165.2 -- the rule's check
+        ("rtx-4080", 780),  # NVIDIA GeForce RTX 40 spec table "780 AI TOPS"
+        ("rtx-4060-ti-16gb", 353),  # "353 AI TOPS"
+    ],
+)
+def test_geforce_ada_bf16_is_an_eighth_of_the_sparse_ai_tops(preset, ai_tops):
+    # GeForce Ada: 8-bit sparse = 2 x 8-bit dense = 4 x fp16 (FP16 accumulate) = 8 x bf16 (FP32 accumulate, half
+    # rate). The RTX 4090's whitepaper figures fix the rule; the 4080 and 4060 Ti presets are derived with it.
+    assert _hw(preset).peak_tflops_dense["bf16"] == pytest.approx(ai_tops / 8, abs=0.05)
+
+
+@pytest.mark.parametrize(("preset", "full_rate"), [("rtx-a6000", True), ("a40", True), ("rtx-3090", False)])
+def test_professional_ampere_cards_do_not_halve_fp32_accumulate(preset, full_rate):
+    # A40 datasheet: "Peak BF16 Tensor TFLOPS with FP32 Accumulate 149.7", equal to "FP16 ... with FP16 Accumulate
+    # 149.7"; GA102 whitepaper App. A (RTX 3090): FP16 with FP32 accumulate 71 of 142.
+    spec = _hw(preset)
+    sparse_fp16_acc = {"rtx-a6000": 309.7, "a40": 299.4, "rtx-3090": 284}[preset]
+    fp32_acc = spec.peak_tflops_dense["fp16"]
+    assert fp32_acc == pytest.approx(sparse_fp16_acc / 2 if full_rate else sparse_fp16_acc / 4, abs=0.1)
 
 
 @pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
@@ -271,6 +345,13 @@ def test_every_missing_training_dtype_is_explained(path):
         ("gb200", 186_000_000_000),  # GB200 page "186 GB HBM3E" per GPU
         ("tpu-v4", 32 * 2**30),  # TPU v4 doc "32 GiB"
         ("tpu-v5e", 16_000_000_000),  # TPU v5e doc "16 GB"
+        ("rtx-a6000", 48_000_000_000),  # "48 GB GDDR6 with ECC"
+        ("a40", 48_000_000_000),  # A40 datasheet "48 GB GDDR6 with ECC"
+        ("rtx-a5000", 24_000_000_000),  # "24GB GDDR6"
+        ("rtx-6000-ada", 48_000_000_000),  # "48GB GDDR6"
+        ("t4", 16_000_000_000),  # "16 GB GDDR6"
+        ("rtx-4080", 16_000_000_000),  # "16 GB GDDR6X"
+        ("rtx-4060-ti-16gb", 16_000_000_000),  # "16 GB GDDR6"
     ],
 )
 def test_memory_bytes(preset, memory_bytes):
@@ -319,6 +400,7 @@ def test_cluster_shapes_use_the_presets_node_size():
     assert parse_cluster("16xH100").nodes == 2
     assert parse_cluster("16xgb200").nodes == 4
     assert parse_cluster("4xrtx-4090").nodes == 4
+    assert parse_cluster("2xa6000").nodes == 2
 
 
 # ----------------------------------------------------------------------------------------- kernel-level facts
@@ -330,7 +412,7 @@ def test_cluster_shapes_use_the_presets_node_size():
 
 REFERENCE_FACTS = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "hardware_facts.yaml"
 ARCHITECTURES = {
-    "NVIDIA": {"volta", "ampere", "ada", "hopper", "blackwell"},
+    "NVIDIA": {"volta", "turing", "ampere", "ada", "hopper", "blackwell"},
     "AMD": {"cdna2", "cdna3", "cdna4"},
     "Intel (Habana)": {"gaudi2", "gaudi3"},
     "Google": {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"},
@@ -496,6 +578,13 @@ def test_compute_units_agree_with_the_reference_where_it_counts_them(reference, 
         ("gb200", 152),  # 'NVIDIA GB200, 152 SMs' in measured benchmark notes
         ("rtx-4090", 128),  # multi_processor_count=128; 16,384 CUDA cores / 128 per SM
         ("rtx-3090", 82),  # 'GeForce RTX 3090' multi_processor_count=82
+        ("rtx-a6000", 84),  # 10,752 CUDA cores / 128 per GA102 SM; 84 RT cores
+        ("a40", 84),  # the same GA102 configuration
+        ("rtx-a5000", 64),  # 8,192 CUDA cores / 128; 64 RT cores
+        ("rtx-6000-ada", 142),  # device query on 'NVIDIA RTX 6000 Ada Generation': 142 SMs
+        ("t4", 40),  # 2,560 CUDA cores / 64 per Turing SM
+        ("rtx-4080", 76),  # 9,728 CUDA cores / 128 per Ada SM
+        ("rtx-4060-ti-16gb", 34),  # 4,352 CUDA cores / 128; The FPS Review '34 Streaming Multiprocessors'
         ("mi250x-gcd", 110),  # rocprofv3: 'AMD Instinct MI250X, 110 CUs' per GCD device
     ],
 )
@@ -659,12 +748,38 @@ def test_multi_node_presets_give_a_network_figure_or_say_it_is_unknown(path):
 
 @pytest.mark.parametrize(
     ("preset", "gen"),
-    [("a10g", 4), ("l4", 4), ("l40s", 4), ("rtx-3090", 4), ("rtx-4090", 4), ("rtx-5090", 5)],
+    [
+        ("a10g", 4),
+        ("l4", 4),
+        ("l40s", 4),
+        ("rtx-3090", 4),
+        ("rtx-4090", 4),
+        ("rtx-5090", 5),
+        ("rtx-4080", 4),
+        ("rtx-a6000", 4),  # a 2-way NVLink bridge exists: notes say PCIe is the figure
+        ("rtx-a5000", 4),
+        ("a40", 4),
+        ("rtx-6000-ada", 4),
+    ],
 )
 def test_cards_without_nvlink_talk_over_pcie(reference, preset, gen):
     spec = _hw(preset)
     (pcie,) = [r for r in reference["interconnect"]["pcie_per_x16"] if r.get("gen") == gen]
     assert spec.intra_node_gbps == pcie["unidir_GBps"]  # stas00 PCIe table: Gen4 31, Gen5 63 one way
+    assert spec.gpus_per_node == 1
+    assert _notes_about(spec, "intra_node_gbps", "PCIe")
+
+
+@pytest.mark.parametrize(
+    ("preset", "gbps"),
+    [
+        ("t4", 8 * 16 * 128 / 130 / 8),  # PCIe 3.0 x16: 8 GT/s x 16 lanes, 128b/130b -> 15.75 GB/s one way
+        ("rtx-4060-ti-16gb", 31 / 2),  # PCIe 4.0 x8: half the stas00 Gen4 x16 figure
+    ],
+)
+def test_cards_on_other_pcie_links(preset, gbps):
+    spec = _hw(preset)
+    assert spec.intra_node_gbps == pytest.approx(gbps, rel=2e-3)
     assert spec.gpus_per_node == 1
     assert _notes_about(spec, "intra_node_gbps", "PCIe")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from lmcalc.engine.method import LinearModule, adapted_modules, in_layer, weight_trained
 from lmcalc.engine.params import Dim
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import NormKeeps
@@ -29,6 +30,11 @@ LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
 STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
 TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
+
+NORM = ("norm",)  # a norm's weight
+QKV = ("q", "k", "v", "qkv", "q_a", "kv_a")  # the linear layers that read the attention norm's output
+UP = ("gate", "up", "gate_up", "fc")  # the linear layers that read the MLP norm's output
+DOWN = ("down", "proj")  # the MLP's output projection
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class SavedTensor:
     # outside the layers, the "embedding" side, the "head" side (final norm, output head, loss), or the rotary
     # "tables" every stage makes once per micro-batch
     most_tp_ranks: int | None = None  # K and V: their H_kv heads; more TP ranks share a head (``tp_ways``)
+    for_weights: tuple[str, ...] = ()  # kept only for these modules' weight gradients (a linear layer's input,
+    # a norm's normalised value): a frozen module does not keep it (``engine.method``)
 
     @property
     def bytes(self) -> float:
@@ -68,7 +76,7 @@ def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "se
     return [
         SavedTensor(f"{label} input (fp32 copy)", symbol, n, 4, split=split),
         *_norm_stats(w.model, label, rows, split),
-        SavedTensor(f"{label} normalised value (before the weight)", symbol, n, act, split=split),
+        SavedTensor(f"{label} normalised value (before the weight)", symbol, n, act, split=split, for_weights=NORM),
     ]
 
 
@@ -88,18 +96,26 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     H, dqk, dv, h = spec.num_heads, spec.qk_head_dim, spec.v_head_dim, spec.hidden_size
     rows = Dim(sb, "s·b")
-    tensors = [SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq")]
+    tensors = [SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq", for_weights=QKV)]
     if spec.mla:
         m = spec.mla
         if m.q_lora_rank:
             tensors += _norm_saved(w, "query latent norm", rows, Dim(m.q_lora_rank, "r_q"))
-            tensors.append(SavedTensor("query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq"))
+            tensors.append(
+                SavedTensor(
+                    "query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq", for_weights=("q_b",)
+                )
+            )
         kv_width = m.kv_lora_rank + m.qk_rope_head_dim
         tensors.append(
             SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act, split="seq")
         )
         tensors += _norm_stats(spec, "KV latent norm", rows)
-        tensors.append(SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq"))
+        tensors.append(
+            SavedTensor(
+                "KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq", for_weights=("kv_b",)
+            )
+        )
         tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act))
         tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act))
         tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act))
@@ -154,7 +170,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
         if spec.dropout:
             tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
             tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
-        tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act))
+        tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
     else:
         tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
         # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output
@@ -162,7 +178,85 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
         tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
     if spec.dropout:
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
-    return tuple(tensors + [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))])
+    tensors += [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
+    return tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe)))
+
+
+def _needed(w: Workload, tensor: SavedTensor, adapted: set[str]) -> bool:
+    """Whether a tensor kept for weight gradients is still kept: some module it feeds is trained, or adapted and
+    reads it directly (no dropout, no cast copy of its own)."""
+    if not tensor.for_weights:
+        return True
+    if any(weight_trained(w.model, w.method, leaf) for leaf in tensor.for_weights):
+        return True
+    return not _adapter_copies(w) and any(leaf in adapted for leaf in tensor.for_weights)
+
+
+def _adapter_copies(w: Workload) -> bool:
+    """Whether each adapter keeps its own copy of its input: the dropout's output when PEFT's ``lora_dropout`` is
+    on, or autocast's cast when the adapters are kept in fp32 (PEFT's default, the recipe's master copy)."""
+    return w.method.lora_dropout > 0 or w.precision.master_bytes > 0
+
+
+def _under_method(w: Workload, tensors: list[SavedTensor], moe_layer: bool) -> list[SavedTensor]:
+    """A trained layer's tensors under a fine-tuning method: what only frozen weights' gradients needed is dropped
+    (a frozen linear layer keeps no input, a frozen norm no normalised value); each adapter adds the rank-r
+    output of A that B reads, and where it keeps a copy of its input (``_adapter_copies``) that copy and a dropout
+    mask (PEFT: ``lora_B(lora_A(dropout(x)))``, Hu et al. 2021 eq. 3)."""
+    modules = [m for m in adapted_modules(w.model, w.method) if in_layer(m, moe_layer)]
+    adapted = {m.leaf for m in modules}
+    kept = [t for t in tensors if _needed(w, t, adapted)]
+    act, r = w.precision.activation_bytes, w.method.lora_rank
+    for m in modules:
+        rows, rows_symbol = _adapter_rows(w, m)
+        block = "attention" if m.group == "attention" else "mlp"
+        split = "seq" if m.inputs == w.model.hidden_size else "tp"
+        label = f"{m.name} adapter"
+        kept.append(
+            SavedTensor(f"{label}: A·x (B's input)", f"{rows_symbol}·r", rows * r, act, split="none", block=block)
+        )
+        if _adapter_copies(w):
+            n, symbol = rows * m.inputs, f"{rows_symbol}·{m.inputs}"
+            kept.append(SavedTensor(f"{label}: its input copy (A's input)", symbol, n, act, split=split, block=block))
+            if w.method.lora_dropout > 0:
+                kept.append(SavedTensor(f"{label}: dropout mask", symbol, n, w.mask_bytes, split=split, block=block))
+    return kept
+
+
+def _adapter_rows(w: Workload, module: LinearModule) -> tuple[float, str]:
+    """How many token rows pass through one copy of an adapted module in a micro-batch: all of them, k per token
+    over the routed experts of a layer (counted together), each shared expert's."""
+    moe = w.model.moe
+    if module.group == "experts" and moe:
+        return moe.experts_per_token * w.tokens, "k·s·b"
+    if module.group == "shared_experts" and moe:
+        return moe.shared_experts * w.tokens, "E_shared·s·b"
+    return w.tokens, "s·b"
+
+
+def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
+    """The tensors the lowest layer keeps less than the others under LoRA or QLoRA, without full recomputation: its
+    input (the frozen embedding's output) needs no gradient, so what lies before its first adapter keeps
+    nothing: its attention norm and the dropout masks of the adapters that read it, or, when no attention module is
+    adapted, its whole attention half, its MLP norm and the masks of the adapters that read that."""
+    if not w.method.adapters or w.recompute == "full":
+        return ()
+    modules = adapted_modules(w.model, w.method)
+    moe_first = bool(w.model.moe) and w.model.moe.dense_layers == 0  # type: ignore[union-attr]
+    first = layer_kept_tensors(w, moe_first)
+    if any(m.group == "attention" for m in modules):
+        reads_input = {m.name for m in modules if m.leaf in QKV}
+        return tuple(t for t in first if t.label.startswith("attention norm") or _mask_of(t, reads_input))
+    reads_input = {m.name for m in modules if m.leaf in (*UP, "router")}
+    return tuple(
+        t for t in first if t.block == "attention" or t.label.startswith("MLP norm") or _mask_of(t, reads_input)
+    )
+
+
+def _mask_of(tensor: SavedTensor, modules: set[str]) -> bool:
+    """Whether ``tensor`` is the dropout mask of one of these adapted modules: a dropout whose input needs no
+    gradient keeps no mask."""
+    return tensor.label.endswith("adapter: dropout mask") and tensor.label.split(" ", 1)[0] in modules
 
 
 def layer_kept_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
@@ -183,10 +277,17 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         moe = spec.moe
         k, f_e = moe.experts_per_token, Dim(moe.expert_ffn_size, "f_e")
         tensors += [
-            SavedTensor("router / shared-expert input (norm output)", "s·b·h", sb * h, act, split="seq"),
+            SavedTensor(
+                "router / shared-expert input (norm output)",
+                "s·b·h",
+                sb * h,
+                act,
+                split="seq",
+                for_weights=("router", *UP),
+            ),
             SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"),
             SavedTensor("routing indices and weights", "s·b·k", sb * k, w.framework.moe.routing_bytes, split="seq"),
-            SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act, split="seq"),
+            SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act, split="seq", for_weights=UP),
             *_ffn_saved(w, Dim(k * sb, "k·s·b"), f_e, with_input=False),
             SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h, act, split="seq"),
         ]
@@ -209,7 +310,7 @@ def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> l
     act, h = w.precision.activation_bytes, w.model.hidden_size
     inner = f"{rows.symbol}·{width.symbol}"
     tensors = (
-        [SavedTensor("MLP input (norm output)", f"{rows.symbol}·h", rows.size * h, act, split="seq")]
+        [SavedTensor("MLP input (norm output)", f"{rows.symbol}·h", rows.size * h, act, split="seq", for_weights=UP)]
         if with_input
         else []
     )
@@ -222,18 +323,18 @@ def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> l
                 SavedTensor("tanh output", inner, n, act),
                 SavedTensor("0.5·x", inner, n, act),
                 SavedTensor("1 + tanh", inner, n, act),
-                SavedTensor("down projection input (GELU output)", inner, n, act),
+                SavedTensor("down projection input (GELU output)", inner, n, act, for_weights=DOWN),
             ]
         return tensors + [
             SavedTensor("GELU input", inner, n, act),
-            SavedTensor("down projection input (GELU output)", inner, n, act),
+            SavedTensor("down projection input (GELU output)", inner, n, act, for_weights=DOWN),
         ]
     fn = "SiLU" if w.model.ffn_kind == "swiglu" else "GELU"
     return tensors + [
         SavedTensor(f"gate output ({fn} input)", inner, n, act),
         SavedTensor("up output", inner, n, act),
         *([SavedTensor(f"{fn}(gate)", inner, n, act)] if rule.gated == "unfused" else []),
-        SavedTensor("down projection input (product)", inner, n, act),
+        SavedTensor("down projection input (product)", inner, n, act, for_weights=DOWN),
     ]
 
 
@@ -246,8 +347,10 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     if spec.dropout:
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     head = _norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
-        SavedTensor("output head input", "s·b·h", sb * h, act, split="seq"),
+        SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",)),
     ]
+    if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
+        head = [t for t in head if _needed(w, t, set())]
     loss = w.framework.loss
     if loss.saved_bytes:
         head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))

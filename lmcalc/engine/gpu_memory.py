@@ -25,6 +25,7 @@ from lmcalc.engine.activations import (
     SavedTensor,
     layer_checkpoint,
     layer_kept_tensors,
+    lowest_layer_unkept,
     model_saved_tensors,
     norm_keeps,
 )
@@ -39,7 +40,14 @@ from lmcalc.engine.pipeline import (
     stage_chunk_mixes,
     stage_layers,
 )
-from lmcalc.engine.sharding import StageParams, _params_held, sharded_state_bytes, states_workload, zero_shards
+from lmcalc.engine.sharding import (
+    StageParams,
+    frozen_held,
+    sharded_state_bytes,
+    states_workload,
+    trained_held,
+    zero_shards,
+)
 from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import AllocatorRule, FrameworkProfile
@@ -168,7 +176,7 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     def one_layer(moe_layer: bool) -> float:
         return layer_bytes(w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
 
-    chunks = stage_chunk_mixes(w.model, layout)[stage]
+    chunks = _trained_chunks(w, stage_chunk_mixes(w.model, layout)[stage])
     rebuilt = 0.0
     if w.recompute == "full":
         checkpoint = bytes_on_gpu(layer_checkpoint(w), layout)
@@ -190,6 +198,15 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     return StageActivations(held + rebuilt, in_flight, outside, rebuilt)
 
 
+def _trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The (dense, MoE) layers of each chunk that keep activations: all of them, but under the freeze method (one
+    stage, ``layout.check_layout``) the frozen bottom layers, which no gradient reaches, keep nothing."""
+    if w.method.kind != "freeze":
+        return chunks
+    (dense, moe), frozen = chunks[0], w.method.freeze_layers
+    return ((max(0, dense - frozen), moe - max(0, frozen - dense)),)
+
+
 def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: int) -> tuple[float, float]:
     """Saved bytes outside the layers that one micro-batch leaves on ``stage``: (the embedding side, the head
     side). Token ids and embedding dropout belong to the first stage; the final norm, head input and logits
@@ -200,6 +217,8 @@ def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: i
             embedding += bytes_on_gpu(tensor, layout)
         elif tensor.block == "head" and stage == layout.pp - 1:
             head += bytes_on_gpu(tensor, layout)
+    if stage == 0:  # the lowest layer keeps less where its input needs no gradient (LoRA, QLoRA)
+        embedding -= sum(bytes_on_gpu(t, layout) for t in lowest_layer_unkept(w))
     return embedding, head
 
 
@@ -334,19 +353,23 @@ def stage_states(w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, 
     """The model states of one GPU of a stage that builds ``built``, with TP and EP splitting its weights and ZeRO
     sharding them over ``replicas`` data-parallel replicas (DP · CP). Neither the micro-batch nor recomputation
     changes them: the planner asks with ``states_workload``, which every micro-batch and mode share."""
-    model, precision, optimizer, rules = w.model, w.precision, w.optimizer, w.framework
-    held = _params_held(model, tp, ep, built)
+    model, precision, optimizer, rules, method = w.model, w.precision, w.optimizer, w.framework, w.method
+    held = trained_held(model, method, tp, ep, built)  # every parameter, unless the method freezes some
+    frozen = frozen_held(model, method, precision.param_bytes, tp, ep, built)  # bytes of the frozen ones
     replicated = replicas > 1
     grad_bytes = rules.states.grad_bytes or precision.grad_bytes
     zero3 = 0.0
     if zero_shards("params", zero) and replicated:
-        per_layer = held.total / max(1, built.layers)
-        zero3 = per_layer * (rules.buffers.gathered_layers * precision.param_bytes + rules.buffers.reduce_scatter_bytes)
+        per_layer = (held.total * precision.param_bytes + frozen.total) / max(1, built.layers)
+        zero3 = per_layer * rules.buffers.gathered_layers + held.total / max(1, built.layers) * (
+            rules.buffers.reduce_scatter_bytes
+        )
         if rules.buffers.head_gathered and built.head:
             zero3 += model.vocab_size * model.hidden_size / tp * precision.param_bytes
-    per_param = optimizer_bytes_per_param(model, precision, optimizer)
+    per_param = optimizer_bytes_per_param(model, precision, optimizer, method)
     optimizer_states = sharded_state_bytes(per_param, "optimizer", held, zero, replicas, ep)
     params = sharded_state_bytes(precision.param_bytes, "params", held, zero, replicas, ep)
+    params += sharded_state_bytes(1.0, "params", frozen, zero, replicas, ep)
     if rules.states.weights == "master_only":
         params = 0.0  # only the master copy persists; the 16-bit weights are gathered a layer at a time
     grads = sharded_state_bytes(grad_bytes, "grads", held, zero, replicas, ep)

@@ -98,6 +98,11 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             "(tensor parallelism needs the intra-node links)"
         )
     check_split(model, layout.pp, layout.grad_accum, split)
+    if w.method.kind == "freeze" and layout.pp > 1:
+        raise LmcalcError(
+            f"the freeze method is modelled on one pipeline stage: PP={layout.pp} would give the stages unequal "
+            "shares of frozen layers, which lmcalc does not count; use PP=1"
+        )
     if layout.ep > 1:
         if not model.moe:
             raise LmcalcError(f"EP={layout.ep} needs a mixture-of-experts model; {model.name} is dense")

@@ -18,6 +18,14 @@ from typing import TYPE_CHECKING, Literal
 
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.flops import ModelPart
+from lmcalc.engine.method import (
+    NF4_TENSOR_CONSTANTS,
+    Method,
+    frozen_bytes_per_element,
+    frozen_share,
+    quantised,
+    trained_tensors,
+)
 from lmcalc.engine.params import WeightTensor, weight_tensors
 from lmcalc.engine.pipeline import StageLayers, stage_layers
 from lmcalc.engine.workload import Workload
@@ -136,6 +144,53 @@ def _params_held(model: ModelSpec, tp: int, ep: int, built: StageLayers) -> Stag
     dense = experts = 0.0
     for tensor in weight_tensors(model):
         held = copies_on_stage(tensor, model, built, ep) * tensor.numel / tp_divisor(tensor, model, tp)
+        if tensor.group == "experts":
+            experts += held
+        else:
+            dense += held
+    return StageParams(dense, experts)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def trained_held(model: ModelSpec, method: Method, tp: int, ep: int, built: StageLayers) -> StageParams:
+    """The trained parameters one GPU holds of a stage that builds ``built``: all of them under full training
+    (``_params_held``); the adapters (LoRA, QLoRA), which lmcalc keeps whole on every tensor-parallel rank; the
+    layers above the frozen ones (freeze)."""
+    if method.kind == "full":
+        return _params_held(model, tp, ep, built)
+    dense = experts = 0.0
+    for tensor, share in trained_tensors(model, method):
+        split = 1 if tensor.group == "adapters" else tp_divisor(tensor, model, tp)
+        held = copies_on_stage(tensor, model, built, ep) * share * tensor.numel / split
+        if tensor.group == "experts" or tensor.name.startswith("experts."):
+            experts += held
+        else:
+            dense += held
+    return StageParams(dense, experts)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def frozen_held(
+    model: ModelSpec, method: Method, param_bytes: float, tp: int, ep: int, built: StageLayers
+) -> StageParams:
+    """The bytes of frozen weights one GPU holds of a stage that builds ``built`` (``method.frozen_bytes_per_element``
+    each; a 4-bit tensor also keeps its constants), split like ``StageParams`` into dense and routed-expert bytes."""
+    dense = experts = 0.0
+    if method.kind == "full":
+        return StageParams(0.0, 0.0)
+    for tensor in weight_tensors(model):
+        share = frozen_share(model, method, tensor)
+        if not share:
+            continue
+        copies = copies_on_stage(tensor, model, built, ep) * share
+        held = (
+            copies
+            * tensor.numel
+            / tp_divisor(tensor, model, tp)
+            * frozen_bytes_per_element(method, tensor, param_bytes)
+        )
+        if method.kind == "qlora" and quantised(tensor):
+            held += copies * NF4_TENSOR_CONSTANTS
         if tensor.group == "experts":
             experts += held
         else:

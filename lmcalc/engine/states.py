@@ -12,23 +12,25 @@ from __future__ import annotations
 import functools
 
 from lmcalc.engine.choices import ZeroStage
-from lmcalc.engine.params import weight_tensors
+from lmcalc.engine.method import FULL, Method, trained_tensors
 from lmcalc.engine.sharding import zero_divisor
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
 
 SCALE_BYTES = 4  # block-wise quantised optimizer states keep one fp32 scale per block (Dettmers et al. 2022)
 
 
-def optimizer_state_bytes(model: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec) -> float:
-    """Bytes of every optimizer state for the whole model (unsharded)."""
-    tensors = weight_tensors(model)
-    n_params = sum(t.total for t in tensors)
+def optimizer_state_bytes(
+    model: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, method: Method = FULL
+) -> float:
+    """Bytes of every optimizer state for the whole model (unsharded): of the weights ``method`` trains."""
+    trained = trained_tensors(model, method)
+    n_params = sum(t.total * share for t, share in trained)
     total = 0.0
     for state in optimizer.states:
         per_element = state.bytes if state.bytes is not None else precision.optimizer_state_bytes
         if state.factored:
             # Shazeer & Stern 2018: a row and a column statistic per matrix instead of r·c values.
-            elements = sum(t.count * (sum(t.shape) if len(t.shape) == 2 else t.numel) for t in tensors)
+            elements = sum(t.count * share * (sum(t.shape) if len(t.shape) == 2 else t.numel) for t, share in trained)
         else:
             elements = n_params
         total += elements * per_element
@@ -38,9 +40,12 @@ def optimizer_state_bytes(model: ModelSpec, precision: PrecisionRecipe, optimize
 
 
 @functools.lru_cache(maxsize=1024)
-def optimizer_bytes_per_param(model: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec) -> float:
-    """Optimizer bytes per parameter of ``model`` (exact for unfactored optimizers)."""
-    return optimizer_state_bytes(model, precision, optimizer) / sum(t.total for t in weight_tensors(model))
+def optimizer_bytes_per_param(
+    model: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, method: Method = FULL
+) -> float:
+    """Optimizer bytes per trained parameter of ``model`` (exact for unfactored optimizers)."""
+    trained = sum(t.total * share for t, share in trained_tensors(model, method))
+    return optimizer_state_bytes(model, precision, optimizer, method) / trained
 
 
 def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes: float, zero_stage: ZeroStage, dp: int) -> float:

@@ -2,11 +2,12 @@
 
 Every memory, FLOP and time estimate of a training step starts from the same handful of facts: the
 model, the sequence length and micro-batch, the precision recipe and the optimizer, the attention kernel
-and the recomputation mode, the framework that runs it (its profile: what it keeps and allocates beyond the
-textbook count), and two allowances (the bytes of a dropout mask element, the per-GPU overhead). They travel
-together as a ``Workload``; engine functions take ``(workload, layout[, stage])`` or ``(workload, layout,
-cluster)``. A workload is hashable, and memoised engine functions are keyed by it (its hash is computed once,
-when it is made), so a field added here is part of every cached figure.
+and the recomputation mode, the fine-tuning method (what is trained), the framework that runs it (its
+profile: what it keeps and allocates beyond the textbook count), and two allowances (the bytes of a dropout
+mask element, the per-GPU overhead). They travel together as a ``Workload``; engine functions take
+``(workload, layout[, stage])`` or ``(workload, layout, cluster)``. A workload is hashable, and memoised engine
+functions are keyed by it (its hash is computed once, when it is made), so a field added here is part of every
+cached figure.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, Attention, Recompute
+from lmcalc.engine.method import FULL, Method, check_method
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
@@ -61,6 +63,7 @@ class Workload:
     mask_bytes: float = MASK_BYTES  # bytes of one dropout-mask element (see dropout_mask_bytes)
     overhead_bytes: float | None = None  # per-GPU allowance beyond what the profile counts; None: the profile's
     framework: FrameworkProfile = field(default_factory=framework_profile)
+    method: Method = FULL  # what is trained: every weight, adapters on a frozen base, or the top layers
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +80,7 @@ class Workload:
             raise LmcalcError(
                 f"{setting('overhead_bytes')} must be zero or a positive number of bytes, got {self.overhead_bytes}"
             )
+        check_method(self.model, self.method)
         compared = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
         object.__setattr__(self, "_hash", hash(compared))  # once: a spec's hash walks all its fields
 

@@ -1,0 +1,106 @@
+"""Adapters counted by lmcalc against PEFT's own: the trainable and total parameters of a real ``get_peft_model``.
+
+Each case builds a Hugging Face model from a small config on the meta device (no weights), wraps it with PEFT's
+``LoraConfig`` for a target set, and reads ``get_nb_trainable_parameters()``. lmcalc reads the same config.json
+(``hf_config``) and counts its adapters (``engine.method``): r·(in + out) per targeted linear layer, fused weights
+(GPT-2's c_attn) adapted as one. Both numbers must be equal, not close.
+
+Not compared: LoRA on routed experts. transformers 5 stores a Mixtral layer's experts as 3-D parameters, which
+PEFT adapts through ``target_parameters`` with adapters of another shape; lmcalc counts per-expert adapters, as PEFT
+gives models whose experts are ``nn.Linear`` modules. The Mixtral cases target attention only.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from lmcalc.engine.method import Method, adapter_tensors, parse_targets  # noqa: E402
+from lmcalc.engine.params import count_params  # noqa: E402
+from lmcalc.hf_config import model_from_hf_config  # noqa: E402
+from lmcalc.specs import ModelSpec  # noqa: E402
+
+SMALL = dict(vocab_size=512, hidden_size=128, num_attention_heads=4, num_hidden_layers=2, intermediate_size=352)
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2),
+    "mistral": lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=1),
+    "qwen2": lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
+    "qwen3": lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=48),
+    "olmo2": lambda: transformers.Olmo2Config(**SMALL, num_key_value_heads=4),
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=512, n_embd=96, n_layer=3, n_head=4, n_positions=256),
+    "mixtral": lambda: transformers.MixtralConfig(**SMALL, num_key_value_heads=2, num_local_experts=4),
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        vocab_size=512,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        q_lora_rank=48,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_group=2,
+        topk_group=1,
+    ),  # fmt: skip
+}
+TARGETS = {
+    "llama": ["all-linear", "q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj", "gate_proj,up_proj,down_proj"],
+    "mistral": ["all-linear", "q_proj,v_proj"],
+    "qwen2": ["all-linear", "k_proj,o_proj,down_proj"],
+    "qwen3": ["all-linear", "q_proj,v_proj"],
+    "olmo2": ["all-linear", "v_proj,up_proj"],
+    "gpt2": ["all-linear", "c_attn", "c_attn,c_proj", "c_fc"],
+    "mixtral": ["q_proj,k_proj,v_proj,o_proj"],
+    "deepseek_v3": ["q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "q_b_proj,kv_b_proj"],
+}
+CASES = [(arch, targets, rank) for arch, sets in TARGETS.items() for targets in sets for rank in (4, 16)]
+
+
+def peft_counts(arch: str, targets: str, rank: int) -> tuple[int, int]:
+    config = CONFIGS[arch]()
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    target_modules = "all-linear" if targets == "all-linear" else targets.split(",")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=rank, target_modules=target_modules))
+    return wrapped.get_nb_trainable_parameters()
+
+
+def lmcalc_model(arch: str) -> ModelSpec:
+    return ModelSpec.model_validate(model_from_hf_config(CONFIGS[arch]().to_dict(), arch, f"{arch} config"))
+
+
+@pytest.mark.parametrize(("arch", "targets", "rank"), CASES, ids=[f"{a}-{t}-r{r}" for a, t, r in CASES])
+def test_trainable_and_total_parameters_equal_pefts(arch: str, targets: str, rank: int):
+    trainable, total = peft_counts(arch, targets, rank)
+    model = lmcalc_model(arch)
+    method = Method("lora", rank, parse_targets(targets))
+    adapters = sum(t.total for t in adapter_tensors(model, method))
+    assert adapters == trainable
+    # DeepSeek-V3's router bias (e_score_correction_bias) is a buffer in transformers, a parameter in lmcalc's count
+    router_bias = model.moe.num_experts * model.moe_layers if model.moe and model.moe.router_bias else 0
+    assert count_params(model).total - router_bias + adapters == total
+
+
+def test_gpt2_fused_qkv_is_one_adapter_not_three():
+    # Hand derivation for GPT-2 small (h = 768, 12 layers), r = 8 on c_attn only: one adapter per layer on the
+    # (768 → 2304) fused weight: 8·(768 + 2304) = 24,576, × 12 layers = 294,912. Three separate Q, K, V adapters
+    # would be 3·8·(768 + 768)·12 = 442,368.
+    from lmcalc.presets import resolve_model
+
+    gpt2 = resolve_model("gpt2-124m").spec
+    method = Method("lora", 8, parse_targets("c_attn"))
+    assert sum(t.total for t in adapter_tensors(gpt2, method)) == 294_912
