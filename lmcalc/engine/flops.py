@@ -113,11 +113,12 @@ class StepFlops:
 
     forward: ForwardFlops
     recomputed: float
+    scale: float = 1.0  # of full training's model FLOPs, what a fine-tuning method's step does (engine.method_flops)
 
     @property
     def model(self) -> float:
-        """3 · forward: forward and backward."""
-        return (1 + BACKWARD_TO_FORWARD) * self.forward.total
+        """3 · forward: forward and backward (times ``scale`` under a fine-tuning method)."""
+        return (1 + BACKWARD_TO_FORWARD) * self.forward.total * self.scale
 
     @property
     def hardware(self) -> float:

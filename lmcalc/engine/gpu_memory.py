@@ -31,6 +31,7 @@ from lmcalc.engine.activations import (
 )
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.layout import ActivationLayout, Layout
+from lmcalc.engine.offload import FP32_GRAD_COPY
 from lmcalc.engine.pipeline import (
     PipelineSplit,
     StageLayers,
@@ -84,6 +85,7 @@ class GpuMemory:
     step_transient: float = 0.0  # at the end of the step: 16-bit gradients, optimizer temporaries, fp32 copies
     fragmentation: float = 0.0  # reserved beyond allocated
     context: float = 0.0  # the CUDA context, outside PyTorch's pool
+    offloaded: float = 0.0  # this GPU's model states in host memory or on NVMe (``engine.offload``)
 
     @property
     def states(self) -> float:
@@ -323,6 +325,7 @@ def _stage_memory(
         states.step_transient,
         allocator.fragmentation * allocated,
         allocator.context_bytes,
+        states.offloaded,
     )
 
 
@@ -338,6 +341,7 @@ class StageStates(NamedTuple):
     zero3: float  # ZeRO-3/FSDP: gathered layers, a layer's reduce-scatter, a head kept gathered
     buckets: float  # DDP's second copy of the gradients
     step_transient: float  # at the end of the step
+    offloaded: float = 0.0  # kept off the GPU: in host memory or on NVMe (``engine.offload``)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -359,7 +363,7 @@ def stage_states(w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, 
     replicated = replicas > 1
     grad_bytes = rules.states.grad_bytes or precision.grad_bytes
     zero3 = 0.0
-    if zero_shards("params", zero) and replicated:
+    if zero_shards("params", zero) and (replicated or w.offload.params):  # offloaded weights are gathered too
         per_layer = (held.total * precision.param_bytes + frozen.total) / max(1, built.layers)
         zero3 = per_layer * rules.buffers.gathered_layers + held.total / max(1, built.layers) * (
             rules.buffers.reduce_scatter_bytes
@@ -378,7 +382,15 @@ def stage_states(w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, 
     if rules.states.ddp_bucket_copy and zero == 0 and replicated:
         buckets = held.total * precision.grad_bytes
     step = _step_transient(rules, precision, optimizer, held, optimizer_states, zero, replicas, ep)
-    return StageStates(params, grads, master, optimizer_states, zero3, buckets, step)
+    offloaded = 0.0
+    if w.offload.optimizer:  # the optimizer step runs on the CPU, over an fp32 copy of the gradients
+        fp32_grads = sharded_state_bytes(FP32_GRAD_COPY, "optimizer", held, zero, replicas, ep)
+        offloaded = master + optimizer_states + fp32_grads
+        master = optimizer_states = step = 0.0
+    if w.offload.params:
+        offloaded += params + grads
+        params = grads = 0.0
+    return StageStates(params, grads, master, optimizer_states, zero3, buckets, step, offloaded)
 
 
 def _layout_buffers(w: Workload, layout: Layout) -> float:

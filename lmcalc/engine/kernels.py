@@ -31,6 +31,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from lmcalc.engine.flops import effective_keys
+from lmcalc.engine.method import Method, adapted_modules, in_layer
 from lmcalc.engine.params import weight_tensors
 from lmcalc.engine.pipeline import StageLayers
 from lmcalc.engine.sharding import tp_divisor
@@ -54,10 +55,17 @@ class Gemm:
     n: float
     k: float
     count: float
+    input_grad: float = 1.0  # the share of the copies that compute the input's gradient in backward
+    weight_grad: float = 1.0  # the share that compute the weight's (0 for a frozen weight)
 
     @property
     def flops(self) -> float:
         return 2 * self.m * self.n * self.k * self.count
+
+    @property
+    def passes(self) -> float:
+        """GEMMs run per forward GEMM, backward included: 3 when the weight trains and its input needs a gradient."""
+        return 1 + self.input_grad + self.weight_grad
 
 
 @dataclass(frozen=True)
@@ -83,15 +91,15 @@ class StageWork:
 
     @property
     def gemm_flops(self) -> float:
-        layers = sum(g.flops for g in self.gemms + self.batched)
-        return layers * (3 + self.recomputed_gemms) + 3 * sum(g.flops for g in self.head)
+        layers = sum(g.flops * (g.passes + self.recomputed_gemms) for g in self.gemms + self.batched)
+        return layers + sum(g.flops * g.passes for g in self.head)
 
     @property
     def operations(self) -> float:
         """GPU operations the host issues for the micro-batch: GEMMs (three per weight, forward and both
-        gradients), attention, memory-bound kernels and collectives."""
-        gemms = sum(g.count for g in self.gemms + self.batched) * (3 + self.recomputed_gemms)
-        gemms += 3 * sum(g.count for g in self.head)
+        gradients, fewer for frozen weights), attention, memory-bound kernels and collectives."""
+        gemms = sum(g.count * (g.passes + self.recomputed_gemms) for g in self.gemms + self.batched)
+        gemms += sum(g.count * g.passes for g in self.head)
         attention = 2 * self.layers if self.attention_forward else 0
         return gemms + attention + self.memory_kernels + self.tp_collectives
 
@@ -121,6 +129,44 @@ def _layer_gemms(model: ModelSpec, tp: int, ep: int, tokens: float, moe: bool) -
     return gemms
 
 
+def _live_shares(model: ModelSpec, method: Method) -> dict[str, float]:
+    """Of the model's dense and of its MoE layers, the share a gradient flows through: all of them but under the
+    freeze method, whose frozen bottom layers (the dense ones first) run forward only. A stage is timed layer by
+    layer (``microbatch.stage_kernel_times``), so each layer carries its kind's share; the freeze method runs on one
+    stage (``layout.check_layout``), where the shares add up to the frozen layers exactly."""
+    if method.kind != "freeze":
+        return {"dense": 1.0, "moe": 1.0}
+    dense = model.moe.dense_layers if model.moe else model.num_layers
+    frozen = min(method.freeze_layers, model.num_layers)
+    moe = model.num_layers - dense
+    return {
+        "dense": (dense - min(frozen, dense)) / dense if dense else 1.0,
+        "moe": (moe - max(0, frozen - dense)) / moe if moe else 1.0,
+    }
+
+
+def _adapter_gemms(w: Workload, ep: int, tokens: float, moe: bool) -> list[Gemm]:
+    """One layer's LoRA GEMMs: for each adapted module, A (r × in) and B (out × r) over the tokens it sees, each
+    with both gradients (lmcalc keeps the adapters whole on every tensor-parallel rank)."""
+    gemms = []
+    r = w.method.lora_rank
+    for m in adapted_modules(w.model, w.method):
+        if not in_layer(m, moe):
+            continue
+        if m.group == "experts" and w.model.moe:
+            local = w.model.moe.num_experts / ep
+            rows, count = tokens * w.model.moe.experts_per_token / local, local
+        elif m.group == "shared_experts" and w.model.moe:
+            rows, count = tokens, w.model.moe.shared_experts
+        else:
+            rows, count = tokens, 1
+        gemms += [
+            Gemm(f"{m.name}.lora_A", rows, r, m.inputs, count),
+            Gemm(f"{m.name}.lora_B", rows, m.outputs, r, count),
+        ]
+    return gemms
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, built: StageLayers) -> StageWork:
     """The kernels of one micro-batch on one GPU of a stage that builds ``built``."""
@@ -132,11 +178,17 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
     kv_heads = max(1.0, (model.num_heads if model.mla else model.kv_heads) / tp)  # whole KV heads after the gather
 
     gemms: list[Gemm] = []
+    method = w.method
+    live_share = _live_shares(model, method)  # of each kind of layer, the share a gradient flows through
     for kind, count in (("dense", built.dense), ("moe", built.moe)):
         if count:
+            live = live_share[kind]
+            trained = live if method.kind in ("full", "freeze") else 0.0
             for g in _layer_gemms(model, tp, ep, tokens, kind == "moe"):
-                gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count))
-    head = (Gemm("lm_head", tokens, model.vocab_size / tp, h, 1),) if built.head else ()
+                gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count, live, trained))
+            gemms += [replace(g, count=g.count * count) for g in _adapter_gemms(w, ep, tokens, kind == "moe")]
+    head_trained = method.kind == "full" or (method.kind == "freeze" and not model.tied_embeddings)
+    head = (Gemm("lm_head", tokens, model.vocab_size / tp, h, 1, 1.0, float(head_trained)),) if built.head else ()
 
     layers = built.layers
     # attention core
@@ -146,8 +198,9 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
     attention_forward = attention_backward = 0.0
     score_elements = w.micro_batch * heads * (w.seq_len / cp) * w.seq_len * layers  # eager: the whole s × s
     memory_forward = memory_backward = kernels = 0.0
+    live = (built.dense * live_share["dense"] + built.moe * live_share["moe"]) / layers if layers else 1.0
     if w.attention == "flash":
-        attention_forward, attention_backward = core, FLASH_BACKWARD_TO_FORWARD * core
+        attention_forward, attention_backward = core, FLASH_BACKWARD_TO_FORWARD * core * live
     else:
         sq, sk, per = w.seq_len / cp, w.seq_len, w.micro_batch * heads * layers
         batched = [Gemm("scores", sq, sk, model.qk_head_dim, per), Gemm("values", sq, model.v_head_dim, sk, per)]
@@ -239,7 +292,7 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
     # gradients: the weight-gradient GEMM accumulates into fp32 (fused), or each micro-batch's gradients are
     # added into the accumulated ones by a separate pass
     grad_bytes = profile.states.grad_bytes or w.precision.grad_bytes
-    weight_elements = sum(g.n * g.k * g.count for g in gemms + list(head))
+    weight_elements = sum(g.n * g.k * g.count * g.weight_grad for g in gemms + list(head))
     if built.embedding and not (built.head and model.tied_embeddings):
         weight_elements += model.vocab_size / tp * h
     fused_accumulation = profile.speed.fused_grad_accumulation
@@ -273,7 +326,7 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
         attention_backward=attention_backward,
         attention_recomputed=attention_forward if recompute_full else 0.0,
         memory_forward=memory_forward,
-        memory_backward=memory_backward + (memory_forward if recompute_full else 0.0),
+        memory_backward=(memory_backward + (memory_forward if recompute_full else 0.0)) * live,
         memory_kernels=kernels * (1.5 if recompute_full else 1.0),
         accumulation_bytes=accumulation,
         wgrad_accumulator_bytes=2 * grad_bytes if fused_accumulation and grad_bytes > e else 0.0,

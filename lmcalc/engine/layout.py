@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmcalc.engine.choices import ZERO_STAGES, ZeroStage, one_of, positive_integer
+from lmcalc.engine.offload import check_offload
 from lmcalc.engine.pipeline import PipelineSplit, check_split
 from lmcalc.engine.sharding import check_tp_heads
 from lmcalc.engine.workload import Workload
@@ -98,6 +99,7 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             "(tensor parallelism needs the intra-node links)"
         )
     check_split(model, layout.pp, layout.grad_accum, split)
+    check_offload(w.offload, layout.zero)
     if w.method.kind == "freeze" and layout.pp > 1:
         raise LmcalcError(
             f"the freeze method is modelled on one pipeline stage: PP={layout.pp} would give the stages unequal "

@@ -90,8 +90,9 @@ def kernel_times(
     forward = input_grad = weight_grad = 0.0
     for g in work.gemms + work.head:
         forward += g.count * gemm(g.m, g.n, g.k)
-        input_grad += g.count * gemm(g.m, g.k, g.n)
-        weight_grad += g.count * gemm(g.n, g.k, g.m, work.wgrad_accumulator_bytes * g.n * g.k)
+        input_grad += g.input_grad * g.count * gemm(g.m, g.k, g.n)
+        if g.weight_grad:
+            weight_grad += g.weight_grad * g.count * gemm(g.n, g.k, g.m, work.wgrad_accumulator_bytes * g.n * g.k)
     batched = sum(g.count * gemm(g.m, g.n, g.k) for g in work.batched)
     forward += batched
     input_grad += 2 * batched  # the gradients of both operands

@@ -35,9 +35,11 @@ from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.comm import group_time
 from lmcalc.engine.kernels import kernel_workload
 from lmcalc.engine.layout import Layout
+from lmcalc.engine.method_flops import method_step_flops
 from lmcalc.engine.microbatch import MicroBatchTime, micro_batch_time, stage_micro_batches
+from lmcalc.engine.offload import fetch_seconds, offload_time
 from lmcalc.engine.pipeline import PipelineSplit, StageLayers, distinct_stage_layers, split_stage_layers
-from lmcalc.engine.sharding import _params_held, stage_part, states_workload, zero_shards
+from lmcalc.engine.sharding import frozen_held, stage_part, states_workload, trained_held, zero_shards
 from lmcalc.engine.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import SpeedRule
@@ -125,7 +127,14 @@ class StepTime:
 def stage_step_flops(w: Workload, built: StageLayers) -> fl.StepFlops:
     """FLOPs per token of a stage that builds ``built``: its share of the weights, its layers' attention (counted
     in full, as model FLOPs are), the logits on the last stage, and what recomputation redoes."""
-    return fl.step_flops(w.model, w.seq_len, w.recompute, "full", stage_part(w.model, built))
+    flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full", stage_part(w.model, built))
+    if w.method.kind == "full":
+        return flops
+    # a fine-tuning method's share of full training, whole-model, applied to the stage's part
+    whole = fl.step_flops(w.model, w.seq_len, w.recompute, "full")
+    model, recomputed = _whole_step_flops(w)
+    return fl.StepFlops(flops.forward, flops.recomputed * recomputed / whole.recomputed if whole.recomputed else 0.0,
+                        model / whole.model)  # fmt: skip
 
 
 class ChipRates(NamedTuple):
@@ -149,6 +158,9 @@ def _chip_rates(hardware: HardwareSpec, dtype: str, calibration: rates.Calibrati
 @functools.lru_cache(maxsize=1024)
 def _whole_step_flops(w: Workload) -> tuple[float, float]:
     """Model FLOPs per token of a step of the whole model, and the FLOPs recomputation adds."""
+    if w.method.kind != "full":  # what the method trains: engine.method_flops
+        method = method_step_flops(w.model, w.method, w.seq_len, w.recompute, "full")
+        return method.model, method.recomputed
     flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full")
     return flops.model, flops.recomputed
 
@@ -245,6 +257,7 @@ def slowest_stage(
     for (stage, built), mb, traffic in zip(stages, micro_batches, traffics, strict=True):
         bubble = bubble_share * mb.total if p > 1 else 0.0
         dp_time, zero_time = _exposed_traffic(traffic, mb, m, zero, replicas, speed)
+        zero_time += m * traffic.fetch  # offloaded weights come over the host link, not overlapped (engine.offload)
         total = StepTime.seconds(
             m * mb.compute, m * mb.host, m * mb.tp, m * mb.ep, m * mb.cp, pp_p2p, bubble, dp_time, zero_time,
             traffic.optimizer,
@@ -276,7 +289,8 @@ class StateTraffic(NamedTuple):
     # reduce-scatter of the gradients
     reduce: float  # ZeRO-0/1/2, per step: the gradients' all-reduce (reduce-scatter from ZeRO-2)
     gather: float  # ZeRO-1/2, per step: the all-gather of the updated parameters
-    optimizer: float
+    optimizer: float  # the step on the GPU, or offloaded: the gradients down, the weights up, the CPU's step
+    fetch: float = 0.0  # parameter offload, per micro-batch: this GPU's weights from the host, forward and backward
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -300,15 +314,17 @@ def state_traffic(
     micro-batch nor recomputation changes them: the step time asks with ``states_workload``."""
     precision, speed = w.precision, w.framework.speed
     grad_bytes = w.framework.states.grad_bytes or precision.grad_bytes
-    held = _params_held(w.model, tp, ep, built)
+    held = trained_held(w.model, w.method, tp, ep, built)  # what has gradients and optimizer states
+    frozen = frozen_held(w.model, w.method, precision.param_bytes, tp, ep, built)
     params = held.total
+    weights = params * precision.param_bytes + frozen.total  # every weight of the stage on this GPU, in bytes
     replicas = dp * cp
     zero3 = reduce = gather = 0.0
     if replicas > 1:
         stride = tp * cp
         if zero_shards("params", zero):
             flat = speed.zero3_network == "one_nic"
-            gathered = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster, flat)
+            gathered = group_time("all-gather", weights, replicas, stride, cluster, flat)
             scatter = group_time("reduce-scatter", params * grad_bytes, replicas, stride, cluster, flat)
             zero3 = 2 * gathered + scatter
         else:
@@ -316,9 +332,18 @@ def state_traffic(
             reduce = group_time(op, params * grad_bytes, replicas, stride, cluster)
             if zero_shards("optimizer", zero):
                 gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
-    optimizer = _optimizer_seconds(w, zero, replicas, ep, held.dense, held.experts, cluster.hardware, grad_bytes,
-                                   calibration)  # fmt: skip
-    return StateTraffic(zero3, reduce, gather, optimizer)
+    fetch = 0.0
+    if w.offload.optimizer:
+        sharded = zero_shards("optimizer", zero)
+        local = held.dense / replicas + held.experts / max(1, replicas // ep) if sharded else params
+        shard = weights / replicas if zero_shards("params", zero) else weights
+        gpus_per_host = min(cluster.count, cluster.gpus_per_node)
+        optimizer = offload_time(w.offload, local, grad_bytes, precision.param_bytes, gpus_per_host).total
+        fetch = fetch_seconds(w.offload, shard)
+    else:
+        optimizer = _optimizer_seconds(w, zero, replicas, ep, held.dense, held.experts, cluster.hardware, grad_bytes,
+                                       calibration)  # fmt: skip
+    return StateTraffic(zero3, reduce, gather, optimizer, fetch)
 
 
 def _exposed_traffic(
@@ -356,7 +381,7 @@ def _optimizer_seconds(
     precision = w.precision
     sharded = zero_shards("optimizer", zero)
     local = dense / replicas + experts / max(1, replicas // ep) if sharded else dense + experts
-    states = optimizer_bytes_per_param(w.model, precision, w.optimizer)
+    states = optimizer_bytes_per_param(w.model, precision, w.optimizer, w.method)
     per_param = 2 * grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
     passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
     return rates.memory_seconds(hardware, local * per_param * passes, 4 * passes, calibration)

@@ -2,12 +2,12 @@
 
 Every memory, FLOP and time estimate of a training step starts from the same handful of facts: the
 model, the sequence length and micro-batch, the precision recipe and the optimizer, the attention kernel
-and the recomputation mode, the fine-tuning method (what is trained), the framework that runs it (its
-profile: what it keeps and allocates beyond the textbook count), and two allowances (the bytes of a dropout
-mask element, the per-GPU overhead). They travel together as a ``Workload``; engine functions take
-``(workload, layout[, stage])`` or ``(workload, layout, cluster)``. A workload is hashable, and memoised engine
-functions are keyed by it (its hash is computed once, when it is made), so a field added here is part of every
-cached figure.
+and the recomputation mode, the fine-tuning method (what is trained) and what is offloaded, the framework
+that runs it (its profile: what it keeps and allocates beyond the textbook count), and two allowances (the
+bytes of a dropout mask element, the per-GPU overhead). They travel together as a ``Workload``; engine
+functions take ``(workload, layout[, stage])`` or ``(workload, layout, cluster)``. A workload is hashable, and
+memoised engine functions are keyed by it (its hash is computed once, when it is made), so a field added here
+is part of every cached figure.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, Attention, Recompute
 from lmcalc.engine.method import FULL, Method, check_method
+from lmcalc.engine.offload import NO_OFFLOAD, Offload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
@@ -64,6 +65,7 @@ class Workload:
     overhead_bytes: float | None = None  # per-GPU allowance beyond what the profile counts; None: the profile's
     framework: FrameworkProfile = field(default_factory=framework_profile)
     method: Method = FULL  # what is trained: every weight, adapters on a frozen base, or the top layers
+    offload: Offload = NO_OFFLOAD  # which model states leave the GPU for the host or NVMe
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
