@@ -16,6 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES
+from lmcalc.engine.method import METHODS
+from lmcalc.engine.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS
 from lmcalc.errors import flag
 from lmcalc.estimates.inputs import TRAINING_DEFAULTS
 
@@ -61,6 +63,14 @@ FrameworkOpt = Annotated[
         "--framework",
         help="Framework profile: what it keeps and allocates (lmcalc presets list frameworks; idealised: the "
         "papers' count).",
+    ),
+]
+TrainingFrameworkOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--framework",
+        help="Framework profile: what it keeps and allocates (lmcalc presets list frameworks; idealised: the "
+        "papers' count). Default: megatron; transformers with --method lora or qlora.",
     ),
 ]
 MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU per micro-batch.")]
@@ -146,6 +156,73 @@ LAYOUT_OPTIONS = (
 )
 """A parallel layout (``estimates.inputs.LayoutSettings``), as ``memory``, ``fit`` and ``report`` take it."""
 
+METHODS_MEANINGS: dict[object, str] = {
+    "full": "every weight trained",
+    "lora": "low-rank adapters on a frozen base",
+    "qlora": "adapters on a 4-bit NF4 base",
+    "freeze": "train only the layers above --freeze-layers",
+}
+OFFLOAD_MEANINGS: dict[object, str] = {
+    "optimizer": "ZeRO-Offload",
+    "optimizer+params": "ZeRO-3 / FSDP CPU offload, needs --zero 3",
+}
+FINETUNE_OPTIONS = (
+    Option.of(
+        "method", str, TRAINING_DEFAULTS["method"], f"What is trained: {alternatives(METHODS, METHODS_MEANINGS)}."
+    ),
+    Option.of("lora_rank", int, TRAINING_DEFAULTS["lora_rank"], "LoRA/QLoRA: the rank r of each adapter."),
+    Option.of(
+        "lora_targets",
+        str,
+        TRAINING_DEFAULTS["lora_targets"],
+        "LoRA/QLoRA: the linear layers that get adapters, PEFT-style: q,k,v,o,gate,up,down (or q_proj,... and "
+        "GPT-2's c_attn,c_fc,c_proj), or all-linear (every linear layer but the head).",
+    ),
+    Option.of("lora_dropout", float, TRAINING_DEFAULTS["lora_dropout"], "LoRA/QLoRA: PEFT's lora_dropout."),
+    Option.of(
+        "freeze_layers", int, TRAINING_DEFAULTS["freeze_layers"], "Freeze method: the bottom layers kept frozen."
+    ),
+)
+"""The fine-tuning method (``estimates.inputs.MethodSettings``)."""
+
+METHOD_OPTIONS = (
+    *FINETUNE_OPTIONS,
+    Option(
+        "kbit_upcast",
+        Annotated[
+            bool,
+            typer.Option(
+                "--kbit-upcast/--no-kbit-upcast",
+                help="QLoRA: the unquantised weights (embeddings, norms, head) in fp32, as "
+                "peft.prepare_model_for_kbit_training casts them; or in the compute dtype.",
+            ),
+        ],
+        TRAINING_DEFAULTS["kbit_upcast"],
+    ),
+    Option.of(
+        "offload",
+        str,
+        TRAINING_DEFAULTS["offload"],
+        f"Model states off the GPU: {alternatives(OFFLOAD_TARGETS, OFFLOAD_MEANINGS)}.",
+    ),
+    Option.of(
+        "offload_device", str, TRAINING_DEFAULTS["offload_device"], f"Where to: {alternatives(OFFLOAD_DEVICES)}."
+    ),
+    Option.of(
+        "host_link_gbps",
+        float,
+        TRAINING_DEFAULTS["host_link_gbps"],
+        "Offload: GPU-host bandwidth, one direction, GB/s (default: an assumption, 80 % of PCIe 4.0 x16).",
+    ),
+    Option.of(
+        "cpu_optimizer_params_per_s",
+        float,
+        TRAINING_DEFAULTS["cpu_optimizer_params_per_s"],
+        "Offload: parameters a node's CPUs update per second (default: an assumption, 1e9).",
+    ),
+)
+"""The fine-tuning method and offload (``estimates.inputs.TrainingSettings``)."""
+
 TRAINING_OPTIONS = (
     Option("seq", SeqOpt, TRAINING_DEFAULTS["seq"]),
     Option("micro_batch", MicroBatchOpt, TRAINING_DEFAULTS["micro_batch"]),
@@ -153,8 +230,9 @@ TRAINING_OPTIONS = (
     Option("optimizer", OptimizerOpt, TRAINING_DEFAULTS["optimizer"]),
     Option("attention", AttentionOpt, TRAINING_DEFAULTS["attention"]),
     Option("recompute", RecomputeOpt, TRAINING_DEFAULTS["recompute"]),
-    Option("framework", FrameworkOpt, TRAINING_DEFAULTS["framework"]),
+    Option("framework", TrainingFrameworkOpt, TRAINING_DEFAULTS["framework"]),
     Option("overhead", OverheadOpt, TRAINING_DEFAULTS["overhead"]),
+    *METHOD_OPTIONS,
 )
 """What is trained and how (``estimates.training.TrainingSettings``), as ``memory`` and ``fit`` take it."""
 

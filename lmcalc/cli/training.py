@@ -10,7 +10,9 @@ import typer
 
 from lmcalc.cli.app import emit, flags_given
 from lmcalc.cli.options import (
+    FINETUNE_OPTIONS,
     LAYOUT_OPTIONS,
+    METHOD_OPTIONS,
     PIN_OPTIONS,
     SPLIT_OPTIONS,
     TRAINING_OPTIONS,
@@ -24,6 +26,7 @@ from lmcalc.cli.options import (
     PrecisionOpt,
     RecomputeOpt,
     SeqOpt,
+    TrainingFrameworkOpt,
     alternatives,
     with_options,
 )
@@ -46,6 +49,7 @@ FLOPS_BASIS_MEANINGS = {"6nd": "napkin, default", "detailed": "matmul count, cau
 PEAK_MEANINGS = {"spec": "the dense spec-sheet peak", "measured": "lmcalc bench results"}
 
 
+@with_options(FINETUNE_OPTIONS, at="method")
 def train_time(
     model: ModelOpt,
     gpus: Annotated[str | None, typer.Option("--gpus", help="Cluster: 1024xH100 or 128x8xH100.")] = None,
@@ -78,12 +82,19 @@ def train_time(
             "--calibration", help="Benchmark results file to take the measured peak from (implies --peak measured)."
         ),
     ] = None,
+    dataset_tokens: Annotated[
+        str | None,
+        typer.Option("--dataset-tokens", help="A fine-tune's dataset, in tokens (50M, 1.2B); the run is × --epochs."),
+    ] = None,
+    epochs: Annotated[float, typer.Option("--epochs", help="Passes over --dataset-tokens.")] = 1,
+    method: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
-    """Days and GPU-hours to train a model on a cluster, or GPUs needed to meet a deadline."""
+    """Days and GPU-hours to train (or fine-tune) a model on a cluster, or GPUs needed to meet a deadline."""
     from lmcalc.estimates import time as estimates
 
+    assert method is not None  # filled in by with_options
     estimate = estimates.train_time(
         model=model,
         gpus=gpus,
@@ -97,6 +108,9 @@ def train_time(
         price_per_gpu_hour=price,
         peak=peak,
         calibration=calibration,
+        dataset_tokens=dataset_tokens,
+        epochs=epochs,
+        **method,
     )
     emit(estimate, as_json, explain)
 
@@ -273,6 +287,7 @@ def fit(
     emit(estimates.fit(model=model, gpus=gpus, **training, **layout), as_json, explain)
 
 
+@with_options(METHOD_OPTIONS, at="method")
 @with_options(SPLIT_OPTIONS, at="split")
 @with_options(PIN_OPTIONS, at="pins")
 def plan(
@@ -301,6 +316,11 @@ def plan(
     ] = False,
     split: dict[str, Any] | None = None,
     tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens, for the days column.")] = None,
+    dataset_tokens: Annotated[
+        str | None, typer.Option("--dataset-tokens", help="A fine-tune's dataset in tokens, for the days column.")
+    ] = None,
+    epochs: Annotated[float, typer.Option("--epochs", help="Passes over --dataset-tokens.")] = 1,
+    method: dict[str, Any] | None = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
     efficiency: Annotated[
@@ -337,7 +357,7 @@ def plan(
     precision: PrecisionOpt = DEFAULT_PRECISION,
     optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
     attention: AttentionOpt = DEFAULT_ATTENTION,
-    framework: FrameworkOpt = DEFAULT_FRAMEWORK,
+    framework: TrainingFrameworkOpt = None,
     overhead: OverheadOpt = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
@@ -345,7 +365,7 @@ def plan(
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question)."""
     from lmcalc.estimates import plan as estimates
 
-    assert pins is not None and split is not None  # filled in by with_options
+    assert pins is not None and split is not None and method is not None  # filled in by with_options
     top_n = positive_int(top, "top")
     found = estimates.plan(
         model=model,
@@ -369,8 +389,11 @@ def plan(
         framework=framework,
         overhead=overhead,
         top=None if as_json or plot else top_n,  # a table shows the top; JSON and plots take every layout
+        dataset_tokens=dataset_tokens,
+        epochs=epochs,
         **pins,
         **split,
+        **method,
     )
     ranked = found.report
     shown = found.derivation if explain else ranked

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from lmcalc.engine.activations import SavedTensor, layer_kept_tensors, saved_formula
 from lmcalc.engine.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
 from lmcalc.engine.layout import Layout
+from lmcalc.engine.method_terms import method_section
 from lmcalc.engine.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
 from lmcalc.engine.sharding import ModelState, stage_params, zero_shards
 from lmcalc.engine.states import state_formula
@@ -64,10 +65,15 @@ def capacity_terms(total: float, capacity: Capacity, utilisation: bool = True) -
     )
 
 
-def memory_sections(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity) -> tuple[Section, ...]:
-    """The memory of one GPU (``gpu``, of its stage) as terms: model states, activations, and the whole."""
+def memory_sections(
+    w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity, gpus_per_node: int = 1
+) -> tuple[Section, ...]:
+    """The memory of one GPU (``gpu``, of its stage) as terms: model states (with, under a fine-tuning method or
+    offload, what is trained, frozen and offloaded), activations, and the whole."""
+    method = method_section(w, layout, gpu, gpus_per_node)
     return (
         _states_section(w, layout, gpu),
+        *((method,) if method else ()),
         _activations_section(w, layout, gpu),
         _total_section(w, layout, gpu, capacity),
     )
@@ -77,6 +83,7 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
     precision, optimizer = w.precision, w.optimizer
     held = stage_params(w, layout, gpu.stage)
     n_stage = held.total
+    n = "N_gpu" if w.method.kind == "full" else "N_train"  # what has gradients and optimizer states
     rep_d, rep_e = layout.data_replicas, layout.data_replicas // layout.ep
     on_gpu = f"one GPU of stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "each GPU"
 
@@ -93,7 +100,9 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
         + (f", EP={layout.ep} the experts" if layout.ep > 1 else "")
         + ")"
     )
-    opt_formula = " + ".join(state_formula(s, precision, "N_gpu") for s in optimizer.states) or "0"
+    opt_formula = " + ".join(state_formula(s, precision, n) for s in optimizer.states) or "0"
+    frozen = "frozen weights + " if w.method.kind != "full" else ""
+    offloaded = " (offloaded: 0 on the GPU)" if w.offload.optimizer else ""
     return Section(
         "state",
         f"Model states per GPU ({layout.label})",
@@ -111,7 +120,8 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
                 "Parameters",
                 gpu.params,
                 "bytes",
-                f"N_gpu · {precision.param_bytes:g} B{shard_text('params')}"
+                f"{frozen}{n} · {precision.param_bytes:g} B{shard_text('params')}"
+                + (" (offloaded: 0 on the GPU)" if w.offload.params else "")
                 if w.framework.states.weights == "recipe"
                 else "0: only the master copy persists; the 16-bit weights are gathered a layer at a time",
                 source=f"precision recipe {precision.name}",
@@ -121,7 +131,8 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
                 "Gradients",
                 gpu.grads,
                 "bytes",
-                f"N_gpu · {w.framework.states.grad_bytes or precision.grad_bytes:g} B{shard_text('grads')}",
+                f"{n} · {w.framework.states.grad_bytes or precision.grad_bytes:g} B{shard_text('grads')}"
+                + (" (offloaded: 0 on the GPU)" if w.offload.params else ""),
                 source=w.framework.states.source if w.framework.states.grad_bytes else "",
             ),
             Term(
@@ -129,14 +140,14 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
                 "Master weights (fp32)",
                 gpu.master,
                 "bytes",
-                f"N_gpu · {precision.master_bytes:g} B{shard_text('master')}",
+                f"{n} · {precision.master_bytes:g} B{shard_text('master')}{offloaded}",
             ),
             Term(
                 "optimizer",
                 f"Optimizer states ({optimizer.name})",
                 gpu.optimizer,
                 "bytes",
-                f"({opt_formula}){shard_text('optimizer')}" if shard_text("optimizer") else opt_formula,
+                (f"({opt_formula}){shard_text('optimizer')}" if shard_text("optimizer") else opt_formula) + offloaded,
                 source="; ".join(optimizer.sources),
             ),
             Term(

@@ -28,8 +28,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from lmcalc.engine.choices import AttnConvention, Recompute
-from lmcalc.engine.flops import effective_keys
-from lmcalc.engine.method import Method, adapted_modules, in_layer, linear_modules
+from lmcalc.engine.flops import effective_keys, napkin_params
+from lmcalc.engine.method import Method, adapted_modules, in_layer, linear_modules, trained_params
 from lmcalc.specs import ModelSpec
 
 READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a")
@@ -141,3 +141,17 @@ def method_step_flops(
     input_grads += logits if out_grad else 0.0
     weight_grads += logits if head_trained else 0.0
     return MethodFlops(forward, input_grads, weight_grads, attention_backward, recomputed)
+
+
+def napkin_method_flops(model: ModelSpec, method: Method) -> tuple[float, str]:
+    """FLOPs per token by the napkin rule, and its formula, under a fine-tuning method: 6·N (Kaplan et al. 2020)
+    for full training; 2·N forward + 2·N input gradients + 6·N_a for LoRA's N_a adapter parameters (forward and
+    both gradients); 2·N forward + 4·N_t for the freeze method's N_t trained parameters, no gradient flowing below
+    them. N counts the active parameters of an MoE model."""
+    n = napkin_params(model)
+    trained = trained_params(model, method)
+    if method.adapters:
+        return 4 * n + 6 * trained, "4·N + 6·N_adapters"
+    if method.kind == "freeze":
+        return 2 * n + 4 * trained, "2·N + 4·N_trained"
+    return 6 * n, "6·N"

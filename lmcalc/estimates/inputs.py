@@ -14,10 +14,12 @@ from typing import TypedDict, TypeVar
 from lmcalc import presets as pr
 from lmcalc.engine.choices import Attention, Recompute, ZeroStage
 from lmcalc.engine.flops import napkin_params
+from lmcalc.engine.method import ALL_LINEAR
+from lmcalc.engine.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, matches_published
 from lmcalc.engine.time import DEFAULT_MFU
-from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES
+from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES, Workload
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.result import Input, Result
@@ -35,6 +37,9 @@ DEFAULT_FRAMEWORK = "megatron"
 """The framework profile of a training estimate unless one is named: lmcalc's layouts (TP with sequence
 parallelism, PP with the interleaved schedule and Megatron's split flags, CP, EP, the distributed optimizer as
 ZeRO-1) are Megatron-LM's, the framework that runs all of them, so a plan is costed as Megatron would allocate it."""
+FINE_TUNING_FRAMEWORK = "transformers"
+"""The framework profile of a LoRA or QLoRA estimate unless one is named: adapters are trained with Hugging Face
+transformers and PEFT, which Megatron-LM does not run."""
 ASSUMPTION = "assumption:"
 """How the origin of a value lmcalc assumed begins (``Given.assumed``)."""
 
@@ -48,7 +53,22 @@ Bytes = str | float | int
 C = TypeVar("C", bound=str)
 
 
-class TrainingSettings(TypedDict, total=False):
+class MethodSettings(TypedDict, total=False):
+    """What is trained (the fine-tuning method) and what is offloaded, as the user gives it."""
+
+    method: str  # full | lora | qlora | freeze (engine.method)
+    lora_rank: int  # r of each adapter
+    lora_targets: str | list[str]  # q,k,v,o,gate,up,down (or Hugging Face names), or all-linear
+    lora_dropout: float  # PEFT's lora_dropout
+    freeze_layers: int  # the freeze method's frozen bottom layers
+    kbit_upcast: bool  # QLoRA: unquantised weights in fp32, as peft.prepare_model_for_kbit_training casts them
+    offload: str  # none | optimizer | optimizer+params (engine.offload)
+    offload_device: str  # cpu | nvme
+    host_link_gbps: float  # GPU-host bandwidth, one direction, GB/s
+    cpu_optimizer_params_per_s: float  # parameters a node's CPUs update per second
+
+
+class TrainingSettings(MethodSettings, total=False):
     """What is trained and how, as the user gives it; a setting left out takes its ``TRAINING_DEFAULTS`` value."""
 
     seq: Count | None  # tokens per sequence (8K = 8192); None: min(the model's context, 8192)
@@ -57,7 +77,8 @@ class TrainingSettings(TypedDict, total=False):
     optimizer: OptimizerLike  # an optimizer preset (adamw, sgd, adafactor, ...)
     attention: str  # flash | eager
     recompute: str  # none | selective | full
-    framework: FrameworkLike  # a framework profile (megatron, nanotron, torchtitan, transformers, deepspeed, ...)
+    framework: FrameworkLike | None  # a framework profile (megatron, nanotron, ...); None: DEFAULT_FRAMEWORK, or
+    # for LoRA and QLoRA FINE_TUNING_FRAMEWORK
     overhead: Bytes | None  # a flat per-GPU allowance on top of what the profile counts; None: the profile's
 
 
@@ -68,8 +89,18 @@ TRAINING_DEFAULTS: TrainingSettings = {
     "optimizer": DEFAULT_OPTIMIZER,
     "attention": DEFAULT_ATTENTION,
     "recompute": DEFAULT_RECOMPUTE,
-    "framework": DEFAULT_FRAMEWORK,
+    "framework": None,
     "overhead": None,
+    "method": "full",
+    "lora_rank": 16,
+    "lora_targets": ALL_LINEAR,
+    "lora_dropout": 0.0,
+    "freeze_layers": 0,
+    "kbit_upcast": True,
+    "offload": "none",
+    "offload_device": "cpu",
+    "host_link_gbps": HOST_LINK_GBPS,
+    "cpu_optimizer_params_per_s": CPU_OPTIMIZER_PARAMS_PER_S,
 }
 
 
@@ -285,6 +316,23 @@ def context_note(model: ModelSpec, seq_len: int) -> tuple[str, ...]:
             f"a sequence of {seq_len} does not fit them (use {setting('seq')} {model.max_seq_len} or less)"
         )
     return (f"sequence length {seq_len} exceeds {model.name}'s context of {model.max_seq_len} tokens",)
+
+
+def method_inputs(w: Workload) -> tuple[Input, ...]:
+    """The fine-tuning method and offload, for an inputs table: shown when they are not full training on the GPU."""
+    inputs = []
+    if w.method.kind != "full":
+        origin = f"{flag('method')} {w.method.kind}"
+        if w.method.adapters:
+            origin += f" {flag('lora_rank')} {flag('lora_targets')} {flag('lora_dropout')}"
+        inputs.append(Input("method", "Fine-tuning method", w.method.label, origin=origin))
+    if w.offload.optimizer:
+        origin = (
+            f"{flag('offload')}; host link {w.offload.host_link_gbps:g} GB/s, CPU optimizer "
+            f"{w.offload.cpu_optimizer_params_per_s:.3g} params/s ({ASSUMPTION} unless given)"
+        )
+        inputs.append(Input("offload", "Offload", w.offload.label, origin=origin))
+    return tuple(inputs)
 
 
 def model_input(model: ModelSpec, note: str) -> Input:

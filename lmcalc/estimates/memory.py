@@ -24,6 +24,7 @@ from lmcalc.estimates.inputs import (
     context_note,
     framework_text,
     how_counted,
+    method_inputs,
     model_input,
     model_notes,
     nbytes,
@@ -121,6 +122,7 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
         Input("attention", "Attention kernel", w.attention, origin=flag("attention")),
         Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
         Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
+        *method_inputs(w),
     )
     notes = [*model_notes(model, note), *context_note(model, w.seq_len), verdict_note(w, layout, gpu, capacity.bytes)]
     single = checked(
@@ -128,7 +130,7 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
             "memory",
             f"Training memory per GPU: {model.label}",
             inputs,
-            memory_sections(w, layout, gpu, capacity),
+            memory_sections(w, layout, gpu, capacity, cluster.gpus_per_node),
             tuple(notes),
             stack=MEMORY_STACK,
             capacity="total.capacity",
@@ -154,7 +156,7 @@ def memory_stages(single: MemoryEstimate) -> MemoryEstimate:
     rows = []
     gpus = tuple(gpu_memory(w, layout, stage) for stage in range(layout.pp))
     for stage, gpu in enumerate(gpus):
-        stage_result = Result("memory", "", (), memory_sections(w, layout, gpu, capacity))
+        stage_result = Result("memory", "", (), memory_sections(w, layout, gpu, capacity, single.cluster.gpus_per_node))
         row = _memory_row(f"stage{stage + 1}", f"stage {stage + 1}", stage_result, STAGE_PARTS)
         shape = (stage_result.term("activations.layers_on_gpu"), stage_result.term("activations.in_flight"))
         rows.append(replace(row, terms=(*shape, *row.terms)))

@@ -14,7 +14,6 @@ from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
     DEFAULT_ATTENTION,
-    DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
     DEFAULT_PRECISION,
     Bytes,
@@ -22,6 +21,7 @@ from lmcalc.estimates.inputs import (
     Count,
     FrameworkLike,
     Given,
+    MethodSettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
@@ -34,11 +34,23 @@ from lmcalc.estimates.inputs import (
     model_input,
     optimizer_text,
     recipe_text,
-    tokens_given,
 )
-from lmcalc.estimates.training import TrainingSetup, accept, pipeline_split, training_setup
+from lmcalc.estimates.time import run_tokens
+from lmcalc.estimates.training import (
+    TrainingSetup,
+    accept,
+    method_settings,
+    pipeline_split,
+    split_settings,
+    training_setup,
+)
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.units import GB, group
+
+
+class PlanSettings(SplitSettings, MethodSettings, total=False):
+    """What ``plan`` takes as keywords besides its own: the pipeline split and the fine-tuning method."""
+
 
 if TYPE_CHECKING:  # the planner is imported when a plan is asked for, not at start-up
     from lmcalc.engine import plan as pl
@@ -90,10 +102,12 @@ def plan(
     precision: PrecisionLike = DEFAULT_PRECISION,
     optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
     attention: str = DEFAULT_ATTENTION,
-    framework: FrameworkLike = DEFAULT_FRAMEWORK,
+    framework: FrameworkLike | None = None,
     overhead: Bytes | None = None,
     top: int | None = None,
-    **split: Unpack[SplitSettings],
+    dataset_tokens: Count | None = None,
+    epochs: float = 1,
+    **settings: Unpack[PlanSettings],
 ) -> PlanEstimate:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question; the
     report ranks the first ``top`` of them, all by default, and ``layouts`` holds every one). The
@@ -105,14 +119,17 @@ def plan(
     hardware preset's measured matmul rate, or the rate ``lmcalc bench`` measured on this GPU type (``peak``
     "measured", from the default results file or ``calibration``); or, given an ``efficiency`` (or
     ``measured_efficiency``: the HFU of a step ``lmcalc bench step`` measured), as hardware FLOPs at that
-    fraction of the dense peak."""
+    fraction of the dense peak. A fine-tune (``settings``: the method and offload, ``MethodSettings``) is planned
+    for ``dataset_tokens`` × ``epochs``."""
     from lmcalc.engine import plan as pl
 
-    accept(split, SplitSettings, "plan")
+    accept(settings, PlanSettings, "plan")
+    split = split_settings(settings)  # type: ignore[arg-type]
     # the search varies the micro-batch and the recomputation within the pins
     base = TrainingSettings(
-        seq=seq, precision=precision, optimizer=optimizer, attention=attention, framework=framework, overhead=overhead
-    )
+        seq=seq, precision=precision, optimizer=optimizer, attention=attention, framework=framework, overhead=overhead,
+        **method_settings(settings),
+    )  # fmt: skip
     setup = training_setup(model, gpus, base)
     pins = pl.Pins(
         tp=tp,
@@ -148,7 +165,8 @@ def plan(
     if matmul_measured:
         setup = _with_measured_matmul(setup, calibration)
     global_tokens = count(global_batch, "global_batch", binary=True)
-    return plan_estimate(setup, global_tokens, pins, eff, tokens_given(tokens, setup.model), top)
+    train_tokens = run_tokens(tokens, dataset_tokens, epochs, setup.model, setup.workload.method)
+    return plan_estimate(setup, global_tokens, pins, eff, train_tokens, top)
 
 
 def _with_measured_matmul(setup: TrainingSetup, calibration: str | None) -> TrainingSetup:

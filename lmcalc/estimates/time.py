@@ -4,10 +4,13 @@ compute-optimal model and data for a budget."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Unpack
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine import optimal as opt
 from lmcalc.engine.choices import FLOPS_BASES
+from lmcalc.engine.method import FULL, Method, check_method
+from lmcalc.engine.method_flops import method_step_flops, napkin_method_flops
 from lmcalc.engine.time import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
@@ -15,6 +18,7 @@ from lmcalc.estimates.inputs import (
     ClusterLike,
     Count,
     Given,
+    MethodSettings,
     ModelLike,
     PrecisionLike,
     checked,
@@ -35,6 +39,7 @@ from lmcalc.estimates.inputs import (
     tokens_given,
 )
 from lmcalc.estimates.measured import measured_peak
+from lmcalc.estimates.training import accept, method_of
 from lmcalc.presets import Resolved
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, PrecisionRecipe
@@ -78,14 +83,21 @@ def train_time(
     price_per_gpu_hour: float | None = None,
     peak: str = "spec",
     calibration: str | None = None,
+    dataset_tokens: Count | None = None,
+    epochs: float = 1,
+    **method: Unpack[MethodSettings],
 ) -> TrainTimeEstimate:
     """Days and GPU-hours to train a model on a cluster (``gpus``), or, with ``days`` and a GPU type (``gpu``),
     the GPUs needed to meet the deadline. ``peak="measured"`` (or a ``calibration`` file) takes the peak from
-    ``lmcalc bench`` results instead of the spec sheet."""
+    ``lmcalc bench`` results instead of the spec sheet. A fine-tune (``method``: lora, qlora, freeze, with their
+    settings) runs ``dataset_tokens`` × ``epochs`` tokens, never the preset's pretraining count."""
+    accept(method, MethodSettings, "train_time")
     resolved = resolve_model(model)
     spec = resolved.spec
     basis = choice(flops_basis, FLOPS_BASES, "flops_basis")
-    tokens_in = tokens_given(tokens, spec)
+    how = method_of(method)
+    check_method(spec, how)
+    tokens_in = run_tokens(tokens, dataset_tokens, epochs, spec, how)
     mfu_in = mfu_given(mfu)
     finite(price_per_gpu_hour, "price_per_gpu_hour", allow_zero=True)
     finite(days, "days")
@@ -112,9 +124,30 @@ def train_time(
         hardware = cluster.hardware
     seq_in = seq_given(seq, spec)
     found = measured_peak(peak, calibration, hardware, recipe)
-    return train_time_estimate(
-        resolved, tokens_in, mfu_in, recipe, Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found)
-    )
+    timing = Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found, how)
+    return train_time_estimate(resolved, tokens_in, mfu_in, recipe, timing)
+
+
+def run_tokens(tokens: Count | None, dataset: Count | None, epochs: float, model: ModelSpec, method: Method) -> Given:
+    """The tokens a run trains on: ``dataset`` × ``epochs`` for a fine-tune, or ``tokens``, else (full training
+    only) the preset's published count or 20 per parameter."""
+    finite(epochs, "epochs")
+    if dataset is not None:
+        if tokens is not None:
+            raise LmcalcError(
+                f"give {setting('tokens')} (all the tokens the run trains on) or {setting('dataset_tokens')} with "
+                f"{setting('epochs')}, not both"
+            )
+        size = count(dataset, "dataset_tokens")
+        return Given(size * epochs, f"{setting('dataset_tokens')} {size:.4g} × {setting('epochs')} {epochs:g}")
+    if epochs != 1:
+        raise LmcalcError(f"{setting('epochs')} counts passes over {setting('dataset_tokens')}: give that too")
+    if tokens is None and method.kind != "full":
+        raise LmcalcError(
+            f"a fine-tune ({method.kind}) needs {setting('dataset_tokens')} (and {setting('epochs')}): the tokens "
+            "of its dataset, not the model's pretraining count"
+        )
+    return tokens_given(tokens, model)
 
 
 @dataclass(frozen=True)
@@ -129,10 +162,25 @@ class Timing:
     basis: str = "6nd"
     price_per_gpu_hour: float | None = None
     measured_peak: tuple[float, str] | None = None
+    method: Method = FULL
 
 
-def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str) -> Term:
-    """The FLOPs a run's time is computed from: 6·N·D (napkin) or the detailed causal count."""
+def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str, method: Method = FULL) -> Term:
+    """The FLOPs a run's time is computed from: 6·N·D (napkin) or the detailed causal count; under a fine-tuning
+    method, what it trains (``engine.method_flops``)."""
+    if method.kind != "full":
+        if basis == "6nd":
+            per_token, formula = napkin_method_flops(model, method)
+            numbers = f"{sci(per_token, 4)} × {sci(tokens)}"
+            return Term("training_flops", f"Training FLOPs ({method.label})", per_token * tokens, "FLOPs",
+                        f"({formula})·D", numbers, "engine.method_flops: frozen weights take no weight gradient",
+                        note="N: the base's parameters (active, for MoE)")  # fmt: skip
+        step = method_step_flops(model, method, seq_len, "none", "causal")
+        return Term("training_flops", f"Training FLOPs ({method.label}, detailed)", step.model * tokens, "FLOPs",
+                    "(forward + input gradients + weight gradients + attention backward) per token · D",
+                    f"({sci(step.forward, 4)} + {sci(step.input_grads, 4)} + {sci(step.weight_grads, 4)} + "
+                    f"{sci(step.attention_backward, 4)}) × {sci(tokens)}",
+                    "engine.method_flops; checked against FlopCounterMode on PEFT models")  # fmt: skip
     term = (
         fl.napkin_section(model, tokens).term("total")
         if basis == "6nd"
@@ -148,7 +196,7 @@ def train_time_estimate(
     model, note = resolved.spec, resolved.note
     check_mfu(mfu.value)
     seq = where.seq_len or default_seq_len(model)
-    flops_term = training_flops(model, tokens.value, int(seq.value), where.basis)
+    flops_term = training_flops(model, tokens.value, int(seq.value), where.basis, where.method)
     hw, cluster, days, measured = where.hardware, where.cluster, where.days, where.measured_peak
     peak = measured[0] if measured else peak_for(hw, precision)
     inputs = [
@@ -156,6 +204,11 @@ def train_time_estimate(
         Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
         Input("mfu", "MFU", mfu.value, origin=mfu.origin),
         Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
+        *(
+            [Input("method", "Fine-tuning method", where.method.label, origin=flag("method"))]
+            if where.method.kind != "full"
+            else []
+        ),  # fmt: skip
         Input(
             "flops_basis",
             "FLOPs counted",

@@ -12,14 +12,19 @@ from lmcalc import presets as pr
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.memory_terms import Capacity
+from lmcalc.engine.method import METHODS, Method, parse_targets
+from lmcalc.engine.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
 from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, keyword
 from lmcalc.estimates.inputs import (
+    DEFAULT_FRAMEWORK,
+    FINE_TUNING_FRAMEWORK,
     TRAINING_DEFAULTS,
     ClusterLike,
     Given,
     LayoutSettings,
+    MethodSettings,
     ModelLike,
     SplitSettings,
     TrainingSettings,
@@ -130,6 +135,13 @@ def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettin
     overhead = given["overhead"]
     overhead_bytes = None if overhead is None else nbytes(overhead, "overhead")
     seq_in = seq_given(given["seq"], resolved.spec)
+    method = method_of(given)
+    offload = Offload(
+        choice(given["offload"], OFFLOAD_TARGETS, "offload"),
+        choice(given["offload_device"], OFFLOAD_DEVICES, "offload_device"),
+        given["host_link_gbps"],
+        given["cpu_optimizer_params_per_s"],
+    )
     workload = Workload(
         resolved.spec,
         recipe,
@@ -139,6 +151,31 @@ def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettin
         kernel,
         mode,
         overhead_bytes=overhead_bytes,
-        framework=framework_of(given["framework"]),
+        framework=framework_of(given["framework"] or default_framework(method)),
+        method=method,
+        offload=offload,
     )
     return TrainingSetup(resolved, cluster, workload, seq_in)
+
+
+def default_framework(method: Method) -> str:
+    """The framework profile an estimate uses unless one is named: transformers for adapters, else Megatron-LM."""
+    return FINE_TUNING_FRAMEWORK if method.adapters else DEFAULT_FRAMEWORK
+
+
+def method_settings(given: Mapping[str, Any]) -> MethodSettings:
+    """The method's and offload's settings among ``given``."""
+    return cast(MethodSettings, _among(given, MethodSettings))
+
+
+def method_of(given: Mapping[str, Any]) -> Method:
+    """The fine-tuning method the settings describe (``TRAINING_DEFAULTS`` for those left out)."""
+    settings = {**TRAINING_DEFAULTS, **given}
+    return Method(
+        choice(settings["method"], METHODS, "method"),
+        settings["lora_rank"],
+        parse_targets(settings["lora_targets"]),
+        settings["lora_dropout"],
+        settings["freeze_layers"],
+        settings["kbit_upcast"],
+    )
