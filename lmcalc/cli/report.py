@@ -12,17 +12,18 @@ import typer
 from lmcalc.cli.app import error_message
 from lmcalc.cli.options import (
     LAYOUT_OPTIONS,
-    FrameworkOpt,
+    METHOD_OPTIONS,
     ModelOpt,
     OptimizerOpt,
     PrecisionOpt,
     RecomputeOpt,
     SeqOpt,
+    TrainingFrameworkOpt,
     with_defaults,
     with_options,
 )
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISION
+from lmcalc.estimates.inputs import DEFAULT_OPTIMIZER, DEFAULT_PRECISION
 from lmcalc.estimates.report import REPORT_ZERO
 from lmcalc.result import Result
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 REPORT_TOP_LAYOUTS = 10
 
 
+@with_options(METHOD_OPTIONS, at="method")
 @with_options(with_defaults(LAYOUT_OPTIONS, zero=REPORT_ZERO), at="layout")
 def report(
     model: ModelOpt,
@@ -52,7 +54,12 @@ def report(
     ] = "4M",
     precision: PrecisionOpt = DEFAULT_PRECISION,
     optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
-    framework: FrameworkOpt = DEFAULT_FRAMEWORK,
+    framework: TrainingFrameworkOpt = None,
+    dataset_tokens: Annotated[
+        str | None, typer.Option("--dataset-tokens", help="A fine-tune's dataset in tokens; the run is × --epochs.")
+    ] = None,
+    epochs: Annotated[float, typer.Option("--epochs", help="Passes over --dataset-tokens.")] = 1,
+    method: dict[str, Any] | None = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
     """One self-contained HTML page: parameters, FLOPs, training time, memory (of the layout given, ZeRO-3 by
@@ -62,7 +69,7 @@ def report(
     from lmcalc.estimates import report as estimates
     from lmcalc.html_report import render_report
 
-    assert layout is not None  # filled in by with_options
+    assert layout is not None and method is not None  # filled in by with_options
     target = new_file(output, force)
     found = estimates.report(
         model=model,
@@ -75,7 +82,10 @@ def report(
         precision=precision,
         optimizer=optimizer,
         framework=framework,
+        dataset_tokens=dataset_tokens,
+        epochs=epochs,
         **layout,
+        **method,
     )
     memory = found.memory.report
     results = [

@@ -18,7 +18,6 @@ from lmcalc.cli.options import (
     TRAINING_OPTIONS,
     AttentionOpt,
     ExplainOpt,
-    FrameworkOpt,
     JsonOpt,
     ModelOpt,
     OptimizerOpt,
@@ -36,7 +35,6 @@ from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
     DEFAULT_ATTENTION,
-    DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
@@ -115,6 +113,7 @@ def train_time(
     emit(estimate, as_json, explain)
 
 
+@with_options(METHOD_OPTIONS, at="method")
 def max_params(
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster: 8xH100, 2x8xA100-80GB.")],
     optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
@@ -123,17 +122,19 @@ def max_params(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per GPU for the activation column.")] = 1,
     attention: AttentionOpt = DEFAULT_ATTENTION,
     recompute: RecomputeOpt = DEFAULT_RECOMPUTE,
-    framework: FrameworkOpt = DEFAULT_FRAMEWORK,
+    framework: TrainingFrameworkOpt = None,
     overhead: OverheadOpt = None,
     like: Annotated[
         str, typer.Option("--like", help="Model whose proportions the activation column scales.")
     ] = "llama-3.1-8b",
+    method: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
     """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3."""
     from lmcalc.estimates import limits as estimates
 
+    assert method is not None  # filled in by with_options
     estimate = estimates.max_params(
         gpus=gpus,
         optimizer=optimizer,
@@ -145,6 +146,7 @@ def max_params(
         framework=framework,
         overhead=overhead,
         like=like,
+        **method,
     )
     emit(estimate, as_json, explain)
 

@@ -31,6 +31,7 @@ from lmcalc.engine.activations import (
 )
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.layout import ActivationLayout, Layout
+from lmcalc.engine.method import largest_quantised
 from lmcalc.engine.offload import FP32_GRAD_COPY
 from lmcalc.engine.pipeline import (
     PipelineSplit,
@@ -400,7 +401,8 @@ def _layout_buffers(w: Workload, layout: Layout) -> float:
 @functools.lru_cache(maxsize=1 << 12)
 def _buffers(w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, replicated: bool) -> float:
     """The framework's buffers: sequence-parallel all-gather buffers of a full-sequence layer input, pipeline
-    send/receive tensors of a layer boundary, the data-parallel reduce bucket, cuBLAS and NCCL workspaces."""
+    send/receive tensors of a layer boundary, the data-parallel reduce bucket, cuBLAS and NCCL workspaces; under
+    QLoRA the largest 4-bit weight dequantised into the compute dtype (bitsandbytes' MatMul4Bit backward)."""
     rules, act = w.framework.buffers, w.precision.activation_bytes
     layer_input = w.tokens * w.model.hidden_size * act / cp
     total = rules.workspace_bytes
@@ -410,6 +412,8 @@ def _buffers(w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, re
         total += rules.pipeline_tensors * layer_input / (tp if sequence_parallel else 1)
     if replicated:
         total += rules.reduce_bucket_elements * w.precision.grad_bytes
+    if w.method.kind == "qlora":  # one 4-bit weight dequantised at a time into the compute dtype, for its backward
+        total += largest_quantised(w.model) / tp * w.precision.activation_bytes
     return total
 
 

@@ -255,7 +255,8 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
             "Framework buffers",
             gpu.buffers,
             "bytes",
-            "workspaces + SP all-gather (s·b·h each) + pipeline send/receive (s·b·h each) + DP reduce bucket",
+            "workspaces + SP all-gather (s·b·h each) + pipeline send/receive (s·b·h each) + DP reduce bucket"
+            + (" + the largest 4-bit weight dequantised (QLoRA)" if w.method.kind == "qlora" else ""),
             f"{buffers.workspace_bytes / 2**20:g} MiB workspaces; {buffers.sequence_parallel_gather} SP buffers; "
             f"{buffers.pipeline_tensors} pipeline tensors; {buffers.reduce_bucket_elements:g} bucket elements",
             source=buffers.source,

@@ -251,6 +251,11 @@ def quantised(tensor: WeightTensor) -> bool:
     return tensor.matmul and tensor.name.endswith(".weight") and len(tensor.shape) == 2 and tensor.group != "router"
 
 
+def largest_quantised(model: ModelSpec) -> int:
+    """Weights of the largest matrix QLoRA stores in 4 bits: the size of the buffer it is dequantised into."""
+    return max((t.numel for t in weight_tensors(model) if quantised(t)), default=0)
+
+
 def nf4_bytes(numel: int) -> int:
     """Bytes of one tensor of ``numel`` weights in NF4 with double quantisation, as bitsandbytes' ``quantize_4bit``
     (blocksize 64, compress_statistics) stores it: packed 4-bit pairs, an 8-bit absmax per 64-weight block, an fp32

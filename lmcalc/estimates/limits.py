@@ -3,16 +3,15 @@ cluster can train (``max_params``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Unpack
 
 from lmcalc.engine import maxparams as mp
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.workload import Workload
-from lmcalc.errors import flag
+from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
     DEFAULT_ATTENTION,
-    DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
     DEFAULT_PRECISION,
     DEFAULT_RECOMPUTE,
@@ -21,6 +20,7 @@ from lmcalc.estimates.inputs import (
     Count,
     FrameworkLike,
     MemorySettings,
+    MethodSettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
@@ -28,6 +28,7 @@ from lmcalc.estimates.inputs import (
     checked,
     framework_text,
     how_counted,
+    method_inputs,
     model_input,
     model_notes,
     optimizer_text,
@@ -146,6 +147,8 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
                 )
             )
         sections.append(Section(key, f"{label} — binding: {limit.binding}", tuple(terms)))
+    if w.recompute != "full":
+        sections.append(_checkpointed(w, layout, capacity))
     inputs = (
         model_input(model, note),
         Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
@@ -156,6 +159,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),
         Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
         Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
+        *method_inputs(w),
     )
     notes = (
         *model_notes(model, note),
@@ -165,6 +169,36 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         Result("fit", f"What fits on {cluster.hardware.name}: {model.label}", inputs, tuple(sections), notes)
     )
     return FitEstimate(report, w, layout, *found_limits)
+
+
+CHECKPOINTING = "Chen et al. 2016 (gradient checkpointing); Korthikanti et al. 2022 §4.2.3"
+
+
+def _checkpointed(w: Workload, layout: Layout, capacity: float) -> Section:
+    """The longest sequence and the largest micro-batch with gradient checkpointing (full recomputation), the
+    lever fine-tuners pull first: each layer keeps only its input, and one layer is rebuilt at a time."""
+    from lmcalc.engine import fit as fit_engine
+
+    setting_ = fit_engine.Setting(replace(w, recompute="full"), layout, capacity)
+    seq, batch = fit_engine.longest_sequence(setting_), fit_engine.largest_micro_batch(setting_)
+    terms = []
+    for key, label, unit, limit in (
+        ("seq", "Longest sequence", "tokens", seq),
+        ("micro_batch", f"Largest micro-batch at {w.seq_len} tokens", "sequences", batch),
+    ):
+        where = f"{limit.fits.total / GB:.2f} GB at the limit" if limit.fits else "nothing fits"
+        terms.append(
+            Term(
+                key,
+                label,
+                limit.value or 0,
+                unit,
+                f"--recompute full, every other setting as above; {where}",
+                note=f"binding: {limit.binding}",
+                source="Chen et al. 2016; Korthikanti et al. 2022 §4.2.3",
+            )  # fmt: skip
+        )
+    return Section("checkpointed", "With gradient checkpointing (--recompute full)", tuple(terms))
 
 
 # ------------------------------------------------------------------------------------------------- max-params
@@ -186,12 +220,20 @@ def max_params(
     micro_batch: int = 1,
     attention: str = DEFAULT_ATTENTION,
     recompute: str = DEFAULT_RECOMPUTE,
-    framework: FrameworkLike = DEFAULT_FRAMEWORK,
+    framework: FrameworkLike | None = None,
     overhead: Bytes | None = None,
     like: ModelLike = "llama-3.1-8b",
+    **method: Unpack[MethodSettings],
 ) -> MaxParamsEstimate:
     """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3; the
-    activation column scales the proportions of the model ``like`` to each size."""
+    activation column scales the proportions of the model ``like`` to each size. With a fine-tuning method
+    (``method``: LoRA or QLoRA and their settings, offload), the largest model that method can fine-tune."""
+    accept(method, MethodSettings, "max_params")
+    if method.get("method") == "freeze":
+        raise LmcalcError(
+            f"max-params scales the model, and {setting('freeze_layers')} counts the layers of one model: ask "
+            "'lmcalc memory' or 'lmcalc fit' for the freeze method"
+        )
     settings = TrainingSettings(
         seq=seq,
         micro_batch=micro_batch,
@@ -201,6 +243,7 @@ def max_params(
         recompute=recompute,
         framework=framework,
         overhead=overhead,
+        **method,
     )
     setup = training_setup(like, gpus, settings)
     return max_params_estimate(setup)
@@ -269,6 +312,7 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
         Input("optimizer", "Optimizer", optimizer.name, origin=optimizer_text(optimizer)),
         Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
+        *method_inputs(w),
         Input("seq_len", "Sequence length (activations)", w.seq_len, "tokens", flag("seq")),
         Input("micro_batch", "Micro-batch (activations)", w.micro_batch, "sequences", flag("micro_batch")),
         Input("template", "Shape for activations", template.name, origin=flag("like")),

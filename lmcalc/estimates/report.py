@@ -8,20 +8,19 @@ from typing import TYPE_CHECKING, Unpack
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
-    DEFAULT_FRAMEWORK,
     DEFAULT_OPTIMIZER,
     DEFAULT_PRECISION,
     ClusterLike,
     Count,
     FrameworkLike,
     LayoutSettings,
+    MethodSettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
     TrainingSettings,
     count,
     mfu_given,
-    tokens_given,
 )
 
 if TYPE_CHECKING:  # the estimates are imported when a report is made: the command line's start-up stays light
@@ -31,6 +30,10 @@ if TYPE_CHECKING:  # the estimates are imported when a report is made: the comma
     from lmcalc.estimates.time import TrainTimeEstimate
 
 REPORT_ZERO: ZeroStage = 3  # the report's memory section shards the model states over every GPU unless told otherwise
+
+
+class ReportSettings(LayoutSettings, MethodSettings, total=False):
+    """What ``report`` takes as keywords besides its own: the layout of its memory section and the method."""
 
 
 @dataclass(frozen=True)
@@ -55,34 +58,41 @@ def report(
     global_batch: Count = "4M",
     precision: PrecisionLike = DEFAULT_PRECISION,
     optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
-    framework: FrameworkLike = DEFAULT_FRAMEWORK,
-    **layout: Unpack[LayoutSettings],
+    framework: FrameworkLike | None = None,
+    dataset_tokens: Count | None = None,
+    epochs: float = 1,
+    **settings: Unpack[ReportSettings],
 ) -> ReportEstimates:
-    """Parameters, FLOPs, training time, the memory of ``layout`` (ZeRO-3 over every GPU unless told otherwise)
-    and the layout search, whose pipeline split is pinned as ``layout`` gives it."""
+    """Parameters, FLOPs, training time, the memory of the layout ``settings`` give (ZeRO-3 over every GPU unless
+    told otherwise) and the layout search, whose pipeline split is pinned as they give it; a fine-tune (the
+    method's ``settings``) of ``dataset_tokens`` × ``epochs``."""
     from lmcalc.engine import plan as pl
     from lmcalc.estimates.counts import flops_estimate, params_estimate
     from lmcalc.estimates.memory import memory_estimate
     from lmcalc.estimates.plan import plan_estimate
-    from lmcalc.estimates.time import Timing, train_time_estimate
+    from lmcalc.estimates.time import Timing, run_tokens, train_time_estimate
     from lmcalc.estimates.training import (
         accept,
         build_layout,
+        layout_settings,
+        method_settings,
         pipeline_split,
         split_settings,
         training_setup,
     )
 
-    accept(layout, LayoutSettings, "report")
+    accept(settings, ReportSettings, "report")
+    layout = layout_settings(settings)
     workload = TrainingSettings(
-        seq=seq, precision=precision, optimizer=optimizer, recompute=recompute, framework=framework
-    )
+        seq=seq, precision=precision, optimizer=optimizer, recompute=recompute, framework=framework,
+        **method_settings(settings),
+    )  # fmt: skip
     setup = training_setup(model, gpus, workload)
     cluster, resolved = setup.cluster, setup.resolved
-    tokens_in = tokens_given(tokens, setup.model)
+    tokens_in = run_tokens(tokens, dataset_tokens, epochs, setup.model, setup.workload.method)
     given: LayoutSettings = {"zero": REPORT_ZERO, **layout}
     memory = memory_estimate(setup, build_layout(cluster, given))
-    timing = Timing(cluster, cluster.hardware, seq_len=setup.seq)
+    timing = Timing(cluster, cluster.hardware, seq_len=setup.seq, method=setup.workload.method)
     found: PlanEstimate | LmcalcError
     try:  # the search varies the micro-batch and the recomputation itself
         pins = pl.Pins(split=pipeline_split(split_settings(given)))

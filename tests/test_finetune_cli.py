@@ -1,0 +1,98 @@
+"""Fine-tuning from the command line: the three questions the tutorial answers, the flags, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmcalc.cli import main
+
+
+def run(args: str, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args.split())
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def run_json(args: str, capsys) -> dict:
+    code, out, err = run(args + " --json", capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def value(doc: dict, section: str, term: str) -> float:
+    return doc["results"][section][term]["value"]
+
+
+def test_qlora_on_a_24gb_card_fits_with_checkpointing(capsys):
+    doc = run_json("fit --model llama-3.1-8b --method qlora --gpus 1xRTX4090 --seq 2048", capsys)
+    assert doc["inputs"]["framework"]["value"] == "transformers"  # adapters default to the PEFT stack
+    longest = value(doc, "checkpointed", "seq")
+    batch = value(doc, "checkpointed", "micro_batch")
+    assert longest >= 2048 and batch >= 1
+    # the answer holds in 'memory': the longest sequence with checkpointing fits, 128 tokens more does not
+    at = run_json(
+        f"memory -m llama-3.1-8b --method qlora --gpus 1xRTX4090 --recompute full --seq {int(longest)}", capsys
+    )
+    beyond = run_json(
+        f"memory -m llama-3.1-8b --method qlora --gpus 1xRTX4090 --recompute full --seq {int(longest) + 128}", capsys
+    )
+    assert value(at, "total", "total") <= 24e9 < value(beyond, "total", "total")
+
+
+def test_memory_of_lora_qlora_and_full_fine_tuning(capsys):
+    base = "memory -m llama-3.1-8b --gpus 1xA100 --seq 2048 --framework idealised"
+    full = run_json(base, capsys)
+    lora = run_json(base + " --method lora", capsys)
+    qlora = run_json(base + " --method qlora", capsys)
+    # full fine-tuning: 16 B per parameter; LoRA: 2 B of frozen weights and 16 B per adapter parameter; QLoRA: about
+    # half a byte per quantised weight
+    assert value(full, "state", "total") == pytest.approx(16 * 8_030_261_248)
+    assert value(lora, "state", "total") == pytest.approx(2 * 8_030_261_248 + 16 * 41_943_040)
+    assert value(qlora, "state", "total") < value(lora, "state", "total") / 1.8
+    assert value(lora, "method", "method") == 41_943_040
+
+
+def test_full_fine_tuning_with_zero_offload(capsys):
+    doc = run_json("memory -m llama-3.1-8b --gpus 8xA100 --zero 3 --offload optimizer --seq 2048", capsys)
+    assert value(doc, "state", "master") == value(doc, "state", "optimizer") == 0
+    assert value(doc, "method", "offloaded_per_node") == pytest.approx(8 * value(doc, "method", "offloaded"))
+
+
+def test_fine_tune_time_counts_dataset_tokens_times_epochs(capsys):
+    doc = run_json("train-time -m llama-3.1-8b --gpus 1xH100 --method lora --dataset-tokens 100M --epochs 3", capsys)
+    assert doc["inputs"]["tokens"]["value"] == 3e8
+    # 4·N + 6·N_adapters per token (engine.method_flops.napkin_method_flops)
+    assert value(doc, "flops", "training_flops") == pytest.approx((4 * 8_030_261_248 + 6 * 41_943_040) * 3e8)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("train-time -m llama-3.1-8b --gpus 1xH100 --method lora", "--dataset-tokens"),
+        ("memory -m llama-3.1-8b --method lora --lora-targets c_attn", "matches no linear layer"),
+        ("memory -m llama-3.1-8b --method lora --lora-targets wq", "unknown LoRA target 'wq'"),
+        ("memory -m llama-3.1-8b --method freeze", "--freeze-layers"),
+        ("memory -m llama-3.1-8b --method freeze --freeze-layers 32", "at least one of the 32"),
+        ("memory -m llama-3.1-8b --offload optimizer+params", "--zero 3"),
+        ("memory -m llama-3.1-8b --method dora", "--method must be one of"),
+        ("max-params --gpus 1xH100 --method freeze --freeze-layers 4", "freeze"),
+    ],
+)
+def test_bad_fine_tuning_input_is_one_clear_line(args, message, capsys):
+    code, out, err = run(args, capsys)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_plan_and_max_params_take_the_method(capsys):
+    plan = run_json(
+        "plan -m llama-3.1-8b --gpus 8xA100 --method qlora --dataset-tokens 50M --global-batch 64K --top 1", capsys
+    )
+    assert plan["results"]
+    limits = run_json("max-params --gpus 1xRTX4090 --method qlora --seq 1024", capsys)
+    full = run_json("max-params --gpus 1xRTX4090 --seq 1024", capsys)
+    assert value(limits, "zero0", "with_activations") > 4 * value(full, "zero0", "with_activations")
