@@ -15,13 +15,17 @@ argument at fault.
 
 from lmcalc.engine.gpu_memory import GpuMemory
 from lmcalc.engine.layout import Layout
+from lmcalc.engine.method import Method
+from lmcalc.engine.offload import Offload
 from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, TensorEstimate, dtypes, flops, params, tensor
 from lmcalc.estimates.inputs import (
+    FineTuneSettings,
     LayoutSettings,
     MemorySettings,
+    MethodSettings,
     SplitSettings,
     TrainingSettings,
     cluster_of,
@@ -51,13 +55,17 @@ __all__ = [
     "HardwareSpec",
     "InferenceEstimate",
     "Layout",
+    "FineTuneSettings",
     "LayoutSettings",
     "LmcalcError",
     "MaxParamsEstimate",
     "MemoryEstimate",
     "MemorySettings",
     "MemorySweepEstimate",
+    "Method",
+    "MethodSettings",
     "ModelSpec",
+    "Offload",
     "OptimalEstimate",
     "OptimizerSpec",
     "ParamsEstimate",

@@ -8,13 +8,14 @@ to a Python caller and ``--seq`` at the command line.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from lmcalc import presets as pr
 from lmcalc.engine.choices import Attention, Recompute, ZeroStage
 from lmcalc.engine.flops import napkin_params
-from lmcalc.engine.method import ALL_LINEAR
+from lmcalc.engine.method import ALL_LINEAR, METHODS, Method, parse_targets
 from lmcalc.engine.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS
 from lmcalc.engine.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.params import count_params, matches_published
@@ -53,14 +54,19 @@ Bytes = str | float | int
 C = TypeVar("C", bound=str)
 
 
-class MethodSettings(TypedDict, total=False):
-    """What is trained (the fine-tuning method) and what is offloaded, as the user gives it."""
+class FineTuneSettings(TypedDict, total=False):
+    """What is trained: the fine-tuning method, as the user gives it (what its FLOPs depend on)."""
 
     method: str  # full | lora | qlora | freeze (engine.method)
     lora_rank: int  # r of each adapter
     lora_targets: str | list[str]  # q,k,v,o,gate,up,down (or Hugging Face names), or all-linear
     lora_dropout: float  # PEFT's lora_dropout
     freeze_layers: int  # the freeze method's frozen bottom layers
+
+
+class MethodSettings(FineTuneSettings, total=False):
+    """The fine-tuning method and what is offloaded, as the user gives them (what memory depends on too)."""
+
     kbit_upcast: bool  # QLoRA: unquantised weights in fp32, as peft.prepare_model_for_kbit_training casts them
     offload: str  # none | optimizer | optimizer+params (engine.offload)
     offload_device: str  # cpu | nvme
@@ -177,6 +183,28 @@ def framework_of(value: FrameworkLike) -> FrameworkProfile:
 
 
 # ------------------------------------------------------------------------------------------------- values
+
+
+def accept(given: Mapping[str, Any], accepted: type, function: str) -> None:
+    """Refuse a keyword among ``given`` that the TypedDict ``accepted`` has no setting for, as Python refuses an
+    unexpected keyword argument: a function taking ``**settings`` accepts any keyword at run time, and would
+    otherwise drop a misspelt one without a word."""
+    unknown = sorted(set(given) - set(accepted.__annotations__))
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def method_of(given: Mapping[str, Any]) -> Method:
+    """The fine-tuning method the settings describe (``TRAINING_DEFAULTS`` for those left out)."""
+    settings = {**TRAINING_DEFAULTS, **given}
+    return Method(
+        choice(settings["method"], METHODS, "method"),
+        settings["lora_rank"],
+        parse_targets(settings["lora_targets"]),
+        settings["lora_dropout"],
+        settings["freeze_layers"],
+        settings["kbit_upcast"],
+    )
 
 
 def choice(value: str, options: tuple[C, ...], name: str) -> C:

@@ -25,6 +25,7 @@ from lmcalc.estimates.inputs import (
     OptimizerLike,
     PrecisionLike,
     TrainingSettings,
+    accept,
     checked,
     framework_text,
     how_counted,
@@ -36,7 +37,6 @@ from lmcalc.estimates.inputs import (
 )
 from lmcalc.estimates.training import (
     TrainingSetup,
-    accept,
     build_layout,
     layout_settings,
     training_settings,
@@ -223,13 +223,13 @@ def max_params(
     framework: FrameworkLike | None = None,
     overhead: Bytes | None = None,
     like: ModelLike = "llama-3.1-8b",
-    **method: Unpack[MethodSettings],
+    **fine_tuning: Unpack[MethodSettings],
 ) -> MaxParamsEstimate:
     """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3; the
     activation column scales the proportions of the model ``like`` to each size. With a fine-tuning method
-    (``method``: LoRA or QLoRA and their settings, offload), the largest model that method can fine-tune."""
-    accept(method, MethodSettings, "max_params")
-    if method.get("method") == "freeze":
+    (``fine_tuning``: LoRA or QLoRA and their settings, offload), the largest model that method can fine-tune."""
+    accept(fine_tuning, MethodSettings, "max_params")
+    if fine_tuning.get("method") == "freeze":
         raise LmcalcError(
             f"max-params scales the model, and {setting('freeze_layers')} counts the layers of one model: ask "
             "'lmcalc memory' or 'lmcalc fit' for the freeze method"
@@ -243,7 +243,7 @@ def max_params(
         recompute=recompute,
         framework=framework,
         overhead=overhead,
-        **method,
+        **fine_tuning,
     )
     setup = training_setup(like, gpus, settings)
     return max_params_estimate(setup)

@@ -19,6 +19,7 @@ from lmcalc.estimates.inputs import (
     Count,
     MemorySettings,
     ModelLike,
+    accept,
     checked,
     cluster_of,
     context_note,
@@ -37,7 +38,6 @@ from lmcalc.estimates.inputs import (
 )
 from lmcalc.estimates.training import (
     TrainingSetup,
-    accept,
     build_layout,
     layout_origin,
     layout_settings,

@@ -27,6 +27,7 @@ from lmcalc.estimates.inputs import (
     PrecisionLike,
     SplitSettings,
     TrainingSettings,
+    accept,
     checked,
     choice,
     count,
@@ -38,7 +39,6 @@ from lmcalc.estimates.inputs import (
 from lmcalc.estimates.time import run_tokens
 from lmcalc.estimates.training import (
     TrainingSetup,
-    accept,
     method_settings,
     pipeline_split,
     split_settings,

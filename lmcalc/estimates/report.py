@@ -68,11 +68,11 @@ def report(
     method's ``settings``) of ``dataset_tokens`` × ``epochs``."""
     from lmcalc.engine import plan as pl
     from lmcalc.estimates.counts import flops_estimate, params_estimate
+    from lmcalc.estimates.inputs import accept
     from lmcalc.estimates.memory import memory_estimate
     from lmcalc.estimates.plan import plan_estimate
     from lmcalc.estimates.time import Timing, run_tokens, train_time_estimate
     from lmcalc.estimates.training import (
-        accept,
         build_layout,
         layout_settings,
         method_settings,

@@ -17,10 +17,11 @@ from lmcalc.estimates.inputs import (
     DEFAULT_PRECISION,
     ClusterLike,
     Count,
+    FineTuneSettings,
     Given,
-    MethodSettings,
     ModelLike,
     PrecisionLike,
+    accept,
     checked,
     choice,
     cluster_of,
@@ -29,6 +30,7 @@ from lmcalc.estimates.inputs import (
     default_seq_len,
     finite,
     hardware_of,
+    method_of,
     mfu_given,
     model_input,
     model_notes,
@@ -39,7 +41,6 @@ from lmcalc.estimates.inputs import (
     tokens_given,
 )
 from lmcalc.estimates.measured import measured_peak
-from lmcalc.estimates.training import accept, method_of
 from lmcalc.presets import Resolved
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, PrecisionRecipe
@@ -85,17 +86,17 @@ def train_time(
     calibration: str | None = None,
     dataset_tokens: Count | None = None,
     epochs: float = 1,
-    **method: Unpack[MethodSettings],
+    **fine_tuning: Unpack[FineTuneSettings],
 ) -> TrainTimeEstimate:
     """Days and GPU-hours to train a model on a cluster (``gpus``), or, with ``days`` and a GPU type (``gpu``),
     the GPUs needed to meet the deadline. ``peak="measured"`` (or a ``calibration`` file) takes the peak from
-    ``lmcalc bench`` results instead of the spec sheet. A fine-tune (``method``: lora, qlora, freeze, with their
-    settings) runs ``dataset_tokens`` × ``epochs`` tokens, never the preset's pretraining count."""
-    accept(method, MethodSettings, "train_time")
+    ``lmcalc bench`` results instead of the spec sheet. A fine-tune (``fine_tuning``: the method, lora, qlora or
+    freeze, with its settings) runs ``dataset_tokens`` × ``epochs`` tokens, never the preset's pretraining count."""
+    accept(fine_tuning, FineTuneSettings, "train_time")
     resolved = resolve_model(model)
     spec = resolved.spec
     basis = choice(flops_basis, FLOPS_BASES, "flops_basis")
-    how = method_of(method)
+    how = method_of(fine_tuning)
     check_method(spec, how)
     tokens_in = run_tokens(tokens, dataset_tokens, epochs, spec, how)
     mfu_in = mfu_given(mfu)

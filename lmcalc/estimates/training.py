@@ -12,7 +12,7 @@ from lmcalc import presets as pr
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.memory_terms import Capacity
-from lmcalc.engine.method import METHODS, Method, parse_targets
+from lmcalc.engine.method import Method
 from lmcalc.engine.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
 from lmcalc.engine.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
@@ -31,6 +31,7 @@ from lmcalc.estimates.inputs import (
     choice,
     cluster_of,
     framework_of,
+    method_of,
     nbytes,
     optimizer_of,
     precision_of,
@@ -38,15 +39,6 @@ from lmcalc.estimates.inputs import (
     seq_given,
 )
 from lmcalc.specs import Cluster, ModelSpec
-
-
-def accept(given: Mapping[str, Any], accepted: type, function: str) -> None:
-    """Refuse a keyword among ``given`` that the TypedDict ``accepted`` has no setting for, as Python refuses an
-    unexpected keyword argument: a function taking ``**settings`` accepts any keyword at run time, and would
-    otherwise drop a misspelt one without a word."""
-    unknown = sorted(set(given) - set(accepted.__annotations__))
-    if unknown:
-        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
 
 
 def training_settings(given: Mapping[str, Any]) -> TrainingSettings:
@@ -166,16 +158,3 @@ def default_framework(method: Method) -> str:
 def method_settings(given: Mapping[str, Any]) -> MethodSettings:
     """The method's and offload's settings among ``given``."""
     return cast(MethodSettings, _among(given, MethodSettings))
-
-
-def method_of(given: Mapping[str, Any]) -> Method:
-    """The fine-tuning method the settings describe (``TRAINING_DEFAULTS`` for those left out)."""
-    settings = {**TRAINING_DEFAULTS, **given}
-    return Method(
-        choice(settings["method"], METHODS, "method"),
-        settings["lora_rank"],
-        parse_targets(settings["lora_targets"]),
-        settings["lora_dropout"],
-        settings["freeze_layers"],
-        settings["kbit_upcast"],
-    )
