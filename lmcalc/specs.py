@@ -259,6 +259,14 @@ class OptimizerState(Spec):
     quantization_block: PositiveInt | None = Field(
         None, description="one fp32 scale per block of this many elements (block-wise 8-bit states)"
     )
+    min_quantized_elements: PositiveInt | None = Field(
+        None,
+        description="a quantised state of a tensor with fewer elements is kept in fp32 instead, without scales "
+        "(bitsandbytes' min_8bit_size)",
+    )
+    map_bytes: float = Field(
+        0, ge=0, description="bytes each quantised tensor's state keeps beside its elements: the quantisation map"
+    )
 
 
 class OptimizerSpec(NamedSpec):

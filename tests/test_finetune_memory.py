@@ -36,13 +36,15 @@ IDEALISED = framework_profile("idealised")
 WHOLE = StageLayers(LLAMA.num_layers, 0, True, True)
 
 
-def workload(method: Method = Method(), offload: Offload = Offload(), **kw) -> Workload:
-    return Workload(LLAMA, BF16, ADAMW, 2048, framework=IDEALISED, method=method, offload=offload, **kw)
+def workload(method: Method | None = None, offload: Offload | None = None) -> Workload:
+    return Workload(
+        LLAMA, BF16, ADAMW, 2048, framework=IDEALISED, method=method or Method(), offload=offload or Offload()
+    )
 
 
 def test_nf4_is_4_127_bits_per_weight():
     # Dettmers et al. 2023 §3: 4 bits + an 8-bit absmax per 64 weights + a 32-bit scale per 256 absmaxes
-    assert NF4_BITS_PER_WEIGHT == pytest.approx(4 + 8 / 64 + 32 / (64 * 256))
+    assert 4 + 8 / 64 + 32 / (64 * 256) == pytest.approx(NF4_BITS_PER_WEIGHT)
     assert round(NF4_BITS_PER_WEIGHT, 3) == 4.127
 
 

@@ -10,6 +10,7 @@ Adam: one fp32 scale per block). How ZeRO shards them is ``engine.sharding``'s r
 from __future__ import annotations
 
 import functools
+import math
 
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.method import FULL, Method, trained_tensors
@@ -17,26 +18,33 @@ from lmcalc.engine.sharding import zero_divisor
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
 
 SCALE_BYTES = 4  # block-wise quantised optimizer states keep one fp32 scale per block (Dettmers et al. 2022)
+UNQUANTISED_BYTES = 4  # a tensor too small to quantise keeps its state in fp32 (bitsandbytes)
 
 
 def optimizer_state_bytes(
     model: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, method: Method = FULL
 ) -> float:
     """Bytes of every optimizer state for the whole model (unsharded): of the weights ``method`` trains."""
-    trained = trained_tensors(model, method)
-    n_params = sum(t.total * share for t, share in trained)
     total = 0.0
     for state in optimizer.states:
         per_element = state.bytes if state.bytes is not None else precision.optimizer_state_bytes
-        if state.factored:
-            # Shazeer & Stern 2018: a row and a column statistic per matrix instead of r·c values.
-            elements = sum(t.count * share * (sum(t.shape) if len(t.shape) == 2 else t.numel) for t, share in trained)
-        else:
-            elements = n_params
-        total += elements * per_element
-        if state.quantization_block:
-            total += n_params / state.quantization_block * SCALE_BYTES
+        for tensor, share in trained_tensors(model, method):
+            total += tensor.count * share * _state_bytes(state, tensor.shape, per_element)
     return total
+
+
+def _state_bytes(state: OptimizerState, shape: tuple[int, ...], per_element: float) -> float:
+    """One tensor's bytes of one optimizer state: its elements (a factored state of a matrix keeps a row and a
+    column statistic, Shazeer & Stern 2018), and for a block-wise quantised state one fp32 scale per block and its
+    quantisation map, unless the tensor is too small to be quantised (Dettmers et al. 2022; bitsandbytes)."""
+    numel = math.prod(shape)
+    if state.factored and len(shape) == 2:
+        return sum(shape) * per_element
+    if not state.quantization_block:
+        return numel * per_element
+    if state.min_quantized_elements and numel < state.min_quantized_elements:
+        return numel * UNQUANTISED_BYTES
+    return numel * per_element + math.ceil(numel / state.quantization_block) * SCALE_BYTES + state.map_bytes
 
 
 @functools.lru_cache(maxsize=1024)
@@ -62,5 +70,7 @@ def state_formula(state: OptimizerState, precision: PrecisionRecipe, n: str = "N
     per_element = state.bytes if state.bytes is not None else precision.optimizer_state_bytes
     text = f"Σ_matrices (rows + cols) · {per_element:g} B" if state.factored else f"{n} · {per_element:g} B"
     if state.quantization_block:
-        text += f" + {n} / {state.quantization_block} · {SCALE_BYTES} B"
+        text += f" + ⌈{n} / {state.quantization_block}⌉ · {SCALE_BYTES} B"
+        if state.min_quantized_elements:
+            text += f" (fp32 for tensors under {state.min_quantized_elements:,} elements)"
     return f"{text} ({state.name})"
