@@ -625,6 +625,7 @@ def measure(
     num_items_in_batch: bool = False,
     use_cache: bool | None = None,
     lora: dict[str, Any] | None = None,
+    fp32_adapters: bool = False,
 ) -> Measurement:
     """What the forward (and the loss) keep for backward; with checkpointing also one rebuilt layer.
 
@@ -635,14 +636,15 @@ def measure(
     built in training too, and its torch.cat copies of K/V are what attention then saves). ``lora``: PEFT
     ``LoraConfig`` keyword arguments; the model is then built afresh, its adapters injected in place
     (``peft.inject_adapter_in_model``, in the model's dtype) and every other weight frozen, as ``get_peft_model``
-    leaves it."""
+    leaves it; with ``fp32_adapters`` the adapters stay fp32 (PEFT's default, ``autocast_adapter_dtype``) and the
+    forward runs under ``torch.autocast`` in the model's dtype, as ``Trainer`` runs it with ``bf16=True``."""
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention must be 'sdpa' or 'eager', not {attention!r}")
     start = time.perf_counter()
     case = CASES[case_name]
     model = build_model(case_name, attention, dtype, dropout, experts_implementation)
     if lora is not None:
-        model = _with_lora(model, lora)
+        model = _with_lora(model, lora, fp32_adapters)
     layers = _decoder_layers(model)
     use_reentrant = _enable_checkpointing(model) if checkpointing else None
     if not checkpointing:
@@ -674,6 +676,8 @@ def measure(
             if checkpointing:
                 stack.enter_context(_watch_checkpoints(layers, internal, closure, ckpt_inputs))
             stack.enter_context(recorder.recording())
+            if fp32_adapters:
+                stack.enter_context(torch.autocast("cpu", dtype=dtype))
             torch.manual_seed(2)
             out = model(**kwargs)
             loss = out.loss
@@ -761,21 +765,23 @@ def measure(
             )
         m.closure_bytes = sum(k.bytes for k in m.closure)
         del loss
-        m.rebuild, m.rebuild_bytes, m.rebuild_new_bytes = _rebuild_layer(model, layers[0], captured, exclude)
+        # the checkpoint replays a layer under the autocast state of its forward (torch.utils.checkpoint)
+        with torch.autocast("cpu", dtype=dtype) if fp32_adapters else contextlib.nullcontext():
+            m.rebuild, m.rebuild_bytes, m.rebuild_new_bytes = _rebuild_layer(model, layers[0], captured, exclude)
     m.seconds = time.perf_counter() - start
     return m
 
 
-def _with_lora(model: torch.nn.Module, lora: dict[str, Any]) -> torch.nn.Module:
-    """The model with PEFT's LoRA adapters injected and only they trained; the cached model is dropped, since the
-    adapters change it in place."""
+def _with_lora(model: torch.nn.Module, lora: dict[str, Any], fp32_adapters: bool = False) -> torch.nn.Module:
+    """The model with PEFT's LoRA adapters injected and only they trained, in the model's dtype or in fp32; the
+    cached model is dropped, since the adapters change it in place."""
     import peft  # only the LoRA cases need it
 
     _MODEL_CACHE.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = peft.inject_adapter_in_model(peft.LoraConfig(**lora), model)
-    dtype = model.get_input_embeddings().weight.dtype
+    dtype = torch.float32 if fp32_adapters else model.get_input_embeddings().weight.dtype
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
         if "lora_" in name:

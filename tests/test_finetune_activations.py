@@ -104,6 +104,31 @@ def test_bytes_kept_for_backward_match_a_peft_lora_model(name, targets, dropout,
     assert abs(ours / whole - 1) < TOLERANCE, f"measured {whole:,} B, lmcalc {ours:,.0f} B ({ours / whole - 1:+.2%})"
 
 
+MIXED = resolve_precision("bf16-mixed").spec  # the adapters are the master copy: fp32
+FP32_CASES = [
+    ("llama-small", t, d, c) for t in ("all-linear", "q_proj,v_proj") for d in (0.0, 0.1) for c in (False, True)
+]
+
+
+@pytest.mark.parametrize(("name", "targets", "dropout", "checkpointing"), FP32_CASES)
+def test_fp32_adapters_under_autocast_keep_their_own_input_copies(name, targets, dropout, checkpointing):
+    # PEFT's default keeps the adapters in fp32 on a bf16 base; Trainer's bf16 autocast then casts each adapter's
+    # input back to bf16 for its matmul, and that copy is what A keeps: one per adapter (the bf16-mixed recipe's
+    # rule). With lora_dropout the dropout runs on PEFT's fp32 copy, whose mask PyTorch's CPU dropout keeps in fp32
+    # (a bool on CUDA): mask_bytes 4 here.
+    lora = {"r": RANK, "lora_alpha": 2 * RANK, "lora_dropout": dropout}
+    lora["target_modules"] = targets if targets == "all-linear" else targets.split(",")
+    m = hf_saved.measure(name, "sdpa", 128, 2, checkpointing, use_cache=False, lora=lora, fp32_adapters=True)
+    whole = m.total_bytes + m.closure_bytes + m.rebuild_new_bytes
+    w = Workload(
+        model_spec(name), MIXED, resolve_optimizer("adamw").spec, 128, 2, "flash",
+        "full" if checkpointing else "none", mask_bytes=4, framework=framework_profile("transformers"),
+        method=Method("lora", RANK, parse_targets(targets), dropout),
+    )  # fmt: skip
+    ours = stage_activations(w, Layout(), 0).total
+    assert abs(ours / whole - 1) < TOLERANCE, f"measured {whole:,} B, lmcalc {ours:,.0f} B ({ours / whole - 1:+.2%})"
+
+
 def test_lora_keeps_less_than_full_training():
     # The mechanism, by hand, for the small Llama (h 256, f 896, s·b = 256 tokens, bf16): a frozen layer drops the
     # normalised values of its two norms (2·s·b·h·2 B) and the inputs of Q/K/V, gate/up and down kept only for

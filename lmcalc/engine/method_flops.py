@@ -150,8 +150,14 @@ def napkin_method_flops(model: ModelSpec, method: Method) -> tuple[float, str]:
     them. N counts the active parameters of an MoE model."""
     n = napkin_params(model)
     trained = trained_params(model, method)
+    formula = napkin_method_flops_formula(method)
     if method.adapters:
-        return 4 * n + 6 * trained, "4·N + 6·N_adapters"
+        return 4 * n + 6 * trained, formula
     if method.kind == "freeze":
-        return 2 * n + 4 * trained, "2·N + 4·N_trained"
-    return 6 * n, "6·N"
+        return 2 * n + 4 * trained, formula
+    return 6 * n, formula
+
+
+def napkin_method_flops_formula(method: Method) -> str:
+    """The napkin rule's per-token formula under ``method`` (``napkin_method_flops``)."""
+    return {"full": "6·N", "freeze": "2·N + 4·N_trained"}.get(method.kind, "4·N + 6·N_adapters")

@@ -59,8 +59,8 @@ def method_section(w: Workload, layout: Layout, gpu: GpuMemory, gpus_per_node: i
         if offload.params:
             parts += " + 16-bit weights and gradients"
         terms.append(Term("offloaded", f"Offloaded to {where}, per GPU", gpu.offloaded, "bytes", parts,
-                          f"{FP32_GRAD_COPY} B per trained parameter for the gradients' fp32 copy",
-                          source=OFFLOAD_SOURCES))  # fmt: skip
+                          source=OFFLOAD_SOURCES,
+                          note=f"{FP32_GRAD_COPY} B per trained parameter for the gradients' fp32 copy"))  # fmt: skip
         terms.append(Term("offloaded_per_node", f"Offloaded to {where}, per node", per_node, "bytes",
                           "per GPU · GPUs of a node", note="the host's staging buffers are not counted"))  # fmt: skip
     return Section("method", "Fine-tuning method and offload", tuple(terms))

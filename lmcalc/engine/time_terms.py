@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lmcalc.engine import rates
 from lmcalc.engine.layout import Layout
+from lmcalc.engine.offload import NO_OFFLOAD, Offload
 from lmcalc.engine.steptime import StepTime
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import SpeedRule
@@ -59,8 +60,10 @@ def compute_text(w: Workload, cluster: Cluster) -> str:
     )
 
 
-def step_time_section(t: StepTime, layout: Layout, title: str = "Step time of the best layout") -> Section:
-    """The step's parts, each with its formula and numbers."""
+def step_time_section(
+    t: StepTime, layout: Layout, title: str = "Step time of the best layout", offload: Offload = NO_OFFLOAD
+) -> Section:
+    """The step's parts, each with its formula and numbers (under ``offload``, the optimizer's offloaded cost)."""
     m = layout.grad_accum
     cal = rates.CALIBRATION
     pace = (
@@ -175,11 +178,19 @@ def step_time_section(t: StepTime, layout: Layout, title: str = "Step time of th
             ),
             Term(
                 "optimizer",
-                "Optimizer step and clipping",
+                "Optimizer step and clipping" + (" (offloaded)" if offload.optimizer else ""),
                 t.optimizer,
                 "s",
-                "this GPU's states · (2 gradient reads + master and states read and written + weights written) / "
-                "(η · HBM bandwidth)",
+                "this GPU's trained parameters · (gradient + weight bytes) / host link + GPUs of the host · trained "
+                "parameters / CPU optimizer rate"
+                if offload.optimizer
+                else "this GPU's states · (2 gradient reads + master and states read and written + weights written) "
+                "/ (η · HBM bandwidth)",
+                f"host link {offload.host_link_gbps:g} GB/s, CPU {offload.cpu_optimizer_params_per_s:.3g} "
+                "parameters/s (assumptions unless given); not overlapped"
+                if offload.optimizer
+                else "",
+                source="Ren et al. 2021 (ZeRO-Offload) §4" if offload.optimizer else "",
             ),
             Term("total", "Step time", t.total, "s", "sum of the rows above"),
             Term(

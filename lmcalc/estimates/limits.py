@@ -193,12 +193,12 @@ def _checkpointed(w: Workload, layout: Layout, capacity: float) -> Section:
                 label,
                 limit.value or 0,
                 unit,
-                f"--recompute full, every other setting as above; {where}",
+                f"{flag('recompute')} full, every other setting as above; {where}",
                 note=f"binding: {limit.binding}",
-                source="Chen et al. 2016; Korthikanti et al. 2022 §4.2.3",
+                source=CHECKPOINTING,
             )  # fmt: skip
         )
-    return Section("checkpointed", "With gradient checkpointing (--recompute full)", tuple(terms))
+    return Section("checkpointed", f"With gradient checkpointing ({flag('recompute')} full)", tuple(terms))
 
 
 # ------------------------------------------------------------------------------------------------- max-params

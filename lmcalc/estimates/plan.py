@@ -298,13 +298,13 @@ def plan_estimate(
         "plan",
         f"The best layout for {model.label} on {cluster.label}",
         inputs,
-        winner_sections(winner, Capacity.of(cluster.hardware)),
+        winner_sections(winner, Capacity.of(cluster.hardware), cluster.gpus_per_node),
         (best, assumptions),
     )
     return PlanEstimate(checked(ranked), checked(derived), tuple(found.fitting), found.evaluated)
 
 
-def winner_sections(winner: pl.Candidate, capacity: Capacity) -> tuple[Section, ...]:
+def winner_sections(winner: pl.Candidate, capacity: Capacity, gpus_per_node: int) -> tuple[Section, ...]:
     """The winning layout's memory and time, term by term, for ``plan --explain``."""
-    memory = memory_sections(winner.workload, winner.layout, winner.memory, capacity)
-    return (*memory, step_time_section(winner.time, winner.layout))
+    memory = memory_sections(winner.workload, winner.layout, winner.memory, capacity, gpus_per_node)
+    return (*memory, step_time_section(winner.time, winner.layout, offload=winner.workload.offload))

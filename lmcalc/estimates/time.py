@@ -10,7 +10,7 @@ from lmcalc.engine import flops as fl
 from lmcalc.engine import optimal as opt
 from lmcalc.engine.choices import FLOPS_BASES
 from lmcalc.engine.method import FULL, Method, check_method
-from lmcalc.engine.method_flops import method_step_flops, napkin_method_flops
+from lmcalc.engine.method_flops import method_step_flops, napkin_method_flops, napkin_method_flops_formula
 from lmcalc.engine.time import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
@@ -129,6 +129,13 @@ def train_time(
     return train_time_estimate(resolved, tokens_in, mfu_in, recipe, timing)
 
 
+def flops_basis_text(basis: str, method: Method) -> str:
+    """What the FLOPs row counts, for the inputs table: 6·N·D, its fine-tuning form, or the detailed count."""
+    if basis != "6nd":
+        return "detailed"
+    return "6·N·D" if method.kind == "full" else f"({napkin_method_flops_formula(method)})·D"
+
+
 def run_tokens(tokens: Count | None, dataset: Count | None, epochs: float, model: ModelSpec, method: Method) -> Given:
     """The tokens a run trains on: ``dataset`` × ``epochs`` for a fine-tune, or ``tokens``, else (full training
     only) the preset's published count or 20 per parameter."""
@@ -140,7 +147,7 @@ def run_tokens(tokens: Count | None, dataset: Count | None, epochs: float, model
                 f"{setting('epochs')}, not both"
             )
         size = count(dataset, "dataset_tokens")
-        return Given(size * epochs, f"{setting('dataset_tokens')} {size:.4g} × {setting('epochs')} {epochs:g}")
+        return Given(size * epochs, f"{flag('dataset_tokens')} {size:.4g} × {flag('epochs')} {epochs:g}")
     if epochs != 1:
         raise LmcalcError(f"{setting('epochs')} counts passes over {setting('dataset_tokens')}: give that too")
     if tokens is None and method.kind != "full":
@@ -213,7 +220,7 @@ def train_time_estimate(
         Input(
             "flops_basis",
             "FLOPs counted",
-            "6·N·D" if where.basis == "6nd" else "detailed",
+            flops_basis_text(where.basis, where.method),
             origin="--flops-basis 6nd: the napkin rule (Kaplan et al. 2020)"
             if where.basis == "6nd"
             else f"--flops-basis detailed: causal matmul count at s = {int(seq.value)}",
