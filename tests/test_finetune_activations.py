@@ -145,3 +145,24 @@ def test_lora_keeps_less_than_full_training():
     )
     tokens = 256
     assert per_layer == 2 * tokens * 256 * 2 - 7 * tokens * 8 * 2
+
+
+DORA_CASES = [(t, d, c) for t in ("all-linear", "q_proj,v_proj") for d in (0.0, 0.1) for c in (False, True)]
+
+
+@pytest.mark.parametrize(("targets", "dropout", "checkpointing"), DORA_CASES)
+def test_dora_keeps_both_products_for_the_magnitude(targets, dropout, checkpointing):
+    # PEFT's DoRA: (m/‖W + s·B·A‖ − 1)·(W·x) + m/‖W + s·B·A‖·(s·B·A·x); the magnitude's gradient needs W·x and
+    # s·B·A·x, each s·b·out per adapted module, and the norm and two scales, out each
+    lora = {"r": RANK, "lora_alpha": 2 * RANK, "lora_dropout": dropout, "use_dora": True}
+    lora["target_modules"] = targets if targets == "all-linear" else targets.split(",")
+    m = hf_saved.measure("llama-small", "sdpa", 128, 2, checkpointing, use_cache=False, lora=lora)
+    whole = m.total_bytes + m.closure_bytes + m.rebuild_new_bytes
+    w = Workload(
+        model_spec("llama-small"), PRECISION, resolve_optimizer("adamw").spec, 128, 2, "flash",
+        "full" if checkpointing else "none", mask_bytes=dropout_mask_bytes("cpu", PRECISION),
+        framework=framework_profile("transformers"),
+        method=Method("lora", RANK, parse_targets(targets), dropout, dora=True),
+    )  # fmt: skip
+    ours = stage_activations(w, Layout(), 0).total
+    assert abs(ours / whole - 1) < TOLERANCE, f"measured {whole:,} B, lmcalc {ours:,.0f} B ({ours / whole - 1:+.2%})"

@@ -46,6 +46,12 @@ CASES = (
     [(arch, Method("lora", 8, parse_targets(t))) for arch, sets in LORA.items() for t in sets]
     + [(arch, Method()) for arch in CONFIGS]
     + [(arch, Method("freeze", freeze_layers=n)) for arch in ("llama", "gpt2", "mixtral") for n in (1, 2)]
+    # DoRA: B·A built from an identity every forward; with dropout PEFT recomputes W·dropout(x)
+    + [
+        (a, Method("lora", 8, parse_targets(t), d, dora=True))
+        for a, t in (("llama", "all-linear"), ("llama", "q_proj,v_proj"), ("qwen2", "k_proj"))
+        for d in (0.0, 0.1)
+    ]  # fmt: skip
 )
 
 
@@ -68,7 +74,10 @@ def counted(arch: str, method: Method, targets: str | None) -> float:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             modules = "all-linear" if targets == "all-linear" else targets.split(",")
-            model = peft.get_peft_model(model, peft.LoraConfig(r=method.lora_rank, target_modules=modules))
+            lora = peft.LoraConfig(
+                r=method.lora_rank, target_modules=modules, lora_dropout=method.lora_dropout, use_dora=method.dora
+            )
+            model = peft.get_peft_model(model, lora)
     model.train()
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
     with FlopCounterMode(display=False) as counter:
@@ -85,7 +94,7 @@ def test_step_flops_equal_flop_counter_mode(arch: str, method: Method):
     targets = None
     if method.adapters:
         targets = next(t for t in LORA[arch] if parse_targets(t) == method.lora_targets)
-    ours = method_step_flops(lmcalc_model(arch), method, SEQ, "none", "full").model * SEQ * BATCH
+    ours = method_step_flops(lmcalc_model(arch), method, SEQ, "none", "full", BATCH).model * SEQ * BATCH
     assert ours == pytest.approx(counted(arch, method, targets), rel=1e-12)
 
 

@@ -66,16 +66,18 @@ TARGETS = {
     "deepseek_v3": ["q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "q_b_proj,kv_b_proj"],
 }
 CASES = [(arch, targets, rank) for arch, sets in TARGETS.items() for targets in sets for rank in (4, 16)]
+DORA = [("llama", "all-linear"), ("llama", "q_proj,v_proj"), ("qwen2", "k_proj,o_proj,down_proj"), ("gpt2", "c_attn")]
 
 
-def peft_counts(arch: str, targets: str, rank: int) -> tuple[int, int]:
+def peft_counts(arch: str, targets: str, rank: int, dora: bool = False) -> tuple[int, int]:
     config = CONFIGS[arch]()
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     target_modules = "all-linear" if targets == "all-linear" else targets.split(",")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=rank, target_modules=target_modules))
+        config = peft.LoraConfig(r=rank, target_modules=target_modules, use_dora=dora)
+        wrapped = peft.get_peft_model(model, config)
     return wrapped.get_nb_trainable_parameters()
 
 
@@ -104,3 +106,12 @@ def test_gpt2_fused_qkv_is_one_adapter_not_three():
     gpt2 = resolve_model("gpt2-124m").spec
     method = Method("lora", 8, parse_targets("c_attn"))
     assert sum(t.total for t in adapter_tensors(gpt2, method)) == 294_912
+
+
+@pytest.mark.parametrize(("arch", "targets"), DORA, ids=[f"{a}-{t}" for a, t in DORA])
+def test_dora_adds_one_magnitude_per_output(arch: str, targets: str):
+    # Liu et al. 2024 (DoRA): each adapted module also trains a magnitude vector of its out features
+    trainable, _ = peft_counts(arch, targets, 8, dora=True)
+    model = lmcalc_model(arch)
+    method = Method("lora", 8, parse_targets(targets), dora=True)
+    assert sum(t.total for t in adapter_tensors(model, method)) == trainable

@@ -182,6 +182,12 @@ FINETUNE_OPTIONS = (
     Option.of(
         "freeze_layers", int, TRAINING_DEFAULTS["freeze_layers"], "Freeze method: the bottom layers kept frozen."
     ),
+    Option.of(
+        "dora",
+        bool,
+        TRAINING_DEFAULTS["dora"],
+        "LoRA/QLoRA as DoRA (PEFT's use_dora): a trained magnitude per output, and the weight norm every forward.",
+    ),
 )
 """The fine-tuning method (``estimates.inputs.MethodSettings``)."""
 

@@ -220,6 +220,13 @@ def _under_method(w: Workload, tensors: list[SavedTensor], moe_layer: bool) -> l
             kept.append(SavedTensor(f"{label}: its input copy (A's input)", symbol, n, act, split=split, block=block))
             if w.method.lora_dropout > 0:
                 kept.append(SavedTensor(f"{label}: dropout mask", symbol, n, w.mask_bytes, split=split, block=block))
+        if w.method.dora:  # (m/‖W+sBA‖ − 1)·(W·x) + m/‖W+sBA‖·s·B·A·x: the magnitude's gradient needs both products
+            out_split = "seq" if m.outputs == w.model.hidden_size else "tp"
+            n, symbol = rows * m.outputs, f"{rows_symbol}·{m.outputs}"
+            for what in ("the base output W·x", "the scaled adapter output s·B·A·x"):
+                kept.append(SavedTensor(f"{label}: {what} (DoRA)", symbol, n, act, split=out_split, block=block))
+            kept.append(SavedTensor(f"{label}: norm and scales (DoRA)", f"3·{m.outputs}", 3 * m.outputs, act,
+                                    split="none", block=block))  # fmt: skip
     return kept
 
 

@@ -31,7 +31,7 @@ from lmcalc.engine.activations import (
 )
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.layout import ActivationLayout, Layout
-from lmcalc.engine.method import largest_quantised
+from lmcalc.engine.method import dora_temporaries, largest_quantised
 from lmcalc.engine.offload import FP32_GRAD_COPY
 from lmcalc.engine.pipeline import (
     PipelineSplit,
@@ -402,7 +402,8 @@ def _layout_buffers(w: Workload, layout: Layout) -> float:
 def _buffers(w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, replicated: bool) -> float:
     """The framework's buffers: sequence-parallel all-gather buffers of a full-sequence layer input, pipeline
     send/receive tensors of a layer boundary, the data-parallel reduce bucket, cuBLAS and NCCL workspaces; under
-    QLoRA the largest 4-bit weight dequantised into the compute dtype (bitsandbytes' MatMul4Bit backward)."""
+    QLoRA the largest 4-bit weight dequantised into the compute dtype (bitsandbytes' MatMul4Bit backward); under
+    DoRA the weight-sized temporaries of one module's norm."""
     rules, act = w.framework.buffers, w.precision.activation_bytes
     layer_input = w.tokens * w.model.hidden_size * act / cp
     total = rules.workspace_bytes
@@ -414,6 +415,8 @@ def _buffers(w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, re
         total += rules.reduce_bucket_elements * w.precision.grad_bytes
     if w.method.kind == "qlora":  # one 4-bit weight dequantised at a time into the compute dtype, for its backward
         total += largest_quantised(w.model) / tp * w.precision.activation_bytes
+    if w.method.dora:  # one adapted module's weight norm at a time: the identity, B·A and W + s·B·A (engine.method)
+        total += dora_temporaries(w.model, w.method) * w.precision.activation_bytes
     return total
 
 

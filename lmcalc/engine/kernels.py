@@ -147,7 +147,8 @@ def _live_shares(model: ModelSpec, method: Method) -> dict[str, float]:
 
 def _adapter_gemms(w: Workload, ep: int, tokens: float, moe: bool) -> list[Gemm]:
     """One layer's LoRA GEMMs: for each adapted module, A (r × in) and B (out × r) over the tokens it sees, each
-    with both gradients (lmcalc keeps the adapters whole on every tensor-parallel rank)."""
+    with both gradients (lmcalc keeps the adapters whole on every tensor-parallel rank); with DoRA, its weight
+    norm's product and, under dropout, the base product PEFT makes again."""
     gemms = []
     r = w.method.lora_rank
     for m in adapted_modules(w.model, w.method):
@@ -164,6 +165,13 @@ def _adapter_gemms(w: Workload, ep: int, tokens: float, moe: bool) -> list[Gemm]
             Gemm(f"{m.name}.lora_A", rows, r, m.inputs, count),
             Gemm(f"{m.name}.lora_B", rows, m.outputs, r, count),
         ]
+        if w.method.dora:  # B·A built from an in × in identity for the weight norm, forward only (dora_forward)
+            gemms += [
+                Gemm(f"{m.name}.dora_A", m.inputs, r, m.inputs, count, 0.0, 0.0),
+                Gemm(f"{m.name}.dora_B", m.inputs, m.outputs, r, count, 0.0, 0.0),
+            ]
+        if w.method.dora and w.method.lora_dropout:  # PEFT recomputes W·dropout(x) for DoRA's base term
+            gemms.append(Gemm(f"{m.name}.dora_base", rows, m.outputs, m.inputs, count, 1.0, 0.0))
     return gemms
 
 

@@ -10,6 +10,9 @@ ones cost, and which linear layers grow adapters.
   et al. 2023, §3): per 64-element block one 8-bit absmax, itself quantised with one fp32 scale per 256 blocks,
   i.e. 4 + 8/64 + 32/(64·256) = 4.127 bits per weight, and per tensor bitsandbytes' small constants
   (``nf4_bytes``). The output head, embeddings, norms, routers and biases stay unquantised.
+* DoRA (Liu et al. 2024, with ``lora`` or ``qlora``): each adapted W becomes m · (W + s·B·A)/‖W + s·B·A‖, with a
+  trained magnitude m of ``out`` values per module; PEFT computes the norm (detached, §4.3) from the whole B·A
+  every forward pass.
 * ``freeze``: the embedding and the bottom ``freeze_layers`` layers are frozen; the layers above them, the final
   norm and an untied head are trained as in full fine-tuning.
 
@@ -85,6 +88,7 @@ class Method:
     lora_dropout: float = 0.0
     freeze_layers: int = 0
     kbit_upcast: bool = True
+    dora: bool = False
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,13 +105,15 @@ class Method:
                 f"the freeze method needs {setting('freeze_layers')}: how many bottom layers stay frozen (the layers "
                 "above them, the final norm and the head are trained)"
             )
+        if self.dora and not self.adapters:
+            raise LmcalcError(f"{setting('dora')} decomposes LoRA's update: it needs the lora or qlora method")
         if self.kind != "freeze" and self.freeze_layers:
             raise LmcalcError(f"{setting('freeze_layers')} applies to the freeze method only, not {self.kind}")
         for target in self.lora_targets:
             if target != ALL_LINEAR and target not in LINEAR_NAMES:
                 raise LmcalcError(f"unknown LoRA target {target!r}: use parse_targets to read Hugging Face names")
         object.__setattr__(self, "_hash", hash((self.kind, self.lora_rank, self.lora_targets, self.lora_dropout,
-                                                self.freeze_layers, self.kbit_upcast)))  # fmt: skip
+                                                self.freeze_layers, self.kbit_upcast, self.dora)))  # fmt: skip
 
     def __hash__(self) -> int:
         return self._hash
@@ -122,7 +128,8 @@ class Method:
         if self.adapters:
             targets = ",".join(self.lora_targets)
             dropout = f", dropout {self.lora_dropout:g}" if self.lora_dropout else ""
-            return f"{'LoRA' if self.kind == 'lora' else 'QLoRA'} r={self.lora_rank} on {targets}{dropout}"
+            name = ("LoRA" if self.kind == "lora" else "QLoRA") + (" + DoRA" if self.dora else "")
+            return f"{name} r={self.lora_rank} on {targets}{dropout}"
         if self.kind == "freeze":
             return f"freeze the bottom {self.freeze_layers} layers"
         return "full (every weight trained)"
@@ -231,7 +238,8 @@ def adapted_modules(model: ModelSpec, method: Method) -> tuple[LinearModule, ...
 
 @functools.lru_cache(maxsize=1024)
 def adapter_tensors(model: ModelSpec, method: Method) -> tuple[WeightTensor, ...]:
-    """The adapters' weights: for each targeted module, A (r × in) and B (out × r) (Hu et al. 2021 §4.1)."""
+    """The adapters' weights: for each targeted module, A (r × in) and B (out × r) (Hu et al. 2021 §4.1), and with
+    DoRA a magnitude vector of ``out`` (Liu et al. 2024)."""
     r = method.lora_rank
     tensors = []
     for m in adapted_modules(model, method):
@@ -241,6 +249,9 @@ def adapter_tensors(model: ModelSpec, method: Method) -> tuple[WeightTensor, ...
                     f"{m.name}.lora_{part}.weight", "adapters", shape, symbols, m.count, m.count_symbol, m.active, True
                 )  # fmt: skip
             )
+        if method.dora:  # DoRA's magnitude: one trained scale per output (Liu et al. 2024, eq. 5)
+            tensors.append(WeightTensor(f"{m.name}.lora_magnitude", "adapters", (m.outputs,), ("out",), m.count,
+                                        m.count_symbol, m.active, False))  # fmt: skip
     return tuple(tensors)
 
 
@@ -249,6 +260,14 @@ def quantised(tensor: WeightTensor) -> bool:
     replaces their ``nn.Linear``), not the head (transformers leaves the output embedding unquantised), nor the
     routers, embeddings, norms or biases."""
     return tensor.matmul and tensor.name.endswith(".weight") and len(tensor.shape) == 2 and tensor.group != "router"
+
+
+def dora_temporaries(model: ModelSpec, method: Method) -> int:
+    """Elements DoRA's forward holds at once for its largest adapted module's weight norm, as PEFT computes it:
+    the in × in identity B·A is built from, B·A itself (out × in) and W + s·B·A (out × in). An estimate of the
+    peak of these temporaries, which the forward frees module by module; not measured."""
+    modules = adapted_modules(model, method) if method.dora else ()
+    return max((m.inputs * m.inputs + 2 * m.outputs * m.inputs for m in modules), default=0)
 
 
 def largest_quantised(model: ModelSpec) -> int:

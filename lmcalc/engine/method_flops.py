@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.flops import effective_keys, napkin_params
-from lmcalc.engine.method import Method, adapted_modules, in_layer, linear_modules, trained_params
+from lmcalc.engine.method import LinearModule, Method, adapted_modules, in_layer, linear_modules, trained_params
 from lmcalc.specs import ModelSpec
 
 READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a")
@@ -79,16 +79,36 @@ def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
     return layers
 
 
+def dora_forward(module: LinearModule, r: int, model: ModelSpec) -> float:
+    """DoRA's extra matmuls per forward pass of one layer's copies of ``module`` (PEFT's ``get_lora_weight``): B·A
+    built as B(A(I)) from an in × in identity, 2·in·in·r + 2·in·r·out, for the weight norm; detached, so it has
+    no backward."""
+    copies = module.count / _layers_with(model, module.count_symbol)
+    return copies * (2 * module.inputs * module.inputs * r + 2 * module.inputs * r * module.outputs)
+
+
+def _layers_with(model: ModelSpec, count_symbol: str) -> int:
+    """How many layers hold a module counted with ``count_symbol``."""
+    layers = {"L": model.num_layers, "L_dense": model.moe.dense_layers if model.moe else 0}.get(count_symbol)
+    return layers or model.moe_layers
+
+
 def _per_layer_copies(model: ModelSpec, count_symbol: str, active: float) -> float:
     """Copies of a module one token uses in one layer that has it."""
-    layers = {"L": model.num_layers, "L_dense": model.moe.dense_layers if model.moe else 0}.get(count_symbol)
-    return active / (layers if layers else model.moe_layers)
+    return active / _layers_with(model, count_symbol)
 
 
 def method_step_flops(
-    model: ModelSpec, method: Method, seq_len: int, recompute: Recompute = "none", convention: AttnConvention = "full"
+    model: ModelSpec,
+    method: Method,
+    seq_len: int,
+    recompute: Recompute = "none",
+    convention: AttnConvention = "full",
+    micro_batch: int = 1,
 ) -> MethodFlops:
-    """FLOPs per token of a training step that trains what ``method`` trains (module docstring)."""
+    """FLOPs per token of a training step that trains what ``method`` trains (module docstring), in micro-batches
+    of ``micro_batch`` sequences (DoRA's per-forward work is shared by a micro-batch's tokens)."""
+    tokens = seq_len * micro_batch
     adapted = {m.name for m in adapted_modules(model, method)}
     r = method.lora_rank
     keys = effective_keys(seq_len, convention)
@@ -119,6 +139,11 @@ def method_step_flops(
                     wg += a + b
                     i += b + (a if reads_grad else 0.0)
                     m_out = True
+                    if method.dora:
+                        f += dora_forward(m, r, model) / tokens
+                        if method.lora_dropout:  # PEFT recomputes W·dropout(x) for DoRA's base term
+                            f += mm
+                            i += mm if reads_grad else 0.0
                 any_out = any_out or m_out
                 outs[m.leaf] = outs.get(m.leaf, False) or m_out
                 if m.leaf not in OUTPUT_PROJECTIONS:

@@ -25,6 +25,7 @@ from lmcalc.result import Section, Term
 from lmcalc.units import group
 
 HU = "Hu et al. 2021 (LoRA) §4.1"
+DORA = "Hu et al. 2021 (LoRA) §4.1; Liu et al. 2024 (DoRA) eq. 5; PEFT's DoraLinearLayer"
 OFFLOAD_SOURCES = "Ren et al. 2021 (ZeRO-Offload) §4.1; Rajbhandari et al. 2021 (ZeRO-Infinity)"
 QLORA = "Dettmers et al. 2023 (QLoRA) §3; bitsandbytes quantize_4bit (blocksize 64, compress_statistics)"
 
@@ -43,8 +44,9 @@ def method_section(w: Workload, layout: Layout, gpu: GpuMemory, gpus_per_node: i
         total = trained + frozen_params(model, method)
         held = trained_held(model, method, layout.tp, layout.ep, built)
         frozen = frozen_held(model, method, precision.param_bytes, layout.tp, layout.ep, built)
+        source = (DORA if method.dora else HU) if method.adapters else ""
         terms.append(Term("method", method.label, trained, "params", _trained_formula(w), _adapter_numbers(w),
-                          source=HU if method.adapters else "", note=f"of {group(round(total))} in all "
+                          source=source, note=f"of {group(round(total))} in all "
                           f"({100 * trained / total:.3g} % trained)"))  # fmt: skip
         terms.append(Term("trained_per_gpu", "Trained parameters on this GPU (N_train, before ZeRO)", held.total,
                           "params", "the adapters, kept whole on every TP rank" if method.adapters else
@@ -69,7 +71,8 @@ def method_section(w: Workload, layout: Layout, gpu: GpuMemory, gpus_per_node: i
 def _trained_formula(w: Workload) -> str:
     method = w.method
     if method.adapters:
-        return "Σ adapted modules · r·(in + out)  (A: r × in, B: out × r)"
+        dora = " + out (DoRA's magnitude)" if method.dora else ""
+        return f"Σ adapted modules · (r·(in + out){dora})  (A: r × in, B: out × r)"
     return f"every weight of layers {method.freeze_layers}..L−1, the final norm and an untied head"
 
 

@@ -62,6 +62,7 @@ class FineTuneSettings(TypedDict, total=False):
     lora_targets: str | list[str]  # q,k,v,o,gate,up,down (or Hugging Face names), or all-linear
     lora_dropout: float  # PEFT's lora_dropout
     freeze_layers: int  # the freeze method's frozen bottom layers
+    dora: bool  # LoRA/QLoRA as DoRA: a trained magnitude per output (Liu et al. 2024)
 
 
 class MethodSettings(FineTuneSettings, total=False):
@@ -102,6 +103,7 @@ TRAINING_DEFAULTS: TrainingSettings = {
     "lora_targets": ALL_LINEAR,
     "lora_dropout": 0.0,
     "freeze_layers": 0,
+    "dora": False,
     "kbit_upcast": True,
     "offload": "none",
     "offload_device": "cpu",
@@ -204,6 +206,7 @@ def method_of(given: Mapping[str, Any]) -> Method:
         settings["lora_dropout"],
         settings["freeze_layers"],
         settings["kbit_upcast"],
+        settings["dora"],
     )
 
 
