@@ -71,8 +71,9 @@ def method_section(w: Workload, layout: Layout, gpu: GpuMemory, gpus_per_node: i
 def _trained_formula(w: Workload) -> str:
     method = w.method
     if method.adapters:
-        dora = " + out (DoRA's magnitude)" if method.dora else ""
-        return f"Σ adapted modules · (r·(in + out){dora})  (A: r × in, B: out × r)"
+        if method.dora:
+            return "Σ adapted modules · (r·(in + out) + out)  (A: r × in, B: out × r, DoRA's magnitude: out)"
+        return "Σ adapted modules · r·(in + out)  (A: r × in, B: out × r)"
     return f"every weight of layers {method.freeze_layers}..L−1, the final norm and an untied head"
 
 
