@@ -17,23 +17,16 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from hf_small import lmcalc_model as model_of  # noqa: E402
+from hf_small import small_config  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from lmcalc.engine.method import Method, parse_targets  # noqa: E402
 from lmcalc.engine.method_flops import method_step_flops  # noqa: E402
-from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
-SMALL = dict(vocab_size=512, hidden_size=128, num_attention_heads=4, num_hidden_layers=3, intermediate_size=352)
-CONFIGS = {
-    "llama": lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2),
-    "qwen2": lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
-    "olmo2": lambda: transformers.Olmo2Config(**SMALL, num_key_value_heads=4),
-    "gpt2": lambda: transformers.GPT2Config(
-        vocab_size=512, n_embd=96, n_layer=3, n_head=4, n_positions=256, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
-    ),
-    "mixtral": lambda: transformers.MixtralConfig(**SMALL, num_key_value_heads=2, num_local_experts=4),
-}
+ARCHS = ("llama", "qwen2", "olmo2", "gpt2", "mixtral")
+LAYERS = 3
 LORA = {
     "llama": ["all-linear", "q_proj,v_proj", "gate_proj,up_proj,down_proj", "o_proj"],
     "qwen2": ["all-linear", "k_proj"],
@@ -44,7 +37,7 @@ LORA = {
 SEQ, BATCH = 64, 2
 CASES = (
     [(arch, Method("lora", 8, parse_targets(t))) for arch, sets in LORA.items() for t in sets]
-    + [(arch, Method()) for arch in CONFIGS]
+    + [(arch, Method()) for arch in ARCHS]
     + [(arch, Method("freeze", freeze_layers=n)) for arch in ("llama", "gpt2", "mixtral") for n in (1, 2)]
     # DoRA: B·A built from an identity every forward; with dropout PEFT recomputes W·dropout(x)
     + [
@@ -57,7 +50,7 @@ CASES = (
 
 def counted(arch: str, method: Method, targets: str | None) -> float:
     torch.manual_seed(0)
-    config = CONFIGS[arch]()
+    config = small_config(arch, LAYERS)
     config._attn_implementation = "eager"
     kwargs = {"experts_implementation": "eager"} if arch == "mixtral" else {}  # a loop of F.linear: counted
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kwargs)
@@ -86,7 +79,7 @@ def counted(arch: str, method: Method, targets: str | None) -> float:
 
 
 def lmcalc_model(arch: str) -> ModelSpec:
-    return ModelSpec.model_validate(model_from_hf_config(CONFIGS[arch]().to_dict(), arch, arch))
+    return model_of(small_config(arch, LAYERS))
 
 
 @pytest.mark.parametrize(("arch", "method"), CASES, ids=[f"{a}-{m.label}" for a, m in CASES])

@@ -20,41 +20,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from hf_small import lmcalc_model as model_of  # noqa: E402
+from hf_small import small_config  # noqa: E402
+
 from lmcalc.engine.method import Method, adapter_tensors, parse_targets  # noqa: E402
 from lmcalc.engine.params import count_params  # noqa: E402
-from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
-SMALL = dict(vocab_size=512, hidden_size=128, num_attention_heads=4, num_hidden_layers=2, intermediate_size=352)
-CONFIGS = {
-    "llama": lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2),
-    "mistral": lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=1),
-    "qwen2": lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
-    "qwen3": lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=48),
-    "olmo2": lambda: transformers.Olmo2Config(**SMALL, num_key_value_heads=4),
-    "gpt2": lambda: transformers.GPT2Config(vocab_size=512, n_embd=96, n_layer=3, n_head=4, n_positions=256),
-    "mixtral": lambda: transformers.MixtralConfig(**SMALL, num_key_value_heads=2, num_local_experts=4),
-    "deepseek_v3": lambda: transformers.DeepseekV3Config(
-        vocab_size=512,
-        hidden_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        num_hidden_layers=2,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        q_lora_rank=48,
-        kv_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        n_group=2,
-        topk_group=1,
-    ),  # fmt: skip
-}
+LAYERS = 2
 TARGETS = {
     "llama": ["all-linear", "q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj", "gate_proj,up_proj,down_proj"],
     "mistral": ["all-linear", "q_proj,v_proj"],
@@ -70,7 +43,7 @@ DORA = [("llama", "all-linear"), ("llama", "q_proj,v_proj"), ("qwen2", "k_proj,o
 
 
 def peft_counts(arch: str, targets: str, rank: int, dora: bool = False) -> tuple[int, int]:
-    config = CONFIGS[arch]()
+    config = small_config(arch, LAYERS)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     target_modules = "all-linear" if targets == "all-linear" else targets.split(",")
@@ -82,7 +55,7 @@ def peft_counts(arch: str, targets: str, rank: int, dora: bool = False) -> tuple
 
 
 def lmcalc_model(arch: str) -> ModelSpec:
-    return ModelSpec.model_validate(model_from_hf_config(CONFIGS[arch]().to_dict(), arch, f"{arch} config"))
+    return model_of(small_config(arch, LAYERS))
 
 
 @pytest.mark.parametrize(("arch", "targets", "rank"), CASES, ids=[f"{a}-{t}-r{r}" for a, t, r in CASES])
