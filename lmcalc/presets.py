@@ -4,7 +4,7 @@ Built-in presets live in ``presets/`` at the top of the repository and are shipp
 ``lmcalc/presets``. ``LMCALC_PRESET_PATH`` (directories separated by ``os.pathsep``) adds the user's
 own, laid out the same way: ``models/*.yaml``, ``hardware/*.yaml``, ``frameworks/*.yaml``, ``precisions.yaml``,
 ``optimizers.yaml``. Wherever a preset name is accepted, a path to a YAML file (or, for models, a
-Hugging Face ``config.json``) is accepted too.
+Hugging Face ``config.json``) is accepted too, and for a model a Hugging Face Hub id (``lmcalc.hub``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, TypeVar, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from lmcalc import hub
 from lmcalc.errors import LmcalcError
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config
@@ -262,8 +263,11 @@ def _looks_like_path(name: str) -> bool:
     return os.sep in name or "/" in name or name.endswith((".yaml", ".yml", ".json"))
 
 
-def load_spec_file(path: Path, spec_type: type[S]) -> S:
-    """A user's own preset file: YAML for any kind; a HF ``config.json`` for a model."""
+def load_spec_file(path: Path, spec_type: type[S], hub_id: str | None = None) -> S:
+    """A user's own preset file: YAML for any kind; a HF ``config.json`` for a model (named after ``hub_id``, the
+    Hub repository it came from, when given)."""
+    if path.is_dir() and (path / "config.json").is_file():  # a downloaded model's directory
+        path = path / "config.json"
     if not path.is_file():
         raise LmcalcError(f"no such file: {path}")
     if path.suffix == ".json":
@@ -275,7 +279,8 @@ def load_spec_file(path: Path, spec_type: type[S]) -> S:
             raise LmcalcError(f"{path}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
         if spec_type is ModelSpec and isinstance(data, dict) and "name" not in data:
             name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
-            return validate(spec_type, model_from_hf_config(data, name, str(path)), str(path))
+            origin = f"{hub_id} (Hugging Face Hub config.json)" if hub_id else str(path)
+            return validate(spec_type, model_from_hf_config(data, hub_id or name, origin), origin)
         return validate(spec_type, data, str(path))
     return validate(spec_type, read_yaml(path), str(path))
 
@@ -290,6 +295,8 @@ class Resolved:
 
 
 def _resolve(kind: str, name: str, spec_type: type[S]) -> Resolved:
+    if spec_type is ModelSpec and hub.is_hub_id(name):  # org/name, and no such local file
+        return Resolved(load_spec_file(hub.config_path(name), spec_type, hub_id=name), f"Hugging Face Hub: {name}")
     if _looks_like_path(name):
         return Resolved(load_spec_file(Path(name).expanduser(), spec_type), name)
     reg = registry(kind)

@@ -32,7 +32,13 @@ def alternatives(options: tuple[object, ...], meanings: Mapping[object, str] | N
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Print the derivation: formula, numbers, sources.")]
 ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Model preset name, family name, YAML file or HF config.json.")
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Model preset name, family name, YAML file, HF config.json (or its directory), or Hugging Face Hub "
+        "id (org/name: the local cache first, then the Hub; needs lmcalc[hub]).",
+    ),
 ]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="Precision recipe (lmcalc presets list precisions).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer (lmcalc presets list optimizers).")]
