@@ -1,10 +1,11 @@
 """Reading a Hugging Face ``config.json`` as plain JSON (no transformers, no network) into ModelSpec fields.
 
 Supported ``model_type`` families: gpt2, llama, mistral, mixtral, qwen2, qwen3, olmo2, deepseek_v3
-(MLA + MoE). Other types are refused with a clear message rather than guessed at: their modules differ
-in ways a config does not spell out (GPT-J's rotary and bias layout, GPT-NeoX's parallel block,
-Qwen2-MoE's gated shared expert, Gemma-2's extra norms), and a wrong count called exact is worse than
-none. Write a YAML preset for those.
+(MLA + MoE), and the Llama-shaped gemma (GeGLU, head_dim apart from the width, tied), granite, smollm3 (its NoPE
+layers have the same weights), phi3 (fused qkv_proj and gate_up_proj) and ernie4_5. Other types are refused with
+a clear message rather than guessed at: their modules differ in ways a config does not spell out (GPT-J's rotary
+and bias layout, GPT-NeoX's parallel block, Qwen2-MoE's gated shared expert, Gemma-2's extra norms), and a wrong
+count called exact is worse than none. Write a YAML preset for those.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from typing import Any
 from lmcalc.errors import LmcalcError
 
 _GELU_ACTS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "deepseek_v3")
+LLAMA_LIKE = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "deepseek_v3", "gemma", "granite", "smollm3", "phi3",
+    "ernie4_5",
+)  # fmt: skip
 SUPPORTED = ("gpt2", *LLAMA_LIKE)
+TIED_BY_DEFAULT = ("gemma", "smollm3", "ernie4_5")
+"""Types whose config class ties the head to the embedding when config.json does not say (transformers 5.24's
+GemmaConfig, SmolLM3Config, Ernie4_5Config); the other Llama-like classes untie it."""
+FUSED = {"phi3": ["qkv", "gate_up"]}
+"""Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj): the same count, one LoRA adapter each."""
 
 
 def _get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) -> Any:
@@ -74,13 +83,17 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         "norm_kind": "rmsnorm",
         "attention_bias": "qkv" if model_type.startswith("qwen2") else ("all" if bias else "none"),
         "mlp_bias": bool(config.get("mlp_bias", False)),
-        # Every supported Llama-like config class defaults to untied embeddings (transformers' own default,
-        # True, applies only to types not listed here).
-        "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
+        # each config class's own default when config.json does not say (TIED_BY_DEFAULT)
+        "tied_embeddings": bool(config.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
         "sources": [origin],
     }
+    if model_type in FUSED:
+        fields["fused_linears"] = FUSED[model_type]
+    if model_type == "ernie4_5":
+        fields["attention_bias"] = "all" if config.get("use_bias") else "none"
+        fields["mlp_bias"] = bool(config.get("use_bias", False))
     if model_type == "olmo2":
         fields["qk_norm"] = "full"
     if model_type == "qwen3" or model_type.startswith("qwen3"):

@@ -30,9 +30,12 @@ def small_config(arch: str, layers: int) -> transformers.PretrainedConfig:
         "qwen3": dict(num_key_value_heads=2, head_dim=48),
         "olmo2": dict(num_key_value_heads=4),
         "mixtral": dict(num_key_value_heads=2, num_local_experts=4),
+        "phi3": dict(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        "gemma": dict(num_key_value_heads=2, head_dim=48, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     }[arch]
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-               "olmo2": "Olmo2Config", "mixtral": "MixtralConfig"}  # fmt: skip
+               "olmo2": "Olmo2Config", "mixtral": "MixtralConfig", "phi3": "Phi3Config",
+               "gemma": "GemmaConfig"}  # fmt: skip
     return getattr(transformers, classes[arch])(**llama_like, **extra)
 
 

@@ -35,6 +35,8 @@ TARGETS = {
     "qwen3": ["all-linear", "q_proj,v_proj"],
     "olmo2": ["all-linear", "v_proj,up_proj"],
     "gpt2": ["all-linear", "c_attn", "c_attn,c_proj", "c_fc"],
+    "phi3": ["all-linear", "qkv_proj", "gate_up_proj,down_proj"],  # fused weights, one adapter each
+    "gemma": ["all-linear", "q_proj,v_proj"],
     "mixtral": ["q_proj,k_proj,v_proj,o_proj"],
     "deepseek_v3": ["q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "q_b_proj,kv_b_proj"],
 }
