@@ -302,3 +302,13 @@ def with_options(options: tuple[Option, ...], at: str) -> Callable[[Callable[...
         return wrapper
 
     return decorate
+
+
+VALIDATE_AGAINST = ("pytorch", "transformers")
+AGAINST_MEANINGS = {
+    "pytorch": "lmcalc's reference model; default",
+    "transformers": "the model transformers builds from the config.json: parameters and FLOPs",
+}
+AgainstOpt = Annotated[
+    str, typer.Option("--against", help=f"What to check against: {alternatives(VALIDATE_AGAINST, AGAINST_MEANINGS)}.")
+]

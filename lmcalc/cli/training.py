@@ -16,6 +16,8 @@ from lmcalc.cli.options import (
     PIN_OPTIONS,
     SPLIT_OPTIONS,
     TRAINING_OPTIONS,
+    VALIDATE_AGAINST,
+    AgainstOpt,
     AttentionOpt,
     ExplainOpt,
     JsonOpt,
@@ -39,6 +41,7 @@ from lmcalc.estimates.inputs import (
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
     DEFAULT_RECOMPUTE,
+    choice,
     positive_int,
 )
 from lmcalc.result import Estimate, Result
@@ -477,13 +480,20 @@ def validate(
             "--recompute", help=f"Check one recomputation mode: {alternatives(RECOMPUTE_MODES)} (default: all of them)."
         ),
     ] = None,
+    against: AgainstOpt = "pytorch",
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
-    """Check lmcalc's counts against PyTorch: parameters, FlopCounterMode, bytes saved for backward."""
+    """Check lmcalc's counts against PyTorch's reference model or (--against transformers) transformers' model."""
     from lmcalc.validate import passed, validate
+    from lmcalc.validate_hf import validate_against_transformers
 
-    result = validate(model=model, seq=seq, micro_batch=micro_batch, recompute=recompute)
+    if choice(against, VALIDATE_AGAINST, "against") == "transformers":
+        if recompute is not None:
+            raise LmcalcError("--recompute applies to --against pytorch: transformers' check counts no activations")
+        result = validate_against_transformers(model=model, seq=seq, micro_batch=micro_batch)
+    else:
+        result = validate(model=model, seq=seq, micro_batch=micro_batch, recompute=recompute)
     emit(result, as_json, explain)
     if not passed(result):
         raise typer.Exit(1)

@@ -1,0 +1,287 @@
+"""``lmcalc validate --against transformers``: lmcalc's figures beside the model Hugging Face transformers builds
+from the same config.json.
+
+1. Parameters: ``sum(p.numel() for p in model.parameters())`` of the ``AutoModelForCausalLM`` that transformers
+   builds on the meta device vs ``count_params(spec).total``. Tolerance: none, the count is exact.
+2. FLOPs of one training step, forward and backward of the causal-LM loss on micro-batch × seq tokens, counted by
+   ``torch.utils.flop_counter.FlopCounterMode`` vs ``step_flops(spec, seq, convention="full").model`` × tokens.
+   The counter counts matmuls only (mm, addmm, bmm, grouped mm, attention), every query against every key
+   whatever the causal mask or sliding window, hence lmcalc's full convention. Tolerance: 0.1 %.
+
+The spec is what lmcalc reads from the same dict (``hf_config.model_from_hf_config``). On the meta device tensors
+have shapes but no values, and four things in transformers need values; each is worked around for the count:
+
+- **Tied weights.** Every meta storage has ``data_ptr`` 0, so deduplicating by storage would merge all
+  parameters into one. They are counted by identity: ``parameters()`` yields a tied weight, one Parameter
+  object, once.
+- **Attention.** On meta, ``scaled_dot_product_attention`` runs its math path (``bmm`` and element-wise
+  operators); on a GPU it runs a fused kernel, which torch's own formula counts with the backward's
+  recomputation of QKᵀ. So that the count does not depend on the path, the call is routed during the count to
+  one custom operator, ``lmcalc::attention``, counted as one fused kernel: 2·b·H·s_q·s_k·(d_qk + d_v) forward
+  (QKᵀ and P·V) and twice that backward (each product's gradient with respect to both operands). The
+  recomputation is hardware FLOPs, not model FLOPs, as lmcalc's recomputation is.
+- **MoE experts.** The eager expert loop calls ``nonzero()``, which needs values. The model runs transformers'
+  ``grouped_mm`` experts (one ``aten._grouped_mm`` per projection, routing by offsets that stay on the device),
+  whose meta kernel takes bf16 only: the model is cast to bf16, which changes no count. torch 2.13 has no FLOP
+  formula for ``_grouped_mm``; ``grouped_mm_flops`` is registered for it: 2·M·K·N summed over the groups,
+  where on meta the groups' sizes are unknown but their total is the input's row count.
+- **Masks.** With an explicit 2-D ``attention_mask`` the SDPA mask code asks whether it is all ones
+  (``Tensor.item()``, impossible on meta). Without one, masks are built from shapes alone, but two probes read
+  values: the mask code looks for packed sequences in the position ids (in a step without a KV cache, i.e.
+  training), and GPT-2 and others look for padding in the token ids (to warn). No mask is passed, and during
+  the count both probes answer "none": one unpadded, unpacked sequence per row, which is what is counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmcalc import hub
+from lmcalc.engine import flops as fl
+from lmcalc.engine.params import count_params
+from lmcalc.errors import LmcalcError
+from lmcalc.estimates.inputs import positive_int, seq_given
+from lmcalc.hf_config import model_from_hf_config
+from lmcalc.presets import load_spec_file
+from lmcalc.presets import validate as validate_spec
+from lmcalc.result import Input, Result
+from lmcalc.specs import ModelSpec
+from lmcalc.validate import FLOP_TOLERANCE, PARAM_TOLERANCE, _compare
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+NEEDS_TRANSFORMERS = "validate --against transformers needs transformers: pip install transformers"
+NEEDS_CONFIG = (
+    "--against transformers needs a config.json model (a file, a model directory or a Hub id), not {model!r}: a "
+    "preset has no config.json behind it"
+)
+LEFT_OUT = ("quantization_config",)
+"""config.json fields left out when transformers builds the model: a quantised checkpoint's layout (FP8 blocks and
+their scales) is not the architecture lmcalc counts."""
+
+
+def attention_flops(query: Sequence[int], key: Sequence[int], value: Sequence[int]) -> int:
+    """Forward FLOPs of one fused attention call, every query against every key: QKᵀ, 2·b·H·s_q·s_k·d_qk, and
+    P·V, 2·b·H·s_q·s_k·d_v. H is the query's heads: GQA's fewer K/V heads are broadcast, not computed."""
+    batch, heads, s_q, d_qk = query
+    return 2 * batch * heads * s_q * key[-2] * (d_qk + value[-1])
+
+
+def grouped_mm_flops(a: Sequence[int], b: Sequence[int], out: Sequence[int]) -> int:
+    """FLOPs of ``torch._grouped_mm``: 2·M·K·N summed over the groups. The output holds every group's M·N (2-D by
+    3-D: the routed rows by each expert's weight; 3-D operands: one group each), times the contraction K; when
+    both operands are 2-D (a weight's gradient) K is split over the G groups of the (G, M, N) output."""
+    groups = out[0] if len(a) == len(b) == 2 else 1
+    return 2 * math.prod(out) * a[-1] // groups
+
+
+@functools.cache
+def _register_counting_ops() -> None:
+    """Once per process: the fused-attention operator that stands in for SDPA on meta, and the FLOP formulas."""
+    import torch
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+    def forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return query.new_empty(*query.shape[:-1], value.shape[-1])
+
+    def backward_op(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple:
+        return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+    attention = torch.library.custom_op(
+        "lmcalc::attention",
+        forward,
+        mutates_args=(),
+        device_types="meta",
+        schema="(Tensor q, Tensor k, Tensor v) -> Tensor",
+    )
+    torch.library.custom_op(
+        "lmcalc::attention_backward",
+        backward_op,
+        mutates_args=(),
+        device_types="meta",
+        schema="(Tensor grad, Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor, Tensor)",
+    )
+    attention.register_autograd(
+        lambda ctx, grad: torch.ops.lmcalc.attention_backward(grad, *ctx.saved_tensors),
+        setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs),
+    )
+    register_flop_formula(torch.ops.lmcalc.attention)(lambda q, k, v, out_shape=None, **_: attention_flops(q, k, v))
+    register_flop_formula(torch.ops.lmcalc.attention_backward)(
+        lambda grad, q, k, v, out_shape=None, **_: fl.BACKWARD_TO_FORWARD * attention_flops(q, k, v)
+    )
+    if torch.ops.aten._grouped_mm not in flop_registry:  # a later torch may count it itself
+        register_flop_formula(torch.ops.aten._grouped_mm)(
+            lambda a, b, *args, out_shape=None, **_: grouped_mm_flops(a, b, out_shape)
+        )
+
+
+def _fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    """``scaled_dot_product_attention``'s stand-in during the count: the mask, dropout, causality, scale and GQA
+    flag change no matmul of a fused kernel."""
+    import torch
+
+    return torch.ops.lmcalc.attention(query, key, value)
+
+
+@contextlib.contextmanager
+def _on_meta() -> Iterator[None]:
+    """transformers quiet; SDPA counted as one fused kernel; the two probes of the token ids and positions that a
+    step without an attention mask runs (for padding, for packed sequences) answered "none" without values."""
+    from unittest import mock
+
+    import torch
+    import transformers
+    from transformers import masking_utils
+
+    _register_counting_ops()
+    stand_ins = (
+        (torch.nn.functional, "scaled_dot_product_attention", _fused_attention),
+        (transformers.PreTrainedModel, "warn_if_padding_and_no_attention_mask", lambda *_: None),
+        (masking_utils, "find_packed_sequence_indices", lambda *_: None),
+    )
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        stack.callback(transformers.logging.set_verbosity, transformers.logging.get_verbosity())
+        transformers.logging.set_verbosity_error()
+        for owner, name, stand_in in stand_ins:
+            stack.enter_context(mock.patch.object(owner, name, stand_in))
+        yield
+
+
+def build_model(config: dict[str, Any]) -> PreTrainedModel:
+    """The causal LM transformers builds from ``config`` on the meta device."""
+    import torch
+    import transformers
+
+    fields = {key: value for key, value in config.items() if key not in LEFT_OUT}
+    with _on_meta(), torch.device("meta"):
+        try:
+            built = transformers.AutoConfig.for_model(**fields)
+            return transformers.AutoModelForCausalLM.from_config(built)
+        except (ValueError, KeyError, TypeError) as error:
+            raise LmcalcError(
+                f"transformers {transformers.__version__} cannot build a causal LM from this config.json: "
+                + _first_line(error)
+            ) from None
+
+
+def training_step_flops(model: PreTrainedModel, seq_len: int, micro_batch: int) -> int:
+    """FlopCounterMode's count of one forward and backward pass of the causal-LM loss on the meta device. The
+    model is cast to bf16 in place, and its experts (where transformers lets them be chosen) set to grouped_mm."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if type(model)._can_set_experts_implementation() and model.config._experts_implementation != "grouped_mm":
+        model.set_experts_implementation("grouped_mm")
+    model.bfloat16().train()
+    tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long, device="meta")
+    with _on_meta(), FlopCounterMode(display=False) as counter:
+        try:
+            model(input_ids=tokens, labels=tokens, use_cache=False).loss.backward()
+        except (RuntimeError, NotImplementedError) as error:
+            name = type(model).__name__
+            raise LmcalcError(f"transformers' {name} did not run on the meta device: {_first_line(error)}") from None
+    return counter.get_total_flops()
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def transformers_check(
+    config: dict[str, Any],
+    seq_len: int,
+    micro_batch: int = 1,
+    *,
+    spec: ModelSpec | None = None,
+    model: PreTrainedModel | None = None,
+    origin: str = "config.json",
+) -> Result:
+    """lmcalc against transformers for one config.json's ``config``: ``spec`` is what lmcalc reads from it (read
+    here when not given), ``model`` what transformers builds from it (built here on meta when not given)."""
+    import torch
+    import transformers
+
+    from lmcalc.measure import parameter_count
+
+    if spec is None:
+        spec = validate_spec(ModelSpec, model_from_hf_config(config, str(config.get("model_type")), origin), origin)
+    model = build_model(config) if model is None else model
+    built = f"{type(model).__name__}: {model.config._attn_implementation} attention"
+    if spec.moe:
+        built += ", grouped_mm experts"
+    tokens = seq_len * micro_batch
+    sections = (
+        _compare(
+            "params",
+            "Parameters (meta device)",
+            count_params(spec).total,
+            parameter_count(model),
+            "params",
+            PARAM_TOLERANCE,
+            source=f"transformers' {type(model).__name__}: sum(p.numel() for p in model.parameters())",
+        ),
+        _compare(
+            "flops",
+            f"FLOPs of one step, full attention (b={micro_batch}, s={seq_len})",
+            fl.step_flops(spec, seq_len, convention="full").model * tokens,
+            training_step_flops(model, seq_len, micro_batch),
+            "FLOPs",
+            FLOP_TOLERANCE,
+            note=f"causal convention: {fl.step_flops(spec, seq_len, convention='causal').model * tokens:.4e} FLOPs",
+            source="torch.utils.flop_counter.FlopCounterMode, SDPA as one fused kernel (lmcalc::attention)",
+        ),
+    )
+    inputs = (
+        Input("model", "Model", spec.name, origin=origin),
+        Input("seq_len", "Sequence length", seq_len, "tokens", "--seq"),
+        Input("micro_batch", "Micro-batch", micro_batch, "sequences", "--micro-batch"),
+        Input("transformers_model", "Built by transformers", built, origin="meta device, bf16"),
+    )
+    failed = [section.title for section in sections if section.term("error").ok is False]
+    verdict = "FAILED: " + "; ".join(failed) if failed else "both checks passed"
+    notes = (verdict, f"transformers {transformers.__version__}, torch {torch.__version__}")
+    return Result("validate", f"{spec.label}: lmcalc vs transformers", inputs, sections, notes, layout="grid")
+
+
+def config_json(model: str) -> tuple[Path, str | None]:
+    """The config.json that ``model`` names (a file, a model directory or a Hub id), and the Hub id if any."""
+    if hub.is_hub_id(model):
+        return hub.config_path(model), model
+    path = Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix != ".json":
+        raise LmcalcError(NEEDS_CONFIG.format(model=model))
+    if not path.is_file():
+        raise LmcalcError(f"no such file: {path}")
+    return path, None
+
+
+def validate_against_transformers(*, model: str, seq: str | int = 1024, micro_batch: int = 1) -> Result:
+    """``lmcalc validate --against transformers``: the model a config.json describes, as lmcalc counts it and as
+    transformers builds it."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise LmcalcError(NEEDS_TRANSFORMERS) from None
+    path, hub_id = config_json(model)
+    spec = load_spec_file(path, ModelSpec, hub_id)  # its errors: unreadable JSON, an unsupported model_type
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if "model_type" not in config:  # an lmcalc preset written as JSON
+        raise LmcalcError(NEEDS_CONFIG.format(model=model))
+    origin = f"Hugging Face Hub: {hub_id}" if hub_id else str(path)
+    seq_len = int(seq_given(seq).value)
+    return transformers_check(config, seq_len, positive_int(micro_batch, "micro_batch"), spec=spec, origin=origin)

@@ -1,0 +1,152 @@
+"""``lmcalc validate --against transformers``: for every model type in tests/hf_tiny.py that lmcalc reads, lmcalc's
+count equals the parameters of the model transformers builds from the same config.json on the meta device, and its
+full-attention step FLOPs are within 0.1 % of what FlopCounterMode counts for that model's forward and backward."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hf_tiny import TINY, tiny_config, transformers_model  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from lmcalc import validate_hf  # noqa: E402
+from lmcalc.cli import main  # noqa: E402
+from lmcalc.errors import LmcalcError  # noqa: E402
+from lmcalc.hf_config import SUPPORTED  # noqa: E402
+from lmcalc.validate import passed  # noqa: E402
+
+SEQ, MICRO_BATCH = 32, 1
+CLI_KIND = "llama"  # the one type checked through the command line; the others through the Python function
+KNOWN_GAPS = {
+    "llama4_text": "transformers' Llama4TextMoe runs every expert on every token (one bmm over all E experts, the "
+    "router's scores zeroing the unchosen): E/k = 4 times the routed expert FLOPs lmcalc counts (k=1 of E=4), "
+    "55,148,544 vs 76,382,208 FLOPs (-27.8 %) at s=32; the parameters agree",
+}
+"""model_type: why lmcalc's figures differ from transformers' today (xfail, strict: a fix shows as a pass)."""
+
+
+def _case(kind: str):  # noqa: ANN202 (a pytest param)
+    marks = [pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[kind])] if kind in KNOWN_GAPS else []
+    return pytest.param(kind, marks=marks, id=kind)
+
+
+def write_config(tmp_path, kind: str) -> str:
+    path = tmp_path / kind / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(tiny_config(kind)))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", [_case(kind) for kind in TINY])
+def test_every_type_matches_transformers(kind, tmp_path, capsys):
+    if kind not in SUPPORTED:
+        pytest.skip(f"lmcalc does not read {kind} yet")
+    if kind == CLI_KIND:  # the real path: a model directory on the command line, read as the user's would be
+        model = str(Path(write_config(tmp_path, kind)).parent)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["validate", "--against", "transformers", "--model", model, "--seq", str(SEQ), "--json"])
+        rows = json.loads(capsys.readouterr().out)["results"]
+        params, flops = rows["params"], rows["flops"]
+        assert exit_info.value.code == 0
+        assert params["lmcalc"]["value"] == params["pytorch"]["value"]
+        assert flops["error"]["pass"] and abs(flops["error"]["value"]) <= 100 * validate_hf.FLOP_TOLERANCE
+        return
+    config = tiny_config(kind)
+    result = validate_hf.transformers_check(config, SEQ, MICRO_BATCH, model=transformers_model(config))
+    assert result.value("params.lmcalc") == result.value("params.pytorch")  # exact: 0 parameters off
+    assert abs(result.value("flops.error")) <= 100 * validate_hf.FLOP_TOLERANCE
+    assert passed(result)
+
+
+def test_the_counting_formulas_on_meta():
+    # grouped mm, 16 routed rows of K=16 over 3 experts' (16 × 8) weights: forward 2·16·16·8 = 4,096 FLOPs; backward
+    # the input's gradient (2-D × 3-D, 4,096) and the weights' (2-D × 2-D, the 16 rows split over the groups, 4,096)
+    x = torch.empty(16, 16, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    w = torch.empty(3, 16, 8, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    offsets = torch.empty(3, dtype=torch.int32, device="meta")
+    with validate_hf._on_meta(), FlopCounterMode(display=False) as forward:
+        y = torch.nn.functional.grouped_mm(x, w, offs=offsets)
+    with validate_hf._on_meta(), FlopCounterMode(display=False) as backward:
+        y.backward(torch.empty_like(y))
+    assert (forward.get_total_flops(), backward.get_total_flops()) == (4_096, 2 * 4_096)
+    # attention, b=1, H=4 query heads over 2 K/V heads, s=32, d=16: QKᵀ and P·V, 2·1·4·32·32·(16 + 16) = 262,144,
+    # twice that backward, whatever mask, causality or GQA flag SDPA is given
+    q = torch.empty(1, 4, 32, 16, device="meta", requires_grad=True)
+    kv = torch.empty(1, 2, 32, 16, device="meta", requires_grad=True)
+    with validate_hf._on_meta(), FlopCounterMode(display=False) as counter:
+        mask = torch.ones(32, 32, dtype=torch.bool, device="meta")
+        out = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
+        out.sum().backward()
+    assert counter.get_total_flops() == 262_144 * 3
+    assert torch.nn.functional.scaled_dot_product_attention is not validate_hf._fused_attention  # restored
+
+
+def test_a_mismatch_exits_one(tmp_path, capsys, monkeypatch):
+    original = validate_hf.count_params
+    monkeypatch.setattr(validate_hf, "count_params", lambda spec: SimpleNamespace(total=original(spec).total + 1))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--against", "transformers", "--model", write_config(tmp_path, "qwen2"), "--seq", "16"])
+    assert exit_info.value.code == 1
+    assert "FAILED: Parameters (meta device)" in capsys.readouterr().out
+
+
+def test_a_hub_id_reads_its_config_json(tmp_path, monkeypatch):
+    path = write_config(tmp_path, "mistral")
+    monkeypatch.setattr(validate_hf.hub, "config_path", lambda repo_id: Path(path))
+    result = validate_hf.validate_against_transformers(model="example-org/tiny-mistral", seq=16)
+    assert result.inputs[0].value == "example-org/tiny-mistral"
+    assert result.inputs[0].origin == "Hugging Face Hub: example-org/tiny-mistral"
+    assert passed(result)
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--model", "llama-3.1-8b"], "--against transformers needs a config.json model (a file, a model directory "),
+        (["--model", "missing/config.json"], "no such file: missing/config.json"),
+        (["--model", "llama-3.1-8b", "--recompute", "full"], "--recompute applies to --against pytorch"),
+    ],
+)
+def test_what_cannot_be_checked_is_one_line(argv, line, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--against", "transformers", *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("lmcalc: error: ") and line in err and len(err.strip().splitlines()) == 1
+
+
+def test_without_transformers_one_line(tmp_path, capsys, monkeypatch):
+    path = write_config(tmp_path, "llama")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--against", "transformers", "--model", path])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"lmcalc: error: {validate_hf.NEEDS_TRANSFORMERS}\n"
+    with pytest.raises(LmcalcError, match="needs transformers: pip install transformers"):
+        validate_hf.validate_against_transformers(model="llama-3.1-8b")
+
+
+def test_the_accounting_commands_still_import_no_torch(tmp_path):
+    # the validate command's module and the transformers check are imported by the CLI; torch only when it runs
+    code = textwrap.dedent(f"""
+        import sys
+        import lmcalc.validate_hf
+        from lmcalc.cli import main
+        try:
+            main(["params", "--model", {write_config(tmp_path, "gpt2")!r}])
+        except SystemExit as e:
+            assert e.code == 0
+        print("torch" in sys.modules, "transformers" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False False"
