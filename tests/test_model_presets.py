@@ -180,6 +180,18 @@ LLAMA_STYLE = [
     ("qwen2.5-7b", dict(V=152064, h=3584, L=28, H=28, kv=4, d=128, f=18944, qkv_bias=True), 7_615_616_512),
     ("qwen2.5-72b", dict(V=152064, h=8192, L=80, H=64, kv=8, d=128, f=29568, qkv_bias=True), 72_706_203_648),
     ("olmo-2-7b", dict(V=100352, h=4096, L=32, H=32, kv=32, d=128, f=11008, qk_norm=True), 7_298_617_344),
+    # Added with the 2025 presets: shapes from each preset's config.json source; the exact figure is the one its
+    # published_params_source prints, or where that source prints fewer figures, transformers' count on meta.
+    ("phi-3-mini", dict(V=32064, h=3072, L=32, H=32, kv=32, d=96, f=8192), 3_821_079_552),
+    ("phi-3-medium", dict(V=32064, h=5120, L=40, H=40, kv=10, d=128, f=17920), 13_960_238_080),
+    ("phi-4", dict(V=100352, h=5120, L=40, H=40, kv=10, d=128, f=17920), 14_659_507_200),
+    ("phi-4-mini", dict(V=200064, h=3072, L=32, H=24, kv=8, d=128, f=8192, tied=True), 3_836_021_760),
+    ("smollm3-3b", dict(V=128256, h=2048, L=36, H=16, kv=4, d=128, f=11008, tied=True), 3_075_098_624),
+    ("olmo-2-1b", dict(V=100352, h=2048, L=16, H=16, kv=16, d=128, f=8192, qk_norm=True), 1_484_916_736),
+    ("olmo-2-13b", dict(V=100352, h=5120, L=40, H=40, kv=40, d=128, f=13824, qk_norm=True), 13_716_198_400),
+    ("olmo-2-32b", dict(V=100352, h=5120, L=64, H=40, kv=8, d=128, f=27648, qk_norm=True), 32_234_279_936),
+    ("mistral-nemo-12b", dict(V=131072, h=5120, L=40, H=32, kv=8, d=128, f=14336), 12_247_782_400),
+    ("mistral-small-24b", dict(V=131072, h=5120, L=40, H=32, kv=8, d=128, f=32768), 23_572_403_200),
 ]
 
 
@@ -218,6 +230,14 @@ def test_llama2_hf_totals_hold_rotary_buffers_too(name, hf_safetensors_total):
         ("llama-3.2-3b", 3.21e9, 3),  # "3B (3.21B)"
         ("qwen2.5-7b", 7.61e9, 3),  # Qwen2.5-7B model card: 7.61B
         ("qwen2.5-72b", 72.7e9, 3),  # Qwen2.5-72B model card: 72.7B
+        ("qwen3-0.6b", 0.6e9, 1),  # Qwen3-0.6B model card: 0.6B
+        ("qwen3-32b", 32.8e9, 3),  # Qwen3-32B model card: 32.8B
+        ("qwen3-30b-a3b", 30.5e9, 3),  # Qwen3-30B-A3B: 30.5B total (keras-hub's description of the card)
+        ("phi-3-mini", 3.8e9, 2),  # Phi-3 report: a 3.8 billion parameter model
+        ("gpt-oss-20b", 21e9, 2),  # gpt-oss README: 21B parameters
+        ("gpt-oss-120b", 117e9, 3),  # gpt-oss README: 117B parameters
+        ("deepseek-v2", 236e9, 3),  # DeepSeek-V2 README: 236B total
+        ("glm-4.5-air", 106e9, 3),  # GLM-4.5 README: 106B total (this count, 106.85B, cut); MTP layer not counted
     ],
 )
 def test_model_card_figures_agree_to_their_last_digit(name, card_figure, digits):
