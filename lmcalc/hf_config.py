@@ -1,11 +1,12 @@
 """Reading a Hugging Face ``config.json`` as plain JSON (no transformers, no network) into ModelSpec fields.
 
-Supported ``model_type`` families: gpt2, llama, mistral, mixtral, qwen2, qwen3, olmo2, deepseek_v3
-(MLA + MoE), and the Llama-shaped gemma (GeGLU, head_dim apart from the width, tied), granite, smollm3 (its NoPE
-layers have the same weights), phi3 (fused qkv_proj and gate_up_proj) and ernie4_5. Other types are refused with
-a clear message rather than guessed at: their modules differ in ways a config does not spell out (GPT-J's rotary
-and bias layout, GPT-NeoX's parallel block, Qwen2-MoE's gated shared expert, Gemma-2's extra norms), and a wrong
-count called exact is worse than none. Write a YAML preset for those.
+Every type in ``SUPPORTED`` is read so that the count equals the parameters transformers (5.24) builds from the
+same config, exactly; tests/test_hf_types.py builds each on the meta device and compares. The quirks come from
+each type's modelling code, not from its config, so they live here, type by type: which norms a layer has,
+which projections carry biases, whether attention and MLP run in parallel, which layers attend locally, how the
+MoE layers interleave, and each config class's own default for ``tie_word_embeddings`` when config.json does not
+say. A multimodal config (``text_config`` inside) is read as its text model; the vision tower is named in a note.
+Other types are refused with a clear message rather than guessed at: a wrong count called exact is worse than none.
 """
 
 from __future__ import annotations
@@ -13,18 +14,31 @@ from __future__ import annotations
 from typing import Any
 
 from lmcalc.errors import LmcalcError
+from lmcalc.hf_vision import vision_params
 
-_GELU_ACTS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
+_GELU_ACTS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python"}
 LLAMA_LIKE = (
-    "llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo2", "deepseek_v3", "gemma", "granite", "smollm3", "phi3",
-    "ernie4_5",
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
+    "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
+    "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba",
 )  # fmt: skip
-SUPPORTED = ("gpt2", *LLAMA_LIKE)
-TIED_BY_DEFAULT = ("gemma", "smollm3", "ernie4_5")
-"""Types whose config class ties the head to the embedding when config.json does not say (transformers 5.24's
-GemmaConfig, SmolLM3Config, Ernie4_5Config); the other Llama-like classes untie it."""
-FUSED = {"phi3": ["qkv", "gate_up"]}
-"""Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj): the same count, one LoRA adapter each."""
+SUPPORTED = ("gpt2", "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
+MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
+"""Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
+TIED_BY_DEFAULT = (
+    "gpt2", "falcon", "bloom", "gemma", "gemma2", "gemma3_text", "smollm3", "ernie4_5", "cohere", "cohere2",
+    "starcoder2",
+)  # fmt: skip
+"""Types whose config class ties the head to the embedding when config.json does not say (transformers 5.24)."""
+FUSED = {"phi3": ["qkv", "gate_up"], "glm4": ["gate_up"], "gpt2": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"],
+         "bloom": ["qkv"]}  # fmt: skip
+"""Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
+count, one LoRA adapter each."""
+SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
+QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head"}
+QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full"}  # when the config's use_qk_norm is set
+QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe")  # biases on q, k and v, none on the output
+LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunked"}
 
 
 def _get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) -> Any:
@@ -36,68 +50,195 @@ def _get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) ->
     return default
 
 
-def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
-    """ModelSpec fields for a HF config; the caller validates them."""
-    model_type = str(config.get("model_type", "")).lower()
-    if model_type not in SUPPORTED:
-        raise LmcalcError(
-            f"{origin}: config.json model_type {model_type or '(missing)'!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED)}); describe the model in a YAML preset instead (see docs/presets.md)"
-        )
-    if model_type == "gpt2":
-        hidden = _get(config, origin, "n_embd")
-        return {
-            "name": name,
-            "display_name": f"{name} (from config.json)",
-            "vocab_size": _get(config, origin, "vocab_size"),
-            "hidden_size": hidden,
-            "num_layers": _get(config, origin, "n_layer"),
-            "num_heads": _get(config, origin, "n_head"),
-            "ffn_size": _get(config, origin, "n_inner", default=4 * hidden),
-            "ffn_kind": "gelu_mlp",
-            "norm_kind": "layernorm",
-            "attention_bias": "all",
-            "mlp_bias": True,
-            "fused_linears": ["qkv"],  # GPT-2's c_attn
-            "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
-            "position_embedding": "learned",
-            "max_seq_len": _get(config, origin, "n_positions", "n_ctx"),
-            # GPT2Config's dropout probabilities default to 0.1
-            "dropout": any(config.get(key, 0.1) > 0 for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
-            "sources": [origin],
-        }
-    act = str(_get(config, origin, "hidden_act", "hidden_activation", default="silu")).lower()
-    ffn_kind = "geglu" if act in _GELU_ACTS else "swiglu"
-    bias = bool(config.get("attention_bias", False))
-    fields: dict[str, Any] = {
+def _every(flags: list[bool], origin: str, what: str) -> int | None:
+    """The N of "layer i is special when (i + 1) is a multiple of N" that ``flags`` (per layer) follow; None when
+    no layer is special."""
+    if not any(flags):
+        return None
+    for every in range(1, len(flags) + 1):
+        if all(flag == ((i + 1) % every == 0) for i, flag in enumerate(flags)):
+            return every
+    raise LmcalcError(f"{origin}: the {what} layers do not follow an every-N pattern lmcalc can describe")
+
+
+def _windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any]:
+    """The sliding window (or Llama 4's attention chunk) and which layers attend globally."""
+    types = config.get("layer_types")
+    if kind == "llama4_text":
+        window, local = config.get("attention_chunk_size"), "chunked"
+        if not types:  # no_rope_layers[i] = 1: a RoPE layer, which attends within its chunk
+            rope = config.get("no_rope_layers") or [
+                int((i + 1) % config.get("no_rope_layer_interval", 4) != 0) for i in range(layers)
+            ]
+            types = ["chunked_attention" if r else "full_attention" for r in rope]
+    else:
+        window, local = config.get("sliding_window"), "sliding"
+        if kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not config.get("use_sliding_window"):
+            window = None
+        pattern = config.get("sliding_window_pattern")
+        if window and not types and pattern:  # Gemma 3, Cohere2: every pattern-th layer is global
+            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+        if window and not types and kind == "gemma2":  # Gemma 2 alternates, global from the second layer
+            types = ["full_attention" if i % 2 else "sliding_attention" for i in range(layers)]
+    if not window:
+        return {}
+    flags = [t not in LOCAL_LAYER_TYPES for t in types] if types else [False] * layers
+    if types and not any(t in LOCAL_LAYER_TYPES for t in types):
+        return {}
+    if types:
+        local = LOCAL_LAYER_TYPES[next(t for t in types if t in LOCAL_LAYER_TYPES)]
+    return {"sliding_window": window, "local_attention": local, "global_every": _every(flags, origin, "global")}
+
+
+def _moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any] | None:
+    experts = config.get("num_local_experts") or config.get("n_routed_experts") or config.get("num_experts")
+    if not experts:
+        return None
+    shared = config.get("n_shared_experts") or (1 if kind == "llama4_text" else 0)
+    shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
+    if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:
+        raise LmcalcError(f"{origin}: moe_layer_freq other than 1 is not supported")
+    every = config.get("decoder_sparse_step") or config.get("interleave_moe_layer_step") or 1
+    if kind == "jamba":  # layer i is MoE when i % expert_layer_period == expert_layer_offset
+        every = config.get("expert_layer_period", 2)
+        if config.get("expert_layer_offset", 1) != every - 1:
+            raise LmcalcError(f"{origin}: Jamba's expert_layer_offset must be expert_layer_period − 1 for lmcalc")
+    if kind == "llama4_text" and config.get("moe_layers") is not None:
+        listed = set(config["moe_layers"])
+        every = _every([i in listed for i in range(layers)], origin, "MoE") or 1
+    return {
+        "num_experts": experts,
+        "experts_per_token": _get(config, origin, "num_experts_per_tok", "experts_per_token"),
+        "shared_experts": shared + (1 if shared_width else 0),
+        "expert_ffn_size": _get(config, origin, "moe_intermediate_size", "intermediate_size"),
+        "shared_expert_ffn_size": shared_width or None,
+        "shared_expert_gate": bool(shared_width),
+        "dense_layers": config.get("first_k_dense_replace") or 0,
+        "moe_every": every,
+        "dense_layer_ids": config.get("mlp_only_layers") or [],
+        # gpt-oss's router is a Linear with a bias; DeepSeek-V3's and GLM-4.5's balancing bias is a buffer in
+        # transformers (set by a rule, not trained), so not a parameter
+        "router_bias": kind == "gpt_oss",
+        # group-limited routing: each token's experts come from topk_group of n_group groups, which training
+        # places a group to a node (DeepSeek-V3 §2.1.2: node-limited routing)
+        "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,
+    }
+
+
+def _common(config: dict[str, Any], kind: str, name: str, origin: str) -> dict[str, Any]:
+    return {
         "name": name,
         "display_name": f"{name} (from config.json)",
         "vocab_size": _get(config, origin, "vocab_size"),
+        "tied_embeddings": _flag(config, "tie_word_embeddings", kind in TIED_BY_DEFAULT, origin),
+        "fused_linears": FUSED.get(kind, []),
+        "sources": [origin],
+    }
+
+
+def _flag(config: dict[str, Any], key: str, default: bool, origin: str) -> bool:
+    """A boolean field, read strictly: JSON's true or false (the string "false" is not false)."""
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise LmcalcError(f"{origin}: config.json {key} must be true or false, not {value!r}")
+    return value
+
+
+def _gpt2(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    hidden = _get(config, origin, "n_embd")
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": _get(config, origin, "n_layer"),
+        "num_heads": _get(config, origin, "n_head"),
+        "ffn_size": _get(config, origin, "n_inner", default=4 * hidden),
+        "ffn_kind": "gelu_mlp",
+        "norm_kind": "layernorm",
+        "attention_bias": "all",
+        "mlp_bias": True,
+        "position_embedding": "learned",
+        "max_seq_len": _get(config, origin, "n_positions", "n_ctx"),
+        # GPT2Config's dropout probabilities default to 0.1
+        "dropout": any(config.get(key, 0.1) > 0 for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
+    }
+
+
+def _neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """GPT-NeoX, Falcon and BLOOM: LayerNorm with biases, one fused query_key_value, a GELU MLP."""
+    hidden = _get(config, origin, "hidden_size", "n_embed")
+    heads = _get(config, origin, "num_attention_heads", "n_head")
+    fields |= {
+        "hidden_size": hidden,
+        "num_layers": _get(config, origin, "num_hidden_layers", "n_layer"),
+        "num_heads": heads,
+        "ffn_kind": "gelu_mlp",
+        "norm_kind": "layernorm",
+    }
+    if kind == "gpt_neox":  # parallel residual by default, each branch with its own norm
+        return fields | {
+            "ffn_size": _get(config, origin, "intermediate_size"),
+            "attention_bias": "all" if config.get("attention_bias", True) else "none",
+            "mlp_bias": True,
+            "parallel_block": bool(config.get("use_parallel_residual", True)),
+            "position_embedding": "rope",
+            "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        }
+    if kind == "bloom":  # ALiBi (no position weights), a LayerNorm after the embedding
+        return fields | {
+            "ffn_size": 4 * hidden,
+            "attention_bias": "all",
+            "mlp_bias": True,
+            "embedding_norm": True,
+            "position_embedding": "none",
+            "max_seq_len": config.get("seq_length") or 2048,  # BLOOM trained on 2,048-token sequences
+        }
+    new = bool(config.get("new_decoder_architecture"))  # falcon: 40B/180B's layout, or 7B's
+    parallel = new or bool(config.get("parallel_attn", True))
+    norms = (config.get("num_ln_in_parallel_attn") or 2) if new else (1 if parallel else 2)
+    kv = config.get("num_kv_heads") if new else (1 if config.get("multi_query", True) else heads)
+    bias = "all" if config.get("bias") else "none"
+    return fields | {
+        "num_kv_heads": kv or heads,
+        "ffn_size": config.get("ffn_hidden_size") or 4 * hidden,
+        "attention_bias": bias,
+        "mlp_bias": bias == "all",
+        "parallel_block": parallel,
+        "norms_per_layer": norms,
+        "position_embedding": "none" if config.get("alibi") else "rope",
+        "max_seq_len": config.get("max_position_embeddings") or 2048,
+    }
+
+
+def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    act = str(_get(config, origin, "hidden_act", "hidden_activation", default="silu")).lower()
+    layers = _get(config, origin, "num_hidden_layers")
+    bias = bool(config.get("attention_bias", False) or config.get("use_bias", False))
+    attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
+    fields |= {
         "hidden_size": _get(config, origin, "hidden_size"),
-        "num_layers": _get(config, origin, "num_hidden_layers"),
+        "num_layers": layers,
         "num_heads": _get(config, origin, "num_attention_heads"),
         "num_kv_heads": config.get("num_key_value_heads"),
         "head_dim": config.get("head_dim"),
-        "ffn_size": _get(config, origin, "intermediate_size"),
-        "ffn_kind": ffn_kind,
-        "norm_kind": "rmsnorm",
-        "attention_bias": "qkv" if model_type.startswith("qwen2") else ("all" if bias else "none"),
-        "mlp_bias": bool(config.get("mlp_bias", False)),
-        # each config class's own default when config.json does not say (TIED_BY_DEFAULT)
-        "tied_embeddings": bool(config.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
+        "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),
+        "ffn_kind": "gelu_mlp" if kind == "starcoder2" else ("geglu" if act in _GELU_ACTS else "swiglu"),
+        "norm_kind": {"starcoder2": "layernorm", "cohere": "layernorm_nobias", "cohere2": "layernorm_nobias"}.get(
+            kind, "rmsnorm"
+        ),
+        "attention_bias": attention_bias or ("all" if bias else "none"),
+        # gpt-oss's experts carry biases; StarCoder2's and ERNIE's use_bias covers the MLP too
+        "mlp_bias": kind == "gpt_oss" or bool(config.get("mlp_bias") or config.get("use_bias")),
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
-        "sources": [origin],
+        "qk_norm": QK_NORM.get(kind) or (QK_NORM_OPTIONAL.get(kind, "none") if config.get("use_qk_norm") else "none"),
+        "norms_per_layer": 4 if kind in SANDWICH_NORMS else (1 if kind in ("cohere", "cohere2") else 2),
+        "parallel_block": kind in ("cohere", "cohere2"),
+        "attention_sinks": kind == "gpt_oss",
+        "attention_softcap": config.get("attn_logit_softcapping"),
+        "final_softcap": config.get("final_logit_softcapping"),
+        **_windows(config, kind, layers, origin),
     }
-    if model_type in FUSED:
-        fields["fused_linears"] = FUSED[model_type]
-    if model_type == "ernie4_5":
-        fields["attention_bias"] = "all" if config.get("use_bias") else "none"
-        fields["mlp_bias"] = bool(config.get("use_bias", False))
-    if model_type == "olmo2":
-        fields["qk_norm"] = "full"
-    if model_type == "qwen3" or model_type.startswith("qwen3"):
-        fields["qk_norm"] = "per_head"
+    if kind == "llama4_text":
+        fields["ffn_size"] = _get(config, origin, "intermediate_size_mlp", "intermediate_size")
     if config.get("kv_lora_rank"):
         fields["mla"] = {
             "q_lora_rank": config.get("q_lora_rank"),
@@ -107,17 +248,65 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
             "v_head_dim": _get(config, origin, "v_head_dim"),
         }
         fields["num_kv_heads"] = None
-    experts = config.get("num_local_experts") or config.get("n_routed_experts") or config.get("num_experts")
-    if experts:
-        fields["moe"] = {
-            "num_experts": experts,
-            "experts_per_token": _get(config, origin, "num_experts_per_tok"),
-            "shared_experts": config.get("n_shared_experts") or 0,
-            "expert_ffn_size": _get(config, origin, "moe_intermediate_size", "intermediate_size"),
-            "dense_layers": config.get("first_k_dense_replace") or 0,
-            "router_bias": model_type == "deepseek_v3",
-            # group-limited routing: each token's experts come from topk_group of n_group groups, which training
-            # places a group to a node (DeepSeek-V3 §2.1.2: node-limited routing)
-            "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,
+    moe = _moe(config, kind, layers, origin)
+    if moe:
+        fields["moe"] = moe
+    if kind == "jamba":  # Mamba layers but every attn_layer_period-th; no position encoding
+        hidden = fields["hidden_size"]
+        rank = config.get("mamba_dt_rank", "auto")
+        fields["position_embedding"] = "none"
+        fields["mamba"] = {
+            "d_inner": config.get("mamba_expand", 2) * hidden,
+            "d_state": config.get("mamba_d_state", 16),
+            "d_conv": config.get("mamba_d_conv", 4),
+            "dt_rank": -(-hidden // 16) if rank == "auto" else rank,  # JambaConfig: ceil(hidden / 16)
+            "conv_bias": config.get("mamba_conv_bias", True),
+            "proj_bias": config.get("mamba_proj_bias", False),
+            "inner_norms": True,
+            "attention_every": config.get("attn_layer_period", 8),
+            "attention_offset": config.get("attn_layer_offset", 4),
         }
+    if config.get("num_nextn_predict_layers"):  # DeepSeek-V3, GLM-4.5: not built by transformers
+        fields["mtp_modules"] = config["num_nextn_predict_layers"]
     return fields
+
+
+def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str, list[str]]:
+    """The language model's config, its type, and notes on what else a multimodal config holds."""
+    kind = str(config.get("model_type", "")).lower()
+    if kind not in MULTIMODAL and "text_config" not in config:
+        return config, kind, []
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise LmcalcError(f"{origin}: config.json model_type {kind!r} has no text_config to read")
+    # the wrapper's tie_word_embeddings decides for the language model it builds
+    text = {
+        **text,
+        **({"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}),
+    }
+    text_kind = str(text.get("model_type") or MULTIMODAL.get(kind, "")).lower()
+    tower = vision_params(config, text.get("hidden_size", 0))
+    if tower is None:
+        notes = [f"the text model of a {kind or 'multimodal'} config; its vision tower and projector are not counted"]
+    else:
+        notes = [f"the text model of a {kind} config; its vision tower and projector ({tower:,} parameters) are apart"]
+    return {**text, "_vision_params": tower}, text_kind, notes
+
+
+def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
+    """ModelSpec fields for a HF config; the caller validates them."""
+    config, kind, notes = _text_model(config, origin)
+    if kind not in SUPPORTED:
+        raise LmcalcError(
+            f"{origin}: config.json model_type {kind or '(missing)'!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED)}, and {', '.join(MULTIMODAL)}'s text models); describe the model in a YAML preset "
+            "instead (see docs/presets.md)"
+        )
+    fields = _common(config, kind, name, origin) | ({"notes": notes} if notes else {})
+    if config.get("_vision_params") is not None:
+        fields["vision_params"] = config["_vision_params"]
+    if kind == "gpt2":
+        return _gpt2(config, fields, origin)
+    if kind in ("gpt_neox", "falcon", "bloom"):
+        return _neox_family(config, kind, fields, origin)
+    return _llama_like(config, kind, fields, origin)

@@ -8,6 +8,7 @@ preset file cannot be read two ways.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # 15 ms of start-up for nothing more.
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 
 FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
 NormKind = Literal["layernorm", "layernorm_nobias", "rmsnorm"]
@@ -67,7 +69,25 @@ class MoESpec(Spec):
     shared_experts: int = Field(0, ge=0)
     expert_ffn_size: PositiveInt
     dense_layers: int = Field(0, ge=0, description="leading layers that keep a dense FFN of ffn_size")
-    router_bias: bool = Field(False, description="a learned per-expert bias on the router scores")
+    router_bias: bool = Field(
+        False,
+        description="a learned per-expert bias on the router (gpt-oss); DeepSeek-V3's balancing bias is a buffer set "
+        "by a rule, not a parameter",
+    )
+    shared_expert_ffn_size: PositiveInt | None = Field(
+        None, description="inner width of the shared experts when it differs from expert_ffn_size (Qwen2-MoE)"
+    )
+    shared_expert_gate: bool = Field(
+        False, description="a sigmoid gate (h → 1) on the shared experts' output (Qwen2-MoE's shared_expert_gate)"
+    )
+    moe_every: PositiveInt = Field(
+        1,
+        description="every how many layers one is MoE: layer i (from 0) is MoE when (i + 1) is a multiple of this "
+        "(decoder_sparse_step, Llama 4's interleave_moe_layer_step); the others keep a dense FFN of ffn_size",
+    )
+    dense_layer_ids: tuple[NonNegativeInt, ...] = Field(
+        default_factory=tuple, description="further layers (from 0) with a dense FFN (Qwen MoE's mlp_only_layers)"
+    )
     node_limit: PositiveInt | None = Field(
         None,
         description="node-limited routing: each token is sent to experts on at most this many nodes (DeepSeek-V3: "
@@ -79,6 +99,19 @@ class MoESpec(Spec):
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})")
         return self
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_expert_ffn_size or self.expert_ffn_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) routes its tokens to experts."""
+        return layer >= self.dense_layers and (layer + 1) % self.moe_every == 0 and layer not in self.dense_layer_ids
+
+
+@functools.lru_cache(maxsize=4096)  # the planner asks per stage, thousands of times
+def _moe_layers_in(moe: MoESpec, start: int, stop: int) -> int:
+    return sum(moe.is_moe_layer(i) for i in range(start, stop))
 
 
 class MLASpec(Spec):
@@ -93,6 +126,27 @@ class MLASpec(Spec):
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+class MambaSpec(Spec):
+    """Selective state-space mixers (Mamba, Gu & Dao 2023, §3) in the layers that do not attend: a hybrid such as
+    Jamba (Lieber et al. 2024), whose layer i attends when i % attention_every == attention_offset."""
+
+    d_inner: PositiveInt = Field(description="the inner width: mamba_expand × hidden_size")
+    d_state: PositiveInt = Field(description="N, the state size per channel")
+    d_conv: PositiveInt = Field(description="the causal depthwise convolution's kernel")
+    dt_rank: PositiveInt = Field(description="the rank of Δ's projection")
+    conv_bias: bool = True
+    proj_bias: bool = Field(False, description="biases on the in and out projections")
+    inner_norms: bool = Field(False, description="RMSNorms on Δ, B and C (Jamba)")
+    attention_every: PositiveInt
+    attention_offset: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _offset_in_period(self) -> MambaSpec:
+        if self.attention_offset >= self.attention_every:
+            raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
+        return self
 
 
 class ModelSpec(NamedSpec):
@@ -117,6 +171,37 @@ class ModelSpec(NamedSpec):
     )
     attention_bias: Literal["none", "qkv", "all"] = "none"
     mlp_bias: bool = False
+    norms_per_layer: Literal[1, 2, 4] = Field(
+        2,
+        description="1: one norm feeds attention and MLP (the parallel blocks of Falcon-7B and Cohere); 2: one "
+        "before each; 4: also one after each, before the residual add (Gemma 2/3 and GLM-4's sandwich norms)",
+    )
+    parallel_block: bool = Field(
+        False,
+        description="attention and MLP both read the layer's input and add to one residual (GPT-J, GPT-NeoX, Falcon, "
+        "Cohere)",
+    )
+    embedding_norm: bool = Field(False, description="a norm right after the token embedding (BLOOM)")
+    attention_sinks: bool = Field(
+        False, description="a learned logit per head that every softmax includes (gpt-oss): H parameters per layer"
+    )
+    sliding_window: PositiveInt | None = Field(
+        None, description="local attention's span in tokens; None: every layer attends to the whole sequence"
+    )
+    local_attention: Literal["sliding", "chunked"] = Field(
+        "sliding",
+        description="sliding: each query sees the window of keys before it (Mistral, Gemma 2/3, gpt-oss); chunked: "
+        "the keys of its own chunk of that size up to itself (Llama 4)",
+    )
+    global_every: PositiveInt | None = Field(
+        None,
+        description="with a sliding_window, layer i (from 0) attends globally when (i + 1) is a multiple of this "
+        "(Gemma 2: 2, Gemma 3: 6, Cohere2: 4, gpt-oss: 2, Llama 4: 4); None: every layer is local",
+    )
+    attention_softcap: PositiveFloat | None = Field(
+        None, description="tanh soft-capping of attention logits (Gemma 2); transformers then runs eager attention"
+    )
+    final_softcap: PositiveFloat | None = Field(None, description="tanh soft-capping of the output logits (Gemma 2)")
     fused_linears: tuple[Literal["qkv", "gate_up"], ...] = Field(
         default_factory=tuple,
         description="weights the reference implementation stores as one matrix (GPT-2's c_attn: qkv; Phi-3's "
@@ -128,6 +213,18 @@ class ModelSpec(NamedSpec):
     dropout: bool = Field(False, description="trained with dropout: masks are saved for backward")
     mla: MLASpec | None = None
     moe: MoESpec | None = None
+    mamba: MambaSpec | None = None
+    mtp_modules: NonNegativeInt = Field(
+        0,
+        description="multi-token-prediction modules (DeepSeek-V3 §2.2, GLM-4.5): two norms, a (2h → h) projection "
+        "and one more layer each, sharing the embedding and head; reported apart, not in the total (transformers "
+        "does not build them, and the published totals leave them out)",
+    )
+    vision_params: NonNegativeInt | None = Field(
+        None,
+        description="a multimodal model's vision tower and projector, reported beside the text model's count and "
+        "never in it: lmcalc estimates the language model",
+    )
     published_params: PositiveInt | None = None
     published_params_sig_figs: PositiveInt | None = Field(
         None, description="None: the published count is exact; else how many significant figures it has"
@@ -149,7 +246,38 @@ class ModelSpec(NamedSpec):
             raise ValueError(f"num_kv_heads {self.num_kv_heads} does not divide num_heads {self.num_heads}")
         if self.moe and self.moe.dense_layers > self.num_layers:
             raise ValueError(f"moe.dense_layers ({self.moe.dense_layers}) exceeds num_layers ({self.num_layers})")
+        if self.moe and not self.moe_layers:
+            raise ValueError("moe: no layer is an MoE layer (check dense_layers, moe_every and dense_layer_ids)")
+        if self.global_every is not None and self.sliding_window is None:
+            raise ValueError("global_every needs a sliding_window (which layers attend locally, and over what span)")
+        if self.norms_per_layer == 1 and not self.parallel_block:
+            raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
         return self
+
+    def is_attention_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) attends (every layer but a hybrid's state-space ones)."""
+        m = self.mamba
+        return m is None or layer % m.attention_every == m.attention_offset
+
+    @property
+    def attention_layers(self) -> int:
+        return sum(self.is_attention_layer(i) for i in range(self.num_layers))
+
+    @property
+    def attention_share(self) -> float:
+        """Of the layers, the share that attends: 1 but in a hybrid."""
+        return self.attention_layers / self.num_layers
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) attends over the sliding window (or chunk) only."""
+        if self.sliding_window is None:
+            return False
+        return self.global_every is None or (layer + 1) % self.global_every != 0
+
+    @property
+    def local_layers(self) -> int:
+        """Attention layers that attend locally."""
+        return sum(self.is_local_layer(i) and self.is_attention_layer(i) for i in range(self.num_layers))
 
     @property
     def kv_heads(self) -> int:
@@ -169,7 +297,16 @@ class ModelSpec(NamedSpec):
 
     @property
     def moe_layers(self) -> int:
-        return self.num_layers - self.moe.dense_layers if self.moe else 0
+        return self.moe_layers_in(0, self.num_layers)
+
+    def moe_layers_in(self, start: int, stop: int) -> int:
+        """MoE layers among layers ``start`` to ``stop - 1``."""
+        return _moe_layers_in(self.moe, start, stop) if self.moe else 0
+
+    @property
+    def dense_ffn_layers(self) -> int:
+        """Layers with a dense FFN of ffn_size: all of them without MoE."""
+        return self.num_layers - self.moe_layers
 
     @property
     def label(self) -> str:

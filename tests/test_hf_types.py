@@ -1,53 +1,62 @@
-"""The Llama-shaped model types lmcalc reads besides the first eight, against transformers itself: for each type
-a small config is written out as config.json would hold it, once as transformers writes it and once without
-``tie_word_embeddings`` (each config class's own default then applies), and lmcalc's count must equal the
-parameters transformers builds from it on the meta device, exactly."""
+"""Every model type lmcalc reads from config.json, against transformers itself: each type's tiny config
+(tests/hf_tiny.py) is read by lmcalc, once as transformers writes it and once without ``tie_word_embeddings`` (each
+config class's own default then applies), and lmcalc's count must equal the parameters transformers builds from it
+on the meta device, exactly (issue #17's target: 0 parameters off)."""
 
 from __future__ import annotations
-
-import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_tiny import MULTIMODAL, TINY, multimodal_config, multimodal_model, tiny_config, transformers_model  # noqa: E402
+
 from lmcalc.engine.params import count_params  # noqa: E402
-from lmcalc.hf_config import model_from_hf_config  # noqa: E402
+from lmcalc.errors import LmcalcError  # noqa: E402
+from lmcalc.hf_config import SUPPORTED, model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
-BASE = dict(vocab_size=512, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-            intermediate_size=352, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
-TYPES = {
-    "gemma": ("GemmaConfig", dict(head_dim=48)),
-    "granite": ("GraniteConfig", {}),
-    "smollm3": ("SmolLM3Config", {}),
-    "phi3": ("Phi3Config", {}),
-    "ernie4_5": ("Ernie4_5Config", {}),
-    "ernie4_5-bias": ("Ernie4_5Config", dict(use_bias=True)),
-}
+
+def lmcalc_spec(config: dict, kind: str) -> ModelSpec:
+    return ModelSpec.model_validate(model_from_hf_config(config, kind, f"{kind} config"))
 
 
-def transformers_count(config: dict, class_name: str) -> int:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        built = getattr(transformers, class_name).from_dict(config)
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(built)
-    return sum(p.numel() for p in model.parameters())
+def transformers_count(config: dict) -> int:
+    return sum(p.numel() for p in transformers_model(config).parameters())
+
+
+def test_every_supported_type_has_a_tiny_config():
+    assert set(SUPPORTED) <= set(TINY)
 
 
 @pytest.mark.parametrize("drop_tie", [False, True], ids=["as-written", "tie-absent"])
-@pytest.mark.parametrize("kind", list(TYPES))
+@pytest.mark.parametrize("kind", list(TINY))
 def test_parameters_equal_transformers(kind: str, drop_tie: bool):
-    class_name, extra = TYPES[kind]
-    config = getattr(transformers, class_name)(**BASE, **extra).to_dict()
+    config = tiny_config(kind)
     if drop_tie:
         config.pop("tie_word_embeddings", None)
-    ours = ModelSpec.model_validate(model_from_hf_config(config, kind, kind))
-    assert count_params(ours).total == transformers_count(config, class_name)
+    assert count_params(lmcalc_spec(config, kind)).total == transformers_count(config)
 
 
 def test_phi3_fuses_its_projections():
-    config = transformers.Phi3Config(**BASE).to_dict()
-    assert ModelSpec.model_validate(model_from_hf_config(config, "phi3", "phi3")).fused_linears == ("qkv", "gate_up")
+    assert lmcalc_spec(tiny_config("phi3"), "phi3").fused_linears == ("qkv", "gate_up")
+
+
+def test_a_string_boolean_is_refused():
+    config = tiny_config("llama") | {"tie_word_embeddings": "false"}  # "false" is a true string in Python
+    with pytest.raises(LmcalcError, match="tie_word_embeddings must be true or false"):
+        lmcalc_spec(config, "llama")
+
+
+@pytest.mark.parametrize("kind", list(MULTIMODAL))
+def test_multimodal_counts_the_text_model_and_reports_the_tower(kind: str):
+    """A multimodal config is read as its text model, whose count equals transformers' text model; the vision
+    tower and projector, reported apart, make up the rest of transformers' image-text model."""
+    config = multimodal_config(kind)
+    ours = lmcalc_spec(config, kind)
+    text = count_params(ours).total
+    assert text == transformers_count(config["text_config"] | {"tie_word_embeddings": config["tie_word_embeddings"]})
+    whole = sum(p.numel() for p in multimodal_model(config).parameters())
+    assert ours.vision_params == whole - text
+    assert "vision tower" in ours.notes[0]

@@ -21,11 +21,12 @@ from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
 
-GROUPS = ("embedding", "position", "attention", "norm", "mlp", "router", "experts", "shared_experts", "head")
+GROUPS = ("embedding", "position", "attention", "ssm", "norm", "mlp", "router", "experts", "shared_experts", "head")
 GROUP_LABELS = {
     "embedding": "Token embedding",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
+    "ssm": "State-space mixers (Mamba)",
     "norm": "Norms",
     "mlp": "Dense MLP",
     "router": "MoE router",
@@ -105,9 +106,34 @@ def _linear(name: str, site: Site, out: Dim, inp: Dim, bias: bool) -> list[Weigh
     return tensors
 
 
+def _mamba(spec: ModelSpec) -> list[WeightTensor]:
+    """A state-space layer's tensors, as Mamba (Gu & Dao 2023, §3.4) and Jamba's transformers module build them: the
+    input projection to x and the gate z (2·d_in × h), the causal depthwise convolution (d_in × d_conv, and a bias),
+    the projection of x to Δ's rank and to B and C (r + 2N) × d_in, Δ's up-projection (d_in × r, with a bias),
+    A (d_in × N, kept as its log), D (d_in), the output projection (h × d_in), and Jamba's RMSNorms on Δ, B and C."""
+    m = spec.mamba
+    if m is None:
+        return []
+    h, d_in, N, r = Dim(spec.hidden_size, "h"), Dim(m.d_inner, "d_in"), Dim(m.d_state, "N"), Dim(m.dt_rank, "r")
+    site = Site("ssm", spec.num_layers - spec.attention_layers, "L_ssm")
+    tensors = _linear("ssm.in_proj", site, Dim(2 * m.d_inner, "2·d_in"), h, m.proj_bias)
+    tensors.append(_tensor("ssm.conv.weight", site, (d_in, Dim(m.d_conv, "d_conv")), False))
+    if m.conv_bias:
+        tensors.append(_tensor("ssm.conv.bias", site, (d_in,), False))
+    tensors += _linear("ssm.x_proj", site, Dim(m.dt_rank + 2 * m.d_state, "(r+2N)"), d_in, False)
+    tensors += _linear("ssm.dt_proj", site, d_in, r, True)
+    tensors += [_tensor("ssm.A_log", site, (d_in, N), False), _tensor("ssm.D", site, (d_in,), False)]
+    tensors += _linear("ssm.out_proj", site, h, d_in, m.proj_bias)
+    if m.inner_norms:
+        tensors += [
+            _tensor(f"ssm.{name}_norm.weight", site, (size,), False) for name, size in (("dt", r), ("b", N), ("c", N))
+        ]
+    return tensors
+
+
 def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     h, heads, kv, d = Dim(spec.hidden_size, "h"), spec.num_heads, spec.kv_heads, spec.head_size
-    site = Site("attention", n, "L")
+    site = Site("attention", n, "L_attn" if spec.mamba else "L")
     qkv_bias = spec.attention_bias in ("qkv", "all")
     out_bias = spec.attention_bias == "all"
     if spec.mla:
@@ -139,6 +165,20 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     elif spec.qk_norm == "per_head":
         tensors += _norm("attn.q_norm", site, Dim(d, "d"), spec)
         tensors += _norm("attn.k_norm", site, Dim(d, "d"), spec)
+    if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)
+        tensors.append(_tensor("attn.sinks", site, (Dim(heads, "H"),), False))
+    return tensors
+
+
+def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
+    """The norms of each layer: one before attention and one before the MLP; only the first in a parallel block
+    that feeds both from one norm; and with sandwich norms, one more after each, before the residual add."""
+    norms = Site("norm", spec.num_layers, "L")
+    tensors = _norm("attn_norm", norms, h, spec)
+    if spec.norms_per_layer >= 2:
+        tensors += _norm("mlp_norm", norms, h, spec)
+    if spec.norms_per_layer == 4:
+        tensors += _norm("post_attn_norm", norms, h, spec) + _norm("post_mlp_norm", norms, h, spec)
     return tensors
 
 
@@ -164,24 +204,28 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors.append(
             _tensor("pos_embed.weight", Site("position", 1, "1"), (Dim(spec.max_seq_len, "s_max"), h), False)
         )
-    tensors += _attention(spec, L)
-    norms = Site("norm", L, "L")
-    tensors += _norm("attn_norm", norms, h, spec)
-    tensors += _norm("mlp_norm", norms, h, spec)
+    if spec.embedding_norm:
+        tensors += _norm("embed_norm", Site("norm", 1, "1"), h, spec)
+    tensors += _attention(spec, spec.attention_layers)
+    tensors += _mamba(spec)
+    tensors += _layer_norms(spec, h)
     moe = spec.moe
     if moe is None:
         tensors += _ffn("mlp", Site("mlp", L, "L"), spec, Dim(spec.ffn_size, "f"))
     else:
         n_moe, f_e = spec.moe_layers, Dim(moe.expert_ffn_size, "f_e")
-        if moe.dense_layers:
-            tensors += _ffn("dense_mlp", Site("mlp", moe.dense_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
+        if spec.dense_ffn_layers:
+            tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
         router, experts = Site("router", n_moe, "L_moe"), Dim(moe.num_experts, "E")
         tensors += _linear("router", router, experts, h, moe.router_bias)
         routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * moe.experts_per_token)
         tensors += _ffn("experts", routed, spec, f_e)
         if moe.shared_experts:
             shared = Site("shared_experts", n_moe * moe.shared_experts, "L_moe·E_shared")
-            tensors += _ffn("shared_experts", shared, spec, f_e)
+            f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
+            tensors += _ffn("shared_experts", shared, spec, f_s)
+            if moe.shared_expert_gate:  # sigmoid(x·w) scales the shared experts' output (Qwen2-MoE)
+                tensors += _linear("shared_expert_gate", Site("shared_experts", n_moe, "L_moe"), Dim(1, "1"), h, False)
     tensors += _norm("final_norm", Site("norm", 1, "1"), h, spec)
     if not spec.tied_embeddings:
         tensors.append(_tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
@@ -231,6 +275,32 @@ def _group_formula(tensors: list[WeightTensor], active: bool = False) -> tuple[s
     return " + ".join(parts), " + ".join(numbers)
 
 
+def mtp_params(spec: ModelSpec) -> int:
+    """One multi-token-prediction module's own parameters (DeepSeek-V3 §2.2, Figure 3): RMSNorms on the hidden state
+    and on the next token's embedding (2·h), their concatenation projected back to h (2h·h), one more layer like the
+    model's last, and the norm before the shared head (h); the embedding and the head are the main model's."""
+    from lmcalc.engine.step_peak import layer_params  # step_peak builds on this module
+
+    last = spec.num_layers - 1
+    h = spec.hidden_size
+    return 2 * h + 2 * h * h + layer_params(spec, bool(spec.moe and spec.moe.is_moe_layer(last))) + h
+
+
+def mtp_term(spec: ModelSpec) -> Term:
+    h, n = spec.hidden_size, spec.mtp_modules
+    layer = mtp_params(spec) - 3 * h - 2 * h * h
+    return Term(
+        "mtp",
+        "Multi-token prediction modules (not in the total)",
+        n * mtp_params(spec),
+        "params",
+        "n_mtp · (2·h + 2h·h + one layer + h)",
+        f"{n} × (2×{h} + 2×{h}×{h} + {group(layer)} + {h})",
+        "DeepSeek-V3 technical report §2.2",
+        note="trained beside the model and dropped for inference; the embedding and head are shared",
+    )
+
+
 def params_section(spec: ModelSpec) -> Section:
     """The parameter breakdown as terms, each group with its formula and numbers substituted."""
     tensors = weight_tensors(spec)
@@ -278,4 +348,17 @@ def params_section(spec: ModelSpec) -> Section:
             note="the N of Kaplan et al. 2020; the output head counts when untied",
         )
     )
+    if spec.mtp_modules:
+        terms.append(mtp_term(spec))
+    if spec.vision_params is not None:
+        terms.append(
+            Term(
+                "vision",
+                "Vision tower and projector (not in the total)",
+                spec.vision_params,
+                "params",
+                "every tensor of config.json's vision_config, and the projector to the text model",
+                note="a multimodal model: lmcalc estimates its language model; the tower is reported apart",
+            )
+        )
     return Section("params", "Parameters", tuple(terms))

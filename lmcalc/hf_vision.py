@@ -1,0 +1,41 @@
+"""The vision tower of a multimodal config.json, counted beside its text model (never in it): Gemma 3's SigLIP
+encoder and projector, tensor by tensor as transformers builds them. lmcalc estimates the language model's
+training; the tower is reported so that the total a model card gives can be reconciled with the text model's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SIGLIP = ("siglip_vision_model",)
+"""Vision configs counted here; another tower is named in a note, not counted."""
+
+
+def _linear(inputs: int, outputs: int, bias: bool = True) -> int:
+    return inputs * outputs + (outputs if bias else 0)
+
+
+def siglip_params(vision: dict[str, Any]) -> int:
+    """SigLIP's vision transformer (Zhai et al. 2023): a patch embedding (a strided convolution with a bias), one
+    learned position per patch, pre-norm layers (LayerNorm with biases; q, k, v and output projections and a
+    GELU MLP, all with biases), a final LayerNorm and, unless ``vision_use_head`` is false, the attention-pooling
+    head (a probe, an attention with packed in-projection, a LayerNorm and an MLP). Defaults are
+    SiglipVisionConfig's."""
+    h, f = vision.get("hidden_size", 768), vision.get("intermediate_size", 3072)
+    patch, image = vision.get("patch_size", 16), vision.get("image_size", 224)
+    channels = vision.get("num_channels", 3)
+    embeddings = channels * patch * patch * h + h + (image // patch) ** 2 * h
+    mlp = _linear(h, f) + _linear(f, h)
+    layer = 2 * h + 4 * _linear(h, h) + 2 * h + mlp
+    total = embeddings + vision.get("num_hidden_layers", 12) * layer + 2 * h
+    if vision.get("vision_use_head", True):
+        total += h + _linear(h, 3 * h) + _linear(h, h) + 2 * h + mlp
+    return total
+
+
+def vision_params(config: dict[str, Any], text_hidden: int) -> int | None:
+    """The vision tower and projector of a multimodal ``config``, or None when lmcalc does not count its kind."""
+    vision = config.get("vision_config") or {}
+    if config.get("model_type") == "gemma3" and vision.get("model_type", "siglip_vision_model") in SIGLIP:
+        # Gemma3MultiModalProjector: an (h_vision × h_text) projection and an RMSNorm on the vision side
+        return siglip_params(vision) + vision.get("hidden_size", 768) * (text_hidden + 1)
+    return None

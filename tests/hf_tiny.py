@@ -1,0 +1,168 @@
+"""Tiny Hugging Face configs, one per ``model_type`` lmcalc reads, as ``config.json`` would hold them: four layers
+(so that alternating patterns show: sliding and global layers, MoE every other layer, one leading dense layer),
+widths of 64 to 128, a vocabulary of 512. transformers builds each on the meta device in milliseconds; the tests
+compare lmcalc's count and FLOPs with that model (tests/test_hf_types.py, the ``validate --against transformers``
+tests)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+BASE: dict[str, Any] = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=4, intermediate_size=96, pad_token_id=0, bos_token_id=1,
+                            eos_token_id=2)  # fmt: skip
+MOE: dict[str, Any] = dict(moe_intermediate_size=32, num_experts_per_tok=2)
+TINY: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", dict(sliding_window=24)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(MOE, num_experts=4, shared_expert_intermediate_size=80, decoder_sparse_step=2, mlp_only_layers=[2]),
+    ),
+    "qwen3": ("Qwen3Config", dict(head_dim=48)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(MOE, num_experts=4, head_dim=48, decoder_sparse_step=1, mlp_only_layers=[0])),
+    "gemma": ("GemmaConfig", dict(head_dim=48)),
+    "gemma2": ("Gemma2Config", dict(head_dim=48, sliding_window=24)),
+    "gemma3_text": ("Gemma3TextConfig", dict(head_dim=48, sliding_window=24, sliding_window_pattern=3)),
+    "phi3": ("Phi3Config", {}),
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=32, sliding_window=24)),
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        dict(
+            MOE,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            num_key_value_heads=4,
+        ),
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(
+            MOE,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            num_key_value_heads=4,
+            n_group=2,
+            topk_group=1,
+        ),
+    ),
+    "glm4": ("Glm4Config", {}),
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        dict(
+            MOE,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            use_qk_norm=True,
+            head_dim=24,
+        ),
+    ),
+    "smollm3": ("SmolLM3Config", {}),
+    "olmo2": ("Olmo2Config", {}),
+    "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2)),
+    "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=4, n_head=4, n_positions=128)),
+    "gpt_neox": ("GPTNeoXConfig", {}),
+    "falcon": ("FalconConfig", dict(num_kv_heads=2, new_decoder_architecture=True)),
+    "bloom": ("BloomConfig", dict(n_layer=4, n_head=4)),
+    "starcoder2": ("Starcoder2Config", dict(sliding_window=24)),
+    "cohere": ("CohereConfig", dict(use_qk_norm=True)),
+    "cohere2": ("Cohere2Config", dict(sliding_window=24, sliding_window_pattern=2)),
+    "granite": ("GraniteConfig", {}),
+    "ernie4_5": ("Ernie4_5Config", dict(use_bias=True)),
+    "jamba": (
+        "JambaConfig",
+        dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            attn_layer_period=4,
+            attn_layer_offset=2,
+            mamba_d_state=8,
+            mamba_dt_rank=8,
+        ),
+    ),
+    "llama4_text": (
+        "Llama4TextConfig",
+        dict(
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            intermediate_size_mlp=128,
+            interleave_moe_layer_step=2,
+            head_dim=32,
+            attention_chunk_size=24,
+            no_rope_layer_interval=2,
+        ),
+    ),
+}
+"""model_type: (transformers config class, the fields that differ from ``BASE``)."""
+VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+              patch_size=8)  # fmt: skip
+MULTIMODAL: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "gemma3": ("Gemma3Config", "gemma3_text", dict(mm_tokens_per_image=4, vision_config=VISION)),
+    "gemma3-no-head": ("Gemma3Config", "gemma3_text",
+                       dict(mm_tokens_per_image=4, vision_config=VISION | dict(vision_use_head=False))),
+}  # fmt: skip
+"""Multimodal configs: (config class, the text model's type in TINY, the wrapper's fields besides text_config)."""
+
+
+def multimodal_config(kind: str) -> dict[str, Any]:
+    """``kind``'s tiny multimodal config as config.json holds it: a TINY text model under ``text_config``."""
+    import transformers
+
+    class_name, text_kind, extra = MULTIMODAL[kind]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(transformers, class_name)(text_config=tiny_config(text_kind), **extra).to_dict()
+
+
+def multimodal_model(config: dict[str, Any]):  # noqa: ANN201 (a transformers model)
+    """The image-text model transformers builds from a multimodal ``config`` on the meta device."""
+    import torch
+    import transformers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = transformers.AutoConfig.for_model(**config)
+        with torch.device("meta"):
+            return transformers.AutoModelForImageTextToText.from_config(built)
+
+
+def tiny_config(kind: str) -> dict[str, Any]:
+    """``kind``'s tiny config as config.json holds it (transformers' ``to_dict``)."""
+    import transformers
+
+    class_name, extra = TINY[kind]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(transformers, class_name)(**{**BASE, **extra}).to_dict()
+
+
+def transformers_model(config: dict[str, Any]):  # noqa: ANN201 (a transformers model)
+    """The causal-LM model transformers builds from ``config`` on the meta device: no weights are allocated."""
+    import torch
+    import transformers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = transformers.AutoConfig.for_model(**config)
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(built)
