@@ -89,9 +89,9 @@ def peak_saved_bytes(model: ReferenceModel, tokens: torch.Tensor, recompute: Rec
     if recompute != "full":
         return held
     spec = model.spec
-    first_moe = spec.moe.dense_layers if spec.moe else None
-    kinds = {0 if not spec.moe or spec.moe.dense_layers else first_moe, first_moe}
-    return held + max(saved_for_backward(model, tokens, layer=i).bytes for i in kinds if i is not None)
+    moe_flags = [bool(spec.moe and spec.moe.is_moe_layer(i)) for i in range(spec.num_layers)]
+    kinds = {moe_flags.index(kind) for kind in (False, True) if kind in moe_flags}  # the first of each kind
+    return held + max(saved_for_backward(model, tokens, layer=i).bytes for i in kinds)
 
 
 CUDA_CHECK_SEQ = 1024  # row 4's sequence when --seq is longer: the check is about the timeline, not scale
@@ -331,6 +331,8 @@ def model_that_fits(spec: ModelSpec, max_params: float) -> ModelSpec:
         if spec.moe:
             update["moe"] = spec.moe.model_copy(update={"dense_layers": min(spec.moe.dense_layers, layers - 1)})
         cut = spec.model_copy(update=update)
+        if spec.moe and not cut.moe_layers:
+            continue
         if count_params(cut).total <= max_params:
             return cut
     return scaled_model(spec, max_params)

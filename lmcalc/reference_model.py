@@ -80,9 +80,9 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class Attention(nn.Module):
     """Multi-head attention with GQA/MQA, optional QKV bias and QK-norm, or DeepSeek's latent attention."""
 
-    def __init__(self, spec: ModelSpec, impl: AttentionImpl, **kw):
+    def __init__(self, spec: ModelSpec, impl: AttentionImpl, local: bool = False, **kw):
         super().__init__()
-        self.spec, self.impl = spec, impl
+        self.spec, self.impl, self.local = spec, impl, local
         h, heads, kv, d = spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_size
         qkv_bias, out_bias = spec.attention_bias in ("qkv", "all"), spec.attention_bias == "all"
         if spec.mla:
@@ -106,6 +106,8 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = make_norm(spec, heads * d, **kw), make_norm(spec, kv * d, **kw)
         elif spec.qk_norm == "per_head":
             self.q_norm, self.k_norm = make_norm(spec, d, **kw), make_norm(spec, d, **kw)
+        if spec.attention_sinks:  # gpt-oss: one learned logit per head in every softmax
+            self.sinks = nn.Parameter(torch.zeros(heads, **kw))
 
     def project(self, x, cos, sin):
         """Queries, keys and values as (batch, heads, seq, dim), RoPE applied."""
@@ -143,8 +145,9 @@ class Attention(nn.Module):
             # A CUDA case no fused kernel takes would silently run the math kernel, which keeps the fp32
             # b·H·s² scores: refuse it, so that a memory check never measures the wrong kernel.
             try:
+                mask = {"attn_mask": causal_bias[: q.shape[2], : q.shape[2]]} if self.local else {"is_causal": True}
                 with sdpa_kernel(FUSED_CUDA_KERNELS) if q.device.type == "cuda" else nullcontext():
-                    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=groups > 1)
+                    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=groups > 1, **mask)
             except RuntimeError as exc:
                 if NO_KERNEL not in str(exc):
                     raise
@@ -157,8 +160,12 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         s = q.shape[2]
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + causal_bias[:s, :s]
-        probs = F.dropout(torch.softmax(scores, dim=-1), p, self.training)
-        return probs @ v
+        if hasattr(self, "sinks"):  # the sink joins each row's softmax, then is dropped
+            sink = self.sinks.view(1, -1, 1, 1).expand(scores.shape[0], -1, s, 1)
+            probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :s]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        return F.dropout(probs, p, self.training) @ v
 
     def forward(self, x, cos, sin, causal_bias, selective: bool):
         b, s, _ = x.shape
@@ -218,7 +225,9 @@ class MoE(nn.Module):
         if moe.router_bias:
             self.router_bias = nn.Parameter(torch.zeros(moe.num_experts, **kw))
         self.experts = nn.ModuleList(FeedForward(spec, moe.expert_ffn_size, **kw) for _ in range(moe.num_experts))
-        self.shared = nn.ModuleList(FeedForward(spec, moe.expert_ffn_size, **kw) for _ in range(moe.shared_experts))
+        self.shared = nn.ModuleList(FeedForward(spec, moe.shared_width, **kw) for _ in range(moe.shared_experts))
+        if moe.shared_expert_gate:  # Qwen2-MoE: sigmoid(x·w) scales the shared experts' output
+            self.shared_gate = nn.Linear(spec.hidden_size, 1, bias=False, **kw)
 
     def forward(self, x):
         shape = x.shape
@@ -249,23 +258,41 @@ class MoE(nn.Module):
                     y = expert(x[rows]) * flat_weights[start : start + count, None]
                     out = out.index_add(0, rows, y)
                 start += count
-        for shared in self.shared:
-            out = out + shared(x)
-        return out.reshape(shape)
+        shared_out = sum((shared(x) for shared in self.shared), torch.zeros_like(x))
+        if hasattr(self, "shared_gate"):
+            shared_out = torch.sigmoid(self.shared_gate(x)) * shared_out
+        return (out + shared_out).reshape(shape)
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, moe_layer: bool, impl: AttentionImpl, **kw):
+    """Pre-norm attention then MLP; with sandwich norms (Gemma 2/3), a norm on each output too; a parallel block
+    (GPT-NeoX, Falcon, Cohere) adds both to the residual at once, from one norm or from one each."""
+
+    def __init__(self, spec: ModelSpec, layer: int, impl: AttentionImpl, **kw):
         super().__init__()
-        self.attn_norm = make_norm(spec, spec.hidden_size, **kw)
-        self.attn = Attention(spec, impl, **kw)
-        self.mlp_norm = make_norm(spec, spec.hidden_size, **kw)
+        h, moe_layer = spec.hidden_size, bool(spec.moe and spec.moe.is_moe_layer(layer))
+        self.attn_norm = make_norm(spec, h, **kw)
+        self.attn = Attention(spec, impl, spec.is_local_layer(layer), **kw)
+        if spec.norms_per_layer >= 2:
+            self.mlp_norm = make_norm(spec, h, **kw)
+        if spec.norms_per_layer == 4:
+            self.post_attn_norm, self.post_mlp_norm = make_norm(spec, h, **kw), make_norm(spec, h, **kw)
         self.mlp = MoE(spec, **kw) if moe_layer else FeedForward(spec, spec.ffn_size, **kw)
-        self.p = DROPOUT_P if spec.dropout else 0.0
+        self.p, self.parallel = DROPOUT_P if spec.dropout else 0.0, spec.parallel_block
 
     def forward(self, x, cos, sin, causal_bias, selective: bool = False):
-        x = x + F.dropout(self.attn(self.attn_norm(x), cos, sin, causal_bias, selective), self.p, self.training)
-        return x + F.dropout(self.mlp(self.mlp_norm(x)), self.p, self.training)
+        def post(name: str, y):
+            return getattr(self, name)(y) if hasattr(self, name) else y
+
+        normed = self.attn_norm(x)
+        attn = F.dropout(
+            post("post_attn_norm", self.attn(normed, cos, sin, causal_bias, selective)), self.p, self.training
+        )
+        if self.parallel:
+            mlp_in = self.mlp_norm(x) if hasattr(self, "mlp_norm") else normed
+            return x + attn + F.dropout(self.mlp(mlp_in), self.p, self.training)
+        x = x + attn
+        return x + F.dropout(post("post_mlp_norm", self.mlp(self.mlp_norm(x))), self.p, self.training)
 
 
 class ReferenceModel(nn.Module):
@@ -278,8 +305,9 @@ class ReferenceModel(nn.Module):
         self.embed = nn.Embedding(spec.vocab_size, h, **kw)
         if spec.position_embedding == "learned":
             self.pos_embed = nn.Embedding(spec.max_seq_len, h, **kw)
-        n_dense = spec.moe.dense_layers if spec.moe else spec.num_layers
-        self.layers = nn.ModuleList(Block(spec, i >= n_dense, attention, **kw) for i in range(spec.num_layers))
+        if spec.embedding_norm:
+            self.embed_norm = make_norm(spec, h, **kw)
+        self.layers = nn.ModuleList(Block(spec, i, attention, **kw) for i in range(spec.num_layers))
         self.final_norm = make_norm(spec, h, **kw)
         if not spec.tied_embeddings:
             self.lm_head = nn.Linear(h, spec.vocab_size, bias=False, **kw)
@@ -294,20 +322,30 @@ class ReferenceModel(nn.Module):
         self.register_buffer("sin", angles.sin().to(dtype), persistent=False)
         mask = torch.full((seq, seq), float("-inf"), device=device, dtype=dtype).triu(1)
         self.register_buffer("causal_bias", mask, persistent=False)
+        if spec.sliding_window is not None:  # local layers: the window of keys up to each query, or its chunk's
+            w, position = spec.sliding_window, torch.arange(seq, device=device)
+            if spec.local_attention == "sliding":
+                outside = position[:, None] - position[None, :] >= w
+            else:
+                outside = position[:, None] // w != position[None, :] // w
+            self.register_buffer("local_bias", mask.masked_fill(outside, float("-inf")), persistent=False)
 
     def forward(self, tokens: torch.Tensor, recompute: Recompute = "none") -> torch.Tensor:
         """Logits for ``tokens`` of shape (batch, seq)."""
         s = tokens.shape[1]
         x = self.embed(tokens)
+        if hasattr(self, "embed_norm"):
+            x = self.embed_norm(x)
         if hasattr(self, "pos_embed"):
             x = x + self.pos_embed(torch.arange(s, device=tokens.device))
         x = F.dropout(x, DROPOUT_P if self.spec.dropout else 0.0, self.training)
         cos, sin = self.get_buffer("cos")[:s], self.get_buffer("sin")[:s]
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            bias = self.get_buffer("local_bias") if self.spec.is_local_layer(i) else self.causal_bias
             if recompute == "full":
-                x = checkpoint(layer, x, cos, sin, self.causal_bias, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, bias, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, self.causal_bias, recompute == "selective")
+                x = layer(x, cos, sin, bias, recompute == "selective")
         x = self.final_norm(x)
         head = self.lm_head.weight if hasattr(self, "lm_head") else self.embed.weight
         return F.linear(x, head)

@@ -75,14 +75,20 @@ def small_config(spec: ModelSpec) -> ModelSpec:
     if spec.moe:
         moe = spec.moe
         experts = min(moe.num_experts, 4)
-        update["moe"] = {
+        update["moe"] = moe.model_dump() | {
             "num_experts": experts,
             "experts_per_token": min(moe.experts_per_token, experts // 2 or 1),
             "shared_experts": min(moe.shared_experts, 1),
             "expert_ffn_size": max(8, round(moe.expert_ffn_size / spec.hidden_size * h)),
             "dense_layers": min(moe.dense_layers, 1),
-            "router_bias": moe.router_bias,
+            "moe_every": min(moe.moe_every, SMALL_LAYERS),
+            "dense_layer_ids": [],
+            "shared_expert_ffn_size": None,
+            "node_limit": None,
         }
+    if spec.sliding_window:  # a window shorter than the check's sequences, one global layer of the two
+        update["sliding_window"] = min(spec.sliding_window, 64)
+        update["global_every"] = None if spec.global_every is None else SMALL_LAYERS
     return ModelSpec.model_validate({**spec.model_dump(), **update})
 
 
@@ -139,6 +145,11 @@ def validate(*, model: ModelLike, seq: str | int = 1024, micro_batch: int = 1, r
     except ImportError:
         raise LmcalcError("validate needs PyTorch: pip install 'lmcalc[bench]'") from None
     resolved = resolve_model(model)
+    if resolved.spec.mamba:
+        raise LmcalcError(
+            f"{resolved.spec.label} is a hybrid: lmcalc's PyTorch reference model has no state-space layers; check it "
+            "with --against transformers"
+        )
     modes = RECOMPUTE_MODES if recompute is None else (choice(recompute, RECOMPUTE_MODES, "recompute"),)
     seq_len = int(seq_given(seq).value)
     return validate_result(resolved.spec, seq_len, positive_int(micro_batch, "micro_batch"), modes, resolved.note)

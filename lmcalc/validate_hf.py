@@ -84,6 +84,24 @@ def grouped_mm_flops(a: Sequence[int], b: Sequence[int], out: Sequence[int]) -> 
     return 2 * math.prod(out) * a[-1] // groups
 
 
+def convolution_backward_flops(
+    grad_out_shape: Sequence[int],
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    *args: Any,
+    out_shape: Any = None,
+    **_: Any,
+) -> int:
+    """A convolution's backward: the input's and the weight's gradients, each as many FLOPs as the forward. torch's
+    own formula recasts the weight's gradient as a convolution over the batch and loses the groups, so a depthwise
+    convolution (Mamba's, groups = channels) is over-counted by its channel count (129× the forward for 128)."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    transposed, output_mask = args[4], args[7]
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
+
+
 @functools.cache
 def _register_counting_ops() -> None:
     """Once per process: the fused-attention operator that stands in for SDPA on meta, and the FLOP formulas."""
@@ -185,7 +203,8 @@ def training_step_flops(model: PreTrainedModel, seq_len: int, micro_batch: int) 
         model.set_experts_implementation("grouped_mm")
     model.bfloat16().train()
     tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long, device="meta")
-    with _on_meta(), FlopCounterMode(display=False) as counter:
+    corrected = {torch.ops.aten.convolution_backward: convolution_backward_flops}
+    with _on_meta(), FlopCounterMode(display=False, custom_mapping=corrected) as counter:
         try:
             model(input_ids=tokens, labels=tokens, use_cache=False).loss.backward()
         except (RuntimeError, NotImplementedError) as error:

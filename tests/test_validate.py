@@ -1,6 +1,7 @@
 """lmcalc against PyTorch itself: nn.Module parameters, FlopCounterMode, bytes saved for backward."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,16 @@ from lmcalc.presets import builtin_dir, resolve_model, resolve_optimizer, resolv
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 PRESETS = sorted(p.stem for p in (builtin_dir() / "models").glob("*.yaml"))
-META_SEQ = 256  # tokens × k divides evenly over every preset's experts (DeepSeek-V3: 256 × 8 / 256)
+META_SEQ = 256
+
+
+def meta_seq(spec) -> int:
+    """256 tokens, or the least multiple of 256 whose tokens × k the meta device spreads evenly over the experts
+    (DeepSeek-V2: 160 experts, top-6, so multiples of 80: 1,280)."""
+    if spec.moe is None:
+        return META_SEQ
+    unit = spec.moe.num_experts // math.gcd(spec.moe.num_experts, spec.moe.experts_per_token)
+    return math.lcm(META_SEQ, unit)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -33,10 +43,11 @@ def test_every_preset_matches_pytorch_params_and_flops(name):
     # Rows 1 and 2 at full size on the meta device: the module's parameter count equals the engine's,
     # and FlopCounterMode's count of one forward + backward equals the engine's full-attention count.
     spec = resolve_model(name).spec
-    model = measure.build(spec, "flash", META_SEQ, "meta")
+    seq = meta_seq(spec)
+    model = measure.build(spec, "flash", seq, "meta")
     assert measure.parameter_count(model) == count_params(spec).total
-    engine = 3 * fl.forward_flops_per_token(spec, META_SEQ, "full").total * META_SEQ
-    assert measure.training_step_flops(model, META_SEQ, 1) == pytest.approx(engine, rel=1e-3)
+    engine = 3 * fl.forward_flops_per_token(spec, seq, "full").total * seq
+    assert measure.training_step_flops(model, seq, 1) == pytest.approx(engine, rel=1e-3)
 
 
 BASE = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, ffn_size=160, max_seq_len=256)

@@ -96,7 +96,11 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     H, dqk, dv, h = spec.num_heads, spec.qk_head_dim, spec.v_head_dim, spec.hidden_size
     rows = Dim(sb, "s·b")
-    tensors = [SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq", for_weights=QKV)]
+    # one norm feeding both halves of a parallel block (Falcon-7B, Cohere): its output is the MLP's input too
+    readers = (*QKV, *UP, "router") if spec.norms_per_layer == 1 else QKV
+    tensors = [
+        SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq", for_weights=readers)
+    ]
     if spec.mla:
         m = spec.mla
         if m.q_lora_rank:
@@ -160,6 +164,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
     s, b, h, sb = w.seq_len, w.micro_batch, spec.hidden_size, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
     tensors = _norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
+    kept_by_every_layer = len(tensors) + 1  # the norm's, and its output: the mixer's input in every layer
     tensors += _attention_saved(w)
     if w.attention == "eager":
         if w.framework.attention.eager_softmax == "fp32":  # softmax in fp32, kept; its cast copy meets V
@@ -176,10 +181,45 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
         # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output
         # projection's input is a view of the same storage, so it is counted once.
         tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
+    if spec.mamba:  # a hybrid: the average layer, attention in A of its L layers, a state-space mixer in the rest
+        L, A = spec.num_layers, spec.attention_layers
+        mixer = [_share(t, A, L) for t in tensors[kept_by_every_layer:]] + [_share(t, L - A, L) for t in _ssm_saved(w)]
+        tensors = tensors[:kept_by_every_layer] + mixer
+    if spec.norms_per_layer == 4:  # a sandwich norm on the attention's output (Gemma 2/3): its input is new
+        tensors += _norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.dropout:
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
     tensors += [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
     return tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe)))
+
+
+def _share(tensor: SavedTensor, layers: int, of: int) -> SavedTensor:
+    """``tensor`` as kept by ``layers`` of every ``of`` layers, on average."""
+    return replace(tensor, elements=tensor.elements * layers / of, symbol=f"({layers}/{of})·{tensor.symbol}")
+
+
+SCAN_CHUNK = 2048  # mamba_ssm's selective scan keeps its fp32 state once per chunk of this many tokens
+
+
+def _ssm_saved(w: Workload) -> list[SavedTensor]:
+    """What a state-space layer keeps for backward, as mamba_ssm's fused path keeps it (``mamba_inner_fn``, its
+    default checkpoint level, which rebuilds the convolution's output and Δ in backward): the input projection's
+    output x‖z, the x_proj output (Δ's low rank, B, C), contiguous B and C, the scan's output y, and the scan's
+    fp32 state (d_in × 2N) once per chunk of 2,048 tokens. An estimate of a fused kernel's choices, not checked
+    against a measurement here (no mamba_ssm on the CPU); transformers' PyTorch scan keeps far more: a state per
+    token."""
+    m, act, sb = w.model.mamba, w.precision.activation_bytes, w.tokens
+    assert m is not None
+    chunks = -(-w.seq_len // SCAN_CHUNK) * w.micro_batch
+    return [
+        SavedTensor("x and z (input projection output)", "s·b·2·d_in", sb * 2 * m.d_inner, act),
+        SavedTensor("Δ, B, C (x_proj output)", "s·b·(r+2N)", sb * (m.dt_rank + 2 * m.d_state), act),
+        SavedTensor("B and C (contiguous copies)", "s·b·2N", sb * 2 * m.d_state, act),
+        SavedTensor("scan output y", "s·b·d_in", sb * m.d_inner, act),
+        SavedTensor(
+            "scan state per chunk of 2,048 tokens (fp32)", "⌈s/2048⌉·b·d_in·2N", chunks * m.d_inner * 2 * m.d_state, 4
+        ),
+    ]
 
 
 def _needed(w: Workload, tensor: SavedTensor, adapted: set[str]) -> bool:
@@ -249,7 +289,7 @@ def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
     if not w.method.adapters or w.recompute == "full":
         return ()
     modules = adapted_modules(w.model, w.method)
-    moe_first = bool(w.model.moe) and w.model.moe.dense_layers == 0  # type: ignore[union-attr]
+    moe_first = bool(w.model.moe and w.model.moe.is_moe_layer(0))
     first = layer_kept_tensors(w, moe_first)
     if any(m.group == "attention" for m in modules):
         reads_input = {m.name for m in modules if m.leaf in QKV}
@@ -280,6 +320,10 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     h = spec.hidden_size
     tensors = _norm_saved(w, "MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
+    if spec.parallel_block and norm_keeps(w) == "input":  # the MLP norm reads the layer input, kept already
+        tensors = [t for t in tensors if not t.label.endswith(" input")]
+    if spec.norms_per_layer == 1:  # one norm feeds both halves: the MLP reads the attention norm's output
+        tensors = []
     if moe_layer and spec.moe:
         moe = spec.moe
         k, f_e = moe.experts_per_token, Dim(moe.expert_ffn_size, "f_e")
@@ -305,9 +349,14 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
                 )
             )
         if moe.shared_experts:
-            tensors += _ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_e, with_input=False)
+            f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
+            tensors += _ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_s, with_input=False)
     else:
         tensors += _ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
+    if spec.norms_per_layer == 1:
+        tensors = [t for t in tensors if "(norm output)" not in t.label]
+    if spec.norms_per_layer == 4:  # a sandwich norm on the MLP's output
+        tensors += _norm_saved(w, "post-MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.dropout:
         tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     return tensors
@@ -351,6 +400,8 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     h = spec.hidden_size
     embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
+    if spec.embedding_norm:  # BLOOM's LayerNorm on the embedding output
+        embedding += _norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.dropout:
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     head = _norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [

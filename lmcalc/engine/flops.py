@@ -34,15 +34,16 @@ FLOPS_PER_PARAM_PER_TOKEN = 2 * (1 + BACKWARD_TO_FORWARD)  # the 6 of 6·N·D: 2
 class ForwardFlops:
     """Forward-pass FLOPs per token, by where they are spent."""
 
-    projections: float  # attention Q/K/V/O (and MLA low-rank) weight matmuls
+    projections: float  # attention Q/K/V/O (and MLA low-rank) weight matmuls; a hybrid's state-space projections
     mlp: float  # dense MLP, routed experts visited, shared experts, router
     attention_scores: float  # Q·K^T
     attention_values: float  # softmax(QK^T)·V
     logits: float
+    ssm: float = 0.0  # a hybrid's state-space layers: the causal convolution and the scan's read-out (ssm_flops)
 
     @property
     def layers(self) -> float:
-        return self.projections + self.mlp + self.attention_scores + self.attention_values
+        return self.projections + self.mlp + self.attention_scores + self.attention_values + self.ssm
 
     @property
     def total(self) -> float:
@@ -52,6 +53,31 @@ class ForwardFlops:
 def effective_keys(seq_len: int, convention: AttnConvention) -> float:
     """Keys each query is scored against, averaged over positions: s (full) or (s+1)/2 (causal)."""
     return seq_len if convention == "full" else (seq_len + 1) / 2
+
+
+def local_keys(seq_len: int, window: int, kind: str) -> float:
+    """Keys each query of a local layer sees, averaged over positions, as a causal kernel with a window computes
+    them. Sliding (Beltagy et al. 2020; Mistral): query i sees min(i, w) keys, so (s+1)/2 while s ≤ w, and
+    (w·(w+1)/2 + (s−w)·w)/s beyond. Chunked (Llama 4): query i sees the keys of its own chunk of w up to itself,
+    (w+1)/2 on average over each whole chunk, and the last, partial chunk of r tokens (r+1)/2."""
+    s, w = seq_len, window
+    if kind == "sliding":
+        return (s + 1) / 2 if s <= w else (w * (w + 1) / 2 + (s - w) * w) / s
+    whole, rest = divmod(s, w)
+    return (whole * w * (w + 1) / 2 + rest * (rest + 1) / 2) / s
+
+
+def attended_keys(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> float:
+    """Keys a query is scored against, averaged over positions and over the model's attention layers. The full
+    convention counts every key of every layer (what ``FlopCounterMode`` counts: a masked-out score is still
+    computed); the causal one counts what a causal kernel computes, over the window alone in local layers (sliding
+    or chunked)."""
+    keys = effective_keys(seq_len, convention)
+    if convention == "full" or spec.sliding_window is None:
+        return keys
+    local, attending = spec.local_layers, spec.attention_layers
+    window = local_keys(seq_len, spec.sliding_window, spec.local_attention)
+    return ((attending - local) * keys + local * window) / attending
 
 
 @dataclass(frozen=True)
@@ -76,19 +102,31 @@ def forward_flops_per_token(
         if not t.matmul:
             continue
         used = 2 * t.active_total * share
-        if t.group == "attention":
+        if t.group in ("attention", "ssm"):
             projections += used
         else:
             mlp += used
-    keys = effective_keys(seq_len, convention)
+    keys = attended_keys(spec, seq_len, convention)  # a stage's layers are taken at the model's average
     L, H = spec.num_layers if part is None else part.layers, spec.num_heads
+    attending = L * spec.attention_share  # a hybrid's stage: its layers taken at the model's mix
     return ForwardFlops(
         projections=projections,
         mlp=mlp,
-        attention_scores=2 * L * keys * H * spec.qk_head_dim,
-        attention_values=2 * L * keys * H * spec.v_head_dim,
+        attention_scores=2 * attending * keys * H * spec.qk_head_dim,
+        attention_values=2 * attending * keys * H * spec.v_head_dim,
         logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
+        ssm=(L - attending) * ssm_flops(spec),
     )
+
+
+def ssm_flops(spec: ModelSpec) -> float:
+    """Forward FLOPs per token of one state-space layer beyond its projections (Gu & Dao 2023, Algorithm 2): the
+    causal depthwise convolution, 2·d_inner·d_conv (one multiply-add per channel and tap), and the scan's read-out
+    y = C·h, 2·d_inner·N, the contraction PyTorch's reference scan runs as a batched matmul. The discretisation
+    (exp(Δ·A), Δ·B·x) and the state update are element-wise, about 3·d_inner·N more, and not counted, as norms
+    and activations are not (§3.3)."""
+    m = spec.mamba
+    return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
 
 
 def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute) -> float:
@@ -187,13 +225,25 @@ def detailed_section(
 ) -> Section:
     step = step_flops(spec, seq_len, recompute, convention)
     fwd = step.forward
-    keys = effective_keys(seq_len, convention)
+    keys = attended_keys(spec, seq_len, convention)
     keys_text = f"{seq_len}" if convention == "full" else f"({seq_len}+1)/2"
     L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
     per_token, extra = step.model, step.recomputed
     model_total = per_token * tokens
     hardware_total = (per_token + extra) * tokens
     s_sym = "s" if convention == "full" else "(s+1)/2"
+    keys_note = f"{convention} convention: each query scored against {keys:g} keys on average"
+    if spec.sliding_window is not None:
+        local, w = spec.local_layers, spec.sliding_window
+        if convention == "full":
+            keys_note += f" (the {local} {spec.local_attention} layers' masked-out keys counted too)"
+        else:  # k̄: the average over the global layers' (s+1)/2 and the local layers' window
+            s_sym, keys_text = "k̄", f"{keys:.6g}"
+            keys_note += (
+                f": k̄ = ({L - local}·(s+1)/2 + {local}·k_w)/L, with k_w = "
+                f"{local_keys(seq_len, w, spec.local_attention):.6g} keys in the {spec.local_attention} layers' "
+                f"window of {w}"
+            )
     terms = (
         Term(
             "projections",
@@ -218,7 +268,7 @@ def detailed_section(
             "FLOPs",
             f"2 · L · {s_sym} · H · d_qk",
             f"2 × {L} × {keys_text} × {H} × {dqk}",
-            note=f"{convention} convention: each query scored against {keys:g} keys on average",
+            note=keys_note,
         ),
         Term(
             "attention_values",

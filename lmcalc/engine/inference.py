@@ -18,8 +18,11 @@ The KV cache: every attention layer keeps, for each token already seen, what lat
   qk_rope_head_dim (``ModelConfig.get_num_kv_heads``: "When using MLA during decode it becomes MQA").
 
 The whole cache is tokens × layers × elements per token and layer × bytes of the KV dtype. Every layer
-of the models lmcalc describes has attention, MoE ones included (MoE changes only the feed-forward);
-sliding-window attention (a rolling cache of the window) is not modelled: the cache holds every token.
+of the models lmcalc describes has attention, MoE ones included (MoE changes only the feed-forward).
+A local layer (sliding window: Mistral 7B, Gemma 2/3, gpt-oss, Cohere2; Llama 4's chunks) never attends
+further back than its window w, so it keeps a rolling cache of min(w, s) tokens (transformers' sliding-window
+caches, vLLM's hybrid KV-cache manager); a global layer keeps all s. One sequence then keeps
+(L_global·s + L_local·min(w, s)) token-layers.
 
 Tensor parallelism over ``tp`` GPUs follows vLLM's ``QKVParallelLinear``: the query heads are split,
 and the KV heads are split when H_kv ≥ TP (TP must divide H_kv) or replicated when H_kv < TP (TP must
@@ -124,6 +127,18 @@ class InferenceMemory:
     tp: int
     overhead: float
     capacity: float
+    local_layers: int = 0  # layers that keep only the last ``window`` tokens
+    window: int | None = None
+    max_seq_len: int = 0  # the longest context, where a cache of local layers alone stops growing
+    state_per_sequence: float = 0.0  # bytes a hybrid's state-space layers keep per sequence, whatever its length
+
+    def cached_tokens(self, context: int) -> Fraction:
+        """Tokens a layer keeps for one sequence of ``context`` tokens, on average over the layers: all of them in
+        global layers, the last ``window`` in local ones."""
+        if self.window is None:
+            return Fraction(context)
+        local = self.local_layers * min(self.window, context)
+        return Fraction((self.layers - self.local_layers) * context + local, self.layers)
 
     @property
     def weights_per_gpu(self) -> float:
@@ -140,11 +155,13 @@ class InferenceMemory:
     @property
     def kv_cache(self) -> float:
         """The whole cache of the batch, counted once (no TP replication)."""
-        return self.batch * self.context * self.kv_per_token
+        return self.batch * (float(self.cached_tokens(self.context)) * self.kv_per_token + self.state_per_sequence)
 
     @property
     def kv_cache_per_gpu(self) -> float:
-        return self.batch * self.context * self.kv_per_token_per_gpu
+        """The batch's cache on one GPU; a hybrid's states whole on every rank (lmcalc does not split them)."""
+        per_sequence = float(self.cached_tokens(self.context)) * self.kv_per_token_per_gpu + self.state_per_sequence
+        return self.batch * per_sequence
 
     @property
     def total_per_gpu(self) -> float:
@@ -158,15 +175,24 @@ class InferenceMemory:
     @property
     def max_batch(self) -> int:
         """The most sequences of ``context`` tokens whose cache fits: ⌊budget / (s·c)⌋."""
-        return _whole_fit(self.cache_budget, self.context * self.kv_per_token_per_gpu)
+        per_sequence = self.cached_tokens(self.context) * Fraction(self.kv_per_token_per_gpu)
+        return _whole_fit(self.cache_budget, per_sequence + Fraction(self.state_per_sequence))
 
     @property
     def max_context(self) -> int:
-        """The most tokens per sequence at ``batch`` sequences whose cache fits: ⌊budget / (b·c)⌋."""
-        return _whole_fit(self.cache_budget, self.batch * self.kv_per_token_per_gpu)
+        """The most tokens per sequence at ``batch`` sequences whose cache fits: ⌊budget / (b·c)⌋; with local
+        layers, past the window only the global layers' caches grow (``max_seq_len`` when there are none)."""
+        budget = Fraction(self.cache_budget) - self.batch * Fraction(self.state_per_sequence)
+        tokens = max(Fraction(0), budget) / (self.batch * Fraction(self.kv_per_token_per_gpu))
+        if self.window is None or tokens < self.window:
+            return int(tokens // 1)
+        global_layers = self.layers - self.local_layers
+        if not global_layers:
+            return self.max_seq_len
+        return int((tokens * self.layers - self.local_layers * self.window) // global_layers)
 
 
-def _whole_fit(budget: float, bytes_each: float) -> int:
+def _whole_fit(budget: float, bytes_each: float | Fraction) -> int:
     """⌊budget / bytes_each⌋, in exact arithmetic so that a cache filling the GPU to the byte still fits."""
     return int(Fraction(budget) // Fraction(bytes_each))
 
@@ -198,12 +224,16 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
         quant_scales=quant_scale_bytes(spec, serving.weights_dtype, serving.quant_group_size),
         kv_per_token_per_layer=kv_elements_per_token_per_layer(spec) * kv_bytes,
         kv_per_token_per_layer_per_gpu=kv_elements_per_token_per_layer_per_gpu(spec, tp) * kv_bytes,
-        layers=spec.num_layers,
+        layers=spec.attention_layers,
         batch=serving.batch,
         context=serving.context,
         tp=tp,
         overhead=overhead_bytes,
         capacity=capacity_bytes,
+        local_layers=spec.local_layers,
+        window=spec.sliding_window,
+        max_seq_len=spec.max_seq_len,
+        state_per_sequence=ssm_state_elements(spec) * kv_bytes,
     )
     if memory.cache_budget < 0:
         raise LmcalcError(
@@ -275,6 +305,13 @@ def _weights_section(spec: ModelSpec, memory: InferenceMemory, weights_dtype: st
     return Section("weights", "Weights", tuple(terms))
 
 
+def ssm_state_elements(spec: ModelSpec) -> int:
+    """What a hybrid's state-space layers keep per sequence in place of a KV cache, whatever its length (Gu & Dao
+    2023 §3.3; transformers' Jamba cache): the convolution's last d_conv inputs and the d_in × N state, per layer."""
+    m = spec.mamba
+    return 0 if m is None else (spec.num_layers - spec.attention_layers) * m.d_inner * (m.d_conv + m.d_state)
+
+
 def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[str, str]:
     """``2·H_kv·d·bytes`` with its numbers, or MLA's ``(d_c + d_rope)·bytes``."""
     if spec.mla:
@@ -317,23 +354,25 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
             "bytes",
             "L · per token per layer",
             f"{L} × {group(memory.kv_per_token_per_layer)} B",
-            note="every layer has attention (MoE changes only the feed-forward)" if spec.moe else "",
+            note=_layers_note(spec),
         ),
+        *_window_terms(spec, memory),
+        *_state_terms(spec, memory, kv_bytes),
         Term(
             "per_sequence",
             "Per sequence",
-            s * memory.kv_per_token,
+            float(memory.cached_tokens(s)) * memory.kv_per_token + memory.state_per_sequence,
             "bytes",
-            "context · per token",
-            f"{s} × {group(memory.kv_per_token)} B",
+            f"{_kept(memory)} · per token" + (" + state" if memory.state_per_sequence else ""),
+            f"{_kept(memory, s)} × {group(memory.kv_per_token)} B" + _state_text(memory),
         ),
         Term(
             "total",
             "Whole batch",
             memory.kv_cache,
             "bytes",
-            "batch · context · per token",
-            f"{b} × {s} × {group(memory.kv_per_token)} B",
+            f"batch · ({_kept(memory)} · per token" + (" + state)" if memory.state_per_sequence else ")"),
+            f"{b} × ({_kept(memory, s)} × {group(memory.kv_per_token)} B{_state_text(memory)})",
         ),
     ]
     if tp > 1:
@@ -368,11 +407,83 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
             "Whole batch on one GPU",
             memory.kv_cache_per_gpu,
             "bytes",
-            "batch · context · per token on one GPU",
-            f"{b} × {s} × {group(memory.kv_per_token_per_gpu)} B",
+            f"batch · ({_kept(memory)} · per token on one GPU" + (" + state)" if memory.state_per_sequence else ")"),
+            f"{b} × {_kept(memory, s)} × {group(memory.kv_per_token_per_gpu)} B",
         )
     )
     return Section("kv_cache", f"KV cache ({b} × {s} tokens)", tuple(terms))
+
+
+def _max_context_formula(memory: InferenceMemory) -> tuple[str, str]:
+    budget, b, c = group(memory.cache_budget), memory.batch, group(memory.kv_per_token_per_gpu)
+    if memory.window is None:
+        return "⌊cache budget / (batch · per token on one GPU)⌋", f"⌊{budget} / ({b} × {c})⌋"
+    L, local, w = memory.layers, memory.local_layers, memory.window
+    return (
+        "T = cache budget / (batch · per token on one GPU); ⌊T⌋ up to the window, else ⌊(T·L − L_local·w) / L_global⌋",
+        f"T = {budget} / ({b} × {c}); L = {L}, L_local = {local}, w = {w}",
+    )
+
+
+def _all_local_note(memory: InferenceMemory) -> str:
+    if memory.window is None or memory.local_layers < memory.layers or memory.max_context < memory.max_seq_len:
+        return ""
+    return "every layer keeps only its window: the cache stops growing there, and the trained context bounds it"
+
+
+def _layers_note(spec: ModelSpec) -> str:
+    if spec.mamba:
+        return f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the others keep a state"
+    return "every layer has attention (MoE changes only the feed-forward)" if spec.moe else ""
+
+
+def _state_text(memory: InferenceMemory) -> str:
+    return f" + {group(memory.state_per_sequence)} B" if memory.state_per_sequence else ""
+
+
+def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> tuple[Term, ...]:
+    """A hybrid's state-space layers: the state each keeps per sequence, whatever its length."""
+    m = spec.mamba
+    if m is None:
+        return ()
+    ssm = spec.num_layers - spec.attention_layers
+    return (
+        Term(
+            "state",
+            "State-space layers' state per sequence",
+            memory.state_per_sequence,
+            "bytes",
+            "L_ssm · d_in · (d_conv + N) · bytes",
+            f"{ssm} × {m.d_inner} × ({m.d_conv} + {m.d_state}) × {kv_bytes:g} B",
+            "Gu & Dao 2023 §3.3; transformers' Jamba cache (conv and SSM states)",
+            note="the same at any context; whole on every TP rank (lmcalc does not split the state-space layers)",
+        ),
+    )
+
+
+def _kept(memory: InferenceMemory, context: int | None = None) -> str:
+    """The context, or with local layers the tokens a layer keeps on average: the symbol, or its value."""
+    if context is None:
+        return "context" if memory.window is None else "kept"
+    return f"{context}" if memory.window is None else f"{float(memory.cached_tokens(context)):,.6g}"
+
+
+def _window_terms(spec: ModelSpec, memory: InferenceMemory) -> tuple[Term, ...]:
+    """With local layers: the tokens a layer keeps for one sequence, on average over the layers."""
+    if memory.window is None:
+        return ()
+    w, s, L, local = memory.window, memory.context, memory.layers, memory.local_layers
+    return (
+        Term(
+            "kept",
+            "Tokens kept per layer (average)",
+            float(memory.cached_tokens(s)),
+            "tokens",
+            "(L_global · context + L_local · min(w, context)) / L",
+            f"({L - local} × {s} + {local} × {min(w, s)}) / {L}",
+            note=f"the {local} {spec.local_attention}-attention layers keep only the last {w:,} tokens",
+        ),
+    )
 
 
 def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Capacity) -> Section:
@@ -391,7 +502,14 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Ca
                 "bytes",
                 "(weights + scales) / TP" if memory.quant_scales else "weights / TP",
             ),
-            Term("kv_cache", "KV cache", memory.kv_cache_per_gpu, "bytes", "batch · context · per token on one GPU"),
+            Term(
+                "kv_cache",
+                "KV cache",
+                memory.kv_cache_per_gpu,
+                "bytes",
+                f"batch · ({_kept(memory)} · per token on one GPU"
+                + (" + state)" if memory.state_per_sequence else ")"),
+            ),
             overhead_term(memory.overhead, "CUDA context, workspaces, forward activations and logits, fragmentation"),
             Term("total", "Total", total, "bytes", "weights + KV cache + overhead"),
             *capacity_terms(total, capacity_spec, utilisation=False),
@@ -408,8 +526,8 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Ca
                 f"Largest batch at {memory.context} tokens",
                 memory.max_batch,
                 "sequences",
-                "⌊cache budget / (context · per token on one GPU)⌋",
-                f"⌊{group(budget)} / ({memory.context} × {group(c)})⌋",
+                f"⌊cache budget / ({_kept(memory)} · per token on one GPU)⌋",
+                f"⌊{group(budget)} / ({_kept(memory, memory.context)} × {group(c)})⌋",
                 note="not even one sequence of this context fits" if memory.max_batch == 0 else "",
             ),
             Term(
@@ -417,9 +535,9 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Ca
                 f"Longest context at batch {memory.batch}",
                 max_context,
                 "tokens",
-                "⌊cache budget / (batch · per token on one GPU)⌋",
-                f"⌊{group(budget)} / ({memory.batch} × {group(c)})⌋",
-                note=f"memory would hold a context of {max_context:,} tokens at batch {memory.batch}, beyond "
+                *_max_context_formula(memory),
+                note=_all_local_note(memory)
+                or f"memory would hold a context of {max_context:,} tokens at batch {memory.batch}, beyond "
                 f"{spec.name}'s trained context of {spec.max_seq_len:,} tokens"
                 if max_context > spec.max_seq_len
                 else "",

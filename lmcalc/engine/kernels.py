@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from lmcalc.engine.flops import effective_keys
+from lmcalc.engine.flops import attended_keys
 from lmcalc.engine.method import Method, adapted_modules, in_layer
 from lmcalc.engine.params import weight_tensors
 from lmcalc.engine.pipeline import StageLayers
@@ -43,7 +43,8 @@ FLASH_BACKWARD_TO_FORWARD = 2.5
 the scores): 2.5 × the forward FLOPs (FlashAttention-2's benchmark convention, Dao 2023)."""
 
 FP32 = 4
-LAYER_GROUPS = ("attention", "mlp", "router", "experts", "shared_experts")
+LAYER_GROUPS = ("attention", "ssm", "mlp", "router", "experts", "shared_experts")
+HYBRID = ("L_attn", "L_ssm")  # a hybrid's attention and state-space tensors, in some of its layers only
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,8 @@ def _layer_gemms(model: ModelSpec, tp: int, ep: int, tokens: float, moe: bool) -
             assert model.moe is not None
             local = model.moe.num_experts / ep
             gemms.append(Gemm(t.name, tokens * model.moe.experts_per_token / local, out, inp, local))
-        else:
-            gemms.append(Gemm(t.name, tokens, out, inp, 1))
+        else:  # a hybrid's attention and state-space GEMMs: in their share of the layers
+            gemms.append(Gemm(t.name, tokens, out, inp, t.count / model.num_layers if t.count_symbol in HYBRID else 1))
     return gemms
 
 
@@ -136,12 +137,12 @@ def _live_shares(model: ModelSpec, method: Method) -> dict[str, float]:
     stage (``layout.check_layout``), where the shares add up to the frozen layers exactly."""
     if method.kind != "freeze":
         return {"dense": 1.0, "moe": 1.0}
-    dense = model.moe.dense_layers if model.moe else model.num_layers
+    dense, moe = model.dense_ffn_layers, model.moe_layers
     frozen = min(method.freeze_layers, model.num_layers)
-    moe = model.num_layers - dense
+    frozen_moe = model.moe_layers_in(0, frozen)  # the frozen layers are the lowest ones
     return {
-        "dense": (dense - min(frozen, dense)) / dense if dense else 1.0,
-        "moe": (moe - max(0, frozen - dense)) / moe if moe else 1.0,
+        "dense": (dense - (frozen - frozen_moe)) / dense if dense else 1.0,
+        "moe": (moe - frozen_moe) / moe if moe else 1.0,
     }
 
 
@@ -200,11 +201,11 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
 
     layers = built.layers
     # attention core
-    keys = effective_keys(w.seq_len, "causal")
-    core = 2 * tokens * keys * heads * (model.qk_head_dim + model.v_head_dim) * layers
+    keys = attended_keys(model, w.seq_len, "causal")  # what a causal (windowed) kernel computes
+    core = 2 * tokens * keys * heads * (model.qk_head_dim + model.v_head_dim) * layers * model.attention_share
     batched: list[Gemm] = []
     attention_forward = attention_backward = 0.0
-    score_elements = w.micro_batch * heads * (w.seq_len / cp) * w.seq_len * layers  # eager: the whole s × s
+    score_elements = w.micro_batch * heads * (w.seq_len / cp) * w.seq_len * layers * model.attention_share
     memory_forward = memory_backward = kernels = 0.0
     live = (built.dense * live_share["dense"] + built.moe * live_share["moe"]) / layers if layers else 1.0
     if w.attention == "flash":
@@ -220,13 +221,14 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
         memory_backward += 2 * forward * score_elements
         kernels += 6 * layers
 
-    # norms: two per layer on h
+    # norms: one to four per layer on h
     unfused_norm = _norm_keeps(w) == "fp32_input"
     norm_forward = 28 + 4 * e if unfused_norm else 2 * e
-    norm_elements = 2 * layers * hidden_tokens * h
+    norms = model.norms_per_layer
+    norm_elements = norms * layers * hidden_tokens * h
     memory_forward += norm_forward * norm_elements
     memory_backward += (2 * norm_forward if unfused_norm else 3 * e) * norm_elements
-    kernels += 2 * layers * ((6 + 10) if unfused_norm else 2)
+    kernels += norms * layers * ((6 + 10) if unfused_norm else 2)
 
     # residual adds (and dropout on both branches)
     residual_elements = 2 * layers * hidden_tokens * h
@@ -261,7 +263,8 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
     dense_width = built.dense * tokens * model.ffn_size / tp
     moe_width = 0.0
     if moe and built.moe:
-        moe_width = built.moe * tokens * moe.expert_ffn_size * (moe.experts_per_token + moe.shared_experts) / tp
+        inner = moe.expert_ffn_size * moe.experts_per_token + moe.shared_width * moe.shared_experts
+        moe_width = built.moe * tokens * inner / tp
     width = dense_width + moe_width
     if model.ffn_kind == "gelu_mlp":
         fused = profile.mlp.gelu == "fused"

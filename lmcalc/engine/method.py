@@ -296,12 +296,12 @@ def frozen_share(model: ModelSpec, method: Method, tensor: WeightTensor) -> floa
     symbol = tensor.count_symbol
     if symbol == "1":  # the embedding (and a head tied to it) stays frozen; the final norm, an untied head train
         return 1.0 if tensor.group in ("embedding", "position") else 0.0
-    dense = model.moe.dense_layers if model.moe else model.num_layers
     if symbol == "L":
         return frozen_layers / model.num_layers
+    frozen_moe = model.moe_layers_in(0, frozen_layers)  # the frozen layers are the lowest ones
     if symbol == "L_dense":
-        return min(frozen_layers, dense) / dense
-    return max(0, frozen_layers - dense) / model.moe_layers  # the MoE layers come after the dense ones
+        return (frozen_layers - frozen_moe) / model.dense_ffn_layers
+    return frozen_moe / model.moe_layers
 
 
 @functools.lru_cache(maxsize=1024)
@@ -354,6 +354,11 @@ def frozen_params(model: ModelSpec, method: Method) -> float:
 
 def check_method(model: ModelSpec, method: Method) -> None:
     """Refuse a method the model cannot take: targets it lacks, more frozen layers than it has."""
+    if model.mamba and method.kind != "full":
+        raise LmcalcError(
+            f"{model.label} is a hybrid with state-space layers: lmcalc models its full training only, not "
+            f"{method.kind} (its Mamba projections' adapters and frozen layers are not modelled)"
+        )
     adapted_modules(model, method)
     if method.kind == "freeze" and method.freeze_layers >= model.num_layers:
         raise LmcalcError(

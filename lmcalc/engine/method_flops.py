@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from lmcalc.engine.choices import AttnConvention, Recompute
-from lmcalc.engine.flops import effective_keys, napkin_params
+from lmcalc.engine.flops import attended_keys, napkin_params
 from lmcalc.engine.method import LinearModule, Method, adapted_modules, in_layer, linear_modules, trained_params
 from lmcalc.specs import ModelSpec
 
@@ -68,14 +68,13 @@ class _Layer:
 
 def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
     """Every layer as (dense or MoE, whether its input needs a gradient, whether its weights train), counted."""
-    dense = model.moe.dense_layers if model.moe else model.num_layers
     frozen = method.freeze_layers if method.kind == "freeze" else 0
     embedding_trained = method.kind == "full"
     layers: Counter[_Layer] = Counter()
     for i in range(model.num_layers):
         trained = method.kind == "full" or (method.kind == "freeze" and i >= frozen)
         input_grad = embedding_trained or (i > 0 if method.adapters else i > frozen)
-        layers[_Layer(i >= dense, input_grad, trained)] += 1
+        layers[_Layer(bool(model.moe and model.moe.is_moe_layer(i)), input_grad, trained)] += 1
     return layers
 
 
@@ -89,7 +88,7 @@ def dora_forward(module: LinearModule, r: int, model: ModelSpec) -> float:
 
 def _layers_with(model: ModelSpec, count_symbol: str) -> int:
     """How many layers hold a module counted with ``count_symbol``."""
-    layers = {"L": model.num_layers, "L_dense": model.moe.dense_layers if model.moe else 0}.get(count_symbol)
+    layers = {"L": model.num_layers, "L_dense": model.dense_ffn_layers if model.moe else 0}.get(count_symbol)
     return layers or model.moe_layers
 
 
@@ -111,7 +110,7 @@ def method_step_flops(
     tokens = seq_len * micro_batch
     adapted = {m.name for m in adapted_modules(model, method)}
     r = method.lora_rank
-    keys = effective_keys(seq_len, convention)
+    keys = attended_keys(model, seq_len, convention)
     scores, values = 2 * keys * model.num_heads * model.qk_head_dim, 2 * keys * model.num_heads * model.v_head_dim
     core = scores + values
     forward = input_grads = weight_grads = attention_backward = recomputed = 0.0

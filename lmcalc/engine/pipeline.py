@@ -217,8 +217,8 @@ def stage_layers(model: ModelSpec, layout: Pipelined, stage: int) -> StageLayers
 
 
 @functools.cache
-def _stage_layers(layers: int, dense_layers: int, pp: int, split: PipelineSplit) -> tuple[StageLayers, ...]:
-    mixes = _chunk_mixes(layers, dense_layers, pp, split)
+def _stage_layers(layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit) -> tuple[StageLayers, ...]:
+    mixes = _chunk_mixes(layers, moe_flags, pp, split)
     return tuple(
         StageLayers(sum(dense for dense, _ in chunks), sum(moe for _, moe in chunks), stage == 0, stage == pp - 1)
         for stage, chunks in enumerate(mixes)
@@ -238,7 +238,8 @@ def stage_chunk_mixes(model: ModelSpec, layout: Pipelined) -> tuple[tuple[Mix, .
     """For every stage, the (dense, MoE) layers of each of its model chunks: one chunk under 1F1B, v under the
     interleaved schedule.
 
-    The model's layers fill the chunks in order, and the dense layers come first in the model. Under 1F1B
+    The model's layers fill the chunks in order, each dense or MoE as the model has it (DeepSeek-V3: the
+    first 3 dense; Llama 4 Maverick: every other one MoE). Under 1F1B
     a stage is one chunk (``stage_layer_counts``). Under the interleaved schedule chunk j of stage i is
     the model's (j·p + i)-th slice of layers, as Megatron-LM's layer offset j·L/v + i·L/(p·v) places it.
     The L layers (plus the embedding and the loss where they count in the split) are dealt over the p·v
@@ -270,26 +271,29 @@ def split_stage_layers(model: ModelSpec, pp: int, split: PipelineSplit) -> tuple
 
 @functools.cache
 def _distinct_stage_layers(
-    layers: int, dense_layers: int, pp: int, split: PipelineSplit
+    layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit
 ) -> tuple[tuple[int, StageLayers], ...]:
-    built = _stage_layers(layers, dense_layers, pp, split)
-    return tuple((stage, built[stage]) for stage in _distinct_stages(layers, dense_layers, pp, split))
+    built = _stage_layers(layers, moe_flags, pp, split)
+    return tuple((stage, built[stage]) for stage in _distinct_stages(layers, moe_flags, pp, split))
 
 
-def _model_layers(model: ModelSpec) -> tuple[int, int]:
-    """(layers, dense layers): all a split needs to know of a model."""
-    return model.num_layers, model.moe.dense_layers if model.moe else model.num_layers
+def _model_layers(model: ModelSpec) -> tuple[int, tuple[bool, ...]]:
+    """(layers, whether each is an MoE layer): all a split needs to know of a model."""
+    moe = model.moe
+    return model.num_layers, tuple(moe.is_moe_layer(i) if moe else False for i in range(model.num_layers))
 
 
 @functools.cache  # the planner asks for the same few splits thousands of times
-def _distinct_stages(layers: int, dense_layers: int, pp: int, split: PipelineSplit) -> tuple[int, ...]:
-    mixes = _chunk_mixes(layers, dense_layers, pp, split)
+def _distinct_stages(layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit) -> tuple[int, ...]:
+    mixes = _chunk_mixes(layers, moe_flags, pp, split)
     firsts = {mix: mixes.index(mix) for mix in mixes}
     return tuple(sorted({0, len(mixes) - 1, *firsts.values()}))
 
 
 @functools.cache
-def _chunk_mixes(layers: int, dense_layers: int, pp: int, split: PipelineSplit) -> tuple[tuple[Mix, ...], ...]:
+def _chunk_mixes(
+    layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit
+) -> tuple[tuple[Mix, ...], ...]:
     v = split.chunks
     if split.stage_layers_given:  # each stage's share, split evenly over its chunks
         stages = _layer_counts(layers, pp, split.first_stage_layers, split.last_stage_layers)
@@ -301,8 +305,8 @@ def _chunk_mixes(layers: int, dense_layers: int, pp: int, split: PipelineSplit) 
     mixes: list[list[Mix]] = [[] for _ in range(pp)]
     start = 0
     for g, count in enumerate(sizes):  # slice g is chunk g // pp of stage g % pp
-        dense = max(0, min(start + count, dense_layers) - start)
-        mixes[g % pp].append((dense, count - dense))
+        moe = sum(moe_flags[start : start + count])
+        mixes[g % pp].append((count - moe, moe))
         start += count
     return tuple(tuple(chunks) for chunks in mixes)
 

@@ -230,8 +230,8 @@ def plain_step_peak(w: Workload) -> StepPeak:
         )
     n = count_params(spec).total
     one_gpu = gpu_memory(w, Layout(), 0)  # the whole model on one device: the trivial layout
-    first_is_moe = bool(spec.moe) and spec.moe_layers == spec.num_layers  # MoE layers follow the dense ones
-    last_is_moe = bool(spec.moe) and spec.moe_layers > 0
+    first_is_moe = bool(spec.moe and spec.moe.is_moe_layer(0))
+    last_is_moe = bool(spec.moe and spec.moe.is_moe_layer(spec.num_layers - 1))
     first, last = (layer_backward(w, moe) for moe in (first_is_moe, last_is_moe))
     full = w.recompute == "full"
     sbv = w.seq_len * w.micro_batch * spec.vocab_size
@@ -266,7 +266,7 @@ def layer_backward(w: Workload, moe_layer: bool) -> LayerBackward:
     if spec.moe and moe_layer:
         moe = spec.moe
         routed = 2 * moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
-        mlp = max(routed, 2 * sb * moe.expert_ffn_size if moe.shared_experts else 0)
+        mlp = max(routed, 2 * sb * moe.shared_width if moe.shared_experts else 0)
     else:
         mlp = (1 if spec.ffn_kind == "gelu_mlp" else 2) * sb * spec.ffn_size
     if w.attention == "eager":
@@ -295,7 +295,8 @@ def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
     """Parameters of one layer (dense or MoE): ``all``; the ``mlp half`` (its norm, MLP, router and
     experts), whose gradients exist by the time the attention's backward runs; or the ``mlp output``
     projection of a dense MLP, whose gradient exists by the time the MLP's activation backward runs."""
-    per_layer = {"L": spec.num_layers, "L_dense": spec.num_layers - spec.moe_layers, "L_moe": spec.moe_layers}
+    L = spec.num_layers  # a hybrid's attention and state-space tensors: their average over the layers
+    per_layer = {"L": L, "L_attn": L, "L_ssm": L, "L_dense": L - spec.moe_layers, "L_moe": spec.moe_layers}
     total = 0
     for t in weight_tensors(spec):
         kind = t.count_symbol.split("·")[0]

@@ -115,6 +115,13 @@ class TrainingSetup:
         return Capacity.of(self.cluster.hardware)
 
 
+SOFTCAP_EAGER = (
+    "attention eager: transformers runs soft-capped attention logits (Gemma 2) in its eager path, which keeps the "
+    "b·H·s² scores (its SDPA path refuses soft-capping; flash-attn 2 soft-caps in its kernel: --framework idealised "
+    "or megatron counts that)"
+)
+
+
 def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettings) -> TrainingSetup:
     """The workload the user's settings describe (``TRAINING_DEFAULTS`` for those left out), on the cluster they
     name."""
@@ -134,6 +141,10 @@ def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettin
         given["host_link_gbps"],
         given["cpu_optimizer_params_per_s"],
     )
+    framework = framework_of(given["framework"] or default_framework(method))
+    if framework.name == "transformers" and resolved.spec.attention_softcap and kernel == "flash":
+        kernel = "eager"  # Gemma 2's soft-capped logits: transformers' SDPA path refuses them (_supports_sdpa False)
+        resolved = replace(resolved, note=" ".join(filter(None, (resolved.note, SOFTCAP_EAGER))))
     workload = Workload(
         resolved.spec,
         recipe,
@@ -143,7 +154,7 @@ def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettin
         kernel,
         mode,
         overhead_bytes=overhead_bytes,
-        framework=framework_of(given["framework"] or default_framework(method)),
+        framework=framework,
         method=method,
         offload=offload,
     )
