@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -133,16 +134,123 @@ def test_flop_weighted_rate_is_total_flops_over_total_time():
     assert matmul.flop_weighted_rate([(a, Fake(6.0)), (b, Fake(1.0))]) == pytest.approx(8 / (1 + 2))
 
 
-def test_bench_command_saves_results_atomically(capsys, data_home):
-    code, out, err = run(["bench", "--device", "cpu", "--shape", "64x64x64", "--repeats", "3", "--json"], capsys)
+def test_bench_command_saves_results_atomically(capsys, tmp_path):
+    path = tmp_path / "results" / "bench.json"  # folders made as needed
+    args = ["--device", "cpu", "--repeats", "3", "--save", str(path), "--json"]
+    code, out, err = run(["bench", "--shape", "64x64x64", *args], capsys)
     assert code == 0, err
     data = json.loads(out)
     assert data["results"]["matmul"]["achieved"]["unit"] == "FLOP/s"
-    saved = results.load(results.default_path())
+    assert data["notes"][-1] == f"saved to {path}"
+    saved = results.load(path)
     assert saved[0].kind == "matmul" and saved[0].figures["shape"] == [64, 64, 64]
-    run(["bench", "matmul", "--device", "cpu", "--shape", "32x32x32", "--repeats", "2", "--json"], capsys)
-    assert len(results.load(results.default_path())) == 2  # appended, nothing lost
-    assert not list(results.default_path().parent.glob("*.tmp"))
+    run(["bench", "matmul", "--shape", "32x32x32", *args], capsys)
+    assert len(results.load(path)) == 2  # appended, nothing lost
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize(
+    ("args", "first_line"),
+    [
+        ([], "No GPU found; CPU measured: Matmul throughput on "),
+        (["--device", "cpu"], "CPU (--device cpu), not a GPU: Matmul throughput on "),
+        (["memory", "--size", "1MiB"], "No GPU found; CPU measured: Memory bandwidth on "),
+    ],
+)
+def test_bench_without_a_gpu_says_so_first_and_keeps_the_default_file_for_gpus(args, first_line, capsys, monkeypatch):
+    # issue 18 item 8: the first line says the CPU was measured, and a CPU result is not written into the default
+    # results file (the one --peak measured reads) unless asked, by --save PATH
+    no_gpu(monkeypatch)
+    shape = [] if args[:1] == ["memory"] else ["--shape", "32x32x32"]
+    code, out, err = run(["bench", *args, *shape, "--repeats", "2"], capsys)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(first_line)
+    assert not results.default_path().exists()
+    code, out, _ = run(["bench", *args, *shape, "--repeats", "2", "--json"], capsys)
+    data = json.loads(out)
+    assert data["title"].startswith(first_line) and not results.default_path().exists()
+    asked = f"--save {results.default_path()}"
+    assert data["notes"][-1] == f"not saved: a CPU result goes to the default results file only when asked ({asked})"
+    code, out, _ = run(["bench", *args, *shape, "--repeats", "2", "--save", str(results.default_path())], capsys)
+    assert code == 0 and len(results.load(results.default_path())) == 1  # asked: saved
+
+
+def test_bench_comm_on_cpu_processes_says_so_and_keeps_the_default_file(capsys, monkeypatch):
+    from lmcalc.bench import comm
+    from lmcalc.bench.comm.measurement import CommMeasurement
+
+    no_gpu(monkeypatch)
+    gloo = CommMeasurement(
+        "all-reduce", 2**20, 2**20, 2, "gloo", "spawn", "cpu", "fp32", 0, 1, 1e-3, 1e-3, 1e-3, 1e-3, (1e-3, 1e-3), 0.0
+    )
+    monkeypatch.setattr(comm, "run_collectives", lambda settings, world_size, backend: [gloo])
+    code, out, err = run(["bench", "comm", "--sizes", "1M"], capsys)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("No GPU found; CPU measured: Collective bandwidth")
+    assert not results.default_path().exists()
+    code, out, _ = run(["bench", "comm", "--sizes", "1M", "--backend", "gloo", "--json"], capsys)
+    assert json.loads(out)["title"].startswith("CPU (--backend gloo), not a GPU: ")
+    # a GPU, but fewer than the ranks: auto falls back to gloo on the CPU, and the CPU result is not saved either
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    code, out, _ = run(["bench", "comm", "--sizes", "1M", "--json"], capsys)
+    data = json.loads(out)
+    assert data["title"].startswith("CPU (fewer GPUs than ranks), not a GPU: ")
+    assert data["notes"][-1].startswith("not saved: a CPU result") and not results.default_path().exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "is not valid JSON (Expecting property name enclosed in double quotes at line 1, column 2)"),
+        ('{"records": []}', 'is not an lmcalc benchmark file (expected "lmcalc_bench": 1)'),
+        (
+            '{"lmcalc_bench": 1, "records": [{"kind": "matmul", "device": "x", "hardware": null, "dtype": "fp32", '
+            '"figures": {"flops_per_s": 0}}]}',
+            "record 1 (matmul): figures.flops_per_s must be a positive finite number; got 0",
+        ),
+    ],
+)
+def test_a_malformed_save_target_is_refused_before_measuring(content, message, tmp_path, capsys, monkeypatch):
+    # issue 18 item 14: the file --save names is read and checked first, so a long measurement is not lost to a file
+    # that cannot take it; the file is left as it was
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before the save target was checked")
+
+    monkeypatch.setattr(matmul, "measure", measured)
+    path = tmp_path / "bench.json"
+    path.write_text(content)
+    code, out, err = run(["bench", "--device", "cpu", "--shape", "32x32x32", "--save", str(path)], capsys)
+    assert (code, out) == (2, "") and err == f"lmcalc: error: {path} {message}\n".replace(
+        f"{path} record", f"{path}: record"
+    )
+    assert path.read_text() == content
+
+
+@pytest.mark.parametrize("target", ["folder", "read-only file", "read-only folder"])
+def test_an_unwritable_save_target_is_refused_before_measuring(target, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(matmul, "measure", lambda *a, **k: pytest.fail("measured before the target was checked"))
+    path = tmp_path / "bench.json"
+    if target == "folder":
+        path.mkdir()
+        expected = f"{path} is a folder, not a benchmark results file"
+    else:  # os.access says what the user may do (chmod does not stop root, who runs some CI)
+        denied = path if target == "read-only file" else tmp_path
+        if target == "read-only file":
+            results.save(path, [])
+        real_access = results.os.access
+        monkeypatch.setattr(results.os, "access", lambda p, mode: Path(p) != denied and real_access(p, mode))
+        expected = (
+            f"cannot save to {path}: the file is read-only"
+            if target == "read-only file"
+            else f"cannot save to {path}: the folder {tmp_path} is not writable"
+        )
+    code, _, err = run(["bench", "--device", "cpu", "--shape", "32x32x32", "--save", str(path)], capsys)
+    assert (code, err) == (2, f"lmcalc: error: {expected}\n")
 
 
 def test_bench_model_and_sweep_and_memory(capsys, monkeypatch):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
-from typing import Annotated
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,14 +26,23 @@ from lmcalc.estimates.inputs import (
     positive_int,
     seq_given,
 )
+from lmcalc.result import Result
 from lmcalc.units import parse_shape
+
+if TYPE_CHECKING:
+    from lmcalc.bench.results import Record
 
 DeviceOpt = Annotated[str, typer.Option("--device", help=f"{alternatives(DEVICES, {'auto': 'the first available'})}.")]
 HardwareOpt = Annotated[
     str | None, typer.Option("--hardware", help="Hardware preset to compare with (default: matched by name).")
 ]
 SaveOpt = Annotated[
-    str | None, typer.Option("--save", help="Results file (default: ~/.local/share/lmcalc/bench.json).")
+    str | None,
+    typer.Option(
+        "--save",
+        help="Results file (default: ~/.local/share/lmcalc/bench.json, for GPU results; a CPU result is saved only "
+        "to a file named here).",
+    ),
 ]
 NoSaveOpt = Annotated[bool, typer.Option("--no-save", help="Do not write the results.")]
 
@@ -44,15 +54,46 @@ def _torch_or_fail() -> None:
         raise LmcalcError("bench needs PyTorch: pip install 'lmcalc[bench]'") from None
 
 
-def _save(records, save: str | None, no_save: bool) -> str:
-    from pathlib import Path
+@dataclass(frozen=True)
+class _SaveTarget:
+    """Where a command's records go: ``path``, or nowhere (None) for the reason ``note`` gives."""
 
+    path: Path | None
+    note: str = ""
+
+
+def _save_target(save: str | None, no_save: bool, on_cpu: bool) -> _SaveTarget:
+    """The results file to save to, checked before anything is measured (it must read as a results file and be
+    writable). A CPU measurement goes to the default file only when asked: it can never stand for a GPU."""
     from lmcalc.bench import results
 
     if no_save:
-        return "not saved (--no-save)"
-    path = results.save(Path(save).expanduser() if save else results.default_path(), records)
-    return f"saved to {path}"
+        return _SaveTarget(None, "not saved (--no-save)")
+    if save is None and on_cpu:
+        default = results.default_path()
+        return _SaveTarget(
+            None, f"not saved: a CPU result goes to the default results file only when asked (--save {default})"
+        )
+    path = Path(save).expanduser() if save else results.default_path()
+    results.check_target(path)
+    return _SaveTarget(path)
+
+
+def _save(records: list[Record], target: _SaveTarget) -> str:
+    from lmcalc.bench import results
+
+    if target.path is None:
+        return target.note
+    return f"saved to {results.save(target.path, records)}"
+
+
+def _headline(result: Result, on_cpu: bool, asked: str) -> Result:
+    """The result with its first line saying, on a CPU, that no GPU was measured: why (``asked``: the flag or the
+    reason that chose the CPU, or "" when PyTorch found no GPU), then the result's own title."""
+    if not on_cpu:
+        return result
+    why = f"CPU ({asked}), not a GPU" if asked else "No GPU found; CPU measured"
+    return replace(result, title=f"{why}: {result.title}")
 
 
 MatmulDtypeOpt = Annotated[
@@ -104,6 +145,8 @@ def bench_main(
         non_negative_int(warmup, "warmup"),
         positive_int(repeats, "repeats"),
     )
+    on_cpu = dev.torch_device.type == "cpu"
+    target = _save_target(save, no_save, on_cpu)
     description = f"{settings.dtype} matmuls on {dev.name}"
     if model is not None:
         spec = pr.resolve_model(model).spec
@@ -111,12 +154,12 @@ def bench_main(
         shapes = matmul.ModelShapes(spec, tokens, positive_int(tp, "tp"))
         with _progress_bar(description, hidden=as_json) as progress:
             measured = matmul.measure_model(shapes, settings, dev, progress)
-        note = _save([report.model_record(measured, dev)], save, no_save)
+        note = _save([report.model_record(measured, dev)], target)
         result = report.model_result(measured, dev)
     elif sweep:
         with _progress_bar(description, hidden=as_json) as progress:
             measurements = matmul.measure_shapes(matmul.sweep_shapes(dev), settings, dev, progress)
-        note = _save(report.matmul_records(measurements, dev), save, no_save)
+        note = _save(report.matmul_records(measurements, dev), target)
         result = report.matmul_result(measurements, dev, sweep=True)
     else:
         dims = parse_shape(shape) if shape else matmul.default_shape(dev)
@@ -124,8 +167,9 @@ def bench_main(
             raise LmcalcError(f"--shape needs three sizes MxNxK (e.g. 4096x4096x4096), got {shape!r}")
         m, n, k = dims
         measurement = matmul.measure((m, n, k), settings, dev)
-        note = _save(report.matmul_records([measurement], dev), save, no_save)
+        note = _save(report.matmul_records([measurement], dev), target)
         result = report.matmul_result([measurement], dev, sweep=False)
+    result = _headline(result, on_cpu, "--device cpu" if device == "cpu" else "")
     emit(replace(result, notes=(*result.notes, note)), as_json, explain)
 
 
@@ -163,9 +207,12 @@ def bench_memory(
     from lmcalc.bench.device import detect
 
     dev = detect(device, hardware)
-    meas = bandwidth.measure(dev, int(nbytes(size, "size")) if size else None, repeats=positive_int(repeats, "repeats"))
-    note = _save([report.bandwidth_record(meas, dev)], save, no_save)
-    result = report.bandwidth_result(meas, dev)
+    buffer_bytes, timed = int(nbytes(size, "size")) if size else None, positive_int(repeats, "repeats")
+    on_cpu = dev.torch_device.type == "cpu"
+    target = _save_target(save, no_save, on_cpu)
+    meas = bandwidth.measure(dev, buffer_bytes, repeats=timed)
+    note = _save([report.bandwidth_record(meas, dev)], target)
+    result = _headline(report.bandwidth_result(meas, dev), on_cpu, "--device cpu" if device == "cpu" else "")
     emit(replace(result, notes=(*result.notes, note)), as_json, explain)
 
 
@@ -200,11 +247,18 @@ def bench_comm(
         non_negative_int(warmup, "warmup"),
         positive_int(repeats, "repeats"),
     )
+    import torch
+
+    target = _save_target(save, no_save, on_cpu=backend == "gloo" or not torch.cuda.is_available())
     measurements = comm.run_collectives(settings, world_size, backend)
     if not measurements:  # a rank other than 0 under torchrun: rank 0 reports
         return
-    note = _save(comm.records(measurements, measurements[0].device), save, no_save)
-    result = comm.comm_result(measurements)
+    on_cpu = measurements[0].device == "cpu"  # gloo: asked for, or fewer GPUs than ranks, or none
+    if on_cpu and target.path is not None and save is None:
+        target = _save_target(save, no_save, on_cpu)
+    asked = "--backend gloo" if backend == "gloo" else "fewer GPUs than ranks" if torch.cuda.is_available() else ""
+    note = _save(comm.records(measurements, measurements[0].device), target)
+    result = _headline(comm.comm_result(measurements), on_cpu, asked)
     emit(replace(result, notes=(*result.notes, note)), as_json, explain)
 
 
@@ -248,7 +302,9 @@ def bench_step(
         positive_int(repeats, "repeats"),
         threads=positive_int(threads, "threads") if threads is not None else None,
     )
+    on_cpu = dev.torch_device.type == "cpu"
+    target = _save_target(save, no_save, on_cpu)
     measurement = step.run_steps(setup, dev)
-    note = _save(step.records(measurement), save, no_save)
-    result = step.step_result(measurement)
+    note = _save(step.records(measurement), target)
+    result = _headline(step.step_result(measurement), on_cpu, "--device cpu" if device == "cpu" else "")
     emit(replace(result, notes=(*result.notes, note)), as_json, explain)

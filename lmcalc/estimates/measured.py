@@ -1,5 +1,7 @@
 """Figures measured by ``lmcalc bench`` and read back for the estimates: a GPU's matmul peak, a training step's
-efficiency. The results file is read without importing torch."""
+efficiency, an all-reduce's bus bandwidth. The results file is read without importing torch, each record checked
+as it is read (``results.load``), and the figure taken checked against the GPU's preset: no faster than its peak
+allows, an efficiency no more than 1."""
 
 from __future__ import annotations
 
@@ -30,13 +32,16 @@ def measured_peak(
     if choice(peak, PEAK_SOURCES, "peak") == "spec" and calibration is None:
         return None
     path = bench_file(calibration, f"run 'lmcalc bench --dtype {recipe.compute_dtype}' on one {hardware.name}")
-    found = results.measured_peak(results.load(path), hardware.name, recipe.compute_dtype)
+    records = results.load(path)
+    found = results.measured_peak(records, hardware.name, recipe.compute_dtype)
     if found is None:
         raise LmcalcError(
             f"{path} has no {recipe.compute_dtype} measurement for {hardware.name}; run "
             f"'lmcalc bench --dtype {recipe.compute_dtype}' on one (or use {setting('peak')} spec)"
         )
     flops, record = found
+    dense_tflops = hardware.peak_tflops_dense.get(recipe.compute_dtype)
+    results.check_rate(path, records, record, dense_tflops * 1e12 if dense_tflops else None)
     return flops, f"{record.kind} benchmark on {record.device}, {record.when}, {path}"
 
 
@@ -45,10 +50,12 @@ def measured_efficiency(calibration: str | None, hardware: HardwareSpec, recipe:
     dtype = recipe.compute_dtype
     run = f"run 'lmcalc bench step -m MODEL --dtype {dtype}' on one {hardware.name} (or give {setting('efficiency')})"
     path = bench_file(calibration, run)
-    found = results.measured_step_efficiency(results.load(path), hardware.name, dtype, model)
+    records = results.load(path)
+    found = results.measured_step_efficiency(records, hardware.name, dtype, model)
     if found is None:
         raise LmcalcError(f"{path} has no {dtype} training step measured on {hardware.name}; {run}")
     hfu, record = found
+    results.check_efficiency(path, records, record)
     measured = record.figures["model"]
     which = "this model's" if measured == model else f"{measured}'s (the largest step measured)"
     return Given(hfu, f"measured: HFU of {which} step, {record.device}, {record.when}, {path}")
@@ -58,10 +65,12 @@ def measured_busbw(calibration: str | None, hardware: HardwareSpec) -> tuple[flo
     """The NCCL all-reduce bus bandwidth ``lmcalc bench comm`` measured within a node of this GPU type (bytes/s),
     with its source; None where it measured none (the preset's figure stands)."""
     path = bench_file(calibration, f"run 'lmcalc bench' on one {hardware.name}")
-    found = results.measured_busbw(results.load(path), hardware.name)
+    records = results.load(path)
+    found = results.measured_busbw(records, hardware.name)
     if found is None:
         return None
     busbw, record = found
+    results.check_busbw(path, records, record, hardware.intra_node_gbps)
     size = record.figures["size_bytes"]
     return busbw, (
         f"lmcalc bench comm: all-reduce of {size:,} bytes over {record.figures['world_size']} GPUs, {record.device}, "
