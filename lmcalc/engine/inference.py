@@ -371,7 +371,7 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
             "Whole batch",
             memory.kv_cache,
             "bytes",
-            f"batch · ({_kept(memory)} · per token" + (" + state)" if memory.state_per_sequence else ")"),
+            _batch_formula(memory, "per token"),
             f"{b} × ({_kept(memory, s)} × {group(memory.kv_per_token)} B{_state_text(memory)})",
         ),
     ]
@@ -407,7 +407,7 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
             "Whole batch on one GPU",
             memory.kv_cache_per_gpu,
             "bytes",
-            f"batch · ({_kept(memory)} · per token on one GPU" + (" + state)" if memory.state_per_sequence else ")"),
+            _batch_formula(memory, "per token on one GPU"),
             f"{b} × {_kept(memory, s)} × {group(memory.kv_per_token_per_gpu)} B",
         )
     )
@@ -435,6 +435,13 @@ def _layers_note(spec: ModelSpec) -> str:
     if spec.mamba:
         return f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the others keep a state"
     return "every layer has attention (MoE changes only the feed-forward)" if spec.moe else ""
+
+
+def _batch_formula(memory: InferenceMemory, per_token: str) -> str:
+    """``batch · context · per token``, or with local layers or a hybrid's state what stands for them."""
+    if memory.state_per_sequence:
+        return f"batch · ({_kept(memory)} · {per_token} + state)"
+    return f"batch · {_kept(memory)} · {per_token}"
 
 
 def _state_text(memory: InferenceMemory) -> str:
@@ -507,8 +514,7 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Ca
                 "KV cache",
                 memory.kv_cache_per_gpu,
                 "bytes",
-                f"batch · ({_kept(memory)} · per token on one GPU"
-                + (" + state)" if memory.state_per_sequence else ")"),
+                _batch_formula(memory, "per token on one GPU"),
             ),
             overhead_term(memory.overhead, "CUDA context, workspaces, forward activations and logits, fragmentation"),
             Term("total", "Total", total, "bytes", "weights + KV cache + overhead"),

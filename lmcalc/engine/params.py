@@ -291,13 +291,14 @@ def mtp_term(spec: ModelSpec) -> Term:
     layer = mtp_params(spec) - 3 * h - 2 * h * h
     return Term(
         "mtp",
-        "Multi-token prediction modules (not in the total)",
+        "MTP modules (apart)",
         n * mtp_params(spec),
         "params",
         "n_mtp · (2·h + 2h·h + one layer + h)",
         f"{n} × (2×{h} + 2×{h}×{h} + {group(layer)} + {h})",
         "DeepSeek-V3 technical report §2.2",
-        note="trained beside the model and dropped for inference; the embedding and head are shared",
+        note="multi-token prediction: trained beside the model and dropped for inference, so not in the total; the "
+        "embedding and head are shared",
     )
 
 
@@ -354,11 +355,12 @@ def params_section(spec: ModelSpec) -> Section:
         terms.append(
             Term(
                 "vision",
-                "Vision tower and projector (not in the total)",
+                "Vision tower (apart)",
                 spec.vision_params,
                 "params",
                 "every tensor of config.json's vision_config, and the projector to the text model",
-                note="a multimodal model: lmcalc estimates its language model; the tower is reported apart",
+                note="a multimodal model's vision tower and projector, not in the total: lmcalc estimates the language "
+                "model",
             )
         )
     return Section("params", "Parameters", tuple(terms))
