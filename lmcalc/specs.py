@@ -13,13 +13,26 @@ import weakref
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-# Spelled with Field(gt=0) rather than pydantic's PositiveInt, whose module (pydantic.types) costs
-# 15 ms of start-up for nothing more.
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+
+def _whole_float_as_int(value: Any) -> Any:
+    """A float with nothing after the point (``540.35e9`` or ``80e9`` in YAML) as the int it writes; anything else
+    is left for the strict int to judge (and refuse, when it is not an int)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Numbers and booleans are read strictly: a count is a whole number (not "768", which Python would repeat, nor true,
+# nor 1.5; 80e9 is one), a float field takes an int or a float (not text), a flag is true or false (not "false", nor
+# 1). Each annotation is strict on its own, not the models: a strict model would refuse the lists a file gives for
+# tuples. Spelled with Field(gt=0, strict=True) rather than pydantic's PositiveInt or StrictInt, whose module
+# (pydantic.types) costs 15 ms of start-up for nothing more.
+WholeNumber = Annotated[int, BeforeValidator(_whole_float_as_int), Field(strict=True)]
+PositiveInt = Annotated[WholeNumber, Field(gt=0)]
+NonNegativeInt = Annotated[WholeNumber, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0, strict=True)]
+NonNegativeFloat = Annotated[float, Field(ge=0, strict=True)]
+StrictBool = Annotated[bool, Field(strict=True)]
 
 FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
 NormKind = Literal["layernorm", "layernorm_nobias", "rmsnorm"]
@@ -66,10 +79,10 @@ class MoESpec(Spec):
 
     num_experts: PositiveInt
     experts_per_token: PositiveInt
-    shared_experts: int = Field(0, ge=0)
+    shared_experts: NonNegativeInt = 0
     expert_ffn_size: PositiveInt
-    dense_layers: int = Field(0, ge=0, description="leading layers that keep a dense FFN of ffn_size")
-    router_bias: bool = Field(
+    dense_layers: NonNegativeInt = Field(0, description="leading layers that keep a dense FFN of ffn_size")
+    router_bias: StrictBool = Field(
         False,
         description="a learned per-expert bias on the router (gpt-oss); DeepSeek-V3's balancing bias is a buffer set "
         "by a rule, not a parameter",
@@ -77,7 +90,7 @@ class MoESpec(Spec):
     shared_expert_ffn_size: PositiveInt | None = Field(
         None, description="inner width of the shared experts when it differs from expert_ffn_size (Qwen2-MoE)"
     )
-    shared_expert_gate: bool = Field(
+    shared_expert_gate: StrictBool = Field(
         False, description="a sigmoid gate (h → 1) on the shared experts' output (Qwen2-MoE's shared_expert_gate)"
     )
     moe_every: PositiveInt = Field(
@@ -136,9 +149,9 @@ class MambaSpec(Spec):
     d_state: PositiveInt = Field(description="N, the state size per channel")
     d_conv: PositiveInt = Field(description="the causal depthwise convolution's kernel")
     dt_rank: PositiveInt = Field(description="the rank of Δ's projection")
-    conv_bias: bool = True
-    proj_bias: bool = Field(False, description="biases on the in and out projections")
-    inner_norms: bool = Field(False, description="RMSNorms on Δ, B and C (Jamba)")
+    conv_bias: StrictBool = True
+    proj_bias: StrictBool = Field(False, description="biases on the in and out projections")
+    inner_norms: StrictBool = Field(False, description="RMSNorms on Δ, B and C (Jamba)")
     attention_every: PositiveInt
     attention_offset: NonNegativeInt = 0
 
@@ -170,19 +183,19 @@ class ModelSpec(NamedSpec):
         "none", description="norm on projected queries and keys: over all heads (OLMo 2) or per head"
     )
     attention_bias: Literal["none", "qkv", "all"] = "none"
-    mlp_bias: bool = False
+    mlp_bias: StrictBool = False
     norms_per_layer: Literal[1, 2, 4] = Field(
         2,
         description="1: one norm feeds attention and MLP (the parallel blocks of Falcon-7B and Cohere); 2: one "
         "before each; 4: also one after each, before the residual add (Gemma 2/3 and GLM-4's sandwich norms)",
     )
-    parallel_block: bool = Field(
+    parallel_block: StrictBool = Field(
         False,
         description="attention and MLP both read the layer's input and add to one residual (GPT-J, GPT-NeoX, Falcon, "
         "Cohere)",
     )
-    embedding_norm: bool = Field(False, description="a norm right after the token embedding (BLOOM)")
-    attention_sinks: bool = Field(
+    embedding_norm: StrictBool = Field(False, description="a norm right after the token embedding (BLOOM)")
+    attention_sinks: StrictBool = Field(
         False, description="a learned logit per head that every softmax includes (gpt-oss): H parameters per layer"
     )
     sliding_window: PositiveInt | None = Field(
@@ -207,10 +220,10 @@ class ModelSpec(NamedSpec):
         description="weights the reference implementation stores as one matrix (GPT-2's c_attn: qkv; Phi-3's "
         "qkv_proj and gate_up_proj): the count is the same, but a LoRA adapter on it spans the fused output",
     )
-    tied_embeddings: bool
+    tied_embeddings: StrictBool
     position_embedding: PositionKind
     max_seq_len: PositiveInt
-    dropout: bool = Field(False, description="trained with dropout: masks are saved for backward")
+    dropout: StrictBool = Field(False, description="trained with dropout: masks are saved for backward")
     mla: MLASpec | None = None
     moe: MoESpec | None = None
     mamba: MambaSpec | None = None
@@ -234,6 +247,15 @@ class ModelSpec(NamedSpec):
     training_tokens_source: str = ""
     notes: tuple[str, ...] = Field(default_factory=tuple)
     sources: tuple[str, ...] = Field(default_factory=tuple)
+
+    @field_validator("norms_per_layer", mode="before")
+    @classmethod
+    def _norms_a_whole_number(cls, value: Any) -> Any:
+        """A literal of ints takes true as 1, and pydantic cannot make a literal strict: a boolean is refused here."""
+        value = _whole_float_as_int(value)
+        if type(value) is not int:
+            raise ValueError("Input should be 1, 2 or 4")
+        return value
 
     @model_validator(mode="after")
     def _shapes_consistent(self) -> ModelSpec:
@@ -379,11 +401,11 @@ class PrecisionRecipe(NamedSpec):
     aliases: tuple[str, ...] = Field(default_factory=tuple)
     description: str
     compute_dtype: ComputeDtype
-    param_bytes: float = Field(ge=0, description="bytes per parameter of the weights used in forward/backward")
-    grad_bytes: float = Field(ge=0)
-    master_bytes: float = Field(ge=0, description="bytes per parameter of a separate fp32 master copy (0: none)")
-    optimizer_state_bytes: float = Field(gt=0, description="bytes of one optimizer state element")
-    activation_bytes: float = Field(gt=0, description="bytes of one saved activation element")
+    param_bytes: NonNegativeFloat = Field(description="bytes per parameter of the weights used in forward/backward")
+    grad_bytes: NonNegativeFloat
+    master_bytes: NonNegativeFloat = Field(description="bytes per parameter of a separate fp32 master copy (0: none)")
+    optimizer_state_bytes: PositiveFloat = Field(description="bytes of one optimizer state element")
+    activation_bytes: PositiveFloat = Field(description="bytes of one saved activation element")
     sources: tuple[str, ...] = Field(default_factory=tuple)
 
 
@@ -391,8 +413,8 @@ class OptimizerState(Spec):
     """One tensor an optimizer keeps per parameter tensor (momentum, second moment, ...)."""
 
     name: str
-    factored: bool = Field(False, description="stored as row + column statistics for matrices (Adafactor)")
-    bytes: float | None = Field(None, gt=0, description="fixed bytes per element; None: the recipe's")
+    factored: StrictBool = Field(False, description="stored as row + column statistics for matrices (Adafactor)")
+    bytes: PositiveFloat | None = Field(None, description="fixed bytes per element; None: the recipe's")
     quantization_block: PositiveInt | None = Field(
         None, description="one fp32 scale per block of this many elements (block-wise 8-bit states)"
     )
@@ -401,8 +423,8 @@ class OptimizerState(Spec):
         description="a quantised state of a tensor with fewer elements is kept in fp32 instead, without scales "
         "(bitsandbytes' min_8bit_size)",
     )
-    map_bytes: float = Field(
-        0, ge=0, description="bytes each quantised tensor's state keeps beside its elements: the quantisation map"
+    map_bytes: NonNegativeFloat = Field(
+        0, description="bytes each quantised tensor's state keeps beside its elements: the quantisation map"
     )
 
 
