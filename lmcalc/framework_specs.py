@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from lmcalc.specs import NamedSpec, Spec
+from lmcalc.specs import NamedSpec, NonNegativeInt, PositiveInt, Spec, StrictBool
 
 
 class Rule(Spec):
@@ -43,7 +43,7 @@ class MlpRule(Rule):
 
 
 class RotaryRule(Rule):
-    tables: bool = Field(
+    tables: StrictBool = Field(
         description="cos and sin tables of s·d_rope elements each, in the activation dtype, made once per forward "
         "pass and kept for backward (shared by the layers)"
     )
@@ -53,7 +53,7 @@ class MoeRule(Rule):
     routing_bytes: float = Field(
         ge=0, description="bytes kept per (token, expert) assignment for the routing: index tensors and weights"
     )
-    weighted_outputs: bool = Field(
+    weighted_outputs: StrictBool = Field(
         description="the experts' outputs are kept twice: before and after the multiply by the routing weights "
         "(an index_add that keeps its source)"
     )
@@ -64,10 +64,10 @@ class AttentionRule(Rule):
         description="eager attention's softmax: in the activation dtype (kept once), or in fp32, kept, and its "
         "cast copy kept by the matmul with V"
     )
-    q_copies: int = Field(1, ge=1, description="Q-sized tensors kept (a fused QKV output kept alive adds one)")
-    k_copies: int = Field(1, ge=1, description="K-sized tensors kept")
-    v_copies: int = Field(1, ge=1, description="V-sized tensors kept")
-    checkpoint_keeps_mask: bool = Field(
+    q_copies: PositiveInt = Field(1, description="Q-sized tensors kept (a fused QKV output kept alive adds one)")
+    k_copies: PositiveInt = Field(1, description="K-sized tensors kept")
+    v_copies: PositiveInt = Field(1, description="V-sized tensors kept")
+    checkpoint_keeps_mask: StrictBool = Field(
         False,
         description="under full recomputation, eager attention's additive [b, 1, s, s] mask (activation dtype) "
         "and the int64 position ids stay alive for the rebuilt layers (held by the checkpointed layers' arguments)",
@@ -92,12 +92,12 @@ class StatesRule(Rule):
         description="recipe: the recipe's weights and master copy; master_only: only the master copy persists "
         "and the compute-dtype weights exist gathered, a layer or two at a time (FSDP2 mixed precision)",
     )
-    ddp_bucket_copy: bool = Field(
+    ddp_bucket_copy: StrictBool = Field(
         False,
         description="without ZeRO and with DP > 1, DDP's buckets hold a second copy of the gradients in the "
         "weights' dtype (gradient_as_bucket_view False)",
     )
-    compute_grads_transient: bool = Field(
+    compute_grads_transient: StrictBool = Field(
         False,
         description="each backward makes the gradients in the weights' dtype before adding them into the "
         "fp32 buffer: they exist at once at the end of the backward pass",
@@ -105,8 +105,7 @@ class StatesRule(Rule):
 
 
 class BuffersRule(Rule):
-    gathered_layers: int = Field(
-        ge=0,
+    gathered_layers: NonNegativeInt = Field(
         description="under ZeRO-3/FSDP, layers whose parameters are gathered at once (the one in use and the "
         "prefetched)",
     )
@@ -116,7 +115,7 @@ class BuffersRule(Rule):
         description="under ZeRO-3/FSDP, bytes per parameter of one layer whose gradients are being "
         "reduce-scattered (unsharded gradients and the reduction's own buffer)",
     )
-    head_gathered: bool = Field(
+    head_gathered: StrictBool = Field(
         False,
         description="under ZeRO-3/FSDP, the output head (and final norm) stays gathered from its forward to "
         "its backward",
@@ -127,14 +126,13 @@ class BuffersRule(Rule):
         description="gradient elements of the data-parallel reduce bucket a framework allocates apart from "
         "the gradients (DeepSpeed's IPG bucket), in the gradient dtype",
     )
-    sequence_parallel_gather: int = Field(
+    sequence_parallel_gather: NonNegativeInt = Field(
         0,
-        ge=0,
         description="with sequence parallelism, buffers of one full-sequence layer input (s·b·h) each for "
         "the all-gather",
     )
-    pipeline_tensors: int = Field(
-        0, ge=0, description="layer-boundary tensors (s·b·h each) pipeline send/receive holds at once"
+    pipeline_tensors: NonNegativeInt = Field(
+        0, description="layer-boundary tensors (s·b·h each) pipeline send/receive holds at once"
     )
     workspace_bytes: float = Field(ge=0, description="cuBLAS and NCCL workspaces, in bytes, inside PyTorch's pool")
 
@@ -144,7 +142,7 @@ class OptimizerStepRule(Rule):
         description="foreach: torch.optim's multi-tensor step makes one state-sized temporary for all the "
         "parameters a GPU updates; none: a fused kernel works tensor by tensor"
     )
-    fp32_grad_copy: bool = Field(
+    fp32_grad_copy: StrictBool = Field(
         False,
         description="the step makes an fp32 copy of this GPU's share of the gradients (DeepSpeed's fp32 "
         "gradient partition)",
@@ -198,21 +196,21 @@ class SpeedRule(Rule):
         description="the gradient reduction bucketed behind the last micro-batch's backward pass: always; only "
         "without ZeRO (DDP's buckets, when ZeRO's own reduction waits for the backward pass); never",
     )
-    param_gather_overlap: bool = Field(
+    param_gather_overlap: StrictBool = Field(
         False,
         description="ZeRO's parameter all-gathers prefetched behind computation (ZeRO-1/2 after the step, ZeRO-3 "
         "every layer)",
     )
-    pp_overlap: bool = Field(False, description="pipeline sends and receives overlapped with computation")
+    pp_overlap: StrictBool = Field(False, description="pipeline sends and receives overlapped with computation")
     zero3_network: Literal["all_nics", "one_nic"] = Field(
         "all_nics",
         description="how ZeRO-3's parameter gathers and gradient scatters use the network: all_nics (NCCL's "
         "rings over every NIC of the node, hierarchical) or one_nic (each GPU's whole share over its own NIC)",
     )
-    moe_overlap: bool = Field(
+    moe_overlap: StrictBool = Field(
         False, description="expert all-to-all hidden behind another micro-batch's computation (DualPipe)"
     )
-    fused_grad_accumulation: bool = Field(
+    fused_grad_accumulation: StrictBool = Field(
         False,
         description="the weight-gradient GEMM accumulates into the fp32 gradients (Megatron-LM's gradient "
         "accumulation fusion); otherwise each micro-batch's gradients are added in by a separate pass",
@@ -243,7 +241,7 @@ class FrameworkProfile(NamedSpec):
     optimizer_step: OptimizerStepRule
     allocator: AllocatorRule
     speed: SpeedRule = Field(default_factory=lambda: SpeedRule.model_validate({}))
-    transients: bool = Field(
+    transients: StrictBool = Field(
         True,
         description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "
         "gradients during backward (the idealised profile does not)",
