@@ -48,8 +48,9 @@ def main() -> None:
         MARKER,
         "",
         f"Run on {date.today().isoformat()}, torch {torch.__version__}, {platform.machine()} CPU, "
-        f"s = {SEQ} (MoE: the least multiple that splits evenly over the experts), micro-batch 1 (rows 1–2 at full size on the meta device; row 3 on the small "
-        "configuration, s = 512; the step peak on it in fp32 with no recomputation).",
+        f"s = {SEQ} (MoE: the least multiple that splits evenly over the experts), micro-batch 1 (rows 1–2 at full "
+        "size on the meta device; row 3 on the small configuration, s = 512; the step peak on it in fp32 with no "
+        "recomputation).",
         "",
         "| model | parameters (lmcalc = PyTorch) | FLOPs error | "
         + " | ".join(k.removeprefix("activations_").replace("_", " ") for k in keys)
