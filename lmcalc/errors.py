@@ -10,6 +10,7 @@ dashes).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: no user input or preset name spells them
@@ -51,3 +52,20 @@ class LmcalcError(Exception):
 
     def __str__(self) -> str:
         return self.message()
+
+
+def token(value: object, limit: int = 40) -> str:
+    """``value`` as a message quotes something read from a file: its ``repr``, cut to ``limit`` characters. A message
+    names the file and the problem; of the file's content it shows at most this short, delimited token."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 2] + "…" + text[-1]
+
+
+def printable(text: str) -> str:
+    """``text`` on one printable line: control characters (a newline in a file name) are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def warn(message: str) -> None:
+    """One line on stderr for a problem that does not stop the command (a broken file among the user's presets)."""
+    print(f"lmcalc: warning: {printable(message)}", file=sys.stderr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_vision import vision_params
 
 _GELU_ACTS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python"}
@@ -39,6 +39,85 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full"}  # when the config's use_qk_norm is set
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe")  # biases on q, k and v, none on the output
 LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunked"}
+
+
+WHOLE_NUMBERS = frozenset(
+    {
+        "vocab_size", "hidden_size", "n_embd", "n_embed", "num_hidden_layers", "n_layer", "num_attention_heads",
+        "n_head", "num_key_value_heads", "num_kv_heads", "head_dim", "intermediate_size", "intermediate_size_mlp",
+        "n_inner", "ffn_hidden_size", "max_position_embeddings", "n_positions", "n_ctx", "seq_length",
+        "num_ln_in_parallel_attn", "sliding_window", "sliding_window_pattern", "attention_chunk_size",
+        "no_rope_layer_interval", "num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok",
+        "experts_per_token", "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
+        "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
+        "expert_layer_period", "expert_layer_offset", "n_group", "topk_group", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mamba_expand", "mamba_d_state", "mamba_d_conv",
+        "attn_layer_period", "attn_layer_offset", "num_nextn_predict_layers",
+    }
+)  # fmt: skip
+NUMBERS = frozenset(
+    {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attn_logit_softcapping", "final_logit_softcapping"}
+)  # fmt: skip
+FLAGS = frozenset(
+    {
+        "tie_word_embeddings", "attention_bias", "use_bias", "mlp_bias", "bias", "use_parallel_residual",
+        "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
+        "mamba_conv_bias", "mamba_proj_bias",
+    }
+)  # fmt: skip
+TEXTS = frozenset({"model_type", "hidden_act", "hidden_activation"})
+LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers"})
+VISION_WHOLE_NUMBERS = frozenset(
+    {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
+)
+"""The fields of a config.json that lmcalc reads, by type. JSON has one number type and Python's operators take
+text too ("768" * 4 is text repeated four times, and the string "false" is true): each is checked once, before it is
+used (``check_fields``)."""
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _wrong_type(key: str, value: Any, vision: bool = False) -> str | None:
+    """What ``value`` (config's ``key``) should have been, or None if it is right. Null stands for absent."""
+    if value is None:
+        return None
+    if key in (VISION_WHOLE_NUMBERS if vision else WHOLE_NUMBERS) and not _is_whole(value):
+        return "an integer"
+    if vision:
+        return "true or false" if key == "vision_use_head" and not isinstance(value, bool) else None
+    if key == "mamba_dt_rank" and not (_is_whole(value) or value == "auto"):
+        return 'an integer or "auto"'
+    if key in NUMBERS and not _is_number(value):
+        return "a number"
+    if key in FLAGS and not isinstance(value, bool):
+        return "true or false"
+    if key in TEXTS and not isinstance(value, str):
+        return "text"
+    if key in LISTS_OF_WHOLE_NUMBERS and not (isinstance(value, list) and all(_is_whole(v) for v in value)):
+        return "a list of integers"
+    if key == "layer_types" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        return "a list of layer types"
+    return None
+
+
+def check_fields(config: dict[str, Any], origin: str, within: str = "") -> None:
+    """Refuse a field lmcalc reads whose value has the wrong type, naming it: ``n_embd`` ``"768"`` would count 14 P
+    parameters. The text model's and the vision tower's fields of a multimodal config are checked too."""
+    for key, value in config.items():
+        wanted = _wrong_type(key, value, vision=within == "vision_config")
+        if wanted:
+            raise LmcalcError(
+                f"{origin}: config.json {within + '.' if within else ''}{key} must be {wanted}, not {token(value)}"
+            )
+    for nested in ("text_config", "vision_config"):
+        if not within and isinstance(config.get(nested), dict):
+            check_fields(config[nested], origin, nested)
 
 
 def _get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) -> Any:
@@ -140,7 +219,7 @@ def _flag(config: dict[str, Any], key: str, default: bool, origin: str) -> bool:
     """A boolean field, read strictly: JSON's true or false (the string "false" is not false)."""
     value = config.get(key, default)
     if not isinstance(value, bool):
-        raise LmcalcError(f"{origin}: config.json {key} must be true or false, not {value!r}")
+        raise LmcalcError(f"{origin}: config.json {key} must be true or false, not {token(value)}")
     return value
 
 
@@ -271,42 +350,46 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     return fields
 
 
-def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str, list[str]]:
-    """The language model's config, its type, and notes on what else a multimodal config holds."""
+def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
+    """The language model's config and its type: a multimodal config's ``text_config``, else the config itself."""
     kind = str(config.get("model_type", "")).lower()
     if kind not in MULTIMODAL and "text_config" not in config:
-        return config, kind, []
+        return config, kind
     text = config.get("text_config")
     if not isinstance(text, dict):
-        raise LmcalcError(f"{origin}: config.json model_type {kind!r} has no text_config to read")
+        raise LmcalcError(f"{origin}: config.json model_type {token(kind)} has no text_config to read")
     # the wrapper's tie_word_embeddings decides for the language model it builds
     text = {
         **text,
         **({"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}),
     }
-    text_kind = str(text.get("model_type") or MULTIMODAL.get(kind, "")).lower()
+    return text, str(text.get("model_type") or MULTIMODAL.get(kind, "")).lower()
+
+
+def _vision(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
+    """What a multimodal config holds beside its text model: a note, and the vision tower's count where known."""
+    kind = str(config.get("model_type", "")).lower()
     tower = vision_params(config, text.get("hidden_size", 0))
     if tower is None:
-        notes = [f"the text model of a {kind or 'multimodal'} config; its vision tower and projector are not counted"]
-    else:
-        notes = [f"the text model of a {kind} config; its vision tower and projector ({tower:,} parameters) are apart"]
-    return {**text, "_vision_params": tower}, text_kind, notes
+        note = f"the text model of a {kind or 'multimodal'} config; its vision tower and projector are not counted"
+        return {"notes": [note]}
+    note = f"the text model of a {kind} config; its vision tower and projector ({tower:,} parameters) are apart"
+    return {"notes": [note], "vision_params": tower}
 
 
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     """ModelSpec fields for a HF config; the caller validates them."""
-    config, kind, notes = _text_model(config, origin)
+    text, kind = _text_model(config, origin)
     if kind not in SUPPORTED:
         raise LmcalcError(
-            f"{origin}: config.json model_type {kind or '(missing)'!r} is not supported (supported: "
+            f"{origin}: config.json model_type {token(kind) if kind else '(missing)'} is not supported (supported: "
             f"{', '.join(SUPPORTED)}, and {', '.join(MULTIMODAL)}'s text models); describe the model in a YAML preset "
             "instead (see docs/presets.md)"
         )
-    fields = _common(config, kind, name, origin) | ({"notes": notes} if notes else {})
-    if config.get("_vision_params") is not None:
-        fields["vision_params"] = config["_vision_params"]
+    check_fields(config, origin)
+    fields = _common(text, kind, name, origin) | (_vision(config, text) if text is not config else {})
     if kind == "gpt2":
-        return _gpt2(config, fields, origin)
+        return _gpt2(text, fields, origin)
     if kind in ("gpt_neox", "falcon", "bloom"):
-        return _neox_family(config, kind, fields, origin)
-    return _llama_like(config, kind, fields, origin)
+        return _neox_family(text, kind, fields, origin)
+    return _llama_like(text, kind, fields, origin)

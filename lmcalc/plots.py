@@ -6,10 +6,9 @@ to a temporary name and renamed into place, and an existing file is only replace
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
-from lmcalc.atomic import finish_atomic, new_file
+from lmcalc.atomic import atomic_target, new_file
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Result
 
@@ -41,6 +40,12 @@ def _pyplot():
     return plt
 
 
+def plain(text: str) -> str:
+    """``text`` as matplotlib should print it: a ``$`` (in a model's name, say) escaped, or two of them would open
+    mathtext, which draws the text between them as a formula or fails on it."""
+    return text.replace("$", r"\$")
+
+
 def _target(path: str, force: bool) -> Path:
     if Path(path).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise LmcalcError(f"--plot {path!r}: the file name must end in .png, .svg or .pdf")
@@ -49,12 +54,13 @@ def _target(path: str, force: bool) -> Path:
 
 def _save(figure, target: Path) -> Path:
     """Write ``figure`` to ``target`` through a temporary file beside it, and close it."""
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=target.suffix, delete=False) as tmp:
-        figure.savefig(
-            tmp.name, bbox_inches="tight", dpi=150, metadata={"Date": None} if target.suffix != ".png" else None
-        )
-    _pyplot().close(figure)
-    finish_atomic(Path(tmp.name), target)
+    try:
+        with atomic_target(target, suffix=target.suffix) as temporary:
+            figure.savefig(
+                temporary, bbox_inches="tight", dpi=150, metadata={"Date": None} if target.suffix != ".png" else None
+            )
+    finally:
+        _pyplot().close(figure)
     return target
 
 
@@ -94,13 +100,13 @@ def memory_figure(result: Result):
     for index, label in enumerate(term.label for term in rows[0][1]):
         heights = [terms[index].value / GB for _, terms, _ in rows]
         colour = COLOURS[index % len(COLOURS)]
-        axes.bar([name for name, _, _ in rows], heights, bottom=bottoms, label=label, color=colour)
+        axes.bar([plain(name) for name, _, _ in rows], heights, bottom=bottoms, label=plain(label), color=colour)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     capacity = rows[0][2] / GB
     axes.axhline(capacity, color="black", linestyle="--", linewidth=1)
     axes.text(len(rows) - 0.5, capacity, f" GPU memory {capacity:.0f} GB", va="bottom", ha="right", fontsize=8)
     axes.set_ylabel("GB per GPU (10⁹ bytes)")
-    axes.set_title(result.title, fontsize=10)
+    axes.set_title(plain(result.title), fontsize=10)
     axes.legend(fontsize=7, loc="upper left")
     figure.tight_layout()
     return figure
@@ -121,10 +127,10 @@ def plan_figure(result: Result):
     mfu = [s.term("mfu").value for s in ranked]
     figure, axes = plt.subplots(figsize=(6, 4.5))
     axes.scatter(memory, mfu, s=12, color=COLOURS[0], alpha=0.6, label="layouts that fit")
-    axes.scatter(memory[:1], mfu[:1], s=60, color=COLOURS[2], label=ranked[0].title[:60])
+    axes.scatter(memory[:1], mfu[:1], s=60, color=COLOURS[2], label=plain(ranked[0].title[:60]))
     axes.set_xlabel("memory of the most loaded GPU (GB)")
     axes.set_ylabel("predicted MFU (%)")
-    axes.set_title(result.title, fontsize=10)
+    axes.set_title(plain(result.title), fontsize=10)
     axes.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
     return figure

@@ -13,6 +13,7 @@ import difflib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from lmcalc import hub
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, token, warn
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.specs import (
@@ -57,19 +58,56 @@ _SINGULAR = {
 }
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """The safe YAML loader (libyaml when available) that also reads ``15e12`` and ``1.5e+13`` as numbers.
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
-    YAML 1.1 (PyYAML) only takes exponents with a dot and a sign (``1.5e+13``); a preset author writing
-    ``15e12`` would otherwise get a string.
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe YAML loader (libyaml when available), strict about what is a number, a boolean and a key.
+
+    YAML 1.1 (PyYAML) reads ``1:30`` as 90 (base 60), ``010`` as 8 (octal), ``yes``, ``no``, ``on`` and ``off`` as
+    booleans, and keeps the last of two equal keys: a preset would then be silently wrong. Here a number is decimal
+    (``4096``, ``1_000``, ``1.5``, and ``15e12`` as well as ``1.5e+13``, which YAML 1.1 alone would not read), a
+    boolean is ``true`` or ``false``, anything else is text (which a number or boolean field then refuses), and a key
+    given twice in one mapping is an error.
     """
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                key = self.construct_object(key_node)
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {token(key)} (first on line {first_line[key]})", key_node.start_mark
+                    )
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
+
+_STRICT_TAGS = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float")}
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _STRICT_TAGS]
+    for first, resolvers in _Loader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
 )
+PRESET_FILE_LIMIT = 1 << 20
+"""The largest preset file read, in bytes (1 MiB; the largest built-in is some 10 KiB): a link to ``/dev/zero`` or a
+stray data file is refused, not read until memory runs out."""
+CONFIG_FILE_LIMIT = 4 << 20
+"""The largest Hugging Face ``config.json`` read, in bytes (4 MiB; a real one is a few KiB)."""
+MAX_NESTING = 1000
+"""The deepest YAML nesting read: libyaml's composer recurses in C, and ``[[[[…`` 50,000 deep would crash Python."""
 S = TypeVar("S", bound=BaseModel)
 
 
@@ -89,20 +127,64 @@ def normalise(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip().lower())
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse a YAML file; syntax errors become one line naming the file and line."""
+def read_text(path: Path, limit: int = PRESET_FILE_LIMIT) -> str:
+    """The UTF-8 text of the regular file ``path``, of at most ``limit`` bytes. Anything else (a FIFO, which would
+    block, a device, a directory) is refused before it is read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without a writer
     except OSError as exc:
         raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise LmcalcError(f"{path}: not a regular file")
+        try:
+            data = file.read(limit + 1)
+        except OSError as exc:
+            raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise LmcalcError(f"{path}: larger than {limit >> 20} MiB, more than any preset or config.json")
     try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LmcalcError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+
+
+def _check_nesting(text: str, path: Path) -> None:
+    """Refuse nesting deeper than ``MAX_NESTING`` before libyaml's recursive composer meets it. Only a text with
+    that many ``[``, ``{``, ``-`` or ``?`` can nest that deep (a block mapping's nesting costs indentation: 1 MiB holds
+    fewer than 1,500 levels), so an ordinary preset is not parsed twice."""
+    if sum(text.count(c) for c in "[{-?") <= MAX_NESTING:
+        return
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):  # events come one at a time, without recursion
+        if isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            depth += 1
+            if depth > MAX_NESTING:
+                line = event.start_mark.line + 1
+                raise LmcalcError(f"{path}:{line}: YAML nested deeper than {MAX_NESTING} levels")
+        elif isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
+            depth -= 1
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file; syntax errors become one line naming the file and line."""
+    text = read_text(path)
+    try:
+        _check_nesting(text, path)
         return yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise LmcalcError(f"{where}: YAML syntax error: {exc.problem or exc.context}") from None
+        kind = "YAML error" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
+        raise LmcalcError(f"{where}: {kind}: {exc.problem or exc.context}") from None
+    except yaml.reader.ReaderError as exc:  # a control character: libyaml reads printable text only
+        raise LmcalcError(
+            f"{path}: YAML error: a control character (#x{exc.character:04x}) at offset {exc.position}"
+        ) from None
     except yaml.YAMLError as exc:
-        raise LmcalcError(f"{path}: YAML error: {exc}") from None
+        raise LmcalcError(f"{path}: YAML error: {type(exc).__name__}") from None
+    except RecursionError:  # the pure-Python loader, where libyaml is missing
+        raise LmcalcError(f"{path}: YAML nested too deeply") from None
 
 
 def validate(spec_type: type[S], data: Any, origin: str) -> S:
@@ -115,13 +197,41 @@ def validate(spec_type: type[S], data: Any, origin: str) -> S:
         errors = exc.errors()
         # A misspelt field shows up as one unknown field plus one missing field: name the misspelling.
         first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        message = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(first["loc"][-1]), list(spec_type.model_fields), n=1)
+        loc, message = first["loc"], first["msg"].removeprefix("Value error, ")
+        unnamed = first["type"] == "extra_forbidden" and not _is_name(loc[-1])
+        if unnamed:  # likely a line of some other file (/etc/shadow's) read as a key: it is not quoted
+            loc, message = loc[:-1], "a key that is not a field name"
+        elif first["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(loc[-1]), list(spec_type.model_fields), n=1)
             message = "unknown field" + (f"; did you mean {close[0]}?" if close else "")
-        raise LmcalcError(f"{origin}: {field}: {message}{more}") from None
+        elif first["type"] in _STRICT_TYPE_ERRORS:
+            message += f", not {_given(first['input'])}"
+        field = ".".join(str(p) if _is_name(p) else "(a key)" for p in loc) or ("" if unnamed else "(top level)")
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise LmcalcError(f"{origin}: {field + ': ' if field else ''}{message}{more}") from None
+
+
+_STRICT_TYPE_ERRORS = ("int_type", "float_type", "bool_type")
+
+
+def _given(value: Any) -> str:
+    """What a file gave where a number or a boolean belongs, as YAML and JSON spell it (a short token at most)."""
+    if value is None:
+        return "an empty value"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"the text {token(value)}"
+    return token(value) if isinstance(value, int | float) else type(value).__name__
+
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,47}")
+
+
+def _is_name(part: str | int) -> bool:
+    """Whether a key a validation error points at can be shown: a field name, a list index, a dtype; not a stray
+    line of some other file (``/etc/shadow``'s, read as a key)."""
+    return isinstance(part, int) or part == "[key]" or bool(_NAME.fullmatch(part))
 
 
 def preset_files(directory: Path, kind: str) -> list[Path]:
@@ -134,14 +244,25 @@ def preset_files(directory: Path, kind: str) -> list[Path]:
     return [path] if path.is_file() else []
 
 
-def _entries_in(directory: Path, kind: str) -> list[tuple[dict[str, Any], str]]:
-    files = preset_files(directory, kind)
-    if kind in FILE_PER_SPEC_KINDS:
-        return [(read_yaml(p), str(p)) for p in files]
-    if not files:
-        return []
-    path = files[0]
+def _entries_in(directory: Path, kind: str, builtin: bool) -> list[tuple[Any, str]]:
+    """The presets of ``kind`` in ``directory``, each with where it was read from. A file of the user's that cannot be
+    read is left out with a warning that names it: one broken file must not stop every command (a built-in one is a
+    bug, and raises)."""
+    entries = []
+    for path in preset_files(directory, kind):
+        try:
+            entries += _entries_of_file(path, kind)
+        except LmcalcError as exc:
+            if builtin:
+                raise
+            warn(f"{exc}; left out")
+    return entries
+
+
+def _entries_of_file(path: Path, kind: str) -> list[tuple[Any, str]]:
     data = read_yaml(path)
+    if kind in FILE_PER_SPEC_KINDS:
+        return [(data, str(path))]
     items = data.get(kind) if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise LmcalcError(f"{path}: expected a top-level list named '{kind}'")
@@ -214,9 +335,18 @@ class Registry:
 
     @property
     def specs(self) -> dict[str, NamedSpec]:
-        """Every preset of this kind, each fully validated (for listing, checking and tests)."""
+        """Every preset of this kind, each fully validated (for listing, checking and tests); an invalid one of the
+        user's is left out with a warning."""
         spec_type = _SPEC_OF_KIND[self.kind]
-        return {name: validate(spec_type, e.data, e.origin) for name, e in self.entries.items()}
+        found = {}
+        for name, entry in self.entries.items():
+            try:
+                found[name] = validate(spec_type, entry.data, entry.origin)
+            except LmcalcError as exc:
+                if entry.builtin:
+                    raise
+                warn(f"{exc}; left out")
+        return found
 
     def resolve(self, name: str) -> tuple[NamedSpec, str]:
         """The spec for ``name`` and a note when a family name picked a default member."""
@@ -239,24 +369,56 @@ def _names(data: dict[str, Any], field: str) -> list[str]:
 
 @cache
 def registry(kind: str) -> Registry:
-    """Read every preset file of ``kind`` on the search path (cached for the process)."""
+    """Read every preset file of ``kind`` on the search path (cached for the process).
+
+    A preset of the user's with a built-in's ``name`` replaces the built-in (on purpose: docs/presets.md); one
+    whose other names take a built-in's is kept, with a warning."""
     entries: dict[str, Entry] = {}
-    names: dict[str, str] = {}
-    families: dict[str, str] = {}
     builtin = builtin_dir()
     for directory in search_dirs():
-        for data, origin in _entries_in(directory, kind):
+        for data, origin in _entries_in(directory, kind, builtin=directory == builtin):
             if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-                raise LmcalcError(f"{origin}: a preset needs a 'name' field")
-            canonical = data["name"]
-            if canonical in entries:
-                continue  # a user directory earlier on the path shadows this one
-            entries[canonical] = Entry(data, origin, builtin=directory == builtin)
-            for alias in [canonical, *_names(data, "aliases")]:
-                names.setdefault(normalise(alias), canonical)
-            for family in _names(data, "family_aliases"):
-                families.setdefault(normalise(family), canonical)
+                if directory == builtin:
+                    raise LmcalcError(f"{origin}: a preset needs a 'name' field")
+                warn(f"{origin}: a preset needs a 'name' field; left out")
+                continue
+            if data["name"] not in entries:  # a user directory earlier on the path shadows this one
+                entries[data["name"]] = Entry(data, origin, builtin=directory == builtin)
+    names: dict[str, str] = {}
+    families: dict[str, str] = {}
+    for canonical, entry in entries.items():  # the user's first: their names win
+        for alias in [canonical, *_names(entry.data, "aliases")]:
+            names.setdefault(normalise(alias), canonical)
+        for family in _names(entry.data, "family_aliases"):
+            families.setdefault(normalise(family), canonical)
+    _warn_shadowing(kind, entries)
     return Registry(kind, entries, names, families)
+
+
+def _warn_shadowing(kind: str, entries: dict[str, Entry]) -> None:
+    """A warning for each name a user's preset takes from a built-in one of another name: ``-m NAME`` would then
+    pick the user's model where the built-in was meant. Names and aliases are looked up before family names, so a
+    user's alias takes any of a built-in's names, and a user's family name only a built-in's family name."""
+    names: dict[str, str] = {}  # each built-in's name and aliases, and whose they are
+    families: dict[str, str] = {}
+    for canonical, entry in entries.items():
+        if entry.builtin:
+            names.update((normalise(a), canonical) for a in [canonical, *_names(entry.data, "aliases")])
+            families.update((normalise(f), canonical) for f in _names(entry.data, "family_aliases"))
+    for canonical, entry in entries.items():
+        if entry.builtin:
+            continue
+        taken = [
+            (a, names.get(normalise(a)) or families.get(normalise(a)))
+            for a in [canonical, *_names(entry.data, "aliases")]
+        ]
+        taken += [(f, families.get(normalise(f))) for f in _names(entry.data, "family_aliases")]
+        for alias, owner in taken:
+            if owner is not None and owner != canonical:
+                warn(
+                    f"{entry.origin}: {token(alias)} of {canonical} shadows the built-in {_SINGULAR[kind]} {owner} "
+                    f"(to replace a built-in, give your preset its name)"
+                )
 
 
 def _looks_like_path(name: str) -> bool:
@@ -266,23 +428,48 @@ def _looks_like_path(name: str) -> bool:
 def load_spec_file(path: Path, spec_type: type[S], hub_id: str | None = None) -> S:
     """A user's own preset file: YAML for any kind; a HF ``config.json`` for a model (named after ``hub_id``, the
     Hub repository it came from, when given)."""
-    if path.is_dir() and (path / "config.json").is_file():  # a downloaded model's directory
+    if path.is_dir() and (path / "config.json").exists():  # a downloaded model's directory
         path = path / "config.json"
-    if not path.is_file():
+    if not path.exists():
         raise LmcalcError(f"no such file: {path}")
+    if path.is_dir():
+        raise LmcalcError(f"{path} is a directory without a config.json")
     if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise LmcalcError(f"{path}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
+        data = read_json(path)
         if spec_type is ModelSpec and isinstance(data, dict) and "name" not in data:
             name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
             origin = f"{hub_id} (Hugging Face Hub config.json)" if hub_id else str(path)
             return validate(spec_type, model_from_hf_config(data, hub_id or name, origin), origin)
         return validate(spec_type, data, str(path))
     return validate(spec_type, read_yaml(path), str(path))
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys all differ (``json.loads`` keeps the last of two equal keys without a word)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(key)
+        data[key] = value
+    return data
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON file (a Hugging Face ``config.json``, or a preset written as JSON) of at most
+    ``CONFIG_FILE_LIMIT`` bytes; every problem becomes one line naming the file."""
+    text = read_text(path, CONFIG_FILE_LIMIT)
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        raise LmcalcError(f"{path}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
+    except _DuplicateKey as exc:
+        raise LmcalcError(f"{path}: JSON error: duplicate key {token(exc.args[0])} in one object") from None
+    except RecursionError:
+        raise LmcalcError(f"{path}: JSON nested too deeply") from None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ kind is made from Python and from the command line."""
 
 import ast
 import inspect
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -321,3 +322,77 @@ def test_a_renamed_field_is_named_by_its_keyword_and_its_flag():
         Workload(model, recipe, adamw, seq_len=8, overhead_bytes=-1)
     assert str(raised.value) == "overhead must be zero or a positive number of bytes, got -1"
     assert error_message(raised.value) == "--overhead must be zero or a positive number of bytes, got -1"
+
+
+# -------------------------------------------------------------------------------------------------- no crash
+# Inputs that once ended in an internal error (issue #18, item 15): each is one line, or a sound answer.
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_an_absurd_sequence_length_is_refused_not_overflowed(capsys):
+    # s = 1e308: s·b·h bytes per layer is beyond a float (OverflowError); 2^40 tokens is lmcalc's limit
+    code, out, err = run(["memory", "-m", "llama-3-8b", "--gpus", "8xH100", "--seq", "1e308"], capsys)
+    assert (code, out) == (2, "")
+    assert err == "lmcalc: error: --seq 1e308 is beyond lmcalc's range: at most 2^40 (about 10^12) tokens\n"
+    code, _, err = run(["memory", "-m", "llama-3-8b", "--gpus", "8xH100", "--seq", str(2**40), "--json"], capsys)
+    assert code == 0, err
+
+
+def test_a_deadline_met_by_a_fraction_of_a_gpu_rents_one(capsys):
+    # 6·N·D with D = 1 token is 4.8e10 FLOPs: 1.4e-15 of an H100 over a million days; ⌈that⌉ is 1 GPU (it was 0, and
+    # the time divided by the cluster's 0 FLOP/s)
+    code, out, err = run(["train-time", "-m", "llama-3-8b", "--days", "1e6", "--tokens", "1", "--gpu", "H100",
+                          "--json"], capsys)  # fmt: skip
+    assert code == 0, err
+    deadline = json.loads(out)["results"]["deadline"]
+    assert deadline["gpus"]["value"] == 1 and deadline["nodes"]["value"] == 1
+    assert 0 < deadline["gpus_exact"]["value"] < 1e-14
+
+
+def test_a_plot_of_a_model_named_with_dollars(tmp_path, capsys):
+    # two $ in a title opened matplotlib's mathtext, which failed on "$x^{ $": the text is drawn as written
+    pytest.importorskip("matplotlib")
+    model = tmp_path / "dollar.yaml"
+    preset = (PACKAGE.parent / "presets" / "models" / "llama-3.1-8b.yaml").read_text()
+    model.write_text(preset.replace("display_name: Llama 3.1 8B", 'display_name: "My $x^{ $ model"'))
+    for argv in (["memory", "--gpus", "8xH100", "--plot", str(tmp_path / "m.png")],
+                 ["plan", "--gpus", "64xH100", "--plot", str(tmp_path / "p.svg")],
+                 ["report", "--gpus", "64xH100", "-o", str(tmp_path / "r.html")]):  # fmt: skip
+        code, _, err = run([*argv[:1], "-m", str(model), *argv[1:]], capsys)
+        assert code == 0, err
+    assert "My $x^{ $ model" in (tmp_path / "r.html").read_text()
+
+
+def test_a_plot_onto_a_directory_is_refused(tmp_path, capsys):
+    target = tmp_path / "plot.png"
+    target.mkdir()
+    for force in ([], ["--force"]):  # even --force does not replace a directory
+        code, _, err = run(["memory", "-m", "llama-3-8b", "--gpus", "8xH100", "--plot", str(target), *force], capsys)
+        assert (code, err) == (2, f"lmcalc: error: {target} is a directory; give a file name\n")
+    assert target.is_dir() and list(tmp_path.iterdir()) == [target]
+
+
+def test_an_interrupted_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from lmcalc import atomic
+
+    target = tmp_path / "report.html"
+    written = []
+
+    def interrupted(self, data, *args, **kwargs):
+        written.append(self)
+        self.write_bytes(b"half")
+        raise KeyboardInterrupt  # Ctrl-C in the middle of the write
+
+    monkeypatch.setattr(atomic.Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic.write_atomic(target, "<html>")
+    assert written and list(tmp_path.iterdir()) == []  # neither the temporary nor a half file
+    with pytest.raises(KeyboardInterrupt), atomic.atomic_target(target, ".png"):
+        raise KeyboardInterrupt  # a plot being drawn
+    assert list(tmp_path.iterdir()) == []

@@ -101,3 +101,62 @@ def test_every_kind_of_spec_keys_a_dict_and_a_cache(kind, name):
     other = kind.model_validate({**spec.model_dump(), "name": spec.name + "-other"})
     cached(other)
     assert len(calls) == 2
+
+
+# Numbers and booleans are read strictly, field by field (issue #18, item 10): lax pydantic read the string "false"
+# as False and true as 1, and a YAML file's yes, no and 1:30 reached it as booleans and 90
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "field", "wrong"),
+    [
+        (ModelSpec, "llama-3.1-8b", "num_layers", True),
+        (ModelSpec, "llama-3.1-8b", "num_layers", "32"),
+        (ModelSpec, "llama-3.1-8b", "mlp_bias", "false"),
+        (ModelSpec, "llama-3.1-8b", "mlp_bias", 0),
+        (ModelSpec, "llama-3.1-8b", "norms_per_layer", True),  # 1 (with parallel_block below)
+        (ModelSpec, "llama-3.1-8b", "training_tokens", "15e12"),
+        (HardwareSpec, "H100", "memory_bytes", "85899345920"),
+        (HardwareSpec, "H100", "gpus_per_node", True),
+        (PrecisionRecipe, "bf16-mixed", "param_bytes", True),
+        (OptimizerSpec, "adamw", "states", [{"name": "m", "factored": "no"}]),
+    ],
+    ids=[
+        "int-true",
+        "int-text",
+        "bool-text",
+        "bool-int",
+        "literal-true",
+        "float-text",
+        "bytes-text",
+        "gpus-true",
+        "float-true",
+        "nested-bool-text",
+    ],  # fmt: skip
+)
+def test_a_number_or_flag_of_the_wrong_type_is_refused(kind, name, field, wrong):
+    spec = {ModelSpec: resolve_model, HardwareSpec: resolve_hardware, PrecisionRecipe: resolve_precision,
+            OptimizerSpec: resolve_optimizer}[kind](name).spec  # fmt: skip
+    with pytest.raises(ValidationError):
+        kind.model_validate(
+            {**spec.model_dump(), field: wrong} | ({"parallel_block": True} if kind is ModelSpec else {})
+        )
+
+
+def test_a_framework_profiles_counts_and_flags_are_strict_too():
+    from lmcalc.framework_specs import FrameworkProfile
+    from lmcalc.presets import resolve_framework
+
+    megatron = resolve_framework("megatron").spec.model_dump()
+    FrameworkProfile.model_validate(megatron)
+    for rule, field, wrong in [("attention", "q_copies", True), ("attention", "q_copies", "2"),
+                               ("rotary", "tables", "false"), ("buffers", "gathered_layers", 1.5)]:  # fmt: skip
+        with pytest.raises(ValidationError):
+            FrameworkProfile.model_validate({**megatron, rule: {**megatron[rule], field: wrong}})
+
+
+def test_strict_fields_still_take_lists_and_whole_floats():
+    # a file writes a tuple as a list and a big count as 80e9: neither is a type error
+    h100 = resolve_hardware("H100").spec
+    read = HardwareSpec.model_validate({**h100.model_dump(), "aliases": ["x"], "memory_bytes": 80e9, "notes": []})
+    assert read.aliases == ("x",) and read.memory_bytes == 80_000_000_000 and type(read.memory_bytes) is int

@@ -258,9 +258,13 @@ def count_params(spec: ModelSpec) -> ParamCount:
 
 
 def matches_published(spec: ModelSpec, total: int) -> bool:
-    """``total`` equals the published count, to the significant figures its source prints."""
+    """``total`` equals the published count, to the significant figures its source prints: both are rounded to that
+    precision, so a figure written out in full (PaLM's 540.35e9) and one written rounded (540e9) both match a
+    count of 540.35 B to 3 significant figures."""
     digits = spec.published_params_sig_figs
-    return (float(f"{total:.{digits}g}") if digits else total) == spec.published_params
+    if not digits or spec.published_params is None:
+        return total == spec.published_params
+    return f"{total:.{digits - 1}e}" == f"{spec.published_params:.{digits - 1}e}"
 
 
 def _group_formula(tensors: list[WeightTensor], active: bool = False) -> tuple[str, str]:

@@ -28,6 +28,9 @@ from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, Precis
 from lmcalc.units import GiB, group, parse_bytes, parse_count
 
 DEFAULT_SEQ_CAP = 8192
+MAX_SEQ_LEN = 2**40
+"""The longest sequence lmcalc takes: 100,000 times the longest context trained today (Llama 4 Scout's 10M), and
+short enough that its memory terms (s·b·h bytes per layer, s² for attention scores) stay within a float."""
 DEFAULT_PRECISION = "bf16-mixed"
 DEFAULT_OPTIMIZER = "adamw"
 DEFAULT_ATTENTION: Attention = "flash"
@@ -266,6 +269,8 @@ def seq_given(value: Count | None, model: ModelSpec | None = None, name: str = "
     seq = count(value, name, binary=True)
     if not seq.is_integer():
         raise LmcalcError(f"{setting(name)} must be a whole number of tokens, got {value!r}")
+    if seq > MAX_SEQ_LEN:
+        raise LmcalcError(f"{setting(name)} {value} is beyond lmcalc's range: at most 2^40 (about 10^12) tokens")
     return Given(int(seq), flag(name))
 
 

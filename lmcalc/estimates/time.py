@@ -229,7 +229,7 @@ def train_time_estimate(
     sections = [Section("flops", "Work", (flops_term,))]
     if days is not None:
         needed = gpus_for_deadline(flops_term.value, days, peak, mfu.value)
-        gpu_count, nodes = whole_gpus(needed, hw.gpus_per_node)
+        gpu_count, nodes = whole_gpus(max(needed, 1.0), hw.gpus_per_node)  # a fraction of a GPU rents a whole one
         inputs += [Input("days", "Deadline", days, "days", flag("days")), Input("gpu", "GPU", hw.name, origin=hw.label)]
         sections.append(
             Section(
