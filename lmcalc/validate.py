@@ -148,7 +148,7 @@ def validate(*, model: ModelLike, seq: str | int = 1024, micro_batch: int = 1, r
     if resolved.spec.mamba:
         raise LmcalcError(
             f"{resolved.spec.label} is a hybrid: lmcalc's PyTorch reference model has no state-space layers; check it "
-            "with --against transformers"
+            f"against transformers ({setting('against')} transformers)"
         )
     modes = RECOMPUTE_MODES if recompute is None else (choice(recompute, RECOMPUTE_MODES, "recompute"),)
     seq_len = int(seq_given(seq).value)

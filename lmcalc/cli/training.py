@@ -192,7 +192,11 @@ def memory(
     training: dict[str, Any] | None = None,
     layout: dict[str, Any] | None = None,
     sweep: Annotated[
-        str | None, typer.Option("--sweep", help="One row per value: seq=1k,4k,16k,64k or micro-batch=1,2,4,8.")
+        str | None,
+        typer.Option(
+            "--sweep",
+            help="One row per value: seq=1k,4k,16k, micro-batch=1,2,4, zero=0,1,2,3, tp=1,2,4,8 (pp, cp, ep).",
+        ),
     ] = None,
     stages: Annotated[
         bool,
@@ -246,7 +250,7 @@ def memory(
         served = estimates.inference(
             model=model,
             gpus=gpus,
-            tp=layout["tp"],
+            tp=layout["tp"] if flags_given(ctx, {"tp"}) else None,  # else the fewest of --gpus the weights fit
             batch=batch,
             context=context,
             weights_dtype=weights_dtype,

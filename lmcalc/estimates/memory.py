@@ -10,6 +10,7 @@ from lmcalc.engine import inference as inf
 from lmcalc.engine.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.memory_terms import Capacity, memory_sections
+from lmcalc.engine.sharding import check_tp_heads
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
@@ -45,7 +46,7 @@ from lmcalc.estimates.training import (
     training_setup,
 )
 from lmcalc.result import Estimate, Input, Result, Section
-from lmcalc.specs import Cluster
+from lmcalc.specs import Cluster, ModelSpec
 from lmcalc.units import GB
 
 
@@ -100,7 +101,16 @@ STAGE_PARTS = (
 adds its layers and micro-batches in flight)."""
 MEMORY_STACK = ("state.params", "state.grads", "state.master", "state.optimizer", *STAGE_PARTS[1:])
 """What one GPU's bar stacks: the model states part by part, then the rest as a stage's row has it."""
-SWEEPABLE = {"seq": "sequence length", "micro-batch": "micro-batch"}
+SWEEPABLE = {
+    "seq": "sequence length",
+    "micro-batch": "micro-batch",
+    "zero": "ZeRO stage",
+    "tp": "tensor-parallel degree",
+    "pp": "pipeline stages",
+    "cp": "context-parallel degree",
+    "ep": "expert-parallel degree",
+}
+SWEEP_EXAMPLES = "seq=1k,4k,16k, micro-batch=1,2,4, zero=0,1,2,3, tp=1,2,4,8, pp=…, cp=… or ep=…"
 
 
 def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) -> MemoryEstimate:
@@ -236,13 +246,13 @@ class MemorySweepEstimate(Estimate):
 def memory_sweep(
     *, sweep: str, model: ModelLike, gpus: ClusterLike = "1xH100", **settings: Unpack[MemorySettings]
 ) -> MemorySweepEstimate:
-    """``memory`` at each value of one setting, ``sweep="seq=1k,4k,16k"`` or ``"micro-batch=1,2,4"``: one row
-    each, to see how the parts grow."""
+    """``memory`` at each value of one setting, ``sweep="seq=1k,4k,16k"``, ``"micro-batch=1,2,4"``, ``"zero=0,1,2,3"``
+    or a parallel degree (``"tp=1,2,4,8"``, pp, cp, ep): one row each, to see how the parts grow or shrink."""
     accept(settings, MemorySettings, "memory_sweep")
     name, values = _sweep(sweep)
     rows = []
     for value in values:
-        one: MemorySettings = {"seq": value} if name == "seq" else {"micro_batch": whole_count(value, "sweep")}
+        one: MemorySettings = {"seq": value} if name == "seq" else {name.replace("-", "_"): _sweep_count(name, value)}  # type: ignore[misc]
         merged: MemorySettings = {**settings, **one}
         rows.append((value, memory(model=model, gpus=gpus, **merged)))
     sections = [_memory_row(f"{name}={value}", f"{name}={value}", row.report, STAGE_PARTS) for value, row in rows]
@@ -261,14 +271,43 @@ def memory_sweep(
     return MemorySweepEstimate(report, tuple(rows))
 
 
+def _sweep_count(name: str, value: str) -> int:
+    """A swept count: ZeRO's stage from 0, the others from 1."""
+    if name == "zero":
+        if value not in ("0", "1", "2", "3"):
+            raise LmcalcError(f"{setting('sweep')} zero takes the stages 0, 1, 2 and 3, not {value!r}")
+        return int(value)
+    return whole_count(value, "sweep")
+
+
 def _sweep(text: str) -> tuple[str, list[str]]:
     """``seq=1k,4k`` -> ('seq', ['1k', '4k'])."""
     name, _, values = text.partition("=")
     name = name.strip().lower()
     items = [v.strip() for v in values.split(",") if v.strip()]
     if name not in SWEEPABLE or not items:
-        raise LmcalcError(f"cannot read {setting('sweep')} {text!r}; expected seq=1k,4k,16k or micro-batch=1,2,4")
+        raise LmcalcError(f"cannot read {setting('sweep')} {text!r}; expected {SWEEP_EXAMPLES}")
     return name, items
+
+
+def _serving_tp(
+    spec: ModelSpec, cluster: Cluster, weights_dtype: str, quant_group: int | None, overhead: float, capacity: float
+) -> int:
+    """1 when the weights (and the overhead allowance) fit one GPU; else the smallest power-of-two split of the
+    cluster's GPUs that serving can take (``check_tp_heads`` with replicated KV heads) and that they fit; else 1,
+    so that the one-GPU error says by how much they miss."""
+    weights = inf.weights_bytes(spec, weights_dtype) + inf.quant_scale_bytes(spec, weights_dtype, quant_group)
+    tp = 1
+    while tp <= cluster.count:
+        try:
+            check_tp_heads(spec, tp, replicate_kv=True)
+        except LmcalcError:
+            tp *= 2
+            continue
+        if weights / tp + overhead <= capacity:
+            return tp
+        tp *= 2
+    return 1
 
 
 @dataclass(frozen=True)
@@ -291,7 +330,7 @@ def inference(
     *,
     model: ModelLike,
     gpus: ClusterLike = "1xH100",
-    tp: int = 1,
+    tp: int | None = None,
     batch: int = 1,
     context: Count | None = None,
     weights_dtype: str = "bf16",
@@ -299,26 +338,34 @@ def inference(
     quant_group: int | None = None,
     overhead: Bytes = DEFAULT_OVERHEAD,
 ) -> InferenceEstimate:
-    """Serving memory per GPU: weights (any dtype, int8/int4 included), the KV cache, and what fits."""
+    """Serving memory per GPU: weights (any dtype, int8/int4 included), the KV cache, and what fits. Without ``tp``,
+    one GPU, or when the weights do not fit one, the smallest tensor-parallel split of ``gpus`` they fit."""
     resolved = resolve_model(model)
     spec, note = resolved.spec, resolved.note
     cluster = cluster_of(gpus)
     batch = positive_int(batch, "batch")
     context_in = seq_given(context, spec, "context")
-    positive_int(tp, "tp")
-    serving = inf.Serving(
-        spec, int(context_in.value), batch, weights_dtype, kv_dtype, tp, quant_group, nbytes(overhead, "overhead")
-    )
-    if tp > cluster.count:
-        raise LmcalcError(f"{setting('tp')} {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
     hardware = cluster.hardware
     capacity = Capacity.of(hardware)
+    overhead_bytes = nbytes(overhead, "overhead")
+    chosen = tp is None
+    if tp is None:
+        tp = _serving_tp(spec, cluster, weights_dtype, quant_group, overhead_bytes, capacity.bytes)
+    positive_int(tp, "tp")
+    serving = inf.Serving(spec, int(context_in.value), batch, weights_dtype, kv_dtype, tp, quant_group, overhead_bytes)
+    if tp > cluster.count:
+        raise LmcalcError(f"{setting('tp')} {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
     held = inf.inference_memory(serving, capacity.bytes)
     sections = inf.inference_sections(serving, held, capacity)
     inputs = (
         model_input(spec, note),
         Input("gpu", "GPU", hardware.name, origin=hardware.memory_label),
-        Input("tp", "Tensor-parallel GPUs", tp, origin=flag("tp")),
+        Input(
+            "tp",
+            "Tensor-parallel GPUs",
+            tp,
+            origin=f"the fewest of {cluster.label} the weights fit" if chosen and tp > 1 else flag("tp"),
+        ),
         Input("batch", "Batch", batch, "sequences", flag("batch")),
         Input("context", "Context", serving.context, "tokens", context_in.origin),
         Input("weights_dtype", "Weights dtype", weights_dtype, origin=flag("weights_dtype")),

@@ -1,0 +1,52 @@
+"""Issue #18 item 4, help for a user who is stuck: ``memory --inference`` takes its tensor-parallel split from
+``--gpus`` when the weights do not fit one GPU, and ``--sweep`` sweeps the ZeRO stage and the parallel degrees."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcalc import api
+from lmcalc.cli import main
+from lmcalc.errors import LmcalcError
+from lmcalc.estimates.memory import inference, memory_sweep
+from lmcalc.units import GB
+
+
+def test_inference_takes_the_fewest_gpus_the_weights_fit():
+    # Llama 3 70B in bf16: 141.1 GB of weights; with the 2 GiB allowance, TP=1 needs 143.3 GB > 80 GB, TP=2 needs
+    # 70.6 + 2.1 = 72.7 GB <= 80 GB: two of the eight
+    served = inference(model="llama-3-70b", gpus="8xH100")
+    assert served.serving.tp == 2
+    assert 141.1 * GB / 2 < 80 * GB < 141.1 * GB
+    assert inference(model="llama-3.1-8b", gpus="8xH100").serving.tp == 1  # fits one: no split
+    assert inference(model="llama-3.1-405b", gpus="8xH100", weights_dtype="fp8").serving.tp == 8
+
+
+def test_an_explicit_tp_is_kept_and_one_gpu_still_says_by_how_much(capsys):
+    with pytest.raises(LmcalcError, match="the weights alone do not fit"):
+        inference(model="llama-3-70b", gpus="8xH100", tp=1)
+    with pytest.raises(SystemExit):
+        main(["memory", "-m", "llama-3-70b", "--inference", "--gpus", "1xH100"])
+    assert "short by 63.25 GB" in capsys.readouterr().err
+
+
+def test_sweep_over_zero_stages_equals_memory_at_each():
+    swept = memory_sweep(sweep="zero=0,1,2,3", model="llama-3-8b", gpus="8xH100")
+    for value, row in swept.rows:
+        alone = api.memory(model="llama-3-8b", gpus="8xH100", zero=int(value))
+        assert row.total == alone.total
+    totals = [row.total for _, row in swept.rows]
+    assert totals == sorted(totals, reverse=True)  # every stage shards more
+
+
+def test_sweep_over_tp():
+    swept = memory_sweep(sweep="tp=1,2,4,8", model="llama-3-70b", gpus="8xH100")
+    assert [row.layout.tp for _, row in swept.rows] == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("text", ["zero=4", "zero=-1", "tp=0", "layers=1,2"])
+def test_a_bad_sweep_is_one_line(text, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["memory", "-m", "llama-3-8b", "--gpus", "8xH100", "--sweep", text])
+    err = capsys.readouterr().err
+    assert exit_info.value.code != 0 and err.count("\n") == 1 and "--sweep" in err
