@@ -357,7 +357,9 @@ class Registry:
             chosen = self.families[key]
             return self.spec(chosen), f"'{name}' is a family name; using its default member {chosen}"
         choices = sorted(set(self.names) | set(self.families))
-        close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+        # a known name with more said after it (H100-80GB, qwen3-9b) means that name before spelling alike does
+        stems = sorted((c for c in choices if key.startswith(c + "-")), key=len, reverse=True)
+        close = stems[:1] or difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else f"; run 'lmcalc presets list {self.kind}'"
         raise LmcalcError(f"unknown {_SINGULAR[self.kind]} '{name}'{hint}")
 

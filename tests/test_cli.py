@@ -172,7 +172,7 @@ BAD_INPUT = [
     ("train-time --model llama-3-70b --gpus 8xH100 --tokens -5T", "--tokens must be a positive number"),
     ("train-time --model llama-3-70b --gpus 8xH100 --tokens lots", "cannot read --tokens"),
     ("train-time --model llama-3-70b", "give --gpus"),
-    ("train-time --model llama-3-70b --days 30", "--days needs --gpu"),
+    ("train-time --model llama-3-70b --days 30", "--days needs the GPU type"),
     ("memory --model llama-3-8b --micro-batch 0", "--micro-batch must be a positive integer"),
     ("memory --model llama-3-8b --zero 5", "--zero must be 0, 1, 2 or 3"),
     ("memory --model llama-3-8b --recompute sometimes", "--recompute must be one of none, selective, full"),

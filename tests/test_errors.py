@@ -279,9 +279,9 @@ SAME_MISTAKE = [
     ),
     (
         lambda: lmcalc.train_time(model="llama-3-70b", days=30),
-        "days needs gpu, the GPU type to count (e.g. gpu H100)",
+        "days needs the GPU type to count (e.g. gpu H100, or gpus H100)",
         "train-time --model llama-3-70b --days 30",
-        "--days needs --gpu, the GPU type to count (e.g. --gpu H100)",
+        "--days needs the GPU type to count (e.g. --gpu H100, or --gpus H100)",
     ),
     (
         lambda: lmcalc.optimal(compute="1e24", mfu=0.5),

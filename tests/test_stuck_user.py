@@ -50,3 +50,25 @@ def test_a_bad_sweep_is_one_line(text, capsys):
         main(["memory", "-m", "llama-3-8b", "--gpus", "8xH100", "--sweep", text])
     err = capsys.readouterr().err
     assert exit_info.value.code != 0 and err.count("\n") == 1 and "--sweep" in err
+
+
+def test_train_time_days_takes_the_gpu_type_from_gpus():
+    by_gpus = api.train_time(model="llama-3-8b", days=10, gpus="H100")
+    by_gpu = api.train_time(model="llama-3-8b", days=10, gpu="H100")
+    assert by_gpus.to_dict() == by_gpu.to_dict()
+    with pytest.raises(LmcalcError, match="the GPU count is what is solved for"):
+        api.train_time(model="llama-3-8b", days=10, gpus="8xH100")
+
+
+@pytest.mark.parametrize(
+    "args, suggestion",
+    [
+        ("memory -m llama-3-8b --gpus 8xH100-80GB", "did you mean h100?"),  # not a100-80gb, which spells alike
+        ("params -m qwen3-9b", "did you mean qwen3-8b?"),  # no such size: the closest
+        ("params -m lama-3-8b", "did you mean llama-3-8b?"),  # a misspelling still finds its match
+    ],
+)
+def test_did_you_mean_finds_the_name_said_first(args, suggestion, capsys):
+    with pytest.raises(SystemExit):
+        main(args.split())
+    assert suggestion in capsys.readouterr().err

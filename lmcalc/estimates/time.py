@@ -3,6 +3,7 @@ compute-optimal model and data for a budget."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Unpack
 
@@ -106,14 +107,18 @@ def train_time(
     cluster: Cluster | None = None
     hardware: HardwareSpec
     if days is not None:
-        if gpus is not None:
+        if gpus is not None and (gpu is not None or re.match(r"^\s*\d+\s*[x×]", str(gpus))):
             raise LmcalcError(
-                f"give either {setting('gpus')} (to get the time) or {setting('days')} with {setting('gpu')} "
-                "(to get the GPU count), not both"
+                f"with {setting('days')} the GPU count is what is solved for: name the GPU type alone "
+                f"({setting('gpus')} H100 or {setting('gpu')} H100), or give {setting('gpus')} with a count and no "
+                f"{setting('days')} to get the time"
             )
+        gpu = gpu if gpus is None else str(gpus)  # --gpus H100 names the type, as --gpu does
         if gpu is None:
             gpu_flag = setting("gpu")
-            raise LmcalcError(f"{setting('days')} needs {gpu_flag}, the GPU type to count (e.g. {gpu_flag} H100)")
+            raise LmcalcError(
+                f"{setting('days')} needs the GPU type to count (e.g. {gpu_flag} H100, or {setting('gpus')} H100)"
+            )
         hardware = hardware_of(gpu)
     elif gpus is None:
         raise LmcalcError(
