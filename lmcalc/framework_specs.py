@@ -18,17 +18,25 @@ class Rule(Spec):
     source: str = Field(min_length=1)
 
 
-NormKeeps = Literal["input", "fp32_input"]
+NormKeeps = Literal["input", "fp32_input", "fp32_normalised", "fp32_centred"]
 
 
 class NormRule(Rule):
     """What a norm keeps for backward, for each kind of norm. ``input``: its input in the activation dtype and fp32
     statistics (a fused kernel: apex, Transformer Engine, Triton, ``torch.nn.LayerNorm``); ``fp32_input``: an
     fp32 copy of its input, the fp32 statistics and the normalised value in the activation dtype before the
-    weight's multiply (the unfused PyTorch form that upcasts, as Hugging Face's RMSNorm classes are written)."""
+    weight's multiply (the unfused PyTorch form that upcasts, as Hugging Face's RMSNorm classes are written);
+    ``fp32_normalised``: the same, but the weight's multiply is done in fp32 before the cast back, so the
+    normalised value it keeps is fp32 (Hugging Face's Gemma, OLMo 2 and gpt-oss RMSNorms); ``fp32_centred``: a
+    LayerNorm written in PyTorch with an upcast that subtracts the mean twice, once for the variance and once
+    for the product with 1/std, and keeps both fp32 differences, 1/std and the fp32 normalised value (Hugging
+    Face's CohereLayerNorm)."""
 
     rmsnorm: NormKeeps
     layernorm: NormKeeps
+    layernorm_nobias: NormKeeps | None = Field(
+        None, description="a LayerNorm without a bias (Cohere), where it is written apart; None: as layernorm"
+    )
 
 
 class MlpRule(Rule):
@@ -69,8 +77,34 @@ class AttentionRule(Rule):
     v_copies: PositiveInt = Field(1, description="V-sized tensors kept")
     checkpoint_keeps_mask: StrictBool = Field(
         False,
-        description="under full recomputation, eager attention's additive [b, 1, s, s] mask (activation dtype) "
-        "and the int64 position ids stay alive for the rebuilt layers (held by the checkpointed layers' arguments)",
+        description="under full recomputation, the layers' keyword arguments stay alive for the rebuilt layers "
+        "(held by the checkpointed layers' arguments): the int64 position ids, eager attention's additive "
+        "[b, 1, s, s] mask (activation dtype) of each kind of layer, global and sliding, and with fused attention "
+        "the sliding layers' boolean mask where window_mask makes one",
+    )
+    fused_qkv_view: StrictBool = Field(
+        False,
+        description="a model whose Q, K and V come out of one fused linear (fused_linears: qkv) slices them as "
+        "views of its output: where RoPE or a QK-norm makes Q and K anew and V reaches the kernel uncopied, the "
+        "whole fused output stays alive with V (one more Q and one more K); and the new Q, made from a strided "
+        "slice, is laid out (b, H, s, d), so a fused kernel's output is too, and the output projection reads a "
+        "copy of it (one more s·b·H·d_v)",
+    )
+    window_mask: StrictBool = Field(
+        False,
+        description="fused attention in a sliding-window layer whose window is shorter than the sequence is "
+        "given an explicit mask: the kernel keeps it, [b, 1, s, s] in the activation dtype, and K and V reach "
+        "it repeated to all H heads (the kernel's own grouped-query path takes no mask)",
+    )
+    eager_sink_softmax: Literal["activation", "fp32"] | None = Field(
+        None,
+        description="eager attention with sinks (gpt-oss): the softmax over the s scores and the sink column is "
+        "computed and kept once in this dtype, the matmul with V reading a view of it; None: as eager_softmax",
+    )
+    sink_max_indices: StrictBool = Field(
+        False,
+        description="eager attention with sinks subtracts each row's maximum through autograd, which keeps the "
+        "max's int64 indices (b·H·s)",
     )
 
 

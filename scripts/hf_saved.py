@@ -4,9 +4,10 @@ A harness for the docs and the tests, not a command: it lives beside the scripts
 imports torch and transformers (the package never does).
 
 For a named config (``CASES``: llama, qwen2, mistral, mixtral and gpt2, each "small" and at the real model's width
-cut to two layers), :func:`measure` builds the model with random weights in train mode, runs the forward and the
-loss the way ``Trainer`` does (``model(input_ids=..., labels=...).loss``) and counts the bytes of the distinct
-storages autograd keeps for backward, two ways:
+cut to two layers; and small two-layer Gemma 2, Gemma 3, GPT-NeoX, Falcon in both layouts, Cohere, Qwen2-MoE, gpt-oss,
+Phi-3 and StarCoder2, h 128, each with its own quirks on), :func:`measure` builds the model with random weights in
+train mode, runs the forward and the loss the way ``Trainer`` does (``model(input_ids=..., labels=...).loss``) and
+counts the bytes of the distinct storages autograd keeps for backward, two ways:
 
 * hooks: under ``torch.autograd.graph.saved_tensors_hooks`` every tensor autograd packs is recorded; the total is
   the sum of the distinct storages (keyed by ``untyped_storage().data_ptr()``) that are still alive once the forward
@@ -21,8 +22,9 @@ With checkpointing (``model.gradient_checkpointing_enable()`` with transformers'
 ``{"use_reentrant": False}``), the forward keeps each layer's input plus whatever lies outside the layers, and the
 checkpointed layers' keyword arguments (rotary cos/sin, masks, position ids) are held by the checkpoint's closure
 rather than by autograd: they are listed apart (``Measurement.closure``). ``Measurement.rebuild`` is what one decoder
-layer keeps when it is replayed: layer 0's forward run standalone, under the hooks, on a fresh leaf copy of its
-input with the very keyword arguments the model passed it. What is alive for backward at the peak is
+layer keeps when it is replayed: each layer's forward run standalone, under the hooks, on a fresh leaf copy of its
+input with the very keyword arguments the model passed it, and the layer that adds the most kept (layers differ
+where some are MoE, or attend over a sliding window). What is alive for backward at the peak is
 forward-kept + closures + the rebuilt layer's new tensors (tests/test_framework_transformers.py compares it with
 lmcalc's total, and the rebuilt layer with lmcalc's rebuilt one).
 
@@ -50,12 +52,21 @@ import transformers
 from torch.overrides import TorchFunctionMode
 from transformers import (
     AutoModelForCausalLM,
+    CohereConfig,
+    FalconConfig,
+    Gemma2Config,
+    Gemma3TextConfig,
     GPT2Config,
+    GPTNeoXConfig,
+    GptOssConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
+    Qwen2MoeConfig,
+    Starcoder2Config,
 )
 from transformers.initialization import no_init_weights
 
@@ -75,6 +86,7 @@ class Case:
     kwargs: dict[str, Any]  # the config class's kwargs, exactly as passed
     source: str  # what the widths are copied from
     dropout_knobs: tuple[str, ...] = ()  # config fields set from measure(..., dropout=) (gpt2 only)
+    attentions: tuple[str, ...] = ("sdpa", "eager")  # the attn_implementations transformers runs the model with
 
     def config(self, dropout: float | None = None) -> PretrainedConfig:
         kwargs = dict(self.kwargs)
@@ -124,6 +136,22 @@ SMALL = dict(
     tie_word_embeddings=False,
 )
 """What the small Llama-family cases share: GQA with 4 heads and 2 KV heads, h 256, V 2048, LAYERS layers."""
+
+WINDOW = 64  # the sliding window of the Gemma and gpt-oss cases: shorter than every measured sequence
+EAGER_ONLY = ("eager",)  # Gemma 2 and gpt-oss: their PreTrainedModel sets _supports_sdpa = False (soft-capping, sinks)
+SDPA_ONLY = ("sdpa",)  # Falcon: FalconPreTrainedModel._check_and_enable_sdpa sets sdpa whatever is asked
+NARROW_MHA = dict(
+    vocab_size=2048,
+    hidden_size=128,
+    num_attention_heads=4,
+    num_hidden_layers=LAYERS,
+    max_position_embeddings=2048,
+    attention_dropout=0.0,
+    tie_word_embeddings=False,
+)
+"""What the narrow cases share: h 128, 4 heads of 32, V 2048, LAYERS layers, untied."""
+NARROW = {**NARROW_MHA, "num_key_value_heads": 2, "head_dim": 32}
+"""The narrow cases with grouped-query attention: 2 KV heads."""
 
 CASES: dict[str, Case] = {
     # ---- Llama ----
@@ -245,6 +273,93 @@ CASES: dict[str, Case] = {
         "openai-community/gpt2 (GPT-2 small) widths, 2 layers, dropout 0.1 by default",
         _GPT2_DROPOUT,
     ),
+    # ---- the other architectures lmcalc reads: small (h 128), two layers, their own quirks switched on ----
+    "gemma2-small": Case(
+        "gemma2-small",
+        Gemma2Config,
+        {**NARROW, "intermediate_size": 384, "query_pre_attn_scalar": 32, "sliding_window": WINDOW},
+        f"small Gemma 2: sandwich norms, GeGLU, soft-capped logits (eager only), layer 0 sliding over {WINDOW}",
+        attentions=EAGER_ONLY,
+    ),
+    "gemma3-small": Case(
+        "gemma3-small",
+        Gemma3TextConfig,
+        {
+            **NARROW,
+            "intermediate_size": 384,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+        f"small Gemma 3: sandwich norms, per-head QK-norm, GeGLU, layer 0 sliding over {WINDOW}, layer 1 global",
+    ),
+    "gpt-neox-small": Case(
+        "gpt-neox-small",
+        GPTNeoXConfig,
+        {**NARROW_MHA, "intermediate_size": 512},
+        "small GPT-NeoX: parallel residual, LayerNorm with bias, fused QKV, rotary on a quarter of each head",
+    ),
+    "falcon-small": Case(
+        "falcon-small",
+        FalconConfig,
+        {**NARROW_MHA, "ffn_hidden_size": 512, "new_decoder_architecture": True, "num_kv_heads": 2},
+        "small Falcon, 40B/180B layout (new_decoder_architecture): two norms, parallel block, GQA 4 / 2",
+        attentions=SDPA_ONLY,
+    ),
+    "falcon-7b-small": Case(
+        "falcon-7b-small",
+        FalconConfig,
+        {**NARROW_MHA, "ffn_hidden_size": 512, "new_decoder_architecture": False, "multi_query": True},
+        "small Falcon, 7B layout: one norm feeding a parallel block, multi-query attention",
+        attentions=SDPA_ONLY,
+    ),
+    "cohere-small": Case(
+        "cohere-small",
+        CohereConfig,
+        {**NARROW, "intermediate_size": 384},
+        "small Cohere (Command R): one LayerNorm without bias feeding a parallel block, GQA 4 / 2",
+    ),
+    "qwen2-moe-small": Case(
+        "qwen2-moe-small",
+        Qwen2MoeConfig,
+        {
+            **NARROW,
+            "intermediate_size": 384,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 256,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 2,
+            "use_sliding_window": False,
+        },
+        "small Qwen2-MoE: layer 0 dense, layer 1 MoE (decoder_sparse_step 2), 8 experts top-2, a gated shared expert",
+    ),
+    "gpt-oss-small": Case(
+        "gpt-oss-small",
+        GptOssConfig,
+        {
+            **NARROW,
+            "intermediate_size": 128,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": WINDOW,
+        },
+        f"small gpt-oss: attention sinks and biases (eager only), 4 experts top-2 with biases, layer 0 sliding "
+        f"over {WINDOW}",
+        attentions=EAGER_ONLY,
+    ),
+    "phi3-small": Case(
+        "phi3-small",
+        Phi3Config,
+        {**NARROW, "intermediate_size": 384, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+        "small Phi-3: fused qkv_proj and gate_up_proj, GQA 4 / 2",
+    ),
+    "starcoder2-small": Case(
+        "starcoder2-small",
+        Starcoder2Config,
+        {**NARROW, "intermediate_size": 512, "bos_token_id": 1, "eos_token_id": 2},
+        "small StarCoder2: LayerNorm with bias, a tanh-GELU MLP with biases, GQA 4 / 2",
+    ),
 }
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -287,6 +402,7 @@ class Measurement:
     closure: list[Kept] = field(default_factory=list)  # held by checkpoint closures, not autograd (checkpointing)
     closure_bytes: int = 0
     rebuild: list[Kept] = field(default_factory=list)  # one decoder layer replayed standalone (checkpointing)
+    rebuild_layer: int = 0  # which: the one whose replay adds the most
     rebuild_bytes: int = 0  # all it keeps
     rebuild_new_bytes: int = 0  # less what is already alive (its input, the shared cos/sin, masks)
     use_reentrant: bool | None = None  # the checkpoint kwarg transformers used (None without checkpointing)
@@ -537,7 +653,7 @@ def _exclude(model: torch.nn.Module) -> set[int]:
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    base = getattr(model, "model", None) or model.transformer
+    base = model.base_model  # .model, .transformer (GPT-2, Falcon) or .gpt_neox
     return list(base.layers if hasattr(base, "layers") else base.h)
 
 
@@ -659,18 +775,21 @@ def measure(
     if use_cache is not None:
         kwargs["use_cache"] = use_cache
 
-    captured: dict[str, Any] = {}
+    captured: dict[int, dict[str, Any]] = defaultdict(dict)  # each layer's arguments, for its replay
 
-    def capture_layer0(module: torch.nn.Module, args: tuple, kw: dict) -> None:
-        if "args" not in captured:
-            captured["args"], captured["kwargs"] = args, dict(kw)
+    def capture(index: int, module: torch.nn.Module, args: tuple, kw: dict) -> None:
+        if "args" not in captured[index]:
+            captured[index]["args"], captured[index]["kwargs"] = args, dict(kw)
 
     exclude = _exclude(model)
     recorder = _Recorder(model, exclude)
     internal: set[Any] = set()
     closure: dict = {}
     ckpt_inputs: dict = {}
-    hook = layers[0].register_forward_pre_hook(capture_layer0, with_kwargs=True)
+    hooks = [
+        layer.register_forward_pre_hook(functools.partial(capture, index), with_kwargs=True)
+        for index, layer in enumerate(layers)
+    ]
     try:
         with contextlib.ExitStack() as stack:
             if checkpointing:
@@ -685,7 +804,8 @@ def measure(
         alive = recorder.alive()
         walked, node_names = _walk(loss.grad_fn, internal)
     finally:
-        hook.remove()
+        for handle in hooks:
+            handle.remove()
         recorder.close()
 
     # ---- assemble the breakdown: the walk names what it reaches, the hooks fill in the rest ----
@@ -767,7 +887,11 @@ def measure(
         del loss
         # the checkpoint replays a layer under the autocast state of its forward (torch.utils.checkpoint)
         with torch.autocast("cpu", dtype=dtype) if fp32_adapters else contextlib.nullcontext():
-            m.rebuild, m.rebuild_bytes, m.rebuild_new_bytes = _rebuild_layer(model, layers[0], captured, exclude)
+            for index, layer in enumerate(layers):
+                kept, kept_bytes, new_bytes = _rebuild_layer(model, layer, captured[index], exclude)
+                if index == 0 or new_bytes > m.rebuild_new_bytes:
+                    m.rebuild, m.rebuild_bytes, m.rebuild_new_bytes = kept, kept_bytes, new_bytes
+                    m.rebuild_layer = index
     m.seconds = time.perf_counter() - start
     return m
 
@@ -803,7 +927,7 @@ def _itemsize(dtype: str) -> int:
 def _rebuild_layer(
     model: torch.nn.Module, layer: torch.nn.Module, captured: dict, exclude: set[int]
 ) -> tuple[list[Kept], int, int]:
-    """Layer 0's forward, standalone, on a leaf copy of its input and the keyword arguments the model passed it."""
+    """A layer's forward, standalone, on a leaf copy of its input and the keyword arguments the model passed it."""
     args = list(captured["args"])
     kwargs = dict(captured["kwargs"])
     hidden = args[0].detach().clone().requires_grad_(True)
@@ -912,7 +1036,7 @@ def report(case_name: str, attention: str, checkpointing: bool, grid: list[tuple
                 scope = "rebuilt layer" + (" (already alive)" if "already" in k.note else "")
                 g[(scope, k.node, k.dtype)] += k.bytes
             groups.append(g)
-        print("  rebuilt layer 0 (standalone replay):")
+        print(f"  rebuilt layer {last.rebuild_layer} (standalone replay, the largest):")
         _table("", runs, groups, per_layer=False)
 
 
@@ -937,7 +1061,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, dtype bfloat16, {LAYERS} layers")
     for name in args.case or list(CASES):
         print(f"\n##### {name}: {CASES[name].source}\n      {CASES[name].config_class.__name__}({CASES[name].kwargs})")
-        for attention in args.attention or ["sdpa", "eager"]:
+        for attention in [a for a in args.attention or ["sdpa", "eager"] if a in CASES[name].attentions]:
             for checkpointing in [False] if args.no_checkpointing else [False, True]:
                 extra: dict[str, Any] = {"dropout": args.dropout} if args.dropout is not None else {}
                 if args.no_cache:

@@ -1,16 +1,21 @@
 """The transformers framework profile against what Hugging Face transformers 5.24 really keeps for backward.
 
 Each case builds a real transformers model (Llama, Qwen2, Mistral, Mixtral, GPT-2; small, and at a released model's
-width cut to two layers) in bf16 on the CPU, runs the forward and the loss the way ``Trainer`` does, and counts the
-distinct storages autograd keeps, with saved-tensor hooks (``scripts/hf_saved.py``). lmcalc's figure for the same
-model, read from the very config the model was built from, must be within 5 % of it:
+width cut to two layers; and small two-layer Gemma 2, Gemma 3, GPT-NeoX, Falcon, Cohere, Qwen2-MoE, gpt-oss, Phi-3 and
+StarCoder2) in bf16 on the CPU, runs the forward and the loss the way ``Trainer`` does, and counts the distinct
+storages autograd keeps, with saved-tensor hooks (``scripts/hf_saved.py``). lmcalc's figure for the same model, read
+from the very config the model was built from, must be within 5 % of it:
 
-* without checkpointing: every byte the forward keeps (lmcalc's activations), and the last decoder layer's share
-  (lmcalc's one layer; layer 0 also holds the rotary tables, which lmcalc counts outside the layers);
+* without checkpointing: every byte the forward keeps (lmcalc's activations), and each decoder layer's share
+  (lmcalc's layer of its kind, dense or MoE; layer 0 also holds the rotary tables, first packed there, which lmcalc
+  counts outside the layers; a model with sliding and global layers is one average layer to lmcalc);
 * with transformers' gradient checkpointing (non-reentrant): the forward's bytes plus what the checkpoints' closures
   hold (the layers' keyword arguments: rotary cos/sin, position ids, eager attention's mask), which lmcalc's total
-  less its rebuilt layer is; the rebuilt layer replayed standalone, less what is already alive (its input, the
-  shared tables), which lmcalc's rebuilt layer is; and the peak, their sum.
+  less its rebuilt layer is; the largest of the layers replayed standalone, less what is already alive (its input,
+  the shared tables), which lmcalc's rebuilt layer is; and the peak, their sum.
+
+Where a model keeps what the profile cannot know from the model's spec, the cases are expected to fail (strict), with
+the measured figures in the reason; a companion test shows the named rule closes the gap (``NOT_MODELLED``).
 
 ``use_cache=False`` is passed as under ``Trainer`` with checkpointing (without it GPT-2 keeps concatenated K/V
 copies, which the profile lists as not modelled). Dropout is off except in the GPT-2 cases that name it.
@@ -19,6 +24,7 @@ copies, which the profile lists as not modelled). Dropout is off except in the G
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -28,7 +34,7 @@ pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, put on sys.path by conftest.py; imports torch and transformers)
 
-from lmcalc.engine.activations import layer_saved_tensors  # noqa: E402
+from lmcalc.engine.activations import layer_saved_tensors, model_saved_tensors  # noqa: E402
 from lmcalc.engine.gpu_memory import StageActivations, stage_activations  # noqa: E402
 from lmcalc.engine.layout import Layout  # noqa: E402
 from lmcalc.engine.workload import Workload, dropout_mask_bytes, framework_profile  # noqa: E402
@@ -47,6 +53,22 @@ SMALL = ("llama-small", "qwen2-small", "mistral-small", "mixtral-small", "gpt2-s
 REAL = ("llama-real", "qwen2-real", "mistral-real", "mixtral-real-4e", "gpt2-real")
 SMALL_GRID = [(128, 1), (128, 2), (256, 1), (256, 2)]  # (sequence length, micro-batch)
 REAL_GRID = [(128, 1), (128, 2)]
+# The other architectures lmcalc reads, h 128 and two layers; each with the attention transformers runs it with
+# (hf_saved.Case.attentions: Gemma 2 and gpt-oss eager only, Falcon SDPA only). Their sliding windows (64 tokens)
+# are shorter than both sequences.
+OTHERS = (
+    "gemma2-small",
+    "gemma3-small",
+    "gpt-neox-small",
+    "falcon-small",
+    "falcon-7b-small",
+    "cohere-small",
+    "qwen2-moe-small",
+    "gpt-oss-small",
+    "phi3-small",
+    "starcoder2-small",
+)
+OTHERS_GRID = [(128, 1), (256, 2)]
 
 GPT2_EAGER_SOFTMAX = (
     "transformers' GPT-2 eager attention keeps its softmax once, in bf16 (b·H·s² elements), where the profile's "
@@ -78,7 +100,7 @@ def grid(names: tuple[str, ...], points: list[tuple[int, int]], gpt2_dropout: fl
     return [
         Case(name, attention, checkpointing, s, b, gpt2_dropout if name.startswith("gpt2") else None)
         for name in names
-        for attention in ("sdpa", "eager")
+        for attention in hf_saved.CASES[name].attentions
         for checkpointing in (False, True)
         for s, b in points
     ]
@@ -87,7 +109,7 @@ def grid(names: tuple[str, ...], points: list[tuple[int, int]], gpt2_dropout: fl
 # GPT-2 with its default dropout 0.1, eager attention only: with dropout, transformers' SDPA call falls back on the
 # CPU to the math path in fp32 (the fused CPU kernel has no dropout), which no GPU run takes; not compared.
 DROPOUT_CASES = [c for c in grid(("gpt2-small", "gpt2-real"), [(128, 1), (256, 2)], 0.1) if c.attention == "eager"]
-CASES = grid(SMALL, SMALL_GRID) + grid(REAL, REAL_GRID) + DROPOUT_CASES
+CASES = grid(SMALL, SMALL_GRID) + grid(REAL, REAL_GRID) + DROPOUT_CASES + grid(OTHERS, OTHERS_GRID)
 GPT2_EAGER = [c for c in CASES if c.name.startswith("gpt2") and c.attention == "eager"]
 LLAMA_REAL = [c for c in CASES if c.name == "llama-real"]
 
@@ -145,44 +167,138 @@ def error(predicted_bytes: float, measured_bytes: int) -> float:
     return predicted_bytes / measured_bytes - 1
 
 
-def params(cases: list[Case]) -> list:
-    """The cases as pytest params; GPT-2's eager ones are expected to fail, by the bf16 softmax."""
-    softmax = pytest.mark.xfail(strict=True, reason=GPT2_EAGER_SOFTMAX)
-    return [pytest.param(c, id=c.id, marks=[softmax] if c in GPT2_EAGER else []) for c in cases]
+def with_rules(**rules: dict) -> FrameworkProfile:
+    """The transformers profile with some rules changed: ``with_rules(norm={"rmsnorm": "fp32_normalised"})``."""
+    profile = framework_profile("transformers")
+    return profile.model_copy(update={name: getattr(profile, name).model_copy(update=r) for name, r in rules.items()})
 
 
 def bf16_eager_softmax() -> FrameworkProfile:
     """The transformers profile with GPT-2's eager softmax: kept once, in the activation dtype."""
-    profile = framework_profile("transformers")
-    attention = profile.attention.model_copy(update={"eager_softmax": "activation"})
-    return profile.model_copy(update={"attention": attention})
+    return with_rules(attention={"eager_softmax": "activation"})
 
 
-def within_tolerance(case: Case, profile: FrameworkProfile | None = None) -> None:
+def fused_gelu() -> FrameworkProfile:
+    """The transformers profile with torch's fused GELU (GPT-NeoX's and Falcon's "gelu", StarCoder2's
+    "gelu_pytorch_tanh"): it keeps its input, and the down projection the output."""
+    return with_rules(mlp={"gelu": "fused"})
+
+
+def fp32_weight_multiply() -> FrameworkProfile:
+    """The transformers profile with the RMSNorm of Gemma 2/3 and gpt-oss, which multiplies by its weight ((1 + w)
+    for Gemma) in fp32 before the cast back: the normalised value it keeps is fp32."""
+    return with_rules(norm={"rmsnorm": "fp32_normalised"})
+
+
+@dataclass(frozen=True)
+class Gap:
+    """What a model keeps that the transformers profile cannot know from the model's spec: why lmcalc misses it,
+    with the figures measured on this file's grid, and the profile whose rule closes it, where one does."""
+
+    reason: str
+    closed_by: Callable[[], FrameworkProfile] | None = None
+
+
+GELU = (
+    "transformers runs its MLP's GELU as torch's fused kernel (ACT2FN[{act!r}]), which keeps only its input, where "
+    "the profile's rule, read from GPT-2's gelu_new written op by op, counts five f-wide tensors: lmcalc is 6·s·b·f "
+    "bytes a layer too high, and the model's spec does not say which GELU it runs"
+)
+FP32_NORM = (
+    "{model}'s RMSNorm multiplies by its weight{offset} in fp32 before the cast back, so the normalised value it "
+    "keeps is fp32 (the rule fp32_normalised, where Llama's RMSNorm keeps it in bf16: fp32_input): lmcalc is 2·h "
+    "bytes a token low per norm, and the model's spec does not say how its norm is written"
+)
+NOT_MODELLED: dict[str, Gap] = {
+    "gpt-neox-small": Gap(
+        GELU.format(act="gelu") + "; measured a layer +30.8 % to +70.0 % (+31.6 % to +70.4 % rebuilt), the whole "
+        "+16.1 % to +34.7 %",
+        fused_gelu,
+    ),
+    "starcoder2-small": Gap(
+        GELU.format(act="gelu_pytorch_tanh") + "; measured a layer +30.1 % to +79.7 % (+30.8 % to +85.4 % rebuilt), "
+        "the whole +15.6 % to +37.3 %",
+        fused_gelu,
+    ),
+    "falcon-small": Gap(
+        GELU.format(act="gelu") + "; and Falcon's attention is its own: Q, K and V are copied out of the fused "
+        "output by indexing and K and V broadcast to all H heads (not views, as fused_qkv_view counts them), and "
+        "its mask is always made (allow_is_causal_skip=False), so SDPA keeps it in every layer; measured a layer "
+        "+67.5 % to +77.9 % (+71.6 % to +83.0 % rebuilt), the whole +20.8 % to +37.6 %; with the fused GELU these "
+        "differences happen to cancel within 4 %, so no rule is said to close the gap",
+    ),
+    "falcon-7b-small": Gap(
+        GELU.format(act="gelu") + "; and with one K/V head and no enable_gqa, transformers' SDPA call for Falcon-7B "
+        "cannot run a fused kernel and takes PyTorch's math path, which keeps the s × s scores (on the CPU in fp32): "
+        "measured a layer −18.7 % to +21.9 % (−19.3 % to +23.0 % rebuilt), the whole −12.3 % to +12.3 %; with the "
+        "fused GELU lmcalc is 13 % to 57 % low, the math path's scores",
+    ),
+    "gemma2-small": Gap(
+        FP32_NORM.format(model="Gemma 2", offset=" (1 + w)") + "; measured a layer −6.1 % to −8.1 % (the same "
+        "rebuilt), the whole −4.0 % to −5.9 %",
+        fp32_weight_multiply,
+    ),
+    "gemma3-small": Gap(
+        FP32_NORM.format(model="Gemma 3", offset=" (1 + w)") + ", its QK-norms included; measured a layer −8.6 % "
+        "to −16.6 % (the same rebuilt), the whole −6.3 % to −10.7 %",
+        fp32_weight_multiply,
+    ),
+    "gpt-oss-small": Gap(
+        FP32_NORM.format(model="gpt-oss", offset="") + "; and its experts' clamped SwiGLU, (up + 1)·g·σ(α·g) with "
+        "g and up clamped, keeps seven f_e-wide tensors an assignment (gate_up, the clamped gate, σ, up + 1, g·σ "
+        "and the product) where lmcalc's SwiGLU keeps four; measured a layer −19.4 % to −21.8 % (−19.7 % to "
+        "−21.8 % rebuilt), the whole −10.6 % to −15.1 %; test_gpt_oss_gap_is_its_norm_and_clamped_swiglu pins it",
+    ),
+}
+
+
+def params(cases: list[Case]) -> list:
+    """The cases as pytest params; GPT-2's eager ones are expected to fail, by the bf16 softmax, and the models in
+    NOT_MODELLED by what they keep that the profile cannot know."""
+    marks: dict[Case, list] = {c: [pytest.mark.xfail(strict=True, reason=GPT2_EAGER_SOFTMAX)] for c in GPT2_EAGER}
+    for c in cases:
+        if c.name in NOT_MODELLED:
+            marks[c] = [pytest.mark.xfail(strict=True, reason=NOT_MODELLED[c.name].reason)]
+    return [pytest.param(c, id=c.id, marks=marks.get(c, [])) for c in cases]
+
+
+def layer_kinds(w: Workload, layers: int) -> list[bool]:
+    """Whether each of the model's ``layers`` routes to experts."""
+    return [bool(w.model.moe and w.model.moe.is_moe_layer(i)) for i in range(layers)]
+
+
+def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra: Callable | None = None) -> None:
     """lmcalc's bytes (with ``profile``, else the transformers profile) within TOLERANCE of the measured ones: the
-    whole, and the last layer (no checkpointing) or the forward's part and the rebuilt layer (checkpointing)."""
+    whole, and every layer (no checkpointing) or the forward's part and the rebuilt layer (checkpointing).
+    ``extra(w, moe_layer)``: bytes a layer keeps beyond lmcalc's count, added to it (a gap pinned down)."""
     m = measured(case)
     w = workload(case, profile)
     acts = predicted(case, profile)
+    beyond = [extra(w, moe) if extra else 0.0 for moe in layer_kinds(w, m.layers)]
+    total = acts.total + (max(beyond) if case.checkpointing else sum(beyond))
     whole = peak_kept(m)
-    report = f"{case.id}: measured {whole:,} B, lmcalc {acts.total:,.0f} B ({error(acts.total, whole):+.2%})"
+    report = f"{case.id}: measured {whole:,} B, lmcalc {total:,.0f} B ({error(total, whole):+.2%})"
     if case.checkpointing:
         forward, rebuilt = m.total_bytes + m.closure_bytes, m.rebuild_new_bytes
-        kept = acts.total - acts.rebuilt
+        kept, layer = acts.total - acts.rebuilt, acts.rebuilt + max(beyond)
         report += (
             f"; forward + closures {forward:,} vs {kept:,.0f} ({error(kept, forward):+.2%})"
-            f"; rebuilt layer {rebuilt:,} vs {acts.rebuilt:,.0f} ({error(acts.rebuilt, rebuilt):+.2%})"
+            f"; rebuilt layer {rebuilt:,} vs {layer:,.0f} ({error(layer, rebuilt):+.2%})"
         )
         assert abs(error(kept, forward)) < TOLERANCE, report
-        assert abs(error(acts.rebuilt, rebuilt)) < TOLERANCE, report
+        assert abs(error(layer, rebuilt)) < TOLERANCE, report
     else:
-        last = m.per_layer_bytes[m.layers - 1]
-        layer = sum(t.bytes for t in layer_saved_tensors(w, moe_layer=w.model.moe is not None))
-        report += f"; last layer {last:,} vs {layer:,.0f} ({error(layer, last):+.2%})"
-        if case.attention == "sdpa":  # the premise: transformers' SDPA ran the fused kernel, not the math path
+        # layer 0 also holds the rotary tables, first packed there: lmcalc counts them outside the layers
+        tables = sum(t.bytes for t in model_saved_tensors(w) if t.block == "tables")
+        for i, moe in enumerate(layer_kinds(w, m.layers)):
+            kept = m.per_layer_bytes[i] - (tables if i == 0 else 0)
+            layer = sum(t.bytes for t in layer_saved_tensors(w, moe_layer=moe)) + beyond[i]
+            report += f"; layer {i} {kept:,} vs {layer:,.0f} ({error(layer, kept):+.2%})"
+            assert abs(error(layer, kept)) < TOLERANCE, report
+        if case.attention == "sdpa" and not case.name.startswith("falcon-7b"):
+            # the premise: transformers' SDPA ran the fused kernel, not the math path (Falcon-7B's MQA takes it)
             assert "ScaledDotProductFlashAttentionForCpuBackward0" in m.attn_nodes, m.attn_nodes
-        assert abs(error(layer, last)) < TOLERANCE, report
-    assert abs(error(acts.total, whole)) < TOLERANCE, report
+    assert abs(error(total, whole)) < TOLERANCE, report
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -204,6 +320,35 @@ def test_gpt2_eager_matches_with_a_bf16_softmax(case: Case):
     within_tolerance(case, bf16_eager_softmax())
 
 
+CLOSED = [c for c in CASES if c.name in NOT_MODELLED and NOT_MODELLED[c.name].closed_by]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CLOSED])
+def test_not_modelled_gaps_close_with_the_rule_the_model_needs(case: Case):
+    # The xfails of NOT_MODELLED, pinned down: GPT-NeoX and StarCoder2 with torch's fused GELU, Gemma 2 and 3 with
+    # the fp32 weight multiply of their RMSNorm, are within the tolerance: that rule is the whole gap.
+    closed_by = NOT_MODELLED[case.name].closed_by
+    assert closed_by is not None
+    within_tolerance(case, closed_by())
+
+
+def clamped_swiglu_beyond(w: Workload, moe_layer: bool) -> float:
+    """What gpt-oss's experts keep beyond lmcalc's SwiGLU (gate, up, SiLU(gate), product: four f_e-wide tensors an
+    assignment): gate_up whole (kept by both clamps, one storage: the gate and up of lmcalc's count), the clamped
+    gate, σ(α·g), up + 1, g·σ and the product: three f_e-wide tensors more, for each of the k·s·b assignments."""
+    moe = w.model.moe
+    if not moe_layer or moe is None:
+        return 0.0
+    return 3 * moe.experts_per_token * w.tokens * moe.expert_ffn_size * w.precision.activation_bytes
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES if c.name == "gpt-oss-small"])
+def test_gpt_oss_gap_is_its_norm_and_clamped_swiglu(case: Case):
+    # gpt-oss's xfail, pinned down: with the fp32 weight multiply of its RMSNorm and its experts' three more
+    # f_e-wide tensors an assignment, lmcalc is within the tolerance (the sink attention is modelled).
+    within_tolerance(case, fp32_weight_multiply(), clamped_swiglu_beyond)
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in LLAMA_REAL])
 def test_profile_matters_for_llama_at_real_width(case: Case):
     # The textbook count (the idealised profile: RMSNorm keeping its bf16 input, not transformers' fp32 upcast; no
@@ -211,3 +356,31 @@ def test_profile_matters_for_llama_at_real_width(case: Case):
     m = measured(case)
     idealised = predicted(case, framework_profile("idealised")).total
     assert abs(error(idealised, peak_kept(m))) > TOLERANCE, f"{case.id}: {idealised:,.0f} vs {peak_kept(m):,}"
+
+
+def comparison_table(names: tuple[str, ...] = OTHERS, point: tuple[int, int] = OTHERS_GRID[-1]) -> list[str]:
+    """The cases of ``names`` at one (sequence, micro-batch) point as a Markdown table: measured bytes, lmcalc's
+    with the transformers profile, and for NOT_MODELLED's with the rule that closes the gap (docs/memory-accuracy.md:
+    ``PYTHONPATH=.:scripts python tests/test_framework_transformers.py``)."""
+    rows = [
+        "| case | attention | checkpointing | measured bytes | lmcalc bytes | error | with the rule the model needs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case in [c for c in CASES if c.name in names and (c.seq_len, c.micro_batch) == point]:
+        whole = peak_kept(measured(case))
+        lmcalc = predicted(case).total
+        gap = NOT_MODELLED.get(case.name)
+        closed = "not modelled" if gap else ""
+        if gap and gap.closed_by:
+            ruled = predicted(case, gap.closed_by()).total
+            closed = f"{ruled:,.0f} ({error(ruled, whole):+.1%})"
+        ckpt = "on" if case.checkpointing else "off"
+        rows.append(
+            f"| {case.name} | {case.attention} | {ckpt} | {whole:,} | {lmcalc:,.0f} | {error(lmcalc, whole):+.1%} "
+            f"| {closed} |"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    print("\n".join(comparison_table()))

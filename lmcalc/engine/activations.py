@@ -30,6 +30,7 @@ LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
 STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
 TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
+INDEX_BYTES = 8  # indices autograd keeps (a max's, a gather's) are int64
 
 NORM = ("norm",)  # a norm's weight
 QKV = ("q", "k", "v", "qkv", "q_a", "kv_a")  # the linear layers that read the attention norm's output
@@ -68,22 +69,47 @@ class SavedTensor:
 
 def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "seq") -> list[SavedTensor]:
     """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms). Written
-    unfused with an upcast (the framework profile's ``norm.keeps: fp32_input``), it keeps an fp32 copy of its
-    input instead, and the normalised value in the activation dtype, which the weight's multiply needs."""
+    unfused with an upcast (the framework profile's ``norm`` rule, ``NormKeeps``), it keeps an fp32 copy of its
+    input instead, and the normalised value the weight's multiply needs: in the activation dtype where the cast
+    comes first (``fp32_input``), in fp32 where the multiply does (``fp32_normalised``). Hugging Face's
+    CohereLayerNorm (``fp32_centred``) keeps no copy of its input but the centred input twice, made once for the
+    variance and once for the product with 1/std, and no mean."""
     act, symbol, n = w.precision.activation_bytes, f"{rows.symbol}·{width.symbol}", rows.size * width.size
-    if norm_keeps(w) == "input":
+    keeps = norm_keeps(w)
+    if keeps == "input":
         return [SavedTensor(f"{label} input", symbol, n, act, split=split), *_norm_stats(w.model, label, rows, split)]
+    if keeps == "fp32_centred":
+        return [
+            *(
+                SavedTensor(f"{label} centred input x − mean (fp32, {use})", symbol, n, 4, split=split)
+                for use in ("for the variance", "for the product")
+            ),
+            SavedTensor(f"{label} 1/std (fp32)", rows.symbol, rows.size, STAT_BYTES, split=split),
+            SavedTensor(f"{label} normalised value (fp32, before the weight)", symbol, n, 4, split=split,
+                        for_weights=NORM),
+        ]  # fmt: skip
+    if keeps == "fp32_normalised":
+        normalised = SavedTensor(f"{label} normalised value (fp32, before the weight)", symbol, n, 4, split=split,
+                                 for_weights=NORM)  # fmt: skip
+    else:
+        normalised = SavedTensor(f"{label} normalised value (before the weight)", symbol, n, act, split=split,
+                                 for_weights=NORM)  # fmt: skip
     return [
         SavedTensor(f"{label} input (fp32 copy)", symbol, n, 4, split=split),
         *_norm_stats(w.model, label, rows, split),
-        SavedTensor(f"{label} normalised value (before the weight)", symbol, n, act, split=split, for_weights=NORM),
+        normalised,
     ]
 
 
 def norm_keeps(w: Workload) -> NormKeeps:
-    """What the model's norms keep under the workload's framework profile: their ``input`` or an ``fp32_input``."""
+    """What the model's norms keep under the workload's framework profile (``NormKeeps``): the rule for its kind of
+    norm, a LayerNorm without a bias taking the LayerNorm's rule unless the profile gives it its own."""
     rule = w.framework.norm
-    return rule.rmsnorm if w.model.norm_kind == "rmsnorm" else rule.layernorm
+    if w.model.norm_kind == "rmsnorm":
+        return rule.rmsnorm
+    if w.model.norm_kind == "layernorm_nobias" and rule.layernorm_nobias:
+        return rule.layernorm_nobias
+    return rule.layernorm
 
 
 def _norm_stats(spec: ModelSpec, label: str, rows: Dim, split: str = "seq") -> list[SavedTensor]:
@@ -148,12 +174,74 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
         )
         for _ in range(copies - 1)
     ]
+    view = _v_view_share(w)
+    if _fused_qkv_renewed(w) and view:
+        symbol = "s·b·(H+H_kv)·d" if view == 1 else f"{view:g}·s·b·(H+H_kv)·d"
+        extra.append(
+            SavedTensor("fused QKV output's Q and K (kept alive with V, a view of it)", symbol,
+                        sb * (H + spec.kv_heads) * dqk * view, act)
+        )  # fmt: skip
     return tensors + [
         SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
         SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act, most_tp_ranks=kv_ranks),
         SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act, most_tp_ranks=kv_ranks),
         *extra,
     ]
+
+
+def _fused_qkv_renewed(w: Workload) -> bool:
+    """Whether Q and K are sliced from a fused QKV output and then made anew (by RoPE or a QK-norm), where the
+    profile's ``attention.fused_qkv_view`` says the slices are views: V then keeps the whole fused output alive,
+    and the new Q, made from a strided slice, is laid out (b, H, s, d), so a fused kernel's output is too and the
+    output projection reads a copy of it (transpose(1, 2).contiguous())."""
+    spec = w.model
+    renewed = spec.position_embedding == "rope" or spec.qk_norm != "none"
+    return w.framework.attention.fused_qkv_view and "qkv" in spec.fused_linears and renewed and not spec.mla
+
+
+def _v_view_share(w: Workload) -> float:
+    """Of the attention layers, the share in which what attention keeps of V is a view of the projection's output,
+    not a copy. repeat_kv copies V to H heads under GQA, eagerly or where the window's mask is given to a fused
+    kernel; and eager attention's matmul folds the batch into the heads, which copies a strided V unless the
+    micro-batch is one sequence."""
+    spec = w.model
+    if w.attention == "eager":
+        return 1.0 if spec.kv_heads == spec.num_heads and w.micro_batch == 1 else 0.0
+    return 1.0 if spec.kv_heads == spec.num_heads else 1.0 - _window_masked_share(w)
+
+
+def _window_masked_share(w: Workload) -> float:
+    """Of the attention layers, the share whose fused kernel is given an explicit mask (the profile's
+    ``attention.window_mask``): the sliding-window layers, once the sequence reaches the window (transformers'
+    masking_utils._ignore_causal_mask_sdpa: below it the causal flag serves)."""
+    spec = w.model
+    if not (w.framework.attention.window_mask and w.attention == "flash" and spec.sliding_window):
+        return 0.0
+    if w.seq_len < spec.sliding_window:
+        return 0.0
+    return spec.local_layers / spec.attention_layers
+
+
+def _window_mask_saved(w: Workload) -> list[SavedTensor]:
+    """What an explicit window mask adds to a layer on average (``_window_masked_share``): the mask, kept by the
+    kernel in the activation dtype, and K and V repeated to the H heads (repeat_kv), which the kernel keeps in
+    place of the H_kv heads; all of it rebuilt with the kernel under selective recomputation."""
+    share = _window_masked_share(w)
+    if not share:
+        return []
+    spec, act, sb, b, s = w.model, w.precision.activation_bytes, w.tokens, w.micro_batch, w.seq_len
+    H, Hkv = spec.num_heads, spec.kv_heads
+    tensors = [
+        SavedTensor("the window's mask (kept by the kernel)", f"{share:g}·b·s²", b * s * s * share, act,
+                    attention_core=True, split="none")
+    ]  # fmt: skip
+    if Hkv < H:
+        tensors += [
+            SavedTensor(f"{name}: the other H − H_kv heads of its repeat_kv copy", f"{share:g}·s·b·(H−H_kv)·d",
+                        sb * (H - Hkv) * d * share, act, attention_core=True)
+            for name, d in (("K", spec.qk_head_dim), ("V", spec.v_head_dim))
+        ]  # fmt: skip
+    return tensors
 
 
 @functools.lru_cache(maxsize=4096)
@@ -167,20 +255,23 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
     kept_by_every_layer = len(tensors) + 1  # the norm's, and its output: the mixer's input in every layer
     tensors += _attention_saved(w)
     if w.attention == "eager":
-        if w.framework.attention.eager_softmax == "fp32":  # softmax in fp32, kept; its cast copy meets V
-            tensors.append(SavedTensor("softmax output (fp32)", "b·H·s²", b * H * s * s, 4, attention_core=True))
-            tensors.append(SavedTensor("softmax output, cast", "b·H·s²", b * H * s * s, act, attention_core=True))
-        else:
-            tensors.append(SavedTensor("softmax output", "b·H·s²", b * H * s * s, act, attention_core=True))
+        tensors += _eager_scores_saved(w)
         if spec.dropout:
             tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
             tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
         tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
     else:
         tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
-        # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output
-        # projection's input is a view of the same storage, so it is counted once.
-        tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
+        # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output projection's
+        # input is a view of the same storage, so it is counted once; unless Q, made from a fused QKV slice, lays
+        # the output out (b, H, s, d) and the projection reads a copy (_fused_qkv_renewed).
+        if _fused_qkv_renewed(w):
+            tensors.append(SavedTensor("attention output, kept by the kernel", "s·b·H·d_v", sb * H * dv, act))
+            tensors.append(SavedTensor("output projection input (its copy, laid out (b, s, H, d))", "s·b·H·d_v",
+                                       sb * H * dv, act, for_weights=("o",)))  # fmt: skip
+        else:
+            tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
+        tensors += _window_mask_saved(w)
     if spec.mamba:  # a hybrid: the average layer, attention in A of its L layers, a state-space mixer in the rest
         L, A = spec.num_layers, spec.attention_layers
         mixer = [_share(t, A, L) for t in tensors[kept_by_every_layer:]] + [_share(t, L - A, L) for t in _ssm_saved(w)]
@@ -191,6 +282,31 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
     tensors += [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
     return tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe)))
+
+
+def _eager_scores_saved(w: Workload) -> list[SavedTensor]:
+    """The b·H·s² tensors eager attention keeps: tanh's output where the logits are soft-capped (Gemma 2:
+    c·tanh(x/c), Team et al. 2024 §2), and the softmax, in the activation dtype or in fp32 with its cast copy (the
+    profile's ``eager_softmax``). With sinks (gpt-oss) the softmax spans one more column, the sink's, and the
+    profile says how it is kept (``eager_sink_softmax``, ``sink_max_indices``)."""
+    spec, act, b, s, H = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len, w.model.num_heads
+    rule = w.framework.attention
+    tensors = []
+    if spec.attention_softcap:
+        tensors.append(SavedTensor("soft-capped scores (tanh output)", "b·H·s²", b * H * s * s, act, True))
+    symbol, n = ("b·H·s·(s+1)", b * H * s * (s + 1)) if spec.attention_sinks else ("b·H·s²", b * H * s * s)
+    softmax = rule.eager_sink_softmax if spec.attention_sinks and rule.eager_sink_softmax else None
+    if softmax:  # kept once: the matmul with V reads a view of it, without the sink's column
+        tensors.append(SavedTensor(f"softmax output with the sink column ({softmax})", symbol, n,
+                                   4 if softmax == "fp32" else act, attention_core=True))  # fmt: skip
+    elif rule.eager_softmax == "fp32":  # softmax in fp32, kept; its cast copy meets V
+        tensors.append(SavedTensor("softmax output (fp32)", symbol, n, 4, attention_core=True))
+        tensors.append(SavedTensor("softmax output, cast", symbol, n, act, attention_core=True))
+    else:
+        tensors.append(SavedTensor("softmax output", symbol, n, act, attention_core=True))
+    if spec.attention_sinks and rule.sink_max_indices:
+        tensors.append(SavedTensor("row maxima's indices (int64)", "b·H·s", b * H * s, INDEX_BYTES, True))
+    return tensors
 
 
 def _share(tensor: SavedTensor, layers: int, of: int) -> SavedTensor:
@@ -351,6 +467,11 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         if moe.shared_experts:
             f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
             tensors += _ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_s, with_input=False)
+        if moe.shared_expert_gate:  # sigmoid(x·w_g) · shared(x): the product keeps both factors
+            tensors += [
+                SavedTensor("shared-expert output (for the gate's product)", "s·b·h", sb * h, act, split="seq"),
+                SavedTensor("shared-expert gate, sigmoid output", "s·b", sb, act, split="seq"),
+            ]
     else:
         tensors += _ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
     if spec.norms_per_layer == 1:
@@ -409,6 +530,8 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     ]
     if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
         head = [t for t in head if _needed(w, t, set())]
+    if spec.final_softcap:  # c·tanh(logits/c) (Gemma 2): tanh keeps its output, in the activation dtype
+        head.append(SavedTensor("soft-capped logits (tanh output)", "s·b·V", sb * spec.vocab_size, act))
     loss = w.framework.loss
     if loss.saved_bytes:
         head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))
@@ -418,19 +541,36 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         tables = [
             SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
         ]
-    if w.framework.attention.checkpoint_keeps_mask and w.attention == "eager" and w.recompute == "full":
-        tables += [
-            SavedTensor(
-                "eager attention mask (kept for the rebuilt layers)", "b·s²", w.micro_batch * w.seq_len**2, act
-            ),
-            SavedTensor("position ids (int64, kept for the rebuilt layers)", "s", w.seq_len, TOKEN_ID_BYTES),
-        ]
-        tables = [replace(t, split="none") for t in tables]
+    if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
+        tables += [replace(t, split="none") for t in _checkpoint_arguments(w)]
     return tuple(
         [replace(t, block="embedding") for t in embedding]
         + [replace(t, block="tables") for t in tables]
         + [replace(t, block="head") for t in head]
     )
+
+
+def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
+    """The layers' keyword arguments that gradient checkpointing keeps alive until the rebuilt layers have run
+    (the profile's ``attention.checkpoint_keeps_mask``): with eager attention the additive mask of each kind of
+    layer the model has (global and sliding: one each, made apart) and the position ids; with fused attention the
+    sliding layers' boolean mask where the window makes one (``_window_masked_share``), [1, 1, s, s] expanded over
+    the batch, so s² bytes. Not counted: the position ids (8·s bytes) with fused attention, which are kept too."""
+    spec, act, b, s = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len
+    if w.attention == "eager":
+        kinds = [kind for kind, layers in (("global", spec.attention_layers - spec.local_layers),
+                                           ("sliding", spec.local_layers)) if layers]  # fmt: skip
+        return [
+            *(
+                SavedTensor(f"eager attention mask, {kind} layers (kept for the rebuilt layers)", "b·s²", b * s * s,
+                            act)
+                for kind in kinds
+            ),
+            SavedTensor("position ids (int64, kept for the rebuilt layers)", "s", s, TOKEN_ID_BYTES),
+        ]  # fmt: skip
+    if _window_masked_share(w):
+        return [SavedTensor("boolean window mask, sliding layers (kept for the rebuilt layers)", "s²", s * s, 1)]
+    return []
 
 
 def layer_checkpoint(w: Workload) -> SavedTensor:
