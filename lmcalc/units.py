@@ -149,6 +149,13 @@ def format_quantity(value: float, unit: str, compact: bool = False) -> str:
         return f"{text} {unit}"
     if unit == "USD":
         return f"${value:,.0f}"
+    if unit == "Wh":
+        for prefix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+            if abs(value) >= scale:
+                return f"{value / scale:,.4g} {prefix}Wh"
+        return f"{value:,.4g} Wh"
+    if unit == "kg CO2e":
+        return f"{value / 1000:,.4g} t CO2e" if abs(value) >= 1000 else f"{value:,.4g} kg CO2e"
     if unit == "":
         return f"{value:.6g}"
     if unit == "s" and 0 < abs(value) < 1:

@@ -1,11 +1,12 @@
 """The ``lmcalc`` command line: parse flags, call the Python API, render. No arithmetic.
 
-The commands live by family (``training``, ``report``, ``bench``, ``presets``) and are registered here, in the
-order ``lmcalc --help`` lists them.
+The commands live by family (``training``, ``checks``, ``report``, ``bench``, ``presets``) and are registered
+here, in the order ``lmcalc --help`` lists them.
 """
 
 from lmcalc.cli import (
     bench,  # noqa: F401  (its commands register themselves on bench_app)
+    checks,
     presets,
     report,
     training,
@@ -21,10 +22,10 @@ for name, command in (
     ("plan", training.plan),
     ("optimal", training.optimal),
     ("report", report.report),
-    ("params", training.params),
-    ("tensor", training.tensor),
-    ("dtypes", training.dtypes),
-    ("validate", training.validate),
+    ("params", checks.params),
+    ("tensor", checks.tensor),
+    ("dtypes", checks.dtypes),
+    ("validate", checks.validate),
 ):
     app.command(name)(command)
 for name, command in (

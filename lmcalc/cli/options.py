@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES
+from lmcalc.engine.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
 from lmcalc.engine.method import METHODS
 from lmcalc.engine.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS
 from lmcalc.errors import flag
@@ -303,6 +304,23 @@ def with_options(options: tuple[Option, ...], at: str) -> Callable[[Callable[...
 
     return decorate
 
+
+ENERGY_OPTIONS = (
+    Option.of(
+        "power_fraction",
+        float,
+        DEFAULT_POWER_FRACTION,
+        "Share of the GPU's TDP drawn on average. Default: 1 (the TDP).",
+    ),
+    Option.of("pue", float, DEFAULT_PUE, "The data centre's power usage effectiveness. Default: 1.1 (hyperscale)."),
+    Option.of(
+        "grid_gco2_per_kwh",
+        float,
+        DEFAULT_GRID_GCO2_PER_KWH,
+        "The grid's carbon intensity, gCO2e/kWh. Default: 481 (world average, 2023).",
+    ),
+)
+"""Energy and emissions (``engine.energy``), as ``train-time`` and ``report`` take them."""
 
 VALIDATE_AGAINST = ("pytorch", "transformers")
 AGAINST_MEANINGS = {

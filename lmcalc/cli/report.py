@@ -11,6 +11,7 @@ import typer
 
 from lmcalc.cli.app import error_message
 from lmcalc.cli.options import (
+    ENERGY_OPTIONS,
     LAYOUT_OPTIONS,
     METHOD_OPTIONS,
     ModelOpt,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 REPORT_TOP_LAYOUTS = 10
 
 
+@with_options(ENERGY_OPTIONS, at="energy")
 @with_options(METHOD_OPTIONS, at="method")
 @with_options(with_defaults(LAYOUT_OPTIONS, zero=REPORT_ZERO), at="layout")
 def report(
@@ -60,6 +62,7 @@ def report(
     ] = None,
     epochs: Annotated[float, typer.Option("--epochs", help="Passes over --dataset-tokens.")] = 1,
     method: dict[str, Any] | None = None,
+    energy: dict[str, Any] | None = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
     """One self-contained HTML page: parameters, FLOPs, training time, memory (of the layout given, ZeRO-3 by
@@ -69,7 +72,7 @@ def report(
     from lmcalc.estimates import report as estimates
     from lmcalc.html_report import render_report
 
-    assert layout is not None and method is not None  # filled in by with_options
+    assert layout is not None and method is not None and energy is not None  # filled in by with_options
     target = new_file(output, force)
     found = estimates.report(
         model=model,
@@ -86,6 +89,7 @@ def report(
         epochs=epochs,
         **layout,
         **method,
+        **energy,
     )
     memory = found.memory.report
     results = [

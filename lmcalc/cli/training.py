@@ -10,14 +10,13 @@ import typer
 
 from lmcalc.cli.app import emit, flags_given
 from lmcalc.cli.options import (
+    ENERGY_OPTIONS,
     FINETUNE_OPTIONS,
     LAYOUT_OPTIONS,
     METHOD_OPTIONS,
     PIN_OPTIONS,
     SPLIT_OPTIONS,
     TRAINING_OPTIONS,
-    VALIDATE_AGAINST,
-    AgainstOpt,
     AttentionOpt,
     ExplainOpt,
     JsonOpt,
@@ -41,7 +40,6 @@ from lmcalc.estimates.inputs import (
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
     DEFAULT_RECOMPUTE,
-    choice,
     positive_int,
 )
 from lmcalc.result import Estimate, Result
@@ -50,6 +48,7 @@ FLOPS_BASIS_MEANINGS = {"6nd": "napkin, default", "detailed": "matmul count, cau
 PEAK_MEANINGS = {"spec": "the dense spec-sheet peak", "measured": "lmcalc bench results"}
 
 
+@with_options(ENERGY_OPTIONS, at="energy")
 @with_options(FINETUNE_OPTIONS, at="method")
 def train_time(
     model: ModelOpt,
@@ -89,13 +88,14 @@ def train_time(
     ] = None,
     epochs: Annotated[float, typer.Option("--epochs", help="Passes over --dataset-tokens.")] = 1,
     method: dict[str, Any] | None = None,
+    energy: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
 ) -> None:
     """Days and GPU-hours to train (or fine-tune) a model on a cluster, or GPUs needed to meet a deadline."""
     from lmcalc.estimates import time as estimates
 
-    assert method is not None  # filled in by with_options
+    assert method is not None and energy is not None  # filled in by with_options
     estimate = estimates.train_time(
         model=model,
         gpus=gpus,
@@ -112,6 +112,7 @@ def train_time(
         dataset_tokens=dataset_tokens,
         epochs=epochs,
         **method,
+        **energy,
     )
     emit(estimate, as_json, explain)
 
@@ -444,60 +445,3 @@ def optimal(
         price_per_gpu_hour=price,
     )
     emit(estimate, as_json, explain)
-
-
-def params(model: ModelOpt, as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
-    """The exact parameter count, tensor group by tensor group."""
-    from lmcalc.estimates import counts as estimates
-
-    emit(estimates.params(model=model), as_json, explain)
-
-
-def tensor(
-    shape: Annotated[str, typer.Argument(help="Shape, e.g. 12288x49152.")],
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16, fp8, int8, int4, ...")] = "fp32",
-    as_json: JsonOpt = False,
-    explain: ExplainOpt = False,
-) -> None:
-    """Bytes of one tensor: elements × bytes per element."""
-    from lmcalc.estimates import counts as estimates
-
-    emit(estimates.tensor(shape=shape, dtype=dtype), as_json, explain)
-
-
-def dtypes(as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
-    """Floating-point formats: bits, largest value, smallest normal, machine epsilon."""
-    from lmcalc.estimates import counts as estimates
-
-    emit(estimates.dtypes(), as_json, explain)
-
-
-def validate(
-    model: ModelOpt,
-    seq: Annotated[
-        str, typer.Option("--seq", help="Sequence length for the FLOP check (the CPU check caps it at 512).")
-    ] = "1024",
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per step.")] = 1,
-    recompute: Annotated[
-        str | None,
-        typer.Option(
-            "--recompute", help=f"Check one recomputation mode: {alternatives(RECOMPUTE_MODES)} (default: all of them)."
-        ),
-    ] = None,
-    against: AgainstOpt = "pytorch",
-    as_json: JsonOpt = False,
-    explain: ExplainOpt = False,
-) -> None:
-    """Check lmcalc's counts against PyTorch's reference model or (--against transformers) transformers' model."""
-    from lmcalc.validate import passed, validate
-    from lmcalc.validate_hf import validate_against_transformers
-
-    if choice(against, VALIDATE_AGAINST, "against") == "transformers":
-        if recompute is not None:
-            raise LmcalcError("--recompute applies to --against pytorch: transformers' check counts no activations")
-        result = validate_against_transformers(model=model, seq=seq, micro_batch=micro_batch)
-    else:
-        result = validate(model=model, seq=seq, micro_batch=micro_batch, recompute=recompute)
-    emit(result, as_json, explain)
-    if not passed(result):
-        raise typer.Exit(1)

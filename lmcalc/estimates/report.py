@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
 from lmcalc.engine.choices import ZeroStage
+from lmcalc.engine.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
     DEFAULT_OPTIMIZER,
@@ -61,12 +62,17 @@ def report(
     framework: FrameworkLike | None = None,
     dataset_tokens: Count | None = None,
     epochs: float = 1,
+    power_fraction: float = DEFAULT_POWER_FRACTION,
+    pue: float = DEFAULT_PUE,
+    grid_gco2_per_kwh: float = DEFAULT_GRID_GCO2_PER_KWH,
     **settings: Unpack[ReportSettings],
 ) -> ReportEstimates:
     """Parameters, FLOPs, training time, the memory of the layout ``settings`` give (ZeRO-3 over every GPU unless
     told otherwise) and the layout search, whose pipeline split is pinned as they give it; a fine-tune (the
-    method's ``settings``) of ``dataset_tokens`` × ``epochs``."""
+    method's ``settings``) of ``dataset_tokens`` × ``epochs``; energy and emissions with ``power_fraction``, ``pue``
+    and ``grid_gco2_per_kwh`` (``engine.energy``)."""
     from lmcalc.engine import plan as pl
+    from lmcalc.engine.energy import Energy
     from lmcalc.estimates.counts import flops_estimate, params_estimate
     from lmcalc.estimates.inputs import accept
     from lmcalc.estimates.memory import memory_estimate
@@ -92,7 +98,8 @@ def report(
     tokens_in = run_tokens(tokens, dataset_tokens, epochs, setup.model, setup.workload.method)
     given: LayoutSettings = {"zero": REPORT_ZERO, **layout}
     memory = memory_estimate(setup, build_layout(cluster, given))
-    timing = Timing(cluster, cluster.hardware, seq_len=setup.seq, method=setup.workload.method)
+    energy = Energy(power_fraction, pue, grid_gco2_per_kwh)
+    timing = Timing(cluster, cluster.hardware, seq_len=setup.seq, method=setup.workload.method, energy=energy.check())
     found: PlanEstimate | LmcalcError
     try:  # the search varies the micro-batch and the recomputation itself
         pins = pl.Pins(split=pipeline_split(split_settings(given)))

@@ -10,6 +10,13 @@ from typing import Unpack
 from lmcalc.engine import flops as fl
 from lmcalc.engine import optimal as opt
 from lmcalc.engine.choices import FLOPS_BASES
+from lmcalc.engine.energy import (
+    DEFAULT_GRID_GCO2_PER_KWH,
+    DEFAULT_POWER_FRACTION,
+    DEFAULT_PUE,
+    Energy,
+    energy_terms,
+)
 from lmcalc.engine.method import FULL, Method, check_method
 from lmcalc.engine.method_flops import method_step_flops, napkin_method_flops, napkin_method_flops_formula
 from lmcalc.engine.time import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
@@ -87,12 +94,17 @@ def train_time(
     calibration: str | None = None,
     dataset_tokens: Count | None = None,
     epochs: float = 1,
+    power_fraction: float = DEFAULT_POWER_FRACTION,
+    pue: float = DEFAULT_PUE,
+    grid_gco2_per_kwh: float = DEFAULT_GRID_GCO2_PER_KWH,
     **fine_tuning: Unpack[FineTuneSettings],
 ) -> TrainTimeEstimate:
     """Days and GPU-hours to train a model on a cluster (``gpus``), or, with ``days`` and a GPU type (``gpu``),
     the GPUs needed to meet the deadline. ``peak="measured"`` (or a ``calibration`` file) takes the peak from
     ``lmcalc bench`` results instead of the spec sheet. A fine-tune (``fine_tuning``: the method, lora, qlora or
-    freeze, with its settings) runs ``dataset_tokens`` × ``epochs`` tokens, never the preset's pretraining count."""
+    freeze, with its settings) runs ``dataset_tokens`` × ``epochs`` tokens, never the preset's pretraining count.
+    Energy and emissions take the GPU's TDP × ``power_fraction``, the data centre's ``pue`` and the grid's
+    ``grid_gco2_per_kwh`` (engine.energy)."""
     accept(fine_tuning, FineTuneSettings, "train_time")
     resolved = resolve_model(model)
     spec = resolved.spec
@@ -130,7 +142,10 @@ def train_time(
         hardware = cluster.hardware
     seq_in = seq_given(seq, spec)
     found = measured_peak(peak, calibration, hardware, recipe)
-    timing = Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found, how)
+    for value, name in ((power_fraction, "power_fraction"), (pue, "pue"), (grid_gco2_per_kwh, "grid_gco2_per_kwh")):
+        finite(value, name, allow_zero=True)
+    energy = Energy(power_fraction, pue, grid_gco2_per_kwh).check()
+    timing = Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found, how, energy)
     return train_time_estimate(resolved, tokens_in, mfu_in, recipe, timing)
 
 
@@ -176,6 +191,7 @@ class Timing:
     price_per_gpu_hour: float | None = None
     measured_peak: tuple[float, str] | None = None
     method: Method = FULL
+    energy: Energy = Energy()
 
 
 def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str, method: Method = FULL) -> Term:
@@ -270,6 +286,8 @@ def train_time_estimate(
     sections.append(
         Section("time", "Time and throughput", time_terms(run, hw, precision, where.price_per_gpu_hour, source))
     )
+    if energy := energy_terms(run.gpu_hours, hw, where.energy):
+        sections.append(Section("energy", "Energy and emissions", energy))
     notes = [*model_notes(model, note), *context_note(model, int(seq.value))]
     if measured:
         notes.append(
