@@ -45,3 +45,18 @@ def test_installed_wheel_finds_presets_outside_the_checkout(wheel, tmp_path):
     ).stdout.split("\n")
     assert out[0] == str(site / "lmcalc" / "presets")
     assert out[1] == "llama-3.1-70b h100-sxm"
+
+
+def test_readme_install_notes_agree_with_the_package():
+    """Issue #18 item 5: the README says which Python, to use a virtual environment, and how to get the CPU-only
+    torch wheel for the bench extra; and what it says agrees with pyproject.toml."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Installing") : readme.index("## A short tour")]
+    assert project["requires-python"] == ">=3.11" and "Python 3.11 or newer" in section
+    assert "python3 -m venv" in section and "PEP 668" in section
+    assert "--index-url https://download.pytorch.org/whl/cpu" in section
+    for extra in set(project["optional-dependencies"]) - {"dev"}:  # dev: the second command at the top
+        assert f"[{extra}]" in section, extra
