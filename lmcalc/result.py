@@ -76,6 +76,7 @@ class Section:
     key: str
     title: str
     terms: tuple[Term, ...]
+    details: tuple[tuple[str, Any], ...] = ()  # what the title names, as fields for scripts (a plan's layout)
 
     def term(self, key: str) -> Term:
         return next(t for t in self.terms if t.key == key)
@@ -126,8 +127,13 @@ class Result:
             "inputs": {i.key: i.as_json() for i in self.inputs},
             "results": {s.key: {t.key: t.as_json() for t in s.terms} for s in self.sections},
             "section_titles": {s.key: s.title for s in self.sections},
+            **({"details": {s.key: dict(s.details) for s in self.sections if s.details}} if self._details else {}),
             "notes": list(self.notes),
         }
+
+    @property
+    def _details(self) -> bool:
+        return any(s.details for s in self.sections)
 
 
 @dataclass(frozen=True)

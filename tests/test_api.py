@@ -68,7 +68,7 @@ SAME_AS_THE_COMMAND = [
         lambda: lmcalc.fit(model="llama-3.1-8b", gpus="8xH100", zero=3, seq=8192),
     ),
     (
-        "plan --model llama-3-70b --gpus 8x8xH100 --seq 4096 --tp 8 --zero 1",
+        "plan --model llama-3-70b --gpus 8x8xH100 --seq 4096 --tp 8 --zero 1 --top all",  # the API ranks them all
         lambda: lmcalc.plan(model="llama-3-70b", gpus="8x8xH100", seq=4096, tp=8, zero=1),
     ),
     ("max-params --gpus 8xH100", lambda: lmcalc.max_params(gpus="8xH100")),

@@ -52,7 +52,7 @@ DIFFERENT_ON_PURPOSE = {
     # --sweep chooses memory_sweep (which requires it) over memory: left out, the command calls memory
     ("memory", "sweep"): None,
     # a plan table shows the top 10 (--top); the API, like --json and --plot, ranks every layout that fits
-    ("plan", "top"): 10,
+    ("plan", "top"): "10",
 }
 
 

@@ -40,7 +40,6 @@ from lmcalc.estimates.inputs import (
     DEFAULT_OVERHEAD,
     DEFAULT_PRECISION,
     DEFAULT_RECOMPUTE,
-    positive_int,
 )
 from lmcalc.result import Estimate, Result
 
@@ -307,7 +306,12 @@ def plan(
     global_batch: Annotated[
         str, typer.Option("--global-batch", help="Tokens per step (binary: 4M = 4,194,304).")
     ] = "4M",
-    top: Annotated[int, typer.Option("--top", help="How many of the fastest layouts to show.")] = 10,
+    top: Annotated[
+        str,
+        typer.Option(
+            "--top", help="How many of the fastest layouts to show, in tables and JSON alike; all: every one."
+        ),
+    ] = "10",
     pins: dict[str, Any] | None = None,
     micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
     max_micro_batch: Annotated[
@@ -376,7 +380,9 @@ def plan(
     from lmcalc.estimates import plan as estimates
 
     assert pins is not None and split is not None and method is not None  # filled in by with_options
-    top_n = positive_int(top, "top")
+    top_n = None if top.strip().lower() == "all" else int(top) if top.strip().isdigit() and int(top) > 0 else 0
+    if top_n == 0:
+        raise LmcalcError(f"--top takes a positive whole number of layouts, or all; got {top!r}")
     found = estimates.plan(
         model=model,
         gpus=gpus,
@@ -398,7 +404,7 @@ def plan(
         attention=attention,
         framework=framework,
         overhead=overhead,
-        top=None if as_json or plot else top_n,  # a table shows the top; JSON and plots take every layout
+        top=None if plot else top_n,  # a plot draws every layout that fits; the table and JSON show the top
         dataset_tokens=dataset_tokens,
         epochs=epochs,
         **pins,
@@ -411,6 +417,8 @@ def plan(
         from lmcalc import plots
 
         written = plots.plot_plan(ranked, plot, force)  # every layout that fits, whatever is shown
+        if not explain:
+            shown = replace(shown, sections=shown.sections[:top_n])
         shown = replace(shown, notes=(*shown.notes, f"plot written to {written}"))
     emit(shown, as_json, explain)
 

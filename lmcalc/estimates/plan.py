@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, ZeroStage
 from lmcalc.engine.memory_terms import Capacity, memory_sections
@@ -194,6 +194,29 @@ def layout_text(candidate: pl.Candidate) -> str:
     return f"{layout.label}, mb={candidate.micro_batch}, GA={layout.grad_accum}, recompute {candidate.recompute}"
 
 
+def layout_fields(candidate: pl.Candidate) -> tuple[tuple[str, Any], ...]:
+    """The layout of ``candidate`` field by field, as ``--json`` gives it to scripts (``layout_text`` for people)."""
+    layout, split = candidate.layout, candidate.layout.split
+    return (
+        ("dp", layout.dp),
+        ("tp", layout.tp),
+        ("pp", layout.pp),
+        ("cp", layout.cp),
+        ("ep", layout.ep),
+        ("zero", layout.zero),
+        ("sequence_parallel", layout.sequence_parallel),
+        ("schedule", split.schedule),
+        ("virtual_stages", split.virtual_stages),
+        ("micro_batch", candidate.micro_batch),
+        ("grad_accum", layout.grad_accum),
+        ("recompute", candidate.recompute),
+        ("first_stage_layers", split.first_stage_layers),
+        ("last_stage_layers", split.last_stage_layers),
+        ("embedding_in_split", split.embedding_in_split),
+        ("loss_in_split", split.loss_in_split),
+    )
+
+
 def plan_estimate(
     setup: TrainingSetup,
     global_batch_tokens: float,
@@ -256,6 +279,7 @@ def plan_estimate(
                         "training tokens / tokens per second / 86,400",
                     ),
                 ),
+                layout_fields(c),
             )
         )
     winner = found.fitting[0]
