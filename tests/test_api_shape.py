@@ -51,7 +51,7 @@ DIFFERENT_ON_PURPOSE = {
     ("optimal", "precision"): "bf16-mixed",
     # --sweep chooses memory_sweep (which requires it) over memory: left out, the command calls memory
     ("memory", "sweep"): None,
-    # a plan table shows the top 10 (--top); the API, like --json and --plot, ranks every layout that fits
+    # plan shows the top 10 (--top), in its table and its JSON alike; the API, like --plot, ranks every layout
     ("plan", "top"): "10",
 }
 
