@@ -149,6 +149,10 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         sections.append(Section(key, f"{label} — binding: {limit.binding}", tuple(terms)))
     if w.recompute != "full":
         sections.append(_checkpointed(w, layout, capacity))
+    if found_limits[0].value is None:  # not even one sequence fits: what would
+        from lmcalc.estimates.levers import levers_section
+
+        sections.append(levers_section(w, layout, cluster, capacity))
     inputs = (
         model_input(model, note),
         Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
