@@ -10,22 +10,28 @@ Hugging Face ``config.json``) is accepted too, and for a model a Hugging Face Hu
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
-import stat
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from lmcalc import hub
 from lmcalc.errors import LmcalcError, token, warn
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config
+from lmcalc.preset_files import (  # noqa: F401  (read_yaml and the limits are the presets' API too)
+    CONFIG_FILE_LIMIT,
+    MAX_NESTING,
+    PRESET_FILE_LIMIT,
+    _Loader,
+    read_json,
+    read_text,
+    read_yaml,
+)
 from lmcalc.specs import (
     Cluster,
     HardwareSpec,
@@ -58,56 +64,6 @@ _SINGULAR = {
 }
 
 
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """The safe YAML loader (libyaml when available), strict about what is a number, a boolean and a key.
-
-    YAML 1.1 (PyYAML) reads ``1:30`` as 90 (base 60), ``010`` as 8 (octal), ``yes``, ``no``, ``on`` and ``off`` as
-    booleans, and keeps the last of two equal keys: a preset would then be silently wrong. Here a number is decimal
-    (``4096``, ``1_000``, ``1.5``, and ``15e12`` as well as ``1.5e+13``, which YAML 1.1 alone would not read), a
-    boolean is ``true`` or ``false``, anything else is text (which a number or boolean field then refuses), and a key
-    given twice in one mapping is an error.
-    """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
-                key = self.construct_object(key_node)
-                if key in first_line:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {token(key)} (first on line {first_line[key]})", key_node.start_mark
-                    )
-                first_line[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
-_STRICT_TAGS = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float")}
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _STRICT_TAGS]
-    for first, resolvers in _Loader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+0123456789."),
-)
-PRESET_FILE_LIMIT = 1 << 20
-"""The largest preset file read, in bytes (1 MiB; the largest built-in is some 10 KiB): a link to ``/dev/zero`` or a
-stray data file is refused, not read until memory runs out."""
-CONFIG_FILE_LIMIT = 4 << 20
-"""The largest Hugging Face ``config.json`` read, in bytes (4 MiB; a real one is a few KiB)."""
-MAX_NESTING = 1000
-"""The deepest YAML nesting read: libyaml's composer recurses in C, and ``[[[[…`` 50,000 deep would crash Python."""
 S = TypeVar("S", bound=BaseModel)
 
 
@@ -125,66 +81,6 @@ def search_dirs() -> list[Path]:
 
 def normalise(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip().lower())
-
-
-def read_text(path: Path, limit: int = PRESET_FILE_LIMIT) -> str:
-    """The UTF-8 text of the regular file ``path``, of at most ``limit`` bytes. Anything else (a FIFO, which would
-    block, a device, a directory) is refused before it is read."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without a writer
-    except OSError as exc:
-        raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(descriptor, "rb") as file:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise LmcalcError(f"{path}: not a regular file")
-        try:
-            data = file.read(limit + 1)
-        except OSError as exc:
-            raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise LmcalcError(f"{path}: larger than {limit >> 20} MiB, more than any preset or config.json")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LmcalcError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
-
-
-def _check_nesting(text: str, path: Path) -> None:
-    """Refuse nesting deeper than ``MAX_NESTING`` before libyaml's recursive composer meets it. Only a text with
-    that many ``[``, ``{``, ``-`` or ``?`` can nest that deep (a block mapping's nesting costs indentation: 1 MiB holds
-    fewer than 1,500 levels), so an ordinary preset is not parsed twice."""
-    if sum(text.count(c) for c in "[{-?") <= MAX_NESTING:
-        return
-    depth = 0
-    for event in yaml.parse(text, Loader=_Loader):  # events come one at a time, without recursion
-        if isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
-            depth += 1
-            if depth > MAX_NESTING:
-                line = event.start_mark.line + 1
-                raise LmcalcError(f"{path}:{line}: YAML nested deeper than {MAX_NESTING} levels")
-        elif isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
-            depth -= 1
-
-
-def read_yaml(path: Path) -> Any:
-    """Parse a YAML file; syntax errors become one line naming the file and line."""
-    text = read_text(path)
-    try:
-        _check_nesting(text, path)
-        return yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        kind = "YAML error" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
-        raise LmcalcError(f"{where}: {kind}: {exc.problem or exc.context}") from None
-    except yaml.reader.ReaderError as exc:  # a control character: libyaml reads printable text only
-        raise LmcalcError(
-            f"{path}: YAML error: a control character (#x{exc.character:04x}) at offset {exc.position}"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise LmcalcError(f"{path}: YAML error: {type(exc).__name__}") from None
-    except RecursionError:  # the pure-Python loader, where libyaml is missing
-        raise LmcalcError(f"{path}: YAML nested too deeply") from None
 
 
 def validate(spec_type: type[S], data: Any, origin: str) -> S:
@@ -444,34 +340,6 @@ def load_spec_file(path: Path, spec_type: type[S], hub_id: str | None = None) ->
             return validate(spec_type, model_from_hf_config(data, hub_id or name, origin), origin)
         return validate(spec_type, data, str(path))
     return validate(spec_type, read_yaml(path), str(path))
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys all differ (``json.loads`` keeps the last of two equal keys without a word)."""
-    data: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in data:
-            raise _DuplicateKey(key)
-        data[key] = value
-    return data
-
-
-def read_json(path: Path) -> Any:
-    """Parse a JSON file (a Hugging Face ``config.json``, or a preset written as JSON) of at most
-    ``CONFIG_FILE_LIMIT`` bytes; every problem becomes one line naming the file."""
-    text = read_text(path, CONFIG_FILE_LIMIT)
-    try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as exc:
-        raise LmcalcError(f"{path}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
-    except _DuplicateKey as exc:
-        raise LmcalcError(f"{path}: JSON error: duplicate key {token(exc.args[0])} in one object") from None
-    except RecursionError:
-        raise LmcalcError(f"{path}: JSON nested too deeply") from None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ BASE: dict[str, Any] = dict(vocab_size=512, hidden_size=64, num_attention_heads=
                             num_hidden_layers=4, intermediate_size=96, pad_token_id=0, bos_token_id=1,
                             eos_token_id=2)  # fmt: skip
 MOE: dict[str, Any] = dict(moe_intermediate_size=32, num_experts_per_tok=2)
+DEEPSEEK: dict[str, Any] = dict(MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=48,
+                                kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                num_key_value_heads=4)  # fmt: skip
+"""DeepSeek-V2/V3's MLA and MoE at tiny size (V3 adds group-limited routing)."""
 TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
     "mistral": ("MistralConfig", dict(sliding_window=24)),
@@ -29,38 +33,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma3_text": ("Gemma3TextConfig", dict(head_dim=48, sliding_window=24, sliding_window_pattern=3)),
     "phi3": ("Phi3Config", {}),
     "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=32, sliding_window=24)),
-    "deepseek_v2": (
-        "DeepseekV2Config",
-        dict(
-            MOE,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            q_lora_rank=48,
-            kv_lora_rank=32,
-            qk_nope_head_dim=16,
-            qk_rope_head_dim=8,
-            v_head_dim=16,
-            num_key_value_heads=4,
-        ),
-    ),
-    "deepseek_v3": (
-        "DeepseekV3Config",
-        dict(
-            MOE,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            q_lora_rank=48,
-            kv_lora_rank=32,
-            qk_nope_head_dim=16,
-            qk_rope_head_dim=8,
-            v_head_dim=16,
-            num_key_value_heads=4,
-            n_group=2,
-            topk_group=1,
-        ),
-    ),
+    "deepseek_v2": ("DeepseekV2Config", DEEPSEEK),
+    "deepseek_v3": ("DeepseekV3Config", dict(DEEPSEEK, n_group=2, topk_group=1)),
     "glm4": ("Glm4Config", {}),
     "glm4_moe": (
         "Glm4MoeConfig",
@@ -136,14 +110,7 @@ def multimodal_config(kind: str) -> dict[str, Any]:
 
 def multimodal_model(config: dict[str, Any]):  # noqa: ANN201 (a transformers model)
     """The image-text model transformers builds from a multimodal ``config`` on the meta device."""
-    import torch
-    import transformers
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        built = transformers.AutoConfig.for_model(**config)
-        with torch.device("meta"):
-            return transformers.AutoModelForImageTextToText.from_config(built)
+    return transformers_model(config, "AutoModelForImageTextToText")
 
 
 def tiny_config(kind: str) -> dict[str, Any]:
@@ -156,8 +123,9 @@ def tiny_config(kind: str) -> dict[str, Any]:
         return getattr(transformers, class_name)(**{**BASE, **extra}).to_dict()
 
 
-def transformers_model(config: dict[str, Any]):  # noqa: ANN201 (a transformers model)
-    """The causal-LM model transformers builds from ``config`` on the meta device: no weights are allocated."""
+def transformers_model(config: dict[str, Any], auto: str = "AutoModelForCausalLM"):  # noqa: ANN201 (a model)
+    """The model transformers builds from ``config`` on the meta device (a causal LM unless ``auto`` names another
+    Auto class): no weights are allocated."""
     import torch
     import transformers
 
@@ -165,4 +133,4 @@ def transformers_model(config: dict[str, Any]):  # noqa: ANN201 (a transformers 
         warnings.simplefilter("ignore")
         built = transformers.AutoConfig.for_model(**config)
         with torch.device("meta"):
-            return transformers.AutoModelForCausalLM.from_config(built)
+            return getattr(transformers, auto).from_config(built)

@@ -34,7 +34,8 @@ pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, put on sys.path by conftest.py; imports torch and transformers)
 
-from lmcalc.engine.activations import layer_saved_tensors, model_saved_tensors  # noqa: E402
+from lmcalc.engine.activations import layer_saved_tensors  # noqa: E402
+from lmcalc.engine.activations_model import model_saved_tensors  # noqa: E402
 from lmcalc.engine.gpu_memory import StageActivations, stage_activations  # noqa: E402
 from lmcalc.engine.layout import Layout  # noqa: E402
 from lmcalc.engine.workload import Workload, dropout_mask_bytes, framework_profile  # noqa: E402

@@ -4,6 +4,7 @@ import pytest
 
 import lmcalc
 from lmcalc.engine import inference as inf
+from lmcalc.engine import inference_terms as inf_terms
 from lmcalc.engine.memory_terms import Capacity
 from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
@@ -227,7 +228,7 @@ def test_weights_that_do_not_fit_say_by_how_much():
 def test_sections_carry_formulas_with_numbers():
     serving = inf.Serving(model("llama-3.1-8b"), 8192, 4, "bf16", "fp8", 1, None, OVERHEAD_ALLOWANCE_BYTES)
     capacity = Capacity(H100_80GB, "80 GB")
-    sections = inf.inference_sections(serving, inf.inference_memory(serving, capacity.bytes), capacity)
+    sections = inf_terms.inference_sections(serving, inf.inference_memory(serving, capacity.bytes), capacity)
     result = Result("memory", "test", (), sections)
     per_layer = result.term("kv_cache.per_token_per_layer")
     # fp8 cache: 2 × 8 × 128 × 1 B = 2,048 B per layer; × 32 layers = 65,536 per token.
@@ -239,15 +240,15 @@ def test_sections_carry_formulas_with_numbers():
     assert result.term("weights.weights").substituted == "8,030,261,248 × 2 B"
     assert result.term("per_gpu.max_batch").unit == "sequences"
     assert result.term("per_gpu.max_context").unit == "tokens"
-    stacked = sum(result.value(key) for key in inf.INFERENCE_STACK)
+    stacked = sum(result.value(key) for key in inf_terms.INFERENCE_STACK)
     assert stacked == result.value("per_gpu.total")
-    assert result.value(inf.INFERENCE_CAPACITY) - stacked == result.value("per_gpu.headroom")
+    assert result.value(inf_terms.INFERENCE_CAPACITY) - stacked == result.value("per_gpu.headroom")
 
 
 def test_sections_for_mla_under_tp():
     serving = inf.Serving(model("deepseek-v3"), 4096, 1, "fp8", "bf16", 8)
     capacity = Capacity(141 * 10**9, "141 GB")
-    sections = inf.inference_sections(serving, inf.inference_memory(serving, capacity.bytes), capacity)
+    sections = inf_terms.inference_sections(serving, inf.inference_memory(serving, capacity.bytes), capacity)
     result = Result("memory", "test", (), sections)
     assert result.term("kv_cache.per_token_per_layer").substituted == "(512 + 64) × 2 B"
     assert result.value("kv_cache.per_token_per_gpu") == 70_272

@@ -2,7 +2,8 @@
 
 import pytest
 
-from lmcalc.engine.activations import layer_kept_tensors, model_saved_tensors
+from lmcalc.engine.activations import layer_kept_tensors
+from lmcalc.engine.activations_model import model_saved_tensors
 from lmcalc.engine.gpu_memory import gpu_memory
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import weight_tensors

@@ -273,9 +273,9 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
             tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
         tensors += _window_mask_saved(w)
     if spec.mamba:  # a hybrid: the average layer, attention in A of its L layers, a state-space mixer in the rest
-        L, A = spec.num_layers, spec.attention_layers
-        mixer = [_share(t, A, L) for t in tensors[kept_by_every_layer:]] + [_share(t, L - A, L) for t in _ssm_saved(w)]
-        tensors = tensors[:kept_by_every_layer] + mixer
+        from lmcalc.engine.activations_ssm import average_mixer  # it builds on this module
+
+        tensors = tensors[:kept_by_every_layer] + average_mixer(w, tensors[kept_by_every_layer:])
     if spec.norms_per_layer == 4:  # a sandwich norm on the attention's output (Gemma 2/3): its input is new
         tensors += _norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.dropout:
@@ -307,35 +307,6 @@ def _eager_scores_saved(w: Workload) -> list[SavedTensor]:
     if spec.attention_sinks and rule.sink_max_indices:
         tensors.append(SavedTensor("row maxima's indices (int64)", "b·H·s", b * H * s, INDEX_BYTES, True))
     return tensors
-
-
-def _share(tensor: SavedTensor, layers: int, of: int) -> SavedTensor:
-    """``tensor`` as kept by ``layers`` of every ``of`` layers, on average."""
-    return replace(tensor, elements=tensor.elements * layers / of, symbol=f"({layers}/{of})·{tensor.symbol}")
-
-
-SCAN_CHUNK = 2048  # mamba_ssm's selective scan keeps its fp32 state once per chunk of this many tokens
-
-
-def _ssm_saved(w: Workload) -> list[SavedTensor]:
-    """What a state-space layer keeps for backward, as mamba_ssm's fused path keeps it (``mamba_inner_fn``, its
-    default checkpoint level, which rebuilds the convolution's output and Δ in backward): the input projection's
-    output x‖z, the x_proj output (Δ's low rank, B, C), contiguous B and C, the scan's output y, and the scan's
-    fp32 state (d_in × 2N) once per chunk of 2,048 tokens. An estimate of a fused kernel's choices, not checked
-    against a measurement here (no mamba_ssm on the CPU); transformers' PyTorch scan keeps far more: a state per
-    token."""
-    m, act, sb = w.model.mamba, w.precision.activation_bytes, w.tokens
-    assert m is not None
-    chunks = -(-w.seq_len // SCAN_CHUNK) * w.micro_batch
-    return [
-        SavedTensor("x and z (input projection output)", "s·b·2·d_in", sb * 2 * m.d_inner, act),
-        SavedTensor("Δ, B, C (x_proj output)", "s·b·(r+2N)", sb * (m.dt_rank + 2 * m.d_state), act),
-        SavedTensor("B and C (contiguous copies)", "s·b·2N", sb * 2 * m.d_state, act),
-        SavedTensor("scan output y", "s·b·d_in", sb * m.d_inner, act),
-        SavedTensor(
-            "scan state per chunk of 2,048 tokens (fp32)", "⌈s/2048⌉·b·d_in·2N", chunks * m.d_inner * 2 * m.d_state, 4
-        ),
-    ]
 
 
 def _needed(w: Workload, tensor: SavedTensor, adapted: set[str]) -> bool:
@@ -513,71 +484,6 @@ def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> l
         *([SavedTensor(f"{fn}(gate)", inner, n, act)] if rule.gated == "unfused" else []),
         SavedTensor("down projection input (product)", inner, n, act, for_weights=DOWN),
     ]
-
-
-@functools.lru_cache(maxsize=4096)
-def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
-    """Saved tensors outside the layers: token ids, embedding dropout, final norm, head input, fp32 logits."""
-    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
-    h = spec.hidden_size
-    embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
-    if spec.embedding_norm:  # BLOOM's LayerNorm on the embedding output
-        embedding += _norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
-    if spec.dropout:
-        embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
-    head = _norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
-        SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",)),
-    ]
-    if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
-        head = [t for t in head if _needed(w, t, set())]
-    if spec.final_softcap:  # c·tanh(logits/c) (Gemma 2): tanh keeps its output, in the activation dtype
-        head.append(SavedTensor("soft-capped logits (tanh output)", "s·b·V", sb * spec.vocab_size, act))
-    loss = w.framework.loss
-    if loss.saved_bytes:
-        head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))
-    tables = []
-    if w.framework.rotary.tables and spec.position_embedding == "rope":  # [1, 1, s, d]: one per position
-        d = spec.mla.qk_rope_head_dim if spec.mla else spec.qk_head_dim
-        tables = [
-            SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
-        ]
-    if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
-        tables += [replace(t, split="none") for t in _checkpoint_arguments(w)]
-    return tuple(
-        [replace(t, block="embedding") for t in embedding]
-        + [replace(t, block="tables") for t in tables]
-        + [replace(t, block="head") for t in head]
-    )
-
-
-def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
-    """The layers' keyword arguments that gradient checkpointing keeps alive until the rebuilt layers have run
-    (the profile's ``attention.checkpoint_keeps_mask``): with eager attention the additive mask of each kind of
-    layer the model has (global and sliding: one each, made apart) and the position ids; with fused attention the
-    sliding layers' boolean mask where the window makes one (``_window_masked_share``), [1, 1, s, s] expanded over
-    the batch, so s² bytes. Not counted: the position ids (8·s bytes) with fused attention, which are kept too."""
-    spec, act, b, s = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len
-    if w.attention == "eager":
-        kinds = [kind for kind, layers in (("global", spec.attention_layers - spec.local_layers),
-                                           ("sliding", spec.local_layers)) if layers]  # fmt: skip
-        return [
-            *(
-                SavedTensor(f"eager attention mask, {kind} layers (kept for the rebuilt layers)", "b·s²", b * s * s,
-                            act)
-                for kind in kinds
-            ),
-            SavedTensor("position ids (int64, kept for the rebuilt layers)", "s", s, TOKEN_ID_BYTES),
-        ]  # fmt: skip
-    if _window_masked_share(w):
-        return [SavedTensor("boolean window mask, sliding layers (kept for the rebuilt layers)", "s²", s * s, 1)]
-    return []
-
-
-def layer_checkpoint(w: Workload) -> SavedTensor:
-    """What full recomputation keeps of each layer: its input (Korthikanti et al. 2022 §4.2.3, Table 2)."""
-    return SavedTensor(
-        "layer input", "s·b·h", w.tokens * w.model.hidden_size, w.precision.activation_bytes, split="seq"
-    )
 
 
 def saved_formula(tensors: tuple[SavedTensor, ...] | list[SavedTensor]) -> str:

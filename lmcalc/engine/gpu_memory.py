@@ -23,12 +23,11 @@ from typing import Literal, NamedTuple
 
 from lmcalc.engine.activations import (
     SavedTensor,
-    layer_checkpoint,
     layer_kept_tensors,
     lowest_layer_unkept,
-    model_saved_tensors,
     norm_keeps,
 )
+from lmcalc.engine.activations_model import layer_checkpoint, model_saved_tensors
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.layout import ActivationLayout, Layout
 from lmcalc.engine.method import dora_temporaries, largest_quantised

@@ -43,11 +43,10 @@ from dataclasses import dataclass, replace
 
 from lmcalc.engine.activations import (
     LOGITS_BYTES,
-    layer_checkpoint,
     layer_kept_tensors,
     layer_saved_tensors,
-    model_saved_tensors,
 )
+from lmcalc.engine.activations_model import layer_checkpoint, model_saved_tensors
 from lmcalc.engine.gpu_memory import gpu_memory
 from lmcalc.engine.layout import Layout
 from lmcalc.engine.params import count_params, weight_tensors

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Unpack
 
 from lmcalc.engine import inference as inf
+from lmcalc.engine import inference_terms as inf_terms
 from lmcalc.engine.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
 from lmcalc.engine.layout import Layout, check_layout
 from lmcalc.engine.memory_terms import Capacity, memory_sections
@@ -356,7 +357,7 @@ def inference(
     if tp > cluster.count:
         raise LmcalcError(f"{setting('tp')} {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
     held = inf.inference_memory(serving, capacity.bytes)
-    sections = inf.inference_sections(serving, held, capacity)
+    sections = inf_terms.inference_sections(serving, held, capacity)
     inputs = (
         model_input(spec, note),
         Input("gpu", "GPU", hardware.name, origin=hardware.memory_label),
@@ -386,8 +387,8 @@ def inference(
             inputs,
             sections,
             notes,
-            stack=inf.INFERENCE_STACK,
-            capacity=inf.INFERENCE_CAPACITY,
+            stack=inf_terms.INFERENCE_STACK,
+            capacity=inf_terms.INFERENCE_CAPACITY,
         )
     )
     return InferenceEstimate(report, serving, held)
