@@ -14,7 +14,8 @@ Used by docs/formulas.md §5.4 and §5.9.
 
 import argparse
 
-from lmcalc.engine.activations import layer_kept_tensors, model_saved_tensors
+from lmcalc.engine.activations import layer_kept_tensors
+from lmcalc.engine.activations_model import model_saved_tensors
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import resolve_framework, resolve_model, resolve_optimizer, resolve_precision
 
