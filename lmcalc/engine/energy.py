@@ -22,13 +22,13 @@ from lmcalc.units import sci
 
 DEFAULT_POWER_FRACTION = 1.0
 """The GPUs draw their TDP for the whole run, as the Llama 2/3.1 model cards count (700 W per H100): an upper
-bound; measured training draw is often 70–90 % of it."""
+bound, since a GPU rarely draws its TDP throughout; give a measured fraction when you have one."""
 DEFAULT_PUE = 1.1
 """Power usage effectiveness of a hyperscale data centre: Google reports a fleet-wide 1.10 (2023 Environmental
 Report); Uptime Institute's survey average across all data centres is 1.58 (2023)."""
 DEFAULT_GRID_GCO2_PER_KWH = 481.0
 """The world's average carbon intensity of electricity generation in 2023, 481 gCO2e/kWh (Ember, Global Electricity
-Review 2024, via Statista): give your grid's (France ~56, US ~370, India ~713 in 2023)."""
+Review 2024, via Statista): give your grid's (Ember's 2023 figures: France 56, India 713)."""
 
 
 PUE_SOURCE = "PUE 1.10: Google's fleet-wide figure, 2023 Environmental Report (the default)"
