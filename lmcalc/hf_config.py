@@ -298,7 +298,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "num_heads": _get(config, origin, "num_attention_heads"),
         "num_kv_heads": config.get("num_key_value_heads"),
         "head_dim": config.get("head_dim"),
-        "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),
+        "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),  # Llama 4's dense layers
         "ffn_kind": "gelu_mlp" if kind == "starcoder2" else ("geglu" if act in _GELU_ACTS else "swiglu"),
         "norm_kind": {"starcoder2": "layernorm", "cohere": "layernorm_nobias", "cohere2": "layernorm_nobias"}.get(
             kind, "rmsnorm"
@@ -316,8 +316,6 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "final_softcap": config.get("final_logit_softcapping"),
         **_windows(config, kind, layers, origin),
     }
-    if kind == "llama4_text":
-        fields["ffn_size"] = _get(config, origin, "intermediate_size_mlp", "intermediate_size")
     if config.get("kv_lora_rank"):
         fields["mla"] = {
             "q_lora_rank": config.get("q_lora_rank"),
