@@ -140,16 +140,8 @@ SMALL = dict(
 WINDOW = 64  # the sliding window of the Gemma and gpt-oss cases: shorter than every measured sequence
 EAGER_ONLY = ("eager",)  # Gemma 2 and gpt-oss: their PreTrainedModel sets _supports_sdpa = False (soft-capping, sinks)
 SDPA_ONLY = ("sdpa",)  # Falcon: FalconPreTrainedModel._check_and_enable_sdpa sets sdpa whatever is asked
-NARROW_MHA = dict(
-    vocab_size=2048,
-    hidden_size=128,
-    num_attention_heads=4,
-    num_hidden_layers=LAYERS,
-    max_position_embeddings=2048,
-    attention_dropout=0.0,
-    tie_word_embeddings=False,
-)
-"""What the narrow cases share: h 128, 4 heads of 32, V 2048, LAYERS layers, untied."""
+NARROW_MHA = {key: value for key, value in SMALL.items() if key != "num_key_value_heads"} | {"hidden_size": 128}
+"""What the narrow cases share: SMALL's vocabulary, layers and untied head at h 128, 4 heads of 32, no GQA."""
 NARROW = {**NARROW_MHA, "num_key_value_heads": 2, "head_dim": 32}
 """The narrow cases with grouped-query attention: 2 KV heads."""
 

@@ -22,10 +22,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("MistralConfig", dict(sliding_window=24)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
     "qwen2": ("Qwen2Config", {}),
-    "qwen2_moe": (
-        "Qwen2MoeConfig",
-        dict(MOE, num_experts=4, shared_expert_intermediate_size=80, decoder_sparse_step=2, mlp_only_layers=[2]),
-    ),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=80,
+                                         decoder_sparse_step=2, mlp_only_layers=[2])),
     "qwen3": ("Qwen3Config", dict(head_dim=48)),
     "qwen3_moe": ("Qwen3MoeConfig", dict(MOE, num_experts=4, head_dim=48, decoder_sparse_step=1, mlp_only_layers=[0])),
     "gemma": ("GemmaConfig", dict(head_dim=48)),
@@ -36,19 +34,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "deepseek_v2": ("DeepseekV2Config", DEEPSEEK),
     "deepseek_v3": ("DeepseekV3Config", dict(DEEPSEEK, n_group=2, topk_group=1)),
     "glm4": ("Glm4Config", {}),
-    "glm4_moe": (
-        "Glm4MoeConfig",
-        dict(
-            MOE,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-            use_qk_norm=True,
-            head_dim=24,
-        ),
-    ),
+    "glm4_moe": ("Glm4MoeConfig", dict(MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
+                                       n_group=1, topk_group=1, use_qk_norm=True, head_dim=24)),
     "smollm3": ("SmolLM3Config", {}),
     "olmo2": ("Olmo2Config", {}),
     "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2)),
@@ -61,32 +48,12 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "cohere2": ("Cohere2Config", dict(sliding_window=24, sliding_window_pattern=2)),
     "granite": ("GraniteConfig", {}),
     "ernie4_5": ("Ernie4_5Config", dict(use_bias=True)),
-    "jamba": (
-        "JambaConfig",
-        dict(
-            num_experts=4,
-            num_experts_per_tok=2,
-            expert_layer_period=2,
-            expert_layer_offset=1,
-            attn_layer_period=4,
-            attn_layer_offset=2,
-            mamba_d_state=8,
-            mamba_dt_rank=8,
-        ),
-    ),
-    "llama4_text": (
-        "Llama4TextConfig",
-        dict(
-            num_local_experts=4,
-            num_experts_per_tok=1,
-            intermediate_size_mlp=128,
-            interleave_moe_layer_step=2,
-            head_dim=32,
-            attention_chunk_size=24,
-            no_rope_layer_interval=2,
-        ),
-    ),
-}
+    "jamba": ("JambaConfig", dict(num_experts=4, num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
+                                  attn_layer_period=4, attn_layer_offset=2, mamba_d_state=8, mamba_dt_rank=8)),
+    "llama4_text": ("Llama4TextConfig", dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128,
+                                             interleave_moe_layer_step=2, head_dim=32, attention_chunk_size=24,
+                                             no_rope_layer_interval=2)),
+}  # fmt: skip
 """model_type: (transformers config class, the fields that differ from ``BASE``)."""
 VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=32,
               patch_size=8)  # fmt: skip
