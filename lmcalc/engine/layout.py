@@ -82,6 +82,24 @@ class Layout:
             parts.append("SP")
         return ", ".join(parts + self.split.label_parts(self.pp))
 
+    @property
+    def code(self) -> str:
+        """The label in a table's narrow column: ``DP64 TP4 PP16 Z1 SP v4`` (a degree of 1, ZeRO-0 and 1F1B
+        left out; ``LAYOUT_CODE_KEY`` says how to read it)."""
+        parts = [f"DP{self.dp}"]
+        parts += [
+            f"{name}{n}" for name, n in (("TP", self.tp), ("PP", self.pp), ("CP", self.cp), ("EP", self.ep)) if n > 1
+        ]
+        parts += [f"Z{self.zero}"] if self.zero else []
+        parts += ["SP"] if self.sequence_parallel else []
+        return " ".join(parts + self.split.code_parts(self.pp))
+
+
+LAYOUT_CODE_KEY = (
+    "DP/TP/PP/CP/EP: the degrees (1 left out); Z: the ZeRO stage; SP: sequence parallel; v: virtual stages "
+    "(interleaved); f/l: layers on the first/last stage; +emb/+loss: counted as a layer"
+)
+
 
 def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp_within_node: bool = True) -> None:
     """Refuse a layout that cannot exist for the workload (and the cluster, when given), naming the constraint

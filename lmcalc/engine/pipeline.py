@@ -88,6 +88,13 @@ class PipelineSplit:
             parts.append(f"{' and '.join(counted)} counted as a layer")
         return parts
 
+    def code_parts(self, pp: int) -> list[str]:
+        """``label_parts`` in a layout code: ``v4 f6 l5 +emb +loss``."""
+        parts = [f"v{self.virtual_stages}"] if pp > 1 and self.schedule == "interleaved" else []
+        split = (("f", self.first_stage_layers), ("l", self.last_stage_layers))
+        parts += [f"{tag}{n}" for tag, n in split if n is not None]
+        return parts + [tag for tag, on in (("+emb", self.embedding_in_split), ("+loss", self.loss_in_split)) if on]
+
 
 class Pipelined(Protocol):
     """What the pipeline's functions read of a layout: its stages, micro-batches per step, and split."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Unpack
 
 from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, ZeroStage
+from lmcalc.engine.layout import LAYOUT_CODE_KEY
 from lmcalc.engine.memory_terms import Capacity, memory_sections
 from lmcalc.engine.time_terms import compute_text, speed_text, step_time_section
 from lmcalc.errors import LmcalcError, flag, setting
@@ -194,6 +195,25 @@ def layout_text(candidate: pl.Candidate) -> str:
     return f"{layout.label}, mb={candidate.micro_batch}, GA={layout.grad_accum}, recompute {candidate.recompute}"
 
 
+RECOMPUTE_CODES = {"none": "", "selective": "rc=sel", "full": "rc=full"}
+PLAN_CODE_KEY = f"{LAYOUT_CODE_KEY}; mb: micro-batch; GA: micro-batches per step; rc: activation recomputation"
+
+
+def layout_code(candidate: pl.Candidate) -> str:
+    """``layout_text`` in a table's narrow column: ``DP64 TP4 PP16 Z1 SP v4 mb1 GA8 rc=sel`` (``PLAN_CODE_KEY``)."""
+    layout = candidate.layout
+    return " ".join(
+        part
+        for part in (
+            layout.code,
+            f"mb{candidate.micro_batch}",
+            f"GA{layout.grad_accum}",
+            RECOMPUTE_CODES[candidate.recompute],
+        )
+        if part
+    )
+
+
 def layout_fields(candidate: pl.Candidate) -> tuple[tuple[str, Any], ...]:
     """The layout of ``candidate`` field by field, as ``--json`` gives it to scripts (``layout_text`` for people)."""
     layout, split = candidate.layout, candidate.layout.split
@@ -264,7 +284,7 @@ def plan_estimate(
         sections.append(
             Section(
                 f"rank{rank}",
-                f"{rank}. {layout_text(c)}",
+                f"{rank}. {layout_code(c)}",
                 (
                     Term("tokens_per_s", "tokens/s", t.tokens_per_s, "tokens/s", "tokens per step / step time"),
                     Term("tokens_per_s_per_gpu", "tokens/s/GPU", t.tokens_per_s / cluster.count, "tokens/s/GPU"),
@@ -315,7 +335,7 @@ def plan_estimate(
         f"Layouts for {model.label} on {cluster.label}",
         inputs,
         tuple(sections),
-        (f"{best}; run 'lmcalc plan … --explain' for its derivation", assumptions),
+        (f"{best}; run 'lmcalc plan … --explain' for its derivation", f"layout code: {PLAN_CODE_KEY}", assumptions),
         layout="grid",
     )
     derived = Result(
