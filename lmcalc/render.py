@@ -6,6 +6,7 @@ import json
 from typing import TextIO
 
 from lmcalc.result import Result, Term, json_safe
+from lmcalc.units import column_format
 
 
 def to_json(result: Result) -> str:
@@ -43,17 +44,68 @@ def _section_table(title: str, terms: tuple[Term, ...]):
     return table
 
 
-def _grid_table(result: Result):
+def grid_columns(result: Result) -> list[tuple[str, str, list[str]]]:
+    """A comparison's columns, one per term: its label, its unit (named once, in the header) and each row's
+    number, with a check's verdict. The terminal and the HTML report both print these."""
+    columns = []
+    for j, first in enumerate(result.sections[0].terms):
+        terms = [section.terms[j] for section in result.sections]
+        same = len({t.unit for t in terms}) == 1
+        unit, number = column_format(first.unit, (t.value for t in terms)) if same else ("", None)
+        cells = [
+            (number(t.value) if number else t.formatted(compact=True)) + {True: " ✓", False: " ✗", None: ""}[t.ok]
+            for t in terms
+        ]
+        columns.append((first.label, unit, cells))
+    return columns
+
+
+def _longest(texts) -> int:
+    return max((len(word) for text in texts for word in text.split()), default=0)
+
+
+def _header(label: str, unit: str) -> str:
+    """A column's header: its label, and under it the unit when the label does not say it already."""
+    return f"{label}\n{unit}" if unit and unit.lower() not in label.lower() else label
+
+
+def _grid_table(result: Result, transposed: bool = False):
+    """One row per section, one column per term: every header word whole, every number on one line; the rows'
+    names (a layout's code) wrap when the terminal is narrow. ``transposed``: a row per term and a column per
+    section, for a few sections of many terms (a sweep). Returns the table and the least width it needs."""
     from rich.table import Table
 
-    first = result.sections[0].terms
     table = Table(show_edge=False, pad_edge=False)
-    table.add_column("")
-    for term in first:
-        table.add_column(term.label, justify="right")
-    for section in result.sections:
-        table.add_row(section.title, *(t.formatted(compact=True) for t in section.terms))
-    return table
+    columns = grid_columns(result)
+    titles = [section.title for section in result.sections]
+    if transposed:
+        rows = [(label, [unit, *cells]) for label, unit, cells in columns]
+        heads = [
+            ("unit", [unit for _, unit, _ in columns]),
+            *((t, [c[i] for *_, c in columns]) for i, t in enumerate(titles)),
+        ]
+    else:
+        rows = [(title, [cells[i] for *_, cells in columns]) for i, title in enumerate(titles)]
+        heads = [(_header(label, unit), cells) for label, unit, cells in columns]
+    names = [name for name, _ in rows]
+    widths = [max(len(name) if len(name) <= 24 else _longest(names) for name in names)]
+    table.add_column("", min_width=widths[0])
+    for head, cells in heads:
+        widths.append(max(_longest([head]), *map(len, cells)))
+        table.add_column(head, justify="right", min_width=widths[-1])
+    for name, cells in rows:
+        table.add_row(name, *cells)
+    return table, sum(widths) + 3 * (len(widths) - 1)
+
+
+def print_grid(result: Result, console) -> None:
+    """A comparison as a grid, turned round (a row per term) when only that fits the terminal."""
+    table, width = _grid_table(result)
+    if width > console.width:
+        turned, turned_width = _grid_table(result, transposed=True)
+        if turned_width <= console.width:
+            table = turned
+    console.print(table)
 
 
 BAR_WIDTH = 60
@@ -74,33 +126,41 @@ BAR_STYLES = (
 """One style for each part a memory bar can stack (``estimates.memory.MEMORY_STACK``), so none is left out."""
 
 
-def _bar(terms: list[Term], capacity: float):
-    """One stacked bar: each part's share of the GPU's memory, '│' at capacity, red past it."""
+OVER_TEXT = " {:.0f} % of capacity: does not fit"
+
+
+def _bar(terms: list[Term], capacity: float, cells_wide: int = BAR_WIDTH):
+    """One stacked bar ``cells_wide`` characters long: each part's share of the GPU's memory, '│' at capacity,
+    red past it."""
     from rich.text import Text
 
-    scale = BAR_WIDTH / capacity
+    scale = cells_wide / capacity
     bar = Text()
     used = 0.0
     for term, style in zip(terms, BAR_STYLES, strict=False):
         start, used = used, used + term.value * scale
-        cells = min(round(used), BAR_WIDTH) - min(round(start), BAR_WIDTH)  # the bar stops at capacity
+        cells = min(round(used), cells_wide) - min(round(start), cells_wide)  # the bar stops at capacity
         bar.append("█" * cells, style=style)
     if sum(term.value for term in terms) <= capacity:  # the bytes decide, not the rounded cells
-        bar.append("·" * (BAR_WIDTH - min(round(used), BAR_WIDTH)), style="dim")
+        bar.append("·" * (cells_wide - min(round(used), cells_wide)), style="dim")
         bar.append("│", style="bold")
     else:
-        bar.append(f" {100 * used / BAR_WIDTH:.0f} % of capacity: does not fit", style="bold red")
+        bar.append(OVER_TEXT.format(100 * used / cells_wide), style="bold red")
     return bar
 
 
-def _legend(terms: list[Term]):
+def _legend(terms: list[Term], width: int) -> list:
+    """The parts' colours and names, as lines of at most ``width`` characters, each part whole on one line."""
     from rich.text import Text
 
-    legend = Text()
+    lines = [Text()]
     for term, style in zip(terms, BAR_STYLES, strict=False):
-        legend.append("█ ", style=style)
-        legend.append(f"{term.label}  ")
-    return legend
+        item = f"{term.label}  "
+        if lines[-1].plain and len(lines[-1].plain) + 2 + len(item.rstrip()) > width:
+            lines.append(Text())
+        lines[-1].append("█ ", style=style)
+        lines[-1].append(item)
+    return lines
 
 
 def print_bars(result: Result, console) -> None:
@@ -111,18 +171,22 @@ def print_bars(result: Result, console) -> None:
     width = max(len(label) for label, _, _ in rows)
     console.print()
     for label, terms, capacity in rows:
-        console.print(Text.assemble(f"{label:<{width}} ", _bar(terms, capacity)))
-    console.print(_legend(rows[0][1]))
+        cells_wide = max(20, min(BAR_WIDTH, console.width - width - 1 - len(OVER_TEXT.format(1000))))
+        console.print(Text.assemble(f"{label:<{width}} ", _bar(terms, capacity, cells_wide)))
+    for line in _legend(rows[0][1], console.width):
+        console.print(line)
 
 
 def print_table(result: Result, file: TextIO | None = None) -> None:
     console = _console(file)
     console.print(result.title, style="bold")
+    for line in result.headline:
+        console.print(line, style="bold")
     if result.inputs:
         console.print(_inputs_table(result))
         console.print()
     if result.layout == "grid":
-        console.print(_grid_table(result))
+        print_grid(result, console)
     else:
         for section in result.sections:
             console.print(_section_table(section.title, section.terms))
@@ -150,6 +214,8 @@ def print_explain(result: Result, file: TextIO | None = None) -> None:
     from rich.text import Text
 
     console.print(f"{result.title} — derivation", style="bold")
+    for line in result.headline:
+        console.print(line, style="bold")
     console.print()
     if result.inputs:
         console.print("Inputs", style="bold")
@@ -172,8 +238,18 @@ def print_explain(result: Result, file: TextIO | None = None) -> None:
             console.print(f"• {note}", style="italic")
 
 
-def render(result: Result, *, as_json: bool = False, explain: bool = False, file: TextIO | None = None) -> None:
-    if as_json:
+def print_brief(result: Result, file: TextIO | None = None) -> None:
+    """The answer alone: the headline's lines (the title when a result has none)."""
+    for line in result.headline or (result.title,):
+        print(line, file=file)
+
+
+def render(
+    result: Result, *, as_json: bool = False, explain: bool = False, brief: bool = False, file: TextIO | None = None
+) -> None:
+    if brief:
+        print_brief(result, file)
+    elif as_json:
         print(to_json(result), file=file)
     elif explain:
         print_explain(result, file)

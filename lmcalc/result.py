@@ -94,6 +94,7 @@ class Result:
     layout: str = "sections"  # "grid": one row per section, one column per term (comparisons)
     stack: tuple[str, ...] = ()  # term keys drawn as one stacked bar against ``capacity`` (memory)
     capacity: str = ""
+    headline: tuple[str, ...] = ()  # the answer, first: what the table prints above its inputs and --brief alone
 
     def term(self, key: str) -> Term:
         """The term named ``key`` in any section (``section.key`` for a specific one)."""
@@ -124,6 +125,7 @@ class Result:
         return {
             "command": self.command,
             "title": self.title,
+            "headline": list(self.headline),
             "inputs": {i.key: i.as_json() for i in self.inputs},
             "results": {s.key: {t.key: t.as_json() for t in s.terms} for s in self.sections},
             "section_titles": {s.key: s.title for s in self.sections},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable
 
 from lmcalc.errors import LmcalcError
 
@@ -147,6 +148,8 @@ def format_quantity(value: float, unit: str, compact: bool = False) -> str:
         exact_below = 1e4 if unit in ("params", "param") else 1e7
         text = group(value) if abs(value) < exact_below else si(value, 4)
         return f"{text} {unit}"
+    if unit == "GPU-hours" and abs(value) >= 100:
+        return f"{value:,.0f} {unit}"
     if unit == "USD":
         return f"${value:,.0f}"
     if unit == "Wh":
@@ -165,3 +168,34 @@ def format_quantity(value: float, unit: str, compact: bool = False) -> str:
     if unit == "%":
         return f"{value:.3g} %"
     return f"{value:,.4g} {unit}"
+
+
+PREFIXES = (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
+RATE_PREFIXES = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9))
+
+
+def column_format(unit: str, values: Iterable[float]) -> tuple[str, Callable[[float], str]]:
+    """How a table's column of ``values`` in ``unit`` is printed: the unit its header names once (``GB``,
+    ``B params``, ``K tokens/s``) and each cell's number without it, on one scale so the rows compare at a
+    glance. A cell that is not available (NaN) reads ``n/a``."""
+    top = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+
+    def scaled(name: str, scale: float, spec: str) -> tuple[str, Callable[[float], str]]:
+        return name, lambda v: "n/a" if math.isnan(v) else format(v / scale, spec)
+
+    if unit == "bytes":
+        name, scale = next(((n, s) for n, s in (("GB", GB), ("MB", 1e6)) if top >= s), ("bytes", 1.0))
+        return scaled(name, scale, ",.2f" if scale > 1 else ",.6g")
+    if unit == "FLOP/s":
+        prefix, scale = next(((p, s) for p, s in RATE_PREFIXES if top >= s), ("", 1.0))
+        return scaled(f"{prefix}FLOP/s", scale, ",.4g")
+    if unit == "FLOPs":
+        return unit, lambda v: "n/a" if math.isnan(v) else sci(v)
+    if unit in ("params", "tokens", "tokens/s", "tokens/s/GPU", "GPUs", "sequences") and top >= 1e4:
+        prefix, scale = next((p, s) for p, s in PREFIXES if top >= s)
+        return scaled(f"{prefix} {unit}", scale, ",.4g")
+    if unit == "%":
+        return scaled(unit, 1.0, ".3g")
+    if unit in ("", "ratio"):
+        return scaled("", 1.0, ".4g")
+    return scaled(unit, 1.0, ",.4g")

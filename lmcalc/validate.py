@@ -244,7 +244,10 @@ def validate_result(
     not_run = [f"{sec.title}: not run, {sec.term('pytorch').note}" for sec in sections if sec.term("pytorch").note]
     verdict = "FAILED: " + "; ".join(failed) if failed else "every check that ran passed"
     notes = [verdict, *not_run, f"torch {torch.__version__}"]
-    return Result("validate", f"{spec.label}: lmcalc vs PyTorch", inputs, tuple(sections), tuple(notes), layout="grid")
+    title = f"{spec.label}: lmcalc vs PyTorch"
+    return Result(
+        "validate", title, inputs, tuple(sections), tuple(notes), layout="grid", headline=(f"{title}: {verdict}",)
+    )
 
 
 def _peak_memory_rows(spec: ModelSpec, seq_len: int, micro_batch: int, recompute: str) -> list[Section]:

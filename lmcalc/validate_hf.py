@@ -271,7 +271,8 @@ def transformers_check(
     failed = [section.title for section in sections if section.term("error").ok is False]
     verdict = "FAILED: " + "; ".join(failed) if failed else "both checks passed"
     notes = (verdict, f"transformers {transformers.__version__}, torch {torch.__version__}")
-    return Result("validate", f"{spec.label}: lmcalc vs transformers", inputs, sections, notes, layout="grid")
+    title = f"{spec.label}: lmcalc vs transformers"
+    return Result("validate", title, inputs, sections, notes, layout="grid", headline=(f"{title}: {verdict}",))
 
 
 def config_json(model: str) -> tuple[Path, str | None]:

@@ -33,9 +33,14 @@ bench_app = typer.Typer(
 )
 
 
-def emit(shown: Estimate | Result, as_json: bool = False, explain: bool = False) -> None:
-    """Render an estimate (its report) or a result: a table, ``--json`` or ``--explain``."""
-    render(shown.report if isinstance(shown, Estimate) else shown, as_json=as_json, explain=explain)
+def emit(shown: Estimate | Result, as_json: bool = False, explain: bool = False, brief: bool = False) -> None:
+    """Render an estimate (its report) or a result: a table, ``--json``, ``--explain`` or ``--brief``."""
+    if brief and (as_json or explain):
+        raise LmcalcError(
+            f"--brief prints the headline alone; give it without {'--json' if as_json else '--explain'} "
+            '(the JSON carries the headline too, under "headline")'
+        )
+    render(shown.report if isinstance(shown, Estimate) else shown, as_json=as_json, explain=explain, brief=brief)
 
 
 def _version(value: bool) -> None:

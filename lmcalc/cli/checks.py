@@ -8,17 +8,17 @@ from typing import Annotated
 import typer
 
 from lmcalc.cli.app import emit
-from lmcalc.cli.options import VALIDATE_AGAINST, AgainstOpt, ExplainOpt, JsonOpt, ModelOpt, alternatives
+from lmcalc.cli.options import VALIDATE_AGAINST, AgainstOpt, BriefOpt, ExplainOpt, JsonOpt, ModelOpt, alternatives
 from lmcalc.engine.choices import RECOMPUTE_MODES
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import choice
 
 
-def params(model: ModelOpt, as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
+def params(model: ModelOpt, as_json: JsonOpt = False, explain: ExplainOpt = False, brief: BriefOpt = False) -> None:
     """The exact parameter count, tensor group by tensor group."""
     from lmcalc.estimates import counts as estimates
 
-    emit(estimates.params(model=model), as_json, explain)
+    emit(estimates.params(model=model), as_json, explain, brief)
 
 
 def tensor(
@@ -26,11 +26,12 @@ def tensor(
     dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16, fp8, int8, int4, ...")] = "fp32",
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Bytes of one tensor: elements × bytes per element."""
     from lmcalc.estimates import counts as estimates
 
-    emit(estimates.tensor(shape=shape, dtype=dtype), as_json, explain)
+    emit(estimates.tensor(shape=shape, dtype=dtype), as_json, explain, brief)
 
 
 def dtypes(as_json: JsonOpt = False, explain: ExplainOpt = False) -> None:
@@ -55,6 +56,7 @@ def validate(
     against: AgainstOpt = "pytorch",
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Check lmcalc's counts against PyTorch's reference model or (--against transformers) transformers' model."""
     from lmcalc.validate import passed, validate
@@ -66,6 +68,6 @@ def validate(
         result = validate_against_transformers(model=model, seq=seq, micro_batch=micro_batch)
     else:
         result = validate(model=model, seq=seq, micro_batch=micro_batch, recompute=recompute)
-    emit(result, as_json, explain)
+    emit(result, as_json, explain, brief)
     if not passed(result):
         raise typer.Exit(1)

@@ -32,6 +32,7 @@ def alternatives(options: tuple[object, ...], meanings: Mapping[object, str] | N
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Print the derivation: formula, numbers, sources.")]
+BriefOpt = Annotated[bool, typer.Option("--brief", help="Print only the answer: the headline's lines.")]
 ModelOpt = Annotated[
     str,
     typer.Option(

@@ -18,6 +18,7 @@ from lmcalc.cli.options import (
     SPLIT_OPTIONS,
     TRAINING_OPTIONS,
     AttentionOpt,
+    BriefOpt,
     ExplainOpt,
     JsonOpt,
     ModelOpt,
@@ -90,6 +91,7 @@ def train_time(
     energy: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Days and GPU-hours to train (or fine-tune) a model on a cluster, or GPUs needed to meet a deadline."""
     from lmcalc.estimates import time as estimates
@@ -113,7 +115,7 @@ def train_time(
         **method,
         **energy,
     )
-    emit(estimate, as_json, explain)
+    emit(estimate, as_json, explain, brief)
 
 
 @with_options(METHOD_OPTIONS, at="method")
@@ -133,6 +135,7 @@ def max_params(
     method: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """The largest model whose training state fits the GPUs, for plain data parallelism and ZeRO-1/2/3."""
     from lmcalc.estimates import limits as estimates
@@ -151,7 +154,7 @@ def max_params(
         like=like,
         **method,
     )
-    emit(estimate, as_json, explain)
+    emit(estimate, as_json, explain, brief)
 
 
 def flops(
@@ -167,6 +170,7 @@ def flops(
     recompute: RecomputeOpt = DEFAULT_RECOMPUTE,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Training FLOPs: 6·N·D, the detailed matmul count (causal or full attention), and PaLM's convention."""
     from lmcalc.estimates import counts as estimates
@@ -175,11 +179,12 @@ def flops(
         estimates.flops(model=model, tokens=tokens, seq=seq, attn_flops=attn_flops, recompute=recompute),
         as_json,
         explain,
+        brief,
     )
 
 
 SERVING_ONLY = ("batch", "context", "weights_dtype", "kv_dtype", "quant_group")
-MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference", "as_json", "explain")
+MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference", "as_json", "explain", "brief")
 """Flags serving takes as well as training (``overhead`` defaults to the serving allowance, ``DEFAULT_OVERHEAD``)."""
 
 
@@ -225,6 +230,7 @@ def memory(
     ] = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout
     (or, with --inference, of serving: weights and KV cache)."""
@@ -258,7 +264,7 @@ def memory(
             quant_group=quant_group,
             overhead=DEFAULT_OVERHEAD if training["overhead"] is None else training["overhead"],
         )
-        emit_with_plot(served.report, as_json, explain, plot, force)
+        emit_with_plot(served.report, as_json, explain, brief, plot, force)
         return
     if stages and sweep is not None:
         raise LmcalcError("give --sweep or --stages, not both: each draws its own rows")
@@ -266,17 +272,17 @@ def memory(
         shown: Estimate = estimates.memory(model=model, gpus=gpus, stages=stages, **training, **layout)
     else:
         shown = estimates.memory_sweep(sweep=sweep, model=model, gpus=gpus, **training, **layout)
-    emit_with_plot(shown.report, as_json, explain, plot, force)
+    emit_with_plot(shown.report, as_json, explain, brief, plot, force)
 
 
-def emit_with_plot(result: Result, as_json: bool, explain: bool, plot: str | None, force: bool) -> None:
+def emit_with_plot(result: Result, as_json: bool, explain: bool, brief: bool, plot: str | None, force: bool) -> None:
     """Render a memory result; with --plot, also draw its bars to a file and say where."""
     if plot:
         from lmcalc import plots
 
         written = plots.plot_memory(result, plot, force)
         result = replace(result, notes=(*result.notes, f"plot written to {written}"))
-    emit(result, as_json, explain)
+    emit(result, as_json, explain, brief)
 
 
 @with_options(LAYOUT_OPTIONS, at="layout")
@@ -288,12 +294,13 @@ def fit(
     layout: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit, and what binds each."""
     from lmcalc.estimates import limits as estimates
 
     assert training is not None and layout is not None  # filled in by with_options
-    emit(estimates.fit(model=model, gpus=gpus, **training, **layout), as_json, explain)
+    emit(estimates.fit(model=model, gpus=gpus, **training, **layout), as_json, explain, brief)
 
 
 @with_options(METHOD_OPTIONS, at="method")
@@ -375,6 +382,7 @@ def plan(
     overhead: OverheadOpt = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question)."""
     from lmcalc.estimates import plan as estimates
@@ -420,7 +428,7 @@ def plan(
         if not explain:
             shown = replace(shown, sections=shown.sections[:top_n])
         shown = replace(shown, notes=(*shown.notes, f"plot written to {written}"))
-    emit(shown, as_json, explain)
+    emit(shown, as_json, explain, brief)
 
 
 def optimal(
@@ -438,6 +446,7 @@ def optimal(
     price: Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour.")] = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Compute-optimal parameters and tokens (Hoffmann et al. 2022) for a FLOP budget or a cluster and deadline."""
     from lmcalc.estimates import time as estimates
@@ -452,4 +461,4 @@ def optimal(
         precision=precision if given else None,
         price_per_gpu_hour=price,
     )
-    emit(estimate, as_json, explain)
+    emit(estimate, as_json, explain, brief)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lmcalc.engine import flops as fl
 from lmcalc.engine.choices import ATTN_CONVENTIONS, RECOMPUTE_MODES, AttnConvention, Recompute
@@ -25,7 +25,7 @@ from lmcalc.estimates.inputs import (
 from lmcalc.presets import Resolved
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
-from lmcalc.units import GB, GiB, group, parse_shape
+from lmcalc.units import GB, GiB, format_quantity, group, parse_shape
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,8 @@ def params_estimate(resolved: Resolved) -> ParamsEstimate:
         (params_section(spec),),
         model_notes(spec, resolved.note),
     )
+    total = report.term("params.total")
+    report = replace(report, headline=(f"{spec.label}: {group(total.value)} parameters ({total.text})",))
     return ParamsEstimate(report, spec, count_params(spec))
 
 
@@ -158,8 +160,19 @@ def flops_estimate(
         Input("recompute", "Activation recomputation", recompute, origin=flag("recompute")),
     )
     notes = (*model_notes(model, note), *context_note(model, seq))
+    headline = (
+        f"{model.label} on {format_quantity(tokens.value, 'tokens')}: {napkin.term('total').text} by 6·N·D; "
+        f"{detailed.term('model_flops').text} counted matmul by matmul ({convention} attention, s = {seq:,})",
+    )
     report = checked(
-        Result("flops", f"Training FLOPs of {model.label}", inputs, (napkin, detailed, palm, compare), notes)
+        Result(
+            "flops",
+            f"Training FLOPs of {model.label}",
+            inputs,
+            (napkin, detailed, palm, compare),
+            notes,
+            headline=headline,
+        )
     )
     step = fl.step_flops(model, seq, recompute, convention)
     return FlopsEstimate(report, model, tokens.value, seq, step)
@@ -201,6 +214,7 @@ def tensor(*, shape: str | tuple[int, ...], dtype: str = "fp32") -> TensorEstima
                 ),
             ),
         ),
+        headline=(f"A {' × '.join(map(str, dims))} {dtype} tensor: {format_quantity(total, 'bytes')}",),
     )
     return TensorEstimate(report, dims, dtype)
 

@@ -65,8 +65,10 @@ def _candidates(w: Workload, layout: Layout, cluster: Cluster) -> Iterator[tuple
 
 def _more_gpus(w: Workload, layout: Layout, capacity: float) -> tuple[str, float] | None:
     """The fewest GPUs (DP doubled, TP, PP and CP kept) that fit under ZeRO-3 with full recomputation (more GPUs
-    shard the states, not one sequence's activations), and what they need."""
+    shard the states, not one sequence's activations), and what they need; None when the GPUs at hand do."""
     dp, full = layout.dp, replace(w, recompute="full")
+    if most_loaded_gpu(full, replace(layout, zero=3)).total <= capacity:
+        return None
     while dp * layout.tp * layout.pp * layout.cp < MOST_GPUS:
         dp *= 2
         more = replace(layout, dp=dp, zero=3)
@@ -76,8 +78,14 @@ def _more_gpus(w: Workload, layout: Layout, capacity: float) -> tuple[str, float
     return None
 
 
+def lever_order(flags: str, total: float, capacity: float) -> tuple[bool, bool, bool, int, float]:
+    """How the levers are listed: those that fit first; of them, the ones that keep the job (not a fine-tuning
+    method instead) and the GPUs at hand; then the fewest flags changed; then the least memory."""
+    return total > capacity, "--method" in flags, "GPUs with" in flags, flags.count("--"), total
+
+
 def levers_section(w: Workload, layout: Layout, cluster: Cluster, capacity: float) -> Section:
-    """Each lever alone, at micro-batch 1, with the memory it gives: the fitting ones first, least memory first."""
+    """Each lever alone, at micro-batch 1, with the memory it gives, in ``lever_order``."""
     w = replace(w, micro_batch=1)
     tried: list[tuple[str, float]] = []
     for flags, changed_w, changed_layout in _candidates(w, layout, cluster):
@@ -99,6 +107,6 @@ def levers_section(w: Workload, layout: Layout, cluster: Cluster, capacity: floa
             "bytes",
             "fits" if total <= capacity else f"does not fit: over by {(total - capacity) / 1e9:,.1f} GB",
         )
-        for i, (flags, total) in enumerate(sorted(tried, key=lambda t: (t[1] > capacity, t[1])), start=1)
+        for i, (flags, total) in enumerate(sorted(tried, key=lambda t: lever_order(t[0], t[1], capacity)), start=1)
     )
     return Section("levers", "What would make it fit (from the layout above, at micro-batch 1; memory per GPU)", terms)

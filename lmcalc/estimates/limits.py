@@ -43,7 +43,7 @@ from lmcalc.estimates.training import (
     training_setup,
 )
 from lmcalc.result import Estimate, Input, Result, Section, Term
-from lmcalc.units import GB, GiB, group
+from lmcalc.units import GB, GiB, format_quantity, group
 
 if TYPE_CHECKING:  # the solvers are imported when a search is asked for, not at start-up
     from lmcalc.engine import fit as fit_engine
@@ -170,9 +170,36 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         "each line changes one setting and keeps the others; the fewest GPUs keeps TP, PP and CP and grows DP",
     )
     report = checked(
-        Result("fit", f"What fits on {cluster.hardware.name}: {model.label}", inputs, tuple(sections), notes)
+        Result(
+            "fit",
+            f"What fits on {cluster.hardware.name}: {model.label}",
+            inputs,
+            tuple(sections),
+            notes,
+            headline=fit_headline(
+                f"{model.label}, {layout.code} on {cluster.hardware.name}", w, found_limits, sections
+            ),
+        )
     )
     return FitEstimate(report, w, layout, *found_limits)
+
+
+def fit_headline(
+    what: str, w: Workload, limits: tuple[fit_engine.Limit, ...], sections: list[Section]
+) -> tuple[str, ...]:
+    """The limits in a line and what binds them; when not even one sequence fits, the lever that fits best."""
+    micro_batch, seq, dp = limits
+    terms = {(section.key, term.key): term for section in sections for term in section.terms}
+    if micro_batch.value is None:
+        best = terms.get(("levers", "lever1"))
+        lever = f"; the best lever: {best.label} ({best.formatted(compact=True)}, {best.formula})" if best else ""
+        return (f"{what}: one sequence of {w.seq_len:,} tokens does NOT fit ({micro_batch.binding}){lever}",)
+    fewest = f"{terms['dp', 'gpus'].text} at the fewest" if ("dp", "gpus") in terms else "no GPU count fits"
+    return (
+        f"{what}: micro-batch up to {micro_batch.value} at {w.seq_len:,} tokens, sequence up to "
+        f"{seq.value:,} tokens, {fewest}",
+        f"binding: {micro_batch.binding} (micro-batch); {dp.binding} (GPUs)",
+    )
 
 
 CHECKPOINTING = "Chen et al. 2016 (gradient checkpointing); Korthikanti et al. 2022 §4.2.3"
@@ -331,8 +358,24 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         f"memory {how_counted(w.framework)}; each shape checked with the figure lmcalc memory gives for "
         f"--gpus {cluster.label} --zero N",
     )
+    largest = max(rows, key=lambda row: row.with_activations)
+    others = [row for row in rows if row.with_activations != largest.with_activations]
+    headline = (
+        f"On {cluster.label}: up to {format_quantity(largest.with_activations, 'params')} with {largest.label}, "
+        f"the whole memory counted at {w.seq_len:,} tokens × micro-batch {w.micro_batch}",
+        *(
+            ["; ".join(f"{row.label}: {format_quantity(row.with_activations, 'params')}" for row in others)]
+            * bool(others)
+        ),
+    )
     report = Result(
-        "max-params", f"Largest trainable model on {cluster.label}", inputs, tuple(sections), notes, layout="grid"
+        "max-params",
+        f"Largest trainable model on {cluster.label}",
+        inputs,
+        tuple(sections),
+        notes,
+        layout="grid",
+        headline=headline,
     )
     return MaxParamsEstimate(report, tuple(rows))
 

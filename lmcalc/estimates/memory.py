@@ -47,7 +47,7 @@ from lmcalc.estimates.training import (
     training_setup,
 )
 from lmcalc.result import Estimate, Input, Result, Section
-from lmcalc.specs import Cluster, ModelSpec
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import GB
 
 
@@ -145,6 +145,7 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
             tuple(notes),
             stack=MEMORY_STACK,
             capacity="total.capacity",
+            headline=(f"{model.label}, {layout.code} on {cluster.label}: {verdict(gpu, capacity.bytes)}",),
         )
     )
     estimate = MemoryEstimate(single, w, layout, cluster, gpu)
@@ -189,9 +190,25 @@ def memory_stages(single: MemoryEstimate) -> MemoryEstimate:
             layout="grid",
             stack=tuple(k.rpartition(".")[2] for k in STAGE_PARTS),
             capacity="capacity",
+            headline=(
+                f"{single.workload.model.label}, {layout.code} on {single.cluster.label}, the most loaded stage "
+                f"({heaviest + 1} of {layout.pp}): {verdict(gpus[heaviest], capacity.bytes)}",
+                *([spread] if layout.pp > 1 else []),
+            ),
         )
     )
     return replace(single, report=report, stages=gpus)
+
+
+def verdict(gpu: GpuMemory, capacity: float) -> str:
+    """The memory's answer in a line: fits (with the headroom), tight or does NOT fit, and the largest part."""
+    part, size = gpu.binding
+    used = f"{gpu.total / GB:,.1f} GB of {capacity / GB:,.1f} GB per GPU"
+    largest = f"the largest part is {part} ({size / GB:,.1f} GB)"
+    return {
+        "fits": f"fits, {used} ({(capacity - gpu.total) / GB:,.1f} GB free); {largest}",
+        "tight": f"tight, {used} with the allocator's fragmentation; {largest}",
+    }.get(gpu.verdict(capacity), f"does NOT fit, {used}; {largest}")
 
 
 def verdict_note(w: Workload, layout: Layout, gpu: GpuMemory, capacity: float) -> str:
@@ -268,8 +285,23 @@ def memory_sweep(
         layout="grid",
         stack=tuple(k.rpartition(".")[2] for k in STAGE_PARTS),
         capacity="capacity",
+        headline=(sweep_headline(first.headline[0].partition(":")[0], sections),),
     )
     return MemorySweepEstimate(report, tuple(rows))
+
+
+def sweep_headline(what: str, rows: list[Section]) -> str:
+    """Which of a sweep's rows fit, and the least memory among those that do not."""
+    fit = [row.title for row in rows if row.term("total").value <= row.term("capacity").value]
+    over = [row for row in rows if row.title not in fit]
+    if not over:
+        return f"{what}: fits at {', '.join(fit)}"
+    least = min(over, key=lambda row: row.term("total").value)
+    missing = f"{least.term('total').formatted(compact=True)} of {least.term('capacity').formatted(compact=True)}"
+    return (
+        f"{what}: fits at {', '.join(fit) or 'none of them'}; not at {', '.join(row.title for row in over)} "
+        f"({least.title} needs {missing} per GPU)"
+    )
 
 
 def _sweep_count(name: str, value: str) -> int:
@@ -291,24 +323,26 @@ def _sweep(text: str) -> tuple[str, list[str]]:
     return name, items
 
 
-def _serving_tp(
-    spec: ModelSpec, cluster: Cluster, weights_dtype: str, quant_group: int | None, overhead: float, capacity: float
-) -> int:
-    """1 when the weights (and the overhead allowance) fit one GPU; else the smallest power-of-two split of the
-    cluster's GPUs that serving can take (``check_tp_heads`` with replicated KV heads) and that they fit; else 1,
-    so that the one-GPU error says by how much they miss."""
-    weights = inf.weights_bytes(spec, weights_dtype) + inf.quant_scale_bytes(spec, weights_dtype, quant_group)
-    tp = 1
-    while tp <= cluster.count:
+def _serving_tp(serving: inf.Serving, cluster: Cluster, capacity: float) -> int:
+    """1 when ``serving`` (weights, KV cache and the allowance) fits one GPU; else the smallest power-of-two split
+    of the cluster's GPUs that serving can take (``check_tp_heads`` with replicated KV heads) and that it fits;
+    else the smallest the weights fit, so that the table says how far the cache misses; else the largest split,
+    so that the error says by how much the weights miss even then."""
+    weights_fit = largest = None
+    for tp in (2**k for k in range(cluster.count.bit_length()) if 2**k <= cluster.count):
         try:
-            check_tp_heads(spec, tp, replicate_kv=True)
+            check_tp_heads(serving.model, tp, replicate_kv=True)
         except LmcalcError:
-            tp *= 2
             continue
-        if weights / tp + overhead <= capacity:
+        largest = tp
+        try:
+            held = inf.inference_memory(replace(serving, tp=tp), capacity)
+        except LmcalcError:  # the weights alone do not fit
+            continue
+        if held.total_per_gpu <= capacity:
             return tp
-        tp *= 2
-    return 1
+        weights_fit = weights_fit or tp
+    return weights_fit or largest or 1
 
 
 @dataclass(frozen=True)
@@ -350,10 +384,9 @@ def inference(
     capacity = Capacity.of(hardware)
     overhead_bytes = nbytes(overhead, "overhead")
     chosen = tp is None
-    if tp is None:
-        tp = _serving_tp(spec, cluster, weights_dtype, quant_group, overhead_bytes, capacity.bytes)
-    positive_int(tp, "tp")
-    serving = inf.Serving(spec, int(context_in.value), batch, weights_dtype, kv_dtype, tp, quant_group, overhead_bytes)
+    serving = inf.Serving(spec, int(context_in.value), batch, weights_dtype, kv_dtype, 1, quant_group, overhead_bytes)
+    tp = _serving_tp(serving, cluster, capacity.bytes) if tp is None else positive_int(tp, "tp")
+    serving = replace(serving, tp=tp)
     if tp > cluster.count:
         raise LmcalcError(f"{setting('tp')} {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
     held = inf.inference_memory(serving, capacity.bytes)
@@ -365,7 +398,7 @@ def inference(
             "tp",
             "Tensor-parallel GPUs",
             tp,
-            origin=f"the fewest of {cluster.label} the weights fit" if chosen and tp > 1 else flag("tp"),
+            origin=f"the fewest of {cluster.label} it fits (else the weights)" if chosen and tp > 1 else flag("tp"),
         ),
         Input("batch", "Batch", batch, "sequences", flag("batch")),
         Input("context", "Context", serving.context, "tokens", context_in.origin),
@@ -391,4 +424,17 @@ def inference(
             capacity=inf_terms.INFERENCE_CAPACITY,
         )
     )
-    return InferenceEstimate(report, serving, held)
+    return InferenceEstimate(replace(report, headline=serving_headline(report, spec, hardware, tp)), serving, held)
+
+
+def serving_headline(report: Result, spec: ModelSpec, hardware: HardwareSpec, tp: int) -> tuple[str, ...]:
+    """Serving's answer: fits or not on each GPU, and the largest batch and the longest context that do."""
+    per_gpu = {term.key: term for term in next(s for s in report.sections if s.key == "per_gpu").terms}
+    total, capacity = per_gpu["total"], per_gpu["capacity"]
+    fits = "fits" if total.value <= capacity.value else "does NOT fit"
+    on = f"on {tp} × {hardware.name} (TP={tp})" if tp > 1 else f"on one {hardware.name}"
+    used = f"{total.formatted(compact=True)} of {capacity.formatted(compact=True)} per GPU"
+    weights, cache = (per_gpu[key].formatted(compact=True) for key in ("weights", "kv_cache"))
+    parts = f"weights {weights}, KV cache {cache}"
+    room = "; ".join(f"{per_gpu[key].label.lower()}: {per_gpu[key].text}" for key in ("max_batch", "max_context"))
+    return (f"{spec.label} {on}: {fits}, {used} ({parts})", room)

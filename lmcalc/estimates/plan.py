@@ -46,7 +46,7 @@ from lmcalc.estimates.training import (
     training_setup,
 )
 from lmcalc.result import Estimate, Input, Result, Section, Term
-from lmcalc.units import GB, group
+from lmcalc.units import GB, format_quantity, group
 
 
 class PlanSettings(SplitSettings, MethodSettings, total=False):
@@ -330,6 +330,13 @@ def plan_estimate(
         "(docs/formulas.md §8)"
     )
     best = f"best: {layout_text(winner)}"
+    first = {t.key: t.formatted(compact=True) for t in sections[0].terms}
+    headline = (
+        f"{model.label} on {cluster.label}: the best of {len(found.fitting):,} layouts that fit is "
+        f"{layout_code(winner)}",
+        f"{first['tokens_per_s_per_gpu']}, MFU {first['mfu']}, {first['step_time']} a step, {first['memory']} per "
+        f"GPU: {first['days']} for {format_quantity(train_tokens.value, 'tokens')}",
+    )
     ranked = Result(
         "plan",
         f"Layouts for {model.label} on {cluster.label}",
@@ -337,6 +344,7 @@ def plan_estimate(
         tuple(sections),
         (f"{best}; run 'lmcalc plan … --explain' for its derivation", f"layout code: {PLAN_CODE_KEY}", assumptions),
         layout="grid",
+        headline=headline,
     )
     derived = Result(
         "plan",
@@ -344,6 +352,7 @@ def plan_estimate(
         inputs,
         winner_sections(winner, Capacity.of(cluster.hardware), cluster.gpus_per_node),
         (best, assumptions),
+        headline=headline,
     )
     return PlanEstimate(checked(ranked), checked(derived), tuple(found.fitting), found.evaluated)
 

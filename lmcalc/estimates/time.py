@@ -299,7 +299,23 @@ def train_time_estimate(
     report = checked(
         Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
     )
-    return TrainTimeEstimate(report, run)
+    return TrainTimeEstimate(replace(report, headline=time_headline(report, model, hw, run)), run)
+
+
+def time_headline(report: Result, model: ModelSpec, hw: HardwareSpec, run: RunTime) -> tuple[str, ...]:
+    """The answer first: days on the cluster (or the GPUs a deadline needs), GPU-hours and cost; then energy."""
+    time = {term.key: term.text for term in next(s for s in report.sections if s.key == "time").terms}
+    spent = f"{time['days']} ({time['gpu_hours']}{', ' + time['cost'] if 'cost' in time else ''}) at MFU {run.mfu:g}"
+    if any(section.key == "deadline" for section in report.sections):
+        gpus, nodes = report.term("deadline.gpus"), report.term("deadline.nodes")
+        lines = [f"{gpus.text} ({nodes.text}) of {hw.label} train {model.label} in {spent}"]
+    else:
+        lines = [f"{model.label} on {run.gpus:,.0f} × {hw.label}: {spent}"]
+    if any(section.key == "energy" for section in report.sections):
+        lines.append(
+            f"energy {report.term('energy.facility_energy').text} at the meter, {report.term('energy.co2').text}"
+        )
+    return tuple(lines)
 
 
 @dataclass(frozen=True)
@@ -387,7 +403,20 @@ def optimal_estimate(
     )
     if cluster and mfu.assumed:
         notes += (f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu",)
-    report = checked(Result("optimal", "Compute-optimal model and data", tuple(inputs), (*budget, *sections), notes))
+    rule, fitted = (
+        {t.key: t.text for t in next(s for s in sections if s.key == key).terms}
+        for key in ("rule_of_thumb", "parametric_fit")
+    )
+    where = f" ({cluster.label}, {days:g} days at MFU {mfu.value:g})" if budget and cluster and days else ""
+    headline = (
+        f"For {sci(compute)} FLOPs{where}: {rule['params']} on {rule['tokens']} ({rule['tokens_per_param']} tokens per "
+        f"parameter); the fitted frontier: {fitted['params']} on {fitted['tokens']}",
+    )
+    report = checked(
+        Result(
+            "optimal", "Compute-optimal model and data", tuple(inputs), (*budget, *sections), notes, headline=headline
+        )
+    )
     return OptimalEstimate(
         report, compute, opt.rule_of_thumb(compute, how.tokens_per_param), opt.CHINCHILLA_FIT.frontier(compute)
     )

@@ -1,0 +1,160 @@
+"""The answer first (#18 items 2 and 3): every accounting command prints its headline right under its title, before
+the inputs; ``--brief`` prints only that; ``--json`` carries it; and the tables stay whole at 80 columns."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from lmcalc import api
+from lmcalc.cli import main
+from lmcalc.engine.layout import Layout
+from lmcalc.engine.pipeline import PipelineSplit
+from lmcalc.units import column_format
+
+COMMANDS = [
+    "train-time -m llama-2-7b --gpus 64xH100 --tokens 2T --price-per-gpu-hour 2",
+    "train-time -m llama-2-7b --gpu H100 --days 30 --tokens 2T",
+    "memory -m llama-2-7b --gpus 8xH100 --zero 3",
+    "memory -m llama-2-7b --gpus 8xH100 --pp 4 --stages",
+    "memory -m llama-2-7b --gpus 8xH100 --zero 3 --sweep seq=1k,4k,16k,64k",
+    "memory -m llama-3.1-70b --gpus 8xH100 --inference --context 32K --batch 8",
+    "fit -m llama-2-7b --gpus 8xH100 --zero 3",
+    "fit -m llama-2-7b --gpus 8xH100",
+    "plan -m llama-3-8b --gpus 64xH100 --top 3",
+    "max-params --gpus 8xH100",
+    "flops -m llama-2-7b",
+    "optimal --compute 1e24",
+    "params -m llama-2-7b",
+    "tensor 4096x4096 --dtype bf16",
+]
+
+
+def run(args: str, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args.split())
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c.split()[:2]))
+def test_the_headline_comes_first_and_brief_prints_it_alone(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one headline line a line of the terminal
+    code, out, _ = run(command + " --json", capsys)
+    headline = json.loads(out)["headline"]
+    assert code == 0 and headline and all(headline)
+    code, out, _ = run(command, capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[1 : 1 + len(headline)] == headline  # under the title, before the inputs table
+    assert "Inputs" not in "\n".join(lines[: 1 + len(headline)])
+    code, out, _ = run(command + " --brief", capsys)
+    assert code == 0 and out.splitlines() == headline
+
+
+@pytest.mark.parametrize("other", ["--json", "--explain"])
+def test_brief_with_json_or_explain_is_refused_in_one_line(other, capsys):
+    code, out, err = run(f"params -m llama-2-7b --brief {other}", capsys)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1 and f"without {other}" in err
+
+
+def test_train_time_headline_is_six_n_d_over_the_cluster_by_hand(capsys):
+    # Llama 2 7B (6,738,415,616 parameters, Touvron et al. 2023) on 2T tokens, 64 H100 SXM at 989.5 TFLOP/s dense
+    # bf16 (NVIDIA's spec sheet) and MFU 0.4: 6·N·D / (64 · 989.5e12 · 0.4) / 86,400 days
+    seconds = 6 * 6_738_415_616 * 2e12 / (64 * 989.5e12 * 0.4)
+    _, out, _ = run("train-time -m llama-2-7b --gpus 64xH100 --tokens 2T --price-per-gpu-hour 2 --brief", capsys)
+    gpu_hours = 64 * seconds / 3600
+    assert f"{seconds / 86_400:.2f} days" in out
+    assert f"{gpu_hours:,.0f} GPU-hours" in out and f"${2 * gpu_hours:,.0f}" in out
+    assert "t CO2e" in out.splitlines()[1]  # energy and emissions on the second line
+
+
+def test_memory_headline_says_fits_by_the_capacity_and_names_the_largest_part():
+    for zero, verdict in ((0, "does NOT fit"), (3, "fits")):
+        estimate = api.memory(model="llama-2-7b", gpus="8xH100", zero=zero)
+        line = estimate.report.headline[0]
+        assert (estimate.total <= 80e9) == (verdict == "fits") and f": {verdict}," in line
+        # the largest of the parts the table's total adds up, read from the report's terms
+        value = estimate.report.value
+        parts = {
+            "model states": value("total.states"),
+            "activations": value("total.activations"),
+            "framework buffers": value("total.framework_buffers"),
+            "transient peaks": value("total.transient"),
+        }
+        largest = max(parts, key=parts.__getitem__)
+        assert f"the largest part is {largest} ({parts[largest] / 1e9:,.1f} GB)" in line
+        assert f"{estimate.total / 1e9:,.1f} GB of 80.0 GB per GPU" in line
+
+
+def test_plan_headline_names_the_first_ranked_layout(capsys):
+    code, out, _ = run("plan -m llama-3-8b --gpus 64xH100 --top 1 --json", capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["section_titles"]["rank1"][3:] in doc["headline"][0]
+    fitting = int(doc["inputs"]["evaluated"]["origin"].split()[0])
+    assert f"the best of {fitting:,} layouts" in doc["headline"][0]
+
+
+def test_sweep_headline_lists_the_rows_that_fit(capsys):
+    sweep = api.memory_sweep(sweep="seq=1k,4k,16k,64k", model="llama-2-7b", gpus="8xH100", zero=3)
+    fit = [value for value, row in sweep.rows if row.fits]
+    over = [value for value, row in sweep.rows if not row.fits]
+    assert fit and over  # the case has both
+    line = sweep.report.headline[0]
+    assert f"fits at {', '.join('seq=' + v for v in fit)}; not at {', '.join('seq=' + v for v in over)}" in line
+
+
+def test_serving_takes_the_fewest_gpus_that_hold_weights_and_cache():
+    # Llama 3.1 70B, 8 sequences of 32K: the weights fit 2 H100s, weights and cache need 4
+    chosen = api.inference(model="llama-3.1-70b", gpus="8xH100", context="32K", batch=8)
+    assert chosen.serving.tp == 4 and chosen.memory.total_per_gpu <= 80e9
+    two = api.inference(model="llama-3.1-70b", gpus="8xH100", tp=2, context="32K", batch=8)
+    assert two.memory.total_per_gpu > 80e9 and two.memory.cache_budget > 0  # weights fit, the cache does not
+
+
+def test_layout_code_reads_as_the_issue_writes_it():
+    split = PipelineSplit(schedule="interleaved", virtual_stages=4)
+    layout = Layout(dp=64, tp=4, pp=16, cp=4, zero=2, sequence_parallel=True, split=split)
+    assert layout.code == "DP64 TP4 PP16 CP4 Z2 SP v4"
+    assert Layout(dp=8).code == "DP8"
+    uneven = PipelineSplit(first_stage_layers=6, last_stage_layers=5, embedding_in_split=True)
+    assert Layout(dp=2, pp=4, ep=2, split=uneven).code == "DP2 PP4 EP2 f6 l5 +emb"
+
+
+@pytest.mark.parametrize(
+    "unit,values,header,cells",
+    [
+        ("bytes", [56.92e9, 6.7e7], "GB", ["56.92", "0.07"]),
+        ("bytes", [67.11e6], "MB", ["67.11"]),
+        ("bytes", [7.5, 18], "bytes", ["7.5", "18"]),
+        ("params", [4.444e9, 35.56e9], "B params", ["4.444", "35.56"]),
+        ("tokens/s", [532_500.0, 507_000.0], "K tokens/s", ["532.5", "507"]),
+        ("%", [50.64], "%", ["50.6"]),
+        ("FLOP/s", [989.5e12], "TFLOP/s", ["989.5"]),
+        ("days", [326.04, float("nan")], "days", ["326", "n/a"]),
+    ],
+)
+def test_a_columns_unit_is_named_once_in_its_header(unit, values, header, cells):
+    named, number = column_format(unit, values)
+    assert named == header and [number(v) for v in values] == cells
+
+
+@pytest.mark.parametrize(
+    "command,headers",
+    [
+        ("plan -m llama-3.1-70b --gpus 64x8xH100 --top 5", ["tokens/s/GPU", "MFU", "memory/GPU", "days"]),
+        ("max-params --gpus 8xH100", ["Largest N (whole memory)", "B params"]),
+        ("memory -m llama-2-7b --gpus 8xH100 --sweep seq=1k,4k,16k,64k", ["Allocator fragmentation", "seq=64k"]),
+        ("memory -m llama-2-7b --gpus 8xH100 --pp 4 --stages", ["Micro-batches in flight", "stage 4"]),
+    ],
+)
+def test_tables_are_whole_at_80_columns(command, headers, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run(command, capsys)
+    table = [line for line in out.splitlines() if "│" in line or "┃" in line]
+    assert code == 0 and table and not any("…" in line for line in table)  # no header or figure cut
+    assert max(len(line) for line in out.splitlines()) <= 80
+    words = re.findall(r"\S+", out)
+    for header in headers:  # every word of each header whole, somewhere in the table
+        assert all(word in words for word in header.split()), header
