@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from lmcalc.cli.completion import complete_model, complete_optimizer, complete_precision
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES
 from lmcalc.engine.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
 from lmcalc.engine.method import METHODS
@@ -40,10 +41,19 @@ ModelOpt = Annotated[
         "-m",
         help="Model preset name, family name, YAML file, HF config.json (or its directory), or Hugging Face Hub "
         "id (org/name: the local cache first, then the Hub; needs lmcalc[hub]).",
+        autocompletion=complete_model,
     ),
 ]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="Precision recipe (lmcalc presets list precisions).")]
-OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer (lmcalc presets list optimizers).")]
+PrecisionOpt = Annotated[
+    str,
+    typer.Option(
+        "--precision", help="Precision recipe (lmcalc presets list precisions).", autocompletion=complete_precision
+    ),
+]
+OptimizerOpt = Annotated[
+    str,
+    typer.Option("--optimizer", help="Optimizer (lmcalc presets list optimizers).", autocompletion=complete_optimizer),
+]
 SeqOpt = Annotated[
     str | None,
     typer.Option(

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from lmcalc.cli.app import emit, flags_given
+from lmcalc.cli.completion import complete_gpus, complete_model
 from lmcalc.cli.options import (
     ENERGY_OPTIONS,
     FINETUNE_OPTIONS,
@@ -52,7 +53,9 @@ PEAK_MEANINGS = {"spec": "the dense spec-sheet peak", "measured": "lmcalc bench 
 @with_options(FINETUNE_OPTIONS, at="method")
 def train_time(
     model: ModelOpt,
-    gpus: Annotated[str | None, typer.Option("--gpus", help="Cluster: 1024xH100 or 128x8xH100.")] = None,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="Cluster: 1024xH100 or 128x8xH100.", autocompletion=complete_gpus)
+    ] = None,
     tokens: Annotated[
         str | None,
         typer.Option(
@@ -66,7 +69,10 @@ def train_time(
     precision: PrecisionOpt = DEFAULT_PRECISION,
     days: Annotated[float | None, typer.Option("--days", help="Solve for GPUs: finish within this many days.")] = None,
     gpu: Annotated[
-        str | None, typer.Option("--gpu", help="GPU type when solving for the GPU count with --days.")
+        str | None,
+        typer.Option(
+            "--gpu", help="GPU type when solving for the GPU count with --days.", autocompletion=complete_gpus
+        ),
     ] = None,
     flops_basis: Annotated[
         str, typer.Option("--flops-basis", help=f"{alternatives(FLOPS_BASES, FLOPS_BASIS_MEANINGS)}.")
@@ -120,7 +126,7 @@ def train_time(
 
 @with_options(METHOD_OPTIONS, at="method")
 def max_params(
-    gpus: Annotated[str, typer.Option("--gpus", help="Cluster: 8xH100, 2x8xA100-80GB.")],
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster: 8xH100, 2x8xA100-80GB.", autocompletion=complete_gpus)],
     optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
     precision: PrecisionOpt = DEFAULT_PRECISION,
     seq: Annotated[str, typer.Option("--seq", help="Sequence length for the activation column.")] = "4096",
@@ -130,7 +136,10 @@ def max_params(
     framework: TrainingFrameworkOpt = None,
     overhead: OverheadOpt = None,
     like: Annotated[
-        str, typer.Option("--like", help="Model whose proportions the activation column scales.")
+        str,
+        typer.Option(
+            "--like", help="Model whose proportions the activation column scales.", autocompletion=complete_model
+        ),
     ] = "llama-3.1-8b",
     method: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
@@ -193,7 +202,9 @@ MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference"
 def memory(
     ctx: typer.Context,
     model: ModelOpt,
-    gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 8xH100 or 64x8xH100.")] = "1xH100",
+    gpus: Annotated[
+        str, typer.Option("--gpus", help="Cluster, e.g. 8xH100 or 64x8xH100.", autocompletion=complete_gpus)
+    ] = "1xH100",
     training: dict[str, Any] | None = None,
     layout: dict[str, Any] | None = None,
     sweep: Annotated[
@@ -289,7 +300,9 @@ def emit_with_plot(result: Result, as_json: bool, explain: bool, brief: bool, pl
 @with_options(TRAINING_OPTIONS, at="training")
 def fit(
     model: ModelOpt,
-    gpus: Annotated[str, typer.Option("--gpus", help="Cluster whose GPU type (and layout) to fit on.")] = "8xH100",
+    gpus: Annotated[
+        str, typer.Option("--gpus", help="Cluster whose GPU type (and layout) to fit on.", autocompletion=complete_gpus)
+    ] = "8xH100",
     training: dict[str, Any] | None = None,
     layout: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
@@ -308,7 +321,7 @@ def fit(
 @with_options(PIN_OPTIONS, at="pins")
 def plan(
     model: ModelOpt,
-    gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 64x8xH100.")],
+    gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 64x8xH100.", autocompletion=complete_gpus)],
     seq: SeqOpt = None,
     global_batch: Annotated[
         str, typer.Option("--global-batch", help="Tokens per step (binary: 4M = 4,194,304).")
@@ -434,7 +447,10 @@ def plan(
 def optimal(
     ctx: typer.Context,
     compute: Annotated[str | None, typer.Option("--compute", help="Training budget in FLOPs, e.g. 1e24.")] = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", help="Or a cluster (with --days), e.g. 1024xH100.")] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option("--gpus", help="Or a cluster (with --days), e.g. 1024xH100.", autocompletion=complete_gpus),
+    ] = None,
     days: Annotated[float | None, typer.Option("--days", help="With --gpus: days of training.")] = None,
     mfu: Annotated[
         float | None, typer.Option("--mfu", help="With --gpus: model FLOPs utilisation (default 0.4).")
