@@ -11,16 +11,19 @@ from html import escape
 
 from lmcalc import __version__
 from lmcalc.render import term_lines
-from lmcalc.result import Result, Section
+from lmcalc.result import Input, Result, Section
 
 STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 70rem; color: #222; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2rem auto; padding: 0 1rem; max-width: 70rem; color: #222;
+  overflow-wrap: break-word; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; margin-top: 2.2rem; border-bottom: 1px solid #ccc; }
 h3 { font-size: 1rem; margin: 1.2rem 0 0.4rem; }
 table { border-collapse: collapse; margin: 0.4rem 0 1rem; }
 th, td { padding: 0.2rem 0.7rem; border-bottom: 1px solid #eee; text-align: left; vertical-align: top; }
 td.value { text-align: right; font-weight: 600; white-space: nowrap; }
 td.formula, .muted { color: #666; } ul.notes { color: #444; font-style: italic; }
+table.grid td.value, table.grid th { padding: 0.2rem 0.45rem; } table.grid th { text-align: right; }
+td.code { font-family: ui-monospace, monospace; font-size: 12.5px; min-width: 12rem; }
 details { margin: 0.3rem 0 1rem; } summary { cursor: pointer; color: #245; }
 .derivation { font-family: ui-monospace, monospace; font-size: 12.5px; white-space: pre-wrap; }
 figure { margin: 1rem 0; } figure svg { max-width: 100%; height: auto; }
@@ -39,15 +42,25 @@ def _section_table(section: Section) -> str:
 
 
 def _grid_table(result: Result) -> str:
-    """A comparison (e.g. ranked layouts): one row per section, one column per term."""
-    head = "".join(f"<th>{escape(t.label)}</th>" for t in result.sections[0].terms)
+    """A comparison (e.g. ranked layouts): one row per section, one column per term. A unit every row of a column
+    shares is named once, in its header, so that the table stays narrow (800 px holds the ranked layouts)."""
+    heads, columns = [], []
+    for j, first in enumerate(result.sections[0].terms):
+        texts = [section.terms[j].formatted(compact=True) for section in result.sections]
+        units = {text.partition(" ")[2] for text in texts}
+        (unit,) = units if len(units) == 1 else ("",)
+        if unit:
+            texts = [text.partition(" ")[0] for text in texts]
+        heads.append(first.label if unit in ("", first.label) else f"{first.label} ({unit})")
+        columns.append(texts)
+    head = "".join(f"<th>{escape(label)}</th>" for label in heads)
     rows = "".join(
-        f"<tr><td>{escape(s.title)}</td>"
-        + "".join(f"<td class='value'>{escape(t.formatted(compact=True))}</td>" for t in s.terms)
+        f"<tr><td class='code'>{escape(section.title)}</td>"
+        + "".join(f"<td class='value'>{escape(cells[i])}</td>" for cells in columns)
         + "</tr>"
-        for s in result.sections
+        for i, section in enumerate(result.sections)
     )
-    return f"<table><tr><th></th>{head}</tr>{rows}</table>"
+    return f"<table class='grid'><tr><th></th>{head}</tr>{rows}</table>"
 
 
 def _derivation(result: Result) -> str:
@@ -62,9 +75,16 @@ def _derivation(result: Result) -> str:
     )
 
 
+def _input_text(given: Input) -> str:
+    """An input as the page prints it: a bare fraction (an MFU the search predicts) to four figures, not seventeen."""
+    if isinstance(given.value, float) and not given.unit:
+        return f"{given.value:.4g}"
+    return given.text
+
+
 def _result_html(result: Result, picture: str) -> str:
     inputs = "".join(
-        f"<tr><td>{escape(i.label)}</td><td class='value'>{escape(i.text)}</td>"
+        f"<tr><td>{escape(i.label)}</td><td class='value'>{escape(_input_text(i))}</td>"
         f"<td class='muted'>{escape(i.origin)}</td></tr>"
         for i in result.inputs
     )

@@ -83,9 +83,11 @@ def plan_svg(result: Result) -> str:
 def _inline_svg(figure) -> str:
     import io
 
+    plt = _pyplot()
     buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
-    _pyplot().close(figure)
+    with plt.rc_context({"svg.fonttype": "none"}):  # text as text, not a path per glyph: a page a fraction the size
+        figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(figure)
     svg = buffer.getvalue()
     return svg[svg.index("<svg") :]  # inline: no XML prolog, no DOCTYPE
 
@@ -104,10 +106,10 @@ def memory_figure(result: Result):
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     capacity = rows[0][2] / GB
     axes.axhline(capacity, color="black", linestyle="--", linewidth=1)
-    axes.text(len(rows) - 0.5, capacity, f" GPU memory {capacity:.0f} GB", va="bottom", ha="right", fontsize=8)
+    axes.text(axes.get_xlim()[0], capacity, f" GPU memory {capacity:.0f} GB", va="bottom", ha="left", fontsize=8)
     axes.set_ylabel("GB per GPU (10⁹ bytes)")
     axes.set_title(plain(result.title), fontsize=10)
-    axes.legend(fontsize=7, loc="upper left")
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # beside the bars
     figure.tight_layout()
     return figure
 
@@ -118,19 +120,91 @@ def plot_plan(result: Result, path: str, force: bool = False) -> Path:
     return _save(plan_figure(result), target)
 
 
+PP_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">", "p", "d")
+"""One marker per pipeline degree (hollow ones after these, then they repeat)."""
+MERGE_FRACTION = 1 / 150
+"""Layouts of one (TP, PP) group closer than this share of both axes are drawn as one point (a marker is about that
+wide): the picture keeps its shape while a search of tens of thousands of layouts stays a small file."""
+MAX_POINTS = 3000
+"""The most points the picture draws: past it the merging cells double until it fits (about 110 bytes a point in
+SVG, so the picture stays under about 350 kB and the report's page under 1 MB)."""
+
+
 def plan_figure(result: Result):
+    """Memory per GPU against MFU, one colour per TP degree and one marker per PP degree, the best layout starred;
+    the legend beside the axes, never over a point."""
     ranked = [s for s in result.sections if s.key.startswith("rank")]
     if not ranked:
         raise LmcalcError("--plot draws plan results only")
     plt = _pyplot()
-    memory = [s.term("memory").value / GB for s in ranked]
-    mfu = [s.term("mfu").value for s in ranked]
-    figure, axes = plt.subplots(figsize=(6, 4.5))
-    axes.scatter(memory, mfu, s=12, color=COLOURS[0], alpha=0.6, label="layouts that fit")
-    axes.scatter(memory[:1], mfu[:1], s=60, color=COLOURS[2], label=plain(ranked[0].title[:60]))
+    from matplotlib.lines import Line2D
+
+    points = [(s.term("memory").value / GB, s.term("mfu").value, dict(s.details)) for s in ranked]
+    tps = sorted({d["tp"] for _, _, d in points})
+    pps = sorted({d["pp"] for _, _, d in points})
+    fraction = MERGE_FRACTION
+    kept = _merged(points, fraction)
+    while sum(map(len, kept.values())) > MAX_POINTS:
+        fraction *= 2
+        kept = _merged(points, fraction)
+    figure, axes = plt.subplots(figsize=(7.5, 4.5))
+    for (tp, pp), xy in sorted(kept.items()):
+        index = pps.index(pp)
+        colour = COLOURS[tps.index(tp) % len(COLOURS)]
+        hollow = (index // len(PP_MARKERS)) % 2 == 1
+        axes.plot(  # markers on a line drawn without its line: one marker defined, each point a <use> of it
+            [x for x, _ in xy],
+            [y for _, y in xy],
+            linestyle="",
+            marker=PP_MARKERS[index % len(PP_MARKERS)],
+            markersize=4,
+            markerfacecolor="none" if hollow else colour,
+            markeredgecolor=colour,
+            markeredgewidth=0.6,
+            gid=f"layouts-tp{tp}-pp{pp}",
+        )
+    best_memory, best_mfu, _ = points[0]
+    axes.scatter([best_memory], [best_mfu], s=160, marker="*", color="black", zorder=3, gid="best")
+    handles = [Line2D([], [], linestyle="", marker="o", color=COLOURS[i % len(COLOURS)], label=f"TP={tp}")
+               for i, tp in enumerate(tps)]  # fmt: skip
+    handles += [
+        Line2D([], [], linestyle="", marker=PP_MARKERS[i % len(PP_MARKERS)], color="#555555", label=f"PP={pp}",
+               fillstyle="none" if (i // len(PP_MARKERS)) % 2 else "full")
+        for i, pp in enumerate(pps)
+    ]  # fmt: skip
+    handles.append(Line2D([], [], linestyle="", marker="*", markersize=10, color="black", label="best: rank 1"))
+    drawn = sum(len(xy) for xy in kept.values())
+    axes.legend(
+        handles=handles,
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+        ncols=1 if len(handles) <= 18 else 2,
+        title=f"{len(points):,} layouts" + (f"\n({drawn:,} points drawn)" if drawn < len(points) else ""),
+        title_fontsize=7,
+    )
     axes.set_xlabel("memory of the most loaded GPU (GB)")
     axes.set_ylabel("predicted MFU (%)")
     axes.set_title(plain(result.title), fontsize=10)
-    axes.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
     return figure
+
+
+def _merged(
+    points: list[tuple[float, float, dict]], fraction: float
+) -> dict[tuple[int, int], list[tuple[float, float]]]:
+    """The points to draw, by (TP, PP): of those of one group that fall in one cell of a grid ``fraction`` of the
+    axes' span wide, the first (the fastest: the layouts come ranked)."""
+    xs, ys = [x for x, _, _ in points], [y for _, y, _ in points]
+    width = (max(xs) - min(xs)) * fraction or 1.0
+    height = (max(ys) - min(ys)) * fraction or 1.0
+    seen: set[tuple[int, int, int, int]] = set()
+    kept: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for x, y, details in points:
+        group = (details["tp"], details["pp"])
+        cell = (*group, round(x / width), round(y / height))
+        if cell not in seen:
+            seen.add(cell)
+            kept.setdefault(group, []).append((x, y))
+    return kept

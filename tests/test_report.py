@@ -37,10 +37,10 @@ def test_report_is_self_contained(report):
     # no network: nothing is loaded from anywhere (namespace strings inside the inline SVG are not loads)
     assert "<script" not in html and "<link" not in html and "@import" not in html
     assert not re.search(r"""(src|href)\s*=\s*["']?https?:""", html)
-    for title in ("Parameters of Llama 3 70B", "Training FLOPs", "Training time", "Training memory per GPU"):
+    for title in ("Summary", "Parameters of Llama 3 70B", "Training FLOPs", "Training time", "Training memory per GPU"):
         assert title in html
     assert "Layouts for Llama 3 70B" in html and "The best layout for Llama 3 70B" in html
-    assert html.count("<details>") == 6  # a derivation per result: 4 figures, the ranked layouts, the best one
+    assert html.count("<details>") == 7  # a derivation per result: the summary, 4 figures, the layouts, the best
     if importlib.util.find_spec("matplotlib"):
         assert html.count("<svg") == 2  # the memory bars and the ranked layouts
     else:
@@ -53,7 +53,7 @@ def test_report_ranks_the_layouts_plan_ranks(report, capsys):
     assert code == 0, err
     best = list(json.loads(out)["section_titles"].values())[:10]
     html = report.read_text()
-    shown = re.findall(r"<tr><td>(\d+\. DP=[^<]*)</td>", html)
+    shown = re.findall(r"<tr><td class='code'>(\d+\. DP[^<]*)</td>", html)
     assert shown == [escape(title) for title in best]
 
 
@@ -105,59 +105,3 @@ def test_report_renders_in_headless_chromium(report):
     subprocess.run([chromium, *flags, report.as_uri()], capture_output=True, timeout=120, check=False)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a rendered page, not a blank one
-
-
-def report_memory(args, tmp_path, capsys, monkeypatch):
-    """The memory section `lmcalc report ARGS` puts on its page, as the JSON document `memory --json` prints."""
-    import lmcalc.html_report
-    from lmcalc.result import json_safe
-
-    pages = []
-    render = lmcalc.html_report.render_report
-
-    def keep(title, results):
-        pages.append(results)
-        return render(title, results)
-
-    monkeypatch.setattr(lmcalc.html_report, "render_report", keep)
-    path = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.html"
-    code, _, err = run(["report", *args, "-o", str(path)], capsys)
-    assert code == 0, err
-    (results,) = pages
-    (memory,) = [result for result, _ in results if result.command == "memory"]
-    html = path.read_text()
-    assert all(escape(term.text) in html for section in memory.sections for term in section.terms)  # on the page
-    return json_safe(memory.as_json())
-
-
-def memory_json(args, capsys):
-    code, out, err = run(["memory", *args, "--json"], capsys)
-    assert code == 0, err
-    return json.loads(out)
-
-
-# The report recomputes selectively by default, memory does not (docs/commands): the memory commands below say so.
-LLAMA_8B = ["-m", "llama-3.1-8b", "--gpus", "8xH100"]
-
-
-def test_report_memory_is_that_of_the_layout_flags_given(tmp_path, capsys, monkeypatch):
-    # --tp 2 --pp 2 reaches the memory section: the page shows what `lmcalc memory` computes for the same layout
-    # (DP = 8 / (2 · 2) = 2), and not what it shows for the default layout
-    split = report_memory([*LLAMA_8B, "--tp", "2", "--pp", "2"], tmp_path, capsys, monkeypatch)
-    expected = memory_json([*LLAMA_8B, "--tp", "2", "--pp", "2", "--zero", "3", "--recompute", "selective"], capsys)
-    assert split == expected
-    assert split["inputs"]["layout"]["value"].startswith("DP=2, TP=2, PP=2,")
-    default = report_memory(LLAMA_8B, tmp_path, capsys, monkeypatch)
-    assert default["inputs"]["layout"]["value"].startswith("DP=8, TP=1, PP=1,")
-    assert default["results"] != split["results"]
-
-
-def test_report_shards_with_zero3_unless_told(tmp_path, capsys, monkeypatch):
-    # report's ZeRO default is 3 and memory's is 0 (docs/commands/report.md and memory.md): no --zero on the
-    # report is `memory --zero 3`, and `report --zero 0` is memory's own default
-    selective = ["--recompute", "selective"]
-    zero3 = memory_json([*LLAMA_8B, *selective, "--zero", "3"], capsys)
-    zero0 = memory_json([*LLAMA_8B, *selective], capsys)
-    assert zero3["results"] != zero0["results"]  # the two defaults are told apart
-    assert report_memory(LLAMA_8B, tmp_path, capsys, monkeypatch) == zero3
-    assert report_memory([*LLAMA_8B, "--zero", "0"], tmp_path, capsys, monkeypatch) == zero0

@@ -12,31 +12,33 @@ import typer
 from lmcalc.cli.app import error_message
 from lmcalc.cli.options import (
     ENERGY_OPTIONS,
-    LAYOUT_OPTIONS,
     METHOD_OPTIONS,
+    PIN_OPTIONS,
+    SPLIT_OPTIONS,
     ModelOpt,
     OptimizerOpt,
     PrecisionOpt,
-    RecomputeOpt,
     SeqOpt,
     TrainingFrameworkOpt,
-    with_defaults,
+    alternatives,
     with_options,
 )
+from lmcalc.engine.choices import RECOMPUTE_MODES
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_OPTIMIZER, DEFAULT_PRECISION
-from lmcalc.estimates.report import REPORT_ZERO
 from lmcalc.result import Result
 
 if TYPE_CHECKING:
     from lmcalc.estimates.plan import PlanEstimate
+    from lmcalc.estimates.report import ReportEstimates
 
 REPORT_TOP_LAYOUTS = 10
 
 
 @with_options(ENERGY_OPTIONS, at="energy")
 @with_options(METHOD_OPTIONS, at="method")
-@with_options(with_defaults(LAYOUT_OPTIONS, zero=REPORT_ZERO), at="layout")
+@with_options(SPLIT_OPTIONS, at="split")
+@with_options(PIN_OPTIONS, at="pins")
 def report(
     model: ModelOpt,
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 1024xH100 or 64x8xH100.")],
@@ -46,11 +48,17 @@ def report(
         typer.Option("--tokens", help="Training tokens. Default: the preset's published count, else 20 per parameter."),
     ] = None,
     mfu: Annotated[
-        float | None, typer.Option("--mfu", help="Model FLOPs utilisation (default 0.4, an assumption).")
+        float | None,
+        typer.Option(
+            "--mfu",
+            help="Model FLOPs utilisation for the training time. Default: the throughput the layout search predicts "
+            "for its best layout (when none fits, 0.4, an assumption).",
+        ),
     ] = None,
     seq: SeqOpt = None,
-    layout: dict[str, Any] | None = None,
-    recompute: RecomputeOpt = "selective",
+    pins: dict[str, Any] | None = None,
+    recompute: Annotated[str | None, typer.Option("--recompute", help=f"Pin {alternatives(RECOMPUTE_MODES)}.")] = None,
+    split: dict[str, Any] | None = None,
     global_batch: Annotated[
         str, typer.Option("--global-batch", help="Tokens per step for the layout search (binary: 4M = 4,194,304).")
     ] = "4M",
@@ -62,17 +70,20 @@ def report(
     ] = None,
     epochs: Annotated[float, typer.Option("--epochs", help="Passes over --dataset-tokens.")] = 1,
     method: dict[str, Any] | None = None,
+    price: Annotated[
+        float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour, for the cost.")
+    ] = None,
     energy: dict[str, Any] | None = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
-    """One self-contained HTML page: parameters, FLOPs, training time, memory (of the layout given, ZeRO-3 by
-    default) and the best parallel layouts, with derivations and plots."""
-    from lmcalc import plots
+    """One self-contained HTML page: a summary, parameters, FLOPs, and the training time and memory of the fastest
+    parallel layout the search finds (within the layout flags given, which pin it), with the ranked layouts,
+    derivations and plots."""
     from lmcalc.atomic import new_file, write_atomic
     from lmcalc.estimates import report as estimates
     from lmcalc.html_report import render_report
 
-    assert layout is not None and method is not None and energy is not None  # filled in by with_options
+    assert pins is not None and split is not None and method is not None and energy is not None  # with_options
     target = new_file(output, force)
     found = estimates.report(
         model=model,
@@ -87,20 +98,29 @@ def report(
         framework=framework,
         dataset_tokens=dataset_tokens,
         epochs=epochs,
-        **layout,
+        price_per_gpu_hour=price,
+        **pins,
+        **split,
         **method,
         **energy,
     )
-    memory = found.memory.report
-    results = [
+    write_atomic(target, render_report(f"{found.params.model.label} on {found.cluster.label}", page_parts(found)))
+    print(f"wrote {target}")
+
+
+def page_parts(found: ReportEstimates) -> list[tuple[Result, str]]:
+    """The page's results in order, each with its picture: the summary, parameters, FLOPs, time, memory, layouts."""
+    from lmcalc import plots
+
+    memory = [(found.memory.report, _picture(plots.memory_svg, found.memory.report))] if found.memory else []
+    return [
+        (found.summary, ""),
         (found.params.report, ""),
         (found.flops.report, ""),
         (found.train_time.report, ""),
-        (memory, _picture(plots.memory_svg, memory)),
-        *_plan_parts(found.plan, f"Layouts for {found.params.model.label} on {found.memory.cluster.label}"),
+        *memory,
+        *_plan_parts(found.plan),
     ]
-    write_atomic(target, render_report(f"{found.params.model.label} on {found.memory.cluster.label}", results))
-    print(f"wrote {target}")
 
 
 def _picture(draw: Callable[[Result], str], result: Result) -> str:
@@ -111,13 +131,13 @@ def _picture(draw: Callable[[Result], str], result: Result) -> str:
         return "<p class='muted'>(install matplotlib for the picture: pip install 'lmcalc[plot]')</p>"
 
 
-def _plan_parts(plan: PlanEstimate | LmcalcError, title: str) -> list[tuple[Result, str]]:
+def _plan_parts(plan: PlanEstimate | LmcalcError) -> list[tuple[Result, str]]:
     """The report's layout search: the fastest layouts (all of them in the picture), then the best one derived.
     When nothing fits, the page says so and why, instead of failing."""
     from lmcalc import plots
 
     if isinstance(plan, LmcalcError):
-        return [(Result("plan", title, (), (), (error_message(plan),)), "")]
+        return [(Result("plan", "Layouts: none fits", (), (), (error_message(plan),)), "")]
     ranked = plan.report
     table = replace(ranked, sections=ranked.sections[:REPORT_TOP_LAYOUTS])
     return [(table, _picture(plots.plan_svg, ranked)), (plan.derivation, "")]
