@@ -69,13 +69,14 @@ def _header(label: str, unit: str) -> str:
     return f"{label}\n{unit}" if unit and unit.lower() not in label.lower() else label
 
 
-def _grid_table(result: Result, transposed: bool = False):
+def _grid_table(result: Result, transposed: bool = False, spacing: int = 1, whole: bool = True):
     """One row per section, one column per term: every header word whole, every number on one line; the rows'
     names (a layout's code) wrap when the terminal is narrow. ``transposed``: a row per term and a column per
-    section, for a few sections of many terms (a sweep). Returns the table and the least width it needs."""
+    section, for a few sections of many terms (a sweep). ``spacing``: blanks each side of a cell. Not ``whole``:
+    narrower still, every cell folds. Returns the table and the least width it needs whole."""
     from rich.table import Table
 
-    table = Table(show_edge=False, pad_edge=False)
+    table = Table(show_edge=False, pad_edge=False, padding=(0, spacing))
     columns = grid_columns(result)
     titles = [section.title for section in result.sections]
     if transposed:
@@ -89,22 +90,24 @@ def _grid_table(result: Result, transposed: bool = False):
         heads = [(_header(label, unit), cells) for label, unit, cells in columns]
     names = [name for name, _ in rows]
     widths = [max(len(name) if len(name) <= 24 else _longest(names) for name in names)]
-    table.add_column("", min_width=widths[0])
+    table.add_column("", min_width=widths[0] if whole else None, overflow="fold")
     for head, cells in heads:
         widths.append(max(_longest([head]), *map(len, cells)))
-        table.add_column(head, justify="right", min_width=widths[-1])
+        table.add_column(head, justify="right", min_width=widths[-1] if whole else None, overflow="fold")
     for name, cells in rows:
         table.add_row(name, *cells)
-    return table, sum(widths) + 3 * (len(widths) - 1)
+    return table, sum(widths) + (2 * spacing + 1) * (len(widths) - 1)
 
 
 def print_grid(result: Result, console) -> None:
-    """A comparison as a grid, turned round (a row per term) when only that fits the terminal."""
-    table, width = _grid_table(result)
-    if width > console.width:
-        turned, turned_width = _grid_table(result, transposed=True)
-        if turned_width <= console.width:
-            table = turned
+    """A comparison as a grid; turned round (a row per term) when only that fits the terminal; else with the cells
+    closer together; folded, never cut, when nothing fits."""
+    for turned, spacing in ((False, 1), (True, 1), (False, 0)):
+        table, width = _grid_table(result, turned, spacing)
+        if width <= console.width:
+            break
+    else:
+        table = _grid_table(result, whole=False)[0]
     console.print(table)
 
 

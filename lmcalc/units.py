@@ -196,6 +196,6 @@ def column_format(unit: str, values: Iterable[float]) -> tuple[str, Callable[[fl
         return scaled(f"{prefix} {unit}", scale, ",.4g")
     if unit == "%":
         return scaled(unit, 1.0, ".3g")
-    if unit in ("", "ratio"):
-        return scaled("", 1.0, ".4g")
+    if unit in ("", "ratio"):  # as ``format_quantity`` prints them
+        return scaled("", 1.0, ".6g" if unit == "" else ".4g")
     return scaled(unit, 1.0, ",.4g")

@@ -9,6 +9,7 @@
   checked.
 * An expected output without `…` must equal the real one (trailing spaces ignored); with `…`, the shown
   lines must appear in the real output, in order.
+* The pages' commands run a page per CPU at once (a page's commands one after another, in order).
 * Python examples fenced ```pycon (`>>> ` prompts and what they print, as in a Python session) are run as
   doctests, the blocks of one page in order in one namespace; `...` in an expected output matches anything.
 """
@@ -19,6 +20,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -60,39 +62,55 @@ def run_python(page: str, text: str) -> tuple[int, int]:
     return result.attempted, result.failed
 
 
+def run_commands(page: str, text: str, env: dict[str, str]) -> tuple[int, list[str], list[tuple[str, str, str]]]:
+    """Rerun the ```text blocks of ``page``, in order: (commands run, failure messages, commands not rerun)."""
+    declared = re.search(r"(?<!<!-- )COLUMNS=(\d+)", text)  # the page's width, not a block's marker
+    page_env = dict(env, COLUMNS=declared.group(1) if declared else "100")
+    total, failures, skipped = 0, [], []
+    for width, fence, block in re.findall(r"(?:<!-- COLUMNS=(\d+) -->\n)?```(\w*)\n(.*?)```", text, re.S):
+        commands = [line for line in block.split("\n") if line.startswith("$ ")]
+        if fence == "pycon":
+            continue
+        if fence != "text":
+            skipped += [(page, fence or "plain", c[2:]) for c in commands]
+            continue
+        block_env = dict(page_env, COLUMNS=width) if width else page_env
+        lines = block.rstrip("\n").split("\n")
+        starts = [i for i, line in enumerate(lines) if line.startswith("$ ")]
+        for n, start in enumerate(starts):
+            end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+            expected = [line.rstrip() for line in lines[start + 1 : end]]
+            run = subprocess.run(
+                ["bash", "-c", lines[start][2:]], cwd=ROOT, env=block_env, capture_output=True, text=True
+            )
+            actual = [line.rstrip() for line in (run.stdout + run.stderr).rstrip("\n").split("\n")]
+            total += 1
+            why = matches(expected, actual)
+            if why:
+                failures.append(f"FAIL {page}: {lines[start]}\n     {why}")
+    return total, failures, skipped
+
+
 def main() -> int:
     pages = sys.argv[1:] or [str(ROOT / "README.md"), *sorted(str(p) for p in (ROOT / "docs").rglob("*.md"))]
     env = {k: v for k, v in os.environ.items() if k != "LMCALC_PRESET_PATH"}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    failed = total = examples = 0
-    skipped = []
-    for page in pages:
-        text = pathlib.Path(page).read_text()
-        ran, wrong = run_python(page, text)
-        examples, failed = examples + ran, failed + wrong
-        declared = re.search(r"(?<!<!-- )COLUMNS=(\d+)", text)  # the page's width, not a block's marker
-        page_env = dict(env, COLUMNS=declared.group(1) if declared else "100")
-        for width, fence, block in re.findall(r"(?:<!-- COLUMNS=(\d+) -->\n)?```(\w*)\n(.*?)```", text, re.S):
-            commands = [line for line in block.split("\n") if line.startswith("$ ")]
-            if fence == "pycon":
-                continue
-            if fence != "text":
-                skipped += [(page, fence or "plain", c[2:]) for c in commands]
-                continue
-            block_env = dict(page_env, COLUMNS=width) if width else page_env
-            lines = block.rstrip("\n").split("\n")
-            starts = [i for i, line in enumerate(lines) if line.startswith("$ ")]
-            for n, start in enumerate(starts):
-                end = starts[n + 1] if n + 1 < len(starts) else len(lines)
-                command = lines[start][2:]
-                expected = [line.rstrip() for line in lines[start + 1 : end]]
-                run = subprocess.run(["bash", "-c", command], cwd=ROOT, env=block_env, capture_output=True, text=True)
-                actual = [line.rstrip() for line in (run.stdout + run.stderr).rstrip("\n").split("\n")]
-                total += 1
-                why = matches(expected, actual)
-                if why:
-                    failed += 1
-                    print(f"FAIL {page}: {lines[start]}\n     {why}")
+    texts = {page: pathlib.Path(page).read_text() for page in pages}
+    # the pages' commands run a page per worker (a page's commands in order: one may read what another wrote), the
+    # longest pages first; the Python examples meanwhile, here
+    longest = sorted(pages, key=lambda page: -texts[page].count("\n$ "))
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        running = {page: pool.submit(run_commands, page, texts[page], env) for page in longest}
+        examples = failed = 0
+        for page in pages:
+            ran, wrong = run_python(page, texts[page])
+            examples, failed = examples + ran, failed + wrong
+        total, skipped = 0, []
+        for page in pages:
+            ran, failures, not_rerun = running[page].result()
+            total, failed, skipped = total + ran, failed + len(failures), skipped + not_rerun
+            for failure in failures:
+                print(failure)
     for page, fence, command in skipped:
         print(f"not rerun (```{fence}) {page}: $ {command}")
     not_rerun = f"{len(skipped)} commands in other blocks not rerun"

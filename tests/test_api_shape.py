@@ -43,9 +43,6 @@ REQUIRED = inspect.Parameter.empty
 LAYOUT_SETTING = object()  # marks a LayoutSettings key: its default is what build_layout makes of its absence
 
 DIFFERENT_ON_PURPOSE = {
-    # report shards the model states with ZeRO-3 unless told otherwise (estimates/report.py: REPORT_ZERO, and
-    # cli/report.py: with_defaults), where memory and fit lay out ZeRO-0 by default
-    ("report", "zero"): 3,
     # optimal passes --precision on only when it is given (precision alone, with --compute, is refused): the API's
     # None means bf16-mixed for a cluster, and an error with a FLOP budget
     ("optimal", "precision"): "bf16-mixed",
@@ -160,9 +157,6 @@ def test_the_defaults_that_differ_do_so_for_their_reason():
 
     for (command, keyword), expected in DIFFERENT_ON_PURPOSE.items():
         assert cli_default(command, keyword) == expected, (command, keyword)
-    # report: ZeRO-3 where the layout's own default is ZeRO-0, and lmcalc.report applies it too
-    assert build_layout(api.cluster_of("8xH100"), {}).zero == 0
-    assert lmcalc_report_zero() == 3
     # optimal: the API leaves the precision out (None) unless given; the command's shown default is the recipe
     assert inspect.signature(api.optimal).parameters["precision"].default is None
     assert cli_default("optimal", "precision") == DEFAULT_PRECISION
@@ -176,8 +170,8 @@ WORKLOAD_DEFAULTS_OF_THEIR_OWN = {
     # the search varies the micro-batch and the recomputation: None leaves them to it
     ("plan", "micro_batch"): None,
     ("plan", "recompute"): None,
-    # a report's training time and memory assume selective recomputation (docs/commands/report.md)
-    ("report", "recompute"): "selective",
+    # a report searches its layout as plan does (docs/commands/report.md): None leaves the recomputation to it
+    ("report", "recompute"): None,
     # max-params scales a template model and states its activation column at 4096 tokens
     ("max_params", "seq"): "4096",
     # optimal takes a precision only with a cluster (see DIFFERENT_ON_PURPOSE)
@@ -196,12 +190,6 @@ def test_workload_keywords_default_to_the_one_table(function):
         default = parameters[key].default
         expected = WORKLOAD_DEFAULTS_OF_THEIR_OWN.get((function, key), TRAINING_DEFAULTS[key])
         assert default == expected, f"{function}({key}=...) defaults to {default!r}"
-
-
-def lmcalc_report_zero() -> int:
-    """The ZeRO stage of the memory section of ``lmcalc.report`` when no layout is given (a small model on one GPU:
-    fast)."""
-    return api.report(model="gpt2-124m", gpus="1xH100").memory.layout.zero
 
 
 # -------------------------------------------------------------------------------------------------- lazy loading
