@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from html import escape
 
 from lmcalc import __version__
-from lmcalc.render import term_lines
+from lmcalc.render import grid_columns, term_lines, unit_of_header
 from lmcalc.result import Input, Result, Section
 
 STYLE = """
@@ -42,21 +42,14 @@ def _section_table(section: Section) -> str:
 
 
 def _grid_table(result: Result) -> str:
-    """A comparison (e.g. ranked layouts): one row per section, one column per term. A unit every row of a column
-    shares is named once, in its header, so that the table stays narrow (800 px holds the ranked layouts)."""
-    heads, columns = [], []
-    for j, first in enumerate(result.sections[0].terms):
-        texts = [section.terms[j].formatted(compact=True) for section in result.sections]
-        units = {text.partition(" ")[2] for text in texts}
-        (unit,) = units if len(units) == 1 else ("",)
-        if unit:
-            texts = [text.partition(" ")[0] for text in texts]
-        heads.append(first.label if unit in ("", first.label) else f"{first.label} ({unit})")
-        columns.append(texts)
-    head = "".join(f"<th>{escape(label)}</th>" for label in heads)
+    """A comparison (e.g. ranked layouts): one row per section, one column per term, each column's unit named once,
+    in its header (``render.grid_columns``, as the terminal prints it), so that 800 px hold the ranked layouts."""
+    columns = grid_columns(result)
+    heads = [(label, unit_of_header(label, unit)) for label, unit, _ in columns]
+    head = "".join(f"<th>{escape(f'{label} ({unit})' if unit else label)}</th>" for label, unit in heads)
     rows = "".join(
         f"<tr><td class='code'>{escape(section.title)}</td>"
-        + "".join(f"<td class='value'>{escape(cells[i])}</td>" for cells in columns)
+        + "".join(f"<td class='value'>{escape(cells[i])}</td>" for _, _, cells in columns)
         + "</tr>"
         for i, section in enumerate(result.sections)
     )

@@ -64,9 +64,17 @@ def _longest(texts) -> int:
     return max((len(word) for text in texts for word in text.split()), default=0)
 
 
+def unit_of_header(label: str, unit: str) -> str:
+    """The unit a column's header adds to its label: none when the label says it already (``Layers on this GPU``
+    in layers, ``tokens/s/GPU``)."""
+    said = label.lower().split()
+    return "" if unit.lower() in (label.lower(), *said) else unit
+
+
 def _header(label: str, unit: str) -> str:
-    """A column's header: its label, and under it the unit when the label does not say it already."""
-    return f"{label}\n{unit}" if unit and unit.lower() not in label.lower() else label
+    """A column's header: its label, and under it its unit."""
+    unit = unit_of_header(label, unit)
+    return f"{label}\n{unit}" if unit else label
 
 
 def _grid_table(result: Result, transposed: bool = False, spacing: int = 1, whole: bool = True):

@@ -112,7 +112,7 @@ def test_a_plans_layouts_are_objects_in_rank_order():
     assert speeds == sorted(speeds, reverse=True)
     assert all(c.tp == 8 and c.zero == 1 and c.dp * c.tp * c.pp * c.cp == 64 for c in found.layouts)
     # the first row of the report is the best layout, by its label
-    assert found.report.sections[0].title.startswith(f"1. {found.best.layout.label}, mb={found.best.micro_batch}")
+    assert found.report.sections[0].title.startswith(f"1. {found.best.layout.code} mb{found.best.micro_batch} ")
     assert len(found.layouts) == len(found.report.sections)
 
 

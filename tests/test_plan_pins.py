@@ -218,8 +218,9 @@ def test_the_command_takes_every_pin(capsys, monkeypatch):
     )
     assert code == 0, err
     ranked = [line for line in out.splitlines() if line[:3] in ("1. ", "2. ", "3. ")]
-    assert ranked and all("DP=4, TP=2, PP=2" in line and "interleaved v=2" in line for line in ranked)
-    assert not any("SP" in line.split(", ") for line in ranked)
+    # each row's layout code (docs/commands/plan.md): DP4 TP2 PP2 Z1, interleaved with 2 virtual stages, no SP
+    assert ranked and all(line.split()[1:6] == ["DP4", "TP2", "PP2", "Z1", "v2"] for line in ranked)
+    assert not any("SP" in line.split() for line in ranked)
 
 
 @pytest.mark.parametrize(

@@ -286,8 +286,8 @@ def plan_estimate(
                 f"rank{rank}",
                 f"{rank}. {layout_code(c)}",
                 (
-                    Term("tokens_per_s", "tokens/s", t.tokens_per_s, "tokens/s", "tokens per step / step time"),
-                    Term("tokens_per_s_per_gpu", "tokens/s/GPU", t.tokens_per_s / cluster.count, "tokens/s/GPU"),
+                    Term("tokens_per_s", "throughput", t.tokens_per_s, "tokens/s", "tokens per step / step time"),
+                    Term("tokens_per_s_per_gpu", "per GPU", t.tokens_per_s / cluster.count, "tokens/s/GPU"),
                     Term("mfu", "MFU", 100 * t.mfu, "%", "model FLOPs / (step time · GPUs · peak)"),
                     Term("step_time", "step", t.total, "s", "compute + exposed communication + bubble"),
                     Term("memory", "memory/GPU", c.memory.total, "bytes", "most loaded GPU"),
