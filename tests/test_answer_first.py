@@ -158,3 +158,16 @@ def test_tables_are_whole_at_80_columns(command, headers, capsys, monkeypatch):
     words = re.findall(r"\S+", out)
     for header in headers:  # every word of each header whole, somewhere in the table
         assert all(word in words for word in header.split()), header
+
+
+def test_bench_says_what_it_measured_first(capsys):
+    # a measurement's headline: the rate (2·m·n·k / median time) and the share of the peak, both from its own terms
+    code, out, _ = run("bench --device cpu --shape 128x128x128 --repeats 2 --json", capsys)
+    doc = json.loads(out)
+    achieved, ratio = doc["results"]["matmul"]["achieved"], doc["results"]["matmul"].get("ratio")
+    (line,) = doc["headline"]
+    assert code == 0 and line.startswith("Matmul 128x128x128 fp32: achieved (median) ")
+    assert f"{achieved['value'] / 1e9:,.4g} GFLOP/s" in line
+    assert ratio is None or f"achieved / peak {ratio['value']:.3g} %" in line
+    code, out, _ = run("bench memory --device cpu --brief", capsys)
+    assert code == 0 and out.startswith("Copy bandwidth (read + write): achieved (median) ") and out.count("\n") == 1

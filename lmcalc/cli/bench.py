@@ -14,7 +14,7 @@ import typer
 from lmcalc import presets as pr
 from lmcalc.bench.choices import BACKENDS, COMM_DTYPES, DEVICES, MATMUL_DTYPES, OPS, STEP_DTYPES
 from lmcalc.cli.app import bench_app, emit
-from lmcalc.cli.options import AttentionOpt, ExplainOpt, JsonOpt, ModelOpt, RecomputeOpt, alternatives
+from lmcalc.cli.options import AttentionOpt, BriefOpt, ExplainOpt, JsonOpt, ModelOpt, RecomputeOpt, alternatives
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
@@ -87,13 +87,20 @@ def _save(records: list[Record], target: _SaveTarget) -> str:
     return f"saved to {results.save(target.path, records)}"
 
 
+ANSWERS = (("achieved", "best", "busbw", "median"), ("tokens_per_s",), ("mfu", "ratio"))
+"""What a measurement's headline gives, by term key: the rate measured, the throughput, and how it compares."""
+
+
 def _headline(result: Result, on_cpu: bool, asked: str) -> Result:
     """The result with its first line saying, on a CPU, that no GPU was measured: why (``asked``: the flag or the
-    reason that chose the CPU, or "" when PyTorch found no GPU), then the result's own title."""
-    if not on_cpu:
-        return result
+    reason that chose the CPU, or "" when PyTorch found no GPU), then the result's own title; and its headline: the
+    rate measured (for collectives, the largest message's bus bandwidth) and how it compares with the peak."""
+    rows = result.sections[-1:] if result.layout == "grid" else result.sections
+    terms = {term.key: term for section in reversed(rows) for term in section.terms}
+    found = [next(terms[key] for key in keys if key in terms) for keys in ANSWERS if any(k in terms for k in keys)]
+    answer = f"{rows[0].title}: " + ", ".join(f"{term.label.lower()} {term.text}" for term in found)
     why = f"CPU ({asked}), not a GPU" if asked else "No GPU found; CPU measured"
-    return replace(result, title=f"{why}: {result.title}")
+    return replace(result, title=f"{why}: {result.title}" if on_cpu else result.title, headline=(answer,))
 
 
 MatmulDtypeOpt = Annotated[
@@ -128,6 +135,7 @@ def bench_main(
     no_save: NoSaveOpt = False,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Matmul throughput (one shape, --sweep, or a model's shapes with --model) against the dense peak.
 
@@ -170,7 +178,7 @@ def bench_main(
         note = _save(report.matmul_records([measurement], dev), target)
         result = report.matmul_result([measurement], dev, sweep=False)
     result = _headline(result, on_cpu, "--device cpu" if device == "cpu" else "")
-    emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+    emit(replace(result, notes=(*result.notes, note)), as_json, explain, brief)
 
 
 @contextmanager
@@ -200,6 +208,7 @@ def bench_memory(
     no_save: NoSaveOpt = False,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Device memory bandwidth from a large copy (bytes read + written) against the spec sheet."""
     _torch_or_fail()
@@ -213,7 +222,7 @@ def bench_memory(
     meas = bandwidth.measure(dev, buffer_bytes, repeats=timed)
     note = _save([report.bandwidth_record(meas, dev)], target)
     result = _headline(report.bandwidth_result(meas, dev), on_cpu, "--device cpu" if device == "cpu" else "")
-    emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+    emit(replace(result, notes=(*result.notes, note)), as_json, explain, brief)
 
 
 @bench_app.command("comm")
@@ -234,6 +243,7 @@ def bench_comm(
     no_save: NoSaveOpt = False,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Collectives through torch.distributed (NCCL on GPUs under torchrun, gloo on CPU): algbw and busbw."""
     _torch_or_fail()
@@ -259,7 +269,7 @@ def bench_comm(
     asked = "--backend gloo" if backend == "gloo" else "fewer GPUs than ranks" if torch.cuda.is_available() else ""
     note = _save(comm.records(measurements, measurements[0].device), target)
     result = _headline(comm.comm_result(measurements), on_cpu, asked)
-    emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+    emit(replace(result, notes=(*result.notes, note)), as_json, explain, brief)
 
 
 @bench_app.command("step")
@@ -282,6 +292,7 @@ def bench_step(
     no_save: NoSaveOpt = False,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
+    brief: BriefOpt = False,
 ) -> None:
     """Real AdamW training steps of the reference model: tokens/s, MFU, and memory against the engine."""
     _torch_or_fail()
@@ -307,4 +318,4 @@ def bench_step(
     measurement = step.run_steps(setup, dev)
     note = _save(step.records(measurement), target)
     result = _headline(step.step_result(measurement), on_cpu, "--device cpu" if device == "cpu" else "")
-    emit(replace(result, notes=(*result.notes, note)), as_json, explain)
+    emit(replace(result, notes=(*result.notes, note)), as_json, explain, brief)
