@@ -111,7 +111,8 @@ def test_when_nothing_fits_the_page_says_so_once_and_the_time_is_hypothetical(tm
     assert not page.fits and page.layout is not None
     assert page.memory.total > page.memory.capacity
     assert any(n.startswith("does NOT fit") for n in page.memory.report.notes)
-    assert "hypothetical" in page.train_time.report.title and page.train_time.run.mfu == 0.4
+    assert page.train_time.report.title.endswith("hypothetical, no layout fits") and page.train_time.run.mfu == 0.4
+    assert page.train_time.report.notes[0].startswith("hypothetical: no layout fits the memory of 8xh100-sxm")
     assert {i.key: i.value for i in page.summary.inputs}["fits"].startswith("no: ")
     path = tmp_path / "405b.html"
     code, _, err = run(["report", "-m", "llama-3.1-405b", "--gpus", "8xH100", "-o", str(path)], capsys)
@@ -125,6 +126,10 @@ def test_pins_no_layout_can_have_leave_no_memory_section(tmp_path, capsys):
     # TP = 3 cannot split Llama 3.1 8B's 32 heads: the page says why, once, and draws no memory for a layout
     page = api.report(**LLAMA_8B, tp=3)
     assert page.layout is None and page.memory is None and not page.fits
+    # the hypothetical time says why there is no run: no layout can exist, not that none fits the memory
+    assert page.train_time.report.title.endswith("hypothetical, no layout")
+    assert "no layout can exist with these settings" in page.train_time.report.notes[0]
+    assert "fits the memory" not in page.train_time.report.notes[0]
     path = tmp_path / "tp3.html"
     code, _, err = run(["report", "-m", "llama-3.1-8b", "--gpus", "8xH100", "--tp", "3", "-o", str(path)], capsys)
     assert code == 0, err

@@ -221,11 +221,13 @@ def _train_time(
     if isinstance(plan, LmcalcError):
         time = train_time_estimate(resolved, tokens, mfu_given(mfu), precision, timing)
         label = timing.cluster.label if timing.cluster else timing.hardware.name
+        exists = "can exist" not in str(plan)  # the search's refusal: none fits, or none can exist at all
+        missing = f"fits the memory of {label}" if exists else "can exist with these settings"
         note = (
-            f"hypothetical: no layout fits the memory of {label} (see the layouts below), so no run on it reaches "
-            f"this time; it is what {label} would take at MFU {time.run.mfu:g} if one did"
+            f"hypothetical: no layout {missing} (see the layouts below), so no run on it reaches this time; it is "
+            f"what {label} would take at MFU {time.run.mfu:g} if one did"
         )
-        title = f"Training time of {resolved.spec.label}: hypothetical, no layout fits"
+        title = f"Training time of {resolved.spec.label}: hypothetical, {'no layout fits' if exists else 'no layout'}"
         return replace(time, report=replace(time.report, title=title, notes=(note, *time.report.notes)))
     best = plan.best
     predicted = _mfu_at(best.tokens_per_s, tokens, precision, timing, resolved)
