@@ -173,6 +173,19 @@ def test_unfused_norms_and_gated_mlp_move_more_bytes():
     assert unfused.memory_kernels > fused.memory_kernels
 
 
+def test_a_norm_kept_in_fp32_is_timed_as_unfused_kernels():
+    """Under the transformers profile a bias-free LayerNorm (Cohere's, written in PyTorch: upcast, mean, variance,
+    normalise, weight, cast) keeps fp32 centred values (activations.norm_keeps) and runs as element-wise kernels
+    one after another; torch.nn.LayerNorm is one fused kernel. Per norm: 6 + 10 kernels forward and backward
+    against 2, on each of the L layers' two norms."""
+    fused_model = gpt(layers=2)
+    centred = fused_model.model_copy(update={"norm_kind": "layernorm_nobias"})
+    _, fused = whole(fused_model, 16, 2, framework="transformers")
+    _, unfused = whole(centred, 16, 2, framework="transformers")
+    assert unfused.memory_kernels - fused.memory_kernels == 2 * 2 * (16 - 2)
+    assert unfused.memory_forward > fused.memory_forward
+
+
 def test_wave_quantisation_by_hand():
     """H100 (132 SMs), 128 × 128 tiles: a 4096 × 4096 output is 1,024 tiles, 8 waves of 132 slots: 1024/1056.
     With fewer tiles than SMs split-K fills the GPU."""

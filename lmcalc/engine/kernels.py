@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from lmcalc.engine.activations import norm_keeps
 from lmcalc.engine.flops import attended_keys
 from lmcalc.engine.method import Method, adapted_modules, in_layer
 from lmcalc.engine.params import weight_tensors
@@ -221,8 +222,9 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
         memory_backward += 2 * forward * score_elements
         kernels += 6 * layers
 
-    # norms: one to four per layer on h
-    unfused_norm = _norm_keeps(w) == "fp32_input"
+    # norms: one to four per layer on h; any fp32 form (activations.norm_keeps: Hugging Face's RMSNorm, Cohere's
+    # centred LayerNorm) is PyTorch's element-wise kernels one after another, timed as the upcasting RMSNorm's
+    unfused_norm = norm_keeps(w) != "input"
     norm_forward = 28 + 4 * e if unfused_norm else 2 * e
     norms = model.norms_per_layer
     norm_elements = norms * layers * hidden_tokens * h
@@ -356,6 +358,3 @@ def kernel_workload(w: Workload) -> Workload:
     return replace(w, recompute="none") if w.recompute == "selective" else w
 
 
-def _norm_keeps(w: Workload) -> str:
-    rule = w.framework.norm
-    return rule.rmsnorm if w.model.norm_kind == "rmsnorm" else rule.layernorm
