@@ -30,9 +30,11 @@ class NormRule(Rule):
     normalised value it keeps is fp32 (Hugging Face's Gemma, OLMo 2 and gpt-oss RMSNorms); ``fp32_centred``: a
     LayerNorm written in PyTorch with an upcast that subtracts the mean twice, once for the variance and once
     for the product with 1/std, and keeps both fp32 differences, 1/std and the fp32 normalised value (Hugging
-    Face's CohereLayerNorm)."""
+    Face's CohereLayerNorm); for an RMSNorm, ``model``: the unfused form that upcasts, the weight's multiply where
+    the model's code does it (``fp32_normalised`` where the model spec's ``norm_weight_fp32`` says so, else
+    ``fp32_input``)."""
 
-    rmsnorm: NormKeeps
+    rmsnorm: NormKeeps | Literal["model"]
     layernorm: NormKeeps
     layernorm_nobias: NormKeeps | None = Field(
         None, description="a LayerNorm without a bias (Cohere), where it is written apart; None: as layernorm"
@@ -44,9 +46,10 @@ class MlpRule(Rule):
         description="a gated MLP (SwiGLU, GeGLU): unfused keeps the gate and up outputs, act(gate) and the "
         "product; fused keeps the gate and up outputs and the product"
     )
-    gelu: Literal["fused", "tanh_unfused"] = Field(
-        description="a GELU MLP: fused keeps the GELU's input and output; tanh_unfused is the tanh approximation "
-        "written as elementwise PyTorch operations, each keeping its own inputs"
+    gelu: Literal["fused", "model"] = Field(
+        description="a GELU: fused is one kernel, which keeps its input (and the next operation its output); model: "
+        "the GELU the model's code calls (the model spec's gelu), a kernel or written op by op, each operation "
+        "keeping its own inputs"
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_vision import vision_params
 
-_GELU_ACTS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python"}
+GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # ModelSpec.gelu, bloom_gelu aside
 LLAMA_LIKE = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
     "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
@@ -38,6 +38,15 @@ SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head"}
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full"}  # when the config's use_qk_norm is set
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe")  # biases on q, k and v, none on the output
+ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_act", "gelu"),
+              "falcon": ("activation", "gelu"), "starcoder2": ("hidden_act", "gelu_pytorch_tanh"),
+              "gemma": ("hidden_act", "gelu_pytorch_tanh"), "gemma2": ("hidden_activation", "gelu_pytorch_tanh"),
+              "gemma3_text": ("hidden_activation", "gelu_pytorch_tanh")}  # fmt: skip
+"""The config field each type's MLP calls ACT2FN with, and the config class's default, where not hidden_act and
+silu (GPT2MLP: activation_function; FalconMLP: activation; Gemma2MLP and Gemma3MLP: hidden_activation)."""
+NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2")
+"""Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
+Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm): ModelSpec.norm_weight_fp32."""
 LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunked"}
 
 
@@ -65,7 +74,7 @@ FLAGS = frozenset(
         "mamba_conv_bias", "mamba_proj_bias",
     }
 )  # fmt: skip
-TEXTS = frozenset({"model_type", "hidden_act", "hidden_activation"})
+TEXTS = frozenset({"model_type", "hidden_act", "hidden_activation", "activation_function", "activation"})
 LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers"})
 VISION_WHOLE_NUMBERS = frozenset(
     {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
@@ -211,6 +220,7 @@ def _common(config: dict[str, Any], kind: str, name: str, origin: str) -> dict[s
         "vocab_size": _get(config, origin, "vocab_size"),
         "tied_embeddings": _flag(config, "tie_word_embeddings", kind in TIED_BY_DEFAULT, origin),
         "fused_linears": FUSED.get(kind, []),
+        "norm_weight_fp32": kind in NORM_WEIGHT_FP32,
         "sources": [origin],
     }
 
@@ -223,6 +233,26 @@ def _flag(config: dict[str, Any], key: str, default: bool, origin: str) -> bool:
     return value
 
 
+def _activation(config: dict[str, Any], kind: str) -> str:
+    """The activation the type's MLP calls (``ACTIVATION``), as ACT2FN names it."""
+    key, default = ACTIVATION.get(kind, ("hidden_act", "silu"))
+    act = str(config.get(key) or default).lower()
+    # GemmaConfig.__post_init__: the legacy "gelu" of the released configs means the tanh approximation
+    return "gelu_pytorch_tanh" if kind == "gemma" and act == "gelu" else act
+
+
+def _gelu(config: dict[str, Any], kind: str, origin: str) -> str:
+    """The GELU of a type whose MLP is a GELU MLP, refused when it is another activation."""
+    act = _activation(config, kind)
+    if act not in GELUS:
+        key = ACTIVATION.get(kind, ("hidden_act",))[0]
+        raise LmcalcError(
+            f"{origin}: config.json {key} {token(act)} is not a GELU lmcalc knows ({', '.join(GELUS)}); its MLP is "
+            "counted as a GELU MLP"
+        )
+    return act
+
+
 def _gpt2(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
     hidden = _get(config, origin, "n_embd")
     return fields | {
@@ -231,6 +261,7 @@ def _gpt2(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[s
         "num_heads": _get(config, origin, "n_head"),
         "ffn_size": _get(config, origin, "n_inner", default=4 * hidden),
         "ffn_kind": "gelu_mlp",
+        "gelu": _gelu(config, "gpt2", origin),
         "norm_kind": "layernorm",
         "attention_bias": "all",
         "mlp_bias": True,
@@ -250,6 +281,8 @@ def _neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], orig
         "num_layers": _get(config, origin, "num_hidden_layers", "n_layer"),
         "num_heads": heads,
         "ffn_kind": "gelu_mlp",
+        # BLOOM's MLP calls its own GeLUFunction (modeling_bloom.py BloomGelu), whatever the config says
+        "gelu": "bloom_gelu" if kind == "bloom" else _gelu(config, kind, origin),
         "norm_kind": "layernorm",
     }
     if kind == "gpt_neox":  # parallel residual by default, each branch with its own norm
@@ -288,7 +321,7 @@ def _neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], orig
 
 
 def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
-    act = str(_get(config, origin, "hidden_act", "hidden_activation", default="silu")).lower()
+    act = _gelu(config, kind, origin) if kind == "starcoder2" else _activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
     bias = bool(config.get("attention_bias", False) or config.get("use_bias", False))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
@@ -299,7 +332,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "num_kv_heads": config.get("num_key_value_heads"),
         "head_dim": config.get("head_dim"),
         "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),  # Llama 4's dense layers
-        "ffn_kind": "gelu_mlp" if kind == "starcoder2" else ("geglu" if act in _GELU_ACTS else "swiglu"),
+        "ffn_kind": "gelu_mlp" if kind == "starcoder2" else ("geglu" if act in GELUS else "swiglu"),
+        **({"gelu": act} if act in GELUS else {}),
         "norm_kind": {"starcoder2": "layernorm", "cohere": "layernorm_nobias", "cohere2": "layernorm_nobias"}.get(
             kind, "rmsnorm"
         ),

@@ -38,6 +38,7 @@ FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
 NormKind = Literal["layernorm", "layernorm_nobias", "rmsnorm"]
 PositionKind = Literal["learned", "rope", "none"]
 ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
+GeluKind = Literal["gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python", "bloom_gelu"]
 
 
 def _hashable(value: Any) -> Any:
@@ -178,7 +179,21 @@ class ModelSpec(NamedSpec):
     head_dim: PositiveInt | None = Field(None, description="default hidden_size / num_heads")
     ffn_size: PositiveInt = Field(description="intermediate size of a dense FFN")
     ffn_kind: FfnKind
+    gelu: GeluKind = Field(
+        "gelu",
+        description="the GELU a gelu_mlp or geglu FFN calls, named as Hugging Face's hidden_act "
+        "(transformers/activations.py ACT2FN): gelu and gelu_pytorch_tanh are torch's GELU kernel (GPT-NeoX, Falcon; "
+        "StarCoder2, Gemma); gelu_new (GPT-2's NewGELUActivation), gelu_fast and gelu_python are written op by op; "
+        "bloom_gelu is modeling_bloom.py's GeLUFunction, which keeps its input",
+    )
     norm_kind: NormKind
+    norm_weight_fp32: StrictBool = Field(
+        False,
+        description="the norms multiply by their weight in fp32 before the cast back (modeling_gemma2.py "
+        "Gemma2RMSNorm: (1 + w.float()) times the fp32 normalised value, then type_as(x); Gemma, Gemma 3, "
+        "OLMo 2's Olmo2RMSNorm, gpt-oss's GptOssRMSNorm, CohereLayerNorm); False: the normalised value is cast back "
+        "first (modeling_llama.py LlamaRMSNorm: weight * hidden_states.to(input_dtype)) or the norm is one kernel",
+    )
     qk_norm: Literal["none", "full", "per_head"] = Field(
         "none", description="norm on projected queries and keys: over all heads (OLMo 2) or per head"
     )

@@ -75,7 +75,8 @@ class PublishedRun:
 
 def gpt_model(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
     """A Megatron GPT of Korthikanti et al. 2022 Table 3 and Narayanan et al. 2021 Table 1: vocabulary 51,200, 4h
-    GELU MLP, sequence 2048."""
+    GELU MLP, sequence 2048. Its GELU is GPT-2's gelu_new, as the gpt3-175b preset's: what a profile that runs the
+    model's own code (deepspeed, standing for a Hugging Face GPT) counts; Megatron's profile fuses it whatever."""
     return ModelSpec(
         name=name,
         vocab_size=51200,
@@ -84,6 +85,7 @@ def gpt_model(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
         num_heads=heads,
         ffn_size=4 * hidden,
         ffn_kind="gelu_mlp",
+        gelu="gelu_new",
         norm_kind="layernorm",
         attention_bias="all",
         mlp_bias=True,

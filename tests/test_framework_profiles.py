@@ -63,10 +63,26 @@ def test_a_fused_swiglu_keeps_no_activation_output():
 
 
 def test_gelu_written_op_by_op_keeps_three_more_tensors():
-    # gelu_new = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): pow keeps x, tanh its output, the last multiply
-    # 0.5·x and (1 + tanh), against a fused GELU's input: three more f-wide bf16 tensors per token per layer.
-    extra = activations(with_rule("mlp", gelu="tanh_unfused"), GPT2) - activations(IDEAL, GPT2)
+    # GPT-2's code calls gelu_new = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): pow keeps x, tanh its output, the
+    # last multiply 0.5·x and (1 + tanh), against a fused GELU's input: three more f-wide bf16 tensors per token per
+    # layer, under the rule that follows the model's code. A model whose code calls torch's GELU keeps none more.
+    extra = activations(with_rule("mlp", gelu="model"), GPT2) - activations(IDEAL, GPT2)
     assert extra == GPT2.num_layers * T * GPT2.ffn_size * 2 * 3
+    torch_gelu = GPT2.model_copy(update={"gelu": "gelu"})
+    assert activations(with_rule("mlp", gelu="model"), torch_gelu) == activations(IDEAL, torch_gelu)
+
+
+def test_the_rmsnorm_rule_model_follows_the_models_weight_multiply():
+    # Gemma 2's RMSNorm multiplies by (1 + w) in fp32 before the cast back (norm_weight_fp32): the normalised value
+    # it keeps is fp32, 2·h bytes a token more per norm than Llama's, cast first (fp32_input).
+    gemma = pr.resolve_model("gemma-2-2b").spec
+    assert activations(with_rule("norm", rmsnorm="model"), gemma) == activations(
+        with_rule("norm", rmsnorm="fp32_normalised"), gemma
+    )
+    assert activations(with_rule("norm", rmsnorm="model")) == activations(with_rule("norm", rmsnorm="fp32_input"))
+    as_model = with_rule("norm", rmsnorm="model")
+    extra = activations(as_model, LLAMA.model_copy(update={"norm_weight_fp32": True})) - activations(as_model)
+    assert extra == (2 * LLAMA.num_layers + 1) * T * LLAMA.hidden_size * 2
 
 
 def test_rotary_tables_are_kept_once_per_forward():

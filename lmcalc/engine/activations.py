@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from lmcalc.engine.gelu import gelu_ops_kept
 from lmcalc.engine.method import LinearModule, adapted_modules, in_layer, weight_trained
 from lmcalc.engine.params import Dim
 from lmcalc.engine.workload import Workload
@@ -103,10 +104,13 @@ def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "se
 
 def norm_keeps(w: Workload) -> NormKeeps:
     """What the model's norms keep under the workload's framework profile (``NormKeeps``): the rule for its kind of
-    norm, a LayerNorm without a bias taking the LayerNorm's rule unless the profile gives it its own."""
+    norm, a LayerNorm without a bias taking the LayerNorm's rule unless the profile gives it its own, and an RMSNorm
+    under the rule ``model`` as the model's code is written (the spec's ``norm_weight_fp32``)."""
     rule = w.framework.norm
     if w.model.norm_kind == "rmsnorm":
-        return rule.rmsnorm
+        if rule.rmsnorm != "model":
+            return rule.rmsnorm
+        return "fp32_normalised" if w.model.norm_weight_fp32 else "fp32_input"  # upcast, the weight as the code does
     if w.model.norm_kind == "layernorm_nobias" and rule.layernorm_nobias:
         return rule.layernorm_nobias
     return rule.layernorm
@@ -464,22 +468,18 @@ def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> l
     )
     n = rows.size * width.size
     rule = w.framework.mlp
+    gelu = w.model.ffn_kind != "swiglu" and (w.model.ffn_kind == "gelu_mlp" or rule.gated == "unfused")
+    ops = gelu_ops_kept(w) if gelu else ()  # a GELU written op by op, where a kernel keeps its input
     if w.model.ffn_kind == "gelu_mlp":
-        if rule.gelu == "tanh_unfused":  # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), op by op
-            return tensors + [
-                SavedTensor("GELU input x (for x³)", inner, n, act),
-                SavedTensor("tanh output", inner, n, act),
-                SavedTensor("0.5·x", inner, n, act),
-                SavedTensor("1 + tanh", inner, n, act),
-                SavedTensor("down projection input (GELU output)", inner, n, act, for_weights=DOWN),
-            ]
+        labels = [f"GELU, op by op: {label}" for label in ops] or ["GELU input"]
         return tensors + [
-            SavedTensor("GELU input", inner, n, act),
+            *(SavedTensor(label, inner, n, act) for label in labels),
             SavedTensor("down projection input (GELU output)", inner, n, act, for_weights=DOWN),
         ]
     fn = "SiLU" if w.model.ffn_kind == "swiglu" else "GELU"
+    labels = [f"the gate's GELU, op by op: {label}" for label in ops] or [f"gate output ({fn} input)"]
     return tensors + [
-        SavedTensor(f"gate output ({fn} input)", inner, n, act),
+        *(SavedTensor(label, inner, n, act) for label in labels),
         SavedTensor("up output", inner, n, act),
         *([SavedTensor(f"{fn}(gate)", inner, n, act)] if rule.gated == "unfused" else []),
         SavedTensor("down projection input (product)", inner, n, act, for_weights=DOWN),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from lmcalc.engine.activations import norm_keeps
 from lmcalc.engine.flops import attended_keys
+from lmcalc.engine.gelu import gelu_ops_kept
 from lmcalc.engine.method import Method, adapted_modules, in_layer
 from lmcalc.engine.params import weight_tensors
 from lmcalc.engine.pipeline import StageLayers
@@ -269,7 +270,7 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
         moe_width = built.moe * tokens * inner / tp
     width = dense_width + moe_width
     if model.ffn_kind == "gelu_mlp":
-        fused = profile.mlp.gelu == "fused"
+        fused = not gelu_ops_kept(w)  # one kernel, or the model's GELU written op by op (engine.gelu)
         memory_forward += (2 * e if fused else 20 * e) * width
         memory_backward += (3 * e if fused else 30 * e) * width
         kernels += layers * (2 if fused else 20)
@@ -356,5 +357,3 @@ def kernel_workload(w: Workload) -> Workload:
     recomputation redoes attention's core, which fused attention never saved, so no kernel runs again. Figures
     of the kernels cached under this workload serve both the selective mode and none."""
     return replace(w, recompute="none") if w.recompute == "selective" else w
-
-
