@@ -359,15 +359,13 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         f"--gpus {cluster.label} --zero N",
     )
     largest = max(rows, key=lambda row: row.with_activations)
-    others = [row for row in rows if row.with_activations != largest.with_activations]
-    headline = (
+    headline = [
         f"On {cluster.label}: up to {format_quantity(largest.with_activations, 'params')} with {largest.label}, "
-        f"the whole memory counted at {w.seq_len:,} tokens × micro-batch {w.micro_batch}",
-        *(
-            ["; ".join(f"{row.label}: {format_quantity(row.with_activations, 'params')}" for row in others)]
-            * bool(others)
-        ),
-    )
+        f"the whole memory counted at {w.seq_len:,} tokens × micro-batch {w.micro_batch}"
+    ]
+    others = [row for row in rows if row.with_activations != largest.with_activations]  # one GPU: ZeRO shards none
+    if others:
+        headline.append("; ".join(f"{row.label}: {format_quantity(row.with_activations, 'params')}" for row in others))
     report = Result(
         "max-params",
         f"Largest trainable model on {cluster.label}",
@@ -375,7 +373,7 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         tuple(sections),
         notes,
         layout="grid",
-        headline=headline,
+        headline=tuple(headline),
     )
     return MaxParamsEstimate(report, tuple(rows))
 
