@@ -61,6 +61,17 @@ def token(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 2] + "…" + text[-1]
 
 
+def as_given(value: object) -> str:
+    """What a file gave where a number or a boolean belongs, as YAML and JSON spell it (a short token at most)."""
+    if value is None:
+        return "an empty value"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"the text {token(value)}"
+    return token(value) if isinstance(value, int | float) else type(value).__name__
+
+
 def printable(text: str) -> str:
     """``text`` on one printable line: control characters (a newline in a file name) are escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, get_args
 from pydantic import BaseModel, ValidationError
 
 from lmcalc import hub
-from lmcalc.errors import LmcalcError, token, warn
+from lmcalc.errors import LmcalcError, as_given, token, warn
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.preset_files import (  # noqa: F401  (read_yaml and the limits are the presets' API too)
@@ -100,25 +100,34 @@ def validate(spec_type: type[S], data: Any, origin: str) -> S:
         elif first["type"] == "extra_forbidden":
             close = difflib.get_close_matches(str(loc[-1]), list(spec_type.model_fields), n=1)
             message = "unknown field" + (f"; did you mean {close[0]}?" if close else "")
-        elif first["type"] in _STRICT_TYPE_ERRORS:
-            message += f", not {_given(first['input'])}"
+        else:
+            message = _own_words(first, message)
         field = ".".join(str(p) if _is_name(p) else "(a key)" for p in loc) or ("" if unnamed else "(top level)")
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise LmcalcError(f"{origin}: {field + ': ' if field else ''}{message}{more}") from None
 
 
-_STRICT_TYPE_ERRORS = ("int_type", "float_type", "bool_type")
+_TYPE_WANTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+}
+"""What a field of each type must be, in lmcalc's words: the message is ours, not pydantic's (whose wording changes
+between releases), and reads as the config.json reader's does."""
 
 
-def _given(value: Any) -> str:
-    """What a file gave where a number or a boolean belongs, as YAML and JSON spell it (a short token at most)."""
-    if value is None:
-        return "an empty value"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f"the text {token(value)}"
-    return token(value) if isinstance(value, int | float) else type(value).__name__
+def _own_words(error: Any, message: str) -> str:
+    """A type or choice error in lmcalc's words (``must be an integer, not the text '1:30'``); any other error keeps
+    its message (our validators' own words, pydantic's for the rest)."""
+    if error["type"] in _TYPE_WANTED:
+        return f"must be {_TYPE_WANTED[error['type']]}, not {as_given(error['input'])}"
+    if error["type"] == "literal_error" and "expected" in error.get("ctx", {}):
+        return f"must be {error['ctx']['expected']}, not {as_given(error['input'])}"
+    return message
 
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,47}")

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from lmcalc.errors import as_given
+
 
 def _whole_float_as_int(value: Any) -> Any:
     """A float with nothing after the point (``540.35e9`` or ``80e9`` in YAML) as the int it writes; anything else
@@ -269,7 +271,7 @@ class ModelSpec(NamedSpec):
         """A literal of ints takes true as 1, and pydantic cannot make a literal strict: a boolean is refused here."""
         value = _whole_float_as_int(value)
         if type(value) is not int:
-            raise ValueError("Input should be 1, 2 or 4")
+            raise ValueError(f"must be 1, 2 or 4, not {as_given(value)}")
         return value
 
     @model_validator(mode="after")

@@ -136,10 +136,9 @@ def _register_counting_ops() -> None:
     register_flop_formula(torch.ops.lmcalc.attention_backward)(
         lambda grad, q, k, v, out_shape=None, **_: fl.BACKWARD_TO_FORWARD * attention_flops(q, k, v)
     )
-    if torch.ops.aten._grouped_mm not in flop_registry:  # a later torch may count it itself
-        register_flop_formula(torch.ops.aten._grouped_mm)(
-            lambda a, b, *args, out_shape=None, **_: grouped_mm_flops(a, b, out_shape)
-        )
+    grouped_mm = getattr(torch.ops.aten, "_grouped_mm", None)  # torch 2.8 and later: transformers' grouped experts
+    if grouped_mm is not None and grouped_mm not in flop_registry:  # a later torch may count it itself
+        register_flop_formula(grouped_mm)(lambda a, b, *args, out_shape=None, **_: grouped_mm_flops(a, b, out_shape))
 
 
 def _fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:

@@ -95,6 +95,8 @@ def main() -> int:
     pages = sys.argv[1:] or [str(ROOT / "README.md"), *sorted(str(p) for p in (ROOT / "docs").rglob("*.md"))]
     env = {k: v for k, v in os.environ.items() if k != "LMCALC_PRESET_PATH"}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # `lmcalc` is the one installed beside this Python (its environment's), whatever PATH says or lacks
+    env["PATH"] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     texts = {page: pathlib.Path(page).read_text() for page in pages}
     # the pages' commands run a page per worker (a page's commands in order: one may read what another wrote), the
     # longest pages first; the Python examples meanwhile, here

@@ -1,7 +1,82 @@
 """The harnesses that check lmcalc against published figures (``accuracy``, ``golden``) live in scripts/, outside
-the package: the tests import them from there."""
+the package: the tests import them from there.
 
+Tiers. A test is in the ``fast`` tier unless it, its class or its module is marked with one of the slower tiers:
+
+- ``cli``: runs lmcalc or another program as a process (the command line end to end, a built wheel, a browser);
+- ``torch``: compares with PyTorch, transformers, PEFT or bitsandbytes (imports torch);
+- ``data``: checks a data file row by row (held-out runs, published checkpoints);
+- ``slow``: fuzzing, the docs replay, the time model's re-fits, the linters and mypy.
+
+``python -m pytest -m fast`` runs the fast tier (under a minute on 2 cores): no torch, no subprocess, no network.
+A module marked as a whole with a slower tier (``pytestmark = pytest.mark.torch``) is not even imported then, so
+torch and transformers are never loaded; a fast test that starts a process or imports torch fails.
+"""
+
+import re
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+SLOWER_TIERS = ("cli", "torch", "data", "slow")
+_MODULE_TIER = re.compile(r"^pytestmark = pytest\.mark\.(\w+)$", re.M)
+
+
+def module_tier(path: Path) -> str | None:
+    """The tier a test module declares for all its tests (``pytestmark = pytest.mark.cli``), read from its text."""
+    match = _MODULE_TIER.search(path.read_text(encoding="utf-8"))
+    return match.group(1) if match and match.group(1) in SLOWER_TIERS else None
+
+
+class _Marks(dict):
+    """The names of a ``-m`` expression, evaluated for a test that carries exactly ``marks``."""
+
+    def __init__(self, marks: set[str]) -> None:
+        super().__init__()
+        self.marks = marks
+
+    def __missing__(self, name: str) -> bool:
+        return name in self.marks
+
+
+def selects(markexpr: str, marks: set[str]) -> bool:
+    """Whether ``-m markexpr`` selects a test with ``marks`` (the expression's and, or, not and brackets are
+    Python's; each name is true when the test carries that mark)."""
+    return bool(eval(markexpr, {"__builtins__": {}}, _Marks(marks)))  # noqa: S307 (names and and/or/not only)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A module of a slower tier that ``-m`` deselects as a whole is not imported (its imports are the slow part:
+    with ``-m fast`` torch and transformers are never loaded, and a machine without them collects no error)."""
+    markexpr = config.getoption("markexpr", "")
+    if markexpr and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        tier = module_tier(collection_path)
+        if tier and not selects(markexpr, {tier}):
+            return True
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in SLOWER_TIERS):
+            item.add_marker(pytest.mark.fast)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_stay_fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A fast test starts no process and loads no torch (where torch was not loaded before it)."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a fast test starts no process: mark it cli (or slow)")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    torch_before = "torch" in sys.modules
+    yield
+    assert torch_before or "torch" not in sys.modules, "a fast test imports no torch: mark it torch"

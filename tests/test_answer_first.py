@@ -160,6 +160,7 @@ def test_tables_are_whole_at_80_columns(command, headers, capsys, monkeypatch):
         assert all(word in words for word in header.split()), header
 
 
+@pytest.mark.torch
 def test_bench_says_what_it_measured_first(capsys):
     # a measurement's headline: the rate (2·m·n·k / median time) and the share of the peak, both from its own terms
     code, out, _ = run("bench --device cpu --shape 128x128x128 --repeats 2 --json", capsys)

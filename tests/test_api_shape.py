@@ -202,6 +202,7 @@ def python(code: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.cli
 def test_import_lmcalc_loads_neither_the_api_nor_the_engine_nor_torch():
     found = python("""
         import json, sys
@@ -215,6 +216,7 @@ def test_import_lmcalc_loads_neither_the_api_nor_the_engine_nor_torch():
     assert found["after"] == ["lmcalc.api", "lmcalc.engine"]  # the check sees a loaded module
 
 
+@pytest.mark.cli
 def test_an_api_name_loads_the_api_and_a_submodule_stays_a_submodule():
     found = python("""
         import json, sys, types
@@ -235,6 +237,7 @@ def test_an_api_name_loads_the_api_and_a_submodule_stays_a_submodule():
     assert found["same"] == found["all"]
 
 
+@pytest.mark.cli
 def test_a_command_loads_only_the_engine_it_needs():
     # (torch and matplotlib: tests/test_cli.py, test_accounting_commands_never_import_torch_or_matplotlib)
     found = python("""

@@ -16,6 +16,8 @@ from lmcalc.cli import main  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.presets import resolve_model  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 
 def run(args, capsys):
     with pytest.raises(SystemExit) as exit_info:

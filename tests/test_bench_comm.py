@@ -9,6 +9,8 @@ import pytest
 from lmcalc.bench import comm
 from lmcalc.errors import LmcalcError
 
+pytestmark = pytest.mark.torch
+
 K, M = 2**10, 2**20
 
 

@@ -41,6 +41,7 @@ def _save_in_turn(path: str, start, writer: int) -> None:
         results.save(Path(path), [Record("memory", f"process {writer}", None, None, figures)])
 
 
+@pytest.mark.cli
 def test_concurrent_saves_keep_every_record(tmp_path):
     # Eight processes save 25 records each into one file, all at once. Each save reads the file, adds its record
     # and renames a new file into place; without a lock across the three, two saves read the same file and the

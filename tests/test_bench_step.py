@@ -16,6 +16,8 @@ from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.presets import resolve_model  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 # A llama-like toy: h = 64, L = 2, H = 4 heads of d = 16, SwiGLU f = 128, V = 256, untied head, no biases.
 TINY = ModelSpec(
     name="tiny",

@@ -179,11 +179,14 @@ BAD_INPUT = [
     ("max-params --gpus 8xH100 --optimizer adamx", "unknown optimizer 'adamx'; did you mean adam"),
     ("tensor 12x0", "must be a positive integer"),
     ("tensor 4x8 --dtype fp12", "unknown dtype 'fp12'"),
-    ("flops --model llama-3-8b --nonsense", "No such option"),
+    ("flops --model llama-3-8b --nonsense", "unknown option --nonsense"),
+    ("memory -m llama-3-8b --zerro 3", "unknown option --zerro; did you mean --zero? (see 'lmcalc memory --help')"),
+    ("params", "missing option --model (-m) (see 'lmcalc params --help')"),
+    ("tensor", "missing argument SHAPE"),
     ("presets show nothing-like-this", "unknown preset"),
     ("optimal --compute 1e24 --precision fp8-mixed", "--precision applies to a cluster"),
     ("optimal --compute 1e24 --mfu 0.5 --price-per-gpu-hour 2", "--mfu, --price-per-gpu-hour apply to a cluster"),
-    ("bench --device cpu --shape 8x8x8 --warmup -1", "--warmup must be 0 or more"),
+    pytest.param("bench --device cpu --shape 8x8x8 --warmup -1", "--warmup must be 0 or more", marks=pytest.mark.torch),
     # one step of 1e30 tokens is more than the 15T the preset trains on; 1M more than --tokens 100K
     ("plan --model llama-3.1-8b --gpus 8xH100 --global-batch 1e30", "more than the 15,000,000,000,000 training tokens"),
     (
@@ -319,6 +322,7 @@ def test_user_preset_directory(tmp_path, monkeypatch, capsys):
         presets.registry.cache_clear()
 
 
+@pytest.mark.cli
 def test_accounting_commands_never_import_torch_or_matplotlib(tmp_path):
     from lmcalc.bench import results
 
@@ -346,6 +350,7 @@ def test_accounting_commands_never_import_torch_or_matplotlib(tmp_path):
     assert out.strip().splitlines()[-1] == "False False"
 
 
+@pytest.mark.cli
 def test_python_dash_m_works():
     out = subprocess.run([sys.executable, "-m", "lmcalc", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("lmcalc")

@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from lmcalc.cli import main
 
+pytestmark = pytest.mark.slow
+
 NUMBERS = st.sampled_from(
     ["seq=1k,4k", "micro-batch=1,2", "seq=", "1f1b", "interleaved"]
     + [

@@ -5,10 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from lmcalc.cli import app
+
+pytestmark = pytest.mark.cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "cli_reference.py"

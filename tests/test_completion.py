@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.cli
+
 
 def complete(words: str) -> list[str]:
     """What bash's completion function receives for the command line ``words`` (the cursor on its last word)."""

@@ -65,6 +65,7 @@ def test_implausible_factors_are_refused(setting, value, message):
         api.train_time(model="llama-3-8b", gpus="64xH100", **{setting: value})
 
 
+@pytest.mark.cli
 def test_the_report_carries_the_energy(tmp_path):
     page = tmp_path / "r.html"
     with pytest.raises(SystemExit):

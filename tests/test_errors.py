@@ -355,6 +355,7 @@ def test_a_deadline_met_by_a_fraction_of_a_gpu_rents_one(capsys):
     assert 0 < deadline["gpus_exact"]["value"] < 1e-14
 
 
+@pytest.mark.cli
 def test_a_plot_of_a_model_named_with_dollars(tmp_path, capsys):
     # two $ in a title opened matplotlib's mathtext, which failed on "$x^{ $": the text is drawn as written
     pytest.importorskip("matplotlib")

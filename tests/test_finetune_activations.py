@@ -37,6 +37,8 @@ from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 TOLERANCE = 0.05  # the target
 PRECISION = resolve_precision("bf16-pure").spec  # bf16 weights, adapters and activations; no fp32 copies
 ATTENTION = {"sdpa": "flash", "eager": "eager"}

@@ -25,6 +25,8 @@ from lmcalc.engine.method import Method, parse_targets  # noqa: E402
 from lmcalc.engine.method_flops import method_step_flops  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 ARCHS = ("llama", "qwen2", "olmo2", "gpt2", "mixtral")
 LAYERS = 3
 LORA = {

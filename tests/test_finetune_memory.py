@@ -48,6 +48,7 @@ def test_nf4_is_4_127_bits_per_weight():
     assert round(NF4_BITS_PER_WEIGHT, 3) == 4.127
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("shape", [(4096, 4096), (1024, 4096), (14336, 4096), (300, 512), (100, 50), (7, 3)])
 def test_nf4_bytes_equal_bitsandbytes_storage(shape):
     torch = pytest.importorskip("torch")

@@ -26,6 +26,8 @@ from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 CONFIG = dict(vocab_size=512, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
               intermediate_size=512)  # fmt: skip
 FP32 = resolve_precision("fp32").spec  # fp32 adapters: states in the optimizer's own dtype

@@ -27,6 +27,8 @@ from lmcalc.engine.method import Method, adapter_tensors, parse_targets  # noqa:
 from lmcalc.engine.params import count_params  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 LAYERS = 2
 TARGETS = {
     "llama": ["all-linear", "q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj", "gate_proj,up_proj,down_proj"],

@@ -11,6 +11,8 @@ import pytest
 from accuracy import load_runs
 from fit_time import FITTED, HELDOUT, current, fit, leave_one_family_out, log_error, loss
 
+pytestmark = pytest.mark.slow
+
 RUNS = load_runs(FITTED)
 
 

@@ -47,6 +47,8 @@ from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 TOLERANCE = 0.05  # |predicted / measured − 1|, the issue's target
 PRECISION = resolve_precision("bf16-pure").spec  # the models are cast to bf16: weights, activations, no master copy
 ATTENTION = {"sdpa": "flash", "eager": "eager"}  # transformers' attn_implementation -> lmcalc's attention kernel

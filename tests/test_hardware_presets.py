@@ -886,6 +886,7 @@ TORCH_OPTIMIZERS = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("preset", TORCH_OPTIMIZERS)
 def test_optimizer_state_count_matches_torch(preset):
     torch = pytest.importorskip("torch")
@@ -900,6 +901,7 @@ def test_optimizer_state_count_matches_torch(preset):
         assert set(full) == {s.name for s in spec.states}  # preset names are torch's state-dict keys
 
 
+@pytest.mark.torch
 def test_adafactor_state_matches_torch():
     torch = pytest.importorskip("torch")
     if not hasattr(torch.optim, "Adafactor"):

@@ -23,6 +23,8 @@ from lmcalc.presets import (
 )
 from lmcalc.specs import Cluster, ModelSpec
 
+pytestmark = pytest.mark.data
+
 DATA = read_yaml(Path(__file__).resolve().parent.parent / "benchmarks" / "heldout_runs.yaml")
 RUNS = DATA["runs"]
 BY_ID = {run["id"]: run for run in RUNS}

@@ -17,6 +17,8 @@ from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.hf_config import SUPPORTED, model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 
 def lmcalc_spec(config: dict, kind: str) -> ModelSpec:
     return ModelSpec.model_validate(model_from_hf_config(config, kind, f"{kind} config"))

@@ -23,6 +23,8 @@ from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.presets import resolve_model  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 GiB = 2**30
 
 

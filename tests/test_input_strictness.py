@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmcalc import presets
+from lmcalc import preset_files, presets
 from lmcalc.cli import main
 from lmcalc.engine.params import count_params, matches_published
 from lmcalc.errors import LmcalcError
@@ -96,26 +96,26 @@ def test_a_multimodal_configs_text_and_vision_fields_are_checked_too(tmp_path, c
     ("old", "new", "message"),
     [
         # YAML 1.1 reads true as 1, 1:30 as 90 (base 60), 010 as 8 (octal) and no as false
-        ("num_layers: 32", "num_layers: true", "num_layers: Input should be a valid integer, not true"),
-        ("num_layers: 32", "num_layers: 1:30", "num_layers: Input should be a valid integer, not the text '1:30'"),
-        ("num_layers: 32", "num_layers: 032", "num_layers: Input should be a valid integer, not the text '032'"),
-        ("num_layers: 32", "num_layers: 32.5", "num_layers: Input should be a valid integer, not 32.5"),
+        ("num_layers: 32", "num_layers: true", "num_layers: must be an integer, not true"),
+        ("num_layers: 32", "num_layers: 1:30", "num_layers: must be an integer, not the text '1:30'"),
+        ("num_layers: 32", "num_layers: 032", "num_layers: must be an integer, not the text '032'"),
+        ("num_layers: 32", "num_layers: 32.5", "num_layers: must be an integer, not 32.5"),
         (
             "tied_embeddings: false",
             "tied_embeddings: no",
-            "tied_embeddings: Input should be a valid boolean, not the text 'no'",
+            "tied_embeddings: must be true or false, not the text 'no'",
         ),
         (
             "tied_embeddings: false",
             'tied_embeddings: "false"',
-            "tied_embeddings: Input should be a valid boolean, not the text 'false'",
+            "tied_embeddings: must be true or false, not the text 'false'",
         ),
         (
             "training_tokens: 15.0e12",
             "training_tokens: yes",
-            "training_tokens: Input should be a valid number, not the text 'yes'",
+            "training_tokens: must be a number, not the text 'yes'",
         ),
-        ("num_layers: 32", "num_layers: 32\nnorms_per_layer: true", "norms_per_layer: Input should be 1, 2 or 4"),
+        ("num_layers: 32", "num_layers: 32\nnorms_per_layer: true", "norms_per_layer: must be 1, 2 or 4, not true"),
     ],  # fmt: skip
     ids=["true", "sexagesimal", "octal", "fraction", "no", "quoted-false", "yes", "literal-true"],
 )
@@ -124,6 +124,14 @@ def test_numbers_and_booleans_are_read_strictly(old, new, message, tmp_path, cap
     assert refused(["params", "-m", str(path)], capsys) == f"{path}: {message}"
     code, out, _ = run(["presets", "check", str(path)], capsys)  # presets check passed them all
     assert code == 1 and out.startswith(f"FAIL {path}")
+
+
+def test_a_choice_outside_its_list_names_the_field_the_choices_and_the_value(tmp_path, capsys):
+    # lmcalc's words around the list of choices, whatever words pydantic's next release uses for it
+    path = llama_with(tmp_path, "ffn_kind: swiglu", "ffn_kind: gelux")
+    message = refused(["params", "-m", str(path)], capsys)
+    assert message.startswith(f"{path}: ffn_kind: must be ") and message.endswith(", not the text 'gelux'")
+    assert all(kind in message for kind in ("gelu_mlp", "swiglu", "geglu")), message
 
 
 def test_a_duplicate_key_is_refused(tmp_path, capsys):
@@ -165,6 +173,7 @@ main()
 """
 
 
+@pytest.mark.cli
 def test_a_broken_user_preset_affects_only_itself(user_presets):
     models = user_presets / "models"
     os.mkfifo(models / "fifo.yaml")  # opening it would wait for a writer forever
@@ -182,8 +191,10 @@ def test_a_broken_user_preset_affects_only_itself(user_presets):
     built_in = lmcalc("params", "-m", "llama-3-8b", "--json")
     assert built_in.returncode == 0, built_in.stderr
     assert json.loads(built_in.stdout)["results"]["params"]["total"]["value"] == 8030261248
-    assert sorted(built_in.stderr.splitlines()) == [
-        f"lmcalc: warning: {models}/bad.yaml:2: YAML syntax error: did not find expected ',' or ']'; left out",
+    bad, *others = sorted(built_in.stderr.splitlines())
+    # the problem after "YAML syntax error:" is libyaml's, in its words: the file, line and kind are lmcalc's
+    assert bad.startswith(f"lmcalc: warning: {models}/bad.yaml:2: YAML syntax error: ") and bad.endswith("; left out")
+    assert others == [
         f"lmcalc: warning: {models}/fifo.yaml: not a regular file; left out",
         f"lmcalc: warning: {models}/huge.yaml: larger than 1 MiB, more than any preset or config.json; left out",
         f"lmcalc: warning: {models}/latin1.yaml: not UTF-8 text (byte 0xe9 at offset 9); left out",
@@ -244,13 +255,37 @@ def test_an_unreadable_model_file_is_one_line(tmp_path, capsys):
     assert refused(["params", "-m", str(deep)], capsys) == f"{deep}: JSON nested too deeply"
 
 
+@pytest.mark.cli
 def test_deeply_nested_yaml_is_refused_before_libyaml_overflows_its_stack(tmp_path):
     # libyaml's composer recurses in C: 50,000 levels killed Python with SIGSEGV (run apart, so a crash is a failure)
     deep = tmp_path / "model.yaml"
     deep.write_text("[" * 50_000)
     command = [sys.executable, "-m", "lmcalc", "params", "-m", str(deep)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert (result.returncode, result.stderr) == (2, f"lmcalc: error: {deep}:1: YAML nested deeper than 1000 levels\n")
+    # What a user relies on: exit 2 (not a crash's -11), one line that names the file and its first line. The words
+    # after that are lmcalc's own check where PyYAML parses on, or PyYAML's (6.0.4 refuses deep nesting itself).
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"lmcalc: error: {deep}:1: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr and not result.stdout
+
+
+def test_nesting_is_bounded_by_lmcalc_whatever_pyyaml_allows(tmp_path, monkeypatch):
+    # lmcalc's own bound, apart from the parser's: 1,001 levels refused, 1,000 read (a list of lists of … of 1)
+    monkeypatch.setattr(preset_files.yaml, "parse", _parse_events_without_a_bound)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 1001 + "1" + "]" * 1001)
+    with pytest.raises(LmcalcError, match=rf"^{re.escape(str(deep))}:1: YAML nested deeper than 1000 levels$"):
+        preset_files.read_yaml(deep)
+    deep.write_text("[" * 1000 + "1" + "]" * 1000)
+    assert preset_files.read_yaml(deep) is not None
+
+
+_parse = yaml.parse
+
+
+def _parse_events_without_a_bound(text, Loader):  # noqa: N803 (PyYAML's keyword)
+    """PyYAML's events from its pure-Python parser, which bounds no nesting (libyaml 0.2.6 stops at 1,000 itself)."""
+    return _parse(text, Loader=yaml.SafeLoader)
 
 
 # ------------------------------------------------------------------------------------------- 16: messages

@@ -93,6 +93,7 @@ def _recorded_matmuls(model: ModelSpec, seq: int, batch: int) -> tuple[Counter, 
     return forward.shapes, backward.shapes
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("model", [llama(kv=2), gpt()], ids=["llama-gqa", "gpt-gelu"])
 def test_gemm_shapes_are_the_matmuls_pytorch_runs(model):
     """Every GEMM of the inventory, forward (m, n, k), input gradient (m, k, n) and weight gradient (n, k, m), is a

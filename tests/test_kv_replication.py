@@ -175,6 +175,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.torch
+
 def run(rank, world, groups, out):
     torch.cuda.current_device = lambda: "cpu"  # the all-gather allocates on the current CUDA device
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + groups))

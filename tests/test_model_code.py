@@ -30,6 +30,8 @@ from lmcalc.hf_config import ACTIVATION, GELUS, model_from_hf_config  # noqa: E4
 from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 GELU_TYPES = ("gpt2", "gpt_neox", "falcon", "bloom", "starcoder2", "gemma", "gemma2", "gemma3_text")
 ROWS, WIDTH = 16, 64  # the tensors run through an activation or a norm: 16 tokens of 64
 

@@ -347,6 +347,7 @@ def gpt2_like(nn, V, s, L, h, f):
     )
 
 
+@pytest.mark.torch
 def test_gpt2_like_module(nn):
     spec = ModelSpec(
         name="tiny-gpt2",
@@ -417,17 +418,20 @@ def shape_fields(L, h, H, kv, d, f):
     return dict(num_layers=L, hidden_size=h, num_heads=H, num_kv_heads=kv, head_dim=d, ffn_size=f)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_llama_like_module_with_gqa(nn, tied):
     spec = llama_spec(**shape_fields(**SHAPE), tied_embeddings=tied)
     assert numel(llama_like(nn, V=101, **SHAPE, tied=tied)) == count_params(spec).total
 
 
+@pytest.mark.torch
 def test_qwen_like_module_with_qkv_bias(nn):
     spec = llama_spec(**shape_fields(**SHAPE), tied_embeddings=False, attention_bias="qkv")
     assert numel(llama_like(nn, V=101, **SHAPE, tied=False, qkv_bias=True)) == count_params(spec).total
 
 
+@pytest.mark.torch
 def test_olmo2_like_module_with_full_qk_norm(nn):
     spec = llama_spec(**shape_fields(**SHAPE), tied_embeddings=False, qk_norm="full")
     assert numel(llama_like(nn, V=101, **SHAPE, tied=False, olmo2=True)) == count_params(spec).total
@@ -442,6 +446,7 @@ def routed_active(module, moe_layers, experts_per_token: int) -> int:
     return numel(module) - unused
 
 
+@pytest.mark.torch
 def test_mixtral_like_module(nn):
     V, L, h, H, kv, d, f, E, k = 101, 2, 32, 4, 2, 8, 56, 4, 2
 
@@ -483,6 +488,7 @@ def test_mixtral_like_module(nn):
     assert routed_active(module, layers, k) == counts.active
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("q_lora_rank", [24, None], ids=["low-rank-q (V3)", "plain-q (V2-Lite)"])
 def test_deepseek_like_module_with_mla_and_shared_experts(nn, q_lora_rank):
     V, L, n_dense, h, H = 101, 4, 1, 32, 4

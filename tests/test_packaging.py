@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cli
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,3 +62,33 @@ def test_readme_install_notes_agree_with_the_package():
     assert "--index-url https://download.pytorch.org/whl/cpu" in section
     for extra in set(project["optional-dependencies"]) - {"dev"}:  # dev: the second command at the top
         assert f"[{extra}]" in section, extra
+
+
+def test_ci_runs_the_readme_test_command_in_a_new_environment():
+    """Issue #35: CI installs what a new user gets. The README's second command is the last line of .ci/run, run
+    after any environment left from before is removed, so pip resolves every dependency afresh."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```bash\n") + len("```bash\n") :]
+    commands = block[: block.index("```")].strip().splitlines()
+    assert len(commands) == 2 and all(
+        c.startswith("python3 -m venv .venv && . .venv/bin/activate && ") for c in commands
+    )
+    assert commands[1].endswith("pip install -e '.[dev]' && python -m pytest")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == commands[1]
+    assert ci[-2].startswith("rm -rf .venv")
+    assert "python -m pytest -m fast" in readme
+
+
+def test_every_lower_bound_is_one_that_check_deps_installs():
+    """Each dependency has a lower bound (or an exact pin), which scripts/check_deps.sh installs as ==."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [
+        *project["dependencies"],
+        *(r for extra in project["optional-dependencies"].values() for r in extra),
+    ]
+    for requirement in requirements:
+        assert re.search(r"(>=|==)\s*\d", requirement), f"{requirement}: no lower bound"

@@ -39,6 +39,7 @@ def test_top_one_is_one_small_object(capsys):
     assert layout["dp"] * layout["tp"] * layout["pp"] * layout["cp"] == 64
 
 
+@pytest.mark.cli
 def test_top_defaults_to_ten_and_all_is_asked_for(capsys):
     default, _ = plan_json("", capsys)
     assert len(default["results"]) == 10 and len(default["details"]) == 10

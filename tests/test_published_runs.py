@@ -35,6 +35,8 @@ from lmcalc.engine.flops import napkin_params
 from lmcalc.engine.params import count_params
 from lmcalc.presets import read_yaml
 
+pytestmark = pytest.mark.data
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_FILE = ROOT / "benchmarks" / "published_runs.yaml"
 REFERENCE = ROOT.parent / "shared" / "reference"

@@ -12,6 +12,8 @@ import pytest
 
 from lmcalc.cli import main
 
+pytestmark = pytest.mark.cli
+
 ARTIFACTS = Path(__file__).parent / "artifacts"  # screenshots land here (git-ignored)
 
 

@@ -12,6 +12,8 @@ import pytest
 import lmcalc.api as api
 from lmcalc.cli import main
 
+pytestmark = pytest.mark.cli
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LARGEST_PAGE = 1_000_000  # bytes
 

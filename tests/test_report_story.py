@@ -11,6 +11,8 @@ import lmcalc.api as api
 from lmcalc.cli import main
 from lmcalc.estimates.plan import layout_fields
 
+pytestmark = pytest.mark.cli
+
 LLAMA_8B = {"model": "llama-3.1-8b", "gpus": "8xH100"}
 
 

@@ -19,6 +19,8 @@ from lmcalc.presets import resolve_model  # noqa: E402
 from lmcalc.reference_model import ReferenceModel  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 
 def spec_of(kind: str) -> ModelSpec:
     return ModelSpec.model_validate(model_from_hf_config(tiny_config(kind), kind, kind))

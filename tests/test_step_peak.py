@@ -17,6 +17,8 @@ from lmcalc.engine.workload import Workload  # noqa: E402
 from lmcalc.presets import resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.reference_model import ReferenceModel  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 N_LLAMA_1B = 1_235_814_400  # Llama 3.2 1B, exact (tied embeddings; shared/reference model shapes)
 V_LLAMA_3 = 128_256
 BF16, ADAMW = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec

@@ -79,6 +79,7 @@ TORCH_NAMES = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", sorted(TORCH_NAMES))
 def test_float_formats_match_torch_finfo(name):
     torch = pytest.importorskip("torch")

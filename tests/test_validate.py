@@ -25,6 +25,8 @@ from lmcalc.engine.workload import Workload  # noqa: E402
 from lmcalc.presets import builtin_dir, resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 PRESETS = sorted(p.stem for p in (builtin_dir() / "models").glob("*.yaml"))
 META_SEQ = 256
 

@@ -25,6 +25,8 @@ from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.hf_config import SUPPORTED  # noqa: E402
 from lmcalc.validate import passed  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 SEQ, MICRO_BATCH = 32, 1
 CLI_KIND = "llama"  # the one type checked through the command line; the others through the Python function
 KNOWN_GAPS = {

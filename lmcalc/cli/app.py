@@ -71,8 +71,21 @@ def error_message(error: LmcalcError) -> str:
 
 
 def _usage_message(exc: Exception) -> str:
-    """A typer usage error (unknown option, missing value, bad type) as one line."""
-    return " ".join(getattr(exc, "format_message", exc.__str__)().split("\n"))
+    """A typer usage error (unknown option, missing value, bad type) as one line, with the help to read. The two a
+    user meets most are said in lmcalc's words, from the error's fields rather than typer's text (which changes
+    between releases); the rest keep typer's message."""
+    option, close = getattr(exc, "option_name", None), getattr(exc, "possibilities", None)
+    param = getattr(exc, "param", None)
+    kind = getattr(param, "param_type_name", None)
+    if option and close is not None:  # click's NoSuchOption, as typer vendors it
+        message = f"unknown option {option}" + (f"; did you mean {', '.join(sorted(close))}?" if close else "")
+    elif type(exc).__name__ == "MissingParameter" and param is not None and kind in ("option", "argument"):
+        names = list(param.opts) if kind == "option" else [str(param.name).upper()]
+        message = f"missing {kind} {names[0]}" + (f" ({', '.join(names[1:])})" if names[1:] else "")
+    else:
+        message = " ".join(getattr(exc, "format_message", exc.__str__)().split("\n"))
+    ctx = getattr(exc, "ctx", None)
+    return f"{message} (see '{getattr(ctx, 'command_path', '') or 'lmcalc'} --help')"
 
 
 def _one_line(text: str) -> str:
@@ -91,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         print("lmcalc: aborted", file=sys.stderr)
         sys.exit(130)
     except typer.TyperException as exc:  # typer's usage errors: unknown option, missing value, bad type
-        print(f"lmcalc: error: {_one_line(_usage_message(exc))} (see 'lmcalc --help')", file=sys.stderr)
+        print(f"lmcalc: error: {_one_line(_usage_message(exc))}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))
     except Exception as exc:  # never show a traceback to a user, unless asked
         if os.environ.get("LMCALC_DEBUG"):
