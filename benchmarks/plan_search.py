@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 
 from lmcalc.engine import clear_caches
-from lmcalc.engine.plan import Pins, Plan, plan
+from lmcalc.engine.search.plan import Pins, Plan, plan
 from lmcalc.engine.workload import Workload
 from lmcalc.estimates.inputs import TrainingSettings
 from lmcalc.estimates.training import training_setup
-from lmcalc.presets import parse_cluster, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, parse_cluster, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster
 
 
@@ -40,7 +40,9 @@ class Case:
 def llama_405b() -> Case:
     model = resolve_model("llama-3.1-405b").spec
     precision, optimizer = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
-    base = Workload(model, precision, optimizer, 8192, overhead_bytes=0.0)  # no allowance: the figures of earlier runs
+    base = Workload(
+        model, precision, optimizer, 8192, overhead_bytes=0.0, framework=framework_profile()
+    )  # no allowance: the figures of earlier runs
     return Case("Llama 3.1 405B on 16,384 H100 (2048x8xH100)", base, parse_cluster("2048x8xH100"), 2048, 2.0)
 
 

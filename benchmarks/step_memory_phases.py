@@ -2,7 +2,7 @@
 
 For several models and shapes, one bf16 AdamW step (after a first one that creates the optimizer
 states) is run with ``torch.cuda.memory_allocated`` / ``max_memory_allocated`` read between its phases,
-and set beside ``lmcalc.engine.step_peak``: weights + states, activations saved by the forward pass,
+and set beside ``lmcalc.engine.memory.step_peak``: weights + states, activations saved by the forward pass,
 gradients, the backward pass's peak, the optimizer step's peak, and the step's peak, the module's
 buffers (rotary tables, causal mask) and cuBLAS's workspaces taken off the measured figures. Prints
 the ratio engine / measured for each. Needs CUDA; a minute or so on one H200. The JSON is rewritten

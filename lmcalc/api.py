@@ -13,11 +13,11 @@ spec objects (``ModelSpec``, ``Cluster``, …). Bad input raises ``LmcalcError``
 argument at fault.
 """
 
-from lmcalc.engine.gpu_memory import GpuMemory
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.method import Method
-from lmcalc.engine.offload import Offload
-from lmcalc.engine.pipeline import PipelineSplit
+from lmcalc.engine.finetune.method import Method
+from lmcalc.engine.finetune.offload import Offload
+from lmcalc.engine.memory.gpu_memory import GpuMemory
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, TensorEstimate, dtypes, flops, params, tensor

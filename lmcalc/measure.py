@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lmcalc.engine.choices import Attention, Recompute
-from lmcalc.engine.step_peak import StepPeak, plain_step_peak
+from lmcalc.engine.memory.step_peak import StepPeak, plain_step_peak
 from lmcalc.engine.workload import Workload, dropout_mask_bytes
 from lmcalc.reference_model import ReferenceModel, loss
 from lmcalc.specs import ModelSpec
@@ -320,8 +320,8 @@ def model_that_fits(spec: ModelSpec, max_params: float) -> ModelSpec:
     """``spec`` if it has at most ``max_params`` parameters; else the same model with fewer layers, every
     tensor at its real shape (an MoE model keeps one dense layer if it had any, and at least one MoE
     layer); else, where even that is too large, its proportions scaled down (``scaled_model``)."""
-    from lmcalc.engine.maxparams import scaled_model
-    from lmcalc.engine.params import count_params
+    from lmcalc.engine.model.params import count_params
+    from lmcalc.engine.search.maxparams import scaled_model
 
     if count_params(spec).total <= max_params:
         return spec
@@ -357,9 +357,9 @@ def measured_step(
     Fused attention unless ``attention`` says eager, and ``torch.optim.AdamW(foreach=True)`` (its
     default on a GPU), on both. One step runs first, so that AdamW's states exist; the next is measured.
     """
-    from lmcalc.engine.states import bytes_per_param, optimizer_bytes_per_param
+    from lmcalc.engine.parallel.states import bytes_per_param, optimizer_bytes_per_param
     from lmcalc.errors import LmcalcError, setting
-    from lmcalc.presets import resolve_optimizer, resolve_precision
+    from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 
     cuda = device == "cuda"
     precision = resolve_precision("bf16-pure" if cuda else "fp32").spec
@@ -370,7 +370,11 @@ def measured_step(
         spec = model_that_fits(spec, CUDA_MODEL_FRACTION * capacity / per_param)
     seq = min(seq_len, spec.max_seq_len)
     mask_bytes = dropout_mask_bytes(device, precision)
-    predicted = plain_step_peak(Workload(spec, precision, adamw, seq, micro_batch, attention, recompute, mask_bytes))
+    predicted = plain_step_peak(
+        Workload(
+            spec, precision, adamw, seq, micro_batch, attention, recompute, mask_bytes, framework=framework_profile()
+        )
+    )
     if cuda and predicted.peak > 0.9 * capacity:
         raise LmcalcError(
             f"row 4 would need about {predicted.peak / 1e9:.0f} GB of the GPU's {capacity / 1e9:.0f} GB at "

@@ -77,13 +77,21 @@ def read_text(path: Path, limit: int = PRESET_FILE_LIMIT) -> str:
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without a writer
     except OSError as exc:
         raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(descriptor, "rb") as file:
+    try:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
             raise LmcalcError(f"{path}: not a regular file")
-        try:
-            data = file.read(limit + 1)
-        except OSError as exc:
-            raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
+        chunks, size = [], 0
+        while size <= limit:  # straight from the descriptor: a file object costs more than reading a preset
+            chunk = os.read(descriptor, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise LmcalcError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(descriptor)
+    data = b"".join(chunks)
     if len(data) > limit:
         raise LmcalcError(f"{path}: larger than {limit >> 20} MiB, more than any preset or config.json")
     try:

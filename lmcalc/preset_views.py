@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lmcalc import presets as pr
-from lmcalc.engine.params import count_params, matches_published
+from lmcalc.engine.model.params import count_params, matches_published
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group

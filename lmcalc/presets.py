@@ -9,7 +9,6 @@ Hugging Face ``config.json``) is accepted too, and for a model a Hugging Face Hu
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -19,10 +18,8 @@ from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from lmcalc import hub
 from lmcalc.errors import LmcalcError, as_given, token, warn
 from lmcalc.framework_specs import FrameworkProfile
-from lmcalc.hf_config import model_from_hf_config
 from lmcalc.preset_files import (  # noqa: F401  (read_yaml and the limits are the presets' API too)
     CONFIG_FILE_LIMIT,
     MAX_NESTING,
@@ -79,8 +76,11 @@ def search_dirs() -> list[Path]:
     return [*extra, builtin_dir()]
 
 
+_SEPARATORS = re.compile(r"[\s_]+")
+
+
 def normalise(name: str) -> str:
-    return re.sub(r"[\s_]+", "-", name.strip().lower())
+    return _SEPARATORS.sub("-", name.strip().lower())
 
 
 def validate(spec_type: type[S], data: Any, origin: str) -> S:
@@ -98,6 +98,8 @@ def validate(spec_type: type[S], data: Any, origin: str) -> S:
         if unnamed:  # likely a line of some other file (/etc/shadow's) read as a key: it is not quoted
             loc, message = loc[:-1], "a key that is not a field name"
         elif first["type"] == "extra_forbidden":
+            import difflib
+
             close = difflib.get_close_matches(str(loc[-1]), list(spec_type.model_fields), n=1)
             message = "unknown field" + (f"; did you mean {close[0]}?" if close else "")
         else:
@@ -152,11 +154,13 @@ def preset_files(directory: Path, kind: str) -> list[Path]:
 def _entries_in(directory: Path, kind: str, builtin: bool) -> list[tuple[Any, str]]:
     """The presets of ``kind`` in ``directory``, each with where it was read from. A file of the user's that cannot be
     read is left out with a warning that names it: one broken file must not stop every command (a built-in one is a
-    bug, and raises)."""
-    entries = []
+    bug, and raises). A built-in file whose text declares its names plainly (``declared_names``) gives its ``Names``
+    in place of its fields: it is parsed only when the preset is used."""
+    entries: list[tuple[Any, str]] = []
     for path in preset_files(directory, kind):
         try:
-            entries += _entries_of_file(path, kind)
+            declared = declared_names(read_text(path)) if builtin and kind in FILE_PER_SPEC_KINDS else None
+            entries += [(declared, str(path))] if declared else _entries_of_file(path, kind)
         except LmcalcError as exc:
             if builtin:
                 raise
@@ -204,12 +208,89 @@ def _nested_spec_type(annotation: Any) -> type[BaseModel] | None:
 
 
 @dataclass(frozen=True)
-class Entry:
-    """One preset as read from its file, before it becomes a spec."""
+class Names:
+    """What a preset is called: its canonical ``name``, its other names, and the families it is the default member
+    of (only the text items of a list count, as in any preset)."""
 
-    data: dict[str, Any]
-    origin: str
-    builtin: bool
+    name: str
+    aliases: tuple[str, ...] = ()
+    family_aliases: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Names:
+        return cls(data["name"], tuple(_names(data, "aliases")), tuple(_names(data, "family_aliases")))
+
+
+# Each searched for after a line break (the text is read with one in front), which the regex engine finds quickly.
+_FIELD_LINE = re.compile(r"\n(name|aliases|family_aliases):[ \t]*(.*?)(?:[ \t]+#.*)?[ \t]*$", re.MULTILINE)
+_OTHER_TOP_LEVEL_LINE = re.compile(r"\n(?=[^ \t#\n])(?![A-Za-z_]\w*:(?:[ \t]|$))", re.MULTILINE)
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_QUOTED = re.compile(r'"([^"\\]*)"|\'([^\']*)\'')
+_FLOW_LIST = re.compile(r"\[(.*)\]")
+
+
+def declared_names(text: str) -> Names | None:
+    """The names a preset file's text declares, read without parsing it: ``name``, ``aliases`` and
+    ``family_aliases`` as top-level lines of the form the built-in files use (``name: llama-3-70b``,
+    ``aliases: [meta-llama-3-70b, "Llama 3 70B"]``). None when the text could say them any other way (another form
+    of top-level line, a value in another form, a field given twice, no name): the file is then parsed, and its
+    YAML says. A test checks this against the YAML of every built-in file, and ``Entry.data`` when a file is parsed."""
+    text = "\n" + text
+    if _OTHER_TOP_LEVEL_LINE.search(text):
+        return None
+    fields: dict[str, str] = {}
+    for match in _FIELD_LINE.finditer(text):
+        if match[1] in fields:
+            return None
+        fields[match[1]] = match[2]
+    name = _scalar(fields.get("name", ""))
+    aliases, families = _flow_list(fields.get("aliases", "[]")), _flow_list(fields.get("family_aliases", "[]"))
+    if name is None or aliases is None or families is None:
+        return None
+    return Names(name, aliases, families)
+
+
+def _scalar(value: str) -> str | None:
+    """A one-line YAML scalar that the preset reader reads as this text: quoted without escapes, or plain and read as
+    neither a number, a boolean, a date nor null; else None."""
+    quoted = _QUOTED.fullmatch(value)
+    if quoted:
+        return quoted[1] if quoted[1] is not None else quoted[2]
+    if not _PLAIN.fullmatch(value):
+        return None
+    resolvers = _Loader.yaml_implicit_resolvers.get(value[0], []) + _Loader.yaml_implicit_resolvers.get(None, [])
+    return None if any(regexp.match(value) for _, regexp in resolvers) else value
+
+
+def _flow_list(value: str) -> tuple[str, ...] | None:
+    """A one-line YAML flow list of such scalars (``[a, "b c"]``); else None."""
+    listed = _FLOW_LIST.fullmatch(value)
+    if listed is None:
+        return None
+    if not listed[1].strip():
+        return ()
+    items = [_scalar(item.strip()) for item in listed[1].split(",")]
+    return None if None in items else tuple(item for item in items if item is not None)
+
+
+class Entry:
+    """One preset as read from its file, before it becomes a spec: its names, and its fields (``data``). A built-in
+    file whose text declares its names is parsed the first time its fields are read."""
+
+    def __init__(self, names: Names, origin: str, builtin: bool, data: dict[str, Any] | None = None):
+        self.names = names
+        self.origin = origin
+        self.builtin = builtin
+        self._data = data
+
+    @property
+    def data(self) -> dict[str, Any]:
+        if self._data is None:
+            data = read_yaml(Path(self.origin))
+            if not isinstance(data, dict) or not isinstance(data.get("name"), str) or Names.of(data) != self.names:
+                raise LmcalcError(f"{self.origin}: its YAML does not give the names its text declares ({self.names})")
+            self._data = data
+        return self._data
 
 
 class Registry:
@@ -261,6 +342,8 @@ class Registry:
         if key in self.families:
             chosen = self.families[key]
             return self.spec(chosen), f"'{name}' is a family name; using its default member {chosen}"
+        import difflib
+
         choices = sorted(set(self.names) | set(self.families))
         # a known name with more said after it (H100-80GB, qwen3-9b) means that name before spelling alike does
         stems = sorted((c for c in choices if key.startswith(c + "-")), key=len, reverse=True)
@@ -276,7 +359,8 @@ def _names(data: dict[str, Any], field: str) -> list[str]:
 
 @cache
 def registry(kind: str) -> Registry:
-    """Read every preset file of ``kind`` on the search path (cached for the process).
+    """Every preset of ``kind`` on the search path, by name (cached for the process). The user's files are read
+    whole; a built-in file is read for its names alone, and parsed when its preset is used.
 
     A preset of the user's with a built-in's ``name`` replaces the built-in (on purpose: docs/presets.md); one
     whose other names take a built-in's is kept, with a warning."""
@@ -284,19 +368,23 @@ def registry(kind: str) -> Registry:
     builtin = builtin_dir()
     for directory in search_dirs():
         for data, origin in _entries_in(directory, kind, builtin=directory == builtin):
-            if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            if isinstance(data, Names):
+                entry = Entry(data, origin, builtin=True)
+            elif not isinstance(data, dict) or not isinstance(data.get("name"), str):
                 if directory == builtin:
                     raise LmcalcError(f"{origin}: a preset needs a 'name' field")
                 warn(f"{origin}: a preset needs a 'name' field; left out")
                 continue
-            if data["name"] not in entries:  # a user directory earlier on the path shadows this one
-                entries[data["name"]] = Entry(data, origin, builtin=directory == builtin)
+            else:
+                entry = Entry(Names.of(data), origin, builtin=directory == builtin, data=data)
+            if entry.names.name not in entries:  # a user directory earlier on the path shadows this one
+                entries[entry.names.name] = entry
     names: dict[str, str] = {}
     families: dict[str, str] = {}
     for canonical, entry in entries.items():  # the user's first: their names win
-        for alias in [canonical, *_names(entry.data, "aliases")]:
+        for alias in [canonical, *entry.names.aliases]:
             names.setdefault(normalise(alias), canonical)
-        for family in _names(entry.data, "family_aliases"):
+        for family in entry.names.family_aliases:
             families.setdefault(normalise(family), canonical)
     _warn_shadowing(kind, entries)
     return Registry(kind, entries, names, families)
@@ -306,20 +394,19 @@ def _warn_shadowing(kind: str, entries: dict[str, Entry]) -> None:
     """A warning for each name a user's preset takes from a built-in one of another name: ``-m NAME`` would then
     pick the user's model where the built-in was meant. Names and aliases are looked up before family names, so a
     user's alias takes any of a built-in's names, and a user's family name only a built-in's family name."""
+    if all(entry.builtin for entry in entries.values()):
+        return
     names: dict[str, str] = {}  # each built-in's name and aliases, and whose they are
     families: dict[str, str] = {}
     for canonical, entry in entries.items():
         if entry.builtin:
-            names.update((normalise(a), canonical) for a in [canonical, *_names(entry.data, "aliases")])
-            families.update((normalise(f), canonical) for f in _names(entry.data, "family_aliases"))
+            names.update((normalise(a), canonical) for a in [canonical, *entry.names.aliases])
+            families.update((normalise(f), canonical) for f in entry.names.family_aliases)
     for canonical, entry in entries.items():
         if entry.builtin:
             continue
-        taken = [
-            (a, names.get(normalise(a)) or families.get(normalise(a)))
-            for a in [canonical, *_names(entry.data, "aliases")]
-        ]
-        taken += [(f, families.get(normalise(f))) for f in _names(entry.data, "family_aliases")]
+        taken = [(a, names.get(normalise(a)) or families.get(normalise(a))) for a in [canonical, *entry.names.aliases]]
+        taken += [(f, families.get(normalise(f))) for f in entry.names.family_aliases]
         for alias, owner in taken:
             if owner is not None and owner != canonical:
                 warn(
@@ -344,6 +431,8 @@ def load_spec_file(path: Path, spec_type: type[S], hub_id: str | None = None) ->
     if path.suffix == ".json":
         data = read_json(path)
         if spec_type is ModelSpec and isinstance(data, dict) and "name" not in data:
+            from lmcalc.hf_config import model_from_hf_config
+
             name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
             origin = f"{hub_id} (Hugging Face Hub config.json)" if hub_id else str(path)
             return validate(spec_type, model_from_hf_config(data, hub_id or name, origin), origin)
@@ -361,8 +450,11 @@ class Resolved:
 
 
 def _resolve(kind: str, name: str, spec_type: type[S]) -> Resolved:
-    if spec_type is ModelSpec and hub.is_hub_id(name):  # org/name, and no such local file
-        return Resolved(load_spec_file(hub.config_path(name), spec_type, hub_id=name), f"Hugging Face Hub: {name}")
+    if spec_type is ModelSpec and "/" in name:  # org/name, and no such local file: a Hub id
+        from lmcalc import hub
+
+        if hub.is_hub_id(name):
+            return Resolved(load_spec_file(hub.config_path(name), spec_type, hub_id=name), f"Hugging Face Hub: {name}")
     if _looks_like_path(name):
         return Resolved(load_spec_file(Path(name).expanduser(), spec_type), name)
     reg = registry(kind)
@@ -388,6 +480,12 @@ def resolve_optimizer(name: str) -> Resolved:
 
 def resolve_framework(name: str) -> Resolved:
     return _resolve("frameworks", name, FrameworkProfile)
+
+
+def framework_profile(name: str = "idealised") -> FrameworkProfile:
+    """A framework profile by name: the idealised one (the papers' count) unless named. The engine reads no preset;
+    a caller that builds a ``Workload`` chooses its profile with this."""
+    return resolve_framework(name).spec
 
 
 _CLUSTER_RE = re.compile(r"^\s*(\d+)\s*[x×]\s*(?:(\d+)\s*[x×]\s*)?(.+?)\s*$", re.IGNORECASE)

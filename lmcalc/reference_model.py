@@ -296,7 +296,7 @@ class Block(nn.Module):
 
 
 class ReferenceModel(nn.Module):
-    """Embedding, L blocks, final norm, output head — in the order ``engine.params`` counts them."""
+    """Embedding, L blocks, final norm, output head — in the order ``engine.model.params`` counts them."""
 
     def __init__(self, spec: ModelSpec, attention: AttentionImpl = "flash", max_seq: int | None = None, **kw):
         super().__init__()

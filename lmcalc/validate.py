@@ -6,7 +6,7 @@
 3. Bytes saved for backward by a small model of the same architecture on the CPU (distinct storages,
    parameters and buffers excluded) vs the engine's activation formula, per attention kernel and
    recomputation mode.
-4. The peak memory of a real AdamW step vs the engine's phase-by-phase peak (``engine.step_peak``), with
+4. The peak memory of a real AdamW step vs the engine's phase-by-phase peak (``engine.memory.step_peak``), with
    the parts it is made of set side by side: always on the small model on the CPU (live storages
    tracked), and with CUDA on the model itself on the GPU (the allocator's counters).
 
@@ -18,16 +18,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from lmcalc.engine import flops as fl
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, Recompute
-from lmcalc.engine.gpu_memory import gpu_memory
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.params import count_params
-from lmcalc.engine.step_peak import StepPeak
+from lmcalc.engine.memory.gpu_memory import gpu_memory
+from lmcalc.engine.memory.step_peak import StepPeak
+from lmcalc.engine.model import flops as fl
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.workload import Workload, dropout_mask_bytes
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.estimates.inputs import ModelLike, choice, positive_int, resolve_model, seq_given
-from lmcalc.presets import resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
 
@@ -209,7 +209,9 @@ def validate_result(
             key = f"activations_{attention}_{recompute}"
             title = f"Activations, {attention} attention, recompute {recompute} (small model, s={s})"
             mask = dropout_mask_bytes("cpu", fp32)
-            workload = Workload(small, fp32, adamw, s, micro_batch, attention, recompute, mask)
+            workload = Workload(
+                small, fp32, adamw, s, micro_batch, attention, recompute, mask, framework=framework_profile()
+            )
             engine = gpu_memory(workload, Layout(), 0).activations  # the whole model on one device
             reason = cpu_fallback_reason(small, attention)
             if reason:
@@ -297,7 +299,8 @@ def _step_rows(key: str, title: str, predicted: StepPeak, measured: StepMemory, 
             measured.peak - extra,
             "bytes",
             PEAK_MEMORY_TOLERANCE,
-            note=f"phase by phase, the largest at the {predicted.peak_phase.replace('_', ' ')} (engine.step_peak)",
+            note=f"phase by phase, the largest at the {predicted.peak_phase.replace('_', ' ')} "
+            "(engine.memory.step_peak)",
             source=f"{counter}, peak of the step − module buffers{'' if tracked else ' − cuBLAS workspaces'}",
         ),
         _part(

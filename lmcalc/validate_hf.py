@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmcalc import hub
-from lmcalc.engine import flops as fl
-from lmcalc.engine.params import count_params
+from lmcalc.engine.model import flops as fl
+from lmcalc.engine.model.params import count_params
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import positive_int, seq_given
 from lmcalc.hf_config import model_from_hf_config

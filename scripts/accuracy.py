@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmcalc.engine.flops import step_flops
-from lmcalc.engine.layout import Layout, check_layout
-from lmcalc.engine.plan import Pins, plan
-from lmcalc.engine.steptime import StepTime, step_time
+from lmcalc.engine.model.flops import step_flops
+from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.search.plan import Pins, plan
+from lmcalc.engine.time.steptime import StepTime, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_ATTENTION
@@ -65,7 +65,7 @@ class PublishedRun:
     @property
     def mfu(self) -> float:
         """The published speed as MFU in lmcalc's convention, the step-time model's own (``StepTime.mfu``): model
-        FLOPs per token, attention counted in full and recomputation left out (``engine.flops.step_flops``), times
+        FLOPs per token, attention counted in full and recomputation left out (``engine.model.flops.step_flops``), times
         tokens/s per GPU, over the dense peak of the recipe's compute dtype. It differs from ``published_mfu``
         where the source counts another way (PaLM's 6N, eq. (3)'s recomputed forward, MosaicML's NumParams)."""
         per_token = step_flops(self.model, self.workload.seq_len, "none", "full").model

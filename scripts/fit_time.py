@@ -5,7 +5,7 @@ others, and the held-out runs (benchmarks/heldout_runs.yaml), which no fit ever 
     python scripts/fit_time.py            # the fit, its errors, leave-one-family-out and the held-out summary
     python scripts/fit_time.py --loo      # also leave-one-run-out (a few minutes)
 
-The constants: ``Calibration``'s four (engine.rates) and the host time per operation of each framework profile
+The constants: ``Calibration``'s four (engine.time.rates) and the host time per operation of each framework profile
 that has runs to fit it on (only nanotron's runs are host-bound). Everything else comes from spec sheets, measured
 matmul and collective figures, and the frameworks' source. The objective is the mean absolute log error of
 predicted tokens/s per GPU, which treats 20 % too fast and 20 % too slow alike and does not let one run dominate.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from accuracy import PublishedRun, load_runs
 
-from lmcalc.engine.rates import CALIBRATION, Calibration
-from lmcalc.engine.steptime import step_time
+from lmcalc.engine.time.rates import CALIBRATION, Calibration
+from lmcalc.engine.time.steptime import step_time
 from lmcalc.framework_specs import FrameworkProfile
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,14 +21,14 @@ from pathlib import Path
 from docgen import write_generated
 
 import lmcalc
-from lmcalc.engine.gpu_memory import gpu_memory, most_loaded_gpu, stage_activations
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.params import count_params
-from lmcalc.engine.pipeline import PipelineSplit
-from lmcalc.engine.workload import Workload, dropout_mask_bytes, framework_profile
+from lmcalc.engine.memory.gpu_memory import gpu_memory, most_loaded_gpu, stage_activations
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit
+from lmcalc.engine.workload import Workload, dropout_mask_bytes
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config
-from lmcalc.presets import registry, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, registry, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 from lmcalc.units import GiB
 

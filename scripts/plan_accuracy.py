@@ -23,7 +23,7 @@ from accuracy import MFU_TOLERANCE, TOP_RANK, Accuracy, PublishedRun, assess, lo
 from docgen import write_generated
 from fit_time import HELDOUT, current, leave_one_family_out, leave_one_out, log_error
 
-from lmcalc.engine.rates import CALIBRATION
+from lmcalc.engine.time.rates import CALIBRATION
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "plan-accuracy.md"
@@ -106,7 +106,7 @@ def main() -> None:
         MARKER,
         "",
         f"Generated on {date.today().isoformat()} by `python scripts/plan_accuracy.py"
-        f"{' --quick' if args.quick else ''}`. Fitted constants (`lmcalc/engine/rates.py` CALIBRATION, "
+        f"{' --quick' if args.quick else ''}`. Fitted constants (`lmcalc/engine/time/rates.py` CALIBRATION, "
         f"`presets/frameworks/nanotron.yaml`): GEMM fraction of the measured matmul rate {fractions} (other chips "
         f"{cal.gemm_fraction:g}), HBM efficiency {cal.hbm_efficiency:g}, kernel overhead "
         f"{cal.kernel_overhead_s * 1e6:g} µs, attention scale {cal.attention_fraction:g}, nanotron host time "

@@ -5,7 +5,7 @@ Tiers. A test is in the ``fast`` tier unless it, its class or its module is mark
 
 - ``cli``: runs lmcalc or another program as a process (the command line end to end, a built wheel, a browser);
 - ``torch``: compares with PyTorch, transformers, PEFT or bitsandbytes (imports torch);
-- ``data``: checks a data file row by row (held-out runs, published checkpoints);
+- ``data``: checks a data file row by row against its sources (published runs);
 - ``slow``: fuzzing, the docs replay, the time model's re-fits, the linters and mypy.
 
 ``python -m pytest -m fast`` runs the fast tier (under a minute on 2 cores): no torch, no subprocess, no network.

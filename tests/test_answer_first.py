@@ -10,9 +10,9 @@ import pytest
 
 from lmcalc import api
 from lmcalc.cli import main
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.pipeline import PipelineSplit
-from lmcalc.units import column_format
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit
+from lmcalc.units import column_format, format_quantity
 
 COMMANDS = [
     "train-time -m llama-2-7b --gpus 64xH100 --tokens 2T --price-per-gpu-hour 2",
@@ -160,6 +160,41 @@ def test_tables_are_whole_at_80_columns(command, headers, capsys, monkeypatch):
         assert all(word in words for word in header.split()), header
 
 
+RATE = re.compile(
+    r"achieved \(median\) (?P<number>[0-9][0-9,]*(?:\.[0-9]+)?(?:e[+-][0-9]+)?) (?P<prefix>[EPTG]?)FLOP/s"
+)
+RATE_SCALE = {"E": 1e18, "P": 1e15, "T": 1e12, "G": 1e9, "": 1.0}
+
+
+def printed_rate(line: str) -> float:
+    """FLOP/s: the achieved rate a bench headline prints, read with its unit. The unit is the largest of G, T, P
+    and E FLOP/s the rate reaches (then 1 to 1,000 of it), or plain FLOP/s below 1 GFLOP/s."""
+    found = RATE.search(line)
+    assert found, f"no achieved rate in {line!r}"
+    number, prefix = float(found["number"].replace(",", "")), found["prefix"]
+    assert (1 <= number <= 1000) if prefix else number <= 1e9, f"{found[0]!r}: not the unit the rate calls for"
+    return number * RATE_SCALE[prefix]
+
+
+@pytest.mark.parametrize(
+    ("rate", "text"),
+    [
+        (1.45e8, "1.45e+08 FLOP/s"),  # a slow or busy CPU's 128x128x128 matmul
+        (3.0047e8, "3.005e+08 FLOP/s"),
+        (1.45e9, "1.45 GFLOP/s"),
+        (85_954_136_365.52, "85.95 GFLOP/s"),
+        (999.9e9, "999.9 GFLOP/s"),
+        (989.5e12, "989.5 TFLOP/s"),
+        (1.2346e18, "1.235 EFLOP/s"),
+    ],
+)
+def test_a_bench_rate_is_printed_in_the_unit_its_size_calls_for(rate, text):
+    # what the bench headline prints for a rate, on fixed rates (the measured one depends on the machine)
+    assert format_quantity(rate, "FLOP/s") == text
+    line = f"Matmul 128x128x128 fp32: achieved (median) {text}, achieved / peak 1 %"
+    assert printed_rate(line) == pytest.approx(rate, rel=5e-4)
+
+
 @pytest.mark.torch
 def test_bench_says_what_it_measured_first(capsys):
     # a measurement's headline: the rate (2·m·n·k / median time) and the share of the peak, both from its own terms
@@ -168,7 +203,10 @@ def test_bench_says_what_it_measured_first(capsys):
     achieved, ratio = doc["results"]["matmul"]["achieved"], doc["results"]["matmul"].get("ratio")
     (line,) = doc["headline"]
     assert code == 0 and line.startswith("Matmul 128x128x128 fp32: achieved (median) ")
-    assert f"{achieved['value'] / 1e9:,.4g} GFLOP/s" in line
+    # the rate as printed, in whatever unit this machine's speed calls for (85.95 GFLOP/s here, 3.005e+08 FLOP/s
+    # on a busy machine), is the measured one
+    assert printed_rate(line) == pytest.approx(achieved["value"], rel=5e-4)  # to 4 significant figures
+    assert f"achieved (median) {format_quantity(achieved['value'], 'FLOP/s')}, " in line
     assert ratio is None or f"achieved / peak {ratio['value']:.3g} %" in line
     code, out, _ = run("bench memory --device cpu --brief", capsys)
     assert code == 0 and out.startswith("Copy bandwidth (read + write): achieved (median) ") and out.count("\n") == 1

@@ -243,7 +243,7 @@ def test_a_command_loads_only_the_engine_it_needs():
     found = python("""
         import json, sys
         from lmcalc.cli import main
-        watched = ("lmcalc.engine.plan", "lmcalc.engine.gpu_memory")
+        watched = ("lmcalc.engine.search.plan", "lmcalc.engine.memory.gpu_memory")
         seen = {}
         for argv in (["train-time", "--model", "llama-3-70b", "--gpus", "1024xH100"],
                      ["memory", "--model", "llama-3.1-8b", "--gpus", "8xH100"]):
@@ -255,4 +255,4 @@ def test_a_command_loads_only_the_engine_it_needs():
         print(json.dumps(seen))
     """)
     assert found["train-time"] == []  # the time of a run needs no memory model and no layout search
-    assert found["memory"] == ["lmcalc.engine.gpu_memory"]  # memory needs its model, and the check sees it
+    assert found["memory"] == ["lmcalc.engine.memory.gpu_memory"]  # memory needs its model, and the check sees it

@@ -70,7 +70,7 @@ def test_fp8_without_support_is_one_clear_message():
 @pytest.mark.parametrize("name", list(DTYPES))
 def test_the_dtype_table_agrees_with_torch(name):
     # One table (lmcalc.bench.dtypes) names the torch dtype of each --dtype; its bytes and epsilon come from
-    # lmcalc.engine.numerics. TF32 is stored as fp32 (4 bytes) but rounds to a 10-bit fraction, so only its
+    # lmcalc.engine.model.numerics. TF32 is stored as fp32 (4 bytes) but rounds to a 10-bit fraction, so only its
     # bytes are torch's.
     dtype = DTYPES[name]
     info = torch.finfo(dtype.torch())

@@ -1,4 +1,4 @@
-"""Collectives as NCCL runs them (engine.comm): hand derivations of the latency-bandwidth model, the placement of
+"""Collectives as NCCL runs them (engine.time.comm): hand derivations of the latency-bandwidth model, the placement of
 a group on the links, and the refusal of figures a preset does not have."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lmcalc.engine import comm
+from lmcalc.engine.time import comm
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_hardware
 from lmcalc.specs import Cluster

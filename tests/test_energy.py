@@ -1,5 +1,5 @@
 """Issue #18 item 7: energy and emissions of a run, GPU-hours × TDP × power fraction × PUE × grid intensity, each
-factor stated and overridable (``engine.energy``)."""
+factor stated and overridable (``engine.run.energy``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from lmcalc import api
 from lmcalc.cli import main
-from lmcalc.engine.energy import Energy, energy_terms
+from lmcalc.engine.run.energy import Energy, energy_terms
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_hardware
 

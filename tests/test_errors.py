@@ -19,10 +19,10 @@ import lmcalc.api as api
 from lmcalc.api import Workload
 from lmcalc.cli import app, main
 from lmcalc.cli.app import error_message
-from lmcalc.engine.pipeline import PipelineSplit
+from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.errors import KEYWORDS, LmcalcError, flag
 from lmcalc.estimates import inputs
-from lmcalc.presets import resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_model, resolve_optimizer, resolve_precision
 
 PACKAGE = Path(lmcalc.__file__).resolve().parent
 LIBRARY = sorted(
@@ -132,7 +132,7 @@ def check(tp, flag):
 """
     assert written_flags(source) == [(4, "try --zero 3 instead of {}")]
     # every message of a real module is seen, the documented one included (docs/api.md, Errors)
-    texts = {text for _, text in error_texts((PACKAGE / "engine" / "pipeline.py").read_text())}
+    texts = {text for _, text in error_texts((PACKAGE / "engine" / "parallel" / "pipeline.py").read_text())}
     assert "the interleaved schedule needs {} 2 or more (1 is plain 1F1B)" in texts
 
 
@@ -163,7 +163,7 @@ ENGINE_ONLY = {
     # fields checked in the engine that neither the Python API nor the command line can set (so no flag is ever
     # printed for them): Workload.mask_bytes comes from dropout_mask_bytes(), Pins.max_tp is always left at None
     "mask_bytes": "lmcalc/engine/workload.py",
-    "max_tp": "lmcalc/engine/plan.py",
+    "max_tp": "lmcalc/engine/search/plan.py",
 }
 
 
@@ -315,11 +315,11 @@ def test_a_renamed_field_is_named_by_its_keyword_and_its_flag():
     model, recipe, adamw = (resolve_model("llama-3.1-8b").spec, resolve_precision("bf16-mixed").spec,
                             resolve_optimizer("adamw").spec)  # fmt: skip
     with pytest.raises(LmcalcError) as raised:
-        Workload(model, recipe, adamw, seq_len=0)
+        Workload(model, recipe, adamw, seq_len=0, framework=framework_profile())
     assert str(raised.value) == "seq must be a positive integer, got 0"
     assert error_message(raised.value) == "--seq must be a positive integer, got 0"
     with pytest.raises(LmcalcError) as raised:
-        Workload(model, recipe, adamw, seq_len=8, overhead_bytes=-1)
+        Workload(model, recipe, adamw, seq_len=8, overhead_bytes=-1, framework=framework_profile())
     assert str(raised.value) == "overhead must be zero or a positive number of bytes, got -1"
     assert error_message(raised.value) == "--overhead must be zero or a positive number of bytes, got -1"
 

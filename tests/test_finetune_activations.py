@@ -29,12 +29,12 @@ pytest.importorskip("peft")
 
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py)
 
-from lmcalc.engine.gpu_memory import stage_activations  # noqa: E402
-from lmcalc.engine.layout import Layout  # noqa: E402
-from lmcalc.engine.method import Method, parse_targets  # noqa: E402
-from lmcalc.engine.workload import Workload, dropout_mask_bytes, framework_profile  # noqa: E402
+from lmcalc.engine.finetune.method import Method, parse_targets  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import stage_activations  # noqa: E402
+from lmcalc.engine.parallel.layout import Layout  # noqa: E402
+from lmcalc.engine.workload import Workload, dropout_mask_bytes  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
-from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -140,7 +140,7 @@ def test_lora_keeps_less_than_full_training():
     profile, adamw = framework_profile("transformers"), resolve_optimizer("adamw").spec
     full = Workload(spec, PRECISION, adamw, 128, 2, framework=profile)
     lora = Workload(spec, PRECISION, adamw, 128, 2, framework=profile, method=Method("lora", 8, ("all-linear",)))
-    from lmcalc.engine.activations import layer_saved_tensors
+    from lmcalc.engine.memory.activations import layer_saved_tensors
 
     per_layer = sum(t.bytes for t in layer_saved_tensors(full, False)) - sum(
         t.bytes for t in layer_saved_tensors(lora, False)

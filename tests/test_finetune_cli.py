@@ -64,7 +64,7 @@ def test_full_fine_tuning_with_zero_offload(capsys):
 def test_fine_tune_time_counts_dataset_tokens_times_epochs(capsys):
     doc = run_json("train-time -m llama-3.1-8b --gpus 1xH100 --method lora --dataset-tokens 100M --epochs 3", capsys)
     assert doc["inputs"]["tokens"]["value"] == 3e8
-    # 4·N + 6·N_adapters per token (engine.method_flops.napkin_method_flops)
+    # 4·N + 6·N_adapters per token (engine.finetune.flops.napkin_method_flops)
     assert value(doc, "flops", "training_flops") == pytest.approx((4 * 8_030_261_248 + 6 * 41_943_040) * 3e8)
 
 

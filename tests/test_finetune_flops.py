@@ -3,7 +3,7 @@
 Each case builds a small Hugging Face model on the CPU (fp32, eager attention, whose score and value products
 ``FlopCounterMode`` counts as matmuls: the full convention), freezes what the method freezes and adds PEFT's LoRA
 adapters, runs one forward and backward of the loss under ``FlopCounterMode``, and compares the total with
-``engine.method_flops`` for the same config: equal to rounding. Full training is the check that the count reduces to
+``engine.finetune.flops`` for the same config: equal to rounding. Full training is the check that the count reduces to
 3 × forward; the freeze cases freeze the embedding and the bottom layers by ``requires_grad_(False)``.
 """
 
@@ -21,8 +21,8 @@ from hf_small import lmcalc_model as model_of  # noqa: E402
 from hf_small import small_config  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from lmcalc.engine.method import Method, parse_targets  # noqa: E402
-from lmcalc.engine.method_flops import method_step_flops  # noqa: E402
+from lmcalc.engine.finetune.flops import method_step_flops  # noqa: E402
+from lmcalc.engine.finetune.method import Method, parse_targets  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -99,7 +99,7 @@ def test_lora_needs_about_two_thirds_of_full_training():
     # gradient; attention 2·L·s·H·(d + d) forward, twice that backward; adapters 6·r·Σ(in + out). Full training:
     # 3 × (2·N' + 2·h·V + attention). The ratio is about (4·N' + ...)/(6·N' + ...) ≈ 0.69, below the 6N → 4N rule's
     # 0.667 by the attention core, which LoRA does not shrink.
-    from lmcalc.engine.flops import step_flops
+    from lmcalc.engine.model.flops import step_flops
     from lmcalc.presets import resolve_model
 
     llama = resolve_model("llama-3.1-8b").spec

@@ -11,9 +11,7 @@ import math
 
 import pytest
 
-from lmcalc.engine.gpu_memory import most_loaded_gpu
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.method import (
+from lmcalc.engine.finetune.method import (
     NF4_BITS_PER_WEIGHT,
     NF4_TENSOR_CONSTANTS,
     Method,
@@ -21,13 +19,15 @@ from lmcalc.engine.method import (
     nf4_bytes,
     quantised,
 )
-from lmcalc.engine.offload import Offload, offload_time
-from lmcalc.engine.params import count_params, weight_tensors
-from lmcalc.engine.pipeline import StageLayers
-from lmcalc.engine.sharding import frozen_held, trained_held
-from lmcalc.engine.workload import Workload, framework_profile
+from lmcalc.engine.finetune.offload import Offload, offload_time
+from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
+from lmcalc.engine.model.params import count_params, weight_tensors
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import StageLayers
+from lmcalc.engine.parallel.sharding import frozen_held, trained_held
+from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.presets import resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_model, resolve_optimizer, resolve_precision
 
 LLAMA = resolve_model("llama-3.1-8b").spec
 BF16 = resolve_precision("bf16-mixed").spec
@@ -114,7 +114,7 @@ def test_optimizer_offload_by_hand():
 
 
 def test_parameter_offload_needs_zero3_and_leaves_only_gathered_layers():
-    from lmcalc.engine.layout import check_layout
+    from lmcalc.engine.parallel.layout import check_layout
 
     w = workload(offload=Offload("optimizer+params"))
     with pytest.raises(LmcalcError, match="zero"):
@@ -143,4 +143,4 @@ def test_bad_methods_are_refused(method, message):
 def test_a_target_the_model_lacks_is_named():
     gpt2 = resolve_model("gpt2-124m").spec
     with pytest.raises(LmcalcError, match="fused weight: target qkv"):
-        Workload(gpt2, BF16, ADAMW, 512, method=Method("lora", lora_targets=("q", "v")))
+        Workload(gpt2, BF16, ADAMW, 512, method=Method("lora", lora_targets=("q", "v")), framework=framework_profile())

@@ -20,8 +20,8 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 bnb = pytest.importorskip("bitsandbytes")
 
-from lmcalc.engine.method import Method  # noqa: E402
-from lmcalc.engine.states import optimizer_state_bytes  # noqa: E402
+from lmcalc.engine.finetune.method import Method  # noqa: E402
+from lmcalc.engine.parallel.states import optimizer_state_bytes  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402

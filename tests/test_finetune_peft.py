@@ -2,8 +2,8 @@
 
 Each case builds a Hugging Face model from a small config on the meta device (no weights), wraps it with PEFT's
 ``LoraConfig`` for a target set, and reads ``get_nb_trainable_parameters()``. lmcalc reads the same config.json
-(``hf_config``) and counts its adapters (``engine.method``): r·(in + out) per targeted linear layer, fused weights
-(GPT-2's c_attn) adapted as one. Both numbers must be equal, not close.
+(``hf_config``) and counts its adapters (``engine.finetune.method``): r·(in + out) per targeted linear layer, fused
+weights (GPT-2's c_attn) adapted as one. Both numbers must be equal, not close.
 
 Not compared: LoRA on routed experts. transformers 5 stores a Mixtral layer's experts as 3-D parameters, which
 PEFT adapts through ``target_parameters`` with adapters of another shape; lmcalc counts per-expert adapters, as PEFT
@@ -23,8 +23,8 @@ peft = pytest.importorskip("peft")
 from hf_small import lmcalc_model as model_of  # noqa: E402
 from hf_small import small_config  # noqa: E402
 
-from lmcalc.engine.method import Method, adapter_tensors, parse_targets  # noqa: E402
-from lmcalc.engine.params import count_params  # noqa: E402
+from lmcalc.engine.finetune.method import Method, adapter_tensors, parse_targets  # noqa: E402
+from lmcalc.engine.model.params import count_params  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from lmcalc.engine import fit
-from lmcalc.engine.gpu_memory import most_loaded_gpu
-from lmcalc.engine.layout import Layout
+from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.search import fit
 from lmcalc.engine.workload import Workload
-from lmcalc.presets import resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 
 MIXED = resolve_precision("bf16-mixed").spec
 ADAMW = resolve_optimizer("adamw").spec
@@ -18,7 +18,14 @@ OVERHEAD = 2 * 2**30
 
 def setting(model, layout, seq, recompute="none"):
     workload = Workload(
-        resolve_model(model).spec, MIXED, ADAMW, seq, attention="flash", recompute=recompute, overhead_bytes=OVERHEAD
+        resolve_model(model).spec,
+        MIXED,
+        ADAMW,
+        seq,
+        attention="flash",
+        recompute=recompute,
+        overhead_bytes=OVERHEAD,
+        framework=framework_profile(),
     )
     return fit.Setting(workload, layout, H100.memory_bytes)
 

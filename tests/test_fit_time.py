@@ -22,7 +22,7 @@ def _relative(errors):
 
 def test_the_shipped_constants_are_the_fits():
     """One more sweep of the fit from the shipped constants improves the mean absolute log error by under 0.3
-    points: the constants in engine/rates.py and the nanotron profile are the fit's, not stale."""
+    points: the constants in engine/time/rates.py and the nanotron profile are the fit's, not stale."""
     shipped = current(RUNS)
     refitted = fit(RUNS, shipped, sweeps=1)
     assert loss(RUNS, shipped) - loss(RUNS, refitted) < 0.003

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmcalc.engine import flops as fl
+from lmcalc.engine.model import flops as fl
 from lmcalc.presets import resolve_model
 
 

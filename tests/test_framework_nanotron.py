@@ -15,11 +15,11 @@ from typing import NamedTuple
 
 import pytest
 
-from lmcalc.engine.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.pipeline import PipelineSplit
-from lmcalc.engine.workload import Workload, framework_profile
-from lmcalc.presets import resolve_optimizer, resolve_precision
+from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit
+from lmcalc.engine.workload import Workload
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 from lmcalc.units import GiB
 
@@ -202,7 +202,7 @@ def test_the_cost_rule_splits_as_nanotron_does():
     assert first_stage_layers("8B", 4) == 9
     assert first_stage_layers("8B", 8) == 5
     # the shapes' parameter counts, as the scaling script's estimate_num_params gives them (MHA)
-    from lmcalc.engine.params import count_params
+    from lmcalc.engine.model.params import count_params
 
     counts = {label: count_params(playbook_model(label)).total for label in SHAPES}
     assert round(counts["1B"] / 1e9, 3) == 1.342

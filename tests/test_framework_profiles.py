@@ -14,12 +14,13 @@ import pytest
 import lmcalc
 from lmcalc import presets as pr
 from lmcalc.cli import main
-from lmcalc.engine.gpu_memory import GpuMemory, gpu_memory, stage_activations
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.params import count_params
-from lmcalc.engine.workload import Workload, framework_profile
+from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory, stage_activations
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.framework_specs import FrameworkProfile
+from lmcalc.presets import framework_profile
 
 IDEAL = framework_profile("idealised")
 LLAMA = pr.resolve_model("llama-3.1-8b").spec  # h 4096, H 32, H_kv 8, d 128, f 14336, L 32, V 128256, RMSNorm
@@ -235,7 +236,7 @@ def test_idealised_is_the_papers_count():
 def test_max_params_offers_only_shapes_memory_accepts(zero, framework):
     """The largest shape max-params names fits when lmcalc memory costs it on the same GPUs, and the next larger
     shape (one more KV group) does not: the two use one figure."""
-    from lmcalc.engine.maxparams import scaled_shape
+    from lmcalc.engine.search.maxparams import scaled_shape
 
     found = lmcalc.max_params(gpus="8xH100", framework=framework)
     row = next(r for r in found.rows if r.zero_stage == zero)

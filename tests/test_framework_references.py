@@ -22,12 +22,13 @@ import pytest
 
 from lmcalc import presets as pr
 from lmcalc.cli import main
-from lmcalc.engine.gpu_memory import gpu_memory, stage_activations
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.params import count_params
-from lmcalc.engine.sharding import stage_params
-from lmcalc.engine.workload import Workload, framework_profile
+from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.sharding import stage_params
+from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import FrameworkProfile
+from lmcalc.presets import framework_profile
 from lmcalc.specs import ModelSpec
 
 MB = 2**20  # Megatron's NUM_BYTES_IN_MEGABYTE; DeepSpeed's printers use 2**30 and call it GB

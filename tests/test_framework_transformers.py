@@ -37,14 +37,14 @@ pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, put on sys.path by conftest.py; imports torch and transformers)
 
-from lmcalc.engine.activations import layer_saved_tensors  # noqa: E402
-from lmcalc.engine.activations_model import model_saved_tensors  # noqa: E402
-from lmcalc.engine.gpu_memory import StageActivations, stage_activations  # noqa: E402
-from lmcalc.engine.layout import Layout  # noqa: E402
-from lmcalc.engine.workload import Workload, dropout_mask_bytes, framework_profile  # noqa: E402
+from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import StageActivations, stage_activations  # noqa: E402
+from lmcalc.engine.memory.outside_layers import model_saved_tensors  # noqa: E402
+from lmcalc.engine.parallel.layout import Layout  # noqa: E402
+from lmcalc.engine.workload import Workload, dropout_mask_bytes  # noqa: E402
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
-from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import MULTIMODAL, TINY, multimodal_config, multimodal_model, tiny_config, transformers_model  # noqa: E402
 
-from lmcalc.engine.params import count_params  # noqa: E402
+from lmcalc.engine.model.params import count_params  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.hf_config import SUPPORTED, model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402

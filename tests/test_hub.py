@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lmcalc.engine.params import count_params
+from lmcalc.engine.model.params import count_params
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_model
 

@@ -15,9 +15,9 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import tiny_config  # noqa: E402
 
-from lmcalc.engine.flops import forward_flops_per_token, ssm_flops  # noqa: E402
-from lmcalc.engine.inference import Serving, inference_memory, ssm_state_elements  # noqa: E402
-from lmcalc.engine.params import count_params  # noqa: E402
+from lmcalc.engine.inference.serving import Serving, inference_memory, ssm_state_elements  # noqa: E402
+from lmcalc.engine.model.flops import forward_flops_per_token, ssm_flops  # noqa: E402
+from lmcalc.engine.model.params import count_params  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.presets import resolve_model  # noqa: E402

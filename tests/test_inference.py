@@ -3,9 +3,9 @@
 import pytest
 
 import lmcalc
-from lmcalc.engine import inference as inf
-from lmcalc.engine import inference_terms as inf_terms
-from lmcalc.engine.memory_terms import Capacity
+from lmcalc.engine.inference import serving as inf
+from lmcalc.engine.inference import terms as inf_terms
+from lmcalc.engine.memory.terms import Capacity
 from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_model

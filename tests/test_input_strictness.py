@@ -14,7 +14,7 @@ import yaml
 
 from lmcalc import preset_files, presets
 from lmcalc.cli import main
-from lmcalc.engine.params import count_params, matches_published
+from lmcalc.engine.model.params import count_params, matches_published
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec
 

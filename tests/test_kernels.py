@@ -1,4 +1,4 @@
-"""The kernel inventory (engine.kernels) and the rooflines that time it (engine.rates), against PyTorch itself
+"""The kernel inventory (engine.time.kernels) and the rooflines that time it (engine.time.rates), against PyTorch itself
 and against hand derivations written out here."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from lmcalc.engine import rates
-from lmcalc.engine.kernels import FLASH_BACKWARD_TO_FORWARD, stage_work
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.pipeline import stage_layers
-from lmcalc.engine.workload import Workload, framework_profile
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import stage_layers
+from lmcalc.engine.time import rates
+from lmcalc.engine.time.kernels import FLASH_BACKWARD_TO_FORWARD, stage_work
+from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.presets import resolve_hardware, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_hardware, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 
 PRECISION = resolve_precision("bf16-mixed").spec

@@ -17,8 +17,8 @@ So per GPU the parameters (and the model states) stay the whole model's split by
 projections (each rank computes 1/TP of the fused output) and of attention (H/TP heads against one KV head); what
 changes is K and V: each rank keeps one whole KV head's, as many bytes as at TP = H_kv. (What the all-gather costs
 in time is the step-time model's; that the gathered storage stays alive where a profile keeps the fused output
-alive is noted in engine/activations.py, not modelled.) Replication is what vLLM does when serving
-(engine/inference.py), and there the K/V weights per GPU do grow.
+alive is noted in engine/memory/activations.py, not modelled.) Replication is what vLLM does when serving
+(engine/inference/serving.py), and there the K/V weights per GPU do grow.
 
 The figures below were measured with Megatron-Core itself: megatron-core 0.16.1 (PyPI) on the CPU, torch
 2.13.0+cpu, 4 gloo processes as a TP group of 4, the local layer spec's SelfAttention (h 256, 8 heads of 32, no
@@ -34,15 +34,15 @@ import sys
 
 import pytest
 
-from lmcalc.engine.activations import layer_saved_tensors
-from lmcalc.engine.gpu_memory import bytes_on_gpu
-from lmcalc.engine.layout import Layout, check_layout
-from lmcalc.engine.params import count_params, weight_tensors
-from lmcalc.engine.plan import Pins, layouts, plan
-from lmcalc.engine.sharding import check_tp_heads, stage_params, tp_divisor
-from lmcalc.engine.workload import Workload, framework_profile
+from lmcalc.engine.memory.activations import layer_saved_tensors
+from lmcalc.engine.memory.gpu_memory import bytes_on_gpu
+from lmcalc.engine.model.params import count_params, weight_tensors
+from lmcalc.engine.parallel.layout import Layout, check_layout, check_tp_heads
+from lmcalc.engine.parallel.sharding import stage_params, tp_divisor
+from lmcalc.engine.search.plan import Pins, layouts, plan
+from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.presets import parse_cluster, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, parse_cluster, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 
 BF16 = resolve_precision("bf16-mixed").spec
@@ -103,7 +103,9 @@ def test_each_rank_keeps_one_kv_head_past_the_kv_heads(kv_heads):
 def test_kv_bytes_per_gpu_stop_falling_at_the_kv_heads():
     # Llama 3.1 70B, 8 KV heads of 128, s 8192, b 1, bf16: K on one GPU is 8192·8·128·2/t bytes up to t = 8,
     # then one head's, 8192·128·2 = 2,097,152 bytes, at t = 16 and 32 as at 8; Q keeps halving (64 heads).
-    w = Workload(resolve_model("llama-3.1-70b").spec, BF16, ADAMW, 8192, 1, "flash", "none")
+    w = Workload(
+        resolve_model("llama-3.1-70b").spec, BF16, ADAMW, 8192, 1, "flash", "none", framework=framework_profile()
+    )
     saved = {t.label: t for t in layer_saved_tensors(w, False)}
     k = [bytes_on_gpu(saved["K (after RoPE)"], Layout(tp=t)) for t in (4, 8, 16, 32)]
     q = [bytes_on_gpu(saved["Q (after RoPE)"], Layout(tp=t)) for t in (4, 8, 16, 32)]
@@ -124,7 +126,7 @@ def test_parameters_per_gpu_past_the_kv_heads_are_the_model_split_by_tp():
     # 70,553,706,496 parameters; norms 2·80·8192 + 8192 = 1,318,912; the rest 70,552,387,584 / 16 = 4,409,524,224;
     # per GPU 4,409,524,224 + 1,318,912 = 4,410,843,136. The model's own count is unchanged.
     model = resolve_model("llama-3.1-70b").spec
-    w = Workload(model, BF16, ADAMW, 8192)
+    w = Workload(model, BF16, ADAMW, 8192, framework=framework_profile())
     assert count_params(model).total == 70_553_706_496
     assert stage_params(w, Layout(tp=16), 0).total == 4_410_843_136
 
@@ -156,7 +158,7 @@ def test_the_search_tries_tp_past_the_kv_heads():
     # Llama 3.1 70B (64 heads, 8 KV heads) on nodes of 16: TP 16 is among the degrees tried, and is planned.
     model = resolve_model("llama-3.1-70b").spec
     cluster = parse_cluster("2x16xH100")
-    w = Workload(model, BF16, ADAMW, 8192, overhead_bytes=0.0)
+    w = Workload(model, BF16, ADAMW, 8192, overhead_bytes=0.0, framework=framework_profile())
     assert {layout.tp for layout, _ in layouts(w, cluster, 64, Pins(pp=1, cp=1, zero=3, micro_batch=1))} == {
         1,
         2,

@@ -5,15 +5,17 @@ import re
 import pytest
 
 from lmcalc.cli.app import error_message
-from lmcalc.engine import activations, gpu_memory, sharding, steptime
-from lmcalc.engine.layout import Layout, check_layout
-from lmcalc.engine.memory_terms import Capacity, memory_sections
-from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts, stage_layers
-from lmcalc.engine.plan import Pins
-from lmcalc.engine.sharding import stage_params
+from lmcalc.engine.memory import activations, gpu_memory
+from lmcalc.engine.memory.terms import Capacity, memory_sections
+from lmcalc.engine.parallel import sharding
+from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts, stage_layers
+from lmcalc.engine.parallel.sharding import stage_params
+from lmcalc.engine.search.plan import Pins
+from lmcalc.engine.time import steptime
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.presets import parse_cluster, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, parse_cluster, resolve_model, resolve_optimizer, resolve_precision
 
 MIXED = resolve_precision("bf16-mixed").spec
 ADAMW = resolve_optimizer("adamw").spec
@@ -26,7 +28,8 @@ def gpt3():
 def workload(model, seq_len=4096, **settings):
     """A bf16-mixed AdamW workload with no overhead allowance (micro-batch 1, flash attention, no recompute unless
     given)."""
-    return Workload(model, MIXED, ADAMW, seq_len, **{"overhead_bytes": 0.0, **settings})
+    defaults = {"overhead_bytes": 0.0, "framework": framework_profile()}
+    return Workload(model, MIXED, ADAMW, seq_len, **{**defaults, **settings})
 
 
 def interleaved(virtual_stages, **split):

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmcalc import api
-from lmcalc.engine.maxparams import scaled_shape
+from lmcalc.engine.search.maxparams import scaled_shape
 
 GPUS = ["H100", "A100-40GB", "RTX4090", "L4"]
 

@@ -2,14 +2,14 @@
 
 import pytest
 
-from lmcalc.engine.activations import layer_kept_tensors
-from lmcalc.engine.activations_model import model_saved_tensors
-from lmcalc.engine.gpu_memory import gpu_memory
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.params import weight_tensors
-from lmcalc.engine.states import bytes_per_param, optimizer_state_bytes
+from lmcalc.engine.memory.activations import layer_kept_tensors
+from lmcalc.engine.memory.gpu_memory import gpu_memory
+from lmcalc.engine.memory.outside_layers import model_saved_tensors
+from lmcalc.engine.model.params import weight_tensors
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.states import bytes_per_param, optimizer_state_bytes
 from lmcalc.engine.workload import Workload
-from lmcalc.presets import resolve_model
+from lmcalc.presets import framework_profile, resolve_model
 from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
 
 # The ZeRO paper's mixed-precision Adam: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, m, v).
@@ -34,7 +34,7 @@ def gpt3() -> ModelSpec:
 
 def workload(spec: ModelSpec, s: int, b: int, attention: str = "flash", recompute: str = "none") -> Workload:
     """16-bit activations (MIXED keeps them in 2 bytes), bool dropout masks (1 byte), no overhead."""
-    return Workload(spec, MIXED, ADAM, s, b, attention, recompute, overhead_bytes=0.0)
+    return Workload(spec, MIXED, ADAM, s, b, attention, recompute, overhead_bytes=0.0, framework=framework_profile())
 
 
 def dense_layer_bytes(w: Workload) -> float:

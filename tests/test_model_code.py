@@ -22,12 +22,12 @@ from hf_tiny import TINY, tiny_config, transformers_model  # noqa: E402
 from transformers.activations import ACT2FN  # noqa: E402
 from transformers.models.bloom.modeling_bloom import BloomGelu  # noqa: E402
 
-from lmcalc.engine.activations import _norm_saved  # noqa: E402
-from lmcalc.engine.gelu import OPS_KEPT, gelu_ops_kept  # noqa: E402
-from lmcalc.engine.params import Dim  # noqa: E402
-from lmcalc.engine.workload import Workload, framework_profile  # noqa: E402
+from lmcalc.engine.memory.activations import _norm_saved  # noqa: E402
+from lmcalc.engine.model.params import Dim  # noqa: E402
+from lmcalc.engine.model_code import OPS_KEPT, gelu_ops_kept  # noqa: E402
+from lmcalc.engine.workload import Workload  # noqa: E402
 from lmcalc.hf_config import ACTIVATION, GELUS, model_from_hf_config  # noqa: E402
-from lmcalc.presets import resolve_optimizer, resolve_precision  # noqa: E402
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch

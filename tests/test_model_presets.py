@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcalc.engine.params import count_params
+from lmcalc.engine.model.params import count_params
 from lmcalc.presets import builtin_dir, normalise, read_yaml, resolve_model
 from lmcalc.specs import ModelSpec
 

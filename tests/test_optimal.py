@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lmcalc.engine import optimal as opt
+from lmcalc.engine.run import optimal as opt
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import parse_cluster, resolve_precision
 

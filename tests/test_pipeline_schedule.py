@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmcalc.cli.app import error_message
-from lmcalc.engine.gpu_memory import most_loaded_gpu, stage_activations, stage_outside_bytes
-from lmcalc.engine.layout import Layout, check_layout
-from lmcalc.engine.pipeline import PipelineSplit, held_in_flight, stage_chunk_mixes
+from lmcalc.engine.memory.gpu_memory import most_loaded_gpu, stage_activations, stage_outside_bytes
+from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit, held_in_flight, stage_chunk_mixes
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.presets import resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_model, resolve_optimizer, resolve_precision
 
 MIXED = resolve_precision("bf16-mixed").spec
 ADAMW = resolve_optimizer("adamw").spec
@@ -21,7 +21,16 @@ ADAMW = resolve_optimizer("adamw").spec
 
 def workload(model, seq_len):
     """bf16-mixed (2-byte activations), AdamW, micro-batch 1, flash attention, no recompute, no overhead."""
-    return Workload(model, MIXED, ADAMW, seq_len, attention="flash", recompute="none", overhead_bytes=0.0)
+    return Workload(
+        model,
+        MIXED,
+        ADAMW,
+        seq_len,
+        attention="flash",
+        recompute="none",
+        overhead_bytes=0.0,
+        framework=framework_profile(),
+    )
 
 
 def interleaved(p, v, m):

@@ -7,20 +7,27 @@ import pytest
 from accuracy import MFU_TOLERANCE, assess, fastest_per_split, load_runs, published_step_time
 
 from lmcalc.cli import main
-from lmcalc.engine.comm import group_time, link_for
-from lmcalc.engine.flops import forward_flops_per_token
-from lmcalc.engine.gpu_memory import gpu_memory, most_loaded_gpu
-from lmcalc.engine.kernels import stage_work
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.microbatch import kernel_times
-from lmcalc.engine.params import count_params
-from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts, stage_layers
-from lmcalc.engine.plan import Pins, plan
-from lmcalc.engine.rates import CALIBRATION
-from lmcalc.engine.sharding import stage_params, stage_part
-from lmcalc.engine.steptime import stage_step_flops, step_time
+from lmcalc.engine.memory.gpu_memory import gpu_memory, most_loaded_gpu
+from lmcalc.engine.model.flops import forward_flops_per_token
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts, stage_layers
+from lmcalc.engine.parallel.sharding import stage_params, stage_part
+from lmcalc.engine.search.plan import Pins, plan
+from lmcalc.engine.time.comm import group_time, link_for
+from lmcalc.engine.time.kernels import stage_work
+from lmcalc.engine.time.microbatch import kernel_times
+from lmcalc.engine.time.rates import CALIBRATION
+from lmcalc.engine.time.steptime import stage_step_flops, step_time
 from lmcalc.engine.workload import Workload
-from lmcalc.presets import parse_cluster, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import (
+    framework_profile,
+    parse_cluster,
+    resolve_hardware,
+    resolve_model,
+    resolve_optimizer,
+    resolve_precision,
+)
 from lmcalc.specs import Cluster
 
 RUNS = load_runs(Path(__file__).resolve().parent.parent / "benchmarks" / "published_runs.yaml")
@@ -30,7 +37,7 @@ ADAMW = resolve_optimizer("adamw").spec
 
 def workload(model, seq_len, recompute="none"):
     """The workload these tests time: bf16-mixed, AdamW, flash attention, no overhead allowance."""
-    return Workload(model, BF16, ADAMW, seq_len, recompute=recompute, overhead_bytes=0.0)
+    return Workload(model, BF16, ADAMW, seq_len, recompute=recompute, overhead_bytes=0.0, framework=framework_profile())
 
 
 def on_nodes_of_8(hardware, layout):
@@ -101,7 +108,12 @@ def plan_70b_on_64(pins: Pins):
     """Llama 3 70B on 8 nodes of 8 H100s, 512 sequences of 8,192 tokens a step."""
     model, cluster = resolve_model("llama-3-70b").spec, parse_cluster("8x8xH100")
     precision, optimizer = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
-    return plan(Workload(model, precision, optimizer, 8192, overhead_bytes=0.0), cluster, 512, pins)
+    return plan(
+        Workload(model, precision, optimizer, 8192, overhead_bytes=0.0, framework=framework_profile()),
+        cluster,
+        512,
+        pins,
+    )
 
 
 def test_search_respects_pins_and_ranks_by_throughput():
@@ -199,7 +211,7 @@ def test_plan_json_names_each_layout(capsys):
 def test_zero1_gather_hides_behind_the_next_first_forward_only():
     # GPT-2 124M over 16 H100s in two nodes, ZeRO-1, one micro-batch: the all-gather of the updated bf16
     # parameters (2 B each over 16 replicas: hierarchical, 8 in each node) is far longer than the first forward
-    # pass it hides behind (the forward GEMMs and attention of one micro-batch, engine.microbatch.kernel_times)
+    # pass it hides behind (the forward GEMMs and attention of one micro-batch, engine.time.microbatch.kernel_times)
     model, h100 = resolve_model("gpt2").spec, resolve_hardware("H100").spec
     layout = Layout(dp=16, zero=1)
     w = workload(model, 1024)
@@ -335,7 +347,16 @@ def test_the_most_loaded_gpu_is_the_heaviest_of_every_stage(preset, layout, requ
     # so the peak is on stage 2, the first all-MoE stage, although stage 1 holds more micro-batches.
     model, precision = resolve_model(preset).spec, resolve_precision("bf16-mixed").spec
     adamw = resolve_optimizer("adamw").spec
-    w = Workload(model, precision, adamw, 4096, attention="flash", recompute="none", overhead_bytes=0.0)
+    w = Workload(
+        model,
+        precision,
+        adamw,
+        4096,
+        attention="flash",
+        recompute="none",
+        overhead_bytes=0.0,
+        framework=framework_profile(),
+    )
     every = [gpu_memory(w, layout, stage) for stage in range(layout.pp)]
     heaviest = max(every, key=lambda g: g.total)
     assert most_loaded_gpu(w, layout).total == heaviest.total
@@ -364,7 +385,7 @@ def test_data_parallel_traffic_is_that_of_the_heaviest_stage():
         dp=64, tp=8, pp=16, zero=3, sequence_parallel=True, grad_accum=16, split=PipelineSplit(first_stage_layers=1)
     )
     s, m = 8192, 16
-    w = Workload(model, bf16, ADAMW, s, recompute="none", overhead_bytes=0.0)
+    w = Workload(model, bf16, ADAMW, s, recompute="none", overhead_bytes=0.0, framework=framework_profile())
     cluster = on_nodes_of_8(h100, layout)
     t = step_time(w, layout, cluster, efficiency=0.6)
     held = stage_params(w, layout, 1)
@@ -393,6 +414,7 @@ def test_the_search_lightens_the_last_stage_when_the_logits_weigh_on_it():
             resolve_optimizer("adamw").spec,
             8192,
             overhead_bytes=0.0,
+            framework=framework_profile(),
         ),
         parse_cluster("8xH100"),
         128,

@@ -6,19 +6,21 @@ import pytest
 import lmcalc
 from lmcalc.cli import main
 from lmcalc.cli.training import plan as plan_command
-from lmcalc.engine.gpu_memory import most_loaded_gpu
-from lmcalc.engine.layout import check_layout
-from lmcalc.engine.plan import MAX_MICRO_BATCH, VIRTUAL_STAGES, Pins, layouts, plan
+from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
+from lmcalc.engine.parallel.layout import check_layout
+from lmcalc.engine.search.plan import MAX_MICRO_BATCH, VIRTUAL_STAGES, Pins, layouts, plan
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.presets import parse_cluster, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, parse_cluster, resolve_model, resolve_optimizer, resolve_precision
 
 BF16 = resolve_precision("bf16-mixed").spec
 ADAMW = resolve_optimizer("adamw").spec
 
 
 def llama_8b(seq: int = 4096) -> Workload:
-    return Workload(resolve_model("llama-3.1-8b").spec, BF16, ADAMW, seq, overhead_bytes=0.0)
+    return Workload(
+        resolve_model("llama-3.1-8b").spec, BF16, ADAMW, seq, overhead_bytes=0.0, framework=framework_profile()
+    )
 
 
 def searched(cluster: str, global_batch: int, pins: Pins, seq: int = 4096):

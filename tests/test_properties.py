@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmcalc.engine import layout as ly
-from lmcalc.engine.gpu_memory import gpu_memory
-from lmcalc.engine.pipeline import PipelineSplit
-from lmcalc.engine.steptime import step_time
-from lmcalc.engine.time import RunTime, gpus_for_deadline
+from lmcalc.engine.memory.gpu_memory import gpu_memory
+from lmcalc.engine.parallel import layout as ly
+from lmcalc.engine.parallel.pipeline import PipelineSplit
+from lmcalc.engine.run.cost import RunTime, gpus_for_deadline
+from lmcalc.engine.time.steptime import step_time
 from lmcalc.engine.workload import Workload
-from lmcalc.presets import registry, resolve_hardware, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, registry, resolve_hardware, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster
 from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
 
@@ -29,7 +29,9 @@ def spec(name):
 def workload(model, seq, micro_batch=1, attention="flash", recompute="none"):
     """bf16-mixed (2-byte activations), AdamW, no overhead allowance: the properties concern states and
     activations alone."""
-    return Workload(model, MIXED, ADAMW, seq, micro_batch, attention, recompute, overhead_bytes=0.0)
+    return Workload(
+        model, MIXED, ADAMW, seq, micro_batch, attention, recompute, overhead_bytes=0.0, framework=framework_profile()
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,7 +109,15 @@ def test_the_slowest_stage_is_never_faster_than_an_even_split(name, pp, first, s
     if pp > model.num_layers or (first is not None and (pp == 1 or model.num_layers - first < pp - 1)):
         return
     layout = ly.Layout(pp=pp, grad_accum=pp, split=PipelineSplit(first_stage_layers=first))
-    w = Workload(model, resolve_precision("bf16-mixed").spec, ADAMW, seq, recompute=recompute, overhead_bytes=0.0)
+    w = Workload(
+        model,
+        resolve_precision("bf16-mixed").spec,
+        ADAMW,
+        seq,
+        recompute=recompute,
+        overhead_bytes=0.0,
+        framework=framework_profile(),
+    )
     cluster = Cluster(hardware=h100, count=layout.gpus, gpus_per_node=8)
     efficiency = 0.6  # any fraction: timed as FLOPs at one fraction of the peak, the FLOPs alone decide
     t = step_time(w, layout, cluster, efficiency=efficiency)

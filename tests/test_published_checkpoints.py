@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from math import ceil
 
-from lmcalc.engine.params import count_params, mtp_params, weight_tensors
+from lmcalc.engine.model.params import count_params, mtp_params, weight_tensors
 from lmcalc.presets import resolve_model
 
 FP8_BLOCK = 128  # DeepSeek-V3 §3.3.2: FP8 weights with one fp32 scale per 128 × 128 block

@@ -2,10 +2,12 @@
 and its tokens/s per GPU (the figure the step-time model is judged on, docs/plan-accuracy.md) follows from what the
 source prints.
 
-The sources are read from ../shared/reference (published_runs.yaml, playbook_single_node.yaml, hardware_facts.yaml,
-published_models.yaml), each run's `reference` naming its entry and row; those tests skip where the directory is
-missing. Where a source prints two figures that both follow from the speed, the second is checked against the
-tokens/s with the source's own formula, restated here:
+The sources are read from tests/data/reference (published_runs.yaml, playbook_single_node.yaml, hardware_facts.yaml,
+published_models.yaml: the project's reference facts, each figure with its source, copied byte for byte from
+../shared/reference so that no test depends on a folder outside the repository), each run's `reference` naming its
+entry and row; where ../shared/reference is present, a test checks the copy is still identical to it. Where a source
+prints two figures that both follow from the speed, the second is checked against the tokens/s with the source's own
+formula, restated here:
 
 - Narayanan et al. 2021 (arXiv:2104.04473) eq. (3): F = 96·B·s·l·h²·(1 + s/6h + V/16lh) FLOPs per iteration,
   recomputation's forward included; Table 1 also prints the aggregate PFLOP/s and % of peak, Table 2 the days
@@ -31,21 +33,20 @@ import pytest
 from accuracy import FAMILIES, PublishedRun, load_runs
 from test_framework_nanotron import playbook_model
 
-from lmcalc.engine.flops import napkin_params
-from lmcalc.engine.params import count_params
+from lmcalc.engine.model.flops import napkin_params
+from lmcalc.engine.model.params import count_params
 from lmcalc.presets import read_yaml
 
 pytestmark = pytest.mark.data
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS_FILE = ROOT / "benchmarks" / "published_runs.yaml"
-REFERENCE = ROOT.parent / "shared" / "reference"
+REFERENCE = ROOT / "tests" / "data" / "reference"  # a copy of SHARED_REFERENCE's files, README.md included
+SHARED_REFERENCE = ROOT.parent / "shared" / "reference"  # the project's reference facts, outside the repository
 RUNS = load_runs(RUNS_FILE)
 WRITTEN = {row["id"]: row for row in read_yaml(RUNS_FILE)["runs"]}  # each run as written, for its `reference`
 
-needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"{REFERENCE} is not here")
-
-# The entries of ../shared/reference/published_runs.yaml that publish a layout and a throughput: every row of each
+# The entries of the reference's published_runs.yaml that publish a layout and a throughput: every row of each
 # is a run here. (gpt3-175b-openai publishes no GPU count or time; megatron-2021-gpt3-time-estimate is an estimate.)
 RUN_ENTRIES = (
     "korthikanti-2022-table5",
@@ -111,7 +112,6 @@ def test_every_run_loads_once_with_a_family_and_a_speed():
     assert all(run.tokens_per_s_per_gpu > 0 and run.source and run.derived for run in RUNS)
 
 
-@needs_reference
 def test_every_published_row_with_a_layout_and_a_throughput_is_a_run():
     used = Counter((w["reference"]["file"], w["reference"].get("id"), w["reference"]["row"]) for w in WRITTEN.values())
     expected = Counter()
@@ -121,6 +121,21 @@ def test_every_published_row_with_a_layout_and_a_throughput_is_a_run():
         expected.update(("published_runs.yaml", entry_id, row) for row in range(rows))
     expected.update((PLAYBOOK, None, row) for row in range(len(reference_file(PLAYBOOK)["rows"])))
     assert used == expected
+
+
+@pytest.mark.skipif(
+    not SHARED_REFERENCE.is_dir(), reason=f"{SHARED_REFERENCE} (outside the repository) is not here to compare with"
+)
+def test_the_reference_copy_is_identical_to_the_shared_reference():
+    copied = sorted(path.name for path in REFERENCE.iterdir())
+    assert {"published_runs.yaml", PLAYBOOK, "hardware_facts.yaml", "published_models.yaml"} <= set(copied)
+    shared = {name: SHARED_REFERENCE / name for name in copied}
+    differ = [
+        name
+        for name in copied
+        if not shared[name].is_file() or shared[name].read_bytes() != (REFERENCE / name).read_bytes()
+    ]
+    assert not differ, f"tests/data/reference differs from {SHARED_REFERENCE} in {differ}: copy them again"
 
 
 @pytest.mark.parametrize("run", RUNS, ids=ids(RUNS))
@@ -147,7 +162,6 @@ def published_global_batch(run: PublishedRun, row: dict[str, Any]) -> int:
     return row["global_batch_sequences"]
 
 
-@needs_reference
 @pytest.mark.parametrize("run", RUNS, ids=ids(RUNS))
 def test_gpus_global_batch_and_degrees_are_the_published_ones(run):
     row = source_row(run)
@@ -170,7 +184,6 @@ def test_gpus_global_batch_and_degrees_are_the_published_ones(run):
 # ---------------------------------------------------------------- Narayanan et al. 2021
 
 
-@needs_reference
 @pytest.mark.parametrize("run", of_family("megatron-2021"), ids=ids(of_family("megatron-2021")))
 def test_megatron_2021_tokens_per_s_from_tflops_per_gpu(run):
     # Table 1 and 2 print TFLOP/s per GPU counted with eq. (3): tokens/s per GPU = TFLOP/s / (F / (B·s)).
@@ -187,7 +200,6 @@ TABLE1 = [run for run in of_family("megatron-2021") if WRITTEN[run.id]["referenc
 TABLE2 = [run for run in of_family("megatron-2021") if run not in TABLE1]
 
 
-@needs_reference
 @pytest.mark.parametrize("run", TABLE1, ids=ids(TABLE1))
 def test_megatron_2021_table1_aggregate_and_share_of_peak(run):
     # aggregate PFLOP/s = TFLOP/s per GPU · GPUs, and % of peak = TFLOP/s / 312, each printed rounded: TFLOP/s to
@@ -202,7 +214,6 @@ def test_megatron_2021_table1_aggregate_and_share_of_peak(run):
     assert aggregate == pytest.approx(row["aggregate_pflops"], rel=0.005)
 
 
-@needs_reference
 @pytest.mark.parametrize("run", TABLE2, ids=ids(TABLE2))
 def test_megatron_2021_table2_days_for_300b_tokens(run):
     # Table 2's last column: days to train on 300B tokens at the row's speed. 175B PTD-P on 384 GPUs:
@@ -221,7 +232,6 @@ def test_megatron_2021_table2_days_for_300b_tokens(run):
 # ---------------------------------------------------------------- Korthikanti et al. 2022
 
 
-@needs_reference
 @pytest.mark.parametrize("run", of_family("korthikanti"), ids=ids(of_family("korthikanti")))
 def test_korthikanti_tokens_per_s_from_iteration_time_and_mfu(run):
     # tokens/s per GPU = global batch · s / iteration time / GPUs (Table 5, sequence parallelism + selective
@@ -240,7 +250,6 @@ def test_korthikanti_tokens_per_s_from_iteration_time_and_mfu(run):
 # ---------------------------------------------------------------- Llama 3
 
 
-@needs_reference
 @pytest.mark.parametrize("run", of_family("llama3"), ids=ids(of_family("llama3")))
 def test_llama3_tokens_per_s_from_mfu_and_tflops(run):
     # PaLM's 6N + 12·L·H·Q·T per token, N = every parameter of Llama 3.1 405B (405,853,388,800: the reference's
@@ -263,7 +272,6 @@ def test_llama3_tokens_per_s_from_mfu_and_tflops(run):
 MPT_PEAK_ALIAS = {"h100_80gb": "h100-sxm", "a100_80gb": "a100", "a100_40gb": "a100"}  # Composer: h100-sxm, a100
 
 
-@needs_reference
 @pytest.mark.parametrize("run", of_family("mpt"), ids=ids(of_family("mpt")))
 def test_mpt_tokens_per_s_throughput_mfu_and_numparams(run):
     row = source_row(run)
@@ -289,7 +297,6 @@ def test_mpt_tokens_per_s_throughput_mfu_and_numparams(run):
 # ---------------------------------------------------------------- the Ultra-Scale Playbook
 
 
-@needs_reference
 @pytest.mark.parametrize("run", of_family("playbook"), ids=ids(of_family("playbook")))
 def test_playbook_tokens_per_s_and_shapes(run):
     row = source_row(run)

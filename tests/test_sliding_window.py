@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import tiny_config  # noqa: E402
 
-from lmcalc.engine import flops as fl  # noqa: E402
-from lmcalc.engine.inference import InferenceMemory, Serving, inference_memory  # noqa: E402
+from lmcalc.engine.inference.serving import InferenceMemory, Serving, inference_memory  # noqa: E402
+from lmcalc.engine.model import flops as fl  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.presets import resolve_model  # noqa: E402
 from lmcalc.reference_model import ReferenceModel  # noqa: E402

@@ -1,4 +1,4 @@
-"""The phase-by-phase peak of a plain PyTorch step (engine.step_peak), derived here by hand, and the
+"""The phase-by-phase peak of a plain PyTorch step (engine.memory.step_peak), derived here by hand, and the
 measurement that validate's row 4 sets beside it (measure.step_memory), exercised on the CPU."""
 
 from dataclasses import replace
@@ -9,12 +9,12 @@ torch = pytest.importorskip("torch")
 
 from lmcalc import measure  # noqa: E402
 from lmcalc import validate as val  # noqa: E402
-from lmcalc.engine.gpu_memory import gpu_memory  # noqa: E402
-from lmcalc.engine.layout import Layout  # noqa: E402
-from lmcalc.engine.params import count_params  # noqa: E402
-from lmcalc.engine.step_peak import plain_step_peak  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
+from lmcalc.engine.memory.step_peak import plain_step_peak  # noqa: E402
+from lmcalc.engine.model.params import count_params  # noqa: E402
+from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 from lmcalc.engine.workload import Workload  # noqa: E402
-from lmcalc.presets import resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
+from lmcalc.presets import framework_profile, resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.reference_model import ReferenceModel  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -25,7 +25,9 @@ BF16, ADAMW = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").sp
 
 
 def _workload(s: int, b: int, recompute: str = "none") -> Workload:
-    return Workload(resolve_model("llama-3.2-1b").spec, BF16, ADAMW, s, b, "flash", recompute)
+    return Workload(
+        resolve_model("llama-3.2-1b").spec, BF16, ADAMW, s, b, "flash", recompute, framework=framework_profile()
+    )
 
 
 def _peak(s: int, b: int, recompute: str = "none"):
@@ -57,7 +59,14 @@ def test_short_sequence_peaks_at_the_optimizer_step():
 def test_a_recipe_with_a_master_copy_is_not_a_plain_loop():
     with pytest.raises(ValueError, match="master copy"):
         plain_step_peak(
-            Workload(resolve_model("llama-3.2-1b").spec, resolve_precision("bf16-mixed").spec, ADAMW, 1024, 1)
+            Workload(
+                resolve_model("llama-3.2-1b").spec,
+                resolve_precision("bf16-mixed").spec,
+                ADAMW,
+                1024,
+                1,
+                framework=framework_profile(),
+            )
         )
 
 

@@ -1,4 +1,4 @@
-"""How engine.steptime puts a step together from the kernels, the collectives and the host: each rule checked by a
+"""How engine.time.steptime puts a step together from the kernels, the collectives and the host: each rule checked by a
 hand derivation, or against another engine function that computes the same quantity another way."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from lmcalc.engine import rates
-from lmcalc.engine.comm import group_time
-from lmcalc.engine.kernels import stage_work
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.microbatch import kernel_times
-from lmcalc.engine.pipeline import PipelineSplit, stage_layers
-from lmcalc.engine.steptime import step_time
-from lmcalc.engine.workload import Workload, framework_profile
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layers
+from lmcalc.engine.time import rates
+from lmcalc.engine.time.comm import group_time
+from lmcalc.engine.time.kernels import stage_work
+from lmcalc.engine.time.microbatch import kernel_times
+from lmcalc.engine.time.steptime import step_time
+from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import FrameworkProfile
-from lmcalc.presets import resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster
 
 BF16 = resolve_precision("bf16-mixed").spec

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmcalc.engine.numerics import FORMATS, dtype_bytes
+from lmcalc.engine.model.numerics import FORMATS, dtype_bytes
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import tensor
 from lmcalc.units import parse_bytes, parse_count, parse_shape

@@ -14,15 +14,15 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from lmcalc import measure  # noqa: E402
 from lmcalc import validate as val  # noqa: E402
 from lmcalc.engine import clear_caches  # noqa: E402
-from lmcalc.engine import flops as fl  # noqa: E402
-from lmcalc.engine.gpu_memory import gpu_memory  # noqa: E402
-from lmcalc.engine.layout import Layout  # noqa: E402
-from lmcalc.engine.params import count_params  # noqa: E402
-from lmcalc.engine.pipeline import PipelineSplit, stage_layer_counts, stage_layers  # noqa: E402
-from lmcalc.engine.sharding import stage_part  # noqa: E402
-from lmcalc.engine.steptime import stage_step_flops  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
+from lmcalc.engine.model import flops as fl  # noqa: E402
+from lmcalc.engine.model.params import count_params  # noqa: E402
+from lmcalc.engine.parallel.layout import Layout  # noqa: E402
+from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts, stage_layers  # noqa: E402
+from lmcalc.engine.parallel.sharding import stage_part  # noqa: E402
+from lmcalc.engine.time.steptime import stage_step_flops  # noqa: E402
 from lmcalc.engine.workload import Workload  # noqa: E402
-from lmcalc.presets import builtin_dir, resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
+from lmcalc.presets import builtin_dir, framework_profile, resolve_model, resolve_optimizer, resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -112,7 +112,7 @@ def test_activation_formula_matches_saved_tensors(arch, attention, recompute, se
     tokens = torch.randint(0, spec.vocab_size, (batch, seq))
     measured = measure.peak_saved_bytes(model, tokens, recompute)
     fp32, adamw = resolve_precision("fp32").spec, resolve_optimizer("adamw").spec  # fp32: 4-byte activations
-    w = Workload(spec, fp32, adamw, seq, batch, attention, recompute, mask_bytes=4)
+    w = Workload(spec, fp32, adamw, seq, batch, attention, recompute, mask_bytes=4, framework=framework_profile())
     engine = gpu_memory(w, Layout(), 0).activations  # the whole model on one device
     assert engine == pytest.approx(measured, rel=val.ACTIVATION_TOLERANCE)
 
@@ -190,7 +190,7 @@ def test_perturbed_flops_make_the_check_fail(monkeypatch):
 
 def test_perturbed_activations_make_the_check_fail(monkeypatch):
     # Forget the softmax output (eager attention's s² term): the saved-tensor row must catch it.
-    from lmcalc.engine import activations
+    from lmcalc.engine.memory import activations
 
     original = activations.layer_saved_tensors
 
@@ -254,7 +254,9 @@ def test_each_pipeline_stages_flops_match_pytorch(name, pp, first, last):
     model = measure.build(spec, "flash", s)
     counts = stage_layer_counts(spec, layout)
     precision, adamw = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
-    plain, full = (Workload(spec, precision, adamw, s, recompute=r) for r in ("none", "full"))
+    plain, full = (
+        Workload(spec, precision, adamw, s, recompute=r, framework=framework_profile()) for r in ("none", "full")
+    )
     for stage in range(pp):
         built = stage_layers(spec, layout, stage)
         part = stage_part(spec, built)  # the stage's layers and, last, the logits

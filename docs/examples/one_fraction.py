@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # the 
 from accuracy import load_runs  # noqa: E402
 from fit_time import FITTED, _golden  # noqa: E402
 
-from lmcalc.engine.steptime import step_time  # noqa: E402
+from lmcalc.engine.time.steptime import step_time  # noqa: E402
 
 runs = load_runs(FITTED)
 

@@ -5,7 +5,7 @@
                                           [--moe] [--outside]
 
 It prints the list that ``lmcalc memory`` adds up (``layer_kept_tensors`` and ``model_saved_tensors``
-in ``lmcalc/engine/activations.py``) for a bf16 model: each tensor's bytes per element, its shape in the
+in ``lmcalc/engine/memory/activations.py``) for a bf16 model: each tensor's bytes per element, its shape in the
 symbols of docs/formulas.md, and its bytes. ``--framework`` names the framework profile (default: idealised,
 the papers' count; docs/formulas.md §5.9). ``--moe`` lists an MoE layer instead of a dense one;
 ``--outside`` lists what is saved outside the layers (token ids, final norm, head input, logits).
@@ -14,8 +14,8 @@ Used by docs/formulas.md §5.4 and §5.9.
 
 import argparse
 
-from lmcalc.engine.activations import layer_kept_tensors
-from lmcalc.engine.activations_model import model_saved_tensors
+from lmcalc.engine.memory.activations import layer_kept_tensors
+from lmcalc.engine.memory.outside_layers import model_saved_tensors
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import resolve_framework, resolve_model, resolve_optimizer, resolve_precision
 

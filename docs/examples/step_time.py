@@ -4,26 +4,26 @@
         [--micro-batch B] [--grad-accum M] [--sequence-parallel] [--virtual-stages V] [--recompute R]
         [--framework F]
 
-The kernels of each stage come from ``lmcalc.engine.kernels.stage_work`` (the inventory of formulas.md §8.3-8.5);
+The kernels of each stage come from ``lmcalc.engine.time.kernels.stage_work`` (the inventory of formulas.md §8.3-8.5);
 everything else is written out here from the formulas of docs/formulas.md §8: each GEMM by its roofline, fused
 attention at its rate, the memory-bound bytes at η × HBM bandwidth, the host, each collective by
-``lmcalc.engine.comm.group_time`` (§8.7) with what the framework profile overlaps (§8.9), the bubble, the
+``lmcalc.engine.time.comm.group_time`` (§8.7) with what the framework profile overlaps (§8.9), the bubble, the
 data-parallel reduction and ZeRO's gathers, and the optimizer. Every stage that can be the slowest is timed and
-the longest is the step. The result is printed beside ``lmcalc.engine.steptime.step_time`` for the same layout.
+the longest is the step. The result is printed beside ``lmcalc.engine.time.steptime.step_time`` for the same layout.
 ``--virtual-stages`` above 1 means the interleaved schedule. bf16-mixed, AdamW, flash attention, the shipped
-constants (``lmcalc.engine.rates.CALIBRATION``).
+constants (``lmcalc.engine.time.rates.CALIBRATION``).
 """
 
 import argparse
 
-from lmcalc.engine import rates
-from lmcalc.engine.comm import collective_time, group_time, intra_link
-from lmcalc.engine.kernels import stage_work
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.pipeline import PipelineSplit, distinct_stages, stage_layers
-from lmcalc.engine.sharding import stage_params
-from lmcalc.engine.states import optimizer_bytes_per_param
-from lmcalc.engine.steptime import FOREACH_PASSES, step_time
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit, distinct_stages, stage_layers
+from lmcalc.engine.parallel.sharding import stage_params
+from lmcalc.engine.parallel.states import optimizer_bytes_per_param
+from lmcalc.engine.time import rates
+from lmcalc.engine.time.comm import collective_time, group_time, intra_link
+from lmcalc.engine.time.kernels import stage_work
+from lmcalc.engine.time.steptime import FOREACH_PASSES, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import parse_cluster, resolve_framework, resolve_model, resolve_optimizer, resolve_precision
 

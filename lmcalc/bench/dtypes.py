@@ -1,5 +1,5 @@
 """The one table of the dtypes a benchmark runs in: lmcalc's name, the torch dtype its tensors are stored in,
-and the floating-point format behind it (``lmcalc.engine.numerics.FORMATS``: storage bytes, machine epsilon).
+and the floating-point format behind it (``lmcalc.engine.model.numerics.FORMATS``: storage bytes, machine epsilon).
 
 The formats stay in ``numerics``, which never imports torch; this table adds only what torch calls them, by
 name, so that it too can be read without importing torch. Each benchmark accepts its own subset
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lmcalc.engine.numerics import FORMATS, FloatFormat
+from lmcalc.engine.model.numerics import FORMATS, FloatFormat
 
 if TYPE_CHECKING:
     import torch

@@ -3,20 +3,154 @@
 Errors in the user's input are printed as one line (``lmcalc: error: ...``) with exit code 2, each setting named
 by its flag (``flag``: the one place a setting's name becomes a flag); the accounting commands never import
 torch.
+
+A command is registered by where it lives (``SUBCOMMANDS``), and its module is imported only when the command runs
+or shows its own help: ``lmcalc train-time`` loads neither the planner nor ``bench``, and ``lmcalc --help`` lists
+every command from its docstring without importing one.
 """
 
 from __future__ import annotations
 
+import ast
+import copy
+import importlib
+import importlib.util
 import os
 import sys
-from typing import Annotated
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
+from typer.main import get_command_from_info, get_group_from_info, solve_typer_info_help
+from typer.models import CommandInfo, TyperInfo
 
 from lmcalc import __version__
 from lmcalc.errors import LmcalcError, flag
-from lmcalc.render import render
-from lmcalc.result import Estimate, Result
+
+if TYPE_CHECKING:
+    from typer import _click as click  # typer's own copy of click, whose classes its commands are
+
+    from lmcalc.result import Estimate, Result
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """Where a subcommand of ``lmcalc`` lives: ``module`` defines its function ``function``, or registers its own
+    subcommands on the typer app ``group`` when imported."""
+
+    module: str
+    function: str = ""
+    group: typer.Typer | None = None
+
+
+class LazyCommands(MutableMapping[str, "click.Command"]):
+    """A group's subcommands by name, in the order ``--help`` lists them; each is built (its module imported) the
+    first time it is looked up."""
+
+    def __init__(self, subcommands: dict[str, Subcommand], build: Callable[[str, Subcommand], click.Command]):
+        self.subcommands = dict(subcommands)
+        self._build = build
+        self._built: dict[str, click.Command] = {}
+
+    def built(self, name: str) -> click.Command | None:
+        """The subcommand ``name`` if it has been built, without building it."""
+        return self._built.get(name)
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._built:
+            self._built[name] = self._build(name, self.subcommands[name])  # KeyError: no such command
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self.subcommands.pop(name, None)
+        self._built.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(self.subcommands), **dict.fromkeys(self._built)})
+
+    def __len__(self) -> int:
+        return len({**self.subcommands, **self._built})
+
+
+class LazyGroup(TyperGroup):
+    """``lmcalc`` itself: a typer group whose subcommands (``SUBCOMMANDS``) are built when one is run, and whose
+    ``--help`` lists them by their docstrings, read from their modules' source without importing them."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        registered = self.commands
+        self.commands = LazyCommands(SUBCOMMANDS, self._build)
+        for name, command in registered.items():
+            self.commands[name] = command
+
+    def _build(self, name: str, subcommand: Subcommand) -> click.Command:
+        """The subcommand as typer builds it from ``app.command(name)`` or ``app.add_typer(group, name=name)``."""
+        module = importlib.import_module(subcommand.module)
+        if subcommand.group is not None:
+            return get_group_from_info(
+                TyperInfo(subcommand.group, name=name),
+                pretty_exceptions_short=app.pretty_exceptions_short,
+                rich_markup_mode=self.rich_markup_mode,
+                suggest_commands=self.suggest_commands,
+            )
+        return get_command_from_info(
+            CommandInfo(name=name, callback=getattr(module, subcommand.function)),
+            pretty_exceptions_short=app.pretty_exceptions_short,
+            rich_markup_mode=self.rich_markup_mode,
+        )
+
+    def _summary(self, name: str) -> click.Command:
+        """What ``--help`` reads of a subcommand (its name and help): the subcommand if built, else a command that
+        carries its docstring (or, for a group, the group's own help) and nothing to run."""
+        assert isinstance(self.commands, LazyCommands)
+        built = self.commands.built(name)
+        if built is not None:
+            return built
+        subcommand = self.commands.subcommands[name]
+        help_text = (
+            solve_typer_info_help(TyperInfo(subcommand.group, name=name))
+            if subcommand.group is not None
+            else docstring(subcommand.module, subcommand.function)
+        )
+        if help_text is None:  # no source to read: import the module after all
+            return self.commands[name]
+        return TyperCommand(name=name, help=help_text, rich_markup_mode=self.rich_markup_mode)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        listing = copy.copy(self)
+        listing.commands = {name: self._summary(name) for name in self.commands}
+        TyperGroup.format_help(listing, ctx, formatter)
+
+
+def docstring(module: str, function: str) -> str | None:
+    """The docstring of ``function`` in ``module``, read from the module's source without running it, cleaned as
+    ``inspect.getdoc`` cleans it; None when there is no source to read or no such function in it."""
+    if sys.flags.optimize >= 2:  # python -OO: the functions have no docstrings, and nor shall the listing
+        return None
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    for node in _functions(spec.origin):
+        if node.name == function:
+            return ast.get_docstring(node)
+    return None
+
+
+@cache
+def _functions(path: str) -> list[ast.FunctionDef]:
+    """The functions a Python source file defines at its top level."""
+    tree = ast.parse(Path(path).read_bytes(), path)
+    return [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+
 
 app = typer.Typer(
     name="lmcalc",
@@ -24,6 +158,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,
+    cls=LazyGroup,
 )
 presets_app = typer.Typer(help="List, show and check the built-in and your own presets.", no_args_is_help=True)
 bench_app = typer.Typer(
@@ -31,10 +166,30 @@ bench_app = typer.Typer(
     "matmuls (one shape, --sweep, or a model's shapes with --model); the subcommands time memory bandwidth, "
     "collectives and training steps."
 )
+SUBCOMMANDS = {
+    "train-time": Subcommand("lmcalc.cli.training", "train_time"),
+    "max-params": Subcommand("lmcalc.cli.training", "max_params"),
+    "flops": Subcommand("lmcalc.cli.training", "flops"),
+    "memory": Subcommand("lmcalc.cli.training", "memory"),
+    "fit": Subcommand("lmcalc.cli.training", "fit"),
+    "plan": Subcommand("lmcalc.cli.training", "plan"),
+    "optimal": Subcommand("lmcalc.cli.training", "optimal"),
+    "report": Subcommand("lmcalc.cli.report", "report"),
+    "params": Subcommand("lmcalc.cli.checks", "params"),
+    "tensor": Subcommand("lmcalc.cli.checks", "tensor"),
+    "dtypes": Subcommand("lmcalc.cli.checks", "dtypes"),
+    "validate": Subcommand("lmcalc.cli.checks", "validate"),
+    "presets": Subcommand("lmcalc.cli.presets", group=presets_app),
+    "bench": Subcommand("lmcalc.cli.bench", group=bench_app),
+}
+"""Every subcommand of ``lmcalc``, in the order ``lmcalc --help`` lists them."""
 
 
 def emit(shown: Estimate | Result, as_json: bool = False, explain: bool = False, brief: bool = False) -> None:
     """Render an estimate (its report) or a result: a table, ``--json``, ``--explain`` or ``--brief``."""
+    from lmcalc.render import render
+    from lmcalc.result import Estimate
+
     if brief and (as_json or explain):
         raise LmcalcError(
             f"--brief prints the headline alone; give it without {'--json' if as_json else '--explain'} "

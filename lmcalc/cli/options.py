@@ -10,16 +10,16 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 
 from lmcalc.cli.completion import complete_model, complete_optimizer, complete_precision
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES
-from lmcalc.engine.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
-from lmcalc.engine.method import METHODS
-from lmcalc.engine.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS
+from lmcalc.engine.finetune.method import METHODS
+from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS
+from lmcalc.engine.run.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
 from lmcalc.errors import flag
 from lmcalc.estimates.inputs import TRAINING_DEFAULTS
 
@@ -73,14 +73,6 @@ OverheadOpt = Annotated[
         "--overhead",
         help="A flat per-GPU allowance (e.g. 2GiB, 0) on top of what the framework profile counts (it replaces the "
         "idealised profile's 2 GiB).",
-    ),
-]
-FrameworkOpt = Annotated[
-    str,
-    typer.Option(
-        "--framework",
-        help="Framework profile: what it keeps and allocates (lmcalc presets list frameworks; idealised: the "
-        "papers' count).",
     ),
 ]
 TrainingFrameworkOpt = Annotated[
@@ -172,7 +164,8 @@ LAYOUT_OPTIONS = (
     Option.of("virtual_stages", int, 1, "Model chunks per pipeline stage (interleaved schedule)."),
     *SPLIT_OPTIONS,
 )
-"""A parallel layout (``estimates.inputs.LayoutSettings``), as ``memory``, ``fit`` and ``report`` take it."""
+"""A parallel layout (``estimates.inputs.LayoutSettings``), as ``memory`` and ``fit`` take it (``plan`` and
+``report`` search the layout: they take ``PIN_OPTIONS``)."""
 
 METHODS_MEANINGS: dict[object, str] = {
     "full": "every weight trained",
@@ -285,11 +278,6 @@ PIN_OPTIONS = (
 sequence parallelism), each of which the user may pin instead."""
 
 
-def with_defaults(options: tuple[Option, ...], **defaults: Any) -> tuple[Option, ...]:
-    """``options`` with some defaults changed (``report`` shards with ZeRO-3 unless told otherwise)."""
-    return tuple(replace(o, default=defaults[o.name]) if o.name in defaults else o for o in options)
-
-
 def with_options(options: tuple[Option, ...], at: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command ``options`` in place of its parameter ``at``, which then receives them as one dict of
     keyword → value: a group of options declared once, shared by every command that takes it. (typer reads a
@@ -331,7 +319,7 @@ ENERGY_OPTIONS = (
         "The grid's carbon intensity, gCO2e/kWh. Default: 481 (world average, 2023).",
     ),
 )
-"""Energy and emissions (``engine.energy``), as ``train-time`` and ``report`` take them."""
+"""Energy and emissions (``engine.run.energy``), as ``train-time`` and ``report`` take them."""
 
 VALIDATE_AGAINST = ("pytorch", "transformers")
 AGAINST_MEANINGS = {

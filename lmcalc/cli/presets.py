@@ -1,4 +1,5 @@
-"""``lmcalc presets``: list, show and check the built-in presets and the user's own."""
+"""``lmcalc presets``: list, show and check the built-in presets and the user's own. Its commands register
+themselves on ``presets_app`` when this module is imported."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Annotated
 import typer
 
 from lmcalc import presets as pr
+from lmcalc.cli.app import presets_app
 from lmcalc.cli.options import JsonOpt, alternatives
 from lmcalc.errors import LmcalcError
 
@@ -59,3 +61,12 @@ def presets_check(
 
     if not check_presets(files or [], as_json):
         raise typer.Exit(1)
+
+
+for name, command in (
+    ("list", presets_list),
+    ("show", presets_show),
+    ("schema", presets_schema),
+    ("check", presets_check),
+):
+    presets_app.command(name)(command)

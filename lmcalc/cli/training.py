@@ -33,8 +33,8 @@ from lmcalc.cli.options import (
     with_options,
 )
 from lmcalc.engine.choices import ATTN_CONVENTIONS, FLOPS_BASES, PEAK_SOURCES, RECOMPUTE_MODES
-from lmcalc.engine.numerics import SERVING_DTYPES
-from lmcalc.engine.optimal import TOKENS_PER_PARAM
+from lmcalc.engine.model.numerics import SERVING_DTYPES
+from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import (
     DEFAULT_ATTENTION,

@@ -1,5 +1,10 @@
 """The accounting engine: pure functions of specs and of the values that describe a run (``Workload``,
-``Layout``, ``Cluster``). No printing, no flags, no torch.
+``Layout``, ``Cluster``). No printing, no flags, no torch, no preset files.
+
+Its packages are layers, lowest first (tests/test_architecture.py holds the order, docs/architecture.md tells it):
+``choices``; ``model`` (parameters, FLOPs, number formats); ``finetune`` (the method, its FLOPs, offloading);
+``workload``; ``model_code`` (what the model's code keeps) and ``parallel`` (layout, stages, sharding); ``memory``
+and ``time``, which never import each other; ``search``, ``inference`` and ``run``, which ask them.
 
 Functions the planner asks thousands of times are memoised with ``functools``, keyed by their arguments (frozen
 values); ``clear_caches`` forgets every memoised figure.

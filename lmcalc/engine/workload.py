@@ -12,11 +12,12 @@ is part of every cached figure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, Attention, Recompute
-from lmcalc.engine.method import FULL, Method, check_method
-from lmcalc.engine.offload import NO_OFFLOAD, Offload
+from lmcalc.engine.finetune.method import FULL, Method, check_method
+from lmcalc.engine.finetune.offload import NO_OFFLOAD, Offload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
@@ -25,19 +26,13 @@ from lmcalc.units import GiB
 OVERHEAD_ALLOWANCE_BYTES = 2 * GiB
 """A flat allowance for what is not weights, states or activations: the CUDA context, cuBLAS/NCCL workspaces
 and the caching allocator's fragmentation; a round, deliberately conservative figure, not a measurement. The
-idealised framework profile and the serving estimate (``engine.inference``) use it; a real framework's profile
+idealised framework profile and the serving estimate (``engine.inference.serving``) use it; a real framework's profile
 counts those parts one by one. Users change it with ``--overhead``."""
 
 IDEALISED = "idealised"
-"""The framework profile of the textbook count (``presets/frameworks/idealised.yaml``): a workload made in code
-without naming a framework is counted as the papers count it."""
-
-
-def framework_profile(name: str = IDEALISED) -> FrameworkProfile:
-    """A built-in framework profile by name (the idealised one unless named)."""
-    from lmcalc.presets import resolve_framework  # the presets read YAML: only when a profile is first wanted
-
-    return resolve_framework(name).spec
+"""The framework profile of the textbook count (``presets/frameworks/idealised.yaml``): what a caller gives a
+workload to count it as the papers count it (``presets.framework_profile()``). The engine reads no preset: the
+caller chooses the profile."""
 
 
 MASK_BYTES = 1  # dropout masks are stored as bool / uint8 (Korthikanti et al. 2022 §4.1)
@@ -63,7 +58,7 @@ class Workload:
     recompute: Recompute = "none"
     mask_bytes: float = MASK_BYTES  # bytes of one dropout-mask element (see dropout_mask_bytes)
     overhead_bytes: float | None = None  # per-GPU allowance beyond what the profile counts; None: the profile's
-    framework: FrameworkProfile = field(default_factory=framework_profile)
+    framework: FrameworkProfile = field(kw_only=True)  # what the framework keeps and allocates (presets/)
     method: Method = FULL  # what is trained: every weight, adapters on a frozen base, or the top layers
     offload: Offload = NO_OFFLOAD  # which model states leave the GPU for the host or NVMe
     _hash: int = field(init=False, repr=False, compare=False)
@@ -89,9 +84,9 @@ class Workload:
     def __hash__(self) -> int:
         return self._hash
 
-    def __reduce__(self) -> tuple[type[Workload], tuple[object, ...]]:
+    def __reduce__(self) -> tuple[Callable[..., Workload], tuple[object, ...]]:
         """Pickled as its fields, so that a copy made in another process (another hash seed) hashes anew."""
-        return type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init)
+        return _workload_of, (tuple((f.name, getattr(self, f.name)) for f in fields(self) if f.init),)
 
     @property
     def allowance(self) -> float:
@@ -102,3 +97,8 @@ class Workload:
     def tokens(self) -> int:
         """Tokens in one micro-batch: b · s."""
         return self.seq_len * self.micro_batch
+
+
+def _workload_of(fields_given: tuple[tuple[str, object], ...]) -> Workload:
+    """A workload from its fields by name (unpickling: ``framework`` is keyword-only)."""
+    return Workload(**dict(fields_given))  # type: ignore[arg-type]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lmcalc.engine import flops as fl
 from lmcalc.engine.choices import ATTN_CONVENTIONS, RECOMPUTE_MODES, AttnConvention, Recompute
-from lmcalc.engine.numerics import FORMATS, dtype_bytes, tensor_elements
-from lmcalc.engine.params import ParamCount, count_params, params_section
+from lmcalc.engine.model import flops as fl
+from lmcalc.engine.model.numerics import FORMATS, dtype_bytes, tensor_elements
+from lmcalc.engine.model.params import ParamCount, count_params, params_section
 from lmcalc.errors import flag
 from lmcalc.estimates.inputs import (
     Count,

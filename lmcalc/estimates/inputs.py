@@ -14,12 +14,12 @@ from typing import Any, TypedDict, TypeVar
 
 from lmcalc import presets as pr
 from lmcalc.engine.choices import Attention, Recompute, ZeroStage
-from lmcalc.engine.flops import napkin_params
-from lmcalc.engine.method import ALL_LINEAR, METHODS, Method, parse_targets
-from lmcalc.engine.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS
-from lmcalc.engine.optimal import TOKENS_PER_PARAM
-from lmcalc.engine.params import count_params, matches_published
-from lmcalc.engine.time import DEFAULT_MFU
+from lmcalc.engine.finetune.method import ALL_LINEAR, METHODS, Method, parse_targets
+from lmcalc.engine.finetune.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS
+from lmcalc.engine.model.flops import napkin_params
+from lmcalc.engine.model.params import count_params, matches_published
+from lmcalc.engine.run.cost import DEFAULT_MFU
+from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES, Workload
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.framework_specs import FrameworkProfile
@@ -60,7 +60,7 @@ C = TypeVar("C", bound=str)
 class FineTuneSettings(TypedDict, total=False):
     """What is trained: the fine-tuning method, as the user gives it (what its FLOPs depend on)."""
 
-    method: str  # full | lora | qlora | freeze (engine.method)
+    method: str  # full | lora | qlora | freeze (engine.finetune.method)
     lora_rank: int  # r of each adapter
     lora_targets: str | list[str]  # q,k,v,o,gate,up,down (or Hugging Face names), or all-linear
     lora_dropout: float  # PEFT's lora_dropout
@@ -72,7 +72,7 @@ class MethodSettings(FineTuneSettings, total=False):
     """The fine-tuning method and what is offloaded, as the user gives them (what memory depends on too)."""
 
     kbit_upcast: bool  # QLoRA: unquantised weights in fp32, as peft.prepare_model_for_kbit_training casts them
-    offload: str  # none | optimizer | optimizer+params (engine.offload)
+    offload: str  # none | optimizer | optimizer+params (engine.finetune.offload)
     offload_device: str  # cpu | nvme
     host_link_gbps: float  # GPU-host bandwidth, one direction, GB/s
     cpu_optimizer_params_per_s: float  # parameters a node's CPUs update per second

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from lmcalc.engine.gpu_memory import most_loaded_gpu
-from lmcalc.engine.layout import Layout, check_layout
-from lmcalc.engine.method import Method
+from lmcalc.engine.finetune.method import Method
+from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
+from lmcalc.engine.parallel.layout import Layout, check_layout
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_FRAMEWORK, FINE_TUNING_FRAMEWORK, framework_of

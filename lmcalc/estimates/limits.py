@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Unpack
 
-from lmcalc.engine import maxparams as mp
-from lmcalc.engine.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.search import maxparams as mp
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
@@ -46,7 +46,7 @@ from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.units import GB, GiB, format_quantity, group
 
 if TYPE_CHECKING:  # the solvers are imported when a search is asked for, not at start-up
-    from lmcalc.engine import fit as fit_engine
+    from lmcalc.engine.search import fit as fit_engine
 
 
 # ------------------------------------------------------------------------------------------------- fit
@@ -73,7 +73,7 @@ def fit(*, model: ModelLike, gpus: ClusterLike = "8xH100", **settings: Unpack[Me
 
 def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit, each with its binding part."""
-    from lmcalc.engine import fit as fit_engine  # only this command searches
+    from lmcalc.engine.search import fit as fit_engine  # only this command searches
 
     w, cluster, model, note = setup.workload, setup.cluster, setup.model, setup.resolved.note
     check_layout(w, layout, cluster)
@@ -208,7 +208,7 @@ CHECKPOINTING = "Chen et al. 2016 (gradient checkpointing); Korthikanti et al. 2
 def _checkpointed(w: Workload, layout: Layout, capacity: float) -> Section:
     """The longest sequence and the largest micro-batch with gradient checkpointing (full recomputation), the
     lever fine-tuners pull first: each layer keeps only its input, and one layer is rebuilt at a time."""
-    from lmcalc.engine import fit as fit_engine
+    from lmcalc.engine.search import fit as fit_engine
 
     setting_ = fit_engine.Setting(replace(w, recompute="full"), layout, capacity)
     seq, batch = fit_engine.longest_sequence(setting_), fit_engine.largest_micro_batch(setting_)

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Unpack
 
-from lmcalc.engine import inference as inf
-from lmcalc.engine import inference_terms as inf_terms
-from lmcalc.engine.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
-from lmcalc.engine.layout import Layout, check_layout
-from lmcalc.engine.memory_terms import Capacity, memory_sections
-from lmcalc.engine.sharding import check_tp_heads
+from lmcalc.engine.inference import serving as inf
+from lmcalc.engine.inference import terms as inf_terms
+from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
+from lmcalc.engine.memory.terms import Capacity, memory_sections
+from lmcalc.engine.parallel.layout import Layout, check_layout, check_tp_heads
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
@@ -81,8 +80,9 @@ def memory(
 ) -> MemoryEstimate:
     """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout; with ``stages``,
     of one GPU of every pipeline stage. ``settings`` are the workload's (``TrainingSettings``: ``seq``,
-    ``micro_batch``, ``precision``, ``optimizer``, ``attention``, ``recompute``, ``overhead``) and the layout's
-    (``LayoutSettings``: ``tp=8, pp=4, zero=1, …``)."""
+    ``micro_batch``, ``precision``, ``optimizer``, ``attention``, ``recompute``, ``framework``, ``overhead``, and
+    the method's: ``method``, the LoRA settings, ``offload``, …) and the layout's (``LayoutSettings``: ``tp=8,
+    pp=4, zero=1, …``)."""
     accept(settings, MemorySettings, "memory")
     setup = training_setup(model, gpus, training_settings(settings))
     layout = build_layout(setup.cluster, layout_settings(settings))

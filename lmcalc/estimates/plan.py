@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Unpack
 
 from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, ZeroStage
-from lmcalc.engine.layout import LAYOUT_CODE_KEY
-from lmcalc.engine.memory_terms import Capacity, memory_sections
-from lmcalc.engine.time_terms import compute_text, speed_text, step_time_section
+from lmcalc.engine.memory.terms import Capacity, memory_sections
+from lmcalc.engine.parallel.layout import LAYOUT_CODE_KEY
+from lmcalc.engine.time.terms import compute_text, speed_text, step_time_section
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
@@ -54,7 +54,7 @@ class PlanSettings(SplitSettings, MethodSettings, total=False):
 
 
 if TYPE_CHECKING:  # the planner is imported when a plan is asked for, not at start-up
-    from lmcalc.engine import plan as pl
+    from lmcalc.engine.search import plan as pl
 
 
 # ------------------------------------------------------------------------------------------------- plan
@@ -122,7 +122,7 @@ def plan(
     ``measured_efficiency``: the HFU of a step ``lmcalc bench step`` measured), as hardware FLOPs at that
     fraction of the dense peak. A fine-tune (``settings``: the method and offload, ``MethodSettings``) is planned
     for ``dataset_tokens`` × ``epochs``."""
-    from lmcalc.engine import plan as pl
+    from lmcalc.engine.search import plan as pl
 
     accept(settings, PlanSettings, "plan")
     split = split_settings(settings)  # type: ignore[arg-type]
@@ -248,7 +248,7 @@ def plan_estimate(
     """One layout search, two views of it: the layouts that fit, ranked by throughput (the first ``shown`` of
     them in the report, all when None; ``layouts`` always holds every one), and the winner derived term by term
     (what ``--explain`` shows)."""
-    from lmcalc.engine import plan as pl
+    from lmcalc.engine.search import plan as pl
 
     base, cluster, model, note = setup.workload, setup.cluster, setup.model, setup.resolved.note
     seq = base.seq_len

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Unpack
 
 from lmcalc.engine.choices import ZeroStage
-from lmcalc.engine.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
+from lmcalc.engine.run.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
 from lmcalc.errors import LmcalcError, flag
 from lmcalc.estimates.inputs import (
     DEFAULT_OPTIMIZER,
@@ -30,7 +30,7 @@ from lmcalc.result import Input, Result, Section
 from lmcalc.units import GB, group
 
 if TYPE_CHECKING:  # the estimates are imported when a report is made: the command line's start-up stays light
-    from lmcalc.engine import plan as pl
+    from lmcalc.engine.search import plan as pl
     from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate
     from lmcalc.estimates.memory import MemoryEstimate
     from lmcalc.estimates.plan import PlanEstimate
@@ -105,10 +105,10 @@ def report(
     throughput the search predicts for that layout, unless ``mfu`` is given; when no layout fits, the page shows
     the closest one's memory and a hypothetical time at the MFU assumed. A fine-tune (the method's ``settings``)
     of ``dataset_tokens`` × ``epochs``; the cost at ``price_per_gpu_hour``; energy and emissions with
-    ``power_fraction``, ``pue`` and ``grid_gco2_per_kwh`` (``engine.energy``)."""
-    from lmcalc.engine import plan as pl
+    ``power_fraction``, ``pue`` and ``grid_gco2_per_kwh`` (``engine.run.energy``)."""
     from lmcalc.engine.choices import RECOMPUTE_MODES, SCHEDULES
-    from lmcalc.engine.energy import Energy
+    from lmcalc.engine.run.energy import Energy
+    from lmcalc.engine.search import plan as pl
     from lmcalc.estimates.counts import flops_estimate, params_estimate
     from lmcalc.estimates.inputs import accept, choice
     from lmcalc.estimates.plan import plan_estimate
@@ -161,7 +161,7 @@ def report(
 def _closest_miss(setup: TrainingSetup, batch_tokens: float, pins: pl.Pins) -> pl.Candidate | None:
     """The layout that misses the memory by least when the search found none that fits (``plan_estimate`` says so
     in words; this is the layout itself, for the memory section); None when no layout can exist."""
-    from lmcalc.engine import plan as pl
+    from lmcalc.engine.search import plan as pl
 
     sequences = round(batch_tokens / setup.workload.seq_len)  # the global batch as plan_estimate counts it
     if sequences < 1:
@@ -250,8 +250,8 @@ def _mfu_at(
     tokens_per_s: float, tokens: Given, precision: PrecisionRecipe, timing: Timing, resolved: Resolved
 ) -> float:
     """The MFU at which ``train_time_estimate`` reaches ``tokens_per_s``: the FLOPs it counts per token, times the
-    tokens per second, over the cluster's dense peak (``engine.time.RunTime``, solved for the MFU)."""
-    from lmcalc.engine.time import peak_for
+    tokens per second, over the cluster's dense peak (``engine.run.cost.RunTime``, solved for the MFU)."""
+    from lmcalc.engine.run.cost import peak_for
     from lmcalc.estimates.inputs import default_seq_len
     from lmcalc.estimates.time import training_flops
 

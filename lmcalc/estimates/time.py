@@ -7,19 +7,19 @@ import re
 from dataclasses import dataclass, replace
 from typing import Unpack
 
-from lmcalc.engine import flops as fl
-from lmcalc.engine import optimal as opt
 from lmcalc.engine.choices import FLOPS_BASES
-from lmcalc.engine.energy import (
+from lmcalc.engine.finetune.flops import method_step_flops, napkin_method_flops, napkin_method_flops_formula
+from lmcalc.engine.finetune.method import FULL, Method, check_method
+from lmcalc.engine.model import flops as fl
+from lmcalc.engine.run import optimal as opt
+from lmcalc.engine.run.cost import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
+from lmcalc.engine.run.energy import (
     DEFAULT_GRID_GCO2_PER_KWH,
     DEFAULT_POWER_FRACTION,
     DEFAULT_PUE,
     Energy,
     energy_terms,
 )
-from lmcalc.engine.method import FULL, Method, check_method
-from lmcalc.engine.method_flops import method_step_flops, napkin_method_flops, napkin_method_flops_formula
-from lmcalc.engine.time import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
     DEFAULT_PRECISION,
@@ -104,7 +104,7 @@ def train_time(
     ``lmcalc bench`` results instead of the spec sheet. A fine-tune (``fine_tuning``: the method, lora, qlora or
     freeze, with its settings) runs ``dataset_tokens`` × ``epochs`` tokens, never the preset's pretraining count.
     Energy and emissions take the GPU's TDP × ``power_fraction``, the data centre's ``pue`` and the grid's
-    ``grid_gco2_per_kwh`` (engine.energy)."""
+    ``grid_gco2_per_kwh`` (engine.run.energy)."""
     accept(fine_tuning, FineTuneSettings, "train_time")
     resolved = resolve_model(model)
     spec = resolved.spec
@@ -196,20 +196,20 @@ class Timing:
 
 def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str, method: Method = FULL) -> Term:
     """The FLOPs a run's time is computed from: 6·N·D (napkin) or the detailed causal count; under a fine-tuning
-    method, what it trains (``engine.method_flops``)."""
+    method, what it trains (``engine.finetune.flops``)."""
     if method.kind != "full":
         if basis == "6nd":
             per_token, formula = napkin_method_flops(model, method)
             numbers = f"{sci(per_token, 4)} × {sci(tokens)}"
             return Term("training_flops", f"Training FLOPs ({method.label})", per_token * tokens, "FLOPs",
-                        f"({formula})·D", numbers, "engine.method_flops: frozen weights take no weight gradient",
+                        f"({formula})·D", numbers, "engine.finetune.flops: frozen weights take no weight gradient",
                         note="N: the base's parameters (active, for MoE)")  # fmt: skip
         step = method_step_flops(model, method, seq_len, "none", "causal")
         return Term("training_flops", f"Training FLOPs ({method.label}, detailed)", step.model * tokens, "FLOPs",
                     "(forward + input gradients + weight gradients + attention backward) per token · D",
                     f"({sci(step.forward, 4)} + {sci(step.input_grads, 4)} + {sci(step.weight_grads, 4)} + "
                     f"{sci(step.attention_backward, 4)}) × {sci(tokens)}",
-                    "engine.method_flops; checked against FlopCounterMode on PEFT models")  # fmt: skip
+                    "engine.finetune.flops; checked against FlopCounterMode on PEFT models")  # fmt: skip
     term = (
         fl.napkin_section(model, tokens).term("total")
         if basis == "6nd"

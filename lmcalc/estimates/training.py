@@ -10,11 +10,11 @@ from typing import Any, cast
 
 from lmcalc import presets as pr
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.memory_terms import Capacity
-from lmcalc.engine.method import Method
-from lmcalc.engine.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
-from lmcalc.engine.pipeline import PipelineSplit
+from lmcalc.engine.finetune.method import Method
+from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
+from lmcalc.engine.memory.terms import Capacity
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, keyword
 from lmcalc.estimates.inputs import (
@@ -73,7 +73,7 @@ def split_settings(settings: LayoutSettings) -> SplitSettings:
 
 def build_layout(cluster: Cluster, settings: LayoutSettings) -> Layout:
     """The layout the settings describe on ``cluster`` (checked when it is made); DP, when not given, fills the
-    GPUs the other degrees leave. Checked against a workload by ``engine.layout.check_layout``."""
+    GPUs the other degrees leave. Checked against a workload by ``engine.parallel.layout.check_layout``."""
     named: Mapping[str, Any] = settings
     degrees = {f.name: named[f.name] for f in fields(Layout) if f.name not in ("dp", "split") and f.name in named}
     dp = settings.get("dp")

@@ -9,7 +9,7 @@ reference notes ``hardware_facts.yaml`` section ``methods.nccl_tests``):
 S is the buffer for all-reduce, and the whole array for all-gather (n × each rank's input) and
 reduce-scatter (n × each rank's output). busbw is what a ring puts over each rank's busiest link, so it
 can be compared with one link's bandwidth whatever the number of ranks (the model of
-``lmcalc.engine.comm``).
+``lmcalc.engine.time.comm``).
 
 The parts, each knowing nothing of the others' workings:
 

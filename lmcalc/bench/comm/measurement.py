@@ -15,7 +15,7 @@ from typing import cast
 
 from lmcalc.bench.choices import COMM_DTYPES, OPS, Op
 from lmcalc.bench.dtypes import DTYPES
-from lmcalc.engine.comm import ring_factor
+from lmcalc.engine.time.comm import ring_factor
 from lmcalc.errors import LmcalcError, setting
 
 SOURCE = "NVIDIA nccl-tests doc/PERFORMANCE.md"
@@ -23,7 +23,7 @@ SOURCE = "NVIDIA nccl-tests doc/PERFORMANCE.md"
 
 def busbw_factor(op: str, world_size: int) -> float:
     """nccl-tests' bus-bandwidth factor: all-reduce 2(n−1)/n, all-gather and reduce-scatter (n−1)/n, the ring's
-    bytes per GPU that the step-time model charges too (``engine.comm.ring_factor``)."""
+    bytes per GPU that the step-time model charges too (``engine.time.comm.ring_factor``)."""
     if op not in OPS:
         raise LmcalcError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
     return ring_factor(cast(Op, op), world_size)

@@ -17,7 +17,7 @@ Conventions, each stated once here and again in the result's notes:
 * **MFU** = model FLOPs per step / (median step time × the device's dense peak for the dtype), the
   peak from ``Device.peak`` (a hardware preset, or a labelled estimate on a CPU). Where the device has
   no peak for the dtype, MFU is reported as not available; no peak is ever invented.
-* **Memory**: the engine's peak of a plain PyTorch step (``engine.step_peak``: the largest of backward
+* **Memory**: the engine's peak of a plain PyTorch step (``engine.memory.step_peak``: the largest of backward
   start, backward end and the optimizer step, with the precision recipe plain PyTorch matches: ``fp32``
   for an fp32 model, ``bf16-pure`` for a bf16 one; AdamW), against ``torch.cuda.max_memory_allocated``
   on CUDA, and against the live storages of one more, untimed step on a CPU (``measure.StorageTracker``,

@@ -1,8 +1,8 @@
 """What the engine says about a benchmark step before it runs: its FLOPs, its memory, and whether it fits.
 
-* **Model FLOPs** per step = 3 × the engine's forward count per token × b·s (``engine.flops.step_flops``),
+* **Model FLOPs** per step = 3 × the engine's forward count per token × b·s (``engine.model.flops.step_flops``),
   attention counted full; recomputation is hardware work and enters the hardware FLOPs only.
-* **Memory**: the engine's peak of a plain PyTorch step (``engine.step_peak``), with the precision recipe
+* **Memory**: the engine's peak of a plain PyTorch step (``engine.memory.step_peak``), with the precision recipe
   plain PyTorch matches (``RECIPE_FOR_DTYPE``) and AdamW.
 """
 
@@ -14,15 +14,15 @@ import torch
 
 from lmcalc.bench.device import Device
 from lmcalc.bench.step.config import FLOP_CONVENTION, OPTIMIZER, RECIPE_FOR_DTYPE, StepSetup
-from lmcalc.engine import flops as fl
 from lmcalc.engine.choices import AttnConvention, Recompute
-from lmcalc.engine.gpu_memory import gpu_memory
-from lmcalc.engine.layout import Layout
-from lmcalc.engine.params import count_params
-from lmcalc.engine.step_peak import StepPeak, plain_step_peak
+from lmcalc.engine.memory.gpu_memory import gpu_memory
+from lmcalc.engine.memory.step_peak import StepPeak, plain_step_peak
+from lmcalc.engine.model import flops as fl
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.workload import Workload, dropout_mask_bytes
 from lmcalc.errors import LmcalcError, setting
-from lmcalc.presets import resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 from lmcalc.units import format_quantity, group
 
@@ -71,7 +71,17 @@ def predict_memory(setup: StepSetup, device_type: str) -> MemoryPrediction:
     optimizer = resolve_optimizer(OPTIMIZER).spec
     mask_bytes = dropout_mask_bytes(device_type, precision)
     s = setup
-    w = Workload(s.model, precision, optimizer, s.seq_len, s.micro_batch, s.attention, s.recompute, mask_bytes)
+    w = Workload(
+        s.model,
+        precision,
+        optimizer,
+        s.seq_len,
+        s.micro_batch,
+        s.attention,
+        s.recompute,
+        mask_bytes,
+        framework=framework_profile(),
+    )
     one_device = gpu_memory(w, Layout(), 0)  # the whole model on one device, no ZeRO
     n = count_params(s.model).total
     return MemoryPrediction(

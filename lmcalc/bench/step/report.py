@@ -10,8 +10,8 @@ from lmcalc.bench.results import Record, software_versions
 from lmcalc.bench.step.config import FLOP_CONVENTION, SEED
 from lmcalc.bench.step.measurement import StepMeasurement
 from lmcalc.bench.step.predict import model_flops_per_step
-from lmcalc.engine import flops as fl
-from lmcalc.engine.step_peak import PHASES
+from lmcalc.engine.memory.step_peak import PHASES
+from lmcalc.engine.model import flops as fl
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.units import format_quantity, group
 from lmcalc.validate import cpu_fallback_reason
@@ -80,7 +80,7 @@ def _flops_section(m: StepMeasurement) -> Section:
                 forward,
                 "FLOPs",
                 "engine detailed count, attention full (s keys per query)",
-                source="lmcalc.engine.flops.step_flops",
+                source="lmcalc.engine.model.flops.step_flops",
             ),
             Term(
                 "model_flops",
@@ -176,7 +176,8 @@ def _memory_section(m: StepMeasurement) -> Section:
                 "bytes",
                 "tensors saved for backward",
                 f"s={setup.seq_len}, b={setup.micro_batch}, {setup.attention} attention, recompute {setup.recompute}",
-                "Korthikanti et al. 2022 §4.1, tensor by tensor (lmcalc.engine.activations, lmcalc.engine.gpu_memory)",
+                "Korthikanti et al. 2022 §4.1, tensor by tensor "
+                "(lmcalc.engine.memory.activations, lmcalc.engine.memory.gpu_memory)",
             ),
             *(term for term in p.step.terms() if term.key in PHASES),
             Term(
@@ -185,7 +186,7 @@ def _memory_section(m: StepMeasurement) -> Section:
                 p.total,
                 "bytes",
                 "max(backward start, backward end, optimizer step)",
-                source="lmcalc.engine.step_peak (docs/formulas.md §5.8)",
+                source="lmcalc.engine.memory.step_peak (docs/formulas.md §5.8)",
                 note=f"at the {p.step.peak_phase.replace('_', ' ')}; no overhead allowance (the CUDA context "
                 "is not a tensor)",
             ),

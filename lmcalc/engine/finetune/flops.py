@@ -1,0 +1,194 @@
+"""Training FLOPs when not every weight is trained: LoRA, QLoRA and frozen layers.
+
+A linear layer y = W·x costs 2·in·out FLOPs per token forward. Backward it computes up to two products of the same
+size: the input's gradient (W^T·dy), needed when x needs a gradient, and the weight's (dy·x^T), needed when W is
+trained (Narayanan et al. 2021 §5.1). Full training needs both everywhere: 3 × forward, the 6·N·D rule. A frozen
+base needs only the first, and only where a gradient still flows:
+
+* LoRA (Hu et al. 2021) freezes every base weight, so each base matmul costs 2 (forward) + 2 (input gradient) =
+  4·in·out per token; about 4·N·D instead of 6·N·D. Each adapter B·A on a module adds its own forward
+  2·r·(in + out), both weight gradients 2·r·(in + out), and the input gradients of B, and of A where x needs one.
+* The lowest layer's input is the frozen embedding's output, which needs no gradient: there, the modules that read
+  it (Q, K, V, or with only MLP adapters the whole attention half and the MLP's input projections) compute no input
+  gradient. Under the freeze method the frozen bottom layers compute no backward at all; the lowest trained layer's
+  norms are trained, so its projections still compute their input gradients, for the norms' weights.
+* The attention core's two products (scores Q·K^T and values P·V, no weights) give in backward the gradient of
+  each operand that needs one, each at the product's forward cost: twice the forward where Q, K and V all need
+  gradients, less in the lowest layer when only some are adapted. The output head computes its input gradient,
+  and its weight gradient only when trained.
+
+Element-wise work is not counted, as in ``engine.model.flops``; recomputation redoes the forward of every layer a
+gradient flows through (full), or its attention core (selective). This is what ``FlopCounterMode`` counts for a PEFT
+model (tests/test_finetune_flops.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.finetune.method import (
+    LinearModule,
+    Method,
+    adapted_modules,
+    in_layer,
+    linear_modules,
+    trained_params,
+)
+from lmcalc.engine.model.flops import attended_keys, napkin_params
+from lmcalc.specs import ModelSpec
+
+READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a")
+READS_MLP_INPUT = ("gate", "up", "gate_up", "fc", "router")
+OUTPUT_PROJECTIONS = ("o", "down", "proj")  # what a half's last projection is: it writes the residual stream
+OPERANDS = (("q", "qkv", "q_a", "q_b"), ("k", "qkv", "kv_a", "kv_b"), ("v", "qkv", "kv_a", "kv_b"))
+"""The projections whose outputs make the attention core's queries, keys and values."""
+
+
+@dataclass(frozen=True)
+class MethodFlops:
+    """FLOPs per token of one training step under a fine-tuning method, by the work they do."""
+
+    forward: float  # every matmul, adapters included
+    input_grads: float  # the products that carry the gradient down to each input that needs one
+    weight_grads: float  # the products that give the trained weights their gradients
+    attention_backward: float
+    recomputed: float  # forward work redone in the backward pass (hardware FLOPs only)
+
+    @property
+    def model(self) -> float:
+        """What MFU counts: forward and backward, without recomputation."""
+        return self.forward + self.input_grads + self.weight_grads + self.attention_backward
+
+    @property
+    def hardware(self) -> float:
+        return self.model + self.recomputed
+
+
+@dataclass(frozen=True)
+class _Layer:
+    moe: bool
+    input_grad: bool  # the layer's input needs a gradient
+    trained: bool  # the layer's weights are trained (full training, a layer above the frozen ones)
+
+
+def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
+    """Every layer as (dense or MoE, whether its input needs a gradient, whether its weights train), counted."""
+    frozen = method.freeze_layers if method.kind == "freeze" else 0
+    embedding_trained = method.kind == "full"
+    layers: Counter[_Layer] = Counter()
+    for i in range(model.num_layers):
+        trained = method.kind == "full" or (method.kind == "freeze" and i >= frozen)
+        input_grad = embedding_trained or (i > 0 if method.adapters else i > frozen)
+        layers[_Layer(bool(model.moe and model.moe.is_moe_layer(i)), input_grad, trained)] += 1
+    return layers
+
+
+def dora_forward(module: LinearModule, r: int, model: ModelSpec) -> float:
+    """DoRA's extra matmuls per forward pass of one layer's copies of ``module`` (PEFT's ``get_lora_weight``): B·A
+    built as B(A(I)) from an in × in identity, 2·in·in·r + 2·in·r·out, for the weight norm; detached, so it has
+    no backward."""
+    copies = module.count / _layers_with(model, module.count_symbol)
+    return copies * (2 * module.inputs * module.inputs * r + 2 * module.inputs * r * module.outputs)
+
+
+def _layers_with(model: ModelSpec, count_symbol: str) -> int:
+    """How many layers hold a module counted with ``count_symbol``."""
+    layers = {"L": model.num_layers, "L_dense": model.dense_ffn_layers if model.moe else 0}.get(count_symbol)
+    return layers or model.moe_layers
+
+
+def _per_layer_copies(model: ModelSpec, count_symbol: str, active: float) -> float:
+    """Copies of a module one token uses in one layer that has it."""
+    return active / _layers_with(model, count_symbol)
+
+
+def method_step_flops(
+    model: ModelSpec,
+    method: Method,
+    seq_len: int,
+    recompute: Recompute = "none",
+    convention: AttnConvention = "full",
+    micro_batch: int = 1,
+) -> MethodFlops:
+    """FLOPs per token of a training step that trains what ``method`` trains (module docstring), in micro-batches
+    of ``micro_batch`` sequences (DoRA's per-forward work is shared by a micro-batch's tokens)."""
+    tokens = seq_len * micro_batch
+    adapted = {m.name for m in adapted_modules(model, method)}
+    r = method.lora_rank
+    keys = attended_keys(model, seq_len, convention)
+    scores, values = 2 * keys * model.num_heads * model.qk_head_dim, 2 * keys * model.num_heads * model.v_head_dim
+    core = scores + values
+    forward = input_grads = weight_grads = attention_backward = recomputed = 0.0
+    out_grad = False  # whether the last layer's output needs a gradient
+    for layer, n in _layers_of(model, method).items():
+        modules = [m for m in linear_modules(model) if m.leaf != "lm_head" and in_layer(m, layer.moe)]
+        f = i = wg = 0.0
+        x_grad = layer.input_grad
+        outs: dict[str, bool] = {}  # whether each attention projection's output needs a gradient
+        for half in ("attention", "mlp"):
+            normed = x_grad or layer.trained  # the half's norm output: a trained norm weight needs its gradient
+            inner = normed  # whether what the half's first projections produce needs a gradient
+            any_out = False
+            for m in (m for m in modules if (m.group == "attention") == (half == "attention")):
+                reads_grad = normed if m.leaf in READS_ATTENTION_INPUT + READS_MLP_INPUT else inner
+                mm = 2 * m.inputs * m.outputs * _per_layer_copies(model, m.count_symbol, m.active)
+                f += mm
+                i += mm if reads_grad else 0.0
+                wg += mm if layer.trained else 0.0
+                m_out = reads_grad or layer.trained
+                if m.name in adapted:
+                    copies = _per_layer_copies(model, m.count_symbol, m.active)
+                    a, b = 2 * r * m.inputs * copies, 2 * r * m.outputs * copies
+                    f += a + b
+                    wg += a + b
+                    i += b + (a if reads_grad else 0.0)
+                    m_out = True
+                    if method.dora:
+                        f += dora_forward(m, r, model) / tokens
+                        if method.lora_dropout:  # PEFT recomputes W·dropout(x) for DoRA's base term
+                            f += mm
+                            i += mm if reads_grad else 0.0
+                any_out = any_out or m_out
+                outs[m.leaf] = outs.get(m.leaf, False) or m_out
+                if m.leaf not in OUTPUT_PROJECTIONS:
+                    inner = inner or m_out
+            if half == "attention":
+                q, k, v = (any(outs.get(leaf, False) for leaf in leaves) for leaves in OPERANDS)
+                # each product's backward gives the gradient of each operand that needs one, at its forward's cost
+                attention_backward += n * (scores * (q + k) + values * ((q or k) + v))
+            x_grad = x_grad or any_out  # the residual stream after the half
+        f += core
+        forward += n * f
+        input_grads += n * i
+        weight_grads += n * wg
+        if x_grad:
+            recomputed += n * (f if recompute == "full" else core if recompute == "selective" else 0.0)
+        out_grad = out_grad or x_grad
+    logits = 2 * model.hidden_size * model.vocab_size
+    head_trained = method.kind == "full" or (method.kind == "freeze" and not model.tied_embeddings)
+    forward += logits
+    input_grads += logits if out_grad else 0.0
+    weight_grads += logits if head_trained else 0.0
+    return MethodFlops(forward, input_grads, weight_grads, attention_backward, recomputed)
+
+
+def napkin_method_flops(model: ModelSpec, method: Method) -> tuple[float, str]:
+    """FLOPs per token by the napkin rule, and its formula, under a fine-tuning method: 6·N (Kaplan et al. 2020)
+    for full training; 2·N forward + 2·N input gradients + 6·N_a for LoRA's N_a adapter parameters (forward and
+    both gradients); 2·N forward + 4·N_t for the freeze method's N_t trained parameters, no gradient flowing below
+    them. N counts the active parameters of an MoE model."""
+    n = napkin_params(model)
+    trained = trained_params(model, method)
+    formula = napkin_method_flops_formula(method)
+    if method.adapters:
+        return 4 * n + 6 * trained, formula
+    if method.kind == "freeze":
+        return 2 * n + 4 * trained, formula
+    return 6 * n, formula
+
+
+def napkin_method_flops_formula(method: Method) -> str:
+    """The napkin rule's per-token formula under ``method`` (``napkin_method_flops``)."""
+    return {"full": "6·N", "freeze": "2·N + 4·N_trained"}.get(method.kind, "4·N + 6·N_adapters")

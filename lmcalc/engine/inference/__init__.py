@@ -1,0 +1,1 @@
+"""Serving: weights and KV cache per GPU, the largest batch and context."""

@@ -1,0 +1,246 @@
+"""Memory of serving a model: the weights, the KV cache, and how many sequences fit on one GPU.
+
+Inference keeps no gradients, no optimizer states and no activations for a backward pass (the lecture:
+"we don't do this during inference, we don't have to do all this back prop"). A GPU holds the weights,
+the key/value cache of every sequence it is generating, and transient working memory (the forward
+pass's activations, logits, kernel workspaces), which the overhead allowance covers.
+
+The KV cache: every attention layer keeps, for each token already seen, what later tokens attend to
+(DeepSeek-V2, arXiv:2405.04434, §2.1 and Table 1, per token and layer):
+
+- multi-head, grouped-query and multi-query attention keep K and V for the H_kv key-value heads:
+  H_kv·(d_k + d_v) = 2·H_kv·d elements (MHA: H_kv = H; GQA, Ainslie et al. 2023: H_kv < H;
+  MQA, Shazeer 2019: H_kv = 1);
+- multi-head latent attention (DeepSeek-V2/V3, §2.1.2–2.1.3) keeps the compressed KV latent c^KV
+  (d_c = kv_lora_rank) and the decoupled RoPE key k^R that all heads share (d_h^R = qk_rope_head_dim):
+  d_c + d_h^R elements. This is what inference engines cache: the K and V up-projections are absorbed
+  into the query and output projections, and vLLM stores MLA as one "head" of kv_lora_rank +
+  qk_rope_head_dim (``ModelConfig.get_num_kv_heads``: "When using MLA during decode it becomes MQA").
+
+The whole cache is tokens × layers × elements per token and layer × bytes of the KV dtype. Every layer
+of the models lmcalc describes has attention, MoE ones included (MoE changes only the feed-forward).
+A local layer (sliding window: Mistral 7B, Gemma 2/3, gpt-oss, Cohere2; Llama 4's chunks) never attends
+further back than its window w, so it keeps a rolling cache of min(w, s) tokens (transformers' sliding-window
+caches, vLLM's hybrid KV-cache manager); a global layer keeps all s. One sequence then keeps
+(L_global·s + L_local·min(w, s)) token-layers.
+
+Tensor parallelism over ``tp`` GPUs follows vLLM's ``QKVParallelLinear``: the query heads are split,
+and the KV heads are split when H_kv ≥ TP (TP must divide H_kv) or replicated when H_kv < TP (TP must
+be a multiple of H_kv), so each GPU caches max(1, H_kv/TP) heads. MLA's latent is shared by all heads,
+so every TP rank caches all of it. The weights are taken as evenly split, N·bytes/TP: an approximation,
+since norms and routers are replicated on every rank.
+
+The memory of one GPU is W/TP + b·s·c + overhead, with c the cache bytes per token on that GPU, so
+it is linear in b·s: the largest batch at context s is ⌊(C − W/TP − overhead) / (s·c)⌋ and the longest
+context at batch b is ⌊(C − W/TP − overhead) / (b·c)⌋. Paged caches allocate in blocks (vLLM: 16
+tokens), which rounds each sequence up to a block; that rounding is not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from math import ceil
+
+from lmcalc.engine.model.numerics import DTYPE_ALIASES, SERVING_DTYPES, dtype_bytes
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.parallel.layout import check_tp_heads
+from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
+from lmcalc.errors import LmcalcError
+from lmcalc.specs import ModelSpec
+from lmcalc.units import GB
+
+QUANTIZED_WEIGHT_DTYPES = ("int8", "int4")
+"""Integer weight formats that carry group-wise scales when ``quant_group_size`` is given."""
+
+QUANT_SCALE_BYTES = 2
+"""One fp16 scale per group of weights in group-wise integer quantisation (GPTQ, Frantar et al. 2022, arXiv:2210.17323,
+'grouping'; AWQ, Lin et al. 2023, default group size 128). An assumption of lmcalc's, counted only when a
+group size is given: zero-points (asymmetric schemes), per-channel and per-tensor scales are not counted."""
+
+
+def serving_dtype_bytes(name: str, what: str) -> float:
+    """Bytes of one weight or cache element stored as ``name``; ``what`` names the setting in errors."""
+    key = DTYPE_ALIASES.get(name.lower(), name.lower())
+    if key not in SERVING_DTYPES:
+        raise LmcalcError(f"unknown {what} '{name}'; accepted: {', '.join(SERVING_DTYPES)} (fp8 = fp8-e4m3)")
+    return dtype_bytes(key)
+
+
+def kv_elements_per_token_per_layer(spec: ModelSpec) -> int:
+    """Cache elements one token leaves in one attention layer: H_kv·(d_k + d_v), or d_c + d_rope for MLA."""
+    if spec.mla:
+        return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
+    return spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim)
+
+
+def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
+    """KV heads cached on each of ``tp`` GPUs: H_kv/TP, or 1 (replicated) when H_kv < TP; MLA's latent is 1."""
+    _check_positive(tp, "tensor-parallel degree (TP)", "GPUs")
+    check_tp_heads(spec, tp, replicate_kv=True)
+    return 1 if spec.mla else max(1, spec.kv_heads // tp)
+
+
+def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> int:
+    """What one GPU of ``tp`` caches per token and layer: its KV heads, or the whole MLA latent."""
+    heads = kv_heads_per_gpu(spec, tp)
+    if spec.mla:
+        return kv_elements_per_token_per_layer(spec)
+    return heads * (spec.qk_head_dim + spec.v_head_dim)
+
+
+def weights_bytes(spec: ModelSpec, weights_dtype: str) -> float:
+    """Every parameter (all experts of an MoE) at the weight dtype; quantisation scales not included."""
+    return count_params(spec).total * serving_dtype_bytes(weights_dtype, "weights dtype")
+
+
+def quant_scale_bytes(spec: ModelSpec, weights_dtype: str, quant_group_size: int | None) -> float:
+    """One fp16 scale per ``quant_group_size`` weights for int8/int4 group-wise quantisation; 0 when not asked."""
+    if quant_group_size is None or weights_dtype.lower() not in QUANTIZED_WEIGHT_DTYPES:
+        return 0.0
+    _check_positive(quant_group_size, "quantisation group size", "weights")
+    return ceil(count_params(spec).total / quant_group_size) * QUANT_SCALE_BYTES
+
+
+def _check_positive(value: int, what: str, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LmcalcError(f"{what} must be a positive whole number of {unit}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class InferenceMemory:
+    """Memory of serving ``batch`` sequences of ``context`` tokens, for the whole model and for one GPU of ``tp``."""
+
+    params: int
+    weights: float  # whole model
+    quant_scales: float  # whole model; 0 unless a group size was given
+    kv_per_token_per_layer: float  # whole model, bytes
+    kv_per_token_per_layer_per_gpu: float  # bytes on one GPU of tp
+    layers: int
+    batch: int
+    context: int
+    tp: int
+    overhead: float
+    capacity: float
+    local_layers: int = 0  # layers that keep only the last ``window`` tokens
+    window: int | None = None
+    max_seq_len: int = 0  # the longest context, where a cache of local layers alone stops growing
+    state_per_sequence: float = 0.0  # bytes a hybrid's state-space layers keep per sequence, whatever its length
+
+    def cached_tokens(self, context: int) -> Fraction:
+        """Tokens a layer keeps for one sequence of ``context`` tokens, on average over the layers: all of them in
+        global layers, the last ``window`` in local ones."""
+        if self.window is None:
+            return Fraction(context)
+        local = self.local_layers * min(self.window, context)
+        return Fraction((self.layers - self.local_layers) * context + local, self.layers)
+
+    @property
+    def weights_per_gpu(self) -> float:
+        return (self.weights + self.quant_scales) / self.tp
+
+    @property
+    def kv_per_token(self) -> float:
+        return self.layers * self.kv_per_token_per_layer
+
+    @property
+    def kv_per_token_per_gpu(self) -> float:
+        return self.layers * self.kv_per_token_per_layer_per_gpu
+
+    @property
+    def kv_cache(self) -> float:
+        """The whole cache of the batch, counted once (no TP replication)."""
+        return self.batch * (float(self.cached_tokens(self.context)) * self.kv_per_token + self.state_per_sequence)
+
+    @property
+    def kv_cache_per_gpu(self) -> float:
+        """The batch's cache on one GPU; a hybrid's states whole on every rank (lmcalc does not split them)."""
+        per_sequence = float(self.cached_tokens(self.context)) * self.kv_per_token_per_gpu + self.state_per_sequence
+        return self.batch * per_sequence
+
+    @property
+    def total_per_gpu(self) -> float:
+        return self.weights_per_gpu + self.kv_cache_per_gpu + self.overhead
+
+    @property
+    def cache_budget(self) -> float:
+        """What one GPU has left for the cache after the weights and the overhead allowance."""
+        return self.capacity - self.weights_per_gpu - self.overhead
+
+    @property
+    def max_batch(self) -> int:
+        """The most sequences of ``context`` tokens whose cache fits: ⌊budget / (s·c)⌋."""
+        per_sequence = self.cached_tokens(self.context) * Fraction(self.kv_per_token_per_gpu)
+        return _whole_fit(self.cache_budget, per_sequence + Fraction(self.state_per_sequence))
+
+    @property
+    def max_context(self) -> int:
+        """The most tokens per sequence at ``batch`` sequences whose cache fits: ⌊budget / (b·c)⌋; with local
+        layers, past the window only the global layers' caches grow (``max_seq_len`` when there are none)."""
+        budget = Fraction(self.cache_budget) - self.batch * Fraction(self.state_per_sequence)
+        tokens = max(Fraction(0), budget) / (self.batch * Fraction(self.kv_per_token_per_gpu))
+        if self.window is None or tokens < self.window:
+            return int(tokens // 1)
+        global_layers = self.layers - self.local_layers
+        if not global_layers:
+            return self.max_seq_len
+        return int((tokens * self.layers - self.local_layers * self.window) // global_layers)
+
+
+def _whole_fit(budget: float, bytes_each: float | Fraction) -> int:
+    """⌊budget / bytes_each⌋, in exact arithmetic so that a cache filling the GPU to the byte still fits."""
+    return int(Fraction(budget) // Fraction(bytes_each))
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What is served and how: the model, ``batch`` sequences of ``context`` tokens each, the dtypes of the
+    weights and of the KV cache, the tensor-parallel GPUs, and the allowances."""
+
+    model: ModelSpec
+    context: int  # tokens per sequence
+    batch: int = 1  # sequences served at once
+    weights_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    tp: int = 1
+    quant_group_size: int | None = None  # one fp16 scale per group of this many int8/int4 weights; None: none
+    overhead_bytes: float = OVERHEAD_ALLOWANCE_BYTES
+
+
+def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory:
+    """Weights and KV cache of ``serving``; refuses settings where the weights alone do not fit a GPU."""
+    spec, tp, overhead_bytes = serving.model, serving.tp, serving.overhead_bytes
+    _check_positive(serving.batch, "batch", "sequences")
+    _check_positive(serving.context, "context", "tokens")
+    kv_bytes = serving_dtype_bytes(serving.kv_dtype, "KV-cache dtype")
+    memory = InferenceMemory(
+        params=count_params(spec).total,
+        weights=weights_bytes(spec, serving.weights_dtype),
+        quant_scales=quant_scale_bytes(spec, serving.weights_dtype, serving.quant_group_size),
+        kv_per_token_per_layer=kv_elements_per_token_per_layer(spec) * kv_bytes,
+        kv_per_token_per_layer_per_gpu=kv_elements_per_token_per_layer_per_gpu(spec, tp) * kv_bytes,
+        layers=spec.attention_layers,
+        batch=serving.batch,
+        context=serving.context,
+        tp=tp,
+        overhead=overhead_bytes,
+        capacity=capacity_bytes,
+        local_layers=spec.local_layers,
+        window=spec.sliding_window,
+        max_seq_len=spec.max_seq_len,
+        state_per_sequence=ssm_state_elements(spec) * kv_bytes,
+    )
+    if memory.cache_budget < 0:
+        raise LmcalcError(
+            f"the weights alone do not fit: {memory.weights_per_gpu / GB:.2f} GB per GPU (TP={tp}) + "
+            f"{overhead_bytes / GB:.2f} GB overhead > {capacity_bytes / GB:.2f} GB of GPU memory, "
+            f"short by {-memory.cache_budget / GB:.2f} GB; try a larger TP or a smaller weights dtype"
+        )
+    return memory
+
+
+def ssm_state_elements(spec: ModelSpec) -> int:
+    """What a hybrid's state-space layers keep per sequence in place of a KV cache, whatever its length (Gu & Dao
+    2023 §3.3; transformers' Jamba cache): the convolution's last d_conv inputs and the d_in × N state, per layer."""
+    m = spec.mamba
+    return 0 if m is None else (spec.num_layers - spec.attention_layers) * m.d_inner * (m.d_conv + m.d_state)

@@ -1,0 +1,335 @@
+"""The terms and sections of ``lmcalc memory --inference``: the weights, the KV cache (and a hybrid's state), and
+what one GPU holds, each with its formula and numbers (``engine.inference.serving`` computes them)."""
+
+from __future__ import annotations
+
+from lmcalc.engine.inference.serving import (
+    QUANT_SCALE_BYTES,
+    InferenceMemory,
+    Serving,
+    kv_heads_per_gpu,
+    serving_dtype_bytes,
+)
+from lmcalc.engine.memory.terms import Capacity, capacity_terms, overhead_term
+from lmcalc.result import Section, Term
+from lmcalc.specs import ModelSpec
+from lmcalc.units import group
+
+KV_CACHE_SOURCE = "DeepSeek-V2 (arXiv:2405.04434) §2.1, Table 1: KV cache per token"
+TP_SOURCE = "vLLM QKVParallelLinear / ModelConfig.get_num_kv_heads: KV heads split, or replicated when H_kv < TP"
+
+
+def _weights_section(spec: ModelSpec, memory: InferenceMemory, weights_dtype: str) -> Section:
+    n, tp = memory.params, memory.tp
+    per_param = serving_dtype_bytes(weights_dtype, "weights dtype")
+    terms = [
+        Term(
+            "params",
+            "Parameters held",
+            n,
+            "params",
+            "every tensor" + (", all routed experts" if spec.moe else ""),
+            group(n),
+            "lmcalc.engine.model.params.count_params",
+            note=f"each token uses {spec.moe.experts_per_token} of {spec.moe.num_experts} routed experts, "
+            "but all of them are held in memory"
+            if spec.moe
+            else "",
+        ),
+        Term(
+            "weights",
+            f"Weights ({weights_dtype})",
+            memory.weights,
+            "bytes",
+            "N · bytes per weight",
+            f"{group(n)} × {per_param:g} B",
+            note="every parameter at this dtype; quantised checkpoints often keep the embedding, head and norms "
+            "in 16-bit (not modelled); "
+            + (
+                "group scales counted below, zero-points not counted"
+                if memory.quant_scales
+                else "quantisation scales and zero-points not counted"
+            ),
+        ),
+    ]
+    if memory.quant_scales:
+        groups = memory.quant_scales / QUANT_SCALE_BYTES
+        terms.append(
+            Term(
+                "quant_scales",
+                "Quantisation scales (fp16 per group)",
+                memory.quant_scales,
+                "bytes",
+                f"⌈N / group⌉ · {QUANT_SCALE_BYTES} B",
+                f"{group(groups)} groups × {QUANT_SCALE_BYTES} B",
+                "assumption: one fp16 scale per group, as GPTQ/AWQ group-wise quantisation; zero-points not counted",
+            )
+        )
+    scales = " + scales" if memory.quant_scales else ""
+    terms.append(
+        Term(
+            "weights_per_gpu",
+            "Weights per GPU",
+            memory.weights_per_gpu,
+            "bytes",
+            f"(weights{scales}) / TP",
+            f"{group(memory.weights + memory.quant_scales)} B / {tp}",
+            note="approximate: norms and routers are replicated on every TP rank" if tp > 1 else "",
+        )
+    )
+    return Section("weights", "Weights", tuple(terms))
+
+
+def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[str, str]:
+    """``2·H_kv·d·bytes`` with its numbers, or MLA's ``(d_c + d_rope)·bytes``."""
+    if spec.mla:
+        m = spec.mla
+        return "(d_c + d_rope) · bytes", f"({m.kv_lora_rank} + {m.qk_rope_head_dim}) × {kv_bytes:g} B"
+    if spec.qk_head_dim == spec.v_head_dim:
+        return "2 · H_kv · d · bytes", f"2 × {heads} × {spec.head_size} × {kv_bytes:g} B"
+    return "H_kv · (d_k + d_v) · bytes", f"{heads} × ({spec.qk_head_dim} + {spec.v_head_dim}) × {kv_bytes:g} B"
+
+
+def _attention_kind(spec: ModelSpec) -> str:
+    if spec.mla:
+        return "MLA: the compressed KV latent and the shared RoPE key"
+    if spec.kv_heads == spec.num_heads:
+        return f"MHA: K and V for all {spec.num_heads} heads"
+    if spec.kv_heads == 1:
+        return f"MQA: K and V for 1 head shared by {spec.num_heads}"
+    return f"GQA: K and V for {spec.kv_heads} KV heads shared by {spec.num_heads} query heads"
+
+
+def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Section:
+    kv_bytes = serving_dtype_bytes(kv_dtype, "KV-cache dtype")
+    L, b, s, tp = memory.layers, memory.batch, memory.context, memory.tp
+    formula, numbers = _per_layer_formula(spec, kv_bytes, spec.kv_heads)
+    terms = [
+        Term(
+            "per_token_per_layer",
+            f"Per token, one layer ({kv_dtype})",
+            memory.kv_per_token_per_layer,
+            "bytes",
+            formula,
+            numbers,
+            KV_CACHE_SOURCE,
+            note=_attention_kind(spec),
+        ),
+        Term(
+            "per_token",
+            "Per token, all layers",
+            memory.kv_per_token,
+            "bytes",
+            "L · per token per layer",
+            f"{L} × {group(memory.kv_per_token_per_layer)} B",
+            note=_layers_note(spec),
+        ),
+        *_window_terms(spec, memory),
+        *_state_terms(spec, memory, kv_bytes),
+        Term(
+            "per_sequence",
+            "Per sequence",
+            float(memory.cached_tokens(s)) * memory.kv_per_token + memory.state_per_sequence,
+            "bytes",
+            f"{_kept(memory)} · per token" + (" + state" if memory.state_per_sequence else ""),
+            f"{_kept(memory, s)} × {group(memory.kv_per_token)} B" + _state_text(memory),
+        ),
+        Term(
+            "total",
+            "Whole batch",
+            memory.kv_cache,
+            "bytes",
+            _batch_formula(memory, "per token"),
+            f"{b} × ({_kept(memory, s)} × {group(memory.kv_per_token)} B{_state_text(memory)})",
+        ),
+    ]
+    if tp > 1:
+        heads = kv_heads_per_gpu(spec, tp)
+        if spec.mla:
+            gpu_formula, gpu_numbers = "L · " + formula, f"{L} × {numbers}"
+            gpu_note = "MLA's latent serves every head, so each TP rank caches all of it"
+        else:
+            layer_formula, layer_numbers = _per_layer_formula(spec, kv_bytes, heads)
+            gpu_formula = "L · " + layer_formula.replace("H_kv", "max(1, H_kv/TP)")
+            gpu_numbers = f"{L} × {layer_numbers}"
+            gpu_note = (
+                f"the {spec.kv_heads} KV heads are replicated over TP={tp}: one per GPU"
+                if spec.kv_heads < tp
+                else f"{spec.kv_heads} KV heads split over TP={tp}"
+            )
+        terms.append(
+            Term(
+                "per_token_per_gpu",
+                "Per token on one GPU",
+                memory.kv_per_token_per_gpu,
+                "bytes",
+                gpu_formula,
+                gpu_numbers,
+                TP_SOURCE,
+                note=gpu_note,
+            )
+        )
+    terms.append(
+        Term(
+            "per_gpu",
+            "Whole batch on one GPU",
+            memory.kv_cache_per_gpu,
+            "bytes",
+            _batch_formula(memory, "per token on one GPU"),
+            f"{b} × {_kept(memory, s)} × {group(memory.kv_per_token_per_gpu)} B",
+        )
+    )
+    return Section("kv_cache", f"KV cache ({b} × {s} tokens)", tuple(terms))
+
+
+def _max_context_formula(memory: InferenceMemory) -> tuple[str, str]:
+    budget, b, c = group(memory.cache_budget), memory.batch, group(memory.kv_per_token_per_gpu)
+    if memory.window is None:
+        return "⌊cache budget / (batch · per token on one GPU)⌋", f"⌊{budget} / ({b} × {c})⌋"
+    L, local, w = memory.layers, memory.local_layers, memory.window
+    return (
+        "T = cache budget / (batch · per token on one GPU); ⌊T⌋ up to the window, else ⌊(T·L − L_local·w) / L_global⌋",
+        f"T = {budget} / ({b} × {c}); L = {L}, L_local = {local}, w = {w}",
+    )
+
+
+def _all_local_note(memory: InferenceMemory) -> str:
+    if memory.window is None or memory.local_layers < memory.layers or memory.max_context < memory.max_seq_len:
+        return ""
+    return "every layer keeps only its window: the cache stops growing there, and the trained context bounds it"
+
+
+def _layers_note(spec: ModelSpec) -> str:
+    if spec.mamba:
+        return f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the others keep a state"
+    return "every layer has attention (MoE changes only the feed-forward)" if spec.moe else ""
+
+
+def _batch_formula(memory: InferenceMemory, per_token: str) -> str:
+    """``batch · context · per token``, or with local layers or a hybrid's state what stands for them."""
+    if memory.state_per_sequence:
+        return f"batch · ({_kept(memory)} · {per_token} + state)"
+    return f"batch · {_kept(memory)} · {per_token}"
+
+
+def _state_text(memory: InferenceMemory) -> str:
+    return f" + {group(memory.state_per_sequence)} B" if memory.state_per_sequence else ""
+
+
+def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> tuple[Term, ...]:
+    """A hybrid's state-space layers: the state each keeps per sequence, whatever its length."""
+    m = spec.mamba
+    if m is None:
+        return ()
+    ssm = spec.num_layers - spec.attention_layers
+    return (
+        Term(
+            "state",
+            "State-space layers' state per sequence",
+            memory.state_per_sequence,
+            "bytes",
+            "L_ssm · d_in · (d_conv + N) · bytes",
+            f"{ssm} × {m.d_inner} × ({m.d_conv} + {m.d_state}) × {kv_bytes:g} B",
+            "Gu & Dao 2023 §3.3; transformers' Jamba cache (conv and SSM states)",
+            note="the same at any context; whole on every TP rank (lmcalc does not split the state-space layers)",
+        ),
+    )
+
+
+def _kept(memory: InferenceMemory, context: int | None = None) -> str:
+    """The context, or with local layers the tokens a layer keeps on average: the symbol, or its value."""
+    if context is None:
+        return "context" if memory.window is None else "kept"
+    return f"{context}" if memory.window is None else f"{float(memory.cached_tokens(context)):,.6g}"
+
+
+def _window_terms(spec: ModelSpec, memory: InferenceMemory) -> tuple[Term, ...]:
+    """With local layers: the tokens a layer keeps for one sequence, on average over the layers."""
+    if memory.window is None:
+        return ()
+    w, s, L, local = memory.window, memory.context, memory.layers, memory.local_layers
+    return (
+        Term(
+            "kept",
+            "Tokens kept per layer (average)",
+            float(memory.cached_tokens(s)),
+            "tokens",
+            "(L_global · context + L_local · min(w, context)) / L",
+            f"({L - local} × {s} + {local} × {min(w, s)}) / {L}",
+            note=f"the {local} {spec.local_attention}-attention layers keep only the last {w:,} tokens",
+        ),
+    )
+
+
+def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Capacity) -> Section:
+    total, capacity = memory.total_per_gpu, memory.capacity
+    budget, c = memory.cache_budget, memory.kv_per_token_per_gpu
+    budget_text = f"({group(capacity)} − {group(memory.weights_per_gpu)} − {group(memory.overhead)}) B"
+    max_context = memory.max_context
+    return Section(
+        "per_gpu",
+        f"Memory per GPU (TP={memory.tp})",
+        (
+            Term(
+                "weights",
+                "Weights",
+                memory.weights_per_gpu,
+                "bytes",
+                "(weights + scales) / TP" if memory.quant_scales else "weights / TP",
+            ),
+            Term(
+                "kv_cache",
+                "KV cache",
+                memory.kv_cache_per_gpu,
+                "bytes",
+                _batch_formula(memory, "per token on one GPU"),
+            ),
+            overhead_term(memory.overhead, "CUDA context, workspaces, forward activations and logits, fragmentation"),
+            Term("total", "Total", total, "bytes", "weights + KV cache + overhead"),
+            *capacity_terms(total, capacity_spec, utilisation=False),
+            Term(
+                "cache_budget",
+                "Memory left for the KV cache",
+                budget,
+                "bytes",
+                "capacity − weights − overhead",
+                budget_text,
+            ),
+            Term(
+                "max_batch",
+                f"Largest batch at {memory.context} tokens",
+                memory.max_batch,
+                "sequences",
+                f"⌊cache budget / ({_kept(memory)} · per token on one GPU)⌋",
+                f"⌊{group(budget)} / ({_kept(memory, memory.context)} × {group(c)})⌋",
+                note="not even one sequence of this context fits" if memory.max_batch == 0 else "",
+            ),
+            Term(
+                "max_context",
+                f"Longest context at batch {memory.batch}",
+                max_context,
+                "tokens",
+                *_max_context_formula(memory),
+                note=_all_local_note(memory)
+                or f"memory would hold a context of {max_context:,} tokens at batch {memory.batch}, beyond "
+                f"{spec.name}'s trained context of {spec.max_seq_len:,} tokens"
+                if max_context > spec.max_seq_len
+                else "",
+            ),
+        ),
+    )
+
+
+INFERENCE_STACK = ("per_gpu.weights", "per_gpu.kv_cache", "per_gpu.overhead")
+"""Term keys a memory bar stacks against ``INFERENCE_CAPACITY`` (see ``Result.stack``)."""
+INFERENCE_CAPACITY = "per_gpu.capacity"
+
+
+def inference_sections(serving: Serving, memory: InferenceMemory, capacity: Capacity) -> tuple[Section, ...]:
+    """Serving memory as terms (``memory``, what ``inference_memory`` found for ``capacity``): the weights, the KV
+    cache, and one GPU's total with the largest batch and context."""
+    return (
+        _weights_section(serving.model, memory, serving.weights_dtype),
+        _kv_section(serving.model, memory, serving.kv_dtype),
+        _per_gpu_section(serving.model, memory, capacity),
+    )

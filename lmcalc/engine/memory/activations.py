@@ -1,0 +1,450 @@
+"""What a training step saves for backward, tensor by tensor: one transformer layer, and what lies outside the
+layers (token ids, the final norm, the head's input, the logits).
+
+The tensors follow Korthikanti et al. 2022 §4.1 (eq. 1: sbh(34 + 5as/h) bytes per GPT-3 layer), written
+out one by one instead of as one constant, so that the same derivation covers SwiGLU (gate, up, activation
+and product: 4·s·b·f instead of GELU's 8·sbh + 8·sbh for f = 4h), GQA (K and V at H_kv heads), models
+trained without dropout (no masks), MoE (k routed experts per token), multi-head latent attention, and
+FlashAttention (no s² score matrix; the per-row log-sum-exp instead). How many of them a GPU holds at once,
+over its layers, pipeline stage and micro-batches in flight, is ``engine.memory.gpu_memory``'s question.
+
+Tensor parallelism splits what lies inside attention and the MLP (``SavedTensor.split``); K and V over at most
+their H_kv heads, each rank keeping one whole KV head when TP exceeds them (``SavedTensor.tp_ways``), as
+Megatron-Core does. Not modelled there: Megatron-Core gets that head by all-gathering the fused Q/K/V output
+over TP, so where a profile keeps the fused output alive (``q_copies``/``k_copies`` > 1) the storage kept is
+the gathered one, every head's, not the rank's slice.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from lmcalc.engine.finetune.method import LinearModule, adapted_modules, in_layer, weight_trained
+from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.memory.ssm import average_mixer
+from lmcalc.engine.model.params import Dim
+from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
+from lmcalc.engine.workload import Workload
+from lmcalc.specs import ModelSpec
+
+LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
+LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
+STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
+TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
+INDEX_BYTES = 8  # indices autograd keeps (a max's, a gather's) are int64
+
+NORM = ("norm",)  # a norm's weight
+QKV = ("q", "k", "v", "qkv", "q_a", "kv_a")  # the linear layers that read the attention norm's output
+UP = ("gate", "up", "gate_up", "fc")  # the linear layers that read the MLP norm's output
+DOWN = ("down", "proj")  # the MLP's output projection
+
+
+def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "seq") -> list[SavedTensor]:
+    """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms). Written
+    unfused with an upcast (the framework profile's ``norm`` rule, ``NormKeeps``), it keeps an fp32 copy of its
+    input instead, and the normalised value the weight's multiply needs: in the activation dtype where the cast
+    comes first (``fp32_input``), in fp32 where the multiply does (``fp32_normalised``). Hugging Face's
+    CohereLayerNorm (``fp32_centred``) keeps no copy of its input but the centred input twice, made once for the
+    variance and once for the product with 1/std, and no mean."""
+    act, symbol, n = w.precision.activation_bytes, f"{rows.symbol}·{width.symbol}", rows.size * width.size
+    keeps = norm_keeps(w)
+    if keeps == "input":
+        return [SavedTensor(f"{label} input", symbol, n, act, split=split), *_norm_stats(w.model, label, rows, split)]
+    if keeps == "fp32_centred":
+        return [
+            *(
+                SavedTensor(f"{label} centred input x − mean (fp32, {use})", symbol, n, 4, split=split)
+                for use in ("for the variance", "for the product")
+            ),
+            SavedTensor(f"{label} 1/std (fp32)", rows.symbol, rows.size, STAT_BYTES, split=split),
+            SavedTensor(f"{label} normalised value (fp32, before the weight)", symbol, n, 4, split=split,
+                        for_weights=NORM),
+        ]  # fmt: skip
+    if keeps == "fp32_normalised":
+        normalised = SavedTensor(f"{label} normalised value (fp32, before the weight)", symbol, n, 4, split=split,
+                                 for_weights=NORM)  # fmt: skip
+    else:
+        normalised = SavedTensor(f"{label} normalised value (before the weight)", symbol, n, act, split=split,
+                                 for_weights=NORM)  # fmt: skip
+    return [
+        SavedTensor(f"{label} input (fp32 copy)", symbol, n, 4, split=split),
+        *_norm_stats(w.model, label, rows, split),
+        normalised,
+    ]
+
+
+def _norm_stats(spec: ModelSpec, label: str, rows: Dim, split: str = "seq") -> list[SavedTensor]:
+    """One fp32 value per row for each statistic the norm keeps: LayerNorm's mean and 1/std, RMSNorm's 1/rms."""
+    names = ("1/rms",) if spec.norm_kind == "rmsnorm" else ("mean", "1/std")
+    return [SavedTensor(f"{label} {name} (fp32)", rows.symbol, rows.size, STAT_BYTES, split=split) for name in names]
+
+
+def _attention_saved(w: Workload) -> list[SavedTensor]:
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    H, dqk, dv, h = spec.num_heads, spec.qk_head_dim, spec.v_head_dim, spec.hidden_size
+    rows = Dim(sb, "s·b")
+    # one norm feeding both halves of a parallel block (Falcon-7B, Cohere): its output is the MLP's input too
+    readers = (*QKV, *UP, "router") if spec.norms_per_layer == 1 else QKV
+    tensors = [
+        SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq", for_weights=readers)
+    ]
+    if spec.mla:
+        m = spec.mla
+        if m.q_lora_rank:
+            tensors += _norm_saved(w, "query latent norm", rows, Dim(m.q_lora_rank, "r_q"))
+            tensors.append(
+                SavedTensor(
+                    "query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq", for_weights=("q_b",)
+                )
+            )
+        kv_width = m.kv_lora_rank + m.qk_rope_head_dim
+        tensors.append(
+            SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act, split="seq")
+        )
+        tensors += _norm_stats(spec, "KV latent norm", rows)
+        tensors.append(
+            SavedTensor(
+                "KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq", for_weights=("kv_b",)
+            )
+        )
+        tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act))
+        tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act))
+        tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act))
+        return tensors
+    # Eager attention expands K and V to all H heads before the matmul (repeat_kv) unless that expansion
+    # sits inside the recomputed core; fused kernels read the H_kv heads directly.
+    expanded = w.attention == "eager" and w.recompute != "selective"
+    kv = H if expanded else spec.kv_heads
+    kv_sym = "H" if expanded or kv == H else "H_kv"
+    kv_ranks = None if expanded else spec.kv_heads  # TP ranks past the KV heads share one (SavedTensor.tp_ways)
+    if spec.qk_norm != "none":
+        full = spec.qk_norm == "full"  # a full-width QK-norm has one row per token for Q and one for K
+        q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * spec.kv_heads, "s·b·H_kv"))
+        q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
+        k_width = Dim(spec.kv_heads * dqk, "H_kv·d") if full else Dim(dqk, "d")
+        k_norm = [replace(t, most_tp_ranks=spec.kv_heads) for t in _norm_saved(w, "K-norm", k_rows, k_width, "tp")]
+        tensors += [*_norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
+    rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
+    rule = w.framework.attention  # copies beyond the kernel's own: a fused QKV output or a K/V copy kept alive
+    extra = [
+        SavedTensor(f"{name} (another copy, kept alive)", symbol, elements, act, most_tp_ranks=ranks)
+        for name, symbol, elements, copies, ranks in (
+            ("Q", "s·b·H·d", sb * H * dqk, rule.q_copies, None),
+            ("K", f"s·b·{kv_sym}·d", sb * kv * dqk, rule.k_copies, kv_ranks),
+            ("V", f"s·b·{kv_sym}·d", sb * kv * dv, rule.v_copies, kv_ranks),
+        )
+        for _ in range(copies - 1)
+    ]
+    view = _v_view_share(w)
+    if _fused_qkv_renewed(w) and view:
+        symbol = "s·b·(H+H_kv)·d" if view == 1 else f"{view:g}·s·b·(H+H_kv)·d"
+        extra.append(
+            SavedTensor("fused QKV output's Q and K (kept alive with V, a view of it)", symbol,
+                        sb * (H + spec.kv_heads) * dqk * view, act)
+        )  # fmt: skip
+    return tensors + [
+        SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
+        SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act, most_tp_ranks=kv_ranks),
+        SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act, most_tp_ranks=kv_ranks),
+        *extra,
+    ]
+
+
+def _fused_qkv_renewed(w: Workload) -> bool:
+    """Whether Q and K are sliced from a fused QKV output and then made anew (by RoPE or a QK-norm), where the
+    profile's ``attention.fused_qkv_view`` says the slices are views: V then keeps the whole fused output alive,
+    and the new Q, made from a strided slice, is laid out (b, H, s, d), so a fused kernel's output is too and the
+    output projection reads a copy of it (transpose(1, 2).contiguous())."""
+    spec = w.model
+    renewed = spec.position_embedding == "rope" or spec.qk_norm != "none"
+    return w.framework.attention.fused_qkv_view and "qkv" in spec.fused_linears and renewed and not spec.mla
+
+
+def _v_view_share(w: Workload) -> float:
+    """Of the attention layers, the share in which what attention keeps of V is a view of the projection's output,
+    not a copy. repeat_kv copies V to H heads under GQA, eagerly or where the window's mask is given to a fused
+    kernel; and eager attention's matmul folds the batch into the heads, which copies a strided V unless the
+    micro-batch is one sequence."""
+    spec = w.model
+    if w.attention == "eager":
+        return 1.0 if spec.kv_heads == spec.num_heads and w.micro_batch == 1 else 0.0
+    return 1.0 if spec.kv_heads == spec.num_heads else 1.0 - _window_masked_share(w)
+
+
+def _window_masked_share(w: Workload) -> float:
+    """Of the attention layers, the share whose fused kernel is given an explicit mask (the profile's
+    ``attention.window_mask``): the sliding-window layers, once the sequence reaches the window (transformers'
+    masking_utils._ignore_causal_mask_sdpa: below it the causal flag serves)."""
+    spec = w.model
+    if not (w.framework.attention.window_mask and w.attention == "flash" and spec.sliding_window):
+        return 0.0
+    if w.seq_len < spec.sliding_window:
+        return 0.0
+    return spec.local_layers / spec.attention_layers
+
+
+def _window_mask_saved(w: Workload) -> list[SavedTensor]:
+    """What an explicit window mask adds to a layer on average (``_window_masked_share``): the mask, kept by the
+    kernel in the activation dtype, and K and V repeated to the H heads (repeat_kv), which the kernel keeps in
+    place of the H_kv heads; all of it rebuilt with the kernel under selective recomputation."""
+    share = _window_masked_share(w)
+    if not share:
+        return []
+    spec, act, sb, b, s = w.model, w.precision.activation_bytes, w.tokens, w.micro_batch, w.seq_len
+    H, Hkv = spec.num_heads, spec.kv_heads
+    tensors = [
+        SavedTensor("the window's mask (kept by the kernel)", f"{share:g}·b·s²", b * s * s * share, act,
+                    attention_core=True, split="none")
+    ]  # fmt: skip
+    if Hkv < H:
+        tensors += [
+            SavedTensor(f"{name}: the other H − H_kv heads of its repeat_kv copy", f"{share:g}·s·b·(H−H_kv)·d",
+                        sb * (H - Hkv) * d * share, act, attention_core=True)
+            for name, d in (("K", spec.qk_head_dim), ("V", spec.v_head_dim))
+        ]  # fmt: skip
+    return tensors
+
+
+@functools.lru_cache(maxsize=4096)
+def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
+    """What one transformer layer (a dense one, or an MoE one) saves for backward, following Korthikanti et
+    al. 2022 §4.1; ``layer_kept_tensors`` drops what selective recomputation rebuilds."""
+    spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
+    s, b, h, sb = w.seq_len, w.micro_batch, spec.hidden_size, w.tokens
+    H, dv = spec.num_heads, spec.v_head_dim
+    tensors = _norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
+    kept_by_every_layer = len(tensors) + 1  # the norm's, and its output: the mixer's input in every layer
+    tensors += _attention_saved(w)
+    if w.attention == "eager":
+        tensors += _eager_scores_saved(w)
+        if spec.dropout:
+            tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
+            tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
+        tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
+    else:
+        tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
+        # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output projection's
+        # input is a view of the same storage, so it is counted once; unless Q, made from a fused QKV slice, lays
+        # the output out (b, H, s, d) and the projection reads a copy (_fused_qkv_renewed).
+        if _fused_qkv_renewed(w):
+            tensors.append(SavedTensor("attention output, kept by the kernel", "s·b·H·d_v", sb * H * dv, act))
+            tensors.append(SavedTensor("output projection input (its copy, laid out (b, s, H, d))", "s·b·H·d_v",
+                                       sb * H * dv, act, for_weights=("o",)))  # fmt: skip
+        else:
+            tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
+        tensors += _window_mask_saved(w)
+    if spec.mamba:  # a hybrid: the average layer, attention in A of its L layers, a state-space mixer in the rest
+        tensors = tensors[:kept_by_every_layer] + average_mixer(w, tensors[kept_by_every_layer:])
+    if spec.norms_per_layer == 4:  # a sandwich norm on the attention's output (Gemma 2/3): its input is new
+        tensors += _norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
+    if spec.dropout:
+        tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
+    tensors += [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
+    return tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe)))
+
+
+def _eager_scores_saved(w: Workload) -> list[SavedTensor]:
+    """The b·H·s² tensors eager attention keeps: tanh's output where the logits are soft-capped (Gemma 2:
+    c·tanh(x/c), Team et al. 2024 §2), and the softmax, in the activation dtype or in fp32 with its cast copy (the
+    profile's ``eager_softmax``). With sinks (gpt-oss) the softmax spans one more column, the sink's, and the
+    profile says how it is kept (``eager_sink_softmax``, ``sink_max_indices``)."""
+    spec, act, b, s, H = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len, w.model.num_heads
+    rule = w.framework.attention
+    tensors = []
+    if spec.attention_softcap:
+        tensors.append(SavedTensor("soft-capped scores (tanh output)", "b·H·s²", b * H * s * s, act, True))
+    symbol, n = ("b·H·s·(s+1)", b * H * s * (s + 1)) if spec.attention_sinks else ("b·H·s²", b * H * s * s)
+    softmax = rule.eager_sink_softmax if spec.attention_sinks and rule.eager_sink_softmax else None
+    if softmax:  # kept once: the matmul with V reads a view of it, without the sink's column
+        tensors.append(SavedTensor(f"softmax output with the sink column ({softmax})", symbol, n,
+                                   4 if softmax == "fp32" else act, attention_core=True))  # fmt: skip
+    elif rule.eager_softmax == "fp32":  # softmax in fp32, kept; its cast copy meets V
+        tensors.append(SavedTensor("softmax output (fp32)", symbol, n, 4, attention_core=True))
+        tensors.append(SavedTensor("softmax output, cast", symbol, n, act, attention_core=True))
+    else:
+        tensors.append(SavedTensor("softmax output", symbol, n, act, attention_core=True))
+    if spec.attention_sinks and rule.sink_max_indices:
+        tensors.append(SavedTensor("row maxima's indices (int64)", "b·H·s", b * H * s, INDEX_BYTES, True))
+    return tensors
+
+
+def _needed(w: Workload, tensor: SavedTensor, adapted: set[str]) -> bool:
+    """Whether a tensor kept for weight gradients is still kept: some module it feeds is trained, or adapted and
+    reads it directly (no dropout, no cast copy of its own)."""
+    if not tensor.for_weights:
+        return True
+    if any(weight_trained(w.model, w.method, leaf) for leaf in tensor.for_weights):
+        return True
+    return not _adapter_copies(w) and any(leaf in adapted for leaf in tensor.for_weights)
+
+
+def _adapter_copies(w: Workload) -> bool:
+    """Whether each adapter keeps its own copy of its input: the dropout's output when PEFT's ``lora_dropout`` is
+    on, or autocast's cast when the adapters are kept in fp32 (PEFT's default, the recipe's master copy)."""
+    return w.method.lora_dropout > 0 or w.precision.master_bytes > 0
+
+
+def _under_method(w: Workload, tensors: list[SavedTensor], moe_layer: bool) -> list[SavedTensor]:
+    """A trained layer's tensors under a fine-tuning method: what only frozen weights' gradients needed is dropped
+    (a frozen linear layer keeps no input, a frozen norm no normalised value); each adapter adds the rank-r
+    output of A that B reads, and where it keeps a copy of its input (``_adapter_copies``) that copy and a dropout
+    mask (PEFT: ``lora_B(lora_A(dropout(x)))``, Hu et al. 2021 eq. 3)."""
+    modules = [m for m in adapted_modules(w.model, w.method) if in_layer(m, moe_layer)]
+    adapted = {m.leaf for m in modules}
+    kept = [t for t in tensors if _needed(w, t, adapted)]
+    act, r = w.precision.activation_bytes, w.method.lora_rank
+    for m in modules:
+        rows, rows_symbol = _adapter_rows(w, m)
+        block = "attention" if m.group == "attention" else "mlp"
+        split = "seq" if m.inputs == w.model.hidden_size else "tp"
+        label = f"{m.name} adapter"
+        kept.append(
+            SavedTensor(f"{label}: A·x (B's input)", f"{rows_symbol}·r", rows * r, act, split="none", block=block)
+        )
+        if _adapter_copies(w):
+            n, symbol = rows * m.inputs, f"{rows_symbol}·{m.inputs}"
+            kept.append(SavedTensor(f"{label}: its input copy (A's input)", symbol, n, act, split=split, block=block))
+            if w.method.lora_dropout > 0:
+                kept.append(SavedTensor(f"{label}: dropout mask", symbol, n, w.mask_bytes, split=split, block=block))
+        if w.method.dora:  # (m/‖W+sBA‖ − 1)·(W·x) + m/‖W+sBA‖·s·B·A·x: the magnitude's gradient needs both products
+            out_split = "seq" if m.outputs == w.model.hidden_size else "tp"
+            n, symbol = rows * m.outputs, f"{rows_symbol}·{m.outputs}"
+            for what in ("the base output W·x", "the scaled adapter output s·B·A·x"):
+                kept.append(SavedTensor(f"{label}: {what} (DoRA)", symbol, n, act, split=out_split, block=block))
+            kept.append(SavedTensor(f"{label}: norm and scales (DoRA)", f"3·{m.outputs}", 3 * m.outputs, act,
+                                    split="none", block=block))  # fmt: skip
+    return kept
+
+
+def _adapter_rows(w: Workload, module: LinearModule) -> tuple[float, str]:
+    """How many token rows pass through one copy of an adapted module in a micro-batch: all of them, k per token
+    over the routed experts of a layer (counted together), each shared expert's."""
+    moe = w.model.moe
+    if module.group == "experts" and moe:
+        return moe.experts_per_token * w.tokens, "k·s·b"
+    if module.group == "shared_experts" and moe:
+        return moe.shared_experts * w.tokens, "E_shared·s·b"
+    return w.tokens, "s·b"
+
+
+def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
+    """The tensors the lowest layer keeps less than the others under LoRA or QLoRA, without full recomputation: its
+    input (the frozen embedding's output) needs no gradient, so what lies before its first adapter keeps
+    nothing: its attention norm and the dropout masks of the adapters that read it, or, when no attention module is
+    adapted, its whole attention half, its MLP norm and the masks of the adapters that read that."""
+    if not w.method.adapters or w.recompute == "full":
+        return ()
+    modules = adapted_modules(w.model, w.method)
+    moe_first = bool(w.model.moe and w.model.moe.is_moe_layer(0))
+    first = layer_kept_tensors(w, moe_first)
+    if any(m.group == "attention" for m in modules):
+        reads_input = {m.name for m in modules if m.leaf in QKV}
+        return tuple(t for t in first if t.label.startswith("attention norm") or _mask_of(t, reads_input))
+    reads_input = {m.name for m in modules if m.leaf in (*UP, "router")}
+    return tuple(
+        t for t in first if t.block == "attention" or t.label.startswith("MLP norm") or _mask_of(t, reads_input)
+    )
+
+
+def _mask_of(tensor: SavedTensor, modules: set[str]) -> bool:
+    """Whether ``tensor`` is the dropout mask of one of these adapted modules: a dropout whose input needs no
+    gradient keeps no mask."""
+    return tensor.label.endswith("adapter: dropout mask") and tensor.label.split(" ", 1)[0] in modules
+
+
+def layer_kept_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
+    """What one layer keeps through its forward pass: under selective recomputation, all but the attention core
+    (Korthikanti et al. 2022 §4.2.2), which is rebuilt in the backward pass."""
+    tensors = layer_saved_tensors(w, moe_layer)
+    if w.recompute != "selective":
+        return tensors
+    return tuple(t for t in tensors if not t.attention_core)
+
+
+def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
+    """The MLP half of a layer: its norm, the MLP (dense or routed), the residual dropout after it."""
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    h = spec.hidden_size
+    tensors = _norm_saved(w, "MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
+    if spec.parallel_block and norm_keeps(w) == "input":  # the MLP norm reads the layer input, kept already
+        tensors = [t for t in tensors if not t.label.endswith(" input")]
+    if spec.norms_per_layer == 1:  # one norm feeds both halves: the MLP reads the attention norm's output
+        tensors = []
+    if moe_layer and spec.moe:
+        moe = spec.moe
+        k, f_e = moe.experts_per_token, Dim(moe.expert_ffn_size, "f_e")
+        tensors += [
+            SavedTensor(
+                "router / shared-expert input (norm output)",
+                "s·b·h",
+                sb * h,
+                act,
+                split="seq",
+                for_weights=("router", *UP),
+            ),
+            SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"),
+            SavedTensor("routing indices and weights", "s·b·k", sb * k, w.framework.moe.routing_bytes, split="seq"),
+            SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act, split="seq", for_weights=UP),
+            *_ffn_saved(w, Dim(k * sb, "k·s·b"), f_e, with_input=False),
+            SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h, act, split="seq"),
+        ]
+        if w.framework.moe.weighted_outputs:
+            tensors.append(
+                SavedTensor(
+                    "weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h, act, split="seq"
+                )
+            )
+        if moe.shared_experts:
+            f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
+            tensors += _ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_s, with_input=False)
+        if moe.shared_expert_gate:  # sigmoid(x·w_g) · shared(x): the product keeps both factors
+            tensors += [
+                SavedTensor("shared-expert output (for the gate's product)", "s·b·h", sb * h, act, split="seq"),
+                SavedTensor("shared-expert gate, sigmoid output", "s·b", sb, act, split="seq"),
+            ]
+    else:
+        tensors += _ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
+    if spec.norms_per_layer == 1:
+        tensors = [t for t in tensors if "(norm output)" not in t.label]
+    if spec.norms_per_layer == 4:  # a sandwich norm on the MLP's output
+        tensors += _norm_saved(w, "post-MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
+    if spec.dropout:
+        tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
+    return tensors
+
+
+def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> list[SavedTensor]:
+    act, h = w.precision.activation_bytes, w.model.hidden_size
+    inner = f"{rows.symbol}·{width.symbol}"
+    tensors = (
+        [SavedTensor("MLP input (norm output)", f"{rows.symbol}·h", rows.size * h, act, split="seq", for_weights=UP)]
+        if with_input
+        else []
+    )
+    n = rows.size * width.size
+    rule = w.framework.mlp
+    gelu = w.model.ffn_kind != "swiglu" and (w.model.ffn_kind == "gelu_mlp" or rule.gated == "unfused")
+    ops = gelu_ops_kept(w) if gelu else ()  # a GELU written op by op, where a kernel keeps its input
+    if w.model.ffn_kind == "gelu_mlp":
+        labels = [f"GELU, op by op: {label}" for label in ops] or ["GELU input"]
+        return tensors + [
+            *(SavedTensor(label, inner, n, act) for label in labels),
+            SavedTensor("down projection input (GELU output)", inner, n, act, for_weights=DOWN),
+        ]
+    fn = "SiLU" if w.model.ffn_kind == "swiglu" else "GELU"
+    labels = [f"the gate's GELU, op by op: {label}" for label in ops] or [f"gate output ({fn} input)"]
+    return tensors + [
+        *(SavedTensor(label, inner, n, act) for label in labels),
+        SavedTensor("up output", inner, n, act),
+        *([SavedTensor(f"{fn}(gate)", inner, n, act)] if rule.gated == "unfused" else []),
+        SavedTensor("down projection input (product)", inner, n, act, for_weights=DOWN),
+    ]
+
+
+def saved_formula(tensors: tuple[SavedTensor, ...] | list[SavedTensor]) -> str:
+    """``8·s·b·h + 4·b·H·s² + ...``: bytes times element count, like terms merged."""
+    counts: dict[tuple[str, float], float] = {}
+    for t in tensors:
+        counts[(t.symbol, t.bytes_per_element)] = counts.get((t.symbol, t.bytes_per_element), 0) + t.bytes_per_element
+    return " + ".join(f"{total:g}·{symbol}" for (symbol, _), total in counts.items())

@@ -1,0 +1,464 @@
+"""Memory of one GPU in a training step, for any parallel layout: the one memory engine of lmcalc.
+
+A GPU of pipeline stage i holds its share of the model states (``engine.parallel.sharding``: TP splits the
+matrices, PP the layers, EP the experts, ZeRO shards the states over the data-parallel replicas), the
+activations of the micro-batches its stage holds in flight (``engine.parallel.pipeline.held_in_flight``), ZeRO-3's
+gathered layers, and what the workload's framework profile adds: its buffers, transient peaks, the caching
+allocator's fragmentation and the CUDA context (or, for the idealised profile, a flat allowance). A single GPU
+training the whole model is the trivial layout, ``Layout()``.
+
+Activations follow Korthikanti et al. 2022: tensors inside attention and the MLP are split by the
+tensor-parallel degree t (eq. 2); the norm inputs, dropout masks and linear inputs are split too only
+with sequence parallelism (eq. 4); context parallelism splits the sequence. Under 1F1B the first
+pipeline stage holds p micro-batches in flight, each through L/p layers (eq. 5); under the interleaved
+schedule every stage's count follows Megatron-LM's schedule chunk by chunk, which on the first stage is
+Korthikanti et al.'s 1 + (p − 1)/(p·v) times as much.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from lmcalc.engine.choices import ZeroStage
+from lmcalc.engine.finetune.method import dora_temporaries, largest_quantised
+from lmcalc.engine.finetune.offload import FP32_GRAD_COPY
+from lmcalc.engine.memory.activations import (
+    SavedTensor,
+    layer_kept_tensors,
+    lowest_layer_unkept,
+    norm_keeps,
+)
+from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
+from lmcalc.engine.parallel.layout import ActivationLayout, Layout
+from lmcalc.engine.parallel.pipeline import (
+    PipelineSplit,
+    StageLayers,
+    distinct_stage_layers,
+    held_in_flight,
+    split_stage_layers,
+    stage_chunk_mixes,
+    stage_layers,
+)
+from lmcalc.engine.parallel.sharding import (
+    StageParams,
+    frozen_held,
+    sharded_state_bytes,
+    states_workload,
+    trained_held,
+    zero_shards,
+)
+from lmcalc.engine.parallel.states import optimizer_bytes_per_param
+from lmcalc.engine.workload import Workload
+from lmcalc.framework_specs import AllocatorRule, FrameworkProfile
+from lmcalc.specs import OptimizerSpec, PrecisionRecipe
+
+Verdict = Literal["fits", "tight", "does not fit"]
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """The parts of one GPU's memory during a training step, as the workload's framework profile allocates them.
+
+    The allocated peak is the larger of two moments: during the forward and backward passes (the persistent parts,
+    the activations held, and the loss's or a layer's backward transient) and at the end of the step, once the
+    activations are freed (the persistent parts and what the step itself makes). The caching allocator reserves
+    more than it hands out (``fragmentation``); the CUDA context lies outside its pool; the flat ``overhead``
+    allowance is the idealised profile's stand-in for all of these.
+    """
+
+    stage: int
+    params: float
+    grads: float
+    master: float
+    optimizer: float
+    activations: float
+    zero3_buffers: float  # ZeRO-3/FSDP: gathered layers, a layer's reduce-scatter, a head kept gathered
+    overhead: float  # the flat allowance
+    micro_batches_in_flight: float  # at the stage's busiest moment, in passes through all its layers
+    activations_outside: float  # of the activations, the bytes outside the layers
+    activations_rebuilt: float  # of the activations, the layer full recomputation rebuilds in the backward pass
+    grad_buckets: float = 0.0  # DDP's second copy of the gradients
+    buffers: float = 0.0  # sequence-parallel and pipeline buffers, the reduce bucket, cuBLAS/NCCL workspaces
+    backward_transient: float = 0.0  # the loss's logit-sized tensors or a layer's activation gradients, at most
+    step_transient: float = 0.0  # at the end of the step: 16-bit gradients, optimizer temporaries, fp32 copies
+    fragmentation: float = 0.0  # reserved beyond allocated
+    context: float = 0.0  # the CUDA context, outside PyTorch's pool
+    offloaded: float = 0.0  # this GPU's model states in host memory or on NVMe (``engine.finetune.offload``)
+
+    @property
+    def states(self) -> float:
+        return self.params + self.grads + self.master + self.optimizer
+
+    @property
+    def framework_buffers(self) -> float:
+        return self.zero3_buffers + self.grad_buckets + self.buffers
+
+    @property
+    def transient(self) -> float:
+        """What the busier moment adds to the persistent parts beyond the activations held."""
+        return max(self.activations + self.backward_transient, self.step_transient) - self.activations
+
+    @property
+    def allocated(self) -> float:
+        """The most PyTorch's allocator hands out at once: persistent parts plus the busier moment."""
+        return self.states + self.framework_buffers + self.activations + self.transient
+
+    @property
+    def reserved(self) -> float:
+        """What PyTorch's caching allocator holds at the peak (``torch.cuda.max_memory_reserved``)."""
+        return self.allocated + self.fragmentation
+
+    @functools.cached_property  # the planner compares stages, checks the capacity and ranks layouts by it
+    def total(self) -> float:
+        """The device memory the step needs: reserved, the CUDA context, and the flat allowance."""
+        return self.reserved + self.context + self.overhead
+
+    @property
+    def parts(self) -> dict[str, float]:
+        return {
+            "model states": self.states,
+            "activations": self.activations,
+            "framework buffers": self.framework_buffers,
+            "transient peaks": self.transient,
+            "fragmentation and CUDA context": self.fragmentation + self.context,
+            "overhead": self.overhead,
+        }
+
+    @property
+    def binding(self) -> tuple[str, float]:
+        """The largest part of the total, and its bytes: what binds when the GPU is full."""
+        parts = self.parts
+        biggest = max(parts, key=parts.__getitem__)
+        return biggest, parts[biggest]
+
+    def verdict(self, capacity: float) -> Verdict:
+        """``fits`` when the whole (reserved, context, allowance) is within ``capacity``; ``tight`` when only the
+        allocator's fragmentation overflows it, so that how the allocator fragments decides; else ``does not fit``."""
+        if self.total <= capacity:
+            return "fits"
+        return "tight" if self.total - self.fragmentation <= capacity else "does not fit"
+
+
+def split_by_tp(tensor: SavedTensor, layout: Layout | ActivationLayout) -> bool:
+    """TP splits attention/MLP internals always, the rest of a layer's tensors only under SP."""
+    return tensor.split == "tp" or (tensor.split == "seq" and layout.sequence_parallel)
+
+
+def bytes_on_gpu(tensor: SavedTensor, layout: Layout | ActivationLayout) -> float:
+    """Bytes of ``tensor`` on one GPU: split by TP (``split_by_tp``, over at most the KV heads for K and V:
+    ``SavedTensor.tp_ways``) and by CP over the sequence."""
+    return tensor.bytes / (layout.cp * (tensor.tp_ways(layout.tp) if split_by_tp(tensor, layout) else 1))
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    total: float  # bytes at the stage's busiest moment
+    in_flight: float  # micro-batches in flight then, counted in passes through all the stage's layers
+    outside: float  # of the total, the bytes outside the layers (embedding side, head side)
+    rebuilt: float  # of the total, the one layer full recomputation rebuilds
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def layer_bytes(w: Workload, tp: int, sequence_parallel: bool, cp: int, moe_layer: bool) -> float:
+    """Bytes one layer keeps on one GPU whose tensors TP (with or without SP) and CP split."""
+    layout = Layout(tp=tp, cp=cp, sequence_parallel=sequence_parallel)
+    return sum(bytes_on_gpu(t, layout) for t in layer_kept_tensors(w, moe_layer))
+
+
+def stage_activations(w: Workload, layout: Layout, stage: int) -> StageActivations:
+    """Activation bytes on one GPU of ``stage`` at its busiest, and the micro-batches it holds in flight then."""
+    return _stage_activations(w, layout.activation_layout, stage)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
+def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> StageActivations:
+
+    def one_layer(moe_layer: bool) -> float:
+        return layer_bytes(w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
+
+    chunks = _trained_chunks(w, stage_chunk_mixes(w.model, layout)[stage])
+    rebuilt = 0.0
+    if w.recompute == "full":
+        checkpoint = bytes_on_gpu(layer_checkpoint(w), layout)
+        layers = [(dense + moe) * checkpoint for dense, moe in chunks]
+        built = stage_layers(w.model, layout, stage)
+        rebuilt = max(one_layer(False) if built.dense else 0.0, one_layer(True) if built.moe else 0.0)
+        if norm_keeps(w) == "input":
+            rebuilt -= checkpoint  # the rebuilt layer's first norm keeps the checkpointed input, already counted
+    else:
+        layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]
+    embedding_side, head_side = stage_outside_bytes(w, layout, stage)
+    per_chunk = [*layers]
+    per_chunk[0] += embedding_side  # the first chunk of the first stage begins with the embedding
+    per_chunk[-1] += head_side  # the last chunk of the last stage ends with the head
+    held, counts = held_in_flight(layout, stage, tuple(per_chunk))
+    outside = counts[0] * embedding_side + counts[-1] * head_side
+    per_micro_batch = sum(layers)
+    in_flight = (held - outside) / per_micro_batch if per_micro_batch else float(counts[0])
+    return StageActivations(held + rebuilt, in_flight, outside, rebuilt)
+
+
+def _trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The (dense, MoE) layers of each chunk that keep activations: all of them, but under the freeze method (one
+    stage, ``layout.check_layout``) the frozen bottom layers, which no gradient reaches, keep nothing."""
+    if w.method.kind != "freeze":
+        return chunks
+    (dense, moe), frozen = chunks[0], w.method.freeze_layers
+    return ((max(0, dense - frozen), moe - max(0, frozen - dense)),)
+
+
+def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: int) -> tuple[float, float]:
+    """Saved bytes outside the layers that one micro-batch leaves on ``stage``: (the embedding side, the head
+    side). Token ids and embedding dropout belong to the first stage; the final norm, head input and logits
+    to the last; rotary tables, where the framework keeps them, to every stage's first layer."""
+    embedding = head = 0.0
+    for tensor in model_saved_tensors(w):
+        if tensor.block == "tables" or (tensor.block == "embedding" and stage == 0):
+            embedding += bytes_on_gpu(tensor, layout)
+        elif tensor.block == "head" and stage == layout.pp - 1:
+            head += bytes_on_gpu(tensor, layout)
+    if stage == 0:  # the lowest layer keeps less where its input needs no gradient (LoRA, QLoRA)
+        embedding -= sum(bytes_on_gpu(t, layout) for t in lowest_layer_unkept(w))
+    return embedding, head
+
+
+def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
+    """Every part of one GPU's memory on pipeline stage ``stage``, as the workload's framework allocates it."""
+    built = stage_layers(w.model, layout, stage)
+    states = stage_states(states_workload(w), layout.tp, layout.ep, layout.zero, layout.data_replicas, built)
+    activations = stage_activations(w, layout, stage)
+    backward = _backward_transient(w, layout.tp, layout.cp, built)
+    return _stage_memory(w, stage, states, activations, backward, _layout_buffers(w, layout))
+
+
+def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
+    """The pipeline stage whose GPUs need the most memory: usually the first, which holds the most
+    micro-batches in flight, or the last, which holds the head and the logits; but a lighter first stage
+    (uneven stages, or DeepSeek-V3's dense layers) can leave the peak to the next (``distinct_stages``)."""
+    activation_layout, peaks = _activation_peaks(
+        w, layout.tp, layout.sequence_parallel, layout.cp, layout.pp, layout.grad_accum, layout.split
+    )
+    states_by_stage = _layout_states(
+        states_workload(w), layout.tp, layout.ep, layout.zero, layout.data_replicas, layout.pp, layout.split
+    )
+    buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
+    most: tuple[int, StageStates, float] | None = None
+    most_total = 0.0
+    for (stage, activations, backward), states in zip(peaks, states_by_stage, strict=True):
+        total = _stage_total(states, activations, backward, buffers, allocator, allowance)
+        if most is None or total > most_total:  # the first of equally loaded stages
+            most, most_total = (stage, states, backward), total
+    assert most is not None  # every layout has a first stage
+    stage, states, backward = most
+    memory = _stage_memory(w, stage, states, _stage_activations(w, activation_layout, stage), backward, buffers)
+    assert memory.total == most_total  # _stage_total follows GpuMemory.total sum by sum
+    return memory
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
+def _activation_peaks(
+    w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, grad_accum: int, split: PipelineSplit
+) -> tuple[ActivationLayout, tuple[tuple[int, float, float], ...]]:
+    """The activation layout of these degrees and, for each of its ``distinct_stages``, the stage, its activations
+    at their busiest and its backward transient: what the stages' memory depends on besides the model states,
+    looked up once for all of a layout's stages."""
+    layout = ActivationLayout(tp, sequence_parallel, cp, pp, grad_accum, split)
+    return layout, tuple(
+        (stage, _stage_activations(w, layout, stage).total, _backward_transient(w, tp, cp, built))
+        for stage, built in distinct_stage_layers(w.model, layout)
+    )
+
+
+def _stage_total(
+    states: StageStates,
+    activations: float,
+    backward: float,
+    buffers: float,
+    allocator: AllocatorRule,
+    allowance: float,
+) -> float:
+    """``GpuMemory.total`` of a stage, by the same sums in the same order as ``_stage_memory`` and the
+    ``GpuMemory`` properties, without building the ``GpuMemory``: the planner compares every distinct stage of
+    every layout it tries, and keeps one."""
+    busiest = max(activations + backward, states.step_transient)
+    persistent = states.params + states.grads + states.master + states.optimizer
+    fragmentation = allocator.fragmentation * (persistent + states.zero3 + states.buckets + buffers + busiest)
+    framework_buffers = states.zero3 + states.buckets + buffers
+    allocated = persistent + framework_buffers + activations + (busiest - activations)
+    return allocated + fragmentation + allocator.context_bytes + allowance
+
+
+def _stage_memory(
+    w: Workload, stage: int, states: StageStates, activations: StageActivations, backward: float, buffers: float
+) -> GpuMemory:
+    """One GPU's memory on ``stage`` from the parts it shares with other layouts: its model states
+    (``stage_states``), its activations, the backward transient, and the layout's buffers."""
+    allocator = w.framework.allocator
+    busiest = max(activations.total + backward, states.step_transient)  # the activations' moment, or the step's end
+    allocated = (
+        states.params
+        + states.grads
+        + states.master
+        + states.optimizer
+        + states.zero3
+        + states.buckets
+        + buffers
+        + busiest
+    )
+    return GpuMemory(
+        stage,
+        states.params,
+        states.grads,
+        states.master,
+        states.optimizer,
+        activations.total,
+        states.zero3,
+        w.allowance,
+        activations.in_flight,
+        activations.outside,
+        activations.rebuilt,
+        states.buckets,
+        buffers,
+        backward,
+        states.step_transient,
+        allocator.fragmentation * allocated,
+        allocator.context_bytes,
+        states.offloaded,
+    )
+
+
+class StageStates(NamedTuple):
+    """What one GPU of a stage keeps of the model states, and what ZeRO-3, DDP and the optimizer step add around
+    them: bytes that depend on the model, the precision, the optimizer, the framework and how TP, EP and ZeRO share
+    the stage's parameters, not on the micro-batch or the pipeline's schedule."""
+
+    params: float
+    grads: float
+    master: float
+    optimizer: float
+    zero3: float  # ZeRO-3/FSDP: gathered layers, a layer's reduce-scatter, a head kept gathered
+    buckets: float  # DDP's second copy of the gradients
+    step_transient: float  # at the end of the step
+    offloaded: float = 0.0  # kept off the GPU: in host memory or on NVMe (``engine.finetune.offload``)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _layout_states(
+    w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, pp: int, split: PipelineSplit
+) -> tuple[StageStates, ...]:
+    """``stage_states`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order."""
+    return tuple(stage_states(w, tp, ep, zero, replicas, built) for _, built in split_stage_layers(w.model, pp, split))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def stage_states(w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, built: StageLayers) -> StageStates:
+    """The model states of one GPU of a stage that builds ``built``, with TP and EP splitting its weights and ZeRO
+    sharding them over ``replicas`` data-parallel replicas (DP · CP). Neither the micro-batch nor recomputation
+    changes them: the planner asks with ``states_workload``, which every micro-batch and mode share."""
+    model, precision, optimizer, rules, method = w.model, w.precision, w.optimizer, w.framework, w.method
+    held = trained_held(model, method, tp, ep, built)  # every parameter, unless the method freezes some
+    frozen = frozen_held(model, method, precision.param_bytes, tp, ep, built)  # bytes of the frozen ones
+    replicated = replicas > 1
+    grad_bytes = rules.states.grad_bytes or precision.grad_bytes
+    zero3 = 0.0
+    if zero_shards("params", zero) and (replicated or w.offload.params):  # offloaded weights are gathered too
+        per_layer = (held.total * precision.param_bytes + frozen.total) / max(1, built.layers)
+        zero3 = per_layer * rules.buffers.gathered_layers + held.total / max(1, built.layers) * (
+            rules.buffers.reduce_scatter_bytes
+        )
+        if rules.buffers.head_gathered and built.head:
+            zero3 += model.vocab_size * model.hidden_size / tp * precision.param_bytes
+    per_param = optimizer_bytes_per_param(model, precision, optimizer, method)
+    optimizer_states = sharded_state_bytes(per_param, "optimizer", held, zero, replicas, ep)
+    params = sharded_state_bytes(precision.param_bytes, "params", held, zero, replicas, ep)
+    params += sharded_state_bytes(1.0, "params", frozen, zero, replicas, ep)
+    if rules.states.weights == "master_only":
+        params = 0.0  # only the master copy persists; the 16-bit weights are gathered a layer at a time
+    grads = sharded_state_bytes(grad_bytes, "grads", held, zero, replicas, ep)
+    master = sharded_state_bytes(precision.master_bytes, "master", held, zero, replicas, ep)
+    buckets = 0.0
+    if rules.states.ddp_bucket_copy and zero == 0 and replicated:
+        buckets = held.total * precision.grad_bytes
+    step = _step_transient(rules, precision, optimizer, held, optimizer_states, zero, replicas, ep)
+    offloaded = 0.0
+    if w.offload.optimizer:  # the optimizer step runs on the CPU, over an fp32 copy of the gradients
+        fp32_grads = sharded_state_bytes(FP32_GRAD_COPY, "optimizer", held, zero, replicas, ep)
+        offloaded = master + optimizer_states + fp32_grads
+        master = optimizer_states = step = 0.0
+    if w.offload.params:
+        offloaded += params + grads
+        params = grads = 0.0
+    return StageStates(params, grads, master, optimizer_states, zero3, buckets, step, offloaded)
+
+
+def _layout_buffers(w: Workload, layout: Layout) -> float:
+    return _buffers(w, layout.tp, layout.sequence_parallel, layout.cp, layout.pp, layout.data_replicas > 1)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _buffers(w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, replicated: bool) -> float:
+    """The framework's buffers: sequence-parallel all-gather buffers of a full-sequence layer input, pipeline
+    send/receive tensors of a layer boundary, the data-parallel reduce bucket, cuBLAS and NCCL workspaces; under
+    QLoRA the largest 4-bit weight dequantised into the compute dtype (bitsandbytes' MatMul4Bit backward); under
+    DoRA the weight-sized temporaries of one module's norm."""
+    rules, act = w.framework.buffers, w.precision.activation_bytes
+    layer_input = w.tokens * w.model.hidden_size * act / cp
+    total = rules.workspace_bytes
+    if sequence_parallel and tp > 1:
+        total += rules.sequence_parallel_gather * layer_input
+    if pp > 1:
+        total += rules.pipeline_tensors * layer_input / (tp if sequence_parallel else 1)
+    if replicated:
+        total += rules.reduce_bucket_elements * w.precision.grad_bytes
+    if w.method.kind == "qlora":  # one 4-bit weight dequantised at a time into the compute dtype, for its backward
+        total += largest_quantised(w.model) / tp * w.precision.activation_bytes
+    if (
+        w.method.dora
+    ):  # one adapted module's weight norm at a time: the identity, B·A and W + s·B·A (engine.finetune.method)
+        total += dora_temporaries(w.model, w.method) * w.precision.activation_bytes
+    return total
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _backward_transient(w: Workload, tp: int, cp: int, built: StageLayers) -> float:
+    """The most the busiest moment holds beyond the saved tensors, where the framework profile counts transients:
+    on the last stage, the loss's logit-sized tensors (the head's output, upcast copies, the logits' gradients);
+    on every stage, one layer's MLP activation gradients during its backward (a gated MLP's two, a GELU MLP's one;
+    a routed layer's for one expert)."""
+    if not w.framework.transients:
+        return 0.0
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    split = tp * cp
+    loss = w.framework.loss.transient_bytes * sb * spec.vocab_size / split if built.head else 0.0
+    gradients = 1 if spec.ffn_kind == "gelu_mlp" else 2
+    layer = gradients * sb * spec.ffn_size * act / split if built.dense else 0.0
+    if built.moe and spec.moe:
+        moe = spec.moe
+        routed = moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
+        layer = max(layer, gradients * routed * act / split)
+    return max(loss, layer)
+
+
+def _step_transient(
+    rules: FrameworkProfile,
+    precision: PrecisionRecipe,
+    optimizer: OptimizerSpec,
+    held: StageParams,
+    optimizer_bytes: float,
+    zero: ZeroStage,
+    replicas: int,
+    ep: int,
+) -> float:
+    """What the end of the step adds to the persistent parts once the activations are freed: the 16-bit
+    gradients a backward makes before they are added into an fp32 buffer, a foreach optimizer's state-sized
+    temporary, an fp32 copy of this GPU's share of the gradients."""
+    total = 0.0
+    if rules.states.compute_grads_transient:
+        total += held.total * precision.grad_bytes
+    if rules.optimizer_step.temporaries == "foreach" and optimizer.states:
+        total += optimizer_bytes / len(optimizer.states)
+    if rules.optimizer_step.fp32_grad_copy:
+        total += sharded_state_bytes(4, "optimizer", held, zero, replicas, ep)
+    return total

@@ -1,0 +1,84 @@
+"""What a training step saves for backward outside the transformer layers: the token ids, the embedding's norm and
+dropout, the final norm and the head's input, the logits the loss keeps, the rotary tables, and what gradient
+checkpointing keeps alive for the rebuilt layers; and the input each checkpointed layer keeps
+(``engine.memory.activations`` counts the layers)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from lmcalc.engine.memory.activations import (
+    TOKEN_ID_BYTES,
+    SavedTensor,
+    _needed,
+    _norm_saved,
+    _window_masked_share,
+)
+from lmcalc.engine.model.params import Dim
+from lmcalc.engine.workload import Workload
+
+
+@functools.lru_cache(maxsize=4096)
+def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
+    """Saved tensors outside the layers: token ids, embedding dropout, final norm, head input, fp32 logits."""
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    h = spec.hidden_size
+    embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
+    if spec.embedding_norm:  # BLOOM's LayerNorm on the embedding output
+        embedding += _norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
+    if spec.dropout:
+        embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
+    head = _norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
+        SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",)),
+    ]
+    if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
+        head = [t for t in head if _needed(w, t, set())]
+    if spec.final_softcap:  # c·tanh(logits/c) (Gemma 2): tanh keeps its output, in the activation dtype
+        head.append(SavedTensor("soft-capped logits (tanh output)", "s·b·V", sb * spec.vocab_size, act))
+    loss = w.framework.loss
+    if loss.saved_bytes:
+        head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))
+    tables = []
+    if w.framework.rotary.tables and spec.position_embedding == "rope":  # [1, 1, s, d]: one per position
+        d = spec.mla.qk_rope_head_dim if spec.mla else spec.qk_head_dim
+        tables = [
+            SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
+        ]
+    if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
+        tables += [replace(t, split="none") for t in _checkpoint_arguments(w)]
+    return tuple(
+        [replace(t, block="embedding") for t in embedding]
+        + [replace(t, block="tables") for t in tables]
+        + [replace(t, block="head") for t in head]
+    )
+
+
+def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
+    """The layers' keyword arguments that gradient checkpointing keeps alive until the rebuilt layers have run
+    (the profile's ``attention.checkpoint_keeps_mask``): with eager attention the additive mask of each kind of
+    layer the model has (global and sliding: one each, made apart) and the position ids; with fused attention the
+    sliding layers' boolean mask where the window makes one (``_window_masked_share``), [1, 1, s, s] expanded over
+    the batch, so s² bytes. Not counted: the position ids (8·s bytes) with fused attention, which are kept too."""
+    spec, act, b, s = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len
+    if w.attention == "eager":
+        kinds = [kind for kind, layers in (("global", spec.attention_layers - spec.local_layers),
+                                           ("sliding", spec.local_layers)) if layers]  # fmt: skip
+        return [
+            *(
+                SavedTensor(f"eager attention mask, {kind} layers (kept for the rebuilt layers)", "b·s²", b * s * s,
+                            act)
+                for kind in kinds
+            ),
+            SavedTensor("position ids (int64, kept for the rebuilt layers)", "s", s, TOKEN_ID_BYTES),
+        ]  # fmt: skip
+    if _window_masked_share(w):
+        return [SavedTensor("boolean window mask, sliding layers (kept for the rebuilt layers)", "s²", s * s, 1)]
+    return []
+
+
+def layer_checkpoint(w: Workload) -> SavedTensor:
+    """What full recomputation keeps of each layer: its input (Korthikanti et al. 2022 §4.2.3, Table 2)."""
+    return SavedTensor(
+        "layer input", "s·b·h", w.tokens * w.model.hidden_size, w.precision.activation_bytes, split="seq"
+    )

@@ -1,0 +1,35 @@
+"""A tensor kept for the backward pass, as every activation count in ``engine.memory`` lists it: its elements, bytes,
+which parallel ranks split it, and which weights' gradients need it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """A tensor kept for the backward pass: ``elements`` of ``bytes_per_element`` each."""
+
+    label: str
+    symbol: str
+    elements: float
+    bytes_per_element: float
+    attention_core: bool = False  # recomputed under selective recomputation
+    split: str = "tp"  # "tp": split over tensor-parallel ranks; "seq": only with sequence parallelism; "none"
+    block: str = "attention"  # what keeps it: a layer's "attention" or "mlp" half (its norm included), or
+    # outside the layers, the "embedding" side, the "head" side (final norm, output head, loss), or the rotary
+    # "tables" every stage makes once per micro-batch
+    most_tp_ranks: int | None = None  # K and V: their H_kv heads; more TP ranks share a head (``tp_ways``)
+    for_weights: tuple[str, ...] = ()  # kept only for these modules' weight gradients (a linear layer's input,
+    # a norm's normalised value): a frozen module does not keep it (``engine.finetune.method``)
+
+    @property
+    def bytes(self) -> float:
+        return self.elements * self.bytes_per_element
+
+    def tp_ways(self, tp: int) -> int:
+        """Over how many of ``tp`` tensor-parallel ranks the tensor is split, when TP splits it: all of them, or
+        for K and V at most their H_kv heads, since past them each rank keeps one whole KV head (Megatron-Core
+        core_v0.16.1, megatron/core/transformer/attention.py:289-293 and 1398-1411: the fused Q/K/V output is
+        all-gathered over TP and each rank slices out its group's K and V; ``layout.check_tp_heads``)."""
+        return min(tp, self.most_tp_ranks) if self.most_tp_ranks else tp

@@ -1,0 +1,347 @@
+"""One GPU's memory as terms, each with its formula and source: the model states, the activations, the whole.
+
+``engine.memory.gpu_memory`` finds the bytes; this module says how they were found, for the tables, ``--json`` and
+``--explain`` alike.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from lmcalc.engine.memory.activations import layer_kept_tensors, saved_formula
+from lmcalc.engine.memory.finetune_terms import method_section
+from lmcalc.engine.memory.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
+from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
+from lmcalc.engine.parallel.sharding import ModelState, stage_params, zero_shards
+from lmcalc.engine.parallel.states import state_formula
+from lmcalc.engine.workload import Workload
+from lmcalc.result import Section, Term
+from lmcalc.specs import HardwareSpec
+from lmcalc.units import GB, group
+
+
+class Capacity(NamedTuple):
+    """A GPU's memory in bytes, and how the spec sheet words it (``h100-sxm: 80 GB HBM3``)."""
+
+    bytes: float
+    label: str
+
+    @classmethod
+    def of(cls, hardware: HardwareSpec) -> Capacity:
+        """The memory of one of ``hardware``: the spec sheet's bytes, labelled with the preset and its wording."""
+        return cls(hardware.memory_bytes, f"{hardware.name}: {hardware.memory_label}")
+
+
+def overhead_term(value: float, what: str = "CUDA context, workspaces, fragmentation") -> Term:
+    return Term(
+        "overhead",
+        "Overhead allowance",
+        value,
+        "bytes",
+        what,
+        source="lmcalc allowance (not measured), change with --overhead",
+    )
+
+
+def capacity_terms(total: float, capacity: Capacity, utilisation: bool = True) -> tuple[Term, ...]:
+    """The GPU's memory, what is left of it (negative: does not fit) and, unless not wanted, the fraction used."""
+    terms = (
+        Term("capacity", "GPU memory", capacity.bytes, "bytes", capacity.label),
+        Term(
+            "headroom",
+            "Headroom",
+            capacity.bytes - total,
+            "bytes",
+            "capacity − total",
+            note="negative: does not fit" if total > capacity.bytes else "",
+        ),
+    )
+    if not utilisation:
+        return terms
+    return (
+        *terms,
+        Term("utilisation", "Fraction of memory used", 100 * total / capacity.bytes, "%", "total / capacity"),
+    )
+
+
+def memory_sections(
+    w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity, gpus_per_node: int = 1
+) -> tuple[Section, ...]:
+    """The memory of one GPU (``gpu``, of its stage) as terms: model states (with, under a fine-tuning method or
+    offload, what is trained, frozen and offloaded), activations, and the whole."""
+    method = method_section(w, layout, gpu, gpus_per_node)
+    return (
+        _states_section(w, layout, gpu),
+        *((method,) if method else ()),
+        _activations_section(w, layout, gpu),
+        _total_section(w, layout, gpu, capacity),
+    )
+
+
+def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
+    precision, optimizer = w.precision, w.optimizer
+    held = stage_params(w, layout, gpu.stage)
+    n_stage = held.total
+    n = "N_gpu" if w.method.kind == "full" else "N_train"  # what has gradients and optimizer states
+    rep_d, rep_e = layout.data_replicas, layout.data_replicas // layout.ep
+    on_gpu = f"one GPU of stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "each GPU"
+
+    def shard_text(state: ModelState) -> str:
+        if not zero_shards(state, layout.zero) or rep_d == 1:
+            return ""
+        if held.experts:
+            return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero})"
+        return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP)"
+
+    states_formula = (
+        f"N_gpu = {group(round(n_stage))} parameters on {on_gpu} "
+        f"(TP={layout.tp} splits the matrices, PP={layout.pp} the layers"
+        + (f", EP={layout.ep} the experts" if layout.ep > 1 else "")
+        + ")"
+    )
+    opt_formula = " + ".join(state_formula(s, precision, n) for s in optimizer.states) or "0"
+    frozen = "frozen weights + " if w.method.kind != "full" else ""
+    offloaded = " (offloaded: 0 on the GPU)" if w.offload.optimizer else ""
+    return Section(
+        "state",
+        f"Model states per GPU ({layout.label})",
+        (
+            Term(
+                "params_per_gpu",
+                "Parameters held (before ZeRO)",
+                n_stage,
+                "params",
+                states_formula,
+                source="Shoeybi et al. 2019 (Megatron-LM) tensor-parallel split",
+            ),
+            Term(
+                "params",
+                "Parameters",
+                gpu.params,
+                "bytes",
+                f"{frozen}{n} · {precision.param_bytes:g} B{shard_text('params')}"
+                + (" (offloaded: 0 on the GPU)" if w.offload.params else "")
+                if w.framework.states.weights == "recipe"
+                else "0: only the master copy persists; the 16-bit weights are gathered a layer at a time",
+                source=f"precision recipe {precision.name}",
+            ),
+            Term(
+                "grads",
+                "Gradients",
+                gpu.grads,
+                "bytes",
+                f"{n} · {w.framework.states.grad_bytes or precision.grad_bytes:g} B{shard_text('grads')}"
+                + (" (offloaded: 0 on the GPU)" if w.offload.params else ""),
+                source=w.framework.states.source if w.framework.states.grad_bytes else "",
+            ),
+            Term(
+                "master",
+                "Master weights (fp32)",
+                gpu.master,
+                "bytes",
+                f"{n} · {precision.master_bytes:g} B{shard_text('master')}{offloaded}",
+            ),
+            Term(
+                "optimizer",
+                f"Optimizer states ({optimizer.name})",
+                gpu.optimizer,
+                "bytes",
+                (f"({opt_formula}){shard_text('optimizer')}" if shard_text("optimizer") else opt_formula) + offloaded,
+                source="; ".join(optimizer.sources),
+            ),
+            Term(
+                "total",
+                "Model states",
+                gpu.states,
+                "bytes",
+                "params + grads + master + optimizer",
+                source="Rajbhandari et al. 2020 (ZeRO) §3.1, §5.1",
+            ),
+        ),
+    )
+
+
+def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
+    model = w.model
+    built = stage_layers(model, layout, gpu.stage)
+    split_text = (
+        f"TP={layout.tp}"
+        + (" with SP" if layout.sequence_parallel else " without SP")
+        + (f", CP={layout.cp}" if layout.cp > 1 else "")
+    )
+    terms = []
+    for moe_layer, count in ((False, built.dense), (True, built.moe)):
+        if not count:
+            continue
+        tensors = layer_kept_tensors(w, moe_layer)
+        terms.append(
+            Term(
+                "moe_layer" if moe_layer else "dense_layer",
+                ("One MoE layer" if moe_layer else "One dense layer" if model.moe else "One layer") + " on this GPU",
+                sum(bytes_on_gpu(t, layout) for t in tensors),
+                "bytes",
+                _split_formula(tensors, layout),
+                f"s={w.seq_len}, b={w.micro_batch}, h={model.hidden_size}, H={model.num_heads}, "
+                f"H_kv={model.kv_heads}, f={model.ffn_size}; divided for {split_text}",
+                "Korthikanti et al. 2022 §4.1 eq. (1)–(4), tensor by tensor",
+                note=f"{w.attention} attention; recomputation: {w.recompute}",
+            )
+        )
+    counts = stage_layer_counts(model, layout)
+    if len(set(counts)) == 1:
+        layers_formula, layers_numbers = "L / PP", f"{model.num_layers} / {layout.pp}"
+    else:
+        layers_formula = f"stage {gpu.stage + 1}'s share of the L layers (stages differ)"
+        layers_numbers = f"{model.num_layers} = " + " + ".join(str(n) for n in counts)
+    terms.append(Term("layers_on_gpu", "Layers on this GPU", built.layers, "layers", layers_formula, layers_numbers))
+    terms.append(_in_flight_term(w, layout, gpu))
+    terms.append(
+        Term(
+            "outside_layers",
+            "Token ids, final norm, head input, logits",
+            gpu.activations_outside,
+            "bytes",
+            "per micro-batch holding them: embedding side (first stage), head side (last stage)",
+            source="Korthikanti et al. 2022 §4.3 (extra terms)",
+        )
+    )
+    terms.append(
+        Term(
+            "total",
+            "Activations",
+            gpu.activations,
+            "bytes",
+            "in flight · layers · one layer (+ embedding on the first stage, head and logits on the last)"
+            + (" — full recompute keeps each layer's input and rebuilds one layer" if w.recompute == "full" else ""),
+        )
+    )
+    title = f"Activations per GPU (micro-batch {w.micro_batch} × {w.seq_len} tokens)"
+    return Section("activations", title, tuple(terms))
+
+
+def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity) -> Section:
+    where = f"stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "every GPU"
+    rules = w.framework
+    buffers = rules.buffers
+    total = gpu.total
+    terms = [
+        Term("states", "Model states", gpu.states, "bytes"),
+        Term("activations", "Activations", gpu.activations, "bytes"),
+        Term(
+            "zero3_buffers",
+            "ZeRO-3 gathered parameters",
+            gpu.zero3_buffers,
+            "bytes",
+            "(gathered layers · 16-bit bytes + reduce-scatter bytes) per parameter of a layer (+ a head kept gathered)"
+            if zero_shards("params", layout.zero)
+            else "none (ZeRO-3 only)",
+            f"{buffers.gathered_layers} layers gathered, {buffers.reduce_scatter_bytes:g} B per parameter "
+            "of a layer being reduce-scattered" + (", the head kept gathered" if buffers.head_gathered else ""),
+            source=buffers.source,
+        ),
+        Term(
+            "grad_buckets",
+            "DDP gradient buckets",
+            gpu.grad_buckets,
+            "bytes",
+            "N_gpu · 16-bit gradient bytes, without ZeRO and with DP > 1"
+            if rules.states.ddp_bucket_copy
+            else f"none: {rules.name} keeps no second copy of the gradients",
+            source=rules.states.source,
+        ),
+        Term(
+            "buffers",
+            "Framework buffers",
+            gpu.buffers,
+            "bytes",
+            "workspaces + SP all-gather (s·b·h each) + pipeline send/receive (s·b·h each) + DP reduce bucket"
+            + (" + the largest 4-bit weight dequantised (QLoRA)" if w.method.kind == "qlora" else ""),
+            f"{buffers.workspace_bytes / 2**20:g} MiB workspaces; {buffers.sequence_parallel_gather} SP buffers; "
+            f"{buffers.pipeline_tensors} pipeline tensors; {buffers.reduce_bucket_elements:g} bucket elements",
+            source=buffers.source,
+        ),
+        Term(
+            "transient",
+            "Transient peak",
+            gpu.transient,
+            "bytes",
+            "max(loss or layer backward transient, end-of-step transient − activations)"
+            if rules.transients
+            else f"none: the {rules.name} profile counts no transients",
+            f"loss/layer backward {gpu.backward_transient / GB:.3g} GB; end of step {gpu.step_transient / GB:.3g} GB",
+            source=f"{rules.loss.source}; {rules.optimizer_step.source}",
+            note="the loss's logit-sized tensors (last stage) or a layer's MLP activation gradients; at the "
+            "end of the step, 16-bit gradients, optimizer temporaries, fp32 gradient copies (activations freed)",
+        ),
+        Term(
+            "framework_buffers",
+            "Framework buffers, all",
+            gpu.framework_buffers,
+            "bytes",
+            "ZeRO-3 gathered parameters + DDP gradient buckets + framework buffers",
+        ),
+        Term(
+            "allocated", "Allocated at the peak", gpu.allocated, "bytes", "states + buffers + activations + transient"
+        ),
+        Term(
+            "fragmentation",
+            "Allocator fragmentation",
+            gpu.fragmentation,
+            "bytes",
+            "fragmentation fraction · allocated",
+            f"{rules.allocator.fragmentation:g} × {gpu.allocated / GB:.4g} GB",
+            source=rules.allocator.source,
+        ),
+        Term("reserved", "Reserved by PyTorch", gpu.reserved, "bytes", "allocated + fragmentation"),
+        Term("context", "CUDA context", gpu.context, "bytes", "outside PyTorch's pool", source=rules.allocator.source),
+    ]
+    terms.append(overhead_term(gpu.overhead, "a flat allowance (--overhead) beside what the profile counts"))
+    terms.append(
+        Term(
+            "total",
+            "Total",
+            total,
+            "bytes",
+            "reserved + CUDA context + overhead allowance",
+            note=f"framework profile: {rules.name}",
+        )
+    )
+    return Section("total", f"Most loaded GPU ({where})", (*terms, *capacity_terms(total, capacity)))
+
+
+def _in_flight_term(w: Workload, layout: Layout, gpu: GpuMemory) -> Term:
+    """How many micro-batches the stage holds at its busiest (``held_in_flight``), with the schedule's count."""
+    p, v, m, i = layout.pp, layout.split.chunks, layout.grad_accum, gpu.stage
+    source = "Narayanan et al. 2021 §2.2 (1F1B)"
+    if v == 1:
+        formula, numbers = "min(PP − i, micro-batches per step), stage i counted from 0", f"min({p} − {i}, {m})"
+        note = "under 1F1B the first stage holds one micro-batch per pipeline stage"
+    else:
+        passes = interleaved_passes_held(layout, i)
+        chunks = " + ".join(str(dense + moe) for dense, moe in stage_chunk_mixes(w.model, layout)[i])
+        formula = "forward passes through a chunk held by stage i (from 0): min(m·v, 2·(p − 1 − i) + (v − 1)·p + 1)"
+        numbers = f"min({m}·{v}, 2·({p} − 1 − {i}) + ({v} − 1)·{p} + 1) = {passes} passes; layers per chunk {chunks}"
+        source += "; Megatron-LM's interleaved warm-up + 1 (Korthikanti et al. 2022 §4.2.3 on the first stage)"
+        note = (
+            "counted in passes through all the stage's layers, at the stage's busiest moment (with uneven chunks it "
+            "can come after the first backward pass)"
+        )
+    return Term("in_flight", "Micro-batches in flight", gpu.micro_batches_in_flight, "micro-batches", formula, numbers,
+                source=source, note=note)  # fmt: skip
+
+
+def _split_formula(tensors: tuple[SavedTensor, ...], layout: Layout) -> str:
+    """``saved_formula`` with each group of tensors over what splits it on one GPU: ``(…)/(TP·CP) + (…)/CP``."""
+    groups: dict[str, list[SavedTensor]] = {}
+    for tensor in tensors:
+        by_tp = layout.tp > 1 and split_by_tp(tensor, layout)
+        factors = [name for name, applies in (("TP", by_tp), ("CP", layout.cp > 1)) if applies]
+        divisor = f"({'·'.join(factors)})" if len(factors) > 1 else "".join(factors)
+        groups.setdefault(divisor, []).append(tensor)
+    if list(groups) == [""]:
+        return saved_formula(tensors)
+    return " + ".join(
+        f"({saved_formula(group)})/{divisor}" if divisor else saved_formula(group) for divisor, group in groups.items()
+    )

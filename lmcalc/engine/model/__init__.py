@@ -1,0 +1,1 @@
+"""Model accounting: a model's parameters tensor by tensor, its FLOPs, and the number formats."""

@@ -1,0 +1,364 @@
+"""Training FLOPs: the napkin rule 6·N·D, the detailed matmul count, and the PaLM convention.
+
+A matmul of an (m × n) by an (n × p) matrix costs 2·m·n·p FLOPs (one multiply and one add per term).
+Per token, a weight matrix of n·p elements therefore costs 2·n·p FLOPs in the forward pass; the
+backward pass computes the gradient with respect to both the input and the weight, twice as much
+(Kaplan et al. 2020 §2.1; Narayanan et al. 2021 §5.1). Hence forward 2·N·D, backward 4·N·D, total
+6·N·D for N parameters and D tokens.
+
+The detailed count adds what 6·N·D leaves out and removes what it wrongly includes:
+  * the attention score and value products, 2·s·H·d each per token and layer, which have no weights
+    (full convention: every query against all s keys, as ``FlopCounterMode`` counts them; causal:
+    query i only against keys 1..i, an average of (s+1)/2);
+  * the output logits, 2·h·V, counted once whether or not the head is tied to the embedding;
+  * no FLOPs for the embedding lookup, norms, biases, activations or softmax (element-wise work is
+    negligible next to matmuls and is not what MFU conventions count).
+For MoE only the routed experts a token visits count (k of E), plus the router.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.model.params import count_params, weight_tensors
+from lmcalc.result import Section, Term
+from lmcalc.specs import ModelSpec
+from lmcalc.units import group, sci
+
+BACKWARD_TO_FORWARD = 2  # Kaplan et al. 2020 §2.1: backward costs twice the forward
+FLOPS_PER_PARAM_PER_TOKEN = 2 * (1 + BACKWARD_TO_FORWARD)  # the 6 of 6·N·D: 2 forward + 4 backward
+
+
+@dataclass(frozen=True)
+class ForwardFlops:
+    """Forward-pass FLOPs per token, by where they are spent."""
+
+    projections: float  # attention Q/K/V/O (and MLA low-rank) weight matmuls; a hybrid's state-space projections
+    mlp: float  # dense MLP, routed experts visited, shared experts, router
+    attention_scores: float  # Q·K^T
+    attention_values: float  # softmax(QK^T)·V
+    logits: float
+    ssm: float = 0.0  # a hybrid's state-space layers: the causal convolution and the scan's read-out (ssm_flops)
+
+    @property
+    def layers(self) -> float:
+        return self.projections + self.mlp + self.attention_scores + self.attention_values + self.ssm
+
+    @property
+    def total(self) -> float:
+        return self.layers + self.logits
+
+
+def effective_keys(seq_len: int, convention: AttnConvention) -> float:
+    """Keys each query is scored against, averaged over positions: s (full) or (s+1)/2 (causal)."""
+    return seq_len if convention == "full" else (seq_len + 1) / 2
+
+
+def local_keys(seq_len: int, window: int, kind: str) -> float:
+    """Keys each query of a local layer sees, averaged over positions, as a causal kernel with a window computes
+    them. Sliding (Beltagy et al. 2020; Mistral): query i sees min(i, w) keys, so (s+1)/2 while s ≤ w, and
+    (w·(w+1)/2 + (s−w)·w)/s beyond. Chunked (Llama 4): query i sees the keys of its own chunk of w up to itself,
+    (w+1)/2 on average over each whole chunk, and the last, partial chunk of r tokens (r+1)/2."""
+    s, w = seq_len, window
+    if kind == "sliding":
+        return (s + 1) / 2 if s <= w else (w * (w + 1) / 2 + (s - w) * w) / s
+    whole, rest = divmod(s, w)
+    return (whole * w * (w + 1) / 2 + rest * (rest + 1) / 2) / s
+
+
+def attended_keys(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> float:
+    """Keys a query is scored against, averaged over positions and over the model's attention layers. The full
+    convention counts every key of every layer (what ``FlopCounterMode`` counts: a masked-out score is still
+    computed); the causal one counts what a causal kernel computes, over the window alone in local layers (sliding
+    or chunked)."""
+    keys = effective_keys(seq_len, convention)
+    if convention == "full" or spec.sliding_window is None:
+        return keys
+    local, attending = spec.local_layers, spec.attention_layers
+    window = local_keys(seq_len, spec.sliding_window, spec.local_attention)
+    return ((attending - local) * keys + local * window) / attending
+
+
+@dataclass(frozen=True)
+class ModelPart:
+    """The part of a model one pipeline stage computes (``sharding.stage_part``): the share of each weight
+    tensor's copies it holds, in ``weight_tensors`` order; its layers; whether it computes the logits."""
+
+    shares: tuple[float, ...]
+    layers: int
+    logits: bool
+
+
+def forward_flops_per_token(
+    spec: ModelSpec, seq_len: int, convention: AttnConvention = "causal", part: ModelPart | None = None
+) -> ForwardFlops:
+    """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens: of the whole model,
+    or of the ``part`` a pipeline stage computes."""
+    projections = mlp = 0.0
+    tensors = weight_tensors(spec)
+    shares = part.shares if part else (1,) * len(tensors)
+    for t, share in zip(tensors, shares, strict=True):
+        if not t.matmul:
+            continue
+        used = 2 * t.active_total * share
+        if t.group in ("attention", "ssm"):
+            projections += used
+        else:
+            mlp += used
+    keys = attended_keys(spec, seq_len, convention)  # a stage's layers are taken at the model's average
+    L, H = spec.num_layers if part is None else part.layers, spec.num_heads
+    attending = L * spec.attention_share  # a hybrid's stage: its layers taken at the model's mix
+    return ForwardFlops(
+        projections=projections,
+        mlp=mlp,
+        attention_scores=2 * attending * keys * H * spec.qk_head_dim,
+        attention_values=2 * attending * keys * H * spec.v_head_dim,
+        logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
+        ssm=(L - attending) * ssm_flops(spec),
+    )
+
+
+def ssm_flops(spec: ModelSpec) -> float:
+    """Forward FLOPs per token of one state-space layer beyond its projections (Gu & Dao 2023, Algorithm 2): the
+    causal depthwise convolution, 2·d_inner·d_conv (one multiply-add per channel and tap), and the scan's read-out
+    y = C·h, 2·d_inner·N, the contraction PyTorch's reference scan runs as a batched matmul. The discretisation
+    (exp(Δ·A), Δ·B·x) and the state update are element-wise, about 3·d_inner·N more, and not counted, as norms
+    and activations are not (§3.3)."""
+    m = spec.mamba
+    return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
+
+
+def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute) -> float:
+    """Extra forward work redone in the backward pass (Korthikanti et al. 2022 Appendix A).
+
+    Selective recomputation redoes only the attention core (scores and values); full recomputation
+    redoes the whole forward pass of every layer (not the logits).
+    """
+    if recompute == "full":
+        return fwd.layers
+    if recompute == "selective":
+        return fwd.attention_scores + fwd.attention_values
+    return 0.0
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs per token of one training step: the forward pass, the backward (twice the forward, Kaplan et al.
+    2020 §2.1), and the forward work recomputation redoes. Model FLOPs (what MFU counts) leave out the
+    recomputation; hardware FLOPs (what HFU counts, what the GPUs execute) include it (Chowdhery et al. 2022
+    §4.1)."""
+
+    forward: ForwardFlops
+    recomputed: float
+    scale: float = 1.0  # of full training's model FLOPs, what a fine-tuning method's step does (engine.finetune.flops)
+
+    @property
+    def model(self) -> float:
+        """3 · forward: forward and backward (times ``scale`` under a fine-tuning method)."""
+        return (1 + BACKWARD_TO_FORWARD) * self.forward.total * self.scale
+
+    @property
+    def hardware(self) -> float:
+        return self.model + self.recomputed
+
+
+def step_flops(
+    spec: ModelSpec,
+    seq_len: int,
+    recompute: Recompute = "none",
+    convention: AttnConvention = "full",
+    part: ModelPart | None = None,
+) -> StepFlops:
+    """A training step's FLOPs per token, of the whole model or of one stage's ``part``: the one count that
+    ``lmcalc flops``, the step-time model, ``validate`` and ``bench step`` all use."""
+    forward = forward_flops_per_token(spec, seq_len, convention, part)
+    return StepFlops(forward, recompute_flops_per_token(forward, recompute))
+
+
+def napkin_params(spec: ModelSpec) -> int:
+    """The N of 6·N·D: all parameters for a dense model, the active ones for MoE."""
+    counts = count_params(spec)
+    return counts.active if spec.moe else counts.total
+
+
+def napkin_section(spec: ModelSpec, tokens: float) -> Section:
+    n = napkin_params(spec)
+    n_name = "N_active" if spec.moe else "N"
+    return Section(
+        "napkin",
+        "Napkin rule (6·N·D)",
+        (
+            Term(
+                "forward",
+                "Forward",
+                2 * n * tokens,
+                "FLOPs",
+                f"2·{n_name}·D",
+                f"2 × {group(n)} × {sci(tokens)}",
+                "Kaplan et al. 2020 §2.1: 2 FLOPs per parameter per token",
+            ),
+            Term(
+                "backward",
+                "Backward",
+                4 * n * tokens,
+                "FLOPs",
+                f"4·{n_name}·D",
+                f"4 × {group(n)} × {sci(tokens)}",
+                "backward = 2 × forward (gradients w.r.t. inputs and weights)",
+            ),
+            Term(
+                "total",
+                "Total training FLOPs",
+                FLOPS_PER_PARAM_PER_TOKEN * n * tokens,
+                "FLOPs",
+                f"6·{n_name}·D",
+                f"6 × {group(n)} × {sci(tokens)}",
+                "Kaplan et al. 2020; Hoffmann et al. 2022 (C ≈ 6ND)",
+            ),
+        ),
+    )
+
+
+def detailed_section(
+    spec: ModelSpec, tokens: float, seq_len: int, convention: AttnConvention, recompute: Recompute
+) -> Section:
+    step = step_flops(spec, seq_len, recompute, convention)
+    fwd = step.forward
+    keys = attended_keys(spec, seq_len, convention)
+    keys_text = f"{seq_len}" if convention == "full" else f"({seq_len}+1)/2"
+    L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
+    per_token, extra = step.model, step.recomputed
+    model_total = per_token * tokens
+    hardware_total = (per_token + extra) * tokens
+    s_sym = "s" if convention == "full" else "(s+1)/2"
+    keys_note = f"{convention} convention: each query scored against {keys:g} keys on average"
+    if spec.sliding_window is not None:
+        local, w = spec.local_layers, spec.sliding_window
+        if convention == "full":
+            keys_note += f" (the {local} {spec.local_attention} layers' masked-out keys counted too)"
+        else:  # k̄: the average over the global layers' (s+1)/2 and the local layers' window
+            s_sym, keys_text = "k̄", f"{keys:.6g}"
+            keys_note += (
+                f": k̄ = ({L - local}·(s+1)/2 + {local}·k_w)/L, with k_w = "
+                f"{local_keys(seq_len, w, spec.local_attention):.6g} keys in the {spec.local_attention} layers' "
+                f"window of {w}"
+            )
+    terms = (
+        Term(
+            "projections",
+            "Attention projections (fwd, per token)",
+            fwd.projections,
+            "FLOPs",
+            "2 · Σ attention weight elements",
+            f"2 × {group(fwd.projections / 2)}",
+        ),
+        Term(
+            "mlp",
+            "MLP / experts (fwd, per token)",
+            fwd.mlp,
+            "FLOPs",
+            "2 · Σ FFN weight elements a token uses" + (" (k routed + shared + router)" if spec.moe else ""),
+            f"2 × {group(fwd.mlp / 2)}",
+        ),
+        Term(
+            "attention_scores",
+            f"Attention scores QKᵀ (fwd, per token, {convention})",
+            fwd.attention_scores,
+            "FLOPs",
+            f"2 · L · {s_sym} · H · d_qk",
+            f"2 × {L} × {keys_text} × {H} × {dqk}",
+            note=keys_note,
+        ),
+        Term(
+            "attention_values",
+            f"Attention values AV (fwd, per token, {convention})",
+            fwd.attention_values,
+            "FLOPs",
+            f"2 · L · {s_sym} · H · d_v",
+            f"2 × {L} × {keys_text} × {H} × {dv}",
+        ),
+        Term(
+            "logits",
+            "Output logits (fwd, per token)",
+            fwd.logits,
+            "FLOPs",
+            "2 · h · V",
+            f"2 × {spec.hidden_size} × {spec.vocab_size}",
+        ),
+        Term("forward_per_token", "Forward per token", fwd.total, "FLOPs", "sum of the rows above"),
+        Term(
+            "training_per_token",
+            "Training per token (fwd + bwd)",
+            per_token,
+            "FLOPs",
+            "3 · forward (backward = 2 × forward)",
+            f"3 × {sci(fwd.total, 4)}",
+        ),
+        Term(
+            "model_flops",
+            "Total model FLOPs",
+            model_total,
+            "FLOPs",
+            "training per token · D",
+            f"{sci(per_token, 4)} × {sci(tokens)}",
+            note="what MFU is measured against",
+        ),
+        Term(
+            "recompute_per_token",
+            f"Recompute per token ({recompute})",
+            extra,
+            "FLOPs",
+            {
+                "none": "0",
+                "selective": "attention scores + values, forward again",
+                "full": "forward of every layer again (not the logits)",
+            }[recompute],
+            source="Korthikanti et al. 2022 Appendix A",
+        ),
+        Term(
+            "hardware_flops",
+            "Total hardware FLOPs",
+            hardware_total,
+            "FLOPs",
+            "(training per token + recompute per token) · D",
+            f"({sci(per_token, 4)} + {sci(extra, 4)}) × {sci(tokens)}",
+            note="what the GPUs actually execute (HFU is measured against this)",
+        ),
+    )
+    return Section("detailed", f"Detailed matmul count ({convention} attention)", terms)
+
+
+def palm_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+    """Chowdhery et al. 2022 (PaLM) Appendix B, as nanoGPT's ``estimate_mfu`` computes it: 6N + 12·L·H·Q·T."""
+    return 6 * napkin_params(spec) + 12 * spec.num_layers * spec.num_heads * spec.qk_head_dim * seq_len
+
+
+def palm_section(spec: ModelSpec, tokens: float, seq_len: int) -> Section:
+    n = napkin_params(spec)
+    per_token = palm_flops_per_token(spec, seq_len)
+    L, H, Q = spec.num_layers, spec.num_heads, spec.qk_head_dim
+    return Section(
+        "palm",
+        "PaLM / nanoGPT convention (6N + 12·L·H·Q·T)",
+        (
+            Term(
+                "per_token",
+                "Training per token",
+                per_token,
+                "FLOPs",
+                "6·N + 12·L·H·Q·T",
+                f"6 × {group(n)} + 12 × {L} × {H} × {Q} × {seq_len}",
+                "Chowdhery et al. 2022 Appendix B; karpathy/nanoGPT estimate_mfu",
+                note="N counts every parameter, embeddings included; attention counted non-causal",
+            ),
+            Term(
+                "total",
+                "Total training FLOPs",
+                per_token * tokens,
+                "FLOPs",
+                "per token · D",
+                f"{sci(per_token, 4)} × {sci(tokens)}",
+            ),
+        ),
+    )

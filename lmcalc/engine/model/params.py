@@ -1,0 +1,392 @@
+"""Parameter count: every weight tensor of the model, listed in the order the model is built.
+
+The count follows the module structure of the reference implementations (GPT-2/nanoGPT, Llama, Mixtral,
+Qwen2, OLMo 2, DeepSeek-V3): token embedding, learned positions, then per layer the attention
+projections, their biases and norms, the feed-forward (dense, or router + routed and shared experts),
+then the final norm and the output head. Nothing is approximated: the total is a sum of products of
+integer shapes, and a test compares it with each model's published count and with ``nn.Module``.
+
+Each tensor also says whether it is a matmul weight (2 FLOPs per element per token in the forward
+pass, Kaplan et al. 2020 §2.1) and how many copies of it one token touches (MoE routes to top-k).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from math import prod
+from typing import NamedTuple
+
+from lmcalc.result import Section, Term
+from lmcalc.specs import ModelSpec
+from lmcalc.units import group
+
+GROUPS = ("embedding", "position", "attention", "ssm", "norm", "mlp", "router", "experts", "shared_experts", "head")
+GROUP_LABELS = {
+    "embedding": "Token embedding",
+    "position": "Position embedding (learned)",
+    "attention": "Attention projections",
+    "ssm": "State-space mixers (Mamba)",
+    "norm": "Norms",
+    "mlp": "Dense MLP",
+    "router": "MoE router",
+    "experts": "Routed experts",
+    "shared_experts": "Shared experts",
+    "head": "Output head (untied)",
+}
+
+
+@dataclass(frozen=True)
+class WeightTensor:
+    """``count`` copies of a tensor of ``shape``; ``active`` of them are used by each token."""
+
+    name: str
+    group: str
+    shape: tuple[int, ...]
+    symbols: tuple[str, ...]
+    count: int
+    count_symbol: str
+    active: float
+    matmul: bool
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def total(self) -> int:
+        return self.count * self.numel
+
+    @property
+    def active_total(self) -> float:
+        return self.active * self.numel
+
+
+class Dim(NamedTuple):
+    """A size and the symbol formulas write it with: ``Dim(4096, "h")``."""
+
+    size: int
+    symbol: str
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where tensors sit: their group, how many copies of them the model holds (and the symbol of that count),
+    and how many copies one token uses (all of them, unless the tensors are routed experts)."""
+
+    group: str
+    count: int
+    count_symbol: str
+    active: float | None = None
+
+    @property
+    def used(self) -> float:
+        return self.count if self.active is None else self.active
+
+
+def _tensor(name: str, site: Site, shape: tuple[Dim, ...], matmul: bool) -> WeightTensor:
+    used = site.used if matmul or site.active is not None else site.count
+    sizes, symbols = tuple(d.size for d in shape), tuple(d.symbol for d in shape)
+    return WeightTensor(name, site.group, sizes, symbols, site.count, site.count_symbol, used, matmul)
+
+
+def _norm(name: str, site: Site, size: Dim, spec: ModelSpec) -> list[WeightTensor]:
+    """A norm's weight, and its bias where the norm has one (LayerNorm)."""
+    tensors = [_tensor(f"{name}.weight", site, (size,), False)]
+    if spec.norm_kind == "layernorm":
+        tensors.append(_tensor(f"{name}.bias", site, (size,), False))
+    return tensors
+
+
+def _linear(name: str, site: Site, out: Dim, inp: Dim, bias: bool) -> list[WeightTensor]:
+    """A linear layer's (out × in) weight, and its bias of ``out`` where it has one."""
+    tensors = [_tensor(f"{name}.weight", site, (out, inp), True)]
+    if bias:
+        tensors.append(_tensor(f"{name}.bias", site, (out,), False))
+    return tensors
+
+
+def _mamba(spec: ModelSpec) -> list[WeightTensor]:
+    """A state-space layer's tensors, as Mamba (Gu & Dao 2023, §3.4) and Jamba's transformers module build them: the
+    input projection to x and the gate z (2·d_in × h), the causal depthwise convolution (d_in × d_conv, and a bias),
+    the projection of x to Δ's rank and to B and C (r + 2N) × d_in, Δ's up-projection (d_in × r, with a bias),
+    A (d_in × N, kept as its log), D (d_in), the output projection (h × d_in), and Jamba's RMSNorms on Δ, B and C."""
+    m = spec.mamba
+    if m is None:
+        return []
+    h, d_in, N, r = Dim(spec.hidden_size, "h"), Dim(m.d_inner, "d_in"), Dim(m.d_state, "N"), Dim(m.dt_rank, "r")
+    site = Site("ssm", spec.num_layers - spec.attention_layers, "L_ssm")
+    tensors = _linear("ssm.in_proj", site, Dim(2 * m.d_inner, "2·d_in"), h, m.proj_bias)
+    tensors.append(_tensor("ssm.conv.weight", site, (d_in, Dim(m.d_conv, "d_conv")), False))
+    if m.conv_bias:
+        tensors.append(_tensor("ssm.conv.bias", site, (d_in,), False))
+    tensors += _linear("ssm.x_proj", site, Dim(m.dt_rank + 2 * m.d_state, "(r+2N)"), d_in, False)
+    tensors += _linear("ssm.dt_proj", site, d_in, r, True)
+    tensors += [_tensor("ssm.A_log", site, (d_in, N), False), _tensor("ssm.D", site, (d_in,), False)]
+    tensors += _linear("ssm.out_proj", site, h, d_in, m.proj_bias)
+    if m.inner_norms:
+        tensors += [
+            _tensor(f"ssm.{name}_norm.weight", site, (size,), False) for name, size in (("dt", r), ("b", N), ("c", N))
+        ]
+    return tensors
+
+
+def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
+    h, heads, kv, d = Dim(spec.hidden_size, "h"), spec.num_heads, spec.kv_heads, spec.head_size
+    site = Site("attention", n, "L_attn" if spec.mamba else "L")
+    qkv_bias = spec.attention_bias in ("qkv", "all")
+    out_bias = spec.attention_bias == "all"
+    if spec.mla:
+        m = spec.mla
+        tensors: list[WeightTensor] = []
+        q_dim = Dim(heads * m.qk_head_dim, "H·d_qk")
+        if m.q_lora_rank:
+            q_rank = Dim(m.q_lora_rank, "r_q")
+            tensors += _linear("attn.q_a", site, q_rank, h, qkv_bias)
+            tensors += _norm("attn.q_a_norm", site, q_rank, spec)
+            tensors += _linear("attn.q_b", site, q_dim, q_rank, qkv_bias)
+        else:
+            tensors += _linear("attn.q", site, q_dim, h, qkv_bias)
+        kv_rank = Dim(m.kv_lora_rank, "r_kv")
+        tensors += _linear("attn.kv_a", site, Dim(m.kv_lora_rank + m.qk_rope_head_dim, "(r_kv+d_rope)"), h, qkv_bias)
+        tensors += _norm("attn.kv_a_norm", site, kv_rank, spec)
+        kv_up = Dim(heads * (m.qk_nope_head_dim + m.v_head_dim), "H·(d_nope+d_v)")
+        tensors += _linear("attn.kv_b", site, kv_up, kv_rank, qkv_bias)
+        tensors += _linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
+        return tensors
+    q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")
+    tensors = _linear("attn.q", site, q, h, qkv_bias)
+    tensors += _linear("attn.k", site, kv_dim, h, qkv_bias)
+    tensors += _linear("attn.v", site, kv_dim, h, qkv_bias)
+    tensors += _linear("attn.o", site, h, q, out_bias)
+    if spec.qk_norm == "full":
+        tensors += _norm("attn.q_norm", site, q, spec)
+        tensors += _norm("attn.k_norm", site, kv_dim, spec)
+    elif spec.qk_norm == "per_head":
+        tensors += _norm("attn.q_norm", site, Dim(d, "d"), spec)
+        tensors += _norm("attn.k_norm", site, Dim(d, "d"), spec)
+    if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)
+        tensors.append(_tensor("attn.sinks", site, (Dim(heads, "H"),), False))
+    return tensors
+
+
+def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
+    """The norms of each layer: one before attention and one before the MLP; only the first in a parallel block
+    that feeds both from one norm; and with sandwich norms, one more after each, before the residual add."""
+    norms = Site("norm", spec.num_layers, "L")
+    tensors = _norm("attn_norm", norms, h, spec)
+    if spec.norms_per_layer >= 2:
+        tensors += _norm("mlp_norm", norms, h, spec)
+    if spec.norms_per_layer == 4:
+        tensors += _norm("post_attn_norm", norms, h, spec) + _norm("post_mlp_norm", norms, h, spec)
+    return tensors
+
+
+def _ffn(prefix: str, site: Site, spec: ModelSpec, width: Dim) -> list[WeightTensor]:
+    """A feed-forward block of inner ``width``: GELU's fc and proj, or a gated MLP's gate, up and down."""
+    h, bias = Dim(spec.hidden_size, "h"), spec.mlp_bias
+    if spec.ffn_kind == "gelu_mlp":
+        return _linear(f"{prefix}.fc", site, width, h, bias) + _linear(f"{prefix}.proj", site, h, width, bias)
+    return (
+        _linear(f"{prefix}.gate", site, width, h, bias)
+        + _linear(f"{prefix}.up", site, width, h, bias)
+        + _linear(f"{prefix}.down", site, h, width, bias)
+    )
+
+
+@functools.lru_cache(maxsize=256)  # a frozen spec's tensors never change; the planner asks thousands of times
+def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
+    """Every parameter tensor of the model, in build order, with multiplicities."""
+    h, L = Dim(spec.hidden_size, "h"), spec.num_layers
+    vocab, once = Dim(spec.vocab_size, "V"), Site("embedding", 1, "1")
+    tensors = [_tensor("embed.weight", once, (vocab, h), False)]
+    if spec.position_embedding == "learned":
+        tensors.append(
+            _tensor("pos_embed.weight", Site("position", 1, "1"), (Dim(spec.max_seq_len, "s_max"), h), False)
+        )
+    if spec.embedding_norm:
+        tensors += _norm("embed_norm", Site("norm", 1, "1"), h, spec)
+    tensors += _attention(spec, spec.attention_layers)
+    tensors += _mamba(spec)
+    tensors += _layer_norms(spec, h)
+    moe = spec.moe
+    if moe is None:
+        tensors += _ffn("mlp", Site("mlp", L, "L"), spec, Dim(spec.ffn_size, "f"))
+    else:
+        n_moe, f_e = spec.moe_layers, Dim(moe.expert_ffn_size, "f_e")
+        if spec.dense_ffn_layers:
+            tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
+        router, experts = Site("router", n_moe, "L_moe"), Dim(moe.num_experts, "E")
+        tensors += _linear("router", router, experts, h, moe.router_bias)
+        routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * moe.experts_per_token)
+        tensors += _ffn("experts", routed, spec, f_e)
+        if moe.shared_experts:
+            shared = Site("shared_experts", n_moe * moe.shared_experts, "L_moe·E_shared")
+            f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
+            tensors += _ffn("shared_experts", shared, spec, f_s)
+            if moe.shared_expert_gate:  # sigmoid(x·w) scales the shared experts' output (Qwen2-MoE)
+                tensors += _linear("shared_expert_gate", Site("shared_experts", n_moe, "L_moe"), Dim(1, "1"), h, False)
+    tensors += _norm("final_norm", Site("norm", 1, "1"), h, spec)
+    if not spec.tied_embeddings:
+        tensors.append(_tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
+    return tuple(tensors)
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Totals of a model's parameters: by group, all of them, and those one token uses."""
+
+    by_group: dict[str, int]
+    total: int
+    active: int
+    embedding: int
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding
+
+
+def count_params(spec: ModelSpec) -> ParamCount:
+    tensors = weight_tensors(spec)
+    by_group: dict[str, int] = {}
+    for t in tensors:
+        by_group[t.group] = by_group.get(t.group, 0) + t.total
+    total = sum(by_group.values())
+    active = round(sum(t.active_total for t in tensors))
+    embedding = by_group.get("embedding", 0) + by_group.get("position", 0)
+    return ParamCount(by_group=by_group, total=total, active=active, embedding=embedding)
+
+
+def matches_published(spec: ModelSpec, total: int) -> bool:
+    """``total`` equals the published count, to the significant figures its source prints: both are rounded to that
+    precision, so a figure written out in full (PaLM's 540.35e9) and one written rounded (540e9) both match a
+    count of 540.35 B to 3 significant figures."""
+    digits = spec.published_params_sig_figs
+    if not digits or spec.published_params is None:
+        return total == spec.published_params
+    return f"{total:.{digits - 1}e}" == f"{spec.published_params:.{digits - 1}e}"
+
+
+def _group_formula(tensors: list[WeightTensor], active: bool = False) -> tuple[str, str]:
+    parts, numbers = [], []
+    for t in tensors:
+        count_sym = t.count_symbol if not active or t.active == t.count else "L_moe·k"
+        count = t.active if active else t.count
+        shape = "·".join(t.symbols)
+        parts.append(shape if count_sym == "1" else f"{count_sym}·{shape}")
+        dims = "×".join(str(d) for d in t.shape)
+        numbers.append(dims if count == 1 else f"{group(count)}×{dims}")
+    return " + ".join(parts), " + ".join(numbers)
+
+
+MLP_OUTPUT_PROJECTIONS = ("mlp.down.", "mlp.proj.", "dense_mlp.down.", "dense_mlp.proj.")
+"""A dense MLP's last matmul: its backward runs first, before the activation's."""
+MLP_HALF_GROUPS = ("mlp", "experts", "router", "shared_experts")
+
+
+def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
+    """Parameters of one layer (dense or MoE): ``all``; the ``mlp half`` (its norm, MLP, router and
+    experts), whose gradients exist by the time the attention's backward runs; or the ``mlp output``
+    projection of a dense MLP, whose gradient exists by the time the MLP's activation backward runs."""
+    L = spec.num_layers  # a hybrid's attention and state-space tensors: their average over the layers
+    per_layer = {"L": L, "L_attn": L, "L_ssm": L, "L_dense": L - spec.moe_layers, "L_moe": spec.moe_layers}
+    total = 0
+    for t in weight_tensors(spec):
+        kind = t.count_symbol.split("·")[0]
+        if kind not in per_layer or (kind != "L" and (kind == "L_moe") != moe_layer):
+            continue
+        if part == "mlp half" and not (t.group in MLP_HALF_GROUPS or t.name.startswith("mlp_norm.")):
+            continue
+        if part == "mlp output" and not t.name.startswith(MLP_OUTPUT_PROJECTIONS):
+            continue
+        total += t.total // per_layer[kind]
+    return total
+
+
+def mtp_params(spec: ModelSpec) -> int:
+    """One multi-token-prediction module's own parameters (DeepSeek-V3 §2.2, Figure 3): RMSNorms on the hidden state
+    and on the next token's embedding (2·h), their concatenation projected back to h (2h·h), one more layer like the
+    model's last, and the norm before the shared head (h); the embedding and the head are the main model's."""
+    last = spec.num_layers - 1
+    h = spec.hidden_size
+    return 2 * h + 2 * h * h + layer_params(spec, bool(spec.moe and spec.moe.is_moe_layer(last))) + h
+
+
+def mtp_term(spec: ModelSpec) -> Term:
+    h, n = spec.hidden_size, spec.mtp_modules
+    layer = mtp_params(spec) - 3 * h - 2 * h * h
+    return Term(
+        "mtp",
+        "MTP modules (apart)",
+        n * mtp_params(spec),
+        "params",
+        "n_mtp · (2·h + 2h·h + one layer + h)",
+        f"{n} × (2×{h} + 2×{h}×{h} + {group(layer)} + {h})",
+        "DeepSeek-V3 technical report §2.2",
+        note="multi-token prediction: trained beside the model and dropped for inference, so not in the total; the "
+        "embedding and head are shared",
+    )
+
+
+def params_section(spec: ModelSpec) -> Section:
+    """The parameter breakdown as terms, each group with its formula and numbers substituted."""
+    tensors = weight_tensors(spec)
+    counts = count_params(spec)
+    terms = []
+    for name in GROUPS:
+        members = [t for t in tensors if t.group == name]
+        if not members:
+            continue
+        formula, numbers = _group_formula(members)
+        terms.append(Term(name, GROUP_LABELS[name], counts.by_group[name], "params", formula, numbers))
+    terms.append(
+        Term(
+            "total",
+            "Total parameters",
+            counts.total,
+            "params",
+            "sum of the rows above",
+            " + ".join(group(counts.by_group[g]) for g in GROUPS if g in counts.by_group),
+        )
+    )
+    if spec.moe:
+        expert = [t for t in tensors if t.group == "experts"]
+        formula, numbers = _group_formula(expert, active=True)
+        terms.append(
+            Term(
+                "active",
+                "Active parameters per token",
+                counts.active,
+                "params",
+                f"total − routed experts + {formula}",
+                f"{group(counts.total)} − {group(counts.by_group['experts'])} + ({numbers})",
+                note=f"each token uses {spec.moe.experts_per_token} of {spec.moe.num_experts} routed "
+                "experts per MoE layer",
+            )
+        )
+    terms.append(
+        Term(
+            "non_embedding",
+            "Non-embedding parameters",
+            counts.non_embedding,
+            "params",
+            "total − token and position embeddings",
+            f"{group(counts.total)} − {group(counts.embedding)}",
+            note="the N of Kaplan et al. 2020; the output head counts when untied",
+        )
+    )
+    if spec.mtp_modules:
+        terms.append(mtp_term(spec))
+    if spec.vision_params is not None:
+        terms.append(
+            Term(
+                "vision",
+                "Vision tower (apart)",
+                spec.vision_params,
+                "params",
+                "every tensor of config.json's vision_config, and the projector to the text model",
+                note="a multimodal model's vision tower and projector, not in the total: lmcalc estimates the language "
+                "model",
+            )
+        )
+    return Section("params", "Parameters", tuple(terms))

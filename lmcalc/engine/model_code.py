@@ -1,0 +1,51 @@
+"""What the model's own code keeps for backward, where the spec names how it is written: its norms (``norm_keeps``,
+by the framework profile's rule) and its GELU. Memory counts these tensors and time counts their kernels' bytes, so
+they live below both.
+
+What a GELU keeps for backward, as the model's code calls it (the model spec's ``gelu``, named as Hugging Face's
+``hidden_act``; transformers 5.24, transformers/activations.py ACT2FN).
+
+A GELU kernel keeps its input and nothing else (its output is kept by the operation that reads it: the down
+projection, or a GeGLU's product). A GELU written op by op keeps what each of its operations needs for its own
+gradient: a multiply by a Python number keeps nothing, a multiply of two tensors keeps both, ``pow`` and ``erf``
+their input, ``tanh`` its output. tests/test_model_code.py runs each one under saved-tensor hooks.
+"""
+
+from __future__ import annotations
+
+from lmcalc.engine.workload import Workload
+from lmcalc.framework_specs import NormKeeps
+from lmcalc.specs import GeluKind
+
+OPS_KEPT: dict[GeluKind, tuple[str, ...]] = {
+    "gelu": (),  # torch.nn.functional.gelu
+    "gelu_pytorch_tanh": (),  # torch.nn.functional.gelu(approximate="tanh")
+    "bloom_gelu": (),  # modeling_bloom.py GeLUFunction: an autograd.Function that saves its input
+    # NewGELUActivation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+    "gelu_new": ("x (kept by pow)", "tanh output", "0.5·x", "1 + tanh"),
+    # FastGELUActivation: 0.5·x·(1 + tanh(x·0.7978845608·(1 + 0.044715·x·x)))
+    "gelu_fast": ("x", "0.044715·x", "0.7978845608·x", "1 + 0.044715·x²", "tanh output", "0.5·x", "1 + tanh"),
+    # GELUActivation(use_gelu_python=True): x·0.5·(1 + erf(x/√2)); x itself is not kept
+    "gelu_python": ("x/√2 (erf's input)", "0.5·x", "1 + erf"),
+}
+"""The f-wide tensors each GELU written op by op keeps, its output aside; () for a kernel."""
+
+
+def gelu_ops_kept(w: Workload) -> tuple[str, ...]:
+    """What the model's GELU keeps, its output aside, where it runs op by op (the framework profile's ``mlp.gelu``
+    is ``model`` and the model's code writes it so); () where it is one kernel, which keeps its input."""
+    return OPS_KEPT[w.model.gelu] if w.framework.mlp.gelu == "model" else ()
+
+
+def norm_keeps(w: Workload) -> NormKeeps:
+    """What the model's norms keep under the workload's framework profile (``NormKeeps``): the rule for its kind of
+    norm, a LayerNorm without a bias taking the LayerNorm's rule unless the profile gives it its own, and an RMSNorm
+    under the rule ``model`` as the model's code is written (the spec's ``norm_weight_fp32``)."""
+    rule = w.framework.norm
+    if w.model.norm_kind == "rmsnorm":
+        if rule.rmsnorm != "model":
+            return rule.rmsnorm
+        return "fp32_normalised" if w.model.norm_weight_fp32 else "fp32_input"  # upcast, the weight as the code does
+    if w.model.norm_kind == "layernorm_nobias" and rule.layernorm_nobias:
+        return rule.layernorm_nobias
+    return rule.layernorm

@@ -1,0 +1,170 @@
+"""A parallel layout: how one training step is spread over GPUs, and the checks that it can exist.
+
+Data parallelism (DP, with ZeRO sharding over it), tensor parallelism (TP, with or without sequence
+parallelism), pipeline parallelism (PP, with its split of the layers, ``engine.parallel.pipeline.PipelineSplit``),
+context parallelism (CP) and expert parallelism (EP); DP·TP·PP·CP is the number of GPUs, and EP spreads the
+experts within DP·CP. ``check_layout`` refuses a layout that cannot exist for a workload and a cluster,
+naming the constraint that fails, in quantities (the front ends name the settings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmcalc.engine.choices import ZERO_STAGES, ZeroStage, one_of, positive_integer
+from lmcalc.engine.finetune.offload import check_offload
+from lmcalc.engine.parallel.pipeline import PipelineSplit, check_split
+from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError, setting
+from lmcalc.specs import Cluster, ModelSpec
+
+
+def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> None:
+    """TP splits the query heads evenly, and the KV heads too while there are at least as many as TP ranks.
+    Past them, TP must be a multiple of the KV heads, and each rank keeps one whole KV head, shared by
+    TP / H_kv ranks. Training (Megatron-Core) gets there by sub-sharding, serving (vLLM, ``replicate_kv``) by
+    replicating the K/V weights; the two differ in what each rank's weights must split.
+
+    Megatron-Core (core_v0.16.1, megatron/core/transformer/transformer_config.py:939-946) accepts query groups
+    that are "a multiple or divisor of tensor_model_parallel_size". Past them (attention.py:289-301, 1398-1411,
+    1465-1475) the fused Q/K/V projection stays one column-parallel weight of (H + 2·H_kv)·d rows split evenly
+    (attention.py:1264; tensor_parallel/layers.py:842 divides the rows by TP, so TP must divide them), and its
+    output is all-gathered over TP, each rank slicing out its group's K and V head and its H/TP query heads."""
+    if model.num_heads % tp:
+        raise LmcalcError(f"TP={tp} does not divide the {model.num_heads} attention heads of {model.name}")
+    kv = model.kv_heads
+    if model.mla or kv % tp == 0:
+        return
+    if kv > tp:
+        raise LmcalcError(f"TP={tp} does not divide the {kv} KV heads of {model.name}")
+    if tp % kv:
+        reason = "so they cannot be replicated" if replicate_kv else "(past them, TP / H_kv ranks share each KV head)"
+        raise LmcalcError(f"TP={tp} is not a multiple of the {kv} KV heads of {model.name} {reason}")
+    rows = (model.num_heads + 2 * kv) * model.head_size
+    if not replicate_kv and rows % tp:
+        raise LmcalcError(
+            f"TP={tp} does not divide the (H + 2·H_kv)·d = {rows:,} rows of the fused Q/K/V projection of "
+            f"{model.name}, which Megatron-Core splits evenly when TP exceeds the {kv} KV heads"
+        )
+
+
+@dataclass(frozen=True)
+class ActivationLayout:
+    """The part of a layout one GPU's activations depend on: how TP (with or without sequence parallelism) and
+    CP split each tensor, and the pipeline that sets how many micro-batches each stage holds. DP, EP and ZeRO
+    do not change them, so layouts that differ only there share their activations."""
+
+    tp: int
+    sequence_parallel: bool
+    cp: int
+    pp: int
+    grad_accum: int
+    split: PipelineSplit
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a training step is spread over GPUs; the product dp·tp·pp·cp is the number of GPUs."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: ZeroStage = 0
+    sequence_parallel: bool = False
+    grad_accum: int = 1  # micro-batches per step
+    split: PipelineSplit = PipelineSplit()
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "ep", "grad_accum"):
+            if not positive_integer(getattr(self, name)):
+                raise LmcalcError(f"{setting(name)} must be a positive integer, got {getattr(self, name)}")
+        if self.zero not in ZERO_STAGES:
+            raise LmcalcError(f"{setting('zero')} must be {one_of(ZERO_STAGES)}, got {self.zero}")
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def data_replicas(self) -> int:
+        """Copies of the dense model states that ZeRO can shard over: DP · CP."""
+        return self.dp * self.cp
+
+    @property
+    def activation_layout(self) -> ActivationLayout:
+        return ActivationLayout(self.tp, self.sequence_parallel, self.cp, self.pp, self.grad_accum, self.split)
+
+    @property
+    def label(self) -> str:
+        parts = [
+            f"DP={self.dp}",
+            f"TP={self.tp}",
+            f"PP={self.pp}",
+            f"CP={self.cp}",
+            f"EP={self.ep}",
+            f"ZeRO-{self.zero}",
+        ]
+        if self.sequence_parallel:
+            parts.append("SP")
+        return ", ".join(parts + self.split.label_parts(self.pp))
+
+    @property
+    def code(self) -> str:
+        """The label in a table's narrow column: ``DP64 TP4 PP16 Z1 SP v4`` (a degree of 1, ZeRO-0 and 1F1B
+        left out; ``LAYOUT_CODE_KEY`` says how to read it)."""
+        parts = [f"DP{self.dp}"]
+        parts += [
+            f"{name}{n}" for name, n in (("TP", self.tp), ("PP", self.pp), ("CP", self.cp), ("EP", self.ep)) if n > 1
+        ]
+        parts += [f"Z{self.zero}"] if self.zero else []
+        parts += ["SP"] if self.sequence_parallel else []
+        return " ".join(parts + self.split.code_parts(self.pp))
+
+
+LAYOUT_CODE_KEY = (
+    "DP/TP/PP/CP/EP: the degrees (1 left out); Z: the ZeRO stage; SP: sequence parallel; v: virtual stages "
+    "(interleaved); f/l: layers on the first/last stage; +emb/+loss: counted as a layer"
+)
+
+
+def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp_within_node: bool = True) -> None:
+    """Refuse a layout that cannot exist for the workload (and the cluster, when given), naming the constraint
+    that fails. (What a layout can check alone, its degrees and ZeRO stage, it checked when it was made.)"""
+    model, split = w.model, layout.split
+    if cluster and layout.gpus != cluster.count:
+        raise LmcalcError(
+            f"DP·TP·PP·CP = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.gpus} "
+            f"does not equal the {cluster.count} GPUs of {cluster.label}"
+        )
+    check_tp_heads(model, layout.tp)
+    if cluster and tp_within_node and layout.tp > cluster.gpus_per_node:
+        raise LmcalcError(
+            f"TP={layout.tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
+            "(tensor parallelism needs the intra-node links)"
+        )
+    check_split(model, layout.pp, layout.grad_accum, split)
+    check_offload(w.offload, layout.zero)
+    if w.method.kind == "freeze" and layout.pp > 1:
+        raise LmcalcError(
+            f"the freeze method is modelled on one pipeline stage: PP={layout.pp} would give the stages unequal "
+            "shares of frozen layers, which lmcalc does not count; use PP=1"
+        )
+    if layout.ep > 1:
+        if not model.moe:
+            raise LmcalcError(f"EP={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
+        if model.moe.num_experts % layout.ep:
+            raise LmcalcError(f"EP={layout.ep} does not divide the {model.moe.num_experts} experts of {model.name}")
+        if layout.data_replicas % layout.ep:
+            raise LmcalcError(
+                f"EP={layout.ep} must divide DP·CP = {layout.data_replicas} (experts are spread "
+                "over the data-parallel ranks)"
+            )
+    if w.seq_len % layout.cp:
+        raise LmcalcError(f"CP={layout.cp} does not divide the sequence length {w.seq_len}")
+    if layout.cp > 1 and w.attention != "flash":
+        raise LmcalcError(
+            f"context parallelism needs fused attention ({setting('attention')} flash): ring attention "
+            "never materialises the s² scores"
+        )

@@ -1,0 +1,185 @@
+"""Which share of the model one GPU holds: tensor parallelism's split of each weight, the layers of its
+pipeline stage, expert parallelism's share of the experts, and ZeRO's sharding of the model states.
+
+Sharding is data. Each weight tensor says which dimension tensor parallelism splits (Megatron-LM,
+Shoeybi et al. 2019: column-parallel Q/K/V, FC1/gate/up and the vocabulary of the embedding and the
+head; row-parallel attention output and FC2/down; norms, routers and MLA's low-rank down-projections
+replicated), which layers hold it (pipeline stages split the layers; the embedding lives on the first
+stage, the final norm and head on the last), and whether expert parallelism splits its copies. ZeRO
+then shards the resulting per-GPU states over the data-parallel replicas (Rajbhandari et al. 2020 §5.1):
+DP × CP for dense tensors, DP × CP / EP for experts.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from lmcalc.engine.choices import ZeroStage
+from lmcalc.engine.finetune.method import (
+    NF4_TENSOR_CONSTANTS,
+    Method,
+    frozen_bytes_per_element,
+    frozen_share,
+    quantised,
+    trained_tensors,
+)
+from lmcalc.engine.model.flops import ModelPart
+from lmcalc.engine.model.params import WeightTensor, weight_tensors
+from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
+from lmcalc.engine.workload import Workload
+from lmcalc.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from lmcalc.engine.parallel.layout import Layout
+
+# Megatron-LM's tensor-parallel split, by module name: column-parallel modules split their output
+# dimension (weight and bias), row-parallel ones their input dimension (weight only).
+COLUMN_PARALLEL = {"q", "k", "v", "q_b", "kv_b", "fc", "gate", "up", "embed", "lm_head"}
+ROW_PARALLEL = {"o", "proj", "down"}
+
+ModelState = Literal["params", "grads", "master", "optimizer"]
+ZERO_SHARDS_FROM: dict[ModelState, ZeroStage] = {"params": 3, "grads": 2, "master": 1, "optimizer": 1}
+"""The ZeRO stage from which each model state is sharded over the data-parallel replicas (Rajbhandari et al.
+2020 §5.1, Figure 1): ZeRO-1 the optimizer states (and the fp32 master copy, which the optimizer owns),
+ZeRO-2 also the gradients, ZeRO-3 also the parameters."""
+
+
+def zero_shards(state: ModelState, zero: ZeroStage) -> bool:
+    """Whether ZeRO stage ``zero`` shards the model state ``state`` (params, grads, master, optimizer)."""
+    return zero >= ZERO_SHARDS_FROM[state]
+
+
+def zero_divisor(state: ModelState, zero: ZeroStage, replicas: int) -> int:
+    """Over how many GPUs ``state`` is spread: the data-parallel replicas once ZeRO shards it, else 1."""
+    return replicas if zero_shards(state, zero) else 1
+
+
+def tp_divisor(tensor: WeightTensor, model: ModelSpec, tp: int) -> int:
+    """Over how many tensor-parallel GPUs ``tensor`` is split: TP for Megatron-LM's column- and row-parallel
+    weights (and a full-width QK-norm, which follows its projection), 1 for what is replicated."""
+    module, _, param = tensor.name.rpartition(".")
+    leaf = module.rsplit(".", 1)[-1]
+    column = leaf in COLUMN_PARALLEL or (leaf in ("q_norm", "k_norm") and model.qk_norm == "full")
+    return tp if column or (leaf in ROW_PARALLEL and param == "weight") else 1
+
+
+def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, ep: int) -> float:
+    """How many copies of ``tensor`` one GPU of a stage that builds ``built`` holds (before tensor-parallel
+    splitting), with the routed experts spread over ``ep`` GPUs."""
+    symbol = tensor.count_symbol
+    if symbol == "1":
+        if tensor.group in ("embedding", "position"):
+            on_stage = built.embedding or (built.head and tensor.group == "embedding" and model.tied_embeddings)
+        else:  # final norm, untied head
+            on_stage = built.head
+        return 1.0 if on_stage else 0.0
+    if symbol in ("L", "L_attn", "L_ssm"):  # a hybrid's stage: its layers taken at the model's mix
+        return tensor.count / model.num_layers * built.layers
+    if symbol == "L_dense":
+        return tensor.count / model.dense_ffn_layers * built.dense
+    per_layer = tensor.count / model.moe_layers  # L_moe, L_moe·E, L_moe·E_shared
+    if tensor.group == "experts":
+        per_layer /= ep
+    return per_layer * built.moe
+
+
+@dataclass(frozen=True)
+class StageParams:
+    dense: float  # parameters on one GPU of the stage, replicated over DP·CP
+    experts: float  # routed-expert parameters on one GPU, replicated over DP·CP/EP
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.experts
+
+
+@functools.lru_cache(maxsize=256)
+def states_workload(w: Workload) -> Workload:
+    """``w`` with one sequence per micro-batch and no recomputation. The model states and the traffic that moves
+    them depend on neither, so figures of them cached under this workload serve every micro-batch and
+    recomputation mode the planner tries."""
+    return replace(w, micro_batch=1, recompute="none")
+
+
+def stage_params(w: Workload, layout: Layout, stage: int) -> StageParams:
+    """The parameters one GPU of pipeline stage ``stage`` holds, before ZeRO shards them."""
+    return _params_held(w.model, layout.tp, layout.ep, stage_layers(w.model, layout, stage))
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the planner asks for the same stages thousands of times
+def _params_held(model: ModelSpec, tp: int, ep: int, built: StageLayers) -> StageParams:
+    """The parameters one GPU holds of a stage that builds ``built``, before ZeRO shards them."""
+    dense = experts = 0.0
+    for tensor in weight_tensors(model):
+        held = copies_on_stage(tensor, model, built, ep) * tensor.numel / tp_divisor(tensor, model, tp)
+        if tensor.group == "experts":
+            experts += held
+        else:
+            dense += held
+    return StageParams(dense, experts)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def trained_held(model: ModelSpec, method: Method, tp: int, ep: int, built: StageLayers) -> StageParams:
+    """The trained parameters one GPU holds of a stage that builds ``built``: all of them under full training
+    (``_params_held``); the adapters (LoRA, QLoRA), which lmcalc keeps whole on every tensor-parallel rank; the
+    layers above the frozen ones (freeze)."""
+    if method.kind == "full":
+        return _params_held(model, tp, ep, built)
+    dense = experts = 0.0
+    for tensor, share in trained_tensors(model, method):
+        split = 1 if tensor.group == "adapters" else tp_divisor(tensor, model, tp)
+        held = copies_on_stage(tensor, model, built, ep) * share * tensor.numel / split
+        if tensor.group == "experts" or tensor.name.startswith("experts."):
+            experts += held
+        else:
+            dense += held
+    return StageParams(dense, experts)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def frozen_held(
+    model: ModelSpec, method: Method, param_bytes: float, tp: int, ep: int, built: StageLayers
+) -> StageParams:
+    """The bytes of frozen weights one GPU holds of a stage that builds ``built`` (``method.frozen_bytes_per_element``
+    each; a 4-bit tensor also keeps its constants), split like ``StageParams`` into dense and routed-expert bytes."""
+    dense = experts = 0.0
+    if method.kind == "full":
+        return StageParams(0.0, 0.0)
+    for tensor in weight_tensors(model):
+        share = frozen_share(model, method, tensor)
+        if not share:
+            continue
+        copies = copies_on_stage(tensor, model, built, ep) * share
+        held = (
+            copies
+            * tensor.numel
+            / tp_divisor(tensor, model, tp)
+            * frozen_bytes_per_element(method, tensor, param_bytes)
+        )
+        if method.kind == "qlora" and quantised(tensor):
+            held += copies * NF4_TENSOR_CONSTANTS
+        if tensor.group == "experts":
+            experts += held
+        else:
+            dense += held
+    return StageParams(dense, experts)
+
+
+def stage_part(model: ModelSpec, built: StageLayers) -> ModelPart:
+    """The part of the model a stage that builds ``built`` computes (all its TP, CP and EP ranks together):
+    the share of each weight tensor's copies it holds, its layers, and whether it computes the logits."""
+    shares = tuple(copies_on_stage(t, model, built, 1) / t.count for t in weight_tensors(model))
+    return ModelPart(shares, built.layers, built.head)
+
+
+def sharded_state_bytes(
+    bytes_per_param: float, state: ModelState, held: StageParams, zero: ZeroStage, replicas: int, ep: int
+) -> float:
+    """Bytes of one model state on a GPU holding ``held``: ``bytes_per_param`` for each parameter, spread over
+    the ``replicas`` (DP·CP) for dense tensors and DP·CP/EP for experts once ZeRO stage ``zero`` shards ``state``."""
+    if zero_shards(state, zero):
+        return bytes_per_param * (held.dense / replicas + held.experts / (replicas // ep))
+    return bytes_per_param * (held.dense + held.experts)

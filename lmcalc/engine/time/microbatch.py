@@ -1,0 +1,327 @@
+"""One micro-batch on one GPU of a pipeline stage: its kernels timed by their rooflines (``engine.time.rates``), the
+collectives it waits for, and the host that issues it (docs/formulas.md §8).
+
+* **GPU compute**: every GEMM (forward, input gradient, weight gradient, and the forward again under full
+  recomputation), fused attention and the memory-bound kernels of ``engine.time.kernels.stage_work``.
+* **Tensor-parallel collectives**: two activation-sized all-reduces per layer forward (after attention and after
+  the MLP; with sequence parallelism an all-gather before and a reduce-scatter after each block, the same bytes)
+  and two backward (Korthikanti et al. 2022 §3), two more forward under full recomputation. With sequence
+  parallelism the gathered input of each block is not kept, so the backward pass gathers it again for the
+  weight gradients: one more all-reduce's worth a layer (Megatron-LM's and nanotron's column-parallel
+  backward). What the framework hides: with ``tp_overlap`` backward the backward collectives run behind the
+  backward GEMMs (Megatron-LM's asynchronous TP); with full, the forward ones behind the forward GEMMs too.
+* **Expert all-to-alls**: dispatch and combine, forward and backward, k copies of each token; with node-limited
+  routing (DeepSeek-V3: at most ``node_limit`` nodes per token) a token crosses the network once per node it
+  visits, not once per expert. Hidden behind another micro-batch's compute when the profile overlaps them
+  (DualPipe).
+* **Context parallelism**: K and V pass around the ring, CP − 1 hops forward and twice as many backward,
+  overlapped with the attention they feed.
+* **The host**: the CPU issues every operation (``SpeedRule.host_seconds_per_op`` each); it runs ahead of the
+  GPU, so a micro-batch takes max(GPU time, host time). Small models at high TP are host-bound.
+
+A micro-batch's time depends on the workload, TP, CP, EP, sequence parallelism and the stage's layers, not on DP,
+ZeRO or the micro-batches per step, so the layouts the planner tries share it (``engine.time.steptime`` puts a step
+together from it).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+from lmcalc.engine.parallel.pipeline import PipelineSplit, StageLayers, split_stage_layers
+from lmcalc.engine.time import rates
+from lmcalc.engine.time.comm import collective_time, group_time, intra_link
+from lmcalc.engine.time.kernels import StageWork, stage_work
+from lmcalc.engine.workload import Workload
+from lmcalc.framework_specs import AttentionKernel
+from lmcalc.specs import Cluster, HardwareSpec
+
+
+class KernelTimes(NamedTuple):
+    """One micro-batch's GPU time on one GPU of a stage, by kind of kernel."""
+
+    gemm_forward: float
+    gemm_input_grad: float
+    gemm_weight_grad: float
+    gemm_recompute: float
+    attention_forward: float  # recomputation included
+    attention_backward: float
+    memory: float
+
+    @property
+    def attention(self) -> float:
+        return self.attention_forward + self.attention_backward
+
+    @property
+    def backward(self) -> float:
+        """The backward pass's GEMMs and attention (what a bucketed gradient reduction can hide behind)."""
+        return self.gemm_input_grad + self.gemm_weight_grad + self.attention_backward
+
+    @property
+    def forward(self) -> float:
+        return self.gemm_forward + self.attention_forward
+
+    @property
+    def gemm(self) -> float:
+        return self.gemm_forward + self.gemm_input_grad + self.gemm_weight_grad + self.gemm_recompute
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention + self.memory
+
+    def scaled(self, factor: float) -> KernelTimes:
+        """Every kernel ``factor`` times as long (``--efficiency``: the same shares, another total)."""
+        return KernelTimes(*(factor * seconds for seconds in self))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def kernel_times(
+    work: StageWork, hardware: HardwareSpec, dtype: str, kernel: AttentionKernel, e: float, cal: rates.Calibration
+) -> KernelTimes:
+    """Time each kernel of ``work`` by its roofline (``engine.time.rates``)."""
+    matmul = rates.matmul_rate(hardware, dtype)
+    rate = matmul.flops_per_s
+    operand = 1.0 if dtype == "fp8" else e  # fp8 GEMMs read one-byte operands
+
+    def gemm(m: float, n: float, k: float, extra: float = 0.0) -> float:
+        return rates.gemm_seconds(hardware, rate, m, n, k, operand, extra, cal)
+
+    forward = input_grad = weight_grad = 0.0
+    for g in work.gemms + work.head:
+        forward += g.count * gemm(g.m, g.n, g.k)
+        input_grad += g.input_grad * g.count * gemm(g.m, g.k, g.n)
+        if g.weight_grad:
+            weight_grad += g.weight_grad * g.count * gemm(g.n, g.k, g.m, work.wgrad_accumulator_bytes * g.n * g.k)
+    batched = sum(g.count * gemm(g.m, g.n, g.k) for g in work.batched)
+    forward += batched
+    input_grad += 2 * batched  # the gradients of both operands
+    head = sum(g.count * gemm(g.m, g.n, g.k) for g in work.head)
+    recompute = work.recomputed_gemms * (forward - head)
+    attention_forward = attention_backward = 0.0
+    if work.attention_forward:
+        # attention runs in the activation dtype even when the GEMMs run in fp8 (Transformer Engine's default)
+        attention_dtype = "bf16" if dtype == "fp8" else dtype
+        attn = rates.attention_rate(
+            hardware,
+            kernel,
+            attention_dtype,
+            rates.matmul_rate(hardware, attention_dtype),
+            cal,
+        )
+        attention_forward = (work.attention_forward + work.attention_recomputed) / attn.forward
+        attention_backward = work.attention_backward / attn.backward
+        attention_forward += work.layers * cal.kernel_overhead_s
+        attention_backward += work.layers * cal.kernel_overhead_s
+    moved = work.memory_forward + work.memory_backward + work.accumulation_bytes + work.fp8_cast_bytes
+    memory = rates.memory_seconds(hardware, moved, work.memory_kernels, cal)
+    return KernelTimes(forward, input_grad, weight_grad, recompute, attention_forward, attention_backward, memory)
+
+
+class MicroBatchTime(NamedTuple):
+    """One micro-batch through one GPU of a pipeline stage: its kernels, the collectives it waits for, and the host
+    that issues them. It depends on the workload, TP, CP, EP, SP and the stage's layers, not on DP, ZeRO or the
+    micro-batches per step, so the layouts the planner tries share it."""
+
+    kernels: KernelTimes  # as timed, or scaled to a given compute time (``--efficiency``)
+    compute: float  # the kernels' GPU time
+    tp: float  # tensor-parallel collectives not hidden behind GEMMs
+    ep: float  # expert all-to-alls not hidden behind compute
+    cp: float  # context-parallel ring passes not hidden behind attention
+    busy: float  # compute and the exposed collectives
+    total: float  # the longer of busy and the host's time to issue the micro-batch
+    host: float  # host time not hidden behind the GPU's: total − busy
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def stage_micro_batches(
+    w: Workload,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    pp: int,
+    split: PipelineSplit,
+    cluster: Cluster,
+    calibration: rates.Calibration,
+) -> tuple[MicroBatchTime, ...]:
+    """``micro_batch_time`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order:
+    a layout's step time looks them up at once."""
+    return tuple(
+        micro_batch_time(w, tp, cp, ep, sequence_parallel, built, cluster, calibration)
+        for _, built in split_stage_layers(w.model, pp, split)
+    )
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def micro_batch_time(
+    w: Workload,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    built: StageLayers,
+    cluster: Cluster,
+    calibration: rates.Calibration,
+    compute: float | None = None,
+) -> MicroBatchTime:
+    """One micro-batch on one GPU of a stage that builds ``built``: its kernels timed by their rooflines (or, given
+    ``compute``, scaled to take that long), and the tensor-parallel, expert and context-parallel communication
+    each can hide behind."""
+    speed, sp = w.framework.speed, sequence_parallel
+    layer = layer_times(w, tp, cp, ep, sp, cluster, calibration)
+    times, operations = stage_kernel_times(built, layer)
+    if compute is not None:
+        times = times.scaled(compute / times.total)
+    else:
+        compute = times.total
+    # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients
+    tp_forward = built.layers * (4 if w.recompute == "full" else 2) * layer.tp_one
+    tp_backward = built.layers * (3 if sp else 2) * layer.tp_one
+    backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
+    if speed.tp_overlap == "full":
+        tp_mb = max(0.0, tp_forward - times.gemm_forward) + max(0.0, tp_backward - backward_gemms)
+    elif speed.tp_overlap == "backward":
+        tp_mb = tp_forward + max(0.0, tp_backward - backward_gemms)
+    else:
+        tp_mb = tp_forward + tp_backward
+    a2a = built.moe * (4 + (2 if w.recompute == "full" else 0)) * layer.ep_one
+    ep_mb = max(0.0, a2a - compute) if speed.moe_overlap else a2a
+    cp_mb = max(0.0, built.layers * layer.cp_per_layer - times.attention)
+    busy = compute + tp_mb + ep_mb + cp_mb
+    per_micro_batch = max(busy, operations * speed.host_seconds_per_op)
+    return MicroBatchTime(times, compute, tp_mb, ep_mb, cp_mb, busy, per_micro_batch, per_micro_batch - busy)
+
+
+class LayerTimes(NamedTuple):
+    """One micro-batch on one GPU, a unit of work at a time: the kernel times and host operations of one dense
+    layer, of one MoE layer and of what lies outside the layers (the embedding on the first stage, the head on the
+    last, both on a single stage), and the collectives of a layer. Every stage of a layout is made of these."""
+
+    dense: tuple[KernelTimes, float]
+    moe: tuple[KernelTimes, float] | None  # None for a dense model
+    embedding: tuple[KernelTimes, float]
+    head: tuple[KernelTimes, float]
+    embedding_and_head: tuple[KernelTimes, float]
+    tp_one: float  # one tensor-parallel all-reduce of a layer's activations
+    ep_one: float  # one expert all-to-all of a layer's routed tokens
+    cp_per_layer: float  # a layer's context-parallel ring passes of K and V
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def layer_times(
+    w: Workload,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    cluster: Cluster,
+    calibration: rates.Calibration,
+) -> LayerTimes:
+    """Each unit's kernels (``unit_kernel_times``) and a layer's collectives, with TP, CP and EP splitting them."""
+    hardware, sp = cluster.hardware, sequence_parallel
+
+    def unit(dense: int, moe: int, embedding: bool, head: bool, unit_ep: int = 1) -> tuple[KernelTimes, float]:
+        # EP splits only the experts: the other units' kernels are the same whatever it is
+        return unit_kernel_times(
+            w, tp, cp, unit_ep, sp, StageLayers(dense, moe, embedding, head), hardware, calibration
+        )
+
+    return LayerTimes(
+        unit(1, 0, False, False),
+        unit(0, 1, False, False, ep) if w.model.moe else None,
+        unit(0, 0, True, False),
+        unit(0, 0, False, True),
+        unit(0, 0, True, True),
+        *_layer_collectives(w, tp, cp, ep, sp, cluster),
+    )
+
+
+def stage_kernel_times(built: StageLayers, layer: LayerTimes) -> tuple[KernelTimes, float]:
+    """``kernel_times`` of a stage's work, and the operations the host issues for it. Both are sums over the
+    kernels, so a stage's are its dense layers', its MoE layers' and its embedding's and head's (``layer``), each
+    kind timed once and counted as often as the stage builds it."""
+    units: list[tuple[int, tuple[KernelTimes, float]]] = []
+    if built.dense:
+        units.append((built.dense, layer.dense))
+    if built.moe and layer.moe:
+        units.append((built.moe, layer.moe))
+    if built.embedding and built.head:
+        units.append((1, layer.embedding_and_head))
+    elif built.embedding:
+        units.append((1, layer.embedding))
+    elif built.head:
+        units.append((1, layer.head))
+    gemm_forward = gemm_input_grad = gemm_weight_grad = gemm_recompute = 0.0
+    attention_forward = attention_backward = memory = operations = 0.0
+    for count, (times, unit_operations) in units:
+        gemm_forward += count * times.gemm_forward
+        gemm_input_grad += count * times.gemm_input_grad
+        gemm_weight_grad += count * times.gemm_weight_grad
+        gemm_recompute += count * times.gemm_recompute
+        attention_forward += count * times.attention_forward
+        attention_backward += count * times.attention_backward
+        memory += count * times.memory
+        operations += count * unit_operations
+    times = KernelTimes(
+        gemm_forward, gemm_input_grad, gemm_weight_grad, gemm_recompute, attention_forward, attention_backward, memory
+    )
+    return times, operations
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def unit_kernel_times(
+    w: Workload,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    unit: StageLayers,
+    hardware: HardwareSpec,
+    calibration: rates.Calibration,
+) -> tuple[KernelTimes, float]:
+    """``kernel_times`` of one unit of a stage's work (one dense or MoE layer, or the embedding and the head), and
+    the operations the host issues for it."""
+    work = stage_work(w, tp, cp, ep, sequence_parallel, unit)
+    kernel = w.framework.speed.attention_kernel if w.attention == "flash" else "eager"
+    e = w.precision.activation_bytes
+    return kernel_times(work, hardware, w.precision.compute_dtype, kernel, e, calibration), work.operations
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _layer_collectives(
+    w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, cluster: Cluster
+) -> tuple[float, float, float]:
+    """Per micro-batch: one tensor-parallel all-reduce of a layer's activations, one expert all-to-all of its
+    routed tokens, and a layer's context-parallel ring passes of K and V."""
+    model, e = w.model, w.precision.activation_bytes
+    tp_one = 0.0
+    if tp > 1:
+        activation = w.micro_batch * w.seq_len / cp * model.hidden_size * e
+        tp_one = group_time("all-reduce", activation, tp, 1, cluster)
+    ep_one = 0.0
+    if model.moe and ep > 1:
+        hidden_tokens = w.micro_batch * w.seq_len / cp / (tp if sequence_parallel else 1)
+        routed = hidden_tokens * model.hidden_size * e * model.moe.experts_per_token
+        ep_one = _all_to_all(routed, ep, tp * cp, cluster, model.moe.node_limit, model.moe.experts_per_token)
+    cp_per_layer = 0.0
+    if cp > 1:
+        kv_chunk = 2 * w.seq_len / cp * w.micro_batch * model.kv_heads * model.qk_head_dim * e / tp
+        cp_per_layer = 3 * (cp - 1) * group_time("p2p", kv_chunk, cp, tp, cluster)
+    return tp_one, ep_one, cp_per_layer
+
+
+def _all_to_all(size: float, ep: int, stride: int, cluster: Cluster, node_limit: int | None, k: int) -> float:
+    """One all-to-all of ``size`` bytes per GPU (k copies of each token) over the EP group. With node-limited
+    routing a token goes to at most ``node_limit`` nodes, and crosses the network once per node it visits (then
+    NVLink forwards it to the experts there, DeepSeek-V3 §3.2.2): the network carries min(k, limit)/k of the
+    bytes a plain all-to-all would send off the node."""
+    per_node = max(1, cluster.gpus_per_node // stride)
+    if node_limit and ep > per_node:
+        nodes = -(-ep // per_node)
+        visited = min(k, node_limit, nodes)
+        size_remote = size * visited / k
+        remote = group_time("all-to-all", size_remote, ep, stride, cluster)
+        near = collective_time("all-to-all", size, min(ep, per_node), intra_link(cluster.hardware))
+        return max(remote, near)
+    return group_time("all-to-all", size, ep, stride, cluster)

@@ -1,0 +1,389 @@
+"""Time of one training step for a layout, from the kernels up.
+
+A step is ``m`` micro-batches through every pipeline stage, then the gradient reduction and the optimizer. Each
+stage is timed with its own work (``engine.time.kernels.stage_work``), and the pipeline waits for the slowest.
+
+One micro-batch on one GPU (its kernels, the tensor-parallel, expert and context-parallel collectives it waits
+for, the host that issues it) is ``engine.time.microbatch``'s.
+
+Once per step:
+
+* **Pipeline bubble**: (p − 1)/v micro-batch times (1F1B, Narayanan et al. 2021 §2.2; v chunks interleaved), and
+  the activations sent between stages, each way per micro-batch, unless the profile overlaps them.
+* **Data parallelism**: the gradients' all-reduce (reduce-scatter under ZeRO-2/3) in the framework's gradient
+  dtype, behind the last micro-batch's backward pass when the profile buckets it; ZeRO-1/2's all-gather of the
+  updated parameters behind the next forward pass when it prefetches; ZeRO-3 gathers every layer's parameters
+  forward and backward and scatters its gradients, behind that micro-batch's compute when it prefetches.
+* **The optimizer step and gradient clipping**: memory traffic over this GPU's share of the states: read the
+  gradients (twice: the norm for clipping, then the step), read and write the master weights and the optimizer
+  states, write the weights; a foreach (multi-tensor) step makes ``FOREACH_PASSES`` passes where a fused one
+  makes one.
+
+``efficiency`` replaces the kernel model's compute with the old rule, hardware FLOPs at a fraction of the dense
+peak (``--efficiency``, or a measured training step): the rest of the model is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from lmcalc.engine.choices import ZeroStage
+from lmcalc.engine.finetune.flops import method_step_flops
+from lmcalc.engine.finetune.offload import fetch_seconds, offload_time
+from lmcalc.engine.model import flops as fl
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.pipeline import PipelineSplit, StageLayers, distinct_stage_layers, split_stage_layers
+from lmcalc.engine.parallel.sharding import frozen_held, stage_part, states_workload, trained_held, zero_shards
+from lmcalc.engine.parallel.states import optimizer_bytes_per_param
+from lmcalc.engine.time import rates
+from lmcalc.engine.time.comm import group_time
+from lmcalc.engine.time.kernels import kernel_workload
+from lmcalc.engine.time.microbatch import MicroBatchTime, micro_batch_time, stage_micro_batches
+from lmcalc.engine.workload import Workload
+from lmcalc.framework_specs import SpeedRule
+from lmcalc.specs import Cluster, HardwareSpec
+
+FOREACH_PASSES = 3
+"""A multi-tensor (foreach) AdamW step runs its update as separate element-wise kernels over the state lists
+(lerp, multiply, add-multiply, square root, divide, add: torch/optim/adamw.py ``_multi_tensor_adamw``), about
+three reads and writes of the states where a fused kernel makes one; an estimate, not a measurement."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    slowest_stage: int  # the pipeline stage whose step is longest, which sets the pace
+    stage_flops: float  # that stage's hardware FLOPs per step, over all its GPUs
+    compute: float  # GPU kernel time over the step's micro-batches: gemm + attention + memory
+    gemm: float
+    attention: float
+    memory: float
+    host: float  # host time not hidden behind the GPU's
+    tp: float
+    ep: float
+    cp: float
+    pp_p2p: float
+    bubble: float
+    dp: float
+    zero: float
+    optimizer: float
+    model_flops: float  # per step, whole cluster
+    hardware_flops: float
+    tokens: float
+    gpus: int
+    peak: float
+    efficiency: float | None  # the fraction of peak the compute is assumed to reach; None: timed kernel by kernel
+    matmul_rate: float  # the achievable matmul FLOP/s the GEMMs were timed against
+    matmul_source: str
+    gemm_fraction: float  # the share of it a step's GEMMs sustain (Calibration)
+
+    @property
+    def total(self) -> float:
+        return self.seconds(
+            self.compute,
+            self.host,
+            self.tp,
+            self.ep,
+            self.cp,
+            self.pp_p2p,
+            self.bubble,
+            self.dp,
+            self.zero,
+            self.optimizer,
+        )
+
+    @staticmethod
+    def seconds(
+        compute: float,
+        host: float,
+        tp: float,
+        ep: float,
+        cp: float,
+        pp_p2p: float,
+        bubble: float,
+        dp: float,
+        zero: float,
+        optimizer: float,
+    ) -> float:
+        """The step's seconds from its parts (``total``; the planner compares stages by it before it builds a
+        ``StepTime``)."""
+        return compute + host + tp + ep + cp + pp_p2p + bubble + dp + zero + optimizer
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.total * self.gpus * self.peak)
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_flops / (self.total * self.gpus * self.peak)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.total
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def stage_step_flops(w: Workload, built: StageLayers) -> fl.StepFlops:
+    """FLOPs per token of a stage that builds ``built``: its share of the weights, its layers' attention (counted
+    in full, as model FLOPs are), the logits on the last stage, and what recomputation redoes."""
+    flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full", stage_part(w.model, built))
+    if w.method.kind == "full":
+        return flops
+    # a fine-tuning method's share of full training, whole-model, applied to the stage's part
+    whole = fl.step_flops(w.model, w.seq_len, w.recompute, "full")
+    model, recomputed = _whole_step_flops(w)
+    return fl.StepFlops(flops.forward, flops.recomputed * recomputed / whole.recomputed if whole.recomputed else 0.0,
+                        model / whole.model)  # fmt: skip
+
+
+class ChipRates(NamedTuple):
+    """What every step time reports of the chip: its dense peak, the matmul rate its GEMMs are timed against and
+    where that comes from, and the share of that rate a step's GEMMs sustain."""
+
+    peak: float
+    matmul: float
+    matmul_source: str
+    gemm_fraction: float
+
+
+@functools.lru_cache(maxsize=64)
+def _chip_rates(hardware: HardwareSpec, dtype: str, calibration: rates.Calibration) -> ChipRates:
+    matmul = rates.matmul_rate(hardware, dtype)
+    return ChipRates(
+        hardware.peak_flops(dtype), matmul.flops_per_s, matmul.source, calibration.gemm_fraction_for(hardware)
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole_step_flops(w: Workload) -> tuple[float, float]:
+    """Model FLOPs per token of a step of the whole model, and the FLOPs recomputation adds."""
+    if w.method.kind != "full":  # what the method trains: engine.finetune.flops
+        method = method_step_flops(w.model, w.method, w.seq_len, w.recompute, "full")
+        return method.model, method.recomputed
+    flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full")
+    return flops.model, flops.recomputed
+
+
+def step_time(
+    w: Workload,
+    layout: Layout,
+    cluster: Cluster,
+    efficiency: float | None = None,
+    calibration: rates.Calibration = rates.CALIBRATION,
+) -> StepTime:
+    """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
+    stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
+    the longest."""
+    m = layout.grad_accum
+    chip = _chip_rates(cluster.hardware, w.precision.compute_dtype, calibration)
+    tokens = layout.dp * m * w.micro_batch * w.seq_len
+    model_per_token, recomputed_per_token = _whole_step_flops(w)
+    model_flops = model_per_token * tokens
+    timed = w if efficiency is not None else kernel_workload(w)  # what the stages' times depend on
+    slowest = slowest_stage(timed, layout, cluster, efficiency, calibration)
+    mb = slowest.micro_batch
+    return StepTime(
+        slowest.stage,
+        stage_step_flops(w, slowest.built).hardware * tokens,
+        m * mb.compute,
+        m * mb.kernels.gemm,
+        m * mb.kernels.attention,
+        m * mb.kernels.memory,
+        m * mb.host,
+        m * mb.tp,
+        m * mb.ep,
+        m * mb.cp,
+        slowest.pp_p2p,
+        slowest.bubble,
+        slowest.dp,
+        slowest.zero,
+        slowest.optimizer,
+        model_flops,
+        model_flops + recomputed_per_token * tokens,
+        tokens,
+        layout.gpus,
+        chip.peak,
+        efficiency,
+        chip.matmul,
+        chip.matmul_source,
+        chip.gemm_fraction,
+    )
+
+
+class SlowestStage(NamedTuple):
+    """The pipeline stage whose step is longest: what it builds, one micro-batch's time on it, and what its step
+    adds once (pipeline sends, bubble, exposed data-parallel and ZeRO traffic, the optimizer)."""
+
+    stage: int
+    built: StageLayers
+    micro_batch: MicroBatchTime
+    pp_p2p: float
+    bubble: float
+    dp: float
+    zero: float
+    optimizer: float
+
+
+@functools.lru_cache(maxsize=16)  # the planner tries a layout's recomputation modes one after the other
+def slowest_stage(
+    w: Workload, layout: Layout, cluster: Cluster, efficiency: float | None, calibration: rates.Calibration
+) -> SlowestStage:
+    """Time every distinct stage of the layout and keep the slowest (the first of equally slow ones). Timed kernel
+    by kernel, the stages' times depend on the workload's kernels alone, so ``step_time`` asks with its
+    ``kernel_workload``, which runs without and with selective recomputation share; under ``efficiency`` the
+    compute follows the workload's own hardware FLOPs."""
+    t, p, c, d, m = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum
+    ep, zero, replicas, speed = layout.ep, layout.zero, layout.data_replicas, w.framework.speed
+    sp = layout.sequence_parallel and t > 1
+    stages = distinct_stage_layers(w.model, layout)
+    if efficiency is None:
+        micro_batches = stage_micro_batches(w, t, c, ep, sp, p, layout.split, cluster, calibration)
+    else:  # the one-number rule: hardware FLOPs at a fraction of the peak, shared out as the kernels share it (what
+        # overlaps with what keeps its meaning)
+        tokens = d * m * w.micro_batch * w.seq_len
+        peak = cluster.hardware.peak_flops(w.precision.compute_dtype)
+        micro_batches = tuple(
+            micro_batch_time(kernel_workload(w), t, c, ep, sp, built, cluster, calibration,
+                             stage_step_flops(w, built).hardware * tokens / (layout.gpus / p * peak * efficiency) / m)
+            for _, built in stages
+        )  # fmt: skip
+    traffics = stage_state_traffic(states_workload(w), t, c, ep, d, zero, p, layout.split, cluster, calibration)
+    pp_p2p = _pipeline_sends(w, layout, cluster)
+    bubble_share = (p - 1) / layout.split.chunks  # of a micro-batch's time, with v chunks a stage
+
+    slowest: tuple[int, StageLayers, MicroBatchTime, float, float, float, float] | None = None
+    slowest_total = 0.0
+    for (stage, built), mb, traffic in zip(stages, micro_batches, traffics, strict=True):
+        bubble = bubble_share * mb.total if p > 1 else 0.0
+        dp_time, zero_time = _exposed_traffic(traffic, mb, m, zero, replicas, speed)
+        zero_time += (
+            m * traffic.fetch
+        )  # offloaded weights come over the host link, not overlapped (engine.finetune.offload)
+        total = StepTime.seconds(
+            m * mb.compute, m * mb.host, m * mb.tp, m * mb.ep, m * mb.cp, pp_p2p, bubble, dp_time, zero_time,
+            traffic.optimizer,
+        )  # fmt: skip
+        if slowest is None or total > slowest_total:  # the first of equally slow stages
+            slowest, slowest_total = (stage, built, mb, bubble, dp_time, zero_time, traffic.optimizer), total
+    assert slowest is not None  # every layout has a first stage
+    stage, built, mb, bubble, dp_time, zero_time, optimizer = slowest
+    return SlowestStage(stage, built, mb, pp_p2p, bubble, dp_time, zero_time, optimizer)
+
+
+def _pipeline_sends(w: Workload, layout: Layout, cluster: Cluster) -> float:
+    """Per step: the activations each stage sends and receives, each way per micro-batch and chunk, unless the
+    framework overlaps them with compute."""
+    t, p, c = layout.tp, layout.pp, layout.cp
+    if p == 1 or w.framework.speed.pp_overlap:
+        return 0.0
+    sp = layout.sequence_parallel and t > 1
+    activation = w.micro_batch * w.seq_len / c * w.model.hidden_size * w.precision.activation_bytes / (t if sp else 1)
+    return layout.grad_accum * layout.split.chunks * 2 * group_time("p2p", activation, 2, t * c * layout.dp, cluster)
+
+
+class StateTraffic(NamedTuple):
+    """Per step, for one GPU of a stage: the data-parallel collectives of its share of the parameters and
+    gradients, and its optimizer step. They depend on the stage's parameters and the layout's DP, ZeRO and EP, not
+    on the micro-batch."""
+
+    zero3: float  # ZeRO-3, per micro-batch: two all-gathers of the parameters (forward, backward) and a
+    # reduce-scatter of the gradients
+    reduce: float  # ZeRO-0/1/2, per step: the gradients' all-reduce (reduce-scatter from ZeRO-2)
+    gather: float  # ZeRO-1/2, per step: the all-gather of the updated parameters
+    optimizer: float  # the step on the GPU, or offloaded: the gradients down, the weights up, the CPU's step
+    fetch: float = 0.0  # parameter offload, per micro-batch: this GPU's weights from the host, forward and backward
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def stage_state_traffic(
+    w: Workload, tp: int, cp: int, ep: int, dp: int, zero: ZeroStage, pp: int, split: PipelineSplit, cluster: Cluster,
+    calibration: rates.Calibration,
+) -> tuple[StateTraffic, ...]:  # fmt: skip
+    """``state_traffic`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order."""
+    return tuple(
+        state_traffic(w, tp, cp, ep, dp, zero, built, cluster, calibration)
+        for _, built in split_stage_layers(w.model, pp, split)
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def state_traffic(
+    w: Workload, tp: int, cp: int, ep: int, dp: int, zero: ZeroStage, built: StageLayers, cluster: Cluster,
+    calibration: rates.Calibration,
+) -> StateTraffic:  # fmt: skip
+    """The data-parallel traffic and the optimizer step of one GPU of a stage that builds ``built``. Neither the
+    micro-batch nor recomputation changes them: the step time asks with ``states_workload``."""
+    precision, speed = w.precision, w.framework.speed
+    grad_bytes = w.framework.states.grad_bytes or precision.grad_bytes
+    held = trained_held(w.model, w.method, tp, ep, built)  # what has gradients and optimizer states
+    frozen = frozen_held(w.model, w.method, precision.param_bytes, tp, ep, built)
+    params = held.total
+    weights = params * precision.param_bytes + frozen.total  # every weight of the stage on this GPU, in bytes
+    replicas = dp * cp
+    zero3 = reduce = gather = 0.0
+    if replicas > 1:
+        stride = tp * cp
+        if zero_shards("params", zero):
+            flat = speed.zero3_network == "one_nic"
+            gathered = group_time("all-gather", weights, replicas, stride, cluster, flat)
+            scatter = group_time("reduce-scatter", params * grad_bytes, replicas, stride, cluster, flat)
+            zero3 = 2 * gathered + scatter
+        else:
+            op = "reduce-scatter" if zero_shards("grads", zero) else "all-reduce"
+            reduce = group_time(op, params * grad_bytes, replicas, stride, cluster)
+            if zero_shards("optimizer", zero):
+                gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
+    fetch = 0.0
+    if w.offload.optimizer:
+        sharded = zero_shards("optimizer", zero)
+        local = held.dense / replicas + held.experts / max(1, replicas // ep) if sharded else params
+        shard = weights / replicas if zero_shards("params", zero) else weights
+        gpus_per_host = min(cluster.count, cluster.gpus_per_node)
+        optimizer = offload_time(w.offload, local, grad_bytes, precision.param_bytes, gpus_per_host).total
+        fetch = fetch_seconds(w.offload, shard)
+    else:
+        optimizer = _optimizer_seconds(w, zero, replicas, ep, held.dense, held.experts, cluster.hardware, grad_bytes,
+                                       calibration)  # fmt: skip
+    return StateTraffic(zero3, reduce, gather, optimizer, fetch)
+
+
+def _exposed_traffic(
+    traffic: StateTraffic, mb: MicroBatchTime, grad_accum: int, zero: ZeroStage, replicas: int, speed: SpeedRule
+) -> tuple[float, float]:
+    """The data-parallel and ZeRO communication a stage's step leaves exposed: (DP, ZeRO) seconds. What hides
+    depends on the framework: a bucketed reduction behind the last backward pass, a prefetched gather behind the
+    next forward pass, ZeRO-3's traffic behind each micro-batch's compute."""
+    if replicas == 1:
+        return 0.0, 0.0
+    if zero_shards("params", zero):
+        comm = traffic.zero3
+        return 0.0, grad_accum * (max(0.0, comm - mb.compute) if speed.param_gather_overlap else comm)
+    hidden = speed.dp_overlap == "always" or speed.dp_overlap == "without_zero" and zero == 0
+    dp_time = max(0.0, traffic.reduce - mb.kernels.backward) if hidden else traffic.reduce
+    zero_time = 0.0
+    if zero_shards("optimizer", zero):
+        gather = traffic.gather
+        zero_time = max(0.0, gather - mb.kernels.forward) if speed.param_gather_overlap else gather
+    return dp_time, zero_time
+
+
+def _optimizer_seconds(
+    w: Workload,
+    zero: ZeroStage,
+    replicas: int,
+    ep: int,
+    dense: float,
+    experts: float,
+    hardware: HardwareSpec,
+    grad_bytes: float,
+    calibration: rates.Calibration,
+) -> float:
+    """The optimizer step and gradient clipping over this GPU's share of the states, as memory traffic."""
+    precision = w.precision
+    sharded = zero_shards("optimizer", zero)
+    local = dense / replicas + experts / max(1, replicas // ep) if sharded else dense + experts
+    states = optimizer_bytes_per_param(w.model, precision, w.optimizer, w.method)
+    per_param = 2 * grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
+    passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
+    return rates.memory_seconds(hardware, local * per_param * passes, 4 * passes, calibration)
