@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.parallel.pipeline import stage_layers
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.kernels import FLASH_BACKWARD_TO_FORWARD, stage_work
@@ -60,7 +60,7 @@ def gpt(layers: int = 2) -> ModelSpec:
 
 def whole(model: ModelSpec, seq: int, batch: int, attention: str = "flash", tp: int = 1, framework: str = "megatron"):
     w = Workload(model, PRECISION, ADAMW, seq, batch, attention=attention, framework=framework_profile(framework))
-    return w, stage_work(w, tp, 1, 1, tp > 1, stage_layers(model, Layout(), 0))
+    return w, stage_work(w, Grid(tp, 1, 1, tp > 1), stage_layers(model, Layout(), 0))
 
 
 def _recorded_matmuls(model: ModelSpec, seq: int, batch: int) -> tuple[Counter, Counter]:
@@ -200,7 +200,7 @@ def test_a_skinny_gemm_is_memory_bound():
     134 MFLOP at the matmul rate."""
     cal = rates.CALIBRATION
     rate = rates.matmul_rate(H100, "bf16").flops_per_s
-    t = rates.gemm_seconds(H100, rate, 1, 8192, 8192, 2)
+    t = rates.gemm_seconds(H100, rate, (1, 8192, 8192), 2)
     moved = 2 * (8192 + 8192 * 8192 + 8192)
     assert t == pytest.approx(moved / (3.35e12 * cal.hbm_efficiency) + cal.kernel_overhead_s)
 
@@ -210,7 +210,7 @@ def test_a_large_gemm_runs_at_the_sustained_matmul_rate():
     cal = rates.CALIBRATION
     rate = rates.matmul_rate(H100, "bf16")
     assert rate.measured and rate.flops_per_s == pytest.approx(794.5e12)
-    t = rates.gemm_seconds(H100, rate.flops_per_s, 8192, 8192, 8192, 2)
+    t = rates.gemm_seconds(H100, rate.flops_per_s, (8192, 8192, 8192), 2)
     w = rates.wave_efficiency(H100, 8192, 8192)
     assert t == pytest.approx(2 * 8192**3 / (cal.gemm_fraction_for(H100) * 794.5e12 * w) + cal.kernel_overhead_s)
 
@@ -244,7 +244,7 @@ def test_attention_rates_are_the_papers_fractions():
 def test_full_recomputation_reruns_the_layers_forward_not_the_head():
     model = llama(layers=2)
     w, plain = whole(model, 16, 2)
-    again = stage_work(replace(w, recompute="full"), 1, 1, 1, False, stage_layers(model, Layout(), 0))
+    again = stage_work(replace(w, recompute="full"), Grid(), stage_layers(model, Layout(), 0))
     layers = sum(g.flops for g in plain.gemms)
     assert again.gemm_flops - plain.gemm_flops == pytest.approx(layers)
     assert again.attention_recomputed == plain.attention_forward

@@ -10,7 +10,7 @@ from lmcalc.cli import main
 from lmcalc.engine.memory.gpu_memory import gpu_memory, most_loaded_gpu
 from lmcalc.engine.model.flops import forward_flops_per_token
 from lmcalc.engine.model.params import count_params
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts, stage_layers
 from lmcalc.engine.parallel.sharding import stage_params, stage_part
 from lmcalc.engine.search.plan import Pins, plan
@@ -218,9 +218,7 @@ def test_zero1_gather_hides_behind_the_next_first_forward_only():
     cluster = on_nodes_of_8(h100, layout)
     t = step_time(w, layout, cluster)
     gather = group_time("all-gather", count_params(model).total * 2, 16, 1, cluster)
-    times = kernel_times(
-        stage_work(w, 1, 1, 1, False, stage_layers(model, layout, 0)), h100, "bf16", "flash2", 2, CALIBRATION
-    )
+    times = kernel_times(stage_work(w, Grid(), stage_layers(model, layout, 0)), h100, "bf16", "flash2", 2, CALIBRATION)
     assert w.framework.speed.param_gather_overlap  # the idealised profile prefetches
     assert t.zero == pytest.approx(gather - times.forward, rel=1e-9)
     assert 0 < t.zero < gather

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layers
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import group_time
@@ -46,7 +46,7 @@ def test_one_gpu_step_is_its_micro_batches_kernels_and_optimizer():
     layout = Layout(grad_accum=4)
     t = step_time(w, layout, Cluster(hardware=H100, count=1, gpus_per_node=1))
     built = stage_layers(LLAMA_8B, layout, 0)
-    times = kernel_times(stage_work(w, 1, 1, 1, False, built), H100, "bf16", "flash3", 2, CAL)
+    times = kernel_times(stage_work(w, Grid(), built), H100, "bf16", "flash3", 2, CAL)
     assert t.compute == pytest.approx(4 * times.total)
     assert t.total == pytest.approx(4 * times.total + t.optimizer)
     assert t.tp == t.dp == t.bubble == t.host == 0
@@ -58,7 +58,7 @@ def test_host_bound_micro_batches_take_the_host_time():
     slow = work(with_speed("megatron", host_seconds_per_op=1e-2))
     layout = Layout(grad_accum=2)
     t = step_time(slow, layout, Cluster(hardware=H100, count=1, gpus_per_node=1))
-    ops = stage_work(slow, 1, 1, 1, False, stage_layers(LLAMA_8B, layout, 0)).operations
+    ops = stage_work(slow, Grid(), stage_layers(LLAMA_8B, layout, 0)).operations
     assert t.compute + t.host == pytest.approx(2 * ops * 1e-2)
     assert t.host > 0
 

@@ -16,7 +16,7 @@ constants (``lmcalc.engine.time.rates.CALIBRATION``).
 
 import argparse
 
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit, distinct_stages, stage_layers
 from lmcalc.engine.parallel.sharding import stage_params
 from lmcalc.engine.parallel.states import optimizer_bytes_per_param
@@ -94,7 +94,7 @@ cp_per_layer = 3 * (c - 1) * group_time("p2p", kv_chunk, c, t, cluster) if c > 1
 def stage_rows(stage: int) -> dict[str, float]:
     """The step as ``stage`` lives it."""
     built = stage_layers(model, layout, stage)
-    work = stage_work(w, t, c, a.ep, sp, built)
+    work = stage_work(w, Grid(t, c, a.ep, sp), built)
     # GEMMs: forward, input gradient (m × n)·(n × k), weight gradient (k × m)·(m × n) with the fp32 accumulator
     forward = sum(g.count * gemm(g.m, g.n, g.k) for g in work.gemms + work.head)
     input_grad = sum(g.count * gemm(g.m, g.k, g.n) for g in work.gemms + work.head)

@@ -94,6 +94,12 @@ class Workload:
         return self.framework.allocator.allowance_bytes if self.overhead_bytes is None else self.overhead_bytes
 
     @property
+    def grad_bytes(self) -> float:
+        """Bytes of one gradient element as the step keeps it: the framework profile's, where it says (Megatron-LM
+        and torchtitan accumulate gradients in fp32), else the precision recipe's."""
+        return self.framework.states.grad_bytes or self.precision.grad_bytes
+
+    @property
     def tokens(self) -> int:
         """Tokens in one micro-batch: b · s."""
         return self.seq_len * self.micro_batch

@@ -75,7 +75,9 @@ def build_layout(cluster: Cluster, settings: LayoutSettings) -> Layout:
     """The layout the settings describe on ``cluster`` (checked when it is made); DP, when not given, fills the
     GPUs the other degrees leave. Checked against a workload by ``engine.parallel.layout.check_layout``."""
     named: Mapping[str, Any] = settings
-    degrees = {f.name: named[f.name] for f in fields(Layout) if f.name not in ("dp", "split") and f.name in named}
+    degrees = {
+        f.name: named[f.name] for f in fields(Layout) if f.init and f.name not in ("dp", "split") and f.name in named
+    }
     dp = settings.get("dp")
     layout = Layout(dp=1 if dp is None else dp, **degrees, split=pipeline_split(settings))  # the rest: Layout's own
     if dp is not None:

@@ -21,7 +21,6 @@ import functools
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.finetune.method import dora_temporaries, largest_quantised
 from lmcalc.engine.finetune.offload import FP32_GRAD_COPY
 from lmcalc.engine.memory.activations import (
@@ -31,10 +30,10 @@ from lmcalc.engine.memory.activations import (
     norm_keeps,
 )
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
-from lmcalc.engine.parallel.layout import ActivationLayout, Layout
+from lmcalc.engine.parallel.layout import ActivationLayout, Layout, StateShards
 from lmcalc.engine.parallel.pipeline import (
-    PipelineSplit,
     StageLayers,
+    Stages,
     distinct_stage_layers,
     held_in_flight,
     split_stage_layers,
@@ -51,8 +50,7 @@ from lmcalc.engine.parallel.sharding import (
 )
 from lmcalc.engine.parallel.states import optimizer_bytes_per_param
 from lmcalc.engine.workload import Workload
-from lmcalc.framework_specs import AllocatorRule, FrameworkProfile
-from lmcalc.specs import OptimizerSpec, PrecisionRecipe
+from lmcalc.framework_specs import AllocatorRule
 
 Verdict = Literal["fits", "tight", "does not fit"]
 
@@ -69,23 +67,82 @@ class GpuMemory:
     """
 
     stage: int
-    params: float
-    grads: float
-    master: float
-    optimizer: float
-    activations: float
-    zero3_buffers: float  # ZeRO-3/FSDP: gathered layers, a layer's reduce-scatter, a head kept gathered
+    kept: StageStates  # the model states and what ZeRO-3, DDP and the optimizer step add around them
+    held: StageActivations  # the activations at the stage's busiest moment
+    backward_transient: float  # the loss's logit-sized tensors or a layer's activation gradients, at most
+    buffers: float  # sequence-parallel and pipeline buffers, the reduce bucket, cuBLAS/NCCL workspaces
     overhead: float  # the flat allowance
-    micro_batches_in_flight: float  # at the stage's busiest moment, in passes through all its layers
-    activations_outside: float  # of the activations, the bytes outside the layers
-    activations_rebuilt: float  # of the activations, the layer full recomputation rebuilds in the backward pass
-    grad_buckets: float = 0.0  # DDP's second copy of the gradients
-    buffers: float = 0.0  # sequence-parallel and pipeline buffers, the reduce bucket, cuBLAS/NCCL workspaces
-    backward_transient: float = 0.0  # the loss's logit-sized tensors or a layer's activation gradients, at most
-    step_transient: float = 0.0  # at the end of the step: 16-bit gradients, optimizer temporaries, fp32 copies
-    fragmentation: float = 0.0  # reserved beyond allocated
-    context: float = 0.0  # the CUDA context, outside PyTorch's pool
-    offloaded: float = 0.0  # this GPU's model states in host memory or on NVMe (``engine.finetune.offload``)
+    allocator: AllocatorRule  # its fragmentation and the CUDA context
+
+    @property
+    def params(self) -> float:
+        return self.kept.params
+
+    @property
+    def grads(self) -> float:
+        return self.kept.grads
+
+    @property
+    def master(self) -> float:
+        return self.kept.master
+
+    @property
+    def optimizer(self) -> float:
+        return self.kept.optimizer
+
+    @property
+    def zero3_buffers(self) -> float:
+        """ZeRO-3/FSDP: gathered layers, a layer's reduce-scatter, a head kept gathered."""
+        return self.kept.zero3
+
+    @property
+    def grad_buckets(self) -> float:
+        """DDP's second copy of the gradients."""
+        return self.kept.buckets
+
+    @property
+    def step_transient(self) -> float:
+        """At the end of the step: 16-bit gradients, optimizer temporaries, fp32 copies."""
+        return self.kept.step_transient
+
+    @property
+    def offloaded(self) -> float:
+        """This GPU's model states in host memory or on NVMe (``engine.finetune.offload``)."""
+        return self.kept.offloaded
+
+    @property
+    def activations(self) -> float:
+        return self.held.total
+
+    @property
+    def micro_batches_in_flight(self) -> float:
+        """At the stage's busiest moment, in passes through all its layers."""
+        return self.held.in_flight
+
+    @property
+    def activations_outside(self) -> float:
+        """Of the activations, the bytes outside the layers."""
+        return self.held.outside
+
+    @property
+    def activations_rebuilt(self) -> float:
+        """Of the activations, the layer full recomputation rebuilds in the backward pass."""
+        return self.held.rebuilt
+
+    @property
+    def fragmentation(self) -> float:
+        """Reserved beyond allocated: the allocator's share of what it hands out at the busier moment."""
+        kept = self.kept
+        busiest = max(self.held.total + self.backward_transient, kept.step_transient)
+        allocated = (
+            kept.params + kept.grads + kept.master + kept.optimizer + kept.zero3 + kept.buckets + self.buffers + busiest
+        )
+        return self.allocator.fragmentation * allocated
+
+    @property
+    def context(self) -> float:
+        """The CUDA context, outside PyTorch's pool."""
+        return self.allocator.context_bytes
 
     @property
     def states(self) -> float:
@@ -227,7 +284,7 @@ def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: i
 def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     """Every part of one GPU's memory on pipeline stage ``stage``, as the workload's framework allocates it."""
     built = stage_layers(w.model, layout, stage)
-    states = stage_states(states_workload(w), layout.tp, layout.ep, layout.zero, layout.data_replicas, built)
+    states = stage_states(states_workload(w), layout.state_shards, built)
     activations = stage_activations(w, layout, stage)
     backward = _backward_transient(w, layout.tp, layout.cp, built)
     return _stage_memory(w, stage, states, activations, backward, _layout_buffers(w, layout))
@@ -237,12 +294,9 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
     """The pipeline stage whose GPUs need the most memory: usually the first, which holds the most
     micro-batches in flight, or the last, which holds the head and the logits; but a lighter first stage
     (uneven stages, or DeepSeek-V3's dense layers) can leave the peak to the next (``distinct_stages``)."""
-    activation_layout, peaks = _activation_peaks(
-        w, layout.tp, layout.sequence_parallel, layout.cp, layout.pp, layout.grad_accum, layout.split
-    )
-    states_by_stage = _layout_states(
-        states_workload(w), layout.tp, layout.ep, layout.zero, layout.data_replicas, layout.pp, layout.split
-    )
+    activation_layout = layout.activation_layout
+    peaks = _activation_peaks(w, activation_layout)
+    states_by_stage = _layout_states(states_workload(w), layout.state_shards, layout.stages)
     buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
     most: tuple[int, StageStates, float] | None = None
     most_total = 0.0
@@ -258,15 +312,12 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
-def _activation_peaks(
-    w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, grad_accum: int, split: PipelineSplit
-) -> tuple[ActivationLayout, tuple[tuple[int, float, float], ...]]:
-    """The activation layout of these degrees and, for each of its ``distinct_stages``, the stage, its activations
-    at their busiest and its backward transient: what the stages' memory depends on besides the model states,
-    looked up once for all of a layout's stages."""
-    layout = ActivationLayout(tp, sequence_parallel, cp, pp, grad_accum, split)
-    return layout, tuple(
-        (stage, _stage_activations(w, layout, stage).total, _backward_transient(w, tp, cp, built))
+def _activation_peaks(w: Workload, layout: ActivationLayout) -> tuple[tuple[int, float, float], ...]:
+    """For each of the layout's ``distinct_stages``: the stage, its activations at their busiest and its backward
+    transient; what the stages' memory depends on besides the model states, looked up once for all of a layout's
+    stages."""
+    return tuple(
+        (stage, _stage_activations(w, layout, stage).total, _backward_transient(w, layout.tp, layout.cp, built))
         for stage, built in distinct_stage_layers(w.model, layout)
     )
 
@@ -295,38 +346,7 @@ def _stage_memory(
 ) -> GpuMemory:
     """One GPU's memory on ``stage`` from the parts it shares with other layouts: its model states
     (``stage_states``), its activations, the backward transient, and the layout's buffers."""
-    allocator = w.framework.allocator
-    busiest = max(activations.total + backward, states.step_transient)  # the activations' moment, or the step's end
-    allocated = (
-        states.params
-        + states.grads
-        + states.master
-        + states.optimizer
-        + states.zero3
-        + states.buckets
-        + buffers
-        + busiest
-    )
-    return GpuMemory(
-        stage,
-        states.params,
-        states.grads,
-        states.master,
-        states.optimizer,
-        activations.total,
-        states.zero3,
-        w.allowance,
-        activations.in_flight,
-        activations.outside,
-        activations.rebuilt,
-        states.buckets,
-        buffers,
-        backward,
-        states.step_transient,
-        allocator.fragmentation * allocated,
-        allocator.context_bytes,
-        states.offloaded,
-    )
+    return GpuMemory(stage, states, activations, backward, buffers, w.allowance, w.framework.allocator)
 
 
 class StageStates(NamedTuple):
@@ -345,23 +365,23 @@ class StageStates(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _layout_states(
-    w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, pp: int, split: PipelineSplit
-) -> tuple[StageStates, ...]:
-    """``stage_states`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order."""
-    return tuple(stage_states(w, tp, ep, zero, replicas, built) for _, built in split_stage_layers(w.model, pp, split))
+def _layout_states(w: Workload, shards: StateShards, stages: Stages) -> tuple[StageStates, ...]:
+    """``stage_states`` of each of the distinct stages of the pipeline (``split_stage_layers``), in their order."""
+    return tuple(stage_states(w, shards, built) for _, built in split_stage_layers(w.model, stages))
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def stage_states(w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, built: StageLayers) -> StageStates:
+def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageStates:
     """The model states of one GPU of a stage that builds ``built``, with TP and EP splitting its weights and ZeRO
-    sharding them over ``replicas`` data-parallel replicas (DP · CP). Neither the micro-batch nor recomputation
-    changes them: the planner asks with ``states_workload``, which every micro-batch and mode share."""
+    sharding them over the data-parallel replicas (DP · CP): ``shards``. Neither the micro-batch nor
+    recomputation changes them: the planner asks with ``states_workload``, which every micro-batch and mode
+    share."""
     model, precision, optimizer, rules, method = w.model, w.precision, w.optimizer, w.framework, w.method
+    tp, ep, zero, replicas = shards
     held = trained_held(model, method, tp, ep, built)  # every parameter, unless the method freezes some
     frozen = frozen_held(model, method, precision.param_bytes, tp, ep, built)  # bytes of the frozen ones
     replicated = replicas > 1
-    grad_bytes = rules.states.grad_bytes or precision.grad_bytes
+    grad_bytes = w.grad_bytes
     zero3 = 0.0
     if zero_shards("params", zero) and (replicated or w.offload.params):  # offloaded weights are gathered too
         per_layer = (held.total * precision.param_bytes + frozen.total) / max(1, built.layers)
@@ -371,20 +391,20 @@ def stage_states(w: Workload, tp: int, ep: int, zero: ZeroStage, replicas: int, 
         if rules.buffers.head_gathered and built.head:
             zero3 += model.vocab_size * model.hidden_size / tp * precision.param_bytes
     per_param = optimizer_bytes_per_param(model, precision, optimizer, method)
-    optimizer_states = sharded_state_bytes(per_param, "optimizer", held, zero, replicas, ep)
-    params = sharded_state_bytes(precision.param_bytes, "params", held, zero, replicas, ep)
-    params += sharded_state_bytes(1.0, "params", frozen, zero, replicas, ep)
+    optimizer_states = sharded_state_bytes(per_param, "optimizer", held, shards)
+    params = sharded_state_bytes(precision.param_bytes, "params", held, shards)
+    params += sharded_state_bytes(1.0, "params", frozen, shards)
     if rules.states.weights == "master_only":
         params = 0.0  # only the master copy persists; the 16-bit weights are gathered a layer at a time
-    grads = sharded_state_bytes(grad_bytes, "grads", held, zero, replicas, ep)
-    master = sharded_state_bytes(precision.master_bytes, "master", held, zero, replicas, ep)
+    grads = sharded_state_bytes(grad_bytes, "grads", held, shards)
+    master = sharded_state_bytes(precision.master_bytes, "master", held, shards)
     buckets = 0.0
     if rules.states.ddp_bucket_copy and zero == 0 and replicated:
         buckets = held.total * precision.grad_bytes
-    step = _step_transient(rules, precision, optimizer, held, optimizer_states, zero, replicas, ep)
+    step = _step_transient(w, held, optimizer_states, shards)
     offloaded = 0.0
     if w.offload.optimizer:  # the optimizer step runs on the CPU, over an fp32 copy of the gradients
-        fp32_grads = sharded_state_bytes(FP32_GRAD_COPY, "optimizer", held, zero, replicas, ep)
+        fp32_grads = sharded_state_bytes(FP32_GRAD_COPY, "optimizer", held, shards)
         offloaded = master + optimizer_states + fp32_grads
         master = optimizer_states = step = 0.0
     if w.offload.params:
@@ -441,24 +461,16 @@ def _backward_transient(w: Workload, tp: int, cp: int, built: StageLayers) -> fl
     return max(loss, layer)
 
 
-def _step_transient(
-    rules: FrameworkProfile,
-    precision: PrecisionRecipe,
-    optimizer: OptimizerSpec,
-    held: StageParams,
-    optimizer_bytes: float,
-    zero: ZeroStage,
-    replicas: int,
-    ep: int,
-) -> float:
+def _step_transient(w: Workload, held: StageParams, optimizer_bytes: float, shards: StateShards) -> float:
     """What the end of the step adds to the persistent parts once the activations are freed: the 16-bit
     gradients a backward makes before they are added into an fp32 buffer, a foreach optimizer's state-sized
     temporary, an fp32 copy of this GPU's share of the gradients."""
+    rules, precision, optimizer = w.framework, w.precision, w.optimizer
     total = 0.0
     if rules.states.compute_grads_transient:
         total += held.total * precision.grad_bytes
     if rules.optimizer_step.temporaries == "foreach" and optimizer.states:
         total += optimizer_bytes / len(optimizer.states)
     if rules.optimizer_step.fp32_grad_copy:
-        total += sharded_state_bytes(4, "optimizer", held, zero, replicas, ep)
+        total += sharded_state_bytes(4, "optimizer", held, shards)
     return total

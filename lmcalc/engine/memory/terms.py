@@ -132,7 +132,7 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
                 "Gradients",
                 gpu.grads,
                 "bytes",
-                f"{n} · {w.framework.states.grad_bytes or precision.grad_bytes:g} B{shard_text('grads')}"
+                f"{n} · {w.grad_bytes:g} B{shard_text('grads')}"
                 + (" (offloaded: 0 on the GPU)" if w.offload.params else ""),
                 source=w.framework.states.source if w.framework.states.grad_bytes else "",
             ),

@@ -9,11 +9,12 @@ naming the constraint that fails, in quantities (the front ends name the setting
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 from lmcalc.engine.choices import ZERO_STAGES, ZeroStage, one_of, positive_integer
 from lmcalc.engine.finetune.offload import check_offload
-from lmcalc.engine.parallel.pipeline import PipelineSplit, check_split
+from lmcalc.engine.parallel.pipeline import PipelineSplit, Stages, check_split
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import Cluster, ModelSpec
@@ -48,8 +49,7 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
         )
 
 
-@dataclass(frozen=True)
-class ActivationLayout:
+class ActivationLayout(NamedTuple):
     """The part of a layout one GPU's activations depend on: how TP (with or without sequence parallelism) and
     CP split each tensor, and the pipeline that sets how many micro-batches each stage holds. DP, EP and ZeRO
     do not change them, so layouts that differ only there share their activations."""
@@ -60,6 +60,29 @@ class ActivationLayout:
     pp: int
     grad_accum: int
     split: PipelineSplit
+
+
+class Grid(NamedTuple):
+    """How tensor, context and expert parallelism split one micro-batch's work on a GPU: TP (with sequence
+    parallelism, which only TP > 1 has to split), CP and EP. A micro-batch's kernels and the collectives it waits
+    for depend on these and the stage's layers, not on DP, PP or ZeRO, so layouts that differ only there share
+    them."""
+
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+
+
+class StateShards(NamedTuple):
+    """How a stage's model states are spread over its GPUs: TP splits the matrices, EP the experts, and ZeRO stage
+    ``zero`` shards them over the ``replicas`` data-parallel copies (DP · CP). The micro-batch, the pipeline's
+    schedule and recomputation do not change them."""
+
+    tp: int = 1
+    ep: int = 1
+    zero: ZeroStage = 0
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -75,13 +98,36 @@ class Layout:
     sequence_parallel: bool = False
     grad_accum: int = 1  # micro-batches per step
     split: PipelineSplit = PipelineSplit()
+    # its views, what each family of figures depends on (the caches' keys), made once with the layout
+    activation_layout: ActivationLayout = field(init=False, repr=False, compare=False)
+    grid: Grid = field(init=False, repr=False, compare=False)
+    state_shards: StateShards = field(init=False, repr=False, compare=False)
+    stages: Stages = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "ep", "grad_accum"):
-            if not positive_integer(getattr(self, name)):
-                raise LmcalcError(f"{setting(name)} must be a positive integer, got {getattr(self, name)}")
+        degrees = (self.dp, self.tp, self.pp, self.cp, self.ep, self.grad_accum)
+        if set(map(type, degrees)) != {int} or min(degrees) < 1:  # at once: the planner makes millions of layouts
+            for name, value in zip(("dp", "tp", "pp", "cp", "ep", "grad_accum"), degrees, strict=True):
+                if not positive_integer(value):
+                    raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
         if self.zero not in ZERO_STAGES:
             raise LmcalcError(f"{setting('zero')} must be {one_of(ZERO_STAGES)}, got {self.zero}")
+        tp, cp, split, views = self.tp, self.cp, self.split, object.__setattr__
+        views(
+            self, "activation_layout", ActivationLayout(tp, self.sequence_parallel, cp, self.pp, self.grad_accum, split)
+        )
+        views(self, "grid", Grid(tp, cp, self.ep, self.sequence_parallel and tp > 1))
+        views(self, "state_shards", StateShards(tp, self.ep, self.zero, self.dp * cp))
+        views(self, "stages", Stages(self.pp, split))
+        views(self, "_hash", hash((*degrees, self.zero, self.sequence_parallel, split)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Layout], tuple[object, ...]]:
+        """Pickled as its fields, so that a copy made in another process (another hash seed) hashes anew."""
+        return type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init)
 
     @property
     def gpus(self) -> int:
@@ -91,10 +137,6 @@ class Layout:
     def data_replicas(self) -> int:
         """Copies of the dense model states that ZeRO can shard over: DP · CP."""
         return self.dp * self.cp
-
-    @property
-    def activation_layout(self) -> ActivationLayout:
-        return ActivationLayout(self.tp, self.sequence_parallel, self.cp, self.pp, self.grad_accum, self.split)
 
     @property
     def label(self) -> str:

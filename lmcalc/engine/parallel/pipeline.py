@@ -96,6 +96,14 @@ class PipelineSplit:
         return parts + [tag for tag, on in (("+emb", self.embedding_in_split), ("+loss", self.loss_in_split)) if on]
 
 
+class Stages(NamedTuple):
+    """The pipeline: ``pp`` stages and how the layers are split over them (``PipelineSplit``). What each stage builds
+    (``split_stage_layers``) depends on these alone."""
+
+    pp: int = 1
+    split: PipelineSplit = PipelineSplit()
+
+
 class Pipelined(Protocol):
     """What the pipeline's functions read of a layout: its stages, micro-batches per step, and split."""
 
@@ -268,12 +276,12 @@ def distinct_stages(model: ModelSpec, layout: Pipelined) -> tuple[int, ...]:
 def distinct_stage_layers(model: ModelSpec, layout: Pipelined) -> tuple[tuple[int, StageLayers], ...]:
     """Each of the ``distinct_stages`` with the layers it builds (``stage_layers``): what the memory and the step
     time of a layout are computed over, asked for once per layout."""
-    return split_stage_layers(model, layout.pp, layout.split)
+    return _distinct_stage_layers(*_model_layers(model), layout.pp, layout.split)
 
 
-def split_stage_layers(model: ModelSpec, pp: int, split: PipelineSplit) -> tuple[tuple[int, StageLayers], ...]:
-    """``distinct_stage_layers`` of ``split`` over ``pp`` stages: all that they depend on."""
-    return _distinct_stage_layers(*_model_layers(model), pp, split)
+def split_stage_layers(model: ModelSpec, stages: Stages) -> tuple[tuple[int, StageLayers], ...]:
+    """``distinct_stage_layers`` of a pipeline's stages: all that they depend on."""
+    return _distinct_stage_layers(*_model_layers(model), stages.pp, stages.split)
 
 
 @functools.cache

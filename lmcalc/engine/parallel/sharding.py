@@ -32,7 +32,7 @@ from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from lmcalc.engine.parallel.layout import Layout
+    from lmcalc.engine.parallel.layout import Layout, StateShards
 
 # Megatron-LM's tensor-parallel split, by module name: column-parallel modules split their output
 # dimension (weight and bias), row-parallel ones their input dimension (weight only).
@@ -175,11 +175,9 @@ def stage_part(model: ModelSpec, built: StageLayers) -> ModelPart:
     return ModelPart(shares, built.layers, built.head)
 
 
-def sharded_state_bytes(
-    bytes_per_param: float, state: ModelState, held: StageParams, zero: ZeroStage, replicas: int, ep: int
-) -> float:
+def sharded_state_bytes(bytes_per_param: float, state: ModelState, held: StageParams, shards: StateShards) -> float:
     """Bytes of one model state on a GPU holding ``held``: ``bytes_per_param`` for each parameter, spread over
-    the ``replicas`` (DP·CP) for dense tensors and DP·CP/EP for experts once ZeRO stage ``zero`` shards ``state``."""
-    if zero_shards(state, zero):
-        return bytes_per_param * (held.dense / replicas + held.experts / (replicas // ep))
+    the replicas (DP·CP) for dense tensors and DP·CP/EP for experts once ``shards``' ZeRO stage shards ``state``."""
+    if zero_shards(state, shards.zero):
+        return bytes_per_param * (held.dense / shards.replicas + held.experts / (shards.replicas // shards.ep))
     return bytes_per_param * (held.dense + held.experts)

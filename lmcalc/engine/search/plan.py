@@ -9,7 +9,10 @@ it holds no formula of its own.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -26,7 +29,8 @@ from lmcalc.engine.choices import (
 from lmcalc.engine.memory.gpu_memory import GpuMemory, most_loaded_gpu
 from lmcalc.engine.parallel.layout import Layout, check_layout, check_tp_heads
 from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts
-from lmcalc.engine.time.steptime import StepTime, step_time
+from lmcalc.engine.time.rates import Machine
+from lmcalc.engine.time.steptime import StepTime, step_time_on
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import Cluster, ModelSpec
@@ -249,6 +253,32 @@ def layouts(
                 yield layout, workloads[mb]
 
 
+_PAUSE_LOCK = threading.Lock()
+_pauses = 0  # searches running with the collector paused
+_resume = False  # whether the collector was on when the first of them began
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cycle collector while a search runs, and resume it as it was once the last running search
+    ends. A search makes hundreds of thousands of small objects and no reference cycle; each time the heap grows
+    by a quarter the collector walks them all and frees nothing (2.3 s of the DeepSeek-V3 search of
+    benchmarks/plan_search.py). Counted, so that searches on several threads (``lmcalc serve``) leave it on."""
+    global _pauses, _resume
+    with _PAUSE_LOCK:
+        if _pauses == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _PAUSE_LOCK:
+            _pauses -= 1
+            if _pauses == 0 and _resume:
+                gc.enable()
+
+
 LIGHTER_LAST_STAGE = (1, 2)  # layers taken off the last stage, which also computes the logits
 
 
@@ -283,7 +313,14 @@ def plan(
     if global_batch < 1:
         raise LmcalcError("the global batch must hold at least one sequence")
     _check_dp_pin(cluster, global_batch, pins)
+    with _collector_paused():
+        return _search(base, cluster, global_batch, pins, efficiency)
+
+
+def _search(base: Workload, cluster: Cluster, global_batch: int, pins: Pins, efficiency: float | None) -> Plan:
+    """``plan``'s search."""
     result = Plan(capacity=cluster.hardware.memory_bytes)
+    machine = Machine(cluster)
     refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2
     overflowed: set[tuple[object, ...]] = set()  # (a layout but its micro-batches, recomputation) that overflowed
     for layout, workloads in layouts(base, cluster, global_batch, pins):
@@ -302,9 +339,9 @@ def plan(
             if memory.total > result.capacity:
                 overflowed.add((family, w.recompute))
                 if result.closest is None or memory.total < result.closest.memory.total:
-                    result.closest = Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency))
+                    result.closest = Candidate(layout, w, memory, step_time_on(w, layout, machine, efficiency))
                 continue
-            result.fitting.append(Candidate(layout, w, memory, step_time(w, layout, cluster, efficiency)))
+            result.fitting.append(Candidate(layout, w, memory, step_time_on(w, layout, machine, efficiency)))
     if not result.evaluated and refusal:
         raise LmcalcError(f"no layout can exist with these constraints: {refusal[1]}")
     result.fitting.sort(key=lambda c: (-round(c.time.tokens_per_s, 6), c.memory.total))  # ties: more headroom

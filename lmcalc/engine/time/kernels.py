@@ -34,6 +34,7 @@ from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
 from lmcalc.engine.model.params import weight_tensors
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
+from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.parallel.sharding import tp_divisor
 from lmcalc.engine.workload import Workload
@@ -178,8 +179,10 @@ def _adapter_gemms(w: Workload, ep: int, tokens: float, moe: bool) -> list[Gemm]
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, built: StageLayers) -> StageWork:
-    """The kernels of one micro-batch on one GPU of a stage that builds ``built``."""
+def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
+    """The kernels of one micro-batch on one GPU of a stage that builds ``built``, with TP, CP and EP (``grid``)
+    splitting them."""
+    tp, cp, ep, sequence_parallel = grid
     model, profile, e = w.model, w.framework, w.precision.activation_bytes
     h, d = model.hidden_size, model.head_size
     tokens = w.micro_batch * w.seq_len / cp  # through each GEMM of the TP group
@@ -304,7 +307,7 @@ def stage_work(w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, 
 
     # gradients: the weight-gradient GEMM accumulates into fp32 (fused), or each micro-batch's gradients are
     # added into the accumulated ones by a separate pass
-    grad_bytes = profile.states.grad_bytes or w.precision.grad_bytes
+    grad_bytes = w.grad_bytes
     weight_elements = sum(g.n * g.k * g.count * g.weight_grad for g in gemms + list(head))
     if built.embedding and not (built.head and model.tied_embeddings):
         weight_elements += model.vocab_size / tp * h

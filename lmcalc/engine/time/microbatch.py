@@ -29,7 +29,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from lmcalc.engine.parallel.pipeline import PipelineSplit, StageLayers, split_stage_layers
+from lmcalc.engine.parallel.layout import Grid
+from lmcalc.engine.parallel.pipeline import StageLayers, Stages, split_stage_layers
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import collective_time, group_time, intra_link
 from lmcalc.engine.time.kernels import StageWork, stage_work
@@ -85,7 +86,7 @@ def kernel_times(
     operand = 1.0 if dtype == "fp8" else e  # fp8 GEMMs read one-byte operands
 
     def gemm(m: float, n: float, k: float, extra: float = 0.0) -> float:
-        return rates.gemm_seconds(hardware, rate, m, n, k, operand, extra, cal)
+        return rates.gemm_seconds(hardware, rate, (m, n, k), operand, extra, cal)
 
     forward = input_grad = weight_grad = 0.0
     for g in work.gemms + work.head:
@@ -134,42 +135,21 @@ class MicroBatchTime(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1 << 17)
-def stage_micro_batches(
-    w: Workload,
-    tp: int,
-    cp: int,
-    ep: int,
-    sequence_parallel: bool,
-    pp: int,
-    split: PipelineSplit,
-    cluster: Cluster,
-    calibration: rates.Calibration,
-) -> tuple[MicroBatchTime, ...]:
-    """``micro_batch_time`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order:
-    a layout's step time looks them up at once."""
-    return tuple(
-        micro_batch_time(w, tp, cp, ep, sequence_parallel, built, cluster, calibration)
-        for _, built in split_stage_layers(w.model, pp, split)
-    )
+def stage_micro_batches(w: Workload, grid: Grid, stages: Stages, machine: rates.Machine) -> tuple[MicroBatchTime, ...]:
+    """``micro_batch_time`` of each of the distinct stages of the pipeline (``split_stage_layers``), in their
+    order: a layout's step time looks them up at once."""
+    return tuple(micro_batch_time(w, grid, built, machine) for _, built in split_stage_layers(w.model, stages))
 
 
 @functools.lru_cache(maxsize=1 << 17)
 def micro_batch_time(
-    w: Workload,
-    tp: int,
-    cp: int,
-    ep: int,
-    sequence_parallel: bool,
-    built: StageLayers,
-    cluster: Cluster,
-    calibration: rates.Calibration,
-    compute: float | None = None,
+    w: Workload, grid: Grid, built: StageLayers, machine: rates.Machine, compute: float | None = None
 ) -> MicroBatchTime:
     """One micro-batch on one GPU of a stage that builds ``built``: its kernels timed by their rooflines (or, given
     ``compute``, scaled to take that long), and the tensor-parallel, expert and context-parallel communication
     each can hide behind."""
-    speed, sp = w.framework.speed, sequence_parallel
-    layer = layer_times(w, tp, cp, ep, sp, cluster, calibration)
+    speed, sp = w.framework.speed, grid.sequence_parallel
+    layer = layer_times(w, grid, machine)
     times, operations = stage_kernel_times(built, layer)
     if compute is not None:
         times = times.scaled(compute / times.total)
@@ -209,31 +189,21 @@ class LayerTimes(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def layer_times(
-    w: Workload,
-    tp: int,
-    cp: int,
-    ep: int,
-    sequence_parallel: bool,
-    cluster: Cluster,
-    calibration: rates.Calibration,
-) -> LayerTimes:
+def layer_times(w: Workload, grid: Grid, machine: rates.Machine) -> LayerTimes:
     """Each unit's kernels (``unit_kernel_times``) and a layer's collectives, with TP, CP and EP splitting them."""
-    hardware, sp = cluster.hardware, sequence_parallel
+    hardware, calibration = machine.hardware, machine.calibration
+    without_experts = grid._replace(ep=1)  # EP splits only the experts: the other units' kernels are the same
 
-    def unit(dense: int, moe: int, embedding: bool, head: bool, unit_ep: int = 1) -> tuple[KernelTimes, float]:
-        # EP splits only the experts: the other units' kernels are the same whatever it is
-        return unit_kernel_times(
-            w, tp, cp, unit_ep, sp, StageLayers(dense, moe, embedding, head), hardware, calibration
-        )
+    def unit(dense: int, moe: int, embedding: bool, head: bool, unit_grid: Grid) -> tuple[KernelTimes, float]:
+        return unit_kernel_times(w, unit_grid, StageLayers(dense, moe, embedding, head), hardware, calibration)
 
     return LayerTimes(
-        unit(1, 0, False, False),
-        unit(0, 1, False, False, ep) if w.model.moe else None,
-        unit(0, 0, True, False),
-        unit(0, 0, False, True),
-        unit(0, 0, True, True),
-        *_layer_collectives(w, tp, cp, ep, sp, cluster),
+        unit(1, 0, False, False, without_experts),
+        unit(0, 1, False, False, grid) if w.model.moe else None,
+        unit(0, 0, True, False, without_experts),
+        unit(0, 0, False, True, without_experts),
+        unit(0, 0, True, True, without_experts),
+        *_layer_collectives(w, grid, machine.cluster),
     )
 
 
@@ -271,30 +241,22 @@ def stage_kernel_times(built: StageLayers, layer: LayerTimes) -> tuple[KernelTim
 
 @functools.lru_cache(maxsize=1 << 15)
 def unit_kernel_times(
-    w: Workload,
-    tp: int,
-    cp: int,
-    ep: int,
-    sequence_parallel: bool,
-    unit: StageLayers,
-    hardware: HardwareSpec,
-    calibration: rates.Calibration,
+    w: Workload, grid: Grid, unit: StageLayers, hardware: HardwareSpec, calibration: rates.Calibration
 ) -> tuple[KernelTimes, float]:
     """``kernel_times`` of one unit of a stage's work (one dense or MoE layer, or the embedding and the head), and
-    the operations the host issues for it."""
-    work = stage_work(w, tp, cp, ep, sequence_parallel, unit)
+    the operations the host issues for it. Keyed by the chip, not the cluster: clusters of one chip share them."""
+    work = stage_work(w, grid, unit)
     kernel = w.framework.speed.attention_kernel if w.attention == "flash" else "eager"
     e = w.precision.activation_bytes
     return kernel_times(work, hardware, w.precision.compute_dtype, kernel, e, calibration), work.operations
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _layer_collectives(
-    w: Workload, tp: int, cp: int, ep: int, sequence_parallel: bool, cluster: Cluster
-) -> tuple[float, float, float]:
+def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float, float, float]:
     """Per micro-batch: one tensor-parallel all-reduce of a layer's activations, one expert all-to-all of its
     routed tokens, and a layer's context-parallel ring passes of K and V."""
     model, e = w.model, w.precision.activation_bytes
+    tp, cp, ep, sequence_parallel = grid
     tp_one = 0.0
     if tp > 1:
         activation = w.micro_batch * w.seq_len / cp * model.hidden_size * e

@@ -21,11 +21,11 @@ bandwidth (Williams et al. 2009, "Roofline"), plus a fixed cost every kernel pay
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lmcalc.errors import LmcalcError
 from lmcalc.framework_specs import AttentionKernel
-from lmcalc.specs import HardwareSpec
+from lmcalc.specs import Cluster, HardwareSpec
 
 GEMM_TILE = (128, 128)
 """Output tile of a bf16 GEMM on Ampere and Hopper tensor cores, the common CUTLASS/cuBLAS choice (128 × 128
@@ -67,6 +67,26 @@ CALIBRATION = Calibration(
     attention_fraction=0.60,
 )
 """The fitted constants (scripts/fit_time.py, docs/plan-accuracy.md)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a step is timed on: the cluster (its chips, their links, the nodes) and the calibration of the kernel
+    model. A step time's cached figures are keyed by it, so its hash is computed once, when it is made."""
+
+    cluster: Cluster
+    calibration: Calibration = CALIBRATION
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.cluster, self.calibration)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @property
+    def hardware(self) -> HardwareSpec:
+        return self.cluster.hardware
 
 
 UNMEASURED_MATMUL_FRACTION = 0.75
@@ -147,15 +167,14 @@ def hbm_bandwidth(hardware: HardwareSpec, cal: Calibration = CALIBRATION) -> flo
 def gemm_seconds(
     hardware: HardwareSpec,
     rate: float,
-    m: float,
-    n: float,
-    k: float,
+    shape: tuple[float, float, float],
     element_bytes: float,
     extra_bytes: float = 0.0,
     cal: Calibration = CALIBRATION,
 ) -> float:
-    """One (m × k) · (k × n) GEMM: max(2mnk / (φ·R·w), bytes / (B·η)) + t₀, reading both operands and writing the
-    output once (``extra_bytes``: an fp32 accumulator read and written in the epilogue)."""
+    """One (m × k) · (k × n) GEMM, ``shape`` = (m, n, k): max(2mnk / (φ·R·w), bytes / (B·η)) + t₀, reading both
+    operands and writing the output once (``extra_bytes``: an fp32 accumulator read and written in the epilogue)."""
+    m, n, k = shape
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2 * m * n * k

@@ -33,9 +33,16 @@ from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.finetune.flops import method_step_flops
 from lmcalc.engine.finetune.offload import fetch_seconds, offload_time
 from lmcalc.engine.model import flops as fl
-from lmcalc.engine.parallel.layout import Layout
-from lmcalc.engine.parallel.pipeline import PipelineSplit, StageLayers, distinct_stage_layers, split_stage_layers
-from lmcalc.engine.parallel.sharding import frozen_held, stage_part, states_workload, trained_held, zero_shards
+from lmcalc.engine.parallel.layout import Layout, StateShards
+from lmcalc.engine.parallel.pipeline import StageLayers, Stages, distinct_stage_layers, split_stage_layers
+from lmcalc.engine.parallel.sharding import (
+    StageParams,
+    frozen_held,
+    stage_part,
+    states_workload,
+    trained_held,
+    zero_shards,
+)
 from lmcalc.engine.parallel.states import optimizer_bytes_per_param
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import group_time
@@ -43,7 +50,7 @@ from lmcalc.engine.time.kernels import kernel_workload
 from lmcalc.engine.time.microbatch import MicroBatchTime, micro_batch_time, stage_micro_batches
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import SpeedRule
-from lmcalc.specs import Cluster, HardwareSpec
+from lmcalc.specs import Cluster
 
 FOREACH_PASSES = 3
 """A multi-tensor (foreach) AdamW step runs its update as separate element-wise kernels over the state lists
@@ -53,62 +60,98 @@ three reads and writes of the states where a fused kernel makes one; an estimate
 
 @dataclass(frozen=True)
 class StepTime:
-    slowest_stage: int  # the pipeline stage whose step is longest, which sets the pace
+    """Seconds per step and the parts it is made of, as the slowest pipeline stage lives them: ``grad_accum``
+    times that stage's micro-batch (its kernels, the host, the TP, EP and CP collectives it waits for), then
+    what its step adds once (pipeline sends, bubble, exposed DP and ZeRO traffic, the optimizer)."""
+
+    slowest: StageStep  # the pipeline stage whose step is longest, which sets the pace
     stage_flops: float  # that stage's hardware FLOPs per step, over all its GPUs
-    compute: float  # GPU kernel time over the step's micro-batches: gemm + attention + memory
-    gemm: float
-    attention: float
-    memory: float
-    host: float  # host time not hidden behind the GPU's
-    tp: float
-    ep: float
-    cp: float
-    pp_p2p: float
-    bubble: float
-    dp: float
-    zero: float
-    optimizer: float
     model_flops: float  # per step, whole cluster
     hardware_flops: float
     tokens: float
     gpus: int
-    peak: float
+    chip: ChipRates  # the dense peak, and the matmul rate the GEMMs were timed against
     efficiency: float | None  # the fraction of peak the compute is assumed to reach; None: timed kernel by kernel
-    matmul_rate: float  # the achievable matmul FLOP/s the GEMMs were timed against
-    matmul_source: str
-    gemm_fraction: float  # the share of it a step's GEMMs sustain (Calibration)
+
+    @property
+    def slowest_stage(self) -> int:
+        return self.slowest.stage
+
+    @property
+    def compute(self) -> float:
+        """GPU kernel time over the step's micro-batches: gemm + attention + memory."""
+        return self.slowest.grad_accum * self.slowest.micro_batch.compute
+
+    @property
+    def gemm(self) -> float:
+        return self.slowest.grad_accum * self.slowest.micro_batch.kernels.gemm
+
+    @property
+    def attention(self) -> float:
+        return self.slowest.grad_accum * self.slowest.micro_batch.kernels.attention
+
+    @property
+    def memory(self) -> float:
+        return self.slowest.grad_accum * self.slowest.micro_batch.kernels.memory
+
+    @property
+    def host(self) -> float:
+        """Host time not hidden behind the GPU's."""
+        return self.slowest.grad_accum * self.slowest.micro_batch.host
+
+    @property
+    def tp(self) -> float:
+        return self.slowest.grad_accum * self.slowest.micro_batch.tp
+
+    @property
+    def ep(self) -> float:
+        return self.slowest.grad_accum * self.slowest.micro_batch.ep
+
+    @property
+    def cp(self) -> float:
+        return self.slowest.grad_accum * self.slowest.micro_batch.cp
+
+    @property
+    def pp_p2p(self) -> float:
+        return self.slowest.pp_p2p
+
+    @property
+    def bubble(self) -> float:
+        return self.slowest.bubble
+
+    @property
+    def dp(self) -> float:
+        return self.slowest.dp
+
+    @property
+    def zero(self) -> float:
+        return self.slowest.zero
+
+    @property
+    def optimizer(self) -> float:
+        return self.slowest.optimizer
+
+    @property
+    def peak(self) -> float:
+        return self.chip.peak
+
+    @property
+    def matmul_rate(self) -> float:
+        """The achievable matmul FLOP/s the GEMMs were timed against."""
+        return self.chip.matmul
+
+    @property
+    def matmul_source(self) -> str:
+        return self.chip.matmul_source
+
+    @property
+    def gemm_fraction(self) -> float:
+        """The share of the matmul rate a step's GEMMs sustain (Calibration)."""
+        return self.chip.gemm_fraction
 
     @property
     def total(self) -> float:
-        return self.seconds(
-            self.compute,
-            self.host,
-            self.tp,
-            self.ep,
-            self.cp,
-            self.pp_p2p,
-            self.bubble,
-            self.dp,
-            self.zero,
-            self.optimizer,
-        )
-
-    @staticmethod
-    def seconds(
-        compute: float,
-        host: float,
-        tp: float,
-        ep: float,
-        cp: float,
-        pp_p2p: float,
-        bubble: float,
-        dp: float,
-        zero: float,
-        optimizer: float,
-    ) -> float:
-        """The step's seconds from its parts (``total``; the planner compares stages by it before it builds a
-        ``StepTime``)."""
-        return compute + host + tp + ep + cp + pp_p2p + bubble + dp + zero + optimizer
+        return self.slowest.total
 
     @property
     def mfu(self) -> float:
@@ -148,10 +191,10 @@ class ChipRates(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
-def _chip_rates(hardware: HardwareSpec, dtype: str, calibration: rates.Calibration) -> ChipRates:
-    matmul = rates.matmul_rate(hardware, dtype)
+def _chip_rates(machine: rates.Machine, dtype: str) -> ChipRates:
+    hardware, matmul = machine.hardware, rates.matmul_rate(machine.hardware, dtype)
     return ChipRates(
-        hardware.peak_flops(dtype), matmul.flops_per_s, matmul.source, calibration.gemm_fraction_for(hardware)
+        hardware.peak_flops(dtype), matmul.flops_per_s, matmul.source, machine.calibration.gemm_fraction_for(hardware)
     )
 
 
@@ -172,103 +215,94 @@ def step_time(
     efficiency: float | None = None,
     calibration: rates.Calibration = rates.CALIBRATION,
 ) -> StepTime:
+    """Seconds per step, with the parts it is made of (``step_time_on`` the cluster with this calibration)."""
+    return step_time_on(w, layout, rates.Machine(cluster, calibration), efficiency)
+
+
+def step_time_on(w: Workload, layout: Layout, machine: rates.Machine, efficiency: float | None = None) -> StepTime:
     """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
     stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
     the longest."""
     m = layout.grad_accum
-    chip = _chip_rates(cluster.hardware, w.precision.compute_dtype, calibration)
+    chip = _chip_rates(machine, w.precision.compute_dtype)
     tokens = layout.dp * m * w.micro_batch * w.seq_len
     model_per_token, recomputed_per_token = _whole_step_flops(w)
     model_flops = model_per_token * tokens
     timed = w if efficiency is not None else kernel_workload(w)  # what the stages' times depend on
-    slowest = slowest_stage(timed, layout, cluster, efficiency, calibration)
-    mb = slowest.micro_batch
+    slowest = slowest_stage(timed, layout, machine, efficiency)
     return StepTime(
-        slowest.stage,
+        slowest,
         stage_step_flops(w, slowest.built).hardware * tokens,
-        m * mb.compute,
-        m * mb.kernels.gemm,
-        m * mb.kernels.attention,
-        m * mb.kernels.memory,
-        m * mb.host,
-        m * mb.tp,
-        m * mb.ep,
-        m * mb.cp,
-        slowest.pp_p2p,
-        slowest.bubble,
-        slowest.dp,
-        slowest.zero,
-        slowest.optimizer,
         model_flops,
         model_flops + recomputed_per_token * tokens,
         tokens,
         layout.gpus,
-        chip.peak,
+        chip,
         efficiency,
-        chip.matmul,
-        chip.matmul_source,
-        chip.gemm_fraction,
     )
 
 
-class SlowestStage(NamedTuple):
-    """The pipeline stage whose step is longest: what it builds, one micro-batch's time on it, and what its step
-    adds once (pipeline sends, bubble, exposed data-parallel and ZeRO traffic, the optimizer)."""
+class StageStep(NamedTuple):
+    """One pipeline stage's step: what it builds, one micro-batch's time on it and the micro-batches per step, and
+    what its step adds once (pipeline sends, bubble, exposed data-parallel and ZeRO traffic, the optimizer)."""
 
     stage: int
     built: StageLayers
     micro_batch: MicroBatchTime
+    grad_accum: int
     pp_p2p: float
     bubble: float
     dp: float
     zero: float
     optimizer: float
 
+    @property
+    def total(self) -> float:
+        """Seconds: m micro-batches (compute, host, TP, EP, CP), then pipeline sends, bubble, DP, ZeRO and the
+        optimizer, added in that order."""
+        m, mb = self.grad_accum, self.micro_batch
+        return (
+            m * mb.compute + m * mb.host + m * mb.tp + m * mb.ep + m * mb.cp + self.pp_p2p + self.bubble + self.dp
+            + self.zero + self.optimizer
+        )  # fmt: skip
+
 
 @functools.lru_cache(maxsize=16)  # the planner tries a layout's recomputation modes one after the other
-def slowest_stage(
-    w: Workload, layout: Layout, cluster: Cluster, efficiency: float | None, calibration: rates.Calibration
-) -> SlowestStage:
+def slowest_stage(w: Workload, layout: Layout, machine: rates.Machine, efficiency: float | None) -> StageStep:
     """Time every distinct stage of the layout and keep the slowest (the first of equally slow ones). Timed kernel
     by kernel, the stages' times depend on the workload's kernels alone, so ``step_time`` asks with its
     ``kernel_workload``, which runs without and with selective recomputation share; under ``efficiency`` the
     compute follows the workload's own hardware FLOPs."""
-    t, p, c, d, m = layout.tp, layout.pp, layout.cp, layout.dp, layout.grad_accum
-    ep, zero, replicas, speed = layout.ep, layout.zero, layout.data_replicas, w.framework.speed
-    sp = layout.sequence_parallel and t > 1
+    p, m, zero, replicas, speed = layout.pp, layout.grad_accum, layout.zero, layout.data_replicas, w.framework.speed
+    grid, pipeline = layout.grid, layout.stages
     stages = distinct_stage_layers(w.model, layout)
     if efficiency is None:
-        micro_batches = stage_micro_batches(w, t, c, ep, sp, p, layout.split, cluster, calibration)
+        micro_batches = stage_micro_batches(w, grid, pipeline, machine)
     else:  # the one-number rule: hardware FLOPs at a fraction of the peak, shared out as the kernels share it (what
         # overlaps with what keeps its meaning)
-        tokens = d * m * w.micro_batch * w.seq_len
-        peak = cluster.hardware.peak_flops(w.precision.compute_dtype)
+        tokens = layout.dp * m * w.micro_batch * w.seq_len
+        peak = machine.hardware.peak_flops(w.precision.compute_dtype)
         micro_batches = tuple(
-            micro_batch_time(kernel_workload(w), t, c, ep, sp, built, cluster, calibration,
+            micro_batch_time(kernel_workload(w), grid, built, machine,
                              stage_step_flops(w, built).hardware * tokens / (layout.gpus / p * peak * efficiency) / m)
             for _, built in stages
         )  # fmt: skip
-    traffics = stage_state_traffic(states_workload(w), t, c, ep, d, zero, p, layout.split, cluster, calibration)
-    pp_p2p = _pipeline_sends(w, layout, cluster)
+    traffics = stage_state_traffic(states_workload(w), layout.state_shards, layout.cp, pipeline, machine)
+    pp_p2p = _pipeline_sends(w, layout, machine.cluster)
     bubble_share = (p - 1) / layout.split.chunks  # of a micro-batch's time, with v chunks a stage
 
-    slowest: tuple[int, StageLayers, MicroBatchTime, float, float, float, float] | None = None
+    slowest: StageStep | None = None
     slowest_total = 0.0
     for (stage, built), mb, traffic in zip(stages, micro_batches, traffics, strict=True):
         bubble = bubble_share * mb.total if p > 1 else 0.0
         dp_time, zero_time = _exposed_traffic(traffic, mb, m, zero, replicas, speed)
-        zero_time += (
-            m * traffic.fetch
-        )  # offloaded weights come over the host link, not overlapped (engine.finetune.offload)
-        total = StepTime.seconds(
-            m * mb.compute, m * mb.host, m * mb.tp, m * mb.ep, m * mb.cp, pp_p2p, bubble, dp_time, zero_time,
-            traffic.optimizer,
-        )  # fmt: skip
+        zero_time += m * traffic.fetch  # offloaded weights come over the host link, not overlapped (finetune.offload)
+        step = StageStep(stage, built, mb, m, pp_p2p, bubble, dp_time, zero_time, traffic.optimizer)
+        total = step.total
         if slowest is None or total > slowest_total:  # the first of equally slow stages
-            slowest, slowest_total = (stage, built, mb, bubble, dp_time, zero_time, traffic.optimizer), total
+            slowest, slowest_total = step, total
     assert slowest is not None  # every layout has a first stage
-    stage, built, mb, bubble, dp_time, zero_time, optimizer = slowest
-    return SlowestStage(stage, built, mb, pp_p2p, bubble, dp_time, zero_time, optimizer)
+    return slowest
 
 
 def _pipeline_sends(w: Workload, layout: Layout, cluster: Cluster) -> float:
@@ -297,30 +331,25 @@ class StateTraffic(NamedTuple):
 
 @functools.lru_cache(maxsize=1 << 16)
 def stage_state_traffic(
-    w: Workload, tp: int, cp: int, ep: int, dp: int, zero: ZeroStage, pp: int, split: PipelineSplit, cluster: Cluster,
-    calibration: rates.Calibration,
-) -> tuple[StateTraffic, ...]:  # fmt: skip
-    """``state_traffic`` of each of the distinct stages of ``split`` (``split_stage_layers``), in their order."""
-    return tuple(
-        state_traffic(w, tp, cp, ep, dp, zero, built, cluster, calibration)
-        for _, built in split_stage_layers(w.model, pp, split)
-    )
+    w: Workload, shards: StateShards, cp: int, stages: Stages, machine: rates.Machine
+) -> tuple[StateTraffic, ...]:
+    """``state_traffic`` of each of the distinct stages of the pipeline (``split_stage_layers``), in their order."""
+    return tuple(state_traffic(w, shards, cp, built, machine) for _, built in split_stage_layers(w.model, stages))
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def state_traffic(
-    w: Workload, tp: int, cp: int, ep: int, dp: int, zero: ZeroStage, built: StageLayers, cluster: Cluster,
-    calibration: rates.Calibration,
-) -> StateTraffic:  # fmt: skip
-    """The data-parallel traffic and the optimizer step of one GPU of a stage that builds ``built``. Neither the
-    micro-batch nor recomputation changes them: the step time asks with ``states_workload``."""
-    precision, speed = w.precision, w.framework.speed
-    grad_bytes = w.framework.states.grad_bytes or precision.grad_bytes
+    w: Workload, shards: StateShards, cp: int, built: StageLayers, machine: rates.Machine
+) -> StateTraffic:
+    """The data-parallel traffic and the optimizer step of one GPU of a stage that builds ``built``, its states
+    spread as ``shards`` says; its replicas lie TP · CP GPUs apart. Neither the micro-batch nor recomputation
+    changes them: the step time asks with ``states_workload``."""
+    precision, speed, grad_bytes, cluster = w.precision, w.framework.speed, w.grad_bytes, machine.cluster
+    tp, ep, zero, replicas = shards
     held = trained_held(w.model, w.method, tp, ep, built)  # what has gradients and optimizer states
     frozen = frozen_held(w.model, w.method, precision.param_bytes, tp, ep, built)
     params = held.total
     weights = params * precision.param_bytes + frozen.total  # every weight of the stage on this GPU, in bytes
-    replicas = dp * cp
     zero3 = reduce = gather = 0.0
     if replicas > 1:
         stride = tp * cp
@@ -343,8 +372,7 @@ def state_traffic(
         optimizer = offload_time(w.offload, local, grad_bytes, precision.param_bytes, gpus_per_host).total
         fetch = fetch_seconds(w.offload, shard)
     else:
-        optimizer = _optimizer_seconds(w, zero, replicas, ep, held.dense, held.experts, cluster.hardware, grad_bytes,
-                                       calibration)  # fmt: skip
+        optimizer = _optimizer_seconds(w, shards, held, machine)
     return StateTraffic(zero3, reduce, gather, optimizer, fetch)
 
 
@@ -368,22 +396,13 @@ def _exposed_traffic(
     return dp_time, zero_time
 
 
-def _optimizer_seconds(
-    w: Workload,
-    zero: ZeroStage,
-    replicas: int,
-    ep: int,
-    dense: float,
-    experts: float,
-    hardware: HardwareSpec,
-    grad_bytes: float,
-    calibration: rates.Calibration,
-) -> float:
-    """The optimizer step and gradient clipping over this GPU's share of the states, as memory traffic."""
-    precision = w.precision
-    sharded = zero_shards("optimizer", zero)
-    local = dense / replicas + experts / max(1, replicas // ep) if sharded else dense + experts
+def _optimizer_seconds(w: Workload, shards: StateShards, held: StageParams, machine: rates.Machine) -> float:
+    """The optimizer step and gradient clipping over this GPU's share of the states (``held``, sharded as
+    ``shards`` says), as memory traffic."""
+    precision, replicas = w.precision, shards.replicas
+    sharded = zero_shards("optimizer", shards.zero)
+    local = held.dense / replicas + held.experts / max(1, replicas // shards.ep) if sharded else held.total
     states = optimizer_bytes_per_param(w.model, precision, w.optimizer, w.method)
-    per_param = 2 * grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
+    per_param = 2 * w.grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
     passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
-    return rates.memory_seconds(hardware, local * per_param * passes, 4 * passes, calibration)
+    return rates.memory_seconds(machine.hardware, local * per_param * passes, 4 * passes, machine.calibration)
