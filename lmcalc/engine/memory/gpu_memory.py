@@ -73,6 +73,7 @@ class GpuMemory:
     buffers: float  # sequence-parallel and pipeline buffers, the reduce bucket, cuBLAS/NCCL workspaces
     overhead: float  # the flat allowance
     allocator: AllocatorRule  # its fragmentation and the CUDA context
+    total: float  # the device memory the step needs: reserved, the CUDA context, the allowance (``_stage_total``)
 
     @property
     def params(self) -> float:
@@ -166,11 +167,6 @@ class GpuMemory:
     def reserved(self) -> float:
         """What PyTorch's caching allocator holds at the peak (``torch.cuda.max_memory_reserved``)."""
         return self.allocated + self.fragmentation
-
-    @functools.cached_property  # the planner compares stages, checks the capacity and ranks layouts by it
-    def total(self) -> float:
-        """The device memory the step needs: reserved, the CUDA context, and the flat allowance."""
-        return self.reserved + self.context + self.overhead
 
     @property
     def parts(self) -> dict[str, float]:
@@ -287,7 +283,9 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     states = stage_states(states_workload(w), layout.state_shards, built)
     activations = stage_activations(w, layout, stage)
     backward = _backward_transient(w, layout.tp, layout.cp, built)
-    return _stage_memory(w, stage, states, activations, backward, _layout_buffers(w, layout))
+    buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
+    total = _stage_total(states, activations.total, backward, buffers, allocator, allowance)
+    return GpuMemory(stage, states, activations, backward, buffers, allowance, allocator, total)
 
 
 def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
@@ -306,9 +304,8 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
             most, most_total = (stage, states, backward), total
     assert most is not None  # every layout has a first stage
     stage, states, backward = most
-    memory = _stage_memory(w, stage, states, _stage_activations(w, activation_layout, stage), backward, buffers)
-    assert memory.total == most_total  # _stage_total follows GpuMemory.total sum by sum
-    return memory
+    held = _stage_activations(w, activation_layout, stage)
+    return GpuMemory(stage, states, held, backward, buffers, allowance, allocator, most_total)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
@@ -330,23 +327,15 @@ def _stage_total(
     allocator: AllocatorRule,
     allowance: float,
 ) -> float:
-    """``GpuMemory.total`` of a stage, by the same sums in the same order as ``_stage_memory`` and the
-    ``GpuMemory`` properties, without building the ``GpuMemory``: the planner compares every distinct stage of
-    every layout it tries, and keeps one."""
+    """``GpuMemory.total`` of a stage: reserved (allocated, then the allocator's fragmentation of it), the CUDA
+    context and the flat allowance, added as the ``GpuMemory`` properties add them. The planner compares every
+    distinct stage of every layout it tries by it before it builds the ``GpuMemory`` of one."""
     busiest = max(activations + backward, states.step_transient)
     persistent = states.params + states.grads + states.master + states.optimizer
     fragmentation = allocator.fragmentation * (persistent + states.zero3 + states.buckets + buffers + busiest)
     framework_buffers = states.zero3 + states.buckets + buffers
     allocated = persistent + framework_buffers + activations + (busiest - activations)
     return allocated + fragmentation + allocator.context_bytes + allowance
-
-
-def _stage_memory(
-    w: Workload, stage: int, states: StageStates, activations: StageActivations, backward: float, buffers: float
-) -> GpuMemory:
-    """One GPU's memory on ``stage`` from the parts it shares with other layouts: its model states
-    (``stage_states``), its activations, the backward transient, and the layout's buffers."""
-    return GpuMemory(stage, states, activations, backward, buffers, w.allowance, w.framework.allocator)
 
 
 class StageStates(NamedTuple):

@@ -276,9 +276,10 @@ def distinct_stages(model: ModelSpec, layout: Pipelined) -> tuple[int, ...]:
 def distinct_stage_layers(model: ModelSpec, layout: Pipelined) -> tuple[tuple[int, StageLayers], ...]:
     """Each of the ``distinct_stages`` with the layers it builds (``stage_layers``): what the memory and the step
     time of a layout are computed over, asked for once per layout."""
-    return _distinct_stage_layers(*_model_layers(model), layout.pp, layout.split)
+    return split_stage_layers(model, Stages(layout.pp, layout.split))
 
 
+@functools.lru_cache(maxsize=1 << 12)  # asked once per layout and micro-batch: a model's layer flags hash once
 def split_stage_layers(model: ModelSpec, stages: Stages) -> tuple[tuple[int, StageLayers], ...]:
     """``distinct_stage_layers`` of a pipeline's stages: all that they depend on."""
     return _distinct_stage_layers(*_model_layers(model), stages.pp, stages.split)

@@ -64,14 +64,36 @@ class StepTime:
     times that stage's micro-batch (its kernels, the host, the TP, EP and CP collectives it waits for), then
     what its step adds once (pipeline sends, bubble, exposed DP and ZeRO traffic, the optimizer)."""
 
+    workload: Workload
+    layout: Layout
     slowest: StageStep  # the pipeline stage whose step is longest, which sets the pace
-    stage_flops: float  # that stage's hardware FLOPs per step, over all its GPUs
-    model_flops: float  # per step, whole cluster
-    hardware_flops: float
-    tokens: float
-    gpus: int
     chip: ChipRates  # the dense peak, and the matmul rate the GEMMs were timed against
     efficiency: float | None  # the fraction of peak the compute is assumed to reach; None: timed kernel by kernel
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per step, whole cluster: DP · m · b · s."""
+        w = self.workload
+        return self.layout.dp * self.layout.grad_accum * w.micro_batch * w.seq_len
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.gpus
+
+    @property
+    def model_flops(self) -> float:
+        """Per step, whole cluster."""
+        return _whole_step_flops(self.workload)[0] * self.tokens
+
+    @property
+    def hardware_flops(self) -> float:
+        """Model FLOPs and what recomputation redoes, per step, whole cluster."""
+        return self.model_flops + _whole_step_flops(self.workload)[1] * self.tokens
+
+    @property
+    def stage_flops(self) -> float:
+        """The slowest stage's hardware FLOPs per step, over all its GPUs."""
+        return stage_step_flops(self.workload, self.slowest.built).hardware * self.tokens
 
     @property
     def slowest_stage(self) -> int:
@@ -223,23 +245,9 @@ def step_time_on(w: Workload, layout: Layout, machine: rates.Machine, efficiency
     """Seconds per step, with the parts it is made of, as the slowest pipeline stage lives it: every distinct
     stage (``distinct_stages``) is timed with its own work, layers and parameters, and the pipeline waits for
     the longest."""
-    m = layout.grad_accum
-    chip = _chip_rates(machine, w.precision.compute_dtype)
-    tokens = layout.dp * m * w.micro_batch * w.seq_len
-    model_per_token, recomputed_per_token = _whole_step_flops(w)
-    model_flops = model_per_token * tokens
     timed = w if efficiency is not None else kernel_workload(w)  # what the stages' times depend on
     slowest = slowest_stage(timed, layout, machine, efficiency)
-    return StepTime(
-        slowest,
-        stage_step_flops(w, slowest.built).hardware * tokens,
-        model_flops,
-        model_flops + recomputed_per_token * tokens,
-        tokens,
-        layout.gpus,
-        chip,
-        efficiency,
-    )
+    return StepTime(w, layout, slowest, _chip_rates(machine, w.precision.compute_dtype), efficiency)
 
 
 class StageStep(NamedTuple):
@@ -255,16 +263,7 @@ class StageStep(NamedTuple):
     dp: float
     zero: float
     optimizer: float
-
-    @property
-    def total(self) -> float:
-        """Seconds: m micro-batches (compute, host, TP, EP, CP), then pipeline sends, bubble, DP, ZeRO and the
-        optimizer, added in that order."""
-        m, mb = self.grad_accum, self.micro_batch
-        return (
-            m * mb.compute + m * mb.host + m * mb.tp + m * mb.ep + m * mb.cp + self.pp_p2p + self.bubble + self.dp
-            + self.zero + self.optimizer
-        )  # fmt: skip
+    total: float  # seconds: the parts above, added in ``slowest_stage``
 
 
 @functools.lru_cache(maxsize=16)  # the planner tries a layout's recomputation modes one after the other
@@ -297,10 +296,14 @@ def slowest_stage(w: Workload, layout: Layout, machine: rates.Machine, efficienc
         bubble = bubble_share * mb.total if p > 1 else 0.0
         dp_time, zero_time = _exposed_traffic(traffic, mb, m, zero, replicas, speed)
         zero_time += m * traffic.fetch  # offloaded weights come over the host link, not overlapped (finetune.offload)
-        step = StageStep(stage, built, mb, m, pp_p2p, bubble, dp_time, zero_time, traffic.optimizer)
-        total = step.total
+        # the step: m micro-batches (compute, host, TP, EP, CP), then pipeline sends, bubble, DP, ZeRO, optimizer
+        total = (
+            m * mb.compute + m * mb.host + m * mb.tp + m * mb.ep + m * mb.cp + pp_p2p + bubble + dp_time + zero_time
+            + traffic.optimizer
+        )  # fmt: skip
         if slowest is None or total > slowest_total:  # the first of equally slow stages
-            slowest, slowest_total = step, total
+            slowest = StageStep(stage, built, mb, m, pp_p2p, bubble, dp_time, zero_time, traffic.optimizer, total)
+            slowest_total = total
     assert slowest is not None  # every layout has a first stage
     return slowest
 
