@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from lmcalc.engine import clear_caches
 from lmcalc.engine.search.plan import Pins, Plan, plan
 from lmcalc.engine.workload import Workload
-from lmcalc.estimates.inputs import TrainingSettings
+from lmcalc.estimates.settings import TrainingSettings
 from lmcalc.estimates.training import training_setup
 from lmcalc.presets import framework_profile, parse_cluster, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import Cluster

@@ -21,16 +21,7 @@ from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, TensorEstimate, dtypes, flops, params, tensor
-from lmcalc.estimates.inputs import (
-    FineTuneSettings,
-    LayoutSettings,
-    MemorySettings,
-    MethodSettings,
-    SplitSettings,
-    TrainingSettings,
-    cluster_of,
-    resolve_model,
-)
+from lmcalc.estimates.inputs import cluster_of, resolve_model
 from lmcalc.estimates.limits import FitEstimate, MaxParamsEstimate, fit, max_params
 from lmcalc.estimates.memory import (
     InferenceEstimate,
@@ -42,11 +33,37 @@ from lmcalc.estimates.memory import (
 )
 from lmcalc.estimates.plan import PlanEstimate, plan
 from lmcalc.estimates.report import ReportEstimates, report
+from lmcalc.estimates.settings import (
+    BatchSettings,
+    EnergySettings,
+    FineTuneSettings,
+    LayoutSettings,
+    MemorySettings,
+    MethodSettings,
+    PinSettings,
+    PlanSettings,
+    ReportSettings,
+    RunSettings,
+    SearchSettings,
+    SplitSettings,
+    TrainingSettings,
+    TrainTimeSettings,
+    WorkloadSettings,
+)
 from lmcalc.estimates.time import OptimalEstimate, TrainTimeEstimate, optimal, train_time
 from lmcalc.result import Estimate, Result
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 
 __all__ = [
+    "TrainTimeSettings",
+    "WorkloadSettings",
+    "SearchSettings",
+    "RunSettings",
+    "ReportSettings",
+    "PlanSettings",
+    "PinSettings",
+    "EnergySettings",
+    "BatchSettings",
     "Cluster",
     "Estimate",
     "FitEstimate",

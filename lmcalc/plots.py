@@ -7,10 +7,14 @@ to a temporary name and renamed into place, and an existing file is only replace
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lmcalc.atomic import atomic_target, new_file
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Result
+
+if TYPE_CHECKING:
+    from lmcalc.estimates.plan import PlanEstimate
 
 GB = 1e9
 COLOURS = (
@@ -75,9 +79,9 @@ def memory_svg(result: Result) -> str:
     return _inline_svg(memory_figure(result))
 
 
-def plan_svg(result: Result) -> str:
+def plan_svg(found: PlanEstimate) -> str:
     """The ranked layouts' picture as inline SVG text (for the self-contained HTML report)."""
-    return _inline_svg(plan_figure(result))
+    return _inline_svg(plan_figure(found))
 
 
 def _inline_svg(figure) -> str:
@@ -114,10 +118,10 @@ def memory_figure(result: Result):
     return figure
 
 
-def plot_plan(result: Result, path: str, force: bool = False) -> Path:
+def plot_plan(found: PlanEstimate, path: str, force: bool = False) -> Path:
     """The ranked layouts: memory per GPU against MFU, the winner marked."""
     target = _target(path, force)
-    return _save(plan_figure(result), target)
+    return _save(plan_figure(found), target)
 
 
 PP_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">", "p", "d")
@@ -130,16 +134,13 @@ MAX_POINTS = 3000
 SVG, so the picture stays under about 350 kB and the report's page under 1 MB)."""
 
 
-def plan_figure(result: Result):
+def plan_figure(found: PlanEstimate):
     """Memory per GPU against MFU, one colour per TP degree and one marker per PP degree, the best layout starred;
-    the legend beside the axes, never over a point."""
-    ranked = [s for s in result.sections if s.key.startswith("rank")]
-    if not ranked:
-        raise LmcalcError("--plot draws plan results only")
+    the legend beside the axes, never over a point: every layout that fits, as the search ranked them."""
     plt = _pyplot()
     from matplotlib.lines import Line2D
 
-    points = [(s.term("memory").value / GB, s.term("mfu").value, dict(s.details)) for s in ranked]
+    points = [(c.memory.total / GB, 100 * c.time.mfu, {"tp": c.tp, "pp": c.pp}) for c in found.layouts]
     tps = sorted({d["tp"] for _, _, d in points})
     pps = sorted({d["pp"] for _, _, d in points})
     fraction = MERGE_FRACTION
@@ -186,7 +187,7 @@ def plan_figure(result: Result):
     )
     axes.set_xlabel("memory of the most loaded GPU (GB)")
     axes.set_ylabel("predicted MFU (%)")
-    axes.set_title(plain(result.title), fontsize=10)
+    axes.set_title(plain(found.report.title), fontsize=10)
     figure.tight_layout()
     return figure
 

@@ -15,7 +15,9 @@ from typer.core import TyperArgument
 
 import lmcalc.api as api
 from lmcalc.cli import app
-from lmcalc.estimates.inputs import DEFAULT_PRECISION, TRAINING_DEFAULTS, LayoutSettings, TrainingSettings
+from lmcalc.estimates import settings
+from lmcalc.estimates.inputs import TRAINING_DEFAULTS
+from lmcalc.estimates.settings import DEFAULT_PRECISION, LayoutSettings, TrainingSettings
 from lmcalc.estimates.training import build_layout
 
 CLI = typer.main.get_command(app)
@@ -72,23 +74,32 @@ def settings_type(function) -> type | None:
 
 
 def api_defaults(function) -> dict[str, object]:
-    """Each keyword ``function`` takes and its default: ``REQUIRED`` for none; for a ``TrainingSettings`` key, the
-    value of ``TRAINING_DEFAULTS``; for a ``LayoutSettings`` key, ``LAYOUT_SETTING``. A keyword of the function's
-    own wins over a settings key of the same name (``report``'s ``recompute``)."""
+    """Each keyword ``function`` takes and its default: ``REQUIRED`` for none; for a settings key, the default its
+    declaration holds (``estimates.settings``), but ``LAYOUT_SETTING`` for a ``LayoutSettings`` key of ``memory`` and
+    ``fit``, whose meaning is what ``build_layout`` makes of it."""
     defaults: dict[str, object] = {}
     typed_dict = settings_type(function)
     if typed_dict is not None:
-        keys = typed_dict.__required_keys__ | typed_dict.__optional_keys__
-        for key in keys:
-            if key in TrainingSettings.__optional_keys__:
-                defaults[key] = TRAINING_DEFAULTS[key]
-            else:
-                assert key in LayoutSettings.__optional_keys__, f"{function.__name__}: no default known for {key}"
-                defaults[key] = LAYOUT_SETTING
+        declared = settings.defaults(typed_dict)
+        for key in typed_dict.__required_keys__ | typed_dict.__optional_keys__:
+            layout_key = key in LayoutSettings.__optional_keys__ and issubclass_typed(typed_dict, LayoutSettings)
+            defaults[key] = LAYOUT_SETTING if layout_key else declared[key]
     for parameter in inspect.signature(function).parameters.values():
         if parameter.kind is not inspect.Parameter.VAR_KEYWORD:
             defaults[parameter.name] = parameter.default
     return defaults
+
+
+def issubclass_typed(typed_dict, base) -> bool:
+    """Whether the TypedDict ``typed_dict`` holds every key of ``base`` (TypedDicts are not classes to issubclass)."""
+    return base.__optional_keys__ <= typed_dict.__optional_keys__
+
+
+def test_a_layout_setting_declared_default_is_the_layouts_own():
+    """Each ``LayoutSettings`` default, given, makes the layout that giving nothing makes (``build_layout``)."""
+    cluster = api.cluster_of("64x8xH100")
+    for key, default in settings.defaults(LayoutSettings).items():
+        assert build_layout(cluster, {key: default}) == build_layout(cluster, {}), key
 
 
 # -------------------------------------------------------------------------------------------------- keywords
@@ -163,7 +174,7 @@ def test_the_defaults_that_differ_do_so_for_their_reason():
     # memory --sweep: memory_sweep needs it
     assert inspect.signature(api.memory_sweep).parameters["sweep"].default is REQUIRED
     # plan: the API ranks every layout that fits
-    assert inspect.signature(api.plan).parameters["top"].default is None
+    assert settings.defaults(settings.PlanSettings)["top"] is None
 
 
 WORKLOAD_DEFAULTS_OF_THEIR_OWN = {
@@ -176,8 +187,6 @@ WORKLOAD_DEFAULTS_OF_THEIR_OWN = {
     ("max_params", "seq"): "4096",
     # optimal takes a precision only with a cluster (see DIFFERENT_ON_PURPOSE)
     ("optimal", "precision"): None,
-    # serving has no framework profile: its flat allowance covers the context, workspaces and the forward pass
-    ("inference", "overhead"): "2GiB",
 }
 
 

@@ -76,7 +76,7 @@ def test_the_layouts_picture_colours_tp_and_marks_pp_with_the_legend_beside_it()
     found = api.plan(model="llama-3.1-8b", gpus="2x8xH100")
     sections = found.report.sections
     groups = {(dict(s.details)["tp"], dict(s.details)["pp"]) for s in sections}
-    figure = plots.plan_figure(found.report)
+    figure = plots.plan_figure(found)
     (axes,) = figure.axes
     drawn = [line for line in axes.get_lines() if (line.get_gid() or "").startswith("layouts-")]
     assert {line.get_gid() for line in drawn} == {f"layouts-tp{tp}-pp{pp}" for tp, pp in groups}  # one per group
@@ -94,7 +94,7 @@ def test_the_layouts_picture_colours_tp_and_marks_pp_with_the_legend_beside_it()
     assert legend.x0 >= box.x1
     labels = [text.get_text() for text in axes.get_legend().get_texts()]
     assert [f"TP={tp}" for tp in tps] + [f"PP={pp}" for pp in pps] == labels[: len(tps) + len(pps)]
-    svg = plots.plan_svg(found.report)
+    svg = plots.plan_svg(found)
     for tp in tps:
         assert plots.COLOURS[tps.index(tp)].lower() in svg.lower()
 

@@ -11,13 +11,17 @@ import typer
 from lmcalc.cli.app import emit, flags_given
 from lmcalc.cli.completion import complete_gpus, complete_model
 from lmcalc.cli.options import (
+    BATCH_OPTIONS,
     ENERGY_OPTIONS,
     FINETUNE_OPTIONS,
     LAYOUT_OPTIONS,
     METHOD_OPTIONS,
     PIN_OPTIONS,
+    RUN_OPTIONS,
+    SEARCH_OPTIONS,
     SPLIT_OPTIONS,
     TRAINING_OPTIONS,
+    WORKLOAD_OPTIONS,
     AttentionOpt,
     BriefOpt,
     ExplainOpt,
@@ -32,17 +36,12 @@ from lmcalc.cli.options import (
     alternatives,
     with_options,
 )
-from lmcalc.engine.choices import ATTN_CONVENTIONS, FLOPS_BASES, PEAK_SOURCES, RECOMPUTE_MODES
+from lmcalc.engine.choices import ATTN_CONVENTIONS, FLOPS_BASES, PEAK_SOURCES
 from lmcalc.engine.model.numerics import SERVING_DTYPES
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import (
-    DEFAULT_ATTENTION,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_OVERHEAD,
-    DEFAULT_PRECISION,
-    DEFAULT_RECOMPUTE,
-)
+from lmcalc.estimates.inputs import DEFAULT_ATTENTION, DEFAULT_RECOMPUTE
+from lmcalc.estimates.settings import DEFAULT_OPTIMIZER, DEFAULT_PRECISION
 from lmcalc.result import Estimate, Result
 
 FLOPS_BASIS_MEANINGS = {"6nd": "napkin, default", "detailed": "matmul count, causal"}
@@ -78,9 +77,6 @@ def train_time(
         str, typer.Option("--flops-basis", help=f"{alternatives(FLOPS_BASES, FLOPS_BASIS_MEANINGS)}.")
     ] = "6nd",
     seq: SeqOpt = None,
-    price: Annotated[
-        float | None, typer.Option("--price-per-gpu-hour", help="Price in $ per GPU-hour, for the cost.")
-    ] = None,
     peak: Annotated[str, typer.Option("--peak", help=f"{alternatives(PEAK_SOURCES, PEAK_MEANINGS)}.")] = "spec",
     calibration: Annotated[
         str | None,
@@ -113,7 +109,6 @@ def train_time(
         gpu=gpu,
         flops_basis=flops_basis,
         seq=seq,
-        price_per_gpu_hour=price,
         peak=peak,
         calibration=calibration,
         dataset_tokens=dataset_tokens,
@@ -273,7 +268,7 @@ def memory(
             weights_dtype=weights_dtype,
             kv_dtype=kv_dtype,
             quant_group=quant_group,
-            overhead=DEFAULT_OVERHEAD if training["overhead"] is None else training["overhead"],
+            overhead=training["overhead"],
         )
         emit_with_plot(served.report, as_json, explain, brief, plot, force)
         return
@@ -317,15 +312,17 @@ def fit(
 
 
 @with_options(METHOD_OPTIONS, at="method")
+@with_options(RUN_OPTIONS, at="run")
+@with_options(SEARCH_OPTIONS, at="search")
 @with_options(SPLIT_OPTIONS, at="split")
 @with_options(PIN_OPTIONS, at="pins")
+@with_options(BATCH_OPTIONS, at="batch")
+@with_options(WORKLOAD_OPTIONS, at="workload")
 def plan(
     model: ModelOpt,
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 64x8xH100.", autocompletion=complete_gpus)],
-    seq: SeqOpt = None,
-    global_batch: Annotated[
-        str, typer.Option("--global-batch", help="Tokens per step (binary: 4M = 4,194,304).")
-    ] = "4M",
+    workload: dict[str, Any] | None = None,
+    batch: dict[str, Any] | None = None,
     top: Annotated[
         str,
         typer.Option(
@@ -333,66 +330,12 @@ def plan(
         ),
     ] = "10",
     pins: dict[str, Any] | None = None,
-    micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
-    max_micro_batch: Annotated[
-        int | None,
-        typer.Option(
-            "--max-micro-batch",
-            help="Largest micro-batch to try (default 16): every size up to it that divides the sequences each "
-            "data-parallel replica takes per step.",
-        ),
-    ] = None,
-    recompute: Annotated[str | None, typer.Option("--recompute", help=f"Pin {alternatives(RECOMPUTE_MODES)}.")] = None,
-    max_pp: Annotated[int, typer.Option("--max-pp", help="Largest pipeline degree to try.")] = 64,
-    max_cp: Annotated[int, typer.Option("--max-cp", help="Largest context-parallel degree to try.")] = 16,
-    tp_across_nodes: Annotated[
-        bool, typer.Option("--tp-across-nodes", help="Allow TP groups larger than a node.")
-    ] = False,
     split: dict[str, Any] | None = None,
-    tokens: Annotated[str | None, typer.Option("--tokens", help="Training tokens, for the days column.")] = None,
-    dataset_tokens: Annotated[
-        str | None, typer.Option("--dataset-tokens", help="A fine-tune's dataset in tokens, for the days column.")
-    ] = None,
-    epochs: Annotated[float, typer.Option("--epochs", help="Passes over --dataset-tokens.")] = 1,
+    search: dict[str, Any] | None = None,
+    run: dict[str, Any] | None = None,
     method: dict[str, Any] | None = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
-    efficiency: Annotated[
-        float | None,
-        typer.Option(
-            "--efficiency",
-            help="Time the compute as hardware FLOPs at this fraction of the dense peak, instead of kernel by kernel.",
-        ),
-    ] = None,
-    measured_efficiency: Annotated[
-        bool,
-        typer.Option(
-            "--measured-efficiency",
-            help="Take that fraction from 'lmcalc bench step' results on this GPU type: the HFU of the "
-            "model's own measured step, else of the largest step measured.",
-        ),
-    ] = False,
-    peak: Annotated[
-        str,
-        typer.Option(
-            "--peak",
-            help="The GPU figures the step is timed with: spec (the preset's measured maximum achievable matmul "
-            "rate and bus bandwidths) or measured ('lmcalc bench' results on this GPU type: the matmul rate, the "
-            "model's own shapes if benchmarked, and the NCCL bus bandwidth within a node if 'bench comm' ran).",
-        ),
-    ] = "spec",
-    calibration: Annotated[
-        str | None,
-        typer.Option(
-            "--calibration",
-            help="Benchmark results file for --peak measured or --measured-efficiency (alone, implies the latter).",
-        ),
-    ] = None,
-    precision: PrecisionOpt = DEFAULT_PRECISION,
-    optimizer: OptimizerOpt = DEFAULT_OPTIMIZER,
-    attention: AttentionOpt = DEFAULT_ATTENTION,
-    framework: TrainingFrameworkOpt = None,
-    overhead: OverheadOpt = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
     brief: BriefOpt = False,
@@ -400,44 +343,19 @@ def plan(
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question)."""
     from lmcalc.estimates import plan as estimates
 
-    assert pins is not None and split is not None and method is not None  # filled in by with_options
+    groups = (workload, batch, pins, split, search, run, method)
+    settings = {name: value for group in groups if group is not None for name, value in group.items()}
     top_n = None if top.strip().lower() == "all" else int(top) if top.strip().isdigit() and int(top) > 0 else 0
     if top_n == 0:
         raise LmcalcError(f"--top takes a positive whole number of layouts, or all; got {top!r}")
-    found = estimates.plan(
-        model=model,
-        gpus=gpus,
-        seq=seq,
-        global_batch=global_batch,
-        micro_batch=micro_batch,
-        max_micro_batch=max_micro_batch,
-        recompute=recompute,
-        max_pp=max_pp,
-        max_cp=max_cp,
-        tp_across_nodes=tp_across_nodes,
-        tokens=tokens,
-        efficiency=efficiency,
-        measured_efficiency=measured_efficiency,
-        peak=peak,
-        calibration=calibration,
-        precision=precision,
-        optimizer=optimizer,
-        attention=attention,
-        framework=framework,
-        overhead=overhead,
-        top=None if plot else top_n,  # a plot draws every layout that fits; the table and JSON show the top
-        dataset_tokens=dataset_tokens,
-        epochs=epochs,
-        **pins,
-        **split,
-        **method,
-    )
+    # a plot draws every layout that fits; the table and JSON show the top
+    found = estimates.plan(model=model, gpus=gpus, top=None if plot else top_n, **settings)
     ranked = found.report
     shown = found.derivation if explain else ranked
     if plot:
         from lmcalc import plots
 
-        written = plots.plot_plan(ranked, plot, force)  # every layout that fits, whatever is shown
+        written = plots.plot_plan(found, plot, force)  # every layout that fits, whatever is shown
         if not explain:
             shown = replace(shown, sections=shown.sections[:top_n])
         shown = replace(shown, notes=(*shown.notes, f"plot written to {written}"))

@@ -10,7 +10,6 @@ from lmcalc.engine.model.numerics import FORMATS, dtype_bytes, tensor_elements
 from lmcalc.engine.model.params import ParamCount, count_params, params_section
 from lmcalc.errors import flag
 from lmcalc.estimates.inputs import (
-    Count,
     Given,
     ModelLike,
     checked,
@@ -22,6 +21,7 @@ from lmcalc.estimates.inputs import (
     seq_given,
     tokens_given,
 )
+from lmcalc.estimates.settings import Count
 from lmcalc.presets import Resolved
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.specs import ModelSpec

@@ -10,18 +10,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar, cast
 
 from lmcalc import presets as pr
-from lmcalc.engine.choices import Attention, Recompute, ZeroStage
-from lmcalc.engine.finetune.method import ALL_LINEAR, METHODS, Method, parse_targets
-from lmcalc.engine.finetune.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS
+from lmcalc.engine.choices import Attention, Recompute
+from lmcalc.engine.finetune.method import METHODS, Method, parse_targets
 from lmcalc.engine.model.flops import napkin_params
 from lmcalc.engine.model.params import count_params, matches_published
 from lmcalc.engine.run.cost import DEFAULT_MFU
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES, Workload
 from lmcalc.errors import LmcalcError, flag, setting
+from lmcalc.estimates.settings import (
+    Bytes,
+    Count,
+    TrainingSettings,
+    defaults,
+)
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.result import Input, Result
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
@@ -31,19 +36,10 @@ DEFAULT_SEQ_CAP = 8192
 MAX_SEQ_LEN = 2**40
 """The longest sequence lmcalc takes: 100,000 times the longest context trained today (Llama 4 Scout's 10M), and
 short enough that its memory terms (s·b·h bytes per layer, s² for attention scores) stay within a float."""
-DEFAULT_PRECISION = "bf16-mixed"
-DEFAULT_OPTIMIZER = "adamw"
 DEFAULT_ATTENTION: Attention = "flash"
 DEFAULT_RECOMPUTE: Recompute = "none"
 DEFAULT_OVERHEAD = f"{OVERHEAD_ALLOWANCE_BYTES / GiB:g}GiB"
 """The serving estimate's flat allowance (``inference``); a training estimate's comes from its framework profile."""
-DEFAULT_FRAMEWORK = "megatron"
-"""The framework profile of a training estimate unless one is named: lmcalc's layouts (TP with sequence
-parallelism, PP with the interleaved schedule and Megatron's split flags, CP, EP, the distributed optimizer as
-ZeRO-1) are Megatron-LM's, the framework that runs all of them, so a plan is costed as Megatron would allocate it."""
-FINE_TUNING_FRAMEWORK = "transformers"
-"""The framework profile of a LoRA or QLoRA estimate unless one is named: adapters are trained with Hugging Face
-transformers and PEFT, which Megatron-LM does not run."""
 ASSUMPTION = "assumption:"
 """How the origin of a value lmcalc assumed begins (``Given.assumed``)."""
 
@@ -52,95 +48,11 @@ ClusterLike = str | Cluster
 PrecisionLike = str | PrecisionRecipe
 OptimizerLike = str | OptimizerSpec
 FrameworkLike = str | FrameworkProfile
-Count = str | float | int
-Bytes = str | float | int
 C = TypeVar("C", bound=str)
 
 
-class FineTuneSettings(TypedDict, total=False):
-    """What is trained: the fine-tuning method, as the user gives it (what its FLOPs depend on)."""
-
-    method: str  # full | lora | qlora | freeze (engine.finetune.method)
-    lora_rank: int  # r of each adapter
-    lora_targets: str | list[str]  # q,k,v,o,gate,up,down (or Hugging Face names), or all-linear
-    lora_dropout: float  # PEFT's lora_dropout
-    freeze_layers: int  # the freeze method's frozen bottom layers
-    dora: bool  # LoRA/QLoRA as DoRA: a trained magnitude per output (Liu et al. 2024)
-
-
-class MethodSettings(FineTuneSettings, total=False):
-    """The fine-tuning method and what is offloaded, as the user gives them (what memory depends on too)."""
-
-    kbit_upcast: bool  # QLoRA: unquantised weights in fp32, as peft.prepare_model_for_kbit_training casts them
-    offload: str  # none | optimizer | optimizer+params (engine.finetune.offload)
-    offload_device: str  # cpu | nvme
-    host_link_gbps: float  # GPU-host bandwidth, one direction, GB/s
-    cpu_optimizer_params_per_s: float  # parameters a node's CPUs update per second
-
-
-class TrainingSettings(MethodSettings, total=False):
-    """What is trained and how, as the user gives it; a setting left out takes its ``TRAINING_DEFAULTS`` value."""
-
-    seq: Count | None  # tokens per sequence (8K = 8192); None: min(the model's context, 8192)
-    micro_batch: int  # sequences per GPU per micro-batch
-    precision: PrecisionLike  # a precision recipe (bf16-mixed, fp32, ...)
-    optimizer: OptimizerLike  # an optimizer preset (adamw, sgd, adafactor, ...)
-    attention: str  # flash | eager
-    recompute: str  # none | selective | full
-    framework: FrameworkLike | None  # a framework profile (megatron, nanotron, ...); None: DEFAULT_FRAMEWORK, or
-    # for LoRA and QLoRA FINE_TUNING_FRAMEWORK
-    overhead: Bytes | None  # a flat per-GPU allowance on top of what the profile counts; None: the profile's
-
-
-TRAINING_DEFAULTS: TrainingSettings = {
-    "seq": None,
-    "micro_batch": 1,
-    "precision": DEFAULT_PRECISION,
-    "optimizer": DEFAULT_OPTIMIZER,
-    "attention": DEFAULT_ATTENTION,
-    "recompute": DEFAULT_RECOMPUTE,
-    "framework": None,
-    "overhead": None,
-    "method": "full",
-    "lora_rank": 16,
-    "lora_targets": ALL_LINEAR,
-    "lora_dropout": 0.0,
-    "freeze_layers": 0,
-    "dora": False,
-    "kbit_upcast": True,
-    "offload": "none",
-    "offload_device": "cpu",
-    "host_link_gbps": HOST_LINK_GBPS,
-    "cpu_optimizer_params_per_s": CPU_OPTIMIZER_PARAMS_PER_S,
-}
-
-
-class SplitSettings(TypedDict, total=False):
-    """How the layers split over the pipeline stages (Megatron-LM's flags), as the user gives it."""
-
-    first_stage_layers: int | None
-    last_stage_layers: int | None
-    account_for_embedding_in_pipeline_split: bool
-    account_for_loss_in_pipeline_split: bool
-
-
-class LayoutSettings(SplitSettings, total=False):
-    """A parallel layout as the user gives it; DP, when not given, fills the GPUs the other degrees leave."""
-
-    dp: int | None
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    zero: ZeroStage
-    sequence_parallel: bool
-    grad_accum: int
-    schedule: str
-    virtual_stages: int
-
-
-class MemorySettings(TrainingSettings, LayoutSettings, total=False):
-    """A training workload and its parallel layout, as ``memory`` and ``fit`` take them."""
+TRAINING_DEFAULTS = cast(TrainingSettings, defaults(TrainingSettings))
+"""Each workload setting's default, as ``memory``, ``fit`` and the others read it (``settings.TrainingSettings``)."""
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,54 @@
-"""What would make a training run fit when nothing does: each lever pulled alone from the user's layout, at one
-sequence per micro-batch, with the memory of the most loaded GPU it then needs (``lmcalc memory``'s figure).
+"""What would make a training run fit when nothing does, in one place: each lever a change of settings (``Lever``,
+keyword and value), with the workload and layout it gives and the memory of the most loaded GPU it then needs
+(``lmcalc memory``'s figure).
 
-The levers are the ones a user has: a higher ZeRO stage, full recomputation, tensor or pipeline parallelism within
-the same GPUs (DP shrinks to keep their count), LoRA or QLoRA instead of full training, and more GPUs under ZeRO-3.
-A lever that cannot apply (a TP that does not divide the heads, a PP the layers cannot take) is left out.
+``fit`` lists each lever pulled alone from the user's layout, at one sequence per micro-batch (``levers_section``):
+a higher ZeRO stage, full recomputation, tensor or pipeline parallelism within the same GPUs (DP shrinks to keep
+their count), LoRA or QLoRA instead of full training, the memory levers together, and more GPUs under ZeRO-3. A
+lever that cannot apply (a TP that does not divide the heads, a PP the layers cannot take) is left out. ``memory``'s
+verdict names the levers the user has not pulled (``fit_advice``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from lmcalc.engine.finetune.method import Method
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
 from lmcalc.engine.parallel.layout import Layout, check_layout
 from lmcalc.engine.workload import Workload
-from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import DEFAULT_FRAMEWORK, FINE_TUNING_FRAMEWORK, framework_of
+from lmcalc.errors import LmcalcError, flag
+from lmcalc.estimates.inputs import framework_of
+from lmcalc.estimates.settings import DEFAULT_FRAMEWORK, FINE_TUNING_FRAMEWORK
 from lmcalc.result import Section, Term
 from lmcalc.specs import Cluster
+from lmcalc.units import GB
 
 MOST_GPUS = 1 << 16  # the search for more GPUs stops here
+
+
+@dataclass(frozen=True)
+class Lever:
+    """A change the user can make: the settings it changes (keyword and value, in the order the user would give
+    them) and, on more GPUs, how many; with the workload and the layout it gives (None: it cannot apply)."""
+
+    changes: tuple[tuple[str, object], ...]
+    workload: Workload
+    layout: Layout | None
+    gpus: int | None = None
+
+    @property
+    def text(self) -> str:
+        """The change as the command line writes it, as the inputs table names origins: ``--zero 3``,
+        ``--tp 4 --sequence-parallel`` (a setting turned on is its flag alone); ``64 GPUs with --zero 3 ...``."""
+        given = " ".join(flag(name) if value is True else f"{flag(name)} {value}" for name, value in self.changes)
+        return f"{self.gpus} GPUs with {given}" if self.gpus else given
+
+    def memory(self) -> float:
+        """The memory of the most loaded GPU it gives (``lmcalc memory``'s figure)."""
+        assert self.layout is not None
+        return most_loaded_gpu(self.workload, self.layout).total
 
 
 def _regrouped(layout: Layout, **degrees: int) -> Layout | None:
@@ -33,37 +61,41 @@ def _regrouped(layout: Layout, **degrees: int) -> Layout | None:
     return replace(layout, dp=layout.dp * others // new, tp=tp, pp=pp)
 
 
-def _candidates(w: Workload, layout: Layout, cluster: Cluster) -> Iterator[tuple[str, Workload, Layout | None]]:
+def _candidates(w: Workload, layout: Layout, cluster: Cluster) -> Iterator[Lever]:
+    """``fit``'s levers: each alone from the layout, then the memory levers together."""
     for zero in (1, 2, 3):
         if zero > layout.zero and layout.data_replicas > 1:
-            yield f"--zero {zero}", w, replace(layout, zero=zero)
+            yield Lever((("zero", zero),), w, replace(layout, zero=zero))
     if w.recompute != "full":
-        yield "--recompute full", replace(w, recompute="full"), layout
+        yield Lever((("recompute", "full"),), replace(w, recompute="full"), layout)
     for tp in (2, 4, 8):
         if layout.tp < tp <= cluster.gpus_per_node:
             regrouped = _regrouped(layout, tp=tp)
-            yield f"--tp {tp} --sequence-parallel", w, regrouped and replace(regrouped, sequence_parallel=True)
+            sp = regrouped and replace(regrouped, sequence_parallel=True)
+            yield Lever((("tp", tp), ("sequence_parallel", True)), w, sp)
     for pp in (2, 4, 8):
         if pp > layout.pp:
             regrouped = _regrouped(layout, pp=pp)
-            yield f"--pp {pp}", w, regrouped and replace(regrouped, grad_accum=max(layout.grad_accum, pp))
+            yield Lever((("pp", pp),), w, regrouped and replace(regrouped, grad_accum=max(layout.grad_accum, pp)))
     if w.method.kind == "full":
         # an adapter method runs under transformers unless another framework was chosen (training_setup's rule)
         framework = framework_of(FINE_TUNING_FRAMEWORK) if w.framework.name == DEFAULT_FRAMEWORK else w.framework
         for kind in ("lora", "qlora"):
-            yield f"--method {kind}", replace(w, method=Method(kind), framework=framework), layout
+            yield Lever((("method", kind),), replace(w, method=Method(kind), framework=framework), layout)
     for tp in (8, 4, 2, 1):  # the memory levers together, at the widest TP the model and a node take
         regrouped = _regrouped(layout, tp=tp) if tp <= cluster.gpus_per_node else None
         if regrouped is not None and (tp > 1 or regrouped.data_replicas > 1):  # else: --recompute full alone
             together = replace(regrouped, zero=3, sequence_parallel=tp > 1)
-            yield (
-                f"--zero 3 --recompute full --tp {tp}" + (" --sequence-parallel" if tp > 1 else ""),
-                replace(w, recompute="full"),
-                together,
+            changes = (
+                ("zero", 3),
+                ("recompute", "full"),
+                ("tp", tp),
+                *((("sequence_parallel", True),) if tp > 1 else ()),
             )
+            yield Lever(changes, replace(w, recompute="full"), together)
 
 
-def _more_gpus(w: Workload, layout: Layout, capacity: float) -> tuple[str, float] | None:
+def _more_gpus(w: Workload, layout: Layout, capacity: float) -> tuple[Lever, float] | None:
     """The fewest GPUs (DP doubled, TP, PP and CP kept) that fit under ZeRO-3 with full recomputation (more GPUs
     shard the states, not one sequence's activations), and what they need; None when the GPUs at hand do."""
     dp, full = layout.dp, replace(w, recompute="full")
@@ -74,26 +106,27 @@ def _more_gpus(w: Workload, layout: Layout, capacity: float) -> tuple[str, float
         more = replace(layout, dp=dp, zero=3)
         total = most_loaded_gpu(full, more).total
         if total <= capacity:
-            return f"{more.gpus} GPUs with --zero 3 --recompute full", total
+            return Lever((("zero", 3), ("recompute", "full")), full, more, gpus=more.gpus), total
     return None
 
 
-def lever_order(flags: str, total: float, capacity: float) -> tuple[bool, bool, bool, int, float]:
+def lever_order(lever: Lever, total: float, capacity: float) -> tuple[bool, bool, bool, int, float]:
     """How the levers are listed: those that fit first; of them, the ones that keep the job (not a fine-tuning
-    method instead) and the GPUs at hand; then the fewest flags changed; then the least memory."""
-    return total > capacity, "--method" in flags, "GPUs with" in flags, flags.count("--"), total
+    method instead) and the GPUs at hand; then the fewest settings changed; then the least memory."""
+    changed = dict(lever.changes)
+    return total > capacity, "method" in changed, lever.gpus is not None, len(changed), total
 
 
 def levers_section(w: Workload, layout: Layout, cluster: Cluster, capacity: float) -> Section:
     """Each lever alone, at micro-batch 1, with the memory it gives, in ``lever_order``."""
     w = replace(w, micro_batch=1)
-    tried: list[tuple[str, float]] = []
-    for flags, changed_w, changed_layout in _candidates(w, layout, cluster):
-        if changed_layout is None:
+    tried: list[tuple[Lever, float]] = []
+    for lever in _candidates(w, layout, cluster):
+        if lever.layout is None:
             continue
         try:
-            check_layout(changed_w, changed_layout, cluster)
-            tried.append((flags, most_loaded_gpu(changed_w, changed_layout).total))
+            check_layout(lever.workload, lever.layout, cluster)
+            tried.append((lever, lever.memory()))
         except LmcalcError:  # a lever that cannot apply to this model
             continue
     more = _more_gpus(w, layout, capacity)
@@ -102,11 +135,40 @@ def levers_section(w: Workload, layout: Layout, cluster: Cluster, capacity: floa
     terms = tuple(
         Term(
             f"lever{i}",
-            flags,
+            lever.text,
             total,
             "bytes",
             "fits" if total <= capacity else f"does not fit: over by {(total - capacity) / 1e9:,.1f} GB",
         )
-        for i, (flags, total) in enumerate(sorted(tried, key=lambda t: lever_order(t[0], t[1], capacity)), start=1)
+        for i, (lever, total) in enumerate(sorted(tried, key=lambda t: lever_order(t[0], t[1], capacity)), start=1)
     )
     return Section("levers", "What would make it fit (from the layout above, at micro-batch 1; memory per GPU)", terms)
+
+
+def unpulled(w: Workload, layout: Layout) -> list[Lever]:
+    """``memory``'s levers: those the user has not pulled, each alone. Selective recomputation is offered only with
+    eager attention: with FlashAttention the s² scores it drops are never stored."""
+    levers = []
+    if layout.zero < 3 and layout.data_replicas > 1:
+        levers.append(Lever((("zero", 3),), w, replace(layout, zero=3)))
+    if layout.tp > 1 and not layout.sequence_parallel:
+        levers.append(Lever((("sequence_parallel", True),), w, replace(layout, sequence_parallel=True)))
+    if w.recompute == "none" and w.attention == "eager":
+        levers.append(Lever((("recompute", "selective"),), replace(w, recompute="selective"), layout))
+    if w.recompute != "full":
+        levers.append(Lever((("recompute", "full"),), replace(w, recompute="full"), layout))
+    if w.micro_batch > 1:
+        levers.append(Lever((("micro_batch", 1),), replace(w, micro_batch=1), layout))
+    return levers
+
+
+def fit_advice(w: Workload, layout: Layout, capacity: float) -> str:
+    """The levers the user has not pulled (``unpulled``), each with what the GPU would then need, most effective
+    first; then more GPUs."""
+    tried = []
+    for lever in unpulled(w, layout):
+        total = lever.memory()
+        tried.append((total, f"{lever.text} ({total / GB:,.1f} GB{', fits' if total <= capacity else ''})"))
+    advice = [text for _, text in sorted(tried)]
+    advice.append("more GPUs" if layout.zero else f"more GPUs with {flag('zero')}")
+    return "; try " + ", ".join(advice)

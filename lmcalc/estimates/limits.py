@@ -12,19 +12,12 @@ from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
     DEFAULT_ATTENTION,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_PRECISION,
     DEFAULT_RECOMPUTE,
-    Bytes,
     ClusterLike,
-    Count,
     FrameworkLike,
-    MemorySettings,
-    MethodSettings,
     ModelLike,
     OptimizerLike,
     PrecisionLike,
-    TrainingSettings,
     accept,
     checked,
     framework_text,
@@ -34,6 +27,15 @@ from lmcalc.estimates.inputs import (
     model_notes,
     optimizer_text,
     recipe_text,
+)
+from lmcalc.estimates.settings import (
+    DEFAULT_OPTIMIZER,
+    DEFAULT_PRECISION,
+    Bytes,
+    Count,
+    MemorySettings,
+    MethodSettings,
+    TrainingSettings,
 )
 from lmcalc.estimates.training import (
     TrainingSetup,
@@ -356,7 +358,7 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         f"activations assume the proportions of {template.name} scaled to N, {w.attention} attention, "
         f"recomputation: {w.recompute}",
         f"memory {how_counted(w.framework)}; each shape checked with the figure lmcalc memory gives for "
-        f"--gpus {cluster.label} --zero N",
+        f"{flag('gpus')} {cluster.label} {flag('zero')} N",
     )
     largest = max(rows, key=lambda row: row.with_activations)
     headline = [

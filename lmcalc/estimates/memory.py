@@ -13,12 +13,10 @@ from lmcalc.engine.memory.terms import Capacity, memory_sections
 from lmcalc.engine.parallel.layout import Layout, check_layout, check_tp_heads
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
+from lmcalc.estimates import levers
 from lmcalc.estimates.inputs import (
     DEFAULT_OVERHEAD,
-    Bytes,
     ClusterLike,
-    Count,
-    MemorySettings,
     ModelLike,
     accept,
     checked,
@@ -37,6 +35,7 @@ from lmcalc.estimates.inputs import (
     seq_given,
     whole_count,
 )
+from lmcalc.estimates.settings import Bytes, Count, MemorySettings
 from lmcalc.estimates.training import (
     TrainingSetup,
     build_layout,
@@ -226,32 +225,8 @@ def verdict_note(w: Workload, layout: Layout, gpu: GpuMemory, capacity: float) -
     part, size = gpu.binding
     return (
         f"does NOT fit: {total / GB:,.1f} GB needed of {capacity / GB:,.1f} GB; the largest part is {part} "
-        f"({size / GB:,.1f} GB)" + fit_advice(w, layout, capacity)
+        f"({size / GB:,.1f} GB)" + levers.fit_advice(w, layout, capacity)
     )
-
-
-def fit_advice(w: Workload, layout: Layout, capacity: float) -> str:
-    """The levers the user has not pulled, each with what the GPU would then need, most effective first; then
-    more GPUs. They are named by their flags, as the inputs table names origins. Selective recomputation is
-    offered only with eager attention: with FlashAttention the s² scores it drops are never stored."""
-    levers: list[tuple[str, Workload, Layout]] = []
-    if layout.zero < 3 and layout.data_replicas > 1:
-        levers.append(("--zero 3", w, replace(layout, zero=3)))
-    if layout.tp > 1 and not layout.sequence_parallel:
-        levers.append(("--sequence-parallel", w, replace(layout, sequence_parallel=True)))
-    if w.recompute == "none" and w.attention == "eager":
-        levers.append(("--recompute selective", replace(w, recompute="selective"), layout))
-    if w.recompute != "full":
-        levers.append(("--recompute full", replace(w, recompute="full"), layout))
-    if w.micro_batch > 1:
-        levers.append(("--micro-batch 1", replace(w, micro_batch=1), layout))
-    tried = []
-    for lever, changed_w, changed_layout in levers:
-        total = most_loaded_gpu(changed_w, changed_layout).total
-        tried.append((total, f"{lever} ({total / GB:,.1f} GB{', fits' if total <= capacity else ''})"))
-    advice = [text for _, text in sorted(tried)]
-    advice.append("more GPUs" if layout.zero else "more GPUs with --zero")
-    return "; try " + ", ".join(advice)
 
 
 @dataclass(frozen=True)
@@ -371,10 +346,12 @@ def inference(
     weights_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     quant_group: int | None = None,
-    overhead: Bytes = DEFAULT_OVERHEAD,
+    overhead: Bytes | None = None,
 ) -> InferenceEstimate:
     """Serving memory per GPU: weights (any dtype, int8/int4 included), the KV cache, and what fits. Without ``tp``,
-    one GPU, or when the weights do not fit one, the smallest tensor-parallel split of ``gpus`` they fit."""
+    one GPU, or when the weights do not fit one, the smallest tensor-parallel split of ``gpus`` they fit. Without
+    ``overhead``, the flat serving allowance (``DEFAULT_OVERHEAD``: serving has no framework profile to count the
+    context, workspaces and the forward pass's activations)."""
     resolved = resolve_model(model)
     spec, note = resolved.spec, resolved.note
     cluster = cluster_of(gpus)
@@ -382,7 +359,7 @@ def inference(
     context_in = seq_given(context, spec, "context")
     hardware = cluster.hardware
     capacity = Capacity.of(hardware)
-    overhead_bytes = nbytes(overhead, "overhead")
+    overhead_bytes = nbytes(DEFAULT_OVERHEAD if overhead is None else overhead, "overhead")
     chosen = tp is None
     serving = inf.Serving(spec, int(context_in.value), batch, weights_dtype, kv_dtype, 1, quant_group, overhead_bytes)
     tp = _serving_tp(serving, cluster, capacity.bytes) if tp is None else positive_int(tp, "tp")

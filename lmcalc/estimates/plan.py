@@ -4,30 +4,20 @@ term."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
-from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, ZeroStage
+from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, positive_integer
 from lmcalc.engine.memory.terms import Capacity, memory_sections
 from lmcalc.engine.parallel.layout import LAYOUT_CODE_KEY
 from lmcalc.engine.time.terms import compute_text, speed_text, step_time_section
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
-    DEFAULT_ATTENTION,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_PRECISION,
-    Bytes,
     ClusterLike,
-    Count,
-    FrameworkLike,
     Given,
-    MethodSettings,
     ModelLike,
-    OptimizerLike,
-    PrecisionLike,
-    SplitSettings,
-    TrainingSettings,
     accept,
     checked,
     choice,
@@ -37,21 +27,24 @@ from lmcalc.estimates.inputs import (
     optimizer_text,
     recipe_text,
 )
+from lmcalc.estimates.settings import (
+    PinSettings,
+    PlanSettings,
+    SearchSettings,
+    SplitSettings,
+    TrainingSettings,
+    WorkloadSettings,
+    subset,
+    with_defaults,
+)
 from lmcalc.estimates.time import run_tokens
 from lmcalc.estimates.training import (
     TrainingSetup,
-    method_settings,
     pipeline_split,
-    split_settings,
     training_setup,
 )
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.units import GB, format_quantity, group
-
-
-class PlanSettings(SplitSettings, MethodSettings, total=False):
-    """What ``plan`` takes as keywords besides its own: the pipeline split and the fine-tuning method."""
-
 
 if TYPE_CHECKING:  # the planner is imported when a plan is asked for, not at start-up
     from lmcalc.engine.search import plan as pl
@@ -74,42 +67,7 @@ class PlanEstimate(Estimate):
         return self.layouts[0]
 
 
-def plan(
-    *,
-    model: ModelLike,
-    gpus: ClusterLike,
-    seq: Count | None = None,
-    global_batch: Count = "4M",
-    tp: int | None = None,
-    pp: int | None = None,
-    cp: int | None = None,
-    ep: int | None = None,
-    dp: int | None = None,
-    zero: ZeroStage | None = None,
-    micro_batch: int | None = None,
-    recompute: str | None = None,
-    schedule: str | None = None,
-    virtual_stages: int | None = None,
-    sequence_parallel: bool = True,
-    max_micro_batch: int | None = None,
-    max_pp: int = 64,
-    max_cp: int = 16,
-    tp_across_nodes: bool = False,
-    tokens: Count | None = None,
-    efficiency: float | None = None,
-    measured_efficiency: bool = False,
-    peak: str = "spec",
-    calibration: str | None = None,
-    precision: PrecisionLike = DEFAULT_PRECISION,
-    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
-    attention: str = DEFAULT_ATTENTION,
-    framework: FrameworkLike | None = None,
-    overhead: Bytes | None = None,
-    top: int | None = None,
-    dataset_tokens: Count | None = None,
-    epochs: float = 1,
-    **settings: Unpack[PlanSettings],
-) -> PlanEstimate:
+def plan(*, model: ModelLike, gpus: ClusterLike, **settings: Unpack[PlanSettings]) -> PlanEstimate:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question; the
     report ranks the first ``top`` of them, all by default, and ``layouts`` holds every one). The
     degrees, ZeRO stage, micro-batch, recomputation, pipeline schedule and virtual stages given are pinned, the
@@ -122,34 +80,15 @@ def plan(
     ``measured_efficiency``: the HFU of a step ``lmcalc bench step`` measured), as hardware FLOPs at that
     fraction of the dense peak. A fine-tune (``settings``: the method and offload, ``MethodSettings``) is planned
     for ``dataset_tokens`` × ``epochs``."""
-    from lmcalc.engine.search import plan as pl
 
     accept(settings, PlanSettings, "plan")
-    split = split_settings(settings)  # type: ignore[arg-type]
+    given = with_defaults(settings, PlanSettings)
     # the search varies the micro-batch and the recomputation within the pins
-    base = TrainingSettings(
-        seq=seq, precision=precision, optimizer=optimizer, attention=attention, framework=framework, overhead=overhead,
-        **method_settings(settings),
+    setup = training_setup(model, gpus, cast(TrainingSettings, subset(given, WorkloadSettings)))
+    pins = search_pins(given, given)
+    efficiency, measured_efficiency, calibration = (
+        given["efficiency"], given["measured_efficiency"], given["calibration"]
     )  # fmt: skip
-    setup = training_setup(model, gpus, base)
-    pins = pl.Pins(
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        ep=ep,
-        dp=dp,
-        zero=zero,
-        micro_batch=micro_batch,
-        recompute=choice(recompute, RECOMPUTE_MODES, "recompute") if recompute else None,
-        schedule=choice(schedule, SCHEDULES, "schedule") if schedule else None,
-        virtual_stages=virtual_stages,
-        sequence_parallel=sequence_parallel,
-        max_micro_batch=pl.MAX_MICRO_BATCH if max_micro_batch is None else max_micro_batch,
-        max_pp=max_pp,
-        max_cp=max_cp,
-        tp_within_node=not tp_across_nodes,
-        split=pipeline_split(split),
-    )
     eff = None
     if efficiency is not None:
         if measured_efficiency or calibration:
@@ -159,15 +98,48 @@ def plan(
         if not (math.isfinite(efficiency) and 0 < efficiency <= 1):
             raise LmcalcError(f"{setting('efficiency')} must be in (0, 1], got {efficiency}")
         eff = Given(efficiency, flag("efficiency"))
-    matmul_measured = choice(peak, PEAK_SOURCES, "peak") == "measured"
+    matmul_measured = choice(given["peak"], PEAK_SOURCES, "peak") == "measured"
     if measured_efficiency or calibration and not matmul_measured:
         w = setup.workload
         eff = measured.measured_efficiency(calibration, setup.cluster.hardware, w.precision, w.model.name)
     if matmul_measured:
         setup = _with_measured_matmul(setup, calibration)
-    global_tokens = count(global_batch, "global_batch", binary=True)
-    train_tokens = run_tokens(tokens, dataset_tokens, epochs, setup.model, setup.workload.method)
+    global_tokens = count(given["global_batch"], "global_batch", binary=True)
+    train_tokens = run_tokens(
+        given["tokens"], given["dataset_tokens"], given["epochs"], setup.model, setup.workload.method
+    )
+    top = given["top"]
+    if top is not None and not positive_integer(top):
+        raise LmcalcError(f"{setting('top')} takes a positive whole number of layouts, or None for all; got {top!r}")
     return plan_estimate(setup, global_tokens, pins, eff, train_tokens, top)
+
+
+def search_pins(given: Mapping[str, Any], limits: Mapping[str, Any] | None = None) -> pl.Pins:
+    """What the layout search is told: the settings pinned (``PinSettings``, the pipeline split's) and, for
+    ``plan``, how far it searches (``SearchSettings``); ``report`` searches as far as the defaults go."""
+    from lmcalc.engine.search import plan as pl
+
+    pinned = with_defaults(given, PinSettings)
+    limit = with_defaults(limits or {}, SearchSettings)
+    recompute, schedule = pinned["recompute"], pinned["schedule"]
+    return pl.Pins(
+        tp=pinned["tp"],
+        pp=pinned["pp"],
+        cp=pinned["cp"],
+        ep=pinned["ep"],
+        dp=pinned["dp"],
+        zero=pinned["zero"],
+        micro_batch=pinned["micro_batch"],
+        recompute=choice(recompute, RECOMPUTE_MODES, "recompute") if recompute else None,
+        schedule=choice(schedule, SCHEDULES, "schedule") if schedule else None,
+        virtual_stages=pinned["virtual_stages"],
+        sequence_parallel=pinned["sequence_parallel"],
+        max_micro_batch=pl.MAX_MICRO_BATCH if limit["max_micro_batch"] is None else limit["max_micro_batch"],
+        max_pp=limit["max_pp"],
+        max_cp=limit["max_cp"],
+        tp_within_node=not limit["tp_across_nodes"],
+        split=pipeline_split(cast(SplitSettings, subset(given, SplitSettings))),
+    )
 
 
 def _with_measured_matmul(setup: TrainingSetup, calibration: str | None) -> TrainingSetup:

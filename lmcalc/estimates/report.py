@@ -4,27 +4,24 @@ memory and training time are that layout's, at the throughput the search predict
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING, Unpack, cast
 
-from lmcalc.engine.choices import ZeroStage
-from lmcalc.engine.run.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
 from lmcalc.errors import LmcalcError, flag
 from lmcalc.estimates.inputs import (
-    DEFAULT_OPTIMIZER,
-    DEFAULT_PRECISION,
     ClusterLike,
-    Count,
-    FrameworkLike,
     Given,
-    MethodSettings,
     ModelLike,
-    OptimizerLike,
-    PrecisionLike,
-    SplitSettings,
-    TrainingSettings,
     count,
     finite,
     mfu_given,
+)
+from lmcalc.estimates.settings import (
+    ReportSettings,
+    SplitSettings,
+    TrainingSettings,
+    WorkloadSettings,
+    subset,
+    with_defaults,
 )
 from lmcalc.result import Input, Result, Section
 from lmcalc.units import GB, group
@@ -39,12 +36,8 @@ if TYPE_CHECKING:  # the estimates are imported when a report is made: the comma
     from lmcalc.presets import Resolved
     from lmcalc.specs import Cluster, PrecisionRecipe
 
-PINS = ("tp", "pp", "cp", "ep", "dp", "zero", "schedule", "virtual_stages")
+PINS = ("tp", "pp", "cp", "ep", "dp", "zero", "schedule", "virtual_stages", "micro_batch")
 """The layout settings a report pins its search with when they are given (and ``sequence_parallel`` when off)."""
-
-
-class ReportSettings(SplitSettings, MethodSettings, total=False):
-    """What ``report`` takes as keywords besides its own: the pipeline split (pinned in the search) and the method."""
 
 
 @dataclass(frozen=True)
@@ -70,35 +63,7 @@ class ReportEstimates:
         return not isinstance(self.plan, LmcalcError)
 
 
-def report(
-    *,
-    model: ModelLike,
-    gpus: ClusterLike,
-    tokens: Count | None = None,
-    mfu: float | None = None,
-    seq: Count | None = None,
-    tp: int | None = None,
-    pp: int | None = None,
-    cp: int | None = None,
-    ep: int | None = None,
-    dp: int | None = None,
-    zero: ZeroStage | None = None,
-    schedule: str | None = None,
-    virtual_stages: int | None = None,
-    sequence_parallel: bool = True,
-    recompute: str | None = None,
-    global_batch: Count = "4M",
-    precision: PrecisionLike = DEFAULT_PRECISION,
-    optimizer: OptimizerLike = DEFAULT_OPTIMIZER,
-    framework: FrameworkLike | None = None,
-    dataset_tokens: Count | None = None,
-    epochs: float = 1,
-    price_per_gpu_hour: float | None = None,
-    power_fraction: float = DEFAULT_POWER_FRACTION,
-    pue: float = DEFAULT_PUE,
-    grid_gco2_per_kwh: float = DEFAULT_GRID_GCO2_PER_KWH,
-    **settings: Unpack[ReportSettings],
-) -> ReportEstimates:
+def report(*, model: ModelLike, gpus: ClusterLike, **settings: Unpack[ReportSettings]) -> ReportEstimates:
     """Parameters, FLOPs, the layout search (``plan``), and the memory and training time of the layout it finds
     fastest. The degrees, ZeRO stage, schedule, virtual stages, sequence parallelism, recomputation and pipeline
     split given are pinned in the search, the others searched, as ``plan`` does. The training time runs at the
@@ -106,33 +71,28 @@ def report(
     the closest one's memory and a hypothetical time at the MFU assumed. A fine-tune (the method's ``settings``)
     of ``dataset_tokens`` × ``epochs``; the cost at ``price_per_gpu_hour``; energy and emissions with
     ``power_fraction``, ``pue`` and ``grid_gco2_per_kwh`` (``engine.run.energy``)."""
-    from lmcalc.engine.choices import RECOMPUTE_MODES, SCHEDULES
     from lmcalc.engine.run.energy import Energy
-    from lmcalc.engine.search import plan as pl
     from lmcalc.estimates.counts import flops_estimate, params_estimate
-    from lmcalc.estimates.inputs import accept, choice
-    from lmcalc.estimates.plan import plan_estimate
+    from lmcalc.estimates.inputs import accept
+    from lmcalc.estimates.plan import plan_estimate, search_pins
     from lmcalc.estimates.time import Timing, run_tokens
-    from lmcalc.estimates.training import method_settings, pipeline_split, split_settings, training_setup
+    from lmcalc.estimates.training import training_setup
 
     accept(settings, ReportSettings, "report")
+    given = with_defaults(settings, ReportSettings)
+    price_per_gpu_hour, power_fraction, pue, grid_gco2_per_kwh, mfu = (
+        given["price_per_gpu_hour"], given["power_fraction"], given["pue"], given["grid_gco2_per_kwh"], given["mfu"]
+    )  # fmt: skip
     finite(price_per_gpu_hour, "price_per_gpu_hour", allow_zero=True)
     for value, name in ((power_fraction, "power_fraction"), (pue, "pue"), (grid_gco2_per_kwh, "grid_gco2_per_kwh")):
         finite(value, name, allow_zero=True)
-    workload = TrainingSettings(
-        seq=seq, precision=precision, optimizer=optimizer, framework=framework, **method_settings(settings)
-    )
-    setup = training_setup(model, gpus, workload)
+    setup = training_setup(model, gpus, cast(TrainingSettings, subset(given, WorkloadSettings)))
     cluster, resolved = setup.cluster, setup.resolved
-    tokens_in = run_tokens(tokens, dataset_tokens, epochs, setup.model, setup.workload.method)
-    pins = pl.Pins(
-        tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, zero=zero, virtual_stages=virtual_stages,
-        schedule=choice(schedule, SCHEDULES, "schedule") if schedule else None,
-        recompute=choice(recompute, RECOMPUTE_MODES, "recompute") if recompute else None,
-        sequence_parallel=sequence_parallel,
-        split=pipeline_split(split_settings(settings)),  # type: ignore[arg-type]
-    )  # fmt: skip
-    batch_tokens = count(global_batch, "global_batch", binary=True)
+    tokens_in = run_tokens(
+        given["tokens"], given["dataset_tokens"], given["epochs"], setup.model, setup.workload.method
+    )
+    pins = search_pins(given)
+    batch_tokens = count(given["global_batch"], "global_batch", binary=True)
     found: PlanEstimate | LmcalcError
     try:
         found = plan_estimate(setup, batch_tokens, pins, None, tokens_in)
@@ -145,7 +105,7 @@ def report(
         method=setup.workload.method, energy=energy,
     )  # fmt: skip
     time = _train_time(resolved, tokens_in, mfu, setup.workload.precision, timing, found)
-    memory = _memory_of(setup, chosen, found, _pins_text(pins, settings))
+    memory = _memory_of(setup, chosen, found, _pins_text(pins, cast(SplitSettings, given)))
     return ReportEstimates(
         params_estimate(resolved),
         flops_estimate(resolved, tokens_in, setup.seq),
@@ -173,7 +133,7 @@ def _closest_miss(setup: TrainingSetup, batch_tokens: float, pins: pl.Pins) -> p
     return None if searched.fitting else searched.closest  # layouts fit: the search was refused for another reason
 
 
-def _pins_text(pins: pl.Pins, split: ReportSettings) -> str:
+def _pins_text(pins: pl.Pins, split: SplitSettings) -> str:
     """The settings the search was pinned with, as flags: ``--tp 4 --zero 3``, or ``no pins``."""
     given = [f"{flag(name)} {getattr(pins, name)}" for name in PINS if getattr(pins, name) is not None]
     given += [f"{flag('recompute')} {pins.recompute}"] if pins.recompute else []
@@ -240,7 +200,8 @@ def _train_time(
     time = train_time_estimate(resolved, tokens, mfu_given(mfu), precision, timing)
     days = tokens.value / best.tokens_per_s / 86_400
     note = (
-        f"--mfu {mfu:g} gives {time.days:,.1f} days; the plan predicts {best.tokens_per_s:,.0f} tokens/s for its best "
+        f"{flag('mfu')} {mfu:g} gives {time.days:,.1f} days; the plan predicts {best.tokens_per_s:,.0f} tokens/s for "
+        "its best "
         f"layout ({code}): {days:,.1f} days, MFU {predicted:.3f} of the FLOPs counted here ({plan_mfu})"
     )
     return replace(time, report=replace(time.report, notes=(note, *time.report.notes)))
@@ -307,7 +268,7 @@ def report_summary(
         Input("layout", "Layout", layout_code(chosen) if chosen else "none", origin=chosen_by),
         replace(mfu, label="MFU of the time"),
     )
-    notes = [n for n in shown.notes if n.startswith(("hypothetical:", "--mfu"))]
+    notes = [n for n in shown.notes if n.startswith(("hypothetical:", flag("mfu")))]
     if shown.inputs and not any(t.key == "cost" for t in terms):
         notes.append(f"cost: give {flag('price_per_gpu_hour')} (e.g. 2.5, in $ per GPU-hour) for the run's cost")
     title = f"Summary: {shown.title.removeprefix('Training time of ')}"

@@ -14,18 +14,12 @@ from lmcalc.engine.model import flops as fl
 from lmcalc.engine.run import optimal as opt
 from lmcalc.engine.run.cost import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.engine.run.energy import (
-    DEFAULT_GRID_GCO2_PER_KWH,
-    DEFAULT_POWER_FRACTION,
-    DEFAULT_PUE,
     Energy,
     energy_terms,
 )
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
-    DEFAULT_PRECISION,
     ClusterLike,
-    Count,
-    FineTuneSettings,
     Given,
     ModelLike,
     PrecisionLike,
@@ -49,6 +43,15 @@ from lmcalc.estimates.inputs import (
     tokens_given,
 )
 from lmcalc.estimates.measured import measured_peak
+from lmcalc.estimates.settings import (
+    DEFAULT_PRECISION,
+    Count,
+    EnergySettings,
+    FineTuneSettings,
+    TrainTimeSettings,
+    subset,
+    with_defaults,
+)
 from lmcalc.presets import Resolved
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, PrecisionRecipe
@@ -89,23 +92,25 @@ def train_time(
     gpu: str | HardwareSpec | None = None,
     flops_basis: str = "6nd",
     seq: Count | None = None,
-    price_per_gpu_hour: float | None = None,
     peak: str = "spec",
     calibration: str | None = None,
     dataset_tokens: Count | None = None,
     epochs: float = 1,
-    power_fraction: float = DEFAULT_POWER_FRACTION,
-    pue: float = DEFAULT_PUE,
-    grid_gco2_per_kwh: float = DEFAULT_GRID_GCO2_PER_KWH,
-    **fine_tuning: Unpack[FineTuneSettings],
+    **settings: Unpack[TrainTimeSettings],
 ) -> TrainTimeEstimate:
     """Days and GPU-hours to train a model on a cluster (``gpus``), or, with ``days`` and a GPU type (``gpu``),
     the GPUs needed to meet the deadline. ``peak="measured"`` (or a ``calibration`` file) takes the peak from
-    ``lmcalc bench`` results instead of the spec sheet. A fine-tune (``fine_tuning``: the method, lora, qlora or
+    ``lmcalc bench`` results instead of the spec sheet. A fine-tune (``settings``: the method, lora, qlora or
     freeze, with its settings) runs ``dataset_tokens`` × ``epochs`` tokens, never the preset's pretraining count.
     Energy and emissions take the GPU's TDP × ``power_fraction``, the data centre's ``pue`` and the grid's
     ``grid_gco2_per_kwh`` (engine.run.energy)."""
-    accept(fine_tuning, FineTuneSettings, "train_time")
+    accept(settings, TrainTimeSettings, "train_time")
+    fine_tuning = subset(settings, FineTuneSettings)
+    energy_given = with_defaults(subset(settings, EnergySettings), EnergySettings)
+    price_per_gpu_hour, power_fraction, pue, grid_gco2_per_kwh = (
+        energy_given["price_per_gpu_hour"], energy_given["power_fraction"], energy_given["pue"],
+        energy_given["grid_gco2_per_kwh"],
+    )  # fmt: skip
     resolved = resolve_model(model)
     spec = resolved.spec
     basis = choice(flops_basis, FLOPS_BASES, "flops_basis")
@@ -242,9 +247,9 @@ def train_time_estimate(
             "flops_basis",
             "FLOPs counted",
             flops_basis_text(where.basis, where.method),
-            origin="--flops-basis 6nd: the napkin rule (Kaplan et al. 2020)"
+            origin=f"{flag('flops_basis')} 6nd: the napkin rule (Kaplan et al. 2020)"
             if where.basis == "6nd"
-            else f"--flops-basis detailed: causal matmul count at s = {int(seq.value)}",
+            else f"{flag('flops_basis')} detailed: causal matmul count at s = {int(seq.value)}",
         ),
     ]
     sections = [Section("flops", "Work", (flops_term,))]
@@ -295,7 +300,8 @@ def train_time_estimate(
             "not the spec sheet: MFU then counts against what the hardware delivered"
         )
     if mfu.assumed:
-        notes.append(f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu (what your runs achieve)")
+        assumed = f"MFU {mfu.value:g} is an assumption, not a measurement"
+        notes.append(f"{assumed}: pass {flag('mfu')} (what your runs achieve)")
     report = checked(
         Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
     )
@@ -402,7 +408,7 @@ def optimal_estimate(
         "favours smaller models on more tokens (Besiroglu et al. 2024 discuss why)",
     )
     if cluster and mfu.assumed:
-        notes += (f"MFU {mfu.value:g} is an assumption, not a measurement: pass --mfu",)
+        notes += (f"MFU {mfu.value:g} is an assumption, not a measurement: pass {flag('mfu')}",)
     rule, fitted = (
         {t.key: t.text for t in next(s for s in sections if s.key == key).terms}
         for key in ("rule_of_thumb", "parametric_fit")

@@ -1,5 +1,5 @@
 """What a training estimate starts from: the workload the user's values describe, on the cluster they name, and
-the parallel layout their settings give (``estimates.inputs.LayoutSettings``: the same keywords for the Python API
+the parallel layout their settings give (``estimates.settings.LayoutSettings``: the same keywords for the Python API
 and, as flags, for the command line)."""
 
 from __future__ import annotations
@@ -18,16 +18,10 @@ from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, keyword
 from lmcalc.estimates.inputs import (
-    DEFAULT_FRAMEWORK,
-    FINE_TUNING_FRAMEWORK,
     TRAINING_DEFAULTS,
     ClusterLike,
     Given,
-    LayoutSettings,
-    MethodSettings,
     ModelLike,
-    SplitSettings,
-    TrainingSettings,
     choice,
     cluster_of,
     framework_of,
@@ -37,6 +31,14 @@ from lmcalc.estimates.inputs import (
     precision_of,
     resolve_model,
     seq_given,
+)
+from lmcalc.estimates.settings import (
+    DEFAULT_FRAMEWORK,
+    FINE_TUNING_FRAMEWORK,
+    LayoutSettings,
+    MethodSettings,
+    SplitSettings,
+    TrainingSettings,
 )
 from lmcalc.specs import Cluster, ModelSpec
 

@@ -1,0 +1,410 @@
+"""The settings a user gives, each declared once: its keyword, its type, its default and its help, side by side.
+
+A group of settings is a ``TypedDict`` whose every field is ``Annotated[type, Setting(default, help)]``. The Python
+API takes a group as ``**settings: Unpack[Group]`` (a misspelt keyword refused by ``inputs.accept``, a setting left
+out taking its default: ``defaults``), and the command line makes its options from the same fields
+(``lmcalc.cli.options.options_of``): the flag is the keyword with dashes, the help is the field's, and the type is
+the field's own, or where the API also takes a spec (a ``ModelSpec``, a ``PrecisionRecipe``), the name the command
+line gives instead.
+
+The groups: what is trained (``FineTuneSettings``, ``MethodSettings`` with offload), the workload
+(``WorkloadSettings``, ``TrainingSettings`` with its micro-batch and recomputation), the parallel layout
+(``SplitSettings``, ``LayoutSettings``), what a layout search pins (``PinSettings``) and how far it searches
+(``SearchSettings``), the run (``RunSettings``) and its energy (``EnergySettings``).
+"""
+
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, TypedDict
+
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES, ZeroStage
+from lmcalc.engine.finetune.method import ALL_LINEAR, METHODS
+from lmcalc.engine.finetune.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS, OFFLOAD_DEVICES, OFFLOAD_TARGETS
+from lmcalc.engine.run.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
+from lmcalc.framework_specs import FrameworkProfile
+from lmcalc.specs import OptimizerSpec, PrecisionRecipe
+
+Count = str | float | int
+Bytes = str | float | int
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a field of a settings group says besides its type: its default and its help (the command line's
+    ``--help``), and where the command line differs: its flags (``--x/--no-x``) and how it completes a name."""
+
+    default: Any
+    help: str
+    flags: tuple[str, ...] = ()
+    complete: str | None = None  # a completion function of lmcalc.cli.completion
+
+
+def alternatives(options: tuple[object, ...], meanings: dict[object, str] | None = None) -> str:
+    """The values a help text offers, read from the tuple the code checks against: ``a | b``, each with its
+    meaning where one is given (``flash (fused, no s² scores) | eager (...)``)."""
+    meanings = meanings or {}
+    return " | ".join(f"{o} ({meanings[o]})" if o in meanings else str(o) for o in options)
+
+
+METHOD_MEANINGS: dict[object, str] = {
+    "full": "every weight trained",
+    "lora": "low-rank adapters on a frozen base",
+    "qlora": "adapters on a 4-bit NF4 base",
+    "freeze": "train only the layers above --freeze-layers",
+}
+OFFLOAD_MEANINGS: dict[object, str] = {
+    "optimizer": "ZeRO-Offload",
+    "optimizer+params": "ZeRO-3 / FSDP CPU offload, needs --zero 3",
+}
+KERNEL_MEANINGS: dict[object, str] = {"flash": "fused, no s² scores", "eager": "scores materialised"}
+DEFAULT_PRECISION = "bf16-mixed"
+DEFAULT_OPTIMIZER = "adamw"
+DEFAULT_FRAMEWORK = "megatron"
+"""The framework profile of a training estimate unless one is named: lmcalc's layouts (TP with sequence
+parallelism, PP with the interleaved schedule and Megatron's split flags, CP, EP, the distributed optimizer as
+ZeRO-1) are Megatron-LM's, the framework that runs all of them, so a plan is costed as Megatron would allocate it."""
+FINE_TUNING_FRAMEWORK = "transformers"
+"""The framework profile of a LoRA or QLoRA estimate unless one is named: adapters are trained with Hugging Face
+transformers and PEFT, which Megatron-LM does not run."""
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+class FineTuneSettings(TypedDict, total=False):
+    """What is trained: the fine-tuning method, as the user gives it (what its FLOPs depend on)."""
+
+    method: Annotated[str, Setting("full", f"What is trained: {alternatives(METHODS, METHOD_MEANINGS)}.")]
+    lora_rank: Annotated[int, Setting(16, "LoRA/QLoRA: the rank r of each adapter.")]
+    lora_targets: Annotated[
+        str | list[str],
+        Setting(
+            ALL_LINEAR,
+            "LoRA/QLoRA: the linear layers that get adapters, PEFT-style: q,k,v,o,gate,up,down (or q_proj,... and "
+            "GPT-2's c_attn,c_fc,c_proj), or all-linear (every linear layer but the head).",
+        ),
+    ]
+    lora_dropout: Annotated[float, Setting(0.0, "LoRA/QLoRA: PEFT's lora_dropout.")]
+    freeze_layers: Annotated[int, Setting(0, "Freeze method: the bottom layers kept frozen.")]
+    dora: Annotated[
+        bool,
+        Setting(
+            False,
+            "LoRA/QLoRA as DoRA (PEFT's use_dora): a trained magnitude per output, and the weight norm every forward.",
+        ),
+    ]
+
+
+class MethodSettings(FineTuneSettings, total=False):
+    """The fine-tuning method and what is offloaded, as the user gives them (what memory depends on too)."""
+
+    kbit_upcast: Annotated[
+        bool,
+        Setting(
+            True,
+            "QLoRA: the unquantised weights (embeddings, norms, head) in fp32, as "
+            "peft.prepare_model_for_kbit_training casts them; or in the compute dtype.",
+            flags=("--kbit-upcast/--no-kbit-upcast",),
+        ),
+    ]
+    offload: Annotated[
+        str, Setting("none", f"Model states off the GPU: {alternatives(OFFLOAD_TARGETS, OFFLOAD_MEANINGS)}.")
+    ]
+    offload_device: Annotated[str, Setting("cpu", f"Where to: {alternatives(OFFLOAD_DEVICES)}.")]
+    host_link_gbps: Annotated[
+        float,
+        Setting(
+            HOST_LINK_GBPS,
+            "Offload: GPU-host bandwidth, one direction, GB/s (default: an assumption, 80 % of PCIe 4.0 x16).",
+        ),
+    ]
+    cpu_optimizer_params_per_s: Annotated[
+        float,
+        Setting(
+            CPU_OPTIMIZER_PARAMS_PER_S,
+            "Offload: parameters a node's CPUs update per second (default: an assumption, 1e9).",
+        ),
+    ]
+
+
+class WorkloadSettings(MethodSettings, total=False):
+    """What is trained and how, besides the micro-batch and the recomputation (which a layout search varies)."""
+
+    seq: Annotated[
+        Count | None,
+        Setting(None, "Sequence length in tokens: 4096, or 8K = 8192 (binary K). Default: min(model context, 8192)."),
+    ]
+    precision: Annotated[
+        str | PrecisionRecipe,
+        Setting(DEFAULT_PRECISION, "Precision recipe (lmcalc presets list precisions).", complete="complete_precision"),
+    ]
+    optimizer: Annotated[
+        str | OptimizerSpec,
+        Setting(DEFAULT_OPTIMIZER, "Optimizer (lmcalc presets list optimizers).", complete="complete_optimizer"),
+    ]
+    attention: Annotated[
+        str, Setting("flash", f"Attention kernel: {alternatives(ATTENTION_KERNELS, KERNEL_MEANINGS)}.")
+    ]
+    framework: Annotated[
+        str | FrameworkProfile | None,
+        Setting(
+            None,
+            "Framework profile: what it keeps and allocates (lmcalc presets list frameworks; idealised: the "
+            f"papers' count). Default: {DEFAULT_FRAMEWORK}; {FINE_TUNING_FRAMEWORK} with --method lora or qlora.",
+        ),
+    ]
+    overhead: Annotated[
+        Bytes | None,
+        Setting(
+            None,
+            "A flat per-GPU allowance (e.g. 2GiB, 0) on top of what the framework profile counts (it replaces the "
+            "idealised profile's 2 GiB).",
+        ),
+    ]
+
+
+class TrainingSettings(WorkloadSettings, total=False):
+    """What is trained and how, as the user gives it; a setting left out takes its default (``TRAINING_DEFAULTS``)."""
+
+    micro_batch: Annotated[int, Setting(1, "Sequences per GPU per micro-batch.")]
+    recompute: Annotated[str, Setting("none", f"Activation recomputation: {alternatives(RECOMPUTE_MODES)}.")]
+
+
+# ------------------------------------------------------------------------------------------------ layout
+
+_STAGE_LAYERS_TAIL = (
+    "the other stages share the rest. Interleaved: every stage's layers must split evenly over its chunks. "
+    "Default: an even split."
+)
+_COUNTED_TAIL = "Works with the interleaved schedule."
+
+
+class SplitSettings(TypedDict, total=False):
+    """How the layers split over the pipeline stages (Megatron-LM's flags), as the user gives it."""
+
+    first_stage_layers: Annotated[
+        int | None,
+        Setting(
+            None,
+            "Layers on the first pipeline stage, which also holds the embedding (Megatron-LM's "
+            f"--decoder-first-pipeline-num-layers); {_STAGE_LAYERS_TAIL}",
+        ),
+    ]
+    last_stage_layers: Annotated[
+        int | None,
+        Setting(
+            None,
+            "Layers on the last pipeline stage, which also computes the logits (Megatron-LM's "
+            f"--decoder-last-pipeline-num-layers); {_STAGE_LAYERS_TAIL}",
+        ),
+    ]
+    account_for_embedding_in_pipeline_split: Annotated[
+        bool,
+        Setting(
+            False,
+            "Count the input embedding as one layer when the layers are split over the pipeline stages "
+            f"(Megatron-LM's flag): the first stage builds one layer fewer. {_COUNTED_TAIL}",
+        ),
+    ]
+    account_for_loss_in_pipeline_split: Annotated[
+        bool,
+        Setting(
+            False,
+            "Count the output layer and the loss as one layer when the layers are split over the pipeline "
+            f"stages (Megatron-LM's flag): the last stage builds one layer fewer. {_COUNTED_TAIL}",
+        ),
+    ]
+
+
+class LayoutSettings(SplitSettings, total=False):
+    """A parallel layout as the user gives it; DP, when not given, fills the GPUs the other degrees leave."""
+
+    dp: Annotated[int | None, Setting(None, "Data-parallel degree (default: GPUs / (TP·PP·CP)).")]
+    tp: Annotated[int, Setting(1, "Tensor-parallel degree (within a node).")]
+    pp: Annotated[int, Setting(1, "Pipeline-parallel stages.")]
+    cp: Annotated[int, Setting(1, "Context-parallel degree (splits the sequence; needs --attention flash).")]
+    ep: Annotated[int, Setting(1, "Expert-parallel degree (MoE models; divides DP·CP).")]
+    zero: Annotated[
+        ZeroStage,
+        Setting(0, f"ZeRO stage {ZERO_STAGES[0]}-{ZERO_STAGES[-1]} over DP·CP (3 = FSDP full sharding)."),
+    ]
+    sequence_parallel: Annotated[
+        bool, Setting(False, "Split norms, dropout and linear inputs over TP too (Korthikanti et al.).")
+    ]
+    grad_accum: Annotated[int, Setting(1, "Micro-batches per step (gradient accumulation).")]
+    schedule: Annotated[str, Setting("1f1b", f"Pipeline schedule: {alternatives(SCHEDULES)}.")]
+    virtual_stages: Annotated[int, Setting(1, "Model chunks per pipeline stage (interleaved schedule).")]
+
+
+class MemorySettings(TrainingSettings, LayoutSettings, total=False):
+    """A training workload and its parallel layout, as ``memory`` and ``fit`` take them."""
+
+
+# ------------------------------------------------------------------------------------------------ a layout search
+
+
+class PinSettings(TypedDict, total=False):
+    """What a layout search (``plan``, ``report``) may be told instead of searching it; None searches it."""
+
+    dp: Annotated[int | None, Setting(None, "Pin the data-parallel degree.")]
+    tp: Annotated[int | None, Setting(None, "Pin the tensor-parallel degree.")]
+    pp: Annotated[int | None, Setting(None, "Pin the pipeline-parallel degree.")]
+    cp: Annotated[int | None, Setting(None, "Pin the context-parallel degree.")]
+    ep: Annotated[int | None, Setting(None, "Pin the expert-parallel degree.")]
+    zero: Annotated[ZeroStage | None, Setting(None, "Pin the ZeRO stage.")]
+    schedule: Annotated[str | None, Setting(None, f"Pin the pipeline schedule: {alternatives(SCHEDULES)}.")]
+    virtual_stages: Annotated[
+        int | None,
+        Setting(None, "Pin the model chunks per pipeline stage (2 or more: the interleaved schedule; 1: 1F1B)."),
+    ]
+    sequence_parallel: Annotated[
+        bool,
+        Setting(
+            True,
+            "Sequence parallelism wherever TP > 1 (Korthikanti et al.), or nowhere.",
+            flags=("--sequence-parallel/--no-sequence-parallel",),
+        ),
+    ]
+    micro_batch: Annotated[int | None, Setting(None, "Pin the micro-batch.")]
+    recompute: Annotated[str | None, Setting(None, f"Pin {alternatives(RECOMPUTE_MODES)}.")]
+
+
+class SearchSettings(TypedDict, total=False):
+    """How far ``plan`` searches, and how it times what it finds."""
+
+    max_micro_batch: Annotated[
+        int | None,
+        Setting(
+            None,
+            "Largest micro-batch to try (default 16): every size up to it that divides the sequences each "
+            "data-parallel replica takes per step.",
+        ),
+    ]
+    max_pp: Annotated[int, Setting(64, "Largest pipeline degree to try.")]
+    max_cp: Annotated[int, Setting(16, "Largest context-parallel degree to try.")]
+    tp_across_nodes: Annotated[bool, Setting(False, "Allow TP groups larger than a node.")]
+    efficiency: Annotated[
+        float | None,
+        Setting(
+            None,
+            "Time the compute as hardware FLOPs at this fraction of the dense peak, instead of kernel by kernel.",
+        ),
+    ]
+    measured_efficiency: Annotated[
+        bool,
+        Setting(
+            False,
+            "Take that fraction from 'lmcalc bench step' results on this GPU type: the HFU of the "
+            "model's own measured step, else of the largest step measured.",
+        ),
+    ]
+    peak: Annotated[
+        str,
+        Setting(
+            "spec",
+            "The GPU figures the step is timed with: spec (the preset's measured maximum achievable matmul "
+            "rate and bus bandwidths) or measured ('lmcalc bench' results on this GPU type: the matmul rate, the "
+            "model's own shapes if benchmarked, and the NCCL bus bandwidth within a node if 'bench comm' ran).",
+        ),
+    ]
+    calibration: Annotated[
+        str | None,
+        Setting(
+            None, "Benchmark results file for --peak measured or --measured-efficiency (alone, implies the latter)."
+        ),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+class BatchSettings(TypedDict, total=False):
+    """The global batch a layout search fills."""
+
+    global_batch: Annotated[Count, Setting("4M", "Tokens per step (binary: 4M = 4,194,304).")]
+
+
+class RunSettings(TypedDict, total=False):
+    """How long the run is: its tokens, or a fine-tune's dataset and epochs."""
+
+    tokens: Annotated[
+        Count | None,
+        Setting(None, "Training tokens. Default: the preset's published count, else 20 per parameter."),
+    ]
+    dataset_tokens: Annotated[Count | None, Setting(None, "A fine-tune's dataset in tokens; the run is × --epochs.")]
+    epochs: Annotated[float, Setting(1, "Passes over --dataset-tokens.")]
+
+
+class EnergySettings(TypedDict, total=False):
+    """Energy and emissions (``engine.run.energy``), and the cost."""
+
+    price_per_gpu_hour: Annotated[float | None, Setting(None, "Price in $ per GPU-hour, for the cost.")]
+    power_fraction: Annotated[
+        float, Setting(DEFAULT_POWER_FRACTION, "Share of the GPU's TDP drawn on average. Default: 1 (the TDP).")
+    ]
+    pue: Annotated[
+        float, Setting(DEFAULT_PUE, "The data centre's power usage effectiveness. Default: 1.1 (hyperscale).")
+    ]
+    grid_gco2_per_kwh: Annotated[
+        float,
+        Setting(
+            DEFAULT_GRID_GCO2_PER_KWH, "The grid's carbon intensity, gCO2e/kWh. Default: 481 (world average, 2023)."
+        ),
+    ]
+
+
+class TrainTimeSettings(FineTuneSettings, EnergySettings, total=False):
+    """What ``train_time`` takes as settings: the fine-tuning method (its FLOPs), the cost and the energy."""
+
+
+class PlanSettings(
+    WorkloadSettings, PinSettings, SplitSettings, SearchSettings, BatchSettings, RunSettings, total=False
+):
+    """What ``plan`` takes besides the model and the GPUs."""
+
+    top: Annotated[int | None, Setting(None, "How many of the fastest layouts to rank in the report; None: every one.")]
+
+
+class ReportSettings(
+    WorkloadSettings, PinSettings, SplitSettings, BatchSettings, RunSettings, EnergySettings, total=False
+):
+    """What ``report`` takes besides the model and the GPUs."""
+
+    mfu: Annotated[
+        float | None,
+        Setting(
+            None,
+            "Model FLOPs utilisation for the training time. Default: the throughput the layout search predicts "
+            "for its best layout (when none fits, 0.4, an assumption).",
+        ),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ reading them
+
+
+def fields_of(group: type) -> dict[str, tuple[Any, Setting]]:
+    """Each field of a settings group, in its declaration order (a base group's first): its type and its
+    ``Setting``."""
+    hints = typing.get_type_hints(group, include_extras=True)
+    fields = {}
+    for name, hint in hints.items():
+        kind, *extras = typing.get_args(hint)
+        (declared,) = [extra for extra in extras if isinstance(extra, Setting)]
+        fields[name] = (kind, declared)
+    return fields
+
+
+def defaults(group: type) -> dict[str, Any]:
+    """Each setting of the group and its default."""
+    return {name: declared.default for name, (_, declared) in fields_of(group).items()}
+
+
+def with_defaults(given: typing.Mapping[str, Any], group: type) -> dict[str, Any]:
+    """The settings given, and for those left out their defaults."""
+    return {**defaults(group), **given}
+
+
+def subset(given: typing.Mapping[str, Any], group: type) -> dict[str, Any]:
+    """The settings among ``given`` that ``group`` holds."""
+    return {name: value for name, value in given.items() if name in group.__annotations__}
