@@ -45,6 +45,7 @@ from lmcalc.estimates.settings import (
     ReportSettings,
     RunSettings,
     SearchSettings,
+    ServingSettings,
     SplitSettings,
     TrainingSettings,
     TrainTimeSettings,
@@ -55,6 +56,7 @@ from lmcalc.result import Estimate, Result
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
 
 __all__ = [
+    "ServingSettings",
     "TrainTimeSettings",
     "WorkloadSettings",
     "SearchSettings",

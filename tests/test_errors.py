@@ -7,6 +7,7 @@ import ast
 import inspect
 import json
 import re
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -227,9 +228,12 @@ def api_keywords() -> set[str]:
     for name in api.__all__:
         function = getattr(api, name)
         if inspect.isfunction(function):
-            keywords |= set(inspect.signature(function).parameters)
-    for settings in (api.TrainingSettings, api.LayoutSettings, api.SplitSettings, api.MemorySettings):
-        keywords |= settings.__optional_keys__
+            for parameter in inspect.signature(function, eval_str=True).parameters.values():
+                if parameter.kind is inspect.Parameter.VAR_KEYWORD:  # **settings: Unpack[a settings group]
+                    (group,) = typing.get_args(parameter.annotation)
+                    keywords |= group.__optional_keys__
+                else:
+                    keywords.add(parameter.name)
     return keywords
 
 

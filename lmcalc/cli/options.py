@@ -30,6 +30,7 @@ from lmcalc.estimates.settings import (
     ReportSettings,
     RunSettings,
     SearchSettings,
+    ServingSettings,
     SplitSettings,
     TrainingSettings,
     WorkloadSettings,
@@ -133,6 +134,8 @@ BATCH_OPTIONS = options_of(BatchSettings)
 """The global batch a layout search fills (``estimates.settings.BatchSettings``)."""
 RUN_OPTIONS = options_of(RunSettings)
 """The run's tokens, or a fine-tune's dataset and epochs (``estimates.settings.RunSettings``)."""
+SERVING_OPTIONS = options_of(ServingSettings)
+"""Serving memory's settings (``estimates.settings.ServingSettings``), as ``memory --inference`` takes them."""
 ENERGY_OPTIONS = options_of(EnergySettings)
 """The cost, energy and emissions (``estimates.settings.EnergySettings``), as ``train-time`` and ``report`` take
 them."""

@@ -19,6 +19,7 @@ from lmcalc.cli.options import (
     PIN_OPTIONS,
     RUN_OPTIONS,
     SEARCH_OPTIONS,
+    SERVING_OPTIONS,
     SPLIT_OPTIONS,
     TRAINING_OPTIONS,
     WORKLOAD_OPTIONS,
@@ -37,11 +38,10 @@ from lmcalc.cli.options import (
     with_options,
 )
 from lmcalc.engine.choices import ATTN_CONVENTIONS, FLOPS_BASES, PEAK_SOURCES
-from lmcalc.engine.model.numerics import SERVING_DTYPES
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_ATTENTION, DEFAULT_RECOMPUTE
-from lmcalc.estimates.settings import DEFAULT_OPTIMIZER, DEFAULT_PRECISION
+from lmcalc.estimates.settings import DEFAULT_OPTIMIZER, DEFAULT_PRECISION, ServingSettings
 from lmcalc.result import Estimate, Result
 
 FLOPS_BASIS_MEANINGS = {"6nd": "napkin, default", "detailed": "matmul count, causal"}
@@ -50,18 +50,13 @@ PEAK_MEANINGS = {"spec": "the dense spec-sheet peak", "measured": "lmcalc bench 
 
 @with_options(ENERGY_OPTIONS, at="energy")
 @with_options(FINETUNE_OPTIONS, at="method")
+@with_options(RUN_OPTIONS, at="run")
 def train_time(
     model: ModelOpt,
     gpus: Annotated[
         str | None, typer.Option("--gpus", help="Cluster: 1024xH100 or 128x8xH100.", autocompletion=complete_gpus)
     ] = None,
-    tokens: Annotated[
-        str | None,
-        typer.Option(
-            "--tokens",
-            help="Training tokens (15T, 300B). Default: the preset's published count, else 20 per parameter.",
-        ),
-    ] = None,
+    run: dict[str, Any] | None = None,
     mfu: Annotated[
         float | None, typer.Option("--mfu", help="Model FLOPs utilisation in (0, 1]. Default: 0.4 (an assumption).")
     ] = None,
@@ -84,11 +79,6 @@ def train_time(
             "--calibration", help="Benchmark results file to take the measured peak from (implies --peak measured)."
         ),
     ] = None,
-    dataset_tokens: Annotated[
-        str | None,
-        typer.Option("--dataset-tokens", help="A fine-tune's dataset, in tokens (50M, 1.2B); the run is × --epochs."),
-    ] = None,
-    epochs: Annotated[float, typer.Option("--epochs", help="Passes over --dataset-tokens.")] = 1,
     method: dict[str, Any] | None = None,
     energy: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
@@ -98,24 +88,11 @@ def train_time(
     """Days and GPU-hours to train (or fine-tune) a model on a cluster, or GPUs needed to meet a deadline."""
     from lmcalc.estimates import time as estimates
 
-    assert method is not None and energy is not None  # filled in by with_options
+    assert run is not None and method is not None and energy is not None  # filled in by with_options
     estimate = estimates.train_time(
-        model=model,
-        gpus=gpus,
-        tokens=tokens,
-        mfu=mfu,
-        precision=precision,
-        days=days,
-        gpu=gpu,
-        flops_basis=flops_basis,
-        seq=seq,
-        peak=peak,
-        calibration=calibration,
-        dataset_tokens=dataset_tokens,
-        epochs=epochs,
-        **method,
-        **energy,
-    )
+        model=model, gpus=gpus, mfu=mfu, precision=precision, days=days, gpu=gpu, flops_basis=flops_basis, seq=seq,
+        peak=peak, calibration=calibration, **run, **method, **energy,
+    )  # fmt: skip
     emit(estimate, as_json, explain, brief)
 
 
@@ -187,11 +164,12 @@ def flops(
     )
 
 
-SERVING_ONLY = ("batch", "context", "weights_dtype", "kv_dtype", "quant_group")
+SERVING_ONLY = tuple(ServingSettings.__annotations__)
 MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference", "as_json", "explain", "brief")
 """Flags serving takes as well as training (``overhead`` defaults to the serving allowance, ``DEFAULT_OVERHEAD``)."""
 
 
+@with_options(SERVING_OPTIONS, at="serving")
 @with_options(LAYOUT_OPTIONS, at="layout")
 @with_options(TRAINING_OPTIONS, at="training")
 def memory(
@@ -218,22 +196,7 @@ def memory(
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
     inference: Annotated[bool, typer.Option("--inference", help="Serving memory instead: weights + KV cache.")] = False,
-    batch: Annotated[int, typer.Option("--batch", help="With --inference: sequences served at once.")] = 1,
-    context: Annotated[
-        str | None, typer.Option("--context", help="With --inference: tokens per sequence (8K = 8192).")
-    ] = None,
-    weights_dtype: Annotated[
-        str, typer.Option("--weights-dtype", help=f"With --inference: {alternatives(SERVING_DTYPES)} (fp8 = fp8-e4m3).")
-    ] = "bf16",
-    kv_dtype: Annotated[
-        str, typer.Option("--kv-dtype", help=f"With --inference: KV-cache dtype ({alternatives(SERVING_DTYPES)}).")
-    ] = "bf16",
-    quant_group: Annotated[
-        int | None,
-        typer.Option(
-            "--quant-group", help="With --inference: count one fp16 scale per group of this many int8/int4 weights."
-        ),
-    ] = None,
+    serving: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
     brief: BriefOpt = False,
@@ -242,11 +205,33 @@ def memory(
     (or, with --inference, of serving: weights and KV cache)."""
     from lmcalc.estimates import memory as estimates
 
-    assert training is not None and layout is not None  # filled in by with_options
-    serving = flags_given(ctx, SERVING_ONLY)
-    if not inference and serving:
+    assert training is not None and layout is not None and serving is not None  # filled in by with_options
+    _check_serving_flags(ctx, inference)
+    if inference:
+        served = estimates.inference(
+            model=model,
+            gpus=gpus,
+            tp=layout["tp"] if flags_given(ctx, {"tp"}) else None,  # else the fewest of --gpus the weights fit
+            overhead=training["overhead"],
+            **serving,
+        )
+        emit_with_plot(served.report, as_json, explain, brief, plot, force)
+        return
+    if stages and sweep is not None:
+        raise LmcalcError("give --sweep or --stages, not both: each draws its own rows")
+    if sweep is None:
+        shown: Estimate = estimates.memory(model=model, gpus=gpus, stages=stages, **training, **layout)
+    else:
+        shown = estimates.memory_sweep(sweep=sweep, model=model, gpus=gpus, **training, **layout)
+    emit_with_plot(shown.report, as_json, explain, brief, plot, force)
+
+
+def _check_serving_flags(ctx: typer.Context, inference: bool) -> None:
+    """Refuse serving's flags without --inference, and training's with it: each describes the other job."""
+    serving_flags = flags_given(ctx, SERVING_ONLY)
+    if not inference and serving_flags:
         raise LmcalcError(
-            f"{' and '.join(serving)} describe{'s' if len(serving) == 1 else ''} serving: add --inference "
+            f"{' and '.join(serving_flags)} describe{'s' if len(serving_flags) == 1 else ''} serving: add --inference "
             "(training uses --micro-batch and --seq)"
         )
     given = {p.name for p in ctx.command.params if p.name}
@@ -258,27 +243,6 @@ def memory(
             f"drop {'it' if len(training_flags) == 1 else 'them'}, or drop --inference "
             f"(serving takes {', '.join(takes[:-1])} and {takes[-1]})"
         )
-    if inference:
-        served = estimates.inference(
-            model=model,
-            gpus=gpus,
-            tp=layout["tp"] if flags_given(ctx, {"tp"}) else None,  # else the fewest of --gpus the weights fit
-            batch=batch,
-            context=context,
-            weights_dtype=weights_dtype,
-            kv_dtype=kv_dtype,
-            quant_group=quant_group,
-            overhead=training["overhead"],
-        )
-        emit_with_plot(served.report, as_json, explain, brief, plot, force)
-        return
-    if stages and sweep is not None:
-        raise LmcalcError("give --sweep or --stages, not both: each draws its own rows")
-    if sweep is None:
-        shown: Estimate = estimates.memory(model=model, gpus=gpus, stages=stages, **training, **layout)
-    else:
-        shown = estimates.memory_sweep(sweep=sweep, model=model, gpus=gpus, **training, **layout)
-    emit_with_plot(shown.report, as_json, explain, brief, plot, force)
 
 
 def emit_with_plot(result: Result, as_json: bool, explain: bool, brief: bool, plot: str | None, force: bool) -> None:

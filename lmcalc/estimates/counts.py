@@ -121,9 +121,42 @@ def flops_estimate(
     napkin = fl.napkin_section(model, tokens.value)
     detailed = fl.detailed_section(model, tokens.value, seq, convention, recompute)
     palm = fl.palm_section(model, tokens.value, seq)
+    compare = _compare_section(model, tokens.value, seq, convention, (napkin, detailed, palm))
+    inputs = (
+        model_input(model, note),
+        Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
+        Input("seq_len", "Sequence length s", seq, "tokens", seq_len.origin),
+        Input("attention_convention", "Attention FLOPs convention", convention, origin=flag("attn_flops")),
+        Input("recompute", "Activation recomputation", recompute, origin=flag("recompute")),
+    )
+    notes = (*model_notes(model, note), *context_note(model, seq))
+    headline = (
+        f"{model.label} on {format_quantity(tokens.value, 'tokens')}: {napkin.term('total').text} by 6·N·D; "
+        f"{detailed.term('model_flops').text} counted matmul by matmul ({convention} attention, s = {seq:,})",
+    )
+    report = checked(
+        Result(
+            "flops",
+            f"Training FLOPs of {model.label}",
+            inputs,
+            (napkin, detailed, palm, compare),
+            notes,
+            headline=headline,
+        )
+    )
+    step = fl.step_flops(model, seq, recompute, convention)
+    return FlopsEstimate(report, model, tokens.value, seq, step)
+
+
+def _compare_section(
+    model: ModelSpec, tokens: float, seq: int, convention: AttnConvention, counts: tuple[Section, Section, Section]
+) -> Section:
+    """The conventions side by side: the detailed count and PaLM's over the napkin's, and the detailed count with
+    the other attention convention (what another tool's MFU may count)."""
+    napkin, detailed, palm = counts
     other: AttnConvention = "full" if convention == "causal" else "causal"
-    other_model = fl.detailed_section(model, tokens.value, seq, other, "none").term("model_flops")
-    compare = Section(
+    other_model = fl.detailed_section(model, tokens, seq, other, "none").term("model_flops")
+    return Section(
         "compare",
         "Conventions compared",
         (
@@ -152,30 +185,6 @@ def flops_estimate(
             ),
         ),
     )
-    inputs = (
-        model_input(model, note),
-        Input("tokens", "Training tokens D", tokens.value, "tokens", tokens.origin),
-        Input("seq_len", "Sequence length s", seq, "tokens", seq_len.origin),
-        Input("attention_convention", "Attention FLOPs convention", convention, origin=flag("attn_flops")),
-        Input("recompute", "Activation recomputation", recompute, origin=flag("recompute")),
-    )
-    notes = (*model_notes(model, note), *context_note(model, seq))
-    headline = (
-        f"{model.label} on {format_quantity(tokens.value, 'tokens')}: {napkin.term('total').text} by 6·N·D; "
-        f"{detailed.term('model_flops').text} counted matmul by matmul ({convention} attention, s = {seq:,})",
-    )
-    report = checked(
-        Result(
-            "flops",
-            f"Training FLOPs of {model.label}",
-            inputs,
-            (napkin, detailed, palm, compare),
-            notes,
-            headline=headline,
-        )
-    )
-    step = fl.step_flops(model, seq, recompute, convention)
-    return FlopsEstimate(report, model, tokens.value, seq, step)
 
 
 @dataclass(frozen=True)

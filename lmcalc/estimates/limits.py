@@ -49,6 +49,7 @@ from lmcalc.units import GB, GiB, format_quantity, group
 
 if TYPE_CHECKING:  # the solvers are imported when a search is asked for, not at start-up
     from lmcalc.engine.search import fit as fit_engine
+    from lmcalc.specs import Cluster
 
 
 # ------------------------------------------------------------------------------------------------- fit
@@ -73,6 +74,14 @@ def fit(*, model: ModelLike, gpus: ClusterLike = "8xH100", **settings: Unpack[Me
     return fit_estimate(setup, build_layout(setup.cluster, layout_settings(settings)))
 
 
+LIMITS = (
+    ("micro_batch", "Largest micro-batch", "sequences", "b"),
+    ("seq", "Longest sequence", "tokens", "s"),
+    ("dp", "Fewest data-parallel replicas", "GPUs", "DP"),
+)
+"""``fit``'s three limits: key, label, unit and symbol."""
+
+
 def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit, each with its binding part."""
     from lmcalc.engine.search import fit as fit_engine  # only this command searches
@@ -86,69 +95,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         fit_engine.longest_sequence(setting_),
         fit_engine.fewest_data_parallel(setting_),
     )
-    limits = zip(
-        (
-            ("micro_batch", "Largest micro-batch", "sequences", "b"),
-            ("seq", "Longest sequence", "tokens", "s"),
-            ("dp", "Fewest data-parallel replicas", "GPUs", "DP"),
-        ),
-        found_limits,
-        strict=True,
-    )
-    sections = []
-    for (key, label, unit, symbol), limit in limits:
-        found = limit.value is not None
-        beyond = (
-            f"; at {symbol} = {limit.beyond_value}: {limit.beyond.total / GB:.2f} GB"
-            if limit.beyond is not None and limit.beyond_value is not None
-            else ""
-        )
-        at_limit = f"at {symbol} = {limit.value}: {limit.fits.total / GB:.2f} GB" if limit.fits else "nothing fits"
-        terms = [
-            Term(
-                "value",
-                label if found else f"{label}: none fits",
-                limit.value or 0,
-                unit if key != "dp" else "replicas",
-                f"{'smallest' if key == 'dp' else 'largest'} {symbol} with memory ≤ {capacity / GB:g} GB"
-                if found
-                else f"binding: {limit.binding}",
-                at_limit + beyond,
-                note=f"binding: {limit.binding}",
-            )
-        ]
-        if key == "dp" and limit.value is not None:
-            gpus = limit.value * layout.tp * layout.pp * layout.cp
-            terms.append(
-                Term(
-                    "gpus",
-                    "Fewest GPUs",
-                    gpus,
-                    "GPUs",
-                    "DP · TP · PP · CP",
-                    f"{limit.value} × {layout.tp} × {layout.pp} × {layout.cp}",
-                )
-            )
-            terms.append(
-                Term(
-                    "nodes",
-                    f"Nodes of {cluster.hardware.gpus_per_node}",
-                    -(-gpus // cluster.hardware.gpus_per_node),
-                    "nodes",
-                    "⌈GPUs / GPUs per node⌉",
-                )
-            )
-        if limit.fits:
-            terms.append(
-                Term(
-                    "memory",
-                    "Memory at the limit",
-                    limit.fits.total,
-                    "bytes",
-                    "reserved + CUDA context + overhead allowance (as lmcalc memory counts it)",
-                )
-            )
-        sections.append(Section(key, f"{label} — binding: {limit.binding}", tuple(terms)))
+    sections = [_limit_section(kind, limit, layout, cluster) for kind, limit in zip(LIMITS, found_limits, strict=True)]
     if w.recompute != "full":
         sections.append(_checkpointed(w, layout, capacity))
     if found_limits[0].value is None:  # not even one sequence fits: what would
@@ -184,6 +131,66 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         )
     )
     return FitEstimate(report, w, layout, *found_limits)
+
+
+def _limit_section(
+    kind: tuple[str, str, str, str], limit: fit_engine.Limit, layout: Layout, cluster: Cluster
+) -> Section:
+    """One limit: its value (or that none fits) and what binds it; for the fewest replicas, the GPUs and nodes they
+    take; the memory at the limit."""
+    (key, label, unit, symbol), capacity = kind, cluster.hardware.memory_bytes
+    found = limit.value is not None
+    beyond = (
+        f"; at {symbol} = {limit.beyond_value}: {limit.beyond.total / GB:.2f} GB"
+        if limit.beyond is not None and limit.beyond_value is not None
+        else ""
+    )
+    at_limit = f"at {symbol} = {limit.value}: {limit.fits.total / GB:.2f} GB" if limit.fits else "nothing fits"
+    terms = [
+        Term(
+            "value",
+            label if found else f"{label}: none fits",
+            limit.value or 0,
+            unit if key != "dp" else "replicas",
+            f"{'smallest' if key == 'dp' else 'largest'} {symbol} with memory ≤ {capacity / GB:g} GB"
+            if found
+            else f"binding: {limit.binding}",
+            at_limit + beyond,
+            note=f"binding: {limit.binding}",
+        )
+    ]
+    if key == "dp" and limit.value is not None:
+        gpus = limit.value * layout.tp * layout.pp * layout.cp
+        terms.append(
+            Term(
+                "gpus",
+                "Fewest GPUs",
+                gpus,
+                "GPUs",
+                "DP · TP · PP · CP",
+                f"{limit.value} × {layout.tp} × {layout.pp} × {layout.cp}",
+            )
+        )
+        terms.append(
+            Term(
+                "nodes",
+                f"Nodes of {cluster.hardware.gpus_per_node}",
+                -(-gpus // cluster.hardware.gpus_per_node),
+                "nodes",
+                "⌈GPUs / GPUs per node⌉",
+            )
+        )
+    if limit.fits:
+        terms.append(
+            Term(
+                "memory",
+                "Memory at the limit",
+                limit.fits.total,
+                "bytes",
+                "reserved + CUDA context + overhead allowance (as lmcalc memory counts it)",
+            )
+        )
+    return Section(key, f"{label} — binding: {limit.binding}", tuple(terms))
 
 
 def fit_headline(
@@ -287,58 +294,7 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
     precision, optimizer = w.precision, w.optimizer
     capacity = cluster.hardware.memory_bytes
     rows = mp.max_params(w, cluster)
-    sections = []
-    for row in rows:
-        shape = row.activation_shape
-        shape_text = (
-            f"h={shape.hidden_size}, L={shape.num_layers}, H={shape.num_heads}, H_kv={shape.kv_heads}, "
-            f"f={shape.ffn_size}"
-            if shape
-            else "nothing fits"
-        )
-        sections.append(
-            Section(
-                f"zero{row.zero_stage}",
-                row.label,
-                (
-                    Term(
-                        "bytes_per_param",
-                        "State bytes per parameter per GPU",
-                        row.bytes_per_param,
-                        "bytes",
-                        BYTES_PER_PARAM_FORMULA[row.zero_stage],
-                        source="Rajbhandari et al. 2020 (ZeRO) §5.1",
-                        note=f"the model states as the {w.framework.name} profile keeps them",
-                    ),
-                    Term(
-                        "states_only",
-                        "Largest N (states only)",
-                        row.states_only,
-                        "params",
-                        "C / bytes per param",
-                        f"{group(capacity)} / {row.bytes_per_param:.6g}",
-                    ),
-                    Term(
-                        "with_overhead",
-                        "Largest N (+ fixed bytes)",
-                        row.with_overhead,
-                        "params",
-                        "(C − context − workspaces − allowance) / bytes per param",
-                        f"({group(capacity)} − {group(row.fixed_bytes)}) / {row.bytes_per_param:.6g}",
-                    ),
-                    Term(
-                        "with_activations",
-                        "Largest N (whole memory)",
-                        row.with_activations,
-                        "params",
-                        "parameters of the largest scaled shape whose memory (as lmcalc memory counts it) fits C",
-                        f"{shape_text}: activations {row.activation_bytes / GiB:.2f} GiB, total "
-                        f"{(row.memory.total if row.memory else 0) / GiB:.2f} GiB",
-                        note=f"shape scaled from {template.name} by whole KV groups, never rounded up",
-                    ),
-                ),
-            )
-        )
+    sections = [_zero_section(row, w, capacity, template.name) for row in rows]
     inputs = (
         Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
         Input("capacity", "Memory per GPU", capacity, "bytes", cluster.hardware.memory_label),
@@ -378,6 +334,58 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         headline=tuple(headline),
     )
     return MaxParamsEstimate(report, tuple(rows))
+
+
+def _zero_section(row: mp.MaxParamsRow, w: Workload, capacity: float, template: str) -> Section:
+    """One ZeRO stage's row: state bytes per parameter, and the largest N by states alone, with the fixed bytes,
+    and with the whole memory of a shape scaled from the template."""
+    shape = row.activation_shape
+    shape_text = (
+        f"h={shape.hidden_size}, L={shape.num_layers}, H={shape.num_heads}, H_kv={shape.kv_heads}, f={shape.ffn_size}"
+        if shape
+        else "nothing fits"
+    )
+    return Section(
+        f"zero{row.zero_stage}",
+        row.label,
+        (
+            Term(
+                "bytes_per_param",
+                "State bytes per parameter per GPU",
+                row.bytes_per_param,
+                "bytes",
+                BYTES_PER_PARAM_FORMULA[row.zero_stage],
+                source="Rajbhandari et al. 2020 (ZeRO) §5.1",
+                note=f"the model states as the {w.framework.name} profile keeps them",
+            ),
+            Term(
+                "states_only",
+                "Largest N (states only)",
+                row.states_only,
+                "params",
+                "C / bytes per param",
+                f"{group(capacity)} / {row.bytes_per_param:.6g}",
+            ),
+            Term(
+                "with_overhead",
+                "Largest N (+ fixed bytes)",
+                row.with_overhead,
+                "params",
+                "(C − context − workspaces − allowance) / bytes per param",
+                f"({group(capacity)} − {group(row.fixed_bytes)}) / {row.bytes_per_param:.6g}",
+            ),
+            Term(
+                "with_activations",
+                "Largest N (whole memory)",
+                row.with_activations,
+                "params",
+                "parameters of the largest scaled shape whose memory (as lmcalc memory counts it) fits C",
+                f"{shape_text}: activations {row.activation_bytes / GiB:.2f} GiB, total "
+                f"{(row.memory.total if row.memory else 0) / GiB:.2f} GiB",
+                note=f"shape scaled from {template} by whole KV groups, never rounded up",
+            ),
+        ),
+    )
 
 
 BYTES_PER_PARAM_FORMULA = {0: "p + g + (m + o)", 1: "p + g + (m + o)/n", 2: "p + (g + m + o)/n", 3: "(p + g + m + o)/n"}

@@ -17,6 +17,7 @@ from lmcalc.estimates import levers
 from lmcalc.estimates.inputs import (
     DEFAULT_OVERHEAD,
     ClusterLike,
+    Given,
     ModelLike,
     accept,
     checked,
@@ -35,7 +36,7 @@ from lmcalc.estimates.inputs import (
     seq_given,
     whole_count,
 )
-from lmcalc.estimates.settings import Bytes, Count, MemorySettings
+from lmcalc.estimates.settings import Bytes, MemorySettings, ServingSettings, with_defaults
 from lmcalc.estimates.training import (
     TrainingSetup,
     build_layout,
@@ -44,6 +45,7 @@ from lmcalc.estimates.training import (
     training_settings,
     training_setup,
 )
+from lmcalc.presets import Resolved
 from lmcalc.result import Estimate, Input, Result, Section
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import GB
@@ -341,47 +343,35 @@ def inference(
     model: ModelLike,
     gpus: ClusterLike = "1xH100",
     tp: int | None = None,
-    batch: int = 1,
-    context: Count | None = None,
-    weights_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
-    quant_group: int | None = None,
     overhead: Bytes | None = None,
+    **settings: Unpack[ServingSettings],
 ) -> InferenceEstimate:
     """Serving memory per GPU: weights (any dtype, int8/int4 included), the KV cache, and what fits. Without ``tp``,
     one GPU, or when the weights do not fit one, the smallest tensor-parallel split of ``gpus`` they fit. Without
     ``overhead``, the flat serving allowance (``DEFAULT_OVERHEAD``: serving has no framework profile to count the
     context, workspaces and the forward pass's activations)."""
+    accept(settings, ServingSettings, "inference")
+    given = with_defaults(settings, ServingSettings)
     resolved = resolve_model(model)
     spec, note = resolved.spec, resolved.note
     cluster = cluster_of(gpus)
-    batch = positive_int(batch, "batch")
-    context_in = seq_given(context, spec, "context")
+    batch = positive_int(given["batch"], "batch")
+    context_in = seq_given(given["context"], spec, "context")
     hardware = cluster.hardware
     capacity = Capacity.of(hardware)
     overhead_bytes = nbytes(DEFAULT_OVERHEAD if overhead is None else overhead, "overhead")
-    chosen = tp is None
-    serving = inf.Serving(spec, int(context_in.value), batch, weights_dtype, kv_dtype, 1, quant_group, overhead_bytes)
-    tp = _serving_tp(serving, cluster, capacity.bytes) if tp is None else positive_int(tp, "tp")
-    serving = replace(serving, tp=tp)
-    if tp > cluster.count:
-        raise LmcalcError(f"{setting('tp')} {tp} needs more GPUs than the {cluster.count} of {cluster.label}")
+    context_len, quant_group = int(context_in.value), given["quant_group"]
+    serving = inf.Serving(
+        spec, context_len, batch, given["weights_dtype"], given["kv_dtype"], 1, quant_group, overhead_bytes
+    )
+    serving = replace(
+        serving, tp=_serving_tp(serving, cluster, capacity.bytes) if tp is None else positive_int(tp, "tp")
+    )
+    if serving.tp > cluster.count:
+        raise LmcalcError(f"{setting('tp')} {serving.tp} needs more GPUs than the {cluster.count} of {cluster.label}")
     held = inf.inference_memory(serving, capacity.bytes)
     sections = inf_terms.inference_sections(serving, held, capacity)
-    inputs = (
-        model_input(spec, note),
-        Input("gpu", "GPU", hardware.name, origin=hardware.memory_label),
-        Input(
-            "tp",
-            "Tensor-parallel GPUs",
-            tp,
-            origin=f"the fewest of {cluster.label} it fits (else the weights)" if chosen and tp > 1 else flag("tp"),
-        ),
-        Input("batch", "Batch", batch, "sequences", flag("batch")),
-        Input("context", "Context", serving.context, "tokens", context_in.origin),
-        Input("weights_dtype", "Weights dtype", weights_dtype, origin=flag("weights_dtype")),
-        Input("kv_dtype", "KV-cache dtype", kv_dtype, origin=flag("kv_dtype")),
-    )
+    inputs = _serving_inputs(resolved, cluster, serving, tp is None, context_in)
     # memory would hold a longer context than the model was trained for: the table's note is said below it too
     beyond = next(s for s in sections if s.key == "per_gpu").term("max_context").note
     notes = (
@@ -401,7 +391,29 @@ def inference(
             capacity=inf_terms.INFERENCE_CAPACITY,
         )
     )
-    return InferenceEstimate(replace(report, headline=serving_headline(report, spec, hardware, tp)), serving, held)
+    headline = serving_headline(report, spec, hardware, serving.tp)
+    return InferenceEstimate(replace(report, headline=headline), serving, held)
+
+
+def _serving_inputs(
+    resolved: Resolved, cluster: Cluster, serving: inf.Serving, chosen: bool, context: Given
+) -> tuple[Input, ...]:
+    """Serving's inputs table; the tensor-parallel split is the fewest GPUs it fits where it was ``chosen``."""
+    tp = serving.tp
+    return (
+        model_input(resolved.spec, resolved.note),
+        Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
+        Input(
+            "tp",
+            "Tensor-parallel GPUs",
+            tp,
+            origin=f"the fewest of {cluster.label} it fits (else the weights)" if chosen and tp > 1 else flag("tp"),
+        ),
+        Input("batch", "Batch", serving.batch, "sequences", flag("batch")),
+        Input("context", "Context", serving.context, "tokens", context.origin),
+        Input("weights_dtype", "Weights dtype", serving.weights_dtype, origin=flag("weights_dtype")),
+        Input("kv_dtype", "KV-cache dtype", serving.kv_dtype, origin=flag("kv_dtype")),
+    )
 
 
 def serving_headline(report: Result, spec: ModelSpec, hardware: HardwareSpec, tp: int) -> tuple[str, ...]:

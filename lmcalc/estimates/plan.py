@@ -48,6 +48,7 @@ from lmcalc.units import GB, format_quantity, group
 
 if TYPE_CHECKING:  # the planner is imported when a plan is asked for, not at start-up
     from lmcalc.engine.search import plan as pl
+    from lmcalc.specs import Cluster
 
 
 # ------------------------------------------------------------------------------------------------- plan
@@ -220,83 +221,12 @@ def plan_estimate(
     """One layout search, two views of it: the layouts that fit, ranked by throughput (the first ``shown`` of
     them in the report, all when None; ``layouts`` always holds every one), and the winner derived term by term
     (what ``--explain`` shows)."""
-    from lmcalc.engine.search import plan as pl
-
-    base, cluster, model, note = setup.workload, setup.cluster, setup.model, setup.resolved.note
-    seq = base.seq_len
-    sequences = round(global_batch_tokens / seq)
-    if sequences < 1:
-        raise LmcalcError(
-            f"{setting('global_batch')} {global_batch_tokens:g} tokens is less than one sequence of {seq}"
-        )
-    if sequences * seq > train_tokens.value:
-        raise LmcalcError(
-            f"{setting('global_batch')} {group(sequences * seq)} tokens is more than the {group(train_tokens.value)} "
-            f"training tokens ({train_tokens.origin}): the run would not make one step"
-        )
-    found = pl.plan(base, cluster, sequences, pins, efficiency.value if efficiency else None)
-    if not found.fitting:
-        closest = found.closest
-        if closest is None:
-            raise LmcalcError(
-                f"no layout of {model.name} can exist on {cluster.label} with these constraints "
-                f"(global batch {sequences} sequences; check {setting('tp')}/{setting('pp')}/{setting('cp')} and the "
-                "GPU count)"
-            )
-        m = closest.memory
-        part, size = m.binding
-        raise LmcalcError(
-            f"nothing fits on {cluster.label} ({found.evaluated} layouts tried); closest: {layout_text(closest)} "
-            f"needs {m.total / GB:,.1f} GB of {found.capacity / GB:,.0f} GB, "
-            f"over by {(m.total - found.capacity) / GB:,.1f} GB, mostly {part} ({size / GB:,.1f} GB)"
-        )
-    sections = []
-    for rank, c in enumerate(found.fitting[:shown], start=1):
-        t = c.time
-        sections.append(
-            Section(
-                f"rank{rank}",
-                f"{rank}. {layout_code(c)}",
-                (
-                    Term("tokens_per_s", "throughput", t.tokens_per_s, "tokens/s", "tokens per step / step time"),
-                    Term("tokens_per_s_per_gpu", "per GPU", t.tokens_per_s / cluster.count, "tokens/s/GPU"),
-                    Term("mfu", "MFU", 100 * t.mfu, "%", "model FLOPs / (step time · GPUs · peak)"),
-                    Term("step_time", "step", t.total, "s", "compute + exposed communication + bubble"),
-                    Term("memory", "memory/GPU", c.memory.total, "bytes", "most loaded GPU"),
-                    Term(
-                        "days",
-                        "days",
-                        train_tokens.value / t.tokens_per_s / 86_400,
-                        "days",
-                        "training tokens / tokens per second / 86,400",
-                    ),
-                ),
-                layout_fields(c),
-            )
-        )
+    base, cluster, model = setup.workload, setup.cluster, setup.model
+    sequences = _sequences(global_batch_tokens, base.seq_len, train_tokens)
+    found = _search(setup, sequences, pins, efficiency)
+    sections = [_rank_section(rank, c, cluster, train_tokens) for rank, c in enumerate(found.fitting[:shown], 1)]
     winner = found.fitting[0]
-    inputs = (
-        model_input(model, note),
-        Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
-        Input("seq_len", "Sequence length", seq, "tokens", setup.seq.origin),
-        Input(
-            "global_batch",
-            "Global batch",
-            sequences,
-            "sequences",
-            f"{flag('global_batch')} {group(global_batch_tokens)} tokens / {seq} per sequence",
-        ),
-        Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
-        Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),
-        Input("optimizer", "Optimizer", base.optimizer.name, origin=optimizer_text(base.optimizer)),
-        Input("framework", "Framework", base.framework.name, origin=framework_text(base.framework)),
-        (
-            Input("efficiency", "Compute efficiency", efficiency.value, origin=efficiency.origin)
-            if efficiency
-            else Input("compute", "Compute", "kernels", origin=compute_text(base, cluster))
-        ),
-        Input("evaluated", "Layouts evaluated", found.evaluated, origin=f"{len(found.fitting)} fit in memory"),
-    )
+    inputs = _plan_inputs(setup, global_batch_tokens, sequences, train_tokens, efficiency, found)
     assumptions = (
         f"TP within a node unless allowed across; {base.framework.name}: {speed_text(base.framework.speed)} "
         "(docs/formulas.md §8)"
@@ -327,6 +257,103 @@ def plan_estimate(
         headline=headline,
     )
     return PlanEstimate(checked(ranked), checked(derived), tuple(found.fitting), found.evaluated)
+
+
+def _sequences(global_batch_tokens: float, seq: int, train_tokens: Given) -> int:
+    """The global batch in sequences: at least one, and no more tokens than the run trains on."""
+    sequences = round(global_batch_tokens / seq)
+    if sequences < 1:
+        raise LmcalcError(
+            f"{setting('global_batch')} {global_batch_tokens:g} tokens is less than one sequence of {seq}"
+        )
+    if sequences * seq > train_tokens.value:
+        raise LmcalcError(
+            f"{setting('global_batch')} {group(sequences * seq)} tokens is more than the {group(train_tokens.value)} "
+            f"training tokens ({train_tokens.origin}): the run would not make one step"
+        )
+    return sequences
+
+
+def _search(setup: TrainingSetup, sequences: int, pins: pl.Pins, efficiency: Given | None) -> pl.Plan:
+    """The search; when nothing fits, an error that names the closest miss and what it is mostly made of."""
+    from lmcalc.engine.search import plan as pl
+
+    cluster, model = setup.cluster, setup.model
+    found = pl.plan(setup.workload, cluster, sequences, pins, efficiency.value if efficiency else None)
+    if found.fitting:
+        return found
+    closest = found.closest
+    if closest is None:
+        raise LmcalcError(
+            f"no layout of {model.name} can exist on {cluster.label} with these constraints "
+            f"(global batch {sequences} sequences; check {setting('tp')}/{setting('pp')}/{setting('cp')} and the "
+            "GPU count)"
+        )
+    m = closest.memory
+    part, size = m.binding
+    raise LmcalcError(
+        f"nothing fits on {cluster.label} ({found.evaluated} layouts tried); closest: {layout_text(closest)} "
+        f"needs {m.total / GB:,.1f} GB of {found.capacity / GB:,.0f} GB, "
+        f"over by {(m.total - found.capacity) / GB:,.1f} GB, mostly {part} ({size / GB:,.1f} GB)"
+    )
+
+
+def _rank_section(rank: int, c: pl.Candidate, cluster: Cluster, train_tokens: Given) -> Section:
+    """One ranked layout: its throughput, MFU, step time, memory and days, and its layout as fields."""
+    t = c.time
+    return Section(
+        f"rank{rank}",
+        f"{rank}. {layout_code(c)}",
+        (
+            Term("tokens_per_s", "throughput", t.tokens_per_s, "tokens/s", "tokens per step / step time"),
+            Term("tokens_per_s_per_gpu", "per GPU", t.tokens_per_s / cluster.count, "tokens/s/GPU"),
+            Term("mfu", "MFU", 100 * t.mfu, "%", "model FLOPs / (step time · GPUs · peak)"),
+            Term("step_time", "step", t.total, "s", "compute + exposed communication + bubble"),
+            Term("memory", "memory/GPU", c.memory.total, "bytes", "most loaded GPU"),
+            Term(
+                "days",
+                "days",
+                train_tokens.value / t.tokens_per_s / 86_400,
+                "days",
+                "training tokens / tokens per second / 86,400",
+            ),
+        ),
+        layout_fields(c),
+    )
+
+
+def _plan_inputs(
+    setup: TrainingSetup,
+    global_batch_tokens: float,
+    sequences: int,
+    train_tokens: Given,
+    efficiency: Given | None,
+    found: pl.Plan,
+) -> tuple[Input, ...]:
+    """The plan's inputs table: what was searched for, on what, and how many layouts were tried."""
+    base, cluster, seq = setup.workload, setup.cluster, setup.workload.seq_len
+    return (
+        model_input(setup.model, setup.resolved.note),
+        Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
+        Input("seq_len", "Sequence length", seq, "tokens", setup.seq.origin),
+        Input(
+            "global_batch",
+            "Global batch",
+            sequences,
+            "sequences",
+            f"{flag('global_batch')} {group(global_batch_tokens)} tokens / {seq} per sequence",
+        ),
+        Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
+        Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),
+        Input("optimizer", "Optimizer", base.optimizer.name, origin=optimizer_text(base.optimizer)),
+        Input("framework", "Framework", base.framework.name, origin=framework_text(base.framework)),
+        (
+            Input("efficiency", "Compute efficiency", efficiency.value, origin=efficiency.origin)
+            if efficiency
+            else Input("compute", "Compute", "kernels", origin=compute_text(base, cluster))
+        ),
+        Input("evaluated", "Layouts evaluated", found.evaluated, origin=f"{len(found.fitting)} fit in memory"),
+    )
 
 
 def winner_sections(winner: pl.Candidate, capacity: Capacity, gpus_per_node: int) -> tuple[Section, ...]:

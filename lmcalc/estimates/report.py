@@ -12,7 +12,6 @@ from lmcalc.estimates.inputs import (
     Given,
     ModelLike,
     count,
-    finite,
     mfu_given,
 )
 from lmcalc.estimates.settings import (
@@ -71,21 +70,16 @@ def report(*, model: ModelLike, gpus: ClusterLike, **settings: Unpack[ReportSett
     the closest one's memory and a hypothetical time at the MFU assumed. A fine-tune (the method's ``settings``)
     of ``dataset_tokens`` × ``epochs``; the cost at ``price_per_gpu_hour``; energy and emissions with
     ``power_fraction``, ``pue`` and ``grid_gco2_per_kwh`` (``engine.run.energy``)."""
-    from lmcalc.engine.run.energy import Energy
     from lmcalc.estimates.counts import flops_estimate, params_estimate
     from lmcalc.estimates.inputs import accept
     from lmcalc.estimates.plan import plan_estimate, search_pins
-    from lmcalc.estimates.time import Timing, run_tokens
+    from lmcalc.estimates.time import Timing, cost_and_energy, run_tokens
     from lmcalc.estimates.training import training_setup
 
     accept(settings, ReportSettings, "report")
     given = with_defaults(settings, ReportSettings)
-    price_per_gpu_hour, power_fraction, pue, grid_gco2_per_kwh, mfu = (
-        given["price_per_gpu_hour"], given["power_fraction"], given["pue"], given["grid_gco2_per_kwh"], given["mfu"]
-    )  # fmt: skip
-    finite(price_per_gpu_hour, "price_per_gpu_hour", allow_zero=True)
-    for value, name in ((power_fraction, "power_fraction"), (pue, "pue"), (grid_gco2_per_kwh, "grid_gco2_per_kwh")):
-        finite(value, name, allow_zero=True)
+    mfu = given["mfu"]
+    price_per_gpu_hour, energy = cost_and_energy(given)
     setup = training_setup(model, gpus, cast(TrainingSettings, subset(given, WorkloadSettings)))
     cluster, resolved = setup.cluster, setup.resolved
     tokens_in = run_tokens(
@@ -99,7 +93,6 @@ def report(*, model: ModelLike, gpus: ClusterLike, **settings: Unpack[ReportSett
         chosen: pl.Candidate | None = found.best
     except LmcalcError as error:
         found, chosen = error, _closest_miss(setup, batch_tokens, pins)
-    energy = Energy(power_fraction, pue, grid_gco2_per_kwh).check()
     timing = Timing(
         cluster, cluster.hardware, seq_len=setup.seq, price_per_gpu_hour=price_per_gpu_hour,
         method=setup.workload.method, energy=energy,

@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypedDict
 from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES, ZeroStage
 from lmcalc.engine.finetune.method import ALL_LINEAR, METHODS
 from lmcalc.engine.finetune.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS, OFFLOAD_DEVICES, OFFLOAD_TARGETS
+from lmcalc.engine.model.numerics import SERVING_DTYPES
 from lmcalc.engine.run.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.specs import OptimizerSpec, PrecisionRecipe
@@ -353,8 +354,9 @@ class EnergySettings(TypedDict, total=False):
     ]
 
 
-class TrainTimeSettings(FineTuneSettings, EnergySettings, total=False):
-    """What ``train_time`` takes as settings: the fine-tuning method (its FLOPs), the cost and the energy."""
+class TrainTimeSettings(RunSettings, FineTuneSettings, EnergySettings, total=False):
+    """What ``train_time`` takes as settings: the run's tokens, the fine-tuning method (its FLOPs), the cost and the
+    energy."""
 
 
 class PlanSettings(
@@ -377,6 +379,25 @@ class ReportSettings(
             "Model FLOPs utilisation for the training time. Default: the throughput the layout search predicts "
             "for its best layout (when none fits, 0.4, an assumption).",
         ),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ serving
+
+
+class ServingSettings(TypedDict, total=False):
+    """What serving memory depends on besides the model, the GPUs and the tensor-parallel split (``inference``;
+    ``lmcalc memory --inference``)."""
+
+    batch: Annotated[int, Setting(1, "With --inference: sequences served at once.")]
+    context: Annotated[Count | None, Setting(None, "With --inference: tokens per sequence (8K = 8192).")]
+    weights_dtype: Annotated[
+        str, Setting("bf16", f"With --inference: {alternatives(SERVING_DTYPES)} (fp8 = fp8-e4m3).")
+    ]
+    kv_dtype: Annotated[str, Setting("bf16", f"With --inference: KV-cache dtype ({alternatives(SERVING_DTYPES)}).")]
+    quant_group: Annotated[
+        int | None,
+        Setting(None, "With --inference: count one fp16 scale per group of this many int8/int4 weights."),
     ]
 
 

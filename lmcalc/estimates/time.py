@@ -4,8 +4,9 @@ compute-optimal model and data for a budget."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Unpack
+from typing import Any, Unpack
 
 from lmcalc.engine.choices import FLOPS_BASES
 from lmcalc.engine.finetune.flops import method_step_flops, napkin_method_flops, napkin_method_flops_formula
@@ -48,6 +49,7 @@ from lmcalc.estimates.settings import (
     Count,
     EnergySettings,
     FineTuneSettings,
+    RunSettings,
     TrainTimeSettings,
     subset,
     with_defaults,
@@ -85,7 +87,6 @@ def train_time(
     *,
     model: ModelLike,
     gpus: ClusterLike | None = None,
-    tokens: Count | None = None,
     mfu: float | None = None,
     precision: PrecisionLike = DEFAULT_PRECISION,
     days: float | None = None,
@@ -94,8 +95,6 @@ def train_time(
     seq: Count | None = None,
     peak: str = "spec",
     calibration: str | None = None,
-    dataset_tokens: Count | None = None,
-    epochs: float = 1,
     **settings: Unpack[TrainTimeSettings],
 ) -> TrainTimeEstimate:
     """Days and GPU-hours to train a model on a cluster (``gpus``), or, with ``days`` and a GPU type (``gpu``),
@@ -106,23 +105,39 @@ def train_time(
     ``grid_gco2_per_kwh`` (engine.run.energy)."""
     accept(settings, TrainTimeSettings, "train_time")
     fine_tuning = subset(settings, FineTuneSettings)
-    energy_given = with_defaults(subset(settings, EnergySettings), EnergySettings)
-    price_per_gpu_hour, power_fraction, pue, grid_gco2_per_kwh = (
-        energy_given["price_per_gpu_hour"], energy_given["power_fraction"], energy_given["pue"],
-        energy_given["grid_gco2_per_kwh"],
-    )  # fmt: skip
+    price_per_gpu_hour, energy = cost_and_energy(settings)
     resolved = resolve_model(model)
     spec = resolved.spec
     basis = choice(flops_basis, FLOPS_BASES, "flops_basis")
     how = method_of(fine_tuning)
     check_method(spec, how)
-    tokens_in = run_tokens(tokens, dataset_tokens, epochs, spec, how)
+    run = with_defaults(subset(settings, RunSettings), RunSettings)
+    tokens_in = run_tokens(run["tokens"], run["dataset_tokens"], run["epochs"], spec, how)
     mfu_in = mfu_given(mfu)
-    finite(price_per_gpu_hour, "price_per_gpu_hour", allow_zero=True)
     finite(days, "days")
     recipe = precision_of(precision)
-    cluster: Cluster | None = None
-    hardware: HardwareSpec
+    cluster, hardware = _where(gpus, gpu, days)
+    seq_in = seq_given(seq, spec)
+    found = measured_peak(peak, calibration, hardware, recipe)
+    timing = Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found, how, energy)
+    return train_time_estimate(resolved, tokens_in, mfu_in, recipe, timing)
+
+
+def cost_and_energy(given: Mapping[str, Any]) -> tuple[float | None, Energy]:
+    """The price per GPU-hour and the energy settings among ``given`` (``EnergySettings``, their defaults for those
+    left out), each checked."""
+    settings = with_defaults(subset(given, EnergySettings), EnergySettings)
+    for name in EnergySettings.__annotations__:
+        finite(settings[name], name, allow_zero=True)
+    price = settings["price_per_gpu_hour"]
+    return price, Energy(settings["power_fraction"], settings["pue"], settings["grid_gco2_per_kwh"]).check()
+
+
+def _where(
+    gpus: ClusterLike | None, gpu: str | HardwareSpec | None, days: float | None
+) -> tuple[Cluster | None, HardwareSpec]:
+    """The cluster the run is timed on and its GPU; with a deadline, no cluster (its GPU count is solved for) and
+    the GPU type named by ``gpu`` or a count-less ``gpus``."""
     if days is not None:
         if gpus is not None and (gpu is not None or re.match(r"^\s*\d+\s*[x×]", str(gpus))):
             raise LmcalcError(
@@ -136,22 +151,14 @@ def train_time(
             raise LmcalcError(
                 f"{setting('days')} needs the GPU type to count (e.g. {gpu_flag} H100, or {setting('gpus')} H100)"
             )
-        hardware = hardware_of(gpu)
-    elif gpus is None:
+        return None, hardware_of(gpu)
+    if gpus is None:
         raise LmcalcError(
             f"give {setting('gpus')} (e.g. {setting('gpus')} 1024xH100), or {setting('days')} with {setting('gpu')} "
             "to solve for the GPU count"
         )
-    else:
-        cluster = cluster_of(gpus)
-        hardware = cluster.hardware
-    seq_in = seq_given(seq, spec)
-    found = measured_peak(peak, calibration, hardware, recipe)
-    for value, name in ((power_fraction, "power_fraction"), (pue, "pue"), (grid_gco2_per_kwh, "grid_gco2_per_kwh")):
-        finite(value, name, allow_zero=True)
-    energy = Energy(power_fraction, pue, grid_gco2_per_kwh).check()
-    timing = Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found, how, energy)
-    return train_time_estimate(resolved, tokens_in, mfu_in, recipe, timing)
+    cluster = cluster_of(gpus)
+    return cluster, cluster.hardware
 
 
 def flops_basis_text(basis: str, method: Method) -> str:
@@ -254,34 +261,9 @@ def train_time_estimate(
     ]
     sections = [Section("flops", "Work", (flops_term,))]
     if days is not None:
-        needed = gpus_for_deadline(flops_term.value, days, peak, mfu.value)
-        gpu_count, nodes = whole_gpus(max(needed, 1.0), hw.gpus_per_node)  # a fraction of a GPU rents a whole one
+        deadline, gpu_count = _deadline_section(flops_term.value, days, peak, mfu.value, hw)
         inputs += [Input("days", "Deadline", days, "days", flag("days")), Input("gpu", "GPU", hw.name, origin=hw.label)]
-        sections.append(
-            Section(
-                "deadline",
-                "GPUs to meet the deadline",
-                (
-                    Term(
-                        "gpus_exact",
-                        "GPUs needed (exact)",
-                        needed,
-                        "GPUs",
-                        "FLOPs / (days · 86,400 · peak · MFU)",
-                        f"{sci(flops_term.value, 4)} / ({days:g} × 86400 × {sci(peak, 4)} × {mfu.value:g})",
-                    ),
-                    Term("gpus", "GPUs to rent", gpu_count, "GPUs", "⌈exact⌉", f"⌈{needed:.6g}⌉"),
-                    Term(
-                        "nodes",
-                        f"Nodes of {hw.gpus_per_node}",
-                        nodes,
-                        "nodes",
-                        "⌈GPUs / GPUs per node⌉",
-                        f"⌈{gpu_count} / {hw.gpus_per_node}⌉",
-                    ),
-                ),
-            )
-        )
+        sections.append(deadline)
         run = RunTime(flops_term.value, gpu_count, peak, mfu.value, tokens.value)
     else:
         assert cluster is not None
@@ -306,6 +288,36 @@ def train_time_estimate(
         Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
     )
     return TrainTimeEstimate(replace(report, headline=time_headline(report, model, hw, run)), run)
+
+
+def _deadline_section(flops: float, days: float, peak: float, mfu: float, hw: HardwareSpec) -> tuple[Section, int]:
+    """The GPUs that meet a deadline: exact, whole GPUs to rent (a fraction of a GPU rents a whole one) and nodes."""
+    needed = gpus_for_deadline(flops, days, peak, mfu)
+    gpu_count, nodes = whole_gpus(max(needed, 1.0), hw.gpus_per_node)
+    section = Section(
+        "deadline",
+        "GPUs to meet the deadline",
+        (
+            Term(
+                "gpus_exact",
+                "GPUs needed (exact)",
+                needed,
+                "GPUs",
+                "FLOPs / (days · 86,400 · peak · MFU)",
+                f"{sci(flops, 4)} / ({days:g} × 86400 × {sci(peak, 4)} × {mfu:g})",
+            ),
+            Term("gpus", "GPUs to rent", gpu_count, "GPUs", "⌈exact⌉", f"⌈{needed:.6g}⌉"),
+            Term(
+                "nodes",
+                f"Nodes of {hw.gpus_per_node}",
+                nodes,
+                "nodes",
+                "⌈GPUs / GPUs per node⌉",
+                f"⌈{gpu_count} / {hw.gpus_per_node}⌉",
+            ),
+        ),
+    )
+    return section, gpu_count
 
 
 def time_headline(report: Result, model: ModelSpec, hw: HardwareSpec, run: RunTime) -> tuple[str, ...]:
