@@ -1,10 +1,11 @@
 """Start-up cost of the accounting CLI against the libraries it cannot avoid, in one run.
 
 Runs three commands end to end, each in a fresh interpreter, interleaved with a bare
-``python -c "import typer, pydantic, rich, yaml"`` (the baseline) and with the baseline plus pydantic's ``BaseModel``
-and rich's console and table (the floor any command that builds a spec and prints a table pays), and prints for each
-the median CPU time (user + system of the child process, from ``os.wait4``) and wall time, and their ratios to the
-baseline's medians:
+``python -c "import typer, pydantic, rich, yaml"`` (the baseline), with the baseline plus pydantic's ``BaseModel``
+and rich's console and table (the floor), and with the floor plus ``pydantic.fields`` (which pydantic imports to define
+the first model with a field, and with it ``pydantic.types`` and ``annotated_types``: the floor of any command that
+defines a spec and prints a table), and prints for each the median CPU time (user + system of the child process, from
+``os.wait4``) and wall time, and their ratios to the baseline's medians:
 
 - ``lmcalc train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5`` (an accounting command);
 - ``lmcalc --help``;
@@ -30,11 +31,14 @@ BASELINE = [sys.executable, "-c", LIBRARIES]
 # What any CLI whose specs are pydantic models pays on top: pydantic's BaseModel machinery and the
 # rich console that prints a table (``import pydantic`` alone is lazy and loads neither).
 FLOOR = [sys.executable, "-c", f"{LIBRARIES}; from pydantic import BaseModel; import rich.console, rich.table"]
+# What defining a model with a field adds to that (pydantic.fields, and through it pydantic.types and annotated_types).
+SPEC_FLOOR = [FLOOR[0], FLOOR[1], f"{FLOOR[2]}; import pydantic.fields"]
 LMCALC = [sys.executable, "-m", "lmcalc"]
 TRAIN_TIME = ["train-time", "--model", "llama-3-70b", "--gpus", "1024xH100", "--tokens", "15T", "--mfu", "0.5"]
 COMMANDS = {
     "baseline": BASELINE,
     "floor": FLOOR,
+    "spec floor": SPEC_FLOOR,
     "train-time": [*LMCALC, *TRAIN_TIME],
     "--help": [*LMCALC, "--help"],
     "memory": [*LMCALC, "memory", "-m", "llama-3.1-8b", "--gpus", "8xH100"],
@@ -42,6 +46,7 @@ COMMANDS = {
 LABELS = {
     "baseline": f"python -c '{LIBRARIES}'",
     "floor": "  + from pydantic import BaseModel; import rich.console, rich.table",
+    "spec floor": "  + import pydantic.fields (what a model with a field imports)",
     "train-time": "lmcalc train-time --model llama-3-70b --gpus 1024xH100 …",
     "--help": "lmcalc --help",
     "memory": "lmcalc memory -m llama-3.1-8b --gpus 8xH100",

@@ -1,14 +1,13 @@
 """What a training framework does beyond the textbook count, as validated specs: what it keeps for backward and
 allocates (the memory rules of ``presets/frameworks/*.yaml``) and how fast it runs a step's kernels (its speed
-rules), each rule with the framework file or paper it was read from."""
-
-from __future__ import annotations
+rules), each rule with the framework file or paper it was read from. As in ``specs``, the annotations are types, not
+text."""
 
 from typing import Literal
 
 from pydantic import Field
 
-from lmcalc.specs import NamedSpec, NonNegativeInt, PositiveInt, Spec, StrictBool
+from lmcalc.specs import NamedSpec, NonNegativeInt, PositiveInt, Spec, StrictBool, no_items
 
 
 class Rule(Spec):
@@ -264,7 +263,7 @@ class FrameworkProfile(NamedSpec):
     """What a training framework keeps and allocates beyond the textbook count: each rule with its source."""
 
     display_name: str = ""
-    aliases: tuple[str, ...] = Field(default_factory=tuple)
+    aliases: tuple[str, ...] = Field(default_factory=no_items)
     description: str
     version: str = Field(description="the framework version (and commit) the rules were read from")
     norm: NormRule
@@ -283,7 +282,7 @@ class FrameworkProfile(NamedSpec):
         description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "
         "gradients during backward (the idealised profile does not)",
     )
-    not_modelled: tuple[str, ...] = Field(default_factory=tuple)
+    not_modelled: tuple[str, ...] = Field(default_factory=no_items)
 
     @property
     def label(self) -> str:

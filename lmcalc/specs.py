@@ -4,14 +4,15 @@
 Every preset file is parsed into one of these pydantic models once; the engine only ever sees these
 objects, never raw YAML. Units are in the field names (``memory_bytes``, ``peak_tflops_dense``) so a
 preset file cannot be read two ways.
-"""
 
-from __future__ import annotations
+The annotations are types, not text (no ``from __future__ import annotations``): pydantic would compile and evaluate
+each field's annotation from its text when the class is defined, which every command pays at start-up.
+"""
 
 import functools
 import weakref
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -27,8 +28,8 @@ def _whole_float_as_int(value: Any) -> Any:
 # Numbers and booleans are read strictly: a count is a whole number (not "768", which Python would repeat, nor true,
 # nor 1.5; 80e9 is one), a float field takes an int or a float (not text), a flag is true or false (not "false", nor
 # 1). Each annotation is strict on its own, not the models: a strict model would refuse the lists a file gives for
-# tuples. Spelled with Field(gt=0, strict=True) rather than pydantic's PositiveInt or StrictInt, whose module
-# (pydantic.types) costs 15 ms of start-up for nothing more.
+# tuples. Spelled with Field(gt=0, strict=True) rather than pydantic's PositiveInt or StrictInt, which would not read
+# 80e9 as a whole number (their module, pydantic.types, is loaded either way: pydantic.fields imports it).
 WholeNumber = Annotated[int, BeforeValidator(_whole_float_as_int), Field(strict=True)]
 PositiveInt = Annotated[WholeNumber, Field(gt=0)]
 NonNegativeInt = Annotated[WholeNumber, Field(ge=0)]
@@ -50,6 +51,19 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((key, _hashable(item)) for key, item in value.items()))
     return value
+
+
+def no_items() -> tuple[Any, ...]:
+    """An empty tuple: the default of a spec's lists. A function rather than ``tuple``, because pydantic reads a
+    default factory's signature whenever ``model_construct`` fills a default (a built-in preset), and
+    ``inspect.signature`` of a builtin such as ``tuple`` parses its text signature with ``tokenize``, whose pattern
+    costs some 3 ms to compile in a fresh process. The schema is the same: a factory, no default shown."""
+    return ()
+
+
+def no_entries() -> dict[Any, Any]:
+    """An empty dict: the default of a spec's mappings (``no_items``, for the same reason)."""
+    return {}
 
 
 _HASHES: dict[int, int] = {}
@@ -102,7 +116,7 @@ class MoESpec(Spec):
         "(decoder_sparse_step, Llama 4's interleave_moe_layer_step); the others keep a dense FFN of ffn_size",
     )
     dense_layer_ids: tuple[NonNegativeInt, ...] = Field(
-        default_factory=tuple, description="further layers (from 0) with a dense FFN (Qwen MoE's mlp_only_layers)"
+        default_factory=no_items, description="further layers (from 0) with a dense FFN (Qwen MoE's mlp_only_layers)"
     )
     node_limit: PositiveInt | None = Field(
         None,
@@ -111,7 +125,7 @@ class MoESpec(Spec):
     )
 
     @model_validator(mode="after")
-    def _top_k_fits(self) -> MoESpec:
+    def _top_k_fits(self) -> Self:
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})")
         return self
@@ -159,7 +173,7 @@ class MambaSpec(Spec):
     attention_offset: NonNegativeInt = 0
 
     @model_validator(mode="after")
-    def _offset_in_period(self) -> MambaSpec:
+    def _offset_in_period(self) -> Self:
         if self.attention_offset >= self.attention_every:
             raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
         return self
@@ -169,9 +183,9 @@ class ModelSpec(NamedSpec):
     """A decoder-only transformer, described the way its config file and paper describe it."""
 
     display_name: str = ""
-    aliases: tuple[str, ...] = Field(default_factory=tuple)
+    aliases: tuple[str, ...] = Field(default_factory=no_items)
     family_aliases: tuple[str, ...] = Field(
-        default_factory=tuple, description="short family names (e.g. llama-70b) that default to this model"
+        default_factory=no_items, description="short family names (e.g. llama-70b) that default to this model"
     )
     vocab_size: PositiveInt
     hidden_size: PositiveInt
@@ -233,7 +247,7 @@ class ModelSpec(NamedSpec):
     )
     final_softcap: PositiveFloat | None = Field(None, description="tanh soft-capping of the output logits (Gemma 2)")
     fused_linears: tuple[Literal["qkv", "gate_up"], ...] = Field(
-        default_factory=tuple,
+        default_factory=no_items,
         description="weights the reference implementation stores as one matrix (GPT-2's c_attn: qkv; Phi-3's "
         "qkv_proj and gate_up_proj): the count is the same, but a LoRA adapter on it spans the fused output",
     )
@@ -262,8 +276,8 @@ class ModelSpec(NamedSpec):
     published_params_source: str = ""
     training_tokens: PositiveFloat | None = None
     training_tokens_source: str = ""
-    notes: tuple[str, ...] = Field(default_factory=tuple)
-    sources: tuple[str, ...] = Field(default_factory=tuple)
+    notes: tuple[str, ...] = Field(default_factory=no_items)
+    sources: tuple[str, ...] = Field(default_factory=no_items)
 
     @field_validator("norms_per_layer", mode="before")
     @classmethod
@@ -275,7 +289,7 @@ class ModelSpec(NamedSpec):
         return value
 
     @model_validator(mode="after")
-    def _shapes_consistent(self) -> ModelSpec:
+    def _shapes_consistent(self) -> Self:
         if self.head_dim is None and self.mla is None and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads} "
@@ -356,7 +370,7 @@ class HardwareSpec(NamedSpec):
     """One accelerator as its spec sheet describes it: dense peaks, memory, links, power."""
 
     display_name: str = ""
-    aliases: tuple[str, ...] = Field(default_factory=tuple)
+    aliases: tuple[str, ...] = Field(default_factory=no_items)
     vendor: str
     memory_bytes: PositiveInt = Field(description="device memory in bytes, stated exactly (see memory_note)")
     memory_label: str = Field(description="the spec sheet's wording, e.g. '80 GB HBM3'")
@@ -381,7 +395,7 @@ class HardwareSpec(NamedSpec):
         None, description="streaming multiprocessors (NVIDIA), compute units (AMD) or cores: wave quantisation"
     )
     matmul_tflops: dict[ComputeDtype, PositiveFloat] = Field(
-        default_factory=dict,
+        default_factory=no_entries,
         description="maximum achievable matmul TFLOP/s per dtype, measured at the best shape (MAMF); "
         "source under sources['matmul']",
     )
@@ -400,8 +414,8 @@ class HardwareSpec(NamedSpec):
         description="devices one scale-up fabric joins when it is larger than a node (GB200 NVL72: 72; a TPU "
         "slice's ICI); None: the node",
     )
-    sources: dict[str, str] = Field(default_factory=dict, description="source per group of figures")
-    notes: tuple[str, ...] = Field(default_factory=tuple)
+    sources: dict[str, str] = Field(default_factory=no_entries, description="source per group of figures")
+    notes: tuple[str, ...] = Field(default_factory=no_items)
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak in FLOP/s (not TFLOP/s) for a compute dtype."""
@@ -415,7 +429,7 @@ class HardwareSpec(NamedSpec):
 class PrecisionRecipe(NamedSpec):
     """How many bytes each piece of training state takes, and which peak the matmuls run at."""
 
-    aliases: tuple[str, ...] = Field(default_factory=tuple)
+    aliases: tuple[str, ...] = Field(default_factory=no_items)
     description: str
     compute_dtype: ComputeDtype
     param_bytes: NonNegativeFloat = Field(description="bytes per parameter of the weights used in forward/backward")
@@ -423,7 +437,7 @@ class PrecisionRecipe(NamedSpec):
     master_bytes: NonNegativeFloat = Field(description="bytes per parameter of a separate fp32 master copy (0: none)")
     optimizer_state_bytes: PositiveFloat = Field(description="bytes of one optimizer state element")
     activation_bytes: PositiveFloat = Field(description="bytes of one saved activation element")
-    sources: tuple[str, ...] = Field(default_factory=tuple)
+    sources: tuple[str, ...] = Field(default_factory=no_items)
 
 
 class OptimizerState(Spec):
@@ -446,10 +460,10 @@ class OptimizerState(Spec):
 
 
 class OptimizerSpec(NamedSpec):
-    aliases: tuple[str, ...] = Field(default_factory=tuple)
+    aliases: tuple[str, ...] = Field(default_factory=no_items)
     description: str
     states: tuple[OptimizerState, ...]
-    sources: tuple[str, ...] = Field(default_factory=tuple)
+    sources: tuple[str, ...] = Field(default_factory=no_items)
 
 
 @dataclass(frozen=True)

@@ -86,20 +86,22 @@ def command_line_type(kind: Any) -> Any:
 def options_of(group: type, leave_out: Collection[str] = ()) -> tuple[Option, ...]:
     """The command line's options for a settings group (``estimates.settings``), in its order: each flag is the
     keyword with dashes (or the declared flags), its help and default the declared ones."""
-    options = []
-    for name, (kind, declared) in fields_of(group).items():
-        if name in leave_out:
-            continue
-        complete = getattr(completion, declared.complete) if declared.complete else None
-        typer_option = typer.Option(*(declared.flags or (flag(name),)), help=declared.help, autocompletion=complete)
-        options.append(Option(name, Annotated[command_line_type(kind), typer_option], declared.default))
-    return tuple(options)
+    return tuple(option for name, option in _options(group).items() if name not in leave_out)
 
 
 def option_of(group: type, name: str) -> Any:
     """One setting of a group as a command's parameter annotation (a command taking it alone)."""
-    (option,) = [o for o in options_of(group) if o.name == name]
-    return option.annotation
+    return _options(group)[name].annotation
+
+
+@functools.cache  # each group's options are made once, whichever commands take them
+def _options(group: type) -> dict[str, Option]:
+    options = {}
+    for name, (kind, declared) in fields_of(group).items():
+        complete = getattr(completion, declared.complete) if declared.complete else None
+        typer_option = typer.Option(*(declared.flags or (flag(name),)), help=declared.help, autocompletion=complete)
+        options[name] = Option(name, Annotated[command_line_type(kind), typer_option], declared.default)
+    return options
 
 
 PrecisionOpt = option_of(TrainingSettings, "precision")

@@ -1,13 +1,15 @@
 """Figures measured by ``lmcalc bench`` and read back for the estimates: a GPU's matmul peak, a training step's
 efficiency, an all-reduce's bus bandwidth. The results file is read without importing torch, each record checked
 as it is read (``results.load``), and the figure taken checked against the GPU's preset: no faster than its peak
-allows, an efficiency no more than 1."""
+allows, an efficiency no more than 1.
+
+``lmcalc.bench.results`` (and with it ``tempfile`` and ``fcntl``, for writing results) is imported when a figure is
+read from a file: an estimate from the spec sheet, what most commands make, reads none."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lmcalc.bench import results
 from lmcalc.engine.choices import PEAK_SOURCES
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.estimates.inputs import Given, choice
@@ -16,6 +18,8 @@ from lmcalc.specs import HardwareSpec, PrecisionRecipe
 
 def bench_file(calibration: str | None, run: str) -> Path:
     """The benchmark results file: ``calibration``, else the default one; refused if it does not exist."""
+    from lmcalc.bench import results
+
     path = Path(calibration).expanduser() if calibration else results.default_path()
     if not path.exists():
         raise LmcalcError(
@@ -32,6 +36,8 @@ def measured_peak(
     if choice(peak, PEAK_SOURCES, "peak") == "spec" and calibration is None:
         return None
     path = bench_file(calibration, f"run 'lmcalc bench --dtype {recipe.compute_dtype}' on one {hardware.name}")
+    from lmcalc.bench import results
+
     records = results.load(path)
     found = results.measured_peak(records, hardware.name, recipe.compute_dtype)
     if found is None:
@@ -47,6 +53,8 @@ def measured_peak(
 
 def measured_efficiency(calibration: str | None, hardware: HardwareSpec, recipe: PrecisionRecipe, model: str) -> Given:
     """The compute efficiency from ``lmcalc bench step`` results: the HFU of a measured step on this GPU."""
+    from lmcalc.bench import results
+
     dtype = recipe.compute_dtype
     run = f"run 'lmcalc bench step -m MODEL --dtype {dtype}' on one {hardware.name} (or give {setting('efficiency')})"
     path = bench_file(calibration, run)
@@ -64,6 +72,8 @@ def measured_efficiency(calibration: str | None, hardware: HardwareSpec, recipe:
 def measured_busbw(calibration: str | None, hardware: HardwareSpec) -> tuple[float, str] | None:
     """The NCCL all-reduce bus bandwidth ``lmcalc bench comm`` measured within a node of this GPU type (bytes/s),
     with its source; None where it measured none (the preset's figure stands)."""
+    from lmcalc.bench import results
+
     path = bench_file(calibration, f"run 'lmcalc bench' on one {hardware.name}")
     records = results.load(path)
     found = results.measured_busbw(records, hardware.name)

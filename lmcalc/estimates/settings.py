@@ -13,6 +13,7 @@ The groups: what is trained (``FineTuneSettings``, ``MethodSettings`` with offlo
 (``SearchSettings``), the run (``RunSettings``) and its energy (``EnergySettings``).
 """
 
+import functools
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
@@ -404,6 +405,7 @@ class ServingSettings(TypedDict, total=False):
 # ------------------------------------------------------------------------------------------------ reading them
 
 
+@functools.cache  # read once per group: the command line makes its options from them at start-up
 def fields_of(group: type) -> dict[str, tuple[Any, Setting]]:
     """Each field of a settings group, in its declaration order (a base group's first): its type and its
     ``Setting``."""
