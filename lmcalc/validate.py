@@ -160,49 +160,88 @@ def validate_result(
 ) -> Result:
     import torch
 
-    from lmcalc import measure
+    _check_even_routing(spec, seq_len, micro_batch)
+    sections = _reference_rows(spec, seq_len, micro_batch)
+    small = small_config(spec)
+    s = min(seq_len, SMALL_SEQ_CAP)
+    sections += _activation_rows(small, s, micro_batch, recompute_modes)
+    step_mode = recompute_modes[0] if len(recompute_modes) == 1 else "none"
+    sections += _cpu_step_rows(small, s, micro_batch, step_mode)
+    sections += _peak_memory_rows(spec, seq_len, micro_batch, step_mode)
+    inputs = (
+        Input("model", "Model", spec.name, origin=note or spec.label),
+        Input("seq_len", "Sequence length (rows 1–2)", seq_len, "tokens", "--seq"),
+        Input("micro_batch", "Micro-batch", micro_batch, "sequences", "--micro-batch"),
+        Input(
+            "small",
+            "Small model (row 3)",
+            f"h={small.hidden_size}, H={small.num_heads}, "
+            f"H_kv={small.kv_heads}, L={small.num_layers}, V={small.vocab_size}, fp32, CPU",
+        ),
+    )
+    failed = [sec.title for sec in sections for t in sec.terms if t.ok is False]
+    not_run = [f"{sec.title}: not run, {sec.term('pytorch').note}" for sec in sections if sec.term("pytorch").note]
+    verdict = "FAILED: " + "; ".join(failed) if failed else "every check that ran passed"
+    notes = [verdict, *not_run, f"torch {torch.__version__}"]
+    title = f"{spec.label}: lmcalc vs PyTorch"
+    return Result(
+        "validate", title, inputs, tuple(sections), tuple(notes), layout="grid", headline=(f"{title}: {verdict}",)
+    )
 
-    if spec.moe:  # on meta the tokens are spread evenly: every expert must get the same number
+
+def _check_even_routing(spec: ModelSpec, seq_len: int, micro_batch: int) -> None:
+    """On meta the tokens are spread evenly over an MoE model's experts: every expert must get the same number."""
+    if spec.moe:
         unit = spec.moe.num_experts // math.gcd(spec.moe.num_experts, spec.moe.experts_per_token)
         if (seq_len * micro_batch) % unit:
             raise LmcalcError(
                 f"the FLOP check spreads tokens evenly over {spec.name}'s experts: micro-batch × {setting('seq')} "
                 f"must be a multiple of {unit} (e.g. {setting('seq')} {max(unit, seq_len // unit * unit)})"
             )
-    sections = []
+
+
+def _reference_rows(spec: ModelSpec, seq_len: int, micro_batch: int) -> list[Section]:
+    """Rows 1 and 2, on the model itself built on the meta device: its parameters, and one step's FLOPs."""
+    from lmcalc import measure
+
     reference = measure.build(spec, "flash", seq_len, "meta")
-    sections.append(
-        _compare(
-            "params",
-            "Parameters (meta device)",
-            count_params(spec).total,
-            measure.parameter_count(reference),
-            "params",
-            PARAM_TOLERANCE,
-            source="sum(p.numel() for p in module.parameters())",
-        )
+    params = _compare(
+        "params",
+        "Parameters (meta device)",
+        count_params(spec).total,
+        measure.parameter_count(reference),
+        "params",
+        PARAM_TOLERANCE,
+        source="sum(p.numel() for p in module.parameters())",
     )
     engine_flops = fl.step_flops(spec, seq_len).model * seq_len * micro_batch
     causal = fl.step_flops(spec, seq_len, convention="causal").model * seq_len * micro_batch
-    sections.append(
-        _compare(
-            "flops",
-            f"FLOPs of one step, full attention (b={micro_batch}, s={seq_len})",
-            engine_flops,
-            measure.training_step_flops(reference, seq_len, micro_batch),
-            "FLOPs",
-            FLOP_TOLERANCE,
-            note=f"causal convention: {causal:.4e} FLOPs",
-            source="torch.utils.flop_counter.FlopCounterMode",
-        )
+    flops = _compare(
+        "flops",
+        f"FLOPs of one step, full attention (b={micro_batch}, s={seq_len})",
+        engine_flops,
+        measure.training_step_flops(reference, seq_len, micro_batch),
+        "FLOPs",
+        FLOP_TOLERANCE,
+        note=f"causal convention: {causal:.4e} FLOPs",
+        source="torch.utils.flop_counter.FlopCounterMode",
     )
-    del reference
+    return [params, flops]
 
-    small = small_config(spec)
-    s = min(seq_len, SMALL_SEQ_CAP)
+
+def _activation_rows(
+    small: ModelSpec, s: int, micro_batch: int, recompute_modes: tuple[Recompute, ...]
+) -> list[Section]:
+    """Row 3, on the small model on the CPU: the bytes saved for backward, per attention kernel and recomputation
+    mode (not run where CPU sdpa would fall back to another kernel than the one named)."""
+    import torch
+
+    from lmcalc import measure
+
     torch.manual_seed(0)
     tokens = torch.randint(0, small.vocab_size, (micro_batch, s))
     fp32, adamw = resolve_precision(CPU_RECIPE).spec, resolve_optimizer("adamw").spec
+    sections: list[Section] = []
     for attention in sorted(ATTENTION_KERNELS):  # eager, then flash
         model = measure.build(small, attention, s, "cpu")
         for recompute in recompute_modes:
@@ -228,28 +267,7 @@ def validate_result(
                     source="torch.autograd.graph.saved_tensors_hooks, by storage",
                 )
             )
-    step_mode = recompute_modes[0] if len(recompute_modes) == 1 else "none"
-    sections += _cpu_step_rows(small, s, micro_batch, step_mode)
-    sections += _peak_memory_rows(spec, seq_len, micro_batch, step_mode)
-    inputs = (
-        Input("model", "Model", spec.name, origin=note or spec.label),
-        Input("seq_len", "Sequence length (rows 1–2)", seq_len, "tokens", "--seq"),
-        Input("micro_batch", "Micro-batch", micro_batch, "sequences", "--micro-batch"),
-        Input(
-            "small",
-            "Small model (row 3)",
-            f"h={small.hidden_size}, H={small.num_heads}, "
-            f"H_kv={small.kv_heads}, L={small.num_layers}, V={small.vocab_size}, fp32, CPU",
-        ),
-    )
-    failed = [sec.title for sec in sections for t in sec.terms if t.ok is False]
-    not_run = [f"{sec.title}: not run, {sec.term('pytorch').note}" for sec in sections if sec.term("pytorch").note]
-    verdict = "FAILED: " + "; ".join(failed) if failed else "every check that ran passed"
-    notes = [verdict, *not_run, f"torch {torch.__version__}"]
-    title = f"{spec.label}: lmcalc vs PyTorch"
-    return Result(
-        "validate", title, inputs, tuple(sections), tuple(notes), layout="grid", headline=(f"{title}: {verdict}",)
-    )
+    return sections
 
 
 def _peak_memory_rows(spec: ModelSpec, seq_len: int, micro_batch: int, recompute: str) -> list[Section]:

@@ -30,6 +30,8 @@ from lmcalc.result import Result
 from lmcalc.units import parse_shape
 
 if TYPE_CHECKING:
+    from lmcalc.bench.device import Device
+    from lmcalc.bench.matmul import MatmulSettings, ModelShapes
     from lmcalc.bench.results import Record
 
 DeviceOpt = Annotated[str, typer.Option("--device", help=f"{alternatives(DEVICES, {'auto': 'the first available'})}.")]
@@ -143,7 +145,7 @@ def bench_main(
     if ctx.invoked_subcommand is not None:
         return
     _torch_or_fail()
-    from lmcalc.bench import matmul, report
+    from lmcalc.bench import matmul
     from lmcalc.bench.device import detect
     from lmcalc.bench.dtypes import default_dtype
 
@@ -155,30 +157,55 @@ def bench_main(
     )
     on_cpu = dev.torch_device.type == "cpu"
     target = _save_target(save, no_save, on_cpu)
-    description = f"{settings.dtype} matmuls on {dev.name}"
     if model is not None:
         spec = pr.resolve_model(model).spec
         tokens = positive_int(micro_batch, "micro_batch") * int(seq_given(seq).value)
         shapes = matmul.ModelShapes(spec, tokens, positive_int(tp, "tp"))
-        with _progress_bar(description, hidden=as_json) as progress:
-            measured = matmul.measure_model(shapes, settings, dev, progress)
-        note = _save([report.model_record(measured, dev)], target)
-        result = report.model_result(measured, dev)
+        result, note = _bench_model_shapes(shapes, settings, dev, target, as_json)
     elif sweep:
-        with _progress_bar(description, hidden=as_json) as progress:
-            measurements = matmul.measure_shapes(matmul.sweep_shapes(dev), settings, dev, progress)
-        note = _save(report.matmul_records(measurements, dev), target)
-        result = report.matmul_result(measurements, dev, sweep=True)
+        result, note = _bench_sweep(settings, dev, target, as_json)
     else:
-        dims = parse_shape(shape) if shape else matmul.default_shape(dev)
-        if len(dims) != 3:
-            raise LmcalcError(f"--shape needs three sizes MxNxK (e.g. 4096x4096x4096), got {shape!r}")
-        m, n, k = dims
-        measurement = matmul.measure((m, n, k), settings, dev)
-        note = _save(report.matmul_records([measurement], dev), target)
-        result = report.matmul_result([measurement], dev, sweep=False)
+        result, note = _bench_one_shape(shape, settings, dev, target)
     result = _headline(result, on_cpu, "--device cpu" if device == "cpu" else "")
     emit(replace(result, notes=(*result.notes, note)), as_json, explain, brief)
+
+
+def _bench_model_shapes(
+    shapes: ModelShapes, settings: MatmulSettings, dev: Device, target: _SaveTarget, hidden: bool
+) -> tuple[Result, str]:
+    """A model's own matmul shapes, measured under a progress bar (``hidden`` for --json): the result, and where the
+    records were saved."""
+    from lmcalc.bench import matmul, report
+
+    with _progress_bar(f"{settings.dtype} matmuls on {dev.name}", hidden=hidden) as progress:
+        measured = matmul.measure_model(shapes, settings, dev, progress)
+    note = _save([report.model_record(measured, dev)], target)
+    return report.model_result(measured, dev), note
+
+
+def _bench_sweep(settings: MatmulSettings, dev: Device, target: _SaveTarget, hidden: bool) -> tuple[Result, str]:
+    """A grid of shapes, measured under a progress bar: the best and the spread, and where the records were saved."""
+    from lmcalc.bench import matmul, report
+
+    with _progress_bar(f"{settings.dtype} matmuls on {dev.name}", hidden=hidden) as progress:
+        measurements = matmul.measure_shapes(matmul.sweep_shapes(dev), settings, dev, progress)
+    note = _save(report.matmul_records(measurements, dev), target)
+    return report.matmul_result(measurements, dev, sweep=True), note
+
+
+def _bench_one_shape(
+    shape: str | None, settings: MatmulSettings, dev: Device, target: _SaveTarget
+) -> tuple[Result, str]:
+    """One MxNxK shape (``shape``, or the device's default one): the result, and where the record was saved."""
+    from lmcalc.bench import matmul, report
+
+    dims = parse_shape(shape) if shape else matmul.default_shape(dev)
+    if len(dims) != 3:
+        raise LmcalcError(f"--shape needs three sizes MxNxK (e.g. 4096x4096x4096), got {shape!r}")
+    m, n, k = dims
+    measurement = matmul.measure((m, n, k), settings, dev)
+    note = _save(report.matmul_records([measurement], dev), target)
+    return report.matmul_result([measurement], dev, sweep=False), note
 
 
 @contextmanager

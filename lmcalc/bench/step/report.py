@@ -62,88 +62,101 @@ def _time_section(m: StepMeasurement) -> Section:
 
 
 def _flops_section(m: StepMeasurement) -> Section:
+    causal = model_flops_per_step(m.setup.model, m.setup.seq_len, m.setup.micro_batch, "causal")
+    return Section(
+        "flops",
+        "FLOPs and utilisation (full-attention convention)",
+        (*_flop_count_terms(m, causal), *_utilisation_terms(m, causal)),
+    )
+
+
+def _flop_count_terms(m: StepMeasurement, causal: float) -> tuple[Term, ...]:
+    """The engine's FLOPs of the step measured: forward per token, then the step's model FLOPs (``causal``: with
+    attention counted causal) and hardware FLOPs."""
     spec, s, b = m.setup.model, m.setup.seq_len, m.setup.micro_batch
     forward = fl.step_flops(spec, s, convention=FLOP_CONVENTION).forward.total
-    causal = model_flops_per_step(spec, s, b, "causal")
+    return (
+        Term(
+            "forward_per_token",
+            "Forward FLOPs per token",
+            forward,
+            "FLOPs",
+            "engine detailed count, attention full (s keys per query)",
+            source="lmcalc.engine.model.flops.step_flops",
+        ),
+        Term(
+            "model_flops",
+            "Model FLOPs per step",
+            m.model_flops,
+            "FLOPs",
+            "3 · forward per token · b · s",
+            f"3 × {forward:.6g} × {b} × {s}",
+            "Kaplan et al. 2020 §2.1 (backward = 2 × forward); Korthikanti et al. 2022 eq. (7) and "
+            "Chowdhery et al. 2022 App. B count attention non-causal",
+            note=f"causal count: {causal:.4e} FLOPs",
+        ),
+        Term(
+            "hardware_flops",
+            f"Hardware FLOPs per step (recompute {m.setup.recompute})",
+            m.hardware_flops,
+            "FLOPs",
+            "(3 · forward + recompute) per token · b · s",
+            source="Korthikanti et al. 2022 Appendix A",
+        ),
+    )
+
+
+def _utilisation_terms(m: StepMeasurement, causal: float) -> tuple[Term, ...]:
+    """The FLOP/s achieved at the median step time, the device's dense peak (never invented where it has none), and
+    the utilisations: MFU, HFU, and MFU with attention counted causal (``causal`` model FLOPs)."""
     peak = m.peak_flops_per_s
     no_peak = f"not available: the {m.device.name} has no {m.peak_key} peak (none is invented)"
     peak_note = "an estimate, not a spec-sheet figure" if m.device.peak_is_estimate else ""
     median = f"{m.stats.median:.4g} s"
     peak_text = format_quantity(peak, "FLOP/s") if peak else "n/a"
-    return Section(
-        "flops",
-        "FLOPs and utilisation (full-attention convention)",
-        (
-            Term(
-                "forward_per_token",
-                "Forward FLOPs per token",
-                forward,
-                "FLOPs",
-                "engine detailed count, attention full (s keys per query)",
-                source="lmcalc.engine.model.flops.step_flops",
-            ),
-            Term(
-                "model_flops",
-                "Model FLOPs per step",
-                m.model_flops,
-                "FLOPs",
-                "3 · forward per token · b · s",
-                f"3 × {forward:.6g} × {b} × {s}",
-                "Kaplan et al. 2020 §2.1 (backward = 2 × forward); Korthikanti et al. 2022 eq. (7) and "
-                "Chowdhery et al. 2022 App. B count attention non-causal",
-                note=f"causal count: {causal:.4e} FLOPs",
-            ),
-            Term(
-                "hardware_flops",
-                f"Hardware FLOPs per step (recompute {m.setup.recompute})",
-                m.hardware_flops,
-                "FLOPs",
-                "(3 · forward + recompute) per token · b · s",
-                source="Korthikanti et al. 2022 Appendix A",
-            ),
-            Term(
-                "achieved",
-                "Achieved model FLOP/s",
-                m.achieved_flops_per_s,
-                "FLOP/s",
-                "model FLOPs per step / median step time",
-                f"{m.model_flops:.4e} / {median}",
-            ),
-            Term(
-                "peak",
-                f"Peak FLOP/s ({m.peak_key}, dense)",
-                peak if peak else math.nan,
-                "FLOP/s",
-                source=m.device.peak_source,
-                note=peak_note if peak else no_peak,
-            ),
-            Term(
-                "mfu",
-                "MFU",
-                _percent(m.mfu),
-                "%",
-                "model FLOPs per step / (median step time × peak)",
-                f"{m.model_flops:.4e} / ({median} × {peak_text})",
-                "Chowdhery et al. 2022 (PaLM) §4.1",
-                note="" if peak else no_peak,
-            ),
-            Term(
-                "hfu",
-                "HFU",
-                _percent(m.hfu),
-                "%",
-                "hardware FLOPs per step / (median step time × peak)",
-                source="Chowdhery et al. 2022 (PaLM) §4.1: recomputation counted",
-                note="" if peak else no_peak,
-            ),
-            Term(
-                "mfu_causal",
-                "MFU with causal attention counted",
-                _percent(m.utilisation(causal)),
-                "%",
-                "causal model FLOPs per step / (median step time × peak)",
-                note="half the attention scores and values: lower than the full-attention MFU" if peak else no_peak,
-            ),
+    return (
+        Term(
+            "achieved",
+            "Achieved model FLOP/s",
+            m.achieved_flops_per_s,
+            "FLOP/s",
+            "model FLOPs per step / median step time",
+            f"{m.model_flops:.4e} / {median}",
+        ),
+        Term(
+            "peak",
+            f"Peak FLOP/s ({m.peak_key}, dense)",
+            peak if peak else math.nan,
+            "FLOP/s",
+            source=m.device.peak_source,
+            note=peak_note if peak else no_peak,
+        ),
+        Term(
+            "mfu",
+            "MFU",
+            _percent(m.mfu),
+            "%",
+            "model FLOPs per step / (median step time × peak)",
+            f"{m.model_flops:.4e} / ({median} × {peak_text})",
+            "Chowdhery et al. 2022 (PaLM) §4.1",
+            note="" if peak else no_peak,
+        ),
+        Term(
+            "hfu",
+            "HFU",
+            _percent(m.hfu),
+            "%",
+            "hardware FLOPs per step / (median step time × peak)",
+            source="Chowdhery et al. 2022 (PaLM) §4.1: recomputation counted",
+            note="" if peak else no_peak,
+        ),
+        Term(
+            "mfu_causal",
+            "MFU with causal attention counted",
+            _percent(m.utilisation(causal)),
+            "%",
+            "causal model FLOPs per step / (median step time × peak)",
+            note="half the attention scores and values: lower than the full-attention MFU" if peak else no_peak,
         ),
     )
 

@@ -25,7 +25,7 @@ model (tests/test_finetune_flops.py).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.finetune.method import (
@@ -104,6 +104,35 @@ def _per_layer_copies(model: ModelSpec, count_symbol: str, active: float) -> flo
     return active / _layers_with(model, count_symbol)
 
 
+@dataclass(frozen=True)
+class _MethodStep:
+    """What each layer's count reads: the model, the method and the modules it adapts, the tokens of a micro-batch
+    (DoRA's per-forward work is shared by them), and the attention core's two products per token."""
+
+    model: ModelSpec
+    method: Method
+    adapted: frozenset[str]
+    tokens: int
+    scores: float  # Q·K^T
+    values: float  # P·V
+
+    @property
+    def core(self) -> float:
+        return self.scores + self.values
+
+
+@dataclass
+class _LayerFlops:
+    """One layer's FLOPs per token, added up module by module in the order the layer runs them."""
+
+    forward: float = 0.0
+    input_grads: float = 0.0
+    weight_grads: float = 0.0
+    attention_backward: float = 0.0
+    output_grad: bool = False  # whether the layer's output needs a gradient
+    outputs: dict[str, bool] = field(default_factory=dict)  # whether each projection's output needs a gradient
+
+
 def method_step_flops(
     model: ModelSpec,
     method: Method,
@@ -114,64 +143,100 @@ def method_step_flops(
 ) -> MethodFlops:
     """FLOPs per token of a training step that trains what ``method`` trains (module docstring), in micro-batches
     of ``micro_batch`` sequences (DoRA's per-forward work is shared by a micro-batch's tokens)."""
-    tokens = seq_len * micro_batch
-    adapted = {m.name for m in adapted_modules(model, method)}
-    r = method.lora_rank
     keys = attended_keys(model, seq_len, convention)
-    scores, values = 2 * keys * model.num_heads * model.qk_head_dim, 2 * keys * model.num_heads * model.v_head_dim
-    core = scores + values
+    step = _MethodStep(
+        model,
+        method,
+        frozenset(m.name for m in adapted_modules(model, method)),
+        seq_len * micro_batch,
+        2 * keys * model.num_heads * model.qk_head_dim,
+        2 * keys * model.num_heads * model.v_head_dim,
+    )
     forward = input_grads = weight_grads = attention_backward = recomputed = 0.0
     out_grad = False  # whether the last layer's output needs a gradient
     for layer, n in _layers_of(model, method).items():
-        modules = [m for m in linear_modules(model) if m.leaf != "lm_head" and in_layer(m, layer.moe)]
-        f = i = wg = 0.0
-        x_grad = layer.input_grad
-        outs: dict[str, bool] = {}  # whether each attention projection's output needs a gradient
-        for half in ("attention", "mlp"):
-            normed = x_grad or layer.trained  # the half's norm output: a trained norm weight needs its gradient
-            inner = normed  # whether what the half's first projections produce needs a gradient
-            any_out = False
-            for m in (m for m in modules if (m.group == "attention") == (half == "attention")):
-                reads_grad = normed if m.leaf in READS_ATTENTION_INPUT + READS_MLP_INPUT else inner
-                mm = 2 * m.inputs * m.outputs * _per_layer_copies(model, m.count_symbol, m.active)
-                f += mm
-                i += mm if reads_grad else 0.0
-                wg += mm if layer.trained else 0.0
-                m_out = reads_grad or layer.trained
-                if m.name in adapted:
-                    copies = _per_layer_copies(model, m.count_symbol, m.active)
-                    a, b = 2 * r * m.inputs * copies, 2 * r * m.outputs * copies
-                    f += a + b
-                    wg += a + b
-                    i += b + (a if reads_grad else 0.0)
-                    m_out = True
-                    if method.dora:
-                        f += dora_forward(m, r, model) / tokens
-                        if method.lora_dropout:  # PEFT recomputes W·dropout(x) for DoRA's base term
-                            f += mm
-                            i += mm if reads_grad else 0.0
-                any_out = any_out or m_out
-                outs[m.leaf] = outs.get(m.leaf, False) or m_out
-                if m.leaf not in OUTPUT_PROJECTIONS:
-                    inner = inner or m_out
-            if half == "attention":
-                q, k, v = (any(outs.get(leaf, False) for leaf in leaves) for leaves in OPERANDS)
-                # each product's backward gives the gradient of each operand that needs one, at its forward's cost
-                attention_backward += n * (scores * (q + k) + values * ((q or k) + v))
-            x_grad = x_grad or any_out  # the residual stream after the half
-        f += core
-        forward += n * f
-        input_grads += n * i
-        weight_grads += n * wg
-        if x_grad:
-            recomputed += n * (f if recompute == "full" else core if recompute == "selective" else 0.0)
-        out_grad = out_grad or x_grad
+        flops = _layer_flops(step, layer)
+        attention_backward += n * flops.attention_backward
+        forward += n * flops.forward
+        input_grads += n * flops.input_grads
+        weight_grads += n * flops.weight_grads
+        if flops.output_grad:
+            f = flops.forward
+            recomputed += n * (f if recompute == "full" else step.core if recompute == "selective" else 0.0)
+        out_grad = out_grad or flops.output_grad
     logits = 2 * model.hidden_size * model.vocab_size
     head_trained = method.kind == "full" or (method.kind == "freeze" and not model.tied_embeddings)
     forward += logits
     input_grads += logits if out_grad else 0.0
     weight_grads += logits if head_trained else 0.0
     return MethodFlops(forward, input_grads, weight_grads, attention_backward, recomputed)
+
+
+def _layer_flops(step: _MethodStep, layer: _Layer) -> _LayerFlops:
+    """One layer: its attention half, then the attention core's backward, for the operands that need a gradient,
+    then its MLP half, and the core's forward."""
+    modules = [m for m in linear_modules(step.model) if m.leaf != "lm_head" and in_layer(m, layer.moe)]
+    flops = _LayerFlops()
+    x_grad = layer.input_grad
+    for half in ("attention", "mlp"):
+        half_modules = [m for m in modules if (m.group == "attention") == (half == "attention")]
+        any_out = _half_flops(step, half_modules, x_grad, layer.trained, flops)
+        if half == "attention":
+            q, k, v = (any(flops.outputs.get(leaf, False) for leaf in leaves) for leaves in OPERANDS)
+            # each product's backward gives the gradient of each operand that needs one, at its forward's cost
+            flops.attention_backward = step.scores * (q + k) + step.values * ((q or k) + v)
+        x_grad = x_grad or any_out  # the residual stream after the half
+    flops.forward += step.core
+    flops.output_grad = x_grad
+    return flops
+
+
+def _half_flops(
+    step: _MethodStep, modules: list[LinearModule], x_grad: bool, trained: bool, flops: _LayerFlops
+) -> bool:
+    """One half of a layer, its attention or its MLP modules, added to ``flops``; whether any of their outputs
+    needs a gradient. The half's first projections read its norm's output, which needs a gradient where the
+    residual stream does or the norm's weight trains; the projections after them, where what they read does."""
+    normed = x_grad or trained  # the half's norm output: a trained norm weight needs its gradient
+    inner = normed  # whether what the half's first projections produce needs a gradient
+    any_out = False
+    for m in modules:
+        reads_grad = normed if m.leaf in READS_ATTENTION_INPUT + READS_MLP_INPUT else inner
+        m_out = _module_flops(step, m, reads_grad, trained, flops)
+        any_out = any_out or m_out
+        flops.outputs[m.leaf] = flops.outputs.get(m.leaf, False) or m_out
+        if m.leaf not in OUTPUT_PROJECTIONS:
+            inner = inner or m_out
+    return any_out
+
+
+def _module_flops(step: _MethodStep, m: LinearModule, reads_grad: bool, trained: bool, flops: _LayerFlops) -> bool:
+    """One linear module's matmul, its input gradient where what it reads needs one and its weight gradient where it
+    trains, and its adapter's, added to ``flops``; whether its output needs a gradient."""
+    mm = 2 * m.inputs * m.outputs * _per_layer_copies(step.model, m.count_symbol, m.active)
+    flops.forward += mm
+    flops.input_grads += mm if reads_grad else 0.0
+    flops.weight_grads += mm if trained else 0.0
+    if m.name not in step.adapted:
+        return reads_grad or trained
+    _adapter_flops(step, m, mm, reads_grad, flops)
+    return True
+
+
+def _adapter_flops(step: _MethodStep, m: LinearModule, mm: float, reads_grad: bool, flops: _LayerFlops) -> None:
+    """A module's LoRA adapter B·A: forward, both weight gradients, B's input gradient and A's where the module's
+    input needs one; with DoRA, its weight norm's forward and, under dropout, the base product (``mm``) again."""
+    r, method = step.method.lora_rank, step.method
+    copies = _per_layer_copies(step.model, m.count_symbol, m.active)
+    a, b = 2 * r * m.inputs * copies, 2 * r * m.outputs * copies
+    flops.forward += a + b
+    flops.weight_grads += a + b
+    flops.input_grads += b + (a if reads_grad else 0.0)
+    if method.dora:
+        flops.forward += dora_forward(m, r, step.model) / step.tokens
+        if method.lora_dropout:  # PEFT recomputes W·dropout(x) for DoRA's base term
+            flops.forward += mm
+            flops.input_grads += mm if reads_grad else 0.0
 
 
 def napkin_method_flops(model: ModelSpec, method: Method) -> tuple[float, str]:

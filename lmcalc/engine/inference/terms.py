@@ -102,9 +102,32 @@ def _attention_kind(spec: ModelSpec) -> str:
 
 def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Section:
     kv_bytes = serving_dtype_bytes(kv_dtype, "KV-cache dtype")
-    L, b, s, tp = memory.layers, memory.batch, memory.context, memory.tp
-    formula, numbers = _per_layer_formula(spec, kv_bytes, spec.kv_heads)
+    b, s = memory.batch, memory.context
     terms = [
+        *_kv_per_token_terms(spec, memory, kv_dtype, kv_bytes),
+        *_window_terms(spec, memory),
+        *_state_terms(spec, memory, kv_bytes),
+        *_kv_batch_terms(memory),
+    ]
+    if memory.tp > 1:
+        terms.append(_kv_per_token_per_gpu_term(spec, memory, kv_bytes))
+    terms.append(
+        Term(
+            "per_gpu",
+            "Whole batch on one GPU",
+            memory.kv_cache_per_gpu,
+            "bytes",
+            _batch_formula(memory, "per token on one GPU"),
+            f"{b} × {_kept(memory, s)} × {group(memory.kv_per_token_per_gpu)} B",
+        )
+    )
+    return Section("kv_cache", f"KV cache ({b} × {s} tokens)", tuple(terms))
+
+
+def _kv_per_token_terms(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str, kv_bytes: float) -> tuple[Term, Term]:
+    """The cache of one token: in one layer, then in all the layers that keep one."""
+    formula, numbers = _per_layer_formula(spec, kv_bytes, spec.kv_heads)
+    return (
         Term(
             "per_token_per_layer",
             f"Per token, one layer ({kv_dtype})",
@@ -121,11 +144,16 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
             memory.kv_per_token,
             "bytes",
             "L · per token per layer",
-            f"{L} × {group(memory.kv_per_token_per_layer)} B",
+            f"{memory.layers} × {group(memory.kv_per_token_per_layer)} B",
             note=_layers_note(spec),
         ),
-        *_window_terms(spec, memory),
-        *_state_terms(spec, memory, kv_bytes),
+    )
+
+
+def _kv_batch_terms(memory: InferenceMemory) -> tuple[Term, Term]:
+    """The cache of one sequence of the context (and a hybrid's state), then of the whole batch."""
+    b, s = memory.batch, memory.context
+    return (
         Term(
             "per_sequence",
             "Per sequence",
@@ -142,44 +170,36 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
             _batch_formula(memory, "per token"),
             f"{b} × ({_kept(memory, s)} × {group(memory.kv_per_token)} B{_state_text(memory)})",
         ),
-    ]
-    if tp > 1:
-        heads = kv_heads_per_gpu(spec, tp)
-        if spec.mla:
-            gpu_formula, gpu_numbers = "L · " + formula, f"{L} × {numbers}"
-            gpu_note = "MLA's latent serves every head, so each TP rank caches all of it"
-        else:
-            layer_formula, layer_numbers = _per_layer_formula(spec, kv_bytes, heads)
-            gpu_formula = "L · " + layer_formula.replace("H_kv", "max(1, H_kv/TP)")
-            gpu_numbers = f"{L} × {layer_numbers}"
-            gpu_note = (
-                f"the {spec.kv_heads} KV heads are replicated over TP={tp}: one per GPU"
-                if spec.kv_heads < tp
-                else f"{spec.kv_heads} KV heads split over TP={tp}"
-            )
-        terms.append(
-            Term(
-                "per_token_per_gpu",
-                "Per token on one GPU",
-                memory.kv_per_token_per_gpu,
-                "bytes",
-                gpu_formula,
-                gpu_numbers,
-                TP_SOURCE,
-                note=gpu_note,
-            )
-        )
-    terms.append(
-        Term(
-            "per_gpu",
-            "Whole batch on one GPU",
-            memory.kv_cache_per_gpu,
-            "bytes",
-            _batch_formula(memory, "per token on one GPU"),
-            f"{b} × {_kept(memory, s)} × {group(memory.kv_per_token_per_gpu)} B",
-        )
     )
-    return Section("kv_cache", f"KV cache ({b} × {s} tokens)", tuple(terms))
+
+
+def _kv_per_token_per_gpu_term(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> Term:
+    """Under TP, one token's cache on one GPU: its share of the KV heads (one at least), or MLA's whole latent."""
+    L, tp = memory.layers, memory.tp
+    heads = kv_heads_per_gpu(spec, tp)
+    if spec.mla:
+        formula, numbers = _per_layer_formula(spec, kv_bytes, spec.kv_heads)
+        gpu_formula, gpu_numbers = "L · " + formula, f"{L} × {numbers}"
+        gpu_note = "MLA's latent serves every head, so each TP rank caches all of it"
+    else:
+        layer_formula, layer_numbers = _per_layer_formula(spec, kv_bytes, heads)
+        gpu_formula = "L · " + layer_formula.replace("H_kv", "max(1, H_kv/TP)")
+        gpu_numbers = f"{L} × {layer_numbers}"
+        gpu_note = (
+            f"the {spec.kv_heads} KV heads are replicated over TP={tp}: one per GPU"
+            if spec.kv_heads < tp
+            else f"{spec.kv_heads} KV heads split over TP={tp}"
+        )
+    return Term(
+        "per_token_per_gpu",
+        "Per token on one GPU",
+        memory.kv_per_token_per_gpu,
+        "bytes",
+        gpu_formula,
+        gpu_numbers,
+        TP_SOURCE,
+        note=gpu_note,
+    )
 
 
 def _max_context_formula(memory: InferenceMemory) -> tuple[str, str]:

@@ -90,42 +90,71 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
         SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq", for_weights=readers)
     ]
     if spec.mla:
-        m = spec.mla
-        if m.q_lora_rank:
-            tensors += _norm_saved(w, "query latent norm", rows, Dim(m.q_lora_rank, "r_q"))
-            tensors.append(
-                SavedTensor(
-                    "query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq", for_weights=("q_b",)
-                )
-            )
-        kv_width = m.kv_lora_rank + m.qk_rope_head_dim
-        tensors.append(
-            SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act, split="seq")
-        )
-        tensors += _norm_stats(spec, "KV latent norm", rows)
-        tensors.append(
-            SavedTensor(
-                "KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq", for_weights=("kv_b",)
-            )
-        )
-        tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act))
-        tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act))
-        tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act))
-        return tensors
+        return tensors + _mla_saved(w, rows)
     # Eager attention expands K and V to all H heads before the matmul (repeat_kv) unless that expansion
     # sits inside the recomputed core; fused kernels read the H_kv heads directly.
     expanded = w.attention == "eager" and w.recompute != "selective"
     kv = H if expanded else spec.kv_heads
     kv_sym = "H" if expanded or kv == H else "H_kv"
     kv_ranks = None if expanded else spec.kv_heads  # TP ranks past the KV heads share one (SavedTensor.tp_ways)
-    if spec.qk_norm != "none":
-        full = spec.qk_norm == "full"  # a full-width QK-norm has one row per token for Q and one for K
-        q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * spec.kv_heads, "s·b·H_kv"))
-        q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
-        k_width = Dim(spec.kv_heads * dqk, "H_kv·d") if full else Dim(dqk, "d")
-        k_norm = [replace(t, most_tp_ranks=spec.kv_heads) for t in _norm_saved(w, "K-norm", k_rows, k_width, "tp")]
-        tensors += [*_norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
+    tensors += _qk_norm_saved(w, rows)
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
+    return tensors + [
+        SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
+        SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act, most_tp_ranks=kv_ranks),
+        SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act, most_tp_ranks=kv_ranks),
+        *_qkv_copies_saved(w, kv, kv_sym, kv_ranks),
+    ]
+
+
+def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
+    """Multi-head latent attention, after its input: the query latent (with its norm) where queries are
+    compressed, the KV latent with the shared RoPE key, its norm, and the up-projected Q, K and V."""
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    H, dqk, dv = spec.num_heads, spec.qk_head_dim, spec.v_head_dim
+    assert spec.mla is not None
+    m = spec.mla
+    tensors: list[SavedTensor] = []
+    if m.q_lora_rank:
+        tensors += _norm_saved(w, "query latent norm", rows, Dim(m.q_lora_rank, "r_q"))
+        tensors.append(
+            SavedTensor(
+                "query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq", for_weights=("q_b",)
+            )
+        )
+    kv_width = m.kv_lora_rank + m.qk_rope_head_dim
+    tensors.append(
+        SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act, split="seq")
+    )
+    tensors += _norm_stats(spec, "KV latent norm", rows)
+    tensors.append(
+        SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq", for_weights=("kv_b",))
+    )
+    tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act))
+    tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act))
+    tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act))
+    return tensors
+
+
+def _qk_norm_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
+    """A QK-norm's saved tensors: over the whole width of Q and of K (one row per token each), or per head."""
+    spec, sb = w.model, w.tokens
+    H, dqk = spec.num_heads, spec.qk_head_dim
+    if spec.qk_norm == "none":
+        return []
+    full = spec.qk_norm == "full"  # a full-width QK-norm has one row per token for Q and one for K
+    q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * spec.kv_heads, "s·b·H_kv"))
+    q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
+    k_width = Dim(spec.kv_heads * dqk, "H_kv·d") if full else Dim(dqk, "d")
+    k_norm = [replace(t, most_tp_ranks=spec.kv_heads) for t in _norm_saved(w, "K-norm", k_rows, k_width, "tp")]
+    return [*_norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
+
+
+def _qkv_copies_saved(w: Workload, kv: int, kv_sym: str, kv_ranks: int | None) -> list[SavedTensor]:
+    """Copies of Q, K and V beyond the kernel's own that the framework keeps alive (the profile's attention rule):
+    a fused QKV output or a K/V copy, and the fused output V keeps alive as a view of it."""
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    H, dqk, dv = spec.num_heads, spec.qk_head_dim, spec.v_head_dim
     rule = w.framework.attention  # copies beyond the kernel's own: a fused QKV output or a K/V copy kept alive
     extra = [
         SavedTensor(f"{name} (another copy, kept alive)", symbol, elements, act, most_tp_ranks=ranks)
@@ -143,12 +172,7 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
             SavedTensor("fused QKV output's Q and K (kept alive with V, a view of it)", symbol,
                         sb * (H + spec.kv_heads) * dqk * view, act)
         )  # fmt: skip
-    return tensors + [
-        SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
-        SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act, most_tp_ranks=kv_ranks),
-        SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act, most_tp_ranks=kv_ranks),
-        *extra,
-    ]
+    return extra
 
 
 def _fused_qkv_renewed(w: Workload) -> bool:

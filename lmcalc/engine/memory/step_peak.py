@@ -137,10 +137,11 @@ class StepPeak:
 
     def terms(self) -> tuple[Term, ...]:
         """Each component and each phase, with its formula: what ``--explain`` and ``--json`` read."""
-        phases = self.phases
+        return (*self._component_terms(), *self._phase_terms())
+
+    def _component_terms(self) -> tuple[Term, ...]:
+        """What the phases are made of: the states, the activations and each backward's extra tensors."""
         gb = self._gb
-        base = f"{gb(self.weights)} + {gb(self.optimizer_states)}"
-        src = "lmcalc.engine.memory.step_peak (PyTorch's autograd frees saved tensors once their node has run)"
         return (
             Term("weights", "Weights W", self.weights, "bytes", "N · bytes per weight"),
             Term("optimizer_states", "Optimizer states O", self.optimizer_states, "bytes", "N · bytes per state"),
@@ -179,6 +180,15 @@ class StepPeak:
                 "N · bytes per state",
                 source="torch.optim.AdamW foreach: exp_avg_sq.sqrt() for every parameter at once",
             ),
+        )
+
+    def _phase_terms(self) -> tuple[Term, ...]:
+        """The bytes live at each of the three phases, and the largest of them."""
+        phases = self.phases
+        gb = self._gb
+        base = f"{gb(self.weights)} + {gb(self.optimizer_states)}"
+        src = "lmcalc.engine.memory.step_peak (PyTorch's autograd frees saved tensors once their node has run)"
+        return (
             Term(
                 "backward_start",
                 "At backward start",

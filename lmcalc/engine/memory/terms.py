@@ -14,7 +14,7 @@ from lmcalc.engine.memory.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
-from lmcalc.engine.parallel.sharding import ModelState, stage_params, zero_shards
+from lmcalc.engine.parallel.sharding import ModelState, StageParams, stage_params, zero_shards
 from lmcalc.engine.parallel.states import state_formula
 from lmcalc.engine.workload import Workload
 from lmcalc.result import Section, Term
@@ -81,76 +81,14 @@ def memory_sections(
 
 
 def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
-    precision, optimizer = w.precision, w.optimizer
     held = stage_params(w, layout, gpu.stage)
-    n_stage = held.total
-    n = "N_gpu" if w.method.kind == "full" else "N_train"  # what has gradients and optimizer states
-    rep_d, rep_e = layout.data_replicas, layout.data_replicas // layout.ep
-    on_gpu = f"one GPU of stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "each GPU"
-
-    def shard_text(state: ModelState) -> str:
-        if not zero_shards(state, layout.zero) or rep_d == 1:
-            return ""
-        if held.experts:
-            return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero})"
-        return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP)"
-
-    states_formula = (
-        f"N_gpu = {group(round(n_stage))} parameters on {on_gpu} "
-        f"(TP={layout.tp} splits the matrices, PP={layout.pp} the layers"
-        + (f", EP={layout.ep} the experts" if layout.ep > 1 else "")
-        + ")"
-    )
-    opt_formula = " + ".join(state_formula(s, precision, n) for s in optimizer.states) or "0"
-    frozen = "frozen weights + " if w.method.kind != "full" else ""
-    offloaded = " (offloaded: 0 on the GPU)" if w.offload.optimizer else ""
     return Section(
         "state",
         f"Model states per GPU ({layout.label})",
         (
-            Term(
-                "params_per_gpu",
-                "Parameters held (before ZeRO)",
-                n_stage,
-                "params",
-                states_formula,
-                source="Shoeybi et al. 2019 (Megatron-LM) tensor-parallel split",
-            ),
-            Term(
-                "params",
-                "Parameters",
-                gpu.params,
-                "bytes",
-                f"{frozen}{n} · {precision.param_bytes:g} B{shard_text('params')}"
-                + (" (offloaded: 0 on the GPU)" if w.offload.params else "")
-                if w.framework.states.weights == "recipe"
-                else "0: only the master copy persists; the 16-bit weights are gathered a layer at a time",
-                source=f"precision recipe {precision.name}",
-            ),
-            Term(
-                "grads",
-                "Gradients",
-                gpu.grads,
-                "bytes",
-                f"{n} · {w.grad_bytes:g} B{shard_text('grads')}"
-                + (" (offloaded: 0 on the GPU)" if w.offload.params else ""),
-                source=w.framework.states.source if w.framework.states.grad_bytes else "",
-            ),
-            Term(
-                "master",
-                "Master weights (fp32)",
-                gpu.master,
-                "bytes",
-                f"{n} · {precision.master_bytes:g} B{shard_text('master')}{offloaded}",
-            ),
-            Term(
-                "optimizer",
-                f"Optimizer states ({optimizer.name})",
-                gpu.optimizer,
-                "bytes",
-                (f"({opt_formula}){shard_text('optimizer')}" if shard_text("optimizer") else opt_formula) + offloaded,
-                source="; ".join(optimizer.sources),
-            ),
+            _params_held_term(layout, gpu, held.total),
+            *_weight_and_gradient_terms(w, layout, gpu, held),
+            *_master_and_optimizer_terms(w, layout, gpu, held),
             Term(
                 "total",
                 "Model states",
@@ -159,6 +97,93 @@ def _states_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section:
                 "params + grads + master + optimizer",
                 source="Rajbhandari et al. 2020 (ZeRO) §3.1, §5.1",
             ),
+        ),
+    )
+
+
+def _params_held_term(layout: Layout, gpu: GpuMemory, n_stage: float) -> Term:
+    """The parameters one GPU of the stage holds before ZeRO: what TP, PP and EP leave it."""
+    on_gpu = f"one GPU of stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "each GPU"
+    states_formula = (
+        f"N_gpu = {group(round(n_stage))} parameters on {on_gpu} "
+        f"(TP={layout.tp} splits the matrices, PP={layout.pp} the layers"
+        + (f", EP={layout.ep} the experts" if layout.ep > 1 else "")
+        + ")"
+    )
+    return Term(
+        "params_per_gpu",
+        "Parameters held (before ZeRO)",
+        n_stage,
+        "params",
+        states_formula,
+        source="Shoeybi et al. 2019 (Megatron-LM) tensor-parallel split",
+    )
+
+
+def _trained_symbol(w: Workload) -> str:
+    """What has gradients and optimizer states: every parameter held, or the trained ones."""
+    return "N_gpu" if w.method.kind == "full" else "N_train"
+
+
+def _shard_text(state: ModelState, layout: Layout, held: StageParams) -> str:
+    """How ZeRO divides ``state`` over the data-parallel replicas (the experts over fewer of them), if it does."""
+    rep_d, rep_e = layout.data_replicas, layout.data_replicas // layout.ep
+    if not zero_shards(state, layout.zero) or rep_d == 1:
+        return ""
+    if held.experts:
+        return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero})"
+    return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP)"
+
+
+def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held: StageParams) -> tuple[Term, Term]:
+    """The weights the passes read (frozen ones too) and the gradients of what is trained."""
+    precision, n = w.precision, _trained_symbol(w)
+    frozen = "frozen weights + " if w.method.kind != "full" else ""
+    return (
+        Term(
+            "params",
+            "Parameters",
+            gpu.params,
+            "bytes",
+            f"{frozen}{n} · {precision.param_bytes:g} B{_shard_text('params', layout, held)}"
+            + (" (offloaded: 0 on the GPU)" if w.offload.params else "")
+            if w.framework.states.weights == "recipe"
+            else "0: only the master copy persists; the 16-bit weights are gathered a layer at a time",
+            source=f"precision recipe {precision.name}",
+        ),
+        Term(
+            "grads",
+            "Gradients",
+            gpu.grads,
+            "bytes",
+            f"{n} · {w.grad_bytes:g} B{_shard_text('grads', layout, held)}"
+            + (" (offloaded: 0 on the GPU)" if w.offload.params else ""),
+            source=w.framework.states.source if w.framework.states.grad_bytes else "",
+        ),
+    )
+
+
+def _master_and_optimizer_terms(w: Workload, layout: Layout, gpu: GpuMemory, held: StageParams) -> tuple[Term, Term]:
+    """The fp32 master weights and the optimizer's states of what is trained (none on the GPU when offloaded)."""
+    precision, optimizer, n = w.precision, w.optimizer, _trained_symbol(w)
+    opt_formula = " + ".join(state_formula(s, precision, n) for s in optimizer.states) or "0"
+    offloaded = " (offloaded: 0 on the GPU)" if w.offload.optimizer else ""
+    optimizer_shard = _shard_text("optimizer", layout, held)
+    return (
+        Term(
+            "master",
+            "Master weights (fp32)",
+            gpu.master,
+            "bytes",
+            f"{n} · {precision.master_bytes:g} B{_shard_text('master', layout, held)}{offloaded}",
+        ),
+        Term(
+            "optimizer",
+            f"Optimizer states ({optimizer.name})",
+            gpu.optimizer,
+            "bytes",
+            (f"({opt_formula}){optimizer_shard}" if optimizer_shard else opt_formula) + offloaded,
+            source="; ".join(optimizer.sources),
         ),
     )
 
@@ -224,11 +249,32 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
 def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity) -> Section:
     where = f"stage {gpu.stage + 1} of {layout.pp}" if layout.pp > 1 else "every GPU"
     rules = w.framework
-    buffers = rules.buffers
     total = gpu.total
-    terms = [
+    terms = (
         Term("states", "Model states", gpu.states, "bytes"),
         Term("activations", "Activations", gpu.activations, "bytes"),
+        *_buffer_terms(w, layout, gpu),
+        _transient_term(w, gpu),
+        *_allocator_terms(w, gpu),
+        overhead_term(gpu.overhead, "a flat allowance (--overhead) beside what the profile counts"),
+        Term(
+            "total",
+            "Total",
+            total,
+            "bytes",
+            "reserved + CUDA context + overhead allowance",
+            note=f"framework profile: {rules.name}",
+        ),
+    )
+    return Section("total", f"Most loaded GPU ({where})", (*terms, *capacity_terms(total, capacity)))
+
+
+def _buffer_terms(w: Workload, layout: Layout, gpu: GpuMemory) -> tuple[Term, ...]:
+    """What the framework allocates beside the states and activations: ZeRO-3's gathered parameters, DDP's
+    gradient buckets, and its workspaces and communication buffers."""
+    rules = w.framework
+    buffers = rules.buffers
+    return (
         Term(
             "zero3_buffers",
             "ZeRO-3 gathered parameters",
@@ -262,19 +308,32 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
             f"{buffers.pipeline_tensors} pipeline tensors; {buffers.reduce_bucket_elements:g} bucket elements",
             source=buffers.source,
         ),
-        Term(
-            "transient",
-            "Transient peak",
-            gpu.transient,
-            "bytes",
-            "max(loss or layer backward transient, end-of-step transient − activations)"
-            if rules.transients
-            else f"none: the {rules.name} profile counts no transients",
-            f"loss/layer backward {gpu.backward_transient / GB:.3g} GB; end of step {gpu.step_transient / GB:.3g} GB",
-            source=f"{rules.loss.source}; {rules.optimizer_step.source}",
-            note="the loss's logit-sized tensors (last stage) or a layer's MLP activation gradients; at the "
-            "end of the step, 16-bit gradients, optimizer temporaries, fp32 gradient copies (activations freed)",
-        ),
+    )
+
+
+def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
+    """The short-lived peak: the loss's or a layer's backward temporaries, or the end of the step's."""
+    rules = w.framework
+    return Term(
+        "transient",
+        "Transient peak",
+        gpu.transient,
+        "bytes",
+        "max(loss or layer backward transient, end-of-step transient − activations)"
+        if rules.transients
+        else f"none: the {rules.name} profile counts no transients",
+        f"loss/layer backward {gpu.backward_transient / GB:.3g} GB; end of step {gpu.step_transient / GB:.3g} GB",
+        source=f"{rules.loss.source}; {rules.optimizer_step.source}",
+        note="the loss's logit-sized tensors (last stage) or a layer's MLP activation gradients; at the "
+        "end of the step, 16-bit gradients, optimizer temporaries, fp32 gradient copies (activations freed)",
+    )
+
+
+def _allocator_terms(w: Workload, gpu: GpuMemory) -> tuple[Term, ...]:
+    """From what is allocated at the peak to what the process holds: the allocator's fragmentation, then the CUDA
+    context outside PyTorch's pool."""
+    rules = w.framework
+    return (
         Term(
             "framework_buffers",
             "Framework buffers, all",
@@ -296,19 +355,7 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
         ),
         Term("reserved", "Reserved by PyTorch", gpu.reserved, "bytes", "allocated + fragmentation"),
         Term("context", "CUDA context", gpu.context, "bytes", "outside PyTorch's pool", source=rules.allocator.source),
-    ]
-    terms.append(overhead_term(gpu.overhead, "a flat allowance (--overhead) beside what the profile counts"))
-    terms.append(
-        Term(
-            "total",
-            "Total",
-            total,
-            "bytes",
-            "reserved + CUDA context + overhead allowance",
-            note=f"framework profile: {rules.name}",
-        )
     )
-    return Section("total", f"Most loaded GPU ({where})", (*terms, *capacity_terms(total, capacity)))
 
 
 def _in_flight_term(w: Workload, layout: Layout, gpu: GpuMemory) -> Term:

@@ -19,6 +19,7 @@ For MoE only the routed experts a token visits count (k of E), plus the router.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.model.params import count_params, weight_tensors
@@ -224,13 +225,23 @@ def detailed_section(
     spec: ModelSpec, tokens: float, seq_len: int, convention: AttnConvention, recompute: Recompute
 ) -> Section:
     step = step_flops(spec, seq_len, recompute, convention)
-    fwd = step.forward
+    terms = (*_forward_terms(spec, step.forward, seq_len, convention), *_training_terms(step, tokens, recompute))
+    return Section("detailed", f"Detailed matmul count ({convention} attention)", terms)
+
+
+class _Keys(NamedTuple):
+    """The keys a query is scored against, as the attention rows write them: the symbol, its value, and a note."""
+
+    symbol: str
+    text: str
+    note: str
+
+
+def _keys_text(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> _Keys:
+    """s or (s+1)/2 keys per query; with local layers under the causal convention, k̄, the average over the global
+    layers' (s+1)/2 and the local layers' window."""
     keys = attended_keys(spec, seq_len, convention)
     keys_text = f"{seq_len}" if convention == "full" else f"({seq_len}+1)/2"
-    L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
-    per_token, extra = step.model, step.recomputed
-    model_total = per_token * tokens
-    hardware_total = (per_token + extra) * tokens
     s_sym = "s" if convention == "full" else "(s+1)/2"
     keys_note = f"{convention} convention: each query scored against {keys:g} keys on average"
     if spec.sliding_window is not None:
@@ -240,11 +251,18 @@ def detailed_section(
         else:  # k̄: the average over the global layers' (s+1)/2 and the local layers' window
             s_sym, keys_text = "k̄", f"{keys:.6g}"
             keys_note += (
-                f": k̄ = ({L - local}·(s+1)/2 + {local}·k_w)/L, with k_w = "
+                f": k̄ = ({spec.num_layers - local}·(s+1)/2 + {local}·k_w)/L, with k_w = "
                 f"{local_keys(seq_len, w, spec.local_attention):.6g} keys in the {spec.local_attention} layers' "
                 f"window of {w}"
             )
-    terms = (
+    return _Keys(s_sym, keys_text, keys_note)
+
+
+def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: AttnConvention) -> tuple[Term, ...]:
+    """One forward pass per token, matmul by matmul: the projections, the MLP, the attention core, the logits."""
+    keys = _keys_text(spec, seq_len, convention)
+    L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
+    return (
         Term(
             "projections",
             "Attention projections (fwd, per token)",
@@ -266,17 +284,17 @@ def detailed_section(
             f"Attention scores QKᵀ (fwd, per token, {convention})",
             fwd.attention_scores,
             "FLOPs",
-            f"2 · L · {s_sym} · H · d_qk",
-            f"2 × {L} × {keys_text} × {H} × {dqk}",
-            note=keys_note,
+            f"2 · L · {keys.symbol} · H · d_qk",
+            f"2 × {L} × {keys.text} × {H} × {dqk}",
+            note=keys.note,
         ),
         Term(
             "attention_values",
             f"Attention values AV (fwd, per token, {convention})",
             fwd.attention_values,
             "FLOPs",
-            f"2 · L · {s_sym} · H · d_v",
-            f"2 × {L} × {keys_text} × {H} × {dv}",
+            f"2 · L · {keys.symbol} · H · d_v",
+            f"2 × {L} × {keys.text} × {H} × {dv}",
         ),
         Term(
             "logits",
@@ -287,13 +305,23 @@ def detailed_section(
             f"2 × {spec.hidden_size} × {spec.vocab_size}",
         ),
         Term("forward_per_token", "Forward per token", fwd.total, "FLOPs", "sum of the rows above"),
+    )
+
+
+def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tuple[Term, ...]:
+    """Forward and backward per token and over the D tokens (model FLOPs), then with recomputation (hardware
+    FLOPs)."""
+    per_token, extra = step.model, step.recomputed
+    model_total = per_token * tokens
+    hardware_total = (per_token + extra) * tokens
+    return (
         Term(
             "training_per_token",
             "Training per token (fwd + bwd)",
             per_token,
             "FLOPs",
             "3 · forward (backward = 2 × forward)",
-            f"3 × {sci(fwd.total, 4)}",
+            f"3 × {sci(step.forward.total, 4)}",
         ),
         Term(
             "model_flops",
@@ -326,7 +354,6 @@ def detailed_section(
             note="what the GPUs actually execute (HFU is measured against this)",
         ),
     )
-    return Section("detailed", f"Detailed matmul count ({convention} attention)", terms)
 
 
 def palm_flops_per_token(spec: ModelSpec, seq_len: int) -> float:

@@ -330,40 +330,10 @@ def mtp_term(spec: ModelSpec) -> Term:
 
 def params_section(spec: ModelSpec) -> Section:
     """The parameter breakdown as terms, each group with its formula and numbers substituted."""
-    tensors = weight_tensors(spec)
     counts = count_params(spec)
-    terms = []
-    for name in GROUPS:
-        members = [t for t in tensors if t.group == name]
-        if not members:
-            continue
-        formula, numbers = _group_formula(members)
-        terms.append(Term(name, GROUP_LABELS[name], counts.by_group[name], "params", formula, numbers))
-    terms.append(
-        Term(
-            "total",
-            "Total parameters",
-            counts.total,
-            "params",
-            "sum of the rows above",
-            " + ".join(group(counts.by_group[g]) for g in GROUPS if g in counts.by_group),
-        )
-    )
+    terms = list(_group_terms(spec, counts))
     if spec.moe:
-        expert = [t for t in tensors if t.group == "experts"]
-        formula, numbers = _group_formula(expert, active=True)
-        terms.append(
-            Term(
-                "active",
-                "Active parameters per token",
-                counts.active,
-                "params",
-                f"total − routed experts + {formula}",
-                f"{group(counts.total)} − {group(counts.by_group['experts'])} + ({numbers})",
-                note=f"each token uses {spec.moe.experts_per_token} of {spec.moe.num_experts} routed "
-                "experts per MoE layer",
-            )
-        )
+        terms.append(_active_term(spec, counts))
     terms.append(
         Term(
             "non_embedding",
@@ -390,3 +360,40 @@ def params_section(spec: ModelSpec) -> Section:
             )
         )
     return Section("params", "Parameters", tuple(terms))
+
+
+def _group_terms(spec: ModelSpec, counts: ParamCount) -> tuple[Term, ...]:
+    """Each group of weight tensors the model has, with its formula, then their total."""
+    tensors = weight_tensors(spec)
+    terms = []
+    for name in GROUPS:
+        members = [t for t in tensors if t.group == name]
+        if not members:
+            continue
+        formula, numbers = _group_formula(members)
+        terms.append(Term(name, GROUP_LABELS[name], counts.by_group[name], "params", formula, numbers))
+    total = Term(
+        "total",
+        "Total parameters",
+        counts.total,
+        "params",
+        "sum of the rows above",
+        " + ".join(group(counts.by_group[g]) for g in GROUPS if g in counts.by_group),
+    )
+    return (*terms, total)
+
+
+def _active_term(spec: ModelSpec, counts: ParamCount) -> Term:
+    """An MoE model's parameters one token uses: the total less the routed experts, plus the k it is routed to."""
+    assert spec.moe is not None
+    expert = [t for t in weight_tensors(spec) if t.group == "experts"]
+    formula, numbers = _group_formula(expert, active=True)
+    return Term(
+        "active",
+        "Active parameters per token",
+        counts.active,
+        "params",
+        f"total − routed experts + {formula}",
+        f"{group(counts.total)} − {group(counts.by_group['experts'])} + ({numbers})",
+        note=f"each token uses {spec.moe.experts_per_token} of {spec.moe.num_experts} routed experts per MoE layer",
+    )

@@ -79,9 +79,31 @@ def time_terms(
     measured_source: str | None = None,
 ) -> tuple[Term, ...]:
     """The time figures; ``measured_source`` says where a measured peak came from (else the spec sheet)."""
+    terms = [
+        _peak_term(run, hardware, precision, measured_source),
+        *_duration_terms(run),
+        *_throughput_terms(run),
+    ]
+    if price_per_gpu_hour is not None:
+        terms.append(
+            Term(
+                "cost",
+                "Cost",
+                run.gpu_hours * price_per_gpu_hour,
+                "USD",
+                "GPU-hours · price",
+                f"{sci(run.gpu_hours, 4)} × {price_per_gpu_hour:g} $/GPU-hour",
+            )
+        )
+    return tuple(terms)
+
+
+def _peak_term(run: RunTime, hardware: HardwareSpec, precision: PrecisionRecipe, measured_source: str | None) -> Term:
+    """The peak per GPU: a rate ``lmcalc bench`` measured, or the spec sheet's dense peak at the recipe's compute
+    dtype."""
     dtype = precision.compute_dtype
     if measured_source:
-        peak = Term(
+        return Term(
             "peak_per_gpu",
             f"Peak per GPU (measured {dtype})",
             run.peak_flops_per_gpu,
@@ -91,19 +113,21 @@ def time_terms(
             measured_source,
             note="a measured rate, used instead of the spec sheet's dense peak",
         )
-    else:
-        peak = Term(
-            "peak_per_gpu",
-            f"Peak per GPU (dense {dtype})",
-            run.peak_flops_per_gpu,
-            "FLOP/s",
-            f"spec sheet, dense {dtype}",
-            f"{hardware.peak_tflops_dense[dtype]:g} TFLOP/s",
-            hardware.sources.get("compute", ""),
-            note=hardware.sparsity_note,
-        )
-    terms = [
-        peak,
+    return Term(
+        "peak_per_gpu",
+        f"Peak per GPU (dense {dtype})",
+        run.peak_flops_per_gpu,
+        "FLOP/s",
+        f"spec sheet, dense {dtype}",
+        f"{hardware.peak_tflops_dense[dtype]:g} TFLOP/s",
+        hardware.sources.get("compute", ""),
+        note=hardware.sparsity_note,
+    )
+
+
+def _duration_terms(run: RunTime) -> tuple[Term, ...]:
+    """The cluster's achieved FLOP/s, and the time the FLOPs take at it: seconds, days, GPU-hours."""
+    return (
         Term(
             "achieved",
             "Achieved by the cluster",
@@ -129,6 +153,12 @@ def time_terms(
             "GPUs · seconds / 3,600",
             f"{run.gpus:g} × {sci(run.seconds, 4)} / 3600",
         ),
+    )
+
+
+def _throughput_terms(run: RunTime) -> tuple[Term, ...]:
+    """Tokens per second, of the cluster and of one GPU."""
+    return (
         Term(
             "tokens_per_s",
             "Throughput",
@@ -145,19 +175,7 @@ def time_terms(
             "D / seconds / GPUs",
             f"{sci(run.tokens_per_s, 4)} / {run.gpus:g}",
         ),
-    ]
-    if price_per_gpu_hour is not None:
-        terms.append(
-            Term(
-                "cost",
-                "Cost",
-                run.gpu_hours * price_per_gpu_hour,
-                "USD",
-                "GPU-hours · price",
-                f"{sci(run.gpu_hours, 4)} × {price_per_gpu_hour:g} $/GPU-hour",
-            )
-        )
-    return tuple(terms)
+    )
 
 
 def gpus_for_deadline(flops: float, days: float, peak_flops_per_gpu: float, mfu: float) -> float:

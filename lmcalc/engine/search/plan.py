@@ -182,13 +182,23 @@ def _splits_heads(model: ModelSpec, tp: int) -> bool:
     return True
 
 
-def layouts(
-    base: Workload, cluster: Cluster, global_batch: int, pins: Pins
-) -> Iterator[tuple[Layout, tuple[Workload, ...]]]:
-    """Every layout to try for the workload within the pins, the cluster and the global batch (in sequences),
-    each with the workloads it runs: its micro-batch at each recomputation mode the pins allow. (Whether a
-    layout can exist does not depend on recomputation: ``check_layout`` asks once per layout.) The micro-batch
-    is each size up to ``pins.max_micro_batch`` that divides the sequences one replica takes per step."""
+@dataclass(frozen=True)
+class _SearchSpace:
+    """The values each dimension of the layout search takes within the pins, the cluster and the model."""
+
+    tps: list[int]
+    pps: list[int]
+    cps: list[int]
+    zeros: list[ZeroStage]
+    recomputes: list[Recompute]
+    splits_1f1b: dict[int, list[PipelineSplit]]  # by PP
+    interleaved: dict[int, list[PipelineSplit]]  # by PP, for the micro-batches that fill its chunks
+
+
+def _search_space(base: Workload, cluster: Cluster, pins: Pins) -> _SearchSpace:
+    """TP in powers of two that split the heads (within a node unless told otherwise), PP that divides the GPUs,
+    CP in powers of two that divide the sequence (fused attention only), every ZeRO stage and recomputation mode,
+    and the pipeline splits of each schedule; a pinned dimension takes its pin alone."""
     model = base.model
     gpus, per_node = cluster.count, cluster.gpus_per_node
     max_tp = pins.max_tp or (per_node if pins.tp_within_node else gpus)
@@ -203,7 +213,6 @@ def layouts(
     )
     zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_MODES)
-    workloads: dict[int, tuple[Workload, ...]] = {}  # by micro-batch, made once: layouts share them
     units = model.num_layers + pins.split.units  # what the chunks share
     pinned_interleaved = pins.schedules == ("interleaved",)
     splits_1f1b = {pp: _stage_splits(base, pp, pins) if "1f1b" in pins.schedules else [] for pp in pps}
@@ -218,26 +227,45 @@ def layouts(
         else []
         for pp in pps
     }
-    experts = model.moe.num_experts if model.moe else 1
-    for tp, pp, cp in itertools.product(tps, pps, cps):
+    return _SearchSpace(tps, pps, cps, zeros, recomputes, splits_1f1b, interleaved)
+
+
+def _micro_batches(per_replica: int, pins: Pins) -> list[int]:
+    """The micro-batches to try: the pinned one where it divides the sequences a replica takes per step, else
+    each size up to ``pins.max_micro_batch`` that does."""
+    if pins.micro_batch:
+        return [pins.micro_batch] if per_replica % pins.micro_batch == 0 else []
+    return _divisors(per_replica, pins.max_micro_batch)
+
+
+def layouts(
+    base: Workload, cluster: Cluster, global_batch: int, pins: Pins
+) -> Iterator[tuple[Layout, tuple[Workload, ...]]]:
+    """Every layout to try for the workload within the pins, the cluster and the global batch (in sequences),
+    each with the workloads it runs: its micro-batch at each recomputation mode the pins allow. (Whether a
+    layout can exist does not depend on recomputation: ``check_layout`` asks once per layout.) The micro-batch
+    is each size up to ``pins.max_micro_batch`` that divides the sequences one replica takes per step."""
+    space = _search_space(base, cluster, pins)
+    gpus = cluster.count
+    workloads: dict[int, tuple[Workload, ...]] = {}  # by micro-batch, made once: layouts share them
+    pinned_interleaved = pins.schedules == ("interleaved",)
+    experts = base.model.moe.num_experts if base.model.moe else 1
+    for tp, pp, cp in itertools.product(space.tps, space.pps, space.cps):
         if gpus % (tp * pp * cp):
             continue
         dp = gpus // (tp * pp * cp)
         if (pins.dp and dp != pins.dp) or global_batch % dp:
             continue
         per_replica = global_batch // dp  # sequences one replica takes per step
-        if pins.micro_batch:
-            micro = [pins.micro_batch] if per_replica % pins.micro_batch == 0 else []
-        else:
-            micro = _divisors(per_replica, pins.max_micro_batch)
+        micro = _micro_batches(per_replica, pins)
         eps = [pins.ep] if pins.ep else [e for e in _divisors(experts) if (dp * cp) % e == 0]
-        for ep, zero, mb in itertools.product(eps, zeros, micro):
+        for ep, zero, mb in itertools.product(eps, space.zeros, micro):
             accum = per_replica // mb
-            splits = splits_1f1b[pp]
+            splits = space.splits_1f1b[pp]
             if pp > 1 and (pinned_interleaved or accum % pp == 0):  # uneven stages must split over v chunks
-                splits = splits + interleaved[pp]
+                splits = splits + space.interleaved[pp]
             if mb not in workloads:
-                workloads[mb] = tuple(replace(base, micro_batch=mb, recompute=rc) for rc in recomputes)
+                workloads[mb] = tuple(replace(base, micro_batch=mb, recompute=rc) for rc in space.recomputes)
             for split in splits:
                 layout = Layout(
                     dp=dp,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
@@ -178,179 +179,300 @@ def _adapter_gemms(w: Workload, ep: int, tokens: float, moe: bool) -> list[Gemm]
     return gemms
 
 
-@functools.lru_cache(maxsize=1 << 14)
-def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
-    """The kernels of one micro-batch on one GPU of a stage that builds ``built``, with TP, CP and EP (``grid``)
-    splitting them."""
-    tp, cp, ep, sequence_parallel = grid
-    model, profile, e = w.model, w.framework, w.precision.activation_bytes
-    h, d = model.hidden_size, model.head_size
+@dataclass(frozen=True)
+class _StageShape:
+    """One micro-batch of a stage as one GPU sees it, with TP, CP and EP (``grid``) splitting it: the sizes its
+    kernels are counted in."""
+
+    w: Workload
+    grid: Grid
+    built: StageLayers
+    tokens: float  # through each GEMM of the TP group
+    hidden_tokens: float  # element-wise work on h
+    heads: float
+    kv_heads: float  # whole KV heads after the gather
+
+    @property
+    def act_bytes(self) -> float:
+        return self.w.precision.activation_bytes
+
+
+def _stage_shape(w: Workload, grid: Grid, built: StageLayers) -> _StageShape:
+    """The tokens and heads one GPU of the stage works on: CP splits the sequence, TP the heads (and, with sequence
+    parallelism, the tokens of the element-wise work on h)."""
+    tp, cp, _, sequence_parallel = grid
+    model = w.model
     tokens = w.micro_batch * w.seq_len / cp  # through each GEMM of the TP group
     hidden_tokens = tokens / tp if sequence_parallel and tp > 1 else tokens  # element-wise work on h
     heads = model.num_heads / tp
     kv_heads = max(1.0, (model.num_heads if model.mla else model.kv_heads) / tp)  # whole KV heads after the gather
+    return _StageShape(w, grid, built, tokens, hidden_tokens, heads, kv_heads)
 
-    gemms: list[Gemm] = []
-    method = w.method
-    live_share = _live_shares(model, method)  # of each kind of layer, the share a gradient flows through
-    for kind, count in (("dense", built.dense), ("moe", built.moe)):
-        if count:
-            live = live_share[kind]
-            trained = live if method.kind in ("full", "freeze") else 0.0
-            for g in _layer_gemms(model, tp, ep, tokens, kind == "moe"):
-                gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count, live, trained))
-            gemms += [replace(g, count=g.count * count) for g in _adapter_gemms(w, ep, tokens, kind == "moe")]
-    head_trained = method.kind == "full" or (method.kind == "freeze" and not model.tied_embeddings)
-    head = (Gemm("lm_head", tokens, model.vocab_size / tp, h, 1, 1.0, float(head_trained)),) if built.head else ()
 
+@dataclass
+class _MemoryTraffic:
+    """The memory-bound kernels' bytes, forward and backward, and the kernels launched, added kernel by kernel in
+    the order a stage runs them (the order of the sums is kept: figures are compared to the last bit)."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    kernels: float = 0.0
+
+    def add(self, forward: float, backward: float, kernels: float) -> None:
+        self.forward += forward
+        self.backward += backward
+        self.kernels += kernels
+
+    def launch(self, kernels: float) -> None:
+        """Kernels that move bytes counted elsewhere (gradient accumulation, fp8 casts)."""
+        self.kernels += kernels
+
+
+class _AttentionWork(NamedTuple):
+    """The attention core of a micro-batch: a fused kernel's FLOPs, or eager attention's batched GEMMs."""
+
+    forward: float
+    backward: float
+    batched: tuple[Gemm, ...]
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
+    """The kernels of one micro-batch on one GPU of a stage that builds ``built``, with TP, CP and EP (``grid``)
+    splitting them."""
+    s = _stage_shape(w, grid, built)
+    model, e = w.model, s.act_bytes
+    live_share = _live_shares(model, w.method)  # of each kind of layer, the share a gradient flows through
+    gemms = _stage_gemms(s, live_share)
+    head = _head_gemms(s)
     layers = built.layers
-    # attention core
-    keys = attended_keys(model, w.seq_len, "causal")  # what a causal (windowed) kernel computes
-    core = 2 * tokens * keys * heads * (model.qk_head_dim + model.v_head_dim) * layers * model.attention_share
-    batched: list[Gemm] = []
-    attention_forward = attention_backward = 0.0
-    score_elements = w.micro_batch * heads * (w.seq_len / cp) * w.seq_len * layers * model.attention_share
-    memory_forward = memory_backward = kernels = 0.0
     live = (built.dense * live_share["dense"] + built.moe * live_share["moe"]) / layers if layers else 1.0
-    if w.attention == "flash":
-        attention_forward, attention_backward = core, FLASH_BACKWARD_TO_FORWARD * core * live
-    else:
-        sq, sk, per = w.seq_len / cp, w.seq_len, w.micro_batch * heads * layers
-        batched = [Gemm("scores", sq, sk, model.qk_head_dim, per), Gemm("values", sq, model.v_head_dim, sk, per)]
-        softmax = FP32 if profile.attention.eager_softmax == "fp32" else e
-        forward = 2 * e + e + softmax + (softmax + e if softmax != e else 0)  # scale and mask, softmax, cast
-        if model.dropout:
-            forward += 2 * e + 1
-        memory_forward += forward * score_elements
-        memory_backward += 2 * forward * score_elements
-        kernels += 6 * layers
-
-    # norms: one to four per layer on h; any fp32 form (activations.norm_keeps: Hugging Face's RMSNorm, Cohere's
-    # centred LayerNorm) is PyTorch's element-wise kernels one after another, timed as the upcasting RMSNorm's
-    unfused_norm = norm_keeps(w) != "input"
-    norm_forward = 28 + 4 * e if unfused_norm else 2 * e
-    norms = model.norms_per_layer
-    norm_elements = norms * layers * hidden_tokens * h
-    memory_forward += norm_forward * norm_elements
-    memory_backward += (2 * norm_forward if unfused_norm else 3 * e) * norm_elements
-    kernels += norms * layers * ((6 + 10) if unfused_norm else 2)
-
-    # residual adds (and dropout on both branches)
-    residual_elements = 2 * layers * hidden_tokens * h
-    memory_forward += 3 * e * residual_elements
-    memory_backward += 3 * e * residual_elements
-    kernels += 4 * layers
-    if model.dropout:
-        memory_forward += (2 * e + 1) * residual_elements
-        memory_backward += (2 * e + 1) * residual_elements
-        kernels += 4 * layers
-
-    # rotary on Q and K
-    if model.position_embedding == "rope" or model.mla:
-        rope_dim = model.mla.qk_rope_head_dim if model.mla else d
-        rope_elements = tokens * (heads + (heads if model.mla else kv_heads)) * rope_dim * layers
-        per = 9 * e if profile.rotary.tables else 2 * e
-        memory_forward += per * rope_elements
-        memory_backward += per * rope_elements
-        kernels += layers * (2 * 11 if profile.rotary.tables else 4)
-
-    # copies of Q, K and V the framework makes to lay them out for the kernel
-    rule = profile.attention
-    copy_elements = (
-        tokens * d * layers * (heads * (rule.q_copies - 1) + kv_heads * (rule.k_copies - 1 + rule.v_copies - 1))
-    )
-    memory_forward += 2 * e * copy_elements
-    memory_backward += 2 * e * copy_elements
-    kernels += 2 * layers * (rule.q_copies + rule.k_copies + rule.v_copies - 3)
-
-    # the MLP activation, per element of its inner width on this GPU
-    moe = model.moe
-    dense_width = built.dense * tokens * model.ffn_size / tp
-    moe_width = 0.0
-    if moe and built.moe:
-        inner = moe.expert_ffn_size * moe.experts_per_token + moe.shared_width * moe.shared_experts
-        moe_width = built.moe * tokens * inner / tp
-    width = dense_width + moe_width
-    if model.ffn_kind == "gelu_mlp":
-        fused = not gelu_ops_kept(w)  # one kernel, or the model's GELU written op by op (engine.model_code)
-        memory_forward += (2 * e if fused else 20 * e) * width
-        memory_backward += (3 * e if fused else 30 * e) * width
-        kernels += layers * (2 if fused else 20)
-    else:
-        fused = profile.mlp.gated == "fused"
-        memory_forward += (3 * e if fused else 5 * e) * width
-        memory_backward += (5 * e if fused else 9 * e) * width
-        kernels += layers * (2 if fused else 5)
-
-    # MoE: permute the routed tokens to their experts and back, forward and backward
-    if moe and built.moe:
-        routed = hidden_tokens * moe.experts_per_token * h * built.moe
-        memory_forward += 2 * 2 * e * routed
-        memory_backward += 2 * 2 * e * routed
-        kernels += 12 * built.moe
-
-    # the loss over this GPU's share of the logits, forward and backward: about five passes in its dtype
-    if built.head:
-        logits = tokens * model.vocab_size / tp
-        loss_bytes = profile.loss.saved_bytes or e
-        memory_forward += (e + 3 * loss_bytes) * logits
-        memory_backward += (2 * loss_bytes + e) * logits
-        kernels += 8
-        memory_forward += 2 * e * hidden_tokens * h  # the final norm
-        memory_backward += 3 * e * hidden_tokens * h
-        kernels += 2
-    if built.embedding:
-        vocab_rows = model.vocab_size / tp
-        memory_forward += 2 * e * hidden_tokens * h  # the lookup
-        memory_backward += e * vocab_rows * h + 2 * e * hidden_tokens * h  # a dense gradient, zeroed, then added into
-        kernels += 3
-
-    # gradients: the weight-gradient GEMM accumulates into fp32 (fused), or each micro-batch's gradients are
-    # added into the accumulated ones by a separate pass
-    grad_bytes = w.grad_bytes
-    weight_elements = sum(g.n * g.k * g.count * g.weight_grad for g in gemms + list(head))
-    if built.embedding and not (built.head and model.tied_embeddings):
-        weight_elements += model.vocab_size / tp * h
-    fused_accumulation = profile.speed.fused_grad_accumulation
-    accumulation = 0.0 if fused_accumulation else (w.precision.param_bytes + 2 * grad_bytes) * weight_elements
-    if not fused_accumulation:
-        kernels += sum(g.count for g in gemms) + len(head)
-
-    # fp8 GEMMs: separately, each GEMM's input, output gradient and weight are cast to fp8 with a transposed copy
-    # for the weight gradient (a cast-transpose kernel: read 2 bytes, write 1 + 1); fused into the producers, only
-    # the transposes (read 1, write 1) remain
-    fp8_cast = 0.0
-    if w.precision.compute_dtype == "fp8":
-        every = gemms + list(head)
-        if profile.speed.fp8_casts == "fused":  # the transposes of the input and of the output gradient only
-            fp8_cast = sum(2 * (g.m * g.k + g.m * g.n) * g.count for g in every)
-            kernels += 2 * (sum(g.count for g in gemms) + len(head))
-        else:
-            fp8_cast = sum(4 * (g.m * g.k + g.m * g.n + g.n * g.k) * g.count for g in every)
-            kernels += 3 * (sum(g.count for g in gemms) + len(head))
-
-    collectives = 0.0  # tensor-parallel collectives the host issues: four a layer (two more recomputed), the count
-    if tp > 1:  # the host time per operation was fitted with (sequence parallelism issues them in halves)
-        collectives = layers * (4 + (2 if w.recompute == "full" else 0))
+    traffic = _MemoryTraffic()
+    attention = _attention_work(s, live, traffic)
+    _memory_bound_traffic(s, traffic)
+    accumulation = _accumulation_bytes(s, gemms, head, traffic)
+    fp8_cast = _fp8_cast_bytes(w, gemms, head, traffic)
     recompute_full = w.recompute == "full"
     return StageWork(
         gemms=tuple(gemms),
         head=head,
-        batched=tuple(batched),
+        batched=attention.batched,
         recomputed_gemms=1.0 if recompute_full else 0.0,
-        attention_forward=attention_forward,
-        attention_backward=attention_backward,
-        attention_recomputed=attention_forward if recompute_full else 0.0,
-        memory_forward=memory_forward,
-        memory_backward=(memory_backward + (memory_forward if recompute_full else 0.0)) * live,
-        memory_kernels=kernels * (1.5 if recompute_full else 1.0),
+        attention_forward=attention.forward,
+        attention_backward=attention.backward,
+        attention_recomputed=attention.forward if recompute_full else 0.0,
+        memory_forward=traffic.forward,
+        memory_backward=(traffic.backward + (traffic.forward if recompute_full else 0.0)) * live,
+        memory_kernels=traffic.kernels * (1.5 if recompute_full else 1.0),
         accumulation_bytes=accumulation,
-        wgrad_accumulator_bytes=2 * grad_bytes if fused_accumulation and grad_bytes > e else 0.0,
+        wgrad_accumulator_bytes=_wgrad_accumulator_bytes(w),
         fp8_cast_bytes=fp8_cast * (1.5 if recompute_full else 1.0),
-        tp_collectives=collectives,
-        tp_collective_bytes=tokens * h * e,
+        tp_collectives=_tp_collectives(w, grid.tp, layers),
+        tp_collective_bytes=s.tokens * model.hidden_size * e,
         layers=layers,
     )
+
+
+def _stage_gemms(s: _StageShape, live_share: dict[str, float]) -> list[Gemm]:
+    """The forward GEMMs of the stage's layers, the LoRA adapters' with them: each kind of layer's, times its
+    layers, with the share of them a gradient flows through (and trains the weight)."""
+    w, built, method = s.w, s.built, s.w.method
+    tp, _, ep, _ = s.grid
+    gemms: list[Gemm] = []
+    for kind, count in (("dense", built.dense), ("moe", built.moe)):
+        if count:
+            live = live_share[kind]
+            trained = live if method.kind in ("full", "freeze") else 0.0
+            for g in _layer_gemms(w.model, tp, ep, s.tokens, kind == "moe"):
+                gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count, live, trained))
+            gemms += [replace(g, count=g.count * count) for g in _adapter_gemms(w, ep, s.tokens, kind == "moe")]
+    return gemms
+
+
+def _head_gemms(s: _StageShape) -> tuple[Gemm, ...]:
+    """The output layer's GEMM, on the stage that holds the head: trained unless frozen (or tied to a frozen
+    embedding)."""
+    model, method = s.w.model, s.w.method
+    head_trained = method.kind == "full" or (method.kind == "freeze" and not model.tied_embeddings)
+    if not s.built.head:
+        return ()
+    return (Gemm("lm_head", s.tokens, model.vocab_size / s.grid.tp, model.hidden_size, 1, 1.0, float(head_trained)),)
+
+
+def _attention_work(s: _StageShape, live: float, traffic: _MemoryTraffic) -> _AttentionWork:
+    """The attention core: a fused kernel's FLOPs (its backward where a gradient flows), or eager attention's
+    score and value products with the scale, mask, softmax (and dropout) over the scores."""
+    w, model, e = s.w, s.w.model, s.act_bytes
+    cp, layers = s.grid.cp, s.built.layers
+    keys = attended_keys(model, w.seq_len, "causal")  # what a causal (windowed) kernel computes
+    core = 2 * s.tokens * keys * s.heads * (model.qk_head_dim + model.v_head_dim) * layers * model.attention_share
+    if w.attention == "flash":
+        return _AttentionWork(core, FLASH_BACKWARD_TO_FORWARD * core * live, ())
+    score_elements = w.micro_batch * s.heads * (w.seq_len / cp) * w.seq_len * layers * model.attention_share
+    sq, sk, per = w.seq_len / cp, w.seq_len, w.micro_batch * s.heads * layers
+    batched = (Gemm("scores", sq, sk, model.qk_head_dim, per), Gemm("values", sq, model.v_head_dim, sk, per))
+    softmax = FP32 if w.framework.attention.eager_softmax == "fp32" else e
+    forward = 2 * e + e + softmax + (softmax + e if softmax != e else 0)  # scale and mask, softmax, cast
+    if model.dropout:
+        forward += 2 * e + 1
+    traffic.add(forward * score_elements, 2 * forward * score_elements, 6 * layers)
+    return _AttentionWork(0.0, 0.0, batched)
+
+
+def _memory_bound_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """The memory-bound kernels of the layers, then of the head and of the embedding, in that order."""
+    _norm_traffic(s, traffic)
+    _residual_traffic(s, traffic)
+    _rotary_traffic(s, traffic)
+    _layout_copy_traffic(s, traffic)
+    _mlp_activation_traffic(s, traffic)
+    _moe_permute_traffic(s, traffic)
+    _loss_traffic(s, traffic)
+    _embedding_traffic(s, traffic)
+
+
+def _norm_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """Norms: one to four per layer on h; any fp32 form (activations.norm_keeps: Hugging Face's RMSNorm, Cohere's
+    centred LayerNorm) is PyTorch's element-wise kernels one after another, timed as the upcasting RMSNorm's."""
+    e, layers = s.act_bytes, s.built.layers
+    unfused_norm = norm_keeps(s.w) != "input"
+    norm_forward = 28 + 4 * e if unfused_norm else 2 * e
+    norms = s.w.model.norms_per_layer
+    norm_elements = norms * layers * s.hidden_tokens * s.w.model.hidden_size
+    traffic.add(
+        norm_forward * norm_elements,
+        (2 * norm_forward if unfused_norm else 3 * e) * norm_elements,
+        norms * layers * ((6 + 10) if unfused_norm else 2),
+    )
+
+
+def _residual_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """Residual adds (and dropout on both branches)."""
+    e, layers = s.act_bytes, s.built.layers
+    residual_elements = 2 * layers * s.hidden_tokens * s.w.model.hidden_size
+    traffic.add(3 * e * residual_elements, 3 * e * residual_elements, 4 * layers)
+    if s.w.model.dropout:
+        traffic.add((2 * e + 1) * residual_elements, (2 * e + 1) * residual_elements, 4 * layers)
+
+
+def _rotary_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """Rotary embeddings on Q and K."""
+    model, e, layers = s.w.model, s.act_bytes, s.built.layers
+    if not (model.position_embedding == "rope" or model.mla):
+        return
+    tables = s.w.framework.rotary.tables
+    rope_dim = model.mla.qk_rope_head_dim if model.mla else model.head_size
+    rope_elements = s.tokens * (s.heads + (s.heads if model.mla else s.kv_heads)) * rope_dim * layers
+    per = 9 * e if tables else 2 * e
+    traffic.add(per * rope_elements, per * rope_elements, layers * (2 * 11 if tables else 4))
+
+
+def _layout_copy_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """Copies of Q, K and V the framework makes to lay them out for the kernel."""
+    e, layers, rule = s.act_bytes, s.built.layers, s.w.framework.attention
+    copy_elements = (
+        s.tokens
+        * s.w.model.head_size
+        * layers
+        * (s.heads * (rule.q_copies - 1) + s.kv_heads * (rule.k_copies - 1 + rule.v_copies - 1))
+    )
+    traffic.add(
+        2 * e * copy_elements, 2 * e * copy_elements, 2 * layers * (rule.q_copies + rule.k_copies + rule.v_copies - 3)
+    )
+
+
+def _mlp_activation_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """The MLP activation, per element of its inner width on this GPU."""
+    model, built, e, layers = s.w.model, s.built, s.act_bytes, s.built.layers
+    tp, moe = s.grid.tp, model.moe
+    dense_width = built.dense * s.tokens * model.ffn_size / tp
+    moe_width = 0.0
+    if moe and built.moe:
+        inner = moe.expert_ffn_size * moe.experts_per_token + moe.shared_width * moe.shared_experts
+        moe_width = built.moe * s.tokens * inner / tp
+    width = dense_width + moe_width
+    if model.ffn_kind == "gelu_mlp":
+        fused = not gelu_ops_kept(s.w)  # one kernel, or the model's GELU written op by op (engine.model_code)
+        traffic.add(
+            (2 * e if fused else 20 * e) * width, (3 * e if fused else 30 * e) * width, layers * (2 if fused else 20)
+        )
+    else:
+        fused = s.w.framework.mlp.gated == "fused"
+        traffic.add(
+            (3 * e if fused else 5 * e) * width, (5 * e if fused else 9 * e) * width, layers * (2 if fused else 5)
+        )
+
+
+def _moe_permute_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """MoE: permute the routed tokens to their experts and back, forward and backward."""
+    moe, e = s.w.model.moe, s.act_bytes
+    if moe and s.built.moe:
+        routed = s.hidden_tokens * moe.experts_per_token * s.w.model.hidden_size * s.built.moe
+        traffic.add(2 * 2 * e * routed, 2 * 2 * e * routed, 12 * s.built.moe)
+
+
+def _loss_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """The loss over this GPU's share of the logits, forward and backward (about five passes in its dtype), and
+    the final norm, on the stage that holds the head."""
+    if not s.built.head:
+        return
+    model, e = s.w.model, s.act_bytes
+    logits = s.tokens * model.vocab_size / s.grid.tp
+    loss_bytes = s.w.framework.loss.saved_bytes or e
+    traffic.add((e + 3 * loss_bytes) * logits, (2 * loss_bytes + e) * logits, 8)
+    traffic.add(2 * e * s.hidden_tokens * model.hidden_size, 3 * e * s.hidden_tokens * model.hidden_size, 2)
+
+
+def _embedding_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
+    """The embedding's lookup, and its dense gradient, zeroed, then added into, on the stage that holds it."""
+    if not s.built.embedding:
+        return
+    e, h = s.act_bytes, s.w.model.hidden_size
+    vocab_rows = s.w.model.vocab_size / s.grid.tp
+    traffic.add(2 * e * s.hidden_tokens * h, e * vocab_rows * h + 2 * e * s.hidden_tokens * h, 3)
+
+
+def _accumulation_bytes(s: _StageShape, gemms: list[Gemm], head: tuple[Gemm, ...], traffic: _MemoryTraffic) -> float:
+    """Gradients: the weight-gradient GEMM accumulates into fp32 (fused, nothing here), or each micro-batch's
+    gradients are added into the accumulated ones by a separate pass, a kernel per weight."""
+    w, model = s.w, s.w.model
+    if w.framework.speed.fused_grad_accumulation:
+        return 0.0
+    weight_elements = sum(g.n * g.k * g.count * g.weight_grad for g in gemms + list(head))
+    if s.built.embedding and not (s.built.head and model.tied_embeddings):
+        weight_elements += model.vocab_size / s.grid.tp * model.hidden_size
+    traffic.launch(sum(g.count for g in gemms) + len(head))
+    return (w.precision.param_bytes + 2 * w.grad_bytes) * weight_elements
+
+
+def _fp8_cast_bytes(w: Workload, gemms: list[Gemm], head: tuple[Gemm, ...], traffic: _MemoryTraffic) -> float:
+    """fp8 GEMMs: separately, each GEMM's input, output gradient and weight are cast to fp8 with a transposed copy
+    for the weight gradient (a cast-transpose kernel: read 2 bytes, write 1 + 1); fused into the producers, only
+    the transposes (read 1, write 1) remain."""
+    if w.precision.compute_dtype != "fp8":
+        return 0.0
+    every = gemms + list(head)
+    if w.framework.speed.fp8_casts == "fused":  # the transposes of the input and of the output gradient only
+        traffic.launch(2 * (sum(g.count for g in gemms) + len(head)))
+        return sum(2 * (g.m * g.k + g.m * g.n) * g.count for g in every)
+    traffic.launch(3 * (sum(g.count for g in gemms) + len(head)))
+    return sum(4 * (g.m * g.k + g.m * g.n + g.n * g.k) * g.count for g in every)
+
+
+def _wgrad_accumulator_bytes(w: Workload) -> float:
+    """Per weight element: the fp32 accumulator a fused weight-gradient GEMM reads and writes, where the
+    gradients are kept in fewer bytes than it."""
+    grad_bytes = w.grad_bytes
+    fused_accumulation = w.framework.speed.fused_grad_accumulation
+    return 2 * grad_bytes if fused_accumulation and grad_bytes > w.precision.activation_bytes else 0.0
+
+
+def _tp_collectives(w: Workload, tp: int, layers: int) -> float:
+    """Tensor-parallel collectives the host issues: four a layer (two more recomputed), the count the host time
+    per operation was fitted with (sequence parallelism issues them in halves)."""
+    if tp > 1:
+        return layers * (4 + (2 if w.recompute == "full" else 0))
+    return 0.0
 
 
 @functools.lru_cache(maxsize=256)

@@ -64,17 +64,35 @@ def step_time_section(
     t: StepTime, layout: Layout, title: str = "Step time of the best layout", offload: Offload = NO_OFFLOAD
 ) -> Section:
     """The step's parts, each with its formula and numbers (under ``offload``, the optimizer's offloaded cost)."""
-    m = layout.grad_accum
-    cal = rates.CALIBRATION
-    pace = (
-        f"stage {t.slowest_stage + 1} of {layout.pp} sets the pace: it does "
-        f"{t.stage_flops / t.hardware_flops:.1%} of the step's {t.hardware_flops:.4e} FLOPs, against an even "
-        f"{1 / layout.pp:.1%}"
-        if layout.pp > 1
-        else ""
+    return Section(
+        "time",
+        title,
+        (
+            *_compute_terms(t, layout),
+            *_communication_terms(t, layout),
+            _optimizer_term(t, offload),
+            Term("total", "Step time", t.total, "s", "sum of the rows above"),
+            _mfu_term(t),
+        ),
     )
+
+
+def _pace_note(t: StepTime, layout: Layout) -> str:
+    """With pipeline stages, which one sets the pace and its share of the step's FLOPs."""
+    if layout.pp > 1:
+        return (
+            f"stage {t.slowest_stage + 1} of {layout.pp} sets the pace: it does "
+            f"{t.stage_flops / t.hardware_flops:.1%} of the step's {t.hardware_flops:.4e} FLOPs, against an even "
+            f"{1 / layout.pp:.1%}"
+        )
+    return ""
+
+
+def _compute_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
+    """Compute: the slowest stage's hardware FLOPs at a given efficiency of the peak, or kernel by kernel."""
+    pace = _pace_note(t, layout)
     if t.efficiency is not None:
-        compute = [
+        return (
             Term(
                 "compute",
                 "Compute",
@@ -83,124 +101,137 @@ def step_time_section(
                 "hardware FLOPs of the slowest stage / (GPUs per stage · peak · efficiency)",
                 f"{t.stage_flops:.4e} / ({t.gpus // layout.pp} × {t.peak:.4g} × {t.efficiency:g})",
                 note=pace,
-            )
-        ]
-    else:
-        compute = [
-            Term(
-                "gemm",
-                "GEMMs",
-                t.gemm,
-                "s",
-                "micro-batches · Σ (max(2mnk / (φ·R·w), bytes / (η·B)) + t₀) over forward, input-gradient, "
-                "weight-gradient and recomputed GEMMs",
-                f"{m} × {t.gemm / m:.4g} s; R = {t.matmul_rate / 1e12:,.1f} TFLOP/s, φ = "
-                f"{t.gemm_fraction:g}, t₀ = {cal.kernel_overhead_s * 1e6:g} µs",
-                source=t.matmul_source,
-                note=pace,
             ),
-            Term(
-                "attention",
-                "Attention",
-                t.attention,
-                "s",
-                "micro-batches · (forward FLOPs / forward rate + 2.5 · forward FLOPs / backward rate)",
-                f"{m} × {t.attention / m:.4g} s",
-                source="FlashAttention-2/-3 benchmarks (engine/time/rates.py ATTENTION_FRACTIONS)",
-            ),
-            Term(
-                "memory",
-                "Memory-bound kernels",
-                t.memory,
-                "s",
-                "micro-batches · (bytes of norms, activations, residuals, rotary, loss, copies, gradient "
-                "accumulation / (η · HBM bandwidth) + kernels · t₀)",
-                f"{m} × {t.memory / m:.4g} s; η = {cal.hbm_efficiency:g}",
-            ),
-            Term(
-                "host",
-                "Host time not hidden",
-                t.host,
-                "s",
-                "micro-batches · max(0, operations · host seconds per operation − GPU time)",
-                note="the CPU issues every kernel; small models at high TP wait for it",
-            ),
-        ]
-    return Section(
-        "time",
-        title,
-        (
-            *compute,
-            Term(
-                "tp",
-                "Tensor-parallel collectives (exposed)",
-                t.tp,
-                "s",
-                "micro-batches · layers · (2 forward + 2 backward, + 1 with sequence parallelism, + 2 with full "
-                "recompute) · all-reduce(s·b·h), less what hides behind the GEMMs",
-            ),
-            Term(
-                "ep",
-                "Expert all-to-alls (exposed)",
-                t.ep,
-                "s",
-                "micro-batches · MoE layers · 4 · all-to-all(k copies of s·b·h), node-limited routing",
-            ),
-            Term(
-                "cp",
-                "Context-parallel K/V exchange (exposed)",
-                t.cp,
-                "s",
-                "micro-batches · max(0, layers · 3 · (CP − 1) · p2p(K, V) − attention)",
-            ),
-            Term("pp_p2p", "Pipeline sends", t.pp_p2p, "s", "micro-batches · chunks · 2 · p2p(s·b·h)"),
-            Term(
-                "bubble",
-                "Pipeline bubble",
-                t.bubble,
-                "s",
-                "(p − 1)/v · one micro-batch of the slowest stage",
-                source="Narayanan et al. 2021 §2.2",
-            ),
-            Term(
-                "dp",
-                "Gradient reduction (exposed)",
-                t.dp,
-                "s",
-                "all-reduce (reduce-scatter under ZeRO-2) of the gradients, less the last backward pass where bucketed",
-            ),
-            Term(
-                "zero",
-                "ZeRO parameter gathers (exposed)",
-                t.zero,
-                "s",
-                ZERO_GATHER_FORMULA[layout.zero if layout.data_replicas > 1 else 0],
-            ),
-            Term(
-                "optimizer",
-                "Optimizer step and clipping" + (" (offloaded)" if offload.optimizer else ""),
-                t.optimizer,
-                "s",
-                "this GPU's trained parameters · (gradient + weight bytes) / host link + GPUs of the host · trained "
-                "parameters / CPU optimizer rate"
-                if offload.optimizer
-                else "this GPU's states · (2 gradient reads + master and states read and written + weights written) "
-                "/ (η · HBM bandwidth)",
-                f"host link {offload.host_link_gbps:g} GB/s, CPU {offload.cpu_optimizer_params_per_s:.3g} "
-                "parameters/s (assumptions unless given); not overlapped"
-                if offload.optimizer
-                else "",
-                source="Ren et al. 2021 (ZeRO-Offload) §4" if offload.optimizer else "",
-            ),
-            Term("total", "Step time", t.total, "s", "sum of the rows above"),
-            Term(
-                "mfu",
-                "MFU",
-                100 * t.mfu,
-                "%",
-                "model FLOPs / (step time · GPUs · peak)",
-                f"{t.model_flops:.4e} / ({t.total:.4g} × {t.gpus} × {t.peak:.4g})",
-                note="model FLOPs count attention in full (the Korthikanti/PaLM convention)",
-            ),
+        )
+    return _kernel_terms(t, layout, pace)
+
+
+def _kernel_terms(t: StepTime, layout: Layout, pace: str) -> tuple[Term, ...]:
+    """Compute timed kernel by kernel, over the step's micro-batches: GEMMs, attention, memory-bound kernels, and
+    the host time they leave exposed."""
+    m, cal = layout.grad_accum, rates.CALIBRATION
+    return (
+        Term(
+            "gemm",
+            "GEMMs",
+            t.gemm,
+            "s",
+            "micro-batches · Σ (max(2mnk / (φ·R·w), bytes / (η·B)) + t₀) over forward, input-gradient, "
+            "weight-gradient and recomputed GEMMs",
+            f"{m} × {t.gemm / m:.4g} s; R = {t.matmul_rate / 1e12:,.1f} TFLOP/s, φ = "
+            f"{t.gemm_fraction:g}, t₀ = {cal.kernel_overhead_s * 1e6:g} µs",
+            source=t.matmul_source,
+            note=pace,
         ),
+        Term(
+            "attention",
+            "Attention",
+            t.attention,
+            "s",
+            "micro-batches · (forward FLOPs / forward rate + 2.5 · forward FLOPs / backward rate)",
+            f"{m} × {t.attention / m:.4g} s",
+            source="FlashAttention-2/-3 benchmarks (engine/time/rates.py ATTENTION_FRACTIONS)",
+        ),
+        Term(
+            "memory",
+            "Memory-bound kernels",
+            t.memory,
+            "s",
+            "micro-batches · (bytes of norms, activations, residuals, rotary, loss, copies, gradient "
+            "accumulation / (η · HBM bandwidth) + kernels · t₀)",
+            f"{m} × {t.memory / m:.4g} s; η = {cal.hbm_efficiency:g}",
+        ),
+        Term(
+            "host",
+            "Host time not hidden",
+            t.host,
+            "s",
+            "micro-batches · max(0, operations · host seconds per operation − GPU time)",
+            note="the CPU issues every kernel; small models at high TP wait for it",
+        ),
+    )
+
+
+def _communication_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
+    """What the GPUs wait for beyond compute: the collectives of each parallel dimension, the pipeline's sends and
+    bubble, the gradient reduction and ZeRO's gathers, each as far as it is not hidden."""
+    return (
+        Term(
+            "tp",
+            "Tensor-parallel collectives (exposed)",
+            t.tp,
+            "s",
+            "micro-batches · layers · (2 forward + 2 backward, + 1 with sequence parallelism, + 2 with full "
+            "recompute) · all-reduce(s·b·h), less what hides behind the GEMMs",
+        ),
+        Term(
+            "ep",
+            "Expert all-to-alls (exposed)",
+            t.ep,
+            "s",
+            "micro-batches · MoE layers · 4 · all-to-all(k copies of s·b·h), node-limited routing",
+        ),
+        Term(
+            "cp",
+            "Context-parallel K/V exchange (exposed)",
+            t.cp,
+            "s",
+            "micro-batches · max(0, layers · 3 · (CP − 1) · p2p(K, V) − attention)",
+        ),
+        Term("pp_p2p", "Pipeline sends", t.pp_p2p, "s", "micro-batches · chunks · 2 · p2p(s·b·h)"),
+        Term(
+            "bubble",
+            "Pipeline bubble",
+            t.bubble,
+            "s",
+            "(p − 1)/v · one micro-batch of the slowest stage",
+            source="Narayanan et al. 2021 §2.2",
+        ),
+        Term(
+            "dp",
+            "Gradient reduction (exposed)",
+            t.dp,
+            "s",
+            "all-reduce (reduce-scatter under ZeRO-2) of the gradients, less the last backward pass where bucketed",
+        ),
+        Term(
+            "zero",
+            "ZeRO parameter gathers (exposed)",
+            t.zero,
+            "s",
+            ZERO_GATHER_FORMULA[layout.zero if layout.data_replicas > 1 else 0],
+        ),
+    )
+
+
+def _optimizer_term(t: StepTime, offload: Offload) -> Term:
+    """The optimizer step and clipping: on the GPU at HBM bandwidth, or offloaded over the host link to the CPU."""
+    return Term(
+        "optimizer",
+        "Optimizer step and clipping" + (" (offloaded)" if offload.optimizer else ""),
+        t.optimizer,
+        "s",
+        "this GPU's trained parameters · (gradient + weight bytes) / host link + GPUs of the host · trained "
+        "parameters / CPU optimizer rate"
+        if offload.optimizer
+        else "this GPU's states · (2 gradient reads + master and states read and written + weights written) "
+        "/ (η · HBM bandwidth)",
+        f"host link {offload.host_link_gbps:g} GB/s, CPU {offload.cpu_optimizer_params_per_s:.3g} "
+        "parameters/s (assumptions unless given); not overlapped"
+        if offload.optimizer
+        else "",
+        source="Ren et al. 2021 (ZeRO-Offload) §4" if offload.optimizer else "",
+    )
+
+
+def _mfu_term(t: StepTime) -> Term:
+    """Model FLOPs utilisation: the model's FLOPs (recomputation not counted) against the peak for the step time."""
+    return Term(
+        "mfu",
+        "MFU",
+        100 * t.mfu,
+        "%",
+        "model FLOPs / (step time · GPUs · peak)",
+        f"{t.model_flops:.4e} / ({t.total:.4g} × {t.gpus} × {t.peak:.4g})",
+        note="model FLOPs count attention in full (the Korthikanti/PaLM convention)",
     )
