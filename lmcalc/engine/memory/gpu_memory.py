@@ -55,7 +55,7 @@ from lmcalc.framework_specs import AllocatorRule
 Verdict = Literal["fits", "tight", "does not fit"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: the planner makes one per layout it tries
 class GpuMemory:
     """The parts of one GPU's memory during a training step, as the workload's framework profile allocates them.
 

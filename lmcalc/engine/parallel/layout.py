@@ -85,7 +85,7 @@ class StateShards(NamedTuple):
     replicas: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: the planner makes hundreds of thousands
 class Layout:
     """How a training step is spread over GPUs; the product dp·tp·pp·cp is the number of GPUs."""
 

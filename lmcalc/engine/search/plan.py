@@ -105,7 +105,7 @@ class Pins:
         return SCHEDULES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per layout that fits
 class Candidate:
     """One layout the search evaluated, the workload it runs (its micro-batch and recomputation), its most
     loaded GPU's memory and its step time."""

@@ -58,7 +58,7 @@ FOREACH_PASSES = 3
 three reads and writes of the states where a fused kernel makes one; an estimate, not a measurement."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: the planner makes one per layout that fits
 class StepTime:
     """Seconds per step and the parts it is made of, as the slowest pipeline stage lives them: ``grad_accum``
     times that stage's micro-batch (its kernels, the host, the TP, EP and CP collectives it waits for), then
