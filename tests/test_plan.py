@@ -520,3 +520,29 @@ def test_measured_matmul_rate_and_bus_bandwidth_come_from_bench_results(tmp_path
     assert terms["tp"]["value"] > spec_terms["tp"]["value"]
     code, _, err = run(f"{base} --peak measured --calibration {tmp_path / 'none.json'}", capsys)
     assert code == 2 and "no such benchmark file" in err
+
+
+def test_a_search_pauses_the_collector_and_leaves_it_as_it_found_it():
+    """The search runs with Python's cycle collector paused (it makes no cycles, and the collector walked every
+    object it made for nothing); nested or concurrent searches resume it only when the last one ends, and only if
+    it was on when the first began."""
+    import gc
+
+    from lmcalc.engine.search.plan import _collector_paused
+
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            with _collector_paused():
+                assert not gc.isenabled()
+                with _collector_paused():  # a second search (another thread) begins and ends inside the first
+                    assert not gc.isenabled()
+                assert not gc.isenabled()  # the first still runs
+            assert gc.isenabled() is enabled
+            w = workload(resolve_model("llama-3.1-8b").spec, 2048)
+            found = plan(w, on_nodes_of_8(resolve_hardware("H100").spec, Layout(dp=8)), 8, Pins(tp=8))
+            assert found.fitting
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -1,8 +1,9 @@
-"""The command line's options, declared once: the types every command shares, and the layout's options as groups
-that ``memory``, ``fit``, ``plan`` and ``report`` take alike (``with_options``).
+"""The command line's options, made from the settings' one declaration (``estimates.settings``): each group of
+settings becomes a group of options that the commands taking it share (``with_options``), and a command taking
+one setting alone takes its annotation (``option_of``).
 
-Each option is named like the Python API's keyword (``--first-stage-layers`` is ``first_stage_layers``), so a
-command passes what it parsed straight to the API.
+Each option is named like the Python API's keyword (``--first-stage-layers`` is ``first_stage_layers``), with the
+declared help and default, so a command passes what it parsed straight to the API.
 """
 
 from __future__ import annotations
