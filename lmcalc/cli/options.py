@@ -32,6 +32,7 @@ from lmcalc.estimates.settings import (
     RunSettings,
     SearchSettings,
     ServingSettings,
+    Setting,
     SplitSettings,
     TrainingSettings,
     WorkloadSettings,
@@ -95,14 +96,15 @@ def option_of(group: type, name: str) -> Any:
     return _options(group)[name].annotation
 
 
-@functools.cache  # each group's options are made once, whichever commands take them
 def _options(group: type) -> dict[str, Option]:
-    options = {}
-    for name, (kind, declared) in fields_of(group).items():
-        complete = getattr(completion, declared.complete) if declared.complete else None
-        typer_option = typer.Option(*(declared.flags or (flag(name),)), help=declared.help, autocompletion=complete)
-        options[name] = Option(name, Annotated[command_line_type(kind), typer_option], declared.default)
-    return options
+    return {name: _option(name, kind, declared) for name, (kind, declared) in fields_of(group).items()}
+
+
+@functools.cache  # each setting's option is made once, whichever groups and commands take it
+def _option(name: str, kind: Any, declared: Setting) -> Option:
+    complete = getattr(completion, declared.complete) if declared.complete else None
+    typer_option = typer.Option(*(declared.flags or (flag(name),)), help=declared.help, autocompletion=complete)
+    return Option(name, Annotated[command_line_type(kind), typer_option], declared.default)
 
 
 PrecisionOpt = option_of(TrainingSettings, "precision")
