@@ -61,6 +61,10 @@ class ActivationLayout(NamedTuple):
     grad_accum: int
     split: PipelineSplit
 
+    @property
+    def stages(self) -> Stages:
+        return Stages(self.pp, self.split)
+
 
 class Grid(NamedTuple):
     """How tensor, context and expert parallelism split one micro-batch's work on a GPU: TP (with sequence

@@ -116,7 +116,11 @@ class Pipelined(Protocol):
     @property
     def split(self) -> PipelineSplit: ...
 
+    @property
+    def stages(self) -> Stages: ...
 
+
+@functools.lru_cache(maxsize=1 << 12)  # the planner checks the same few splits for every layout (a refusal is not kept)
 def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit) -> None:
     """Refuse a split of ``model``'s layers over ``pp`` stages that cannot exist, naming the constraint. (What a
     split can check alone, it checked when it was made.)"""
@@ -276,7 +280,7 @@ def distinct_stages(model: ModelSpec, layout: Pipelined) -> tuple[int, ...]:
 def distinct_stage_layers(model: ModelSpec, layout: Pipelined) -> tuple[tuple[int, StageLayers], ...]:
     """Each of the ``distinct_stages`` with the layers it builds (``stage_layers``): what the memory and the step
     time of a layout are computed over, asked for once per layout."""
-    return split_stage_layers(model, Stages(layout.pp, layout.split))
+    return split_stage_layers(model, layout.stages)
 
 
 @functools.lru_cache(maxsize=1 << 12)  # asked once per layout and micro-batch: a model's layer flags hash once
