@@ -9,8 +9,10 @@ line gives instead.
 
 The groups: what is trained (``FineTuneSettings``, ``MethodSettings`` with offload), the workload
 (``WorkloadSettings``, ``TrainingSettings`` with its micro-batch and recomputation), the parallel layout
-(``SplitSettings``, ``LayoutSettings``), what a layout search pins (``PinSettings``) and how far it searches
-(``SearchSettings``), the run (``RunSettings``) and its energy (``EnergySettings``).
+(``SplitSettings``, ``LayoutSettings``), what a layout search pins (``PinSettings``), how far it searches
+(``SearchSettings``) and the batch it fills (``BatchSettings``), the run (``RunSettings``), its cost and energy
+(``EnergySettings``), and serving (``ServingSettings``). ``TrainTimeSettings``, ``PlanSettings`` and
+``ReportSettings`` are what those functions take.
 """
 
 import functools
