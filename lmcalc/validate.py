@@ -251,7 +251,7 @@ def _activation_rows(
             workload = Workload(
                 small, fp32, adamw, s, micro_batch, attention, recompute, mask, framework=framework_profile()
             )
-            engine = gpu_memory(workload, Layout(), 0).activations  # the whole model on one device
+            engine = gpu_memory(workload, Layout(), 0).held.with_rebuilt  # the whole model on one device
             reason = cpu_fallback_reason(small, attention)
             if reason:
                 sections.append(_not_run(key, title, engine, "bytes", reason))

@@ -145,6 +145,9 @@ NARROW_MHA = {key: value for key, value in SMALL.items() if key != "num_key_valu
 NARROW = {**NARROW_MHA, "num_key_value_heads": 2, "head_dim": 32}
 """The narrow cases with grouped-query attention: 2 KV heads."""
 
+WIDE = {**SMALL, "vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8}
+"""What the wide cases share: SMALL's layers and GQA at h 512 (8 heads, 2 KV heads), V 256."""
+
 CASES: dict[str, Case] = {
     # ---- Llama ----
     "llama-small": Case(
@@ -351,6 +354,40 @@ CASES: dict[str, Case] = {
         Starcoder2Config,
         {**NARROW, "intermediate_size": 512, "bos_token_id": 1, "eos_token_id": 2},
         "small StarCoder2: LayerNorm with bias, a tanh-GELU MLP with biases, GQA 4 / 2",
+    ),
+    # ---- wide: a vocabulary far narrower than the layers, so that a layer's backward, not the loss's, is the
+    # step's busiest phase (hf_step_peak.py; tests/test_step_phases.py) ----
+    "llama-wide": Case(
+        "llama-wide",
+        LlamaConfig,
+        {**WIDE, "intermediate_size": 1536, "rms_norm_eps": 1e-5},
+        "Llama with h 512 and V 256: a layer's backward outweighs the loss's",
+    ),
+    "mixtral-wide": Case(
+        "mixtral-wide",
+        MixtralConfig,
+        {
+            **WIDE,
+            "intermediate_size": 1536,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": None,
+            "router_jitter_noise": 0.0,
+        },  # fmt: skip
+        "Mixtral with h 512 and V 256, 4 experts top-2",
+    ),
+    "gpt2-wide": Case(
+        "gpt2-wide",
+        GPT2Config,
+        dict(vocab_size=256, n_embd=512, n_head=8, n_layer=LAYERS, n_positions=1024),
+        "GPT-2 with h 512 and V 256 (tied embeddings; its gelu_new written op by op)",
+        _GPT2_DROPOUT,
+    ),
+    "gpt-neox-wide": Case(
+        "gpt-neox-wide",
+        GPTNeoXConfig,
+        {**{k: v for k, v in WIDE.items() if k != "num_key_value_heads"}, "intermediate_size": 2048},
+        "GPT-NeoX with h 512 and V 256 (torch's GELU kernel)",
     ),
 }
 

@@ -180,7 +180,7 @@ def hf_predict(spec: ModelSpec, attention: str, checkpointing: bool, fw: Framewo
         mask_bytes=dropout_mask_bytes("cpu", HF_PRECISION),  # the CPU's dropout keeps bf16 masks
         framework=fw,
     )
-    return stage_activations(w, Layout(), 0).total
+    return stage_activations(w, Layout(), 0).with_rebuilt
 
 
 def hf_rows(quick: bool) -> tuple[list[HfRow], str]:

@@ -45,7 +45,7 @@ def test_fewest_replicas_under_zero3_is_the_closed_form():
     # (for DP ≥ 2: with one replica there is nothing to gather).
     s = setting("llama-3.1-70b", Layout(zero=3), 4096, recompute="full")
     two = most_loaded_gpu(s.workload, Layout(dp=2, zero=3))  # s = 4096, flash, full recomputation, 2 GiB overhead
-    fixed = two.activations + two.zero3_buffers + OVERHEAD
+    fixed = two.phases.busiest + two.zero3_buffers + OVERHEAD  # the inputs saved, or the rebuilt layer beside them
     expected = math.ceil(16 * 70_553_706_496 / (H100.memory_bytes - fixed))
     assert fit.fewest_data_parallel(s).value == expected
 

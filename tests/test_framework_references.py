@@ -284,7 +284,7 @@ def test_megatron_activations_differ_by_the_itemised_terms(name, t, p, microbatc
     assert not spec.dropout and spec.position_embedding == "rope"
     w = workload(spec, "megatron", seq=s, recompute="selective")
     layout = Layout(tp=t, pp=p, sequence_parallel=True, grad_accum=microbatches)
-    lmcalc = stage_activations(w, layout, 0).total
+    lmcalc = stage_activations(w, layout, 0).with_rebuilt
     assert gpu_memory(w, layout, 0).activations == lmcalc
     megatron = float(megatron_activations_sp_selective(MegatronArgs.of(spec), s, 1, t, p, None, microbatches))
     assert lmcalc - megatron == pytest.approx(
@@ -467,7 +467,7 @@ def mcore_cpu_case(query_groups: int) -> float:
     )  # fmt: skip
     precision, optimizer = pr.resolve_precision("bf16-mixed").spec, pr.resolve_optimizer("adamw").spec
     w = Workload(spec, precision, optimizer, 128, 2, "eager", "none", framework=framework_profile("megatron"))
-    predicted = stage_activations(w, Layout(), 0).total
+    predicted = stage_activations(w, Layout(), 0).with_rebuilt
     tokens, h, layers = 256, 256, 2
     # the CPU has no fused RMSNorm: torch's fallback keeps an fp32 input, fp32 rsqrt and fp32 normalised value,
     # 8h + 4 bytes a token where apex's and Transformer Engine's kernels keep 2h + 4 (five norms)
@@ -518,5 +518,5 @@ def test_torchtitan_profile_is_torchtitans_own_model_on_the_cpu():
     tokens = 256
     # nn.RMSNorm's CPU composite keeps 8·D + 4 bytes a token where CUDA's fused kernel keeps 2·D + 4 (five norms);
     # the loss's fp32 total_weight scalar is 4 bytes
-    predicted = stage_activations(w, Layout(), 0).total + 5 * tokens * 6 * 256 + 4
+    predicted = stage_activations(w, Layout(), 0).with_rebuilt + 5 * tokens * 6 * 256 + 4
     assert predicted == TITAN_CPU_BYTES

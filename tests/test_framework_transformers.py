@@ -224,12 +224,12 @@ def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra:
     w = workload(case, profile)
     acts = predicted(case, profile)
     beyond = [extra(w, moe) if extra else 0.0 for moe in layer_kinds(w, m.layers)]
-    total = acts.total + (max(beyond) if case.checkpointing else sum(beyond))
+    total = acts.total + (acts.rebuilt + max(beyond) if case.checkpointing else sum(beyond))
     whole = peak_kept(m)
     report = f"{case.id}: measured {whole:,} B, lmcalc {total:,.0f} B ({error(total, whole):+.2%})"
     if case.checkpointing:
         forward, rebuilt = m.total_bytes + m.closure_bytes, m.rebuild_new_bytes
-        kept, layer = acts.total - acts.rebuilt, acts.rebuilt + max(beyond)
+        kept, layer = acts.total, acts.rebuilt + max(beyond)
         report += (
             f"; forward + closures {forward:,} vs {kept:,.0f} ({error(kept, forward):+.2%})"
             f"; rebuilt layer {rebuilt:,} vs {layer:,.0f} ({error(layer, rebuilt):+.2%})"

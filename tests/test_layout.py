@@ -433,4 +433,4 @@ def test_memoised_figures_belong_to_their_own_layout_and_workload():
         clear_caches()
         assert {case: figures(case) for case in order} == dict(zip(cases, fresh, strict=True))
     # and the memo was shared, not bypassed: figures computed for one case served another
-    assert gpu_memory._stage_activations.cache_info().hits > 0 and sharding.trained_held.cache_info().hits > 0
+    assert gpu_memory._activation_peaks.cache_info().hits > 0 and sharding.trained_held.cache_info().hits > 0

@@ -113,7 +113,7 @@ def test_activation_formula_matches_saved_tensors(arch, attention, recompute, se
     measured = measure.peak_saved_bytes(model, tokens, recompute)
     fp32, adamw = resolve_precision("fp32").spec, resolve_optimizer("adamw").spec  # fp32: 4-byte activations
     w = Workload(spec, fp32, adamw, seq, batch, attention, recompute, mask_bytes=4, framework=framework_profile())
-    engine = gpu_memory(w, Layout(), 0).activations  # the whole model on one device
+    engine = gpu_memory(w, Layout(), 0).held.with_rebuilt  # the whole model on one device
     assert engine == pytest.approx(measured, rel=val.ACTIVATION_TOLERANCE)
 
 

@@ -27,9 +27,9 @@ from lmcalc.engine.memory.activations import (
     SavedTensor,
     layer_kept_tensors,
     lowest_layer_unkept,
-    norm_keeps,
 )
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
+from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.layout import ActivationLayout, Layout, StateShards
 from lmcalc.engine.parallel.pipeline import (
     StageLayers,
@@ -59,17 +59,18 @@ Verdict = Literal["fits", "tight", "does not fit"]
 class GpuMemory:
     """The parts of one GPU's memory during a training step, as the workload's framework profile allocates them.
 
-    The allocated peak is the larger of two moments: during the forward and backward passes (the persistent parts,
-    the activations held, and the loss's or a layer's backward transient) and at the end of the step, once the
-    activations are freed (the persistent parts and what the step itself makes). The caching allocator reserves
-    more than it hands out (``fragmentation``); the CUDA context lies outside its pool; the flat ``overhead``
-    allowance is the idealised profile's stand-in for all of these.
+    The allocated peak is the largest of the step's phases (``StepPhases``), each on top of the persistent parts:
+    the loss's backward (every saved activation and the logits' gradients), a layer's backward (the saved activations
+    less the head side the loss has freed, the layer rebuilt under full recomputation, its activation gradients) and
+    the optimizer step (the activations freed, what the step itself makes). The caching allocator reserves more than
+    it hands out (``fragmentation``); the CUDA context lies outside its pool; the flat ``overhead`` allowance is the
+    idealised profile's stand-in for all of these.
     """
 
     stage: int
     kept: StageStates  # the model states and what ZeRO-3, DDP and the optimizer step add around them
-    held: StageActivations  # the activations at the stage's busiest moment
-    backward_transient: float  # the loss's logit-sized tensors or a layer's activation gradients, at most
+    held: StageActivations  # the activations the forward passes leave saved, at the stage's busiest moment
+    transients: Transients  # the loss's logit-sized gradients, a layer's activation gradients
     buffers: float  # sequence-parallel and pipeline buffers, the reduce bucket, cuBLAS/NCCL workspaces
     overhead: float  # the flat allowance
     allocator: AllocatorRule  # its fragmentation and the CUDA context
@@ -113,7 +114,18 @@ class GpuMemory:
 
     @property
     def activations(self) -> float:
+        """Saved by the forward passes in flight (under full recomputation: each layer's input)."""
         return self.held.total
+
+    @property
+    def backward_transient(self) -> float:
+        """The larger of the loss's and a layer's backward temporaries."""
+        return max(self.transients)
+
+    @property
+    def phases(self) -> StepPhases:
+        """The bytes each phase of the step holds beyond the persistent parts."""
+        return step_phases(self.held, self.transients, self.kept.step_transient)
 
     @property
     def micro_batches_in_flight(self) -> float:
@@ -127,14 +139,14 @@ class GpuMemory:
 
     @property
     def activations_rebuilt(self) -> float:
-        """Of the activations, the layer full recomputation rebuilds in the backward pass."""
+        """The layer full recomputation rebuilds in the backward pass (in the layer backward's phase)."""
         return self.held.rebuilt
 
     @property
     def fragmentation(self) -> float:
         """Reserved beyond allocated: the allocator's share of what it hands out at the busier moment."""
         kept = self.kept
-        busiest = max(self.held.total + self.backward_transient, kept.step_transient)
+        busiest = self.phases.busiest
         allocated = (
             kept.params + kept.grads + kept.master + kept.optimizer + kept.zero3 + kept.buckets + self.buffers + busiest
         )
@@ -155,8 +167,9 @@ class GpuMemory:
 
     @property
     def transient(self) -> float:
-        """What the busier moment adds to the persistent parts beyond the activations held."""
-        return max(self.activations + self.backward_transient, self.step_transient) - self.activations
+        """What the busiest phase adds to the persistent parts beyond the saved activations (negative where the
+        optimizer step, with the activations freed, holds less than they do: never the busiest then)."""
+        return self.phases.busiest - self.activations
 
     @property
     def allocated(self) -> float:
@@ -207,10 +220,76 @@ def bytes_on_gpu(tensor: SavedTensor, layout: Layout | ActivationLayout) -> floa
 
 @dataclass(frozen=True)
 class StageActivations:
-    total: float  # bytes at the stage's busiest moment
+    total: float  # bytes saved by the forward passes at the stage's busiest moment
     in_flight: float  # micro-batches in flight then, counted in passes through all the stage's layers
     outside: float  # of the total, the bytes outside the layers (embedding side, head side)
-    rebuilt: float  # of the total, the one layer full recomputation rebuilds
+    rebuilt: float  # the one layer full recomputation rebuilds in the backward pass (not in the total)
+    head: float = 0.0  # of the total, one micro-batch's head side (last stage): freed once its loss's backward has run
+
+    @property
+    def with_rebuilt(self) -> float:
+        """The saved activations and the rebuilt layer: every tensor kept for backward, counted as the saved-tensor
+        hooks count them (the head side's still there)."""
+        return self.total + self.rebuilt
+
+
+RMSNORM_BACKWARD_COPIES = 6
+"""fp32 tensors of a norm's input size live in the backward of transformers' RMSNorm (LlamaRMSNorm: x.float(), pow,
+mean, rsqrt, multiply, cast back) at its busiest: the fp32 input it kept, and five gradients (through the cast, the
+multiply, the mean's division and the power). Read from the storages live at the step's peak with
+scripts/hf_step_peak.py on the CPU (llama-wide: the final norm's backward, once the head side is freed, binds)."""
+
+
+MOE_COMBINE_FP32_GRADIENTS = 3
+"""h-wide fp32 tensors per token-expert assignment that the backward of transformers' MoE combine holds at once
+(transformers/integrations/moe.py grouped_mm_experts_forward: each expert output times its fp32 routing weight,
+index-added into an fp32 sum, cast back): the gathered output gradient and the two products' gradients, beside the
+expert output's gradient cast back to the activation dtype; read from the storages live at the step's peak with
+scripts/hf_step_peak.py on the CPU (mixtral-wide)."""
+
+
+class Transients(NamedTuple):
+    """What a backward holds at once beyond the saved activations, where the framework profile counts it."""
+
+    loss: float  # the loss's logit-sized tensors (the last stage)
+    layer: float  # one layer's MLP activation gradients (a gated MLP's two, a GELU MLP's one; one expert's)
+    norm: float = 0.0  # a norm's backward written op by op in fp32: its fp32 input and gradients (the final norm's)
+
+
+class StepPhases(NamedTuple):
+    """The bytes each phase of a training step holds beyond the persistent parts (``step_phases``)."""
+
+    loss_backward: float  # every saved activation and the loss's logit-sized gradients
+    norm_backward: float  # the saved activations less the freed head side, a norm's fp32 backward
+    layer_backward: float  # the saved activations less the freed head side, the rebuilt layer, its gradients
+    optimizer_step: float  # the activations freed: the end of the step's temporaries
+
+    @property
+    def busiest(self) -> float:
+        return max(self)
+
+    @property
+    def binding(self) -> str:
+        """The phase that holds the most, in words."""
+        return PHASE_NAMES[self.index(self.busiest)]
+
+
+PHASE_NAMES = ("the loss's backward", "the final norm's backward", "a layer's backward", "the optimizer step")
+
+
+def step_phases(held: StageActivations, transients: Transients, step_transient: float) -> StepPhases:
+    """The step's phases on one GPU: the loss's backward runs with every activation still saved; by the last
+    layer's backward the loss, the head and the final norm have freed what they saved for that micro-batch
+    (``held.head``), the layer is rebuilt under full recomputation and its MLP's activation gradients live; the
+    optimizer step runs once the activations are freed. PyTorch's autograd frees a node's saved tensors once it
+    has run (docs/formulas.md §5.8), so the rebuilt layer never lives beside the logits' gradients."""
+    after_head = held.total - held.head
+    return StepPhases(
+        held.total + transients.loss,
+        after_head + transients.norm,
+        after_head + held.rebuilt + transients.layer,
+        step_transient,
+    )
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -250,7 +329,8 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     outside = counts[0] * embedding_side + counts[-1] * head_side
     per_micro_batch = sum(layers)
     in_flight = (held - outside) / per_micro_batch if per_micro_batch else float(counts[0])
-    return StageActivations(held + rebuilt, in_flight, outside, rebuilt)
+    freed = head_side if w.framework.transients and counts[-1] else 0.0  # a profile with a timeline frees it
+    return StageActivations(held, in_flight, outside, rebuilt, freed)
 
 
 def _trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
@@ -282,10 +362,11 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     built = stage_layers(w.model, layout, stage)
     states = stage_states(states_workload(w), layout.state_shards, built)
     activations = stage_activations(w, layout, stage)
-    backward = _backward_transient(w, layout.tp, layout.cp, built)
+    transients = _transients(w, layout.tp, layout.cp, built)
     buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
-    total = _stage_total(states, activations.total, backward, buffers, allocator, allowance)
-    return GpuMemory(stage, states, activations, backward, buffers, allowance, allocator, total)
+    total = _stage_total(states, step_phases(activations, transients, states.step_transient), buffers, allocator,
+                         allowance)  # fmt: skip
+    return GpuMemory(stage, states, activations, transients, buffers, allowance, allocator, total)
 
 
 def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
@@ -296,45 +377,39 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
     peaks = _activation_peaks(w, activation_layout)
     states_by_stage = _layout_states(states_workload(w), layout.state_shards, layout.stages)
     buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
-    most: tuple[int, StageStates, float] | None = None
+    most: tuple[int, StageStates, StageActivations, Transients] | None = None
     most_total = 0.0
-    for (stage, activations, backward), states in zip(peaks, states_by_stage, strict=True):
-        total = _stage_total(states, activations, backward, buffers, allocator, allowance)
+    for (stage, held, transients), states in zip(peaks, states_by_stage, strict=True):
+        phases = step_phases(held, transients, states.step_transient)
+        total = _stage_total(states, phases, buffers, allocator, allowance)
         if most is None or total > most_total:  # the first of equally loaded stages
-            most, most_total = (stage, states, backward), total
+            most, most_total = (stage, states, held, transients), total
     assert most is not None  # every layout has a first stage
-    stage, states, backward = most
-    held = _stage_activations(w, activation_layout, stage)
-    return GpuMemory(stage, states, held, backward, buffers, allowance, allocator, most_total)
+    stage, states, held, transients = most
+    return GpuMemory(stage, states, held, transients, buffers, allowance, allocator, most_total)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
-def _activation_peaks(w: Workload, layout: ActivationLayout) -> tuple[tuple[int, float, float], ...]:
+def _activation_peaks(w: Workload, layout: ActivationLayout) -> tuple[tuple[int, StageActivations, Transients], ...]:
     """For each of the layout's ``distinct_stages``: the stage, its activations at their busiest and its backward
-    transient; what the stages' memory depends on besides the model states, looked up once for all of a layout's
+    transients; what the stages' memory depends on besides the model states, looked up once for all of a layout's
     stages."""
     return tuple(
-        (stage, _stage_activations(w, layout, stage).total, _backward_transient(w, layout.tp, layout.cp, built))
+        (stage, _stage_activations(w, layout, stage), _transients(w, layout.tp, layout.cp, built))
         for stage, built in distinct_stage_layers(w.model, layout)
     )
 
 
 def _stage_total(
-    states: StageStates,
-    activations: float,
-    backward: float,
-    buffers: float,
-    allocator: AllocatorRule,
-    allowance: float,
+    states: StageStates, phases: StepPhases, buffers: float, allocator: AllocatorRule, allowance: float
 ) -> float:
     """``GpuMemory.total`` of a stage: reserved (allocated, then the allocator's fragmentation of it), the CUDA
     context and the flat allowance, added as the ``GpuMemory`` properties add them. The planner compares every
     distinct stage of every layout it tries by it before it builds the ``GpuMemory`` of one."""
-    busiest = max(activations + backward, states.step_transient)
+    busiest = phases.busiest
     persistent = states.params + states.grads + states.master + states.optimizer
     fragmentation = allocator.fragmentation * (persistent + states.zero3 + states.buckets + buffers + busiest)
-    framework_buffers = states.zero3 + states.buckets + buffers
-    allocated = persistent + framework_buffers + activations + (busiest - activations)
+    allocated = persistent + (states.zero3 + states.buckets + buffers) + busiest
     return allocated + fragmentation + allocator.context_bytes + allowance
 
 
@@ -431,23 +506,43 @@ def _buffers(w: Workload, tp: int, sequence_parallel: bool, cp: int, pp: int, re
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _backward_transient(w: Workload, tp: int, cp: int, built: StageLayers) -> float:
-    """The most the busiest moment holds beyond the saved tensors, where the framework profile counts transients:
-    on the last stage, the loss's logit-sized tensors (the head's output, upcast copies, the logits' gradients);
-    on every stage, one layer's MLP activation gradients during its backward (a gated MLP's two, a GELU MLP's one;
-    a routed layer's for one expert)."""
+def _transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Transients:
+    """What a backward holds beyond the saved tensors, where the framework profile counts transients: on the last
+    stage, the loss's logit-sized tensors (the head's output, upcast copies, the logits' gradients); on every stage,
+    one layer's MLP activation gradients during its backward (a gated MLP's two, a GELU MLP's one; a routed layer's
+    for one expert) beside the gradient of its output, and, where a trained head is tied to the embedding on the
+    same GPU and autograd accumulates the gradients, the head's gradient of the shared matrix, which waits from the
+    head's backward to the embedding's to be summed with that part (AccumulateGrad sees the matrix once, with both
+    parts); and an RMSNorm's fp32 backward."""
     if not w.framework.transients:
-        return 0.0
+        return Transients(0.0, 0.0)
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     split = tp * cp
     loss = w.framework.loss.transient_bytes * sb * spec.vocab_size / split if built.head else 0.0
-    gradients = 1 if spec.ffn_kind == "gelu_mlp" else 2
+    # beyond the MLP's saved tensors, its output projection's input freed: a GELU kernel's input gradient; a gated
+    # MLP's gate and up gradients; a GELU written op by op, the gradients of its last product's two factors
+    gradients = 1 if spec.ffn_kind == "gelu_mlp" and not gelu_ops_kept(w) else 2
     layer = gradients * sb * spec.ffn_size * act / split if built.dense else 0.0
     if built.moe and spec.moe:
         moe = spec.moe
         routed = moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
         layer = max(layer, gradients * routed * act / split)
-    return max(loss, layer)
+        if not w.framework.moe.weighted_outputs:  # weighted in fp32 after the experts, as transformers' grouped_mm
+            assignments = moe.experts_per_token * sb
+            layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
+    layer += sb * spec.hidden_size * act / cp  # the gradient of the layer's output, which the residual branch holds
+    norm = 0.0
+    if norm_keeps(w) == "fp32_input":  # an RMSNorm written op by op in fp32: its backward's fp32 copies of its input
+        norm = RMSNORM_BACKWARD_COPIES * 4 * sb * spec.hidden_size / cp
+    if (
+        spec.tied_embeddings
+        and built.head
+        and built.embedding
+        and w.method.kind == "full"
+        and not w.framework.speed.fused_grad_accumulation
+    ):
+        layer += spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
+    return Transients(loss, layer, norm)
 
 
 def _step_transient(w: Workload, held: StageParams, optimizer_bytes: float, shards: StateShards) -> float:

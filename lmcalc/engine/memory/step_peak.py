@@ -248,7 +248,7 @@ def plain_step_peak(w: Workload) -> StepPeak:
         weights=one_gpu.params,
         optimizer_states=one_gpu.master + one_gpu.optimizer,
         gradients=one_gpu.grads,
-        activations=one_gpu.activations - one_gpu.activations_rebuilt,  # what the forward pass leaves saved
+        activations=one_gpu.activations,  # what the forward pass leaves saved
         loss_backward=LOSS_BACKWARD_TENSORS * LOGITS_BYTES * sbv,
         head_side=sum(t.bytes for t in model_saved_tensors(w) if t.block == "head"),
         # A holds the last layer's saved tensors already, or (full) only its input: the layer is rebuilt

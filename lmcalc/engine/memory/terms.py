@@ -239,7 +239,11 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
             gpu.activations,
             "bytes",
             "in flight · layers · one layer (+ embedding on the first stage, head and logits on the last)"
-            + (" — full recompute keeps each layer's input and rebuilds one layer" if w.recompute == "full" else ""),
+            + (" — full recompute keeps each layer's input" if w.recompute == "full" else ""),
+            note=f"the layer rebuilt in its backward, {gpu.activations_rebuilt / GB:.3g} GB, counts in that phase "
+            "(the transient peak)"
+            if gpu.activations_rebuilt
+            else "",
         )
     )
     title = f"Activations per GPU (micro-batch {w.micro_batch} × {w.seq_len} tokens)"
@@ -312,20 +316,24 @@ def _buffer_terms(w: Workload, layout: Layout, gpu: GpuMemory) -> tuple[Term, ..
 
 
 def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
-    """The short-lived peak: the loss's or a layer's backward temporaries, or the end of the step's."""
-    rules = w.framework
+    """What the busiest phase of the step adds to the saved activations, and which phase that is."""
+    rules, held, t, phases = w.framework, gpu.held, gpu.transients, gpu.phases
+    rebuilt = f" + rebuilt layer {held.rebuilt / GB:.3g}" if held.rebuilt else ""
     return Term(
         "transient",
         "Transient peak",
         gpu.transient,
         "bytes",
-        "max(loss or layer backward transient, end-of-step transient − activations)"
-        if rules.transients
-        else f"none: the {rules.name} profile counts no transients",
-        f"loss/layer backward {gpu.backward_transient / GB:.3g} GB; end of step {gpu.step_transient / GB:.3g} GB",
+        "busiest phase − A; phases: loss backward A + loss gradients; final norm backward A − head side + its fp32 "
+        "backward; layer backward A − head side (+ rebuilt layer) + its gradients; optimizer step (A freed)",
+        f"loss {(held.total + t.loss) / GB:.4g} GB; norm {phases.norm_backward / GB:.4g} GB; layer "
+        f"{held.total / GB:.4g} − {held.head / GB:.3g}{rebuilt} + {t.layer / GB:.3g} = "
+        f"{phases.layer_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB",
         source=f"{rules.loss.source}; {rules.optimizer_step.source}",
-        note="the loss's logit-sized tensors (last stage) or a layer's MLP activation gradients; at the "
-        "end of the step, 16-bit gradients, optimizer temporaries, fp32 gradient copies (activations freed)",
+        note=f"binds at {phases.binding}: PyTorch frees a node's saved tensors once it has run, so the logits' "
+        "gradients, a rebuilt layer and the optimizer's temporaries never live together"
+        if rules.transients or held.rebuilt
+        else f"none: the {rules.name} profile counts no transients",
     )
 
 

@@ -1,0 +1,187 @@
+"""Where a Hugging Face training step peaks: every storage PyTorch allocates in one step, as a timeline.
+
+A harness for the tests and the docs (it imports torch and transformers; the package never does). For a
+``hf_saved`` case it builds the model (random weights, bf16, train mode), runs one step the way ``Trainer`` does
+(``loss = model(input_ids=..., labels=..., use_cache=False).loss``, the rest of the output dropped, then
+``loss.backward()``), optionally with transformers' gradient checkpointing (non-reentrant) or PEFT's LoRA, and
+records every storage an operator makes and the moment PyTorch frees it: a ``TorchDispatchMode`` that keeps a weak
+reference to each new storage, the method of ``torch.distributed._tools.mem_tracker.MemTracker`` (and of
+``lmcalc.measure.StorageTracker``), here writing an event log rather than counters.
+
+Parameters and buffers exist before the step and are not in the log. The parameters' gradients are: they are found
+once the backward has run (each ``.grad``'s storage, the one made last at its address) and left out when the log is
+replayed, so the peak is of what is not model state (activations, autograd's gradients in flight, the loss's
+temporaries), as lmcalc's activations plus its transients are. The replay names the phase the peak falls in (the
+forward with the loss, or the backward), and how many operators into it.
+
+``python scripts/hf_step_peak.py [--case NAME ...]`` prints the peaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import hf_saved
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class StorageLog(TorchDispatchMode):
+    """Each storage an operator makes (its size, the phase, the operator's index) and when it is freed."""
+
+    def __init__(self, resident: list[torch.Tensor]) -> None:
+        """``resident``: tensors that exist before the step (parameters, buffers), whose views are not new."""
+        super().__init__()
+        self._resident = {t.untyped_storage().data_ptr() for t in resident}
+        self.events: list[tuple[int, int]] = []  # (allocation id, +bytes or -bytes), in order
+        self.phase_starts: dict[str, int] = {}  # phase -> index of its first event
+        self._by_address: dict[int, tuple[int, weakref.ref]] = {}  # data_ptr -> (id, the storage's weak ref)
+        self._next = 0
+        self.made_by: list[str] = []  # allocation id -> the operator that made it
+        self._op = ""
+
+    def phase(self, name: str) -> None:
+        self.phase_starts[name] = len(self.events)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._op = str(func)
+        for tensor in pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.Parameter):
+                self._track(tensor.untyped_storage())
+        return out
+
+    def _track(self, storage: torch.UntypedStorage) -> None:
+        address = storage.data_ptr()
+        known = self._by_address.get(address)
+        if (known is not None and known[1]() is storage) or storage.nbytes() == 0 or address in self._resident:
+            return  # a view (of a parameter too), an in-place result, or nothing
+        ident, size = self._next, storage.nbytes()
+        self._next += 1
+        self.made_by.append(self._op)
+        self._by_address[address] = (ident, weakref.ref(storage, functools.partial(self._free, ident, size)))
+        self.events.append((ident, size))
+
+    def _free(self, ident: int, size: int, _ref: weakref.ref) -> None:
+        self.events.append((ident, -size))
+
+    def ident_of(self, tensor: torch.Tensor) -> int | None:
+        """The allocation id of ``tensor``'s storage, if this log saw it made."""
+        known = self._by_address.get(tensor.untyped_storage().data_ptr())
+        return known[0] if known is not None and known[1]() is tensor.untyped_storage() else None
+
+    def live_at(self, index: int, leave_out: set[int]) -> dict[int, int]:
+        """The allocations live just after event ``index``: id -> bytes."""
+        live: dict[int, int] = {}
+        for ident, size in self.events[: index + 1]:
+            if ident in leave_out:
+                continue
+            if size > 0:
+                live[ident] = size
+            else:
+                live.pop(ident, None)
+        return live
+
+    def peak(self, leave_out: set[int]) -> tuple[int, int]:
+        """The most bytes live at once, and the index of the event that reached it, without ``leave_out``."""
+        live = high = 0
+        where = 0
+        for index, (ident, size) in enumerate(self.events):
+            if ident in leave_out:
+                continue
+            live += size
+            if live > high:
+                high, where = live, index
+        return high, where
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The step's peak of what is not model state, and where it fell."""
+
+    case: str
+    seq_len: int
+    micro_batch: int
+    checkpointing: bool
+    lora: bool
+    peak: int  # bytes: activations, gradients in flight, temporaries; not parameters, buffers or .grad
+    phase: str  # "forward" (with the loss) or "backward"
+    gradients: int  # bytes of the parameters' gradients (left out of the peak)
+
+    @property
+    def label(self) -> str:
+        how = ("LoRA " if self.lora else "") + ("checkpointed" if self.checkpointing else "plain")
+        return f"{self.case} s={self.seq_len} b={self.micro_batch} {how}"
+
+
+def measure(
+    case_name: str,
+    seq_len: int,
+    micro_batch: int,
+    checkpointing: bool,
+    attention: str = "sdpa",
+    lora: dict[str, Any] | None = None,
+    dropout: float | None = None,
+) -> StepPeak:
+    """One Trainer-style step of ``case_name`` (with ``lora``: PEFT's LoRA, fp32 adapters as PEFT makes them),
+    logged storage by storage; the peak of what is not model state. ``dropout``: GPT-2's (its config's 0.1 when
+    None), as ``hf_saved.measure`` takes it."""
+    model = hf_saved.build_model(case_name, attention, dropout=dropout)
+    if lora is not None:
+        model = hf_saved._with_lora(model, lora, fp32_adapters=True)
+    if checkpointing:
+        hf_saved._enable_checkpointing(model)
+    torch.manual_seed(1)
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (micro_batch, seq_len))
+    try:
+        log = StorageLog([*model.parameters(), *model.buffers()])
+        with log:
+            log.phase("forward")
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # the Trainer drops the other outputs
+            log.phase("backward")
+            loss.backward()
+            del loss
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        leave_out = {i for i in (log.ident_of(g) for g in grads) if i is not None}
+        peak, where = log.peak(leave_out)
+        phase = "backward" if where >= log.phase_starts["backward"] else "forward"
+        return StepPeak(
+            case_name,
+            seq_len,
+            micro_batch,
+            checkpointing,
+            lora is not None,
+            peak,
+            phase,
+            sum(g.numel() * g.element_size() for g in grads),
+        )
+    finally:
+        model.zero_grad(set_to_none=True)
+        if checkpointing:
+            hf_saved._disable_checkpointing(model)
+        if lora is not None:
+            hf_saved.release_models()  # the PEFT wrapper changed the cached model
+        gc.collect()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", help="a hf_saved case (repeatable); default: a few")
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=2)
+    args = parser.parse_args(argv)
+    for name in args.case or ["llama-small", "qwen2-small", "mixtral-small", "gpt2-small"]:
+        for checkpointing in (False, True):
+            m = measure(name, args.seq, args.batch, checkpointing)
+            print(f"{m.label:<50} {m.peak / 2**20:>10.3f} MiB at the {m.phase}")
+
+
+if __name__ == "__main__":
+    main()
