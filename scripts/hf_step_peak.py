@@ -171,16 +171,55 @@ def measure(
         gc.collect()
 
 
+def lmcalc_peak(case_name: str, seq_len: int, micro_batch: int, checkpointing: bool, attention: str) -> tuple:
+    """lmcalc's busiest phase beyond the model states for the same model (read from the very config the harness
+    builds it from) under the transformers profile, on one device: (bytes, the phase's name)."""
+    from lmcalc.engine.memory.gpu_memory import gpu_memory
+    from lmcalc.engine.parallel.layout import Layout
+    from lmcalc.engine.workload import Workload, dropout_mask_bytes
+    from lmcalc.hf_config import model_from_hf_config
+    from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
+    from lmcalc.specs import ModelSpec
+
+    case = hf_saved.CASES[case_name]
+    config = case.config(0.0 if case.dropout_knobs else None)
+    fields = model_from_hf_config(config.to_dict(), case_name, f"hf_saved.CASES[{case_name!r}]")
+    if case.dropout_knobs:
+        fields["dropout"] = False
+    precision = resolve_precision("bf16-pure").spec
+    w = Workload(
+        ModelSpec.model_validate(fields),
+        precision,
+        resolve_optimizer("adamw").spec,
+        seq_len,
+        micro_batch,
+        "flash" if attention == "sdpa" else "eager",
+        "full" if checkpointing else "none",
+        mask_bytes=dropout_mask_bytes("cpu", precision),
+        framework=framework_profile("transformers"),
+    )
+    phases = gpu_memory(w, Layout(), 0).phases
+    return phases.busiest, phases.binding
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", help="a hf_saved case (repeatable); default: a few")
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2)
     args = parser.parse_args(argv)
+    print("| model | checkpointing | measured peak (MiB) | lmcalc (MiB) | error | binding phase (lmcalc) |")
+    print("|---|---|---:|---:|---:|---|")
     for name in args.case or ["llama-small", "qwen2-small", "mixtral-small", "gpt2-small"]:
+        attention = "sdpa" if "sdpa" in hf_saved.CASES[name].attentions else "eager"
+        dropout = 0.0 if hf_saved.CASES[name].dropout_knobs else None
         for checkpointing in (False, True):
-            m = measure(name, args.seq, args.batch, checkpointing)
-            print(f"{m.label:<50} {m.peak / 2**20:>10.3f} MiB at the {m.phase}")
+            m = measure(name, args.seq, args.batch, checkpointing, attention, dropout=dropout)
+            ours, phase = lmcalc_peak(name, args.seq, args.batch, checkpointing, attention)
+            print(
+                f"| {name} | {'yes' if checkpointing else 'no'} | {m.peak / 2**20:.3f} | {ours / 2**20:.3f} | "
+                f"{ours / m.peak - 1:+.2%} | {phase} |"
+            )
 
 
 if __name__ == "__main__":

@@ -324,8 +324,9 @@ def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
         "Transient peak",
         gpu.transient,
         "bytes",
-        "busiest phase − A; phases: loss backward A + loss gradients; final norm backward A − head side + its fp32 "
-        "backward; layer backward A − head side (+ rebuilt layer) + its gradients; optimizer step (A freed)",
+        "the step's busiest phase − activations"
+        if rules.transients or held.rebuilt
+        else f"none: the {rules.name} profile counts no transients",
         f"loss {(held.total + t.loss) / GB:.4g} GB; norm {phases.norm_backward / GB:.4g} GB; layer "
         f"{held.total / GB:.4g} − {held.head / GB:.3g}{rebuilt} + {t.layer / GB:.3g} = "
         f"{phases.layer_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB",
