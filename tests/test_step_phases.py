@@ -14,7 +14,8 @@ import functools
 
 import pytest
 
-from lmcalc.engine.memory.gpu_memory import StageActivations, StepPhases, Transients, gpu_memory, step_phases
+from lmcalc.engine.memory.gpu_memory import gpu_memory
+from lmcalc.engine.memory.phases import StageActivations, StepPhases, Transients, step_phases
 from lmcalc.engine.parallel.layout import Layout
 
 TOLERANCE = 0.03  # issue #29's target for the step's peak

@@ -26,8 +26,9 @@ peak (``--efficiency``, or a measured training step): the rest of the model is u
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.finetune.flops import method_step_flops
@@ -56,6 +57,26 @@ FOREACH_PASSES = 3
 """A multi-tensor (foreach) AdamW step runs its update as separate element-wise kernels over the state lists
 (lerp, multiply, add-multiply, square root, divide, add: torch/optim/adamw.py ``_multi_tensor_adamw``), about
 three reads and writes of the states where a fused kernel makes one; an estimate, not a measurement."""
+
+
+class _OverMicroBatches:
+    """A ``StepTime`` figure: the slowest stage's micro-batch figure at ``path`` (``kernels.gemm``), times the
+    micro-batches of the step."""
+
+    def __init__(self, path: str, doc: str | None = None):
+        self._figure = operator.attrgetter(path)
+        self.__doc__ = doc or f"The micro-batch's {path.rsplit('.', 1)[-1]} time over the step's micro-batches."
+
+    @overload
+    def __get__(self, step: None, owner: type) -> _OverMicroBatches: ...
+
+    @overload
+    def __get__(self, step: StepTime, owner: type) -> float: ...
+
+    def __get__(self, step: StepTime | None, owner: type) -> float | _OverMicroBatches:
+        if step is None:
+            return self
+        return step.slowest.grad_accum * self._figure(step.slowest.micro_batch)
 
 
 @dataclass(frozen=True, slots=True)  # slots: the planner makes one per layout that fits
@@ -99,39 +120,15 @@ class StepTime:
     def slowest_stage(self) -> int:
         return self.slowest.stage
 
-    @property
-    def compute(self) -> float:
-        """GPU kernel time over the step's micro-batches: gemm + attention + memory."""
-        return self.slowest.grad_accum * self.slowest.micro_batch.compute
-
-    @property
-    def gemm(self) -> float:
-        return self.slowest.grad_accum * self.slowest.micro_batch.kernels.gemm
-
-    @property
-    def attention(self) -> float:
-        return self.slowest.grad_accum * self.slowest.micro_batch.kernels.attention
-
-    @property
-    def memory(self) -> float:
-        return self.slowest.grad_accum * self.slowest.micro_batch.kernels.memory
-
-    @property
-    def host(self) -> float:
-        """Host time not hidden behind the GPU's."""
-        return self.slowest.grad_accum * self.slowest.micro_batch.host
-
-    @property
-    def tp(self) -> float:
-        return self.slowest.grad_accum * self.slowest.micro_batch.tp
-
-    @property
-    def ep(self) -> float:
-        return self.slowest.grad_accum * self.slowest.micro_batch.ep
-
-    @property
-    def cp(self) -> float:
-        return self.slowest.grad_accum * self.slowest.micro_batch.cp
+    # A micro-batch's figure on the slowest stage, times the micro-batches of the step
+    compute = _OverMicroBatches("compute", "GPU kernel time over the step's micro-batches: gemm + attention + memory.")
+    gemm = _OverMicroBatches("kernels.gemm")
+    attention = _OverMicroBatches("kernels.attention")
+    memory = _OverMicroBatches("kernels.memory")
+    host = _OverMicroBatches("host", "Host time not hidden behind the GPU's.")
+    tp = _OverMicroBatches("tp")
+    ep = _OverMicroBatches("ep")
+    cp = _OverMicroBatches("cp")
 
     @property
     def pp_p2p(self) -> float:

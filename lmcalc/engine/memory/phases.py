@@ -1,0 +1,135 @@
+"""The phases of one training step on one GPU, and what each holds beyond the persistent parts (docs/formulas.md
+§5.10).
+
+PyTorch's autograd frees the tensors a node saved once that node's backward has run, so the tensors alive at once
+change through the step, and a GPU runs out at its busiest moment, not on the sum of everything the step ever makes.
+Four moments bound it: the loss's backward (every saved activation and the logits' gradients), the final norm's
+backward (the head side freed), a layer's backward (the head side freed, the layer rebuilt under full recomputation,
+its gradients) and the optimizer step (the activations freed). ``gpu_memory`` adds the largest to the model states.
+What each phase holds was read from every storage live in a real transformers step on the CPU
+(scripts/hf_step_peak.py, tests/test_step_phases.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
+from lmcalc.engine.parallel.pipeline import StageLayers
+from lmcalc.engine.workload import Workload
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    total: float  # bytes saved by the forward passes at the stage's busiest moment
+    in_flight: float  # micro-batches in flight then, counted in passes through all the stage's layers
+    outside: float  # of the total, the bytes outside the layers (embedding side, head side)
+    rebuilt: float  # the one layer full recomputation rebuilds in the backward pass (not in the total)
+    head: float = 0.0  # of the total, one micro-batch's head side (last stage): freed once its loss's backward has run
+
+    @property
+    def with_rebuilt(self) -> float:
+        """The saved activations and the rebuilt layer: every tensor kept for backward, counted as the saved-tensor
+        hooks count them (the head side's still there)."""
+        return self.total + self.rebuilt
+
+
+RMSNORM_BACKWARD_COPIES = 6
+"""fp32 tensors of a norm's input size live in the backward of transformers' RMSNorm (LlamaRMSNorm: x.float(), pow,
+mean, rsqrt, multiply, cast back) at its busiest: the fp32 input it kept, and five gradients (through the cast, the
+multiply, the mean's division and the power). Read from the storages live at the step's peak with
+scripts/hf_step_peak.py on the CPU (llama-wide: the final norm's backward, once the head side is freed, binds)."""
+
+
+MOE_COMBINE_FP32_GRADIENTS = 3
+"""h-wide fp32 tensors per token-expert assignment that the backward of transformers' MoE combine holds at once
+(transformers/integrations/moe.py grouped_mm_experts_forward: each expert output times its fp32 routing weight,
+index-added into an fp32 sum, cast back): the gathered output gradient and the two products' gradients, beside the
+expert output's gradient cast back to the activation dtype; read from the storages live at the step's peak with
+scripts/hf_step_peak.py on the CPU (mixtral-wide)."""
+
+
+class Transients(NamedTuple):
+    """What a backward holds at once beyond the saved activations, where the framework profile counts it."""
+
+    loss: float  # the loss's logit-sized tensors (the last stage)
+    layer: float  # one layer's MLP activation gradients (a gated MLP's two, a GELU MLP's one; one expert's)
+    norm: float = 0.0  # a norm's backward written op by op in fp32: its fp32 input and gradients (the final norm's)
+
+
+class StepPhases(NamedTuple):
+    """The bytes each phase of a training step holds beyond the persistent parts (``step_phases``)."""
+
+    loss_backward: float  # every saved activation and the loss's logit-sized gradients
+    norm_backward: float  # the saved activations less the freed head side, a norm's fp32 backward
+    layer_backward: float  # the saved activations less the freed head side, the rebuilt layer, its gradients
+    optimizer_step: float  # the activations freed: the end of the step's temporaries
+
+    @property
+    def busiest(self) -> float:
+        return max(self)
+
+    @property
+    def binding(self) -> str:
+        """The phase that holds the most, in words."""
+        return PHASE_NAMES[self.index(self.busiest)]
+
+
+PHASE_NAMES = ("the loss's backward", "the final norm's backward", "a layer's backward", "the optimizer step")
+
+
+def step_phases(held: StageActivations, transients: Transients, step_transient: float) -> StepPhases:
+    """The step's phases on one GPU: the loss's backward runs with every activation still saved; by the last
+    layer's backward the loss, the head and the final norm have freed what they saved for that micro-batch
+    (``held.head``), the layer is rebuilt under full recomputation and its MLP's activation gradients live; the
+    optimizer step runs once the activations are freed. PyTorch's autograd frees a node's saved tensors once it
+    has run (docs/formulas.md §5.8), so the rebuilt layer never lives beside the logits' gradients."""
+    after_head = held.total - held.head
+    return StepPhases(
+        held.total + transients.loss,
+        after_head + transients.norm,
+        after_head + held.rebuilt + transients.layer,
+        step_transient,
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Transients:
+    """What a backward holds beyond the saved tensors, where the framework profile counts transients: on the last
+    stage, the loss's logit-sized tensors (the head's output, upcast copies, the logits' gradients); on every stage,
+    one layer's MLP activation gradients during its backward (a gated MLP's two, a GELU MLP's one; a routed layer's
+    for one expert) beside the gradient of its output, and, where a trained head is tied to the embedding on the
+    same GPU and autograd accumulates the gradients, the head's gradient of the shared matrix, which waits from the
+    head's backward to the embedding's to be summed with that part (AccumulateGrad sees the matrix once, with both
+    parts); and an RMSNorm's fp32 backward."""
+    if not w.framework.transients:
+        return Transients(0.0, 0.0)
+    spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
+    split = tp * cp
+    loss = w.framework.loss.transient_bytes * sb * spec.vocab_size / split if built.head else 0.0
+    # beyond the MLP's saved tensors, its output projection's input freed: a GELU kernel's input gradient; a gated
+    # MLP's gate and up gradients; a GELU written op by op, the gradients of its last product's two factors
+    gradients = 1 if spec.ffn_kind == "gelu_mlp" and not gelu_ops_kept(w) else 2
+    layer = gradients * sb * spec.ffn_size * act / split if built.dense else 0.0
+    if built.moe and spec.moe:
+        moe = spec.moe
+        routed = moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
+        layer = max(layer, gradients * routed * act / split)
+        if not w.framework.moe.weighted_outputs:  # weighted in fp32 after the experts, as transformers' grouped_mm
+            assignments = moe.experts_per_token * sb
+            layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
+    layer += sb * spec.hidden_size * act / cp  # the gradient of the layer's output, which the residual branch holds
+    norm = 0.0
+    if norm_keeps(w) == "fp32_input":  # an RMSNorm written op by op in fp32: its backward's fp32 copies of its input
+        norm = RMSNORM_BACKWARD_COPIES * 4 * sb * spec.hidden_size / cp
+    if (
+        spec.tied_embeddings
+        and built.head
+        and built.embedding
+        and w.method.kind == "full"
+        and not w.framework.speed.fused_grad_accumulation
+    ):
+        layer += spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
+    return Transients(loss, layer, norm)
