@@ -128,13 +128,15 @@ def measure(
     attention: str = "sdpa",
     lora: dict[str, Any] | None = None,
     dropout: float | None = None,
+    fp32_adapters: bool = True,
+    autocast: bool = False,
 ) -> StepPeak:
     """One Trainer-style step of ``case_name`` (with ``lora``: PEFT's LoRA, fp32 adapters as PEFT makes them),
     logged storage by storage; the peak of what is not model state. ``dropout``: GPT-2's (its config's 0.1 when
     None), as ``hf_saved.measure`` takes it."""
     model = hf_saved.build_model(case_name, attention, dropout=dropout)
     if lora is not None:
-        model = hf_saved._with_lora(model, lora, fp32_adapters=True)
+        model = hf_saved._with_lora(model, lora, fp32_adapters=fp32_adapters)
     if checkpointing:
         hf_saved._enable_checkpointing(model)
     torch.manual_seed(1)
@@ -144,7 +146,8 @@ def measure(
         log = StorageLog([*model.parameters(), *model.buffers()])
         with log:
             log.phase("forward")
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # the Trainer drops the other outputs
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # the Trainer's bf16=True
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # the Trainer drops the other outputs
             log.phase("backward")
             loss.backward()
             del loss
@@ -171,9 +174,27 @@ def measure(
         gc.collect()
 
 
-def lmcalc_peak(case_name: str, seq_len: int, micro_batch: int, checkpointing: bool, attention: str) -> tuple:
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+"""The LoRA the table measures: r 8 on every linear layer but the head, no dropout."""
+LORA_MODES = {  # (PEFT's fp32 adapters, the Trainer's autocast, lmcalc's recipe)
+    "bf16 adapters": (False, False, "bf16-pure"),
+    "fp32 adapters": (True, False, "bf16-pure"),
+    "fp32 adapters, autocast": (True, True, "bf16-mixed"),
+}
+
+
+def lmcalc_peak(
+    case_name: str,
+    seq_len: int,
+    micro_batch: int,
+    checkpointing: bool,
+    attention: str,
+    lora_mode: str | None = None,
+) -> tuple:
     """lmcalc's busiest phase beyond the model states for the same model (read from the very config the harness
-    builds it from) under the transformers profile, on one device: (bytes, the phase's name)."""
+    builds it from) under the transformers profile, on one device, fully trained or with ``LORA`` run as
+    ``LORA_MODES[lora_mode]`` says: (bytes, the phase's name)."""
+    from lmcalc.engine.finetune.method import FULL, Method, parse_targets
     from lmcalc.engine.memory.gpu_memory import gpu_memory
     from lmcalc.engine.parallel.layout import Layout
     from lmcalc.engine.workload import Workload, dropout_mask_bytes
@@ -186,7 +207,11 @@ def lmcalc_peak(case_name: str, seq_len: int, micro_batch: int, checkpointing: b
     fields = model_from_hf_config(config.to_dict(), case_name, f"hf_saved.CASES[{case_name!r}]")
     if case.dropout_knobs:
         fields["dropout"] = False
-    precision = resolve_precision("bf16-pure").spec
+    method, recipe = FULL, "bf16-pure"
+    if lora_mode is not None:
+        fp32_adapters, _, recipe = LORA_MODES[lora_mode]
+        method = Method("lora", LORA["r"], parse_targets(LORA["target_modules"]), fp32_adapters=fp32_adapters)
+    precision = resolve_precision(recipe).spec
     w = Workload(
         ModelSpec.model_validate(fields),
         precision,
@@ -197,6 +222,7 @@ def lmcalc_peak(case_name: str, seq_len: int, micro_batch: int, checkpointing: b
         "full" if checkpointing else "none",
         mask_bytes=dropout_mask_bytes("cpu", precision),
         framework=framework_profile("transformers"),
+        method=method,
     )
     phases = gpu_memory(w, Layout(), 0).phases
     return phases.busiest, phases.binding
@@ -207,19 +233,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--case", action="append", help="a hf_saved case (repeatable); default: a few")
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--lora", action="store_true", help=f"PEFT's LoRA ({LORA}) in each of {list(LORA_MODES)}")
     args = parser.parse_args(argv)
-    print("| model | checkpointing | measured peak (MiB) | lmcalc (MiB) | error | binding phase (lmcalc) |")
-    print("|---|---|---:|---:|---:|---|")
+    modes: tuple[str | None, ...] = tuple(LORA_MODES) if args.lora else (None,)
+    print("| model | how | checkpointing | measured peak (MiB) | lmcalc (MiB) | error | binding phase (lmcalc) |")
+    print("|---|---|---|---:|---:|---:|---|")
     for name in args.case or ["llama-small", "qwen2-small", "mixtral-small", "gpt2-small"]:
         attention = "sdpa" if "sdpa" in hf_saved.CASES[name].attentions else "eager"
         dropout = 0.0 if hf_saved.CASES[name].dropout_knobs else None
-        for checkpointing in (False, True):
-            m = measure(name, args.seq, args.batch, checkpointing, attention, dropout=dropout)
-            ours, phase = lmcalc_peak(name, args.seq, args.batch, checkpointing, attention)
-            print(
-                f"| {name} | {'yes' if checkpointing else 'no'} | {m.peak / 2**20:.3f} | {ours / 2**20:.3f} | "
-                f"{ours / m.peak - 1:+.2%} | {phase} |"
-            )
+        for mode in modes:
+            fp32_adapters, autocast, _ = LORA_MODES[mode] if mode else (True, False, "")
+            for checkpointing in (False, True):
+                m = measure(name, args.seq, args.batch, checkpointing, attention, LORA if mode else None, dropout,
+                            fp32_adapters, autocast)  # fmt: skip
+                ours, phase = lmcalc_peak(name, args.seq, args.batch, checkpointing, attention, mode)
+                print(
+                    f"| {name} | {mode or 'full'} | {'yes' if checkpointing else 'no'} | {m.peak / 2**20:.3f} | "
+                    f"{ours / 2**20:.3f} | {ours / m.peak - 1:+.2%} | {phase} |"
+                )
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def predicted(name: str, targets: str, dropout: float, checkpointing: bool, atte
         "full" if checkpointing else "none",
         mask_bytes=dropout_mask_bytes("cpu", PRECISION),
         framework=framework_profile("transformers"),
-        method=Method("lora", RANK, parse_targets(targets), dropout),
+        method=Method("lora", RANK, parse_targets(targets), dropout, fp32_adapters=False),
     )
     return stage_activations(w, Layout(), 0).with_rebuilt
 
@@ -125,7 +125,7 @@ def test_fp32_adapters_under_autocast_keep_their_own_input_copies(name, targets,
     w = Workload(
         model_spec(name), MIXED, resolve_optimizer("adamw").spec, 128, 2, "flash",
         "full" if checkpointing else "none", mask_bytes=4, framework=framework_profile("transformers"),
-        method=Method("lora", RANK, parse_targets(targets), dropout),
+        method=Method("lora", RANK, parse_targets(targets), dropout, fp32_adapters=False),
     )  # fmt: skip
     ours = stage_activations(w, Layout(), 0).with_rebuilt
     assert abs(ours / whole - 1) < TOLERANCE, f"measured {whole:,} B, lmcalc {ours:,.0f} B ({ours / whole - 1:+.2%})"
@@ -139,7 +139,15 @@ def test_lora_keeps_less_than_full_training():
     spec = model_spec("llama-small")
     profile, adamw = framework_profile("transformers"), resolve_optimizer("adamw").spec
     full = Workload(spec, PRECISION, adamw, 128, 2, framework=profile)
-    lora = Workload(spec, PRECISION, adamw, 128, 2, framework=profile, method=Method("lora", 8, ("all-linear",)))
+    lora = Workload(
+        spec,
+        PRECISION,
+        adamw,
+        128,
+        2,
+        framework=profile,
+        method=Method("lora", 8, ("all-linear",), fp32_adapters=False),
+    )
     from lmcalc.engine.memory.activations import layer_saved_tensors
 
     per_layer = sum(t.bytes for t in layer_saved_tensors(full, False)) - sum(
@@ -164,7 +172,7 @@ def test_dora_keeps_both_products_for_the_magnitude(targets, dropout, checkpoint
         model_spec("llama-small"), PRECISION, resolve_optimizer("adamw").spec, 128, 2, "flash",
         "full" if checkpointing else "none", mask_bytes=dropout_mask_bytes("cpu", PRECISION),
         framework=framework_profile("transformers"),
-        method=Method("lora", RANK, parse_targets(targets), dropout, dora=True),
+        method=Method("lora", RANK, parse_targets(targets), dropout, dora=True, fp32_adapters=False),
     )  # fmt: skip
     ours = stage_activations(w, Layout(), 0).with_rebuilt
     assert abs(ours / whole - 1) < TOLERANCE, f"measured {whole:,} B, lmcalc {ours:,.0f} B ({ours / whole - 1:+.2%})"

@@ -8,6 +8,7 @@ tensor, for every shape a model quantises; the rest are hand derivations written
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -87,6 +88,21 @@ def test_lora_states_by_hand():
     assert gpu.grads == 2 * adapters
     assert gpu.master == 4 * adapters
     assert gpu.optimizer == 8 * adapters
+
+
+@pytest.mark.parametrize(("fp32_adapters", "trained_bytes"), [(True, (4, 4, 8)), (False, (2, 2, 4))])
+def test_peft_fp32_adapters_over_a_pure_bf16_model(fp32_adapters, trained_bytes):
+    # PEFT's autocast_adapter_dtype (its default) keeps the adapters in fp32 over a bf16 model; without autocast's
+    # mixed recipe torch.optim.AdamW then makes its two states in fp32 too: 4 + 4 + 2·4 bytes an adapter weight.
+    # Cast to bf16, they follow the bf16-pure recipe: 2 + 2 + 2·2. The frozen base stays at 2 bytes either way.
+    adapters = 41_943_040  # test_lora_states_by_hand
+    pure = replace(workload(Method("lora", fp32_adapters=fp32_adapters)), precision=resolve_precision("bf16-pure").spec)
+    gpu = most_loaded_gpu(pure, Layout())
+    weight, grad, states = trained_bytes
+    assert gpu.params == 2 * count_params(LLAMA).total + weight * adapters
+    assert gpu.grads == grad * adapters
+    assert gpu.master == 0
+    assert gpu.optimizer == states * adapters
 
 
 def test_freeze_trains_the_top_layers_and_the_head():

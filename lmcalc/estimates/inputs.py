@@ -122,6 +122,7 @@ def method_of(given: Mapping[str, Any]) -> Method:
         settings["freeze_layers"],
         settings["kbit_upcast"],
         settings["dora"],
+        settings["fp32_adapters"],
     )
 
 

@@ -102,6 +102,15 @@ class FineTuneSettings(TypedDict, total=False):
 class MethodSettings(FineTuneSettings, total=False):
     """The fine-tuning method and what is offloaded, as the user gives them (what memory depends on too)."""
 
+    fp32_adapters: Annotated[
+        bool,
+        Setting(
+            True,
+            "LoRA/QLoRA: the adapters in fp32, as PEFT makes them over a 16-bit model (autocast_adapter_dtype, its "
+            "default); without autocast (a pure 16-bit recipe) each adapter then keeps an fp32 copy of its input.",
+            flags=("--fp32-adapters/--model-dtype-adapters",),
+        ),
+    ]
     kbit_upcast: Annotated[
         bool,
         Setting(

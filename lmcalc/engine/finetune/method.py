@@ -80,7 +80,8 @@ class Method:
     """What is trained, and with which adapters. ``lora_targets`` holds lmcalc's module names (``parse_targets``)
     or ``all-linear``; ``lora_dropout`` is PEFT's ``lora_dropout``; ``freeze_layers`` counts the bottom layers the
     ``freeze`` method keeps frozen; ``kbit_upcast``: QLoRA's unquantised weights (embeddings, norms, head) are cast
-    to fp32, as ``peft.prepare_model_for_kbit_training`` does."""
+    to fp32, as ``peft.prepare_model_for_kbit_training`` does; ``fp32_adapters``: the adapters in fp32 over a 16-bit
+    model, PEFT's default (``autocast_adapter_dtype=True``), else in the model's dtype."""
 
     kind: MethodKind = "full"
     lora_rank: int = 16
@@ -89,6 +90,7 @@ class Method:
     freeze_layers: int = 0
     kbit_upcast: bool = True
     dora: bool = False
+    fp32_adapters: bool = True
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -112,8 +114,9 @@ class Method:
         for target in self.lora_targets:
             if target != ALL_LINEAR and target not in LINEAR_NAMES:
                 raise LmcalcError(f"unknown LoRA target {target!r}: use parse_targets to read Hugging Face names")
-        object.__setattr__(self, "_hash", hash((self.kind, self.lora_rank, self.lora_targets, self.lora_dropout,
-                                                self.freeze_layers, self.kbit_upcast, self.dora)))  # fmt: skip
+        key = (self.kind, self.lora_rank, self.lora_targets, self.lora_dropout, self.freeze_layers, self.kbit_upcast,
+               self.dora, self.fp32_adapters)  # fmt: skip
+        object.__setattr__(self, "_hash", hash(key))
 
     def __hash__(self) -> int:
         return self._hash

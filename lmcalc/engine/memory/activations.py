@@ -300,13 +300,24 @@ def _needed(w: Workload, tensor: SavedTensor, adapted: set[str]) -> bool:
         return True
     if any(weight_trained(w.model, w.method, leaf) for leaf in tensor.for_weights):
         return True
-    return not _adapter_copies(w) and any(leaf in adapted for leaf in tensor.for_weights)
+    return not adapter_copies(w) and any(leaf in adapted for leaf in tensor.for_weights)
 
 
-def _adapter_copies(w: Workload) -> bool:
+def adapter_copies(w: Workload) -> bool:
     """Whether each adapter keeps its own copy of its input: the dropout's output when PEFT's ``lora_dropout`` is
-    on, or autocast's cast when the adapters are kept in fp32 (PEFT's default, the recipe's master copy)."""
-    return w.method.lora_dropout > 0 or w.precision.master_bytes > 0
+    on; autocast's 16-bit cast under a mixed recipe (the recipe's master copy); PEFT's cast to the adapters' fp32
+    (peft/tuners/lora/layer.py Linear.forward, ``_cast_input_dtype``) over 16-bit activations."""
+    fp32_cast = w.method.fp32_adapters and w.precision.activation_bytes < 4
+    return w.method.lora_dropout > 0 or w.precision.master_bytes > 0 or fp32_cast
+
+
+def adapter_bytes(w: Workload) -> float:
+    """Bytes per element of what an adapter computes: its input copy and A·x. fp32 adapters without autocast run in
+    fp32 (PEFT casts the input to the adapters' dtype); under autocast (a mixed recipe) or with adapters in the
+    model's dtype, in the activations' dtype."""
+    if w.method.fp32_adapters and w.precision.master_bytes == 0:
+        return 4.0
+    return w.precision.activation_bytes
 
 
 def _under_method(w: Workload, tensors: list[SavedTensor], moe_layer: bool) -> list[SavedTensor]:
@@ -317,18 +328,20 @@ def _under_method(w: Workload, tensors: list[SavedTensor], moe_layer: bool) -> l
     modules = [m for m in adapted_modules(w.model, w.method) if in_layer(m, moe_layer)]
     adapted = {m.leaf for m in modules}
     kept = [t for t in tensors if _needed(w, t, adapted)]
-    act, r = w.precision.activation_bytes, w.method.lora_rank
+    act, adapter, r = w.precision.activation_bytes, adapter_bytes(w), w.method.lora_rank
     for m in modules:
         rows, rows_symbol = _adapter_rows(w, m)
         block = "attention" if m.group == "attention" else "mlp"
         split = "seq" if m.inputs == w.model.hidden_size else "tp"
         label = f"{m.name} adapter"
         kept.append(
-            SavedTensor(f"{label}: A·x (B's input)", f"{rows_symbol}·r", rows * r, act, split="none", block=block)
+            SavedTensor(f"{label}: A·x (B's input)", f"{rows_symbol}·r", rows * r, adapter, split="none", block=block)
         )
-        if _adapter_copies(w):
+        if adapter_copies(w):
             n, symbol = rows * m.inputs, f"{rows_symbol}·{m.inputs}"
-            kept.append(SavedTensor(f"{label}: its input copy (A's input)", symbol, n, act, split=split, block=block))
+            kept.append(
+                SavedTensor(f"{label}: its input copy (A's input)", symbol, n, adapter, split=split, block=block)
+            )
             if w.method.lora_dropout > 0:
                 kept.append(SavedTensor(f"{label}: dropout mask", symbol, n, w.mask_bytes, split=split, block=block))
         if w.method.dora:  # (m/‖W+sBA‖ − 1)·(W·x) + m/‖W+sBA‖·s·B·A·x: the magnitude's gradient needs both products

@@ -47,6 +47,7 @@ from lmcalc.engine.parallel.sharding import (
     sharded_state_bytes,
     states_workload,
     trained_held,
+    trained_precision,
     zero_shards,
 )
 from lmcalc.engine.parallel.states import optimizer_bytes_per_param
@@ -367,12 +368,13 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
     sharding them over the data-parallel replicas (DP · CP): ``shards``. Neither the micro-batch nor
     recomputation changes them: the planner asks with ``states_workload``, which every micro-batch and mode
     share."""
-    model, precision, optimizer, rules, method = w.model, w.precision, w.optimizer, w.framework, w.method
+    model, optimizer, rules, method = w.model, w.optimizer, w.framework, w.method
+    precision = trained_precision(w)  # the trained weights' (PEFT's fp32 adapters over a 16-bit model)
     tp, ep, zero, replicas = shards
     held = trained_held(model, method, tp, ep, built)  # every parameter, unless the method freezes some
-    frozen = frozen_held(model, method, precision.param_bytes, tp, ep, built)  # bytes of the frozen ones
+    frozen = frozen_held(model, method, w.precision.param_bytes, tp, ep, built)  # bytes of the frozen ones
     replicated = replicas > 1
-    grad_bytes = w.grad_bytes
+    grad_bytes = rules.states.grad_bytes or precision.grad_bytes
     zero3 = 0.0
     if zero_shards("params", zero) and (replicated or w.offload.params):  # offloaded weights are gathered too
         per_layer = (held.total * precision.param_bytes + frozen.total) / max(1, built.layers)
@@ -380,7 +382,7 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
             rules.buffers.reduce_scatter_bytes
         )
         if rules.buffers.head_gathered and built.head:
-            zero3 += model.vocab_size * model.hidden_size / tp * precision.param_bytes
+            zero3 += model.vocab_size * model.hidden_size / tp * w.precision.param_bytes
     per_param = optimizer_bytes_per_param(model, precision, optimizer, method)
     optimizer_states = sharded_state_bytes(per_param, "optimizer", held, shards)
     params = sharded_state_bytes(precision.param_bytes, "params", held, shards)
@@ -436,7 +438,7 @@ def _step_transient(w: Workload, held: StageParams, optimizer_bytes: float, shar
     """What the end of the step adds to the persistent parts once the activations are freed: the 16-bit
     gradients a backward makes before they are added into an fp32 buffer, a foreach optimizer's state-sized
     temporary, an fp32 copy of this GPU's share of the gradients."""
-    rules, precision, optimizer = w.framework, w.precision, w.optimizer
+    rules, precision, optimizer = w.framework, trained_precision(w), w.optimizer
     total = 0.0
     if rules.states.compute_grads_transient:
         total += held.total * precision.grad_bytes

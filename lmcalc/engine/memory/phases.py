@@ -16,6 +16,8 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from lmcalc.engine.finetune.method import adapted_modules
+from lmcalc.engine.memory.activations import adapter_copies
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.workload import Workload
@@ -112,6 +114,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     # beyond the MLP's saved tensors, its output projection's input freed: a GELU kernel's input gradient; a gated
     # MLP's gate and up gradients; a GELU written op by op, the gradients of its last product's two factors
     gradients = 1 if spec.ffn_kind == "gelu_mlp" and not gelu_ops_kept(w) else 2
+    if _output_projection_adapted(w):  # its input's gradient made twice, through W and through B·A, then summed
+        gradients = max(gradients, ADAPTED_INPUT_GRADIENTS)
     layer = gradients * sb * spec.ffn_size * act / split if built.dense else 0.0
     if built.moe and spec.moe:
         moe = spec.moe
@@ -133,3 +137,19 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     ):
         layer += spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
     return Transients(loss, layer, norm)
+
+
+ADAPTED_INPUT_GRADIENTS = 2
+"""Input-sized gradients an adapted linear layer's backward holds beyond the tensors saved, once the input its
+adapter kept is freed (PEFT's ``result + lora_B(lora_A(x))·s`` over a frozen W): the gradient through W, the one
+through B·A and their sum, three at once less the input (read from the storages live at the step's peak with
+scripts/hf_step_peak.py on the CPU: gpt-neox-wide, LoRA on every linear layer)."""
+
+
+def _output_projection_adapted(w: Workload) -> bool:
+    """Whether a dense MLP's output projection carries a LoRA adapter that reads its input directly (no dropout,
+    no cast copy): its backward then holds ``ADAPTED_INPUT_GRADIENTS`` gradients of the f-wide input."""
+    if not w.method.adapters or adapter_copies(w):
+        return False
+    ffn = w.model.ffn_size
+    return any(m.group == "mlp" and m.inputs == ffn for m in adapted_modules(w.model, w.method))

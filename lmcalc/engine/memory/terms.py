@@ -14,7 +14,7 @@ from lmcalc.engine.memory.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
-from lmcalc.engine.parallel.sharding import ModelState, StageParams, stage_params, zero_shards
+from lmcalc.engine.parallel.sharding import ModelState, StageParams, stage_params, trained_precision, zero_shards
 from lmcalc.engine.parallel.states import state_formula
 from lmcalc.engine.workload import Workload
 from lmcalc.result import Section, Term
@@ -137,26 +137,28 @@ def _shard_text(state: ModelState, layout: Layout, held: StageParams) -> str:
 
 def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held: StageParams) -> tuple[Term, Term]:
     """The weights the passes read (frozen ones too) and the gradients of what is trained."""
-    precision, n = w.precision, _trained_symbol(w)
+    precision, n = trained_precision(w), _trained_symbol(w)
     frozen = "frozen weights + " if w.method.kind != "full" else ""
+    grad_bytes = w.framework.states.grad_bytes or precision.grad_bytes
+    fp32_adapters = " (PEFT's fp32 adapters)" if precision is not w.precision else ""
     return (
         Term(
             "params",
             "Parameters",
             gpu.params,
             "bytes",
-            f"{frozen}{n} · {precision.param_bytes:g} B{_shard_text('params', layout, held)}"
+            f"{frozen}{n} · {precision.param_bytes:g} B{fp32_adapters}{_shard_text('params', layout, held)}"
             + (" (offloaded: 0 on the GPU)" if w.offload.params else "")
             if w.framework.states.weights == "recipe"
             else "0: only the master copy persists; the 16-bit weights are gathered a layer at a time",
-            source=f"precision recipe {precision.name}",
+            source=f"precision recipe {w.precision.name}",
         ),
         Term(
             "grads",
             "Gradients",
             gpu.grads,
             "bytes",
-            f"{n} · {w.grad_bytes:g} B{_shard_text('grads', layout, held)}"
+            f"{n} · {grad_bytes:g} B{_shard_text('grads', layout, held)}"
             + (" (offloaded: 0 on the GPU)" if w.offload.params else ""),
             source=w.framework.states.source if w.framework.states.grad_bytes else "",
         ),
@@ -165,7 +167,7 @@ def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held
 
 def _master_and_optimizer_terms(w: Workload, layout: Layout, gpu: GpuMemory, held: StageParams) -> tuple[Term, Term]:
     """The fp32 master weights and the optimizer's states of what is trained (none on the GPU when offloaded)."""
-    precision, optimizer, n = w.precision, w.optimizer, _trained_symbol(w)
+    precision, optimizer, n = trained_precision(w), w.optimizer, _trained_symbol(w)
     opt_formula = " + ".join(state_formula(s, precision, n) for s in optimizer.states) or "0"
     offloaded = " (offloaded: 0 on the GPU)" if w.offload.optimizer else ""
     optimizer_shard = _shard_text("optimizer", layout, held)

@@ -29,7 +29,7 @@ from lmcalc.engine.model.flops import ModelPart
 from lmcalc.engine.model.params import WeightTensor, weight_tensors
 from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import ModelSpec
+from lmcalc.specs import ModelSpec, PrecisionRecipe
 
 if TYPE_CHECKING:
     from lmcalc.engine.parallel.layout import Layout, StateShards
@@ -101,6 +101,21 @@ def states_workload(w: Workload) -> Workload:
     them depend on neither, so figures of them cached under this workload serve every micro-batch and
     recomputation mode the planner tries."""
     return replace(w, micro_batch=1, recompute="none")
+
+
+def trained_precision(w: Workload) -> PrecisionRecipe:
+    """The recipe the trained weights follow: the workload's, except PEFT's fp32 adapters over a pure 16-bit model
+    (``autocast_adapter_dtype``, its default, without autocast's mixed recipe), whose weights, gradients and
+    optimizer states are fp32 (torch.optim.AdamW makes its states in the parameter's dtype)."""
+    p = w.precision
+    if w.method.adapters and w.method.fp32_adapters and p.master_bytes == 0 and p.param_bytes < 4:
+        return _fp32_trained(p)
+    return p
+
+
+@functools.cache
+def _fp32_trained(p: PrecisionRecipe) -> PrecisionRecipe:
+    return p.model_copy(update={"param_bytes": 4.0, "grad_bytes": 4.0, "optimizer_state_bytes": 4.0})
 
 
 def stage_params(w: Workload, layout: Layout, stage: int) -> StageParams:
