@@ -201,6 +201,21 @@ AttentionKernel = Literal["flash2", "flash3", "eager"]
 TpOverlap = Literal["none", "backward", "full"]
 
 
+ZeroStages = tuple[Literal[0, 1, 2, 3], ...]
+
+
+class ParallelismRule(Rule):
+    """Which ZeRO stages the framework runs, alone and beside pipeline parallelism: a layout outside them is one
+    its users cannot launch, which ``check_layout`` refuses and the planner never offers."""
+
+    source: str = Field("no ZeRO stage is refused: the framework's code was not read for one", min_length=1)
+    zero_stages: ZeroStages = Field((0, 1, 2, 3), description="the ZeRO stages the framework has")
+    zero_stages_with_pipeline: ZeroStages = Field(
+        (0, 1, 2, 3), description="the ZeRO stages it runs beside pipeline parallelism (PP > 1)"
+    )
+    instead: str = Field("", description="what to run instead of a refused stage, for the error message")
+
+
 class SpeedRule(Rule):
     """How fast a framework runs the kernels of a step, beyond what they count: which fused attention kernel it
     calls, how much host time each GPU operation costs, and which communication it hides behind computation."""
@@ -277,6 +292,7 @@ class FrameworkProfile(NamedSpec):
     optimizer_step: OptimizerStepRule
     allocator: AllocatorRule
     speed: SpeedRule = Field(default_factory=lambda: SpeedRule.model_validate({}))
+    parallelism: ParallelismRule = Field(default_factory=lambda: ParallelismRule.model_validate({}))
     transients: StrictBool = Field(
         True,
         description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "

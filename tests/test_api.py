@@ -99,11 +99,17 @@ def test_figures_are_typed_attributes():
     # keeps fp32 gradients (main_grad): 2 + 4 + 4 + 8 = 18 bytes, the 18 of its theoretical_memory_usage.py.
     memory = lmcalc.memory(model="llama-3.1-8b", gpus="64xH100", zero=3, framework="idealised")
     assert memory.gpu.states == pytest.approx(16 * LLAMA_8B / 64, rel=1e-12)
-    memory = lmcalc.memory(model="llama-3.1-8b", gpus="64xH100", zero=3)
+    memory = lmcalc.memory(model="llama-3.1-8b", gpus="64xH100", zero=3, framework="megatron")
     assert memory.workload.framework.name == "megatron"
     assert memory.gpu.states == pytest.approx(18 * LLAMA_8B / 64, rel=1e-12)
     assert memory.layout.dp == 64 and memory.workload.seq_len == 8192  # min(context 131,072, 8192)
     assert memory.fits and memory.total == memory.value("total.total")
+    # no framework named: ZeRO-3 over data parallelism alone is a transformers model under DeepSpeed, whose bf16
+    # gradients make it the 16 bytes of ZeRO §5.1 again
+    assumed = lmcalc.memory(model="llama-3.1-8b", gpus="64xH100", zero=3)
+    assert assumed.workload.framework.name == "deepspeed"
+    assert assumed.gpu.states == pytest.approx(16 * LLAMA_8B / 64, rel=1e-12)
+    assert "costed as deepspeed runs it" in assumed.report.headline[1]
 
 
 def test_a_plans_layouts_are_objects_in_rank_order():

@@ -16,11 +16,12 @@ from dataclasses import dataclass, replace
 
 from lmcalc.engine.finetune.method import Method
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout, check_layout, framework_runs
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag
 from lmcalc.estimates.inputs import framework_of
 from lmcalc.estimates.settings import DEFAULT_FRAMEWORK, FINE_TUNING_FRAMEWORK
+from lmcalc.estimates.training import default_framework
 from lmcalc.result import Section, Term
 from lmcalc.specs import Cluster
 from lmcalc.units import GB
@@ -51,6 +52,18 @@ class Lever:
         return most_loaded_gpu(self.workload, self.layout).total
 
 
+def _run_of(w: Workload, layout: Layout, named: bool) -> tuple[tuple[tuple[str, object], ...], Workload]:
+    """The framework a lever's layout runs under, as ``memory`` would cost that layout: with no framework named, the
+    one ``default_framework`` picks for it (DeepSpeed for ZeRO-2/3 without model parallelism); a named one where
+    it runs the layout, else the default's, named among the lever's changes (a lever is a run someone can launch)."""
+    degrees = {"zero": layout.zero, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep}
+    if named and framework_runs(w, layout.zero, layout.pp):
+        return (), w
+    name = default_framework(w.method, degrees)[0]
+    changes: tuple[tuple[str, object], ...] = (("framework", name),) if named else ()
+    return changes, w if name == w.framework.name else replace(w, framework=framework_of(name))
+
+
 def _regrouped(layout: Layout, **degrees: int) -> Layout | None:
     """``layout`` with new TP or PP degrees on the same GPUs (DP takes what is left), or None if they do not divide."""
     others = layout.tp * layout.pp * layout.cp
@@ -61,27 +74,38 @@ def _regrouped(layout: Layout, **degrees: int) -> Layout | None:
     return replace(layout, dp=layout.dp * others // new, tp=tp, pp=pp)
 
 
-def _candidates(w: Workload, layout: Layout, cluster: Cluster) -> Iterator[Lever]:
+def _layout_lever(changes: tuple[tuple[str, object], ...], w: Workload, layout: Layout | None, named: bool) -> Lever:
+    """A lever that changes the layout, run under the framework that ``memory`` would cost that layout with
+    (``_run_of``); None as the layout: it cannot apply."""
+    if layout is None:
+        return Lever(changes, w, None)
+    framework, run = _run_of(w, layout, named)
+    return Lever((*changes, *framework), run, layout)
+
+
+def _candidates(w: Workload, layout: Layout, cluster: Cluster, named: bool) -> Iterator[Lever]:
     """``fit``'s levers: each alone from the layout, then the memory levers together."""
     for zero in (1, 2, 3):
         if zero > layout.zero and layout.data_replicas > 1:
-            yield Lever((("zero", zero),), w, replace(layout, zero=zero))
+            yield _layout_lever((("zero", zero),), w, replace(layout, zero=zero), named)
     if w.recompute != "full":
         yield Lever((("recompute", "full"),), replace(w, recompute="full"), layout)
     for tp in (2, 4, 8):
         if layout.tp < tp <= cluster.gpus_per_node:
             regrouped = _regrouped(layout, tp=tp)
             sp = regrouped and replace(regrouped, sequence_parallel=True)
-            yield Lever((("tp", tp), ("sequence_parallel", True)), w, sp)
+            yield _layout_lever((("tp", tp), ("sequence_parallel", True)), w, sp, named)
     for pp in (2, 4, 8):
         if pp > layout.pp:
             regrouped = _regrouped(layout, pp=pp)
-            yield Lever((("pp", pp),), w, regrouped and replace(regrouped, grad_accum=max(layout.grad_accum, pp)))
+            piped = regrouped and replace(regrouped, grad_accum=max(layout.grad_accum, pp))
+            yield _layout_lever((("pp", pp),), w, piped, named)
     if w.method.kind == "full":
         # an adapter method runs under transformers unless another framework was chosen (training_setup's rule)
-        framework = framework_of(FINE_TUNING_FRAMEWORK) if w.framework.name == DEFAULT_FRAMEWORK else w.framework
+        default = not named or w.framework.name == DEFAULT_FRAMEWORK
+        fine_tuning = framework_of(FINE_TUNING_FRAMEWORK) if default else w.framework
         for kind in ("lora", "qlora"):
-            yield Lever((("method", kind),), replace(w, method=Method(kind), framework=framework), layout)
+            yield Lever((("method", kind),), replace(w, method=Method(kind), framework=fine_tuning), layout)
     for tp in (8, 4, 2, 1):  # the memory levers together, at the widest TP the model and a node take
         regrouped = _regrouped(layout, tp=tp) if tp <= cluster.gpus_per_node else None
         if regrouped is not None and (tp > 1 or regrouped.data_replicas > 1):  # else: --recompute full alone
@@ -92,21 +116,24 @@ def _candidates(w: Workload, layout: Layout, cluster: Cluster) -> Iterator[Lever
                 ("tp", tp),
                 *((("sequence_parallel", True),) if tp > 1 else ()),
             )
-            yield Lever(changes, replace(w, recompute="full"), together)
+            yield _layout_lever(changes, replace(w, recompute="full"), together, named)
 
 
-def _more_gpus(w: Workload, layout: Layout, capacity: float) -> tuple[Lever, float] | None:
+def _more_gpus(w: Workload, layout: Layout, capacity: float, named: bool) -> tuple[Lever, float] | None:
     """The fewest GPUs (DP doubled, TP, PP and CP kept) that fit under ZeRO-3 with full recomputation (more GPUs
     shard the states, not one sequence's activations), and what they need; None when the GPUs at hand do."""
-    dp, full = layout.dp, replace(w, recompute="full")
-    if most_loaded_gpu(full, replace(layout, zero=3)).total <= capacity:
+    full = replace(w, recompute="full")
+    here = _layout_lever((("zero", 3), ("recompute", "full")), full, replace(layout, zero=3), named)
+    if here.memory() <= capacity:
         return None
+    dp = layout.dp
     while dp * layout.tp * layout.pp * layout.cp < MOST_GPUS:
         dp *= 2
         more = replace(layout, dp=dp, zero=3)
-        total = most_loaded_gpu(full, more).total
+        lever = replace(_layout_lever((("zero", 3), ("recompute", "full")), full, more, named), gpus=more.gpus)
+        total = lever.memory()
         if total <= capacity:
-            return Lever((("zero", 3), ("recompute", "full")), full, more, gpus=more.gpus), total
+            return lever, total
     return None
 
 
@@ -117,11 +144,12 @@ def lever_order(lever: Lever, total: float, capacity: float) -> tuple[bool, bool
     return total > capacity, "method" in changed, lever.gpus is not None, len(changed), total
 
 
-def levers_section(w: Workload, layout: Layout, cluster: Cluster, capacity: float) -> Section:
-    """Each lever alone, at micro-batch 1, with the memory it gives, in ``lever_order``."""
+def levers_section(w: Workload, layout: Layout, cluster: Cluster, capacity: float, named: bool) -> Section:
+    """Each lever alone, at micro-batch 1, with the memory it gives, in ``lever_order``. ``named``: whether the user
+    named the framework (else each lever's layout chooses it, as ``memory`` would)."""
     w = replace(w, micro_batch=1)
     tried: list[tuple[Lever, float]] = []
-    for lever in _candidates(w, layout, cluster):
+    for lever in _candidates(w, layout, cluster, named):
         if lever.layout is None:
             continue
         try:
@@ -129,7 +157,7 @@ def levers_section(w: Workload, layout: Layout, cluster: Cluster, capacity: floa
             tried.append((lever, lever.memory()))
         except LmcalcError:  # a lever that cannot apply to this model
             continue
-    more = _more_gpus(w, layout, capacity)
+    more = _more_gpus(w, layout, capacity, named)
     if more:
         tried.append(more)
     terms = tuple(
@@ -145,12 +173,12 @@ def levers_section(w: Workload, layout: Layout, cluster: Cluster, capacity: floa
     return Section("levers", "What would make it fit (from the layout above, at micro-batch 1; memory per GPU)", terms)
 
 
-def unpulled(w: Workload, layout: Layout) -> list[Lever]:
+def unpulled(w: Workload, layout: Layout, named: bool = True) -> list[Lever]:
     """``memory``'s levers: those the user has not pulled, each alone. Selective recomputation is offered only with
     eager attention: with FlashAttention the s² scores it drops are never stored."""
     levers = []
     if layout.zero < 3 and layout.data_replicas > 1:
-        levers.append(Lever((("zero", 3),), w, replace(layout, zero=3)))
+        levers.append(_layout_lever((("zero", 3),), w, replace(layout, zero=3), named))
     if layout.tp > 1 and not layout.sequence_parallel:
         levers.append(Lever((("sequence_parallel", True),), w, replace(layout, sequence_parallel=True)))
     if w.recompute == "none" and w.attention == "eager":
@@ -162,11 +190,11 @@ def unpulled(w: Workload, layout: Layout) -> list[Lever]:
     return levers
 
 
-def fit_advice(w: Workload, layout: Layout, capacity: float) -> str:
+def fit_advice(w: Workload, layout: Layout, capacity: float, named: bool = True) -> str:
     """The levers the user has not pulled (``unpulled``), each with what the GPU would then need, most effective
     first; then more GPUs."""
     tried = []
-    for lever in unpulled(w, layout):
+    for lever in unpulled(w, layout, named):
         total = lever.memory()
         tried.append((total, f"{lever.text} ({total / GB:,.1f} GB{', fits' if total <= capacity else ''})"))
     advice = [text for _, text in sorted(tried)]

@@ -20,6 +20,7 @@ from lmcalc.estimates.inputs import (
     PrecisionLike,
     accept,
     checked,
+    framework_of,
     framework_text,
     how_counted,
     method_inputs,
@@ -40,6 +41,7 @@ from lmcalc.estimates.settings import (
 from lmcalc.estimates.training import (
     TrainingSetup,
     build_layout,
+    default_framework,
     layout_settings,
     training_settings,
     training_setup,
@@ -70,8 +72,9 @@ def fit(*, model: ModelLike, gpus: ClusterLike = "8xH100", **settings: Unpack[Me
     """The largest micro-batch, the longest sequence and the fewest GPUs that fit a layout, and what binds each;
     ``settings`` as ``memory`` takes them."""
     accept(settings, MemorySettings, "fit")
-    setup = training_setup(model, gpus, training_settings(settings))
-    return fit_estimate(setup, build_layout(setup.cluster, layout_settings(settings)))
+    given_layout = layout_settings(settings)
+    setup = training_setup(model, gpus, training_settings(settings), given_layout)
+    return fit_estimate(setup, build_layout(setup.cluster, given_layout))
 
 
 LIMITS = (
@@ -101,7 +104,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
     if found_limits[0].value is None:  # not even one sequence fits: what would
         from lmcalc.estimates.levers import levers_section
 
-        sections.append(levers_section(w, layout, cluster, capacity))
+        sections.append(levers_section(w, layout, cluster, capacity, setup.framework_named))
     inputs = (
         model_input(model, note),
         Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
@@ -111,7 +114,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
         Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),
         Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
-        Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
+        setup.framework_input,
         *method_inputs(w),
     )
     notes = (
@@ -125,9 +128,8 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
             inputs,
             tuple(sections),
             notes,
-            headline=fit_headline(
-                f"{model.label}, {layout.code} on {cluster.hardware.name}", w, found_limits, sections
-            ),
+            headline=fit_headline(f"{model.label}, {layout.code} on {cluster.hardware.name}", w, found_limits, sections)
+            + setup.assumed_line,
         )
     )
     return FitEstimate(report, w, layout, *found_limits)
@@ -293,7 +295,11 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
     w, cluster, template = setup.workload, setup.cluster, setup.model
     precision, optimizer = w.precision, w.optimizer
     capacity = cluster.hardware.memory_bytes
-    rows = mp.max_params(w, cluster)
+
+    def runs(stage: int) -> Workload:  # no framework named: each ZeRO stage's own default, as memory's would be
+        return replace(w, framework=framework_of(default_framework(w.method, {"zero": stage})[0]))
+
+    rows = mp.max_params(w, cluster, None if setup.framework_named else runs)
     sections = [_zero_section(row, w, capacity, template.name) for row in rows]
     inputs = (
         Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
@@ -315,6 +321,12 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         f"recomputation: {w.recompute}",
         f"memory {how_counted(w.framework)}; each shape checked with the figure lmcalc memory gives for "
         f"{flag('gpus')} {cluster.label} {flag('zero')} N",
+        *(
+            f"{row.label} costed as {row.framework} runs it (no framework named: ZeRO-{row.zero_stage} without model "
+            f"parallelism is a transformers model under DeepSpeed; {flag('framework')} to choose)"
+            for row in rows
+            if row.framework != w.framework.name
+        ),
     )
     largest = max(rows, key=lambda row: row.with_activations)
     headline = [

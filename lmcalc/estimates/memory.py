@@ -23,7 +23,6 @@ from lmcalc.estimates.inputs import (
     checked,
     cluster_of,
     context_note,
-    framework_text,
     how_counted,
     method_inputs,
     model_input,
@@ -85,8 +84,9 @@ def memory(
     the method's: ``method``, the LoRA settings, ``offload``, …) and the layout's (``LayoutSettings``: ``tp=8,
     pp=4, zero=1, …``)."""
     accept(settings, MemorySettings, "memory")
-    setup = training_setup(model, gpus, training_settings(settings))
-    layout = build_layout(setup.cluster, layout_settings(settings))
+    given_layout = layout_settings(settings)
+    setup = training_setup(model, gpus, training_settings(settings), given_layout)
+    layout = build_layout(setup.cluster, given_layout)
     return memory_estimate(setup, layout, stages)
 
 
@@ -133,10 +133,11 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
         Input("grad_accum", "Micro-batches per step", layout.grad_accum, "micro-batches", flag("grad_accum")),
         Input("attention", "Attention kernel", w.attention, origin=flag("attention")),
         Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
-        Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
+        setup.framework_input,
         *method_inputs(w),
     )
-    notes = [*model_notes(model, note), *context_note(model, w.seq_len), verdict_note(w, layout, gpu, capacity.bytes)]
+    verdict_text = verdict_note(w, layout, gpu, capacity.bytes, setup.framework_named)
+    notes = [*model_notes(model, note), *context_note(model, w.seq_len), verdict_text]
     single = checked(
         Result(
             "memory",
@@ -146,7 +147,10 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
             tuple(notes),
             stack=MEMORY_STACK,
             capacity="total.capacity",
-            headline=(f"{model.label}, {layout.code} on {cluster.label}: {verdict(gpu, capacity.bytes)}",),
+            headline=(
+                f"{model.label}, {layout.code} on {cluster.label}: {verdict(gpu, capacity.bytes)}",
+                *setup.assumed_line,
+            ),
         )
     )
     estimate = MemoryEstimate(single, w, layout, cluster, gpu)
@@ -212,7 +216,7 @@ def verdict(gpu: GpuMemory, capacity: float) -> str:
     }.get(gpu.verdict(capacity), f"does NOT fit, {used}; {largest}")
 
 
-def verdict_note(w: Workload, layout: Layout, gpu: GpuMemory, capacity: float) -> str:
+def verdict_note(w: Workload, layout: Layout, gpu: GpuMemory, capacity: float, named: bool = True) -> str:
     """``fits``; ``tight`` (only the allocator's fragmentation overflows: how it fragments decides); or ``does NOT
     fit``, naming the largest part and the levers that would make it fit."""
     verdict, total = gpu.verdict(capacity), gpu.total
@@ -227,7 +231,7 @@ def verdict_note(w: Workload, layout: Layout, gpu: GpuMemory, capacity: float) -
     part, size = gpu.binding
     return (
         f"does NOT fit: {total / GB:,.1f} GB needed of {capacity / GB:,.1f} GB; the largest part is {part} "
-        f"({size / GB:,.1f} GB)" + levers.fit_advice(w, layout, capacity)
+        f"({size / GB:,.1f} GB)" + levers.fit_advice(w, layout, capacity, named)
     )
 
 

@@ -22,7 +22,6 @@ from lmcalc.estimates.inputs import (
     checked,
     choice,
     count,
-    framework_text,
     model_input,
     optimizer_text,
     recipe_text,
@@ -85,7 +84,7 @@ def plan(*, model: ModelLike, gpus: ClusterLike, **settings: Unpack[PlanSettings
     accept(settings, PlanSettings, "plan")
     given = with_defaults(settings, PlanSettings)
     # the search varies the micro-batch and the recomputation within the pins
-    setup = training_setup(model, gpus, cast(TrainingSettings, subset(given, WorkloadSettings)))
+    setup = training_setup(model, gpus, cast(TrainingSettings, subset(given, WorkloadSettings)), given)
     pins = search_pins(given, given)
     efficiency, measured_efficiency, calibration = (
         given["efficiency"], given["measured_efficiency"], given["calibration"]
@@ -238,6 +237,7 @@ def plan_estimate(
         f"{layout_code(winner)}",
         f"{first['tokens_per_s_per_gpu']}, MFU {first['mfu']}, {first['step_time']} a step, {first['memory']} per "
         f"GPU: {first['days']} for {format_quantity(train_tokens.value, 'tokens')}",
+        *setup.assumed_line,
     )
     ranked = Result(
         "plan",
@@ -346,7 +346,7 @@ def _plan_inputs(
         Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
         Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),
         Input("optimizer", "Optimizer", base.optimizer.name, origin=optimizer_text(base.optimizer)),
-        Input("framework", "Framework", base.framework.name, origin=framework_text(base.framework)),
+        setup.framework_input,
         (
             Input("efficiency", "Compute efficiency", efficiency.value, origin=efficiency.origin)
             if efficiency

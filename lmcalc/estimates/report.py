@@ -80,7 +80,7 @@ def report(*, model: ModelLike, gpus: ClusterLike, **settings: Unpack[ReportSett
     given = with_defaults(settings, ReportSettings)
     mfu = given["mfu"]
     price_per_gpu_hour, energy = cost_and_energy(given)
-    setup = training_setup(model, gpus, cast(TrainingSettings, subset(given, WorkloadSettings)))
+    setup = training_setup(model, gpus, cast(TrainingSettings, subset(given, WorkloadSettings)), given)
     cluster, resolved = setup.cluster, setup.resolved
     tokens_in = run_tokens(
         given["tokens"], given["dataset_tokens"], given["epochs"], setup.model, setup.workload.method

@@ -163,7 +163,8 @@ class WorkloadSettings(MethodSettings, total=False):
         Setting(
             None,
             "Framework profile: what it keeps and allocates (lmcalc presets list frameworks; idealised: the "
-            f"papers' count). Default: {DEFAULT_FRAMEWORK}; {FINE_TUNING_FRAMEWORK} with --method lora or qlora.",
+            f"papers' count). Default: {DEFAULT_FRAMEWORK}; {FINE_TUNING_FRAMEWORK} with --method lora or qlora; "
+            "deepspeed with --zero 2 or 3 and no TP, PP, CP or EP.",
         ),
     ]
     overhead: Annotated[

@@ -40,6 +40,7 @@ from lmcalc.estimates.settings import (
     SplitSettings,
     TrainingSettings,
 )
+from lmcalc.result import Input
 from lmcalc.specs import Cluster, ModelSpec
 
 
@@ -109,6 +110,8 @@ class TrainingSetup:
     cluster: Cluster
     workload: Workload
     seq: Given  # the sequence length, and where it came from, for the inputs table
+    assumed: str = ""  # why the framework profile was chosen, when none was named and the layout chose it
+    framework_named: bool = False  # whether the user named the framework profile
 
     @property
     def model(self) -> ModelSpec:
@@ -118,6 +121,19 @@ class TrainingSetup:
     def capacity(self) -> Capacity:
         return Capacity.of(self.cluster.hardware)
 
+    @property
+    def framework_input(self) -> Input:
+        """The framework's row of an inputs table: its profile, and why it was assumed when the layout chose it."""
+        framework = self.workload.framework
+        origin = f"assumed: {self.assumed}; {flag('framework')} to choose" if self.assumed else framework.label
+        return Input("framework", "Framework", framework.name, origin=origin)
+
+    @property
+    def assumed_line(self) -> tuple[str, ...]:
+        """The headline's line saying which profile the layout chose, if it did: an answer's first lines say so."""
+        name = self.workload.framework.name
+        return (f"costed as {name} runs it ({self.assumed}; {flag('framework')} to choose)",) if self.assumed else ()
+
 
 SOFTCAP_EAGER = (
     "attention eager: transformers runs soft-capped attention logits (Gemma 2) in its eager path, which keeps the "
@@ -126,9 +142,12 @@ SOFTCAP_EAGER = (
 )
 
 
-def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettings) -> TrainingSetup:
+def training_setup(
+    model: ModelLike, gpus: ClusterLike, settings: TrainingSettings, layout: Mapping[str, Any] | None = None
+) -> TrainingSetup:
     """The workload the user's settings describe (``TRAINING_DEFAULTS`` for those left out), on the cluster they
-    name."""
+    name. ``layout``: the layout settings given (``tp``, ``zero``, …), from which a framework profile is chosen when
+    none is named (``default_framework``)."""
     given: TrainingSettings = {**TRAINING_DEFAULTS, **settings}
     resolved = resolve_model(model)
     cluster = cluster_of(gpus)
@@ -145,7 +164,8 @@ def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettin
         given["host_link_gbps"],
         given["cpu_optimizer_params_per_s"],
     )
-    framework = framework_of(given["framework"] or default_framework(method))
+    name, assumed = (given["framework"], "") if given["framework"] else default_framework(method, layout or {})
+    framework = framework_of(name)
     if framework.name == "transformers" and resolved.spec.attention_softcap and kernel == "flash":
         kernel = "eager"  # Gemma 2's soft-capped logits: transformers' SDPA path refuses them (_supports_sdpa False)
         resolved = replace(resolved, note=" ".join(filter(None, (resolved.note, SOFTCAP_EAGER))))
@@ -162,12 +182,20 @@ def training_setup(model: ModelLike, gpus: ClusterLike, settings: TrainingSettin
         method=method,
         offload=offload,
     )
-    return TrainingSetup(resolved, cluster, workload, seq_in)
+    return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
 
 
-def default_framework(method: Method) -> str:
-    """The framework profile an estimate uses unless one is named: transformers for adapters, else Megatron-LM."""
-    return FINE_TUNING_FRAMEWORK if method.adapters else DEFAULT_FRAMEWORK
+def default_framework(method: Method, layout: Mapping[str, Any]) -> tuple[str, str]:
+    """The framework profile an estimate uses unless one is named, and why, when the layout chose it: transformers
+    for adapters; DeepSpeed for ZeRO-2 or ZeRO-3 without tensor, pipeline, context or expert parallelism, as a
+    transformers model is sharded (the Trainer with DeepSpeed); else Megatron-LM, whose layouts lmcalc's are
+    (its ZeRO-2 and ZeRO-3 are Megatron-FSDP)."""
+    if method.adapters:
+        return FINE_TUNING_FRAMEWORK, ""
+    zero = layout.get("zero") or 0
+    if zero >= 2 and all((layout.get(key) or 1) == 1 for key in ("tp", "pp", "cp", "ep")):
+        return "deepspeed", f"ZeRO-{zero} without TP, PP, CP or EP: a transformers model under DeepSpeed"
+    return DEFAULT_FRAMEWORK, ""
 
 
 def method_settings(given: Mapping[str, Any]) -> MethodSettings:

@@ -175,6 +175,25 @@ LAYOUT_CODE_KEY = (
 )
 
 
+def framework_runs(w: Workload, zero: int, pp: int) -> bool:
+    """Whether the workload's framework runs ZeRO-``zero`` (beside ``pp`` pipeline stages): its parallelism rule."""
+    rule = w.framework.parallelism
+    return zero in rule.zero_stages and (pp == 1 or zero in rule.zero_stages_with_pipeline)
+
+
+def check_framework_runs(w: Workload, zero: int, pp: int) -> None:
+    """Refuse a ZeRO stage the workload's framework does not run, alone or beside pipeline parallelism."""
+    if framework_runs(w, zero, pp):
+        return
+    framework = w.framework
+    rule = framework.parallelism
+    where = f" with pipeline parallelism (PP={pp})" if zero in rule.zero_stages else ""
+    stages = rule.zero_stages_with_pipeline if where else rule.zero_stages
+    raise LmcalcError(
+        f"{framework.label} does not run ZeRO-{zero}{where} ({setting('zero')} {one_of(stages)}): {rule.instead}"
+    )
+
+
 def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp_within_node: bool = True) -> None:
     """Refuse a layout that cannot exist for the workload (and the cluster, when given), naming the constraint
     that fails. (What a layout can check alone, its degrees and ZeRO stage, it checked when it was made.)"""
@@ -191,6 +210,7 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             "(tensor parallelism needs the intra-node links)"
         )
     check_split(model, layout.pp, layout.grad_accum, split)
+    check_framework_runs(w, layout.zero, layout.pp)
     check_offload(w.offload, layout.zero)
     if w.method.kind == "freeze" and layout.pp > 1:
         raise LmcalcError(

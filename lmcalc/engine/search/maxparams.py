@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory
 from lmcalc.engine.model.params import count_params
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Layout, framework_runs
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import Cluster, ModelSpec
 
@@ -92,42 +92,54 @@ class MaxParamsRow:
     activation_shape: ModelSpec | None
     activation_bytes: float
     memory: GpuMemory | None  # that shape's memory, as ``memory`` gives it
+    framework: str = ""  # the framework profile it was costed under
 
 
-def max_params(template: Workload, cluster: Cluster) -> list[MaxParamsRow]:
+def max_params(
+    template: Workload, cluster: Cluster, runs: Callable[[ZeroStage], Workload] | None = None
+) -> list[MaxParamsRow]:
     """One row per sharding strategy over the cluster's GPUs (DP over all of them): the napkin N that fits with
     the model states only, and with the fixed bytes; and the largest shape of ``template``'s proportions whose
     memory, counted by ``gpu_memory`` as ``lmcalc memory`` counts it (activations, buffers, transients,
-    fragmentation), fits. The shape is never rounded up: its exact parameter count is the answer."""
-    capacity = cluster.hardware.memory_bytes
+    fragmentation), fits. The shape is never rounded up: its exact parameter count is the answer. ``runs``: each
+    stage's workload, where the stage chooses the framework (``MaxParamsRow.framework``); a stage the framework
+    does not run is left out."""
     rows = []
     for stage, label in STRATEGIES:
-        layout = Layout(dp=cluster.count, zero=stage)
-        reference = gpu_memory(template, layout, 0)
-        bpp = reference.states / count_params(template.model).total
-        fixed = reference.context + reference.overhead + template.framework.buffers.workspace_bytes
-
-        def memory_of(groups: int, layout: Layout = layout) -> GpuMemory:
-            return gpu_memory(replace(template, model=scaled_shape(template.model, groups)), layout, 0)
-
-        def fits(groups: int, memory_of: Callable[[int], GpuMemory] = memory_of) -> bool:
-            return memory_of(groups).total <= capacity
-
-        groups = _largest_groups(fits)
-        shape = scaled_shape(template.model, groups) if groups else None
-        memory = memory_of(groups) if groups else None
-        rows.append(
-            MaxParamsRow(
-                stage,
-                label,
-                bpp,
-                fixed,
-                capacity / bpp,
-                max(0.0, capacity - fixed) / bpp,
-                float(count_params(shape).total) if shape else 0.0,
-                shape,
-                memory.activations if memory else 0.0,
-                memory,
-            )
-        )
+        stage_template = runs(stage) if runs else template
+        if not framework_runs(stage_template, stage, 1):
+            continue  # a stage its framework does not run
+        rows.append(_largest(stage_template, cluster, stage, label))
     return rows
+
+
+def _largest(template: Workload, cluster: Cluster, stage: ZeroStage, label: str) -> MaxParamsRow:
+    """The row of one ZeRO stage (``max_params``)."""
+    capacity = cluster.hardware.memory_bytes
+    layout = Layout(dp=cluster.count, zero=stage)
+    reference = gpu_memory(template, layout, 0)
+    bpp = reference.states / count_params(template.model).total
+    fixed = reference.context + reference.overhead + template.framework.buffers.workspace_bytes
+
+    def memory_of(groups: int, layout: Layout = layout) -> GpuMemory:
+        return gpu_memory(replace(template, model=scaled_shape(template.model, groups)), layout, 0)
+
+    def fits(groups: int, memory_of: Callable[[int], GpuMemory] = memory_of) -> bool:
+        return memory_of(groups).total <= capacity
+
+    groups = _largest_groups(fits)
+    shape = scaled_shape(template.model, groups) if groups else None
+    memory = memory_of(groups) if groups else None
+    return MaxParamsRow(
+        stage,
+        label,
+        bpp,
+        fixed,
+        capacity / bpp,
+        max(0.0, capacity - fixed) / bpp,
+        float(count_params(shape).total) if shape else 0.0,
+        shape,
+        memory.activations if memory else 0.0,
+        memory,
+        template.framework.name,
+    )

@@ -27,7 +27,7 @@ from lmcalc.engine.choices import (
     positive_integer,
 )
 from lmcalc.engine.memory.gpu_memory import GpuMemory, most_loaded_gpu
-from lmcalc.engine.parallel.layout import Layout, check_layout, check_tp_heads
+from lmcalc.engine.parallel.layout import Layout, check_layout, check_tp_heads, framework_runs
 from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts
 from lmcalc.engine.time.rates import Machine
 from lmcalc.engine.time.steptime import StepTime, step_time_on
@@ -260,6 +260,8 @@ def layouts(
         micro = _micro_batches(per_replica, pins)
         eps = [pins.ep] if pins.ep else [e for e in _divisors(experts) if (dp * cp) % e == 0]
         for ep, zero, mb in itertools.product(eps, space.zeros, micro):
+            if pins.zero is None and not framework_runs(base, zero, pp):
+                continue  # a layout its framework cannot launch (a pinned stage is tried, for check_layout to say why)
             accum = per_replica // mb
             splits = space.splits_1f1b[pp]
             if pp > 1 and (pinned_interleaved or accum % pp == 0):  # uneven stages must split over v chunks
