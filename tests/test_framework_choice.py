@@ -54,3 +54,14 @@ def test_a_lever_names_the_framework_that_runs_it():
     levers = [t.label for s in fit.report.sections if s.key == "levers" for t in s.terms]
     sharded = [label for label in levers if label.startswith("--zero 3") and "--tp" not in label]
     assert sharded and all("--framework megatron" in label for label in sharded)
+
+
+def test_a_plan_that_searches_the_degrees_keeps_megatron():
+    # --zero 3 pinned, TP/PP/CP/EP left to the search: they may not stay 1, so the layout is Megatron's (FSDP);
+    # pinned to 1 they are data parallelism alone, a transformers model under DeepSpeed
+    common = dict(model="llama-3.1-8b", gpus="16xH100", zero=3, seq=4096, global_batch="1M", max_micro_batch=2)
+    searched = lmcalc.plan(**common)
+    assert searched.best.layout.zero == 3
+    pinned = lmcalc.plan(**common, tp=1, pp=1, cp=1, ep=1)
+    assert searched.report.headline[-1].startswith("costed as") is False
+    assert pinned.report.headline[-1].startswith("costed as deepspeed runs it")

@@ -193,7 +193,8 @@ def default_framework(method: Method, layout: Mapping[str, Any]) -> tuple[str, s
     if method.adapters:
         return FINE_TUNING_FRAMEWORK, ""
     zero = layout.get("zero") or 0
-    if zero >= 2 and all((layout.get(key) or 1) == 1 for key in ("tp", "pp", "cp", "ep")):
+    # a degree left to the planner (a pin of None) may not stay 1: only one given as 1 is data parallelism alone
+    if zero >= 2 and all(layout.get(key, 1) == 1 for key in ("tp", "pp", "cp", "ep")):
         return "deepspeed", f"ZeRO-{zero} without TP, PP, CP or EP: a transformers model under DeepSpeed"
     return DEFAULT_FRAMEWORK, ""
 
