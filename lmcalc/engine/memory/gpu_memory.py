@@ -292,8 +292,8 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     activations = stage_activations(w, layout, stage)
     transients = backward_transients(w, layout.tp, layout.cp, built)
     buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
-    total = _stage_total(states, step_phases(activations, transients, states.step_transient), buffers, allocator,
-                         allowance)  # fmt: skip
+    busiest = step_phases(activations, transients, states.step_transient).busiest
+    total = _stage_total(states, busiest, buffers, allocator, allowance)
     return GpuMemory(stage, states, activations, transients, buffers, allowance, allocator, total)
 
 
@@ -307,9 +307,9 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
     buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
     most: tuple[int, StageStates, StageActivations, Transients] | None = None
     most_total = 0.0
-    for (stage, held, transients), states in zip(peaks, states_by_stage, strict=True):
-        phases = step_phases(held, transients, states.step_transient)
-        total = _stage_total(states, phases, buffers, allocator, allowance)
+    for (stage, held, transients, backward), states in zip(peaks, states_by_stage, strict=True):
+        busiest = backward if backward > states.step_transient else states.step_transient  # max, without a call
+        total = _stage_total(states, busiest, buffers, allocator, allowance)
         if most is None or total > most_total:  # the first of equally loaded stages
             most, most_total = (stage, states, held, transients), total
     assert most is not None  # every layout has a first stage
@@ -318,23 +318,28 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
-def _activation_peaks(w: Workload, layout: ActivationLayout) -> tuple[tuple[int, StageActivations, Transients], ...]:
-    """For each of the layout's ``distinct_stages``: the stage, its activations at their busiest and its backward
-    transients; what the stages' memory depends on besides the model states, looked up once for all of a layout's
-    stages."""
-    return tuple(
-        (stage, _stage_activations(w, layout, stage), backward_transients(w, layout.tp, layout.cp, built))
-        for stage, built in distinct_stage_layers(w.model, layout)
-    )
+def _activation_peaks(
+    w: Workload, layout: ActivationLayout
+) -> tuple[tuple[int, StageActivations, Transients, float], ...]:
+    """For each of the layout's ``distinct_stages``: the stage, its activations at their busiest, its backward
+    transients and the busiest of the backward's phases (``step_phases`` without the optimizer step, which the
+    model states decide); what the stages' memory depends on besides the model states, looked up once for all of a
+    layout's stages."""
+    peaks = []
+    for stage, built in distinct_stage_layers(w.model, layout):
+        held = _stage_activations(w, layout, stage)
+        transients = backward_transients(w, layout.tp, layout.cp, built)
+        peaks.append((stage, held, transients, step_phases(held, transients, 0.0).busiest))
+    return tuple(peaks)
 
 
 def _stage_total(
-    states: StageStates, phases: StepPhases, buffers: float, allocator: AllocatorRule, allowance: float
+    states: StageStates, busiest: float, buffers: float, allocator: AllocatorRule, allowance: float
 ) -> float:
     """``GpuMemory.total`` of a stage: reserved (allocated, then the allocator's fragmentation of it), the CUDA
     context and the flat allowance, added as the ``GpuMemory`` properties add them. The planner compares every
-    distinct stage of every layout it tries by it before it builds the ``GpuMemory`` of one."""
-    busiest = phases.busiest
+    distinct stage of every layout it tries by it before it builds the ``GpuMemory`` of one. ``busiest``: what the
+    step's busiest phase adds to the persistent parts (``StepPhases.busiest``)."""
     persistent = states.params + states.grads + states.master + states.optimizer
     fragmentation = allocator.fragmentation * (persistent + states.zero3 + states.buckets + buffers + busiest)
     allocated = persistent + (states.zero3 + states.buckets + buffers) + busiest
