@@ -57,7 +57,7 @@ class Transients(NamedTuple):
     """What a backward holds at once beyond the saved activations, where the framework profile counts it."""
 
     loss: float  # the loss's logit-sized tensors (the last stage)
-    layer: float  # one layer's MLP activation gradients (a gated MLP's two, a GELU MLP's one; one expert's)
+    layer: float  # one layer's activation gradients at its busiest, and its output's gradient (``backward_transients``)
     norm: float = 0.0  # a norm's backward written op by op in fp32: its fp32 input and gradients (the final norm's)
 
 
@@ -83,11 +83,13 @@ PHASE_NAMES = ("the loss's backward", "the final norm's backward", "a layer's ba
 
 
 def step_phases(held: StageActivations, transients: Transients, step_transient: float) -> StepPhases:
-    """The step's phases on one GPU: the loss's backward runs with every activation still saved; by the last
-    layer's backward the loss, the head and the final norm have freed what they saved for that micro-batch
-    (``held.head``), the layer is rebuilt under full recomputation and its MLP's activation gradients live; the
-    optimizer step runs once the activations are freed. PyTorch's autograd frees a node's saved tensors once it
-    has run (docs/formulas.md §5.8), so the rebuilt layer never lives beside the logits' gradients."""
+    """The step's phases on one GPU: the loss's backward runs with every activation still saved; the final norm's
+    backward once the loss and the head have freed what they saved for that micro-batch (``held.head``, of which
+    ``transients.norm`` counts the norm's own fp32 input again); by the last layer's backward the layer is rebuilt
+    under full recomputation and its activation gradients live; the optimizer step runs once the activations are
+    freed. PyTorch's autograd frees a node's saved tensors once it has run (docs/formulas.md §5.10), so the rebuilt
+    layer never lives beside the logits' gradients. (On a stage without the head, ``transients.norm`` stands for a
+    layer's own norms: one fp32 copy too many, the one the layer keeps.)"""
     after_head = held.total - held.head
     return StepPhases(
         held.total + transients.loss,
