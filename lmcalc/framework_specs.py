@@ -111,6 +111,12 @@ class AttentionRule(Rule):
 
 
 class LossRule(Rule):
+    fused_linear: StrictBool = Field(
+        False,
+        description="the output head and the cross-entropy fused and chunked (Liger's fused linear cross-entropy): "
+        "the logits are never whole, and the head input's gradient, made in the forward, is kept instead of the "
+        "head input; saved_bytes and transient_bytes are then 0",
+    )
     saved_bytes: float = Field(ge=0, description="bytes kept for backward per logit element (s·b·V/TP)")
     transient_bytes: float = Field(
         ge=0,

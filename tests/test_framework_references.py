@@ -32,7 +32,7 @@ from lmcalc.presets import framework_profile
 from lmcalc.specs import ModelSpec
 
 MB = 2**20  # Megatron's NUM_BYTES_IN_MEGABYTE; DeepSpeed's printers use 2**30 and call it GB
-BUILTIN_FRAMEWORKS = {"idealised", "megatron", "nanotron", "torchtitan", "transformers", "deepspeed"}
+BUILTIN_FRAMEWORKS = {"idealised", "megatron", "nanotron", "torchtitan", "transformers", "deepspeed", "liger"}
 RULES = ("norm", "mlp", "rotary", "moe", "attention", "loss", "states", "buffers", "optimizer_step", "allocator")
 
 

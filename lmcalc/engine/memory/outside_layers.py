@@ -34,6 +34,9 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     ]
     if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
         head = [t for t in head if _needed(w, t, set())]
+    if w.framework.loss.fused_linear:  # the head's gradients made in the forward: its input's kept, not its input
+        head = [t for t in head if t.label != "output head input"]
+        head.append(SavedTensor("head input's gradient (made in the forward)", "s·b·h", sb * h, act, split="seq"))
     if spec.final_softcap:  # c·tanh(logits/c) (Gemma 2): tanh keeps its output, in the activation dtype
         head.append(SavedTensor("soft-capped logits (tanh output)", "s·b·V", sb * spec.vocab_size, act))
     loss = w.framework.loss

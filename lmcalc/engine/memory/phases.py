@@ -113,6 +113,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     split = tp * cp
     loss = w.framework.loss.transient_bytes * sb * spec.vocab_size / split if built.head else 0.0
+    if w.framework.loss.fused_linear and built.head:
+        loss = fused_loss_chunk(sb, spec.hidden_size, spec.vocab_size) * spec.vocab_size * act / split
     # beyond the MLP's saved tensors, its output projection's input freed: a GELU kernel's input gradient; a gated
     # MLP's gate and up gradients; a GELU written op by op, the gradients of its last product's two factors
     gradients = 1 if spec.ffn_kind == "gelu_mlp" and not gelu_ops_kept(w) else 2
@@ -155,3 +157,12 @@ def _output_projection_adapted(w: Workload) -> bool:
         return False
     ffn = w.model.ffn_size
     return any(m.group == "mlp" and m.inputs == ffn for m in adapted_modules(w.model, w.method))
+
+
+def fused_loss_chunk(tokens: int, hidden: int, vocab: int) -> int:
+    """Rows of logits a fused linear cross-entropy makes at once (Liger-Kernel,
+    src/liger_kernel/ops/fused_linear_cross_entropy.py): the tokens split so that a chunk of logits is about the
+    size of the head's input, next_pow2(⌈BT / ⌈V/h⌉⌉) rows, at most the tokens; its gradient is made in place."""
+    factor = -(-vocab // hidden)
+    rows = -(-tokens // factor)
+    return min(tokens, 1 << (rows - 1).bit_length())
