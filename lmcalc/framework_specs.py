@@ -144,6 +144,13 @@ class StatesRule(Rule):
         description="each backward makes the gradients in the weights' dtype before adding them into the "
         "fp32 buffer: they exist at once at the end of the backward pass",
     )
+    grads_lifetime: Literal["run", "step"] = Field(
+        "run",
+        description="run: the gradients live in buffers allocated once for the whole run (Megatron's and "
+        "nanotron's contiguous buffers, DeepSpeed's partitions); step: autograd makes each .grad during the "
+        "backward and zero_grad(set_to_none=True) frees them after the optimizer step, so a step of one "
+        "micro-batch begins its backward with none",
+    )
 
 
 class BuffersRule(Rule):
@@ -197,7 +204,15 @@ class AllocatorRule(Rule):
         description="reserved memory over allocated, less one: what the caching allocator holds beyond live "
         "tensors at the peak",
     )
-    context_bytes: float = Field(ge=0, description="the CUDA context and kernels, outside PyTorch's pool")
+    context_bytes: float = Field(
+        ge=0, description="the CUDA context and the kernels cuBLAS loads, outside PyTorch's pool, in every process"
+    )
+    nccl_bytes: float = Field(
+        0,
+        ge=0,
+        description="a NCCL communicator's buffers and kernels, outside PyTorch's pool, where the run spans more "
+        "than one GPU",
+    )
     allowance_bytes: float = Field(
         0, ge=0, description="a flat allowance instead of the parts above (the idealised profile's)"
     )

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check of issue #5, in one call: matmul sweeps (bf16, fp16, tf32, fp8), memory bandwidth, real
 # training steps of a 1B preset, validate's peak-memory row and the step's memory phase by phase
-# (benchmarks/step_memory_phases.py), as JSON plus a summary under OUTDIR. For a CUDA machine with torch
-# already installed and no network; about 3 minutes on one H200. Each step has its own time limit, and no
-# step runs past the whole budget (GPU_CHECK_BUDGET_S, default 285 s: the issue asks for under 5 minutes).
+# (benchmarks/step_memory_phases.py), then benchmarks/gpu_truth.py's parts, as JSON plus a summary under OUTDIR. For
+# a CUDA machine with torch (and transformers, peft for one part) already installed and no network; about 4 minutes
+# on one H200 (2026-12-04: 91 s before gpu_truth.py, whose parts took about 2.5 minutes more). Each step has its own
+# time limit, and no step runs past the whole budget (GPU_CHECK_BUDGET_S, default 285 s: the issue asks for under
+# 5 minutes).
 #   bash scripts/gpu_check.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUTDIR}
@@ -108,6 +110,21 @@ step sweep_fp16 45 bench --dtype fp16 --sweep --warmup 5 --repeats 20
 step sweep_tf32 45 bench --dtype tf32 --sweep --warmup 5 --repeats 10
 step sweep_fp8 45 bench --dtype fp8 --sweep --warmup 5 --repeats 20
 step model_llama_8b 45 bench --dtype bf16 --model llama-3.1-8b --seq 4096
+# issue #34's measurements beyond lmcalc's own commands (benchmarks/gpu_truth.py): what lies outside PyTorch's pool,
+# a transformers step against the transformers profile, the allocator's fragmentation, the harness against a bare loop
+for part in context:30 transformers:90 fragmentation:60 overhead:60; do
+  name=gpu_truth_${part%%:*}
+  limit=$(time_left "$name" "${part##*:}")
+  ((limit > 0)) || continue
+  start=$SECONDS
+  timeout -k 10 "$limit" $py "$root/benchmarks/gpu_truth.py" "${part%%:*}" --out "$out" > "$out/$name.txt" 2> "$out/$name.err"
+  rc=$?
+  if ((rc == 0)); then
+    echo "$name ($((SECONDS - start)) s): see $name.txt" | tee -a "$summary"
+  else
+    verdict "$name" $((SECONDS - start)) $rc "$limit" "$(tail -n 1 "$out/$name.err")"
+  fi
+done
 cp "$XDG_DATA_HOME/lmcalc/bench.json" "$out/bench.json" 2>/dev/null || true
 echo "done in $SECONDS s$( ((failed)) && echo ', with failures')" | tee -a "$summary"
 exit $failed

@@ -196,6 +196,7 @@ def lmcalc_peak(
     ``LORA_MODES[lora_mode]`` says: (bytes, the phase's name)."""
     from lmcalc.engine.finetune.method import FULL, Method, parse_targets
     from lmcalc.engine.memory.gpu_memory import gpu_memory
+    from lmcalc.engine.memory.phases import step_phases
     from lmcalc.engine.parallel.layout import Layout
     from lmcalc.engine.workload import Workload, dropout_mask_bytes
     from lmcalc.hf_config import model_from_hf_config
@@ -224,7 +225,8 @@ def lmcalc_peak(
         framework=framework_profile("transformers"),
         method=method,
     )
-    phases = gpu_memory(w, Layout(), 0).phases
+    gpu = gpu_memory(w, Layout(), 0)
+    phases = step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)  # the gradients left out, as measured
     return phases.busiest, phases.binding
 
 

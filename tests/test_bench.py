@@ -326,5 +326,7 @@ def test_measured_peak_feeds_train_time(tmp_path, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_matmul_matches_a_preset():
     gpu = detect("cuda")
-    meas = matmul.measure(4096, 4096, 4096, "bf16", gpu, warmup=5, repeats=20)
-    assert gpu.hardware is not None and meas.flops_per_s < gpu.peak("bf16")
+    meas = matmul.measure((4096, 4096, 4096), matmul.MatmulSettings("bf16", warmup=5, repeats=20), gpu)
+    peak = gpu.peak("bf16")
+    # below the spec sheet's dense peak, and above half of it (an H200 reached 78 % on 2026-12-04)
+    assert gpu.hardware is not None and peak is not None and 0.5 * peak < meas.flops_per_s < peak

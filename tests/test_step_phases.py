@@ -16,8 +16,8 @@ from dataclasses import replace
 import pytest
 
 from lmcalc.engine.finetune.method import Method, parse_targets
-from lmcalc.engine.memory.gpu_memory import gpu_memory
-from lmcalc.engine.memory.phases import StageActivations, StepPhases, Transients, step_phases
+from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory
+from lmcalc.engine.memory.phases import StageActivations, StepPhases, Transients, UnmadeGrads, step_phases
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.presets import resolve_precision
 
@@ -27,14 +27,30 @@ TOLERANCE = 0.03  # issue #29's target for the step's peak
 def test_the_phases_of_a_step_by_hand():
     # 10 bytes saved by the forward, 3 of them the head side; a rebuilt layer of 4; the loss's gradients 6, a
     # layer's 2, a norm's 5; the optimizer step's temporaries 1
+    # (none of them outside the head side, so the first layer's backward holds its rebuilt layer and its gradients)
     held = StageActivations(total=10, in_flight=1, outside=3, rebuilt=4, head=3)
     phases = step_phases(held, Transients(loss=6, layer=2, norm=5), step_transient=1)
-    assert phases == StepPhases(10 + 6, 10 - 3 + 5, 10 - 3 + 4 + 2, 1)
+    assert phases == StepPhases(10 + 6, 10 - 3 + 5, 10 - 3 + 4 + 2, 3 - 3 + 0 + 4 + 2, 0, 1)
     assert phases.busiest == 16 and phases.binding == "the loss's backward"
     # with a fused cross-entropy's small loss gradients the rebuilt layer binds; never both together
     phases = step_phases(held, Transients(loss=1, layer=2, norm=5), step_transient=1)
     assert phases.busiest == 13 and phases.binding == "a layer's backward"
     assert step_phases(held, Transients(0, 0), step_transient=30).binding == "the optimizer step"
+
+
+def test_gradients_made_in_the_backward_by_hand():
+    # 20 bytes of gradients, made by autograd in the backward (a Trainer step of one micro-batch): none exist at the
+    # loss's backward, the head's 2 at the final norm's, the head's and the top layer's 2 + 3 at that layer's, all but
+    # the embedding's 4 at the first layer's; the persistent parts count all 20
+    held = StageActivations(total=10, in_flight=1, outside=3, rebuilt=4, head=3, first_layer=1,
+                            unmade=UnmadeGrads(1.0, 18 / 20, 15 / 20, 4 / 20))  # fmt: skip
+    phases = step_phases(held, Transients(loss=6, layer=2, norm=5), step_transient=1, grads=20)
+    assert phases == StepPhases(16 - 20, 12 - 18, 13 - 15, 0 + 1 + 4 + 2 - 4, 0, 1)
+    assert phases.binding == "the first layer's backward" and phases.busiest == 3
+    # a tied embedding's backward: its part of the shared matrix's gradient (8) beside the head's, which waits in the
+    # layer's transients, once the layers have freed what they kept
+    tied = step_phases(held, Transients(loss=6, layer=2 + 8, norm=5, embedding=8), step_transient=1, grads=20)
+    assert tied.embedding_backward == 0 + 2 * 8 and tied.binding == "the embedding's backward"
 
 
 pytest.importorskip("torch")
@@ -88,10 +104,16 @@ def measured(case: Case) -> hf_step_peak.StepPeak:
     )
 
 
+def beyond_states(gpu: GpuMemory) -> StepPhases:
+    """The phases as the harness measures them, the gradients left out: what each holds beyond the model states with
+    every gradient counted in them (tests/test_grads_lifetime.py measures when the gradients exist)."""
+    return step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)
+
+
 def predicted_peak(case: Case) -> tuple[float, str]:
     """lmcalc's busiest phase beyond the model states, on one CPU: the saved activations and what the phase adds."""
-    gpu = gpu_memory(workload(case), Layout(), 0)
-    return gpu.phases.busiest, gpu.phases.binding
+    phases = beyond_states(gpu_memory(workload(case), Layout(), 0))
+    return phases.busiest, phases.binding
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -168,7 +190,7 @@ def test_a_peft_lora_step_peaks_at_its_busiest_phase(name: str, mode: str, check
                              fp32_adapters=fp32_adapters, autocast=autocast)  # fmt: skip
     method = Method("lora", 8, parse_targets("all-linear"), fp32_adapters=fp32_adapters)
     w = replace(workload(case), method=method, precision=resolve_precision(recipe).spec)
-    phases = gpu_memory(w, Layout(), 0).phases
+    phases = beyond_states(gpu_memory(w, Layout(), 0))
     assert abs(phases.busiest / m.peak - 1) < TOLERANCE, (
         f"{name} {mode}: measured {m.peak:,} B, lmcalc {phases.busiest:,.0f} B "
         f"({phases.busiest / m.peak - 1:+.2%}) at {phases.binding}"

@@ -103,6 +103,8 @@ STAGE_PARTS = (
 adds its layers and micro-batches in flight)."""
 MEMORY_STACK = ("state.params", "state.grads", "state.master", "state.optimizer", *STAGE_PARTS[1:])
 """What one GPU's bar stacks: the model states part by part, then the rest as a stage's row has it."""
+_AT_PEAK_STACK = tuple("state.grads_at_peak" if k == "state.grads" else k for k in MEMORY_STACK)
+"""The same, where the busiest phase holds only some of the gradients (``GpuMemory.grads_unmade``)."""
 SWEEPABLE = {
     "seq": "sequence length",
     "micro-batch": "micro-batch",
@@ -145,7 +147,7 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
             inputs,
             memory_sections(w, layout, gpu, capacity, cluster.gpus_per_node),
             tuple(notes),
-            stack=MEMORY_STACK,
+            stack=MEMORY_STACK if not gpu.grads_unmade else _AT_PEAK_STACK,
             capacity="total.capacity",
             headline=(
                 f"{model.label}, {layout.code} on {cluster.label}: {verdict(gpu, capacity.bytes)}",

@@ -29,7 +29,15 @@ from lmcalc.engine.memory.activations import (
     lowest_layer_unkept,
 )
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
-from lmcalc.engine.memory.phases import StageActivations, StepPhases, Transients, backward_transients, step_phases
+from lmcalc.engine.memory.phases import (
+    NONE_UNMADE,
+    StageActivations,
+    StepPhases,
+    Transients,
+    UnmadeGrads,
+    backward_transients,
+    step_phases,
+)
 from lmcalc.engine.model_code import norm_keeps
 from lmcalc.engine.parallel.layout import ActivationLayout, Layout, StateShards
 from lmcalc.engine.parallel.pipeline import (
@@ -76,6 +84,7 @@ class GpuMemory:
     buffers: float  # sequence-parallel and pipeline buffers, the reduce bucket, cuBLAS/NCCL workspaces
     overhead: float  # the flat allowance
     allocator: AllocatorRule  # its fragmentation and the CUDA context
+    context: float  # outside PyTorch's pool: the CUDA context, cuBLAS's kernels, NCCL's where the run has peers
     total: float  # the device memory the step needs: reserved, the CUDA context, the allowance (``_stage_total``)
 
     @property
@@ -127,7 +136,7 @@ class GpuMemory:
     @property
     def phases(self) -> StepPhases:
         """The bytes each phase of the step holds beyond the persistent parts."""
-        return step_phases(self.held, self.transients, self.kept.step_transient)
+        return step_phases(self.held, self.transients, self.kept.step_transient, self.kept.grads)
 
     @property
     def micro_batches_in_flight(self) -> float:
@@ -155,11 +164,6 @@ class GpuMemory:
         return self.allocator.fragmentation * allocated
 
     @property
-    def context(self) -> float:
-        """The CUDA context, outside PyTorch's pool."""
-        return self.allocator.context_bytes
-
-    @property
     def states(self) -> float:
         return self.params + self.grads + self.master + self.optimizer
 
@@ -168,15 +172,29 @@ class GpuMemory:
         return self.zero3_buffers + self.grad_buckets + self.buffers
 
     @property
+    def grads_unmade(self) -> float:
+        """Of the gradients, the bytes autograd has not made yet at the busiest phase (``UnmadeGrads``): where the
+        framework frees them after each step and the step is one micro-batch, all of them at the loss's backward."""
+        phases = self.phases
+        index = phases.index(phases.busiest)
+        return (self.held.unmade[index] if index < len(self.held.unmade) else 0.0) * self.kept.grads
+
+    @property
     def transient(self) -> float:
-        """What the busiest phase adds to the persistent parts beyond the saved activations (negative where the
-        optimizer step, with the activations freed, holds less than they do: never the busiest then)."""
-        return self.phases.busiest - self.activations
+        """What the busiest phase adds to the persistent parts beyond the saved activations, the gradients it does
+        not hold yet aside: negative where that phase comes once most activations are freed (a tied embedding's
+        backward, or the optimizer step) and holds less than they did."""
+        return self.phases.busiest - self.activations + self.grads_unmade
+
+    @property
+    def states_at_peak(self) -> float:
+        """The model states the busiest phase holds: all of them but the gradients not made yet."""
+        return self.states - self.grads_unmade
 
     @property
     def allocated(self) -> float:
         """The most PyTorch's allocator hands out at once: persistent parts plus the busier moment."""
-        return self.states + self.framework_buffers + self.activations + self.transient
+        return self.states_at_peak + self.framework_buffers + self.activations + self.transient
 
     @property
     def reserved(self) -> float:
@@ -186,7 +204,7 @@ class GpuMemory:
     @property
     def parts(self) -> dict[str, float]:
         return {
-            "model states": self.states,
+            "model states": self.states_at_peak,
             "activations": self.activations,
             "framework buffers": self.framework_buffers,
             "transient peaks": self.transient,
@@ -258,7 +276,34 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     per_micro_batch = sum(layers)
     in_flight = (held - outside) / per_micro_batch if per_micro_batch else float(counts[0])
     freed = head_side if w.framework.transients and counts[-1] else 0.0  # a profile with a timeline frees it
-    return StageActivations(held, in_flight, outside, rebuilt, freed)
+    built = stage_layers(w.model, layout, stage)
+    if w.recompute == "full":
+        first = bytes_on_gpu(layer_checkpoint(w), layout)
+    else:  # the stage's first layer: dense unless the stage builds MoE layers alone
+        first = one_layer(not built.dense) if built.layers else 0.0
+    return StageActivations(held, in_flight, outside, rebuilt, freed, first, _unmade_grads(w, layout, built))
+
+
+def _unmade_grads(w: Workload, layout: ActivationLayout, built: StageLayers) -> UnmadeGrads:
+    """The shares of the stage's gradients that autograd has not made at each backward phase, where the framework
+    makes them in the backward and frees them after the step (``grads_lifetime: step``) and the step is one
+    micro-batch; else none (a gradient buffer, or gradients accumulated over micro-batches, is there throughout).
+    The head's are made before the final norm's backward, the top layer's (MoE where the stage builds any) by its
+    own, the embedding's last; a tied embedding's shared matrix gets its gradient in the embedding's backward."""
+    if w.framework.states.grads_lifetime != "step" or layout.grad_accum > 1:
+        return NONE_UNMADE
+
+    def trained(dense: int, moe: int, embedding: bool, head: bool) -> float:
+        return trained_held(w.model, w.method, layout.tp, 1, StageLayers(dense, moe, embedding, head)).total
+
+    total = trained(*built)
+    if not total:
+        return NONE_UNMADE
+    head, embedding = trained(0, 0, False, built.head), trained(0, 0, built.embedding, False)
+    if built.head and built.embedding and w.model.tied_embeddings:
+        head -= head + embedding - trained(0, 0, True, True)  # the shared matrix: counted with the embedding's
+    top = trained(int(not built.moe), int(built.moe), False, False)
+    return UnmadeGrads(1.0, 1.0 - head / total, max(0.0, 1.0 - (head + top) / total), embedding / total)
 
 
 def _trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
@@ -292,9 +337,16 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     activations = stage_activations(w, layout, stage)
     transients = backward_transients(w, layout.tp, layout.cp, built)
     buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
-    busiest = step_phases(activations, transients, states.step_transient).busiest
-    total = _stage_total(states, busiest, buffers, allocator, allowance)
-    return GpuMemory(stage, states, activations, transients, buffers, allowance, allocator, total)
+    busiest = step_phases(activations, transients, states.step_transient, states.grads).busiest
+    context = outside_pool(allocator, layout)
+    total = _stage_total(states, busiest, buffers, allocator.fragmentation, context + allowance)
+    return GpuMemory(stage, states, activations, transients, buffers, allowance, allocator, context, total)
+
+
+def outside_pool(allocator: AllocatorRule, layout: Layout) -> float:
+    """What a process holds outside PyTorch's pool: the CUDA context and cuBLAS's kernels, and a NCCL communicator's
+    buffers where the layout spans more than one GPU."""
+    return allocator.context_bytes + (allocator.nccl_bytes if layout.gpus > 1 else 0.0)
 
 
 def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
@@ -305,16 +357,20 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
     peaks = _activation_peaks(w, activation_layout)
     states_by_stage = _layout_states(states_workload(w), layout.state_shards, layout.stages)
     buffers, allocator, allowance = _layout_buffers(w, layout), w.framework.allocator, w.allowance
+    context = outside_pool(allocator, layout)
     most: tuple[int, StageStates, StageActivations, Transients] | None = None
     most_total = 0.0
     for (stage, held, transients, backward), states in zip(peaks, states_by_stage, strict=True):
-        busiest = backward if backward > states.step_transient else states.step_transient  # max, without a call
-        total = _stage_total(states, busiest, buffers, allocator, allowance)
+        if held.unmade is NONE_UNMADE:
+            busiest = backward if backward > states.step_transient else states.step_transient  # max, without a call
+        else:  # the backward's phases hold only the gradients made by then
+            busiest = step_phases(held, transients, states.step_transient, states.grads).busiest
+        total = _stage_total(states, busiest, buffers, allocator.fragmentation, context + allowance)
         if most is None or total > most_total:  # the first of equally loaded stages
             most, most_total = (stage, states, held, transients), total
     assert most is not None  # every layout has a first stage
     stage, states, held, transients = most
-    return GpuMemory(stage, states, held, transients, buffers, allowance, allocator, most_total)
+    return GpuMemory(stage, states, held, transients, buffers, allowance, allocator, context, most_total)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
@@ -333,17 +389,14 @@ def _activation_peaks(
     return tuple(peaks)
 
 
-def _stage_total(
-    states: StageStates, busiest: float, buffers: float, allocator: AllocatorRule, allowance: float
-) -> float:
-    """``GpuMemory.total`` of a stage: reserved (allocated, then the allocator's fragmentation of it), the CUDA
-    context and the flat allowance, added as the ``GpuMemory`` properties add them. The planner compares every
-    distinct stage of every layout it tries by it before it builds the ``GpuMemory`` of one. ``busiest``: what the
-    step's busiest phase adds to the persistent parts (``StepPhases.busiest``)."""
+def _stage_total(states: StageStates, busiest: float, buffers: float, fragmentation: float, outside: float) -> float:
+    """``GpuMemory.total`` of a stage: reserved (allocated, then the allocator's ``fragmentation`` fraction of it), and
+    ``outside`` the pool (the CUDA context, NCCL's, the flat allowance), added as the ``GpuMemory`` properties add
+    them. The planner compares every distinct stage of every layout it tries by it before it builds the ``GpuMemory``
+    of one. ``busiest``: what the step's busiest phase adds to the persistent parts (``StepPhases.busiest``)."""
     persistent = states.params + states.grads + states.master + states.optimizer
-    fragmentation = allocator.fragmentation * (persistent + states.zero3 + states.buckets + buffers + busiest)
     allocated = persistent + (states.zero3 + states.buckets + buffers) + busiest
-    return allocated + fragmentation + allocator.context_bytes + allowance
+    return allocated * (1 + fragmentation) + outside
 
 
 class StageStates(NamedTuple):

@@ -23,6 +23,23 @@ from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.workload import Workload
 
 
+class UnmadeGrads(NamedTuple):
+    """The shares of a stage's gradients that do not exist yet at each backward phase, in ``StepPhases``' order.
+    Where the framework makes the gradients in the backward and frees them after the step (``grads_lifetime: step``)
+    and the step is one micro-batch, the loss's backward runs before any, the final norm's after the head's, the top
+    layer's after the head's and its own (counted whole), the first layer's before the embedding's (a tied
+    embedding's shared matrix among them: AccumulateGrad makes its gradient once, from both parts, in the
+    embedding's backward); else none is missing (``NONE_UNMADE``)."""
+
+    loss: float = 0.0
+    norm: float = 0.0
+    layer: float = 0.0
+    first_layer: float = 0.0
+
+
+NONE_UNMADE = UnmadeGrads()
+
+
 @dataclass(frozen=True)
 class StageActivations:
     total: float  # bytes saved by the forward passes at the stage's busiest moment
@@ -30,6 +47,8 @@ class StageActivations:
     outside: float  # of the total, the bytes outside the layers (embedding side, head side)
     rebuilt: float  # the one layer full recomputation rebuilds in the backward pass (not in the total)
     head: float = 0.0  # of the total, one micro-batch's head side (last stage): freed once its loss's backward has run
+    first_layer: float = 0.0  # of the total, the stage's first layer's (its checkpointed input under full recompute)
+    unmade: UnmadeGrads = NONE_UNMADE  # the gradients not made yet at each backward phase (``UnmadeGrads``)
 
     @property
     def with_rebuilt(self) -> float:
@@ -59,6 +78,7 @@ class Transients(NamedTuple):
     loss: float  # the loss's logit-sized tensors (the last stage)
     layer: float  # one layer's activation gradients at its busiest, and its output's gradient (``backward_transients``)
     norm: float = 0.0  # a norm's backward written op by op in fp32: its fp32 input and gradients (the final norm's)
+    embedding: float = 0.0  # a tied embedding's own part of the shared matrix's gradient, beside the head's part
 
 
 class StepPhases(NamedTuple):
@@ -67,6 +87,8 @@ class StepPhases(NamedTuple):
     loss_backward: float  # every saved activation and the loss's logit-sized gradients
     norm_backward: float  # the saved activations less the freed head side, a norm's fp32 backward
     layer_backward: float  # the saved activations less the freed head side, the rebuilt layer, its gradients
+    first_layer_backward: float  # what the first layer and the embedding side keep, the layer's gradients
+    embedding_backward: float  # a tied embedding's: both parts of the shared matrix's gradient
     optimizer_step: float  # the activations freed: the end of the step's temporaries
 
     @property
@@ -79,22 +101,38 @@ class StepPhases(NamedTuple):
         return PHASE_NAMES[self.index(self.busiest)]
 
 
-PHASE_NAMES = ("the loss's backward", "the final norm's backward", "a layer's backward", "the optimizer step")
+PHASE_NAMES = (
+    "the loss's backward",
+    "the final norm's backward",
+    "a layer's backward",
+    "the first layer's backward",
+    "the embedding's backward",
+    "the optimizer step",
+)
 
 
-def step_phases(held: StageActivations, transients: Transients, step_transient: float) -> StepPhases:
+def step_phases(
+    held: StageActivations, transients: Transients, step_transient: float, grads: float = 0.0
+) -> StepPhases:
     """The step's phases on one GPU: the loss's backward runs with every activation still saved; the final norm's
     backward once the loss and the head have freed what they saved for that micro-batch (``held.head``, of which
-    ``transients.norm`` counts the norm's own fp32 input again); by the last layer's backward the layer is rebuilt
-    under full recomputation and its activation gradients live; the optimizer step runs once the activations are
-    freed. PyTorch's autograd frees a node's saved tensors once it has run (docs/formulas.md §5.10), so the rebuilt
-    layer never lives beside the logits' gradients. (On a stage without the head, ``transients.norm`` stands for a
-    layer's own norms: one fp32 copy too many, the one the layer keeps.)"""
-    after_head = held.total - held.head
+    ``transients.norm`` counts the norm's own fp32 input again); by the top layer's backward the layer is rebuilt
+    under full recomputation and its activation gradients live; the first layer's backward holds what it and the
+    embedding side kept, and a tied embedding's backward both parts of the shared matrix's gradient (the head's,
+    waiting in ``transients.layer`` until then, and its own) before AccumulateGrad sums them; the optimizer step runs
+    once the activations are freed. PyTorch's autograd frees a node's saved tensors once it has run
+    (docs/formulas.md §5.10), so the rebuilt layer never lives beside the logits' gradients. ``grads``: the stage's
+    gradient bytes, of which ``held.unmade`` says what share each phase does not hold yet (the persistent parts count
+    them all). From the top layer down to the first the activations fall and the gradients grow layer by layer, so
+    the two ends bound every layer's backward. (On a stage without the head, ``transients.norm`` stands for a layer's
+    own norms: one fp32 copy too many, the one the layer keeps.)"""
+    after_head, unmade, embedding_side = held.total - held.head, held.unmade, held.outside - held.head
     return StepPhases(
-        held.total + transients.loss,
-        after_head + transients.norm,
-        after_head + held.rebuilt + transients.layer,
+        held.total + transients.loss - unmade.loss * grads,
+        after_head + transients.norm - unmade.norm * grads,
+        after_head + held.rebuilt + transients.layer - unmade.layer * grads,
+        embedding_side + held.first_layer + held.rebuilt + transients.layer - unmade.first_layer * grads,
+        embedding_side + 2 * transients.embedding,
         step_transient,
     )
 
@@ -107,7 +145,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     for one expert) beside the gradient of its output, and, where a trained head is tied to the embedding on the
     same GPU and autograd accumulates the gradients, the head's gradient of the shared matrix, which waits from the
     head's backward to the embedding's to be summed with that part (AccumulateGrad sees the matrix once, with both
-    parts); and an RMSNorm's fp32 backward."""
+    parts), and then, in the embedding's backward, the embedding's part beside it; and an RMSNorm's fp32 backward."""
     if not w.framework.transients:
         return Transients(0.0, 0.0)
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
@@ -139,7 +177,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         and w.method.kind == "full"
         and not w.framework.speed.fused_grad_accumulation
     ):
-        layer += spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
+        tied = spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
+        return Transients(loss, layer + tied, norm, tied)
     return Transients(loss, layer, norm)
 
 

@@ -11,12 +11,14 @@ from typing import NamedTuple
 from lmcalc.engine.memory.activations import layer_kept_tensors, saved_formula
 from lmcalc.engine.memory.finetune_terms import method_section
 from lmcalc.engine.memory.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
+from lmcalc.engine.memory.phases import step_phases
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
 from lmcalc.engine.parallel.sharding import ModelState, StageParams, stage_params, trained_precision, zero_shards
 from lmcalc.engine.parallel.states import state_formula
 from lmcalc.engine.workload import Workload
+from lmcalc.framework_specs import AllocatorRule
 from lmcalc.result import Section, Term
 from lmcalc.specs import HardwareSpec
 from lmcalc.units import GB, group
@@ -135,8 +137,9 @@ def _shard_text(state: ModelState, layout: Layout, held: StageParams) -> str:
     return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP)"
 
 
-def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held: StageParams) -> tuple[Term, Term]:
-    """The weights the passes read (frozen ones too) and the gradients of what is trained."""
+def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held: StageParams) -> tuple[Term, ...]:
+    """The weights the passes read (frozen ones too), the gradients of what is trained, and those the busiest phase
+    holds where it holds fewer."""
     precision, n = trained_precision(w), _trained_symbol(w)
     frozen = "frozen weights + " if w.method.kind != "full" else ""
     grad_bytes = w.framework.states.grad_bytes or precision.grad_bytes
@@ -161,6 +164,28 @@ def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held
             f"{n} · {grad_bytes:g} B{_shard_text('grads', layout, held)}"
             + (" (offloaded: 0 on the GPU)" if w.offload.params else ""),
             source=w.framework.states.source if w.framework.states.grad_bytes else "",
+        ),
+        *_grads_at_peak_terms(w, gpu),
+    )
+
+
+def _grads_at_peak_terms(w: Workload, gpu: GpuMemory) -> tuple[Term, ...]:
+    """Where the framework makes the gradients in each step's backward and a step is one micro-batch, those the
+    busiest phase holds: none at the loss's backward."""
+    if not gpu.grads_unmade:
+        return ()
+    share = gpu.grads_unmade / gpu.grads
+    return (
+        Term(
+            "grads_at_peak",
+            "Gradients at the peak",
+            gpu.grads - gpu.grads_unmade,
+            "bytes",
+            "gradients − the share autograd has not made by the busiest phase",
+            f"{gpu.grads / GB:.4g} GB − {share:.4g} × {gpu.grads / GB:.4g} GB",
+            source=w.framework.states.source,
+            note=f"binds at {gpu.phases.binding}; zero_grad(set_to_none=True) freed the last step's gradients and "
+            "one micro-batch makes the step (--grad-accum 1)",
         ),
     )
 
@@ -257,7 +282,13 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
     rules = w.framework
     total = gpu.total
     terms = (
-        Term("states", "Model states", gpu.states, "bytes"),
+        Term(
+            "states",
+            "Model states" + (" at the peak" if gpu.grads_unmade else ""),
+            gpu.states_at_peak,
+            "bytes",
+            "weights + gradients at the peak + master + optimizer states" if gpu.grads_unmade else "",
+        ),
         Term("activations", "Activations", gpu.activations, "bytes"),
         *_buffer_terms(w, layout, gpu),
         _transient_term(w, gpu),
@@ -319,21 +350,34 @@ def _buffer_terms(w: Workload, layout: Layout, gpu: GpuMemory) -> tuple[Term, ..
 
 def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
     """What the busiest phase of the step adds to the saved activations, and which phase that is."""
-    rules, held, t, phases = w.framework, gpu.held, gpu.transients, gpu.phases
+    rules, held, t = w.framework, gpu.held, gpu.transients
+    phases = step_phases(held, t, gpu.step_transient)  # every gradient counted with the states
     rebuilt = f" + rebuilt layer {held.rebuilt / GB:.3g}" if held.rebuilt else ""
+    unmade = held.unmade
+    not_made = (
+        f"; less the gradients not made by then: loss {unmade.loss * gpu.grads / GB:.4g} GB, norm "
+        f"{unmade.norm * gpu.grads / GB:.4g} GB, layer {unmade.layer * gpu.grads / GB:.4g} GB, first layer "
+        f"{unmade.first_layer * gpu.grads / GB:.4g} GB"
+        if gpu.grads_unmade
+        else ""
+    )
     return Term(
         "transient",
         "Transient peak",
         gpu.transient,
         "bytes",
-        "the step's busiest phase − activations"
+        (
+            "the step's busiest phase − activations"
+            + (" + the gradients it does not hold yet" if gpu.grads_unmade else "")
+        )
         if rules.transients or held.rebuilt
         else f"none: the {rules.name} profile counts no transients",
-        f"loss {(held.total + t.loss) / GB:.4g} GB; norm {phases.norm_backward / GB:.4g} GB; layer "
+        f"loss {phases.loss_backward / GB:.4g} GB; norm {phases.norm_backward / GB:.4g} GB; layer "
         f"{held.total / GB:.4g} − {held.head / GB:.3g}{rebuilt} + {t.layer / GB:.3g} = "
-        f"{phases.layer_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB",
+        f"{phases.layer_backward / GB:.4g} GB; first layer {phases.first_layer_backward / GB:.4g} GB; embedding "
+        f"{phases.embedding_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB{not_made}",
         source=f"{rules.loss.source}; {rules.optimizer_step.source}",
-        note=f"binds at {phases.binding}: PyTorch frees a node's saved tensors once it has run, so the logits' "
+        note=f"binds at {gpu.phases.binding}: PyTorch frees a node's saved tensors once it has run, so the logits' "
         "gradients, a rebuilt layer and the optimizer's temporaries never live together"
         if rules.transients or held.rebuilt
         else f"none: the {rules.name} profile counts no transients",
@@ -365,7 +409,23 @@ def _allocator_terms(w: Workload, gpu: GpuMemory) -> tuple[Term, ...]:
             source=rules.allocator.source,
         ),
         Term("reserved", "Reserved by PyTorch", gpu.reserved, "bytes", "allocated + fragmentation"),
-        Term("context", "CUDA context", gpu.context, "bytes", "outside PyTorch's pool", source=rules.allocator.source),
+        _context_term(rules.allocator, gpu),
+    )
+
+
+def _context_term(allocator: AllocatorRule, gpu: GpuMemory) -> Term:
+    """Outside PyTorch's pool: the CUDA context and cuBLAS's kernels, and NCCL's communicator where the run has
+    peers."""
+    nccl = gpu.context - allocator.context_bytes
+    return Term(
+        "context",
+        "CUDA context" + (" and NCCL" if nccl else ""),
+        gpu.context,
+        "bytes",
+        "CUDA context and cuBLAS kernels" + (" + a NCCL communicator (more than one GPU)" if nccl else ""),
+        f"{allocator.context_bytes / GB:.4g} GB" + (f" + {nccl / GB:.4g} GB" if nccl else ""),
+        source=allocator.source,
+        note="outside PyTorch's pool",
     )
 
 
