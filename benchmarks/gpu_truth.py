@@ -213,6 +213,10 @@ LLAMA_32_1B = {  # meta-llama/Llama-3.2-1B's config.json, the fields that shape 
 }  # fmt: skip
 
 
+LLAMA_31_8B_4_LAYERS = {  # meta-llama/Llama-3.1-8B's widths, untied, cut to four layers to fit beside its vocabulary
+    **LLAMA_32_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 4, "head_dim": 128,
+    "tie_word_embeddings": False,
+}  # fmt: skip
 TRANSFORMERS_CASES = (  # s, b, gradient checkpointing, gradient accumulation steps, LoRA rank (0: full training)
     (512, 1, False, 1, 0),
     (1024, 1, False, 1, 0),
@@ -224,10 +228,18 @@ TRANSFORMERS_CASES = (  # s, b, gradient checkpointing, gradient accumulation st
     (2048, 2, True, 1, 16),
     (4096, 4, True, 2, 16),
 )
+UNTIED_CASES = ((256, 1, False, 1, 0), (1024, 1, False, 1, 0), (4096, 2, False, 1, 0), (4096, 2, False, 2, 0),
+                (4096, 2, True, 1, 0))  # fmt: skip
+CONFIGS = {
+    "llama-3.2-1b": (LLAMA_32_1B, TRANSFORMERS_CASES),
+    "llama-3.1-8b-4-layers": (LLAMA_31_8B_4_LAYERS, UNTIED_CASES),
+}
 LORA_DROPOUT = 0.0
 
 
-def lmcalc_transformers(seq: int, batch: int, checkpointing: bool, accumulate: int = 1, lora_rank: int = 0):
+def lmcalc_transformers(
+    seq: int, batch: int, checkpointing: bool, accumulate: int = 1, lora_rank: int = 0, config: str = "llama-3.2-1b"
+):
     """lmcalc's transformers profile for the same config on one GPU, bf16-pure AdamW (PEFT's LoRA on every linear
     layer but the head, fp32 adapters, where ``lora_rank``): its GpuMemory."""
     from lmcalc.engine.finetune.method import FULL, Method, parse_targets
@@ -243,7 +255,9 @@ def lmcalc_transformers(seq: int, batch: int, checkpointing: bool, accumulate: i
     if lora_rank:
         method = Method("lora", lora_rank, parse_targets("all-linear"), LORA_DROPOUT, fp32_adapters=True)
     w = Workload(
-        ModelSpec.model_validate(model_from_hf_config(LLAMA_32_1B, "llama-3.2-1b (hf)", "gpu_truth.LLAMA_32_1B")),
+        ModelSpec.model_validate(
+            model_from_hf_config(CONFIGS[config][0], f"{config} (hf)", f"gpu_truth.CONFIGS[{config!r}]")
+        ),
         precision,
         resolve_optimizer("adamw").spec,
         seq,
@@ -268,20 +282,28 @@ def _trainer_step(model, optimizer, ids: torch.Tensor, accumulate: int) -> None:
 
 
 def transformers_steps() -> dict:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from lmcalc.measure import cuda_workspaces
 
     workspaces = cuda_workspaces(DEVICE)
-    config = LlamaConfig(**{k: v for k, v in LLAMA_32_1B.items() if k not in ("model_type", "torch_dtype")})
+    rows = []
+    print(f"{'case':<48} {'measured GiB':>13} {'lmcalc GiB':>11} {'error':>8} {'reserved GiB':>13} {'lmcalc':>8}")
+    for config in CONFIGS:
+        rows += _transformers_config(config, workspaces)
+    return {"transformers": __import__("transformers").__version__, "rows": rows}
+
+
+def _transformers_config(name: str, workspaces: int) -> list[dict]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fields, cases = CONFIGS[name]
+    config = LlamaConfig(**{k: v for k, v in fields.items() if k not in ("model_type", "torch_dtype")})
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(device=DEVICE, dtype=torch.bfloat16).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)  # the Trainer's adamw_torch_fused
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     rows = []
-    print(f"{'case':<40} {'measured GiB':>13} {'lmcalc GiB':>11} {'error':>8} {'reserved GiB':>13} {'lmcalc':>8}")
-    for seq, batch, checkpointing, accumulate, lora_rank in TRANSFORMERS_CASES:
+    for seq, batch, checkpointing, accumulate, lora_rank in cases:
         if lora_rank and not hasattr(model, "peft_config"):  # the LoRA cases come last: the base is frozen from here
             from peft import LoraConfig, get_peft_model
 
@@ -304,23 +326,25 @@ def transformers_steps() -> dict:
         torch.cuda.synchronize()
         allocated = torch.cuda.max_memory_allocated() - buffers  # lmcalc counts cuBLAS's workspace
         reserved = torch.cuda.max_memory_reserved()
-        ours = lmcalc_transformers(seq, batch, checkpointing, accumulate, lora_rank)
-        case = f"s={seq}, b={batch}, ckpt {'on' if checkpointing else 'off'}, accum {accumulate}"
+        ours = lmcalc_transformers(seq, batch, checkpointing, accumulate, lora_rank, name)
+        case = f"{name}, s={seq}, b={batch}, ckpt {'on' if checkpointing else 'off'}, accum {accumulate}"
         case += f", LoRA r={lora_rank}" if lora_rank else ""
         rows.append(
             {
-                "case": case, "measured_allocated": allocated, "measured_reserved": reserved,
+                "case": case, "config": name, "measured_allocated": allocated, "measured_reserved": reserved,
                 "workspaces": workspaces, "buffers": buffers, "lmcalc_allocated": ours.allocated,
                 "lmcalc_reserved": ours.reserved, "lmcalc_parts": ours.parts,
                 "lmcalc_binding_phase": ours.phases.binding,
             }
         )  # fmt: skip
         print(
-            f"{case:<40} {allocated / GIB:>13.3f} {ours.allocated / GIB:>11.3f} "
+            f"{case:<48} {allocated / GIB:>13.3f} {ours.allocated / GIB:>11.3f} "
             f"{ours.allocated / allocated - 1:>+8.2%} {reserved / GIB:>13.3f} {ours.reserved / GIB:>8.3f}"
         )
         torch.cuda.empty_cache()
-    return {"transformers": __import__("transformers").__version__, "rows": rows}
+    del model, optimizer
+    torch.cuda.empty_cache()
+    return rows
 
 
 PARTS = {"context": context, "overhead": overhead, "fragmentation": fragmentation, "transformers": transformers_steps}

@@ -19,32 +19,46 @@ import pytest
 from lmcalc.api import memory
 from lmcalc.engine.memory.gpu_memory import gpu_memory
 from lmcalc.engine.parallel.layout import Layout
+from lmcalc.presets import resolve_model
+from lmcalc.specs import ModelSpec
 from lmcalc.units import GB
 
 TOLERANCE = 0.03
 
 # benchmarks/gpu_truth.py transformers on one NVIDIA H200, torch 2.11.0+cu130, transformers 5.17.0, peft 0.21.0,
-# 2026-12-04 (docs/bench-results.md): Llama 3.2 1B's config, random weights in bf16, SDPA, fused AdamW, LoRA r 16 on
-# every linear layer but the head (PEFT's fp32 adapters, alpha 32, no dropout). The second step's
-# torch.cuda.max_memory_allocated less the rotary table (128 bytes), in bytes: the two cuBLAS workspaces are in it.
-H200_STEPS = [  # s, b, gradient checkpointing, gradient accumulation steps, LoRA rank, measured bytes
-    (512, 1, False, 1, 0, 11_010_669_440),
-    (1024, 1, False, 1, 0, 11_010_673_536),
-    (2048, 2, False, 1, 0, 20_979_407_744),
-    (2048, 2, False, 2, 0, 23_452_085_120),
-    (2048, 2, True, 1, 0, 14_125_390_720),
-    (2048, 2, True, 2, 0, 16_597_019_520),
-    (2048, 2, False, 1, 16, 19_403_167_616),
-    (2048, 2, True, 1, 16, 9_281_787_776),
-    (4096, 4, True, 2, 16, 29_145_651_072),
+# 2026-12-04 (docs/bench-results.md): LlamaForCausalLM built from Llama 3.2 1B's config (tied), and from Llama 3.1 8B's
+# widths cut to four layers (untied), random weights in bf16, SDPA, fused AdamW; LoRA r 16 on every linear layer but
+# the head (PEFT's fp32 adapters, alpha 32, no dropout). The second step's torch.cuda.max_memory_allocated less the
+# rotary table (128 bytes), in bytes: the two cuBLAS workspaces are in it.
+H200_STEPS = [  # model, s, b, gradient checkpointing, gradient accumulation steps, LoRA rank, measured bytes
+    ("llama-3.2-1b", 512, 1, False, 1, 0, 11_010_669_440),
+    ("llama-3.2-1b", 1024, 1, False, 1, 0, 11_010_673_536),
+    ("llama-3.2-1b", 2048, 2, False, 1, 0, 20_979_407_744),
+    ("llama-3.2-1b", 2048, 2, False, 2, 0, 23_452_085_120),
+    ("llama-3.2-1b", 2048, 2, True, 1, 0, 14_125_390_720),
+    ("llama-3.2-1b", 2048, 2, True, 2, 0, 16_597_019_520),
+    ("llama-3.2-1b", 2048, 2, False, 1, 16, 19_403_167_616),
+    ("llama-3.2-1b", 2048, 2, True, 1, 16, 9_281_787_776),
+    ("llama-3.2-1b", 4096, 4, True, 2, 16, 29_145_651_072),
+    ("llama-3.1-8b-4-layers", 256, 1, False, 1, 0, 15_454_231_808),
+    ("llama-3.1-8b-4-layers", 1024, 1, False, 1, 0, 15_460_529_408),
+    ("llama-3.1-8b-4-layers", 4096, 2, False, 1, 0, 31_065_720_064),
+    ("llama-3.1-8b-4-layers", 4096, 2, False, 2, 0, 34_911_970_560),
+    ("llama-3.1-8b-4-layers", 4096, 2, True, 1, 0, 24_753_059_072),
 ]
 
 
-@pytest.mark.parametrize(("seq", "batch", "checkpointing", "accumulate", "rank", "measured"), H200_STEPS)
-def test_a_transformers_step_on_an_h200(seq, batch, checkpointing, accumulate, rank, measured):
+def h200_model(name: str) -> ModelSpec:
+    if name == "llama-3.1-8b-4-layers":
+        return resolve_model("llama-3.1-8b").spec.model_copy(update={"name": name, "num_layers": 4})
+    return resolve_model(name).spec
+
+
+@pytest.mark.parametrize(("model", "seq", "batch", "checkpointing", "accumulate", "rank", "measured"), H200_STEPS)
+def test_a_transformers_step_on_an_h200(model, seq, batch, checkpointing, accumulate, rank, measured):
     lora = {"method": "lora", "lora_rank": rank, "lora_targets": "all-linear"} if rank else {}
     estimate = memory(
-        model="llama-3.2-1b", gpus="1xH200", framework="transformers", precision="bf16-pure", seq=seq,
+        model=h200_model(model), gpus="1xH200", framework="transformers", precision="bf16-pure", seq=seq,
         micro_batch=batch, recompute="full" if checkpointing else "none", grad_accum=accumulate, **lora,
     )  # fmt: skip
     allocated = estimate.value("total.allocated")
@@ -53,10 +67,12 @@ def test_a_transformers_step_on_an_h200(seq, batch, checkpointing, accumulate, r
 
 def test_without_accumulation_the_peak_holds_no_gradients_on_an_h200():
     # the measured difference between one micro-batch and two accumulated is the gradients: 2 bytes a parameter
-    one = {(s, b, c): m for s, b, c, a, r, m in H200_STEPS if a == 1 and not r}
-    two = {(s, b, c): m for s, b, c, a, r, m in H200_STEPS if a == 2 and not r}
+    one = {(n, s, b, c): m for n, s, b, c, a, r, m in H200_STEPS if a == 1 and not r}
+    two = {(n, s, b, c): m for n, s, b, c, a, r, m in H200_STEPS if a == 2 and not r}
+    assert len(two) == 3
     for key, accumulated in two.items():
-        assert accumulated - one[key] == pytest.approx(2 * 1_235_814_400, rel=0.001)
+        params = 1_235_814_400 if key[0] == "llama-3.2-1b" else 4 * 218_112_000 + 2 * 128_256 * 4096 + 4096
+        assert accumulated - one[key] == pytest.approx(2 * params, rel=0.001)
 
 
 pytest.importorskip("torch")
