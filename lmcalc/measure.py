@@ -51,12 +51,18 @@ class SavedTensors:
 
 
 def saved_for_backward(
-    model: ReferenceModel, tokens: torch.Tensor, recompute: Recompute = "none", layer: int | None = None
+    model: ReferenceModel,
+    tokens: torch.Tensor,
+    recompute: Recompute = "none",
+    layer: int | None = None,
+    units: tuple[tuple[int, int], ...] | None = None,
+    end: int | None = None,
 ) -> SavedTensors:
     """Run the forward pass with ``saved_tensors_hooks`` and add up what autograd keeps, by storage.
 
-    With ``layer`` only that transformer block runs, on the embedded tokens: what full recomputation
-    rebuilds, one layer at a time, during the backward pass.
+    With ``layer`` only that transformer block runs (to ``end`` − 1 with ``end``), on the embedded tokens: what full
+    recomputation rebuilds, a layer (or a unit of layers) at a time, during the backward pass. ``units``: the
+    (first, end) ranges of layers checkpointed together (``ReferenceModel.forward``).
     """
     state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     storages: dict[int, int] = {}
@@ -76,9 +82,9 @@ def saved_for_backward(
         if layer is not None:
             s = tokens.shape[1]
             cos, sin = model.get_buffer("cos")[:s], model.get_buffer("sin")[:s]
-            model.layers[layer](x, cos, sin, model.get_buffer("causal_bias"), False)
+            model.run_layers(x, cos, sin, layer, layer + 1 if end is None else end)
         else:
-            loss(model, tokens, recompute)
+            loss(model, tokens, recompute, units)
     return SavedTensors(sum(storages.values()), len(storages))
 
 

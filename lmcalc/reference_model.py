@@ -330,8 +330,21 @@ class ReferenceModel(nn.Module):
                 outside = position[:, None] // w != position[None, :] // w
             self.register_buffer("local_bias", mask.masked_fill(outside, float("-inf")), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, recompute: Recompute = "none") -> torch.Tensor:
-        """Logits for ``tokens`` of shape (batch, seq)."""
+    def run_layers(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, first: int, end: int, selective: bool = False
+    ) -> torch.Tensor:
+        """Layers ``first`` to ``end`` − 1 on ``x``."""
+        for i in range(first, end):
+            bias = self.get_buffer("local_bias") if self.spec.is_local_layer(i) else self.causal_bias
+            x = self.layers[i](x, cos, sin, bias, selective)
+        return x
+
+    def forward(
+        self, tokens: torch.Tensor, recompute: Recompute = "none", units: tuple[tuple[int, int], ...] | None = None
+    ) -> torch.Tensor:
+        """Logits for ``tokens`` of shape (batch, seq). Under full recomputation each layer is checkpointed on its own,
+        or, given ``units``, each (first, end) range of layers together and the layers outside them not at all (as
+        Megatron-Core's uniform and block methods do)."""
         s = tokens.shape[1]
         x = self.embed(tokens)
         if hasattr(self, "embed_norm"):
@@ -340,20 +353,30 @@ class ReferenceModel(nn.Module):
             x = x + self.pos_embed(torch.arange(s, device=tokens.device))
         x = F.dropout(x, DROPOUT_P if self.spec.dropout else 0.0, self.training)
         cos, sin = self.get_buffer("cos")[:s], self.get_buffer("sin")[:s]
-        for i, layer in enumerate(self.layers):
-            bias = self.get_buffer("local_bias") if self.spec.is_local_layer(i) else self.causal_bias
-            if recompute == "full":
-                x = checkpoint(layer, x, cos, sin, bias, use_reentrant=False)
+        if recompute == "full" and units is None:
+            units = tuple((i, i + 1) for i in range(len(self.layers)))
+        starts = dict(units or ())
+        i = 0
+        while i < len(self.layers):
+            if i in starts:
+                x = checkpoint(self.run_layers, x, cos, sin, i, starts[i], use_reentrant=False)
+                i = starts[i]
             else:
-                x = layer(x, cos, sin, bias, recompute == "selective")
+                x = self.run_layers(x, cos, sin, i, i + 1, recompute == "selective")
+                i += 1
         x = self.final_norm(x)
         head = self.lm_head.weight if hasattr(self, "lm_head") else self.embed.weight
         return F.linear(x, head)
 
 
-def loss(model: ReferenceModel, tokens: torch.Tensor, recompute: Recompute = "none") -> torch.Tensor:
+def loss(
+    model: ReferenceModel,
+    tokens: torch.Tensor,
+    recompute: Recompute = "none",
+    units: tuple[tuple[int, int], ...] | None = None,
+) -> torch.Tensor:
     """Next-token cross-entropy in fp32, the way training scripts compute it. The targets are the tokens
     shifted by one (the last position wraps around to the first token, which keeps every shape at s)."""
-    logits = model(tokens, recompute)
+    logits = model(tokens, recompute, units)
     targets = tokens.roll(-1, dims=1)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -4,6 +4,10 @@ definitions (``typing.get_args``), so a new choice is one word added here.
 * ``Recompute``: activation recomputation (Korthikanti et al. 2022 §4.2): none; selective, which drops the
   attention core's tensors and recomputes them in the backward pass; full, which keeps each layer's input
   and recomputes the whole layer.
+* ``RecomputeMethod``: which layers full recomputation covers, as Megatron-Core's ``recompute_method`` with
+  ``recompute_num_layers`` N says (megatron/core/recompute.py): ``uniform``, every layer, in units of N layers
+  whose input is kept and which the backward rebuilds together; ``block``, the first N layers of each model chunk
+  of a pipeline stage, one at a time, the others keeping everything.
 * ``Attention``: the attention kernel: ``flash`` (fused, FlashAttention: the s² scores are never stored) or
   ``eager`` (scores materialised, as reference implementations write it).
 * ``Schedule``: the pipeline schedule: 1F1B (Narayanan et al. 2021 §2.2.1) or interleaved (§2.2.2).
@@ -22,6 +26,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 Recompute = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["uniform", "block"]
 Attention = Literal["flash", "eager"]
 Schedule = Literal["1f1b", "interleaved"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -30,6 +35,7 @@ FlopsBasis = Literal["6nd", "detailed"]
 PeakSource = Literal["spec", "measured"]
 
 RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
+RECOMPUTE_METHODS: tuple[RecomputeMethod, ...] = get_args(RecomputeMethod)
 ATTENTION_KERNELS: tuple[Attention, ...] = get_args(Attention)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)

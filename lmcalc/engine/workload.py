@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, Attention, Recompute
+from lmcalc.engine.choices import (
+    ATTENTION_KERNELS,
+    RECOMPUTE_METHODS,
+    RECOMPUTE_MODES,
+    Attention,
+    Recompute,
+    RecomputeMethod,
+)
 from lmcalc.engine.finetune.method import FULL, Method, check_method
 from lmcalc.engine.finetune.offload import NO_OFFLOAD, Offload
 from lmcalc.errors import LmcalcError, setting
@@ -61,14 +68,20 @@ class Workload:
     framework: FrameworkProfile = field(kw_only=True)  # what the framework keeps and allocates (presets/)
     method: Method = FULL  # what is trained: every weight, adapters on a frozen base, or the top layers
     offload: Offload = NO_OFFLOAD  # which model states leave the GPU for the host or NVMe
+    recompute_num_layers: int = field(default=1, kw_only=True)  # full recomputation's N (--recompute-num-layers)
+    recompute_method: RecomputeMethod = field(default="uniform", kw_only=True)  # uniform units of N, or block
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch"):
+        for name in ("seq_len", "micro_batch", "recompute_num_layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
-        for name, options in (("attention", ATTENTION_KERNELS), ("recompute", RECOMPUTE_MODES)):
+        for name, options in (
+            ("attention", ATTENTION_KERNELS),
+            ("recompute", RECOMPUTE_MODES),
+            ("recompute_method", RECOMPUTE_METHODS),
+        ):
             if getattr(self, name) not in options:
                 raise LmcalcError(f"{setting(name)} must be one of {', '.join(options)}; got {getattr(self, name)!r}")
         if not self.mask_bytes > 0:

@@ -43,6 +43,7 @@ from lmcalc.estimates.training import (
     build_layout,
     default_framework,
     layout_settings,
+    recompute_input,
     training_settings,
     training_setup,
 )
@@ -113,7 +114,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         Input("optimizer", "Optimizer", w.optimizer.name, origin=optimizer_text(w.optimizer)),
         Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
         Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),
-        Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
+        recompute_input(w),
         setup.framework_input,
         *method_inputs(w),
     )

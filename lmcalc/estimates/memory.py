@@ -41,6 +41,7 @@ from lmcalc.estimates.training import (
     build_layout,
     layout_origin,
     layout_settings,
+    recompute_input,
     training_settings,
     training_setup,
 )
@@ -134,7 +135,7 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
         Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),
         Input("grad_accum", "Micro-batches per step", layout.grad_accum, "micro-batches", flag("grad_accum")),
         Input("attention", "Attention kernel", w.attention, origin=flag("attention")),
-        Input("recompute", "Activation recomputation", w.recompute, origin=flag("recompute")),
+        recompute_input(w),
         setup.framework_input,
         *method_inputs(w),
     )

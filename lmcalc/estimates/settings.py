@@ -20,7 +20,14 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
-from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES, ZERO_STAGES, ZeroStage
+from lmcalc.engine.choices import (
+    ATTENTION_KERNELS,
+    RECOMPUTE_METHODS,
+    RECOMPUTE_MODES,
+    SCHEDULES,
+    ZERO_STAGES,
+    ZeroStage,
+)
 from lmcalc.engine.finetune.method import ALL_LINEAR, METHODS
 from lmcalc.engine.finetune.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS, OFFLOAD_DEVICES, OFFLOAD_TARGETS
 from lmcalc.engine.model.numerics import SERVING_DTYPES
@@ -173,6 +180,21 @@ class WorkloadSettings(MethodSettings, total=False):
             None,
             "A flat per-GPU allowance (e.g. 2GiB, 0) on top of what the framework profile counts (it replaces the "
             "idealised profile's 2 GiB).",
+        ),
+    ]
+    recompute_num_layers: Annotated[
+        int,
+        Setting(
+            1,
+            "Full recomputation's N, as Megatron-LM's flag: uniform, units of N layers each keeping its input; block, "
+            "the first N layers of each pipeline chunk recomputed, the others keeping everything.",
+        ),
+    ]
+    recompute_method: Annotated[
+        str,
+        Setting(
+            "uniform",
+            f"Which layers full recomputation covers, as Megatron-LM's flag: {alternatives(RECOMPUTE_METHODS)}.",
         ),
     ]
 

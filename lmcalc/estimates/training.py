@@ -9,14 +9,14 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, cast
 
 from lmcalc import presets as pr
-from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_MODES, SCHEDULES
+from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_METHODS, RECOMPUTE_MODES, SCHEDULES
 from lmcalc.engine.finetune.method import Method
 from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
 from lmcalc.engine.memory.terms import Capacity
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
-from lmcalc.errors import LmcalcError, flag, keyword
+from lmcalc.errors import LmcalcError, flag, keyword, setting
 from lmcalc.estimates.inputs import (
     TRAINING_DEFAULTS,
     ClusterLike,
@@ -154,6 +154,13 @@ def training_setup(
     recipe, opt = precision_of(given["precision"]), optimizer_of(given["optimizer"])
     kernel = choice(given["attention"], ATTENTION_KERNELS, "attention")
     mode = choice(given["recompute"], RECOMPUTE_MODES, "recompute")
+    recompute_method = choice(given["recompute_method"], RECOMPUTE_METHODS, "recompute_method")
+    partial = given["recompute_num_layers"] != 1 or recompute_method != "uniform"
+    if partial and "recompute" in settings and mode != "full":  # a search (plan) varies the mode: full uses them
+        raise LmcalcError(
+            f"{setting('recompute_num_layers')} and {setting('recompute_method')} say which layers full "
+            f"recomputation covers; they need {setting('recompute')} full (got {mode})"
+        )
     overhead = given["overhead"]
     overhead_bytes = None if overhead is None else nbytes(overhead, "overhead")
     seq_in = seq_given(given["seq"], resolved.spec)
@@ -181,8 +188,26 @@ def training_setup(
         framework=framework,
         method=method,
         offload=offload,
+        recompute_num_layers=given["recompute_num_layers"],
+        recompute_method=recompute_method,
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
+
+
+def recompute_input(w: Workload) -> Input:
+    """The recomputation mode as the answer's inputs show it, with the layers full recomputation covers where not
+    every layer one by one (Megatron's ``--recompute-method`` and ``--recompute-num-layers``)."""
+    value: str = w.recompute
+    origin = flag("recompute")
+    if w.recompute == "full" and (w.recompute_num_layers != 1 or w.recompute_method != "uniform"):
+        n = w.recompute_num_layers
+        value = (
+            f"full, the first {n} layer{'s' if n > 1 else ''} of each chunk"
+            if w.recompute_method == "block"
+            else f"full, units of {n} layer{'s' if n > 1 else ''}"
+        )
+        origin += f" {flag('recompute_method')} {flag('recompute_num_layers')}"
+    return Input("recompute", "Activation recomputation", value, origin=origin)
 
 
 def default_framework(method: Method, layout: Mapping[str, Any]) -> tuple[str, str]:

@@ -18,6 +18,7 @@ Korthikanti et al.'s 1 + (p − 1)/(p·v) times as much.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -46,6 +47,7 @@ from lmcalc.engine.parallel.pipeline import (
     distinct_stage_layers,
     held_in_flight,
     split_stage_layers,
+    stage_chunk_flags,
     stage_chunk_mixes,
     stage_layers,
 )
@@ -260,11 +262,9 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     rebuilt = 0.0
     if w.recompute == "full":
         checkpoint = bytes_on_gpu(layer_checkpoint(w), layout)
-        layers = [(dense + moe) * checkpoint for dense, moe in chunks]
-        built = stage_layers(w.model, layout, stage)
-        rebuilt = max(one_layer(False) if built.dense else 0.0, one_layer(True) if built.moe else 0.0)
+        layers, rebuilt = _recomputed_chunks(w, layout, stage, checkpoint, one_layer)
         if norm_keeps(w) == "input":
-            rebuilt -= checkpoint  # the rebuilt layer's first norm keeps the checkpointed input, already counted
+            rebuilt -= checkpoint  # the rebuilt unit's first norm keeps the checkpointed input, already counted
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]
     embedding_side, head_side = stage_outside_bytes(w, layout, stage)
@@ -304,6 +304,33 @@ def _unmade_grads(w: Workload, layout: ActivationLayout, built: StageLayers) -> 
         head -= head + embedding - trained(0, 0, True, True)  # the shared matrix: counted with the embedding's
     top = trained(int(not built.moe), int(built.moe), False, False)
     return UnmadeGrads(1.0, 1.0 - head / total, max(0.0, 1.0 - (head + top) / total), embedding / total)
+
+
+def _recomputed_chunks(
+    w: Workload, layout: ActivationLayout, stage: int, checkpoint: float, one_layer: Callable[[bool], float]
+) -> tuple[list[float], float]:
+    """Under full recomputation, the bytes each chunk of the stage keeps for one micro-batch, and the largest unit the
+    backward rebuilds (Megatron-Core's megatron/core/recompute.py): ``uniform`` keeps the input of every unit of
+    ``recompute_num_layers`` layers and rebuilds a whole unit at once; ``block`` keeps only the input of the first
+    ``recompute_num_layers`` layers of each chunk, rebuilt one at a time, and everything of the chunk's other layers."""
+    n, kept, rebuilt = w.recompute_num_layers, [], 0.0
+    for flags in _trained_flags(w, stage_chunk_flags(w.model, layout)[stage]):
+        if w.recompute_method == "block":
+            recomputed, stored = flags[:n], flags[n:]
+            kept.append(len(recomputed) * checkpoint + sum(one_layer(moe) for moe in stored))
+            rebuilt = max(rebuilt, *(one_layer(moe) for moe in recomputed), 0.0)
+        else:
+            units = [flags[i : i + n] for i in range(0, len(flags), n)]
+            kept.append(len(units) * checkpoint)
+            rebuilt = max(rebuilt, *(sum(one_layer(moe) for moe in unit) for unit in units), 0.0)
+    return kept, rebuilt
+
+
+def _trained_flags(w: Workload, chunks: tuple[tuple[bool, ...], ...]) -> tuple[tuple[bool, ...], ...]:
+    """``_trained_chunks`` in the model's order: under the freeze method, the frozen bottom layers dropped."""
+    if w.method.kind != "freeze":
+        return chunks
+    return (chunks[0][w.method.freeze_layers :],)
 
 
 def _trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:

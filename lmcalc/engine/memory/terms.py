@@ -266,7 +266,7 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
             gpu.activations,
             "bytes",
             "in flight · layers · one layer (+ embedding on the first stage, head and logits on the last)"
-            + (" — full recompute keeps each layer's input" if w.recompute == "full" else ""),
+            + _recomputed_text(w),
             note=f"the layer rebuilt in its backward, {gpu.activations_rebuilt / GB:.3g} GB, counts in that phase "
             "(the transient peak)"
             if gpu.activations_rebuilt
@@ -275,6 +275,21 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
     )
     title = f"Activations per GPU (micro-batch {w.micro_batch} × {w.seq_len} tokens)"
     return Section("activations", title, tuple(terms))
+
+
+def _recomputed_text(w: Workload) -> str:
+    """What full recomputation keeps of the layers, as the activations' formula says it."""
+    if w.recompute != "full":
+        return ""
+    n = w.recompute_num_layers
+    if w.recompute_method == "block":
+        return (
+            f" — full recompute (block) keeps the input of the first {n} layers of each chunk, everything of the "
+            "others (Megatron-Core megatron/core/recompute.py)"
+        )
+    if n > 1:
+        return f" — full recompute keeps the input of each unit of {n} layers, rebuilt together in the backward"
+    return " — full recompute keeps each layer's input"
 
 
 def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capacity) -> Section:

@@ -311,21 +311,52 @@ def _distinct_stages(layers: int, moe_flags: tuple[bool, ...], pp: int, split: P
     return tuple(sorted({0, len(mixes) - 1, *firsts.values()}))
 
 
+def stage_chunk_flags(model: ModelSpec, layout: Pipelined | Stages) -> tuple[tuple[tuple[bool, ...], ...], ...]:
+    """For every stage, whether each layer of each of its chunks is an MoE layer, in the model's order: the layers
+    ``stage_chunk_mixes`` counts, where their order matters (Megatron's block recomputation takes the first of each
+    chunk)."""
+    return _chunk_flags(*_model_layers(model), layout.pp, layout.split)
+
+
+def block_recomputed(model: ModelSpec, layout: Pipelined | Stages, stage: int, n: int) -> Mix:
+    """The (dense, MoE) layers among the first ``n`` of each of ``stage``'s chunks: what Megatron-Core's block
+    recomputation recomputes (megatron/core/recompute.py, ``recompute_method == 'block'``)."""
+    chunks = stage_chunk_flags(model, layout)[stage]
+    moe = sum(sum(flags[:n]) for flags in chunks)
+    return (sum(min(n, len(flags)) for flags in chunks) - moe, moe)
+
+
+@functools.cache
+def _chunk_flags(
+    layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit
+) -> tuple[tuple[tuple[bool, ...], ...], ...]:
+    flags: list[list[tuple[bool, ...]]] = [[] for _ in range(pp)]
+    start = 0
+    for g, count in enumerate(_slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp
+        flags[g % pp].append(moe_flags[start : start + count])
+        start += count
+    return tuple(tuple(chunks) for chunks in flags)
+
+
+def _slice_sizes(layers: int, pp: int, split: PipelineSplit) -> tuple[int, ...]:
+    """The layers of each of the p·v slices, in the model's order."""
+    v = split.chunks
+    if split.stage_layers_given:  # each stage's share, split evenly over its chunks
+        stages = _layer_counts(layers, pp, split.first_stage_layers, split.last_stage_layers)
+        return tuple(stages[g % pp] // v for g in range(pp * v))
+    # the layers and the counted units dealt over the p·v slices, the counted units at the two ends
+    base, extra = divmod(layers + split.units, pp * v)
+    return tuple(base + (1 if g < extra else 0) - int(split.embedding_in_split and g == 0)
+                 - int(split.loss_in_split and g == pp * v - 1) for g in range(pp * v))  # fmt: skip
+
+
 @functools.cache
 def _chunk_mixes(
     layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit
 ) -> tuple[tuple[Mix, ...], ...]:
-    v = split.chunks
-    if split.stage_layers_given:  # each stage's share, split evenly over its chunks
-        stages = _layer_counts(layers, pp, split.first_stage_layers, split.last_stage_layers)
-        sizes = tuple(stages[g % pp] // v for g in range(pp * v))
-    else:  # the layers and the counted units dealt over the p·v slices, the counted units at the two ends
-        base, extra = divmod(layers + split.units, pp * v)
-        sizes = tuple(base + (1 if g < extra else 0) - int(split.embedding_in_split and g == 0)
-                      - int(split.loss_in_split and g == pp * v - 1) for g in range(pp * v))  # fmt: skip
     mixes: list[list[Mix]] = [[] for _ in range(pp)]
     start = 0
-    for g, count in enumerate(sizes):  # slice g is chunk g // pp of stage g % pp
+    for g, count in enumerate(_slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp
         moe = sum(moe_flags[start : start + count])
         mixes[g % pp].append((count - moe, moe))
         start += count

@@ -27,10 +27,11 @@ together from it).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import NamedTuple
 
 from lmcalc.engine.parallel.layout import Grid
-from lmcalc.engine.parallel.pipeline import StageLayers, Stages, split_stage_layers
+from lmcalc.engine.parallel.pipeline import Mix, StageLayers, Stages, block_recomputed, split_stage_layers
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import collective_time, group_time, intra_link
 from lmcalc.engine.time.kernels import StageWork, stage_work
@@ -138,25 +139,50 @@ class MicroBatchTime(NamedTuple):
 def stage_micro_batches(w: Workload, grid: Grid, stages: Stages, machine: rates.Machine) -> tuple[MicroBatchTime, ...]:
     """``micro_batch_time`` of each of the distinct stages of the pipeline (``split_stage_layers``), in their
     order: a layout's step time looks them up at once."""
-    return tuple(micro_batch_time(w, grid, built, machine) for _, built in split_stage_layers(w.model, stages))
+    return tuple(
+        micro_batch_time(w, grid, built, machine, recomputed=block_layers(w, stages, stage))
+        for stage, built in split_stage_layers(w.model, stages)
+    )
+
+
+def block_layers(w: Workload, stages: Stages, stage: int) -> Mix | None:
+    """Under Megatron's block recomputation, the (dense, MoE) layers of ``stage`` that full recomputation covers;
+    None where it covers every layer or none (``micro_batch_time``'s ``recomputed``)."""
+    if w.recompute != "full" or w.recompute_method != "block":
+        return None
+    return block_recomputed(w.model, stages, stage, w.recompute_num_layers)
 
 
 @functools.lru_cache(maxsize=1 << 17)
 def micro_batch_time(
-    w: Workload, grid: Grid, built: StageLayers, machine: rates.Machine, compute: float | None = None
+    w: Workload,
+    grid: Grid,
+    built: StageLayers,
+    machine: rates.Machine,
+    compute: float | None = None,
+    recomputed: Mix | None = None,
 ) -> MicroBatchTime:
     """One micro-batch on one GPU of a stage that builds ``built``: its kernels timed by their rooflines (or, given
     ``compute``, scaled to take that long), and the tensor-parallel, expert and context-parallel communication
-    each can hide behind."""
+    each can hide behind. ``recomputed``: under full recomputation, the (dense, MoE) layers it covers where not all
+    (Megatron's block method); the others run as without it."""
     speed, sp = w.framework.speed, grid.sequence_parallel
     layer = layer_times(w, grid, machine)
     times, operations = stage_kernel_times(built, layer)
+    dense_redone, moe_redone = (built.dense, built.moe) if w.recompute == "full" else (0, 0)
+    if recomputed is not None:
+        dense_redone, moe_redone = recomputed
+        stored = StageLayers(built.dense - dense_redone, built.moe - moe_redone, False, False)
+        redone, redone_operations = stage_kernel_times(built._replace(dense=dense_redone, moe=moe_redone), layer)
+        plain, plain_operations = stage_kernel_times(stored, layer_times(replace(w, recompute="none"), grid, machine))
+        times = KernelTimes(*(a + b for a, b in zip(redone, plain, strict=True)))
+        operations = redone_operations + plain_operations
     if compute is not None:
         times = times.scaled(compute / times.total)
     else:
         compute = times.total
     # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients
-    tp_forward = built.layers * (4 if w.recompute == "full" else 2) * layer.tp_one
+    tp_forward = (2 * built.layers + 2 * (dense_redone + moe_redone)) * layer.tp_one
     tp_backward = built.layers * (3 if sp else 2) * layer.tp_one
     backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
     if speed.tp_overlap == "full":
@@ -165,7 +191,7 @@ def micro_batch_time(
         tp_mb = tp_forward + max(0.0, tp_backward - backward_gemms)
     else:
         tp_mb = tp_forward + tp_backward
-    a2a = built.moe * (4 + (2 if w.recompute == "full" else 0)) * layer.ep_one
+    a2a = (4 * built.moe + 2 * moe_redone) * layer.ep_one
     ep_mb = max(0.0, a2a - compute) if speed.moe_overlap else a2a
     cp_mb = max(0.0, built.layers * layer.cp_per_layer - times.attention)
     busy = compute + tp_mb + ep_mb + cp_mb

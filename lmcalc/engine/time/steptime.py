@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, overload
 
 from lmcalc.engine.choices import ZeroStage
@@ -35,7 +35,7 @@ from lmcalc.engine.finetune.flops import method_step_flops
 from lmcalc.engine.finetune.offload import fetch_seconds, offload_time
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.parallel.layout import Layout, StateShards
-from lmcalc.engine.parallel.pipeline import StageLayers, Stages, distinct_stage_layers, split_stage_layers
+from lmcalc.engine.parallel.pipeline import Mix, StageLayers, Stages, distinct_stage_layers, split_stage_layers
 from lmcalc.engine.parallel.sharding import (
     StageParams,
     frozen_held,
@@ -48,7 +48,7 @@ from lmcalc.engine.parallel.states import optimizer_bytes_per_param
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import group_time
 from lmcalc.engine.time.kernels import kernel_workload
-from lmcalc.engine.time.microbatch import MicroBatchTime, micro_batch_time, stage_micro_batches
+from lmcalc.engine.time.microbatch import MicroBatchTime, block_layers, micro_batch_time, stage_micro_batches
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import SpeedRule
 from lmcalc.specs import Cluster
@@ -109,12 +109,14 @@ class StepTime:
     @property
     def hardware_flops(self) -> float:
         """Model FLOPs and what recomputation redoes, per step, whole cluster."""
-        return self.model_flops + _whole_step_flops(self.workload)[1] * self.tokens
+        redone = _whole_step_flops(self.workload)[1] * recomputed_share(self.workload, self.layout)
+        return self.model_flops + redone * self.tokens
 
     @property
     def stage_flops(self) -> float:
         """The slowest stage's hardware FLOPs per step, over all its GPUs."""
-        return stage_step_flops(self.workload, self.slowest.built).hardware * self.tokens
+        w, built = self.workload, self.slowest.built
+        return stage_hardware_flops(w, built, block_layers(w, self.layout.stages, self.slowest_stage)) * self.tokens
 
     @property
     def slowest_stage(self) -> int:
@@ -217,6 +219,25 @@ def _chip_rates(machine: rates.Machine, dtype: str) -> ChipRates:
     )
 
 
+def stage_hardware_flops(w: Workload, built: StageLayers, redone: Mix | None) -> float:
+    """``stage_step_flops``' hardware FLOPs per token, where Megatron's block method recomputes only the ``redone``
+    (dense, MoE) layers of the stage."""
+    flops = stage_step_flops(w, built)
+    if redone is not None and built.layers:
+        flops = replace(flops, recomputed=flops.recomputed * sum(redone) / built.layers)
+    return flops.hardware
+
+
+def recomputed_share(w: Workload, layout: Layout) -> float:
+    """Of the model's layers, the share whose forward full recomputation runs again: all of them, but under
+    Megatron's block method the first ``recompute_num_layers`` of each chunk of each stage."""
+    if w.recompute != "full" or w.recompute_method != "block":
+        return 1.0
+    stages = layout.stages
+    redone = sum(sum(block_layers(w, stages, stage) or (0, 0)) for stage in range(layout.pp))
+    return redone / w.model.num_layers
+
+
 @functools.lru_cache(maxsize=1024)
 def _whole_step_flops(w: Workload) -> tuple[float, float]:
     """Model FLOPs per token of a step of the whole model, and the FLOPs recomputation adds."""
@@ -280,8 +301,9 @@ def slowest_stage(w: Workload, layout: Layout, machine: rates.Machine, efficienc
         peak = machine.hardware.peak_flops(w.precision.compute_dtype)
         micro_batches = tuple(
             micro_batch_time(kernel_workload(w), grid, built, machine,
-                             stage_step_flops(w, built).hardware * tokens / (layout.gpus / p * peak * efficiency) / m)
-            for _, built in stages
+                             stage_hardware_flops(w, built, block_layers(w, pipeline, stage)) * tokens
+                             / (layout.gpus / p * peak * efficiency) / m, block_layers(w, pipeline, stage))
+            for stage, built in stages
         )  # fmt: skip
     traffics = stage_state_traffic(states_workload(w), layout.state_shards, layout.cp, pipeline, machine)
     pp_p2p = _pipeline_sends(w, layout, machine.cluster)
