@@ -314,15 +314,24 @@ def _recomputed_chunks(
     ``recompute_num_layers`` layers and rebuilds a whole unit at once; ``block`` keeps only the input of the first
     ``recompute_num_layers`` layers of each chunk, rebuilt one at a time, and everything of the chunk's other layers."""
     n, kept, rebuilt = w.recompute_num_layers, [], 0.0
+    dense, moe = one_layer(False), (one_layer(True) if w.model.moe else 0.0)
+
+    def layers_bytes(flags: tuple[bool, ...]) -> float:
+        routed = sum(flags)
+        return (len(flags) - routed) * dense + routed * moe
+
     for flags in _trained_flags(w, stage_chunk_flags(w.model, layout)[stage]):
-        if w.recompute_method == "block":
-            recomputed, stored = flags[:n], flags[n:]
-            kept.append(len(recomputed) * checkpoint + sum(one_layer(moe) for moe in stored))
-            rebuilt = max(rebuilt, *(one_layer(moe) for moe in recomputed), 0.0)
+        block = w.recompute_method == "block"
+        recomputed = flags[:n] if block else flags
+        if block:
+            kept.append(len(recomputed) * checkpoint + layers_bytes(flags[n:]))
         else:
-            units = [flags[i : i + n] for i in range(0, len(flags), n)]
-            kept.append(len(units) * checkpoint)
-            rebuilt = max(rebuilt, *(sum(one_layer(moe) for moe in unit) for unit in units), 0.0)
+            kept.append(-(-len(flags) // n) * checkpoint)  # ⌈layers / N⌉ units
+        if block or n == 1:  # one layer rebuilt at a time: the larger kind among those recomputed
+            singles = (moe if any(recomputed) else 0.0, dense if not all(recomputed) else 0.0) if recomputed else ()
+            rebuilt = max(rebuilt, *singles, 0.0)
+        else:
+            rebuilt = max(rebuilt, *(layers_bytes(flags[i : i + n]) for i in range(0, len(flags), n)), 0.0)
     return kept, rebuilt
 
 
