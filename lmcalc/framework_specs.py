@@ -237,6 +237,25 @@ class ParallelismRule(Rule):
     instead: str = Field("", description="what to run instead of a refused stage, for the error message")
 
 
+SelectiveRecompute = Literal["attention_core", "matmuls"]
+
+
+class RecomputeRule(Rule):
+    """What ``--recompute selective`` recomputes under the framework: ``attention_core``, Megatron-LM's selective
+    recomputation (Korthikanti et al. 2022 §4.2.2: the attention core's tensors dropped and rebuilt); ``matmuls``,
+    torchtitan's per-operator selective checkpointing (each block keeps the outputs of its matmuls but every second
+    one, of its attention kernel and of routing's top-k, and recomputes every other operator;
+    ``engine.memory.op_checkpoint``)."""
+
+    source: str = Field(
+        "Megatron-LM's selective recomputation of the attention core (Korthikanti et al. 2022 §4.2.2)", min_length=1
+    )
+    selective: SelectiveRecompute = Field("attention_core", description="what selective recomputation keeps")
+    fused_qkv: StrictBool = Field(
+        False, description="matmuls: Q, K and V are projected by one matmul (one output kept or recomputed), not three"
+    )
+
+
 class SpeedRule(Rule):
     """How fast a framework runs the kernels of a step, beyond what they count: which fused attention kernel it
     calls, how much host time each GPU operation costs, and which communication it hides behind computation."""
@@ -314,6 +333,7 @@ class FrameworkProfile(NamedSpec):
     allocator: AllocatorRule
     speed: SpeedRule = Field(default_factory=lambda: SpeedRule.model_validate({}))
     parallelism: ParallelismRule = Field(default_factory=lambda: ParallelismRule.model_validate({}))
+    recompute: RecomputeRule = Field(default_factory=lambda: RecomputeRule.model_validate({}))
     transients: StrictBool = Field(
         True,
         description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "

@@ -52,6 +52,7 @@ class PublishedRun:
     assumed: str
     toolset: Pins  # what the authors' software offered: the search space their choice was made in
     toolset_note: str
+    fit_note: str = ""  # where the published layout does not fit under lmcalc: why, and what lmcalc cannot express
 
     @property
     def model(self) -> ModelSpec:
@@ -174,6 +175,7 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
                 row.get("assumed", ""),
                 Pins(**pins, split=pipeline_split(split)),
                 toolset.get("why", ""),
+                row.get("fit_note", ""),
             )
         )
     return runs

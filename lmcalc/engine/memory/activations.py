@@ -21,14 +21,14 @@ import functools
 from dataclasses import replace
 
 from lmcalc.engine.finetune.method import LinearModule, adapted_modules, in_layer, weight_trained
-from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
+from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import average_mixer
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
 
-LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
 STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
 TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
@@ -392,10 +392,13 @@ def _mask_of(tensor: SavedTensor, modules: set[str]) -> bool:
 
 def layer_kept_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
     """What one layer keeps through its forward pass: under selective recomputation, all but the attention core
-    (Korthikanti et al. 2022 §4.2.2), which is rebuilt in the backward pass."""
+    (Korthikanti et al. 2022 §4.2.2), which is rebuilt in the backward pass, or where the framework checkpoints
+    operator by operator, what its policy keeps (``engine.memory.op_checkpoint``)."""
     tensors = layer_saved_tensors(w, moe_layer)
     if w.recompute != "selective":
         return tensors
+    if w.framework.recompute.selective == "matmuls":  # torchtitan's per-operator policy
+        return tuple(kept.tensor for kept in op_checkpoint_kept(w, moe_layer))
     return tuple(t for t in tensors if not t.attention_core)
 
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.model.op_policy import recomputed_matmul_share
 from lmcalc.engine.model.params import count_params, weight_tensors
+from lmcalc.framework_specs import RecomputeRule
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group, sci
@@ -130,14 +132,17 @@ def ssm_flops(spec: ModelSpec) -> float:
     return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
 
 
-def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute) -> float:
+def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute, matmuls_redone: float | None = None) -> float:
     """Extra forward work redone in the backward pass (Korthikanti et al. 2022 Appendix A).
 
-    Selective recomputation redoes only the attention core (scores and values); full recomputation
-    redoes the whole forward pass of every layer (not the logits).
+    Selective recomputation redoes only the attention core (scores and values), or where a framework checkpoints
+    operator by operator, the share ``matmuls_redone`` of the layers' weight matmuls (``op_checkpoint``); full
+    recomputation redoes the whole forward pass of every layer (not the logits).
     """
     if recompute == "full":
         return fwd.layers
+    if recompute == "selective" and matmuls_redone is not None:
+        return matmuls_redone * (fwd.projections + fwd.mlp)
     if recompute == "selective":
         return fwd.attention_scores + fwd.attention_values
     return 0.0
@@ -170,11 +175,14 @@ def step_flops(
     recompute: Recompute = "none",
     convention: AttnConvention = "full",
     part: ModelPart | None = None,
+    rule: RecomputeRule | None = None,
 ) -> StepFlops:
     """A training step's FLOPs per token, of the whole model or of one stage's ``part``: the one count that
-    ``lmcalc flops``, the step-time model, ``validate`` and ``bench step`` all use."""
+    ``lmcalc flops``, the step-time model, ``validate`` and ``bench step`` all use. ``rule``: what the framework's
+    selective recomputation redoes (None: the attention core)."""
     forward = forward_flops_per_token(spec, seq_len, convention, part)
-    return StepFlops(forward, recompute_flops_per_token(forward, recompute))
+    redone = recomputed_matmul_share(spec, rule.fused_qkv) if rule and rule.selective == "matmuls" else None
+    return StepFlops(forward, recompute_flops_per_token(forward, recompute, redone))
 
 
 def napkin_params(spec: ModelSpec) -> int:

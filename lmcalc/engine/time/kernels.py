@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
+from lmcalc.engine.model.op_policy import recomputed_matmul_share
 from lmcalc.engine.model.params import weight_tensors
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.layout import Grid
@@ -253,20 +254,23 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
     accumulation = _accumulation_bytes(s, gemms, head, traffic)
     fp8_cast = _fp8_cast_bytes(w, gemms, head, traffic)
     recompute_full = w.recompute == "full"
+    # the share of the layers' forward redone: all of it, or under per-operator checkpointing every second matmul
+    # with the memory-bound kernels between them (engine.model.op_policy)
+    redone = 1.0 if recompute_full else _matmuls_redone(w)
     return StageWork(
         gemms=tuple(gemms),
         head=head,
         batched=attention.batched,
-        recomputed_gemms=1.0 if recompute_full else 0.0,
+        recomputed_gemms=redone,
         attention_forward=attention.forward,
         attention_backward=attention.backward,
         attention_recomputed=attention.forward if recompute_full else 0.0,
         memory_forward=traffic.forward,
-        memory_backward=(traffic.backward + (traffic.forward if recompute_full else 0.0)) * live,
-        memory_kernels=traffic.kernels * (1.5 if recompute_full else 1.0),
+        memory_backward=(traffic.backward + (traffic.forward if redone else 0.0)) * live,
+        memory_kernels=traffic.kernels * (1.5 if redone else 1.0),
         accumulation_bytes=accumulation,
         wgrad_accumulator_bytes=_wgrad_accumulator_bytes(w),
-        fp8_cast_bytes=fp8_cast * (1.5 if recompute_full else 1.0),
+        fp8_cast_bytes=fp8_cast * (1 + redone / 2),
         tp_collectives=_tp_collectives(w, grid.tp, layers),
         tp_collective_bytes=s.tokens * model.hidden_size * e,
         layers=layers,
@@ -467,6 +471,14 @@ def _wgrad_accumulator_bytes(w: Workload) -> float:
     return 2 * grad_bytes if fused_accumulation and grad_bytes > w.precision.activation_bytes else 0.0
 
 
+def _matmuls_redone(w: Workload) -> float:
+    """Under per-operator selective checkpointing, the share of the layers' matmul FLOPs run again; else 0."""
+    rule = w.framework.recompute
+    if w.recompute != "selective" or rule.selective != "matmuls":
+        return 0.0
+    return recomputed_matmul_share(w.model, rule.fused_qkv)
+
+
 def _tp_collectives(w: Workload, tp: int, layers: int) -> float:
     """Tensor-parallel collectives the host issues: four a layer (two more recomputed), the count the host time
     per operation was fitted with (sequence parallelism issues them in halves)."""
@@ -477,7 +489,8 @@ def _tp_collectives(w: Workload, tp: int, layers: int) -> float:
 
 @functools.lru_cache(maxsize=256)
 def kernel_workload(w: Workload) -> Workload:
-    """``w`` as its kernels see it. Of recomputation, ``stage_work`` reads only whether it is full: selective
-    recomputation redoes attention's core, which fused attention never saved, so no kernel runs again. Figures
-    of the kernels cached under this workload serve both the selective mode and none."""
-    return replace(w, recompute="none") if w.recompute == "selective" else w
+    """``w`` as its kernels see it. Of recomputation, ``stage_work`` reads whether it is full, or per operator:
+    Megatron's selective recomputation redoes attention's core, which fused attention never saved, so no kernel runs
+    again, and figures of the kernels cached under this workload serve both that mode and none."""
+    attention_core = w.recompute == "selective" and w.framework.recompute.selective == "attention_core"
+    return replace(w, recompute="none") if attention_core else w

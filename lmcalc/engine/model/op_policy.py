@@ -1,0 +1,69 @@
+"""Which matmuls torchtitan's per-operator selective checkpointing keeps, and which it runs again (derivation:
+docs/formulas.md §5.5; the memory side is ``engine.memory.op_checkpoint``).
+
+torchtitan's policy (torchtitan/distributed/activation_checkpoint.py, SelectiveAC, b5bcd76c) counts the matmuls of
+each block in the order its forward runs them and keeps the output of every odd one, recomputing the even ones in
+the backward pass; the router's matmul is always recomputed and not counted, and the experts' grouped GEMMs are not on
+its list at all.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from lmcalc.engine.model.params import WeightTensor, weight_tensors
+from lmcalc.specs import ModelSpec
+
+NOT_COUNTED = ("router", "experts")  # recomputed without counting: the forced router, the experts' grouped GEMMs
+
+
+class Matmul(NamedTuple):
+    """One matmul of a block, in the order the forward runs them: its name, output width per token and FLOPs."""
+
+    name: str
+    width: float
+    symbol: str
+    flops: float  # forward FLOPs per token: 2 · inputs · outputs
+
+
+def block_matmuls(spec: ModelSpec, moe_layer: bool, fused_qkv: bool) -> tuple[Matmul, ...]:
+    """The matmuls a dense or MoE block runs, in order, as the policy counts them: Q, K and V as one where the
+    framework fuses them; not the router's nor the routed experts'."""
+    matmuls: list[Matmul] = []
+    groups = ("attention", "router", "experts", "shared_experts") if moe_layer else ("attention", "mlp")
+    for t in weight_tensors(spec):
+        if not t.matmul or t.group not in groups or t.group in NOT_COUNTED:
+            continue
+        out, inp = t.shape[0], t.shape[-1]
+        copies = t.count / _layers_of(spec, t)
+        leaf = t.name.rsplit(".", 2)[-2]
+        if fused_qkv and leaf in ("k", "v") and matmuls and matmuls[-1].name in ("q", "qkv"):
+            last = matmuls.pop()
+            matmuls.append(Matmul("qkv", last.width + out, f"{last.symbol}+{t.symbols[0]}", last.flops + 2 * inp * out))
+            continue
+        matmuls.append(Matmul(leaf, out * copies, t.symbols[0], 2 * inp * out * copies))
+    return tuple(matmuls)
+
+
+def _layers_of(spec: ModelSpec, t: WeightTensor) -> float:
+    """How many layers hold ``t``'s copies: every layer, the dense ones or the MoE ones."""
+    if t.group in ("router", "experts", "shared_experts"):
+        return spec.moe_layers
+    return spec.dense_ffn_layers if t.count_symbol == "L_dense" else spec.num_layers
+
+
+def recomputed_matmul_share(spec: ModelSpec, fused_qkv: bool) -> float:
+    """Of the layers' weight-matmul FLOPs, the share the backward pass runs again under the per-operator policy:
+    every second matmul of each block, and in an MoE block the router's and the routed experts' (the policy keeps no
+    grouped GEMM's output)."""
+    layer_groups = ("attention", "mlp", "router", "experts", "shared_experts")
+    tensors = [t for t in weight_tensors(spec) if t.matmul and t.group in layer_groups]
+    total = sum(2 * t.active_total for t in tensors)
+    if not total:
+        return 0.0
+    redone = sum(2 * t.active_total for t in tensors if t.group in NOT_COUNTED)
+    for moe_layer, layers in ((False, spec.dense_ffn_layers), (True, spec.moe_layers)):
+        if layers:
+            matmuls = block_matmuls(spec, moe_layer, fused_qkv)
+            redone += layers * sum(m.flops for i, m in enumerate(matmuls, start=1) if i % 2 == 0)
+    return redone / total
