@@ -24,9 +24,10 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from lmcalc.engine.memory.gpu_memory import op_checkpoint_rebuilt  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import selective_rebuilt  # noqa: E402
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept  # noqa: E402
 from lmcalc.engine.model import flops as fl  # noqa: E402
+from lmcalc.engine.model.op_policy import selective_redone  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 from lmcalc.engine.workload import Workload  # noqa: E402
 from lmcalc.measure import StorageTracker  # noqa: E402
@@ -41,7 +42,9 @@ SAVED_OPS = {
     aten.addmm.default,
     aten.bmm.default,
     aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default,  # the CPU's form of the CUDA kernel listed above
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,  # the CPU's form of the CUDA kernels listed above
     aten.topk.default,
 }
 MATMULS = (aten.mm.default, aten.linear.default)
@@ -149,11 +152,16 @@ def tables(seq: int, d: int):
     return angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
 
 
-def workload(fused_qkv: bool) -> Workload:
+def workload_for(spec: ModelSpec, seq: int, batch: int, fused_qkv: bool) -> Workload:
+    """The torchtitan profile's selective checkpointing of ``spec``, with Q, K and V from one matmul or three."""
     profile = framework_profile("torchtitan")
     profile = profile.model_copy(update={"recompute": profile.recompute.model_copy(update={"fused_qkv": fused_qkv})})
     bf16, adamw = resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec
-    return Workload(SPEC, bf16, adamw, SEQ, BATCH, "flash", "selective", framework=profile)
+    return Workload(spec, bf16, adamw, seq, batch, "flash", "selective", framework=profile)
+
+
+def workload(fused_qkv: bool) -> Workload:
+    return workload_for(SPEC, SEQ, BATCH, fused_qkv)
 
 
 def blocks(fused_qkv: bool) -> list[TitanBlock]:
@@ -235,7 +243,7 @@ def test_what_the_rerun_adds_is_exact(fused_qkv):
     cpu_copy = BATCH * SEQ * SPEC.num_heads * SPEC.head_dim * 2
     assert (
         out.requires_grad
-        and new == op_checkpoint_rebuilt(workload(fused_qkv), Layout().activation_layout, False) + cpu_copy
+        and new == selective_rebuilt(workload(fused_qkv), Layout().activation_layout, False) + cpu_copy
     )
 
 
@@ -252,14 +260,14 @@ def test_the_backward_reruns_every_second_matmul(fused_qkv):
             out.sum().backward()
         return counter.get_total_flops()
 
-    redone = step_flops(True) - step_flops(False)
-    rule = workload(fused_qkv).framework.recompute
-    per_token = fl.step_flops(SPEC, SEQ, "selective", "full", rule=rule).recomputed
-    assert redone == pytest.approx(per_token * BATCH * SEQ, rel=1e-12)
+    measured = step_flops(True) - step_flops(False)
+    redone = selective_redone(SPEC, workload(fused_qkv).framework.recompute, ("core_attn",))
+    per_token = fl.step_flops(SPEC, SEQ, "selective", "full", redone=redone).recomputed
+    assert measured == pytest.approx(per_token * BATCH * SEQ, rel=1e-12)
     # by hand: fused, matmuls 2 and 4 (the output projection, w3), 2·(Hd·h + h·f) a token a layer; three
     # projections, 2, 4 and 6 (K, the output projection, w3), 2·(h·H_kv·d + Hd·h + h·f)
     by_hand = 2 * (256 * 256 + 256 * 688) + (0 if fused_qkv else 2 * 256 * 64)
-    assert redone == SPEC.num_layers * BATCH * SEQ * by_hand
+    assert measured == SPEC.num_layers * BATCH * SEQ * by_hand
 
 
 def _plain(layers, x, cos, sin):

@@ -8,6 +8,11 @@ definitions (``typing.get_args``), so a new choice is one word added here.
   ``recompute_num_layers`` N says (megatron/core/recompute.py): ``uniform``, every layer, in units of N layers
   whose input is kept and which the backward rebuilds together; ``block``, the first N layers of each model chunk
   of a pipeline stage, one at a time, the others keeping everything.
+* ``RecomputeModule``: what Megatron-Core's selective recomputation covers (``recompute_modules``,
+  megatron/core/transformer/transformer_config.py): ``core_attn``, the attention core (its default); ``mlp``, a dense
+  layer's MLP, checkpointed whole; ``moe``, an MoE layer's experts, router and shared experts; ``shared_experts``;
+  ``moe_act``, the routed experts' activation output; ``layernorm``, a norm's output where the norm is not fused into
+  the next linear; ``mla_up_proj``, multi-head latent attention's up-projected Q, K and V.
 * ``Attention``: the attention kernel: ``flash`` (fused, FlashAttention: the s² scores are never stored) or
   ``eager`` (scores materialised, as reference implementations write it).
 * ``Schedule``: the pipeline schedule: 1F1B (Narayanan et al. 2021 §2.2.1) or interleaved (§2.2.2).
@@ -27,6 +32,7 @@ from typing import Literal, get_args
 
 Recompute = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
+RecomputeModule = Literal["core_attn", "mlp", "moe", "shared_experts", "moe_act", "layernorm", "mla_up_proj"]
 Attention = Literal["flash", "eager"]
 Schedule = Literal["1f1b", "interleaved"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -36,6 +42,7 @@ PeakSource = Literal["spec", "measured"]
 
 RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
 RECOMPUTE_METHODS: tuple[RecomputeMethod, ...] = get_args(RecomputeMethod)
+RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = get_args(RecomputeModule)
 ATTENTION_KERNELS: tuple[Attention, ...] = get_args(Attention)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)

@@ -19,9 +19,11 @@ from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
     RECOMPUTE_METHODS,
     RECOMPUTE_MODES,
+    RECOMPUTE_MODULES,
     Attention,
     Recompute,
     RecomputeMethod,
+    RecomputeModule,
 )
 from lmcalc.engine.finetune.method import FULL, Method, check_method
 from lmcalc.engine.finetune.offload import NO_OFFLOAD, Offload
@@ -70,6 +72,7 @@ class Workload:
     offload: Offload = NO_OFFLOAD  # which model states leave the GPU for the host or NVMe
     recompute_num_layers: int = field(default=1, kw_only=True)  # full recomputation's N (--recompute-num-layers)
     recompute_method: RecomputeMethod = field(default="uniform", kw_only=True)  # uniform units of N, or block
+    recompute_modules: tuple[RecomputeModule, ...] = field(default=("core_attn",), kw_only=True)  # Megatron's selective
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +87,12 @@ class Workload:
         ):
             if getattr(self, name) not in options:
                 raise LmcalcError(f"{setting(name)} must be one of {', '.join(options)}; got {getattr(self, name)!r}")
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown or not self.recompute_modules or len(set(self.recompute_modules)) < len(self.recompute_modules):
+            raise LmcalcError(
+                f"{setting('recompute_modules')} must name one or more of {', '.join(RECOMPUTE_MODULES)}, each once; "
+                f"got {', '.join(self.recompute_modules) or 'none'}"
+            )
         if not self.mask_bytes > 0:
             raise LmcalcError(f"{setting('mask_bytes')} must be a positive number of bytes, got {self.mask_bytes}")
         if self.overhead_bytes is not None and not self.overhead_bytes >= 0:
@@ -96,6 +105,11 @@ class Workload:
 
     def __hash__(self) -> int:
         return self._hash
+
+    @property
+    def core_recomputed(self) -> bool:
+        """Whether selective recomputation drops the attention core (Megatron-Core's ``core_attn``)."""
+        return self.recompute == "selective" and "core_attn" in self.recompute_modules
 
     def __reduce__(self) -> tuple[Callable[..., Workload], tuple[object, ...]]:
         """Pickled as its fields, so that a copy made in another process (another hash seed) hashes anew."""

@@ -7,6 +7,7 @@ to a Python caller and ``--seq`` at the command line.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -132,7 +133,9 @@ def choice(value: str, options: tuple[C, ...], name: str) -> C:
     for option in options:
         if key == option:
             return option
-    raise LmcalcError(f"{setting(name)} must be one of {', '.join(options)}; got {value!r}")
+    close = difflib.get_close_matches(key, [str(option) for option in options], n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise LmcalcError(f"{setting(name)} must be one of {', '.join(map(str, options))}; got {value!r}{hint}")
 
 
 def positive_int(value: int, name: str) -> int:

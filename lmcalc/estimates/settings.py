@@ -24,6 +24,7 @@ from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
     RECOMPUTE_METHODS,
     RECOMPUTE_MODES,
+    RECOMPUTE_MODULES,
     SCHEDULES,
     ZERO_STAGES,
     ZeroStage,
@@ -195,6 +196,14 @@ class WorkloadSettings(MethodSettings, total=False):
         Setting(
             "uniform",
             f"Which layers full recomputation covers, as Megatron-LM's flag: {alternatives(RECOMPUTE_METHODS)}.",
+        ),
+    ]
+    recompute_modules: Annotated[
+        str,
+        Setting(
+            "core_attn",
+            "Selective recomputation's modules, comma-separated, as Megatron-Core's --recompute-modules: "
+            f"{alternatives(RECOMPUTE_MODULES)} (--framework megatron).",
         ),
     ]
 

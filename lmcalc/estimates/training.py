@@ -9,7 +9,14 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, cast
 
 from lmcalc import presets as pr
-from lmcalc.engine.choices import ATTENTION_KERNELS, RECOMPUTE_METHODS, RECOMPUTE_MODES, SCHEDULES
+from lmcalc.engine.choices import (
+    ATTENTION_KERNELS,
+    RECOMPUTE_METHODS,
+    RECOMPUTE_MODES,
+    RECOMPUTE_MODULES,
+    SCHEDULES,
+    RecomputeModule,
+)
 from lmcalc.engine.finetune.method import Method
 from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
 from lmcalc.engine.memory.terms import Capacity
@@ -40,6 +47,7 @@ from lmcalc.estimates.settings import (
     SplitSettings,
     TrainingSettings,
 )
+from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.result import Input
 from lmcalc.specs import Cluster, ModelSpec
 
@@ -161,6 +169,10 @@ def training_setup(
             f"{setting('recompute_num_layers')} and {setting('recompute_method')} say which layers full "
             f"recomputation covers; they need {setting('recompute')} full (got {mode})"
         )
+    modules = recompute_modules_of(given["recompute_modules"])
+    if modules != DEFAULT_MODULES and "recompute" in settings and mode != "selective":
+        raise LmcalcError(f"{setting('recompute_modules')} says what selective recomputation covers; it needs "
+                          f"{setting('recompute')} selective (got {mode})")  # fmt: skip
     overhead = given["overhead"]
     overhead_bytes = None if overhead is None else nbytes(overhead, "overhead")
     seq_in = seq_given(given["seq"], resolved.spec)
@@ -173,6 +185,8 @@ def training_setup(
     )
     name, assumed = (given["framework"], "") if given["framework"] else default_framework(method, layout or {})
     framework = framework_of(name)
+    if modules != DEFAULT_MODULES:
+        check_modules(modules, framework, resolved.spec)
     if framework.name == "transformers" and resolved.spec.attention_softcap and kernel == "flash":
         kernel = "eager"  # Gemma 2's soft-capped logits: transformers' SDPA path refuses them (_supports_sdpa False)
         resolved = replace(resolved, note=" ".join(filter(None, (resolved.note, SOFTCAP_EAGER))))
@@ -190,8 +204,41 @@ def training_setup(
         offload=offload,
         recompute_num_layers=given["recompute_num_layers"],
         recompute_method=recompute_method,
+        recompute_modules=modules,
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
+
+
+DEFAULT_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
+
+
+def recompute_modules_of(value: str) -> tuple[RecomputeModule, ...]:
+    """``core_attn,mlp`` as the modules it names, each one of ``RECOMPUTE_MODULES``, in the order given."""
+    names = [part.strip() for part in str(value).split(",") if part.strip()]
+    if not names:
+        raise LmcalcError(f"{setting('recompute_modules')} must name one or more of {', '.join(RECOMPUTE_MODULES)}")
+    modules = tuple(choice(name, RECOMPUTE_MODULES, "recompute_modules") for name in names)
+    if len(set(modules)) < len(modules):
+        raise LmcalcError(f"{setting('recompute_modules')} names a module twice: {value}")
+    return modules
+
+
+def check_modules(modules: tuple[RecomputeModule, ...], framework: FrameworkProfile, model: ModelSpec) -> None:
+    """Refuse what Megatron-Core refuses, and modules under a framework that has none."""
+    if framework.recompute.selective != "attention_core" or framework.name not in ("megatron", "idealised"):
+        raise LmcalcError(
+            f"{setting('recompute_modules')} is Megatron-Core's selective recomputation ({setting('framework')} "
+            "megatron); "
+            f"{framework.label} recomputes {_what_selective_redoes(framework)}"
+        )
+    if "mla_up_proj" in modules and not model.mla:  # transformer_config.py raises it too
+        raise LmcalcError(
+            f"{setting('recompute_modules')} mla_up_proj needs multi-head latent attention; {model.label} has none"
+        )
+
+
+def _what_selective_redoes(framework: FrameworkProfile) -> str:
+    return "every second matmul" if framework.recompute.selective == "matmuls" else "the attention core"
 
 
 def recompute_input(w: Workload) -> Input:
@@ -207,6 +254,9 @@ def recompute_input(w: Workload) -> Input:
             else f"full, units of {n} layer{'s' if n > 1 else ''}"
         )
         origin += f" {flag('recompute_method')} {flag('recompute_num_layers')}"
+    if w.recompute == "selective" and w.recompute_modules != DEFAULT_MODULES:
+        value = f"selective: {', '.join(w.recompute_modules)}"
+        origin += f" {flag('recompute_modules')}"
     return Input("recompute", "Activation recomputation", value, origin=origin)
 
 

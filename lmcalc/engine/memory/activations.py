@@ -21,6 +21,7 @@ import functools
 from dataclasses import replace
 
 from lmcalc.engine.finetune.method import LinearModule, adapted_modules, in_layer, weight_trained
+from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import average_mixer
@@ -93,7 +94,7 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
         return tensors + _mla_saved(w, rows)
     # Eager attention expands K and V to all H heads before the matmul (repeat_kv) unless that expansion
     # sits inside the recomputed core; fused kernels read the H_kv heads directly.
-    expanded = w.attention == "eager" and w.recompute != "selective"
+    expanded = w.attention == "eager" and not w.core_recomputed
     kv = H if expanded else spec.kv_heads
     kv_sym = "H" if expanded or kv == H else "H_kv"
     kv_ranks = None if expanded else spec.kv_heads  # TP ranks past the KV heads share one (SavedTensor.tp_ways)
@@ -391,15 +392,16 @@ def _mask_of(tensor: SavedTensor, modules: set[str]) -> bool:
 
 
 def layer_kept_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
-    """What one layer keeps through its forward pass: under selective recomputation, all but the attention core
-    (Korthikanti et al. 2022 §4.2.2), which is rebuilt in the backward pass, or where the framework checkpoints
-    operator by operator, what its policy keeps (``engine.memory.op_checkpoint``)."""
+    """What one layer keeps through its forward pass: under selective recomputation, all but what the modules it
+    names drop (the attention core by default, Korthikanti et al. 2022 §4.2.2; ``engine.memory.module_recompute``),
+    which the backward pass rebuilds, or where the framework checkpoints operator by operator, what its policy keeps
+    (``engine.memory.op_checkpoint``)."""
     tensors = layer_saved_tensors(w, moe_layer)
     if w.recompute != "selective":
         return tensors
     if w.framework.recompute.selective == "matmuls":  # torchtitan's per-operator policy
         return tuple(kept.tensor for kept in op_checkpoint_kept(w, moe_layer))
-    return tuple(t for t in tensors if not t.attention_core)
+    return module_kept(w, tensors, moe_layer)  # Megatron-Core's modules: the attention core by default
 
 
 def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:

@@ -28,6 +28,7 @@ from lmcalc.engine.memory.activations import (
     layer_saved_tensors,
     lowest_layer_unkept,
 )
+from lmcalc.engine.memory.module_recompute import module_rebuilt
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
 from lmcalc.engine.memory.phases import (
@@ -257,10 +258,10 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
             rebuilt -= checkpoint  # the rebuilt unit's first norm keeps the checkpointed input, already counted
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]
-        if w.recompute == "selective" and w.framework.recompute.selective == "matmuls":
+        if w.recompute == "selective":  # what the selective modules or operators dropped comes back in a backward
             built_kinds = stage_layers(w.model, layout, stage)
             kinds = [kind for kind, count in ((False, built_kinds.dense), (True, built_kinds.moe)) if count]
-            rebuilt = max((op_checkpoint_rebuilt(w, layout, kind) for kind in kinds), default=0.0)
+            rebuilt = max((selective_rebuilt(w, layout, kind) for kind in kinds), default=0.0)
     embedding_side, head_side = stage_outside_bytes(w, layout, stage)
     per_chunk = [*layers]
     per_chunk[0] += embedding_side  # the first chunk of the first stage begins with the embedding
@@ -278,9 +279,12 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     return StageActivations(held, in_flight, outside, rebuilt, freed, first, _unmade_grads(w, layout, built))
 
 
-def op_checkpoint_rebuilt(w: Workload, layout: ActivationLayout, moe_layer: bool) -> float:
-    """Under per-operator checkpointing, what the layer being differentiated holds beyond what its policy kept: the
-    tensors autograd saves when the block runs again, less the kept ones that are the same storages."""
+def selective_rebuilt(w: Workload, layout: ActivationLayout, moe_layer: bool) -> float:
+    """Under selective recomputation, what the layer being differentiated holds beyond what it kept. Per operator:
+    the tensors autograd saves when the block runs again, less the kept ones that are the same storages; by
+    Megatron-Core's modules: what the larger half's modules dropped (``module_rebuilt``)."""
+    if w.framework.recompute.selective == "attention_core":
+        return sum(bytes_on_gpu(t, layout) for t in module_rebuilt(w, layer_saved_tensors(w, moe_layer), moe_layer))
     saved = layer_saved_tensors(replace(w, recompute="none"), moe_layer)
     reused = (kept.tensor for kept in op_checkpoint_kept(w, moe_layer) if kept.reused)
     return sum(bytes_on_gpu(t, layout) for t in saved) - sum(bytes_on_gpu(t, layout) for t in reused)

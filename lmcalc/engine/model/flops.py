@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
-from lmcalc.engine.model.op_policy import recomputed_matmul_share
+from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import count_params, weight_tensors
-from lmcalc.framework_specs import RecomputeRule
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group, sci
@@ -132,19 +131,18 @@ def ssm_flops(spec: ModelSpec) -> float:
     return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
 
 
-def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute, matmuls_redone: float | None = None) -> float:
+def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute, redone: Redone = ATTENTION_CORE) -> float:
     """Extra forward work redone in the backward pass (Korthikanti et al. 2022 Appendix A).
 
-    Selective recomputation redoes only the attention core (scores and values), or where a framework checkpoints
-    operator by operator, the share ``matmuls_redone`` of the layers' weight matmuls (``op_checkpoint``); full
-    recomputation redoes the whole forward pass of every layer (not the logits).
+    Selective recomputation redoes the attention core (scores and values) and, where the framework says so
+    (``op_policy.selective_redone``: Megatron-Core's modules, torchtitan's every second matmul), a share of the
+    layers' weight matmuls; full recomputation redoes the whole forward pass of every layer (not the logits).
     """
     if recompute == "full":
         return fwd.layers
-    if recompute == "selective" and matmuls_redone is not None:
-        return matmuls_redone * (fwd.projections + fwd.mlp)
     if recompute == "selective":
-        return fwd.attention_scores + fwd.attention_values
+        core = fwd.attention_scores + fwd.attention_values if redone.attention_core else 0.0
+        return core + redone.matmuls * (fwd.projections + fwd.mlp)
     return 0.0
 
 
@@ -175,13 +173,12 @@ def step_flops(
     recompute: Recompute = "none",
     convention: AttnConvention = "full",
     part: ModelPart | None = None,
-    rule: RecomputeRule | None = None,
+    redone: Redone = ATTENTION_CORE,
 ) -> StepFlops:
     """A training step's FLOPs per token, of the whole model or of one stage's ``part``: the one count that
-    ``lmcalc flops``, the step-time model, ``validate`` and ``bench step`` all use. ``rule``: what the framework's
-    selective recomputation redoes (None: the attention core)."""
+    ``lmcalc flops``, the step-time model, ``validate`` and ``bench step`` all use. ``redone``: what selective
+    recomputation runs again (``op_policy.selective_redone``; Megatron's attention core unless said)."""
     forward = forward_flops_per_token(spec, seq_len, convention, part)
-    redone = recomputed_matmul_share(spec, rule.fused_qkv) if rule and rule.selective == "matmuls" else None
     return StepFlops(forward, recompute_flops_per_token(forward, recompute, redone))
 
 

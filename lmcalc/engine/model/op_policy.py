@@ -1,5 +1,6 @@
-"""Which matmuls torchtitan's per-operator selective checkpointing keeps, and which it runs again (derivation:
-docs/formulas.md §5.5; the memory side is ``engine.memory.op_checkpoint``).
+"""What selective recomputation runs again in the backward pass (derivation: docs/formulas.md §5.5; the memory side
+is ``engine.memory.op_checkpoint`` and ``engine.memory.activations``): Megatron-Core's, the attention core and the
+modules ``recompute_modules`` names; torchtitan's per-operator checkpointing, every second matmul.
 
 torchtitan's policy (torchtitan/distributed/activation_checkpoint.py, SelectiveAC, b5bcd76c) counts the matmuls of
 each block in the order its forward runs them and keeps the output of every odd one, recomputing the even ones in
@@ -12,9 +13,27 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from lmcalc.engine.model.params import WeightTensor, weight_tensors
+from lmcalc.framework_specs import RecomputeRule
 from lmcalc.specs import ModelSpec
 
 NOT_COUNTED = ("router", "experts")  # recomputed without counting: the forced router, the experts' grouped GEMMs
+LAYER_GROUPS = ("attention", "mlp", "router", "experts", "shared_experts")
+MODULE_MATMULS = {  # the weight matmuls each Megatron-Core module runs again, by group or by name
+    "mlp": ("mlp",),
+    "moe": ("router", "experts", "shared_experts"),
+    "shared_experts": ("shared_experts",),
+    "mla_up_proj": ("attn.q_b.weight", "attn.kv_b.weight"),
+}
+
+
+class Redone(NamedTuple):
+    """What selective recomputation runs again: the attention core, and a share of the layers' weight matmuls."""
+
+    attention_core: bool = True
+    matmuls: float = 0.0
+
+
+ATTENTION_CORE = Redone()
 
 
 class Matmul(NamedTuple):
@@ -52,12 +71,23 @@ def _layers_of(spec: ModelSpec, t: WeightTensor) -> float:
     return spec.dense_ffn_layers if t.count_symbol == "L_dense" else spec.num_layers
 
 
+def selective_redone(spec: ModelSpec, rule: RecomputeRule, modules: tuple[str, ...]) -> Redone:
+    """What selective recomputation redoes under the framework's rule: torchtitan's every second matmul, or the
+    Megatron-Core modules named (the attention core with ``core_attn``; the modules' weight matmuls)."""
+    if rule.selective == "matmuls":
+        return Redone(False, recomputed_matmul_share(spec, rule.fused_qkv))
+    names = {name for module in modules for name in MODULE_MATMULS.get(module, ())}
+    tensors = [t for t in weight_tensors(spec) if t.matmul and t.group in LAYER_GROUPS]
+    total = sum(2 * t.active_total for t in tensors)
+    redone = sum(2 * t.active_total for t in tensors if t.group in names or t.name in names)
+    return Redone("core_attn" in modules, redone / total if total else 0.0)
+
+
 def recomputed_matmul_share(spec: ModelSpec, fused_qkv: bool) -> float:
     """Of the layers' weight-matmul FLOPs, the share the backward pass runs again under the per-operator policy:
     every second matmul of each block, and in an MoE block the router's and the routed experts' (the policy keeps no
     grouped GEMM's output)."""
-    layer_groups = ("attention", "mlp", "router", "experts", "shared_experts")
-    tensors = [t for t in weight_tensors(spec) if t.matmul and t.group in layer_groups]
+    tensors = [t for t in weight_tensors(spec) if t.matmul and t.group in LAYER_GROUPS]
     total = sum(2 * t.active_total for t in tensors)
     if not total:
         return 0.0

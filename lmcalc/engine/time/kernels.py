@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
-from lmcalc.engine.model.op_policy import recomputed_matmul_share
+from lmcalc.engine.model.op_policy import Redone, selective_redone
 from lmcalc.engine.model.params import weight_tensors
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.layout import Grid
@@ -256,7 +256,7 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
     recompute_full = w.recompute == "full"
     # the share of the layers' forward redone: all of it, or under per-operator checkpointing every second matmul
     # with the memory-bound kernels between them (engine.model.op_policy)
-    redone = 1.0 if recompute_full else _matmuls_redone(w)
+    redone = 1.0 if recompute_full else workload_redone(w).matmuls
     return StageWork(
         gemms=tuple(gemms),
         head=head,
@@ -471,12 +471,13 @@ def _wgrad_accumulator_bytes(w: Workload) -> float:
     return 2 * grad_bytes if fused_accumulation and grad_bytes > w.precision.activation_bytes else 0.0
 
 
-def _matmuls_redone(w: Workload) -> float:
-    """Under per-operator selective checkpointing, the share of the layers' matmul FLOPs run again; else 0."""
-    rule = w.framework.recompute
-    if w.recompute != "selective" or rule.selective != "matmuls":
-        return 0.0
-    return recomputed_matmul_share(w.model, rule.fused_qkv)
+@functools.lru_cache(maxsize=256)
+def workload_redone(w: Workload) -> Redone:
+    """What the workload's recomputation runs again beyond its full mode: selective recomputation's attention core
+    and share of the layers' matmuls, under the framework's rule (``op_policy.selective_redone``); nothing else."""
+    if w.recompute != "selective":
+        return Redone(False, 0.0)
+    return selective_redone(w.model, w.framework.recompute, w.recompute_modules)
 
 
 def _tp_collectives(w: Workload, tp: int, layers: int) -> float:
@@ -490,7 +491,7 @@ def _tp_collectives(w: Workload, tp: int, layers: int) -> float:
 @functools.lru_cache(maxsize=256)
 def kernel_workload(w: Workload) -> Workload:
     """``w`` as its kernels see it. Of recomputation, ``stage_work`` reads whether it is full, or per operator:
-    Megatron's selective recomputation redoes attention's core, which fused attention never saved, so no kernel runs
-    again, and figures of the kernels cached under this workload serve both that mode and none."""
-    attention_core = w.recompute == "selective" and w.framework.recompute.selective == "attention_core"
-    return replace(w, recompute="none") if attention_core else w
+    selective recomputation of attention's core alone, which fused attention never saved, runs no kernel again, and
+    figures of the kernels cached under this workload serve both that mode and none."""
+    core_only = w.recompute == "selective" and not workload_redone(w).matmuls
+    return replace(w, recompute="none") if core_only else w

@@ -47,7 +47,7 @@ from lmcalc.engine.parallel.sharding import (
 from lmcalc.engine.parallel.states import optimizer_bytes_per_param
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import group_time
-from lmcalc.engine.time.kernels import kernel_workload
+from lmcalc.engine.time.kernels import kernel_workload, workload_redone
 from lmcalc.engine.time.microbatch import MicroBatchTime, block_layers, micro_batch_time, stage_micro_batches
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import SpeedRule
@@ -191,11 +191,11 @@ class StepTime:
 def stage_step_flops(w: Workload, built: StageLayers) -> fl.StepFlops:
     """FLOPs per token of a stage that builds ``built``: its share of the weights, its layers' attention (counted
     in full, as model FLOPs are), the logits on the last stage, and what recomputation redoes."""
-    flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full", stage_part(w.model, built), w.framework.recompute)
+    flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full", stage_part(w.model, built), workload_redone(w))
     if w.method.kind == "full":
         return flops
     # a fine-tuning method's share of full training, whole-model, applied to the stage's part
-    whole = fl.step_flops(w.model, w.seq_len, w.recompute, "full", rule=w.framework.recompute)
+    whole = fl.step_flops(w.model, w.seq_len, w.recompute, "full", redone=workload_redone(w))
     model, recomputed = _whole_step_flops(w)
     return fl.StepFlops(flops.forward, flops.recomputed * recomputed / whole.recomputed if whole.recomputed else 0.0,
                         model / whole.model)  # fmt: skip
@@ -244,7 +244,7 @@ def _whole_step_flops(w: Workload) -> tuple[float, float]:
     if w.method.kind != "full":  # what the method trains: engine.finetune.flops
         method = method_step_flops(w.model, w.method, w.seq_len, w.recompute, "full")
         return method.model, method.recomputed
-    flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full", rule=w.framework.recompute)
+    flops = fl.step_flops(w.model, w.seq_len, w.recompute, "full", redone=workload_redone(w))
     return flops.model, flops.recomputed
 
 
