@@ -21,77 +21,35 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_op_checkpoint import MATMULS, SAVED_OPS, PolicyOutputs, workload_for  # noqa: E402
+from test_op_checkpoint import (  # noqa: E402
+    MATMULS,
+    SAVED_OPS,
+    TitanBlock,
+    rerun_saved_bytes,
+    run_checkpointed,
+    workload_for,
+)
 from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 
 from lmcalc.engine.memory.gpu_memory import selective_rebuilt  # noqa: E402
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept  # noqa: E402
 from lmcalc.engine.memory.phases import backward_transients  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 from lmcalc.engine.parallel.pipeline import StageLayers  # noqa: E402
-from lmcalc.specs import ModelSpec  # noqa: E402
-
-SPEC = ModelSpec(
-    name="llama-3.2-1b-widths",
-    vocab_size=128256,
-    hidden_size=2048,
-    num_layers=4,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=64,
-    ffn_size=8192,
-    ffn_kind="swiglu",
-    norm_kind="rmsnorm",
-    position_embedding="rope",
-    tied_embeddings=True,
-    max_seq_len=8192,
-)
+from lmcalc.presets import resolve_model  # noqa: E402
 
 
-def policy():
-    from test_op_checkpoint import titan_policy
-
-    return titan_policy()
-
-
-class Block(nn.Module):
-    """torchtitan's Llama 3 block at b5bcd76c: fused QKV split into contiguous copies, RoPE, SDPA over grouped KV
-    heads, SwiGLU; torch.nn.RMSNorm (CUDA's fused kernel)."""
-
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_size
-        self.widths = [spec.num_heads * d, spec.kv_heads * d, spec.kv_heads * d]
-        self.attention_norm, self.ffn_norm = nn.RMSNorm(h, eps=1e-5), nn.RMSNorm(h, eps=1e-5)
-        self.wqkv = nn.Linear(h, sum(self.widths), bias=False)
-        self.wo = nn.Linear(spec.num_heads * d, h, bias=False)
-        self.w1, self.w3, self.w2 = (
-            nn.Linear(h, f, bias=False),
-            nn.Linear(h, f, bias=False),
-            nn.Linear(f, h, bias=False),
-        )
-        self.d = d
-
-    def forward(self, x, cos, sin):
-        b, s, _ = x.shape
-        q, k, v = (t.contiguous() for t in self.wqkv(self.attention_norm(x)).split(self.widths, -1))
-        q, k, v = (t.view(b, s, -1, self.d).transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, is_causal=True, enable_gqa=True)
-        x = x + self.wo(out.transpose(1, 2).reshape(b, s, -1))
-        n = self.ffn_norm(x)
-        return x + self.w2(F.silu(self.w1(n)) * self.w3(n))
+def rms_norm(width: int) -> nn.Module:
+    """torch.nn.RMSNorm: CUDA's fused kernel (``_fused_rms_norm``), which keeps its input and fp32 1/rms."""
+    return nn.RMSNorm(width, eps=1e-5)
 
 
-def rope(t, cos, sin):
-    half = t.shape[-1] // 2
-    return torch.cat([t[..., :half] * cos - t[..., half:] * sin, t[..., half:] * cos + t[..., :half] * sin], -1)
+SPEC = resolve_model("llama-3.2-1b").spec.model_copy(update={"num_layers": 4})  # four blocks at its widths
 
 
 def measure(seq: int, batch: int, device: torch.device) -> dict:
     torch.manual_seed(0)
-    blocks = [Block(SPEC).to(device, torch.bfloat16) for _ in range(SPEC.num_layers)]
+    blocks = [TitanBlock(SPEC, True, rms_norm).to(device, torch.bfloat16) for _ in range(SPEC.num_layers)]
     angles = torch.arange(seq, device=device)[:, None] * (10000.0 ** (-torch.arange(32, device=device) / 32))
     cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
     w = workload_for(SPEC, seq, batch, fused_qkv=True)
@@ -102,10 +60,7 @@ def measure(seq: int, batch: int, device: torch.device) -> dict:
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     x = torch.randn(batch, seq, SPEC.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
-    out = x
-    for block in blocks:
-        out = checkpoint(block, out, cos, sin, use_reentrant=False, preserve_rng_state=False,
-                         context_fn=lambda: create_selective_checkpoint_contexts(policy()))  # fmt: skip
+    out = run_checkpointed(blocks, x, cos, sin)
     torch.cuda.synchronize()
     kept = (torch.cuda.memory_allocated() - before - out.untyped_storage().nbytes()) / SPEC.num_layers
 
@@ -122,23 +77,8 @@ def measure(seq: int, batch: int, device: torch.device) -> dict:
     del out, grad
 
     # 3. what a block saves when it runs again, beyond the policy's kept storages and its input
-    block = blocks[0]
-    weights = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
     y = torch.randn(batch, seq, SPEC.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
-    recorder = PolicyOutputs()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
-        held = block(y, cos, sin)
-    reused = recorder.kept | {y.untyped_storage().data_ptr()}
-    rerun = sum(size for ptr, size in saved.items() if ptr not in reused)
-    del held
+    rerun = rerun_saved_bytes(blocks[0], y, cos, sin)
 
     rebuilt = selective_rebuilt(w, layout, False)
     transients = backward_transients(w, 1, 1, StageLayers(SPEC.num_layers, 0, False, False))

@@ -5,13 +5,15 @@ block in ``torch.utils.checkpoint`` with ``create_selective_checkpoint_contexts`
 compute-intensive operators (``mm``, the attention kernels, ``topk``) are saved, but every second ``mm``/``linear`` in
 the order the block runs them, and every other operator is recomputed. The policy below is that rule, written here
 (the CPU's flash attention operator stands in for CUDA's, which the policy lists). PyTorch runs it on a block written
-as torchtitan's Llama 3 block is (fused QKV or three projections, RoPE, SDPA with grouped KV heads, SwiGLU), with an
-RMSNorm that keeps its input and 1/rms as the fused kernel the profile describes does; the storages live after the
-forward pass, what the backward's rerun saves, and the FLOPs the backward runs again are counted and set beside
-``engine.memory.op_checkpoint`` and ``engine.model.op_policy``.
+as torchtitan's Llama 3 block is (fused QKV or three projections, RoPE, SDPA with grouped KV heads, SwiGLU), with the
+reference model's RMSNorm, which keeps its input and 1/rms as the fused kernel the profile describes does; the
+storages live after the forward pass, what the backward's rerun saves, and the FLOPs the backward runs again are
+counted and set beside ``engine.memory.op_checkpoint`` and ``engine.model.op_policy``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 
@@ -32,6 +34,7 @@ from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 from lmcalc.engine.workload import Workload  # noqa: E402
 from lmcalc.measure import StorageTracker  # noqa: E402
 from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision  # noqa: E402
+from lmcalc.reference_model import RMSNorm  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -83,42 +86,16 @@ def titan_policy():
     return rule
 
 
-class FusedRMSNorm(torch.autograd.Function):
-    """An RMSNorm kernel that keeps its input and fp32 1/rms, as ``_fused_rms_norm`` on CUDA does."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
-        ctx.save_for_backward(x, rstd, weight)
-        return (x.float() * rstd).to(x.dtype) * weight
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, rstd, weight = ctx.saved_tensors
-        normed = x.float() * rstd
-        g = grad.float() * weight.float()
-        dx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
-        return dx.to(x.dtype), (grad.float() * normed).sum((0, 1)).to(weight.dtype)
-
-
-class Norm(nn.Module):
-    def __init__(self, h: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(h))
-
-    def forward(self, x):
-        return FusedRMSNorm.apply(x, self.weight)
-
-
 class TitanBlock(nn.Module):
     """A Llama 3 block as torchtitan writes it: Q, K and V from one matmul (split into contiguous copies) or three,
-    RoPE, SDPA over grouped KV heads, w2(silu(w1(x)) · w3(x))."""
+    RoPE, SDPA over grouped KV heads, w2(silu(w1(x)) · w3(x)). ``norm``: the RMSNorm module (by default the
+    reference model's, which keeps its input and fp32 1/rms as CUDA's fused kernel does)."""
 
-    def __init__(self, spec: ModelSpec, fused_qkv: bool):
+    def __init__(self, spec: ModelSpec, fused_qkv: bool, norm: Callable[[int], nn.Module] = RMSNorm):
         super().__init__()
         h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_size
         self.widths = [spec.num_heads * d, spec.kv_heads * d, spec.kv_heads * d]
-        self.attention_norm, self.ffn_norm = Norm(h), Norm(h)
+        self.attention_norm, self.ffn_norm = norm(h), norm(h)
         if fused_qkv:
             self.wqkv = nn.Linear(h, sum(self.widths), bias=False)
         else:
@@ -215,14 +192,10 @@ class PolicyOutputs(TorchDispatchMode):
         return {t.untyped_storage().data_ptr() for t in self.outputs}
 
 
-@pytest.mark.parametrize("fused_qkv", [True, False], ids=["fused QKV", "three projections"])
-def test_what_the_rerun_adds_is_exact(fused_qkv):
-    # run again in the backward pass, the block saves what it saves without a checkpoint; of that, the policy's kept
-    # outputs and the block's input are the same storages (taken from the cache), the rest is new. The RoPE tables
-    # are the model's, as torchtitan's cached freqs_cis is, and not counted
-    layer = blocks(fused_qkv)[0]
-    cos, sin = tables(SEQ, SPEC.head_dim)
-    x = torch.randn(BATCH, SEQ, SPEC.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+def rerun_saved_bytes(layer: nn.Module, x, cos, sin) -> int:
+    """What ``layer`` saves when it runs without a checkpoint, storage by storage, beyond the storages the policy
+    keeps and its input: what the rerun in the backward pass adds. The RoPE tables are the model's, as torchtitan's
+    cached freqs_cis is, and not counted."""
     weights = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), cos, sin)}
     saved: dict[int, int] = {}
 
@@ -234,17 +207,24 @@ def test_what_the_rerun_adds_is_exact(fused_qkv):
 
     policy = PolicyOutputs()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), policy:
-        out = layer(x, cos, sin)  # held: the graph keeps every saved storage at its address
+        out = layer(x, cos, sin)  # held while counting: the graph keeps every saved storage at its address
     reused = policy.kept | {x.untyped_storage().data_ptr()}
-    new = sum(size for ptr, size in saved.items() if ptr not in reused)
+    assert out.requires_grad
+    return sum(size for ptr, size in saved.items() if ptr not in reused)
+
+
+@pytest.mark.parametrize("fused_qkv", [True, False], ids=["fused QKV", "three projections"])
+def test_what_the_rerun_adds_is_exact(fused_qkv):
+    # run again in the backward pass, the block saves what it saves without a checkpoint; of that, the policy's kept
+    # outputs and the block's input are the same storages (taken from the cache), the rest is new
+    cos, sin = tables(SEQ, SPEC.head_dim)
+    x = torch.randn(BATCH, SEQ, SPEC.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    new = rerun_saved_bytes(blocks(fused_qkv)[0], x, cos, sin)
     # the CPU's flash kernel lays its output out (b, H, s, d), so the output projection reads a copy, 2·H·d_v bytes
     # a token; CUDA's lays it out (b, s, H, d) and the projection reads a view (the H200 phases in
     # docs/bench-results.md), which is what lmcalc counts
     cpu_copy = BATCH * SEQ * SPEC.num_heads * SPEC.head_dim * 2
-    assert (
-        out.requires_grad
-        and new == selective_rebuilt(workload(fused_qkv), Layout().activation_layout, False) + cpu_copy
-    )
+    assert new == selective_rebuilt(workload(fused_qkv), Layout().activation_layout, False) + cpu_copy
 
 
 @pytest.mark.parametrize("fused_qkv", [True, False], ids=["fused QKV", "three projections"])

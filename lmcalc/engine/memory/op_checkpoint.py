@@ -11,7 +11,7 @@ grouped GEMMs are not on the policy's list, so they are recomputed too.
 
 In the backward pass the block's forward runs again, its kept outputs taken from the cache, and autograd saves what
 the block saves without recomputation: the layer being differentiated holds that whole set beside the kept one, less
-the kept tensors that are the same storages (``op_checkpoint_rebuilt``).
+the kept tensors that are the same storages (``gpu_memory.selective_rebuilt``).
 
 Not modelled: the outputs of the collectives the policy also keeps (TP's reduce-scatters, expert parallelism's
 all-to-alls), and the per-token gather of the RoPE table.

@@ -58,7 +58,8 @@ def block_matmuls(spec: ModelSpec, moe_layer: bool, fused_qkv: bool) -> tuple[Ma
         leaf = t.name.rsplit(".", 2)[-2]
         if fused_qkv and leaf in ("k", "v") and matmuls and matmuls[-1].name in ("q", "qkv"):
             last = matmuls.pop()
-            matmuls.append(Matmul("qkv", last.width + out, f"{last.symbol}+{t.symbols[0]}", last.flops + 2 * inp * out))
+            symbol = f"({last.symbol.strip('()')}+{t.symbols[0]})"
+            matmuls.append(Matmul("qkv", last.width + out, symbol, last.flops + 2 * inp * out))
             continue
         matmuls.append(Matmul(leaf, out * copies, t.symbols[0], 2 * inp * out * copies))
     return tuple(matmuls)
