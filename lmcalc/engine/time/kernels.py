@@ -254,9 +254,12 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
     accumulation = _accumulation_bytes(s, gemms, head, traffic)
     fp8_cast = _fp8_cast_bytes(w, gemms, head, traffic)
     recompute_full = w.recompute == "full"
-    # the share of the layers' forward redone: all of it, or under per-operator checkpointing every second matmul
-    # with the memory-bound kernels between them (engine.model.op_policy)
+    # the shares of the layers' forward GEMMs and memory-bound kernels run again: all under full recomputation; under
+    # selective, the matmuls the framework's rule redoes, with every memory-bound kernel between them per operator
+    # (torchtitan) or the redone modules' own, taken at their matmuls' share (Megatron; engine.model.op_policy)
     redone = 1.0 if recompute_full else workload_redone(w).matmuls
+    per_operator = w.framework.recompute.selective == "matmuls"
+    kernels_redone = 1.0 if recompute_full or (redone and per_operator) else redone
     return StageWork(
         gemms=tuple(gemms),
         head=head,
@@ -266,8 +269,8 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
         attention_backward=attention.backward,
         attention_recomputed=attention.forward if recompute_full else 0.0,
         memory_forward=traffic.forward,
-        memory_backward=(traffic.backward + (traffic.forward if redone else 0.0)) * live,
-        memory_kernels=traffic.kernels * (1.5 if redone else 1.0),
+        memory_backward=(traffic.backward + traffic.forward * kernels_redone) * live,
+        memory_kernels=traffic.kernels * (1 + kernels_redone / 2),
         accumulation_bytes=accumulation,
         wgrad_accumulator_bytes=_wgrad_accumulator_bytes(w),
         fp8_cast_bytes=fp8_cast * (1 + redone / 2),
