@@ -73,6 +73,8 @@ class Workload:
     recompute_num_layers: int = field(default=1, kw_only=True)  # full recomputation's N (--recompute-num-layers)
     recompute_method: RecomputeMethod = field(default="uniform", kw_only=True)  # uniform units of N, or block
     recompute_modules: tuple[RecomputeModule, ...] = field(default=("core_attn",), kw_only=True)  # Megatron's selective
+    cpu_offloading_num_layers: int = field(default=0, kw_only=True)  # layers whose activations wait in host memory
+    # (without recomputation only, as Megatron-Core runs it: a recomputing variant, such as a lever, offloads none)
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +89,12 @@ class Workload:
         ):
             if getattr(self, name) not in options:
                 raise LmcalcError(f"{setting(name)} must be one of {', '.join(options)}; got {getattr(self, name)!r}")
+        n = self.cpu_offloading_num_layers
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < self.model.num_layers:
+            raise LmcalcError(
+                f"{setting('cpu_offloading_num_layers')} must be a whole number from 0 to "
+                f"{self.model.num_layers - 1} (fewer than the model's layers, as Megatron-Core requires), got {n}"
+            )
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown or not self.recompute_modules or len(set(self.recompute_modules)) < len(self.recompute_modules):
             raise LmcalcError(
@@ -105,6 +113,11 @@ class Workload:
 
     def __hash__(self) -> int:
         return self._hash
+
+    @property
+    def offloaded_layers(self) -> int:
+        """The layers whose activations CPU offloading moves to host memory: none under recomputation."""
+        return self.cpu_offloading_num_layers if self.recompute == "none" else 0
 
     @property
     def core_recomputed(self) -> bool:

@@ -206,6 +206,14 @@ class WorkloadSettings(MethodSettings, total=False):
             f"{alternatives(RECOMPUTE_MODULES)} (--framework megatron).",
         ),
     ]
+    cpu_offloading_num_layers: Annotated[
+        int,
+        Setting(
+            0,
+            "Megatron-Core's CPU activation offloading (Transformer Engine's offload context): the activations of "
+            "this many layers wait in host memory between their forward and backward; no PP, no recomputation.",
+        ),
+    ]
 
 
 class TrainingSettings(WorkloadSettings, total=False):

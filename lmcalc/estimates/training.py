@@ -187,6 +187,16 @@ def training_setup(
     framework = framework_of(name)
     if modules != DEFAULT_MODULES:
         check_modules(modules, framework, resolved.spec)
+    if given["cpu_offloading_num_layers"] and mode != "none" and "recompute" in settings:
+        raise LmcalcError(  # megatron/core/transformer/transformer_config.py refuses the two together
+            f"{setting('cpu_offloading_num_layers')} offloads activations that recomputation would not keep; "
+            f"Megatron-Core refuses the two together: use {setting('recompute')} none (got {mode})"
+        )
+    if given["cpu_offloading_num_layers"] and framework.name not in MEGATRON_LIKE:
+        raise LmcalcError(
+            f"{setting('cpu_offloading_num_layers')} is Megatron-Core's CPU activation offloading "
+            f"({setting('framework')} megatron); {framework.label} has none modelled"
+        )
     if framework.name == "transformers" and resolved.spec.attention_softcap and kernel == "flash":
         kernel = "eager"  # Gemma 2's soft-capped logits: transformers' SDPA path refuses them (_supports_sdpa False)
         resolved = replace(resolved, note=" ".join(filter(None, (resolved.note, SOFTCAP_EAGER))))
@@ -205,11 +215,13 @@ def training_setup(
         recompute_num_layers=given["recompute_num_layers"],
         recompute_method=recompute_method,
         recompute_modules=modules,
+        cpu_offloading_num_layers=given["cpu_offloading_num_layers"],
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
 
 
 DEFAULT_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
+MEGATRON_LIKE = ("megatron", "idealised")  # the profiles Megatron-Core's own levers apply to
 
 
 def recompute_modules_of(value: str) -> tuple[RecomputeModule, ...]:
@@ -225,7 +237,7 @@ def recompute_modules_of(value: str) -> tuple[RecomputeModule, ...]:
 
 def check_modules(modules: tuple[RecomputeModule, ...], framework: FrameworkProfile, model: ModelSpec) -> None:
     """Refuse what Megatron-Core refuses, and modules under a framework that has none."""
-    if framework.recompute.selective != "attention_core" or framework.name not in ("megatron", "idealised"):
+    if framework.recompute.selective != "attention_core" or framework.name not in MEGATRON_LIKE:
         raise LmcalcError(
             f"{setting('recompute_modules')} is Megatron-Core's selective recomputation ({setting('framework')} "
             "megatron); "

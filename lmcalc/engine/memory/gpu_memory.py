@@ -250,6 +250,8 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
         return layer_bytes(w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
 
     chunks = _trained_chunks(w, stage_chunk_mixes(w.model, layout)[stage])
+    if w.offloaded_layers:  # one stage (check_layout): the first N layers' activations wait in host memory
+        chunks = [_on_gpu(w, *chunk) for chunk in chunks]
     rebuilt = 0.0
     if w.recompute == "full":
         checkpoint = bytes_on_gpu(layer_checkpoint(w), layout)
@@ -277,6 +279,14 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     else:  # the stage's first layer: dense unless the stage builds MoE layers alone
         first = one_layer(not built.dense) if built.layers else 0.0
     return StageActivations(held, in_flight, outside, rebuilt, freed, first, _unmade_grads(w, layout, built))
+
+
+def _on_gpu(w: Workload, dense: int, moe: int) -> tuple[int, int]:
+    """Of a stage's (dense, MoE) layers, those whose activations stay on the GPU under CPU offloading: Transformer
+    Engine's offload context keeps (L − N)·T of activation memory for N offloaded layers of T each
+    (transformer_engine/pytorch/cpu_offload.py get_cpu_offload_context, TransformerEngine d0067d0d)."""
+    offloaded_moe = w.model.moe_layers_in(0, w.offloaded_layers)
+    return max(0, dense - (w.offloaded_layers - offloaded_moe)), max(0, moe - offloaded_moe)
 
 
 def selective_rebuilt(w: Workload, layout: ActivationLayout, moe_layer: bool) -> float:

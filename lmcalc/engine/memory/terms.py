@@ -278,7 +278,14 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
 
 
 def _recomputed_text(w: Workload) -> str:
-    """What full recomputation keeps of the layers, as the activations' formula says it."""
+    """What full recomputation keeps of the layers, or CPU offloading leaves on the GPU, as the activations' formula
+    says it."""
+    if w.offloaded_layers:
+        n = w.offloaded_layers
+        return (
+            f" — the first {n} layer{'s' if n > 1 else ''}' activations offloaded to host memory, (L − {n}) layers on "
+            "the GPU (Transformer Engine's CPU offload context)"
+        )
     if w.recompute != "full":
         return ""
     n = w.recompute_num_layers

@@ -212,6 +212,11 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
     check_split(model, layout.pp, layout.grad_accum, split)
     check_framework_runs(w, layout.zero, layout.pp)
     check_offload(w.offload, layout.zero)
+    if w.cpu_offloading_num_layers and layout.pp > 1:  # megatron/core/transformer/transformer_config.py
+        raise LmcalcError(
+            f"{setting('cpu_offloading_num_layers')} works without pipeline parallelism (Megatron-Core refuses "
+            f"PP={layout.pp} with CPU offloading)"
+        )
     if w.method.kind == "freeze" and layout.pp > 1:
         raise LmcalcError(
             f"the freeze method is modelled on one pipeline stage: PP={layout.pp} would give the stages unequal "
