@@ -251,7 +251,7 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
 
     chunks = _trained_chunks(w, stage_chunk_mixes(w.model, layout)[stage])
     if w.offloaded_layers:  # one stage (check_layout): the first N layers' activations wait in host memory
-        chunks = [_on_gpu(w, *chunk) for chunk in chunks]
+        chunks = tuple(_on_gpu(w, *chunk) for chunk in chunks)
     rebuilt = 0.0
     if w.recompute == "full":
         checkpoint = bytes_on_gpu(layer_checkpoint(w), layout)
