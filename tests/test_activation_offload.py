@@ -70,6 +70,9 @@ def test_the_flag(capsys):
     code, plain = run([*base, "--json"], capsys)
     offloaded, everything = (json.loads(o)["results"]["activations"]["total"]["value"] for o in (out, plain))
     assert everything - offloaded == 16 * 4096 * 149_640
+    assert (
+        json.loads(out)["inputs"]["recompute"]["value"] == "none; the first 16 layers' activations offloaded to the CPU"
+    )
     code, err = run([*base, "--cpu-offloading-num-layers", "4", "--recompute", "full"], capsys)
     assert code == 2 and "refuses the two together" in err
     code, err = run(

@@ -269,6 +269,10 @@ def recompute_input(w: Workload) -> Input:
     if w.recompute == "selective" and w.recompute_modules != DEFAULT_MODULES:
         value = f"selective: {', '.join(w.recompute_modules)}"
         origin += f" {flag('recompute_modules')}"
+    if w.offloaded_layers:
+        n = w.offloaded_layers
+        value = f"none; the first {n} layer{'s' if n > 1 else ''}' activations offloaded to the CPU"
+        origin += f" {flag('cpu_offloading_num_layers')}"
     return Input("recompute", "Activation recomputation", value, origin=origin)
 
 
