@@ -675,7 +675,11 @@ def nanotron_multinode_section() -> list[str]:
         "",
         "Not found yet: why the runs with TP 32 over four nodes and large micro-batches hold so much less than the "
         "last stage's loss over 131,072 fp32 logits lmcalc counts, nor what the runs lmcalc puts far below their "
-        "figure hold.",
+        "figure hold. Ruled out for the first: that the loss rule over-counts nanotron's sharded cross-entropy "
+        "(src/nanotron/parallel/tensor_parallel/functional.py, _ShardedCrossEntropy, at 67c5ebb6). Its forward holds "
+        "the bf16 logits, an fp32 copy and the shifted fp32 copy it turns into the softmax in place, 10 bytes a "
+        "logit at its peak, where the profile counts 8. Its backward works in the saved softmax in place, with "
+        "only the bf16 cast of the gradient beside it.",
     ]
     return lines
 
