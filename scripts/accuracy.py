@@ -18,7 +18,7 @@ from lmcalc.engine.time.steptime import StepTime, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_ATTENTION
-from lmcalc.estimates.training import build_layout, pipeline_split, split_settings
+from lmcalc.estimates.training import bf16_gradient_buffer, build_layout, pipeline_split, split_settings
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.presets import (
     read_yaml,
@@ -116,7 +116,8 @@ def run_model(run_id: str, model: dict[str, Any], shapes: dict[str, dict[str, An
 def _framework(row: dict[str, Any]) -> FrameworkProfile:
     """The run's framework profile, with the attention kernel the run used where it differs from the profile's
     (``attention_kernel``: FlashAttention-2 on runs made before FlashAttention-3 existed) and any other speed rule
-    the source states (``speed``: DeepSeek-V3's DualPipe overlaps its all-to-alls)."""
+    the source states (``speed``: DeepSeek-V3's DualPipe overlaps its all-to-alls), and Megatron's gradient buffer in
+    bf16 where the recipe reduces gradients in bf16 (``grad_reduce_in_bf16``)."""
     profile = resolve_framework(row["framework"]).spec
     changes = dict(row.get("speed", {}))
     if "attention_kernel" in row:
@@ -124,6 +125,8 @@ def _framework(row: dict[str, Any]) -> FrameworkProfile:
     if changes:
         speed = type(profile.speed).model_validate({**profile.speed.model_dump(), **changes})
         profile = profile.model_copy(update={"speed": speed})
+    if row.get("grad_reduce_in_bf16"):  # Megatron's gradient buffer in bf16, as the run's recipe sets it
+        profile = bf16_gradient_buffer(profile)
     return profile
 
 

@@ -206,6 +206,15 @@ class WorkloadSettings(MethodSettings, total=False):
             f"{alternatives(RECOMPUTE_MODULES)} (--framework megatron).",
         ),
     ]
+    grad_reduce_in_bf16: Annotated[
+        bool,
+        Setting(
+            False,
+            "Megatron-LM's --grad-reduce-in-bf16 (Megatron-Bridge's grad_reduce_in_fp32 off): the gradient buffer in "
+            "bf16, reduced in bf16, the distributed optimizer casting its shard to fp32 at the step.",
+            flags=("--grad-reduce-in-bf16",),
+        ),
+    ]
     cpu_offloading_num_layers: Annotated[
         int,
         Setting(

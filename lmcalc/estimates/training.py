@@ -192,6 +192,8 @@ def training_setup(
             f"{setting('cpu_offloading_num_layers')} offloads activations that recomputation would not keep; "
             f"Megatron-Core refuses the two together: use {setting('recompute')} none (got {mode})"
         )
+    if given["grad_reduce_in_bf16"]:
+        framework = bf16_gradient_buffer(framework)
     if given["cpu_offloading_num_layers"] and framework.name not in MEGATRON_LIKE:
         raise LmcalcError(
             f"{setting('cpu_offloading_num_layers')} is Megatron-Core's CPU activation offloading "
@@ -247,6 +249,25 @@ def check_modules(modules: tuple[RecomputeModule, ...], framework: FrameworkProf
         raise LmcalcError(
             f"{setting('recompute_modules')} mla_up_proj needs multi-head latent attention; {model.label} has none"
         )
+
+
+def bf16_gradient_buffer(framework: FrameworkProfile) -> FrameworkProfile:
+    """The megatron profile with Megatron-LM's ``--grad-reduce-in-bf16``: megatron/core/distributed/
+    param_and_grad_buffer.py keeps the gradient buffer in the parameters' bf16 when grad_reduce_in_fp32 is off, and the
+    distributed optimizer (megatron/core/optimizer/distrib_optimizer.py) copies its shard of it into fp32 main
+    gradients at the step."""
+    if framework.name != "megatron":
+        raise LmcalcError(
+            f"{setting('grad_reduce_in_bf16')} is Megatron-LM's gradient buffer ({setting('framework')} megatron); "
+            f"{framework.label} keeps its gradients as its profile says"
+        )
+    return framework.model_copy(
+        update={
+            "display_name": f"{framework.label}, gradients reduced in bf16",
+            "states": framework.states.model_copy(update={"grad_bytes": 2.0}),
+            "optimizer_step": framework.optimizer_step.model_copy(update={"fp32_grad_copy": True}),
+        }
+    )
 
 
 def _what_selective_redoes(framework: FrameworkProfile) -> str:
