@@ -80,3 +80,31 @@ def _fast_tests_stay_fast(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
     torch_before = "torch" in sys.modules
     yield
     assert torch_before or "torch" not in sys.modules, "a fast test imports no torch: mark it torch"
+
+
+class CliRun:
+    """One in-process run of ``lmcalc``: its exit code, what it printed, and that as JSON."""
+
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+    @property
+    def json(self):
+        import json
+
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def lmcalc_run(capsys: pytest.CaptureFixture[str]):
+    """``lmcalc_run(argv)``: the command line's ``main`` run in this process (no subprocess: fast tier)."""
+
+    def run(argv: list[str]) -> CliRun:
+        from lmcalc.cli import main
+
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        out, err = capsys.readouterr()
+        return CliRun(exit_info.value.code, out, err)
+
+    return run

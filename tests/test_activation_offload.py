@@ -9,8 +9,6 @@ parallelism and recomputation beside it. The counts below are derived by hand fr
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from lmcalc.engine.memory.gpu_memory import layer_bytes, stage_activations
@@ -54,28 +52,16 @@ def test_megatron_cores_refusals():
         check_layout(workload("llama-3.1-8b", 4), Layout(pp=2))
 
 
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    from lmcalc.cli import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out if exit_info.value.code == 0 else err
-
-
-def test_the_flag(capsys):
+def test_the_flag(lmcalc_run):
     base = ["memory", "-m", "llama-3.1-8b", "--framework", "megatron", "--seq", "4096"]
-    code, out = run([*base, "--cpu-offloading-num-layers", "16", "--json"], capsys)
-    assert code == 0
-    code, plain = run([*base, "--json"], capsys)
-    offloaded, everything = (json.loads(o)["results"]["activations"]["total"]["value"] for o in (out, plain))
-    assert everything - offloaded == 16 * 4096 * 149_640
-    assert (
-        json.loads(out)["inputs"]["recompute"]["value"] == "none; the first 16 layers' activations offloaded to the CPU"
-    )
-    code, err = run([*base, "--cpu-offloading-num-layers", "4", "--recompute", "full"], capsys)
-    assert code == 2 and "refuses the two together" in err
-    code, err = run(
-        ["memory", "-m", "llama-3.1-8b", "--framework", "transformers", "--cpu-offloading-num-layers", "4"], capsys
-    )
-    assert code == 2 and "has none modelled" in err and "Traceback" not in err
+    offloaded, plain = lmcalc_run([*base, "--cpu-offloading-num-layers", "16", "--json"]), lmcalc_run([*base, "--json"])
+    assert offloaded.code == plain.code == 0
+    activations = [r.json["results"]["activations"]["total"]["value"] for r in (plain, offloaded)]
+    assert activations[0] - activations[1] == 16 * 4096 * 149_640
+    recompute = offloaded.json["inputs"]["recompute"]["value"]
+    assert recompute == "none; the first 16 layers' activations offloaded to the CPU"
+    refused = lmcalc_run([*base, "--cpu-offloading-num-layers", "4", "--recompute", "full"])
+    assert refused.code == 2 and "refuses the two together" in refused.err
+    titan = ["memory", "-m", "llama-3.1-8b", "--framework", "transformers", "--cpu-offloading-num-layers", "4"]
+    refused = lmcalc_run(titan)
+    assert refused.code == 2 and "has none modelled" in refused.err and "Traceback" not in refused.err

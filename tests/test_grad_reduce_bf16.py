@@ -5,8 +5,6 @@ fp32 at the step. Counts derived by hand."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
@@ -37,13 +35,9 @@ def test_only_megatrons_buffer():
         bf16_gradient_buffer(framework_profile("torchtitan"))
 
 
-def test_the_flag(capsys):
-    from lmcalc.cli import main
-
+def test_the_flag(lmcalc_run):
     argv = ["memory", "-m", "llama-3-8b", "--gpus", "8xH100", "--dp", "4", "--cp", "2", "--zero", "1", "--seq", "8192",
             "--framework", "megatron", "--grad-reduce-in-bf16", "--json"]  # fmt: skip
-    with pytest.raises(SystemExit):
-        main(argv)
-    data = json.loads(capsys.readouterr().out)
+    data = lmcalc_run(argv).json
     assert data["results"]["state"]["grads"]["value"] == N * 2
     assert data["inputs"]["framework"]["origin"].endswith("gradients reduced in bf16")

@@ -5,9 +5,6 @@ or the setting its source leaves out; a note beside a run that fits is stale. do
 
 from __future__ import annotations
 
-import json
-
-import pytest
 from published_fit import DOC, FILES, fits, report
 
 from lmcalc.preset_files import read_yaml
@@ -42,14 +39,11 @@ def test_the_report_is_current():
     assert DOC.read_text() == report(ROWS), "run: python scripts/published_fit.py --write"
 
 
-def test_the_answer_says_what_fp8_leaves_unexpressed(capsys):
+def test_the_answer_says_what_fp8_leaves_unexpressed(lmcalc_run):
     # the NeMo rows' fp8: the answer itself says that an fp8 recipe's memory is not modelled, and bf16's does not
-    from lmcalc.cli import main
-
     def notes(precision: str) -> list[str]:
-        with pytest.raises(SystemExit):
-            main(["memory", "-m", "llama-3-8b", "--precision", precision, "--framework", "megatron", "--json"])
-        return json.loads(capsys.readouterr().out)["notes"]
+        argv = ["memory", "-m", "llama-3-8b", "--precision", precision, "--framework", "megatron", "--json"]
+        return lmcalc_run(argv).json["notes"]
 
     assert any("what an fp8 recipe keeps is not modelled" in n for n in notes("fp8-mixed"))
     assert not any("fp8 recipe" in n for n in notes("bf16-mixed"))

@@ -9,8 +9,6 @@ tensors, counted storage by storage, are set beside lmcalc's activations and the
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from lmcalc.engine.memory.gpu_memory import gpu_memory
@@ -33,25 +31,15 @@ def test_block_takes_the_first_layers_of_each_chunk():
     assert block_recomputed(resolve_model("deepseek-v3").spec, Layout(pp=4), 0, 5) == (3, 2)
 
 
-def run_json(argv: list[str], capsys) -> tuple[int, dict | str]:
-    from lmcalc.cli import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return exit_info.value.code, json.loads(out) if exit_info.value.code == 0 else err
-
-
-def test_the_methods_bound_what_none_and_full_recomputation_keep(capsys):
+def test_the_methods_bound_what_none_and_full_recomputation_keep(lmcalc_run):
     # Llama 3.1 8B, 8 H100s, ZeRO-1, 4,096 tokens: block over every layer is full recomputation; block over none of
     # them is no recomputation in what the layers keep; uniform units of 2 keep half the inputs of N = 1
     base = ["memory", "-m", "llama-3.1-8b", "--gpus", "8xH100", "--zero", "1", "--seq", "4096", "--json"]
 
     def activations(*flags: str) -> float:
-        code, data = run_json([*base, *flags], capsys)
-        assert code == 0, data
-        assert isinstance(data, dict)
-        return data["results"]["activations"]["total"]["value"]
+        run = lmcalc_run([*base, *flags])
+        assert run.code == 0, run.err
+        return run.json["results"]["activations"]["total"]["value"]
 
     full, none = activations("--recompute", "full"), activations("--recompute", "none")
     assert activations("--recompute", "full", "--recompute-method", "block", "--recompute-num-layers", "32") == full
@@ -63,13 +51,11 @@ def test_the_methods_bound_what_none_and_full_recomputation_keep(capsys):
     assert pairs == pytest.approx(outside + 16 * layer_input, rel=1e-12)
 
 
-def test_the_flags_need_full_recomputation(capsys):
-    code, err = run_json(["memory", "-m", "llama-3.1-8b", "--recompute-num-layers", "4"], capsys)
-    assert code == 2 and "need --recompute full (got none)" in err and "Traceback" not in err
-    code, err = run_json(
-        ["memory", "-m", "llama-3.1-8b", "--recompute", "full", "--recompute-method", "blocks"], capsys
-    )
-    assert code == 2 and "--recompute-method must be one of uniform, block" in err
+def test_the_flags_need_full_recomputation(lmcalc_run):
+    run = lmcalc_run(["memory", "-m", "llama-3.1-8b", "--recompute-num-layers", "4"])
+    assert run.code == 2 and "need --recompute full (got none)" in run.err and "Traceback" not in run.err
+    run = lmcalc_run(["memory", "-m", "llama-3.1-8b", "--recompute", "full", "--recompute-method", "blocks"])
+    assert run.code == 2 and "--recompute-method must be one of uniform, block" in run.err
 
 
 def test_block_recomputation_redoes_only_its_layers_forward():

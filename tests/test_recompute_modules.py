@@ -12,8 +12,6 @@ multi_latent_attention.py the up-projected Q, K and V (``mla_up_proj``).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from lmcalc.engine.memory.activations import layer_kept_tensors
@@ -116,26 +114,16 @@ def test_a_module_name_is_checked():
         workload("llama-3.1-8b", "attention")
 
 
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    from lmcalc.cli import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out if exit_info.value.code == 0 else err
-
-
-def test_the_flag(capsys):
+def test_the_flag(lmcalc_run):
     base = ["memory", "-m", "llama-3.1-8b", "--framework", "megatron", "--seq", "8192", "--json"]
-    code, out = run([*base, "--recompute", "selective", "--recompute-modules", "core_attn,mlp"], capsys)
-    assert code == 0
-    data = json.loads(out)
-    assert data["results"]["activations"]["dense_layer"]["value"] == (LLAMA_ATTENTION + 2 * 4096) * S
-    assert data["inputs"]["recompute"]["value"] == "selective: core_attn, mlp"
-    code, err = run([*base, "--recompute-modules", "mlp"], capsys)
-    assert code == 2 and "needs --recompute selective (got none)" in err
-    code, err = run([*base, "--recompute", "selective", "--recompute-modules", "mpl"], capsys)
-    assert code == 2 and "did you mean mlp?" in err
+    run = lmcalc_run([*base, "--recompute", "selective", "--recompute-modules", "core_attn,mlp"])
+    assert run.code == 0
+    assert run.json["results"]["activations"]["dense_layer"]["value"] == (LLAMA_ATTENTION + 2 * 4096) * S
+    assert run.json["inputs"]["recompute"]["value"] == "selective: core_attn, mlp"
+    run = lmcalc_run([*base, "--recompute-modules", "mlp"])
+    assert run.code == 2 and "needs --recompute selective (got none)" in run.err
+    run = lmcalc_run([*base, "--recompute", "selective", "--recompute-modules", "mpl"])
+    assert run.code == 2 and "did you mean mlp?" in run.err
     titan = ["memory", "-m", "llama-3.1-8b", "--framework", "torchtitan", "--recompute", "selective"]
-    code, err = run([*titan, "--recompute-modules", "mlp"], capsys)
-    assert code == 2 and "every second matmul" in err and "Traceback" not in err
+    run = lmcalc_run([*titan, "--recompute-modules", "mlp"])
+    assert run.code == 2 and "every second matmul" in run.err and "Traceback" not in run.err
