@@ -184,6 +184,15 @@ class BuffersRule(Rule):
         0, description="layer-boundary tensors (s·b·h each) pipeline send/receive holds at once"
     )
     workspace_bytes: float = Field(ge=0, description="cuBLAS and NCCL workspaces, in bytes, inside PyTorch's pool")
+    communication_unit_elements: float = Field(
+        0,
+        ge=0,
+        description="Megatron-FSDP's least communication unit, in elements: ZeRO-2 and ZeRO-3 are Megatron-FSDP, "
+        "whose ZeRO-3 all-gather prefetches layers until half a unit is in flight and keeps the modules outside "
+        "the layers gathered, and whose reduce-scatter queue keeps unsharded gradient buckets until more than a "
+        "unit waits (engine/memory/fsdp_buffers.py); 0: gathered_layers, reduce_scatter_bytes and head_gathered "
+        "count instead",
+    )
 
 
 class OptimizerStepRule(Rule):

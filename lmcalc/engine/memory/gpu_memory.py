@@ -28,6 +28,7 @@ from lmcalc.engine.memory.activations import (
     layer_saved_tensors,
     lowest_layer_unkept,
 )
+from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE
 from lmcalc.engine.memory.module_recompute import module_rebuilt
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
@@ -129,7 +130,7 @@ class GpuMemory:
     @property
     def phases(self) -> StepPhases:
         """The bytes each phase of the step holds beyond the persistent parts."""
-        return step_phases(self.held, self.transients, self.kept.step_transient, self.kept.grads)
+        return step_phases(self.held, self.transients, self.kept.step_transient, self.kept.grads, self.kept.queue)
 
     @property
     def micro_batches_in_flight(self) -> float:
@@ -389,7 +390,7 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     activations = stage_activations(w, layout, stage)
     transients = backward_transients(w, layout.tp, layout.cp, built)
     buffers, allocator, allowance = layout_buffers(w, layout), w.framework.allocator, w.allowance
-    busiest = step_phases(activations, transients, states.step_transient, states.grads).busiest
+    busiest = step_phases(activations, transients, states.step_transient, states.grads, states.queue).busiest
     context = outside_pool(allocator, layout)
     total = _stage_total(states, busiest, buffers, allocator.fragmentation, context + allowance)
     return GpuMemory(stage, states, activations, transients, buffers, allowance, allocator, context, total)
@@ -413,10 +414,10 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
     most: tuple[int, StageStates, StageActivations, Transients] | None = None
     most_total = 0.0
     for (stage, held, transients, backward), states in zip(peaks, states_by_stage, strict=True):
-        if held.unmade is NONE_UNMADE:
+        if held.unmade is NONE_UNMADE and states.queue is NO_QUEUE:
             busiest = backward if backward > states.step_transient else states.step_transient  # max, without a call
-        else:  # the backward's phases hold only the gradients made by then
-            busiest = step_phases(held, transients, states.step_transient, states.grads).busiest
+        else:  # the backward's phases hold only the gradients made by then, or Megatron-FSDP's buckets too
+            busiest = step_phases(held, transients, states.step_transient, states.grads, states.queue).busiest
         total = _stage_total(states, busiest, buffers, allocator.fragmentation, context + allowance)
         if most is None or total > most_total:  # the first of equally loaded stages
             most, most_total = (stage, states, held, transients), total

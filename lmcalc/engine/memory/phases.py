@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import adapter_copies
+from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.workload import Workload
@@ -112,7 +113,11 @@ PHASE_NAMES = (
 
 
 def step_phases(
-    held: StageActivations, transients: Transients, step_transient: float, grads: float = 0.0
+    held: StageActivations,
+    transients: Transients,
+    step_transient: float,
+    grads: float = 0.0,
+    queue: GradQueue = NO_QUEUE,
 ) -> StepPhases:
     """The step's phases on one GPU: the loss's backward runs with every activation still saved; the final norm's
     backward once the loss and the head have freed what they saved for that micro-batch (``held.head``, of which
@@ -124,15 +129,22 @@ def step_phases(
     (docs/formulas.md §5.10), so the rebuilt layer never lives beside the logits' gradients. ``grads``: the stage's
     gradient bytes, of which ``held.unmade`` says what share each phase does not hold yet (the persistent parts count
     them all). From the top layer down to the first the activations fall and the gradients grow layer by layer, so
-    the two ends bound every layer's backward. (On a stage without the head, ``transients.norm`` stands for a layer's
-    own norms: one fp32 copy too many, the one the layer keeps.)"""
+    the two ends bound every layer's backward. Megatron-FSDP's gradient buckets in flight (``queue``) grow as the
+    layers' activations fall, so the layer's phase is the top layer's with the most they add beyond what the layers
+    above have freed (``GradQueue.layer_peak``). (On a stage without the head, ``transients.norm`` stands for a
+    layer's own norms: one fp32 copy too many, the one the layer keeps.)"""
     after_head, unmade, embedding_side = held.total - held.head, held.unmade, held.outside - held.head
     return StepPhases(
         held.total + transients.loss - unmade.loss * grads,
-        after_head + transients.norm - unmade.norm * grads,
-        after_head + held.rebuilt + transients.layer - unmade.layer * grads,
-        embedding_side + held.first_layer + held.rebuilt + transients.layer - unmade.first_layer * grads,
-        embedding_side + 2 * transients.embedding,
+        after_head + transients.norm + queue.head - unmade.norm * grads,
+        after_head + held.rebuilt + transients.layer + queue.layer_peak(held.first_layer) - unmade.layer * grads,
+        embedding_side
+        + held.first_layer
+        + held.rebuilt
+        + transients.layer
+        + queue.first_layer
+        - unmade.first_layer * grads,
+        embedding_side + 2 * transients.embedding + queue.embedding,
         step_transient,
     )
 

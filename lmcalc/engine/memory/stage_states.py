@@ -3,9 +3,10 @@ the activations and the step's phases to these).
 
 The states follow ``engine.parallel.sharding``: TP splits the matrices, PP the layers, EP the experts, ZeRO shards
 the states over the data-parallel replicas (DP · CP); the framework profile decides the gradients' bytes, whether
-only the master copy persists (FSDP2), DDP's second copy of the gradients, ZeRO-3's gathered layers, what the
-optimizer step makes at the end of the step, and its buffers (sequence-parallel and pipeline tensors, the reduce
-bucket, cuBLAS's workspaces). Neither the micro-batch nor recomputation changes any of them.
+only the master copy persists (FSDP2), DDP's second copy of the gradients, ZeRO-3's gathered layers, Megatron-FSDP's
+gradient buckets in flight (``fsdp_buffers``), what the optimizer step makes at the end of the step, and its buffers
+(sequence-parallel and pipeline tensors, the reduce bucket, cuBLAS's workspaces). Neither the micro-batch nor
+recomputation changes any of them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import dora_temporaries, largest_quantised
 from lmcalc.engine.finetune.offload import FP32_GRAD_COPY
+from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue, gathered, gradient_queue, megatron_fsdp
 from lmcalc.engine.parallel.layout import Layout, StateShards
 from lmcalc.engine.parallel.pipeline import StageLayers, Stages, split_stage_layers
 from lmcalc.engine.parallel.sharding import (
@@ -42,6 +44,7 @@ class StageStates(NamedTuple):
     buckets: float  # DDP's second copy of the gradients
     step_transient: float  # at the end of the step
     offloaded: float = 0.0  # kept off the GPU: in host memory or on NVMe (``engine.finetune.offload``)
+    queue: GradQueue = NO_QUEUE  # Megatron-FSDP's unsharded gradient buckets in the backward (``fsdp_buffers``)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -63,8 +66,10 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
     frozen = frozen_held(model, method, w.precision.param_bytes, tp, ep, built)  # bytes of the frozen ones
     replicated = replicas > 1
     grad_bytes = rules.states.grad_bytes or precision.grad_bytes
-    zero3 = 0.0
-    if zero_shards("params", zero) and (replicated or w.offload.params):  # offloaded weights are gathered too
+    zero3, fsdp = 0.0, megatron_fsdp(w, shards)
+    if zero_shards("params", zero) and fsdp:
+        zero3 = gathered(w, shards, built).total
+    elif zero_shards("params", zero) and (replicated or w.offload.params):  # offloaded weights are gathered too
         per_layer = (held.total * precision.param_bytes + frozen.total) / max(1, built.layers)
         zero3 = per_layer * rules.buffers.gathered_layers + held.total / max(1, built.layers) * (
             rules.buffers.reduce_scatter_bytes
@@ -91,7 +96,8 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
     if w.offload.params:
         offloaded += params + grads
         params = grads = 0.0
-    return StageStates(params, grads, master, optimizer_states, zero3, buckets, step, offloaded)
+    queue = gradient_queue(w, shards, built, grad_bytes) if fsdp else NO_QUEUE
+    return StageStates(params, grads, master, optimizer_states, zero3, buckets, step, offloaded, queue)
 
 
 def layout_buffers(w: Workload, layout: Layout) -> float:

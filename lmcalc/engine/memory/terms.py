@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.memory.activations import layer_kept_tensors, saved_formula
 from lmcalc.engine.memory.finetune_terms import method_section
+from lmcalc.engine.memory.fsdp_buffers import gathered, megatron_fsdp
 from lmcalc.engine.memory.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
 from lmcalc.engine.memory.phases import step_phases
 from lmcalc.engine.memory.saved import SavedTensor
@@ -334,18 +335,7 @@ def _buffer_terms(w: Workload, layout: Layout, gpu: GpuMemory) -> tuple[Term, ..
     rules = w.framework
     buffers = rules.buffers
     return (
-        Term(
-            "zero3_buffers",
-            "ZeRO-3 gathered parameters",
-            gpu.zero3_buffers,
-            "bytes",
-            "(gathered layers · 16-bit bytes + reduce-scatter bytes) per parameter of a layer (+ a head kept gathered)"
-            if zero_shards("params", layout.zero)
-            else "none (ZeRO-3 only)",
-            f"{buffers.gathered_layers} layers gathered, {buffers.reduce_scatter_bytes:g} B per parameter "
-            "of a layer being reduce-scattered" + (", the head kept gathered" if buffers.head_gathered else ""),
-            source=buffers.source,
-        ),
+        _gathered_term(w, layout, gpu),
         Term(
             "grad_buckets",
             "DDP gradient buckets",
@@ -370,11 +360,32 @@ def _buffer_terms(w: Workload, layout: Layout, gpu: GpuMemory) -> tuple[Term, ..
     )
 
 
+def _gathered_term(w: Workload, layout: Layout, gpu: GpuMemory) -> Term:
+    """ZeRO-3's gathered weights: Megatron-FSDP's window of layers and the modules outside them, or the profile's
+    count of gathered layers."""
+    buffers = w.framework.buffers
+    formula = "(gathered layers · 16-bit bytes + reduce-scatter bytes) per parameter of a layer (+ a gathered head)"
+    numbers = f"{buffers.gathered_layers} layers gathered, {buffers.reduce_scatter_bytes:g} B per parameter of a " + (
+        "layer being reduce-scattered" + (", the head kept gathered" if buffers.head_gathered else "")
+    )
+    if not zero_shards("params", layout.zero):
+        formula, numbers = "none (ZeRO-3 only)", ""
+    elif megatron_fsdp(w, layout.state_shards):
+        window = gathered(w, layout.state_shards, stage_layers(w.model, layout, gpu.stage))
+        formula, numbers = window.formula, window.numbers
+    return Term(
+        "zero3_buffers", "ZeRO-3 gathered parameters", gpu.zero3_buffers, "bytes", formula, numbers,
+        source=buffers.source,
+    )  # fmt: skip
+
+
 def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
     """What the busiest phase of the step adds to the saved activations, and which phase that is."""
     rules, held, t = w.framework, gpu.held, gpu.transients
-    phases = step_phases(held, t, gpu.step_transient)  # every gradient counted with the states
+    queue = gpu.kept.queue
+    phases = step_phases(held, t, gpu.step_transient, queue=queue)  # every gradient counted with the states
     rebuilt = f" + rebuilt layer {held.rebuilt / GB:.3g}" if held.rebuilt else ""
+    buckets = f" + gradient buckets {queue.layer_peak(held.first_layer) / GB:.3g}" if queue.layers else ""
     unmade = held.unmade
     not_made = (
         f"; less the gradients not made by then: loss {unmade.loss * gpu.grads / GB:.4g} GB, norm "
@@ -395,9 +406,10 @@ def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
         if rules.transients or held.rebuilt
         else f"none: the {rules.name} profile counts no transients",
         f"loss {phases.loss_backward / GB:.4g} GB; norm {phases.norm_backward / GB:.4g} GB; layer "
-        f"{held.total / GB:.4g} − {held.head / GB:.3g}{rebuilt} + {t.layer / GB:.3g} = "
+        f"{held.total / GB:.4g} − {held.head / GB:.3g}{rebuilt} + {t.layer / GB:.3g}{buckets} = "
         f"{phases.layer_backward / GB:.4g} GB; first layer {phases.first_layer_backward / GB:.4g} GB; embedding "
-        f"{phases.embedding_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB{not_made}",
+        f"{phases.embedding_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB{not_made}"
+        + queue.numbers(held.first_layer),
         source=f"{rules.loss.source}; {rules.optimizer_step.source}",
         note=f"binds at {gpu.phases.binding}: PyTorch frees a node's saved tensors once it has run, so the logits' "
         "gradients, a rebuilt layer and the optimizer's temporaries never live together"
