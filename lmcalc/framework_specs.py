@@ -265,6 +265,21 @@ class RecomputeRule(Rule):
     )
 
 
+class Fp8Rule(Rule):
+    """What the framework keeps under an fp8 recipe (``PrecisionRecipe.fp8``): ``none``, the activation dtype's
+    count (a framework whose fp8 storage lmcalc has not read); ``transformer_engine``, Transformer Engine's linear
+    layers, which save their input quantised for the weight gradient, keep a quantised copy of each weight and
+    quantise each output gradient in the backward (``engine.memory.fp8_storage``)."""
+
+    source: str = Field("lmcalc's default: fp8 storage not read from this framework", min_length=1)
+    saved: Literal["none", "transformer_engine"] = Field("none", description="whose fp8 storage the profile follows")
+    primary_weights: StrictBool = Field(
+        False,
+        description="the layers' weights are kept quantised (fp8 primary weights: Megatron-LM's --fp8-param-gather), "
+        "with no 16-bit copy beside them",
+    )
+
+
 class SpeedRule(Rule):
     """How fast a framework runs the kernels of a step, beyond what they count: which fused attention kernel it
     calls, how much host time each GPU operation costs, and which communication it hides behind computation."""
@@ -343,6 +358,7 @@ class FrameworkProfile(NamedSpec):
     speed: SpeedRule = Field(default_factory=lambda: SpeedRule.model_validate({}))
     parallelism: ParallelismRule = Field(default_factory=lambda: ParallelismRule.model_validate({}))
     recompute: RecomputeRule = Field(default_factory=lambda: RecomputeRule.model_validate({}))
+    fp8: Fp8Rule = Field(default_factory=lambda: Fp8Rule.model_validate({}))
     transients: StrictBool = Field(
         True,
         description="count the transient peaks: the loss's logit-sized tensors and one layer's activation "

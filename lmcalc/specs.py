@@ -426,6 +426,34 @@ class HardwareSpec(NamedSpec):
         return self.display_name or self.name
 
 
+Fp8Scaling = Literal["tensor-delayed", "tensor-current", "block", "mxfp8"]
+
+
+class Fp8Storage(Spec):
+    """What an fp8 recipe stores, as Transformer Engine runs it (transformer_engine/pytorch/tensor/): bytes per
+    element with the scales included, for the GPUs whose fp8 GEMMs take every layout (Blackwell) and, where it
+    differs, for those that take only the TN layout and need transposed copies (Hopper, Ada)."""
+
+    scaling: Fp8Scaling = Field(
+        description="tensor-delayed or tensor-current: one scale per tensor; block: 1×128 blocks of inputs and "
+        "gradients, 128×128 of weights (DeepSeek-V3's); mxfp8: 1×32 blocks with E8M0 scales (Blackwell)"
+    )
+    input_bytes: PositiveFloat = Field(description="a linear layer's input, saved quantised in one direction")
+    weight_copy_bytes: PositiveFloat = Field(description="per weight, the quantised copy kept beside it (both uses)")
+    grad_output_bytes: PositiveFloat = Field(
+        description="per element of a linear layer's output gradient, its quantised copies in that layer's backward"
+    )
+    transposed_bytes: NonNegativeFloat = Field(
+        0,
+        description="on GPUs whose fp8 GEMMs take only the TN layout, added to the weight copy and the output "
+        "gradient: their transposes (per-tensor scaling)",
+    )
+    sm100_only: StrictBool = Field(
+        False, description="runs only on GPUs of compute capability 10.x (B200, B300, GB200), as MXFP8 does"
+    )
+    source: str = Field(min_length=1)
+
+
 class PrecisionRecipe(NamedSpec):
     """How many bytes each piece of training state takes, and which peak the matmuls run at."""
 
@@ -437,6 +465,7 @@ class PrecisionRecipe(NamedSpec):
     master_bytes: NonNegativeFloat = Field(description="bytes per parameter of a separate fp32 master copy (0: none)")
     optimizer_state_bytes: PositiveFloat = Field(description="bytes of one optimizer state element")
     activation_bytes: PositiveFloat = Field(description="bytes of one saved activation element")
+    fp8: Fp8Storage | None = Field(None, description="with fp8 GEMMs: what the recipe stores quantised")
     sources: tuple[str, ...] = Field(default_factory=no_items)
 
 

@@ -18,7 +18,14 @@ from lmcalc.engine.time.steptime import StepTime, step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_ATTENTION
-from lmcalc.estimates.training import bf16_gradient_buffer, build_layout, pipeline_split, split_settings
+from lmcalc.estimates.training import (
+    bf16_gradient_buffer,
+    build_layout,
+    fp8_primary_weights,
+    pipeline_split,
+    recipe_on,
+    split_settings,
+)
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.presets import (
     read_yaml,
@@ -28,7 +35,7 @@ from lmcalc.presets import (
     resolve_optimizer,
     resolve_precision,
 )
-from lmcalc.specs import Cluster, ModelSpec
+from lmcalc.specs import Cluster, ModelSpec, PrecisionRecipe
 
 MFU_TOLERANCE = 0.20  # relative
 TOP_RANK = 10
@@ -113,11 +120,12 @@ def run_model(run_id: str, model: dict[str, Any], shapes: dict[str, dict[str, An
     return ModelSpec(**{**shapes[name], **fields})
 
 
-def _framework(row: dict[str, Any]) -> FrameworkProfile:
+def _framework(row: dict[str, Any], precision: PrecisionRecipe) -> FrameworkProfile:
     """The run's framework profile, with the attention kernel the run used where it differs from the profile's
     (``attention_kernel``: FlashAttention-2 on runs made before FlashAttention-3 existed) and any other speed rule
-    the source states (``speed``: DeepSeek-V3's DualPipe overlaps its all-to-alls), and Megatron's gradient buffer in
-    bf16 where the recipe reduces gradients in bf16 (``grad_reduce_in_bf16``)."""
+    the source states (``speed``: DeepSeek-V3's DualPipe overlaps its all-to-alls), Megatron's gradient buffer in
+    bf16 where the recipe reduces gradients in bf16 (``grad_reduce_in_bf16``), and fp8 primary weights where the
+    recipe gathers them in fp8 (``fp8_param_gather``)."""
     profile = resolve_framework(row["framework"]).spec
     changes = dict(row.get("speed", {}))
     if "attention_kernel" in row:
@@ -127,6 +135,8 @@ def _framework(row: dict[str, Any]) -> FrameworkProfile:
         profile = profile.model_copy(update={"speed": speed})
     if row.get("grad_reduce_in_bf16"):  # Megatron's gradient buffer in bf16, as the run's recipe sets it
         profile = bf16_gradient_buffer(profile)
+    if row.get("fp8_param_gather"):  # Megatron's fp8 primary weights, as the run's recipe sets them
+        profile = fp8_primary_weights(profile, precision)
     return profile
 
 
@@ -139,9 +149,9 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
     for row in data["runs"]:
         if families is not None and row["family"] not in families:
             raise LmcalcError(f"run {row['id']}: family {row['family']!r} is not one of {', '.join(families)}")
-        precision = resolve_precision(row.get("precision", PRECISION)).spec
         spec = run_model(row["id"], row["model"], shapes)
         hardware = resolve_hardware(row["hardware"]).spec
+        precision = recipe_on(resolve_precision(row.get("precision", PRECISION)).spec, hardware)
         per_node = row.get("gpus_per_node", hardware.gpus_per_node)
         cluster = Cluster(hardware=hardware, count=row["gpus"], gpus_per_node=min(per_node, row["gpus"]))
         settings = dict(row["layout"])
@@ -155,7 +165,7 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
             attention=row.get("attention", DEFAULT_ATTENTION),
             recompute=row["recompute"],
             overhead_bytes=OVERHEAD_BYTES,
-            framework=_framework(row),
+            framework=_framework(row, precision),
         )
         layout = build_layout(cluster, settings)
         check_layout(workload, layout, cluster, tp_within_node=False)  # it can exist: heads, layers, split, GPUs

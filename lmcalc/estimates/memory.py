@@ -8,6 +8,7 @@ from typing import Unpack
 
 from lmcalc.engine.inference import serving as inf
 from lmcalc.engine.inference import terms as inf_terms
+from lmcalc.engine.memory.fp8_storage import te_fp8
 from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
 from lmcalc.engine.memory.terms import Capacity, memory_sections
 from lmcalc.engine.parallel.layout import Layout, check_layout, check_tp_heads
@@ -119,15 +120,23 @@ SWEEP_EXAMPLES = "seq=1k,4k,16k, micro-batch=1,2,4, zero=0,1,2,3, tp=1,2,4,8, pp
 
 
 FP8_UNEXPRESSED = (
-    "fp8: the matmuls run at the fp8 peak, but what an fp8 recipe keeps is not modelled yet: Transformer Engine "
-    "keeps the linear layers' inputs in fp8 (1 byte where this counts the activation dtype's 2) and fp8 copies of "
-    "the weights; the figures here are bf16's"
+    "fp8: the matmuls run at the fp8 peak, but what an fp8 recipe keeps under this profile is not modelled: "
+    "Transformer Engine keeps the linear layers' inputs in fp8 (1 byte where this counts the activation dtype's 2) "
+    "and fp8 copies of the weights (--framework megatron counts them); the figures here are bf16's"
+)
+FP8_TE = (
+    "fp8 as Transformer Engine keeps it: the linear layers' inputs saved quantised, a quantised copy of each layer "
+    "weight (or, with --fp8-param-gather, the weights themselves), and each output gradient quantised in its "
+    "layer's backward; not modelled: delayed scaling's amax histories, the norms' bf16 output before it is "
+    "quantised, and fp8 under Megatron-FSDP"
 )
 
 
 def unexpressed_notes(w: Workload) -> tuple[str, ...]:
     """What the workload asks for that the accounting does not express yet, said in the answer."""
-    return (FP8_UNEXPRESSED,) if w.precision.compute_dtype == "fp8" else ()
+    if w.precision.compute_dtype != "fp8":
+        return ()
+    return (FP8_TE,) if te_fp8(w) else (FP8_UNEXPRESSED,)
 
 
 def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) -> MemoryEstimate:

@@ -215,6 +215,15 @@ class WorkloadSettings(MethodSettings, total=False):
             flags=("--grad-reduce-in-bf16",),
         ),
     ]
+    fp8_param_gather: Annotated[
+        bool,
+        Setting(
+            False,
+            "Megatron-LM's --fp8-param-gather (Megatron-Bridge's fp8_param_gather, on in its fp8 recipes): the layers' "
+            "weights kept quantised, with no bf16 copy beside them; the fp32 master copy stays.",
+            flags=("--fp8-param-gather",),
+        ),
+    ]
     cpu_offloading_num_layers: Annotated[
         int,
         Setting(

@@ -19,6 +19,7 @@ from lmcalc.engine.choices import (
 )
 from lmcalc.engine.finetune.method import Method
 from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
+from lmcalc.engine.memory.fp8_storage import SM100_GPUS, on_gpu
 from lmcalc.engine.memory.terms import Capacity
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit
@@ -49,7 +50,7 @@ from lmcalc.estimates.settings import (
 )
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.result import Input
-from lmcalc.specs import Cluster, ModelSpec
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, PrecisionRecipe
 
 
 def training_settings(given: Mapping[str, Any]) -> TrainingSettings:
@@ -159,7 +160,7 @@ def training_setup(
     given: TrainingSettings = {**TRAINING_DEFAULTS, **settings}
     resolved = resolve_model(model)
     cluster = cluster_of(gpus)
-    recipe, opt = precision_of(given["precision"]), optimizer_of(given["optimizer"])
+    recipe, opt = recipe_on(precision_of(given["precision"]), cluster.hardware), optimizer_of(given["optimizer"])
     kernel = choice(given["attention"], ATTENTION_KERNELS, "attention")
     mode = choice(given["recompute"], RECOMPUTE_MODES, "recompute")
     recompute_method = choice(given["recompute_method"], RECOMPUTE_METHODS, "recompute_method")
@@ -194,6 +195,8 @@ def training_setup(
         )
     if given["grad_reduce_in_bf16"]:
         framework = bf16_gradient_buffer(framework)
+    if given["fp8_param_gather"]:
+        framework = fp8_primary_weights(framework, recipe)
     if given["cpu_offloading_num_layers"] and framework.name not in MEGATRON_LIKE:
         raise LmcalcError(
             f"{setting('cpu_offloading_num_layers')} is Megatron-Core's CPU activation offloading "
@@ -220,6 +223,21 @@ def training_setup(
         cpu_offloading_num_layers=given["cpu_offloading_num_layers"],
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
+
+
+def recipe_on(recipe: PrecisionRecipe, hardware: HardwareSpec) -> PrecisionRecipe:
+    """The precision recipe as ``hardware`` runs it: an fp8 recipe's transposes only where its GEMMs need them
+    (``engine.memory.fp8_storage.on_gpu``); a recipe Transformer Engine runs only on compute capability 10.x
+    (MXFP8) refused on any other GPU."""
+    fp8 = recipe.fp8
+    if fp8 is None:
+        return recipe
+    if fp8.sm100_only and hardware.name not in SM100_GPUS:
+        raise LmcalcError(
+            f"{setting('precision')} {recipe.name} runs only on GPUs of compute capability 10.x "
+            f"({', '.join(SM100_GPUS)}), as Transformer Engine supports it; {hardware.label} is not one: use fp8-mixed"
+        )
+    return recipe.model_copy(update={"fp8": on_gpu(fp8, hardware.name)})
 
 
 DEFAULT_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
@@ -266,6 +284,25 @@ def bf16_gradient_buffer(framework: FrameworkProfile) -> FrameworkProfile:
             "display_name": f"{framework.label}, gradients reduced in bf16",
             "states": framework.states.model_copy(update={"grad_bytes": 2.0}),
             "optimizer_step": framework.optimizer_step.model_copy(update={"fp32_grad_copy": True}),
+        }
+    )
+
+
+def fp8_primary_weights(framework: FrameworkProfile, recipe: PrecisionRecipe) -> FrameworkProfile:
+    """The megatron profile with Megatron-LM's ``--fp8-param-gather``: the layers' weights are Transformer Engine's
+    quantised tensors (transformer_engine/pytorch/module/base.py ``reset_parameters`` under ``fp8_model_init``), with
+    no bf16 weight and no separate fp8 copy; the distributed optimizer keeps its fp32 master shard
+    (megatron/core/optimizer/distrib_optimizer.py)."""
+    if framework.fp8.saved != "transformer_engine" or recipe.fp8 is None:
+        raise LmcalcError(
+            f"{setting('fp8_param_gather')} keeps Transformer Engine's fp8 weights: it needs an fp8 recipe "
+            f"({setting('precision')} fp8-mixed, fp8-current, fp8-blockwise or mxfp8) under {setting('framework')} "
+            f"megatron (got {recipe.name} under {framework.label})"
+        )
+    return framework.model_copy(
+        update={
+            "display_name": f"{framework.label}, fp8 primary weights",
+            "fp8": framework.fp8.model_copy(update={"primary_weights": True}),
         }
     )
 

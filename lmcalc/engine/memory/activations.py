@@ -21,6 +21,7 @@ import functools
 from dataclasses import replace
 
 from lmcalc.engine.finetune.method import LinearModule, adapted_modules, in_layer, weight_trained
+from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
@@ -266,7 +267,9 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
     if spec.dropout:
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
     tensors += [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
-    return tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe)))
+    return fp8_saved(
+        w, tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe)))
+    )
 
 
 def _eager_scores_saved(w: Workload) -> list[SavedTensor]:

@@ -153,8 +153,8 @@ class GpuMemory:
         kept = self.kept
         busiest = self.phases.busiest
         allocated = (
-            kept.params + kept.grads + kept.master + kept.optimizer + kept.zero3 + kept.buckets + self.buffers + busiest
-        )
+            kept.params + kept.grads + kept.master + kept.optimizer + kept.zero3 + kept.buckets + kept.fp8_weights
+        ) + (self.buffers + busiest)
         return self.allocator.fragmentation * allocated
 
     @property
@@ -162,8 +162,13 @@ class GpuMemory:
         return self.params + self.grads + self.master + self.optimizer
 
     @property
+    def fp8_weights(self) -> float:
+        """An fp8 recipe's quantised copies of the layers' weights, kept for the run (Transformer Engine)."""
+        return self.kept.fp8_weights
+
+    @property
     def framework_buffers(self) -> float:
-        return self.zero3_buffers + self.grad_buckets + self.buffers
+        return self.zero3_buffers + self.grad_buckets + self.fp8_weights + self.buffers
 
     @property
     def grads_unmade(self) -> float:
@@ -448,5 +453,5 @@ def _stage_total(states: StageStates, busiest: float, buffers: float, fragmentat
     them. The planner compares every distinct stage of every layout it tries by it before it builds the ``GpuMemory``
     of one. ``busiest``: what the step's busiest phase adds to the persistent parts (``StepPhases.busiest``)."""
     persistent = states.params + states.grads + states.master + states.optimizer
-    allocated = persistent + (states.zero3 + states.buckets + buffers) + busiest
+    allocated = persistent + (states.zero3 + states.buckets + states.fp8_weights + buffers) + busiest
     return allocated * (1 + fragmentation) + outside

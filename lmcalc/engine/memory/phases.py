@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import adapter_copies
+from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.pipeline import StageLayers
@@ -154,7 +155,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     """What a backward holds beyond the saved tensors, where the framework profile counts transients: on the last
     stage, the loss's logit-sized tensors (the head's output, upcast copies, the logits' gradients); on every stage,
     one layer's MLP activation gradients during its backward (a gated MLP's two, a GELU MLP's one; a routed layer's
-    for one expert) beside the gradient of its output, and, where a trained head is tied to the embedding on the
+    for one expert; under Transformer Engine's fp8, with their quantised copies) beside the gradient of its output,
+    and, where a trained head is tied to the embedding on the
     same GPU and autograd accumulates the gradients, the head's gradient of the shared matrix, which waits from the
     head's backward to the embedding's to be summed with that part (AccumulateGrad sees the matrix once, with both
     parts), and then, in the embedding's backward, the embedding's part beside it; and an RMSNorm's fp32 backward."""
@@ -170,11 +172,13 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     gradients = 1 if spec.ffn_kind == "gelu_mlp" and not gelu_ops_kept(w) else 2
     if _output_projection_adapted(w):  # its input's gradient made twice, through W and through B·A, then summed
         gradients = max(gradients, ADAPTED_INPUT_GRADIENTS)
-    layer = gradients * sb * spec.ffn_size * act / split if built.dense else 0.0
+    fp8 = te_fp8(w)  # Transformer Engine quantises the output gradient of fc1 beside it, for its backward
+    per_element = act + (grad_output_bytes(fp8) if fp8 else 0.0)
+    layer = gradients * sb * spec.ffn_size * per_element / split if built.dense else 0.0
     if built.moe and spec.moe:
         moe = spec.moe
         routed = moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
-        layer = max(layer, gradients * routed * act / split)
+        layer = max(layer, gradients * routed * per_element / split)
         if not w.framework.moe.weighted_outputs:  # weighted in fp32 after the experts, as transformers' grouped_mm
             assignments = moe.experts_per_token * sb
             layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)

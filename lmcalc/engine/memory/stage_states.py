@@ -14,8 +14,9 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from lmcalc.engine.finetune.method import dora_temporaries, largest_quantised
+from lmcalc.engine.finetune.method import FULL, dora_temporaries, largest_quantised
 from lmcalc.engine.finetune.offload import FP32_GRAD_COPY
+from lmcalc.engine.memory.fp8_storage import te_fp8, weight_copy_bytes
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue, gathered, gradient_queue, megatron_fsdp
 from lmcalc.engine.parallel.layout import Layout, StateShards
 from lmcalc.engine.parallel.pipeline import StageLayers, Stages, split_stage_layers
@@ -45,6 +46,7 @@ class StageStates(NamedTuple):
     step_transient: float  # at the end of the step
     offloaded: float = 0.0  # kept off the GPU: in host memory or on NVMe (``engine.finetune.offload``)
     queue: GradQueue = NO_QUEUE  # Megatron-FSDP's unsharded gradient buckets in the backward (``fsdp_buffers``)
+    fp8_weights: float = 0.0  # an fp8 recipe's quantised copies of the layers' weights (``fp8_storage``)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -97,7 +99,16 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
         offloaded += params + grads
         params = grads = 0.0
     queue = gradient_queue(w, shards, built, grad_bytes) if fsdp else NO_QUEUE
-    return StageStates(params, grads, master, optimizer_states, zero3, buckets, step, offloaded, queue)
+    fp8 = te_fp8(w)
+    copies = 0.0
+    if fp8 is not None:  # the layers' weights on the GPU, as TP and EP split them (ZeRO-3's gathered ones aside)
+        layers = trained_held(model, FULL, tp, ep, StageLayers(built.dense, built.moe, False, False))
+        if rules.fp8.primary_weights:  # the quantised weight is the weight, sharded as the weights are
+            params -= sharded_state_bytes(w.precision.param_bytes, "params", layers, shards)
+            copies = sharded_state_bytes(weight_copy_bytes(fp8), "params", layers, shards)
+        else:  # a copy of each weight, quantised whole from the bf16 one
+            copies = layers.total * weight_copy_bytes(fp8)
+    return StageStates(params, grads, master, optimizer_states, zero3, buckets, step, offloaded, queue, copies)
 
 
 def layout_buffers(w: Workload, layout: Layout) -> float:

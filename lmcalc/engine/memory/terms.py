@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from lmcalc.engine.memory.activations import layer_kept_tensors, saved_formula
+from lmcalc.engine.memory.buffer_terms import buffer_terms
 from lmcalc.engine.memory.finetune_terms import method_section
-from lmcalc.engine.memory.fsdp_buffers import gathered, megatron_fsdp
 from lmcalc.engine.memory.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
 from lmcalc.engine.memory.phases import step_phases
 from lmcalc.engine.memory.saved import SavedTensor
@@ -153,6 +153,7 @@ def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held
             "bytes",
             f"{frozen}{n} · {precision.param_bytes:g} B{fp32_adapters}{_shard_text('params', layout, held)}"
             + (" (offloaded: 0 on the GPU)" if w.offload.params else "")
+            + (", less the layers' weights, kept in fp8 (FP8 weights)" if w.framework.fp8.primary_weights else "")
             if w.framework.states.weights == "recipe"
             else "0: only the master copy persists; the 16-bit weights are gathered a layer at a time",
             source=f"precision recipe {w.precision.name}",
@@ -313,7 +314,7 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
             "weights + gradients at the peak + master + optimizer states" if gpu.grads_unmade else "",
         ),
         Term("activations", "Activations", gpu.activations, "bytes"),
-        *_buffer_terms(w, layout, gpu),
+        *buffer_terms(w, layout, gpu),
         _transient_term(w, gpu),
         *_allocator_terms(w, gpu),
         overhead_term(gpu.overhead, "a flat allowance (--overhead) beside what the profile counts"),
@@ -327,56 +328,6 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
         ),
     )
     return Section("total", f"Most loaded GPU ({where})", (*terms, *capacity_terms(total, capacity)))
-
-
-def _buffer_terms(w: Workload, layout: Layout, gpu: GpuMemory) -> tuple[Term, ...]:
-    """What the framework allocates beside the states and activations: ZeRO-3's gathered parameters, DDP's
-    gradient buckets, and its workspaces and communication buffers."""
-    rules = w.framework
-    buffers = rules.buffers
-    return (
-        _gathered_term(w, layout, gpu),
-        Term(
-            "grad_buckets",
-            "DDP gradient buckets",
-            gpu.grad_buckets,
-            "bytes",
-            "N_gpu · 16-bit gradient bytes, without ZeRO and with DP > 1"
-            if rules.states.ddp_bucket_copy
-            else f"none: {rules.name} keeps no second copy of the gradients",
-            source=rules.states.source,
-        ),
-        Term(
-            "buffers",
-            "Framework buffers",
-            gpu.buffers,
-            "bytes",
-            "workspaces + SP all-gather (s·b·h each) + pipeline send/receive (s·b·h each) + DP reduce bucket"
-            + (" + the largest 4-bit weight dequantised (QLoRA)" if w.method.kind == "qlora" else ""),
-            f"{buffers.workspace_bytes / 2**20:g} MiB workspaces; {buffers.sequence_parallel_gather} SP buffers; "
-            f"{buffers.pipeline_tensors} pipeline tensors; {buffers.reduce_bucket_elements:g} bucket elements",
-            source=buffers.source,
-        ),
-    )
-
-
-def _gathered_term(w: Workload, layout: Layout, gpu: GpuMemory) -> Term:
-    """ZeRO-3's gathered weights: Megatron-FSDP's window of layers and the modules outside them, or the profile's
-    count of gathered layers."""
-    buffers = w.framework.buffers
-    formula = "(gathered layers · 16-bit bytes + reduce-scatter bytes) per parameter of a layer (+ a gathered head)"
-    numbers = f"{buffers.gathered_layers} layers gathered, {buffers.reduce_scatter_bytes:g} B per parameter of a " + (
-        "layer being reduce-scattered" + (", the head kept gathered" if buffers.head_gathered else "")
-    )
-    if not zero_shards("params", layout.zero):
-        formula, numbers = "none (ZeRO-3 only)", ""
-    elif megatron_fsdp(w, layout.state_shards):
-        window = gathered(w, layout.state_shards, stage_layers(w.model, layout, gpu.stage))
-        formula, numbers = window.formula, window.numbers
-    return Term(
-        "zero3_buffers", "ZeRO-3 gathered parameters", gpu.zero3_buffers, "bytes", formula, numbers,
-        source=buffers.source,
-    )  # fmt: skip
 
 
 def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
