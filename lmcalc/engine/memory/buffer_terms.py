@@ -21,7 +21,7 @@ def buffer_terms(w: Workload, layout: Layout, gpu: GpuMemory) -> tuple[Term, ...
     buffers = rules.buffers
     return (
         _gathered_term(w, layout, gpu),
-        _fp8_term(w, gpu),
+        *((_fp8_term(w, gpu),) if te_fp8(w) else ()),
         Term(
             "grad_buckets",
             "DDP gradient buckets",
@@ -69,18 +69,15 @@ def _fp8_term(w: Workload, gpu: GpuMemory) -> Term:
     """An fp8 recipe's quantised weights under a profile that follows Transformer Engine: a copy beside each layer
     weight, or with fp8 primary weights the weights themselves."""
     fp8 = te_fp8(w)
-    if fp8 is None:
-        formula, numbers = "none (an fp8 recipe under a profile that follows Transformer Engine)", ""
-    else:
-        per = weight_copy_bytes(fp8)
-        what = "the layers' weights, kept in fp8" if w.framework.fp8.primary_weights else "a copy of each layer weight"
-        formula = f"N_layers · {per:g} B: {what}, both uses (sharded as the weights)"
-        numbers = (
-            f"{fp8.weight_copy_bytes:g} B + {fp8.transposed_bytes:g} B of transpose ({fp8.scaling} scaling)"
-            if fp8.transposed_bytes
-            else f"{fp8.weight_copy_bytes:g} B ({fp8.scaling} scaling)"
-        )
+    assert fp8 is not None  # asked only under an fp8 recipe that the profile keeps as Transformer Engine does
+    what = "the layers' weights, kept in fp8" if w.framework.fp8.primary_weights else "a copy of each layer weight"
+    numbers = (
+        f"{fp8.weight_copy_bytes:g} B + {fp8.transposed_bytes:g} B of transpose ({fp8.scaling} scaling)"
+        if fp8.transposed_bytes
+        else f"{fp8.weight_copy_bytes:g} B ({fp8.scaling} scaling)"
+    )
     return Term(
-        "fp8_weights", "FP8 weights", gpu.fp8_weights, "bytes", formula, numbers,
-        source=fp8.source if fp8 else "",
+        "fp8_weights", "FP8 weights", gpu.fp8_weights, "bytes",
+        f"N_layers · {weight_copy_bytes(fp8):g} B: {what}, both uses (sharded as the weights)", numbers,
+        source=fp8.source,
     )  # fmt: skip
