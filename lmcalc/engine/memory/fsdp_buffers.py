@@ -79,11 +79,13 @@ class GradQueue(NamedTuple):
     head: float = 0.0  # at the final norm's backward: the output layer's and final norm's bucket
     layers: tuple[float, ...] = ()  # at each layer's backward, from the top layer down
     embedding: float = 0.0  # at the embedding's backward
+    records: tuple[tuple[int, float], ...] = ()  # (j, alive) where the alive bytes first exceed all above (``peaks``)
 
     def layer_peak(self, freed_per_layer: float) -> float:
         """The most the buckets add to the layers' backward beyond what the top layer holds, each layer's backward
-        having freed ``freed_per_layer`` saved bytes: max over j of (alive at the j-th layer from the top − j·freed)."""
-        return max((alive - j * freed_per_layer for j, alive in enumerate(self.layers)), default=0.0)
+        having freed ``freed_per_layer`` saved bytes: max over j of (alive at the j-th layer from the top − j·freed),
+        which, with nothing freed negative, only a layer that holds more than every layer above it can reach."""
+        return max((alive - j * freed_per_layer for j, alive in self.records), default=0.0)
 
     @property
     def first_layer(self) -> float:
@@ -210,4 +212,15 @@ def gradient_queue(w: Workload, shards: StateShards, built: StageLayers, grad_by
         for _ in range(count):
             layers.append(max(reduce(trained / pieces) for _ in range(pieces)) if trained else queued)
     embedding = reduce(parts.embedding) if parts.embedding else 0.0
-    return GradQueue(head * grad_bytes, tuple(alive * grad_bytes for alive in layers), embedding * grad_bytes)
+    alive = tuple(alive * grad_bytes for alive in layers)
+    return GradQueue(head * grad_bytes, alive, embedding * grad_bytes, records(alive))
+
+
+def records(alive: tuple[float, ...]) -> tuple[tuple[int, float], ...]:
+    """The (j, alive[j]) where alive[j] is more than every earlier one: the only layers that can hold the most
+    beyond what the layers above them freed."""
+    out: list[tuple[int, float]] = []
+    for j, value in enumerate(alive):
+        if not out or value > out[-1][1]:
+            out.append((j, value))
+    return tuple(out)

@@ -418,11 +418,21 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
     context = outside_pool(allocator, layout)
     most: tuple[int, StageStates, StageActivations, Transients] | None = None
     most_total = 0.0
-    for (stage, held, transients, backward), states in zip(peaks, states_by_stage, strict=True):
-        if held.unmade is NONE_UNMADE and states.queue is NO_QUEUE:
+    for (stage, held, transients, phases, backward), states in zip(peaks, states_by_stage, strict=True):
+        queue = states.queue
+        if held.unmade is not NONE_UNMADE:  # the backward's phases hold only the gradients made by then
+            busiest = step_phases(held, transients, states.step_transient, states.grads, queue).busiest
+        elif queue is NO_QUEUE:
             busiest = backward if backward > states.step_transient else states.step_transient  # max, without a call
-        else:  # the backward's phases hold only the gradients made by then, or Megatron-FSDP's buckets too
-            busiest = step_phases(held, transients, states.step_transient, states.grads, states.queue).busiest
+        else:  # Megatron-FSDP's gradient buckets add to the phases after the loss's (``step_phases``)
+            busiest = max(
+                backward,
+                phases.norm_backward + queue.head,
+                phases.layer_backward + queue.layer_peak(held.first_layer),
+                phases.first_layer_backward + queue.first_layer,
+                phases.embedding_backward + queue.embedding,
+                states.step_transient,
+            )
         total = _stage_total(states, busiest, buffers, allocator.fragmentation, context + allowance)
         if most is None or total > most_total:  # the first of equally loaded stages
             most, most_total = (stage, states, held, transients), total
@@ -434,16 +444,17 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
 @functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO
 def _activation_peaks(
     w: Workload, layout: ActivationLayout
-) -> tuple[tuple[int, StageActivations, Transients, float], ...]:
+) -> tuple[tuple[int, StageActivations, Transients, StepPhases, float], ...]:
     """For each of the layout's ``distinct_stages``: the stage, its activations at their busiest, its backward
-    transients and the busiest of the backward's phases (``step_phases`` without the optimizer step, which the
+    transients, the backward's phases and the busiest of them (``step_phases`` without the optimizer step, which the
     model states decide); what the stages' memory depends on besides the model states, looked up once for all of a
     layout's stages."""
     peaks = []
     for stage, built in distinct_stage_layers(w.model, layout):
         held = _stage_activations(w, layout, stage)
         transients = backward_transients(w, layout.tp, layout.cp, built)
-        peaks.append((stage, held, transients, step_phases(held, transients, 0.0).busiest))
+        phases = step_phases(held, transients, 0.0)
+        peaks.append((stage, held, transients, phases, phases.busiest))
     return tuple(peaks)
 
 
