@@ -416,6 +416,13 @@ class HardwareSpec(NamedSpec):
     )
     sources: dict[str, str] = Field(default_factory=no_entries, description="source per group of figures")
     notes: tuple[str, ...] = Field(default_factory=no_items)
+    clock_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="the tensor cores' clock as a fraction of the one the peaks and matmul rates were taken at (a "
+        "power cap or a locked clock): matmul and attention rates scale with it, memory and links do not",
+    )
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak in FLOP/s (not TFLOP/s) for a compute dtype."""

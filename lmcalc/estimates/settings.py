@@ -215,6 +215,16 @@ class WorkloadSettings(MethodSettings, total=False):
             flags=("--grad-reduce-in-bf16",),
         ),
     ]
+    clock_fraction: Annotated[
+        float,
+        Setting(
+            1.0,
+            "The GPUs' tensor-core clock as a fraction of the one their matmul rates were measured at, for a power "
+            "cap or a locked clock (nvidia-smi -q -d CLOCK under load, over the boost clock): matmul and attention "
+            "run slower in proportion; memory bandwidth and links do not.",
+            flags=("--clock-fraction",),
+        ),
+    ]
     fp8_param_gather: Annotated[
         bool,
         Setting(

@@ -159,7 +159,7 @@ def training_setup(
     none is named (``default_framework``)."""
     given: TrainingSettings = {**TRAINING_DEFAULTS, **settings}
     resolved = resolve_model(model)
-    cluster = cluster_of(gpus)
+    cluster = at_clock(cluster_of(gpus), given["clock_fraction"])
     recipe, opt = recipe_on(precision_of(given["precision"]), cluster.hardware), optimizer_of(given["optimizer"])
     kernel = choice(given["attention"], ATTENTION_KERNELS, "attention")
     mode = choice(given["recompute"], RECOMPUTE_MODES, "recompute")
@@ -223,6 +223,19 @@ def training_setup(
         cpu_offloading_num_layers=given["cpu_offloading_num_layers"],
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
+
+
+def at_clock(cluster: Cluster, fraction: float) -> Cluster:
+    """The cluster's GPUs at ``fraction`` of the clock their rates were taken at (``HardwareSpec.clock_fraction``)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise LmcalcError(f"{setting('clock_fraction')} must be above 0 and at most 1, got {fraction}")
+    if fraction == 1:
+        return cluster
+    hardware = cluster.hardware
+    slower = hardware.model_copy(
+        update={"clock_fraction": fraction, "display_name": f"{hardware.label} at {fraction:.0%} of its clock"}
+    )
+    return replace(cluster, hardware=slower)
 
 
 def recipe_on(recipe: PrecisionRecipe, hardware: HardwareSpec) -> PrecisionRecipe:

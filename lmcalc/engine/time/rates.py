@@ -131,18 +131,21 @@ class MatmulRate:
 
 def matmul_rate(hardware: HardwareSpec, dtype: str) -> MatmulRate:
     """The maximum achievable matmul rate: measured (the preset's ``matmul_tflops``), else a stated fraction of the
-    dense peak. A dtype the chip has no peak for is refused."""
+    dense peak; at a lower clock (``clock_fraction``: a power cap, a locked clock) in proportion, as a compute-bound
+    kernel's cycles take longer. A dtype the chip has no peak for is refused."""
     if dtype not in hardware.peak_tflops_dense:
         have = ", ".join(hardware.peak_tflops_dense) or "none"
         raise LmcalcError(f"{hardware.name} has no {dtype} peak on its spec sheet (it has: {have})")
+    clock = hardware.clock_fraction
+    at_clock = f"; × {clock:g}, the clock it runs at" if clock != 1 else ""
     measured = hardware.matmul_tflops.get(dtype)
     if measured:
-        return MatmulRate(measured * 1e12, hardware.sources.get("matmul", "measured"), True)
+        return MatmulRate(measured * 1e12 * clock, hardware.sources.get("matmul", "measured") + at_clock, True)
     peak = hardware.peak_flops(dtype)
     return MatmulRate(
-        UNMEASURED_MATMUL_FRACTION * peak,
+        UNMEASURED_MATMUL_FRACTION * peak * clock,
         f"assumed {UNMEASURED_MATMUL_FRACTION:g} of the dense peak: no measured {dtype} matmul rate for "
-        f"{hardware.name}",
+        f"{hardware.name}{at_clock}",
         False,
     )
 
@@ -205,7 +208,7 @@ def attention_rate(
         kernel = "flash2"  # FlashAttention-3 is Hopper-only; elsewhere the FlashAttention-2 figures apply
     known = ATTENTION_FRACTIONS.get((kernel, arch))
     if known and dtype in hardware.peak_tflops_dense:
-        peak = hardware.peak_flops(dtype)
+        peak = hardware.peak_flops(dtype) * hardware.clock_fraction  # the kernel runs at the clock the GPU runs at
         forward = min(known[0] * peak, matmul.flops_per_s) * cal.attention_fraction
         backward = min(known[1] * peak, matmul.flops_per_s) * cal.attention_fraction
         return AttentionRate(forward, backward, known[2])
