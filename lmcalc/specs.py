@@ -40,7 +40,7 @@ StrictBool = Annotated[bool, Field(strict=True)]
 FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
 NormKind = Literal["layernorm", "layernorm_nobias", "rmsnorm"]
 PositionKind = Literal["learned", "rope", "none"]
-ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
+ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8"]
 GeluKind = Literal["gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python", "bloom_gelu"]
 
 
@@ -433,7 +433,7 @@ class HardwareSpec(NamedSpec):
         return self.display_name or self.name
 
 
-Fp8Scaling = Literal["tensor-delayed", "tensor-current", "block", "mxfp8"]
+Fp8Scaling = Literal["tensor-delayed", "tensor-current", "block", "mxfp8", "nvfp4"]
 
 
 class Fp8Storage(Spec):

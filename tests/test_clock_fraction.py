@@ -62,3 +62,10 @@ def test_bad_fractions_are_refused():
     for bad in (0, 1.2, -0.5, True):
         with pytest.raises(LmcalcError, match="clock.fraction must be above 0 and at most 1"):
             at_clock(cluster, bad)
+
+
+def test_nvfp4_gemms_run_at_the_fp4_peak_where_nobody_measured_them():
+    b200 = resolve_hardware("b200").spec
+    assert b200.peak_tflops_dense["fp4"] == 9000  # HGX B200 'FP4 18 PFLOPS' sparse, halved
+    assert "fp4" not in b200.matmul_tflops
+    assert matmul_rate(b200, "fp4").flops_per_s == pytest.approx(UNMEASURED_MATMUL_FRACTION * 9000e12)

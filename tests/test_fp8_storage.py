@@ -44,6 +44,13 @@ def test_each_layer_weight_has_a_quantised_copy():
     assert gpu("fp8-mixed", "8xB200").fp8_weights == layers * 1  # Blackwell's GEMMs read either layout
     assert gpu("fp8-blockwise").fp8_weights == pytest.approx(layers * 2 * (1 + 4 / 128**2))
     assert gpu("mxfp8", "8xB200").fp8_weights == pytest.approx(layers * 2 * (1 + 1 / 32))
+    assert gpu("nvfp4", "8xB200").fp8_weights == pytest.approx(layers * 2 * (0.5 + 1 / 16))  # E2M1 + E4M3 per 16
+
+
+def test_nvfp4_saves_half_a_byte_and_a_scale():
+    bf16 = gpu("bf16-mixed", "8xB200").activations
+    # the three linear inputs at 0.5 + 1/16 bytes where bf16 keeps 2; the projection keeps the kernel's bf16 output
+    assert bf16 - gpu("nvfp4", "8xB200").activations == pytest.approx(L * (2 * S * H + S * F) * (2 - 0.5625))
 
 
 def test_fp8_primary_weights_replace_the_bf16_ones():
@@ -66,8 +73,9 @@ def test_only_where_the_profile_follows_transformer_engine():
 
 
 def test_refusals():
-    with pytest.raises(LmcalcError, match="compute capability 10.x"):
-        gpu("mxfp8")  # Transformer Engine runs MXFP8 on B200, B300, GB200 only
+    for blackwell_only in ("mxfp8", "nvfp4"):  # Transformer Engine runs them on B200, B300, GB200 only
+        with pytest.raises(LmcalcError, match="compute capability 10.x"):
+            gpu(blackwell_only)
     with pytest.raises(LmcalcError, match="needs an fp8 recipe"):
         gpu("bf16-mixed", fp8_param_gather=True)
     with pytest.raises(LmcalcError, match="needs an fp8 recipe"):

@@ -236,6 +236,10 @@ DENSE_PEAKS = [
     ("tpu-v6e", "bf16", 918),  # Cloud TPU v6e doc
     ("gaudi2", "bf16", 432),  # Intel Hot Chips 2024 slide
     ("gaudi3", "bf16", 1835),  # Intel Hot Chips 2024 slide
+    ("b200", "fp4", 9000),  # HGX page 'FP4 18 PFLOPS' (sparse), halved
+    ("b300", "fp4", 14000),  # Blackwell Ultra datasheet '18 PFLOPS | 14 PFLOPS' (sparse | dense)
+    ("gb200", "fp4", 10000),  # GB200 NVL72 page, NVFP4 20 PFLOPS sparse per GPU, halved
+    ("gb300", "fp4", 15000),  # Blackwell Ultra datasheet GB300 column '20 | 15 PFLOPS' (sparse | dense)
 ]
 
 
@@ -842,12 +846,13 @@ def test_bf16_aliases(alias):
     assert resolve_precision(alias).spec.name == "bf16-mixed"
 
 
-def test_every_recipe_runs_on_h100_and_is_documented():
-    h100 = _hw("h100-sxm")
+def test_every_recipe_runs_on_h100_or_blackwell_and_is_documented():
+    h100, b200 = _hw("h100-sxm"), _hw("b200")
     recipes = registry("precisions").specs.values()
     assert {r.name for r in recipes} >= {"fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16-pure", "fp8-mixed"}
-    for recipe in recipes:
-        assert recipe.compute_dtype in h100.peak_tflops_dense, recipe.name
+    for recipe in recipes:  # MXFP8 and NVFP4 run on compute capability 10.x only (Transformer Engine)
+        gpu = b200 if recipe.fp8 and recipe.fp8.sm100_only else h100
+        assert recipe.compute_dtype in gpu.peak_tflops_dense, recipe.name
         assert recipe.description and recipe.sources, recipe.name
 
 

@@ -134,7 +134,7 @@ FP8_TE = (
 
 def unexpressed_notes(w: Workload) -> tuple[str, ...]:
     """What the workload asks for that the accounting does not express yet, said in the answer."""
-    if w.precision.compute_dtype != "fp8":
+    if w.precision.compute_dtype not in ("fp8", "fp4"):
         return ()
     return (FP8_TE,) if te_fp8(w) else (FP8_UNEXPRESSED,)
 

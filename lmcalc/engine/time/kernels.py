@@ -6,18 +6,17 @@ Three kinds of kernel, as a profiler shows them:
   sees: m tokens through a (k × n) weight, n or k divided by TP for column- or row-parallel weights
   (Megatron-LM's split, ``sharding.tp_divisor``; with TP larger than the KV heads Megatron-Core still splits the
   fused Q/K/V weight by TP and gathers the K and V heads after the GEMM). Routed experts see the tokens routed
-  to them:
-  with balanced routing each of the E/EP experts on a GPU gets m = T·k·EP/E tokens. The backward pass of each
+  to them: with balanced routing each of the E/EP experts on a GPU gets m = T·k·EP/E tokens. The backward of each
   GEMM is two GEMMs of the same FLOPs: the input gradient (m × n)·(n × k) and the weight gradient
   (k × m)·(m × n) (Narayanan et al. 2021 §5.1). Eager attention's score and value products are batched GEMMs.
 * **Fused attention** (FlashAttention): 4·T·keys·d FLOPs per head forward (scores and values), and 2.5 times
   that backward, which recomputes the scores (FlashAttention-2's benchmark convention, Dao 2023).
 * **Memory-bound kernels**, counted in bytes read and written per element: norms, residual adds, rotary
   embeddings, the MLP activation, dropout, layout copies, eager softmax, MoE permutation, the loss over the
-  logits, the embedding's gradient, the per-micro-batch accumulation of gradients, and with fp8 GEMMs the casts
-  of their operands (a fused cast and transpose per operand: Transformer Engine, torchao's float8). Which of them are
-  fused, and so how many bytes they move, is the framework profile's (the same rules that decide what they
-  keep for backward: ``framework_specs.NormRule``, ``MlpRule``, ``RotaryRule``, ``AttentionRule``, ``LossRule``).
+  logits, the embedding's gradient, the per-micro-batch accumulation of gradients, and with fp8 or fp4 GEMMs the
+  casts of their operands (a fused cast and transpose per operand: Transformer Engine, torchao's float8). Which are
+  fused, and so how many bytes they move, is the framework profile's (the rules that decide what they keep for
+  backward: ``framework_specs.NormRule``, ``MlpRule``, ``RotaryRule``, ``AttentionRule``, ``LossRule``).
 
 Byte counts of an element-wise kernel: it reads each input and writes each output once. A fused kernel does the
 whole operation in one pass; an unfused PyTorch form pays one pass per operation (an upcast, a square, a mean,
@@ -39,6 +38,7 @@ from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.parallel.sharding import tp_divisor
+from lmcalc.engine.time.rates import LOW_PRECISION_OPERAND_BYTES
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
 
@@ -101,8 +101,8 @@ class StageWork:
 
     @property
     def operations(self) -> float:
-        """GPU operations the host issues for the micro-batch: GEMMs (three per weight, forward and both
-        gradients, fewer for frozen weights), attention, memory-bound kernels and collectives."""
+        """GPU operations the host issues for the micro-batch: GEMMs (three per weight, fewer for frozen ones),
+        attention, memory-bound kernels and collectives."""
         gemms = sum(g.count * (g.passes + self.recomputed_gemms) for g in self.gemms + self.batched)
         gemms += sum(g.count * g.passes for g in self.head)
         attention = 2 * self.layers if self.attention_forward else 0
@@ -453,17 +453,17 @@ def _accumulation_bytes(s: _StageShape, gemms: list[Gemm], head: tuple[Gemm, ...
 
 
 def _fp8_cast_bytes(w: Workload, gemms: list[Gemm], head: tuple[Gemm, ...], traffic: _MemoryTraffic) -> float:
-    """fp8 GEMMs: separately, each GEMM's input, output gradient and weight are cast to fp8 with a transposed copy
-    for the weight gradient (a cast-transpose kernel: read 2 bytes, write 1 + 1); fused into the producers, only
-    the transposes (read 1, write 1) remain."""
-    if w.precision.compute_dtype != "fp8":
+    """fp8/fp4 GEMMs: each GEMM's input, output gradient and weight cast with a transposed copy (read 2, write q + q:
+    ``LOW_PRECISION_OPERAND_BYTES``); fused into the producers, only the transposes (read q, write q) remain."""
+    q = LOW_PRECISION_OPERAND_BYTES.get(w.precision.compute_dtype)
+    if q is None:
         return 0.0
     every = gemms + list(head)
     if w.framework.speed.fp8_casts == "fused":  # the transposes of the input and of the output gradient only
         traffic.launch(2 * (sum(g.count for g in gemms) + len(head)))
-        return sum(2 * (g.m * g.k + g.m * g.n) * g.count for g in every)
+        return sum(2 * q * (g.m * g.k + g.m * g.n) * g.count for g in every)
     traffic.launch(3 * (sum(g.count for g in gemms) + len(head)))
-    return sum(4 * (g.m * g.k + g.m * g.n + g.n * g.k) * g.count for g in every)
+    return sum((2 + 2 * q) * (g.m * g.k + g.m * g.n + g.n * g.k) * g.count for g in every)
 
 
 def _wgrad_accumulator_bytes(w: Workload) -> float:

@@ -84,7 +84,7 @@ def kernel_times(
     """Time each kernel of ``work`` by its roofline (``engine.time.rates``)."""
     matmul = rates.matmul_rate(hardware, dtype)
     rate = matmul.flops_per_s
-    operand = 1.0 if dtype == "fp8" else e  # fp8 GEMMs read one-byte operands
+    operand = rates.LOW_PRECISION_OPERAND_BYTES.get(dtype, e)  # fp8 GEMMs read one-byte operands, fp4 half a byte
 
     def gemm(m: float, n: float, k: float, extra: float = 0.0) -> float:
         return rates.gemm_seconds(hardware, rate, (m, n, k), operand, extra, cal)
@@ -103,7 +103,7 @@ def kernel_times(
     attention_forward = attention_backward = 0.0
     if work.attention_forward:
         # attention runs in the activation dtype even when the GEMMs run in fp8 (Transformer Engine's default)
-        attention_dtype = "bf16" if dtype == "fp8" else dtype
+        attention_dtype = "bf16" if dtype in rates.LOW_PRECISION_OPERAND_BYTES else dtype
         attn = rates.attention_rate(
             hardware,
             kernel,

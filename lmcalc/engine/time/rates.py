@@ -89,6 +89,12 @@ class Machine:
         return self.cluster.hardware
 
 
+LOW_PRECISION_OPERAND_BYTES = {"fp8": 1.0, "fp4": 0.5625}
+"""Bytes per operand element of a GEMM in a low-precision dtype, scales included: fp8, one byte (a per-tensor scale);
+fp4, NVFP4's half-byte E2M1 values and an E4M3 scale per 16 (transformer_engine/pytorch/tensor/nvfp4_tensor.py).
+Attention stays in the activation dtype (Transformer Engine's default, fp8_dpa off)."""
+
+
 UNMEASURED_MATMUL_FRACTION = 0.75
 """Where a chip's preset has no measured maximum achievable matmul rate, the rate assumed: this fraction of the
 dense peak (measured chips reach 0.51-0.97 of it, most 0.73-0.87: ../shared/reference hardware_facts.yaml,
