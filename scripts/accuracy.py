@@ -166,6 +166,7 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
             recompute=row["recompute"],
             overhead_bytes=OVERHEAD_BYTES,
             framework=_framework(row, precision),
+            cpu_offloading_num_layers=row.get("cpu_offloading_num_layers", 0),  # Megatron-Core's, as the recipe sets
         )
         layout = build_layout(cluster, settings)
         check_layout(workload, layout, cluster, tp_within_node=False)  # it can exist: heads, layers, split, GPUs
