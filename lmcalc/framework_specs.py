@@ -269,10 +269,14 @@ class Fp8Rule(Rule):
     """What the framework keeps under an fp8 recipe (``PrecisionRecipe.fp8``): ``none``, the activation dtype's
     count (a framework whose fp8 storage lmcalc has not read); ``transformer_engine``, Transformer Engine's linear
     layers, which save their input quantised for the weight gradient, keep a quantised copy of each weight and
-    quantise each output gradient in the backward (``engine.memory.fp8_storage``)."""
+    quantise each output gradient in the backward (``engine.memory.fp8_storage``); ``high_precision``, linear
+    layers that save their 16-bit input and weight and cast them again in the backward (torchao's float8), so that
+    fp8 changes nothing stored."""
 
     source: str = Field("lmcalc's default: fp8 storage not read from this framework", min_length=1)
-    saved: Literal["none", "transformer_engine"] = Field("none", description="whose fp8 storage the profile follows")
+    saved: Literal["none", "transformer_engine", "high_precision"] = Field(
+        "none", description="whose fp8 storage the profile follows"
+    )
     primary_weights: StrictBool = Field(
         False,
         description="the layers' weights are kept quantised (fp8 primary weights: Megatron-LM's --fp8-param-gather), "

@@ -48,5 +48,6 @@ def test_the_answer_says_what_fp8_leaves_unexpressed(lmcalc_run):
 
     assert any("fp8 as Transformer Engine keeps it" in n and "not modelled" in n for n in notes("fp8-mixed"))
     assert any("what an fp8 recipe keeps under this profile is not modelled" in n
-               for n in notes("fp8-mixed", "torchtitan"))  # fmt: skip
+               for n in notes("fp8-mixed", "transformers"))  # fmt: skip
+    assert any("fp8 as torchao's float8 keeps it" in n for n in notes("fp8-mixed", "torchtitan"))
     assert not any("fp8" in n for n in notes("bf16-mixed"))

@@ -131,11 +131,18 @@ FP8_TE = (
     "quantised, and fp8 under Megatron-FSDP"
 )
 
+FP8_HIGH_PRECISION = (
+    "fp8 as torchao's float8 keeps it: the linear layers save their bf16 input and weight and cast them to fp8 for "
+    "each GEMM, so the stored figures are bf16's; not modelled: the FSDP2 all-gather in float8"
+)
+
 
 def unexpressed_notes(w: Workload) -> tuple[str, ...]:
     """What the workload asks for that the accounting does not express yet, said in the answer."""
     if w.precision.compute_dtype not in ("fp8", "fp4"):
         return ()
+    if w.framework.fp8.saved == "high_precision":
+        return (FP8_HIGH_PRECISION,)
     return (FP8_TE,) if te_fp8(w) else (FP8_UNEXPRESSED,)
 
 
