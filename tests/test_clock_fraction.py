@@ -45,8 +45,9 @@ def test_a_compute_bound_gemm_takes_longer_and_a_memory_bound_kernel_does_not():
 
 def test_the_plan_runs_slower_and_its_mfu_counts_the_spec_sheets_peak(lmcalc_run):
     def best(*extra: str) -> dict:
-        argv = ["plan", "-m", "llama-3-8b", "--gpus", "8xH100", "--global-batch", "1M", "--tp", "1", "--pp", "1",
-                "--zero", "1", "--micro-batch", "1", "--recompute", "selective", "--top", "1", *extra, "--json"]  # fmt: skip
+        pins = ["--tp", "1", "--pp", "1", "--zero", "1", "--micro-batch", "1", "--recompute", "selective"]
+        argv = ["plan", "-m", "llama-3-8b", "--gpus", "8xH100", "--global-batch", "1M", *pins, "--top", "1", *extra,
+                "--json"]  # fmt: skip
         return lmcalc_run(argv).json["results"]["rank1"]
 
     full, slow = best(), best("--clock-fraction", "0.8")
