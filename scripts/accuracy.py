@@ -164,6 +164,7 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
             micro_batch,
             attention=row.get("attention", DEFAULT_ATTENTION),
             recompute=row["recompute"],
+            recompute_modules=tuple(row.get("recompute_modules", ("core_attn",))),  # Megatron-Core's, under selective
             overhead_bytes=OVERHEAD_BYTES,
             framework=_framework(row, precision),
             cpu_offloading_num_layers=row.get("cpu_offloading_num_layers", 0),  # Megatron-Core's, as the recipe sets
