@@ -52,8 +52,9 @@ from lmcalc.estimates.settings import (
     WorkloadSettings,
 )
 from lmcalc.estimates.time import OptimalEstimate, TrainTimeEstimate, optimal, train_time
+from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
 from lmcalc.result import Estimate, Result
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 
 __all__ = [
     "ServingSettings",

@@ -30,14 +30,8 @@ from lmcalc.preset_files import (  # noqa: F401  (read_yaml and the limits are t
     read_yaml,
 )
 from lmcalc.preset_names import Names, declared_names
-from lmcalc.specs import (
-    Cluster,
-    HardwareSpec,
-    ModelSpec,
-    NamedSpec,
-    OptimizerSpec,
-    PrecisionRecipe,
-)
+from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, NamedSpec
 
 PRESET_PATH_ENV = "LMCALC_PRESET_PATH"
 KINDS = ("models", "hardware", "precisions", "optimizers", "frameworks")

@@ -35,7 +35,8 @@ from lmcalc.presets import (
     resolve_optimizer,
     resolve_precision,
 )
-from lmcalc.specs import Cluster, ModelSpec, PrecisionRecipe
+from lmcalc.recipe_specs import PrecisionRecipe
+from lmcalc.specs import Cluster, ModelSpec
 
 MFU_TOLERANCE = 0.20  # relative
 TOP_RANK = 10

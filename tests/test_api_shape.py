@@ -15,7 +15,7 @@ from typer.core import TyperArgument
 
 import lmcalc.api as api
 from lmcalc.cli import app
-from lmcalc.estimates import settings
+from lmcalc.estimates import setting_groups, settings
 from lmcalc.estimates.inputs import TRAINING_DEFAULTS
 from lmcalc.estimates.settings import DEFAULT_PRECISION, LayoutSettings, TrainingSettings
 from lmcalc.estimates.training import build_layout
@@ -80,7 +80,7 @@ def api_defaults(function) -> dict[str, object]:
     defaults: dict[str, object] = {}
     typed_dict = settings_type(function)
     if typed_dict is not None:
-        declared = settings.defaults(typed_dict)
+        declared = setting_groups.defaults(typed_dict)
         for key in typed_dict.__required_keys__ | typed_dict.__optional_keys__:
             layout_key = key in LayoutSettings.__optional_keys__ and issubclass_typed(typed_dict, LayoutSettings)
             defaults[key] = LAYOUT_SETTING if layout_key else declared[key]
@@ -98,7 +98,7 @@ def issubclass_typed(typed_dict, base) -> bool:
 def test_a_layout_setting_declared_default_is_the_layouts_own():
     """Each ``LayoutSettings`` default, given, makes the layout that giving nothing makes (``build_layout``)."""
     cluster = api.cluster_of("64x8xH100")
-    for key, default in settings.defaults(LayoutSettings).items():
+    for key, default in setting_groups.defaults(LayoutSettings).items():
         assert build_layout(cluster, {key: default}) == build_layout(cluster, {}), key
 
 
@@ -174,7 +174,7 @@ def test_the_defaults_that_differ_do_so_for_their_reason():
     # memory --sweep: memory_sweep needs it
     assert inspect.signature(api.memory_sweep).parameters["sweep"].default is REQUIRED
     # plan: the API ranks every layout that fits
-    assert settings.defaults(settings.PlanSettings)["top"] is None
+    assert setting_groups.defaults(settings.PlanSettings)["top"] is None
 
 
 WORKLOAD_DEFAULTS_OF_THEIR_OWN = {

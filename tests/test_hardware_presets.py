@@ -27,7 +27,8 @@ from lmcalc.presets import (
     resolve_optimizer,
     resolve_precision,
 )
-from lmcalc.specs import HardwareSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import HardwareSpec
 
 HARDWARE_FILES = sorted((builtin_dir() / "hardware").glob("*.yaml"))
 TRAINING_DTYPES = ("bf16", "fp16", "fp8")

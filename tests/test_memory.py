@@ -10,7 +10,8 @@ from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.states import bytes_per_param, optimizer_state_bytes
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import framework_profile, resolve_model
-from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
+from lmcalc.recipe_specs import OptimizerSpec, OptimizerState, PrecisionRecipe
+from lmcalc.specs import ModelSpec
 
 # The ZeRO paper's mixed-precision Adam: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, m, v).
 MIXED = PrecisionRecipe(

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from lmcalc import specs
 from lmcalc.presets import resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
-from lmcalc.specs import HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import HardwareSpec, ModelSpec
 
 PRESETS = Path(__file__).resolve().parent.parent / "presets"
 

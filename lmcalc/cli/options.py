@@ -21,6 +21,7 @@ import typer
 from lmcalc.cli import completion
 from lmcalc.cli.completion import complete_model
 from lmcalc.errors import flag
+from lmcalc.estimates.setting_groups import Setting, alternatives, fields_of
 from lmcalc.estimates.settings import (
     BatchSettings,
     EnergySettings,
@@ -32,12 +33,9 @@ from lmcalc.estimates.settings import (
     RunSettings,
     SearchSettings,
     ServingSettings,
-    Setting,
     SplitSettings,
     TrainingSettings,
     WorkloadSettings,
-    alternatives,
-    fields_of,
 )
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]

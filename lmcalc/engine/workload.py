@@ -29,7 +29,8 @@ from lmcalc.engine.finetune.method import FULL, Method, check_method
 from lmcalc.engine.finetune.offload import NO_OFFLOAD, Offload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.framework_specs import FrameworkProfile
-from lmcalc.specs import ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import ModelSpec
 from lmcalc.units import GiB
 
 OVERHEAD_ALLOWANCE_BYTES = 2 * GiB

@@ -22,15 +22,12 @@ from lmcalc.engine.run.cost import DEFAULT_MFU
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES, Workload
 from lmcalc.errors import LmcalcError, flag, setting
-from lmcalc.estimates.settings import (
-    Bytes,
-    Count,
-    TrainingSettings,
-    defaults,
-)
+from lmcalc.estimates.setting_groups import defaults
+from lmcalc.estimates.settings import Bytes, Count, TrainingSettings
 from lmcalc.framework_specs import FrameworkProfile
+from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
 from lmcalc.result import Input, Result
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, OptimizerSpec, PrecisionRecipe
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import GiB, group, parse_bytes, parse_count
 
 DEFAULT_SEQ_CAP = 8192

@@ -13,7 +13,8 @@ from pathlib import Path
 from lmcalc.engine.choices import PEAK_SOURCES
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.estimates.inputs import Given, choice
-from lmcalc.specs import HardwareSpec, PrecisionRecipe
+from lmcalc.recipe_specs import PrecisionRecipe
+from lmcalc.specs import HardwareSpec
 
 
 def bench_file(calibration: str | None, run: str) -> Path:

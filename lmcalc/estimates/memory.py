@@ -36,7 +36,8 @@ from lmcalc.estimates.inputs import (
     seq_given,
     whole_count,
 )
-from lmcalc.estimates.settings import Bytes, MemorySettings, ServingSettings, with_defaults
+from lmcalc.estimates.setting_groups import with_defaults
+from lmcalc.estimates.settings import Bytes, MemorySettings, ServingSettings
 from lmcalc.estimates.training import (
     TrainingSetup,
     build_layout,

@@ -26,6 +26,7 @@ from lmcalc.estimates.inputs import (
     optimizer_text,
     recipe_text,
 )
+from lmcalc.estimates.setting_groups import subset, with_defaults
 from lmcalc.estimates.settings import (
     PinSettings,
     PlanSettings,
@@ -33,8 +34,6 @@ from lmcalc.estimates.settings import (
     SplitSettings,
     TrainingSettings,
     WorkloadSettings,
-    subset,
-    with_defaults,
 )
 from lmcalc.estimates.time import run_tokens
 from lmcalc.estimates.training import (

@@ -14,14 +14,8 @@ from lmcalc.estimates.inputs import (
     count,
     mfu_given,
 )
-from lmcalc.estimates.settings import (
-    ReportSettings,
-    SplitSettings,
-    TrainingSettings,
-    WorkloadSettings,
-    subset,
-    with_defaults,
-)
+from lmcalc.estimates.setting_groups import subset, with_defaults
+from lmcalc.estimates.settings import ReportSettings, SplitSettings, TrainingSettings, WorkloadSettings
 from lmcalc.result import Input, Result, Section
 from lmcalc.units import GB, group
 
@@ -33,7 +27,8 @@ if TYPE_CHECKING:  # the estimates are imported when a report is made: the comma
     from lmcalc.estimates.time import Timing, TrainTimeEstimate
     from lmcalc.estimates.training import TrainingSetup
     from lmcalc.presets import Resolved
-    from lmcalc.specs import Cluster, PrecisionRecipe
+    from lmcalc.specs import Cluster
+from lmcalc.recipe_specs import PrecisionRecipe
 
 PINS = ("tp", "pp", "cp", "ep", "dp", "zero", "schedule", "virtual_stages", "micro_batch")
 """The layout settings a report pins its search with when they are given (and ``sequence_parallel`` when off)."""

@@ -15,10 +15,7 @@ The groups: what is trained (``FineTuneSettings``, ``MethodSettings`` with offlo
 ``ReportSettings`` are what those functions take.
 """
 
-import functools
-import typing
-from dataclasses import dataclass
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, TypedDict
 
 from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
@@ -33,29 +30,12 @@ from lmcalc.engine.finetune.method import ALL_LINEAR, METHODS
 from lmcalc.engine.finetune.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS, OFFLOAD_DEVICES, OFFLOAD_TARGETS
 from lmcalc.engine.model.numerics import SERVING_DTYPES
 from lmcalc.engine.run.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
+from lmcalc.estimates.setting_groups import Setting, alternatives
 from lmcalc.framework_specs import FrameworkProfile
-from lmcalc.specs import OptimizerSpec, PrecisionRecipe
+from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
 
 Count = str | float | int
 Bytes = str | float | int
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What a field of a settings group says besides its type: its default and its help (the command line's
-    ``--help``), and where the command line differs: its flags (``--x/--no-x``) and how it completes a name."""
-
-    default: Any
-    help: str
-    flags: tuple[str, ...] = ()
-    complete: str | None = None  # a completion function of lmcalc.cli.completion
-
-
-def alternatives(options: tuple[object, ...], meanings: dict[object, str] | None = None) -> str:
-    """The values a help text offers, read from the tuple the code checks against: ``a | b``, each with its
-    meaning where one is given (``flash (fused, no s² scores) | eager (...)``)."""
-    meanings = meanings or {}
-    return " | ".join(f"{o} ({meanings[o]})" if o in meanings else str(o) for o in options)
 
 
 METHOD_MEANINGS: dict[object, str] = {
@@ -479,34 +459,3 @@ class ServingSettings(TypedDict, total=False):
         int | None,
         Setting(None, "With --inference: count one fp16 scale per group of this many int8/int4 weights."),
     ]
-
-
-# ------------------------------------------------------------------------------------------------ reading them
-
-
-@functools.cache  # read once per group: the command line makes its options from them at start-up
-def fields_of(group: type) -> dict[str, tuple[Any, Setting]]:
-    """Each field of a settings group, in its declaration order (a base group's first): its type and its
-    ``Setting``."""
-    hints = typing.get_type_hints(group, include_extras=True)
-    fields = {}
-    for name, hint in hints.items():
-        kind, *extras = typing.get_args(hint)
-        (declared,) = [extra for extra in extras if isinstance(extra, Setting)]
-        fields[name] = (kind, declared)
-    return fields
-
-
-def defaults(group: type) -> dict[str, Any]:
-    """Each setting of the group and its default."""
-    return {name: declared.default for name, (_, declared) in fields_of(group).items()}
-
-
-def with_defaults(given: typing.Mapping[str, Any], group: type) -> dict[str, Any]:
-    """The settings given, and for those left out their defaults."""
-    return {**defaults(group), **given}
-
-
-def subset(given: typing.Mapping[str, Any], group: type) -> dict[str, Any]:
-    """The settings among ``given`` that ``group`` holds."""
-    return {name: value for name, value in given.items() if name in group.__annotations__}

@@ -44,6 +44,7 @@ from lmcalc.estimates.inputs import (
     tokens_given,
 )
 from lmcalc.estimates.measured import measured_peak
+from lmcalc.estimates.setting_groups import subset, with_defaults
 from lmcalc.estimates.settings import (
     DEFAULT_PRECISION,
     Count,
@@ -51,12 +52,11 @@ from lmcalc.estimates.settings import (
     FineTuneSettings,
     RunSettings,
     TrainTimeSettings,
-    subset,
-    with_defaults,
 )
 from lmcalc.presets import Resolved
+from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.result import Estimate, Input, Result, Section, Term
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, PrecisionRecipe
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import sci
 
 

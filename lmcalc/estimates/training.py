@@ -49,8 +49,9 @@ from lmcalc.estimates.settings import (
     TrainingSettings,
 )
 from lmcalc.framework_specs import FrameworkProfile
+from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.result import Input
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec, PrecisionRecipe
+from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 
 
 def training_settings(given: Mapping[str, Any]) -> TrainingSettings:

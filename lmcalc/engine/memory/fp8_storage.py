@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import Fp8Storage
+from lmcalc.recipe_specs import Fp8Storage
 
 LINEAR_READERS = frozenset({"q", "k", "v", "qkv", "q_a", "kv_a", "q_b", "kv_b", "o", "gate", "up", "gate_up", "fc",
                             "down", "proj"})  # fmt: skip

@@ -29,7 +29,8 @@ from lmcalc.engine.model.flops import ModelPart
 from lmcalc.engine.model.params import WeightTensor, weight_tensors
 from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import ModelSpec, PrecisionRecipe
+from lmcalc.recipe_specs import PrecisionRecipe
+from lmcalc.specs import ModelSpec
 
 if TYPE_CHECKING:
     from lmcalc.engine.parallel.layout import Layout, StateShards

@@ -15,7 +15,8 @@ import math
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.finetune.method import FULL, Method, trained_tensors
 from lmcalc.engine.parallel.sharding import zero_divisor
-from lmcalc.specs import ModelSpec, OptimizerSpec, OptimizerState, PrecisionRecipe
+from lmcalc.recipe_specs import OptimizerSpec, OptimizerState, PrecisionRecipe
+from lmcalc.specs import ModelSpec
 
 SCALE_BYTES = 4  # block-wise quantised optimizer states keep one fp32 scale per block (Dettmers et al. 2022)
 UNQUANTISED_BYTES = 4  # a tensor too small to quantise keeps its state in fp32 (bitsandbytes)

@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass
 
 from lmcalc.errors import LmcalcError, setting
+from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.result import Term
-from lmcalc.specs import HardwareSpec, PrecisionRecipe
+from lmcalc.specs import HardwareSpec
 from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR, sci
 
 DEFAULT_MFU = 0.4

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from lmcalc.engine.model.flops import FLOPS_PER_PARAM_PER_TOKEN
 from lmcalc.engine.run.cost import RunTime, check_mfu, peak_for, time_terms
 from lmcalc.errors import LmcalcError
+from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.result import Section, Term
-from lmcalc.specs import Cluster, PrecisionRecipe
+from lmcalc.specs import Cluster
 from lmcalc.units import SECONDS_PER_DAY, sci
 
 TOKENS_PER_PARAM = 20
