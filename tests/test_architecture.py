@@ -21,7 +21,14 @@ ENGINE_LAYERS = [
 """The engine's packages (and top modules), lowest first: a module imports the engine only from its own package or
 from a lower layer, so two packages of one layer never import each other."""
 
-ENGINE_MAY_IMPORT = {"lmcalc.specs", "lmcalc.recipe_specs", "lmcalc.framework_specs", "lmcalc.errors", "lmcalc.units", "lmcalc.result"}
+ENGINE_MAY_IMPORT = {
+    "lmcalc.specs",
+    "lmcalc.recipe_specs",
+    "lmcalc.framework_specs",
+    "lmcalc.errors",
+    "lmcalc.units",
+    "lmcalc.result",
+}
 """What the engine may import from the rest of lmcalc: the specs it computes from, its errors, units and the result
 objects it returns. Never the presets (YAML), the estimates, the command line, the renderers or torch."""
 
