@@ -2,8 +2,6 @@
 the precision recipe (bytes per weight, gradient, master copy, optimizer state and saved activation, the peak the
 matmuls run at, and what an fp8 or fp4 recipe stores quantised) and the optimizer's per-parameter states."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field
