@@ -23,7 +23,7 @@ from lmcalc.engine.finetune.method import (
 from lmcalc.engine.finetune.offload import Offload, offload_time
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
 from lmcalc.engine.model.params import count_params, weight_tensors
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Layout, ModelSplit
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.parallel.sharding import frozen_held, trained_held
 from lmcalc.engine.workload import Workload
@@ -70,9 +70,9 @@ def test_qlora_frozen_bytes_by_hand():
     n_linear = sum(t.total for t in linear)
     rest = count_params(LLAMA).total - n_linear
     expected = n_linear * NF4_BITS_PER_WEIGHT / 8 + 7 * 32 * NF4_TENSOR_CONSTANTS + 4 * rest
-    assert frozen_held(LLAMA, Method("qlora"), 2, 1, 1, WHOLE).total == pytest.approx(expected, rel=1e-12)
+    assert frozen_held(LLAMA, Method("qlora"), 2, ModelSplit(), WHOLE).total == pytest.approx(expected, rel=1e-12)
     # without the upcast the rest stays in the recipe's 2 bytes
-    plain = frozen_held(LLAMA, Method("qlora", kbit_upcast=False), 2, 1, 1, WHOLE).total
+    plain = frozen_held(LLAMA, Method("qlora", kbit_upcast=False), 2, ModelSplit(), WHOLE).total
     assert plain == pytest.approx(expected - 2 * rest, rel=1e-12)
 
 
@@ -107,7 +107,7 @@ def test_peft_fp32_adapters_over_a_pure_bf16_model(fp32_adapters, trained_bytes)
 
 def test_freeze_trains_the_top_layers_and_the_head():
     method = Method("freeze", freeze_layers=24)
-    trained = trained_held(LLAMA, method, 1, 1, WHOLE).total
+    trained = trained_held(LLAMA, method, ModelSplit(), WHOLE).total
     per_layer = (count_params(LLAMA).total - 2 * LLAMA.vocab_size * LLAMA.hidden_size - LLAMA.hidden_size) / 32
     assert trained == pytest.approx(8 * per_layer + LLAMA.hidden_size + LLAMA.vocab_size * LLAMA.hidden_size)
     # the bottom 24 layers keep no activations: 8 of 32 layers' worth, plus what lies outside the layers

@@ -284,7 +284,16 @@ class LayoutSettings(SplitSettings, total=False):
     tp: Annotated[int, Setting(1, "Tensor-parallel degree (within a node).")]
     pp: Annotated[int, Setting(1, "Pipeline-parallel stages.")]
     cp: Annotated[int, Setting(1, "Context-parallel degree (splits the sequence; needs --attention flash).")]
-    ep: Annotated[int, Setting(1, "Expert-parallel degree (MoE models; divides DP·CP).")]
+    ep: Annotated[int, Setting(1, "Expert-parallel degree (MoE models; ETP·EP divides DP·CP·TP).")]
+    etp: Annotated[
+        int | None,
+        Setting(
+            None,
+            "Expert tensor-parallel degree: splits each routed expert's matrices (Megatron-Core's "
+            "--expert-tensor-parallel-size; default TP). Set apart from TP it folds EP over TP·CP·DP "
+            "(MoE parallel folding).",
+        ),
+    ]
     zero: Annotated[
         ZeroStage,
         Setting(0, f"ZeRO stage {ZERO_STAGES[0]}-{ZERO_STAGES[-1]} over DP·CP (3 = FSDP full sharding)."),
@@ -312,6 +321,10 @@ class PinSettings(TypedDict, total=False):
     pp: Annotated[int | None, Setting(None, "Pin the pipeline-parallel degree.")]
     cp: Annotated[int | None, Setting(None, "Pin the context-parallel degree.")]
     ep: Annotated[int | None, Setting(None, "Pin the expert-parallel degree.")]
+    etp: Annotated[
+        int | None,
+        Setting(None, "Pin the expert tensor-parallel degree (default: TP or 1, MoE parallel folding, are tried)."),
+    ]
     zero: Annotated[ZeroStage | None, Setting(None, "Pin the ZeRO stage.")]
     schedule: Annotated[str | None, Setting(None, f"Pin the pipeline schedule: {alternatives(SCHEDULES)}.")]
     virtual_stages: Annotated[

@@ -104,7 +104,8 @@ def build_layout(cluster: Cluster, settings: LayoutSettings) -> Layout:
 def layout_origin(layout: Layout) -> str:
     """The settings a layout in an inputs table came from."""
     split = layout.split
-    degrees = ("dp", "tp", "pp", "cp", "ep", "zero", "sequence_parallel", "schedule", "virtual_stages")
+    folded: tuple[str, ...] = ("etp",) if layout.folded else ()
+    degrees = ("dp", "tp", "pp", "cp", "ep", *folded, "zero", "sequence_parallel", "schedule", "virtual_stages")
     return (
         " ".join(flag(name) for name in degrees)
         + (" --first/--last-stage-layers" if split.first_stage_layers or split.last_stage_layers else "")

@@ -42,8 +42,9 @@ def method_section(w: Workload, layout: Layout, gpu: GpuMemory, gpus_per_node: i
     if method.kind != "full":
         trained = trained_params(model, method)
         total = trained + frozen_params(model, method)
-        held = trained_held(model, method, layout.tp, layout.ep, built)
-        frozen = frozen_held(model, method, precision.param_bytes, layout.tp, layout.ep, built)
+        split = layout.state_shards.split
+        held = trained_held(model, method, split, built)
+        frozen = frozen_held(model, method, precision.param_bytes, split, built)
         source = (DORA if method.dora else HU) if method.adapters else ""
         terms.append(Term("method", method.label, trained, "params", _trained_formula(w), _adapter_numbers(w),
                           source=source, note=f"of {group(round(total))} in all "

@@ -30,7 +30,7 @@ from collections import deque
 from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import FULL
-from lmcalc.engine.parallel.layout import StateShards
+from lmcalc.engine.parallel.layout import ModelSplit, StateShards
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.parallel.sharding import frozen_held, trained_held, trained_precision, zero_shards
 from lmcalc.engine.workload import Workload
@@ -123,17 +123,17 @@ def megatron_fsdp(w: Workload, shards: StateShards) -> bool:
 
 
 @functools.lru_cache(maxsize=1 << 12)
-def _parts(w: Workload, tp: int, ep: int, built: StageLayers) -> _Parts:
+def _parts(w: Workload, split: ModelSplit, built: StageLayers) -> _Parts:
     model, method, param_bytes = w.model, w.method, trained_precision(w).param_bytes
 
     def every(part: StageLayers) -> float:
-        return trained_held(model, FULL, tp, ep, part).total
+        return trained_held(model, FULL, split, part).total
 
     def trained(part: StageLayers) -> float:
-        return trained_held(model, method, tp, ep, part).total
+        return trained_held(model, method, split, part).total
 
     def weight_bytes(part: StageLayers) -> float:
-        return trained(part) * param_bytes + frozen_held(model, method, w.precision.param_bytes, tp, ep, part).total
+        return trained(part) * param_bytes + frozen_held(model, method, w.precision.param_bytes, split, part).total
 
     kinds = []
     for count, part in (
@@ -154,7 +154,7 @@ def communication_unit(w: Workload, shards: StateShards, built: StageLayers) -> 
     all-gather's prefetch. ZeRO-3: max(floor, 2 · a unit's mean parameters); ZeRO-2: max(floor, bucket size)."""
     floor = w.framework.buffers.communication_unit_elements
     if zero_shards("params", shards.zero):
-        kinds = _parts(w, shards.tp, shards.ep, built).kinds
+        kinds = _parts(w, shards.split, built).kinds
         mean = sum(count * elements for count, elements, _, _ in kinds) / max(1, built.layers)
         return max(floor, 2 * mean)
     return max(floor, bucket_elements(shards.replicas))
@@ -169,7 +169,7 @@ def bucket_elements(replicas: int) -> float:
 def gathered(w: Workload, shards: StateShards, built: StageLayers) -> Gathered:
     """ZeRO-3's gathered weights: the unit in use and ⌈prefetch / u⌉ more (no more than the stage's other layers), in
     the layer kind whose window is largest, and the modules outside the units."""
-    parts = _parts(w, shards.tp, shards.ep, built)
+    parts = _parts(w, shards.split, built)
     prefetch = communication_unit(w, shards, built) // 2
     windows = [
         (1 + min(-(-prefetch // elements), built.layers - 1), elements, weight)
@@ -187,7 +187,7 @@ def gradient_queue(w: Workload, shards: StateShards, built: StageLayers, grad_by
     layers above its dense ones, as DeepSeek-V3's come), the embedding's. Under ZeRO-3 a layer is one bucket; under
     ZeRO-2 its parameters are cut into ⌈u / bucket⌉ equal buckets, where Megatron cuts after the parameter that
     reaches the bucket size (each layer's bucket then differs by less than its largest weight)."""
-    parts = _parts(w, shards.tp, shards.ep, built)
+    parts = _parts(w, shards.split, built)
     capacity = communication_unit(w, shards, built)
     zero3 = zero_shards("params", shards.zero)
     bucket = bucket_elements(shards.replicas)

@@ -43,7 +43,7 @@ from lmcalc.engine.memory.phases import (
 )
 from lmcalc.engine.memory.stage_states import StageStates, layout_buffers, layout_states, stage_states
 from lmcalc.engine.model_code import norm_keeps
-from lmcalc.engine.parallel.layout import ActivationLayout, Layout
+from lmcalc.engine.parallel.layout import ActivationLayout, Layout, ModelSplit
 from lmcalc.engine.parallel.pipeline import (
     StageLayers,
     distinct_stage_layers,
@@ -316,7 +316,8 @@ def _unmade_grads(w: Workload, layout: ActivationLayout, built: StageLayers) -> 
         return NONE_UNMADE
 
     def trained(dense: int, moe: int, embedding: bool, head: bool) -> float:
-        return trained_held(w.model, w.method, layout.tp, 1, StageLayers(dense, moe, embedding, head)).total
+        split = ModelSplit(layout.tp, 1, layout.tp)  # shares: the frameworks that free gradients run no EP or ETP
+        return trained_held(w.model, w.method, split, StageLayers(dense, moe, embedding, head)).total
 
     total = trained(*built)
     if not total:

@@ -63,9 +63,9 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
     share."""
     model, optimizer, rules, method = w.model, w.optimizer, w.framework, w.method
     precision = trained_precision(w)  # the trained weights' (PEFT's fp32 adapters over a 16-bit model)
-    tp, ep, zero, replicas = shards
-    held = trained_held(model, method, tp, ep, built)  # every parameter, unless the method freezes some
-    frozen = frozen_held(model, method, w.precision.param_bytes, tp, ep, built)  # bytes of the frozen ones
+    tp, zero, replicas, split = shards.tp, shards.zero, shards.replicas, shards.split
+    held = trained_held(model, method, split, built)  # every parameter, unless the method freezes some
+    frozen = frozen_held(model, method, w.precision.param_bytes, split, built)  # bytes of the frozen ones
     replicated = replicas > 1
     grad_bytes = rules.states.grad_bytes or precision.grad_bytes
     zero3, fsdp = 0.0, megatron_fsdp(w, shards)
@@ -102,7 +102,7 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
     fp8 = te_fp8(w)
     copies = 0.0
     if fp8 is not None:  # the layers' weights on the GPU, as TP and EP split them (ZeRO-3's gathered ones aside)
-        layers = trained_held(model, FULL, tp, ep, StageLayers(built.dense, built.moe, False, False))
+        layers = trained_held(model, FULL, split, StageLayers(built.dense, built.moe, False, False))
         if rules.fp8.primary_weights:  # the quantised weight is the weight, sharded as the weights are
             params -= sharded_state_bytes(w.precision.param_bytes, "params", layers, shards)
             copies = sharded_state_bytes(weight_copy_bytes(fp8), "params", layers, shards)

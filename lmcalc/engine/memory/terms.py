@@ -111,6 +111,7 @@ def _params_held_term(layout: Layout, gpu: GpuMemory, n_stage: float) -> Term:
         f"N_gpu = {group(round(n_stage))} parameters on {on_gpu} "
         f"(TP={layout.tp} splits the matrices, PP={layout.pp} the layers"
         + (f", EP={layout.ep} the experts" if layout.ep > 1 else "")
+        + (f", ETP={layout.expert_tp} each expert" if layout.folded else "")
         + ")"
     )
     return Term(
@@ -130,8 +131,8 @@ def _trained_symbol(w: Workload) -> str:
 
 def _shard_text(state: ModelState, layout: Layout, held: StageParams) -> str:
     """How ZeRO divides ``state`` over the data-parallel replicas (the experts over fewer of them), if it does."""
-    rep_d, rep_e = layout.data_replicas, layout.data_replicas // layout.ep
-    if not zero_shards(state, layout.zero) or rep_d == 1:
+    rep_d, rep_e = layout.data_replicas, layout.state_shards.expert_replicas
+    if not zero_shards(state, layout.zero) or rep_d == 1 and rep_e == 1:
         return ""
     if held.experts:
         return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero})"

@@ -2,9 +2,13 @@
 
 Data parallelism (DP, with ZeRO sharding over it), tensor parallelism (TP, with or without sequence
 parallelism), pipeline parallelism (PP, with its split of the layers, ``engine.parallel.pipeline.PipelineSplit``),
-context parallelism (CP) and expert parallelism (EP); DP·TP·PP·CP is the number of GPUs, and EP spreads the
-experts within DP·CP. ``check_layout`` refuses a layout that cannot exist for a workload and a cluster,
-naming the constraint that fails, in quantities (the front ends name the settings).
+context parallelism (CP) and expert parallelism (EP); DP·TP·PP·CP is the number of GPUs. The routed experts have
+a grid of their own over the same TP·CP·DP GPUs of a stage (Megatron-Core's MoE parallel folding,
+parallel_state.py: ``expert_decoder_rank_generator``): expert TP (ETP, TP unless set) splits each expert's
+matrices, EP spreads the experts, and the EDP = TP·CP·DP / (ETP·EP) copies left are the experts' data-parallel
+replicas, which reduce the experts' gradients and over which ZeRO shards their states. ``check_layout`` refuses
+a layout that cannot exist for a workload and a cluster, naming the constraint that fails, in quantities (the
+front ends name the settings).
 """
 
 from __future__ import annotations
@@ -68,25 +72,46 @@ class ActivationLayout(NamedTuple):
 
 class Grid(NamedTuple):
     """How tensor, context and expert parallelism split one micro-batch's work on a GPU: TP (with sequence
-    parallelism, which only TP > 1 has to split), CP and EP. A micro-batch's kernels and the collectives it waits
-    for depend on these and the stage's layers, not on DP, PP or ZeRO, so layouts that differ only there share
-    them."""
+    parallelism, which only TP > 1 has to split), CP, EP and expert TP (ETP). A micro-batch's kernels and the
+    collectives it waits for depend on these and the stage's layers, not on DP, PP or ZeRO, so layouts that differ
+    only there share them."""
 
     tp: int = 1
     cp: int = 1
     ep: int = 1
     sequence_parallel: bool = False
+    etp: int = 1  # the routed experts' TP (Layout.expert_tp)
+
+
+class ModelSplit(NamedTuple):
+    """How TP and EP split the weights one GPU holds, before ZeRO: TP the dense matrices, ETP each routed expert's
+    and EP the routed experts among the GPUs."""
+
+    tp: int = 1
+    ep: int = 1
+    etp: int = 1
 
 
 class StateShards(NamedTuple):
-    """How a stage's model states are spread over its GPUs: TP splits the matrices, EP the experts, and ZeRO stage
-    ``zero`` shards them over the ``replicas`` data-parallel copies (DP · CP). The micro-batch, the pipeline's
-    schedule and recomputation do not change them."""
+    """How a stage's model states are spread over its GPUs: TP splits the matrices, ETP the routed experts' and
+    EP the experts, and ZeRO stage ``zero`` shards them over the data-parallel copies: ``replicas`` (DP · CP) of the
+    dense ones, ``expert_replicas`` (EDP) of the experts. The micro-batch, the pipeline's schedule and recomputation
+    do not change them."""
 
     tp: int = 1
     ep: int = 1
     zero: ZeroStage = 0
     replicas: int = 1
+    etp: int = 1
+
+    @property
+    def split(self) -> ModelSplit:
+        return ModelSplit(self.tp, self.ep, self.etp)
+
+    @property
+    def expert_replicas(self) -> int:
+        """EDP = TP·CP·DP / (ETP·EP): the copies of each routed expert (``replicas`` / EP when ETP = TP)."""
+        return max(1, self.replicas * self.tp // (self.etp * self.ep))
 
 
 @dataclass(frozen=True, slots=True)  # slots: the planner makes hundreds of thousands
@@ -101,6 +126,7 @@ class Layout:
     zero: ZeroStage = 0
     sequence_parallel: bool = False
     grad_accum: int = 1  # micro-batches per step
+    etp: int | None = None  # the routed experts' TP (Megatron-Core's expert_tensor_parallel_size); None: TP
     split: PipelineSplit = PipelineSplit()
     # its views, what each family of figures depends on (the caches' keys), made once with the layout
     activation_layout: ActivationLayout = field(init=False, repr=False, compare=False)
@@ -118,13 +144,19 @@ class Layout:
         if self.zero not in ZERO_STAGES:
             raise LmcalcError(f"{setting('zero')} must be {one_of(ZERO_STAGES)}, got {self.zero}")
         tp, cp, split, views = self.tp, self.cp, self.split, object.__setattr__
+        if self.etp is not None:
+            if not positive_integer(self.etp):
+                raise LmcalcError(f"{setting('etp')} must be a positive integer, got {self.etp}")
+            if self.etp == tp:  # the default, spelt out: one layout, one hash
+                views(self, "etp", None)
+        etp = self.expert_tp
         views(
             self, "activation_layout", ActivationLayout(tp, self.sequence_parallel, cp, self.pp, self.grad_accum, split)
         )
-        views(self, "grid", Grid(tp, cp, self.ep, self.sequence_parallel and tp > 1))
-        views(self, "state_shards", StateShards(tp, self.ep, self.zero, self.dp * cp))
+        views(self, "grid", Grid(tp, cp, self.ep, self.sequence_parallel and tp > 1, etp))
+        views(self, "state_shards", StateShards(tp, self.ep, self.zero, self.dp * cp, etp))
         views(self, "stages", Stages(self.pp, split))
-        views(self, "_hash", hash((*degrees, self.zero, self.sequence_parallel, split)))
+        views(self, "_hash", hash((*degrees, self.zero, self.sequence_parallel, split, self.etp)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -143,6 +175,16 @@ class Layout:
         return self.dp * self.cp
 
     @property
+    def expert_tp(self) -> int:
+        """ETP: over how many GPUs each routed expert's matrices are split (TP unless ``etp`` says otherwise)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def folded(self) -> bool:
+        """Whether the experts' grid differs from attention's (ETP ≠ TP): Megatron-Core's MoE parallel folding."""
+        return self.etp is not None
+
+    @property
     def label(self) -> str:
         parts = [
             f"DP={self.dp}",
@@ -150,6 +192,7 @@ class Layout:
             f"PP={self.pp}",
             f"CP={self.cp}",
             f"EP={self.ep}",
+            *([f"ETP={self.etp}"] if self.etp is not None else []),
             f"ZeRO-{self.zero}",
         ]
         if self.sequence_parallel:
@@ -164,14 +207,16 @@ class Layout:
         parts += [
             f"{name}{n}" for name, n in (("TP", self.tp), ("PP", self.pp), ("CP", self.cp), ("EP", self.ep)) if n > 1
         ]
+        parts += [f"ETP{self.etp}"] if self.etp is not None else []
         parts += [f"Z{self.zero}"] if self.zero else []
         parts += ["SP"] if self.sequence_parallel else []
         return " ".join(parts + self.split.code_parts(self.pp))
 
 
 LAYOUT_CODE_KEY = (
-    "DP/TP/PP/CP/EP: the degrees (1 left out); Z: the ZeRO stage; SP: sequence parallel; v: virtual stages "
-    "(interleaved); f/l: layers on the first/last stage; +emb/+loss: counted as a layer"
+    "DP/TP/PP/CP/EP: the degrees (1 left out); ETP: the experts' TP where it is not TP; Z: the ZeRO stage; "
+    "SP: sequence parallel; v: virtual stages (interleaved); f/l: layers on the first/last stage; +emb/+loss: "
+    "counted as a layer"
 )
 
 
@@ -227,15 +272,47 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             raise LmcalcError(f"EP={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
         if model.moe.num_experts % layout.ep:
             raise LmcalcError(f"EP={layout.ep} does not divide the {model.moe.num_experts} experts of {model.name}")
-        if layout.data_replicas % layout.ep:
-            raise LmcalcError(
-                f"EP={layout.ep} must divide DP·CP = {layout.data_replicas} (experts are spread "
-                "over the data-parallel ranks)"
-            )
+        check_expert_grid(model, layout)
+    elif layout.folded:
+        if not model.moe:
+            raise LmcalcError(f"ETP={layout.etp} needs a mixture-of-experts model; {model.name} is dense")
+        check_expert_grid(model, layout)
+    if cluster and tp_within_node and layout.expert_tp > cluster.gpus_per_node:
+        raise LmcalcError(
+            f"ETP={layout.expert_tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
+            "(tensor parallelism needs the intra-node links)"
+        )
     if w.seq_len % layout.cp:
         raise LmcalcError(f"CP={layout.cp} does not divide the sequence length {w.seq_len}")
     if layout.cp > 1 and w.attention != "flash":
         raise LmcalcError(
             f"context parallelism needs fused attention ({setting('attention')} flash): ring attention "
             "never materialises the s² scores"
+        )
+
+
+def check_expert_grid(model: ModelSpec, layout: Layout) -> None:
+    """The experts' grid must tile the stage's TP·CP·DP GPUs (Megatron-Core, parallel_state.py: the world size
+    divisible by ETP·EP·PP), and ETP must split each expert's matrices evenly. With ETP = TP that leaves EP
+    dividing DP·CP; folding (ETP ≠ TP) lets EP span attention's TP and CP ranks too, which only sequence
+    parallelism can feed: the experts' TP group gathers the tokens TP split (Megatron-Core refuses MoE training
+    with TP > 1 and no sequence parallelism, moe_layer.py)."""
+    assert model.moe is not None
+    etp, gpus = layout.expert_tp, layout.dp * layout.cp * layout.tp
+    if gpus % (etp * layout.ep):
+        what = f"EP={layout.ep} must divide DP·CP = {layout.data_replicas}" if not layout.folded else ""
+        what = what or f"ETP·EP = {etp}·{layout.ep} must divide DP·CP·TP = {gpus}"
+        raise LmcalcError(
+            f"{what} (the experts are laid out over a stage's data-, context- and tensor-parallel GPUs"
+            + (f"; {setting('etp')} 1 folds EP over TP too" if not layout.folded and layout.tp > 1 else "")
+            + ")"
+        )
+    if model.moe.expert_ffn_size % etp:
+        raise LmcalcError(
+            f"ETP={etp} does not divide the experts' {model.moe.expert_ffn_size} FFN width of {model.name}"
+        )
+    if layout.folded and layout.tp > 1 and not layout.sequence_parallel:
+        raise LmcalcError(
+            f"ETP={etp} with TP={layout.tp} needs sequence parallelism (the experts' grid gathers the tokens TP "
+            "splits; Megatron-Core refuses MoE with TP > 1 and no sequence parallelism)"
         )

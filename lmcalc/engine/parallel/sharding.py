@@ -7,7 +7,8 @@ head; row-parallel attention output and FC2/down; norms, routers and MLA's low-r
 replicated), which layers hold it (pipeline stages split the layers; the embedding lives on the first
 stage, the final norm and head on the last), and whether expert parallelism splits its copies. ZeRO
 then shards the resulting per-GPU states over the data-parallel replicas (Rajbhandari et al. 2020 §5.1):
-DP × CP for dense tensors, DP × CP / EP for experts.
+DP × CP for dense tensors, the experts' EDP = DP × CP × TP / (ETP × EP) for the routed experts, whose matrices
+expert TP (ETP, TP unless set apart: Megatron-Core's MoE parallel folding) splits.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from lmcalc.engine.parallel.layout import Layout, StateShards
+    from lmcalc.engine.parallel.layout import Layout, ModelSplit, StateShards
 
 # Megatron-LM's tensor-parallel split, by module name: column-parallel modules split their output
 # dimension (weight and bias), row-parallel ones their input dimension (weight only).
@@ -66,6 +67,11 @@ def tp_divisor(tensor: WeightTensor, model: ModelSpec, tp: int) -> int:
     return tp if column or (leaf in ROW_PARALLEL and param == "weight") else 1
 
 
+def split_divisor(tensor: WeightTensor, model: ModelSpec, split: ModelSplit) -> int:
+    """``tp_divisor`` under ``split``: the routed experts' matrices split by ETP, the rest by TP."""
+    return tp_divisor(tensor, model, split.etp if tensor.group == "experts" else split.tp)
+
+
 def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, ep: int) -> float:
     """How many copies of ``tensor`` one GPU of a stage that builds ``built`` holds (before tensor-parallel
     splitting), with the routed experts spread over ``ep`` GPUs."""
@@ -89,7 +95,7 @@ def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, 
 @dataclass(frozen=True)
 class StageParams:
     dense: float  # parameters on one GPU of the stage, replicated over DP·CP
-    experts: float  # routed-expert parameters on one GPU, replicated over DP·CP/EP
+    experts: float  # routed-expert parameters on one GPU, replicated over EDP = DP·CP·TP / (ETP·EP)
 
     @property
     def total(self) -> float:
@@ -121,15 +127,15 @@ def _fp32_trained(p: PrecisionRecipe) -> PrecisionRecipe:
 
 def stage_params(w: Workload, layout: Layout, stage: int) -> StageParams:
     """The parameters one GPU of pipeline stage ``stage`` holds, before ZeRO shards them."""
-    return _params_held(w.model, layout.tp, layout.ep, stage_layers(w.model, layout, stage))
+    return _params_held(w.model, layout.state_shards.split, stage_layers(w.model, layout, stage))
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner asks for the same stages thousands of times
-def _params_held(model: ModelSpec, tp: int, ep: int, built: StageLayers) -> StageParams:
+def _params_held(model: ModelSpec, split: ModelSplit, built: StageLayers) -> StageParams:
     """The parameters one GPU holds of a stage that builds ``built``, before ZeRO shards them."""
     dense = experts = 0.0
     for tensor in weight_tensors(model):
-        held = copies_on_stage(tensor, model, built, ep) * tensor.numel / tp_divisor(tensor, model, tp)
+        held = copies_on_stage(tensor, model, built, split.ep) * tensor.numel / split_divisor(tensor, model, split)
         if tensor.group == "experts":
             experts += held
         else:
@@ -138,16 +144,16 @@ def _params_held(model: ModelSpec, tp: int, ep: int, built: StageLayers) -> Stag
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def trained_held(model: ModelSpec, method: Method, tp: int, ep: int, built: StageLayers) -> StageParams:
+def trained_held(model: ModelSpec, method: Method, split: ModelSplit, built: StageLayers) -> StageParams:
     """The trained parameters one GPU holds of a stage that builds ``built``: all of them under full training
     (``_params_held``); the adapters (LoRA, QLoRA), which lmcalc keeps whole on every tensor-parallel rank; the
     layers above the frozen ones (freeze)."""
     if method.kind == "full":
-        return _params_held(model, tp, ep, built)
+        return _params_held(model, split, built)
     dense = experts = 0.0
     for tensor, share in trained_tensors(model, method):
-        split = 1 if tensor.group == "adapters" else tp_divisor(tensor, model, tp)
-        held = copies_on_stage(tensor, model, built, ep) * share * tensor.numel / split
+        divisor = 1 if tensor.group == "adapters" else split_divisor(tensor, model, split)
+        held = copies_on_stage(tensor, model, built, split.ep) * share * tensor.numel / divisor
         if tensor.group == "experts" or tensor.name.startswith("experts."):
             experts += held
         else:
@@ -157,7 +163,7 @@ def trained_held(model: ModelSpec, method: Method, tp: int, ep: int, built: Stag
 
 @functools.lru_cache(maxsize=1 << 14)
 def frozen_held(
-    model: ModelSpec, method: Method, param_bytes: float, tp: int, ep: int, built: StageLayers
+    model: ModelSpec, method: Method, param_bytes: float, split: ModelSplit, built: StageLayers
 ) -> StageParams:
     """The bytes of frozen weights one GPU holds of a stage that builds ``built`` (``method.frozen_bytes_per_element``
     each; a 4-bit tensor also keeps its constants), split like ``StageParams`` into dense and routed-expert bytes."""
@@ -168,11 +174,11 @@ def frozen_held(
         share = frozen_share(model, method, tensor)
         if not share:
             continue
-        copies = copies_on_stage(tensor, model, built, ep) * share
+        copies = copies_on_stage(tensor, model, built, split.ep) * share
         held = (
             copies
             * tensor.numel
-            / tp_divisor(tensor, model, tp)
+            / split_divisor(tensor, model, split)
             * frozen_bytes_per_element(method, tensor, param_bytes)
         )
         if method.kind == "qlora" and quantised(tensor):
@@ -193,7 +199,7 @@ def stage_part(model: ModelSpec, built: StageLayers) -> ModelPart:
 
 def sharded_state_bytes(bytes_per_param: float, state: ModelState, held: StageParams, shards: StateShards) -> float:
     """Bytes of one model state on a GPU holding ``held``: ``bytes_per_param`` for each parameter, spread over
-    the replicas (DP·CP) for dense tensors and DP·CP/EP for experts once ``shards``' ZeRO stage shards ``state``."""
+    the replicas (DP·CP) for dense tensors and EDP for experts once ``shards``' ZeRO stage shards ``state``."""
     if zero_shards(state, shards.zero):
-        return bytes_per_param * (held.dense / shards.replicas + held.experts / (shards.replicas // shards.ep))
+        return bytes_per_param * (held.dense / shards.replicas + held.experts / shards.expert_replicas)
     return bytes_per_param * (held.dense + held.experts)

@@ -1,7 +1,8 @@
 """The layout search behind ``lmcalc plan``: every valid split, those that fit, ranked by throughput.
 
 It follows the Ultra-Scale Playbook's recipe. First make one replica fit: TP within a node, then PP
-over layers, CP for long sequences, EP for experts, ZeRO and recomputation to trade memory. Then reach
+over layers, CP for long sequences, EP for experts (within DP·CP with the experts split by TP, or folded over
+TP·CP·DP with whole experts: Megatron-Core's MoE parallel folding), ZeRO and recomputation to trade memory. Then reach
 the global batch with data parallelism and gradient accumulation. Among what fits, the fastest wins.
 The search only asks the memory model (``engine.memory.gpu_memory``) and the time model (``engine.time.steptime``);
 it holds no formula of its own.
@@ -55,6 +56,7 @@ class Pins:
     pp: int | None = None
     cp: int | None = None
     ep: int | None = None
+    etp: int | None = None
     dp: int | None = None
     zero: ZeroStage | None = None
     micro_batch: int | None = None
@@ -71,7 +73,7 @@ class Pins:
 
     def __post_init__(self) -> None:
         for name in (
-            "tp", "pp", "cp", "ep", "dp", "micro_batch", "virtual_stages", "max_micro_batch", "max_tp", "max_pp",
+            "tp", "pp", "cp", "ep", "etp", "dp", "micro_batch", "virtual_stages", "max_micro_batch", "max_tp", "max_pp",
             "max_cp",
         ):  # fmt: skip
             value = getattr(self, name)
@@ -258,8 +260,10 @@ def layouts(
             continue
         per_replica = global_batch // dp  # sequences one replica takes per step
         micro = _micro_batches(per_replica, pins)
-        eps = [pins.ep] if pins.ep else [e for e in _divisors(experts) if (dp * cp) % e == 0]
-        for ep, zero, mb in itertools.product(eps, space.zeros, micro):
+        grids = [
+            (etp, ep) for etp in _expert_tps(base, tp, pins) for ep in _expert_degrees(experts, dp * cp * tp, etp, pins)
+        ]
+        for (etp, ep), zero, mb in itertools.product(grids, space.zeros, micro):
             if pins.zero is None and not framework_runs(base, zero, pp):
                 continue  # a layout its framework cannot launch (a pinned stage is tried, for check_layout to say why)
             accum = per_replica // mb
@@ -275,12 +279,30 @@ def layouts(
                     pp=pp,
                     cp=cp,
                     ep=ep,
+                    etp=etp,
                     zero=zero,
                     sequence_parallel=pins.sequence_parallel and tp > 1,
                     grad_accum=accum,
                     split=split,
                 )
                 yield layout, workloads[mb]
+
+
+def _expert_tps(base: Workload, tp: int, pins: Pins) -> list[int]:
+    """The experts' TP to try beside attention's TP: the pinned one; else TP (Megatron-Core's default) and, for an
+    MoE model under TP > 1 with sequence parallelism, 1: whole experts, EP folded over TP (MoE parallel folding)."""
+    if pins.etp:
+        return [pins.etp]
+    fold = base.model.moe is not None and tp > 1 and pins.sequence_parallel
+    return [tp, 1] if fold else [tp]
+
+
+def _expert_degrees(experts: int, gpus: int, etp: int, pins: Pins) -> list[int]:
+    """EP to try: the pinned degree; else each divisor of the experts that tiles the stage's TP·CP·DP ``gpus``
+    with ETP (``check_expert_grid``)."""
+    if pins.ep:
+        return [pins.ep]
+    return [e for e in _divisors(experts) if gpus % (etp * e) == 0]
 
 
 _PAUSE_LOCK = threading.Lock()
@@ -360,7 +382,7 @@ def _search(base: Workload, cluster: Cluster, global_batch: int, pins: Pins, eff
             if refusal is None or layout.pp > refusal[0]:
                 refusal = (layout.pp, exc.args[0])
             continue
-        family = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.zero, layout.split)
+        family = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp, layout.zero, layout.split)
         for w in workloads:
             result.evaluated += 1
             if (family, w.recompute) in overflowed:  # a smaller micro-batch of it did not fit: nor does this one

@@ -5,8 +5,9 @@ Three kinds of kernel, as a profiler shows them:
 * **GEMMs**, one per weight matrix the stage's layers use (``params.weight_tensors``), with the shape one GPU
   sees: m tokens through a (k × n) weight, n or k divided by TP for column- or row-parallel weights
   (Megatron-LM's split, ``sharding.tp_divisor``; with TP larger than the KV heads Megatron-Core still splits the
-  fused Q/K/V weight by TP and gathers the K and V heads after the GEMM). Routed experts see the tokens routed
-  to them: with balanced routing each of the E/EP experts on a GPU gets m = T·k·EP/E tokens. The backward of each
+  fused Q/K/V weight by TP and gathers the K and V heads after the GEMM). Routed experts: the expert TP group
+  (ETP GPUs, splitting each expert) gathers its T_e = ETP·T/TP tokens, and each of a GPU's E/EP experts gets
+  m = T_e·k·EP/E of their k copies under balanced routing (Megatron-Core's all-to-all dispatcher). The backward of each
   GEMM is two GEMMs of the same FLOPs: the input gradient (m × n)·(n × k) and the weight gradient
   (k × m)·(m × n) (Narayanan et al. 2021 §5.1). Eager attention's score and value products are batched GEMMs.
 * **Fused attention** (FlashAttention): 4·T·keys·d FLOPs per head forward (scores and values), and 2.5 times
@@ -109,9 +110,9 @@ class StageWork:
         return gemms + attention + self.memory_kernels + self.tp_collectives
 
 
-def _layer_gemms(model: ModelSpec, tp: int, ep: int, tokens: float, moe: bool) -> list[Gemm]:
-    """The GEMMs of one dense or MoE layer for ``tokens`` tokens on one GPU (all of the TP group's tokens: with
-    sequence parallelism they are gathered before the GEMM)."""
+def _layer_gemms(model: ModelSpec, grid: Grid, tokens: float, expert_tokens: float, moe: bool) -> list[Gemm]:
+    """The GEMMs of one dense or MoE layer on one GPU for the TP group's ``tokens`` (gathered under SP), the routed
+    experts' for ``expert_tokens`` (the expert TP group's), their matrices split by ETP."""
     gemms = []
     for t in weight_tensors(model):
         if not t.matmul or t.group not in LAYER_GROUPS:
@@ -119,6 +120,7 @@ def _layer_gemms(model: ModelSpec, tp: int, ep: int, tokens: float, moe: bool) -
         if moe and t.group == "mlp" or not moe and t.group in ("router", "experts", "shared_experts"):
             continue
         out, inp = t.shape
+        tp = grid.etp if t.group == "experts" else grid.tp
         if tp_divisor(t, model, tp) > 1:
             leaf = t.name.rsplit(".", 2)[-2]
             if leaf in ("o", "proj", "down"):
@@ -127,8 +129,8 @@ def _layer_gemms(model: ModelSpec, tp: int, ep: int, tokens: float, moe: bool) -
                 out = out // tp
         if t.group == "experts":
             assert model.moe is not None
-            local = model.moe.num_experts / ep
-            gemms.append(Gemm(t.name, tokens * model.moe.experts_per_token / local, out, inp, local))
+            local = model.moe.num_experts / grid.ep
+            gemms.append(Gemm(t.name, expert_tokens * model.moe.experts_per_token / local, out, inp, local))
         else:  # a hybrid's attention and state-space GEMMs: in their share of the layers
             gemms.append(Gemm(t.name, tokens, out, inp, t.count / model.num_layers if t.count_symbol in HYBRID else 1))
     return gemms
@@ -150,7 +152,7 @@ def _live_shares(model: ModelSpec, method: Method) -> dict[str, float]:
     }
 
 
-def _adapter_gemms(w: Workload, ep: int, tokens: float, moe: bool) -> list[Gemm]:
+def _adapter_gemms(w: Workload, s: _StageShape, moe: bool) -> list[Gemm]:
     """One layer's LoRA GEMMs: for each adapted module, A (r × in) and B (out × r) over the tokens it sees, each
     with both gradients (lmcalc keeps the adapters whole on every tensor-parallel rank); with DoRA, its weight
     norm's product and, under dropout, the base product PEFT makes again."""
@@ -160,12 +162,12 @@ def _adapter_gemms(w: Workload, ep: int, tokens: float, moe: bool) -> list[Gemm]
         if not in_layer(m, moe):
             continue
         if m.group == "experts" and w.model.moe:
-            local = w.model.moe.num_experts / ep
-            rows, count = tokens * w.model.moe.experts_per_token / local, local
+            local = w.model.moe.num_experts / s.grid.ep
+            rows, count = s.expert_tokens * w.model.moe.experts_per_token / local, local
         elif m.group == "shared_experts" and w.model.moe:
-            rows, count = tokens, w.model.moe.shared_experts
+            rows, count = s.tokens, w.model.moe.shared_experts
         else:
-            rows, count = tokens, 1
+            rows, count = s.tokens, 1
         gemms += [
             Gemm(f"{m.name}.lora_A", rows, r, m.inputs, count),
             Gemm(f"{m.name}.lora_B", rows, m.outputs, r, count),
@@ -190,6 +192,7 @@ class _StageShape:
     built: StageLayers
     tokens: float  # through each GEMM of the TP group
     hidden_tokens: float  # element-wise work on h
+    expert_tokens: float  # through the routed experts of the expert TP group (ETP), before routing's k copies
     heads: float
     kv_heads: float  # whole KV heads after the gather
 
@@ -201,13 +204,15 @@ class _StageShape:
 def _stage_shape(w: Workload, grid: Grid, built: StageLayers) -> _StageShape:
     """The tokens and heads one GPU of the stage works on: CP splits the sequence, TP the heads (and, with sequence
     parallelism, the tokens of the element-wise work on h)."""
-    tp, cp, _, sequence_parallel = grid
+    tp, cp, sequence_parallel = grid.tp, grid.cp, grid.sequence_parallel
     model = w.model
     tokens = w.micro_batch * w.seq_len / cp  # through each GEMM of the TP group
     hidden_tokens = tokens / tp if sequence_parallel and tp > 1 else tokens  # element-wise work on h
+    # the expert TP group gathers its GPUs' tokens (without SP, TP's share theirs and ETP is TP: check_expert_grid)
+    expert_tokens = tokens if tp > 1 and not sequence_parallel else hidden_tokens * grid.etp
     heads = model.num_heads / tp
     kv_heads = max(1.0, (model.num_heads if model.mla else model.kv_heads) / tp)  # whole KV heads after the gather
-    return _StageShape(w, grid, built, tokens, hidden_tokens, heads, kv_heads)
+    return _StageShape(w, grid, built, tokens, hidden_tokens, expert_tokens, heads, kv_heads)
 
 
 @dataclass
@@ -284,15 +289,14 @@ def _stage_gemms(s: _StageShape, live_share: dict[str, float]) -> list[Gemm]:
     """The forward GEMMs of the stage's layers, the LoRA adapters' with them: each kind of layer's, times its
     layers, with the share of them a gradient flows through (and trains the weight)."""
     w, built, method = s.w, s.built, s.w.method
-    tp, _, ep, _ = s.grid
     gemms: list[Gemm] = []
     for kind, count in (("dense", built.dense), ("moe", built.moe)):
         if count:
             live = live_share[kind]
             trained = live if method.kind in ("full", "freeze") else 0.0
-            for g in _layer_gemms(w.model, tp, ep, s.tokens, kind == "moe"):
+            for g in _layer_gemms(w.model, s.grid, s.tokens, s.expert_tokens, kind == "moe"):
                 gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count, live, trained))
-            gemms += [replace(g, count=g.count * count) for g in _adapter_gemms(w, ep, s.tokens, kind == "moe")]
+            gemms += [replace(g, count=g.count * count) for g in _adapter_gemms(w, s, kind == "moe")]
     return gemms
 
 
@@ -394,9 +398,9 @@ def _mlp_activation_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
     tp, moe = s.grid.tp, model.moe
     dense_width = built.dense * s.tokens * model.ffn_size / tp
     moe_width = 0.0
-    if moe and built.moe:
-        inner = moe.expert_ffn_size * moe.experts_per_token + moe.shared_width * moe.shared_experts
-        moe_width = built.moe * s.tokens * inner / tp
+    if moe and built.moe:  # the routed experts' rows on this GPU: its expert TP group's k copies, split by ETP
+        routed = s.expert_tokens * moe.expert_ffn_size * moe.experts_per_token / s.grid.etp
+        moe_width = built.moe * (routed + s.tokens * moe.shared_width * moe.shared_experts / tp)
     width = dense_width + moe_width
     if model.ffn_kind == "gelu_mlp":
         fused = not gelu_ops_kept(s.w)  # one kernel, or the model's GELU written op by op (engine.model_code)

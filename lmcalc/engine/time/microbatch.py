@@ -8,9 +8,14 @@ collectives it waits for, and the host that issues it (docs/formulas.md §8).
   and two backward (Korthikanti et al. 2022 §3), two more forward under full recomputation. With sequence
   parallelism the gathered input of each block is not kept, so the backward pass gathers it again for the
   weight gradients: one more all-reduce's worth a layer (Megatron-LM's and nanotron's column-parallel
-  backward). What the framework hides: with ``tp_overlap`` backward the backward collectives run behind the
-  backward GEMMs (Megatron-LM's asynchronous TP); with full, the forward ones behind the forward GEMMs too.
-* **Expert all-to-alls**: dispatch and combine, forward and backward, k copies of each token; with node-limited
+  backward). An MoE layer's MLP side is its shared experts' pair (as an MLP's) and, over the expert TP group
+  (ETP GPUs), a gather of the routed tokens after the dispatch and a reduce-scatter before the combine: k copies
+  of each token, an all-reduce's worth forward and backward, no gather again (the dispatcher keeps them;
+  Megatron-Core's all-to-all dispatcher). What the framework hides: with ``tp_overlap`` backward the backward
+  collectives run behind the backward GEMMs (Megatron-LM's asynchronous TP); with full, the forward ones behind
+  the forward GEMMs too.
+* **Expert all-to-alls**: dispatch and combine, forward and backward, k copies of each token, over the EP group
+  (its GPUs ETP apart: Megatron-Core lays the experts' grid out ETP first, then EP); with node-limited
   routing (DeepSeek-V3: at most ``node_limit`` nodes per token) a token crosses the network once per node it
   visits, not once per expert. Hidden behind another micro-batch's compute when the profile overlaps them
   (DualPipe).
@@ -181,9 +186,15 @@ def micro_batch_time(
         times = times.scaled(compute / times.total)
     else:
         compute = times.total
-    # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients
-    tp_forward = (2 * built.layers + 2 * (dense_redone + moe_redone)) * layer.tp_one
-    tp_backward = built.layers * (3 if sp else 2) * layer.tp_one
+    # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients; a dense
+    # layer's two blocks, an MoE layer's attention, shared experts and routed experts (``LayerTimes``)
+    blocks = 1 + (w.model.moe is not None and w.model.moe.shared_experts > 0)  # an MoE layer's blocks gathered by TP
+    dense_forward, moe_forward = 2 * layer.tp_one, blocks * layer.tp_one + layer.etp_one
+    tp_forward = (built.dense + dense_redone) * dense_forward + (built.moe + moe_redone) * moe_forward
+    regather = 1.5 if sp else 1.0  # with SP, each block's input gathered again for its weight gradient
+    tp_backward = built.dense * 2 * regather * layer.tp_one + built.moe * (
+        blocks * regather * layer.tp_one + layer.etp_one
+    )
     backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
     if speed.tp_overlap == "full":
         tp_mb = max(0.0, tp_forward - times.gemm_forward) + max(0.0, tp_backward - backward_gemms)
@@ -210,6 +221,7 @@ class LayerTimes(NamedTuple):
     head: tuple[KernelTimes, float]
     embedding_and_head: tuple[KernelTimes, float]
     tp_one: float  # one tensor-parallel all-reduce of a layer's activations
+    etp_one: float  # the expert TP group's gather and reduce-scatter of a layer's routed tokens, one pass
     ep_one: float  # one expert all-to-all of a layer's routed tokens
     cp_per_layer: float  # a layer's context-parallel ring passes of K and V
 
@@ -218,7 +230,7 @@ class LayerTimes(NamedTuple):
 def layer_times(w: Workload, grid: Grid, machine: rates.Machine) -> LayerTimes:
     """Each unit's kernels (``unit_kernel_times``) and a layer's collectives, with TP, CP and EP splitting them."""
     hardware, calibration = machine.hardware, machine.calibration
-    without_experts = grid._replace(ep=1)  # EP splits only the experts: the other units' kernels are the same
+    without_experts = grid._replace(ep=1, etp=1)  # EP, ETP split only the experts: the other units are the same
 
     def unit(dense: int, moe: int, embedding: bool, head: bool, unit_grid: Grid) -> tuple[KernelTimes, float]:
         return unit_kernel_times(w, unit_grid, StageLayers(dense, moe, embedding, head), hardware, calibration)
@@ -278,25 +290,31 @@ def unit_kernel_times(
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float, float, float]:
-    """Per micro-batch: one tensor-parallel all-reduce of a layer's activations, one expert all-to-all of its
-    routed tokens, and a layer's context-parallel ring passes of K and V."""
+def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float, float, float, float]:
+    """Per micro-batch: one tensor-parallel all-reduce of a layer's activations, the expert TP group's gather and
+    reduce-scatter of its routed tokens, one expert all-to-all of them, and a layer's context-parallel ring passes
+    of K and V."""
     model, e = w.model, w.precision.activation_bytes
-    tp, cp, ep, sequence_parallel = grid
-    tp_one = 0.0
+    tp, cp, ep, sequence_parallel, etp = grid
+    tp_one = etp_one = 0.0
     if tp > 1:
         activation = w.micro_batch * w.seq_len / cp * model.hidden_size * e
         tp_one = group_time("all-reduce", activation, tp, 1, cluster)
     ep_one = 0.0
-    if model.moe and ep > 1:
+    if model.moe:
         hidden_tokens = w.micro_batch * w.seq_len / cp / (tp if sequence_parallel else 1)
         routed = hidden_tokens * model.hidden_size * e * model.moe.experts_per_token
-        ep_one = _all_to_all(routed, ep, tp * cp, cluster, model.moe.node_limit, model.moe.experts_per_token)
+        if etp > 1:  # gathered: the k copies of the tokens of the group's ETP GPUs (TP's share theirs without SP)
+            gathered = routed * (etp if sequence_parallel or tp == 1 else 1)
+            etp_one = group_time("all-gather", gathered, etp, 1, cluster)
+            etp_one += group_time("reduce-scatter", gathered, etp, 1, cluster)
+        if ep > 1:
+            ep_one = _all_to_all(routed, ep, etp, cluster, model.moe.node_limit, model.moe.experts_per_token)
     cp_per_layer = 0.0
     if cp > 1:
         kv_chunk = 2 * w.seq_len / cp * w.micro_batch * model.kv_heads * model.qk_head_dim * e / tp
         cp_per_layer = 3 * (cp - 1) * group_time("p2p", kv_chunk, cp, tp, cluster)
-    return tp_one, ep_one, cp_per_layer
+    return tp_one, etp_one, ep_one, cp_per_layer
 
 
 def _all_to_all(size: float, ep: int, stride: int, cluster: Cluster, node_limit: int | None, k: int) -> float:

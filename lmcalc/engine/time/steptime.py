@@ -367,28 +367,33 @@ def state_traffic(
     spread as ``shards`` says; its replicas lie TP · CP GPUs apart. Neither the micro-batch nor recomputation
     changes them: the step time asks with ``states_workload``."""
     precision, speed, grad_bytes, cluster = w.precision, w.framework.speed, w.grad_bytes, machine.cluster
-    tp, ep, zero, replicas = shards
-    held = trained_held(w.model, w.method, tp, ep, built)  # what has gradients and optimizer states
-    frozen = frozen_held(w.model, w.method, precision.param_bytes, tp, ep, built)
+    zero, replicas = shards.zero, shards.replicas
+    held = trained_held(w.model, w.method, shards.split, built)  # what has gradients and optimizer states
+    frozen = frozen_held(w.model, w.method, precision.param_bytes, shards.split, built)
     params = held.total
     weights = params * precision.param_bytes + frozen.total  # every weight of the stage on this GPU, in bytes
     zero3 = reduce = gather = 0.0
-    if replicas > 1:
-        stride = tp * cp
+    # the dense states' replicas lie TP·CP GPUs apart, the experts' (EDP) ETP·EP apart: two groups, two collectives
+    for trained, frozen_bytes, copies, stride in (
+        (held.dense, frozen.dense, replicas, shards.tp * cp),
+        (held.experts, frozen.experts, shards.expert_replicas, shards.etp * shards.ep),
+    ):
+        if copies == 1 or not trained + frozen_bytes:
+            continue
         if zero_shards("params", zero):
             flat = speed.zero3_network == "one_nic"
-            gathered = group_time("all-gather", weights, replicas, stride, cluster, flat)
-            scatter = group_time("reduce-scatter", params * grad_bytes, replicas, stride, cluster, flat)
-            zero3 = 2 * gathered + scatter
-        else:
+            gathered = group_time("all-gather", trained * precision.param_bytes + frozen_bytes, copies, stride,
+                                  cluster, flat)  # fmt: skip
+            zero3 += 2 * gathered + group_time("reduce-scatter", trained * grad_bytes, copies, stride, cluster, flat)
+        elif trained:
             op = "reduce-scatter" if zero_shards("grads", zero) else "all-reduce"
-            reduce = group_time(op, params * grad_bytes, replicas, stride, cluster)
+            reduce += group_time(op, trained * grad_bytes, copies, stride, cluster)
             if zero_shards("optimizer", zero):
-                gather = group_time("all-gather", params * precision.param_bytes, replicas, stride, cluster)
+                gather += group_time("all-gather", trained * precision.param_bytes, copies, stride, cluster)
     fetch = 0.0
     if w.offload.optimizer:
         sharded = zero_shards("optimizer", zero)
-        local = held.dense / replicas + held.experts / max(1, replicas // ep) if sharded else params
+        local = held.dense / replicas + held.experts / shards.expert_replicas if sharded else params
         shard = weights / replicas if zero_shards("params", zero) else weights
         gpus_per_host = min(cluster.count, cluster.gpus_per_node)
         optimizer = offload_time(w.offload, local, grad_bytes, precision.param_bytes, gpus_per_host).total
@@ -423,7 +428,7 @@ def _optimizer_seconds(w: Workload, shards: StateShards, held: StageParams, mach
     ``shards`` says), as memory traffic."""
     precision, replicas = w.precision, shards.replicas
     sharded = zero_shards("optimizer", shards.zero)
-    local = held.dense / replicas + held.experts / max(1, replicas // shards.ep) if sharded else held.total
+    local = held.dense / replicas + held.experts / shards.expert_replicas if sharded else held.total
     states = optimizer_bytes_per_param(w.model, precision, w.optimizer, w.method)
     per_param = 2 * w.grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
     passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
