@@ -65,7 +65,8 @@ LAYOUT_KEYS = (
     "schedule",
     "virtual_stages",
 )
-SPLIT_KEYS = (
+SPLIT_KEYS = (  # optional: the pipeline split's settings, and the experts' TP where it is not TP
+    "etp",
     "first_stage_layers",
     "last_stage_layers",
     "account_for_embedding_in_pipeline_split",
