@@ -7,22 +7,16 @@ Three kinds of kernel, as a profiler shows them:
   (Megatron-LM's split, ``sharding.tp_divisor``; with TP larger than the KV heads Megatron-Core still splits the
   fused Q/K/V weight by TP and gathers the K and V heads after the GEMM). Routed experts: the expert TP group
   (ETP GPUs, splitting each expert) gathers its T_e = ETP·T/TP tokens, and each of a GPU's E/EP experts gets
-  m = T_e·k·EP/E of their k copies under balanced routing (Megatron-Core's all-to-all dispatcher). The backward of each
-  GEMM is two GEMMs of the same FLOPs: the input gradient (m × n)·(n × k) and the weight gradient
+  m = T_e·k·EP/E of their k copies under balanced routing (Megatron-Core's all-to-all dispatcher). The backward
+  of each GEMM is two GEMMs of the same FLOPs: the input gradient (m × n)·(n × k) and the weight gradient
   (k × m)·(m × n) (Narayanan et al. 2021 §5.1). Eager attention's score and value products are batched GEMMs.
 * **Fused attention** (FlashAttention): 4·T·keys·d FLOPs per head forward (scores and values), and 2.5 times
   that backward, which recomputes the scores (FlashAttention-2's benchmark convention, Dao 2023).
-* **Memory-bound kernels**, counted in bytes read and written per element: norms, residual adds, rotary
-  embeddings, the MLP activation, dropout, layout copies, eager softmax, MoE permutation, the loss over the
-  logits, the embedding's gradient, the per-micro-batch accumulation of gradients, and with fp8 or fp4 GEMMs the
-  casts of their operands (a fused cast and transpose per operand: Transformer Engine, torchao's float8). Which are
-  fused, and so how many bytes they move, is the framework profile's (the rules that decide what they keep for
-  backward: ``framework_specs.NormRule``, ``MlpRule``, ``RotaryRule``, ``AttentionRule``, ``LossRule``).
-
-Byte counts of an element-wise kernel: it reads each input and writes each output once. A fused kernel does the
-whole operation in one pass; an unfused PyTorch form pays one pass per operation (an upcast, a square, a mean,
-a multiply, a downcast...). The backward pass of an element-wise operation reads the saved input and the
-output's gradient and writes the input's gradient.
+* **Memory-bound kernels**, counted in bytes read and written per element (``engine.time.memory_traffic``, with
+  the stage's shape): norms, residual adds, rotary embeddings, the MLP activation, dropout, layout copies, MoE
+  permutation, the loss and the embedding's gradient; here, eager softmax, the per-micro-batch accumulation of
+  gradients, and with fp8 or fp4 GEMMs the casts of their operands (a fused cast and transpose per operand:
+  Transformer Engine, torchao's float8).
 """
 
 from __future__ import annotations
@@ -35,10 +29,10 @@ from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
 from lmcalc.engine.model.op_policy import Redone, selective_redone
 from lmcalc.engine.model.params import weight_tensors
-from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.parallel.sharding import tp_divisor
+from lmcalc.engine.time.memory_traffic import MemoryTraffic, StageShape, memory_bound_traffic, stage_shape
 from lmcalc.engine.time.rates import LOW_PRECISION_OPERAND_BYTES
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
@@ -152,7 +146,7 @@ def _live_shares(model: ModelSpec, method: Method) -> dict[str, float]:
     }
 
 
-def _adapter_gemms(w: Workload, s: _StageShape, moe: bool) -> list[Gemm]:
+def _adapter_gemms(w: Workload, s: StageShape, moe: bool) -> list[Gemm]:
     """One layer's LoRA GEMMs: for each adapted module, A (r × in) and B (out × r) over the tokens it sees, each
     with both gradients (lmcalc keeps the adapters whole on every tensor-parallel rank); with DoRA, its weight
     norm's product and, under dropout, the base product PEFT makes again."""
@@ -182,58 +176,6 @@ def _adapter_gemms(w: Workload, s: _StageShape, moe: bool) -> list[Gemm]:
     return gemms
 
 
-@dataclass(frozen=True)
-class _StageShape:
-    """One micro-batch of a stage as one GPU sees it, with TP, CP and EP (``grid``) splitting it: the sizes its
-    kernels are counted in."""
-
-    w: Workload
-    grid: Grid
-    built: StageLayers
-    tokens: float  # through each GEMM of the TP group
-    hidden_tokens: float  # element-wise work on h
-    expert_tokens: float  # through the routed experts of the expert TP group (ETP), before routing's k copies
-    heads: float
-    kv_heads: float  # whole KV heads after the gather
-
-    @property
-    def act_bytes(self) -> float:
-        return self.w.precision.activation_bytes
-
-
-def _stage_shape(w: Workload, grid: Grid, built: StageLayers) -> _StageShape:
-    """The tokens and heads one GPU of the stage works on: CP splits the sequence, TP the heads (and, with sequence
-    parallelism, the tokens of the element-wise work on h)."""
-    tp, cp, sequence_parallel = grid.tp, grid.cp, grid.sequence_parallel
-    model = w.model
-    tokens = w.micro_batch * w.seq_len / cp  # through each GEMM of the TP group
-    hidden_tokens = tokens / tp if sequence_parallel and tp > 1 else tokens  # element-wise work on h
-    # the expert TP group gathers its GPUs' tokens (without SP, TP's share theirs and ETP is TP: check_expert_grid)
-    expert_tokens = tokens if tp > 1 and not sequence_parallel else hidden_tokens * grid.etp
-    heads = model.num_heads / tp
-    kv_heads = max(1.0, (model.num_heads if model.mla else model.kv_heads) / tp)  # whole KV heads after the gather
-    return _StageShape(w, grid, built, tokens, hidden_tokens, expert_tokens, heads, kv_heads)
-
-
-@dataclass
-class _MemoryTraffic:
-    """The memory-bound kernels' bytes, forward and backward, and the kernels launched, added kernel by kernel in
-    the order a stage runs them (the order of the sums is kept: figures are compared to the last bit)."""
-
-    forward: float = 0.0
-    backward: float = 0.0
-    kernels: float = 0.0
-
-    def add(self, forward: float, backward: float, kernels: float) -> None:
-        self.forward += forward
-        self.backward += backward
-        self.kernels += kernels
-
-    def launch(self, kernels: float) -> None:
-        """Kernels that move bytes counted elsewhere (gradient accumulation, fp8 casts)."""
-        self.kernels += kernels
-
-
 class _AttentionWork(NamedTuple):
     """The attention core of a micro-batch: a fused kernel's FLOPs, or eager attention's batched GEMMs."""
 
@@ -246,16 +188,16 @@ class _AttentionWork(NamedTuple):
 def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
     """The kernels of one micro-batch on one GPU of a stage that builds ``built``, with TP, CP and EP (``grid``)
     splitting them."""
-    s = _stage_shape(w, grid, built)
+    s = stage_shape(w, grid, built)
     model, e = w.model, s.act_bytes
     live_share = _live_shares(model, w.method)  # of each kind of layer, the share a gradient flows through
     gemms = _stage_gemms(s, live_share)
     head = _head_gemms(s)
     layers = built.layers
     live = (built.dense * live_share["dense"] + built.moe * live_share["moe"]) / layers if layers else 1.0
-    traffic = _MemoryTraffic()
+    traffic = MemoryTraffic()
     attention = _attention_work(s, live, traffic)
-    _memory_bound_traffic(s, traffic)
+    memory_bound_traffic(s, traffic)
     accumulation = _accumulation_bytes(s, gemms, head, traffic)
     fp8_cast = _fp8_cast_bytes(w, gemms, head, traffic)
     recompute_full = w.recompute == "full"
@@ -285,7 +227,7 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
     )
 
 
-def _stage_gemms(s: _StageShape, live_share: dict[str, float]) -> list[Gemm]:
+def _stage_gemms(s: StageShape, live_share: dict[str, float]) -> list[Gemm]:
     """The forward GEMMs of the stage's layers, the LoRA adapters' with them: each kind of layer's, times its
     layers, with the share of them a gradient flows through (and trains the weight)."""
     w, built, method = s.w, s.built, s.w.method
@@ -300,7 +242,7 @@ def _stage_gemms(s: _StageShape, live_share: dict[str, float]) -> list[Gemm]:
     return gemms
 
 
-def _head_gemms(s: _StageShape) -> tuple[Gemm, ...]:
+def _head_gemms(s: StageShape) -> tuple[Gemm, ...]:
     """The output layer's GEMM, on the stage that holds the head: trained unless frozen (or tied to a frozen
     embedding)."""
     model, method = s.w.model, s.w.method
@@ -310,7 +252,7 @@ def _head_gemms(s: _StageShape) -> tuple[Gemm, ...]:
     return (Gemm("lm_head", s.tokens, model.vocab_size / s.grid.tp, model.hidden_size, 1, 1.0, float(head_trained)),)
 
 
-def _attention_work(s: _StageShape, live: float, traffic: _MemoryTraffic) -> _AttentionWork:
+def _attention_work(s: StageShape, live: float, traffic: MemoryTraffic) -> _AttentionWork:
     """The attention core: a fused kernel's FLOPs (its backward where a gradient flows), or eager attention's
     score and value products with the scale, mask, softmax (and dropout) over the scores."""
     w, model, e = s.w, s.w.model, s.act_bytes
@@ -330,120 +272,7 @@ def _attention_work(s: _StageShape, live: float, traffic: _MemoryTraffic) -> _At
     return _AttentionWork(0.0, 0.0, batched)
 
 
-def _memory_bound_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """The memory-bound kernels of the layers, then of the head and of the embedding, in that order."""
-    _norm_traffic(s, traffic)
-    _residual_traffic(s, traffic)
-    _rotary_traffic(s, traffic)
-    _layout_copy_traffic(s, traffic)
-    _mlp_activation_traffic(s, traffic)
-    _moe_permute_traffic(s, traffic)
-    _loss_traffic(s, traffic)
-    _embedding_traffic(s, traffic)
-
-
-def _norm_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """Norms: one to four per layer on h; any fp32 form (activations.norm_keeps: Hugging Face's RMSNorm, Cohere's
-    centred LayerNorm) is PyTorch's element-wise kernels one after another, timed as the upcasting RMSNorm's."""
-    e, layers = s.act_bytes, s.built.layers
-    unfused_norm = norm_keeps(s.w) != "input"
-    norm_forward = 28 + 4 * e if unfused_norm else 2 * e
-    norms = s.w.model.norms_per_layer
-    norm_elements = norms * layers * s.hidden_tokens * s.w.model.hidden_size
-    traffic.add(
-        norm_forward * norm_elements,
-        (2 * norm_forward if unfused_norm else 3 * e) * norm_elements,
-        norms * layers * ((6 + 10) if unfused_norm else 2),
-    )
-
-
-def _residual_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """Residual adds (and dropout on both branches)."""
-    e, layers = s.act_bytes, s.built.layers
-    residual_elements = 2 * layers * s.hidden_tokens * s.w.model.hidden_size
-    traffic.add(3 * e * residual_elements, 3 * e * residual_elements, 4 * layers)
-    if s.w.model.dropout:
-        traffic.add((2 * e + 1) * residual_elements, (2 * e + 1) * residual_elements, 4 * layers)
-
-
-def _rotary_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """Rotary embeddings on Q and K."""
-    model, e, layers = s.w.model, s.act_bytes, s.built.layers
-    if not (model.position_embedding == "rope" or model.mla):
-        return
-    tables = s.w.framework.rotary.tables
-    rope_dim = model.mla.qk_rope_head_dim if model.mla else model.head_size
-    rope_elements = s.tokens * (s.heads + (s.heads if model.mla else s.kv_heads)) * rope_dim * layers
-    per = 9 * e if tables else 2 * e
-    traffic.add(per * rope_elements, per * rope_elements, layers * (2 * 11 if tables else 4))
-
-
-def _layout_copy_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """Copies of Q, K and V the framework makes to lay them out for the kernel."""
-    e, layers, rule = s.act_bytes, s.built.layers, s.w.framework.attention
-    copy_elements = (
-        s.tokens
-        * s.w.model.head_size
-        * layers
-        * (s.heads * (rule.q_copies - 1) + s.kv_heads * (rule.k_copies - 1 + rule.v_copies - 1))
-    )
-    traffic.add(
-        2 * e * copy_elements, 2 * e * copy_elements, 2 * layers * (rule.q_copies + rule.k_copies + rule.v_copies - 3)
-    )
-
-
-def _mlp_activation_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """The MLP activation, per element of its inner width on this GPU."""
-    model, built, e, layers = s.w.model, s.built, s.act_bytes, s.built.layers
-    tp, moe = s.grid.tp, model.moe
-    dense_width = built.dense * s.tokens * model.ffn_size / tp
-    moe_width = 0.0
-    if moe and built.moe:  # the routed experts' rows on this GPU: its expert TP group's k copies, split by ETP
-        routed = s.expert_tokens * moe.expert_ffn_size * moe.experts_per_token / s.grid.etp
-        moe_width = built.moe * (routed + s.tokens * moe.shared_width * moe.shared_experts / tp)
-    width = dense_width + moe_width
-    if model.ffn_kind == "gelu_mlp":
-        fused = not gelu_ops_kept(s.w)  # one kernel, or the model's GELU written op by op (engine.model_code)
-        traffic.add(
-            (2 * e if fused else 20 * e) * width, (3 * e if fused else 30 * e) * width, layers * (2 if fused else 20)
-        )
-    else:
-        fused = s.w.framework.mlp.gated == "fused"
-        traffic.add(
-            (3 * e if fused else 5 * e) * width, (5 * e if fused else 9 * e) * width, layers * (2 if fused else 5)
-        )
-
-
-def _moe_permute_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """MoE: permute the routed tokens to their experts and back, forward and backward."""
-    moe, e = s.w.model.moe, s.act_bytes
-    if moe and s.built.moe:
-        routed = s.hidden_tokens * moe.experts_per_token * s.w.model.hidden_size * s.built.moe
-        traffic.add(2 * 2 * e * routed, 2 * 2 * e * routed, 12 * s.built.moe)
-
-
-def _loss_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """The loss over this GPU's share of the logits, forward and backward (about five passes in its dtype), and
-    the final norm, on the stage that holds the head."""
-    if not s.built.head:
-        return
-    model, e = s.w.model, s.act_bytes
-    logits = s.tokens * model.vocab_size / s.grid.tp
-    loss_bytes = s.w.framework.loss.saved_bytes or e
-    traffic.add((e + 3 * loss_bytes) * logits, (2 * loss_bytes + e) * logits, 8)
-    traffic.add(2 * e * s.hidden_tokens * model.hidden_size, 3 * e * s.hidden_tokens * model.hidden_size, 2)
-
-
-def _embedding_traffic(s: _StageShape, traffic: _MemoryTraffic) -> None:
-    """The embedding's lookup, and its dense gradient, zeroed, then added into, on the stage that holds it."""
-    if not s.built.embedding:
-        return
-    e, h = s.act_bytes, s.w.model.hidden_size
-    vocab_rows = s.w.model.vocab_size / s.grid.tp
-    traffic.add(2 * e * s.hidden_tokens * h, e * vocab_rows * h + 2 * e * s.hidden_tokens * h, 3)
-
-
-def _accumulation_bytes(s: _StageShape, gemms: list[Gemm], head: tuple[Gemm, ...], traffic: _MemoryTraffic) -> float:
+def _accumulation_bytes(s: StageShape, gemms: list[Gemm], head: tuple[Gemm, ...], traffic: MemoryTraffic) -> float:
     """Gradients: the weight-gradient GEMM accumulates into fp32 (fused, nothing here), or each micro-batch's
     gradients are added into the accumulated ones by a separate pass, a kernel per weight."""
     w, model = s.w, s.w.model
@@ -456,7 +285,7 @@ def _accumulation_bytes(s: _StageShape, gemms: list[Gemm], head: tuple[Gemm, ...
     return (w.precision.param_bytes + 2 * w.grad_bytes) * weight_elements
 
 
-def _fp8_cast_bytes(w: Workload, gemms: list[Gemm], head: tuple[Gemm, ...], traffic: _MemoryTraffic) -> float:
+def _fp8_cast_bytes(w: Workload, gemms: list[Gemm], head: tuple[Gemm, ...], traffic: MemoryTraffic) -> float:
     """fp8/fp4 GEMMs: each GEMM's input, output gradient and weight cast with a transposed copy (read 2, write q + q:
     ``LOW_PRECISION_OPERAND_BYTES``); fused into the producers, only the transposes (read q, write q) remain."""
     q = LOW_PRECISION_OPERAND_BYTES.get(w.precision.compute_dtype)

@@ -1,0 +1,184 @@
+"""A micro-batch of a pipeline stage as one GPU sees it (its tokens and heads under TP, CP, EP and expert TP), and
+the bytes its memory-bound kernels move: norms, residual adds, rotary embeddings, layout copies, the MLP activation,
+MoE permutation, the loss over the logits and the embedding's gradient (docs/formulas.md §8.5).
+
+Byte counts of an element-wise kernel: it reads each input and writes each output once. A fused kernel does the
+whole operation in one pass; an unfused PyTorch form pays one pass per operation (an upcast, a square, a mean,
+a multiply, a downcast...). The backward pass of an element-wise operation reads the saved input and the
+output's gradient and writes the input's gradient. Which are fused is the framework profile's
+(``framework_specs.NormRule``, ``MlpRule``, ``RotaryRule``, ``AttentionRule``, ``LossRule``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
+from lmcalc.engine.parallel.layout import Grid
+from lmcalc.engine.parallel.pipeline import StageLayers
+from lmcalc.engine.workload import Workload
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """One micro-batch of a stage as one GPU sees it, with TP, CP and EP (``grid``) splitting it: the sizes its
+    kernels are counted in."""
+
+    w: Workload
+    grid: Grid
+    built: StageLayers
+    tokens: float  # through each GEMM of the TP group
+    hidden_tokens: float  # element-wise work on h
+    expert_tokens: float  # through the routed experts of the expert TP group (ETP), before routing's k copies
+    heads: float
+    kv_heads: float  # whole KV heads after the gather
+
+    @property
+    def act_bytes(self) -> float:
+        return self.w.precision.activation_bytes
+
+
+def stage_shape(w: Workload, grid: Grid, built: StageLayers) -> StageShape:
+    """The tokens and heads one GPU of the stage works on: CP splits the sequence, TP the heads (and, with sequence
+    parallelism, the tokens of the element-wise work on h)."""
+    tp, cp, sequence_parallel = grid.tp, grid.cp, grid.sequence_parallel
+    model = w.model
+    tokens = w.micro_batch * w.seq_len / cp  # through each GEMM of the TP group
+    hidden_tokens = tokens / tp if sequence_parallel and tp > 1 else tokens  # element-wise work on h
+    # the expert TP group gathers its GPUs' tokens (without SP, TP's share theirs and ETP is TP: check_expert_grid)
+    expert_tokens = tokens if tp > 1 and not sequence_parallel else hidden_tokens * grid.etp
+    heads = model.num_heads / tp
+    kv_heads = max(1.0, (model.num_heads if model.mla else model.kv_heads) / tp)  # whole KV heads after the gather
+    return StageShape(w, grid, built, tokens, hidden_tokens, expert_tokens, heads, kv_heads)
+
+
+@dataclass
+class MemoryTraffic:
+    """The memory-bound kernels' bytes, forward and backward, and the kernels launched, added kernel by kernel in
+    the order a stage runs them (the order of the sums is kept: figures are compared to the last bit)."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    kernels: float = 0.0
+
+    def add(self, forward: float, backward: float, kernels: float) -> None:
+        self.forward += forward
+        self.backward += backward
+        self.kernels += kernels
+
+    def launch(self, kernels: float) -> None:
+        """Kernels that move bytes counted elsewhere (gradient accumulation, fp8 casts)."""
+        self.kernels += kernels
+
+
+def memory_bound_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """The memory-bound kernels of the layers, then of the head and of the embedding, in that order."""
+    _norm_traffic(s, traffic)
+    _residual_traffic(s, traffic)
+    _rotary_traffic(s, traffic)
+    _layout_copy_traffic(s, traffic)
+    _mlp_activation_traffic(s, traffic)
+    _moe_permute_traffic(s, traffic)
+    _loss_traffic(s, traffic)
+    _embedding_traffic(s, traffic)
+
+
+def _norm_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """Norms: one to four per layer on h; any fp32 form (activations.norm_keeps: Hugging Face's RMSNorm, Cohere's
+    centred LayerNorm) is PyTorch's element-wise kernels one after another, timed as the upcasting RMSNorm's."""
+    e, layers = s.act_bytes, s.built.layers
+    unfused_norm = norm_keeps(s.w) != "input"
+    norm_forward = 28 + 4 * e if unfused_norm else 2 * e
+    norms = s.w.model.norms_per_layer
+    norm_elements = norms * layers * s.hidden_tokens * s.w.model.hidden_size
+    traffic.add(
+        norm_forward * norm_elements,
+        (2 * norm_forward if unfused_norm else 3 * e) * norm_elements,
+        norms * layers * ((6 + 10) if unfused_norm else 2),
+    )
+
+
+def _residual_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """Residual adds (and dropout on both branches)."""
+    e, layers = s.act_bytes, s.built.layers
+    residual_elements = 2 * layers * s.hidden_tokens * s.w.model.hidden_size
+    traffic.add(3 * e * residual_elements, 3 * e * residual_elements, 4 * layers)
+    if s.w.model.dropout:
+        traffic.add((2 * e + 1) * residual_elements, (2 * e + 1) * residual_elements, 4 * layers)
+
+
+def _rotary_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """Rotary embeddings on Q and K."""
+    model, e, layers = s.w.model, s.act_bytes, s.built.layers
+    if not (model.position_embedding == "rope" or model.mla):
+        return
+    tables = s.w.framework.rotary.tables
+    rope_dim = model.mla.qk_rope_head_dim if model.mla else model.head_size
+    rope_elements = s.tokens * (s.heads + (s.heads if model.mla else s.kv_heads)) * rope_dim * layers
+    per = 9 * e if tables else 2 * e
+    traffic.add(per * rope_elements, per * rope_elements, layers * (2 * 11 if tables else 4))
+
+
+def _layout_copy_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """Copies of Q, K and V the framework makes to lay them out for the kernel."""
+    e, layers, rule = s.act_bytes, s.built.layers, s.w.framework.attention
+    copy_elements = (
+        s.tokens
+        * s.w.model.head_size
+        * layers
+        * (s.heads * (rule.q_copies - 1) + s.kv_heads * (rule.k_copies - 1 + rule.v_copies - 1))
+    )
+    traffic.add(
+        2 * e * copy_elements, 2 * e * copy_elements, 2 * layers * (rule.q_copies + rule.k_copies + rule.v_copies - 3)
+    )
+
+
+def _mlp_activation_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """The MLP activation, per element of its inner width on this GPU."""
+    model, built, e, layers = s.w.model, s.built, s.act_bytes, s.built.layers
+    tp, moe = s.grid.tp, model.moe
+    dense_width = built.dense * s.tokens * model.ffn_size / tp
+    moe_width = 0.0
+    if moe and built.moe:  # the routed experts' rows on this GPU: its expert TP group's k copies, split by ETP
+        routed = s.expert_tokens * moe.expert_ffn_size * moe.experts_per_token / s.grid.etp
+        moe_width = built.moe * (routed + s.tokens * moe.shared_width * moe.shared_experts / tp)
+    width = dense_width + moe_width
+    if model.ffn_kind == "gelu_mlp":
+        fused = not gelu_ops_kept(s.w)  # one kernel, or the model's GELU written op by op (engine.model_code)
+        traffic.add(
+            (2 * e if fused else 20 * e) * width, (3 * e if fused else 30 * e) * width, layers * (2 if fused else 20)
+        )
+    else:
+        fused = s.w.framework.mlp.gated == "fused"
+        traffic.add(
+            (3 * e if fused else 5 * e) * width, (5 * e if fused else 9 * e) * width, layers * (2 if fused else 5)
+        )
+
+
+def _moe_permute_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """MoE: permute the routed tokens to their experts and back, forward and backward."""
+    moe, e = s.w.model.moe, s.act_bytes
+    if moe and s.built.moe:
+        routed = s.hidden_tokens * moe.experts_per_token * s.w.model.hidden_size * s.built.moe
+        traffic.add(2 * 2 * e * routed, 2 * 2 * e * routed, 12 * s.built.moe)
+
+
+def _loss_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """The loss over this GPU's share of the logits, forward and backward (about five passes in its dtype), and
+    the final norm, on the stage that holds the head."""
+    if not s.built.head:
+        return
+    model, e = s.w.model, s.act_bytes
+    logits = s.tokens * model.vocab_size / s.grid.tp
+    loss_bytes = s.w.framework.loss.saved_bytes or e
+    traffic.add((e + 3 * loss_bytes) * logits, (2 * loss_bytes + e) * logits, 8)
+    traffic.add(2 * e * s.hidden_tokens * model.hidden_size, 3 * e * s.hidden_tokens * model.hidden_size, 2)
+
+
+def _embedding_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """The embedding's lookup, and its dense gradient, zeroed, then added into, on the stage that holds it."""
+    if not s.built.embedding:
+        return
+    e, h = s.act_bytes, s.w.model.hidden_size
+    vocab_rows = s.w.model.vocab_size / s.grid.tp
+    traffic.add(2 * e * s.hidden_tokens * h, e * vocab_rows * h + 2 * e * s.hidden_tokens * h, 3)
