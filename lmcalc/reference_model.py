@@ -214,7 +214,10 @@ def batched_experts(experts: nn.ModuleList, xs: torch.Tensor) -> torch.Tensor:
 
 
 class MoE(nn.Module):
-    """Top-k routed experts (softmax router, Mixtral; with a score bias, DeepSeek-V3) plus shared experts."""
+    """Top-k routed experts (softmax router, Mixtral; with a score bias, DeepSeek-V3) plus shared experts; dropless,
+    or with a capacity (``with_capacity``)."""
+
+    capacity_factor: float | None = None  # dropless
 
     def __init__(self, spec: ModelSpec, **kw):
         super().__init__()
@@ -240,6 +243,8 @@ class MoE(nn.Module):
         order = experts.reshape(-1).argsort()
         token_of = order // self.k
         flat_weights = weights.reshape(-1)[order].to(x.dtype)
+        if x.is_meta and self.capacity_factor is not None:
+            raise ValueError("a capacity drops tokens by the routing's values, which the meta device has none of")
         if x.is_meta and token_of.numel() % self.num_experts == 0:
             # No values on meta: an even split, run as one batched matmul per projection (the FLOP
             # total is the same for any split: every routed token-expert pair costs the same).
@@ -248,6 +253,9 @@ class MoE(nn.Module):
             out = torch.zeros_like(x).index_add(0, token_of, y.reshape(-1, x.shape[-1]))
         elif x.is_meta:
             raise ValueError("on the meta device, tokens × experts_per_token must split evenly over the experts")
+        elif self.capacity_factor is not None:
+            counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
+            out = self._to_capacity(x, token_of, flat_weights, counts)
         else:
             counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
             out = torch.zeros_like(x)
@@ -262,6 +270,32 @@ class MoE(nn.Module):
         if hasattr(self, "shared_gate"):
             shared_out = torch.sigmoid(self.shared_gate(x)) * shared_out
         return (out + shared_out).reshape(shape)
+
+    def _to_capacity(self, x, token_of, flat_weights, counts):
+        """Each expert keeps its first ``capacity`` = ⌈k·T·C/E⌉ tokens, drops the rest, and computes its input padded
+        with zero rows to ``capacity`` (Megatron-Core's drop-and-pad, GShard's fixed expert buffers): the padding
+        points at a zero row appended to the tokens, and its outputs, weighted 0, at a row dropped after."""
+        tokens, h = x.shape
+        capacity = math.ceil(self.k * tokens * self.capacity_factor / self.num_experts)
+        padded = torch.cat([x, x.new_zeros(1, h)])
+        out = x.new_zeros(tokens + 1, h)
+        start = 0
+        for expert, count in zip(self.experts, counts, strict=True):
+            kept, pad = min(count, capacity), capacity - min(count, capacity)
+            rows = torch.cat([token_of[start : start + kept], token_of.new_full((pad,), tokens)])
+            weights = torch.cat([flat_weights[start : start + kept], flat_weights.new_zeros(pad)])
+            out = out.index_add(0, rows, expert(padded[rows]) * weights[:, None])
+            start += count
+        return out[:tokens]
+
+
+def with_capacity(model: nn.Module, capacity_factor: float) -> nn.Module:
+    """``model`` with every MoE layer's experts at a capacity of ``capacity_factor`` times their balanced share,
+    padded to it (``MoE._to_capacity``); on tensors with values (the capacity drops by the routing's values)."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.capacity_factor = capacity_factor
+    return model
 
 
 class Block(nn.Module):

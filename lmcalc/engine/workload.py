@@ -76,6 +76,8 @@ class Workload:
     recompute_modules: tuple[RecomputeModule, ...] = field(default=("core_attn",), kw_only=True)  # Megatron's selective
     cpu_offloading_num_layers: int = field(default=0, kw_only=True)  # layers whose activations wait in host memory
     # (without recomputation only, as Megatron-Core runs it: a recomputing variant, such as a lever, offloads none)
+    capacity_factor: float | None = field(default=None, kw_only=True)  # routed experts' capacity; None: dropless
+    pad_to_capacity: bool = field(default=True, kw_only=True)  # each expert's input padded to its capacity
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +104,7 @@ class Workload:
                 f"{setting('recompute_modules')} must name one or more of {', '.join(RECOMPUTE_MODULES)}, each once; "
                 f"got {', '.join(self.recompute_modules) or 'none'}"
             )
+        _check_capacity(self.model, self.capacity_factor, self.pad_to_capacity)
         if not self.mask_bytes > 0:
             raise LmcalcError(f"{setting('mask_bytes')} must be a positive number of bytes, got {self.mask_bytes}")
         if self.overhead_bytes is not None and not self.overhead_bytes >= 0:
@@ -119,6 +122,23 @@ class Workload:
     def offloaded_layers(self) -> int:
         """The layers whose activations CPU offloading moves to host memory: none under recomputation."""
         return self.cpu_offloading_num_layers if self.recompute == "none" else 0
+
+    @property
+    def routed_share(self) -> float:
+        """ρ: the rows each routed expert computes over the rows balanced routing gives it, k·s·b/E. Dropless: 1.
+        With a capacity factor C each expert keeps at most C times its balanced share and drops the rest
+        (Switch Transformer, Fedus et al. 2021 §2.1; Megatron-Core's ``moe_expert_capacity_factor``); padded to its
+        capacity (``moe_pad_expert_input_to_capacity``, GShard's fixed expert buffers) it computes C times it, the
+        padding included: ρ = C padded, min(1, C) not (balanced routing drops nothing at C ≥ 1)."""
+        c = self.capacity_factor
+        if c is None:
+            return 1.0
+        return c if self.pad_to_capacity else min(1.0, c)
+
+    @property
+    def routed_copies(self) -> float:
+        """The rows the routed experts compute per token: k·ρ (0 for a model without routed experts)."""
+        return self.model.moe.experts_per_token * self.routed_share if self.model.moe else 0.0
 
     @property
     def core_recomputed(self) -> bool:
@@ -144,6 +164,22 @@ class Workload:
     def tokens(self) -> int:
         """Tokens in one micro-batch: b · s."""
         return self.seq_len * self.micro_batch
+
+
+def _check_capacity(model: ModelSpec, capacity_factor: float | None, pad: bool) -> None:
+    """A capacity factor is a positive number, for a model with routed experts; padding to it needs one."""
+    if not isinstance(pad, bool):
+        raise LmcalcError(f"{setting('pad_to_capacity')} must be true or false, got {pad!r}")
+    if capacity_factor is None:
+        return
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, int | float):
+        raise LmcalcError(f"{setting('capacity_factor')} must be a positive number, got {capacity_factor!r}")
+    if not 0 < capacity_factor < float("inf"):
+        raise LmcalcError(f"{setting('capacity_factor')} must be a positive number, got {capacity_factor}")
+    if model.moe is None:
+        raise LmcalcError(
+            f"{setting('capacity_factor')} applies to routed experts; {model.name} has none (leave it out)"
+        )
 
 
 def _workload_of(fields_given: tuple[tuple[str, object], ...]) -> Workload:

@@ -268,8 +268,15 @@ def context_note(model: ModelSpec, seq_len: int) -> tuple[str, ...]:
 
 
 def method_inputs(w: Workload) -> tuple[Input, ...]:
-    """The fine-tuning method and offload, for an inputs table: shown when they are not full training on the GPU."""
+    """The fine-tuning method and offload, for an inputs table: shown when they are not full training on the GPU;
+    and an MoE model's expert capacity where one is set."""
     inputs = []
+    if w.capacity_factor is not None:
+        padded = "padded to it" if w.pad_to_capacity else "not padded"
+        value = f"capacity factor {w.capacity_factor:g}, {padded}: the experts compute ρ = {w.routed_share:g} of "
+        value += "k·s·b rows"
+        origin = f"{flag('capacity_factor')}" + ("" if w.pad_to_capacity else f" {flag('pad_to_capacity')}")
+        inputs.append(Input("capacity_factor", "Expert capacity", value, origin=origin))
     if w.method.kind != "full":
         origin = f"{flag('method')} {w.method.kind}"
         if w.method.adapters:

@@ -22,6 +22,7 @@ from lmcalc.estimates.inputs import (
     checked,
     choice,
     count,
+    method_inputs,
     model_input,
     optimizer_text,
     recipe_text,
@@ -348,6 +349,7 @@ def _plan_inputs(
         Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),
         Input("optimizer", "Optimizer", base.optimizer.name, origin=optimizer_text(base.optimizer)),
         setup.framework_input,
+        *method_inputs(base),
         (
             Input("efficiency", "Compute efficiency", efficiency.value, origin=efficiency.origin)
             if efficiency

@@ -222,6 +222,25 @@ class WorkloadSettings(MethodSettings, total=False):
             "this many layers wait in host memory between their forward and backward; no PP, no recomputation.",
         ),
     ]
+    capacity_factor: Annotated[
+        float | None,
+        Setting(
+            None,
+            "MoE: each routed expert takes at most this many times its balanced share of the tokens and drops the "
+            "rest (Megatron-Core's --moe-expert-capacity-factor; Switch Transformer's capacity factor). Default: "
+            "dropless.",
+        ),
+    ]
+    pad_to_capacity: Annotated[
+        bool,
+        Setting(
+            True,
+            "MoE with --capacity-factor: each expert's input padded to its capacity, so every expert computes the "
+            "same rows (Megatron-Core's --moe-pad-expert-input-to-capacity, as Megatron-Bridge's token-drop recipes "
+            "set it); or only the tokens it keeps.",
+            flags=("--pad-to-capacity/--no-pad-to-capacity",),
+        ),
+    ]
 
 
 class TrainingSettings(WorkloadSettings, total=False):

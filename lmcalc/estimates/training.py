@@ -223,6 +223,8 @@ def training_setup(
         recompute_method=recompute_method,
         recompute_modules=modules,
         cpu_offloading_num_layers=given["cpu_offloading_num_layers"],
+        capacity_factor=given["capacity_factor"],
+        pad_to_capacity=given["pad_to_capacity"],
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
 

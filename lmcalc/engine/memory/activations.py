@@ -24,6 +24,7 @@ from lmcalc.engine.finetune.method import LinearModule, adapted_modules, in_laye
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
+from lmcalc.engine.memory.routing import routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import average_mixer
 from lmcalc.engine.model.params import Dim
@@ -363,7 +364,7 @@ def _adapter_rows(w: Workload, module: LinearModule) -> tuple[float, str]:
     over the routed experts of a layer (counted together), each shared expert's."""
     moe = w.model.moe
     if module.group == "experts" and moe:
-        return moe.experts_per_token * w.tokens, "k·s·b"
+        return w.routed_copies * w.tokens, f"{routed_symbol(w)}·s·b"
     if module.group == "shared_experts" and moe:
         return moe.shared_experts * w.tokens, "E_shared·s·b"
     return w.tokens, "s·b"
@@ -419,6 +420,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
     if moe_layer and spec.moe:
         moe = spec.moe
         k, f_e = moe.experts_per_token, Dim(moe.expert_ffn_size, "f_e")
+        rows, kr = w.routed_copies * sb, routed_symbol(w)  # the experts' rows: k·ρ a token (a capacity's padding)
         tensors += [
             SavedTensor(
                 "router / shared-expert input (norm output)",
@@ -429,15 +431,15 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
                 for_weights=("router", *UP),
             ),
             SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"),
-            SavedTensor("routing indices and weights", "s·b·k", sb * k, w.framework.moe.routing_bytes, split="seq"),
-            SavedTensor("tokens gathered for their experts", "k·s·b·h", k * sb * h, act, split="seq", for_weights=UP),
-            *_ffn_saved(w, Dim(k * sb, "k·s·b"), f_e, with_input=False),
-            SavedTensor("expert outputs (for the routing-weight product)", "k·s·b·h", k * sb * h, act, split="seq"),
+            *routing_saved(w, sb, k, rows, kr),
+            SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq", for_weights=UP),
+            *_ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
+            SavedTensor("expert outputs (for the routing-weight product)", f"{kr}·s·b·h", rows * h, act, split="seq"),
         ]
         if w.framework.moe.weighted_outputs:
             tensors.append(
                 SavedTensor(
-                    "weighted expert outputs (index_add keeps its source)", "k·s·b·h", k * sb * h, act, split="seq"
+                    "weighted expert outputs (index_add keeps its source)", f"{kr}·s·b·h", rows * h, act, split="seq"
                 )
             )
         if moe.shared_experts:

@@ -177,7 +177,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     layer = gradients * sb * spec.ffn_size * per_element / split if built.dense else 0.0
     if built.moe and spec.moe:
         moe = spec.moe
-        routed = moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
+        routed = w.routed_copies * sb / moe.num_experts * moe.expert_ffn_size
         layer = max(layer, gradients * routed * per_element / split)
         if not w.framework.moe.weighted_outputs:  # weighted in fp32 after the experts, as transformers' grouped_mm
             assignments = moe.experts_per_token * sb

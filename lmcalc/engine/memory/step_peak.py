@@ -27,9 +27,9 @@ A layer's backward runs its MLP half first, then its attention half, and holds t
 them. At the MLP's activation backward it keeps every tensor the layer saved and the gradients of a
 gated MLP's gate and up outputs, 2 · s·b·f (the product's gradient is freed as the down projection's
 saved input is); a GELU MLP's one, s·b·f; a routed MoE layer's of one expert at a time,
-2 · (k·s·b / E) · f_e for an even routing, or of a shared expert, 2 · s·b·f_e. By the attention's
-backward the MLP half's saved tensors are freed, and it holds eager attention's softmax output and
-input gradients, 2 · b·H·s² (an upper bound), or a fused kernel's dQ, dK and dV,
+2 · (k·ρ·s·b / E) · f_e for an even routing (ρ: ``Workload.routed_share``), or of a shared expert,
+2 · s·b·f_e. By the attention's backward the MLP half's saved tensors are freed, and it holds eager
+attention's softmax output and input gradients, 2 · b·H·s² (an upper bound), or a fused kernel's dQ, dK and dV,
 s·b·(H·d_qk + H_kv·(d_qk + d_v)); under selective recomputation also the rebuilt attention core (the
 softmax output, or the log-sum-exp; eager GQA's K and V repeated to every head). The larger moment
 counts at the first layer (moment 2), and at the last layer (moment 1), where the loss, the head and
@@ -161,7 +161,7 @@ class StepPeak:
                 "A layer's backward gradients",
                 self.first_layer.mlp,
                 "bytes",
-                "MLP: gated 2·s·b·f, GELU s·b·f, routed 2·(k·s·b/E)·f_e",
+                "MLP: gated 2·s·b·f, GELU s·b·f, routed 2·(k·ρ·s·b/E)·f_e (ρ: an expert capacity's rows, 1 dropless)",
                 note=f"then the attention's: {gb(self.first_layer.attention)} (eager 2·b·H·s², fused dQ+dK+dV; "
                 "selective: + the rebuilt core), once the MLP half's saved tensors are freed",
             ),
@@ -274,7 +274,7 @@ def layer_backward(w: Workload, moe_layer: bool) -> LayerBackward:
     kept = layer_kept_tensors(w, moe_layer)
     if spec.moe and moe_layer:
         moe = spec.moe
-        routed = 2 * moe.experts_per_token * sb / moe.num_experts * moe.expert_ffn_size
+        routed = 2 * w.routed_copies * sb / moe.num_experts * moe.expert_ffn_size
         mlp = max(routed, 2 * sb * moe.shared_width if moe.shared_experts else 0)
     else:
         mlp = (1 if spec.ffn_kind == "gelu_mlp" else 2) * sb * spec.ffn_size

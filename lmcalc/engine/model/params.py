@@ -63,9 +63,10 @@ class WeightTensor:
 
 
 class Dim(NamedTuple):
-    """A size and the symbol formulas write it with: ``Dim(4096, "h")``."""
+    """A size and the symbol formulas write it with: ``Dim(4096, "h")``; a number of rows may be a fraction of a
+    whole (an expert capacity's ``k·ρ·s·b``)."""
 
-    size: int
+    size: float
     symbol: str
 
 
@@ -86,7 +87,7 @@ class Site:
 
 def _tensor(name: str, site: Site, shape: tuple[Dim, ...], matmul: bool) -> WeightTensor:
     used = site.used if matmul or site.active is not None else site.count
-    sizes, symbols = tuple(d.size for d in shape), tuple(d.symbol for d in shape)
+    sizes, symbols = tuple(int(d.size) for d in shape), tuple(d.symbol for d in shape)  # a weight's: whole
     return WeightTensor(name, site.group, sizes, symbols, site.count, site.count_symbol, used, matmul)
 
 

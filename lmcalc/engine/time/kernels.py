@@ -104,10 +104,11 @@ class StageWork:
         return gemms + attention + self.memory_kernels + self.tp_collectives
 
 
-def _layer_gemms(model: ModelSpec, grid: Grid, tokens: float, expert_tokens: float, moe: bool) -> list[Gemm]:
+def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, moe: bool) -> list[Gemm]:
     """The GEMMs of one dense or MoE layer on one GPU for the TP group's ``tokens`` (gathered under SP), the routed
-    experts' for ``expert_tokens`` (the expert TP group's), their matrices split by ETP."""
-    gemms = []
+    experts' for ``expert_tokens`` (the expert TP group's) at k·ρ rows a token (``Workload.routed_copies``), their
+    matrices split by ETP."""
+    model, gemms = w.model, []
     for t in weight_tensors(model):
         if not t.matmul or t.group not in LAYER_GROUPS:
             continue
@@ -124,7 +125,7 @@ def _layer_gemms(model: ModelSpec, grid: Grid, tokens: float, expert_tokens: flo
         if t.group == "experts":
             assert model.moe is not None
             local = model.moe.num_experts / grid.ep
-            gemms.append(Gemm(t.name, expert_tokens * model.moe.experts_per_token / local, out, inp, local))
+            gemms.append(Gemm(t.name, expert_tokens * w.routed_copies / local, out, inp, local))
         else:  # a hybrid's attention and state-space GEMMs: in their share of the layers
             gemms.append(Gemm(t.name, tokens, out, inp, t.count / model.num_layers if t.count_symbol in HYBRID else 1))
     return gemms
@@ -157,7 +158,7 @@ def _adapter_gemms(w: Workload, s: StageShape, moe: bool) -> list[Gemm]:
             continue
         if m.group == "experts" and w.model.moe:
             local = w.model.moe.num_experts / s.grid.ep
-            rows, count = s.expert_tokens * w.model.moe.experts_per_token / local, local
+            rows, count = s.expert_tokens * w.routed_copies / local, local
         elif m.group == "shared_experts" and w.model.moe:
             rows, count = s.tokens, w.model.moe.shared_experts
         else:
@@ -236,7 +237,7 @@ def _stage_gemms(s: StageShape, live_share: dict[str, float]) -> list[Gemm]:
         if count:
             live = live_share[kind]
             trained = live if method.kind in ("full", "freeze") else 0.0
-            for g in _layer_gemms(w.model, s.grid, s.tokens, s.expert_tokens, kind == "moe"):
+            for g in _layer_gemms(w, s.grid, s.tokens, s.expert_tokens, kind == "moe"):
                 gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count, live, trained))
             gemms += [replace(g, count=g.count * count) for g in _adapter_gemms(w, s, kind == "moe")]
     return gemms

@@ -139,8 +139,8 @@ def _mlp_activation_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     tp, moe = s.grid.tp, model.moe
     dense_width = built.dense * s.tokens * model.ffn_size / tp
     moe_width = 0.0
-    if moe and built.moe:  # the routed experts' rows on this GPU: its expert TP group's k copies, split by ETP
-        routed = s.expert_tokens * moe.expert_ffn_size * moe.experts_per_token / s.grid.etp
+    if moe and built.moe:  # the routed experts' rows on this GPU: its expert TP group's k·ρ copies, split by ETP
+        routed = s.expert_tokens * moe.expert_ffn_size * s.w.routed_copies / s.grid.etp
         moe_width = built.moe * (routed + s.tokens * moe.shared_width * moe.shared_experts / tp)
     width = dense_width + moe_width
     if model.ffn_kind == "gelu_mlp":
@@ -156,10 +156,11 @@ def _mlp_activation_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 
 
 def _moe_permute_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
-    """MoE: permute the routed tokens to their experts and back, forward and backward."""
+    """MoE: permute the routed tokens to their experts and back, forward and backward (k·ρ rows a token: with a
+    capacity, the padded rows too)."""
     moe, e = s.w.model.moe, s.act_bytes
     if moe and s.built.moe:
-        routed = s.hidden_tokens * moe.experts_per_token * s.w.model.hidden_size * s.built.moe
+        routed = s.hidden_tokens * s.w.routed_copies * s.w.model.hidden_size * s.built.moe
         traffic.add(2 * 2 * e * routed, 2 * 2 * e * routed, 12 * s.built.moe)
 
 

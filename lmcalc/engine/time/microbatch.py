@@ -303,7 +303,7 @@ def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float
     ep_one = 0.0
     if model.moe:
         hidden_tokens = w.micro_batch * w.seq_len / cp / (tp if sequence_parallel else 1)
-        routed = hidden_tokens * model.hidden_size * e * model.moe.experts_per_token
+        routed = hidden_tokens * model.hidden_size * e * w.routed_copies  # k·ρ rows a token (padding is sent too)
         if etp > 1:  # gathered: the k copies of the tokens of the group's ETP GPUs (TP's share theirs without SP)
             gathered = routed * (etp if sequence_parallel or tp == 1 else 1)
             etp_one = group_time("all-gather", gathered, etp, 1, cluster)

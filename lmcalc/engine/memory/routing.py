@@ -1,0 +1,35 @@
+"""The routing tensors an MoE layer keeps for backward, and how an expert capacity changes them.
+
+Dropless, each token's k assignments keep ``MoeRule.routing_bytes`` each: the top-k indices, the sort order, each
+row's token index and its routing weight (lmcalc's reference MoE layer, ``reference_model.MoE``). Under an expert
+capacity the experts compute k·ρ rows a token (``Workload.routed_share``), and the row index and the weight follow
+those rows, the padding included (``MoE._to_capacity``).
+"""
+
+from __future__ import annotations
+
+from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.workload import Workload
+
+ROUTED_ROW_BYTES = 12
+"""Of the routing's bytes per assignment, those a capacity carries per expert row, padding included: the row's token
+index (int64) and its routing weight (fp32), the gather's index and the weight product's factor
+(``reference_model.MoE._to_capacity``); the top-k indices and the sort order stay one per assignment."""
+
+
+def routing_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[SavedTensor]:
+    """The routing's index tensors and weights: ``MoeRule.routing_bytes`` per assignment (s·b·k of them), of which
+    ``ROUTED_ROW_BYTES`` follow the experts' rows instead where a capacity changes them (k·ρ·s·b)."""
+    routing = w.framework.moe.routing_bytes
+    if w.routed_share == 1:
+        return [SavedTensor("routing indices and weights", "s·b·k", sb * k, routing, split="seq")]
+    per_row = min(routing, ROUTED_ROW_BYTES)
+    return [
+        SavedTensor("routing indices (top-k, sort order)", "s·b·k", sb * k, routing - per_row, split="seq"),
+        SavedTensor("each expert row's token index and weight", f"{kr}·s·b", rows, per_row, split="seq"),
+    ]
+
+
+def routed_symbol(w: Workload) -> str:
+    """The routed experts' rows per token in a formula: k, or k·ρ under a capacity that changes them."""
+    return "k" if w.routed_share == 1 else "k·ρ"
