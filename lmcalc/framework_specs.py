@@ -67,6 +67,11 @@ class MoeRule(Rule):
         description="the experts' outputs are kept twice: before and after the multiply by the routing weights "
         "(an index_add that keeps its source)"
     )
+    probs_in_activation: StrictBool = Field(
+        default=False,
+        description="the routing weights multiply inside the experts' fused activation, so the experts' outputs come "
+        "out weighted and neither they nor a weighted copy are kept (the combine only scatters them back)",
+    )
 
 
 class AttentionRule(Rule):

@@ -130,3 +130,29 @@ def test_the_dispatch_sends_the_padded_rows():
                      capacity_factor=capacity_factor)  # fmt: skip
         size = 4096 * 2048 * 2 * 8 * share  # tokens · h · 2 bytes · k · ρ
         assert _layer_collectives(w, grid, cluster)[2] == group_time("all-to-all", size, 8, 1, cluster)
+
+
+def test_megatron_keeps_no_expert_output():
+    # Megatron-Core 0.16.1 multiplies by the routing weight inside the experts' fused SwiGLU (experts.py,
+    # TEGroupedMLP: weighted_bias_swiglu_impl) and combines with an unpermute that keeps only indices
+    # (token_dispatcher.py, token_combine). Against lmcalc's reference layer under the same profile, one MoE layer of
+    # Qwen3-30B-A3B at s = 4,096 keeps two k·s·b·h bf16 tensors fewer: the expert outputs and the weighted outputs.
+    from lmcalc.engine.memory.activations import layer_saved_tensors
+
+    model = resolve_model("qwen3-30b-a3b").spec
+    bf16, adamw = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
+    megatron = framework_profile("megatron")
+    reference = megatron.model_copy(
+        update={"moe": megatron.moe.model_copy(update={"probs_in_activation": False, "weighted_outputs": True})}
+    )
+
+    def moe_layer(framework, **capacity):
+        w = Workload(model, bf16, adamw, 4096, 1, framework=framework, **capacity)
+        return sum(t.bytes for t in layer_saved_tensors(w, moe_layer=True))
+
+    k, tokens, h = 8, 4096, 2048
+    assert moe_layer(reference) - moe_layer(megatron) == 2 * k * tokens * h * 2
+    # the same two tensors at every capacity: k·ρ rows of them
+    assert moe_layer(reference, capacity_factor=1.5) - moe_layer(megatron, capacity_factor=1.5) == (
+        2 * k * 1.5 * tokens * h * 2
+    )

@@ -68,9 +68,10 @@ def test_fused_norms_have_no_separate_output_to_drop():
 
 
 # Mixtral 8x7B, an MoE layer's MLP half (k 2, E 8, f_e 14336): norm input 2h + 1/rms 4 + router input 2h + router
-# probabilities 4E + routing 28k + gathered tokens 2kh + gate, up, product 3·2k·f_e + expert outputs 2kh + weighted
-# outputs 2kh = 8,192 + 4 + 8,192 + 32 + 56 + 16,384 + 172,032 + 16,384 + 16,384 = 237,660
-MIXTRAL_MOE = 237_660
+# probabilities 4E + routing 28k + gathered tokens 2kh + gate, up, product 3·2k·f_e = 8,192 + 4 + 8,192 + 32 + 56 +
+# 16,384 + 172,032 = 204,892; no expert output, weighted or not: Megatron-Core weighs them inside the fused SwiGLU
+# (experts.py TEGroupedMLP, weighted_bias_swiglu_impl) and unpermutes them keeping only indices
+MIXTRAL_MOE = 204_892
 
 
 def test_moe_modules():

@@ -434,9 +434,15 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
             *routing_saved(w, sb, k, rows, kr),
             SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq", for_weights=UP),
             *_ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
-            SavedTensor("expert outputs (for the routing-weight product)", f"{kr}·s·b·h", rows * h, act, split="seq"),
         ]
-        if w.framework.moe.weighted_outputs:
+        rule = w.framework.moe
+        if not rule.probs_in_activation:  # weighted after the experts: the product keeps the outputs
+            tensors.append(
+                SavedTensor(
+                    "expert outputs (for the routing-weight product)", f"{kr}·s·b·h", rows * h, act, split="seq"
+                )
+            )
+        if rule.weighted_outputs and not rule.probs_in_activation:
             tensors.append(
                 SavedTensor(
                     "weighted expert outputs (index_add keeps its source)", f"{kr}·s·b·h", rows * h, act, split="seq"

@@ -179,7 +179,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         moe = spec.moe
         routed = w.routed_copies * sb / moe.num_experts * moe.expert_ffn_size
         layer = max(layer, gradients * routed * per_element / split)
-        if not w.framework.moe.weighted_outputs:  # weighted in fp32 after the experts, as transformers' grouped_mm
+        rule = w.framework.moe
+        if not (rule.weighted_outputs or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
             assignments = moe.experts_per_token * sb
             layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
     layer += sb * spec.hidden_size * act / cp  # the gradient of the layer's output, which the residual branch holds
