@@ -10,9 +10,10 @@
 
 For each: the layouts evaluated, how many fit, the median wall time of a fresh search (the engine's caches cleared
 and the previous result dropped before each run, as a fresh `lmcalc plan` process starts), the fastest layout, and
-the median wall time of the command end to end, each run a new process. ``--caches`` also prints every engine
-cache's hits and misses after one search, to check that a change keeps them (issue #28). Targets are for the
-2-core development machine.
+the median wall time of the command end to end, each run a new process. A search of 100,000 layouts or more runs in
+as many processes as the machine has cores (``engine.search.workers``); the same search in one process is timed
+beside it. ``--caches`` also prints every engine cache's hits and misses after one search in one process, to check
+that a change keeps them (issue #28). Targets are for the 2-core development machine.
     python benchmarks/plan_search.py [--repeats 5] [--caches]
 """
 
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 from lmcalc.engine import clear_caches
 from lmcalc.engine.search.plan import Pins, Plan, plan
+from lmcalc.engine.search.space import layout_estimate
+from lmcalc.engine.search.workers import search_workers
 from lmcalc.engine.workload import Workload
 from lmcalc.estimates.settings import TrainingSettings
 from lmcalc.estimates.training import training_setup
@@ -60,8 +63,9 @@ def deepseek_v3() -> Case:
     return Case("DeepSeek-V3 on 2,048 H800 (256x8xH800)", setup.workload, setup.cluster, sequences, 8.0, command)
 
 
-def fresh_searches(case: Case, repeats: int) -> tuple[Plan, list[float]]:
-    """Search ``repeats`` times, each from cleared caches, and return the last result and the wall times."""
+def fresh_searches(case: Case, repeats: int, workers: int | None = None) -> tuple[Plan, list[float]]:
+    """Search ``repeats`` times, each from cleared caches, and return the last result and the wall times;
+    ``workers``: processes (None: as ``lmcalc plan`` chooses, ``engine.search.workers``)."""
     seconds = []
     found: Plan | None = None
     for _ in range(repeats):
@@ -69,7 +73,7 @@ def fresh_searches(case: Case, repeats: int) -> tuple[Plan, list[float]]:
         clear_caches()
         gc.collect()
         start = time.perf_counter()
-        found = plan(case.workload, case.cluster, case.sequences, Pins())
+        found = plan(case.workload, case.cluster, case.sequences, Pins(), workers=workers)
         seconds.append(time.perf_counter() - start)
     assert found is not None
     return found, seconds
@@ -104,16 +108,20 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats
     for case in (llama_405b(), deepseek_v3()):
-        found, seconds = fresh_searches(case, repeats)
+        chosen = search_workers(layout_estimate(case.workload, case.cluster, case.sequences, Pins()))
+        found, seconds = fresh_searches(case, repeats, 1 if args.caches else None)  # the caches: of one process
         if args.caches:
             for function, (hits, misses) in cache_counts().items():
                 print(f"  cache {function}: {hits:,} hits, {misses:,} misses")
         best = found.fitting[0]
         print(f"{case.title}: {found.evaluated:,} layouts evaluated, {len(found.fitting):,} fit")
         print(
-            f"  search time: median {statistics.median(seconds):.3f} s over {repeats} runs "
-            f"(min {min(seconds):.3f}, max {max(seconds):.3f}; target < {case.target_s:g} s)"
+            f"  search time in {1 if args.caches else chosen} process(es): median {statistics.median(seconds):.3f} s "
+            f"over {repeats} runs (min {min(seconds):.3f}, max {max(seconds):.3f}; target < {case.target_s:g} s)"
         )
+        if chosen > 1 and not args.caches:
+            _, alone = fresh_searches(case, repeats, 1)
+            print(f"  the same search in 1 process: median {statistics.median(alone):.3f} s")
         print(
             f"  fastest: {best.layout.label}, mb={best.micro_batch}, GA={best.layout.grad_accum}, "
             f"recompute {best.recompute}, {best.time.tokens_per_s:,.0f} tokens/s, MFU {best.time.mfu:.3f}"

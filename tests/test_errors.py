@@ -164,7 +164,7 @@ ENGINE_ONLY = {
     # fields checked in the engine that neither the Python API nor the command line can set (so no flag is ever
     # printed for them): Workload.mask_bytes comes from dropout_mask_bytes(), Pins.max_tp is always left at None
     "mask_bytes": "lmcalc/engine/workload.py",
-    "max_tp": "lmcalc/engine/search/plan.py",
+    "max_tp": "lmcalc/engine/search/space.py",
 }
 
 

@@ -1,0 +1,82 @@
+"""A layout search split over processes (``engine.search.workers``) finds the plan one process finds: the same
+layouts fit, in the same order, with the same figures, the same closest miss and the same refusal."""
+
+import threading
+
+import pytest
+
+from lmcalc.engine.search import workers
+from lmcalc.engine.search.plan import Pins, plan
+from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError
+from lmcalc.presets import framework_profile, parse_cluster, resolve_model, resolve_optimizer, resolve_precision
+
+pytestmark = pytest.mark.cli  # it starts processes
+
+BF16, ADAMW = resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec
+
+
+def base(model: str, seq: int = 4096) -> Workload:
+    return Workload(resolve_model(model).spec, BF16, ADAMW, seq, framework=framework_profile("megatron"))
+
+
+def figures(found):
+    return [(c.layout, c.workload, c.memory_total, c.tokens_per_s) for c in found.fitting]
+
+
+@pytest.mark.parametrize(
+    "model,gpus,sequences",
+    [("llama-3.1-8b", "2x8xH100", 64), ("qwen3-30b-a3b", "4x8xH100", 128), ("mixtral-8x7b", "2x8xH100", 32)],
+)
+def test_a_split_search_finds_the_same_plan(model, gpus, sequences):
+    cluster = parse_cluster(gpus)
+    one = plan(base(model), cluster, sequences, Pins(), workers=1)
+    three = plan(base(model), cluster, sequences, Pins(), workers=3)
+    assert three.evaluated == one.evaluated > 0
+    assert figures(three) == figures(one)
+    # what the workers sent back as figures is what their memory and step time say when asked in full
+    best, again = three.fitting[0], one.fitting[0]
+    assert best.memory.total == again.memory.total == best.memory_total
+    assert best.time.tokens_per_s == again.time.tokens_per_s == best.tokens_per_s
+
+
+def test_a_split_search_keeps_the_closest_miss_and_the_refusal():
+    cluster = parse_cluster("1x8xH100")
+    model = base("llama-3.1-70b", 8192)  # 70B on one node of 8: nothing fits at a 64-sequence batch, TP ≤ 8
+    one = plan(model, cluster, 64, Pins(recompute="none"), workers=1)
+    two = plan(model, cluster, 64, Pins(recompute="none"), workers=2)
+    assert not one.fitting and not two.fitting
+    assert (two.closest.layout, two.closest.memory_total) == (one.closest.layout, one.closest.memory_total)
+    with pytest.raises(LmcalcError, match="EP=2 needs a mixture-of-experts model") as single:
+        plan(base("llama-3.1-8b"), cluster, 8, Pins(ep=2), workers=1)
+    with pytest.raises(LmcalcError, match="EP=2 needs a mixture-of-experts model") as split:
+        plan(base("llama-3.1-8b"), cluster, 8, Pins(ep=2), workers=2)
+    assert str(split.value) == str(single.value)
+
+
+def test_parts_merge_in_the_searchs_order():
+    # the first of the deepest pipeline's refusals, and the first of the smallest overflows, whatever part holds them
+    from lmcalc.engine.search.plan import _merged, _Part
+
+    cluster = parse_cluster("1x8xH100")
+    refused = [_Part(refusal=(2, "pp 2")), _Part(refusal=(8, "first at pp 8")), _Part(refusal=(8, "second at pp 8"))]
+    with pytest.raises(LmcalcError, match="first at pp 8"):
+        _merged(refused, cluster)
+    one = plan(base("llama-3.1-70b", 8192), cluster, 64, Pins(recompute="none"), workers=1).closest
+    tied = [_Part(evaluated=1), _Part(evaluated=1, closest=one), _Part(evaluated=1, closest=one)]
+    merged = _merged(tied, cluster)
+    assert merged.closest is one and merged.evaluated == 3
+
+
+def test_small_searches_and_threaded_callers_search_in_one_process(monkeypatch):
+    monkeypatch.setattr(workers, "cores", lambda: 4)
+    assert workers.search_workers(workers.PARALLEL_FROM - 1) == 1
+    assert workers.search_workers(workers.PARALLEL_FROM) == 4
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:  # forking a process that runs other threads is unsafe
+        assert workers.search_workers(workers.PARALLEL_FROM) == 1
+    finally:
+        stop.set()
+        thread.join()
