@@ -177,8 +177,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-pytestmark = pytest.mark.torch
-
 def run(rank, world, groups, out):
     torch.cuda.current_device = lambda: "cpu"  # the all-gather allocates on the current CUDA device
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + groups))
@@ -211,6 +209,8 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.torch  # and it starts processes
+@pytest.mark.cli
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_megatron_core_itself_on_the_cpu(kv_heads, tmp_path):
     pytest.importorskip("torch")
