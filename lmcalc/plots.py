@@ -140,7 +140,7 @@ def plan_figure(found: PlanEstimate):
     plt = _pyplot()
     from matplotlib.lines import Line2D
 
-    points = [(c.memory.total / GB, 100 * c.time.mfu, {"tp": c.tp, "pp": c.pp}) for c in found.layouts]
+    points = [(c.memory_total / GB, 100 * c.mfu, {"tp": c.tp, "pp": c.pp}) for c in found.layouts]  # the figures
     tps = sorted({d["tp"] for _, _, d in points})
     pps = sorted({d["pp"] for _, _, d in points})
     fraction = MERGE_FRACTION

@@ -235,7 +235,7 @@ def fastest_per_split(run: PublishedRun, pins: Pins, efficiency: float | None = 
     found = plan(run.workload, run.cluster, run.global_batch, pins, efficiency)
     fastest: dict[Split, float] = {}
     for candidate in found.fitting:  # already fastest first
-        fastest.setdefault(_split(candidate.layout), candidate.time.tokens_per_s)
+        fastest.setdefault(_split(candidate.layout), candidate.tokens_per_s)
     return fastest
 
 

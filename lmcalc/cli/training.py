@@ -312,16 +312,14 @@ def plan(
     top_n = None if top.strip().lower() == "all" else int(top) if top.strip().isdigit() and int(top) > 0 else 0
     if top_n == 0:
         raise LmcalcError(f"--top takes a positive whole number of layouts, or all; got {top!r}")
-    # a plot draws every layout that fits; the table and JSON show the top
-    found = estimates.plan(model=model, gpus=gpus, top=None if plot else top_n, **settings)
+    # a plot draws every layout that fits (``layouts`` holds each one's figures); the table and JSON show the top
+    found = estimates.plan(model=model, gpus=gpus, top=top_n, **settings)
     ranked = found.report
     shown = found.derivation if explain else ranked
     if plot:
         from lmcalc import plots
 
         written = plots.plot_plan(found, plot, force)  # every layout that fits, whatever is shown
-        if not explain:
-            shown = replace(shown, sections=shown.sections[:top_n])
         shown = replace(shown, notes=(*shown.notes, f"plot written to {written}"))
     emit(shown, as_json, explain, brief)
 

@@ -311,7 +311,7 @@ def _rank_section(rank: int, c: pl.Candidate, cluster: Cluster, train_tokens: Gi
             Term("tokens_per_s_per_gpu", "per GPU", t.tokens_per_s / cluster.count, "tokens/s/GPU"),
             Term("mfu", "MFU", 100 * t.mfu, "%", "model FLOPs / (step time · GPUs · peak)"),
             Term("step_time", "step", t.total, "s", "compute + exposed communication + bubble"),
-            Term("memory", "memory/GPU", c.memory.total, "bytes", "most loaded GPU"),
+            Term("memory", "memory/GPU", c.memory_total, "bytes", "most loaded GPU"),
             Term(
                 "days",
                 "days",
