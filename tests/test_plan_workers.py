@@ -21,7 +21,7 @@ def base(model: str, seq: int = 4096) -> Workload:
 
 
 def figures(found):
-    return [(c.layout, c.workload, c.memory_total, c.tokens_per_s, c.mfu) for c in found.fitting]
+    return [(c.layout, c.workload, c.memory_total, c.tokens_per_s, c.mfu, c.step_s) for c in found.fitting]
 
 
 @pytest.mark.parametrize(
@@ -39,6 +39,7 @@ def test_a_split_search_finds_the_same_plan(model, gpus, sequences):
     assert best.memory.total == again.memory.total == best.memory_total
     assert best.time.tokens_per_s == again.time.tokens_per_s == best.tokens_per_s
     assert best.time.mfu == again.time.mfu == best.mfu
+    assert best.time.total == again.time.total == best.step_s
 
 
 def test_a_split_search_keeps_the_closest_miss_and_the_refusal():

@@ -40,16 +40,17 @@ __all__ = ["MAX_MICRO_BATCH", "VIRTUAL_STAGES", "Candidate", "Pins", "Plan", "la
 
 @dataclass(frozen=True, slots=True)  # slots: one per layout that fits
 class Candidate:
-    """One layout the search evaluated, the workload it runs (its micro-batch and recomputation), its most
-    loaded GPU's total memory, its throughput and MFU; the memory and the step time in full, term by term, are
-    made when first asked for, from the engine's caches (the search keeps only the figures: a search in several
-    processes sends back no more)."""
+    """One layout the search evaluated, the workload it runs (its micro-batch and recomputation), and its figures:
+    the most loaded GPU's total memory, the throughput, the MFU and the step time. Its memory and step time in full,
+    term by term, are made when first asked for, from the engine's caches (the search keeps only the figures: a
+    search in several processes sends back no more)."""
 
     layout: Layout
     workload: Workload
     memory_total: float  # bytes on the most loaded GPU
     tokens_per_s: float
     mfu: float  # model FLOPs / (step time · GPUs · peak), as ``StepTime.mfu``
+    step_s: float  # seconds a step, ``StepTime.total``
     machine: Machine = field(repr=False, compare=False)
     efficiency: float | None = field(default=None, repr=False, compare=False)
     _memory: GpuMemory | None = field(default=None, repr=False, compare=False)
@@ -209,7 +210,7 @@ def _search_part(search: Search, degrees: list[Degrees]) -> _Part:
 
     def candidate(layout: Layout, w: Workload, memory: GpuMemory) -> Candidate:  # its figures: the rest is remade
         time = step_time_on(w, layout, machine, efficiency)  # on demand, from the caches, for the few shown
-        return Candidate(layout, w, memory.total, time.tokens_per_s, time.mfu, machine, efficiency)
+        return Candidate(layout, w, memory.total, time.tokens_per_s, time.mfu, time.total, machine, efficiency)
 
     for layout, workloads in layouts(search.base, cluster, search.global_batch, pins, degrees):
         try:  # pinned degrees are taken as given: the same checks as `lmcalc memory` keep them honest
@@ -256,8 +257,8 @@ def _merged(parts: list[_Part], cluster: Cluster) -> Plan:
     return result
 
 
-Compact = tuple[Layout, int, Recompute, float, float, float]  # a candidate as figures: layout, micro-batch,
-# recomputation, memory total, tokens/s, MFU
+Compact = tuple[Layout, int, Recompute, float, float, float, float]  # a candidate as figures: layout, micro-batch,
+# recomputation, memory total, tokens/s, MFU, step time
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,8 @@ class CompactPart:
     @classmethod
     def of(cls, part: _Part) -> CompactPart:
         def compact(c: Candidate) -> Compact:
-            return (c.layout, c.workload.micro_batch, c.workload.recompute, c.memory_total, c.tokens_per_s, c.mfu)
+            w = c.workload
+            return (c.layout, w.micro_batch, w.recompute, c.memory_total, c.tokens_per_s, c.mfu, c.step_s)
 
         closest = compact(part.closest) if part.closest else None
         return cls(part.evaluated, [compact(c) for c in part.fitting], closest, part.refusal)
@@ -283,10 +285,10 @@ class CompactPart:
         machine = search.machine
 
         def candidate(c: Compact) -> Candidate:
-            layout, mb, rc, total, tokens, mfu = c
+            layout, mb, rc, total, tokens, mfu, step = c
             if (mb, rc) not in workloads:
                 workloads[mb, rc] = replace(search.base, micro_batch=mb, recompute=rc)
-            return Candidate(layout, workloads[mb, rc], total, tokens, mfu, machine, search.efficiency)
+            return Candidate(layout, workloads[mb, rc], total, tokens, mfu, step, machine, search.efficiency)
 
         closest = candidate(self.closest) if self.closest else None
         return _Part(self.evaluated, [candidate(c) for c in self.fitting], closest, self.refusal)
