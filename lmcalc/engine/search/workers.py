@@ -18,8 +18,9 @@ MAX_WORKERS = 8
 """The most processes a search uses where the machine has more cores."""
 
 PARALLEL_FROM = 100_000
-"""The layouts from which a search is worth splitting: forking and sending the figures back cost about 0.1 s, a
-search of this size takes about 1.5 s in one process (``benchmarks/plan_search.py``)."""
+"""The layouts from which a search is worth splitting. In one process a search takes about 27 µs a layout (Llama
+3.1 405B on 16,384 H100: 21,060 in 0.57 s), so this size takes about 2.7 s; forking and sending back the figures
+of DeepSeek-V3's 833,964 took about 1.3 s in all (docs/performance.md), about 0.16 s at this size."""
 
 T = TypeVar("T")
 
