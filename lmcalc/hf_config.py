@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
+from lmcalc.hf_defaults import CLASS_DEFAULTS
 from lmcalc.hf_vision import vision_params
 
 GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # ModelSpec.gelu, bloom_gelu aside
@@ -419,7 +420,9 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
             "instead (see docs/presets.md)"
         )
     check_fields(config, origin)
-    fields = _common(text, kind, name, origin) | (_vision(config, text) if text is not config else {})
+    multimodal = text is not config  # the text model of a multimodal config
+    text = {**CLASS_DEFAULTS.get(kind, {}), **text}  # a field config.json leaves out takes its class's default
+    fields = _common(text, kind, name, origin) | (_vision(config, text) if multimodal else {})
     if kind == "gpt2":
         return _gpt2(text, fields, origin)
     if kind in ("gpt_neox", "falcon", "bloom"):

@@ -62,3 +62,26 @@ def test_multimodal_counts_the_text_model_and_reports_the_tower(kind: str):
     whole = sum(p.numel() for p in multimodal_model(config).parameters())
     assert ours.vision_params == whole - text
     assert "vision tower" in ours.notes[0]
+
+
+def absent_cases() -> list[tuple[str, str]]:
+    from lmcalc.hf_defaults import CLASS_DEFAULTS
+
+    return [(kind, field) for kind, fields in CLASS_DEFAULTS.items() for field in fields]
+
+
+@pytest.mark.parametrize(("kind", "field"), absent_cases())
+def test_a_field_config_json_leaves_out_takes_its_class_default(kind: str, field: str):
+    # issue #31: a config.json without attention_bias builds gpt-oss with biases (GptOssConfig's default), one without
+    # head_dim builds Qwen3 at 128, ...: lmcalc reads lmcalc/hf_defaults.py, written from transformers' own classes
+    from lmcalc.hf_defaults import CLASS_DEFAULTS
+
+    config = tiny_config(kind)
+    if field not in config:
+        pytest.skip(f"the tiny {kind} config leaves {field} out already")
+    config.pop(field)
+    default = CLASS_DEFAULTS[kind][field]
+    heads = config.get("num_attention_heads", 0)
+    if field == "num_key_value_heads" and heads % default:
+        pytest.skip(f"{kind}'s default {default} KV heads do not divide the tiny config's {heads} heads")
+    assert count_params(lmcalc_spec(config, kind)).total == transformers_count(config)
