@@ -321,6 +321,16 @@ def _neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], orig
     }
 
 
+def _floored_head_dim(config: dict[str, Any], origin: str) -> int | None:
+    """Without a ``head_dim``, transformers' attention takes hidden_size // num_attention_heads, floored where the
+    heads do not tile the hidden size (Glm4MoeConfig's defaults: 4096 // 96 = 42); None where they do, for the spec
+    to divide."""
+    hidden, heads = _get(config, origin, "hidden_size"), _get(config, origin, "num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads:
+        return hidden // heads
+    return None
+
+
 def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
     act = _gelu(config, kind, origin) if kind == "starcoder2" else _activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
@@ -331,7 +341,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "num_layers": layers,
         "num_heads": _get(config, origin, "num_attention_heads"),
         "num_kv_heads": config.get("num_key_value_heads"),
-        "head_dim": config.get("head_dim"),
+        "head_dim": config.get("head_dim") or _floored_head_dim(config, origin),
         "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),  # Llama 4's dense layers
         "ffn_kind": "gelu_mlp" if kind == "starcoder2" else ("geglu" if act in GELUS else "swiglu"),
         **({"gelu": act} if act in GELUS else {}),

@@ -85,3 +85,12 @@ def test_a_field_config_json_leaves_out_takes_its_class_default(kind: str, field
     if field == "num_key_value_heads" and heads % default:
         pytest.skip(f"{kind}'s default {default} KV heads do not divide the tiny config's {heads} heads")
     assert count_params(lmcalc_spec(config, kind)).total == transformers_count(config)
+
+
+def test_heads_that_do_not_tile_the_hidden_size_floor_the_head_dim():
+    # issue #31: Glm4MoeConfig's own defaults, hidden 4096 and 96 heads without a head_dim, were refused; transformers'
+    # attention takes 4096 // 96 = 42 (three layers here, on the meta device)
+    config = transformers.Glm4MoeConfig(num_hidden_layers=3).to_dict()
+    spec = lmcalc_spec(config, "glm4_moe")
+    assert spec.head_dim == 42
+    assert count_params(spec).total == transformers_count(config)
