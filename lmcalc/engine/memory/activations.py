@@ -24,7 +24,7 @@ from lmcalc.engine.finetune.method import LinearModule, adapted_modules, in_laye
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
-from lmcalc.engine.memory.routing import routed_symbol, routing_saved
+from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import average_mixer
 from lmcalc.engine.model.params import Dim
@@ -435,19 +435,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
             SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq", for_weights=UP),
             *_ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
         ]
-        rule = w.framework.moe
-        if not rule.probs_in_activation:  # weighted after the experts: the product keeps the outputs
-            tensors.append(
-                SavedTensor(
-                    "expert outputs (for the routing-weight product)", f"{kr}·s·b·h", rows * h, act, split="seq"
-                )
-            )
-        if rule.weighted_outputs and not rule.probs_in_activation:
-            tensors.append(
-                SavedTensor(
-                    "weighted expert outputs (index_add keeps its source)", f"{kr}·s·b·h", rows * h, act, split="seq"
-                )
-            )
+        tensors += expert_outputs_saved(w, rows, kr)
         if moe.shared_experts:
             f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
             tensors += _ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_s, with_input=False)

@@ -3,7 +3,8 @@
 Dropless, each token's k assignments keep ``MoeRule.routing_bytes`` each: the top-k indices, the sort order, each
 row's token index and its routing weight (lmcalc's reference MoE layer, ``reference_model.MoE``). Under an expert
 capacity the experts compute k·ρ rows a token (``Workload.routed_share``), and the row index and the weight follow
-those rows, the padding included (``MoE._to_capacity``).
+those rows, the padding included (``MoE._to_capacity``). What the combine keeps of the experts' outputs depends on
+where the routing weights multiply them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,22 @@ def routing_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[
         SavedTensor("routing indices (top-k, sort order)", "s·b·k", sb * k, routing - per_row, split="seq"),
         SavedTensor("each expert row's token index and weight", f"{kr}·s·b", rows, per_row, split="seq"),
     ]
+
+
+def expert_outputs_saved(w: Workload, rows: float, kr: str) -> list[SavedTensor]:
+    """The experts' outputs as the combine keeps them: for the product with the routing weights, and again weighted
+    where an index_add keeps its source (``MoeRule.weighted_outputs``); none where the weights multiply inside the
+    experts' fused activation (``MoeRule.probs_in_activation``: Megatron-Core's grouped MLP)."""
+    rule, act, h = w.framework.moe, w.precision.activation_bytes, w.model.hidden_size
+    if rule.probs_in_activation:
+        return []
+    outputs = [
+        SavedTensor("expert outputs (for the routing-weight product)", f"{kr}·s·b·h", rows * h, act, split="seq")
+    ]
+    if rule.weighted_outputs:
+        label = "weighted expert outputs (index_add keeps its source)"
+        outputs.append(SavedTensor(label, f"{kr}·s·b·h", rows * h, act, split="seq"))
+    return outputs
 
 
 def routed_symbol(w: Workload) -> str:
