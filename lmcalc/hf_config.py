@@ -11,10 +11,11 @@ Other types are refused with a clear message rather than guessed at: a wrong cou
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
-from lmcalc.hf_defaults import CLASS_DEFAULTS
+from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_vision import vision_params
 
 GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # ModelSpec.gelu, bloom_gelu aside
@@ -26,11 +27,6 @@ LLAMA_LIKE = (
 SUPPORTED = ("gpt2", "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
-TIED_BY_DEFAULT = (
-    "gpt2", "falcon", "bloom", "gemma", "gemma2", "gemma3_text", "smollm3", "ernie4_5", "cohere", "cohere2",
-    "starcoder2",
-)  # fmt: skip
-"""Types whose config class ties the head to the embedding when config.json does not say (transformers 5.24)."""
 FUSED = {"phi3": ["qkv", "gate_up"], "glm4": ["gate_up"], "gpt2": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"],
          "bloom": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
@@ -83,6 +79,8 @@ VISION_WHOLE_NUMBERS = frozenset(
 """The fields of a config.json that lmcalc reads, by type. JSON has one number type and Python's operators take
 text too ("768" * 4 is text repeated four times, and the string "false" is true): each is checked once, before it is
 used (``check_fields``)."""
+READ_FIELDS = WHOLE_NUMBERS | NUMBERS | FLAGS | (TEXTS - {"model_type"}) | LISTS_OF_WHOLE_NUMBERS | {"layer_types"}
+"""The fields whose class defaults ``lmcalc/hf_defaults.py`` holds (``scripts/hf_class_defaults.py``)."""
 
 
 def _is_whole(value: Any) -> bool:
@@ -219,7 +217,7 @@ def _common(config: dict[str, Any], kind: str, name: str, origin: str) -> dict[s
         "name": name,
         "display_name": f"{name} (from config.json)",
         "vocab_size": _get(config, origin, "vocab_size"),
-        "tied_embeddings": _flag(config, "tie_word_embeddings", kind in TIED_BY_DEFAULT, origin),
+        "tied_embeddings": _flag(config, "tie_word_embeddings", False, origin),  # the class default is merged in
         "fused_linears": FUSED.get(kind, []),
         "norm_weight_fp32": kind in NORM_WEIGHT_FP32,
         "sources": [origin],
@@ -420,18 +418,38 @@ def _vision(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
     return {"notes": [note], "vision_params": tower}
 
 
+def _as_its_class_reads(text: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``text`` as ``kind``'s configuration class reads it: a field spelt by one of the class's aliases under its own
+    name (ExaoneConfig's ``num_layers`` is ``num_hidden_layers``), and a field config.json leaves out at the class's
+    default (GptOssConfig's ``attention_bias`` is true): ``lmcalc/hf_defaults.py``."""
+    named = dict(text)
+    for alias, field in ATTRIBUTE_MAPS.get(kind, {}).items():
+        if alias in named and field not in named:
+            named[field] = named.pop(alias)
+    return {**CLASS_DEFAULTS.get(kind, {}), **named}
+
+
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     """ModelSpec fields for a HF config; the caller validates them."""
     text, kind = _text_model(config, origin)
-    if kind not in SUPPORTED:
+    if BUILDS_AS.get(kind, kind) not in SUPPORTED:
+        readable = [*SUPPORTED, *BUILDS_AS, *MULTIMODAL]
+        close = difflib.get_close_matches(kind, readable, n=1)
+        if kind in DECODER_TYPES:
+            why = "a transformers type lmcalc does not read yet (docs/hf-types.md lists each type)"
+        else:
+            why = "not a decoder-only type transformers 5.24 registers"
+            why += f" (did you mean {close[0]}?)" if close else ""
         raise LmcalcError(
-            f"{origin}: config.json model_type {token(kind) if kind else '(missing)'} is not supported (supported: "
-            f"{', '.join(SUPPORTED)}, and {', '.join(MULTIMODAL)}'s text models); describe the model in a YAML preset "
-            "instead (see docs/presets.md)"
+            f"{origin}: config.json model_type {token(kind) if kind else '(missing)'} is {why}. lmcalc reads "
+            f"{', '.join(SUPPORTED)}; {', '.join(BUILDS_AS)} as the type whose model they build; and "
+            f"{', '.join(MULTIMODAL)}'s text models. Describe the model in a YAML preset instead (docs/presets.md)"
         )
     check_fields(config, origin)
     multimodal = text is not config  # the text model of a multimodal config
-    text = {**CLASS_DEFAULTS.get(kind, {}), **text}  # a field config.json leaves out takes its class's default
+    text = _as_its_class_reads(text, kind)
+    check_fields(text, origin)  # the fields an alias spelt
+    kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
     fields = _common(text, kind, name, origin) | (_vision(config, text) if multimodal else {})
     if kind == "gpt2":
         return _gpt2(text, fields, origin)

@@ -1,9 +1,17 @@
-"""Write lmcalc/hf_defaults.py: for each model type lmcalc reads from config.json, the defaults its transformers
-configuration class gives the fields lmcalc's reader would otherwise fill with a fallback of its own.
+"""Write lmcalc/hf_defaults.py: how each model type's transformers configuration class reads a config.json, as data.
 
 A config.json may leave out a field its class defines; transformers then builds the model with the class default
-(GptOssConfig's ``attention_bias`` is True, Qwen3Config's ``head_dim`` is 128). lmcalc keeps transformers out of its
-runtime, so the defaults are read here, once, from the installed transformers, and written as data.
+(GptOssConfig's ``attention_bias`` is True, Qwen3Config's ``head_dim`` is 128). It may spell a field by an alias the
+class maps (ExaoneConfig reads ``num_layers`` as ``num_hidden_layers``). And some types build another type's model:
+transformers' causal-LM mapping gives ``exaone`` and ``internlm3`` LlamaForCausalLM itself. lmcalc keeps transformers
+out of its runtime, so these are read here, once, from the installed transformers, and written as data:
+
+* ``DECODER_TYPES``: the decoder-only types transformers registers, to tell a type lmcalc cannot read yet from a
+  misspelt one;
+* ``BUILDS_AS``: each decoder-only type whose causal-LM class is another type's own, and that type;
+* ``CLASS_DEFAULTS``: for each type lmcalc reads (its own or through ``BUILDS_AS``), the class defaults of the fields
+  the reader reads (``hf_config.READ_FIELDS``), where the class gives one (None, computed later, is left out);
+* ``ATTRIBUTE_MAPS``: those types' ``attribute_map``, alias → field, where they have one.
 
     python scripts/hf_class_defaults.py    # needs transformers (a dev dependency)
 """
@@ -11,53 +19,112 @@ runtime, so the defaults are read here, once, from the installed transformers, a
 from __future__ import annotations
 
 import inspect
+import json
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import transformers
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
-from hf_tiny import TINY  # noqa: E402  (each type's configuration class, as the tests build it)
+from hf_coverage import decoder_only_types  # noqa: E402
 
 from lmcalc.atomic import write_atomic  # noqa: E402
-from lmcalc.hf_config import SUPPORTED  # noqa: E402
-
-FIELDS = ("attention_bias", "mlp_bias", "use_bias", "head_dim", "num_key_value_heads")
-"""The fields the reader fills with a fallback of its own when config.json leaves them out."""
+from lmcalc.hf_config import MULTIMODAL, READ_FIELDS, SUPPORTED  # noqa: E402
 
 
-def class_defaults() -> dict[str, tuple[str, dict[str, object]]]:
-    """Each supported type's class and its defaults for ``FIELDS`` (None, computed by the class, left out)."""
+def builds_as() -> dict[str, str]:
+    """Each decoder-only type whose causal-LM class belongs to another type (the one whose configuration class is the
+    model class's ``config_class``)."""
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    models, configs = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, configuration_auto.CONFIG_MAPPING_NAMES
     found = {}
-    for kind in SUPPORTED:
-        name = TINY[kind][0]
-        parameters = inspect.signature(getattr(transformers, name).__init__).parameters
-        defaults = {
-            field: parameters[field].default
-            for field in FIELDS
-            if field in parameters and parameters[field].default not in (inspect.Parameter.empty, None)
-        }
-        if defaults:
-            found[kind] = (name, defaults)
+    for kind in decoder_only_types():
+        home_config = getattr(transformers, models[kind]).config_class.__name__
+        if configs[kind] == home_config or "text_config" in getattr(transformers, configs[kind]).sub_configs:
+            continue  # its own class (gpt-sw3 is GPT2Config's), or a wrapper read through its text_config
+        home = next((k for k in models if models[k] == models[kind] and configs.get(k) == home_config), kind)
+        if home != kind:
+            found[kind] = home
     return found
 
 
+def _plain(value: Any) -> bool:
+    """A value JSON holds as it is: a number, a boolean, text, or a list of them."""
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return isinstance(value, bool | int | float | str)
+
+
+def _literal(value: Any) -> str:
+    """``value`` as ruff formats a Python literal: strings in double quotes."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def class_defaults(kind: str) -> dict[str, Any]:
+    """``kind``'s class defaults for ``READ_FIELDS`` (None, computed by the class, left out)."""
+    from transformers.models.auto import configuration_auto
+
+    parameters = inspect.signature(getattr(transformers, configuration_auto.CONFIG_MAPPING_NAMES[kind])).parameters
+    return {
+        field: parameters[field].default
+        for field in sorted(READ_FIELDS)
+        if field in parameters and _plain(parameters[field].default)
+    }
+
+
 def main() -> None:
+    from transformers.models.auto import configuration_auto
+
+    aliases = builds_as()
+    kinds = [*SUPPORTED, *MULTIMODAL.values(), *(k for k, home in aliases.items() if home in SUPPORTED)]
+    kinds = list(dict.fromkeys(kinds))
     lines = [
-        f'"""What transformers {transformers.__version__}\'s configuration classes give the fields lmcalc\'s reader',
-        "(``hf_config``) would otherwise fill itself, by model type, where a config.json leaves them out: written by",
-        '``python scripts/hf_class_defaults.py`` from each class\'s ``__init__`` defaults. Do not edit by hand."""',
+        f'"""How transformers {transformers.__version__}\'s configuration classes read a config.json, by model type: '
+        "written by",
+        '``python scripts/hf_class_defaults.py`` (see its docstring). Do not edit by hand."""',
         "",
-        "CLASS_DEFAULTS: dict[str, dict[str, object]] = {",
+        "from typing import Any",
+        "",
+        "# one line a type: the lines are long, and pyproject.toml lets this file have them",
+        "# fmt: off",
+        "BUILDS_AS: dict[str, str] = {",
+        *(f'    "{kind}": "{home}",' for kind, home in sorted(aliases.items())),
+        "}",
+        '"""A type whose causal-LM class is another type\'s own: read as that type."""',
+        "DECODER_TYPES: tuple[str, ...] = (",
+        *textwrap.wrap(
+            ", ".join(f'"{kind}"' for kind in sorted(decoder_only_types())) + ",",
+            116,
+            initial_indent="    ",
+            subsequent_indent="    ",
+        ),
+        ")",
+        '"""The decoder-only types transformers registers as causal LMs (``scripts/hf_coverage.py``)."""',
+        "CLASS_DEFAULTS: dict[str, dict[str, Any]] = {",
     ]
-    for kind, (name, defaults) in class_defaults().items():  # written as ruff formats them: double quotes
-        fields = ", ".join(f'"{field}": {value!r}' for field, value in defaults.items())
+    for kind in kinds:
+        name = configuration_auto.CONFIG_MAPPING_NAMES[kind]
+        fields = ", ".join(f'"{field}": {_literal(value)}' for field, value in class_defaults(kind).items())
         lines.append(f'    "{kind}": {{{fields}}},  # {name}')
-    lines.append("}")
-    write_atomic(ROOT / "lmcalc" / "hf_defaults.py", "\n".join(lines) + "\n")
-    print(f"wrote lmcalc/hf_defaults.py ({len(lines) - 6} types, transformers {transformers.__version__})")
+    lines += ["}", "ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {"]
+    for kind in kinds:
+        cls = getattr(transformers, configuration_auto.CONFIG_MAPPING_NAMES[kind])
+        mapped = {alias: field for alias, field in cls.attribute_map.items() if field in READ_FIELDS and alias != field}
+        if mapped:
+            pairs = ", ".join(f"{_literal(alias)}: {_literal(field)}" for alias, field in mapped.items())
+            lines.append(f'    "{kind}": {{{pairs}}},')
+    lines += ["}", "# fmt: on"]
+    text = "\n".join(lines) + "\n"
+    write_atomic(ROOT / "lmcalc" / "hf_defaults.py", text)
+    print(f"wrote lmcalc/hf_defaults.py ({len(kinds)} types, transformers {transformers.__version__})")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,13 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "llama4_text": ("Llama4TextConfig", dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128,
                                              interleave_moe_layer_step=2, head_dim=32, attention_chunk_size=24,
                                              no_rope_layer_interval=2)),
+    # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
+    "exaone": ("ExaoneConfig", {}),
+    "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),
+    "iquestcoder": ("IQuestCoderConfig", {}),
+    "sarvam_mla": ("SarvamMLAConfig", dict(DEEPSEEK, n_group=2, topk_group=1)),
+    "sarvam_moe": ("SarvamMoEConfig", dict(MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
+                                           head_dim=24)),
 }  # fmt: skip
 """model_type: (transformers config class, the fields that differ from ``BASE``)."""
 VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=32,

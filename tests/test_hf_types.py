@@ -64,26 +64,32 @@ def test_multimodal_counts_the_text_model_and_reports_the_tower(kind: str):
     assert "vision tower" in ours.notes[0]
 
 
-def absent_cases() -> list[tuple[str, str]]:
-    from lmcalc.hf_defaults import CLASS_DEFAULTS
+REFUSED_AT_DEFAULTS = {"deepseek_v2": "none of the fields num_experts_per_tok"}
+"""Class defaults lmcalc still refuses: DeepseekV2Config leaves num_experts_per_tok null (the count does not depend on
+it; FLOPs and activations do)."""
 
-    return [(kind, field) for kind, fields in CLASS_DEFAULTS.items() for field in fields]
+
+def bare_config(kind: str) -> dict:
+    """``kind``'s class defaults as a config.json that leaves out every field lmcalc reads: model_type and the rest."""
+    from transformers.models.auto import configuration_auto
+
+    from lmcalc.hf_config import READ_FIELDS
+
+    config = getattr(transformers, configuration_auto.CONFIG_MAPPING_NAMES[kind])().to_dict()
+    return {key: value for key, value in config.items() if key not in READ_FIELDS}
 
 
-@pytest.mark.parametrize(("kind", "field"), absent_cases())
-def test_a_field_config_json_leaves_out_takes_its_class_default(kind: str, field: str):
+@pytest.mark.parametrize("kind", [*SUPPORTED, "exaone", "internlm3", "iquestcoder", "sarvam_mla", "sarvam_moe"])
+def test_a_field_config_json_leaves_out_takes_its_class_default(kind: str):
     # issue #31: a config.json without attention_bias builds gpt-oss with biases (GptOssConfig's default), one without
-    # head_dim builds Qwen3 at 128, ...: lmcalc reads lmcalc/hf_defaults.py, written from transformers' own classes
-    from lmcalc.hf_defaults import CLASS_DEFAULTS
-
-    config = tiny_config(kind)
-    if field not in config:
-        pytest.skip(f"the tiny {kind} config leaves {field} out already")
-    config.pop(field)
-    default = CLASS_DEFAULTS[kind][field]
-    heads = config.get("num_attention_heads", 0)
-    if field == "num_key_value_heads" and heads % default:
-        pytest.skip(f"{kind}'s default {default} KV heads do not divide the tiny config's {heads} heads")
+    # head_dim builds Qwen3 at 128, one without num_hidden_layers builds Llama with 32: lmcalc reads
+    # lmcalc/hf_defaults.py, written from transformers' own classes. Here every field lmcalc reads is left out at once.
+    config = bare_config(kind)
+    assert "hidden_size" not in config and "vocab_size" not in config
+    if kind in REFUSED_AT_DEFAULTS:
+        with pytest.raises(LmcalcError, match=REFUSED_AT_DEFAULTS[kind]):
+            lmcalc_spec(config, kind)
+        return
     assert count_params(lmcalc_spec(config, kind)).total == transformers_count(config)
 
 
@@ -94,3 +100,50 @@ def test_heads_that_do_not_tile_the_hidden_size_floor_the_head_dim():
     spec = lmcalc_spec(config, "glm4_moe")
     assert spec.head_dim == 42
     assert count_params(spec).total == transformers_count(config)
+
+
+@pytest.mark.parametrize(
+    ("kind", "renamed"),
+    [
+        ("exaone", {"num_hidden_layers": "num_layers", "hidden_act": "activation_function"}),
+        ("internlm3", {"attention_bias": "qkv_bias", "mlp_bias": "bias"}),
+        ("sarvam_moe", {"attention_bias": "use_qkv_bias", "n_shared_experts": "num_shared_experts"}),
+    ],
+)
+def test_a_field_spelt_by_its_class_alias_is_read(kind: str, renamed: dict[str, str]):
+    # issue #31: EXAONE 3's own config.json says num_layers and activation_function, which ExaoneConfig's attribute_map
+    # reads as num_hidden_layers and hidden_act; lmcalc/hf_defaults.py's ATTRIBUTE_MAPS does the same
+    config = tiny_config(kind) | {"num_hidden_layers": 3}
+    config = {renamed.get(key, key): value for key, value in config.items()}
+    assert count_params(lmcalc_spec(config, kind)).total == transformers_count(config)
+
+
+def test_a_type_that_builds_another_types_model_is_read_as_that_type():
+    # issue #31: transformers' causal-LM mapping gives exaone, internlm3 and iquestcoder LlamaForCausalLM itself,
+    # sarvam_mla DeepseekV3ForCausalLM and sarvam_moe Glm4MoeForCausalLM
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    from lmcalc.hf_defaults import BUILDS_AS
+
+    models, configs = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, configuration_auto.CONFIG_MAPPING_NAMES
+    for kind, home in BUILDS_AS.items():
+        assert models[kind] == models[home]
+        assert getattr(transformers, models[kind]).config_class.__name__ == configs[home]
+    assert {"exaone", "internlm3", "iquestcoder", "sarvam_mla", "sarvam_moe"} <= set(BUILDS_AS)
+
+
+@pytest.mark.slow
+def test_no_decoder_only_type_is_counted_wrong():
+    # issue #31's held-out measure (scripts/hf_coverage.py): every decoder-only type transformers registers, at its
+    # class defaults and in a variant, written in full and as save_pretrained writes it. lmcalc may refuse a type it
+    # cannot read; it must never give a count that differs from transformers'
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import hf_coverage
+
+    cases = hf_coverage.run()
+    assert len({case.kind for case in cases}) >= 160
+    assert [case for case in cases if case.outcome == "off"] == []
+    assert sum(case.outcome == "exact" for case in cases) >= 130
