@@ -16,116 +16,42 @@ from typing import Any
 
 from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
+from lmcalc.hf_fields import check_fields
 from lmcalc.hf_vision import vision_params
 
 GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # ModelSpec.gelu, bloom_gelu aside
 LLAMA_LIKE = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
     "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
-    "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba",
+    "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba", "granitemoe", "granitemoeshared",
+    "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
+    "minicpm3", "youtu",
 )  # fmt: skip
-SUPPORTED = ("gpt2", "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
+SUPPORTED = ("gpt2", "gpt_bigcode", "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
-FUSED = {"phi3": ["qkv", "gate_up"], "glm4": ["gate_up"], "gpt2": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"],
-         "bloom": ["qkv"]}  # fmt: skip
+FUSED = {"phi3": ["qkv", "gate_up"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"], "gpt_bigcode": ["qkv"],
+         "gpt_neox": ["qkv"], "falcon": ["qkv"], "bloom": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
 SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
-QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head"}
+QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
+           "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full"}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full"}  # when the config's use_qk_norm is set
-QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe")  # biases on q, k and v, none on the output
+QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium")  # biases on q, k and v, none on the output
 ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_act", "gelu"),
+              "gpt_bigcode": ("activation_function", "gelu_pytorch_tanh"),
               "falcon": ("activation", "gelu"), "starcoder2": ("hidden_act", "gelu_pytorch_tanh"),
               "gemma": ("hidden_act", "gelu_pytorch_tanh"), "gemma2": ("hidden_activation", "gelu_pytorch_tanh"),
-              "gemma3_text": ("hidden_activation", "gelu_pytorch_tanh")}  # fmt: skip
+              "gemma3_text": ("hidden_activation", "gelu_pytorch_tanh"),
+              "vaultgemma": ("hidden_activation", "gelu_pytorch_tanh")}  # fmt: skip
 """The config field each type's MLP calls ACT2FN with, and the config class's default, where not hidden_act and
 silu (GPT2MLP: activation_function; FalconMLP: activation; Gemma2MLP and Gemma3MLP: hidden_activation)."""
-NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2")
+NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "flex_olmo", "olmo3",
+                    "helium", "vaultgemma")  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm): ModelSpec.norm_weight_fp32."""
 LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunked"}
-
-
-WHOLE_NUMBERS = frozenset(
-    {
-        "vocab_size", "hidden_size", "n_embd", "n_embed", "num_hidden_layers", "n_layer", "num_attention_heads",
-        "n_head", "num_key_value_heads", "num_kv_heads", "head_dim", "intermediate_size", "intermediate_size_mlp",
-        "n_inner", "ffn_hidden_size", "max_position_embeddings", "n_positions", "n_ctx", "seq_length",
-        "num_ln_in_parallel_attn", "sliding_window", "sliding_window_pattern", "attention_chunk_size",
-        "no_rope_layer_interval", "num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok",
-        "experts_per_token", "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
-        "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
-        "expert_layer_period", "expert_layer_offset", "n_group", "topk_group", "q_lora_rank", "kv_lora_rank",
-        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mamba_expand", "mamba_d_state", "mamba_d_conv",
-        "attn_layer_period", "attn_layer_offset", "num_nextn_predict_layers",
-    }
-)  # fmt: skip
-NUMBERS = frozenset(
-    {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attn_logit_softcapping", "final_logit_softcapping"}
-)  # fmt: skip
-FLAGS = frozenset(
-    {
-        "tie_word_embeddings", "attention_bias", "use_bias", "mlp_bias", "bias", "use_parallel_residual",
-        "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
-        "mamba_conv_bias", "mamba_proj_bias",
-    }
-)  # fmt: skip
-TEXTS = frozenset({"model_type", "hidden_act", "hidden_activation", "activation_function", "activation"})
-LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers"})
-VISION_WHOLE_NUMBERS = frozenset(
-    {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
-)
-"""The fields of a config.json that lmcalc reads, by type. JSON has one number type and Python's operators take
-text too ("768" * 4 is text repeated four times, and the string "false" is true): each is checked once, before it is
-used (``check_fields``)."""
-READ_FIELDS = WHOLE_NUMBERS | NUMBERS | FLAGS | (TEXTS - {"model_type"}) | LISTS_OF_WHOLE_NUMBERS | {"layer_types"}
-"""The fields whose class defaults ``lmcalc/hf_defaults.py`` holds (``scripts/hf_class_defaults.py``)."""
-
-
-def _is_whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _wrong_type(key: str, value: Any, vision: bool = False) -> str | None:
-    """What ``value`` (config's ``key``) should have been, or None if it is right. Null stands for absent."""
-    if value is None:
-        return None
-    if key in (VISION_WHOLE_NUMBERS if vision else WHOLE_NUMBERS) and not _is_whole(value):
-        return "an integer"
-    if vision:
-        return "true or false" if key == "vision_use_head" and not isinstance(value, bool) else None
-    if key == "mamba_dt_rank" and not (_is_whole(value) or value == "auto"):
-        return 'an integer or "auto"'
-    if key in NUMBERS and not _is_number(value):
-        return "a number"
-    if key in FLAGS and not isinstance(value, bool):
-        return "true or false"
-    if key in TEXTS and not isinstance(value, str):
-        return "text"
-    if key in LISTS_OF_WHOLE_NUMBERS and not (isinstance(value, list) and all(_is_whole(v) for v in value)):
-        return "a list of integers"
-    if key == "layer_types" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        return "a list of layer types"
-    return None
-
-
-def check_fields(config: dict[str, Any], origin: str, within: str = "") -> None:
-    """Refuse a field lmcalc reads whose value has the wrong type, naming it: ``n_embd`` ``"768"`` would count 14 P
-    parameters. The text model's and the vision tower's fields of a multimodal config are checked too."""
-    for key, value in config.items():
-        wanted = _wrong_type(key, value, vision=within == "vision_config")
-        if wanted:
-            raise LmcalcError(
-                f"{origin}: config.json {within + '.' if within else ''}{key} must be {wanted}, not {token(value)}"
-            )
-    for nested in ("text_config", "vision_config"):
-        if not within and isinstance(config.get(nested), dict):
-            check_fields(config[nested], origin, nested)
 
 
 def _get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) -> Any:
@@ -165,8 +91,10 @@ def _windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
         pattern = config.get("sliding_window_pattern")
         if window and not types and pattern:  # Gemma 3, Cohere2: every pattern-th layer is global
             types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
-        if window and not types and kind == "gemma2":  # Gemma 2 alternates, global from the second layer
+        if window and not types and kind in ("gemma2", "vaultgemma"):  # alternating, global from the second layer
             types = ["full_attention" if i % 2 else "sliding_attention" for i in range(layers)]
+        if window and not types and kind == "olmo3":  # Olmo3Config: every fourth layer global
+            types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
     if not window:
         return {}
     flags = [t not in LOCAL_LAYER_TYPES for t in types] if types else [False] * layers
@@ -183,6 +111,7 @@ def _moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[st
         return None
     shared = config.get("n_shared_experts") or (1 if kind == "llama4_text" else 0)
     shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
+    ungated = config.get("shared_intermediate_size") if kind == "granitemoeshared" else None  # added without a gate
     if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:
         raise LmcalcError(f"{origin}: moe_layer_freq other than 1 is not supported")
     every = config.get("decoder_sparse_step") or config.get("interleave_moe_layer_step") or 1
@@ -196,9 +125,9 @@ def _moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[st
     return {
         "num_experts": experts,
         "experts_per_token": _get(config, origin, "num_experts_per_tok", "experts_per_token"),
-        "shared_experts": shared + (1 if shared_width else 0),
+        "shared_experts": shared + (1 if shared_width or ungated else 0),
         "expert_ffn_size": _get(config, origin, "moe_intermediate_size", "intermediate_size"),
-        "shared_expert_ffn_size": shared_width or None,
+        "shared_expert_ffn_size": shared_width or ungated or None,
         "shared_expert_gate": bool(shared_width),
         "dense_layers": config.get("first_k_dense_replace") or 0,
         "moe_every": every,
@@ -252,21 +181,24 @@ def _gelu(config: dict[str, Any], kind: str, origin: str) -> str:
     return act
 
 
-def _gpt2(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
-    hidden = _get(config, origin, "n_embd")
+def _gpt2(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """GPT-2, and GPTBigCode (StarCoder 1, SantaCoder): GPT-2's layout with multi-query attention by default."""
+    hidden, heads = _get(config, origin, "n_embd"), _get(config, origin, "n_head")
     return fields | {
         "hidden_size": hidden,
         "num_layers": _get(config, origin, "n_layer"),
-        "num_heads": _get(config, origin, "n_head"),
+        "num_heads": heads,
+        # GPTBigCodeAttention: one key-value head when multi_query (its class default)
+        "num_kv_heads": 1 if kind == "gpt_bigcode" and config.get("multi_query", True) else heads,
         "ffn_size": _get(config, origin, "n_inner", default=4 * hidden),
         "ffn_kind": "gelu_mlp",
-        "gelu": _gelu(config, "gpt2", origin),
+        "gelu": _gelu(config, kind, origin),
         "norm_kind": "layernorm",
         "attention_bias": "all",
         "mlp_bias": True,
         "position_embedding": "learned",
         "max_seq_len": _get(config, origin, "n_positions", "n_ctx"),
-        # GPT2Config's dropout probabilities default to 0.1
+        # GPT2Config's and GPTBigCodeConfig's dropout probabilities default to 0.1
         "dropout": any(config.get(key, 0.1) > 0 for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
     }
 
@@ -329,7 +261,14 @@ def _floored_head_dim(config: dict[str, Any], origin: str) -> int | None:
     return None
 
 
+def _post_norms(config: dict[str, Any], kind: str) -> bool:
+    """HyperCLOVA X's norms on each sub-layer's output as well (``use_post_norm``, its class default true)."""
+    return kind == "hyperclovax" and bool(config.get("use_post_norm", True))
+
+
 def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    if config.get("lm_head_bias"):  # PhimoeForCausalLM's option
+        raise LmcalcError(f"{origin}: config.json lm_head_bias is true: a bias on the output head is not modelled")
     act = _gelu(config, kind, origin) if kind == "starcoder2" else _activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
     bias = bool(config.get("attention_bias", False) or config.get("use_bias", False))
@@ -343,7 +282,12 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),  # Llama 4's dense layers
         "ffn_kind": "gelu_mlp" if kind == "starcoder2" else ("geglu" if act in GELUS else "swiglu"),
         **({"gelu": act} if act in GELUS else {}),
-        "norm_kind": {"starcoder2": "layernorm", "cohere": "layernorm_nobias", "cohere2": "layernorm_nobias"}.get(
+        "norm_kind": {
+            "starcoder2": "layernorm",
+            "phimoe": "layernorm",
+            "cohere": "layernorm_nobias",
+            "cohere2": "layernorm_nobias",
+        }.get(  # fmt: skip
             kind, "rmsnorm"
         ),
         "attention_bias": attention_bias or ("all" if bias else "none"),
@@ -352,7 +296,9 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
         "qk_norm": QK_NORM.get(kind) or (QK_NORM_OPTIONAL.get(kind, "none") if config.get("use_qk_norm") else "none"),
-        "norms_per_layer": 4 if kind in SANDWICH_NORMS else (1 if kind in ("cohere", "cohere2") else 2),
+        "norms_per_layer": 4
+        if kind in SANDWICH_NORMS or _post_norms(config, kind)
+        else (1 if kind in ("cohere", "cohere2") else 2),
         "parallel_block": kind in ("cohere", "cohere2"),
         "attention_sinks": kind == "gpt_oss",
         "attention_softcap": config.get("attn_logit_softcapping"),
@@ -365,7 +311,10 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             "kv_lora_rank": config["kv_lora_rank"],
             "qk_nope_head_dim": _get(config, origin, "qk_nope_head_dim"),
             "qk_rope_head_dim": _get(config, origin, "qk_rope_head_dim"),
-            "v_head_dim": _get(config, origin, "v_head_dim"),
+            # MiniCPM3Config: hidden_size // num_attention_heads when not given
+            "v_head_dim": _get(config, origin, "v_head_dim", default=fields["hidden_size"] // fields["num_heads"])
+            if kind == "minicpm3"
+            else _get(config, origin, "v_head_dim"),
         }
         fields["num_kv_heads"] = None
     moe = _moe(config, kind, layers, origin)
@@ -451,8 +400,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     check_fields(text, origin)  # the fields an alias spelt
     kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
     fields = _common(text, kind, name, origin) | (_vision(config, text) if multimodal else {})
-    if kind == "gpt2":
-        return _gpt2(text, fields, origin)
+    if kind in ("gpt2", "gpt_bigcode"):
+        return _gpt2(text, kind, fields, origin)
     if kind in ("gpt_neox", "falcon", "bloom"):
         return _neox_family(text, kind, fields, origin)
     return _llama_like(text, kind, fields, origin)

@@ -10,7 +10,7 @@ out of its runtime, so these are read here, once, from the installed transformer
   misspelt one;
 * ``BUILDS_AS``: each decoder-only type whose causal-LM class is another type's own, and that type;
 * ``CLASS_DEFAULTS``: for each type lmcalc reads (its own or through ``BUILDS_AS``), the class defaults of the fields
-  the reader reads (``hf_config.READ_FIELDS``), where the class gives one (None, computed later, is left out);
+  the reader reads (``hf_fields.READ_FIELDS``), where the class gives one (None, computed later, is left out);
 * ``ATTRIBUTE_MAPS``: those types' ``attribute_map``, alias → field, where they have one.
 
     python scripts/hf_class_defaults.py    # needs transformers (a dev dependency)
@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from hf_coverage import decoder_only_types  # noqa: E402
 
 from lmcalc.atomic import write_atomic  # noqa: E402
-from lmcalc.hf_config import MULTIMODAL, READ_FIELDS, SUPPORTED  # noqa: E402
+from lmcalc.hf_config import MULTIMODAL, SUPPORTED  # noqa: E402
+from lmcalc.hf_fields import READ_FIELDS  # noqa: E402
 
 
 def builds_as() -> dict[str, str]:

@@ -58,7 +58,7 @@ BUILD_FIELDS: dict[str, dict[str, Any]] = {
     "hunyuan_v1_moe": {"head_dim": 128},
     "ministral": {"head_dim": 128},
     "nemotron": {"num_key_value_heads": 8},
-    "dots1": {"n_routed_experts": 128},
+    "dots1": {"n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6},
     "dbrx": {"attn_config": {"rope_theta": 500000.0}},
 }
 """Fields a type's class defaults leave empty and transformers needs to build the model at all."""

@@ -17,6 +17,8 @@ DEEPSEEK: dict[str, Any] = dict(MOE, n_routed_experts=4, n_shared_experts=1, fir
                                 kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                                 num_key_value_heads=4)  # fmt: skip
 """DeepSeek-V2/V3's MLA and MoE at tiny size (V3 adds group-limited routing)."""
+MLA: dict[str, Any] = dict(q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+"""MLA alone, on a dense model (MiniCPM3, Youtu)."""
 TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
     "mistral": ("MistralConfig", dict(sliding_window=24)),
@@ -53,6 +55,22 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "llama4_text": ("Llama4TextConfig", dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128,
                                              interleave_moe_layer_step=2, head_dim=32, attention_chunk_size=24,
                                              no_rope_layer_interval=2)),
+    "gpt_bigcode": ("GPTBigCodeConfig", dict(n_embd=64, n_layer=4, n_head=4, n_positions=128)),
+    "granitemoe": ("GraniteMoeConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "granitemoeshared": ("GraniteMoeSharedConfig", dict(num_local_experts=4, num_experts_per_tok=2,
+                                                        shared_intermediate_size=48)),
+    "flex_olmo": ("FlexOlmoConfig", dict(num_experts=4, num_experts_per_tok=2)),
+    "minimax_m2": ("MiniMaxM2Config", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=32)),
+    "dots1": ("Dots1Config", dict(MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1)),
+    "phimoe": ("PhimoeConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "ministral3": ("Ministral3Config", dict(sliding_window=24)),
+    "helium": ("HeliumConfig", dict(attention_bias=True, head_dim=16)),  # its o_proj is h × h: H·d = h
+    "olmo3": ("Olmo3Config", dict(sliding_window=24)),
+    "vaultgemma": ("VaultGemmaConfig", dict(head_dim=48, sliding_window=24)),
+    "glm": ("GlmConfig", {}),
+    "hyperclovax": ("HyperCLOVAXConfig", {}),
+    "minicpm3": ("MiniCPM3Config", dict(MLA, attention_bias=True)),
+    "youtu": ("YoutuConfig", dict(MLA, q_lora_rank=None)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

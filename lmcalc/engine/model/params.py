@@ -137,7 +137,7 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     site = Site("attention", n, "L_attn" if spec.mamba else "L")
     qkv_bias = spec.attention_bias in ("qkv", "all")
     out_bias = spec.attention_bias == "all"
-    if spec.mla:
+    if spec.mla:  # the biases on the down-projections and the output only (DeepseekV2Attention, DeepseekV3Attention)
         m = spec.mla
         tensors: list[WeightTensor] = []
         q_dim = Dim(heads * m.qk_head_dim, "H·d_qk")
@@ -145,14 +145,14 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
             q_rank = Dim(m.q_lora_rank, "r_q")
             tensors += _linear("attn.q_a", site, q_rank, h, qkv_bias)
             tensors += _norm("attn.q_a_norm", site, q_rank, spec)
-            tensors += _linear("attn.q_b", site, q_dim, q_rank, qkv_bias)
+            tensors += _linear("attn.q_b", site, q_dim, q_rank, False)
         else:
-            tensors += _linear("attn.q", site, q_dim, h, qkv_bias)
+            tensors += _linear("attn.q", site, q_dim, h, False)
         kv_rank = Dim(m.kv_lora_rank, "r_kv")
         tensors += _linear("attn.kv_a", site, Dim(m.kv_lora_rank + m.qk_rope_head_dim, "(r_kv+d_rope)"), h, qkv_bias)
         tensors += _norm("attn.kv_a_norm", site, kv_rank, spec)
         kv_up = Dim(heads * (m.qk_nope_head_dim + m.v_head_dim), "H·(d_nope+d_v)")
-        tensors += _linear("attn.kv_b", site, kv_up, kv_rank, qkv_bias)
+        tensors += _linear("attn.kv_b", site, kv_up, kv_rank, False)
         tensors += _linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
         return tensors
     q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")

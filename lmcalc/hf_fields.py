@@ -1,0 +1,87 @@
+"""Checking the fields of a config.json that lmcalc reads before it uses them (``check_fields``), and which fields
+those are (``READ_FIELDS``, whose class defaults ``lmcalc/hf_defaults.py`` holds). JSON has one number type and
+Python's operators take text too ("768" * 4 is text repeated four times, and the string "false" is true)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcalc.errors import LmcalcError, token
+
+WHOLE_NUMBERS = frozenset(
+    {
+        "vocab_size", "hidden_size", "n_embd", "n_embed", "num_hidden_layers", "n_layer", "num_attention_heads",
+        "n_head", "num_key_value_heads", "num_kv_heads", "head_dim", "intermediate_size", "intermediate_size_mlp",
+        "n_inner", "ffn_hidden_size", "max_position_embeddings", "n_positions", "n_ctx", "seq_length",
+        "num_ln_in_parallel_attn", "sliding_window", "sliding_window_pattern", "attention_chunk_size",
+        "no_rope_layer_interval", "num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok",
+        "experts_per_token", "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
+        "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
+        "expert_layer_period", "expert_layer_offset", "n_group", "topk_group", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mamba_expand", "mamba_d_state", "mamba_d_conv",
+        "attn_layer_period", "attn_layer_offset", "num_nextn_predict_layers", "shared_intermediate_size",
+    }
+)  # fmt: skip
+NUMBERS = frozenset(
+    {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attn_logit_softcapping", "final_logit_softcapping"}
+)  # fmt: skip
+FLAGS = frozenset(
+    {
+        "tie_word_embeddings", "attention_bias", "use_bias", "mlp_bias", "bias", "use_parallel_residual",
+        "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
+        "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm",
+    }
+)  # fmt: skip
+TEXTS = frozenset({"model_type", "hidden_act", "hidden_activation", "activation_function", "activation"})
+LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers"})
+VISION_WHOLE_NUMBERS = frozenset(
+    {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
+)
+"""The fields of a config.json that lmcalc reads, by type: each is checked once, before it is used."""
+READ_FIELDS = WHOLE_NUMBERS | NUMBERS | FLAGS | (TEXTS - {"model_type"}) | LISTS_OF_WHOLE_NUMBERS | {"layer_types"}
+"""The fields whose class defaults ``lmcalc/hf_defaults.py`` holds (``scripts/hf_class_defaults.py``)."""
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _wrong_type(key: str, value: Any, vision: bool = False) -> str | None:
+    """What ``value`` (config's ``key``) should have been, or None if it is right. Null stands for absent."""
+    if value is None:
+        return None
+    if key in (VISION_WHOLE_NUMBERS if vision else WHOLE_NUMBERS) and not _is_whole(value):
+        return "an integer"
+    if vision:
+        return "true or false" if key == "vision_use_head" and not isinstance(value, bool) else None
+    if key == "mamba_dt_rank" and not (_is_whole(value) or value == "auto"):
+        return 'an integer or "auto"'
+    if key in NUMBERS and not _is_number(value):
+        return "a number"
+    if key in FLAGS and not isinstance(value, bool):
+        return "true or false"
+    if key in TEXTS and not isinstance(value, str):
+        return "text"
+    if key in LISTS_OF_WHOLE_NUMBERS and not (isinstance(value, list) and all(_is_whole(v) for v in value)):
+        return "a list of integers"
+    if key == "layer_types" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        return "a list of layer types"
+    return None
+
+
+def check_fields(config: dict[str, Any], origin: str, within: str = "") -> None:
+    """Refuse a field lmcalc reads whose value has the wrong type, naming it: ``n_embd`` ``"768"`` would count 14 P
+    parameters. The text model's and the vision tower's fields of a multimodal config are checked too."""
+    for key, value in config.items():
+        wanted = _wrong_type(key, value, vision=within == "vision_config")
+        if wanted:
+            raise LmcalcError(
+                f"{origin}: config.json {within + '.' if within else ''}{key} must be {wanted}, not {token(value)}"
+            )
+    for nested in ("text_config", "vision_config"):
+        if not within and isinstance(config.get(nested), dict):
+            check_fields(config[nested], origin, nested)
