@@ -17,6 +17,7 @@ from typing import Any
 from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_fields import check_fields
+from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 
 GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # ModelSpec.gelu, bloom_gelu aside
@@ -382,17 +383,22 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     """ModelSpec fields for a HF config; the caller validates them."""
     text, kind = _text_model(config, origin)
     if BUILDS_AS.get(kind, kind) not in SUPPORTED:
-        readable = [*SUPPORTED, *BUILDS_AS, *MULTIMODAL]
-        close = difflib.get_close_matches(kind, readable, n=1)
+        named = f"config.json model_type {token(kind) if kind else '(missing)'}"
         if kind in DECODER_TYPES:
-            why = "a transformers type lmcalc does not read yet (docs/hf-types.md lists each type)"
-        else:
-            why = "not a decoder-only type transformers 5.24 registers"
-            why += f" (did you mean {close[0]}?)" if close else ""
+            raise UnreadType(
+                f"{origin}: {named} is a transformers type lmcalc does not read yet (docs/hf-types.md lists the "
+                f"{len(SUPPORTED) + len(BUILDS_AS)} it reads). Where transformers is installed, lmcalc params counts "
+                "it on the meta device; or describe the model in a YAML preset (docs/presets.md)",
+                config,
+                kind,
+                origin,
+            )
+        close = difflib.get_close_matches(kind, [*SUPPORTED, *BUILDS_AS, *MULTIMODAL], n=1)
         raise LmcalcError(
-            f"{origin}: config.json model_type {token(kind) if kind else '(missing)'} is {why}. lmcalc reads "
-            f"{', '.join(SUPPORTED)}; {', '.join(BUILDS_AS)} as the type whose model they build; and "
-            f"{', '.join(MULTIMODAL)}'s text models. Describe the model in a YAML preset instead (docs/presets.md)"
+            f"{origin}: {named} is not a decoder-only type transformers 5.24 registers"
+            f"{f' (did you mean {close[0]}?)' if close else ''}. lmcalc reads {', '.join(SUPPORTED)}; "
+            f"{', '.join(BUILDS_AS)} as the type whose model they build; and {', '.join(MULTIMODAL)}'s text models. "
+            "Describe the model in a YAML preset instead (docs/presets.md)"
         )
     check_fields(config, origin)
     multimodal = text is not config  # the text model of a multimodal config

@@ -22,6 +22,7 @@ from lmcalc.estimates.inputs import (
     tokens_given,
 )
 from lmcalc.estimates.settings import Count
+from lmcalc.hf_meta import MetaParams, UnreadType, meta_params, transformers_installed
 from lmcalc.presets import Resolved
 from lmcalc.result import Estimate, Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
@@ -45,9 +46,15 @@ class ParamsEstimate(Estimate):
         return self.counts.active
 
 
-def params(*, model: ModelLike) -> ParamsEstimate:
-    """The exact parameter count, tensor group by tensor group."""
-    return params_estimate(resolve_model(model))
+def params(*, model: ModelLike) -> ParamsEstimate | MetaParams:
+    """The exact parameter count, tensor group by tensor group. A config.json of a transformers type lmcalc does not
+    read yet is counted by transformers on the meta device where it is installed (``hf_meta``), and said so."""
+    try:
+        return params_estimate(resolve_model(model))
+    except UnreadType as unread:
+        if not transformers_installed():
+            raise
+        return meta_params(unread)
 
 
 def params_estimate(resolved: Resolved) -> ParamsEstimate:
