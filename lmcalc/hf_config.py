@@ -26,21 +26,32 @@ LLAMA_LIKE = (
     "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
     "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba", "granitemoe", "granitemoeshared",
     "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
-    "minicpm3", "youtu",
+    "minicpm3", "youtu", "stablelm",
 )  # fmt: skip
-SUPPORTED = ("gpt2", "gpt_bigcode", "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
+PARALLEL_GELU = ("gptj", "codegen", "phi")
+SUPPORTED = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
-FUSED = {"phi3": ["qkv", "gate_up"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"], "gpt_bigcode": ["qkv"],
-         "gpt_neox": ["qkv"], "falcon": ["qkv"], "bloom": ["qkv"]}  # fmt: skip
+FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"],
+         "gpt_bigcode": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"], "bloom": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
 SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full"}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full"}  # when the config's use_qk_norm is set
-QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium")  # biases on q, k and v, none on the output
+QKV_BIAS_ONLY = (
+    "qwen2",
+    "qwen2_moe",
+    "glm4",
+    "glm4_moe",
+    "glm",
+    "helium",
+    "stablelm",
+)  # biases on q, k and v, none on the output
 ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_act", "gelu"),
+              "gptj": ("activation_function", "gelu_new"), "codegen": ("activation_function", "gelu_new"),
+              "phi": ("hidden_act", "gelu_new"),
               "gpt_bigcode": ("activation_function", "gelu_pytorch_tanh"),
               "falcon": ("activation", "gelu"), "starcoder2": ("hidden_act", "gelu_pytorch_tanh"),
               "gemma": ("hidden_act", "gelu_pytorch_tanh"), "gemma2": ("hidden_activation", "gelu_pytorch_tanh"),
@@ -52,6 +63,9 @@ NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "coher
                     "helium", "vaultgemma")  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm): ModelSpec.norm_weight_fp32."""
+NORM_KIND = {"starcoder2": "layernorm", "phimoe": "layernorm", "stablelm": "layernorm", "cohere": "layernorm_nobias",
+             "cohere2": "layernorm_nobias"}  # fmt: skip
+"""The norms of the Llama-like types whose norms are not RMSNorms: LayerNorms, with biases or without."""
 LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunked"}
 
 
@@ -252,6 +266,36 @@ def _neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], orig
     }
 
 
+def _parallel_gelu(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """GPT-J, CodeGen and Phi-1/2: attention and a GELU MLP side by side from one LayerNorm, biases on the MLP and on
+    the output head (GPTJForCausalLM, CodeGenForCausalLM, PhiForCausalLM), RoPE on part of each head (not a FLOP lmcalc
+    counts). GPT-J's and CodeGen's attention has no biases (CodeGen's q, k and v are one qkv_proj); Phi's has them
+    all, and with ``qk_layernorm`` a LayerNorm over each head's queries and keys."""
+    hidden = _get(config, origin, "n_embd", "hidden_size")
+    phi = kind == "phi"
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": _get(config, origin, "n_layer", "num_hidden_layers"),
+        "num_heads": _get(config, origin, "n_head", "num_attention_heads"),
+        "num_kv_heads": config.get("num_key_value_heads") if phi else None,
+        "ffn_size": _get(config, origin, "intermediate_size" if phi else "n_inner", default=4 * hidden),
+        "ffn_kind": "gelu_mlp",
+        "gelu": _gelu(config, kind, origin),
+        "norm_kind": "layernorm",
+        "norms_per_layer": 1,
+        "parallel_block": True,
+        "attention_bias": "all" if phi else "none",
+        "mlp_bias": True,
+        "head_bias": True,
+        "qk_norm": "per_head" if phi and config.get("qk_layernorm") else "none",
+        "position_embedding": "rope",
+        "max_seq_len": _get(config, origin, "n_positions", "max_position_embeddings"),
+        "dropout": any(
+            (config.get(key) or 0) > 0 for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout")
+        ),
+    }
+
+
 def _floored_head_dim(config: dict[str, Any], origin: str) -> int | None:
     """Without a ``head_dim``, transformers' attention takes hidden_size // num_attention_heads, floored where the
     heads do not tile the hidden size (Glm4MoeConfig's defaults: 4096 // 96 = 42); None where they do, for the spec
@@ -262,17 +306,22 @@ def _floored_head_dim(config: dict[str, Any], origin: str) -> int | None:
     return None
 
 
+def _stablelm_parallel(config: dict[str, Any], kind: str) -> bool:
+    """StableLM's GPT-NeoX-style parallel block from one norm (``use_parallel_residual``; its class default false)."""
+    return kind == "stablelm" and bool(config.get("use_parallel_residual"))
+
+
 def _post_norms(config: dict[str, Any], kind: str) -> bool:
     """HyperCLOVA X's norms on each sub-layer's output as well (``use_post_norm``, its class default true)."""
     return kind == "hyperclovax" and bool(config.get("use_post_norm", True))
 
 
 def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
-    if config.get("lm_head_bias"):  # PhimoeForCausalLM's option
-        raise LmcalcError(f"{origin}: config.json lm_head_bias is true: a bias on the output head is not modelled")
+    if kind == "stablelm" and config.get("qk_layernorm"):  # StableLmLayerNormPerHead: bias-free, unlike its block's
+        raise LmcalcError(f"{origin}: config.json qk_layernorm is true: StableLM's per-head norms are not modelled")
     act = _gelu(config, kind, origin) if kind == "starcoder2" else _activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
-    bias = bool(config.get("attention_bias", False) or config.get("use_bias", False))
+    bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
     fields |= {
         "hidden_size": _get(config, origin, "hidden_size"),
@@ -283,14 +332,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),  # Llama 4's dense layers
         "ffn_kind": "gelu_mlp" if kind == "starcoder2" else ("geglu" if act in GELUS else "swiglu"),
         **({"gelu": act} if act in GELUS else {}),
-        "norm_kind": {
-            "starcoder2": "layernorm",
-            "phimoe": "layernorm",
-            "cohere": "layernorm_nobias",
-            "cohere2": "layernorm_nobias",
-        }.get(  # fmt: skip
-            kind, "rmsnorm"
-        ),
+        "norm_kind": NORM_KIND.get(kind, "rmsnorm"),
         "attention_bias": attention_bias or ("all" if bias else "none"),
         # gpt-oss's experts carry biases; StarCoder2's and ERNIE's use_bias covers the MLP too
         "mlp_bias": kind == "gpt_oss" or bool(config.get("mlp_bias") or config.get("use_bias")),
@@ -299,9 +341,10 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "qk_norm": QK_NORM.get(kind) or (QK_NORM_OPTIONAL.get(kind, "none") if config.get("use_qk_norm") else "none"),
         "norms_per_layer": 4
         if kind in SANDWICH_NORMS or _post_norms(config, kind)
-        else (1 if kind in ("cohere", "cohere2") else 2),
-        "parallel_block": kind in ("cohere", "cohere2"),
+        else (1 if kind in ("cohere", "cohere2") or _stablelm_parallel(config, kind) else 2),
+        "parallel_block": kind in ("cohere", "cohere2") or _stablelm_parallel(config, kind),
         "attention_sinks": kind == "gpt_oss",
+        "head_bias": bool(config.get("lm_head_bias")),  # PhimoeForCausalLM's option
         "attention_softcap": config.get("attn_logit_softcapping"),
         "final_softcap": config.get("final_logit_softcapping"),
         **_windows(config, kind, layers, origin),
@@ -410,4 +453,6 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return _gpt2(text, kind, fields, origin)
     if kind in ("gpt_neox", "falcon", "bloom"):
         return _neox_family(text, kind, fields, origin)
+    if kind in PARALLEL_GELU:
+        return _parallel_gelu(text, kind, fields, origin)
     return _llama_like(text, kind, fields, origin)

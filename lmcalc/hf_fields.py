@@ -23,13 +23,14 @@ WHOLE_NUMBERS = frozenset(
     }
 )  # fmt: skip
 NUMBERS = frozenset(
-    {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attn_logit_softcapping", "final_logit_softcapping"}
+    {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "attn_logit_softcapping",
+     "final_logit_softcapping"}
 )  # fmt: skip
 FLAGS = frozenset(
     {
         "tie_word_embeddings", "attention_bias", "use_bias", "mlp_bias", "bias", "use_parallel_residual",
         "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
-        "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm",
+        "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm", "use_qkv_bias", "qk_layernorm",
     }
 )  # fmt: skip
 TEXTS = frozenset({"model_type", "hidden_act", "hidden_activation", "activation_function", "activation"})

@@ -345,6 +345,8 @@ class ReferenceModel(nn.Module):
         self.final_norm = make_norm(spec, h, **kw)
         if not spec.tied_embeddings:
             self.lm_head = nn.Linear(h, spec.vocab_size, bias=False, **kw)
+        if spec.head_bias:  # its own tensor, tied head or not
+            self.head_bias = nn.Parameter(torch.zeros(spec.vocab_size, **kw))
         seq = max_seq or spec.max_seq_len
         rope_dim = spec.mla.qk_rope_head_dim if spec.mla else spec.head_size
         device = kw.get("device")
@@ -400,7 +402,7 @@ class ReferenceModel(nn.Module):
                 i += 1
         x = self.final_norm(x)
         head = self.lm_head.weight if hasattr(self, "lm_head") else self.embed.weight
-        return F.linear(x, head)
+        return F.linear(x, head, getattr(self, "head_bias", None))
 
 
 def loss(

@@ -252,6 +252,9 @@ class ModelSpec(NamedSpec):
         "qkv_proj and gate_up_proj): the count is the same, but a LoRA adapter on it spans the fused output",
     )
     tied_embeddings: StrictBool
+    head_bias: StrictBool = Field(
+        False, description="a bias on the output head, kept when the head's weight is tied (GPT-J, CodeGen, Phi-2)"
+    )
     position_embedding: PositionKind
     max_seq_len: PositiveInt
     dropout: StrictBool = Field(False, description="trained with dropout: masks are saved for backward")

@@ -62,7 +62,7 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "flex_olmo": ("FlexOlmoConfig", dict(num_experts=4, num_experts_per_tok=2)),
     "minimax_m2": ("MiniMaxM2Config", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=32)),
     "dots1": ("Dots1Config", dict(MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1)),
-    "phimoe": ("PhimoeConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "phimoe": ("PhimoeConfig", dict(num_local_experts=4, num_experts_per_tok=2, lm_head_bias=True)),
     "ministral3": ("Ministral3Config", dict(sliding_window=24)),
     "helium": ("HeliumConfig", dict(attention_bias=True, head_dim=16)),  # its o_proj is h × h: H·d = h
     "olmo3": ("Olmo3Config", dict(sliding_window=24)),
@@ -71,6 +71,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "hyperclovax": ("HyperCLOVAXConfig", {}),
     "minicpm3": ("MiniCPM3Config", dict(MLA, attention_bias=True)),
     "youtu": ("YoutuConfig", dict(MLA, q_lora_rank=None)),
+    "gptj": ("GPTJConfig", dict(n_embd=64, n_layer=4, n_head=4, rotary_dim=8, n_positions=128)),
+    "codegen": ("CodeGenConfig", dict(n_embd=64, n_layer=4, n_head=4, rotary_dim=8, n_positions=128, n_ctx=128)),
+    "phi": ("PhiConfig", dict(qk_layernorm=True)),
+    "stablelm": ("StableLmConfig", dict(use_qkv_bias=True, use_parallel_residual=True)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -61,7 +61,7 @@ def test_every_preset_matches_pytorch_params_and_flops(name):
 
 BASE = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, ffn_size=160, max_seq_len=256)
 ARCHITECTURES = {
-    "gpt2-like (learned positions, biases, dropout, tied)": dict(
+    "gpt2-like (learned positions, biases, a head bias, dropout, tied)": dict(
         ffn_kind="gelu_mlp",
         norm_kind="layernorm",
         position_embedding="learned",
@@ -69,6 +69,7 @@ ARCHITECTURES = {
         mlp_bias=True,
         tied_embeddings=True,
         dropout=True,
+        head_bias=True,
     ),
     "llama-like (GQA, SwiGLU, RMSNorm)": dict(
         num_kv_heads=2, ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", tied_embeddings=False
@@ -96,6 +97,20 @@ ARCHITECTURES = {
         ),
     ),
 }
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_head_bias_is_one_tensor_of_the_vocabulary_tied_or_not(tied):
+    # GPT-J's, CodeGen's and Phi-2's output head has a bias (nn.Linear(h, V)), which stays when the weight is tied
+    plain = ModelSpec(
+        name="arch", **{**BASE, **ARCHITECTURES["gpt2-like (learned positions, biases, a head bias, dropout, tied)"]}
+    )
+    plain = plain.model_copy(update={"tied_embeddings": tied, "head_bias": False})
+    biased = plain.model_copy(update={"head_bias": True})
+    model = measure.build(biased, "flash", 64, "meta")
+    assert (
+        measure.parameter_count(model) == count_params(biased).total == count_params(plain).total + BASE["vocab_size"]
+    )
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))

@@ -230,6 +230,8 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     tensors += _norm("final_norm", Site("norm", 1, "1"), h, spec)
     if not spec.tied_embeddings:
         tensors.append(_tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
+    if spec.head_bias:  # its own tensor, tied head or not (GPTJForCausalLM, PhiForCausalLM)
+        tensors.append(_tensor("lm_head.bias", Site("head", 1, "1"), (vocab,), False))
     return tuple(tensors)
 
 
