@@ -15,7 +15,7 @@ import difflib
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
-from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
+from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES, LAYER_PATTERNS
 from lmcalc.hf_fields import check_fields
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
@@ -26,7 +26,7 @@ LLAMA_LIKE = (
     "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
     "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba", "granitemoe", "granitemoeshared",
     "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
-    "minicpm3", "youtu", "stablelm",
+    "minicpm3", "youtu", "stablelm", "cwm",
 )  # fmt: skip
 PARALLEL_GELU = ("gptj", "codegen", "phi")
 SUPPORTED = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
@@ -89,6 +89,16 @@ def _every(flags: list[bool], origin: str, what: str) -> int | None:
     raise LmcalcError(f"{origin}: the {what} layers do not follow an every-N pattern lmcalc can describe")
 
 
+def _global_layers(flags: list[bool], origin: str) -> dict[str, Any]:
+    """``global_every`` (and ``global_from_first``) for per-layer global ``flags``: every N-th layer from the N-th
+    (Gemma), or from the first (GPT-Neo, CWM: layer i when i is a multiple of N)."""
+    if any(flags) and len(flags) > 1 and flags[0]:
+        for every in range(1, len(flags) + 1):
+            if all(flag == (i % every == 0) for i, flag in enumerate(flags)):
+                return {"global_every": every, "global_from_first": True}
+    return {"global_every": _every(flags, origin, "global")}
+
+
 def _windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any]:
     """The sliding window (or Llama 4's attention chunk) and which layers attend globally."""
     types = config.get("layer_types")
@@ -106,10 +116,11 @@ def _windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
         pattern = config.get("sliding_window_pattern")
         if window and not types and pattern:  # Gemma 3, Cohere2: every pattern-th layer is global
             types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
-        if window and not types and kind in ("gemma2", "vaultgemma"):  # alternating, global from the second layer
-            types = ["full_attention" if i % 2 else "sliding_attention" for i in range(layers)]
-        if window and not types and kind == "olmo3":  # Olmo3Config: every fourth layer global
-            types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
+        if window and not types and kind in LAYER_PATTERNS:  # the class's own pattern (hf_defaults.LAYER_PATTERNS)
+            every, first = LAYER_PATTERNS[kind]
+            types = [
+                "sliding_attention" if (i if first else i + 1) % every else "full_attention" for i in range(layers)
+            ]
     if not window:
         return {}
     flags = [t not in LOCAL_LAYER_TYPES for t in types] if types else [False] * layers
@@ -117,7 +128,7 @@ def _windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
         return {}
     if types:
         local = LOCAL_LAYER_TYPES[next(t for t in types if t in LOCAL_LAYER_TYPES)]
-    return {"sliding_window": window, "local_attention": local, "global_every": _every(flags, origin, "global")}
+    return {"sliding_window": window, "local_attention": local, **_global_layers(flags, origin)}
 
 
 def _moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any] | None:

@@ -85,12 +85,23 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "minicpm3": {"attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 2560, "intermediate_size": 6400, "kv_lora_rank": 256, "max_position_embeddings": 32768, "mlp_bias": False, "num_attention_heads": 40, "num_hidden_layers": 62, "num_key_value_heads": 40, "q_lora_rank": 768, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "tie_word_embeddings": True, "vocab_size": 73448},  # MiniCPM3Config
     "youtu": {"attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144, "kv_lora_rank": 512, "max_position_embeddings": 131072, "num_attention_heads": 16, "num_hidden_layers": 32, "num_key_value_heads": 16, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "tie_word_embeddings": True, "v_head_dim": 128, "vocab_size": 128256},  # YoutuConfig
     "stablelm": {"attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 2560, "intermediate_size": 6912, "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "qk_layernorm": False, "tie_word_embeddings": False, "use_parallel_residual": False, "use_qkv_bias": False, "vocab_size": 50304},  # StableLmConfig
+    "cwm": {"attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 6144, "intermediate_size": 21504, "max_position_embeddings": 131072, "mlp_bias": False, "num_attention_heads": 48, "num_hidden_layers": 64, "num_key_value_heads": 8, "sliding_window": 8192, "tie_word_embeddings": False, "vocab_size": 128256},  # CwmConfig
     "exaone": {"attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 4096, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "tie_word_embeddings": False, "vocab_size": 102400},  # ExaoneConfig
     "internlm3": {"attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 10240, "max_position_embeddings": 32768, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 2, "tie_word_embeddings": False, "vocab_size": 128512},  # InternLM3Config
     "iquestcoder": {"attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 27648, "max_position_embeddings": 131072, "mlp_bias": False, "num_attention_heads": 40, "num_hidden_layers": 80, "num_key_value_heads": 8, "tie_word_embeddings": False, "vocab_size": 76800},  # IQuestCoderConfig
     "sarvam_mla": {"attention_bias": False, "attention_dropout": 0.0, "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 16384, "kv_lora_rank": 512, "max_position_embeddings": 4096, "moe_intermediate_size": 2048, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1, "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 32, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "tie_word_embeddings": False, "topk_group": 1, "v_head_dim": 128, "vocab_size": 262144},  # SarvamMLAConfig
     "sarvam_moe": {"attention_bias": False, "attention_dropout": 0.0, "first_k_dense_replace": 1, "head_dim": 64, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 8192, "max_position_embeddings": 131072, "moe_intermediate_size": 1024, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1, "num_attention_heads": 64, "num_experts_per_tok": 6, "num_hidden_layers": 19, "num_key_value_heads": 4, "tie_word_embeddings": False, "topk_group": 1, "use_qk_norm": True, "vocab_size": 262144},  # SarvamMoEConfig
 }
+LAYER_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "gemma3_text": (6, False),
+    "gpt_oss": (2, False),
+    "cohere2": (4, False),
+    "olmo3": (4, False),
+    "vaultgemma": (2, False),
+    "cwm": (4, True),
+}
+"""Where config.json has no layer_types, the class's own: every N-th layer global, from the N-th (False) or the first (True)."""
 ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"},
     "gpt_bigcode": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"},

@@ -84,7 +84,7 @@ class Attention(nn.Module):
         super().__init__()
         self.spec, self.impl, self.local = spec, impl, local
         h, heads, kv, d = spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_size
-        qkv_bias, out_bias = spec.attention_bias in ("qkv", "all"), spec.attention_bias == "all"
+        qkv_bias, out_bias = spec.attention_bias in ("qkv", "all"), spec.attention_bias in ("out", "all")
         if spec.mla:
             m = spec.mla
             if m.q_lora_rank:

@@ -213,7 +213,9 @@ class ModelSpec(NamedSpec):
     qk_norm: Literal["none", "full", "per_head"] = Field(
         "none", description="norm on projected queries and keys: over all heads (OLMo 2) or per head"
     )
-    attention_bias: Literal["none", "qkv", "all"] = "none"
+    attention_bias: Literal["none", "qkv", "out", "all"] = Field(
+        "none", description="biases on Q, K and V (qkv), on the output projection (out: GPT-Neo), or on all four"
+    )
     mlp_bias: StrictBool = False
     norms_per_layer: Literal[1, 2, 4] = Field(
         2,
@@ -241,6 +243,11 @@ class ModelSpec(NamedSpec):
         None,
         description="with a sliding_window, layer i (from 0) attends globally when (i + 1) is a multiple of this "
         "(Gemma 2: 2, Gemma 3: 6, Cohere2: 4, gpt-oss: 2, Llama 4: 4); None: every layer is local",
+    )
+    global_from_first: StrictBool = Field(
+        False,
+        description="the global layers are i where i (from 0) is a multiple of global_every: the first layer "
+        "attends globally (GPT-Neo: 2, Code World Model: 4)",
     )
     attention_softcap: PositiveFloat | None = Field(
         None, description="tanh soft-capping of attention logits (Gemma 2); transformers then runs eager attention"
@@ -328,7 +335,9 @@ class ModelSpec(NamedSpec):
         """Whether layer ``layer`` (from 0) attends over the sliding window (or chunk) only."""
         if self.sliding_window is None:
             return False
-        return self.global_every is None or (layer + 1) % self.global_every != 0
+        if self.global_every is None:
+            return True
+        return (layer if self.global_from_first else layer + 1) % self.global_every != 0
 
     @property
     def local_layers(self) -> int:

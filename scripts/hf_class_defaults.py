@@ -11,6 +11,8 @@ out of its runtime, so these are read here, once, from the installed transformer
 * ``BUILDS_AS``: each decoder-only type whose causal-LM class is another type's own, and that type;
 * ``CLASS_DEFAULTS``: for each type lmcalc reads (its own or through ``BUILDS_AS``), the class defaults of the fields
   the reader reads (``hf_fields.READ_FIELDS``), where the class gives one (None, computed later, is left out);
+* ``LAYER_PATTERNS``: which layers those types' classes make global among sliding ones when config.json gives no
+  ``layer_types`` (its ``__post_init__`` writes them from the depth);
 * ``ATTRIBUTE_MAPS``: those types' ``attribute_map``, alias → field, where they have one.
 
     python scripts/hf_class_defaults.py    # needs transformers (a dev dependency)
@@ -81,6 +83,26 @@ def class_defaults(kind: str) -> dict[str, Any]:
     }
 
 
+def layer_pattern(kind: str) -> tuple[int, bool] | None:
+    """The global layers ``kind``'s class puts among sliding ones when config.json gives no ``layer_types``: every N-th
+    from the N-th (False) or from the first (True); None where the class gives no such pattern."""
+    from transformers.models.auto import configuration_auto
+
+    cls = getattr(transformers, configuration_auto.CONFIG_MAPPING_NAMES[kind])
+    try:
+        types = cls(num_hidden_layers=24).layer_types
+    except Exception:  # noqa: BLE001 (a class without that field or that pattern)
+        return None
+    if not isinstance(types, list) or "sliding_attention" not in types or "full_attention" not in types:
+        return None
+    full = [t == "full_attention" for t in types]
+    for first in (False, True):
+        for every in range(2, 25):
+            if all(f == ((i if first else i + 1) % every == 0) for i, f in enumerate(full)):
+                return every, first
+    return None
+
+
 def main() -> None:
     from transformers.models.auto import configuration_auto
 
@@ -115,7 +137,17 @@ def main() -> None:
         name = configuration_auto.CONFIG_MAPPING_NAMES[kind]
         fields = ", ".join(f'"{field}": {_literal(value)}' for field, value in class_defaults(kind).items())
         lines.append(f'    "{kind}": {{{fields}}},  # {name}')
-    lines += ["}", "ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {"]
+    lines += ["}", "LAYER_PATTERNS: dict[str, tuple[int, bool]] = {"]
+    for kind in kinds:
+        pattern = layer_pattern(kind)
+        if pattern:
+            lines.append(f'    "{kind}": {pattern},')
+    lines += [
+        "}",
+        '"""Where config.json has no layer_types, the class\'s own: every N-th layer global, from the N-th (False) or '
+        'the first (True)."""',
+        "ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {",
+    ]
     for kind in kinds:
         cls = getattr(transformers, configuration_auto.CONFIG_MAPPING_NAMES[kind])
         mapped = {alias: field for alias, field in cls.attribute_map.items() if field in READ_FIELDS and alias != field}

@@ -75,6 +75,7 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "codegen": ("CodeGenConfig", dict(n_embd=64, n_layer=4, n_head=4, rotary_dim=8, n_positions=128, n_ctx=128)),
     "phi": ("PhiConfig", dict(qk_layernorm=True)),
     "stablelm": ("StableLmConfig", dict(use_qkv_bias=True, use_parallel_residual=True)),
+    "cwm": ("CwmConfig", dict(sliding_window=24, head_dim=16)),  # global at layers 0 and 4k (global_from_first)
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

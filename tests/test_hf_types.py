@@ -150,3 +150,14 @@ def test_no_decoder_only_type_is_counted_wrong():
     assert len({case.kind for case in cases}) >= 160
     assert [case for case in cases if case.outcome == "off"] == []
     assert sum(case.outcome == "exact" for case in cases) >= 130
+
+
+@pytest.mark.parametrize("kind", ["cwm", "gemma2", "gemma3_text", "cohere2", "olmo3", "gpt_oss", "vaultgemma"])
+def test_the_local_layers_are_those_transformers_gives_a_window(kind: str):
+    # issue #31: Code World Model attends globally at layers 0, 4, 8, … (i a multiple of 4: global_from_first), Gemma 3
+    # at 5, 11, … ((i + 1) a multiple of 6); each layer's attention module says which it is
+    config = tiny_config(kind) | {"num_hidden_layers": 8}
+    config.pop("layer_types", None)  # the class's own pattern, for 8 layers
+    spec = lmcalc_spec(config, kind)
+    windows = [layer.self_attn.sliding_window for layer in transformers_model(config).model.layers]
+    assert [spec.is_local_layer(i) for i in range(8)] == [window is not None for window in windows]

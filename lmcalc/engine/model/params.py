@@ -136,7 +136,7 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     h, heads, kv, d = Dim(spec.hidden_size, "h"), spec.num_heads, spec.kv_heads, spec.head_size
     site = Site("attention", n, "L_attn" if spec.mamba else "L")
     qkv_bias = spec.attention_bias in ("qkv", "all")
-    out_bias = spec.attention_bias == "all"
+    out_bias = spec.attention_bias in ("out", "all")
     if spec.mla:  # the biases on the down-projections and the output only (DeepseekV2Attention, DeepseekV3Attention)
         m = spec.mla
         tensors: list[WeightTensor] = []
