@@ -440,8 +440,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         named = f"config.json model_type {token(kind) if kind else '(missing)'}"
         if kind in DECODER_TYPES:
             raise UnreadType(
-                f"{origin}: {named} is a transformers type lmcalc does not read yet (docs/hf-types.md lists the "
-                f"{len(SUPPORTED) + len(BUILDS_AS)} it reads). Where transformers is installed, lmcalc params counts "
+                f"{origin}: {named} is a transformers type lmcalc does not read yet (docs/hf-types.md says which it "
+                "reads). Where transformers is installed, lmcalc params counts "
                 "it on the meta device; or describe the model in a YAML preset (docs/presets.md)",
                 config,
                 kind,
