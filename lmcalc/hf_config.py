@@ -26,7 +26,7 @@ LLAMA_LIKE = (
     "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
     "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba", "granitemoe", "granitemoeshared",
     "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
-    "minicpm3", "youtu", "stablelm", "cwm",
+    "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum",
 )  # fmt: skip
 PARALLEL_GELU = ("gptj", "codegen", "phi")
 SUPPORTED = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
@@ -38,7 +38,8 @@ FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "g
 count, one LoRA adapter each."""
 SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
-           "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full"}  # fmt: skip
+           "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
+           "exaone4": "per_head", "mellum": "per_head"}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full"}  # when the config's use_qk_norm is set
 QKV_BIAS_ONLY = (
     "qwen2",
@@ -114,6 +115,10 @@ def _windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
         if kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not config.get("use_sliding_window"):
             window = None
         pattern = config.get("sliding_window_pattern")
+        if window and not types and isinstance(pattern, str) and pattern:  # EXAONE 4's "LLLG": a letter a layer
+            types = [
+                "full_attention" if pattern[i % len(pattern)] == "G" else "sliding_attention" for i in range(layers)
+            ]
         if window and not types and pattern:  # Gemma 3, Cohere2: every pattern-th layer is global
             types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
         if window and not types and kind in LAYER_PATTERNS:  # the class's own pattern (hf_defaults.LAYER_PATTERNS)
@@ -132,10 +137,17 @@ def _windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
 
 
 def _moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any] | None:
-    experts = config.get("num_local_experts") or config.get("n_routed_experts") or config.get("num_experts")
+    experts = (
+        config.get("num_local_experts")
+        or config.get("n_routed_experts")
+        or config.get("num_experts")
+        or config.get("moe_num_experts")  # ERNIE 4.5
+    )
     if not experts:
         return None
-    shared = config.get("n_shared_experts") or (1 if kind == "llama4_text" else 0)
+    shared = (
+        config.get("n_shared_experts") or config.get("moe_num_shared_experts") or (1 if kind == "llama4_text" else 0)
+    )
     shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
     ungated = config.get("shared_intermediate_size") if kind == "granitemoeshared" else None  # added without a gate
     if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:
@@ -148,19 +160,29 @@ def _moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[st
     if kind == "llama4_text" and config.get("moe_layers") is not None:
         listed = set(config["moe_layers"])
         every = _every([i in listed for i in range(layers)], origin, "MoE") or 1
+    dense_ids = list(config.get("mlp_only_layers") or [])
+    if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
+        dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
+    first_dense = config.get("first_k_dense_replace") or 0
+    if kind == "ernie4_5_moe":  # MoE where start <= i <= end and (i + 1) % interval == 0 (Ernie4_5_MoeDecoderLayer)
+        first_dense, every = config.get("moe_layer_start_index") or 0, config.get("moe_layer_interval") or 1
+        end = config.get("moe_layer_end_index")
+        end = layers - 1 if end is None or end < 0 else end
+        dense_ids += list(range(end + 1, layers))
     return {
         "num_experts": experts,
-        "experts_per_token": _get(config, origin, "num_experts_per_tok", "experts_per_token"),
+        "experts_per_token": _get(config, origin, "num_experts_per_tok", "experts_per_token", "moe_k"),
         "shared_experts": shared + (1 if shared_width or ungated else 0),
         "expert_ffn_size": _get(config, origin, "moe_intermediate_size", "intermediate_size"),
         "shared_expert_ffn_size": shared_width or ungated or None,
         "shared_expert_gate": bool(shared_width),
-        "dense_layers": config.get("first_k_dense_replace") or 0,
+        "dense_layers": first_dense,
         "moe_every": every,
-        "dense_layer_ids": config.get("mlp_only_layers") or [],
+        "dense_layer_ids": dense_ids,
         # gpt-oss's router is a Linear with a bias; DeepSeek-V3's and GLM-4.5's balancing bias is a buffer in
         # transformers (set by a rule, not trained), so not a parameter
-        "router_bias": kind == "gpt_oss",
+        # ERNIE 4.5's e_score_correction_bias is an nn.Parameter (frozen): counted, as transformers counts it
+        "router_bias": kind in ("gpt_oss", "ernie4_5_moe"),
         # group-limited routing: each token's experts come from topk_group of n_group groups, which training
         # places a group to a node (DeepSeek-V3 §2.1.2: node-limited routing)
         "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,
@@ -334,6 +356,11 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     layers = _get(config, origin, "num_hidden_layers")
     bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
+    if kind == "seed_oss":  # q, k and v from attention_bias, o from attention_out_bias (SeedOssAttention)
+        out = bool(config.get("attention_out_bias"))
+        attention_bias = {(True, True): "all", (True, False): "qkv", (False, True): "out"}.get((bias, out), "none")
+    if kind in ("ernie4_5_moe",) and config.get("use_bias"):  # biases on the dense MLPs, not the routed experts
+        raise LmcalcError(f"{origin}: config.json use_bias is true: ERNIE 4.5 MoE's biases are not modelled")
     fields |= {
         "hidden_size": _get(config, origin, "hidden_size"),
         "num_layers": layers,
@@ -356,6 +383,9 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "parallel_block": kind in ("cohere", "cohere2") or _stablelm_parallel(config, kind),
         "attention_sinks": kind == "gpt_oss",
         "head_bias": bool(config.get("lm_head_bias")),  # PhimoeForCausalLM's option
+        # Seed-OSS drops attention probabilities and each sub-layer's output (its class default 0.1), not the embedding
+        "dropout": kind == "seed_oss"
+        and any((config.get(k) or 0) > 0 for k in ("attention_dropout", "residual_dropout")),
         "attention_softcap": config.get("attn_logit_softcapping"),
         "final_softcap": config.get("final_logit_softcapping"),
         **_windows(config, kind, layers, origin),
@@ -390,8 +420,10 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             "attention_every": config.get("attn_layer_period", 8),
             "attention_offset": config.get("attn_layer_offset", 4),
         }
-    if config.get("num_nextn_predict_layers"):  # DeepSeek-V3, GLM-4.5: not built by transformers
+    if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe"):  # not built by transformers
         fields["mtp_modules"] = config["num_nextn_predict_layers"]
+    elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape
+        fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]
     return fields
 
 

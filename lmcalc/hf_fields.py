@@ -20,10 +20,12 @@ WHOLE_NUMBERS = frozenset(
         "expert_layer_period", "expert_layer_offset", "n_group", "topk_group", "q_lora_rank", "kv_lora_rank",
         "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mamba_expand", "mamba_d_state", "mamba_d_conv",
         "attn_layer_period", "attn_layer_offset", "num_nextn_predict_layers", "shared_intermediate_size",
+        "moe_num_experts", "moe_k", "moe_num_shared_experts", "moe_layer_start_index", "moe_layer_end_index",
+        "moe_layer_interval",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
-    {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "attn_logit_softcapping",
+    {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "residual_dropout", "attn_logit_softcapping",
      "final_logit_softcapping"}
 )  # fmt: skip
 FLAGS = frozenset(
@@ -31,15 +33,17 @@ FLAGS = frozenset(
         "tie_word_embeddings", "attention_bias", "use_bias", "mlp_bias", "bias", "use_parallel_residual",
         "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
         "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm", "use_qkv_bias", "qk_layernorm",
+        "attention_out_bias",
     }
 )  # fmt: skip
 TEXTS = frozenset({"model_type", "hidden_act", "hidden_activation", "activation_function", "activation"})
 LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers"})
+LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types"})
 VISION_WHOLE_NUMBERS = frozenset(
     {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
 )
 """The fields of a config.json that lmcalc reads, by type: each is checked once, before it is used."""
-READ_FIELDS = WHOLE_NUMBERS | NUMBERS | FLAGS | (TEXTS - {"model_type"}) | LISTS_OF_WHOLE_NUMBERS | {"layer_types"}
+READ_FIELDS = WHOLE_NUMBERS | NUMBERS | FLAGS | (TEXTS - {"model_type"}) | LISTS_OF_WHOLE_NUMBERS | LISTS_OF_TEXTS
 """The fields whose class defaults ``lmcalc/hf_defaults.py`` holds (``scripts/hf_class_defaults.py``)."""
 
 
@@ -55,6 +59,12 @@ def _wrong_type(key: str, value: Any, vision: bool = False) -> str | None:
     """What ``value`` (config's ``key``) should have been, or None if it is right. Null stands for absent."""
     if value is None:
         return None
+    if key == "sliding_window_pattern" and not vision:  # Gemma 3's 6, or EXAONE 4's "LLLG" (one letter a layer)
+        return (
+            None
+            if _is_whole(value) or (isinstance(value, str) and set(value) <= {"L", "G"})
+            else 'an integer or "L"s and "G"s'
+        )
     if key in (VISION_WHOLE_NUMBERS if vision else WHOLE_NUMBERS) and not _is_whole(value):
         return "an integer"
     if vision:
@@ -69,7 +79,7 @@ def _wrong_type(key: str, value: Any, vision: bool = False) -> str | None:
         return "text"
     if key in LISTS_OF_WHOLE_NUMBERS and not (isinstance(value, list) and all(_is_whole(v) for v in value)):
         return "a list of integers"
-    if key == "layer_types" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+    if key in LISTS_OF_TEXTS and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
         return "a list of layer types"
     return None
 

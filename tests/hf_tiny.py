@@ -76,6 +76,14 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "phi": ("PhiConfig", dict(qk_layernorm=True)),
     "stablelm": ("StableLmConfig", dict(use_qkv_bias=True, use_parallel_residual=True)),
     "cwm": ("CwmConfig", dict(sliding_window=24, head_dim=16)),  # global at layers 0 and 4k (global_from_first)
+    "exaone4": ("Exaone4Config", dict(sliding_window=24, sliding_window_pattern=2)),
+    "seed_oss": ("SeedOssConfig", dict(head_dim=16, attention_out_bias=True)),
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
+                                                moe_num_shared_experts=1, moe_layer_start_index=1,
+                                                moe_layer_end_index=2)),  # layers 0 and 3 dense
+    "mellum": ("MellumConfig", dict(MOE, num_local_experts=4, head_dim=16, sliding_window=24,
+                                    mlp_layer_types=["dense", "sparse", "sparse", "dense"],
+                                    layer_types=["sliding_attention", "full_attention"] * 2)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

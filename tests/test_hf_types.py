@@ -161,3 +161,19 @@ def test_the_local_layers_are_those_transformers_gives_a_window(kind: str):
     spec = lmcalc_spec(config, kind)
     windows = [layer.self_attn.sliding_window for layer in transformers_model(config).model.layers]
     assert [spec.is_local_layer(i) for i in range(8)] == [window is not None for window in windows]
+
+
+def test_exaone4s_pattern_of_letters_gives_its_local_layers():
+    # EXAONE 4.0's config.json spells its pattern "LLLG" (three local layers, then a global one); transformers needs
+    # layer_types to build it, which the class writes as every fourth layer global
+    config = transformers.Exaone4Config(**BASE_SMALL, sliding_window=24).to_dict()
+    sliding = [layer.self_attn.is_sliding for layer in transformers_model(config).model.layers]  # Exaone4Attention
+    config.pop("layer_types")
+    spec = lmcalc_spec(config | {"sliding_window_pattern": "LLLG"}, "exaone4")
+    assert [spec.is_local_layer(i) for i in range(8)] == sliding == [True, True, True, False] * 2
+    with pytest.raises(LmcalcError, match='sliding_window_pattern must be an integer or "L"s and "G"s'):
+        lmcalc_spec(config | {"sliding_window_pattern": "LXG"}, "exaone4")
+
+
+BASE_SMALL = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=8,
+                  intermediate_size=96)  # fmt: skip
