@@ -20,27 +20,37 @@ from lmcalc.hf_fields import check_fields
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 
-GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # ModelSpec.gelu, bloom_gelu aside
+RELUS = ("relu", "relu2")  # ACT2FN's ReLU and ReLUSquaredActivation
+RELU_MLPS = ("arcee", "nemotron", "persimmon")  # two-matrix MLPs that call hidden_act, squared ReLU by default
+GELUS = (
+    "gelu",
+    "gelu_pytorch_tanh",
+    "gelu_new",
+    "gelu_fast",
+    "gelu_python",
+)  # ModelSpec.activation's GELUs, bloom_gelu aside
 LLAMA_LIKE = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
     "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
     "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba", "granitemoe", "granitemoeshared",
     "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
-    "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum",
+    "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum", "arcee", "nemotron",
+    "persimmon",
 )  # fmt: skip
 PARALLEL_GELU = ("gptj", "codegen", "phi")
 SUPPORTED = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
 FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"],
-         "gpt_bigcode": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"], "bloom": ["qkv"]}  # fmt: skip
+         "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"],
+         "bloom": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
 SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
            "exaone4": "per_head", "mellum": "per_head"}  # fmt: skip
-QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full"}  # when the config's use_qk_norm is set
+QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = (
     "qwen2",
     "qwen2_moe",
@@ -64,8 +74,8 @@ NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "coher
                     "helium", "vaultgemma")  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm): ModelSpec.norm_weight_fp32."""
-NORM_KIND = {"starcoder2": "layernorm", "phimoe": "layernorm", "stablelm": "layernorm", "cohere": "layernorm_nobias",
-             "cohere2": "layernorm_nobias"}  # fmt: skip
+NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
+             "stablelm": "layernorm", "cohere": "layernorm_nobias", "cohere2": "layernorm_nobias"}  # fmt: skip
 """The norms of the Llama-like types whose norms are not RMSNorms: LayerNorms, with biases or without."""
 LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunked"}
 
@@ -218,13 +228,15 @@ def _activation(config: dict[str, Any], kind: str) -> str:
 
 
 def _gelu(config: dict[str, Any], kind: str, origin: str) -> str:
-    """The GELU of a type whose MLP is a GELU MLP, refused when it is another activation."""
+    """The activation of a type whose MLP is two matrices (up, down): a GELU, or where the type's code allows it ReLU
+    or squared ReLU (``RELUS``), refused when it is another."""
     act = _activation(config, kind)
-    if act not in GELUS:
+    known = GELUS + RELUS if kind in RELU_MLPS else GELUS
+    if act not in known:
         key = ACTIVATION.get(kind, ("hidden_act",))[0]
         raise LmcalcError(
-            f"{origin}: config.json {key} {token(act)} is not a GELU lmcalc knows ({', '.join(GELUS)}); its MLP is "
-            "counted as a GELU MLP"
+            f"{origin}: config.json {key} {token(act)} is not an activation lmcalc knows for {kind}'s MLP "
+            f"({', '.join(known)})"
         )
     return act
 
@@ -240,7 +252,7 @@ def _gpt2(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str
         "num_kv_heads": 1 if kind == "gpt_bigcode" and config.get("multi_query", True) else heads,
         "ffn_size": _get(config, origin, "n_inner", default=4 * hidden),
         "ffn_kind": "gelu_mlp",
-        "gelu": _gelu(config, kind, origin),
+        "activation": _gelu(config, kind, origin),
         "norm_kind": "layernorm",
         "attention_bias": "all",
         "mlp_bias": True,
@@ -261,7 +273,7 @@ def _neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], orig
         "num_heads": heads,
         "ffn_kind": "gelu_mlp",
         # BLOOM's MLP calls its own GeLUFunction (modeling_bloom.py BloomGelu), whatever the config says
-        "gelu": "bloom_gelu" if kind == "bloom" else _gelu(config, kind, origin),
+        "activation": "bloom_gelu" if kind == "bloom" else _gelu(config, kind, origin),
         "norm_kind": "layernorm",
     }
     if kind == "gpt_neox":  # parallel residual by default, each branch with its own norm
@@ -313,7 +325,7 @@ def _parallel_gelu(config: dict[str, Any], kind: str, fields: dict[str, Any], or
         "num_kv_heads": config.get("num_key_value_heads") if phi else None,
         "ffn_size": _get(config, origin, "intermediate_size" if phi else "n_inner", default=4 * hidden),
         "ffn_kind": "gelu_mlp",
-        "gelu": _gelu(config, kind, origin),
+        "activation": _gelu(config, kind, origin),
         "norm_kind": "layernorm",
         "norms_per_layer": 1,
         "parallel_block": True,
@@ -352,10 +364,13 @@ def _post_norms(config: dict[str, Any], kind: str) -> bool:
 def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
     if kind == "stablelm" and config.get("qk_layernorm"):  # StableLmLayerNormPerHead: bias-free, unlike its block's
         raise LmcalcError(f"{origin}: config.json qk_layernorm is true: StableLM's per-head norms are not modelled")
-    act = _gelu(config, kind, origin) if kind == "starcoder2" else _activation(config, kind)
+    two_matrices = kind in ("starcoder2", *RELU_MLPS)  # up and down, no gate
+    act = _gelu(config, kind, origin) if two_matrices else _activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
     bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
+    if kind == "persimmon":  # query_key_value and dense, both with biases (PersimmonAttention)
+        attention_bias = "all"
     if kind == "seed_oss":  # q, k and v from attention_bias, o from attention_out_bias (SeedOssAttention)
         out = bool(config.get("attention_out_bias"))
         attention_bias = {(True, True): "all", (True, False): "qkv", (False, True): "out"}.get((bias, out), "none")
@@ -368,15 +383,16 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "num_kv_heads": config.get("num_key_value_heads"),
         "head_dim": config.get("head_dim") or _floored_head_dim(config, origin),
         "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),  # Llama 4's dense layers
-        "ffn_kind": "gelu_mlp" if kind == "starcoder2" else ("geglu" if act in GELUS else "swiglu"),
-        **({"gelu": act} if act in GELUS else {}),
+        "ffn_kind": "gelu_mlp" if two_matrices else ("geglu" if act in GELUS else "swiglu"),
+        **({"activation": act} if act in GELUS + RELUS else {}),
         "norm_kind": NORM_KIND.get(kind, "rmsnorm"),
         "attention_bias": attention_bias or ("all" if bias else "none"),
         # gpt-oss's experts carry biases; StarCoder2's and ERNIE's use_bias covers the MLP too
-        "mlp_bias": kind == "gpt_oss" or bool(config.get("mlp_bias") or config.get("use_bias")),
+        "mlp_bias": kind in ("gpt_oss", "persimmon") or bool(config.get("mlp_bias") or config.get("use_bias")),
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
-        "qk_norm": QK_NORM.get(kind) or (QK_NORM_OPTIONAL.get(kind, "none") if config.get("use_qk_norm") else "none"),
+        "qk_norm": QK_NORM.get(kind)
+        or (QK_NORM_OPTIONAL.get(kind, "none") if config.get("use_qk_norm") or config.get("qk_layernorm") else "none"),
         "norms_per_layer": 4
         if kind in SANDWICH_NORMS or _post_norms(config, kind)
         else (1 if kind in ("cohere", "cohere2") or _stablelm_parallel(config, kind) else 2),

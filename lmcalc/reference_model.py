@@ -177,13 +177,22 @@ class Attention(nn.Module):
         return self.o(out.transpose(1, 2).reshape(b, s, -1))
 
 
+def _two_matrix_act(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """A two-matrix MLP's activation: a GELU kernel (tanh form), ReLU (OPT) or squared ReLU (Persimmon)."""
+    if activation == "relu":
+        return F.relu(x)
+    if activation == "relu2":
+        return torch.square(F.relu(x))
+    return F.gelu(x, approximate="tanh")
+
+
 class FeedForward(nn.Module):
-    """GELU MLP (GPT) or gated MLP (SwiGLU: Llama; GeGLU: Gemma)."""
+    """GELU or ReLU MLP (GPT, OPT) or gated MLP (SwiGLU: Llama; GeGLU: Gemma)."""
 
     def __init__(self, spec: ModelSpec, width: int, **kw):
         super().__init__()
         h, bias = spec.hidden_size, spec.mlp_bias
-        self.kind = spec.ffn_kind
+        self.kind, self.activation = spec.ffn_kind, spec.activation
         if self.kind == "gelu_mlp":
             self.fc, self.proj = nn.Linear(h, width, bias=bias, **kw), nn.Linear(width, h, bias=bias, **kw)
         else:
@@ -192,7 +201,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x):
         if self.kind == "gelu_mlp":
-            return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+            return self.proj(_two_matrix_act(self.fc(x), self.activation))
         act = F.silu if self.kind == "swiglu" else F.gelu
         return self.down(act(self.gate(x)) * self.up(x))
 
@@ -208,7 +217,7 @@ def batched_experts(experts: nn.ModuleList, xs: torch.Tensor) -> torch.Tensor:
         return out
 
     if experts[0].kind == "gelu_mlp":
-        return linear("proj", F.gelu(linear("fc", xs), approximate="tanh"))
+        return linear("proj", _two_matrix_act(linear("fc", xs), str(experts[0].activation)))
     act = F.silu if experts[0].kind == "swiglu" else F.gelu
     return linear("down", act(linear("gate", xs)) * linear("up", xs))
 

@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
 
@@ -41,7 +41,9 @@ FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
 NormKind = Literal["layernorm", "layernorm_nobias", "rmsnorm"]
 PositionKind = Literal["learned", "rope", "none"]
 ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8"]
-GeluKind = Literal["gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python", "bloom_gelu"]
+ActivationKind = Literal[
+    "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python", "bloom_gelu", "relu", "relu2"
+]  # fmt: skip
 
 
 def _hashable(value: Any) -> Any:
@@ -195,12 +197,14 @@ class ModelSpec(NamedSpec):
     head_dim: PositiveInt | None = Field(None, description="default hidden_size / num_heads")
     ffn_size: PositiveInt = Field(description="intermediate size of a dense FFN")
     ffn_kind: FfnKind
-    gelu: GeluKind = Field(
+    activation: ActivationKind = Field(
         "gelu",
-        description="the GELU a gelu_mlp or geglu FFN calls, named as Hugging Face's hidden_act "
+        validation_alias=AliasChoices("activation", "gelu"),
+        description="the activation a gelu_mlp or geglu FFN calls, named as Hugging Face's hidden_act "
         "(transformers/activations.py ACT2FN): gelu and gelu_pytorch_tanh are torch's GELU kernel (GPT-NeoX, Falcon; "
         "StarCoder2, Gemma); gelu_new (GPT-2's NewGELUActivation), gelu_fast and gelu_python are written op by op; "
-        "bloom_gelu is modeling_bloom.py's GeLUFunction, which keeps its input",
+        "bloom_gelu is modeling_bloom.py's GeLUFunction, which keeps its input; relu keeps its output (OPT), relu2 "
+        "squares it (Persimmon, Nemotron, Arcee: ReLUSquaredActivation). Older presets call the field gelu",
     )
     norm_kind: NormKind
     norm_weight_fp32: StrictBool = Field(

@@ -94,7 +94,7 @@ def gpt_model(name: str, hidden: int, layers: int, heads: int) -> ModelSpec:
         num_heads=heads,
         ffn_size=4 * hidden,
         ffn_kind="gelu_mlp",
-        gelu="gelu_new",
+        activation="gelu_new",
         norm_kind="layernorm",
         attention_bias="all",
         mlp_bias=True,

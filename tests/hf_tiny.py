@@ -84,6 +84,9 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "mellum": ("MellumConfig", dict(MOE, num_local_experts=4, head_dim=16, sliding_window=24,
                                     mlp_layer_types=["dense", "sparse", "sparse", "dense"],
                                     layer_types=["sliding_attention", "full_attention"] * 2)),
+    "arcee": ("ArceeConfig", {}),
+    "nemotron": ("NemotronConfig", dict(head_dim=16)),
+    "persimmon": ("PersimmonConfig", dict(num_key_value_heads=4)),  # its fused query_key_value: H key-value heads
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

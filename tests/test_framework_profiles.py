@@ -69,7 +69,7 @@ def test_gelu_written_op_by_op_keeps_three_more_tensors():
     # layer, under the rule that follows the model's code. A model whose code calls torch's GELU keeps none more.
     extra = activations(with_rule("mlp", gelu="model"), GPT2) - activations(IDEAL, GPT2)
     assert extra == GPT2.num_layers * T * GPT2.ffn_size * 2 * 3
-    torch_gelu = GPT2.model_copy(update={"gelu": "gelu"})
+    torch_gelu = GPT2.model_copy(update={"activation": "gelu"})
     assert activations(with_rule("mlp", gelu="model"), torch_gelu) == activations(IDEAL, torch_gelu)
 
 

@@ -1,5 +1,5 @@
 """What a model's own code decides about its activation memory, read from its config.json and checked against the
-code transformers (5.24) runs: which GELU its MLP calls (ModelSpec.gelu, from hidden_act, hidden_activation,
+code transformers (5.24) runs: which GELU its MLP calls (ModelSpec.activation, from hidden_act, hidden_activation,
 activation_function or Falcon's activation) and whether its norm multiplies by the weight in fp32
 (ModelSpec.norm_weight_fp32).
 
@@ -100,18 +100,18 @@ def test_the_config_field_the_code_reads_sets_the_gelu(kind: str, act: str):
     key = ACTIVATION[kind][0]
     config = tiny_config(kind) | {key: act}
     spec = lmcalc_spec(config, kind)
-    assert spec.gelu == ("gelu_pytorch_tanh" if (kind, act) == ("gemma", "gelu") else act)
+    assert spec.activation == ("gelu_pytorch_tanh" if (kind, act) == ("gemma", "gelu") else act)
     assert full_size_kept(the_models_activation(config), WIDTH) == {torch.bfloat16: lmcalc_gelu_kept(spec)}
 
 
 def test_bloom_calls_its_own_gelu_whatever_the_config_says():
-    assert lmcalc_spec(tiny_config("bloom") | {"hidden_act": "gelu_new"}, "bloom").gelu == "bloom_gelu"
+    assert lmcalc_spec(tiny_config("bloom") | {"hidden_act": "gelu_new"}, "bloom").activation == "bloom_gelu"
 
 
 def test_a_gelu_mlp_with_another_activation_is_refused():
     from lmcalc.errors import LmcalcError
 
-    with pytest.raises(LmcalcError, match="hidden_act 'relu' is not a GELU"):
+    with pytest.raises(LmcalcError, match="hidden_act 'relu' is not an activation lmcalc knows for gpt_neox's MLP"):
         lmcalc_spec(tiny_config("gpt_neox") | {"hidden_act": "relu"}, "gpt_neox")
 
 

@@ -71,6 +71,24 @@ ARCHITECTURES = {
         dropout=True,
         head_bias=True,
     ),
+    "opt-like (ReLU MLP, learned positions, biases)": dict(
+        ffn_kind="gelu_mlp",
+        activation="relu",
+        norm_kind="layernorm",
+        position_embedding="learned",
+        attention_bias="all",
+        mlp_bias=True,
+        tied_embeddings=True,
+    ),
+    "nemotron-like (squared ReLU)": dict(
+        ffn_kind="gelu_mlp",
+        activation="relu2",
+        norm_kind="layernorm",
+        position_embedding="rope",
+        attention_bias="all",
+        mlp_bias=True,
+        tied_embeddings=False,
+    ),
     "llama-like (GQA, SwiGLU, RMSNorm)": dict(
         num_kv_heads=2, ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", tied_embeddings=False
     ),

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import NormKeeps
-from lmcalc.specs import GeluKind
+from lmcalc.specs import ActivationKind
 
-OPS_KEPT: dict[GeluKind, tuple[str, ...]] = {
+OPS_KEPT: dict[ActivationKind, tuple[str, ...]] = {
     "gelu": (),  # torch.nn.functional.gelu
     "gelu_pytorch_tanh": (),  # torch.nn.functional.gelu(approximate="tanh")
     "bloom_gelu": (),  # modeling_bloom.py GeLUFunction: an autograd.Function that saves its input
@@ -27,6 +27,8 @@ OPS_KEPT: dict[GeluKind, tuple[str, ...]] = {
     "gelu_fast": ("x", "0.044715·x", "0.7978845608·x", "1 + 0.044715·x²", "tanh output", "0.5·x", "1 + tanh"),
     # GELUActivation(use_gelu_python=True): x·0.5·(1 + erf(x/√2)); x itself is not kept
     "gelu_python": ("x/√2 (erf's input)", "0.5·x", "1 + erf"),
+    "relu": (),  # torch.relu: its output, which the down projection keeps as its input (activations._ffn_saved)
+    "relu2": (),  # ReLUSquaredActivation: relu's output, kept by relu and by square, then the square
 }
 """The f-wide tensors each GELU written op by op keeps, its output aside; () for a kernel."""
 
@@ -34,7 +36,7 @@ OPS_KEPT: dict[GeluKind, tuple[str, ...]] = {
 def gelu_ops_kept(w: Workload) -> tuple[str, ...]:
     """What the model's GELU keeps, its output aside, where it runs op by op (the framework profile's ``mlp.gelu``
     is ``model`` and the model's code writes it so); () where it is one kernel, which keeps its input."""
-    return OPS_KEPT[w.model.gelu] if w.framework.mlp.gelu == "model" else ()
+    return OPS_KEPT[w.model.activation] if w.framework.mlp.gelu == "model" else ()
 
 
 def norm_keeps(w: Workload) -> NormKeeps:

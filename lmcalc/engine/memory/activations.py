@@ -467,6 +467,17 @@ def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> l
     rule = w.framework.mlp
     gelu = w.model.ffn_kind != "swiglu" and (w.model.ffn_kind == "gelu_mlp" or rule.gated == "unfused")
     ops = gelu_ops_kept(w) if gelu else ()  # a GELU written op by op, where a kernel keeps its input
+    if w.model.ffn_kind == "gelu_mlp" and w.model.activation == "relu":  # relu keeps its output: the down input
+        return [
+            *tensors,
+            SavedTensor("down projection input (ReLU output, kept by ReLU too)", inner, n, act, for_weights=DOWN),
+        ]
+    if w.model.ffn_kind == "gelu_mlp" and w.model.activation == "relu2":  # relu's output, kept by relu and by square
+        return [
+            *tensors,
+            SavedTensor("ReLU output (kept by ReLU and by the square)", inner, n, act),
+            SavedTensor("down projection input (the square)", inner, n, act, for_weights=DOWN),
+        ]
     if w.model.ffn_kind == "gelu_mlp":
         labels = [f"GELU, op by op: {label}" for label in ops] or ["GELU input"]
         return tensors + [
