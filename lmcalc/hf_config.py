@@ -35,11 +35,14 @@ LLAMA_LIKE = (
     "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba", "granitemoe", "granitemoeshared",
     "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
     "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum", "arcee", "nemotron",
-    "persimmon",
+    "persimmon", *("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"),
 )  # fmt: skip
+DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+"""Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
 PARALLEL_GELU = ("gptj", "codegen", "phi")
 SUPPORTED = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
-MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral"}
+MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
+              "qwen3_5_moe": "qwen3_5_moe_text"}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
 FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"],
          "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"],
@@ -49,7 +52,8 @@ count, one LoRA adapter each."""
 SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
-           "exaone4": "per_head", "mellum": "per_head"}  # fmt: skip
+           "exaone4": "per_head", "mellum": "per_head",
+           **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = (
     "qwen2",
@@ -71,7 +75,7 @@ ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_
 """The config field each type's MLP calls ACT2FN with, and the config class's default, where not hidden_act and
 silu (GPT2MLP: activation_function; FalconMLP: activation; Gemma2MLP and Gemma3MLP: hidden_activation)."""
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "flex_olmo", "olmo3",
-                    "helium", "vaultgemma")  # fmt: skip
+                    "helium", "vaultgemma", *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
@@ -356,6 +360,33 @@ def _stablelm_parallel(config: dict[str, Any], kind: str) -> bool:
     return kind == "stablelm" and bool(config.get("use_parallel_residual"))
 
 
+def _deltanet(config: dict[str, Any], layers: int, origin: str) -> dict[str, Any]:
+    """Qwen3-Next's and Qwen3.5's Gated DeltaNet layers (``linear_*``), attention where ``layer_types`` says
+    full_attention (Qwen3NextConfig: every ``full_attention_interval``-th layer, from that one), and the gate their
+    attention's q_proj makes for its output."""
+    types = config.get("layer_types") or [
+        "full_attention" if (i + 1) % (config.get("full_attention_interval") or 4) == 0 else "linear_attention"
+        for i in range(layers)
+    ]
+    full = [t == "full_attention" for t in types]
+    pattern = _global_layers(full, origin)
+    every = pattern["global_every"]
+    if every is None:
+        raise LmcalcError(f"{origin}: config.json layer_types has no full_attention layer; lmcalc reads hybrids only")
+    return {
+        "attention_output_gate": True,
+        "deltanet": {
+            "key_heads": _get(config, origin, "linear_num_key_heads"),
+            "value_heads": _get(config, origin, "linear_num_value_heads"),
+            "key_head_dim": _get(config, origin, "linear_key_head_dim"),
+            "value_head_dim": _get(config, origin, "linear_value_head_dim"),
+            "conv_kernel": _get(config, origin, "linear_conv_kernel_dim"),
+            "attention_every": every,
+            "attention_offset": 0 if pattern.get("global_from_first") else every - 1,
+        },
+    }
+
+
 def _post_norms(config: dict[str, Any], kind: str) -> bool:
     """HyperCLOVA X's norms on each sub-layer's output as well (``use_post_norm``, its class default true)."""
     return kind == "hyperclovax" and bool(config.get("use_post_norm", True))
@@ -382,7 +413,9 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "num_heads": _get(config, origin, "num_attention_heads"),
         "num_kv_heads": config.get("num_key_value_heads"),
         "head_dim": config.get("head_dim") or _floored_head_dim(config, origin),
-        "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size"),  # Llama 4's dense layers
+        # Llama 4's dense layers; where a config has no dense FFN at all (Qwen3.5-MoE: every layer routes) the
+        # experts' width stands in, a width no layer uses
+        "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size", "moe_intermediate_size"),
         "ffn_kind": "gelu_mlp" if two_matrices else ("geglu" if act in GELUS else "swiglu"),
         **({"activation": act} if act in GELUS + RELUS else {}),
         "norm_kind": NORM_KIND.get(kind, "rmsnorm"),
@@ -436,6 +469,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             "attention_every": config.get("attn_layer_period", 8),
             "attention_offset": config.get("attn_layer_offset", 4),
         }
+    if kind in DELTANET:
+        fields |= _deltanet(config, layers, origin)
     if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe"):  # not built by transformers
         fields["mtp_modules"] = config["num_nextn_predict_layers"]
     elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape

@@ -21,7 +21,8 @@ WHOLE_NUMBERS = frozenset(
         "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mamba_expand", "mamba_d_state", "mamba_d_conv",
         "attn_layer_period", "attn_layer_offset", "num_nextn_predict_layers", "shared_intermediate_size",
         "moe_num_experts", "moe_k", "moe_num_shared_experts", "moe_layer_start_index", "moe_layer_end_index",
-        "moe_layer_interval",
+        "moe_layer_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+        "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

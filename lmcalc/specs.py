@@ -181,6 +181,36 @@ class MambaSpec(Spec):
         return self
 
 
+class DeltaNetSpec(Spec):
+    """Gated DeltaNet mixers (Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks", §3) in the layers that do not
+    attend, as Qwen3-Next and Qwen3.5 build them (transformers' Qwen3NextGatedDeltaNet): q and k in key heads, v and
+    the output gate z in value heads, a causal depthwise convolution over q, k and v, a decay α and a write strength β
+    per value head, a gated RMSNorm on each head's output. Layer i attends when i % attention_every ==
+    attention_offset (Qwen3-Next: every fourth layer, from the fourth)."""
+
+    key_heads: PositiveInt = Field(description="H_k, linear_num_key_heads")
+    value_heads: PositiveInt = Field(description="H_v, linear_num_value_heads (a multiple of H_k)")
+    key_head_dim: PositiveInt = Field(description="d_k, linear_key_head_dim")
+    value_head_dim: PositiveInt = Field(description="d_v, linear_value_head_dim")
+    conv_kernel: PositiveInt = Field(description="the causal depthwise convolution's kernel, linear_conv_kernel_dim")
+    chunk: PositiveInt = Field(64, description="the chunked delta rule's chunk length (fla's and transformers' 64)")
+    attention_every: PositiveInt
+    attention_offset: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _heads_and_offset(self) -> Self:
+        if self.attention_offset >= self.attention_every:
+            raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
+        if self.value_heads % self.key_heads:
+            raise ValueError(f"value_heads ({self.value_heads}) must be a multiple of key_heads ({self.key_heads})")
+        return self
+
+    @property
+    def conv_channels(self) -> int:
+        """q, k and v, convolved together: 2·H_k·d_k + H_v·d_v."""
+        return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+
+
 class ModelSpec(NamedSpec):
     """A decoder-only transformer, described the way its config file and paper describe it."""
 
@@ -272,6 +302,12 @@ class ModelSpec(NamedSpec):
     mla: MLASpec | None = None
     moe: MoESpec | None = None
     mamba: MambaSpec | None = None
+    deltanet: DeltaNetSpec | None = None
+    attention_output_gate: StrictBool = Field(
+        False,
+        description="the query projection also makes a per-channel sigmoid gate on the attention's output "
+        "(Qwen3-Next, Qwen3.5: q_proj of 2·H·d)",
+    )
     mtp_modules: NonNegativeInt = Field(
         0,
         description="multi-token-prediction modules (DeepSeek-V3 §2.2, GLM-4.5): two norms, a (2h → h) projection "
@@ -317,13 +353,21 @@ class ModelSpec(NamedSpec):
             raise ValueError("moe: no layer is an MoE layer (check dense_layers, moe_every and dense_layer_ids)")
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every needs a sliding_window (which layers attend locally, and over what span)")
+        if self.mamba and self.deltanet:
+            raise ValueError("a model has one kind of mixer in its layers that do not attend: mamba or deltanet")
         if self.norms_per_layer == 1 and not self.parallel_block:
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
         return self
 
+    @property
+    def hybrid(self) -> MambaSpec | DeltaNetSpec | None:
+        """The mixer of a hybrid's layers that do not attend: Mamba (Jamba) or Gated DeltaNet (Qwen3-Next); None
+        where every layer attends."""
+        return self.mamba or self.deltanet
+
     def is_attention_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) attends (every layer but a hybrid's state-space ones)."""
-        m = self.mamba
+        """Whether layer ``layer`` (from 0) attends (every layer but a hybrid's state-space or linear ones)."""
+        m = self.hybrid
         return m is None or layer % m.attention_every == m.attention_offset
 
     @property

@@ -145,9 +145,10 @@ def validate(*, model: ModelLike, seq: str | int = 1024, micro_batch: int = 1, r
     except ImportError:
         raise LmcalcError("validate needs PyTorch: pip install 'lmcalc[bench]'") from None
     resolved = resolve_model(model)
-    if resolved.spec.mamba:
+    if resolved.spec.hybrid:
         raise LmcalcError(
-            f"{resolved.spec.label} is a hybrid: lmcalc's PyTorch reference model has no state-space layers; check it "
+            f"{resolved.spec.label} is a hybrid: lmcalc's PyTorch reference model has no state-space or linear "
+            "layers; check it "
             f"against transformers ({setting('against')} transformers)"
         )
     modes = RECOMPUTE_MODES if recompute is None else (choice(recompute, RECOMPUTE_MODES, "recompute"),)

@@ -212,6 +212,22 @@ def training_step_flops(model: PreTrainedModel, seq_len: int, micro_batch: int) 
     return counter.get_total_flops()
 
 
+def deltanet_fallback_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
+    """What transformers' PyTorch Gated DeltaNet (``torch_chunk_gated_delta_rule``, chunks of C = 64, run where fla is
+    not installed) counts in one step beyond three times the forward lmcalc counts, per linear layer: its causal
+    convolution over s + K − 1 positions (forward, input and weight gradients: 3 · 2·b·c_d·K·(K − 1) more); the
+    backward of ``solve_triangular``, two matmuls against the C × C system, 2·b·H_v·s'·C·(d_k + d_v); less the state
+    the first chunk reads as zeros and the last chunk's update, which nothing reads, 8·b·H_v·C·d_k·d_v."""
+    g = spec.deltanet
+    if g is None:
+        return 0.0
+    padded = g.chunk * -(-seq_len // g.chunk)
+    conv = 3 * 2 * micro_batch * g.conv_channels * g.conv_kernel * (g.conv_kernel - 1)
+    solve = 2 * micro_batch * g.value_heads * padded * g.chunk * (g.key_head_dim + g.value_head_dim)
+    ends = 8 * micro_batch * g.value_heads * g.chunk * g.key_head_dim * g.value_head_dim
+    return (spec.num_layers - spec.attention_layers) * (conv + solve - ends)
+
+
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -240,6 +256,14 @@ def transformers_check(
     if spec.moe:
         built += ", grouped_mm experts"
     tokens = seq_len * micro_batch
+    fallback = deltanet_fallback_flops(spec, seq_len, micro_batch)
+    flops_note = f"causal convention: {fl.step_flops(spec, seq_len, convention='causal').model * tokens:.4e} FLOPs"
+    if fallback:
+        flops_note += (
+            f"; lmcalc's count plus {fallback:,.0f} FLOPs the PyTorch Gated DeltaNet spends beyond 3× the forward "
+            "(its convolution's padding, solve_triangular's backward, the first and last chunks' state: "
+            "validate_hf.deltanet_fallback_flops)"
+        )
     sections = (
         _compare(
             "params",
@@ -253,11 +277,11 @@ def transformers_check(
         _compare(
             "flops",
             f"FLOPs of one step, full attention (b={micro_batch}, s={seq_len})",
-            fl.step_flops(spec, seq_len, convention="full").model * tokens,
+            fl.step_flops(spec, seq_len, convention="full").model * tokens + fallback,
             training_step_flops(model, seq_len, micro_batch),
             "FLOPs",
             FLOP_TOLERANCE,
-            note=f"causal convention: {fl.step_flops(spec, seq_len, convention='causal').model * tokens:.4e} FLOPs",
+            note=flops_note,
             source="torch.utils.flop_counter.FlopCounterMode, SDPA as one fused kernel (lmcalc::attention)",
         ),
     )

@@ -19,6 +19,9 @@ DEEPSEEK: dict[str, Any] = dict(MOE, n_routed_experts=4, n_shared_experts=1, fir
 """DeepSeek-V2/V3's MLA and MoE at tiny size (V3 adds group-limited routing)."""
 MLA: dict[str, Any] = dict(q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 """MLA alone, on a dense model (MiniCPM3, Youtu)."""
+LINEAR: dict[str, Any] = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                              linear_value_head_dim=16, linear_conv_kernel_dim=4)  # fmt: skip
+"""Gated DeltaNet layers at tiny size (Qwen3-Next, Qwen3.5): every fourth layer attends."""
 TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
     "mistral": ("MistralConfig", dict(sliding_window=24)),
@@ -87,6 +90,11 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "arcee": ("ArceeConfig", {}),
     "nemotron": ("NemotronConfig", dict(head_dim=16)),
     "persimmon": ("PersimmonConfig", dict(num_key_value_heads=4)),  # its fused query_key_value: H key-value heads
+    "qwen3_next": ("Qwen3NextConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48, head_dim=16,
+                                           **LINEAR)),
+    "qwen3_5_text": ("Qwen3_5TextConfig", dict(head_dim=16, **LINEAR)),
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48,
+                                                       head_dim=16, **LINEAR)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

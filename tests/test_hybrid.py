@@ -87,14 +87,14 @@ def test_state_is_what_transformers_keeps():
 def test_ssm_flops_by_hand():
     # Jamba-v0.1: d_in = 8,192, d_conv 4, N 16: 2·8192·4 + 2·8192·16 = 327,680 FLOPs per token and Mamba layer
     spec = jamba_v01()
-    assert ssm_flops(spec) == 2 * 8192 * 4 + 2 * 8192 * 16
+    assert ssm_flops(spec, 4096) == 2 * 8192 * 4 + 2 * 8192 * 16
     fwd = forward_flops_per_token(spec, 4096, "full")
-    assert fwd.ssm == 28 * ssm_flops(spec)
+    assert fwd.ssm == 28 * ssm_flops(spec, 4096)
     assert fwd.attention_scores == 2 * 4 * 4096 * 32 * 128  # only the 4 attention layers score keys
 
 
 def test_fine_tuning_a_hybrid_is_refused_in_one_line():
     from lmcalc.api import memory
 
-    with pytest.raises(LmcalcError, match="hybrid with state-space layers"):
+    with pytest.raises(LmcalcError, match="hybrid with state-space or linear-attention layers"):
         memory(model=jamba_v01(), gpus="8xH100", method="lora")

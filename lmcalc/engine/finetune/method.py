@@ -357,10 +357,10 @@ def frozen_params(model: ModelSpec, method: Method) -> float:
 
 def check_method(model: ModelSpec, method: Method) -> None:
     """Refuse a method the model cannot take: targets it lacks, more frozen layers than it has."""
-    if model.mamba and method.kind != "full":
+    if model.hybrid and method.kind != "full":
         raise LmcalcError(
-            f"{model.label} is a hybrid with state-space layers: lmcalc models its full training only, not "
-            f"{method.kind} (its Mamba projections' adapters and frozen layers are not modelled)"
+            f"{model.label} is a hybrid with state-space or linear-attention layers: lmcalc models its full training "
+            f"only, not {method.kind} (those layers' adapters and frozen layers are not modelled)"
         )
     adapted_modules(model, method)
     if method.kind == "freeze" and method.freeze_layers >= model.num_layers:

@@ -228,7 +228,7 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
         local_layers=spec.local_layers,
         window=spec.sliding_window,
         max_seq_len=spec.max_seq_len,
-        state_per_sequence=ssm_state_elements(spec) * kv_bytes,
+        state_per_sequence=state_bytes(spec, kv_bytes),
     )
     if memory.cache_budget < 0:
         raise LmcalcError(
@@ -237,6 +237,18 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
             f"short by {-memory.cache_budget / GB:.2f} GB; try a larger TP or a smaller weights dtype"
         )
     return memory
+
+
+def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
+    """Bytes a hybrid keeps per sequence in place of a KV cache in its layers that do not attend: Mamba's states at
+    the cache's bytes (``ssm_state_elements``); Gated DeltaNet's convolution state (its last K inputs of q‖k‖v) at the
+    cache's bytes and its recurrent state (H_v · d_k · d_v) in fp32, as transformers' Qwen3-Next cache and fla keep
+    it."""
+    g = spec.deltanet
+    if g is None:
+        return ssm_state_elements(spec) * kv_bytes
+    layers = spec.num_layers - spec.attention_layers
+    return layers * (g.conv_channels * g.conv_kernel * kv_bytes + g.value_heads * g.key_head_dim * g.value_head_dim * 4)
 
 
 def ssm_state_elements(spec: ModelSpec) -> int:

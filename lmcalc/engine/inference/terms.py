@@ -220,7 +220,7 @@ def _all_local_note(memory: InferenceMemory) -> str:
 
 
 def _layers_note(spec: ModelSpec) -> str:
-    if spec.mamba:
+    if spec.hybrid:
         return f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the others keep a state"
     return "every layer has attention (MoE changes only the feed-forward)" if spec.moe else ""
 
@@ -238,6 +238,22 @@ def _state_text(memory: InferenceMemory) -> str:
 
 def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> tuple[Term, ...]:
     """A hybrid's state-space layers: the state each keeps per sequence, whatever its length."""
+    g = spec.deltanet
+    if g is not None:
+        linear = spec.num_layers - spec.attention_layers
+        return (
+            Term(
+                "state",
+                "Gated DeltaNet layers' state per sequence",
+                memory.state_per_sequence,
+                "bytes",
+                "L_lin · (c_d · K · bytes + H_v · d_k · d_v · 4 B)",
+                f"{linear} × ({g.conv_channels} × {g.conv_kernel} × {kv_bytes:g} B + {g.value_heads} × "
+                f"{g.key_head_dim} × {g.value_head_dim} × 4 B)",
+                "Yang et al. 2025 §3; transformers' Qwen3-Next cache (conv state, fp32 recurrent state)",
+                note="the same at any context; whole on every TP rank (lmcalc does not split the linear layers)",
+            ),
+        )
     m = spec.mamba
     if m is None:
         return ()

@@ -261,7 +261,12 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
         else:
             tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
         tensors += _window_mask_saved(w)
-    if spec.mamba:  # a hybrid: the average layer, attention in A of its L layers, a state-space mixer in the rest
+        if spec.attention_output_gate:  # Qwen3-Next: o_proj reads attention · sigmoid(gate), which keeps both
+            tensors += [
+                SavedTensor("output gate, sigmoid output", "s·b·H·d_v", sb * H * dv, act),
+                SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
+            ]
+    if spec.hybrid:  # a hybrid: the average layer, attention in A of its L layers, another mixer in the rest
         tensors = tensors[:kept_by_every_layer] + average_mixer(w, tensors[kept_by_every_layer:])
     if spec.norms_per_layer == 4:  # a sandwich norm on the attention's output (Gemma 2/3): its input is new
         tensors += _norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))

@@ -1,5 +1,6 @@
-"""What a hybrid's state-space (Mamba) layers keep for backward, and the average layer of a hybrid: attention in
-some layers, a state-space mixer in the others (``engine.memory.activations`` counts the rest of a layer)."""
+"""What a hybrid's state-space (Mamba) or Gated DeltaNet layers keep for backward, and the average layer of a
+hybrid: attention in some layers, a state-space or linear-attention mixer in the others (``engine.memory.activations``
+counts the rest of a layer)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,37 @@ def _ssm_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
+def _deltanet_saved(w: Workload) -> list[SavedTensor]:
+    """What a Gated DeltaNet layer keeps for backward with flash-linear-attention's kernels, which Qwen3-Next's
+    transformers module calls where fla is installed (its training path): the convolution's input q‖k‖v; its output
+    (v, a view of it, keeps it alive); q and k repeated to the H_v value heads; their L2 norms' 1/‖·‖ (fp32); the
+    decay g (fp32) and what made it (softplus's input, its output); β's sigmoid output; the chunked rule's solved
+    intra-chunk matrix A (s·b·H_v·C, fp32); the output gate z, the kernel's output and its RMSNorm's 1/rms and output,
+    the output projection's input. An estimate of fla's choices, from its source (chunk_gated_delta_rule saves q, k,
+    v, g, β and A), not checked against a measurement here (no fla on the CPU)."""
+    g, act, sb = w.model.deltanet, w.precision.activation_bytes, w.tokens
+    assert g is not None
+    hv, cd = g.value_heads, g.conv_channels
+    vd, kd = hv * g.value_head_dim, hv * g.key_head_dim
+    return [
+        SavedTensor("q‖k‖v (the convolution's input)", "s·b·c_d", sb * cd, act),
+        SavedTensor("q‖k‖v (the convolution's output, SiLU)", "s·b·c_d", sb * cd, act),
+        SavedTensor("q and k repeated to the value heads", "s·b·2·H_v·d_k", sb * 2 * kd, act),
+        SavedTensor("q and k L2 norms' 1/‖·‖ (fp32)", "s·b·2·H_v", sb * 2 * hv, 4),
+        SavedTensor("decay g and softplus's input and output (fp32)", "s·b·3·H_v", sb * 3 * hv, 4),
+        SavedTensor("β (sigmoid output)", "s·b·H_v", sb * hv, act),
+        SavedTensor("solved intra-chunk matrix A (fp32)", f"s·b·H_v·{g.chunk}", sb * hv * g.chunk, 4),
+        SavedTensor("output gate z", "s·b·H_v·d_v", sb * vd, act),
+        SavedTensor("delta rule output (gated norm input)", "s·b·H_v·d_v", sb * vd, act),
+        SavedTensor("gated norm 1/rms (fp32)", "s·b·H_v", sb * hv, 4),
+        SavedTensor("output projection input (gated norm output)", "s·b·H_v·d_v", sb * vd, act),
+    ]
+
+
 def average_mixer(w: Workload, attention: list[SavedTensor]) -> list[SavedTensor]:
     """A hybrid's token mixer as the average layer keeps it: the attention's tensors in A of its L layers, the
-    state-space layer's in the other L − A."""
+    state-space or linear-attention layer's in the other L − A."""
     spec = w.model
     L, A = spec.num_layers, spec.attention_layers
-    return [_share(t, A, L) for t in attention] + [_share(t, L - A, L) for t in _ssm_saved(w)]
+    mixer = _deltanet_saved(w) if spec.deltanet else _ssm_saved(w)
+    return [_share(t, A, L) for t in attention] + [_share(t, L - A, L) for t in mixer]

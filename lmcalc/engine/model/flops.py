@@ -117,16 +117,28 @@ def forward_flops_per_token(
         attention_scores=2 * attending * keys * H * spec.qk_head_dim,
         attention_values=2 * attending * keys * H * spec.v_head_dim,
         logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
-        ssm=(L - attending) * ssm_flops(spec),
+        ssm=(L - attending) * ssm_flops(spec, seq_len),
     )
 
 
-def ssm_flops(spec: ModelSpec) -> float:
-    """Forward FLOPs per token of one state-space layer beyond its projections (Gu & Dao 2023, Algorithm 2): the
-    causal depthwise convolution, 2·d_inner·d_conv (one multiply-add per channel and tap), and the scan's read-out
-    y = C·h, 2·d_inner·N, the contraction PyTorch's reference scan runs as a batched matmul. The discretisation
-    (exp(Δ·A), Δ·B·x) and the state update are element-wise, about 3·d_inner·N more, and not counted, as norms
-    and activations are not (§3.3)."""
+def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of one state-space or linear-attention layer beyond its projections.
+
+    Mamba (Gu & Dao 2023, Algorithm 2): the causal depthwise convolution, 2·d_inner·d_conv (one multiply-add per
+    channel and tap), and the scan's read-out y = C·h, 2·d_inner·N, the contraction PyTorch's reference scan runs as a
+    batched matmul. The discretisation (exp(Δ·A), Δ·B·x) and the state update are element-wise, about 3·d_inner·N
+    more, and not counted, as norms and activations are not (§3.3).
+
+    Gated DeltaNet (Yang et al. 2025, §3.3, the chunkwise form fla and transformers run, chunks of C = 64): the
+    convolution, 2·(2·H_k·d_k + H_v·d_v)·K, and per value head and token of the sequence padded to whole chunks
+    (s' = C·⌈s/C⌉): K·βKᵀ and QKᵀ within the chunk, 2·C·d_k each; the state's read by K and by Q and its update
+    Kᵀ·V, 2·d_k·d_v each; the intra-chunk attention times the new values, 2·C·d_v."""
+    if spec.deltanet:
+        g = spec.deltanet
+        padded = g.chunk * -(-seq_len // g.chunk) / seq_len
+        core = g.value_heads * (4 * g.chunk * g.key_head_dim + 2 * g.chunk * g.value_head_dim)
+        core += g.value_heads * 6 * g.key_head_dim * g.value_head_dim
+        return 2 * g.conv_channels * g.conv_kernel + padded * core
     m = spec.mamba
     return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
 

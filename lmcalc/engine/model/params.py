@@ -26,7 +26,7 @@ GROUP_LABELS = {
     "embedding": "Token embedding",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
-    "ssm": "State-space mixers (Mamba)",
+    "ssm": "State-space and linear-attention mixers",
     "norm": "Norms",
     "mlp": "Dense MLP",
     "router": "MoE router",
@@ -132,9 +132,30 @@ def _mamba(spec: ModelSpec) -> list[WeightTensor]:
     return tensors
 
 
+def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
+    """A Gated DeltaNet layer's tensors, as transformers' Qwen3NextGatedDeltaNet builds them (no biases): the input
+    projections to q and k (H_k·d_k each), v and the output gate z (H_v·d_v each), and β and α (H_v each); the causal
+    depthwise convolution over q, k and v (2·H_k·d_k + H_v·d_v channels × kernel); Δ's bias and A (H_v each, A kept
+    as its log); the gated RMSNorm's weight (d_v, shared by the heads); the output projection (h × H_v·d_v)."""
+    m = spec.deltanet
+    if m is None:
+        return []
+    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.num_layers - spec.attention_layers, "L_lin")
+    hv, qkvz = Dim(m.value_heads, "H_v"), Dim(2 * m.key_heads * m.key_head_dim + 2 * m.value_heads * m.value_head_dim,
+                                              "(2·H_k·d_k+2·H_v·d_v)")  # fmt: skip
+    tensors = _linear("linear_attn.in_proj_qkvz", site, qkvz, h, False)
+    tensors += _linear("linear_attn.in_proj_ba", site, Dim(2 * m.value_heads, "2·H_v"), h, False)
+    conv = Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)")
+    tensors.append(_tensor("linear_attn.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
+    tensors += [_tensor("linear_attn.dt_bias", site, (hv,), False), _tensor("linear_attn.A_log", site, (hv,), False)]
+    tensors.append(_tensor("linear_attn.norm.weight", site, (Dim(m.value_head_dim, "d_v"),), False))
+    tensors += _linear("linear_attn.out_proj", site, h, Dim(m.value_heads * m.value_head_dim, "H_v·d_v"), False)
+    return tensors
+
+
 def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     h, heads, kv, d = Dim(spec.hidden_size, "h"), spec.num_heads, spec.kv_heads, spec.head_size
-    site = Site("attention", n, "L_attn" if spec.mamba else "L")
+    site = Site("attention", n, "L_attn" if spec.hybrid else "L")
     qkv_bias = spec.attention_bias in ("qkv", "all")
     out_bias = spec.attention_bias in ("out", "all")
     if spec.mla:  # the biases on the down-projections and the output only (DeepseekV2Attention, DeepseekV3Attention)
@@ -156,7 +177,8 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         tensors += _linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
         return tensors
     q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")
-    tensors = _linear("attn.q", site, q, h, qkv_bias)
+    # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide
+    tensors = _linear("attn.q", site, Dim(2 * heads * d, "2·H·d") if spec.attention_output_gate else q, h, qkv_bias)
     tensors += _linear("attn.k", site, kv_dim, h, qkv_bias)
     tensors += _linear("attn.v", site, kv_dim, h, qkv_bias)
     tensors += _linear("attn.o", site, h, q, out_bias)
@@ -209,6 +231,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors += _norm("embed_norm", Site("norm", 1, "1"), h, spec)
     tensors += _attention(spec, spec.attention_layers)
     tensors += _mamba(spec)
+    tensors += _deltanet(spec)
     tensors += _layer_norms(spec, h)
     moe = spec.moe
     if moe is None:
