@@ -22,7 +22,8 @@ WHOLE_NUMBERS = frozenset(
         "attn_layer_period", "attn_layer_offset", "num_nextn_predict_layers", "shared_intermediate_size",
         "moe_num_experts", "moe_k", "moe_num_shared_experts", "moe_layer_start_index", "moe_layer_end_index",
         "moe_layer_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-        "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval",
+        "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval", "mamba_n_heads",
+        "mamba_n_groups", "mamba_chunk_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -37,14 +38,19 @@ FLAGS = frozenset(
         "attention_out_bias",
     }
 )  # fmt: skip
-TEXTS = frozenset({"model_type", "hidden_act", "hidden_activation", "activation_function", "activation"})
-LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers"})
+TEXTS = frozenset(
+    {"model_type", "hidden_act", "hidden_activation", "activation_function", "activation", "position_embedding_type"}
+)
+LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers", "attn_layer_indices"})
 LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types"})
 VISION_WHOLE_NUMBERS = frozenset(
     {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
 )
 """The fields of a config.json that lmcalc reads, by type: each is checked once, before it is used."""
-READ_FIELDS = WHOLE_NUMBERS | NUMBERS | FLAGS | (TEXTS - {"model_type"}) | LISTS_OF_WHOLE_NUMBERS | LISTS_OF_TEXTS
+READ_FIELDS = (WHOLE_NUMBERS | NUMBERS | FLAGS | (TEXTS - {"model_type"}) | LISTS_OF_WHOLE_NUMBERS | LISTS_OF_TEXTS) | {
+    "mamba_dt_rank",
+    "mamba_d_head",
+}
 """The fields whose class defaults ``lmcalc/hf_defaults.py`` holds (``scripts/hf_class_defaults.py``)."""
 
 
@@ -70,7 +76,7 @@ def _wrong_type(key: str, value: Any, vision: bool = False) -> str | None:
         return "an integer"
     if vision:
         return "true or false" if key == "vision_use_head" and not isinstance(value, bool) else None
-    if key == "mamba_dt_rank" and not (_is_whole(value) or value == "auto"):
+    if key in ("mamba_dt_rank", "mamba_d_head") and not (_is_whole(value) or value == "auto"):
         return 'an integer or "auto"'
     if key in NUMBERS and not _is_number(value):
         return "a number"
@@ -97,3 +103,12 @@ def check_fields(config: dict[str, Any], origin: str, within: str = "") -> None:
     for nested in ("text_config", "vision_config"):
         if not within and isinstance(config.get(nested), dict):
             check_fields(config[nested], origin, nested)
+
+
+def get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) -> Any:
+    for key in keys:
+        if config.get(key) is not None:
+            return config[key]
+    if default is ...:
+        raise LmcalcError(f"{origin}: config.json has none of the fields {', '.join(keys)}")
+    return default

@@ -10,87 +10,36 @@ each field's annotation from its text when the class is defined, which every com
 """
 
 import functools
-import weakref
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Self
+from typing import Any, Literal, Self
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
+from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec
+from lmcalc.spec_base import (
+    ActivationKind,
+    ComputeDtype,
+    FfnKind,
+    NamedSpec,
+    NonNegativeFloat,
+    NonNegativeInt,
+    NormKind,
+    PositionKind,
+    PositiveFloat,
+    PositiveInt,
+    Spec,
+    StrictBool,
+    WholeNumber,
+    no_entries,
+    no_items,
+    whole_float_as_int,
+)
 
-
-def _whole_float_as_int(value: Any) -> Any:
-    """A float with nothing after the point (``540.35e9`` or ``80e9`` in YAML) as the int it writes; anything else
-    is left for the strict int to judge (and refuse, when it is not an int)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-# Numbers and booleans are read strictly: a count is a whole number (not "768", which Python would repeat, nor true,
-# nor 1.5; 80e9 is one), a float field takes an int or a float (not text), a flag is true or false (not "false", nor
-# 1). Each annotation is strict on its own, not the models: a strict model would refuse the lists a file gives for
-# tuples. Spelled with Field(gt=0, strict=True) rather than pydantic's PositiveInt or StrictInt, which would not read
-# 80e9 as a whole number (their module, pydantic.types, is loaded either way: pydantic.fields imports it).
-WholeNumber = Annotated[int, BeforeValidator(_whole_float_as_int), Field(strict=True)]
-PositiveInt = Annotated[WholeNumber, Field(gt=0)]
-NonNegativeInt = Annotated[WholeNumber, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0, strict=True)]
-NonNegativeFloat = Annotated[float, Field(ge=0, strict=True)]
-StrictBool = Annotated[bool, Field(strict=True)]
-
-FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
-NormKind = Literal["layernorm", "layernorm_nobias", "rmsnorm"]
-PositionKind = Literal["learned", "rope", "none"]
-ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8"]
-ActivationKind = Literal[
-    "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python", "bloom_gelu", "relu", "relu2"
-]  # fmt: skip
-
-
-def _hashable(value: Any) -> Any:
-    """``value`` with its lists and dicts made tuples, so that it can be hashed by its contents."""
-    if isinstance(value, list | tuple):
-        return tuple(_hashable(item) for item in value)
-    if isinstance(value, dict):
-        return tuple(sorted((key, _hashable(item)) for key, item in value.items()))
-    return value
-
-
-def no_items() -> tuple[Any, ...]:
-    """An empty tuple: the default of a spec's lists. A function rather than ``tuple``, because pydantic reads a
-    default factory's signature whenever ``model_construct`` fills a default (a built-in preset), and
-    ``inspect.signature`` of a builtin such as ``tuple`` parses its text signature with ``tokenize``, whose pattern
-    costs some 3 ms to compile in a fresh process. The schema is the same: a factory, no default shown."""
-    return ()
-
-
-def no_entries() -> dict[Any, Any]:
-    """An empty dict: the default of a spec's mappings (``no_items``, for the same reason)."""
-    return {}
-
-
-_HASHES: dict[int, int] = {}
-"""Each live spec's hash, by ``id``: computed once (a model's walks some thirty fields), forgotten when the spec
-is (``weakref.finalize``), before its ``id`` can be reused. A spec is frozen and its sequences are tuples, so its
-hash cannot go stale (a hardware spec's dicts are the one thing a caller could still change in place: don't)."""
-
-
-class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    def __hash__(self) -> int:
-        """Specs are values: equal specs hash equal, so they can key the engine's caches. A frozen spec never
-        changes, so its hash is computed once."""
-        known = _HASHES.get(id(self))
-        if known is None:
-            known = _HASHES[id(self)] = hash((type(self), _hashable(tuple(self.__dict__.values()))))
-            weakref.finalize(self, _HASHES.pop, id(self), None)
-        return known
-
-
-class NamedSpec(Spec):
-    """A spec a preset file holds, found by its name."""
-
-    name: str
+__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "FfnKind", "Mamba2Spec", "MambaSpec", "NamedSpec",
+           "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "Spec",
+           "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
+"""Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
 class MoESpec(Spec):
@@ -158,57 +107,6 @@ class MLASpec(Spec):
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-
-class MambaSpec(Spec):
-    """Selective state-space mixers (Mamba, Gu & Dao 2023, §3) in the layers that do not attend: a hybrid such as
-    Jamba (Lieber et al. 2024), whose layer i attends when i % attention_every == attention_offset."""
-
-    d_inner: PositiveInt = Field(description="the inner width: mamba_expand × hidden_size")
-    d_state: PositiveInt = Field(description="N, the state size per channel")
-    d_conv: PositiveInt = Field(description="the causal depthwise convolution's kernel")
-    dt_rank: PositiveInt = Field(description="the rank of Δ's projection")
-    conv_bias: StrictBool = True
-    proj_bias: StrictBool = Field(False, description="biases on the in and out projections")
-    inner_norms: StrictBool = Field(False, description="RMSNorms on Δ, B and C (Jamba)")
-    attention_every: PositiveInt
-    attention_offset: NonNegativeInt = 0
-
-    @model_validator(mode="after")
-    def _offset_in_period(self) -> Self:
-        if self.attention_offset >= self.attention_every:
-            raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
-        return self
-
-
-class DeltaNetSpec(Spec):
-    """Gated DeltaNet mixers (Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks", §3) in the layers that do not
-    attend, as Qwen3-Next and Qwen3.5 build them (transformers' Qwen3NextGatedDeltaNet): q and k in key heads, v and
-    the output gate z in value heads, a causal depthwise convolution over q, k and v, a decay α and a write strength β
-    per value head, a gated RMSNorm on each head's output. Layer i attends when i % attention_every ==
-    attention_offset (Qwen3-Next: every fourth layer, from the fourth)."""
-
-    key_heads: PositiveInt = Field(description="H_k, linear_num_key_heads")
-    value_heads: PositiveInt = Field(description="H_v, linear_num_value_heads (a multiple of H_k)")
-    key_head_dim: PositiveInt = Field(description="d_k, linear_key_head_dim")
-    value_head_dim: PositiveInt = Field(description="d_v, linear_value_head_dim")
-    conv_kernel: PositiveInt = Field(description="the causal depthwise convolution's kernel, linear_conv_kernel_dim")
-    chunk: PositiveInt = Field(64, description="the chunked delta rule's chunk length (fla's and transformers' 64)")
-    attention_every: PositiveInt
-    attention_offset: NonNegativeInt = 0
-
-    @model_validator(mode="after")
-    def _heads_and_offset(self) -> Self:
-        if self.attention_offset >= self.attention_every:
-            raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
-        if self.value_heads % self.key_heads:
-            raise ValueError(f"value_heads ({self.value_heads}) must be a multiple of key_heads ({self.key_heads})")
-        return self
-
-    @property
-    def conv_channels(self) -> int:
-        """q, k and v, convolved together: 2·H_k·d_k + H_v·d_v."""
-        return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
 
 
 class ModelSpec(NamedSpec):
@@ -303,6 +201,7 @@ class ModelSpec(NamedSpec):
     moe: MoESpec | None = None
     mamba: MambaSpec | None = None
     deltanet: DeltaNetSpec | None = None
+    mamba2: Mamba2Spec | None = None
     attention_output_gate: StrictBool = Field(
         False,
         description="the query projection also makes a per-channel sigmoid gate on the attention's output "
@@ -333,7 +232,7 @@ class ModelSpec(NamedSpec):
     @classmethod
     def _norms_a_whole_number(cls, value: Any) -> Any:
         """A literal of ints takes true as 1, and pydantic cannot make a literal strict: a boolean is refused here."""
-        value = _whole_float_as_int(value)
+        value = whole_float_as_int(value)
         if type(value) is not int:
             raise ValueError(f"must be 1, 2 or 4, not {as_given(value)}")
         return value
@@ -353,21 +252,25 @@ class ModelSpec(NamedSpec):
             raise ValueError("moe: no layer is an MoE layer (check dense_layers, moe_every and dense_layer_ids)")
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every needs a sliding_window (which layers attend locally, and over what span)")
-        if self.mamba and self.deltanet:
-            raise ValueError("a model has one kind of mixer in its layers that do not attend: mamba or deltanet")
+        if sum(m is not None for m in (self.mamba, self.mamba2, self.deltanet)) > 1:
+            raise ValueError(
+                "a model has one kind of mixer in its layers that do not attend: mamba, mamba2 or deltanet"
+            )
         if self.norms_per_layer == 1 and not self.parallel_block:
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
         return self
 
     @property
-    def hybrid(self) -> MambaSpec | DeltaNetSpec | None:
-        """The mixer of a hybrid's layers that do not attend: Mamba (Jamba) or Gated DeltaNet (Qwen3-Next); None
-        where every layer attends."""
-        return self.mamba or self.deltanet
+    def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | None:
+        """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4) or Gated
+        DeltaNet (Qwen3-Next); None where every layer attends."""
+        return self.mamba or self.mamba2 or self.deltanet
 
     def is_attention_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (from 0) attends (every layer but a hybrid's state-space or linear ones)."""
         m = self.hybrid
+        if isinstance(m, Mamba2Spec):
+            return layer in m.attention_layer_ids
         return m is None or layer % m.attention_every == m.attention_offset
 
     @property

@@ -212,12 +212,17 @@ def training_step_flops(model: PreTrainedModel, seq_len: int, micro_batch: int) 
     return counter.get_total_flops()
 
 
-def deltanet_fallback_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
-    """What transformers' PyTorch Gated DeltaNet (``torch_chunk_gated_delta_rule``, chunks of C = 64, run where fla is
-    not installed) counts in one step beyond three times the forward lmcalc counts, per linear layer: its causal
-    convolution over s + K − 1 positions (forward, input and weight gradients: 3 · 2·b·c_d·K·(K − 1) more); the
-    backward of ``solve_triangular``, two matmuls against the C × C system, 2·b·H_v·s'·C·(d_k + d_v); less the state
-    the first chunk reads as zeros and the last chunk's update, which nothing reads, 8·b·H_v·C·d_k·d_v."""
+def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
+    """What transformers' PyTorch paths for a hybrid's mixers (run where fla or mamba_ssm is not installed) count in
+    one step beyond three times the forward lmcalc counts, per such layer. Both convolve s + K − 1 positions (forward,
+    input and weight gradients: 3 · 2·b·c_d·K·(K − 1) more). Gated DeltaNet's ``torch_chunk_gated_delta_rule``
+    (chunks of C = 64) also runs ``solve_triangular``'s backward, two matmuls against the C × C system,
+    2·b·H_v·s'·C·(d_k + d_v), and saves the state the first chunk reads as zeros and the last chunk's update, which
+    nothing reads, 8·b·H_v·C·d_k·d_v. Mamba-2's chunked scan does nothing more."""
+    if spec.mamba2:  # Mamba-2's PyTorch scan: its convolution's padding alone (Dao & Gu's chunked form otherwise)
+        m = spec.mamba2
+        conv = 3 * 2 * micro_batch * m.conv_channels * m.conv_kernel * (m.conv_kernel - 1)
+        return (spec.num_layers - spec.attention_layers) * conv
     g = spec.deltanet
     if g is None:
         return 0.0
@@ -256,13 +261,13 @@ def transformers_check(
     if spec.moe:
         built += ", grouped_mm experts"
     tokens = seq_len * micro_batch
-    fallback = deltanet_fallback_flops(spec, seq_len, micro_batch)
+    fallback = torch_path_flops(spec, seq_len, micro_batch)
     flops_note = f"causal convention: {fl.step_flops(spec, seq_len, convention='causal').model * tokens:.4e} FLOPs"
     if fallback:
         flops_note += (
-            f"; lmcalc's count plus {fallback:,.0f} FLOPs the PyTorch Gated DeltaNet spends beyond 3× the forward "
-            "(its convolution's padding, solve_triangular's backward, the first and last chunks' state: "
-            "validate_hf.deltanet_fallback_flops)"
+            f"; lmcalc's count plus {fallback:,.0f} FLOPs transformers' PyTorch mixers spend beyond 3× the forward "
+            "(the convolution's padding; Gated DeltaNet's solve_triangular backward and first and last chunks: "
+            "validate_hf.torch_path_flops)"
         )
     sections = (
         _compare(

@@ -22,6 +22,9 @@ MLA: dict[str, Any] = dict(q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
 LINEAR: dict[str, Any] = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                               linear_value_head_dim=16, linear_conv_kernel_dim=4)  # fmt: skip
 """Gated DeltaNet layers at tiny size (Qwen3-Next, Qwen3.5): every fourth layer attends."""
+MAMBA2: dict[str, Any] = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+                              mamba_expand=2, mamba_chunk_size=16)  # fmt: skip
+"""Mamba-2 layers at tiny size (Bamba, Granite 4): 8 heads of 16 over the 128-wide inner, chunks of 16 tokens."""
 TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {}),
     "mistral": ("MistralConfig", dict(sliding_window=24)),
@@ -95,6 +98,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_5_text": ("Qwen3_5TextConfig", dict(head_dim=16, **LINEAR)),
     "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48,
                                                        head_dim=16, **LINEAR)),
+    "bamba": ("BambaConfig", dict(attn_layer_indices=[1], **MAMBA2)),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", dict(num_local_experts=4, num_experts_per_tok=2,
+                                                        shared_intermediate_size=48, **MAMBA2,
+                                                        layer_types=["mamba", "attention"] * 2)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lmcalc import specs
+from lmcalc import spec_base
 from lmcalc.presets import resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
 from lmcalc.specs import HardwareSpec, ModelSpec
@@ -49,12 +49,12 @@ def test_a_dead_specs_hash_is_forgotten():
     # _HASHES is keyed by id(): the entry must go with the spec, before its id can be given to another object
     spec = resolve_model("llama-3.1-8b").spec.model_copy()  # a fresh object no cache holds
     key = id(spec)
-    assert key not in specs._HASHES
+    assert key not in spec_base._HASHES
     hash(spec)
-    assert key in specs._HASHES
+    assert key in spec_base._HASHES
     del spec
     gc.collect()
-    assert key not in specs._HASHES
+    assert key not in spec_base._HASHES
 
 
 def test_a_spec_cannot_change_under_its_hash():

@@ -178,6 +178,8 @@ class InferenceMemory:
         """The most tokens per sequence at ``batch`` sequences whose cache fits: ⌊budget / (b·c)⌋; with local
         layers, past the window only the global layers' caches grow (``max_seq_len`` when there are none)."""
         budget = Fraction(self.cache_budget) - self.batch * Fraction(self.state_per_sequence)
+        if not self.kv_per_token_per_gpu:  # no layer attends: the states do not grow with the context
+            return self.max_seq_len if budget >= 0 else 0
         tokens = max(Fraction(0), budget) / (self.batch * Fraction(self.kv_per_token_per_gpu))
         if self.window is None or tokens < self.window:
             return int(tokens // 1)
@@ -244,10 +246,13 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     the cache's bytes (``ssm_state_elements``); Gated DeltaNet's convolution state (its last K inputs of q‖k‖v) at the
     cache's bytes and its recurrent state (H_v · d_k · d_v) in fp32, as transformers' Qwen3-Next cache and fla keep
     it."""
+    layers = spec.num_layers - spec.attention_layers
+    if spec.mamba2:  # the convolution's last K inputs of x‖B‖C, and the H × P × N state in fp32 (Bamba's cache)
+        m = spec.mamba2
+        return layers * (m.conv_channels * m.conv_kernel * kv_bytes + m.heads * m.head_dim * m.state * 4)
     g = spec.deltanet
     if g is None:
         return ssm_state_elements(spec) * kv_bytes
-    layers = spec.num_layers - spec.attention_layers
     return layers * (g.conv_channels * g.conv_kernel * kv_bytes + g.value_heads * g.key_head_dim * g.value_head_dim * 4)
 
 

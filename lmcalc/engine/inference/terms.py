@@ -238,6 +238,22 @@ def _state_text(memory: InferenceMemory) -> str:
 
 def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> tuple[Term, ...]:
     """A hybrid's state-space layers: the state each keeps per sequence, whatever its length."""
+    m2 = spec.mamba2
+    if m2 is not None:
+        ssm = spec.num_layers - spec.attention_layers
+        return (
+            Term(
+                "state",
+                "Mamba-2 layers' state per sequence",
+                memory.state_per_sequence,
+                "bytes",
+                "L_ssm · ((I + 2·G·N) · K · bytes + H · P · N · 4 B)",
+                f"{ssm} × ({m2.conv_channels} × {m2.conv_kernel} × {kv_bytes:g} B + {m2.heads} × {m2.head_dim} × "
+                f"{m2.state} × 4 B)",
+                "Dao & Gu 2024 §7; transformers' Bamba cache (conv state, fp32 SSM state)",
+                note="the same at any context; whole on every TP rank (lmcalc does not split the state-space layers)",
+            ),
+        )
     g = spec.deltanet
     if g is not None:
         linear = spec.num_layers - spec.attention_layers

@@ -66,10 +66,26 @@ def _deltanet_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
+def _mamba2_saved(w: Workload) -> list[SavedTensor]:
+    """What a Mamba-2 layer keeps for backward with mamba_ssm's fused path (``mamba_split_conv1d_scan_combined``,
+    which transformers' Bamba and Granite 4 call where the kernels are installed): the input projection's output
+    z‖x‖B‖C‖Δ, the scan's output before the gated norm, and the norm's 1/rms per group (fp32); the convolution's
+    output, the states and the norm's output are recomputed in backward. An estimate from the kernel's source
+    (``MambaSplitConv1dScanCombinedFn`` saves these), not checked against a measurement here (no CUDA)."""
+    m, act, sb = w.model.mamba2, w.precision.activation_bytes, w.tokens
+    assert m is not None
+    width = 2 * m.inner + 2 * m.groups * m.state + m.heads
+    return [
+        SavedTensor("z‖x‖B‖C‖Δ (input projection output)", "s·b·(2·I+2·G·N+H)", sb * width, act),
+        SavedTensor("scan output (gated norm input)", "s·b·I", sb * m.inner, act),
+        SavedTensor("gated norm 1/rms per group (fp32)", "s·b·G", sb * m.groups, 4),
+    ]
+
+
 def average_mixer(w: Workload, attention: list[SavedTensor]) -> list[SavedTensor]:
     """A hybrid's token mixer as the average layer keeps it: the attention's tensors in A of its L layers, the
     state-space or linear-attention layer's in the other L − A."""
     spec = w.model
     L, A = spec.num_layers, spec.attention_layers
-    mixer = _deltanet_saved(w) if spec.deltanet else _ssm_saved(w)
+    mixer = _deltanet_saved(w) if spec.deltanet else _mamba2_saved(w) if spec.mamba2 else _ssm_saved(w)
     return [_share(t, A, L) for t in attention] + [_share(t, L - A, L) for t in mixer]

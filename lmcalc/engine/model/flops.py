@@ -25,7 +25,7 @@ from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import count_params, weight_tensors
 from lmcalc.result import Section, Term
-from lmcalc.specs import ModelSpec
+from lmcalc.specs import Mamba2Spec, ModelSpec
 from lmcalc.units import group, sci
 
 BACKWARD_TO_FORWARD = 2  # Kaplan et al. 2020 §2.1: backward costs twice the forward
@@ -133,6 +133,8 @@ def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
     convolution, 2·(2·H_k·d_k + H_v·d_v)·K, and per value head and token of the sequence padded to whole chunks
     (s' = C·⌈s/C⌉): K·βKᵀ and QKᵀ within the chunk, 2·C·d_k each; the state's read by K and by Q and its update
     Kᵀ·V, 2·d_k·d_v each; the intra-chunk attention times the new values, 2·C·d_v."""
+    if spec.mamba2:
+        return mamba2_flops(spec.mamba2, seq_len)
     if spec.deltanet:
         g = spec.deltanet
         padded = g.chunk * -(-seq_len // g.chunk) / seq_len
@@ -141,6 +143,20 @@ def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
         return 2 * g.conv_channels * g.conv_kernel + padded * core
     m = spec.mamba
     return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
+
+
+def mamba2_flops(m: Mamba2Spec, seq_len: int) -> float:
+    """Forward FLOPs per token of a Mamba-2 layer beyond its projections (Dao & Gu 2024, §7: the chunked SSD
+    algorithm, chunks of length Q): the convolution over x‖B‖C, 2·(I + 2·G·N)·K; and per head, over the sequence
+    padded to whole chunks (s' = Q·⌈s/Q⌉, c chunks), C·Bᵀ within each chunk (2·Q·N a token) and its product with x
+    (2·Q·P), each chunk's state from its B and x (2·P·N) and the states' read by C (2·P·N), and the pass that carries
+    the states from chunk to chunk, 2·P·N·(c + 1)² per head and sequence (transformers' einsum over c + 1 chunks,
+    the zero initial state included)."""
+    chunks = -(-seq_len // m.chunk)
+    padded = m.chunk * chunks / seq_len
+    P, N = m.head_dim, m.state
+    core = padded * 2 * m.heads * (m.chunk * N + m.chunk * P + 2 * P * N)
+    return 2 * m.conv_channels * m.conv_kernel + core + 2 * m.heads * P * N * (chunks + 1) ** 2 / seq_len
 
 
 def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute, redone: Redone = ATTENTION_CORE) -> float:

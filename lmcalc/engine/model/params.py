@@ -132,6 +132,27 @@ def _mamba(spec: ModelSpec) -> list[WeightTensor]:
     return tensors
 
 
+def _mamba2(spec: ModelSpec) -> list[WeightTensor]:
+    """A Mamba-2 layer's tensors, as transformers' Bamba and Granite 4 build them: the input projection to z (I), x (I),
+    B and C (G·N each) and Δ (H), the causal depthwise convolution over x‖B‖C and its bias, Δ's bias, A (as its log)
+    and D per head, the gated RMSNorm's weight (I), the output projection (h × I)."""
+    m = spec.mamba2
+    if m is None:
+        return []
+    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.num_layers - spec.attention_layers, "L_ssm")
+    heads, inner = Dim(m.heads, "H"), Dim(m.inner, "I")
+    width = Dim(2 * m.inner + 2 * m.groups * m.state + m.heads, "(2·I+2·G·N+H)")
+    tensors = _linear("ssm.in_proj", site, width, h, m.proj_bias)
+    conv = Dim(m.conv_channels, "(I+2·G·N)")
+    tensors.append(_tensor("ssm.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
+    if m.conv_bias:
+        tensors.append(_tensor("ssm.conv.bias", site, (conv,), False))
+    tensors += [_tensor(f"ssm.{name}", site, (heads,), False) for name in ("dt_bias", "A_log", "D")]
+    tensors.append(_tensor("ssm.norm.weight", site, (inner,), False))
+    tensors += _linear("ssm.out_proj", site, h, inner, m.proj_bias)
+    return tensors
+
+
 def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
     """A Gated DeltaNet layer's tensors, as transformers' Qwen3NextGatedDeltaNet builds them (no biases): the input
     projections to q and k (H_k·d_k each), v and the output gate z (H_v·d_v each), and β and α (H_v each); the causal
@@ -229,9 +250,11 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         )
     if spec.embedding_norm:
         tensors += _norm("embed_norm", Site("norm", 1, "1"), h, spec)
-    tensors += _attention(spec, spec.attention_layers)
+    if spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
+        tensors += _attention(spec, spec.attention_layers)
     tensors += _mamba(spec)
     tensors += _deltanet(spec)
+    tensors += _mamba2(spec)
     tensors += _layer_norms(spec, h)
     moe = spec.moe
     if moe is None:

@@ -1,0 +1,183 @@
+"""Which layers of a config.json's model do what: the windows of local attention and which layers attend globally,
+which layers route to experts, and a hybrid's mixers in the layers that do not attend (Gated DeltaNet, Mamba-2).
+``hf_config`` reads the rest of each type; these readers take the config as its class reads it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcalc.errors import LmcalcError
+from lmcalc.hf_defaults import LAYER_PATTERNS
+from lmcalc.hf_fields import get as _get
+
+LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunked"}
+"""The layer_types of a local layer, and the ModelSpec.local_attention each means."""
+
+
+def every_n(flags: list[bool], origin: str, what: str) -> int | None:
+    """The N of "layer i is special when (i + 1) is a multiple of N" that ``flags`` (per layer) follow; None when
+    no layer is special."""
+    if not any(flags):
+        return None
+    for every in range(1, len(flags) + 1):
+        if all(flag == ((i + 1) % every == 0) for i, flag in enumerate(flags)):
+            return every
+    raise LmcalcError(f"{origin}: the {what} layers do not follow an every-N pattern lmcalc can describe")
+
+
+def global_layers(flags: list[bool], origin: str) -> dict[str, Any]:
+    """``global_every`` (and ``global_from_first``) for per-layer global ``flags``: every N-th layer from the N-th
+    (Gemma), or from the first (GPT-Neo, CWM: layer i when i is a multiple of N)."""
+    if any(flags) and len(flags) > 1 and flags[0]:
+        for every in range(1, len(flags) + 1):
+            if all(flag == (i % every == 0) for i, flag in enumerate(flags)):
+                return {"global_every": every, "global_from_first": True}
+    return {"global_every": every_n(flags, origin, "global")}
+
+
+def windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any]:
+    """The sliding window (or Llama 4's attention chunk) and which layers attend globally."""
+    types = config.get("layer_types")
+    if kind == "llama4_text":
+        window, local = config.get("attention_chunk_size"), "chunked"
+        if not types:  # no_rope_layers[i] = 1: a RoPE layer, which attends within its chunk
+            rope = config.get("no_rope_layers") or [
+                int((i + 1) % config.get("no_rope_layer_interval", 4) != 0) for i in range(layers)
+            ]
+            types = ["chunked_attention" if r else "full_attention" for r in rope]
+    else:
+        window, local = config.get("sliding_window"), "sliding"
+        if kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not config.get("use_sliding_window"):
+            window = None
+        pattern = config.get("sliding_window_pattern")
+        if window and not types and isinstance(pattern, str) and pattern:  # EXAONE 4's "LLLG": a letter a layer
+            types = [
+                "full_attention" if pattern[i % len(pattern)] == "G" else "sliding_attention" for i in range(layers)
+            ]
+        if window and not types and pattern:  # Gemma 3, Cohere2: every pattern-th layer is global
+            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+        if window and not types and kind in LAYER_PATTERNS:  # the class's own pattern (hf_defaults.LAYER_PATTERNS)
+            every, first = LAYER_PATTERNS[kind]
+            types = [
+                "sliding_attention" if (i if first else i + 1) % every else "full_attention" for i in range(layers)
+            ]
+    if not window:
+        return {}
+    flags = [t not in LOCAL_LAYER_TYPES for t in types] if types else [False] * layers
+    if types and not any(t in LOCAL_LAYER_TYPES for t in types):
+        return {}
+    if types:
+        local = LOCAL_LAYER_TYPES[next(t for t in types if t in LOCAL_LAYER_TYPES)]
+    return {"sliding_window": window, "local_attention": local, **global_layers(flags, origin)}
+
+
+def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any] | None:
+    experts = (
+        config.get("num_local_experts")
+        or config.get("n_routed_experts")
+        or config.get("num_experts")
+        or config.get("moe_num_experts")  # ERNIE 4.5
+    )
+    if not experts:
+        return None
+    shared = (
+        config.get("n_shared_experts") or config.get("moe_num_shared_experts") or (1 if kind == "llama4_text" else 0)
+    )
+    shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
+    # GraniteMoeShared's and Granite 4's shared_mlp, added to the experts' output without a gate
+    ungated = config.get("shared_intermediate_size") if kind in ("granitemoeshared", "granitemoehybrid") else None
+    if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:
+        raise LmcalcError(f"{origin}: moe_layer_freq other than 1 is not supported")
+    every = config.get("decoder_sparse_step") or config.get("interleave_moe_layer_step") or 1
+    if kind == "jamba":  # layer i is MoE when i % expert_layer_period == expert_layer_offset
+        every = config.get("expert_layer_period", 2)
+        if config.get("expert_layer_offset", 1) != every - 1:
+            raise LmcalcError(f"{origin}: Jamba's expert_layer_offset must be expert_layer_period − 1 for lmcalc")
+    if kind == "llama4_text" and config.get("moe_layers") is not None:
+        listed = set(config["moe_layers"])
+        every = every_n([i in listed for i in range(layers)], origin, "MoE") or 1
+    dense_ids = list(config.get("mlp_only_layers") or [])
+    if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
+        dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
+    first_dense = config.get("first_k_dense_replace") or 0
+    if kind == "ernie4_5_moe":  # MoE where start <= i <= end and (i + 1) % interval == 0 (Ernie4_5_MoeDecoderLayer)
+        first_dense, every = config.get("moe_layer_start_index") or 0, config.get("moe_layer_interval") or 1
+        end = config.get("moe_layer_end_index")
+        end = layers - 1 if end is None or end < 0 else end
+        dense_ids += list(range(end + 1, layers))
+    return {
+        "num_experts": experts,
+        "experts_per_token": _get(config, origin, "num_experts_per_tok", "experts_per_token", "moe_k"),
+        "shared_experts": shared + (1 if shared_width or ungated else 0),
+        "expert_ffn_size": _get(config, origin, "moe_intermediate_size", "intermediate_size"),
+        "shared_expert_ffn_size": shared_width or ungated or None,
+        "shared_expert_gate": bool(shared_width),
+        "dense_layers": first_dense,
+        "moe_every": every,
+        "dense_layer_ids": dense_ids,
+        # gpt-oss's router is a Linear with a bias; DeepSeek-V3's and GLM-4.5's balancing bias is a buffer in
+        # transformers (set by a rule, not trained), so not a parameter
+        # ERNIE 4.5's e_score_correction_bias is an nn.Parameter (frozen): counted, as transformers counts it
+        "router_bias": kind in ("gpt_oss", "ernie4_5_moe"),
+        # group-limited routing: each token's experts come from topk_group of n_group groups, which training
+        # places a group to a node (DeepSeek-V3 §2.1.2: node-limited routing)
+        "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,
+    }
+
+
+def deltanet(config: dict[str, Any], layers: int, origin: str) -> dict[str, Any]:
+    """Qwen3-Next's and Qwen3.5's Gated DeltaNet layers (``linear_*``), attention where ``layer_types`` says
+    full_attention (Qwen3NextConfig: every ``full_attention_interval``-th layer, from that one), and the gate their
+    attention's q_proj makes for its output."""
+    types = config.get("layer_types") or [
+        "full_attention" if (i + 1) % (config.get("full_attention_interval") or 4) == 0 else "linear_attention"
+        for i in range(layers)
+    ]
+    full = [t == "full_attention" for t in types]
+    pattern = global_layers(full, origin)
+    every = pattern["global_every"]
+    if every is None:
+        raise LmcalcError(f"{origin}: config.json layer_types has no full_attention layer; lmcalc reads hybrids only")
+    return {
+        "attention_output_gate": True,
+        "deltanet": {
+            "key_heads": _get(config, origin, "linear_num_key_heads"),
+            "value_heads": _get(config, origin, "linear_num_value_heads"),
+            "key_head_dim": _get(config, origin, "linear_key_head_dim"),
+            "value_head_dim": _get(config, origin, "linear_value_head_dim"),
+            "conv_kernel": _get(config, origin, "linear_conv_kernel_dim"),
+            "attention_every": every,
+            "attention_offset": 0 if pattern.get("global_from_first") else every - 1,
+        },
+    }
+
+
+def mamba2(config: dict[str, Any], kind: str, hidden: int, layers: int, origin: str) -> dict[str, Any]:
+    """Bamba's and Granite 4's Mamba-2 layers (``mamba_*``), attention in Bamba's ``attn_layer_indices`` or where
+    Granite 4's ``layer_types`` says attention (full_attention, or its older "attention"); Granite 4 attends without
+    RoPE unless ``position_embedding_type`` is rope."""
+    if kind == "bamba":
+        attending = sorted(config.get("attn_layer_indices") or [])
+    else:
+        types = config.get("layer_types") or []
+        attending = [i for i, t in enumerate(types) if t in ("full_attention", "attention")]
+    heads, inner = _get(config, origin, "mamba_n_heads"), config.get("mamba_expand", 2) * hidden
+    head_dim = config.get("mamba_d_head")
+    if isinstance(head_dim, int) and head_dim * heads != inner:
+        raise LmcalcError(f"{origin}: config.json mamba_d_head × mamba_n_heads must be mamba_expand × hidden_size")
+    fields: dict[str, Any] = {
+        "mamba2": {
+            "inner": inner,
+            "heads": heads,
+            "groups": config.get("mamba_n_groups") or 1,
+            "state": _get(config, origin, "mamba_d_state"),
+            "conv_kernel": _get(config, origin, "mamba_d_conv"),
+            "chunk": config.get("mamba_chunk_size") or 256,
+            "conv_bias": bool(config.get("mamba_conv_bias", True)),
+            "proj_bias": bool(config.get("mamba_proj_bias")),
+            "attention_layer_ids": attending,
+        }
+    }
+    if kind == "granitemoehybrid" and config.get("position_embedding_type") != "rope":
+        fields["position_embedding"] = "none"
+    return fields

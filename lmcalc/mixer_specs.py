@@ -1,0 +1,93 @@
+"""The mixers of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4) and Gated DeltaNet
+(Qwen3-Next, Qwen3.5), each with the layers that attend instead (``ModelSpec.is_attention_layer``).
+
+The annotations are types, not text (no ``from __future__ import annotations``), for the reason ``specs`` gives."""
+
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from lmcalc.spec_base import NonNegativeInt, PositiveInt, Spec, StrictBool
+
+
+class MambaSpec(Spec):
+    """Selective state-space mixers (Mamba, Gu & Dao 2023, §3) in the layers that do not attend: a hybrid such as
+    Jamba (Lieber et al. 2024), whose layer i attends when i % attention_every == attention_offset."""
+
+    d_inner: PositiveInt = Field(description="the inner width: mamba_expand × hidden_size")
+    d_state: PositiveInt = Field(description="N, the state size per channel")
+    d_conv: PositiveInt = Field(description="the causal depthwise convolution's kernel")
+    dt_rank: PositiveInt = Field(description="the rank of Δ's projection")
+    conv_bias: StrictBool = True
+    proj_bias: StrictBool = Field(False, description="biases on the in and out projections")
+    inner_norms: StrictBool = Field(False, description="RMSNorms on Δ, B and C (Jamba)")
+    attention_every: PositiveInt
+    attention_offset: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _offset_in_period(self) -> Self:
+        if self.attention_offset >= self.attention_every:
+            raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
+        return self
+
+
+class Mamba2Spec(Spec):
+    """Mamba-2 mixers (Dao & Gu 2024, "Transformers are SSMs", §7: the state-space dual) in the layers that do not
+    attend, as transformers' Bamba and Granite 4 build them: one input projection to the gate z, x, B and C (G groups
+    of the state size N) and Δ (one a head), a causal depthwise convolution over x‖B‖C, Δ's bias, A and D per head,
+    a gated RMSNorm over the inner width, and the output projection. The layers in attention_layer_ids attend."""
+
+    inner: PositiveInt = Field(description="I, the inner width: heads × head_dim (mamba_expand × hidden_size)")
+    heads: PositiveInt = Field(description="H, the SSM heads (mamba_n_heads)")
+    groups: PositiveInt = Field(1, description="G, the groups B and C are shared over (mamba_n_groups)")
+    state: PositiveInt = Field(description="N, the state size (mamba_d_state)")
+    conv_kernel: PositiveInt = Field(description="the causal depthwise convolution's kernel (mamba_d_conv)")
+    chunk: PositiveInt = Field(256, description="the chunked scan's chunk length (mamba_chunk_size)")
+    conv_bias: StrictBool = True
+    proj_bias: StrictBool = Field(False, description="biases on the in and out projections")
+    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(description="the layers (from 0) that attend")
+
+    @model_validator(mode="after")
+    def _heads_tile(self) -> Self:
+        if self.inner % self.heads or self.heads % self.groups:
+            raise ValueError(f"inner ({self.inner}) must tile into heads ({self.heads}), heads into groups")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.inner // self.heads
+
+    @property
+    def conv_channels(self) -> int:
+        """x, B and C, convolved together: I + 2·G·N."""
+        return self.inner + 2 * self.groups * self.state
+
+
+class DeltaNetSpec(Spec):
+    """Gated DeltaNet mixers (Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks", §3) in the layers that do not
+    attend, as Qwen3-Next and Qwen3.5 build them (transformers' Qwen3NextGatedDeltaNet): q and k in key heads, v and
+    the output gate z in value heads, a causal depthwise convolution over q, k and v, a decay α and a write strength β
+    per value head, a gated RMSNorm on each head's output. Layer i attends when i % attention_every ==
+    attention_offset (Qwen3-Next: every fourth layer, from the fourth)."""
+
+    key_heads: PositiveInt = Field(description="H_k, linear_num_key_heads")
+    value_heads: PositiveInt = Field(description="H_v, linear_num_value_heads (a multiple of H_k)")
+    key_head_dim: PositiveInt = Field(description="d_k, linear_key_head_dim")
+    value_head_dim: PositiveInt = Field(description="d_v, linear_value_head_dim")
+    conv_kernel: PositiveInt = Field(description="the causal depthwise convolution's kernel, linear_conv_kernel_dim")
+    chunk: PositiveInt = Field(64, description="the chunked delta rule's chunk length (fla's and transformers' 64)")
+    attention_every: PositiveInt
+    attention_offset: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _heads_and_offset(self) -> Self:
+        if self.attention_offset >= self.attention_every:
+            raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
+        if self.value_heads % self.key_heads:
+            raise ValueError(f"value_heads ({self.value_heads}) must be a multiple of key_heads ({self.key_heads})")
+        return self
+
+    @property
+    def conv_channels(self) -> int:
+        """q, k and v, convolved together: 2·H_k·d_k + H_v·d_v."""
+        return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
