@@ -325,7 +325,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             "attention_offset": config.get("attn_layer_offset", 4),
         }
     if kind in DELTANET:
-        fields |= deltanet(config, layers, origin)
+        fields |= deltanet(config, kind, layers, origin)
     if kind in ("bamba", "granitemoehybrid"):
         fields |= mamba2(config, kind, fields["hidden_size"], layers, origin)
     if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe"):  # not built by transformers

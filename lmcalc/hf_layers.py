@@ -125,7 +125,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     }
 
 
-def deltanet(config: dict[str, Any], layers: int, origin: str) -> dict[str, Any]:
+def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any]:
     """Qwen3-Next's and Qwen3.5's Gated DeltaNet layers (``linear_*``), attention where ``layer_types`` says
     full_attention (Qwen3NextConfig: every ``full_attention_interval``-th layer, from that one), and the gate their
     attention's q_proj makes for its output."""
@@ -148,6 +148,7 @@ def deltanet(config: dict[str, Any], layers: int, origin: str) -> dict[str, Any]
             "conv_kernel": _get(config, origin, "linear_conv_kernel_dim"),
             "attention_every": every,
             "attention_offset": 0 if pattern.get("global_from_first") else every - 1,
+            "split_projections": kind.startswith("qwen3_5"),  # Qwen3_5GatedDeltaNet's four input projections
         },
     }
 

@@ -76,6 +76,11 @@ class DeltaNetSpec(Spec):
     value_head_dim: PositiveInt = Field(description="d_v, linear_value_head_dim")
     conv_kernel: PositiveInt = Field(description="the causal depthwise convolution's kernel, linear_conv_kernel_dim")
     chunk: PositiveInt = Field(64, description="the chunked delta rule's chunk length (fla's and transformers' 64)")
+    split_projections: StrictBool = Field(
+        False,
+        description="q‖k‖v, z, β and α projected by four modules (Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, "
+        "in_proj_a), not two (Qwen3-Next's in_proj_qkvz and in_proj_ba): the same weights, but a LoRA adapter each",
+    )
     attention_every: PositiveInt
     attention_offset: NonNegativeInt = 0
 

@@ -96,5 +96,5 @@ def test_ssm_flops_by_hand():
 def test_fine_tuning_a_hybrid_is_refused_in_one_line():
     from lmcalc.api import memory
 
-    with pytest.raises(LmcalcError, match="hybrid with state-space or linear-attention layers"):
+    with pytest.raises(LmcalcError, match="hybrid with Mamba layers: lmcalc models its full training only"):
         memory(model=jamba_v01(), gpus="8xH100", method="lora")

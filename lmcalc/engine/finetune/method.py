@@ -50,6 +50,8 @@ fp32 code of the second-level quantisation."""
 
 LINEAR_NAMES: tuple[str, ...] = ("q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "gate_up")
 LINEAR_NAMES += ("down", "fc", "proj", "router")
+LINEAR_NAMES += ("in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # Gated DeltaNet
+LINEAR_NAMES += ("in_proj", "x_proj", "dt_proj", "out_proj")  # Mamba's and Mamba-2's, and Gated DeltaNet's output
 HF_NAMES: dict[str, tuple[str, ...]] = {
     "q_proj": ("q",),
     "k_proj": ("k",),
@@ -357,10 +359,10 @@ def frozen_params(model: ModelSpec, method: Method) -> float:
 
 def check_method(model: ModelSpec, method: Method) -> None:
     """Refuse a method the model cannot take: targets it lacks, more frozen layers than it has."""
-    if model.hybrid and method.kind != "full":
+    if model.mamba and method.kind != "full":
         raise LmcalcError(
-            f"{model.label} is a hybrid with state-space or linear-attention layers: lmcalc models its full training "
-            f"only, not {method.kind} (those layers' adapters and frozen layers are not modelled)"
+            f"{model.label} is a hybrid with Mamba layers: lmcalc models its full training only, not {method.kind} "
+            "(their adapters and frozen layers are not modelled; Mamba-2 and Gated DeltaNet hybrids take LoRA)"
         )
     adapted_modules(model, method)
     if method.kind == "freeze" and method.freeze_layers >= model.num_layers:

@@ -164,8 +164,14 @@ def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
     h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.num_layers - spec.attention_layers, "L_lin")
     hv, qkvz = Dim(m.value_heads, "H_v"), Dim(2 * m.key_heads * m.key_head_dim + 2 * m.value_heads * m.value_head_dim,
                                               "(2·H_k·d_k+2·H_v·d_v)")  # fmt: skip
-    tensors = _linear("linear_attn.in_proj_qkvz", site, qkvz, h, False)
-    tensors += _linear("linear_attn.in_proj_ba", site, Dim(2 * m.value_heads, "2·H_v"), h, False)
+    if m.split_projections:  # Qwen3.5: one module for q‖k‖v, one each for z, β and α
+        tensors = _linear("linear_attn.in_proj_qkv", site, Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)"), h, False)
+        tensors += _linear("linear_attn.in_proj_z", site, Dim(m.value_heads * m.value_head_dim, "H_v·d_v"), h, False)
+        tensors += _linear("linear_attn.in_proj_b", site, hv, h, False)
+        tensors += _linear("linear_attn.in_proj_a", site, hv, h, False)
+    else:
+        tensors = _linear("linear_attn.in_proj_qkvz", site, qkvz, h, False)
+        tensors += _linear("linear_attn.in_proj_ba", site, Dim(2 * m.value_heads, "2·H_v"), h, False)
     conv = Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)")
     tensors.append(_tensor("linear_attn.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
     tensors += [_tensor("linear_attn.dt_bias", site, (hv,), False), _tensor("linear_attn.A_log", site, (hv,), False)]

@@ -1,0 +1,47 @@
+"""LoRA on the hybrids whose mixers lmcalc models (Gated DeltaNet: Qwen3-Next, Qwen3.5; Mamba-2: Bamba, Granite 4),
+against PEFT's own count: the trainable parameters of a real ``get_peft_model`` on transformers' tiny model, built on
+the meta device, must equal lmcalc's adapters, r·(in + out) per targeted linear layer. Qwen3.5 projects q‖k‖v, z, β
+and α by four modules where Qwen3-Next uses two: the same weights, more adapters. Routed experts are not targeted
+(transformers 5 stores them as 3-D parameters that ``all-linear`` leaves alone; tests/test_finetune_peft.py says
+why)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from hf_tiny import tiny_config, transformers_model  # noqa: E402
+
+from lmcalc.engine.finetune.method import Method, adapter_tensors, parse_targets  # noqa: E402
+from lmcalc.hf_config import model_from_hf_config  # noqa: E402
+from lmcalc.specs import ModelSpec  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+CASES = [
+    ("qwen3_5_text", "all-linear"),
+    ("qwen3_5_text", "in_proj_qkv,in_proj_z,out_proj"),
+    ("qwen3_next", "q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj"),
+    ("bamba", "all-linear"),
+    ("bamba", "in_proj,out_proj"),
+    ("granitemoehybrid", "q_proj,v_proj,in_proj,out_proj"),
+]
+
+
+@pytest.mark.parametrize(("kind", "targets"), CASES, ids=[f"{k}-{t}" for k, t in CASES])
+@pytest.mark.parametrize("rank", [4, 16])
+def test_lora_adapters_equal_pefts(kind: str, targets: str, rank: int):
+    config = tiny_config(kind)
+    model = transformers_model(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lora = peft.LoraConfig(r=rank, target_modules="all-linear" if targets == "all-linear" else targets.split(","))
+        trainable, _ = peft.get_peft_model(model, lora).get_nb_trainable_parameters()
+    spec = ModelSpec.model_validate(model_from_hf_config(config, kind, kind))
+    adapters = sum(t.total for t in adapter_tensors(spec, Method("lora", rank, parse_targets(targets))))
+    assert adapters == trainable
