@@ -45,3 +45,17 @@ def test_lora_adapters_equal_pefts(kind: str, targets: str, rank: int):
     spec = ModelSpec.model_validate(model_from_hf_config(config, kind, kind))
     adapters = sum(t.total for t in adapter_tensors(spec, Method("lora", rank, parse_targets(targets))))
     assert adapters == trainable
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba"])
+def test_a_hybrid_takes_qlora_and_pipeline_stages(kind: str):
+    # each of its layer tensors is placed on a stage by its count symbol (L_lin: the Gated DeltaNet layers): QLoRA's
+    # trained adapters and a two-stage pipeline both walk them (a ZeroDivisionError before)
+    from lmcalc.api import memory
+
+    spec = ModelSpec.model_validate(model_from_hf_config(tiny_config(kind), kind, kind))
+    qlora = memory(model=spec, gpus="1xh100", method="qlora", seq=64, micro_batch=1)
+    full = memory(model=spec, gpus="1xh100", seq=64, micro_batch=1)
+    assert 0 < qlora.total < full.total  # 4-bit frozen weights and no optimizer state for them
+    staged = memory(model=spec, gpus="2xh100", pp=2, seq=64, micro_batch=1)
+    assert 0 < staged.gpu.kept.params < full.gpu.kept.params  # the busiest of two stages holds part of the weights

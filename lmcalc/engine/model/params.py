@@ -344,7 +344,7 @@ def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
     experts), whose gradients exist by the time the attention's backward runs; or the ``mlp output``
     projection of a dense MLP, whose gradient exists by the time the MLP's activation backward runs."""
     L = spec.num_layers  # a hybrid's attention and state-space tensors: their average over the layers
-    per_layer = {"L": L, "L_attn": L, "L_ssm": L, "L_dense": L - spec.moe_layers, "L_moe": spec.moe_layers}
+    per_layer = {"L": L, "L_attn": L, "L_ssm": L, "L_lin": L, "L_dense": L - spec.moe_layers, "L_moe": spec.moe_layers}
     total = 0
     for t in weight_tensors(spec):
         kind = t.count_symbol.split("·")[0]

@@ -43,7 +43,7 @@ the scores): 2.5 × the forward FLOPs (FlashAttention-2's benchmark convention, 
 
 FP32 = 4
 LAYER_GROUPS = ("attention", "ssm", "mlp", "router", "experts", "shared_experts")
-HYBRID = ("L_attn", "L_ssm")  # a hybrid's attention and state-space tensors, in some of its layers only
+HYBRID = ("L_attn", "L_ssm", "L_lin")  # a hybrid's attention, state-space and linear tensors, in some layers only
 
 
 @dataclass(frozen=True)
