@@ -37,7 +37,7 @@ LLAMA_LIKE = (
     "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba", "granitemoe", "granitemoeshared",
     "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
     "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum", "arcee", "nemotron",
-    "persimmon", *("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), "bamba", "granitemoehybrid",
+    "persimmon", *("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), "bamba", "granitemoehybrid", "solar_open",
 )  # fmt: skip
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
@@ -57,15 +57,8 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "exaone4": "per_head", "mellum": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
-QKV_BIAS_ONLY = (
-    "qwen2",
-    "qwen2_moe",
-    "glm4",
-    "glm4_moe",
-    "glm",
-    "helium",
-    "stablelm",
-)  # biases on q, k and v, none on the output
+QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip
+"""Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
 ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_act", "gelu"),
               "gptj": ("activation_function", "gelu_new"), "codegen": ("activation_function", "gelu_new"),
               "phi": ("hidden_act", "gelu_new"),

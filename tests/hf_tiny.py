@@ -102,6 +102,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "granitemoehybrid": ("GraniteMoeHybridConfig", dict(num_local_experts=4, num_experts_per_tok=2,
                                                         shared_intermediate_size=48, **MAMBA2,
                                                         layer_types=["mamba", "attention"] * 2)),
+    "solar_open": ("SolarOpenConfig", dict(MOE, n_routed_experts=4, n_shared_experts=1, head_dim=16,
+                                           attention_bias=True)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),
