@@ -355,6 +355,37 @@ CASES: dict[str, Case] = {
         {**NARROW, "intermediate_size": 512, "bos_token_id": 1, "eos_token_id": 2},
         "small StarCoder2: LayerNorm with bias, a tanh-GELU MLP with biases, GQA 4 / 2",
     ),
+    # ---- types lmcalc reads since issue #31 ----
+    "olmo3-small": Case(
+        "olmo3-small",
+        transformers.Olmo3Config,
+        {**NARROW, "intermediate_size": 384, "sliding_window": WINDOW},
+        "small OLMo 3: norms after attention and the MLP, QK-norm over all heads, sliding layers and a global one",
+    ),
+    "exaone4-small": Case(
+        "exaone4-small",
+        transformers.Exaone4Config,
+        {**NARROW, "intermediate_size": 384, "sliding_window": WINDOW, "sliding_window_pattern": 2},
+        "small EXAONE 4: OLMo 2's norms, QK-norm per head, a sliding layer then a global one",
+    ),
+    "helium-small": Case(
+        "helium-small",
+        transformers.HeliumConfig,
+        {**NARROW, "head_dim": 32, "intermediate_size": 384, "attention_bias": True},
+        "small Helium: biases on q, k and v, fp32-weighted RMSNorms",
+    ),
+    "stablelm-small": Case(
+        "stablelm-small",
+        transformers.StableLmConfig,
+        {**NARROW, "intermediate_size": 384, "use_qkv_bias": True},
+        "small StableLM: LayerNorms with biases, biases on q, k and v, partial rotary",
+    ),
+    "granitemoe-small": Case(
+        "granitemoe-small",
+        transformers.GraniteMoeConfig,
+        {**NARROW, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
+        "small Granite MoE: Granite's multipliers, Mixtral-style experts, 4 experts top-2",
+    ),
     # ---- wide: a vocabulary far narrower than the layers, so that a layer's backward, not the loss's, is the
     # step's busiest phase (hf_step_peak.py; tests/test_step_phases.py) ----
     "llama-wide": Case(

@@ -73,6 +73,11 @@ OTHERS = (
     "gpt-oss-small",
     "phi3-small",
     "starcoder2-small",
+    "olmo3-small",
+    "exaone4-small",
+    "helium-small",
+    "stablelm-small",
+    "granitemoe-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 
@@ -201,6 +206,23 @@ either (the profile's not_modelled), but at falcon-small's points its difference
 measured a layer −2.7 % to +3.3 % (−2.9 % to +3.5 % rebuilt), the whole −1.8 % to +1.6 %."""
 
 
+EXAONE4_NOPE = (
+    "EXAONE 4's global layers apply no RoPE (Exaone4Attention: only sliding layers rotate Q and K), so they keep less "
+    "than its sliding ones; lmcalc counts every layer as the average: layer 0 −4.9 %, layer 1 +5.4 % at s = 256, b = 2 "
+    "(within 5 % at s = 128), the whole exact"
+)
+STABLELM_PARTIAL_ROTARY = (
+    "StableLM rotates a quarter of each head (partial_rotary_factor 0.25): the split halves and their concatenation "
+    "are tensors lmcalc does not count; the rebuilt layer is 5.07 % over what lmcalc counts, the whole within 1.5 %"
+)
+GAPS_BY_CASE = {
+    "exaone4-small-sdpa-nockpt-s256-b2": EXAONE4_NOPE,
+    "stablelm-small-sdpa-ckpt-s128-b1": STABLELM_PARTIAL_ROTARY,
+    "stablelm-small-sdpa-ckpt-s256-b2": STABLELM_PARTIAL_ROTARY,
+}
+"""Single cases of the models issue #31 added whose layers keep what lmcalc does not model (xfail, strict)."""
+
+
 def params(cases: list[Case]) -> list:
     """The cases as pytest params; GPT-2's eager ones are expected to fail, by the bf16 softmax, and the models in
     NOT_MODELLED by what they keep that the profile cannot know."""
@@ -208,6 +230,8 @@ def params(cases: list[Case]) -> list:
     for c in cases:
         if c.name in NOT_MODELLED:
             marks[c] = [pytest.mark.xfail(strict=True, reason=NOT_MODELLED[c.name])]
+        if c.id in GAPS_BY_CASE:
+            marks[c] = [pytest.mark.xfail(strict=True, reason=GAPS_BY_CASE[c.id])]
     return [pytest.param(c, id=c.id, marks=marks.get(c, [])) for c in cases]
 
 
