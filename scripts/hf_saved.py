@@ -386,6 +386,62 @@ CASES: dict[str, Case] = {
         {**NARROW, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
         "small Granite MoE: Granite's multipliers, Mixtral-style experts, 4 experts top-2",
     ),
+    "ministral3-small": Case(
+        "ministral3-small",
+        transformers.Ministral3Config,
+        {**NARROW, "intermediate_size": 384, "sliding_window": WINDOW},
+        "small Ministral 3: Mistral's layer, every layer sliding",
+    ),
+    "glm-small": Case(
+        "glm-small",
+        transformers.GlmConfig,
+        {**NARROW, "intermediate_size": 384, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+        "small GLM: a fused gate_up MLP, biases on q, k and v, partial rotary",
+    ),
+    "cwm-small": Case(
+        "cwm-small",
+        transformers.CwmConfig,
+        {**NARROW, "intermediate_size": 384, "sliding_window": WINDOW},
+        "small Code World Model: the first layer global, the second sliding",
+    ),
+    "arcee-small": Case(
+        "arcee-small",
+        transformers.ArceeConfig,
+        {**NARROW, "intermediate_size": 384},
+        "small Arcee: a squared-ReLU MLP of two matrices",
+    ),
+    "nemotron-small": Case(
+        "nemotron-small",
+        transformers.NemotronConfig,
+        {**NARROW, "intermediate_size": 384},
+        "small Nemotron: LayerNorm1P with biases, a squared-ReLU MLP, partial rotary",
+    ),
+    "minimax-m2-small": Case(
+        "minimax-m2-small",
+        transformers.MiniMaxM2Config,
+        {**NARROW, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
+        "small MiniMax-M2: QK-norm over all heads, 4 experts top-2",
+    ),
+    "hyperclovax-small": Case(
+        "hyperclovax-small",
+        transformers.HyperCLOVAXConfig,
+        {**NARROW, "intermediate_size": 384},
+        "small HyperCLOVA X: Granite's layer with norms on each sub-layer's output",
+    ),
+    "gptj-small": Case(
+        "gptj-small",
+        transformers.GPTJConfig,
+        dict(
+            vocab_size=2048,
+            n_embd=128,
+            n_head=4,
+            n_layer=LAYERS,
+            n_positions=1024,
+            rotary_dim=8,
+            tie_word_embeddings=False,
+        ),
+        "small GPT-J: attention and a GELU MLP side by side from one LayerNorm, a biased head",
+    ),
     # ---- wide: a vocabulary far narrower than the layers, so that a layer's backward, not the loss's, is the
     # step's busiest phase (hf_step_peak.py; tests/test_step_phases.py) ----
     "llama-wide": Case(
