@@ -159,3 +159,20 @@ def transformers_model(config: dict[str, Any], auto: str = "AutoModelForCausalLM
         built = transformers.AutoConfig.for_model(**config)
         with torch.device("meta"):
             return getattr(transformers, auto).from_config(built)
+
+
+def cached_state_bytes(kind: str, layers: list[int], batch: int = 2, tokens: int = 7) -> int:
+    """The bytes transformers' cache holds for ``layers`` of ``kind``'s tiny model (bf16) after a prefill of ``batch``
+    sequences of ``tokens``: each layer's convolution state and recurrent (or SSM) state."""
+    import torch
+    import transformers
+
+    config = tiny_config(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    model = model.to(torch.bfloat16).eval()
+    with torch.no_grad():
+        cache = model(input_ids=torch.zeros(batch, tokens, dtype=torch.long), use_cache=True).past_key_values
+    states = [t for i in layers for t in (cache.get_conv_state(i), cache.get_recurrent_state(i))]
+    return sum(t.numel() * t.element_size() for t in states)

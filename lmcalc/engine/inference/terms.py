@@ -237,55 +237,32 @@ def _state_text(memory: InferenceMemory) -> str:
 
 
 def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> tuple[Term, ...]:
-    """A hybrid's state-space layers: the state each keeps per sequence, whatever its length."""
-    m2 = spec.mamba2
-    if m2 is not None:
-        ssm = spec.num_layers - spec.attention_layers
-        return (
-            Term(
-                "state",
-                "Mamba-2 layers' state per sequence",
-                memory.state_per_sequence,
-                "bytes",
-                "L_ssm · ((I + 2·G·N) · K · bytes + H · P · N · 4 B)",
-                f"{ssm} × ({m2.conv_channels} × {m2.conv_kernel} × {kv_bytes:g} B + {m2.heads} × {m2.head_dim} × "
-                f"{m2.state} × 4 B)",
-                "Dao & Gu 2024 §7; transformers' Bamba cache (conv state, fp32 SSM state)",
-                note="the same at any context; whole on every TP rank (lmcalc does not split the state-space layers)",
-            ),
-        )
-    g = spec.deltanet
-    if g is not None:
-        linear = spec.num_layers - spec.attention_layers
-        return (
-            Term(
-                "state",
-                "Gated DeltaNet layers' state per sequence",
-                memory.state_per_sequence,
-                "bytes",
-                "L_lin · (c_d · K · bytes + H_v · d_k · d_v · 4 B)",
-                f"{linear} × ({g.conv_channels} × {g.conv_kernel} × {kv_bytes:g} B + {g.value_heads} × "
-                f"{g.key_head_dim} × {g.value_head_dim} × 4 B)",
-                "Yang et al. 2025 §3; transformers' Qwen3-Next cache (conv state, fp32 recurrent state)",
-                note="the same at any context; whole on every TP rank (lmcalc does not split the linear layers)",
-            ),
-        )
-    m = spec.mamba
-    if m is None:
+    """A hybrid's state-space or linear-attention layers: the state each keeps per sequence, whatever its length."""
+    layers, b = spec.num_layers - spec.attention_layers, f"{kv_bytes:g} B"
+    if spec.mamba2:
+        m2 = spec.mamba2
+        state = ("Mamba-2", "L_ssm · ((I + 2·G·N) · K · bytes + H · P · N · 4 B)",
+                 f"{layers} × ({m2.conv_channels} × {m2.conv_kernel} × {b} + {m2.heads} × {m2.head_dim} × {m2.state} "
+                 "× 4 B)", "Dao & Gu 2024 §7; transformers' Bamba cache (conv state, fp32 SSM state)")  # fmt: skip
+    elif spec.deltanet:
+        g = spec.deltanet
+        state = ("Gated DeltaNet", "L_lin · (c_d · K · bytes + H_v · d_k · d_v · 4 B)",
+                 f"{layers} × ({g.conv_channels} × {g.conv_kernel} × {b} + {g.value_heads} × {g.key_head_dim} × "
+                 f"{g.value_head_dim} × 4 B)",
+                 "Yang et al. 2025 §3; transformers' Qwen3-Next cache (conv state, fp32 recurrent state)")  # fmt: skip
+    elif spec.mamba:
+        m = spec.mamba
+        state = ("State-space", "L_ssm · d_in · (d_conv + N) · bytes",
+                 f"{layers} × {m.d_inner} × ({m.d_conv} + {m.d_state}) × {b}",
+                 "Gu & Dao 2023 §3.3; transformers' Jamba cache (conv and SSM states)")  # fmt: skip
+    else:
         return ()
-    ssm = spec.num_layers - spec.attention_layers
+    kind, formula, substituted, source = state
+    note = "the same at any context; whole on every TP rank (lmcalc does not split these layers)"
     return (
-        Term(
-            "state",
-            "State-space layers' state per sequence",
-            memory.state_per_sequence,
-            "bytes",
-            "L_ssm · d_in · (d_conv + N) · bytes",
-            f"{ssm} × {m.d_inner} × ({m.d_conv} + {m.d_state}) × {kv_bytes:g} B",
-            "Gu & Dao 2023 §3.3; transformers' Jamba cache (conv and SSM states)",
-            note="the same at any context; whole on every TP rank (lmcalc does not split the state-space layers)",
-        ),
-    )
+        Term("state", f"{kind} layers' state per sequence", memory.state_per_sequence, "bytes", formula, substituted,
+             source, note=note),
+    )  # fmt: skip
 
 
 def _kept(memory: InferenceMemory, context: int | None = None) -> str:
