@@ -1,12 +1,16 @@
 """Reading a Hugging Face ``config.json`` as plain JSON (no transformers, no network) into ModelSpec fields.
 
-Every type in ``SUPPORTED`` is read so that the count equals the parameters transformers (5.24) builds from the
-same config, exactly; tests/test_hf_types.py builds each on the meta device and compares. The quirks come from
-each type's modelling code, not from its config, so they live here, type by type: which norms a layer has,
-which projections carry biases, whether attention and MLP run in parallel, which layers attend locally, how the
-MoE layers interleave, and each config class's own default for ``tie_word_embeddings`` when config.json does not
-say. A multimodal config (``text_config`` inside) is read as its text model; the vision tower is named in a note.
-Other types are refused with a clear message rather than guessed at: a wrong count called exact is worse than none.
+Every type in ``SUPPORTED`` (and in ``hf_defaults.BUILDS_AS``, read as the type whose model it builds) is read so
+that the count equals the parameters transformers (5.24) builds from the same config, exactly; tests/test_hf_types.py
+builds each on the meta device and compares, and scripts/hf_coverage.py tries every decoder-only type transformers
+registers. A field is first read as the type's configuration class reads it: an alias under its field's name and a
+field the file leaves out at the class's default (``hf_defaults``, written from the classes). The quirks come from
+each type's modelling code, not from its config, so they live here, type by type: which norms a layer has, which
+projections carry biases, whether attention and MLP run in parallel; ``hf_layers`` reads which layers attend locally,
+route to experts or run a hybrid's mixer. A multimodal config (``text_config`` inside) is read as its text model; the
+vision tower is counted apart where known, else named in a note. Other types are refused with a clear message rather
+than guessed at (``hf_meta.UnreadType``: ``lmcalc params`` may count them with transformers): a wrong count called
+exact is worse than none.
 """
 
 from __future__ import annotations
@@ -24,20 +28,14 @@ from lmcalc.hf_vision import vision_params
 
 RELUS = ("relu", "relu2")  # ACT2FN's ReLU and ReLUSquaredActivation
 RELU_MLPS = ("arcee", "nemotron", "persimmon")  # two-matrix MLPs that call hidden_act, squared ReLU by default
-GELUS = (
-    "gelu",
-    "gelu_pytorch_tanh",
-    "gelu_new",
-    "gelu_fast",
-    "gelu_python",
-)  # ModelSpec.activation's GELUs, bloom_gelu aside
+GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # bloom_gelu aside
 LLAMA_LIKE = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
     "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
     "gpt_oss", "cohere", "cohere2", "starcoder2", "llama4_text", "jamba", "granitemoe", "granitemoeshared",
     "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
     "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum", "arcee", "nemotron",
-    "persimmon", *("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), "bamba", "granitemoehybrid", "solar_open",
+    "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
 )  # fmt: skip
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
