@@ -159,7 +159,11 @@ class Attention(nn.Module):
         if groups > 1:  # eager GQA: every query head gets its own copy of its group's K and V
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         s = q.shape[2]
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + causal_bias[:s, :s]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        if self.spec.attention_softcap:  # Gemma 2: c·tanh(scores/c) before the mask; tanh keeps its output
+            cap = self.spec.attention_softcap
+            scores = cap * torch.tanh(scores / cap)
+        scores = scores + causal_bias[:s, :s]
         if hasattr(self, "sinks"):  # the sink joins each row's softmax, then is dropped
             sink = self.sinks.view(1, -1, 1, 1).expand(scores.shape[0], -1, s, 1)
             probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :s]
@@ -411,7 +415,10 @@ class ReferenceModel(nn.Module):
                 i += 1
         x = self.final_norm(x)
         head = self.lm_head.weight if hasattr(self, "lm_head") else self.embed.weight
-        return F.linear(x, head, getattr(self, "head_bias", None))
+        logits = F.linear(x, head, getattr(self, "head_bias", None))
+        if self.spec.final_softcap:  # Gemma 2: c·tanh(logits/c); tanh keeps its output
+            logits = self.spec.final_softcap * torch.tanh(logits / self.spec.final_softcap)
+        return logits
 
 
 def loss(

@@ -92,6 +92,16 @@ ARCHITECTURES = {
         mlp_bias=True,
         tied_embeddings=False,
     ),
+    "gemma2-like (soft-capped scores and logits)": dict(
+        num_kv_heads=2,
+        ffn_kind="geglu",
+        activation="gelu_pytorch_tanh",
+        norm_kind="rmsnorm",
+        position_embedding="rope",
+        tied_embeddings=True,
+        attention_softcap=50.0,
+        final_softcap=30.0,
+    ),
     "llama-like (GQA, SwiGLU, RMSNorm)": dict(
         num_kv_heads=2, ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", tied_embeddings=False
     ),
