@@ -355,93 +355,6 @@ CASES: dict[str, Case] = {
         {**NARROW, "intermediate_size": 512, "bos_token_id": 1, "eos_token_id": 2},
         "small StarCoder2: LayerNorm with bias, a tanh-GELU MLP with biases, GQA 4 / 2",
     ),
-    # ---- types lmcalc reads since issue #31 ----
-    "olmo3-small": Case(
-        "olmo3-small",
-        transformers.Olmo3Config,
-        {**NARROW, "intermediate_size": 384, "sliding_window": WINDOW},
-        "small OLMo 3: norms after attention and the MLP, QK-norm over all heads, sliding layers and a global one",
-    ),
-    "exaone4-small": Case(
-        "exaone4-small",
-        transformers.Exaone4Config,
-        {**NARROW, "intermediate_size": 384, "sliding_window": WINDOW, "sliding_window_pattern": 2},
-        "small EXAONE 4: OLMo 2's norms, QK-norm per head, a sliding layer then a global one",
-    ),
-    "helium-small": Case(
-        "helium-small",
-        transformers.HeliumConfig,
-        {**NARROW, "head_dim": 32, "intermediate_size": 384, "attention_bias": True},
-        "small Helium: biases on q, k and v, fp32-weighted RMSNorms",
-    ),
-    "stablelm-small": Case(
-        "stablelm-small",
-        transformers.StableLmConfig,
-        {**NARROW, "intermediate_size": 384, "use_qkv_bias": True},
-        "small StableLM: LayerNorms with biases, biases on q, k and v, partial rotary",
-    ),
-    "granitemoe-small": Case(
-        "granitemoe-small",
-        transformers.GraniteMoeConfig,
-        {**NARROW, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
-        "small Granite MoE: Granite's multipliers, Mixtral-style experts, 4 experts top-2",
-    ),
-    "ministral3-small": Case(
-        "ministral3-small",
-        transformers.Ministral3Config,
-        {**NARROW, "intermediate_size": 384, "sliding_window": WINDOW},
-        "small Ministral 3: Mistral's layer, every layer sliding",
-    ),
-    "glm-small": Case(
-        "glm-small",
-        transformers.GlmConfig,
-        {**NARROW, "intermediate_size": 384, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
-        "small GLM: a fused gate_up MLP, biases on q, k and v, partial rotary",
-    ),
-    "cwm-small": Case(
-        "cwm-small",
-        transformers.CwmConfig,
-        {**NARROW, "intermediate_size": 384, "sliding_window": WINDOW},
-        "small Code World Model: the first layer global, the second sliding",
-    ),
-    "arcee-small": Case(
-        "arcee-small",
-        transformers.ArceeConfig,
-        {**NARROW, "intermediate_size": 384},
-        "small Arcee: a squared-ReLU MLP of two matrices",
-    ),
-    "nemotron-small": Case(
-        "nemotron-small",
-        transformers.NemotronConfig,
-        {**NARROW, "intermediate_size": 384},
-        "small Nemotron: LayerNorm1P with biases, a squared-ReLU MLP, partial rotary",
-    ),
-    "minimax-m2-small": Case(
-        "minimax-m2-small",
-        transformers.MiniMaxM2Config,
-        {**NARROW, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
-        "small MiniMax-M2: QK-norm over all heads, 4 experts top-2",
-    ),
-    "hyperclovax-small": Case(
-        "hyperclovax-small",
-        transformers.HyperCLOVAXConfig,
-        {**NARROW, "intermediate_size": 384},
-        "small HyperCLOVA X: Granite's layer with norms on each sub-layer's output",
-    ),
-    "gptj-small": Case(
-        "gptj-small",
-        transformers.GPTJConfig,
-        dict(
-            vocab_size=2048,
-            n_embd=128,
-            n_head=4,
-            n_layer=LAYERS,
-            n_positions=1024,
-            rotary_dim=8,
-            tie_word_embeddings=False,
-        ),
-        "small GPT-J: attention and a GELU MLP side by side from one LayerNorm, a biased head",
-    ),
     # ---- wide: a vocabulary far narrower than the layers, so that a layer's backward, not the loss's, is the
     # step's busiest phase (hf_step_peak.py; tests/test_step_phases.py) ----
     "llama-wide": Case(
@@ -477,6 +390,38 @@ CASES: dict[str, Case] = {
         "GPT-NeoX with h 512 and V 256 (torch's GELU kernel)",
     ),
 }
+N384 = {**NARROW, "intermediate_size": 384}
+"""The narrow cases' layers with an MLP of 384."""
+MOE4 = {**NARROW, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2}
+"""The narrow cases' layers with 4 experts of 64, top-2."""
+T = transformers
+NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "olmo3-small": (T.Olmo3Config, N384 | {"sliding_window": WINDOW},
+                    "small OLMo 3: norms after attention and the MLP, QK-norm over all heads, sliding and global"),
+    "exaone4-small": (T.Exaone4Config, N384 | {"sliding_window": WINDOW, "sliding_window_pattern": 2},
+                      "small EXAONE 4: OLMo 2's norms, QK-norm per head, a sliding layer then a global one"),
+    "helium-small": (T.HeliumConfig, N384 | {"head_dim": 32, "attention_bias": True},
+                     "small Helium: biases on q, k and v, fp32-weighted RMSNorms"),
+    "stablelm-small": (T.StableLmConfig, N384 | {"use_qkv_bias": True},
+                       "small StableLM: LayerNorms with biases, biases on q, k and v, partial rotary"),
+    "granitemoe-small": (T.GraniteMoeConfig, MOE4, "small Granite MoE: Granite's multipliers, 4 experts top-2"),
+    "ministral3-small": (T.Ministral3Config, N384 | {"sliding_window": WINDOW},
+                         "small Ministral 3: Mistral's layer, every layer sliding"),
+    "glm-small": (T.GlmConfig, N384 | {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                  "small GLM: a fused gate_up MLP, biases on q, k and v, partial rotary"),
+    "cwm-small": (T.CwmConfig, N384 | {"sliding_window": WINDOW},
+                  "small Code World Model: the first layer global, the second sliding"),
+    "arcee-small": (T.ArceeConfig, N384, "small Arcee: a squared-ReLU MLP of two matrices"),
+    "nemotron-small": (T.NemotronConfig, N384, "small Nemotron: LayerNorm1P with biases, squared ReLU, partial rotary"),
+    "minimax-m2-small": (T.MiniMaxM2Config, MOE4, "small MiniMax-M2: QK-norm over all heads, 4 experts top-2"),
+    "hyperclovax-small": (T.HyperCLOVAXConfig, N384,
+                          "small HyperCLOVA X: Granite's layer with norms on each sub-layer's output"),
+    "gptj-small": (T.GPTJConfig, dict(vocab_size=2048, n_embd=128, n_head=4, n_layer=LAYERS, n_positions=1024,
+                                      rotary_dim=8, tie_word_embeddings=False),
+                   "small GPT-J: attention and a GELU MLP side by side from one LayerNorm, a biased head"),
+}  # fmt: skip
+"""Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
 
 # --------------------------------------------------------------------------------------------------------------------
 # Records

@@ -63,35 +63,15 @@ def test_every_preset_matches_pytorch_params_and_flops(name):
 
 
 BASE = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, ffn_size=160, max_seq_len=256)
+GPT_BLOCK = dict(ffn_kind="gelu_mlp", norm_kind="layernorm", attention_bias="all", mlp_bias=True)
+"""The GPT family's block: a two-matrix MLP, LayerNorms with biases, biases everywhere."""
 ARCHITECTURES = {
-    "gpt2-like (learned positions, biases, a head bias, dropout, tied)": dict(
-        ffn_kind="gelu_mlp",
-        norm_kind="layernorm",
-        position_embedding="learned",
-        attention_bias="all",
-        mlp_bias=True,
-        tied_embeddings=True,
-        dropout=True,
-        head_bias=True,
-    ),
-    "opt-like (ReLU MLP, learned positions, biases)": dict(
-        ffn_kind="gelu_mlp",
-        activation="relu",
-        norm_kind="layernorm",
-        position_embedding="learned",
-        attention_bias="all",
-        mlp_bias=True,
-        tied_embeddings=True,
-    ),
-    "nemotron-like (squared ReLU)": dict(
-        ffn_kind="gelu_mlp",
-        activation="relu2",
-        norm_kind="layernorm",
-        position_embedding="rope",
-        attention_bias="all",
-        mlp_bias=True,
-        tied_embeddings=False,
-    ),
+    "gpt2-like (learned positions, biases, a head bias, dropout, tied)": GPT_BLOCK
+    | dict(position_embedding="learned", tied_embeddings=True, dropout=True, head_bias=True),
+    "opt-like (ReLU MLP, learned positions, biases)": GPT_BLOCK
+    | dict(activation="relu", position_embedding="learned", tied_embeddings=True),
+    "nemotron-like (squared ReLU)": GPT_BLOCK
+    | dict(activation="relu2", position_embedding="rope", tied_embeddings=False),
     "gemma2-like (soft-capped scores and logits)": dict(
         num_kv_heads=2,
         ffn_kind="geglu",

@@ -27,7 +27,7 @@ OPS_KEPT: dict[ActivationKind, tuple[str, ...]] = {
     "gelu_fast": ("x", "0.044715·x", "0.7978845608·x", "1 + 0.044715·x²", "tanh output", "0.5·x", "1 + tanh"),
     # GELUActivation(use_gelu_python=True): x·0.5·(1 + erf(x/√2)); x itself is not kept
     "gelu_python": ("x/√2 (erf's input)", "0.5·x", "1 + erf"),
-    "relu": (),  # torch.relu: its output, which the down projection keeps as its input (activations._ffn_saved)
+    "relu": (),  # torch.relu: its output, which the down projection keeps as its input (memory.ffn.ffn_saved)
     "relu2": (),  # ReLUSquaredActivation: relu's output, kept by relu and by square, then the square
 }
 """The f-wide tensors each GELU written op by op keeps, its output aside; () for a kernel."""

@@ -21,6 +21,7 @@ import functools
 from dataclasses import replace
 
 from lmcalc.engine.finetune.method import LinearModule, adapted_modules, in_layer, weight_trained
+from lmcalc.engine.memory.ffn import UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
@@ -28,7 +29,7 @@ from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, ro
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import average_mixer
 from lmcalc.engine.model.params import Dim
-from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
+from lmcalc.engine.model_code import norm_keeps
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
 
@@ -39,8 +40,6 @@ INDEX_BYTES = 8  # indices autograd keeps (a max's, a gather's) are int64
 
 NORM = ("norm",)  # a norm's weight
 QKV = ("q", "k", "v", "qkv", "q_a", "kv_a")  # the linear layers that read the attention norm's output
-UP = ("gate", "up", "gate_up", "fc")  # the linear layers that read the MLP norm's output
-DOWN = ("down", "proj")  # the MLP's output projection
 
 
 def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "seq") -> list[SavedTensor]:
@@ -438,19 +437,19 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
             SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"),
             *routing_saved(w, sb, k, rows, kr),
             SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq", for_weights=UP),
-            *_ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
+            *ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
         ]
         tensors += expert_outputs_saved(w, rows, kr)
         if moe.shared_experts:
             f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
-            tensors += _ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_s, with_input=False)
+            tensors += ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_s, with_input=False)
         if moe.shared_expert_gate:  # sigmoid(x·w_g) · shared(x): the product keeps both factors
             tensors += [
                 SavedTensor("shared-expert output (for the gate's product)", "s·b·h", sb * h, act, split="seq"),
                 SavedTensor("shared-expert gate, sigmoid output", "s·b", sb, act, split="seq"),
             ]
     else:
-        tensors += _ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
+        tensors += ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
     if spec.norms_per_layer == 1:
         tensors = [t for t in tensors if "(norm output)" not in t.label]
     if spec.norms_per_layer == 4:  # a sandwich norm on the MLP's output
@@ -458,45 +457,6 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
     if spec.dropout:
         tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     return tensors
-
-
-def _ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> list[SavedTensor]:
-    act, h = w.precision.activation_bytes, w.model.hidden_size
-    inner = f"{rows.symbol}·{width.symbol}"
-    tensors = (
-        [SavedTensor("MLP input (norm output)", f"{rows.symbol}·h", rows.size * h, act, split="seq", for_weights=UP)]
-        if with_input
-        else []
-    )
-    n = rows.size * width.size
-    rule = w.framework.mlp
-    gelu = w.model.ffn_kind != "swiglu" and (w.model.ffn_kind == "gelu_mlp" or rule.gated == "unfused")
-    ops = gelu_ops_kept(w) if gelu else ()  # a GELU written op by op, where a kernel keeps its input
-    if w.model.ffn_kind == "gelu_mlp" and w.model.activation == "relu":  # relu keeps its output: the down input
-        return [
-            *tensors,
-            SavedTensor("down projection input (ReLU output, kept by ReLU too)", inner, n, act, for_weights=DOWN),
-        ]
-    if w.model.ffn_kind == "gelu_mlp" and w.model.activation == "relu2":  # relu's output, kept by relu and by square
-        return [
-            *tensors,
-            SavedTensor("ReLU output (kept by ReLU and by the square)", inner, n, act),
-            SavedTensor("down projection input (the square)", inner, n, act, for_weights=DOWN),
-        ]
-    if w.model.ffn_kind == "gelu_mlp":
-        labels = [f"GELU, op by op: {label}" for label in ops] or ["GELU input"]
-        return tensors + [
-            *(SavedTensor(label, inner, n, act) for label in labels),
-            SavedTensor("down projection input (GELU output)", inner, n, act, for_weights=DOWN),
-        ]
-    fn = "SiLU" if w.model.ffn_kind == "swiglu" else "GELU"
-    labels = [f"the gate's GELU, op by op: {label}" for label in ops] or [f"gate output ({fn} input)"]
-    return tensors + [
-        *(SavedTensor(label, inner, n, act) for label in labels),
-        SavedTensor("up output", inner, n, act),
-        *([SavedTensor(f"{fn}(gate)", inner, n, act)] if rule.gated == "unfused" else []),
-        SavedTensor("down projection input (product)", inner, n, act, for_weights=DOWN),
-    ]
 
 
 def saved_formula(tensors: tuple[SavedTensor, ...] | list[SavedTensor]) -> str:
