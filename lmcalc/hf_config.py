@@ -27,7 +27,8 @@ from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 
 RELUS = ("relu", "relu2")  # ACT2FN's ReLU and ReLUSquaredActivation
-RELU_MLPS = ("arcee", "nemotron", "persimmon")  # two-matrix MLPs that call hidden_act, squared ReLU by default
+RELU_MLPS = ("arcee", "nemotron", "persimmon", "jais2", "nanochat")
+"""Two-matrix MLPs that call hidden_act, squared ReLU by default."""
 GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # bloom_gelu aside
 LLAMA_LIKE = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
@@ -36,6 +37,8 @@ LLAMA_LIKE = (
     "flex_olmo", "minimax_m2", "dots1", "phimoe", "ministral3", "helium", "olmo3", "vaultgemma", "glm", "hyperclovax",
     "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum", "arcee", "nemotron",
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
+    "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
+    "nanochat",
 )  # fmt: skip
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
@@ -52,7 +55,8 @@ count, one LoRA adapter each."""
 SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
-           "exaone4": "per_head", "mellum": "per_head",
+           "exaone4": "per_head", "mellum": "per_head", "hunyuan_v1_dense": "per_head", "exaone_moe": "per_head",
+           "nanochat": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip
@@ -72,8 +76,12 @@ NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "coher
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
-             "stablelm": "layernorm", "cohere": "layernorm_nobias", "cohere2": "layernorm_nobias"}  # fmt: skip
+             "stablelm": "layernorm", "jais2": "layernorm", "olmo": "layernorm", "cohere": "layernorm_nobias",
+             "cohere2": "layernorm_nobias"}  # fmt: skip
 """The norms of the Llama-like types whose norms are not RMSNorms: LayerNorms, with biases or without."""
+NO_NORM_WEIGHT = ("olmo", "nanochat")
+"""Types whose norms have no weight (OlmoLayerNorm, NanoChatRMSNorm): ModelSpec.norm_weight false. nanochat's also
+normalises the embedding (its final norm, called once before the layers too)."""
 
 
 def _common(config: dict[str, Any], kind: str, name: str, origin: str) -> dict[str, Any]:
@@ -265,6 +273,9 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "ffn_kind": "gelu_mlp" if two_matrices else ("geglu" if act in GELUS else "swiglu"),
         **({"activation": act} if act in GELUS + RELUS else {}),
         "norm_kind": NORM_KIND.get(kind, "rmsnorm"),
+        "norm_weight": kind not in NO_NORM_WEIGHT,
+        "qkv_clip": config.get("clip_qkv"),
+        "embedding_norm": kind == "nanochat",
         "attention_bias": attention_bias or ("all" if bias else "none"),
         # gpt-oss's experts carry biases; StarCoder2's and ERNIE's use_bias covers the MLP too
         "mlp_bias": kind in ("gpt_oss", "persimmon") or bool(config.get("mlp_bias") or config.get("use_bias")),
@@ -276,7 +287,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         if kind in SANDWICH_NORMS or _post_norms(config, kind)
         else (1 if kind in ("cohere", "cohere2") or _stablelm_parallel(config, kind) else 2),
         "parallel_block": kind in ("cohere", "cohere2") or _stablelm_parallel(config, kind),
-        "attention_sinks": kind == "gpt_oss",
+        "attention_sinks": kind in ("gpt_oss", "granite_swa", "granitemoe_swa"),
         "head_bias": bool(config.get("lm_head_bias")),  # PhimoeForCausalLM's option
         # Seed-OSS drops attention probabilities and each sub-layer's output (its class default 0.1), not the embedding
         "dropout": kind == "seed_oss"

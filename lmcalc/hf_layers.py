@@ -81,7 +81,10 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     if not experts:
         return None
     shared = (
-        config.get("n_shared_experts") or config.get("moe_num_shared_experts") or (1 if kind == "llama4_text" else 0)
+        config.get("n_shared_experts")
+        or config.get("moe_num_shared_experts")
+        or config.get("num_shared_experts")
+        or (1 if kind == "llama4_text" else 0)
     )
     shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
     # GraniteMoeShared's and Granite 4's shared_mlp, added to the experts' output without a gate
@@ -100,6 +103,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
         dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
     first_dense = config.get("first_k_dense_replace") or 0
+    if kind == "glm4_moe_lite" and not config.get("mlp_layer_types"):  # Glm4MoeLiteConfig: the first layer dense
+        first_dense = 1
     if kind == "ernie4_5_moe":  # MoE where start <= i <= end and (i + 1) % interval == 0 (Ernie4_5_MoeDecoderLayer)
         first_dense, every = config.get("moe_layer_start_index") or 0, config.get("moe_layer_interval") or 1
         end = config.get("moe_layer_end_index")

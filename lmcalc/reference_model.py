@@ -36,28 +36,30 @@ DROPOUT_P = 0.1  # the GPT-2/GPT-3 setting, used when the spec says the model tr
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """y = x / rms(x) · w, saving only x and 1/rms for backward (what fused RMSNorm kernels keep)."""
+    """y = x / rms(x) · w, saving only x and 1/rms for backward (what fused RMSNorm kernels keep); w may be None
+    (a norm without a weight)."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
         rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, rstd, weight)
-        return (x.float() * rstd).to(x.dtype) * weight
+        y = (x.float() * rstd).to(x.dtype)
+        return y if weight is None else y * weight
 
     @staticmethod
     def backward(ctx, grad):
         x, rstd, weight = ctx.saved_tensors
         xhat = x.float() * rstd
-        grad_weight = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
-        g = grad.float() * weight.float()
+        grad_weight = None if weight is None else (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        g = grad.float() if weight is None else grad.float() * weight.float()
         grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
         return grad_x.to(x.dtype), grad_weight, None
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float = 1e-5, device=None, dtype=None):
+    def __init__(self, size: int, eps: float = 1e-5, weight: bool = True, device=None, dtype=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype))
+        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype)) if weight else None
         self.eps = eps
 
     def forward(self, x):
@@ -66,7 +68,9 @@ class RMSNorm(nn.Module):
 
 def make_norm(spec: ModelSpec, size: int, **kw) -> nn.Module:
     if spec.norm_kind == "rmsnorm":
-        return RMSNorm(size, **kw)
+        return RMSNorm(size, weight=spec.norm_weight, **kw)
+    if not spec.norm_weight:  # OLMo's: no weight, no bias
+        return nn.LayerNorm(size, elementwise_affine=False, **kw)
     return nn.LayerNorm(size, bias=spec.norm_kind == "layernorm", **kw)
 
 
@@ -128,6 +132,8 @@ class Attention(nn.Module):
             return q, k, v.contiguous()  # V on its own, not a view that keeps the whole up-projection alive
         kv, d = spec.kv_heads, spec.head_size
         q, k, v = self.q(x), self.k(x), self.v(x)
+        if spec.qkv_clip:  # OLMo: each clamped in place, which keeps its input
+            q, k, v = (t.clamp_(-spec.qkv_clip, spec.qkv_clip) for t in (q, k, v))
         if spec.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.view(b, s, n, d).transpose(1, 2) for t, n in ((q, heads), (k, kv), (v, kv)))

@@ -142,6 +142,17 @@ class ModelSpec(NamedSpec):
         "OLMo 2's Olmo2RMSNorm, gpt-oss's GptOssRMSNorm, CohereLayerNorm); False: the normalised value is cast back "
         "first (modeling_llama.py LlamaRMSNorm: weight * hidden_states.to(input_dtype)) or the norm is one kernel",
     )
+    norm_weight: StrictBool = Field(
+        True,
+        description="the norms scale by a learned weight (and a LayerNorm adds a bias); False: they have neither and "
+        "normalise in fp32 before the cast back (OLMo's OlmoLayerNorm, nanochat's NanoChatRMSNorm), the query and "
+        "key norms too",
+    )
+    qkv_clip: PositiveFloat | None = Field(
+        None,
+        description="queries, keys and values clamped to ±qkv_clip in place after their projections (OLMo's and "
+        "DBRX's clip_qkv): each clamp keeps its input for backward",
+    )
     qk_norm: Literal["none", "full", "per_head"] = Field(
         "none", description="norm on projected queries and keys: over all heads (OLMo 2) or per head"
     )

@@ -419,6 +419,18 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "gptj-small": (T.GPTJConfig, dict(vocab_size=2048, n_embd=128, n_head=4, n_layer=LAYERS, n_positions=1024,
                                       rotary_dim=8, tie_word_embeddings=False),
                    "small GPT-J: attention and a GELU MLP side by side from one LayerNorm, a biased head"),
+    "olmo-small": (T.OlmoConfig, N384 | {"clip_qkv": 8.0},
+                   "small OLMo: LayerNorms without weight or bias, in fp32; q, k and v clamped in place"),
+    "nanochat-small": (T.NanoChatConfig, N384,
+                       "small nanochat: weightless RMSNorms (the embedding's too), squared ReLU, a soft-capped head"),
+    "jais2-small": (T.Jais2Config, N384 | {"head_dim": 32},
+                    "small Jais 2: LayerNorms with biases, biases everywhere, squared ReLU"),
+    "hunyuan-dense-small": (T.HunYuanDenseV1Config, N384 | {"head_dim": 32},
+                            "small Hunyuan dense: QK-norm per head after RoPE"),
+    "exaone-moe-small": (T.ExaoneMoeConfig, MOE4 | {"num_experts": 4, "moe_intermediate_size": 64,
+                                                    "num_shared_experts": 1, "head_dim": 32,
+                                                    "sliding_window": WINDOW, "sliding_window_pattern": 2},
+                         "small EXAONE MoE: QK-norm per head, a dense layer then a routed one with a shared expert"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}

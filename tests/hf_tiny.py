@@ -104,6 +104,17 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                                         layer_types=["mamba", "attention"] * 2)),
     "solar_open": ("SolarOpenConfig", dict(MOE, n_routed_experts=4, n_shared_experts=1, head_dim=16,
                                            attention_bias=True)),
+    "ministral": ("MinistralConfig", dict(head_dim=16, sliding_window=24,
+                                          layer_types=["sliding_attention", "full_attention"] * 2)),
+    "granite_swa": ("GraniteSWAConfig", dict(sliding_window=24)),  # sinks on every layer, one global in four
+    "granitemoe_swa": ("GraniteMoeSWAConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=24)),
+    "jais2": ("Jais2Config", dict(head_dim=16)),
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", dict(head_dim=16)),
+    "exaone_moe": ("ExaoneMoeConfig", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16, sliding_window=24,
+                                           sliding_window_pattern=2)),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", dict(DEEPSEEK, n_group=1, topk_group=1)),
+    "olmo": ("OlmoConfig", dict(clip_qkv=8.0)),
+    "nanochat": ("NanoChatConfig", {}),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

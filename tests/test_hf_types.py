@@ -67,8 +67,11 @@ def test_multimodal_counts_the_text_model_and_reports_the_tower(kind: str):
 BUILD_FIELDS = {
     "dots1": {"n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6},
     "nemotron": {"num_key_value_heads": 8},
+    "ministral": {"head_dim": 128},
+    "hunyuan_v1_dense": {"head_dim": 128},
 }
-"""Dots1Config leaves its expert counts null and NemotronConfig its key-value heads, and transformers cannot build
+"""Dots1Config leaves its expert counts null, NemotronConfig its key-value heads, MinistralConfig and
+HunYuanDenseV1Config their head_dim, and transformers cannot build
 them without."""
 REFUSED_AT_DEFAULTS = {"deepseek_v2": "none of the fields num_experts_per_tok"}
 """Class defaults lmcalc still refuses: DeepseekV2Config leaves num_experts_per_tok null (the count does not depend on

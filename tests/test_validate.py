@@ -88,6 +88,27 @@ ARCHITECTURES = {
     "olmo2-like (QK-norm)": dict(
         ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", qk_norm="full", tied_embeddings=False
     ),
+    "olmo-like (weightless LayerNorms, q, k and v clamped)": dict(
+        ffn_kind="swiglu",
+        norm_kind="layernorm",
+        norm_weight=False,
+        qkv_clip=8.0,
+        position_embedding="rope",
+        tied_embeddings=False,
+    ),
+    "nanochat-like (weightless RMSNorms, the embedding's and QK too, squared ReLU)": GPT_BLOCK
+    | dict(
+        norm_kind="rmsnorm",
+        norm_weight=False,
+        attention_bias="none",
+        mlp_bias=False,
+        activation="relu2",
+        qk_norm="per_head",
+        embedding_norm=True,
+        position_embedding="rope",
+        final_softcap=15.0,
+        tied_embeddings=False,
+    ),
     "mixtral-like (MoE)": dict(
         num_kv_heads=2,
         ffn_kind="swiglu",

@@ -42,8 +42,12 @@ def gelu_ops_kept(w: Workload) -> tuple[str, ...]:
 def norm_keeps(w: Workload) -> NormKeeps:
     """What the model's norms keep under the workload's framework profile (``NormKeeps``): the rule for its kind of
     norm, a LayerNorm without a bias taking the LayerNorm's rule unless the profile gives it its own, and an RMSNorm
-    under the rule ``model`` as the model's code is written (the spec's ``norm_weight_fp32``)."""
+    under the rule ``model`` as the model's code is written (the spec's ``norm_weight_fp32``). A norm without a weight
+    (the spec's ``norm_weight``) keeps its fp32 copy of the input where the model's code runs (rule ``model``), else
+    its input."""
     rule = w.framework.norm
+    if not w.model.norm_weight:  # no weight: the model's code upcasts and normalises (OLMo, nanochat), a kernel doesn't
+        return "fp32_input" if rule.rmsnorm == "model" else "input"
     if w.model.norm_kind == "rmsnorm":
         if rule.rmsnorm != "model":
             return rule.rmsnorm

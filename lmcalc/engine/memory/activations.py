@@ -72,7 +72,7 @@ def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "se
     return [
         SavedTensor(f"{label} input (fp32 copy)", symbol, n, 4, split=split),
         *_norm_stats(w.model, label, rows, split),
-        normalised,
+        *([normalised] if w.model.norm_weight else []),  # without a weight, no multiply keeps it
     ]
 
 
@@ -99,6 +99,10 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
     kv = H if expanded else spec.kv_heads
     kv_sym = "H" if expanded or kv == H else "H_kv"
     kv_ranks = None if expanded else spec.kv_heads  # TP ranks past the KV heads share one (SavedTensor.tp_ways)
+    if spec.qkv_clip:  # OLMo's clamp_, in place on each projection's output: it keeps its input
+        clamped = (("Q", "H", H, dqk), ("K", "H_kv", spec.kv_heads, dqk), ("V", "H_kv", spec.kv_heads, dv))
+        tensors += [SavedTensor(f"{x} before the clamp (qkv_clip)", f"s·b·{y}·d", sb * n * d, act)
+                    for x, y, n, d in clamped]  # fmt: skip
     tensors += _qk_norm_saved(w, rows)
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
     return tensors + [

@@ -92,7 +92,9 @@ def _tensor(name: str, site: Site, shape: tuple[Dim, ...], matmul: bool) -> Weig
 
 
 def _norm(name: str, site: Site, size: Dim, spec: ModelSpec) -> list[WeightTensor]:
-    """A norm's weight, and its bias where the norm has one (LayerNorm)."""
+    """A norm's weight, and its bias where the norm has one (LayerNorm); nothing where the norms have neither."""
+    if not spec.norm_weight:
+        return []
     tensors = [_tensor(f"{name}.weight", site, (size,), False)]
     if spec.norm_kind == "layernorm":
         tensors.append(_tensor(f"{name}.bias", site, (size,), False))
