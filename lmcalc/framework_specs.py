@@ -35,8 +35,11 @@ class NormRule(Rule):
 
     rmsnorm: NormKeeps | Literal["model"]
     layernorm: NormKeeps
-    layernorm_nobias: NormKeeps | None = Field(
-        None, description="a LayerNorm without a bias (Cohere), where it is written apart; None: as layernorm"
+    layernorm_nobias: NormKeeps | Literal["model"] | None = Field(
+        None,
+        description="a LayerNorm without a bias, where it is written apart; model: as the model's code is written, "
+        "fp32_centred where it multiplies by its weight in fp32 (the model's norm_weight_fp32: Cohere's "
+        "CohereLayerNorm), else torch's kernel (input: MPT, DBRX); None: as layernorm",
     )
 
 
@@ -67,6 +70,12 @@ class MoeRule(Rule):
         description="the experts' outputs are kept twice: before and after the multiply by the routing weights "
         "(an index_add that keeps its source)"
     )
+    router: Literal["activation", "model"] = Field(
+        "activation",
+        description="the router's matmul: on the norm output in the activation dtype (kept once, with the experts' "
+        "input), or as the model's code runs it: where the model spec's moe.router_fp32 says, on an fp32 copy of "
+        "its input, which is kept too",
+    )
     probs_in_activation: StrictBool = Field(
         default=False,
         description="the routing weights multiply inside the experts' fused activation, so the experts' outputs come "
@@ -75,9 +84,9 @@ class MoeRule(Rule):
 
 
 class AttentionRule(Rule):
-    eager_softmax: Literal["activation", "fp32"] = Field(
+    eager_softmax: Literal["activation", "fp32", "model"] = Field(
         description="eager attention's softmax: in the activation dtype (kept once), or in fp32, kept, and its "
-        "cast copy kept by the matmul with V"
+        "cast copy kept by the matmul with V; model: as the model's code runs it (the model spec's eager_softmax)"
     )
     q_copies: PositiveInt = Field(1, description="Q-sized tensors kept (a fused QKV output kept alive adds one)")
     k_copies: PositiveInt = Field(1, description="K-sized tensors kept")

@@ -6,11 +6,11 @@ builds each on the meta device and compares, and scripts/hf_coverage.py tries ev
 registers. A field is first read as the type's configuration class reads it: an alias under its field's name and a
 field the file leaves out at the class's default (``hf_defaults``, written from the classes). The quirks come from
 each type's modelling code, not from its config, so they live here, type by type: which norms a layer has, which
-projections carry biases, whether attention and MLP run in parallel; ``hf_layers`` reads which layers attend locally,
-route to experts or run a hybrid's mixer. A multimodal config (``text_config`` inside) is read as its text model; the
-vision tower is counted apart where known, else named in a note. Other types are refused with a clear message rather
-than guessed at (``hf_meta.UnreadType``: ``lmcalc params`` may count them with transformers): a wrong count called
-exact is worse than none.
+projections carry biases, whether attention and MLP run in parallel; ``hf_gpt`` reads the GPT family's configs
+(GPT-2 to MPT and DBRX) and ``hf_layers`` which layers attend locally, route to experts or run a hybrid's mixer.
+A multimodal config (``text_config`` inside) is read as its text model; the vision tower is counted apart where known,
+else named in a note. Other types are refused with a clear message rather than guessed at (``hf_meta.UnreadType``:
+``lmcalc params`` may count them with transformers): a wrong count called exact is worse than none.
 """
 
 from __future__ import annotations
@@ -22,14 +22,26 @@ from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_fields import check_fields
 from lmcalc.hf_fields import get as _get
+from lmcalc.hf_gpt import (
+    GELUS,
+    PARALLEL_GELU,
+    RELU_MLPS,
+    RELUS,
+    XIELU_MLPS,
+    activation,
+    dropout,
+    gelu,
+    gpt2,
+    gpt_neo,
+    mpt_family,
+    neox_family,
+    opt_family,
+    parallel_gelu,
+)
 from lmcalc.hf_layers import deltanet, mamba2, moe, windows
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 
-RELUS = ("relu", "relu2")  # ACT2FN's ReLU and ReLUSquaredActivation
-RELU_MLPS = ("arcee", "nemotron", "persimmon", "jais2", "nanochat")
-"""Two-matrix MLPs that call hidden_act, squared ReLU by default."""
-GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python")  # bloom_gelu aside
 LLAMA_LIKE = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
     "deepseek_v3", "gemma", "gemma2", "gemma3_text", "granite", "smollm3", "phi3", "ernie4_5", "glm4", "glm4_moe",
@@ -38,47 +50,44 @@ LLAMA_LIKE = (
     "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum", "arcee", "nemotron",
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
-    "nanochat",
+    "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1",
 )  # fmt: skip
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
-PARALLEL_GELU = ("gptj", "codegen", "phi")
-SUPPORTED = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", *LLAMA_LIKE)
+GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
+              "dbrx")  # fmt: skip
+"""The types ``hf_gpt`` reads."""
+SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text"}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
 FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"],
          "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"],
-         "bloom": ["qkv"]}  # fmt: skip
+         "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
-SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4")  # a norm after attention and after the MLP too
+SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1")  # a norm after attention and after the MLP too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
-           "exaone4": "per_head", "mellum": "per_head", "hunyuan_v1_dense": "per_head", "exaone_moe": "per_head",
+           "exaone4": "per_head", "mellum": "per_head", "hunyuan_v1_dense": "per_head",
+           "hunyuan_v1_moe": "per_head", "exaone_moe": "per_head",
            "nanochat": "per_head",
+           "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip
 """Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
-ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_act", "gelu"),
-              "gptj": ("activation_function", "gelu_new"), "codegen": ("activation_function", "gelu_new"),
-              "phi": ("hidden_act", "gelu_new"),
-              "gpt_bigcode": ("activation_function", "gelu_pytorch_tanh"),
-              "falcon": ("activation", "gelu"), "starcoder2": ("hidden_act", "gelu_pytorch_tanh"),
-              "gemma": ("hidden_act", "gelu_pytorch_tanh"), "gemma2": ("hidden_activation", "gelu_pytorch_tanh"),
-              "gemma3_text": ("hidden_activation", "gelu_pytorch_tanh"),
-              "vaultgemma": ("hidden_activation", "gelu_pytorch_tanh")}  # fmt: skip
-"""The config field each type's MLP calls ACT2FN with, and the config class's default, where not hidden_act and
-silu (GPT2MLP: activation_function; FalconMLP: activation; Gemma2MLP and Gemma3MLP: hidden_activation)."""
-NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "flex_olmo", "olmo3",
+NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe",
+                    "flex_olmo", "olmo3",
                     "helium", "vaultgemma", *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
              "stablelm": "layernorm", "jais2": "layernorm", "olmo": "layernorm", "cohere": "layernorm_nobias",
-             "cohere2": "layernorm_nobias"}  # fmt: skip
+             "cohere2": "layernorm_nobias", "cohere2_moe": "layernorm_nobias"}  # fmt: skip
 """The norms of the Llama-like types whose norms are not RMSNorms: LayerNorms, with biases or without."""
+COHERE = ("cohere", "cohere2", "cohere2_moe")
+"""Attention and MLP side by side from one norm (CohereDecoderLayer)."""
 NO_NORM_WEIGHT = ("olmo", "nanochat")
 """Types whose norms have no weight (OlmoLayerNorm, NanoChatRMSNorm): ModelSpec.norm_weight false. nanochat's also
 normalises the embedding (its final norm, called once before the layers too)."""
@@ -104,128 +113,6 @@ def _flag(config: dict[str, Any], key: str, default: bool, origin: str) -> bool:
     return value
 
 
-def _activation(config: dict[str, Any], kind: str) -> str:
-    """The activation the type's MLP calls (``ACTIVATION``), as ACT2FN names it."""
-    key, default = ACTIVATION.get(kind, ("hidden_act", "silu"))
-    act = str(config.get(key) or default).lower()
-    # GemmaConfig.__post_init__: the legacy "gelu" of the released configs means the tanh approximation
-    return "gelu_pytorch_tanh" if kind == "gemma" and act == "gelu" else act
-
-
-def _gelu(config: dict[str, Any], kind: str, origin: str) -> str:
-    """The activation of a type whose MLP is two matrices (up, down): a GELU, or where the type's code allows it ReLU
-    or squared ReLU (``RELUS``), refused when it is another."""
-    act = _activation(config, kind)
-    known = GELUS + RELUS if kind in RELU_MLPS else GELUS
-    if act not in known:
-        key = ACTIVATION.get(kind, ("hidden_act",))[0]
-        raise LmcalcError(
-            f"{origin}: config.json {key} {token(act)} is not an activation lmcalc knows for {kind}'s MLP "
-            f"({', '.join(known)})"
-        )
-    return act
-
-
-def _gpt2(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
-    """GPT-2, and GPTBigCode (StarCoder 1, SantaCoder): GPT-2's layout with multi-query attention by default."""
-    hidden, heads = _get(config, origin, "n_embd"), _get(config, origin, "n_head")
-    return fields | {
-        "hidden_size": hidden,
-        "num_layers": _get(config, origin, "n_layer"),
-        "num_heads": heads,
-        # GPTBigCodeAttention: one key-value head when multi_query (its class default)
-        "num_kv_heads": 1 if kind == "gpt_bigcode" and config.get("multi_query", True) else heads,
-        "ffn_size": _get(config, origin, "n_inner", default=4 * hidden),
-        "ffn_kind": "gelu_mlp",
-        "activation": _gelu(config, kind, origin),
-        "norm_kind": "layernorm",
-        "attention_bias": "all",
-        "mlp_bias": True,
-        "position_embedding": "learned",
-        "max_seq_len": _get(config, origin, "n_positions", "n_ctx"),
-        # GPT2Config's and GPTBigCodeConfig's dropout probabilities default to 0.1
-        "dropout": any(config.get(key, 0.1) > 0 for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
-    }
-
-
-def _neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
-    """GPT-NeoX, Falcon and BLOOM: LayerNorm with biases, one fused query_key_value, a GELU MLP."""
-    hidden = _get(config, origin, "hidden_size", "n_embed")
-    heads = _get(config, origin, "num_attention_heads", "n_head")
-    fields |= {
-        "hidden_size": hidden,
-        "num_layers": _get(config, origin, "num_hidden_layers", "n_layer"),
-        "num_heads": heads,
-        "ffn_kind": "gelu_mlp",
-        # BLOOM's MLP calls its own GeLUFunction (modeling_bloom.py BloomGelu), whatever the config says
-        "activation": "bloom_gelu" if kind == "bloom" else _gelu(config, kind, origin),
-        "norm_kind": "layernorm",
-    }
-    if kind == "gpt_neox":  # parallel residual by default, each branch with its own norm
-        return fields | {
-            "ffn_size": _get(config, origin, "intermediate_size"),
-            "attention_bias": "all" if config.get("attention_bias", True) else "none",
-            "mlp_bias": True,
-            "parallel_block": bool(config.get("use_parallel_residual", True)),
-            "position_embedding": "rope",
-            "max_seq_len": _get(config, origin, "max_position_embeddings"),
-        }
-    if kind == "bloom":  # ALiBi (no position weights), a LayerNorm after the embedding
-        return fields | {
-            "ffn_size": 4 * hidden,
-            "attention_bias": "all",
-            "mlp_bias": True,
-            "embedding_norm": True,
-            "position_embedding": "none",
-            "max_seq_len": config.get("seq_length") or 2048,  # BLOOM trained on 2,048-token sequences
-        }
-    new = bool(config.get("new_decoder_architecture"))  # falcon: 40B/180B's layout, or 7B's
-    parallel = new or bool(config.get("parallel_attn", True))
-    norms = (config.get("num_ln_in_parallel_attn") or 2) if new else (1 if parallel else 2)
-    kv = config.get("num_kv_heads") if new else (1 if config.get("multi_query", True) else heads)
-    bias = "all" if config.get("bias") else "none"
-    return fields | {
-        "num_kv_heads": kv or heads,
-        "ffn_size": config.get("ffn_hidden_size") or 4 * hidden,
-        "attention_bias": bias,
-        "mlp_bias": bias == "all",
-        "parallel_block": parallel,
-        "norms_per_layer": norms,
-        "position_embedding": "none" if config.get("alibi") else "rope",
-        "max_seq_len": config.get("max_position_embeddings") or 2048,
-    }
-
-
-def _parallel_gelu(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
-    """GPT-J, CodeGen and Phi-1/2: attention and a GELU MLP side by side from one LayerNorm, biases on the MLP and on
-    the output head (GPTJForCausalLM, CodeGenForCausalLM, PhiForCausalLM), RoPE on part of each head (not a FLOP lmcalc
-    counts). GPT-J's and CodeGen's attention has no biases (CodeGen's q, k and v are one qkv_proj); Phi's has them
-    all, and with ``qk_layernorm`` a LayerNorm over each head's queries and keys."""
-    hidden = _get(config, origin, "n_embd", "hidden_size")
-    phi = kind == "phi"
-    return fields | {
-        "hidden_size": hidden,
-        "num_layers": _get(config, origin, "n_layer", "num_hidden_layers"),
-        "num_heads": _get(config, origin, "n_head", "num_attention_heads"),
-        "num_kv_heads": config.get("num_key_value_heads") if phi else None,
-        "ffn_size": _get(config, origin, "intermediate_size" if phi else "n_inner", default=4 * hidden),
-        "ffn_kind": "gelu_mlp",
-        "activation": _gelu(config, kind, origin),
-        "norm_kind": "layernorm",
-        "norms_per_layer": 1,
-        "parallel_block": True,
-        "attention_bias": "all" if phi else "none",
-        "mlp_bias": True,
-        "head_bias": True,
-        "qk_norm": "per_head" if phi and config.get("qk_layernorm") else "none",
-        "position_embedding": "rope",
-        "max_seq_len": _get(config, origin, "n_positions", "max_position_embeddings"),
-        "dropout": any(
-            (config.get(key) or 0) > 0 for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout")
-        ),
-    }
-
-
 def _floored_head_dim(config: dict[str, Any], origin: str) -> int | None:
     """Without a ``head_dim``, transformers' attention takes hidden_size // num_attention_heads, floored where the
     heads do not tile the hidden size (Glm4MoeConfig's defaults: 4096 // 96 = 42); None where they do, for the spec
@@ -249,8 +136,10 @@ def _post_norms(config: dict[str, Any], kind: str) -> bool:
 def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
     if kind == "stablelm" and config.get("qk_layernorm"):  # StableLmLayerNormPerHead: bias-free, unlike its block's
         raise LmcalcError(f"{origin}: config.json qk_layernorm is true: StableLM's per-head norms are not modelled")
-    two_matrices = kind in ("starcoder2", *RELU_MLPS)  # up and down, no gate
-    act = _gelu(config, kind, origin) if two_matrices else _activation(config, kind)
+    if config.get("output_vocab_size") not in (None, config.get("vocab_size")):  # Apertus 1.5: a head of its own
+        raise LmcalcError(f"{origin}: config.json output_vocab_size differs from vocab_size: not modelled")
+    two_matrices = kind in ("starcoder2", *RELU_MLPS, *XIELU_MLPS)  # up and down, no gate
+    act = gelu(config, kind, origin) if two_matrices else activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
     bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
@@ -271,7 +160,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         # experts' width stands in, a width no layer uses
         "ffn_size": _get(config, origin, "intermediate_size_mlp", "intermediate_size", "moe_intermediate_size"),
         "ffn_kind": "gelu_mlp" if two_matrices else ("geglu" if act in GELUS else "swiglu"),
-        **({"activation": act} if act in GELUS + RELUS else {}),
+        **({"activation": act} if act in (*GELUS, *RELUS, "xielu") else {}),
         "norm_kind": NORM_KIND.get(kind, "rmsnorm"),
         "norm_weight": kind not in NO_NORM_WEIGHT,
         "qkv_clip": config.get("clip_qkv"),
@@ -285,13 +174,16 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         or (QK_NORM_OPTIONAL.get(kind, "none") if config.get("use_qk_norm") or config.get("qk_layernorm") else "none"),
         "norms_per_layer": 4
         if kind in SANDWICH_NORMS or _post_norms(config, kind)
-        else (1 if kind in ("cohere", "cohere2") or _stablelm_parallel(config, kind) else 2),
-        "parallel_block": kind in ("cohere", "cohere2") or _stablelm_parallel(config, kind),
+        else (1 if kind in COHERE or _stablelm_parallel(config, kind) else 2),
+        "parallel_block": kind in COHERE or _stablelm_parallel(config, kind),
         "attention_sinks": kind in ("gpt_oss", "granite_swa", "granitemoe_swa"),
         "head_bias": bool(config.get("lm_head_bias")),  # PhimoeForCausalLM's option
         # Seed-OSS drops attention probabilities and each sub-layer's output (its class default 0.1), not the embedding
-        "dropout": kind == "seed_oss"
-        and any((config.get(k) or 0) > 0 for k in ("attention_dropout", "residual_dropout")),
+        **(
+            dropout(config, {"attention": "attention_dropout", "residual": "residual_dropout"})
+            if kind == "seed_oss"
+            else {}
+        ),
         "attention_softcap": config.get("attn_logit_softcapping"),
         "final_softcap": config.get("final_logit_softcapping"),
         **windows(config, kind, layers, origin),
@@ -311,6 +203,10 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     routed = moe(config, kind, layers, origin)
     if routed:
         fields["moe"] = routed
+    if kind == "cohere2_moe":  # its dense layers' own width; an RMSNorm (Llama's) where rms_norm_eps is given
+        fields["ffn_size"] = config.get("prefix_dense_intermediate_size") or fields["ffn_size"]
+        if config.get("rms_norm_eps") is not None:
+            fields |= {"norm_kind": "rmsnorm", "norm_weight_fp32": False}
     if kind == "jamba":  # Mamba layers but every attn_layer_period-th; no position encoding
         hidden = fields["hidden_size"]
         rank = config.get("mamba_dt_rank", "auto")
@@ -403,9 +299,15 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
     fields = _common(text, kind, name, origin) | (_vision(config, text) if multimodal else {})
     if kind in ("gpt2", "gpt_bigcode"):
-        return _gpt2(text, kind, fields, origin)
+        return gpt2(text, kind, fields, origin)
     if kind in ("gpt_neox", "falcon", "bloom"):
-        return _neox_family(text, kind, fields, origin)
+        return neox_family(text, kind, fields, origin)
     if kind in PARALLEL_GELU:
-        return _parallel_gelu(text, kind, fields, origin)
+        return parallel_gelu(text, kind, fields, origin)
+    if kind in ("opt", "biogpt"):
+        return opt_family(text, kind, fields, origin)
+    if kind == "gpt_neo":
+        return gpt_neo(text, kind, fields, origin)
+    if kind in ("mpt", "dbrx"):
+        return mpt_family(text, kind, fields, origin)
     return _llama_like(text, kind, fields, origin)

@@ -23,26 +23,29 @@ WHOLE_NUMBERS = frozenset(
         "moe_num_experts", "moe_k", "moe_num_shared_experts", "moe_layer_start_index", "moe_layer_end_index",
         "moe_layer_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
         "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval", "mamba_n_heads",
-        "mamba_n_groups", "mamba_chunk_size",
+        "mamba_n_groups", "mamba_chunk_size", "ffn_dim", "word_embed_proj_dim", "num_layers", "num_heads",
+        "window_size", "num_shared_experts", "d_model", "n_heads", "n_layers", "max_seq_len", "moe_topk",
+        "prefix_dense_intermediate_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
     {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "residual_dropout", "attn_logit_softcapping",
-     "final_logit_softcapping"}
+     "final_logit_softcapping", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
+     "activation_dropout", "embed_dropout", "resid_dropout", "clip_qkv", "rms_norm_eps"}
 )  # fmt: skip
 FLAGS = frozenset(
     {
         "tie_word_embeddings", "attention_bias", "use_bias", "mlp_bias", "bias", "use_parallel_residual",
         "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
         "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm", "use_qkv_bias", "qk_layernorm",
-        "attention_out_bias",
+        "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine",
     }
 )  # fmt: skip
 TEXTS = frozenset(
     {"model_type", "hidden_act", "hidden_activation", "activation_function", "activation", "position_embedding_type"}
 )
 LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers", "attn_layer_indices"})
-LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types"})
+LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types", "attention_layers"})
 VISION_WHOLE_NUMBERS = frozenset(
     {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
 )

@@ -14,6 +14,12 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 """The layer_types of a local layer, and the ModelSpec.local_attention each means."""
 
 
+ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "dots1", "ernie4_5_moe", "exaone_moe", "glm4_moe", "glm4_moe_lite",
+               "hunyuan_v1_moe", "solar_open", "kolibri1")  # fmt: skip
+"""Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
+F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float())."""
+
+
 def every_n(flags: list[bool], origin: str, what: str) -> int | None:
     """The N of "layer i is special when (i + 1) is a multiple of N" that ``flags`` (per layer) follow; None when
     no layer is special."""
@@ -84,11 +90,14 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         config.get("n_shared_experts")
         or config.get("moe_num_shared_experts")
         or config.get("num_shared_experts")
+        or (1 if kind == "hunyuan_v1_moe" else 0)  # HunYuanMoEV1Moe's shared_mlp, of the experts' width
         or (1 if kind == "llama4_text" else 0)
     )
     shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
     # GraniteMoeShared's and Granite 4's shared_mlp, added to the experts' output without a gate
     ungated = config.get("shared_intermediate_size") if kind in ("granitemoeshared", "granitemoehybrid") else None
+    if kind == "kolibri1":  # Kolibri1's shared_experts: Qwen2-MoE's width field, without its gate
+        shared_width, ungated = None, shared_width
     if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:
         raise LmcalcError(f"{origin}: moe_layer_freq other than 1 is not supported")
     every = config.get("decoder_sparse_step") or config.get("interleave_moe_layer_step") or 1
@@ -112,7 +121,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         dense_ids += list(range(end + 1, layers))
     return {
         "num_experts": experts,
-        "experts_per_token": _get(config, origin, "num_experts_per_tok", "experts_per_token", "moe_k"),
+        "experts_per_token": _get(config, origin, "num_experts_per_tok", "experts_per_token", "moe_k", "moe_topk"),
         "shared_experts": shared + (1 if shared_width or ungated else 0),
         "expert_ffn_size": _get(config, origin, "moe_intermediate_size", "intermediate_size"),
         "shared_expert_ffn_size": shared_width or ungated or None,
@@ -124,6 +133,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         # transformers (set by a rule, not trained), so not a parameter
         # ERNIE 4.5's e_score_correction_bias is an nn.Parameter (frozen): counted, as transformers counts it
         "router_bias": kind in ("gpt_oss", "ernie4_5_moe"),
+        "router_fp32": kind in ROUTER_FP32,
         # group-limited routing: each token's experts come from topk_group of n_group groups, which training
         # places a group to a node (DeepSeek-V3 §2.1.2: node-limited routing)
         "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,

@@ -145,7 +145,7 @@ class Attention(nn.Module):
 
     def core(self, q, k, v, causal_bias):
         """softmax(QKᵀ/√d + causal mask)·V."""
-        p = DROPOUT_P if (self.spec.dropout and self.training) else 0.0
+        p = DROPOUT_P if (self.spec.drops("attention") and self.training) else 0.0
         groups = q.shape[1] // k.shape[1]
         if self.impl == "flash":
             # A CUDA case no fused kernel takes would silently run the math kernel, which keeps the fp32
@@ -205,11 +205,18 @@ class FeedForward(nn.Module):
         self.kind, self.activation = spec.ffn_kind, spec.activation
         if self.kind == "gelu_mlp":
             self.fc, self.proj = nn.Linear(h, width, bias=bias, **kw), nn.Linear(width, h, bias=bias, **kw)
+            if self.activation == "xielu":  # Apertus: two learnt scalars
+                self.alpha_p, self.alpha_n = (nn.Parameter(torch.zeros(1, **kw)) for _ in range(2))
         else:
             self.gate, self.up = nn.Linear(h, width, bias=bias, **kw), nn.Linear(h, width, bias=bias, **kw)
             self.down = nn.Linear(width, h, bias=bias, **kw)
 
     def forward(self, x):
+        if self.kind == "gelu_mlp" and self.activation == "xielu":  # transformers' XIELUActivation, its Python form
+            u, beta = self.fc(x), 0.5
+            alpha_p, alpha_n = F.softplus(self.alpha_p), beta + F.softplus(self.alpha_n)
+            negative = (torch.expm1(torch.clamp(u, max=-1e-6)) - u) * alpha_n + beta * u
+            return self.proj(torch.where(u > 0, alpha_p * u * u + beta * u, negative))
         if self.kind == "gelu_mlp":
             return self.proj(_two_matrix_act(self.fc(x), self.activation))
         act = F.silu if self.kind == "swiglu" else F.gelu
@@ -331,7 +338,7 @@ class Block(nn.Module):
         if spec.norms_per_layer == 4:
             self.post_attn_norm, self.post_mlp_norm = make_norm(spec, h, **kw), make_norm(spec, h, **kw)
         self.mlp = MoE(spec, **kw) if moe_layer else FeedForward(spec, spec.ffn_size, **kw)
-        self.p, self.parallel = DROPOUT_P if spec.dropout else 0.0, spec.parallel_block
+        self.p, self.parallel = DROPOUT_P if spec.drops("residual") else 0.0, spec.parallel_block
 
     def forward(self, x, cos, sin, causal_bias, selective: bool = False):
         def post(name: str, y):
@@ -357,7 +364,7 @@ class ReferenceModel(nn.Module):
         h = spec.hidden_size
         self.embed = nn.Embedding(spec.vocab_size, h, **kw)
         if spec.position_embedding == "learned":
-            self.pos_embed = nn.Embedding(spec.max_seq_len, h, **kw)
+            self.pos_embed = nn.Embedding(spec.max_seq_len + spec.position_offset, h, **kw)
         if spec.embedding_norm:
             self.embed_norm = make_norm(spec, h, **kw)
         self.layers = nn.ModuleList(Block(spec, i, attention, **kw) for i in range(spec.num_layers))
@@ -405,8 +412,8 @@ class ReferenceModel(nn.Module):
         if hasattr(self, "embed_norm"):
             x = self.embed_norm(x)
         if hasattr(self, "pos_embed"):
-            x = x + self.pos_embed(torch.arange(s, device=tokens.device))
-        x = F.dropout(x, DROPOUT_P if self.spec.dropout else 0.0, self.training)
+            x = x + self.pos_embed(torch.arange(s, device=tokens.device) + self.spec.position_offset)
+        x = F.dropout(x, DROPOUT_P if self.spec.drops("embedding") else 0.0, self.training)
         cos, sin = self.get_buffer("cos")[:s], self.get_buffer("sin")[:s]
         if recompute == "full" and units is None:
             units = tuple((i, i + 1) for i in range(len(self.layers)))

@@ -28,11 +28,12 @@ NonNegativeFloat = Annotated[float, Field(ge=0, strict=True)]
 StrictBool = Annotated[bool, Field(strict=True)]
 
 FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
+DropoutSite = Literal["embedding", "attention", "residual"]
 NormKind = Literal["layernorm", "layernorm_nobias", "rmsnorm"]
 PositionKind = Literal["learned", "rope", "none"]
 ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8"]
 ActivationKind = Literal[
-    "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python", "bloom_gelu", "relu", "relu2"
+    "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python", "bloom_gelu", "relu", "relu2", "xielu"
 ]  # fmt: skip
 
 

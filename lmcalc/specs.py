@@ -20,6 +20,7 @@ from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec
 from lmcalc.spec_base import (
     ActivationKind,
     ComputeDtype,
+    DropoutSite,
     FfnKind,
     NamedSpec,
     NonNegativeFloat,
@@ -36,9 +37,9 @@ from lmcalc.spec_base import (
     whole_float_as_int,
 )
 
-__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "FfnKind", "Mamba2Spec", "MambaSpec", "NamedSpec",
-           "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "Spec",
-           "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
+__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "Mamba2Spec", "MambaSpec",
+           "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
+           "PositiveInt", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
@@ -54,6 +55,12 @@ class MoESpec(Spec):
         False,
         description="a learned per-expert bias on the router (gpt-oss); DeepSeek-V3's balancing bias is a buffer set "
         "by a rule, not a parameter",
+    )
+    router_fp32: StrictBool = Field(
+        False,
+        description="the model's code runs the router's matmul in fp32 on an fp32 copy of its input (transformers' "
+        "DeepSeek-V2/V3, GLM-4.5, ERNIE 4.5, EXAONE MoE and Hunyuan routers), read under a framework profile whose "
+        "moe.router is model",
     )
     shared_expert_ffn_size: PositiveInt | None = Field(
         None, description="inner width of the shared experts when it differs from expert_ffn_size (Qwen2-MoE)"
@@ -132,7 +139,8 @@ class ModelSpec(NamedSpec):
         "(transformers/activations.py ACT2FN): gelu and gelu_pytorch_tanh are torch's GELU kernel (GPT-NeoX, Falcon; "
         "StarCoder2, Gemma); gelu_new (GPT-2's NewGELUActivation), gelu_fast and gelu_python are written op by op; "
         "bloom_gelu is modeling_bloom.py's GeLUFunction, which keeps its input; relu keeps its output (OPT), relu2 "
-        "squares it (Persimmon, Nemotron, Arcee: ReLUSquaredActivation). Older presets call the field gelu",
+        "squares it (Persimmon, Nemotron, Arcee: ReLUSquaredActivation); xielu is Apertus's xIELU (XIELUActivation: "
+        "two learnt scalars). Older presets call the field gelu",
     )
     norm_kind: NormKind
     norm_weight_fp32: StrictBool = Field(
@@ -147,6 +155,12 @@ class ModelSpec(NamedSpec):
         description="the norms scale by a learned weight (and a LayerNorm adds a bias); False: they have neither and "
         "normalise in fp32 before the cast back (OLMo's OlmoLayerNorm, nanochat's NanoChatRMSNorm), the query and "
         "key norms too",
+    )
+    eager_softmax: Literal["fp32", "activation"] = Field(
+        "fp32",
+        description="the dtype the model's own eager attention runs its softmax in (read under a framework profile "
+        "whose attention.eager_softmax is model): fp32 then a cast (transformers' eager_attention_forward for "
+        "Llama and most), or the activation dtype (GPT-2's and BioGPT's)",
     )
     qkv_clip: PositiveFloat | None = Field(
         None,
@@ -207,7 +221,18 @@ class ModelSpec(NamedSpec):
     )
     position_embedding: PositionKind
     max_seq_len: PositiveInt
+    position_offset: NonNegativeInt = Field(
+        0,
+        description="rows of a learned position table before position 0: the table holds max_seq_len + "
+        "position_offset rows (OPT's and BioGPT's 2, fairseq's padding offset)",
+    )
     dropout: StrictBool = Field(False, description="trained with dropout: masks are saved for backward")
+    dropout_at: tuple[DropoutSite, ...] = Field(
+        ("embedding", "attention", "residual"),
+        description="where dropout runs, with dropout true: on the embedding's output, on the attention "
+        "probabilities, on each sub-layer's output before the residual add (GPT-2: all three; OPT: the residual "
+        "alone, its attention_dropout 0)",
+    )
     mla: MLASpec | None = None
     moe: MoESpec | None = None
     mamba: MambaSpec | None = None
@@ -305,6 +330,10 @@ class ModelSpec(NamedSpec):
     def local_layers(self) -> int:
         """Attention layers that attend locally."""
         return sum(self.is_local_layer(i) and self.is_attention_layer(i) for i in range(self.num_layers))
+
+    def drops(self, site: DropoutSite) -> bool:
+        """Whether dropout runs at ``site`` (``dropout_at``), its mask kept for backward."""
+        return self.dropout and site in self.dropout_at
 
     @property
     def kv_heads(self) -> int:

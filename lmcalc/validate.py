@@ -96,7 +96,7 @@ def cpu_fallback_reason(spec: ModelSpec, attention: str) -> str:
     """Why PyTorch's CPU ``scaled_dot_product_attention`` would not run a fused kernel, or ''."""
     if attention != "flash":
         return ""
-    if spec.dropout:
+    if spec.drops("attention"):
         return "CPU sdpa has no fused dropout: it falls back to the math kernel (scores materialised)"
     if spec.qk_head_dim != spec.v_head_dim:
         return "CPU sdpa needs equal Q/K and V head sizes for its fused kernel; MLA's differ"

@@ -44,7 +44,7 @@ import warnings
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -431,9 +431,41 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                     "num_shared_experts": 1, "head_dim": 32,
                                                     "sliding_window": WINDOW, "sliding_window_pattern": 2},
                          "small EXAONE MoE: QK-norm per head, a dense layer then a routed one with a shared expert"),
+    "opt-small": (T.OPTConfig, dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, num_hidden_layers=LAYERS,
+                                    ffn_dim=384, max_position_embeddings=1024, tie_word_embeddings=False),
+                  "small OPT: a ReLU MLP, biases, positions offset by two, dropout 0.1 on each sub-layer's output"),
+    "biogpt-small": (T.BioGptConfig, dict(vocab_size=2048, hidden_size=128, num_attention_heads=4,
+                                          num_hidden_layers=LAYERS, intermediate_size=384,
+                                          max_position_embeddings=1024, attention_probs_dropout_prob=0.0,
+                                          tie_word_embeddings=False),
+                     "small BioGPT: OPT's block with a GELU, dropout 0.1 on the embedding and each sub-layer's output"),
+    "gpt-neo-small": (T.GPTNeoConfig, dict(vocab_size=2048, hidden_size=128, num_heads=4, num_layers=LAYERS,
+                                           attention_types=[[["global", "local"], 1]], window_size=WINDOW,
+                                           max_position_embeddings=1024, embed_dropout=0.1, resid_dropout=0.1,
+                                           tie_word_embeddings=False),
+                      "small GPT-Neo: a global layer then a local one, biases on the output projection alone, "
+                      "dropout on the embedding and each sub-layer's output"),
+    "mpt-small": (T.MptConfig, dict(vocab_size=2048, d_model=128, n_heads=4, n_layers=LAYERS, max_seq_len=1024,
+                                    attn_config=dict(clip_qkv=8.0), tie_word_embeddings=False),
+                  "small MPT: one fused Wqkv clamped, LayerNorms without a bias, ALiBi, a GELU MLP of 4·h"),
+    "dbrx-small": (T.DbrxConfig, dict(vocab_size=2048, d_model=128, n_heads=4, n_layers=LAYERS, max_seq_len=1024,
+                                      attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=500000.0),
+                                      ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2)),
+                   "small DBRX: MPT's attention with RoPE and 2 key-value heads, 4 SwiGLU experts top-2"),
+    "apertus-small": (T.ApertusConfig, N384, "small Apertus: a two-matrix MLP with xIELU, QK-norm per head"),
+    "hunyuan-moe-small": (T.HunYuanMoEV1Config, NARROW | {"intermediate_size": 64, "num_experts": 4, "moe_topk": 2},
+                          "small Hunyuan MoE: 4 experts top-2 and a shared MLP of their width, an fp32 router"),
+    "cohere2-moe-small": (T.Cohere2MoeConfig, NARROW | {"intermediate_size": 64, "num_experts": 4,
+                                                        "num_experts_per_tok": 2, "num_shared_experts": 1,
+                                                        "first_k_dense_replace": 1, "sliding_window": WINDOW,
+                                                        "prefix_dense_intermediate_size": 384},
+                          "small Command A MoE: Cohere's parallel block, a dense layer then 4 experts top-2 with a "
+                          "shared one"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
+for _name in ("gpt-neo-small", "mpt-small"):  # GPTNeoPreTrainedModel, MptPreTrainedModel: no SDPA
+    CASES[_name] = replace(CASES[_name], attentions=EAGER_ONLY)
 
 # --------------------------------------------------------------------------------------------------------------------
 # Records
@@ -497,7 +529,7 @@ class Measurement:
 def _layer_index(module: str) -> int | None:
     parts = module.split(".")
     for i, part in enumerate(parts[:-1]):
-        if part in ("layers", "h") and parts[i + 1].isdigit():
+        if part in ("layers", "h", "blocks") and parts[i + 1].isdigit():
             return int(parts[i + 1])
     return None
 
@@ -726,8 +758,9 @@ def _exclude(model: torch.nn.Module) -> set[int]:
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    base = model.base_model  # .model, .transformer (GPT-2, Falcon) or .gpt_neox
-    return list(base.layers if hasattr(base, "layers") else base.h)
+    base = model.base_model  # .model, .transformer (GPT-2, Falcon, MPT, DBRX), .gpt_neox, or OPT's .model.decoder
+    base = getattr(base, "decoder", base)
+    return list(next(getattr(base, name) for name in ("layers", "h", "blocks") if hasattr(base, name)))
 
 
 def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:

@@ -69,9 +69,11 @@ BUILD_FIELDS = {
     "nemotron": {"num_key_value_heads": 8},
     "ministral": {"head_dim": 128},
     "hunyuan_v1_dense": {"head_dim": 128},
+    "hunyuan_v1_moe": {"head_dim": 128},
+    "dbrx": {"attn_config": {"rope_theta": 500000.0}},
 }
 """Dots1Config leaves its expert counts null, NemotronConfig its key-value heads, MinistralConfig and
-HunYuanDenseV1Config their head_dim, and transformers cannot build
+the HunYuan configs their head_dim, DbrxConfig its attention's rope_theta, and transformers cannot build
 them without."""
 REFUSED_AT_DEFAULTS = {"deepseek_v2": "none of the fields num_experts_per_tok"}
 """Class defaults lmcalc still refuses: DeepseekV2Config leaves num_experts_per_tok null (the count does not depend on

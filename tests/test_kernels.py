@@ -180,7 +180,7 @@ def test_a_norm_kept_in_fp32_is_timed_as_unfused_kernels():
     one after another; torch.nn.LayerNorm is one fused kernel. Per norm: 6 + 10 kernels forward and backward
     against 2, on each of the L layers' two norms."""
     fused_model = gpt(layers=2)
-    centred = fused_model.model_copy(update={"norm_kind": "layernorm_nobias"})
+    centred = fused_model.model_copy(update={"norm_kind": "layernorm_nobias", "norm_weight_fp32": True})
     _, fused = whole(fused_model, 16, 2, framework="transformers")
     _, unfused = whole(centred, 16, 2, framework="transformers")
     assert unfused.memory_kernels - fused.memory_kernels == 2 * 2 * (16 - 2)

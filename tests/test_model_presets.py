@@ -634,6 +634,8 @@ SAME_FIELDS = (
     "position_embedding",
     "max_seq_len",
     "dropout",
+    "dropout_at",
+    "eager_softmax",
     "mla",
     "moe",
 )

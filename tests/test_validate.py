@@ -68,8 +68,15 @@ GPT_BLOCK = dict(ffn_kind="gelu_mlp", norm_kind="layernorm", attention_bias="all
 ARCHITECTURES = {
     "gpt2-like (learned positions, biases, a head bias, dropout, tied)": GPT_BLOCK
     | dict(position_embedding="learned", tied_embeddings=True, dropout=True, head_bias=True),
-    "opt-like (ReLU MLP, learned positions, biases)": GPT_BLOCK
-    | dict(activation="relu", position_embedding="learned", tied_embeddings=True),
+    "opt-like (ReLU MLP, positions offset by two, biases, dropout on the residual alone)": GPT_BLOCK
+    | dict(
+        activation="relu",
+        position_embedding="learned",
+        position_offset=2,
+        tied_embeddings=True,
+        dropout=True,
+        dropout_at=("residual",),
+    ),
     "nemotron-like (squared ReLU)": GPT_BLOCK
     | dict(activation="relu2", position_embedding="rope", tied_embeddings=False),
     "gemma2-like (soft-capped scores and logits)": dict(

@@ -29,6 +29,8 @@ OPS_KEPT: dict[ActivationKind, tuple[str, ...]] = {
     "gelu_python": ("x/√2 (erf's input)", "0.5·x", "1 + erf"),
     "relu": (),  # torch.relu: its output, which the down projection keeps as its input (memory.ffn.ffn_saved)
     "relu2": (),  # ReLUSquaredActivation: relu's output, kept by relu and by square, then the square
+    # XIELUActivation's Python form: where(x > 0, αp·x·x + β·x, (expm1(min(x, ε)) − x)·αn + β·x)
+    "xielu": ("x (kept by min and by the products)", "αp·x", "expm1 output", "expm1(min(x, ε)) − x"),
 }
 """The f-wide tensors each GELU written op by op keeps, its output aside; () for a kernel."""
 
@@ -37,6 +39,13 @@ def gelu_ops_kept(w: Workload) -> tuple[str, ...]:
     """What the model's GELU keeps, its output aside, where it runs op by op (the framework profile's ``mlp.gelu``
     is ``model`` and the model's code writes it so); () where it is one kernel, which keeps its input."""
     return OPS_KEPT[w.model.activation] if w.framework.mlp.gelu == "model" else ()
+
+
+def eager_softmax(w: Workload) -> str:
+    """The dtype eager attention's softmax runs in under the workload's framework profile: the profile's rule, or
+    under the rule ``model`` the model's code's (the spec's ``eager_softmax``)."""
+    rule = w.framework.attention.eager_softmax
+    return w.model.eager_softmax if rule == "model" else rule
 
 
 def norm_keeps(w: Workload) -> NormKeeps:
@@ -52,6 +61,7 @@ def norm_keeps(w: Workload) -> NormKeeps:
         if rule.rmsnorm != "model":
             return rule.rmsnorm
         return "fp32_normalised" if w.model.norm_weight_fp32 else "fp32_input"  # upcast, the weight as the code does
-    if w.model.norm_kind == "layernorm_nobias" and rule.layernorm_nobias:
-        return rule.layernorm_nobias
-    return rule.layernorm
+    nobias = rule.layernorm_nobias if w.model.norm_kind == "layernorm_nobias" else None
+    if nobias == "model":  # Cohere's own, upcast, or torch's kernel
+        return "fp32_centred" if w.model.norm_weight_fp32 else "input"
+    return nobias or rule.layernorm

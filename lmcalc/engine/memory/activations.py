@@ -29,7 +29,7 @@ from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, ro
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import average_mixer
 from lmcalc.engine.model.params import Dim
-from lmcalc.engine.model_code import norm_keeps
+from lmcalc.engine.model_code import eager_softmax, norm_keeps
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
 
@@ -248,7 +248,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
     tensors += _attention_saved(w)
     if w.attention == "eager":
         tensors += _eager_scores_saved(w)
-        if spec.dropout:
+        if spec.drops("attention"):
             tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
             tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
         tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
@@ -273,7 +273,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
         tensors = tensors[:kept_by_every_layer] + average_mixer(w, tensors[kept_by_every_layer:])
     if spec.norms_per_layer == 4:  # a sandwich norm on the attention's output (Gemma 2/3): its input is new
         tensors += _norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
-    if spec.dropout:
+    if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
     tensors += [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
     return fp8_saved(
@@ -296,7 +296,7 @@ def _eager_scores_saved(w: Workload) -> list[SavedTensor]:
     if softmax:  # kept once: the matmul with V reads a view of it, without the sink's column
         tensors.append(SavedTensor(f"softmax output with the sink column ({softmax})", symbol, n,
                                    4 if softmax == "fp32" else act, attention_core=True))  # fmt: skip
-    elif rule.eager_softmax == "fp32":  # softmax in fp32, kept; its cast copy meets V
+    elif eager_softmax(w) == "fp32":  # softmax in fp32, kept; its cast copy meets V
         tensors.append(SavedTensor("softmax output (fp32)", symbol, n, 4, attention_core=True))
         tensors.append(SavedTensor("softmax output, cast", symbol, n, act, attention_core=True))
     else:
@@ -438,6 +438,11 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
                 split="seq",
                 for_weights=("router", *UP),
             ),
+            *(
+                [SavedTensor("router input (fp32 copy)", "s·b·h", sb * h, 4, split="seq", for_weights=("router",))]
+                if moe.router_fp32 and w.framework.moe.router == "model"
+                else []
+            ),
             SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"),
             *routing_saved(w, sb, k, rows, kr),
             SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq", for_weights=UP),
@@ -458,7 +463,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         tensors = [t for t in tensors if "(norm output)" not in t.label]
     if spec.norms_per_layer == 4:  # a sandwich norm on the MLP's output
         tensors += _norm_saved(w, "post-MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
-    if spec.dropout:
+    if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     return tensors
 

@@ -40,6 +40,13 @@ def ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> li
             SavedTensor("ReLU output (kept by ReLU and by the square)", inner, n, act),
             SavedTensor("down projection input (the square)", inner, n, act, for_weights=DOWN),
         ]
+    if w.model.ffn_kind == "gelu_mlp" and w.model.activation == "xielu":  # Apertus: its where keeps the x > 0 mask
+        written = [f"xIELU, op by op: {label}" for label in ops]
+        return tensors + [
+            *(SavedTensor(label, inner, n, act) for label in written or ["xIELU input"]),
+            *([SavedTensor("xIELU, op by op: x > 0 (bool)", inner, n, 1)] if written else []),
+            SavedTensor("down projection input (xIELU output)", inner, n, act, for_weights=DOWN),
+        ]
     if w.model.ffn_kind == "gelu_mlp":
         labels = [f"GELU, op by op: {label}" for label in ops] or ["GELU input"]
         return tensors + [

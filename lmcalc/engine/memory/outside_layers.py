@@ -27,7 +27,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
     if spec.embedding_norm:  # BLOOM's LayerNorm on the embedding output
         embedding += _norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
-    if spec.dropout:
+    if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     head = _norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
         SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",)),

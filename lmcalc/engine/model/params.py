@@ -238,7 +238,13 @@ def _ffn(prefix: str, site: Site, spec: ModelSpec, width: Dim) -> list[WeightTen
     """A feed-forward block of inner ``width``: GELU's fc and proj, or a gated MLP's gate, up and down."""
     h, bias = Dim(spec.hidden_size, "h"), spec.mlp_bias
     if spec.ffn_kind == "gelu_mlp":
-        return _linear(f"{prefix}.fc", site, width, h, bias) + _linear(f"{prefix}.proj", site, h, width, bias)
+        # Apertus's xIELU learns two scalars, α_p and α_n, in every MLP (transformers' XIELUActivation)
+        alphas = [_tensor(f"{prefix}.act.{a}", site, (Dim(1, "1"),), False) for a in ("alpha_p", "alpha_n")]
+        return (
+            _linear(f"{prefix}.fc", site, width, h, bias)
+            + _linear(f"{prefix}.proj", site, h, width, bias)
+            + (alphas if spec.activation == "xielu" else [])
+        )
     return (
         _linear(f"{prefix}.gate", site, width, h, bias)
         + _linear(f"{prefix}.up", site, width, h, bias)
@@ -253,9 +259,9 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     vocab, once = Dim(spec.vocab_size, "V"), Site("embedding", 1, "1")
     tensors = [_tensor("embed.weight", once, (vocab, h), False)]
     if spec.position_embedding == "learned":
-        tensors.append(
-            _tensor("pos_embed.weight", Site("position", 1, "1"), (Dim(spec.max_seq_len, "s_max"), h), False)
-        )
+        offset = spec.position_offset  # OPT's two rows before position 0
+        rows = Dim(spec.max_seq_len + offset, f"(s_max+{offset})" if offset else "s_max")
+        tensors.append(_tensor("pos_embed.weight", Site("position", 1, "1"), (rows, h), False))
     if spec.embedding_norm:
         tensors += _norm("embed_norm", Site("norm", 1, "1"), h, spec)
     if spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)

@@ -29,6 +29,7 @@ from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
 from lmcalc.engine.model.op_policy import Redone, selective_redone
 from lmcalc.engine.model.params import weight_tensors
+from lmcalc.engine.model_code import eager_softmax
 from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.parallel.sharding import tp_divisor
@@ -265,9 +266,9 @@ def _attention_work(s: StageShape, live: float, traffic: MemoryTraffic) -> _Atte
     score_elements = w.micro_batch * s.heads * (w.seq_len / cp) * w.seq_len * layers * model.attention_share
     sq, sk, per = w.seq_len / cp, w.seq_len, w.micro_batch * s.heads * layers
     batched = (Gemm("scores", sq, sk, model.qk_head_dim, per), Gemm("values", sq, model.v_head_dim, sk, per))
-    softmax = FP32 if w.framework.attention.eager_softmax == "fp32" else e
+    softmax = FP32 if eager_softmax(w) == "fp32" else e
     forward = 2 * e + e + softmax + (softmax + e if softmax != e else 0)  # scale and mask, softmax, cast
-    if model.dropout:
+    if model.drops("attention"):
         forward += 2 * e + 1
     traffic.add(forward * score_elements, 2 * forward * score_elements, 6 * layers)
     return _AttentionWork(0.0, 0.0, batched)

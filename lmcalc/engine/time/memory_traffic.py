@@ -103,7 +103,7 @@ def _residual_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     e, layers = s.act_bytes, s.built.layers
     residual_elements = 2 * layers * s.hidden_tokens * s.w.model.hidden_size
     traffic.add(3 * e * residual_elements, 3 * e * residual_elements, 4 * layers)
-    if s.w.model.dropout:
+    if s.w.model.drops("residual"):
         traffic.add((2 * e + 1) * residual_elements, (2 * e + 1) * residual_elements, 4 * layers)
 
 
