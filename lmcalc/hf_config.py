@@ -50,7 +50,7 @@ LLAMA_LIKE = (
     "minicpm3", "youtu", "stablelm", "cwm", "exaone4", "seed_oss", "ernie4_5_moe", "mellum", "arcee", "nemotron",
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
-    "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1",
+    "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
 )  # fmt: skip
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
@@ -66,18 +66,18 @@ FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "g
          "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
-SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1")  # a norm after attention and after the MLP too
+SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe")  # a norm after attention and after the MLP too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
            "exaone4": "per_head", "mellum": "per_head", "hunyuan_v1_dense": "per_head",
            "hunyuan_v1_moe": "per_head", "exaone_moe": "per_head",
            "nanochat": "per_head",
-           "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head",
+           "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip
 """Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
-NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe",
+NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
                     "helium", "vaultgemma", *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
@@ -224,6 +224,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         }
     if kind in DELTANET:
         fields |= deltanet(config, kind, layers, origin)
+    if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
+        fields |= {"attention_output_gate": True, "attention_gate_proj": True}
     if kind in ("bamba", "granitemoehybrid"):
         fields |= mamba2(config, kind, fields["hidden_size"], layers, origin)
     if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe"):  # not built by transformers

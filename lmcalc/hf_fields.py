@@ -25,7 +25,7 @@ WHOLE_NUMBERS = frozenset(
         "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval", "mamba_n_heads",
         "mamba_n_groups", "mamba_chunk_size", "ffn_dim", "word_embed_proj_dim", "num_layers", "num_heads",
         "window_size", "num_shared_experts", "d_model", "n_heads", "n_layers", "max_seq_len", "moe_topk",
-        "prefix_dense_intermediate_size",
+        "prefix_dense_intermediate_size", "num_dense_layers",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

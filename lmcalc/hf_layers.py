@@ -111,7 +111,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     dense_ids = list(config.get("mlp_only_layers") or [])
     if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
         dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
-    first_dense = config.get("first_k_dense_replace") or 0
+    first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
     if kind == "glm4_moe_lite" and not config.get("mlp_layer_types"):  # Glm4MoeLiteConfig: the first layer dense
         first_dense = 1
     if kind == "ernie4_5_moe":  # MoE where start <= i <= end and (i + 1) % interval == 0 (Ernie4_5_MoeDecoderLayer)
@@ -132,7 +132,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         # gpt-oss's router is a Linear with a bias; DeepSeek-V3's and GLM-4.5's balancing bias is a buffer in
         # transformers (set by a rule, not trained), so not a parameter
         # ERNIE 4.5's e_score_correction_bias is an nn.Parameter (frozen): counted, as transformers counts it
-        "router_bias": kind in ("gpt_oss", "ernie4_5_moe"),
+        # AFMoE's expert_bias is a frozen nn.Parameter too
+        "router_bias": kind in ("gpt_oss", "ernie4_5_moe", "afmoe"),
         "router_fp32": kind in ROUTER_FP32,
         # group-limited routing: each token's experts come from topk_group of n_group groups, which training
         # places a group to a node (DeepSeek-V3 §2.1.2: node-limited routing)

@@ -243,6 +243,11 @@ class ModelSpec(NamedSpec):
         description="the query projection also makes a per-channel sigmoid gate on the attention's output "
         "(Qwen3-Next, Qwen3.5: q_proj of 2·H·d)",
     )
+    attention_gate_proj: StrictBool = Field(
+        False,
+        description="that gate is a projection of its own, attn_gate (AFMoE's self_attn.gate_proj, h → H·d), not "
+        "half of the query projection: the same parameters and FLOPs, a LoRA adapter of its own",
+    )
     mtp_modules: NonNegativeInt = Field(
         0,
         description="multi-token-prediction modules (DeepSeek-V3 §2.2, GLM-4.5): two norms, a (2h → h) projection "
@@ -294,6 +299,8 @@ class ModelSpec(NamedSpec):
             )
         if self.norms_per_layer == 1 and not self.parallel_block:
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
+        if self.attention_gate_proj and not self.attention_output_gate:
+            raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
         return self
 
     @property

@@ -461,6 +461,11 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                         "prefix_dense_intermediate_size": 384},
                           "small Command A MoE: Cohere's parallel block, a dense layer then 4 experts top-2 with a "
                           "shared one"),
+    "afmoe-small": (T.AfmoeConfig, NARROW | {"intermediate_size": 384, "moe_intermediate_size": 64, "num_experts": 4,
+                                             "num_experts_per_tok": 2, "num_shared_experts": 1, "num_dense_layers": 1,
+                                             "sliding_window": WINDOW, "global_attn_every_n_layers": 2},
+                    "small AFMoE: a gate on the attention's output from its own projection, sandwich norms, a dense "
+                    "layer then 4 experts top-2 with a shared one"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}

@@ -133,6 +133,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "aria_text": ("AriaTextConfig", dict(head_dim=16, moe_num_experts=4, moe_topk=2, moe_num_shared_experts=1)),
     "kolibri1": ("Kolibri1Config", dict(MOE, num_local_experts=4, head_dim=16, shared_expert_intermediate_size=48,
                                         sliding_window=24)),
+    "afmoe": ("AfmoeConfig", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16, num_dense_layers=1,
+                                  sliding_window=24, global_attn_every_n_layers=2)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

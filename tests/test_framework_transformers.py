@@ -99,6 +99,7 @@ OTHERS = (
     "apertus-small",
     "hunyuan-moe-small",
     "cohere2-moe-small",
+    "afmoe-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

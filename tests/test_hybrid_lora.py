@@ -1,7 +1,8 @@
 """LoRA on the hybrids whose mixers lmcalc models (Gated DeltaNet: Qwen3-Next, Qwen3.5; Mamba-2: Bamba, Granite 4),
 against PEFT's own count: the trainable parameters of a real ``get_peft_model`` on transformers' tiny model, built on
 the meta device, must equal lmcalc's adapters, r·(in + out) per targeted linear layer. Qwen3.5 projects q‖k‖v, z, β
-and α by four modules where Qwen3-Next uses two: the same weights, more adapters. Routed experts are not targeted
+and α by four modules where Qwen3-Next uses two: the same weights, more adapters. AFMoE's attention gate, a projection
+of its own where Qwen3-Next's is half of q_proj, is checked here too. Routed experts are not targeted
 (transformers 5 stores them as 3-D parameters that ``all-linear`` leaves alone; tests/test_finetune_peft.py says
 why)."""
 
@@ -30,6 +31,7 @@ CASES = [
     ("bamba", "all-linear"),
     ("bamba", "in_proj,out_proj"),
     ("granitemoehybrid", "q_proj,v_proj,in_proj,out_proj"),
+    ("afmoe", "q_proj,k_proj,v_proj,o_proj"),
 ]
 
 
@@ -45,6 +47,21 @@ def test_lora_adapters_equal_pefts(kind: str, targets: str, rank: int):
     spec = ModelSpec.model_validate(model_from_hf_config(config, kind, kind))
     adapters = sum(t.total for t in adapter_tensors(spec, Method("lora", rank, parse_targets(targets))))
     assert adapters == trainable
+
+
+@pytest.mark.parametrize("rank", [4, 16])
+def test_afmoes_attention_gate_is_an_adapter_of_its_own(rank: int):
+    # AFMoE's gate on the attention's output is a projection of its own (self_attn.gate_proj, h → H·d), where
+    # Qwen3-Next's is half of q_proj: by hand, r·(h + H·d) = r·(64 + 4·16) a layer, and q_proj's adapter r·(64 + 64)
+    # whatever the gate. (PEFT's all-linear on transformers 5's AFMoE rewrites its targets for the fused experts and
+    # adapts no gate_proj at all, so it is not the reference here; the q, k, v and o case above is.)
+    config = tiny_config("afmoe")
+    spec = ModelSpec.model_validate(model_from_hf_config(config, "afmoe", "afmoe"))
+    tensors = adapter_tensors(spec, Method("lora", rank, parse_targets("all-linear")))
+    for name in ("attn.attn_gate.", "attn.q."):
+        assert sum(t.total for t in tensors if t.name.startswith(name)) == spec.num_layers * rank * (64 + 64)
+    gates = adapter_tensors(spec, Method("lora", rank, parse_targets("gate_proj")))  # PEFT's suffix: both gates
+    assert {t.name.split(".lora")[0] for t in gates} >= {"attn.attn_gate", "dense_mlp.gate"}
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba"])

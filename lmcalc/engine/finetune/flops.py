@@ -39,7 +39,7 @@ from lmcalc.engine.finetune.method import (
 from lmcalc.engine.model.flops import attended_keys, napkin_params
 from lmcalc.specs import ModelSpec
 
-READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a")
+READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate")
 READS_MLP_INPUT = ("gate", "up", "gate_up", "fc", "router")
 OUTPUT_PROJECTIONS = ("o", "down", "proj")  # what a half's last projection is: it writes the residual stream
 OPERANDS = (("q", "qkv", "q_a", "q_b"), ("k", "qkv", "kv_a", "kv_b"), ("v", "qkv", "kv_a", "kv_b"))

@@ -49,7 +49,7 @@ offset subtracted from the absmaxes before their 8-bit quantisation, the 16-valu
 fp32 code of the second-level quantisation."""
 
 LINEAR_NAMES: tuple[str, ...] = ("q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "gate_up")
-LINEAR_NAMES += ("down", "fc", "proj", "router")
+LINEAR_NAMES += ("down", "fc", "proj", "router", "attn_gate")  # attn_gate: AFMoE's gate on the attention output
 LINEAR_NAMES += ("in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # Gated DeltaNet
 LINEAR_NAMES += ("in_proj", "x_proj", "dt_proj", "out_proj")  # Mamba's and Mamba-2's, and Gated DeltaNet's output
 HF_NAMES: dict[str, tuple[str, ...]] = {
@@ -64,7 +64,7 @@ HF_NAMES: dict[str, tuple[str, ...]] = {
     "q_b_proj": ("q_b",),
     "kv_a_proj_with_mqa": ("kv_a",),
     "kv_b_proj": ("kv_b",),
-    "gate_proj": ("gate",),
+    "gate_proj": ("gate", "attn_gate"),  # AFMoE names its attention's gate gate_proj too: PEFT adapts both
     "up_proj": ("up",),
     "gate_up_proj": ("gate_up",),
     "down_proj": ("down",),

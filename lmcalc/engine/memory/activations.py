@@ -39,7 +39,7 @@ TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the los
 INDEX_BYTES = 8  # indices autograd keeps (a max's, a gather's) are int64
 
 NORM = ("norm",)  # a norm's weight
-QKV = ("q", "k", "v", "qkv", "q_a", "kv_a")  # the linear layers that read the attention norm's output
+QKV = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate")  # the linear layers that read the attention norm's output
 
 
 def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "seq") -> list[SavedTensor]:

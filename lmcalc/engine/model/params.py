@@ -206,8 +206,12 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         tensors += _linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
         return tensors
     q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")
-    # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide
-    tensors = _linear("attn.q", site, Dim(2 * heads * d, "2·H·d") if spec.attention_output_gate else q, h, qkv_bias)
+    # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide; AFMoE's gate
+    # is a projection of its own
+    fused_gate = spec.attention_output_gate and not spec.attention_gate_proj
+    tensors = _linear("attn.q", site, Dim(2 * heads * d, "2·H·d") if fused_gate else q, h, qkv_bias)
+    if spec.attention_gate_proj:
+        tensors += _linear("attn.attn_gate", site, q, h, False)
     tensors += _linear("attn.k", site, kv_dim, h, qkv_bias)
     tensors += _linear("attn.v", site, kv_dim, h, qkv_bias)
     tensors += _linear("attn.o", site, h, q, out_bias)

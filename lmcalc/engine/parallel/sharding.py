@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 # Megatron-LM's tensor-parallel split, by module name: column-parallel modules split their output
 # dimension (weight and bias), row-parallel ones their input dimension (weight only).
-COLUMN_PARALLEL = {"q", "k", "v", "q_b", "kv_b", "fc", "gate", "up", "embed", "lm_head"}
+COLUMN_PARALLEL = {"q", "k", "v", "q_b", "kv_b", "fc", "gate", "up", "embed", "lm_head", "attn_gate"}
 ROW_PARALLEL = {"o", "proj", "down"}
 
 ModelState = Literal["params", "grads", "master", "optimizer"]
