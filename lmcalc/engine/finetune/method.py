@@ -17,7 +17,8 @@ ones cost, and which linear layers grow adapters.
   norm and an untied head are trained as in full fine-tuning.
 
 Module names are lmcalc's, one per linear layer of a block: ``q``, ``k``, ``v``, ``o`` (attention), ``q_a``,
-``q_b``, ``kv_a``, ``kv_b`` (multi-head latent attention), ``gate``, ``up``, ``down`` (gated MLPs, dense, routed
+``q_b``, ``kv_a``, ``kv_b`` (multi-head latent attention), ``attn_gate`` (AFMoE's gate on the attention's output,
+which ``gate`` takes too, as PEFT's ``gate_proj`` does), ``gate``, ``up``, ``down`` (gated MLPs, dense, routed
 or shared experts alike), ``fc``, ``proj`` (GELU MLPs), ``router``, and where the reference implementation fuses
 weights (``ModelSpec.fused_linears``) ``qkv`` and ``gate_up``. Hugging Face spellings are read too (``q_proj``,
 ``gate_proj``, GPT-2's ``c_attn``, ``c_fc``, ``c_proj``). ``all-linear`` is PEFT's: every linear layer but the
@@ -64,7 +65,7 @@ HF_NAMES: dict[str, tuple[str, ...]] = {
     "q_b_proj": ("q_b",),
     "kv_a_proj_with_mqa": ("kv_a",),
     "kv_b_proj": ("kv_b",),
-    "gate_proj": ("gate", "attn_gate"),  # AFMoE names its attention's gate gate_proj too: PEFT adapts both
+    "gate_proj": ("gate",),
     "up_proj": ("up",),
     "gate_up_proj": ("gate_up",),
     "down_proj": ("down",),
@@ -238,7 +239,9 @@ def adapted_modules(model: ModelSpec, method: Method) -> tuple[LinearModule, ...
             raise LmcalcError(
                 f"LoRA target {target!r} matches no linear layer of {model.label}{hint}; its layers: {names}"
             )
-    return tuple(m for m in modules if m.leaf in method.lora_targets)
+    # gate is Hugging Face's gate_proj, which AFMoE's attention gate is called too: PEFT adapts both
+    targets = set(method.lora_targets) | ({"attn_gate"} if "gate" in method.lora_targets else set())
+    return tuple(m for m in modules if m.leaf in targets)
 
 
 @functools.lru_cache(maxsize=1024)
