@@ -50,6 +50,7 @@ from typing import Any
 import torch
 import transformers
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import (
     AutoModelForCausalLM,
     CohereConfig,
@@ -634,6 +635,39 @@ class _Recorder:
         self.handles.clear()
 
 
+class _Fp32Products(TorchDispatchMode):
+    """bf16 matrix products computed in fp32 and rounded once to bf16, below autograd.
+
+    On a CPU without AVX-512 BF16 or AMX, torch's bf16 GEMM is 10-100 times slower than its fp32 one (a GPT-2-width
+    forward: 18 s against 1.7 s). Autograd runs above this mode: it sees the same bf16 operands and results, so it
+    saves the same tensors and the measurement is unchanged (``tests/test_hf_saved_products.py`` compares the two);
+    a bf16 GEMM accumulates in fp32 and rounds once too, so the values differ at most in the last bit. Only the
+    products' transient fp32 copies are new, which the saved-tensor count never sees (the profiler's timeline would:
+    ``hf_step_peak.py`` does not use this)."""
+
+    PRODUCTS = frozenset(
+        (
+            torch.ops.aten.mm.default,
+            torch.ops.aten.addmm.default,
+            torch.ops.aten.bmm.default,
+            torch.ops.aten.baddbmm.default,
+        )
+    )
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if (
+            func in self.PRODUCTS
+            and tensors
+            and all(t.dtype == torch.bfloat16 for t in tensors)
+            and not kwargs.get("out")
+        ):
+            up = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+            return func(*up, **kwargs).to(torch.bfloat16)
+        return func(*args, **kwargs)
+
+
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -853,6 +887,7 @@ def measure(
     use_cache: bool | None = None,
     lora: dict[str, Any] | None = None,
     fp32_adapters: bool = False,
+    fp32_products: bool = True,
 ) -> Measurement:
     """What the forward (and the loss) keep for backward; with checkpointing also one rebuilt layer.
 
@@ -864,7 +899,9 @@ def measure(
     ``LoraConfig`` keyword arguments; the model is then built afresh, its adapters injected in place
     (``peft.inject_adapter_in_model``, in the model's dtype) and every other weight frozen, as ``get_peft_model``
     leaves it; with ``fp32_adapters`` the adapters stay fp32 (PEFT's default, ``autocast_adapter_dtype``) and the
-    forward runs under ``torch.autocast`` in the model's dtype, as ``Trainer`` runs it with ``bf16=True``."""
+    forward runs under ``torch.autocast`` in the model's dtype, as ``Trainer`` runs it with ``bf16=True``.
+    ``fp32_products``: bf16 matrix products computed in fp32 below autograd (:class:`_Fp32Products`; the same tensors
+    are kept, many times faster on a CPU without native bf16)."""
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention must be 'sdpa' or 'eager', not {attention!r}")
     start = time.perf_counter()
@@ -906,6 +943,8 @@ def measure(
             if checkpointing:
                 stack.enter_context(_watch_checkpoints(layers, internal, closure, ckpt_inputs))
             stack.enter_context(recorder.recording())
+            if fp32_products:
+                stack.enter_context(_Fp32Products())
             if fp32_adapters:
                 stack.enter_context(torch.autocast("cpu", dtype=dtype))
             torch.manual_seed(2)
@@ -997,7 +1036,11 @@ def measure(
         m.closure_bytes = sum(k.bytes for k in m.closure)
         del loss
         # the checkpoint replays a layer under the autocast state of its forward (torch.utils.checkpoint)
-        with torch.autocast("cpu", dtype=dtype) if fp32_adapters else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if fp32_products:
+                stack.enter_context(_Fp32Products())
+            if fp32_adapters:
+                stack.enter_context(torch.autocast("cpu", dtype=dtype))
             for index, layer in enumerate(layers):
                 kept, kept_bytes, new_bytes = _rebuild_layer(model, layer, captured[index], exclude)
                 if index == 0 or new_bytes > m.rebuild_new_bytes:
