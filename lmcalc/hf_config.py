@@ -51,6 +51,7 @@ LLAMA_LIKE = (
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
+    "hy_v3",
 )  # fmt: skip
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
@@ -73,6 +74,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "hunyuan_v1_moe": "per_head", "exaone_moe": "per_head",
            "nanochat": "per_head",
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
+           "hy_v3": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip

@@ -15,9 +15,9 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 
 
 ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "dots1", "ernie4_5_moe", "exaone_moe", "glm4_moe", "glm4_moe_lite",
-               "hunyuan_v1_moe", "solar_open", "kolibri1")  # fmt: skip
+               "hunyuan_v1_moe", "solar_open", "kolibri1", "hy_v3")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
-F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float())."""
+F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
 
 def every_n(flags: list[bool], origin: str, what: str) -> int | None:
@@ -112,7 +112,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
         dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
     first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
-    if kind == "glm4_moe_lite" and not config.get("mlp_layer_types"):  # Glm4MoeLiteConfig: the first layer dense
+    if kind in ("glm4_moe_lite", "hy_v3") and not config.get("mlp_layer_types"):  # their classes: the first dense
         first_dense = 1
     if kind == "ernie4_5_moe":  # MoE where start <= i <= end and (i + 1) % interval == 0 (Ernie4_5_MoeDecoderLayer)
         first_dense, every = config.get("moe_layer_start_index") or 0, config.get("moe_layer_interval") or 1

@@ -135,6 +135,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                         sliding_window=24)),
     "afmoe": ("AfmoeConfig", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16, num_dense_layers=1,
                                   sliding_window=24, global_attn_every_n_layers=2)),
+    "hy_v3": ("HYV3Config", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16,
+                                 mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),
