@@ -25,26 +25,30 @@ WHOLE_NUMBERS = frozenset(
         "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval", "mamba_n_heads",
         "mamba_n_groups", "mamba_chunk_size", "ffn_dim", "word_embed_proj_dim", "num_layers", "num_heads",
         "window_size", "num_shared_experts", "d_model", "n_heads", "n_layers", "max_seq_len", "moe_topk",
-        "prefix_dense_intermediate_size", "num_dense_layers",
+        "prefix_dense_intermediate_size", "num_dense_layers", "conv_L_cache", "block_multiple_of", "block_ff_dim",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
     {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "residual_dropout", "attn_logit_softcapping",
      "final_logit_softcapping", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
-     "activation_dropout", "embed_dropout", "resid_dropout", "clip_qkv", "rms_norm_eps"}
+     "activation_dropout", "embed_dropout", "resid_dropout", "clip_qkv", "rms_norm_eps",
+     "block_ffn_dim_multiplier"}
 )  # fmt: skip
 FLAGS = frozenset(
     {
         "tie_word_embeddings", "attention_bias", "use_bias", "mlp_bias", "bias", "use_parallel_residual",
         "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
         "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm", "use_qkv_bias", "qk_layernorm",
-        "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine",
+        "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine", "conv_bias",
+        "block_auto_adjust_ff_dim", "tie_embedding",
     }
 )  # fmt: skip
 TEXTS = frozenset(
     {"model_type", "hidden_act", "hidden_activation", "activation_function", "activation", "position_embedding_type"}
 )
-LISTS_OF_WHOLE_NUMBERS = frozenset({"mlp_only_layers", "moe_layers", "no_rope_layers", "attn_layer_indices"})
+LISTS_OF_WHOLE_NUMBERS = frozenset(
+    {"mlp_only_layers", "moe_layers", "no_rope_layers", "attn_layer_indices", "full_attn_idxs"}
+)
 LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types", "attention_layers"})
 VISION_WHOLE_NUMBERS = frozenset(
     {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}

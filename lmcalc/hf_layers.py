@@ -1,5 +1,6 @@
 """Which layers of a config.json's model do what: the windows of local attention and which layers attend globally,
-which layers route to experts, and a hybrid's mixers in the layers that do not attend (Gated DeltaNet, Mamba-2).
+which layers route to experts, and a hybrid's mixers in the layers that do not attend (Gated DeltaNet, Mamba-2,
+LFM2's short convolutions).
 ``hf_config`` reads the rest of each type; these readers take the config as its class reads it."""
 
 from __future__ import annotations
@@ -197,4 +198,33 @@ def mamba2(config: dict[str, Any], kind: str, hidden: int, layers: int, origin: 
     }
     if kind == "granitemoehybrid" and config.get("position_embedding_type") != "rope":
         fields["position_embedding"] = "none"
+    return fields
+
+
+def short_conv(config: dict[str, Any], origin: str) -> dict[str, Any]:
+    """LFM2's gated short convolutions in the layers ``layer_types`` calls conv (Lfm2Config: where absent, every layer
+    not in ``full_attn_idxs`` is one; without either, every layer attends), and the width of its SwiGLU: the config's
+    intermediate_size (``block_ff_dim`` where given) taken to 2/3, times ``block_ffn_dim_multiplier``, rounded up to
+    a multiple of ``block_multiple_of`` (Lfm2MLP, when ``block_auto_adjust_ff_dim``); ``tie_embedding`` stands for
+    tie_word_embeddings, as the class reads it."""
+    layers = _get(config, origin, "num_hidden_layers")
+    types = config.get("layer_types")
+    if not types:
+        full = config.get("full_attn_idxs")
+        types = ["full_attention" if full is None or i in full else "conv" for i in range(layers)]
+    ffn = config.get("block_ff_dim") or _get(config, origin, "intermediate_size")
+    if config.get("block_auto_adjust_ff_dim", True):
+        ffn = int(2 * ffn / 3)
+        if config.get("block_ffn_dim_multiplier") is not None:
+            multiple = config.get("block_multiple_of") or 256
+            ffn = multiple * -(-int(config["block_ffn_dim_multiplier"] * ffn) // multiple)
+    fields: dict[str, Any] = {"ffn_size": ffn}
+    if "tie_embedding" in config:
+        fields["tied_embeddings"] = bool(config["tie_embedding"])
+    if "conv" in types:
+        fields["short_conv"] = {
+            "conv_kernel": _get(config, origin, "conv_L_cache"),
+            "bias": bool(config.get("conv_bias")),
+            "attention_layer_ids": [i for i, t in enumerate(types) if t != "conv"],
+        }
     return fields

@@ -1,5 +1,6 @@
-"""The mixers of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4) and Gated DeltaNet
-(Qwen3-Next, Qwen3.5), each with the layers that attend instead (``ModelSpec.is_attention_layer``).
+"""The mixers of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated DeltaNet
+(Qwen3-Next, Qwen3.5) and the gated short convolution (LFM2), each with the layers that attend instead
+(``ModelSpec.is_attention_layer``).
 
 The annotations are types, not text (no ``from __future__ import annotations``), for the reason ``specs`` gives."""
 
@@ -96,3 +97,14 @@ class DeltaNetSpec(Spec):
     def conv_channels(self) -> int:
         """q, k and v, convolved together: 2·H_k·d_k + H_v·d_v."""
         return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+
+
+class ShortConvSpec(Spec):
+    """LFM2's gated short convolutions (Liquid AI's LFM2 technical report: "double-gated short convolution") in the
+    layers that do not attend, as transformers' Lfm2ShortConv builds them: one input projection of h to B, C and x (3h),
+    the product B·x through a causal depthwise convolution of a few taps (conv_L_cache), gated again by C, and the
+    output projection (h × h). The layers in attention_layer_ids attend."""
+
+    conv_kernel: PositiveInt = Field(description="K, the causal depthwise convolution's taps (conv_L_cache)")
+    bias: StrictBool = Field(False, description="biases on the convolution and both projections (conv_bias)")
+    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(description="the layers (from 0) that attend")

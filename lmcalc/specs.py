@@ -16,7 +16,7 @@ from typing import Any, Literal, Self
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
-from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec
+from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec, ShortConvSpec
 from lmcalc.spec_base import (
     ActivationKind,
     ComputeDtype,
@@ -39,7 +39,7 @@ from lmcalc.spec_base import (
 
 __all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "Mamba2Spec", "MambaSpec",
            "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
-           "PositiveInt", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
+           "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
@@ -238,6 +238,7 @@ class ModelSpec(NamedSpec):
     mamba: MambaSpec | None = None
     deltanet: DeltaNetSpec | None = None
     mamba2: Mamba2Spec | None = None
+    short_conv: ShortConvSpec | None = None
     attention_output_gate: StrictBool = Field(
         False,
         description="the query projection also makes a per-channel sigmoid gate on the attention's output "
@@ -293,9 +294,9 @@ class ModelSpec(NamedSpec):
             raise ValueError("moe: no layer is an MoE layer (check dense_layers, moe_every and dense_layer_ids)")
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every needs a sliding_window (which layers attend locally, and over what span)")
-        if sum(m is not None for m in (self.mamba, self.mamba2, self.deltanet)) > 1:
+        if sum(m is not None for m in (self.mamba, self.mamba2, self.deltanet, self.short_conv)) > 1:
             raise ValueError(
-                "a model has one kind of mixer in its layers that do not attend: mamba, mamba2 or deltanet"
+                "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet or short_conv"
             )
         if self.norms_per_layer == 1 and not self.parallel_block:
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
@@ -304,15 +305,16 @@ class ModelSpec(NamedSpec):
         return self
 
     @property
-    def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | None:
-        """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4) or Gated
-        DeltaNet (Qwen3-Next); None where every layer attends."""
-        return self.mamba or self.mamba2 or self.deltanet
+    def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | None:
+        """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated
+        DeltaNet (Qwen3-Next) or the short convolution (LFM2); None where every layer attends."""
+        return self.mamba or self.mamba2 or self.deltanet or self.short_conv
 
     def is_attention_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) attends (every layer but a hybrid's state-space or linear ones)."""
+        """Whether layer ``layer`` (from 0) attends (every layer but a hybrid's state-space, linear or convolution
+        ones)."""
         m = self.hybrid
-        if isinstance(m, Mamba2Spec):
+        if isinstance(m, (Mamba2Spec, ShortConvSpec)):
             return layer in m.attention_layer_ids
         return m is None or layer % m.attention_every == m.attention_offset
 

@@ -467,6 +467,8 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                              "sliding_window": WINDOW, "global_attn_every_n_layers": 2},
                     "small AFMoE: a gate on the attention's output from its own projection, sandwich norms, a dense "
                     "layer then 4 experts top-2 with a shared one"),
+    "lfm2-small": (T.Lfm2Config, N384 | {"full_attn_idxs": [1], "conv_bias": True, "block_multiple_of": 128},
+                   "small LFM2: a gated short convolution in the first layer, attention with QK-norm in the second"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}

@@ -135,6 +135,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                         sliding_window=24)),
     "afmoe": ("AfmoeConfig", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16, num_dense_layers=1,
                                   sliding_window=24, global_attn_every_n_layers=2)),
+    "lfm2": ("Lfm2Config", dict(full_attn_idxs=[1], conv_bias=True, block_multiple_of=32,
+                                block_ffn_dim_multiplier=1.3)),
     "hy_v3": ("HYV3Config", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16,
                                  mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
@@ -196,7 +198,8 @@ def transformers_model(config: dict[str, Any], auto: str = "AutoModelForCausalLM
 
 def cached_state_bytes(kind: str, layers: list[int], batch: int = 2, tokens: int = 7) -> int:
     """The bytes transformers' cache holds for ``layers`` of ``kind``'s tiny model (bf16) after a prefill of ``batch``
-    sequences of ``tokens``: each layer's convolution state and recurrent (or SSM) state."""
+    sequences of ``tokens``: each layer's convolution state and recurrent (or SSM) state (LFM2's convolutions keep
+    none)."""
     import torch
     import transformers
 
@@ -208,4 +211,4 @@ def cached_state_bytes(kind: str, layers: list[int], batch: int = 2, tokens: int
     with torch.no_grad():
         cache = model(input_ids=torch.zeros(batch, tokens, dtype=torch.long), use_cache=True).past_key_values
     states = [t for i in layers for t in (cache.get_conv_state(i), cache.get_recurrent_state(i))]
-    return sum(t.numel() * t.element_size() for t in states)
+    return sum(t.numel() * t.element_size() for t in states if t is not None)

@@ -40,6 +40,7 @@ import hf_saved  # noqa: E402  (scripts/, put on sys.path by conftest.py; import
 from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
 from lmcalc.engine.memory.gpu_memory import StageActivations, stage_activations  # noqa: E402
 from lmcalc.engine.memory.outside_layers import model_saved_tensors  # noqa: E402
+from lmcalc.engine.memory.ssm import MixerKind  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 from lmcalc.engine.workload import Workload, dropout_mask_bytes  # noqa: E402
 from lmcalc.framework_specs import FrameworkProfile
@@ -100,6 +101,7 @@ OTHERS = (
     "hunyuan-moe-small",
     "cohere2-moe-small",
     "afmoe-small",
+    "lfm2-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 
@@ -304,6 +306,14 @@ def layer_kinds(w: Workload, layers: int) -> list[bool]:
     return [bool(w.model.moe and w.model.moe.is_moe_layer(i)) for i in range(layers)]
 
 
+def mixer_kind(w: Workload, layer: int) -> MixerKind:
+    """A hybrid's layer as lmcalc counts one of its kind (LFM2's convolutions, its attention); any other's: the
+    average layer."""
+    if not w.model.hybrid:
+        return "average"
+    return "attention" if w.model.is_attention_layer(layer) else "other"
+
+
 def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra: Callable | None = None) -> None:
     """lmcalc's bytes (with ``profile``, else the transformers profile) within TOLERANCE of the measured ones: the
     whole, and every layer (no checkpointing) or the forward's part and the rebuilt layer (checkpointing).
@@ -325,11 +335,13 @@ def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra:
         assert abs(error(kept, forward)) < TOLERANCE, report
         assert abs(error(layer, rebuilt)) < TOLERANCE, report
     else:
-        # layer 0 also holds the rotary tables, first packed there: lmcalc counts them outside the layers
+        # the first layer that attends also holds the rotary tables, first packed there: lmcalc counts them outside
+        # the layers
         tables = sum(t.bytes for t in model_saved_tensors(w) if t.block == "tables")
+        first = next(i for i in range(m.layers) if w.model.is_attention_layer(i))
         for i, moe in enumerate(layer_kinds(w, m.layers)):
-            kept = m.per_layer_bytes[i] - (tables if i == 0 else 0)
-            layer = sum(t.bytes for t in layer_saved_tensors(w, moe_layer=moe)) + beyond[i]
+            kept = m.per_layer_bytes[i] - (tables if i == first else 0)
+            layer = sum(t.bytes for t in layer_saved_tensors(w, moe, mixer_kind(w, i))) + beyond[i]
             report += f"; layer {i} {kept:,} vs {layer:,.0f} ({error(layer, kept):+.2%})"
             assert abs(error(layer, kept)) < TOLERANCE, report
         if case.attention == "sdpa" and not case.name.startswith("falcon-7b"):

@@ -1,6 +1,7 @@
-"""LoRA on the hybrids whose mixers lmcalc models (Gated DeltaNet: Qwen3-Next, Qwen3.5; Mamba-2: Bamba, Granite 4),
-against PEFT's own count: the trainable parameters of a real ``get_peft_model`` on transformers' tiny model, built on
-the meta device, must equal lmcalc's adapters, r·(in + out) per targeted linear layer. Qwen3.5 projects q‖k‖v, z, β
+"""LoRA on the hybrids whose mixers lmcalc models (Gated DeltaNet: Qwen3-Next, Qwen3.5; Mamba-2: Bamba, Granite 4;
+LFM2's short convolutions), against PEFT's own count: the trainable parameters of a real ``get_peft_model`` on
+transformers' tiny model, built on the meta device, must equal lmcalc's adapters, r·(in + out) per targeted linear
+layer. LFM2 names its attention's output projection out_proj, as its convolutions': PEFT's out_proj takes both. Qwen3.5 projects q‖k‖v, z, β
 and α by four modules where Qwen3-Next uses two: the same weights, more adapters. AFMoE's attention gate, a projection
 of its own where Qwen3-Next's is half of q_proj, is checked here too. Routed experts are not targeted
 (transformers 5 stores them as 3-D parameters that ``all-linear`` leaves alone; tests/test_finetune_peft.py says
@@ -32,6 +33,9 @@ CASES = [
     ("bamba", "in_proj,out_proj"),
     ("granitemoehybrid", "q_proj,v_proj,in_proj,out_proj"),
     ("afmoe", "q_proj,k_proj,v_proj,o_proj"),
+    ("lfm2", "all-linear"),
+    ("lfm2", "q_proj,k_proj,v_proj,out_proj,in_proj,w1,w2,w3"),  # LFM2's model card's targets
+    ("lfm2", "out_proj"),  # its attention's output and its convolutions'
 ]
 
 
@@ -64,7 +68,7 @@ def test_afmoes_attention_gate_is_an_adapter_of_its_own(rank: int):
     assert {t.name.split(".lora")[0] for t in gates} >= {"attn.attn_gate", "dense_mlp.gate"}
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba"])
+@pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2"])
 def test_a_hybrid_takes_qlora_and_pipeline_stages(kind: str):
     # each of its layer tensors is placed on a stage by its count symbol (L_lin: the Gated DeltaNet layers): QLoRA's
     # trained adapters and a two-stage pipeline both walk them (a ZeroDivisionError before)

@@ -29,19 +29,21 @@ from dataclasses import dataclass, field
 
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.finetune.method import (
+    MIXER_INPUTS,
     LinearModule,
     Method,
     adapted_modules,
     in_layer,
+    in_mixer,
     linear_modules,
     trained_params,
 )
-from lmcalc.engine.model.flops import attended_keys, napkin_params
+from lmcalc.engine.model.flops import attended_keys, mixer_conv_flops, napkin_params, ssm_flops
 from lmcalc.specs import ModelSpec
 
-READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate")
+READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate", *MIXER_INPUTS)
 READS_MLP_INPUT = ("gate", "up", "gate_up", "fc", "router")
-OUTPUT_PROJECTIONS = ("o", "down", "proj")  # what a half's last projection is: it writes the residual stream
+OUTPUT_PROJECTIONS = ("o", "down", "proj", "out_proj")  # a half's last projection: it writes the residual stream
 OPERANDS = (("q", "qkv", "q_a", "q_b"), ("k", "qkv", "kv_a", "kv_b"), ("v", "qkv", "kv_a", "kv_b"))
 """The projections whose outputs make the attention core's queries, keys and values."""
 
@@ -71,17 +73,27 @@ class _Layer:
     moe: bool
     input_grad: bool  # the layer's input needs a gradient
     trained: bool  # the layer's weights are trained (full training, a layer above the frozen ones)
+    attends: bool = True  # a hybrid's layer that attends, or one of its other mixer
 
 
 def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
-    """Every layer as (dense or MoE, whether its input needs a gradient, whether its weights train), counted."""
+    """Every layer as (dense or MoE, whether its input needs a gradient, whether its weights train, whether it
+    attends), counted. Under LoRA a gradient flows from the lowest layer that holds an adapter up: a hybrid's
+    attention adapters leave the layers below its first attention layer without one."""
     frozen = method.freeze_layers if method.kind == "freeze" else 0
     embedding_trained = method.kind == "full"
+    kinds = [
+        (bool(model.moe and model.moe.is_moe_layer(i)), model.is_attention_layer(i)) for i in range(model.num_layers)
+    ]
+    if method.adapters:
+        adapted = adapted_modules(model, method)
+        holds = [any(in_layer(m, moe) and in_mixer(m, attends) for m in adapted) for moe, attends in kinds]
+        frozen = next((i for i, held in enumerate(holds) if held), model.num_layers)
     layers: Counter[_Layer] = Counter()
-    for i in range(model.num_layers):
+    for i, (moe, attends) in enumerate(kinds):
         trained = method.kind == "full" or (method.kind == "freeze" and i >= frozen)
-        input_grad = embedding_trained or (i > 0 if method.adapters else i > frozen)
-        layers[_Layer(bool(model.moe and model.moe.is_moe_layer(i)), input_grad, trained)] += 1
+        input_grad = embedding_trained or i > frozen
+        layers[_Layer(moe, input_grad, trained, attends)] += 1
     return layers
 
 
@@ -94,9 +106,11 @@ def dora_forward(module: LinearModule, r: int, model: ModelSpec) -> float:
 
 
 def _layers_with(model: ModelSpec, count_symbol: str) -> int:
-    """How many layers hold a module counted with ``count_symbol``."""
-    layers = {"L": model.num_layers, "L_dense": model.dense_ffn_layers if model.moe else 0}.get(count_symbol)
-    return layers or model.moe_layers
+    """How many layers hold a module counted with ``count_symbol`` (a hybrid's attention or other mixer: its own)."""
+    attending = model.attention_layers
+    if count_symbol in ("L", "L_attn", "L_ssm", "L_lin", "L_conv"):
+        return {"L": model.num_layers, "L_attn": attending}.get(count_symbol, model.num_layers - attending)
+    return (model.dense_ffn_layers if model.moe else 0) if count_symbol == "L_dense" else model.moe_layers
 
 
 def _per_layer_copies(model: ModelSpec, count_symbol: str, active: float) -> float:
@@ -115,10 +129,12 @@ class _MethodStep:
     tokens: int
     scores: float  # Q·K^T
     values: float  # P·V
+    mixer_conv: float = 0.0  # a hybrid's other mixer: its convolution, which has a weight
+    mixer_core: float = 0.0  # and the rest of its core (a scan, a delta rule), which has none
 
-    @property
-    def core(self) -> float:
-        return self.scores + self.values
+    def core(self, attends: bool) -> float:
+        """A layer's work between its projections: the attention core, or a hybrid's other mixer's."""
+        return self.scores + self.values if attends else self.mixer_conv + self.mixer_core
 
 
 @dataclass
@@ -143,7 +159,7 @@ def method_step_flops(
 ) -> MethodFlops:
     """FLOPs per token of a training step that trains what ``method`` trains (module docstring), in micro-batches
     of ``micro_batch`` sequences (DoRA's per-forward work is shared by a micro-batch's tokens)."""
-    keys = attended_keys(model, seq_len, convention)
+    keys, conv = attended_keys(model, seq_len, convention), mixer_conv_flops(model)
     step = _MethodStep(
         model,
         method,
@@ -151,6 +167,8 @@ def method_step_flops(
         seq_len * micro_batch,
         2 * keys * model.num_heads * model.qk_head_dim,
         2 * keys * model.num_heads * model.v_head_dim,
+        conv,
+        ssm_flops(model, seq_len) - conv,
     )
     forward = input_grads = weight_grads = attention_backward = recomputed = 0.0
     out_grad = False  # whether the last layer's output needs a gradient
@@ -162,7 +180,8 @@ def method_step_flops(
         weight_grads += n * flops.weight_grads
         if flops.output_grad:
             f = flops.forward
-            recomputed += n * (f if recompute == "full" else step.core if recompute == "selective" else 0.0)
+            selective = step.scores + step.values if layer.attends else 0.0
+            recomputed += n * (f if recompute == "full" else selective if recompute == "selective" else 0.0)
         out_grad = out_grad or flops.output_grad
     logits = 2 * model.hidden_size * model.vocab_size
     head_trained = method.kind == "full" or (method.kind == "freeze" and not model.tied_embeddings)
@@ -173,20 +192,31 @@ def method_step_flops(
 
 
 def _layer_flops(step: _MethodStep, layer: _Layer) -> _LayerFlops:
-    """One layer: its attention half, then the attention core's backward, for the operands that need a gradient,
-    then its MLP half, and the core's forward."""
-    modules = [m for m in linear_modules(step.model) if m.leaf != "lm_head" and in_layer(m, layer.moe)]
+    """One layer: its attention half (a hybrid's other mixer in its layers that do not attend), then the core's
+    backward, for the operands that need a gradient, then its MLP half, and the core's forward."""
+    modules = [
+        m
+        for m in linear_modules(step.model)
+        if m.leaf != "lm_head" and in_layer(m, layer.moe) and in_mixer(m, layer.attends)
+    ]
     flops = _LayerFlops()
     x_grad = layer.input_grad
     for half in ("attention", "mlp"):
-        half_modules = [m for m in modules if (m.group == "attention") == (half == "attention")]
+        half_modules = [m for m in modules if (m.group in ("attention", "ssm")) == (half == "attention")]
         any_out = _half_flops(step, half_modules, x_grad, layer.trained, flops)
-        if half == "attention":
+        if half == "attention" and layer.attends:
             q, k, v = (any(flops.outputs.get(leaf, False) for leaf in leaves) for leaves in OPERANDS)
             # each product's backward gives the gradient of each operand that needs one, at its forward's cost
             flops.attention_backward = step.scores * (q + k) + step.values * ((q or k) + v)
+        elif half == "attention":
+            # a hybrid's other mixer: the convolution's input gradient where its input projection's output needs
+            # one, its weight's where the layer trains; the core's products, both operands', twice its forward
+            mixed = any(flops.outputs.get(leaf, False) for leaf in MIXER_INPUTS)
+            flops.input_grads += step.mixer_conv if mixed else 0.0
+            flops.weight_grads += step.mixer_conv if layer.trained else 0.0
+            flops.attention_backward = 2 * step.mixer_core if mixed else 0.0
         x_grad = x_grad or any_out  # the residual stream after the half
-    flops.forward += step.core
+    flops.forward += step.core(layer.attends)
     flops.output_grad = x_grad
     return flops
 

@@ -78,6 +78,12 @@ HF_NAMES: dict[str, tuple[str, ...]] = {
 """Hugging Face module names, read as lmcalc's (PEFT matches a target against the end of a module's name)."""
 
 
+MIXER_INPUTS = ("in_proj", "in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+"""A hybrid's other mixers' input projections (Mamba-2's, Gated DeltaNet's, LFM2's): what read the layer's norm."""
+HYBRID_SYMBOLS = ("L", "L_attn", "L_ssm", "L_lin", "L_conv")
+"""The count symbols of tensors in every layer, or in a hybrid's layers of one mixer, taken at its mix of layers."""
+
+
 @dataclass(frozen=True)
 class Method:
     """What is trained, and with which adapters. ``lora_targets`` holds lmcalc's module names (``parse_targets``)
@@ -239,8 +245,10 @@ def adapted_modules(model: ModelSpec, method: Method) -> tuple[LinearModule, ...
             raise LmcalcError(
                 f"LoRA target {target!r} matches no linear layer of {model.label}{hint}; its layers: {names}"
             )
-    # gate is Hugging Face's gate_proj, which AFMoE's attention gate is called too: PEFT adapts both
+    # gate is Hugging Face's gate_proj, which AFMoE's attention gate is called too: PEFT adapts both; LFM2 names its
+    # attention's output projection out_proj, as its convolutions' (Lfm2Attention.out_proj): PEFT's out_proj takes both
     targets = set(method.lora_targets) | ({"attn_gate"} if "gate" in method.lora_targets else set())
+    targets |= {"o"} if "out_proj" in targets and model.short_conv else set()
     return tuple(m for m in modules if m.leaf in targets)
 
 
@@ -304,7 +312,7 @@ def frozen_share(model: ModelSpec, method: Method, tensor: WeightTensor) -> floa
     symbol = tensor.count_symbol
     if symbol == "1":  # the embedding (and a head tied to it) stays frozen; the final norm, an untied head train
         return 1.0 if tensor.group in ("embedding", "position") else 0.0
-    if symbol == "L":
+    if symbol in HYBRID_SYMBOLS:  # a hybrid's layer tensors, at its mix of layers
         return frozen_layers / model.num_layers
     frozen_moe = model.moe_layers_in(0, frozen_layers)  # the frozen layers are the lowest ones
     if symbol == "L_dense":
@@ -343,11 +351,19 @@ def weight_trained(model: ModelSpec, method: Method, leaf: str) -> bool:
 
 def in_layer(module: LinearModule, moe_layer: bool) -> bool:
     """Whether a linear module belongs to a dense layer (``moe_layer`` False) or to an MoE layer."""
-    if module.group == "attention" or module.count_symbol == "L":
+    if module.group in ("attention", "ssm") or module.count_symbol == "L":  # a hybrid's mixers: at its mix
         return True
     if module.count_symbol == "L_dense":
         return not moe_layer
     return moe_layer
+
+
+def in_mixer(module: LinearModule, attends: bool) -> bool:
+    """Whether a linear module belongs to a hybrid's layer that attends (``attends``) or to one of its other mixer:
+    its attention's in the first, its other mixer's in the second, every other module in both."""
+    if module.count_symbol == "L_attn":
+        return attends
+    return attends is False if module.count_symbol in ("L_ssm", "L_lin", "L_conv") else True
 
 
 def trained_params(model: ModelSpec, method: Method) -> float:

@@ -245,8 +245,10 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     """Bytes a hybrid keeps per sequence in place of a KV cache in its layers that do not attend: Mamba's states at
     the cache's bytes (``ssm_state_elements``); Gated DeltaNet's convolution state (its last K inputs of q‖k‖v) at the
     cache's bytes and its recurrent state (H_v · d_k · d_v) in fp32, as transformers' Qwen3-Next cache and fla keep
-    it."""
+    it; LFM2's short convolutions their last K inputs, as its cache keeps them."""
     layers = spec.num_layers - spec.attention_layers
+    if spec.short_conv:  # the convolution's last K inputs of B·x (LFM2's cache)
+        return layers * spec.hidden_size * spec.short_conv.conv_kernel * kv_bytes
     if spec.mamba2:  # the convolution's last K inputs of x‖B‖C, and the H × P × N state in fp32 (Bamba's cache)
         m = spec.mamba2
         return layers * (m.conv_channels * m.conv_kernel * kv_bytes + m.heads * m.head_dim * m.state * 4)

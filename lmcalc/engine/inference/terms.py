@@ -239,7 +239,12 @@ def _state_text(memory: InferenceMemory) -> str:
 def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> tuple[Term, ...]:
     """A hybrid's state-space or linear-attention layers: the state each keeps per sequence, whatever its length."""
     layers, b = spec.num_layers - spec.attention_layers, f"{kv_bytes:g} B"
-    if spec.mamba2:
+    if spec.short_conv:
+        c = spec.short_conv
+        state = ("Short-convolution", "L_conv · h · K · bytes",
+                 f"{layers} × {spec.hidden_size} × {c.conv_kernel} × {b}",
+                 "transformers' LFM2 cache (the convolution's last K inputs)")  # fmt: skip
+    elif spec.mamba2:
         m2 = spec.mamba2
         state = ("Mamba-2", "L_ssm · ((I + 2·G·N) · K · bytes + H · P · N · 4 B)",
                  f"{layers} × ({m2.conv_channels} × {m2.conv_kernel} × {b} + {m2.heads} × {m2.head_dim} × {m2.state} "

@@ -20,14 +20,21 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from lmcalc.engine.finetune.method import LinearModule, adapted_modules, in_layer, weight_trained
+from lmcalc.engine.finetune.method import (
+    MIXER_INPUTS,
+    LinearModule,
+    adapted_modules,
+    in_layer,
+    in_mixer,
+    weight_trained,
+)
 from lmcalc.engine.memory.ffn import UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
-from lmcalc.engine.memory.ssm import average_mixer
+from lmcalc.engine.memory.ssm import MixerKind, average_mixer
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.model_code import eager_softmax, norm_keeps
 from lmcalc.engine.workload import Workload
@@ -88,6 +95,8 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
     rows = Dim(sb, "s·b")
     # one norm feeding both halves of a parallel block (Falcon-7B, Cohere): its output is the MLP's input too
     readers = (*QKV, *UP, "router") if spec.norms_per_layer == 1 else QKV
+    if spec.hybrid:  # the norm's output in a hybrid's other layers: their input projections read it
+        readers = (*readers, *MIXER_INPUTS)
     tensors = [
         SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq", for_weights=readers)
     ]
@@ -237,9 +246,10 @@ def _window_mask_saved(w: Workload) -> list[SavedTensor]:
 
 
 @functools.lru_cache(maxsize=4096)
-def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
+def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "average") -> tuple[SavedTensor, ...]:
     """What one transformer layer (a dense one, or an MoE one) saves for backward, following Korthikanti et
-    al. 2022 §4.1; ``layer_kept_tensors`` drops what selective recomputation rebuilds."""
+    al. 2022 §4.1; ``layer_kept_tensors`` drops what selective recomputation rebuilds. A hybrid's layer is the
+    average of its layers, or with ``mixer`` one that attends or one of its other mixer."""
     spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
     s, b, h, sb = w.seq_len, w.micro_batch, spec.hidden_size, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
@@ -270,14 +280,15 @@ def layer_saved_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]
                 SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
             ]
     if spec.hybrid:  # a hybrid: the average layer, attention in A of its L layers, another mixer in the rest
-        tensors = tensors[:kept_by_every_layer] + average_mixer(w, tensors[kept_by_every_layer:])
+        tensors = tensors[:kept_by_every_layer] + average_mixer(w, tensors[kept_by_every_layer:], mixer)
     if spec.norms_per_layer == 4:  # a sandwich norm on the attention's output (Gemma 2/3): its input is new
         tensors += _norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
     tensors += [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
     return fp8_saved(
-        w, tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe)))
+        w,
+        tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe), mixer)),
     )
 
 
@@ -333,17 +344,22 @@ def adapter_bytes(w: Workload) -> float:
     return w.precision.activation_bytes
 
 
-def _under_method(w: Workload, tensors: list[SavedTensor], moe_layer: bool) -> list[SavedTensor]:
+def _under_method(
+    w: Workload, tensors: list[SavedTensor], moe_layer: bool, mixer: MixerKind = "average"
+) -> list[SavedTensor]:
     """A trained layer's tensors under a fine-tuning method: what only frozen weights' gradients needed is dropped
     (a frozen linear layer keeps no input, a frozen norm no normalised value); each adapter adds the rank-r
     output of A that B reads, and where it keeps a copy of its input (``_adapter_copies``) that copy and a dropout
     mask (PEFT: ``lora_B(lora_A(dropout(x)))``, Hu et al. 2021 eq. 3)."""
-    modules = [m for m in adapted_modules(w.model, w.method) if in_layer(m, moe_layer)]
+    shares = {m: _mixer_share(w, m, mixer) for m in adapted_modules(w.model, w.method) if in_layer(m, moe_layer)}
+    modules = [m for m, share in shares.items() if share]
     adapted = {m.leaf for m in modules}
     kept = [t for t in tensors if _needed(w, t, adapted)]
     act, adapter, r = w.precision.activation_bytes, adapter_bytes(w), w.method.lora_rank
     for m in modules:
         rows, rows_symbol = _adapter_rows(w, m)
+        if shares[m] != 1:  # a hybrid's average layer: its attention's adapters in A of its L layers, its mixer's
+            rows, rows_symbol = rows * shares[m], f"{shares[m]:.4g}·{rows_symbol}"
         block = "attention" if m.group == "attention" else "mlp"
         split = "seq" if m.inputs == w.model.hidden_size else "tp"
         label = f"{m.name} adapter"
@@ -365,6 +381,16 @@ def _under_method(w: Workload, tensors: list[SavedTensor], moe_layer: bool) -> l
             kept.append(SavedTensor(f"{label}: norm and scales (DoRA)", f"3·{m.outputs}", 3 * m.outputs, act,
                                     split="none", block=block))  # fmt: skip
     return kept
+
+
+def _mixer_share(w: Workload, module: LinearModule, mixer: MixerKind) -> float:
+    """Of a layer, the copies of ``module`` it holds: a hybrid's attention's in A of its L layers and its other
+    mixer's in the rest (the average layer), or all or none in a layer of one ``mixer``; 1 for any other module."""
+    if module.count_symbol not in ("L_attn", "L_ssm", "L_lin", "L_conv"):
+        return 1.0
+    if mixer == "average":
+        return module.count / w.model.num_layers
+    return 1.0 if in_mixer(module, mixer == "attention") else 0.0
 
 
 def _adapter_rows(w: Workload, module: LinearModule) -> tuple[float, str]:
@@ -403,12 +429,12 @@ def _mask_of(tensor: SavedTensor, modules: set[str]) -> bool:
     return tensor.label.endswith("adapter: dropout mask") and tensor.label.split(" ", 1)[0] in modules
 
 
-def layer_kept_tensors(w: Workload, moe_layer: bool) -> tuple[SavedTensor, ...]:
+def layer_kept_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "average") -> tuple[SavedTensor, ...]:
     """What one layer keeps through its forward pass: under selective recomputation, all but what the modules it
     names drop (the attention core by default, Korthikanti et al. 2022 §4.2.2; ``engine.memory.module_recompute``),
     which the backward pass rebuilds, or where the framework checkpoints operator by operator, what its policy keeps
     (``engine.memory.op_checkpoint``)."""
-    tensors = layer_saved_tensors(w, moe_layer)
+    tensors = layer_saved_tensors(w, moe_layer, mixer)
     if w.recompute != "selective":
         return tensors
     if w.framework.recompute.selective == "matmuls":  # torchtitan's per-operator policy

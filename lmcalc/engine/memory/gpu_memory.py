@@ -41,6 +41,7 @@ from lmcalc.engine.memory.phases import (
     backward_transients,
     step_phases,
 )
+from lmcalc.engine.memory.ssm import MixerKind
 from lmcalc.engine.memory.stage_states import StageStates, layout_buffers, layout_states, stage_states
 from lmcalc.engine.model_code import norm_keeps
 from lmcalc.engine.parallel.layout import ActivationLayout, Layout, ModelSplit
@@ -238,10 +239,24 @@ def bytes_on_gpu(tensor: SavedTensor, layout: Layout | ActivationLayout) -> floa
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def layer_bytes(w: Workload, tp: int, sequence_parallel: bool, cp: int, moe_layer: bool) -> float:
-    """Bytes one layer keeps on one GPU whose tensors TP (with or without SP) and CP split."""
+def layer_bytes(
+    w: Workload, tp: int, sequence_parallel: bool, cp: int, moe_layer: bool, mixer: MixerKind = "average"
+) -> float:
+    """Bytes one layer keeps on one GPU whose tensors TP (with or without SP) and CP split (a hybrid's: the average
+    layer, or one of ``mixer``'s)."""
     layout = Layout(tp=tp, cp=cp, sequence_parallel=sequence_parallel)
-    return sum(bytes_on_gpu(t, layout) for t in layer_kept_tensors(w, moe_layer))
+    return sum(bytes_on_gpu(t, layout) for t in layer_kept_tensors(w, moe_layer, mixer))
+
+
+def largest_layer_bytes(w: Workload, layout: ActivationLayout, moe_layer: bool) -> float:
+    """One layer as the backward rebuilds it: a hybrid's larger of a layer that attends and one of its other mixer
+    (an average layer is never the one rebuilt), any other model's layer."""
+    spec, one = w.model, functools.partial(layer_bytes, w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
+    if not spec.hybrid:
+        return one()
+    attending = spec.attention_layers
+    counts: dict[MixerKind, int] = {"attention": attending, "other": spec.num_layers - attending}
+    return max(one(kind) for kind, n in counts.items() if n)
 
 
 def stage_activations(w: Workload, layout: Layout, stage: int) -> StageActivations:
@@ -261,7 +276,8 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     rebuilt = 0.0
     if w.recompute == "full":
         checkpoint = bytes_on_gpu(layer_checkpoint(w), layout)
-        layers, rebuilt = _recomputed_chunks(w, layout, stage, checkpoint, one_layer)
+        largest = functools.partial(largest_layer_bytes, w, layout)
+        layers, rebuilt = _recomputed_chunks(w, layout, stage, checkpoint, one_layer, largest)
         if norm_keeps(w) == "input":
             rebuilt -= checkpoint  # the rebuilt unit's first norm keeps the checkpointed input, already counted
     else:
@@ -330,12 +346,19 @@ def _unmade_grads(w: Workload, layout: ActivationLayout, built: StageLayers) -> 
 
 
 def _recomputed_chunks(
-    w: Workload, layout: ActivationLayout, stage: int, checkpoint: float, one_layer: Callable[[bool], float]
+    w: Workload,
+    layout: ActivationLayout,
+    stage: int,
+    checkpoint: float,
+    one_layer: Callable[[bool], float],
+    largest: Callable[[bool], float],
 ) -> tuple[list[float], float]:
     """Under full recomputation, the bytes each chunk of the stage keeps for one micro-batch, and the largest unit the
     backward rebuilds (Megatron-Core's megatron/core/recompute.py): ``uniform`` keeps the input of every unit of
     ``recompute_num_layers`` layers and rebuilds a whole unit at once; ``block`` keeps only the input of the first
-    ``recompute_num_layers`` layers of each chunk, rebuilt one at a time, and everything of the chunk's other layers."""
+    ``recompute_num_layers`` layers of each chunk, rebuilt one at a time, and everything of the chunk's other layers.
+    A unit of several layers is taken at the average layer; a single one as ``largest`` says (a hybrid's larger
+    mixer)."""
     n, kept, rebuilt = w.recompute_num_layers, [], 0.0
     dense, moe = one_layer(False), (one_layer(True) if w.model.moe else 0.0)
 
@@ -351,8 +374,9 @@ def _recomputed_chunks(
         else:
             kept.append(-(-len(flags) // n) * checkpoint)  # ⌈layers / N⌉ units
         if block or n == 1:  # one layer rebuilt at a time: the larger kind among those recomputed
-            singles = (moe if any(recomputed) else 0.0, dense if not all(recomputed) else 0.0) if recomputed else ()
-            rebuilt = max(rebuilt, *singles, 0.0)
+            if recomputed:
+                rebuilt = max(rebuilt, largest(True) if any(recomputed) else 0.0)
+                rebuilt = max(rebuilt, largest(False) if not all(recomputed) else 0.0)
         else:
             rebuilt = max(rebuilt, *(layers_bytes(flags[i : i + n]) for i in range(0, len(flags), n)), 0.0)
     return kept, rebuilt

@@ -1,10 +1,11 @@
-"""What a hybrid's state-space (Mamba) or Gated DeltaNet layers keep for backward, and the average layer of a
-hybrid: attention in some layers, a state-space or linear-attention mixer in the others (``engine.memory.activations``
-counts the rest of a layer)."""
+"""What a hybrid's state-space (Mamba), Gated DeltaNet or short-convolution layers keep for backward, and the average
+layer of a hybrid: attention in some layers, a state-space, linear-attention or convolution mixer in the others
+(``engine.memory.activations`` counts the rest of a layer)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
@@ -82,10 +83,39 @@ def _mamba2_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
-def average_mixer(w: Workload, attention: list[SavedTensor]) -> list[SavedTensor]:
+def _short_conv_saved(w: Workload) -> list[SavedTensor]:
+    """What an LFM2 short-convolution layer keeps for backward on transformers' PyTorch path (``Lfm2ShortConv`` with
+    ``causal_conv1d_fn``'s fallback, which the CPU and a GPU without the causal-conv1d kernel run): the input
+    projection's output B‖C‖x (B·x keeps B and x, C·y keeps C: views of it), the convolution's input B·x, its output
+    over s + K − 1 positions a sequence (F.conv1d padded by K − 1 on both sides, cut to the first s, which C·y keeps
+    whole), and the output projection's input."""
+    m, act, sb, b, h = w.model.short_conv, w.precision.activation_bytes, w.tokens, w.micro_batch, w.model.hidden_size
+    assert m is not None
+    return [
+        SavedTensor("B‖C‖x (input projection output)", "s·b·3h", sb * 3 * h, act),
+        SavedTensor("B·x (the convolution's input)", "s·b·h", sb * h, act),
+        SavedTensor(
+            "convolution output, s + K − 1 a sequence", "b·(s+K−1)·h", b * (w.seq_len + m.conv_kernel - 1) * h, act
+        ),  # fmt: skip
+        SavedTensor("output projection input (C·y)", "s·b·h", sb * h, act, for_weights=("out_proj",)),
+    ]
+
+
+MixerKind = Literal["average", "attention", "other"]
+"""A hybrid's layer: the average of its L layers, one that attends, or one of its other mixer."""
+
+
+def average_mixer(w: Workload, attention: list[SavedTensor], kind: MixerKind = "average") -> list[SavedTensor]:
     """A hybrid's token mixer as the average layer keeps it: the attention's tensors in A of its L layers, the
-    state-space or linear-attention layer's in the other L − A."""
+    state-space, linear-attention or convolution layer's in the other L − A; or as one layer of either ``kind``."""
     spec = w.model
+    if kind == "attention":
+        return attention
+    if spec.short_conv:
+        mixer = _short_conv_saved(w)
+    else:
+        mixer = _deltanet_saved(w) if spec.deltanet else _mamba2_saved(w) if spec.mamba2 else _ssm_saved(w)
+    if kind == "other":
+        return mixer
     L, A = spec.num_layers, spec.attention_layers
-    mixer = _deltanet_saved(w) if spec.deltanet else _mamba2_saved(w) if spec.mamba2 else _ssm_saved(w)
     return [_share(t, A, L) for t in attention] + [_share(t, L - A, L) for t in mixer]

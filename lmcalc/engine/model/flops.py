@@ -132,7 +132,12 @@ def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
     Gated DeltaNet (Yang et al. 2025, §3.3, the chunkwise form fla and transformers run, chunks of C = 64): the
     convolution, 2·(2·H_k·d_k + H_v·d_v)·K, and per value head and token of the sequence padded to whole chunks
     (s' = C·⌈s/C⌉): K·βKᵀ and QKᵀ within the chunk, 2·C·d_k each; the state's read by K and by Q and its update
-    Kᵀ·V, 2·d_k·d_v each; the intra-chunk attention times the new values, 2·C·d_v."""
+    Kᵀ·V, 2·d_k·d_v each; the intra-chunk attention times the new values, 2·C·d_v.
+
+    LFM2's gated short convolution: the causal depthwise convolution over B·x, 2·h·K (its two gates, B·x and C·y,
+    are element-wise)."""
+    if spec.short_conv:
+        return 2 * spec.hidden_size * spec.short_conv.conv_kernel
     if spec.mamba2:
         return mamba2_flops(spec.mamba2, seq_len)
     if spec.deltanet:
@@ -143,6 +148,18 @@ def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
         return 2 * g.conv_channels * g.conv_kernel + padded * core
     m = spec.mamba
     return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
+
+
+def mixer_conv_flops(spec: ModelSpec) -> float:
+    """Of ``ssm_flops``, the causal depthwise convolution's forward FLOPs per token, 2 · channels · K (the one part
+    with a weight: a fine-tuning step's backward computes its gradient only where it trains); 0 without a mixer."""
+    if spec.short_conv:
+        return 2 * spec.hidden_size * spec.short_conv.conv_kernel
+    if spec.mamba2 or spec.deltanet:
+        m = spec.mamba2 or spec.deltanet
+        assert m is not None
+        return 2 * m.conv_channels * m.conv_kernel
+    return 0.0 if spec.mamba is None else 2 * spec.mamba.d_inner * spec.mamba.d_conv
 
 
 def mamba2_flops(m: Mamba2Spec, seq_len: int) -> float:

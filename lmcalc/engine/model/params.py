@@ -26,7 +26,7 @@ GROUP_LABELS = {
     "embedding": "Token embedding",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
-    "ssm": "State-space and linear-attention mixers",
+    "ssm": "State-space, linear-attention and convolution mixers",
     "norm": "Norms",
     "mlp": "Dense MLP",
     "router": "MoE router",
@@ -155,6 +155,21 @@ def _mamba2(spec: ModelSpec) -> list[WeightTensor]:
     return tensors
 
 
+def _short_conv(spec: ModelSpec) -> list[WeightTensor]:
+    """A gated short-convolution layer's tensors, as transformers' Lfm2ShortConv builds them: the input projection to
+    B, C and x (3h × h), the causal depthwise convolution (h × K), the output projection (h × h), each with a bias
+    where conv_bias says so."""
+    m = spec.short_conv
+    if m is None:
+        return []
+    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.num_layers - spec.attention_layers, "L_conv")
+    tensors = _linear("conv.in_proj", site, Dim(3 * spec.hidden_size, "3h"), h, m.bias)
+    tensors.append(_tensor("conv.conv.weight", site, (h, Dim(m.conv_kernel, "K")), False))
+    if m.bias:
+        tensors.append(_tensor("conv.conv.bias", site, (h,), False))
+    return tensors + _linear("conv.out_proj", site, h, h, m.bias)
+
+
 def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
     """A Gated DeltaNet layer's tensors, as transformers' Qwen3NextGatedDeltaNet builds them (no biases): the input
     projections to q and k (H_k·d_k each), v and the output gate z (H_v·d_v each), and β and α (H_v each); the causal
@@ -273,6 +288,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     tensors += _mamba(spec)
     tensors += _deltanet(spec)
     tensors += _mamba2(spec)
+    tensors += _short_conv(spec)
     tensors += _layer_norms(spec, h)
     moe = spec.moe
     if moe is None:
@@ -356,7 +372,15 @@ def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
     experts), whose gradients exist by the time the attention's backward runs; or the ``mlp output``
     projection of a dense MLP, whose gradient exists by the time the MLP's activation backward runs."""
     L = spec.num_layers  # a hybrid's attention and state-space tensors: their average over the layers
-    per_layer = {"L": L, "L_attn": L, "L_ssm": L, "L_lin": L, "L_dense": L - spec.moe_layers, "L_moe": spec.moe_layers}
+    per_layer = {
+        "L": L,
+        "L_attn": L,
+        "L_ssm": L,
+        "L_lin": L,
+        "L_conv": L,
+        "L_dense": L - spec.moe_layers,
+        "L_moe": spec.moe_layers,
+    }
     total = 0
     for t in weight_tensors(spec):
         kind = t.count_symbol.split("·")[0]

@@ -82,7 +82,7 @@ def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, 
         else:  # final norm, untied head
             on_stage = built.head
         return 1.0 if on_stage else 0.0
-    if symbol in ("L", "L_attn", "L_ssm", "L_lin"):  # a hybrid's stage: its layers taken at the model's mix
+    if symbol in ("L", "L_attn", "L_ssm", "L_lin", "L_conv"):  # a hybrid's stage: its layers taken at the model's mix
         return tensor.count / model.num_layers * built.layers
     if symbol == "L_dense":
         return tensor.count / model.dense_ffn_layers * built.dense

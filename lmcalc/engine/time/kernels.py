@@ -44,7 +44,7 @@ the scores): 2.5 × the forward FLOPs (FlashAttention-2's benchmark convention, 
 
 FP32 = 4
 LAYER_GROUPS = ("attention", "ssm", "mlp", "router", "experts", "shared_experts")
-HYBRID = ("L_attn", "L_ssm", "L_lin")  # a hybrid's attention, state-space and linear tensors, in some layers only
+HYBRID = ("L_attn", "L_ssm", "L_lin", "L_conv")  # a hybrid's attention and other mixers' tensors, in some layers only
 
 
 @dataclass(frozen=True)
@@ -162,8 +162,8 @@ def _adapter_gemms(w: Workload, s: StageShape, moe: bool) -> list[Gemm]:
             rows, count = s.expert_tokens * w.routed_copies / local, local
         elif m.group == "shared_experts" and w.model.moe:
             rows, count = s.tokens, w.model.moe.shared_experts
-        else:
-            rows, count = s.tokens, 1
+        else:  # a hybrid's attention's adapters in A of its L layers, its other mixer's in the rest
+            rows, count = s.tokens, (m.count / w.model.num_layers if m.count_symbol in HYBRID else 1)
         gemms += [
             Gemm(f"{m.name}.lora_A", rows, r, m.inputs, count),
             Gemm(f"{m.name}.lora_B", rows, m.outputs, r, count),
