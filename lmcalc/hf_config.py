@@ -51,7 +51,7 @@ LLAMA_LIKE = (
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
-    "hy_v3", "lfm2",
+    "hy_v3", "lfm2", "lfm2_moe",
 )  # fmt: skip
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
@@ -74,7 +74,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "hunyuan_v1_moe": "per_head", "exaone_moe": "per_head",
            "nanochat": "per_head",
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
-           "hy_v3": "per_head", "lfm2": "per_head",
+           "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip
@@ -230,8 +230,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
     if kind in ("bamba", "granitemoehybrid"):
         fields |= mamba2(config, kind, fields["hidden_size"], layers, origin)
-    if kind == "lfm2":
-        fields |= short_conv(config, origin)
+    if kind in ("lfm2", "lfm2_moe"):  # LFM2-MoE's dense layers take intermediate_size as it is
+        fields |= short_conv(config, origin, adjust_ffn=kind == "lfm2")
     if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe"):  # not built by transformers
         fields["mtp_modules"] = config["num_nextn_predict_layers"]
     elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape

@@ -201,19 +201,20 @@ def mamba2(config: dict[str, Any], kind: str, hidden: int, layers: int, origin: 
     return fields
 
 
-def short_conv(config: dict[str, Any], origin: str) -> dict[str, Any]:
+def short_conv(config: dict[str, Any], origin: str, adjust_ffn: bool = True) -> dict[str, Any]:
     """LFM2's gated short convolutions in the layers ``layer_types`` calls conv (Lfm2Config: where absent, every layer
     not in ``full_attn_idxs`` is one; without either, every layer attends), and the width of its SwiGLU: the config's
     intermediate_size (``block_ff_dim`` where given) taken to 2/3, times ``block_ffn_dim_multiplier``, rounded up to
-    a multiple of ``block_multiple_of`` (Lfm2MLP, when ``block_auto_adjust_ff_dim``); ``tie_embedding`` stands for
-    tie_word_embeddings, as the class reads it."""
+    a multiple of ``block_multiple_of`` (Lfm2MLP, when ``block_auto_adjust_ff_dim`` and ``adjust_ffn``: LFM2-MoE's
+    dense layers take intermediate_size as it is); ``tie_embedding`` stands for tie_word_embeddings, as the class
+    reads it."""
     layers = _get(config, origin, "num_hidden_layers")
     types = config.get("layer_types")
     if not types:
         full = config.get("full_attn_idxs")
         types = ["full_attention" if full is None or i in full else "conv" for i in range(layers)]
     ffn = config.get("block_ff_dim") or _get(config, origin, "intermediate_size")
-    if config.get("block_auto_adjust_ff_dim", True):
+    if adjust_ffn and config.get("block_auto_adjust_ff_dim", True):
         ffn = int(2 * ffn / 3)
         if config.get("block_ffn_dim_multiplier") is not None:
             multiple = config.get("block_multiple_of") or 256

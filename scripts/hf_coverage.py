@@ -60,6 +60,8 @@ BUILD_FIELDS: dict[str, dict[str, Any]] = {
     "nemotron": {"num_key_value_heads": 8},
     "dots1": {"n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6},
     "dbrx": {"attn_config": {"rope_theta": 500000.0}},
+    # Lfm2MoeConfig leaves layer_types None, which its model indexes: three convolution layers to one attention
+    "lfm2_moe": {"layer_types": ["full_attention" if i % 4 == 3 else "conv" for i in range(32)]},
 }
 """Fields a type's class defaults leave empty and transformers needs to build the model at all."""
 

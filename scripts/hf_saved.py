@@ -469,6 +469,10 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                     "layer then 4 experts top-2 with a shared one"),
     "lfm2-small": (T.Lfm2Config, N384 | {"full_attn_idxs": [1], "conv_bias": True, "block_multiple_of": 128},
                    "small LFM2: a gated short convolution in the first layer, attention with QK-norm in the second"),
+    "lfm2-moe-small": (T.Lfm2MoeConfig, NARROW | {"intermediate_size": 384, "moe_intermediate_size": 64,
+                                                  "num_experts": 4, "num_experts_per_tok": 2, "num_dense_layers": 1,
+                                                  "layer_types": ["conv", "full_attention"]},
+                       "small LFM2-MoE: a convolution layer with a dense MLP, then attention with 4 experts top-2"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}

@@ -137,6 +137,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                   sliding_window=24, global_attn_every_n_layers=2)),
     "lfm2": ("Lfm2Config", dict(full_attn_idxs=[1], conv_bias=True, block_multiple_of=32,
                                 block_ffn_dim_multiplier=1.3)),
+    "lfm2_moe": ("Lfm2MoeConfig", dict(MOE, num_experts=4, num_dense_layers=1,
+                                       layer_types=["conv", "full_attention", "conv", "conv"])),
     "hy_v3": ("HYV3Config", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16,
                                  mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)

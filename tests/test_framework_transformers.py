@@ -102,6 +102,7 @@ OTHERS = (
     "cohere2-moe-small",
     "afmoe-small",
     "lfm2-small",
+    "lfm2-moe-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

@@ -71,10 +71,11 @@ BUILD_FIELDS = {
     "hunyuan_v1_dense": {"head_dim": 128},
     "hunyuan_v1_moe": {"head_dim": 128},
     "dbrx": {"attn_config": {"rope_theta": 500000.0}},
+    "lfm2_moe": {"layer_types": ["full_attention" if i % 4 == 3 else "conv" for i in range(32)]},
 }
 """Dots1Config leaves its expert counts null, NemotronConfig its key-value heads, MinistralConfig and
-the HunYuan configs their head_dim, DbrxConfig its attention's rope_theta, and transformers cannot build
-them without."""
+the HunYuan configs their head_dim, DbrxConfig its attention's rope_theta, Lfm2MoeConfig its layer_types, and
+transformers cannot build them without."""
 REFUSED_AT_DEFAULTS = {"deepseek_v2": "none of the fields num_experts_per_tok"}
 """Class defaults lmcalc still refuses: DeepseekV2Config leaves num_experts_per_tok null (the count does not depend on
 it; FLOPs and activations do)."""

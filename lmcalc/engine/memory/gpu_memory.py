@@ -56,6 +56,7 @@ from lmcalc.engine.parallel.pipeline import (
 from lmcalc.engine.parallel.sharding import states_workload, trained_held
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import AllocatorRule
+from lmcalc.specs import ModelSpec
 
 Verdict = Literal["fits", "tight", "does not fit"]
 
@@ -249,14 +250,23 @@ def layer_bytes(
 
 
 def largest_layer_bytes(w: Workload, layout: ActivationLayout, moe_layer: bool) -> float:
-    """One layer as the backward rebuilds it: a hybrid's larger of a layer that attends and one of its other mixer
-    (an average layer is never the one rebuilt), any other model's layer."""
-    spec, one = w.model, functools.partial(layer_bytes, w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
+    """One layer as the backward rebuilds it: a hybrid's larger of the kinds its layers of this MoE-ness have (one
+    that attends, one of its other mixer: an average layer is never the one rebuilt), any other model's layer."""
+    one = functools.partial(layer_bytes, w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
+    return max((one(kind) for kind in _mixer_kinds(w.model, moe_layer)), default=one())
+
+
+@functools.lru_cache(maxsize=256)
+def _mixer_kinds(spec: ModelSpec, moe_layer: bool) -> frozenset[MixerKind]:
+    """The mixers a hybrid's dense (or MoE) layers have: LFM2-MoE's first, dense layers may all be convolutions."""
     if not spec.hybrid:
-        return one()
-    attending = spec.attention_layers
-    counts: dict[MixerKind, int] = {"attention": attending, "other": spec.num_layers - attending}
-    return max(one(kind) for kind, n in counts.items() if n)
+        return frozenset()
+    moe = [bool(spec.moe and spec.moe.is_moe_layer(i)) for i in range(spec.num_layers)]
+    kinds: set[MixerKind] = set()
+    for i, routed in enumerate(moe):
+        if routed == moe_layer:
+            kinds.add("attention" if spec.is_attention_layer(i) else "other")
+    return frozenset(kinds)
 
 
 def stage_activations(w: Workload, layout: Layout, stage: int) -> StageActivations:
