@@ -657,19 +657,22 @@ class _Fp32Products(TorchDispatchMode):
             torch.ops.aten.addmm.default,
             torch.ops.aten.bmm.default,
             torch.ops.aten.baddbmm.default,
+            torch.ops.aten._grouped_mm.default,  # the MoE experts' grouped_mm (offsets: int32, left alone)
         )
     )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
         if (
             func in self.PRODUCTS
-            and tensors
-            and all(t.dtype == torch.bfloat16 for t in tensors)
+            and floats
+            and all(t.dtype == torch.bfloat16 for t in floats)
             and not kwargs.get("out")
+            and kwargs.get("out_dtype") in (None, torch.bfloat16)
         ):
-            up = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+            up = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+            kwargs = {k: v for k, v in kwargs.items() if k != "out_dtype"}
             return func(*up, **kwargs).to(torch.bfloat16)
         return func(*args, **kwargs)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.finetune.method import (
+    HYBRID_SYMBOLS,
     MIXER_INPUTS,
     LinearModule,
     Method,
@@ -108,7 +109,7 @@ def dora_forward(module: LinearModule, r: int, model: ModelSpec) -> float:
 def _layers_with(model: ModelSpec, count_symbol: str) -> int:
     """How many layers hold a module counted with ``count_symbol`` (a hybrid's attention or other mixer: its own)."""
     attending = model.attention_layers
-    if count_symbol in ("L", "L_attn", "L_ssm", "L_lin", "L_conv"):
+    if count_symbol in HYBRID_SYMBOLS:
         return {"L": model.num_layers, "L_attn": attending}.get(count_symbol, model.num_layers - attending)
     return (model.dense_ffn_layers if model.moe else 0) if count_symbol == "L_dense" else model.moe_layers
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from lmcalc.engine.choices import one_of, positive_integer
-from lmcalc.engine.model.params import WeightTensor, weight_tensors
+from lmcalc.engine.model.params import MIXER_SYMBOLS, WeightTensor, weight_tensors
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import ModelSpec
 
@@ -80,7 +80,7 @@ HF_NAMES: dict[str, tuple[str, ...]] = {
 
 MIXER_INPUTS = ("in_proj", "in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 """A hybrid's other mixers' input projections (Mamba-2's, Gated DeltaNet's, LFM2's): what read the layer's norm."""
-HYBRID_SYMBOLS = ("L", "L_attn", "L_ssm", "L_lin", "L_conv")
+HYBRID_SYMBOLS = ("L", *MIXER_SYMBOLS)
 """The count symbols of tensors in every layer, or in a hybrid's layers of one mixer, taken at its mix of layers."""
 
 
@@ -363,7 +363,7 @@ def in_mixer(module: LinearModule, attends: bool) -> bool:
     its attention's in the first, its other mixer's in the second, every other module in both."""
     if module.count_symbol == "L_attn":
         return attends
-    return attends is False if module.count_symbol in ("L_ssm", "L_lin", "L_conv") else True
+    return not attends if module.count_symbol in MIXER_SYMBOLS else True
 
 
 def trained_params(model: ModelSpec, method: Method) -> float:

@@ -35,7 +35,7 @@ from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import MixerKind, average_mixer
-from lmcalc.engine.model.params import Dim
+from lmcalc.engine.model.params import MIXER_SYMBOLS, Dim
 from lmcalc.engine.model_code import eager_softmax, norm_keeps
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
@@ -386,7 +386,7 @@ def _under_method(
 def _mixer_share(w: Workload, module: LinearModule, mixer: MixerKind) -> float:
     """Of a layer, the copies of ``module`` it holds: a hybrid's attention's in A of its L layers and its other
     mixer's in the rest (the average layer), or all or none in a layer of one ``mixer``; 1 for any other module."""
-    if module.count_symbol not in ("L_attn", "L_ssm", "L_lin", "L_conv"):
+    if module.count_symbol not in MIXER_SYMBOLS:
         return 1.0
     if mixer == "average":
         return module.count / w.model.num_layers

@@ -21,6 +21,9 @@ from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
 
+MIXER_SYMBOLS = ("L_attn", "L_ssm", "L_lin", "L_conv")
+"""The count symbols of a hybrid's tensors that sit in some of its layers only: its attention's (A of its L layers)
+and its other mixer's (Mamba's, Gated DeltaNet's, Mamba-2's and LFM2's short convolutions': the other L − A)."""
 GROUPS = ("embedding", "position", "attention", "ssm", "norm", "mlp", "router", "experts", "shared_experts", "head")
 GROUP_LABELS = {
     "embedding": "Token embedding",
@@ -372,15 +375,7 @@ def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
     experts), whose gradients exist by the time the attention's backward runs; or the ``mlp output``
     projection of a dense MLP, whose gradient exists by the time the MLP's activation backward runs."""
     L = spec.num_layers  # a hybrid's attention and state-space tensors: their average over the layers
-    per_layer = {
-        "L": L,
-        "L_attn": L,
-        "L_ssm": L,
-        "L_lin": L,
-        "L_conv": L,
-        "L_dense": L - spec.moe_layers,
-        "L_moe": spec.moe_layers,
-    }
+    per_layer = dict.fromkeys(("L", *MIXER_SYMBOLS), L) | {"L_dense": L - spec.moe_layers, "L_moe": spec.moe_layers}
     total = 0
     for t in weight_tensors(spec):
         kind = t.count_symbol.split("·")[0]

@@ -27,7 +27,7 @@ from lmcalc.engine.finetune.method import (
     trained_tensors,
 )
 from lmcalc.engine.model.flops import ModelPart
-from lmcalc.engine.model.params import WeightTensor, weight_tensors
+from lmcalc.engine.model.params import MIXER_SYMBOLS, WeightTensor, weight_tensors
 from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
 from lmcalc.engine.workload import Workload
 from lmcalc.recipe_specs import PrecisionRecipe
@@ -82,7 +82,7 @@ def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, 
         else:  # final norm, untied head
             on_stage = built.head
         return 1.0 if on_stage else 0.0
-    if symbol in ("L", "L_attn", "L_ssm", "L_lin", "L_conv"):  # a hybrid's stage: its layers taken at the model's mix
+    if symbol == "L" or symbol in MIXER_SYMBOLS:  # a hybrid's stage: its layers taken at the model's mix
         return tensor.count / model.num_layers * built.layers
     if symbol == "L_dense":
         return tensor.count / model.dense_ffn_layers * built.dense

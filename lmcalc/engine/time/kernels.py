@@ -28,7 +28,7 @@ from typing import NamedTuple
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
 from lmcalc.engine.model.op_policy import Redone, selective_redone
-from lmcalc.engine.model.params import weight_tensors
+from lmcalc.engine.model.params import MIXER_SYMBOLS, weight_tensors
 from lmcalc.engine.model_code import eager_softmax
 from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
@@ -44,7 +44,6 @@ the scores): 2.5 × the forward FLOPs (FlashAttention-2's benchmark convention, 
 
 FP32 = 4
 LAYER_GROUPS = ("attention", "ssm", "mlp", "router", "experts", "shared_experts")
-HYBRID = ("L_attn", "L_ssm", "L_lin", "L_conv")  # a hybrid's attention and other mixers' tensors, in some layers only
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,9 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
             local = model.moe.num_experts / grid.ep
             gemms.append(Gemm(t.name, expert_tokens * w.routed_copies / local, out, inp, local))
         else:  # a hybrid's attention and state-space GEMMs: in their share of the layers
-            gemms.append(Gemm(t.name, tokens, out, inp, t.count / model.num_layers if t.count_symbol in HYBRID else 1))
+            gemms.append(
+                Gemm(t.name, tokens, out, inp, t.count / model.num_layers if t.count_symbol in MIXER_SYMBOLS else 1)
+            )
     return gemms
 
 
@@ -163,7 +164,7 @@ def _adapter_gemms(w: Workload, s: StageShape, moe: bool) -> list[Gemm]:
         elif m.group == "shared_experts" and w.model.moe:
             rows, count = s.tokens, w.model.moe.shared_experts
         else:  # a hybrid's attention's adapters in A of its L layers, its other mixer's in the rest
-            rows, count = s.tokens, (m.count / w.model.num_layers if m.count_symbol in HYBRID else 1)
+            rows, count = s.tokens, (m.count / w.model.num_layers if m.count_symbol in MIXER_SYMBOLS else 1)
         gemms += [
             Gemm(f"{m.name}.lora_A", rows, r, m.inputs, count),
             Gemm(f"{m.name}.lora_B", rows, m.outputs, r, count),
