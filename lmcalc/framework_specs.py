@@ -106,6 +106,12 @@ class AttentionRule(Rule):
         "slice, is laid out (b, H, s, d), so a fused kernel's output is too, and the output projection reads a "
         "copy of it (one more s·b·H·d_v)",
     )
+    partial_rotary_cat: StrictBool = Field(
+        False,
+        description="where RoPE rotates part of each head (rotary_fraction below 1), Q is the concatenation of its "
+        "rotated and passed parts, made after the heads are transposed, so laid out (b, H, s, d): a fused kernel's "
+        "output is too, and the output projection reads a copy of it (one more s·b·H·d_v), as with fused_qkv_view",
+    )
     window_mask: StrictBool = Field(
         False,
         description="fused attention in a sliding-window layer whose window is shorter than the sequence is "

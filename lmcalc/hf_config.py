@@ -76,6 +76,9 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
            "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
+PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
+                  "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5}  # fmt: skip
+"""The classes' partial_rotary_factor where it is below 1 (their rope_parameters' default; tests/test_hf_types.py)."""
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip
 """Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
@@ -125,6 +128,19 @@ def _floored_head_dim(config: dict[str, Any], origin: str) -> int | None:
     return None
 
 
+def _rotary_fraction(config: dict[str, Any], kind: str) -> float:
+    """The share of each head RoPE rotates: ``partial_rotary_factor``, as transformers 5 writes it (in
+    rope_parameters) or as older files do (beside it), else the class's default."""
+    rope = config.get("rope_parameters")
+    nested = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    factor = nested if nested is not None else config.get("partial_rotary_factor")
+    if factor is None:
+        return PARTIAL_ROTARY.get(kind, 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+        raise LmcalcError(f"config.json partial_rotary_factor must be a number in (0, 1], not {token(factor)}")
+    return float(factor)
+
+
 def _stablelm_parallel(config: dict[str, Any], kind: str) -> bool:
     """StableLM's GPT-NeoX-style parallel block from one norm (``use_parallel_residual``; its class default false)."""
     return kind == "stablelm" and bool(config.get("use_parallel_residual"))
@@ -172,6 +188,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "mlp_bias": kind in ("gpt_oss", "persimmon") or bool(config.get("mlp_bias") or config.get("use_bias")),
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        "rotary_fraction": _rotary_fraction(config, kind),
         "qk_norm": QK_NORM.get(kind)
         or (QK_NORM_OPTIONAL.get(kind, "none") if config.get("use_qk_norm") or config.get("qk_layernorm") else "none"),
         "norms_per_layer": 4

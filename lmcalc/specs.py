@@ -167,6 +167,12 @@ class ModelSpec(NamedSpec):
         description="queries, keys and values clamped to ±qkv_clip in place after their projections (OLMo's and "
         "DBRX's clip_qkv): each clamp keeps its input for backward",
     )
+    rotary_fraction: PositiveFloat = Field(
+        1.0,
+        le=1,
+        description="the share of each head's dimensions RoPE rotates, the rest passed through (partial_rotary_factor: "
+        "GLM-4 0.5, StableLM 0.25, Qwen3-Next 0.25)",
+    )
     qk_norm: Literal["none", "full", "per_head"] = Field(
         "none", description="norm on projected queries and keys: over all heads (OLMo 2) or per head"
     )

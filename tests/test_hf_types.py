@@ -14,7 +14,7 @@ from hf_tiny import MULTIMODAL, TINY, multimodal_config, multimodal_model, tiny_
 
 from lmcalc.engine.model.params import count_params  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
-from lmcalc.hf_config import SUPPORTED, model_from_hf_config  # noqa: E402
+from lmcalc.hf_config import LLAMA_LIKE, SUPPORTED, model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -187,3 +187,20 @@ def test_exaone4s_pattern_of_letters_gives_its_local_layers():
 
 BASE_SMALL = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=8,
                   intermediate_size=96)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", [k for k in SUPPORTED if k in LLAMA_LIKE])
+def test_the_share_of_each_head_rope_rotates_is_the_classs(kind: str):
+    # partial_rotary_factor decides what a Llama-template attention keeps (a partial RoPE's Q is a concatenation:
+    # tests/test_framework_transformers.py). transformers 5 writes it in rope_parameters, older files beside it, and a
+    # file with neither takes the class's default (hf_config.PARTIAL_ROTARY: GLM's 0.5, StableLM's 0.25, ...)
+    config = bare_config(kind)
+    rope = config.get("rope_parameters")
+    factor = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) and "rope_type" in rope else 1.0
+    written = lmcalc_spec(config, kind) if kind not in REFUSED_AT_DEFAULTS else None
+    absent = {k: v for k, v in config.items() if k not in ("rope_parameters", "partial_rotary_factor")}
+    if written is not None:
+        assert written.rotary_fraction == factor
+        assert lmcalc_spec(absent, kind).rotary_fraction == factor
+        older = absent | {"partial_rotary_factor": 0.5}
+        assert lmcalc_spec(older, kind).rotary_fraction == 0.5

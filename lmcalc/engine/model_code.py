@@ -1,5 +1,6 @@
 """What the model's own code keeps for backward, where the spec names how it is written: its norms (``norm_keeps``,
-by the framework profile's rule) and its GELU. Memory counts these tensors and time counts their kernels' bytes, so
+by the framework profile's rule), its GELU, and whether its attention's output is laid out for a copy
+(``output_renewed``). Memory counts these tensors and time counts their kernels' bytes, so
 they live below both.
 
 What a GELU keeps for backward, as the model's code calls it (the model spec's ``gelu``, named as Hugging Face's
@@ -65,3 +66,23 @@ def norm_keeps(w: Workload) -> NormKeeps:
     if nobias == "model":  # Cohere's own, upcast, or torch's kernel
         return "fp32_centred" if w.model.norm_weight_fp32 else "input"
     return nobias or rule.layernorm
+
+
+def fused_qkv_renewed(w: Workload) -> bool:
+    """Whether Q and K are sliced from a fused QKV output and then made anew (by RoPE or a QK-norm), where the
+    profile's ``attention.fused_qkv_view`` says the slices are views: V then keeps the whole fused output alive,
+    and the new Q, made from a strided slice, is laid out (b, H, s, d), so a fused kernel's output is too and the
+    output projection reads a copy of it (transpose(1, 2).contiguous())."""
+    spec = w.model
+    renewed = spec.position_embedding == "rope" or spec.qk_norm != "none"
+    return w.framework.attention.fused_qkv_view and "qkv" in spec.fused_linears and renewed and not spec.mla
+
+
+def output_renewed(w: Workload) -> bool:
+    """Whether a fused kernel's output is laid out (b, H, s, d), so that the output projection reads a copy of it: Q
+    made anew from a fused QKV slice (``fused_qkv_renewed``), or concatenated from its rotated and passed parts
+    where RoPE rotates part of each head (the profile's ``attention.partial_rotary_cat``; transformers'
+    apply_rotary_pos_emb)."""
+    spec = w.model
+    partial = spec.rotary_fraction < 1 and spec.position_embedding == "rope" and not spec.mla
+    return fused_qkv_renewed(w) or (w.framework.attention.partial_rotary_cat and partial)

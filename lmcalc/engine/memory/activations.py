@@ -36,7 +36,7 @@ from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, ro
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import MixerKind, average_mixer
 from lmcalc.engine.model.params import MIXER_SYMBOLS, Dim
-from lmcalc.engine.model_code import eager_softmax, norm_keeps
+from lmcalc.engine.model_code import eager_softmax, fused_qkv_renewed, norm_keeps, output_renewed
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
 
@@ -181,23 +181,13 @@ def _qkv_copies_saved(w: Workload, kv: int, kv_sym: str, kv_ranks: int | None) -
         for _ in range(copies - 1)
     ]
     view = _v_view_share(w)
-    if _fused_qkv_renewed(w) and view:
+    if fused_qkv_renewed(w) and view:
         symbol = "s·b·(H+H_kv)·d" if view == 1 else f"{view:g}·s·b·(H+H_kv)·d"
         extra.append(
             SavedTensor("fused QKV output's Q and K (kept alive with V, a view of it)", symbol,
                         sb * (H + spec.kv_heads) * dqk * view, act)
         )  # fmt: skip
     return extra
-
-
-def _fused_qkv_renewed(w: Workload) -> bool:
-    """Whether Q and K are sliced from a fused QKV output and then made anew (by RoPE or a QK-norm), where the
-    profile's ``attention.fused_qkv_view`` says the slices are views: V then keeps the whole fused output alive,
-    and the new Q, made from a strided slice, is laid out (b, H, s, d), so a fused kernel's output is too and the
-    output projection reads a copy of it (transpose(1, 2).contiguous())."""
-    spec = w.model
-    renewed = spec.position_embedding == "rope" or spec.qk_norm != "none"
-    return w.framework.attention.fused_qkv_view and "qkv" in spec.fused_linears and renewed and not spec.mla
 
 
 def _v_view_share(w: Workload) -> float:
@@ -265,12 +255,15 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     else:
         tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
         # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output projection's
-        # input is a view of the same storage, so it is counted once; unless Q, made from a fused QKV slice, lays
-        # the output out (b, H, s, d) and the projection reads a copy (_fused_qkv_renewed).
-        if _fused_qkv_renewed(w):
+        # input is a view of the same storage, so it is counted once; unless Q, made from a fused QKV slice or
+        # concatenated by a partial RoPE, lays the output out (b, H, s, d) and the projection (or the output gate)
+        # reads a copy (model_code.output_renewed).
+        if output_renewed(w):
+            gated = spec.attention_output_gate
             tensors.append(SavedTensor("attention output, kept by the kernel", "s·b·H·d_v", sb * H * dv, act))
-            tensors.append(SavedTensor("output projection input (its copy, laid out (b, s, H, d))", "s·b·H·d_v",
-                                       sb * H * dv, act, for_weights=("o",)))  # fmt: skip
+            tensors.append(SavedTensor(f"{'output gate' if gated else 'output projection'} input (its copy, laid "
+                                       "out (b, s, H, d))", "s·b·H·d_v", sb * H * dv, act,
+                                       for_weights=() if gated else ("o",)))  # fmt: skip
         else:
             tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
         tensors += _window_mask_saved(w)
