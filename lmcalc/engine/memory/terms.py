@@ -270,8 +270,9 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
             "bytes",
             "in flight · layers · one layer (+ embedding on the first stage, head and logits on the last)"
             + _recomputed_text(w),
-            note=f"the layer rebuilt in its backward, {gpu.activations_rebuilt / GB:.3g} GB, counts in that phase "
-            "(the transient peak)"
+            note=f"the layer rebuilt in its backward, {gpu.activations_rebuilt / GB:.3g} GB"
+            + (" (its larger kind: attention or its other mixer, not the average layer)" if model.hybrid else "")
+            + ", counts in that phase (the transient peak)"
             if gpu.activations_rebuilt
             else "",
         )
