@@ -18,7 +18,6 @@ Korthikanti et al.'s 1 + (p − 1)/(p·v) times as much.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -29,6 +28,7 @@ from lmcalc.engine.memory.activations import (
     lowest_layer_unkept,
 )
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE
+from lmcalc.engine.memory.full_recompute import mixer_kinds, recomputed_chunks, trained_chunks
 from lmcalc.engine.memory.module_recompute import module_rebuilt
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
@@ -56,7 +56,6 @@ from lmcalc.engine.parallel.pipeline import (
 from lmcalc.engine.parallel.sharding import states_workload, trained_held
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import AllocatorRule
-from lmcalc.specs import ModelSpec
 
 Verdict = Literal["fits", "tight", "does not fit"]
 
@@ -253,20 +252,7 @@ def largest_layer_bytes(w: Workload, layout: ActivationLayout, moe_layer: bool) 
     """One layer as the backward rebuilds it: a hybrid's larger of the kinds its layers of this MoE-ness have (one
     that attends, one of its other mixer: an average layer is never the one rebuilt), any other model's layer."""
     one = functools.partial(layer_bytes, w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
-    return max((one(kind) for kind in _mixer_kinds(w.model, moe_layer)), default=one())
-
-
-@functools.lru_cache(maxsize=256)
-def _mixer_kinds(spec: ModelSpec, moe_layer: bool) -> frozenset[MixerKind]:
-    """The mixers a hybrid's dense (or MoE) layers have: LFM2-MoE's first, dense layers may all be convolutions."""
-    if not spec.hybrid:
-        return frozenset()
-    moe = [bool(spec.moe and spec.moe.is_moe_layer(i)) for i in range(spec.num_layers)]
-    kinds: set[MixerKind] = set()
-    for i, routed in enumerate(moe):
-        if routed == moe_layer:
-            kinds.add("attention" if spec.is_attention_layer(i) else "other")
-    return frozenset(kinds)
+    return max((one(kind) for kind in mixer_kinds(w.model, moe_layer)), default=one())
 
 
 def stage_activations(w: Workload, layout: Layout, stage: int) -> StageActivations:
@@ -280,14 +266,16 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
     def one_layer(moe_layer: bool) -> float:
         return layer_bytes(w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
 
-    chunks = _trained_chunks(w, stage_chunk_mixes(w.model, layout)[stage])
+    chunks = trained_chunks(w, stage_chunk_mixes(w.model, layout)[stage])
     if w.offloaded_layers:  # one stage (check_layout): the first N layers' activations wait in host memory
         chunks = tuple(_on_gpu(w, *chunk) for chunk in chunks)
     rebuilt = 0.0
     if w.recompute == "full":
         checkpoint = bytes_on_gpu(layer_checkpoint(w), layout)
         largest = functools.partial(largest_layer_bytes, w, layout)
-        layers, rebuilt = _recomputed_chunks(w, layout, stage, checkpoint, one_layer, largest)
+        layers, rebuilt = recomputed_chunks(
+            w, stage_chunk_flags(w.model, layout)[stage], checkpoint, one_layer, largest
+        )
         if norm_keeps(w) == "input":
             rebuilt -= checkpoint  # the rebuilt unit's first norm keeps the checkpointed input, already counted
     else:
@@ -353,59 +341,6 @@ def _unmade_grads(w: Workload, layout: ActivationLayout, built: StageLayers) -> 
         head -= head + embedding - trained(0, 0, True, True)  # the shared matrix: counted with the embedding's
     top = trained(int(not built.moe), int(built.moe), False, False)
     return UnmadeGrads(1.0, 1.0 - head / total, max(0.0, 1.0 - (head + top) / total), embedding / total)
-
-
-def _recomputed_chunks(
-    w: Workload,
-    layout: ActivationLayout,
-    stage: int,
-    checkpoint: float,
-    one_layer: Callable[[bool], float],
-    largest: Callable[[bool], float],
-) -> tuple[list[float], float]:
-    """Under full recomputation, the bytes each chunk of the stage keeps for one micro-batch, and the largest unit the
-    backward rebuilds (Megatron-Core's megatron/core/recompute.py): ``uniform`` keeps the input of every unit of
-    ``recompute_num_layers`` layers and rebuilds a whole unit at once; ``block`` keeps only the input of the first
-    ``recompute_num_layers`` layers of each chunk, rebuilt one at a time, and everything of the chunk's other layers.
-    A unit of several layers is taken at the average layer; a single one as ``largest`` says (a hybrid's larger
-    mixer)."""
-    n, kept, rebuilt = w.recompute_num_layers, [], 0.0
-    dense, moe = one_layer(False), (one_layer(True) if w.model.moe else 0.0)
-
-    def layers_bytes(flags: tuple[bool, ...]) -> float:
-        routed = sum(flags)
-        return (len(flags) - routed) * dense + routed * moe
-
-    for flags in _trained_flags(w, stage_chunk_flags(w.model, layout)[stage]):
-        block = w.recompute_method == "block"
-        recomputed = flags[:n] if block else flags
-        if block:
-            kept.append(len(recomputed) * checkpoint + layers_bytes(flags[n:]))
-        else:
-            kept.append(-(-len(flags) // n) * checkpoint)  # ⌈layers / N⌉ units
-        if block or n == 1:  # one layer rebuilt at a time: the larger kind among those recomputed
-            if recomputed:
-                rebuilt = max(rebuilt, largest(True) if any(recomputed) else 0.0)
-                rebuilt = max(rebuilt, largest(False) if not all(recomputed) else 0.0)
-        else:
-            rebuilt = max(rebuilt, *(layers_bytes(flags[i : i + n]) for i in range(0, len(flags), n)), 0.0)
-    return kept, rebuilt
-
-
-def _trained_flags(w: Workload, chunks: tuple[tuple[bool, ...], ...]) -> tuple[tuple[bool, ...], ...]:
-    """``_trained_chunks`` in the model's order: under the freeze method, the frozen bottom layers dropped."""
-    if w.method.kind != "freeze":
-        return chunks
-    return (chunks[0][w.method.freeze_layers :],)
-
-
-def _trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-    """The (dense, MoE) layers of each chunk that keep activations: all of them, but under the freeze method (one
-    stage, ``layout.check_layout``) the frozen bottom layers, which no gradient reaches, keep nothing."""
-    if w.method.kind != "freeze":
-        return chunks
-    (dense, moe), frozen = chunks[0], w.method.freeze_layers
-    return ((max(0, dense - frozen), moe - max(0, frozen - dense)),)
 
 
 def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: int) -> tuple[float, float]:

@@ -1,0 +1,78 @@
+"""Full recomputation, unit by unit: what each chunk of a stage keeps for one micro-batch and the largest unit the
+backward rebuilds (``recomputed_chunks``), which kinds of layer a hybrid's rebuilt layer can be (``mixer_kinds``),
+and the layers the freeze method leaves keeping nothing (``trained_chunks``). ``engine.memory.gpu_memory`` prices
+them on a layout."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from lmcalc.engine.memory.ssm import MixerKind
+from lmcalc.engine.workload import Workload
+from lmcalc.specs import ModelSpec
+
+
+@functools.lru_cache(maxsize=256)
+def mixer_kinds(spec: ModelSpec, moe_layer: bool) -> frozenset[MixerKind]:
+    """The mixers a hybrid's dense (or MoE) layers have: LFM2-MoE's first, dense layers may all be convolutions."""
+    if not spec.hybrid:
+        return frozenset()
+    moe = [bool(spec.moe and spec.moe.is_moe_layer(i)) for i in range(spec.num_layers)]
+    kinds: set[MixerKind] = set()
+    for i, routed in enumerate(moe):
+        if routed == moe_layer:
+            kinds.add("attention" if spec.is_attention_layer(i) else "other")
+    return frozenset(kinds)
+
+
+def recomputed_chunks(
+    w: Workload,
+    chunk_flags: tuple[tuple[bool, ...], ...],
+    checkpoint: float,
+    one_layer: Callable[[bool], float],
+    largest: Callable[[bool], float],
+) -> tuple[list[float], float]:
+    """Under full recomputation, the bytes each chunk of a stage (its layers' MoE flags, ``chunk_flags``) keeps for
+    one micro-batch, and the largest unit the backward rebuilds (Megatron-Core's megatron/core/recompute.py):
+    ``uniform`` keeps the input of every unit of ``recompute_num_layers`` layers and rebuilds a whole unit at once;
+    ``block`` keeps only the input of the first ``recompute_num_layers`` layers of each chunk, rebuilt one at a time,
+    and everything of the chunk's other layers. A unit of several layers is taken at the average layer; a single one
+    as ``largest`` says (a hybrid's larger mixer)."""
+    n, kept, rebuilt = w.recompute_num_layers, [], 0.0
+    dense, moe = one_layer(False), (one_layer(True) if w.model.moe else 0.0)
+
+    def layers_bytes(flags: tuple[bool, ...]) -> float:
+        routed = sum(flags)
+        return (len(flags) - routed) * dense + routed * moe
+
+    for flags in _trained_flags(w, chunk_flags):
+        block = w.recompute_method == "block"
+        recomputed = flags[:n] if block else flags
+        if block:
+            kept.append(len(recomputed) * checkpoint + layers_bytes(flags[n:]))
+        else:
+            kept.append(-(-len(flags) // n) * checkpoint)  # ⌈layers / N⌉ units
+        if block or n == 1:  # one layer rebuilt at a time: the larger kind among those recomputed
+            if recomputed:
+                rebuilt = max(rebuilt, largest(True) if any(recomputed) else 0.0)
+                rebuilt = max(rebuilt, largest(False) if not all(recomputed) else 0.0)
+        else:
+            rebuilt = max(rebuilt, *(layers_bytes(flags[i : i + n]) for i in range(0, len(flags), n)), 0.0)
+    return kept, rebuilt
+
+
+def _trained_flags(w: Workload, chunks: tuple[tuple[bool, ...], ...]) -> tuple[tuple[bool, ...], ...]:
+    """``trained_chunks`` in the model's order: under the freeze method, the frozen bottom layers dropped."""
+    if w.method.kind != "freeze":
+        return chunks
+    return (chunks[0][w.method.freeze_layers :],)
+
+
+def trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The (dense, MoE) layers of each chunk that keep activations: all of them, but under the freeze method (one
+    stage, ``layout.check_layout``) the frozen bottom layers, which no gradient reaches, keep nothing."""
+    if w.method.kind != "freeze":
+        return chunks
+    (dense, moe), frozen = chunks[0], w.method.freeze_layers
+    return ((max(0, dense - frozen), moe - max(0, frozen - dense)),)
