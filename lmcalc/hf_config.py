@@ -19,6 +19,7 @@ import difflib
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
+from lmcalc.hf_blocks import nemotron_h
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_fields import check_fields
 from lmcalc.hf_fields import get as _get
@@ -53,12 +54,14 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe",
 )  # fmt: skip
+SINGLE_BLOCKS = ("nemotron_h",)
+"""Types whose layers are each a mixer or an FFN alone (``hf_blocks``)."""
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
 GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
               "dbrx")  # fmt: skip
 """The types ``hf_gpt`` reads."""
-SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE)
+SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text"}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
@@ -84,9 +87,9 @@ QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "sta
 """Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
-                    "helium", "vaultgemma", *DELTANET)  # fmt: skip
+                    "helium", "vaultgemma", "nemotron_h", *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
-Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm): ModelSpec.norm_weight_fp32."""
+Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
              "stablelm": "layernorm", "jais2": "layernorm", "olmo": "layernorm", "cohere": "layernorm_nobias",
              "cohere2": "layernorm_nobias", "cohere2_moe": "layernorm_nobias"}  # fmt: skip
@@ -333,4 +336,6 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return gpt_neo(text, kind, fields, origin)
     if kind in ("mpt", "dbrx"):
         return mpt_family(text, kind, fields, origin)
+    if kind in SINGLE_BLOCKS:
+        return nemotron_h(text, fields, origin)
     return _llama_like(text, kind, fields, origin)

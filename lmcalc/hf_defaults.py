@@ -123,6 +123,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "hy_v3": {"attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 13312, "max_position_embeddings": 131072, "mlp_bias": False, "moe_intermediate_size": 1536, "num_attention_heads": 64, "num_experts": 192, "num_experts_per_tok": 8, "num_hidden_layers": 80, "num_key_value_heads": 8, "num_shared_experts": 1, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 120832},  # HYV3Config
     "lfm2": {"block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256, "conv_L_cache": 3, "conv_bias": False, "hidden_size": 2560, "intermediate_size": 12288, "max_position_embeddings": 128000, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "tie_word_embeddings": True, "vocab_size": 65536},  # Lfm2Config
     "lfm2_moe": {"conv_L_cache": 3, "conv_bias": False, "hidden_size": 2048, "intermediate_size": 7168, "max_position_embeddings": 128000, "moe_intermediate_size": 1792, "num_attention_heads": 32, "num_dense_layers": 2, "num_experts": 32, "num_experts_per_tok": 4, "num_hidden_layers": 32, "num_key_value_heads": 8, "tie_word_embeddings": True, "vocab_size": 65536},  # Lfm2MoeConfig
+    "nemotron_h": {"attention_bias": False, "attention_dropout": 0.0, "chunk_size": 128, "conv_kernel": 4, "head_dim": 128, "hidden_size": 4096, "intermediate_size": 21504, "mamba_head_dim": 64, "mamba_num_heads": 128, "mamba_proj_bias": False, "max_position_embeddings": 4096, "mlp_bias": False, "mlp_hidden_act": "relu2", "moe_intermediate_size": 7688, "moe_shared_expert_intermediate_size": 7688, "n_group": 1, "n_groups": 8, "n_routed_experts": 8, "n_shared_experts": 1, "num_attention_heads": 32, "num_experts_per_tok": 2, "num_key_value_heads": 8, "num_nextn_predict_layers": 0, "ssm_state_size": 128, "tie_word_embeddings": False, "topk_group": 1, "use_bias": False, "use_conv_bias": True, "vocab_size": 131072},  # NemotronHConfig
     "exaone": {"attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 4096, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 102400},  # ExaoneConfig
     "internlm3": {"attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 10240, "max_position_embeddings": 32768, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 128512},  # InternLM3Config
     "iquestcoder": {"attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 27648, "max_position_embeddings": 131072, "mlp_bias": False, "num_attention_heads": 40, "num_hidden_layers": 80, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 76800},  # IQuestCoderConfig
@@ -168,12 +169,14 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "dots1": {"num_local_experts": "n_routed_experts"},
     "ernie4_5_moe": {"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k"},
     "mellum": {"num_experts": "num_local_experts", "num_mtp_layers": "num_nextn_predict_layers"},
+    "bamba": {"layer_types": "layers_block_type"},
     "granitemoehybrid": {"layers_block_type": "layer_types"},
     "solar_open": {"num_local_experts": "n_routed_experts"},
     "glm4_moe_lite": {"num_local_experts": "n_routed_experts", "head_dim": "qk_rope_head_dim"},
     "hunyuan_v1_moe": {"num_experts_per_tok": "moe_topk", "num_local_experts": "num_experts"},
     "kolibri1": {"num_experts": "num_local_experts"},
     "hy_v3": {"num_local_experts": "num_experts"},
+    "nemotron_h": {"layer_types": "layers_block_type", "num_local_experts": "n_routed_experts"},
     "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps", "activation_function": "hidden_act"},
     "internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
     "sarvam_mla": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers", "num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},

@@ -26,6 +26,8 @@ WHOLE_NUMBERS = frozenset(
         "mamba_n_groups", "mamba_chunk_size", "ffn_dim", "word_embed_proj_dim", "num_layers", "num_heads",
         "window_size", "num_shared_experts", "d_model", "n_heads", "n_layers", "max_seq_len", "moe_topk",
         "prefix_dense_intermediate_size", "num_dense_layers", "conv_L_cache", "block_multiple_of", "block_ff_dim",
+        "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
+        "moe_shared_expert_intermediate_size", "moe_latent_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -40,16 +42,25 @@ FLAGS = frozenset(
         "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
         "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm", "use_qkv_bias", "qk_layernorm",
         "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine", "conv_bias",
-        "block_auto_adjust_ff_dim", "tie_embedding",
+        "block_auto_adjust_ff_dim", "tie_embedding", "use_conv_bias",
     }
 )  # fmt: skip
 TEXTS = frozenset(
-    {"model_type", "hidden_act", "hidden_activation", "activation_function", "activation", "position_embedding_type"}
+    {
+        "model_type",
+        "hidden_act",
+        "hidden_activation",
+        "activation_function",
+        "activation",
+        "position_embedding_type",
+        "mlp_hidden_act",
+        "hybrid_override_pattern",
+    }
 )
 LISTS_OF_WHOLE_NUMBERS = frozenset(
     {"mlp_only_layers", "moe_layers", "no_rope_layers", "attn_layer_indices", "full_attn_idxs"}
 )
-LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types", "attention_layers"})
+LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types", "attention_layers", "layers_block_type"})
 VISION_WHOLE_NUMBERS = frozenset(
     {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
 )

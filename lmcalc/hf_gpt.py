@@ -11,7 +11,7 @@ from lmcalc.hf_fields import get as _get
 from lmcalc.hf_layers import global_layers
 
 RELUS = ("relu", "relu2")  # ACT2FN's ReLU and ReLUSquaredActivation
-RELU_MLPS = ("arcee", "nemotron", "persimmon", "jais2", "nanochat", "opt", "biogpt")
+RELU_MLPS = ("arcee", "nemotron", "persimmon", "jais2", "nanochat", "opt", "biogpt", "nemotron_h")
 """Two-matrix MLPs that call hidden_act, squared ReLU by default."""
 XIELU_MLPS = ("apertus", "apertus1p5_text")
 """Two-matrix MLPs that call hidden_act, xIELU by default (Apertus)."""
@@ -25,7 +25,8 @@ ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_
               "falcon": ("activation", "gelu"), "starcoder2": ("hidden_act", "gelu_pytorch_tanh"),
               "gemma": ("hidden_act", "gelu_pytorch_tanh"), "gemma2": ("hidden_activation", "gelu_pytorch_tanh"),
               "gemma3_text": ("hidden_activation", "gelu_pytorch_tanh"),
-              "vaultgemma": ("hidden_activation", "gelu_pytorch_tanh")}  # fmt: skip
+              "vaultgemma": ("hidden_activation", "gelu_pytorch_tanh"),
+              "nemotron_h": ("mlp_hidden_act", "relu2")}  # fmt: skip
 """The config field each type's MLP calls ACT2FN with, and the config class's default, where not hidden_act and
 silu (GPT2MLP: activation_function; FalconMLP: activation; Gemma2MLP and Gemma3MLP: hidden_activation)."""
 

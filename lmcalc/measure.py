@@ -95,7 +95,7 @@ def peak_saved_bytes(model: ReferenceModel, tokens: torch.Tensor, recompute: Rec
     if recompute != "full":
         return held
     spec = model.spec
-    moe_flags = [bool(spec.moe and spec.moe.is_moe_layer(i)) for i in range(spec.num_layers)]
+    moe_flags = [spec.is_moe_layer(i) for i in range(spec.num_layers)]
     kinds = {moe_flags.index(kind) for kind in (False, True) if kind in moe_flags}  # the first of each kind
     return held + max(saved_for_backward(model, tokens, layer=i).bytes for i in kinds)
 

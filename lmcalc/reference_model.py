@@ -330,7 +330,7 @@ class Block(nn.Module):
 
     def __init__(self, spec: ModelSpec, layer: int, impl: AttentionImpl, **kw):
         super().__init__()
-        h, moe_layer = spec.hidden_size, bool(spec.moe and spec.moe.is_moe_layer(layer))
+        h, moe_layer = spec.hidden_size, spec.is_moe_layer(layer)
         self.attn_norm = make_norm(spec, h, **kw)
         self.attn = Attention(spec, impl, spec.is_local_layer(layer), **kw)
         if spec.norms_per_layer >= 2:

@@ -9,13 +9,13 @@ The annotations are types, not text (no ``from __future__ import annotations``):
 each field's annotation from its text when the class is defined, which every command pays at start-up.
 """
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
+from lmcalc.layer_specs import MLASpec, MoESpec, moe_layers_in
 from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec, ShortConvSpec
 from lmcalc.spec_base import (
     ActivationKind,
@@ -37,83 +37,11 @@ from lmcalc.spec_base import (
     whole_float_as_int,
 )
 
-__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "Mamba2Spec", "MambaSpec",
+__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "MLASpec", "Mamba2Spec",
+           "MambaSpec", "MoESpec",
            "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
            "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
-
-
-class MoESpec(Spec):
-    """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
-
-    num_experts: PositiveInt
-    experts_per_token: PositiveInt
-    shared_experts: NonNegativeInt = 0
-    expert_ffn_size: PositiveInt
-    dense_layers: NonNegativeInt = Field(0, description="leading layers that keep a dense FFN of ffn_size")
-    router_bias: StrictBool = Field(
-        False,
-        description="a learned per-expert bias on the router (gpt-oss); DeepSeek-V3's balancing bias is a buffer set "
-        "by a rule, not a parameter",
-    )
-    router_fp32: StrictBool = Field(
-        False,
-        description="the model's code runs the router's matmul in fp32 on an fp32 copy of its input (transformers' "
-        "DeepSeek-V2/V3, GLM-4.5, ERNIE 4.5, EXAONE MoE and Hunyuan routers), read under a framework profile whose "
-        "moe.router is model",
-    )
-    shared_expert_ffn_size: PositiveInt | None = Field(
-        None, description="inner width of the shared experts when it differs from expert_ffn_size (Qwen2-MoE)"
-    )
-    shared_expert_gate: StrictBool = Field(
-        False, description="a sigmoid gate (h → 1) on the shared experts' output (Qwen2-MoE's shared_expert_gate)"
-    )
-    moe_every: PositiveInt = Field(
-        1,
-        description="every how many layers one is MoE: layer i (from 0) is MoE when (i + 1) is a multiple of this "
-        "(decoder_sparse_step, Llama 4's interleave_moe_layer_step); the others keep a dense FFN of ffn_size",
-    )
-    dense_layer_ids: tuple[NonNegativeInt, ...] = Field(
-        default_factory=no_items, description="further layers (from 0) with a dense FFN (Qwen MoE's mlp_only_layers)"
-    )
-    node_limit: PositiveInt | None = Field(
-        None,
-        description="node-limited routing: each token is sent to experts on at most this many nodes (DeepSeek-V3: "
-        "4, its 8 expert groups of which each token picks 4)",
-    )
-
-    @model_validator(mode="after")
-    def _top_k_fits(self) -> Self:
-        if self.experts_per_token > self.num_experts:
-            raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})")
-        return self
-
-    @property
-    def shared_width(self) -> int:
-        return self.shared_expert_ffn_size or self.expert_ffn_size
-
-    def is_moe_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) routes its tokens to experts."""
-        return layer >= self.dense_layers and (layer + 1) % self.moe_every == 0 and layer not in self.dense_layer_ids
-
-
-@functools.lru_cache(maxsize=4096)  # the planner asks per stage, thousands of times
-def _moe_layers_in(moe: MoESpec, start: int, stop: int) -> int:
-    return sum(moe.is_moe_layer(i) for i in range(start, stop))
-
-
-class MLASpec(Spec):
-    """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and joint low-rank K/V projections."""
-
-    q_lora_rank: PositiveInt | None = Field(None, description="None: plain h x (heads*qk_head_dim) query")
-    kv_lora_rank: PositiveInt
-    qk_nope_head_dim: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 class ModelSpec(NamedSpec):
@@ -245,6 +173,16 @@ class ModelSpec(NamedSpec):
     deltanet: DeltaNetSpec | None = None
     mamba2: Mamba2Spec | None = None
     short_conv: ShortConvSpec | None = None
+    mixer_only_layer_ids: tuple[NonNegativeInt, ...] = Field(
+        default_factory=no_items,
+        description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
+        "and attention blocks: NemotronHBlock holds one norm and one mixer)",
+    )
+    ffn_only_layer_ids: tuple[NonNegativeInt, ...] = Field(
+        default_factory=no_items,
+        description="layers that are an FFN alone, dense or MoE, behind one norm and without a token mixer "
+        "(Nemotron-H's MLP and MoE blocks)",
+    )
     attention_output_gate: StrictBool = Field(
         False,
         description="the query projection also makes a per-channel sigmoid gate on the attention's output "
@@ -308,7 +246,22 @@ class ModelSpec(NamedSpec):
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
         if self.attention_gate_proj and not self.attention_output_gate:
             raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
+        self._single_blocks_consistent()
         return self
+
+    def _single_blocks_consistent(self) -> None:
+        alone = (*self.mixer_only_layer_ids, *self.ffn_only_layer_ids)
+        if not alone:
+            return
+        if len(set(alone)) < len(alone):
+            raise ValueError("a layer is listed twice in mixer_only_layer_ids and ffn_only_layer_ids")
+        if max(alone) >= self.num_layers:
+            raise ValueError(f"layer {max(alone)} of mixer_only_layer_ids or ffn_only_layer_ids is not below "
+                             f"num_layers ({self.num_layers})")  # fmt: skip
+        if self.norms_per_layer != 2:
+            raise ValueError("mixer_only_layer_ids and ffn_only_layer_ids need norms_per_layer 2: one norm each")
+        if not self.ffn_layers or not self.mixer_layers:
+            raise ValueError("mixer_only_layer_ids and ffn_only_layer_ids leave no layer with an FFN or a mixer")
 
     @property
     def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | None:
@@ -316,10 +269,35 @@ class ModelSpec(NamedSpec):
         DeltaNet (Qwen3-Next) or the short convolution (LFM2); None where every layer attends."""
         return self.mamba or self.mamba2 or self.deltanet or self.short_conv
 
+    def has_mixer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) mixes tokens: every layer but an FFN block alone (Nemotron-H)."""
+        return layer not in self.ffn_only_layer_ids
+
+    def has_ffn(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) has an FFN: every layer but a mixer block alone (Nemotron-H)."""
+        return layer not in self.mixer_only_layer_ids
+
+    @property
+    def mixer_layers(self) -> int:
+        """Layers with a token mixer, attention or another: L less the FFN blocks alone."""
+        return self.num_layers - len(self.ffn_only_layer_ids)
+
+    @property
+    def ffn_layers(self) -> int:
+        """Layers with an FFN, dense or MoE: L less the mixer blocks alone."""
+        return self.num_layers - len(self.mixer_only_layer_ids)
+
+    @property
+    def single_blocks(self) -> bool:
+        """Whether some layers are a mixer or an FFN alone, behind one norm (Nemotron-H)."""
+        return bool(self.mixer_only_layer_ids or self.ffn_only_layer_ids)
+
     def is_attention_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) attends (every layer but a hybrid's state-space, linear or convolution
-        ones)."""
+        """Whether layer ``layer`` (from 0) attends (every layer with a mixer but a hybrid's state-space, linear or
+        convolution ones)."""
         m = self.hybrid
+        if not self.has_mixer(layer):
+            return False
         if isinstance(m, (Mamba2Spec, ShortConvSpec)):
             return layer in m.attention_layer_ids
         return m is None or layer % m.attention_every == m.attention_offset
@@ -329,9 +307,19 @@ class ModelSpec(NamedSpec):
         return sum(self.is_attention_layer(i) for i in range(self.num_layers))
 
     @property
+    def other_mixer_layers(self) -> int:
+        """Layers whose mixer is a hybrid's other one (state-space, linear attention or convolution): M − A."""
+        return self.mixer_layers - self.attention_layers
+
+    @property
     def attention_share(self) -> float:
-        """Of the layers, the share that attends: 1 but in a hybrid."""
+        """Of the layers, the share that attends: 1 but in a hybrid, or where some layers are an FFN alone."""
         return self.attention_layers / self.num_layers
+
+    @property
+    def other_mixer_share(self) -> float:
+        """Of the layers, the share whose mixer is a hybrid's other one: (M − A)/L."""
+        return self.other_mixer_layers / self.num_layers
 
     def is_local_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (from 0) attends over the sliding window (or chunk) only."""
@@ -370,14 +358,19 @@ class ModelSpec(NamedSpec):
     def moe_layers(self) -> int:
         return self.moe_layers_in(0, self.num_layers)
 
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) routes to experts: an MoE model's layer with an FFN that MoESpec makes
+        sparse."""
+        return bool(self.moe and self.has_ffn(layer) and self.moe.is_moe_layer(layer))
+
     def moe_layers_in(self, start: int, stop: int) -> int:
         """MoE layers among layers ``start`` to ``stop - 1``."""
-        return _moe_layers_in(self.moe, start, stop) if self.moe else 0
+        return moe_layers_in(self.moe, self.mixer_only_layer_ids, start, stop) if self.moe else 0
 
     @property
     def dense_ffn_layers(self) -> int:
-        """Layers with a dense FFN of ffn_size: all of them without MoE."""
-        return self.num_layers - self.moe_layers
+        """Layers with a dense FFN of ffn_size: every layer with an FFN that is not an MoE one."""
+        return self.ffn_layers - self.moe_layers
 
     @property
     def label(self) -> str:

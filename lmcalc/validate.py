@@ -145,11 +145,11 @@ def validate(*, model: ModelLike, seq: str | int = 1024, micro_batch: int = 1, r
     except ImportError:
         raise LmcalcError("validate needs PyTorch: pip install 'lmcalc[bench]'") from None
     resolved = resolve_model(model)
-    if resolved.spec.hybrid:
+    if resolved.spec.hybrid or resolved.spec.single_blocks:
+        what = "is a hybrid" if resolved.spec.hybrid else "has layers that are a mixer or an FFN alone"
         raise LmcalcError(
-            f"{resolved.spec.label} is a hybrid: lmcalc's PyTorch reference model has no state-space or linear "
-            "layers; check it "
-            f"against transformers ({setting('against')} transformers)"
+            f"{resolved.spec.label} {what}: lmcalc's PyTorch reference model has no state-space or linear layers "
+            f"and no single blocks; check it against transformers ({setting('against')} transformers)"
         )
     modes = RECOMPUTE_MODES if recompute is None else (choice(recompute, RECOMPUTE_MODES, "recompute"),)
     seq_len = int(seq_given(seq).value)

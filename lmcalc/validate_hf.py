@@ -230,7 +230,7 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
     if channels_kernel:
         channels, kernel = channels_kernel
         conv = 3 * 2 * micro_batch * channels * kernel * (kernel - 1)
-        return (spec.num_layers - spec.attention_layers) * conv
+        return spec.other_mixer_layers * conv
     g = spec.deltanet
     if g is None:
         return 0.0
@@ -238,7 +238,7 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
     conv = 3 * 2 * micro_batch * g.conv_channels * g.conv_kernel * (g.conv_kernel - 1)
     solve = 2 * micro_batch * g.value_heads * padded * g.chunk * (g.key_head_dim + g.value_head_dim)
     ends = 8 * micro_batch * g.value_heads * g.chunk * g.key_head_dim * g.value_head_dim
-    return (spec.num_layers - spec.attention_layers) * (conv + solve - ends)
+    return spec.other_mixer_layers * (conv + solve - ends)
 
 
 def _first_line(error: Exception) -> str:

@@ -97,11 +97,12 @@ def configs(kind: str, class_name: str) -> dict[str, dict[str, Any]]:
     if isinstance(layers, int) and layers > 2:
         try:
             variant = cls(**BUILD_FIELDS.get(kind, {}))
-            variant.num_hidden_layers = max(2, layers // 2)
+            half = variant.num_hidden_layers = max(2, layers // 2)
             variant.tie_word_embeddings = not getattr(default, "tie_word_embeddings", False)
-            for key in ("layer_types", "mlp_layer_types"):  # per-layer lists follow the depth
+            # per-layer lists follow the depth (Nemotron-H's blocks make it: its num_hidden_layers is their number)
+            for key in ("layer_types", "mlp_layer_types", "layers_block_type"):
                 if isinstance(getattr(variant, key, None), list):
-                    setattr(variant, key, getattr(variant, key)[: variant.num_hidden_layers])
+                    setattr(variant, key, getattr(variant, key)[:half])
             cases |= {"variant": variant.to_dict(), "variant-diff": variant.to_diff_dict()}
         except Exception:  # noqa: BLE001 (a class that refuses the change: the defaults still count)
             pass

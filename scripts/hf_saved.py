@@ -473,6 +473,12 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                   "num_experts": 4, "num_experts_per_tok": 2, "num_dense_layers": 1,
                                                   "layer_types": ["conv", "full_attention"]},
                        "small LFM2-MoE: a convolution layer with a dense MLP, then attention with 4 experts top-2"),
+    "nemotron-h-small": (T.NemotronHConfig, NARROW | {"intermediate_size": 384, "n_routed_experts": 4,
+                                                      "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                                      "moe_shared_expert_intermediate_size": 96,
+                                                      "hybrid_override_pattern": "*-*E"},
+                         "small Nemotron-H, single blocks: attention alone, a squared-ReLU MLP alone, attention, an "
+                         "MoE of 4 experts top-2 and a shared expert"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}

@@ -102,6 +102,11 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "granitemoehybrid": ("GraniteMoeHybridConfig", dict(num_local_experts=4, num_experts_per_tok=2,
                                                         shared_intermediate_size=48, **MAMBA2,
                                                         layer_types=["mamba", "attention"] * 2)),
+    # single blocks: Mamba-2, MoE, attention, MoE, Mamba-2, MLP (NemotronHBlock: one norm and one mixer each)
+    "nemotron_h": ("NemotronHConfig", dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           moe_shared_expert_intermediate_size=48, head_dim=16, mamba_num_heads=8,
+                                           mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4,
+                                           chunk_size=16, hybrid_override_pattern="ME*EM-")),
     "solar_open": ("SolarOpenConfig", dict(MOE, n_routed_experts=4, n_shared_experts=1, head_dim=16,
                                            attention_bias=True)),
     "ministral": ("MinistralConfig", dict(head_dim=16, sliding_window=24,

@@ -38,6 +38,7 @@ pytest.importorskip("transformers")
 import hf_saved  # noqa: E402  (scripts/, put on sys.path by conftest.py; imports torch and transformers)
 
 from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
+from lmcalc.engine.memory.blocks import block_kind  # noqa: E402
 from lmcalc.engine.memory.gpu_memory import StageActivations, stage_activations  # noqa: E402
 from lmcalc.engine.memory.outside_layers import model_saved_tensors  # noqa: E402
 from lmcalc.engine.memory.ssm import MixerKind  # noqa: E402
@@ -103,6 +104,7 @@ OTHERS = (
     "afmoe-small",
     "lfm2-small",
     "lfm2-moe-small",
+    "nemotron-h-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 
@@ -285,15 +287,15 @@ def params(cases: list[Case]) -> list:
 
 def layer_kinds(w: Workload, layers: int) -> list[bool]:
     """Whether each of the model's ``layers`` routes to experts."""
-    return [bool(w.model.moe and w.model.moe.is_moe_layer(i)) for i in range(layers)]
+    return [w.model.is_moe_layer(i) for i in range(layers)]
 
 
 def mixer_kind(w: Workload, layer: int) -> MixerKind:
-    """A hybrid's layer as lmcalc counts one of its kind (LFM2's convolutions, its attention); any other's: the
-    average layer."""
-    if not w.model.hybrid:
+    """A hybrid's layer as lmcalc counts one of its kind (LFM2's convolutions, its attention), or a single block
+    (Nemotron-H's attention alone, an FFN alone); any other's: the average layer."""
+    if not w.model.hybrid and not w.model.single_blocks:
         return "average"
-    return "attention" if w.model.is_attention_layer(layer) else "other"
+    return block_kind(w.model, layer)
 
 
 def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra: Callable | None = None) -> None:

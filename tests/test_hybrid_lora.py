@@ -36,6 +36,13 @@ CASES = [
     ("lfm2", "all-linear"),
     ("lfm2", "q_proj,k_proj,v_proj,out_proj,in_proj,w1,w2,w3"),  # LFM2's model card's targets
     ("lfm2", "out_proj"),  # its attention's output and its convolutions'
+    # single blocks: Mamba-2, attention, an MLP, an MoE's shared expert, each alone; PEFT refuses Mamba's out_proj
+    # (and so all-linear) on Nemotron-H: _check_lora_target_modules_mamba
+    ("nemotron_h", "q_proj,k_proj,v_proj,o_proj,in_proj"),
+    ("nemotron_h", "q_proj,v_proj,in_proj"),
+    # a two-matrix MLP's up_proj and down_proj: its first and second matrix (lmcalc's fc and proj)
+    ("arcee", "up_proj,down_proj"),
+    ("nemotron", "up_proj"),
 ]
 
 
@@ -68,7 +75,7 @@ def test_afmoes_attention_gate_is_an_adapter_of_its_own(rank: int):
     assert {t.name.split(".lora")[0] for t in gates} >= {"attn.attn_gate", "dense_mlp.gate"}
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2"])
+@pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h"])
 def test_a_hybrid_takes_qlora_and_pipeline_stages(kind: str):
     # each of its layer tensors is placed on a stage by its count symbol (L_lin: the Gated DeltaNet layers): QLoRA's
     # trained adapters and a two-stage pipeline both walk them (a ZeroDivisionError before)

@@ -9,13 +9,14 @@ from dataclasses import replace
 
 import pytest
 
+from lmcalc.engine.model.flops import forward_flops_per_token
 from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.parallel.pipeline import stage_layers
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.kernels import FLASH_BACKWARD_TO_FORWARD, stage_work
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.presets import framework_profile, resolve_hardware, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 
 PRECISION = resolve_precision("bf16-mixed").spec
@@ -249,3 +250,18 @@ def test_full_recomputation_reruns_the_layers_forward_not_the_head():
     assert again.gemm_flops - plain.gemm_flops == pytest.approx(layers)
     assert again.attention_recomputed == plain.attention_forward
     assert math.isclose(again.memory_backward - plain.memory_backward, plain.memory_forward)
+
+
+@pytest.mark.parametrize(
+    "name", ["deepseek-v2-lite", "mixtral-8x7b", "qwen3-next-80b-a3b", "lfm2-1.2b", "nemotron-nano-9b-v2"]
+)
+def test_the_gemms_are_the_models_matmuls(name: str):
+    """One stage's GEMMs, forward, do the model's matmul FLOPs (engine.model.flops, which FlopCounterMode checks):
+    DeepSeek-V2-Lite's two shared experts a layer both (one was timed before), a hybrid's mixers at their share of the
+    layers, Nemotron-H's single blocks each alone."""
+    model = resolve_model(name).spec
+    _, work = whole(model, 512, 1)
+    flops = forward_flops_per_token(model, 512)
+    assert sum(g.flops for g in work.gemms + work.head) == pytest.approx(
+        512 * (flops.projections + flops.mlp + flops.logits), rel=1e-12
+    )

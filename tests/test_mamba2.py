@@ -27,7 +27,7 @@ def spec_of(kind: str) -> ModelSpec:
     return ModelSpec.model_validate(model_from_hf_config(tiny_config(kind), kind, kind))
 
 
-@pytest.mark.parametrize("kind", ["bamba", "granitemoehybrid"])
+@pytest.mark.parametrize("kind", ["bamba", "granitemoehybrid", "nemotron_h"])
 @pytest.mark.parametrize(("seq", "batch"), [(7, 1), (16, 2), (100, 2)])
 def test_flops_equal_flopcountermode_within_and_across_chunks(kind: str, seq: int, batch: int):
     # chunks of 16: s = 7 pads one, s = 16 fills it, s = 100 spans seven
@@ -76,3 +76,12 @@ def test_a_hybrid_without_attention_layers_serves_at_any_context(tmp_path, capsy
     results = json.loads(capsys.readouterr().out)["results"]
     assert results["per_gpu"]["max_context"]["value"] == spec.max_seq_len
     assert results["kv_cache"]["state"]["value"] == 4 * (8704 * 4 * 2 + 128 * 64 * 256 * 4)
+
+
+def test_nemotron_hs_state_is_its_mamba_blocks_alone():
+    # Nemotron-H's single blocks (Mamba-2, MoE, attention, MoE, Mamba-2, MLP): only the two Mamba-2 blocks keep a
+    # state, whatever the MoE and MLP blocks, which neither attend nor keep one
+    spec = spec_of("nemotron_h")
+    mamba = [i for i in range(spec.num_layers) if spec.has_mixer(i) and not spec.is_attention_layer(i)]
+    assert mamba == [0, 4] and spec.other_mixer_layers == 2 and spec.attention_layers == 1
+    assert cached_state_bytes("nemotron_h", mamba, batch=2) == 2 * state_bytes(spec, 2)

@@ -71,6 +71,7 @@ FAMILIES = (
     "starcoder2-small",
     "cohere-small",
     "qwen2-moe-small",
+    "nemotron-h-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",
@@ -145,7 +146,9 @@ def test_the_binding_phase_follows_the_widths(name: str, binds: str):
 
 
 LORA_FAMILIES = tuple(  # the dense small models of FAMILIES
-    name for name in FAMILIES if name.endswith("-small") and name not in ("mixtral-small", "qwen2-moe-small")
+    name
+    for name in FAMILIES
+    if name.endswith("-small") and name not in ("mixtral-small", "qwen2-moe-small", "nemotron-h-small")
 )
 LORA_MODES = {  # how the adapters run: (PEFT's fp32 adapters, the Trainer's autocast), lmcalc's recipe
     "bf16-adapters": (False, False, "bf16-pure"),

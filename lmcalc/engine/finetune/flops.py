@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.finetune.method import (
-    HYBRID_SYMBOLS,
     MIXER_INPUTS,
     LinearModule,
     Method,
@@ -40,6 +39,7 @@ from lmcalc.engine.finetune.method import (
     trained_params,
 )
 from lmcalc.engine.model.flops import attended_keys, mixer_conv_flops, napkin_params, ssm_flops
+from lmcalc.engine.model.params import MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
 
 READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate", *MIXER_INPUTS)
@@ -75,6 +75,8 @@ class _Layer:
     input_grad: bool  # the layer's input needs a gradient
     trained: bool  # the layer's weights are trained (full training, a layer above the frozen ones)
     attends: bool = True  # a hybrid's layer that attends, or one of its other mixer
+    mixes: bool = True  # the layer has a token mixer (not an FFN block alone, Nemotron-H)
+    feeds: bool = True  # the layer has an FFN (not a mixer block alone)
 
 
 def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
@@ -84,18 +86,26 @@ def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
     frozen = method.freeze_layers if method.kind == "freeze" else 0
     embedding_trained = method.kind == "full"
     kinds = [
-        (bool(model.moe and model.moe.is_moe_layer(i)), model.is_attention_layer(i)) for i in range(model.num_layers)
+        (model.is_moe_layer(i), model.is_attention_layer(i), model.has_mixer(i), model.has_ffn(i))
+        for i in range(model.num_layers)
     ]
     if method.adapters:
         adapted = adapted_modules(model, method)
-        holds = [any(in_layer(m, moe) and in_mixer(m, attends) for m in adapted) for moe, attends in kinds]
+        holds = [any(_in(m, *kind) for m in adapted) for kind in kinds]
         frozen = next((i for i, held in enumerate(holds) if held), model.num_layers)
     layers: Counter[_Layer] = Counter()
-    for i, (moe, attends) in enumerate(kinds):
+    for i, (moe, attends, mixes, feeds) in enumerate(kinds):
         trained = method.kind == "full" or (method.kind == "freeze" and i >= frozen)
         input_grad = embedding_trained or i > frozen
-        layers[_Layer(moe, input_grad, trained, attends)] += 1
+        layers[_Layer(moe, input_grad, trained, attends, mixes, feeds)] += 1
     return layers
+
+
+def _in(module: LinearModule, moe: bool, attends: bool, mixes: bool, feeds: bool) -> bool:
+    """Whether a layer of this kind holds ``module``: its mixer's where it has one, its FFN's where it has one."""
+    if not (mixes if module.group in ("attention", "ssm") else feeds):
+        return False
+    return in_layer(module, moe) and in_mixer(module, attends)
 
 
 def dora_forward(module: LinearModule, r: int, model: ModelSpec) -> float:
@@ -108,10 +118,11 @@ def dora_forward(module: LinearModule, r: int, model: ModelSpec) -> float:
 
 def _layers_with(model: ModelSpec, count_symbol: str) -> int:
     """How many layers hold a module counted with ``count_symbol`` (a hybrid's attention or other mixer: its own)."""
-    attending = model.attention_layers
-    if count_symbol in HYBRID_SYMBOLS:
-        return {"L": model.num_layers, "L_attn": attending}.get(count_symbol, model.num_layers - attending)
-    return (model.dense_ffn_layers if model.moe else 0) if count_symbol == "L_dense" else model.moe_layers
+    if count_symbol in MIXER_SYMBOLS:
+        return model.attention_layers if count_symbol == "L_attn" else model.other_mixer_layers
+    if count_symbol == "L":
+        return model.num_layers
+    return model.dense_ffn_layers if count_symbol == "L_dense" else model.moe_layers
 
 
 def _per_layer_copies(model: ModelSpec, count_symbol: str, active: float) -> float:
@@ -181,7 +192,7 @@ def method_step_flops(
         weight_grads += n * flops.weight_grads
         if flops.output_grad:
             f = flops.forward
-            selective = step.scores + step.values if layer.attends else 0.0
+            selective = step.scores + step.values if layer.attends and layer.mixes else 0.0
             recomputed += n * (f if recompute == "full" else selective if recompute == "selective" else 0.0)
         out_grad = out_grad or flops.output_grad
     logits = 2 * model.hidden_size * model.vocab_size
@@ -198,18 +209,18 @@ def _layer_flops(step: _MethodStep, layer: _Layer) -> _LayerFlops:
     modules = [
         m
         for m in linear_modules(step.model)
-        if m.leaf != "lm_head" and in_layer(m, layer.moe) and in_mixer(m, layer.attends)
+        if m.leaf != "lm_head" and _in(m, layer.moe, layer.attends, layer.mixes, layer.feeds)
     ]
     flops = _LayerFlops()
     x_grad = layer.input_grad
     for half in ("attention", "mlp"):
         half_modules = [m for m in modules if (m.group in ("attention", "ssm")) == (half == "attention")]
         any_out = _half_flops(step, half_modules, x_grad, layer.trained, flops)
-        if half == "attention" and layer.attends:
+        if half == "attention" and layer.mixes and layer.attends:
             q, k, v = (any(flops.outputs.get(leaf, False) for leaf in leaves) for leaves in OPERANDS)
             # each product's backward gives the gradient of each operand that needs one, at its forward's cost
             flops.attention_backward = step.scores * (q + k) + step.values * ((q or k) + v)
-        elif half == "attention":
+        elif half == "attention" and layer.mixes:
             # a hybrid's other mixer: the convolution's input gradient where its input projection's output needs
             # one, its weight's where the layer trains; the core's products, both operands', twice its forward
             mixed = any(flops.outputs.get(leaf, False) for leaf in MIXER_INPUTS)
@@ -217,7 +228,7 @@ def _layer_flops(step: _MethodStep, layer: _Layer) -> _LayerFlops:
             flops.weight_grads += step.mixer_conv if layer.trained else 0.0
             flops.attention_backward = 2 * step.mixer_core if mixed else 0.0
         x_grad = x_grad or any_out  # the residual stream after the half
-    flops.forward += step.core(layer.attends)
+    flops.forward += step.core(layer.attends) if layer.mixes else 0.0
     flops.output_grad = x_grad
     return flops
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from lmcalc.engine.choices import one_of, positive_integer
-from lmcalc.engine.model.params import MIXER_SYMBOLS, WeightTensor, weight_tensors
+from lmcalc.engine.model.params import AVERAGED_SYMBOLS, MIXER_SYMBOLS, WeightTensor, weight_tensors
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import ModelSpec
 
@@ -76,12 +76,12 @@ HF_NAMES: dict[str, tuple[str, ...]] = {
     "w2": ("down",),
 }
 """Hugging Face module names, read as lmcalc's (PEFT matches a target against the end of a module's name)."""
+TWO_MATRIX = {"up": "fc", "down": "proj"}
+"""A gated MLP's up and down, read as a two-matrix MLP's first and second matrix where the model has one."""
 
 
 MIXER_INPUTS = ("in_proj", "in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 """A hybrid's other mixers' input projections (Mamba-2's, Gated DeltaNet's, LFM2's): what read the layer's norm."""
-HYBRID_SYMBOLS = ("L", *MIXER_SYMBOLS)
-"""The count symbols of tensors in every layer, or in a hybrid's layers of one mixer, taken at its mix of layers."""
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,10 @@ def adapted_modules(model: ModelSpec, method: Method) -> tuple[LinearModule, ...
     if method.lora_targets == (ALL_LINEAR,):
         return tuple(m for m in modules if m.leaf != "lm_head")
     leaves = {m.leaf for m in modules}
-    for target in method.lora_targets:
+    # a two-matrix MLP's matrices are fc and proj here; Nemotron, Nemotron-H, Arcee and Apertus call them up_proj and
+    # down_proj, which PEFT's up_proj and down_proj match
+    requested = tuple(TWO_MATRIX.get(t, t) if "fc" in leaves else t for t in method.lora_targets)
+    for target in requested:
         if target not in leaves:
             hint = ""
             if target in ("q", "k", "v") and "qkv" in leaves:
@@ -247,7 +250,7 @@ def adapted_modules(model: ModelSpec, method: Method) -> tuple[LinearModule, ...
             )
     # gate is Hugging Face's gate_proj, which AFMoE's attention gate is called too: PEFT adapts both; LFM2 names its
     # attention's output projection out_proj, as its convolutions' (Lfm2Attention.out_proj): PEFT's out_proj takes both
-    targets = set(method.lora_targets) | ({"attn_gate"} if "gate" in method.lora_targets else set())
+    targets = set(requested) | ({"attn_gate"} if "gate" in requested else set())
     targets |= {"o"} if "out_proj" in targets and model.short_conv else set()
     return tuple(m for m in modules if m.leaf in targets)
 
@@ -312,11 +315,11 @@ def frozen_share(model: ModelSpec, method: Method, tensor: WeightTensor) -> floa
     symbol = tensor.count_symbol
     if symbol == "1":  # the embedding (and a head tied to it) stays frozen; the final norm, an untied head train
         return 1.0 if tensor.group in ("embedding", "position") else 0.0
-    if symbol in HYBRID_SYMBOLS:  # a hybrid's layer tensors, at its mix of layers
+    if symbol in AVERAGED_SYMBOLS:  # a hybrid's layer tensors, at its mix of layers
         return frozen_layers / model.num_layers
     frozen_moe = model.moe_layers_in(0, frozen_layers)  # the frozen layers are the lowest ones
     if symbol == "L_dense":
-        return (frozen_layers - frozen_moe) / model.dense_ffn_layers
+        return (sum(model.has_ffn(i) for i in range(frozen_layers)) - frozen_moe) / model.dense_ffn_layers
     return frozen_moe / model.moe_layers
 
 

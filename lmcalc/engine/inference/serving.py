@@ -246,7 +246,7 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     the cache's bytes (``ssm_state_elements``); Gated DeltaNet's convolution state (its last K inputs of q‖k‖v) at the
     cache's bytes and its recurrent state (H_v · d_k · d_v) in fp32, as transformers' Qwen3-Next cache and fla keep
     it; LFM2's short convolutions their last K inputs, as its cache keeps them."""
-    layers = spec.num_layers - spec.attention_layers
+    layers = spec.other_mixer_layers
     if spec.short_conv:  # the convolution's last K inputs of B·x (LFM2's cache)
         return layers * spec.hidden_size * spec.short_conv.conv_kernel * kv_bytes
     if spec.mamba2:  # the convolution's last K inputs of x‖B‖C, and the H × P × N state in fp32 (Bamba's cache)
@@ -262,4 +262,4 @@ def ssm_state_elements(spec: ModelSpec) -> int:
     """What a hybrid's state-space layers keep per sequence in place of a KV cache, whatever its length (Gu & Dao
     2023 §3.3; transformers' Jamba cache): the convolution's last d_conv inputs and the d_in × N state, per layer."""
     m = spec.mamba
-    return 0 if m is None else (spec.num_layers - spec.attention_layers) * m.d_inner * (m.d_conv + m.d_state)
+    return 0 if m is None else spec.other_mixer_layers * m.d_inner * (m.d_conv + m.d_state)

@@ -221,7 +221,10 @@ def _all_local_note(memory: InferenceMemory) -> str:
 
 def _layers_note(spec: ModelSpec) -> str:
     if spec.hybrid:
-        return f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the others keep a state"
+        return (f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the "
+                f"{spec.other_mixer_layers} with another mixer keep a state")  # fmt: skip
+    if spec.single_blocks:
+        return f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the others are FFN blocks"
     return "every layer has attention (MoE changes only the feed-forward)" if spec.moe else ""
 
 
@@ -238,7 +241,7 @@ def _state_text(memory: InferenceMemory) -> str:
 
 def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> tuple[Term, ...]:
     """A hybrid's state-space or linear-attention layers: the state each keeps per sequence, whatever its length."""
-    layers, b = spec.num_layers - spec.attention_layers, f"{kv_bytes:g} B"
+    layers, b = spec.other_mixer_layers, f"{kv_bytes:g} B"
     if spec.short_conv:
         c = spec.short_conv
         state = ("Short-convolution", "L_conv · h · K · bytes",

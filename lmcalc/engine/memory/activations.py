@@ -25,9 +25,9 @@ from lmcalc.engine.finetune.method import (
     LinearModule,
     adapted_modules,
     in_layer,
-    in_mixer,
     weight_trained,
 )
+from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
 from lmcalc.engine.memory.ffn import UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
@@ -35,7 +35,7 @@ from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import MixerKind, average_mixer
-from lmcalc.engine.model.params import MIXER_SYMBOLS, Dim
+from lmcalc.engine.model.params import Dim
 from lmcalc.engine.model_code import eager_softmax, fused_qkv_renewed, norm_keeps, output_renewed
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
@@ -278,7 +278,8 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         tensors += _norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
-    tensors += [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
+    mlp = [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
+    tensors = mixer_half(spec, tensors, mixer) + ffn_half(spec, mlp, moe_layer, mixer)
     return fp8_saved(
         w,
         tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe), mixer)),
@@ -344,7 +345,7 @@ def _under_method(
     (a frozen linear layer keeps no input, a frozen norm no normalised value); each adapter adds the rank-r
     output of A that B reads, and where it keeps a copy of its input (``_adapter_copies``) that copy and a dropout
     mask (PEFT: ``lora_B(lora_A(dropout(x)))``, Hu et al. 2021 eq. 3)."""
-    shares = {m: _mixer_share(w, m, mixer) for m in adapted_modules(w.model, w.method) if in_layer(m, moe_layer)}
+    shares = {m: module_share(w.model, m, mixer) for m in adapted_modules(w.model, w.method) if in_layer(m, moe_layer)}
     modules = [m for m, share in shares.items() if share]
     adapted = {m.leaf for m in modules}
     kept = [t for t in tensors if _needed(w, t, adapted)]
@@ -376,16 +377,6 @@ def _under_method(
     return kept
 
 
-def _mixer_share(w: Workload, module: LinearModule, mixer: MixerKind) -> float:
-    """Of a layer, the copies of ``module`` it holds: a hybrid's attention's in A of its L layers and its other
-    mixer's in the rest (the average layer), or all or none in a layer of one ``mixer``; 1 for any other module."""
-    if module.count_symbol not in MIXER_SYMBOLS:
-        return 1.0
-    if mixer == "average":
-        return module.count / w.model.num_layers
-    return 1.0 if in_mixer(module, mixer == "attention") else 0.0
-
-
 def _adapter_rows(w: Workload, module: LinearModule) -> tuple[float, str]:
     """How many token rows pass through one copy of an adapted module in a micro-batch: all of them, k per token
     over the routed experts of a layer (counted together), each shared expert's."""
@@ -405,7 +396,7 @@ def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
     if not w.method.adapters or w.recompute == "full":
         return ()
     modules = adapted_modules(w.model, w.method)
-    moe_first = bool(w.model.moe and w.model.moe.is_moe_layer(0))
+    moe_first = w.model.is_moe_layer(0)
     first = layer_kept_tensors(w, moe_first)
     if any(m.group == "attention" for m in modules):
         reads_input = {m.name for m in modules if m.leaf in QKV}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from lmcalc.engine.memory.blocks import block_kind
 from lmcalc.engine.memory.ssm import MixerKind
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
@@ -15,15 +16,11 @@ from lmcalc.specs import ModelSpec
 
 @functools.lru_cache(maxsize=256)
 def mixer_kinds(spec: ModelSpec, moe_layer: bool) -> frozenset[MixerKind]:
-    """The mixers a hybrid's dense (or MoE) layers have: LFM2-MoE's first, dense layers may all be convolutions."""
-    if not spec.hybrid:
+    """The mixers a hybrid's dense (or MoE) layers have: LFM2-MoE's first, dense layers may all be convolutions;
+    where some layers are an FFN alone (Nemotron-H), "none" among them."""
+    if not spec.hybrid and not spec.single_blocks:
         return frozenset()
-    moe = [bool(spec.moe and spec.moe.is_moe_layer(i)) for i in range(spec.num_layers)]
-    kinds: set[MixerKind] = set()
-    for i, routed in enumerate(moe):
-        if routed == moe_layer:
-            kinds.add("attention" if spec.is_attention_layer(i) else "other")
-    return frozenset(kinds)
+    return frozenset(block_kind(spec, i) for i in range(spec.num_layers) if spec.is_moe_layer(i) == moe_layer)
 
 
 def recomputed_chunks(

@@ -11,7 +11,7 @@ from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
 
 
-def _share(tensor: SavedTensor, layers: int, of: int) -> SavedTensor:
+def share(tensor: SavedTensor, layers: int, of: int) -> SavedTensor:
     """``tensor`` as kept by ``layers`` of every ``of`` layers, on average."""
     return replace(tensor, elements=tensor.elements * layers / of, symbol=f"({layers}/{of})·{tensor.symbol}")
 
@@ -101,13 +101,15 @@ def _short_conv_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
-MixerKind = Literal["average", "attention", "other"]
-"""A hybrid's layer: the average of its L layers, one that attends, or one of its other mixer."""
+MixerKind = Literal["average", "attention", "other", "none"]
+"""A hybrid's layer: the average of its L layers, one that attends, one of its other mixer, or (where some layers are
+an FFN alone, Nemotron-H) one without a mixer."""
 
 
 def average_mixer(w: Workload, attention: list[SavedTensor], kind: MixerKind = "average") -> list[SavedTensor]:
-    """A hybrid's token mixer as the average layer keeps it: the attention's tensors in A of its L layers, the
-    state-space, linear-attention or convolution layer's in the other L − A; or as one layer of either ``kind``."""
+    """A hybrid's token mixer as the average of its M layers with a mixer keeps it (M = L but where some layers are
+    an FFN alone): the attention's tensors in A of them, the state-space, linear-attention or convolution layer's in
+    the other M − A; or as one layer of either ``kind``."""
     spec = w.model
     if kind == "attention":
         return attention
@@ -117,5 +119,7 @@ def average_mixer(w: Workload, attention: list[SavedTensor], kind: MixerKind = "
         mixer = _deltanet_saved(w) if spec.deltanet else _mamba2_saved(w) if spec.mamba2 else _ssm_saved(w)
     if kind == "other":
         return mixer
-    L, A = spec.num_layers, spec.attention_layers
-    return [_share(t, A, L) for t in attention] + [_share(t, L - A, L) for t in mixer]
+    mixing = spec.mixer_layers
+    return [share(t, spec.attention_layers, mixing) for t in attention] + [
+        share(t, spec.other_mixer_layers, mixing) for t in mixer
+    ]

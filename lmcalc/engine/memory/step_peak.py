@@ -239,8 +239,8 @@ def plain_step_peak(w: Workload) -> StepPeak:
         )
     n = count_params(spec).total
     one_gpu = gpu_memory(w, Layout(), 0)  # the whole model on one device: the trivial layout
-    first_is_moe = bool(spec.moe and spec.moe.is_moe_layer(0))
-    last_is_moe = bool(spec.moe and spec.moe.is_moe_layer(spec.num_layers - 1))
+    first_is_moe = spec.is_moe_layer(0)
+    last_is_moe = spec.is_moe_layer(spec.num_layers - 1)
     first, last = (layer_backward(w, moe) for moe in (first_is_moe, last_is_moe))
     full = w.recompute == "full"
     sbv = w.seq_len * w.micro_batch * spec.vocab_size

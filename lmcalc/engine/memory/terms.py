@@ -272,6 +272,7 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
             + _recomputed_text(w),
             note=f"the layer rebuilt in its backward, {gpu.activations_rebuilt / GB:.3g} GB"
             + (" (its larger kind: attention or its other mixer, not the average layer)" if model.hybrid else "")
+            + (" (its largest block: a mixer or an FFN alone)" if model.single_blocks else "")
             + ", counts in that phase (the transient peak)"
             if gpu.activations_rebuilt
             else "",

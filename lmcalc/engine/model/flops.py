@@ -117,7 +117,7 @@ def forward_flops_per_token(
         attention_scores=2 * attending * keys * H * spec.qk_head_dim,
         attention_values=2 * attending * keys * H * spec.v_head_dim,
         logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
-        ssm=(L - attending) * ssm_flops(spec, seq_len),
+        ssm=L * spec.other_mixer_share * ssm_flops(spec, seq_len),
     )
 
 

@@ -66,10 +66,11 @@ def block_matmuls(spec: ModelSpec, moe_layer: bool, fused_qkv: bool) -> tuple[Ma
 
 
 def _layers_of(spec: ModelSpec, t: WeightTensor) -> float:
-    """How many layers hold ``t``'s copies: every layer, the dense ones or the MoE ones."""
+    """Over how many layers ``t``'s copies are averaged: the MoE ones, the others (a dense FFN's), or every layer (a
+    hybrid's mixers, the norms of single blocks)."""
     if t.group in ("router", "experts", "shared_experts"):
         return spec.moe_layers
-    return spec.dense_ffn_layers if t.count_symbol == "L_dense" else spec.num_layers
+    return spec.num_layers - spec.moe_layers if t.count_symbol == "L_dense" else spec.num_layers
 
 
 def selective_redone(spec: ModelSpec, rule: RecomputeRule, modules: tuple[str, ...]) -> Redone:
@@ -93,7 +94,7 @@ def recomputed_matmul_share(spec: ModelSpec, fused_qkv: bool) -> float:
     if not total:
         return 0.0
     redone = sum(2 * t.active_total for t in tensors if t.group in NOT_COUNTED)
-    for moe_layer, layers in ((False, spec.dense_ffn_layers), (True, spec.moe_layers)):
+    for moe_layer, layers in ((False, spec.num_layers - spec.moe_layers), (True, spec.moe_layers)):
         if layers:
             matmuls = block_matmuls(spec, moe_layer, fused_qkv)
             redone += layers * sum(m.flops for i, m in enumerate(matmuls, start=1) if i % 2 == 0)

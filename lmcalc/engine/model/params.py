@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from math import prod
-from typing import NamedTuple
 
+from lmcalc.engine.model.mixer_params import mixer_tensors
+from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
@@ -24,6 +24,9 @@ from lmcalc.units import group
 MIXER_SYMBOLS = ("L_attn", "L_ssm", "L_lin", "L_conv")
 """The count symbols of a hybrid's tensors that sit in some of its layers only: its attention's (A of its L layers)
 and its other mixer's (Mamba's, Gated DeltaNet's, Mamba-2's and LFM2's short convolutions': the other L − A)."""
+AVERAGED_SYMBOLS = ("L", "L_mix", "L_ffn", *MIXER_SYMBOLS)
+"""The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L), a hybrid's
+mixers', and the norm before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone."""
 GROUPS = ("embedding", "position", "attention", "ssm", "norm", "mlp", "router", "experts", "shared_experts", "head")
 GROUP_LABELS = {
     "embedding": "Token embedding",
@@ -39,170 +42,9 @@ GROUP_LABELS = {
 }
 
 
-@dataclass(frozen=True)
-class WeightTensor:
-    """``count`` copies of a tensor of ``shape``; ``active`` of them are used by each token."""
-
-    name: str
-    group: str
-    shape: tuple[int, ...]
-    symbols: tuple[str, ...]
-    count: int
-    count_symbol: str
-    active: float
-    matmul: bool
-
-    @property
-    def numel(self) -> int:
-        return prod(self.shape)
-
-    @property
-    def total(self) -> int:
-        return self.count * self.numel
-
-    @property
-    def active_total(self) -> float:
-        return self.active * self.numel
-
-
-class Dim(NamedTuple):
-    """A size and the symbol formulas write it with: ``Dim(4096, "h")``; a number of rows may be a fraction of a
-    whole (an expert capacity's ``k·ρ·s·b``)."""
-
-    size: float
-    symbol: str
-
-
-@dataclass(frozen=True)
-class Site:
-    """Where tensors sit: their group, how many copies of them the model holds (and the symbol of that count),
-    and how many copies one token uses (all of them, unless the tensors are routed experts)."""
-
-    group: str
-    count: int
-    count_symbol: str
-    active: float | None = None
-
-    @property
-    def used(self) -> float:
-        return self.count if self.active is None else self.active
-
-
-def _tensor(name: str, site: Site, shape: tuple[Dim, ...], matmul: bool) -> WeightTensor:
-    used = site.used if matmul or site.active is not None else site.count
-    sizes, symbols = tuple(int(d.size) for d in shape), tuple(d.symbol for d in shape)  # a weight's: whole
-    return WeightTensor(name, site.group, sizes, symbols, site.count, site.count_symbol, used, matmul)
-
-
-def _norm(name: str, site: Site, size: Dim, spec: ModelSpec) -> list[WeightTensor]:
-    """A norm's weight, and its bias where the norm has one (LayerNorm); nothing where the norms have neither."""
-    if not spec.norm_weight:
-        return []
-    tensors = [_tensor(f"{name}.weight", site, (size,), False)]
-    if spec.norm_kind == "layernorm":
-        tensors.append(_tensor(f"{name}.bias", site, (size,), False))
-    return tensors
-
-
-def _linear(name: str, site: Site, out: Dim, inp: Dim, bias: bool) -> list[WeightTensor]:
-    """A linear layer's (out × in) weight, and its bias of ``out`` where it has one."""
-    tensors = [_tensor(f"{name}.weight", site, (out, inp), True)]
-    if bias:
-        tensors.append(_tensor(f"{name}.bias", site, (out,), False))
-    return tensors
-
-
-def _mamba(spec: ModelSpec) -> list[WeightTensor]:
-    """A state-space layer's tensors, as Mamba (Gu & Dao 2023, §3.4) and Jamba's transformers module build them: the
-    input projection to x and the gate z (2·d_in × h), the causal depthwise convolution (d_in × d_conv, and a bias),
-    the projection of x to Δ's rank and to B and C (r + 2N) × d_in, Δ's up-projection (d_in × r, with a bias),
-    A (d_in × N, kept as its log), D (d_in), the output projection (h × d_in), and Jamba's RMSNorms on Δ, B and C."""
-    m = spec.mamba
-    if m is None:
-        return []
-    h, d_in, N, r = Dim(spec.hidden_size, "h"), Dim(m.d_inner, "d_in"), Dim(m.d_state, "N"), Dim(m.dt_rank, "r")
-    site = Site("ssm", spec.num_layers - spec.attention_layers, "L_ssm")
-    tensors = _linear("ssm.in_proj", site, Dim(2 * m.d_inner, "2·d_in"), h, m.proj_bias)
-    tensors.append(_tensor("ssm.conv.weight", site, (d_in, Dim(m.d_conv, "d_conv")), False))
-    if m.conv_bias:
-        tensors.append(_tensor("ssm.conv.bias", site, (d_in,), False))
-    tensors += _linear("ssm.x_proj", site, Dim(m.dt_rank + 2 * m.d_state, "(r+2N)"), d_in, False)
-    tensors += _linear("ssm.dt_proj", site, d_in, r, True)
-    tensors += [_tensor("ssm.A_log", site, (d_in, N), False), _tensor("ssm.D", site, (d_in,), False)]
-    tensors += _linear("ssm.out_proj", site, h, d_in, m.proj_bias)
-    if m.inner_norms:
-        tensors += [
-            _tensor(f"ssm.{name}_norm.weight", site, (size,), False) for name, size in (("dt", r), ("b", N), ("c", N))
-        ]
-    return tensors
-
-
-def _mamba2(spec: ModelSpec) -> list[WeightTensor]:
-    """A Mamba-2 layer's tensors, as transformers' Bamba and Granite 4 build them: the input projection to z (I), x (I),
-    B and C (G·N each) and Δ (H), the causal depthwise convolution over x‖B‖C and its bias, Δ's bias, A (as its log)
-    and D per head, the gated RMSNorm's weight (I), the output projection (h × I)."""
-    m = spec.mamba2
-    if m is None:
-        return []
-    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.num_layers - spec.attention_layers, "L_ssm")
-    heads, inner = Dim(m.heads, "H"), Dim(m.inner, "I")
-    width = Dim(2 * m.inner + 2 * m.groups * m.state + m.heads, "(2·I+2·G·N+H)")
-    tensors = _linear("ssm.in_proj", site, width, h, m.proj_bias)
-    conv = Dim(m.conv_channels, "(I+2·G·N)")
-    tensors.append(_tensor("ssm.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
-    if m.conv_bias:
-        tensors.append(_tensor("ssm.conv.bias", site, (conv,), False))
-    tensors += [_tensor(f"ssm.{name}", site, (heads,), False) for name in ("dt_bias", "A_log", "D")]
-    tensors.append(_tensor("ssm.norm.weight", site, (inner,), False))
-    tensors += _linear("ssm.out_proj", site, h, inner, m.proj_bias)
-    return tensors
-
-
-def _short_conv(spec: ModelSpec) -> list[WeightTensor]:
-    """A gated short-convolution layer's tensors, as transformers' Lfm2ShortConv builds them: the input projection to
-    B, C and x (3h × h), the causal depthwise convolution (h × K), the output projection (h × h), each with a bias
-    where conv_bias says so."""
-    m = spec.short_conv
-    if m is None:
-        return []
-    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.num_layers - spec.attention_layers, "L_conv")
-    tensors = _linear("conv.in_proj", site, Dim(3 * spec.hidden_size, "3h"), h, m.bias)
-    tensors.append(_tensor("conv.conv.weight", site, (h, Dim(m.conv_kernel, "K")), False))
-    if m.bias:
-        tensors.append(_tensor("conv.conv.bias", site, (h,), False))
-    return tensors + _linear("conv.out_proj", site, h, h, m.bias)
-
-
-def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
-    """A Gated DeltaNet layer's tensors, as transformers' Qwen3NextGatedDeltaNet builds them (no biases): the input
-    projections to q and k (H_k·d_k each), v and the output gate z (H_v·d_v each), and β and α (H_v each); the causal
-    depthwise convolution over q, k and v (2·H_k·d_k + H_v·d_v channels × kernel); Δ's bias and A (H_v each, A kept
-    as its log); the gated RMSNorm's weight (d_v, shared by the heads); the output projection (h × H_v·d_v)."""
-    m = spec.deltanet
-    if m is None:
-        return []
-    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.num_layers - spec.attention_layers, "L_lin")
-    hv, qkvz = Dim(m.value_heads, "H_v"), Dim(2 * m.key_heads * m.key_head_dim + 2 * m.value_heads * m.value_head_dim,
-                                              "(2·H_k·d_k+2·H_v·d_v)")  # fmt: skip
-    if m.split_projections:  # Qwen3.5: one module for q‖k‖v, one each for z, β and α
-        tensors = _linear("linear_attn.in_proj_qkv", site, Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)"), h, False)
-        tensors += _linear("linear_attn.in_proj_z", site, Dim(m.value_heads * m.value_head_dim, "H_v·d_v"), h, False)
-        tensors += _linear("linear_attn.in_proj_b", site, hv, h, False)
-        tensors += _linear("linear_attn.in_proj_a", site, hv, h, False)
-    else:
-        tensors = _linear("linear_attn.in_proj_qkvz", site, qkvz, h, False)
-        tensors += _linear("linear_attn.in_proj_ba", site, Dim(2 * m.value_heads, "2·H_v"), h, False)
-    conv = Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)")
-    tensors.append(_tensor("linear_attn.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
-    tensors += [_tensor("linear_attn.dt_bias", site, (hv,), False), _tensor("linear_attn.A_log", site, (hv,), False)]
-    tensors.append(_tensor("linear_attn.norm.weight", site, (Dim(m.value_head_dim, "d_v"),), False))
-    tensors += _linear("linear_attn.out_proj", site, h, Dim(m.value_heads * m.value_head_dim, "H_v·d_v"), False)
-    return tensors
-
-
 def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     h, heads, kv, d = Dim(spec.hidden_size, "h"), spec.num_heads, spec.kv_heads, spec.head_size
-    site = Site("attention", n, "L_attn" if spec.hybrid else "L")
+    site = Site("attention", n, "L_attn" if spec.hybrid or spec.single_blocks else "L")
     qkv_bias = spec.attention_bias in ("qkv", "all")
     out_bias = spec.attention_bias in ("out", "all")
     if spec.mla:  # the biases on the down-projections and the output only (DeepseekV2Attention, DeepseekV3Attention)
@@ -211,48 +53,50 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         q_dim = Dim(heads * m.qk_head_dim, "H·d_qk")
         if m.q_lora_rank:
             q_rank = Dim(m.q_lora_rank, "r_q")
-            tensors += _linear("attn.q_a", site, q_rank, h, qkv_bias)
-            tensors += _norm("attn.q_a_norm", site, q_rank, spec)
-            tensors += _linear("attn.q_b", site, q_dim, q_rank, False)
+            tensors += linear("attn.q_a", site, q_rank, h, qkv_bias)
+            tensors += norm("attn.q_a_norm", site, q_rank, spec)
+            tensors += linear("attn.q_b", site, q_dim, q_rank, False)
         else:
-            tensors += _linear("attn.q", site, q_dim, h, False)
+            tensors += linear("attn.q", site, q_dim, h, False)
         kv_rank = Dim(m.kv_lora_rank, "r_kv")
-        tensors += _linear("attn.kv_a", site, Dim(m.kv_lora_rank + m.qk_rope_head_dim, "(r_kv+d_rope)"), h, qkv_bias)
-        tensors += _norm("attn.kv_a_norm", site, kv_rank, spec)
+        tensors += linear("attn.kv_a", site, Dim(m.kv_lora_rank + m.qk_rope_head_dim, "(r_kv+d_rope)"), h, qkv_bias)
+        tensors += norm("attn.kv_a_norm", site, kv_rank, spec)
         kv_up = Dim(heads * (m.qk_nope_head_dim + m.v_head_dim), "H·(d_nope+d_v)")
-        tensors += _linear("attn.kv_b", site, kv_up, kv_rank, False)
-        tensors += _linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
+        tensors += linear("attn.kv_b", site, kv_up, kv_rank, False)
+        tensors += linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
         return tensors
     q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")
     # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide; AFMoE's gate
     # is a projection of its own
     fused_gate = spec.attention_output_gate and not spec.attention_gate_proj
-    tensors = _linear("attn.q", site, Dim(2 * heads * d, "2·H·d") if fused_gate else q, h, qkv_bias)
+    tensors = linear("attn.q", site, Dim(2 * heads * d, "2·H·d") if fused_gate else q, h, qkv_bias)
     if spec.attention_gate_proj:
-        tensors += _linear("attn.attn_gate", site, q, h, False)
-    tensors += _linear("attn.k", site, kv_dim, h, qkv_bias)
-    tensors += _linear("attn.v", site, kv_dim, h, qkv_bias)
-    tensors += _linear("attn.o", site, h, q, out_bias)
+        tensors += linear("attn.attn_gate", site, q, h, False)
+    tensors += linear("attn.k", site, kv_dim, h, qkv_bias)
+    tensors += linear("attn.v", site, kv_dim, h, qkv_bias)
+    tensors += linear("attn.o", site, h, q, out_bias)
     if spec.qk_norm == "full":
-        tensors += _norm("attn.q_norm", site, q, spec)
-        tensors += _norm("attn.k_norm", site, kv_dim, spec)
+        tensors += norm("attn.q_norm", site, q, spec)
+        tensors += norm("attn.k_norm", site, kv_dim, spec)
     elif spec.qk_norm == "per_head":
-        tensors += _norm("attn.q_norm", site, Dim(d, "d"), spec)
-        tensors += _norm("attn.k_norm", site, Dim(d, "d"), spec)
+        tensors += norm("attn.q_norm", site, Dim(d, "d"), spec)
+        tensors += norm("attn.k_norm", site, Dim(d, "d"), spec)
     if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)
-        tensors.append(_tensor("attn.sinks", site, (Dim(heads, "H"),), False))
+        tensors.append(tensor("attn.sinks", site, (Dim(heads, "H"),), False))
     return tensors
 
 
 def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
     """The norms of each layer: one before attention and one before the MLP; only the first in a parallel block
-    that feeds both from one norm; and with sandwich norms, one more after each, before the residual add."""
-    norms = Site("norm", spec.num_layers, "L")
-    tensors = _norm("attn_norm", norms, h, spec)
+    that feeds both from one norm; and with sandwich norms, one more after each, before the residual add. A layer
+    that is a mixer or an FFN alone (Nemotron-H) has the one norm before it: M norms before mixers, F before FFNs."""
+    L = spec.num_layers
+    norms = Site("norm", L, "L")
+    tensors = norm("attn_norm", norms if spec.mixer_layers == L else Site("norm", spec.mixer_layers, "L_mix"), h, spec)
     if spec.norms_per_layer >= 2:
-        tensors += _norm("mlp_norm", norms, h, spec)
+        tensors += norm("mlp_norm", norms if spec.ffn_layers == L else Site("norm", spec.ffn_layers, "L_ffn"), h, spec)
     if spec.norms_per_layer == 4:
-        tensors += _norm("post_attn_norm", norms, h, spec) + _norm("post_mlp_norm", norms, h, spec)
+        tensors += norm("post_attn_norm", norms, h, spec) + norm("post_mlp_norm", norms, h, spec)
     return tensors
 
 
@@ -261,16 +105,16 @@ def _ffn(prefix: str, site: Site, spec: ModelSpec, width: Dim) -> list[WeightTen
     h, bias = Dim(spec.hidden_size, "h"), spec.mlp_bias
     if spec.ffn_kind == "gelu_mlp":
         # Apertus's xIELU learns two scalars, α_p and α_n, in every MLP (transformers' XIELUActivation)
-        alphas = [_tensor(f"{prefix}.act.{a}", site, (Dim(1, "1"),), False) for a in ("alpha_p", "alpha_n")]
+        alphas = [tensor(f"{prefix}.act.{a}", site, (Dim(1, "1"),), False) for a in ("alpha_p", "alpha_n")]
         return (
-            _linear(f"{prefix}.fc", site, width, h, bias)
-            + _linear(f"{prefix}.proj", site, h, width, bias)
+            linear(f"{prefix}.fc", site, width, h, bias)
+            + linear(f"{prefix}.proj", site, h, width, bias)
             + (alphas if spec.activation == "xielu" else [])
         )
     return (
-        _linear(f"{prefix}.gate", site, width, h, bias)
-        + _linear(f"{prefix}.up", site, width, h, bias)
-        + _linear(f"{prefix}.down", site, h, width, bias)
+        linear(f"{prefix}.gate", site, width, h, bias)
+        + linear(f"{prefix}.up", site, width, h, bias)
+        + linear(f"{prefix}.down", site, h, width, bias)
     )
 
 
@@ -279,29 +123,27 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     """Every parameter tensor of the model, in build order, with multiplicities."""
     h, L = Dim(spec.hidden_size, "h"), spec.num_layers
     vocab, once = Dim(spec.vocab_size, "V"), Site("embedding", 1, "1")
-    tensors = [_tensor("embed.weight", once, (vocab, h), False)]
+    tensors = [tensor("embed.weight", once, (vocab, h), False)]
     if spec.position_embedding == "learned":
         offset = spec.position_offset  # OPT's two rows before position 0
         rows = Dim(spec.max_seq_len + offset, f"(s_max+{offset})" if offset else "s_max")
-        tensors.append(_tensor("pos_embed.weight", Site("position", 1, "1"), (rows, h), False))
+        tensors.append(tensor("pos_embed.weight", Site("position", 1, "1"), (rows, h), False))
     if spec.embedding_norm:
-        tensors += _norm("embed_norm", Site("norm", 1, "1"), h, spec)
+        tensors += norm("embed_norm", Site("norm", 1, "1"), h, spec)
     if spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
-    tensors += _mamba(spec)
-    tensors += _deltanet(spec)
-    tensors += _mamba2(spec)
-    tensors += _short_conv(spec)
+    tensors += mixer_tensors(spec)
     tensors += _layer_norms(spec, h)
     moe = spec.moe
     if moe is None:
-        tensors += _ffn("mlp", Site("mlp", L, "L"), spec, Dim(spec.ffn_size, "f"))
+        dense = Site("mlp", L, "L") if spec.ffn_layers == L else Site("mlp", spec.ffn_layers, "L_dense")
+        tensors += _ffn("mlp", dense, spec, Dim(spec.ffn_size, "f"))
     else:
         n_moe, f_e = spec.moe_layers, Dim(moe.expert_ffn_size, "f_e")
         if spec.dense_ffn_layers:
             tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
         router, experts = Site("router", n_moe, "L_moe"), Dim(moe.num_experts, "E")
-        tensors += _linear("router", router, experts, h, moe.router_bias)
+        tensors += linear("router", router, experts, h, moe.router_bias)
         routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * moe.experts_per_token)
         tensors += _ffn("experts", routed, spec, f_e)
         if moe.shared_experts:
@@ -309,13 +151,28 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
             tensors += _ffn("shared_experts", shared, spec, f_s)
             if moe.shared_expert_gate:  # sigmoid(x·w) scales the shared experts' output (Qwen2-MoE)
-                tensors += _linear("shared_expert_gate", Site("shared_experts", n_moe, "L_moe"), Dim(1, "1"), h, False)
-    tensors += _norm("final_norm", Site("norm", 1, "1"), h, spec)
+                tensors += linear("shared_expert_gate", Site("shared_experts", n_moe, "L_moe"), Dim(1, "1"), h, False)
+    tensors += norm("final_norm", Site("norm", 1, "1"), h, spec)
     if not spec.tied_embeddings:
-        tensors.append(_tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
+        tensors.append(tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
     if spec.head_bias:  # its own tensor, tied head or not (GPTJForCausalLM, PhiForCausalLM)
-        tensors.append(_tensor("lm_head.bias", Site("head", 1, "1"), (vocab,), False))
+        tensors.append(tensor("lm_head.bias", Site("head", 1, "1"), (vocab,), False))
     return tuple(tensors)
+
+
+def layers_averaged(spec: ModelSpec, count_symbol: str) -> int:
+    """Over how many layers a layer tensor's copies are spread in the average layer of its kind: the MoE layers
+    (L_moe, L_moe·E, L_moe·E_shared), the others (a dense FFN's L_dense, where some layers route), or every layer."""
+    kind = count_symbol.split("·")[0]
+    if kind == "L_moe":
+        return spec.moe_layers
+    return spec.num_layers - spec.moe_layers if kind == "L_dense" else spec.num_layers
+
+
+def copies_per_layer(spec: ModelSpec, tensor: WeightTensor) -> float:
+    """Copies of a layer tensor in the average layer of its kind (dense or MoE): a fraction for a hybrid's mixers,
+    the shared experts' count, each routed expert's E."""
+    return tensor.count / layers_averaged(spec, tensor.count_symbol)
 
 
 @dataclass(frozen=True)
@@ -374,19 +231,17 @@ def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
     """Parameters of one layer (dense or MoE): ``all``; the ``mlp half`` (its norm, MLP, router and
     experts), whose gradients exist by the time the attention's backward runs; or the ``mlp output``
     projection of a dense MLP, whose gradient exists by the time the MLP's activation backward runs."""
-    L = spec.num_layers  # a hybrid's attention and state-space tensors: their average over the layers
-    per_layer = dict.fromkeys(("L", *MIXER_SYMBOLS), L) | {"L_dense": L - spec.moe_layers, "L_moe": spec.moe_layers}
-    total = 0
-    for t in weight_tensors(spec):
+    total = 0.0
+    for t in weight_tensors(spec):  # the average layer of its kind: a hybrid's mixers, single blocks' norms
         kind = t.count_symbol.split("·")[0]
-        if kind not in per_layer or (kind != "L" and (kind == "L_moe") != moe_layer):
+        if kind not in (*AVERAGED_SYMBOLS, "L_moe" if moe_layer else "L_dense"):
             continue
         if part == "mlp half" and not (t.group in MLP_HALF_GROUPS or t.name.startswith("mlp_norm.")):
             continue
         if part == "mlp output" and not t.name.startswith(MLP_OUTPUT_PROJECTIONS):
             continue
-        total += t.total // per_layer[kind]
-    return total
+        total += t.numel * copies_per_layer(spec, t)
+    return round(total)
 
 
 def mtp_params(spec: ModelSpec) -> int:
@@ -395,7 +250,7 @@ def mtp_params(spec: ModelSpec) -> int:
     model's last, and the norm before the shared head (h); the embedding and the head are the main model's."""
     last = spec.num_layers - 1
     h = spec.hidden_size
-    return 2 * h + 2 * h * h + layer_params(spec, bool(spec.moe and spec.moe.is_moe_layer(last))) + h
+    return 2 * h + 2 * h * h + layer_params(spec, spec.is_moe_layer(last)) + h
 
 
 def mtp_term(spec: ModelSpec) -> Term:

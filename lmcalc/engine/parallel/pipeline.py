@@ -300,8 +300,7 @@ def _distinct_stage_layers(
 @functools.lru_cache(maxsize=64)  # asked once per layout: DeepSeek-V3's 61 flags were a third of its plan's time
 def _model_layers(model: ModelSpec) -> tuple[int, tuple[bool, ...]]:
     """(layers, whether each is an MoE layer): all a split needs to know of a model."""
-    moe = model.moe
-    return model.num_layers, tuple(moe.is_moe_layer(i) if moe else False for i in range(model.num_layers))
+    return model.num_layers, tuple(model.is_moe_layer(i) for i in range(model.num_layers))
 
 
 @functools.cache  # the planner asks for the same few splits thousands of times

@@ -27,7 +27,7 @@ from lmcalc.engine.finetune.method import (
     trained_tensors,
 )
 from lmcalc.engine.model.flops import ModelPart
-from lmcalc.engine.model.params import MIXER_SYMBOLS, WeightTensor, weight_tensors
+from lmcalc.engine.model.params import AVERAGED_SYMBOLS, WeightTensor, copies_per_layer, weight_tensors
 from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
 from lmcalc.engine.workload import Workload
 from lmcalc.recipe_specs import PrecisionRecipe
@@ -82,11 +82,11 @@ def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, 
         else:  # final norm, untied head
             on_stage = built.head
         return 1.0 if on_stage else 0.0
-    if symbol == "L" or symbol in MIXER_SYMBOLS:  # a hybrid's stage: its layers taken at the model's mix
+    if symbol in AVERAGED_SYMBOLS:  # a hybrid's stage: its layers taken at the model's mix
         return tensor.count / model.num_layers * built.layers
-    if symbol == "L_dense":
-        return tensor.count / model.dense_ffn_layers * built.dense
-    per_layer = tensor.count / model.moe_layers  # L_moe, L_moe·E, L_moe·E_shared
+    if symbol == "L_dense":  # the layers that do not route, at the model's mix of dense FFNs and none
+        return copies_per_layer(model, tensor) * built.dense
+    per_layer = copies_per_layer(model, tensor)  # L_moe, L_moe·E, L_moe·E_shared
     if tensor.group == "experts":
         per_layer /= ep
     return per_layer * built.moe

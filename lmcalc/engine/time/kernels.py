@@ -28,7 +28,7 @@ from typing import NamedTuple
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
 from lmcalc.engine.model.op_policy import Redone, selective_redone
-from lmcalc.engine.model.params import MIXER_SYMBOLS, weight_tensors
+from lmcalc.engine.model.params import copies_per_layer, layers_averaged, weight_tensors
 from lmcalc.engine.model_code import eager_softmax
 from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
@@ -126,10 +126,8 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
             assert model.moe is not None
             local = model.moe.num_experts / grid.ep
             gemms.append(Gemm(t.name, expert_tokens * w.routed_copies / local, out, inp, local))
-        else:  # a hybrid's attention and state-space GEMMs: in their share of the layers
-            gemms.append(
-                Gemm(t.name, tokens, out, inp, t.count / model.num_layers if t.count_symbol in MIXER_SYMBOLS else 1)
-            )
+        else:  # a hybrid's attention and state-space GEMMs in their share of the layers, each shared expert's
+            gemms.append(Gemm(t.name, tokens, out, inp, copies_per_layer(model, t)))
     return gemms
 
 
@@ -164,7 +162,7 @@ def _adapter_gemms(w: Workload, s: StageShape, moe: bool) -> list[Gemm]:
         elif m.group == "shared_experts" and w.model.moe:
             rows, count = s.tokens, w.model.moe.shared_experts
         else:  # a hybrid's attention's adapters in A of its L layers, its other mixer's in the rest
-            rows, count = s.tokens, (m.count / w.model.num_layers if m.count_symbol in MIXER_SYMBOLS else 1)
+            rows, count = s.tokens, m.count / layers_averaged(w.model, m.count_symbol)
         gemms += [
             Gemm(f"{m.name}.lora_A", rows, r, m.inputs, count),
             Gemm(f"{m.name}.lora_B", rows, m.outputs, r, count),

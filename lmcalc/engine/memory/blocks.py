@@ -1,0 +1,75 @@
+"""Layers that are a mixer or an FFN alone, behind one norm (Nemotron-H's blocks: NemotronHBlock holds one norm and
+one of Mamba-2, attention, an MLP or an MoE): which half of the average layer each keeps, and at what share.
+
+The average layer keeps its mixer half (the norm before it, the mixer, what comes after it) at the share M/L of the
+layers that have a mixer, and its FFN half in an MoE layer whole (every MoE layer has an FFN) and in the other L −
+L_moe layers at the share of dense FFNs among them, L_dense/(L − L_moe). Summed over the layers this is exact: M
+mixer halves, L_moe MoE halves and L_dense dense ones. One real layer (``MixerKind``: the larger layer the backward
+rebuilds) keeps its mixer half alone, or its FFN half alone (kind "none")."""
+
+from __future__ import annotations
+
+from lmcalc.engine.finetune.method import LinearModule, in_mixer
+from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.memory.ssm import MixerKind, share
+from lmcalc.engine.model.params import MIXER_SYMBOLS
+from lmcalc.specs import ModelSpec
+
+
+def mixer_share(spec: ModelSpec, kind: MixerKind) -> tuple[int, int]:
+    """The share (n of every m layers) of the average layer's mixer half (``kind`` average) or of one real layer's."""
+    if not spec.single_blocks or kind in ("attention", "other"):
+        return 1, 1
+    return (0, 1) if kind == "none" else (spec.mixer_layers, spec.num_layers)
+
+
+def ffn_share(spec: ModelSpec, moe_layer: bool, kind: MixerKind) -> tuple[int, int]:
+    """The share (n of every m layers) of the FFN half of the average dense or MoE layer (``kind`` average) or of
+    one real layer of ``kind``: a layer with a mixer has its FFN where some layer of that kind has one."""
+    if not spec.single_blocks or kind == "none" or moe_layer and kind == "average":
+        return 1, 1
+    if kind != "average":
+        return int(any(_has(spec, i, kind) and spec.has_ffn(i) for i in range(spec.num_layers))), 1
+    return spec.dense_ffn_layers, spec.num_layers - spec.moe_layers
+
+
+def mixer_half(spec: ModelSpec, tensors: list[SavedTensor], kind: MixerKind) -> list[SavedTensor]:
+    """The mixer half of the average layer (``kind`` average) or of one real layer of ``kind``."""
+    return _at(tensors, *mixer_share(spec, kind))
+
+
+def ffn_half(spec: ModelSpec, tensors: list[SavedTensor], moe_layer: bool, kind: MixerKind) -> list[SavedTensor]:
+    """The FFN half of the average dense or MoE layer (``kind`` average) or of one real layer of ``kind``."""
+    return _at(tensors, *ffn_share(spec, moe_layer, kind))
+
+
+def _at(tensors: list[SavedTensor], n: int, of: int) -> list[SavedTensor]:
+    if n == of:
+        return tensors
+    return [share(t, n, of) for t in tensors] if n else []
+
+
+def module_share(spec: ModelSpec, module: LinearModule, mixer: MixerKind) -> float:
+    """Of a layer, the copies of ``module`` it holds: a hybrid's attention's in A of its L layers and its other
+    mixer's in the rest (the average layer), or all or none in a layer of one ``mixer``; an FFN's module as its half
+    of the layer (``engine.memory.blocks``: not all of them where some layers are a mixer alone); 1 for any other."""
+    if module.group not in ("attention", "ssm"):
+        n, of = ffn_share(spec, module.count_symbol.startswith("L_moe"), mixer)
+        return n / of
+    if module.count_symbol not in MIXER_SYMBOLS:
+        return 1.0
+    if mixer == "average":
+        return module.count / spec.num_layers
+    return 1.0 if mixer != "none" and in_mixer(module, mixer == "attention") else 0.0
+
+
+def _has(spec: ModelSpec, layer: int, kind: MixerKind) -> bool:
+    return spec.has_mixer(layer) and spec.is_attention_layer(layer) == (kind == "attention")
+
+
+def block_kind(spec: ModelSpec, layer: int) -> MixerKind:
+    """The kind of real layer ``layer`` is, for a model with single blocks or a hybrid: one that attends, one of its
+    other mixer, or an FFN alone."""
+    if not spec.has_mixer(layer):
+        return "none"
+    return "attention" if spec.is_attention_layer(layer) else "other"

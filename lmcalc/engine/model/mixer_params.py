@@ -1,0 +1,101 @@
+"""The tensors of a hybrid's mixers in its layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4,
+Nemotron-H), Gated DeltaNet (Qwen3-Next, Qwen3.5) and LFM2's gated short convolutions, each as its transformers module
+builds it. ``engine.model.params.weight_tensors`` lists them after the attention's."""
+
+from __future__ import annotations
+
+from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, tensor
+from lmcalc.specs import ModelSpec
+
+
+def mixer_tensors(spec: ModelSpec) -> list[WeightTensor]:
+    """The tensors of the model's other mixer, in its M − A layers that do not attend (none but in a hybrid)."""
+    return _mamba(spec) + _deltanet(spec) + _mamba2(spec) + _short_conv(spec)
+
+
+def _mamba(spec: ModelSpec) -> list[WeightTensor]:
+    """A state-space layer's tensors, as Mamba (Gu & Dao 2023, §3.4) and Jamba's transformers module build them: the
+    input projection to x and the gate z (2·d_in × h), the causal depthwise convolution (d_in × d_conv, and a bias),
+    the projection of x to Δ's rank and to B and C (r + 2N) × d_in, Δ's up-projection (d_in × r, with a bias),
+    A (d_in × N, kept as its log), D (d_in), the output projection (h × d_in), and Jamba's RMSNorms on Δ, B and C."""
+    m = spec.mamba
+    if m is None:
+        return []
+    h, d_in, N, r = Dim(spec.hidden_size, "h"), Dim(m.d_inner, "d_in"), Dim(m.d_state, "N"), Dim(m.dt_rank, "r")
+    site = Site("ssm", spec.other_mixer_layers, "L_ssm")
+    tensors = linear("ssm.in_proj", site, Dim(2 * m.d_inner, "2·d_in"), h, m.proj_bias)
+    tensors.append(tensor("ssm.conv.weight", site, (d_in, Dim(m.d_conv, "d_conv")), False))
+    if m.conv_bias:
+        tensors.append(tensor("ssm.conv.bias", site, (d_in,), False))
+    tensors += linear("ssm.x_proj", site, Dim(m.dt_rank + 2 * m.d_state, "(r+2N)"), d_in, False)
+    tensors += linear("ssm.dt_proj", site, d_in, r, True)
+    tensors += [tensor("ssm.A_log", site, (d_in, N), False), tensor("ssm.D", site, (d_in,), False)]
+    tensors += linear("ssm.out_proj", site, h, d_in, m.proj_bias)
+    if m.inner_norms:
+        tensors += [
+            tensor(f"ssm.{name}_norm.weight", site, (size,), False) for name, size in (("dt", r), ("b", N), ("c", N))
+        ]
+    return tensors
+
+
+def _mamba2(spec: ModelSpec) -> list[WeightTensor]:
+    """A Mamba-2 layer's tensors, as transformers' Bamba and Granite 4 build them: the input projection to z (I), x (I),
+    B and C (G·N each) and Δ (H), the causal depthwise convolution over x‖B‖C and its bias, Δ's bias, A (as its log)
+    and D per head, the gated RMSNorm's weight (I), the output projection (h × I)."""
+    m = spec.mamba2
+    if m is None:
+        return []
+    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.other_mixer_layers, "L_ssm")
+    heads, inner = Dim(m.heads, "H"), Dim(m.inner, "I")
+    width = Dim(2 * m.inner + 2 * m.groups * m.state + m.heads, "(2·I+2·G·N+H)")
+    tensors = linear("ssm.in_proj", site, width, h, m.proj_bias)
+    conv = Dim(m.conv_channels, "(I+2·G·N)")
+    tensors.append(tensor("ssm.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
+    if m.conv_bias:
+        tensors.append(tensor("ssm.conv.bias", site, (conv,), False))
+    tensors += [tensor(f"ssm.{name}", site, (heads,), False) for name in ("dt_bias", "A_log", "D")]
+    tensors.append(tensor("ssm.norm.weight", site, (inner,), False))
+    tensors += linear("ssm.out_proj", site, h, inner, m.proj_bias)
+    return tensors
+
+
+def _short_conv(spec: ModelSpec) -> list[WeightTensor]:
+    """A gated short-convolution layer's tensors, as transformers' Lfm2ShortConv builds them: the input projection to
+    B, C and x (3h × h), the causal depthwise convolution (h × K), the output projection (h × h), each with a bias
+    where conv_bias says so."""
+    m = spec.short_conv
+    if m is None:
+        return []
+    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.other_mixer_layers, "L_conv")
+    tensors = linear("conv.in_proj", site, Dim(3 * spec.hidden_size, "3h"), h, m.bias)
+    tensors.append(tensor("conv.conv.weight", site, (h, Dim(m.conv_kernel, "K")), False))
+    if m.bias:
+        tensors.append(tensor("conv.conv.bias", site, (h,), False))
+    return tensors + linear("conv.out_proj", site, h, h, m.bias)
+
+
+def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
+    """A Gated DeltaNet layer's tensors, as transformers' Qwen3NextGatedDeltaNet builds them (no biases): the input
+    projections to q and k (H_k·d_k each), v and the output gate z (H_v·d_v each), and β and α (H_v each); the causal
+    depthwise convolution over q, k and v (2·H_k·d_k + H_v·d_v channels × kernel); Δ's bias and A (H_v each, A kept
+    as its log); the gated RMSNorm's weight (d_v, shared by the heads); the output projection (h × H_v·d_v)."""
+    m = spec.deltanet
+    if m is None:
+        return []
+    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.other_mixer_layers, "L_lin")
+    hv, qkvz = Dim(m.value_heads, "H_v"), Dim(2 * m.key_heads * m.key_head_dim + 2 * m.value_heads * m.value_head_dim,
+                                              "(2·H_k·d_k+2·H_v·d_v)")  # fmt: skip
+    if m.split_projections:  # Qwen3.5: one module for q‖k‖v, one each for z, β and α
+        tensors = linear("linear_attn.in_proj_qkv", site, Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)"), h, False)
+        tensors += linear("linear_attn.in_proj_z", site, Dim(m.value_heads * m.value_head_dim, "H_v·d_v"), h, False)
+        tensors += linear("linear_attn.in_proj_b", site, hv, h, False)
+        tensors += linear("linear_attn.in_proj_a", site, hv, h, False)
+    else:
+        tensors = linear("linear_attn.in_proj_qkvz", site, qkvz, h, False)
+        tensors += linear("linear_attn.in_proj_ba", site, Dim(2 * m.value_heads, "2·H_v"), h, False)
+    conv = Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)")
+    tensors.append(tensor("linear_attn.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
+    tensors += [tensor("linear_attn.dt_bias", site, (hv,), False), tensor("linear_attn.A_log", site, (hv,), False)]
+    tensors.append(tensor("linear_attn.norm.weight", site, (Dim(m.value_head_dim, "d_v"),), False))
+    tensors += linear("linear_attn.out_proj", site, h, Dim(m.value_heads * m.value_head_dim, "H_v·d_v"), False)
+    return tensors

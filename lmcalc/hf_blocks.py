@@ -1,0 +1,99 @@
+"""Reading Nemotron-H's config.json (NVIDIA's Nemotron-H, Nemotron Nano 2 and Nemotron 3): a stack of single blocks,
+each one norm and one of a Mamba-2 mixer, attention without position encoding, a squared-ReLU MLP or an MoE of
+squared-ReLU experts (transformers' NemotronHBlock). ``hf_config`` dispatches here; the reader returns ModelSpec
+fields, as there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcalc.errors import LmcalcError, token
+from lmcalc.hf_fields import get as _get
+from lmcalc.hf_gpt import gelu
+
+BLOCK_LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+"""``hybrid_override_pattern``'s letters, as NemotronHConfig._pattern_to_list reads them."""
+DEFAULT_BLOCKS = ["linear_attention", "moe", "full_attention", "mlp"]
+"""NemotronHConfig.__post_init__'s blocks where config.json gives neither ``layers_block_type`` nor the pattern."""
+LEGACY_NAMES = {"mamba": "linear_attention", "attention": "full_attention"}
+"""Older block names transformers remaps (configuration_utils._LEGACY_LAYER_TYPE_REMAP), as Nemotron 3.5's configs
+write them."""
+MAMBA_ALIASES = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_conv_bias": "use_conv_bias",
+                 "mamba_chunk_size": "chunk_size"}  # fmt: skip
+"""The older spellings NemotronHConfig.__post_init__ takes for its Mamba fields."""
+
+
+def _blocks(config: dict[str, Any], origin: str) -> list[str]:
+    """Each layer's block: ``layers_block_type`` (``layer_types``), else ``hybrid_override_pattern``, else the
+    class's four; the depth is their number (the class ignores num_hidden_layers)."""
+    blocks = config.get("layers_block_type") or config.get("layer_types")
+    if not blocks and config.get("hybrid_override_pattern"):
+        pattern = config["hybrid_override_pattern"]
+        unknown = sorted(set(pattern) - set(BLOCK_LETTERS))
+        if unknown:
+            raise LmcalcError(f"{origin}: config.json hybrid_override_pattern has {token(unknown[0])}, not one of "
+                              f"{', '.join(BLOCK_LETTERS)}")  # fmt: skip
+        blocks = [BLOCK_LETTERS[letter] for letter in pattern]
+    blocks = [LEGACY_NAMES.get(block, block) for block in blocks or DEFAULT_BLOCKS]
+    unknown = sorted(set(blocks) - set(BLOCK_LETTERS.values()))
+    if unknown:
+        raise LmcalcError(f"{origin}: config.json layers_block_type has {token(unknown[0])}, not one of "
+                          f"{', '.join(BLOCK_LETTERS.values())}")  # fmt: skip
+    return list(blocks)
+
+
+def nemotron_h(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModelSpec fields for a Nemotron-H config: its blocks as single-block layers (``mixer_only_layer_ids``,
+    ``ffn_only_layer_ids``), Mamba-2 in the ``linear_attention`` blocks (NemotronHMamba2Mixer: heads × head_dim wide,
+    biases where ``use_bias``), attention without biases or RoPE (NemotronHAttention), and in the ``moe`` blocks
+    routed experts with one ungated shared expert of its own width and an fp32 router (NemotronHMoE)."""
+    config = {MAMBA_ALIASES.get(key, key): value for key, value in config.items()}
+    if config.get("moe_latent_size") is not None:
+        raise LmcalcError(f"{origin}: config.json moe_latent_size is set: Nemotron-H's latent expert projections are "
+                          "not modelled")  # fmt: skip
+    blocks = _blocks(config, origin)
+    ids = {kind: [i for i, block in enumerate(blocks) if block == kind] for kind in BLOCK_LETTERS.values()}
+    fields |= {
+        "hidden_size": _get(config, origin, "hidden_size"),
+        "tied_embeddings": False,  # NemotronHForCausalLM ties nothing (_tied_weights_keys = {}), whatever the field
+        "num_layers": len(blocks),
+        "num_heads": _get(config, origin, "num_attention_heads"),
+        "num_kv_heads": config.get("num_key_value_heads"),
+        "head_dim": config.get("head_dim"),
+        "ffn_size": _get(config, origin, "intermediate_size"),
+        "ffn_kind": "gelu_mlp",
+        "activation": gelu(config, "nemotron_h", origin),
+        "norm_kind": "rmsnorm",
+        "mlp_bias": bool(config.get("mlp_bias")),
+        "position_embedding": "none",
+        "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        "mixer_only_layer_ids": ids["linear_attention"] + ids["full_attention"],
+        "ffn_only_layer_ids": ids["mlp"] + ids["moe"],
+    }
+    if ids["linear_attention"]:
+        heads, head_dim = _get(config, origin, "mamba_num_heads"), _get(config, origin, "mamba_head_dim")
+        fields["mamba2"] = {
+            "inner": heads * head_dim,
+            "heads": heads,
+            "groups": _get(config, origin, "n_groups"),
+            "state": _get(config, origin, "ssm_state_size"),
+            "conv_kernel": _get(config, origin, "conv_kernel"),
+            "chunk": _get(config, origin, "chunk_size"),
+            "conv_bias": bool(config.get("use_conv_bias", True)),
+            "proj_bias": bool(config.get("use_bias")),
+            "attention_layer_ids": ids["full_attention"],
+        }
+    if ids["moe"]:
+        fields["moe"] = {
+            "num_experts": _get(config, origin, "n_routed_experts", "num_local_experts"),
+            "experts_per_token": _get(config, origin, "num_experts_per_tok"),
+            "expert_ffn_size": _get(config, origin, "moe_intermediate_size"),
+            "shared_experts": 1,  # one NemotronHMLP, whatever n_shared_experts says
+            "shared_expert_ffn_size": _get(config, origin, "moe_shared_expert_intermediate_size"),
+            "dense_layer_ids": ids["mlp"],
+            "router_fp32": True,  # NemotronHTopkRouter: an fp32 weight, times an fp32 copy of its input
+            "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,
+        }
+    if config.get("num_nextn_predict_layers"):  # NemotronHForCausalLM ignores its mtp.* weights
+        fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]
+    return fields

@@ -1,0 +1,86 @@
+"""What a layer's attention and feed-forward can be beyond the plain ones: multi-head latent attention (DeepSeek-V2/V3)
+and a mixture of experts, with which layers route. ``specs.ModelSpec`` holds them; the rest of lmcalc takes them from
+``specs``.
+
+The annotations are types, not text (no ``from __future__ import annotations``), for the reason ``specs`` gives."""
+
+import functools
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from lmcalc.spec_base import NonNegativeInt, PositiveInt, Spec, StrictBool, no_items
+
+
+class MoESpec(Spec):
+    """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
+
+    num_experts: PositiveInt
+    experts_per_token: PositiveInt
+    shared_experts: NonNegativeInt = 0
+    expert_ffn_size: PositiveInt
+    dense_layers: NonNegativeInt = Field(0, description="leading layers that keep a dense FFN of ffn_size")
+    router_bias: StrictBool = Field(
+        False,
+        description="a learned per-expert bias on the router (gpt-oss); DeepSeek-V3's balancing bias is a buffer set "
+        "by a rule, not a parameter",
+    )
+    router_fp32: StrictBool = Field(
+        False,
+        description="the model's code runs the router's matmul in fp32 on an fp32 copy of its input (transformers' "
+        "DeepSeek-V2/V3, GLM-4.5, ERNIE 4.5, EXAONE MoE and Hunyuan routers), read under a framework profile whose "
+        "moe.router is model",
+    )
+    shared_expert_ffn_size: PositiveInt | None = Field(
+        None, description="inner width of the shared experts when it differs from expert_ffn_size (Qwen2-MoE)"
+    )
+    shared_expert_gate: StrictBool = Field(
+        False, description="a sigmoid gate (h → 1) on the shared experts' output (Qwen2-MoE's shared_expert_gate)"
+    )
+    moe_every: PositiveInt = Field(
+        1,
+        description="every how many layers one is MoE: layer i (from 0) is MoE when (i + 1) is a multiple of this "
+        "(decoder_sparse_step, Llama 4's interleave_moe_layer_step); the others keep a dense FFN of ffn_size",
+    )
+    dense_layer_ids: tuple[NonNegativeInt, ...] = Field(
+        default_factory=no_items, description="further layers (from 0) with a dense FFN (Qwen MoE's mlp_only_layers)"
+    )
+    node_limit: PositiveInt | None = Field(
+        None,
+        description="node-limited routing: each token is sent to experts on at most this many nodes (DeepSeek-V3: "
+        "4, its 8 expert groups of which each token picks 4)",
+    )
+
+    @model_validator(mode="after")
+    def _top_k_fits(self) -> Self:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})")
+        return self
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_expert_ffn_size or self.expert_ffn_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) routes its tokens to experts."""
+        return layer >= self.dense_layers and (layer + 1) % self.moe_every == 0 and layer not in self.dense_layer_ids
+
+
+@functools.lru_cache(maxsize=4096)  # the planner asks per stage, thousands of times
+def moe_layers_in(moe: MoESpec, mixer_only: tuple[int, ...], start: int, stop: int) -> int:
+    """MoE layers among layers ``start`` to ``stop - 1``, less the layers that are a mixer alone (``mixer_only``)."""
+    return sum(moe.is_moe_layer(i) and i not in mixer_only for i in range(start, stop))
+
+
+class MLASpec(Spec):
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and joint low-rank K/V projections."""
+
+    q_lora_rank: PositiveInt | None = Field(None, description="None: plain h x (heads*qk_head_dim) query")
+    kv_lora_rank: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
