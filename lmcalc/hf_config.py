@@ -52,12 +52,13 @@ LLAMA_LIKE = (
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
-    "hy_v3", "lfm2", "lfm2_moe",
+    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h",)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``)."""
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-"""Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate."""
+"""Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate; OLMo
+Hybrid's (``olmo_hybrid``) are read the same way, its attention without the gate."""
 GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
               "dbrx")  # fmt: skip
 """The types ``hf_gpt`` reads."""
@@ -77,7 +78,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "hunyuan_v1_moe": "per_head", "exaone_moe": "per_head",
            "nanochat": "per_head",
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
-           "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head",
+           "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5}  # fmt: skip
@@ -87,7 +88,7 @@ QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "sta
 """Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
-                    "helium", "vaultgemma", "nemotron_h", *DELTANET)  # fmt: skip
+                    "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
@@ -244,7 +245,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             "attention_every": config.get("attn_layer_period", 8),
             "attention_offset": config.get("attn_layer_offset", 4),
         }
-    if kind in DELTANET:
+    if kind in (*DELTANET, "olmo_hybrid"):
         fields |= deltanet(config, kind, layers, origin)
     if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}

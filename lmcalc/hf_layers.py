@@ -143,20 +143,29 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
 
 
 def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any]:
-    """Qwen3-Next's and Qwen3.5's Gated DeltaNet layers (``linear_*``), attention where ``layer_types`` says
-    full_attention (Qwen3NextConfig: every ``full_attention_interval``-th layer, from that one), and the gate their
-    attention's q_proj makes for its output."""
+    """Qwen3-Next's, Qwen3.5's and OLMo Hybrid's Gated DeltaNet layers (``linear_*``), attention where
+    ``layer_types`` says full_attention (Qwen3NextConfig: every ``full_attention_interval``-th layer, from that one),
+    and the gate Qwen's attention's q_proj makes for its output."""
     types = config.get("layer_types") or [
         "full_attention" if (i + 1) % (config.get("full_attention_interval") or 4) == 0 else "linear_attention"
         for i in range(layers)
     ]
     full = [t == "full_attention" for t in types]
+    if kind == "olmo_hybrid" and not config.get("layer_types") and not any(full):  # OlmoHybridConfig: the last
+        full[-1] = True
     pattern = global_layers(full, origin)
     every = pattern["global_every"]
     if every is None:
         raise LmcalcError(f"{origin}: config.json layer_types has no full_attention layer; lmcalc reads hybrids only")
+    if kind == "olmo_hybrid":  # OlmoHybridConfig.__post_init__: the heads', 3/4 of h over them, twice that for v
+        heads = _get(config, origin, "num_attention_heads")
+        key_heads = config.get("linear_num_key_heads") or heads
+        key_dim = config.get("linear_key_head_dim") or int(0.75 * _get(config, origin, "hidden_size") / key_heads)
+        computed = {"linear_num_key_heads": key_heads, "linear_num_value_heads": heads,
+                    "linear_key_head_dim": key_dim, "linear_value_head_dim": 2 * key_dim}  # fmt: skip
+        config = computed | {k: v for k, v in config.items() if v is not None}
     return {
-        "attention_output_gate": True,
+        "attention_output_gate": kind != "olmo_hybrid",  # OLMo Hybrid's attention is OLMo 3's, without a gate
         "deltanet": {
             "key_heads": _get(config, origin, "linear_num_key_heads"),
             "value_heads": _get(config, origin, "linear_num_value_heads"),
@@ -166,6 +175,7 @@ def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
             "attention_every": every,
             "attention_offset": 0 if pattern.get("global_from_first") else every - 1,
             "split_projections": kind.startswith("qwen3_5"),  # Qwen3_5GatedDeltaNet's four input projections
+            "separate_projections": kind == "olmo_hybrid",  # OlmoHybridGatedDeltaNet's six, and its o_proj
         },
     }
 

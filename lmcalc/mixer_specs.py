@@ -82,6 +82,11 @@ class DeltaNetSpec(Spec):
         description="q‖k‖v, z, β and α projected by four modules (Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, "
         "in_proj_a), not two (Qwen3-Next's in_proj_qkvz and in_proj_ba): the same weights, but a LoRA adapter each",
     )
+    separate_projections: StrictBool = Field(
+        False,
+        description="q, k, v, the output gate, β and α each projected by a module of its own and the output by o_proj "
+        "(OLMo Hybrid's q_proj, k_proj, v_proj, g_proj, b_proj, a_proj): the same weights, six LoRA adapters in",
+    )
     attention_every: PositiveInt
     attention_offset: NonNegativeInt = 0
 
@@ -89,6 +94,8 @@ class DeltaNetSpec(Spec):
     def _heads_and_offset(self) -> Self:
         if self.attention_offset >= self.attention_every:
             raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
+        if self.split_projections and self.separate_projections:
+            raise ValueError("split_projections and separate_projections are two layouts: give one")
         if self.value_heads % self.key_heads:
             raise ValueError(f"value_heads ({self.value_heads}) must be a multiple of key_heads ({self.key_heads})")
         return self

@@ -96,6 +96,9 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_next": ("Qwen3NextConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48, head_dim=16,
                                            **LINEAR)),
     "qwen3_5_text": ("Qwen3_5TextConfig", dict(head_dim=16, **LINEAR)),
+    # Gated DeltaNet in three layers by six projections of its own, OLMo 3's attention (no gate) in the fourth
+    "olmo_hybrid": ("OlmoHybridConfig", dict(num_key_value_heads=4, **LINEAR,
+                                             layer_types=["linear_attention"] * 3 + ["full_attention"])),
     "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48,
                                                        head_dim=16, **LINEAR)),
     "bamba": ("BambaConfig", dict(attn_layer_indices=[1], **MAMBA2)),

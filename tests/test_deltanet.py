@@ -1,4 +1,4 @@
-"""Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5: Yang, Kautz & Hatamizadeh 2025), against transformers. The
+"""Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5, OLMo Hybrid: Yang, Kautz & Hatamizadeh 2025), against transformers. The
 parameter count is exact (tests/test_hf_types.py), the FLOPs equal FlopCounterMode's on transformers' PyTorch path
 with its implementation's extra work stated (tests/test_validate_hf.py; here at lengths that pad, fill and span
 chunks), and the state a sequence keeps at inference is the cache transformers allocates. The saved activations are
@@ -26,10 +26,12 @@ def spec_of(kind: str) -> ModelSpec:
     return ModelSpec.model_validate(model_from_hf_config(tiny_config(kind), kind, kind))
 
 
+@pytest.mark.parametrize("kind", ["qwen3_next", "olmo_hybrid"])
 @pytest.mark.parametrize(("seq", "batch"), [(20, 1), (64, 2), (150, 1)])
-def test_flops_equal_flopcountermode_within_and_across_chunks(seq: int, batch: int):
-    # s = 20 pads one chunk of 64, s = 64 fills it, s = 150 spans three (the last one padded)
-    result = transformers_check(tiny_config("qwen3_next"), seq, batch)
+def test_flops_equal_flopcountermode_within_and_across_chunks(kind: str, seq: int, batch: int):
+    # s = 20 pads one chunk of 64, s = 64 fills it, s = 150 spans three (the last one padded); OLMo Hybrid projects
+    # q, k, v, the gate, β and α by six modules and concatenates q‖k‖v for the convolution
+    result = transformers_check(tiny_config(kind), seq, batch)
     assert result.value("params.error") == 0
     assert abs(result.value("flops.error")) < 1e-9
 
@@ -42,10 +44,11 @@ def test_the_chunked_rules_forward_flops_by_hand():
     assert ssm_flops(spec, 20) == pytest.approx(2 * 128 * 4 + 64 / 20 * 4 * (4 * 64 * 16 + 2 * 64 * 16 + 6 * 16 * 16))
 
 
-def test_the_state_a_sequence_keeps_is_transformers_cache():
+@pytest.mark.parametrize("kind", ["qwen3_next", "olmo_hybrid"])
+def test_the_state_a_sequence_keeps_is_transformers_cache(kind: str):
     # after a prefill, transformers' cache holds per linear layer the convolution's last K inputs of q‖k‖v in the
     # model's dtype and the recurrent state, H_v × d_k × d_v, in fp32
-    spec = spec_of("qwen3_next")
+    spec = spec_of(kind)
     linear = [i for i in range(spec.num_layers) if not spec.is_attention_layer(i)]
     assert linear == [0, 1, 2]
-    assert cached_state_bytes("qwen3_next", linear, batch=2) == 2 * state_bytes(spec, 2)
+    assert cached_state_bytes(kind, linear, batch=2) == 2 * state_bytes(spec, 2)

@@ -29,6 +29,9 @@ CASES = [
     ("qwen3_5_text", "all-linear"),
     ("qwen3_5_text", "in_proj_qkv,in_proj_z,out_proj"),
     ("qwen3_next", "q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj"),
+    ("olmo_hybrid", "all-linear"),  # its Gated DeltaNet's q, k, v, g, b, a and o projections, attention's alike
+    ("olmo_hybrid", "q_proj,v_proj,o_proj"),  # PEFT's suffixes: attention's and the Gated DeltaNet's both
+    ("olmo_hybrid", "g_proj,b_proj,a_proj"),
     ("bamba", "all-linear"),
     ("bamba", "in_proj,out_proj"),
     ("granitemoehybrid", "q_proj,v_proj,in_proj,out_proj"),
@@ -75,7 +78,7 @@ def test_afmoes_attention_gate_is_an_adapter_of_its_own(rank: int):
     assert {t.name.split(".lora")[0] for t in gates} >= {"attn.attn_gate", "dense_mlp.gate"}
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h"])
+@pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h", "olmo_hybrid"])
 def test_a_hybrid_takes_qlora_and_pipeline_stages(kind: str):
     # each of its layer tensors is placed on a stage by its count symbol (L_lin: the Gated DeltaNet layers): QLoRA's
     # trained adapters and a two-stage pipeline both walk them (a ZeroDivisionError before)

@@ -223,7 +223,7 @@ def _layer_flops(step: _MethodStep, layer: _Layer) -> _LayerFlops:
         elif half == "attention" and layer.mixes:
             # a hybrid's other mixer: the convolution's input gradient where its input projection's output needs
             # one, its weight's where the layer trains; the core's products, both operands', twice its forward
-            mixed = any(flops.outputs.get(leaf, False) for leaf in MIXER_INPUTS)
+            mixed = any(flops.outputs.get(leaf, False) for leaf in (*MIXER_INPUTS, "q", "k", "v"))
             flops.input_grads += step.mixer_conv if mixed else 0.0
             flops.weight_grads += step.mixer_conv if layer.trained else 0.0
             flops.attention_backward = 2 * step.mixer_core if mixed else 0.0

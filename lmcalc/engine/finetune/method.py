@@ -53,6 +53,7 @@ LINEAR_NAMES: tuple[str, ...] = ("q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a"
 LINEAR_NAMES += ("down", "fc", "proj", "router", "attn_gate")  # attn_gate: AFMoE's gate on the attention output
 LINEAR_NAMES += ("in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # Gated DeltaNet
 LINEAR_NAMES += ("in_proj", "x_proj", "dt_proj", "out_proj")  # Mamba's and Mamba-2's, and Gated DeltaNet's output
+LINEAR_NAMES += ("g", "b", "a")  # OLMo Hybrid's Gated DeltaNet: its output gate's, β's and α's own projections
 HF_NAMES: dict[str, tuple[str, ...]] = {
     "q_proj": ("q",),
     "k_proj": ("k",),
@@ -74,14 +75,19 @@ HF_NAMES: dict[str, tuple[str, ...]] = {
     "w1": ("gate",),
     "w3": ("up",),
     "w2": ("down",),
+    "g_proj": ("g",),
+    "b_proj": ("b",),
+    "a_proj": ("a",),
 }
 """Hugging Face module names, read as lmcalc's (PEFT matches a target against the end of a module's name)."""
 TWO_MATRIX = {"up": "fc", "down": "proj"}
 """A gated MLP's up and down, read as a two-matrix MLP's first and second matrix where the model has one."""
 
 
-MIXER_INPUTS = ("in_proj", "in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-"""A hybrid's other mixers' input projections (Mamba-2's, Gated DeltaNet's, LFM2's): what read the layer's norm."""
+MIXER_INPUTS = ("in_proj", "in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "g", "b",
+                "a")  # fmt: skip
+"""A hybrid's other mixers' input projections (Mamba-2's, Gated DeltaNet's, LFM2's): what read the layer's norm (OLMo
+Hybrid's Gated DeltaNet reads it by q, k and v too, named as attention's)."""
 
 
 @dataclass(frozen=True)

@@ -78,16 +78,23 @@ def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
     """A Gated DeltaNet layer's tensors, as transformers' Qwen3NextGatedDeltaNet builds them (no biases): the input
     projections to q and k (H_k·d_k each), v and the output gate z (H_v·d_v each), and β and α (H_v each); the causal
     depthwise convolution over q, k and v (2·H_k·d_k + H_v·d_v channels × kernel); Δ's bias and A (H_v each, A kept
-    as its log); the gated RMSNorm's weight (d_v, shared by the heads); the output projection (h × H_v·d_v)."""
+    as its log); the gated RMSNorm's weight (d_v, shared by the heads); the output projection (h × H_v·d_v). Qwen3.5
+    and OLMo Hybrid hold the same input projections in four and six modules."""
     m = spec.deltanet
     if m is None:
         return []
     h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.other_mixer_layers, "L_lin")
     hv, qkvz = Dim(m.value_heads, "H_v"), Dim(2 * m.key_heads * m.key_head_dim + 2 * m.value_heads * m.value_head_dim,
                                               "(2·H_k·d_k+2·H_v·d_v)")  # fmt: skip
-    if m.split_projections:  # Qwen3.5: one module for q‖k‖v, one each for z, β and α
+    vd = Dim(m.value_heads * m.value_head_dim, "H_v·d_v")
+    if m.separate_projections:  # OLMo Hybrid: a module each for q, k, v, the gate, β and α, and o_proj
+        kd = Dim(m.key_heads * m.key_head_dim, "H_k·d_k")
+        tensors = linear("linear_attn.q", site, kd, h, False) + linear("linear_attn.k", site, kd, h, False)
+        tensors += linear("linear_attn.v", site, vd, h, False) + linear("linear_attn.g", site, vd, h, False)
+        tensors += linear("linear_attn.b", site, hv, h, False) + linear("linear_attn.a", site, hv, h, False)
+    elif m.split_projections:  # Qwen3.5: one module for q‖k‖v, one each for z, β and α
         tensors = linear("linear_attn.in_proj_qkv", site, Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)"), h, False)
-        tensors += linear("linear_attn.in_proj_z", site, Dim(m.value_heads * m.value_head_dim, "H_v·d_v"), h, False)
+        tensors += linear("linear_attn.in_proj_z", site, vd, h, False)
         tensors += linear("linear_attn.in_proj_b", site, hv, h, False)
         tensors += linear("linear_attn.in_proj_a", site, hv, h, False)
     else:
@@ -97,5 +104,5 @@ def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
     tensors.append(tensor("linear_attn.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
     tensors += [tensor("linear_attn.dt_bias", site, (hv,), False), tensor("linear_attn.A_log", site, (hv,), False)]
     tensors.append(tensor("linear_attn.norm.weight", site, (Dim(m.value_head_dim, "d_v"),), False))
-    tensors += linear("linear_attn.out_proj", site, h, Dim(m.value_heads * m.value_head_dim, "H_v·d_v"), False)
+    tensors += linear("linear_attn.o" if m.separate_projections else "linear_attn.out_proj", site, h, vd, False)
     return tensors
