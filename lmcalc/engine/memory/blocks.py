@@ -51,8 +51,8 @@ def _at(tensors: list[SavedTensor], n: int, of: int) -> list[SavedTensor]:
 
 def module_share(spec: ModelSpec, module: LinearModule, mixer: MixerKind) -> float:
     """Of a layer, the copies of ``module`` it holds: a hybrid's attention's in A of its L layers and its other
-    mixer's in the rest (the average layer), or all or none in a layer of one ``mixer``; an FFN's module as its half
-    of the layer (``engine.memory.blocks``: not all of them where some layers are a mixer alone); 1 for any other."""
+    mixer's in the rest (the average layer), or all or none in a layer of one ``mixer``; an FFN's module at its half's
+    share (``ffn_share``: less than 1 where some layers are a mixer alone); 1 for any other."""
     if module.group not in ("attention", "ssm"):
         n, of = ffn_share(spec, module.count_symbol.startswith("L_moe"), mixer)
         return n / of
