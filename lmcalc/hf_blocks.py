@@ -97,3 +97,63 @@ def nemotron_h(config: dict[str, Any], fields: dict[str, Any], origin: str) -> d
     if config.get("num_nextn_predict_layers"):  # NemotronHForCausalLM ignores its mtp.* weights
         fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]
     return fields
+
+
+MAMBA_STACKS = ("mamba", "falcon_mamba", "mamba2")
+"""Types whose layers are all a Mamba (or Mamba-2) block alone: a norm and the mixer, no attention and no FFN
+(transformers' MambaBlock, FalconMambaBlock, Mamba2Block)."""
+NO_POSITION_LIMIT = 1_048_576
+"""What stands for the trained context of a model without positions and without max_position_embeddings."""
+
+
+def mamba_stack(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModelSpec fields for a Mamba, Falcon Mamba or Mamba-2 config: every layer a mixer alone behind its norm
+    (``mixer_only_layer_ids``), so no layer attends or has an FFN; the head tied where ``tie_word_embeddings`` says
+    (MambaConfig's default: tied). Mamba's mixer is ``intermediate_size`` (``expand`` × h) wide with Δ's rank
+    ``time_step_rank`` (``auto``: ⌈h/16⌉); Falcon Mamba's adds RMSNorms without weights on Δ, B and C; Mamba-2's has
+    ``num_heads`` heads of ``head_dim`` over ``expand`` × h, ``n_groups`` groups, a gated norm."""
+    hidden, layers = _get(config, origin, "hidden_size"), _get(config, origin, "num_hidden_layers")
+    inner = config.get("intermediate_size") or int(config.get("expand", 2) * hidden)  # MambaConfig: expand × h if none
+    fields |= {
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": 1,  # no layer attends: a count no tensor uses
+        "ffn_size": inner,  # no layer has an FFN: a width no tensor uses
+        "ffn_kind": "swiglu",
+        "norm_kind": "rmsnorm",
+        "position_embedding": "none",
+        "max_seq_len": config.get("max_position_embeddings") or NO_POSITION_LIMIT,
+        "mixer_only_layer_ids": list(range(layers)),
+        "notes": [
+            *fields.get("notes", []),
+            f"{kind}: no position encoding and no max_position_embeddings; "
+            f"{NO_POSITION_LIMIT:,} tokens stand for its context",
+        ],  # fmt: skip
+    }
+    bias = bool(config.get("use_bias"))
+    if kind == "mamba2":
+        heads, inner = _get(config, origin, "num_heads"), int(config.get("expand", 2) * hidden)  # Mamba2Mixer's
+        if heads * _get(config, origin, "head_dim") != inner:
+            raise LmcalcError(f"{origin}: config.json num_heads × head_dim must be expand × hidden_size ({inner})")
+        fields["mamba2"] = {
+            "inner": inner,
+            "heads": heads,
+            "groups": config.get("n_groups") or 1,
+            "state": _get(config, origin, "state_size"),
+            "conv_kernel": _get(config, origin, "conv_kernel"),
+            "chunk": config.get("chunk_size") or 256,
+            "conv_bias": bool(config.get("use_conv_bias", True)),
+            "proj_bias": bias,
+        }
+        return fields
+    rank = config.get("time_step_rank", "auto")
+    fields["mamba"] = {
+        "d_inner": inner,
+        "d_state": _get(config, origin, "state_size"),
+        "d_conv": _get(config, origin, "conv_kernel"),
+        "dt_rank": -(-hidden // 16) if rank == "auto" else rank,  # MambaConfig: ceil(hidden / 16)
+        "conv_bias": bool(config.get("use_conv_bias", True)),
+        "proj_bias": bias,
+        "attention_every": None,
+    }
+    return fields

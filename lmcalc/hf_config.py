@@ -19,7 +19,7 @@ import difflib
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
-from lmcalc.hf_blocks import nemotron_h
+from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_fields import check_fields
 from lmcalc.hf_fields import get as _get
@@ -52,10 +52,11 @@ LLAMA_LIKE = (
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
-    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid",
+    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1",
 )  # fmt: skip
-SINGLE_BLOCKS = ("nemotron_h",)
-"""Types whose layers are each a mixer or an FFN alone (``hf_blocks``)."""
+SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
+"""Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
+one a Mamba block."""
 DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate; OLMo
 Hybrid's (``olmo_hybrid``) are read the same way, its attention without the gate."""
@@ -249,7 +250,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= deltanet(config, kind, layers, origin)
     if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
-    if kind in ("bamba", "granitemoehybrid"):
+    if kind in ("bamba", "granitemoehybrid", "falcon_h1"):
         fields |= mamba2(config, kind, fields["hidden_size"], layers, origin)
     if kind in ("lfm2", "lfm2_moe"):  # LFM2-MoE's dense layers take intermediate_size as it is
         fields |= short_conv(config, origin, adjust_ffn=kind == "lfm2")
@@ -337,6 +338,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return gpt_neo(text, kind, fields, origin)
     if kind in ("mpt", "dbrx"):
         return mpt_family(text, kind, fields, origin)
+    if kind in MAMBA_STACKS:
+        return mamba_stack(text, kind, fields, origin)
     if kind in SINGLE_BLOCKS:
         return nemotron_h(text, fields, origin)
     return _llama_like(text, kind, fields, origin)

@@ -27,14 +27,14 @@ WHOLE_NUMBERS = frozenset(
         "window_size", "num_shared_experts", "d_model", "n_heads", "n_layers", "max_seq_len", "moe_topk",
         "prefix_dense_intermediate_size", "num_dense_layers", "conv_L_cache", "block_multiple_of", "block_ff_dim",
         "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
-        "moe_shared_expert_intermediate_size", "moe_latent_size",
+        "moe_shared_expert_intermediate_size", "moe_latent_size", "mamba_d_ssm", "state_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
     {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "residual_dropout", "attn_logit_softcapping",
      "final_logit_softcapping", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
      "activation_dropout", "embed_dropout", "resid_dropout", "clip_qkv", "rms_norm_eps",
-     "block_ffn_dim_multiplier"}
+     "block_ffn_dim_multiplier", "expand"}
 )  # fmt: skip
 FLAGS = frozenset(
     {
@@ -42,7 +42,7 @@ FLAGS = frozenset(
         "new_decoder_architecture", "parallel_attn", "multi_query", "alibi", "use_sliding_window", "use_qk_norm",
         "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm", "use_qkv_bias", "qk_layernorm",
         "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine", "conv_bias",
-        "block_auto_adjust_ff_dim", "tie_embedding", "use_conv_bias",
+        "block_auto_adjust_ff_dim", "tie_embedding", "use_conv_bias", "projectors_bias", "mamba_rms_norm",
     }
 )  # fmt: skip
 TEXTS = frozenset(

@@ -183,16 +183,26 @@ def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
 def mamba2(config: dict[str, Any], kind: str, hidden: int, layers: int, origin: str) -> dict[str, Any]:
     """Bamba's and Granite 4's Mamba-2 layers (``mamba_*``), attention in Bamba's ``attn_layer_indices`` or where
     Granite 4's ``layer_types`` says attention (full_attention, or its older "attention"); Granite 4 attends without
-    RoPE unless ``position_embedding_type`` is rope."""
+    RoPE unless ``position_embedding_type`` is rope. Falcon-H1 runs Mamba-2 beside attention in every layer, over
+    ``mamba_d_ssm`` channels where given, with a gated norm only where ``mamba_rms_norm`` says so."""
     if kind == "bamba":
         attending = sorted(config.get("attn_layer_indices") or [])
+    elif kind == "falcon_h1":  # FalconH1DecoderLayer: attention and Mamba-2 side by side in every layer
+        attending = []
+        if bool(config.get("mamba_proj_bias")) != bool(config.get("projectors_bias")):
+            raise LmcalcError(f"{origin}: config.json mamba_proj_bias and projectors_bias differ: a bias on Mamba-2's "
+                              "input projection alone, or its output projection alone, is not modelled")  # fmt: skip
     else:
         types = config.get("layer_types") or []
         attending = [i for i, t in enumerate(types) if t in ("full_attention", "attention")]
     heads, inner = _get(config, origin, "mamba_n_heads"), config.get("mamba_expand", 2) * hidden
+    if kind == "falcon_h1" and config.get("mamba_d_ssm") is not None:  # FalconH1Mixer's width where given
+        inner = config["mamba_d_ssm"]
     head_dim = config.get("mamba_d_head")
     if isinstance(head_dim, int) and head_dim * heads != inner:
-        raise LmcalcError(f"{origin}: config.json mamba_d_head × mamba_n_heads must be mamba_expand × hidden_size")
+        raise LmcalcError(
+            f"{origin}: config.json mamba_d_head × mamba_n_heads must be the Mamba-2 inner width ({inner})"
+        )
     fields: dict[str, Any] = {
         "mamba2": {
             "inner": inner,
@@ -203,6 +213,8 @@ def mamba2(config: dict[str, Any], kind: str, hidden: int, layers: int, origin: 
             "chunk": config.get("mamba_chunk_size") or 256,
             "conv_bias": bool(config.get("mamba_conv_bias", True)),
             "proj_bias": bool(config.get("mamba_proj_bias")),
+            "gated_norm": kind != "falcon_h1" or bool(config.get("mamba_rms_norm")),
+            "parallel": kind == "falcon_h1",
             "attention_layer_ids": attending,
         }
     }

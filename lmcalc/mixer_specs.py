@@ -13,7 +13,8 @@ from lmcalc.spec_base import NonNegativeInt, PositiveInt, Spec, StrictBool
 
 class MambaSpec(Spec):
     """Selective state-space mixers (Mamba, Gu & Dao 2023, §3) in the layers that do not attend: a hybrid such as
-    Jamba (Lieber et al. 2024), whose layer i attends when i % attention_every == attention_offset."""
+    Jamba (Lieber et al. 2024), whose layer i attends when i % attention_every == attention_offset, or a Mamba model
+    whose layers are all Mamba blocks (attention_every None)."""
 
     d_inner: PositiveInt = Field(description="the inner width: mamba_expand × hidden_size")
     d_state: PositiveInt = Field(description="N, the state size per channel")
@@ -22,12 +23,12 @@ class MambaSpec(Spec):
     conv_bias: StrictBool = True
     proj_bias: StrictBool = Field(False, description="biases on the in and out projections")
     inner_norms: StrictBool = Field(False, description="RMSNorms on Δ, B and C (Jamba)")
-    attention_every: PositiveInt
+    attention_every: PositiveInt | None = Field(description="None: no layer attends (Mamba, Falcon Mamba)")
     attention_offset: NonNegativeInt = 0
 
     @model_validator(mode="after")
     def _offset_in_period(self) -> Self:
-        if self.attention_offset >= self.attention_every:
+        if self.attention_every is not None and self.attention_offset >= self.attention_every:
             raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
         return self
 
@@ -46,12 +47,24 @@ class Mamba2Spec(Spec):
     chunk: PositiveInt = Field(256, description="the chunked scan's chunk length (mamba_chunk_size)")
     conv_bias: StrictBool = True
     proj_bias: StrictBool = Field(False, description="biases on the in and out projections")
-    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(description="the layers (from 0) that attend")
+    gated_norm: StrictBool = Field(
+        True, description="a gated RMSNorm with a weight over the inner width (Falcon-H1 without mamba_rms_norm: none)"
+    )
+    parallel: StrictBool = Field(
+        False,
+        description="every layer runs attention and Mamba-2 side by side on one norm's output, their outputs summed "
+        "(Falcon-H1's FalconH1DecoderLayer); attention_layer_ids then names none",
+    )
+    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(
+        default_factory=tuple, description="the layers (from 0) that attend; the others run Mamba-2 alone"
+    )
 
     @model_validator(mode="after")
     def _heads_tile(self) -> Self:
         if self.inner % self.heads or self.heads % self.groups:
             raise ValueError(f"inner ({self.inner}) must tile into heads ({self.heads}), heads into groups")
+        if self.parallel and self.attention_layer_ids:
+            raise ValueError("parallel Mamba-2 runs beside attention in every layer: attention_layer_ids names none")
         return self
 
     @property

@@ -9,6 +9,8 @@ The annotations are types, not text (no ``from __future__ import annotations``):
 each field's annotation from its text when the class is defined, which every command pays at start-up.
 """
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -260,14 +262,19 @@ class ModelSpec(NamedSpec):
                              f"num_layers ({self.num_layers})")  # fmt: skip
         if self.norms_per_layer != 2:
             raise ValueError("mixer_only_layer_ids and ffn_only_layer_ids need norms_per_layer 2: one norm each")
-        if not self.ffn_layers or not self.mixer_layers:
-            raise ValueError("mixer_only_layer_ids and ffn_only_layer_ids leave no layer with an FFN or a mixer")
+        if not self.mixer_layers:
+            raise ValueError("ffn_only_layer_ids leaves no layer with a mixer")
 
     @property
     def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | None:
         """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated
         DeltaNet (Qwen3-Next) or the short convolution (LFM2); None where every layer attends."""
         return self.mamba or self.mamba2 or self.deltanet or self.short_conv
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy validated afresh: its counts of layers by kind are cached, and ``update`` may change them."""
+        del deep  # every field is immutable: a new, validated model shares nothing mutable
+        return type(self).model_validate(self.model_dump() | dict(update or {}))
 
     def has_mixer(self, layer: int) -> bool:
         """Whether layer ``layer`` (from 0) mixes tokens: every layer but an FFN block alone (Nemotron-H)."""
@@ -277,46 +284,64 @@ class ModelSpec(NamedSpec):
         """Whether layer ``layer`` (from 0) has an FFN: every layer but a mixer block alone (Nemotron-H)."""
         return layer not in self.mixer_only_layer_ids
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mixer_layers(self) -> int:
         """Layers with a token mixer, attention or another: L less the FFN blocks alone."""
         return self.num_layers - len(self.ffn_only_layer_ids)
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def ffn_layers(self) -> int:
         """Layers with an FFN, dense or MoE: L less the mixer blocks alone."""
         return self.num_layers - len(self.mixer_only_layer_ids)
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def single_blocks(self) -> bool:
         """Whether some layers are a mixer or an FFN alone, behind one norm (Nemotron-H)."""
         return bool(self.mixer_only_layer_ids or self.ffn_only_layer_ids)
 
-    def is_attention_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) attends (every layer with a mixer but a hybrid's state-space, linear or
-        convolution ones)."""
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
+    def parallel_mixers(self) -> bool:
+        """Whether every layer runs attention and the hybrid's other mixer side by side (Falcon-H1)."""
+        return isinstance(self.mamba2, Mamba2Spec) and self.mamba2.parallel
+
+    def _attends_by_pattern(self, layer: int) -> bool:
         m = self.hybrid
-        if not self.has_mixer(layer):
-            return False
         if isinstance(m, (Mamba2Spec, ShortConvSpec)):
             return layer in m.attention_layer_ids
-        return m is None or layer % m.attention_every == m.attention_offset
+        if m is None:
+            return True
+        return m.attention_every is not None and layer % m.attention_every == m.attention_offset
 
-    @property
+    def is_attention_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) attends: every layer with a mixer but a hybrid's state-space, linear or
+        convolution ones (every one where the mixers run side by side)."""
+        return self.has_mixer(layer) and (self.parallel_mixers or self._attends_by_pattern(layer))
+
+    def is_other_mixer_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (from 0) runs a hybrid's other mixer (state-space, linear attention or
+        convolution): its layers that do not attend, or every one where the mixers run side by side."""
+        return (
+            self.has_mixer(layer)
+            and bool(self.hybrid)
+            and (self.parallel_mixers or not self._attends_by_pattern(layer))
+        )
+
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def attention_layers(self) -> int:
         return sum(self.is_attention_layer(i) for i in range(self.num_layers))
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def other_mixer_layers(self) -> int:
-        """Layers whose mixer is a hybrid's other one (state-space, linear attention or convolution): M − A."""
-        return self.mixer_layers - self.attention_layers
+        """Layers that run a hybrid's other mixer (state-space, linear attention or convolution): M − A, or M where
+        the mixers run side by side."""
+        return sum(self.is_other_mixer_layer(i) for i in range(self.num_layers))
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def attention_share(self) -> float:
         """Of the layers, the share that attends: 1 but in a hybrid, or where some layers are an FFN alone."""
         return self.attention_layers / self.num_layers
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def other_mixer_share(self) -> float:
         """Of the layers, the share whose mixer is a hybrid's other one: (M − A)/L."""
         return self.other_mixer_layers / self.num_layers
@@ -329,7 +354,7 @@ class ModelSpec(NamedSpec):
             return True
         return (layer if self.global_from_first else layer + 1) % self.global_every != 0
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def local_layers(self) -> int:
         """Attention layers that attend locally."""
         return sum(self.is_local_layer(i) and self.is_attention_layer(i) for i in range(self.num_layers))
@@ -354,7 +379,7 @@ class ModelSpec(NamedSpec):
     def v_head_dim(self) -> int:
         return self.mla.v_head_dim if self.mla else self.head_size
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def moe_layers(self) -> int:
         return self.moe_layers_in(0, self.num_layers)
 
@@ -367,7 +392,7 @@ class ModelSpec(NamedSpec):
         """MoE layers among layers ``start`` to ``stop - 1``."""
         return moe_layers_in(self.moe, self.mixer_only_layer_ids, start, stop) if self.moe else 0
 
-    @property
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
     def dense_ffn_layers(self) -> int:
         """Layers with a dense FFN of ffn_size: every layer with an FFN that is not an MoE one."""
         return self.ffn_layers - self.moe_layers

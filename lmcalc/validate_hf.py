@@ -220,9 +220,11 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
     input and weight gradients: 3 · 2·b·c_d·K·(K − 1) more). Gated DeltaNet's ``torch_chunk_gated_delta_rule``
     (chunks of C = 64) also runs ``solve_triangular``'s backward, two matmuls against the C × C system,
     2·b·H_v·s'·C·(d_k + d_v), and saves the state the first chunk reads as zeros and the last chunk's update, which
-    nothing reads, 8·b·H_v·C·d_k·d_v. Mamba-2's chunked scan and LFM2's short convolution (c_d = h) do nothing
-    more."""
+    nothing reads, 8·b·H_v·C·d_k·d_v. Mamba's scan (c_d = d_in), Mamba-2's chunked scan and LFM2's short convolution
+    (c_d = h) do nothing more."""
     channels_kernel = None
+    if spec.mamba:  # Mamba's slow path (Jamba, Mamba, Falcon Mamba): nn.Conv1d padded by K − 1, then cut to s
+        channels_kernel = spec.mamba.d_inner, spec.mamba.d_conv
     if spec.mamba2:  # Mamba-2's PyTorch scan: its convolution's padding alone (Dao & Gu's chunked form otherwise)
         channels_kernel = spec.mamba2.conv_channels, spec.mamba2.conv_kernel
     if spec.short_conv:  # Lfm2ShortConv's causal_conv1d_fn: F.conv1d padded by K − 1, then cut to s

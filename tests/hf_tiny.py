@@ -102,6 +102,13 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48,
                                                        head_dim=16, **LINEAR)),
     "bamba": ("BambaConfig", dict(attn_layer_indices=[1], **MAMBA2)),
+    # Mamba models: every layer a Mamba (or Mamba-2) block alone, no attention, no FFN
+    "mamba": ("MambaConfig", dict(state_size=8, expand=2, conv_kernel=4, time_step_rank="auto")),
+    "falcon_mamba": ("FalconMambaConfig", dict(state_size=8, expand=2, conv_kernel=4, tie_word_embeddings=False)),
+    "mamba2": ("Mamba2Config", dict(num_heads=8, head_dim=16, n_groups=2, state_size=16, expand=2, conv_kernel=4,
+                                    chunk_size=16)),
+    # attention and Mamba-2 side by side in every layer, Mamba-2's width its own (mamba_d_ssm), with its gated norm
+    "falcon_h1": ("FalconH1Config", dict(head_dim=16, mamba_d_ssm=128, mamba_rms_norm=True, **MAMBA2)),
     "granitemoehybrid": ("GraniteMoeHybridConfig", dict(num_local_experts=4, num_experts_per_tok=2,
                                                         shared_intermediate_size=48, **MAMBA2,
                                                         layer_types=["mamba", "attention"] * 2)),

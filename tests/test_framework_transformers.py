@@ -58,9 +58,10 @@ ATTENTION = {"sdpa": "flash", "eager": "eager"}  # transformers' attn_implementa
 SMALL = ("llama-small", "qwen2-small", "mistral-small", "mixtral-small", "gpt2-small")
 # Real widths, two layers. Mixtral keeps 4 of its 8 experts (top-2 still, every width real): 8 would double the
 # 3.5 GB of weights to build, and what is kept follows the tokens' top-2 assignments, not the number of experts.
-# At real width one point each (a real-width case takes 5 to 25 s on two CPU cores; the suite stays under 15 minutes):
-# the sequence and micro-batch grid runs on the small models, and Mistral's real width (Llama 3 8B's with a window
-# beyond these sequences) is measured by scripts/memory_accuracy.py (docs/memory-accuracy.md).
+# At real width one point each, SDPA alone (a real-width case takes 5 to 25 s on two CPU cores; the suite stays under
+# 15 minutes): the sequence and micro-batch grid and eager attention run on the small models (and on GPT-2 at real
+# width with dropout), and Mistral's real width (Llama 3 8B's with a window beyond these sequences) and every real
+# model's eager attention are measured by scripts/memory_accuracy.py (docs/memory-accuracy.md).
 REAL = ("llama-real", "qwen2-real", "mixtral-real-4e", "gpt2-real")
 SMALL_GRID = [(128, 1), (128, 2), (256, 1), (256, 2)]  # (sequence length, micro-batch)
 REAL_GRID = [(128, 2)]
@@ -128,12 +129,16 @@ class Case:
         return f"{self.name}-{self.attention}-{ckpt}-s{self.seq_len}-b{self.micro_batch}{drop}"
 
 
-def grid(names: tuple[str, ...], points: list[tuple[int, int]], gpt2_dropout: float = 0.0) -> list[Case]:
-    """Every point, case-major so that each model is built once (the harness keeps the last one built)."""
+def grid(
+    names: tuple[str, ...], points: list[tuple[int, int]], gpt2_dropout: float = 0.0, attentions: tuple[str, ...] = ()
+) -> list[Case]:
+    """Every point, case-major so that each model is built once (the harness keeps the last one built); with
+    ``attentions``, those of each model's alone."""
     return [
         Case(name, attention, checkpointing, s, b, gpt2_dropout if name.startswith("gpt2") else None)
         for name in names
         for attention in hf_saved.CASES[name].attentions
+        if not attentions or attention in attentions
         for checkpointing in (False, True)
         for s, b in points
     ]
@@ -142,7 +147,9 @@ def grid(names: tuple[str, ...], points: list[tuple[int, int]], gpt2_dropout: fl
 # GPT-2 with its default dropout 0.1, eager attention only: with dropout, transformers' SDPA call falls back on the
 # CPU to the math path in fp32 (the fused CPU kernel has no dropout), which no GPU run takes; not compared.
 DROPOUT_CASES = [c for c in grid(("gpt2-small", "gpt2-real"), [(128, 1), (256, 2)], 0.1) if c.attention == "eager"]
-CASES = grid(SMALL, SMALL_GRID) + grid(REAL, REAL_GRID) + DROPOUT_CASES + grid(OTHERS, OTHERS_GRID)
+CASES = (
+    grid(SMALL, SMALL_GRID) + grid(REAL, REAL_GRID, attentions=("sdpa",)) + DROPOUT_CASES + grid(OTHERS, OTHERS_GRID)
+)
 GPT2_EAGER = [c for c in CASES if c.name.startswith("gpt2") and c.attention == "eager"]
 LLAMA_REAL = [c for c in CASES if c.name == "llama-real"]
 

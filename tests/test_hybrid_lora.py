@@ -34,6 +34,8 @@ CASES = [
     ("olmo_hybrid", "g_proj,b_proj,a_proj"),
     ("bamba", "all-linear"),
     ("bamba", "in_proj,out_proj"),
+    # Falcon-H1: attention and Mamba-2 side by side; PEFT refuses Mamba's out_proj on it (and so all-linear)
+    ("falcon_h1", "q_proj,k_proj,v_proj,o_proj,in_proj,gate_proj,up_proj,down_proj"),
     ("granitemoehybrid", "q_proj,v_proj,in_proj,out_proj"),
     ("afmoe", "q_proj,k_proj,v_proj,o_proj"),
     ("lfm2", "all-linear"),
@@ -78,7 +80,9 @@ def test_afmoes_attention_gate_is_an_adapter_of_its_own(rank: int):
     assert {t.name.split(".lora")[0] for t in gates} >= {"attn.attn_gate", "dense_mlp.gate"}
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h", "olmo_hybrid"])
+@pytest.mark.parametrize(
+    "kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h", "olmo_hybrid", "falcon_h1"]
+)
 def test_a_hybrid_takes_qlora_and_pipeline_stages(kind: str):
     # each of its layer tensors is placed on a stage by its count symbol (L_lin: the Gated DeltaNet layers): QLoRA's
     # trained adapters and a two-stage pipeline both walk them (a ZeroDivisionError before)

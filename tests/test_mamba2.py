@@ -27,7 +27,7 @@ def spec_of(kind: str) -> ModelSpec:
     return ModelSpec.model_validate(model_from_hf_config(tiny_config(kind), kind, kind))
 
 
-@pytest.mark.parametrize("kind", ["bamba", "granitemoehybrid", "nemotron_h"])
+@pytest.mark.parametrize("kind", ["bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "mamba2"])
 @pytest.mark.parametrize(("seq", "batch"), [(7, 1), (16, 2), (100, 2)])
 def test_flops_equal_flopcountermode_within_and_across_chunks(kind: str, seq: int, batch: int):
     # chunks of 16: s = 7 pads one, s = 16 fills it, s = 100 spans seven
@@ -85,3 +85,24 @@ def test_nemotron_hs_state_is_its_mamba_blocks_alone():
     mamba = [i for i in range(spec.num_layers) if spec.has_mixer(i) and not spec.is_attention_layer(i)]
     assert mamba == [0, 4] and spec.other_mixer_layers == 2 and spec.attention_layers == 1
     assert cached_state_bytes("nemotron_h", mamba, batch=2) == 2 * state_bytes(spec, 2)
+
+
+def test_falcon_h1_runs_both_mixers_in_every_layer():
+    # FalconH1DecoderLayer: attention and Mamba-2 side by side on one norm's output in each of the 4 layers, so every
+    # layer keeps a KV cache and a Mamba-2 state, the FLOPs count both cores in every layer, and one layer's saved
+    # tensors are both mixers'
+    from lmcalc.engine.memory.activations import layer_saved_tensors
+    from lmcalc.engine.model.flops import forward_flops_per_token
+    from lmcalc.engine.workload import Workload
+    from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
+
+    spec = spec_of("falcon_h1")
+    assert spec.attention_layers == spec.other_mixer_layers == spec.num_layers == 4
+    assert cached_state_bytes("falcon_h1", list(range(4)), batch=2) == 2 * state_bytes(spec, 2)
+    flops = forward_flops_per_token(spec, 16)
+    assert flops.ssm == 4 * ssm_flops(spec, 16)
+    assert flops.attention_scores == 2 * 4 * (16 + 1) / 2 * spec.num_heads * spec.head_size
+    w = Workload(spec, resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec, 16, 1,
+                 framework=framework_profile("transformers"))  # fmt: skip
+    labels = {t.label for t in layer_saved_tensors(w, False)}
+    assert {"log-sum-exp per row (fp32)", "z‖x‖B‖C‖Δ (input projection output)"} <= labels

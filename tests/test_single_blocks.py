@@ -131,7 +131,7 @@ def test_only_the_attention_block_keeps_a_kv_cache():
     [
         ({"mixer_only_layer_ids": [0], "ffn_only_layer_ids": [0]}, "listed twice"),
         ({"mixer_only_layer_ids": [4]}, "not below num_layers"),
-        ({"mixer_only_layer_ids": [0, 1, 2, 3]}, "leave no layer with an FFN"),
+        ({"ffn_only_layer_ids": [0, 1, 2, 3]}, "leaves no layer with a mixer"),
         ({"ffn_only_layer_ids": [1], "norms_per_layer": 4}, "need norms_per_layer 2"),
     ],
 )
@@ -139,3 +139,20 @@ def test_inconsistent_blocks_are_refused(fields: dict, says: str):
     base = nemotron_like().model_dump(exclude={"mixer_only_layer_ids", "ffn_only_layer_ids", "mamba2", "moe"})
     with pytest.raises(ValueError, match=says):
         ModelSpec.model_validate(base | fields)
+
+
+def test_an_moe_needs_a_layer_with_an_ffn():
+    # a model of mixer blocks alone (Mamba's) has no FFN, so no MoE either
+    spec = nemotron_like().model_dump(exclude={"mixer_only_layer_ids", "ffn_only_layer_ids", "mamba2"})
+    with pytest.raises(ValueError, match="moe: no layer is an MoE layer"):
+        ModelSpec.model_validate(spec | {"mixer_only_layer_ids": [0, 1, 2, 3]})
+
+
+def test_a_model_of_mixer_blocks_alone_holds_no_ffn():
+    # Mamba-2 in all four layers, each behind its one norm (transformers' Mamba2Block): the mixers, four norms and
+    # the final norm, the embedding and the head, and no FFN or attention tensor at all
+    spec = nemotron_like("MMMM")
+    counts = count_params(spec)
+    assert counts.total == 2 * V * h + 5 * h + 4 * MAMBA
+    assert set(counts.by_group) == {"embedding", "ssm", "norm", "head"}
+    assert forward_flops_per_token(spec, 64).mlp == 0

@@ -74,9 +74,9 @@ class _Layer:
     moe: bool
     input_grad: bool  # the layer's input needs a gradient
     trained: bool  # the layer's weights are trained (full training, a layer above the frozen ones)
-    attends: bool = True  # a hybrid's layer that attends, or one of its other mixer
-    mixes: bool = True  # the layer has a token mixer (not an FFN block alone, Nemotron-H)
-    feeds: bool = True  # the layer has an FFN (not a mixer block alone)
+    attends: bool = True  # the layer attends (every one but a hybrid's other mixer's, and an FFN block alone)
+    other: bool = False  # the layer runs a hybrid's other mixer (instead of attention, or beside it: Falcon-H1)
+    feeds: bool = True  # the layer has an FFN (not a mixer block alone, Nemotron-H)
 
 
 def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
@@ -86,7 +86,7 @@ def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
     frozen = method.freeze_layers if method.kind == "freeze" else 0
     embedding_trained = method.kind == "full"
     kinds = [
-        (model.is_moe_layer(i), model.is_attention_layer(i), model.has_mixer(i), model.has_ffn(i))
+        (model.is_moe_layer(i), model.is_attention_layer(i), model.is_other_mixer_layer(i), model.has_ffn(i))
         for i in range(model.num_layers)
     ]
     if method.adapters:
@@ -94,18 +94,18 @@ def _layers_of(model: ModelSpec, method: Method) -> Counter[_Layer]:
         holds = [any(_in(m, *kind) for m in adapted) for kind in kinds]
         frozen = next((i for i, held in enumerate(holds) if held), model.num_layers)
     layers: Counter[_Layer] = Counter()
-    for i, (moe, attends, mixes, feeds) in enumerate(kinds):
+    for i, (moe, attends, other, feeds) in enumerate(kinds):
         trained = method.kind == "full" or (method.kind == "freeze" and i >= frozen)
         input_grad = embedding_trained or i > frozen
-        layers[_Layer(moe, input_grad, trained, attends, mixes, feeds)] += 1
+        layers[_Layer(moe, input_grad, trained, attends, other, feeds)] += 1
     return layers
 
 
-def _in(module: LinearModule, moe: bool, attends: bool, mixes: bool, feeds: bool) -> bool:
-    """Whether a layer of this kind holds ``module``: its mixer's where it has one, its FFN's where it has one."""
-    if not (mixes if module.group in ("attention", "ssm") else feeds):
+def _in(module: LinearModule, moe: bool, attends: bool, other: bool, feeds: bool) -> bool:
+    """Whether a layer of this kind holds ``module``: its mixers' where it has them, its FFN's where it has one."""
+    if not (attends or other if module.group in ("attention", "ssm") else feeds):
         return False
-    return in_layer(module, moe) and in_mixer(module, attends)
+    return in_layer(module, moe) and in_mixer(module, attends, other)
 
 
 def dora_forward(module: LinearModule, r: int, model: ModelSpec) -> float:
@@ -144,9 +144,9 @@ class _MethodStep:
     mixer_conv: float = 0.0  # a hybrid's other mixer: its convolution, which has a weight
     mixer_core: float = 0.0  # and the rest of its core (a scan, a delta rule), which has none
 
-    def core(self, attends: bool) -> float:
-        """A layer's work between its projections: the attention core, or a hybrid's other mixer's."""
-        return self.scores + self.values if attends else self.mixer_conv + self.mixer_core
+    def core(self, attends: bool, other: bool) -> float:
+        """A layer's work between its projections: the attention core, a hybrid's other mixer's, or both."""
+        return (self.scores + self.values if attends else 0.0) + (self.mixer_conv + self.mixer_core if other else 0.0)
 
 
 @dataclass
@@ -192,7 +192,7 @@ def method_step_flops(
         weight_grads += n * flops.weight_grads
         if flops.output_grad:
             f = flops.forward
-            selective = step.scores + step.values if layer.attends and layer.mixes else 0.0
+            selective = step.scores + step.values if layer.attends else 0.0
             recomputed += n * (f if recompute == "full" else selective if recompute == "selective" else 0.0)
         out_grad = out_grad or flops.output_grad
     logits = 2 * model.hidden_size * model.vocab_size
@@ -209,26 +209,27 @@ def _layer_flops(step: _MethodStep, layer: _Layer) -> _LayerFlops:
     modules = [
         m
         for m in linear_modules(step.model)
-        if m.leaf != "lm_head" and _in(m, layer.moe, layer.attends, layer.mixes, layer.feeds)
+        if m.leaf != "lm_head" and _in(m, layer.moe, layer.attends, layer.other, layer.feeds)
     ]
     flops = _LayerFlops()
     x_grad = layer.input_grad
     for half in ("attention", "mlp"):
         half_modules = [m for m in modules if (m.group in ("attention", "ssm")) == (half == "attention")]
         any_out = _half_flops(step, half_modules, x_grad, layer.trained, flops)
-        if half == "attention" and layer.mixes and layer.attends:
+        if half == "attention" and layer.attends:
             q, k, v = (any(flops.outputs.get(leaf, False) for leaf in leaves) for leaves in OPERANDS)
             # each product's backward gives the gradient of each operand that needs one, at its forward's cost
             flops.attention_backward = step.scores * (q + k) + step.values * ((q or k) + v)
-        elif half == "attention" and layer.mixes:
+        if half == "attention" and layer.other:
             # a hybrid's other mixer: the convolution's input gradient where its input projection's output needs
             # one, its weight's where the layer trains; the core's products, both operands', twice its forward
-            mixed = any(flops.outputs.get(leaf, False) for leaf in (*MIXER_INPUTS, "q", "k", "v"))
+            separate = bool(step.model.deltanet and step.model.deltanet.separate_projections)  # OLMo Hybrid's q, k, v
+            mixed = any(flops.outputs.get(leaf, False) for leaf in MIXER_INPUTS + (("q", "k", "v") if separate else ()))
             flops.input_grads += step.mixer_conv if mixed else 0.0
             flops.weight_grads += step.mixer_conv if layer.trained else 0.0
-            flops.attention_backward = 2 * step.mixer_core if mixed else 0.0
+            flops.attention_backward += 2 * step.mixer_core if mixed else 0.0
         x_grad = x_grad or any_out  # the residual stream after the half
-    flops.forward += step.core(layer.attends) if layer.mixes else 0.0
+    flops.forward += step.core(layer.attends, layer.other)
     flops.output_grad = x_grad
     return flops
 

@@ -367,12 +367,13 @@ def in_layer(module: LinearModule, moe_layer: bool) -> bool:
     return moe_layer
 
 
-def in_mixer(module: LinearModule, attends: bool) -> bool:
-    """Whether a linear module belongs to a hybrid's layer that attends (``attends``) or to one of its other mixer:
-    its attention's in the first, its other mixer's in the second, every other module in both."""
+def in_mixer(module: LinearModule, attends: bool, other: bool | None = None) -> bool:
+    """Whether a linear module belongs to a layer that attends (``attends``) or runs a hybrid's other mixer
+    (``other``; by default, the layers that do not attend; both in Falcon-H1's): its attention's where it attends,
+    its other mixer's where it runs it, every other module in both."""
     if module.count_symbol == "L_attn":
         return attends
-    return not attends if module.count_symbol in MIXER_SYMBOLS else True
+    return (not attends if other is None else other) if module.count_symbol in MIXER_SYMBOLS else True
 
 
 def trained_params(model: ModelSpec, method: Method) -> float:

@@ -64,12 +64,14 @@ def module_share(spec: ModelSpec, module: LinearModule, mixer: MixerKind) -> flo
 
 
 def _has(spec: ModelSpec, layer: int, kind: MixerKind) -> bool:
-    return spec.has_mixer(layer) and spec.is_attention_layer(layer) == (kind == "attention")
+    return block_kind(spec, layer) == kind
 
 
 def block_kind(spec: ModelSpec, layer: int) -> MixerKind:
     """The kind of real layer ``layer`` is, for a model with single blocks or a hybrid: one that attends, one of its
-    other mixer, or an FFN alone."""
+    other mixer, one that runs both (the average layer of a hybrid whose mixers run side by side), or an FFN alone."""
     if not spec.has_mixer(layer):
         return "none"
+    if spec.is_attention_layer(layer) and spec.is_other_mixer_layer(layer):  # Falcon-H1's: both, side by side
+        return "average"
     return "attention" if spec.is_attention_layer(layer) else "other"

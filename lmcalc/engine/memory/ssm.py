@@ -76,11 +76,13 @@ def _mamba2_saved(w: Workload) -> list[SavedTensor]:
     m, act, sb = w.model.mamba2, w.precision.activation_bytes, w.tokens
     assert m is not None
     width = 2 * m.inner + 2 * m.groups * m.state + m.heads
-    return [
+    tensors = [
         SavedTensor("z‖x‖B‖C‖Δ (input projection output)", "s·b·(2·I+2·G·N+H)", sb * width, act),
         SavedTensor("scan output (gated norm input)", "s·b·I", sb * m.inner, act),
-        SavedTensor("gated norm 1/rms per group (fp32)", "s·b·G", sb * m.groups, 4),
     ]
+    if m.gated_norm:  # Falcon-H1 without mamba_rms_norm gates the scan's output by SiLU(z) alone
+        tensors.append(SavedTensor("gated norm 1/rms per group (fp32)", "s·b·G", sb * m.groups, 4))
+    return tensors
 
 
 def _short_conv_saved(w: Workload) -> list[SavedTensor]:

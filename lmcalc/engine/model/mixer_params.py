@@ -54,7 +54,8 @@ def _mamba2(spec: ModelSpec) -> list[WeightTensor]:
     if m.conv_bias:
         tensors.append(tensor("ssm.conv.bias", site, (conv,), False))
     tensors += [tensor(f"ssm.{name}", site, (heads,), False) for name in ("dt_bias", "A_log", "D")]
-    tensors.append(tensor("ssm.norm.weight", site, (inner,), False))
+    if m.gated_norm:
+        tensors.append(tensor("ssm.norm.weight", site, (inner,), False))
     tensors += linear("ssm.out_proj", site, h, inner, m.proj_bias)
     return tensors
 

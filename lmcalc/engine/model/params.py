@@ -93,7 +93,7 @@ def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
     L = spec.num_layers
     norms = Site("norm", L, "L")
     tensors = norm("attn_norm", norms if spec.mixer_layers == L else Site("norm", spec.mixer_layers, "L_mix"), h, spec)
-    if spec.norms_per_layer >= 2:
+    if spec.norms_per_layer >= 2 and spec.ffn_layers:  # a Mamba model's blocks: a mixer alone, every one
         tensors += norm("mlp_norm", norms if spec.ffn_layers == L else Site("norm", spec.ffn_layers, "L_ffn"), h, spec)
     if spec.norms_per_layer == 4:
         tensors += norm("post_attn_norm", norms, h, spec) + norm("post_mlp_norm", norms, h, spec)
@@ -135,10 +135,10 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     tensors += mixer_tensors(spec)
     tensors += _layer_norms(spec, h)
     moe = spec.moe
-    if moe is None:
+    if moe is None and spec.ffn_layers:
         dense = Site("mlp", L, "L") if spec.ffn_layers == L else Site("mlp", spec.ffn_layers, "L_dense")
         tensors += _ffn("mlp", dense, spec, Dim(spec.ffn_size, "f"))
-    else:
+    elif moe is not None:
         n_moe, f_e = spec.moe_layers, Dim(moe.expert_ffn_size, "f_e")
         if spec.dense_ffn_layers:
             tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))

@@ -34,7 +34,10 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
     that are "a multiple or divisor of tensor_model_parallel_size". Past them (attention.py:289-301, 1398-1411,
     1465-1475) the fused Q/K/V projection stays one column-parallel weight of (H + 2·H_kv)·d rows split evenly
     (attention.py:1264; tensor_parallel/layers.py:842 divides the rows by TP, so TP must divide them), and its
-    output is all-gathered over TP, each rank slicing out its group's K and V head and its H/TP query heads."""
+    output is all-gathered over TP, each rank slicing out its group's K and V head and its H/TP query heads. A model
+    none of whose layers attends (Mamba's) has no heads to split."""
+    if not model.attention_layers:
+        return
     if model.num_heads % tp:
         raise LmcalcError(f"TP={tp} does not divide the {model.num_heads} attention heads of {model.name}")
     kv = model.kv_heads
