@@ -78,7 +78,8 @@ FAMILIES = (
     "gpt-neox-wide",
 )
 POINTS = ((128, 1), (256, 2))
-WIDE_POINTS = ((256, 2),)  # the wide models at the longer point alone (5 to 15 s a case on two cores)
+ONE_POINT = ((256, 2),)  # the wide models (5 to 15 s a case on two cores) and the small families beyond these three
+BOTH_POINTS = ("llama-small", "gpt2-small", "mixtral-small")
 NOT_MODELLED = {
     ("mixtral-wide", True): "under checkpointing the MoE layer's busiest moment is its rebuilt forward (the fp32 "
     "sum the experts' weighted outputs are index-added into), with its expert tensors partly freed by the combine's "
@@ -91,7 +92,7 @@ def cases() -> list:
     for name in FAMILIES:
         attention = "sdpa" if "sdpa" in hf_step_peak.hf_saved.CASES[name].attentions else "eager"
         for checkpointing in (False, True):
-            for s, b in WIDE_POINTS if name.endswith("-wide") else POINTS:
+            for s, b in POINTS if name in BOTH_POINTS else ONE_POINT:
                 case = Case(name, attention, checkpointing, s, b, 0.0 if name.startswith("gpt2") else None)
                 reason = NOT_MODELLED.get((name, checkpointing))
                 marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
