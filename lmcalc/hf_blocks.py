@@ -1,7 +1,8 @@
-"""Reading Nemotron-H's config.json (NVIDIA's Nemotron-H, Nemotron Nano 2 and Nemotron 3): a stack of single blocks,
-each one norm and one of a Mamba-2 mixer, attention without position encoding, a squared-ReLU MLP or an MoE of
-squared-ReLU experts (transformers' NemotronHBlock). ``hf_config`` dispatches here; the reader returns ModelSpec
-fields, as there."""
+"""Reading the config.json of the types whose layers are single blocks: Nemotron-H's (NVIDIA's Nemotron-H, Nemotron
+Nano 2 and Nemotron 3), each one norm and one of a Mamba-2 mixer, attention without position encoding, a squared-ReLU
+MLP or an MoE of squared-ReLU experts (transformers' NemotronHBlock); and the Mamba models', each one norm and a Mamba
+or Mamba-2 mixer (MambaBlock, FalconMambaBlock, Mamba2Block). ``hf_config`` dispatches here; the readers return
+ModelSpec fields, as there."""
 
 from __future__ import annotations
 
