@@ -11,6 +11,7 @@ from typing import Any
 from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_fields import get as _get
 from lmcalc.hf_gpt import gelu
+from lmcalc.hf_layers import mamba2_mixer
 
 BLOCK_LETTERS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 """``hybrid_override_pattern``'s letters, as NemotronHConfig._pattern_to_list reads them."""
@@ -103,6 +104,9 @@ def nemotron_h(config: dict[str, Any], fields: dict[str, Any], origin: str) -> d
 MAMBA_STACKS = ("mamba", "falcon_mamba", "mamba2")
 """Types whose layers are all a Mamba (or Mamba-2) block alone: a norm and the mixer, no attention and no FFN
 (transformers' MambaBlock, FalconMambaBlock, Mamba2Block)."""
+MAMBA2_CONFIG_FIELDS = {"groups": "n_groups", "state": "state_size", "conv_kernel": "conv_kernel",
+                        "chunk": "chunk_size", "conv_bias": "use_conv_bias", "proj_bias": "use_bias"}  # fmt: skip
+"""Where Mamba2Config spells each Mamba2Spec field."""
 NO_POSITION_LIMIT = 1_048_576
 """What stands for the trained context of a model without positions and without max_position_embeddings."""
 
@@ -131,21 +135,11 @@ def mamba_stack(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             f"{NO_POSITION_LIMIT:,} tokens stand for its context",
         ],  # fmt: skip
     }
-    bias = bool(config.get("use_bias"))
     if kind == "mamba2":
         heads, inner = _get(config, origin, "num_heads"), int(config.get("expand", 2) * hidden)  # Mamba2Mixer's
         if heads * _get(config, origin, "head_dim") != inner:
             raise LmcalcError(f"{origin}: config.json num_heads × head_dim must be expand × hidden_size ({inner})")
-        fields["mamba2"] = {
-            "inner": inner,
-            "heads": heads,
-            "groups": config.get("n_groups") or 1,
-            "state": _get(config, origin, "state_size"),
-            "conv_kernel": _get(config, origin, "conv_kernel"),
-            "chunk": config.get("chunk_size") or 256,
-            "conv_bias": bool(config.get("use_conv_bias", True)),
-            "proj_bias": bias,
-        }
+        fields["mamba2"] = mamba2_mixer(config, origin, inner, heads, MAMBA2_CONFIG_FIELDS)
         return fields
     rank = config.get("time_step_rank", "auto")
     fields["mamba"] = {
@@ -154,7 +148,7 @@ def mamba_stack(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "d_conv": _get(config, origin, "conv_kernel"),
         "dt_rank": -(-hidden // 16) if rank == "auto" else rank,  # MambaConfig: ceil(hidden / 16)
         "conv_bias": bool(config.get("use_conv_bias", True)),
-        "proj_bias": bias,
+        "proj_bias": bool(config.get("use_bias")),
         "attention_every": None,
     }
     return fields

@@ -180,6 +180,29 @@ def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
     }
 
 
+MAMBA2_FIELDS = {"groups": "mamba_n_groups", "state": "mamba_d_state", "conv_kernel": "mamba_d_conv",
+                 "chunk": "mamba_chunk_size", "conv_bias": "mamba_conv_bias",
+                 "proj_bias": "mamba_proj_bias"}  # fmt: skip
+"""Where a hybrid's config.json (Bamba, Granite 4, Falcon-H1) spells each Mamba2Spec field."""
+
+
+def mamba2_mixer(
+    config: dict[str, Any], origin: str, inner: int, heads: int, names: dict[str, str] = MAMBA2_FIELDS
+) -> dict[str, Any]:
+    """A Mamba-2 mixer's Mamba2Spec fields, each read from the config field ``names`` gives for it (Mamba2Config
+    spells them n_groups, state_size, conv_kernel, chunk_size, use_conv_bias and use_bias)."""
+    return {
+        "inner": inner,
+        "heads": heads,
+        "groups": config.get(names["groups"]) or 1,
+        "state": _get(config, origin, names["state"]),
+        "conv_kernel": _get(config, origin, names["conv_kernel"]),
+        "chunk": config.get(names["chunk"]) or 256,
+        "conv_bias": bool(config.get(names["conv_bias"], True)),
+        "proj_bias": bool(config.get(names["proj_bias"])),
+    }
+
+
 def mamba2(config: dict[str, Any], kind: str, hidden: int, layers: int, origin: str) -> dict[str, Any]:
     """Bamba's and Granite 4's Mamba-2 layers (``mamba_*``), attention in Bamba's ``attn_layer_indices`` or where
     Granite 4's ``layer_types`` says attention (full_attention, or its older "attention"); Granite 4 attends without
@@ -204,15 +227,8 @@ def mamba2(config: dict[str, Any], kind: str, hidden: int, layers: int, origin: 
             f"{origin}: config.json mamba_d_head × mamba_n_heads must be the Mamba-2 inner width ({inner})"
         )
     fields: dict[str, Any] = {
-        "mamba2": {
-            "inner": inner,
-            "heads": heads,
-            "groups": config.get("mamba_n_groups") or 1,
-            "state": _get(config, origin, "mamba_d_state"),
-            "conv_kernel": _get(config, origin, "mamba_d_conv"),
-            "chunk": config.get("mamba_chunk_size") or 256,
-            "conv_bias": bool(config.get("mamba_conv_bias", True)),
-            "proj_bias": bool(config.get("mamba_proj_bias")),
+        "mamba2": mamba2_mixer(config, origin, inner, heads)
+        | {
             "gated_norm": kind != "falcon_h1" or bool(config.get("mamba_rms_norm")),
             "parallel": kind == "falcon_h1",
             "attention_layer_ids": attending,
