@@ -52,7 +52,7 @@ LLAMA_LIKE = (
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
-    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1",
+    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -188,6 +188,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "norm_weight": kind not in NO_NORM_WEIGHT,
         "qkv_clip": config.get("clip_qkv"),
         "embedding_norm": kind == "nanochat",
+        "sub_norms": kind == "bitnet",  # BitNetAttention's attn_sub_norm, BitNetMLP's ffn_sub_norm
         "attention_bias": attention_bias or ("all" if bias else "none"),
         # gpt-oss's experts carry biases; StarCoder2's and ERNIE's use_bias covers the MLP too
         "mlp_bias": kind in ("gpt_oss", "persimmon") or bool(config.get("mlp_bias") or config.get("use_bias")),

@@ -110,6 +110,8 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = make_norm(spec, heads * d, **kw), make_norm(spec, kv * d, **kw)
         elif spec.qk_norm == "per_head":
             self.q_norm, self.k_norm = make_norm(spec, d, **kw), make_norm(spec, d, **kw)
+        if spec.sub_norms:  # BitNet: a norm on the attention's output, before the output projection
+            self.sub_norm = make_norm(spec, heads * d, **kw)
         if spec.attention_sinks:  # gpt-oss: one learned logit per head in every softmax
             self.sinks = nn.Parameter(torch.zeros(heads, **kw))
 
@@ -184,7 +186,8 @@ class Attention(nn.Module):
             out = checkpoint(self.core, q, k, v, causal_bias, use_reentrant=False)
         else:
             out = self.core(q, k, v, causal_bias)
-        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+        out = out.transpose(1, 2).reshape(b, s, -1)
+        return self.o(self.sub_norm(out) if self.spec.sub_norms else out)
 
 
 def _two_matrix_act(x: torch.Tensor, activation: str) -> torch.Tensor:
@@ -194,6 +197,14 @@ def _two_matrix_act(x: torch.Tensor, activation: str) -> torch.Tensor:
     if activation == "relu2":
         return torch.square(F.relu(x))
     return F.gelu(x, approximate="tanh")
+
+
+def _gate_act(kind: str, activation: str):
+    """A gated MLP's activation on its gate: SiLU (SwiGLU), ReLU or squared ReLU where the spec names one (BitNet's
+    relu2), else GELU (GeGLU)."""
+    if activation in ("relu", "relu2"):
+        return lambda x: _two_matrix_act(x, activation)
+    return F.silu if kind == "swiglu" else F.gelu
 
 
 class FeedForward(nn.Module):
@@ -210,6 +221,7 @@ class FeedForward(nn.Module):
         else:
             self.gate, self.up = nn.Linear(h, width, bias=bias, **kw), nn.Linear(h, width, bias=bias, **kw)
             self.down = nn.Linear(width, h, bias=bias, **kw)
+            self.sub_norm = make_norm(spec, width, **kw) if spec.sub_norms else None  # BitNet's, before down
 
     def forward(self, x):
         if self.kind == "gelu_mlp" and self.activation == "xielu":  # transformers' XIELUActivation, its Python form
@@ -219,8 +231,8 @@ class FeedForward(nn.Module):
             return self.proj(torch.where(u > 0, alpha_p * u * u + beta * u, negative))
         if self.kind == "gelu_mlp":
             return self.proj(_two_matrix_act(self.fc(x), self.activation))
-        act = F.silu if self.kind == "swiglu" else F.gelu
-        return self.down(act(self.gate(x)) * self.up(x))
+        product = _gate_act(self.kind, self.activation)(self.gate(x)) * self.up(x)
+        return self.down(self.sub_norm(product) if self.sub_norm is not None else product)
 
 
 def batched_experts(experts: nn.ModuleList, xs: torch.Tensor) -> torch.Tensor:
@@ -235,7 +247,7 @@ def batched_experts(experts: nn.ModuleList, xs: torch.Tensor) -> torch.Tensor:
 
     if experts[0].kind == "gelu_mlp":
         return linear("proj", _two_matrix_act(linear("fc", xs), str(experts[0].activation)))
-    act = F.silu if experts[0].kind == "swiglu" else F.gelu
+    act = _gate_act(str(experts[0].kind), str(experts[0].activation))
     return linear("down", act(linear("gate", xs)) * linear("up", xs))
 
 

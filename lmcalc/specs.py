@@ -121,6 +121,11 @@ class ModelSpec(NamedSpec):
         "Cohere)",
     )
     embedding_norm: StrictBool = Field(False, description="a norm right after the token embedding (BLOOM)")
+    sub_norms: StrictBool = Field(
+        False,
+        description="BitNet's sub-layer norms (Sub-LN, Wang et al. 2022, Foundation Transformers §2.1): one on the "
+        "attention's output before the output projection, one on the gated product before the down projection",
+    )
     attention_sinks: StrictBool = Field(
         False, description="a learned logit per head that every softmax includes (gpt-oss): H parameters per layer"
     )
@@ -246,6 +251,10 @@ class ModelSpec(NamedSpec):
             )
         if self.norms_per_layer == 1 and not self.parallel_block:
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
+        if self.sub_norms and (
+            self.moe or self.mla or self.hybrid or self.attention_output_gate or self.ffn_kind == "gelu_mlp"
+        ):
+            raise ValueError("sub_norms are BitNet's: a dense model with gated MLPs, without MLA, MoE or other mixers")
         if self.attention_gate_proj and not self.attention_output_gate:
             raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
         self._single_blocks_consistent()

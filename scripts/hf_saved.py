@@ -479,6 +479,8 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                       "hybrid_override_pattern": "*-*E"},
                          "small Nemotron-H, single blocks: attention alone, a squared-ReLU MLP alone, attention, an "
                          "MoE of 4 experts top-2 and a shared expert"),
+    "bitnet-small": (T.BitNetConfig, N384, "small BitNet: norms on the attention's output and on the gated "
+                     "product, a squared-ReLU gate"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}

@@ -91,6 +91,7 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                     mlp_layer_types=["dense", "sparse", "sparse", "dense"],
                                     layer_types=["sliding_attention", "full_attention"] * 2)),
     "arcee": ("ArceeConfig", {}),
+    "bitnet": ("BitNetConfig", {}),
     "nemotron": ("NemotronConfig", dict(head_dim=16)),
     "persimmon": ("PersimmonConfig", dict(num_key_value_heads=4)),  # its fused query_key_value: H key-value heads
     "qwen3_next": ("Qwen3NextConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48, head_dim=16,

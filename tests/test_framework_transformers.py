@@ -109,6 +109,7 @@ OTHERS = (
     "lfm2-small",
     "lfm2-moe-small",
     "nemotron-h-small",
+    "bitnet-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

@@ -22,7 +22,7 @@ from hf_tiny import TINY, tiny_config, transformers_model  # noqa: E402
 from transformers.activations import ACT2FN  # noqa: E402
 from transformers.models.bloom.modeling_bloom import BloomGelu  # noqa: E402
 
-from lmcalc.engine.memory.activations import _norm_saved  # noqa: E402
+from lmcalc.engine.memory.norms import norm_saved  # noqa: E402
 from lmcalc.engine.model.params import Dim  # noqa: E402
 from lmcalc.engine.model_code import OPS_KEPT, gelu_ops_kept  # noqa: E402
 from lmcalc.engine.workload import Workload  # noqa: E402
@@ -131,7 +131,7 @@ def test_a_types_norm_keeps_what_lmcalc_counts(kind: str):
     for p in norm.parameters():
         torch.nn.init.normal_(p)
     width = spec.hidden_size
-    lmcalc = _norm_saved(workload(spec), "final norm", Dim(ROWS, "s·b"), Dim(width, "h"))
+    lmcalc = norm_saved(workload(spec), "final norm", Dim(ROWS, "s·b"), Dim(width, "h"))
     counts: dict[torch.dtype, int] = {}
     for t in lmcalc:
         if t.elements == ROWS * width:

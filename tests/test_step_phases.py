@@ -72,6 +72,7 @@ FAMILIES = (
     "cohere-small",
     "qwen2-moe-small",
     "nemotron-h-small",
+    "bitnet-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",

@@ -92,6 +92,15 @@ ARCHITECTURES = {
     "llama-like (GQA, SwiGLU, RMSNorm)": dict(
         num_kv_heads=2, ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", tied_embeddings=False
     ),
+    "bitnet-like (sub-norms before o and down, a squared-ReLU gate)": dict(
+        num_kv_heads=2,
+        ffn_kind="swiglu",
+        activation="relu2",
+        norm_kind="rmsnorm",
+        position_embedding="rope",
+        sub_norms=True,
+        tied_embeddings=True,
+    ),
     "olmo2-like (QK-norm)": dict(
         ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", qk_norm="full", tied_embeddings=False
     ),

@@ -28,9 +28,10 @@ from lmcalc.engine.finetune.method import (
     weight_trained,
 )
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
-from lmcalc.engine.memory.ffn import UP, ffn_saved
+from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
+from lmcalc.engine.memory.norms import norm_saved, norm_stats, sub_normed
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
@@ -38,55 +39,12 @@ from lmcalc.engine.memory.ssm import MixerKind, average_mixer
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.model_code import eager_softmax, fused_qkv_renewed, norm_keeps, output_renewed
 from lmcalc.engine.workload import Workload
-from lmcalc.specs import ModelSpec
 
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
-STAT_BYTES = 4  # norm statistics (mean, 1/std, 1/rms) are kept in fp32
 TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
 INDEX_BYTES = 8  # indices autograd keeps (a max's, a gather's) are int64
 
-NORM = ("norm",)  # a norm's weight
 QKV = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate")  # the linear layers that read the attention norm's output
-
-
-def _norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "seq") -> list[SavedTensor]:
-    """A norm keeps its input and its per-row statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms). Written
-    unfused with an upcast (the framework profile's ``norm`` rule, ``NormKeeps``), it keeps an fp32 copy of its
-    input instead, and the normalised value the weight's multiply needs: in the activation dtype where the cast
-    comes first (``fp32_input``), in fp32 where the multiply does (``fp32_normalised``). Hugging Face's
-    CohereLayerNorm (``fp32_centred``) keeps no copy of its input but the centred input twice, made once for the
-    variance and once for the product with 1/std, and no mean."""
-    act, symbol, n = w.precision.activation_bytes, f"{rows.symbol}·{width.symbol}", rows.size * width.size
-    keeps = norm_keeps(w)
-    if keeps == "input":
-        return [SavedTensor(f"{label} input", symbol, n, act, split=split), *_norm_stats(w.model, label, rows, split)]
-    if keeps == "fp32_centred":
-        return [
-            *(
-                SavedTensor(f"{label} centred input x − mean (fp32, {use})", symbol, n, 4, split=split)
-                for use in ("for the variance", "for the product")
-            ),
-            SavedTensor(f"{label} 1/std (fp32)", rows.symbol, rows.size, STAT_BYTES, split=split),
-            SavedTensor(f"{label} normalised value (fp32, before the weight)", symbol, n, 4, split=split,
-                        for_weights=NORM),
-        ]  # fmt: skip
-    if keeps == "fp32_normalised":
-        normalised = SavedTensor(f"{label} normalised value (fp32, before the weight)", symbol, n, 4, split=split,
-                                 for_weights=NORM)  # fmt: skip
-    else:
-        normalised = SavedTensor(f"{label} normalised value (before the weight)", symbol, n, act, split=split,
-                                 for_weights=NORM)  # fmt: skip
-    return [
-        SavedTensor(f"{label} input (fp32 copy)", symbol, n, 4, split=split),
-        *_norm_stats(w.model, label, rows, split),
-        *([normalised] if w.model.norm_weight else []),  # without a weight, no multiply keeps it
-    ]
-
-
-def _norm_stats(spec: ModelSpec, label: str, rows: Dim, split: str = "seq") -> list[SavedTensor]:
-    """One fp32 value per row for each statistic the norm keeps: LayerNorm's mean and 1/std, RMSNorm's 1/rms."""
-    names = ("1/rms",) if spec.norm_kind == "rmsnorm" else ("mean", "1/std")
-    return [SavedTensor(f"{label} {name} (fp32)", rows.symbol, rows.size, STAT_BYTES, split=split) for name in names]
 
 
 def _attention_saved(w: Workload) -> list[SavedTensor]:
@@ -112,7 +70,7 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
         clamped = (("Q", "H", H, dqk), ("K", "H_kv", spec.kv_heads, dqk), ("V", "H_kv", spec.kv_heads, dv))
         tensors += [SavedTensor(f"{x} before the clamp (qkv_clip)", f"s·b·{y}·d", sb * n * d, act)
                     for x, y, n, d in clamped]  # fmt: skip
-    tensors += _qk_norm_saved(w, rows)
+    tensors += _qknorm_saved(w, rows)
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
     return tensors + [
         SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
@@ -131,7 +89,7 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     m = spec.mla
     tensors: list[SavedTensor] = []
     if m.q_lora_rank:
-        tensors += _norm_saved(w, "query latent norm", rows, Dim(m.q_lora_rank, "r_q"))
+        tensors += norm_saved(w, "query latent norm", rows, Dim(m.q_lora_rank, "r_q"))
         tensors.append(
             SavedTensor(
                 "query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq", for_weights=("q_b",)
@@ -141,7 +99,7 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     tensors.append(
         SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act, split="seq")
     )
-    tensors += _norm_stats(spec, "KV latent norm", rows)
+    tensors += norm_stats(spec, "KV latent norm", rows)
     tensors.append(
         SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq", for_weights=("kv_b",))
     )
@@ -151,7 +109,7 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     return tensors
 
 
-def _qk_norm_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
+def _qknorm_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     """A QK-norm's saved tensors: over the whole width of Q and of K (one row per token each), or per head."""
     spec, sb = w.model, w.tokens
     H, dqk = spec.num_heads, spec.qk_head_dim
@@ -161,8 +119,8 @@ def _qk_norm_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * spec.kv_heads, "s·b·H_kv"))
     q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
     k_width = Dim(spec.kv_heads * dqk, "H_kv·d") if full else Dim(dqk, "d")
-    k_norm = [replace(t, most_tp_ranks=spec.kv_heads) for t in _norm_saved(w, "K-norm", k_rows, k_width, "tp")]
-    return [*_norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
+    k_norm = [replace(t, most_tp_ranks=spec.kv_heads) for t in norm_saved(w, "K-norm", k_rows, k_width, "tp")]
+    return [*norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
 
 
 def _qkv_copies_saved(w: Workload, kv: int, kv_sym: str, kv_ranks: int | None) -> list[SavedTensor]:
@@ -243,7 +201,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
     s, b, h, sb = w.seq_len, w.micro_batch, spec.hidden_size, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
-    tensors = _norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
+    tensors = norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     kept_by_every_layer = len(tensors) + 1  # the norm's, and its output: the mixer's input in every layer
     tensors += _attention_saved(w)
     if w.attention == "eager":
@@ -272,10 +230,12 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
                 SavedTensor("output gate, sigmoid output", "s·b·H·d_v", sb * H * dv, act),
                 SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
             ]
+    if spec.sub_norms:
+        tensors = sub_normed(w, tensors, ("o",), Dim(H * dv, "H·d_v"), "output")
     if spec.hybrid:  # a hybrid: the average layer, attention in A of its L layers, another mixer in the rest
         tensors = tensors[:kept_by_every_layer] + average_mixer(w, tensors[kept_by_every_layer:], mixer)
     if spec.norms_per_layer == 4:  # a sandwich norm on the attention's output (Gemma 2/3): its input is new
-        tensors += _norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
+        tensors += norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
     mlp = [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
@@ -430,7 +390,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
     """The MLP half of a layer: its norm, the MLP (dense or routed), the residual dropout after it."""
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     h = spec.hidden_size
-    tensors = _norm_saved(w, "MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
+    tensors = norm_saved(w, "MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.parallel_block and norm_keeps(w) == "input":  # the MLP norm reads the layer input, kept already
         tensors = [t for t in tensors if not t.label.endswith(" input")]
     if spec.norms_per_layer == 1:  # one norm feeds both halves: the MLP reads the attention norm's output
@@ -469,10 +429,12 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
             ]
     else:
         tensors += ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
+        if spec.sub_norms:
+            tensors = sub_normed(w, tensors, DOWN, Dim(spec.ffn_size, "f"), "down")
     if spec.norms_per_layer == 1:
         tensors = [t for t in tensors if "(norm output)" not in t.label]
     if spec.norms_per_layer == 4:  # a sandwich norm on the MLP's output
-        tensors += _norm_saved(w, "post-MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
+        tensors += norm_saved(w, "post-MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     return tensors

@@ -55,9 +55,19 @@ def ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> li
         ]
     fn = "SiLU" if w.model.ffn_kind == "swiglu" else "GELU"
     labels = [f"the gate's GELU, op by op: {label}" for label in ops] or [f"gate output ({fn} input)"]
+    relu = {
+        "relu": ["ReLU(gate) (kept by ReLU and by the product)"],  # relu keeps its output, the product too
+        # BitNet's squared ReLU: relu's output, kept by relu and by the square; the square, by the product
+        "relu2": ["ReLU(gate) (kept by ReLU and by the square)", "ReLU(gate)² (kept by the product)"],
+    }
+    labels = relu.get(w.model.activation, labels)
     return tensors + [
         *(SavedTensor(label, inner, n, act) for label in labels),
         SavedTensor("up output", inner, n, act),
-        *([SavedTensor(f"{fn}(gate)", inner, n, act)] if rule.gated == "unfused" else []),
+        *(
+            [SavedTensor(f"{fn}(gate)", inner, n, act)]
+            if rule.gated == "unfused" and w.model.activation not in relu
+            else []
+        ),
         SavedTensor("down projection input (product)", inner, n, act, for_weights=DOWN),
     ]

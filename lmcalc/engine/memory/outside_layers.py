@@ -12,9 +12,9 @@ from lmcalc.engine.memory.activations import (
     TOKEN_ID_BYTES,
     SavedTensor,
     _needed,
-    _norm_saved,
     _window_masked_share,
 )
+from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.workload import Workload
 
@@ -26,10 +26,10 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     h = spec.hidden_size
     embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
     if spec.embedding_norm:  # BLOOM's LayerNorm on the embedding output
-        embedding += _norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
+        embedding += norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
-    head = _norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
+    head = norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
         SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",)),
     ]
     if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients

@@ -81,6 +81,8 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     elif spec.qk_norm == "per_head":
         tensors += norm("attn.q_norm", site, Dim(d, "d"), spec)
         tensors += norm("attn.k_norm", site, Dim(d, "d"), spec)
+    if spec.sub_norms:  # BitNet's norm on the attention's output, before the output projection (BitNetAttention)
+        tensors += norm("attn.sub_norm", site, q, spec)
     if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)
         tensors.append(tensor("attn.sinks", site, (Dim(heads, "H"),), False))
     return tensors
@@ -115,6 +117,7 @@ def _ffn(prefix: str, site: Site, spec: ModelSpec, width: Dim) -> list[WeightTen
         linear(f"{prefix}.gate", site, width, h, bias)
         + linear(f"{prefix}.up", site, width, h, bias)
         + linear(f"{prefix}.down", site, h, width, bias)
+        + (norm(f"{prefix}.sub_norm", site, width, spec) if spec.sub_norms else [])  # BitNet's, before down (BitNetMLP)
     )
 
 

@@ -84,13 +84,18 @@ def memory_bound_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 
 
 def _norm_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
-    """Norms: one to four per layer on h; any fp32 form (activations.norm_keeps: Hugging Face's RMSNorm, Cohere's
-    centred LayerNorm) is PyTorch's element-wise kernels one after another, timed as the upcasting RMSNorm's."""
+    """Norms: one to four per layer on h, and BitNet's two sub-norms; any fp32 form (activations.norm_keeps:
+    Hugging Face's RMSNorm, Cohere's centred LayerNorm) is PyTorch's element-wise kernels one after another, timed
+    as the upcasting RMSNorm's."""
     e, layers = s.act_bytes, s.built.layers
     unfused_norm = norm_keeps(s.w) != "input"
     norm_forward = 28 + 4 * e if unfused_norm else 2 * e
-    norms = s.w.model.norms_per_layer
-    norm_elements = norms * layers * s.hidden_tokens * s.w.model.hidden_size
+    model = s.w.model
+    norms = model.norms_per_layer
+    norm_elements = norms * layers * s.hidden_tokens * model.hidden_size
+    if model.sub_norms:  # BitNet's: on this GPU's heads of the attention output and its share of the gated product
+        norms += 2
+        norm_elements += layers * s.tokens * (s.heads * model.v_head_dim + model.ffn_size / s.grid.tp)
     traffic.add(
         norm_forward * norm_elements,
         (2 * norm_forward if unfused_norm else 3 * e) * norm_elements,
