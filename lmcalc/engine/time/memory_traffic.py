@@ -91,7 +91,7 @@ def _norm_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     unfused_norm = norm_keeps(s.w) != "input"
     norm_forward = 28 + 4 * e if unfused_norm else 2 * e
     model = s.w.model
-    norms = model.norms_per_layer
+    norms: int = model.norms_per_layer
     norm_elements = norms * layers * s.hidden_tokens * model.hidden_size
     if model.sub_norms:  # BitNet's: on this GPU's heads of the attention output and its share of the gated product
         norms += 2
