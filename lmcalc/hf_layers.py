@@ -122,7 +122,10 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         dense_ids += list(range(end + 1, layers))
     return {
         "num_experts": experts,
-        "experts_per_token": _get(config, origin, "num_experts_per_tok", "experts_per_token", "moe_k", "moe_topk"),
+        # DeepseekV2Config's class default is None: the count stands without it, and estimates that need k refuse
+        "experts_per_token": None
+        if kind == "deepseek_v2" and config.get("num_experts_per_tok") is None
+        else _get(config, origin, "num_experts_per_tok", "experts_per_token", "moe_k", "moe_topk"),
         "shared_experts": shared + (1 if shared_width or ungated else 0),
         "expert_ffn_size": _get(config, origin, "moe_intermediate_size", "intermediate_size"),
         "shared_expert_ffn_size": shared_width or ungated or None,

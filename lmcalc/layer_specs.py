@@ -9,14 +9,23 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
+from lmcalc.errors import LmcalcError
 from lmcalc.spec_base import NonNegativeInt, PositiveInt, Spec, StrictBool, no_items
+
+NO_TOP_K = (
+    "the model's experts_per_token (config.json's num_experts_per_tok) is null: how many experts a token uses is "
+    "unknown, so only lmcalc params counts it; give the top-k for FLOPs, memory or time"
+)
 
 
 class MoESpec(Spec):
     """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
 
     num_experts: PositiveInt
-    experts_per_token: PositiveInt
+    experts_per_token: PositiveInt | None = Field(
+        description="routed experts each token uses (top-k); null where config.json leaves it null (DeepSeek-V2's "
+        "class default): the parameters count, and every estimate that needs k refuses"
+    )
     shared_experts: NonNegativeInt = 0
     expert_ffn_size: PositiveInt
     dense_layers: NonNegativeInt = Field(0, description="leading layers that keep a dense FFN of ffn_size")
@@ -53,9 +62,16 @@ class MoESpec(Spec):
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> Self:
-        if self.experts_per_token > self.num_experts:
+        if self.experts_per_token is not None and self.experts_per_token > self.num_experts:
             raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})")
         return self
+
+    @property
+    def k(self) -> int:
+        """The routed experts each token uses; refused in one line where the spec leaves it null."""
+        if self.experts_per_token is None:
+            raise LmcalcError(NO_TOP_K)
+        return self.experts_per_token
 
     @property
     def shared_width(self) -> int:

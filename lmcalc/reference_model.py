@@ -261,7 +261,7 @@ class MoE(nn.Module):
         super().__init__()
         moe = spec.moe
         assert moe is not None
-        self.k, self.num_experts = moe.experts_per_token, moe.num_experts
+        self.k, self.num_experts = moe.k, moe.num_experts
         self.router = nn.Linear(spec.hidden_size, moe.num_experts, bias=False, **kw)
         if moe.router_bias:
             self.router_bias = nn.Parameter(torch.zeros(moe.num_experts, **kw))

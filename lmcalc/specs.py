@@ -17,7 +17,7 @@ from typing import Any, Literal, Self
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
-from lmcalc.layer_specs import MLASpec, MoESpec, moe_layers_in
+from lmcalc.layer_specs import NO_TOP_K, MLASpec, MoESpec, moe_layers_in
 from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec, ShortConvSpec
 from lmcalc.spec_base import (
     ActivationKind,
@@ -40,7 +40,7 @@ from lmcalc.spec_base import (
 )
 
 __all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "MLASpec", "Mamba2Spec",
-           "MambaSpec", "MoESpec",
+           "MambaSpec", "MoESpec", "NO_TOP_K",
            "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
            "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""

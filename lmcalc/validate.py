@@ -77,7 +77,7 @@ def small_config(spec: ModelSpec) -> ModelSpec:
         experts = min(moe.num_experts, 4)
         update["moe"] = moe.model_dump() | {
             "num_experts": experts,
-            "experts_per_token": min(moe.experts_per_token, experts // 2 or 1),
+            "experts_per_token": min(moe.k, experts // 2 or 1),
             "shared_experts": min(moe.shared_experts, 1),
             "expert_ffn_size": max(8, round(moe.expert_ffn_size / spec.hidden_size * h)),
             "dense_layers": min(moe.dense_layers, 1),
@@ -193,7 +193,7 @@ def validate_result(
 def _check_even_routing(spec: ModelSpec, seq_len: int, micro_batch: int) -> None:
     """On meta the tokens are spread evenly over an MoE model's experts: every expert must get the same number."""
     if spec.moe:
-        unit = spec.moe.num_experts // math.gcd(spec.moe.num_experts, spec.moe.experts_per_token)
+        unit = spec.moe.num_experts // math.gcd(spec.moe.num_experts, spec.moe.k)
         if (seq_len * micro_batch) % unit:
             raise LmcalcError(
                 f"the FLOP check spreads tokens evenly over {spec.name}'s experts: micro-batch × {setting('seq')} "

@@ -5,6 +5,8 @@ on the meta device, exactly (issue #17's target: 0 parameters off)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import MULTIMODAL, TINY, multimodal_config, multimodal_model, tiny_config, transformers_model  # noqa: E402
 
+from lmcalc import api  # noqa: E402
 from lmcalc.engine.model.params import count_params  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.hf_config import LLAMA_LIKE, SUPPORTED, model_from_hf_config  # noqa: E402
@@ -45,6 +48,22 @@ def test_phi3_fuses_its_projections():
     assert lmcalc_spec(tiny_config("phi3"), "phi3").fused_linears == ("qkv", "gate_up")
 
 
+def test_a_null_top_k_is_counted_and_what_needs_k_is_refused(tmp_path):
+    # DeepseekV2Config's class default num_experts_per_tok is None: transformers builds the model (no tensor's
+    # shape depends on k) but cannot route a token through it. lmcalc counts it and refuses the rest in one line.
+    config = tiny_config("deepseek_v2") | {"num_experts_per_tok": None}
+    counts = count_params(lmcalc_spec(config, "deepseek_v2"))
+    assert counts.total == transformers_count(config) and counts.active is None
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    counted = api.params(model=str(path))
+    assert counted.total == counts.total and counted.active is None
+    assert "active" not in [t.key for section in counted.report.sections for t in section.terms]
+    for estimate in (api.flops, api.memory):
+        with pytest.raises(LmcalcError, match="num_experts_per_tok. is null"):
+            estimate(model=str(path))
+
+
 def test_a_string_boolean_is_refused():
     config = tiny_config("llama") | {"tie_word_embeddings": "false"}  # "false" is a true string in Python
     with pytest.raises(LmcalcError, match="tie_word_embeddings must be true or false"):
@@ -76,11 +95,6 @@ BUILD_FIELDS = {
 """Dots1Config leaves its expert counts null, NemotronConfig its key-value heads, MinistralConfig and
 the HunYuan configs their head_dim, DbrxConfig its attention's rope_theta, Lfm2MoeConfig its layer_types, and
 transformers cannot build them without."""
-REFUSED_AT_DEFAULTS = {"deepseek_v2": "none of the fields num_experts_per_tok"}
-"""Class defaults lmcalc still refuses: DeepseekV2Config leaves num_experts_per_tok null (the count does not depend on
-it; FLOPs and activations do)."""
-
-
 def bare_config(kind: str) -> dict:
     """``kind``'s class defaults as a config.json that leaves out every field lmcalc reads: model_type and the rest."""
     from transformers.models.auto import configuration_auto
@@ -99,10 +113,6 @@ def test_a_field_config_json_leaves_out_takes_its_class_default(kind: str):
     # lmcalc/hf_defaults.py, written from transformers' own classes. Here every field lmcalc reads is left out at once.
     config = bare_config(kind)
     assert "hidden_size" not in config and "vocab_size" not in config
-    if kind in REFUSED_AT_DEFAULTS:
-        with pytest.raises(LmcalcError, match=REFUSED_AT_DEFAULTS[kind]):
-            lmcalc_spec(config, kind)
-        return
     assert count_params(lmcalc_spec(config, kind)).total == transformers_count(config)
 
 
@@ -197,10 +207,8 @@ def test_the_share_of_each_head_rope_rotates_is_the_classs(kind: str):
     config = bare_config(kind)
     rope = config.get("rope_parameters")
     factor = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) and "rope_type" in rope else 1.0
-    written = lmcalc_spec(config, kind) if kind not in REFUSED_AT_DEFAULTS else None
     absent = {k: v for k, v in config.items() if k not in ("rope_parameters", "partial_rotary_factor")}
-    if written is not None:
-        assert written.rotary_fraction == factor
-        assert lmcalc_spec(absent, kind).rotary_fraction == factor
-        older = absent | {"partial_rotary_factor": 0.5}
-        assert lmcalc_spec(older, kind).rotary_fraction == 0.5
+    assert lmcalc_spec(config, kind).rotary_fraction == factor
+    assert lmcalc_spec(absent, kind).rotary_fraction == factor
+    older = absent | {"partial_rotary_factor": 0.5}
+    assert lmcalc_spec(older, kind).rotary_fraction == 0.5

@@ -138,7 +138,7 @@ class Workload:
     @property
     def routed_copies(self) -> float:
         """The rows the routed experts compute per token: k·ρ (0 for a model without routed experts)."""
-        return self.model.moe.experts_per_token * self.routed_share if self.model.moe else 0.0
+        return self.model.moe.k * self.routed_share if self.model.moe else 0.0
 
     @property
     def core_recomputed(self) -> bool:

@@ -41,8 +41,9 @@ class ParamsEstimate(Estimate):
         return self.counts.total
 
     @property
-    def active(self) -> int:
-        """Parameters one token uses: all of them for a dense model, the routed experts it visits for MoE."""
+    def active(self) -> int | None:
+        """Parameters one token uses: all of them for a dense model, the routed experts it visits for MoE; None
+        where an MoE model's top-k is null."""
         return self.counts.active
 
 
@@ -50,7 +51,7 @@ def params(*, model: ModelLike) -> ParamsEstimate | MetaParams:
     """The exact parameter count, tensor group by tensor group. A config.json of a transformers type lmcalc does not
     read yet is counted by transformers on the meta device where it is installed (``hf_meta``), and said so."""
     try:
-        return params_estimate(resolve_model(model))
+        return params_estimate(resolve_model(model, counting=True))
     except UnreadType as unread:
         if not transformers_installed():
             raise

@@ -27,7 +27,7 @@ from lmcalc.estimates.settings import Bytes, Count, TrainingSettings
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
 from lmcalc.result import Input, Result
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
+from lmcalc.specs import NO_TOP_K, Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import GiB, group, parse_bytes, parse_count
 
 DEFAULT_SEQ_CAP = 8192
@@ -69,11 +69,14 @@ class Given:
 # ------------------------------------------------------------------------------------------------- specs
 
 
-def resolve_model(value: ModelLike) -> pr.Resolved:
-    """A model preset name, family name, YAML file or HF config.json; or a spec, taken as it is."""
-    if isinstance(value, ModelSpec):
-        return pr.Resolved(value, "given")
-    return pr.resolve_model(value)
+def resolve_model(value: ModelLike, counting: bool = False) -> pr.Resolved:
+    """A model preset name, family name, YAML file or HF config.json; or a spec, taken as it is. A model whose
+    top-k is null (DeepSeek-V2's class default) is refused unless only ``counting`` its parameters."""
+    resolved = pr.Resolved(value, "given") if isinstance(value, ModelSpec) else pr.resolve_model(value)
+    moe = resolved.spec.moe
+    if not counting and moe and moe.experts_per_token is None:
+        raise LmcalcError(f"{resolved.spec.name}: {NO_TOP_K}")
+    return resolved
 
 
 def cluster_of(value: ClusterLike) -> Cluster:

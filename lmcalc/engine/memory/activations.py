@@ -397,7 +397,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         tensors = []
     if moe_layer and spec.moe:
         moe = spec.moe
-        k, f_e = moe.experts_per_token, Dim(moe.expert_ffn_size, "f_e")
+        k, f_e = moe.k, Dim(moe.expert_ffn_size, "f_e")
         rows, kr = w.routed_copies * sb, routed_symbol(w)  # the experts' rows: k·ρ a token (a capacity's padding)
         tensors += [
             SavedTensor(

@@ -57,7 +57,7 @@ def op_checkpoint_kept(w: Workload, moe_layer: bool) -> tuple[Kept, ...]:
         kept.append(Kept(tensor, _reused(w, m.name)))
     if routed:
         assert spec.moe is not None
-        k = spec.moe.experts_per_token
+        k = spec.moe.k
         kept.append(Kept(SavedTensor("routing top-k: scores (fp32) and indices", "s·b·k", sb * k, TOPK_BYTES,
                                      split="seq", block="mlp"), False))  # fmt: skip
     return tuple(kept)

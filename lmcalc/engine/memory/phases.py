@@ -181,7 +181,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         layer = max(layer, gradients * routed * per_element / split)
         rule = w.framework.moe
         if not (rule.weighted_outputs or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
-            assignments = moe.experts_per_token * sb
+            assignments = moe.k * sb
             layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
     layer += sb * spec.hidden_size * act / cp  # the gradient of the layer's output, which the residual branch holds
     norm = 0.0

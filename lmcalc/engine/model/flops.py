@@ -23,9 +23,10 @@ from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
-from lmcalc.engine.model.params import count_params, weight_tensors
+from lmcalc.engine.model.params import active_params, count_params, weight_tensors
+from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
-from lmcalc.specs import Mamba2Spec, ModelSpec
+from lmcalc.specs import NO_TOP_K, Mamba2Spec, ModelSpec
 from lmcalc.units import group, sci
 
 BACKWARD_TO_FORWARD = 2  # Kaplan et al. 2020 §2.1: backward costs twice the forward
@@ -97,6 +98,8 @@ def forward_flops_per_token(
 ) -> ForwardFlops:
     """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens: of the whole model,
     or of the ``part`` a pipeline stage computes."""
+    if spec.moe and spec.moe.experts_per_token is None:  # the routed experts' share is unknown
+        raise LmcalcError(NO_TOP_K)
     projections = mlp = 0.0
     tensors = weight_tensors(spec)
     shares = part.shares if part else (1,) * len(tensors)
@@ -229,8 +232,7 @@ def step_flops(
 
 def napkin_params(spec: ModelSpec) -> int:
     """The N of 6·N·D: all parameters for a dense model, the active ones for MoE."""
-    counts = count_params(spec)
-    return counts.active if spec.moe else counts.total
+    return active_params(spec) if spec.moe else count_params(spec).total
 
 
 def napkin_section(spec: ModelSpec, tokens: float) -> Section:

@@ -147,7 +147,8 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
         router, experts = Site("router", n_moe, "L_moe"), Dim(moe.num_experts, "E")
         tensors += linear("router", router, experts, h, moe.router_bias)
-        routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * moe.experts_per_token)
+        k = moe.experts_per_token  # null: unknown, and count_params says no active count
+        routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * k if k else None)
         tensors += _ffn("experts", routed, spec, f_e)
         if moe.shared_experts:
             shared = Site("shared_experts", n_moe * moe.shared_experts, "L_moe·E_shared")
@@ -184,12 +185,21 @@ class ParamCount:
 
     by_group: dict[str, int]
     total: int
-    active: int
+    active: int | None  # None: an MoE model whose top-k is null (MoESpec.experts_per_token)
     embedding: int
 
     @property
     def non_embedding(self) -> int:
         return self.total - self.embedding
+
+
+def active_params(spec: ModelSpec) -> int:
+    """The parameters one token uses; refused in one line where an MoE model's top-k is null (``MoESpec.k``)."""
+    active = count_params(spec).active
+    if active is None:
+        assert spec.moe is not None
+        return spec.moe.k  # raises: the top-k is unknown
+    return active
 
 
 def count_params(spec: ModelSpec) -> ParamCount:
@@ -198,7 +208,8 @@ def count_params(spec: ModelSpec) -> ParamCount:
     for t in tensors:
         by_group[t.group] = by_group.get(t.group, 0) + t.total
     total = sum(by_group.values())
-    active = round(sum(t.active_total for t in tensors))
+    unknown = spec.moe is not None and spec.moe.experts_per_token is None
+    active = None if unknown else round(sum(t.active_total for t in tensors))
     embedding = by_group.get("embedding", 0) + by_group.get("position", 0)
     return ParamCount(by_group=by_group, total=total, active=active, embedding=embedding)
 
@@ -276,7 +287,7 @@ def params_section(spec: ModelSpec) -> Section:
     """The parameter breakdown as terms, each group with its formula and numbers substituted."""
     counts = count_params(spec)
     terms = list(_group_terms(spec, counts))
-    if spec.moe:
+    if spec.moe and spec.moe.experts_per_token:  # a null top-k: no active count (MoESpec.k says why)
         terms.append(_active_term(spec, counts))
     terms.append(
         Term(
@@ -315,7 +326,9 @@ def _group_terms(spec: ModelSpec, counts: ParamCount) -> tuple[Term, ...]:
         if not members:
             continue
         formula, numbers = _group_formula(members)
-        terms.append(Term(name, GROUP_LABELS[name], counts.by_group[name], "params", formula, numbers))
+        unknown = name == "experts" and counts.active is None
+        note = "the top-k is null (num_experts_per_tok), so no count of the parameters a token uses" if unknown else ""
+        terms.append(Term(name, GROUP_LABELS[name], counts.by_group[name], "params", formula, numbers, note=note))
     total = Term(
         "total",
         "Total parameters",
@@ -335,9 +348,9 @@ def _active_term(spec: ModelSpec, counts: ParamCount) -> Term:
     return Term(
         "active",
         "Active parameters per token",
-        counts.active,
+        active_params(spec),
         "params",
         f"total − routed experts + {formula}",
         f"{group(counts.total)} − {group(counts.by_group['experts'])} + ({numbers})",
-        note=f"each token uses {spec.moe.experts_per_token} of {spec.moe.num_experts} routed experts per MoE layer",
+        note=f"each token uses {spec.moe.k} of {spec.moe.num_experts} routed experts per MoE layer",
     )

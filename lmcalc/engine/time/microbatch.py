@@ -309,7 +309,7 @@ def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float
             etp_one = group_time("all-gather", gathered, etp, 1, cluster)
             etp_one += group_time("reduce-scatter", gathered, etp, 1, cluster)
         if ep > 1:
-            ep_one = _all_to_all(routed, ep, etp, cluster, model.moe.node_limit, model.moe.experts_per_token)
+            ep_one = _all_to_all(routed, ep, etp, cluster, model.moe.node_limit, model.moe.k)
     cp_per_layer = 0.0
     if cp > 1:
         kv_chunk = 2 * w.seq_len / cp * w.micro_batch * model.kv_heads * model.qk_head_dim * e / tp
