@@ -36,6 +36,7 @@ from lmcalc.hf_gpt import (
     gpt_neo,
     mpt_family,
     neox_family,
+    openai_gpt,
     opt_family,
     parallel_gelu,
 )
@@ -61,7 +62,7 @@ DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate; OLMo
 Hybrid's (``olmo_hybrid``) are read the same way, its attention without the gate."""
 GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
-              "dbrx")  # fmt: skip
+              "dbrx", "openai-gpt")  # fmt: skip
 """The types ``hf_gpt`` reads."""
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
@@ -329,6 +330,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     fields = _common(text, kind, name, origin) | (_vision(config, text) if multimodal else {})
     if kind in ("gpt2", "gpt_bigcode"):
         return gpt2(text, kind, fields, origin)
+    if kind == "openai-gpt":
+        return openai_gpt(text, kind, fields, origin)
     if kind in ("gpt_neox", "falcon", "bloom"):
         return neox_family(text, kind, fields, origin)
     if kind in PARALLEL_GELU:

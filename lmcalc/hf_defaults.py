@@ -49,6 +49,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt_neo": {"activation_function": "gelu_new", "attention_dropout": 0.0, "embed_dropout": 0.0, "hidden_size": 2048, "max_position_embeddings": 2048, "num_heads": 16, "num_layers": 24, "resid_dropout": 0.0, "tie_word_embeddings": True, "vocab_size": 50257, "window_size": 256},  # GPTNeoConfig
     "mpt": {"d_model": 2048, "max_seq_len": 2048, "n_heads": 16, "n_layers": 24, "resid_pdrop": 0.0, "tie_word_embeddings": True, "vocab_size": 50368},  # MptConfig
     "dbrx": {"d_model": 2048, "max_seq_len": 2048, "n_heads": 16, "n_layers": 24, "resid_pdrop": 0.0, "tie_word_embeddings": False, "vocab_size": 32000},  # DbrxConfig
+    "openai-gpt": {"attn_pdrop": 0.1, "embd_pdrop": 0.1, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 512, "resid_pdrop": 0.1, "tie_word_embeddings": True, "vocab_size": 40478},  # OpenAIGPTConfig
     "llama": {"attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008, "max_position_embeddings": 2048, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 32, "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "vocab_size": 32000},  # LlamaConfig
     "mistral": {"attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 131072, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "sliding_window": 4096, "tie_word_embeddings": False, "vocab_size": 32000},  # MistralConfig
     "mixtral": {"attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 131072, "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 32000},  # MixtralConfig
@@ -162,6 +163,7 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "gpt_neo": {"num_attention_heads": "num_heads", "num_hidden_layers": "num_layers"},
     "mpt": {"num_attention_heads": "n_heads", "hidden_size": "d_model", "num_hidden_layers": "n_layers"},
     "dbrx": {"num_attention_heads": "n_heads", "hidden_size": "d_model", "num_hidden_layers": "n_layers", "max_position_embeddings": "max_seq_len"},
+    "openai-gpt": {"max_position_embeddings": "n_positions", "hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"},
     "mixtral": {"num_experts": "num_local_experts"},
     "qwen3_moe": {"num_experts": "num_local_experts"},
     "olmoe": {"num_local_experts": "num_experts"},

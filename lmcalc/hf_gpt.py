@@ -31,6 +31,10 @@ ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_
 silu (GPT2MLP: activation_function; FalconMLP: activation; Gemma2MLP and Gemma3MLP: hidden_activation)."""
 
 
+OPENAI_ACT = {"gelu": "gelu_new", "relu": "relu"}
+"""modeling_openai.py's ACT_FNS by ``afn``: its gelu is gelu_new, written op by op (silu and swish are refused)."""
+
+
 def activation(config: dict[str, Any], kind: str) -> str:
     """The activation the type's MLP calls (``ACTIVATION``), as ACT2FN names it."""
     key, default = ACTIVATION.get(kind, ("hidden_act", "silu"))
@@ -81,6 +85,31 @@ def gpt2(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str)
         # GPT2Attention's eager_attention_forward: softmax in the scores' dtype
         "eager_softmax": "activation" if kind == "gpt2" else "fp32",
         # GPT2Config's and GPTBigCodeConfig's dropout probabilities default to 0.1
+        **dropout(config, {"embedding": "embd_pdrop", "attention": "attn_pdrop", "residual": "resid_pdrop"}, 0.1),
+    }
+
+
+def openai_gpt(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """GPT-1 (Radford et al. 2018): GPT-2's tensors with each LayerNorm after its residual add (Block: ln_1(x + a),
+    ln_2(n + m)) and none before the tied head; an MLP of 4·h whose ``afn`` is modeling_openai.py's ACT_FNS."""
+    hidden, afn = _get(config, origin, "n_embd"), str(config.get("afn") or "gelu")
+    if afn not in OPENAI_ACT:
+        raise LmcalcError(f"{origin}: config.json afn {token(afn)} is not an activation lmcalc knows for "
+                          f"openai-gpt's MLP ({', '.join(OPENAI_ACT)})")  # fmt: skip
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": _get(config, origin, "n_layer"),
+        "num_heads": _get(config, origin, "n_head"),
+        "ffn_size": 4 * hidden,
+        "ffn_kind": "gelu_mlp",
+        "activation": OPENAI_ACT[afn],
+        "norm_kind": "layernorm",
+        "post_norm": True,
+        "attention_bias": "all",
+        "mlp_bias": True,
+        "position_embedding": "learned",
+        "max_seq_len": _get(config, origin, "n_positions"),
+        "eager_softmax": "activation",  # Attention._attn: softmax in the scores' dtype
         **dropout(config, {"embedding": "embd_pdrop", "attention": "attn_pdrop", "residual": "resid_pdrop"}, 0.1),
     }
 

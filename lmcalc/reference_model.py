@@ -337,8 +337,9 @@ def with_capacity(model: nn.Module, capacity_factor: float) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm attention then MLP; with sandwich norms (Gemma 2/3), a norm on each output too; a parallel block
-    (GPT-NeoX, Falcon, Cohere) adds both to the residual at once, from one norm or from one each."""
+    """Pre-norm attention then MLP (post-norm: GPT-1's norm after each residual add); with sandwich norms (Gemma
+    2/3), a norm on each output too; a parallel block (GPT-NeoX, Falcon, Cohere) adds both to the residual at once,
+    from one norm or from one each."""
 
     def __init__(self, spec: ModelSpec, layer: int, impl: AttentionImpl, **kw):
         super().__init__()
@@ -351,11 +352,15 @@ class Block(nn.Module):
             self.post_attn_norm, self.post_mlp_norm = make_norm(spec, h, **kw), make_norm(spec, h, **kw)
         self.mlp = MoE(spec, **kw) if moe_layer else FeedForward(spec, spec.ffn_size, **kw)
         self.p, self.parallel = DROPOUT_P if spec.drops("residual") else 0.0, spec.parallel_block
+        self.post_norm = spec.post_norm
 
     def forward(self, x, cos, sin, causal_bias, selective: bool = False):
         def post(name: str, y):
             return getattr(self, name)(y) if hasattr(self, name) else y
 
+        if self.post_norm:  # GPT-1: each norm after its residual add
+            x = self.attn_norm(x + F.dropout(self.attn(x, cos, sin, causal_bias, selective), self.p, self.training))
+            return self.mlp_norm(x + F.dropout(self.mlp(x), self.p, self.training))
         normed = self.attn_norm(x)
         attn = F.dropout(
             post("post_attn_norm", self.attn(normed, cos, sin, causal_bias, selective)), self.p, self.training
@@ -380,7 +385,8 @@ class ReferenceModel(nn.Module):
         if spec.embedding_norm:
             self.embed_norm = make_norm(spec, h, **kw)
         self.layers = nn.ModuleList(Block(spec, i, attention, **kw) for i in range(spec.num_layers))
-        self.final_norm = make_norm(spec, h, **kw)
+        if not spec.post_norm:  # a post-norm model's last layer ends in its norm
+            self.final_norm = make_norm(spec, h, **kw)
         if not spec.tied_embeddings:
             self.lm_head = nn.Linear(h, spec.vocab_size, bias=False, **kw)
         if spec.head_bias:  # its own tensor, tied head or not
@@ -438,7 +444,8 @@ class ReferenceModel(nn.Module):
             else:
                 x = self.run_layers(x, cos, sin, i, i + 1, recompute == "selective")
                 i += 1
-        x = self.final_norm(x)
+        if hasattr(self, "final_norm"):
+            x = self.final_norm(x)
         head = self.lm_head.weight if hasattr(self, "lm_head") else self.embed.weight
         logits = F.linear(x, head, getattr(self, "head_bias", None))
         if self.spec.final_softcap:  # Gemma 2: c·tanh(logits/c); tanh keeps its output

@@ -11,12 +11,12 @@ each field's annotation from its text when the class is defined, which every com
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
+from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_specs import NO_TOP_K, MLASpec, MoESpec, moe_layers_in
 from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec, ShortConvSpec
 from lmcalc.spec_base import (
@@ -40,7 +40,7 @@ from lmcalc.spec_base import (
 )
 
 __all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "MLASpec", "Mamba2Spec",
-           "MambaSpec", "MoESpec", "NO_TOP_K",
+           "MambaSpec", "MoESpec", "NO_TOP_K", "Cluster", "HardwareSpec",
            "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
            "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
@@ -121,6 +121,11 @@ class ModelSpec(NamedSpec):
         "Cohere)",
     )
     embedding_norm: StrictBool = Field(False, description="a norm right after the token embedding (BLOOM)")
+    post_norm: StrictBool = Field(
+        False,
+        description="each norm follows its sub-layer's residual add, LayerNorm(x + sublayer(x)) (Vaswani et al. "
+        "2017; GPT-1), and no norm precedes the head",
+    )
     sub_norms: StrictBool = Field(
         False,
         description="BitNet's sub-layer norms (Sub-LN, Wang et al. 2022, Foundation Transformers §2.1): one on the "
@@ -251,6 +256,8 @@ class ModelSpec(NamedSpec):
             )
         if self.norms_per_layer == 1 and not self.parallel_block:
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
+        if self.post_norm and (self.norms_per_layer != 2 or self.parallel_block or self.single_blocks or self.hybrid):
+            raise ValueError("post_norm is GPT-1's layer: a norm after attention's and the MLP's residual adds")
         if self.sub_norms and (
             self.moe or self.mla or self.hybrid or self.attention_output_gate or self.ffn_kind == "gelu_mlp"
         ):
@@ -409,89 +416,3 @@ class ModelSpec(NamedSpec):
     @property
     def label(self) -> str:
         return self.display_name or self.name
-
-
-class HardwareSpec(NamedSpec):
-    """One accelerator as its spec sheet describes it: dense peaks, memory, links, power."""
-
-    display_name: str = ""
-    aliases: tuple[str, ...] = Field(default_factory=no_items)
-    vendor: str
-    memory_bytes: PositiveInt = Field(description="device memory in bytes, stated exactly (see memory_note)")
-    memory_label: str = Field(description="the spec sheet's wording, e.g. '80 GB HBM3'")
-    memory_note: str = ""
-    memory_bandwidth_tbps: PositiveFloat = Field(description="HBM bandwidth in TB/s (1e12 bytes/s)")
-    peak_tflops_dense: dict[ComputeDtype, PositiveFloat] = Field(
-        description="dense (no 2:4 sparsity) peak TFLOP/s per dtype (int8 in TOP/s)"
-    )
-    sparsity_note: str = ""
-    gpus_per_node: PositiveInt = 8
-    intra_node_gbps: PositiveFloat | None = Field(
-        None, description="scale-up bandwidth per GPU, one direction, GB/s (NVLink, xGMI, ICI)"
-    )
-    inter_node_gbps: PositiveFloat | None = Field(
-        None, description="scale-out bandwidth per GPU, one direction, GB/s (NIC Gb/s / 8)"
-    )
-    tdp_watts: PositiveFloat | None = None
-    architecture: str | None = Field(
-        None, description="the chip generation (ampere, hopper, blackwell, cdna3, tpu-v5p, ...): picks kernel rates"
-    )
-    compute_units: PositiveInt | None = Field(
-        None, description="streaming multiprocessors (NVIDIA), compute units (AMD) or cores: wave quantisation"
-    )
-    matmul_tflops: dict[ComputeDtype, PositiveFloat] = Field(
-        default_factory=no_entries,
-        description="maximum achievable matmul TFLOP/s per dtype, measured at the best shape (MAMF); "
-        "source under sources['matmul']",
-    )
-    intra_node_busbw_gbps: PositiveFloat | None = Field(
-        None,
-        description="measured ring all-reduce bus bandwidth within a node at large messages, GB/s "
-        "(nccl-tests busbw); source under sources['collectives']",
-    )
-    inter_node_busbw_gbps: PositiveFloat | None = Field(
-        None,
-        description="measured ring bus bandwidth per GPU across nodes at large messages, GB/s; "
-        "source under sources['collectives']",
-    )
-    scale_up_gpus: PositiveInt | None = Field(
-        None,
-        description="devices one scale-up fabric joins when it is larger than a node (GB200 NVL72: 72; a TPU "
-        "slice's ICI); None: the node",
-    )
-    sources: dict[str, str] = Field(default_factory=no_entries, description="source per group of figures")
-    notes: tuple[str, ...] = Field(default_factory=no_items)
-    clock_fraction: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="the tensor cores' clock as a fraction of the one the peaks and matmul rates were taken at (a "
-        "power cap or a locked clock): matmul and attention rates scale with it, memory and links do not",
-    )
-
-    def peak_flops(self, dtype: str) -> float:
-        """Dense peak in FLOP/s (not TFLOP/s) for a compute dtype."""
-        return self.peak_tflops_dense[dtype] * 1e12  # type: ignore[index]
-
-    @property
-    def label(self) -> str:
-        return self.display_name or self.name
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """``count`` accelerators of one kind, ``gpus_per_node`` to a node (parsed from ``128x8xH100``)."""
-
-    hardware: HardwareSpec
-    count: int
-    gpus_per_node: int
-
-    @property
-    def nodes(self) -> int:
-        return -(-self.count // self.gpus_per_node)
-
-    @property
-    def label(self) -> str:
-        if self.nodes > 1 and self.gpus_per_node > 1 and self.count % self.gpus_per_node == 0:
-            return f"{self.nodes}x{self.gpus_per_node}x{self.hardware.name}"
-        return f"{self.count}x{self.hardware.name}"

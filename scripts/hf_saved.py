@@ -88,6 +88,7 @@ class Case:
     source: str  # what the widths are copied from
     dropout_knobs: tuple[str, ...] = ()  # config fields set from measure(..., dropout=) (gpt2 only)
     attentions: tuple[str, ...] = ("sdpa", "eager")  # the attn_implementations transformers runs the model with
+    checkpointable: bool = True  # whether transformers runs it with gradient checkpointing (OpenAI GPT: not)
 
     def config(self, dropout: float | None = None) -> PretrainedConfig:
         kwargs = dict(self.kwargs)
@@ -479,13 +480,18 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                       "hybrid_override_pattern": "*-*E"},
                          "small Nemotron-H, single blocks: attention alone, a squared-ReLU MLP alone, attention, an "
                          "MoE of 4 experts top-2 and a shared expert"),
+    "openai-gpt-small": (T.OpenAIGPTConfig, dict(vocab_size=2048, n_embd=128, n_head=4, n_layer=LAYERS,
+                                                 n_positions=1024),
+                         "small GPT-1: each LayerNorm after its residual add, none before the tied head, dropout 0.1 "
+                         "on the embedding, the probabilities and each sub-layer's output"),
     "bitnet-small": (T.BitNetConfig, N384, "small BitNet: norms on the attention's output and on the gated "
                      "product, a squared-ReLU gate"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
-for _name in ("gpt-neo-small", "mpt-small"):  # GPTNeoPreTrainedModel, MptPreTrainedModel: no SDPA
+for _name in ("gpt-neo-small", "mpt-small", "openai-gpt-small"):  # their PreTrainedModels: no SDPA
     CASES[_name] = replace(CASES[_name], attentions=EAGER_ONLY)
+CASES["openai-gpt-small"] = replace(CASES["openai-gpt-small"], checkpointable=False)  # OpenAIGPTPreTrainedModel
 
 # --------------------------------------------------------------------------------------------------------------------
 # Records
@@ -606,11 +612,20 @@ class _Recorder:
             self.handles.append(module.register_forward_hook(functools.partial(self._leave, name), always_call=True))
 
     def _enter(self, name: str, module: torch.nn.Module, args: Any) -> None:
-        self.module_stack.append(name)
+        self.module_stack.append(self._scoped(name))
 
     def _leave(self, name: str, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self.module_stack and self.module_stack[-1] == name:
+        if self.module_stack and self.module_stack[-1] == self._scoped(name, leaving=True):
             self.module_stack.pop()
+
+    def _scoped(self, name: str, leaving: bool = False) -> str:
+        """``name``, or where one module object sits in several places (OpenAI GPT's ACT_FNS gelu, one instance in
+        every layer's MLP; named_modules names it once, at its first place) the place it runs in: its leaf name
+        under the module that called it."""
+        stack = self.module_stack[:-1] if leaving else self.module_stack
+        parent = stack[-1] if stack else ""
+        leaf = name.rsplit(".", 1)[-1]
+        return f"{parent}.{leaf}" if parent and "." in name and not name.startswith(parent + ".") else name
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         """Record ``t`` and hand autograd a detached alias of it (same storage, no grad_fn): a saved output packed
@@ -1233,7 +1248,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.case or list(CASES):
         print(f"\n##### {name}: {CASES[name].source}\n      {CASES[name].config_class.__name__}({CASES[name].kwargs})")
         for attention in [a for a in args.attention or ["sdpa", "eager"] if a in CASES[name].attentions]:
-            for checkpointing in [False] if args.no_checkpointing else [False, True]:
+            for checkpointing in [False] if args.no_checkpointing or not CASES[name].checkpointable else [False, True]:
                 extra: dict[str, Any] = {"dropout": args.dropout} if args.dropout is not None else {}
                 if args.no_cache:
                     extra["use_cache"] = False

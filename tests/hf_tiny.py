@@ -48,6 +48,7 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "olmo2": ("Olmo2Config", {}),
     "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2)),
     "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=4, n_head=4, n_positions=128)),
+    "openai-gpt": ("OpenAIGPTConfig", dict(n_embd=64, n_layer=4, n_head=4, n_positions=128)),
     "gpt_neox": ("GPTNeoXConfig", {}),
     "falcon": ("FalconConfig", dict(num_kv_heads=2, new_decoder_architecture=True)),
     "bloom": ("BloomConfig", dict(n_layer=4, n_head=4)),

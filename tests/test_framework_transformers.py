@@ -110,6 +110,7 @@ OTHERS = (
     "lfm2-moe-small",
     "nemotron-h-small",
     "bitnet-small",
+    "openai-gpt-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 
@@ -140,7 +141,7 @@ def grid(
         for name in names
         for attention in hf_saved.CASES[name].attentions
         if not attentions or attention in attentions
-        for checkpointing in (False, True)
+        for checkpointing in ((False, True) if hf_saved.CASES[name].checkpointable else (False,))
         for s, b in points
     ]
 

@@ -95,6 +95,8 @@ BUILD_FIELDS = {
 """Dots1Config leaves its expert counts null, NemotronConfig its key-value heads, MinistralConfig and
 the HunYuan configs their head_dim, DbrxConfig its attention's rope_theta, Lfm2MoeConfig its layer_types, and
 transformers cannot build them without."""
+
+
 def bare_config(kind: str) -> dict:
     """``kind``'s class defaults as a config.json that leaves out every field lmcalc reads: model_type and the rest."""
     from transformers.models.auto import configuration_auto

@@ -77,6 +77,8 @@ ARCHITECTURES = {
         dropout=True,
         dropout_at=("residual",),
     ),
+    "gpt1-like (a norm after each residual add, none before the head)": GPT_BLOCK
+    | dict(position_embedding="learned", tied_embeddings=True, post_norm=True),
     "nemotron-like (squared ReLU)": GPT_BLOCK
     | dict(activation="relu2", position_embedding="rope", tied_embeddings=False),
     "gemma2-like (soft-capped scores and logits)": dict(

@@ -29,9 +29,8 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         embedding += norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
-    head = norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h")) + [
-        SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",)),
-    ]
+    final = [] if spec.post_norm else norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h"))  # GPT-1 has none
+    head = [*final, SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",))]
     if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
         head = [t for t in head if _needed(w, t, set())]
     if w.framework.loss.fused_linear:  # the head's gradients made in the forward: its input's kept, not its input

@@ -178,7 +178,8 @@ def _loss_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     logits = s.tokens * model.vocab_size / s.grid.tp
     loss_bytes = s.w.framework.loss.saved_bytes or e
     traffic.add((e + 3 * loss_bytes) * logits, (2 * loss_bytes + e) * logits, 8)
-    traffic.add(2 * e * s.hidden_tokens * model.hidden_size, 3 * e * s.hidden_tokens * model.hidden_size, 2)
+    if not model.post_norm:  # a post-norm model (GPT-1) has no final norm
+        traffic.add(2 * e * s.hidden_tokens * model.hidden_size, 3 * e * s.hidden_tokens * model.hidden_size, 2)
 
 
 def _embedding_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
