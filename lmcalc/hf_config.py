@@ -30,6 +30,7 @@ from lmcalc.hf_gpt import (
     RELUS,
     XIELU_MLPS,
     activation,
+    ctrl,
     dropout,
     gelu,
     gpt2,
@@ -39,6 +40,7 @@ from lmcalc.hf_gpt import (
     openai_gpt,
     opt_family,
     parallel_gelu,
+    xglm,
 )
 from lmcalc.hf_layers import deltanet, mamba2, moe, short_conv, windows
 from lmcalc.hf_meta import UnreadType
@@ -53,7 +55,7 @@ LLAMA_LIKE = (
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
-    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet",
+    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -62,11 +64,11 @@ DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate; OLMo
 Hybrid's (``olmo_hybrid``) are read the same way, its attention without the gate."""
 GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
-              "dbrx", "openai-gpt")  # fmt: skip
+              "dbrx", "openai-gpt", "ctrl", "xglm")  # fmt: skip
 """The types ``hf_gpt`` reads."""
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
-              "qwen3_5_moe": "qwen3_5_moe_text"}  # fmt: skip
+              "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model"}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
 FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"],
          "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"],
@@ -97,6 +99,8 @@ NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "l
              "stablelm": "layernorm", "jais2": "layernorm", "olmo": "layernorm", "cohere": "layernorm_nobias",
              "cohere2": "layernorm_nobias", "cohere2_moe": "layernorm_nobias"}  # fmt: skip
 """The norms of the Llama-like types whose norms are not RMSNorms: LayerNorms, with biases or without."""
+RESIDUAL_DROPOUT = {"seed_oss": "residual_dropout", "emu3_text_model": "attention_dropout"}
+"""Llama-like types that drop attention probabilities (attention_dropout) and each sub-layer's output, at this field."""
 COHERE = ("cohere", "cohere2", "cohere2_moe")
 """Attention and MLP side by side from one norm (CohereDecoderLayer)."""
 NO_NORM_WEIGHT = ("olmo", "nanochat")
@@ -190,6 +194,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "qkv_clip": config.get("clip_qkv"),
         "embedding_norm": kind == "nanochat",
         "sub_norms": kind == "bitnet",  # BitNetAttention's attn_sub_norm, BitNetMLP's ffn_sub_norm
+        "differential_attention": kind == "diffllama",  # DiffLlamaAttention's two calls, λ and groupnorm
         "attention_bias": attention_bias or ("all" if bias else "none"),
         # gpt-oss's experts carry biases; StarCoder2's and ERNIE's use_bias covers the MLP too
         "mlp_bias": kind in ("gpt_oss", "persimmon") or bool(config.get("mlp_bias") or config.get("use_bias")),
@@ -204,10 +209,11 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "parallel_block": kind in COHERE or _stablelm_parallel(config, kind),
         "attention_sinks": kind in ("gpt_oss", "granite_swa", "granitemoe_swa"),
         "head_bias": bool(config.get("lm_head_bias")),  # PhimoeForCausalLM's option
-        # Seed-OSS drops attention probabilities and each sub-layer's output (its class default 0.1), not the embedding
+        # Seed-OSS drops attention probabilities and each sub-layer's output (its class default 0.1), not the embedding;
+        # Emu3's text model both at attention_dropout (Emu3DecoderLayer.dropout; its class default 0.1)
         **(
-            dropout(config, {"attention": "attention_dropout", "residual": "residual_dropout"})
-            if kind == "seed_oss"
+            dropout(config, {"attention": "attention_dropout", "residual": RESIDUAL_DROPOUT[kind]})
+            if kind in RESIDUAL_DROPOUT
             else {}
         ),
         "attention_softcap": config.get("attn_logit_softcapping"),
@@ -332,6 +338,10 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return gpt2(text, kind, fields, origin)
     if kind == "openai-gpt":
         return openai_gpt(text, kind, fields, origin)
+    if kind == "ctrl":
+        return ctrl(text, kind, fields, origin)
+    if kind == "xglm":
+        return xglm(text, kind, fields, origin)
     if kind in ("gpt_neox", "falcon", "bloom"):
         return neox_family(text, kind, fields, origin)
     if kind in PARALLEL_GELU:

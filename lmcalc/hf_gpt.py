@@ -26,7 +26,7 @@ ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_
               "gemma": ("hidden_act", "gelu_pytorch_tanh"), "gemma2": ("hidden_activation", "gelu_pytorch_tanh"),
               "gemma3_text": ("hidden_activation", "gelu_pytorch_tanh"),
               "vaultgemma": ("hidden_activation", "gelu_pytorch_tanh"),
-              "nemotron_h": ("mlp_hidden_act", "relu2")}  # fmt: skip
+              "nemotron_h": ("mlp_hidden_act", "relu2"), "xglm": ("activation_function", "gelu")}  # fmt: skip
 """The config field each type's MLP calls ACT2FN with, and the config class's default, where not hidden_act and
 silu (GPT2MLP: activation_function; FalconMLP: activation; Gemma2MLP and Gemma3MLP: hidden_activation)."""
 
@@ -111,6 +111,57 @@ def openai_gpt(config: dict[str, Any], kind: str, fields: dict[str, Any], origin
         "max_seq_len": _get(config, origin, "n_positions"),
         "eager_softmax": "activation",  # Attention._attn: softmax in the scores' dtype
         **dropout(config, {"embedding": "embd_pdrop", "attention": "attn_pdrop", "residual": "resid_pdrop"}, 0.1),
+    }
+
+
+def ctrl(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """CTRL (Keskar et al. 2019): a pre-norm block with biases on Wq, Wk, Wv and dense, a ReLU MLP of ``dff``,
+    sinusoidal positions added to the scaled embedding (no parameters), a final LayerNorm and a head tied to the
+    embedding with a bias of its own (CTRLLMHeadModel). Dropout on the embedding and each sub-layer's output
+    (MultiHeadAttention passes the probabilities none)."""
+    return fields | {
+        "hidden_size": _get(config, origin, "n_embd"),
+        "num_layers": _get(config, origin, "n_layer"),
+        "num_heads": _get(config, origin, "n_head"),
+        "ffn_size": _get(config, origin, "dff"),
+        "ffn_kind": "gelu_mlp",
+        "activation": "relu",
+        "norm_kind": "layernorm",
+        "attention_bias": "all",
+        "mlp_bias": True,
+        "head_bias": True,
+        "position_embedding": "sinusoidal",
+        "max_seq_len": _get(config, origin, "n_positions"),
+        "eager_softmax": "activation",  # BERT's eager_attention_forward: softmax in the scores' dtype
+        **dropout(config, {"embedding": "embd_pdrop", "residual": "resid_pdrop"}, 0.1),
+    }
+
+
+def xglm(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """XGLM (Lin et al. 2021): fairseq's pre-norm block (q, k, v and out projections, fc1 and fc2, all with biases),
+    sinusoidal positions offset by two rows added to the scaled embedding (no parameters), a final LayerNorm, a
+    head tied to the embedding. Dropout (``dropout``) on the embedding and each sub-layer's output, and on the
+    probabilities (``attention_dropout``); its attention is its own eager code (XGLMAttention)."""
+    for key in ("activation_dropout", "layerdrop"):
+        if (config.get(key) or 0) > 0:
+            raise LmcalcError(f"{origin}: config.json {key} is above 0: not modelled for XGLM")
+    if config.get("add_cross_attention"):
+        raise LmcalcError(f"{origin}: config.json add_cross_attention is true: XGLM's cross-attention is not modelled")
+    return fields | {
+        "hidden_size": _get(config, origin, "d_model"),
+        "num_layers": _get(config, origin, "num_layers"),
+        "num_heads": _get(config, origin, "attention_heads"),
+        "ffn_size": _get(config, origin, "ffn_dim"),
+        "ffn_kind": "gelu_mlp",
+        "activation": gelu(config, kind, origin),
+        "norm_kind": "layernorm",
+        "attention_bias": "all",
+        "mlp_bias": True,
+        "position_embedding": "sinusoidal",
+        "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        "eager_softmax": "activation",  # XGLMAttention upcasts only fp16 scores
+        "eager_score_clamp": True,
+        **dropout(config, {"embedding": "dropout", "attention": "attention_dropout", "residual": "dropout"}, 0.1),
     }
 
 

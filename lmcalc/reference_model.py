@@ -110,6 +110,11 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = make_norm(spec, heads * d, **kw), make_norm(spec, kv * d, **kw)
         elif spec.qk_norm == "per_head":
             self.q_norm, self.k_norm = make_norm(spec, d, **kw), make_norm(spec, d, **kw)
+        if spec.differential_attention:  # DiffLlama: λ's four vectors, and a weightless norm per head pair
+            self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+                nn.Parameter(torch.zeros(d, **kw)) for _ in range(4)
+            )
+            self.pair_norm = RMSNorm(2 * d, weight=False, **kw)
         if spec.sub_norms:  # BitNet: a norm on the attention's output, before the output projection
             self.sub_norm = make_norm(spec, heads * d, **kw)
         if spec.attention_sinks:  # gpt-oss: one learned logit per head in every softmax
@@ -172,6 +177,8 @@ class Attention(nn.Module):
             cap = self.spec.attention_softcap
             scores = cap * torch.tanh(scores / cap)
         scores = scores + causal_bias[:s, :s]
+        if self.spec.eager_score_clamp:  # XGLM: max(scores, the dtype's minimum), which keeps the scores
+            scores = torch.maximum(scores, torch.tensor(torch.finfo(scores.dtype).min, device=scores.device))
         if hasattr(self, "sinks"):  # the sink joins each row's softmax, then is dropped
             sink = self.sinks.view(1, -1, 1, 1).expand(scores.shape[0], -1, s, 1)
             probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :s]
@@ -179,13 +186,28 @@ class Attention(nn.Module):
             probs = torch.softmax(scores, dim=-1)
         return F.dropout(probs, p, self.training) @ v
 
+    def attend(self, q, k, v, causal_bias, selective: bool):
+        if selective:  # Korthikanti et al. 2022: recompute only the attention core in backward
+            return checkpoint(self.core, q, k, v, causal_bias, use_reentrant=False)
+        return self.core(q, k, v, causal_bias)
+
+    def differential(self, q, k, v, causal_bias, selective: bool):
+        """Ye et al. 2025 (DiffLlama's form): one attention over each half of V's heads, repeated to all of them;
+        per head pair, the first's output less λ times the second's, normalised and scaled by 1 − λ_init (λ_init's
+        value, 0.8 here, changes nothing lmcalc counts)."""
+        halves = (half.repeat(1, 2, 1, 1) for half in v.chunk(2, dim=1))
+        out = torch.cat([self.attend(q, k, half, causal_bias, selective) for half in halves], dim=-1)
+        first, second = out.chunk(2, dim=1)  # (b, H/2, s, 2d) each: the head pairs
+        lam = torch.exp((self.lambda_q1 * self.lambda_k1).sum()) - torch.exp((self.lambda_q2 * self.lambda_k2).sum())
+        return (1 - 0.8) * self.pair_norm(first - (lam + 0.8) * second)
+
     def forward(self, x, cos, sin, causal_bias, selective: bool):
         b, s, _ = x.shape
         q, k, v = self.project(x, cos, sin)
-        if selective:  # Korthikanti et al. 2022: recompute only the attention core in backward
-            out = checkpoint(self.core, q, k, v, causal_bias, use_reentrant=False)
+        if self.spec.differential_attention:
+            out = self.differential(q, k, v, causal_bias, selective)
         else:
-            out = self.core(q, k, v, causal_bias)
+            out = self.attend(q, k, v, causal_bias, selective)
         out = out.transpose(1, 2).reshape(b, s, -1)
         return self.o(self.sub_norm(out) if self.spec.sub_norms else out)
 
@@ -431,6 +453,10 @@ class ReferenceModel(nn.Module):
             x = self.embed_norm(x)
         if hasattr(self, "pos_embed"):
             x = x + self.pos_embed(torch.arange(s, device=tokens.device) + self.spec.position_offset)
+        if self.spec.position_embedding == "sinusoidal":  # a fixed table: sin(p/10000^(2i/h)) ‖ cos(...), no weights
+            rates = 10000 ** (-torch.arange(0, self.spec.hidden_size, 2, device=tokens.device) / self.spec.hidden_size)
+            angles = torch.outer(torch.arange(s, device=tokens.device, dtype=torch.float32), rates)
+            x = x + torch.cat((angles.sin(), angles.cos()), dim=-1)[:, : self.spec.hidden_size].to(x.dtype)
         x = F.dropout(x, DROPOUT_P if self.spec.drops("embedding") else 0.0, self.training)
         cos, sin = self.get_buffer("cos")[:s], self.get_buffer("sin")[:s]
         if recompute == "full" and units is None:

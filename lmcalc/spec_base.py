@@ -30,7 +30,7 @@ StrictBool = Annotated[bool, Field(strict=True)]
 FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
 DropoutSite = Literal["embedding", "attention", "residual"]
 NormKind = Literal["layernorm", "layernorm_nobias", "rmsnorm"]
-PositionKind = Literal["learned", "rope", "none"]
+PositionKind = Literal["learned", "rope", "sinusoidal", "none"]
 ComputeDtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8"]
 ActivationKind = Literal[
     "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python", "bloom_gelu", "relu", "relu2", "xielu"

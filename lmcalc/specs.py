@@ -86,6 +86,11 @@ class ModelSpec(NamedSpec):
         "normalise in fp32 before the cast back (OLMo's OlmoLayerNorm, nanochat's NanoChatRMSNorm), the query and "
         "key norms too",
     )
+    eager_score_clamp: StrictBool = Field(
+        False,
+        description="the model's eager attention clamps its masked scores at the dtype's minimum with torch.max, "
+        "which keeps them for backward (XGLMAttention): one more b·H·s² tensor",
+    )
     eager_softmax: Literal["fp32", "activation"] = Field(
         "fp32",
         description="the dtype the model's own eager attention runs its softmax in (read under a framework profile "
@@ -195,6 +200,11 @@ class ModelSpec(NamedSpec):
         description="layers that are an FFN alone, dense or MoE, behind one norm and without a token mixer "
         "(Nemotron-H's MLP and MoE blocks)",
     )
+    differential_attention: StrictBool = Field(
+        False,
+        description="differential attention (Ye et al. 2025, DiffLlama): two softmax attentions share Q and K, each "
+        "over half of V's heads; their difference, weighed by λ (4·d learned per layer), is normalised per head pair",
+    )
     attention_output_gate: StrictBool = Field(
         False,
         description="the query projection also makes a per-channel sigmoid gate on the attention's output "
@@ -256,6 +266,8 @@ class ModelSpec(NamedSpec):
             )
         if self.norms_per_layer == 1 and not self.parallel_block:
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
+        if self.differential_attention and (self.mla or self.num_heads % 2 or self.kv_heads % 2 or self.hybrid):
+            raise ValueError("differential_attention needs an even number of heads and of KV heads, without MLA")
         if self.post_norm and (self.norms_per_layer != 2 or self.parallel_block or self.single_blocks or self.hybrid):
             raise ValueError("post_norm is GPT-1's layer: a norm after attention's and the MLP's residual adds")
         if self.sub_norms and (
@@ -378,6 +390,11 @@ class ModelSpec(NamedSpec):
     def drops(self, site: DropoutSite) -> bool:
         """Whether dropout runs at ``site`` (``dropout_at``), its mask kept for backward."""
         return self.dropout and site in self.dropout_at
+
+    @property
+    def attention_calls(self) -> int:
+        """Attention kernels a layer runs: two where differential attention runs one per half of V."""
+        return 2 if self.differential_attention else 1
 
     @property
     def kv_heads(self) -> int:

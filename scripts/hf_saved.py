@@ -484,14 +484,34 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                  n_positions=1024),
                          "small GPT-1: each LayerNorm after its residual add, none before the tied head, dropout 0.1 "
                          "on the embedding, the probabilities and each sub-layer's output"),
+    "ctrl-small": (T.CTRLConfig, dict(vocab_size=2048, n_embd=128, n_head=4, n_layer=LAYERS, dff=384,
+                                      n_positions=1024),
+                   "small CTRL: sinusoidal positions, biases everywhere, a ReLU MLP, a tied head with a bias, dropout "
+                   "0.1 on the embedding and each sub-layer's output"),
+    "xglm-small": (T.XGLMConfig, dict(vocab_size=2048, d_model=128, attention_heads=4, num_layers=LAYERS,
+                                      ffn_dim=384, max_position_embeddings=1024),
+                   "small XGLM: sinusoidal positions, fairseq's block, its own eager attention (the masked scores "
+                   "clamped), dropout 0.1 on the embedding, the probabilities and each sub-layer's output"),
+    "diffllama-small": (T.DiffLlamaConfig, N384 | {"num_key_value_heads": 2},
+                        "small DiffLlama: differential attention, two calls over the halves of V, 2 key-value heads"),
+    "emu3-small": (T.Emu3Config, {"text_config": N384 | {"attention_dropout": 0.1, "pad_token_id": 0, "bos_token_id": 1,
+                                                         "eos_token_id": 2}},
+                   "small Emu3 text model: Llama's layer with dropout 0.1 on the attention probabilities (eager: "
+                   "SDPA's dropout runs the CPU's math path, which no GPU run takes)"),
+    "seed-oss-small": (T.SeedOssConfig, N384 | {"attention_dropout": 0.1},
+                       "small Seed-OSS: dropout 0.1 on the attention probabilities and each sub-layer's output "
+                       "(eager: SDPA's dropout runs the CPU's math path)"),
     "bitnet-small": (T.BitNetConfig, N384, "small BitNet: norms on the attention's output and on the gated "
                      "product, a squared-ReLU gate"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
-for _name in ("gpt-neo-small", "mpt-small", "openai-gpt-small"):  # their PreTrainedModels: no SDPA
+# GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's and XGLM's: no SDPA; Emu3's and Seed-OSS's attention dropout:
+# SDPA's runs the CPU's math path, which no GPU run takes
+for _name in ("gpt-neo-small", "mpt-small", "openai-gpt-small", "xglm-small", "emu3-small", "seed-oss-small"):
     CASES[_name] = replace(CASES[_name], attentions=EAGER_ONLY)
-CASES["openai-gpt-small"] = replace(CASES["openai-gpt-small"], checkpointable=False)  # OpenAIGPTPreTrainedModel
+for _name in ("openai-gpt-small", "ctrl-small"):  # their PreTrainedModels: no gradient checkpointing
+    CASES[_name] = replace(CASES[_name], checkpointable=False)
 
 # --------------------------------------------------------------------------------------------------------------------
 # Records

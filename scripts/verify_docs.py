@@ -99,8 +99,9 @@ def main() -> int:
     env["PATH"] = str(pathlib.Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     texts = {page: pathlib.Path(page).read_text() for page in pages}
     # the pages' commands run a page per worker (a page's commands in order: one may read what another wrote), the
-    # longest pages first; the Python examples meanwhile, here
-    longest = sorted(pages, key=lambda page: -texts[page].count("\n$ "))
+    # longest pages first (a `validate` builds PyTorch models: about ten commands' time); the Python examples
+    # meanwhile, here
+    longest = sorted(pages, key=lambda page: -texts[page].count("\n$ ") - 10 * texts[page].count("\n$ lmcalc validate"))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         running = {page: pool.submit(run_commands, page, texts[page], env) for page in longest}
         examples = failed = 0

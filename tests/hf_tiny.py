@@ -49,6 +49,11 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2)),
     "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=4, n_head=4, n_positions=128)),
     "openai-gpt": ("OpenAIGPTConfig", dict(n_embd=64, n_layer=4, n_head=4, n_positions=128)),
+    "ctrl": ("CTRLConfig", dict(n_embd=64, n_layer=4, n_head=4, dff=96, n_positions=128)),
+    "xglm": ("XGLMConfig", dict(d_model=64, num_layers=4, attention_heads=4, ffn_dim=96, max_position_embeddings=128)),
+    "diffllama": ("DiffLlamaConfig", dict(num_key_value_heads=2)),
+    # its text model builds only under the wrapper (Emu3ForCausalLM from Emu3Config): the wrapper, a tiny text_config
+    "emu3_text_model": ("Emu3Config", dict(text_config=BASE)),
     "gpt_neox": ("GPTNeoXConfig", {}),
     "falcon": ("FalconConfig", dict(num_kv_heads=2, new_decoder_architecture=True)),
     "bloom": ("BloomConfig", dict(n_layer=4, n_head=4)),

@@ -111,6 +111,11 @@ OTHERS = (
     "nemotron-h-small",
     "bitnet-small",
     "openai-gpt-small",
+    "ctrl-small",
+    "xglm-small",
+    "diffllama-small",
+    "emu3-small",
+    "seed-oss-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

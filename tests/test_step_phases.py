@@ -74,6 +74,9 @@ FAMILIES = (
     "nemotron-h-small",
     "bitnet-small",
     "openai-gpt-small",
+    "ctrl-small",
+    "xglm-small",
+    "diffllama-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",
@@ -82,9 +85,9 @@ FAMILIES = (
 POINTS = ((128, 1), (256, 2))
 ONE_POINT = ((256, 2),)  # the wide models (5 to 15 s a case on two cores) and the small families beyond these three
 BOTH_POINTS = ("llama-small", "gpt2-small", "mixtral-small")
-ONE_MODE = {"gpt2-wide": (True,), "gpt-neox-wide": (False,), "openai-gpt-small": (False,)}
+ONE_MODE = {"gpt2-wide": (True,), "gpt-neox-wide": (False,), "openai-gpt-small": (False,), "ctrl-small": (False,)}
 """Wide models run with one checkpointing mode (10 to 16 s a case), Llama's and Mixtral's wide ones with both; OpenAI
-GPT without checkpointing, which transformers does not run for it."""
+GPT and CTRL without checkpointing, which transformers does not run for them."""
 NOT_MODELLED = {
     ("mixtral-wide", True): "under checkpointing the MoE layer's busiest moment is its rebuilt forward (the fp32 "
     "sum the experts' weighted outputs are index-added into), with its expert tensors partly freed by the combine's "

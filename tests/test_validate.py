@@ -79,6 +79,8 @@ ARCHITECTURES = {
     ),
     "gpt1-like (a norm after each residual add, none before the head)": GPT_BLOCK
     | dict(position_embedding="learned", tied_embeddings=True, post_norm=True),
+    "ctrl-like (sinusoidal positions, a ReLU MLP, a head bias)": GPT_BLOCK
+    | dict(activation="relu", position_embedding="sinusoidal", tied_embeddings=True, head_bias=True),
     "nemotron-like (squared ReLU)": GPT_BLOCK
     | dict(activation="relu2", position_embedding="rope", tied_embeddings=False),
     "gemma2-like (soft-capped scores and logits)": dict(
@@ -103,6 +105,16 @@ ARCHITECTURES = {
         sub_norms=True,
         tied_embeddings=True,
     ),
+    "diffllama-like (differential attention, GQA)": dict(
+        num_kv_heads=2,
+        ffn_kind="swiglu",
+        norm_kind="rmsnorm",
+        position_embedding="rope",
+        differential_attention=True,
+        tied_embeddings=False,
+    ),
+    "xglm-like (sinusoidal positions, the masked scores clamped)": GPT_BLOCK
+    | dict(position_embedding="sinusoidal", tied_embeddings=True, eager_score_clamp=True),
     "olmo2-like (QK-norm)": dict(
         ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", qk_norm="full", tied_embeddings=False
     ),

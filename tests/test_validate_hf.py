@@ -41,6 +41,7 @@ KNOWN_GAPS = {
 """model_type: why lmcalc's figures differ from transformers' today (xfail, strict: a fix shows as a pass)."""
 OFF_META = {
     "dbrx": "DbrxExperts routes each expert's tokens with torch.nonzero, which the meta device cannot run",
+    "diffllama": "DiffLlamaAttention's backward copies a value out of a tensor, which the meta device has none of",
 }
 """model_type: why transformers cannot count it on the meta device; test_what_meta_cannot_run_is_counted_on_the_cpu
 counts its tiny model's real step instead."""

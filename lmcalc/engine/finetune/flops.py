@@ -177,8 +177,8 @@ def method_step_flops(
         method,
         frozenset(m.name for m in adapted_modules(model, method)),
         seq_len * micro_batch,
-        2 * keys * model.num_heads * model.qk_head_dim,
-        2 * keys * model.num_heads * model.v_head_dim,
+        2 * keys * model.num_heads * model.qk_head_dim * model.attention_calls,
+        2 * keys * model.num_heads * model.v_head_dim * model.attention_calls,
         conv,
         ssm_flops(model, seq_len) - conv,
     )

@@ -28,6 +28,7 @@ from lmcalc.engine.finetune.method import (
     weight_trained,
 )
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
+from lmcalc.engine.memory.differential import differential_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
@@ -230,6 +231,8 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
                 SavedTensor("output gate, sigmoid output", "s·b·H·d_v", sb * H * dv, act),
                 SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
             ]
+    if spec.differential_attention:
+        tensors = tensors[:kept_by_every_layer] + differential_saved(w, tensors[kept_by_every_layer:])
     if spec.sub_norms:
         tensors = sub_normed(w, tensors, ("o",), Dim(H * dv, "H·d_v"), "output")
     if spec.hybrid:  # a hybrid: the average layer, attention in A of its L layers, another mixer in the rest
@@ -248,22 +251,26 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
 
 def _eager_scores_saved(w: Workload) -> list[SavedTensor]:
     """The b·H·s² tensors eager attention keeps: tanh's output where the logits are soft-capped (Gemma 2:
-    c·tanh(x/c), Team et al. 2024 §2), and the softmax, in the activation dtype or in fp32 with its cast copy (the
-    profile's ``eager_softmax``). With sinks (gpt-oss) the softmax spans one more column, the sink's, and the
-    profile says how it is kept (``eager_sink_softmax``, ``sink_max_indices``)."""
+    c·tanh(x/c), Team et al. 2024 §2), the masked scores where a clamp keeps them (XGLM), and the softmax, in the
+    activation dtype or in fp32 with its cast copy (the profile's ``eager_softmax``). With sinks (gpt-oss) the
+    softmax spans one more column, the sink's, and the profile says how it is kept (``eager_sink_softmax``,
+    ``sink_max_indices``)."""
     spec, act, b, s, H = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len, w.model.num_heads
     rule = w.framework.attention
     tensors = []
     if spec.attention_softcap:
         tensors.append(SavedTensor("soft-capped scores (tanh output)", "b·H·s²", b * H * s * s, act, True))
+    if spec.eager_score_clamp:  # XGLM: torch.max(scores + mask, dtype's minimum) keeps its input
+        tensors.append(SavedTensor("masked scores (kept by the clamp's max)", "b·H·s²", b * H * s * s, act, True))
     symbol, n = ("b·H·s·(s+1)", b * H * s * (s + 1)) if spec.attention_sinks else ("b·H·s²", b * H * s * s)
     softmax = rule.eager_sink_softmax if spec.attention_sinks and rule.eager_sink_softmax else None
     if softmax:  # kept once: the matmul with V reads a view of it, without the sink's column
         tensors.append(SavedTensor(f"softmax output with the sink column ({softmax})", symbol, n,
                                    4 if softmax == "fp32" else act, attention_core=True))  # fmt: skip
-    elif eager_softmax(w) == "fp32":  # softmax in fp32, kept; its cast copy meets V
+    elif eager_softmax(w) == "fp32":  # softmax in fp32, kept; its cast copy meets V, unless dropout comes between
         tensors.append(SavedTensor("softmax output (fp32)", symbol, n, 4, attention_core=True))
-        tensors.append(SavedTensor("softmax output, cast", symbol, n, act, attention_core=True))
+        if not spec.drops("attention"):  # dropout keeps its mask, not its input: V meets the dropout's output
+            tensors.append(SavedTensor("softmax output, cast", symbol, n, act, attention_core=True))
     else:
         tensors.append(SavedTensor("softmax output", symbol, n, act, attention_core=True))
     if spec.attention_sinks and rule.sink_max_indices:

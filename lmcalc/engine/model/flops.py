@@ -113,7 +113,8 @@ def forward_flops_per_token(
             mlp += used
     keys = attended_keys(spec, seq_len, convention)  # a stage's layers are taken at the model's average
     L, H = spec.num_layers if part is None else part.layers, spec.num_heads
-    attending = L * spec.attention_share  # a hybrid's stage: its layers taken at the model's mix
+    # a hybrid's stage: its layers taken at the model's mix; differential attention runs the core twice
+    attending = L * spec.attention_share * spec.attention_calls
     return ForwardFlops(
         projections=projections,
         mlp=mlp,

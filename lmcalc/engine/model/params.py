@@ -81,6 +81,9 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     elif spec.qk_norm == "per_head":
         tensors += norm("attn.q_norm", site, Dim(d, "d"), spec)
         tensors += norm("attn.k_norm", site, Dim(d, "d"), spec)
+    if spec.differential_attention:  # λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init: four vectors of d (DiffLlama)
+        lambdas = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+        tensors += [tensor(f"attn.{name}", site, (Dim(d, "d"),), False) for name in lambdas]
     if spec.sub_norms:  # BitNet's norm on the attention's output, before the output projection (BitNetAttention)
         tensors += norm("attn.sub_norm", site, q, spec)
     if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)

@@ -259,11 +259,12 @@ def _attention_work(s: StageShape, live: float, traffic: MemoryTraffic) -> _Atte
     w, model, e = s.w, s.w.model, s.act_bytes
     cp, layers = s.grid.cp, s.built.layers
     keys = attended_keys(model, w.seq_len, "causal")  # what a causal (windowed) kernel computes
-    core = 2 * s.tokens * keys * s.heads * (model.qk_head_dim + model.v_head_dim) * layers * model.attention_share
+    calls = layers * model.attention_share * model.attention_calls  # differential attention: two kernels a layer
+    core = 2 * s.tokens * keys * s.heads * (model.qk_head_dim + model.v_head_dim) * calls
     if w.attention == "flash":
         return _AttentionWork(core, FLASH_BACKWARD_TO_FORWARD * core * live, ())
-    score_elements = w.micro_batch * s.heads * (w.seq_len / cp) * w.seq_len * layers * model.attention_share
-    sq, sk, per = w.seq_len / cp, w.seq_len, w.micro_batch * s.heads * layers
+    score_elements = w.micro_batch * s.heads * (w.seq_len / cp) * w.seq_len * calls
+    sq, sk, per = w.seq_len / cp, w.seq_len, w.micro_batch * s.heads * layers * model.attention_calls
     batched = (Gemm("scores", sq, sk, model.qk_head_dim, per), Gemm("values", sq, model.v_head_dim, sk, per))
     softmax = FP32 if eager_softmax(w) == "fp32" else e
     forward = 2 * e + e + softmax + (softmax + e if softmax != e else 0)  # scale and mask, softmax, cast
