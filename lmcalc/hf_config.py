@@ -35,6 +35,7 @@ from lmcalc.hf_gpt import (
     gelu,
     gpt2,
     gpt_neo,
+    gpt_neox_japanese,
     mpt_family,
     neox_family,
     openai_gpt,
@@ -64,15 +65,15 @@ DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate; OLMo
 Hybrid's (``olmo_hybrid``) are read the same way, its attention without the gate."""
 GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
-              "dbrx", "openai-gpt", "ctrl", "xglm")  # fmt: skip
+              "dbrx", "openai-gpt", "ctrl", "xglm", "gpt_neox_japanese")  # fmt: skip
 """The types ``hf_gpt`` reads."""
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model"}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
 FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"],
-         "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "falcon": ["qkv"],
-         "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
+         "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "gpt_neox_japanese": ["qkv"],
+         "falcon": ["qkv"], "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
 SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe")  # a norm after attention and after the MLP too
@@ -342,6 +343,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return ctrl(text, kind, fields, origin)
     if kind == "xglm":
         return xglm(text, kind, fields, origin)
+    if kind == "gpt_neox_japanese":
+        return gpt_neox_japanese(text, kind, fields, origin)
     if kind in ("gpt_neox", "falcon", "bloom"):
         return neox_family(text, kind, fields, origin)
     if kind in PARALLEL_GELU:

@@ -137,6 +137,29 @@ def ctrl(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str)
     }
 
 
+def gpt_neox_japanese(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """GPT-NeoX-Japanese: GPT-NeoX's fused query_key_value in a sequential pre-norm block, no biases but the last
+    layer's on its attention output (GPTNeoXJapaneseAttention's dense_bias), an MLP of ``intermediate_multiple_size``
+    times h, its own eager attention, dropout on the probabilities (``attention_dropout``) and on each sub-layer's
+    output (``hidden_dropout``)."""
+    hidden = _get(config, origin, "hidden_size")
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": _get(config, origin, "num_hidden_layers"),
+        "num_heads": _get(config, origin, "num_attention_heads"),
+        "ffn_size": int(hidden * _get(config, origin, "intermediate_multiple_size")),
+        "ffn_kind": "gelu_mlp",
+        "activation": gelu(config, kind, origin),
+        "norm_kind": "layernorm",
+        "attention_bias": "none",
+        "last_layer_out_bias": True,
+        "position_embedding": "rope",
+        "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        "eager_softmax": "activation",  # GPTNeoXJapaneseAttention._attn: softmax in the scores' dtype
+        **dropout(config, {"attention": "attention_dropout", "residual": "hidden_dropout"}),
+    }
+
+
 def xglm(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
     """XGLM (Lin et al. 2021): fairseq's pre-norm block (q, k, v and out projections, fc1 and fc2, all with biases),
     sinusoidal positions offset by two rows added to the scaled embedding (no parameters), a final LayerNorm, a

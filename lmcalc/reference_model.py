@@ -375,6 +375,8 @@ class Block(nn.Module):
         self.mlp = MoE(spec, **kw) if moe_layer else FeedForward(spec, spec.ffn_size, **kw)
         self.p, self.parallel = DROPOUT_P if spec.drops("residual") else 0.0, spec.parallel_block
         self.post_norm = spec.post_norm
+        if spec.last_layer_out_bias and layer == spec.num_layers - 1:  # GPT-NeoX-Japanese's dense_bias
+            self.out_bias = nn.Parameter(torch.zeros(h, **kw))
 
     def forward(self, x, cos, sin, causal_bias, selective: bool = False):
         def post(name: str, y):
@@ -384,9 +386,8 @@ class Block(nn.Module):
             x = self.attn_norm(x + F.dropout(self.attn(x, cos, sin, causal_bias, selective), self.p, self.training))
             return self.mlp_norm(x + F.dropout(self.mlp(x), self.p, self.training))
         normed = self.attn_norm(x)
-        attn = F.dropout(
-            post("post_attn_norm", self.attn(normed, cos, sin, causal_bias, selective)), self.p, self.training
-        )
+        attn = post("post_attn_norm", self.attn(normed, cos, sin, causal_bias, selective))
+        attn = F.dropout(attn + self.out_bias if hasattr(self, "out_bias") else attn, self.p, self.training)
         if self.parallel:
             mlp_in = self.mlp_norm(x) if hasattr(self, "mlp_norm") else normed
             return x + attn + F.dropout(self.mlp(mlp_in), self.p, self.training)

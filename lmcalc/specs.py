@@ -114,6 +114,9 @@ class ModelSpec(NamedSpec):
     attention_bias: Literal["none", "qkv", "out", "all"] = Field(
         "none", description="biases on Q, K and V (qkv), on the output projection (out: GPT-Neo), or on all four"
     )
+    last_layer_out_bias: StrictBool = Field(
+        False, description="a bias on the last layer's attention output alone (GPT-NeoX-Japanese's dense_bias): h more"
+    )
     mlp_bias: StrictBool = False
     norms_per_layer: Literal[1, 2, 4] = Field(
         2,

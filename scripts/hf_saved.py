@@ -501,16 +501,30 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "seed-oss-small": (T.SeedOssConfig, N384 | {"attention_dropout": 0.1},
                        "small Seed-OSS: dropout 0.1 on the attention probabilities and each sub-layer's output "
                        "(eager: SDPA's dropout runs the CPU's math path)"),
+    "gpt-neox-japanese-small": (T.GPTNeoXJapaneseConfig, dict(vocab_size=2048, hidden_size=128,
+                                                              num_attention_heads=4, num_hidden_layers=LAYERS,
+                                                              intermediate_multiple_size=3,
+                                                              max_position_embeddings=1024),
+                                "small GPT-NeoX-Japanese: its own eager attention with dropout 0.1 on the "
+                                "probabilities, a bias on the last layer's attention output alone"),
     "bitnet-small": (T.BitNetConfig, N384, "small BitNet: norms on the attention's output and on the gated "
                      "product, a squared-ReLU gate"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
-# GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's and XGLM's: no SDPA; Emu3's and Seed-OSS's attention dropout:
-# SDPA's runs the CPU's math path, which no GPU run takes
-for _name in ("gpt-neo-small", "mpt-small", "openai-gpt-small", "xglm-small", "emu3-small", "seed-oss-small"):
+# GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's, XGLM's and GPT-NeoX-Japanese's: no SDPA; Emu3's and
+# Seed-OSS's attention dropout: SDPA's runs the CPU's math path, which no GPU run takes
+for _name in (
+    "gpt-neo-small",
+    "mpt-small",
+    "openai-gpt-small",
+    "xglm-small",
+    "emu3-small",
+    "seed-oss-small",
+    "gpt-neox-japanese-small",
+):
     CASES[_name] = replace(CASES[_name], attentions=EAGER_ONLY)
-for _name in ("openai-gpt-small", "ctrl-small"):  # their PreTrainedModels: no gradient checkpointing
+for _name in ("openai-gpt-small", "ctrl-small", "gpt-neox-japanese-small"):  # no gradient checkpointing there
     CASES[_name] = replace(CASES[_name], checkpointable=False)
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "diffllama": ("DiffLlamaConfig", dict(num_key_value_heads=2)),
     # its text model builds only under the wrapper (Emu3ForCausalLM from Emu3Config): the wrapper, a tiny text_config
     "emu3_text_model": ("Emu3Config", dict(text_config=BASE)),
+    "gpt_neox_japanese": ("GPTNeoXJapaneseConfig", dict(intermediate_multiple_size=2)),
     "gpt_neox": ("GPTNeoXConfig", {}),
     "falcon": ("FalconConfig", dict(num_kv_heads=2, new_decoder_architecture=True)),
     "bloom": ("BloomConfig", dict(n_layer=4, n_head=4)),

@@ -116,6 +116,7 @@ OTHERS = (
     "diffllama-small",
     "emu3-small",
     "seed-oss-small",
+    "gpt-neox-japanese-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

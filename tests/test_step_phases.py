@@ -77,6 +77,7 @@ FAMILIES = (
     "ctrl-small",
     "xglm-small",
     "diffllama-small",
+    "gpt-neox-japanese-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",
@@ -85,9 +86,15 @@ FAMILIES = (
 POINTS = ((128, 1), (256, 2))
 ONE_POINT = ((256, 2),)  # the wide models (5 to 15 s a case on two cores) and the small families beyond these three
 BOTH_POINTS = ("llama-small", "gpt2-small", "mixtral-small")
-ONE_MODE = {"gpt2-wide": (True,), "gpt-neox-wide": (False,), "openai-gpt-small": (False,), "ctrl-small": (False,)}
+ONE_MODE = {
+    "gpt2-wide": (True,),
+    "gpt-neox-wide": (False,),
+    "openai-gpt-small": (False,),
+    "ctrl-small": (False,),
+    "gpt-neox-japanese-small": (False,),
+}
 """Wide models run with one checkpointing mode (10 to 16 s a case), Llama's and Mixtral's wide ones with both; OpenAI
-GPT and CTRL without checkpointing, which transformers does not run for them."""
+GPT, CTRL and GPT-NeoX-Japanese without checkpointing, which transformers does not run for them."""
 NOT_MODELLED = {
     ("mixtral-wide", True): "under checkpointing the MoE layer's busiest moment is its rebuilt forward (the fp32 "
     "sum the experts' weighted outputs are index-added into), with its expert tensors partly freed by the combine's "

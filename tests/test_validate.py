@@ -81,6 +81,10 @@ ARCHITECTURES = {
     | dict(position_embedding="learned", tied_embeddings=True, post_norm=True),
     "ctrl-like (sinusoidal positions, a ReLU MLP, a head bias)": GPT_BLOCK
     | dict(activation="relu", position_embedding="sinusoidal", tied_embeddings=True, head_bias=True),
+    "neox-japanese-like (a bias on the last layer's attention output alone)": GPT_BLOCK
+    | dict(
+        attention_bias="none", mlp_bias=False, position_embedding="rope", last_layer_out_bias=True, tied_embeddings=True
+    ),
     "nemotron-like (squared ReLU)": GPT_BLOCK
     | dict(activation="relu2", position_embedding="rope", tied_embeddings=False),
     "gemma2-like (soft-capped scores and logits)": dict(

@@ -86,6 +86,8 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         tensors += [tensor(f"attn.{name}", site, (Dim(d, "d"),), False) for name in lambdas]
     if spec.sub_norms:  # BitNet's norm on the attention's output, before the output projection (BitNetAttention)
         tensors += norm("attn.sub_norm", site, q, spec)
+    if spec.last_layer_out_bias:  # GPT-NeoX-Japanese: the last layer's attention output alone has a bias
+        tensors.append(tensor("attn.dense_bias", Site("attention", 1, "1"), (h,), False))
     if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)
         tensors.append(tensor("attn.sinks", site, (Dim(heads, "H"),), False))
     return tensors
