@@ -71,7 +71,7 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
         clamped = (("Q", "H", H, dqk), ("K", "H_kv", spec.kv_heads, dqk), ("V", "H_kv", spec.kv_heads, dv))
         tensors += [SavedTensor(f"{x} before the clamp (qkv_clip)", f"s·b·{y}·d", sb * n * d, act)
                     for x, y, n, d in clamped]  # fmt: skip
-    tensors += _qknorm_saved(w, rows)
+    tensors += _qk_norm_saved(w, rows)
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
     return tensors + [
         SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
@@ -110,7 +110,7 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     return tensors
 
 
-def _qknorm_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
+def _qk_norm_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     """A QK-norm's saved tensors: over the whole width of Q and of K (one row per token each), or per head."""
     spec, sb = w.model, w.tokens
     H, dqk = spec.num_heads, spec.qk_head_dim
