@@ -65,6 +65,8 @@ def test_every_preset_matches_pytorch_params_and_flops(name):
 BASE = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, ffn_size=160, max_seq_len=256)
 GPT_BLOCK = dict(ffn_kind="gelu_mlp", norm_kind="layernorm", attention_bias="all", mlp_bias=True)
 """The GPT family's block: a two-matrix MLP, LayerNorms with biases, biases everywhere."""
+LLAMA_BLOCK = dict(num_kv_heads=2, ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope")
+"""Llama's block: grouped-query attention, a SwiGLU MLP, RMSNorms, RoPE, no biases."""
 ARCHITECTURES = {
     "gpt2-like (learned positions, biases, a head bias, dropout, tied)": GPT_BLOCK
     | dict(position_embedding="learned", tied_embeddings=True, dropout=True, head_bias=True),
@@ -97,26 +99,11 @@ ARCHITECTURES = {
         attention_softcap=50.0,
         final_softcap=30.0,
     ),
-    "llama-like (GQA, SwiGLU, RMSNorm)": dict(
-        num_kv_heads=2, ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", tied_embeddings=False
-    ),
-    "bitnet-like (sub-norms before o and down, a squared-ReLU gate)": dict(
-        num_kv_heads=2,
-        ffn_kind="swiglu",
-        activation="relu2",
-        norm_kind="rmsnorm",
-        position_embedding="rope",
-        sub_norms=True,
-        tied_embeddings=True,
-    ),
-    "diffllama-like (differential attention, GQA)": dict(
-        num_kv_heads=2,
-        ffn_kind="swiglu",
-        norm_kind="rmsnorm",
-        position_embedding="rope",
-        differential_attention=True,
-        tied_embeddings=False,
-    ),
+    "llama-like (GQA, SwiGLU, RMSNorm)": LLAMA_BLOCK | dict(tied_embeddings=False),
+    "bitnet-like (sub-norms before o and down, a squared-ReLU gate)": LLAMA_BLOCK
+    | dict(activation="relu2", sub_norms=True, tied_embeddings=True),
+    "diffllama-like (differential attention, GQA)": LLAMA_BLOCK
+    | dict(differential_attention=True, tied_embeddings=False),
     "xglm-like (sinusoidal positions, the masked scores clamped)": GPT_BLOCK
     | dict(position_embedding="sinusoidal", tied_embeddings=True, eager_score_clamp=True),
     "olmo2-like (QK-norm)": dict(
@@ -143,14 +130,8 @@ ARCHITECTURES = {
         final_softcap=15.0,
         tied_embeddings=False,
     ),
-    "mixtral-like (MoE)": dict(
-        num_kv_heads=2,
-        ffn_kind="swiglu",
-        norm_kind="rmsnorm",
-        position_embedding="rope",
-        tied_embeddings=False,
-        moe=dict(num_experts=4, experts_per_token=2, expert_ffn_size=96),
-    ),
+    "mixtral-like (MoE)": LLAMA_BLOCK
+    | dict(tied_embeddings=False, moe=dict(num_experts=4, experts_per_token=2, expert_ffn_size=96)),
     "deepseek-like (MLA, shared expert, dense first layer)": dict(
         ffn_kind="swiglu",
         norm_kind="rmsnorm",
