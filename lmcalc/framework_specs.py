@@ -108,9 +108,21 @@ class AttentionRule(Rule):
     )
     partial_rotary_cat: StrictBool = Field(
         False,
-        description="where RoPE rotates part of each head (rotary_fraction below 1), Q is the concatenation of its "
-        "rotated and passed parts, made after the heads are transposed, so laid out (b, H, s, d): a fused kernel's "
-        "output is too, and the output projection reads a copy of it (one more s·b·H·d_v), as with fused_qkv_view",
+        description="where RoPE rotates part of each head (rotary_fraction below 1, and MLA's d_rope of d_qk), Q is "
+        "the concatenation of its rotated and passed parts, made after the heads are transposed, so laid out (b, H, "
+        "s, d): a fused kernel's output is too, and the output projection reads a copy of it (one more s·b·H·d_v), "
+        "as with fused_qkv_view",
+    )
+    mla_value_view: StrictBool = Field(
+        False,
+        description="MLA's V is a slice of the key-value up-projection's output, which holds K's no-RoPE part too "
+        "(DeepseekV3Attention's split): the fused kernel keeping V keeps that output whole, one more s·b·H·d_nope",
+    )
+    indexer_key_copy: StrictBool = Field(
+        False,
+        description="a sparse-attention indexer's scores are torch.matmul of its fp32 queries [b, s, H_I, d_I] by "
+        "its one key [b, 1, d_I, s], which broadcasts the key over every query and copies it: b·s·d_I·s fp32 "
+        "beside the b·s·H_I·s fp32 scores in each layer's forward, and in its rebuild (DeepseekV32Indexer)",
     )
     window_mask: StrictBool = Field(
         False,

@@ -56,7 +56,8 @@ LLAMA_LIKE = (
     "persimmon", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "bamba", "granitemoehybrid", "solar_open",
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
-    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model",
+    "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
+    "glm_moe_dsa",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -232,6 +233,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             if kind == "minicpm3"
             else _get(config, origin, "v_head_dim"),
         }
+        if kind in ("deepseek_v32", "glm_moe_dsa"):  # DeepSeek sparse attention: MLA with a lightning indexer
+            fields["mla"]["indexer"] = _indexer(config, origin, layers)
         fields["num_kv_heads"] = None
     routed = moe(config, kind, layers, origin)
     if routed:
@@ -268,6 +271,19 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape
         fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]
     return fields
+
+
+def _indexer(config: dict[str, Any], origin: str, layers: int) -> dict[str, Any]:
+    """DeepSeek-V3.2's and GLM-5's indexer (DeepseekV32Indexer, GlmMoeDsaIndexer); GLM-5's indexer_types "shared"
+    marks a layer that reuses the previous layer's selection and builds no indexer (GlmMoeDsaAttention)."""
+    shared = config.get("indexer_types") or []
+    own = layers - sum(t == "shared" for t in shared[:layers])
+    return {
+        "heads": _get(config, origin, "index_n_heads"),
+        "head_dim": _get(config, origin, "index_head_dim"),
+        "top_k": _get(config, origin, "index_topk"),
+        "own_layers": own if own < layers else None,
+    }
 
 
 def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:

@@ -27,7 +27,8 @@ WHOLE_NUMBERS = frozenset(
         "window_size", "num_shared_experts", "d_model", "n_heads", "n_layers", "max_seq_len", "moe_topk",
         "prefix_dense_intermediate_size", "num_dense_layers", "conv_L_cache", "block_multiple_of", "block_ff_dim",
         "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
-        "moe_shared_expert_intermediate_size", "moe_latent_size", "mamba_d_ssm", "state_size",
+        "moe_shared_expert_intermediate_size", "moe_latent_size", "mamba_d_ssm", "state_size", "index_n_heads",
+        "index_head_dim", "index_topk",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -60,7 +61,7 @@ TEXTS = frozenset(
 LISTS_OF_WHOLE_NUMBERS = frozenset(
     {"mlp_only_layers", "moe_layers", "no_rope_layers", "attn_layer_indices", "full_attn_idxs"}
 )
-LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types", "attention_layers", "layers_block_type"})
+LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types", "attention_layers", "layers_block_type", "indexer_types"})
 VISION_WHOLE_NUMBERS = frozenset(
     {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
 )

@@ -15,8 +15,8 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 """The layer_types of a local layer, and the ModelSpec.local_attention each means."""
 
 
-ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "dots1", "ernie4_5_moe", "exaone_moe", "glm4_moe", "glm4_moe_lite",
-               "hunyuan_v1_moe", "solar_open", "kolibri1", "hy_v3")  # fmt: skip
+ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "dots1", "ernie4_5_moe", "exaone_moe",
+               "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1", "hy_v3")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
 F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
@@ -120,6 +120,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         end = config.get("moe_layer_end_index")
         end = layers - 1 if end is None or end < 0 else end
         dense_ids += list(range(end + 1, layers))
+    if not any(i >= first_dense and (i + 1) % every == 0 and i not in dense_ids for i in range(layers)):
+        return None  # every layer keeps its dense MLP: the model builds no router and no expert
     return {
         "num_experts": experts,
         # DeepseekV2Config's class default is None: the count stands without it, and estimates that need k refuse

@@ -88,6 +88,21 @@ def moe_layers_in(moe: MoESpec, mixer_only: tuple[int, ...], start: int, stop: i
     return sum(moe.is_moe_layer(i) and i not in mixer_only for i in range(start, stop))
 
 
+class IndexerSpec(Spec):
+    """DeepSeek sparse attention's lightning indexer (DeepSeek-AI 2025, DeepSeek-V3.2 §2.1): a small multi-head
+    scorer, q from the query latent and one shared key from the hidden state, picks the top_k keys each query attends
+    to. As transformers and inference run it, forward only: its own training loss is not modelled."""
+
+    heads: PositiveInt = Field(description="the indexer's heads, H_I (index_n_heads)")
+    head_dim: PositiveInt = Field(description="the indexer's query and key width, d_I (index_head_dim)")
+    top_k: PositiveInt = Field(description="keys each query attends to, k_I (index_topk)")
+    own_layers: PositiveInt | None = Field(
+        None,
+        description="layers that run an indexer of their own; the others reuse the previous one's selection "
+        "(GLM-5's indexer_types 'shared'). None: every layer",
+    )
+
+
 class MLASpec(Spec):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and joint low-rank K/V projections."""
 
@@ -96,6 +111,13 @@ class MLASpec(Spec):
     qk_nope_head_dim: PositiveInt
     qk_rope_head_dim: PositiveInt
     v_head_dim: PositiveInt
+    indexer: IndexerSpec | None = Field(None, description="DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5)")
+
+    @model_validator(mode="after")
+    def _indexer_reads_query_latent(self) -> Self:
+        if self.indexer and not self.q_lora_rank:
+            raise ValueError("mla.indexer reads the query latent: it needs q_lora_rank")
+        return self
 
     @property
     def qk_head_dim(self) -> int:

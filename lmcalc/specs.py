@@ -17,7 +17,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
 from lmcalc.hardware_specs import Cluster, HardwareSpec
-from lmcalc.layer_specs import NO_TOP_K, MLASpec, MoESpec, moe_layers_in
+from lmcalc.layer_specs import NO_TOP_K, IndexerSpec, MLASpec, MoESpec, moe_layers_in
 from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec, ShortConvSpec
 from lmcalc.spec_base import (
     ActivationKind,
@@ -39,8 +39,8 @@ from lmcalc.spec_base import (
     whole_float_as_int,
 )
 
-__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "MLASpec", "Mamba2Spec",
-           "MambaSpec", "MoESpec", "NO_TOP_K", "Cluster", "HardwareSpec",
+__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "IndexerSpec", "MLASpec",
+           "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K", "Cluster", "HardwareSpec",
            "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
            "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
@@ -279,6 +279,9 @@ class ModelSpec(NamedSpec):
             raise ValueError("sub_norms are BitNet's: a dense model with gated MLPs, without MLA, MoE or other mixers")
         if self.attention_gate_proj and not self.attention_output_gate:
             raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
+        if self.indexer and (self.sliding_window or self.hybrid or self.indexer_layers > self.num_layers):
+            raise ValueError("mla.indexer: every layer attends to its top_k keys, without sliding windows or other "
+                             "mixers, and own_layers may not exceed num_layers")  # fmt: skip
         self._single_blocks_consistent()
         return self
 
@@ -414,6 +417,18 @@ class ModelSpec(NamedSpec):
     @property
     def v_head_dim(self) -> int:
         return self.mla.v_head_dim if self.mla else self.head_size
+
+    @property
+    def indexer(self) -> IndexerSpec | None:
+        """DeepSeek sparse attention's indexer, where the model's MLA has one."""
+        return self.mla.indexer if self.mla else None
+
+    @property
+    def indexer_layers(self) -> int:
+        """Layers that run an indexer of their own (every layer unless ``own_layers`` says fewer); 0 without one."""
+        if self.indexer is None:
+            return 0
+        return self.indexer.own_layers or self.num_layers
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def moe_layers(self) -> int:

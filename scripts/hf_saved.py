@@ -396,6 +396,11 @@ N384 = {**NARROW, "intermediate_size": 384}
 """The narrow cases' layers with an MLP of 384."""
 MOE4 = {**NARROW, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2}
 """The narrow cases' layers with 4 experts of 64, top-2."""
+DSA_SMALL = dict(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32,
+                 num_key_value_heads=4, index_n_heads=4, index_head_dim=32, index_topk=64, first_k_dense_replace=1,
+                 n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=64, num_experts_per_tok=2, n_group=1,
+                 topk_group=1)  # fmt: skip
+"""MLA with DeepSeek sparse attention, h 128: an indexer that picks fewer keys than every measured sequence holds."""
 T = transformers
 NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "olmo3-small": (T.Olmo3Config, N384 | {"sliding_window": WINDOW},
@@ -509,6 +514,9 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                 "probabilities, a bias on the last layer's attention output alone"),
     "bitnet-small": (T.BitNetConfig, N384, "small BitNet: norms on the attention's output and on the gated "
                      "product, a squared-ReLU gate"),
+    "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
+                           "small DeepSeek-V3.2: MLA with a lightning indexer of 4 heads picking 64 keys a query, "
+                           "a dense layer, then 4 experts top-2 and a shared one"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}

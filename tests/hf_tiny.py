@@ -17,6 +17,8 @@ DEEPSEEK: dict[str, Any] = dict(MOE, n_routed_experts=4, n_shared_experts=1, fir
                                 kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                                 num_key_value_heads=4)  # fmt: skip
 """DeepSeek-V2/V3's MLA and MoE at tiny size (V3 adds group-limited routing)."""
+DSA: dict[str, Any] = dict(index_n_heads=4, index_head_dim=16, index_topk=8)
+"""DeepSeek sparse attention's lightning indexer at tiny size (DeepSeek-V3.2, GLM-5)."""
 MLA: dict[str, Any] = dict(q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 """MLA alone, on a dense model (MiniCPM3, Youtu)."""
 LINEAR: dict[str, Any] = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -136,6 +138,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "exaone_moe": ("ExaoneMoeConfig", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16, sliding_window=24,
                                            sliding_window_pattern=2)),
     "glm4_moe_lite": ("Glm4MoeLiteConfig", dict(DEEPSEEK, n_group=1, topk_group=1)),
+    # DeepSeek sparse attention: each query attends to its top 8 keys; GLM-5's "shared" layers reuse the last selection
+    "deepseek_v32": ("DeepseekV32Config", dict(DEEPSEEK, n_group=2, topk_group=1, **DSA)),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", dict(DEEPSEEK, n_group=1, topk_group=1, **DSA,
+                                           indexer_types=["full", "shared", "full", "shared"])),
     "olmo": ("OlmoConfig", dict(clip_qkv=8.0)),
     "nanochat": ("NanoChatConfig", {}),
     "opt": ("OPTConfig", dict(ffn_dim=96, max_position_embeddings=128)),

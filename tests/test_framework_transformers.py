@@ -117,6 +117,7 @@ OTHERS = (
     "emu3-small",
     "seed-oss-small",
     "gpt-neox-japanese-small",
+    "deepseek-v32-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

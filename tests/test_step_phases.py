@@ -78,6 +78,7 @@ FAMILIES = (
     "xglm-small",
     "diffllama-small",
     "gpt-neox-japanese-small",
+    "deepseek-v32-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",
@@ -147,7 +148,10 @@ pytestmark = pytest.mark.torch
 def test_the_step_peaks_at_its_busiest_phase(case: Case):
     m = measured(case)
     peak, phase = predicted_peak(case)
-    assert m.phase == "backward"  # every case peaks in the backward (the loss's, a norm's or a layer's)
+    # every case peaks in the backward (the loss's, a norm's or a layer's), but at a sparse-attention indexer's
+    # scores, which transformers makes in the top layer's forward, or in its rebuild under checkpointing
+    forward = phase.startswith("a layer's forward") and not case.checkpointing
+    assert m.phase == ("forward" if forward else "backward"), f"{case.id}: lmcalc binds at {phase}"
     assert abs(peak / m.peak - 1) < TOLERANCE, (
         f"{case.id}: measured {m.peak:,} B, lmcalc {peak:,.0f} B ({peak / m.peak - 1:+.2%}) at {phase}"
     )
@@ -165,7 +169,8 @@ def test_the_binding_phase_follows_the_widths(name: str, binds: str):
 LORA_FAMILIES = tuple(  # the dense small models of FAMILIES
     name
     for name in FAMILIES
-    if name.endswith("-small") and name not in ("mixtral-small", "qwen2-moe-small", "nemotron-h-small")
+    if name.endswith("-small")
+    and name not in ("mixtral-small", "qwen2-moe-small", "nemotron-h-small", "deepseek-v32-small")
 )
 LORA_MODES = {  # how the adapters run: (PEFT's fp32 adapters, the Trainer's autocast), lmcalc's recipe
     "bf16-adapters": (False, False, "bf16-pure"),

@@ -81,8 +81,8 @@ def fused_qkv_renewed(w: Workload) -> bool:
 def output_renewed(w: Workload) -> bool:
     """Whether a fused kernel's output is laid out (b, H, s, d), so that the output projection reads a copy of it: Q
     made anew from a fused QKV slice (``fused_qkv_renewed``), or concatenated from its rotated and passed parts
-    where RoPE rotates part of each head (the profile's ``attention.partial_rotary_cat``; transformers'
-    apply_rotary_pos_emb)."""
+    where RoPE rotates part of each head, MLA's d_rope of d_qk too (the profile's ``attention.partial_rotary_cat``;
+    transformers' apply_rotary_pos_emb)."""
     spec = w.model
-    partial = spec.rotary_fraction < 1 and spec.position_embedding == "rope" and not spec.mla
+    partial = spec.mla is not None or spec.rotary_fraction < 1 and spec.position_embedding == "rope"
     return fused_qkv_renewed(w) or (w.framework.attention.partial_rotary_cat and partial)

@@ -67,10 +67,13 @@ def serving_dtype_bytes(name: str, what: str) -> float:
     return dtype_bytes(key)
 
 
-def kv_elements_per_token_per_layer(spec: ModelSpec) -> int:
-    """Cache elements one token leaves in one attention layer: H_kv·(d_k + d_v), or d_c + d_rope for MLA."""
+def kv_elements_per_token_per_layer(spec: ModelSpec) -> float:
+    """Cache elements one token leaves in one attention layer: H_kv·(d_k + d_v), or d_c + d_rope for MLA, with a
+    sparse-attention indexer's key, d_I, in the layers that run one (DeepSeek-V3.2 §2.1: the indexer scores every
+    cached key), averaged over the layers."""
     if spec.mla:
-        return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
+        indexer_keys = spec.indexer.head_dim * spec.indexer_layers / spec.num_layers if spec.indexer else 0
+        return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim + indexer_keys
     return spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim)
 
 
@@ -81,7 +84,7 @@ def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
     return 1 if spec.mla else max(1, spec.kv_heads // tp)
 
 
-def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> int:
+def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> float:
     """What one GPU of ``tp`` caches per token and layer: its KV heads, or the whole MLA latent."""
     heads = kv_heads_per_gpu(spec, tp)
     if spec.mla:

@@ -82,6 +82,12 @@ def _weights_section(spec: ModelSpec, memory: InferenceMemory, weights_dtype: st
 
 def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[str, str]:
     """``2·H_kv·d·bytes`` with its numbers, or MLA's ``(d_c + d_rope)·bytes``."""
+    if spec.mla and spec.indexer:  # the indexer's key too, in the layers that run one (L_I of L)
+        m, ix, share = spec.mla, spec.indexer, f"{spec.indexer_layers}/{spec.num_layers}"
+        return (
+            "(d_c + d_rope + d_I · L_I/L) · bytes",
+            f"({m.kv_lora_rank} + {m.qk_rope_head_dim} + {ix.head_dim} × {share}) × {kv_bytes:g} B",
+        )
     if spec.mla:
         m = spec.mla
         return "(d_c + d_rope) · bytes", f"({m.kv_lora_rank} + {m.qk_rope_head_dim}) × {kv_bytes:g} B"
@@ -91,6 +97,8 @@ def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[st
 
 
 def _attention_kind(spec: ModelSpec) -> str:
+    if spec.mla and spec.indexer:
+        return "MLA with DeepSeek sparse attention: the KV latent, the shared RoPE key and the indexer's key"
     if spec.mla:
         return "MLA: the compressed KV latent and the shared RoPE key"
     if spec.kv_heads == spec.num_heads:

@@ -44,6 +44,7 @@ from lmcalc.engine.workload import Workload
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
 TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
 INDEX_BYTES = 8  # indices autograd keeps (a max's, a gather's) are int64
+INDEX32_BYTES = 4  # the top-k indices a sparse attention kernel takes are int32 (FlashMLA, DeepseekV32Indexer)
 
 QKV = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate")  # the linear layers that read the attention norm's output
 
@@ -107,6 +108,10 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act))
     tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act))
     tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act))
+    if w.framework.attention.mla_value_view and w.attention == "flash":  # V, a slice, keeps its storage whole
+        tensors.append(
+            SavedTensor("K's no-RoPE part, in V's storage", "s·b·H·d_nope", sb * H * m.qk_nope_head_dim, act)
+        )
     return tensors
 
 
@@ -165,6 +170,8 @@ def _window_masked_share(w: Workload) -> float:
     ``attention.window_mask``): the sliding-window layers, once the sequence reaches the window (transformers'
     masking_utils._ignore_causal_mask_sdpa: below it the causal flag serves)."""
     spec = w.model
+    if w.framework.attention.window_mask and w.attention == "flash" and spec.indexer:
+        return 1.0  # DeepSeek sparse attention: each layer's selection, as a mask (DeepseekV32Attention)
     if not (w.framework.attention.window_mask and w.attention == "flash" and spec.sliding_window):
         return 0.0
     if w.seq_len < spec.sliding_window:
@@ -182,8 +189,8 @@ def _window_mask_saved(w: Workload) -> list[SavedTensor]:
     spec, act, sb, b, s = w.model, w.precision.activation_bytes, w.tokens, w.micro_batch, w.seq_len
     H, Hkv = spec.num_heads, spec.kv_heads
     tensors = [
-        SavedTensor("the window's mask (kept by the kernel)", f"{share:g}·b·s²", b * s * s * share, act,
-                    attention_core=True, split="none")
+        SavedTensor(f"the {'indexer' if spec.indexer else 'window'}'s mask (kept by the kernel)", f"{share:g}·b·s²",
+                    b * s * s * share, act, attention_core=True, split="none")
     ]  # fmt: skip
     if Hkv < H:
         tensors += [
@@ -192,6 +199,19 @@ def _window_mask_saved(w: Workload) -> list[SavedTensor]:
             for name, d in (("K", spec.qk_head_dim), ("V", spec.v_head_dim))
         ]  # fmt: skip
     return tensors
+
+
+def _selection_saved(w: Workload) -> list[SavedTensor]:
+    """What a sparse attention kernel keeps of DeepSeek sparse attention's selection: the indices of each query's
+    top k_I keys, int32 (FlashMLA's and Megatron-Core's sparse MLA kernels take them), in the layers that select
+    (the others reuse that storage). transformers instead masks a dense kernel (``_window_mask_saved``)."""
+    spec = w.model
+    if spec.indexer is None or w.framework.attention.window_mask:
+        return []
+    b, s, k = w.micro_batch, w.seq_len, min(w.seq_len, spec.indexer.top_k)
+    share = spec.indexer_layers / spec.num_layers
+    return [SavedTensor("the indexer's top-k key indices (int32)", f"{share:g}·b·s·min(s, k_I)", b * s * k * share,
+                        INDEX32_BYTES, split="none")]  # fmt: skip
 
 
 @functools.lru_cache(maxsize=4096)
@@ -225,7 +245,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
                                        for_weights=() if gated else ("o",)))  # fmt: skip
         else:
             tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
-        tensors += _window_mask_saved(w)
+        tensors += _window_mask_saved(w) + _selection_saved(w)
         if spec.attention_output_gate:  # Qwen3-Next: o_proj reads attention · sigmoid(gate), which keeps both
             tensors += [
                 SavedTensor("output gate, sigmoid output", "s·b·H·d_v", sb * H * dv, act),
@@ -247,6 +267,19 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         w,
         tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe), mixer)),
     )
+
+
+def kept_before_core(w: Workload, moe_layer: bool) -> float:
+    """Of what a layer saves, the share made before its attention core: its norm, projections, Q, K and V, the moment
+    a sparse-attention indexer scores its keys."""
+    tensors = layer_saved_tensors(w, moe_layer)
+    total = sum(t.bytes for t in tensors)
+    before = 0.0
+    for t in tensors:
+        if t.attention_core or t.block != "attention":
+            break
+        before += t.bytes
+    return before / total if total else 0.0
 
 
 def _eager_scores_saved(w: Workload) -> list[SavedTensor]:

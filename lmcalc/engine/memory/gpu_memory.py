@@ -126,7 +126,8 @@ class GpuMemory:
     @property
     def backward_transient(self) -> float:
         """The larger of the loss's and a layer's backward temporaries."""
-        return max(self.transients)
+        t = self.transients
+        return max(t.loss, t.layer, t.norm, t.embedding)
 
     @property
     def phases(self) -> StepPhases:
@@ -175,9 +176,11 @@ class GpuMemory:
     def grads_unmade(self) -> float:
         """Of the gradients, the bytes autograd has not made yet at the busiest phase (``UnmadeGrads``): where the
         framework frees them after each step and the step is one micro-batch, all of them at the loss's backward."""
-        phases = self.phases
+        phases, unmade = self.phases, self.held.unmade
         index = phases.index(phases.busiest)
-        return (self.held.unmade[index] if index < len(self.held.unmade) else 0.0) * self.kept.grads
+        if index == len(phases) - 1:  # a layer's forward: before any gradient, or the top layer's rebuild
+            return (unmade.layer if self.held.rebuilt else unmade.loss) * self.kept.grads
+        return (unmade[index] if index < len(unmade) else 0.0) * self.kept.grads
 
     @property
     def transient(self) -> float:

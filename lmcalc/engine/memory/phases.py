@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
-from lmcalc.engine.memory.activations import adapter_copies
+from lmcalc.engine.memory.activations import adapter_copies, kept_before_core
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
@@ -81,6 +81,11 @@ class Transients(NamedTuple):
     layer: float  # one layer's activation gradients at its busiest, and its output's gradient (``backward_transients``)
     norm: float = 0.0  # a norm's backward written op by op in fp32: its fp32 input and gradients (the final norm's)
     embedding: float = 0.0  # a tied embedding's own part of the shared matrix's gradient, beside the head's part
+    forward: float = (
+        0.0  # a layer's forward beyond what it keeps: a sparse-attention indexer's scores (``indexer_peak``)
+    )
+    kept_before: float = 0.0  # of a layer's saved tensors, the share made before that moment
+    output_gradient: float = 0.0  # the gradient of a layer's output, alive while the layer is rebuilt
 
 
 class StepPhases(NamedTuple):
@@ -92,6 +97,7 @@ class StepPhases(NamedTuple):
     first_layer_backward: float  # what the first layer and the embedding side keep, the layer's gradients
     embedding_backward: float  # a tied embedding's: both parts of the shared matrix's gradient
     optimizer_step: float  # the activations freed: the end of the step's temporaries
+    layer_forward: float = 0.0  # the top layer's forward (or its rebuild) at its indexer's scores (``indexer_peak``)
 
     @property
     def busiest(self) -> float:
@@ -110,6 +116,7 @@ PHASE_NAMES = (
     "the first layer's backward",
     "the embedding's backward",
     "the optimizer step",
+    "a layer's forward (its indexer's scores)",
 )
 
 
@@ -147,7 +154,21 @@ def step_phases(
         - unmade.first_layer * grads,
         embedding_side + 2 * transients.embedding + queue.embedding,
         step_transient,
+        _layer_forward(held, transients) - (unmade.layer if held.rebuilt else unmade.loss) * grads,
     )
+
+
+def _layer_forward(held: StageActivations, t: Transients) -> float:
+    """The top layer's forward at its indexer's scores (``Transients.forward``), the head side not made yet: every
+    layer below it saved, the top one up to that moment and its input, which the residual branch holds; under full
+    recomputation, the checkpointed inputs, the rebuilt layer up to that moment and its output's gradient (of the
+    input's size). 0 where no forward transient is counted."""
+    if not t.forward:
+        return 0.0
+    after_head = held.total - held.head
+    if held.rebuilt:
+        return after_head + t.kept_before * held.rebuilt + t.output_gradient + t.forward
+    return after_head - (1 - t.kept_before) * held.first_layer + t.output_gradient + t.forward
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -187,6 +208,11 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     norm = 0.0
     if norm_keeps(w) == "fp32_input":  # an RMSNorm written op by op in fp32: its backward's fp32 copies of its input
         norm = RMSNORM_BACKWARD_COPIES * 4 * sb * spec.hidden_size / cp
+    forward = indexer_peak(w, cp)
+    if forward:
+        output_gradient = sb * spec.hidden_size * act / cp
+        kept = kept_before_core(w, bool(built.moe))
+        return Transients(loss, layer, norm, 0.0, forward, kept, output_gradient)
     if (
         spec.tied_embeddings
         and built.head
@@ -197,6 +223,19 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         tied = spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
         return Transients(loss, layer + tied, norm, tied)
     return Transients(loss, layer, norm)
+
+
+def indexer_peak(w: Workload, cp: int) -> float:
+    """A sparse-attention indexer's scores at their busiest, where the profile copies its key for every query
+    (``attention.indexer_key_copy``): the copy, b·s·d_I·s, and the scores, b·s·H_I·s, both fp32, the queries this GPU
+    holds against every key; beside them its queries and its key, b·(H_I + 1)·s·d_I, as projected and as
+    concatenated after RoPE (in the activation dtype) and in fp32. Whole on each TP rank, as the indexer is. Read
+    from the storages live at the step's peak with scripts/hf_step_peak.py on the CPU (deepseek-v32-small)."""
+    ix = w.model.indexer
+    if ix is None or not (w.framework.transients and w.framework.attention.indexer_key_copy):
+        return 0.0
+    queries_key = w.tokens * (ix.heads + 1) * ix.head_dim * (2 * w.precision.activation_bytes + 4)
+    return (4 * w.tokens * w.seq_len * (ix.head_dim + ix.heads) + queries_key) / cp
 
 
 ADAPTED_INPUT_GRADIENTS = 2

@@ -362,7 +362,13 @@ def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
         f"loss {phases.loss_backward / GB:.4g} GB; norm {phases.norm_backward / GB:.4g} GB; layer "
         f"{held.total / GB:.4g} − {held.head / GB:.3g}{rebuilt} + {t.layer / GB:.3g}{buckets} = "
         f"{phases.layer_backward / GB:.4g} GB; first layer {phases.first_layer_backward / GB:.4g} GB; embedding "
-        f"{phases.embedding_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB{not_made}"
+        f"{phases.embedding_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB"
+        + (
+            f"; a layer's forward at its indexer's scores (+{t.forward / GB:.4g}) {phases.layer_forward / GB:.4g} GB"
+            if phases.layer_forward
+            else ""
+        )
+        + not_made
         + queue.numbers(held.first_layer),
         source=f"{rules.loss.source}; {rules.optimizer_step.source}",
         note=f"binds at {gpu.phases.binding}: PyTorch frees a node's saved tensors once it has run, so the logits' "

@@ -43,10 +43,11 @@ class ForwardFlops:
     attention_values: float  # softmax(QK^T)·V
     logits: float
     ssm: float = 0.0  # a hybrid's state-space layers: the causal convolution and the scan's read-out (ssm_flops)
+    indexer: float = 0.0  # DeepSeek sparse attention's indexer, run forward only (indexer_flops)
 
     @property
     def layers(self) -> float:
-        return self.projections + self.mlp + self.attention_scores + self.attention_values + self.ssm
+        return self.projections + self.mlp + self.attention_scores + self.attention_values + self.ssm + self.indexer
 
     @property
     def total(self) -> float:
@@ -76,6 +77,8 @@ def attended_keys(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> 
     computed); the causal one counts what a causal kernel computes, over the window alone in local layers (sliding
     or chunked)."""
     keys = effective_keys(seq_len, convention)
+    if convention == "causal" and spec.indexer:  # DeepSeek sparse attention: query i attends to min(i, k_I) keys
+        return local_keys(seq_len, spec.indexer.top_k, "sliding")
     if convention == "full" or spec.sliding_window is None:
         return keys
     local, attending = spec.local_layers, spec.attention_layers
@@ -100,7 +103,7 @@ def forward_flops_per_token(
     or of the ``part`` a pipeline stage computes."""
     if spec.moe and spec.moe.experts_per_token is None:  # the routed experts' share is unknown
         raise LmcalcError(NO_TOP_K)
-    projections = mlp = 0.0
+    projections = mlp = indexer = 0.0
     tensors = weight_tensors(spec)
     shares = part.shares if part else (1,) * len(tensors)
     for t, share in zip(tensors, shares, strict=True):
@@ -109,6 +112,8 @@ def forward_flops_per_token(
         used = 2 * t.active_total * share
         if t.group in ("attention", "ssm"):
             projections += used
+        elif t.group == "indexer":
+            indexer += used
         else:
             mlp += used
     keys = attended_keys(spec, seq_len, convention)  # a stage's layers are taken at the model's average
@@ -122,7 +127,19 @@ def forward_flops_per_token(
         attention_values=2 * attending * keys * H * spec.v_head_dim,
         logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
         ssm=L * spec.other_mixer_share * ssm_flops(spec, seq_len),
+        indexer=indexer + L * spec.indexer_layers / spec.num_layers * indexer_scores(spec, seq_len, convention),
     )
+
+
+def indexer_scores(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> float:
+    """Forward FLOPs per token of one lightning indexer beyond its projections (DeepSeek-V3.2 §2.1: I_t,s =
+    Σ_j w_t,j · ReLU(q_t,j · k_s)): each query head against every key it may pick, 2·H_I·d_I a key, and the weighted
+    sum over the heads, 2·H_I a key; over s keys (full: transformers scores every key, then masks) or (s+1)/2
+    (causal)."""
+    ix = spec.indexer
+    if ix is None:
+        return 0.0
+    return effective_keys(seq_len, convention) * 2 * ix.heads * (ix.head_dim + 1)
 
 
 def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
@@ -208,8 +225,10 @@ class StepFlops:
 
     @property
     def model(self) -> float:
-        """3 · forward: forward and backward (times ``scale`` under a fine-tuning method)."""
-        return (1 + BACKWARD_TO_FORWARD) * self.forward.total * self.scale
+        """3 · forward: forward and backward (times ``scale`` under a fine-tuning method); a sparse-attention
+        indexer's forward once, for it runs without gradients (DeepseekV32Indexer's ``torch.no_grad``)."""
+        trained = self.forward.total - self.forward.indexer
+        return ((1 + BACKWARD_TO_FORWARD) * trained + self.forward.indexer) * self.scale
 
     @property
     def hardware(self) -> float:
@@ -297,6 +316,12 @@ def _keys_text(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> _Ke
     keys_text = f"{seq_len}" if convention == "full" else f"({seq_len}+1)/2"
     s_sym = "s" if convention == "full" else "(s+1)/2"
     keys_note = f"{convention} convention: each query scored against {keys:g} keys on average"
+    if spec.indexer and convention == "causal":  # DeepSeek sparse attention: min(i, k_I) keys, as a window of k_I
+        k = spec.indexer.top_k
+        keys_note += f": query i attends to the min(i, {k}) keys its indexer picks (DeepSeek-V3.2 §2.1)"
+        return _Keys("k̄", f"{keys:.6g}", keys_note)
+    if spec.indexer:
+        keys_note += f" (transformers masks all but the indexer's top {spec.indexer.top_k}; every key counted)"
     if spec.sliding_window is not None:
         local, w = spec.local_layers, spec.sliding_window
         if convention == "full":
@@ -349,6 +374,7 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             f"2 · L · {keys.symbol} · H · d_v",
             f"2 × {L} × {keys.text} × {H} × {dv}",
         ),
+        *_mixer_terms(spec, fwd, seq_len, convention),
         Term(
             "logits",
             "Output logits (fwd, per token)",
@@ -359,6 +385,32 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
         ),
         Term("forward_per_token", "Forward per token", fwd.total, "FLOPs", "sum of the rows above"),
     )
+
+
+def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: AttnConvention) -> tuple[Term, ...]:
+    """The rows beyond attention and the MLP: a hybrid's other mixers' convolution and scan, and a sparse-attention
+    indexer's projections and key scores."""
+    terms = []
+    if fwd.ssm:
+        terms.append(
+            Term("ssm", "State-space / linear-attention core (fwd, per token)", fwd.ssm, "FLOPs",
+                 "(L − A) · (convolution + scan per token)", f"{spec.other_mixer_layers} layers",
+                 note="§2.8 of docs/formulas.md, per mixer kind")
+        )  # fmt: skip
+    ix = spec.indexer
+    if ix is not None:
+        keys = effective_keys(seq_len, convention)
+        scores = spec.indexer_layers * indexer_scores(spec, seq_len, convention)
+        terms.append(
+            Term("indexer", "Sparse-attention indexer (fwd only, per token)", fwd.indexer, "FLOPs",
+                 "2 · Σ indexer weight elements + 2 · L_I · keys · H_I · (d_I + 1)",
+                 f"2 × {group((fwd.indexer - scores) / 2)} + 2 × {spec.indexer_layers} × {keys:g} × {ix.heads} × "
+                 f"({ix.head_dim} + 1)",
+                 "DeepSeek-AI 2025 (DeepSeek-V3.2) §2.1",
+                 note=f"scores every key it may pick; run without gradients, so counted once in training; the "
+                 f"attention then reads min(i, {ix.top_k}) keys")
+        )  # fmt: skip
+    return tuple(terms)
 
 
 def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tuple[Term, ...]:
@@ -373,8 +425,9 @@ def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tup
             "Training per token (fwd + bwd)",
             per_token,
             "FLOPs",
-            "3 · forward (backward = 2 × forward)",
-            f"3 × {sci(step.forward.total, 4)}",
+            "3 · forward (backward = 2 × forward)" + (" − 2 · indexer" if step.forward.indexer else ""),
+            f"3 × {sci(step.forward.total, 4)}"
+            + (f" − 2 × {sci(step.forward.indexer, 4)}" if step.forward.indexer else ""),
         ),
         Term(
             "model_flops",

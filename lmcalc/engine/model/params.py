@@ -24,14 +24,19 @@ from lmcalc.units import group
 MIXER_SYMBOLS = ("L_attn", "L_ssm", "L_lin", "L_conv")
 """The count symbols of a hybrid's tensors that sit in some of its layers only: its attention's (A of its L layers)
 and its other mixer's (Mamba's, Gated DeltaNet's, Mamba-2's and LFM2's short convolutions': the other L − A)."""
-AVERAGED_SYMBOLS = ("L", "L_mix", "L_ffn", *MIXER_SYMBOLS)
-"""The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L), a hybrid's
-mixers', and the norm before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone."""
-GROUPS = ("embedding", "position", "attention", "ssm", "norm", "mlp", "router", "experts", "shared_experts", "head")
+AVERAGED_SYMBOLS = ("L", "L_mix", "L_ffn", "L_I", *MIXER_SYMBOLS)
+"""The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L), the layers with
+an indexer of their own (L_I), a hybrid's mixers', and the norm before a mixer (L_mix) or an FFN (L_ffn) where some
+layers are one of them alone."""
+GROUPS = (
+    "embedding", "position", "attention", "indexer", "ssm", "norm", "mlp", "router", "experts", "shared_experts",
+    "head",
+)  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
+    "indexer": "Sparse-attention indexer",
     "ssm": "State-space, linear-attention and convolution mixers",
     "norm": "Norms",
     "mlp": "Dense MLP",
@@ -64,7 +69,7 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         kv_up = Dim(heads * (m.qk_nope_head_dim + m.v_head_dim), "H·(d_nope+d_v)")
         tensors += linear("attn.kv_b", site, kv_up, kv_rank, False)
         tensors += linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
-        return tensors
+        return tensors + _indexer(spec)
     q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")
     # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide; AFMoE's gate
     # is a projection of its own
@@ -91,6 +96,23 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)
         tensors.append(tensor("attn.sinks", site, (Dim(heads, "H"),), False))
     return tensors
+
+
+def _indexer(spec: ModelSpec) -> list[WeightTensor]:
+    """DeepSeek sparse attention's lightning indexer in each layer that runs one (DeepseekV32Indexer): its queries from
+    the query latent, one key from the hidden state with a LayerNorm, and a weight per head (DeepSeek-V3.2 §2.1)."""
+    ix = spec.indexer
+    if ix is None:
+        return []
+    assert spec.mla is not None and spec.mla.q_lora_rank is not None  # MLASpec requires the query latent
+    h, d = Dim(spec.hidden_size, "h"), Dim(ix.head_dim, "d_I")
+    site = Site("indexer", spec.indexer_layers, "L_I" if ix.own_layers else "L")
+    return (
+        linear("indexer.wq_b", site, Dim(ix.heads * ix.head_dim, "H_I·d_I"), Dim(spec.mla.q_lora_rank, "r_q"), False)
+        + linear("indexer.wk", site, d, h, False)
+        + [tensor("indexer.k_norm.weight", site, (d,), False), tensor("indexer.k_norm.bias", site, (d,), False)]
+        + linear("indexer.weights_proj", site, Dim(ix.heads, "H_I"), h, False)
+    )
 
 
 def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:

@@ -240,7 +240,25 @@ def _stage_gemms(s: StageShape, live_share: dict[str, float]) -> list[Gemm]:
             for g in _layer_gemms(w, s.grid, s.tokens, s.expert_tokens, kind == "moe"):
                 gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count, live, trained))
             gemms += [replace(g, count=g.count * count) for g in _adapter_gemms(w, s, kind == "moe")]
-    return gemms
+    return gemms + _indexer_gemms(s)
+
+
+def _indexer_gemms(s: StageShape) -> list[Gemm]:
+    """A sparse-attention indexer's GEMMs in the stage's layers that run one, forward only (no gradient flows into
+    it): its projections, whole on every TP rank, and its key scores over the causal keys, 2·H_I·(d_I + 1) a key
+    (flops.indexer_scores), timed as one GEMM. DeepSeek's fp8 indexer kernel is not modelled apart."""
+    w, model = s.w, s.w.model
+    ix = model.indexer
+    if ix is None or not s.built.layers:
+        return []
+    layers = s.built.layers * model.indexer_layers / model.num_layers
+    gemms = [
+        Gemm(t.name, s.tokens, t.shape[0], t.shape[1], layers, 0.0, 0.0)
+        for t in weight_tensors(model)
+        if t.group == "indexer" and t.matmul
+    ]
+    keys = (w.seq_len + 1) / 2
+    return [*gemms, Gemm("indexer.scores", s.tokens, keys, ix.heads * (ix.head_dim + 1), layers, 0.0, 0.0)]
 
 
 def _head_gemms(s: StageShape) -> tuple[Gemm, ...]:

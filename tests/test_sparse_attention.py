@@ -1,0 +1,167 @@
+"""DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): MLA with a lightning indexer that picks each query's top k_I keys
+(DeepSeek-AI 2025, DeepSeek-V3.2 §2.1). Against hand derivations written here and against transformers: the
+parameters are exact (tests/test_hf_types.py), the FLOPs equal FlopCounterMode's (tests/test_validate_hf.py; here at
+real width), the cache is transformers' own, and the saved bytes and step peak under ``--framework transformers`` are
+the harness's (tests/test_framework_transformers.py, tests/test_step_phases.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from lmcalc.engine.finetune.method import FULL
+from lmcalc.engine.inference.serving import kv_elements_per_token_per_layer
+from lmcalc.engine.memory.activations import layer_saved_tensors
+from lmcalc.engine.memory.phases import indexer_peak
+from lmcalc.engine.model import flops as fl
+from lmcalc.engine.model.params import count_params, weight_tensors
+from lmcalc.engine.parallel.layout import Grid, Layout
+from lmcalc.engine.parallel.pipeline import stage_layers
+from lmcalc.engine.parallel.sharding import tp_divisor
+from lmcalc.engine.time.kernels import stage_work
+from lmcalc.engine.workload import Workload
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
+from lmcalc.specs import ModelSpec
+
+# DeepSeek-V3.2's shapes (its config.json; transformers' DeepseekV32Config defaults): V3's model with an indexer of
+# 64 heads of 128 over the 1,536-wide query latent, picking 2,048 keys
+V32 = {
+    "name": "v32", "vocab_size": 129280, "hidden_size": 7168, "num_layers": 61, "num_heads": 128, "ffn_size": 18432,
+    "norm_kind": "rmsnorm", "ffn_kind": "swiglu", "tied_embeddings": False, "position_embedding": "rope",
+    "max_seq_len": 163840,
+    "mla": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "indexer": {"heads": 64, "head_dim": 128, "top_k": 2048}},
+    "moe": {"num_experts": 256, "experts_per_token": 8, "shared_experts": 1, "expert_ffn_size": 2048,
+            "dense_layers": 3},
+}  # fmt: skip
+PER_LAYER = 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64  # wq_b, wk, k_norm's weight and bias, weights_proj
+
+
+def spec(**indexer: int | None) -> ModelSpec:
+    fields = {**V32, "mla": {**V32["mla"], "indexer": {**V32["mla"]["indexer"], **indexer}}}
+    return ModelSpec.model_validate(fields)
+
+
+def without_indexer() -> ModelSpec:
+    return ModelSpec.model_validate({**V32, "mla": {**V32["mla"], "indexer": None}})
+
+
+def test_the_indexer_adds_its_four_tensors_in_every_layer_that_runs_one():
+    # 13,959,424 a layer: 61 layers in DeepSeek-V3.2; GLM-5's "shared" layers build none
+    assert PER_LAYER == 13_959_424
+    assert count_params(spec()).total - count_params(without_indexer()).total == 61 * PER_LAYER
+    assert count_params(spec(own_layers=20)).total - count_params(without_indexer()).total == 20 * PER_LAYER
+    assert count_params(spec()).by_group["indexer"] == 61 * PER_LAYER
+
+
+def test_the_attention_reads_the_top_k_keys_and_the_indexer_scores_every_causal_key():
+    # s = 8,192, k_I = 2,048: query i reads min(i, 2048) keys, (2048·2049/2 + 6144·2048)/8192 on average; the
+    # indexer scores (s+1)/2 keys a query under the causal convention, 2·H_I·(d_I + 1) FLOPs a key, forward only
+    s, model = 8192, spec()
+    keys = (2048 * 2049 / 2 + 6144 * 2048) / 8192
+    fwd = fl.forward_flops_per_token(model, s, "causal")
+    assert fwd.attention_scores == pytest.approx(2 * 61 * keys * 128 * 192)
+    assert fwd.attention_values == pytest.approx(2 * 61 * keys * 128 * 128)
+    assert fwd.indexer == pytest.approx(61 * (2 * PER_LAYER - 2 * 2 * 128) + 61 * 4096.5 * 2 * 64 * 129)
+    # full convention, as transformers runs it: every key scored and attended (masked, not skipped)
+    full = fl.forward_flops_per_token(model, s, "full")
+    assert full.attention_scores == pytest.approx(2 * 61 * s * 128 * 192)
+    assert full.indexer == pytest.approx(61 * (2 * PER_LAYER - 2 * 2 * 128) + 61 * s * 2 * 64 * 129)
+
+
+def test_the_indexer_runs_forward_only_in_the_training_step():
+    # no gradient flows into it (DeepseekV32Indexer runs under no_grad): 3 · (forward − indexer) + indexer
+    step = fl.step_flops(spec(), 4096, convention="causal")
+    assert step.model == pytest.approx(3 * (step.forward.total - step.forward.indexer) + step.forward.indexer)
+    assert step.forward.indexer > 0
+
+
+def test_short_sequences_attend_as_a_causal_kernel():
+    # s ≤ k_I: the indexer picks every key a query may see, (s+1)/2 on average
+    assert fl.attended_keys(spec(), 1024, "causal") == (1024 + 1) / 2
+
+
+def workload(framework: str, attention: str = "flash", seq: int = 4096, model: ModelSpec | None = None) -> Workload:
+    bf16 = resolve_precision("bf16-mixed").spec
+    return Workload(model or spec(), bf16, resolve_optimizer("adamw").spec, seq, 2, attention, "none",
+                    framework=framework_profile(framework), method=FULL)  # fmt: skip
+
+
+def saved(w: Workload, label: str) -> float:
+    return sum(t.bytes for t in layer_saved_tensors(w, True) if t.label == label)
+
+
+def test_a_sparse_kernel_keeps_the_top_k_indices_and_transformers_keeps_a_mask():
+    # Megatron-Core's sparse MLA kernel takes the int32 indices, b·s·k_I of them; transformers masks SDPA with a
+    # [b, 1, s, s] mask per layer in the activation dtype, which the kernel keeps
+    b, s = 2, 4096
+    assert saved(workload("megatron"), "the indexer's top-k key indices (int32)") == b * s * 2048 * 4
+    assert saved(workload("megatron", seq=1024), "the indexer's top-k key indices (int32)") == b * 1024 * 1024 * 4
+    assert saved(workload("transformers"), "the indexer's mask (kept by the kernel)") == b * s * s * 2
+    assert saved(workload("transformers"), "the indexer's top-k key indices (int32)") == 0
+    assert saved(workload("transformers", "eager"), "the indexer's mask (kept by the kernel)") == 0
+    # 20 layers of 61 select, the others reuse their storage
+    w = workload("megatron", model=spec(own_layers=20))
+    assert saved(w, "the indexer's top-k key indices (int32)") == pytest.approx(20 / 61 * b * s * 2048 * 4)
+
+
+def test_transformers_indexer_copies_its_key_for_every_query():
+    # torch.matmul([b, s, H_I, d_I] fp32, [b, 1, d_I, s] fp32) expands the key to [b, s, d_I, s] and copies it, beside
+    # the [b, s, H_I, s] fp32 scores; the queries and the key as projected, concatenated after RoPE and in fp32
+    b, s = 2, 4096
+    copies = 4 * b * s * s * (128 + 64) + b * s * 65 * 128 * (2 * 2 + 4)
+    assert indexer_peak(workload("transformers"), 1) == copies
+    assert indexer_peak(workload("megatron"), 1) == 0
+
+
+def test_the_step_times_the_indexer_forward_only():
+    # the stage's GEMMs gain the indexer's forward FLOPs, one pass each (no input or weight gradient)
+    with_ix, without = workload("megatron", seq=4096), workload("megatron", seq=4096, model=without_indexer())
+    tokens = 2 * 4096
+
+    def gemm_flops(w: Workload) -> float:
+        return stage_work(w, Grid(), stage_layers(w.model, Layout(), 0)).gemm_flops
+
+    expected = tokens * fl.forward_flops_per_token(spec(), 4096, "causal").indexer
+    assert gemm_flops(with_ix) - gemm_flops(without) == pytest.approx(expected)
+
+
+def test_the_indexer_is_whole_on_every_tensor_parallel_rank():
+    # its one key serves every head: no TP split, as Megatron-Core's column- and row-parallel modules would make
+    indexer = [t for t in weight_tensors(spec()) if t.group == "indexer"]
+    assert [t.name for t in indexer] == [
+        "indexer.wq_b.weight", "indexer.wk.weight", "indexer.k_norm.weight", "indexer.k_norm.bias",
+        "indexer.weights_proj.weight",
+    ]  # fmt: skip
+    assert all(tp_divisor(t, spec(), 8) == 1 for t in indexer)
+
+
+def test_the_cache_holds_the_indexer_key_beside_the_latent():
+    # per token and layer: d_c + d_rope of MLA's latent, and d_I in the layers that run an indexer
+    assert kv_elements_per_token_per_layer(spec()) == 512 + 64 + 128
+    assert kv_elements_per_token_per_layer(spec(own_layers=20)) == pytest.approx(512 + 64 + 128 * 20 / 61)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["deepseek_v32", "glm_moe_dsa"])
+def test_the_cache_is_what_transformers_allocates(kind: str):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from hf_tiny import tiny_config
+
+    from lmcalc.hf_config import model_from_hf_config
+
+    config = tiny_config(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    model = model.to(torch.bfloat16).eval()
+    batch, tokens = 2, 7
+    with torch.no_grad():
+        cache = model(input_ids=torch.zeros(batch, tokens, dtype=torch.long), use_cache=True).past_key_values
+    held = {id(t): t for layer in cache.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)}
+    cached = sum(t.numel() * t.element_size() for t in held.values())
+    model_spec = ModelSpec.model_validate(model_from_hf_config(config, kind, kind))
+    per_token = kv_elements_per_token_per_layer(model_spec) * model_spec.num_layers * 2  # bf16
+    assert cached == pytest.approx(batch * tokens * per_token)
