@@ -43,7 +43,7 @@ from lmcalc.hf_gpt import (
     parallel_gelu,
     xglm,
 )
-from lmcalc.hf_layers import deltanet, mamba2, moe, short_conv, windows
+from lmcalc.hf_layers import deltanet, lightning, mamba2, moe, short_conv, windows
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 
@@ -57,7 +57,7 @@ LLAMA_LIKE = (
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
-    "glm_moe_dsa",
+    "glm_moe_dsa", "minimax",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -264,6 +264,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
     if kind in ("bamba", "granitemoehybrid", "falcon_h1"):
         fields |= mamba2(config, kind, fields["hidden_size"], layers, origin)
+    if kind == "minimax":  # lightning attention in every linear_attention layer (MiniMax-01)
+        fields |= lightning(config, origin, layers, fields["hidden_size"], fields["num_heads"])
     if kind in ("lfm2", "lfm2_moe"):  # LFM2-MoE's dense layers take intermediate_size as it is
         fields |= short_conv(config, origin, adjust_ffn=kind == "lfm2")
     if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe"):  # not built by transformers

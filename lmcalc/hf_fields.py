@@ -28,7 +28,7 @@ WHOLE_NUMBERS = frozenset(
         "prefix_dense_intermediate_size", "num_dense_layers", "conv_L_cache", "block_multiple_of", "block_ff_dim",
         "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
         "moe_shared_expert_intermediate_size", "moe_latent_size", "mamba_d_ssm", "state_size", "index_n_heads",
-        "index_head_dim", "index_topk",
+        "index_head_dim", "index_topk", "block_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

@@ -272,3 +272,22 @@ def short_conv(config: dict[str, Any], origin: str, adjust_ffn: bool = True) -> 
             "attention_layer_ids": [i for i, t in enumerate(types) if t != "conv"],
         }
     return fields
+
+
+def lightning(config: dict[str, Any], origin: str, layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    """MiniMax-01's lightning attention in the layers ``layer_types`` calls linear_attention (MiniMaxConfig: where
+    absent, every second layer, from layer 1), softmax attention in the others; the heads and their width are the
+    attention's (MiniMaxLightningAttention: head_dim, else hidden_size / num_attention_heads)."""
+    types = config.get("layer_types") or [
+        "full_attention" if (i + 1) % 2 else "linear_attention" for i in range(layers)
+    ]
+    if "linear_attention" not in types[:layers]:
+        return {}
+    return {
+        "lightning": {
+            "heads": heads,
+            "head_dim": config.get("head_dim") or hidden // heads,
+            "block": _get(config, origin, "block_size", default=256),
+            "attention_layer_ids": [i for i, t in enumerate(types[:layers]) if t != "linear_attention"],
+        }
+    }

@@ -1,6 +1,6 @@
 """The mixers of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated DeltaNet
-(Qwen3-Next, Qwen3.5) and the gated short convolution (LFM2), each with the layers that attend instead
-(``ModelSpec.is_attention_layer``).
+(Qwen3-Next, Qwen3.5), the gated short convolution (LFM2) and lightning attention (MiniMax-01), each with the layers
+that attend instead (``ModelSpec.is_attention_layer``).
 
 The annotations are types, not text (no ``from __future__ import annotations``), for the reason ``specs`` gives."""
 
@@ -127,4 +127,17 @@ class ShortConvSpec(Spec):
 
     conv_kernel: PositiveInt = Field(description="K, the causal depthwise convolution's taps (conv_L_cache)")
     bias: StrictBool = Field(False, description="biases on the convolution and both projections (conv_bias)")
+    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(description="the layers (from 0) that attend")
+
+
+class LightningSpec(Spec):
+    """MiniMax-01's lightning attention (MiniMax 2025, arXiv:2501.08313 §2.2; Qin et al. 2024) in the layers that do
+    not attend, as transformers' MiniMaxLightningAttention builds it: one projection of h to SiLU(q‖k‖v) over H heads of
+    d, linear attention with a per-head decay computed block by block (within a block as masked products, across
+    blocks through an H × d × d state), an RMSNorm over H·d, a sigmoid gate from the layer's input, and the output
+    projection. The layers in attention_layer_ids attend (softmax attention)."""
+
+    heads: PositiveInt = Field(description="H, the heads (num_attention_heads)")
+    head_dim: PositiveInt = Field(description="d, each head's width (head_dim, else hidden_size / heads)")
+    block: PositiveInt = Field(256, description="B, the block length of the blockwise computation (block_size)")
     attention_layer_ids: tuple[NonNegativeInt, ...] = Field(description="the layers (from 0) that attend")

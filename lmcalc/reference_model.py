@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from lmcalc.engine.choices import Attention as AttentionImpl
 from lmcalc.engine.choices import Recompute
 from lmcalc.errors import LmcalcError, setting
+from lmcalc.reference_sparse import Indexer
 from lmcalc.specs import ModelSpec
 
 FUSED_CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
@@ -101,6 +102,7 @@ class Attention(nn.Module):
             self.kv_a_norm = make_norm(spec, m.kv_lora_rank, **kw)
             self.kv_b = nn.Linear(m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim), bias=qkv_bias, **kw)
             self.o = nn.Linear(heads * m.v_head_dim, h, bias=out_bias, **kw)
+            self.indexer = Indexer(spec, **kw) if m.indexer else None  # DeepSeek sparse attention
             return
         self.q = nn.Linear(h, heads * d, bias=qkv_bias, **kw)
         self.k = nn.Linear(h, kv * d, bias=qkv_bias, **kw)
@@ -120,15 +122,16 @@ class Attention(nn.Module):
         if spec.attention_sinks:  # gpt-oss: one learned logit per head in every softmax
             self.sinks = nn.Parameter(torch.zeros(heads, **kw))
 
-    def project(self, x, cos, sin):
-        """Queries, keys and values as (batch, heads, seq, dim), RoPE applied."""
+    def project(self, x, cos, sin, causal_bias):
+        """Queries, keys and values as (batch, heads, seq, dim), RoPE applied, and the mask the attention takes: the
+        causal one, or DeepSeek sparse attention's selection."""
         spec = self.spec
         b, s, _ = x.shape
         heads = spec.num_heads
         if spec.mla:
             m = spec.mla
-            q = self.q_b(self.q_a_norm(self.q_a(x))) if m.q_lora_rank else self.q(x)
-            q = q.view(b, s, heads, m.qk_head_dim).transpose(1, 2)
+            q_latent = self.q_a_norm(self.q_a(x)) if m.q_lora_rank else None  # the indexer's queries read it too
+            q = (self.q_b(q_latent) if m.q_lora_rank else self.q(x)).view(b, s, heads, m.qk_head_dim).transpose(1, 2)
             q_nope, q_rope = q.split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
             latent, k_rope = self.kv_a(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
             kv = self.kv_b(self.kv_a_norm(latent)).view(b, s, heads, m.qk_nope_head_dim + m.v_head_dim)
@@ -136,7 +139,9 @@ class Attention(nn.Module):
             k_rope = rotary(k_rope.view(b, 1, s, m.qk_rope_head_dim), cos, sin).expand(b, heads, s, -1)
             q = torch.cat((q_nope, rotary(q_rope, cos, sin)), dim=-1)
             k = torch.cat((k_nope, k_rope), dim=-1)
-            return q, k, v.contiguous()  # V on its own, not a view that keeps the whole up-projection alive
+            if self.indexer is not None:
+                causal_bias = self.indexer.selection(x, q_latent, causal_bias)
+            return q, k, v.contiguous(), causal_bias  # V on its own, not a view that keeps the up-projection alive
         kv, d = spec.kv_heads, spec.head_size
         q, k, v = self.q(x), self.k(x), self.v(x)
         if spec.qkv_clip:  # OLMo: each clamped in place, which keeps its input
@@ -148,7 +153,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if spec.position_embedding == "rope":
             q, k = rotary(q, cos, sin), rotary(k, cos, sin)
-        return q, k, v
+        return q, k, v, causal_bias
 
     def core(self, q, k, v, causal_bias):
         """softmax(QKᵀ/√d + causal mask)·V."""
@@ -158,7 +163,8 @@ class Attention(nn.Module):
             # A CUDA case no fused kernel takes would silently run the math kernel, which keeps the fp32
             # b·H·s² scores: refuse it, so that a memory check never measures the wrong kernel.
             try:
-                mask = {"attn_mask": causal_bias[: q.shape[2], : q.shape[2]]} if self.local else {"is_causal": True}
+                masked = self.local or getattr(self, "indexer", None) is not None  # the window's or the selection's
+                mask = {"attn_mask": causal_bias[..., : q.shape[2], : q.shape[2]]} if masked else {"is_causal": True}
                 with sdpa_kernel(FUSED_CUDA_KERNELS) if q.device.type == "cuda" else nullcontext():
                     return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=groups > 1, **mask)
             except RuntimeError as exc:
@@ -176,7 +182,7 @@ class Attention(nn.Module):
         if self.spec.attention_softcap:  # Gemma 2: c·tanh(scores/c) before the mask; tanh keeps its output
             cap = self.spec.attention_softcap
             scores = cap * torch.tanh(scores / cap)
-        scores = scores + causal_bias[:s, :s]
+        scores = scores + causal_bias[..., :s, :s]
         if self.spec.eager_score_clamp:  # XGLM: max(scores, the dtype's minimum), which keeps the scores
             scores = torch.maximum(scores, torch.tensor(torch.finfo(scores.dtype).min, device=scores.device))
         if hasattr(self, "sinks"):  # the sink joins each row's softmax, then is dropped
@@ -203,7 +209,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, causal_bias, selective: bool):
         b, s, _ = x.shape
-        q, k, v = self.project(x, cos, sin)
+        q, k, v, causal_bias = self.project(x, cos, sin, causal_bias)
         if self.spec.differential_attention:
             out = self.differential(q, k, v, causal_bias, selective)
         else:

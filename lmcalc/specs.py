@@ -18,7 +18,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from lmcalc.errors import as_given
 from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_specs import NO_TOP_K, IndexerSpec, MLASpec, MoESpec, moe_layers_in
-from lmcalc.mixer_specs import DeltaNetSpec, Mamba2Spec, MambaSpec, ShortConvSpec
+from lmcalc.mixer_specs import DeltaNetSpec, LightningSpec, Mamba2Spec, MambaSpec, ShortConvSpec
 from lmcalc.spec_base import (
     ActivationKind,
     ComputeDtype,
@@ -39,8 +39,8 @@ from lmcalc.spec_base import (
     whole_float_as_int,
 )
 
-__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "IndexerSpec", "MLASpec",
-           "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K", "Cluster", "HardwareSpec",
+__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "IndexerSpec", "LightningSpec",
+           "MLASpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K", "Cluster", "HardwareSpec",
            "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
            "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
@@ -193,6 +193,7 @@ class ModelSpec(NamedSpec):
     deltanet: DeltaNetSpec | None = None
     mamba2: Mamba2Spec | None = None
     short_conv: ShortConvSpec | None = None
+    lightning: LightningSpec | None = None
     mixer_only_layer_ids: tuple[NonNegativeInt, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -263,9 +264,10 @@ class ModelSpec(NamedSpec):
             raise ValueError("moe: no layer is an MoE layer (check dense_layers, moe_every and dense_layer_ids)")
         if self.global_every is not None and self.sliding_window is None:
             raise ValueError("global_every needs a sliding_window (which layers attend locally, and over what span)")
-        if sum(m is not None for m in (self.mamba, self.mamba2, self.deltanet, self.short_conv)) > 1:
+        if sum(m is not None for m in (self.mamba, self.mamba2, self.deltanet, self.short_conv, self.lightning)) > 1:
             raise ValueError(
-                "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet or short_conv"
+                "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv "
+                "or lightning"
             )
         if self.norms_per_layer == 1 and not self.parallel_block:
             raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
@@ -300,10 +302,11 @@ class ModelSpec(NamedSpec):
             raise ValueError("ffn_only_layer_ids leaves no layer with a mixer")
 
     @property
-    def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | None:
+    def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | None:
         """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated
-        DeltaNet (Qwen3-Next) or the short convolution (LFM2); None where every layer attends."""
-        return self.mamba or self.mamba2 or self.deltanet or self.short_conv
+        DeltaNet (Qwen3-Next), the short convolution (LFM2) or lightning attention (MiniMax-01); None where every
+        layer attends."""
+        return self.mamba or self.mamba2 or self.deltanet or self.short_conv or self.lightning
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy validated afresh: its counts of layers by kind are cached, and ``update`` may change them."""
@@ -340,7 +343,7 @@ class ModelSpec(NamedSpec):
 
     def _attends_by_pattern(self, layer: int) -> bool:
         m = self.hybrid
-        if isinstance(m, (Mamba2Spec, ShortConvSpec)):
+        if isinstance(m, (Mamba2Spec, ShortConvSpec, LightningSpec)):
             return layer in m.attention_layer_ids
         if m is None:
             return True

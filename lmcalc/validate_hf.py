@@ -221,7 +221,9 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
     (chunks of C = 64) also runs ``solve_triangular``'s backward, two matmuls against the C × C system,
     2·b·H_v·s'·C·(d_k + d_v), and saves the state the first chunk reads as zeros and the last chunk's update, which
     nothing reads, 8·b·H_v·C·d_k·d_v. Mamba's scan (c_d = d_in), Mamba-2's chunked scan and LFM2's short convolution
-    (c_d = h) do nothing more."""
+    (c_d = h) do nothing more. MiniMax's blockwise lightning attention does less: the first block's product with
+    the zero initial state computes one gradient, not two (2·b·H·n₁·d² fewer), and the last block's update of the
+    state, which nothing reads, none (4·b·H·n_last·d² fewer)."""
     channels_kernel = None
     if spec.mamba:  # Mamba's slow path (Jamba, Mamba, Falcon Mamba): nn.Conv1d padded by K − 1, then cut to s
         channels_kernel = spec.mamba.d_inner, spec.mamba.d_conv
@@ -233,6 +235,12 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
         channels, kernel = channels_kernel
         conv = 3 * 2 * micro_batch * channels * kernel * (kernel - 1)
         return spec.other_mixer_layers * conv
+    if spec.lightning:  # the first block reads the zero state, which needs no gradient; the last block's update
+        # of the state feeds nothing the loss reads, so its backward never runs
+        m = spec.lightning
+        first, last = min(m.block, seq_len), seq_len - m.block * ((seq_len - 1) // m.block)
+        unrun = 2 * micro_batch * m.heads * m.head_dim**2 * (first + 2 * last)
+        return -spec.other_mixer_layers * unrun
     g = spec.deltanet
     if g is None:
         return 0.0
@@ -275,9 +283,10 @@ def transformers_check(
     flops_note = f"causal convention: {fl.step_flops(spec, seq_len, convention='causal').model * tokens:.4e} FLOPs"
     if fallback:
         flops_note += (
-            f"; lmcalc's count plus {fallback:,.0f} FLOPs transformers' PyTorch mixers spend beyond 3× the forward "
-            "(the convolution's padding; Gated DeltaNet's solve_triangular backward and first and last chunks: "
-            "validate_hf.torch_path_flops)"
+            f"; lmcalc's count {'plus' if fallback > 0 else 'less'} {abs(fallback):,.0f} FLOPs transformers' PyTorch "
+            f"mixers spend {'beyond' if fallback > 0 else 'short of'} 3× the forward (the convolution's padding; Gated "
+            "DeltaNet's solve_triangular backward and first and last chunks; lightning attention's first and last "
+            "blocks: validate_hf.torch_path_flops)"
         )
     sections = (
         _compare(

@@ -514,6 +514,8 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                 "probabilities, a bias on the last layer's attention output alone"),
     "bitnet-small": (T.BitNetConfig, N384, "small BitNet: norms on the attention's output and on the gated "
                      "product, a squared-ReLU gate"),
+    "minimax-small": (T.MiniMaxConfig, MOE4 | {"block_size": 64},
+                      "small MiniMax-01: softmax attention, then lightning attention in blocks of 64, 4 experts top-2"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
                            "small DeepSeek-V3.2: MLA with a lightning indexer of 4 heads picking 64 keys a query, "
                            "a dense layer, then 4 experts top-2 and a shared one"),

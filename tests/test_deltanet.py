@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from hf_tiny import cached_state_bytes, tiny_config  # noqa: E402
 
 from lmcalc.engine.inference.serving import state_bytes  # noqa: E402
-from lmcalc.engine.model.flops import ssm_flops  # noqa: E402
+from lmcalc.engine.model.mixer_flops import ssm_flops  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 from lmcalc.validate_hf import transformers_check  # noqa: E402

@@ -118,6 +118,7 @@ OTHERS = (
     "seed-oss-small",
     "gpt-neox-japanese-small",
     "deepseek-v32-small",
+    "minimax-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

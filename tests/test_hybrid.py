@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers")
 from hf_tiny import tiny_config  # noqa: E402
 
 from lmcalc.engine.inference.serving import Serving, inference_memory, ssm_state_elements  # noqa: E402
-from lmcalc.engine.model.flops import forward_flops_per_token, ssm_flops  # noqa: E402
+from lmcalc.engine.model.flops import forward_flops_per_token  # noqa: E402
+from lmcalc.engine.model.mixer_flops import ssm_flops  # noqa: E402
 from lmcalc.engine.model.params import count_params  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402

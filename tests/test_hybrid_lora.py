@@ -1,11 +1,12 @@
 """LoRA on the hybrids whose mixers lmcalc models (Gated DeltaNet: Qwen3-Next, Qwen3.5; Mamba-2: Bamba, Granite 4;
-LFM2's short convolutions), against PEFT's own count: the trainable parameters of a real ``get_peft_model`` on
-transformers' tiny model, built on the meta device, must equal lmcalc's adapters, r·(in + out) per targeted linear
-layer. LFM2 names its attention's output projection out_proj, as its convolutions': PEFT's out_proj takes both.
-Qwen3.5 projects q‖k‖v, z, β and α by four modules where Qwen3-Next uses two: the same weights, more adapters.
-AFMoE's attention gate, a projection of its own where Qwen3-Next's is half of q_proj, is checked here too. Routed
-experts are not targeted (transformers 5 stores them as 3-D parameters that ``all-linear`` leaves alone;
-tests/test_finetune_peft.py says why)."""
+LFM2's short convolutions; MiniMax's lightning attention), against PEFT's own count: the trainable parameters of a
+real ``get_peft_model`` on transformers' tiny model, built on the meta device, must equal lmcalc's adapters,
+r·(in + out) per targeted linear layer. LFM2 names its attention's output projection out_proj, as its convolutions':
+PEFT's out_proj takes both. Qwen3.5 projects q‖k‖v, z, β and α by four modules where Qwen3-Next uses two: the same
+weights, more adapters. AFMoE's attention gate, a projection of its own where Qwen3-Next's is half of q_proj, is
+checked here too. Routed experts are not targeted: on an MoE, PEFT's ``all-linear`` also adapts the router and the
+3-D experts (transformers 5's) through ``target_parameters``, with adapters of another shape
+(tests/test_finetune_peft.py says why), so the MoE hybrids are checked with named targets."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ CASES = [
     ("lfm2", "all-linear"),
     ("lfm2", "q_proj,k_proj,v_proj,out_proj,in_proj,w1,w2,w3"),  # LFM2's model card's targets
     ("lfm2", "out_proj"),  # its attention's output and its convolutions'
+    # MiniMax: its lightning layers' modules alone, then with the softmax layers'; not all-linear, which PEFT extends to
+    # the router and the 3-D experts of an MoE (tests/test_finetune_peft.py says why they are not compared)
+    ("minimax", "qkv_proj,output_gate,out_proj"),
+    ("minimax", "q_proj,k_proj,v_proj,o_proj,qkv_proj"),  # the softmax layers' and the lightning q‖k‖v
     # single blocks: Mamba-2, attention, an MLP, an MoE's shared expert, each alone; PEFT refuses Mamba's out_proj
     # (and so all-linear) on Nemotron-H: _check_lora_target_modules_mamba
     ("nemotron_h", "q_proj,k_proj,v_proj,o_proj,in_proj"),
@@ -81,7 +86,7 @@ def test_afmoes_attention_gate_is_an_adapter_of_its_own(rank: int):
 
 
 @pytest.mark.parametrize(
-    "kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h", "olmo_hybrid", "falcon_h1"]
+    "kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h", "olmo_hybrid", "falcon_h1", "minimax"]
 )
 def test_a_hybrid_takes_qlora_and_pipeline_stages(kind: str):
     # each of its layer tensors is placed on a stage by its count symbol (L_lin: the Gated DeltaNet layers): QLoRA's

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from lmcalc.engine.finetune.flops import method_step_flops  # noqa: E402
 from lmcalc.engine.finetune.method import Method, adapter_tensors, parse_targets  # noqa: E402
 from lmcalc.engine.inference.serving import state_bytes  # noqa: E402
-from lmcalc.engine.model.flops import ssm_flops  # noqa: E402
+from lmcalc.engine.model.mixer_flops import ssm_flops  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 from lmcalc.validate_hf import convolution_backward_flops, transformers_check  # noqa: E402

@@ -79,6 +79,7 @@ FAMILIES = (
     "diffllama-small",
     "gpt-neox-japanese-small",
     "deepseek-v32-small",
+    "minimax-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",
@@ -170,7 +171,7 @@ LORA_FAMILIES = tuple(  # the dense small models of FAMILIES
     name
     for name in FAMILIES
     if name.endswith("-small")
-    and name not in ("mixtral-small", "qwen2-moe-small", "nemotron-h-small", "deepseek-v32-small")
+    and name not in ("mixtral-small", "qwen2-moe-small", "nemotron-h-small", "deepseek-v32-small", "minimax-small")
 )
 LORA_MODES = {  # how the adapters run: (PEFT's fp32 adapters, the Trainer's autocast), lmcalc's recipe
     "bf16-adapters": (False, False, "bf16-pure"),

@@ -38,11 +38,12 @@ from lmcalc.engine.finetune.method import (
     linear_modules,
     trained_params,
 )
-from lmcalc.engine.model.flops import attended_keys, mixer_conv_flops, napkin_params, ssm_flops
+from lmcalc.engine.model.flops import attended_keys, napkin_params
+from lmcalc.engine.model.mixer_flops import mixer_conv_flops, ssm_flops
 from lmcalc.engine.model.params import MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
 
-READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate", *MIXER_INPUTS)
+READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate", "output_gate", *MIXER_INPUTS)
 READS_MLP_INPUT = ("gate", "up", "gate_up", "fc", "router")
 OUTPUT_PROJECTIONS = ("o", "down", "proj", "out_proj")  # a half's last projection: it writes the residual stream
 OPERANDS = (("q", "qkv", "q_a", "q_b"), ("k", "qkv", "kv_a", "kv_b"), ("v", "qkv", "kv_a", "kv_b"))
@@ -224,7 +225,10 @@ def _layer_flops(step: _MethodStep, layer: _Layer) -> _LayerFlops:
             # a hybrid's other mixer: the convolution's input gradient where its input projection's output needs
             # one, its weight's where the layer trains; the core's products, both operands', twice its forward
             separate = bool(step.model.deltanet and step.model.deltanet.separate_projections)  # OLMo Hybrid's q, k, v
-            mixed = any(flops.outputs.get(leaf, False) for leaf in MIXER_INPUTS + (("q", "k", "v") if separate else ()))
+            fused = ("qkv",) if step.model.lightning else ()  # MiniMax's lightning attention: q‖k‖v, as attention's
+            mixed = any(
+                flops.outputs.get(leaf, False) for leaf in MIXER_INPUTS + (("q", "k", "v") if separate else fused)
+            )
             flops.input_grads += step.mixer_conv if mixed else 0.0
             flops.weight_grads += step.mixer_conv if layer.trained else 0.0
             flops.attention_backward += 2 * step.mixer_core if mixed else 0.0

@@ -54,6 +54,7 @@ LINEAR_NAMES += ("down", "fc", "proj", "router", "attn_gate")  # attn_gate: AFMo
 LINEAR_NAMES += ("in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # Gated DeltaNet
 LINEAR_NAMES += ("in_proj", "x_proj", "dt_proj", "out_proj")  # Mamba's and Mamba-2's, and Gated DeltaNet's output
 LINEAR_NAMES += ("g", "b", "a")  # OLMo Hybrid's Gated DeltaNet: its output gate's, β's and α's own projections
+LINEAR_NAMES += ("output_gate",)  # MiniMax's lightning attention: the sigmoid gate's projection
 HF_NAMES: dict[str, tuple[str, ...]] = {
     "q_proj": ("q",),
     "k_proj": ("k",),
@@ -87,7 +88,7 @@ TWO_MATRIX = {"up": "fc", "down": "proj"}
 MIXER_INPUTS = ("in_proj", "in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "g", "b",
                 "a")  # fmt: skip
 """A hybrid's other mixers' input projections (Mamba-2's, Gated DeltaNet's, LFM2's): what read the layer's norm (OLMo
-Hybrid's Gated DeltaNet reads it by q, k and v too, named as attention's)."""
+Hybrid's Gated DeltaNet reads it by q, k and v too, and MiniMax's lightning attention by q‖k‖v and its output gate)."""
 
 
 @dataclass(frozen=True)

@@ -248,10 +248,13 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     """Bytes a hybrid keeps per sequence in place of a KV cache in its layers that do not attend: Mamba's states at
     the cache's bytes (``ssm_state_elements``); Gated DeltaNet's convolution state (its last K inputs of q‖k‖v) at the
     cache's bytes and its recurrent state (H_v · d_k · d_v) in fp32, as transformers' Qwen3-Next cache and fla keep
-    it; LFM2's short convolutions their last K inputs, as its cache keeps them."""
+    it; LFM2's short convolutions their last K inputs, as its cache keeps them; lightning attention its H × d × d
+    state (K·V summed with decay) at the cache's bytes, as MiniMax's cache keeps it."""
     layers = spec.other_mixer_layers
     if spec.short_conv:  # the convolution's last K inputs of B·x (LFM2's cache)
         return layers * spec.hidden_size * spec.short_conv.conv_kernel * kv_bytes
+    if spec.lightning:  # the running state, H × d × d (MiniMaxCache's linear cache)
+        return layers * spec.lightning.heads * spec.lightning.head_dim**2 * kv_bytes
     if spec.mamba2:  # the convolution's last K inputs of x‖B‖C, and the H × P × N state in fp32 (Bamba's cache)
         m = spec.mamba2
         return layers * (m.conv_channels * m.conv_kernel * kv_bytes + m.heads * m.head_dim * m.state * 4)

@@ -255,6 +255,10 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
         state = ("Short-convolution", "L_conv · h · K · bytes",
                  f"{layers} × {spec.hidden_size} × {c.conv_kernel} × {b}",
                  "transformers' LFM2 cache (the convolution's last K inputs)")  # fmt: skip
+    elif spec.lightning:
+        lt = spec.lightning
+        state = ("Lightning-attention", "L_lin · H · d² · bytes", f"{layers} × {lt.heads} × {lt.head_dim}² × {b}",
+                 "MiniMax 2025 §2.2; transformers' MiniMax cache (the K·V state per head)")  # fmt: skip
     elif spec.mamba2:
         m2 = spec.mamba2
         state = ("Mamba-2", "L_ssm · ((I + 2·G·N) · K · bytes + H · P · N · 4 B)",

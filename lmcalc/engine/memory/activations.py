@@ -56,7 +56,7 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
     # one norm feeding both halves of a parallel block (Falcon-7B, Cohere): its output is the MLP's input too
     readers = (*QKV, *UP, "router") if spec.norms_per_layer == 1 else QKV
     if spec.hybrid:  # the norm's output in a hybrid's other layers: their input projections read it
-        readers = (*readers, *MIXER_INPUTS)
+        readers = (*readers, *MIXER_INPUTS, "output_gate")  # MiniMax's lightning attention's gate reads it too
     tensors = [
         SavedTensor("QKV projection input (norm output)", "s·b·h", sb * h, act, split="seq", for_weights=readers)
     ]

@@ -154,21 +154,21 @@ def step_phases(
         - unmade.first_layer * grads,
         embedding_side + 2 * transients.embedding + queue.embedding,
         step_transient,
-        _layer_forward(held, transients) - (unmade.layer if held.rebuilt else unmade.loss) * grads,
+        _layer_forward(held, transients, (unmade.layer if held.rebuilt else unmade.loss) * grads),
     )
 
 
-def _layer_forward(held: StageActivations, t: Transients) -> float:
+def _layer_forward(held: StageActivations, t: Transients, unmade: float) -> float:
     """The top layer's forward at its indexer's scores (``Transients.forward``), the head side not made yet: every
     layer below it saved, the top one up to that moment and its input, which the residual branch holds; under full
     recomputation, the checkpointed inputs, the rebuilt layer up to that moment and its output's gradient (of the
-    input's size). 0 where no forward transient is counted."""
+    input's size), less the gradients not made by then (``unmade``). 0 where no forward transient is counted."""
     if not t.forward:
         return 0.0
     after_head = held.total - held.head
     if held.rebuilt:
-        return after_head + t.kept_before * held.rebuilt + t.output_gradient + t.forward
-    return after_head - (1 - t.kept_before) * held.first_layer + t.output_gradient + t.forward
+        return after_head + t.kept_before * held.rebuilt + t.output_gradient + t.forward - unmade
+    return after_head - (1 - t.kept_before) * held.first_layer + t.output_gradient + t.forward - unmade
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -1,13 +1,15 @@
-"""What a hybrid's state-space (Mamba), Gated DeltaNet or short-convolution layers keep for backward, and the average
-layer of a hybrid: attention in some layers, a state-space, linear-attention or convolution mixer in the others
-(``engine.memory.activations`` counts the rest of a layer)."""
+"""What a hybrid's state-space (Mamba), Gated DeltaNet, short-convolution or lightning-attention layers keep for
+backward, and the average layer of a hybrid: attention in some layers, a state-space, linear-attention or convolution
+mixer in the others (``engine.memory.activations`` counts the rest of a layer)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Literal
 
+from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.model.tensors import Dim
 from lmcalc.engine.workload import Workload
 
 
@@ -103,6 +105,35 @@ def _short_conv_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
+def _lightning_saved(w: Workload) -> list[SavedTensor]:
+    """What a lightning-attention layer keeps for backward on transformers' PyTorch path (MiniMaxLightningAttention's
+    block loop): the projection's output (SiLU's input); per block of n tokens, the copies its batched products make
+    of the strided q, k and v slices of SiLU's output (q and kᵀ for the scores, v for the scores' product and again
+    for the state's update: folding the batch into the heads copies them), or SiLU's output itself, whose slices
+    they keep, where the micro-batch is one sequence; the decayed n × n scores each head multiplies v by, the decayed
+    queries that read the state and the decayed keys that update it, and the H × d × d state each block reads (the
+    first one's zeros too); the RMSNorm over H·d; the sigmoid gate, kept by the product; the output projection's
+    input (the gated product). Measured on the CPU (minimax-small); an estimate for MiniMax's own kernels, which are
+    not here."""
+    m, act, sb, b, s = w.model.lightning, w.precision.activation_bytes, w.tokens, w.micro_batch, w.seq_len
+    assert m is not None
+    inner = m.heads * m.head_dim
+    whole, rest = divmod(s, m.block)
+    squares, blocks = whole * m.block**2 + rest**2, whole + (rest > 0)
+    return [
+        SavedTensor("q‖k‖v before SiLU (projection output)", "s·b·3·H·d", sb * 3 * inner, act),
+        SavedTensor("each block's copies of q, kᵀ and v (v twice)", "4·s·b·H·d", 4 * sb * inner, act)
+        if b > 1
+        else SavedTensor("q‖k‖v (SiLU output, whose slices the products keep)", "s·b·3·H·d", sb * 3 * inner, act),
+        SavedTensor("decayed scores within each block", "b·H·Σn²", b * m.heads * squares, act),
+        SavedTensor("decayed queries and keys", "2·s·b·H·d", 2 * sb * inner, act),
+        SavedTensor("the state each block reads", "⌈s/B⌉·b·H·d²", blocks * b * m.heads * m.head_dim**2, act),
+        *norm_saved(w, "output norm", Dim(sb, "s·b"), Dim(inner, "H·d")),
+        SavedTensor("output gate (sigmoid output)", "s·b·H·d", sb * inner, act),
+        SavedTensor("output projection input (gated product)", "s·b·H·d", sb * inner, act, for_weights=("out_proj",)),
+    ]
+
+
 MixerKind = Literal["average", "attention", "other", "none"]
 """A hybrid's layer: the average of its L layers, one that attends, one of its other mixer, or (where some layers are
 an FFN alone, Nemotron-H) one without a mixer."""
@@ -117,6 +148,8 @@ def average_mixer(w: Workload, attention: list[SavedTensor], kind: MixerKind = "
         return attention
     if spec.short_conv:
         mixer = _short_conv_saved(w)
+    elif spec.lightning:
+        mixer = _lightning_saved(w)
     else:
         mixer = _deltanet_saved(w) if spec.deltanet else _mamba2_saved(w) if spec.mamba2 else _ssm_saved(w)
     if kind == "other":

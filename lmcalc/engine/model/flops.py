@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import active_params, count_params, weight_tensors
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
-from lmcalc.specs import NO_TOP_K, Mamba2Spec, ModelSpec
+from lmcalc.specs import NO_TOP_K, ModelSpec
 from lmcalc.units import group, sci
 
 BACKWARD_TO_FORWARD = 2  # Kaplan et al. 2020 §2.1: backward costs twice the forward
@@ -43,7 +44,7 @@ class ForwardFlops:
     attention_values: float  # softmax(QK^T)·V
     logits: float
     ssm: float = 0.0  # a hybrid's state-space layers: the causal convolution and the scan's read-out (ssm_flops)
-    indexer: float = 0.0  # DeepSeek sparse attention's indexer, run forward only (indexer_flops)
+    indexer: float = 0.0  # DeepSeek sparse attention's indexer, run forward only (indexer_scores)
 
     @property
     def layers(self) -> float:
@@ -140,61 +141,6 @@ def indexer_scores(spec: ModelSpec, seq_len: int, convention: AttnConvention) ->
     if ix is None:
         return 0.0
     return effective_keys(seq_len, convention) * 2 * ix.heads * (ix.head_dim + 1)
-
-
-def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
-    """Forward FLOPs per token of one state-space or linear-attention layer beyond its projections.
-
-    Mamba (Gu & Dao 2023, Algorithm 2): the causal depthwise convolution, 2·d_inner·d_conv (one multiply-add per
-    channel and tap), and the scan's read-out y = C·h, 2·d_inner·N, the contraction PyTorch's reference scan runs as a
-    batched matmul. The discretisation (exp(Δ·A), Δ·B·x) and the state update are element-wise, about 3·d_inner·N
-    more, and not counted, as norms and activations are not (§3.3).
-
-    Gated DeltaNet (Yang et al. 2025, §3.3, the chunkwise form fla and transformers run, chunks of C = 64): the
-    convolution, 2·(2·H_k·d_k + H_v·d_v)·K, and per value head and token of the sequence padded to whole chunks
-    (s' = C·⌈s/C⌉): K·βKᵀ and QKᵀ within the chunk, 2·C·d_k each; the state's read by K and by Q and its update
-    Kᵀ·V, 2·d_k·d_v each; the intra-chunk attention times the new values, 2·C·d_v.
-
-    LFM2's gated short convolution: the causal depthwise convolution over B·x, 2·h·K (its two gates, B·x and C·y,
-    are element-wise)."""
-    if spec.short_conv:
-        return 2 * spec.hidden_size * spec.short_conv.conv_kernel
-    if spec.mamba2:
-        return mamba2_flops(spec.mamba2, seq_len)
-    if spec.deltanet:
-        g = spec.deltanet
-        padded = g.chunk * -(-seq_len // g.chunk) / seq_len
-        core = g.value_heads * (4 * g.chunk * g.key_head_dim + 2 * g.chunk * g.value_head_dim)
-        core += g.value_heads * 6 * g.key_head_dim * g.value_head_dim
-        return 2 * g.conv_channels * g.conv_kernel + padded * core
-    m = spec.mamba
-    return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
-
-
-def mixer_conv_flops(spec: ModelSpec) -> float:
-    """Of ``ssm_flops``, the causal depthwise convolution's forward FLOPs per token, 2 · channels · K (the one part
-    with a weight: a fine-tuning step's backward computes its gradient only where it trains); 0 without a mixer."""
-    if spec.short_conv:
-        return 2 * spec.hidden_size * spec.short_conv.conv_kernel
-    if spec.mamba2 or spec.deltanet:
-        m = spec.mamba2 or spec.deltanet
-        assert m is not None
-        return 2 * m.conv_channels * m.conv_kernel
-    return 0.0 if spec.mamba is None else 2 * spec.mamba.d_inner * spec.mamba.d_conv
-
-
-def mamba2_flops(m: Mamba2Spec, seq_len: int) -> float:
-    """Forward FLOPs per token of a Mamba-2 layer beyond its projections (Dao & Gu 2024, §7: the chunked SSD
-    algorithm, chunks of length Q): the convolution over x‖B‖C, 2·(I + 2·G·N)·K; and per head, over the sequence
-    padded to whole chunks (s' = Q·⌈s/Q⌉, c chunks), C·Bᵀ within each chunk (2·Q·N a token) and its product with x
-    (2·Q·P), each chunk's state from its B and x (2·P·N) and the states' read by C (2·P·N), and the pass that carries
-    the states from chunk to chunk, 2·P·N·(c + 1)² per head and sequence (transformers' einsum over c + 1 chunks,
-    the zero initial state included)."""
-    chunks = -(-seq_len // m.chunk)
-    padded = m.chunk * chunks / seq_len
-    P, N = m.head_dim, m.state
-    core = padded * 2 * m.heads * (m.chunk * N + m.chunk * P + 2 * P * N)
-    return 2 * m.conv_channels * m.conv_kernel + core + 2 * m.heads * P * N * (chunks + 1) ** 2 / seq_len
 
 
 def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute, redone: Redone = ATTENTION_CORE) -> float:

@@ -1,6 +1,7 @@
 """The tensors of a hybrid's mixers in its layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4,
-Nemotron-H), Gated DeltaNet (Qwen3-Next, Qwen3.5) and LFM2's gated short convolutions, each as its transformers module
-builds it. ``engine.model.params.weight_tensors`` lists them after the attention's."""
+Nemotron-H), Gated DeltaNet (Qwen3-Next, Qwen3.5), LFM2's gated short convolutions and MiniMax-01's lightning
+attention, each as its transformers module builds it. ``engine.model.params.weight_tensors`` lists them after the
+attention's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from lmcalc.specs import ModelSpec
 
 def mixer_tensors(spec: ModelSpec) -> list[WeightTensor]:
     """The tensors of the model's other mixer, in its M − A layers that do not attend (none but in a hybrid)."""
-    return _mamba(spec) + _deltanet(spec) + _mamba2(spec) + _short_conv(spec)
+    return _mamba(spec) + _deltanet(spec) + _mamba2(spec) + _short_conv(spec) + _lightning(spec)
 
 
 def _mamba(spec: ModelSpec) -> list[WeightTensor]:
@@ -107,3 +108,20 @@ def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
     tensors.append(tensor("linear_attn.norm.weight", site, (Dim(m.value_head_dim, "d_v"),), False))
     tensors += linear("linear_attn.o" if m.separate_projections else "linear_attn.out_proj", site, h, vd, False)
     return tensors
+
+
+def _lightning(spec: ModelSpec) -> list[WeightTensor]:
+    """A lightning-attention layer's tensors, as transformers' MiniMaxLightningAttention builds them (no biases): the
+    RMSNorm over the heads' output (H·d), the projection to q, k and v (3·H·d × h), the output gate's projection of the
+    layer's input (H·d × h) and the output projection (h × H·d)."""
+    m = spec.lightning
+    if m is None:
+        return []
+    h, site = Dim(spec.hidden_size, "h"), Site("ssm", spec.other_mixer_layers, "L_lin")
+    inner = Dim(m.heads * m.head_dim, "H·d")
+    return (
+        [tensor("lightning.norm.weight", site, (inner,), False)]
+        + linear("lightning.qkv", site, Dim(3 * m.heads * m.head_dim, "3·H·d"), h, False)
+        + linear("lightning.output_gate", site, inner, h, False)
+        + linear("lightning.out_proj", site, h, inner, False)
+    )
