@@ -64,6 +64,15 @@ def test_a_null_top_k_is_counted_and_what_needs_k_is_refused(tmp_path):
             estimate(model=str(path))
 
 
+@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v32"])
+def test_an_moe_config_whose_every_layer_is_dense_builds_no_experts(kind: str):
+    # first_k_dense_replace at the layer count: transformers builds a dense MLP in every layer and no router; lmcalc
+    # reads a dense model (it refused one with an MoE of no MoE layer before)
+    config = tiny_config(kind) | {"first_k_dense_replace": 4, "mlp_layer_types": ["dense"] * 4}
+    spec = lmcalc_spec(config, kind)
+    assert spec.moe is None and count_params(spec).total == transformers_count(config)
+
+
 def test_a_string_boolean_is_refused():
     config = tiny_config("llama") | {"tie_word_embeddings": "false"}  # "false" is a true string in Python
     with pytest.raises(LmcalcError, match="tie_word_embeddings must be true or false"):
