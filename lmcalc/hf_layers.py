@@ -15,8 +15,9 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 """The layer_types of a local layer, and the ModelSpec.local_attention each means."""
 
 
-ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "dots1", "ernie4_5_moe", "exaone_moe",
-               "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1", "hy_v3")  # fmt: skip
+ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "axk1", "dots1", "ernie4_5_moe",
+               "exaone_moe", "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1",
+               "hy_v3")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
 F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
@@ -115,6 +116,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
     if kind in ("glm4_moe_lite", "hy_v3") and not config.get("mlp_layer_types"):  # their classes: the first dense
         first_dense = 1
+    if kind == "axk1" and not config.get("mlp_layer_types"):  # AXK1Config: its legacy first_k_dense_replace, else 1
+        first_dense = config.get("first_k_dense_replace", 1)
     if kind == "ernie4_5_moe":  # MoE where start <= i <= end and (i + 1) % interval == 0 (Ernie4_5_MoeDecoderLayer)
         first_dense, every = config.get("moe_layer_start_index") or 0, config.get("moe_layer_interval") or 1
         end = config.get("moe_layer_end_index")
@@ -141,6 +144,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         # AFMoE's expert_bias is a frozen nn.Parameter too
         "router_bias": kind in ("gpt_oss", "ernie4_5_moe", "afmoe"),
         "router_fp32": kind in ROUTER_FP32,
+        "output_norm": kind == "axk1",  # AXK1MoE's post_mlp_layernorm on the block's output
         # group-limited routing: each token's experts come from topk_group of n_group groups, which training
         # places a group to a node (DeepSeek-V3 §2.1.2: node-limited routing)
         "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,

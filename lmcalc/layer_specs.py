@@ -54,6 +54,11 @@ class MoESpec(Spec):
     dense_layer_ids: tuple[NonNegativeInt, ...] = Field(
         default_factory=no_items, description="further layers (from 0) with a dense FFN (Qwen MoE's mlp_only_layers)"
     )
+    output_norm: StrictBool = Field(
+        False,
+        description="a norm on the MoE block's output (routed and shared experts summed), before the residual add "
+        "(A.X K1's post_mlp_layernorm)",
+    )
     node_limit: PositiveInt | None = Field(
         None,
         description="node-limited routing: each token is sent to experts on at most this many nodes (DeepSeek-V3: "

@@ -514,6 +514,9 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                 "probabilities, a bias on the last layer's attention output alone"),
     "bitnet-small": (T.BitNetConfig, N384, "small BitNet: norms on the attention's output and on the gated "
                      "product, a squared-ReLU gate"),
+    "axk1-small": (T.AXK1Config, N384 | {k: v for k, v in DSA_SMALL.items() if not k.startswith("index")}
+                   | {"head_dim": 16},  # AXK1's rotary tables are head_dim wide: the RoPE part, qk_rope_head_dim
+                   "small A.X K1: DeepSeek-V3's MLA and MoE, a norm on the MoE block's output"),
     "minimax-small": (T.MiniMaxConfig, MOE4 | {"block_size": 64},
                       "small MiniMax-01: softmax attention, then lightning attention in blocks of 64, 4 experts top-2"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,

@@ -119,6 +119,7 @@ OTHERS = (
     "gpt-neox-japanese-small",
     "deepseek-v32-small",
     "minimax-small",
+    "axk1-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

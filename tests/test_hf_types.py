@@ -73,6 +73,18 @@ def test_an_moe_config_whose_every_layer_is_dense_builds_no_experts(kind: str):
     assert spec.moe is None and count_params(spec).total == transformers_count(config)
 
 
+def test_axk1_is_deepseek_v3_with_a_norm_on_each_moe_output():
+    # A.X K1's one delta (AXK1MoE.post_mlp_layernorm): h per MoE layer over DeepSeek-V3 at the same shapes; at its class
+    # defaults 60 MoE layers × 7,168
+    config = tiny_config("axk1")
+    v3 = tiny_config("deepseek_v3") | {k: config[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers")}
+    spec = lmcalc_spec(config, "axk1")
+    assert spec.moe is not None and spec.moe.output_norm
+    assert count_params(spec).total - transformers_count(v3) == spec.moe_layers * spec.hidden_size == 3 * 64
+    defaults = lmcalc_spec(bare_config("axk1"), "axk1")
+    assert defaults.moe_layers * defaults.hidden_size == 60 * 7168
+
+
 def test_a_string_boolean_is_refused():
     config = tiny_config("llama") | {"tie_word_embeddings": "false"}  # "false" is a true string in Python
     with pytest.raises(LmcalcError, match="tie_word_embeddings must be true or false"):

@@ -467,6 +467,8 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
                 SavedTensor("shared-expert output (for the gate's product)", "s·b·h", sb * h, act, split="seq"),
                 SavedTensor("shared-expert gate, sigmoid output", "s·b", sb, act, split="seq"),
             ]
+        if moe.output_norm:  # A.X K1: a norm on the summed output of the routed and shared experts
+            tensors += norm_saved(w, "MoE output norm", Dim(sb, "s·b"), Dim(h, "h"))
     else:
         tensors += ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
         if spec.sub_norms:

@@ -183,6 +183,8 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             tensors += _ffn("shared_experts", shared, spec, f_s)
             if moe.shared_expert_gate:  # sigmoid(x·w) scales the shared experts' output (Qwen2-MoE)
                 tensors += linear("shared_expert_gate", Site("shared_experts", n_moe, "L_moe"), Dim(1, "1"), h, False)
+        if moe.output_norm:  # A.X K1: a norm on the experts' summed output, in each MoE layer
+            tensors += norm("moe_output_norm", Site("norm", n_moe, "L_moe"), h, spec)
     if not spec.post_norm:  # a post-norm model's last layer ends in its norm (GPT-1): none before the head
         tensors += norm("final_norm", Site("norm", 1, "1"), h, spec)
     if not spec.tied_embeddings:
