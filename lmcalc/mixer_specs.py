@@ -8,7 +8,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from lmcalc.spec_base import NonNegativeInt, PositiveInt, Spec, StrictBool
+from lmcalc.spec_base import NonNegativeInt, PositiveInt, Spec, StrictBool, no_items
 
 
 class MambaSpec(Spec):
@@ -56,7 +56,7 @@ class Mamba2Spec(Spec):
         "(Falcon-H1's FalconH1DecoderLayer); attention_layer_ids then names none",
     )
     attention_layer_ids: tuple[NonNegativeInt, ...] = Field(
-        default_factory=tuple, description="the layers (from 0) that attend; the others run Mamba-2 alone"
+        default_factory=no_items, description="the layers (from 0) that attend; the others run Mamba-2 alone"
     )
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from lmcalc.engine.choices import Attention as AttentionImpl
 from lmcalc.engine.choices import Recompute
 from lmcalc.errors import LmcalcError, setting
+from lmcalc.reference_kernels import RMSNorm, XIELUFunction
 from lmcalc.reference_sparse import Indexer
 from lmcalc.specs import ModelSpec
 
@@ -34,37 +35,6 @@ FUSED_CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
 log-sum-exp, not the scores), never the math fallback."""
 NO_KERNEL = "No available kernel"  # how PyTorch's sdpa says that no enabled kernel takes the case
 DROPOUT_P = 0.1  # the GPT-2/GPT-3 setting, used when the spec says the model trained with dropout
-
-
-class RMSNormFunction(torch.autograd.Function):
-    """y = x / rms(x) · w, saving only x and 1/rms for backward (what fused RMSNorm kernels keep); w may be None
-    (a norm without a weight)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, rstd, weight)
-        y = (x.float() * rstd).to(x.dtype)
-        return y if weight is None else y * weight
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, rstd, weight = ctx.saved_tensors
-        xhat = x.float() * rstd
-        grad_weight = None if weight is None else (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
-        g = grad.float() if weight is None else grad.float() * weight.float()
-        grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-        return grad_x.to(x.dtype), grad_weight, None
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float = 1e-5, weight: bool = True, device=None, dtype=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype)) if weight else None
-        self.eps = eps
-
-    def forward(self, x):
-        return RMSNormFunction.apply(x, self.weight, self.eps)
 
 
 def make_norm(spec: ModelSpec, size: int, **kw) -> nn.Module:
@@ -252,11 +222,8 @@ class FeedForward(nn.Module):
             self.sub_norm = make_norm(spec, width, **kw) if spec.sub_norms else None  # BitNet's, before down
 
     def forward(self, x):
-        if self.kind == "gelu_mlp" and self.activation == "xielu":  # transformers' XIELUActivation, its Python form
-            u, beta = self.fc(x), 0.5
-            alpha_p, alpha_n = F.softplus(self.alpha_p), beta + F.softplus(self.alpha_n)
-            negative = (torch.expm1(torch.clamp(u, max=-1e-6)) - u) * alpha_n + beta * u
-            return self.proj(torch.where(u > 0, alpha_p * u * u + beta * u, negative))
+        if self.kind == "gelu_mlp" and self.activation == "xielu":  # Apertus: one kernel, keeping its input
+            return self.proj(XIELUFunction.apply(self.fc(x), self.alpha_p, self.alpha_n))
         if self.kind == "gelu_mlp":
             return self.proj(_two_matrix_act(self.fc(x), self.activation))
         product = _gate_act(self.kind, self.activation)(self.gate(x)) * self.up(x)
