@@ -81,9 +81,7 @@ class Transients(NamedTuple):
     layer: float  # one layer's activation gradients at its busiest, and its output's gradient (``backward_transients``)
     norm: float = 0.0  # a norm's backward written op by op in fp32: its fp32 input and gradients (the final norm's)
     embedding: float = 0.0  # a tied embedding's own part of the shared matrix's gradient, beside the head's part
-    forward: float = (
-        0.0  # a layer's forward beyond what it keeps: a sparse-attention indexer's scores (``indexer_peak``)
-    )
+    forward: float = 0.0  # a layer's forward beyond what it keeps: an indexer's scores (``indexer_peak``)
     kept_before: float = 0.0  # of a layer's saved tensors, the share made before that moment
     output_gradient: float = 0.0  # the gradient of a layer's output, alive while the layer is rebuilt
 
@@ -208,11 +206,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     norm = 0.0
     if norm_keeps(w) == "fp32_input":  # an RMSNorm written op by op in fp32: its backward's fp32 copies of its input
         norm = RMSNORM_BACKWARD_COPIES * 4 * sb * spec.hidden_size / cp
-    forward = indexer_peak(w, cp)
-    if forward:
-        output_gradient = sb * spec.hidden_size * act / cp
-        kept = kept_before_core(w, bool(built.moe))
-        return Transients(loss, layer, norm, 0.0, forward, kept, output_gradient)
+    tied = 0.0
     if (
         spec.tied_embeddings
         and built.head
@@ -221,8 +215,11 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         and not w.framework.speed.fused_grad_accumulation
     ):
         tied = spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
+    forward = indexer_peak(w, cp)
+    if not forward:
         return Transients(loss, layer + tied, norm, tied)
-    return Transients(loss, layer, norm)
+    output_gradient = sb * spec.hidden_size * act / cp  # of the layer rebuilt, alive while it runs its forward
+    return Transients(loss, layer + tied, norm, tied, forward, kept_before_core(w, bool(built.moe)), output_gradient)
 
 
 def indexer_peak(w: Workload, cp: int) -> float:
