@@ -57,7 +57,7 @@ LLAMA_LIKE = (
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
-    "glm_moe_dsa", "minimax", "axk1",
+    "glm_moe_dsa", "minimax", "axk1", "flint",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -84,7 +84,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "hunyuan_v1_moe": "per_head", "exaone_moe": "per_head",
            "nanochat": "per_head",
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
-           "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full",
+           "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full", "flint": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5}  # fmt: skip
@@ -94,7 +94,7 @@ QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "sta
 """Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
-                    "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", *DELTANET)  # fmt: skip
+                    "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
@@ -209,7 +209,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         if kind in SANDWICH_NORMS or _post_norms(config, kind)
         else (1 if kind in COHERE or _stablelm_parallel(config, kind) else 2),
         "parallel_block": kind in COHERE or _stablelm_parallel(config, kind),
-        "attention_sinks": kind in ("gpt_oss", "granite_swa", "granitemoe_swa"),
+        "attention_sinks": kind in ("gpt_oss", "granite_swa", "granitemoe_swa", "flint"),
+        "eager_fp32_scores": kind == "flint",  # Flint's eager attention: fp32 Q and K, its sink softmax in fp32
         "head_bias": bool(config.get("lm_head_bias")),  # PhimoeForCausalLM's option
         # Seed-OSS drops attention probabilities and each sub-layer's output (its class default 0.1), not the embedding;
         # Emu3's text model both at attention_dropout (Emu3DecoderLayer.dropout; its class default 0.1)

@@ -17,7 +17,7 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 
 ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "axk1", "dots1", "ernie4_5_moe",
                "exaone_moe", "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1",
-               "hy_v3")  # fmt: skip
+               "hy_v3", "flint")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
 F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
@@ -35,12 +35,16 @@ def every_n(flags: list[bool], origin: str, what: str) -> int | None:
 
 def global_layers(flags: list[bool], origin: str) -> dict[str, Any]:
     """``global_every`` (and ``global_from_first``) for per-layer global ``flags``: every N-th layer from the N-th
-    (Gemma), or from the first (GPT-Neo, CWM: layer i when i is a multiple of N)."""
+    (Gemma), or from the first (GPT-Neo, CWM: layer i when i is a multiple of N); else the global layers by index
+    (``global_layer_ids``: Flint's)."""
     if any(flags) and len(flags) > 1 and flags[0]:
         for every in range(1, len(flags) + 1):
             if all(flag == (i % every == 0) for i, flag in enumerate(flags)):
                 return {"global_every": every, "global_from_first": True}
-    return {"global_every": every_n(flags, origin, "global")}
+    try:
+        return {"global_every": every_n(flags, origin, "global")}
+    except LmcalcError:
+        return {"global_layer_ids": [i for i, flag in enumerate(flags) if flag]}
 
 
 def windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any]:
@@ -53,6 +57,11 @@ def windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict
                 int((i + 1) % config.get("no_rope_layer_interval", 4) != 0) for i in range(layers)
             ]
             types = ["chunked_attention" if r else "full_attention" for r in rope]
+    elif kind == "flint" and not types:  # FlintConfig: global in layers 0 and 1, every fourth from 5, and the last
+        window, local = config.get("sliding_window"), "sliding"
+        types = [
+            "full_attention" if i < 2 or i % 4 == 1 or i == layers - 1 else "sliding_attention" for i in range(layers)
+        ]
     else:
         window, local = config.get("sliding_window"), "sliding"
         if kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not config.get("use_sliding_window"):
@@ -98,7 +107,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
     # GraniteMoeShared's and Granite 4's shared_mlp, added to the experts' output without a gate
     ungated = config.get("shared_intermediate_size") if kind in ("granitemoeshared", "granitemoehybrid") else None
-    if kind == "kolibri1":  # Kolibri1's shared_experts: Qwen2-MoE's width field, without its gate
+    if kind in ("kolibri1", "flint"):  # Kolibri1's and Flint's shared expert: Qwen2-MoE's width field, no gate
         shared_width, ungated = None, shared_width
     if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:
         raise LmcalcError(f"{origin}: moe_layer_freq other than 1 is not supported")
@@ -110,7 +119,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     if kind == "llama4_text" and config.get("moe_layers") is not None:
         listed = set(config["moe_layers"])
         every = every_n([i in listed for i in range(layers)], origin, "MoE") or 1
-    dense_ids = list(config.get("mlp_only_layers") or [])
+    only = config.get("mlp_only_layers")
+    dense_ids = list([0, 1] if only is None and kind == "flint" else only or [])  # FlintConfig's default: [0, 1]
     if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
         dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
     first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
@@ -163,6 +173,8 @@ def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
     if kind == "olmo_hybrid" and not config.get("layer_types") and not any(full):  # OlmoHybridConfig: the last
         full[-1] = True
     pattern = global_layers(full, origin)
+    if "global_layer_ids" in pattern:
+        raise LmcalcError(f"{origin}: the full_attention layers do not follow an every-N pattern lmcalc can describe")
     every = pattern["global_every"]
     if every is None:
         raise LmcalcError(f"{origin}: config.json layer_types has no full_attention layer; lmcalc reads hybrids only")

@@ -91,6 +91,12 @@ class ModelSpec(NamedSpec):
         description="the model's eager attention clamps its masked scores at the dtype's minimum with torch.max, "
         "which keeps them for backward (XGLMAttention): one more b·H·s² tensor",
     )
+    eager_fp32_scores: StrictBool = Field(
+        False,
+        description="the model's own eager attention multiplies fp32 copies of Q and of K (repeated to every head), "
+        "which the product keeps, and keeps its softmax over the scores and a sink column in fp32 and its cast copy "
+        "(Flint's eager_attention_forward)",
+    )
     eager_softmax: Literal["fp32", "activation"] = Field(
         "fp32",
         description="the dtype the model's own eager attention runs its softmax in (read under a framework profile "
@@ -159,6 +165,11 @@ class ModelSpec(NamedSpec):
         False,
         description="the global layers are i where i (from 0) is a multiple of global_every: the first layer "
         "attends globally (GPT-Neo: 2, Code World Model: 4)",
+    )
+    global_layer_ids: tuple[NonNegativeInt, ...] = Field(
+        default_factory=no_items,
+        description="with a sliding_window, the layers (from 0) that attend globally where no global_every says it "
+        "(Flint: layers 0 and 1, every fourth from 5, and the last); empty: global_every decides",
     )
     attention_softcap: PositiveFloat | None = Field(
         None, description="tanh soft-capping of attention logits (Gemma 2); transformers then runs eager attention"
@@ -262,8 +273,11 @@ class ModelSpec(NamedSpec):
             raise ValueError(f"moe.dense_layers ({self.moe.dense_layers}) exceeds num_layers ({self.num_layers})")
         if self.moe and not self.moe_layers:
             raise ValueError("moe: no layer is an MoE layer (check dense_layers, moe_every and dense_layer_ids)")
-        if self.global_every is not None and self.sliding_window is None:
-            raise ValueError("global_every needs a sliding_window (which layers attend locally, and over what span)")
+        if (self.global_every is not None or self.global_layer_ids) and self.sliding_window is None:
+            raise ValueError("global_every and global_layer_ids need a sliding_window (which layers attend locally, "
+                             "and over what span)")  # fmt: skip
+        if self.global_every is not None and self.global_layer_ids:
+            raise ValueError("give global_every or global_layer_ids, not both")
         if sum(m is not None for m in (self.mamba, self.mamba2, self.deltanet, self.short_conv, self.lightning)) > 1:
             raise ValueError(
                 "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv "
@@ -387,6 +401,8 @@ class ModelSpec(NamedSpec):
         """Whether layer ``layer`` (from 0) attends over the sliding window (or chunk) only."""
         if self.sliding_window is None:
             return False
+        if self.global_layer_ids:
+            return layer not in self.global_layer_ids
         if self.global_every is None:
             return True
         return (layer if self.global_from_first else layer + 1) % self.global_every != 0

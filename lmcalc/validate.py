@@ -89,6 +89,7 @@ def small_config(spec: ModelSpec) -> ModelSpec:
     if spec.sliding_window:  # a window shorter than the check's sequences, one global layer of the two
         update["sliding_window"] = min(spec.sliding_window, 64)
         update["global_every"] = None if spec.global_every is None else SMALL_LAYERS
+        update["global_layer_ids"] = [SMALL_LAYERS - 1] if spec.global_layer_ids else []
     return ModelSpec.model_validate({**spec.model_dump(), **update})
 
 

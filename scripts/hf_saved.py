@@ -517,6 +517,10 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "axk1-small": (T.AXK1Config, N384 | {k: v for k, v in DSA_SMALL.items() if not k.startswith("index")}
                    | {"head_dim": 16},  # AXK1's rotary tables are head_dim wide: the RoPE part, qk_rope_head_dim
                    "small A.X K1: DeepSeek-V3's MLA and MoE, a norm on the MoE block's output"),
+    "flint-small": (T.FlintConfig, MOE4 | {"sliding_window": WINDOW, "shared_expert_intermediate_size": 96,
+                                           "num_experts": 4, "layer_types": ["full_attention", "sliding_attention"]},
+                    "small Flint: attention sinks with fp32 eager scores, QK-norm per head, RoPE on the sliding "
+                    "layer alone, 4 experts top-2 and an ungated shared expert"),
     "minimax-small": (T.MiniMaxConfig, MOE4 | {"block_size": 64},
                       "small MiniMax-01: softmax attention, then lightning attention in blocks of 64, 4 experts top-2"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
@@ -528,6 +532,7 @@ CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) 
 # GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's, XGLM's and GPT-NeoX-Japanese's: no SDPA; Emu3's and
 # Seed-OSS's attention dropout: SDPA's runs the CPU's math path, which no GPU run takes
 for _name in (
+    "flint-small",
     "gpt-neo-small",
     "mpt-small",
     "openai-gpt-small",

@@ -140,6 +140,11 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "glm4_moe_lite": ("Glm4MoeLiteConfig", dict(DEEPSEEK, n_group=1, topk_group=1)),
     # DeepSeek-V3's layer with a norm on the MoE block's output (A.X K1)
     "axk1": ("AXK1Config", dict(DEEPSEEK, n_group=2, topk_group=1)),
+    # sinks, QK-norm per head, a shared expert without a gate, global layers 0, 1 and 3 (Flint's pattern)
+    "flint": ("FlintConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=80, mlp_only_layers=[0],
+                                  sliding_window=24, head_dim=16,
+                                  layer_types=["full_attention", "full_attention", "sliding_attention",
+                                               "full_attention"])),
     # lightning attention in every second layer, blocks of 16 tokens (MiniMax-01)
     "minimax": ("MiniMaxConfig", dict(num_local_experts=4, num_experts_per_tok=2, block_size=16)),
     # DeepSeek sparse attention: each query attends to its top 8 keys; GLM-5's "shared" layers reuse the last selection

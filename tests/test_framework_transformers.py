@@ -120,6 +120,7 @@ OTHERS = (
     "deepseek-v32-small",
     "minimax-small",
     "axk1-small",
+    "flint-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

@@ -161,3 +161,23 @@ def test_strict_fields_still_take_lists_and_whole_floats():
     h100 = resolve_hardware("H100").spec
     read = HardwareSpec.model_validate({**h100.model_dump(), "aliases": ["x"], "memory_bytes": 80e9, "notes": []})
     assert read.aliases == ("x",) and read.memory_bytes == 80_000_000_000 and type(read.memory_bytes) is int
+
+
+def test_global_layers_by_index_where_no_period_says_them():
+    # Flint's pattern at 12 layers: global in layers 0 and 1, every fourth from 5, and the last (i < 2 or i % 4 == 1 or
+    # i == L − 1): 0, 1, 5, 9, 11; the other 7 attend over the window. At s = 256, w = 24 the causal convention's keys
+    # average (5·(s+1)/2 + 7·k_w)/12 with k_w = (24·25/2 + 232·24)/256 (docs/formulas.md §3.6)
+    from lmcalc.engine.model.flops import attended_keys
+
+    fields = dict(name="flint-like", vocab_size=256, hidden_size=64, num_layers=12, num_heads=4, ffn_size=128,
+                  max_seq_len=512, ffn_kind="swiglu", norm_kind="rmsnorm", tied_embeddings=False,
+                  position_embedding="rope", sliding_window=24, global_layer_ids=[0, 1, 5, 9, 11])  # fmt: skip
+    spec = ModelSpec.model_validate(fields)
+    assert [i for i in range(12) if not spec.is_local_layer(i)] == [0, 1, 5, 9, 11]
+    assert spec.local_layers == 7
+    k_w = (24 * 25 / 2 + 232 * 24) / 256
+    assert attended_keys(spec, 256, "causal") == pytest.approx((5 * 128.5 + 7 * k_w) / 12)
+    with pytest.raises(ValidationError, match="global_every or global_layer_ids"):
+        ModelSpec.model_validate(fields | {"global_every": 4})
+    with pytest.raises(ValidationError, match="need a sliding_window"):
+        ModelSpec.model_validate(fields | {"sliding_window": None})

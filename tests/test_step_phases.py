@@ -81,6 +81,7 @@ FAMILIES = (
     "deepseek-v32-small",
     "minimax-small",
     "axk1-small",
+    "flint-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",
@@ -168,7 +169,8 @@ def test_the_binding_phase_follows_the_widths(name: str, binds: str):
     assert predicted_peak(Case(name, "sdpa", True, 256, 2, 0.0 if name.startswith("gpt2") else None))[1] == binds
 
 
-ROUTED = ("mixtral-small", "qwen2-moe-small", "nemotron-h-small", "deepseek-v32-small", "minimax-small", "axk1-small")
+ROUTED = ("mixtral-small", "qwen2-moe-small", "nemotron-h-small", "deepseek-v32-small", "minimax-small", "axk1-small",
+          "flint-small")  # fmt: skip
 """The small families with routed experts (LoRA leaves them alone: tests/test_finetune_peft.py says why)."""
 LORA_FAMILIES = tuple(name for name in FAMILIES if name.endswith("-small") and name not in ROUTED)
 """The dense small models of FAMILIES."""

@@ -74,9 +74,11 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
                     for x, y, n, d in clamped]  # fmt: skip
     tensors += _qk_norm_saved(w, rows)
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
+    fp32 = w.attention == "eager" and spec.eager_fp32_scores  # Flint: the scores' product keeps fp32 copies
+    qk, qk_bytes = (" (fp32 copy)", 4) if fp32 else (rope, act)
     return tensors + [
-        SavedTensor("Q" + rope, "s·b·H·d", sb * H * dqk, act),
-        SavedTensor("K" + rope, f"s·b·{kv_sym}·d", sb * kv * dqk, act, most_tp_ranks=kv_ranks),
+        SavedTensor("Q" + qk, "s·b·H·d", sb * H * dqk, qk_bytes),
+        SavedTensor("K" + qk, f"s·b·{kv_sym}·d", sb * kv * dqk, qk_bytes, most_tp_ranks=kv_ranks),
         SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act, most_tp_ranks=kv_ranks),
         *_qkv_copies_saved(w, kv, kv_sym, kv_ranks),
     ]
@@ -297,6 +299,9 @@ def _eager_scores_saved(w: Workload) -> list[SavedTensor]:
         tensors.append(SavedTensor("masked scores (kept by the clamp's max)", "b·H·s²", b * H * s * s, act, True))
     symbol, n = ("b·H·s·(s+1)", b * H * s * (s + 1)) if spec.attention_sinks else ("b·H·s²", b * H * s * s)
     softmax = rule.eager_sink_softmax if spec.attention_sinks and rule.eager_sink_softmax else None
+    if spec.eager_fp32_scores:  # Flint: the softmax over the fp32 scores and the sinks kept, its cast copy meets V
+        return [*tensors, SavedTensor("softmax output with the sink column (fp32)", symbol, n, 4, attention_core=True),
+                SavedTensor("softmax output, cast", "b·H·s²", b * H * s * s, act, attention_core=True)]  # fmt: skip
     if softmax:  # kept once: the matmul with V reads a view of it, without the sink's column
         tensors.append(SavedTensor(f"softmax output with the sink column ({softmax})", symbol, n,
                                    4 if softmax == "fp32" else act, attention_core=True))  # fmt: skip
