@@ -43,7 +43,7 @@ from lmcalc.hf_gpt import (
     parallel_gelu,
     xglm,
 )
-from lmcalc.hf_layers import deltanet, lightning, mamba2, moe, short_conv, windows
+from lmcalc.hf_layers import deltanet, kimi_delta, lightning, mamba2, moe, short_conv, windows
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 
@@ -57,7 +57,7 @@ LLAMA_LIKE = (
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
-    "glm_moe_dsa", "minimax", "axk1", "flint",
+    "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -105,6 +105,9 @@ RESIDUAL_DROPOUT = {"seed_oss": "residual_dropout", "emu3_text_model": "attentio
 """Llama-like types that drop attention probabilities (attention_dropout) and each sub-layer's output, at this field."""
 COHERE = ("cohere", "cohere2", "cohere2_moe")
 """Attention and MLP side by side from one norm (CohereDecoderLayer)."""
+NEVER_TIED = ("kimi_linear", "bailing_hybrid")
+"""Types whose ForCausalLM ties no weights (``_tied_weights_keys = {}``): an untied head whatever
+tie_word_embeddings says."""
 NO_NORM_WEIGHT = ("olmo", "nanochat")
 """Types whose norms have no weight (OlmoLayerNorm, NanoChatRMSNorm): ModelSpec.norm_weight false. nanochat's also
 normalises the embedding (its final norm, called once before the layers too)."""
@@ -115,7 +118,8 @@ def _common(config: dict[str, Any], kind: str, name: str, origin: str) -> dict[s
         "name": name,
         "display_name": f"{name} (from config.json)",
         "vocab_size": _get(config, origin, "vocab_size"),
-        "tied_embeddings": _flag(config, "tie_word_embeddings", False, origin),  # the class default is merged in
+        # the class default is merged in; a class whose _tied_weights_keys is empty ties nothing, whatever the field
+        "tied_embeddings": _flag(config, "tie_word_embeddings", False, origin) and kind not in NEVER_TIED,
         "fused_linears": FUSED.get(kind, []),
         "norm_weight_fp32": kind in NORM_WEIGHT_FP32,
         "sources": [origin],
@@ -261,6 +265,11 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         }
     if kind in (*DELTANET, "olmo_hybrid"):
         fields |= deltanet(config, kind, layers, origin)
+    if kind in ("kimi_linear", "bailing_hybrid"):  # Kimi Delta Attention beside MLA
+        fields |= kimi_delta(config, kind, layers, origin)
+        fields["attention_head_gate"] = kind == "bailing_hybrid"  # BailingHybridAttention's g_proj, h → H
+        if kind == "kimi_linear":  # KimiLinearAttention applies no RoPE (its rope-sized latent slice is built still)
+            fields["position_embedding"] = "none"
     if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
     if kind in ("bamba", "granitemoehybrid", "falcon_h1"):
@@ -320,11 +329,17 @@ def _as_its_class_reads(text: dict[str, Any], kind: str) -> dict[str, Any]:
     """``text`` as ``kind``'s configuration class reads it: a field spelt by one of the class's aliases under its own
     name (ExaoneConfig's ``num_layers`` is ``num_hidden_layers``), and a field config.json leaves out at the class's
     default (GptOssConfig's ``attention_bias`` is true): ``lmcalc/hf_defaults.py``."""
-    named = dict(text)
-    for alias, field in ATTRIBUTE_MAPS.get(kind, {}).items():
-        if alias in named and field not in named:
-            named[field] = named.pop(alias)
-    return {**CLASS_DEFAULTS.get(kind, {}), **named}
+    aliases = ATTRIBUTE_MAPS.get(kind, {})
+
+    def stored(fields: dict[str, Any]) -> dict[str, Any]:  # under the name the class stores each field by
+        return {aliases.get(key, key): value for key, value in fields.items()}
+
+    # the defaults too: KimiLinearConfig's num_local_experts default is its num_experts, which config.json may give
+    named = {**stored(CLASS_DEFAULTS.get(kind, {})), **stored(text)}
+    for alias, field in aliases.items():  # and under the alias, which the readers may read
+        if field in named:
+            named[alias] = named[field]
+    return named
 
 
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:

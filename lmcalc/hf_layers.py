@@ -17,7 +17,7 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 
 ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "axk1", "dots1", "ernie4_5_moe",
                "exaone_moe", "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1",
-               "hy_v3", "flint")  # fmt: skip
+               "hy_v3", "flint", "kimi_linear", "bailing_hybrid")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
 F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
@@ -126,7 +126,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
     if kind in ("glm4_moe_lite", "hy_v3") and not config.get("mlp_layer_types"):  # their classes: the first dense
         first_dense = 1
-    if kind == "axk1" and not config.get("mlp_layer_types"):  # AXK1Config: its legacy first_k_dense_replace, else 1
+    if kind in ("axk1", "kimi_linear") and not config.get("mlp_layer_types"):  # their classes: a kwarg, else 1
         first_dense = config.get("first_k_dense_replace", 1)
     if kind == "ernie4_5_moe":  # MoE where start <= i <= end and (i + 1) % interval == 0 (Ernie4_5_MoeDecoderLayer)
         first_dense, every = config.get("moe_layer_start_index") or 0, config.get("moe_layer_interval") or 1
@@ -197,6 +197,48 @@ def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
             "attention_offset": 0 if pattern.get("global_from_first") else every - 1,
             "split_projections": kind.startswith("qwen3_5"),  # Qwen3_5GatedDeltaNet's four input projections
             "separate_projections": kind == "olmo_hybrid",  # OlmoHybridGatedDeltaNet's six, and its o_proj
+        },
+    }
+
+
+def kimi_delta(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any]:
+    """Kimi Linear's and the Bailing hybrid's Kimi Delta Attention layers, MLA where ``layer_types`` says
+    full_attention. KimiLinearConfig reads a checkpoint's ``linear_attn_config`` (its 1-indexed full_attn_layers and
+    kda_layers, head_dim, num_heads, short_conv_kernel_size) over its own linear_* fields; without either, layer i
+    attends when i is a positive multiple of 4. BailingHybridConfig's KDA takes the attention's heads and head_dim,
+    and attends in every ``layer_group_size``-th layer; its gates are full projections, Kimi's of rank head_dim."""
+    if kind == "kimi_linear":
+        linear = config.get("linear_attn_config") or {}
+        heads = linear.get("num_heads") or _get(config, origin, "linear_num_heads", default=32)
+        head_dim = linear.get("head_dim") or _get(config, origin, "linear_head_dim", default=128)
+        kernel = linear.get("short_conv_kernel_size") or _get(config, origin, "linear_conv_kernel_dim", default=4)
+        types = config.get("layer_types")
+        if not types and "full_attn_layers" in linear and "kda_layers" in linear:
+            full_ids = {i - 1 for i in linear["full_attn_layers"]}  # 1-indexed in the checkpoint
+            types = ["full_attention" if i in full_ids else "linear_attention" for i in range(layers)]
+        types = types or ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(layers)]
+    else:  # BailingHybridConfig.__post_init__: the attention's heads and head_dim, where linear_* are not given
+        heads = config.get("linear_num_heads") or _get(config, origin, "num_attention_heads")
+        head_dim = config.get("linear_head_dim") or _get(config, origin, "head_dim", default=128)
+        kernel = config.get("linear_conv_kernel_dim") or _get(config, origin, "short_conv_kernel_size", default=4)
+        group = _get(config, origin, "layer_group_size", default=6)
+        types = config.get("layer_types") or [
+            "full_attention" if (i + 1) % group == 0 else "linear_attention" for i in range(layers)
+        ]
+    attending = [i for i, t in enumerate(types[:layers]) if t == "full_attention"]
+    if not attending:
+        raise LmcalcError(f"{origin}: config.json layer_types has no full_attention layer; lmcalc reads hybrids only")
+    return {
+        "deltanet": {
+            "key_heads": heads,
+            "value_heads": heads,
+            "key_head_dim": head_dim,
+            "value_head_dim": head_dim,
+            "conv_kernel": kernel,
+            "separate_projections": True,
+            "channel_decay": True,
+            "gate_rank": head_dim if kind == "kimi_linear" else None,
+            "attention_layer_ids": attending,
         },
     }
 

@@ -82,7 +82,8 @@ class DeltaNetSpec(Spec):
     attend, as Qwen3-Next and Qwen3.5 build them (transformers' Qwen3NextGatedDeltaNet): q and k in key heads, v and
     the output gate z in value heads, a causal depthwise convolution over q, k and v, a decay α and a write strength β
     per value head, a gated RMSNorm on each head's output. Layer i attends when i % attention_every ==
-    attention_offset (Qwen3-Next: every fourth layer, from the fourth)."""
+    attention_offset (Qwen3-Next: every fourth layer, from the fourth), or when attention_layer_ids names it. Kimi
+    Delta Attention (``channel_decay``) is the same rule with a decay per key channel."""
 
     key_heads: PositiveInt = Field(description="H_k, linear_num_key_heads")
     value_heads: PositiveInt = Field(description="H_v, linear_num_value_heads (a multiple of H_k)")
@@ -100,18 +101,49 @@ class DeltaNetSpec(Spec):
         description="q, k, v, the output gate, β and α each projected by a module of its own and the output by o_proj "
         "(OLMo Hybrid's q_proj, k_proj, v_proj, g_proj, b_proj, a_proj): the same weights, six LoRA adapters in",
     )
-    attention_every: PositiveInt
+    channel_decay: StrictBool = Field(
+        False,
+        description="Kimi Delta Attention (Kimi Team 2025, arXiv:2510.26692 §3): a decay per key channel, not per "
+        "head, its forget gate projected to H·d_k with Δ's bias per channel (Kimi Linear, Bailing hybrid); q, k and "
+        "v by three modules of their own, as separate_projections, in heads of one width",
+    )
+    gate_rank: PositiveInt | None = Field(
+        None,
+        description="with channel_decay, the rank r of the forget gate's and the output gate's two-step projections "
+        "(Kimi Linear's f_a_proj h → r, f_b_proj r → H·d_k, and g_a_proj, g_b_proj, with r = d_k); None: each gate "
+        "one projection from h (Bailing's f_proj and g_proj)",
+    )
+    attention_every: PositiveInt | None = Field(None, description="layer i attends when i % attention_every == offset")
     attention_offset: NonNegativeInt = 0
+    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(
+        default_factory=no_items,
+        description="the layers (from 0) that attend, where no period describes them (Kimi Linear's 3, 7, …, 23 and "
+        "the last); give this or attention_every",
+    )
 
     @model_validator(mode="after")
     def _heads_and_offset(self) -> Self:
-        if self.attention_offset >= self.attention_every:
+        if (self.attention_every is None) == (not self.attention_layer_ids):
+            raise ValueError("give the layers that attend by attention_every or by attention_layer_ids: one of them")
+        if self.attention_every is not None and self.attention_offset >= self.attention_every:
             raise ValueError(f"attention_offset ({self.attention_offset}) must be below attention_every")
         if self.split_projections and self.separate_projections:
             raise ValueError("split_projections and separate_projections are two layouts: give one")
         if self.value_heads % self.key_heads:
             raise ValueError(f"value_heads ({self.value_heads}) must be a multiple of key_heads ({self.key_heads})")
+        kda_shape = self.key_heads == self.value_heads and self.key_head_dim == self.value_head_dim
+        if self.channel_decay and not (self.separate_projections and kda_shape):
+            raise ValueError("channel_decay (Kimi Delta Attention) projects q, k and v apart "
+                             "(separate_projections), in heads of one width: key_heads = value_heads, key_head_dim = "
+                             "value_head_dim")  # fmt: skip
+        if self.gate_rank is not None and not self.channel_decay:
+            raise ValueError("gate_rank is the rank of Kimi Delta Attention's gates: it needs channel_decay")
         return self
+
+    @property
+    def decay_width(self) -> int:
+        """The decay's width a token: H_v·d_k per key channel (Kimi Delta Attention), else H_v, one a value head."""
+        return self.value_heads * self.key_head_dim if self.channel_decay else self.value_heads
 
     @property
     def conv_channels(self) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lmcalc import presets as pr
-from lmcalc.engine.model.params import count_params, matches_published
+from lmcalc.engine.model.params import as_published, count_params, matches_published
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
@@ -129,17 +129,19 @@ def _check_model(spec: ModelSpec, origin: str) -> CheckOutcome:
     if spec.published_params is None:
         return CheckOutcome(origin, True, f"valid; {group(total)} params (no published count to compare)")
     digits = spec.published_params_sig_figs
+    counted = group(total) + (f" ({group(as_published(spec, total))} without the embeddings)"
+                              if spec.published_params_scope != "total" else "")  # fmt: skip
     if not matches_published(spec, total):
         return CheckOutcome(
             origin,
             False,
-            f"computed {group(total)} params != published {group(spec.published_params)}"
+            f"computed {counted} params != published {group(spec.published_params)}"
             + (f" (to {digits} significant figures)" if digits else ""),
         )
     return CheckOutcome(
         origin,
         True,
-        f"valid; {group(total)} params = published" + (f" to {digits} significant figures" if digits else " exactly"),
+        f"valid; {counted} params = published" + (f" to {digits} significant figures" if digits else " exactly"),
     )
 
 

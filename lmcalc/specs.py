@@ -230,6 +230,11 @@ class ModelSpec(NamedSpec):
         description="that gate is a projection of its own, attn_gate (AFMoE's self_attn.gate_proj, h → H·d), not "
         "half of the query projection: the same parameters and FLOPs, a LoRA adapter of its own",
     )
+    attention_head_gate: StrictBool = Field(
+        False,
+        description="a sigmoid gate per head on the attention's output, projected from the layer's input by a module "
+        "of its own, g_proj (h → H: the Bailing hybrid's MLA, Ling 3's head-wise gate)",
+    )
     mtp_modules: NonNegativeInt = Field(
         0,
         description="multi-token-prediction modules (DeepSeek-V3 §2.2, GLM-4.5): two norms, a (2h → h) projection "
@@ -244,6 +249,11 @@ class ModelSpec(NamedSpec):
     published_params: PositiveInt | None = None
     published_params_sig_figs: PositiveInt | None = Field(
         None, description="None: the published count is exact; else how many significant figures it has"
+    )
+    published_params_scope: Literal["total", "without_embeddings"] = Field(
+        "total",
+        description="what the published count counts: every parameter, or all but the token embedding and the "
+        "output head (V·h each; Kimi Linear's card, the non-embedding figures of Qwen's)",
     )
     published_params_source: str = ""
     training_tokens: PositiveFloat | None = None
@@ -293,6 +303,8 @@ class ModelSpec(NamedSpec):
             self.moe or self.mla or self.hybrid or self.attention_output_gate or self.ffn_kind == "gelu_mlp"
         ):
             raise ValueError("sub_norms are BitNet's: a dense model with gated MLPs, without MLA, MoE or other mixers")
+        if self.attention_head_gate and self.attention_output_gate:
+            raise ValueError("attention_head_gate and attention_output_gate are two gates on one output: give one")
         if self.attention_gate_proj and not self.attention_output_gate:
             raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
         if self.indexer and (self.sliding_window or self.hybrid or self.indexer_layers > self.num_layers):
@@ -361,6 +373,8 @@ class ModelSpec(NamedSpec):
             return layer in m.attention_layer_ids
         if m is None:
             return True
+        if isinstance(m, DeltaNetSpec) and m.attention_layer_ids:
+            return layer in m.attention_layer_ids
         return m.attention_every is not None and layer % m.attention_every == m.attention_offset
 
     def is_attention_layer(self, layer: int) -> bool:

@@ -220,10 +220,13 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
     input and weight gradients: 3 · 2·b·c_d·K·(K − 1) more). Gated DeltaNet's ``torch_chunk_gated_delta_rule``
     (chunks of C = 64) also runs ``solve_triangular``'s backward, two matmuls against the C × C system,
     2·b·H_v·s'·C·(d_k + d_v), and saves the state the first chunk reads as zeros and the last chunk's update, which
-    nothing reads, 8·b·H_v·C·d_k·d_v. Mamba's scan (c_d = d_in), Mamba-2's chunked scan and LFM2's short convolution
-    (c_d = h) do nothing more. MiniMax's blockwise lightning attention does less: the first block's product with
-    the zero initial state computes one gradient, not two (2·b·H·n₁·d² fewer), and the last block's update of the
-    state, which nothing reads, none (4·b·H·n_last·d² fewer)."""
+    nothing reads, 8·b·H_v·C·d_k·d_v. Kimi Delta Attention's ``chunk_kimi_delta_attention`` saves the same and
+    runs no solve; with d_k = d_v its matmuls count what lmcalc's forward counts (its K·βKᵀ and QKᵀ are
+    element-wise products the counter does not see, its two products by the solved system matmuls it does).
+    Mamba's scan (c_d = d_in), Mamba-2's chunked scan and LFM2's short convolution (c_d = h) do nothing more.
+    MiniMax's blockwise lightning attention does less: the first block's product with the zero initial state
+    computes one gradient, not two (2·b·H·n₁·d² fewer), and the last block's update of the state, which nothing
+    reads, none (4·b·H·n_last·d² fewer)."""
     channels_kernel = None
     if spec.mamba:  # Mamba's slow path (Jamba, Mamba, Falcon Mamba): nn.Conv1d padded by K − 1, then cut to s
         channels_kernel = spec.mamba.d_inner, spec.mamba.d_conv
@@ -247,6 +250,8 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
     padded = g.chunk * -(-seq_len // g.chunk)
     conv = 3 * 2 * micro_batch * g.conv_channels * g.conv_kernel * (g.conv_kernel - 1)
     solve = 2 * micro_batch * g.value_heads * padded * g.chunk * (g.key_head_dim + g.value_head_dim)
+    if g.channel_decay:  # KDA's chunk_kimi_delta_attention: its K·βKᵀ and QKᵀ as element-wise products, which the
+        solve = 0  # counter does not see, and matmuls for the solved system's products: 3× the forward as counted
     ends = 8 * micro_batch * g.value_heads * g.chunk * g.key_head_dim * g.value_head_dim
     return spec.other_mixer_layers * (conv + solve - ends)
 

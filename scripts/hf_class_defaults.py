@@ -13,7 +13,7 @@ out of its runtime, so these are read here, once, from the installed transformer
   the reader reads (``hf_fields.READ_FIELDS``), where the class gives one (None, computed later, is left out);
 * ``LAYER_PATTERNS``: which layers those types' classes make global among sliding ones when config.json gives no
   ``layer_types`` (its ``__post_init__`` writes them from the depth);
-* ``ATTRIBUTE_MAPS``: those types' ``attribute_map``, alias → field, where they have one.
+* ``ATTRIBUTE_MAPS``: those types' ``attribute_map``, alias → field, where the reader reads either name.
 
     python scripts/hf_class_defaults.py    # needs transformers (a dev dependency)
 """
@@ -150,7 +150,8 @@ def main() -> None:
     ]
     for kind in kinds:
         cls = getattr(transformers, configuration_auto.CONFIG_MAPPING_NAMES[kind])
-        mapped = {alias: field for alias, field in cls.attribute_map.items() if field in READ_FIELDS and alias != field}
+        mapped = {alias: field for alias, field in cls.attribute_map.items()
+                  if (field in READ_FIELDS or alias in READ_FIELDS) and alias != field}  # fmt: skip
         if mapped:
             pairs = ", ".join(f"{_literal(alias)}: {_literal(field)}" for alias, field in mapped.items())
             lines.append(f'    "{kind}": {{{pairs}}},')

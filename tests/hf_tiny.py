@@ -151,6 +151,12 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "deepseek_v32": ("DeepseekV32Config", dict(DEEPSEEK, n_group=2, topk_group=1, **DSA)),
     "glm_moe_dsa": ("GlmMoeDsaConfig", dict(DEEPSEEK, n_group=1, topk_group=1, **DSA,
                                            indexer_types=["full", "shared", "full", "shared"])),
+    # Kimi Delta Attention beside MLA: Kimi Linear's checkpoint field (1-indexed, layers 0 and 3 attend) and low-rank
+    # gates; Bailing's full-rank gates, every second layer MLA with a head-wise gate
+    "kimi_linear": ("KimiLinearConfig", dict(DEEPSEEK, num_experts=4, q_lora_rank=None, linear_attn_config=dict(
+        full_attn_layers=[1, 4], kda_layers=[2, 3], head_dim=16, num_heads=4, short_conv_kernel_size=4))),
+    "bailing_hybrid": ("BailingHybridConfig", dict(DEEPSEEK, num_experts=4, n_group=2, topk_group=1, head_dim=16,
+                                                   layer_group_size=2)),
     "olmo": ("OlmoConfig", dict(clip_qkv=8.0)),
     "nanochat": ("NanoChatConfig", {}),
     "opt": ("OPTConfig", dict(ffn_dim=96, max_position_embeddings=128)),

@@ -1,8 +1,8 @@
 """LoRA on the hybrids whose mixers lmcalc models (Gated DeltaNet: Qwen3-Next, Qwen3.5; Mamba-2: Bamba, Granite 4;
-LFM2's short convolutions; MiniMax's lightning attention), against PEFT's own count: the trainable parameters of a
-real ``get_peft_model`` on transformers' tiny model, built on the meta device, must equal lmcalc's adapters,
-r·(in + out) per targeted linear layer. LFM2 names its attention's output projection out_proj, as its convolutions':
-PEFT's out_proj takes both. Qwen3.5 projects q‖k‖v, z, β and α by four modules where Qwen3-Next uses two: the same
+LFM2's short convolutions; MiniMax's lightning attention; Kimi Delta Attention), against PEFT's own count: the
+trainable parameters of a real ``get_peft_model`` on transformers' tiny model, built on the meta device, must equal
+lmcalc's adapters, r·(in + out) per targeted linear layer. LFM2 names its attention's output projection out_proj,
+as its convolutions': PEFT's out_proj takes both. Qwen3.5 projects q‖k‖v, z, β and α by four modules where Qwen3-Next uses two: the same
 weights, more adapters. AFMoE's attention gate, a projection of its own where Qwen3-Next's is half of q_proj, is
 checked here too. Routed experts are not targeted: on an MoE, PEFT's ``all-linear`` also adapts the router and the
 3-D experts (transformers 5's) through ``target_parameters``, with adapters of another shape
@@ -39,6 +39,11 @@ CASES = [
     ("falcon_h1", "q_proj,k_proj,v_proj,o_proj,in_proj,gate_proj,up_proj,down_proj"),
     ("granitemoehybrid", "q_proj,v_proj,in_proj,out_proj"),
     ("afmoe", "q_proj,k_proj,v_proj,o_proj"),
+    # Kimi Delta Attention: Kimi's low-rank gates (f_a, f_b, g_a, g_b), Bailing's full ones; Bailing's g_proj is its
+    # KDA's output gate and its MLA's head-wise gate both, and PEFT's g_proj takes the two
+    ("kimi_linear", "q_proj,k_proj,v_proj,o_proj,f_a_proj,f_b_proj,b_proj,g_a_proj,g_b_proj"),
+    ("kimi_linear", "q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj"),  # MLA's and the KDA's q, o alike
+    ("bailing_hybrid", "f_proj,g_proj,b_proj,o_proj"),
     ("lfm2", "all-linear"),
     ("lfm2", "q_proj,k_proj,v_proj,out_proj,in_proj,w1,w2,w3"),  # LFM2's model card's targets
     ("lfm2", "out_proj"),  # its attention's output and its convolutions'
@@ -86,7 +91,8 @@ def test_afmoes_attention_gate_is_an_adapter_of_its_own(rank: int):
 
 
 @pytest.mark.parametrize(
-    "kind", ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h", "olmo_hybrid", "falcon_h1", "minimax"]
+    "kind",
+    ["qwen3_5_text", "qwen3_next", "bamba", "lfm2", "nemotron_h", "olmo_hybrid", "falcon_h1", "minimax", "kimi_linear"],
 )
 def test_a_hybrid_takes_qlora_and_pipeline_stages(kind: str):
     # each of its layer tensors is placed on a stage by its count symbol (L_lin: the Gated DeltaNet layers): QLoRA's

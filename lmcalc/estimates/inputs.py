@@ -17,7 +17,7 @@ from lmcalc import presets as pr
 from lmcalc.engine.choices import Attention, Recompute
 from lmcalc.engine.finetune.method import METHODS, Method, parse_targets
 from lmcalc.engine.model.flops import napkin_params
-from lmcalc.engine.model.params import count_params, matches_published
+from lmcalc.engine.model.params import as_published, count_params, matches_published
 from lmcalc.engine.run.cost import DEFAULT_MFU
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES, Workload
@@ -304,8 +304,13 @@ def model_notes(model: ModelSpec, note: str) -> tuple[str, ...]:
         total = count_params(model).total
         digits = model.published_params_sig_figs
         verdict = "matches" if matches_published(model, total) else "DIFFERS FROM"
+        scope = (
+            f" ({group(as_published(model, total))} without the embeddings)"
+            if total != as_published(model, total)
+            else ""
+        )
         notes.append(
-            f"parameter count {group(total)} {verdict} the published {group(model.published_params)}"
+            f"parameter count {group(total)}{scope} {verdict} the published {group(model.published_params)}"
             f"{f' (to {digits} significant figures)' if digits else ''}"
             + (f": {model.published_params_source}" if model.published_params_source else "")
         )

@@ -224,7 +224,7 @@ def _layer_flops(step: _MethodStep, layer: _Layer) -> _LayerFlops:
         if half == "attention" and layer.other:
             # a hybrid's other mixer: the convolution's input gradient where its input projection's output needs
             # one, its weight's where the layer trains; the core's products, both operands', twice its forward
-            separate = bool(step.model.deltanet and step.model.deltanet.separate_projections)  # OLMo Hybrid's q, k, v
+            separate = bool(step.model.deltanet and step.model.deltanet.separate_projections)  # OLMo's, KDA's q, k, v
             fused = ("qkv",) if step.model.lightning else ()  # MiniMax's lightning attention: q‖k‖v, as attention's
             mixed = any(
                 flops.outputs.get(leaf, False) for leaf in MIXER_INPUTS + (("q", "k", "v") if separate else fused)

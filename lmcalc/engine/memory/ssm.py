@@ -69,6 +69,47 @@ def _deltanet_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
+def _kda_saved(w: Workload) -> list[SavedTensor]:
+    """What a Kimi Delta Attention layer keeps for backward, as transformers' Kimi Linear and Bailing modules run it
+    where the kernels are installed: the causal-conv1d kernel keeps its input q‖k‖v; fla's ``chunk_kda`` (its
+    ``save_for_backward``, read in fla's source, not measured here) keeps q and k L2-normalised and their 1/‖·‖,
+    a contiguous copy of v, the decay g as given and its chunk-wise cumulative sum (fp32), β, and the intra-chunk
+    matrices Aqk and Akk (s·b·H·C each). Around the kernel, PyTorch keeps what the gates' and the norm's element-wise
+    code needs: Kimi's softplus written as exp, log and where (exp's output, log's input, the mask and softplus's
+    output, fp32), or Bailing's sigmoid gate (its fp32 input and output); the low-rank gates' first projections'
+    outputs; the fp32 gated RMSNorm's input, 1/rms, normalised and weighted values and the gate's sigmoid; the output
+    projection's input (tests/test_kimi_delta.py measures the part around the kernel)."""
+    g, act, sb = w.model.deltanet, w.precision.activation_bytes, w.tokens
+    assert g is not None
+    heads, width, chunk = g.value_heads, g.value_heads * g.key_head_dim, g.chunk
+    rank = g.gate_rank  # Kimi's low-rank gates: its forget gate stays fp32; Bailing's returns the model's dtype
+    kimi = rank is not None
+    tensors = [
+        SavedTensor("q‖k‖v (the convolution's input)", "s·b·3·H·d", sb * 3 * width, act),
+        SavedTensor("q and k L2-normalised", "s·b·2·H·d", sb * 2 * width, act),
+        SavedTensor("q and k 1/‖·‖ (fp32)", "s·b·2·H", sb * 2 * heads, 4),
+        SavedTensor("v (the kernel's contiguous copy)", "s·b·H·d", sb * width, act),
+        SavedTensor("decay g as given", "s·b·H·d", sb * width, 4 if kimi else act),
+        SavedTensor("decay g summed within each chunk (fp32)", "s·b·H·d", sb * width, 4),
+        SavedTensor("β (sigmoid output)", "s·b·H", sb * heads, act),
+        SavedTensor("intra-chunk matrices Aqk and Akk", f"2·s·b·H·{chunk}", sb * 2 * heads * chunk, act),
+    ]
+    if rank is not None:  # softplus as where(g > 20, g, log(1 + exp(g))), then times −exp(A)
+        tensors += [
+            SavedTensor("forget gate's exp, log input and softplus (fp32)", "3·s·b·H·d", sb * 3 * width, 4),
+            SavedTensor("forget gate's where mask (bool)", "s·b·H·d", sb * width, 1),
+            SavedTensor("the gates' low-rank projections' outputs", "2·s·b·r", sb * 2 * rank, act),
+        ]
+    else:  # lower_bound · sigmoid(exp(A) · (f_proj(x) + dt_bias)) in fp32
+        tensors.append(SavedTensor("forget gate's input and sigmoid (fp32)", "2·s·b·H·d", sb * 2 * width, 4))
+    return tensors + [
+        SavedTensor("gated norm input, normalised and weighted values (fp32)", "3·s·b·H·d", sb * 3 * width, 4),
+        SavedTensor("gated norm 1/rms (fp32)", "s·b·H", sb * heads, 4),
+        SavedTensor("output gate, sigmoid output (fp32)", "s·b·H·d", sb * width, 4),
+        SavedTensor("output projection input (gated norm output)", "s·b·H·d", sb * width, act, for_weights=("o",)),
+    ]
+
+
 def _mamba2_saved(w: Workload) -> list[SavedTensor]:
     """What a Mamba-2 layer keeps for backward with mamba_ssm's fused path (``mamba_split_conv1d_scan_combined``,
     which transformers' Bamba and Granite 4 call where the kernels are installed): the input projection's output
@@ -150,8 +191,10 @@ def average_mixer(w: Workload, attention: list[SavedTensor], kind: MixerKind = "
         mixer = _short_conv_saved(w)
     elif spec.lightning:
         mixer = _lightning_saved(w)
+    elif spec.deltanet:
+        mixer = _kda_saved(w) if spec.deltanet.channel_decay else _deltanet_saved(w)
     else:
-        mixer = _deltanet_saved(w) if spec.deltanet else _mamba2_saved(w) if spec.mamba2 else _ssm_saved(w)
+        mixer = _mamba2_saved(w) if spec.mamba2 else _ssm_saved(w)
     if kind == "other":
         return mixer
     mixing = spec.mixer_layers

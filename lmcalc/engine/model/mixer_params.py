@@ -81,7 +81,9 @@ def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
     projections to q and k (H_k·d_k each), v and the output gate z (H_v·d_v each), and β and α (H_v each); the causal
     depthwise convolution over q, k and v (2·H_k·d_k + H_v·d_v channels × kernel); Δ's bias and A (H_v each, A kept
     as its log); the gated RMSNorm's weight (d_v, shared by the heads); the output projection (h × H_v·d_v). Qwen3.5
-    and OLMo Hybrid hold the same input projections in four and six modules."""
+    and OLMo Hybrid hold the same input projections in four and six modules. Kimi Delta Attention (``channel_decay``)
+    projects q, k, v and β alike, its forget gate to H·d_k (Δ's bias per channel too) and its output gate to H·d_v,
+    each through rank r where ``gate_rank`` says so."""
     m = spec.deltanet
     if m is None:
         return []
@@ -89,7 +91,13 @@ def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
     hv, qkvz = Dim(m.value_heads, "H_v"), Dim(2 * m.key_heads * m.key_head_dim + 2 * m.value_heads * m.value_head_dim,
                                               "(2·H_k·d_k+2·H_v·d_v)")  # fmt: skip
     vd = Dim(m.value_heads * m.value_head_dim, "H_v·d_v")
-    if m.separate_projections:  # OLMo Hybrid: a module each for q, k, v, the gate, β and α, and o_proj
+    if m.channel_decay:  # Kimi Delta Attention: q, k, v, β, and the two gates, low-rank or not
+        kd = Dim(m.key_heads * m.key_head_dim, "H·d_k")
+        tensors = linear("linear_attn.q", site, kd, h, False) + linear("linear_attn.k", site, kd, h, False)
+        tensors += linear("linear_attn.v", site, vd, h, False)
+        tensors += _gate(site, "f", kd, h, m.gate_rank) + linear("linear_attn.b", site, hv, h, False)
+        tensors += _gate(site, "g", vd, h, m.gate_rank)
+    elif m.separate_projections:  # OLMo Hybrid: a module each for q, k, v, the gate, β and α, and o_proj
         kd = Dim(m.key_heads * m.key_head_dim, "H_k·d_k")
         tensors = linear("linear_attn.q", site, kd, h, False) + linear("linear_attn.k", site, kd, h, False)
         tensors += linear("linear_attn.v", site, vd, h, False) + linear("linear_attn.g", site, vd, h, False)
@@ -104,10 +112,20 @@ def _deltanet(spec: ModelSpec) -> list[WeightTensor]:
         tensors += linear("linear_attn.in_proj_ba", site, Dim(2 * m.value_heads, "2·H_v"), h, False)
     conv = Dim(m.conv_channels, "(2·H_k·d_k+H_v·d_v)")
     tensors.append(tensor("linear_attn.conv.weight", site, (conv, Dim(m.conv_kernel, "K")), False))
-    tensors += [tensor("linear_attn.dt_bias", site, (hv,), False), tensor("linear_attn.A_log", site, (hv,), False)]
+    decay = Dim(m.decay_width, "H·d_k" if m.channel_decay else "H_v")  # Δ's bias: per key channel in KDA
+    tensors += [tensor("linear_attn.dt_bias", site, (decay,), False), tensor("linear_attn.A_log", site, (hv,), False)]
     tensors.append(tensor("linear_attn.norm.weight", site, (Dim(m.value_head_dim, "d_v"),), False))
     tensors += linear("linear_attn.o" if m.separate_projections else "linear_attn.out_proj", site, h, vd, False)
     return tensors
+
+
+def _gate(site: Site, name: str, width: Dim, h: Dim, rank: int | None) -> list[WeightTensor]:
+    """Kimi Delta Attention's forget gate (``f``) or output gate (``g``): one projection h → width, or two through
+    rank r (Kimi Linear's f_a_proj and f_b_proj, g_a_proj and g_b_proj)."""
+    if rank is None:
+        return linear(f"linear_attn.{name}", site, width, h, False)
+    r = Dim(rank, "r")
+    return linear(f"linear_attn.{name}_a", site, r, h, False) + linear(f"linear_attn.{name}_b", site, width, r, False)
 
 
 def _lightning(spec: ModelSpec) -> list[WeightTensor]:

@@ -69,7 +69,7 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         kv_up = Dim(heads * (m.qk_nope_head_dim + m.v_head_dim), "H·(d_nope+d_v)")
         tensors += linear("attn.kv_b", site, kv_up, kv_rank, False)
         tensors += linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
-        return tensors + _indexer(spec)
+        return tensors + _head_gate(spec, site, h) + _indexer(spec)
     q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")
     # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide; AFMoE's gate
     # is a projection of its own
@@ -95,7 +95,12 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         tensors.append(tensor("attn.dense_bias", Site("attention", 1, "1"), (h,), False))
     if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)
         tensors.append(tensor("attn.sinks", site, (Dim(heads, "H"),), False))
-    return tensors
+    return tensors + _head_gate(spec, site, h)
+
+
+def _head_gate(spec: ModelSpec, site: Site, h: Dim) -> list[WeightTensor]:
+    """A head-wise output gate's projection, h → H (the Bailing hybrid's g_proj: PEFT's g_proj adapts it)."""
+    return linear("attn.g", site, Dim(spec.num_heads, "H"), h, False) if spec.attention_head_gate else []
 
 
 def _indexer(spec: ModelSpec) -> list[WeightTensor]:
@@ -244,11 +249,20 @@ def count_params(spec: ModelSpec) -> ParamCount:
     return ParamCount(by_group=by_group, total=total, active=active, embedding=embedding)
 
 
+def as_published(spec: ModelSpec, total: int) -> int:
+    """``total`` as the published count counts: less the token embedding and an untied head, V·h each, where it
+    leaves them out (``published_params_scope``)."""
+    if spec.published_params_scope == "total":
+        return total
+    return total - spec.vocab_size * spec.hidden_size * (1 if spec.tied_embeddings else 2)
+
+
 def matches_published(spec: ModelSpec, total: int) -> bool:
     """``total`` equals the published count, to the significant figures its source prints: both are rounded to that
     precision, so a figure written out in full (PaLM's 540.35e9) and one written rounded (540e9) both match a
-    count of 540.35 B to 3 significant figures."""
-    digits = spec.published_params_sig_figs
+    count of 540.35 B to 3 significant figures. A count published without the embeddings is compared with ``total``
+    less the token embedding and an untied head."""
+    digits, total = spec.published_params_sig_figs, as_published(spec, total)
     if not digits or spec.published_params is None:
         return total == spec.published_params
     return f"{total:.{digits - 1}e}" == f"{spec.published_params:.{digits - 1}e}"
