@@ -1,11 +1,11 @@
 """LoRA on the hybrids whose mixers lmcalc models (Gated DeltaNet: Qwen3-Next, Qwen3.5; Mamba-2: Bamba, Granite 4;
 LFM2's short convolutions; MiniMax's lightning attention; Kimi Delta Attention), against PEFT's own count: the
 trainable parameters of a real ``get_peft_model`` on transformers' tiny model, built on the meta device, must equal
-lmcalc's adapters, r·(in + out) per targeted linear layer. LFM2 names its attention's output projection out_proj,
-as its convolutions': PEFT's out_proj takes both. Qwen3.5 projects q‖k‖v, z, β and α by four modules where Qwen3-Next uses two: the same
-weights, more adapters. AFMoE's attention gate, a projection of its own where Qwen3-Next's is half of q_proj, is
-checked here too. Routed experts are not targeted: on an MoE, PEFT's ``all-linear`` also adapts the router and the
-3-D experts (transformers 5's) through ``target_parameters``, with adapters of another shape
+lmcalc's adapters, r·(in + out) per targeted linear layer. LFM2 names its attention's output projection out_proj, as
+its convolutions': PEFT's out_proj takes both. Qwen3.5 projects q‖k‖v, z, β and α by four modules where Qwen3-Next
+uses two: the same weights, more adapters. AFMoE's attention gate, a projection of its own where Qwen3-Next's is half
+of q_proj, is checked here too. Routed experts are not targeted: on an MoE, PEFT's ``all-linear`` also adapts the
+router and the 3-D experts (transformers 5's) through ``target_parameters``, with adapters of another shape
 (tests/test_finetune_peft.py says why), so the MoE hybrids are checked with named targets."""
 
 from __future__ import annotations
