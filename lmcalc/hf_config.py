@@ -57,7 +57,7 @@ LLAMA_LIKE = (
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
-    "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid",
+    "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -85,6 +85,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "nanochat": "per_head",
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
            "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full", "flint": "per_head",
+           "laguna": "per_head", "lara_mini": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5}  # fmt: skip
@@ -94,7 +95,7 @@ QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "sta
 """Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
-                    "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", *DELTANET)  # fmt: skip
+                    "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", "lara_mini", *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
@@ -175,6 +176,9 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     two_matrices = kind in ("starcoder2", *RELU_MLPS, *XIELU_MLPS)  # up and down, no gate
     act = gelu(config, kind, origin) if two_matrices else activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
+    if kind == "lara_mini" and not config.get("layer_types"):  # LaraMiniConfig: its released pattern, period 5
+        pattern = ["linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"]
+        config = {**config, "layer_types": [pattern[i % 5] for i in range(layers)]}
     bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
     if kind == "persimmon":  # query_key_value and dense, both with biases (PersimmonAttention)
@@ -263,13 +267,15 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             "attention_every": config.get("attn_layer_period", 8),
             "attention_offset": config.get("attn_layer_offset", 4),
         }
-    if kind in (*DELTANET, "olmo_hybrid"):
+    if kind in (*DELTANET, "olmo_hybrid", "lara_mini"):
         fields |= deltanet(config, kind, layers, origin)
     if kind in ("kimi_linear", "bailing_hybrid"):  # Kimi Delta Attention beside MLA
         fields |= kimi_delta(config, kind, layers, origin)
         fields["attention_head_gate"] = kind == "bailing_hybrid"  # BailingHybridAttention's g_proj, h → H
         if kind == "kimi_linear":  # KimiLinearAttention applies no RoPE (its rope-sized latent slice is built still)
             fields["position_embedding"] = "none"
+    if kind == "laguna":  # LagunaAttention: a softplus gate a head on the attention's output, from g_proj
+        fields |= _laguna(config, origin, fields["num_heads"])
     if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
     if kind in ("bamba", "granitemoehybrid", "falcon_h1"):
@@ -283,6 +289,19 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape
         fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]
     return fields
+
+
+def _laguna(config: dict[str, Any], origin: str, heads: int) -> dict[str, Any]:
+    """Laguna's per-head gate (``gating`` true or "per-head": g_proj h → H; a per-channel gate is not read) and its
+    heads, one count for every layer (``num_attention_heads_per_layer``: counts that differ are not read)."""
+    if config.get("gating", True) not in (True, "per-head"):
+        raise LmcalcError(f"{origin}: config.json gating {config.get('gating')!r}: lmcalc reads Laguna's per-head gate "
+                          "(gating true or \"per-head\") only")  # fmt: skip
+    per_layer = set(config.get("num_attention_heads_per_layer") or [heads])
+    if len(per_layer) > 1:
+        raise LmcalcError(f"{origin}: config.json num_attention_heads_per_layer differs between layers "
+                          f"({sorted(per_layer)}); lmcalc reads one head count for every layer")  # fmt: skip
+    return {"attention_head_gate": True, "num_heads": per_layer.pop()}
 
 
 def _indexer(config: dict[str, Any], origin: str, layers: int) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
     # GraniteMoeShared's and Granite 4's shared_mlp, added to the experts' output without a gate
     ungated = config.get("shared_intermediate_size") if kind in ("granitemoeshared", "granitemoehybrid") else None
-    if kind in ("kolibri1", "flint"):  # Kolibri1's and Flint's shared expert: Qwen2-MoE's width field, no gate
+    if kind in ("kolibri1", "flint", "laguna", "lara_mini"):  # their shared expert: Qwen2-MoE's width, no gate
         shared_width, ungated = None, shared_width
     if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:
         raise LmcalcError(f"{origin}: moe_layer_freq other than 1 is not supported")
@@ -124,7 +124,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
         dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
     first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
-    if kind in ("glm4_moe_lite", "hy_v3") and not config.get("mlp_layer_types"):  # their classes: the first dense
+    if kind in ("glm4_moe_lite", "hy_v3", "laguna") and not config.get("mlp_layer_types"):  # the first dense
         first_dense = 1
     if kind in ("axk1", "kimi_linear") and not config.get("mlp_layer_types"):  # their classes: a kwarg, else 1
         first_dense = config.get("first_k_dense_replace", 1)
@@ -151,8 +151,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         # gpt-oss's router is a Linear with a bias; DeepSeek-V3's and GLM-4.5's balancing bias is a buffer in
         # transformers (set by a rule, not trained), so not a parameter
         # ERNIE 4.5's e_score_correction_bias is an nn.Parameter (frozen): counted, as transformers counts it
-        # AFMoE's expert_bias is a frozen nn.Parameter too
-        "router_bias": kind in ("gpt_oss", "ernie4_5_moe", "afmoe"),
+        # AFMoE's expert_bias and Laguna's e_score_correction_bias are frozen nn.Parameters too
+        "router_bias": kind in ("gpt_oss", "ernie4_5_moe", "afmoe", "laguna"),
         "router_fp32": kind in ROUTER_FP32,
         "output_norm": kind == "axk1",  # AXK1MoE's post_mlp_layernorm on the block's output
         # group-limited routing: each token's experts come from topk_group of n_group groups, which training
@@ -162,22 +162,25 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
 
 
 def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any]:
-    """Qwen3-Next's, Qwen3.5's and OLMo Hybrid's Gated DeltaNet layers (``linear_*``), attention where
-    ``layer_types`` says full_attention (Qwen3NextConfig: every ``full_attention_interval``-th layer, from that one),
-    and the gate Qwen's attention's q_proj makes for its output."""
+    """Qwen3-Next's, Qwen3.5's, OLMo Hybrid's and Lara Mini's Gated DeltaNet layers (``linear_*``), attention in
+    every layer ``layer_types`` does not call linear_attention (Qwen3NextConfig: every ``full_attention_interval``-th
+    layer, from that one; by index where no period says, Lara Mini's sliding and full layers), and the gate Qwen's
+    attention's q_proj makes for its output."""
     types = config.get("layer_types") or [
         "full_attention" if (i + 1) % (config.get("full_attention_interval") or 4) == 0 else "linear_attention"
         for i in range(layers)
     ]
-    full = [t == "full_attention" for t in types]
+    full = [t != "linear_attention" for t in types]  # Lara Mini attends in sliding_attention layers too
     if kind == "olmo_hybrid" and not config.get("layer_types") and not any(full):  # OlmoHybridConfig: the last
         full[-1] = True
-    pattern = global_layers(full, origin)
-    if "global_layer_ids" in pattern:
-        raise LmcalcError(f"{origin}: the full_attention layers do not follow an every-N pattern lmcalc can describe")
-    every = pattern["global_every"]
-    if every is None:
+    if not any(full):
         raise LmcalcError(f"{origin}: config.json layer_types has no full_attention layer; lmcalc reads hybrids only")
+    pattern = global_layers(full, origin)
+    if "global_layer_ids" in pattern:  # no period: the layers that attend by index
+        layout = {"attention_layer_ids": pattern["global_layer_ids"]}
+    else:
+        every = pattern["global_every"]
+        layout = {"attention_every": every, "attention_offset": 0 if pattern.get("global_from_first") else every - 1}
     if kind == "olmo_hybrid":  # OlmoHybridConfig.__post_init__: the heads', 3/4 of h over them, twice that for v
         heads = _get(config, origin, "num_attention_heads")
         key_heads = config.get("linear_num_key_heads") or heads
@@ -186,16 +189,17 @@ def deltanet(config: dict[str, Any], kind: str, layers: int, origin: str) -> dic
                     "linear_key_head_dim": key_dim, "linear_value_head_dim": 2 * key_dim}  # fmt: skip
         config = computed | {k: v for k, v in config.items() if v is not None}
     return {
-        "attention_output_gate": kind != "olmo_hybrid",  # OLMo Hybrid's attention is OLMo 3's, without a gate
+        # OLMo Hybrid's attention is OLMo 3's, Lara Mini's Qwen3's: without a gate
+        "attention_output_gate": kind not in ("olmo_hybrid", "lara_mini"),
         "deltanet": {
             "key_heads": _get(config, origin, "linear_num_key_heads"),
             "value_heads": _get(config, origin, "linear_num_value_heads"),
             "key_head_dim": _get(config, origin, "linear_key_head_dim"),
             "value_head_dim": _get(config, origin, "linear_value_head_dim"),
             "conv_kernel": _get(config, origin, "linear_conv_kernel_dim"),
-            "attention_every": every,
-            "attention_offset": 0 if pattern.get("global_from_first") else every - 1,
-            "split_projections": kind.startswith("qwen3_5"),  # Qwen3_5GatedDeltaNet's four input projections
+            **layout,
+            # Qwen3_5GatedDeltaNet's (and Lara Mini's) four input projections
+            "split_projections": kind.startswith("qwen3_5") or kind == "lara_mini",
             "separate_projections": kind == "olmo_hybrid",  # OlmoHybridGatedDeltaNet's six, and its o_proj
         },
     }

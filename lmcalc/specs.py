@@ -232,8 +232,8 @@ class ModelSpec(NamedSpec):
     )
     attention_head_gate: StrictBool = Field(
         False,
-        description="a sigmoid gate per head on the attention's output, projected from the layer's input by a module "
-        "of its own, g_proj (h → H: the Bailing hybrid's MLA, Ling 3's head-wise gate)",
+        description="a gate per head on the attention's output, projected from the layer's input by a module of its "
+        "own, g_proj (h → H: the Bailing hybrid's MLA, a sigmoid; Laguna's attention, a softplus)",
     )
     mtp_modules: NonNegativeInt = Field(
         0,

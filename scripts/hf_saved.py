@@ -521,6 +521,11 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                            "num_experts": 4, "layer_types": ["full_attention", "sliding_attention"]},
                     "small Flint: attention sinks with fp32 eager scores, QK-norm per head, RoPE on the sliding "
                     "layer alone, 4 experts top-2 and an ungated shared expert"),
+    "laguna-small": (T.LagunaConfig, MOE4 | {"sliding_window": WINDOW, "shared_expert_intermediate_size": 96,
+                                             "num_experts": 4, "layer_types": ["sliding_attention", "full_attention"]},
+                     "small Laguna: a softplus gate a head on the attention's output from its own projection, QK-norm "
+                     "per head, a sliding layer with a dense MLP, then a full one with 4 experts top-2 and an ungated "
+                     "shared expert"),
     "minimax-small": (T.MiniMaxConfig, MOE4 | {"block_size": 64},
                       "small MiniMax-01: softmax attention, then lightning attention in blocks of 64, 4 experts top-2"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,

@@ -106,6 +106,11 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_next": ("Qwen3NextConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48, head_dim=16,
                                            **LINEAR)),
     "qwen3_5_text": ("Qwen3_5TextConfig", dict(head_dim=16, **LINEAR)),
+    # Gated DeltaNet in layers 0 and 2, attention within a window in 1 and fully in 3, 4 experts and an ungated shared
+    # expert (the class's own pattern, period 5, attends by index: tests/test_hf_types.py)
+    "lara_mini": ("LaraMiniConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48, head_dim=16,
+                                         sliding_window=24, **LINEAR, layer_types=["linear_attention",
+                                         "sliding_attention", "linear_attention", "full_attention"])),
     # Gated DeltaNet in three layers by six projections of its own, OLMo 3's attention (no gate) in the fourth
     "olmo_hybrid": ("OlmoHybridConfig", dict(num_key_value_heads=4, **LINEAR,
                                              layer_types=["linear_attention"] * 3 + ["full_attention"])),
@@ -177,6 +182,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "aria_text": ("AriaTextConfig", dict(head_dim=16, moe_num_experts=4, moe_topk=2, moe_num_shared_experts=1)),
     "kolibri1": ("Kolibri1Config", dict(MOE, num_local_experts=4, head_dim=16, shared_expert_intermediate_size=48,
                                         sliding_window=24)),
+    # a softplus gate a head on the attention's output, sliding and full layers, one dense layer, an ungated shared
+    # expert and a frozen correction bias counted as a parameter
+    "laguna": ("LagunaConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48, head_dim=16,
+                                    sliding_window=24, layer_types=["sliding_attention", "full_attention"] * 2)),
     "afmoe": ("AfmoeConfig", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16, num_dense_layers=1,
                                   sliding_window=24, global_attn_every_n_layers=2)),
     "lfm2": ("Lfm2Config", dict(full_attn_idxs=[1], conv_bias=True, block_multiple_of=32,

@@ -30,6 +30,7 @@ CASES = [
     ("qwen3_5_text", "all-linear"),
     ("qwen3_5_text", "in_proj_qkv,in_proj_z,out_proj"),
     ("qwen3_next", "q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj"),
+    ("lara_mini", "q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj"),
     ("olmo_hybrid", "all-linear"),  # its Gated DeltaNet's q, k, v, g, b, a and o projections, attention's alike
     ("olmo_hybrid", "q_proj,v_proj,o_proj"),  # PEFT's suffixes: attention's and the Gated DeltaNet's both
     ("olmo_hybrid", "g_proj,b_proj,a_proj"),
