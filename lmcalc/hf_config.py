@@ -57,7 +57,7 @@ LLAMA_LIKE = (
     "ministral", "granite_swa", "granitemoe_swa", "jais2", "hunyuan_v1_dense", "exaone_moe", "glm4_moe_lite", "olmo",
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
-    "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini",
+    "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -77,7 +77,7 @@ FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "g
          "falcon": ["qkv"], "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
-SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe")  # a norm after attention and after the MLP too
+SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe", "lfm3")  # norms after attention and the MLP too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
            "exaone4": "per_head", "mellum": "per_head", "hunyuan_v1_dense": "per_head",
@@ -85,7 +85,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "nanochat": "per_head",
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
            "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full", "flint": "per_head",
-           "laguna": "per_head", "lara_mini": "per_head",
+           "laguna": "per_head", "lara_mini": "per_head", "lfm3": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5}  # fmt: skip
@@ -179,6 +179,10 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     if kind == "lara_mini" and not config.get("layer_types"):  # LaraMiniConfig: its released pattern, period 5
         pattern = ["linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"]
         config = {**config, "layer_types": [pattern[i % 5] for i in range(layers)]}
+    if kind == "lfm3" and not config.get("layer_types"):  # Lfm3Config: full in 2, 6, …; sliding in 4, 8, …; conv
+        types = ["full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i else "conv"
+                 for i in range(layers)]  # fmt: skip
+        config = {**config, "layer_types": types}
     bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
     if kind == "persimmon":  # query_key_value and dense, both with biases (PersimmonAttention)
@@ -271,7 +275,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= deltanet(config, kind, layers, origin)
     if kind in ("kimi_linear", "bailing_hybrid"):  # Kimi Delta Attention beside MLA
         fields |= kimi_delta(config, kind, layers, origin)
-        fields["attention_head_gate"] = kind == "bailing_hybrid"  # BailingHybridAttention's g_proj, h → H
+        if kind == "bailing_hybrid":  # BailingHybridAttention's g_proj, h → H, its sigmoid in fp32
+            fields["attention_head_gate"] = "fp32"
         if kind == "kimi_linear":  # KimiLinearAttention applies no RoPE (its rope-sized latent slice is built still)
             fields["position_embedding"] = "none"
     if kind == "laguna":  # LagunaAttention: a softplus gate a head on the attention's output, from g_proj
@@ -282,8 +287,12 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= mamba2(config, kind, fields["hidden_size"], layers, origin)
     if kind == "minimax":  # lightning attention in every linear_attention layer (MiniMax-01)
         fields |= lightning(config, origin, layers, fields["hidden_size"], fields["num_heads"])
-    if kind in ("lfm2", "lfm2_moe"):  # LFM2-MoE's dense layers take intermediate_size as it is
+    if kind in ("lfm2", "lfm2_moe", "lfm3"):  # LFM2-MoE's dense layers and LFM3's take intermediate_size as it is
         fields |= short_conv(config, origin, adjust_ffn=kind == "lfm2")
+    if kind == "lfm3" and config.get("use_attention_gate", True):  # Lfm3Attention: sigmoid(g_proj(x)) a head
+        fields["attention_head_gate"] = "activation"
+    if kind == "lfm3" and not config.get("use_sandwich_norm", True):
+        fields["norms_per_layer"] = 2
     if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe"):  # not built by transformers
         fields["mtp_modules"] = config["num_nextn_predict_layers"]
     elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape
@@ -301,7 +310,7 @@ def _laguna(config: dict[str, Any], origin: str, heads: int) -> dict[str, Any]:
     if len(per_layer) > 1:
         raise LmcalcError(f"{origin}: config.json num_attention_heads_per_layer differs between layers "
                           f"({sorted(per_layer)}); lmcalc reads one head count for every layer")  # fmt: skip
-    return {"attention_head_gate": True, "num_heads": per_layer.pop()}
+    return {"attention_head_gate": "fp32", "num_heads": per_layer.pop()}
 
 
 def _indexer(config: dict[str, Any], origin: str, layers: int) -> dict[str, Any]:

@@ -230,10 +230,11 @@ class ModelSpec(NamedSpec):
         description="that gate is a projection of its own, attn_gate (AFMoE's self_attn.gate_proj, h → H·d), not "
         "half of the query projection: the same parameters and FLOPs, a LoRA adapter of its own",
     )
-    attention_head_gate: StrictBool = Field(
-        False,
+    attention_head_gate: Literal["none", "fp32", "activation"] = Field(
+        "none",
         description="a gate per head on the attention's output, projected from the layer's input by a module of its "
-        "own, g_proj (h → H: the Bailing hybrid's MLA, a sigmoid; Laguna's attention, a softplus)",
+        "own, g_proj (h → H), its activation computed in fp32 (the Bailing hybrid's MLA, a sigmoid; Laguna's "
+        "attention, a softplus) or in the activation dtype (LFM3's sigmoid)",
     )
     mtp_modules: NonNegativeInt = Field(
         0,
@@ -303,7 +304,7 @@ class ModelSpec(NamedSpec):
             self.moe or self.mla or self.hybrid or self.attention_output_gate or self.ffn_kind == "gelu_mlp"
         ):
             raise ValueError("sub_norms are BitNet's: a dense model with gated MLPs, without MLA, MoE or other mixers")
-        if self.attention_head_gate and self.attention_output_gate:
+        if self.attention_head_gate != "none" and self.attention_output_gate:
             raise ValueError("attention_head_gate and attention_output_gate are two gates on one output: give one")
         if self.attention_gate_proj and not self.attention_output_gate:
             raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")

@@ -475,6 +475,10 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                     "layer then 4 experts top-2 with a shared one"),
     "lfm2-small": (T.Lfm2Config, N384 | {"full_attn_idxs": [1], "conv_bias": True, "block_multiple_of": 128},
                    "small LFM2: a gated short convolution in the first layer, attention with QK-norm in the second"),
+    "lfm3-small": (T.Lfm3Config, N384 | {"sliding_window": WINDOW, "layer_types": ["conv", "sliding_attention"],
+                                         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                   "small LFM3: a gated short convolution, then attention within a window with QK-norm, a sigmoid gate "
+                   "a head on its output and sandwich norms"),
     "lfm2-moe-small": (T.Lfm2MoeConfig, NARROW | {"intermediate_size": 384, "moe_intermediate_size": 64,
                                                   "num_experts": 4, "num_experts_per_tok": 2, "num_dense_layers": 1,
                                                   "layer_types": ["conv", "full_attention"]},

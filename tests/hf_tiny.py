@@ -190,6 +190,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                   sliding_window=24, global_attn_every_n_layers=2)),
     "lfm2": ("Lfm2Config", dict(full_attn_idxs=[1], conv_bias=True, block_multiple_of=32,
                                 block_ffn_dim_multiplier=1.3)),
+    # LFM3: a convolution, attention within a window, a convolution, full attention; a sigmoid gate a head, sandwich
+    # norms
+    "lfm3": ("Lfm3Config", dict(head_dim=16, sliding_window=24,
+                                layer_types=["conv", "sliding_attention", "conv", "full_attention"])),
     "lfm2_moe": ("Lfm2MoeConfig", dict(MOE, num_experts=4, num_dense_layers=1,
                                        layer_types=["conv", "full_attention", "conv", "conv"])),
     "hy_v3": ("HYV3Config", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16,

@@ -122,6 +122,7 @@ OTHERS = (
     "axk1-small",
     "flint-small",
     "laguna-small",
+    "lfm3-small",
 )
 OTHERS_GRID = [(128, 1), (256, 2)]
 

@@ -47,6 +47,8 @@ CASES = [
     ("bailing_hybrid", "f_proj,g_proj,b_proj,o_proj"),
     ("lfm2", "all-linear"),
     ("lfm2", "q_proj,k_proj,v_proj,out_proj,in_proj,w1,w2,w3"),  # LFM2's model card's targets
+    ("lfm3", "all-linear"),  # LFM2's modules and the attention's head gate, g_proj
+    ("lfm3", "g_proj,q_proj,in_proj"),
     ("lfm2", "out_proj"),  # its attention's output and its convolutions'
     # MiniMax: its lightning layers' modules alone, then with the softmax layers'; not all-linear, which PEFT extends to
     # the router and the 3-D experts of an MoE (tests/test_finetune_peft.py says why they are not compared)

@@ -22,6 +22,7 @@ from lmcalc.engine.finetune.flops import method_step_flops  # noqa: E402
 from lmcalc.engine.finetune.method import Method, adapter_tensors, parse_targets  # noqa: E402
 from lmcalc.engine.inference.serving import state_bytes  # noqa: E402
 from lmcalc.engine.model.mixer_flops import ssm_flops  # noqa: E402
+from lmcalc.engine.model.params import count_params  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 from lmcalc.validate_hf import convolution_backward_flops, transformers_check  # noqa: E402
@@ -147,3 +148,23 @@ def test_a_hybrids_rebuilt_layer_is_its_larger_kind():
     assert average == pytest.approx((attention + 3 * conv) / 4)
     checkpoint_kept = stage_activations(w, Layout(), 0).rebuilt
     assert checkpoint_kept == pytest.approx(attention - 2 * 256 * 64, rel=0.01)  # less its checkpointed input
+
+
+@pytest.mark.parametrize(("seq", "batch"), [(20, 1), (64, 2)])
+def test_lfm3_flops_equal_flopcountermode(seq: int, batch: int):
+    # LFM3: LFM2's convolutions, attention within a window and fully, a sigmoid gate a head from g_proj, sandwich norms
+    result = transformers_check(tiny_config("lfm3"), seq, batch)
+    assert result.value("params.error") == 0
+    assert abs(result.value("flops.error")) < 1e-12
+
+
+def test_lfm3s_layers_and_the_state_a_sequence_keeps():
+    # tests/hf_tiny.py: convolutions in layers 0 and 2 (their last K = 7 inputs of B·x, 64 wide, 2 bytes each),
+    # attention within the window in layer 1, fully in layer 3: q and o 64 × 64, k and v 32 × 64, QK-norms of 16,
+    # and the gate's projection of h = 64 to H = 4
+    spec = spec_of(tiny_config("lfm3"))
+    assert [spec.is_attention_layer(i) for i in range(4)] == [False, True, False, True]
+    assert [spec.is_local_layer(i) for i in (1, 3)] == [True, False]
+    assert count_params(spec).by_group["attention"] == 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 2 * 16 + 64 * 4)
+    assert state_bytes(spec, 2) == 2 * 64 * 7 * 2
+    assert cached_state_bytes("lfm3", [0, 2], batch=2) == 2 * state_bytes(spec, 2)

@@ -83,6 +83,7 @@ FAMILIES = (
     "axk1-small",
     "flint-small",
     "laguna-small",
+    "lfm3-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",

@@ -248,12 +248,12 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         else:
             tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
         tensors += _window_mask_saved(w) + _selection_saved(w)
-        if spec.attention_output_gate or spec.attention_head_gate:  # o_proj reads attention · sigmoid(gate)
+        if spec.attention_output_gate or spec.attention_head_gate != "none":  # o_proj reads attention · gate
             width, symbol = (H * dv, "s·b·H·d_v") if spec.attention_output_gate else (H, "s·b·H")
-            if spec.attention_head_gate:  # sigmoid (Bailing) or softplus (Laguna) of g_proj(x).float(), cast back
+            if spec.attention_head_gate == "fp32":  # sigmoid (Bailing) or softplus (Laguna) of g_proj(x).float()
                 tensors.append(SavedTensor("head gate, its activation's output or input (fp32)", symbol, sb * width, 4))
             tensors += [  # the product keeps the gate and the attention's output (counted above)
-                SavedTensor("output gate, sigmoid output", symbol, sb * width, act),
+                SavedTensor("output gate, its activation's output", symbol, sb * width, act),
                 SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
             ]
     if spec.differential_attention:

@@ -100,7 +100,7 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
 
 def _head_gate(spec: ModelSpec, site: Site, h: Dim) -> list[WeightTensor]:
     """A head-wise output gate's projection, h → H (the Bailing hybrid's g_proj: PEFT's g_proj adapts it)."""
-    return linear("attn.g", site, Dim(spec.num_heads, "H"), h, False) if spec.attention_head_gate else []
+    return linear("attn.g", site, Dim(spec.num_heads, "H"), h, False) if spec.attention_head_gate != "none" else []
 
 
 def _indexer(spec: ModelSpec) -> list[WeightTensor]:
