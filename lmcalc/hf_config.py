@@ -58,6 +58,7 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
+    "beam",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -77,7 +78,7 @@ FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "g
          "falcon": ["qkv"], "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
-SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe", "lfm3")  # norms after attention and the MLP too
+SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe", "lfm3", "beam")  # norms after both halves too
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
            "exaone4": "per_head", "mellum": "per_head", "hunyuan_v1_dense": "per_head",
@@ -85,7 +86,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "nanochat": "per_head",
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
            "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full", "flint": "per_head",
-           "laguna": "per_head", "lara_mini": "per_head", "lfm3": "per_head",
+           "laguna": "per_head", "lara_mini": "per_head", "lfm3": "per_head", "beam": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5}  # fmt: skip
@@ -95,7 +96,8 @@ QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "sta
 """Types whose attention_bias puts biases on q, k and v, none on the output (Qwen2's always)."""
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
-                    "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", "lara_mini", *DELTANET)  # fmt: skip
+                    "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", "lara_mini", "beam",
+                    *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
@@ -179,6 +181,10 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     if kind == "lara_mini" and not config.get("layer_types"):  # LaraMiniConfig: its released pattern, period 5
         pattern = ["linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"]
         config = {**config, "layer_types": [pattern[i % 5] for i in range(layers)]}
+    if kind == "beam" and not config.get("layer_types"):  # BeamConfig: every sixth layer full, and the last
+        types = ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
+                 for i in range(layers)]  # fmt: skip
+        config = {**config, "layer_types": types}
     if kind == "lfm3" and not config.get("layer_types"):  # Lfm3Config: full in 2, 6, …; sliding in 4, 8, …; conv
         types = ["full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i else "conv"
                  for i in range(layers)]  # fmt: skip
@@ -281,6 +287,9 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             fields["position_embedding"] = "none"
     if kind == "laguna":  # LagunaAttention: a softplus gate a head on the attention's output, from g_proj
         fields |= _laguna(config, origin, fields["num_heads"])
+    if kind == "beam":  # BeamAttention: AFMoE's gate, with a bias a head before the sigmoid; its SwiGLU in fp32
+        fields |= {"attention_output_gate": True, "attention_gate_proj": True, "attention_gate_bias": True,
+                   "mlp_fp32": True, "final_softcap_fp32": True}  # fmt: skip
     if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
     if kind in ("bamba", "granitemoehybrid", "falcon_h1"):

@@ -17,7 +17,7 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 
 ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "axk1", "dots1", "ernie4_5_moe",
                "exaone_moe", "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1",
-               "hy_v3", "flint", "kimi_linear", "bailing_hybrid")  # fmt: skip
+               "hy_v3", "flint", "kimi_linear", "bailing_hybrid", "beam")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
 F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
@@ -128,6 +128,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         first_dense = 1
     if kind in ("axk1", "kimi_linear") and not config.get("mlp_layer_types"):  # their classes: a kwarg, else 1
         first_dense = config.get("first_k_dense_replace", 1)
+    if kind == "beam" and not config.get("mlp_layer_types"):  # BeamConfig: the first three layers dense
+        first_dense = min(3, layers)
     if kind == "ernie4_5_moe":  # MoE where start <= i <= end and (i + 1) % interval == 0 (Ernie4_5_MoeDecoderLayer)
         first_dense, every = config.get("moe_layer_start_index") or 0, config.get("moe_layer_interval") or 1
         end = config.get("moe_layer_end_index")

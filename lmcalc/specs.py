@@ -124,6 +124,12 @@ class ModelSpec(NamedSpec):
         False, description="a bias on the last layer's attention output alone (GPT-NeoX-Japanese's dense_bias): h more"
     )
     mlp_bias: StrictBool = False
+    mlp_fp32: StrictBool = Field(
+        False,
+        description="the gated MLP's activation and product computed in fp32 by the model's own code (Beam): "
+        "transformers' profile keeps fp32 copies of the gate's and the up projection's outputs and the fp32 "
+        "activation, the product cast back",
+    )
     norms_per_layer: Literal[1, 2, 4] = Field(
         2,
         description="1: one norm feeds attention and MLP (the parallel blocks of Falcon-7B and Cohere); 2: one "
@@ -175,6 +181,9 @@ class ModelSpec(NamedSpec):
         None, description="tanh soft-capping of attention logits (Gemma 2); transformers then runs eager attention"
     )
     final_softcap: PositiveFloat | None = Field(None, description="tanh soft-capping of the output logits (Gemma 2)")
+    final_softcap_fp32: StrictBool = Field(
+        False, description="that soft-capping computed on an fp32 copy of the logits (Beam): tanh keeps fp32"
+    )
     fused_linears: tuple[Literal["qkv", "gate_up"], ...] = Field(
         default_factory=no_items,
         description="weights the reference implementation stores as one matrix (GPT-2's c_attn: qkv; Phi-3's "
@@ -229,6 +238,11 @@ class ModelSpec(NamedSpec):
         False,
         description="that gate is a projection of its own, attn_gate (AFMoE's self_attn.gate_proj, h → H·d), not "
         "half of the query projection: the same parameters and FLOPs, a LoRA adapter of its own",
+    )
+    attention_gate_bias: StrictBool = Field(
+        False,
+        description="a learned bias a head added to that gate's projection before its sigmoid (Beam's gate_bias: H "
+        "a layer); needs attention_gate_proj",
     )
     attention_head_gate: Literal["none", "fp32", "activation"] = Field(
         "none",
@@ -306,6 +320,9 @@ class ModelSpec(NamedSpec):
             raise ValueError("sub_norms are BitNet's: a dense model with gated MLPs, without MLA, MoE or other mixers")
         if self.attention_head_gate != "none" and self.attention_output_gate:
             raise ValueError("attention_head_gate and attention_output_gate are two gates on one output: give one")
+        if self.attention_gate_bias and not self.attention_gate_proj:
+            raise ValueError("attention_gate_bias is a bias on the output gate's own projection: it needs "
+                             "attention_gate_proj")  # fmt: skip
         if self.attention_gate_proj and not self.attention_output_gate:
             raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
         if self.indexer and (self.sliding_window or self.hybrid or self.indexer_layers > self.num_layers):

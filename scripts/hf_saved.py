@@ -475,6 +475,12 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                     "layer then 4 experts top-2 with a shared one"),
     "lfm2-small": (T.Lfm2Config, N384 | {"full_attn_idxs": [1], "conv_bias": True, "block_multiple_of": 128},
                    "small LFM2: a gated short convolution in the first layer, attention with QK-norm in the second"),
+    "beam-small": (T.BeamConfig, MOE4 | {"sliding_window": WINDOW, "num_experts": 4, "moe_intermediate_size": 64,
+                                         "n_group": 1, "topk_group": 1,
+                                         "mlp_layer_types": ["dense", "sparse"]},
+                   "small Beam: AFMoE's output gate with a bias a head, QK-norm per head, sandwich norms; a sliding "
+                   "layer with RoPE and a dense MLP, then a full one without RoPE, its queries scaled, 4 experts "
+                   "top-2"),
     "lfm3-small": (T.Lfm3Config, N384 | {"sliding_window": WINDOW, "layer_types": ["conv", "sliding_attention"],
                                          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
                    "small LFM3: a gated short convolution, then attention within a window with QK-norm, a sigmoid gate "

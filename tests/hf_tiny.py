@@ -186,6 +186,9 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     # expert and a frozen correction bias counted as a parameter
     "laguna": ("LagunaConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=48, head_dim=16,
                                     sliding_window=24, layer_types=["sliding_attention", "full_attention"] * 2)),
+    # AFMoE's gate with a bias a head; the first layer dense, full attention (NoPE) in the last, sandwich norms
+    "beam": ("BeamConfig", dict(MOE, num_experts=4, n_group=2, topk_group=1, head_dim=16, sliding_window=24,
+                                mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
     "afmoe": ("AfmoeConfig", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16, num_dense_layers=1,
                                   sliding_window=24, global_attn_every_n_layers=2)),
     "lfm2": ("Lfm2Config", dict(full_attn_idxs=[1], conv_bias=True, block_multiple_of=32,

@@ -40,6 +40,7 @@ CASES = [
     ("falcon_h1", "q_proj,k_proj,v_proj,o_proj,in_proj,gate_proj,up_proj,down_proj"),
     ("granitemoehybrid", "q_proj,v_proj,in_proj,out_proj"),
     ("afmoe", "q_proj,k_proj,v_proj,o_proj"),
+    ("beam", "q_proj,k_proj,v_proj,o_proj"),  # PEFT refuses gate_proj without up_proj on an MoE with fused experts
     # Kimi Delta Attention: Kimi's low-rank gates (f_a, f_b, g_a, g_b), Bailing's full ones; Bailing's g_proj is its
     # KDA's output gate and its MLA's head-wise gate both, and PEFT's g_proj takes the two
     ("kimi_linear", "q_proj,k_proj,v_proj,o_proj,f_a_proj,f_b_proj,b_proj,g_a_proj,g_b_proj"),

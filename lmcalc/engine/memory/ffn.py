@@ -61,6 +61,11 @@ def ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> li
         "relu2": ["ReLU(gate) (kept by ReLU and by the square)", "ReLU(gate)² (kept by the product)"],
     }
     labels = relu.get(w.model.activation, labels)
+    if w.model.mlp_fp32 and rule.gated == "unfused" and not ops and w.model.activation not in relu:  # Beam
+        return tensors + [
+            *(SavedTensor(f"{label} (fp32 copy)", inner, n, 4) for label in [*labels, "up output", f"{fn}(gate)"]),
+            SavedTensor("down projection input (product, cast back)", inner, n, act, for_weights=DOWN),
+        ]
     return tensors + [
         *(SavedTensor(label, inner, n, act) for label in labels),
         SavedTensor("up output", inner, n, act),

@@ -36,8 +36,10 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     if w.framework.loss.fused_linear:  # the head's gradients made in the forward: its input's kept, not its input
         head = [t for t in head if t.label != "output head input"]
         head.append(SavedTensor("head input's gradient (made in the forward)", "s·b·h", sb * h, act, split="seq"))
-    if spec.final_softcap:  # c·tanh(logits/c) (Gemma 2): tanh keeps its output, in the activation dtype
-        head.append(SavedTensor("soft-capped logits (tanh output)", "s·b·V", sb * spec.vocab_size, act))
+    if spec.final_softcap:  # c·tanh(logits/c) (Gemma 2): tanh keeps its output, in the activation dtype (Beam: fp32)
+        fp32 = spec.final_softcap_fp32
+        head.append(SavedTensor(f"soft-capped logits (tanh output{', fp32' if fp32 else ''})", "s·b·V",
+                                sb * spec.vocab_size, 4 if fp32 else act))  # fmt: skip
     loss = w.framework.loss
     if loss.saved_bytes:
         head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))

@@ -77,6 +77,8 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     tensors = linear("attn.q", site, Dim(2 * heads * d, "2·H·d") if fused_gate else q, h, qkv_bias)
     if spec.attention_gate_proj:
         tensors += linear("attn.attn_gate", site, q, h, False)
+    if spec.attention_gate_bias:  # Beam: one bias a head, broadcast over its d channels
+        tensors.append(tensor("attn.attn_gate_bias", site, (Dim(heads, "H"),), False))
     tensors += linear("attn.k", site, kv_dim, h, qkv_bias)
     tensors += linear("attn.v", site, kv_dim, h, qkv_bias)
     tensors += linear("attn.o", site, h, q, out_bias)
