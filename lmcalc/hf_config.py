@@ -16,6 +16,7 @@ else named in a note. Other types are refused with a clear message rather than g
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
@@ -108,6 +109,13 @@ RESIDUAL_DROPOUT = {"seed_oss": "residual_dropout", "emu3_text_model": "attentio
 """Llama-like types that drop attention probabilities (attention_dropout) and each sub-layer's output, at this field."""
 COHERE = ("cohere", "cohere2", "cohere2_moe")
 """Attention and MLP side by side from one norm (CohereDecoderLayer)."""
+CLASS_LAYER_TYPES: dict[str, Callable[[int, int], str]] = {
+    "lara_mini": lambda i, _: ("linear", "sliding", "linear", "full", "sliding")[i % 5] + "_attention",  # period 5
+    "beam": lambda i, n: "full_attention" if (i + 1) % 6 == 0 or i == n - 1 else "sliding_attention",
+    "lfm3": lambda i, _: "full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i else "conv",
+}
+"""The layer_types (layer i of n) a class's ``__post_init__`` writes where config.json gives none: LaraMiniConfig's
+released pattern, BeamConfig's every sixth layer and the last full, Lfm3Config's full, sliding and conv layers."""
 NEVER_TIED = ("kimi_linear", "bailing_hybrid")
 """Types whose ForCausalLM ties no weights (``_tied_weights_keys = {}``): an untied head whatever
 tie_word_embeddings says."""
@@ -178,17 +186,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     two_matrices = kind in ("starcoder2", *RELU_MLPS, *XIELU_MLPS)  # up and down, no gate
     act = gelu(config, kind, origin) if two_matrices else activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
-    if kind == "lara_mini" and not config.get("layer_types"):  # LaraMiniConfig: its released pattern, period 5
-        pattern = ["linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"]
-        config = {**config, "layer_types": [pattern[i % 5] for i in range(layers)]}
-    if kind == "beam" and not config.get("layer_types"):  # BeamConfig: every sixth layer full, and the last
-        types = ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
-                 for i in range(layers)]  # fmt: skip
-        config = {**config, "layer_types": types}
-    if kind == "lfm3" and not config.get("layer_types"):  # Lfm3Config: full in 2, 6, …; sliding in 4, 8, …; conv
-        types = ["full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i else "conv"
-                 for i in range(layers)]  # fmt: skip
-        config = {**config, "layer_types": types}
+    if kind in CLASS_LAYER_TYPES and not config.get("layer_types"):
+        config = {**config, "layer_types": [CLASS_LAYER_TYPES[kind](i, layers) for i in range(layers)]}
     bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
     if kind == "persimmon":  # query_key_value and dense, both with biases (PersimmonAttention)
