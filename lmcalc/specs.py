@@ -19,6 +19,7 @@ from lmcalc.errors import as_given
 from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_specs import NO_TOP_K, IndexerSpec, MLASpec, MoESpec, moe_layers_in
 from lmcalc.mixer_specs import DeltaNetSpec, LightningSpec, Mamba2Spec, MambaSpec, ShortConvSpec
+from lmcalc.model_rules import check_model
 from lmcalc.spec_base import (
     ActivationKind,
     ComputeDtype,
@@ -287,63 +288,8 @@ class ModelSpec(NamedSpec):
 
     @model_validator(mode="after")
     def _shapes_consistent(self) -> Self:
-        if self.head_dim is None and self.mla is None and self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads} "
-                "(set head_dim if the model's heads do not tile the hidden size)"
-            )
-        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads {self.num_kv_heads} does not divide num_heads {self.num_heads}")
-        if self.moe and self.moe.dense_layers > self.num_layers:
-            raise ValueError(f"moe.dense_layers ({self.moe.dense_layers}) exceeds num_layers ({self.num_layers})")
-        if self.moe and not self.moe_layers:
-            raise ValueError("moe: no layer is an MoE layer (check dense_layers, moe_every and dense_layer_ids)")
-        if (self.global_every is not None or self.global_layer_ids) and self.sliding_window is None:
-            raise ValueError("global_every and global_layer_ids need a sliding_window (which layers attend locally, "
-                             "and over what span)")  # fmt: skip
-        if self.global_every is not None and self.global_layer_ids:
-            raise ValueError("give global_every or global_layer_ids, not both")
-        if sum(m is not None for m in (self.mamba, self.mamba2, self.deltanet, self.short_conv, self.lightning)) > 1:
-            raise ValueError(
-                "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv "
-                "or lightning"
-            )
-        if self.norms_per_layer == 1 and not self.parallel_block:
-            raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
-        if self.differential_attention and (self.mla or self.num_heads % 2 or self.kv_heads % 2 or self.hybrid):
-            raise ValueError("differential_attention needs an even number of heads and of KV heads, without MLA")
-        if self.post_norm and (self.norms_per_layer != 2 or self.parallel_block or self.single_blocks or self.hybrid):
-            raise ValueError("post_norm is GPT-1's layer: a norm after attention's and the MLP's residual adds")
-        if self.sub_norms and (
-            self.moe or self.mla or self.hybrid or self.attention_output_gate or self.ffn_kind == "gelu_mlp"
-        ):
-            raise ValueError("sub_norms are BitNet's: a dense model with gated MLPs, without MLA, MoE or other mixers")
-        if self.attention_head_gate != "none" and self.attention_output_gate:
-            raise ValueError("attention_head_gate and attention_output_gate are two gates on one output: give one")
-        if self.attention_gate_bias and not self.attention_gate_proj:
-            raise ValueError("attention_gate_bias is a bias on the output gate's own projection: it needs "
-                             "attention_gate_proj")  # fmt: skip
-        if self.attention_gate_proj and not self.attention_output_gate:
-            raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
-        if self.indexer and (self.sliding_window or self.hybrid or self.indexer_layers > self.num_layers):
-            raise ValueError("mla.indexer: every layer attends to its top_k keys, without sliding windows or other "
-                             "mixers, and own_layers may not exceed num_layers")  # fmt: skip
-        self._single_blocks_consistent()
+        check_model(self)  # lmcalc/model_rules.py
         return self
-
-    def _single_blocks_consistent(self) -> None:
-        alone = (*self.mixer_only_layer_ids, *self.ffn_only_layer_ids)
-        if not alone:
-            return
-        if len(set(alone)) < len(alone):
-            raise ValueError("a layer is listed twice in mixer_only_layer_ids and ffn_only_layer_ids")
-        if max(alone) >= self.num_layers:
-            raise ValueError(f"layer {max(alone)} of mixer_only_layer_ids or ffn_only_layer_ids is not below "
-                             f"num_layers ({self.num_layers})")  # fmt: skip
-        if self.norms_per_layer != 2:
-            raise ValueError("mixer_only_layer_ids and ffn_only_layer_ids need norms_per_layer 2: one norm each")
-        if not self.mixer_layers:
-            raise ValueError("ffn_only_layer_ids leaves no layer with a mixer")
 
     @property
     def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | None:

@@ -1,0 +1,71 @@
+"""The rules a model spec's fields keep together (``ModelSpec``'s validator calls ``check_model``): shapes that tile,
+one kind of hybrid mixer, the layer kinds and gates that exclude or need each other. Each broken rule is a
+``ValueError`` naming the fields, which pydantic reports with the preset's path."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lmcalc.specs import ModelSpec
+
+
+def check_model(spec: ModelSpec) -> None:
+    """Raise ValueError where ``spec``'s fields contradict each other."""
+    if spec.head_dim is None and spec.mla is None and spec.hidden_size % spec.num_heads:
+        raise ValueError(
+            f"hidden_size {spec.hidden_size} is not divisible by num_heads {spec.num_heads} "
+            "(set head_dim if the model's heads do not tile the hidden size)"
+        )
+    if spec.num_kv_heads is not None and spec.num_heads % spec.num_kv_heads:
+        raise ValueError(f"num_kv_heads {spec.num_kv_heads} does not divide num_heads {spec.num_heads}")
+    if spec.moe and spec.moe.dense_layers > spec.num_layers:
+        raise ValueError(f"moe.dense_layers ({spec.moe.dense_layers}) exceeds num_layers ({spec.num_layers})")
+    if spec.moe and not spec.moe_layers:
+        raise ValueError("moe: no layer is an MoE layer (check dense_layers, moe_every and dense_layer_ids)")
+    if (spec.global_every is not None or spec.global_layer_ids) and spec.sliding_window is None:
+        raise ValueError("global_every and global_layer_ids need a sliding_window (which layers attend locally, "
+                         "and over what span)")  # fmt: skip
+    if spec.global_every is not None and spec.global_layer_ids:
+        raise ValueError("give global_every or global_layer_ids, not both")
+    if sum(m is not None for m in (spec.mamba, spec.mamba2, spec.deltanet, spec.short_conv, spec.lightning)) > 1:
+        raise ValueError(
+            "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv "
+            "or lightning"
+        )
+    if spec.norms_per_layer == 1 and not spec.parallel_block:
+        raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
+    if spec.differential_attention and (spec.mla or spec.num_heads % 2 or spec.kv_heads % 2 or spec.hybrid):
+        raise ValueError("differential_attention needs an even number of heads and of KV heads, without MLA")
+    if spec.post_norm and (spec.norms_per_layer != 2 or spec.parallel_block or spec.single_blocks or spec.hybrid):
+        raise ValueError("post_norm is GPT-1's layer: a norm after attention's and the MLP's residual adds")
+    if spec.sub_norms and (
+        spec.moe or spec.mla or spec.hybrid or spec.attention_output_gate or spec.ffn_kind == "gelu_mlp"
+    ):
+        raise ValueError("sub_norms are BitNet's: a dense model with gated MLPs, without MLA, MoE or other mixers")
+    if spec.attention_head_gate != "none" and spec.attention_output_gate:
+        raise ValueError("attention_head_gate and attention_output_gate are two gates on one output: give one")
+    if spec.attention_gate_bias and not spec.attention_gate_proj:
+        raise ValueError("attention_gate_bias is a bias on the output gate's own projection: it needs "
+                         "attention_gate_proj")  # fmt: skip
+    if spec.attention_gate_proj and not spec.attention_output_gate:
+        raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
+    if spec.indexer and (spec.sliding_window or spec.hybrid or spec.indexer_layers > spec.num_layers):
+        raise ValueError("mla.indexer: every layer attends to its top_k keys, without sliding windows or other "
+                         "mixers, and own_layers may not exceed num_layers")  # fmt: skip
+    _check_single_blocks(spec)
+
+
+def _check_single_blocks(spec: ModelSpec) -> None:
+    alone = (*spec.mixer_only_layer_ids, *spec.ffn_only_layer_ids)
+    if not alone:
+        return
+    if len(set(alone)) < len(alone):
+        raise ValueError("a layer is listed twice in mixer_only_layer_ids and ffn_only_layer_ids")
+    if max(alone) >= spec.num_layers:
+        raise ValueError(f"layer {max(alone)} of mixer_only_layer_ids or ffn_only_layer_ids is not below "
+                         f"num_layers ({spec.num_layers})")  # fmt: skip
+    if spec.norms_per_layer != 2:
+        raise ValueError("mixer_only_layer_ids and ffn_only_layer_ids need norms_per_layer 2: one norm each")
+    if not spec.mixer_layers:
+        raise ValueError("ffn_only_layer_ids leaves no layer with a mixer")
