@@ -59,7 +59,7 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
-    "beam",
+    "beam", "modernbert-decoder",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -109,13 +109,17 @@ RESIDUAL_DROPOUT = {"seed_oss": "residual_dropout", "emu3_text_model": "attentio
 """Llama-like types that drop attention probabilities (attention_dropout) and each sub-layer's output, at this field."""
 COHERE = ("cohere", "cohere2", "cohere2_moe")
 """Attention and MLP side by side from one norm (CohereDecoderLayer)."""
-CLASS_LAYER_TYPES: dict[str, Callable[[int, int], str]] = {
-    "lara_mini": lambda i, _: ("linear", "sliding", "linear", "full", "sliding")[i % 5] + "_attention",  # period 5
-    "beam": lambda i, n: "full_attention" if (i + 1) % 6 == 0 or i == n - 1 else "sliding_attention",
-    "lfm3": lambda i, _: "full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i else "conv",
+CLASS_LAYER_TYPES: dict[str, Callable[[int, int, dict[str, Any]], str]] = {
+    "lara_mini": lambda i, _, __: ("linear", "sliding", "linear", "full", "sliding")[i % 5] + "_attention",
+    "beam": lambda i, n, _: "full_attention" if (i + 1) % 6 == 0 or i == n - 1 else "sliding_attention",
+    "lfm3": lambda i, _, __: "full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i else "conv",
+    "modernbert-decoder": lambda i, _, config: (
+        "sliding_attention" if i % (config.get("global_attn_every_n_layers") or 3) else "full_attention"
+    ),
 }
 """The layer_types (layer i of n) a class's ``__post_init__`` writes where config.json gives none: LaraMiniConfig's
-released pattern, BeamConfig's every sixth layer and the last full, Lfm3Config's full, sliding and conv layers."""
+released pattern (period 5), BeamConfig's every sixth layer and the last full, Lfm3Config's full, sliding and conv
+layers, ModernBertDecoderConfig's every global_attn_every_n_layers-th layer full from the first."""
 NEVER_TIED = ("kimi_linear", "bailing_hybrid")
 """Types whose ForCausalLM ties no weights (``_tied_weights_keys = {}``): an untied head whatever
 tie_word_embeddings says."""
@@ -187,7 +191,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     act = gelu(config, kind, origin) if two_matrices else activation(config, kind)
     layers = _get(config, origin, "num_hidden_layers")
     if kind in CLASS_LAYER_TYPES and not config.get("layer_types"):
-        config = {**config, "layer_types": [CLASS_LAYER_TYPES[kind](i, layers) for i in range(layers)]}
+        config = {**config, "layer_types": [CLASS_LAYER_TYPES[kind](i, layers, config) for i in range(layers)]}
     bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
     if kind == "persimmon":  # query_key_value and dense, both with biases (PersimmonAttention)
@@ -286,6 +290,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             fields["position_embedding"] = "none"
     if kind == "laguna":  # LagunaAttention: a softplus gate a head on the attention's output, from g_proj
         fields |= _laguna(config, origin, fields["num_heads"])
+    if kind == "modernbert-decoder":
+        fields |= _modernbert(config, origin)
     if kind == "beam":  # BeamAttention: AFMoE's gate, with a bias a head before the sigmoid; its SwiGLU in fp32
         fields |= {"attention_output_gate": True, "attention_gate_proj": True, "attention_gate_bias": True,
                    "mlp_fp32": True, "final_softcap_fp32": True}  # fmt: skip
@@ -305,6 +311,34 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields["mtp_modules"] = config["num_nextn_predict_layers"]
     elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape
         fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]
+    return fields
+
+
+def _modernbert(config: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModernBERT's decoder (ModernBertDecoderForCausalLM): LayerNorms (without biases unless ``norm_bias``), one after
+    the embedding that stands in for layer 0's attention norm, a GeGLU through one fused ``Wi``, biases on q, k, v
+    and Wo where ``attention_bias`` says, a prediction-head transform (dense, GELU, norm) before the tied decoder and
+    its bias (``decoder_bias``); its window is half of ``local_attention`` where ``sliding_window`` is absent."""
+    for field in ("embedding_dropout", "attention_dropout", "mlp_dropout"):
+        if config.get(field):
+            raise LmcalcError(f"{origin}: config.json {field} {config[field]}: ModernBERT's dropout is not modelled")
+    if config.get("classifier_bias") or (config.get("classifier_activation") or "gelu") != (
+        config.get("hidden_activation") or "gelu"
+    ):
+        raise LmcalcError(f"{origin}: config.json classifier_bias or a classifier_activation other than "
+                          "hidden_activation: ModernBERT's head transform is read without a bias, with the MLP's "
+                          "activation")  # fmt: skip
+    fields: dict[str, Any] = {
+        "norm_kind": "layernorm" if config.get("norm_bias") else "layernorm_nobias",
+        "num_kv_heads": None,  # ModernBertDecoderAttention: as many key-value heads as heads, whatever the config says
+        "embedding_norm": True,
+        "first_attention_norm": False,
+        "head_transform": True,
+        "head_bias": bool(config.get("decoder_bias", True)),
+        "fused_linears": ["gate_up"],
+    }
+    if not config.get("sliding_window") and config.get("local_attention"):
+        fields["sliding_window"] = config["local_attention"] // 2
     return fields
 
 

@@ -26,6 +26,7 @@ ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_
               "gemma": ("hidden_act", "gelu_pytorch_tanh"), "gemma2": ("hidden_activation", "gelu_pytorch_tanh"),
               "gemma3_text": ("hidden_activation", "gelu_pytorch_tanh"),
               "vaultgemma": ("hidden_activation", "gelu_pytorch_tanh"),
+              "modernbert-decoder": ("hidden_activation", "gelu"),
               "nemotron_h": ("mlp_hidden_act", "relu2"), "xglm": ("activation_function", "gelu")}  # fmt: skip
 """The config field each type's MLP calls ACT2FN with, and the config class's default, where not hidden_act and
 silu (GPT2MLP: activation_function; FalconMLP: activation; Gemma2MLP and Gemma3MLP: hidden_activation)."""

@@ -50,6 +50,9 @@ def check_model(spec: ModelSpec) -> None:
                          "attention_gate_proj")  # fmt: skip
     if spec.attention_gate_proj and not spec.attention_output_gate:
         raise ValueError("attention_gate_proj needs attention_output_gate: it says where that gate is made")
+    if not spec.first_attention_norm and not (spec.embedding_norm and spec.norms_per_layer == 2):
+        raise ValueError("first_attention_norm false needs embedding_norm (its norm stands in for layer 0's) and "
+                         "norms_per_layer 2")  # fmt: skip
     if spec.indexer and (spec.sliding_window or spec.hybrid or spec.indexer_layers > spec.num_layers):
         raise ValueError("mla.indexer: every layer attends to its top_k keys, without sliding windows or other "
                          "mixers, and own_layers may not exceed num_layers")  # fmt: skip

@@ -142,6 +142,14 @@ class ModelSpec(NamedSpec):
         "Cohere)",
     )
     embedding_norm: StrictBool = Field(False, description="a norm right after the token embedding (BLOOM)")
+    first_attention_norm: StrictBool = Field(
+        True, description="layer 0 has its attention norm; false: the embedding's norm stands in for it (ModernBERT)"
+    )
+    head_transform: StrictBool = Field(
+        False,
+        description="a dense h × h layer, the MLP's activation and a norm between the final norm and the output head "
+        "(BERT's prediction-head transform: ModernBERT's lm_head.dense and lm_head.norm)",
+    )
     post_norm: StrictBool = Field(
         False,
         description="each norm follows its sub-layer's residual add, LayerNorm(x + sublayer(x)) (Vaswani et al. "

@@ -481,6 +481,11 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                    "small Beam: AFMoE's output gate with a bias a head, QK-norm per head, sandwich norms; a sliding "
                    "layer with RoPE and a dense MLP, then a full one without RoPE, its queries scaled, 4 experts "
                    "top-2"),
+    "modernbert-decoder-small": (T.ModernBertDecoderConfig, N384 | {"local_attention": 2 * WINDOW,
+                                                                    "global_attn_every_n_layers": 2, "pad_token_id": 0,
+                                                                    "bos_token_id": 1, "eos_token_id": 2},
+                                 "small ModernBERT decoder: the embedding's LayerNorm for the first layer's, a full "
+                                 "then a sliding layer, a fused GeGLU, a head transform before the tied decoder"),
     "lfm3-small": (T.Lfm3Config, N384 | {"sliding_window": WINDOW, "layer_types": ["conv", "sliding_attention"],
                                          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
                    "small LFM3: a gated short convolution, then attention within a window with QK-norm, a sigmoid gate "

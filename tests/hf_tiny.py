@@ -162,6 +162,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
         full_attn_layers=[1, 4], kda_layers=[2, 3], head_dim=16, num_heads=4, short_conv_kernel_size=4))),
     "bailing_hybrid": ("BailingHybridConfig", dict(DEEPSEEK, num_experts=4, n_group=2, topk_group=1, head_dim=16,
                                                    layer_group_size=2)),
+    # ModernBERT's decoder: the embedding's LayerNorm for layer 0's, a fused GeGLU, a head transform before the tied
+    # decoder and its bias, full attention in layers 0 and 3 and a window of 12 in the others
+    "modernbert-decoder": ("ModernBertDecoderConfig", dict(local_attention=24, global_attn_every_n_layers=3,
+                                                           max_position_embeddings=128)),
     "olmo": ("OlmoConfig", dict(clip_qkv=8.0)),
     "nanochat": ("NanoChatConfig", {}),
     "opt": ("OPTConfig", dict(ffn_dim=96, max_position_embeddings=128)),

@@ -85,6 +85,7 @@ FAMILIES = (
     "laguna-small",
     "lfm3-small",
     "beam-small",
+    "modernbert-decoder-small",
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",

@@ -30,6 +30,12 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     final = [] if spec.post_norm else norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h"))  # GPT-1 has none
+    if spec.head_transform:  # ModernBERT: dense (its input the final norm's output), GELU (a kernel: its input), norm
+        final += [
+            SavedTensor("head transform's dense input (final norm output)", "s·b·h", sb * h, act, split="seq"),
+            SavedTensor("head transform's activation input (dense output)", "s·b·h", sb * h, act, split="seq"),
+            *norm_saved(w, "head transform norm", Dim(sb, "s·b"), Dim(h, "h")),
+        ]
     head = [*final, SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",))]
     if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
         head = [t for t in head if _needed(w, t, set())]

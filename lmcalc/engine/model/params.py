@@ -24,13 +24,13 @@ from lmcalc.units import group
 MIXER_SYMBOLS = ("L_attn", "L_ssm", "L_lin", "L_conv")
 """The count symbols of a hybrid's tensors that sit in some of its layers only: its attention's (A of its L layers)
 and its other mixer's (Mamba's, Gated DeltaNet's, Mamba-2's and LFM2's short convolutions': the other L − A)."""
-AVERAGED_SYMBOLS = ("L", "L_mix", "L_ffn", "L_I", *MIXER_SYMBOLS)
+AVERAGED_SYMBOLS = ("L", "(L−1)", "L_mix", "L_ffn", "L_I", *MIXER_SYMBOLS)
 """The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L), the layers with
 an indexer of their own (L_I), a hybrid's mixers', and the norm before a mixer (L_mix) or an FFN (L_ffn) where some
 layers are one of them alone."""
 GROUPS = (
     "embedding", "position", "attention", "indexer", "ssm", "norm", "mlp", "router", "experts", "shared_experts",
-    "head",
+    "head_transform", "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
@@ -43,6 +43,7 @@ GROUP_LABELS = {
     "router": "MoE router",
     "experts": "Routed experts",
     "shared_experts": "Shared experts",
+    "head_transform": "Head transform (dense and norm)",
     "head": "Output head (untied)",
 }
 
@@ -128,7 +129,10 @@ def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
     that is a mixer or an FFN alone (Nemotron-H) has the one norm before it: M norms before mixers, F before FFNs."""
     L = spec.num_layers
     norms = Site("norm", L, "L")
-    tensors = norm("attn_norm", norms if spec.mixer_layers == L else Site("norm", spec.mixer_layers, "L_mix"), h, spec)
+    before_mixers = norms if spec.mixer_layers == L else Site("norm", spec.mixer_layers, "L_mix")
+    if not spec.first_attention_norm:  # ModernBERT's layer 0 reads the embedding's norm
+        before_mixers = Site("norm", L - 1, "(L−1)")
+    tensors = norm("attn_norm", before_mixers, h, spec)
     if spec.norms_per_layer >= 2 and spec.ffn_layers:  # a Mamba model's blocks: a mixer alone, every one
         tensors += norm("mlp_norm", norms if spec.ffn_layers == L else Site("norm", spec.ffn_layers, "L_ffn"), h, spec)
     if spec.norms_per_layer == 4:
@@ -194,6 +198,10 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             tensors += norm("moe_output_norm", Site("norm", n_moe, "L_moe"), h, spec)
     if not spec.post_norm:  # a post-norm model's last layer ends in its norm (GPT-1): none before the head
         tensors += norm("final_norm", Site("norm", 1, "1"), h, spec)
+    if spec.head_transform:  # BERT's prediction-head transform: dense, activation, norm (ModernBERT's lm_head)
+        transform = Site("head_transform", 1, "1")
+        tensors += linear("head_transform.dense", transform, h, h, False)
+        tensors += norm("head_transform.norm", transform, h, spec)
     if not spec.tied_embeddings:
         tensors.append(tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
     if spec.head_bias:  # its own tensor, tied head or not (GPTJForCausalLM, PhiForCausalLM)
