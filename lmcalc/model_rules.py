@@ -4,14 +4,12 @@ one kind of hybrid mixer, the layer kinds and gates that exclude or need each ot
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from lmcalc.specs import ModelSpec
+from typing import Any
 
 
-def check_model(spec: ModelSpec) -> None:
-    """Raise ValueError where ``spec``'s fields contradict each other."""
+def check_model(spec: Any) -> None:
+    """Raise ValueError where ``spec``'s fields contradict each other. ``spec`` is the ModelSpec being validated (not
+    imported here: specs imports this module)."""
     if spec.head_dim is None and spec.mla is None and spec.hidden_size % spec.num_heads:
         raise ValueError(
             f"hidden_size {spec.hidden_size} is not divisible by num_heads {spec.num_heads} "
@@ -59,7 +57,7 @@ def check_model(spec: ModelSpec) -> None:
     _check_single_blocks(spec)
 
 
-def _check_single_blocks(spec: ModelSpec) -> None:
+def _check_single_blocks(spec: Any) -> None:
     alone = (*spec.mixer_only_layer_ids, *spec.ffn_only_layer_ids)
     if not alone:
         return
