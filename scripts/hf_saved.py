@@ -743,8 +743,8 @@ class _Fp32Products(TorchDispatchMode):
     forward: 18 s against 1.7 s). Autograd runs above this mode: it sees the same bf16 operands and results, so it
     saves the same tensors and the measurement is unchanged (``tests/test_hf_saved_products.py`` compares the two);
     a bf16 GEMM accumulates in fp32 and rounds once too, so the values differ at most in the last bit. Only the
-    products' transient fp32 copies are new, which the saved-tensor count never sees (the profiler's timeline would:
-    ``hf_step_peak.py`` does not use this)."""
+    products' transient fp32 copies are new, which the saved-tensor count never sees (nor does
+    ``hf_step_peak.StorageLog``, which makes them inside its own handler: ``fp32_product``)."""
 
     PRODUCTS = frozenset(
         (
@@ -757,19 +757,26 @@ class _Fp32Products(TorchDispatchMode):
     )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
-        if (
-            func in self.PRODUCTS
-            and floats
-            and all(t.dtype == torch.bfloat16 for t in floats)
-            and not kwargs.get("out")
-            and kwargs.get("out_dtype") in (None, torch.bfloat16)
-        ):
-            up = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-            kwargs = {k: v for k, v in kwargs.items() if k != "out_dtype"}
-            return func(*up, **kwargs).to(torch.bfloat16)
-        return func(*args, **kwargs)
+        return fp32_product(func, args, kwargs or {})
+
+
+def fp32_product(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func`` on ``args``: a bf16 matrix product (``_Fp32Products.PRODUCTS``) computed in fp32 and rounded once to
+    bf16, any other operator as it is. Called inside a dispatch mode's handler, the fp32 copies it makes are not
+    dispatched to that mode: a mode that logs each operator's output (``hf_step_peak.StorageLog``) sees the one bf16
+    result the bf16 kernel returns, with its shape and strides, and nothing more."""
+    floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if (
+        func in _Fp32Products.PRODUCTS
+        and floats
+        and all(t.dtype == torch.bfloat16 for t in floats)
+        and not kwargs.get("out")
+        and kwargs.get("out_dtype") in (None, torch.bfloat16)
+    ):
+        up = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        kwargs = {k: v for k, v in kwargs.items() if k != "out_dtype"}
+        return func(*up, **kwargs).to(torch.bfloat16)
+    return func(*args, **kwargs)
 
 
 def _dtype(t: torch.Tensor) -> str:
