@@ -155,11 +155,16 @@ class StorageTracker(TorchDispatchMode):
             self._track(tensor.untyped_storage())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = self.run(func, args, kwargs or {})
         for tensor in pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor) and tensor.device == self.device:
                 self._track(tensor.untyped_storage())
         return out
+
+    def run(self, func, args: tuple, kwargs: dict):
+        """The operator itself; what it makes inside this handler is not dispatched here (a test harness runs bf16
+        products in fp32 this way: tests/test_grads_lifetime.py)."""
+        return func(*args, **kwargs)
 
     def _track(self, storage: torch.UntypedStorage) -> None:
         key = storage.data_ptr()
