@@ -192,6 +192,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     layers = _get(config, origin, "num_hidden_layers")
     if kind in CLASS_LAYER_TYPES and not config.get("layer_types"):
         config = {**config, "layer_types": [CLASS_LAYER_TYPES[kind](i, layers, config) for i in range(layers)]}
+    if kind == "modernbert-decoder" and not config.get("sliding_window"):  # its class: half of local_attention
+        config = {**config, "sliding_window": (config.get("local_attention") or 128) // 2}
     bias = bool(config.get("attention_bias") or config.get("use_bias") or config.get("use_qkv_bias"))
     attention_bias = ("qkv" if bias or kind.startswith("qwen2") else "none") if kind in QKV_BIAS_ONLY else None
     if kind == "persimmon":  # query_key_value and dense, both with biases (PersimmonAttention)
@@ -318,7 +320,7 @@ def _modernbert(config: dict[str, Any], origin: str) -> dict[str, Any]:
     """ModernBERT's decoder (ModernBertDecoderForCausalLM): LayerNorms (without biases unless ``norm_bias``), one after
     the embedding that stands in for layer 0's attention norm, a GeGLU through one fused ``Wi``, biases on q, k, v
     and Wo where ``attention_bias`` says, a prediction-head transform (dense, GELU, norm) before the tied decoder and
-    its bias (``decoder_bias``); its window is half of ``local_attention`` where ``sliding_window`` is absent."""
+    its bias (``decoder_bias``)."""
     for field in ("embedding_dropout", "attention_dropout", "mlp_dropout"):
         if config.get(field):
             raise LmcalcError(f"{origin}: config.json {field} {config[field]}: ModernBERT's dropout is not modelled")
@@ -337,8 +339,6 @@ def _modernbert(config: dict[str, Any], origin: str) -> dict[str, Any]:
         "head_bias": bool(config.get("decoder_bias", True)),
         "fused_linears": ["gate_up"],
     }
-    if not config.get("sliding_window") and config.get("local_attention"):
-        fields["sliding_window"] = config["local_attention"] // 2
     return fields
 
 

@@ -240,3 +240,25 @@ def test_the_share_of_each_head_rope_rotates_is_the_classs(kind: str):
     assert lmcalc_spec(absent, kind).rotary_fraction == factor
     older = absent | {"partial_rotary_factor": 0.5}
     assert lmcalc_spec(older, kind).rotary_fraction == 0.5
+
+
+@pytest.mark.parametrize(
+    ("kind", "attends", "local"),
+    [
+        # ModernBertDecoderConfig: layer i full when i % 3 == 0, the others within local_attention / 2 = 64 tokens
+        ("modernbert-decoder", list(range(22)), [i for i in range(22) if i % 3]),
+        # BeamConfig: every sixth layer full, and the last; sliding in the others
+        ("beam", list(range(52)), [i for i in range(52) if (i + 1) % 6 and i != 51]),
+        # Lfm3Config: full in 2, 6, 10, …; sliding in 4, 8, …; a convolution in the others
+        ("lfm3", [i for i in range(24) if i % 2 == 0 and i], [i for i in range(24) if i % 4 == 0 and i]),
+        # LaraMiniConfig: linear, sliding, linear, full, sliding, repeated
+        ("lara_mini", [i for i in range(34) if i % 5 in (1, 3, 4)], [i for i in range(34) if i % 5 in (1, 4)]),
+    ],
+)
+def test_a_class_writes_its_own_layer_pattern_where_config_json_gives_none(kind: str, attends: list, local: list):
+    # config.json without layer_types (nor sliding_window): the layers that attend and those within a window, as each
+    # class's __post_init__ writes them (lmcalc/hf_config.py CLASS_LAYER_TYPES), by hand from its source
+    spec = lmcalc_spec(bare_config(kind), kind)
+    layers = range(spec.num_layers)
+    assert [i for i in layers if spec.is_attention_layer(i)] == attends
+    assert [i for i in layers if spec.is_attention_layer(i) and spec.is_local_layer(i)] == local
