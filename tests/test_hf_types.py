@@ -262,3 +262,16 @@ def test_a_class_writes_its_own_layer_pattern_where_config_json_gives_none(kind:
     layers = range(spec.num_layers)
     assert [i for i in layers if spec.is_attention_layer(i)] == attends
     assert [i for i in layers if spec.is_attention_layer(i) and spec.is_local_layer(i)] == local
+
+
+def test_modernberts_decoder_by_hand():
+    # ModernBERT's decoder at tiny size: the embedding 512·64 (the decoder tied to it) and its bias-free LayerNorm 64;
+    # per layer q, k, v and Wo 4·64², the MLP norm 64, Wi 64·2·96 (input and gate) and Wo 96·64; the attention norm
+    # 64 in layers 1 and 2 only (layer 0's is an Identity: first_attention_norm); the final norm 64; the prediction
+    # head's dense 64² and norm 64 (head_transform); the decoder's bias 512
+    config = dict(model_type="modernbert-decoder", vocab_size=512, hidden_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, intermediate_size=96, max_position_embeddings=128)  # fmt: skip
+    spec = lmcalc_spec(config, "modernbert-decoder")
+    layer = 4 * 64 * 64 + 64 + 3 * 96 * 64
+    assert count_params(spec).total == 512 * 64 + 64 + 3 * layer + 2 * 64 + 64 + 64 * 64 + 64 + 512
+    assert count_params(spec).by_group["head_transform"] == 64 * 64 + 64
