@@ -26,11 +26,13 @@ def spec_of(kind: str) -> ModelSpec:
     return ModelSpec.model_validate(model_from_hf_config(tiny_config(kind), kind, kind))
 
 
-@pytest.mark.parametrize("kind", ["qwen3_next", "olmo_hybrid", "lara_mini"])
+@pytest.mark.parametrize("kind", ["qwen3_next", "olmo_hybrid", "lara_mini", "kimi_linear", "bailing_hybrid"])
 @pytest.mark.parametrize(("seq", "batch"), [(20, 1), (64, 2), (150, 1)])
 def test_flops_equal_flopcountermode_within_and_across_chunks(kind: str, seq: int, batch: int):
     # s = 20 pads one chunk of 64, s = 64 fills it, s = 150 spans three (the last one padded); OLMo Hybrid projects
-    # q, k, v, the gate, β and α by six modules and concatenates q‖k‖v for the convolution
+    # q, k, v, the gate, β and α by six modules and concatenates q‖k‖v for the convolution; Kimi Delta Attention's
+    # chunk_kimi_delta_attention computes K·βKᵀ and QKᵀ element-wise (which the counter does not see) and the solved
+    # system's two products as matmuls, which with d_k = d_v count what lmcalc's forward counts
     result = transformers_check(tiny_config(kind), seq, batch)
     assert result.value("params.error") == 0
     assert abs(result.value("flops.error")) < 1e-9
