@@ -57,7 +57,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_step_peak  # noqa: E402  (scripts/, put on sys.path by conftest.py; imports torch and transformers)
-from test_framework_transformers import Case, workload  # noqa: E402
+from test_framework_transformers import STEP_MEASURED, Case, workload  # noqa: E402
 
 FAMILIES = (
     "llama-small",
@@ -78,14 +78,7 @@ FAMILIES = (
     "xglm-small",
     "diffllama-small",
     "gpt-neox-japanese-small",
-    "deepseek-v32-small",
-    "minimax-small",
-    "axk1-small",
-    "flint-small",
-    "laguna-small",
-    "lfm3-small",
-    "beam-small",
-    "modernbert-decoder-small",
+    *STEP_MEASURED,
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",
