@@ -103,8 +103,10 @@ class LazyGroup(TyperGroup):
                 rich_markup_mode=self.rich_markup_mode,
                 suggest_commands=self.suggest_commands,
             )
+        from lmcalc.cli.help import Command
+
         return get_command_from_info(
-            CommandInfo(name=name, callback=getattr(module, subcommand.function)),
+            CommandInfo(name=name, callback=getattr(module, subcommand.function), cls=Command),
             pretty_exceptions_short=app.pretty_exceptions_short,
             rich_markup_mode=self.rich_markup_mode,
         )

@@ -20,6 +20,7 @@ import typer
 
 from lmcalc.cli import completion
 from lmcalc.cli.completion import complete_model
+from lmcalc.cli.help import OUTPUT_PANEL
 from lmcalc.errors import flag
 from lmcalc.estimates.setting_groups import Setting, alternatives, fields_of
 from lmcalc.estimates.settings import (
@@ -29,6 +30,7 @@ from lmcalc.estimates.settings import (
     LayoutSettings,
     MethodSettings,
     PinSettings,
+    PlanSettings,
     ReportSettings,
     RunSettings,
     SearchSettings,
@@ -38,9 +40,36 @@ from lmcalc.estimates.settings import (
     WorkloadSettings,
 )
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document with the same figures.")]
-ExplainOpt = Annotated[bool, typer.Option("--explain", help="Print the derivation: formula, numbers, sources.")]
-BriefOpt = Annotated[bool, typer.Option("--brief", help="Print only the answer: the headline's lines.")]
+PANELS: dict[type, str] = {
+    FineTuneSettings: "Fine-tuning and offload",
+    MethodSettings: "Fine-tuning and offload",
+    WorkloadSettings: "Training",
+    TrainingSettings: "Training",
+    SplitSettings: "Pipeline split",
+    LayoutSettings: "Layout",
+    PinSettings: "Layout pins (the search varies what is not pinned)",
+    SearchSettings: "Search and time model",
+    ReportSettings: "Search and time model",
+    BatchSettings: "Run",
+    RunSettings: "Run",
+    EnergySettings: "Cost and energy",
+    ServingSettings: "Serving (with --inference)",
+    PlanSettings: OUTPUT_PANEL,
+}
+"""The ``--help`` panel of each settings group's own options: a setting is shown in the panel of the smallest group
+that declares it within the group a command takes (``--dp`` is under "Layout" for ``memory``, under the pins for
+``plan``)."""
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document with the same figures.", rich_help_panel=OUTPUT_PANEL)
+]
+ExplainOpt = Annotated[
+    bool,
+    typer.Option("--explain", help="Print the derivation: formula, numbers, sources.", rich_help_panel=OUTPUT_PANEL),
+]
+BriefOpt = Annotated[
+    bool, typer.Option("--brief", help="Print only the answer: the headline's lines.", rich_help_panel=OUTPUT_PANEL)
+]
 ModelOpt = Annotated[
     str,
     typer.Option(
@@ -95,13 +124,26 @@ def option_of(group: type, name: str) -> Any:
 
 
 def _options(group: type) -> dict[str, Option]:
-    return {name: _option(name, kind, declared) for name, (kind, declared) in fields_of(group).items()}
+    return {
+        name: _option(name, kind, declared, panel_of(group, name))
+        for name, (kind, declared) in fields_of(group).items()
+    }
 
 
-@functools.cache  # each setting's option is made once, whichever groups and commands take it
-def _option(name: str, kind: Any, declared: Setting) -> Option:
+def panel_of(group: type, name: str) -> str:
+    """The ``--help`` panel of setting ``name`` in a command taking ``group``: that of the smallest group in
+    ``PANELS`` that holds the setting and is part of ``group``."""
+    within = group.__annotations__.keys()
+    holders = [g for g in PANELS if name in g.__annotations__ and g.__annotations__.keys() <= within]
+    return PANELS[min(holders, key=lambda g: len(g.__annotations__))]
+
+
+@functools.cache  # each setting's option is made once per panel, whichever groups and commands take it
+def _option(name: str, kind: Any, declared: Setting, panel: str) -> Option:
     complete = getattr(completion, declared.complete) if declared.complete else None
-    typer_option = typer.Option(*(declared.flags or (flag(name),)), help=declared.help, autocompletion=complete)
+    typer_option = typer.Option(
+        *(declared.flags or (flag(name),)), help=declared.help, autocompletion=complete, rich_help_panel=panel
+    )
     return Option(name, Annotated[command_line_type(kind), typer_option], declared.default)
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from lmcalc.cli.app import error_message
+from lmcalc.cli.help import OUTPUT_PANEL
 from lmcalc.cli.options import (
     BATCH_OPTIONS,
     ENERGY_OPTIONS,
@@ -42,7 +43,10 @@ REPORT_TOP_LAYOUTS = 10
 def report(
     model: ModelOpt,
     gpus: Annotated[str, typer.Option("--gpus", help="Cluster, e.g. 1024xH100 or 64x8xH100.")],
-    output: Annotated[str, typer.Option("--output", "-o", help="The HTML file to write, e.g. report.html.")],
+    output: Annotated[
+        str,
+        typer.Option("--output", "-o", help="The HTML file to write, e.g. report.html.", rich_help_panel=OUTPUT_PANEL),
+    ],
     mfu: MfuOpt = None,
     workload: dict[str, Any] | None = None,
     batch: dict[str, Any] | None = None,
@@ -51,7 +55,9 @@ def report(
     split: dict[str, Any] | None = None,
     method: dict[str, Any] | None = None,
     energy: dict[str, Any] | None = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace OUTPUT if it exists.", rich_help_panel=OUTPUT_PANEL)
+    ] = False,
 ) -> None:
     """One self-contained HTML page: a summary, parameters, FLOPs, and the training time and memory of the fastest
     parallel layout the search finds (within the layout flags given, which pin it), with the ranked layouts,

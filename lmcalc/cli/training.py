@@ -10,6 +10,7 @@ import typer
 
 from lmcalc.cli.app import emit, flags_given
 from lmcalc.cli.completion import complete_gpus, complete_model
+from lmcalc.cli.help import OUTPUT_PANEL
 from lmcalc.cli.options import (
     BATCH_OPTIONS,
     ENERGY_OPTIONS,
@@ -192,9 +193,12 @@ def memory(
         typer.Option("--stages", help="One row per pipeline stage: which stage binds, and the room the others have."),
     ] = False,
     plot: Annotated[
-        str | None, typer.Option("--plot", help="Also draw the breakdown: memory.png / .svg / .pdf.")
+        str | None,
+        typer.Option("--plot", help="Also draw the breakdown: memory.png / .svg / .pdf.", rich_help_panel=OUTPUT_PANEL),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Let --plot replace an existing file.", rich_help_panel=OUTPUT_PANEL)
+    ] = False,
     inference: Annotated[bool, typer.Option("--inference", help="Serving memory instead: weights + KV cache.")] = False,
     serving: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
@@ -290,7 +294,9 @@ def plan(
     top: Annotated[
         str,
         typer.Option(
-            "--top", help="How many of the fastest layouts to show, in tables and JSON alike; all: every one."
+            "--top",
+            help="How many of the fastest layouts to show, in tables and JSON alike; all: every one.",
+            rich_help_panel=OUTPUT_PANEL,
         ),
     ] = "10",
     pins: dict[str, Any] | None = None,
@@ -298,8 +304,13 @@ def plan(
     search: dict[str, Any] | None = None,
     run: dict[str, Any] | None = None,
     method: dict[str, Any] | None = None,
-    plot: Annotated[str | None, typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Let --plot replace an existing file.")] = False,
+    plot: Annotated[
+        str | None,
+        typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.", rich_help_panel=OUTPUT_PANEL),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Let --plot replace an existing file.", rich_help_panel=OUTPUT_PANEL)
+    ] = False,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
     brief: BriefOpt = False,
