@@ -1,7 +1,7 @@
 """Issue #18 item 12: whatever ``max-params`` says fits must fit in ``memory``. Each answer (the largest shape of the
 template's proportions, for each ZeRO strategy) is fed back to ``memory`` with the same GPUs, layout and settings,
-which must find it fits, to the byte figure ``max-params`` reported; and one more KV group must not fit, so the
-answer is the largest, not merely one that fits."""
+which must find it fits, to the byte figure ``max-params`` reported; and one more layer at its width must not fit, so
+the answer is the largest, not merely one that fits (issue #32: the depth is solved to the layer)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmcalc import api
-from lmcalc.engine.search.maxparams import scaled_shape
+from lmcalc.engine.search.maxparams import with_layers
 
 GPUS = ["H100", "A100-40GB", "RTX4090", "L4"]
 
@@ -33,5 +33,5 @@ def test_every_max_params_answer_fits_in_memory(gpu, count, seq, recompute, fram
         fed_back = api.memory(model=row.activation_shape, gpus=gpus, **common, **layout)
         assert fed_back.fits, (gpus, row.label, fed_back.total)
         assert fed_back.total == row.memory.total  # type: ignore[union-attr]
-        larger = scaled_shape(row.activation_shape, row.activation_shape.kv_heads + 1)
+        larger = with_layers(row.activation_shape, row.activation_shape.num_layers + 1)
         assert not api.memory(model=larger, gpus=gpus, **common, **layout).fits

@@ -3,9 +3,12 @@ cluster can train (``max_params``)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Unpack
 
+from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.parallel.layout import Layout, check_layout
 from lmcalc.engine.search import maxparams as mp
 from lmcalc.engine.workload import Workload
@@ -300,8 +303,9 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
     def runs(stage: int) -> Workload:  # no framework named: each ZeRO stage's own default, as memory's would be
         return replace(w, framework=framework_of(default_framework(w.method, {"zero": stage})[0]))
 
-    rows = mp.max_params(w, cluster, None if setup.framework_named else runs)
-    sections = [_zero_section(row, w, capacity, template.name) for row in rows]
+    workload_of = (lambda stage: w) if setup.framework_named else runs
+    rows = mp.max_params(w, cluster, workload_of)
+    sections = [_zero_section(row, capacity, template.name) for row in rows]
     inputs = (
         Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
         Input("capacity", "Memory per GPU", capacity, "bytes", cluster.hardware.memory_label),
@@ -314,12 +318,18 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         Input("template", "Shape for activations", template.name, origin=flag("like")),
     )
     replicated, sharded = rows[0], rows[-1]
-    notes = (
+    napkin = (
         f"N = C / bytes per parameter: {capacity / GB:g} GB / {replicated.bytes_per_param:g} B = "
         f"{replicated.states_only / 1e9:.3g}B replicated on every GPU; fully sharded over {cluster.count} GPUs "
-        f"{sharded.states_only / 1e9:.3g}B (the lecture's napkin: 8 × 80 GB / 16 B ≈ 40B on 8 H100s)",
+        f"{sharded.states_only / 1e9:.3g}B (the lecture's napkin: 8 × 80 GB / 16 B ≈ 40B on 8 H100s)"
+        if replicated.zero_stage == 0
+        else f"N = C / bytes per parameter: {_states_text(sharded, capacity, cluster.count)}"
+    )
+    notes = (
+        napkin,
         f"activations assume the proportions of {template.name} scaled to N, {w.attention} attention, "
-        f"recomputation: {w.recompute}",
+        f"recomputation: {w.recompute}; the whole-memory column takes the widest such shape that fits (whole KV "
+        "groups), then at its width as many layers as fit",
         f"memory {how_counted(w.framework)}; each shape checked with the figure lmcalc memory gives for "
         f"{flag('gpus')} {cluster.label} {flag('zero')} N",
         *(
@@ -328,15 +338,16 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
             for row in rows
             if row.framework != w.framework.name
         ),
+        *(
+            (
+                f"{flag('offload')} optimizer+params moves the weights off the GPU, which only ZeRO-3 fetches a layer "
+                "at a time: the other strategies are left out, and the states-only limit is the host's memory",
+            )
+            if w.offload.params
+            else ()
+        ),  # fmt: skip
     )
     largest = max(rows, key=lambda row: row.with_activations)
-    headline = [
-        f"On {cluster.label}: up to {format_quantity(largest.with_activations, 'params')} with {largest.label}, "
-        f"the whole memory counted at {w.seq_len:,} tokens × micro-batch {w.micro_batch}"
-    ]
-    others = [row for row in rows if row.with_activations != largest.with_activations]  # one GPU: ZeRO shards none
-    if others:
-        headline.append("; ".join(f"{row.label}: {format_quantity(row.with_activations, 'params')}" for row in others))
     report = Result(
         "max-params",
         f"Largest trainable model on {cluster.label}",
@@ -344,20 +355,83 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
         tuple(sections),
         notes,
         layout="grid",
-        headline=tuple(headline),
+        headline=max_params_headline(rows, largest, workload_of, cluster),
     )
     return MaxParamsEstimate(report, tuple(rows))
 
 
-def _zero_section(row: mp.MaxParamsRow, w: Workload, capacity: float, template: str) -> Section:
+def _states_text(row: mp.MaxParamsRow, capacity: float, gpus: int) -> str:
+    """The states-only figure of ``row`` and how it is reached: C, the GPUs that shard the states, the bytes a
+    parameter."""
+    if not math.isfinite(row.states_only):
+        return "no limit on the GPU (every state offloaded: the host's memory limits them)"
+    if row.zero_stage == 3 and gpus > 1:
+        how = f"{gpus} × {capacity / GB:g} GB / {row.bytes_per_param * gpus:.4g} B a parameter"
+    else:
+        how = f"{capacity / GB:g} GB / {row.bytes_per_param:.4g} B a parameter"
+    return f"{format_quantity(row.states_only, 'params')} ({how})"
+
+
+def max_params_headline(
+    rows: list[mp.MaxParamsRow], largest: mp.MaxParamsRow, workload_of: Callable[[int], Workload], cluster: Cluster
+) -> tuple[str, ...]:
+    """The answer, under which profile and workload; the states-only figure beside it and what binds between the
+    two (the largest part of the memory at the answer); the lever that lifts it and how far; then the others."""
+    capacity, w = cluster.hardware.memory_bytes, workload_of(largest.zero_stage)
+    n = format_quantity(largest.with_activations, "params")
+    lines = [
+        f"On {cluster.label} ({w.framework.name} profile): up to {n} with {largest.label}, the whole memory counted "
+        f"at {w.seq_len:,} tokens × micro-batch {w.micro_batch}, recomputation {w.recompute}"
+    ]
+    memory = largest.memory
+    states = _states_text(largest, capacity, cluster.count)
+    if memory is None:
+        return (*lines, f"states alone: {states}; but not even the smallest shape fits")
+    part, _ = memory.binding
+    host = f" (and {memory.offloaded / GB:.1f} GB of host memory a GPU)" if memory.offloaded else ""
+    lines.append(
+        f"states alone: {states}; at {n} the states take {memory.states_at_peak / GB:.1f} GB{host}, the activations "
+        f"{memory.activations / GB:.1f} GB of {capacity / GB:g} GB: {part} bind"
+    )
+    for text, stage, lever_w, lever_cluster in _levers(part, largest.zero_stage, workload_of, cluster):
+        lifted = mp.largest(lever_w, lever_cluster, stage)
+        if lifted.with_activations > largest.with_activations:  # the first lever that lifts it
+            offloaded = lifted.memory.offloaded if lifted.memory else 0.0
+            host = f", with {offloaded / GB:,.0f} GB of host memory a GPU" if offloaded else ""
+            lines.append(f"the lever: {text} lifts it to {format_quantity(lifted.with_activations, 'params')}{host}")
+            break
+    others = [row for row in rows if row.with_activations != largest.with_activations]  # one GPU: ZeRO shards none
+    if others:
+        lines.append("; ".join(f"{row.label}: {format_quantity(row.with_activations, 'params')}" for row in others))
+    return tuple(lines)
+
+
+Lever = tuple[str, ZeroStage, Workload, "Cluster"]
+"""A lever for max-params' headline: its flags, the ZeRO stage, the workload and the cluster."""
+
+
+def _levers(part: str, stage: ZeroStage, workload_of: Callable[[int], Workload], cluster: Cluster) -> list[Lever]:
+    """What may lift a limit whose largest part is ``part``, in the order to try: for activations, full
+    recomputation, then half the sequence; for the model states, twice the GPUs (ZeRO-3 shards the states over
+    them), then the optimizer offloaded. Each: its flags, the ZeRO stage, the workload and the cluster."""
+    w = workload_of(stage)
+    if part == "activations":
+        full: list[Lever] = [(f"{flag('recompute')} full", stage, replace(w, recompute="full"), cluster)]
+        half: list[Lever] = [(f"{flag('seq')} {w.seq_len // 2}", stage, replace(w, seq_len=w.seq_len // 2), cluster)]
+        return (full if w.recompute != "full" else []) + (half if w.seq_len > 1 else [])
+    if part == "model states":
+        more = replace(cluster, count=2 * cluster.count)
+        levers: list[Lever] = [(f"{flag('gpus')} {more.label} with ZeRO-3", 3, workload_of(3), more)]
+        if not w.offload.optimizer:
+            offload = replace(w, offload=replace(w.offload, target="optimizer"))
+            levers.append((f"{flag('offload')} optimizer", stage, offload, cluster))
+        return levers
+    return []
+
+
+def _zero_section(row: mp.MaxParamsRow, capacity: float, template: str) -> Section:
     """One ZeRO stage's row: state bytes per parameter, and the largest N by states alone, with the fixed bytes,
     and with the whole memory of a shape scaled from the template."""
-    shape = row.activation_shape
-    shape_text = (
-        f"h={shape.hidden_size}, L={shape.num_layers}, H={shape.num_heads}, H_kv={shape.kv_heads}, f={shape.ffn_size}"
-        if shape
-        else "nothing fits"
-    )
     return Section(
         f"zero{row.zero_stage}",
         row.label,
@@ -369,7 +443,7 @@ def _zero_section(row: mp.MaxParamsRow, w: Workload, capacity: float, template: 
                 "bytes",
                 BYTES_PER_PARAM_FORMULA[row.zero_stage],
                 source="Rajbhandari et al. 2020 (ZeRO) §5.1",
-                note=f"the model states as the {w.framework.name} profile keeps them",
+                note=f"the model states as the {row.framework} profile keeps them",
             ),
             Term(
                 "states_only",
@@ -378,6 +452,7 @@ def _zero_section(row: mp.MaxParamsRow, w: Workload, capacity: float, template: 
                 "params",
                 "C / bytes per param",
                 f"{group(capacity)} / {row.bytes_per_param:.6g}",
+                note="" if math.isfinite(row.states_only) else "no state on the GPU: the host's memory limits N",
             ),
             Term(
                 "with_overhead",
@@ -392,12 +467,26 @@ def _zero_section(row: mp.MaxParamsRow, w: Workload, capacity: float, template: 
                 "Largest N (whole memory)",
                 row.with_activations,
                 "params",
-                "parameters of the largest scaled shape whose memory (as lmcalc memory counts it) fits C",
-                f"{shape_text}: activations {row.activation_bytes / GiB:.2f} GiB, total "
-                f"{(row.memory.total if row.memory else 0) / GiB:.2f} GiB",
-                note=f"shape scaled from {template} by whole KV groups, never rounded up",
+                "parameters of the largest shape whose memory (as lmcalc memory counts it) fits C: the widest of the "
+                "template's proportions that fits, L_g layers, then L = L_g + ⌊(C − M(L_g)) / m⌋ layers at its width",
+                _solved_text(row.solved, capacity),
+                note=f"shape scaled from {template} by whole KV groups, then deepened layer by layer; never rounded up",
             ),
         ),
+    )
+
+
+def _solved_text(solved: mp.Solved | None, capacity: float) -> str:
+    """The whole-memory answer's derivation in numbers: the rung, the bytes a layer adds, the layers added, the total
+    and the total with one layer more."""
+    if solved is None:
+        return "nothing fits"
+    m, rung = solved.layer_bytes, solved.rung_memory
+    return (
+        f"{mp.shape_text(solved.shape)}: L_g = {solved.rung_layers} ({format_quantity(solved.rung_params, 'params')}"
+        f", M(L_g) = {rung / GB:.2f} GB), m = {m / GB:.3f} GB a layer, ⌊({capacity / GB:g} − {rung / GB:.2f}) / "
+        f"{m / GB:.3f}⌋ = {solved.added_layers} more; activations {solved.memory.activations / GiB:.2f} GiB, total "
+        f"{solved.memory.total / GB:.2f} GB (one layer more: {solved.beyond / GB:.2f} GB)"
     )
 
 
