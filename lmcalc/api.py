@@ -23,16 +23,10 @@ from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, TensorEstimate, dtypes, flops, params, tensor
 from lmcalc.estimates.inputs import cluster_of, resolve_model
 from lmcalc.estimates.limits import FitEstimate, MaxParamsEstimate, fit, max_params
-from lmcalc.estimates.memory import (
-    InferenceEstimate,
-    MemoryEstimate,
-    MemorySweepEstimate,
-    inference,
-    memory,
-    memory_sweep,
-)
+from lmcalc.estimates.memory import MemoryEstimate, MemorySweepEstimate, memory, memory_sweep
 from lmcalc.estimates.plan import PlanEstimate, plan
 from lmcalc.estimates.report import ReportEstimates, report
+from lmcalc.estimates.serving import InferenceEstimate, inference
 from lmcalc.estimates.settings import (
     BatchSettings,
     EnergySettings,

@@ -105,12 +105,27 @@ def test_sweep_headline_lists_the_rows_that_fit(capsys):
     assert f"fits at {', '.join('seq=' + v for v in fit)}; not at {', '.join('seq=' + v for v in over)}" in line
 
 
-def test_serving_takes_the_fewest_gpus_that_hold_weights_and_cache():
-    # Llama 3.1 70B, 8 sequences of 32K: the weights fit 2 H100s, weights and cache need 4
+def test_serving_answers_for_the_gpus_given_and_names_the_fewest_it_fits():
+    # Issue #32 item 2: 8 GPUs asked about, 8 answered for (TP=8), and the fewest said beside.
+    # Llama 3.1 70B, 8 sequences of 32K in bf16 (70,553,706,496 weights; 80 layers, 8 KV heads of 128):
+    #   TP=2: weights 141.11 GB / 2 = 70.55 GB, cache 8 · 32,768 · 80 · 2 · 4 · 128 · 2 B = 42.95 GB: over 80 GB
+    #   TP=4: 35.28 GB + 21.47 GB + the 2 GiB allowance = 58.90 GB: the fewest it fits
     chosen = api.inference(model="llama-3.1-70b", gpus="8xH100", context="32K", batch=8)
-    assert chosen.serving.tp == 4 and chosen.memory.total_per_gpu <= 80e9
+    assert chosen.serving.tp == 8
+    assert chosen.report.headline[0].startswith("Llama 3.1 70B on 8 × h100-sxm (TP=8): fits")
+    assert chosen.report.headline[-1] == "it would fit on as few as 4 GPUs (TP=4), 58.90 GB per GPU"
+    four = api.inference(model="llama-3.1-70b", gpus="8xH100", tp=4, context="32K", batch=8)
+    assert four.memory.total_per_gpu == pytest.approx(141.107e9 / 4 + 21.475e9 + 2**31, rel=1e-4)
     two = api.inference(model="llama-3.1-70b", gpus="8xH100", tp=2, context="32K", batch=8)
     assert two.memory.total_per_gpu > 80e9 and two.memory.cache_budget > 0  # weights fit, the cache does not
+    assert len(two.report.headline) == 2  # a TP the user gave: no line on the fewest
+
+
+def test_serving_on_more_than_a_node_is_replicas_of_a_node():
+    across = api.inference(model="llama-3.1-70b", gpus="2x8xH100", context="8K", batch=32)
+    assert across.serving.tp == 8
+    assert "on 16 × h100-sxm (2 replicas of TP=8)" in across.report.headline[0]
+    assert any("2 replicas of TP=8: the batch and the memory are each replica's" in n for n in across.report.notes)
 
 
 def test_layout_code_reads_as_the_issue_writes_it():

@@ -208,11 +208,12 @@ def memory(
     """Memory of the most loaded GPU in one training step, for any DP/ZeRO/TP/SP/PP/CP/EP layout
     (or, with --inference, of serving: weights and KV cache)."""
     from lmcalc.estimates import memory as estimates
+    from lmcalc.estimates.serving import inference as serving_memory
 
     assert training is not None and layout is not None and serving is not None  # filled in by with_options
     _check_serving_flags(ctx, inference)
     if inference:
-        served = estimates.inference(
+        served = serving_memory(
             model=model,
             gpus=gpus,
             tp=layout["tp"] if flags_given(ctx, {"tp"}) else None,  # else the fewest of --gpus the weights fit
