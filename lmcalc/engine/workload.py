@@ -118,6 +118,22 @@ class Workload:
     def __hash__(self) -> int:
         return self._hash
 
+    def __repr__(self) -> str:
+        """The workload by name: the model, recipe, optimizer and profile named, not their every field (the default
+        repr ran to 14,000 characters, and a plan holds thousands of workloads)."""
+        settings = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.repr
+            and f.name not in ("model", "precision", "optimizer", "seq_len", "framework", "method", "offload")
+            and getattr(self, f.name) != f.default
+        )
+        names = (
+            f"model={self.model.name!r}, precision={self.precision.name!r}, optimizer={self.optimizer.name!r}, "
+            f"framework={self.framework.name!r}, method={self.method.label!r}, offload={self.offload.label!r}"
+        )
+        return f"Workload({names}, seq_len={self.seq_len}{', ' + settings if settings else ''})"
+
     @property
     def offloaded_layers(self) -> int:
         """The layers whose activations CPU offloading moves to host memory: none under recomputation."""

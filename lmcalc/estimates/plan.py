@@ -66,6 +66,21 @@ class PlanEstimate(Estimate):
     def best(self) -> pl.Candidate:
         return self.layouts[0]
 
+    def shown(self, explain: bool = False) -> Result:
+        """What ``lmcalc plan`` prints: the fastest ``SHOWN_LAYOUTS`` ranked (its ``--top`` default), or with
+        ``explain`` the best layout's derivation."""
+        if explain:
+            return self.derivation
+        more = len(self.report.sections) - SHOWN_LAYOUTS
+        if more <= 0:
+            return self.report
+        rest = f"{more:,} more ranked in .report, every layout that fits in .layouts"
+        return replace(self.report, sections=self.report.sections[:SHOWN_LAYOUTS], notes=(*self.report.notes, rest))
+
+
+SHOWN_LAYOUTS = 10
+"""The layouts a plan's ``str()`` and ``show()`` rank: the fastest ten, as ``lmcalc plan`` without ``--top``."""
+
 
 def plan(*, model: ModelLike, gpus: ClusterLike, **settings: Unpack[PlanSettings]) -> PlanEstimate:
     """Every valid layout that fits, ranked by predicted throughput (the Ultra-Scale Playbook's question; the
