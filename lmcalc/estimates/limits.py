@@ -467,8 +467,8 @@ def _zero_section(row: mp.MaxParamsRow, capacity: float, template: str) -> Secti
                 "Largest N (whole memory)",
                 row.with_activations,
                 "params",
-                "parameters of the largest shape whose memory (as lmcalc memory counts it) fits C: the widest of the "
-                "template's proportions that fits, L_g layers, then L = L_g + ⌊(C − M(L_g)) / m⌋ layers at its width",
+                "parameters of the largest shape whose memory M (as lmcalc memory counts it) fits C: the widest of "
+                "the template's proportions that fits (L_g layers), then L = L_g + ⌊(C − M(L_g)) / m⌋",
                 _solved_text(row.solved, capacity),
                 note=f"shape scaled from {template} by whole KV groups, then deepened layer by layer; never rounded up",
             ),
