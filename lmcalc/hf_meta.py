@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmcalc.errors import LmcalcError
-from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.estimates.shown import Estimate
+from lmcalc.result import Input, Result, Section, Term
 from lmcalc.units import group
 
 CANNOT_FEED = ("memory", "flops", "time", "fit", "plan", "report", "finetune", "inference", "validate")

@@ -5,10 +5,8 @@ The table, ``--json`` and ``--explain`` renderers all read the same ``Result``, 
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
-from html import escape
 from typing import Any
 
 from lmcalc.units import format_quantity
@@ -117,26 +115,8 @@ class Result:
         """The answer in a line: the headline's first (the title where there is none)."""
         return self.headline[0] if self.headline else self.title
 
-    def rendered(self, explain: bool = False) -> str:
-        """The result as the command prints it (``render``), or with ``explain`` as ``--explain`` does."""
-        from lmcalc import render  # render imports this module
-
-        out = io.StringIO()
-        (render.print_explain if explain else render.print_table)(self, out)
-        return out.getvalue()
-
-    def html(self) -> str:
-        """The printed tables in a ``<pre>`` block, for a notebook (``_repr_html_``)."""
-        return f"<pre style='line-height: 1.25'>{escape(self.rendered())}</pre>"
-
     def __repr__(self) -> str:
         return f"<Result {self.command}: {self.summary}; {len(self.sections)} sections>"
-
-    def __str__(self) -> str:
-        return self.rendered()
-
-    def _repr_html_(self) -> str:
-        return self.html()
 
     def stack_rows(self, single: str = "") -> list[tuple[str, list[Term], float]]:
         """What a memory picture stacks: for each row (a sweep's sections, else the one result, labelled
@@ -169,11 +149,9 @@ class Result:
 @dataclass(frozen=True)
 class Estimate:
     """What a command computes, for Python: the ``report`` that tables, ``--json`` and ``--explain`` render,
-    and, in each command's subclass, the figures as typed attributes.
-
-    Shown as the command shows it: ``repr`` is the headline in a line (the fields hold every workload, layout and
-    figure, which a plan's default ``repr`` printed in millions of characters); ``str`` and ``show()`` the command's
-    tables (``show(explain=True)``: its derivation); a notebook the tables as HTML."""
+    and, in each command's subclass, the figures as typed attributes. Its ``repr`` is the headline in a line (the
+    fields hold every workload, layout and figure, which a plan's default ``repr`` printed in millions of
+    characters); ``estimates.shown.Estimate`` adds the command's tables (the renderers import this module)."""
 
     report: Result
 
@@ -190,27 +168,8 @@ class Estimate:
         """The figure ``key`` of the report (``section.term``), as ``--json`` gives it."""
         return self.report.value(key)
 
-    def shown(self, explain: bool = False) -> Result:
-        """The result the command prints: its table, or with ``explain`` its derivation (``--explain``)."""
-        return self.report
-
-    def text(self, explain: bool = False) -> str:
-        """What the command prints, as text: its tables, or with ``explain`` its derivation."""
-        return self.shown(explain).rendered(explain)
-
-    def show(self, explain: bool = False) -> None:
-        """Print what the command prints: its tables, or with ``explain`` its derivation."""
-        print(self.text(explain), end="")
-
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.report.summary}>"
-
-    def __str__(self) -> str:
-        return self.text()
-
-    def _repr_html_(self) -> str:
-        """A notebook's view: the command's tables, as the terminal lays them out."""
-        return self.shown().html()
 
 
 def json_safe(data: Any) -> Any:

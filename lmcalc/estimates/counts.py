@@ -22,9 +22,10 @@ from lmcalc.estimates.inputs import (
     tokens_given,
 )
 from lmcalc.estimates.settings import Count
+from lmcalc.estimates.shown import Estimate
 from lmcalc.hf_meta import MetaParams, UnreadType, meta_params, transformers_installed
 from lmcalc.presets import Resolved
-from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import GB, GiB, format_quantity, group, parse_shape
 

@@ -41,6 +41,7 @@ from lmcalc.estimates.settings import (
     MethodSettings,
     TrainingSettings,
 )
+from lmcalc.estimates.shown import Estimate
 from lmcalc.estimates.training import (
     TrainingSetup,
     build_layout,
@@ -50,7 +51,7 @@ from lmcalc.estimates.training import (
     training_settings,
     training_setup,
 )
-from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.result import Input, Result, Section, Term
 from lmcalc.units import GB, GiB, format_quantity, group
 
 if TYPE_CHECKING:  # the solvers are imported when a search is asked for, not at start-up

@@ -28,6 +28,7 @@ from lmcalc.estimates.inputs import (
     whole_count,
 )
 from lmcalc.estimates.settings import MemorySettings
+from lmcalc.estimates.shown import Estimate
 from lmcalc.estimates.training import (
     TrainingSetup,
     build_layout,
@@ -37,7 +38,7 @@ from lmcalc.estimates.training import (
     training_settings,
     training_setup,
 )
-from lmcalc.result import Estimate, Input, Result, Section
+from lmcalc.result import Input, Result, Section
 from lmcalc.specs import Cluster
 from lmcalc.units import GB
 

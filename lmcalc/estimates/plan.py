@@ -36,13 +36,14 @@ from lmcalc.estimates.settings import (
     TrainingSettings,
     WorkloadSettings,
 )
+from lmcalc.estimates.shown import Estimate
 from lmcalc.estimates.time import run_tokens
 from lmcalc.estimates.training import (
     TrainingSetup,
     pipeline_split,
     training_setup,
 )
-from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.result import Input, Result, Section, Term
 from lmcalc.units import GB, format_quantity, group
 
 if TYPE_CHECKING:  # the planner is imported when a plan is asked for, not at start-up

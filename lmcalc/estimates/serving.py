@@ -30,8 +30,9 @@ from lmcalc.estimates.inputs import (
 )
 from lmcalc.estimates.setting_groups import with_defaults
 from lmcalc.estimates.settings import Bytes, ServingSettings
+from lmcalc.estimates.shown import Estimate
 from lmcalc.presets import Resolved
-from lmcalc.result import Estimate, Input, Result
+from lmcalc.result import Input, Result
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import format_quantity
 

@@ -53,9 +53,10 @@ from lmcalc.estimates.settings import (
     RunSettings,
     TrainTimeSettings,
 )
+from lmcalc.estimates.shown import Estimate
 from lmcalc.presets import Resolved
 from lmcalc.recipe_specs import PrecisionRecipe
-from lmcalc.result import Estimate, Input, Result, Section, Term
+from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import sci
 
