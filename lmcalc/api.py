@@ -45,9 +45,10 @@ from lmcalc.estimates.settings import (
     TrainTimeSettings,
     WorkloadSettings,
 )
+from lmcalc.estimates.shown import Estimate
 from lmcalc.estimates.time import OptimalEstimate, TrainTimeEstimate, optimal, train_time
 from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
-from lmcalc.result import Estimate, Result
+from lmcalc.result import Result
 from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
 
 __all__ = [

@@ -3,8 +3,11 @@
 The local cache is read first (``HF_HUB_CACHE``, else huggingface_hub's default), so a model once downloaded, or
 a cache filled by ``hf download``, needs no network; with ``HF_HUB_OFFLINE`` set nothing else is tried. Otherwise
 the file is fetched through huggingface_hub, an optional dependency (``pip install 'lmcalc[hub]'``), imported
-only when an id is given. A gated, private or missing repository gets one line that says how to log in or to
-pass a ``config.json`` file instead.
+only when an id is given. Before it downloads, lmcalc opens one connection to the Hub (``HF_ENDPOINT``, or the
+proxy that reaches it) and gives up after ``CONNECT_TIMEOUT_S``: without a network huggingface_hub retries for
+20-30 s before it fails. A gated, private, missing or unreachable repository gets one line that says how to log in
+or to pass a ``config.json`` file instead, and names the built-in preset of the same name where there is one
+(``Qwen/Qwen3-8B``: ``qwen3-8b``).
 """
 
 from __future__ import annotations
@@ -13,15 +16,29 @@ import contextlib
 import logging
 import os
 import re
+import socket
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, setting
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 """``org/name``: a Hub repository id (letters, digits, ``-``, ``_``, ``.``; one slash)."""
 
 TRUE = ("1", "true", "yes", "on")
+DEFAULT_ENDPOINT = "https://huggingface.co"  # huggingface_hub's, unless HF_ENDPOINT names another
+BUILTIN_MODELS = (
+    Path(__file__).parent / "presets" / "models"
+    if (Path(__file__).parent / "presets").is_dir()  # an installed wheel, as presets.builtin_dir finds it
+    else Path(__file__).parent.parent / "presets" / "models"
+)
+CONNECT_TIMEOUT_S = 3.0
+"""Seconds lmcalc waits for a connection to the Hub (its name resolved and a TCP connection open) before it says
+the Hub cannot be reached: a working network opens one in well under a second, and huggingface_hub alone would
+retry for 20-30 s."""
 INSTEAD = "or pass the model's config.json file instead (--model path/to/config.json)"
 
 
@@ -42,7 +59,7 @@ def config_path(repo_id: str) -> Path:
     except ImportError:
         raise LmcalcError(
             f"{repo_id!r} reads as a Hugging Face Hub id, which needs huggingface_hub: pip install 'lmcalc[hub]', "
-            + INSTEAD
+            + _instead(repo_id)
         ) from None
     cache = os.environ.get("HF_HUB_CACHE") or None  # read now: huggingface_hub reads it once, at import
     try:
@@ -51,10 +68,16 @@ def config_path(repo_id: str) -> Path:
         if type(error).__name__ not in ("LocalEntryNotFoundError", "FileNotFoundError", "OfflineModeIsEnabled"):
             raise LmcalcError(_message(repo_id, error)) from None
     if offline():
-        where = cache or "huggingface_hub's default cache"
+        where = cache or "the default cache of huggingface_hub"
         raise LmcalcError(
             f"{repo_id}: config.json is not in the local Hugging Face cache ({where}) and HF_HUB_OFFLINE is set: "
-            f"unset it to download the file, {INSTEAD}"
+            f"unset it to download the file, {_instead(repo_id)}"
+        )
+    why = unreachable(os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
+    if why:
+        raise LmcalcError(
+            f"{repo_id}: cannot reach the Hugging Face Hub ({why}), and the local cache "
+            f"({cache or 'huggingface_hub default'}) has no config.json: {_instead(repo_id).removeprefix('or ')}"
         )
     try:
         with _quiet():
@@ -63,9 +86,69 @@ def config_path(repo_id: str) -> Path:
         if type(error).__name__ == "LocalEntryNotFoundError":  # the download failed and the cache has none
             raise LmcalcError(
                 f"{repo_id}: cannot reach the Hugging Face Hub to download config.json (no network?), and the local "
-                f"cache ({cache or 'huggingface_hub default'}) has none: log in if it is gated, {INSTEAD}"
+                f"cache ({cache or 'huggingface_hub default'}) has none: log in if it is gated, {_instead(repo_id)}"
             ) from None
         raise LmcalcError(_message(repo_id, error)) from None
+
+
+def unreachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """Why the Hub at ``endpoint`` cannot be reached, or "" when a connection to it opens within ``timeout``
+    seconds: to the proxy the environment names for it, if any (``HTTPS_PROXY``, ``NO_PROXY``), else to its host.
+    The name is resolved in the same thread, so a resolver that hangs is cut short too."""
+    url = urlsplit(endpoint)
+    host = url.hostname or ""
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        url = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    failed: list[str] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as error:
+            failed.append(error.strerror or str(error) or type(error).__name__)
+
+    attempt = threading.Thread(target=connect, daemon=True)
+    attempt.start()
+    attempt.join(timeout)
+    if attempt.is_alive():
+        return f"no connection to {host}:{port} within {timeout:g} s"
+    return f"{host}:{port}: {failed[0]}" if failed else ""
+
+
+def _instead(repo_id: str) -> str:
+    """What to do instead of the download: the built-in preset of the repository's name, where there is one, or its
+    config.json file."""
+    preset = builtin_model_named(repo_id.rpartition("/")[2])
+    named = f"use the built-in preset of this name ({setting('model')} {preset}), " if preset else ""
+    return named + INSTEAD
+
+
+def builtin_model_named(name: str) -> str | None:
+    """The built-in model preset whose name or alias is ``name`` (``Qwen3-8B``: qwen3-8b; case, spaces and
+    underscores aside), or, failing that, the longest one ``name`` starts with and says more after
+    (``Qwen3-8B-Instruct``: qwen3-8b). Read from the files' name lines alone (``preset_names``), as the registry
+    reads them; the registry imports this module, so it is not asked."""
+    from lmcalc.preset_files import read_text
+    from lmcalc.preset_names import declared_names
+
+    key = _normalised(name)
+    names: dict[str, str] = {}
+    for path in sorted(BUILTIN_MODELS.glob("*.yaml")):
+        declared = declared_names(read_text(path))
+        if declared is not None:
+            for alias in (declared.name, *declared.aliases):
+                names.setdefault(_normalised(alias), declared.name)
+    if key in names:
+        return names[key]
+    stems = sorted((known for known in names if key.startswith(known + "-")), key=len, reverse=True)
+    return names[stems[0]] if stems else None
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip().lower())
 
 
 @contextlib.contextmanager
