@@ -5,6 +5,7 @@ the Hub is a closed local port (``HF_ENDPOINT``), a proxy on one, or a connectio
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -60,12 +61,19 @@ def test_the_command_line_says_it_in_one_line(no_hub, lmcalc_run):
 
 
 def test_a_connection_that_never_answers_is_given_up_on(monkeypatch):
-    def hang(*args, **kwargs):
-        time.sleep(5)
+    released = threading.Event()
+
+    def hang(*args, **kwargs):  # a resolver or a firewall that never answers, until the test is done
+        released.wait(5)
+        raise TimeoutError("released")
 
     monkeypatch.setattr(socket, "create_connection", hang)
     start = time.perf_counter()
-    assert hub.unreachable("https://huggingface.co", timeout=0.2) == "no connection to huggingface.co:443 within 0.2 s"
+    try:
+        found = hub.unreachable("https://huggingface.co", timeout=0.2)
+    finally:
+        released.set()
+    assert found == "no connection to huggingface.co:443 within 0.2 s"
     assert time.perf_counter() - start < 1
 
 
