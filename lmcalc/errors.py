@@ -46,12 +46,18 @@ class LmcalcError(Exception):
     """A problem with the user's input: the message names what was wrong and what is accepted."""
 
     def message(self, name_of: Callable[[str], str] = keyword) -> str:
-        """The message, each setting named by ``name_of`` (its keyword by default)."""
+        """The message, each setting named by ``name_of`` (its keyword by default), and any long quotation of the
+        user's input cut short (``cut_echoes``)."""
         text = str(self.args[0]) if self.args else ""
-        return _SETTING.sub(lambda match: name_of(match.group(1)), text)
+        return cut_echoes(_SETTING.sub(lambda match: name_of(match.group(1)), text))
 
     def __str__(self) -> str:
         return self.message()
+
+
+ECHO_LIMIT = 100
+"""The most characters of the user's own input an error message repeats (a flag's value, a preset's name): enough to
+recognise it, and a 100,000-character name still gives a one-line message, not a 100 kB one."""
 
 
 def token(value: object, limit: int = 40) -> str:
@@ -72,6 +78,29 @@ def as_given(value: object) -> str:
     return token(value) if isinstance(value, int | float) else type(value).__name__
 
 
+_LONG_QUOTE = re.compile(f"'([^'\\n]{{{ECHO_LIMIT},}})'")
+_LONG_RUN = re.compile(f"[^\\s']{{{2 * ECHO_LIMIT},}}")
+
+
+def cut_echoes(message: str) -> str:
+    """``message`` with what it quotes of the user's input cut to about ``ECHO_LIMIT`` characters, wherever it was
+    written: a quotation ('…', as ``repr`` and most messages quote a value) of more than ``ECHO_LIMIT`` characters, and
+    any unquoted run without a space of more than twice that (a value given as it was typed; a file's path is rarely so
+    long). Each keeps its start and its last few characters, joined by "…"."""
+
+    def cut(text: str) -> str:
+        return text[: ECHO_LIMIT - 12] + "…" + text[-10:]
+
+    message = _LONG_QUOTE.sub(lambda match: f"'{cut(match.group(1))}'", message)
+    return _LONG_RUN.sub(lambda match: cut(match.group(0)), message)
+
+
+def echo(value: object) -> str:
+    """``value`` as a message quotes what the user typed (a flag's value, a name): its ``repr``, cut to
+    ``ECHO_LIMIT`` characters."""
+    return token(value, ECHO_LIMIT)
+
+
 def printable(text: str) -> str:
     """``text`` on one printable line: control characters (a newline in a file name) are escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -79,4 +108,4 @@ def printable(text: str) -> str:
 
 def warn(message: str) -> None:
     """One line on stderr for a problem that does not stop the command (a broken file among the user's presets)."""
-    print(f"lmcalc: warning: {printable(message)}", file=sys.stderr)
+    print(f"lmcalc: warning: {printable(cut_echoes(message))}", file=sys.stderr)

@@ -47,6 +47,7 @@ from lmcalc.hf_gpt import (
 from lmcalc.hf_layers import deltanet, kimi_delta, lightning, mamba2, moe, short_conv, windows
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
+from lmcalc.spec_base import MAX_LAYERS
 
 LLAMA_LIKE = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
@@ -412,6 +413,19 @@ def _as_its_class_reads(text: dict[str, Any], kind: str) -> dict[str, Any]:
     return named
 
 
+LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+"""The fields a config.json gives its layer count in (each type reads one of them)."""
+
+
+def _check_layer_count(config: dict[str, Any], origin: str) -> None:
+    """Refuse more layers than a model may have (``MAX_LAYERS``) before the readers build a list a layer (Gemma 3's
+    layer types, which 10⁹ layers would never finish): the spec's own bound, said before it can be checked."""
+    for key in LAYER_COUNT_FIELDS:
+        layers = config.get(key)
+        if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
+            raise LmcalcError(f"{origin}: config.json {key} must be at most {MAX_LAYERS:,}, not {token(layers)}")
+
+
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     """ModelSpec fields for a HF config; the caller validates them."""
     text, kind = _text_model(config, origin)
@@ -437,6 +451,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     multimodal = text is not config  # the text model of a multimodal config
     text = _as_its_class_reads(text, kind)
     check_fields(text, origin)  # the fields an alias spelt
+    _check_layer_count(text, origin)
     kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
     fields = _common(text, kind, name, origin) | (_vision(config, text) if multimodal else {})
     if kind in ("gpt2", "gpt_bigcode"):

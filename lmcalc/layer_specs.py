@@ -10,7 +10,17 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from lmcalc.errors import LmcalcError
-from lmcalc.spec_base import NonNegativeInt, PositiveInt, Spec, StrictBool, no_items
+from lmcalc.spec_base import (
+    MAX_DIMENSION,
+    Dimension,
+    LayerCount,
+    LayerIndex,
+    NonNegativeInt,
+    PositiveInt,
+    Spec,
+    StrictBool,
+    no_items,
+)
 
 NO_TOP_K = (
     "the model's experts_per_token (config.json's num_experts_per_tok) is null: how many experts a token uses is "
@@ -21,14 +31,14 @@ NO_TOP_K = (
 class MoESpec(Spec):
     """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
 
-    num_experts: PositiveInt
-    experts_per_token: PositiveInt | None = Field(
+    num_experts: Dimension
+    experts_per_token: Dimension | None = Field(
         description="routed experts each token uses (top-k); null where config.json leaves it null (DeepSeek-V2's "
         "class default): the parameters count, and every estimate that needs k refuses"
     )
-    shared_experts: NonNegativeInt = 0
-    expert_ffn_size: PositiveInt
-    dense_layers: NonNegativeInt = Field(0, description="leading layers that keep a dense FFN of ffn_size")
+    shared_experts: NonNegativeInt = Field(0, le=MAX_DIMENSION)
+    expert_ffn_size: Dimension
+    dense_layers: LayerIndex = Field(0, description="leading layers that keep a dense FFN of ffn_size")
     router_bias: StrictBool = Field(
         False,
         description="a learned per-expert bias on the router (gpt-oss); DeepSeek-V3's balancing bias is a buffer set "
@@ -40,7 +50,7 @@ class MoESpec(Spec):
         "DeepSeek-V2/V3, GLM-4.5, ERNIE 4.5, EXAONE MoE and Hunyuan routers), read under a framework profile whose "
         "moe.router is model",
     )
-    shared_expert_ffn_size: PositiveInt | None = Field(
+    shared_expert_ffn_size: Dimension | None = Field(
         None, description="inner width of the shared experts when it differs from expert_ffn_size (Qwen2-MoE)"
     )
     shared_expert_gate: StrictBool = Field(
@@ -51,7 +61,7 @@ class MoESpec(Spec):
         description="every how many layers one is MoE: layer i (from 0) is MoE when (i + 1) is a multiple of this "
         "(decoder_sparse_step, Llama 4's interleave_moe_layer_step); the others keep a dense FFN of ffn_size",
     )
-    dense_layer_ids: tuple[NonNegativeInt, ...] = Field(
+    dense_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items, description="further layers (from 0) with a dense FFN (Qwen MoE's mlp_only_layers)"
     )
     output_norm: StrictBool = Field(
@@ -98,10 +108,10 @@ class IndexerSpec(Spec):
     scorer, q from the query latent and one shared key from the hidden state, picks the top_k keys each query attends
     to. As transformers and inference run it, forward only: its own training loss is not modelled."""
 
-    heads: PositiveInt = Field(description="the indexer's heads, H_I (index_n_heads)")
-    head_dim: PositiveInt = Field(description="the indexer's query and key width, d_I (index_head_dim)")
-    top_k: PositiveInt = Field(description="keys each query attends to, k_I (index_topk)")
-    own_layers: PositiveInt | None = Field(
+    heads: Dimension = Field(description="the indexer's heads, H_I (index_n_heads)")
+    head_dim: Dimension = Field(description="the indexer's query and key width, d_I (index_head_dim)")
+    top_k: Dimension = Field(description="keys each query attends to, k_I (index_topk)")
+    own_layers: LayerCount | None = Field(
         None,
         description="layers that run an indexer of their own; the others reuse the previous one's selection "
         "(GLM-5's indexer_types 'shared'). None: every layer",
@@ -111,11 +121,11 @@ class IndexerSpec(Spec):
 class MLASpec(Spec):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and joint low-rank K/V projections."""
 
-    q_lora_rank: PositiveInt | None = Field(None, description="None: plain h x (heads*qk_head_dim) query")
-    kv_lora_rank: PositiveInt
-    qk_nope_head_dim: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
+    q_lora_rank: Dimension | None = Field(None, description="None: plain h x (heads*qk_head_dim) query")
+    kv_lora_rank: Dimension
+    qk_nope_head_dim: Dimension
+    qk_rope_head_dim: Dimension
+    v_head_dim: Dimension
     indexer: IndexerSpec | None = Field(None, description="DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5)")
 
     @model_validator(mode="after")

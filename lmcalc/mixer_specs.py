@@ -8,7 +8,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from lmcalc.spec_base import NonNegativeInt, PositiveInt, Spec, StrictBool, no_items
+from lmcalc.spec_base import Dimension, LayerIndex, NonNegativeInt, PositiveInt, Spec, StrictBool, no_items
 
 
 class MambaSpec(Spec):
@@ -16,10 +16,10 @@ class MambaSpec(Spec):
     Jamba (Lieber et al. 2024), whose layer i attends when i % attention_every == attention_offset, or a Mamba model
     whose layers are all Mamba blocks (attention_every None)."""
 
-    d_inner: PositiveInt = Field(description="the inner width: mamba_expand × hidden_size")
-    d_state: PositiveInt = Field(description="N, the state size per channel")
-    d_conv: PositiveInt = Field(description="the causal depthwise convolution's kernel")
-    dt_rank: PositiveInt = Field(description="the rank of Δ's projection")
+    d_inner: Dimension = Field(description="the inner width: mamba_expand × hidden_size")
+    d_state: Dimension = Field(description="N, the state size per channel")
+    d_conv: Dimension = Field(description="the causal depthwise convolution's kernel")
+    dt_rank: Dimension = Field(description="the rank of Δ's projection")
     conv_bias: StrictBool = True
     proj_bias: StrictBool = Field(False, description="biases on the in and out projections")
     inner_norms: StrictBool = Field(False, description="RMSNorms on Δ, B and C (Jamba)")
@@ -39,12 +39,12 @@ class Mamba2Spec(Spec):
     of the state size N) and Δ (one a head), a causal depthwise convolution over x‖B‖C, Δ's bias, A and D per head,
     a gated RMSNorm over the inner width, and the output projection. The layers in attention_layer_ids attend."""
 
-    inner: PositiveInt = Field(description="I, the inner width: heads × head_dim (mamba_expand × hidden_size)")
-    heads: PositiveInt = Field(description="H, the SSM heads (mamba_n_heads)")
-    groups: PositiveInt = Field(1, description="G, the groups B and C are shared over (mamba_n_groups)")
-    state: PositiveInt = Field(description="N, the state size (mamba_d_state)")
-    conv_kernel: PositiveInt = Field(description="the causal depthwise convolution's kernel (mamba_d_conv)")
-    chunk: PositiveInt = Field(256, description="the chunked scan's chunk length (mamba_chunk_size)")
+    inner: Dimension = Field(description="I, the inner width: heads × head_dim (mamba_expand × hidden_size)")
+    heads: Dimension = Field(description="H, the SSM heads (mamba_n_heads)")
+    groups: Dimension = Field(1, description="G, the groups B and C are shared over (mamba_n_groups)")
+    state: Dimension = Field(description="N, the state size (mamba_d_state)")
+    conv_kernel: Dimension = Field(description="the causal depthwise convolution's kernel (mamba_d_conv)")
+    chunk: Dimension = Field(256, description="the chunked scan's chunk length (mamba_chunk_size)")
     conv_bias: StrictBool = True
     proj_bias: StrictBool = Field(False, description="biases on the in and out projections")
     gated_norm: StrictBool = Field(
@@ -55,7 +55,7 @@ class Mamba2Spec(Spec):
         description="every layer runs attention and Mamba-2 side by side on one norm's output, their outputs summed "
         "(Falcon-H1's FalconH1DecoderLayer); attention_layer_ids then names none",
     )
-    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(
+    attention_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items, description="the layers (from 0) that attend; the others run Mamba-2 alone"
     )
 
@@ -85,12 +85,12 @@ class DeltaNetSpec(Spec):
     attention_offset (Qwen3-Next: every fourth layer, from the fourth), or when attention_layer_ids names it. Kimi
     Delta Attention (``channel_decay``) is the same rule with a decay per key channel."""
 
-    key_heads: PositiveInt = Field(description="H_k, linear_num_key_heads")
-    value_heads: PositiveInt = Field(description="H_v, linear_num_value_heads (a multiple of H_k)")
-    key_head_dim: PositiveInt = Field(description="d_k, linear_key_head_dim")
-    value_head_dim: PositiveInt = Field(description="d_v, linear_value_head_dim")
-    conv_kernel: PositiveInt = Field(description="the causal depthwise convolution's kernel, linear_conv_kernel_dim")
-    chunk: PositiveInt = Field(64, description="the chunked delta rule's chunk length (fla's and transformers' 64)")
+    key_heads: Dimension = Field(description="H_k, linear_num_key_heads")
+    value_heads: Dimension = Field(description="H_v, linear_num_value_heads (a multiple of H_k)")
+    key_head_dim: Dimension = Field(description="d_k, linear_key_head_dim")
+    value_head_dim: Dimension = Field(description="d_v, linear_value_head_dim")
+    conv_kernel: Dimension = Field(description="the causal depthwise convolution's kernel, linear_conv_kernel_dim")
+    chunk: Dimension = Field(64, description="the chunked delta rule's chunk length (fla's and transformers' 64)")
     split_projections: StrictBool = Field(
         False,
         description="q‖k‖v, z, β and α projected by four modules (Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, "
@@ -107,7 +107,7 @@ class DeltaNetSpec(Spec):
         "head, its forget gate projected to H·d_k with Δ's bias per channel (Kimi Linear, Bailing hybrid); q, k and "
         "v by three modules of their own, as separate_projections, in heads of one width",
     )
-    gate_rank: PositiveInt | None = Field(
+    gate_rank: Dimension | None = Field(
         None,
         description="with channel_decay, the rank r of the forget gate's and the output gate's two-step projections "
         "(Kimi Linear's f_a_proj h → r, f_b_proj r → H·d_k, and g_a_proj, g_b_proj, with r = d_k); None: each gate "
@@ -115,7 +115,7 @@ class DeltaNetSpec(Spec):
     )
     attention_every: PositiveInt | None = Field(None, description="layer i attends when i % attention_every == offset")
     attention_offset: NonNegativeInt = 0
-    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(
+    attention_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="the layers (from 0) that attend, where no period describes them (Kimi Linear's 3, 7, …, 23 and "
         "the last); give this or attention_every",
@@ -157,9 +157,9 @@ class ShortConvSpec(Spec):
     the product B·x through a causal depthwise convolution of a few taps (conv_L_cache), gated again by C, and the
     output projection (h × h). The layers in attention_layer_ids attend."""
 
-    conv_kernel: PositiveInt = Field(description="K, the causal depthwise convolution's taps (conv_L_cache)")
+    conv_kernel: Dimension = Field(description="K, the causal depthwise convolution's taps (conv_L_cache)")
     bias: StrictBool = Field(False, description="biases on the convolution and both projections (conv_bias)")
-    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(description="the layers (from 0) that attend")
+    attention_layer_ids: tuple[LayerIndex, ...] = Field(description="the layers (from 0) that attend")
 
 
 class LightningSpec(Spec):
@@ -169,7 +169,7 @@ class LightningSpec(Spec):
     blocks through an H × d × d state), an RMSNorm over H·d, a sigmoid gate from the layer's input, and the output
     projection. The layers in attention_layer_ids attend (softmax attention)."""
 
-    heads: PositiveInt = Field(description="H, the heads (num_attention_heads)")
-    head_dim: PositiveInt = Field(description="d, each head's width (head_dim, else hidden_size / heads)")
-    block: PositiveInt = Field(256, description="B, the block length of the blockwise computation (block_size)")
-    attention_layer_ids: tuple[NonNegativeInt, ...] = Field(description="the layers (from 0) that attend")
+    heads: Dimension = Field(description="H, the heads (num_attention_heads)")
+    head_dim: Dimension = Field(description="d, each head's width (head_dim, else hidden_size / heads)")
+    block: Dimension = Field(256, description="B, the block length of the blockwise computation (block_size)")
+    attention_layer_ids: tuple[LayerIndex, ...] = Field(description="the layers (from 0) that attend")

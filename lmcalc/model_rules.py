@@ -54,6 +54,7 @@ def check_model(spec: Any) -> None:
     if spec.indexer and (spec.sliding_window or spec.hybrid or spec.indexer_layers > spec.num_layers):
         raise ValueError("mla.indexer: every layer attends to its top_k keys, without sliding windows or other "
                          "mixers, and own_layers may not exceed num_layers")  # fmt: skip
+    _check_layer_ids(spec)
     _check_single_blocks(spec)
 
 
@@ -70,3 +71,18 @@ def _check_single_blocks(spec: Any) -> None:
         raise ValueError("mixer_only_layer_ids and ffn_only_layer_ids need norms_per_layer 2: one norm each")
     if not spec.mixer_layers:
         raise ValueError("ffn_only_layer_ids leaves no layer with a mixer")
+
+
+def _check_layer_ids(spec: Any) -> None:
+    """Every layer a list names is one of the model's: an index from 0 below num_layers."""
+    kind = next((name for name in ("mamba2", "deltanet", "short_conv", "lightning") if getattr(spec, name)), "")
+    listed = {
+        "global_layer_ids": spec.global_layer_ids,
+        "moe.dense_layer_ids": spec.moe.dense_layer_ids if spec.moe else (),
+        f"{kind}.attention_layer_ids": getattr(spec, kind).attention_layer_ids if kind else (),
+    }
+    for field, layers in listed.items():
+        beyond = [layer for layer in layers if layer >= spec.num_layers]
+        if beyond:
+            raise ValueError(f"{field} names layer {beyond[0]}, but the layers are 0 to {spec.num_layers - 1} "
+                             f"(num_layers {spec.num_layers})")  # fmt: skip

@@ -61,6 +61,37 @@ _Loader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
+MAX_DIGITS = 100
+"""The most digits an integer in a preset or config.json may have: no field holds more than 16 (2⁵³,
+``spec_base.MAX_WHOLE_NUMBER``), and Python refuses to read one of over 4,300 at all (a ValueError, not a line)."""
+
+
+def _bounded_int(text: str) -> int:
+    """An integer as written, of at most ``MAX_DIGITS`` digits (underscores, as YAML allows, are not digits)."""
+    digits = sum(c.isdigit() for c in text)
+    if digits > MAX_DIGITS:
+        raise _LongNumber(digits)
+    return int(text.replace("_", ""))
+
+
+class _LongNumber(ValueError):
+    def __init__(self, digits: int):
+        super().__init__(f"an integer of {digits:,} digits, more than any field takes (at most {MAX_DIGITS})")
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    try:
+        return _bounded_int(text)
+    except _LongNumber as exc:
+        raise yaml.constructor.ConstructorError(None, None, str(exc), node.start_mark) from None
+    except ValueError:  # an explicit !!int tag on what is not a decimal integer
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{token(text)} is not a decimal integer", node.start_mark
+        ) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 PRESET_FILE_LIMIT = 1 << 20
 """The largest preset file read, in bytes (1 MiB; the largest built-in is some 10 KiB): a link to ``/dev/zero`` or a
 stray data file is refused, not read until memory runs out."""
@@ -136,6 +167,9 @@ def read_yaml(path: Path) -> Any:
         raise LmcalcError(f"{path}: YAML error: {type(exc).__name__}") from None
     except RecursionError:  # the pure-Python loader, where libyaml is missing
         raise LmcalcError(f"{path}: YAML nested too deeply") from None
+    except (ValueError, LookupError, AttributeError, TypeError, OverflowError) as exc:
+        # PyYAML's constructors for an explicit tag (!!float abc, !!bool abc, !!timestamp abc) raise these as they are
+        raise LmcalcError(f"{path}: YAML error: a value its explicit tag cannot read ({type(exc).__name__})") from None
 
 
 class _DuplicateKey(Exception):
@@ -157,7 +191,9 @@ def read_json(path: Path) -> Any:
     ``CONFIG_FILE_LIMIT`` bytes; every problem becomes one line naming the file."""
     text = read_text(path, CONFIG_FILE_LIMIT)
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int)
+    except _LongNumber as exc:
+        raise LmcalcError(f"{path}: JSON error: {exc}") from None
     except json.JSONDecodeError as exc:
         raise LmcalcError(f"{path}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
     except _DuplicateKey as exc:

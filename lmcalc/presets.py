@@ -18,7 +18,7 @@ from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from lmcalc.errors import LmcalcError, as_given, token, warn
+from lmcalc.errors import LmcalcError, as_given, echo, token, warn
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.preset_files import (  # noqa: F401  (read_yaml and the limits are the presets' API too)
     CONFIG_FILE_LIMIT,
@@ -80,10 +80,14 @@ def normalise(name: str) -> str:
 
 def validate(spec_type: type[S], data: Any, origin: str) -> S:
     """Build a spec; a validation error becomes one line naming the field and the reason."""
+    if data is None:
+        raise LmcalcError(f"{origin}: empty; expected a mapping of fields (name: ..., and the rest)")
     if not isinstance(data, dict):
-        raise LmcalcError(f"{origin}: expected a mapping of fields, got {type(data).__name__}")
+        raise LmcalcError(f"{origin}: expected a mapping of fields (name: ..., and the rest), not {_what_is(data)}")
     try:
         return spec_type.model_validate(data)
+    except (OverflowError, ArithmeticError, RecursionError) as exc:  # a rule's arithmetic on values out of all reason
+        raise LmcalcError(f"{origin}: a value out of range ({type(exc).__name__}); see the field bounds") from None
     except ValidationError as exc:
         errors = exc.errors()
         # A misspelt field shows up as one unknown field plus one missing field: name the misspelling.
@@ -117,11 +121,40 @@ _TYPE_WANTED = {
 between releases), and reads as the config.json reader's does."""
 
 
+_BOUND_WANTED = {
+    "greater_than": "greater than {gt:,}",
+    "greater_than_equal": "at least {ge:,}",
+    "less_than": "less than {lt:,}",
+    "less_than_equal": "at most {le:,}",
+    "finite_number": "a finite number",
+    "string_too_short": "at least {min_length:,} characters long",
+    "string_too_long": "at most {max_length:,} characters long",
+}
+"""What a number out of its field's range must be: the bound pydantic checked, in lmcalc's words (the bounds and why
+they are where they are: ``spec_base.MAX_DIMENSION`` and its neighbours)."""
+
+
+def _what_is(data: Any) -> str:
+    """What a file holds at its top level where a mapping belongs, in YAML's words."""
+    if isinstance(data, list):
+        return "a list"
+    return as_given(data) if isinstance(data, str | int | float | bool) else type(data).__name__
+
+
 def _own_words(error: Any, message: str) -> str:
-    """A type or choice error in lmcalc's words (``must be an integer, not the text '1:30'``); any other error keeps
-    its message (our validators' own words, pydantic's for the rest)."""
+    """A type, choice or range error in lmcalc's words (``must be an integer, not the text '1:30'``, ``must be at most
+    4,096, not 1000000000``); any other error keeps its message (our validators' own words, pydantic's for the
+    rest)."""
     if error["type"] in _TYPE_WANTED:
         return f"must be {_TYPE_WANTED[error['type']]}, not {as_given(error['input'])}"
+    if error["type"] in _BOUND_WANTED:
+        wanted = _BOUND_WANTED[error["type"]].format(**error.get("ctx", {}))
+        given = error["input"]
+        if given == "":
+            return "must not be empty"
+        if isinstance(given, str) and error["type"].startswith("string"):
+            return f"must be {wanted}, not {len(given):,} characters"
+        return f"must be {wanted}, not {as_given(given)}"
     if error["type"] == "literal_error" and "expected" in error.get("ctx", {}):
         return f"must be {error['ctx']['expected']}, not {as_given(error['input'])}"
     return message
@@ -143,7 +176,7 @@ def preset_files(directory: Path, kind: str) -> list[Path]:
         folder = directory / kind
         return sorted(folder.glob("*.y*ml")) if folder.is_dir() else []
     path = directory / f"{kind}.yaml"
-    return [path] if path.is_file() else []
+    return [path] if path.exists() or path.is_symlink() else []  # a directory or a FIFO: read_text says why not
 
 
 def _entries_in(directory: Path, kind: str, builtin: bool) -> list[tuple[Any, str]]:
@@ -163,8 +196,16 @@ def _entries_in(directory: Path, kind: str, builtin: bool) -> list[tuple[Any, st
     return entries
 
 
+def _empty_file(path: Path, what: str) -> LmcalcError:
+    """The error for a preset file that holds nothing (no text, or comments alone): YAML reads it as null."""
+    return LmcalcError(f"{path}: the file is empty (or holds only comments); expected {what}")
+
+
 def _entries_of_file(path: Path, kind: str) -> list[tuple[Any, str]]:
     data = read_yaml(path)
+    if data is None:
+        wanted = f"a {_SINGULAR[kind]}'s fields" if kind in FILE_PER_SPEC_KINDS else f"a top-level list named '{kind}'"
+        raise _empty_file(path, wanted)
     if kind in FILE_PER_SPEC_KINDS:
         return [(data, str(path))]
     items = data.get(kind) if isinstance(data, dict) else None
@@ -270,7 +311,7 @@ class Registry:
             return self.spec(self.names[key]), ""
         if key in self.families:
             chosen = self.families[key]
-            return self.spec(chosen), f"'{name}' is a family name; using its default member {chosen}"
+            return self.spec(chosen), f"{echo(name)} is a family name; using its default member {chosen}"
         import difflib
 
         choices = sorted(set(self.names) | set(self.families))
@@ -278,7 +319,7 @@ class Registry:
         stems = sorted((c for c in choices if key.startswith(c + "-")), key=len, reverse=True)
         close = stems[:1] or difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else f"; run 'lmcalc presets list {self.kind}'"
-        raise LmcalcError(f"unknown {_SINGULAR[self.kind]} '{name}'{hint}")
+        raise LmcalcError(f"unknown {_SINGULAR[self.kind]} {echo(name)}{hint}")
 
 
 @cache
@@ -361,7 +402,11 @@ def load_spec_file(path: Path, spec_type: type[S], hub_id: str | None = None) ->
             origin = f"{hub_id} (Hugging Face Hub config.json)" if hub_id else str(path)
             return validate(spec_type, model_from_hf_config(data, hub_id or name, origin), origin)
         return validate(spec_type, data, str(path))
-    return validate(spec_type, read_yaml(path), str(path))
+    data = read_yaml(path)
+    if data is None:
+        kind = next((k for k, t in _SPEC_OF_KIND.items() if t is spec_type), "")
+        raise _empty_file(path, f"a {_SINGULAR.get(kind, 'preset')}'s fields, one per line (name: ..., and the rest)")
+    return validate(spec_type, data, str(path))
 
 
 @dataclass(frozen=True)
@@ -420,13 +465,13 @@ def parse_cluster(text: str) -> Cluster:
     match = _CLUSTER_RE.match(text)
     if not match:
         raise LmcalcError(
-            f"cannot read cluster {text!r}; expected COUNTxGPU or NODESxGPUS_PER_NODExGPU, "
+            f"cannot read cluster {echo(text)}; expected COUNTxGPU or NODESxGPUS_PER_NODExGPU, "
             "e.g. 8xH100, 1024xH100, 128x8xH100"
         )
     first, per_node, gpu = match.groups()
     hardware = resolve_hardware(gpu).spec
     if int(first) <= 0 or (per_node is not None and int(per_node) <= 0):
-        raise LmcalcError(f"cluster {text!r}: the number of nodes and of GPUs must be positive")
+        raise LmcalcError(f"cluster {echo(text)}: the number of nodes and of GPUs must be positive")
     if per_node is None:
         count = int(first)
         gpus_per_node = min(hardware.gpus_per_node, count)

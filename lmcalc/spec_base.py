@@ -20,11 +20,34 @@ def whole_float_as_int(value: Any) -> Any:
 # 1). Each annotation is strict on its own, not the models: a strict model would refuse the lists a file gives for
 # tuples. Spelled with Field(gt=0, strict=True) rather than pydantic's PositiveInt or StrictInt, which would not read
 # 80e9 as a whole number (their module, pydantic.types, is loaded either way: pydantic.fields imports it).
-WholeNumber = Annotated[int, BeforeValidator(whole_float_as_int), Field(strict=True)]
-PositiveInt = Annotated[WholeNumber, Field(gt=0)]
-NonNegativeInt = Annotated[WholeNumber, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0, strict=True)]
-NonNegativeFloat = Annotated[float, Field(ge=0, strict=True)]
+# Every number is bounded too: a file of absurd sizes gets a line naming the field, never an overflow or a hang in a
+# formula later (issue #32). A count is at most MAX_WHOLE_NUMBER, a float is finite (YAML's .inf and .nan are
+# refused); a model's shape is bounded more closely (``Dimension``, ``LayerCount``).
+MAX_WHOLE_NUMBER = 2**53
+"""The largest whole number a preset holds (9.007·10¹⁵): the engine computes in floats, which hold every whole number
+up to 2⁵³ exactly. Bytes of device memory, published parameter counts and token counts all sit far below it."""
+MAX_DIMENSION = 2**30
+"""The largest size of one dimension of a model (1.07·10⁹): a width, a head count, a vocabulary, an expert count, a
+context length. A hundred times the longest context published (Llama 4 Scout's 10M tokens), a thousand times the
+largest expert count (PEER's 2²⁰) and over ten thousand times any width or vocabulary, so no real model is refused;
+yet a product of the few dimensions a formula multiplies stays far inside a float (2³⁰·⁶ = 2¹⁸⁰ ≪ 1.8·10³⁰⁸)."""
+MAX_LAYERS = 4096
+"""The most layers a model may have: four times DeepNet's 1,000-layer transformer (Wang et al. 2022), thirty times
+the deepest LLM published (Llama 3.1 405B: 126). The engine walks the layers one by one (which attend, which route,
+each pipeline stage's share), and the planner does so for every layout it tries: at this bound ``lmcalc plan`` on
+1,024 GPUs still answers in seconds, where 10⁹ layers would never answer."""
+_Whole = Annotated[int, BeforeValidator(whole_float_as_int), Field(strict=True)]
+WholeNumber = Annotated[_Whole, Field(ge=-MAX_WHOLE_NUMBER, le=MAX_WHOLE_NUMBER)]
+PositiveInt = Annotated[_Whole, Field(gt=0, le=MAX_WHOLE_NUMBER)]
+NonNegativeInt = Annotated[_Whole, Field(ge=0, le=MAX_WHOLE_NUMBER)]
+Dimension = Annotated[_Whole, Field(gt=0, le=MAX_DIMENSION)]
+"""The size of one dimension of a model: a whole number from 1 to ``MAX_DIMENSION``."""
+LayerCount = Annotated[_Whole, Field(gt=0, le=MAX_LAYERS)]
+"""A number of layers: from 1 to ``MAX_LAYERS``."""
+LayerIndex = Annotated[_Whole, Field(ge=0, le=MAX_LAYERS)]
+"""A layer's index (from 0), or a number of layers that may be none: from 0 to ``MAX_LAYERS``."""
+PositiveFloat = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, strict=True, allow_inf_nan=False)]
 StrictBool = Annotated[bool, Field(strict=True)]
 
 FfnKind = Literal["gelu_mlp", "swiglu", "geglu"]
@@ -78,7 +101,12 @@ class Spec(BaseModel):
         return known
 
 
+MAX_NAME_LENGTH = 200
+"""The longest name a preset may have, in characters: a name is quoted in messages and tables, and the longest
+built-in one is some 30."""
+
+
 class NamedSpec(Spec):
     """A spec a preset file holds, found by its name."""
 
-    name: str
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)

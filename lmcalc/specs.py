@@ -21,10 +21,17 @@ from lmcalc.layer_specs import NO_TOP_K, IndexerSpec, MLASpec, MoESpec, moe_laye
 from lmcalc.mixer_specs import DeltaNetSpec, LightningSpec, Mamba2Spec, MambaSpec, ShortConvSpec
 from lmcalc.model_rules import check_model
 from lmcalc.spec_base import (
+    MAX_DIMENSION,
+    MAX_LAYERS,
+    MAX_NAME_LENGTH,
+    MAX_WHOLE_NUMBER,
     ActivationKind,
     ComputeDtype,
+    Dimension,
     DropoutSite,
     FfnKind,
+    LayerCount,
+    LayerIndex,
     NamedSpec,
     NonNegativeFloat,
     NonNegativeInt,
@@ -40,28 +47,29 @@ from lmcalc.spec_base import (
     whole_float_as_int,
 )
 
-__all__ = ["ActivationKind", "ComputeDtype", "DeltaNetSpec", "DropoutSite", "FfnKind", "IndexerSpec", "LightningSpec",
-           "MLASpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K", "Cluster", "HardwareSpec",
-           "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
-           "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
+__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "ComputeDtype", "DeltaNetSpec",
+           "Dimension", "DropoutSite", "FfnKind", "IndexerSpec", "LayerCount", "LayerIndex", "LightningSpec",
+           "MLASpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K", "Cluster", "HardwareSpec", "NamedSpec",
+           "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat", "PositiveInt",
+           "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
 class ModelSpec(NamedSpec):
     """A decoder-only transformer, described the way its config file and paper describe it."""
 
-    display_name: str = ""
+    display_name: str = Field("", max_length=MAX_NAME_LENGTH)
     aliases: tuple[str, ...] = Field(default_factory=no_items)
     family_aliases: tuple[str, ...] = Field(
         default_factory=no_items, description="short family names (e.g. llama-70b) that default to this model"
     )
-    vocab_size: PositiveInt
-    hidden_size: PositiveInt
-    num_layers: PositiveInt
-    num_heads: PositiveInt
-    num_kv_heads: PositiveInt | None = Field(None, description="GQA/MQA key-value heads; default num_heads")
-    head_dim: PositiveInt | None = Field(None, description="default hidden_size / num_heads")
-    ffn_size: PositiveInt = Field(description="intermediate size of a dense FFN")
+    vocab_size: Dimension
+    hidden_size: Dimension
+    num_layers: LayerCount
+    num_heads: Dimension
+    num_kv_heads: Dimension | None = Field(None, description="GQA/MQA key-value heads; default num_heads")
+    head_dim: Dimension | None = Field(None, description="default hidden_size / num_heads")
+    ffn_size: Dimension = Field(description="intermediate size of a dense FFN")
     ffn_kind: FfnKind
     activation: ActivationKind = Field(
         "gelu",
@@ -163,7 +171,7 @@ class ModelSpec(NamedSpec):
     attention_sinks: StrictBool = Field(
         False, description="a learned logit per head that every softmax includes (gpt-oss): H parameters per layer"
     )
-    sliding_window: PositiveInt | None = Field(
+    sliding_window: Dimension | None = Field(
         None, description="local attention's span in tokens; None: every layer attends to the whole sequence"
     )
     local_attention: Literal["sliding", "chunked"] = Field(
@@ -181,7 +189,7 @@ class ModelSpec(NamedSpec):
         description="the global layers are i where i (from 0) is a multiple of global_every: the first layer "
         "attends globally (GPT-Neo: 2, Code World Model: 4)",
     )
-    global_layer_ids: tuple[NonNegativeInt, ...] = Field(
+    global_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="with a sliding_window, the layers (from 0) that attend globally where no global_every says it "
         "(Flint: layers 0 and 1, every fourth from 5, and the last); empty: global_every decides",
@@ -203,9 +211,10 @@ class ModelSpec(NamedSpec):
         False, description="a bias on the output head, kept when the head's weight is tied (GPT-J, CodeGen, Phi-2)"
     )
     position_embedding: PositionKind
-    max_seq_len: PositiveInt
+    max_seq_len: Dimension
     position_offset: NonNegativeInt = Field(
         0,
+        le=MAX_DIMENSION,
         description="rows of a learned position table before position 0: the table holds max_seq_len + "
         "position_offset rows (OPT's and BioGPT's 2, fairseq's padding offset)",
     )
@@ -223,12 +232,12 @@ class ModelSpec(NamedSpec):
     mamba2: Mamba2Spec | None = None
     short_conv: ShortConvSpec | None = None
     lightning: LightningSpec | None = None
-    mixer_only_layer_ids: tuple[NonNegativeInt, ...] = Field(
+    mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
         "and attention blocks: NemotronHBlock holds one norm and one mixer)",
     )
-    ffn_only_layer_ids: tuple[NonNegativeInt, ...] = Field(
+    ffn_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are an FFN alone, dense or MoE, behind one norm and without a token mixer "
         "(Nemotron-H's MLP and MoE blocks)",
@@ -259,7 +268,7 @@ class ModelSpec(NamedSpec):
         "own, g_proj (h → H), its activation computed in fp32 (the Bailing hybrid's MLA, a sigmoid; Laguna's "
         "attention, a softplus) or in the activation dtype (LFM3's sigmoid)",
     )
-    mtp_modules: NonNegativeInt = Field(
+    mtp_modules: LayerIndex = Field(
         0,
         description="multi-token-prediction modules (DeepSeek-V3 §2.2, GLM-4.5): two norms, a (2h → h) projection "
         "and one more layer each, sharing the embedding and head; reported apart, not in the total (transformers "
@@ -280,7 +289,7 @@ class ModelSpec(NamedSpec):
         "output head (V·h each; Kimi Linear's card, the non-embedding figures of Qwen's)",
     )
     published_params_source: str = ""
-    training_tokens: PositiveFloat | None = None
+    training_tokens: PositiveFloat | None = Field(None, le=MAX_WHOLE_NUMBER)
     training_tokens_source: str = ""
     notes: tuple[str, ...] = Field(default_factory=no_items)
     sources: tuple[str, ...] = Field(default_factory=no_items)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, echo
 
 COUNT_SUFFIXES: dict[str, float] = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 BYTE_SUFFIXES: dict[str, float] = {
@@ -50,10 +51,10 @@ def parse_count(text: str | float | int, what: str = "count", binary: bool = Fal
         match = _COUNT_RE.match(str(text))
         if not match or match.group(2).upper() not in suffixes:
             accepted = "K, M or G (binary: 8K = 8192)" if binary else "K, M, B, T or P (e.g. 15T, 1.4T, 300B, 4M, 1e12)"
-            raise LmcalcError(f"cannot read {what} {text!r}; expected a number with an optional suffix {accepted}")
+            raise LmcalcError(f"cannot read {what} {echo(text)}; expected a number with an optional suffix {accepted}")
         value = float(match.group(1)) * suffixes[match.group(2).upper()]
     if not math.isfinite(value) or value <= 0:
-        raise LmcalcError(f"{what} must be a positive number, got {text!r}")
+        raise LmcalcError(f"{what} must be a positive number, got {echo(text)}")
     return value
 
 
@@ -66,24 +67,33 @@ def parse_bytes(text: str | float | int, what: str = "size") -> float:
         suffix = match.group(2).upper() if match else ""
         if not match or (suffix and suffix not in BYTE_SUFFIXES):
             raise LmcalcError(
-                f"cannot read {what} {text!r}; expected bytes with an optional unit "
+                f"cannot read {what} {echo(text)}; expected bytes with an optional unit "
                 "B, KB, MB, GB, TB (decimal) or KiB, MiB, GiB, TiB (binary), e.g. 2GiB"
             )
         value = float(match.group(1)) * BYTE_SUFFIXES.get(suffix, 1.0)
     if not math.isfinite(value) or value < 0:
-        raise LmcalcError(f"{what} must be zero or a positive number of bytes, got {text!r}")
+        raise LmcalcError(f"{what} must be zero or a positive number of bytes, got {echo(text)}")
     return value
+
+
+MAX_TENSOR_ELEMENTS = 2**64
+"""The most elements a tensor shape may have (1.8·10¹⁹): more than a 64-bit machine can address, and still a
+count whose bytes a float holds."""
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """Parse a tensor shape written ``12288x49152`` (or with ``×`` or ``,``)."""
     parts = re.split(r"[x×,*]", text.strip().lower())
-    try:
-        dims = tuple(int(p) for p in parts)
-    except ValueError:
-        raise LmcalcError(f"cannot read shape {text!r}; expected sizes joined by 'x', e.g. 12288x49152") from None
-    if not dims or any(d <= 0 for d in dims):
-        raise LmcalcError(f"every dimension of shape {text!r} must be a positive integer")
+    if not all(re.fullmatch(r"\s*[+-]?[0-9]+\s*", p) for p in parts):
+        raise LmcalcError(f"cannot read shape {echo(text)}; expected sizes joined by 'x', e.g. 12288x49152")
+    digits = max(len(p.strip().lstrip("+").lstrip("0")) for p in parts)  # read no size Python would refuse to
+    dims = tuple(int(p) for p in parts) if digits <= 20 else (MAX_TENSOR_ELEMENTS + 1,)  # a size of 10^20 or more
+    if any(d <= 0 for d in dims) or "-" in text:
+        raise LmcalcError(f"every dimension of shape {echo(text)} must be a positive integer")
+    if math.prod(dims) > MAX_TENSOR_ELEMENTS:
+        raise LmcalcError(
+            f"shape {echo(text)} has more than 2^64 elements (1.8e19), more than a 64-bit machine can address"
+        )
     return dims
 
 
@@ -103,7 +113,10 @@ def sci(value: float, digits: int = 3) -> str:
 
 
 def group(value: float) -> str:
-    """An exact integer with thousands separators, or a float to 6 significant figures."""
+    """An exact integer with thousands separators, or a float to 6 significant figures (an integer too large for a
+    float, too: ``1e+400``)."""
+    if isinstance(value, int) and abs(value) >= 10**21:
+        return f"{Decimal(value).normalize():.6g}"
     if float(value).is_integer() and abs(value) < 1e21:
         return f"{int(value):,}"
     return f"{value:.6g}"

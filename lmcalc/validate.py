@@ -141,10 +141,6 @@ def _not_run(key: str, title: str, engine: float, unit: str, reason: str) -> Sec
 
 def validate(*, model: ModelLike, seq: str | int = 1024, micro_batch: int = 1, recompute: str | None = None) -> Result:
     """``lmcalc validate``: the engine against PyTorch for ``model``, in one ``recompute`` mode or all three."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise LmcalcError("validate needs PyTorch: pip install 'lmcalc[bench]'") from None
     resolved = resolve_model(model)
     if resolved.spec.hybrid or resolved.spec.single_blocks:
         what = "is a hybrid" if resolved.spec.hybrid else "has layers that are a mixer or an FFN alone"
@@ -153,8 +149,51 @@ def validate(*, model: ModelLike, seq: str | int = 1024, micro_batch: int = 1, r
             f"and no single blocks; check it against transformers ({setting('against')} transformers)"
         )
     modes = RECOMPUTE_MODES if recompute is None else (choice(recompute, RECOMPUTE_MODES, "recompute"),)
-    seq_len = int(seq_given(seq).value)
-    return validate_result(resolved.spec, seq_len, positive_int(micro_batch, "micro_batch"), modes, resolved.note)
+    seq_len, micro_batch = int(seq_given(seq).value), positive_int(micro_batch, "micro_batch")
+    check_meta_sizes(resolved.spec, seq_len, micro_batch)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LmcalcError("validate needs PyTorch: pip install 'lmcalc[bench]'") from None
+    return validate_result(resolved.spec, seq_len, micro_batch, modes, resolved.note)
+
+
+META_ELEMENT_LIMIT = 2**60
+"""The most elements the FLOP check lets one tensor of the model built on PyTorch's meta device have. torch refuses
+a tensor whose bytes pass 2⁶³ ("Storage size calculation overflowed"); 2⁶⁰ elements of up to 8 bytes stay below."""
+
+
+def check_meta_sizes(spec: ModelSpec, seq_len: int, micro_batch: int) -> None:
+    """Refuse a sequence whose largest tensor in the FLOP check passes ``META_ELEMENT_LIMIT``, naming the longest
+    that runs: the check builds the model itself, at the full sequence (the CPU check caps its own at 512). The
+    largest is the attention scores, b·H·s² (twice under differential attention), or a row of b·s per logit, FFN or
+    hidden channel; the bound takes their sum, so every tensor stays below it."""
+    heads = spec.num_heads * spec.attention_calls + (spec.indexer.heads if spec.indexer else 0)
+    widths = spec.vocab_size + 2 * spec.ffn_size + 4 * spec.hidden_size + _expert_width(spec)
+    largest = micro_batch * seq_len * (heads * seq_len + widths)
+    if largest > META_ELEMENT_LIMIT:
+        longest = _longest_sequence(heads * micro_batch, widths * micro_batch)
+        raise LmcalcError(
+            f"{setting('seq')} {seq_len} with micro-batch {micro_batch} makes tensors of {spec.name} too large for "
+            f"PyTorch to build even on the meta device (over 2^60 elements); the FLOP check runs {setting('seq')} "
+            f"up to {longest}"
+        )
+
+
+def _expert_width(spec: ModelSpec) -> int:
+    """The widest a token's routed and shared experts make a row: k + shared experts of their inner size."""
+    if not spec.moe:
+        return 0
+    routed = spec.moe.experts_per_token or spec.moe.num_experts
+    return 2 * (routed * spec.moe.expert_ffn_size + spec.moe.shared_experts * spec.moe.shared_width)
+
+
+def _longest_sequence(quadratic: int, linear: int) -> int:
+    """The largest s with quadratic·s² + linear·s at most ``META_ELEMENT_LIMIT``."""
+    s = math.isqrt(META_ELEMENT_LIMIT // max(quadratic, 1))
+    while s > 1 and quadratic * s * s + linear * s > META_ELEMENT_LIMIT:
+        s = s * 15 // 16
+    return max(s, 1)
 
 
 def validate_result(

@@ -53,7 +53,7 @@ from lmcalc.presets import load_spec_file
 from lmcalc.presets import validate as validate_spec
 from lmcalc.result import Input, Result
 from lmcalc.specs import ModelSpec
-from lmcalc.validate import FLOP_TOLERANCE, PARAM_TOLERANCE, _compare
+from lmcalc.validate import FLOP_TOLERANCE, PARAM_TOLERANCE, _compare, check_meta_sizes
 
 if TYPE_CHECKING:
     import torch
@@ -355,5 +355,6 @@ def validate_against_transformers(*, model: str, seq: str | int = 1024, micro_ba
     if "model_type" not in config:  # an lmcalc preset written as JSON
         raise LmcalcError(NEEDS_CONFIG.format(model=model))
     origin = f"Hugging Face Hub: {hub_id}" if hub_id else str(path)
-    seq_len = int(seq_given(seq).value)
-    return transformers_check(config, seq_len, positive_int(micro_batch, "micro_batch"), spec=spec, origin=origin)
+    seq_len, micro_batch = int(seq_given(seq).value), positive_int(micro_batch, "micro_batch")
+    check_meta_sizes(spec, seq_len, micro_batch)
+    return transformers_check(config, seq_len, micro_batch, spec=spec, origin=origin)

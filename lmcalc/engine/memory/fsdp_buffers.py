@@ -205,12 +205,24 @@ def gradient_queue(w: Workload, shards: StateShards, built: StageLayers, grad_by
         queued += size
         return alive
 
+    def reduce_layer(size: float, pieces: int) -> float:
+        """A layer's ``pieces`` equal buckets made and reduced: the most alive while any is made. Once the queue
+        holds only buckets of this size and one more bucket leaves it as long as before, every further bucket
+        repeats that one, and is not simulated: a layer of 10²⁰ parameters is not cut into 10¹² buckets."""
+        most = 0.0
+        for _ in range(pieces):
+            before = (len(queue), all(queued_size == size for queued_size in queue))
+            most = max(most, reduce(size))
+            if before == (len(queue), True):  # the queue the same before and after: a fixed point
+                break
+        return most
+
     head = reduce(parts.head) if parts.head else 0.0
     layers = []
     for count, _, trained, _ in reversed(parts.kinds):
         pieces = 1 if zero3 else max(1, -(-int(trained) // int(bucket)))
         for _ in range(count):
-            layers.append(max(reduce(trained / pieces) for _ in range(pieces)) if trained else queued)
+            layers.append(reduce_layer(trained / pieces, pieces) if trained else queued)
     embedding = reduce(parts.embedding) if parts.embedding else 0.0
     alive = tuple(alive * grad_bytes for alive in layers)
     return GradQueue(head * grad_bytes, alive, embedding * grad_bytes, records(alive))

@@ -329,6 +329,7 @@ def block_recomputed(model: ModelSpec, layout: Pipelined | Stages, stage: int, n
 def _chunk_flags(
     layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit
 ) -> tuple[tuple[tuple[bool, ...], ...], ...]:
+    _checked_chunks(layers, pp, split)
     flags: list[list[tuple[bool, ...]]] = [[] for _ in range(pp)]
     start = 0
     for g, count in enumerate(_slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp
@@ -337,9 +338,20 @@ def _chunk_flags(
     return tuple(tuple(chunks) for chunks in flags)
 
 
+def _checked_chunks(layers: int, pp: int, split: PipelineSplit) -> int:
+    """The chunks a stage holds (v), once more slices than layers (and counted units) are refused: here too, where
+    ``check_split`` has not run yet (the planner splits a pinned PP before it checks the layout), so that a PP of 2³¹
+    is a line, not 2³¹ empty slices."""
+    v = split.chunks
+    if pp * v > layers + split.units:
+        chunks = f"PP × virtual stages = {pp * v}" if v > 1 else f"PP={pp}"
+        raise LmcalcError(f"{chunks} exceeds the {layers} layers: each stage's chunk builds at least one")
+    return v
+
+
 def _slice_sizes(layers: int, pp: int, split: PipelineSplit) -> tuple[int, ...]:
     """The layers of each of the p·v slices, in the model's order."""
-    v = split.chunks
+    v = _checked_chunks(layers, pp, split)
     if split.stage_layers_given:  # each stage's share, split evenly over its chunks
         stages = _layer_counts(layers, pp, split.first_stage_layers, split.last_stage_layers)
         return tuple(stages[g % pp] // v for g in range(pp * v))
@@ -353,6 +365,7 @@ def _slice_sizes(layers: int, pp: int, split: PipelineSplit) -> tuple[int, ...]:
 def _chunk_mixes(
     layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit
 ) -> tuple[tuple[Mix, ...], ...]:
+    _checked_chunks(layers, pp, split)
     mixes: list[list[Mix]] = [[] for _ in range(pp)]
     start = 0
     for g, count in enumerate(_slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp

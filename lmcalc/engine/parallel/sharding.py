@@ -193,7 +193,8 @@ def frozen_held(
 def stage_part(model: ModelSpec, built: StageLayers) -> ModelPart:
     """The part of the model a stage that builds ``built`` computes (all its TP, CP and EP ranks together):
     the share of each weight tensor's copies it holds, its layers, and whether it computes the logits."""
-    shares = tuple(copies_on_stage(t, model, built, 1) / t.count for t in weight_tensors(model))
+    # a tensor of no copies (a hybrid's other mixer where every layer attends) has no share to hold
+    shares = tuple(copies_on_stage(t, model, built, 1) / t.count if t.count else 0.0 for t in weight_tensors(model))
     return ModelPart(shares, built.layers, built.head)
 
 

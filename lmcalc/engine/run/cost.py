@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.result import Term
-from lmcalc.specs import HardwareSpec
+from lmcalc.specs import MAX_WHOLE_NUMBER, HardwareSpec
 from lmcalc.units import SECONDS_PER_DAY, SECONDS_PER_HOUR, sci
 
 DEFAULT_MFU = 0.4
@@ -180,8 +180,17 @@ def _throughput_terms(run: RunTime) -> tuple[Term, ...]:
 
 
 def gpus_for_deadline(flops: float, days: float, peak_flops_per_gpu: float, mfu: float) -> float:
-    """GPUs needed to finish ``flops`` in ``days`` (a real number; round up to buy whole GPUs)."""
-    return flops / (days * SECONDS_PER_DAY * peak_flops_per_gpu * mfu)
+    """GPUs needed to finish ``flops`` in ``days`` (a real number; round up to buy whole GPUs). Refused where the
+    deadline is so short that the count is past what a float counts in whole GPUs (2⁵³), or past any float at all
+    (``--days 1e-308``)."""
+    one_gpu = days * SECONDS_PER_DAY * peak_flops_per_gpu * mfu  # the FLOPs one GPU delivers by the deadline
+    needed = flops / one_gpu if one_gpu > 0 else math.inf
+    if not needed <= MAX_WHOLE_NUMBER:
+        raise LmcalcError(
+            f"{setting('days')} {days:g} is too short: it needs more than 2^53 GPUs ({sci(flops, 4)} FLOPs at "
+            f"{sci(peak_flops_per_gpu * mfu, 4)} FLOP/s a GPU); give a longer deadline"
+        )
+    return needed
 
 
 def whole_gpus(gpus: float, per_node: int) -> tuple[int, int]:

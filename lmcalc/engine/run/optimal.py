@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from lmcalc.engine.model.flops import FLOPS_PER_PARAM_PER_TOKEN
 from lmcalc.engine.run.cost import RunTime, check_mfu, peak_for, time_terms
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, setting
 from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.result import Section, Term
 from lmcalc.specs import Cluster
@@ -118,9 +118,18 @@ CHINCHILLA_FIT = ParametricLoss(
 
 
 def rule_of_thumb(compute: float, tokens_per_param: float = TOKENS_PER_PARAM) -> Allocation:
-    """D = r·N with C = 6·N·D: N = √(C / (6·r)), D = r·N (r = 20: N = √(C/120))."""
+    """D = r·N with C = 6·N·D: N = √(C / (6·r)), D = r·N (r = 20: N = √(C/120)). Refused where r leaves less than
+    one parameter or one token (r above C/6, or below 6/C): a split of the budget, not an answer."""
     params = math.sqrt(compute / (FLOPS_PER_PARAM_PER_TOKEN * tokens_per_param))
-    return Allocation(params, tokens_per_param * params)
+    tokens = tokens_per_param * params
+    if not (1 <= params < math.inf and 1 <= tokens < math.inf):
+        raise LmcalcError(
+            f"{setting('tokens_per_param')} {tokens_per_param:g} splits {sci(compute, 4)} FLOPs into "
+            f"{params:.3g} parameters and {tokens:.3g} tokens; give a ratio from 6/C to C/6 "
+            f"({FLOPS_PER_PARAM_PER_TOKEN / compute:.3g} to {compute / FLOPS_PER_PARAM_PER_TOKEN:.3g}), which leaves "
+            "at least one of each"
+        )
+    return Allocation(params, tokens)
 
 
 def compute_budget(gpus: float, peak_flops_per_gpu: float, mfu: float, days: float) -> float:
