@@ -241,7 +241,8 @@ def plan_estimate(
     base, cluster, model = setup.workload, setup.cluster, setup.model
     sequences = _sequences(global_batch_tokens, base.seq_len, train_tokens)
     found = _search(setup, sequences, pins, efficiency)
-    sections = [_rank_section(rank, c, cluster, train_tokens) for rank, c in enumerate(found.fitting[:shown], 1)]
+    rows = tie_rows(found.fitting, shown)
+    sections = [_rank_section(rank, c, tied, cluster, train_tokens) for rank, (c, tied) in enumerate(rows, 1)]
     winner = found.fitting[0]
     inputs = _plan_inputs(setup, global_batch_tokens, sequences, train_tokens, efficiency, found)
     assumptions = (
@@ -249,6 +250,7 @@ def plan_estimate(
         "(docs/formulas.md §8)"
     )
     best = f"best: {layout_text(winner)}"
+    ties = (TIES_NOTE,) if any(tied for _, tied in rows) else ()
     first = {t.key: t.formatted(compact=True) for t in sections[0].terms}
     headline = (
         f"{model.label} on {cluster.label}: the best of {len(found.fitting):,} layouts that fit is "
@@ -262,7 +264,12 @@ def plan_estimate(
         f"Layouts for {model.label} on {cluster.label}",
         inputs,
         tuple(sections),
-        (f"{best}; run 'lmcalc plan … --explain' for its derivation", f"layout code: {PLAN_CODE_KEY}", assumptions),
+        (
+            f"{best}; run 'lmcalc plan … --explain' for its derivation",
+            *ties,
+            f"layout code: {PLAN_CODE_KEY}",
+            assumptions,
+        ),
         layout="grid",
         headline=headline,
     )
@@ -316,12 +323,38 @@ def _search(setup: TrainingSetup, sequences: int, pins: pl.Pins, efficiency: Giv
     )
 
 
-def _rank_section(rank: int, c: pl.Candidate, cluster: Cluster, train_tokens: Given) -> Section:
+TIES_NOTE = (
+    "+N after a layout: N more layouts predicted at its throughput (--json lists them: details.rankN.tied); the row "
+    "shows the one that holds the least memory"
+)
+
+
+def tie_rows(fitting: list[pl.Candidate], shown: int | None) -> list[tuple[pl.Candidate, tuple[pl.Candidate, ...]]]:
+    """The ranked rows: each the fastest layout left (the search's order puts the one with the most headroom first
+    among equals) with the layouts that tie it, the first ``shown`` rows (all when None)."""
+    rows: list[tuple[pl.Candidate, list[pl.Candidate]]] = []
+    for candidate in fitting:
+        if rows and _speed(candidate) == _speed(rows[-1][0]):
+            rows[-1][1].append(candidate)
+        elif shown is not None and len(rows) == shown:
+            break
+        else:
+            rows.append((candidate, []))
+    return [(first, tuple(tied)) for first, tied in rows]
+
+
+def _speed(candidate: pl.Candidate) -> float:
+    return round(candidate.tokens_per_s, 6)  # the search's sort key: equal here is a tie there
+
+
+def _rank_section(
+    rank: int, c: pl.Candidate, tied: tuple[pl.Candidate, ...], cluster: Cluster, train_tokens: Given
+) -> Section:
     """One ranked layout: its throughput, MFU, step time, memory and days, and its layout as fields (the search's
-    figures of it: nothing is timed again)."""
+    figures of it: nothing is timed again), with the layouts that tie it."""
     return Section(
         f"rank{rank}",
-        f"{rank}. {layout_code(c)}",
+        f"{rank}. {layout_code(c)}" + (f" +{len(tied)}" if tied else ""),
         (
             Term("tokens_per_s", "throughput", c.tokens_per_s, "tokens/s", "tokens per step / step time"),
             Term("tokens_per_s_per_gpu", "per GPU", c.tokens_per_s / cluster.count, "tokens/s/GPU"),
@@ -336,7 +369,7 @@ def _rank_section(rank: int, c: pl.Candidate, cluster: Cluster, train_tokens: Gi
                 "training tokens / tokens per second / 86,400",
             ),
         ),
-        layout_fields(c),
+        (*layout_fields(c), ("tied", tuple(layout_code(t) for t in tied))),
     )
 
 
