@@ -29,6 +29,7 @@ from lmcalc.estimates.settings import (
     FineTuneSettings,
     LayoutSettings,
     MethodSettings,
+    OffloadSettings,
     PinSettings,
     PlanSettings,
     ReportSettings,
@@ -43,6 +44,7 @@ from lmcalc.estimates.settings import (
 PANELS: dict[type, str] = {
     FineTuneSettings: "Fine-tuning and offload",
     MethodSettings: "Fine-tuning and offload",
+    OffloadSettings: "Fine-tuning and offload",
     WorkloadSettings: "Training",
     TrainingSettings: "Training",
     SplitSettings: "Pipeline split",
@@ -163,6 +165,8 @@ LAYOUT_OPTIONS = options_of(LayoutSettings)
 ``report`` search the layout: they take ``PIN_OPTIONS``)."""
 FINETUNE_OPTIONS = options_of(FineTuneSettings)
 """The fine-tuning method (``estimates.settings.FineTuneSettings``)."""
+OFFLOAD_OPTIONS = options_of(OffloadSettings)
+"""What leaves the GPU (``estimates.settings.OffloadSettings``), as ``train-time`` takes it beside the method."""
 METHOD_OPTIONS = options_of(MethodSettings)
 """The fine-tuning method and offload (``estimates.settings.MethodSettings``)."""
 TRAINING_OPTIONS = options_of(TrainingSettings)

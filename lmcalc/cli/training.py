@@ -17,6 +17,7 @@ from lmcalc.cli.options import (
     FINETUNE_OPTIONS,
     LAYOUT_OPTIONS,
     METHOD_OPTIONS,
+    OFFLOAD_OPTIONS,
     PIN_OPTIONS,
     RUN_OPTIONS,
     SEARCH_OPTIONS,
@@ -50,6 +51,7 @@ PEAK_MEANINGS = {"spec": "the dense spec-sheet peak", "measured": "lmcalc bench 
 
 
 @with_options(ENERGY_OPTIONS, at="energy")
+@with_options(OFFLOAD_OPTIONS, at="offload")
 @with_options(FINETUNE_OPTIONS, at="method")
 @with_options(RUN_OPTIONS, at="run")
 def train_time(
@@ -81,6 +83,7 @@ def train_time(
         ),
     ] = None,
     method: dict[str, Any] | None = None,
+    offload: dict[str, Any] | None = None,
     energy: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
@@ -89,10 +92,10 @@ def train_time(
     """Days and GPU-hours to train (or fine-tune) a model on a cluster, or GPUs needed to meet a deadline."""
     from lmcalc.estimates import time as estimates
 
-    assert run is not None and method is not None and energy is not None  # filled in by with_options
+    assert run is not None and method is not None and offload is not None and energy is not None  # with_options
     estimate = estimates.train_time(
         model=model, gpus=gpus, mfu=mfu, precision=precision, days=days, gpu=gpu, flops_basis=flops_basis, seq=seq,
-        peak=peak, calibration=calibration, **run, **method, **energy,
+        peak=peak, calibration=calibration, **run, **method, **offload, **energy,
     )  # fmt: skip
     emit(estimate, as_json, explain, brief)
 

@@ -15,9 +15,11 @@ from typing import Any, TypeVar, cast
 
 from lmcalc import presets as pr
 from lmcalc.engine.choices import Attention, Recompute
-from lmcalc.engine.finetune.method import METHODS, Method, parse_targets
+from lmcalc.engine.finetune.method import METHODS, NF4_BITS_PER_WEIGHT, Method, parse_targets
+from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
 from lmcalc.engine.model.flops import napkin_params
 from lmcalc.engine.model.params import as_published, count_params, matches_published
+from lmcalc.engine.parallel.sharding import trained_precision
 from lmcalc.engine.run.cost import DEFAULT_MFU
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.engine.workload import IDEALISED, OVERHEAD_ALLOWANCE_BYTES, Workload
@@ -124,6 +126,17 @@ def method_of(given: Mapping[str, Any]) -> Method:
         settings["kbit_upcast"],
         settings["dora"],
         settings["fp32_adapters"],
+    )
+
+
+def offload_of(given: Mapping[str, Any]) -> Offload:
+    """What the settings offload, where to and at which rates (``TRAINING_DEFAULTS`` for those left out)."""
+    settings = {**TRAINING_DEFAULTS, **given}
+    return Offload(
+        choice(settings["offload"], OFFLOAD_TARGETS, "offload"),
+        choice(settings["offload_device"], OFFLOAD_DEVICES, "offload_device"),
+        settings["host_link_gbps"],
+        settings["cpu_optimizer_params_per_s"],
     )
 
 
@@ -243,6 +256,23 @@ def recipe_text(precision: PrecisionRecipe) -> str:
         f"master + {precision.optimizer_state_bytes:g} B per optimizer state; matmuls at the "
         f"{precision.compute_dtype} peak"
     )
+
+
+def stored_text(w: Workload) -> str:
+    """What the precision recipe stores under the workload's method: the recipe for full training; for a fine-tune,
+    the frozen weights' bytes and the trained weights' recipe apart (QLoRA's base is 4-bit, PEFT's adapters over a
+    16-bit model are fp32: ``engine.parallel.sharding.trained_precision``)."""
+    method = w.method
+    if method.kind == "full":
+        return recipe_text(w.precision)
+    if method.kind == "qlora":
+        others = 4.0 if method.kbit_upcast else w.precision.param_bytes
+        nf4 = NF4_BITS_PER_WEIGHT / 8
+        frozen = f"{nf4:.4g} B a quantised weight (NF4 and its block scales), {others:g} B the others"
+    else:
+        frozen = f"{w.precision.param_bytes:g} B a weight"
+    trained = "adapters" if method.adapters else "the layers trained"
+    return f"frozen base: {frozen}, nothing more; {trained}: {recipe_text(trained_precision(w))}"
 
 
 def framework_text(framework: FrameworkProfile) -> str:

@@ -31,6 +31,7 @@ from lmcalc.estimates.inputs import (
     model_notes,
     optimizer_text,
     recipe_text,
+    stored_text,
 )
 from lmcalc.estimates.settings import (
     DEFAULT_OPTIMIZER,
@@ -114,7 +115,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         model_input(model, note),
         Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
         Input("layout", "Layout", layout.label, origin="searched one setting at a time from this layout"),
-        Input("precision", "Precision recipe", w.precision.name, origin=recipe_text(w.precision)),
+        Input("precision", "Precision recipe", w.precision.name, origin=stored_text(w)),
         Input("optimizer", "Optimizer", w.optimizer.name, origin=optimizer_text(w.optimizer)),
         Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
         Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),

@@ -24,7 +24,7 @@ from lmcalc.estimates.inputs import (
     model_input,
     model_notes,
     optimizer_text,
-    recipe_text,
+    stored_text,
     whole_count,
 )
 from lmcalc.estimates.settings import MemorySettings
@@ -148,7 +148,7 @@ def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) 
         model_input(model, note),
         Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
         Input("layout", "Layout", layout.label, origin=layout_origin(layout)),
-        Input("precision", "Precision recipe", w.precision.name, origin=recipe_text(w.precision)),
+        Input("precision", "Precision recipe", w.precision.name, origin=stored_text(w)),
         Input("optimizer", "Optimizer", w.optimizer.name, origin=optimizer_text(w.optimizer)),
         Input("seq_len", "Sequence length", w.seq_len, "tokens", setup.seq.origin),
         Input("micro_batch", "Micro-batch", w.micro_batch, "sequences", flag("micro_batch")),

@@ -12,6 +12,7 @@ from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, posi
 from lmcalc.engine.memory.terms import Capacity, memory_sections
 from lmcalc.engine.parallel.layout import LAYOUT_CODE_KEY
 from lmcalc.engine.time.terms import compute_text, speed_text, step_time_section
+from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates import measured
 from lmcalc.estimates.inputs import (
@@ -25,7 +26,7 @@ from lmcalc.estimates.inputs import (
     method_inputs,
     model_input,
     optimizer_text,
-    recipe_text,
+    stored_text,
 )
 from lmcalc.estimates.setting_groups import subset, with_defaults
 from lmcalc.estimates.settings import (
@@ -254,7 +255,7 @@ def plan_estimate(
     first = {t.key: t.formatted(compact=True) for t in sections[0].terms}
     headline = (
         f"{model.label} on {cluster.label}: the best of {len(found.fitting):,} layouts that fit is "
-        f"{layout_code(winner)}",
+        f"{layout_code(winner)}{_offloaded(base)}",
         f"{first['tokens_per_s_per_gpu']}, MFU {first['mfu']}, {first['step_time']} a step, {first['memory']} per "
         f"GPU: {first['days']} for {format_quantity(train_tokens.value, 'tokens')}",
         *setup.assumed_line,
@@ -321,6 +322,13 @@ def _search(setup: TrainingSetup, sequences: int, pins: pl.Pins, efficiency: Giv
         f"needs {m.total / GB:,.1f} GB of {found.capacity / GB:,.0f} GB, "
         f"over by {(m.total - found.capacity) / GB:,.1f} GB, mostly {part} ({size / GB:,.1f} GB)"
     )
+
+
+def _offloaded(w: Workload) -> str:
+    """``, with the optimizer offloaded to the CPU``: what the best layout's memory and time assume leaves the GPU."""
+    if not w.offload.optimizer:
+        return ""
+    return f", with the {w.offload.target.replace('+', ' and ')} offloaded to the {w.offload.device.upper()}"
 
 
 TIES_NOTE = (
@@ -395,7 +403,7 @@ def _plan_inputs(
             f"{flag('global_batch')} {group(global_batch_tokens)} tokens / {seq} per sequence",
         ),
         Input("tokens", "Training tokens", train_tokens.value, "tokens", train_tokens.origin),
-        Input("precision", "Precision recipe", base.precision.name, origin=recipe_text(base.precision)),
+        Input("precision", "Precision recipe", base.precision.name, origin=stored_text(base)),
         Input("optimizer", "Optimizer", base.optimizer.name, origin=optimizer_text(base.optimizer)),
         setup.framework_input,
         *method_inputs(base),

@@ -87,7 +87,31 @@ class FineTuneSettings(TypedDict, total=False):
     ]
 
 
-class MethodSettings(FineTuneSettings, total=False):
+class OffloadSettings(TypedDict, total=False):
+    """What leaves the GPU, where to, and the two rates its time is counted at (``memory``, ``plan``,
+    ``train_time``)."""
+
+    offload: Annotated[
+        str, Setting("none", f"Model states off the GPU: {alternatives(OFFLOAD_TARGETS, OFFLOAD_MEANINGS)}.")
+    ]
+    offload_device: Annotated[str, Setting("cpu", f"Where to: {alternatives(OFFLOAD_DEVICES)}.")]
+    host_link_gbps: Annotated[
+        float,
+        Setting(
+            HOST_LINK_GBPS,
+            "Offload: GPU-host bandwidth, one direction, GB/s (default: an assumption, 80 % of PCIe 4.0 x16).",
+        ),
+    ]
+    cpu_optimizer_params_per_s: Annotated[
+        float,
+        Setting(
+            CPU_OPTIMIZER_PARAMS_PER_S,
+            "Offload: parameters a node's CPUs update per second (default: an assumption, 1e9).",
+        ),
+    ]
+
+
+class MethodSettings(FineTuneSettings, OffloadSettings, total=False):
     """The fine-tuning method and what is offloaded, as the user gives them (what memory depends on too)."""
 
     fp32_adapters: Annotated[
@@ -106,24 +130,6 @@ class MethodSettings(FineTuneSettings, total=False):
             "QLoRA: the unquantised weights (embeddings, norms, head) in fp32, as "
             "peft.prepare_model_for_kbit_training casts them; or in the compute dtype.",
             flags=("--kbit-upcast/--no-kbit-upcast",),
-        ),
-    ]
-    offload: Annotated[
-        str, Setting("none", f"Model states off the GPU: {alternatives(OFFLOAD_TARGETS, OFFLOAD_MEANINGS)}.")
-    ]
-    offload_device: Annotated[str, Setting("cpu", f"Where to: {alternatives(OFFLOAD_DEVICES)}.")]
-    host_link_gbps: Annotated[
-        float,
-        Setting(
-            HOST_LINK_GBPS,
-            "Offload: GPU-host bandwidth, one direction, GB/s (default: an assumption, 80 % of PCIe 4.0 x16).",
-        ),
-    ]
-    cpu_optimizer_params_per_s: Annotated[
-        float,
-        Setting(
-            CPU_OPTIMIZER_PARAMS_PER_S,
-            "Offload: parameters a node's CPUs update per second (default: an assumption, 1e9).",
         ),
     ]
 
@@ -446,9 +452,9 @@ class EnergySettings(TypedDict, total=False):
     ]
 
 
-class TrainTimeSettings(RunSettings, FineTuneSettings, EnergySettings, total=False):
-    """What ``train_time`` takes as settings: the run's tokens, the fine-tuning method (its FLOPs), the cost and the
-    energy."""
+class TrainTimeSettings(RunSettings, FineTuneSettings, OffloadSettings, EnergySettings, total=False):
+    """What ``train_time`` takes as settings: the run's tokens, the fine-tuning method (its FLOPs), what is offloaded
+    (said, not timed: the MFU carries it), the cost and the energy."""
 
 
 class PlanSettings(

@@ -11,6 +11,7 @@ from typing import Any, Unpack
 from lmcalc.engine.choices import FLOPS_BASES
 from lmcalc.engine.finetune.flops import method_step_flops, napkin_method_flops, napkin_method_flops_formula
 from lmcalc.engine.finetune.method import FULL, Method, check_method
+from lmcalc.engine.finetune.offload import NO_OFFLOAD, Offload
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.run import optimal as opt
 from lmcalc.engine.run.cost import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
@@ -37,6 +38,7 @@ from lmcalc.estimates.inputs import (
     mfu_given,
     model_input,
     model_notes,
+    offload_of,
     precision_of,
     recipe_text,
     resolve_model,
@@ -50,6 +52,7 @@ from lmcalc.estimates.settings import (
     Count,
     EnergySettings,
     FineTuneSettings,
+    OffloadSettings,
     RunSettings,
     TrainTimeSettings,
 )
@@ -106,6 +109,7 @@ def train_time(
     ``grid_gco2_per_kwh`` (engine.run.energy)."""
     accept(settings, TrainTimeSettings, "train_time")
     fine_tuning = subset(settings, FineTuneSettings)
+    offload = offload_of(subset(settings, OffloadSettings))
     price_per_gpu_hour, energy = cost_and_energy(settings)
     resolved = resolve_model(model)
     spec = resolved.spec
@@ -120,7 +124,7 @@ def train_time(
     cluster, hardware = _where(gpus, gpu, days)
     seq_in = seq_given(seq, spec)
     found = measured_peak(peak, calibration, hardware, recipe)
-    timing = Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found, how, energy)
+    timing = Timing(cluster, hardware, days, seq_in, basis, price_per_gpu_hour, found, how, energy, offload)
     return train_time_estimate(resolved, tokens_in, mfu_in, recipe, timing)
 
 
@@ -205,6 +209,7 @@ class Timing:
     measured_peak: tuple[float, str] | None = None
     method: Method = FULL
     energy: Energy = Energy()
+    offload: Offload = NO_OFFLOAD
 
 
 def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str, method: Method = FULL) -> Term:
@@ -282,6 +287,9 @@ def train_time_estimate(
             f"peak per GPU is the measured {measured[0] / 1e12:.1f} TFLOP/s ({measured[1]}), "
             "not the spec sheet: MFU then counts against what the hardware delivered"
         )
+    if where.offload.optimizer:
+        inputs.append(Input("offload", "Offload", where.offload.label, origin=flag("offload")))
+        notes.append(offload_note(where.offload))
     if mfu.assumed:
         assumed = f"MFU {mfu.value:g} is an assumption, not a measurement"
         notes.append(f"{assumed}: pass {flag('mfu')} (what your runs achieve)")
@@ -289,6 +297,17 @@ def train_time_estimate(
         Result("train-time", f"Training time of {model.label}", tuple(inputs), tuple(sections), tuple(notes))
     )
     return TrainTimeEstimate(replace(report, headline=time_headline(report, model, hw, run)), run)
+
+
+def offload_note(offload: Offload) -> str:
+    """What an offload changes in a time counted from FLOPs and an MFU: nothing in the FLOPs, so the MFU has to carry
+    it; ``plan`` times the transfers and the CPU's optimizer step."""
+    target = offload.target
+    return (
+        f"{flag('offload')} {target}: the FLOPs are the same without it; the copies over the host link "
+        f"({offload.host_link_gbps:g} GB/s) and the CPU's optimizer step lengthen each step, so give the MFU such a "
+        f"run achieves, or let 'lmcalc plan … {flag('offload')} {target}' time them"
+    )
 
 
 def _deadline_section(flops: float, days: float, peak: float, mfu: float, hw: HardwareSpec) -> tuple[Section, int]:

@@ -18,7 +18,6 @@ from lmcalc.engine.choices import (
     RecomputeModule,
 )
 from lmcalc.engine.finetune.method import Method
-from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
 from lmcalc.engine.memory.fp8_storage import SM100_GPUS, on_gpu
 from lmcalc.engine.memory.terms import Capacity
 from lmcalc.engine.parallel.layout import Layout
@@ -35,6 +34,7 @@ from lmcalc.estimates.inputs import (
     framework_of,
     method_of,
     nbytes,
+    offload_of,
     optimizer_of,
     precision_of,
     resolve_model,
@@ -180,12 +180,7 @@ def training_setup(
     overhead_bytes = None if overhead is None else nbytes(overhead, "overhead")
     seq_in = seq_given(given["seq"], resolved.spec)
     method = method_of(given)
-    offload = Offload(
-        choice(given["offload"], OFFLOAD_TARGETS, "offload"),
-        choice(given["offload_device"], OFFLOAD_DEVICES, "offload_device"),
-        given["host_link_gbps"],
-        given["cpu_optimizer_params_per_s"],
-    )
+    offload = offload_of(given)
     name, assumed = (given["framework"], "") if given["framework"] else default_framework(method, layout or {})
     framework = framework_of(name)
     if modules != DEFAULT_MODULES:
