@@ -103,7 +103,7 @@ class LazyGroup(TyperGroup):
                 rich_markup_mode=self.rich_markup_mode,
                 suggest_commands=self.suggest_commands,
             )
-        from lmcalc.cli.help import Command
+        from lmcalc.cli.command import Command
 
         return get_command_from_info(
             CommandInfo(name=name, callback=getattr(module, subcommand.function), cls=Command),

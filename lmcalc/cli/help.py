@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from typer.core import TyperCommand
-
 if TYPE_CHECKING:
     from rich.panel import Panel
     from rich.text import Text
@@ -28,13 +26,6 @@ MAX_LEFT = 30
 """The widest the flags column grows (characters): a wider option's help starts below its flags."""
 MIN_HELP = 30
 """The narrowest the help column shrinks (characters) before the flags column gives way."""
-
-
-class Command(TyperCommand):
-    """A typer command whose ``--help`` is ``print_help``'s."""
-
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        print_help(self, ctx)
 
 
 def print_help(command: click.Command, ctx: click.Context) -> None:
