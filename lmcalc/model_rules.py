@@ -26,6 +26,9 @@ def check_model(spec: Any) -> None:
                          "and over what span)")  # fmt: skip
     if spec.global_every is not None and spec.global_layer_ids:
         raise ValueError("give global_every or global_layer_ids, not both")
+    if spec.sliding_window is not None and not spec.attention_layers:
+        raise ValueError("sliding_window is attention's span, and no layer attends (drop it, or name the layers that "
+                         "attend)")  # fmt: skip
     if sum(m is not None for m in (spec.mamba, spec.mamba2, spec.deltanet, spec.short_conv, spec.lightning)) > 1:
         raise ValueError(
             "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv "

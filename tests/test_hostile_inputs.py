@@ -299,3 +299,13 @@ def test_cut_echoes_keeps_a_short_message_as_it_is():
     short = "unknown model 'lama'; did you mean llama-3-8b?"
     assert errors.cut_echoes(short) == short
     assert errors.LmcalcError(f"unknown model '{LONG}'").message() == f"unknown model '{'a' * 88}…{'a' * 10}'"
+
+
+def test_a_sliding_window_in_a_model_where_no_layer_attends_is_refused(tmp_path, lmcalc_run):
+    # found by tests/test_fuzz_hostile.py: the causal FLOPs averaged the window over 0 attention layers (0 / 0)
+    path = tmp_path / "m.yaml"
+    path.write_text(TINY + "short_conv: {conv_kernel: 3, attention_layer_ids: []}\nsliding_window: 128\n")
+    assert refused(lmcalc_run, ["flops", "-m", str(path), "--tokens", "1e12"]) == (
+        f"{path}: (top level): sliding_window is attention's span, and no layer attends (drop it, or name the layers "
+        "that attend)"
+    )
