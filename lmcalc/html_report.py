@@ -83,7 +83,8 @@ def _result_html(result: Result, picture: str) -> str:
     )
     parts = [f"<h2>{escape(result.title)}</h2>"]
     if inputs:
-        parts.append(f"<table><tr><th>Input</th><th>Value</th><th>From</th></tr>{inputs}</table>")
+        header = escape(result.inputs_header)
+        parts.append(f"<table><tr><th>{header}</th><th>Value</th><th>From</th></tr>{inputs}</table>")
     if result.layout == "grid" and result.sections:
         parts.append(_grid_table(result))
     else:

@@ -24,7 +24,7 @@ def _inputs_table(result: Result):
     from rich.table import Table
 
     table = Table(title="Inputs", title_justify="left", show_edge=False, pad_edge=False)
-    table.add_column("Input")
+    table.add_column(result.inputs_header)
     table.add_column("Value", justify="right")
     table.add_column("From", style="dim")
     for item in result.inputs:

@@ -95,6 +95,7 @@ class Result:
     stack: tuple[str, ...] = ()  # term keys drawn as one stacked bar against ``capacity`` (memory)
     capacity: str = ""
     headline: tuple[str, ...] = ()  # the answer, first: what the table prints above its inputs and --brief alone
+    inputs_header: str = "Input"  # what the inputs table's first column is headed ("Figure" where they are answers)
 
     def term(self, key: str) -> Term:
         """The term named ``key`` in any section (``section.key`` for a specific one)."""

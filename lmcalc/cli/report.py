@@ -71,6 +71,7 @@ def report(
     target = new_file(output, force)
     found = estimates.report(model=model, gpus=gpus, mfu=mfu, **settings)
     write_atomic(target, render_report(f"{found.params.model.label} on {found.cluster.label}", page_parts(found)))
+    print("\n".join(found.summary.headline))
     print(f"wrote {target}")
 
 
@@ -104,6 +105,7 @@ def _plan_parts(plan: PlanEstimate | LmcalcError) -> list[tuple[Result, str]]:
 
     if isinstance(plan, LmcalcError):
         return [(Result("plan", "Layouts: none fits", (), (), (error_message(plan),)), "")]
-    ranked = plan.report
+    ranked, derived = plan.report, plan.derivation
     table = replace(ranked, sections=ranked.sections[:REPORT_TOP_LAYOUTS])
-    return [(table, _picture(plots.plan_svg, plan)), (plan.derivation, "")]
+    step = replace(derived, sections=tuple(s for s in derived.sections if s.key == "time"))  # its memory is above
+    return [(table, _picture(plots.plan_svg, plan)), (step, "")]

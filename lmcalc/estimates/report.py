@@ -184,7 +184,9 @@ def _train_time(
     if mfu is None:
         origin = f"the plan's best layout ({code}) at its predicted {best.tokens_per_s:,.0f} tokens/s, as MFU of the "
         given = Given(predicted, origin + f"FLOPs counted here ({plan_mfu})")
-        return train_time_estimate(resolved, tokens, given, precision, timing)
+        time = train_time_estimate(resolved, tokens, given, precision, timing)
+        inputs = tuple(replace(i, label="MFU of these FLOPs") if i.key == "mfu" else i for i in time.report.inputs)
+        return replace(time, report=replace(time.report, inputs=inputs))
     time = train_time_estimate(resolved, tokens, mfu_given(mfu), precision, timing)
     days = tokens.value / best.tokens_per_s / 86_400
     note = (
@@ -241,6 +243,7 @@ def report_summary(
         except KeyError:
             continue  # no price given, or no TDP in the GPU's preset
     (mfu,) = [i for i in shown.inputs if i.key == "mfu"]
+    (tokens,) = [i for i in shown.inputs if i.key == "tokens"]
     fits = not isinstance(plan, LmcalcError)
     if memory is None:
         verdict, whose = "no", "no layout can exist with these settings (see the layouts below)"
@@ -251,13 +254,38 @@ def report_summary(
         chosen_by = "the closest to fitting" if chosen else "none"
     else:
         chosen_by = f"the fastest of {group(len(plan.layouts))} that fit, of {group(plan.evaluated)} evaluated"
+    stated = _one_mfu(mfu, plan)
     inputs = (
         Input("fits", "Fits in memory", verdict, origin=whose),
         Input("layout", "Layout", layout_code(chosen) if chosen else "none", origin=chosen_by),
-        replace(mfu, label="MFU of the time"),
+        tokens,
+        stated,
     )
     notes = [n for n in shown.notes if n.startswith(("hypothetical:", flag("mfu")))]
     if shown.inputs and not any(t.key == "cost" for t in terms):
         notes.append(f"cost: give {flag('price_per_gpu_hour')} (e.g. 2.5, in $ per GPU-hour) for the run's cost")
     title = f"Summary: {shown.title.removeprefix('Training time of ')}"
-    return Result("report", title, inputs, (Section("summary", "The run", tuple(terms)),), tuple(notes))
+    on = "no layout can exist"
+    if memory is not None and chosen is not None:
+        held = f"{memory.total / GB:,.1f} GB of {memory.capacity / GB:,.0f} GB per GPU"
+        on = f"{layout_code(chosen)} {'fits' if fits else 'does not fit (the closest)'}, {held}"
+    spent = ", ".join(t.text for t in terms if t.key in ("days", "gpu_hours", "cost"))
+    headline = (f"{title.removeprefix('Summary: ')}: {on}", f"{spent} for {tokens.text} at MFU {stated.text}")
+    sections = (Section("summary", "The run", tuple(terms)),)
+    return Result("report", title, inputs, sections, tuple(notes), headline=headline, inputs_header="Figure")
+
+
+def _one_mfu(mfu: Input, plan: PlanEstimate | LmcalcError) -> Input:
+    """The MFU the page states: the layout search's (the model FLOPs, attention counted in full, over the step time,
+    the GPUs and the dense peak), as its table gives it; where no layout fits or ``--mfu`` is given, the time
+    section's."""
+    if isinstance(plan, LmcalcError) or mfu.origin == flag("mfu"):
+        return mfu
+    return Input(
+        "mfu",
+        "MFU",
+        round(100 * plan.best.mfu, 1),
+        "%",
+        "the plan's: model FLOPs of a step, attention counted in full / (step time · GPUs · dense peak); the time "
+        "section states the same throughput as MFU of its 6·N·D",
+    )
