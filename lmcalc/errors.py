@@ -78,7 +78,7 @@ def as_given(value: object) -> str:
     return token(value) if isinstance(value, int | float) else type(value).__name__
 
 
-_LONG_QUOTE = re.compile(f"'([^'\\n]{{{ECHO_LIMIT},}})'")
+_LONG_QUOTE = re.compile(f"(?<!\\w)'([^'\\n]{{{ECHO_LIMIT},}})'(?!\\w)")  # not an apostrophe: "the model's"
 _LONG_RUN = re.compile(f"[^\\s']{{{2 * ECHO_LIMIT},}}")
 
 

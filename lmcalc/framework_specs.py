@@ -9,6 +9,10 @@ from pydantic import Field
 
 from lmcalc.specs import NamedSpec, NonNegativeInt, PositiveInt, Spec, StrictBool, no_items
 
+MAX_COPIES = 16
+"""The most copies of Q, K or V a framework's attention keeps (the profiles keep 1 or 2): the count drives a loop
+over the copies, so a profile cannot ask for billions."""
+
 
 class Rule(Spec):
     """One thing a training framework does that decides its memory, and where that is stated: the framework's
@@ -88,9 +92,11 @@ class AttentionRule(Rule):
         description="eager attention's softmax: in the activation dtype (kept once), or in fp32, kept, and its "
         "cast copy kept by the matmul with V; model: as the model's code runs it (the model spec's eager_softmax)"
     )
-    q_copies: PositiveInt = Field(1, description="Q-sized tensors kept (a fused QKV output kept alive adds one)")
-    k_copies: PositiveInt = Field(1, description="K-sized tensors kept")
-    v_copies: PositiveInt = Field(1, description="V-sized tensors kept")
+    q_copies: PositiveInt = Field(
+        1, le=MAX_COPIES, description="Q-sized tensors kept (a fused QKV output kept alive adds one)"
+    )
+    k_copies: PositiveInt = Field(1, le=MAX_COPIES, description="K-sized tensors kept")
+    v_copies: PositiveInt = Field(1, le=MAX_COPIES, description="V-sized tensors kept")
     checkpoint_keeps_mask: StrictBool = Field(
         False,
         description="under full recomputation, the layers' keyword arguments stay alive for the rebuilt layers "

@@ -88,11 +88,19 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise LmcalcError(f"cannot read shape {echo(text)}; expected sizes joined by 'x', e.g. 12288x49152")
     digits = max(len(p.strip().lstrip("+").lstrip("0")) for p in parts)  # read no size Python would refuse to
     dims = tuple(int(p) for p in parts) if digits <= 20 else (MAX_TENSOR_ELEMENTS + 1,)  # a size of 10^20 or more
-    if any(d <= 0 for d in dims) or "-" in text:
+    if "-" in text:
         raise LmcalcError(f"every dimension of shape {echo(text)} must be a positive integer")
+    return check_shape(dims, text)
+
+
+def check_shape(dims: tuple[int, ...], written: str) -> tuple[int, ...]:
+    """``dims`` if each is a positive whole number and a machine could address their product; else the reason,
+    quoting the shape as it was ``written``."""
+    if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
+        raise LmcalcError(f"every dimension of shape {echo(written)} must be a positive integer")
     if math.prod(dims) > MAX_TENSOR_ELEMENTS:
         raise LmcalcError(
-            f"shape {echo(text)} has more than 2^64 elements (1.8e19), more than a 64-bit machine can address"
+            f"shape {echo(written)} has more than 2^64 elements (1.8e19), more than a 64-bit machine can address"
         )
     return dims
 

@@ -226,14 +226,11 @@ def test_a_layer_list_naming_a_layer_the_model_lacks_is_refused(tmp_path, lmcalc
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lmcalc/estimates/levers.py _candidates offers --method lora to a Mamba (v1) hybrid, which check_method "
-    "refuses (engine/finetune/method.py); levers.py is not this change's to edit (issue #32 item 14)",
-)
 def test_fit_full_on_a_mamba_hybrid_is_answered(lmcalc_run):
+    # fit offered --method lora to a Mamba (v1) hybrid as a lever, which check_method refuses (issue #32 item 14)
     run = lmcalc_run(["fit", "-m", "jamba-1.5-mini", "--gpus", "8xH100", "--method", "full", "--brief"])
     assert run.code == 0, run.err
+    assert "--method" not in run.out
 
 
 # --------------------------------------------------------------- 10: an empty file, and input echoed at length
@@ -309,3 +306,38 @@ def test_a_sliding_window_in_a_model_where_no_layer_attends_is_refused(tmp_path,
         f"{path}: (top level): sliding_window is attention's span, and no layer attends (drop it, or name the layers "
         "that attend)"
     )
+
+
+def test_apostrophes_in_prose_are_not_a_quotation_to_cut():
+    # "the model's … the framework's" held more than ECHO_LIMIT characters between two apostrophes, and was cut as if
+    # it quoted the user's input
+    from lmcalc.errors import ECHO_LIMIT, cut_echoes
+
+    prose = "the model's layers " + "are many " * 20 + "under the framework's rule"
+    assert prose.index("framework's") - prose.index("model's") > ECHO_LIMIT
+    assert cut_echoes(prose) == prose
+    quoted = "unknown model '" + "x" * 300 + "'"
+    assert len(cut_echoes(quoted)) < 120
+
+
+def test_a_tensor_of_huge_dimensions_given_to_the_api_is_refused():
+    # the shape as a tuple skipped parse_shape's bound and overflowed a float
+    from lmcalc import api
+    from lmcalc.errors import LmcalcError
+
+    with pytest.raises(LmcalcError, match="more than 2\\^64 elements"):
+        api.tensor(shape=(10**100,) * 4)
+    with pytest.raises(LmcalcError, match="must be a positive integer"):
+        api.tensor(shape=(2.5, 4))
+    assert api.tensor(shape=(4, 4)).bytes == 64
+
+
+def test_a_framework_profile_keeps_a_few_copies_of_q_k_and_v_at_most():
+    from pydantic import ValidationError
+
+    from lmcalc.framework_specs import MAX_COPIES, AttentionRule
+
+    required = {"source": "a test", "eager_softmax": "fp32"}
+    assert AttentionRule(**required, q_copies=MAX_COPIES).q_copies == MAX_COPIES
+    with pytest.raises(ValidationError, match="k_copies"):
+        AttentionRule(**required, k_copies=10**12)

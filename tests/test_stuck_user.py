@@ -1,5 +1,6 @@
 """Issue #18 item 4, help for a user who is stuck: ``memory --inference`` says the fewest of ``--gpus`` the
-weights and the cache fit (issue #32: it answers for the GPUs given), and ``--sweep`` sweeps the ZeRO stage and the parallel degrees."""
+weights and the cache fit (issue #32: it answers for the GPUs given), and ``--sweep`` sweeps the ZeRO stage and the
+parallel degrees."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ def test_inference_names_the_fewest_gpus_the_weights_fit():
     assert served.serving.tp == 8
     assert served.report.headline[-1] == "it would fit on as few as 2 GPUs (TP=2), 74.04 GB per GPU"
     assert 141.1 * GB / 2 < 80 * GB < 141.1 * GB
-    assert inference(model="llama-3.1-8b", gpus="8xH100").report.headline[-1].startswith(
-        "it would fit on as few as one GPU"
+    assert (
+        inference(model="llama-3.1-8b", gpus="8xH100")
+        .report.headline[-1]
+        .startswith("it would fit on as few as one GPU")
     )
     assert inference(model="llama-3.1-405b", gpus="8xH100", weights_dtype="fp8").serving.tp == 8
 

@@ -30,7 +30,7 @@ from typer.main import get_command_from_info, get_group_from_info, solve_typer_i
 from typer.models import CommandInfo, TyperInfo
 
 from lmcalc import __version__
-from lmcalc.errors import LmcalcError, flag
+from lmcalc.errors import LmcalcError, cut_echoes, flag
 
 if TYPE_CHECKING:
     from typer import _click as click  # typer's own copy of click, whose classes its commands are
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         print("lmcalc: aborted", file=sys.stderr)
         sys.exit(130)
     except typer.TyperException as exc:  # typer's usage errors: unknown option, missing value, bad type
-        print(f"lmcalc: error: {_one_line(_usage_message(exc))}", file=sys.stderr)
+        print(f"lmcalc: error: {_one_line(cut_echoes(_usage_message(exc)))}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))
     except Exception as exc:  # never show a traceback to a user, unless asked
         if os.environ.get("LMCALC_DEBUG"):

@@ -324,7 +324,9 @@ def plan(
 
     groups = (workload, batch, pins, split, search, run, method)
     settings = {name: value for group in groups if group is not None for name, value in group.items()}
-    top_n = None if top.strip().lower() == "all" else int(top) if top.strip().isdigit() and int(top) > 0 else 0
+    text = top.strip()
+    # more than 12 digits is more layouts than any search finds: every one, without reading the number
+    top_n = None if text.lower() == "all" or (text.isdigit() and len(text) > 12) else int(text) if text.isdigit() else 0
     if top_n == 0:
         raise LmcalcError(f"--top takes a positive whole number of layouts, or all; got {top!r}")
     # a plot draws every layout that fits (``layouts`` holds each one's figures); the table and JSON show the top

@@ -27,7 +27,7 @@ from lmcalc.hf_meta import MetaParams, UnreadType, meta_params, transformers_ins
 from lmcalc.presets import Resolved
 from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
-from lmcalc.units import GB, GiB, format_quantity, group, parse_shape
+from lmcalc.units import GB, GiB, check_shape, format_quantity, group, parse_shape
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ class TensorEstimate(Estimate):
 
 def tensor(*, shape: str | tuple[int, ...], dtype: str = "fp32") -> TensorEstimate:
     """Bytes of one tensor: elements × bytes per element."""
-    dims = parse_shape(shape) if isinstance(shape, str) else tuple(shape)
+    dims = parse_shape(shape) if isinstance(shape, str) else check_shape(tuple(shape), str(tuple(shape)))
     elements = tensor_elements(dims)
     per = dtype_bytes(dtype)
     total = elements * per

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from lmcalc.engine.finetune.method import Method
+from lmcalc.engine.finetune.method import Method, check_method
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
 from lmcalc.engine.parallel.layout import Layout, check_layout, framework_runs
 from lmcalc.engine.workload import Workload
@@ -104,8 +104,9 @@ def _candidates(w: Workload, layout: Layout, cluster: Cluster, named: bool) -> I
         # an adapter method runs under transformers unless another framework was chosen (training_setup's rule)
         default = not named or w.framework.name == DEFAULT_FRAMEWORK
         fine_tuning = framework_of(FINE_TUNING_FRAMEWORK) if default else w.framework
-        for kind in ("lora", "qlora"):
-            yield Lever((("method", kind),), replace(w, method=Method(kind), framework=fine_tuning), layout)
+        for method in (Method("lora"), Method("qlora")):
+            if _takes(w, method):  # a Mamba (v1) hybrid takes no adapters
+                yield Lever((("method", method.kind),), replace(w, method=method, framework=fine_tuning), layout)
     for tp in (8, 4, 2, 1):  # the memory levers together, at the widest TP the model and a node take
         regrouped = _regrouped(layout, tp=tp) if tp <= cluster.gpus_per_node else None
         if regrouped is not None and (tp > 1 or regrouped.data_replicas > 1):  # else: --recompute full alone
@@ -117,6 +118,15 @@ def _candidates(w: Workload, layout: Layout, cluster: Cluster, named: bool) -> I
                 *((("sequence_parallel", True),) if tp > 1 else ()),
             )
             yield _layout_lever(changes, replace(w, recompute="full"), together, named)
+
+
+def _takes(w: Workload, method: Method) -> bool:
+    """Whether the model can be trained by ``method`` (``check_method``): a lever offers only what would run."""
+    try:
+        check_method(w.model, method)
+    except LmcalcError:
+        return False
+    return True
 
 
 def _more_gpus(w: Workload, layout: Layout, capacity: float, named: bool) -> tuple[Lever, float] | None:

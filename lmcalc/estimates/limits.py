@@ -212,9 +212,9 @@ def fit_headline(
         lever = f"; the best lever: {best.label} ({best.formatted(compact=True)}, {best.formula})" if best else ""
         return (f"{what}: one sequence of {w.seq_len:,} tokens does NOT fit ({micro_batch.binding}){lever}",)
     fewest = f"{terms['dp', 'gpus'].text} at the fewest" if ("dp", "gpus") in terms else "no GPU count fits"
+    longest = "no sequence fits at that micro-batch" if seq.value is None else f"sequence up to {seq.value:,} tokens"
     return (
-        f"{what}: micro-batch up to {micro_batch.value} at {w.seq_len:,} tokens, sequence up to "
-        f"{seq.value:,} tokens, {fewest}",
+        f"{what}: micro-batch up to {micro_batch.value} at {w.seq_len:,} tokens, {longest}, {fewest}",
         f"binding: {micro_batch.binding} (micro-batch); {dp.binding} (GPUs)",
     )
 

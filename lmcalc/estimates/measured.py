@@ -22,7 +22,11 @@ def bench_file(calibration: str | None, run: str) -> Path:
     from lmcalc.bench import results
 
     path = Path(calibration).expanduser() if calibration else results.default_path()
-    if not path.exists():
+    try:
+        found = path.is_file()
+    except OSError as error:  # a name longer than the file system takes, say
+        raise LmcalcError(f"cannot read the benchmark file {str(path)!r}: {error.strerror}") from None
+    if not found:
         raise LmcalcError(
             f"no such benchmark file: {path}" if calibration else f"no benchmark results yet ({path}): {run}"
         )

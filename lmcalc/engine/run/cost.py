@@ -28,7 +28,7 @@ they are hardware, not model, FLOPs utilisation."""
 def check_mfu(mfu: float | None) -> float:
     """MFU is a fraction of the dense peak: in (0, 1]."""
     if mfu is None or not 0 < mfu <= 1:
-        raise LmcalcError(f"MFU must be in (0, 1], got {mfu if mfu is None else format(mfu, 'g')}")
+        raise LmcalcError(f"{setting('mfu')} must be in (0, 1], got {mfu if mfu is None else format(mfu, 'g')}")
     return mfu
 
 

@@ -250,7 +250,7 @@ def _expert_degrees(experts: int, gpus: int, etp: int, pins: Pins) -> list[int]:
     with ETP (``check_expert_grid``)."""
     if pins.ep:
         return [pins.ep]
-    return [e for e in _divisors(experts) if gpus % (etp * e) == 0]
+    return [e for e in _divisors(experts, limit=gpus // etp) if gpus % (etp * e) == 0]  # EP·ETP tiles the GPUs
 
 
 LIGHTER_LAST_STAGE = (1, 2)  # layers taken off the last stage, which also computes the logits
