@@ -55,3 +55,9 @@ def test_the_page_derives_the_memory_once(lmcalc_run, tmp_path):
     assert sum(h.startswith("Model states per GPU") for h in headings) == 1
     assert "Step time of the best layout" in headings
     assert "<th>Figure</th><th>Value</th><th>From</th>" in text
+
+
+def test_the_reports_estimates_have_a_short_repr(found):
+    # the dataclass's repr printed every layout of the plan (issue #32 item 3)
+    assert repr(found) == f"<ReportEstimates: {'; '.join(found.summary.headline)}>"
+    assert len(repr(found)) < 300

@@ -56,6 +56,9 @@ class ReportEstimates:
         """Whether a layout fits the cluster's memory (the search found one)."""
         return not isinstance(self.plan, LmcalcError)
 
+    def __repr__(self) -> str:  # the estimates' own reprs run to millions of characters (a plan's every layout)
+        return f"<ReportEstimates: {'; '.join(self.summary.headline) or self.summary.title}>"
+
 
 def report(*, model: ModelLike, gpus: ClusterLike, **settings: Unpack[ReportSettings]) -> ReportEstimates:
     """Parameters, FLOPs, the layout search (``plan``), and the memory and training time of the layout it finds
