@@ -108,3 +108,15 @@ def lmcalc_run(capsys: pytest.CaptureFixture[str]):
         return CliRun(exit_info.value.code, out, err)
 
     return run
+
+
+@pytest.fixture
+def user_presets(tmp_path, monkeypatch):
+    """An empty directory on LMCALC_PRESET_PATH, laid out like presets/; the registry is read afresh around it."""
+    from lmcalc import presets
+
+    (tmp_path / "models").mkdir()
+    monkeypatch.setenv(presets.PRESET_PATH_ENV, str(tmp_path))
+    presets.registry.cache_clear()
+    yield tmp_path
+    presets.registry.cache_clear()

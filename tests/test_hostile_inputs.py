@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcalc import errors, presets
+from lmcalc import errors
 from lmcalc.spec_base import MAX_DIMENSION, MAX_LAYERS
 from lmcalc.units import group, parse_shape
 
@@ -42,16 +42,6 @@ def refused(lmcalc_run, argv: list[str]) -> str:
     assert len(run.err.splitlines()) == 1 and run.err.startswith("lmcalc: error: "), run.err
     assert "internal error" not in run.err
     return run.err.removeprefix("lmcalc: error: ").rstrip("\n")
-
-
-@pytest.fixture
-def user_presets(tmp_path, monkeypatch):
-    """An empty directory on LMCALC_PRESET_PATH, laid out like presets/; the registry is read afresh around it."""
-    (tmp_path / "models").mkdir()
-    monkeypatch.setenv(presets.PRESET_PATH_ENV, str(tmp_path))
-    presets.registry.cache_clear()
-    yield tmp_path
-    presets.registry.cache_clear()
 
 
 # --------------------------------------------------------------------------- 11: absurd sizes, bounded where read

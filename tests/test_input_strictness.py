@@ -50,16 +50,6 @@ def llama_with(tmp_path: Path, old: str, new: str, file: str = "llama.yaml", **l
     return path
 
 
-@pytest.fixture
-def user_presets(tmp_path, monkeypatch):
-    """An empty directory on LMCALC_PRESET_PATH, laid out like presets/; the registry is read afresh around it."""
-    (tmp_path / "models").mkdir()
-    monkeypatch.setenv(presets.PRESET_PATH_ENV, str(tmp_path))
-    presets.registry.cache_clear()
-    yield tmp_path
-    presets.registry.cache_clear()
-
-
 # ------------------------------------------------------------------------------------------- 10: lax types
 
 

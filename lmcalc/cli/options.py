@@ -62,6 +62,9 @@ PANELS: dict[type, str] = {
 that declares it within the group a command takes (``--dp`` is under "Layout" for ``memory``, under the pins for
 ``plan``)."""
 
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Let --plot replace an existing file.", rich_help_panel=OUTPUT_PANEL)
+]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON document with the same figures.", rich_help_panel=OUTPUT_PANEL)
 ]

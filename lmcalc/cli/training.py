@@ -28,6 +28,7 @@ from lmcalc.cli.options import (
     AttentionOpt,
     BriefOpt,
     ExplainOpt,
+    ForceOpt,
     JsonOpt,
     ModelOpt,
     OptimizerOpt,
@@ -199,9 +200,7 @@ def memory(
         str | None,
         typer.Option("--plot", help="Also draw the breakdown: memory.png / .svg / .pdf.", rich_help_panel=OUTPUT_PANEL),
     ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Let --plot replace an existing file.", rich_help_panel=OUTPUT_PANEL)
-    ] = False,
+    force: ForceOpt = False,
     inference: Annotated[bool, typer.Option("--inference", help="Serving memory instead: weights + KV cache.")] = False,
     serving: dict[str, Any] | None = None,
     as_json: JsonOpt = False,
@@ -312,9 +311,7 @@ def plan(
         str | None,
         typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.", rich_help_panel=OUTPUT_PANEL),
     ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Let --plot replace an existing file.", rich_help_panel=OUTPUT_PANEL)
-    ] = False,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
     brief: BriefOpt = False,
