@@ -273,14 +273,16 @@ ZeroStages = tuple[Literal[0, 1, 2, 3], ...]
 
 
 class ParallelismRule(Rule):
-    """Which ZeRO stages the framework runs, alone and beside pipeline parallelism: a layout outside them is one
-    its users cannot launch, which ``check_layout`` refuses and the planner never offers."""
+    """Which ZeRO stages the framework runs, alone and beside pipeline parallelism, and whether it pipelines at all:
+    a layout outside them is one its users cannot launch, which ``check_layout`` refuses and the planner never
+    offers."""
 
     source: str = Field("no ZeRO stage is refused: the framework's code was not read for one", min_length=1)
     zero_stages: ZeroStages = Field((0, 1, 2, 3), description="the ZeRO stages the framework has")
     zero_stages_with_pipeline: ZeroStages = Field(
         (0, 1, 2, 3), description="the ZeRO stages it runs beside pipeline parallelism (PP > 1)"
     )
+    pipeline: StrictBool = Field(True, description="whether it trains with pipeline stages at all (PP > 1)")
     instead: str = Field("", description="what to run instead of a refused stage, for the error message")
 
 

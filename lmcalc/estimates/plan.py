@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, positive_integer
 from lmcalc.engine.memory.terms import Capacity, memory_sections
-from lmcalc.engine.parallel.layout import LAYOUT_CODE_KEY
+from lmcalc.engine.parallel.layout import LAYOUT_CODE_KEY, check_framework_runs
 from lmcalc.engine.time.terms import compute_text, speed_text, step_time_section
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
@@ -305,6 +305,8 @@ def _search(setup: TrainingSetup, sequences: int, pins: pl.Pins, efficiency: Giv
     from lmcalc.engine.search import plan as pl
 
     cluster, model = setup.cluster, setup.model
+    if pins.pp is not None:  # a pinned pipeline the framework cannot run: its own words, not "no layout can exist"
+        check_framework_runs(setup.workload, pins.zero or 0, pins.pp)
     found = pl.plan(setup.workload, cluster, sequences, pins, efficiency.value if efficiency else None)
     if found.fitting:
         return found

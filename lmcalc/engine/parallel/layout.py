@@ -226,15 +226,17 @@ LAYOUT_CODE_KEY = (
 def framework_runs(w: Workload, zero: int, pp: int) -> bool:
     """Whether the workload's framework runs ZeRO-``zero`` (beside ``pp`` pipeline stages): its parallelism rule."""
     rule = w.framework.parallelism
-    return zero in rule.zero_stages and (pp == 1 or zero in rule.zero_stages_with_pipeline)
+    return zero in rule.zero_stages and (pp == 1 or (rule.pipeline and zero in rule.zero_stages_with_pipeline))
 
 
 def check_framework_runs(w: Workload, zero: int, pp: int) -> None:
-    """Refuse a ZeRO stage the workload's framework does not run, alone or beside pipeline parallelism."""
+    """Refuse a pipeline, or a ZeRO stage, the workload's framework does not run (alone or beside the pipeline)."""
     if framework_runs(w, zero, pp):
         return
     framework = w.framework
     rule = framework.parallelism
+    if pp > 1 and not rule.pipeline:
+        raise LmcalcError(f"{framework.label} trains without pipeline stages ({setting('pp')} 1): {rule.instead}")
     where = f" with pipeline parallelism (PP={pp})" if zero in rule.zero_stages else ""
     stages = rule.zero_stages_with_pipeline if where else rule.zero_stages
     raise LmcalcError(
