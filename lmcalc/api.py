@@ -20,6 +20,7 @@ from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
+from lmcalc.estimates.compare import Comparison, side_by_side
 from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, TensorEstimate, dtypes, flops, params, tensor
 from lmcalc.estimates.inputs import cluster_of, resolve_model
 from lmcalc.estimates.limits import FitEstimate, MaxParamsEstimate, fit, max_params
@@ -80,6 +81,8 @@ __all__ = [
     "MemorySweepEstimate",
     "Method",
     "MethodSettings",
+    "Comparison",
+    "side_by_side",
     "OffloadSettings",
     "ModelSpec",
     "Offload",

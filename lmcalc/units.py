@@ -215,6 +215,13 @@ def column_format(unit: str, values: Iterable[float]) -> tuple[str, Callable[[fl
     if unit in ("params", "tokens", "tokens/s", "tokens/s/GPU", "GPUs", "sequences") and top >= 1e4:
         prefix, scale = next((p, s) for p, s in PREFIXES if top >= s)
         return scaled(f"{prefix} {unit}", scale, ",.4g")
+    if unit in ("GPU-hours", "USD") and top >= 1e4:  # whole hours and dollars, in thousands or millions
+        prefix, scale = next((p, s) for p, s in PREFIXES if top >= s)
+        return scaled(f"{prefix} {unit}" if unit != "USD" else f"{prefix} $", scale, ",.4g")
+    if unit in ("Wh", "kg CO2e") and top >= 1e3:  # as ``format_quantity`` scales them
+        prefixes = (("G", 1e9), ("M", 1e6), ("k", 1e3)) if unit == "Wh" else (("t", 1e3),)
+        prefix, scale = next((p, s) for p, s in prefixes if top >= s)
+        return scaled(f"{prefix}Wh" if unit == "Wh" else "t CO2e", scale, ",.4g")
     if unit == "%":
         return scaled(unit, 1.0, ".3g")
     if unit in ("", "ratio"):  # as ``format_quantity`` prints them

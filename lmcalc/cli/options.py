@@ -62,6 +62,15 @@ PANELS: dict[type, str] = {
 that declares it within the group a command takes (``--dp`` is under "Layout" for ``memory``, under the pins for
 ``plan``)."""
 
+VsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--vs",
+        help="Also answer for these GPUs, a row each beside --gpus's, in one table (repeatable): --gpus 1024xH100 "
+        "--vs 1024xB200.",
+        autocompletion=completion.complete_gpus,
+    ),
+]
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Let --plot replace an existing file.", rich_help_panel=OUTPUT_PANEL)
 ]

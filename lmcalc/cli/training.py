@@ -3,6 +3,7 @@ at start-up: each command imports the estimates it calls when it runs, so one co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -37,6 +38,7 @@ from lmcalc.cli.options import (
     RecomputeOpt,
     SeqOpt,
     TrainingFrameworkOpt,
+    VsOpt,
     alternatives,
     with_options,
 )
@@ -86,6 +88,7 @@ def train_time(
     method: dict[str, Any] | None = None,
     offload: dict[str, Any] | None = None,
     energy: dict[str, Any] | None = None,
+    vs: VsOpt = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
     brief: BriefOpt = False,
@@ -94,11 +97,28 @@ def train_time(
     from lmcalc.estimates import time as estimates
 
     assert run is not None and method is not None and offload is not None and energy is not None  # with_options
-    estimate = estimates.train_time(
-        model=model, gpus=gpus, mfu=mfu, precision=precision, days=days, gpu=gpu, flops_basis=flops_basis, seq=seq,
-        peak=peak, calibration=calibration, **run, **method, **offload, **energy,
-    )  # fmt: skip
-    emit(estimate, as_json, explain, brief)
+
+    def answer(cluster: str | None) -> Estimate:
+        return estimates.train_time(
+            model=model, gpus=cluster, mfu=mfu, precision=precision, days=days, gpu=gpu, flops_basis=flops_basis,
+            seq=seq, peak=peak, calibration=calibration, **run, **method, **offload, **energy,
+        )  # fmt: skip
+
+    emit(compared(answer, gpus, vs, explain), as_json, explain, brief)
+
+
+def compared(answer: Callable[[Any], Estimate], gpus: str | None, vs: list[str] | None, explain: bool) -> Estimate:
+    """``answer(gpus)``, or with ``--vs`` the answers for ``gpus`` and each cluster after it side by side."""
+    if not vs:
+        return answer(gpus)
+    if gpus is None:
+        raise LmcalcError("--vs compares clusters with the one --gpus names: give --gpus too")
+    if explain:
+        raise LmcalcError("--explain derives one answer: give it without --vs (or run each cluster alone)")
+    from lmcalc.estimates.compare import side_by_side
+
+    clusters = [gpus, *vs]
+    return side_by_side(labels=clusters, answers=[answer(cluster) for cluster in clusters])
 
 
 @with_options(METHOD_OPTIONS, at="method")
@@ -203,6 +223,7 @@ def memory(
     force: ForceOpt = False,
     inference: Annotated[bool, typer.Option("--inference", help="Serving memory instead: weights + KV cache.")] = False,
     serving: dict[str, Any] | None = None,
+    vs: VsOpt = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
     brief: BriefOpt = False,
@@ -218,7 +239,7 @@ def memory(
         served = serving_memory(
             model=model,
             gpus=gpus,
-            tp=layout["tp"] if flags_given(ctx, {"tp"}) else None,  # else the fewest of --gpus the weights fit
+            tp=layout["tp"] if flags_given(ctx, {"tp"}) else None,  # else the GPUs given, up to a node
             overhead=training["overhead"],
             **serving,
         )
@@ -226,8 +247,14 @@ def memory(
         return
     if stages and sweep is not None:
         raise LmcalcError("give --sweep or --stages, not both: each draws its own rows")
-    if sweep is None:
-        shown: Estimate = estimates.memory(model=model, gpus=gpus, stages=stages, **training, **layout)
+    if vs and (stages or sweep is not None or plot):
+        raise LmcalcError("--vs draws a row per cluster: give it without --sweep, --stages and --plot")
+    if vs:
+        shown: Estimate = compared(
+            lambda cluster: estimates.memory(model=model, gpus=cluster, **training, **layout), gpus, vs, explain
+        )
+    elif sweep is None:
+        shown = estimates.memory(model=model, gpus=gpus, stages=stages, **training, **layout)
     else:
         shown = estimates.memory_sweep(sweep=sweep, model=model, gpus=gpus, **training, **layout)
     emit_with_plot(shown.report, as_json, explain, brief, plot, force)
@@ -312,6 +339,7 @@ def plan(
         typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.", rich_help_panel=OUTPUT_PANEL),
     ] = None,
     force: ForceOpt = False,
+    vs: VsOpt = None,
     as_json: JsonOpt = False,
     explain: ExplainOpt = False,
     brief: BriefOpt = False,
@@ -326,6 +354,12 @@ def plan(
     top_n = None if text.lower() == "all" or (text.isdigit() and len(text) > 12) else int(text) if text.isdigit() else 0
     if top_n == 0:
         raise LmcalcError(f"--top takes a positive whole number of layouts, or all; got {top!r}")
+    if vs:
+        if plot:
+            raise LmcalcError("--vs draws a row per cluster: give it without --plot")
+        best = compared(lambda cluster: estimates.plan(model=model, gpus=cluster, top=1, **settings), gpus, vs, explain)
+        emit(best, as_json, explain, brief)
+        return
     # a plot draws every layout that fits (``layouts`` holds each one's figures); the table and JSON show the top
     found = estimates.plan(model=model, gpus=gpus, top=top_n, **settings)
     ranked = found.report
