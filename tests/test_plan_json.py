@@ -45,7 +45,8 @@ def test_top_defaults_to_ten_and_all_is_asked_for(capsys):
     assert len(default["results"]) == 10 and len(default["details"]) == 10
     every, _ = plan_json("--top all", capsys)
     fitting = int(re.match(r"(\d+) fit", every["inputs"]["evaluated"]["origin"]).group(1))
-    assert len(every["results"]) == fitting > 10
+    # every layout that fits is ranked: a row each, or among the ties of a row (issue #32)
+    assert sum(1 + len(d["tied"]) for d in every["details"].values()) == fitting > len(every["results"]) > 10
 
 
 @pytest.mark.parametrize("top", ["0", "x", "-3", "2.5"])
