@@ -41,7 +41,7 @@ def side_by_side(*, labels: Sequence[str], answers: Sequence[result.Estimate]) -
     reports = [answer.report for answer in answers]
     command = reports[0].command
     if command not in COLUMNS:
-        raise LmcalcError(f"--vs compares {', '.join(COLUMNS)}; {command} has no side-by-side table")
+        raise LmcalcError(f"answers are put side by side for {', '.join(COLUMNS)}; {command} has no such table")
     keys = [key for key in COLUMNS[command] if all(_has(report, key) for report in reports)]
     sections = tuple(
         Section(f"option{n}", _row_title(label, report), tuple(report.term(key) for key in keys), (("gpus", label),))
