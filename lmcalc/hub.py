@@ -13,6 +13,7 @@ or to pass a ``config.json`` file instead, and names the built-in preset of the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -121,8 +122,11 @@ def unreachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
 def _instead(repo_id: str) -> str:
     """What to do instead of the download: the built-in preset of the repository's name, where there is one, or its
     config.json file."""
-    preset = builtin_model_named(repo_id.rpartition("/")[2])
-    named = f"use the built-in preset of this name ({setting('model')} {preset}), " if preset else ""
+    name = repo_id.rpartition("/")[2]
+    preset = builtin_model_named(name)
+    same = _normalised(name) in _builtin_names()  # its name or an alias, not a longer name that begins with one
+    which = "of this name" if same else "whose name this one begins with"
+    named = f"use the built-in preset {which} ({setting('model')} {preset}), " if preset else ""
     return named + INSTEAD
 
 
@@ -131,20 +135,27 @@ def builtin_model_named(name: str) -> str | None:
     underscores aside), or, failing that, the longest one ``name`` starts with and says more after
     (``Qwen3-8B-Instruct``: qwen3-8b). Read from the files' name lines alone (``preset_names``), as the registry
     reads them; the registry imports this module, so it is not asked."""
+    key = _normalised(name)
+    names = _builtin_names()
+    if key in names:
+        return names[key]
+    stems = sorted((known for known in names if key.startswith(known + "-")), key=len, reverse=True)
+    return names[stems[0]] if stems else None
+
+
+@functools.cache  # the built-in files do not change while lmcalc runs
+def _builtin_names() -> dict[str, str]:
+    """Each built-in model preset's name and aliases, normalised (``_normalised``), and the preset's name."""
     from lmcalc.preset_files import read_text
     from lmcalc.preset_names import declared_names
 
-    key = _normalised(name)
     names: dict[str, str] = {}
     for path in sorted(BUILTIN_MODELS.glob("*.yaml")):
         declared = declared_names(read_text(path))
         if declared is not None:
             for alias in (declared.name, *declared.aliases):
                 names.setdefault(_normalised(alias), declared.name)
-    if key in names:
-        return names[key]
-    stems = sorted((known for known in names if key.startswith(known + "-")), key=len, reverse=True)
-    return names[stems[0]] if stems else None
+    return names
 
 
 def _normalised(name: str) -> str:

@@ -114,3 +114,19 @@ def test_the_preset_of_a_repositorys_name(repository, preset):
 def test_without_a_matching_preset_the_file_is_what_is_offered(no_hub):
     with pytest.raises(LmcalcError, match=r"has no config.json: pass the model's config.json file instead"):
         resolve_model("someone/Some-Unknown-Model")
+
+
+@pytest.mark.parametrize(
+    ("repository", "says"),
+    [
+        ("Qwen/Qwen3-8B", "use the built-in preset of this name (model qwen3-8b)"),
+        ("meta-llama/Meta-Llama-3-8B", "use the built-in preset of this name (model llama-3-8b)"),  # an alias
+        ("Qwen/Qwen3-8B-Instruct", "use the built-in preset whose name this one begins with (model qwen3-8b)"),
+    ],
+)
+def test_the_suggestion_says_whether_the_name_is_the_presets(tmp_path, monkeypatch, repository, says):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LmcalcError) as refused:
+        resolve_model(repository)
+    assert says in str(refused.value)
