@@ -54,6 +54,12 @@ class LmcalcError(Exception):
     def __str__(self) -> str:
         return self.message()
 
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings the message names, by keyword, in its order (the page marks their fields)."""
+        text = str(self.args[0]) if self.args else ""
+        return tuple(keyword(name) for name in _SETTING.findall(text))
+
 
 ECHO_LIMIT = 100
 """The most characters of the user's own input an error message repeats (a flag's value, a preset's name): enough to

@@ -178,6 +178,7 @@ SUBCOMMANDS = {
     "plan": Subcommand("lmcalc.cli.training", "plan"),
     "optimal": Subcommand("lmcalc.cli.training", "optimal"),
     "report": Subcommand("lmcalc.cli.report", "report"),
+    "serve": Subcommand("lmcalc.cli.serve", "serve"),
     "params": Subcommand("lmcalc.cli.checks", "params"),
     "tensor": Subcommand("lmcalc.cli.checks", "tensor"),
     "dtypes": Subcommand("lmcalc.cli.checks", "dtypes"),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from lmcalc.engine.choices import Recompute
 from lmcalc.engine.memory.gpu_memory import GpuMemory, most_loaded_gpu
 from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.search import progress
 from lmcalc.engine.search.space import (
     MAX_MICRO_BATCH,
     VIRTUAL_STAGES,
@@ -163,14 +164,17 @@ def plan(
     _check_dp_pin(cluster, global_batch, pins)
     search = Search(base, cluster, global_batch, pins, efficiency)
     degrees = model_degrees(base, cluster, global_batch, pins)
-    count = workers if workers is not None else search_workers(layout_estimate(base, cluster, global_batch, pins))
+    estimate = layout_estimate(base, cluster, global_batch, pins)
+    count = workers if workers is not None else search_workers(estimate)
+    if progress.current() is not None:  # reported from one thread: forked workers could not report
+        count = 1
     with _collector_paused():
         if count > 1 and len(degrees) > 1:
             found = run_shares(_search_share, [(search, degrees[i::count]) for i in range(count)])
             by_degrees = {d: part.rebuilt(search) for share in found for d, part in share}
             parts = [by_degrees[d] for d in degrees]
         else:
-            parts = [_search_part(search, degrees)]
+            parts = [_search_part(search, degrees, estimate)]
         return _merged(parts, cluster)  # the sort makes a key a candidate: with the collector still paused
 
 
@@ -201,9 +205,11 @@ class _Part:
     refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2
 
 
-def _search_part(search: Search, degrees: list[Degrees]) -> _Part:
-    """``plan``'s search over ``degrees``."""
+def _search_part(search: Search, degrees: list[Degrees], estimate: int = 0) -> _Part:
+    """``plan``'s search over ``degrees``, reporting its progress against ``estimate`` layouts where a reporter is
+    set (``progress``)."""
     part = _Part()
+    reporter = progress.current()
     overflowed: set[tuple[object, ...]] = set()  # (a layout but its micro-batches, recomputation) that overflowed
     cluster, pins = search.cluster, search.pins
     capacity, machine, efficiency = cluster.hardware.memory_bytes, search.machine, search.efficiency
@@ -212,7 +218,9 @@ def _search_part(search: Search, degrees: list[Degrees]) -> _Part:
         time = step_time_on(w, layout, machine, efficiency)  # on demand, from the caches, for the few shown
         return Candidate(layout, w, memory.total, time.tokens_per_s, time.mfu, time.total, machine, efficiency)
 
-    for layout, workloads in layouts(search.base, cluster, search.global_batch, pins, degrees):
+    for seen, (layout, workloads) in enumerate(layouts(search.base, cluster, search.global_batch, pins, degrees), 1):
+        if reporter is not None and seen % progress.EVERY == 0:
+            reporter(seen, estimate)
         try:  # pinned degrees are taken as given: the same checks as `lmcalc memory` keep them honest
             check_layout(workloads[0], layout, cluster, pins.tp_within_node)
         except LmcalcError as exc:
