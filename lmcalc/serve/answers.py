@@ -17,14 +17,14 @@ from lmcalc.engine.finetune.offload import OFFLOAD_TARGETS
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.memory import MemoryEstimate
 from lmcalc.result import Estimate, Input, Result, Term
-from lmcalc.serve.questions import MODEL_KEYWORDS, Config, Question, command_line, command_of
+from lmcalc.serve.questions import COMMAND_LINE_DEFAULTS, MODEL_KEYWORDS, Config, Question, command_line, command_of
 from lmcalc.specs import ModelSpec
 
 
 def answer(question: Question) -> dict[str, Any]:
     """What the page shows for ``question``: ``json`` (the command's ``--json``), ``command`` (the command line)
     and ``view`` (the same figures laid out for the page)."""
-    keywords = question.keywords
+    keywords = COMMAND_LINE_DEFAULTS.get(question.command, {}) | question.keywords
     if question.config is not None:
         spec = model_of_config(question.config)
         keywords |= {name: spec for name in MODEL_KEYWORDS if name in keywords}

@@ -197,7 +197,8 @@ def read(name: str, text: str, kind: Any) -> Any:
             raise FieldError(name, f"{flag(name)} takes {' | '.join(map(str, literals))}; got {text!r}")
         return chosen[0]
     if str in options or any(typing.get_origin(arm) is list for arm in options):
-        check_not_a_path(name, text)
+        if name not in MODEL_KEYWORDS:  # a model may be a Hub id: check_model_name
+            check_not_a_path(name, text)
         return text
     if bool in options:
         if text.lower() not in _TRUE + _FALSE:

@@ -178,7 +178,7 @@ class PageHandler(BaseHTTPRequestHandler):
             started = time.perf_counter()
             found = answer(question)
         except LmcalcError as exc:
-            self._error(exc)
+            self._error(exc, question)
             return
         found["took_ms"] = round(1000 * (time.perf_counter() - started), 1)
         body = json.dumps(found).encode()
@@ -207,7 +207,7 @@ class PageHandler(BaseHTTPRequestHandler):
         except progress.Cancelled:
             return
         except LmcalcError as exc:
-            self._line(json.dumps(_error_of(exc)).encode())
+            self._line(json.dumps(_error_of(exc, question)).encode())
         except (BrokenPipeError, ConnectionResetError):
             return
 
@@ -258,8 +258,8 @@ class PageHandler(BaseHTTPRequestHandler):
             return False
         return True
 
-    def _error(self, exc: LmcalcError) -> None:
-        self._json(HTTPStatus.BAD_REQUEST, _error_of(exc))
+    def _error(self, exc: LmcalcError, question: Question | None = None) -> None:
+        self._json(HTTPStatus.BAD_REQUEST, _error_of(exc, question))
 
     def _json(self, status: HTTPStatus, data: Any) -> None:
         self._send(status, json.dumps(data).encode(), "application/json")
@@ -278,10 +278,16 @@ class PageHandler(BaseHTTPRequestHandler):
             self.send_header(name, value)
 
 
-def _error_of(exc: LmcalcError) -> dict[str, Any]:
-    """An error as the page shows it: the message with each setting named by its flag, and the field at fault."""
+def _error_of(exc: LmcalcError, question: Question | None = None) -> dict[str, Any]:
+    """An error as the page shows it: the message with each setting named by its flag, and the field at fault: the
+    one it names, else the one whose value it quotes (``unknown model 'lama-3'``), else none (the page shows it on
+    the answer's card)."""
+    message = exc.message(flag)
     named = exc.field if isinstance(exc, FieldError) else next(iter(exc.settings), None)
-    return {"error": exc.message(flag), "field": named}
+    if named is None and question is not None:
+        quoted = [name for name, value in question.settings if isinstance(value, str) and f"'{value}'" in message]
+        named = quoted[0] if quoted else None
+    return {"error": message, "field": named}
 
 
 def start(host: str = "127.0.0.1", port: int = 0, host_names: tuple[str, ...] | None = LOOPBACK) -> PageServer:
