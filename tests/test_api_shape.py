@@ -39,7 +39,7 @@ COMMANDS = {
     "tensor": ("tensor",),
     "dtypes": ("dtypes",),
 }
-NOT_IN_THE_API = {"validate", "presets", "bench", "serve"}  # torch checks, preset/bench groups, the page: no API function
+NOT_IN_THE_API = {"validate", "presets", "bench", "serve"}  # torch checks, preset/bench groups, the page: no function
 
 REQUIRED = inspect.Parameter.empty
 LAYOUT_SETTING = object()  # marks a LayoutSettings key: its default is what build_layout makes of its absence
