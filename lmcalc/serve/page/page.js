@@ -4,8 +4,15 @@
 
 const DEBOUNCE_MS = 120;
 const CHART_PX = 240;
-const COLOURS = ["#3b6ea5", "#6f9fd8", "#9cc3e6", "#c7ddf2", "#e07b39", "#f2b134", "#8cbf5f", "#b07cc6",
-  "#d9d9d9", "#7f7f7f"];
+// A part's colour by its key, the same in every chart (a stage's bar sums the model states into one part).
+const COLOURS = {
+  params: "#3b6ea5", grads: "#6f9fd8", grads_at_peak: "#6f9fd8", master: "#9cc3e6", optimizer: "#c7ddf2",
+  states: "#24507f", activations: "#e07b39", framework_buffers: "#f2b134", transient: "#8cbf5f",
+  fragmentation: "#b07cc6", context: "#d9d9d9", overhead: "#7f7f7f",
+};
+const OTHER_COLOUR = "#555";
+
+function colourOf(part) { return COLOURS[part.key] || OTHER_COLOUR; }
 const COMMON = ["model", "gpus", "precision", "optimizer", "framework", "method", "seq", "tokens",
   "price_per_gpu_hour"];
 const LORA = ["lora_rank", "lora_targets"];
@@ -116,7 +123,10 @@ function update() {
   page.answers = {};
   const asked = questions();
   renderCommands(asked);
-  if (!asked.includes("memory-stages")) document.getElementById("chart-stages").replaceChildren();
+  if (!asked.includes("memory-stages")) {
+    document.getElementById("chart-stages").replaceChildren();
+    document.getElementById("stages-legend").replaceChildren();
+  }
   for (const command of asked) ask(command);
 }
 
@@ -201,6 +211,8 @@ function show(command, found) {
   if (line) line.textContent = found.command;
   if (command === "memory-stages") {
     drawBars(document.getElementById("chart-stages"), found.view.bars, "stage");
+    const states = found.view.bars[0].parts.find((part) => part.key === "states");
+    if (states) document.getElementById("stages-legend").replaceChildren(legendItem({ ...states, text: "" }));
     return;
   }
   const shown = card(command);
@@ -296,13 +308,13 @@ function drawBars(chart, bars, kind) {
     const stack = document.createElement("div");
     stack.className = "stack";
     stack.style.height = `${CHART_PX}px`;
-    bar.parts.forEach((part, i) => {
+    bar.parts.forEach((part) => {
       const segment = figureButton(part);
       segment.className = "segment";
       segment.textContent = "";
       segment.dataset.bytes = part.value;
       segment.style.height = `${(part.value / scale) * CHART_PX}px`;
-      segment.style.background = COLOURS[i % COLOURS.length];
+      segment.style.background = colourOf(part);
       segment.title = `${part.label}: ${part.text}\n${segment.title}`;
       segment.setAttribute("aria-label", `${part.label}: ${part.text}`);
       stack.append(segment);
@@ -322,15 +334,18 @@ function drawBars(chart, bars, kind) {
 }
 
 function drawLegend(parts) {
-  const items = parts.map((part, i) => {
-    const item = document.createElement("li");
-    const swatch = document.createElement("span");
-    swatch.className = "swatch";
-    swatch.style.background = COLOURS[i % COLOURS.length];
-    item.append(swatch, `${part.label} `, figureButton(part));
-    return item;
-  });
-  document.getElementById("legend").replaceChildren(...items);
+  document.getElementById("legend").replaceChildren(...parts.map(legendItem));
+}
+
+function legendItem(part) {
+  const item = document.createElement("li");
+  const swatch = document.createElement("span");
+  swatch.className = "swatch";
+  swatch.style.background = colourOf(part);
+  item.append(swatch, `${part.label} `);
+  if (part.text) item.append(figureButton(part));
+  else item.append("(the stages' bars: the four parts above, summed)");
+  return item;
 }
 
 // The ranked layouts as a table a click on a heading sorts (by the figures' values, not their text).
