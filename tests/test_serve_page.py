@@ -95,7 +95,9 @@ def test_choosing_a_preset_tp_and_seq_moves_the_bars(page, lmcalc_run):
 
 
 def test_every_command_the_page_gives_answers_what_it_shows(page, lmcalc_run):
-    browser = page("?model=llama-3.1-8b&gpu_count=16&pp=2&tp=2&recompute=selective&tokens=1B&price_per_gpu_hour=2.5")
+    browser = page(
+        "?model=llama-3.1-8b&gpu_count=16&pp=2&tp=2&grad_accum=4&recompute=selective&tokens=1B&price_per_gpu_hour=2.5"
+    )
     commands = browser.evaluate(
         "Object.fromEntries([...document.querySelectorAll('#command-list .command')]"
         ".map(c => [c.dataset.command, c.querySelector('code').textContent]))"
@@ -105,7 +107,8 @@ def test_every_command_the_page_gives_answers_what_it_shows(page, lmcalc_run):
         ran = lmcalc_run(shlex.split(line)[1:])
         assert ran.code == 0, ran.err
         assert ran.json == answer(browser, command)["json"], command
-    assert "--stages" in commands["memory-stages"] and "--price-per-gpu-hour 2.5" in commands["train-time"]
+    assert "--stages" in commands["memory-stages"] and "--grad-accum 4" in commands["memory"]
+    assert "--price-per-gpu-hour 2.5" in commands["train-time"]
     stages = browser.evaluate("document.querySelectorAll('#chart-stages .column').length")
     assert stages == 2  # a bar per pipeline stage
 
