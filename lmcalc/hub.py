@@ -130,6 +130,11 @@ def _instead(repo_id: str) -> str:
     return named + INSTEAD
 
 
+def builtin_model_exactly(name: str) -> str | None:
+    """The built-in model preset whose name or alias is ``name`` (case, spaces and underscores aside), and no other."""
+    return _builtin_names().get(_normalised(name))
+
+
 def builtin_model_named(name: str) -> str | None:
     """The built-in model preset whose name or alias is ``name`` (``Qwen3-8B``: qwen3-8b; case, spaces and
     underscores aside), or, failing that, the longest one ``name`` starts with and says more after

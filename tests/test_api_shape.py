@@ -52,6 +52,9 @@ DIFFERENT_ON_PURPOSE = {
     ("memory", "sweep"): None,
     # plan shows the top 10 (--top), in its table and its JSON alike; the API, like --plot, ranks every layout
     ("plan", "top"): "10",
+    # --from may name the model (a launch config's model, or its shape): --model is then optional, and a command
+    # given neither says so (tests/test_launch_cli.py)
+    **{(command, "model"): None for command in ("train-time", "memory", "fit", "plan", "report")},
 }
 
 

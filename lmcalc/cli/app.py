@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import gc
 import importlib
 import importlib.util
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
     from typer import _click as click  # typer's own copy of click, whose classes its commands are
 
     from lmcalc.result import Estimate, Result
+
+
+CLOSE_ENOUGH = 0.7
+"""How alike a misspelt option and a suggestion must be (difflib's ratio): click offers any option within its own
+cutoff, so ``--zerro`` drew ``--from`` (0.62) beside ``--zero`` (0.92)."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +205,14 @@ def emit(shown: Estimate | Result, as_json: bool = False, explain: bool = False,
             f"--brief prints the headline alone; give it without {'--json' if as_json else '--explain'} "
             '(the JSON carries the headline too, under "headline")'
         )
-    render(shown.report if isinstance(shown, Estimate) else shown, as_json=as_json, explain=explain, brief=brief)
+    from lmcalc.cli.launch import added_notes
+
+    result = shown.report if isinstance(shown, Estimate) else shown
+    if added_notes():  # --from: what was read from the launch config, and what it asks that lmcalc cannot express
+        from dataclasses import replace
+
+        result = replace(result, notes=(*result.notes, *added_notes()))
+    render(result, as_json=as_json, explain=explain, brief=brief)
 
 
 def _version(value: bool) -> None:
@@ -237,6 +250,7 @@ def _usage_message(exc: Exception) -> str:
     param = getattr(exc, "param", None)
     kind = getattr(param, "param_type_name", None)
     if option and close is not None:  # click's NoSuchOption, as typer vendors it
+        close = [name for name in close if difflib.SequenceMatcher(None, option, name).ratio() >= CLOSE_ENOUGH]
         message = f"unknown option {option}" + (f"; did you mean {', '.join(sorted(close))}?" if close else "")
     elif type(exc).__name__ == "MissingParameter" and param is not None and kind in ("option", "argument"):
         names = list(param.opts) if kind == "option" else [str(param.name).upper()]

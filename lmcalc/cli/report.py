@@ -11,6 +11,7 @@ import typer
 
 from lmcalc.cli.app import error_message
 from lmcalc.cli.help import OUTPUT_PANEL
+from lmcalc.cli.launch import with_launch
 from lmcalc.cli.options import (
     BATCH_OPTIONS,
     ENERGY_OPTIONS,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 REPORT_TOP_LAYOUTS = 10
 
 
+@with_launch
 @with_options(ENERGY_OPTIONS, at="energy")
 @with_options(METHOD_OPTIONS, at="method")
 @with_options(SPLIT_OPTIONS, at="split")
@@ -63,6 +65,7 @@ def report(
     parallel layout the search finds (within the layout flags given, which pin it), with the ranked layouts,
     derivations and plots."""
     from lmcalc.atomic import new_file, write_atomic
+    from lmcalc.cli.launch import added_notes
     from lmcalc.estimates import report as estimates
     from lmcalc.html_report import render_report
 
@@ -70,6 +73,8 @@ def report(
     settings = {name: value for group in groups if group is not None for name, value in group.items()}
     target = new_file(output, force)
     found = estimates.report(model=model, gpus=gpus, mfu=mfu, **settings)
+    if added_notes():  # --from: on the page's summary, what was read from the launch config and what was not
+        found = replace(found, summary=replace(found.summary, notes=(*found.summary.notes, *added_notes())))
     write_atomic(target, render_report(f"{found.params.model.label} on {found.cluster.label}", page_parts(found)))
     print("\n".join(found.summary.headline))
     print(f"wrote {target}")

@@ -12,6 +12,7 @@ import typer
 from lmcalc.cli.app import emit, flags_given
 from lmcalc.cli.completion import complete_gpus, complete_model
 from lmcalc.cli.help import OUTPUT_PANEL
+from lmcalc.cli.launch import with_launch
 from lmcalc.cli.options import (
     BATCH_OPTIONS,
     ENERGY_OPTIONS,
@@ -53,6 +54,7 @@ FLOPS_BASIS_MEANINGS = {"6nd": "napkin, default", "detailed": "matmul count, cau
 PEAK_MEANINGS = {"spec": "the dense spec-sheet peak", "measured": "lmcalc bench results"}
 
 
+@with_launch
 @with_options(ENERGY_OPTIONS, at="energy")
 @with_options(OFFLOAD_OPTIONS, at="offload")
 @with_options(FINETUNE_OPTIONS, at="method")
@@ -194,6 +196,7 @@ MEMORY_SHARED = ("model", "gpus", "tp", "overhead", "plot", "force", "inference"
 """Flags serving takes as well as training (``overhead`` defaults to the serving allowance, ``DEFAULT_OVERHEAD``)."""
 
 
+@with_launch
 @with_options(SERVING_OPTIONS, at="serving")
 @with_options(LAYOUT_OPTIONS, at="layout")
 @with_options(TRAINING_OPTIONS, at="training")
@@ -289,6 +292,7 @@ def emit_with_plot(result: Result, as_json: bool, explain: bool, brief: bool, pl
     emit(result, as_json, explain, brief)
 
 
+@with_launch
 @with_options(LAYOUT_OPTIONS, at="layout")
 @with_options(TRAINING_OPTIONS, at="training")
 def fit(
@@ -309,6 +313,7 @@ def fit(
     emit(estimates.fit(model=model, gpus=gpus, **training, **layout), as_json, explain, brief)
 
 
+@with_launch
 @with_options(METHOD_OPTIONS, at="method")
 @with_options(RUN_OPTIONS, at="run")
 @with_options(SEARCH_OPTIONS, at="search")
