@@ -75,7 +75,6 @@ def _vocab(flags: dict[str, Any], reading: Reading) -> int | None:
 def _preset_vocab(tokenizer: str) -> int | None:
     from lmcalc import hub
     from lmcalc import presets as pr
-
     from lmcalc.specs import ModelSpec
 
     name = hub.builtin_model_named(tokenizer.rstrip("/").rsplit("/", 1)[-1])
