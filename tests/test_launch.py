@@ -37,9 +37,11 @@ EXPECTED = {
         "micro_batch": 1, "global_batch": 256 * 4096, "tokens": 500_000 * 256 * 4096,
     },
     # megatron/deepseek-v3-megatron-fsdp-sbatch.sh: TP=${TP:-1}, EP=${EP:-8}, MBS=${MBS:-4} (l. 24), GBS=${GBS:-2048}
-    # (l. 25), selective recomputation of mlp moe mla_up_proj layernorm (l. 48-49), --train-samples 585937500
+    # (l. 25), selective recomputation of mlp moe mla_up_proj layernorm (l. 48-49), --train-samples 585937500;
+    # USE_MEGATRON_FSDP=${USE_MEGATRON_FSDP:-1} (l. 17) adds --use-megatron-fsdp with the sharding strategy
+    # optim_grads_params (l. 18, 142-143): parameters, gradients and optimizer state sharded, ZeRO-3
     "megatron/deepseek-v3-megatron-fsdp-sbatch.sh": {
-        "framework": "megatron", "tp": 1, "ep": 8, "cp": 1, "zero": 1, "micro_batch": 4, "seq": 4096,
+        "framework": "megatron", "tp": 1, "ep": 8, "cp": 1, "zero": 3, "micro_batch": 4, "seq": 4096,
         "recompute": "selective", "recompute_modules": "mlp,moe,mla_up_proj,layernorm",
         "global_batch": 2048 * 4096, "tokens": 585_937_500 * 4096, "precision": "bf16-mixed",
     },

@@ -46,8 +46,9 @@ from lmcalc.cli.options import (
 from lmcalc.engine.choices import ATTN_CONVENTIONS, FLOPS_BASES, PEAK_SOURCES
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import DEFAULT_ATTENTION, DEFAULT_RECOMPUTE
+from lmcalc.estimates.inputs import DEFAULT_ATTENTION, DEFAULT_RECOMPUTE, choice
 from lmcalc.estimates.settings import DEFAULT_OPTIMIZER, DEFAULT_PRECISION, ServingSettings
+from lmcalc.launch.config import EMIT_KINDS
 from lmcalc.result import Estimate, Result
 
 FLOPS_BASIS_MEANINGS = {"6nd": "napkin, default", "detailed": "matmul count, causal"}
@@ -343,6 +344,21 @@ def plan(
         str | None,
         typer.Option("--plot", help="Also draw the ranked layouts: plan.png / .svg.", rich_help_panel=OUTPUT_PANEL),
     ] = None,
+    emit_kind: Annotated[
+        str | None,
+        typer.Option(
+            "--emit",
+            help=f"Print the chosen layout as a framework's config instead: {alternatives(EMIT_KINDS)} (--from reads "
+            "it back).",
+            rich_help_panel=OUTPUT_PANEL,
+        ),
+    ] = None,
+    rank: Annotated[
+        int,
+        typer.Option(
+            "--rank", help="With --emit: the layout of this rank (1: the fastest).", rich_help_panel=OUTPUT_PANEL
+        ),
+    ] = 1,
     force: ForceOpt = False,
     vs: VsOpt = None,
     as_json: JsonOpt = False,
@@ -359,6 +375,12 @@ def plan(
     top_n = None if text.lower() == "all" or (text.isdigit() and len(text) > 12) else int(text) if text.isdigit() else 0
     if top_n == 0:
         raise LmcalcError(f"--top takes a positive whole number of layouts, or all; got {top!r}")
+    if emit_kind is not None:
+        if vs or plot or as_json or explain or brief:
+            raise LmcalcError("--emit prints a framework's config alone: give it without --vs, --plot, --json, "
+                              "--explain and --brief")  # fmt: skip
+        print(emitted(estimates.plan(model=model, gpus=gpus, top=None, **settings), emit_kind, rank, model), end="")
+        return
     if vs:
         if plot:
             raise LmcalcError("--vs draws a row per cluster: give it without --plot")
@@ -375,6 +397,21 @@ def plan(
         written = plots.plot_plan(found, plot, force)  # every layout that fits, whatever is shown
         shown = replace(shown, notes=(*shown.notes, f"plot written to {written}"))
     emit(shown, as_json, explain, brief)
+
+
+def emitted(found: Any, kind: str, rank: int, model: Any) -> str:
+    """The layout ``plan`` ranked ``rank`` as a config of ``kind`` (``lmcalc.launch.emit``)."""
+    from lmcalc.launch.emit import Chosen, emit
+
+    if not 1 <= rank <= len(found.layouts):
+        raise LmcalcError(
+            f"--rank {rank}: the search ranked {len(found.layouts)} layouts; give 1 to {len(found.layouts)}"
+        )
+    best = found.layouts[rank - 1]
+    name = model if isinstance(model, str) else model.name
+    chosen = Chosen(rank, len(found.layouts), name, best.layout, best.workload, best.machine.cluster,
+                    best.tokens_per_s, best.mfu, best.memory_total)  # fmt: skip
+    return emit(choice(kind, EMIT_KINDS, "emit"), chosen)
 
 
 def optimal(

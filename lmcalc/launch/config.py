@@ -15,6 +15,8 @@ from lmcalc.errors import LmcalcError, flag
 KINDS = ("megatron", "deepspeed", "torchtitan", "trainer", "axolotl", "llamafactory")
 """The launch configs lmcalc reads: Megatron-LM's arguments, a DeepSpeed JSON, a torchtitan TOML, Hugging Face
 ``TrainingArguments`` (JSON or YAML), an axolotl YAML and a LLaMA-Factory YAML."""
+EMIT_KINDS = ("megatron", "deepspeed", "torchtitan", "trainer")
+"""The configs ``plan --emit`` writes (``launch.emit``)."""
 
 
 @dataclass(frozen=True)

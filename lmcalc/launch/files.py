@@ -45,6 +45,10 @@ def read_as(kind: str, data: Any, text: str, source: str, directory: Path | None
         from lmcalc.launch.megatron import read_megatron
 
         return read_megatron(text, source)
+    if kind == "torchtitan" and not isinstance(data, dict):  # torchtitan 0.3's --section.key overrides
+        from lmcalc.launch.torchtitan import arguments_of
+
+        data = arguments_of(text)
     if not isinstance(data, dict):
         raise LmcalcError(f"{source}: a {kind} config is a mapping of settings; this is not")
     if kind == "deepspeed":
@@ -120,6 +124,8 @@ def _yaml(text: str, source: str) -> Any:
 def kind_of(data: Any, text: str, source: str) -> str:
     """Which framework's config ``data`` is, by the keys it has (a script's, by its words)."""
     for kind, signs in SIGNS.items():
+        if kind == "torchtitan" and ("--parallelism." in text or "--training." in text):
+            return kind
         if kind == "megatron":
             if any(sign in text for sign in signs):
                 return kind

@@ -40,6 +40,8 @@ SWITCHES = {
     "--account-for-loss-in-pipeline-split": ("account_for_loss_in_pipeline_split", True),
     "--moe-pad-expert-input-to-capacity": ("pad_to_capacity", True),
 }
+SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+"""Megatron-FSDP's ``--data-parallel-sharding-strategy`` as a ZeRO stage: what it shards over data parallelism."""
 FP8_RECIPES = {"delayed": "fp8-mixed", "tensorwise": "fp8-current", "blockwise": "fp8-blockwise", "mxfp8": "mxfp8"}
 """``--fp8-recipe`` (Transformer Engine's scaling recipe; delayed by default) → lmcalc's precision recipe."""
 OPTIMIZERS = {"adam": "adamw", "sgd": "sgd-momentum"}
@@ -59,6 +61,8 @@ UNMODELLED = {
     "--enable-cuda-graph": "CUDA graphs: their static buffers",
     "--moe-token-dispatcher-type": "the MoE dispatcher's buffers (lmcalc counts all-to-all's)",
     "--cpu-offloading": "activation offload to the CPU",
+    "--step-batch-size-schedule": "a batch-size ramp (lmcalc takes the global batch it ends at)",
+    "--rampup-batch-size": "a batch-size ramp (lmcalc takes the global batch it ends at)",
     "--multi-latent-attention": "MLA's shape from Megatron's flags (give --model)",
     "--moe-shared-expert-intermediate-size": "a shared expert's shape from Megatron's flags (give --model)",
     "--moe-layer-freq": "dense and MoE layers interleaved, from Megatron's flags (give --model)",
@@ -86,7 +90,8 @@ def read_megatron(text: str, source: str) -> Launch:
             reading.take(WHOLE[name], whole(value, name, source), name)
         elif name in SWITCHES:
             keyword, given = SWITCHES[name]
-            reading.take(keyword, given, name)
+            if keyword != "zero" or "zero" not in reading.taken:  # Megatron-FSDP's strategy says more
+                reading.take(keyword, given, name)
         elif name == "--recompute-granularity":
             reading.take("recompute", _one_of(value, ("full", "selective"), name, source), name)
         elif name == "--recompute-method":
@@ -95,6 +100,11 @@ def read_megatron(text: str, source: str) -> Launch:
             reading.take("recompute_modules", ",".join(str(value).split()), name)
         elif name == "--moe-expert-capacity-factor":
             reading.take("capacity_factor", float(value), name)
+        elif name == "--data-parallel-sharding-strategy":  # Megatron-FSDP (--use-megatron-fsdp)
+            if str(value) not in SHARDING:
+                reading.cannot(name, value, f"Megatron-FSDP's strategies are {', '.join(SHARDING)}")
+            elif "--use-megatron-fsdp" in flags:
+                reading.take("zero", SHARDING[str(value)], name)
         elif name == "--optimizer":
             reading.take("optimizer", OPTIMIZERS.get(str(value), str(value)), name)
         elif name in UNMODELLED:

@@ -40,8 +40,35 @@ UNMODELLED = {
 }
 
 
+def arguments_of(text: str) -> dict[str, Any] | None:
+    """torchtitan 0.3's command-line overrides (``--parallelism.tensor_parallel_degree 8``) as the TOML's sections
+    would hold them; None where the text has none."""
+    from lmcalc.launch.megatron import words_of
+
+    words = words_of(text, "")
+    found: dict[str, Any] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--") and "." in word[2:]:
+            section, _, key = word[2:].partition(".")
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "true"
+            found.setdefault(section, {})[key] = _value(value)
+    return found or None
+
+
+def _value(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
 def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
-    """The settings of a torchtitan TOML."""
+    """The settings of a torchtitan TOML (or of its command-line overrides, ``arguments_of``)."""
     reading = Reading("torchtitan", source)
     reading.take("framework", "torchtitan", "(a torchtitan config)")
     keys = dotted(data)
@@ -60,8 +87,10 @@ def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
         found = value(name)
         if found is not None and whole(found[1], found[0], source) > 0:
             reading.take(keyword, whole(found[1], found[0], source), found[0])
-    if "tp" in reading.taken and reading.taken["tp"].value > 1:  # torchtitan's TP shards the norms' activations too
-        reading.take("sequence_parallel", True, reading.taken["tp"].key)
+    sequence_parallel = value("enable_sequence_parallel")  # torchtitan 0.3; before, TP always shards the norms too
+    if "tp" in reading.taken and reading.taken["tp"].value > 1:
+        on = sequence_parallel is None or sequence_parallel[1] in (True, "true")
+        reading.take("sequence_parallel", on, sequence_parallel[0] if sequence_parallel else reading.taken["tp"].key)
     shard, replicate = value("data_parallel_shard_degree"), value("data_parallel_replicate_degree")
     if shard is not None and whole(shard[1], shard[0], source) != 1:  # -1: every GPU the other degrees leave
         reading.take("zero", 3, shard[0])
@@ -69,6 +98,10 @@ def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
             reading.cannot(replicate[0], replicate[1], "HSDP: lmcalc shards ZeRO-3 over every data-parallel GPU")
     _read_batch(value, reading)
     _read_precision(keys, reading, used)
+    optimizer = keys.get("optimizer.name")
+    if isinstance(optimizer, str) and optimizer.lower() in ("adamw", "adam"):
+        used.add("optimizer.name")
+        reading.take("optimizer", optimizer.lower(), "optimizer.name")
     mode = keys.get("activation_checkpoint.mode")
     if mode is not None:
         used.add("activation_checkpoint.mode")

@@ -1,0 +1,241 @@
+"""A layout ``plan`` chose, written as a framework's own config (``plan --emit``): Megatron-LM arguments, a DeepSpeed
+JSON, torchtitan's command-line overrides (torchtitan 0.3 takes its settings as ``--section.key value``), or a
+Hugging Face Trainer's arguments as YAML. What lmcalc assumed is written beside the settings: as comments where the
+format has them, under a top-level ``lmcalc`` key in DeepSpeed's JSON (DeepSpeed reads the keys it knows).
+
+Reading what is written here with ``--from`` gives the same layout back (tests/test_emit.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError
+from lmcalc.launch.config import EMIT_KINDS
+from lmcalc.specs import Cluster
+
+MEGATRON_PRECISION = {
+    "bf16-mixed": [["--bf16"]],
+    "bf16-pure": [["--bf16"]],
+    "fp16-mixed": [["--fp16"]],
+    "fp8-mixed": [["--bf16"], ["--fp8-format", "hybrid"]],
+    "fp8-current": [["--bf16"], ["--fp8-format", "hybrid"], ["--fp8-recipe", "tensorwise"]],
+    "fp8-blockwise": [["--bf16"], ["--fp8-format", "e4m3"], ["--fp8-recipe", "blockwise"]],
+    "mxfp8": [["--bf16"], ["--fp8-format", "e4m3"], ["--fp8-recipe", "mxfp8"]],
+    "fp32": [],
+}
+"""lmcalc's precision recipes as Megatron-LM's flags (Transformer Engine's fp8 recipes by ``--fp8-recipe``)."""
+MEGATRON_FSDP = {2: "optim_grads", 3: "optim_grads_params"}
+"""ZeRO-2 and -3 under Megatron-LM: Megatron-FSDP's sharding strategies (``--use-megatron-fsdp``)."""
+HF_OPTIM = {"adamw": "adamw_torch", "adam": "adamw_torch", "adam-8bit": "adamw_bnb_8bit",
+            "paged-adamw": "paged_adamw_32bit", "paged-adamw-8bit": "paged_adamw_8bit", "adafactor": "adafactor",
+            "sgd": "sgd", "adagrad": "adagrad", "rmsprop": "rmsprop", "lion": "lion_32bit"}  # fmt: skip
+"""lmcalc's optimizers as the Trainer's ``optim`` names them."""
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A layout as ``plan`` ranked it: its place, the workload it runs, the cluster, and its figures."""
+
+    rank: int
+    ranked: int
+    model: str
+    layout: Layout
+    workload: Workload
+    cluster: Cluster
+    tokens_per_s: float
+    mfu: float
+    memory_bytes: float
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences a step: micro-batch · accumulation · data-parallel replicas."""
+        return self.workload.micro_batch * self.layout.grad_accum * self.layout.dp
+
+
+PROFILES = {"megatron": ("megatron",), "deepspeed": ("deepspeed",), "torchtitan": ("torchtitan",),
+            "trainer": ("transformers", "liger", "deepspeed")}  # fmt: skip
+"""The framework profiles that cost a layout as each kind's framework runs it."""
+
+
+def emit(kind: str, chosen: Chosen) -> str:
+    """``chosen`` as a config of ``kind`` (``EMIT_KINDS``)."""
+    writers: dict[str, Callable[[Chosen], str]] = {
+        "megatron": _megatron, "deepspeed": _deepspeed, "torchtitan": _torchtitan, "trainer": _trainer,
+    }  # fmt: skip
+    if kind not in writers:
+        raise LmcalcError(f"cannot emit {kind!r}; lmcalc writes {', '.join(EMIT_KINDS)}")
+    return writers[kind](chosen)
+
+
+def notes(kind: str, chosen: Chosen) -> list[str]:
+    """What the figures rest on that the config does not say, and whether they were costed as ``kind``'s framework
+    allocates (its profile)."""
+    profile = chosen.workload.framework.name
+    if profile in PROFILES[kind]:
+        return assumptions(chosen)
+    return [*assumptions(chosen), f"costed under the {profile} profile, not as {kind} allocates: plan --framework "
+            f"{PROFILES[kind][0]} costs it so"]  # fmt: skip
+
+
+def assumptions(chosen: Chosen) -> list[str]:
+    """What the figures rest on that the config does not say: lmcalc's prediction, and its assumptions."""
+    w, layout = chosen.workload, chosen.layout
+    return [
+        f"lmcalc plan: rank {chosen.rank} of {chosen.ranked} for {chosen.model} on {chosen.cluster.label} "
+        f"({chosen.cluster.count} GPUs, DP {layout.dp})",
+        f"predicted: {chosen.tokens_per_s:,.0f} tokens/s, MFU {100 * chosen.mfu:.1f} %, "
+        f"{chosen.memory_bytes / 1e9:.2f} GB on the most loaded GPU "
+        f"of {chosen.cluster.hardware.memory_bytes / 1e9:.0f}",
+        f"as costed: the {w.framework.name} profile, the {w.precision.name} recipe, {w.optimizer.name}, "
+        f"{w.attention} attention, {w.seq_len} tokens a sequence",
+    ]
+
+
+def _refuse(kind: str, chosen: Chosen, degrees: tuple[str, ...]) -> None:
+    used = [f"{name.upper()} {getattr(chosen.layout, name)}" for name in degrees if getattr(chosen.layout, name) > 1]
+    if used:
+        raise LmcalcError(
+            f"--emit {kind}: this layout uses {', '.join(used)}, which a {kind} config does not set; pin them to 1 "
+            f"(--{' 1 --'.join(d for d in degrees)} 1) or --emit megatron"
+        )
+
+
+def _megatron(chosen: Chosen) -> str:
+    layout, w = chosen.layout, chosen.workload
+    args: list[list[str]] = [
+        ["--tensor-model-parallel-size", str(layout.tp)],
+        ["--pipeline-model-parallel-size", str(layout.pp)],
+        ["--context-parallel-size", str(layout.cp)],
+        ["--expert-model-parallel-size", str(layout.ep)],
+    ]
+    if layout.etp is not None:
+        args.append(["--expert-tensor-parallel-size", str(layout.etp)])
+    if layout.sequence_parallel:
+        args.append(["--sequence-parallel"])
+    if layout.zero >= 1:
+        args.append(["--use-distributed-optimizer"])
+    if layout.zero >= 2:
+        args += [["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", MEGATRON_FSDP[layout.zero]]]
+    split = layout.split
+    if split.schedule == "interleaved":
+        args.append(["--virtual-pipeline-model-parallel-size", str(split.virtual_stages)])
+    if split.first_stage_layers is not None:
+        args.append(["--decoder-first-pipeline-num-layers", str(split.first_stage_layers)])
+    if split.last_stage_layers is not None:
+        args.append(["--decoder-last-pipeline-num-layers", str(split.last_stage_layers)])
+    args += [["--account-for-embedding-in-pipeline-split"]] if split.embedding_in_split else []
+    args += [["--account-for-loss-in-pipeline-split"]] if split.loss_in_split else []
+    args += [
+        ["--micro-batch-size", str(w.micro_batch)],
+        ["--global-batch-size", str(chosen.global_batch)],
+        ["--seq-length", str(w.seq_len)],
+    ]
+    if w.recompute == "selective":
+        args += [["--recompute-granularity", "selective"], ["--recompute-modules", *w.recompute_modules]]
+    elif w.recompute == "full":
+        args += [["--recompute-granularity", "full"], ["--recompute-method", w.recompute_method],
+                 ["--recompute-num-layers", str(w.recompute_num_layers)]]  # fmt: skip
+    if w.precision.name not in MEGATRON_PRECISION:
+        raise LmcalcError(f"--emit megatron: no Megatron-LM flags for the {w.precision.name} recipe")
+    args += MEGATRON_PRECISION[w.precision.name]
+    lines = [f"# {line}" for line in notes("megatron", chosen)]
+    lines += ["# Megatron-LM (pretrain_gpt.py) arguments; add the model's shape flags, your data and optimizer's:",
+              "# torchrun ... pretrain_gpt.py \"${LMCALC_ARGS[@]}\" ...", "LMCALC_ARGS=("]  # fmt: skip
+    lines += [f"    {' '.join(arg)}" for arg in args]
+    return "\n".join([*lines, ")"]) + "\n"
+
+
+def _deepspeed(chosen: Chosen) -> str:
+    config = deepspeed_config(chosen)
+    config["lmcalc"] = {"note": notes("deepspeed", chosen), "checkpointing": _checkpointing(chosen.workload)}
+    return json.dumps(config, indent=2) + "\n"
+
+
+def deepspeed_config(chosen: Chosen) -> dict[str, object]:
+    """The DeepSpeed config of ``chosen``: its batch, ZeRO stage and offload, and precision."""
+    _refuse("deepspeed", chosen, ("tp", "pp", "cp", "ep"))
+    layout, w = chosen.layout, chosen.workload
+    zero: dict[str, object] = {"stage": layout.zero}
+    if w.offload.target != "none":
+        zero["offload_optimizer"] = {"device": w.offload.device}
+        if w.offload.target == "optimizer+params":
+            zero["offload_param"] = {"device": w.offload.device}
+    config: dict[str, object] = {
+        "train_micro_batch_size_per_gpu": w.micro_batch,
+        "gradient_accumulation_steps": layout.grad_accum,
+        "train_batch_size": chosen.global_batch,
+        "zero_optimization": zero,
+    }
+    if w.precision.name.startswith("bf16"):
+        config["bf16"] = {"enabled": True}
+    elif w.precision.name.startswith("fp16"):
+        config["fp16"] = {"enabled": True}
+    elif w.precision.name != "fp32":
+        raise LmcalcError(f"--emit deepspeed: a DeepSpeed config has no {w.precision.name} recipe")
+    return config
+
+
+def _checkpointing(w: Workload) -> str:
+    return {"none": "none", "full": "the model's gradient checkpointing (every layer)",
+            "selective": "selective recomputation (core attention)"}[w.recompute]  # fmt: skip
+
+
+def _torchtitan(chosen: Chosen) -> str:
+    layout, w = chosen.layout, chosen.workload
+    if layout.zero not in (0, 3):
+        raise LmcalcError(f"--emit torchtitan: torchtitan shards with FSDP (ZeRO-3) or replicates (ZeRO-0), not "
+                          f"ZeRO-{layout.zero}; pin --zero 3 or --zero 0")  # fmt: skip
+    shard, replicate = (layout.dp, 1) if layout.zero == 3 else (1, layout.dp)
+    args = [
+        ("parallelism.data_parallel_shard_degree", shard),
+        ("parallelism.data_parallel_replicate_degree", replicate),
+        ("parallelism.tensor_parallel_degree", layout.tp),
+        ("parallelism.enable_sequence_parallel", str(layout.sequence_parallel).lower()),
+        ("parallelism.pipeline_parallel_degree", layout.pp),
+        ("parallelism.context_parallel_degree", layout.cp),
+        ("parallelism.expert_parallel_degree", layout.ep),
+        ("training.seq_len", w.seq_len),
+        ("training.global_batch_size", chosen.global_batch),
+        ("activation_checkpoint.mode", w.recompute),
+    ]
+    if layout.pp > 1:
+        args += [("training.local_batch_size", w.micro_batch * layout.grad_accum),
+                 ("parallelism.pipeline_parallel_microbatch_size", w.micro_batch)]  # fmt: skip
+    else:
+        args.append(("training.local_batch_size", w.micro_batch))
+    lines = [f"# {line}" for line in notes("torchtitan", chosen)]
+    lines += ["# torchtitan's command-line overrides: torchrun ... -m torchtitan.train --module ... --config ... "
+              '"${LMCALC_ARGS[@]}"', "LMCALC_ARGS=("]  # fmt: skip
+    lines += [f"    --{key} {value}" for key, value in args]
+    return "\n".join([*lines, ")"]) + "\n"
+
+
+def _trainer(chosen: Chosen) -> str:
+    _refuse("trainer", chosen, ("tp", "pp", "cp", "ep"))
+    layout, w = chosen.layout, chosen.workload
+    settings: dict[str, object] = {
+        "per_device_train_batch_size": w.micro_batch,
+        "gradient_accumulation_steps": layout.grad_accum,
+        "gradient_checkpointing": w.recompute == "full",
+        "bf16": w.precision.name.startswith("bf16"),
+        "fp16": w.precision.name.startswith("fp16"),
+        "optim": HF_OPTIM.get(w.optimizer.name, "adamw_torch"),
+    }
+    if w.recompute == "selective":
+        raise LmcalcError("--emit trainer: the Trainer checkpoints whole layers; pin --recompute full or none")
+    if layout.zero == 3 and w.framework.name != "deepspeed":
+        settings["fsdp"] = "full_shard auto_wrap" + (" offload" if w.offload.target == "optimizer+params" else "")
+    elif layout.zero >= 1:
+        settings["deepspeed"] = deepspeed_config(chosen)
+    lines = [f"# {line}" for line in notes("trainer", chosen)]
+    lines.append(
+        "# Hugging Face TrainingArguments (HfArgumentParser.parse_yaml_file; TRL and axolotl take the same keys)"
+    )
+    import yaml
+
+    return "\n".join(lines) + "\n" + yaml.safe_dump(settings, sort_keys=False)
