@@ -400,17 +400,18 @@ def plan(
 
 
 def emitted(found: Any, kind: str, rank: int, model: Any) -> str:
-    """The layout ``plan`` ranked ``rank`` as a config of ``kind`` (``lmcalc.launch.emit``)."""
+    """The layout on row ``rank`` of the plan's table (the first of the layouts tied there) as a config of ``kind``
+    (``lmcalc.launch.emit``)."""
+    from lmcalc.estimates.plan import tie_rows
     from lmcalc.launch.emit import Chosen, emit
 
-    if not 1 <= rank <= len(found.layouts):
-        raise LmcalcError(
-            f"--rank {rank}: the search ranked {len(found.layouts)} layouts; give 1 to {len(found.layouts)}"
-        )
-    best = found.layouts[rank - 1]
+    rows = tie_rows(list(found.layouts), None)
+    if not 1 <= rank <= len(rows):
+        raise LmcalcError(f"--rank {rank}: the plan ranks {len(rows)} layouts; give 1 to {len(rows)}")
+    best = rows[rank - 1][0]
     name = model if isinstance(model, str) else model.name
-    chosen = Chosen(rank, len(found.layouts), name, best.layout, best.workload, best.machine.cluster,
-                    best.tokens_per_s, best.mfu, best.memory_total)  # fmt: skip
+    chosen = Chosen(rank, len(rows), name, best.layout, best.workload, best.machine.cluster, best.tokens_per_s,
+                    best.mfu, best.memory_total)  # fmt: skip
     return emit(choice(kind, EMIT_KINDS, "emit"), chosen)
 
 

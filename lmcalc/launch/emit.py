@@ -1,7 +1,8 @@
 """A layout ``plan`` chose, written as a framework's own config (``plan --emit``): Megatron-LM arguments, a DeepSpeed
-JSON, torchtitan's command-line overrides (torchtitan 0.3 takes its settings as ``--section.key value``), or a
-Hugging Face Trainer's arguments as YAML. What lmcalc assumed is written beside the settings: as comments where the
-format has them, under a top-level ``lmcalc`` key in DeepSpeed's JSON (DeepSpeed reads the keys it knows).
+JSON, a torchtitan TOML (the training configs of torchtitan up to 0.2; 0.3 replaced them by Python config
+registries), or a Hugging Face Trainer's arguments as YAML. What lmcalc assumed is written beside the settings: as
+comments where the format has them, under a top-level ``lmcalc`` key in DeepSpeed's JSON (DeepSpeed reads the keys
+it knows).
 
 Reading what is written here with ``--from`` gives the same layout back (tests/test_emit.py).
 """
@@ -190,29 +191,30 @@ def _torchtitan(chosen: Chosen) -> str:
     if layout.zero not in (0, 3):
         raise LmcalcError(f"--emit torchtitan: torchtitan shards with FSDP (ZeRO-3) or replicates (ZeRO-0), not "
                           f"ZeRO-{layout.zero}; pin --zero 3 or --zero 0")  # fmt: skip
+    if layout.tp > 1 and not layout.sequence_parallel:
+        raise LmcalcError("--emit torchtitan: torchtitan's TP shards the norms too (sequence parallelism); pin "
+                          "--sequence-parallel")  # fmt: skip
     shard, replicate = (layout.dp, 1) if layout.zero == 3 else (1, layout.dp)
-    args = [
-        ("parallelism.data_parallel_shard_degree", shard),
-        ("parallelism.data_parallel_replicate_degree", replicate),
-        ("parallelism.tensor_parallel_degree", layout.tp),
-        ("parallelism.enable_sequence_parallel", str(layout.sequence_parallel).lower()),
-        ("parallelism.pipeline_parallel_degree", layout.pp),
-        ("parallelism.context_parallel_degree", layout.cp),
-        ("parallelism.expert_parallel_degree", layout.ep),
-        ("training.seq_len", w.seq_len),
-        ("training.global_batch_size", chosen.global_batch),
-        ("activation_checkpoint.mode", w.recompute),
-    ]
+    parallelism = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
+        "tensor_parallel_degree": layout.tp,
+        "pipeline_parallel_degree": layout.pp,
+        "context_parallel_degree": layout.cp,
+        "expert_parallel_degree": layout.ep,
+    }
+    # torchtitan accumulates local_batch_size / (its microbatch) under PP, and global / (local · DP) otherwise
+    local = w.micro_batch * layout.grad_accum if layout.pp > 1 else w.micro_batch
     if layout.pp > 1:
-        args += [("training.local_batch_size", w.micro_batch * layout.grad_accum),
-                 ("parallelism.pipeline_parallel_microbatch_size", w.micro_batch)]  # fmt: skip
-    else:
-        args.append(("training.local_batch_size", w.micro_batch))
+        parallelism["pipeline_parallel_microbatch_size"] = w.micro_batch
+    training = {"local_batch_size": local, "global_batch_size": chosen.global_batch, "seq_len": w.seq_len}
     lines = [f"# {line}" for line in notes("torchtitan", chosen)]
-    lines += ["# torchtitan's command-line overrides: torchrun ... -m torchtitan.train --module ... --config ... "
-              '"${LMCALC_ARGS[@]}"', "LMCALC_ARGS=("]  # fmt: skip
-    lines += [f"    --{key} {value}" for key, value in args]
-    return "\n".join([*lines, ")"]) + "\n"
+    lines += ["# torchtitan's training config (TOML, torchtitan 0.2; 0.3 takes Python configs): merge these sections",
+              "# into your config of the model's flavor", "", "[parallelism]"]  # fmt: skip
+    lines += [f"{key} = {value}" for key, value in parallelism.items()]
+    lines += ["", "[training]", *(f"{key} = {value}" for key, value in training.items())]
+    lines += ["", "[activation_checkpoint]", f'mode = "{w.recompute}"']
+    return "\n".join(lines) + "\n"
 
 
 def _trainer(chosen: Chosen) -> str:

@@ -111,6 +111,8 @@ def read_megatron(text: str, source: str) -> Launch:
             reading.cannot(name, value, UNMODELLED[name])
         elif name not in SHAPE and name not in precision and name not in _BATCH:
             reading.leave(name)
+    if "virtual_stages" in reading.taken and reading.taken["virtual_stages"].value > 1:  # chunks: the interleaved 1F1B
+        reading.take("schedule", "interleaved", "--virtual-pipeline-model-parallel-size")
     _read_batch(flags, reading)
     _read_gpus(text, reading)
     from lmcalc.launch.megatron_model import model_of_flags
