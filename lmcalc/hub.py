@@ -13,7 +13,6 @@ or to pass a ``config.json`` file instead, and names the built-in preset of the 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import re
@@ -25,17 +24,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from lmcalc.errors import LmcalcError, setting
+from lmcalc.preset_names import builtin_model_exactly, builtin_model_named
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 """``org/name``: a Hub repository id (letters, digits, ``-``, ``_``, ``.``; one slash)."""
 
 TRUE = ("1", "true", "yes", "on")
 DEFAULT_ENDPOINT = "https://huggingface.co"  # huggingface_hub's, unless HF_ENDPOINT names another
-BUILTIN_MODELS = (
-    Path(__file__).parent / "presets" / "models"
-    if (Path(__file__).parent / "presets").is_dir()  # an installed wheel, as presets.builtin_dir finds it
-    else Path(__file__).parent.parent / "presets" / "models"
-)
 CONNECT_TIMEOUT_S = 3.0
 """Seconds lmcalc waits for a connection to the Hub (its name resolved and a TCP connection open) before it says
 the Hub cannot be reached: a working network opens one in well under a second, and huggingface_hub alone would
@@ -124,47 +119,10 @@ def _instead(repo_id: str) -> str:
     config.json file."""
     name = repo_id.rpartition("/")[2]
     preset = builtin_model_named(name)
-    same = _normalised(name) in _builtin_names()  # its name or an alias, not a longer name that begins with one
+    same = builtin_model_exactly(name) is not None  # its name or an alias, not a longer name that begins with one
     which = "of this name" if same else "whose name this one begins with"
     named = f"use the built-in preset {which} ({setting('model')} {preset}), " if preset else ""
     return named + INSTEAD
-
-
-def builtin_model_exactly(name: str) -> str | None:
-    """The built-in model preset whose name or alias is ``name`` (case, spaces and underscores aside), and no other."""
-    return _builtin_names().get(_normalised(name))
-
-
-def builtin_model_named(name: str) -> str | None:
-    """The built-in model preset whose name or alias is ``name`` (``Qwen3-8B``: qwen3-8b; case, spaces and
-    underscores aside), or, failing that, the longest one ``name`` starts with and says more after
-    (``Qwen3-8B-Instruct``: qwen3-8b). Read from the files' name lines alone (``preset_names``), as the registry
-    reads them; the registry imports this module, so it is not asked."""
-    key = _normalised(name)
-    names = _builtin_names()
-    if key in names:
-        return names[key]
-    stems = sorted((known for known in names if key.startswith(known + "-")), key=len, reverse=True)
-    return names[stems[0]] if stems else None
-
-
-@functools.cache  # the built-in files do not change while lmcalc runs
-def _builtin_names() -> dict[str, str]:
-    """Each built-in model preset's name and aliases, normalised (``_normalised``), and the preset's name."""
-    from lmcalc.preset_files import read_text
-    from lmcalc.preset_names import declared_names
-
-    names: dict[str, str] = {}
-    for path in sorted(BUILTIN_MODELS.glob("*.yaml")):
-        declared = declared_names(read_text(path))
-        if declared is not None:
-            for alias in (declared.name, *declared.aliases):
-                names.setdefault(_normalised(alias), declared.name)
-    return names
-
-
-def _normalised(name: str) -> str:
-    return re.sub(r"[\s_]+", "-", name.strip().lower())
 
 
 @contextlib.contextmanager

@@ -4,8 +4,10 @@ a file when its preset is used (``presets.registry``)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lmcalc.preset_files import _Loader
@@ -80,3 +82,47 @@ def _flow_list(value: str) -> tuple[str, ...] | None:
 def names_listed(data: dict[str, Any], field: str) -> list[str]:
     value = data.get(field, [])
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+BUILTIN_MODELS = (
+    Path(__file__).parent / "presets" / "models"
+    if (Path(__file__).parent / "presets").is_dir()  # an installed wheel, as presets.builtin_dir finds it
+    else Path(__file__).parent.parent / "presets" / "models"
+)
+"""The built-in model presets' folder, found without the registry."""
+
+
+def builtin_model_exactly(name: str) -> str | None:
+    """The built-in model preset whose name or alias is ``name`` (case, spaces and underscores aside), and no other."""
+    return _builtin_names().get(_normalised(name))
+
+
+def builtin_model_named(name: str) -> str | None:
+    """The built-in model preset whose name or alias is ``name`` (``Qwen3-8B``: qwen3-8b; case, spaces and
+    underscores aside), or, failing that, the longest one ``name`` starts with and says more after
+    (``Qwen3-8B-Instruct``: qwen3-8b). Read from the files' name lines alone (``preset_names``), as the registry
+    reads them, without the registry (which resolves a Hub id through ``hub``, which names presets with this)."""
+    key = _normalised(name)
+    names = _builtin_names()
+    if key in names:
+        return names[key]
+    stems = sorted((known for known in names if key.startswith(known + "-")), key=len, reverse=True)
+    return names[stems[0]] if stems else None
+
+
+@functools.cache  # the built-in files do not change while lmcalc runs
+def _builtin_names() -> dict[str, str]:
+    """Each built-in model preset's name and aliases, normalised (``_normalised``), and the preset's name."""
+    from lmcalc.preset_files import read_text
+
+    names: dict[str, str] = {}
+    for path in sorted(BUILTIN_MODELS.glob("*.yaml")):
+        declared = declared_names(read_text(path))
+        if declared is not None:
+            for alias in (declared.name, *declared.aliases):
+                names.setdefault(_normalised(alias), declared.name)
+    return names
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip().lower())

@@ -143,6 +143,6 @@ def number(value: Any, key: str, source: str) -> float:
 def exact_preset(name: str) -> str | None:
     """The built-in model preset named (or aliased) exactly ``name``: a flavor such as ``deepseek_v3-16B`` is not the
     preset whose name it begins with."""
-    from lmcalc import hub
+    from lmcalc.preset_names import builtin_model_exactly
 
-    return hub.builtin_model_exactly(name)
+    return builtin_model_exactly(name)

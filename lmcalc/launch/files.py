@@ -109,10 +109,13 @@ def parsed(text: str, source: str, suffix: str) -> Any:
 
 
 def _yaml(text: str, source: str) -> Any:
+    """YAML as lmcalc reads its presets (libyaml where installed; ``500_000`` a number, as PyYAML has it)."""
     import yaml
 
+    from lmcalc.preset_files import _Loader
+
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a safe loader: preset_files._Loader is CSafeLoader's)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

@@ -84,10 +84,10 @@ def _read_model(data: dict[str, Any], reading: Reading, used: set[str]) -> None:
     for key in MODEL_KEYS:
         if isinstance(data.get(key), str):
             used.add(key)
-            from lmcalc import hub
+            from lmcalc.preset_names import builtin_model_named
 
             name = data[key]
-            preset = hub.builtin_model_named(name.rstrip("/").rsplit("/", 1)[-1])
+            preset = builtin_model_named(name.rstrip("/").rsplit("/", 1)[-1])
             reading.model = Taken("model", preset or name, key)  # a Hub id where no preset is that model
             return
 

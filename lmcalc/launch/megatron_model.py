@@ -73,11 +73,11 @@ def _vocab(flags: dict[str, Any], reading: Reading) -> int | None:
 
 
 def _preset_vocab(tokenizer: str) -> int | None:
-    from lmcalc import hub
     from lmcalc import presets as pr
+    from lmcalc.preset_names import builtin_model_named
     from lmcalc.specs import ModelSpec
 
-    name = hub.builtin_model_named(tokenizer.rstrip("/").rsplit("/", 1)[-1])
+    name = builtin_model_named(tokenizer.rstrip("/").rsplit("/", 1)[-1])
     spec = pr.registry("models").spec(name) if name else None
     return spec.vocab_size if isinstance(spec, ModelSpec) else None
 
