@@ -274,3 +274,25 @@ def test_the_page_and_its_files(served):
 def test_serve_refuses_a_port_in_use(lmcalc_run, served):
     ran = lmcalc_run(["serve", "--port", str(served.server_address[1])])
     assert ran.code == 2 and "cannot listen on" in ran.err and "--port 0" in ran.err
+
+
+def test_a_plans_layout_as_a_framework_config(served, lmcalc_run):
+    host, port = served.server_address[:2]
+    fields = {"model": "llama-3.1-8b", "gpus": "16xh100-sxm", "tp": "1", "pp": "1", "cp": "1", "zero": "2",
+              "framework": "deepspeed"}  # fmt: skip
+
+    def emit(kind: object, rank: object = 1) -> tuple[int, dict]:
+        connection = http.client.HTTPConnection(host, port, timeout=60)
+        body = json.dumps({"command": "plan", "fields": fields, "emit": kind, "rank": rank}).encode()
+        connection.request("POST", "/api/emit", body)
+        reply = connection.getresponse()
+        return reply.status, json.loads(reply.read())
+
+    status, found = emit("deepspeed")
+    assert status == 200 and found["name"] == "lmcalc-deepspeed.json"
+    assert json.loads(found["text"])["zero_optimization"]["stage"] == 2
+    ran = lmcalc_run(shlex.split(found["command"])[1:])
+    assert ran.out == found["text"]  # what `plan --emit` prints, byte for byte
+    assert emit("nemo")[0] == 400 and emit("megatron", 0)[0] == 400
+    status, found = emit("megatron", 10**6)
+    assert status == 400 and "the plan ranks" in found["error"]

@@ -191,3 +191,14 @@ def test_can_i_qlora_this_on_my_24_gb_card(page, lmcalc_run):
     assert capacity == 24e9  # an RTX 4090's 24 GB
     verdict = browser.evaluate("document.getElementById('verdict').textContent")
     assert verdict == ("fits" if total <= capacity else "does not fit")
+
+
+def test_a_plans_layout_downloads_as_a_framework_config(page, lmcalc_run):
+    browser = page("?mode=plan&global_batch=1M&gpu_count=16")
+    browser.select("#emit-kind", "megatron")
+    browser.click("#emit-download")
+    browser.wait_for("window.lmcalcPage.emitted !== undefined", timeout_s=60)
+    found = browser.evaluate("window.lmcalcPage.emitted")
+    assert found["name"] == "lmcalc-megatron.sh" and found["command"].endswith("--emit megatron")
+    ran = lmcalc_run(shlex.split(found["command"])[1:])  # the same config, printed by the command the page gives
+    assert ran.code == 0 and ran.out == found["text"]

@@ -46,7 +46,7 @@ from lmcalc.cli.options import (
 from lmcalc.engine.choices import ATTN_CONVENTIONS, FLOPS_BASES, PEAK_SOURCES
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.inputs import DEFAULT_ATTENTION, DEFAULT_RECOMPUTE, choice
+from lmcalc.estimates.inputs import DEFAULT_ATTENTION, DEFAULT_RECOMPUTE
 from lmcalc.estimates.settings import DEFAULT_OPTIMIZER, DEFAULT_PRECISION, ServingSettings
 from lmcalc.launch.config import EMIT_KINDS
 from lmcalc.result import Estimate, Result
@@ -379,7 +379,9 @@ def plan(
         if vs or plot or as_json or explain or brief:
             raise LmcalcError("--emit prints a framework's config alone: give it without --vs, --plot, --json, "
                               "--explain and --brief")  # fmt: skip
-        print(emitted(estimates.plan(model=model, gpus=gpus, top=None, **settings), emit_kind, rank, model), end="")
+        from lmcalc.launch.emit import emit_plan
+
+        print(emit_plan(estimates.plan(model=model, gpus=gpus, top=None, **settings), emit_kind, rank), end="")
         return
     if vs:
         if plot:
@@ -397,22 +399,6 @@ def plan(
         written = plots.plot_plan(found, plot, force)  # every layout that fits, whatever is shown
         shown = replace(shown, notes=(*shown.notes, f"plot written to {written}"))
     emit(shown, as_json, explain, brief)
-
-
-def emitted(found: Any, kind: str, rank: int, model: Any) -> str:
-    """The layout on row ``rank`` of the plan's table (the first of the layouts tied there) as a config of ``kind``
-    (``lmcalc.launch.emit``)."""
-    from lmcalc.estimates.plan import tie_rows
-    from lmcalc.launch.emit import Chosen, emit
-
-    rows = tie_rows(list(found.layouts), None)
-    if not 1 <= rank <= len(rows):
-        raise LmcalcError(f"--rank {rank}: the plan ranks {len(rows)} layouts; give 1 to {len(rows)}")
-    best = rows[rank - 1][0]
-    name = model if isinstance(model, str) else model.name
-    chosen = Chosen(rank, len(rows), name, best.layout, best.workload, best.machine.cluster, best.tokens_per_s,
-                    best.mfu, best.memory_total)  # fmt: skip
-    return emit(choice(kind, EMIT_KINDS, "emit"), chosen)
 
 
 def optimal(

@@ -12,12 +12,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.workload import Workload
-from lmcalc.errors import LmcalcError
+from lmcalc.errors import LmcalcError, setting
 from lmcalc.launch.config import EMIT_KINDS
 from lmcalc.specs import Cluster
+
+if TYPE_CHECKING:
+    from lmcalc.estimates.plan import PlanEstimate
 
 MEGATRON_PRECISION = {
     "bf16-mixed": [["--bf16"]],
@@ -61,6 +65,20 @@ class Chosen:
 PROFILES = {"megatron": ("megatron",), "deepspeed": ("deepspeed",), "torchtitan": ("torchtitan",),
             "trainer": ("transformers", "liger", "deepspeed")}  # fmt: skip
 """The framework profiles that cost a layout as each kind's framework runs it."""
+
+
+def emit_plan(found: PlanEstimate, kind: str, rank: int = 1) -> str:
+    """The layout on row ``rank`` of the plan's table (the first of the layouts tied there) as a config of ``kind``."""
+    from lmcalc.estimates.inputs import choice
+    from lmcalc.estimates.plan import tie_rows
+
+    rows = tie_rows(list(found.layouts), None)
+    if not 1 <= rank <= len(rows):
+        raise LmcalcError(f"{setting('rank')} {rank}: the plan ranks {len(rows)} layouts; give 1 to {len(rows)}")
+    best = rows[rank - 1][0]
+    chosen = Chosen(rank, len(rows), best.workload.model.name, best.layout, best.workload, best.machine.cluster,
+                    best.tokens_per_s, best.mfu, best.memory_total)  # fmt: skip
+    return emit(choice(kind, EMIT_KINDS, "emit"), chosen)
 
 
 def emit(kind: str, chosen: Chosen) -> str:

@@ -24,12 +24,29 @@ from lmcalc.specs import ModelSpec
 def answer(question: Question) -> dict[str, Any]:
     """What the page shows for ``question``: ``json`` (the command's ``--json``), ``command`` (the command line)
     and ``view`` (the same figures laid out for the page)."""
+    estimate: Estimate = command_of(question.command)(**keywords_of(question))
+    return {"command": command_line(question), "json": estimate.to_dict(), "view": view_of(estimate)}
+
+
+def keywords_of(question: Question) -> dict[str, Any]:
+    """The API's keywords for ``question``: its settings, the command line's defaults where they differ from the
+    function's, and the model a sent config describes."""
     keywords = COMMAND_LINE_DEFAULTS.get(question.command, {}) | question.keywords
     if question.config is not None:
         spec = model_of_config(question.config)
         keywords |= {name: spec for name in MODEL_KEYWORDS if name in keywords}
-    estimate: Estimate = command_of(question.command)(**keywords)
-    return {"command": command_line(question), "json": estimate.to_dict(), "view": view_of(estimate)}
+    return keywords
+
+
+def emitted(question: Question, kind: str, rank: int) -> tuple[str, str]:
+    """The plan ``question`` asks, its layout of ``rank`` as a ``kind`` config (``plan --emit``), and the command
+    line that prints the same."""
+    from lmcalc.estimates.plan import plan
+    from lmcalc.launch.emit import emit_plan
+
+    found = plan(**(keywords_of(question) | {"top": None}))
+    line = command_line(question).removesuffix(" --json") + f" --emit {kind}" + (f" --rank {rank}" if rank > 1 else "")
+    return emit_plan(found, kind, rank), line
 
 
 def model_of_config(config: Config) -> ModelSpec:

@@ -45,6 +45,8 @@ plan's about 100 KB, so at most some tens of MB."""
 PLAN_SEARCHES = 2
 """Plan searches run at once; a third waits (saying so) for one to end. Each holds one core: on a 2-core machine two
 leave the memory answers' requests the time the interpreter shares between threads."""
+EMIT_SUFFIX = {"megatron": ".sh", "deepspeed": ".json", "torchtitan": ".toml", "trainer": ".yaml"}
+"""The file name an emitted config is offered under, by kind."""
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -102,6 +104,7 @@ class PageServer(ThreadingHTTPServer):
 
 class PageHandler(BaseHTTPRequestHandler):
     server: PageServer
+    _sent: dict[str, Any]  # the request's JSON body (``_question``)
     server_version = f"lmcalc/{__version__}"
     protocol_version = "HTTP/1.1"
 
@@ -128,13 +131,17 @@ class PageHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         if not self._host_allowed():
             return
-        if urlsplit(self.path).path != "/api/answer":
-            self._json(HTTPStatus.NOT_FOUND, {"error": "the page asks at /api/answer"})
+        path = urlsplit(self.path).path
+        if path not in ("/api/answer", "/api/emit"):
+            self._json(HTTPStatus.NOT_FOUND, {"error": "the page asks at /api/answer and /api/emit"})
             return
         try:
             question = self._question()
         except LmcalcError as exc:
             self._error(exc)
+            return
+        if path == "/api/emit":
+            self._emit(question)
             return
         cached = self.server.cache.get(question)
         if cached is not None:
@@ -151,6 +158,27 @@ class PageHandler(BaseHTTPRequestHandler):
 
     # -------------------------------------------------------------------------------------------- answers
 
+    def _emit(self, question: Question) -> None:
+        """The plan's layout of the rank asked as a framework's config (``plan --emit``), as a file to save."""
+        from lmcalc.launch.config import EMIT_KINDS
+        from lmcalc.serve.answers import emitted
+
+        kind, rank = self._sent.get("emit", ""), self._sent.get("rank", 1)
+        if question.command != "plan" or kind not in EMIT_KINDS or not isinstance(rank, int) or rank < 1:
+            self._json(HTTPStatus.BAD_REQUEST, {"error": f"emit takes a plan, a kind ({', '.join(EMIT_KINDS)}) and a "
+                                                "rank from 1", "field": "emit"})  # fmt: skip
+            return
+        try:
+            with self._plan_slot():
+                text, line = emitted(question, kind, rank)
+        except LmcalcError as exc:
+            self._error(exc, question)
+            return
+        except progress.Cancelled:
+            return
+        body = json.dumps({"text": text, "command": line, "name": f"lmcalc-{kind}{EMIT_SUFFIX[kind]}"}).encode()
+        self._send(HTTPStatus.OK, body, "application/json")
+
     def _question(self) -> Question:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
@@ -164,6 +192,7 @@ class PageHandler(BaseHTTPRequestHandler):
             raise LmcalcError("the question is not JSON") from None
         if not isinstance(sent, dict) or not isinstance(sent.get("fields", {}), dict):
             raise LmcalcError('a question is {"command": ..., "fields": {...}}')
+        self._sent = sent
         fields = {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in sent.get("fields", {}).items()}
         config = sent.get("config")
         if config is not None and not (isinstance(config, dict) and isinstance(config.get("text"), str)):

@@ -443,6 +443,33 @@ function copyButton(text, what) {
   return button;
 }
 
+// The plan's layout of a rank as a framework's config (plan --emit), saved as a file.
+async function downloadConfig() {
+  const slot = document.querySelector('.error[data-for="emit"]');
+  slot.textContent = "";
+  const body = {
+    command: "plan", fields: fieldsFor("plan"), emit: document.getElementById("emit-kind").value,
+    rank: Number(document.getElementById("emit-rank").value) || 1,
+  };
+  if (page.config !== null) body.config = page.config;
+  const response = await fetch("/api/emit", {
+    method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" },
+  });
+  const found = await response.json();
+  if (found.error !== undefined) {
+    slot.textContent = found.error;
+    return;
+  }
+  page.emitted = found;
+  document.getElementById("emit-command").textContent = found.command;
+  const link = Object.assign(document.createElement("a"), {
+    href: URL.createObjectURL(new Blob([found.text], { type: "text/plain" })), download: found.name,
+  });
+  document.body.append(link);
+  link.click();
+  link.remove();
+}
+
 // --------------------------------------------------------------------------------------------- the page
 
 function showMode() {
@@ -484,6 +511,7 @@ async function start() {
     document.getElementById("config").value = "";
     setConfig("", "");
   });
+  document.getElementById("emit-download").addEventListener("click", downloadConfig);
   document.getElementById("work-close").addEventListener("click", () => { document.getElementById("work").hidden = true; });
   update();
 }
