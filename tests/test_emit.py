@@ -87,7 +87,7 @@ def test_reading_what_was_emitted_gives_the_same_layout_and_memory(lmcalc_run, t
     model, gpus = flags[flags.index("-m") + 1], flags[flags.index("--gpus") + 1]
     source = f"{kind}:{path}"
     plan = planned(lmcalc_run, name, rank)
-    extra = ["--framework", "deepspeed"] if kind == "trainer" else []  # the Trainer's ZeRO-3 here is DeepSpeed's
+    extra = []
     if kind == "deepspeed":  # a DeepSpeed config does not say how the model checkpoints: given beside it
         extra = ["--recompute", plan["recompute"]]
     run = lmcalc_run(["memory", "--from", source, "-m", model, "--gpus", gpus, *extra, "--json"])
@@ -175,11 +175,16 @@ def test_deepspeed_accepts_the_config(lmcalc_run, monkeypatch, tmp_path):
 
 def test_transformers_accepts_the_training_arguments(lmcalc_run, tmp_path):
     from transformers import HfArgumentParser, TrainingArguments
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     text, _ = emitted(lmcalc_run, "trainer")
     settings = yaml.safe_load(text)
     # bf16 is refused on a machine without a GPU for want of the device, not of the config: train "on the CPU" here
-    (arguments,) = HfArgumentParser(TrainingArguments).parse_dict({**settings, "use_cpu": True}, allow_extra_keys=False)
+    try:
+        (arguments,) = HfArgumentParser(TrainingArguments).parse_dict({**settings, "use_cpu": True},
+                                                                      allow_extra_keys=False)  # fmt: skip
+    finally:  # TrainingArguments with a DeepSpeed config makes it the process's own: every later model ZeRO-3's
+        unset_hf_deepspeed_config()
     plan = planned(lmcalc_run, "trainer")
     assert arguments.per_device_train_batch_size == plan["micro_batch"]
     assert arguments.gradient_accumulation_steps == plan["grad_accum"] and arguments.gradient_checkpointing
@@ -194,7 +199,7 @@ TORCHTITAN_SCHEMA = {
                     "tensor_parallel_degree": int, "pipeline_parallel_degree": int, "context_parallel_degree": int,
                     "expert_parallel_degree": int, "pipeline_parallel_microbatch_size": int},
     "training": {"local_batch_size": int, "global_batch_size": int, "seq_len": int},
-    "activation_checkpoint": {"mode": ("selective", "full", "memory_budget", "none")},
+    "activation_checkpoint": {"mode": ("selective", "full", "memory_budget", "none"), "selective_ac_option": str},
 }  # fmt: skip
 
 

@@ -80,10 +80,11 @@ EXPECTED = {
         "recompute": "full", "precision": "bf16-mixed", "model": "llama-3-8b",
     },
     # llamafactory/qwen3-4b-qlora-sft-otfq.yaml: quantization_bit 4 over finetuning_type lora, lora_rank 8,
-    # lora_target all, cutoff_len 2048, per-device batch 1, accumulation 8, bf16
+    # lora_target all, cutoff_len 2048, per-device batch 1, accumulation 8, bf16; gradient checkpointing, which
+    # LLaMA-Factory turns on unless disable_gradient_checkpointing (hparams/model_args.py)
     "llamafactory/qwen3-4b-qlora-sft-otfq.yaml": {
         "framework": "transformers", "method": "qlora", "lora_rank": 8, "lora_targets": "all-linear", "seq": 2048,
-        "micro_batch": 1, "grad_accum": 8, "precision": "bf16-mixed", "model": "qwen3-4b",
+        "micro_batch": 1, "grad_accum": 8, "precision": "bf16-mixed", "model": "qwen3-4b", "recompute": "full",
     },
     # trainer/zephyr-7b-sft-qlora.yaml: load_in_4bit with use_peft, lora_r 16 on seven projections,
     # max_seq_length 2048, per-device batch 4, accumulation 2, gradient checkpointing, bf16, Mistral 7B v0.1
@@ -199,3 +200,21 @@ def test_a_file_that_is_not_there_or_too_large(tmp_path):
     big.write_text("{" + " " * (1024 * 1024) + "}")
     with pytest.raises(LmcalcError, match="at most 1,048,576"):
         read(str(big))
+
+
+def test_what_the_frameworks_do_by_default_and_what_is_off():
+    # axolotl's FSDP example with Liger's plugin: Liger's profile stays, and fsdp_config's fsdp_offload_params: true
+    # offloads the parameters (and so the optimizer) to the CPU
+    launch = read(str(DATA / "axolotl/llama3.1-8b-fft-liger-fsdp.yaml"))
+    found = launch.keywords()
+    assert found["framework"] == "liger" and found["zero"] == 3 and found["offload"] == "optimizer+params"
+    # its lora_modules_to_save trains embed_tokens and lm_head in full: said, not dropped
+    assert "lora_modules_to_save" in {u.key for u in read(str(DATA / "axolotl/llama3-8b-lora-8bit.yml")).unexpressed}
+    # torchtitan's llama3-70b.toml says compile.enable = false: nothing to model, left alone
+    titan = read(str(DATA / "torchtitan/llama3-70b.toml"))
+    assert "compile.enable" not in {u.key for u in titan.unexpressed} and "compile.enable" in titan.ignored
+
+
+def test_a_deepspeed_config_without_a_precision_trains_in_fp32():
+    # DeepSpeedExamples' pipeline config has neither bf16 nor fp16: DeepSpeed trains in fp32
+    assert read(str(DATA / "deepspeed/deepspeedexamples-pipeline-parallelism.json")).keywords()["precision"] == "fp32"

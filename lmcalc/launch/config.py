@@ -104,6 +104,10 @@ class Reading:
         self.taken[keyword] = Taken(keyword, value, key)
 
     def cannot(self, key: str, value: Any, why: str) -> None:
+        """``key`` asks what lmcalc does not model (where it is on: a feature turned off asks nothing)."""
+        if value is False or value in ("false", "False", "off", "none"):
+            self.leave(key)
+            return
         self.unexpressed.append(Unexpressed(key, value, why))
 
     def leave(self, key: str) -> None:

@@ -22,6 +22,11 @@ UNMODELLED = {
     "zero_optimization.allgather_bucket_size": "the all-gather bucket's size (lmcalc takes DeepSpeed's default)",
     "zero_optimization.stage3_prefetch_bucket_size": "ZeRO-3's prefetch size (lmcalc takes DeepSpeed's default)",
     "zero_optimization.stage3_max_live_parameters": "ZeRO-3's live parameters (lmcalc takes DeepSpeed's default)",
+    "zero_optimization.max_live_parameters": "ZeRO-3's live parameters (lmcalc takes DeepSpeed's default)",
+    "zero_optimization.max_reuse_distance": "ZeRO-3's parameter reuse (lmcalc takes DeepSpeed's default)",
+    "zero_optimization.stage3_max_reuse_distance": "ZeRO-3's parameter reuse (lmcalc takes DeepSpeed's default)",
+    "zero_optimization.prefetch_bucket_size": "ZeRO-3's prefetch size (lmcalc takes DeepSpeed's default)",
+    "zero_optimization.param_persistence_threshold": "the parameters ZeRO-3 keeps whole",
     "zero_optimization.stage3_param_persistence_threshold": "the parameters ZeRO-3 keeps whole",
     "zero_optimization.sub_group_size": "ZeRO-3's optimizer step in sub-groups",
     "activation_checkpointing.partition_activations": "checkpoints split over TP (Megatron-DeepSpeed's)",
@@ -64,6 +69,8 @@ def read_deepspeed(data: dict[str, Any], source: str, reading: Reading | None = 
         reading.take("precision", "bf16-mixed", "bf16.enabled")
     elif keys.get("fp16.enabled") is True:
         reading.take("precision", "fp16-mixed", "fp16.enabled")
+    elif reading.kind == "deepspeed" and "auto" not in (keys.get("bf16.enabled"), keys.get("fp16.enabled")):
+        reading.take("precision", "fp32", "(neither bf16 nor fp16 enabled)")  # DeepSpeed trains in fp32 then
     optimizer = keys.get("optimizer.type")
     if isinstance(optimizer, str) and optimizer != "auto":
         if optimizer.lower() in OPTIMIZERS:

@@ -232,6 +232,8 @@ def _torchtitan(chosen: Chosen) -> str:
     lines += [f"{key} = {value}" for key, value in parallelism.items()]
     lines += ["", "[training]", *(f"{key} = {value}" for key, value in training.items())]
     lines += ["", "[activation_checkpoint]", f'mode = "{w.recompute}"']
+    if w.recompute == "selective":  # op-level: the matmuls' outputs kept, the rest (attention's core) recomputed
+        lines.append('selective_ac_option = "op"')
     return "\n".join(lines) + "\n"
 
 

@@ -35,7 +35,7 @@ def read(source: str, text: str | None = None) -> Launch:
         text = sys.stdin.read() if path is None else _text(path)
     shown = "standard input" if path is None else str(path)
     data = parsed(text, shown, path.suffix.lower() if path else "")
-    kind = kind or kind_of(data, text, shown)
+    kind = kind or kind_of(data, text, name)
     return read_as(kind, data, text, shown, path.parent if path else None)
 
 

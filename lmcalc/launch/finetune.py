@@ -41,11 +41,12 @@ TARGET_KEYS = ("lora_target_modules", "lora_target", "lora_target_linear")
 UNMODELLED = {
     "load_in_8bit": "an 8-bit base (lmcalc's quantised base is QLoRA's NF4)",
     "sample_packing": "packed sequences: the same tokens per micro-batch, their attention masked per document",
-    "fsdp_config": "FSDP's own settings (lmcalc reads fsdp's sharding)",
+    "fsdp_config": "FSDP's own settings (lmcalc reads the sharding and the parameter offload)",
     "torch_compile": "torch.compile's fusions",
     "neftune_noise_alpha": "NEFTune's noise",
     "tiled_mlp": "the MLP computed in tiles along the sequence (ALST)",
     "activation_offloading": "activations offloaded to the CPU",
+    "lora_modules_to_save": "modules trained in full beside the adapters (their weights, gradients and states)",
     "stage": "a training stage other than SFT or pre-training (DPO, PPO and KTO keep a reference model)",
 }
 LIGER_KEYS = ("use_liger_kernel", "enable_liger_kernel", "liger_rope", "liger_rms_norm", "liger_glu_activation",
@@ -147,6 +148,11 @@ def _read_memory_savers(data: dict[str, Any], reading: Reading, used: set[str]) 
              "attn_implementation", *LIGER_KEYS, "plugins", "gradient_checkpointing_kwargs"}  # fmt: skip
     if data.get("gradient_checkpointing") in (True, "true", "unsloth"):
         reading.take("recompute", "full", "gradient_checkpointing")
+    elif reading.kind == "llamafactory" and data.get("disable_gradient_checkpointing") is not True:
+        # LLaMA-Factory checkpoints every layer unless told not to (hparams/model_args.py:
+        # disable_gradient_checkpointing is False by default; model/model_utils/checkpointing.py)
+        reading.take("recompute", "full", "disable_gradient_checkpointing")
+    used.add("disable_gradient_checkpointing")
     if data.get("attn_implementation") == "eager" or data.get("flash_attn") == "disabled":
         reading.take("attention", "eager", "attn_implementation" if "attn_implementation" in data else "flash_attn")
     plugins = data.get("plugins") or []
@@ -164,18 +170,20 @@ def _read_sharding(data: dict[str, Any], reading: Reading, used: set[str], direc
             reading.take("zero", 3, "fsdp")
         elif "shard_grad_op" in words:
             reading.take("zero", 2, "fsdp")
-        if "offload" in words:
-            reading.take("offload", "optimizer+params", "fsdp")
-        reading.take("framework", "transformers", "fsdp")
+        fsdp_config = data.get("fsdp_config")
+        offload = fsdp_config.get("fsdp_offload_params") if isinstance(fsdp_config, dict) else None
+        if "offload" in words or offload is True:
+            reading.take("offload", "optimizer+params", "fsdp" if "offload" in words else "fsdp_config")
     named = data.get("deepspeed")
     if isinstance(named, dict):
         read_deepspeed(named, reading.source, reading)
+        reading.taken["framework"] = Taken("framework", "deepspeed", "deepspeed")
     elif isinstance(named, str):
         candidates = [directory / named, Path(named)] if directory is not None else []
         path = next((p for p in candidates if p.is_file()), None)
         if path is None:
             where = "read only from a file" if directory is None else f"no such file beside {reading.source}"
-            reading.cannot("deepspeed", named, f"{where}; --from that DeepSpeed config too, or give --zero")
+            reading.cannot("deepspeed", named, f"{where}; run from the folder it is named from, or give --zero")
             return
         try:
             ds = json.loads(path.read_text())

@@ -39,6 +39,11 @@ def model_of_flags(flags: dict[str, Any], reading: Reading) -> None:
     if vocab is None:
         reading.cannot("--vocab-size", "", "no vocabulary size, nor a tokenizer of a built-in preset; give --model")
         return
+    if "--swiglu" not in flags:  # GPT's shape (GELU, LayerNorm, learned positions, biases, every head its own K, V)
+        for name in ("--group-query-attention", "--kv-channels", "--disable-bias-linear", "--normalization",
+                     "--position-embedding-type"):  # fmt: skip
+            if name in flags:
+                reading.cannot(name, flags[name], "lmcalc builds a GELU model as GPT-2's shape: give --model")
     config = _hf_config(flags, vocab, reading.source)
     from lmcalc import presets as pr
     from lmcalc.hf_config import model_from_hf_config

@@ -91,8 +91,10 @@ def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
     if "tp" in reading.taken and reading.taken["tp"].value > 1:
         on = sequence_parallel is None or sequence_parallel[1] in (True, "true")
         reading.take("sequence_parallel", on, sequence_parallel[0] if sequence_parallel else reading.taken["tp"].key)
-    shard, replicate = value("data_parallel_shard_degree"), value("data_parallel_replicate_degree")
-    if shard is not None and whole(shard[1], shard[0], source) != 1:  # -1: every GPU the other degrees leave
+    # torchtitan's defaults where the file is silent (job_config.py): FSDP over every GPU left (-1), selective AC
+    shard = value("data_parallel_shard_degree") or ("parallelism.data_parallel_shard_degree (default)", -1)
+    replicate = value("data_parallel_replicate_degree")
+    if whole(shard[1], shard[0], source) != 1:  # -1: every GPU the other degrees leave
         reading.take("zero", 3, shard[0])
         if replicate is not None and whole(replicate[1], replicate[0], source) > 1:
             reading.cannot(replicate[0], replicate[1], "HSDP: lmcalc shards ZeRO-3 over every data-parallel GPU")
@@ -102,11 +104,13 @@ def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
     if isinstance(optimizer, str) and optimizer.lower() in ("adamw", "adam"):
         used.add("optimizer.name")
         reading.take("optimizer", optimizer.lower(), "optimizer.name")
-    mode = keys.get("activation_checkpoint.mode")
-    if mode is not None:
-        used.add("activation_checkpoint.mode")
-        reading.take("recompute", {"none": "none", "selective": "selective", "full": "full"}.get(str(mode), "none"),
-                     "activation_checkpoint.mode")  # fmt: skip
+    mode = keys.get("activation_checkpoint.mode", "selective")
+    used.add("activation_checkpoint.mode")
+    key = "activation_checkpoint.mode" + ("" if "activation_checkpoint.mode" in keys else " (default)")
+    if str(mode) in ("none", "selective", "full"):
+        reading.take("recompute", str(mode), key)
+    else:
+        reading.cannot(key, mode, "a memory budget for checkpointing (lmcalc's are none, selective and full)")
     for key, given in keys.items():
         if key in UNMODELLED:
             reading.cannot(key, given, UNMODELLED[key])
@@ -149,7 +153,10 @@ def _read_batch(value: Any, reading: Reading) -> None:
         if seq is not None:
             reading.take("global_batch", reading.global_batch_sequences * reading.taken["seq"].value, total[0])
     steps = value("steps")
-    if steps is not None and seq is not None and reading.global_batch_sequences is not None:
+    if steps is not None and (seq is None or reading.global_batch_sequences is None):
+        reading.cannot(steps[0], steps[1], "steps of a global batch the file leaves to DP (global_batch_size -1): "
+                       "give --tokens")  # fmt: skip
+    elif steps is not None and seq is not None and reading.global_batch_sequences is not None:
         tokens = whole(steps[1], steps[0], source) * reading.global_batch_sequences * reading.taken["seq"].value
         reading.take("tokens", tokens, steps[0])
 
