@@ -1,13 +1,19 @@
 """What ``--from FILE`` adds to a command, for each published launch config in tests/data/launch, in one run.
 
-For each config, ``lmcalc memory --from FILE ... --brief`` and the same command with the settings the file gives typed
-as flags (``lmcalc.launch.read`` makes them, in this process, before the timing) run end to end, each in a fresh
-interpreter, interleaved, ``--repeats`` times; printed: the median CPU time (user + system of the child, from
-``os.wait4``) of each and their difference, the time reading the config adds. The model and the GPUs are given
-beside ``--from`` where the file does not say them, in both commands alike.
+Two measures, each in fresh interpreters, ``--repeats`` times:
+
+- **read** (the target's): in a fresh interpreter that has imported what ``lmcalc memory`` imports anyway (its command
+  module, the memory estimate, the presets' names), the CPU time (``time.process_time``) of ``lmcalc.launch.read``:
+  the launch package's own imports, the parse, the preset lookup and, for Megatron, the model built from its shape;
+  printed: the median and the largest of the repeats, and the same with pydantic's model-spec validator built
+  beforehand (``SCHEMA``), as a model given as a file builds it;
+- **end to end** (``--end-to-end``): ``lmcalc memory --from FILE ... --brief`` against the same command with the
+  file's settings typed as flags, the median CPU time of each child (``os.wait4``) and their difference. On a 2-core
+  machine two ~0.5 s commands differ by ±30 ms from run to run, more than the reading costs: this shows that the
+  answer's cost is the command's, not a figure to hold to 50 ms.
 
 Target (issue #36): reading a config adds under 50 ms to the command. Run: python benchmarks/launch_read.py
-[--repeats 7]
+[--repeats 7] [--end-to-end]
 """
 
 from __future__ import annotations
@@ -69,14 +75,60 @@ def typed(path: Path, beside: list[str], folder: Path) -> list[str]:
     return words
 
 
+READ = """
+import time
+import lmcalc.cli.training, lmcalc.estimates.memory
+from lmcalc import presets
+presets.registry("models")
+{prepare}
+started = time.process_time()
+from lmcalc.launch import read
+read({path!r})
+print(1000 * (time.process_time() - started))
+"""
+"""One cold read, after what the command imports anyway; prints its CPU milliseconds."""
+
+
+SCHEMA = "from lmcalc.specs import ModelSpec; ModelSpec.model_rebuild(force=True)"
+"""pydantic's validator of a model spec, built once in a process on first use: a model read from a file
+(``--model my-model.yaml``, a config.json) pays it as a model built from Megatron's shape flags does; a built-in
+preset, trusted, does not."""
+
+
+def read_ms(path: Path, prepare: str = "") -> float:
+    code = READ.format(path=str(path), prepare=prepare)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
-    repeats = parser.parse_args().repeats
-    print(f"{'config':<52} {'typed ms':>9} {'--from ms':>10} {'added ms':>9}")
+    parser.add_argument("--end-to-end", action="store_true", help="Also time the commands end to end.")
+    args = parser.parse_args()
+    repeats = args.repeats
+    files = sorted(p for p in DATA.rglob("*") if p.is_file() and p.name != "SOURCES.md")
+    print(f"{'config':<48} {'read ms':>8} {'largest':>8} {'schema built':>13} {'largest':>8}")
+    largest, beyond = [], []
+    for path in files:
+        times = [read_ms(path) for _ in range(repeats)]
+        built = [read_ms(path, SCHEMA) for _ in range(repeats)]
+        largest.append(max(times))
+        beyond.append(max(built))
+        print(f"{str(path.relative_to(DATA)):<48} {statistics.median(times):8.1f} {max(times):8.1f} "
+              f"{statistics.median(built):13.1f} {max(built):8.1f}")  # fmt: skip
+    print(f"\nwith the model spec's schema already built (as a model file builds it): largest {max(beyond):.1f} ms")
+    worst, verdict = max(largest), "met" if max(largest) < TARGET_MS else "NOT met"
+    print(f"largest read {worst:.1f} ms of CPU; target < {TARGET_MS:.0f} ms: {verdict}")
+    if args.end_to_end:
+        end_to_end(files, repeats)
+
+
+def end_to_end(files: list[Path], repeats: int) -> None:
+    print(f"\n{'config':<52} {'typed ms':>9} {'--from ms':>10} {'added ms':>9}")
     added_all = []
     folder = Path(tempfile.mkdtemp(prefix="lmcalc-launch-"))
-    for path in sorted(p for p in DATA.rglob("*") if p.is_file() and p.name != "SOURCES.md"):
+    for path in files:
         name = str(path.relative_to(DATA))
         beside = ["--gpus", GPUS.get(name, "8xH100")]
         model = MODEL_FOR.get(name) or MODEL_FOR.get(name.split("/")[0])
@@ -91,9 +143,7 @@ def main() -> None:
         typed_ms, from_ms = (1000 * statistics.median(times[k]) for k in ("typed", "from"))
         added_all.append(from_ms - typed_ms)
         print(f"{name:<52} {typed_ms:9.0f} {from_ms:10.0f} {from_ms - typed_ms:9.1f}")
-    worst = max(added_all)
-    print(f"\nmedian added {statistics.median(added_all):.1f} ms, largest {worst:.1f} ms; target < {TARGET_MS:.0f} ms: "
-          f"{'met' if worst < TARGET_MS else 'NOT met'}")  # fmt: skip
+    print(f"\nmedian added {statistics.median(added_all):.1f} ms, largest {max(added_all):.1f} ms (end to end, noisy)")
 
 
 if __name__ == "__main__":

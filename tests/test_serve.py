@@ -296,3 +296,18 @@ def test_a_plans_layout_as_a_framework_config(served, lmcalc_run):
     assert emit("nemo")[0] == 400 and emit("megatron", 0)[0] == 400
     status, found = emit("megatron", 10**6)
     assert status == 400 and "the plan ranks" in found["error"]
+
+
+def test_answers_computed_in_worker_processes_are_the_same():
+    """``lmcalc serve`` computes answers in worker processes (the interpreter's lock holds threads to one core)."""
+    fields = {"model": "llama-3.1-8b", "gpus": "8xh100-sxm", "tp": "2", "seq": "6000"}
+    pooled = page_server.start(workers=1)
+    try:
+        status, (found,) = post(pooled, {"command": "memory", "fields": fields})
+    finally:
+        pooled.shutdown()
+        pooled.server_close()
+    from lmcalc.serve.answers import answer
+    from lmcalc.serve.questions import question_of
+
+    assert status == 200 and found["json"] == answer(question_of("memory", fields))["json"]

@@ -28,14 +28,14 @@ def serve(
     open_browser: Annotated[bool, typer.Option("--open", help="Open the page in the default browser.")] = False,
 ) -> None:
     """The interactive page: memory bars, time, cost and plans that answer as a setting changes."""
-    from lmcalc.serve.server import LOOPBACK, start
+    from lmcalc.serve.server import LOOPBACK, serving_workers, start
 
     if not 0 <= port <= 65535:
         raise LmcalcError(f"--port must be in 0..65535; got {port}")
     # another address: the names a request may give are that address's (any, where it is every address)
     names = LOOPBACK if _is_loopback(host) else None if _is_any(host) else (*LOOPBACK, host.strip("[]"))
     try:
-        server = start(host.strip("[]"), port, names)
+        server = start(host.strip("[]"), port, names, serving_workers())
     except OSError as exc:
         hint = f"; try --port {port + 1} or --port 0" if exc.errno == 98 else ""
         raise LmcalcError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import collections
 import json
+import multiprocessing
 import select
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,13 +89,30 @@ class PageServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
+    request_queue_size = 128  # the standard library's 5 reset connections when many clients connect at once
 
-    def __init__(self, host: str, port: int, host_names: tuple[str, ...] | None = LOOPBACK) -> None:
+    def __init__(self, host: str, port: int, host_names: tuple[str, ...] | None = LOOPBACK, workers: int = 0) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.pool: ProcessPoolExecutor | None = None  # server_close, called when the bind fails, reads it
         super().__init__((host, port), PageHandler)
         self.host_names = host_names
         self.cache = AnswerCache()
         self.plan_slots = threading.BoundedSemaphore(PLAN_SEARCHES)
+        if workers > 0:
+            self.pool = _pool(workers)
+
+    def answered(self, question: Question) -> dict[str, Any]:
+        """``answers.answer(question)``: in a worker process where the server has them, else on this thread."""
+        from lmcalc.serve.answers import answer
+
+        if self.pool is None:
+            return answer(question)
+        return self.pool.submit(answer, question).result()
+
+    def server_close(self) -> None:
+        super().server_close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def url(self) -> str:
@@ -107,6 +126,7 @@ class PageHandler(BaseHTTPRequestHandler):
     _sent: dict[str, Any]  # the request's JSON body (``_question``)
     server_version = f"lmcalc/{__version__}"
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a keep-alive answer's body sent at once, not after the client's delayed ACK
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
         """Quiet: the terminal shows the URL and errors, not a line per request."""
@@ -201,11 +221,9 @@ class PageHandler(BaseHTTPRequestHandler):
         return question_of(str(sent.get("command", "")), fields, given)
 
     def _answer(self, question: Question) -> None:
-        from lmcalc.serve.answers import answer
-
         try:
             started = time.perf_counter()
-            found = answer(question)
+            found = self.server.answered(question)
         except LmcalcError as exc:
             self._error(exc, question)
             return
@@ -319,9 +337,38 @@ def _error_of(exc: LmcalcError, question: Question | None = None) -> dict[str, A
     return {"error": message, "field": named}
 
 
-def start(host: str = "127.0.0.1", port: int = 0, host_names: tuple[str, ...] | None = LOOPBACK) -> PageServer:
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """``workers`` processes that compute answers, each started and warmed (lmcalc imported, the presets' names read)
+    before the server answers. Started by a fork server: the server's threads are never forked."""
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("forkserver"))
+    for warming in [pool.submit(_warm) for _ in range(workers)]:
+        warming.result()
+    return pool
+
+
+def _warm() -> None:
+    from lmcalc import presets
+    from lmcalc.serve import answers
+
+    presets.registry("models")
+    del answers
+
+
+def serving_workers() -> int:
+    """The processes that compute answers under ``lmcalc serve``: one per core, up to four. The interpreter's lock
+    holds a server's threads to one core: computed answers (a memory estimate, about 2 ms) then queue behind each
+    other at about 320 a second on any machine."""
+    from lmcalc.engine.search.workers import cores
+
+    return max(1, min(cores(), 4))
+
+
+def start(
+    host: str = "127.0.0.1", port: int = 0, host_names: tuple[str, ...] | None = LOOPBACK, workers: int = 0
+) -> PageServer:
     """A server listening on ``host``:``port`` (0: any free port), answering on a thread of its own, to requests
-    whose ``Host`` is one of ``host_names`` (None: any, for a server listening on every address)."""
-    server = PageServer(host, port, host_names)
+    whose ``Host`` is one of ``host_names`` (None: any, for a server listening on every address); computed answers
+    in ``workers`` processes (0: on the request's thread)."""
+    server = PageServer(host, port, host_names, workers)
     threading.Thread(target=server.serve_forever, name="lmcalc-serve", daemon=True).start()
     return server
