@@ -120,3 +120,14 @@ def user_presets(tmp_path, monkeypatch):
     presets.registry.cache_clear()
     yield tmp_path
     presets.registry.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def served():
+    """``lmcalc serve``'s server on a free loopback port, answering on its own thread, for a test module."""
+    from lmcalc.serve import server as page_server
+
+    server = page_server.start()
+    yield server
+    server.shutdown()
+    server.server_close()

@@ -21,45 +21,15 @@ DATA = Path(__file__).parent / "data" / "launch"
 
 PLANS = {
     # (kind, the plan's flags): layouts each framework runs
-    "megatron": ["-m", "llama-3.1-70b", "--gpus", "64xH100", "--pp", "2", "--framework", "megatron"],
-    "megatron-moe": ["-m", "mixtral-8x7b", "--gpus", "32xH100", "--ep", "8", "--framework", "megatron"],
-    "deepspeed": [
-        "-m",
-        "llama-3.1-8b",
-        "--gpus",
-        "16xH100",
-        "--tp",
-        "1",
-        "--pp",
-        "1",
-        "--cp",
-        "1",
-        "--zero",
-        "2",
-        "--offload",
-        "optimizer",
-        "--framework",
-        "deepspeed",
-    ],  # fmt: skip
-    "torchtitan": ["-m", "llama-3.1-70b", "--gpus", "64xH100", "--zero", "3", "--framework", "torchtitan"],
-    "trainer": [
-        "-m",
-        "qwen3-8b",
-        "--gpus",
-        "8xH100",
-        "--tp",
-        "1",
-        "--pp",
-        "1",
-        "--cp",
-        "1",
-        "--zero",
-        "3",
-        "--recompute",
-        "full",
-        "--framework",
-        "deepspeed",
-    ],  # fmt: skip
+    name: shlex.split(flags)
+    for name, flags in {
+        "megatron": "-m llama-3.1-70b --gpus 64xH100 --pp 2 --framework megatron",
+        "megatron-moe": "-m mixtral-8x7b --gpus 32xH100 --ep 8 --framework megatron",
+        "deepspeed": "-m llama-3.1-8b --gpus 16xH100 --tp 1 --pp 1 --cp 1 --zero 2 --offload optimizer "
+        "--framework deepspeed",
+        "torchtitan": "-m llama-3.1-70b --gpus 64xH100 --zero 3 --framework torchtitan",
+        "trainer": "-m qwen3-8b --gpus 8xH100 --tp 1 --pp 1 --cp 1 --zero 3 --recompute full --framework deepspeed",
+    }.items()
 }
 
 

@@ -23,14 +23,6 @@ pytestmark = pytest.mark.cli  # a server on a loopback socket, requests on threa
 HF_CONFIG = Path(__file__).parent / "data" / "hf" / "llama-3.1-8b" / "config.json"
 
 
-@pytest.fixture(scope="module")
-def served():
-    server = page_server.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
 def post(server, body: object, headers: dict[str, str] | None = None) -> tuple[int, list[dict]]:
     """Ask; the reply's status and its JSON lines (one, or a plan's progress lines and its answer)."""
     host, port = server.server_address[:2]

@@ -12,21 +12,11 @@ import struct
 import pytest
 from browser import Browser, find_chromium
 
-from lmcalc.serve import server as page_server
-
 pytestmark = pytest.mark.cli
 
 IDLE = "window.lmcalcPage !== undefined && document.body.dataset.busy === '0'"
 SEGMENTS = """[...document.querySelectorAll('#chart-memory .segment')].map(s => ({
     bytes: Number(s.dataset.bytes), px: s.getBoundingClientRect().height, title: s.title}))"""
-
-
-@pytest.fixture(scope="module")
-def served():
-    server = page_server.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture(scope="module")
