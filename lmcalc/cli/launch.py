@@ -12,16 +12,16 @@ from typing import Annotated, Any
 
 import typer
 
-from lmcalc.cli.help import OUTPUT_PANEL
 from lmcalc.errors import LmcalcError, flag
-from lmcalc.launch.config import KINDS
+from lmcalc.launch.config import KINDS, Launch
 
 FROM_HELP = (
     "Read the settings from a launch config: Megatron-LM arguments (a launch script), a DeepSpeed JSON, a torchtitan "
     f"TOML, HF TrainingArguments, an axolotl or a LLaMA-Factory YAML; the kind is found, or named: {KINDS[0]}:FILE "
     "(- reads standard input). A flag given beside it overrides the file's setting."
 )
-FromOpt = Annotated[str | None, typer.Option("--from", help=FROM_HELP, rich_help_panel=OUTPUT_PANEL)]
+FROM_PANEL = "Launch config"
+FromOpt = Annotated[str | None, typer.Option("--from", help=FROM_HELP, rich_help_panel=FROM_PANEL)]
 ASSUMED_GPU = "H100"
 """The GPU type taken where a launch script says how many GPUs it runs on but not which (said in the notes)."""
 
@@ -119,7 +119,7 @@ def apply_launch(source: str, kwargs: dict[str, Any], given: set[str]) -> list[s
     return notes
 
 
-def _grad_accum(launch: Any, kwargs: dict[str, Any], given: set[str]) -> int | None:
+def _grad_accum(launch: Launch, kwargs: dict[str, Any], given: set[str]) -> int | None:
     """The micro-batches per step a global batch in sequences makes on the cluster given, where the command takes
     the accumulation and neither the file nor the command line gave it."""
     if "grad_accum" not in kwargs or "grad_accum" in given or launch.key_of("grad_accum") is not None:
