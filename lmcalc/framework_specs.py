@@ -284,6 +284,12 @@ class ParallelismRule(Rule):
     )
     pipeline: StrictBool = Field(True, description="whether it trains with pipeline stages at all (PP > 1)")
     instead: str = Field("", description="what to run instead of a refused stage, for the error message")
+    uneven_counted_split: StrictBool = Field(
+        False,
+        description="whether the layers and an embedding or loss counted as a layer may divide unevenly over the "
+        "pipeline's parts, the earlier ones taking one more (torchtitan's generate_llm_fqn_per_model_part; "
+        "Megatron-LM asserts an even split)",
+    )
 
 
 SelectiveRecompute = Literal["attention_core", "matmuls"]

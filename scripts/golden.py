@@ -74,10 +74,10 @@ def hardware_figures(name: str) -> dict[str, Any]:
 
 def framework_figures(name: str) -> dict[str, Any]:
     """One profile's parts of the most loaded GPU, for ``FRAMEWORK_MODEL`` at the golden settings with ZeRO-1 and
-    ZeRO-3 (8 GPUs)."""
+    ZeRO-3 (8 GPUs), each where the framework runs it (torchtitan has no ZeRO-1)."""
     s = GOLDEN_SETTINGS
     figures = {}
-    for zero in (1, 3):
+    for zero in (z for z in (1, 3) if z in registry("frameworks").spec(name).parallelism.zero_stages):
         gpu = api.memory(
             model=FRAMEWORK_MODEL, gpus=s["cluster_memory"], seq=s["seq_len"], zero=zero, framework=name
         ).gpu

@@ -28,6 +28,8 @@ PLANS = {
         "deepspeed": "-m llama-3.1-8b --gpus 16xH100 --tp 1 --pp 1 --cp 1 --zero 2 --offload optimizer "
         "--framework deepspeed",
         "torchtitan": "-m llama-3.1-70b --gpus 64xH100 --zero 3 --framework torchtitan",
+        "torchtitan-zero2": "-m llama-3.1-8b --gpus 8xH100 --zero 2 --framework torchtitan",
+        "torchtitan-pp": "-m llama-3.1-70b --gpus 64xH100 --pp 2 --zero 3 --framework torchtitan",
         "trainer": "-m qwen3-8b --gpus 8xH100 --tp 1 --pp 1 --cp 1 --zero 3 --recompute full --framework deepspeed",
     }.items()
 }
@@ -167,14 +169,21 @@ TORCHTITAN_SCHEMA = {
     # training TOML's sections set, and their types
     "parallelism": {"data_parallel_replicate_degree": int, "data_parallel_shard_degree": int,
                     "tensor_parallel_degree": int, "pipeline_parallel_degree": int, "context_parallel_degree": int,
-                    "expert_parallel_degree": int, "pipeline_parallel_microbatch_size": int},
+                    "expert_parallel_degree": int, "pipeline_parallel_microbatch_size": int,
+                    "fsdp_reshard_after_forward": ("default", "always", "never"),
+                    # torch.distributed.pipelining's schedule classes by name (get_schedule_class)
+                    "pipeline_parallel_schedule": ("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS",
+                                                   "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"),
+                    "pipeline_parallel_first_stage_less_layers": int, "pipeline_parallel_last_stage_less_layers": int,
+                    "module_fqns_per_model_part": list},
     "training": {"local_batch_size": int, "global_batch_size": int, "seq_len": int},
     "activation_checkpoint": {"mode": ("selective", "full", "memory_budget", "none"), "selective_ac_option": str},
 }  # fmt: skip
 
 
-def test_torchtitan_reads_the_toml_as_its_configs_do(lmcalc_run):
-    text, _ = emitted(lmcalc_run, "torchtitan")
+@pytest.mark.parametrize("name", ["torchtitan", "torchtitan-zero2", "torchtitan-pp"])
+def test_torchtitan_reads_the_toml_as_its_configs_do(lmcalc_run, name):
+    text, _ = emitted(lmcalc_run, name)
     written = tomllib.loads(text)
     published = [tomllib.loads(p.read_text()) for p in sorted((DATA / "torchtitan").glob("*.toml"))]
     for section, keys in written.items():
@@ -183,8 +192,11 @@ def test_torchtitan_reads_the_toml_as_its_configs_do(lmcalc_run):
             assert value in kind if isinstance(kind, tuple) else isinstance(value, kind), (section, key, value)
             seen = [p[section][key] for p in published if key in p.get(section, {})]
             assert all(type(s) is type(value) for s in seen), (section, key)  # as torchtitan's own configs give it
-    plan = planned(lmcalc_run, "torchtitan")
-    assert written["parallelism"]["data_parallel_shard_degree"] == plan["dp"] and plan["zero"] == 3
+    plan = planned(lmcalc_run, name)
+    assert written["parallelism"]["data_parallel_shard_degree"] == plan["dp"] and plan["zero"] >= 2
+    # the policy torchtitan/distributed/fsdp.py resolves: "default" reshards, but not under PP
+    reshard = written["parallelism"].get("fsdp_reshard_after_forward", "default")
+    assert (reshard == "never" or reshard == "default" and plan["pp"] > 1) == (plan["zero"] == 2)
     assert re.search(r"^\[activation_checkpoint\]$", text, re.M)
 
 

@@ -243,7 +243,11 @@ def test_max_params_offers_only_shapes_memory_accepts(zero, framework):
     from lmcalc.engine.search.maxparams import scaled_shape
 
     found = lmcalc.max_params(gpus="8xH100", framework=framework)
-    row = next(r for r in found.rows if r.zero_stage == zero)
+    row = next((r for r in found.rows if r.zero_stage == zero), None)
+    if framework == "torchtitan" and zero == 1:  # FSDP2 shards everything or nothing (torchtitan's configs.py)
+        assert row is None and [r.zero_stage for r in found.rows] == [0, 2, 3]
+        return
+    assert row is not None
     assert row.activation_shape is not None
     assert row.with_activations == count_params(row.activation_shape).total  # never rounded up
     settings = {"gpus": "8xH100", "seq": 4096, "dp": 8, "zero": zero, "framework": framework}

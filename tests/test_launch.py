@@ -156,6 +156,22 @@ def test_megatron_builds_the_model_from_its_shape_with_the_padded_vocabulary():
     assert lmcalc.params(model=gpt).total == by_hand
 
 
+def test_a_tp_other_than_the_files_pads_the_vocabulary_for_it():
+    # Megatron pads by the TP it runs with: under TP 4, ⌈50257 / 512⌉ · 512 = 99 · 512 = 50,688 (TP 1: 50,304)
+    launch = read(str(DATA / "megatron/gpt3-175b-distributed.sh"))
+    assert launch.model_for(4).vocab_size == 50688 and launch.model_for(1).vocab_size == 50304
+    assert launch.model_for(8) is launch.keywords()["model"]  # the file's own TP: the model read
+    assert "50,257 padded to 50,688 (a multiple of 128 × TP 4" in " ".join(launch.notes(4))
+    assert launch.model_for(4).display_name == "gpt3-175b-distributed (Megatron-LM's shape flags)"
+
+
+def test_a_vocabulary_divisor_below_one_is_refused(tmp_path):
+    script = tmp_path / "args.sh"
+    script.write_text("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --make-vocab-size-divisible-by 0\n")
+    with pytest.raises(LmcalcError, match="--make-vocab-size-divisible-by is 0; a whole number from 1"):
+        read("megatron:" + str(script))
+
+
 def test_a_config_that_points_to_a_deepspeed_config_reads_it(tmp_path):
     (tmp_path / "ds.json").write_text((DATA / "deepspeed/axolotl-zero3-bf16-cpuoffload-all.json").read_text())
     (tmp_path / "qlora.yml").write_text(

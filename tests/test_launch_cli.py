@@ -56,6 +56,30 @@ def test_a_global_batch_becomes_the_accumulation_on_the_gpus_given(lmcalc_run):
     assert read.json["inputs"]["model"]["value"].startswith("mixtral-8x7b-distributed")
 
 
+def test_a_tp_typed_beside_a_megatron_script_pads_its_vocabulary_for_that_tp(lmcalc_run, tmp_path):
+    # GPT-3 175B at TP 4 (the script's is 8): GPT-2's 50,257 tokens padded to a multiple of 128 · 4, 50,688 rows
+    # against the script's 51,200; the first stage holds the vocabulary-parallel embedding, a quarter of its rows
+    import yaml
+
+    from lmcalc.launch import read
+
+    script = str(DATA / "megatron/gpt3-175b-distributed.sh")
+    as_read = tmp_path / "gpt3-as-read.yaml"  # the model the script gives at its own TP, 51,200 rows
+    as_read.write_text(yaml.safe_dump(read(script).keywords()["model"].model_dump(mode="json", exclude_none=True)))
+    runs = [lmcalc_run(["memory", "--from", script, "--gpus", "128xH100", "--tp", "4", *model, "--json"])
+            for model in ([], ["--model", str(as_read)])]  # fmt: skip
+    held = [results(run)["state"]["params_per_gpu"]["value"] for run in runs]
+    assert held[1] - held[0] == (51200 - 50688) * 12288 / 4
+    assert any("padded to 50,688 (a multiple of 128 × TP 4" in note for note in runs[0].json["notes"])
+
+
+def test_a_layout_that_does_not_fit_the_scripts_gpus_says_where_they_came_from(lmcalc_run):
+    # the GPT-3 script launches on one node of 8 (GPUS_PER_NODE=8, NUM_NODES=1) with TP 8 · PP 16
+    run = lmcalc_run(["memory", "--from", str(DATA / "megatron/gpt3-175b-distributed.sh")])
+    assert run.code == 2 and "does not divide the 8 GPUs" in run.err
+    assert "(8xH100: the GPUs" in run.err and "launches on; give --gpus)" in run.err
+
+
 def test_train_time_and_plan_take_the_run_from_the_file(lmcalc_run):
     # mixtral: --train-iters 500000 of 256 × 4096 tokens = 524,288,000,000 tokens
     read = lmcalc_run(["train-time", "--from", str(DATA / "megatron/mixtral-8x7b-distributed.sh"), "--gpus",

@@ -55,9 +55,16 @@ def with_launch(command: Callable[..., None]) -> Callable[..., None]:
                 raise LmcalcError("give --model (or --from a launch config that names the model)")
             command(**({"ctx": ctx} if wants_context else {}), **kwargs)
             return
-        notes = apply_launch(launch_from, kwargs, _given(ctx, kwargs))
-        with noted(notes):
-            command(**({"ctx": ctx} if wants_context else {}), **kwargs)
+        given = _given(ctx, kwargs)
+        gpus = kwargs.get("gpus")
+        notes = apply_launch(launch_from, kwargs, given)
+        try:
+            with noted(notes):
+                command(**({"ctx": ctx} if wants_context else {}), **kwargs)
+        except LmcalcError as exc:
+            if "gpus" in given or kwargs.get("gpus") == gpus or "GPU" not in str(exc):
+                raise
+            raise LmcalcError(f"{exc} ({kwargs['gpus']}: the GPUs {launch_from} launches on; give --gpus)") from None
 
     parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
     for parameter in signature.parameters.values():
@@ -90,7 +97,8 @@ def apply_launch(source: str, kwargs: dict[str, Any], given: set[str]) -> list[s
     from lmcalc.launch import read
 
     launch = read(source)
-    notes = list(launch.notes())
+    tp = kwargs.get("tp") if "tp" in given and isinstance(kwargs.get("tp"), int) else None
+    notes = list(launch.notes(tp))
     overridden, unused = [], []
     for keyword, value in launch.keywords().items():
         if keyword not in kwargs:
@@ -100,7 +108,7 @@ def apply_launch(source: str, kwargs: dict[str, Any], given: set[str]) -> list[s
                 overridden.append(f"{flag(keyword)} {kwargs[keyword]} (the file's {launch.key_of(keyword)}: "
                                   f"{getattr(value, 'name', value)})")  # fmt: skip
         else:
-            kwargs[keyword] = value
+            kwargs[keyword] = launch.model_for(tp) if keyword == "model" and tp else value
     if "gpus" in kwargs and "gpus" not in given and launch.gpu_count is not None:
         kwargs["gpus"] = f"{launch.gpu_count}x{ASSUMED_GPU}"
         notes.append(f"{launch.source} launches on {launch.gpu_count} GPUs and does not say which: {ASSUMED_GPU} "

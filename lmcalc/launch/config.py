@@ -7,6 +7,7 @@ returns its ``Launch``; ``read`` finds the kind when it is not named.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,25 @@ class Unexpressed:
 
 
 @dataclass(frozen=True)
+class VocabPadding:
+    """Megatron's padded vocabulary (``_vocab_size_with_padding``, megatron/training/tokenizer/tokenizer.py): the
+    tokenizer's ``size`` rounded up to a multiple of ``divisor`` (``--make-vocab-size-divisible-by``) × TP, so that the
+    embedding and output layer are that size and TP splits them evenly."""
+
+    size: int
+    divisor: int
+    tp: int
+
+    def padded(self, tp: int | None = None) -> int:
+        multiple = self.divisor * (tp or self.tp)
+        return math.ceil(self.size / multiple) * multiple
+
+    def said(self, tp: int | None = None) -> str:
+        return (f"the vocabulary of {self.size:,} padded to {self.padded(tp):,} (a multiple of {self.divisor} × TP "
+                f"{tp or self.tp}, as Megatron pads it)")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Launch:
     """A launch config read: its kind, the settings lmcalc takes from it (``settings``, each once), the model it names
     (a preset's name, a Hub id, or a ``ModelSpec`` built from the shape it gives), what lmcalc cannot express, and
@@ -51,6 +71,7 @@ class Launch:
     ignored: tuple[str, ...] = ()
     global_batch_sequences: int | None = None  # what grad_accum follows from once the GPUs are known
     gpu_count: int | None = None  # where the file says how many GPUs it launches on
+    vocab_padding: VocabPadding | None = None  # a model built from Megatron's shape flags
 
     def keywords(self) -> dict[str, Any]:
         """The settings as the API takes them: keyword → value (the model under ``model``)."""
@@ -65,10 +86,21 @@ class Launch:
             return self.model.key
         return next((taken.key for taken in self.settings if taken.keyword == keyword), None)
 
-    def notes(self) -> tuple[str, ...]:
-        """What an answer says of the file: what it read, what it could not express, what it left alone."""
+    def model_for(self, tp: int) -> Any:
+        """The model, its vocabulary padded for ``tp`` where Megatron pads it by TP (a TP given beside the file)."""
+        model = self.model.value if self.model is not None else None
+        if self.vocab_padding is None or model is None or self.vocab_padding.padded(tp) == model.vocab_size:
+            return model
+        return model.model_copy(update={"vocab_size": self.vocab_padding.padded(tp)})
+
+    def notes(self, tp: int | None = None) -> tuple[str, ...]:
+        """What an answer says of the file: what it read, what it could not express, what it left alone (``tp``: the
+        TP the answer takes, where it is not the file's)."""
         read = ", ".join(f"{t.key} → {flag(t.keyword)} {_shown(t.value)}" for t in self.settings)
         notes = [f"from {self.source} ({self.kind}): {read or 'no setting lmcalc takes'}"]
+        if self.vocab_padding is not None:
+            notes.append(f"the model from {self.model.key if self.model else 'its shape flags'}: "
+                         f"{self.vocab_padding.said(tp)}")  # fmt: skip
         if self.unexpressed:
             said = "; ".join(f"{u.key} = {_shown(u.value)} ({u.why})" for u in self.unexpressed)
             notes.append(f"{self.source} asks what lmcalc does not model: {said}")
@@ -97,6 +129,7 @@ class Reading:
     ignored: list[str] = field(default_factory=list)
     global_batch_sequences: int | None = None
     gpu_count: int | None = None
+    vocab_padding: VocabPadding | None = None
 
     def take(self, keyword: str, value: Any, key: str) -> None:
         """Take ``value`` for the setting ``keyword`` from the file's ``key`` (a later key overrides: the file said it
@@ -117,7 +150,7 @@ class Reading:
     def launch(self) -> Launch:
         return Launch(
             self.kind, self.source, tuple(self.taken.values()), self.model, tuple(self.unexpressed),
-            tuple(self.ignored), self.global_batch_sequences, self.gpu_count,
+            tuple(self.ignored), self.global_batch_sequences, self.gpu_count, self.vocab_padding,
         )  # fmt: skip
 
 

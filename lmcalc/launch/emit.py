@@ -206,14 +206,15 @@ def _checkpointing(w: Workload) -> str:
 
 def _torchtitan(chosen: Chosen) -> str:
     layout, w = chosen.layout, chosen.workload
-    if layout.zero not in (0, 3):
-        raise LmcalcError(f"--emit torchtitan: torchtitan shards with FSDP (ZeRO-3) or replicates (ZeRO-0), not "
-                          f"ZeRO-{layout.zero}; pin --zero 3 or --zero 0")  # fmt: skip
+    if layout.zero not in (0, 2, 3):
+        raise LmcalcError(f"--emit torchtitan: torchtitan shards with FSDP (ZeRO-3, or ZeRO-2 without resharding "
+                          f"after forward) or replicates (ZeRO-0), not ZeRO-{layout.zero}; pin --zero 3, 2 or "
+                          "0")  # fmt: skip
     if layout.tp > 1 and not layout.sequence_parallel:
         raise LmcalcError("--emit torchtitan: torchtitan's TP shards the norms too (sequence parallelism); pin "
                           "--sequence-parallel")  # fmt: skip
-    shard, replicate = (layout.dp, 1) if layout.zero == 3 else (1, layout.dp)
-    parallelism = {
+    shard, replicate = (layout.dp, 1) if layout.zero >= 2 else (1, layout.dp)
+    parallelism: dict[str, object] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
         "tensor_parallel_degree": layout.tp,
@@ -221,15 +222,20 @@ def _torchtitan(chosen: Chosen) -> str:
         "context_parallel_degree": layout.cp,
         "expert_parallel_degree": layout.ep,
     }
+    if layout.zero == 2 or (layout.zero == 3 and layout.pp > 1):  # its default: resharded, but not under PP
+        parallelism["fsdp_reshard_after_forward"] = "never" if layout.zero == 2 else "always"
     # torchtitan accumulates local_batch_size / (its microbatch) under PP, and global / (local · DP) otherwise
     local = w.micro_batch * layout.grad_accum if layout.pp > 1 else w.micro_batch
     if layout.pp > 1:
+        from lmcalc.launch.torchtitan_pipeline import pipeline_keys
+
         parallelism["pipeline_parallel_microbatch_size"] = w.micro_batch
+        parallelism |= pipeline_keys(w.model.num_layers, layout.pp, layout.split)
     training = {"local_batch_size": local, "global_batch_size": chosen.global_batch, "seq_len": w.seq_len}
     lines = [f"# {line}" for line in notes("torchtitan", chosen)]
     lines += ["# torchtitan's training config (TOML, torchtitan 0.2; 0.3 takes Python configs): merge these sections",
               "# into your config of the model's flavor", "", "[parallelism]"]  # fmt: skip
-    lines += [f"{key} = {value}" for key, value in parallelism.items()]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in parallelism.items()]  # TOML's ints, strings, arrays
     lines += ["", "[training]", *(f"{key} = {value}" for key, value in training.items())]
     lines += ["", "[activation_checkpoint]", f'mode = "{w.recompute}"']
     if w.recompute == "selective":  # op-level: the matmuls' outputs kept, the rest (attention's core) recomputed

@@ -81,7 +81,8 @@ def read_megatron(text: str, source: str) -> Launch:
     """The settings of a Megatron-LM launch script or argument list."""
     reading = Reading("megatron", source)
     reading.take("framework", "megatron", "pretrain_gpt.py")
-    flags = flags_of(words_of(text, source))
+    words = words_of(text, source)
+    flags = flags_of(words)
     precision = _read_precision(flags, reading)
     for name, value in flags.items():
         if name in WHOLE:
@@ -114,7 +115,7 @@ def read_megatron(text: str, source: str) -> Launch:
     if "virtual_stages" in reading.taken and reading.taken["virtual_stages"].value > 1:  # chunks: the interleaved 1F1B
         reading.take("schedule", "interleaved", "--virtual-pipeline-model-parallel-size")
     _read_batch(flags, reading)
-    _read_gpus(text, reading)
+    _read_gpus(words, reading)
     from lmcalc.launch.megatron_model import model_of_flags
 
     model_of_flags(flags, reading)
@@ -253,10 +254,9 @@ def _read_batch(flags: dict[str, Any], reading: Reading) -> None:
         reading.take("tokens", steps * reading.global_batch_sequences * seq.value, "--train-iters")
 
 
-def _read_gpus(text: str, reading: Reading) -> None:
+def _read_gpus(words: list[str], reading: Reading) -> None:
     """How many GPUs the script launches on, where it says (``GPUS_PER_NODE=8`` and ``NUM_NODES=4``, or torchrun's
     ``--nproc_per_node`` and ``--nnodes``, as numbers)."""
-    words = words_of(text, reading.source)
     per_node = _number_after(words, ("--nproc_per_node", "--nproc-per-node"))
     nodes = _number_after(words, ("--nnodes",))
     if per_node is not None:

@@ -10,11 +10,10 @@ and output layer are that size. The tokenizer's own size is ``--vocab-size``, or
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from lmcalc.errors import LmcalcError
-from lmcalc.launch.config import Reading, Taken, number, whole
+from lmcalc.launch.config import Reading, Taken, VocabPadding, number, whole
 
 VOCAB_DIVISOR = 128
 """``--make-vocab-size-divisible-by``'s default (megatron/training/arguments.py)."""
@@ -35,8 +34,8 @@ def model_of_flags(flags: dict[str, Any], reading: Reading) -> None:
         return
     if "--multi-latent-attention" in flags or "--moe-layer-freq" in flags:
         return  # said by the reader (UNMODELLED): a shape this does not build
-    vocab = _vocab(flags, reading)
-    if vocab is None:
+    padding = _vocab(flags, reading)
+    if padding is None:
         reading.cannot("--vocab-size", "", "no vocabulary size, nor a tokenizer of a built-in preset; give --model")
         return
     if "--swiglu" not in flags:  # GPT's shape (GELU, LayerNorm, learned positions, biases, every head its own K, V)
@@ -44,22 +43,24 @@ def model_of_flags(flags: dict[str, Any], reading: Reading) -> None:
                      "--position-embedding-type"):  # fmt: skip
             if name in flags:
                 reading.cannot(name, flags[name], "lmcalc builds a GELU model as GPT-2's shape: give --model")
-    config = _hf_config(flags, vocab, reading.source)
+    config = _hf_config(flags, padding.padded(), reading.source)
     from lmcalc import presets as pr
     from lmcalc.hf_config import model_from_hf_config
     from lmcalc.specs import ModelSpec
 
     name = reading.source.rsplit("/", 1)[-1].removesuffix(".sh")
     origin = f"{reading.source} (Megatron-LM's shape flags)"
+    data = model_from_hf_config(config, name, origin) | {"display_name": f"{name} (Megatron-LM's shape flags)"}
     try:
-        spec = pr.validate(ModelSpec, model_from_hf_config(config, name, origin), origin)
+        spec = pr.validate(ModelSpec, data, origin)
     except LmcalcError as exc:
         raise LmcalcError(f"{reading.source}: its shape flags do not make a model: {exc}") from None
     reading.model = Taken("model", spec, "--num-layers, --hidden-size, …")
+    reading.vocab_padding = padding
 
 
-def _vocab(flags: dict[str, Any], reading: Reading) -> int | None:
-    """Megatron's padded vocabulary: the tokenizer's size rounded up to a multiple of the divisor × TP."""
+def _vocab(flags: dict[str, Any], reading: Reading) -> VocabPadding | None:
+    """Megatron's padded vocabulary: the tokenizer's size, to be rounded up to a multiple of the divisor × TP."""
     size = None
     tokenizer = str(flags.get("--tokenizer-type", "GPT2BPETokenizer"))
     if "--vocab-size" in flags and "$" not in str(flags["--vocab-size"]):
@@ -72,9 +73,10 @@ def _vocab(flags: dict[str, Any], reading: Reading) -> int | None:
         return None
     divisor = whole(flags.get("--make-vocab-size-divisible-by", VOCAB_DIVISOR), "--make-vocab-size-divisible-by",
                     reading.source)  # fmt: skip
+    if divisor < 1:
+        raise LmcalcError(f"{reading.source}: --make-vocab-size-divisible-by is {divisor}; a whole number from 1")
     tp = reading.taken["tp"].value if "tp" in reading.taken else 1
-    multiple = divisor * tp
-    return math.ceil(size / multiple) * multiple
+    return VocabPadding(size, divisor, max(tp, 1))  # a TP of 0 is the layout's to refuse
 
 
 def _preset_vocab(tokenizer: str) -> int | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from lmcalc.launch.config import Launch, Reading, Taken, exact_preset, whole
 from lmcalc.launch.deepspeed import dotted
+from lmcalc.launch.torchtitan_pipeline import read_pipeline
 
 MODELS = {
     ("llama3", "8B"): "llama-3.1-8b",
@@ -31,11 +32,9 @@ UNMODELLED = {
     "parallelism.enable_async_tensor_parallel": "async TP's overlapped collectives",
     "compile.enable": "torch.compile's fusions (fewer saved activations, other kernels)",
     "training.compile": "torch.compile's fusions (fewer saved activations, other kernels)",
-    "parallelism.fsdp_reshard_after_forward": "when FSDP frees the gathered weights",
     "activation_checkpoint.selective_ac_option": "which layers or ops selective checkpointing keeps",
     "float8.enable_fsdp_float8_all_gather": "FSDP's all-gather in float8",
     "quantize.linear.float8.enable_fsdp_float8_all_gather": "FSDP's all-gather in float8",
-    "parallelism.pipeline_parallel_schedule": "the schedule (lmcalc times 1F1B and the interleaved one)",
     "training.mixed_precision_reduce": "the gradient reduce's dtype",
 }
 
@@ -87,6 +86,7 @@ def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
         found = value(name)
         if found is not None and whole(found[1], found[0], source) > 0:
             reading.take(keyword, whole(found[1], found[0], source), found[0])
+    read_pipeline(value, reading)
     sequence_parallel = value("enable_sequence_parallel")  # torchtitan 0.3; before, TP always shards the norms too
     if "tp" in reading.taken and reading.taken["tp"].value > 1:
         on = sequence_parallel is None or sequence_parallel[1] in (True, "true")
@@ -96,6 +96,7 @@ def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
     replicate = value("data_parallel_replicate_degree")
     if whole(shard[1], shard[0], source) != 1:  # -1: every GPU the other degrees leave
         reading.take("zero", 3, shard[0])
+        _read_resharding(value("fsdp_reshard_after_forward"), reading)
         if replicate is not None and whole(replicate[1], replicate[0], source) > 1:
             reading.cannot(replicate[0], replicate[1], "HSDP: lmcalc shards ZeRO-3 over every data-parallel GPU")
     _read_batch(value, reading)
@@ -119,6 +120,23 @@ def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
     return reading.launch()
 
 
+RESHARD_POLICIES = ("default", "always", "never")
+"""``parallelism.fsdp_reshard_after_forward``: whether FSDP frees a layer's gathered weights after its forward
+(torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy; "default": always, but never under PP)."""
+
+
+def _read_resharding(found: tuple[str, Any] | None, reading: Reading) -> None:
+    """FSDP without resharding after forward keeps each layer's gathered weights to its backward: lmcalc's ZeRO-2
+    under torchtitan's profile (``engine.parallel.sharding.gathered_to_backward``)."""
+    key, policy = found or ("parallelism.fsdp_reshard_after_forward (default)", "default")
+    if str(policy) not in RESHARD_POLICIES:
+        reading.cannot(key, policy, f"torchtitan's policies are {', '.join(RESHARD_POLICIES)}")
+        return
+    pipelined = "pp" in reading.taken and reading.taken["pp"].value > 1
+    if policy == "never" or (policy == "default" and pipelined):
+        reading.take("zero", 2, key + (", under PP" if policy == "default" else ""))
+
+
 def _read_model(keys: dict[str, Any], reading: Reading, used: set[str]) -> None:
     name, flavor = keys.get("model.name"), keys.get("model.flavor")
     if name is None:
@@ -139,8 +157,8 @@ def _read_batch(value: Any, reading: Reading) -> None:
     if seq is not None:
         reading.take("seq", whole(seq[1], seq[0], source), seq[0])
     local = value("local_batch_size") or value("batch_size")
-    micro = value("pipeline_parallel_microbatch_size")
-    if micro is not None and "pp" in reading.taken and reading.taken["pp"].value > 1:
+    micro = value("pipeline_parallel_microbatch_size") or ("parallelism.pipeline_parallel_microbatch_size (default)", 1)
+    if "pp" in reading.taken and reading.taken["pp"].value > 1:
         reading.take("micro_batch", whole(micro[1], micro[0], source), micro[0])
         if local is not None:
             per_step = whole(local[1], local[0], source) // whole(micro[1], micro[0], source)

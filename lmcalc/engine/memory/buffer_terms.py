@@ -9,7 +9,7 @@ from lmcalc.engine.memory.fsdp_buffers import gathered, megatron_fsdp
 from lmcalc.engine.memory.gpu_memory import GpuMemory
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import stage_layers
-from lmcalc.engine.parallel.sharding import zero_shards
+from lmcalc.engine.parallel.sharding import gathered_to_backward, zero_shards
 from lmcalc.engine.workload import Workload
 from lmcalc.result import Term
 
@@ -54,7 +54,10 @@ def _gathered_term(w: Workload, layout: Layout, gpu: GpuMemory) -> Term:
     numbers = f"{buffers.gathered_layers} layers gathered, {buffers.reduce_scatter_bytes:g} B per parameter of a " + (
         "layer being reduce-scattered" + (", the head kept gathered" if buffers.head_gathered else "")
     )
-    if not zero_shards("params", layout.zero):
+    if gathered_to_backward(w, layout.zero):
+        formula = "reduce-scatter bytes per parameter of a layer (FSDP's ZeRO-2: the weights stay gathered, above)"
+        numbers = f"{buffers.reduce_scatter_bytes:g} B per parameter of a layer being reduce-scattered"
+    elif not zero_shards("params", layout.zero):
         formula, numbers = "none (ZeRO-3 only)", ""
     elif megatron_fsdp(w, layout.state_shards):
         window = gathered(w, layout.state_shards, stage_layers(w.model, layout, gpu.stage))

@@ -23,6 +23,7 @@ from lmcalc.engine.parallel.pipeline import StageLayers, Stages, split_stage_lay
 from lmcalc.engine.parallel.sharding import (
     StageParams,
     frozen_held,
+    gathered_to_backward,
     sharded_state_bytes,
     trained_held,
     trained_precision,
@@ -82,7 +83,9 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
     optimizer_states = sharded_state_bytes(per_param, "optimizer", held, shards)
     params = sharded_state_bytes(precision.param_bytes, "params", held, shards)
     params += sharded_state_bytes(1.0, "params", frozen, shards)
-    if rules.states.weights == "master_only":
+    if gathered_to_backward(w, zero):  # the 16-bit weights whole at the backward's start; a layer reduce-scattered
+        zero3 = held.total / max(1, built.layers) * rules.buffers.reduce_scatter_bytes if replicated else 0.0
+    elif rules.states.weights == "master_only":
         params = 0.0  # only the master copy persists; the 16-bit weights are gathered a layer at a time
     grads = sharded_state_bytes(grad_bytes, "grads", held, shards)
     master = sharded_state_bytes(precision.master_bytes, "master", held, shards)

@@ -16,7 +16,14 @@ from lmcalc.engine.memory.phases import step_phases
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
-from lmcalc.engine.parallel.sharding import ModelState, StageParams, stage_params, trained_precision, zero_shards
+from lmcalc.engine.parallel.sharding import (
+    ModelState,
+    StageParams,
+    gathered_to_backward,
+    stage_params,
+    trained_precision,
+    zero_shards,
+)
 from lmcalc.engine.parallel.states import state_formula
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import AllocatorRule
@@ -156,6 +163,9 @@ def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held
             + (" (offloaded: 0 on the GPU)" if w.offload.params else "")
             + (", less the layers' weights, kept in fp8 (FP8 weights)" if w.framework.fp8.primary_weights else "")
             if w.framework.states.weights == "recipe"
+            else f"{frozen}{n} · {precision.param_bytes:g} B: each layer's 16-bit weights gathered in its forward, "
+            "kept to its backward (FSDP's ZeRO-2: no resharding after forward)"
+            if gathered_to_backward(w, layout.zero)
             else "0: only the master copy persists; the 16-bit weights are gathered a layer at a time",
             source=f"precision recipe {w.precision.name}",
         ),

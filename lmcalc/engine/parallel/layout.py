@@ -259,7 +259,7 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"TP={layout.tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
             "(tensor parallelism needs the intra-node links)"
         )
-    check_split(model, layout.pp, layout.grad_accum, split)
+    check_split(model, layout.pp, layout.grad_accum, split, not w.framework.parallelism.uneven_counted_split)
     check_framework_runs(w, layout.zero, layout.pp)
     check_offload(w.offload, layout.zero)
     if w.cpu_offloading_num_layers and layout.pp > 1:  # megatron/core/transformer/transformer_config.py

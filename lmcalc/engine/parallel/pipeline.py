@@ -121,9 +121,11 @@ class Pipelined(Protocol):
 
 
 @functools.lru_cache(maxsize=1 << 12)  # the planner checks the same few splits for every layout (a refusal is not kept)
-def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit) -> None:
+def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit, counted_even: bool = True) -> None:
     """Refuse a split of ``model``'s layers over ``pp`` stages that cannot exist, naming the constraint. (What a
-    split can check alone, it checked when it was made.)"""
+    split can check alone, it checked when it was made.) ``counted_even``: the framework needs the layers and the
+    counted embedding and loss to divide evenly (Megatron-LM asserts it; torchtitan deals the rest to the earlier
+    stages)."""
     interleaved = split.schedule == "interleaved"
     if interleaved and split.virtual_stages < 2:
         raise LmcalcError(f"the interleaved schedule needs {setting('virtual_stages')} 2 or more (1 is plain 1F1B)")
@@ -145,7 +147,7 @@ def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit
             f"the interleaved schedule needs micro-batches ({setting('grad_accum')} {grad_accum}) divisible by PP={pp}"
         )
     if split.units:
-        _check_counted_units(model, pp, split)
+        _check_counted_units(model, pp, split, counted_even)
     if split.stage_layers_given:
         _check_stage_layers(model, pp, split)
 
@@ -191,7 +193,7 @@ def _check_stage_layers(model: ModelSpec, pp: int, split: PipelineSplit) -> None
         )
 
 
-def _check_counted_units(model: ModelSpec, pp: int, split: PipelineSplit) -> None:
+def _check_counted_units(model: ModelSpec, pp: int, split: PipelineSplit, even: bool) -> None:
     """The embedding or the loss counted in the split needs pipeline stages, replaces the uneven stages' layer
     counts, and, as Megatron-LM asserts, needs the layers and the counted units to divide evenly over the
     stages (and over their chunks, interleaved)."""
@@ -208,7 +210,7 @@ def _check_counted_units(model: ModelSpec, pp: int, split: PipelineSplit) -> Non
         )
     units = model.num_layers + split.units
     chunks = pp * split.chunks
-    if units % chunks:
+    if even and units % chunks:
         what = f"PP × virtual stages = {chunks}" if chunks != pp else f"PP={pp}"
         raise LmcalcError(
             f"with {flags}, the {model.num_layers} layers + {split.units} = {units} must divide evenly "
@@ -332,7 +334,7 @@ def _chunk_flags(
     _checked_chunks(layers, pp, split)
     flags: list[list[tuple[bool, ...]]] = [[] for _ in range(pp)]
     start = 0
-    for g, count in enumerate(_slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp
+    for g, count in enumerate(slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp
         flags[g % pp].append(moe_flags[start : start + count])
         start += count
     return tuple(tuple(chunks) for chunks in flags)
@@ -349,8 +351,8 @@ def _checked_chunks(layers: int, pp: int, split: PipelineSplit) -> int:
     return v
 
 
-def _slice_sizes(layers: int, pp: int, split: PipelineSplit) -> tuple[int, ...]:
-    """The layers of each of the p·v slices, in the model's order."""
+def slice_sizes(layers: int, pp: int, split: PipelineSplit) -> tuple[int, ...]:
+    """The layers of each of the p·v slices, in the model's order (slice g is chunk g // p of stage g % p)."""
     v = _checked_chunks(layers, pp, split)
     if split.stage_layers_given:  # each stage's share, split evenly over its chunks
         stages = _layer_counts(layers, pp, split.first_stage_layers, split.last_stage_layers)
@@ -368,7 +370,7 @@ def _chunk_mixes(
     _checked_chunks(layers, pp, split)
     mixes: list[list[Mix]] = [[] for _ in range(pp)]
     start = 0
-    for g, count in enumerate(_slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp
+    for g, count in enumerate(slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp
         moe = sum(moe_flags[start : start + count])
         mixes[g % pp].append((count - moe, moe))
         start += count

@@ -53,6 +53,14 @@ def zero_shards(state: ModelState, zero: ZeroStage) -> bool:
     return zero >= ZERO_SHARDS_FROM[state]
 
 
+def gathered_to_backward(w: Workload, zero: ZeroStage) -> bool:
+    """Whether ZeRO-2 is FSDP's: the weights kept only as sharded fp32 master copies (``master_only``), each layer's
+    16-bit weights all-gathered in its forward and kept until its backward (FSDP2's ``reshard_after_forward=False``,
+    torchtitan's ``fsdp_reshard_after_forward = "never"``; FSDP1's SHARD_GRAD_OP), the gradients reduce-scattered
+    in each backward. Every layer's weights are then whole at the start of the backward, as ZeRO-2's are."""
+    return zero == 2 and w.framework.states.weights == "master_only"
+
+
 def zero_divisor(state: ModelState, zero: ZeroStage, replicas: int) -> int:
     """Over how many GPUs ``state`` is spread: the data-parallel replicas once ZeRO shards it, else 1."""
     return replicas if zero_shards(state, zero) else 1

@@ -39,6 +39,7 @@ from lmcalc.engine.parallel.pipeline import Mix, StageLayers, Stages, distinct_s
 from lmcalc.engine.parallel.sharding import (
     StageParams,
     frozen_held,
+    gathered_to_backward,
     stage_part,
     states_workload,
     trained_held,
@@ -344,7 +345,7 @@ class StateTraffic(NamedTuple):
     on the micro-batch."""
 
     zero3: float  # ZeRO-3, per micro-batch: two all-gathers of the parameters (forward, backward) and a
-    # reduce-scatter of the gradients
+    # reduce-scatter of the gradients; FSDP's ZeRO-2 (``gathered_to_backward``): one all-gather and the reduce-scatter
     reduce: float  # ZeRO-0/1/2, per step: the gradients' all-reduce (reduce-scatter from ZeRO-2)
     gather: float  # ZeRO-1/2, per step: the all-gather of the updated parameters
     optimizer: float  # the step on the GPU, or offloaded: the gradients down, the weights up, the CPU's step
@@ -380,11 +381,13 @@ def state_traffic(
     ):
         if copies == 1 or not trained + frozen_bytes:
             continue
-        if zero_shards("params", zero):
+        if zero_shards("params", zero) or gathered_to_backward(w, zero):  # FSDP's ZeRO-2: gathered once, in forward
             flat = speed.zero3_network == "one_nic"
             gathered = group_time("all-gather", trained * precision.param_bytes + frozen_bytes, copies, stride,
                                   cluster, flat)  # fmt: skip
-            zero3 += 2 * gathered + group_time("reduce-scatter", trained * grad_bytes, copies, stride, cluster, flat)
+            gathers = 1 if gathered_to_backward(w, zero) else 2
+            zero3 += gathers * gathered + group_time("reduce-scatter", trained * grad_bytes, copies, stride, cluster,
+                                                     flat)  # fmt: skip
         elif trained:
             op = "reduce-scatter" if zero_shards("grads", zero) else "all-reduce"
             reduce += group_time(op, trained * grad_bytes, copies, stride, cluster)
@@ -411,7 +414,7 @@ def _exposed_traffic(
     next forward pass, ZeRO-3's traffic behind each micro-batch's compute."""
     if replicas == 1:
         return 0.0, 0.0
-    if zero_shards("params", zero):
+    if zero_shards("params", zero) or traffic.zero3 > 0:  # ZeRO-3, or FSDP's ZeRO-2: traffic each micro-batch
         comm = traffic.zero3
         return 0.0, grad_accum * (max(0.0, comm - mb.compute) if speed.param_gather_overlap else comm)
     hidden = speed.dp_overlap == "always" or speed.dp_overlap == "without_zero" and zero == 0
