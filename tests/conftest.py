@@ -66,6 +66,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.fast)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _matplotlib_font_cache():
+    """matplotlib builds its font cache the first time it is used on a machine, by running ``fc-list``: built here,
+    once, before a fast test that renders a report (``lmcalc report``'s plots) could be refused the process."""
+    try:
+        import matplotlib
+    except ImportError:
+        yield
+        return
+    if not any(Path(matplotlib.get_cachedir()).glob("fontlist-*.json")):
+        import matplotlib.font_manager  # noqa: F401  (builds the cache)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _fast_tests_stay_fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """A fast test starts no process and loads no torch (where torch was not loaded before it)."""

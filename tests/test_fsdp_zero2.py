@@ -64,6 +64,7 @@ def _gathered_after_forward(torch, reshard: bool) -> tuple[int, int]:
     return held, layers * 2 * 4 * h * h
 
 
+@pytest.mark.torch
 def test_fsdp2_without_resharding_keeps_every_layers_bf16_weights_to_the_backward(one_rank):
     held, params = _gathered_after_forward(one_rank, reshard=False)
     assert held == 2 * params  # every layer's weights, 2 bytes each, whole at the start of the backward
