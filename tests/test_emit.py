@@ -25,6 +25,8 @@ PLANS = {
     for name, flags in {
         "megatron": "-m llama-3.1-70b --gpus 64xH100 --pp 2 --framework megatron",
         "megatron-moe": "-m mixtral-8x7b --gpus 32xH100 --ep 8 --framework megatron",
+        "megatron-layout": "-m deepseek-v3 --gpus 1024xH100 --pp 16 --ep 64 --pipeline-layout 'Et*3|(tt|)*29,m|L' "
+        "--framework megatron",
         "deepspeed": "-m llama-3.1-8b --gpus 16xH100 --tp 1 --pp 1 --cp 1 --zero 2 --offload optimizer "
         "--framework deepspeed",
         "torchtitan": "-m llama-3.1-70b --gpus 64xH100 --zero 3 --framework torchtitan",
@@ -96,7 +98,13 @@ def megatron_arguments(text: str) -> dict[str, object]:
     return found
 
 
-@pytest.mark.parametrize("name", ["megatron", "megatron-moe"])
+SHAPES = {"megatron-layout": {"num_layers": 61, "hidden_size": 7168, "num_attention_heads": 128, "num_moe_experts": 256,
+                               "moe_router_topk": 8, "mtp_num_layers": 1}}  # fmt: skip
+"""The model's shape flags where the layout checks them against the model (DeepSeek-V3: 61 layers, 256 experts, top-8,
+one MTP layer; presets/models/deepseek-v3.yaml); the others: a Llama 3 8B's, with 8 experts top-2 under EP."""
+
+
+@pytest.mark.parametrize("name", ["megatron", "megatron-moe", "megatron-layout"])
 def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
     """Megatron-LM copies each argument into the Megatron-Core config field of the same name
     (``core_transformer_config_from_args``): each one is such a field or the training script's own, and the configs
@@ -113,7 +121,8 @@ def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
 
     def typed(name: str, value: object) -> object:
         kind = str(transformer[name].type)
-        return int(value) if kind in ("int", "<class 'int'>", "Optional[int]", "int | None") else value
+        whole = ("int", "<class 'int'>", "Optional[int]", "int | None", "typing.Optional[int]")
+        return int(value) if kind in whole else value
 
     given = {k: typed(k, v) for k, v in arguments.items() if k in transformer}
     moe = {"num_moe_experts": 8, "moe_router_topk": 2} if given.get("expert_model_parallel_size", 1) > 1 else {}
@@ -121,7 +130,10 @@ def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
         import torch
 
         given["pipeline_dtype"] = torch.bfloat16
-    TransformerConfig(num_layers=32, hidden_size=4096, num_attention_heads=32, **moe, **given)
+    shape = SHAPES.get(name, {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, **moe})
+    config = TransformerConfig(**shape, **given)
+    if "pipeline_model_parallel_layout" in given:  # the layout's parts over PP: the virtual stages written beside it
+        assert config.virtual_pipeline_model_parallel_size == int(given["virtual_pipeline_model_parallel_size"])
     DistributedDataParallelConfig(**{k: v for k, v in arguments.items() if k in ddp})
 
 

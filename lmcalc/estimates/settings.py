@@ -300,6 +300,15 @@ class SplitSettings(TypedDict, total=False):
             f"stages (Megatron-LM's flag): the last stage builds one layer fewer. {_COUNTED_TAIL}",
         ),
     ]
+    pipeline_layout: Annotated[
+        str | None,
+        Setting(
+            None,
+            "Every pipeline part's layers, as Megatron-Core's --pipeline-model-parallel-layout spells them: E the "
+            "embedding, t a decoder layer, m a multi-token-prediction layer, L the loss, parts split by |, x*n and "
+            "(ab|cd)*n repeated (DeepSeek-V3: 'Et*3|(tt|)*29,m|L'). PP × virtual stages parts.",
+        ),
+    ]
 
 
 class LayoutSettings(SplitSettings, total=False):

@@ -22,6 +22,7 @@ from lmcalc.engine.memory.fp8_storage import SM100_GPUS, on_gpu
 from lmcalc.engine.memory.terms import Capacity
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit
+from lmcalc.engine.parallel.pipeline_layout import layout_parts
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, keyword, setting
 from lmcalc.estimates.inputs import (
@@ -76,6 +77,11 @@ def pipeline_split(settings: LayoutSettings | SplitSettings) -> PipelineSplit:
     given = {f.name: named[keyword(f.name)] for f in fields(PipelineSplit) if keyword(f.name) in named}
     if "schedule" in given:
         given["schedule"] = choice(given["schedule"], SCHEDULES, "schedule")
+    layout, pp = given.get("pipeline_layout"), named.get("pp")
+    if layout is not None and isinstance(pp, int) and pp > 1 and given.get("virtual_stages", 1) == 1:
+        chunks, rest = divmod(len(layout_parts(layout)), pp)  # as Megatron-Core: the virtual stages the parts make
+        if chunks > 1 and not rest:
+            given |= {"schedule": "interleaved", "virtual_stages": chunks}
     return PipelineSplit(**given)
 
 

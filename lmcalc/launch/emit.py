@@ -10,6 +10,7 @@ Reading what is written here with ``--from`` gives the same layout back (tests/t
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -147,6 +148,8 @@ def _megatron(chosen: Chosen) -> str:
         args.append(["--decoder-first-pipeline-num-layers", str(split.first_stage_layers)])
     if split.last_stage_layers is not None:
         args.append(["--decoder-last-pipeline-num-layers", str(split.last_stage_layers)])
+    if split.pipeline_layout is not None:
+        args.append(["--pipeline-model-parallel-layout", split.pipeline_layout])
     args += [["--account-for-embedding-in-pipeline-split"]] if split.embedding_in_split else []
     args += [["--account-for-loss-in-pipeline-split"]] if split.loss_in_split else []
     args += [
@@ -165,7 +168,7 @@ def _megatron(chosen: Chosen) -> str:
     lines = [f"# {line}" for line in notes("megatron", chosen)]
     lines += ["# Megatron-LM (pretrain_gpt.py) arguments; add the model's shape flags, your data and optimizer's:",
               "# torchrun ... pretrain_gpt.py \"${LMCALC_ARGS[@]}\" ...", "LMCALC_ARGS=("]  # fmt: skip
-    lines += [f"    {' '.join(arg)}" for arg in args]
+    lines += [f"    {' '.join(map(shlex.quote, arg))}" for arg in args]  # a layout's | and * quoted for the shell
     return "\n".join([*lines, ")"]) + "\n"
 
 

@@ -106,20 +106,36 @@ def read_megatron(text: str, source: str) -> Launch:
                 reading.cannot(name, value, f"Megatron-FSDP's strategies are {', '.join(SHARDING)}")
             elif "--use-megatron-fsdp" in flags:
                 reading.take("zero", SHARDING[str(value)], name)
+        elif name == "--pipeline-model-parallel-layout":
+            if not _unresolved(value, name, reading):
+                reading.take("pipeline_layout", str(value), name)
         elif name == "--optimizer":
             reading.take("optimizer", OPTIMIZERS.get(str(value), str(value)), name)
         elif name in UNMODELLED:
             reading.cannot(name, value, UNMODELLED[name])
         elif name not in SHAPE and name not in precision and name not in _BATCH:
             reading.leave(name)
+    if "pipeline_layout" in reading.taken and "virtual_stages" not in reading.taken:  # the layout's parts say v
+        _layout_chunks(reading)
     if "virtual_stages" in reading.taken and reading.taken["virtual_stages"].value > 1:  # chunks: the interleaved 1F1B
-        reading.take("schedule", "interleaved", "--virtual-pipeline-model-parallel-size")
+        key = reading.taken["virtual_stages"].key
+        reading.take("schedule", "interleaved", key)
     _read_batch(flags, reading)
     _read_gpus(words, reading)
     from lmcalc.launch.megatron_model import model_of_flags
 
     model_of_flags(flags, reading)
     return reading.launch()
+
+
+def _layout_chunks(reading: Reading) -> None:
+    """The virtual stages a pipeline layout's parts make over PP (Megatron-Core derives them from the layout)."""
+    from lmcalc.engine.parallel.pipeline_layout import layout_parts
+
+    pp = reading.taken["pp"].value if "pp" in reading.taken else 1
+    parts = len(layout_parts(reading.taken["pipeline_layout"].value))
+    if pp > 0 and parts % pp == 0 and parts > pp:
+        reading.take("virtual_stages", parts // pp, "--pipeline-model-parallel-layout")
 
 
 _BATCH = ("--global-batch-size", "--train-iters", "--train-samples")

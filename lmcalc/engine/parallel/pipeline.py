@@ -1,8 +1,9 @@
 """Pipeline parallelism: which layers each stage builds, and how many micro-batches it holds in flight.
 
 The split of the layers is one value, ``PipelineSplit``: the schedule and its virtual stages, uneven first
-and last stages (Megatron-LM's --decoder-first/last-pipeline-num-layers), and whether the embedding or the
-loss counts as a layer (--account-for-embedding/loss-in-pipeline-split). It checks itself against a model
+and last stages (Megatron-LM's --decoder-first/last-pipeline-num-layers), whether the embedding or the
+loss counts as a layer (--account-for-embedding/loss-in-pipeline-split), or every part's layers named
+(--pipeline-model-parallel-layout, ``layout_parts``). It checks itself against a model
 (``check_split``); ``engine.parallel.layout`` holds it and imports this module, never the reverse: what this module
 reads of a layout is its stages, micro-batches and split (``Pipelined``).
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import NamedTuple, Protocol
 
 from lmcalc.engine.choices import SCHEDULES, Schedule, positive_integer
+from lmcalc.engine.parallel.pipeline_layout import check_layout, layout_parts, layout_slices
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import ModelSpec
 
@@ -39,6 +41,8 @@ class PipelineSplit:
     # input embedding / the output layer and loss count as one layer each when the layers are split
     embedding_in_split: bool = False
     loss_in_split: bool = False
+    # Megatron-Core's --pipeline-model-parallel-layout: every model part's layers, "Et*3|(tt|)*29,m|L"
+    pipeline_layout: str | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -46,6 +50,8 @@ class PipelineSplit:
         for name, value in (("virtual_stages", self.virtual_stages), *self.stage_layers_given.items()):
             if not positive_integer(value):
                 raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
+        if self.pipeline_layout is not None:
+            layout_parts(self.pipeline_layout)  # its grammar, checked once
 
     def __hash__(self) -> int:
         return self._hash
@@ -86,6 +92,8 @@ class PipelineSplit:
         counted = [name for name, on in (("embedding", self.embedding_in_split), ("loss", self.loss_in_split)) if on]
         if counted:
             parts.append(f"{' and '.join(counted)} counted as a layer")
+        if self.pipeline_layout is not None:
+            parts.append(f"layout {self.pipeline_layout}")
         return parts
 
     def code_parts(self, pp: int) -> list[str]:
@@ -93,6 +101,7 @@ class PipelineSplit:
         parts = [f"v{self.virtual_stages}"] if pp > 1 and self.schedule == "interleaved" else []
         split = (("f", self.first_stage_layers), ("l", self.last_stage_layers))
         parts += [f"{tag}{n}" for tag, n in split if n is not None]
+        parts += [f"[{self.pipeline_layout}]"] if self.pipeline_layout is not None else []
         return parts + [tag for tag, on in (("+emb", self.embedding_in_split), ("+loss", self.loss_in_split)) if on]
 
 
@@ -135,8 +144,12 @@ def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit
         raise LmcalcError(f"{setting('virtual_stages')} applies to {setting('schedule')} interleaved only")
     if pp > model.num_layers:
         raise LmcalcError(f"PP={pp} exceeds the {model.num_layers} layers of {model.name}")
+    if split.pipeline_layout is not None:  # every part named: the other ways to split are refused beside it
+        units = [name for name, on in (("embedding_in_split", split.embedding_in_split),
+                                       ("loss_in_split", split.loss_in_split)) if on]  # fmt: skip
+        check_layout(model, pp, split.chunks, split.pipeline_layout, [*split.stage_layers_given, *units])
     chunks = pp * split.virtual_stages
-    if interleaved and model.num_layers + split.units < chunks:
+    if interleaved and model.num_layers + split.units < chunks and split.pipeline_layout is None:
         counted = f" + {split.units} counted in the split" if split.units else ""
         raise LmcalcError(
             f"the interleaved schedule needs at least one layer per chunk: {model.num_layers} layers{counted} "
@@ -345,7 +358,7 @@ def _checked_chunks(layers: int, pp: int, split: PipelineSplit) -> int:
     ``check_split`` has not run yet (the planner splits a pinned PP before it checks the layout), so that a PP of 2³¹
     is a line, not 2³¹ empty slices."""
     v = split.chunks
-    if pp * v > layers + split.units:
+    if pp * v > layers + split.units and split.pipeline_layout is None:  # a layout may name a part of no layer
         chunks = f"PP × virtual stages = {pp * v}" if v > 1 else f"PP={pp}"
         raise LmcalcError(f"{chunks} exceeds the {layers} layers: each stage's chunk builds at least one")
     return v
@@ -354,6 +367,8 @@ def _checked_chunks(layers: int, pp: int, split: PipelineSplit) -> int:
 def slice_sizes(layers: int, pp: int, split: PipelineSplit) -> tuple[int, ...]:
     """The layers of each of the p·v slices, in the model's order (slice g is chunk g // p of stage g % p)."""
     v = _checked_chunks(layers, pp, split)
+    if split.pipeline_layout is not None:  # every part's decoder layers, as named
+        return layout_slices(split.pipeline_layout, pp * v)
     if split.stage_layers_given:  # each stage's share, split evenly over its chunks
         stages = _layer_counts(layers, pp, split.first_stage_layers, split.last_stage_layers)
         return tuple(stages[g % pp] // v for g in range(pp * v))

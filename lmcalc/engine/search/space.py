@@ -24,6 +24,7 @@ from lmcalc.engine.choices import (
 )
 from lmcalc.engine.parallel.layout import Layout, check_tp_heads, framework_runs
 from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts
+from lmcalc.engine.parallel.pipeline_layout import layout_parts
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import Cluster, ModelSpec
@@ -162,6 +163,13 @@ def _search_space(base: Workload, cluster: Cluster, pins: Pins) -> _SearchSpace:
         else []
         for pp in pps
     }
+    if pins.split.pipeline_layout is not None:  # the layout names every part: PP a divisor of its parts, v the rest
+        parts = len(layout_parts(pins.split.pipeline_layout))
+        pps = [pp for pp in pps if parts % pp == 0]
+        splits_1f1b = {pp: [replace(pins.split, schedule="1f1b", virtual_stages=1)] if parts == pp else []
+                       for pp in pps}  # fmt: skip
+        interleaved = {pp: [replace(pins.split, schedule="interleaved", virtual_stages=parts // pp)]
+                       if parts > pp > 1 else [] for pp in pps}  # fmt: skip
     return _SearchSpace(tps, pps, cps, zeros, recomputes, splits_1f1b, interleaved)
 
 
