@@ -94,3 +94,15 @@ def test_megatron_reads_the_layout_and_its_virtual_stages(tmp_path):
     settings = read(str(script)).keywords()
     assert settings["pipeline_layout"] == DSV3
     assert (settings["schedule"], settings["virtual_stages"]) == ("interleaved", 2)
+
+
+def test_a_layout_emitted_for_torchtitan_names_its_parts(lmcalc_run, tmp_path):
+    # torchtitan has no layout string: the parts' modules are named (module_fqns_per_model_part), 15 and 17 layers
+    run = lmcalc_run(["plan", "-m", "llama-3.1-8b", "--gpus", "8xH100", "--pp", "2", "--pipeline-layout",
+                      "Et*15|t*17L", "--framework", "torchtitan", "--zero", "3", "--emit", "torchtitan"])  # fmt: skip
+    assert run.code == 0, run.err
+    (tmp_path / "t.toml").write_text(run.out)
+    settings = read(f"torchtitan:{tmp_path / 't.toml'}").keywords()
+    settings.pop("global_batch")  # a plan's setting, not memory's
+    layout = lmcalc.memory(model="llama-3.1-8b", gpus="8xH100", **settings).layout
+    assert stage_layer_counts(resolve_model("llama-3.1-8b").spec, layout) == [15, 17]

@@ -108,7 +108,11 @@ def pipeline_keys(layers: int, pp: int, split: PipelineSplit) -> dict[str, objec
     torchtitan's own rule makes lmcalc's split, else every part's modules named."""
     schedule = next(name for name, ours in SCHEDULES.items() if ours == split.schedule)
     keys: dict[str, object] = {"pipeline_parallel_schedule": schedule}
-    if not split.stage_layers_given and split.chunks == PARTS_PER_RANK[split.schedule]:
+    if (
+        split.pipeline_layout is None
+        and not split.stage_layers_given
+        and split.chunks == PARTS_PER_RANK[split.schedule]
+    ):
         keys[LESS[0]], keys[LESS[1]] = int(split.embedding_in_split), int(split.loss_in_split)
         return keys
     sizes, start, parts = slice_sizes(layers, pp, split), 0, []
