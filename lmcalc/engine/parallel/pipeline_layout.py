@@ -31,7 +31,7 @@ def layout_parts(layout: str) -> tuple[str, ...]:
     commas dropped, ``(…)*n`` and then ``x*n`` unrolled, parts split at ``|``
     (megatron/core/transformer/pipeline_parallel_layer_layout.py, core_v0.16.1). Part g is chunk g // p of stage
     g % p, as lmcalc's slices are."""
-    shown = f"{setting('pipeline_layout')} {layout[:60] + ('…' if len(layout) > 60 else '')!r}"
+    shown = _shown(layout)
     too_long = LmcalcError(f"{shown} spells out more than {MAX_LAYOUT_UNITS:,} units")
     text = layout.replace(",", "")
     if len(text) > MAX_LAYOUT_UNITS:
@@ -55,6 +55,11 @@ def layout_parts(layout: str) -> tuple[str, ...]:
     return tuple(text.split("|"))
 
 
+def _shown(layout: str) -> str:
+    """The setting and its value, as an error quotes it (a long layout cut short)."""
+    return f"{setting('pipeline_layout')} {layout[:60] + ('…' if len(layout) > 60 else '')!r}"
+
+
 def check_layout(model: ModelSpec, pp: int, chunks: int, layout: str, other: list[str]) -> None:
     """A layout names every part of the split: PP × ``chunks`` of them, the model's layers in all, the embedding
     first and the loss last (Megatron-Core's ``validate_layer_layout``); it replaces the other ways to split, the
@@ -76,10 +81,10 @@ def check_layout(model: ModelSpec, pp: int, chunks: int, layout: str, other: lis
         raise LmcalcError(f"{setting('pipeline_layout')} places {joined.count('t')} decoder layers (t); "
                           f"{model.name} has {model.num_layers}")  # fmt: skip
     if not parts[0].startswith("E") or joined.count("E") != 1 or not parts[-1].endswith("L") or joined.count("L") != 1:
-        raise LmcalcError(f"{setting('pipeline_layout')} {layout!r}: the embedding (E) must open the first part "
+        raise LmcalcError(f"{_shown(layout)}: the embedding (E) must open the first part "
                           "and the loss (L) close the last, once each")  # fmt: skip
     if "m" in joined and "t" in joined[joined.index("m") :]:
-        raise LmcalcError(f"{setting('pipeline_layout')} {layout!r}: the multi-token-prediction layers (m) come "
+        raise LmcalcError(f"{_shown(layout)}: the multi-token-prediction layers (m) come "
                           "after every decoder layer")  # fmt: skip
 
 
