@@ -263,52 +263,29 @@ _STAGE_LAYERS_TAIL = (
     "Default: an even split."
 )
 _COUNTED_TAIL = "Works with the interleaved schedule."
+_SPLIT_HELP = {
+    "first": "Layers on the first pipeline stage, which also holds the embedding (Megatron-LM's "
+    f"--decoder-first-pipeline-num-layers); {_STAGE_LAYERS_TAIL}",
+    "last": "Layers on the last pipeline stage, which also computes the logits (Megatron-LM's "
+    f"--decoder-last-pipeline-num-layers); {_STAGE_LAYERS_TAIL}",
+    "embedding": "Count the input embedding as one layer when the layers are split over the pipeline stages "
+    f"(Megatron-LM's flag): the first stage builds one layer fewer. {_COUNTED_TAIL}",
+    "loss": "Count the output layer and the loss as one layer when the layers are split over the pipeline "
+    f"stages (Megatron-LM's flag): the last stage builds one layer fewer. {_COUNTED_TAIL}",
+    "layout": "Every pipeline part's layers, as Megatron-Core's --pipeline-model-parallel-layout spells them: E the "
+    "embedding, t a decoder layer, m a multi-token-prediction layer, L the loss, parts split by |, x*n and "
+    "(ab|cd)*n repeated (DeepSeek-V3: 'Et*3|(tt|)*29,m|L'). PP × virtual stages parts.",
+}
 
 
 class SplitSettings(TypedDict, total=False):
     """How the layers split over the pipeline stages (Megatron-LM's flags), as the user gives it."""
 
-    first_stage_layers: Annotated[
-        int | None,
-        Setting(
-            None,
-            "Layers on the first pipeline stage, which also holds the embedding (Megatron-LM's "
-            f"--decoder-first-pipeline-num-layers); {_STAGE_LAYERS_TAIL}",
-        ),
-    ]
-    last_stage_layers: Annotated[
-        int | None,
-        Setting(
-            None,
-            "Layers on the last pipeline stage, which also computes the logits (Megatron-LM's "
-            f"--decoder-last-pipeline-num-layers); {_STAGE_LAYERS_TAIL}",
-        ),
-    ]
-    account_for_embedding_in_pipeline_split: Annotated[
-        bool,
-        Setting(
-            False,
-            "Count the input embedding as one layer when the layers are split over the pipeline stages "
-            f"(Megatron-LM's flag): the first stage builds one layer fewer. {_COUNTED_TAIL}",
-        ),
-    ]
-    account_for_loss_in_pipeline_split: Annotated[
-        bool,
-        Setting(
-            False,
-            "Count the output layer and the loss as one layer when the layers are split over the pipeline "
-            f"stages (Megatron-LM's flag): the last stage builds one layer fewer. {_COUNTED_TAIL}",
-        ),
-    ]
-    pipeline_layout: Annotated[
-        str | None,
-        Setting(
-            None,
-            "Every pipeline part's layers, as Megatron-Core's --pipeline-model-parallel-layout spells them: E the "
-            "embedding, t a decoder layer, m a multi-token-prediction layer, L the loss, parts split by |, x*n and "
-            "(ab|cd)*n repeated (DeepSeek-V3: 'Et*3|(tt|)*29,m|L'). PP × virtual stages parts.",
-        ),
-    ]
+    first_stage_layers: Annotated[int | None, Setting(None, _SPLIT_HELP["first"])]
+    last_stage_layers: Annotated[int | None, Setting(None, _SPLIT_HELP["last"])]
+    account_for_embedding_in_pipeline_split: Annotated[bool, Setting(False, _SPLIT_HELP["embedding"])]
+    account_for_loss_in_pipeline_split: Annotated[bool, Setting(False, _SPLIT_HELP["loss"])]
+    pipeline_layout: Annotated[str | None, Setting(None, _SPLIT_HELP["layout"])]
 
 
 class LayoutSettings(SplitSettings, total=False):
