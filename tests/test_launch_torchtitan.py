@@ -80,3 +80,10 @@ def test_a_schedule_lmcalc_does_not_time_is_named(tmp_path):
     launch = read_toml(tmp_path, 'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "ZBVZeroBubble"\n')
     assert [u.key for u in launch.unexpressed] == ["parallelism.pipeline_parallel_schedule"]
     assert "schedule" not in launch.keywords()
+
+
+def test_an_embedding_weighed_as_two_layers_is_named(tmp_path):
+    launch = read_toml(tmp_path, "pipeline_parallel_degree = 2\npipeline_parallel_first_stage_less_layers = 2\n")
+    (said,) = launch.unexpressed
+    assert said.key == "parallelism.pipeline_parallel_first_stage_less_layers"
+    assert said.why == "the embedding weighed as 2 layers in the split (lmcalc: 0 or 1)"

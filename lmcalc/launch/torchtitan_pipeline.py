@@ -73,7 +73,8 @@ def _counted(found: tuple[str, Any] | None, name: str, reading: Reading) -> bool
         return True
     weight = whole(found[1], found[0], reading.source)
     if weight not in (0, 1):
-        reading.cannot(found[0], weight, f"{name.split('_')[3]} modules weighed as {weight} layers (lmcalc: 0 or 1)")
+        what = "the embedding" if "first" in name else "the output"
+        reading.cannot(found[0], weight, f"{what} weighed as {weight} layers in the split (lmcalc: 0 or 1)")
         return None
     return weight == 1
 
