@@ -12,12 +12,14 @@ default). That is lmcalc's split with the embedding and the loss counted as a la
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from typing import Any
 
 from lmcalc.engine.choices import Schedule
 from lmcalc.engine.parallel.pipeline import PipelineSplit, slice_sizes
+from lmcalc.errors import LmcalcError
 from lmcalc.launch.config import Reading, whole
 
 SCHEDULES: dict[str, Schedule] = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved"}
@@ -98,8 +100,9 @@ def _split_of_parts(found: tuple[str, Any], pp: int, schedule: Schedule, reading
     candidates += [PipelineSplit(schedule, v, embedding_in_split=e, loss_in_split=lo)
                    for e, lo in itertools.product((False, True), repeat=2)]  # fmt: skip
     for split in candidates:
-        if split is not None and slice_sizes(len(order), pp, split) == sizes:
-            return split
+        with contextlib.suppress(LmcalcError):  # a split that cannot deal these layers over these parts
+            if split is not None and slice_sizes(len(order), pp, split) == sizes:
+                return split
     reading.cannot(key, f"parts of {', '.join(map(str, sizes))} layers", "a split lmcalc does not express")
     return None
 
