@@ -44,7 +44,7 @@ from lmcalc.hf_gpt import (
     parallel_gelu,
     xglm,
 )
-from lmcalc.hf_layers import deltanet, kimi_delta, lightning, mamba2, moe, short_conv, windows
+from lmcalc.hf_layers import deltanet, kimi_delta, lightning, local_attention, mamba2, moe, short_conv, windows
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 from lmcalc.spec_base import MAX_LAYERS
@@ -60,7 +60,7 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
-    "beam", "modernbert-decoder",
+    "beam", "modernbert-decoder", "mimo_v2_flash",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -91,7 +91,8 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "laguna": "per_head", "lara_mini": "per_head", "lfm3": "per_head", "beam": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
-                  "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5}  # fmt: skip
+                  "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5,
+                  "mimo_v2_flash": 0.334}  # fmt: skip
 """The classes' partial_rotary_factor where it is below 1 (their rope_parameters' default; tests/test_hf_types.py)."""
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip
@@ -114,13 +115,15 @@ CLASS_LAYER_TYPES: dict[str, Callable[[int, int, dict[str, Any]], str]] = {
     "lara_mini": lambda i, _, __: ("linear", "sliding", "linear", "full", "sliding")[i % 5] + "_attention",
     "beam": lambda i, n, _: "full_attention" if (i + 1) % 6 == 0 or i == n - 1 else "sliding_attention",
     "lfm3": lambda i, _, __: "full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i else "conv",
+    "mimo_v2_flash": lambda i, _, __: "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention",
     "modernbert-decoder": lambda i, _, config: (
         "sliding_attention" if i % (config.get("global_attn_every_n_layers") or 3) else "full_attention"
     ),
 }
 """The layer_types (layer i of n) a class's ``__post_init__`` writes where config.json gives none: LaraMiniConfig's
 released pattern (period 5), BeamConfig's every sixth layer and the last full, Lfm3Config's full, sliding and conv
-layers, ModernBertDecoderConfig's every global_attn_every_n_layers-th layer full from the first."""
+layers, MiMoV2FlashConfig's first layer and every sixth full, ModernBertDecoderConfig's every
+global_attn_every_n_layers-th layer full from the first."""
 NEVER_TIED = ("kimi_linear", "bailing_hybrid")
 """Types whose ForCausalLM ties no weights (``_tied_weights_keys = {}``): an untied head whatever
 tie_word_embeddings says."""
@@ -164,6 +167,11 @@ def _rotary_fraction(config: dict[str, Any], kind: str) -> float:
     """The share of each head RoPE rotates: ``partial_rotary_factor``, as transformers 5 writes it (in
     rope_parameters) or as older files do (beside it), else the class's default."""
     rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and rope and all(isinstance(r, dict) for r in rope.values()):  # one a layer type
+        # their common share (MiMo-V2-Flash's 0.334); where the layer types differ (Laguna's, LFM3's) the whole head,
+        # as the layers that rotate all of it lay it out
+        factors = {r.get("partial_rotary_factor") for r in rope.values()}
+        rope = {"partial_rotary_factor": factors.pop() if len(factors) == 1 else None}
     nested = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
     factor = nested if nested is not None else config.get("partial_rotary_factor")
     if factor is None:
@@ -295,6 +303,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= _laguna(config, origin, fields["num_heads"])
     if kind == "modernbert-decoder":
         fields |= _modernbert(config, origin)
+    if kind == "mimo_v2_flash":
+        fields |= local_attention(config, origin, fields)
     if kind == "beam":  # BeamAttention: AFMoE's gate, with a bias a head before the sigmoid; its SwiGLU in fp32
         fields |= {"attention_output_gate": True, "attention_gate_proj": True, "attention_gate_bias": True,
                    "mlp_fp32": True, "final_softcap_fp32": True}  # fmt: skip

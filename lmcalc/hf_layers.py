@@ -17,7 +17,7 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 
 ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "axk1", "dots1", "ernie4_5_moe",
                "exaone_moe", "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1",
-               "hy_v3", "flint", "kimi_linear", "bailing_hybrid", "beam")  # fmt: skip
+               "hy_v3", "flint", "kimi_linear", "bailing_hybrid", "beam", "mimo_v2_flash")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
 F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
@@ -88,6 +88,18 @@ def windows(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict
     return {"sliding_window": window, "local_attention": local, **global_layers(flags, origin)}
 
 
+def local_attention(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """MiMoV2FlashAttention: values of v_head_dim; in the sliding layers twice the KV heads and a sink a head. Its
+    class reads ``sliding_window_size`` as a window one token wider."""
+    size = config.get("sliding_window_size")
+    window = fields.get("sliding_window") if size is None else _get(config, origin, "sliding_window_size") + 1
+    local = {"sliding_window": window} if window and fields.get("sliding_window") else {}
+    if local:  # each of its sliding layers: K and V at 2·H_kv heads, and sinks
+        kv = fields["num_kv_heads"] or fields["num_heads"]
+        local |= {"local_kv_heads": 2 * kv, "attention_sinks": True, "sinks_local_only": True}
+    return {"value_head_dim": _get(config, origin, "v_head_dim"), **local}
+
+
 def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any] | None:
     experts = (
         config.get("num_local_experts")
@@ -124,7 +136,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
         dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
     first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
-    if kind in ("glm4_moe_lite", "hy_v3", "laguna") and not config.get("mlp_layer_types"):  # the first dense
+    if kind in ("glm4_moe_lite", "hy_v3", "laguna", "mimo_v2_flash") and not config.get("mlp_layer_types"):  # 1 dense
         first_dense = 1
     if kind in ("axk1", "kimi_linear") and not config.get("mlp_layer_types"):  # their classes: a kwarg, else 1
         first_dense = config.get("first_k_dense_replace", 1)

@@ -17,6 +17,15 @@ def check_model(spec: Any) -> None:
         )
     if spec.num_kv_heads is not None and spec.num_heads % spec.num_kv_heads:
         raise ValueError(f"num_kv_heads {spec.num_kv_heads} does not divide num_heads {spec.num_heads}")
+    if spec.local_kv_heads is not None and (
+        spec.num_heads % spec.local_kv_heads or not spec.local_layers or spec.hybrid or spec.mla
+    ):
+        raise ValueError(f"local_kv_heads {spec.local_kv_heads} must divide num_heads {spec.num_heads}, and needs "
+                         "local layers (a sliding_window) in a model without MLA or other mixers")  # fmt: skip
+    if spec.value_head_dim is not None and spec.mla is not None:
+        raise ValueError("value_head_dim is for attention without MLA: MLA gives its own mla.v_head_dim")
+    if spec.sinks_local_only and not (spec.attention_sinks and spec.local_layers):
+        raise ValueError("sinks_local_only needs attention_sinks and local layers (a sliding_window)")
     if spec.moe and spec.moe.dense_layers > spec.num_layers:
         raise ValueError(f"moe.dense_layers ({spec.moe.dense_layers}) exceeds num_layers ({spec.num_layers})")
     if spec.moe and not spec.moe_layers:

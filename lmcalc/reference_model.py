@@ -2,7 +2,7 @@
 
 It is written to be read: one class per block, the layers in the order the engine counts them. It builds
 on any device, ``meta`` included (a 405B model in seconds, no memory), in two attention flavours:
-``eager`` (scores materialised, K/V repeated to every head for GQA, as reference implementations do)
+``eager`` (scores materialised, K/V expanded to every head for GQA as transformers' repeat_kv does)
 and ``flash`` (``F.scaled_dot_product_attention`` with native GQA; on CUDA only its fused kernels).
 RMSNorm saves only its input and the reciprocal RMS, as fused kernels (Apex, Transformer Engine,
 Liger) do. MoE routing is real top-k on real data; on the meta device, where values do not exist,
@@ -52,6 +52,13 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(b, H_kv, s, d) to (b, H_kv·groups, s, d), each head repeated ``groups`` times: expanded, then reshaped, which
+    copies but where one KV head of one sequence merges into a view."""
+    b, kv, s, d = x.shape
+    return x[:, :, None].expand(b, kv, groups, s, d).reshape(b, kv * groups, s, d)
+
+
 class Attention(nn.Module):
     """Multi-head attention with GQA/MQA, optional QKV bias and QK-norm, or DeepSeek's latent attention."""
 
@@ -74,10 +81,11 @@ class Attention(nn.Module):
             self.o = nn.Linear(heads * m.v_head_dim, h, bias=out_bias, **kw)
             self.indexer = Indexer(spec, **kw) if m.indexer else None  # DeepSeek sparse attention
             return
+        kv, dv = self.kv_heads, spec.v_head_dim  # MiMo-V2-Flash: a local layer's own KV heads, values of d_v
         self.q = nn.Linear(h, heads * d, bias=qkv_bias, **kw)
         self.k = nn.Linear(h, kv * d, bias=qkv_bias, **kw)
-        self.v = nn.Linear(h, kv * d, bias=qkv_bias, **kw)
-        self.o = nn.Linear(heads * d, h, bias=out_bias, **kw)
+        self.v = nn.Linear(h, kv * dv, bias=qkv_bias, **kw)
+        self.o = nn.Linear(heads * dv, h, bias=out_bias, **kw)
         if spec.qk_norm == "full":
             self.q_norm, self.k_norm = make_norm(spec, heads * d, **kw), make_norm(spec, kv * d, **kw)
         elif spec.qk_norm == "per_head":
@@ -89,8 +97,13 @@ class Attention(nn.Module):
             self.pair_norm = RMSNorm(2 * d, weight=False, **kw)
         if spec.sub_norms:  # BitNet: a norm on the attention's output, before the output projection
             self.sub_norm = make_norm(spec, heads * d, **kw)
-        if spec.attention_sinks:  # gpt-oss: one learned logit per head in every softmax
+        if spec.attention_sinks and (local or not spec.sinks_local_only):  # gpt-oss: a logit per head in each softmax
             self.sinks = nn.Parameter(torch.zeros(heads, **kw))
+
+    @property
+    def kv_heads(self) -> int:
+        """This layer's key-value heads: a local layer's own where the model gives them."""
+        return self.spec.local_kv_heads if self.local and self.spec.local_kv_heads else self.spec.kv_heads
 
     def project(self, x, cos, sin, causal_bias):
         """Queries, keys and values as (batch, heads, seq, dim), RoPE applied, and the mask the attention takes: the
@@ -112,13 +125,13 @@ class Attention(nn.Module):
             if self.indexer is not None:
                 causal_bias = self.indexer.selection(x, q_latent, causal_bias)
             return q, k, v.contiguous(), causal_bias  # V on its own, not a view that keeps the up-projection alive
-        kv, d = spec.kv_heads, spec.head_size
+        kv, d, dv = self.kv_heads, spec.head_size, spec.v_head_dim
         q, k, v = self.q(x), self.k(x), self.v(x)
         if spec.qkv_clip:  # OLMo: each clamped in place, which keeps its input
             q, k, v = (t.clamp_(-spec.qkv_clip, spec.qkv_clip) for t in (q, k, v))
         if spec.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (t.view(b, s, n, d).transpose(1, 2) for t, n in ((q, heads), (k, kv), (v, kv)))
+        q, k, v = (t.view(b, s, n, w).transpose(1, 2) for t, n, w in ((q, heads, d), (k, kv, d), (v, kv, dv)))
         if spec.qk_norm == "per_head":
             q, k = self.q_norm(q), self.k_norm(k)
         if spec.position_embedding == "rope":
@@ -145,8 +158,8 @@ class Attention(nn.Module):
                     f"no fused attention kernel on this {q.device.type} takes {str(q.dtype).removeprefix('torch.')}, "
                     f"head size {q.shape[-1]}{gqa}; try {setting('attention')} eager or another {setting('dtype')}"
                 ) from exc
-        if groups > 1:  # eager GQA: every query head gets its own copy of its group's K and V
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if groups > 1:  # eager GQA: every query head gets its group's K and V, as transformers' repeat_kv expands them
+            k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
         s = q.shape[2]
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
         if self.spec.attention_softcap:  # Gemma 2: c·tanh(scores/c) before the mask; tanh keeps its output

@@ -69,6 +69,10 @@ class ModelSpec(NamedSpec):
     num_heads: Dimension
     num_kv_heads: Dimension | None = Field(None, description="GQA/MQA key-value heads; default num_heads")
     head_dim: Dimension | None = Field(None, description="default hidden_size / num_heads")
+    value_head_dim: Dimension | None = Field(None, description="values' head width, without MLA; default head_dim "
+                                             "(MiMo-V2-Flash: 128 against 192)")  # fmt: skip
+    local_kv_heads: Dimension | None = Field(None, description="the local (sliding-window) layers' own KV heads "
+                                             "(MiMo-V2-Flash: 8, its global layers 4)")  # fmt: skip
     ffn_size: Dimension = Field(description="intermediate size of a dense FFN")
     ffn_kind: FfnKind
     activation: ActivationKind = Field(
@@ -171,6 +175,8 @@ class ModelSpec(NamedSpec):
     attention_sinks: StrictBool = Field(
         False, description="a learned logit per head that every softmax includes (gpt-oss): H parameters per layer"
     )
+    sinks_local_only: StrictBool = Field(False, description="with attention_sinks, sinks in the local layers alone "
+                                         "(MiMo-V2-Flash)")  # fmt: skip
     sliding_window: Dimension | None = Field(
         None, description="local attention's span in tokens; None: every layer attends to the whole sequence"
     )
@@ -430,7 +436,18 @@ class ModelSpec(NamedSpec):
 
     @property
     def v_head_dim(self) -> int:
-        return self.mla.v_head_dim if self.mla else self.head_size
+        return self.mla.v_head_dim if self.mla else self.value_head_dim or self.head_size
+
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
+    def mean_kv_heads(self) -> float:
+        """Key-value heads averaged over the attention layers: H_kv but where the local layers have their own."""
+        local = self.local_layers / self.attention_layers if self.local_kv_heads and self.attention_layers else 0.0
+        return (1 - local) * self.kv_heads + local * (self.local_kv_heads or 0)
+
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
+    def local_attention_differs(self) -> bool:
+        """Whether the local layers attend with KV heads or sinks the global ones lack (MiMo-V2-Flash)."""
+        return bool(self.local_kv_heads or self.sinks_local_only)
 
     @property
     def indexer(self) -> IndexerSpec | None:

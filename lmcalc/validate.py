@@ -56,7 +56,9 @@ def small_config(spec: ModelSpec) -> ModelSpec:
         "hidden_size": h,
         "num_heads": heads,
         "num_kv_heads": max(1, heads * spec.kv_heads // spec.num_heads) if not spec.mla else None,
+        "local_kv_heads": max(1, heads * spec.local_kv_heads // spec.num_heads) if spec.local_kv_heads else None,
         "head_dim": None,
+        "value_head_dim": SMALL_HIDDEN // heads // 2 if spec.value_head_dim else None,  # values half the keys' width
         "ffn_size": max(8, round(ratio * h)),
         "num_layers": SMALL_LAYERS,
         "max_seq_len": SMALL_SEQ_CAP,
@@ -100,7 +102,8 @@ def cpu_fallback_reason(spec: ModelSpec, attention: str) -> str:
     if spec.drops("attention"):
         return "CPU sdpa has no fused dropout: it falls back to the math kernel (scores materialised)"
     if spec.qk_head_dim != spec.v_head_dim:
-        return "CPU sdpa needs equal Q/K and V head sizes for its fused kernel; MLA's differ"
+        differ = "MLA's differ" if spec.mla else "this model's values are narrower than its keys"
+        return f"CPU sdpa needs equal Q/K and V head sizes for its fused kernel; {differ}"
     return ""
 
 

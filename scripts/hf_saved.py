@@ -541,6 +541,10 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                      "small Laguna: a softplus gate a head on the attention's output from its own projection, QK-norm "
                      "per head, a sliding layer with a dense MLP, then a full one with 4 experts top-2 and an ungated "
                      "shared expert"),
+    "mimo-v2-flash-small": (T.MiMoV2FlashConfig, MOE4 | {"sliding_window": WINDOW, "moe_intermediate_size": 64,
+                                                        "num_key_value_heads": 1, "v_head_dim": 16},
+                            "small MiMo-V2-Flash: keys of 32 and values of 16; a full layer with a dense MLP, then a "
+                            "sliding one at twice the KV heads with sinks and 4 experts top-2 (eager: no SDPA)"),
     "minimax-small": (T.MiniMaxConfig, MOE4 | {"block_size": 64},
                       "small MiniMax-01: softmax attention, then lightning attention in blocks of 64, 4 experts top-2"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
@@ -553,6 +557,7 @@ CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) 
 # Seed-OSS's attention dropout: SDPA's runs the CPU's math path, which no GPU run takes
 for _name in (
     "flint-small",
+    "mimo-v2-flash-small",
     "gpt-neo-small",
     "mpt-small",
     "openai-gpt-small",

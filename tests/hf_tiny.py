@@ -205,6 +205,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                        layer_types=["conv", "full_attention", "conv", "conv"])),
     "hy_v3": ("HYV3Config", dict(MOE, num_experts=4, num_shared_experts=1, head_dim=16,
                                  mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
+    # MiMo-V2-Flash: keys of 32 and values of 16, the sliding layers (1 and 2) at twice the KV heads with sinks, the
+    # first layer dense
+    "mimo_v2_flash": ("MiMoV2FlashConfig", dict(MOE, n_routed_experts=4, head_dim=32, v_head_dim=16,
+                                                sliding_window=24, num_key_value_heads=1)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

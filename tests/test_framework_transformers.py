@@ -69,7 +69,7 @@ REAL_GRID = [(128, 2)]
 # (hf_saved.Case.attentions: Gemma 2 and gpt-oss eager only, Falcon SDPA only). Their sliding windows (64 tokens)
 # are shorter than both sequences.
 STEP_MEASURED = ("deepseek-v32-small", "minimax-small", "axk1-small", "flint-small", "laguna-small", "lfm3-small",
-                 "beam-small", "modernbert-decoder-small")  # fmt: skip
+                 "beam-small", "modernbert-decoder-small", "mimo-v2-flash-small")  # fmt: skip
 """The small models of the types read since issue #31 whose step peak tests/test_step_phases.py measures too."""
 OTHERS = (
     "gemma2-small",
@@ -340,7 +340,7 @@ def layer_kinds(w: Workload, layers: int) -> list[bool]:
 def mixer_kind(w: Workload, layer: int) -> MixerKind:
     """A hybrid's layer as lmcalc counts one of its kind (LFM2's convolutions, its attention), or a single block
     (Nemotron-H's attention alone, an FFN alone); any other's: the average layer."""
-    if not w.model.hybrid and not w.model.single_blocks:
+    if not w.model.hybrid and not w.model.single_blocks and not w.model.local_attention_differs:
         return "average"
     return block_kind(w.model, layer)
 

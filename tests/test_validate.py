@@ -53,8 +53,9 @@ def test_every_preset_matches_pytorch_params_and_flops(name):
     if spec.hybrid:
         pytest.skip("the reference model has no state-space or linear-attention layers: hybrids are checked against "
                     "transformers (tests/test_deltanet.py, tests/test_mamba2.py)")  # fmt: skip
-    if spec.num_layers > META_LAYERS:
-        spec = spec.model_copy(update={"num_layers": META_LAYERS})
+    if spec.num_layers > META_LAYERS:  # MiMo-V2-Flash's global layers by index: those among the 12 (0, 5 and 11)
+        ids = [i for i in spec.global_layer_ids if i < META_LAYERS]
+        spec = spec.model_copy(update={"num_layers": META_LAYERS, "global_layer_ids": ids})
     seq = meta_seq(spec)
     model = measure.build(spec, "flash", seq, "meta")
     assert measure.parameter_count(model) == count_params(spec).total

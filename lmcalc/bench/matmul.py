@@ -200,11 +200,11 @@ def model_matmuls(spec: ModelSpec, tokens: int, tp: int = 1) -> list[ModelMatmul
     (x: tokens × k, W: k × n), backward computes dx = dy·Wᵀ and dW = xᵀ·dy. Fused QKV and gate/up
     projections, as Megatron runs them. Attention's score and value products are not weight matmuls
     and are left to the attention kernel."""
-    if spec.mla or spec.moe:
+    if spec.mla or spec.moe or spec.local_kv_heads:
         raise LmcalcError(
             f"bench {setting('model')} supports dense models with standard attention; {spec.name} is not one"
         )
-    h, d, heads, kv = spec.hidden_size, spec.head_size, spec.num_heads, spec.kv_heads
+    h, d, dv, heads, kv = spec.hidden_size, spec.head_size, spec.v_head_dim, spec.num_heads, spec.kv_heads
     for what, size in (
         ("heads", heads),
         ("KV heads", kv),
@@ -216,8 +216,8 @@ def model_matmuls(spec: ModelSpec, tokens: int, tp: int = 1) -> list[ModelMatmul
     L = spec.num_layers
     up = 2 * spec.ffn_size if spec.ffn_kind != "gelu_mlp" else spec.ffn_size
     forward = [
-        ("QKV projection", h, (heads + 2 * kv) * d // tp, L),
-        ("attention output", heads * d // tp, h, L),
+        ("QKV projection", h, (heads * d + kv * (d + dv)) // tp, L),
+        ("attention output", heads * dv // tp, h, L),
         ("MLP up" + (" + gate" if spec.ffn_kind != "gelu_mlp" else ""), h, up // tp, L),
         ("MLP down", spec.ffn_size // tp, h, L),
         ("logits", h, spec.vocab_size // tp, 1),

@@ -40,7 +40,7 @@ from lmcalc.engine.finetune.method import (
 )
 from lmcalc.engine.model.flops import attended_keys, napkin_params
 from lmcalc.engine.model.mixer_flops import mixer_conv_flops, ssm_flops
-from lmcalc.engine.model.params import MIXER_SYMBOLS
+from lmcalc.engine.model.params import LOCAL_SYMBOLS, MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
 
 READS_ATTENTION_INPUT = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate", "output_gate", *MIXER_INPUTS)
@@ -123,6 +123,8 @@ def _layers_with(model: ModelSpec, count_symbol: str) -> int:
         return model.attention_layers if count_symbol == "L_attn" else model.other_mixer_layers
     if count_symbol == "L":
         return model.num_layers
+    if count_symbol in LOCAL_SYMBOLS:  # the average attention layer's share of them (a model without other mixers)
+        return model.attention_layers
     return model.dense_ffn_layers if count_symbol == "L_dense" else model.moe_layers
 
 

@@ -77,11 +77,22 @@ def kv_elements_per_token_per_layer(spec: ModelSpec) -> float:
     return spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim)
 
 
-def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
-    """KV heads cached on each of ``tp`` GPUs: H_kv/TP, or 1 (replicated) when H_kv < TP; MLA's latent is 1."""
+def kv_heads_per_gpu(spec: ModelSpec, tp: int, heads: int | None = None) -> int:
+    """KV heads cached on each of ``tp`` GPUs: H_kv/TP, or 1 (replicated) when H_kv < TP; MLA's latent is 1. ``heads``:
+    a local layer's own (``ModelSpec.local_kv_heads``) instead of H_kv."""
     _check_positive(tp, "tensor-parallel degree (TP)", "GPUs")
     check_tp_heads(spec, tp, replicate_kv=True)
-    return 1 if spec.mla else max(1, spec.kv_heads // tp)
+    return 1 if spec.mla else max(1, (heads or spec.kv_heads) // tp)
+
+
+def local_cache_weight(spec: ModelSpec, tp: int | None = None) -> Fraction:
+    """A local layer's cache per token as a share of a global layer's: H_kv,local / H_kv where the local layers have
+    KV heads of their own (MiMo-V2-Flash: 2), else 1; with ``tp``, on one GPU of TP (each at least one head)."""
+    if not spec.local_kv_heads:
+        return Fraction(1)
+    if tp is None:
+        return Fraction(spec.local_kv_heads, spec.kv_heads)
+    return Fraction(kv_heads_per_gpu(spec, tp, spec.local_kv_heads), kv_heads_per_gpu(spec, tp))
 
 
 def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> float:
@@ -129,14 +140,18 @@ class InferenceMemory:
     window: int | None = None
     max_seq_len: int = 0  # the longest context, where a cache of local layers alone stops growing
     state_per_sequence: float = 0.0  # bytes a hybrid's state-space layers keep per sequence, whatever its length
+    local_weight: Fraction = Fraction(1)  # a local layer's cache per token over a global one's (local_cache_weight)
+    local_weight_per_gpu: Fraction = Fraction(1)  # the same on one GPU of TP
 
-    def cached_tokens(self, context: int) -> Fraction:
+    def cached_tokens(self, context: int, per_gpu: bool = False) -> Fraction:
         """Tokens a layer keeps for one sequence of ``context`` tokens, on average over the layers: all of them in
-        global layers, the last ``window`` in local ones."""
+        global layers, the last ``window`` in local ones, each weighed by its cache per token over a global layer's
+        (``local_weight``; on one GPU, ``per_gpu``)."""
         if self.window is None:
             return Fraction(context)
-        local = self.local_layers * min(self.window, context)
-        return Fraction((self.layers - self.local_layers) * context + local, self.layers)
+        weight = self.local_weight_per_gpu if per_gpu else self.local_weight
+        local = self.local_layers * min(self.window, context) * weight
+        return ((self.layers - self.local_layers) * context + local) / self.layers
 
     @property
     def weights_per_gpu(self) -> float:
@@ -158,8 +173,8 @@ class InferenceMemory:
     @property
     def kv_cache_per_gpu(self) -> float:
         """The batch's cache on one GPU; a hybrid's states whole on every rank (lmcalc does not split them)."""
-        per_sequence = float(self.cached_tokens(self.context)) * self.kv_per_token_per_gpu + self.state_per_sequence
-        return self.batch * per_sequence
+        per_sequence = float(self.cached_tokens(self.context, True)) * self.kv_per_token_per_gpu
+        return self.batch * (per_sequence + self.state_per_sequence)
 
     @property
     def total_per_gpu(self) -> float:
@@ -173,7 +188,7 @@ class InferenceMemory:
     @property
     def max_batch(self) -> int:
         """The most sequences of ``context`` tokens whose cache fits: ⌊budget / (s·c)⌋."""
-        per_sequence = self.cached_tokens(self.context) * Fraction(self.kv_per_token_per_gpu)
+        per_sequence = self.cached_tokens(self.context, True) * Fraction(self.kv_per_token_per_gpu)
         return _whole_fit(self.cache_budget, per_sequence + Fraction(self.state_per_sequence))
 
     @property
@@ -184,12 +199,15 @@ class InferenceMemory:
         if not self.kv_per_token_per_gpu:  # no layer attends: the states do not grow with the context
             return self.max_seq_len if budget >= 0 else 0
         tokens = max(Fraction(0), budget) / (self.batch * Fraction(self.kv_per_token_per_gpu))
-        if self.window is None or tokens < self.window:
+        if self.window is None:
             return int(tokens // 1)
-        global_layers = self.layers - self.local_layers
+        # T is the layers' average (cached_tokens); a local layer counts its local_weight for each token it keeps
+        global_layers, weight = self.layers - self.local_layers, self.local_weight_per_gpu
+        if tokens * self.layers < (global_layers + self.local_layers * weight) * self.window:  # within the window
+            return int(tokens * self.layers / (global_layers + self.local_layers * weight) // 1)
         if not global_layers:
             return self.max_seq_len
-        return int((tokens * self.layers - self.local_layers * self.window) // global_layers)
+        return int((tokens * self.layers - self.local_layers * weight * self.window) // global_layers)
 
 
 def _whole_fit(budget: float, bytes_each: float | Fraction) -> int:
@@ -234,6 +252,8 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
         window=spec.sliding_window,
         max_seq_len=spec.max_seq_len,
         state_per_sequence=state_bytes(spec, kv_bytes),
+        local_weight=local_cache_weight(spec),
+        local_weight_per_gpu=local_cache_weight(spec, tp),
     )
     if memory.cache_budget < 0:
         raise LmcalcError(

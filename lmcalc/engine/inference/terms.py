@@ -103,9 +103,10 @@ def _attention_kind(spec: ModelSpec) -> str:
         return "MLA: the compressed KV latent and the shared RoPE key"
     if spec.kv_heads == spec.num_heads:
         return f"MHA: K and V for all {spec.num_heads} heads"
+    own = f"; in the global layers (the local ones have {spec.local_kv_heads})" if spec.local_kv_heads else ""
     if spec.kv_heads == 1:
-        return f"MQA: K and V for 1 head shared by {spec.num_heads}"
-    return f"GQA: K and V for {spec.kv_heads} KV heads shared by {spec.num_heads} query heads"
+        return f"MQA: K and V for 1 head shared by {spec.num_heads}{own}"
+    return f"GQA: K and V for {spec.kv_heads} KV heads shared by {spec.num_heads} query heads{own}"
 
 
 def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Section:
@@ -126,7 +127,7 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
             memory.kv_cache_per_gpu,
             "bytes",
             _batch_formula(memory, "per token on one GPU"),
-            f"{b} × {_kept(memory, s)} × {group(memory.kv_per_token_per_gpu)} B",
+            f"{b} × {_kept(memory, s, per_gpu=True)} × {group(memory.kv_per_token_per_gpu)} B",
         )
     )
     return Section("kv_cache", f"KV cache ({b} × {s} tokens)", tuple(terms))
@@ -214,7 +215,13 @@ def _max_context_formula(memory: InferenceMemory) -> tuple[str, str]:
     budget, b, c = group(memory.cache_budget), memory.batch, group(memory.kv_per_token_per_gpu)
     if memory.window is None:
         return "⌊cache budget / (batch · per token on one GPU)⌋", f"⌊{budget} / ({b} × {c})⌋"
-    L, local, w = memory.layers, memory.local_layers, memory.window
+    L, local, w, r = memory.layers, memory.local_layers, memory.window, memory.local_weight_per_gpu
+    if r != 1:  # a local layer's token weighs r of a global one's (MiMo-V2-Flash)
+        return (
+            "T = cache budget / (batch · per token on one GPU); ⌊T·L / (L_global + r·L_local)⌋ up to the window, else "
+            "⌊(T·L − r·L_local·w) / L_global⌋",
+            f"T = {budget} / ({b} × {c}); L = {L}, L_local = {local}, w = {w}, r = {r}",
+        )
     return (
         "T = cache budget / (batch · per token on one GPU); ⌊T⌋ up to the window, else ⌊(T·L − L_local·w) / L_global⌋",
         f"T = {budget} / ({b} × {c}); L = {L}, L_local = {local}, w = {w}",
@@ -285,11 +292,11 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
     )  # fmt: skip
 
 
-def _kept(memory: InferenceMemory, context: int | None = None) -> str:
+def _kept(memory: InferenceMemory, context: int | None = None, per_gpu: bool = False) -> str:
     """The context, or with local layers the tokens a layer keeps on average: the symbol, or its value."""
     if context is None:
         return "context" if memory.window is None else "kept"
-    return f"{context}" if memory.window is None else f"{float(memory.cached_tokens(context)):,.6g}"
+    return f"{context}" if memory.window is None else f"{float(memory.cached_tokens(context, per_gpu)):,.6g}"
 
 
 def _window_terms(spec: ModelSpec, memory: InferenceMemory) -> tuple[Term, ...]:
@@ -297,17 +304,17 @@ def _window_terms(spec: ModelSpec, memory: InferenceMemory) -> tuple[Term, ...]:
     if memory.window is None:
         return ()
     w, s, L, local = memory.window, memory.context, memory.layers, memory.local_layers
-    return (
-        Term(
-            "kept",
-            "Tokens kept per layer (average)",
-            float(memory.cached_tokens(s)),
-            "tokens",
-            "(L_global · context + L_local · min(w, context)) / L",
-            f"({L - local} × {s} + {local} × {min(w, s)}) / {L}",
-            note=f"the {local} {spec.local_attention}-attention layers keep only the last {w:,} tokens",
-        ),
-    )
+    note = f"the {local} {spec.local_attention}-attention layers keep only the last {w:,} tokens"
+    if memory.local_weight == 1:
+        formula = "(L_global · context + L_local · min(w, context)) / L"
+        numbers = f"({L - local} × {s} + {local} × {min(w, s)}) / {L}"
+    else:  # MiMo-V2-Flash: each token of a local layer is r of a global layer's
+        formula = "(L_global · context + L_local · r · min(w, context)) / L"
+        numbers = f"({L - local} × {s} + {local} × {memory.local_weight} × {min(w, s)}) / {L}"
+        note += (f", at r = H_kv,local / H_kv = {spec.local_kv_heads}/{spec.kv_heads} of a global layer's cache per "
+                 f"token (r = {memory.local_weight_per_gpu} on one GPU of TP={memory.tp})")  # fmt: skip
+    return (Term("kept", "Tokens kept per layer (average)", float(memory.cached_tokens(s)), "tokens", formula, numbers,
+                 note=note),)  # fmt: skip
 
 
 def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Capacity) -> Section:

@@ -29,6 +29,7 @@ from lmcalc.engine.finetune.method import (
 )
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
 from lmcalc.engine.memory.differential import differential_saved
+from lmcalc.engine.memory.eager_scores import eager_scores_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.module_recompute import module_kept
@@ -36,20 +37,25 @@ from lmcalc.engine.memory.norms import norm_saved, norm_stats, sub_normed
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
-from lmcalc.engine.memory.ssm import MixerKind, average_mixer
+from lmcalc.engine.memory.ssm import AttentionKind, MixerKind, average_mixer, share
 from lmcalc.engine.model.params import Dim
-from lmcalc.engine.model_code import eager_softmax, fused_qkv_renewed, norm_keeps, output_renewed
+from lmcalc.engine.model_code import fused_qkv_renewed, norm_keeps, output_renewed
 from lmcalc.engine.workload import Workload
+from lmcalc.specs import ModelSpec
 
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
 TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
-INDEX_BYTES = 8  # indices autograd keeps (a max's, a gather's) are int64
 INDEX32_BYTES = 4  # the top-k indices a sparse attention kernel takes are int32 (FlashMLA, DeepseekV32Indexer)
 
 QKV = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate")  # the linear layers that read the attention norm's output
 
 
-def _attention_saved(w: Workload) -> list[SavedTensor]:
+def _kv_heads(spec: ModelSpec, kind: AttentionKind) -> int:
+    """The key-value heads of an attention layer of ``kind``: a local one's own where the model gives them."""
+    return spec.local_kv_heads if kind == "local" and spec.local_kv_heads else spec.kv_heads
+
+
+def _attention_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     H, dqk, dv, h = spec.num_heads, spec.qk_head_dim, spec.v_head_dim, spec.hidden_size
     rows = Dim(sb, "s·b")
@@ -63,13 +69,15 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
     if spec.mla:
         return tensors + _mla_saved(w, rows)
     # Eager attention expands K and V to all H heads before the matmul (repeat_kv) unless that expansion
-    # sits inside the recomputed core; fused kernels read the H_kv heads directly.
-    expanded = w.attention == "eager" and not w.core_recomputed
-    kv = H if expanded else spec.kv_heads
+    # sits inside the recomputed core; fused kernels read the H_kv heads directly. One KV head of one sequence
+    # expands as a view (repeat_kv's reshape merges its size-1 head and batch dimensions), which the matmul keeps.
+    heads = _kv_heads(spec, kind)
+    expanded = w.attention == "eager" and not w.core_recomputed and not (heads == 1 and w.micro_batch == 1)
+    kv = H if expanded else heads
     kv_sym = "H" if expanded or kv == H else "H_kv"
-    kv_ranks = None if expanded else spec.kv_heads  # TP ranks past the KV heads share one (SavedTensor.tp_ways)
+    kv_ranks = None if expanded else heads  # TP ranks past the KV heads share one (SavedTensor.tp_ways)
     if spec.qkv_clip:  # OLMo's clamp_, in place on each projection's output: it keeps its input
-        clamped = (("Q", "H", H, dqk), ("K", "H_kv", spec.kv_heads, dqk), ("V", "H_kv", spec.kv_heads, dv))
+        clamped = (("Q", "H", H, dqk), ("K", "H_kv", heads, dqk), ("V", "H_kv", heads, dv))
         tensors += [SavedTensor(f"{x} before the clamp (qkv_clip)", f"s·b·{y}·d", sb * n * d, act)
                     for x, y, n, d in clamped]  # fmt: skip
     tensors += _qk_norm_saved(w, rows)
@@ -80,7 +88,7 @@ def _attention_saved(w: Workload) -> list[SavedTensor]:
         SavedTensor("Q" + qk, "s·b·H·d", sb * H * dqk, qk_bytes),
         SavedTensor("K" + qk, f"s·b·{kv_sym}·d", sb * kv * dqk, qk_bytes, most_tp_ranks=kv_ranks),
         SavedTensor("V", f"s·b·{kv_sym}·d", sb * kv * dv, act, most_tp_ranks=kv_ranks),
-        *_qkv_copies_saved(w, kv, kv_sym, kv_ranks),
+        *_qkv_copies_saved(w, kv, kv_sym, kv_ranks, kind),
     ]
 
 
@@ -131,7 +139,9 @@ def _qk_norm_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     return [*norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
 
 
-def _qkv_copies_saved(w: Workload, kv: int, kv_sym: str, kv_ranks: int | None) -> list[SavedTensor]:
+def _qkv_copies_saved(
+    w: Workload, kv: int, kv_sym: str, kv_ranks: int | None, kind: AttentionKind
+) -> list[SavedTensor]:
     """Copies of Q, K and V beyond the kernel's own that the framework keeps alive (the profile's attention rule):
     a fused QKV output or a K/V copy, and the fused output V keeps alive as a view of it."""
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
@@ -146,29 +156,30 @@ def _qkv_copies_saved(w: Workload, kv: int, kv_sym: str, kv_ranks: int | None) -
         )
         for _ in range(copies - 1)
     ]
-    view = _v_view_share(w)
+    heads, view = _kv_heads(spec, kind), _v_view_share(w, kind)
     if fused_qkv_renewed(w) and view:
         symbol = "s·b·(H+H_kv)·d" if view == 1 else f"{view:g}·s·b·(H+H_kv)·d"
         extra.append(
             SavedTensor("fused QKV output's Q and K (kept alive with V, a view of it)", symbol,
-                        sb * (H + spec.kv_heads) * dqk * view, act)
+                        sb * (H + heads) * dqk * view, act)
         )  # fmt: skip
     return extra
 
 
-def _v_view_share(w: Workload) -> float:
-    """Of the attention layers, the share in which what attention keeps of V is a view of the projection's output,
-    not a copy. repeat_kv copies V to H heads under GQA, eagerly or where the window's mask is given to a fused
-    kernel; and eager attention's matmul folds the batch into the heads, which copies a strided V unless the
-    micro-batch is one sequence."""
+def _v_view_share(w: Workload, kind: AttentionKind) -> float:
+    """Of the attention layers (of ``kind``), the share in which what attention keeps of V is a view of the
+    projection's output, not a copy. repeat_kv copies V to H heads under GQA, eagerly or where the window's mask is
+    given to a fused kernel; and eager attention's matmul folds the batch into the heads, which copies a strided V
+    unless the micro-batch is one sequence."""
     spec = w.model
+    every_head = _kv_heads(spec, kind) == spec.num_heads
     if w.attention == "eager":
-        return 1.0 if spec.kv_heads == spec.num_heads and w.micro_batch == 1 else 0.0
-    return 1.0 if spec.kv_heads == spec.num_heads else 1.0 - _window_masked_share(w)
+        return 1.0 if every_head and w.micro_batch == 1 else 0.0
+    return 1.0 if every_head else 1.0 - _window_masked_share(w, kind)
 
 
-def _window_masked_share(w: Workload) -> float:
-    """Of the attention layers, the share whose fused kernel is given an explicit mask (the profile's
+def _window_masked_share(w: Workload, kind: AttentionKind = None) -> float:
+    """Of the attention layers (of ``kind``), the share whose fused kernel is given an explicit mask (the profile's
     ``attention.window_mask``): the sliding-window layers, once the sequence reaches the window (transformers'
     masking_utils._ignore_causal_mask_sdpa: below it the causal flag serves)."""
     spec = w.model
@@ -176,20 +187,20 @@ def _window_masked_share(w: Workload) -> float:
         return 1.0  # DeepSeek sparse attention: each layer's selection, as a mask (DeepseekV32Attention)
     if not (w.framework.attention.window_mask and w.attention == "flash" and spec.sliding_window):
         return 0.0
-    if w.seq_len < spec.sliding_window:
+    if w.seq_len < spec.sliding_window or kind == "global":
         return 0.0
-    return spec.local_layers / spec.attention_layers
+    return 1.0 if kind == "local" else spec.local_layers / spec.attention_layers
 
 
-def _window_mask_saved(w: Workload) -> list[SavedTensor]:
-    """What an explicit window mask adds to a layer on average (``_window_masked_share``): the mask, kept by the
-    kernel in the activation dtype, and K and V repeated to the H heads (repeat_kv), which the kernel keeps in
-    place of the H_kv heads; all of it rebuilt with the kernel under selective recomputation."""
-    share = _window_masked_share(w)
+def _window_mask_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
+    """What an explicit window mask adds to a layer of ``kind`` on average (``_window_masked_share``): the mask, kept
+    by the kernel in the activation dtype, and K and V repeated to the H heads (repeat_kv), which the kernel keeps in
+    place of the H_kv heads (the local layers'); all of it rebuilt with the kernel under selective recomputation."""
+    share = _window_masked_share(w, kind)
     if not share:
         return []
     spec, act, sb, b, s = w.model, w.precision.activation_bytes, w.tokens, w.micro_batch, w.seq_len
-    H, Hkv = spec.num_heads, spec.kv_heads
+    H, Hkv = spec.num_heads, spec.local_kv_heads or spec.kv_heads
     tensors = [
         SavedTensor(f"the {'indexer' if spec.indexer else 'window'}'s mask (kept by the kernel)", f"{share:g}·b·s²",
                     b * s * s * share, act, attention_core=True, split="none")
@@ -220,42 +231,18 @@ def _selection_saved(w: Workload) -> list[SavedTensor]:
 def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "average") -> tuple[SavedTensor, ...]:
     """What one transformer layer (a dense one, or an MoE one) saves for backward, following Korthikanti et
     al. 2022 §4.1; ``layer_kept_tensors`` drops what selective recomputation rebuilds. A hybrid's layer is the
-    average of its layers, or with ``mixer`` one that attends or one of its other mixer."""
-    spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
-    s, b, h, sb = w.seq_len, w.micro_batch, spec.hidden_size, w.tokens
+    average of its layers, or with ``mixer`` one that attends or one of its other mixer; a model whose local layers
+    attend with heads or sinks of their own, the average of its global and local layers or one of them."""
+    spec, mask, h, sb = w.model, w.mask_bytes, w.model.hidden_size, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
     tensors = norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     kept_by_every_layer = len(tensors) + 1  # the norm's, and its output: the mixer's input in every layer
-    tensors += _attention_saved(w)
-    if w.attention == "eager":
-        tensors += _eager_scores_saved(w)
-        if spec.drops("attention"):
-            tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
-            tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
-        tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
+    if spec.local_attention_differs and mixer not in ("global", "local"):  # the average of A_g and A_l layers
+        A, n = spec.attention_layers, spec.local_layers
+        tensors += [share(t, A - n, A) for t in _attention_block(w, "global")]
+        tensors += [share(t, n, A) for t in _attention_block(w, "local")]
     else:
-        tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
-        # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output projection's
-        # input is a view of the same storage, so it is counted once; unless Q, made from a fused QKV slice or
-        # concatenated by a partial RoPE, lays the output out (b, H, s, d) and the projection (or the output gate)
-        # reads a copy (model_code.output_renewed).
-        if output_renewed(w):
-            gated = spec.attention_output_gate
-            tensors.append(SavedTensor("attention output, kept by the kernel", "s·b·H·d_v", sb * H * dv, act))
-            tensors.append(SavedTensor(f"{'output gate' if gated else 'output projection'} input (its copy, laid "
-                                       "out (b, s, H, d))", "s·b·H·d_v", sb * H * dv, act,
-                                       for_weights=() if gated else ("o",)))  # fmt: skip
-        else:
-            tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
-        tensors += _window_mask_saved(w) + _selection_saved(w)
-        if spec.attention_output_gate or spec.attention_head_gate != "none":  # o_proj reads attention · gate
-            width, symbol = (H * dv, "s·b·H·d_v") if spec.attention_output_gate else (H, "s·b·H")
-            if spec.attention_head_gate == "fp32":  # sigmoid (Bailing) or softplus (Laguna) of g_proj(x).float()
-                tensors.append(SavedTensor("head gate, its activation's output or input (fp32)", symbol, sb * width, 4))
-            tensors += [  # the product keeps the gate and the attention's output (counted above)
-                SavedTensor("output gate, its activation's output", symbol, sb * width, act),
-                SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
-            ]
+        tensors += _attention_block(w, mixer if mixer in ("global", "local") else None)
     if spec.differential_attention:
         tensors = tensors[:kept_by_every_layer] + differential_saved(w, tensors[kept_by_every_layer:])
     if spec.sub_norms:
@@ -274,6 +261,44 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     )
 
 
+def _attention_block(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
+    """What a layer's attention keeps after its norm, in a layer of ``kind`` (None: every attention layer alike)."""
+    spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
+    s, b, sb = w.seq_len, w.micro_batch, w.tokens
+    H, dv = spec.num_heads, spec.v_head_dim
+    tensors = _attention_saved(w, kind)
+    if w.attention == "eager":
+        tensors += eager_scores_saved(w, spec.attention_sinks and (kind == "local" or not spec.sinks_local_only))
+        if spec.drops("attention"):
+            tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
+            tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
+        tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
+    else:
+        tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
+        # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output projection's
+        # input is a view of the same storage, so it is counted once; unless Q, made from a fused QKV slice or
+        # concatenated by a partial RoPE, lays the output out (b, H, s, d) and the projection (or the output gate)
+        # reads a copy (model_code.output_renewed).
+        if output_renewed(w):
+            gated = spec.attention_output_gate
+            tensors.append(SavedTensor("attention output, kept by the kernel", "s·b·H·d_v", sb * H * dv, act))
+            tensors.append(SavedTensor(f"{'output gate' if gated else 'output projection'} input (its copy, laid "
+                                       "out (b, s, H, d))", "s·b·H·d_v", sb * H * dv, act,
+                                       for_weights=() if gated else ("o",)))  # fmt: skip
+        else:
+            tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
+        tensors += _window_mask_saved(w, kind) + _selection_saved(w)
+        if spec.attention_output_gate or spec.attention_head_gate != "none":  # o_proj reads attention · gate
+            width, symbol = (H * dv, "s·b·H·d_v") if spec.attention_output_gate else (H, "s·b·H")
+            if spec.attention_head_gate == "fp32":  # sigmoid (Bailing) or softplus (Laguna) of g_proj(x).float()
+                tensors.append(SavedTensor("head gate, its activation's output or input (fp32)", symbol, sb * width, 4))
+            tensors += [  # the product keeps the gate and the attention's output (counted above)
+                SavedTensor("output gate, its activation's output", symbol, sb * width, act),
+                SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
+            ]
+    return tensors
+
+
 def kept_before_core(w: Workload, moe_layer: bool) -> float:
     """Of what a layer saves, the share made before its attention core: its norm, projections, Q, K and V, the moment
     a sparse-attention indexer scores its keys."""
@@ -285,38 +310,6 @@ def kept_before_core(w: Workload, moe_layer: bool) -> float:
             break
         before += t.bytes
     return before / total if total else 0.0
-
-
-def _eager_scores_saved(w: Workload) -> list[SavedTensor]:
-    """The b·H·s² tensors eager attention keeps: tanh's output where the logits are soft-capped (Gemma 2:
-    c·tanh(x/c), Team et al. 2024 §2), the masked scores where a clamp keeps them (XGLM), and the softmax, in the
-    activation dtype or in fp32 with its cast copy (the profile's ``eager_softmax``). With sinks (gpt-oss) the
-    softmax spans one more column, the sink's, and the profile says how it is kept (``eager_sink_softmax``,
-    ``sink_max_indices``)."""
-    spec, act, b, s, H = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len, w.model.num_heads
-    rule = w.framework.attention
-    tensors = []
-    if spec.attention_softcap:
-        tensors.append(SavedTensor("soft-capped scores (tanh output)", "b·H·s²", b * H * s * s, act, True))
-    if spec.eager_score_clamp:  # XGLM: torch.max(scores + mask, dtype's minimum) keeps its input
-        tensors.append(SavedTensor("masked scores (kept by the clamp's max)", "b·H·s²", b * H * s * s, act, True))
-    symbol, n = ("b·H·s·(s+1)", b * H * s * (s + 1)) if spec.attention_sinks else ("b·H·s²", b * H * s * s)
-    softmax = rule.eager_sink_softmax if spec.attention_sinks and rule.eager_sink_softmax else None
-    if spec.eager_fp32_scores:  # Flint: the softmax over the fp32 scores and the sinks kept, its cast copy meets V
-        return [*tensors, SavedTensor("softmax output with the sink column (fp32)", symbol, n, 4, attention_core=True),
-                SavedTensor("softmax output, cast", "b·H·s²", b * H * s * s, act, attention_core=True)]  # fmt: skip
-    if softmax:  # kept once: the matmul with V reads a view of it, without the sink's column
-        tensors.append(SavedTensor(f"softmax output with the sink column ({softmax})", symbol, n,
-                                   4 if softmax == "fp32" else act, attention_core=True))  # fmt: skip
-    elif eager_softmax(w) == "fp32":  # softmax in fp32, kept; its cast copy meets V, unless dropout comes between
-        tensors.append(SavedTensor("softmax output (fp32)", symbol, n, 4, attention_core=True))
-        if not spec.drops("attention"):  # dropout keeps its mask, not its input: V meets the dropout's output
-            tensors.append(SavedTensor("softmax output, cast", symbol, n, act, attention_core=True))
-    else:
-        tensors.append(SavedTensor("softmax output", symbol, n, act, attention_core=True))
-    if spec.attention_sinks and rule.sink_max_indices:
-        tensors.append(SavedTensor("row maxima's indices (int64)", "b·H·s", b * H * s, INDEX_BYTES, True))
-    return tensors
 
 
 def _needed(w: Workload, tensor: SavedTensor, adapted: set[str]) -> bool:

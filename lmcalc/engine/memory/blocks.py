@@ -12,7 +12,7 @@ from __future__ import annotations
 from lmcalc.engine.finetune.method import LinearModule, in_mixer
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.memory.ssm import MixerKind, share
-from lmcalc.engine.model.params import MIXER_SYMBOLS
+from lmcalc.engine.model.params import LOCAL_SYMBOLS, MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
 
 
@@ -56,6 +56,10 @@ def module_share(spec: ModelSpec, module: LinearModule, mixer: MixerKind) -> flo
     if module.group not in ("attention", "ssm"):
         n, of = ffn_share(spec, module.count_symbol.startswith("L_moe"), mixer)
         return n / of
+    if module.count_symbol in LOCAL_SYMBOLS:  # the global or the local layers' own (MiMo-V2-Flash's K and V)
+        if mixer in ("global", "local"):
+            return float(module.count_symbol == f"L_{mixer}")
+        return module.count / spec.attention_layers
     if module.count_symbol not in MIXER_SYMBOLS:
         return 1.0
     if mixer == "average":
@@ -69,7 +73,10 @@ def _has(spec: ModelSpec, layer: int, kind: MixerKind) -> bool:
 
 def block_kind(spec: ModelSpec, layer: int) -> MixerKind:
     """The kind of real layer ``layer`` is, for a model with single blocks or a hybrid: one that attends, one of its
-    other mixer, one that runs both (the average layer of a hybrid whose mixers run side by side), or an FFN alone."""
+    other mixer, one that runs both (the average layer of a hybrid whose mixers run side by side), or an FFN alone;
+    for a model whose local layers attend with heads or sinks of their own, a global or a local one."""
+    if spec.local_attention_differs:
+        return "local" if spec.is_local_layer(layer) else "global"
     if not spec.has_mixer(layer):
         return "none"
     if spec.is_attention_layer(layer) and spec.is_other_mixer_layer(layer):  # Falcon-H1's: both, side by side

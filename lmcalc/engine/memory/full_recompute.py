@@ -17,8 +17,8 @@ from lmcalc.specs import ModelSpec
 @functools.lru_cache(maxsize=256)
 def mixer_kinds(spec: ModelSpec, moe_layer: bool) -> frozenset[MixerKind]:
     """The mixers a hybrid's dense (or MoE) layers have: LFM2-MoE's first, dense layers may all be convolutions;
-    where some layers are an FFN alone (Nemotron-H), "none" among them."""
-    if not spec.hybrid and not spec.single_blocks:
+    where some layers are an FFN alone (Nemotron-H), "none" among them; global and local layers where they differ."""
+    if not spec.hybrid and not spec.single_blocks and not spec.local_attention_differs:
         return frozenset()
     return frozenset(block_kind(spec, i) for i in range(spec.num_layers) if spec.is_moe_layer(i) == moe_layer)
 

@@ -50,8 +50,9 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     if loss.saved_bytes:
         head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))
     tables = []
-    if w.framework.rotary.tables and spec.position_embedding == "rope":  # [1, 1, s, d]: one per position
-        d = spec.mla.qk_rope_head_dim if spec.mla else spec.qk_head_dim
+    if w.framework.rotary.tables and spec.position_embedding == "rope":  # [1, 1, s, d_rope]: one per position
+        # the dimensions RoPE rotates: transformers' default rope parameters take int(head_dim · partial factor)
+        d = spec.mla.qk_rope_head_dim if spec.mla else int(spec.qk_head_dim * spec.rotary_fraction)
         tables = [
             SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
         ]

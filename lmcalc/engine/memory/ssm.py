@@ -175,9 +175,13 @@ def _lightning_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
-MixerKind = Literal["average", "attention", "other", "none"]
+MixerKind = Literal["average", "attention", "other", "none", "global", "local"]
 """A hybrid's layer: the average of its L layers, one that attends, one of its other mixer, or (where some layers are
-an FFN alone, Nemotron-H) one without a mixer."""
+an FFN alone, Nemotron-H) one without a mixer; or where a model's local layers attend with heads or sinks of their own
+(MiMo-V2-Flash), one global or one local layer."""
+AttentionKind = Literal["global", "local"] | None
+"""An attention layer of a model whose local layers differ from its global ones: one global, one local; None for a
+model whose attention layers are all alike."""
 
 
 def average_mixer(w: Workload, attention: list[SavedTensor], kind: MixerKind = "average") -> list[SavedTensor]:

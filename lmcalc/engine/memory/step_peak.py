@@ -278,14 +278,15 @@ def layer_backward(w: Workload, moe_layer: bool) -> LayerBackward:
         mlp = max(routed, 2 * sb * moe.shared_width if moe.shared_experts else 0)
     else:
         mlp = (1 if spec.ffn_kind == "gelu_mlp" else 2) * sb * spec.ffn_size
+    attn: float
     if w.attention == "eager":
         attn = 2 * w.micro_batch * spec.num_heads * w.seq_len**2
     else:
-        attn = sb * (spec.num_heads * spec.qk_head_dim + spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim))
+        attn = sb * (spec.num_heads * spec.qk_head_dim + spec.mean_kv_heads * (spec.qk_head_dim + spec.v_head_dim))
     rebuilt = 0.0
     if w.recompute == "selective":  # the core runs again: its saved tensors, and eager GQA's repeated K and V
         rebuilt = sum(t.bytes for t in layer_saved_tensors(w, moe_layer) if t.attention_core)
-        if w.attention == "eager" and not spec.mla and spec.kv_heads < spec.num_heads:
+        if w.attention == "eager" and not spec.mla and spec.mean_kv_heads < spec.num_heads:
             rebuilt += sb * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim) * act_bytes
     return LayerBackward(
         saved=sum(t.bytes for t in kept),

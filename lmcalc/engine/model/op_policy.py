@@ -59,7 +59,7 @@ def block_matmuls(spec: ModelSpec, moe_layer: bool, fused_qkv: bool) -> tuple[Ma
         if fused_qkv and leaf in ("k", "v") and matmuls and matmuls[-1].name in ("q", "qkv"):
             last = matmuls.pop()
             symbol = f"({last.symbol.strip('()')}+{t.symbols[0]})"
-            matmuls.append(Matmul("qkv", last.width + out, symbol, last.flops + 2 * inp * out))
+            matmuls.append(Matmul("qkv", last.width + out * copies, symbol, last.flops + 2 * inp * out * copies))
             continue
         matmuls.append(Matmul(leaf, out * copies, t.symbols[0], 2 * inp * out * copies))
     return tuple(matmuls)

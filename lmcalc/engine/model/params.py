@@ -24,10 +24,13 @@ from lmcalc.units import group
 MIXER_SYMBOLS = ("L_attn", "L_ssm", "L_lin", "L_conv")
 """The count symbols of a hybrid's tensors that sit in some of its layers only: its attention's (A of its L layers)
 and its other mixer's (Mamba's, Gated DeltaNet's, Mamba-2's and LFM2's short convolutions': the other L − A)."""
-AVERAGED_SYMBOLS = ("L", "(L−1)", "L_mix", "L_ffn", "L_I", *MIXER_SYMBOLS)
+LOCAL_SYMBOLS = ("L_global", "L_local")
+"""The count symbols of attention tensors that differ between the global and the local (sliding-window) layers: the
+K and V projections where the local layers have key-value heads of their own, the sinks where only they have them."""
+AVERAGED_SYMBOLS = ("L", "(L−1)", "L_mix", "L_ffn", "L_I", *MIXER_SYMBOLS, *LOCAL_SYMBOLS)
 """The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L), the layers with
-an indexer of their own (L_I), a hybrid's mixers', and the norm before a mixer (L_mix) or an FFN (L_ffn) where some
-layers are one of them alone."""
+an indexer of their own (L_I), a hybrid's mixers', the global or the local layers' attention tensors, and the norm
+before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone."""
 GROUPS = (
     "embedding", "position", "attention", "indexer", "ssm", "norm", "mlp", "router", "experts", "shared_experts",
     "head_transform", "head",
@@ -71,7 +74,8 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         tensors += linear("attn.kv_b", site, kv_up, kv_rank, False)
         tensors += linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
         return tensors + _head_gate(spec, site, h) + _indexer(spec)
-    q, kv_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d")
+    dv = spec.v_head_dim
+    q, kv_dim, v_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d"), Dim(kv * dv, "H_kv·d_v" if dv != d else "H_kv·d")
     # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide; AFMoE's gate
     # is a projection of its own
     fused_gate = spec.attention_output_gate and not spec.attention_gate_proj
@@ -80,9 +84,16 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         tensors += linear("attn.attn_gate", site, q, h, False)
     if spec.attention_gate_bias:  # Beam: one bias a head, broadcast over its d channels
         tensors.append(tensor("attn.attn_gate_bias", site, (Dim(heads, "H"),), False))
-    tensors += linear("attn.k", site, kv_dim, h, qkv_bias)
-    tensors += linear("attn.v", site, kv_dim, h, qkv_bias)
-    tensors += linear("attn.o", site, h, q, out_bias)
+    if spec.local_kv_heads:  # MiMo-V2-Flash: the local layers' K and V at heads of their own
+        global_site = Site("attention", n - spec.local_layers, "L_global")
+        local_site, local_kv = Site("attention", spec.local_layers, "L_local"), spec.local_kv_heads
+        tensors += linear("attn.k", global_site, kv_dim, h, qkv_bias)
+        tensors += linear("attn.v", global_site, v_dim, h, qkv_bias)
+        tensors += linear("attn_local.k", local_site, Dim(local_kv * d, "H_kv,local·d"), h, qkv_bias)
+        tensors += linear("attn_local.v", local_site, Dim(local_kv * dv, "H_kv,local·d_v"), h, qkv_bias)
+    else:
+        tensors += linear("attn.k", site, kv_dim, h, qkv_bias) + linear("attn.v", site, v_dim, h, qkv_bias)
+    tensors += linear("attn.o", site, h, Dim(heads * dv, "H·d_v") if dv != d else q, out_bias)
     if spec.qk_norm == "full":
         tensors += norm("attn.q_norm", site, q, spec)
         tensors += norm("attn.k_norm", site, kv_dim, spec)
@@ -97,7 +108,8 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     if spec.last_layer_out_bias:  # GPT-NeoX-Japanese: the last layer's attention output alone has a bias
         tensors.append(tensor("attn.dense_bias", Site("attention", 1, "1"), (h,), False))
     if spec.attention_sinks:  # one learned logit per head, in every softmax's denominator (gpt-oss)
-        tensors.append(tensor("attn.sinks", site, (Dim(heads, "H"),), False))
+        sinks = Site("attention", spec.local_layers, "L_local") if spec.sinks_local_only else site
+        tensors.append(tensor("attn.sinks", sinks, (Dim(heads, "H"),), False))
     return tensors + _head_gate(spec, site, h)
 
 

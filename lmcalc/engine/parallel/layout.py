@@ -40,18 +40,25 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
         return
     if model.num_heads % tp:
         raise LmcalcError(f"TP={tp} does not divide the {model.num_heads} attention heads of {model.name}")
-    kv = model.kv_heads
-    if model.mla or kv % tp == 0:
+    if model.mla:
+        return
+    for kv in sorted({model.kv_heads, model.local_kv_heads or model.kv_heads}):  # a local layer's own (MiMo-V2-Flash)
+        _check_kv_heads(model, tp, kv, replicate_kv)
+
+
+def _check_kv_heads(model: ModelSpec, tp: int, kv: int, replicate_kv: bool) -> None:
+    if kv % tp == 0:
         return
     if kv > tp:
         raise LmcalcError(f"TP={tp} does not divide the {kv} KV heads of {model.name}")
     if tp % kv:
         reason = "so they cannot be replicated" if replicate_kv else "(past them, TP / H_kv ranks share each KV head)"
         raise LmcalcError(f"TP={tp} is not a multiple of the {kv} KV heads of {model.name} {reason}")
-    rows = (model.num_heads + 2 * kv) * model.head_size
+    rows = model.num_heads * model.head_size + kv * (model.head_size + model.v_head_dim)
+    formula = "(H + 2·H_kv)·d" if model.v_head_dim == model.head_size else "H·d + H_kv·(d + d_v)"
     if not replicate_kv and rows % tp:
         raise LmcalcError(
-            f"TP={tp} does not divide the (H + 2·H_kv)·d = {rows:,} rows of the fused Q/K/V projection of "
+            f"TP={tp} does not divide the {formula} = {rows:,} rows of the fused Q/K/V projection of "
             f"{model.name}, which Megatron-Core splits evenly when TP exceeds the {kv} KV heads"
         )
 

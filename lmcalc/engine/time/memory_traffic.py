@@ -48,7 +48,7 @@ def stage_shape(w: Workload, grid: Grid, built: StageLayers) -> StageShape:
     # the expert TP group gathers its GPUs' tokens (without SP, TP's share theirs and ETP is TP: check_expert_grid)
     expert_tokens = tokens if tp > 1 and not sequence_parallel else hidden_tokens * grid.etp
     heads = model.num_heads / tp
-    kv_heads = max(1.0, (model.num_heads if model.mla else model.kv_heads) / tp)  # whole KV heads after the gather
+    kv_heads = max(1.0, (model.num_heads if model.mla else model.mean_kv_heads) / tp)  # whole KV heads after the gather
     return StageShape(w, grid, built, tokens, hidden_tokens, expert_tokens, heads, kv_heads)
 
 

@@ -312,7 +312,7 @@ def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float
             ep_one = _all_to_all(routed, ep, etp, cluster, model.moe.node_limit, model.moe.k)
     cp_per_layer = 0.0
     if cp > 1:
-        kv_chunk = 2 * w.seq_len / cp * w.micro_batch * model.kv_heads * model.qk_head_dim * e / tp
+        kv_chunk = 2 * w.seq_len / cp * w.micro_batch * model.mean_kv_heads * model.qk_head_dim * e / tp
         cp_per_layer = 3 * (cp - 1) * group_time("p2p", kv_chunk, cp, tp, cluster)
     return tp_one, etp_one, ep_one, cp_per_layer
 
