@@ -22,7 +22,7 @@ from typing import Any
 from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
-from lmcalc.hf_fields import check_fields
+from lmcalc.hf_fields import check_fields, rotary_fraction
 from lmcalc.hf_fields import get as _get
 from lmcalc.hf_gpt import (
     GELUS,
@@ -44,7 +44,17 @@ from lmcalc.hf_gpt import (
     parallel_gelu,
     xglm,
 )
-from lmcalc.hf_layers import deltanet, kimi_delta, lightning, local_attention, mamba2, moe, short_conv, windows
+from lmcalc.hf_layers import (
+    deltanet,
+    kimi_delta,
+    lightning,
+    local_attention,
+    mamba2,
+    minimax_m3,
+    moe,
+    short_conv,
+    windows,
+)
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 from lmcalc.spec_base import MAX_LAYERS
@@ -60,7 +70,7 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
-    "beam", "modernbert-decoder", "mimo_v2_flash",
+    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -89,6 +99,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
            "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full", "flint": "per_head",
            "laguna": "per_head", "lara_mini": "per_head", "lfm3": "per_head", "beam": "per_head",
+           "minimax_m3_vl_text": "per_head",
            **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5,
@@ -100,6 +111,7 @@ QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "sta
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
                     "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", "lara_mini", "beam",
+                    "minimax_m3_vl_text",
                     *DELTANET)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
@@ -163,24 +175,6 @@ def _floored_head_dim(config: dict[str, Any], origin: str) -> int | None:
     return None
 
 
-def _rotary_fraction(config: dict[str, Any], kind: str) -> float:
-    """The share of each head RoPE rotates: ``partial_rotary_factor``, as transformers 5 writes it (in
-    rope_parameters) or as older files do (beside it), else the class's default."""
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict) and rope and all(isinstance(r, dict) for r in rope.values()):  # one a layer type
-        # their common share (MiMo-V2-Flash's 0.334); where the layer types differ (Laguna's, LFM3's) the whole head,
-        # as the layers that rotate all of it lay it out
-        factors = {r.get("partial_rotary_factor") for r in rope.values()}
-        rope = {"partial_rotary_factor": factors.pop() if len(factors) == 1 else None}
-    nested = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
-    factor = nested if nested is not None else config.get("partial_rotary_factor")
-    if factor is None:
-        return PARTIAL_ROTARY.get(kind, 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
-        raise LmcalcError(f"config.json partial_rotary_factor must be a number in (0, 1], not {token(factor)}")
-    return float(factor)
-
-
 def _stablelm_parallel(config: dict[str, Any], kind: str) -> bool:
     """StableLM's GPT-NeoX-style parallel block from one norm (``use_parallel_residual``; its class default false)."""
     return kind == "stablelm" and bool(config.get("use_parallel_residual"))
@@ -234,7 +228,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "mlp_bias": kind in ("gpt_oss", "persimmon") or bool(config.get("mlp_bias") or config.get("use_bias")),
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
-        "rotary_fraction": _rotary_fraction(config, kind),
+        "rotary_fraction": rotary_fraction(config, PARTIAL_ROTARY.get(kind, 1.0)),
         "qk_norm": QK_NORM.get(kind)
         or (QK_NORM_OPTIONAL.get(kind, "none") if config.get("use_qk_norm") or config.get("qk_layernorm") else "none"),
         "norms_per_layer": 4
@@ -242,6 +236,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         else (1 if kind in COHERE or _stablelm_parallel(config, kind) else 2),
         "parallel_block": kind in COHERE or _stablelm_parallel(config, kind),
         "attention_sinks": kind in ("gpt_oss", "granite_swa", "granitemoe_swa", "flint"),
+        # GptOssConfig's and MiniMaxM3VLTextConfig's default 7
+        "swiglu_limit": config.get("swiglu_limit", 7.0) if kind in ("gpt_oss", "minimax_m3_vl_text") else None,
         "eager_fp32_scores": kind == "flint",  # Flint's eager attention: fp32 Q and K, its sink softmax in fp32
         "head_bias": bool(config.get("lm_head_bias")),  # PhimoeForCausalLM's option
         # Seed-OSS drops attention probabilities and each sub-layer's output (its class default 0.1), not the embedding;
@@ -305,6 +301,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= _modernbert(config, origin)
     if kind == "mimo_v2_flash":
         fields |= local_attention(config, origin, fields)
+    if kind == "minimax_m3_vl_text":
+        fields |= minimax_m3(config, origin, fields["ffn_size"])
     if kind == "beam":  # BeamAttention: AFMoE's gate, with a bias a head before the sigmoid; its SwiGLU in fp32
         fields |= {"attention_output_gate": True, "attention_gate_proj": True, "attention_gate_bias": True,
                    "mlp_fp32": True, "final_softcap_fp32": True}  # fmt: skip

@@ -28,14 +28,14 @@ WHOLE_NUMBERS = frozenset(
         "prefix_dense_intermediate_size", "num_dense_layers", "conv_L_cache", "block_multiple_of", "block_ff_dim",
         "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
         "moe_shared_expert_intermediate_size", "moe_latent_size", "mamba_d_ssm", "state_size", "index_n_heads",
-        "index_head_dim", "index_topk", "block_size",
+        "index_head_dim", "index_topk", "block_size", "dense_intermediate_size", "sliding_window_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
     {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "residual_dropout", "attn_logit_softcapping",
      "final_logit_softcapping", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
      "activation_dropout", "embed_dropout", "resid_dropout", "clip_qkv", "rms_norm_eps",
-     "block_ffn_dim_multiplier", "expand"}
+     "block_ffn_dim_multiplier", "expand", "swiglu_limit"}
 )  # fmt: skip
 FLAGS = frozenset(
     {
@@ -131,3 +131,21 @@ def get(config: dict[str, Any], origin: str, *keys: str, default: Any = ...) -> 
     if default is ...:
         raise LmcalcError(f"{origin}: config.json has none of the fields {', '.join(keys)}")
     return default
+
+
+def rotary_fraction(config: dict[str, Any], default: float) -> float:
+    """The share of each head RoPE rotates: ``partial_rotary_factor``, as transformers 5 writes it (in
+    rope_parameters, or one rope_parameters a layer type: their common share, MiMo-V2-Flash's 0.334; where the layer
+    types differ, Laguna's and LFM3's, the whole head, as the layers that rotate all of it lay it out) or as older
+    files do (beside it), else the class's ``default``."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and rope and all(isinstance(r, dict) for r in rope.values()):  # one a layer type
+        factors = {r.get("partial_rotary_factor") for r in rope.values()}
+        rope = {"partial_rotary_factor": factors.pop() if len(factors) == 1 else None}
+    nested = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    factor = nested if nested is not None else config.get("partial_rotary_factor")
+    if factor is None:
+        return default
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+        raise LmcalcError(f"config.json partial_rotary_factor must be a number in (0, 1], not {token(factor)}")
+    return float(factor)

@@ -100,6 +100,17 @@ def local_attention(config: dict[str, Any], origin: str, fields: dict[str, Any])
     return {"value_head_dim": _get(config, origin, "v_head_dim"), **local}
 
 
+def minimax_m3(config: dict[str, Any], origin: str, ffn_size: int) -> dict[str, Any]:
+    """MiniMax-M3's text model: its dense layers' own width, the fused gate_up_proj of its dense and shared MLPs, its
+    RoPE's concatenation at any share; refused where a layer runs its block-sparse attention (a lightning indexer
+    over blocks of keys, not modelled)."""
+    if "minimax_m3_sparse" in (config.get("layer_types") or []):
+        raise LmcalcError(f"{origin}: config.json layer_types has minimax_m3_sparse layers: MiniMax-M3's block-sparse "
+                          "attention (its lightning indexer) is not modelled")  # fmt: skip
+    dense = config.get("dense_intermediate_size") or ffn_size
+    return {"ffn_size": dense, "rotary_concat": True, "fused_linears": ["gate_up"]}
+
+
 def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str, Any] | None:
     experts = (
         config.get("num_local_experts")
@@ -118,7 +129,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     )
     shared_width = config.get("shared_expert_intermediate_size")  # Qwen2-MoE's one gated shared expert
     # GraniteMoeShared's and Granite 4's shared_mlp, added to the experts' output without a gate
-    ungated = config.get("shared_intermediate_size") if kind in ("granitemoeshared", "granitemoehybrid") else None
+    ungated_kinds = ("granitemoeshared", "granitemoehybrid", "minimax_m3_vl_text")  # MiniMax-M3's shared_experts too
+    ungated = config.get("shared_intermediate_size") if kind in ungated_kinds else None
     if kind in ("kolibri1", "flint", "laguna", "lara_mini"):  # their shared expert: Qwen2-MoE's width, no gate
         shared_width, ungated = None, shared_width
     if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:

@@ -210,6 +210,16 @@ def _two_matrix_act(x: torch.Tensor, activation: str) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+SWIGLU_ALPHA = 1.702  # gpt-oss's σ(α·g) (GptOssConfig.swiglu_alpha): a constant, no parameter
+
+
+def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """gpt-oss's gated activation, op by op as GptOssExperts runs it: (up + 1)·g·σ(α·g), g clamped above and up both
+    ways at ``limit``."""
+    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * SWIGLU_ALPHA))
+
+
 def _gate_act(kind: str, activation: str):
     """A gated MLP's activation on its gate: SiLU (SwiGLU), ReLU or squared ReLU where the spec names one (BitNet's
     relu2), else GELU (GeGLU)."""
@@ -224,7 +234,7 @@ class FeedForward(nn.Module):
     def __init__(self, spec: ModelSpec, width: int, **kw):
         super().__init__()
         h, bias = spec.hidden_size, spec.mlp_bias
-        self.kind, self.activation = spec.ffn_kind, spec.activation
+        self.kind, self.activation, self.limit = spec.ffn_kind, spec.activation, spec.swiglu_limit
         if self.kind == "gelu_mlp":
             self.fc, self.proj = nn.Linear(h, width, bias=bias, **kw), nn.Linear(width, h, bias=bias, **kw)
             if self.activation == "xielu":  # Apertus: two learnt scalars
@@ -239,6 +249,8 @@ class FeedForward(nn.Module):
             return self.proj(XIELUFunction.apply(self.fc(x), self.alpha_p, self.alpha_n))
         if self.kind == "gelu_mlp":
             return self.proj(_two_matrix_act(self.fc(x), self.activation))
+        if self.limit:
+            return self.down(_clamped_swiglu(self.gate(x), self.up(x), self.limit))
         product = _gate_act(self.kind, self.activation)(self.gate(x)) * self.up(x)
         return self.down(self.sub_norm(product) if self.sub_norm is not None else product)
 
@@ -255,6 +267,9 @@ def batched_experts(experts: nn.ModuleList, xs: torch.Tensor) -> torch.Tensor:
 
     if experts[0].kind == "gelu_mlp":
         return linear("proj", _two_matrix_act(linear("fc", xs), str(experts[0].activation)))
+    limit: float | None = getattr(experts[0], "limit")  # noqa: B009 (typed: an nn.Module's attribute is not)
+    if limit:
+        return linear("down", _clamped_swiglu(linear("gate", xs), linear("up", xs), limit))
     act = _gate_act(str(experts[0].kind), str(experts[0].activation))
     return linear("down", act(linear("gate", xs)) * linear("up", xs))
 

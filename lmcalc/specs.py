@@ -127,6 +127,11 @@ class ModelSpec(NamedSpec):
         description="the share of each head's dimensions RoPE rotates, the rest passed through (partial_rotary_factor: "
         "GLM-4 0.5, StableLM 0.25, Qwen3-Next 0.25)",
     )
+    rotary_concat: StrictBool = Field(
+        False,
+        description="the model's RoPE concatenates each head's rotated and passed parts even where it rotates the "
+        "whole head (MiniMax-M3's apply_rotary_pos_emb), which lays the attention's output out as a partial RoPE does",
+    )
     qk_norm: Literal["none", "full", "per_head"] = Field(
         "none", description="norm on projected queries and keys: over all heads (OLMo 2) or per head"
     )
@@ -137,6 +142,11 @@ class ModelSpec(NamedSpec):
         False, description="a bias on the last layer's attention output alone (GPT-NeoX-Japanese's dense_bias): h more"
     )
     mlp_bias: StrictBool = False
+    swiglu_limit: PositiveFloat | None = Field(
+        None,
+        description="gpt-oss's clamped SwiGLU, (up + 1)·g·σ(α·g) with the gate g clamped above and up both ways at "
+        "this limit (GptOssExperts, MiniMax-M3); written op by op it keeps seven f-wide tensors a row, not four",
+    )
     mlp_fp32: StrictBool = Field(
         False,
         description="the gated MLP's activation and product computed in fp32 by the model's own code (Beam): "

@@ -545,6 +545,12 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                         "num_key_value_heads": 1, "v_head_dim": 16},
                             "small MiMo-V2-Flash: keys of 32 and values of 16; a full layer with a dense MLP, then a "
                             "sliding one at twice the KV heads with sinks and 4 experts top-2 (eager: no SDPA)"),
+    "minimax-m3-small": (T.MiniMaxM3VLTextConfig, NARROW | {"intermediate_size": 64, "num_local_experts": 4,
+                                                            "num_experts_per_tok": 2, "dense_intermediate_size": 384,
+                                                            "shared_intermediate_size": 96,
+                                                            "mlp_layer_types": ["dense", "sparse"]},
+                         "small MiniMax-M3 text model: Gemma-style norms, QK-norm per head, a dense layer, then 4 "
+                         "experts top-2 and an ungated shared expert, every MLP a clamped SwiGLU"),
     "minimax-small": (T.MiniMaxConfig, MOE4 | {"block_size": 64},
                       "small MiniMax-01: softmax attention, then lightning attention in blocks of 64, 4 experts top-2"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,

@@ -209,6 +209,12 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     # first layer dense
     "mimo_v2_flash": ("MiMoV2FlashConfig", dict(MOE, n_routed_experts=4, head_dim=32, v_head_dim=16,
                                                 sliding_window=24, num_key_value_heads=1)),
+    # MiniMax-M3's text model: a dense first layer of its own width, then 4 experts top-2 with an ungated shared
+    # expert, clamped SwiGLUs (the dense and shared ones with a fused gate_up_proj), QK-norm per head
+    "minimax_m3_vl_text": ("MiniMaxM3VLTextConfig", dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+                                                         intermediate_size=32, dense_intermediate_size=80,
+                                                         shared_intermediate_size=48,
+                                                         mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

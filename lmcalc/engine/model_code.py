@@ -82,7 +82,8 @@ def output_renewed(w: Workload) -> bool:
     """Whether a fused kernel's output is laid out (b, H, s, d), so that the output projection reads a copy of it: Q
     made anew from a fused QKV slice (``fused_qkv_renewed``), or concatenated from its rotated and passed parts
     where RoPE rotates part of each head, MLA's d_rope of d_qk too (the profile's ``attention.partial_rotary_cat``;
-    transformers' apply_rotary_pos_emb)."""
+    transformers' apply_rotary_pos_emb), or always (``rotary_concat``: MiniMax-M3's)."""
     spec = w.model
-    partial = spec.mla is not None or spec.rotary_fraction < 1 and spec.position_embedding == "rope"
+    rope = spec.position_embedding == "rope"
+    partial = spec.mla is not None or (spec.rotary_fraction < 1 or spec.rotary_concat) and rope
     return fused_qkv_renewed(w) or (w.framework.attention.partial_rotary_cat and partial)

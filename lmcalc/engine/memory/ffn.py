@@ -2,7 +2,8 @@
 GELU keeps its input (a kernel) or the intermediates of the ops it is written in, and the down projection its
 output; ReLU keeps its output, which is the down projection's input too; squared ReLU keeps ReLU's output and the
 square. A gated MLP (SwiGLU, GeGLU) keeps the gate's and the up projection's outputs, the activation's output where
-the framework runs it unfused, and the product. ``engine.memory.activations`` places these in a layer, dense or
+the framework runs it unfused, and the product; gpt-oss's clamped SwiGLU, unfused, also the clamped gate, σ(α·g),
+g·σ(α·g) and up + 1. ``engine.memory.activations`` places these in a layer, dense or
 routed (rows: the layer's tokens, or the experts' routed rows)."""
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ def ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> li
         "relu2": ["ReLU(gate) (kept by ReLU and by the square)", "ReLU(gate)² (kept by the product)"],
     }
     labels = relu.get(w.model.activation, labels)
+    if w.model.swiglu_limit and rule.gated == "unfused":  # gpt-oss's clamps, (up + 1)·g·σ(α·g), op by op
+        return tensors + [
+            SavedTensor("gate and up outputs (the clamps' inputs)", f"2·{inner}", 2 * n, act),
+            *(SavedTensor(label, inner, n, act) for label in ("clamped gate", "σ(α·gate)", "gate·σ(α·gate)", "up + 1")),
+            SavedTensor("down projection input (product)", inner, n, act, for_weights=DOWN),
+        ]
     if w.model.mlp_fp32 and rule.gated == "unfused" and not ops and w.model.activation not in relu:  # Beam
         return tensors + [
             *(SavedTensor(f"{label} (fp32 copy)", inner, n, 4) for label in [*labels, "up output", f"{fn}(gate)"]),
