@@ -1,6 +1,7 @@
 """The vision tower of a multimodal config.json, counted beside its text model (never in it): Gemma 3's SigLIP
-encoder and projector, tensor by tensor as transformers builds them. lmcalc estimates the language model's
-training; the tower is reported so that the total a model card gives can be reconciled with the text model's."""
+encoder and projector, Fuyu's linear patch embedding, tensor by tensor as transformers builds them. lmcalc estimates
+the language model's training; the tower is reported so that the total a model card gives can be reconciled with the
+text model's."""
 
 from __future__ import annotations
 
@@ -38,4 +39,8 @@ def vision_params(config: dict[str, Any], text_hidden: int) -> int | None:
     if config.get("model_type") == "gemma3" and vision.get("model_type", "siglip_vision_model") in SIGLIP:
         # Gemma3MultiModalProjector: an (h_vision × h_text) projection and an RMSNorm on the vision side
         return siglip_params(vision) + vision.get("hidden_size", 768) * (text_hidden + 1)
+    if config.get("model_type") == "fuyu":  # FuyuModel's vision_embed_tokens: each patch's pixels, one linear layer
+        patch, channels = config.get("patch_size") or 30, config.get("num_channels") or 3  # FuyuConfig's defaults
+        whole = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (patch, channels, text_hidden))
+        return _linear(patch * patch * channels, text_hidden) if whole else None
     return None

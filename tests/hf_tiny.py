@@ -230,6 +230,7 @@ MULTIMODAL: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma3": ("Gemma3Config", "gemma3_text", dict(mm_tokens_per_image=4, vision_config=VISION)),
     "gemma3-no-head": ("Gemma3Config", "gemma3_text",
                        dict(mm_tokens_per_image=4, vision_config=VISION | dict(vision_use_head=False))),
+    "fuyu": ("FuyuConfig", "persimmon", dict(patch_size=6, num_channels=3)),  # one linear layer of 6·6·3 pixels
 }  # fmt: skip
 """Multimodal configs: (config class, the text model's type in TINY, the wrapper's fields besides text_config)."""
 
