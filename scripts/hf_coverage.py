@@ -66,6 +66,57 @@ BUILD_FIELDS: dict[str, dict[str, Any]] = {
 """Fields a type's class defaults leave empty and transformers needs to build the model at all."""
 
 
+NEEDS: dict[str, str] = {
+    "axk2": "A.X K2: MLA with a DeepSeek sparse-attention indexer, a gate on the queries from their latent "
+    "(`q_gate_proj`), and norms gated by a small MLP each",
+    "blt": "Byte Latent Transformer: byte-level local encoder and decoder around a global transformer over patches, "
+    "with hashed n-gram embeddings",
+    "cpmant": "CPM-Ant: a bucketed relative-position bias and prompt (segment) embeddings in its own block layout",
+    "deepseek_v4": "DeepSeek-V4: hyper-connections around each sub-layer (`attn_hc`, `ffn_hc`), a compressor of keys "
+    "and values with its own indexer, a low-rank output projection, sinks",
+    "doge": "Doge: dynamic-mask attention (a learned additive mask from the values, `A` and `dt_proj`, kept to a "
+    "top-k window) and learned residual scales; its CDMoE variant",
+    "dory": "Dory: a normalised transformer (nGPT: weights and states on the unit sphere, no norms, learned scales "
+    "`sqk`, `suv`, `lambda`) and a logit scale a token",
+    "dots3_note": "dots.3 Note: MLA whose sliding-window layers have MLA of other widths, a norm on the RoPE key, a "
+    "head gate, and DeepSeek sparse attention in some layers",
+    "dots3_note_text": "as dots3_note",
+    "gemma3n_text": "Gemma 3n: AltUp's four streams, LAuReL, per-layer embeddings, KV shared across layers, activation "
+    "sparsity, a width a layer",
+    "gemma4": "as gemma4_text",
+    "gemma4_text": "Gemma 4: per-layer embeddings, head sizes and KV heads a layer type, KV shared across layers, "
+    "K = V attention, double-wide MLPs, an optional MoE block",
+    "gemma4_unified": "as gemma4_text",
+    "gemma4_unified_assistant": "as gemma4_text",
+    "gemma4_unified_text": "as gemma4_text",
+    "git": "GIT: an image-to-text BERT-style decoder over projected image features",
+    "hrm_text": "Hierarchical Reasoning Model: high- and low-level modules run for several cycles (weights used more "
+    "than once a step)",
+    "hy_v4": "Hunyuan V4: hyper-connections around each sub-layer, MLA with sinks and an output gate, an indexer in "
+    "some layers",
+    "inkling2_loop_text": "as inkling_text, its layers looped",
+    "inkling2_text": "as inkling_text",
+    "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
+    "jetmoe": "JetMoE: a mixture of attention heads (routed query and output projections over shared K and V) and "
+    "MoE MLPs with a shared bias",
+    "longcat_flash": "LongCat-Flash: two attention and MLP sub-blocks a layer with a shortcut MoE, zero-computation "
+    "experts (an expected number of real experts a token)",
+    "mllama": "Llama 3.2 Vision: cross-attention layers over vision tokens, which text-only training skips (weights "
+    "without compute)",
+    "phi4_multimodal": "Phi-4-multimodal: Phi-4-mini's layers with its image (SigLIP) and audio (Conformer) encoders "
+    "inside the causal LM, which lmcalc does not count",
+    "recurrent_gemma": "RecurrentGemma: RG-LRU recurrent blocks (block-diagonal gates, a convolution) beside local MQA",
+    "rwkv": "RWKV-4: time-mix (the WKV recurrence) and channel-mix blocks",
+    "xlstm": "xLSTM: mLSTM blocks (a matrix memory with exponential gates) and their projections",
+    "zamba": "Zamba: Mamba layers with one shared transformer block run at several depths (weights counted once, run "
+    "many times)",
+    "zamba2": "Zamba 2: Mamba-2 layers with two shared transformer blocks run at several depths, a LoRA a use",
+    "zaya": "ZAYA: CCA attention (convolved queries and keys, a delayed value), learned residual scales and biases, "
+    "an MLP router",
+}
+"""What each type lmcalc does not read yet needs that the engine lacks (docs/hf-types.md's last section)."""
+
+
 @dataclass(frozen=True)
 class Case:
     kind: str
@@ -203,6 +254,14 @@ def page(cases: list[Case]) -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{c.kind}` | {c.name} | {c.outcome} | {c.detail.replace('|', '/')} |" for c in cases]
+    refused = sorted({c.kind for c in cases if c.outcome == "refused"})
+    lines += ["", "## What the refused types need", "",
+              "Each type above that lmcalc refuses has a mechanism the engine does not model yet. Refusing it, in one "
+              "line, is deliberate: a count or an estimate by the nearest model lmcalc knows would be wrong without "
+              "saying so. Where transformers is installed, `lmcalc params` counts these on the meta device, and says "
+              "which estimates that count can feed.", "",
+              "| type | what it needs |", "|---|---|"]  # fmt: skip
+    lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
     return "\n".join(lines) + "\n"
 
 
