@@ -236,6 +236,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         else (1 if kind in COHERE or _stablelm_parallel(config, kind) else 2),
         "parallel_block": kind in COHERE or _stablelm_parallel(config, kind),
         "attention_sinks": kind in ("gpt_oss", "granite_swa", "granitemoe_swa", "flint"),
+        "sink_scale": kind in ("granite_swa", "granitemoe_swa"),  # their eager_attention_forward: σ(lse − sink)
         # GptOssConfig's and MiniMaxM3VLTextConfig's default 7
         "swiglu_limit": config.get("swiglu_limit", 7.0) if kind in ("gpt_oss", "minimax_m3_vl_text") else None,
         "eager_fp32_scores": kind == "flint",  # Flint's eager attention: fp32 Q and K, its sink softmax in fp32

@@ -168,6 +168,10 @@ class Attention(nn.Module):
         scores = scores + causal_bias[..., :s, :s]
         if self.spec.eager_score_clamp:  # XGLM: max(scores, the dtype's minimum), which keeps the scores
             scores = torch.maximum(scores, torch.tensor(torch.finfo(scores.dtype).min, device=scores.device))
+        if hasattr(self, "sinks") and self.spec.sink_scale:  # Granite SWA: the output scaled by σ(lse − sink)
+            scale = (torch.logsumexp(scores, dim=-1) - self.sinks.view(1, -1, 1)).float().sigmoid()
+            out = F.dropout(torch.softmax(scores, dim=-1), p, self.training) @ v
+            return out * scale.unsqueeze(-1).to(out.dtype)
         if hasattr(self, "sinks"):  # the sink joins each row's softmax, then is dropped
             sink = self.sinks.view(1, -1, 1, 1).expand(scores.shape[0], -1, s, 1)
             probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :s]

@@ -187,6 +187,11 @@ class ModelSpec(NamedSpec):
     )
     sinks_local_only: StrictBool = Field(False, description="with attention_sinks, sinks in the local layers alone "
                                          "(MiMo-V2-Flash)")  # fmt: skip
+    sink_scale: StrictBool = Field(
+        False,
+        description="with attention_sinks, each sink scales its head's output by σ(lse − sink) after a plain softmax "
+        "(Granite SWA), not a softmax column (gpt-oss)",
+    )
     sliding_window: Dimension | None = Field(
         None, description="local attention's span in tokens; None: every layer attends to the whole sequence"
     )

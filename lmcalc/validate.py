@@ -101,6 +101,8 @@ def cpu_fallback_reason(spec: ModelSpec, attention: str) -> str:
         return ""
     if spec.drops("attention"):
         return "CPU sdpa has no fused dropout: it falls back to the math kernel (scores materialised)"
+    if spec.attention_sinks and spec.sink_scale:
+        return "PyTorch's fused attention returns no row log-sum-exp, which Granite SWA's sinks scale the output by"
     if spec.qk_head_dim != spec.v_head_dim:
         differ = "MLA's differ" if spec.mla else "this model's values are narrower than its keys"
         return f"CPU sdpa needs equal Q/K and V head sizes for its fused kernel; {differ}"

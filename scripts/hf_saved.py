@@ -559,11 +559,112 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
+TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # inside the 2,048-token vocabulary
+MOE2 = {"moe_intermediate_size": 64, "num_experts_per_tok": 2}
+TYPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "qwen3-small": (T.Qwen3Config, N384 | TOKENS | {"head_dim": 48}, "small Qwen3: QK-norm per head, heads of 48"),
+    "qwen3-moe-small": (
+        T.Qwen3MoeConfig,
+        N384 | TOKENS | MOE2 | {"num_experts": 4, "mlp_only_layers": [0]},
+        "small Qwen3-MoE: a dense layer, then 4 experts top-2",
+    ),
+    "olmo2-small": (T.Olmo2Config, N384 | TOKENS, "small OLMo 2: norms after each sub-layer, QK-norm over all heads"),
+    "olmoe-small": (
+        T.OlmoeConfig,
+        N384 | TOKENS | {"num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64},
+        "small OLMoE: 4 experts top-2",
+    ),
+    "gemma-small": (T.GemmaConfig, N384 | TOKENS | {"head_dim": 48}, "small Gemma: GeGLU, norms of 1 + w in fp32"),
+    "granite-small": (T.GraniteConfig, N384 | TOKENS, "small Granite: Llama's layer with its multipliers"),
+    "smollm3-small": (T.SmolLM3Config, N384 | TOKENS, "small SmolLM3: NoPE in every fourth layer"),
+    "ernie4-5-small": (T.Ernie4_5Config, N384 | TOKENS | {"use_bias": True}, "small ERNIE 4.5: biases everywhere"),
+    "glm4-small": (T.Glm4Config, N384 | TOKENS, "small GLM-4: sandwich norms, half-rotary, fused gate_up"),
+    "glm4-moe-small": (
+        T.Glm4MoeConfig,
+        N384
+        | TOKENS
+        | MOE2
+        | {
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "use_qk_norm": True,
+            "head_dim": 24,
+        },
+        "small GLM-4.5: a dense layer, then 4 experts top-2 and a shared one, QK-norm",
+    ),
+    "cohere2-small": (
+        T.Cohere2Config,
+        N384 | TOKENS | {"sliding_window": WINDOW, "sliding_window_pattern": 2},
+        "small Cohere2: a sliding layer, then a global one",
+    ),
+    "flex-olmo-small": (
+        T.FlexOlmoConfig,
+        N384 | TOKENS | {"num_experts": 4, "num_experts_per_tok": 2},
+        "small FlexOlmo: 4 experts top-2, QK-norm over all heads",
+    ),
+    "dots1-small": (
+        T.Dots1Config,
+        N384 | TOKENS | MOE2 | {"n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1},
+        "small dots.llm1: a dense layer, then 4 experts top-2 and a shared one",
+    ),
+    "phimoe-small": (
+        T.PhimoeConfig,
+        N384 | TOKENS | {"num_local_experts": 4, "num_experts_per_tok": 2, "lm_head_bias": True},
+        "small Phi-3.5-MoE: LayerNorms, 4 experts top-2, a biased head",
+    ),
+    "ernie4-5-moe-small": (
+        T.Ernie4_5_MoeConfig,
+        N384
+        | TOKENS
+        | {
+            "moe_num_experts": 4,
+            "moe_k": 2,
+            "moe_intermediate_size": 64,
+            "moe_num_shared_experts": 1,
+            "moe_layer_start_index": 1,
+        },
+        "small ERNIE 4.5 MoE: a dense layer, then 4 experts top-2 and a shared one",
+    ),
+    "solar-open-small": (
+        T.SolarOpenConfig,
+        N384 | TOKENS | MOE2 | {"n_routed_experts": 4, "n_shared_experts": 1, "attention_bias": True},
+        "small Solar Open: 4 experts top-2 and a shared one, biases on Q, K and V",
+    ),
+    "vaultgemma-small": (
+        T.VaultGemmaConfig,
+        N384 | TOKENS | {"head_dim": 48, "sliding_window": WINDOW},
+        "small VaultGemma: a sliding layer, then a global one (eager only)",
+    ),
+    "persimmon-small": (
+        T.PersimmonConfig,
+        N384 | TOKENS | {"num_key_value_heads": 4},
+        "small Persimmon: a fused query_key_value, per-head LayerNorms on Q and K, half-rotary, a squared-ReLU MLP",
+    ),
+    "granite-swa-small": (
+        T.GraniteSWAConfig,
+        N384 | TOKENS | {"sliding_window": WINDOW},
+        "small Granite SWA: sinks that scale each head's output by σ(lse − sink) (eager only)",
+    ),
+    "granitemoe-swa-small": (
+        T.GraniteMoeSWAConfig,
+        N384 | TOKENS | {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW},
+        "small Granite MoE SWA: 4 experts top-2, sinks scaling the output (eager only)",
+    ),
+}
+"""Types lmcalc read before issue #31's measurements reached them, small (h 128, two layers), measured since
+2026-12-06: name: (config class, its kwargs, what it is)."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in TYPES.items()}
 # GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's, XGLM's and GPT-NeoX-Japanese's: no SDPA; Emu3's and
 # Seed-OSS's attention dropout: SDPA's runs the CPU's math path, which no GPU run takes
 for _name in (
     "flint-small",
     "mimo-v2-flash-small",
+    "vaultgemma-small",
+    "granite-swa-small",
+    "granitemoe-swa-small",
     "gpt-neo-small",
     "mpt-small",
     "openai-gpt-small",

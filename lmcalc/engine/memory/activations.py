@@ -32,6 +32,7 @@ from lmcalc.engine.memory.differential import differential_saved
 from lmcalc.engine.memory.eager_scores import eager_scores_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
+from lmcalc.engine.memory.masks import kinds_differ, selection_saved, window_mask_saved, window_masked_share
 from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.norms import norm_saved, norm_stats, sub_normed
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
@@ -45,7 +46,6 @@ from lmcalc.specs import ModelSpec
 
 LOGITS_BYTES = 4  # the cross-entropy works on fp32 logits (Korthikanti et al. 2022 §4.1, "4sbv")
 TOKEN_ID_BYTES = 8  # token ids and targets are int64 (the embedding and the loss keep them)
-INDEX32_BYTES = 4  # the top-k indices a sparse attention kernel takes are int32 (FlashMLA, DeepseekV32Indexer)
 
 QKV = ("q", "k", "v", "qkv", "q_a", "kv_a", "attn_gate")  # the linear layers that read the attention norm's output
 
@@ -80,7 +80,7 @@ def _attention_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
         clamped = (("Q", "H", H, dqk), ("K", "H_kv", heads, dqk), ("V", "H_kv", heads, dv))
         tensors += [SavedTensor(f"{x} before the clamp (qkv_clip)", f"s·b·{y}·d", sb * n * d, act)
                     for x, y, n, d in clamped]  # fmt: skip
-    tensors += _qk_norm_saved(w, rows)
+    tensors += _qk_norm_saved(w, rows, kind)
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
     fp32 = w.attention == "eager" and spec.eager_fp32_scores  # Flint: the scores' product keeps fp32 copies
     qk, qk_bytes = (" (fp32 copy)", 4) if fp32 else (rope, act)
@@ -125,12 +125,21 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     return tensors
 
 
-def _qk_norm_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
-    """A QK-norm's saved tensors: over the whole width of Q and of K (one row per token each), or per head."""
-    spec, sb = w.model, w.tokens
-    H, dqk = spec.num_heads, spec.qk_head_dim
+def _qk_norm_saved(w: Workload, rows: Dim, kind: AttentionKind) -> list[SavedTensor]:
+    """A QK-norm's saved tensors: over the whole width of Q and of K (one row per token each), or per head. A norm
+    kernel's input sliced from a fused QKV output that V keeps alive whole is a view of it, counted there
+    (Persimmon's q_layernorm and k_layernorm)."""
+    spec = w.model
     if spec.qk_norm == "none":
         return []
+    if fused_qkv_renewed(w) and _v_view_share(w, kind) == 1 and norm_keeps(w) == "input":
+        return [t for t in _qk_norm_saved_all(w, rows) if not t.label.endswith(" input")]
+    return _qk_norm_saved_all(w, rows)
+
+
+def _qk_norm_saved_all(w: Workload, rows: Dim) -> list[SavedTensor]:
+    spec, sb = w.model, w.tokens
+    H, dqk = spec.num_heads, spec.qk_head_dim
     full = spec.qk_norm == "full"  # a full-width QK-norm has one row per token for Q and one for K
     q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * spec.kv_heads, "s·b·H_kv"))
     q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
@@ -175,56 +184,7 @@ def _v_view_share(w: Workload, kind: AttentionKind) -> float:
     every_head = _kv_heads(spec, kind) == spec.num_heads
     if w.attention == "eager":
         return 1.0 if every_head and w.micro_batch == 1 else 0.0
-    return 1.0 if every_head else 1.0 - _window_masked_share(w, kind)
-
-
-def _window_masked_share(w: Workload, kind: AttentionKind = None) -> float:
-    """Of the attention layers (of ``kind``), the share whose fused kernel is given an explicit mask (the profile's
-    ``attention.window_mask``): the sliding-window layers, once the sequence reaches the window (transformers'
-    masking_utils._ignore_causal_mask_sdpa: below it the causal flag serves)."""
-    spec = w.model
-    if w.framework.attention.window_mask and w.attention == "flash" and spec.indexer:
-        return 1.0  # DeepSeek sparse attention: each layer's selection, as a mask (DeepseekV32Attention)
-    if not (w.framework.attention.window_mask and w.attention == "flash" and spec.sliding_window):
-        return 0.0
-    if w.seq_len < spec.sliding_window or kind == "global":
-        return 0.0
-    return 1.0 if kind == "local" else spec.local_layers / spec.attention_layers
-
-
-def _window_mask_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
-    """What an explicit window mask adds to a layer of ``kind`` on average (``_window_masked_share``): the mask, kept
-    by the kernel in the activation dtype, and K and V repeated to the H heads (repeat_kv), which the kernel keeps in
-    place of the H_kv heads (the local layers'); all of it rebuilt with the kernel under selective recomputation."""
-    share = _window_masked_share(w, kind)
-    if not share:
-        return []
-    spec, act, sb, b, s = w.model, w.precision.activation_bytes, w.tokens, w.micro_batch, w.seq_len
-    H, Hkv = spec.num_heads, spec.local_kv_heads or spec.kv_heads
-    tensors = [
-        SavedTensor(f"the {'indexer' if spec.indexer else 'window'}'s mask (kept by the kernel)", f"{share:g}·b·s²",
-                    b * s * s * share, act, attention_core=True, split="none")
-    ]  # fmt: skip
-    if Hkv < H:
-        tensors += [
-            SavedTensor(f"{name}: the other H − H_kv heads of its repeat_kv copy", f"{share:g}·s·b·(H−H_kv)·d",
-                        sb * (H - Hkv) * d * share, act, attention_core=True)
-            for name, d in (("K", spec.qk_head_dim), ("V", spec.v_head_dim))
-        ]  # fmt: skip
-    return tensors
-
-
-def _selection_saved(w: Workload) -> list[SavedTensor]:
-    """What a sparse attention kernel keeps of DeepSeek sparse attention's selection: the indices of each query's
-    top k_I keys, int32 (FlashMLA's and Megatron-Core's sparse MLA kernels take them), in the layers that select
-    (the others reuse that storage). transformers instead masks a dense kernel (``_window_mask_saved``)."""
-    spec = w.model
-    if spec.indexer is None or w.framework.attention.window_mask:
-        return []
-    b, s, k = w.micro_batch, w.seq_len, min(w.seq_len, spec.indexer.top_k)
-    share = spec.indexer_layers / spec.num_layers
-    return [SavedTensor("the indexer's top-k key indices (int32)", f"{share:g}·b·s·min(s, k_I)", b * s * k * share,
-                        INDEX32_BYTES, split="none")]  # fmt: skip
+    return 1.0 if every_head else 1.0 - window_masked_share(w, kind)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -237,7 +197,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     H, dv = spec.num_heads, spec.v_head_dim
     tensors = norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     kept_by_every_layer = len(tensors) + 1  # the norm's, and its output: the mixer's input in every layer
-    if spec.local_attention_differs and mixer not in ("global", "local"):  # the average of A_g and A_l layers
+    if kinds_differ(w) and mixer not in ("global", "local"):  # the average of A_g and A_l layers
         A, n = spec.attention_layers, spec.local_layers
         tensors += [share(t, A - n, A) for t in _attention_block(w, "global")]
         tensors += [share(t, n, A) for t in _attention_block(w, "local")]
@@ -267,6 +227,10 @@ def _attention_block(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
     s, b, sb = w.seq_len, w.micro_batch, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
     tensors = _attention_saved(w, kind)
+    if spec.attention_sinks and spec.sink_scale:  # Granite SWA: output · σ(lse − sink), the scale in fp32
+        tensors += [SavedTensor("attention output before the sinks' scale", "s·b·H·d_v", sb * H * dv, act, True),
+                    SavedTensor("the sinks' scale σ(lse − sink) (fp32)", "b·H·s", b * H * s, 4, True),
+                    SavedTensor("the sinks' scale, cast", "b·H·s", b * H * s, act, True)]  # fmt: skip
     if w.attention == "eager":
         tensors += eager_scores_saved(w, spec.attention_sinks and (kind == "local" or not spec.sinks_local_only))
         if spec.drops("attention"):
@@ -287,7 +251,7 @@ def _attention_block(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
                                        for_weights=() if gated else ("o",)))  # fmt: skip
         else:
             tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
-        tensors += _window_mask_saved(w, kind) + _selection_saved(w)
+        tensors += window_mask_saved(w, kind) + selection_saved(w)
         if spec.attention_output_gate or spec.attention_head_gate != "none":  # o_proj reads attention · gate
             width, symbol = (H * dv, "s·b·H·d_v") if spec.attention_output_gate else (H, "s·b·H")
             if spec.attention_head_gate == "fp32":  # sigmoid (Bailing) or softplus (Laguna) of g_proj(x).float()

@@ -17,7 +17,8 @@ def eager_scores_saved(w: Workload, sink_column: bool) -> list[SavedTensor]:
     activation dtype or in fp32 with its cast copy (the profile's ``eager_softmax``). With sinks (gpt-oss) the
     softmax spans one more column, the sink's, and the profile says how it is kept (``eager_sink_softmax``,
     ``sink_max_indices``). A model whose sinks are in its local layers alone (MiMo-V2-Flash) runs that softmax in every
-    layer, the sink's column (``sink_column``) in the local ones."""
+    layer, the sink's column (``sink_column``) in the local ones. Granite SWA's sinks scale the output instead
+    (``sink_scale``): a plain softmax, and the logsumexp that scale reads keeps the scores."""
     spec, act, b, s, H = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len, w.model.num_heads
     rule = w.framework.attention
     tensors = []
@@ -25,8 +26,13 @@ def eager_scores_saved(w: Workload, sink_column: bool) -> list[SavedTensor]:
         tensors.append(SavedTensor("soft-capped scores (tanh output)", "b·H·s²", b * H * s * s, act, True))
     if spec.eager_score_clamp:  # XGLM: torch.max(scores + mask, dtype's minimum) keeps its input
         tensors.append(SavedTensor("masked scores (kept by the clamp's max)", "b·H·s²", b * H * s * s, act, True))
+    sink_softmax = spec.attention_sinks and not spec.sink_scale  # gpt-oss's: the sink a softmax column
+    if spec.attention_sinks and spec.sink_scale:  # Granite SWA: logsumexp over the scores keeps them and its result
+        tensors += [SavedTensor("scores (kept by the sinks' logsumexp)", "b·H·s²", b * H * s * s, act, True),
+                    SavedTensor("the sinks' log-sum-exp per row", "b·H·s", b * H * s, act, True)]  # fmt: skip
+    sink_column = sink_column and sink_softmax
     symbol, n = ("b·H·s·(s+1)", b * H * s * (s + 1)) if sink_column else ("b·H·s²", b * H * s * s)
-    softmax = rule.eager_sink_softmax if spec.attention_sinks and rule.eager_sink_softmax else None
+    softmax = rule.eager_sink_softmax if sink_softmax and rule.eager_sink_softmax else None
     if spec.eager_fp32_scores:  # Flint: the softmax over the fp32 scores and the sinks kept, its cast copy meets V
         return [*tensors, SavedTensor("softmax output with the sink column (fp32)", symbol, n, 4, attention_core=True),
                 SavedTensor("softmax output, cast", "b·H·s²", b * H * s * s, act, attention_core=True)]  # fmt: skip
@@ -40,6 +46,6 @@ def eager_scores_saved(w: Workload, sink_column: bool) -> list[SavedTensor]:
             tensors.append(SavedTensor("softmax output, cast", symbol, n, act, attention_core=True))
     else:
         tensors.append(SavedTensor("softmax output", symbol, n, act, attention_core=True))
-    if spec.attention_sinks and rule.sink_max_indices:
+    if sink_softmax and rule.sink_max_indices:
         tensors.append(SavedTensor("row maxima's indices (int64)", "b·H·s", b * H * s, INDEX_BYTES, True))
     return tensors

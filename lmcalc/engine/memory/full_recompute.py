@@ -23,6 +23,20 @@ def mixer_kinds(spec: ModelSpec, moe_layer: bool) -> frozenset[MixerKind]:
     return frozenset(block_kind(spec, i) for i in range(spec.num_layers) if spec.is_moe_layer(i) == moe_layer)
 
 
+@functools.lru_cache(maxsize=256)
+def window_kinds(spec: ModelSpec, moe_layer: bool) -> frozenset[MixerKind]:
+    """Of a model whose local layers keep more than its global ones under a profile (an explicit window mask): the
+    kinds its dense (or MoE) layers have, global or local; none for a hybrid's or single blocks', whose kinds are
+    their mixers (``mixer_kinds``)."""
+    if spec.hybrid or spec.single_blocks:
+        return frozenset()
+    return frozenset(
+        "local" if spec.is_local_layer(i) else "global"
+        for i in range(spec.num_layers)
+        if spec.is_moe_layer(i) == moe_layer
+    )
+
+
 def recomputed_chunks(
     w: Workload,
     chunk_flags: tuple[tuple[bool, ...], ...],

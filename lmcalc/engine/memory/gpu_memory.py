@@ -28,7 +28,8 @@ from lmcalc.engine.memory.activations import (
     lowest_layer_unkept,
 )
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE
-from lmcalc.engine.memory.full_recompute import mixer_kinds, recomputed_chunks, trained_chunks
+from lmcalc.engine.memory.full_recompute import mixer_kinds, recomputed_chunks, trained_chunks, window_kinds
+from lmcalc.engine.memory.masks import kinds_differ
 from lmcalc.engine.memory.module_recompute import module_rebuilt
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
@@ -255,7 +256,8 @@ def largest_layer_bytes(w: Workload, layout: ActivationLayout, moe_layer: bool) 
     """One layer as the backward rebuilds it: a hybrid's larger of the kinds its layers of this MoE-ness have (one
     that attends, one of its other mixer: an average layer is never the one rebuilt), any other model's layer."""
     one = functools.partial(layer_bytes, w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
-    return max((one(kind) for kind in mixer_kinds(w.model, moe_layer)), default=one())
+    kinds = mixer_kinds(w.model, moe_layer) or (window_kinds(w.model, moe_layer) if kinds_differ(w) else frozenset())
+    return max((one(kind) for kind in kinds), default=one())
 
 
 def stage_activations(w: Workload, layout: Layout, stage: int) -> StageActivations:

@@ -12,8 +12,8 @@ from lmcalc.engine.memory.activations import (
     TOKEN_ID_BYTES,
     SavedTensor,
     _needed,
-    _window_masked_share,
 )
+from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.workload import Workload
@@ -69,7 +69,7 @@ def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
     """The layers' keyword arguments that gradient checkpointing keeps alive until the rebuilt layers have run
     (the profile's ``attention.checkpoint_keeps_mask``): with eager attention the additive mask of each kind of
     layer the model has (global and sliding: one each, made apart) and the position ids; with fused attention the
-    sliding layers' boolean mask where the window makes one (``_window_masked_share``), [1, 1, s, s] expanded over
+    sliding layers' boolean mask where the window makes one (``masks.window_masked_share``), [1, 1, s, s] expanded over
     the batch, so s² bytes. Not counted: the position ids (8·s bytes) with fused attention, which are kept too."""
     spec, act, b, s = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len
     if w.attention == "eager":
@@ -83,7 +83,7 @@ def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
             ),
             SavedTensor("position ids (int64, kept for the rebuilt layers)", "s", s, TOKEN_ID_BYTES),
         ]  # fmt: skip
-    if _window_masked_share(w):
+    if window_masked_share(w):
         return [SavedTensor("boolean window mask, sliding layers (kept for the rebuilt layers)", "s²", s * s, 1)]
     return []
 
