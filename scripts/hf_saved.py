@@ -561,6 +561,7 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # inside the 2,048-token vocabulary
 MOE2 = {"moe_intermediate_size": 64, "num_experts_per_tok": 2}
+MLA_MOE = {k: v for k, v in DSA_SMALL.items() if not k.startswith("index")}  # keys and values 32 wide: SDPA's kernel
 TYPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "qwen3-small": (T.Qwen3Config, N384 | TOKENS | {"head_dim": 48}, "small Qwen3: QK-norm per head, heads of 48"),
     "qwen3-moe-small": (
@@ -638,6 +639,135 @@ TYPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
         N384 | TOKENS | {"head_dim": 48, "sliding_window": WINDOW},
         "small VaultGemma: a sliding layer, then a global one (eager only)",
     ),
+    "codegen-small": (
+        T.CodeGenConfig,
+        dict(vocab_size=2048, n_embd=128, n_layer=LAYERS, n_head=4, rotary_dim=16, n_positions=1024, n_ctx=1024)
+        | TOKENS,
+        "small CodeGen: GPT-J's parallel block with a fused qkv_proj, a quarter of each head rotated",
+    ),
+    "phi-small": (
+        T.PhiConfig,
+        NARROW_MHA | TOKENS | {"intermediate_size": 384, "qk_layernorm": True},
+        "small Phi-2: a parallel block, biases, per-head LayerNorms on Q and K",
+    ),
+    "bloom-small": (
+        T.BloomConfig,
+        dict(vocab_size=2048, hidden_size=128, n_layer=LAYERS, n_head=4) | TOKENS,
+        "small BLOOM: ALiBi, a LayerNorm on the embedding, biases (eager only)",
+    ),
+    "gpt-bigcode-small": (
+        T.GPTBigCodeConfig,
+        dict(vocab_size=2048, n_embd=128, n_layer=LAYERS, n_head=4, n_positions=1024) | TOKENS,
+        "small StarCoder (GPTBigCode): one K/V head (multi_query), learned positions",
+    ),
+    "granitemoeshared-small": (
+        T.GraniteMoeSharedConfig,
+        N384
+        | TOKENS
+        | {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64, "shared_intermediate_size": 96},
+        "small Granite MoE Shared: 4 experts top-2 and an ungated shared MLP",
+    ),
+    "apertus1p5-small": (T.Apertus1p5TextConfig, N384 | TOKENS, "small Apertus 1.5: xIELU, QK-norm per head"),
+    "aria-text-small": (
+        T.AriaTextConfig,
+        N384 | TOKENS | {"moe_num_experts": 4, "moe_topk": 2, "moe_num_shared_experts": 1, "intermediate_size": 64},
+        "small Aria text model: 4 experts top-2 and a shared one",
+    ),
+    "kolibri1-small": (
+        T.Kolibri1Config,
+        N384
+        | TOKENS
+        | MOE2
+        | {"num_local_experts": 4, "shared_expert_intermediate_size": 96, "sliding_window": WINDOW},
+        "small Kolibri 1: sandwich norms, 4 experts top-2 and an ungated shared expert, a window",
+    ),
+    "hy-v3-small": (
+        T.HYV3Config,
+        N384 | TOKENS | MOE2 | {"num_experts": 4, "num_shared_experts": 1, "mlp_layer_types": ["dense", "sparse"]},
+        "small Hunyuan V3: a dense layer, then 4 experts top-2 and a shared one",
+    ),
+    "deepseek-v2-small": (
+        T.DeepseekV2Config,
+        N384 | TOKENS | MLA_MOE | {"head_dim": 16},
+        "small DeepSeek-V2: MLA (values as wide as keys), a dense layer, then 4 experts top-2",
+    ),
+    "deepseek-v3-small": (
+        T.DeepseekV3Config,
+        N384 | TOKENS | MLA_MOE | {"head_dim": 16},
+        "small DeepSeek-V3: MLA, a dense layer, then 4 experts top-2 and a shared one",
+    ),
+    "glm4-moe-lite-small": (
+        T.Glm4MoeLiteConfig,
+        N384 | TOKENS | MLA_MOE | {"head_dim": 16},  # its qk_rope_head_dim (Glm4MoeLiteConfig's attribute map)
+        "small GLM-4.7-Flash: DeepSeek-V3's MLA and MoE",
+    ),
+    "minicpm3-small": (
+        T.MiniCPM3Config,
+        N384
+        | TOKENS
+        | {
+            k: v
+            for k, v in MLA_MOE.items()
+            if "expert" not in k and k not in ("first_k_dense_replace", "n_group", "topk_group", "num_experts_per_tok")
+        }
+        | {"attention_bias": True},
+        "small MiniCPM3: MLA with biases, a dense MLP",
+    ),
+    "youtu-small": (
+        T.YoutuConfig,
+        N384
+        | TOKENS
+        | {
+            "q_lora_rank": None,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 16,
+            "head_dim": 16,  # its rotary tables are head_dim wide: the RoPE part
+            "v_head_dim": 32,
+            "num_key_value_heads": 4,
+        },
+        "small Youtu: MLA without a query latent, a dense MLP",
+    ),
+    "mellum-small": (
+        T.MellumConfig,
+        N384
+        | TOKENS
+        | MOE2
+        | {
+            "num_local_experts": 4,
+            "sliding_window": WINDOW,
+            "mlp_layer_types": ["dense", "sparse"],
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+        "small Mellum: a sliding layer with a dense MLP, then a global one with 4 experts top-2",
+    ),
+    "ministral-small": (
+        T.MinistralConfig,
+        N384 | TOKENS | {"sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+        "small Ministral: a sliding layer, then a global one",
+    ),
+    "glm-moe-dsa-small": (
+        T.GlmMoeDsaConfig,
+        N384 | TOKENS | DSA_SMALL | {"indexer_types": ["full", "shared"]},
+        "small GLM-5: MLA with a lightning indexer in the first layer, whose selection the second "
+        "reuses; a dense layer, then 4 experts top-2 and a shared one",
+    ),
+    "llama4-small": (
+        T.Llama4TextConfig,
+        N384
+        | TOKENS
+        | {
+            "num_local_experts": 4,
+            "num_experts_per_tok": 1,
+            "intermediate_size": 64,
+            "intermediate_size_mlp": 384,
+            "interleave_moe_layer_step": 2,
+            "attention_chunk_size": WINDOW,
+            "no_rope_layer_interval": 2,
+        },
+        "small Llama 4: a chunked layer with a dense MLP, then a global one (no RoPE) with 4 experts "
+        "top-1 and a shared one",
+    ),
     "persimmon-small": (
         T.PersimmonConfig,
         N384 | TOKENS | {"num_key_value_heads": 4},
@@ -663,6 +793,7 @@ for _name in (
     "flint-small",
     "mimo-v2-flash-small",
     "vaultgemma-small",
+    "bloom-small",
     "granite-swa-small",
     "granitemoe-swa-small",
     "gpt-neo-small",
@@ -1022,6 +1153,8 @@ def _exclude(model: torch.nn.Module) -> set[int]:
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     base = model.base_model  # .model, .transformer (GPT-2, Falcon, MPT, DBRX), .gpt_neox, or OPT's .model.decoder
     base = getattr(base, "decoder", base)
+    if base is model:  # Llama4ForCausalLM is its own base model (its base_model_prefix names no module): its .model
+        base = model.model
     return list(next(getattr(base, name) for name in ("layers", "h", "blocks") if hasattr(base, name)))
 
 
