@@ -240,6 +240,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         # GptOssConfig's and MiniMaxM3VLTextConfig's default 7
         "swiglu_limit": config.get("swiglu_limit", 7.0) if kind in ("gpt_oss", "minimax_m3_vl_text") else None,
         "eager_fp32_scores": kind == "flint",  # Flint's eager attention: fp32 Q and K, its sink softmax in fp32
+        **({"eager_softmax": "activation"} if kind == "llama4_text" else {}),  # Llama 4's eager softmax: in bf16
         "head_bias": bool(config.get("lm_head_bias")),  # PhimoeForCausalLM's option
         # Seed-OSS drops attention probabilities and each sub-layer's output (its class default 0.1), not the embedding;
         # Emu3's text model both at attention_dropout (Emu3DecoderLayer.dropout; its class default 0.1)
@@ -302,6 +303,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= _modernbert(config, origin)
     if kind == "mimo_v2_flash":
         fields |= local_attention(config, origin, fields)
+    if kind == "llama4_text" and fields.get("sliding_window") and _flag(config, "use_qk_norm", True, origin):
+        fields["local_qk_l2_norm"] = True  # Llama4TextL2Norm on Q and K in its RoPE (chunked) layers
     if kind == "minimax_m3_vl_text":
         fields |= minimax_m3(config, origin, fields["ffn_size"])
     if kind == "beam":  # BeamAttention: AFMoE's gate, with a bias a head before the sigmoid; its SwiGLU in fp32

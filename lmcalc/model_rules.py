@@ -24,6 +24,10 @@ def check_model(spec: Any) -> None:
                          "local layers (a sliding_window) in a model without MLA or other mixers")  # fmt: skip
     if spec.value_head_dim is not None and spec.mla is not None:
         raise ValueError("value_head_dim is for attention without MLA: MLA gives its own mla.v_head_dim")
+    if spec.local_qk_l2_norm and (not spec.local_layers or spec.mla or spec.hybrid):
+        raise ValueError(
+            "local_qk_l2_norm needs local layers (a sliding_window or chunks), without MLA or other mixers"
+        )
     if spec.sinks_local_only and not (spec.attention_sinks and spec.local_layers):
         raise ValueError("sinks_local_only needs attention_sinks and local layers (a sliding_window)")
     if spec.moe and spec.moe.dense_layers > spec.num_layers:

@@ -52,9 +52,12 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def _l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:  # Llama4TextL2Norm: on an fp32 copy, no weight
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+
+
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """(b, H_kv, s, d) to (b, H_kv·groups, s, d), each head repeated ``groups`` times: expanded, then reshaped, which
-    copies but where one KV head of one sequence merges into a view."""
+    """Each head ``groups`` times, expanded then reshaped: a copy, but a view for one KV head of one sequence."""
     b, kv, s, d = x.shape
     return x[:, :, None].expand(b, kv, groups, s, d).reshape(b, kv * groups, s, d)
 
@@ -101,8 +104,7 @@ class Attention(nn.Module):
             self.sinks = nn.Parameter(torch.zeros(heads, **kw))
 
     @property
-    def kv_heads(self) -> int:
-        """This layer's key-value heads: a local layer's own where the model gives them."""
+    def kv_heads(self) -> int:  # this layer's: a local layer's own where the model gives them
         return self.spec.local_kv_heads if self.local and self.spec.local_kv_heads else self.spec.kv_heads
 
     def project(self, x, cos, sin, causal_bias):
@@ -136,6 +138,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if spec.position_embedding == "rope":
             q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        if self.local and spec.local_qk_l2_norm:  # Llama 4: a weightless L2 norm a head, upcast to fp32
+            return _l2_norm(q), _l2_norm(k), v, causal_bias
         return q, k, v, causal_bias
 
     def core(self, q, k, v, causal_bias):
@@ -214,19 +218,17 @@ def _two_matrix_act(x: torch.Tensor, activation: str) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-SWIGLU_ALPHA = 1.702  # gpt-oss's σ(α·g) (GptOssConfig.swiglu_alpha): a constant, no parameter
+SWIGLU_ALPHA = 1.702  # gpt-oss's σ(α·g) (GptOssConfig.swiglu_alpha)
 
 
 def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """gpt-oss's gated activation, op by op as GptOssExperts runs it: (up + 1)·g·σ(α·g), g clamped above and up both
-    ways at ``limit``."""
+    """gpt-oss's (up + 1)·g·σ(α·g), g clamped above and up both ways at ``limit``, op by op as GptOssExperts runs it."""
     gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
     return (up + 1) * (gate * torch.sigmoid(gate * SWIGLU_ALPHA))
 
 
 def _gate_act(kind: str, activation: str):
-    """A gated MLP's activation on its gate: SiLU (SwiGLU), ReLU or squared ReLU where the spec names one (BitNet's
-    relu2), else GELU (GeGLU)."""
+    """A gated MLP's activation: SiLU (SwiGLU), ReLU or squared ReLU where the spec says (BitNet), else GELU."""
     if activation in ("relu", "relu2"):
         return lambda x: _two_matrix_act(x, activation)
     return F.silu if kind == "swiglu" else F.gelu

@@ -128,9 +128,7 @@ class ModelSpec(NamedSpec):
         "GLM-4 0.5, StableLM 0.25, Qwen3-Next 0.25)",
     )
     rotary_concat: StrictBool = Field(
-        False,
-        description="the model's RoPE concatenates each head's rotated and passed parts even where it rotates the "
-        "whole head (MiniMax-M3's apply_rotary_pos_emb), which lays the attention's output out as a partial RoPE does",
+        False, description="RoPE concatenates a head's rotated and passed parts, at a whole head too (MiniMax-M3)"
     )
     qk_norm: Literal["none", "full", "per_head"] = Field(
         "none", description="norm on projected queries and keys: over all heads (OLMo 2) or per head"
@@ -187,6 +185,8 @@ class ModelSpec(NamedSpec):
     )
     sinks_local_only: StrictBool = Field(False, description="with attention_sinks, sinks in the local layers alone "
                                          "(MiMo-V2-Flash)")  # fmt: skip
+    local_qk_l2_norm: StrictBool = Field(False, description="Llama 4's use_qk_norm: a weightless L2 norm on each "
+                                         "head of Q and K, upcast to fp32, in its local layers alone")  # fmt: skip
     sink_scale: StrictBool = Field(
         False,
         description="with attention_sinks, each sink scales its head's output by σ(lse − sink) after a plain softmax "
@@ -461,8 +461,8 @@ class ModelSpec(NamedSpec):
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def local_attention_differs(self) -> bool:
-        """Whether the local layers attend with KV heads or sinks the global ones lack (MiMo-V2-Flash)."""
-        return bool(self.local_kv_heads or self.sinks_local_only)
+        """Whether the local layers have KV heads, sinks or a QK-norm of their own (MiMo-V2-Flash, Llama 4)."""
+        return bool(self.local_kv_heads or self.sinks_local_only or self.local_qk_l2_norm)
 
     @property
     def indexer(self) -> IndexerSpec | None:

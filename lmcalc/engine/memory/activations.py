@@ -81,6 +81,12 @@ def _attention_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
         tensors += [SavedTensor(f"{x} before the clamp (qkv_clip)", f"s·b·{y}·d", sb * n * d, act)
                     for x, y, n, d in clamped]  # fmt: skip
     tensors += _qk_norm_saved(w, rows, kind)
+    if kind == "local" and spec.local_qk_l2_norm:  # Llama4TextL2Norm: x.float() · rsqrt(mean(x²) + ε), no weight
+        fp32 = norm_keeps(w) != "input"  # written with its upcast, or one kernel keeping its input
+        for name, n, sym in (("Q", H, "H"), ("K", heads, "H_kv")):
+            tensors += [SavedTensor(f"{name} L2-norm input{' (fp32 copy)' if fp32 else ''}", f"s·b·{sym}·d",
+                                    sb * n * dqk, 4 if fp32 else act, most_tp_ranks=None if name == "Q" else heads),
+                        SavedTensor(f"{name} L2-norm 1/rms (fp32)", f"s·b·{sym}", sb * n, 4)]  # fmt: skip
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
     fp32 = w.attention == "eager" and spec.eager_fp32_scores  # Flint: the scores' product keeps fp32 copies
     qk, qk_bytes = (" (fp32 copy)", 4) if fp32 else (rope, act)
