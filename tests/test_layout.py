@@ -434,3 +434,24 @@ def test_memoised_figures_belong_to_their_own_layout_and_workload():
         assert {case: figures(case) for case in order} == dict(zip(cases, fresh, strict=True))
     # and the memo was shared, not bypassed: figures computed for one case served another
     assert gpu_memory._activation_peaks.cache_info().hits > 0 and sharding.trained_held.cache_info().hits > 0
+
+
+def test_a_layout_sent_to_another_process_is_the_same_layout():
+    """A search's worker sends its layouts back pickled (``Layout.__reduce__``), restored without their checks and
+    their views made when asked: equal, hashing equal, with the same views as the layout made by hand."""
+    import pickle
+
+    split = PipelineSplit("interleaved", 2)
+    made = Layout(dp=8, tp=4, pp=4, cp=2, ep=8, etp=1, zero=1, sequence_parallel=True, grad_accum=16, split=split)
+    spelt_out = Layout(dp=8, tp=4, pp=4, cp=2, ep=8, etp=4, zero=1, sequence_parallel=True, grad_accum=16, split=split)
+    for layout in (made, spelt_out):
+        copy = pickle.loads(pickle.dumps(layout))
+        assert copy == layout and hash(copy) == hash(layout) and copy is not layout
+        assert copy.etp == layout.etp  # ETP = TP is spelt as None in both
+        assert (copy.activation_layout, copy.grid, copy.state_shards, copy.stages) == (
+            (4, True, 2, 4, 16, split),
+            (4, 2, 8, True, layout.expert_tp),
+            (4, 8, 1, 16, layout.expert_tp),
+            (4, split),
+        )
+    assert spelt_out.etp is None and made.etp == 1

@@ -138,12 +138,12 @@ class Layout:
     grad_accum: int = 1  # micro-batches per step
     etp: int | None = None  # the routed experts' TP (Megatron-Core's expert_tensor_parallel_size); None: TP
     split: PipelineSplit = PipelineSplit()
-    # its views, what each family of figures depends on (the caches' keys), made once with the layout
-    activation_layout: ActivationLayout = field(init=False, repr=False, compare=False)
-    grid: Grid = field(init=False, repr=False, compare=False)
-    state_shards: StateShards = field(init=False, repr=False, compare=False)
-    stages: Stages = field(init=False, repr=False, compare=False)
-    _hash: int = field(init=False, repr=False, compare=False)
+    # its views, what each family of figures depends on (the caches' keys), made when first asked for: a layout
+    # sent back from a search's worker process (``__reduce__``) may never be asked
+    _views: tuple[ActivationLayout, Grid, StateShards, Stages] | None = field(
+        init=False, repr=False, compare=False, default=None
+    )
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         degrees = (self.dp, self.tp, self.pp, self.cp, self.ep, self.grad_accum)
@@ -153,27 +153,47 @@ class Layout:
                     raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
         if self.zero not in ZERO_STAGES:
             raise LmcalcError(f"{setting('zero')} must be {one_of(ZERO_STAGES)}, got {self.zero}")
-        tp, cp, split, views = self.tp, self.cp, self.split, object.__setattr__
         if self.etp is not None:
             if not positive_integer(self.etp):
                 raise LmcalcError(f"{setting('etp')} must be a positive integer, got {self.etp}")
-            if self.etp == tp:  # the default, spelt out: one layout, one hash
-                views(self, "etp", None)
-        etp = self.expert_tp
-        views(
-            self, "activation_layout", ActivationLayout(tp, self.sequence_parallel, cp, self.pp, self.grad_accum, split)
-        )
-        views(self, "grid", Grid(tp, cp, self.ep, self.sequence_parallel and tp > 1, etp))
-        views(self, "state_shards", StateShards(tp, self.ep, self.zero, self.dp * cp, etp))
-        views(self, "stages", Stages(self.pp, split))
-        views(self, "_hash", hash((*degrees, self.zero, self.sequence_parallel, split, self.etp)))
+            if self.etp == self.tp:  # the default, spelt out: one layout, one hash
+                object.__setattr__(self, "etp", None)
+        object.__setattr__(self, "_hash", _layout_hash(self))
 
     def __hash__(self) -> int:
         return self._hash
 
-    def __reduce__(self) -> tuple[type[Layout], tuple[object, ...]]:
-        """Pickled as its fields, so that a copy made in another process (another hash seed) hashes anew."""
-        return type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init)
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        """Pickled as its fields, checked already: a copy made in another process (another hash seed) hashes anew
+        and makes its views when asked."""
+        return _unpickled, tuple(getattr(self, f.name) for f in fields(self) if f.init)
+
+    def _made_views(self) -> tuple[ActivationLayout, Grid, StateShards, Stages]:
+        tp, cp, split, etp = self.tp, self.cp, self.split, self.expert_tp
+        views = (
+            ActivationLayout(tp, self.sequence_parallel, cp, self.pp, self.grad_accum, split),
+            Grid(tp, cp, self.ep, self.sequence_parallel and tp > 1, etp),
+            StateShards(tp, self.ep, self.zero, self.dp * cp, etp),
+            Stages(self.pp, split),
+        )
+        object.__setattr__(self, "_views", views)
+        return views
+
+    @property
+    def activation_layout(self) -> ActivationLayout:
+        return (self._views or self._made_views())[0]
+
+    @property
+    def grid(self) -> Grid:
+        return (self._views or self._made_views())[1]
+
+    @property
+    def state_shards(self) -> StateShards:
+        return (self._views or self._made_views())[2]
+
+    @property
+    def stages(self) -> Stages:
+        return (self._views or self._made_views())[3]
 
     @property
     def gpus(self) -> int:
@@ -221,6 +241,26 @@ class Layout:
         parts += [f"Z{self.zero}"] if self.zero else []
         parts += ["SP"] if self.sequence_parallel else []
         return " ".join(parts + self.split.code_parts(self.pp))
+
+
+def _layout_hash(layout: Layout) -> int:
+    return hash(
+        (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.grad_accum, layout.zero,
+         layout.sequence_parallel, layout.split, layout.etp)
+    )  # fmt: skip
+
+
+def _unpickled(*values: object) -> Layout:
+    """A pickled layout again, its fields set as they were (``Layout.__reduce__``), without checking them anew."""
+    layout = object.__new__(Layout)
+    for f, value in zip(_INIT_FIELDS, values, strict=True):
+        object.__setattr__(layout, f, value)
+    object.__setattr__(layout, "_views", None)
+    object.__setattr__(layout, "_hash", _layout_hash(layout))
+    return layout
+
+
+_INIT_FIELDS = tuple(f.name for f in fields(Layout) if f.init)
 
 
 LAYOUT_CODE_KEY = (
