@@ -5,11 +5,15 @@ LFM2's short convolutions).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_defaults import LAYER_PATTERNS
 from lmcalc.hf_fields import get as _get
+from lmcalc.units import group
+
+if TYPE_CHECKING:
+    from lmcalc.specs import ModelSpec
 
 LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunked"}
 """The layer_types of a local layer, and the ModelSpec.local_attention each means."""
@@ -379,3 +383,48 @@ def lightning(config: dict[str, Any], origin: str, layers: int, hidden: int, hea
             "attention_layer_ids": [i for i, t in enumerate(types[:layers]) if t != "linear_attention"],
         }
     }
+
+
+def longcat_sublayers(config: dict[str, Any], origin: str) -> dict[str, Any]:
+    """LongCat-Flash's config with its layers counted as lmcalc counts them: each of its ``num_layers`` holds two
+    sub-layers, attention and a dense MLP each (LongcatFlashConfig.num_hidden_layers is 2·num_layers)."""
+    return {**config, "num_hidden_layers": 2 * _get(config, origin, "num_layers")}
+
+
+def longcat_moe(config: dict[str, Any], routed: dict[str, Any], ffn_size: int) -> dict[str, Any]:
+    """LongCat-Flash's shortcut MoE (LongcatFlashDecoderLayer): it reads the first sub-layer's MLP input and its
+    output joins the second's, so a pair of sub-layers computes what an MoE layer whose shared expert is the dense
+    MLP and a dense layer compute (every other sub-layer routes: MoE on the second of each pair here, which moves
+    nothing but the stage boundary of an odd pipeline split). Its router scores the zero-computation experts too,
+    in fp32 (LongcatFlashTopkRouter), and may carry a bias (``router_bias``); its experts run one at a time."""
+    return routed | {
+        "moe_every": 2,
+        "shared_experts": 1,
+        "shared_expert_ffn_size": ffn_size,
+        "zero_experts": config.get("zero_expert_num") or 0,
+        "router_bias": bool(config.get("router_bias")),
+        "router_fp32": True,
+        "expert_loop": True,  # LongcatFlashExperts: a Python loop over the experts hit, each added back by index_add
+    }
+
+
+def transformers_unused(spec: ModelSpec) -> int:
+    """Parameters transformers 5.24 builds that the model never reads: LongcatFlashExperts' ``gate_up_proj`` holds
+    E + Z experts where its ``down_proj`` holds E, so each zero-computation expert gets 2·f_e·h weights that no token
+    uses and no checkpoint fills (L_moe·Z·2·f_e·h; 0 for a model without zero-computation experts)."""
+    moe = spec.moe
+    return spec.moe_layers * moe.zero_experts * 2 * moe.expert_ffn_size * spec.hidden_size if moe else 0
+
+
+def with_unused_noted(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with a note of ``transformers_unused``, where there are any."""
+    unused = transformers_unused(spec)
+    if not unused:
+        return spec
+    assert spec.moe is not None
+    note = (
+        f"transformers 5.24 builds {group(unused)} more parameters than these: LongcatFlashExperts' gate_up_proj has "
+        f"rows for the {spec.moe.zero_experts} zero-computation experts too (L_moe·Z·2·f_e·h), which no token reads "
+        "and no checkpoint fills"
+    )
+    return spec.model_copy(update={"notes": (*spec.notes, note)})

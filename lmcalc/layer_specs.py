@@ -74,11 +74,26 @@ class MoESpec(Spec):
         description="node-limited routing: each token is sent to experts on at most this many nodes (DeepSeek-V3: "
         "4, its 8 expert groups of which each token picks 4)",
     )
+    expert_loop: StrictBool = Field(
+        False,
+        description="the model's own code runs its experts one at a time and adds each weighted output back with "
+        "index_add (transformers' LongcatFlashExperts, which has no grouped_mm path), read under a framework profile "
+        "whose moe.router is model",
+    )
+    zero_experts: NonNegativeInt = Field(
+        0,
+        le=MAX_DIMENSION,
+        description="zero-computation experts beside the routed ones (LongCat-Flash's 256): the router scores E + Z "
+        "experts and picks k, and a pick of one of these passes the token through, scaled by its weight",
+    )
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> Self:
-        if self.experts_per_token is not None and self.experts_per_token > self.num_experts:
-            raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})")
+        if self.experts_per_token is not None and self.experts_per_token > self.num_experts + self.zero_experts:
+            zero = f" and zero_experts ({self.zero_experts})" if self.zero_experts else ""
+            raise ValueError(
+                f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts}){zero}"
+            )
         return self
 
     @property
@@ -87,6 +102,18 @@ class MoESpec(Spec):
         if self.experts_per_token is None:
             raise LmcalcError(NO_TOP_K)
         return self.experts_per_token
+
+    @property
+    def computed_k(self) -> float:
+        """The routed experts a token computes: k, or with zero-computation experts k·E/(E + Z), the share of the k
+        picks that fall on real experts when the router spreads them evenly over all E + Z (LongCat-Flash: 8 of 12,
+        the average its technical report gives, §2.1)."""
+        return self.k * self.num_experts / (self.num_experts + self.zero_experts) if self.zero_experts else self.k
+
+    @property
+    def router_outputs(self) -> int:
+        """The experts the router scores: E, and the zero-computation ones (E + Z)."""
+        return self.num_experts + self.zero_experts
 
     @property
     def shared_width(self) -> int:

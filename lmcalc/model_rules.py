@@ -30,6 +30,8 @@ def check_model(spec: Any) -> None:
         )
     if spec.sinks_local_only and not (spec.attention_sinks and spec.local_layers):
         raise ValueError("sinks_local_only needs attention_sinks and local layers (a sliding_window)")
+    if spec.num_layers % spec.sublayers:
+        raise ValueError(f"sublayers {spec.sublayers} does not divide num_layers {spec.num_layers}")
     if spec.moe and spec.moe.dense_layers > spec.num_layers:
         raise ValueError(f"moe.dense_layers ({spec.moe.dense_layers}) exceeds num_layers ({spec.num_layers})")
     if spec.moe and not spec.moe_layers:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Any, TypeVar, cast, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -397,10 +397,12 @@ def load_spec_file(path: Path, spec_type: type[S], hub_id: str | None = None) ->
         data = read_json(path)
         if spec_type is ModelSpec and isinstance(data, dict) and "name" not in data:
             from lmcalc.hf_config import model_from_hf_config
+            from lmcalc.hf_layers import with_unused_noted
 
             name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
             origin = f"{hub_id} (Hugging Face Hub config.json)" if hub_id else str(path)
-            return validate(spec_type, model_from_hf_config(data, hub_id or name, origin), origin)
+            spec = validate(ModelSpec, model_from_hf_config(data, hub_id or name, origin), origin)
+            return cast(S, with_unused_noted(spec))  # spec_type is ModelSpec
         return validate(spec_type, data, str(path))
     data = read_yaml(path)
     if data is None:

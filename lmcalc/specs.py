@@ -127,12 +127,12 @@ class ModelSpec(NamedSpec):
         description="the share of each head's dimensions RoPE rotates, the rest passed through (partial_rotary_factor: "
         "GLM-4 0.5, StableLM 0.25, Qwen3-Next 0.25)",
     )
-    rotary_concat: StrictBool = Field(
-        False, description="RoPE concatenates a head's rotated and passed parts, at a whole head too (MiniMax-M3)"
-    )
-    qk_norm: Literal["none", "full", "per_head"] = Field(
-        "none", description="norm on projected queries and keys: over all heads (OLMo 2) or per head"
-    )
+    rotary_concat: StrictBool = Field(False, description="RoPE concatenates a head's rotated and passed parts, at a "
+                                      "whole head too (MiniMax-M3)")  # fmt: skip
+    qk_norm: Literal["none", "full", "per_head"] = Field("none", description="norm on projected queries and keys: "
+                                                         "over all heads (OLMo 2) or per head")  # fmt: skip
+    sublayers: PositiveInt = Field(1, description="layers counted here in each layer of the model's code "
+                                   "(LongCat-Flash: 2), which gradient checkpointing rebuilds together")  # fmt: skip
     attention_bias: Literal["none", "qkv", "out", "all"] = Field(
         "none", description="biases on Q, K and V (qkv), on the output projection (out: GPT-Neo), or on all four"
     )

@@ -13,7 +13,8 @@ device (no weights) and read by lmcalc as plain JSON:
 * ``variant`` and ``variant-diff``: the defaults with fields a real checkpoint changes: fewer layers, the head tied
   the other way round.
 
-A case is ``exact`` when lmcalc's count (a multimodal model's vision tower included) equals transformers', ``text
+A case is ``exact`` when lmcalc's count (a multimodal model's vision tower included) equals transformers' (less the
+weights transformers builds that the model never reads, ``hf_layers.transformers_unused``, said in the case), ``text
 only`` when lmcalc counts a multimodal model's text model alone and says so, ``off`` when the count differs (a
 defect: lmcalc must refuse rather than guess), ``refused`` when lmcalc says it cannot read the type, and
 ``unbuilt`` when transformers itself cannot build the case (its defaults leave a required field empty;
@@ -40,6 +41,7 @@ from lmcalc.atomic import write_atomic  # noqa: E402
 from lmcalc.engine.model.params import count_params  # noqa: E402
 from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
+from lmcalc.hf_layers import transformers_unused  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 ENCODERS = ("bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
@@ -99,8 +101,6 @@ NEEDS: dict[str, str] = {
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
     "jetmoe": "JetMoE: a mixture of attention heads (routed query and output projections over shared K and V) and "
     "MoE MLPs with a shared bias",
-    "longcat_flash": "LongCat-Flash: two attention and MLP sub-blocks a layer with a shortcut MoE, zero-computation "
-    "experts (an expected number of real experts a token)",
     "mllama": "Llama 3.2 Vision: cross-attention layers over vision tokens, which text-only training skips (weights "
     "without compute)",
     "phi4_multimodal": "Phi-4-multimodal: Phi-4-mini's layers with its image (SigLIP) and audio (Conformer) encoders "
@@ -184,6 +184,9 @@ def try_case(kind: str, name: str, config: dict[str, Any]) -> Case:
     ours = count_params(spec).total + (spec.vision_params or 0)  # a multimodal model's tower, counted apart
     if ours == theirs:
         return Case(kind, name, "exact", f"{theirs:,}")
+    unused = transformers_unused(spec)  # weights transformers builds and the model never reads (LongCat-Flash's)
+    if unused and ours + unused == theirs:
+        return Case(kind, name, "exact", f"{ours:,}; transformers builds {unused:,} more that no token reads")
     if "text_config" in config and spec.vision_params is None:
         return Case(kind, name, "text only", f"its text model; the other {theirs - ours:,} parameters are not counted")
     return Case(kind, name, "off", f"lmcalc {ours:,}, transformers {theirs:,} ({ours - theirs:+,})")

@@ -89,6 +89,7 @@ class Case:
     dropout_knobs: tuple[str, ...] = ()  # config fields set from measure(..., dropout=) (gpt2 only)
     attentions: tuple[str, ...] = ("sdpa", "eager")  # the attn_implementations transformers runs the model with
     checkpointable: bool = True  # whether transformers runs it with gradient checkpointing (OpenAI GPT: not)
+    routing: Callable[[torch.nn.Module], None] | None = None  # sets where the router sends tokens (LongCat-Flash)
 
     def config(self, dropout: float | None = None) -> PretrainedConfig:
         kwargs = dict(self.kwargs)
@@ -783,7 +784,18 @@ TYPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
         N384 | TOKENS | {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW},
         "small Granite MoE SWA: 4 experts top-2, sinks scaling the output (eager only)",
     ),
-}
+    "longcat-flash-small": (
+        T.LongcatFlashConfig,
+        {k: v for k, v in NARROW.items() if k not in ("num_hidden_layers", "head_dim")}
+        | TOKENS
+        | {k: MLA_MOE[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                   "num_key_value_heads")}
+        | {"num_layers": 1, "ffn_hidden_size": 384, "expert_ffn_hidden_size": 64, "n_routed_experts": 4,
+           "zero_expert_num": 2, "moe_topk": 3, "head_dim": MLA_MOE["qk_rope_head_dim"]},
+        "small LongCat-Flash: one layer of two MLA sub-layers with a dense MLP each, the first's input also routed "
+        "to 4 experts and 2 zero-computation ones, top-3, two of the three picks real (``pin_zero_expert_picks``)",
+    ),
+}  # fmt: skip
 """Types lmcalc read before issue #31's measurements reached them, small (h 128, two layers), measured since
 2026-12-06: name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in TYPES.items()}
@@ -807,6 +819,26 @@ for _name in (
     CASES[_name] = replace(CASES[_name], attentions=EAGER_ONLY)
 for _name in ("openai-gpt-small", "ctrl-small", "gpt-neox-japanese-small"):  # no gradient checkpointing there
     CASES[_name] = replace(CASES[_name], checkpointable=False)
+
+
+def pin_zero_expert_picks(model: torch.nn.Module) -> None:
+    """Send every token to k·E/(E + Z) real experts and the rest of its k picks to zero-computation ones, the share
+    lmcalc counts (``MoESpec.computed_k``), instead of wherever random weights send it. LongCat-Flash's router adds
+    its balancing bias (``e_score_correction_bias``) to the softmax scores, each below 1, before the top-k, so a bias
+    of 1 on k experts picks those."""
+    config = model.config
+    experts, zero, k = config.n_routed_experts, config.zero_expert_num, config.moe_topk
+    real = k * experts // (experts + zero)
+    assert real * (experts + zero) == k * experts, "a config whose k·E/(E + Z) is whole"
+    chosen = [*range(real), *range(experts, experts + k - real)]
+    for module in model.modules():
+        if hasattr(module, "e_score_correction_bias"):
+            with torch.no_grad():
+                module.e_score_correction_bias.zero_()
+                module.e_score_correction_bias[chosen] = 1.0
+
+
+CASES["longcat-flash-small"] = replace(CASES["longcat-flash-small"], routing=pin_zero_expert_picks)
 
 # --------------------------------------------------------------------------------------------------------------------
 # Records
@@ -1108,6 +1140,8 @@ def build_model(
         with no_init_weights():  # transformers' own init draws every weight one by one: 10-20 s at real width
             model = AutoModelForCausalLM.from_config(config, **kwargs)
         _fill_weights(model)
+        if case.routing is not None:
+            case.routing(model)
         model.tie_weights()  # init_weights, skipped above, is what ties GPT-2's head to its embedding
         _MODEL_CACHE[key] = model
     model.set_attn_implementation(attention)

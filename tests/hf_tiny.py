@@ -215,6 +215,13 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                                          intermediate_size=32, dense_intermediate_size=80,
                                                          shared_intermediate_size=48,
                                                          mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
+    # LongCat-Flash: two layers of two sub-layers each (MLA and a dense MLP), the first of each pair feeding a
+    # shortcut MoE of 4 experts and 2 zero-computation ones, top-3; head_dim, which sizes its rotary tables, is the
+    # RoPE part of the keys
+    "longcat_flash": ("LongcatFlashConfig", dict(num_layers=2, n_routed_experts=4, zero_expert_num=2, moe_topk=3,
+                                                 expert_ffn_hidden_size=32, q_lora_rank=48, kv_lora_rank=32,
+                                                 qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8,
+                                                 v_head_dim=16, num_key_value_heads=4)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -71,7 +71,7 @@ REAL_GRID = [(128, 2)]
 # are shorter than both sequences.
 STEP_MEASURED = ("deepseek-v32-small", "minimax-small", "axk1-small", "flint-small", "laguna-small", "lfm3-small",
                  "beam-small", "modernbert-decoder-small", "mimo-v2-flash-small",
-                 "minimax-m3-small")  # fmt: skip
+                 "minimax-m3-small", "longcat-flash-small")  # fmt: skip
 """The small models of the types read since issue #31 whose step peak tests/test_step_phases.py measures too."""
 OTHERS = (
     "gemma2-small",
@@ -335,7 +335,8 @@ def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra:
     m = measured(case)
     w = workload(case, profile)
     acts = predicted(case, profile)
-    beyond = [extra(w, moe) if extra else 0.0 for moe in layer_kinds(w, m.layers)]
+    unit = w.model.sublayers  # lmcalc's layers in each of the model code's (LongCat-Flash: 2)
+    beyond = [extra(w, moe) if extra else 0.0 for moe in layer_kinds(w, m.layers * unit)]
     total = acts.total + (acts.rebuilt + max(beyond) if case.checkpointing else sum(beyond))
     whole = peak_kept(m)
     report = f"{case.id}: measured {whole:,} B, lmcalc {total:,.0f} B ({error(total, whole):+.2%})"
@@ -352,10 +353,13 @@ def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra:
         # the first layer that attends also holds the rotary tables, first packed there: lmcalc counts them outside
         # the layers
         tables = sum(t.bytes for t in model_saved_tensors(w) if t.block == "tables")
-        first = next(i for i in range(m.layers) if w.model.is_attention_layer(i))
-        for i, moe in enumerate(layer_kinds(w, m.layers)):
+        first = next(i for i in range(m.layers * unit) if w.model.is_attention_layer(i)) // unit
+        for i in range(m.layers):
             kept = m.per_layer_bytes[i] - (tables if i == first else 0)
-            layer = sum(t.bytes for t in layer_saved_tensors(w, moe, mixer_kind(w, i))) + beyond[i]
+            layer = sum(
+                sum(t.bytes for t in layer_saved_tensors(w, w.model.is_moe_layer(j), mixer_kind(w, j))) + beyond[j]
+                for j in range(i * unit, (i + 1) * unit)
+            )
             report += f"; layer {i} {kept:,} vs {layer:,.0f} ({error(layer, kept):+.2%})"
             assert abs(error(layer, kept)) < TOLERANCE, report
         if case.attention == "sdpa" and not case.name.startswith("falcon-7b"):

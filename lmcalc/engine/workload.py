@@ -153,8 +153,9 @@ class Workload:
 
     @property
     def routed_copies(self) -> float:
-        """The rows the routed experts compute per token: k·ρ (0 for a model without routed experts)."""
-        return self.model.moe.k * self.routed_share if self.model.moe else 0.0
+        """The rows the routed experts compute per token: k·ρ (0 for a model without routed experts); k·E/(E + Z)·ρ
+        with zero-computation experts, which compute nothing (``MoESpec.computed_k``)."""
+        return self.model.moe.computed_k * self.routed_share if self.model.moe else 0.0
 
     @property
     def core_recomputed(self) -> bool:

@@ -53,13 +53,14 @@ def model_of_config(config: Config) -> ModelSpec:
     """The model a pasted or uploaded config.json describes: a Hugging Face config, or an lmcalc model preset in
     JSON (one with a ``name``), read as ``--model config.json`` reads the file."""
     from lmcalc.hf_config import model_from_hf_config
+    from lmcalc.hf_layers import with_unused_noted
 
     data = json.loads(config.text)
     origin = f"{config.name} (sent from the page)"
     if "name" in data:
         return pr.validate(ModelSpec, data, origin)
     name = config.name.removesuffix(".json")
-    return pr.validate(ModelSpec, model_from_hf_config(data, name, origin), origin)
+    return with_unused_noted(pr.validate(ModelSpec, model_from_hf_config(data, name, origin), origin))
 
 
 def view_of(estimate: Estimate) -> dict[str, Any]:

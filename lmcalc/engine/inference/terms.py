@@ -31,7 +31,7 @@ def _weights_section(spec: ModelSpec, memory: InferenceMemory, weights_dtype: st
             "every tensor" + (", all routed experts" if spec.moe else ""),
             group(n),
             "lmcalc.engine.model.params.count_params",
-            note=f"each token uses {spec.moe.k} of {spec.moe.num_experts} routed experts, "
+            note=f"each token uses {spec.moe.computed_k:g} of {spec.moe.num_experts} routed experts, "
             "but all of them are held in memory"
             if spec.moe
             else "",

@@ -113,11 +113,14 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
                 "query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq", for_weights=("q_b",)
             )
         )
-    kv_width = m.kv_lora_rank + m.qk_rope_head_dim
-    tensors.append(
-        SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act, split="seq")
-    )
-    tensors += norm_stats(spec, "KV latent norm", rows)
+    if norm_keeps(w) == "input":  # a fused norm keeps its input: a slice of the latent, which keeps it whole
+        kv_width = m.kv_lora_rank + m.qk_rope_head_dim
+        tensors.append(
+            SavedTensor("KV latent (with the shared RoPE key)", "s·b·(r_kv+d_rope)", sb * kv_width, act, split="seq")
+        )
+        tensors += norm_stats(spec, "KV latent norm", rows)
+    else:  # an upcast first copies the slice: the norm keeps what the query latent's does
+        tensors += norm_saved(w, "KV latent norm", rows, Dim(m.kv_lora_rank, "r_kv"))
     tensors.append(
         SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq", for_weights=("kv_b",))
     )
@@ -424,7 +427,13 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
                 if moe.router_fp32 and w.framework.moe.router == "model"
                 else []
             ),
-            SavedTensor("router probabilities (fp32)", "s·b·E", sb * moe.num_experts, 4, split="seq"),
+            SavedTensor(
+                "router probabilities (fp32)",
+                "s·b·(E+Z)" if moe.zero_experts else "s·b·E",
+                sb * moe.router_outputs,
+                4,
+                split="seq",
+            ),
             *routing_saved(w, sb, k, rows, kr),
             SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq", for_weights=UP),
             *ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),

@@ -49,8 +49,10 @@ def recomputed_chunks(
     ``uniform`` keeps the input of every unit of ``recompute_num_layers`` layers and rebuilds a whole unit at once;
     ``block`` keeps only the input of the first ``recompute_num_layers`` layers of each chunk, rebuilt one at a time,
     and everything of the chunk's other layers. A unit of several layers is taken at the average layer; a single one
-    as ``largest`` says (a hybrid's larger mixer)."""
-    n, kept, rebuilt = w.recompute_num_layers, [], 0.0
+    as ``largest`` says (a hybrid's larger mixer). The layers counted are the model code's (``ModelSpec.sublayers``
+    of lmcalc's each: LongCat-Flash's two), which a checkpoint keeps and rebuilds whole."""
+    unit = w.model.sublayers
+    n, kept, rebuilt = w.recompute_num_layers * unit, [], 0.0
     dense, moe = one_layer(False), (one_layer(True) if w.model.moe else 0.0)
 
     def layers_bytes(flags: tuple[bool, ...]) -> float:
@@ -61,15 +63,17 @@ def recomputed_chunks(
         block = w.recompute_method == "block"
         recomputed = flags[:n] if block else flags
         if block:
-            kept.append(len(recomputed) * checkpoint + layers_bytes(flags[n:]))
+            kept.append(-(-len(recomputed) // unit) * checkpoint + layers_bytes(flags[n:]))
         else:
             kept.append(-(-len(flags) // n) * checkpoint)  # ⌈layers / N⌉ units
-        if block or n == 1:  # one layer rebuilt at a time: the larger kind among those recomputed
+        step = unit if block else n  # the layers rebuilt at once
+        if step == 1:  # one layer rebuilt at a time: the larger kind among those recomputed
             if recomputed:
                 rebuilt = max(rebuilt, largest(True) if any(recomputed) else 0.0)
                 rebuilt = max(rebuilt, largest(False) if not all(recomputed) else 0.0)
         else:
-            rebuilt = max(rebuilt, *(layers_bytes(flags[i : i + n]) for i in range(0, len(flags), n)), 0.0)
+            units = (recomputed[i : i + step] for i in range(0, len(recomputed), step))
+            rebuilt = max(rebuilt, *(layers_bytes(flags) for flags in units), 0.0)
     return kept, rebuilt
 
 

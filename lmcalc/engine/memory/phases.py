@@ -20,6 +20,7 @@ from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import adapter_copies, kept_before_core
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
+from lmcalc.engine.memory.routing import weighted_outputs
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.workload import Workload
@@ -199,7 +200,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         routed = w.routed_copies * sb / moe.num_experts * moe.expert_ffn_size
         layer = max(layer, gradients * routed * per_element / split)
         rule = w.framework.moe
-        if not (rule.weighted_outputs or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
+        if not (weighted_outputs(w) or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
             assignments = moe.k * sb
             layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
     layer += sb * spec.hidden_size * act / cp  # the gradient of the layer's output, which the residual branch holds

@@ -31,22 +31,45 @@ def routing_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[
     ]
 
 
+def expert_loop(w: Workload) -> bool:
+    """Whether the model's own code runs the experts one at a time (``MoESpec.expert_loop``), under a profile that
+    runs the model's code (``MoeRule.router`` model)."""
+    moe = w.model.moe
+    return bool(moe and moe.expert_loop and w.framework.moe.router == "model")
+
+
+def weighted_outputs(w: Workload) -> bool:
+    """Whether an index_add keeps each expert's weighted output: the profile's rule, or the model's own loop."""
+    return w.framework.moe.weighted_outputs or expert_loop(w)
+
+
 def expert_outputs_saved(w: Workload, rows: float, kr: str) -> list[SavedTensor]:
     """The experts' outputs as the combine keeps them: for the product with the routing weights, and again weighted
-    where an index_add keeps its source (``MoeRule.weighted_outputs``); none where the weights multiply inside the
-    experts' fused activation (``MoeRule.probs_in_activation``: Megatron-Core's grouped MLP)."""
-    rule, act, h = w.framework.moe, w.precision.activation_bytes, w.model.hidden_size
+    where an index_add keeps its source (``weighted_outputs``); none where the weights multiply inside the experts'
+    fused activation (``MoeRule.probs_in_activation``: Megatron-Core's grouped MLP). In the model's own loop a pick
+    of a zero-computation expert does the same with the token itself: k − k·E/(E + Z) rows a token, each kept for
+    the weight's product and again weighted."""
+    rule, act, h, moe = w.framework.moe, w.precision.activation_bytes, w.model.hidden_size, w.model.moe
     if rule.probs_in_activation:
         return []
     outputs = [
         SavedTensor("expert outputs (for the routing-weight product)", f"{kr}·s·b·h", rows * h, act, split="seq")
     ]
-    if rule.weighted_outputs:
+    if weighted_outputs(w):
         label = "weighted expert outputs (index_add keeps its source)"
         outputs.append(SavedTensor(label, f"{kr}·s·b·h", rows * h, act, split="seq"))
+    if moe and moe.zero_experts and expert_loop(w):
+        passed, symbol = (moe.k - moe.computed_k) * w.tokens * h, "(k−k·E/(E+Z))·s·b·h"
+        outputs += [
+            SavedTensor("tokens a zero-computation expert passes (for the weight's product)", symbol, passed, act,
+                        split="seq"),
+            SavedTensor("their weighted copies (index_add keeps its source)", symbol, passed, act, split="seq"),
+        ]  # fmt: skip
     return outputs
 
 
 def routed_symbol(w: Workload) -> str:
-    """The routed experts' rows per token in a formula: k, or k·ρ under a capacity that changes them."""
-    return "k" if w.routed_share == 1 else "k·ρ"
+    """The routed experts' rows per token in a formula: k, or k·ρ under a capacity that changes them; k·E/(E+Z) where
+    zero-computation experts take some of the k (``MoESpec.computed_k``)."""
+    k = "k·E/(E+Z)" if w.model.moe and w.model.moe.zero_experts else "k"
+    return k if w.routed_share == 1 else f"{k}·ρ"

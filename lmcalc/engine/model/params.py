@@ -195,9 +195,11 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         n_moe, f_e = spec.moe_layers, Dim(moe.expert_ffn_size, "f_e")
         if spec.dense_ffn_layers:
             tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
-        router, experts = Site("router", n_moe, "L_moe"), Dim(moe.num_experts, "E")
-        tensors += linear("router", router, experts, h, moe.router_bias)
-        k = moe.experts_per_token  # null: unknown, and count_params says no active count
+        router = Site("router", n_moe, "L_moe")
+        scored = Dim(moe.router_outputs, "(E+Z)") if moe.zero_experts else Dim(moe.num_experts, "E")
+        tensors += linear("router", router, scored, h, moe.router_bias)
+        # null: unknown, and count_params says no active count; a zero-computation expert computes nothing
+        k = moe.computed_k if moe.experts_per_token else None
         routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * k if k else None)
         tensors += _ffn("experts", routed, spec, f_e)
         if moe.shared_experts:
@@ -290,10 +292,12 @@ def matches_published(spec: ModelSpec, total: int) -> bool:
     return f"{total:.{digits - 1}e}" == f"{spec.published_params:.{digits - 1}e}"
 
 
-def _group_formula(tensors: list[WeightTensor], active: bool = False) -> tuple[str, str]:
+def _group_formula(tensors: list[WeightTensor], active: str = "") -> tuple[str, str]:
+    """The tensors' sum as a formula and with its numbers; ``active``: the symbol of the routed experts' copies one
+    token uses, where the formula counts those (the active parameters)."""
     parts, numbers = [], []
     for t in tensors:
-        count_sym = t.count_symbol if not active or t.active == t.count else "L_moe·k"
+        count_sym = t.count_symbol if not active or t.active == t.count else active
         count = t.active if active else t.count
         shape = "·".join(t.symbols)
         parts.append(shape if count_sym == "1" else f"{count_sym}·{shape}")
@@ -410,7 +414,9 @@ def _active_term(spec: ModelSpec, counts: ParamCount) -> Term:
     """An MoE model's parameters one token uses: the total less the routed experts, plus the k it is routed to."""
     assert spec.moe is not None
     expert = [t for t in weight_tensors(spec) if t.group == "experts"]
-    formula, numbers = _group_formula(expert, active=True)
+    moe = spec.moe
+    zero = f" and passes {moe.k - moe.computed_k:g} through its zero-computation experts" if moe.zero_experts else ""
+    formula, numbers = _group_formula(expert, active="L_moe·k·E/(E+Z)" if moe.zero_experts else "L_moe·k")
     return Term(
         "active",
         "Active parameters per token",
@@ -418,5 +424,5 @@ def _active_term(spec: ModelSpec, counts: ParamCount) -> Term:
         "params",
         f"total − routed experts + {formula}",
         f"{group(counts.total)} − {group(counts.by_group['experts'])} + ({numbers})",
-        note=f"each token uses {spec.moe.k} of {spec.moe.num_experts} routed experts per MoE layer",
+        note=f"each token uses {moe.computed_k:g} of {moe.num_experts} routed experts per MoE layer{zero}",
     )
