@@ -90,14 +90,15 @@ def saved_for_backward(
 
 def peak_saved_bytes(model: ReferenceModel, tokens: torch.Tensor, recompute: Recompute) -> int:
     """Bytes held for backward at its peak: everything saved by the forward pass, plus, under full
-    recomputation, the largest single layer rebuilt during backward (dense and MoE layers differ)."""
+    recomputation, the largest unit rebuilt during backward (dense and MoE layers differ): a layer of the model's
+    code, ``sublayers`` of the spec's layers (LongCat-Flash's two)."""
     held = saved_for_backward(model, tokens, recompute).bytes
     if recompute != "full":
         return held
-    spec = model.spec
-    moe_flags = [spec.is_moe_layer(i) for i in range(spec.num_layers)]
-    kinds = {moe_flags.index(kind) for kind in (False, True) if kind in moe_flags}  # the first of each kind
-    return held + max(saved_for_backward(model, tokens, layer=i).bytes for i in kinds)
+    spec, unit = model.spec, model.spec.sublayers
+    kinds = {tuple(spec.is_moe_layer(i) for i in range(start, start + unit)): start
+             for start in range(0, spec.num_layers, unit)}  # fmt: skip
+    return held + max(saved_for_backward(model, tokens, layer=i, end=i + unit).bytes for i in kinds.values())
 
 
 CUDA_CHECK_SEQ = 1024  # row 4's sequence when --seq is longer: the check is about the timeline, not scale

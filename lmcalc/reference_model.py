@@ -1,13 +1,12 @@
 """A plain PyTorch implementation of any ModelSpec: the real thing lmcalc's numbers are checked against.
 
-It is written to be read: one class per block, the layers in the order the engine counts them. It builds
-on any device, ``meta`` included (a 405B model in seconds, no memory), in two attention flavours:
-``eager`` (scores materialised, K/V expanded to every head for GQA as transformers' repeat_kv does)
-and ``flash`` (``F.scaled_dot_product_attention`` with native GQA; on CUDA only its fused kernels).
-RMSNorm saves only its input and the reciprocal RMS, as fused kernels (Apex, Transformer Engine,
-Liger) do. MoE routing is real top-k on real data; on the meta device, where values do not exist,
-tokens are spread evenly over the experts (the FLOP total does not depend on the split: every routed
-token-expert pair costs the same).
+It is written to be read: one class per block, the layers in the order the engine counts them. It builds on any
+device, ``meta`` included (a 405B model in seconds, no memory), in two attention flavours: ``eager`` (scores
+materialised, K/V expanded to every head for GQA as transformers' repeat_kv does) and ``flash``
+(``F.scaled_dot_product_attention`` with native GQA; on CUDA only its fused kernels). RMSNorm saves only its input and
+the reciprocal RMS, as fused kernels (Apex, Transformer Engine, Liger) do. MoE routing is real top-k on real data; on
+the meta device, where values do not exist, tokens are spread evenly over the experts (the FLOP total does not depend
+on the split: every routed token-expert pair costs the same).
 
 torch is imported here and nowhere in the accounting path.
 """
@@ -282,7 +281,7 @@ def batched_experts(experts: nn.ModuleList, xs: torch.Tensor) -> torch.Tensor:
 
 class MoE(nn.Module):
     """Top-k routed experts (softmax router, Mixtral; with a score bias, DeepSeek-V3) plus shared experts; dropless,
-    or with a capacity (``with_capacity``)."""
+    or with a capacity (``with_capacity``). Zero-computation experts (LongCat-Flash) pass their tokens through."""
 
     capacity_factor: float | None = None  # dropless
 
@@ -290,10 +289,10 @@ class MoE(nn.Module):
         super().__init__()
         moe = spec.moe
         assert moe is not None
-        self.k, self.num_experts = moe.k, moe.num_experts
-        self.router = nn.Linear(spec.hidden_size, moe.num_experts, bias=False, **kw)
+        self.k, self.num_experts, self.slots = moe.k, moe.num_experts, moe.router_outputs
+        self.router = nn.Linear(spec.hidden_size, self.slots, bias=False, **kw)
         if moe.router_bias:
-            self.router_bias = nn.Parameter(torch.zeros(moe.num_experts, **kw))
+            self.router_bias = nn.Parameter(torch.zeros(self.slots, **kw))
         self.experts = nn.ModuleList(FeedForward(spec, moe.expert_ffn_size, **kw) for _ in range(moe.num_experts))
         self.shared = nn.ModuleList(FeedForward(spec, moe.shared_width, **kw) for _ in range(moe.shared_experts))
         if moe.shared_expert_gate:  # Qwen2-MoE: sigmoid(x·w) scales the shared experts' output
@@ -312,11 +311,13 @@ class MoE(nn.Module):
         flat_weights = weights.reshape(-1)[order].to(x.dtype)
         if x.is_meta and self.capacity_factor is not None:
             raise ValueError("a capacity drops tokens by the routing's values, which the meta device has none of")
-        if x.is_meta and token_of.numel() % self.num_experts == 0:
+        if self.capacity_factor is not None and self.slots > self.num_experts:
+            raise ValueError("an expert capacity beside zero-computation experts is not modelled")
+        if x.is_meta and token_of.numel() % self.slots == 0:
             # No values on meta: an even split, run as one batched matmul per projection (the FLOP
             # total is the same for any split: every routed token-expert pair costs the same).
-            rows = token_of.view(self.num_experts, -1)
-            y = batched_experts(self.experts, x[rows]) * flat_weights.view(self.num_experts, -1, 1)
+            rows, weighted, E = token_of.view(self.slots, -1), flat_weights.view(self.slots, -1, 1), self.num_experts
+            y = torch.cat([batched_experts(self.experts, x[rows[:E]]) * weighted[:E], x[rows[E:]] * weighted[E:]])
             out = torch.zeros_like(x).index_add(0, token_of, y.reshape(-1, x.shape[-1]))
         elif x.is_meta:
             raise ValueError("on the meta device, tokens × experts_per_token must split evenly over the experts")
@@ -324,10 +325,11 @@ class MoE(nn.Module):
             counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
             out = self._to_capacity(x, token_of, flat_weights, counts)
         else:
-            counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
+            counts = torch.bincount(experts.reshape(-1), minlength=self.slots).tolist()
             out = torch.zeros_like(x)
             start = 0
-            for expert, count in zip(self.experts, counts, strict=True):
+            passes = (nn.Identity(),) * (self.slots - self.num_experts)  # zero-computation experts
+            for expert, count in zip((*self.experts, *passes), counts, strict=True):
                 if count:
                     rows = token_of[start : start + count]
                     y = expert(x[rows]) * flat_weights[start : start + count, None]
@@ -452,9 +454,9 @@ class ReferenceModel(nn.Module):
     def forward(
         self, tokens: torch.Tensor, recompute: Recompute = "none", units: tuple[tuple[int, int], ...] | None = None
     ) -> torch.Tensor:
-        """Logits for ``tokens`` of shape (batch, seq). Under full recomputation each layer is checkpointed on its own,
-        or, given ``units``, each (first, end) range of layers together and the layers outside them not at all (as
-        Megatron-Core's uniform and block methods do)."""
+        """Logits for ``tokens`` of shape (batch, seq). Under full recomputation each layer of the model's code (its
+        ``sublayers`` of the spec's) is checkpointed on its own, or, given ``units``, each (first, end) range of layers
+        together and the layers outside them not at all (as Megatron-Core's uniform and block methods do)."""
         s = tokens.shape[1]
         x = self.embed(tokens)
         if hasattr(self, "embed_norm"):
@@ -468,7 +470,7 @@ class ReferenceModel(nn.Module):
         x = F.dropout(x, DROPOUT_P if self.spec.drops("embedding") else 0.0, self.training)
         cos, sin = self.get_buffer("cos")[:s], self.get_buffer("sin")[:s]
         if recompute == "full" and units is None:
-            units = tuple((i, i + 1) for i in range(len(self.layers)))
+            units = tuple((i, i + self.spec.sublayers) for i in range(0, len(self.layers), self.spec.sublayers))
         starts = dict(units or ())
         i = 0
         while i < len(self.layers):
@@ -487,12 +489,8 @@ class ReferenceModel(nn.Module):
         return logits
 
 
-def loss(
-    model: ReferenceModel,
-    tokens: torch.Tensor,
-    recompute: Recompute = "none",
-    units: tuple[tuple[int, int], ...] | None = None,
-) -> torch.Tensor:
+def loss(model: ReferenceModel, tokens: torch.Tensor, recompute: Recompute = "none",
+         units: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:  # fmt: skip
     """Next-token cross-entropy in fp32, the way training scripts compute it. The targets are the tokens
     shifted by one (the last position wraps around to the first token, which keeps every shape at s)."""
     logits = model(tokens, recompute, units)

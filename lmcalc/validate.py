@@ -87,6 +87,7 @@ def small_config(spec: ModelSpec) -> ModelSpec:
             "dense_layer_ids": [],
             "shared_expert_ffn_size": None,
             "node_limit": None,
+            "zero_experts": min(moe.zero_experts, experts // 2),  # LongCat-Flash's 2 to 1, real to pass-through
         }
     if spec.sliding_window:  # a window shorter than the check's sequences, one global layer of the two
         update["sliding_window"] = min(spec.sliding_window, 64)

@@ -66,7 +66,7 @@ def params_estimate(resolved: Resolved) -> ParamsEstimate:
         f"Parameters of {spec.label}",
         (model_input(spec, resolved.note),),
         (params_section(spec),),
-        model_notes(spec, resolved.note),
+        (*model_notes(spec, resolved.note), *spec.notes),  # what the preset or the config.json reader says of the count
     )
     total = report.term("params.total")
     report = replace(report, headline=(f"{spec.label}: {group(total.value)} parameters ({total.text})",))

@@ -46,9 +46,9 @@ def weighted_outputs(w: Workload) -> bool:
 def expert_outputs_saved(w: Workload, rows: float, kr: str) -> list[SavedTensor]:
     """The experts' outputs as the combine keeps them: for the product with the routing weights, and again weighted
     where an index_add keeps its source (``weighted_outputs``); none where the weights multiply inside the experts'
-    fused activation (``MoeRule.probs_in_activation``: Megatron-Core's grouped MLP). In the model's own loop a pick
-    of a zero-computation expert does the same with the token itself: k − k·E/(E + Z) rows a token, each kept for
-    the weight's product and again weighted."""
+    fused activation (``MoeRule.probs_in_activation``: Megatron-Core's grouped MLP). A pick of a zero-computation
+    expert does the same with the token itself: k − k·E/(E + Z) rows a token, each kept for the weight's product
+    (and again weighted where the combine keeps weighted outputs)."""
     rule, act, h, moe = w.framework.moe, w.precision.activation_bytes, w.model.hidden_size, w.model.moe
     if rule.probs_in_activation:
         return []
@@ -58,13 +58,13 @@ def expert_outputs_saved(w: Workload, rows: float, kr: str) -> list[SavedTensor]
     if weighted_outputs(w):
         label = "weighted expert outputs (index_add keeps its source)"
         outputs.append(SavedTensor(label, f"{kr}·s·b·h", rows * h, act, split="seq"))
-    if moe and moe.zero_experts and expert_loop(w):
+    if moe and moe.zero_experts:
         passed, symbol = (moe.k - moe.computed_k) * w.tokens * h, "(k−k·E/(E+Z))·s·b·h"
-        outputs += [
-            SavedTensor("tokens a zero-computation expert passes (for the weight's product)", symbol, passed, act,
-                        split="seq"),
-            SavedTensor("their weighted copies (index_add keeps its source)", symbol, passed, act, split="seq"),
-        ]  # fmt: skip
+        outputs.append(SavedTensor("tokens a zero-computation expert passes (for the weight's product)", symbol,
+                                   passed, act, split="seq"))  # fmt: skip
+        if weighted_outputs(w):
+            label = "their weighted copies (index_add keeps its source)"
+            outputs.append(SavedTensor(label, symbol, passed, act, split="seq"))
     return outputs
 
 

@@ -163,6 +163,13 @@ def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit
         _check_counted_units(model, pp, split, counted_even)
     if split.stage_layers_given:
         _check_stage_layers(model, pp, split)
+    unit = model.sublayers  # a layer of the model's code holds this many of lmcalc's: no stage splits one
+    if unit > 1 and any(n % unit for n in slice_sizes(model.num_layers, pp, split)):
+        raise LmcalcError(
+            f"PP={pp}{f' × {split.chunks} chunks' if split.chunks > 1 else ''} splits a layer of {model.name}: each of "
+            f"its {model.num_layers // unit} layers is {unit} of the {model.num_layers} counted here, and a pipeline "
+            f"chunk holds whole ones (the layers counted in each: {list(slice_sizes(model.num_layers, pp, split))})"
+        )
 
 
 def _names(names: Iterable[str]) -> str:
