@@ -409,6 +409,7 @@ def mpt_family(config: dict[str, Any], kind: str, fields: dict[str, Any], origin
                 "num_experts": experts,
                 "experts_per_token": _get(ffn, origin, "moe_top_k"),
                 "expert_ffn_size": width,
+                "expert_loop": True,  # DbrxExperts: one expert at a time, each added back with index_add
             },
             **dropout(
                 {"attention": attn.get("attn_pdrop"), "residual": config.get("resid_pdrop")},

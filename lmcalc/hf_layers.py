@@ -183,6 +183,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
         # ERNIE 4.5's e_score_correction_bias is an nn.Parameter (frozen): counted, as transformers counts it
         # AFMoE's expert_bias and Laguna's e_score_correction_bias are frozen nn.Parameters too
         "router_bias": kind in ("gpt_oss", "ernie4_5_moe", "afmoe", "laguna"),
+        "dense_dispatch": kind == "llama4_text",  # Llama4TextMoe: every token through every expert, scaled
         "router_fp32": kind in ROUTER_FP32,
         "output_norm": kind == "axk1",  # AXK1MoE's post_mlp_layernorm on the block's output
         # group-limited routing: each token's experts come from topk_group of n_group groups, which training

@@ -80,6 +80,12 @@ class MoESpec(Spec):
         "index_add (transformers' LongcatFlashExperts, which has no grouped_mm path), read under a framework profile "
         "whose moe.router is model",
     )
+    dense_dispatch: StrictBool = Field(
+        False,
+        description="the model's own code sends every token to every expert, its input scaled by the router's score "
+        "(zero where the expert was not picked: transformers' Llama4TextMoe), read under a framework profile whose "
+        "moe.router is model: E rows a token computed and kept, not k",
+    )
     zero_experts: NonNegativeInt = Field(
         0,
         le=MAX_DIMENSION,

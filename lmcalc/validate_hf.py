@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmcalc import hub
 from lmcalc.engine.model import flops as fl
-from lmcalc.engine.model.params import count_params
+from lmcalc.engine.model.params import count_params, weight_tensors
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import positive_int, seq_given
 from lmcalc.hf_config import model_from_hf_config
@@ -256,6 +256,18 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
     return spec.other_mixer_layers * (conv + solve - ends)
 
 
+def dispatch_flops(spec: ModelSpec, tokens: int) -> float:
+    """What transformers' step computes beyond lmcalc's model FLOPs where its MoE sends every token to every expert,
+    the input scaled by the router's score (``MoESpec.dense_dispatch``: Llama4TextMoe): E − k more rows a token
+    through each MoE layer's experts, forward and backward, 3 · 2·(E − k)·p_e per token with p_e an expert's
+    weights."""
+    moe = spec.moe
+    if moe is None or not moe.dense_dispatch:
+        return 0.0
+    expert = sum(t.total for t in weight_tensors(spec) if t.group == "experts") / (spec.moe_layers * moe.num_experts)
+    return 3 * 2 * (moe.num_experts - moe.k) * expert * spec.moe_layers * tokens
+
+
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -284,14 +296,15 @@ def transformers_check(
     if spec.moe:
         built += ", grouped_mm experts"
     tokens = seq_len * micro_batch
-    fallback = torch_path_flops(spec, seq_len, micro_batch)
+    fallback = torch_path_flops(spec, seq_len, micro_batch) + dispatch_flops(spec, tokens)
     flops_note = f"causal convention: {fl.step_flops(spec, seq_len, convention='causal').model * tokens:.4e} FLOPs"
     if fallback:
         flops_note += (
-            f"; lmcalc's count {'plus' if fallback > 0 else 'less'} {abs(fallback):,.0f} FLOPs transformers' PyTorch "
-            f"mixers spend {'beyond' if fallback > 0 else 'short of'} 3× the forward (the convolution's padding; Gated "
-            "DeltaNet's solve_triangular backward and first and last chunks; lightning attention's first and last "
-            "blocks: validate_hf.torch_path_flops)"
+            f"; lmcalc's count {'plus' if fallback > 0 else 'less'} {abs(fallback):,.0f} FLOPs transformers' own "
+            f"code spends {'beyond' if fallback > 0 else 'short of'} the model's (its PyTorch mixers: the "
+            "convolution's padding, Gated DeltaNet's solve_triangular backward and first and last chunks, lightning "
+            "attention's first and last blocks, validate_hf.torch_path_flops; an MoE that runs every expert on every "
+            "token, validate_hf.dispatch_flops)"
         )
     sections = (
         _compare(

@@ -40,6 +40,21 @@ def test_the_routed_share_is_the_capacity_padded_or_not(capacity_factor, pad, sh
     assert w.routed_copies == 2 * share  # k = 2
 
 
+@pytest.mark.parametrize("framework,copies", [("megatron", 2.0), ("transformers", 4.0)])
+def test_a_model_that_runs_every_expert_routes_every_token_to_each_under_its_own_code(framework, copies):
+    # Llama4TextMoe (dense_dispatch) sends every token through all E = 4 experts: E rows a token where transformers'
+    # own code runs; Megatron-Core's dispatcher sends each token to its k = 2; zero-computation experts (LongCat-Flash's
+    # 2 beside 4, top-3) take k·E/(E + Z) = 2 of 3 under either
+    fp32, adamw = resolve_precision("fp32").spec, resolve_optimizer("adamw").spec
+    dense = MIXTRAL_LIKE.model_copy(update={"moe": MIXTRAL_LIKE.moe.model_copy(update={"dense_dispatch": True})})
+    w = Workload(dense, fp32, adamw, 64, 1, "flash", "none", framework=framework_profile(framework))
+    assert w.routed_copies == copies
+    zero = MIXTRAL_LIKE.moe.model_copy(update={"zero_experts": 2, "experts_per_token": 3})
+    w = Workload(MIXTRAL_LIKE.model_copy(update={"moe": zero}), fp32, adamw, 64, 1, "flash", "none",
+                 framework=framework_profile(framework))  # fmt: skip
+    assert w.routed_copies == 2.0
+
+
 @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "1", True])
 def test_a_capacity_factor_must_be_a_positive_number(value):
     with pytest.raises(LmcalcError, match="capacity_factor.*positive number"):

@@ -249,12 +249,6 @@ GPTJ_EAGER_FP32 = (
     "GPT-J's eager attention computes its scores in fp32 (GPTJAttention._attn upcasts Q and K): their fp32 copies are "
     "not in lmcalc's count, 4.4–5.7 % of a layer at s = 128 (within 5 % at s = 256)"
 )
-DBRX_EXPERTS_LOOP = (
-    "DbrxExperts loops over its experts (transformers gives DBRX no grouped_mm path), and each expert's index_add "
-    "keeps its weighted output beside the unweighted one the routing weight's multiply keeps: k·s·b·h more than the "
-    "grouped_mm experts the profile describes; layer 0 −5.7 % eager at s = 128, the rebuilt layer −5.9 %, the whole "
-    "−3.7 %"
-)
 GPT_NEO_ONE_MASK = (
     "GPT-Neo's local layers take their window from a buffer of their own (GPTNeoSelfAttention.bias), so gradient "
     "checkpointing binds one eager mask to the layers, not the two (global and sliding) the profile's rule counts: "
@@ -277,23 +271,11 @@ GPT_BIGCODE_MATH_PATH = (
     "does not count; at s = 256, b = 2 layer 0 −75.9 % and the whole −60.5 %, checkpointed the rebuilt layer −77.0 % "
     "and the whole −49.9 % (eager, the model's own path, within 0.1 %)"
 )
-LLAMA4_DENSE_DISPATCH = (
-    "Llama 4's MoE as transformers runs it (Llama4TextMoe) sends every token to every expert, its input scaled by "
-    "the router's sigmoid scores (zero where an expert is not chosen): the experts keep E·s·b rows, not k·s·b, and "
-    "lmcalc's MoE layer counts k; at s = 256, b = 2 the routed layer −40.8 % (SDPA) and −31.2 % (eager), the whole "
-    "−12.6 % and −10.9 %, checkpointed under eager the rebuilt layer −8.0 % (under SDPA within 5 %); its chunked "
-    "layer, with the L2 QK-norm (local_qk_l2_norm) and the bf16 eager softmax, is exact"
-)
 GAPS_BY_CASE = {
-    "llama4-small-sdpa-nockpt-s256-b2": LLAMA4_DENSE_DISPATCH,
-    "llama4-small-eager-nockpt-s256-b2": LLAMA4_DENSE_DISPATCH,
-    "llama4-small-eager-ckpt-s256-b2": LLAMA4_DENSE_DISPATCH,
     "gpt-bigcode-small-sdpa-nockpt-s256-b2": GPT_BIGCODE_MATH_PATH,
     "gpt-bigcode-small-sdpa-ckpt-s256-b2": GPT_BIGCODE_MATH_PATH,
     "modernbert-decoder-small-sdpa-nockpt-s128-b1": MODERNBERT_FIRST_LAYER,
     "beam-small-eager-nockpt-s128-b1": BEAM_AVERAGE_LAYER,
-    "dbrx-small-eager-nockpt-s128-b1": DBRX_EXPERTS_LOOP,
-    "dbrx-small-eager-ckpt-s128-b1": DBRX_EXPERTS_LOOP,
     "gpt-neo-small-eager-ckpt-s256-b2": GPT_NEO_ONE_MASK,
     "gptj-small-eager-nockpt-s128-b1": GPTJ_EAGER_FP32,
     "gptj-small-eager-ckpt-s128-b1": GPTJ_EAGER_FP32,

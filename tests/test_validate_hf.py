@@ -35,11 +35,7 @@ pytestmark = pytest.mark.torch
 
 SEQ, MICRO_BATCH = 32, 1
 CLI_KIND = "llama"  # the one type checked through the command line; the others through the Python function
-KNOWN_GAPS = {
-    "llama4_text": "transformers' Llama4TextMoe runs every expert on every token (one bmm over all E experts, the "
-    "router's scores zeroing the unchosen): E/k = 4 times the routed expert FLOPs lmcalc counts (k=1 of E=4), "
-    "55,148,544 vs 76,382,208 FLOPs (-27.8 %) at s=32; the parameters agree",
-}
+KNOWN_GAPS: dict[str, str] = {}
 """model_type: why lmcalc's figures differ from transformers' today (xfail, strict: a fix shows as a pass)."""
 OFF_META = {
     "dbrx": "DbrxExperts routes each expert's tokens with torch.nonzero, which the meta device cannot run",
@@ -187,3 +183,14 @@ def test_the_accounting_commands_still_import_no_torch(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False False"
+
+
+def test_an_moe_that_runs_every_expert_is_counted_by_hand():
+    # Llama4TextMoe runs all E = 4 experts on every token (k = 1 picked, the others' inputs scaled to zero): in its 2
+    # MoE layers of 4 (every other one) each token costs E − k = 3 more experts' SwiGLU, 3·h·f_e weights each (h 64,
+    # f_e 96: the tiny config's intermediate_size), forward and backward
+    spec = ModelSpec.model_validate(model_from_hf_config(tiny_config("llama4_text"), "llama4_text", "tiny"))
+    assert spec.moe and spec.moe.dense_dispatch and (spec.moe_layers, spec.moe.expert_ffn_size) == (2, 96)
+    assert validate_hf.dispatch_flops(spec, SEQ) == 3 * 2 * 3 * (3 * 64 * 96) * 2 * SEQ
+    dense = spec.model_copy(update={"moe": spec.moe.model_copy(update={"dense_dispatch": False})})
+    assert validate_hf.dispatch_flops(dense, SEQ) == 0

@@ -154,8 +154,14 @@ class Workload:
     @property
     def routed_copies(self) -> float:
         """The rows the routed experts compute per token: k·ρ (0 for a model without routed experts); k·E/(E + Z)·ρ
-        with zero-computation experts, which compute nothing (``MoESpec.computed_k``)."""
-        return self.model.moe.computed_k * self.routed_share if self.model.moe else 0.0
+        with zero-computation experts, which compute nothing (``MoESpec.computed_k``); E where the model's own code,
+        which the profile runs, sends every token to every expert (``MoESpec.dense_dispatch``)."""
+        moe = self.model.moe
+        if moe is None:
+            return 0.0
+        if moe.dense_dispatch and self.framework.moe.router == "model":
+            return float(moe.num_experts)
+        return moe.computed_k * self.routed_share
 
     @property
     def core_recomputed(self) -> bool:

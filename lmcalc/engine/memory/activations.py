@@ -175,7 +175,7 @@ def _qkv_copies_saved(
         for _ in range(copies - 1)
     ]
     heads, view = _kv_heads(spec, kind), _v_view_share(w, kind)
-    if fused_qkv_renewed(w) and view:
+    if fused_qkv_renewed(w) and view and not spec.qkv_clip:  # a clamp makes V a tensor of its own (DBRX's)
         symbol = "s·b·(H+H_kv)·d" if view == 1 else f"{view:g}·s·b·(H+H_kv)·d"
         extra.append(
             SavedTensor("fused QKV output's Q and K (kept alive with V, a view of it)", symbol,

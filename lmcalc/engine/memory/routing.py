@@ -70,6 +70,10 @@ def expert_outputs_saved(w: Workload, rows: float, kr: str) -> list[SavedTensor]
 
 def routed_symbol(w: Workload) -> str:
     """The routed experts' rows per token in a formula: k, or k·ρ under a capacity that changes them; k·E/(E+Z) where
-    zero-computation experts take some of the k (``MoESpec.computed_k``)."""
-    k = "k·E/(E+Z)" if w.model.moe and w.model.moe.zero_experts else "k"
+    zero-computation experts take some of the k (``MoESpec.computed_k``); E where every token reaches every expert
+    (``Workload.routed_copies``)."""
+    moe = w.model.moe
+    if moe and moe.dense_dispatch and w.framework.moe.router == "model":
+        return "E"
+    k = "k·E/(E+Z)" if moe and moe.zero_experts else "k"
     return k if w.routed_share == 1 else f"{k}·ρ"
