@@ -139,13 +139,13 @@ def rotary_fraction(config: dict[str, Any], default: float) -> float:
     """The share of each head RoPE rotates: ``partial_rotary_factor``, as transformers 5 writes it (in
     rope_parameters, or one rope_parameters a layer type: their common share, MiMo-V2-Flash's 0.334; where the layer
     types differ, Laguna's and LFM3's, the whole head, as the layers that rotate all of it lay it out) or as older
-    files do (beside it), else the class's ``default``."""
+    files do (beside it, or GPT-NeoX's ``rotary_pct``: Pythia's 0.25), else the class's ``default``."""
     rope = config.get("rope_parameters")
     if isinstance(rope, dict) and rope and all(isinstance(r, dict) for r in rope.values()):  # one a layer type
         factors = {r.get("partial_rotary_factor") for r in rope.values()}
         rope = {"partial_rotary_factor": factors.pop() if len(factors) == 1 else None}
     nested = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
-    factor = nested if nested is not None else config.get("partial_rotary_factor")
+    factor = nested if nested is not None else config.get("partial_rotary_factor", config.get("rotary_pct"))
     if factor is None:
         return default
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:

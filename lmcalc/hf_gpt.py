@@ -8,6 +8,7 @@ from typing import Any
 
 from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_fields import get as _get
+from lmcalc.hf_fields import rotary_fraction
 from lmcalc.hf_layers import global_layers
 
 RELUS = ("relu", "relu2")  # ACT2FN's ReLU and ReLUSquaredActivation
@@ -155,6 +156,7 @@ def gpt_neox_japanese(config: dict[str, Any], kind: str, fields: dict[str, Any],
         "attention_bias": "none",
         "last_layer_out_bias": True,
         "position_embedding": "rope",
+        "rotary_fraction": rotary_fraction(config, 1.0),  # GPTNeoXJapaneseConfig's default
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
         "eager_softmax": "activation",  # GPTNeoXJapaneseAttention._attn: softmax in the scores' dtype
         **dropout(config, {"attention": "attention_dropout", "residual": "hidden_dropout"}),
@@ -209,6 +211,7 @@ def neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             "mlp_bias": True,
             "parallel_block": bool(config.get("use_parallel_residual", True)),
             "position_embedding": "rope",
+            "rotary_fraction": rotary_fraction(config, 0.25),  # GPTNeoXConfig's default, Pythia's rotary_pct
             "max_seq_len": _get(config, origin, "max_position_embeddings"),
         }
     if kind == "bloom":  # ALiBi (no position weights), a LayerNorm after the embedding

@@ -230,7 +230,7 @@ BASE_SMALL = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key
                   intermediate_size=96)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", [k for k in SUPPORTED if k in LLAMA_LIKE])
+@pytest.mark.parametrize("kind", [*(k for k in SUPPORTED if k in LLAMA_LIKE), "gpt_neox", "gpt_neox_japanese"])
 def test_the_share_of_each_head_rope_rotates_is_the_classs(kind: str):
     # partial_rotary_factor decides what a Llama-template attention keeps (a partial RoPE's Q is a concatenation:
     # tests/test_framework_transformers.py). transformers 5 writes it in rope_parameters, older files beside it, and a
@@ -246,6 +246,9 @@ def test_the_share_of_each_head_rope_rotates_is_the_classs(kind: str):
     assert lmcalc_spec(absent, kind).rotary_fraction == factor
     older = absent | {"partial_rotary_factor": 0.5}
     assert lmcalc_spec(older, kind).rotary_fraction == 0.5
+    if kind == "gpt_neox":  # Pythia's config.json: rotary_pct, which GPTNeoXConfig reads as partial_rotary_factor
+        assert transformers.AutoConfig.for_model(**absent, rotary_pct=0.5).rope_parameters["partial_rotary_factor"] == 0.5
+        assert lmcalc_spec(absent | {"rotary_pct": 0.5}, kind).rotary_fraction == 0.5
 
 
 @pytest.mark.parametrize(
