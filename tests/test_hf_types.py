@@ -247,7 +247,9 @@ def test_the_share_of_each_head_rope_rotates_is_the_classs(kind: str):
     older = absent | {"partial_rotary_factor": 0.5}
     assert lmcalc_spec(older, kind).rotary_fraction == 0.5
     if kind == "gpt_neox":  # Pythia's config.json: rotary_pct, which GPTNeoXConfig reads as partial_rotary_factor
-        assert transformers.AutoConfig.for_model(**absent, rotary_pct=0.5).rope_parameters["partial_rotary_factor"] == 0.5
+        assert (
+            transformers.AutoConfig.for_model(**absent, rotary_pct=0.5).rope_parameters["partial_rotary_factor"] == 0.5
+        )
         assert lmcalc_spec(absent | {"rotary_pct": 0.5}, kind).rotary_fraction == 0.5
 
 
