@@ -177,9 +177,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-def run(rank, world, groups, out):
+def run(rank, world, groups, out, port):
     torch.cuda.current_device = lambda: "cpu"  # the all-gather allocates on the current CUDA device
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + groups))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -204,8 +204,12 @@ def run(rank, world, groups, out):
     dist.destroy_process_group()
 
 if __name__ == "__main__":
+    import socket
     groups, out = int(sys.argv[1]), sys.argv[2]
-    mp.spawn(run, args=(4, groups, out), nprocs=4)
+    with socket.socket() as probe:  # a port free now, not a fixed one another run may hold
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(run, args=(4, groups, out, port), nprocs=4)
 """
 
 
