@@ -45,6 +45,7 @@ from lmcalc.hf_gpt import (
     xglm,
 )
 from lmcalc.hf_layers import (
+    axk2,
     deltanet,
     kimi_delta,
     lightning,
@@ -72,7 +73,7 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
-    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash",
+    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -267,7 +268,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             if kind == "minicpm3"
             else _get(config, origin, "v_head_dim"),
         }
-        if kind in ("deepseek_v32", "glm_moe_dsa"):  # DeepSeek sparse attention: MLA with a lightning indexer
+        if kind in ("deepseek_v32", "glm_moe_dsa", "axk2"):  # DeepSeek sparse attention: MLA with an indexer
             fields["mla"]["indexer"] = _indexer(config, origin, layers)
         fields["num_kv_heads"] = None
     routed = moe(config, kind, layers, origin)
@@ -275,6 +276,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields["moe"] = longcat_moe(config, routed, fields["ffn_size"]) if kind == "longcat_flash" else routed
     if kind == "longcat_flash":  # each LongcatFlashDecoderLayer: two of lmcalc's layers (hf_layers.longcat_sublayers)
         fields["sublayers"] = 2
+    fields = axk2(config, origin, fields) if kind == "axk2" else fields
     if kind == "cohere2_moe":  # its dense layers' own width; an RMSNorm (Llama's) where rms_norm_eps is given
         fields["ffn_size"] = config.get("prefix_dense_intermediate_size") or fields["ffn_size"]
         if config.get("rms_norm_eps") is not None:

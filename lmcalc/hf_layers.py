@@ -21,7 +21,7 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 
 ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "axk1", "dots1", "ernie4_5_moe",
                "exaone_moe", "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1",
-               "hy_v3", "flint", "kimi_linear", "bailing_hybrid", "beam", "mimo_v2_flash")  # fmt: skip
+               "hy_v3", "flint", "kimi_linear", "bailing_hybrid", "beam", "mimo_v2_flash", "axk2")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
 F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
@@ -137,7 +137,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     ungated = config.get("shared_intermediate_size") if kind in ungated_kinds else None
     if kind in ("kolibri1", "flint", "laguna", "lara_mini"):  # their shared expert: Qwen2-MoE's width, no gate
         shared_width, ungated = None, shared_width
-    if kind == "deepseek_v2" and config.get("moe_layer_freq", 1) != 1:
+    if kind in ("deepseek_v2", "axk2") and config.get("moe_layer_freq", 1) != 1 and not config.get("mlp_layer_types"):
         raise LmcalcError(f"{origin}: moe_layer_freq other than 1 is not supported")
     every = config.get("decoder_sparse_step") or config.get("interleave_moe_layer_step") or 1
     if kind == "jamba":  # layer i is MoE when i % expert_layer_period == expert_layer_offset
@@ -154,7 +154,7 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
     if kind in ("glm4_moe_lite", "hy_v3", "laguna", "mimo_v2_flash") and not config.get("mlp_layer_types"):  # 1 dense
         first_dense = 1
-    if kind in ("axk1", "kimi_linear") and not config.get("mlp_layer_types"):  # their classes: a kwarg, else 1
+    if kind in ("axk1", "axk2", "kimi_linear") and not config.get("mlp_layer_types"):  # their classes: a kwarg, else 1
         first_dense = config.get("first_k_dense_replace", 1)
     if kind == "beam" and not config.get("mlp_layer_types"):  # BeamConfig: the first three layers dense
         first_dense = min(3, layers)
@@ -429,3 +429,16 @@ def with_unused_noted(spec: ModelSpec) -> ModelSpec:
         "and no checkpoint fills"
     )
     return spec.model_copy(update={"notes": (*spec.notes, note)})
+
+
+def axk2(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A.X K2 (AXK2Attention, AXK2DecoderLayer): DeepSeek-V3.2's MLA and indexer, with one query up-projection
+    (``q_gate_proj``) that reads the query latent's norm output beside the latent itself and makes the queries and a
+    sigmoid gate, computed in fp32, on the attention's output; every layer's input norm, and an MoE layer's MLP
+    norm, gated by a low-rank MLP (``gated_norm_rank``)."""
+    return fields | {
+        "mla": fields["mla"] | {"q_latent_concat": True},
+        "attention_output_gate": True,
+        "attention_gate_fp32": True,
+        "gated_norm_rank": _get(config, origin, "gated_norm_rank"),
+    }

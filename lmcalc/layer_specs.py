@@ -160,11 +160,16 @@ class MLASpec(Spec):
     qk_rope_head_dim: Dimension
     v_head_dim: Dimension
     indexer: IndexerSpec | None = Field(None, description="DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5)")
+    q_latent_concat: StrictBool = Field(
+        False,
+        description="the query up-projection reads the query latent's norm output beside the latent itself, 2·r_q "
+        "wide (A.X K2's q_gate_proj); needs q_lora_rank",
+    )
 
     @model_validator(mode="after")
     def _indexer_reads_query_latent(self) -> Self:
-        if self.indexer and not self.q_lora_rank:
-            raise ValueError("mla.indexer reads the query latent: it needs q_lora_rank")
+        if (self.indexer or self.q_latent_concat) and not self.q_lora_rank:
+            raise ValueError("mla.indexer and mla.q_latent_concat read the query latent: they need q_lora_rank")
         return self
 
     @property

@@ -273,16 +273,17 @@ class ModelSpec(NamedSpec):
         description="the query projection also makes a per-channel sigmoid gate on the attention's output "
         "(Qwen3-Next, Qwen3.5: q_proj of 2·H·d)",
     )
-    attention_gate_proj: StrictBool = Field(
-        False,
-        description="that gate is a projection of its own, attn_gate (AFMoE's self_attn.gate_proj, h → H·d), not "
-        "half of the query projection: the same parameters and FLOPs, a LoRA adapter of its own",
-    )
-    attention_gate_bias: StrictBool = Field(
-        False,
-        description="a learned bias a head added to that gate's projection before its sigmoid (Beam's gate_bias: H "
-        "a layer); needs attention_gate_proj",
-    )
+    attention_gate_proj: StrictBool = Field(False, description="that gate is a projection of its own, attn_gate "
+                                            "(AFMoE's self_attn.gate_proj, h → H·d), not half of the query projection: "
+                                            "the same parameters and FLOPs, a LoRA adapter of its own")  # fmt: skip
+    attention_gate_bias: StrictBool = Field(False, description="a learned bias a head added to that gate's projection "
+                                            "before its sigmoid (Beam's gate_bias: H a layer); needs "
+                                            "attention_gate_proj")  # fmt: skip
+    attention_gate_fp32: StrictBool = Field(False, description="that gate's sigmoid and its product with the "
+                                            "attention's output computed in fp32 (A.X K2)")  # fmt: skip
+    gated_norm_rank: Dimension | None = Field(None, description="each layer's input norm, and an MoE layer's MLP norm, "
+                                              "gated by a low-rank MLP: y·σ(W₂·SiLU(W₁·y)), W₁ h → r (A.X K2's "
+                                              "AXK2GatedRMSNorm, Megatron's GatedNormWrapper)")  # fmt: skip
     attention_head_gate: Literal["none", "fp32", "activation"] = Field(
         "none",
         description="a gate per head on the attention's output, projected from the layer's input by a module of its "

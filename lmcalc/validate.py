@@ -145,14 +145,29 @@ def _not_run(key: str, title: str, engine: float, unit: str, reason: str) -> Sec
     )
 
 
+def reference_lacks(spec: ModelSpec) -> str:
+    """What of ``spec`` the reference model does not build, in words ('' where it builds all of it)."""
+    mla = spec.mla
+    for lacks, what in (
+        (spec.hybrid, "is a hybrid (state-space or linear layers)"),
+        (spec.single_blocks, "has layers that are a mixer or an FFN alone"),
+        (spec.attention_output_gate or spec.attention_head_gate != "none", "gates its attention's output"),
+        (spec.gated_norm_rank, "gates its norms"),
+        (mla and mla.q_latent_concat, "up-projects its queries from two latents"),
+    ):
+        if lacks:
+            return what
+    return ""
+
+
 def validate(*, model: ModelLike, seq: str | int = 1024, micro_batch: int = 1, recompute: str | None = None) -> Result:
     """``lmcalc validate``: the engine against PyTorch for ``model``, in one ``recompute`` mode or all three."""
     resolved = resolve_model(model)
-    if resolved.spec.hybrid or resolved.spec.single_blocks:
-        what = "is a hybrid" if resolved.spec.hybrid else "has layers that are a mixer or an FFN alone"
+    lacks = reference_lacks(resolved.spec)
+    if lacks:
         raise LmcalcError(
-            f"{resolved.spec.label} {what}: lmcalc's PyTorch reference model has no state-space or linear layers "
-            f"and no single blocks; check it against transformers ({setting('against')} transformers)"
+            f"{resolved.spec.label} {lacks}, which lmcalc's PyTorch reference model does not build; check it against "
+            f"transformers ({setting('against')} transformers)"
         )
     modes = RECOMPUTE_MODES if recompute is None else (choice(recompute, RECOMPUTE_MODES, "recompute"),)
     seq_len, micro_batch = int(seq_given(seq).value), positive_int(micro_batch, "micro_batch")

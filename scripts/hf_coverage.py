@@ -69,8 +69,6 @@ BUILD_FIELDS: dict[str, dict[str, Any]] = {
 
 
 NEEDS: dict[str, str] = {
-    "axk2": "A.X K2: MLA with a DeepSeek sparse-attention indexer, a gate on the queries from their latent "
-    "(`q_gate_proj`), and norms gated by a small MLP each",
     "blt": "Byte Latent Transformer: byte-level local encoder and decoder around a global transformer over patches, "
     "with hashed n-gram embeddings",
     "cpmant": "CPM-Ant: a bucketed relative-position bias and prompt (segment) embeddings in its own block layout",

@@ -533,6 +533,12 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "axk1-small": (T.AXK1Config, N384 | {k: v for k, v in DSA_SMALL.items() if not k.startswith("index")}
                    | {"head_dim": 16},  # AXK1's rotary tables are head_dim wide: the RoPE part, qk_rope_head_dim
                    "small A.X K1: DeepSeek-V3's MLA and MoE, a norm on the MoE block's output"),
+    "axk2-small": (T.AXK2Config, N384 | {k: v for k, v in DSA_SMALL.items() if k not in ("first_k_dense_replace",
+                                                                                         "n_group", "topk_group")}
+                   | {"head_dim": 16, "mlp_layer_types": ["dense", "sparse"], "gated_norm_rank": 16},
+                   "small A.X K2: MLA whose query up-projection reads the normed latent beside the latent and gates "
+                   "the output, DeepSeek sparse attention's indexer, gated input and MoE norms, a dense layer, then 4 "
+                   "experts top-2 and a shared one"),
     "flint-small": (T.FlintConfig, MOE4 | {"sliding_window": WINDOW, "shared_expert_intermediate_size": 96,
                                            "num_experts": 4, "layer_types": ["full_attention", "sliding_attention"]},
                     "small Flint: attention sinks with fp32 eager scores, QK-norm per head, RoPE on the sliding "

@@ -222,6 +222,11 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                                  expert_ffn_hidden_size=32, q_lora_rank=48, kv_lora_rank=32,
                                                  qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8,
                                                  v_head_dim=16, num_key_value_heads=4)),
+    # A.X K2: MLA without q_b, its query up-projection reading the normed latent beside the latent and gating the
+    # output; DeepSeek-V3.2's indexer; gated input norms (and MLP norms in MoE layers); the first layer dense
+    "axk2": ("AXK2Config", dict(DEEPSEEK, n_group=None, topk_group=None, head_dim=8, index_n_heads=4,
+                                index_head_dim=16, index_topk=8, gated_norm_rank=8,
+                                mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

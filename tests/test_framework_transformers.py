@@ -71,7 +71,7 @@ REAL_GRID = [(128, 2)]
 # are shorter than both sequences.
 STEP_MEASURED = ("deepseek-v32-small", "minimax-small", "axk1-small", "flint-small", "laguna-small", "lfm3-small",
                  "beam-small", "modernbert-decoder-small", "mimo-v2-flash-small",
-                 "minimax-m3-small", "longcat-flash-small")  # fmt: skip
+                 "minimax-m3-small", "longcat-flash-small", "axk2-small")  # fmt: skip
 """The small models of the types read since issue #31 whose step peak tests/test_step_phases.py measures too."""
 OTHERS = (
     "gemma2-small",
@@ -255,11 +255,6 @@ GPT_NEO_ONE_MASK = (
     "b·s² bf16 too many in lmcalc's forward and closures, +5.16 % at s = 256, b = 2; the rebuilt layer −3.6 %, the "
     "whole +0.05 %"
 )
-BEAM_AVERAGE_LAYER = (
-    "Beam's first layer (dense) attends within the window, its second (routed) fully; under eager attention no mask "
-    "tells them apart, and the sliding layer keeps more than lmcalc's average layer: layer 0 −5.4 % at s = 128, b = 1 "
-    "(within 5 % at s = 256), the whole −2.1 %"
-)
 MODERNBERT_FIRST_LAYER = (
     "ModernBERT's first layer attends fully and has no attention norm (the embedding's stands in for it), its second "
     "within the window; lmcalc's global and local layers each count half a norm: layer 0 +5.5 % at s = 128, b = 1 "
@@ -275,7 +270,6 @@ GAPS_BY_CASE = {
     "gpt-bigcode-small-sdpa-nockpt-s256-b2": GPT_BIGCODE_MATH_PATH,
     "gpt-bigcode-small-sdpa-ckpt-s256-b2": GPT_BIGCODE_MATH_PATH,
     "modernbert-decoder-small-sdpa-nockpt-s128-b1": MODERNBERT_FIRST_LAYER,
-    "beam-small-eager-nockpt-s128-b1": BEAM_AVERAGE_LAYER,
     "gpt-neo-small-eager-ckpt-s256-b2": GPT_NEO_ONE_MASK,
     "gptj-small-eager-nockpt-s128-b1": GPTJ_EAGER_FP32,
     "gptj-small-eager-ckpt-s128-b1": GPTJ_EAGER_FP32,

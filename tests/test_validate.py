@@ -336,3 +336,19 @@ def test_each_pipeline_stages_flops_match_pytorch(name, pp, first, last):
         assert redone.model == step.model
         rerun = sum(_stage_flops_by_pytorch(model, counts, stage, s, checkpointed=True))
         assert redone.hardware * s == pytest.approx(rerun, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("update", "said"),
+    [
+        ({"attention_output_gate": True}, "gates its attention's output"),
+        ({"gated_norm_rank": 16}, "gates its norms"),
+    ],
+)
+def test_what_the_reference_model_does_not_build_is_refused(update, said):
+    # validate builds lmcalc's own PyTorch model: a spec with a part it lacks is sent to transformers in one line
+    from lmcalc.validate import reference_lacks
+
+    spec = resolve_model("llama-3.2-1b").spec
+    assert reference_lacks(spec) == ""
+    assert reference_lacks(spec.model_copy(update=update)) == said

@@ -34,7 +34,7 @@ from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.masks import kinds_differ, selection_saved, window_mask_saved, window_masked_share
 from lmcalc.engine.memory.module_recompute import module_kept
-from lmcalc.engine.memory.norms import norm_saved, norm_stats, sub_normed
+from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, sub_normed
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
@@ -108,11 +108,9 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
     tensors: list[SavedTensor] = []
     if m.q_lora_rank:
         tensors += norm_saved(w, "query latent norm", rows, Dim(m.q_lora_rank, "r_q"))
-        tensors.append(
-            SavedTensor(
-                "query up-projection input", "s·b·r_q", sb * m.q_lora_rank, act, split="seq", for_weights=("q_b",)
-            )
-        )
+        width, symbol = (2 * m.q_lora_rank, "2·r_q") if m.q_latent_concat else (m.q_lora_rank, "r_q")
+        label = "query up-projection input" + (" (the latent's norm output ‖ the latent)" if m.q_latent_concat else "")
+        tensors.append(SavedTensor(label, f"s·b·{symbol}", sb * width, act, split="seq", for_weights=("q_b",)))
     if norm_keeps(w) == "input":  # a fused norm keeps its input: a slice of the latent, which keeps it whole
         kv_width = m.kv_lora_rank + m.qk_rope_head_dim
         tensors.append(
@@ -205,6 +203,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     spec, mask, h, sb = w.model, w.mask_bytes, w.model.hidden_size, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
     tensors = norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
+    tensors += norm_gate_saved(w, "attention norm") if spec.gated_norm_rank else []
     kept_by_every_layer = len(tensors) + 1  # the norm's, and its output: the mixer's input in every layer
     if kinds_differ(w) and mixer not in ("global", "local"):  # the average of A_g and A_l layers
         A, n = spec.attention_layers, spec.local_layers
@@ -261,14 +260,15 @@ def _attention_block(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
         else:
             tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
         tensors += window_mask_saved(w, kind) + selection_saved(w)
-        if spec.attention_output_gate or spec.attention_head_gate != "none":  # o_proj reads attention · gate
-            width, symbol = (H * dv, "s·b·H·d_v") if spec.attention_output_gate else (H, "s·b·H")
-            if spec.attention_head_gate == "fp32":  # sigmoid (Bailing) or softplus (Laguna) of g_proj(x).float()
-                tensors.append(SavedTensor("head gate, its activation's output or input (fp32)", symbol, sb * width, 4))
-            tensors += [  # the product keeps the gate and the attention's output (counted above)
-                SavedTensor("output gate, its activation's output", symbol, sb * width, act),
-                SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
-            ]
+    if spec.attention_output_gate or spec.attention_head_gate != "none":  # o_proj reads attention · gate
+        width, symbol = (H * dv, "s·b·H·d_v") if spec.attention_output_gate else (H, "s·b·H")
+        if spec.attention_head_gate == "fp32":  # sigmoid (Bailing) or softplus (Laguna) of g_proj(x).float()
+            tensors.append(SavedTensor("head gate, its activation's output or input (fp32)", symbol, sb * width, 4))
+        gate_bytes = 4 if spec.attention_gate_fp32 else act  # A.X K2's sigmoid of the gate, upcast
+        tensors += [  # the product keeps the gate and the attention's output (counted above)
+            SavedTensor("output gate, its activation's output", symbol, sb * width, gate_bytes),
+            SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
+        ]
     return tensors
 
 
@@ -411,6 +411,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         tensors = []
     if moe_layer and spec.moe:
         moe = spec.moe
+        tensors += norm_gate_saved(w, "MLP norm") if spec.gated_norm_rank else []
         k, f_e = moe.k, Dim(moe.expert_ffn_size, "f_e")
         rows, kr = w.routed_copies * sb, routed_symbol(w)  # the experts' rows: k·ρ a token (a capacity's padding)
         tensors += [

@@ -74,3 +74,17 @@ def sub_normed(w: Workload, tensors: list[SavedTensor], reads: tuple[str, ...], 
         act = w.precision.activation_bytes
         out += [*norm, SavedTensor(label, t.symbol, t.elements, act, split=t.split, block=t.block, for_weights=reads)]
     return out
+
+
+def norm_gate_saved(w: Workload, label: str) -> list[SavedTensor]:
+    """A gated norm's gate (``ModelSpec.gated_norm_rank``: A.X K2's AXK2GatedRMSNorm, y·σ(W₂·SiLU(W₁·y)) with the
+    sigmoid and the product in fp32, then cast back): the norm's output, which W₁ and the product read, W₁'s output
+    for the SiLU, the SiLU's output for W₂, and the sigmoid's fp32 output for the product. The gated output, cast
+    back, is what the next projection keeps."""
+    act, sb, h, r = w.precision.activation_bytes, w.tokens, w.model.hidden_size, w.model.gated_norm_rank or 0
+    return [
+        SavedTensor(f"{label} output (the gate's input)", "s·b·h", sb * h, act, split="seq"),
+        SavedTensor(f"{label} gate: W₁ output (SiLU input)", "s·b·r_g", sb * r, act, split="seq"),
+        SavedTensor(f"{label} gate: SiLU output (W₂ input)", "s·b·r_g", sb * r, act, split="seq"),
+        SavedTensor(f"{label} gate: sigmoid output (fp32)", "s·b·h", sb * h, 4, split="seq"),
+    ]

@@ -60,11 +60,14 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         m = spec.mla
         tensors: list[WeightTensor] = []
         q_dim = Dim(heads * m.qk_head_dim, "H·d_qk")
+        if spec.attention_output_gate:  # A.X K2: the up-projection makes the queries and the output's gate, H·d_v
+            q_dim = Dim(heads * (m.qk_head_dim + m.v_head_dim), "H·(d_qk+d_v)")
         if m.q_lora_rank:
             q_rank = Dim(m.q_lora_rank, "r_q")
             tensors += linear("attn.q_a", site, q_rank, h, qkv_bias)
             tensors += norm("attn.q_a_norm", site, q_rank, spec)
-            tensors += linear("attn.q_b", site, q_dim, q_rank, False)
+            q_in = Dim(2 * m.q_lora_rank, "2·r_q") if m.q_latent_concat else q_rank  # the normed latent ‖ the latent
+            tensors += linear("attn.q_b", site, q_dim, q_in, False)
         else:
             tensors += linear("attn.q", site, q_dim, h, False)
         kv_rank = Dim(m.kv_lora_rank, "r_kv")
@@ -149,6 +152,10 @@ def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
         tensors += norm("mlp_norm", norms if spec.ffn_layers == L else Site("norm", spec.ffn_layers, "L_ffn"), h, spec)
     if spec.norms_per_layer == 4:
         tensors += norm("post_attn_norm", norms, h, spec) + norm("post_mlp_norm", norms, h, spec)
+    if spec.gated_norm_rank:  # A.X K2: a low-rank gate on every layer's input norm and on an MoE layer's MLP norm
+        r = Dim(spec.gated_norm_rank, "r_g")
+        for name, site in (("attn_norm", before_mixers), ("mlp_norm", Site("norm", spec.moe_layers, "L_moe"))):
+            tensors += linear(f"{name}.gate.fc1", site, r, h, False) + linear(f"{name}.gate.fc2", site, h, r, False)
     return tensors
 
 
