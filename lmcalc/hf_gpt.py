@@ -262,6 +262,7 @@ def parallel_gelu(config: dict[str, Any], kind: str, fields: dict[str, Any], ori
         "mlp_bias": True,
         "head_bias": True,
         "qk_norm": "per_head" if phi and config.get("qk_layernorm") else "none",
+        "eager_fp32_scores": not phi,  # GPT-J's and CodeGen's eager attention: Q and K upcast, the softmax in fp32
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "n_positions", "max_position_embeddings"),
         **dropout(

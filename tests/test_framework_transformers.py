@@ -245,10 +245,6 @@ either (the profile's not_modelled), but at falcon-small's points its difference
 measured a layer −2.7 % to +3.3 % (−2.9 % to +3.5 % rebuilt), the whole −1.8 % to +1.6 %."""
 
 
-GPTJ_EAGER_FP32 = (
-    "GPT-J's eager attention computes its scores in fp32 (GPTJAttention._attn upcasts Q and K): their fp32 copies are "
-    "not in lmcalc's count, 4.4–5.7 % of a layer at s = 128 (within 5 % at s = 256)"
-)
 GPT_NEO_ONE_MASK = (
     "GPT-Neo's local layers take their window from a buffer of their own (GPTNeoSelfAttention.bias), so gradient "
     "checkpointing binds one eager mask to the layers, not the two (global and sliding) the profile's rule counts: "
@@ -271,8 +267,6 @@ GAPS_BY_CASE = {
     "gpt-bigcode-small-sdpa-ckpt-s256-b2": GPT_BIGCODE_MATH_PATH,
     "modernbert-decoder-small-sdpa-nockpt-s128-b1": MODERNBERT_FIRST_LAYER,
     "gpt-neo-small-eager-ckpt-s256-b2": GPT_NEO_ONE_MASK,
-    "gptj-small-eager-nockpt-s128-b1": GPTJ_EAGER_FP32,
-    "gptj-small-eager-ckpt-s128-b1": GPTJ_EAGER_FP32,
 }
 """Single cases of the models issue #31 added whose layers keep what lmcalc does not model (xfail, strict)."""
 

@@ -88,7 +88,7 @@ def _attention_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
                                     sb * n * dqk, 4 if fp32 else act, most_tp_ranks=None if name == "Q" else heads),
                         SavedTensor(f"{name} L2-norm 1/rms (fp32)", f"s·b·{sym}", sb * n, 4)]  # fmt: skip
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
-    fp32 = w.attention == "eager" and spec.eager_fp32_scores  # Flint: the scores' product keeps fp32 copies
+    fp32 = w.attention == "eager" and spec.eager_fp32_scores  # Flint, GPT-J: the scores' product keeps fp32 copies
     qk, qk_bytes = (" (fp32 copy)", 4) if fp32 else (rope, act)
     return tensors + [
         SavedTensor("Q" + qk, "s·b·H·d", sb * H * dqk, qk_bytes),

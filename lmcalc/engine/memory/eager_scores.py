@@ -33,8 +33,9 @@ def eager_scores_saved(w: Workload, sink_column: bool) -> list[SavedTensor]:
     sink_column = sink_column and sink_softmax
     symbol, n = ("b·H·s·(s+1)", b * H * s * (s + 1)) if sink_column else ("b·H·s²", b * H * s * s)
     softmax = rule.eager_sink_softmax if sink_softmax and rule.eager_sink_softmax else None
-    if spec.eager_fp32_scores:  # Flint: the softmax over the fp32 scores and the sinks kept, its cast copy meets V
-        return [*tensors, SavedTensor("softmax output with the sink column (fp32)", symbol, n, 4, attention_core=True),
+    if spec.eager_fp32_scores:  # Flint, GPT-J: the softmax over fp32 scores (and Flint's sinks) kept, its cast meets V
+        label = "softmax output with the sink column (fp32)" if sink_column else "softmax output (fp32)"
+        return [*tensors, SavedTensor(label, symbol, n, 4, attention_core=True),
                 SavedTensor("softmax output, cast", "b·H·s²", b * H * s * s, act, attention_core=True)]  # fmt: skip
     if softmax:  # kept once: the matmul with V reads a view of it, without the sink's column
         column = " with the sink column" if sink_column else ""
