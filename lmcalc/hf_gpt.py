@@ -247,10 +247,15 @@ def parallel_gelu(config: dict[str, Any], kind: str, fields: dict[str, Any], ori
     all, and with ``qk_layernorm`` a LayerNorm over each head's queries and keys."""
     hidden = _get(config, origin, "n_embd", "hidden_size")
     phi = kind == "phi"
+    heads = _get(config, origin, "n_head", "num_attention_heads")
+    # RoPE on part of each head: Phi's partial_rotary_factor (PhiConfig's 0.5). GPT-J's and CodeGen's rotary_dim (64)
+    # rotates Q and K laid out (b, s, H, d), before the heads' transpose, so the attention's output needs no copy and
+    # they keep what a whole-head RoPE keeps: counted as one (measured: tests/test_framework_transformers.py)
+    fraction = rotary_fraction(config, 0.5) if phi else 1.0
     return fields | {
         "hidden_size": hidden,
         "num_layers": _get(config, origin, "n_layer", "num_hidden_layers"),
-        "num_heads": _get(config, origin, "n_head", "num_attention_heads"),
+        "num_heads": heads,
         "num_kv_heads": config.get("num_key_value_heads") if phi else None,
         "ffn_size": _get(config, origin, "intermediate_size" if phi else "n_inner", default=4 * hidden),
         "ffn_kind": "gelu_mlp",
@@ -264,6 +269,7 @@ def parallel_gelu(config: dict[str, Any], kind: str, fields: dict[str, Any], ori
         "qk_norm": "per_head" if phi and config.get("qk_layernorm") else "none",
         "eager_fp32_scores": not phi,  # GPT-J's and CodeGen's eager attention: Q and K upcast, the softmax in fp32
         "position_embedding": "rope",
+        "rotary_fraction": fraction,
         "max_seq_len": _get(config, origin, "n_positions", "max_position_embeddings"),
         **dropout(
             config,
