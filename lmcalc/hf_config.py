@@ -45,16 +45,16 @@ from lmcalc.hf_gpt import (
     xglm,
 )
 from lmcalc.hf_layers import (
-    axk2,
+    FINISHED,
     deltanet,
     kimi_delta,
     lightning,
     local_attention,
     longcat_moe,
-    longcat_sublayers,
     mamba2,
     minimax_m3,
     moe,
+    prepared,
     short_conv,
     windows,
 )
@@ -73,7 +73,7 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
-    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2",
+    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe",
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -195,7 +195,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         raise LmcalcError(f"{origin}: config.json output_vocab_size differs from vocab_size: not modelled")
     two_matrices = kind in ("starcoder2", *RELU_MLPS, *XIELU_MLPS)  # up and down, no gate
     act = gelu(config, kind, origin) if two_matrices else activation(config, kind)
-    config = longcat_sublayers(config, origin) if kind == "longcat_flash" else config
+    config = prepared(config, kind, origin)  # the fields a class derives (LongCat-Flash's layers, JetMoE's heads)
     layers = _get(config, origin, "num_hidden_layers")
     if kind in CLASS_LAYER_TYPES and not config.get("layer_types"):
         config = {**config, "layer_types": [CLASS_LAYER_TYPES[kind](i, layers, config) for i in range(layers)]}
@@ -276,7 +276,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields["moe"] = longcat_moe(config, routed, fields["ffn_size"]) if kind == "longcat_flash" else routed
     if kind == "longcat_flash":  # each LongcatFlashDecoderLayer: two of lmcalc's layers (hf_layers.longcat_sublayers)
         fields["sublayers"] = 2
-    fields = axk2(config, origin, fields) if kind == "axk2" else fields
+    fields = FINISHED[kind](config, origin, fields) if kind in FINISHED else fields
     if kind == "cohere2_moe":  # its dense layers' own width; an RMSNorm (Llama's) where rms_norm_eps is given
         fields["ffn_size"] = config.get("prefix_dense_intermediate_size") or fields["ffn_size"]
         if config.get("rms_norm_eps") is not None:

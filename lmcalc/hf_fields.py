@@ -29,7 +29,7 @@ WHOLE_NUMBERS = frozenset(
         "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
         "moe_shared_expert_intermediate_size", "moe_latent_size", "mamba_d_ssm", "state_size", "index_n_heads",
         "index_head_dim", "index_topk", "block_size", "dense_intermediate_size", "sliding_window_size",
-        "zero_expert_num", "gated_norm_rank",
+        "zero_expert_num", "gated_norm_rank", "kv_channels",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

@@ -386,10 +386,17 @@ def lightning(config: dict[str, Any], origin: str, layers: int, hidden: int, hea
     }
 
 
-def longcat_sublayers(config: dict[str, Any], origin: str) -> dict[str, Any]:
-    """LongCat-Flash's config with its layers counted as lmcalc counts them: each of its ``num_layers`` holds two
-    sub-layers, attention and a dense MLP each (LongcatFlashConfig.num_hidden_layers is 2·num_layers)."""
-    return {**config, "num_hidden_layers": 2 * _get(config, origin, "num_layers")}
+def prepared(config: dict[str, Any], kind: str, origin: str) -> dict[str, Any]:
+    """A config with the fields its class derives, before the common reader reads them: LongCat-Flash's layers
+    counted as lmcalc counts them, two sub-layers (attention and a dense MLP each) in each of its ``num_layers``
+    (LongcatFlashConfig.num_hidden_layers is 2·num_layers); JetMoE's heads, k·H_kv (JetMoeConfig sets
+    num_attention_heads so whatever config.json says)."""
+    if kind == "longcat_flash":
+        return {**config, "num_hidden_layers": 2 * _get(config, origin, "num_layers")}
+    if kind == "jetmoe":
+        heads = _get(config, origin, "num_key_value_heads") * _get(config, origin, "num_experts_per_tok")
+        return {**config, "num_attention_heads": heads}
+    return config
 
 
 def longcat_moe(config: dict[str, Any], routed: dict[str, Any], ffn_size: int) -> dict[str, Any]:
@@ -442,3 +449,18 @@ def axk2(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[st
         "attention_gate_fp32": True,
         "gated_norm_rank": _get(config, origin, "gated_norm_rank"),
     }
+
+
+def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """JetMoE (JetMoeAttention, JetMoeMoE): a mixture of attention heads over one shared K and V (``kv_proj``) with
+    heads of ``kv_channels``, the query and output projections experts as the MLP's are, each with a router of its
+    own and a bias on its output; its experts run one at a time."""
+    return fields | {
+        "head_dim": _get(config, origin, "kv_channels"),
+        "moe": fields["moe"] | {"attention_experts": fields["moe"]["num_experts"], "output_bias": True,
+                                "expert_loop": True},
+    }  # fmt: skip
+
+
+FINISHED = {"axk2": axk2, "jetmoe": jetmoe}
+"""Types whose fields the common reader leaves to a function of their own, which finishes them."""

@@ -86,6 +86,16 @@ class MoESpec(Spec):
         "(zero where the expert was not picked: transformers' Llama4TextMoe), read under a framework profile whose "
         "moe.router is model: E rows a token computed and kept, not k",
     )
+    attention_experts: NonNegativeInt = Field(
+        0,
+        le=MAX_DIMENSION,
+        description="experts of the attention too (JetMoE's mixture of attention heads): the query and output "
+        "projections are this many experts of H_kv heads each, every token routed by a router of its own to k of "
+        "them, so that it attends with H = k·H_kv heads over one shared K and V; a bias of h on their output",
+    )
+    output_bias: StrictBool = Field(
+        False, description="a bias of h on the routed experts' summed output (JetMoE's MoE bias), in each MoE layer"
+    )
     zero_experts: NonNegativeInt = Field(
         0,
         le=MAX_DIMENSION,

@@ -30,6 +30,11 @@ def check_model(spec: Any) -> None:
         )
     if spec.sinks_local_only and not (spec.attention_sinks and spec.local_layers):
         raise ValueError("sinks_local_only needs attention_sinks and local layers (a sliding_window)")
+    if spec.moe and spec.moe.attention_experts and spec.num_heads != spec.moe.k * spec.kv_heads:
+        raise ValueError(
+            f"moe.attention_experts: num_heads {spec.num_heads} must be experts_per_token × num_kv_heads "
+            f"= {spec.moe.k} × {spec.kv_heads} (each token's k attention experts of H_kv heads each)"
+        )
     if spec.num_layers % spec.sublayers:
         raise ValueError(f"sublayers {spec.sublayers} does not divide num_layers {spec.num_layers}")
     if spec.moe and spec.moe.dense_layers > spec.num_layers:

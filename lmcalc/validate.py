@@ -154,6 +154,7 @@ def reference_lacks(spec: ModelSpec) -> str:
         (spec.attention_output_gate or spec.attention_head_gate != "none", "gates its attention's output"),
         (spec.gated_norm_rank, "gates its norms"),
         (mla and mla.q_latent_concat, "up-projects its queries from two latents"),
+        (spec.moe and spec.moe.attention_experts, "routes its attention's heads to experts"),
     ):
         if lacks:
             return what

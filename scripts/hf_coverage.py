@@ -97,8 +97,6 @@ NEEDS: dict[str, str] = {
     "inkling2_loop_text": "as inkling_text, its layers looped",
     "inkling2_text": "as inkling_text",
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
-    "jetmoe": "JetMoE: a mixture of attention heads (routed query and output projections over shared K and V) and "
-    "MoE MLPs with a shared bias",
     "mllama": "Llama 3.2 Vision: cross-attention layers over vision tokens, which text-only training skips (weights "
     "without compute)",
     "phi4_multimodal": "Phi-4-multimodal: Phi-4-mini's layers with its image (SigLIP) and audio (Conformer) encoders "

@@ -539,6 +539,10 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                    "small A.X K2: MLA whose query up-projection reads the normed latent beside the latent and gates "
                    "the output, DeepSeek sparse attention's indexer, gated input and MoE norms, a dense layer, then 4 "
                    "experts top-2 and a shared one"),
+    "jetmoe-small": (T.JetMoeConfig, {k: v for k, v in NARROW.items() if k != "head_dim"}
+                     | {"kv_channels": 32, "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64},
+                     "small JetMoE: attention of 4 experts top-2 (2 KV heads of 32 each) over one shared K and V, and "
+                     "4 MLP experts top-2"),
     "flint-small": (T.FlintConfig, MOE4 | {"sliding_window": WINDOW, "shared_expert_intermediate_size": 96,
                                            "num_experts": 4, "layer_types": ["full_attention", "sliding_attention"]},
                     "small Flint: attention sinks with fp32 eager scores, QK-norm per head, RoPE on the sliding "
@@ -823,7 +827,7 @@ for _name in (
     "gpt-neox-japanese-small",
 ):
     CASES[_name] = replace(CASES[_name], attentions=EAGER_ONLY)
-for _name in ("openai-gpt-small", "ctrl-small", "gpt-neox-japanese-small"):  # no gradient checkpointing there
+for _name in ("openai-gpt-small", "ctrl-small", "gpt-neox-japanese-small", "jetmoe-small"):  # no gradient checkpointing
     CASES[_name] = replace(CASES[_name], checkpointable=False)
 
 

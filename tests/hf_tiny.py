@@ -227,6 +227,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "axk2": ("AXK2Config", dict(DEEPSEEK, n_group=None, topk_group=None, head_dim=8, index_n_heads=4,
                                 index_head_dim=16, index_topk=8, gated_norm_rank=8,
                                 mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
+    # JetMoE: attention of 4 experts top-2 (2 KV heads of 16 each: 4 query heads a token) over one shared K and V,
+    # and 4 MLP experts top-2, each with a bias on its summed output
+    "jetmoe": ("JetMoeConfig", dict(num_key_value_heads=2, kv_channels=16, num_local_experts=4, num_experts_per_tok=2,
+                                    intermediate_size=32)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -33,6 +33,7 @@ from lmcalc.engine.memory.eager_scores import eager_scores_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.masks import kinds_differ, selection_saved, window_mask_saved, window_masked_share
+from lmcalc.engine.memory.moa import attention_experts_saved
 from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, sub_normed
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
@@ -72,6 +73,8 @@ def _attention_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
     # sits inside the recomputed core; fused kernels read the H_kv heads directly. One KV head of one sequence
     # expands as a view (repeat_kv's reshape merges its size-1 head and batch dimensions), which the matmul keeps.
     heads = _kv_heads(spec, kind)
+    if spec.moe and spec.moe.attention_experts:  # JetMoE: K and V repeated to the k experts' heads (memory.moa)
+        heads = H
     expanded = w.attention == "eager" and not w.core_recomputed and not (heads == 1 and w.micro_batch == 1)
     kv = H if expanded else heads
     kv_sym = "H" if expanded or kv == H else "H_kv"
@@ -244,7 +247,8 @@ def _attention_block(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
         if spec.drops("attention"):
             tensors.append(SavedTensor("attention dropout mask", "b·H·s²", b * H * s * s, mask, True))
             tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
-        tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
+        if not (spec.moe and spec.moe.attention_experts):  # JetMoE's output experts read a gathered copy instead
+            tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
     else:
         tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
         # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output projection's
@@ -260,6 +264,8 @@ def _attention_block(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
         else:
             tensors.append(SavedTensor("attention output = output projection input", "s·b·H·d_v", sb * H * dv, act))
         tensors += window_mask_saved(w, kind) + selection_saved(w)
+    if spec.moe and spec.moe.attention_experts:
+        tensors += attention_experts_saved(w)
     if spec.attention_output_gate or spec.attention_head_gate != "none":  # o_proj reads attention · gate
         width, symbol = (H * dv, "s·b·H·d_v") if spec.attention_output_gate else (H, "s·b·H")
         if spec.attention_head_gate == "fp32":  # sigmoid (Bailing) or softplus (Laguna) of g_proj(x).float()

@@ -82,6 +82,12 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide; AFMoE's gate
     # is a projection of its own
     fused_gate = spec.attention_output_gate and not spec.attention_gate_proj
+    if spec.moe and spec.moe.attention_experts:  # JetMoE's mixture of attention heads: q and o are k of E_a experts
+        return (
+            _attention_experts(spec, site, h, d)
+            + linear("attn.k", site, kv_dim, h, False)
+            + linear("attn.v", site, v_dim, h, False)
+        )
     tensors = linear("attn.q", site, Dim(2 * heads * d, "2·H·d") if fused_gate else q, h, qkv_bias)
     if spec.attention_gate_proj:
         tensors += linear("attn.attn_gate", site, q, h, False)
@@ -114,6 +120,22 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         sinks = Site("attention", spec.local_layers, "L_local") if spec.sinks_local_only else site
         tensors.append(tensor("attn.sinks", sinks, (Dim(heads, "H"),), False))
     return tensors + _head_gate(spec, site, h)
+
+
+def _attention_experts(spec: ModelSpec, site: Site, h: Dim, d: int) -> list[WeightTensor]:
+    """JetMoE's mixture of attention heads (JetMoeMoA): E_a experts a layer, each a query projection h → H_kv·d and
+    an output projection back, a token's k of them chosen by a router of its own (h → E_a), and a bias of h on the
+    summed output. One token's k experts make its H = k·H_kv query heads, so it uses H·d·h of each projection."""
+    assert spec.moe is not None
+    moe, kv = spec.moe, Dim(spec.kv_heads * d, "H_kv·d")
+    experts = Site("attention", site.count * moe.attention_experts, f"{site.count_symbol}·E_a",
+                   active=site.count * moe.k if moe.experts_per_token else None)  # fmt: skip
+    return (
+        linear("attn.router", site, Dim(moe.attention_experts, "E_a"), h, False)
+        + linear("attn.q", experts, kv, h, False)
+        + linear("attn.o", experts, h, kv, False)
+        + [tensor("attn.output_bias", site, (h,), False)]
+    )
 
 
 def _head_gate(spec: ModelSpec, site: Site, h: Dim) -> list[WeightTensor]:
@@ -215,6 +237,8 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             tensors += _ffn("shared_experts", shared, spec, f_s)
             if moe.shared_expert_gate:  # sigmoid(x·w) scales the shared experts' output (Qwen2-MoE)
                 tensors += linear("shared_expert_gate", Site("shared_experts", n_moe, "L_moe"), Dim(1, "1"), h, False)
+        if moe.output_bias:  # JetMoE: a bias on the experts' summed output
+            tensors.append(tensor("router.output_bias", Site("router", n_moe, "L_moe"), (h,), False))
         if moe.output_norm:  # A.X K1: a norm on the experts' summed output, in each MoE layer
             tensors += norm("moe_output_norm", Site("norm", n_moe, "L_moe"), h, spec)
     if not spec.post_norm:  # a post-norm model's last layer ends in its norm (GPT-1): none before the head
