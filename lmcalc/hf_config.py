@@ -274,7 +274,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     routed = moe(config, kind, layers, origin)
     if routed:
         fields["moe"] = longcat_moe(config, routed, fields["ffn_size"]) if kind == "longcat_flash" else routed
-    if kind == "longcat_flash":  # each LongcatFlashDecoderLayer: two of lmcalc's layers (hf_layers.longcat_sublayers)
+    if kind == "longcat_flash":  # each LongcatFlashDecoderLayer: two of lmcalc's layers (hf_layers.prepared)
         fields["sublayers"] = 2
     fields = FINISHED[kind](config, origin, fields) if kind in FINISHED else fields
     if kind == "cohere2_moe":  # its dense layers' own width; an RMSNorm (Llama's) where rms_norm_eps is given

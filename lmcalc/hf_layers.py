@@ -402,8 +402,8 @@ def prepared(config: dict[str, Any], kind: str, origin: str) -> dict[str, Any]:
 def longcat_moe(config: dict[str, Any], routed: dict[str, Any], ffn_size: int) -> dict[str, Any]:
     """LongCat-Flash's shortcut MoE (LongcatFlashDecoderLayer): it reads the first sub-layer's MLP input and its
     output joins the second's, so a pair of sub-layers computes what an MoE layer whose shared expert is the dense
-    MLP and a dense layer compute (every other sub-layer routes: MoE on the second of each pair here, which moves
-    nothing but the stage boundary of an odd pipeline split). Its router scores the zero-computation experts too,
+    MLP and a dense layer compute (every other sub-layer routes: MoE on the second of each pair here, which a
+    pipeline chunk holds whole). Its router scores the zero-computation experts too,
     in fp32 (LongcatFlashTopkRouter), and may carry a bias (``router_bias``); its experts run one at a time."""
     return routed | {
         "moe_every": 2,

@@ -73,7 +73,7 @@ def recomputed_chunks(
                 rebuilt = max(rebuilt, largest(False) if not all(recomputed) else 0.0)
         else:
             units = (recomputed[i : i + step] for i in range(0, len(recomputed), step))
-            rebuilt = max(rebuilt, *(layers_bytes(flags) for flags in units), 0.0)
+            rebuilt = max(rebuilt, *(layers_bytes(unit_flags) for unit_flags in units), 0.0)
     return kept, rebuilt
 
 
