@@ -179,6 +179,8 @@ class Layout:
         object.__setattr__(self, "_views", views)
         return views
 
+    # Four plain properties, read millions of times a search: a typed descriptor for them measured 1–2 % slower in the
+    # DeepSeek-V3 search, and a __getattr__ (any at all makes every attribute read of the class go through it) 5–7 %
     @property
     def activation_layout(self) -> ActivationLayout:
         return (self._views or self._made_views())[0]
