@@ -60,6 +60,7 @@ from lmcalc.hf_layers import (
 )
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
+from lmcalc.hf_widths import GEMMA4, gemma4_layer_types
 from lmcalc.spec_base import MAX_LAYERS
 
 LLAMA_LIKE = (
@@ -73,7 +74,7 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
-    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe",
+    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", *GEMMA4,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -86,14 +87,18 @@ GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloo
 """The types ``hf_gpt`` reads."""
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
-              "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model"}  # fmt: skip
+              "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model", "gemma4": "gemma4_text",
+              "gemma4_unified": "gemma4_unified_text"}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
+DRAFTERS = ("gemma4_assistant", "gemma4_unified_assistant")
+"""Wrappers whose ``text_config`` is not the whole model: Gemma 4's drafters for speculative decoding, whose causal
+LM adds projections from and to the backbone's width (and their text model reuses its K and V in every layer)."""
 FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"],
          "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "gpt_neox_japanese": ["qkv"],
          "falcon": ["qkv"], "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
-SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe", "lfm3", "beam")  # norms after both halves too
+SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe", "lfm3", "beam", *GEMMA4)  # after both halves
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
            "exaone4": "per_head", "mellum": "per_head", "hunyuan_v1_dense": "per_head",
@@ -103,7 +108,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full", "flint": "per_head",
            "laguna": "per_head", "lara_mini": "per_head", "lfm3": "per_head", "beam": "per_head",
            "minimax_m3_vl_text": "per_head",
-           **dict.fromkeys(DELTANET, "per_head")}  # fmt: skip
+           **dict.fromkeys((*DELTANET, *GEMMA4), "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5,
                   "mimo_v2_flash": 0.334}  # fmt: skip
@@ -115,7 +120,7 @@ NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "coher
                     "flex_olmo", "olmo3",
                     "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", "lara_mini", "beam",
                     "minimax_m3_vl_text",
-                    *DELTANET)  # fmt: skip
+                    *DELTANET, *GEMMA4)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",
@@ -197,6 +202,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     act = gelu(config, kind, origin) if two_matrices else activation(config, kind)
     config = prepared(config, kind, origin)  # the fields a class derives (LongCat-Flash's layers, JetMoE's heads)
     layers = _get(config, origin, "num_hidden_layers")
+    if kind in GEMMA4:  # Gemma4TextConfig: every sixth layer full, and the last whatever config.json says
+        config = {**config, "layer_types": gemma4_layer_types(config, layers)}
     if kind in CLASS_LAYER_TYPES and not config.get("layer_types"):
         config = {**config, "layer_types": [CLASS_LAYER_TYPES[kind](i, layers, config) for i in range(layers)]}
     if kind == "modernbert-decoder" and not config.get("sliding_window"):  # its class: half of local_attention
@@ -271,7 +278,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         if kind in ("deepseek_v32", "glm_moe_dsa", "axk2"):  # DeepSeek sparse attention: MLA with an indexer
             fields["mla"]["indexer"] = _indexer(config, origin, layers)
         fields["num_kv_heads"] = None
-    routed = moe(config, kind, layers, origin)
+    routed = moe(config, kind, layers, origin) if kind not in GEMMA4 else None  # Gemma 4's: hf_widths
     if routed:
         fields["moe"] = longcat_moe(config, routed, fields["ffn_size"]) if kind == "longcat_flash" else routed
     if kind == "longcat_flash":  # each LongcatFlashDecoderLayer: two of lmcalc's layers (hf_layers.prepared)
@@ -448,6 +455,8 @@ def _check_layer_count(config: dict[str, Any], origin: str) -> None:
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     """ModelSpec fields for a HF config; the caller validates them."""
     text, kind = _text_model(config, origin)
+    if str(config.get("model_type", "")).lower() in DRAFTERS:  # its text model between projections of its own
+        kind = str(config["model_type"]).lower()
     if BUILDS_AS.get(kind, kind) not in SUPPORTED:
         named = f"config.json model_type {token(kind) if kind else '(missing)'}"
         if kind in DECODER_TYPES:

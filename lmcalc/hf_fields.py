@@ -29,7 +29,8 @@ WHOLE_NUMBERS = frozenset(
         "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size",
         "moe_shared_expert_intermediate_size", "moe_latent_size", "mamba_d_ssm", "state_size", "index_n_heads",
         "index_head_dim", "index_topk", "block_size", "dense_intermediate_size", "sliding_window_size",
-        "zero_expert_num", "gated_norm_rank", "kv_channels",
+        "zero_expert_num", "gated_norm_rank", "kv_channels", "global_head_dim", "num_global_key_value_heads",
+        "num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "top_k_experts",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -45,7 +46,7 @@ FLAGS = frozenset(
         "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm", "use_qkv_bias", "qk_layernorm",
         "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine", "conv_bias",
         "block_auto_adjust_ff_dim", "tie_embedding", "use_conv_bias", "projectors_bias", "mamba_rms_norm",
-        "router_bias",
+        "router_bias", "attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block",
     }
 )  # fmt: skip
 TEXTS = frozenset(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_defaults import LAYER_PATTERNS
 from lmcalc.hf_fields import get as _get
+from lmcalc.hf_widths import GEMMA4, gemma4
 from lmcalc.units import group
 
 if TYPE_CHECKING:
@@ -462,5 +463,5 @@ def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
     }  # fmt: skip
 
 
-FINISHED = {"axk2": axk2, "jetmoe": jetmoe}
+FINISHED = {"axk2": axk2, "jetmoe": jetmoe, **dict.fromkeys(GEMMA4, gemma4)}
 """Types whose fields the common reader leaves to a function of their own, which finishes them."""

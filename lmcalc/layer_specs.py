@@ -27,6 +27,12 @@ NO_TOP_K = (
     "unknown, so only lmcalc params counts it; give the top-k for FLOPs, memory or time"
 )
 
+WIDTHS_COUNTED_ONLY = (
+    "Gemma 4's layers of other widths (the global layers' own head size or K = V, K and V shared across layers, "
+    "per-layer embeddings, the MoE block beside the dense MLP) are counted by lmcalc params and lmcalc flops alone: "
+    "lmcalc's memory, time and serving estimates do not take them yet (docs/hf-types.md)"
+)
+
 
 class MoESpec(Spec):
     """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
@@ -102,6 +108,12 @@ class MoESpec(Spec):
         description="zero-computation experts beside the routed ones (LongCat-Flash's 256): the router scores E + Z "
         "experts and picks k, and a pick of one of these passes the token through, scaled by its weight",
     )
+    branch_norms: StrictBool = Field(
+        False,
+        description="Gemma 4's MoE block beside its dense MLP (the MLP as the one shared expert): a norm before the "
+        "experts and one after each branch, 3·h a layer; the router reads the layer's input, normed without a weight "
+        "and scaled by a learned vector (h), and scales each expert's weight by a learned factor (E)",
+    )
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> Self:
@@ -144,6 +156,40 @@ class MoESpec(Spec):
 def moe_layers_in(moe: MoESpec, mixer_only: tuple[int, ...], start: int, stop: int) -> int:
     """MoE layers among layers ``start`` to ``stop - 1``, less the layers that are a mixer alone (``mixer_only``)."""
     return sum(moe.is_moe_layer(i) and i not in mixer_only for i in range(start, stop))
+
+
+class GlobalAttentionSpec(Spec):
+    """The global (full-attention) layers' attention at widths of their own, beside the local layers' (Gemma 4:
+    global_head_dim 512 where the sliding-window layers have head_dim 256), and K = V there: one projection makes
+    the keys and, normed apart and not rotated, the values (attention_k_eq_v)."""
+
+    head_dim: Dimension = Field(description="d_g, a global layer's head size (global_head_dim)")
+    kv_heads: Dimension | None = Field(
+        None, description="H_kv,g, a global layer's key-value heads (num_global_key_value_heads); None: num_kv_heads"
+    )
+    k_eq_v: StrictBool = Field(
+        False, description="no V projection in the global layers: the values are the key projection's output"
+    )
+
+
+class KvSharingSpec(Spec):
+    """The last layers attend with the keys and values of the last earlier layer of their kind, local or global
+    (Gemma 3n, Gemma 4: num_kv_shared_layers): they have no K or V projection or norm of their own, and no cache."""
+
+    layers: LayerCount = Field(description="how many of the last layers reuse an earlier layer's K and V")
+    double_wide_mlp: StrictBool = Field(
+        False, description="those layers' MLPs twice as wide, 2·f (Gemma 4's use_double_wide_mlp)"
+    )
+
+
+class PerLayerInputSpec(Spec):
+    """Per-layer embeddings (Gemma 3n, Gemma 4: PLE). A table of V_p rows holds every layer's small input, d_p wide;
+    the hidden state after the embedding is projected to the same L·d_p, normed, and added. Each layer gates its
+    own d_p slice with its output (h → d_p, the activation, the product), projects it back to h, norms it and adds
+    it to the residual."""
+
+    width: Dimension = Field(description="d_p, each layer's input width (hidden_size_per_layer_input)")
+    vocab: Dimension = Field(description="V_p, the table's rows (vocab_size_per_layer_input)")
 
 
 class IndexerSpec(Spec):

@@ -79,6 +79,38 @@ def check_model(spec: Any) -> None:
                          "mixers, and own_layers may not exceed num_layers")  # fmt: skip
     _check_layer_ids(spec)
     _check_single_blocks(spec)
+    _check_layer_widths(spec)
+
+
+def _check_layer_widths(spec: Any) -> None:
+    """Gemma 4's layers of other widths: global attention of its own, K and V shared from earlier layers, per-layer
+    inputs, the MoE block's branch norms. They are plain attention's and a gated MLP's, without MLA or other mixers."""
+    g, shared = spec.global_attention, spec.kv_sharing
+    if (g or shared or spec.per_layer_input) and (spec.mla or spec.hybrid or spec.single_blocks or spec.local_kv_heads):
+        raise ValueError("global_attention, kv_sharing and per_layer_input are for plain attention in every layer, "
+                         "without MLA, other mixers or local_kv_heads")  # fmt: skip
+    if g and g.kv_heads is not None and spec.num_heads % g.kv_heads:
+        raise ValueError(f"global_attention.kv_heads {g.kv_heads} does not divide num_heads {spec.num_heads}")
+    if g and spec.value_head_dim is not None:
+        raise ValueError("global_attention gives the global layers' head size to keys and values alike: no "
+                         "value_head_dim")  # fmt: skip
+    if shared and shared.layers >= spec.num_layers:
+        raise ValueError(f"kv_sharing.layers ({shared.layers}) must leave a layer that makes its own K and V "
+                         f"(num_layers {spec.num_layers})")  # fmt: skip
+    if shared:
+        first = spec.num_layers - shared.layers
+        makers = {spec.is_local_layer(i) for i in range(first)}
+        if any(spec.is_local_layer(i) not in makers for i in range(first, spec.num_layers)):
+            raise ValueError("kv_sharing: a sharing layer's kind (local or global) has no earlier layer to share from")
+    if (
+        spec.moe
+        and spec.moe.branch_norms
+        and (spec.moe.shared_experts != 1 or spec.moe.shared_expert_gate or spec.moe_layers != spec.num_layers)
+    ):
+        raise ValueError("moe.branch_norms is Gemma 4's block in every layer: its dense MLP as the one shared expert, "
+                         "ungated")  # fmt: skip
+    if shared and shared.double_wide_mlp and spec.moe and not spec.moe.branch_norms:
+        raise ValueError("kv_sharing.double_wide_mlp widens the dense MLPs: with MoE, Gemma 4's (moe.branch_norms)")
 
 
 def _check_single_blocks(spec: Any) -> None:

@@ -17,7 +17,17 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
 from lmcalc.hardware_specs import Cluster, HardwareSpec
-from lmcalc.layer_specs import NO_TOP_K, IndexerSpec, MLASpec, MoESpec, moe_layers_in
+from lmcalc.layer_specs import (
+    NO_TOP_K,
+    WIDTHS_COUNTED_ONLY,
+    GlobalAttentionSpec,
+    IndexerSpec,
+    KvSharingSpec,
+    MLASpec,
+    MoESpec,
+    PerLayerInputSpec,
+    moe_layers_in,
+)
 from lmcalc.mixer_specs import DeltaNetSpec, LightningSpec, Mamba2Spec, MambaSpec, ShortConvSpec
 from lmcalc.model_rules import check_model
 from lmcalc.spec_base import (
@@ -48,8 +58,9 @@ from lmcalc.spec_base import (
 )
 
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "ComputeDtype", "DeltaNetSpec",
-           "Dimension", "DropoutSite", "FfnKind", "IndexerSpec", "LayerCount", "LayerIndex", "LightningSpec",
-           "MLASpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K", "Cluster", "HardwareSpec", "NamedSpec",
+           "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec", "IndexerSpec", "KvSharingSpec", "LayerCount",
+           "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
+           "PerLayerInputSpec", "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec",
            "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat", "PositiveInt",
            "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
@@ -253,6 +264,9 @@ class ModelSpec(NamedSpec):
     mamba2: Mamba2Spec | None = None
     short_conv: ShortConvSpec | None = None
     lightning: LightningSpec | None = None
+    global_attention: GlobalAttentionSpec | None = Field(None, description="the global layers' own widths (Gemma 4)")
+    kv_sharing: KvSharingSpec | None = Field(None, description="the last layers reuse earlier K and V (Gemma 4)")
+    per_layer_input: PerLayerInputSpec | None = Field(None, description="per-layer embeddings (Gemma 4's PLE)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -453,6 +467,12 @@ class ModelSpec(NamedSpec):
     @property
     def v_head_dim(self) -> int:
         return self.mla.v_head_dim if self.mla else self.value_head_dim or self.head_size
+
+    @property
+    def widths_differ(self) -> bool:
+        """Whether layers differ in their widths as Gemma 4's do (``WIDTHS_COUNTED_ONLY``)."""
+        moe_beside = self.moe is not None and self.moe.branch_norms
+        return bool(self.global_attention or self.kv_sharing or self.per_layer_input or moe_beside)
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

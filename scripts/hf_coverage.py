@@ -83,12 +83,8 @@ NEEDS: dict[str, str] = {
     "dots3_note_text": "as dots3_note",
     "gemma3n_text": "Gemma 3n: AltUp's four streams, LAuReL, per-layer embeddings, KV shared across layers, activation "
     "sparsity, a width a layer",
-    "gemma4": "as gemma4_text",
-    "gemma4_text": "Gemma 4: per-layer embeddings, head sizes and KV heads a layer type, KV shared across layers, "
-    "K = V attention, double-wide MLPs, an optional MoE block",
-    "gemma4_unified": "as gemma4_text",
-    "gemma4_unified_assistant": "as gemma4_text",
-    "gemma4_unified_text": "as gemma4_text",
+    "gemma4_unified_assistant": "a drafter for speculative decoding: Gemma 4's text model between projections from "
+    "and to its backbone's width (backbone_hidden_size), every layer attending with the backbone's K and V",
     "git": "GIT: an image-to-text BERT-style decoder over projected image features",
     "hrm_text": "Hierarchical Reasoning Model: high- and low-level modules run for several cycles (weights used more "
     "than once a step)",
@@ -261,6 +257,12 @@ def page(cases: list[Case]) -> str:
               "which estimates that count can feed.", "",
               "| type | what it needs |", "|---|---|"]  # fmt: skip
     lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
+    lines += ["", "## Read for their parameters and FLOPs alone", "",
+              "Gemma 4's text models (`gemma4_text`, `gemma4_unified_text`, and the `gemma4` and `gemma4_unified` "
+              "wrappers' text models) are read exactly: `lmcalc params` and `lmcalc flops` take them (formulas §2.19, "
+              "FLOPs equal to FlopCounterMode's on transformers' own step). Memory, time and serving refuse them in "
+              "one line until they count what Gemma 4's layers keep for backward and cache: K = V's two norms, the "
+              "K and V the sharing layers reuse, the per-layer inputs' gates, a KV cache a layer kind."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -231,6 +231,20 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     # and 4 MLP experts top-2, each with a bias on its summed output
     "jetmoe": ("JetMoeConfig", dict(num_key_value_heads=2, kv_channels=16, num_local_experts=4, num_experts_per_tok=2,
                                     intermediate_size=32)),
+    # Gemma 4: global layers (1 and 3) at heads of 32 with one KV head and K = V, local ones at 16; the last two layers
+    # sharing layers 0's and 1's K and V, with MLPs twice as wide; per-layer inputs of 8 from a table of 128 rows;
+    # an MoE block of 4 experts, top-2, beside each dense MLP
+    "gemma4_text": ("Gemma4TextConfig", dict(head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                                             attention_k_eq_v=True, sliding_window=24, num_kv_shared_layers=2,
+                                             use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+                                             vocab_size_per_layer_input=128, enable_moe_block=True, num_experts=4,
+                                             top_k_experts=2, moe_intermediate_size=32,
+                                             layer_types=["sliding_attention", "full_attention"] * 2)),
+    # Gemma 4's unified text model: no per-layer inputs or MoE; global heads of 32, biases, the last two layers
+    # sharing K and V
+    "gemma4_unified_text": ("Gemma4UnifiedTextConfig", dict(head_dim=16, global_head_dim=32, sliding_window=24,
+                                                            num_kv_shared_layers=2, attention_bias=True,
+                                                            layer_types=["sliding_attention", "full_attention"] * 2)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

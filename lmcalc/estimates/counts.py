@@ -52,7 +52,7 @@ def params(*, model: ModelLike) -> ParamsEstimate | MetaParams:
     """The exact parameter count, tensor group by tensor group. A config.json of a transformers type lmcalc does not
     read yet is counted by transformers on the meta device where it is installed (``hf_meta``), and said so."""
     try:
-        return params_estimate(resolve_model(model, counting=True))
+        return params_estimate(resolve_model(model, counting="params"))
     except UnreadType as unread:
         if not transformers_installed():
             raise
@@ -108,7 +108,7 @@ def flops(
     recompute: str = "none",
 ) -> FlopsEstimate:
     """Training FLOPs: 6·N·D, the detailed matmul count (causal or full attention), and PaLM's convention."""
-    resolved = resolve_model(model)
+    resolved = resolve_model(model, counting="flops")
     spec = resolved.spec
     return flops_estimate(
         resolved,

@@ -11,7 +11,7 @@ import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from lmcalc import presets as pr
 from lmcalc.engine.choices import Attention, Recompute
@@ -29,7 +29,7 @@ from lmcalc.estimates.settings import Bytes, Count, TrainingSettings
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
 from lmcalc.result import Input, Result
-from lmcalc.specs import NO_TOP_K, Cluster, HardwareSpec, ModelSpec
+from lmcalc.specs import NO_TOP_K, WIDTHS_COUNTED_ONLY, Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import GiB, group, parse_bytes, parse_count
 
 DEFAULT_SEQ_CAP = 8192
@@ -71,13 +71,16 @@ class Given:
 # ------------------------------------------------------------------------------------------------- specs
 
 
-def resolve_model(value: ModelLike, counting: bool = False) -> pr.Resolved:
+def resolve_model(value: ModelLike, counting: Literal["", "params", "flops"] = "") -> pr.Resolved:
     """A model preset name, family name, YAML file or HF config.json; or a spec, taken as it is. A model whose
-    top-k is null (DeepSeek-V2's class default) is refused unless only ``counting`` its parameters."""
+    top-k is null (DeepSeek-V2's class default) is refused unless only ``counting`` its parameters; one whose layers
+    differ in their widths as Gemma 4's do, unless counting its parameters or FLOPs."""
     resolved = pr.Resolved(value, "given") if isinstance(value, ModelSpec) else pr.resolve_model(value)
     moe = resolved.spec.moe
-    if not counting and moe and moe.experts_per_token is None:
+    if counting != "params" and moe and moe.experts_per_token is None:
         raise LmcalcError(f"{resolved.spec.name}: {NO_TOP_K}")
+    if not counting and resolved.spec.widths_differ:
+        raise LmcalcError(f"{resolved.spec.name}: {WIDTHS_COUNTED_ONLY}")
     return resolved
 
 

@@ -38,7 +38,7 @@ from lmcalc.engine.finetune.method import (
     linear_modules,
     trained_params,
 )
-from lmcalc.engine.model.flops import attended_keys, napkin_params
+from lmcalc.engine.model.flops import attended_widths, napkin_params
 from lmcalc.engine.model.mixer_flops import mixer_conv_flops, ssm_flops
 from lmcalc.engine.model.params import LOCAL_SYMBOLS, MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
@@ -174,14 +174,14 @@ def method_step_flops(
 ) -> MethodFlops:
     """FLOPs per token of a training step that trains what ``method`` trains (module docstring), in micro-batches
     of ``micro_batch`` sequences (DoRA's per-forward work is shared by a micro-batch's tokens)."""
-    keys, conv = attended_keys(model, seq_len, convention), mixer_conv_flops(model)
+    (qk_width, v_width), conv = attended_widths(model, seq_len, convention), mixer_conv_flops(model)
     step = _MethodStep(
         model,
         method,
         frozenset(m.name for m in adapted_modules(model, method)),
         seq_len * micro_batch,
-        2 * keys * model.num_heads * model.qk_head_dim * model.attention_calls,
-        2 * keys * model.num_heads * model.v_head_dim * model.attention_calls,
+        2 * model.num_heads * qk_width * model.attention_calls,
+        2 * model.num_heads * v_width * model.attention_calls,
         conv,
         ssm_flops(model, seq_len) - conv,
     )

@@ -87,6 +87,22 @@ def attended_keys(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> 
     return ((attending - local) * keys + local * window) / attending
 
 
+def attended_widths(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> tuple[float, float]:
+    """Keys a query is scored against times the width of a query-key product, and of a value, averaged over the
+    attention layers: k̄·d_qk and k̄·d_v, or where the global layers have widths of their own (Gemma 4's d_g), the
+    average of the local layers' k_w·d and the global layers' k·d_g."""
+    keys = attended_keys(spec, seq_len, convention)
+    g = spec.global_attention
+    if g is None:
+        return keys * spec.qk_head_dim, keys * spec.v_head_dim
+    attending, local = spec.attention_layers, spec.local_layers
+    k_w = local_keys(seq_len, spec.sliding_window, spec.local_attention) if spec.sliding_window else 0.0
+    k = effective_keys(seq_len, convention)
+    k_local = k if convention == "full" else k_w
+    width = (local * k_local * spec.head_size + (attending - local) * k * g.head_dim) / attending
+    return width, width
+
+
 @dataclass(frozen=True)
 class ModelPart:
     """The part of a model one pipeline stage computes (``sharding.stage_part``): the share of each weight
@@ -117,15 +133,16 @@ def forward_flops_per_token(
             indexer += used
         else:
             mlp += used
-    keys = attended_keys(spec, seq_len, convention)  # a stage's layers are taken at the model's average
+    # a stage's layers are taken at the model's average
+    qk_width, v_width = attended_widths(spec, seq_len, convention)
     L, H = spec.num_layers if part is None else part.layers, spec.num_heads
     # a hybrid's stage: its layers taken at the model's mix; differential attention runs the core twice
     attending = L * spec.attention_share * spec.attention_calls
     return ForwardFlops(
         projections=projections,
         mlp=mlp,
-        attention_scores=2 * attending * keys * H * spec.qk_head_dim,
-        attention_values=2 * attending * keys * H * spec.v_head_dim,
+        attention_scores=2 * attending * H * qk_width,
+        attention_values=2 * attending * H * v_width,
         logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
         ssm=L * spec.other_mixer_share * ssm_flops(spec, seq_len),
         indexer=indexer + L * spec.indexer_layers / spec.num_layers * indexer_scores(spec, seq_len, convention),
@@ -285,7 +302,6 @@ def _keys_text(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> _Ke
 def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: AttnConvention) -> tuple[Term, ...]:
     """One forward pass per token, matmul by matmul: the projections, the MLP, the attention core, the logits."""
     keys = _keys_text(spec, seq_len, convention)
-    L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
     return (
         Term(
             "projections",
@@ -303,23 +319,7 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             "2 · Σ FFN weight elements a token uses" + (" (k routed + shared + router)" if spec.moe else ""),
             f"2 × {group(fwd.mlp / 2)}",
         ),
-        Term(
-            "attention_scores",
-            f"Attention scores QKᵀ (fwd, per token, {convention})",
-            fwd.attention_scores,
-            "FLOPs",
-            f"2 · L · {keys.symbol} · H · d_qk",
-            f"2 × {L} × {keys.text} × {H} × {dqk}",
-            note=keys.note,
-        ),
-        Term(
-            "attention_values",
-            f"Attention values AV (fwd, per token, {convention})",
-            fwd.attention_values,
-            "FLOPs",
-            f"2 · L · {keys.symbol} · H · d_v",
-            f"2 × {L} × {keys.text} × {H} × {dv}",
-        ),
+        *_attention_terms(spec, fwd, keys, convention),
         *_mixer_terms(spec, fwd, seq_len, convention),
         Term(
             "logits",
@@ -331,6 +331,26 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
         ),
         Term("forward_per_token", "Forward per token", fwd.total, "FLOPs", "sum of the rows above"),
     )
+
+
+def _attention_terms(spec: ModelSpec, fwd: ForwardFlops, keys: _Keys, convention: AttnConvention) -> tuple[Term, ...]:
+    """QKᵀ and AV: 2 · L · k̄ · H · d each, or where the global layers have a head size of their own (Gemma 4), the
+    local layers' keys k_w at d and the global layers' k at d_g, averaged over the A attention layers."""
+    L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
+    names = (("attention_scores", "Attention scores QKᵀ", "d_qk", dqk), ("attention_values", "Attention values AV",
+                                                                            "d_v", dv))  # fmt: skip
+    terms = []
+    for (name, label, d_sym, d), value in zip(names, (fwd.attention_scores, fwd.attention_values), strict=True):
+        formula, numbers = f"2 · L · {keys.symbol} · H · {d_sym}", f"2 × {L} × {keys.text} × {H} × {d}"
+        g = spec.global_attention
+        if g is not None:
+            local, A = spec.local_layers, spec.attention_layers
+            formula = "2 · L · H · (A_local·k_w·d + A_global·k·d_g)/A"
+            numbers = f"2 × {L} × {H} × ({local}·k_w·{spec.head_size} + {A - local}·k·{g.head_dim})/{A}"
+        note = keys.note if name == "attention_scores" else ""
+        terms.append(Term(name, f"{label} (fwd, per token, {convention})", value, "FLOPs", formula, numbers,
+                          note=note))  # fmt: skip
+    return tuple(terms)
 
 
 def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: AttnConvention) -> tuple[Term, ...]:
@@ -410,13 +430,22 @@ def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tup
 
 def palm_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     """Chowdhery et al. 2022 (PaLM) Appendix B, as nanoGPT's ``estimate_mfu`` computes it: 6N + 12·L·H·Q·T."""
-    return 6 * napkin_params(spec) + 12 * spec.num_layers * spec.num_heads * spec.qk_head_dim * seq_len
+    return 6 * napkin_params(spec) + 12 * spec.num_layers * spec.num_heads * _palm_q(spec) * seq_len
+
+
+def _palm_q(spec: ModelSpec) -> float:
+    """PaLM's Q, a head's width: the attention layers' mean where the global ones have their own (Gemma 4)."""
+    g = spec.global_attention
+    if g is None:
+        return spec.qk_head_dim
+    local = spec.local_layers
+    return (local * spec.head_size + (spec.attention_layers - local) * g.head_dim) / spec.attention_layers
 
 
 def palm_section(spec: ModelSpec, tokens: float, seq_len: int) -> Section:
     n = napkin_params(spec)
     per_token = palm_flops_per_token(spec, seq_len)
-    L, H, Q = spec.num_layers, spec.num_heads, spec.qk_head_dim
+    L, H, Q = spec.num_layers, spec.num_heads, f"{_palm_q(spec):g}"
     return Section(
         "palm",
         "PaLM / nanoGPT convention (6N + 12·L·H·Q·T)",

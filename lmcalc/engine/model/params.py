@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
+from lmcalc.engine.model.width_params import WIDTH_SYMBOLS, branch_norms, per_layer_input, widths_attention, widths_mlp
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
@@ -27,16 +28,20 @@ and its other mixer's (Mamba's, Gated DeltaNet's, Mamba-2's and LFM2's short con
 LOCAL_SYMBOLS = ("L_global", "L_local")
 """The count symbols of attention tensors that differ between the global and the local (sliding-window) layers: the
 K and V projections where the local layers have key-value heads of their own, the sinks where only they have them."""
-AVERAGED_SYMBOLS = ("L", "(L−1)", "L_mix", "L_ffn", "L_I", *MIXER_SYMBOLS, *LOCAL_SYMBOLS)
+AVERAGED_SYMBOLS = ("L", "(L−1)", "L_mix", "L_ffn", "L_I", *MIXER_SYMBOLS, *LOCAL_SYMBOLS, *WIDTH_SYMBOLS)
 """The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L), the layers with
-an indexer of their own (L_I), a hybrid's mixers', the global or the local layers' attention tensors, and the norm
-before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone."""
+an indexer of their own (L_I), a hybrid's mixers', the global or the local layers' attention tensors, the norm
+before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone, and Gemma 4's layers of other
+widths (``width_params``)."""
 GROUPS = (
-    "embedding", "position", "attention", "indexer", "ssm", "norm", "mlp", "router", "experts", "shared_experts",
+    "embedding", "per_layer_embedding", "position", "per_layer_input", "attention", "indexer", "ssm", "norm", "mlp",
+    "router", "experts", "shared_experts",
     "head_transform", "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
+    "per_layer_embedding": "Per-layer embeddings (PLE table)",
+    "per_layer_input": "Per-layer inputs (PLE projections)",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
     "indexer": "Sparse-attention indexer",
@@ -212,21 +217,27 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors.append(tensor("pos_embed.weight", Site("position", 1, "1"), (rows, h), False))
     if spec.embedding_norm:
         tensors += norm("embed_norm", Site("norm", 1, "1"), h, spec)
-    if spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
+    tensors += per_layer_input(spec)
+    if spec.global_attention or spec.kv_sharing:  # Gemma 4: each kind's attention at its own widths
+        tensors += widths_attention(spec)
+    elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
     tensors += mixer_tensors(spec)
     tensors += _layer_norms(spec, h)
     moe = spec.moe
     if moe is None and spec.ffn_layers:
-        dense = Site("mlp", L, "L") if spec.ffn_layers == L else Site("mlp", spec.ffn_layers, "L_dense")
-        tensors += _ffn("mlp", dense, spec, Dim(spec.ffn_size, "f"))
+        if spec.ffn_layers < L:
+            tensors += _ffn("mlp", Site("mlp", spec.ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
+        every = widths_mlp(spec, Dim(spec.ffn_size, "f"), Site("mlp", L, "L")) if spec.ffn_layers == L else ()
+        for dense, width in every:  # Gemma 4's sharing layers' at 2·f
+            tensors += _ffn("mlp", dense, spec, width)
     elif moe is not None:
         n_moe, f_e = spec.moe_layers, Dim(moe.expert_ffn_size, "f_e")
         if spec.dense_ffn_layers:
             tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
         router = Site("router", n_moe, "L_moe")
         scored = Dim(moe.router_outputs, "(E+Z)") if moe.zero_experts else Dim(moe.num_experts, "E")
-        tensors += linear("router", router, scored, h, moe.router_bias)
+        tensors += linear("router", router, scored, h, moe.router_bias) + branch_norms(spec)
         # null: unknown, and count_params says no active count; a zero-computation expert computes nothing
         k = moe.computed_k if moe.experts_per_token else None
         routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * k if k else None)
@@ -234,7 +245,8 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         if moe.shared_experts:
             shared = Site("shared_experts", n_moe * moe.shared_experts, "L_moe·E_shared")
             f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
-            tensors += _ffn("shared_experts", shared, spec, f_s)
+            for site, width in widths_mlp(spec, f_s, shared):  # Gemma 4's: the dense MLP, 2·f_s where K, V shared
+                tensors += _ffn("shared_experts", site, spec, width)
             if moe.shared_expert_gate:  # sigmoid(x·w) scales the shared experts' output (Qwen2-MoE)
                 tensors += linear("shared_expert_gate", Site("shared_experts", n_moe, "L_moe"), Dim(1, "1"), h, False)
         if moe.output_bias:  # JetMoE: a bias on the experts' summed output
@@ -300,7 +312,7 @@ def count_params(spec: ModelSpec) -> ParamCount:
     total = sum(by_group.values())
     unknown = spec.moe is not None and spec.moe.experts_per_token is None
     active = None if unknown else round(sum(t.active_total for t in tensors))
-    embedding = by_group.get("embedding", 0) + by_group.get("position", 0)
+    embedding = sum(by_group.get(g, 0) for g in ("embedding", "per_layer_embedding", "position"))
     return ParamCount(by_group=by_group, total=total, active=active, embedding=embedding)
 
 
@@ -396,7 +408,7 @@ def params_section(spec: ModelSpec) -> Section:
             "Non-embedding parameters",
             counts.non_embedding,
             "params",
-            "total − token and position embeddings",
+            f"total − token{', per-layer' if spec.per_layer_input else ''} and position embeddings",
             f"{group(counts.total)} − {group(counts.embedding)}",
             note="the N of Kaplan et al. 2020; the output head counts when untied",
         )

@@ -1,0 +1,85 @@
+"""Reading Gemma 4's text models (``gemma4_text``, ``gemma4_unified_text``) as transformers 5.24's Gemma4TextConfig
+reads them: the global layers' head size and key-value heads (``per_layer_config``, or the ``global_head_dim`` and
+``num_global_key_value_heads`` its ``__post_init__`` turns into one), K = V, the last layers sharing K and V with
+double-wide MLPs, per-layer embeddings and the MoE block beside the dense MLP (``engine.model.width_params``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcalc.errors import LmcalcError, token
+from lmcalc.hf_fields import get as _get
+
+GEMMA4 = ("gemma4_text", "gemma4_unified_text")
+GLOBAL_HEAD_DIM = 512  # Gemma4TextConfig.__post_init__: kwargs.pop("global_head_dim", 512)
+LAYER_FIELDS = ("head_dim", "num_key_value_heads")
+"""What a per_layer_config entry may override for lmcalc to read it."""
+
+
+def _global_widths(config: dict[str, Any], layer_types: list[str], origin: str) -> dict[str, Any]:
+    """The global layers' head size and KV heads: from ``per_layer_config`` (as a saved config writes it), alike in
+    every full-attention layer and absent from the others; else ``global_head_dim`` (512) and, with K = V only,
+    ``num_global_key_value_heads``, as the class's ``__post_init__`` builds that mapping."""
+    k_eq_v = bool(config.get("attention_k_eq_v"))
+    overrides = config.get("per_layer_config")
+    if overrides is None:
+        kv = config.get("num_global_key_value_heads") if k_eq_v else None
+        return {"head_dim": config.get("global_head_dim", GLOBAL_HEAD_DIM), "kv_heads": kv, "k_eq_v": k_eq_v}
+    if not isinstance(overrides, dict):
+        raise LmcalcError(f"{origin}: config.json per_layer_config must be an object, not {token(overrides)}")
+    full = {i for i, t in enumerate(layer_types) if t == "full_attention"}
+    try:  # saved with the layer as text, padded ('05')
+        entries = {int(k): v for k, v in overrides.items()}
+    except (TypeError, ValueError):
+        raise LmcalcError(f"{origin}: config.json per_layer_config's keys must be layer numbers") from None
+    distinct = {repr(sorted(v.items())) if isinstance(v, dict) else repr(v) for v in entries.values()}
+    if set(entries) != full or len(distinct) != 1:
+        raise LmcalcError(
+            f"{origin}: config.json per_layer_config must give every full-attention layer ({len(full)}) the same "
+            "head_dim and num_key_value_heads and no other layer any: lmcalc reads Gemma 4's two layer kinds"
+        )
+    entry = next(iter(entries.values()))
+    if not isinstance(entry, dict) or set(entry) - set(LAYER_FIELDS):
+        raise LmcalcError(
+            f"{origin}: config.json per_layer_config may set {' and '.join(LAYER_FIELDS)} only, not {token(entry)}"
+        )
+    head_dim = entry.get("head_dim", _get(config, origin, "head_dim"))
+    return {"head_dim": head_dim, "kv_heads": entry.get("num_key_value_heads"), "k_eq_v": k_eq_v}
+
+
+def gemma4(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4's fields beside a Gemma 3-like reading (sandwich norms, per-head QK norms, sliding windows)."""
+    if config.get("use_bidirectional_attention") == "all":
+        raise LmcalcError(f"{origin}: config.json use_bidirectional_attention 'all' (no causal mask) is not modelled")
+    layers = fields["num_layers"]
+    types = config.get("layer_types") or []
+    fields = {**fields, "global_attention": _global_widths(config, types, origin)}
+    shared = config.get("num_kv_shared_layers") or 0
+    if shared:
+        fields["kv_sharing"] = {"layers": shared, "double_wide_mlp": bool(config.get("use_double_wide_mlp"))}
+    width = config.get("hidden_size_per_layer_input")
+    if width:  # Gemma4TextConfig's default 256; Gemma4UnifiedTextConfig has none
+        fields["per_layer_input"] = {"width": width, "vocab": _get(config, origin, "vocab_size_per_layer_input")}
+    fields.pop("moe", None)  # num_experts alone builds nothing: enable_moe_block does
+    if config.get("enable_moe_block"):
+        fields["moe"] = {
+            "num_experts": _get(config, origin, "num_experts"),
+            "experts_per_token": _get(config, origin, "top_k_experts"),
+            "expert_ffn_size": _get(config, origin, "moe_intermediate_size"),
+            "shared_experts": 1,  # the dense MLP, beside the experts in every layer
+            "shared_expert_ffn_size": fields["ffn_size"],
+            "branch_norms": True,
+        }
+    if layers and types and len(types) != layers:
+        raise LmcalcError(f"{origin}: config.json layer_types has {len(types)} entries for {layers} layers")
+    return fields
+
+
+def gemma4_layer_types(config: dict[str, Any], layers: int) -> list[str]:
+    """Gemma4TextConfig's layer_types: config.json's, else every sixth layer full; the last forced full either way."""
+    types = list(config.get("layer_types") or [])
+    if not types:
+        types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
+    if types:
+        types[-1] = "full_attention"
+    return types

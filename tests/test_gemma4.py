@@ -1,0 +1,145 @@
+"""Gemma 4's text models (gemma4_text, gemma4_unified_text): the parameter and FLOP counts by hand, how a config.json
+is read, and what lmcalc refuses. transformers' own counts are tests/test_hf_types.py's and test_validate_hf.py's
+(tiny configs in tests/hf_tiny.py); these derive the same figures from the modules' shapes
+(transformers 5.24 modeling_gemma4.py: Gemma4TextAttention, Gemma4TextMLP, Gemma4TextDecoderLayer,
+Gemma4TextModel, Gemma4TextRouter)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmcalc import api
+from lmcalc.engine.model.flops import attended_widths, forward_flops_per_token, local_keys
+from lmcalc.engine.model.params import count_params
+from lmcalc.errors import LmcalcError
+from lmcalc.hf_config import model_from_hf_config
+from lmcalc.hf_meta import UnreadType
+from lmcalc.specs import WIDTHS_COUNTED_ONLY, ModelSpec
+
+V, h, H, H_KV, d, f, L = 512, 64, 4, 2, 16, 96, 4
+"""A tiny Gemma 4: layers 1 and 3 global (full attention), 0 and 2 local (a window of 24)."""
+BASE = {
+    "model_type": "gemma4_text", "vocab_size": V, "hidden_size": h, "num_attention_heads": H,
+    "num_key_value_heads": H_KV, "head_dim": d, "intermediate_size": f, "num_hidden_layers": L,
+    "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "hidden_size_per_layer_input": 0, "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+def spec_of(**fields: object) -> ModelSpec:
+    config = {**BASE, **fields}
+    return ModelSpec.model_validate(model_from_hf_config(config, "g4", "gemma 4 config"))
+
+
+def attention(d_: int, kv: int, own_k: bool, own_v: bool) -> int:
+    """One layer's: q (h → H·d), k and v (h → H_kv·d) where it makes its own, o (H·d → h), the per-head norms on Q
+    and, where it makes K, on K (d each); V's norm has no weight."""
+    return h * H * d_ + own_k * (h * kv * d_ + d_) + own_v * h * kv * d_ + H * d_ * h + d_
+
+
+def test_global_layers_at_their_own_widths_with_k_equal_to_v():
+    # global_head_dim 32, one global KV head, K = V: a global layer has no v_proj
+    spec = spec_of(global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True)
+    layers = 2 * attention(d, H_KV, True, True) + 2 * attention(32, 1, True, False)
+    norms = L * 4 * h + h  # sandwich norms, and the final one
+    mlp = L * 3 * h * f
+    assert count_params(spec).total == V * h + layers + norms + mlp
+
+
+def test_global_kv_heads_apply_only_with_k_equal_to_v():
+    # Gemma4TextConfig.__post_init__ takes num_global_key_value_heads into per_layer_config only with K = V
+    spec = spec_of(global_head_dim=32, num_global_key_value_heads=1)
+    assert spec.global_attention is not None and spec.global_attention.kv_heads is None
+
+
+def test_the_last_layers_share_k_and_v_and_widen_their_mlps():
+    # the last two layers (a local and a global one) reuse layers 0's and 1's K and V: only q, o and q's norm; their
+    # MLPs are 2·f wide
+    spec = spec_of(global_head_dim=32, num_kv_shared_layers=2, use_double_wide_mlp=True)
+    own = attention(d, H_KV, True, True) + attention(32, H_KV, True, True)
+    shared = attention(d, H_KV, False, False) + attention(32, H_KV, False, False)
+    mlp = 2 * 3 * h * f + 2 * 3 * h * 2 * f
+    assert count_params(spec).total == V * h + own + shared + L * 4 * h + h + mlp
+
+
+def test_per_layer_embeddings_by_hand():
+    # the table V_p × L·d_p, h → L·d_p and its norm (d_p) once; a gate h → d_p, a projection d_p → h and a norm (h)
+    # in each layer. The table is an embedding: not in the non-embedding count
+    plain, ple = spec_of(global_head_dim=d), spec_of(global_head_dim=d, hidden_size_per_layer_input=8,
+                                                     vocab_size_per_layer_input=128)  # fmt: skip
+    table = 128 * L * 8
+    added = table + h * L * 8 + 8 + L * (h * 8 + 8 * h + h)
+    assert count_params(ple).total - count_params(plain).total == added
+    assert count_params(ple).non_embedding - count_params(plain).non_embedding == added - table
+
+
+def test_the_moe_block_beside_the_dense_mlp_by_hand():
+    # router: proj E × h, scale h, per_expert_scale E; experts: gate_up E × 2f_e × h, down E × h × f_e; three norms
+    spec = spec_of(global_head_dim=d, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+    plain = spec_of(global_head_dim=d)
+    per_layer = 4 * h + h + 4 + 4 * 3 * h * 32 + 3 * h
+    counts = count_params(spec)
+    assert counts.total - count_params(plain).total == L * per_layer
+    assert counts.total - (counts.active or 0) == L * 2 * 3 * h * 32  # two of the four experts unused by a token
+
+
+def test_a_saved_config_and_a_hub_config_read_alike():
+    # transformers writes per_layer_config ({"01": {...}}); a released config.json gives global_head_dim
+    wide = {"head_dim": 32, "num_key_value_heads": 1}
+    saved = spec_of(per_layer_config={"01": wide, "03": wide}, attention_k_eq_v=True)
+    hub = spec_of(global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True)
+    assert saved.global_attention == hub.global_attention
+    assert count_params(saved).total == count_params(hub).total
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"per_layer_config": {"01": {"head_dim": 32}}}, "every full-attention layer"),
+        ({"per_layer_config": {"01": {"head_dim": 32}, "03": {"head_dim": 48}}}, "the same head_dim"),
+        ({"per_layer_config": {"01": {"sliding_window": 8}, "03": {"sliding_window": 8}}}, "head_dim and num_key"),
+        ({"use_bidirectional_attention": "all"}, "no causal mask"),
+        ({"layer_types": ["full_attention", "sliding_attention"] * 2, "num_kv_shared_layers": 3},
+         "no earlier layer to share from"),
+    ],
+)  # fmt: skip
+def test_what_lmcalc_cannot_read_is_refused_in_one_line(fields: dict, message: str):
+    with pytest.raises((LmcalcError, ValueError), match=message):
+        spec_of(**fields)
+
+
+def test_the_last_layer_is_global_whatever_layer_types_says():
+    # Gemma4TextConfig.__post_init__ forces it, with a warning
+    spec = spec_of(global_head_dim=32, layer_types=["sliding_attention"] * 4)
+    assert spec.local_layers == 3 and spec.attention_layers == 4
+
+
+def test_attention_flops_at_each_kinds_widths_by_hand():
+    # causal: a local layer's query sees its window's keys, k_w, at d; a global one's (s+1)/2 at d_g
+    s, w = 64, 24
+    spec = spec_of(global_head_dim=32)
+    k_w = (w * (w + 1) / 2 + (s - w) * w) / s
+    assert local_keys(s, w, "sliding") == k_w
+    expected = 2 * H * (2 * k_w * d + 2 * (s + 1) / 2 * 32)  # over the four layers
+    assert forward_flops_per_token(spec, s).attention_scores == pytest.approx(expected, rel=1e-12)
+    assert attended_widths(spec, s, "full") == (s * (2 * d + 2 * 32) / 4,) * 2  # full: every key of every layer
+
+
+def test_params_and_flops_work_and_the_other_estimates_are_refused(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**BASE, "global_head_dim": 32}))
+    assert api.params(model=str(path)).total > 0
+    assert api.flops(model=str(path), tokens=1e9, seq=64).model_flops > 0
+    for estimate, more in ((api.memory, {}), (api.train_time, {}), (api.inference, {}), (api.plan, {"gpus": "8xH100"})):
+        with pytest.raises(LmcalcError, match="counted by lmcalc params and lmcalc flops alone") as refused:
+            estimate(model=str(path), **more)
+        assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_gemma4_drafters_are_refused_as_unread():
+    # Gemma4UnifiedAssistantForCausalLM: the text model between projections of its own, not the text model alone
+    config = {"model_type": "gemma4_unified_assistant", "text_config": {**BASE, "model_type": "gemma4_unified_text"}}
+    with pytest.raises(UnreadType, match="gemma4_unified_assistant"):
+        model_from_hf_config(config, "drafter", "drafter config")
