@@ -29,8 +29,9 @@ NO_TOP_K = (
 
 WIDTHS_COUNTED_ONLY = (
     "Gemma 4's layers of other widths (the global layers' own head size or K = V, K and V shared across layers, "
-    "per-layer embeddings, the MoE block beside the dense MLP) are counted by lmcalc params and lmcalc flops alone: "
-    "lmcalc's memory, time and serving estimates do not take them yet (docs/hf-types.md)"
+    "per-layer embeddings, the MoE block beside the dense MLP) are counted by lmcalc params, lmcalc flops and the "
+    "serving memory (memory --inference) alone: lmcalc's training memory and time do not take them yet "
+    "(docs/hf-types.md)"
 )
 
 

@@ -257,12 +257,13 @@ def page(cases: list[Case]) -> str:
               "which estimates that count can feed.", "",
               "| type | what it needs |", "|---|---|"]  # fmt: skip
     lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
-    lines += ["", "## Read for their parameters and FLOPs alone", "",
+    lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
               "Gemma 4's text models (`gemma4_text`, `gemma4_unified_text`, and the `gemma4` and `gemma4_unified` "
-              "wrappers' text models) are read exactly: `lmcalc params` and `lmcalc flops` take them (formulas §2.19, "
-              "FLOPs equal to FlopCounterMode's on transformers' own step). Memory, time and serving refuse them in "
-              "one line until they count what Gemma 4's layers keep for backward and cache: K = V's two norms, the "
-              "K and V the sharing layers reuse, the per-layer inputs' gates, a KV cache a layer kind."]  # fmt: skip
+              "wrappers' text models) are read exactly: `lmcalc params`, `lmcalc flops` and `lmcalc memory "
+              "--inference` take them (formulas §2.19 and §11: FLOPs equal to FlopCounterMode's on transformers' "
+              "own step, the KV cache to what transformers keeps). Training memory and time refuse them in one line "
+              "until they count what Gemma 4's layers keep for backward (K = V's two norms, the K and V the sharing "
+              "layers reuse, the per-layer inputs' gates) and its kernels at two head sizes."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -127,13 +127,14 @@ def test_attention_flops_at_each_kinds_widths_by_hand():
     assert attended_widths(spec, s, "full") == (s * (2 * d + 2 * 32) / 4,) * 2  # full: every key of every layer
 
 
-def test_params_and_flops_work_and_the_other_estimates_are_refused(tmp_path):
+def test_params_flops_and_serving_work_and_training_estimates_are_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**BASE, "global_head_dim": 32}))
     assert api.params(model=str(path)).total > 0
     assert api.flops(model=str(path), tokens=1e9, seq=64).model_flops > 0
-    for estimate, more in ((api.memory, {}), (api.train_time, {}), (api.inference, {}), (api.plan, {"gpus": "8xH100"})):
-        with pytest.raises(LmcalcError, match="counted by lmcalc params and lmcalc flops alone") as refused:
+    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
+    for estimate, more in ((api.memory, {}), (api.train_time, {}), (api.plan, {"gpus": "8xH100"})):
+        with pytest.raises(LmcalcError, match="training memory and time do not take them yet") as refused:
             estimate(model=str(path), **more)
         assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)
 
@@ -143,3 +144,45 @@ def test_gemma4_drafters_are_refused_as_unread():
     config = {"model_type": "gemma4_unified_assistant", "text_config": {**BASE, "model_type": "gemma4_unified_text"}}
     with pytest.raises(UnreadType, match="gemma4_unified_assistant"):
         model_from_hf_config(config, "drafter", "drafter config")
+
+
+def test_kv_cache_by_hand():
+    # a global layer caches K and V (K = V caches both: K normed and rotated, V normed apart) for its one KV head of
+    # 32, a local one its window of two heads of 16; the last two layers share and cache nothing. 2 bytes an element
+    from lmcalc.engine.inference.serving import Serving, inference_memory
+
+    spec = spec_of(global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2)
+    seq, w = 50, 24
+    memory = inference_memory(Serving(spec, context=seq, batch=3), 80e9)
+    per_sequence = seq * 2 * 1 * 32 * 2 + min(w, seq) * 2 * H_KV * d * 2
+    assert memory.layers == 2 and memory.local_layers == 1
+    assert memory.kv_cache == pytest.approx(3 * per_sequence, rel=1e-12)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["gemma4_text", "gemma4_unified_text"])
+def test_kv_cache_keeps_what_transformers_keeps(kind: str):
+    """transformers' cache after a prompt of s tokens: s tokens in a global layer, the last w − 1 in a local one, none
+    in a sharing layer (a DummyLayer); lmcalc counts the w a local layer's next token attends to, so one token more
+    in each local layer that caches."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    from hf_tiny import tiny_config
+
+    from lmcalc.engine.inference.serving import Serving, inference_memory
+
+    config = tiny_config(kind)
+    spec = ModelSpec.model_validate(model_from_hf_config(config, kind, kind))
+    seq = 50
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).eval()
+        with torch.no_grad():  # token ids within the per-layer table's 128 rows
+            cache = model(torch.randint(3, 120, (1, seq)), use_cache=True).past_key_values
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
+    kept = sum(t.numel() * t.element_size() for t in tensors)
+    memory = inference_memory(Serving(spec, context=seq, kv_dtype="fp32"), 80e9)
+    one_local_token = 2 * spec.kv_heads * spec.head_size * 4
+    assert memory.kv_cache == kept + memory.local_layers * one_local_token

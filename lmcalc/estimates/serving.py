@@ -131,7 +131,7 @@ def inference(
     activations)."""
     accept(settings, ServingSettings, "inference")
     given = with_defaults(settings, ServingSettings)
-    resolved = resolve_model(model)
+    resolved = resolve_model(model, counting="serving")
     spec, note = resolved.spec, resolved.note
     cluster = cluster_of(gpus)
     batch = positive_int(given["batch"], "batch")

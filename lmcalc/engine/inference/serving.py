@@ -70,7 +70,11 @@ def serving_dtype_bytes(name: str, what: str) -> float:
 def kv_elements_per_token_per_layer(spec: ModelSpec) -> float:
     """Cache elements one token leaves in one attention layer: H_kv·(d_k + d_v), or d_c + d_rope for MLA, with a
     sparse-attention indexer's key, d_I, in the layers that run one (DeepSeek-V3.2 §2.1: the indexer scores every
-    cached key), averaged over the layers."""
+    cached key), averaged over the layers; where the global layers have widths of their own (Gemma 4), a global
+    layer's 2·H_kv,g·d_g (K = V caches both: K is normed with a weight and rotated, V normed without one)."""
+    g = spec.global_attention
+    if g is not None:
+        return (g.kv_heads or spec.kv_heads) * 2 * g.head_dim
     if spec.mla:
         indexer_keys = spec.indexer.head_dim * spec.indexer_layers / spec.num_layers if spec.indexer else 0
         return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim + indexer_keys
@@ -87,7 +91,15 @@ def kv_heads_per_gpu(spec: ModelSpec, tp: int, heads: int | None = None) -> int:
 
 def local_cache_weight(spec: ModelSpec, tp: int | None = None) -> Fraction:
     """A local layer's cache per token as a share of a global layer's: H_kv,local / H_kv where the local layers have
-    KV heads of their own (MiMo-V2-Flash: 2), else 1; with ``tp``, on one GPU of TP (each at least one head)."""
+    KV heads of their own (MiMo-V2-Flash: 2), H_kv·d / (H_kv,g·d_g) where the global ones have widths of their own
+    (Gemma 4), else 1; with ``tp``, on one GPU of TP (each at least one head)."""
+    g = spec.global_attention
+    if g is not None:
+        global_heads = g.kv_heads or spec.kv_heads
+        if tp is None:
+            return Fraction(spec.kv_heads * spec.head_size, global_heads * g.head_dim)
+        local_gpu, global_gpu = kv_heads_per_gpu(spec, tp), kv_heads_per_gpu(spec, tp, global_heads)
+        return Fraction(local_gpu * spec.head_size, global_gpu * g.head_dim)
     if not spec.local_kv_heads:
         return Fraction(1)
     if tp is None:
@@ -98,6 +110,9 @@ def local_cache_weight(spec: ModelSpec, tp: int | None = None) -> Fraction:
 def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> float:
     """What one GPU of ``tp`` caches per token and layer: its KV heads, or the whole MLA latent."""
     heads = kv_heads_per_gpu(spec, tp)
+    g = spec.global_attention
+    if g is not None:  # a global layer's (Gemma 4): its own KV heads of d_g
+        return kv_heads_per_gpu(spec, tp, g.kv_heads or spec.kv_heads) * 2 * g.head_dim
     if spec.mla:
         return kv_elements_per_token_per_layer(spec)
     return heads * (spec.qk_head_dim + spec.v_head_dim)
@@ -242,13 +257,13 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
         quant_scales=quant_scale_bytes(spec, serving.weights_dtype, serving.quant_group_size),
         kv_per_token_per_layer=kv_elements_per_token_per_layer(spec) * kv_bytes,
         kv_per_token_per_layer_per_gpu=kv_elements_per_token_per_layer_per_gpu(spec, tp) * kv_bytes,
-        layers=spec.attention_layers,
+        layers=cache_layers(spec, local=None),
         batch=serving.batch,
         context=serving.context,
         tp=tp,
         overhead=overhead_bytes,
         capacity=capacity_bytes,
-        local_layers=spec.local_layers,
+        local_layers=cache_layers(spec, local=True),
         window=spec.sliding_window,
         max_seq_len=spec.max_seq_len,
         state_per_sequence=state_bytes(spec, kv_bytes),
@@ -262,6 +277,15 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
             f"short by {-memory.cache_budget / GB:.2f} GB; try a larger TP or a smaller weights dtype"
         )
     return memory
+
+
+def cache_layers(spec: ModelSpec, local: bool | None) -> int:
+    """The attention layers that keep a cache (all of them, or the ``local`` ones; None: both kinds): all but those
+    that attend with an earlier layer's K and V (Gemma 4's last ``kv_sharing.layers``), which cache nothing."""
+    first_shared = spec.num_layers - (spec.kv_sharing.layers if spec.kv_sharing else 0)
+    return sum(
+        spec.is_attention_layer(i) and (local is None or spec.is_local_layer(i) == local) for i in range(first_shared)
+    )
 
 
 def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:

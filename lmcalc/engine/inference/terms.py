@@ -91,12 +91,20 @@ def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[st
     if spec.mla:
         m = spec.mla
         return "(d_c + d_rope) · bytes", f"({m.kv_lora_rank} + {m.qk_rope_head_dim}) × {kv_bytes:g} B"
+    if spec.global_attention:  # a global layer's, at its own widths (Gemma 4): ``heads`` its KV heads
+        return "2 · H_kv,g · d_g · bytes", f"2 × {heads} × {spec.global_attention.head_dim} × {kv_bytes:g} B"
     if spec.qk_head_dim == spec.v_head_dim:
         return "2 · H_kv · d · bytes", f"2 × {heads} × {spec.head_size} × {kv_bytes:g} B"
     return "H_kv · (d_k + d_v) · bytes", f"{heads} × ({spec.qk_head_dim} + {spec.v_head_dim}) × {kv_bytes:g} B"
 
 
 def _attention_kind(spec: ModelSpec) -> str:
+    g = spec.global_attention
+    if g is not None:
+        kv = g.kv_heads or spec.kv_heads
+        both = ", K = V: both cached, K normed with a weight and rotated, V normed without one" if g.k_eq_v else ""
+        return (f"a global layer's K and V: {kv} KV heads of {g.head_dim}{both}; a local layer's {spec.kv_heads} of "
+                f"{spec.head_size}")  # fmt: skip
     if spec.mla and spec.indexer:
         return "MLA with DeepSeek sparse attention: the KV latent, the shared RoPE key and the indexer's key"
     if spec.mla:
@@ -135,7 +143,7 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
 
 def _kv_per_token_terms(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str, kv_bytes: float) -> tuple[Term, Term]:
     """The cache of one token: in one layer, then in all the layers that keep one."""
-    formula, numbers = _per_layer_formula(spec, kv_bytes, spec.kv_heads)
+    formula, numbers = _per_layer_formula(spec, kv_bytes, _global_kv_heads(spec))
     return (
         Term(
             "per_token_per_layer",
@@ -185,7 +193,8 @@ def _kv_batch_terms(memory: InferenceMemory) -> tuple[Term, Term]:
 def _kv_per_token_per_gpu_term(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> Term:
     """Under TP, one token's cache on one GPU: its share of the KV heads (one at least), or MLA's whole latent."""
     L, tp = memory.layers, memory.tp
-    heads = kv_heads_per_gpu(spec, tp)
+    kv = _global_kv_heads(spec)
+    heads = kv_heads_per_gpu(spec, tp, kv)
     if spec.mla:
         formula, numbers = _per_layer_formula(spec, kv_bytes, spec.kv_heads)
         gpu_formula, gpu_numbers = "L · " + formula, f"{L} × {numbers}"
@@ -195,9 +204,9 @@ def _kv_per_token_per_gpu_term(spec: ModelSpec, memory: InferenceMemory, kv_byte
         gpu_formula = "L · " + layer_formula.replace("H_kv", "max(1, H_kv/TP)")
         gpu_numbers = f"{L} × {layer_numbers}"
         gpu_note = (
-            f"the {spec.kv_heads} KV heads are replicated over TP={tp}: one per GPU"
-            if spec.kv_heads < tp
-            else f"{spec.kv_heads} KV heads split over TP={tp}"
+            f"the {kv} KV heads are replicated over TP={tp}: one per GPU"
+            if kv < tp
+            else f"{kv} KV heads split over TP={tp}"
         )
     return Term(
         "per_token_per_gpu",
@@ -234,7 +243,16 @@ def _all_local_note(memory: InferenceMemory) -> str:
     return "every layer keeps only its window: the cache stops growing there, and the trained context bounds it"
 
 
+def _global_kv_heads(spec: ModelSpec) -> int:
+    """A global layer's KV heads: its own where the global layers have widths of their own (Gemma 4)."""
+    return (spec.global_attention.kv_heads if spec.global_attention else None) or spec.kv_heads
+
+
 def _layers_note(spec: ModelSpec) -> str:
+    if spec.kv_sharing:
+        n = spec.kv_sharing.layers
+        return (f"L: the {spec.num_layers - n} layers that make their own K and V; the last {n} attend with an "
+                "earlier layer's and cache nothing")  # fmt: skip
     if spec.hybrid:
         return (f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the "
                 f"{spec.other_mixer_layers} with another mixer keep a state")  # fmt: skip
@@ -308,11 +326,14 @@ def _window_terms(spec: ModelSpec, memory: InferenceMemory) -> tuple[Term, ...]:
     if memory.local_weight == 1:
         formula = "(L_global · context + L_local · min(w, context)) / L"
         numbers = f"({L - local} × {s} + {local} × {min(w, s)}) / {L}"
-    else:  # MiMo-V2-Flash: each token of a local layer is r of a global layer's
+    else:  # MiMo-V2-Flash, Gemma 4: each token of a local layer is r of a global layer's
         formula = "(L_global · context + L_local · r · min(w, context)) / L"
         numbers = f"({L - local} × {s} + {local} × {memory.local_weight} × {min(w, s)}) / {L}"
-        note += (f", at r = H_kv,local / H_kv = {spec.local_kv_heads}/{spec.kv_heads} of a global layer's cache per "
-                 f"token (r = {memory.local_weight_per_gpu} on one GPU of TP={memory.tp})")  # fmt: skip
+        g = spec.global_attention
+        ratio = (f"H_kv · d / (H_kv,g · d_g) = {spec.kv_heads}·{spec.head_size}/({_global_kv_heads(spec)}·"
+                 f"{g.head_dim})" if g else f"H_kv,local / H_kv = {spec.local_kv_heads}/{spec.kv_heads}")  # fmt: skip
+        note += (f", at r = {ratio} of a global layer's cache per token (r = {memory.local_weight_per_gpu} on one "
+                 f"GPU of TP={memory.tp})")  # fmt: skip
     return (Term("kept", "Tokens kept per layer (average)", float(memory.cached_tokens(s)), "tokens", formula, numbers,
                  note=note),)  # fmt: skip
 

@@ -42,7 +42,8 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
         raise LmcalcError(f"TP={tp} does not divide the {model.num_heads} attention heads of {model.name}")
     if model.mla:
         return
-    for kv in sorted({model.kv_heads, model.local_kv_heads or model.kv_heads}):  # a local layer's own (MiMo-V2-Flash)
+    g = model.global_attention  # a local layer's own KV heads (MiMo-V2-Flash), a global one's (Gemma 4)
+    for kv in sorted({model.kv_heads, model.local_kv_heads or model.kv_heads, (g and g.kv_heads) or model.kv_heads}):
         _check_kv_heads(model, tp, kv, replicate_kv)
 
 
