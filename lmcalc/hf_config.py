@@ -60,7 +60,7 @@ from lmcalc.hf_layers import (
 )
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
-from lmcalc.hf_widths import GEMMA4, gemma4_layer_types
+from lmcalc.hf_widths import GEMMA3N, GEMMA4, gemma4_layer_types
 from lmcalc.spec_base import MAX_LAYERS
 
 LLAMA_LIKE = (
@@ -74,7 +74,8 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
-    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", *GEMMA4,
+    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", GEMMA3N,
+    *GEMMA4,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -88,7 +89,7 @@ GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloo
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model", "gemma4": "gemma4_text",
-              "gemma4_unified": "gemma4_unified_text"}  # fmt: skip
+              "gemma4_unified": "gemma4_unified_text", "gemma3n": GEMMA3N}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
 DRAFTERS = ("gemma4_assistant", "gemma4_unified_assistant")
 """Wrappers whose ``text_config`` is not the whole model: Gemma 4's drafters for speculative decoding, whose causal
@@ -98,7 +99,8 @@ FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "g
          "falcon": ["qkv"], "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
-SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe", "lfm3", "beam", *GEMMA4)  # after both halves
+SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe", "lfm3", "beam", GEMMA3N, *GEMMA4)
+"""Types with norms after both halves too, before the residual adds (Gemma 2's sandwich norms)."""
 QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "per_head", "gemma3_text": "per_head",
            "flex_olmo": "full", "minimax_m2": "full", "dots1": "per_head", "olmo3": "full",
            "exaone4": "per_head", "mellum": "per_head", "hunyuan_v1_dense": "per_head",
@@ -108,7 +110,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full", "flint": "per_head",
            "laguna": "per_head", "lara_mini": "per_head", "lfm3": "per_head", "beam": "per_head",
            "minimax_m3_vl_text": "per_head",
-           **dict.fromkeys((*DELTANET, *GEMMA4), "per_head")}  # fmt: skip
+           **dict.fromkeys((*DELTANET, GEMMA3N, *GEMMA4), "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5,
                   "mimo_v2_flash": 0.334}  # fmt: skip
@@ -120,7 +122,7 @@ NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "coher
                     "flex_olmo", "olmo3",
                     "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", "lara_mini", "beam",
                     "minimax_m3_vl_text",
-                    *DELTANET, *GEMMA4)  # fmt: skip
+                    *DELTANET, GEMMA3N, *GEMMA4)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
 NORM_KIND = {"starcoder2": "layernorm", "nemotron": "layernorm", "persimmon": "layernorm", "phimoe": "layernorm",

@@ -31,6 +31,7 @@ WHOLE_NUMBERS = frozenset(
         "index_head_dim", "index_topk", "block_size", "dense_intermediate_size", "sliding_window_size",
         "zero_expert_num", "gated_norm_rank", "kv_channels", "global_head_dim", "num_global_key_value_heads",
         "num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "top_k_experts",
+        "altup_num_inputs", "laurel_rank",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -94,6 +95,8 @@ def _wrong_type(key: str, value: Any, vision: bool = False) -> str | None:
             if _is_whole(value) or (isinstance(value, str) and set(value) <= {"L", "G"})
             else 'an integer or "L"s and "G"s'
         )
+    if key == "intermediate_size" and not vision and isinstance(value, list):  # Gemma 3n's, a width a layer
+        return None if value and all(_is_whole(v) for v in value) else "an integer or a list of integers"
     if key in (VISION_WHOLE_NUMBERS if vision else WHOLE_NUMBERS) and not _is_whole(value):
         return "an integer"
     if vision:

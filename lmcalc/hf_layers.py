@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_defaults import LAYER_PATTERNS
 from lmcalc.hf_fields import get as _get
-from lmcalc.hf_widths import GEMMA4, gemma4
+from lmcalc.hf_widths import GEMMA3N, GEMMA4, gemma3n, gemma4
 from lmcalc.units import group
 
 if TYPE_CHECKING:
@@ -391,12 +391,18 @@ def prepared(config: dict[str, Any], kind: str, origin: str) -> dict[str, Any]:
     """A config with the fields its class derives, before the common reader reads them: LongCat-Flash's layers
     counted as lmcalc counts them, two sub-layers (attention and a dense MLP each) in each of its ``num_layers``
     (LongcatFlashConfig.num_hidden_layers is 2·num_layers); JetMoE's heads, k·H_kv (JetMoeConfig sets
-    num_attention_heads so whatever config.json says)."""
+    num_attention_heads so whatever config.json says); Gemma 3n's MLP width, a list of one width a layer."""
     if kind == "longcat_flash":
         return {**config, "num_hidden_layers": 2 * _get(config, origin, "num_layers")}
     if kind == "jetmoe":
         heads = _get(config, origin, "num_key_value_heads") * _get(config, origin, "num_experts_per_tok")
         return {**config, "num_attention_heads": heads}
+    widths = config.get("intermediate_size")
+    if isinstance(widths, list):  # Gemma3nTextConfig's, a width a layer: lmcalc's layers share one
+        if kind != "gemma3n_text" or len(set(widths)) != 1:
+            what = "differ from layer to layer" if kind == "gemma3n_text" else "are a list"
+            raise LmcalcError(f"{origin}: config.json intermediate_size {what}: lmcalc's dense layers share one width")
+        return {**config, "intermediate_size": widths[0]}
     return config
 
 
@@ -463,5 +469,5 @@ def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
     }  # fmt: skip
 
 
-FINISHED = {"axk2": axk2, "jetmoe": jetmoe, **dict.fromkeys(GEMMA4, gemma4)}
+FINISHED = {"axk2": axk2, "jetmoe": jetmoe, GEMMA3N: gemma3n, **dict.fromkeys(GEMMA4, gemma4)}
 """Types whose fields the common reader leaves to a function of their own, which finishes them."""

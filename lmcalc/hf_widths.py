@@ -11,6 +11,7 @@ from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_fields import get as _get
 
 GEMMA4 = ("gemma4_text", "gemma4_unified_text")
+GEMMA3N = "gemma3n_text"
 GLOBAL_HEAD_DIM = 512  # Gemma4TextConfig.__post_init__: kwargs.pop("global_head_dim", 512)
 LAYER_FIELDS = ("head_dim", "num_key_value_heads")
 """What a per_layer_config entry may override for lmcalc to read it."""
@@ -73,6 +74,22 @@ def gemma4(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
     if layers and types and len(types) != layers:
         raise LmcalcError(f"{origin}: config.json layer_types has {len(types)} entries for {layers} layers")
     return fields
+
+
+def gemma3n(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3n's fields beside a Gemma 3-like reading: the last ``num_kv_shared_layers`` (15 by default) sharing K
+    and V, per-layer embeddings, AltUp's ``altup_num_inputs`` streams and LAuReL's ``laurel_rank``."""
+    shared = config.get("num_kv_shared_layers") or 0
+    if shared:
+        fields = {**fields, "kv_sharing": {"layers": shared}}
+    width = config.get("hidden_size_per_layer_input")
+    if width:
+        fields = {
+            **fields,
+            "per_layer_input": {"width": width, "vocab": _get(config, origin, "vocab_size_per_layer_input")},
+        }
+    laurel = config.get("laurel_rank") or None
+    return {**fields, "altup": {"streams": _get(config, origin, "altup_num_inputs"), "laurel_rank": laurel}}
 
 
 def gemma4_layer_types(config: dict[str, Any], layers: int) -> list[str]:

@@ -28,10 +28,10 @@ NO_TOP_K = (
 )
 
 WIDTHS_COUNTED_ONLY = (
-    "Gemma 4's layers of other widths (the global layers' own head size or K = V, K and V shared across layers, "
-    "per-layer embeddings, the MoE block beside the dense MLP) are counted by lmcalc params, lmcalc flops and the "
-    "serving memory (memory --inference) alone: lmcalc's training memory and time do not take them yet "
-    "(docs/hf-types.md)"
+    "Gemma 3n's and Gemma 4's layers (the global layers' own head size or K = V, K and V shared across layers, "
+    "per-layer embeddings, the MoE block beside the dense MLP, AltUp's streams and LAuReL) are counted by lmcalc "
+    "params, lmcalc flops and the serving memory (memory --inference) alone: lmcalc's training memory and time do "
+    "not take them yet (docs/hf-types.md)"
 )
 
 
@@ -191,6 +191,21 @@ class PerLayerInputSpec(Spec):
 
     width: Dimension = Field(description="d_p, each layer's input width (hidden_size_per_layer_input)")
     vocab: Dimension = Field(description="V_p, the table's rows (vocab_size_per_layer_input)")
+
+
+class AltUpSpec(Spec):
+    """Alternating updates (Baykal et al. 2023, AltUp; Gemma 3n): the hidden state is ``streams`` copies of h, of
+    which each layer computes one. Before it, a router (h → n, on the normed active stream) sets coefficients
+    (n → n²) that mix the streams into predictions; after it, the same router on the layer's output sets a
+    correction (n → n) of each stream by the layer's innovation, and a learned scale (h) the active one. Projections
+    (h → h) make the n − 1 other streams from the embedding and bring them back before the final norm."""
+
+    streams: Dimension = Field(description="n, the streams (altup_num_inputs)")
+    laurel_rank: Dimension | None = Field(
+        None,
+        description="a learned low-rank residual beside each layer's attention (LAuReL, Menghani et al. 2024): "
+        "h → r → h and a norm (h); None: none",
+    )
 
 
 class IndexerSpec(Spec):

@@ -86,7 +86,9 @@ def _check_layer_widths(spec: Any) -> None:
     """Gemma 4's layers of other widths: global attention of its own, K and V shared from earlier layers, per-layer
     inputs, the MoE block's branch norms. They are plain attention's and a gated MLP's, without MLA or other mixers."""
     g, shared = spec.global_attention, spec.kv_sharing
-    if (g or shared or spec.per_layer_input) and (spec.mla or spec.hybrid or spec.single_blocks or spec.local_kv_heads):
+    if (g or shared or spec.per_layer_input or spec.altup) and (
+        spec.mla or spec.hybrid or spec.single_blocks or spec.local_kv_heads
+    ):
         raise ValueError("global_attention, kv_sharing and per_layer_input are for plain attention in every layer, "
                          "without MLA, other mixers or local_kv_heads")  # fmt: skip
     if g and g.kv_heads is not None and spec.num_heads % g.kv_heads:

@@ -20,6 +20,7 @@ from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_specs import (
     NO_TOP_K,
     WIDTHS_COUNTED_ONLY,
+    AltUpSpec,
     GlobalAttentionSpec,
     IndexerSpec,
     KvSharingSpec,
@@ -57,10 +58,10 @@ from lmcalc.spec_base import (
     whole_float_as_int,
 )
 
-__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "ComputeDtype", "DeltaNetSpec",
-           "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec", "IndexerSpec", "KvSharingSpec", "LayerCount",
-           "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
-           "PerLayerInputSpec", "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec",
+__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "ComputeDtype",
+           "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec", "IndexerSpec",
+           "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec", "MambaSpec",
+           "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec",
            "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat", "PositiveInt",
            "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
@@ -266,7 +267,8 @@ class ModelSpec(NamedSpec):
     lightning: LightningSpec | None = None
     global_attention: GlobalAttentionSpec | None = Field(None, description="the global layers' own widths (Gemma 4)")
     kv_sharing: KvSharingSpec | None = Field(None, description="the last layers reuse earlier K and V (Gemma 4)")
-    per_layer_input: PerLayerInputSpec | None = Field(None, description="per-layer embeddings (Gemma 4's PLE)")
+    per_layer_input: PerLayerInputSpec | None = Field(None, description="per-layer embeddings (Gemma 3n, 4's PLE)")
+    altup: AltUpSpec | None = Field(None, description="alternating updates and LAuReL (Gemma 3n)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -472,7 +474,7 @@ class ModelSpec(NamedSpec):
     def widths_differ(self) -> bool:
         """Whether layers differ in their widths as Gemma 4's do (``WIDTHS_COUNTED_ONLY``)."""
         moe_beside = self.moe is not None and self.moe.branch_norms
-        return bool(self.global_attention or self.kv_sharing or self.per_layer_input or moe_beside)
+        return bool(self.global_attention or self.kv_sharing or self.per_layer_input or moe_beside or self.altup)
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

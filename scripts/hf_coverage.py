@@ -81,8 +81,6 @@ NEEDS: dict[str, str] = {
     "dots3_note": "dots.3 Note: MLA whose sliding-window layers have MLA of other widths, a norm on the RoPE key, a "
     "head gate, and DeepSeek sparse attention in some layers",
     "dots3_note_text": "as dots3_note",
-    "gemma3n_text": "Gemma 3n: AltUp's four streams, LAuReL, per-layer embeddings, KV shared across layers, activation "
-    "sparsity, a width a layer",
     "gemma4_unified_assistant": "a drafter for speculative decoding: Gemma 4's text model between projections from "
     "and to its backbone's width (backbone_hidden_size), every layer attending with the backbone's K and V",
     "git": "GIT: an image-to-text BERT-style decoder over projected image features",
@@ -258,12 +256,13 @@ def page(cases: list[Case]) -> str:
               "| type | what it needs |", "|---|---|"]  # fmt: skip
     lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
     lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
-              "Gemma 4's text models (`gemma4_text`, `gemma4_unified_text`, and the `gemma4` and `gemma4_unified` "
-              "wrappers' text models) are read exactly: `lmcalc params`, `lmcalc flops` and `lmcalc memory "
-              "--inference` take them (formulas §2.19 and §11: FLOPs equal to FlopCounterMode's on transformers' "
-              "own step, the KV cache to what transformers keeps). Training memory and time refuse them in one line "
-              "until they count what Gemma 4's layers keep for backward (K = V's two norms, the K and V the sharing "
-              "layers reuse, the per-layer inputs' gates) and its kernels at two head sizes."]  # fmt: skip
+              "Gemma 3n's and Gemma 4's text models (`gemma3n_text`, `gemma4_text`, `gemma4_unified_text`, and the "
+              "`gemma4` and `gemma4_unified` wrappers' text models) are read exactly: `lmcalc params`, `lmcalc "
+              "flops` and `lmcalc memory --inference` take them (formulas §2.19, §2.20 and §11: FLOPs equal to "
+              "FlopCounterMode's on transformers' own step, the KV cache to what transformers keeps). Training "
+              "memory and time refuse them in one line until they count what their layers keep for backward (K = "
+              "V's two norms, the K and V the sharing layers reuse, the per-layer inputs' gates, AltUp's streams) "
+              "and their kernels."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -240,6 +240,14 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                              vocab_size_per_layer_input=128, enable_moe_block=True, num_experts=4,
                                              top_k_experts=2, moe_intermediate_size=32,
                                              layer_types=["sliding_attention", "full_attention"] * 2)),
+    # Gemma 3n: four AltUp streams, LAuReL of rank 8, the last two of five layers sharing layers 1's and 2's K and V
+    # (layers 1 and 4 global, a window of 24), per-layer inputs of 8 from 128 rows
+    "gemma3n_text": ("Gemma3nTextConfig", dict(num_hidden_layers=5, head_dim=16, sliding_window=24, laurel_rank=8,
+                                               num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+                                               vocab_size_per_layer_input=128, altup_num_inputs=4,
+                                               layer_types=["sliding_attention", "full_attention",
+                                                            "sliding_attention", "sliding_attention",
+                                                            "full_attention"])),
     # Gemma 4's unified text model: no per-layer inputs or MoE; global heads of 32, biases, the last two layers
     # sharing K and V
     "gemma4_unified_text": ("Gemma4UnifiedTextConfig", dict(head_dim=16, global_head_dim=32, sliding_window=24,

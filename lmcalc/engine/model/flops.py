@@ -25,6 +25,7 @@ from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import active_params, count_params, weight_tensors
+from lmcalc.engine.model.width_params import altup_flops
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
 from lmcalc.specs import NO_TOP_K, ModelSpec
@@ -138,6 +139,7 @@ def forward_flops_per_token(
     L, H = spec.num_layers if part is None else part.layers, spec.num_heads
     # a hybrid's stage: its layers taken at the model's mix; differential attention runs the core twice
     attending = L * spec.attention_share * spec.attention_calls
+    mlp += altup_flops(spec) * (1 if part is None else part.layers / spec.num_layers)  # Gemma 3n's stream mixing
     return ForwardFlops(
         projections=projections,
         mlp=mlp,
@@ -316,8 +318,7 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             "MLP / experts (fwd, per token)",
             fwd.mlp,
             "FLOPs",
-            "2 · Σ FFN weight elements a token uses" + (" (k routed + shared + router)" if spec.moe else ""),
-            f"2 × {group(fwd.mlp / 2)}",
+            *_mlp_formula(spec, fwd),
         ),
         *_attention_terms(spec, fwd, keys, convention),
         *_mixer_terms(spec, fwd, seq_len, convention),
@@ -330,6 +331,22 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             f"2 × {spec.hidden_size} × {spec.vocab_size}",
         ),
         Term("forward_per_token", "Forward per token", fwd.total, "FLOPs", "sum of the rows above"),
+    )
+
+
+def _mlp_formula(spec: ModelSpec, fwd: ForwardFlops) -> tuple[str, str]:
+    """The MLP row: its weights' elements a token uses, and with Gemma 3n's and 4's per-layer inputs and AltUp, theirs
+    and AltUp's stream mixing (``width_params.altup_flops``)."""
+    if not (spec.per_layer_input or spec.altup):
+        formula = "2 · Σ FFN weight elements a token uses" + (" (k routed + shared + router)" if spec.moe else "")
+        return formula, f"2 × {group(fwd.mlp / 2)}"
+    mixing = altup_flops(spec)
+    weights = (fwd.mlp - mixing) / 2
+    if not mixing:
+        return "2 · Σ FFN and per-layer input weight elements a token uses", f"2 × {group(weights)}"
+    return (
+        "2 · Σ FFN, per-layer input, AltUp and LAuReL weight elements a token uses + L · (2·h·n + 2·h·n²)",
+        f"2 × {group(weights)} + {group(mixing)}",
     )
 
 

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
-from lmcalc.engine.model.width_params import WIDTH_SYMBOLS, branch_norms, per_layer_input, widths_attention, widths_mlp
+from lmcalc.engine.model.width_params import (
+    WIDTH_SYMBOLS,
+    altup_tensors,
+    branch_norms,
+    per_layer_input,
+    widths_attention,
+    widths_mlp,
+)
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
@@ -34,14 +41,15 @@ an indexer of their own (L_I), a hybrid's mixers', the global or the local layer
 before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone, and Gemma 4's layers of other
 widths (``width_params``)."""
 GROUPS = (
-    "embedding", "per_layer_embedding", "position", "per_layer_input", "attention", "indexer", "ssm", "norm", "mlp",
-    "router", "experts", "shared_experts",
+    "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "attention", "indexer", "ssm", "norm",
+    "mlp", "router", "experts", "shared_experts",
     "head_transform", "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
     "per_layer_embedding": "Per-layer embeddings (PLE table)",
     "per_layer_input": "Per-layer inputs (PLE projections)",
+    "altup": "AltUp streams and LAuReL",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
     "indexer": "Sparse-attention indexer",
@@ -217,7 +225,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors.append(tensor("pos_embed.weight", Site("position", 1, "1"), (rows, h), False))
     if spec.embedding_norm:
         tensors += norm("embed_norm", Site("norm", 1, "1"), h, spec)
-    tensors += per_layer_input(spec)
+    tensors += per_layer_input(spec) + altup_tensors(spec)
     if spec.global_attention or spec.kv_sharing:  # Gemma 4: each kind's attention at its own widths
         tensors += widths_attention(spec)
     elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)

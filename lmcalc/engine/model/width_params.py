@@ -92,3 +92,38 @@ def branch_norms(spec: ModelSpec) -> list[WeightTensor]:
     for name in ("pre_experts_norm", "post_experts_norm", "post_shared_norm"):
         tensors += norm(name, norms, h, spec)
     return tensors
+
+
+def altup_tensors(spec: ModelSpec) -> list[WeightTensor]:
+    """AltUp's (``AltUpSpec``): in each layer the router (h → n) and its norm (h), the prediction coefficients
+    (n → n²), the correction coefficients (n → n) and the active stream's output scale (h); once, the projections
+    making and unmaking the n − 1 other streams (h → h each); and LAuReL's h → r → h and its norm (h) in each layer
+    (Gemma3nTextAltUp, Gemma3nTextLaurelBlock)."""
+    a = spec.altup
+    if a is None:
+        return []
+    h, n, L = Dim(spec.hidden_size, "h"), Dim(a.streams, "n"), spec.num_layers
+    others, layers = Site("altup", 2 * (a.streams - 1), "2·(n−1)"), Site("altup", L, "L")
+    tensors = (
+        linear("altup.stream_projections", others, h, h, False)
+        + linear("altup.router", layers, n, h, False)
+        + norm("altup.router_norm", layers, h, spec)
+        + linear("altup.prediction_coefs", layers, Dim(a.streams**2, "n²"), n, False)
+        + linear("altup.correction_coefs", layers, n, n, False)
+        + [tensor("altup.output_scale", layers, (h,), False)]
+    )
+    if a.laurel_rank:
+        r = Dim(a.laurel_rank, "r_L")
+        tensors += linear("laurel.left", layers, r, h, False) + linear("laurel.right", layers, h, r, False)
+        tensors += norm("laurel.norm", layers, h, spec)
+    return tensors
+
+
+def altup_flops(spec: ModelSpec) -> float:
+    """Forward FLOPs a token of AltUp's beyond its weights' one product each: the router runs twice a layer (on the
+    prediction and on the layer's output), 2·h·n more, and the predictions mix the n streams of h by an n × n matrix
+    a token, 2·h·n² (a batched matmul, which FlopCounterMode counts)."""
+    a = spec.altup
+    if a is None:
+        return 0.0
+    return spec.num_layers * (2 * spec.hidden_size * a.streams + 2 * spec.hidden_size * a.streams**2)

@@ -1,0 +1,83 @@
+"""Gemma 3n's text model (gemma3n_text): AltUp's streams and LAuReL by hand, its one MLP width, its cache against
+transformers'. Its per-layer embeddings and shared K and V are Gemma 4's (tests/test_gemma4.py); transformers' own
+counts are tests/test_hf_types.py's and test_validate_hf.py's (tests/hf_tiny.py). The shapes are transformers 5.24's
+modeling_gemma3n.py: Gemma3nTextAltUp, Gemma3nTextLaurelBlock, Gemma3nTextModel."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcalc.engine.model.flops import forward_flops_per_token
+from lmcalc.engine.model.params import count_params
+from lmcalc.errors import LmcalcError
+from lmcalc.hf_config import model_from_hf_config
+from lmcalc.specs import ModelSpec
+
+V, h, H, H_KV, d, f, L = 512, 64, 4, 2, 16, 96, 5
+BASE = {
+    "model_type": "gemma3n_text", "vocab_size": V, "hidden_size": h, "num_attention_heads": H,
+    "num_key_value_heads": H_KV, "head_dim": d, "intermediate_size": f, "num_hidden_layers": L,
+    "sliding_window": 24, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "altup_num_inputs": 4,
+    "laurel_rank": 8, "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+def spec_of(**fields: object) -> ModelSpec:
+    return ModelSpec.model_validate(model_from_hf_config({**BASE, **fields}, "g3n", "gemma 3n config"))
+
+
+def test_altup_and_laurel_by_hand():
+    # AltUp in each layer: the router h → n and its norm (h), prediction coefficients n → n² (n³), correction
+    # coefficients n → n, the output scale (h); once, 2·(n − 1) projections h → h. LAuReL: h → r → h and a norm (h).
+    # The rest is Gemma 3's layer: q, k, v, o, per-head norms on Q and K (d each), four sandwich norms, the MLP
+    n, r = 4, 8
+    attention = 2 * h * H * d + 2 * h * H_KV * d + 2 * d
+    layer = attention + 4 * h + 3 * h * f + (n * h + h + n**3 + n**2 + h) + (2 * h * r + h)
+    assert count_params(spec_of()).total == V * h + L * layer + 2 * (n - 1) * h * h + h
+
+
+def test_altups_flops_beyond_its_weights_by_hand():
+    # the router runs twice a layer (2·h·n more) and the predictions mix n streams of h by an n × n matrix (2·h·n²)
+    n, s, r = 4, 64, 8
+    weights = L * (3 * h * f + n * h + n**3 + n**2 + 2 * h * r) + 2 * (n - 1) * h * h  # attention's aside
+    assert forward_flops_per_token(spec_of(), s).mlp == 2 * weights + L * (2 * h * n + 2 * h * n**2)
+
+
+def test_one_width_for_every_layer():
+    # Gemma3nTextConfig writes intermediate_size as a list, one a layer: lmcalc reads one shared by all
+    assert spec_of(intermediate_size=[f] * L).ffn_size == f
+    with pytest.raises(LmcalcError, match="intermediate_size differ from layer to layer"):
+        spec_of(intermediate_size=[f] * (L - 1) + [2 * f])
+
+
+def test_a_list_width_is_refused_for_other_types():
+    config = {**BASE, "model_type": "llama", "intermediate_size": [f] * L}
+    with pytest.raises(LmcalcError, match="intermediate_size are a list"):
+        model_from_hf_config(config, "llama", "llama config")
+
+
+@pytest.mark.torch
+def test_kv_cache_keeps_what_transformers_keeps():
+    """The last two layers share K and V and cache nothing (transformers' DummyLayer); the local layers keep w − 1
+    tokens between steps, one fewer than lmcalc counts for the next token."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    from hf_tiny import tiny_config
+
+    from lmcalc.engine.inference.serving import Serving, inference_memory
+
+    config = tiny_config("gemma3n_text")
+    spec = ModelSpec.model_validate(model_from_hf_config(config, "gemma3n_text", "tiny"))
+    seq = 50
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).eval()
+        with torch.no_grad():  # token ids within the per-layer table's 128 rows
+            cache = model(torch.randint(3, 120, (1, seq)), use_cache=True).past_key_values
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
+    memory = inference_memory(Serving(spec, context=seq, kv_dtype="fp32"), 80e9)
+    assert memory.layers == 3 and memory.local_layers == 2
+    one_local_token = 2 * spec.kv_heads * spec.head_size * 4
+    assert memory.kv_cache == sum(t.numel() * t.element_size() for t in tensors) + 2 * one_local_token
