@@ -60,7 +60,7 @@ from lmcalc.hf_layers import (
 )
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
-from lmcalc.hf_widths import GEMMA3N, GEMMA4, gemma4_layer_types
+from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, gemma4_layer_types
 from lmcalc.spec_base import MAX_LAYERS
 
 LLAMA_LIKE = (
@@ -75,7 +75,7 @@ LLAMA_LIKE = (
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
     "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", GEMMA3N,
-    *GEMMA4,
+    *GEMMA4, MLLAMA,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
 """Types whose layers are each a mixer or an FFN alone (``hf_blocks``): Nemotron-H's, and the Mamba models', every
@@ -89,7 +89,7 @@ GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloo
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS)
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model", "gemma4": "gemma4_text",
-              "gemma4_unified": "gemma4_unified_text", "gemma3n": GEMMA3N}  # fmt: skip
+              "gemma4_unified": "gemma4_unified_text", "gemma3n": GEMMA3N, "mllama": MLLAMA}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
 DRAFTERS = ("gemma4_assistant", "gemma4_unified_assistant")
 """Wrappers whose ``text_config`` is not the whole model: Gemma 4's drafters for speculative decoding, whose causal
@@ -146,7 +146,7 @@ CLASS_LAYER_TYPES: dict[str, Callable[[int, int, dict[str, Any]], str]] = {
 released pattern (period 5), BeamConfig's every sixth layer and the last full, Lfm3Config's full, sliding and conv
 layers, MiMoV2FlashConfig's first layer and every sixth full, ModernBertDecoderConfig's every
 global_attn_every_n_layers-th layer full from the first."""
-NEVER_TIED = ("kimi_linear", "bailing_hybrid")
+NEVER_TIED = ("kimi_linear", "bailing_hybrid", MLLAMA)
 """Types whose ForCausalLM ties no weights (``_tied_weights_keys = {}``): an untied head whatever
 tie_word_embeddings says."""
 NO_NORM_WEIGHT = ("olmo", "nanochat")

@@ -63,7 +63,14 @@ TEXTS = frozenset(
     }
 )
 LISTS_OF_WHOLE_NUMBERS = frozenset(
-    {"mlp_only_layers", "moe_layers", "no_rope_layers", "attn_layer_indices", "full_attn_idxs"}
+    {
+        "mlp_only_layers",
+        "moe_layers",
+        "no_rope_layers",
+        "attn_layer_indices",
+        "full_attn_idxs",
+        "cross_attention_layers",
+    }
 )
 LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types", "attention_layers", "layers_block_type", "indexer_types"})
 VISION_WHOLE_NUMBERS = frozenset(

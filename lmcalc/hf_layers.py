@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_defaults import LAYER_PATTERNS
 from lmcalc.hf_fields import get as _get
-from lmcalc.hf_widths import GEMMA3N, GEMMA4, gemma3n, gemma4
+from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, gemma3n, gemma4, mllama
 from lmcalc.units import group
 
 if TYPE_CHECKING:
@@ -469,5 +469,5 @@ def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
     }  # fmt: skip
 
 
-FINISHED = {"axk2": axk2, "jetmoe": jetmoe, GEMMA3N: gemma3n, **dict.fromkeys(GEMMA4, gemma4)}
+FINISHED = {"axk2": axk2, "jetmoe": jetmoe, GEMMA3N: gemma3n, MLLAMA: mllama, **dict.fromkeys(GEMMA4, gemma4)}
 """Types whose fields the common reader leaves to a function of their own, which finishes them."""

@@ -92,6 +92,23 @@ def gemma3n(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict
     return {**fields, "altup": {"streams": _get(config, origin, "altup_num_inputs"), "laurel_rank": laurel}}
 
 
+MLLAMA = "mllama_text_model"
+MLLAMA_CROSS_LAYERS = (3, 8, 13, 18, 23, 28, 33, 38)  # MllamaTextConfig.__post_init__'s, where none are given
+MLLAMA_IMAGE_ROWS = 8  # MllamaTextModel: nn.Embedding(config.vocab_size + 8, hidden_size)
+
+
+def mllama(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Llama 3.2 Vision's text model: Llama's self-attention layers, and at ``cross_attention_layers`` layers that
+    attend to the image alone, which text skips (``CrossAttentionSpec``): lmcalc's layers are the others."""
+    layers = fields["num_layers"]
+    listed = config.get("cross_attention_layers")
+    cross = {i for i in (MLLAMA_CROSS_LAYERS if listed is None else listed) if 0 <= i < layers}
+    if len(cross) == layers:
+        raise LmcalcError(f"{origin}: config.json cross_attention_layers leaves no layer that attends to the text")
+    cross_attention = {"layers": len(cross), "token_rows": MLLAMA_IMAGE_ROWS}
+    return {**fields, "num_layers": layers - len(cross), "cross_attention": cross_attention}
+
+
 def gemma4_layer_types(config: dict[str, Any], layers: int) -> list[str]:
     """Gemma4TextConfig's layer_types: config.json's, else every sixth layer full; the last forced full either way."""
     types = list(config.get("layer_types") or [])

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from lmcalc.errors import LmcalcError
 from lmcalc.spec_base import (
     MAX_DIMENSION,
+    MAX_LAYERS,
     Dimension,
     LayerCount,
     LayerIndex,
@@ -29,7 +30,8 @@ NO_TOP_K = (
 
 WIDTHS_COUNTED_ONLY = (
     "Gemma 3n's and Gemma 4's layers (the global layers' own head size or K = V, K and V shared across layers, "
-    "per-layer embeddings, the MoE block beside the dense MLP, AltUp's streams and LAuReL) are counted by lmcalc "
+    "per-layer embeddings, the MoE block beside the dense MLP, AltUp's streams and LAuReL), and Llama 3.2 Vision's "
+    "cross-attention layers, which hold weights that text does not run, are counted by lmcalc "
     "params, lmcalc flops and the serving memory (memory --inference) alone: lmcalc's training memory and time do "
     "not take them yet (docs/hf-types.md)"
 )
@@ -205,6 +207,18 @@ class AltUpSpec(Spec):
         None,
         description="a learned low-rank residual beside each layer's attention (LAuReL, Menghani et al. 2024): "
         "h → r → h and a norm (h); None: none",
+    )
+
+
+class CrossAttentionSpec(Spec):
+    """Layers that attend to an image's features and nothing else (Llama 3.2 Vision's cross-attention layers,
+    MllamaCrossAttentionDecoderLayer): Q from the text, K and V from the projected vision features, per-head norms on
+    Q and K, tanh gates on the attention and the MLP, and an MLP. On text alone transformers skips them: their weights
+    count, and no token computes them, so lmcalc leaves them out of ``num_layers``."""
+
+    layers: NonNegativeInt = Field(le=MAX_LAYERS, description="how many (the length of cross_attention_layers)")
+    token_rows: NonNegativeInt = Field(
+        0, le=MAX_DIMENSION, description="rows the token embedding has beyond the vocabulary (Mllama's 8)"
     )
 
 

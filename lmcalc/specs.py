@@ -21,6 +21,7 @@ from lmcalc.layer_specs import (
     NO_TOP_K,
     WIDTHS_COUNTED_ONLY,
     AltUpSpec,
+    CrossAttentionSpec,
     GlobalAttentionSpec,
     IndexerSpec,
     KvSharingSpec,
@@ -59,11 +60,11 @@ from lmcalc.spec_base import (
 )
 
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "ComputeDtype",
-           "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec", "IndexerSpec",
-           "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec", "MambaSpec",
-           "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec",
-           "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat", "PositiveInt",
-           "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
+           "CrossAttentionSpec", "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec",
+           "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec",
+           "MambaSpec", "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec",
+           "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
+           "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
@@ -269,6 +270,7 @@ class ModelSpec(NamedSpec):
     kv_sharing: KvSharingSpec | None = Field(None, description="the last layers reuse earlier K and V (Gemma 4)")
     per_layer_input: PerLayerInputSpec | None = Field(None, description="per-layer embeddings (Gemma 3n, 4's PLE)")
     altup: AltUpSpec | None = Field(None, description="alternating updates and LAuReL (Gemma 3n)")
+    cross_attention: CrossAttentionSpec | None = Field(None, description="image layers, idle on text (Llama 3.2 V)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -472,9 +474,11 @@ class ModelSpec(NamedSpec):
 
     @property
     def widths_differ(self) -> bool:
-        """Whether layers differ in their widths as Gemma 4's do (``WIDTHS_COUNTED_ONLY``)."""
+        """Whether layers differ in their widths as Gemma 3n's and 4's do, or hold weights text does not run (Llama 3.2
+        Vision's cross-attention layers): ``WIDTHS_COUNTED_ONLY``."""
         moe_beside = self.moe is not None and self.moe.branch_norms
-        return bool(self.global_attention or self.kv_sharing or self.per_layer_input or moe_beside or self.altup)
+        parts = (self.global_attention, self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)
+        return moe_beside or any(p is not None for p in parts)
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

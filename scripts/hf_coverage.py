@@ -91,8 +91,6 @@ NEEDS: dict[str, str] = {
     "inkling2_loop_text": "as inkling_text, its layers looped",
     "inkling2_text": "as inkling_text",
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
-    "mllama": "Llama 3.2 Vision: cross-attention layers over vision tokens, which text-only training skips (weights "
-    "without compute)",
     "phi4_multimodal": "Phi-4-multimodal: Phi-4-mini's layers with its image (SigLIP) and audio (Conformer) encoders "
     "inside the causal LM, which lmcalc does not count",
     "recurrent_gemma": "RecurrentGemma: RG-LRU recurrent blocks (block-diagonal gates, a convolution) beside local MQA",
@@ -257,12 +255,13 @@ def page(cases: list[Case]) -> str:
     lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
     lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
               "Gemma 3n's and Gemma 4's text models (`gemma3n_text`, `gemma4_text`, `gemma4_unified_text`, and the "
-              "`gemma4` and `gemma4_unified` wrappers' text models) are read exactly: `lmcalc params`, `lmcalc "
-              "flops` and `lmcalc memory --inference` take them (formulas §2.19, §2.20 and §11: FLOPs equal to "
-              "FlopCounterMode's on transformers' own step, the KV cache to what transformers keeps). Training "
-              "memory and time refuse them in one line until they count what their layers keep for backward (K = "
-              "V's two norms, the K and V the sharing layers reuse, the per-layer inputs' gates, AltUp's streams) "
-              "and their kernels."]  # fmt: skip
+              "`gemma4` and `gemma4_unified` wrappers' text models) and Llama 3.2 Vision's (`mllama`) are read "
+              "exactly: `lmcalc params`, `lmcalc flops` and `lmcalc memory --inference` take them (formulas §2.19 "
+              "to §2.21 and §11: FLOPs equal to FlopCounterMode's on transformers' own step, the KV cache to what "
+              "transformers keeps). Training memory and time refuse them in one line until they count what their "
+              "layers keep for backward (K = V's two norms, the K and V the sharing layers reuse, the per-layer "
+              "inputs' gates, AltUp's streams) and their kernels, and what a trainer keeps for weights no text step "
+              "updates."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -253,6 +253,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma4_unified_text": ("Gemma4UnifiedTextConfig", dict(head_dim=16, global_head_dim=32, sliding_window=24,
                                                             num_kv_shared_layers=2, attention_bias=True,
                                                             layer_types=["sliding_attention", "full_attention"] * 2)),
+    # Llama 3.2 Vision's text model, built under MllamaConfig: layer 1 of four a cross-attention layer, which text skips
+    "mllama_text_model": ("MllamaConfig", dict(text_config=dict(BASE, cross_attention_layers=[1]))),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

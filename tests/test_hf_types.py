@@ -120,8 +120,9 @@ the HunYuan configs their head_dim, DbrxConfig its attention's rope_theta, Lfm2M
 transformers cannot build them without."""
 
 
-WRAPPED = {"emu3_text_model": "Emu3Config"}
-"""Text types transformers builds only under their wrapper's config (Emu3ForCausalLM from Emu3Config)."""
+WRAPPED = {"emu3_text_model": "Emu3Config", "mllama_text_model": "MllamaConfig"}
+"""Text types transformers builds only under their wrapper's config (Emu3ForCausalLM from Emu3Config,
+MllamaForCausalLM from MllamaConfig)."""
 
 
 def bare_config(kind: str) -> dict:

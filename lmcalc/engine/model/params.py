@@ -21,6 +21,7 @@ from lmcalc.engine.model.width_params import (
     WIDTH_SYMBOLS,
     altup_tensors,
     branch_norms,
+    cross_attention_tensors,
     per_layer_input,
     widths_attention,
     widths_mlp,
@@ -42,14 +43,14 @@ before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone
 widths (``width_params``)."""
 GROUPS = (
     "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "attention", "indexer", "ssm", "norm",
-    "mlp", "router", "experts", "shared_experts",
-    "head_transform", "head",
+    "mlp", "router", "experts", "shared_experts", "cross_attention", "head_transform", "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
     "per_layer_embedding": "Per-layer embeddings (PLE table)",
     "per_layer_input": "Per-layer inputs (PLE projections)",
     "altup": "AltUp streams and LAuReL",
+    "cross_attention": "Cross-attention layers (idle on text)",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
     "indexer": "Sparse-attention indexer",
@@ -261,6 +262,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             tensors.append(tensor("router.output_bias", Site("router", n_moe, "L_moe"), (h,), False))
         if moe.output_norm:  # A.X K1: a norm on the experts' summed output, in each MoE layer
             tensors += norm("moe_output_norm", Site("norm", n_moe, "L_moe"), h, spec)
+    tensors += cross_attention_tensors(spec)
     if not spec.post_norm:  # a post-norm model's last layer ends in its norm (GPT-1): none before the head
         tensors += norm("final_norm", Site("norm", 1, "1"), h, spec)
     if spec.head_transform:  # BERT's prediction-head transform: dense, activation, norm (ModernBERT's lm_head)

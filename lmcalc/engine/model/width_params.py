@@ -127,3 +127,35 @@ def altup_flops(spec: ModelSpec) -> float:
     if a is None:
         return 0.0
     return spec.num_layers * (2 * spec.hidden_size * a.streams + 2 * spec.hidden_size * a.streams**2)
+
+
+def cross_attention_tensors(spec: ModelSpec) -> list[WeightTensor]:
+    """Llama 3.2 Vision's cross-attention layers (``CrossAttentionSpec``), which text alone does not run: each a query
+    projection h → H·d, key and value projections h → H_kv·d (of the projected vision features), the output
+    projection, per-head norms on Q and K (d each), a tanh gate on the attention and one on the MLP (1 each), two
+    norms (h) and a dense MLP; and the token embedding's rows beyond the vocabulary. Every one is held, and no token
+    uses any (``Site.active`` 0), so FLOPs and the active count leave them out."""
+    x = spec.cross_attention
+    if x is None:
+        return []
+    h, heads, d = Dim(spec.hidden_size, "h"), spec.num_heads, spec.head_size
+    layers = Site("cross_attention", x.layers, "L_x", active=0)
+    q, kv = Dim(heads * d, "H·d"), Dim(spec.kv_heads * d, "H_kv·d")
+    tensors = (
+        linear("cross_attn.q", layers, q, h, False)
+        + linear("cross_attn.k", layers, kv, h, False)
+        + linear("cross_attn.v", layers, kv, h, False)
+        + linear("cross_attn.o", layers, h, q, False)
+        + norm("cross_attn.q_norm", layers, Dim(d, "d"), spec)
+        + norm("cross_attn.k_norm", layers, Dim(d, "d"), spec)
+        + [tensor(f"cross_attn.{gate}_gate", layers, (Dim(1, "1"),), False) for gate in ("attn", "mlp")]
+        + norm("cross_attn.input_norm", layers, h, spec)
+        + norm("cross_attn.post_attention_norm", layers, h, spec)
+    )
+    f = Dim(spec.ffn_size, "f")
+    tensors += linear("cross_mlp.gate", layers, f, h, False) + linear("cross_mlp.up", layers, f, h, False)
+    tensors += linear("cross_mlp.down", layers, h, f, False)
+    if x.token_rows:
+        rows = Site("cross_attention", 1, "1", active=0)
+        tensors.append(tensor("embed.image_token_rows", rows, (Dim(x.token_rows, "8"), h), False))
+    return tensors
