@@ -402,6 +402,9 @@ def prepared(config: dict[str, Any], kind: str, origin: str) -> dict[str, Any]:
         if kind != "gemma3n_text" or len(set(widths)) != 1:
             what = "differ from layer to layer" if kind == "gemma3n_text" else "are a list"
             raise LmcalcError(f"{origin}: config.json intermediate_size {what}: lmcalc's dense layers share one width")
+        layers = config.get("num_hidden_layers")
+        if len(widths) != layers:
+            raise LmcalcError(f"{origin}: config.json intermediate_size gives {len(widths)} widths for {layers} layers")
         return {**config, "intermediate_size": widths[0]}
     return config
 

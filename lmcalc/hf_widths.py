@@ -1,7 +1,9 @@
 """Reading Gemma 4's text models (``gemma4_text``, ``gemma4_unified_text``) as transformers 5.24's Gemma4TextConfig
 reads them: the global layers' head size and key-value heads (``per_layer_config``, or the ``global_head_dim`` and
 ``num_global_key_value_heads`` its ``__post_init__`` turns into one), K = V, the last layers sharing K and V with
-double-wide MLPs, per-layer embeddings and the MoE block beside the dense MLP (``engine.model.width_params``)."""
+double-wide MLPs, per-layer embeddings and the MoE block beside the dense MLP; Gemma 3n's (``gemma3n_text``): shared
+K and V, per-layer embeddings, AltUp and LAuReL; and Llama 3.2 Vision's (``mllama_text_model``): the cross-attention
+layers text skips (``engine.model.width_params``)."""
 
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def gemma4(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
             "branch_norms": True,
         }
     if layers and types and len(types) != layers:
-        raise LmcalcError(f"{origin}: config.json layer_types has {len(types)} entries for {layers} layers")
+        raise LmcalcError(f"{origin}: config.json layer_types gives {len(types)} layer types for {layers} layers")
     return fields
 
 
@@ -114,6 +116,4 @@ def gemma4_layer_types(config: dict[str, Any], layers: int) -> list[str]:
     types = list(config.get("layer_types") or [])
     if not types:
         types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
-    if types:
-        types[-1] = "full_attention"
-    return types
+    return [*types[:-1], "full_attention"] if types else types

@@ -256,12 +256,12 @@ def page(cases: list[Case]) -> str:
     lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
               "Gemma 3n's and Gemma 4's text models (`gemma3n_text`, `gemma4_text`, `gemma4_unified_text`, and the "
               "`gemma4` and `gemma4_unified` wrappers' text models) and Llama 3.2 Vision's (`mllama`) are read "
-              "exactly: `lmcalc params`, `lmcalc flops` and `lmcalc memory --inference` take them (formulas §2.19 "
-              "to §2.21 and §11: FLOPs equal to FlopCounterMode's on transformers' own step, the KV cache to what "
-              "transformers keeps). Training memory and time refuse them in one line until they count what their "
-              "layers keep for backward (K = V's two norms, the K and V the sharing layers reuse, the per-layer "
-              "inputs' gates, AltUp's streams) and their kernels, and what a trainer keeps for weights no text step "
-              "updates."]  # fmt: skip
+              "exactly: `lmcalc params`, `lmcalc flops`, `lmcalc train-time` (full training, at an MFU) and `lmcalc "
+              "memory --inference` take them (formulas §2.19 to §2.21 and §11: FLOPs equal to FlopCounterMode's on "
+              "transformers' own step, the KV cache to what transformers keeps). Training memory, fine-tuning and "
+              "the planner refuse them in one line until they count what their layers keep for backward (K = V's "
+              "two norms, the K and V the sharing layers reuse, the per-layer inputs' gates, AltUp's streams) and "
+              "their kernels, and what a trainer keeps for weights no text step updates."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

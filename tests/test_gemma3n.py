@@ -48,6 +48,8 @@ def test_one_width_for_every_layer():
     assert spec_of(intermediate_size=[f] * L).ffn_size == f
     with pytest.raises(LmcalcError, match="intermediate_size differ from layer to layer"):
         spec_of(intermediate_size=[f] * (L - 1) + [2 * f])
+    with pytest.raises(LmcalcError, match="intermediate_size gives 4 widths for 5 layers"):
+        spec_of(intermediate_size=[f] * (L - 1))
 
 
 def test_a_list_width_is_refused_for_other_types():

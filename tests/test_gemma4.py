@@ -127,14 +127,16 @@ def test_attention_flops_at_each_kinds_widths_by_hand():
     assert attended_widths(spec, s, "full") == (s * (2 * d + 2 * 32) / 4,) * 2  # full: every key of every layer
 
 
-def test_params_flops_and_serving_work_and_training_estimates_are_refused(tmp_path):
+def test_params_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**BASE, "global_head_dim": 32}))
     assert api.params(model=str(path)).total > 0
     assert api.flops(model=str(path), tokens=1e9, seq=64).model_flops > 0
     assert api.inference(model=str(path), context=64).memory.kv_cache > 0
-    for estimate, more in ((api.memory, {}), (api.train_time, {}), (api.plan, {"gpus": "8xH100"})):
-        with pytest.raises(LmcalcError, match="training memory and time do not take them yet") as refused:
+    assert api.train_time(model=str(path), gpus="8xH100", tokens=1e9).days > 0
+    fine_tune = {"method": "lora", "dataset_tokens": 1e6}
+    for estimate, more in ((api.memory, {}), (api.train_time, fine_tune), (api.plan, {"gpus": "8xH100"})):
+        with pytest.raises(LmcalcError, match="training memory, fine-tuning and step-time model") as refused:
             estimate(model=str(path), **more)
         assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)
 

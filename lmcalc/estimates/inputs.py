@@ -74,7 +74,8 @@ class Given:
 def resolve_model(value: ModelLike, counting: Literal["", "params", "flops", "serving"] = "") -> pr.Resolved:
     """A model preset name, family name, YAML file or HF config.json; or a spec, taken as it is. A model whose
     top-k is null (DeepSeek-V2's class default) is refused unless only ``counting`` its parameters; one whose layers
-    differ in their widths as Gemma 4's do, unless counting its parameters, its FLOPs or its serving memory."""
+    differ in their widths as Gemma 4's do, unless counting its parameters, its FLOPs (and the time they take at an
+    MFU) or its serving memory."""
     resolved = pr.Resolved(value, "given") if isinstance(value, ModelSpec) else pr.resolve_model(value)
     moe = resolved.spec.moe
     if counting != "params" and moe and moe.experts_per_token is None:

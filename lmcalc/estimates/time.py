@@ -111,10 +111,10 @@ def train_time(
     fine_tuning = subset(settings, FineTuneSettings)
     offload = offload_of(subset(settings, OffloadSettings))
     price_per_gpu_hour, energy = cost_and_energy(settings)
-    resolved = resolve_model(model)
+    how = method_of(fine_tuning)
+    resolved = resolve_model(model, counting="flops" if how.kind == "full" else "")  # full training: FLOPs at an MFU
     spec = resolved.spec
     basis = choice(flops_basis, FLOPS_BASES, "flops_basis")
-    how = method_of(fine_tuning)
     check_method(spec, how)
     run = with_defaults(subset(settings, RunSettings), RunSettings)
     tokens_in = run_tokens(run["tokens"], run["dataset_tokens"], run["epochs"], spec, how)

@@ -1,7 +1,9 @@
-"""The weight tensors of layers that differ in their widths (Gemma 4, Google DeepMind 2026; transformers'
+"""The weight tensors of layers that differ from one another (Gemma 4, Google DeepMind 2026; transformers'
 Gemma4TextModel): the global layers' attention at a head size and key-value heads of their own, with K = V; the last
-layers attending with earlier layers' K and V and twice as wide an MLP; per-layer embeddings (PLE); and the MoE
-block's norms and router scales beside the dense MLP. ``engine.model.params`` lists them in build order."""
+layers attending with earlier layers' K and V and twice as wide an MLP; per-layer embeddings (PLE); the MoE block's
+norms and router scales beside the dense MLP. Gemma 3n's AltUp streams and LAuReL (Gemma3nTextModel), and Llama 3.2
+Vision's cross-attention layers, which text does not run (MllamaTextModel). ``engine.model.params`` lists them in
+build order; ``altup_flops`` is what AltUp computes beyond its weights."""
 
 from __future__ import annotations
 
