@@ -152,3 +152,24 @@ def mamba_stack(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "attention_every": None,
     }
     return fields
+
+
+def rwkv(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModelSpec fields for an RWKV-4 config (RwkvForCausalLM): every layer a time mix of ``attention_hidden_size``
+    (else h) and a channel mix whose key and value are an MLP of squared ReLU, ``intermediate_size`` wide (else 4h),
+    each behind a LayerNorm with a bias, and one more LayerNorm on the embedding's output (layer 0's pre_ln); no
+    position encoding, ``context_length`` for its context."""
+    hidden = _get(config, origin, "hidden_size")
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": _get(config, origin, "num_hidden_layers"),
+        "num_heads": 1,  # no layer attends: a count no tensor uses
+        "ffn_size": config.get("intermediate_size") or 4 * hidden,  # RwkvFeedForward: 4 × h where none
+        "ffn_kind": "gelu_mlp",
+        "activation": "relu2",
+        "norm_kind": "layernorm",
+        "embedding_norm": True,
+        "position_embedding": "none",
+        "max_seq_len": _get(config, origin, "context_length", "max_position_embeddings"),
+        "rwkv": {"attention_size": config.get("attention_hidden_size") or hidden},
+    }

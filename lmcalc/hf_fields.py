@@ -31,7 +31,7 @@ WHOLE_NUMBERS = frozenset(
         "index_head_dim", "index_topk", "block_size", "dense_intermediate_size", "sliding_window_size",
         "zero_expert_num", "gated_norm_rank", "kv_channels", "global_head_dim", "num_global_key_value_heads",
         "num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "top_k_experts",
-        "altup_num_inputs", "laurel_rank",
+        "altup_num_inputs", "laurel_rank", "attention_hidden_size", "context_length",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

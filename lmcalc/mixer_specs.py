@@ -173,3 +173,21 @@ class LightningSpec(Spec):
     head_dim: Dimension = Field(description="d, each head's width (head_dim, else hidden_size / heads)")
     block: Dimension = Field(256, description="B, the block length of the blockwise computation (block_size)")
     attention_layer_ids: tuple[LayerIndex, ...] = Field(description="the layers (from 0) that attend")
+
+
+RWKV_COUNTED_ONLY = (
+    "RWKV-4's time and channel mixes are counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at "
+    "an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning and step-time "
+    "model do not take them yet (docs/hf-types.md)"
+)
+
+
+class RwkvSpec(Spec):
+    """RWKV-4 (Peng et al. 2023, *RWKV: Reinventing RNNs for the Transformer Era*; transformers' RwkvBlock): no layer
+    attends. Each layer's time mix projects the token mixed with the one before (token shift, a coefficient a channel
+    for each of r, k and v) to a receptance, a key and a value (h → a each), runs the WKV recurrence with a learned
+    decay and bonus a channel (a each), gates it by sigmoid(r) and projects it back (a → h); its channel mix is an MLP
+    of squared ReLU (key h → f, value f → h: the model's FFN) gated by sigmoid(receptance) (h → h), on token-shifted
+    inputs (two coefficients of h)."""
+
+    attention_size: Dimension = Field(description="a, the time mix's width (attention_hidden_size, else h)")

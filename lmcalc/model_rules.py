@@ -49,11 +49,14 @@ def check_model(spec: Any) -> None:
     if spec.sliding_window is not None and not spec.attention_layers:
         raise ValueError("sliding_window is attention's span, and no layer attends (drop it, or name the layers that "
                          "attend)")  # fmt: skip
-    if sum(m is not None for m in (spec.mamba, spec.mamba2, spec.deltanet, spec.short_conv, spec.lightning)) > 1:
+    mixers = (spec.mamba, spec.mamba2, spec.deltanet, spec.short_conv, spec.lightning, spec.rwkv)
+    if sum(m is not None for m in mixers) > 1:
         raise ValueError(
-            "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv "
-            "or lightning"
+            "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv, "
+            "lightning or rwkv"
         )
+    if spec.rwkv and (spec.ffn_kind != "gelu_mlp" or spec.single_blocks or spec.moe):
+        raise ValueError("rwkv's channel mix is the model's FFN: a two-matrix MLP (ffn_kind gelu_mlp) in every layer")
     if spec.norms_per_layer == 1 and not spec.parallel_block:
         raise ValueError("norms_per_layer 1 needs parallel_block: one norm can only feed both in a parallel block")
     if spec.differential_attention and (spec.mla or spec.num_heads % 2 or spec.kv_heads % 2 or spec.hybrid):

@@ -30,7 +30,15 @@ from lmcalc.layer_specs import (
     PerLayerInputSpec,
     moe_layers_in,
 )
-from lmcalc.mixer_specs import DeltaNetSpec, LightningSpec, Mamba2Spec, MambaSpec, ShortConvSpec
+from lmcalc.mixer_specs import (
+    RWKV_COUNTED_ONLY,
+    DeltaNetSpec,
+    LightningSpec,
+    Mamba2Spec,
+    MambaSpec,
+    RwkvSpec,
+    ShortConvSpec,
+)
 from lmcalc.model_rules import check_model
 from lmcalc.spec_base import (
     MAX_DIMENSION,
@@ -62,9 +70,10 @@ from lmcalc.spec_base import (
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "ComputeDtype",
            "CrossAttentionSpec", "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec",
            "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec",
-           "MambaSpec", "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec",
-           "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat",
-           "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
+           "MambaSpec", "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
+           "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
+           "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool",
+           "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
@@ -266,6 +275,7 @@ class ModelSpec(NamedSpec):
     mamba2: Mamba2Spec | None = None
     short_conv: ShortConvSpec | None = None
     lightning: LightningSpec | None = None
+    rwkv: RwkvSpec | None = Field(None, description="RWKV-4's time and channel mixes in every layer")
     global_attention: GlobalAttentionSpec | None = Field(None, description="the global layers' own widths (Gemma 4)")
     kv_sharing: KvSharingSpec | None = Field(None, description="the last layers reuse earlier K and V (Gemma 4)")
     per_layer_input: PerLayerInputSpec | None = Field(None, description="per-layer embeddings (Gemma 3n, 4's PLE)")
@@ -349,11 +359,11 @@ class ModelSpec(NamedSpec):
         return self
 
     @property
-    def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | None:
+    def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | None:
         """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated
-        DeltaNet (Qwen3-Next), the short convolution (LFM2) or lightning attention (MiniMax-01); None where every
-        layer attends."""
-        return self.mamba or self.mamba2 or self.deltanet or self.short_conv or self.lightning
+        DeltaNet (Qwen3-Next), the short convolution (LFM2), lightning attention (MiniMax-01) or RWKV-4's time mix
+        (every layer); None where every layer attends."""
+        return self.mamba or self.mamba2 or self.deltanet or self.short_conv or self.lightning or self.rwkv
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy validated afresh: its counts of layers by kind are cached, and ``update`` may change them."""
@@ -394,6 +404,8 @@ class ModelSpec(NamedSpec):
             return layer in m.attention_layer_ids
         if m is None:
             return True
+        if isinstance(m, RwkvSpec):  # no layer attends
+            return False
         if isinstance(m, DeltaNetSpec) and m.attention_layer_ids:
             return layer in m.attention_layer_ids
         return m.attention_every is not None and layer % m.attention_every == m.attention_offset
@@ -473,12 +485,16 @@ class ModelSpec(NamedSpec):
         return self.mla.v_head_dim if self.mla else self.value_head_dim or self.head_size
 
     @property
-    def widths_differ(self) -> bool:
-        """Whether layers differ in their widths as Gemma 3n's and 4's do, or hold weights text does not run (Llama 3.2
-        Vision's cross-attention layers): ``WIDTHS_COUNTED_ONLY``."""
+    def counted_only(self) -> str:
+        """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
+        its training memory or step time; "" where it counts everything. Gemma 3n's and 4's layers, which differ
+        from one another, and Llama 3.2 Vision's, which text does not run (``WIDTHS_COUNTED_ONLY``); RWKV-4's
+        (``RWKV_COUNTED_ONLY``)."""
+        if self.rwkv:
+            return RWKV_COUNTED_ONLY
         moe_beside = self.moe is not None and self.moe.branch_norms
         parts = (self.global_attention, self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)
-        return moe_beside or any(p is not None for p in parts)
+        return WIDTHS_COUNTED_ONLY if moe_beside or any(p is not None for p in parts) else ""
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

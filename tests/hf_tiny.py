@@ -255,6 +255,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                                             layer_types=["sliding_attention", "full_attention"] * 2)),
     # Llama 3.2 Vision's text model, built under MllamaConfig: layer 1 of four a cross-attention layer, which text skips
     "mllama_text_model": ("MllamaConfig", dict(text_config=dict(BASE, cross_attention_layers=[1]))),
+    # RWKV-4: a time mix of 48 and a channel mix of 96 in each of four layers
+    "rwkv": ("RwkvConfig", dict(attention_hidden_size=48, context_length=128)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

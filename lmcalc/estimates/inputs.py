@@ -29,7 +29,7 @@ from lmcalc.estimates.settings import Bytes, Count, TrainingSettings
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
 from lmcalc.result import Input, Result
-from lmcalc.specs import NO_TOP_K, WIDTHS_COUNTED_ONLY, Cluster, HardwareSpec, ModelSpec
+from lmcalc.specs import NO_TOP_K, Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import GiB, group, parse_bytes, parse_count
 
 DEFAULT_SEQ_CAP = 8192
@@ -73,15 +73,16 @@ class Given:
 
 def resolve_model(value: ModelLike, counting: Literal["", "params", "flops", "serving"] = "") -> pr.Resolved:
     """A model preset name, family name, YAML file or HF config.json; or a spec, taken as it is. A model whose
-    top-k is null (DeepSeek-V2's class default) is refused unless only ``counting`` its parameters; one whose layers
-    differ in their widths as Gemma 4's do, unless counting its parameters, its FLOPs (and the time they take at an
-    MFU) or its serving memory."""
+    top-k is null (DeepSeek-V2's class default) is refused unless only ``counting`` its parameters; one that lmcalc
+    counts but does not yet estimate the training memory of (``ModelSpec.counted_only``: Gemma 3n's and 4's layers,
+    Llama 3.2 Vision's, RWKV-4's), unless counting its parameters, its FLOPs (and the time they take at an MFU) or
+    its serving memory."""
     resolved = pr.Resolved(value, "given") if isinstance(value, ModelSpec) else pr.resolve_model(value)
     moe = resolved.spec.moe
     if counting != "params" and moe and moe.experts_per_token is None:
         raise LmcalcError(f"{resolved.spec.name}: {NO_TOP_K}")
-    if not counting and resolved.spec.widths_differ:
-        raise LmcalcError(f"{resolved.spec.name}: {WIDTHS_COUNTED_ONLY}")
+    if not counting and resolved.spec.counted_only:  # Gemma 3n's and 4's layers, Llama 3.2 Vision's, RWKV-4's
+        raise LmcalcError(f"{resolved.spec.name}: {resolved.spec.counted_only}")
     return resolved
 
 

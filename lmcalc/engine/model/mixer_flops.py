@@ -21,9 +21,13 @@ def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
     Kᵀ·V, 2·d_k·d_v each; the intra-chunk attention times the new values, 2·C·d_v.
 
     LFM2's gated short convolution: the causal depthwise convolution over B·x, 2·h·K (its two gates, B·x and C·y,
-    are element-wise)."""
+    are element-wise).
+
+    RWKV-4's WKV recurrence: element-wise (its exponentials and running sums a channel), none counted."""
     if spec.short_conv:
         return 2 * spec.hidden_size * spec.short_conv.conv_kernel
+    if spec.rwkv:  # the WKV recurrence: element-wise, a few operations a channel and token
+        return 0.0
     if spec.lightning:
         return lightning_flops(spec.lightning, seq_len)
     if spec.mamba2:

@@ -11,7 +11,27 @@ from lmcalc.specs import ModelSpec
 
 def mixer_tensors(spec: ModelSpec) -> list[WeightTensor]:
     """The tensors of the model's other mixer, in its M − A layers that do not attend (none but in a hybrid)."""
-    return _mamba(spec) + _deltanet(spec) + _mamba2(spec) + _short_conv(spec) + _lightning(spec)
+    return _mamba(spec) + _deltanet(spec) + _mamba2(spec) + _short_conv(spec) + _lightning(spec) + _rwkv(spec)
+
+
+def _rwkv(spec: ModelSpec) -> list[WeightTensor]:
+    """RWKV-4's (``RwkvSpec``): the time mix's decay and bonus (a each), its token-shift coefficients for k, v and r
+    (h each), its receptance, key and value (h → a) and output (a → h) projections; the channel mix's token-shift
+    coefficients for k and r (h each) and its receptance (h → h), beside the FFN's key and value (RwkvSelfAttention,
+    RwkvFeedForward)."""
+    r = spec.rwkv
+    if r is None:
+        return []
+    h, a = Dim(spec.hidden_size, "h"), Dim(r.attention_size, "a")
+    site = Site("ssm", spec.other_mixer_layers, "L_lin")
+    tensors = [tensor(f"time_mix.{name}", site, (a,), False) for name in ("time_decay", "time_first")]
+    tensors += [tensor(f"time_mix.mix_{x}", site, (h,), False) for x in ("k", "v", "r")]
+    for name in ("receptance", "key", "value"):
+        tensors += linear(f"time_mix.{name}", site, a, h, False)
+    tensors += linear("time_mix.output", site, h, a, False)
+    channel = Site("mlp", spec.num_layers, "L")
+    tensors += [tensor(f"channel_mix.mix_{x}", channel, (h,), False) for x in ("k", "r")]
+    return tensors + linear("channel_mix.receptance", channel, h, h, False)
 
 
 def _mamba(spec: ModelSpec) -> list[WeightTensor]:
