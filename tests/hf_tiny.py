@@ -331,3 +331,19 @@ def cached_state_bytes(kind: str, layers: list[int], batch: int = 2, tokens: int
         cache = model(input_ids=torch.zeros(batch, tokens, dtype=torch.long), use_cache=True).past_key_values
     states = [t for i in layers for t in (cache.get_conv_state(i), cache.get_recurrent_state(i))]
     return sum(t.numel() * t.element_size() for t in states if t is not None)
+
+
+def kv_cache_bytes(kind: str, seq: int) -> int:
+    """The bytes transformers' cache holds after a prompt of ``seq`` tokens to ``kind``'s tiny model (fp32), its token
+    ids within a per-layer embedding table of 128 rows (Gemma 3n's and 4's)."""
+    import torch
+    import transformers
+
+    config = tiny_config(kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).eval()
+        with torch.no_grad():
+            cache = model(torch.randint(3, 120, (1, seq)), use_cache=True).past_key_values
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,5 +1,5 @@
-"""Gemma 3n's text model (gemma3n_text): AltUp's streams and LAuReL by hand, its one MLP width, its cache against
-transformers'. Its per-layer embeddings and shared K and V are Gemma 4's (tests/test_gemma4.py); transformers' own
+"""Gemma 3n's text model (gemma3n_text): AltUp's streams and LAuReL by hand, and its one MLP width. Its per-layer
+embeddings and shared K and V are Gemma 4's, and so is the test of its cache (tests/test_gemma4.py); transformers' own
 counts are tests/test_hf_types.py's and test_validate_hf.py's (tests/hf_tiny.py). The shapes are transformers 5.24's
 modeling_gemma3n.py: Gemma3nTextAltUp, Gemma3nTextLaurelBlock, Gemma3nTextModel."""
 
@@ -56,30 +56,3 @@ def test_a_list_width_is_refused_for_other_types():
     config = {**BASE, "model_type": "llama", "intermediate_size": [f] * L}
     with pytest.raises(LmcalcError, match="intermediate_size are a list"):
         model_from_hf_config(config, "llama", "llama config")
-
-
-@pytest.mark.torch
-def test_kv_cache_keeps_what_transformers_keeps():
-    """The last two layers share K and V and cache nothing (transformers' DummyLayer); the local layers keep w − 1
-    tokens between steps, one fewer than lmcalc counts for the next token."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    import warnings
-
-    from hf_tiny import tiny_config
-
-    from lmcalc.engine.inference.serving import Serving, inference_memory
-
-    config = tiny_config("gemma3n_text")
-    spec = ModelSpec.model_validate(model_from_hf_config(config, "gemma3n_text", "tiny"))
-    seq = 50
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).eval()
-        with torch.no_grad():  # token ids within the per-layer table's 128 rows
-            cache = model(torch.randint(3, 120, (1, seq)), use_cache=True).past_key_values
-    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
-    memory = inference_memory(Serving(spec, context=seq, kv_dtype="fp32"), 80e9)
-    assert memory.layers == 3 and memory.local_layers == 2
-    one_local_token = 2 * spec.kv_heads * spec.head_size * 4
-    assert memory.kv_cache == sum(t.numel() * t.element_size() for t in tensors) + 2 * one_local_token

@@ -162,29 +162,18 @@ def test_kv_cache_by_hand():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("kind", ["gemma4_text", "gemma4_unified_text"])
+@pytest.mark.parametrize("kind", ["gemma4_text", "gemma4_unified_text", "gemma3n_text"])
 def test_kv_cache_keeps_what_transformers_keeps(kind: str):
     """transformers' cache after a prompt of s tokens: s tokens in a global layer, the last w − 1 in a local one, none
     in a sharing layer (a DummyLayer); lmcalc counts the w a local layer's next token attends to, so one token more
-    in each local layer that caches."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    import warnings
-
-    from hf_tiny import tiny_config
+    in each local layer that caches (Gemma 3n's, tests/test_gemma3n.py's tiny model, shares K and V as Gemma 4's)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_tiny import kv_cache_bytes, tiny_config
 
     from lmcalc.engine.inference.serving import Serving, inference_memory
 
-    config = tiny_config(kind)
-    spec = ModelSpec.model_validate(model_from_hf_config(config, kind, kind))
-    seq = 50
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).eval()
-        with torch.no_grad():  # token ids within the per-layer table's 128 rows
-            cache = model(torch.randint(3, 120, (1, seq)), use_cache=True).past_key_values
-    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
-    kept = sum(t.numel() * t.element_size() for t in tensors)
-    memory = inference_memory(Serving(spec, context=seq, kv_dtype="fp32"), 80e9)
+    spec = ModelSpec.model_validate(model_from_hf_config(tiny_config(kind), kind, kind))
+    memory = inference_memory(Serving(spec, context=50, kv_dtype="fp32"), 80e9)
     one_local_token = 2 * spec.kv_heads * spec.head_size * 4
-    assert memory.kv_cache == kept + memory.local_layers * one_local_token
+    assert memory.kv_cache == kv_cache_bytes(kind, 50) + memory.local_layers * one_local_token

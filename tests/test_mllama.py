@@ -12,6 +12,7 @@ from lmcalc.engine.model.flops import forward_flops_per_token
 from lmcalc.engine.model.params import count_params
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
+from lmcalc.presets import resolve_model
 from lmcalc.specs import ModelSpec
 
 LLAMA_31_8B = 8_030_261_248
@@ -37,23 +38,9 @@ def test_the_class_defaults_are_llama_31_8b_and_eight_idle_layers():
 
 
 def test_text_computes_the_self_attention_layers_alone():
-    # FLOPs of a text step: the 32 self-attention layers and the head, as Llama 3.1 8B's; the idle layers none
-    llama = ModelSpec.model_validate(
-        model_from_hf_config(
-            {
-                "model_type": "llama",
-                "vocab_size": 128256,
-                "hidden_size": 4096,
-                "num_hidden_layers": 32,
-                "num_attention_heads": 32,
-                "num_key_value_heads": 8,
-                "intermediate_size": 14336,
-                "max_position_embeddings": 131072,
-            },
-            "llama",
-            "llama config",
-        )  # fmt: skip
-    )
+    # FLOPs of a text step: the 32 self-attention layers and the head, as Llama 3.1 8B's (lmcalc's preset, from Meta's
+    # shapes); the idle layers none
+    llama = resolve_model("llama-3.1-8b").spec
     assert forward_flops_per_token(spec_of({}), 8192) == forward_flops_per_token(llama, 8192)
 
 
