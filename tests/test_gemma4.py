@@ -14,6 +14,7 @@ from lmcalc import api
 from lmcalc.engine.model.flops import attended_widths, forward_flops_per_token, local_keys
 from lmcalc.engine.model.params import count_params
 from lmcalc.errors import LmcalcError
+from lmcalc.estimates.counts import COUNTED_ONLY_NOTE
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.hf_meta import UnreadType
 from lmcalc.specs import WIDTHS_COUNTED_ONLY, ModelSpec
@@ -130,7 +131,8 @@ def test_attention_flops_at_each_kinds_widths_by_hand():
 def test_params_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**BASE, "global_head_dim": 32}))
-    assert api.params(model=str(path)).total > 0
+    counted = api.params(model=str(path))
+    assert counted.total > 0 and COUNTED_ONLY_NOTE in counted.report.notes  # it says what else lmcalc estimates
     assert api.flops(model=str(path), tokens=1e9, seq=64).model_flops > 0
     assert api.inference(model=str(path), context=64).memory.kv_cache > 0
     assert api.train_time(model=str(path), gpus="8xH100", tokens=1e9).days > 0

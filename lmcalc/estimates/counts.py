@@ -29,6 +29,11 @@ from lmcalc.result import Input, Result, Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import GB, GiB, check_shape, format_quantity, group, parse_shape
 
+COUNTED_ONLY_NOTE = (
+    "lmcalc counts this model's parameters, FLOPs, training time at an MFU and serving memory (params, flops, "
+    "train-time, memory --inference); its training memory, fine-tuning and the planner are not modelled yet"
+)
+
 
 @dataclass(frozen=True)
 class ParamsEstimate(Estimate):
@@ -66,7 +71,8 @@ def params_estimate(resolved: Resolved) -> ParamsEstimate:
         f"Parameters of {spec.label}",
         (model_input(spec, resolved.note),),
         (params_section(spec),),
-        (*model_notes(spec, resolved.note), *spec.notes),  # what the preset or the config.json reader says of the count
+        # what the preset or the config.json reader says of the count, and what else lmcalc estimates of the model
+        (*model_notes(spec, resolved.note), *spec.notes, *([COUNTED_ONLY_NOTE] if spec.counted_only else [])),
     )
     total = report.term("params.total")
     report = replace(report, headline=(f"{spec.label}: {group(total.value)} parameters ({total.text})",))
