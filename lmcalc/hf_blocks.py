@@ -173,3 +173,42 @@ def rwkv(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[st
         "max_seq_len": _get(config, origin, "context_length", "max_position_embeddings"),
         "rwkv": {"attention_size": config.get("attention_hidden_size") or hidden},
     }
+
+
+def recurrent_gemma(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModelSpec fields for a RecurrentGemma config (RecurrentGemmaForCausalLM): ``block_types`` repeated over the
+    layers (recurrent, recurrent, attention by default), Griffin's recurrent blocks of ``lru_width`` (else h) with
+    ``num_attention_heads`` gate blocks and a convolution of ``conv1d_width`` taps, local attention over
+    ``attention_window_size`` with ``num_key_value_heads`` (else every head) and a bias on its output, a GeGLU MLP of
+    ``intermediate_size`` // 2 with biases, RMSNorms before each half, the logits soft-capped; half of each head
+    rotated."""
+    hidden, layers = _get(config, origin, "hidden_size"), _get(config, origin, "num_hidden_layers")
+    heads = _get(config, origin, "num_attention_heads")
+    kinds = list(config.get("block_types") or ("recurrent", "recurrent", "attention"))
+    unknown = sorted(set(kinds) - {"recurrent", "attention"})
+    if unknown:
+        raise LmcalcError(f"{origin}: config.json block_types has {token(unknown[0])}, not recurrent or attention")
+    attending = [i for i in range(layers) if kinds[i % len(kinds)] == "attention"]
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads"),
+        "ffn_size": _get(config, origin, "intermediate_size") // 2,  # RecurrentGemmaMlp: intermediate_size // 2
+        "ffn_kind": "geglu",
+        "activation": gelu(config, "recurrent_gemma", origin),
+        "norm_kind": "rmsnorm",
+        "mlp_bias": True,
+        "attention_bias": "all" if config.get("attention_bias") else "out",
+        "position_embedding": "rope",
+        "rotary_fraction": config.get("partial_rotary_factor", 0.5),
+        "max_seq_len": config.get("max_position_embeddings") or NO_POSITION_LIMIT,
+        **({"sliding_window": _get(config, origin, "attention_window_size")} if attending else {}),
+        "final_softcap": config.get("logits_soft_cap"),
+        "rglru": {
+            "width": config.get("lru_width") or hidden,
+            "heads": heads,
+            "conv_kernel": _get(config, origin, "conv1d_width"),
+            "attention_layer_ids": attending,
+        },
+    }

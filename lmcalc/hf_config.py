@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
-from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, rwkv
+from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, recurrent_gemma, rwkv
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_fields import check_fields, rotary_fraction
 from lmcalc.hf_fields import get as _get
@@ -86,7 +86,7 @@ Hybrid's (``olmo_hybrid``) are read the same way, its attention without the gate
 GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
               "dbrx", "openai-gpt", "ctrl", "xglm", "gpt_neox_japanese")  # fmt: skip
 """The types ``hf_gpt`` reads."""
-SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS, "rwkv")
+SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS, "rwkv", "recurrent_gemma")
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model", "gemma4": "gemma4_text",
               "gemma4_unified": "gemma4_unified_text", "gemma3n": GEMMA3N, "mllama": MLLAMA}  # fmt: skip
@@ -121,7 +121,7 @@ QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "sta
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
                     "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", "lara_mini", "beam",
-                    "minimax_m3_vl_text",
+                    "minimax_m3_vl_text", "recurrent_gemma",
                     *DELTANET, GEMMA3N, *GEMMA4)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
@@ -508,6 +508,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return mamba_stack(text, kind, fields, origin)
     if kind == "rwkv":
         return rwkv(text, fields, origin)
+    if kind == "recurrent_gemma":
+        return recurrent_gemma(text, fields, origin)
     if kind in SINGLE_BLOCKS:
         return nemotron_h(text, fields, origin)
     return _llama_like(text, kind, fields, origin)

@@ -158,6 +158,7 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "falcon_mamba": {"conv_kernel": 4, "expand": 2, "hidden_act": "silu", "hidden_size": 768, "num_hidden_layers": 32, "state_size": 16, "tie_word_embeddings": True, "use_bias": False, "use_conv_bias": True, "vocab_size": 50280},  # FalconMambaConfig
     "mamba2": {"chunk_size": 256, "conv_kernel": 4, "expand": 2, "head_dim": 64, "hidden_act": "silu", "hidden_size": 4096, "n_groups": 8, "num_heads": 128, "num_hidden_layers": 64, "state_size": 128, "tie_word_embeddings": False, "use_bias": False, "use_conv_bias": True, "vocab_size": 32768},  # Mamba2Config
     "rwkv": {"context_length": 1024, "hidden_size": 4096, "num_hidden_layers": 32, "tie_word_embeddings": False, "vocab_size": 50277},  # RwkvConfig
+    "recurrent_gemma": {"attention_bias": False, "attention_dropout": 0.0, "attention_window_size": 2048, "conv1d_width": 4, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2560, "intermediate_size": 7680, "logits_soft_cap": 30.0, "num_attention_heads": 10, "num_hidden_layers": 26, "rms_norm_eps": 1e-06, "tie_word_embeddings": True, "vocab_size": 256000},  # RecurrentGemmaConfig
     "exaone": {"attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 4096, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 102400},  # ExaoneConfig
     "internlm3": {"attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 10240, "max_position_embeddings": 32768, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 128512},  # InternLM3Config
     "iquestcoder": {"attention_bias": False, "attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 27648, "max_position_embeddings": 131072, "mlp_bias": False, "num_attention_heads": 40, "num_hidden_layers": 80, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "vocab_size": 76800},  # IQuestCoderConfig
@@ -233,6 +234,7 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "jetmoe": {"head_dim": "kv_channels"},
     "nemotron_h": {"layer_types": "layers_block_type", "num_local_experts": "n_routed_experts"},
     "rwkv": {"max_position_embeddings": "context_length"},
+    "recurrent_gemma": {"sliding_window": "attention_window_size", "layer_types": "layers_block_type"},
     "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps", "activation_function": "hidden_act"},
     "internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"},
     "sarvam_mla": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers", "num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},

@@ -31,14 +31,15 @@ WHOLE_NUMBERS = frozenset(
         "index_head_dim", "index_topk", "block_size", "dense_intermediate_size", "sliding_window_size",
         "zero_expert_num", "gated_norm_rank", "kv_channels", "global_head_dim", "num_global_key_value_heads",
         "num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "top_k_experts",
-        "altup_num_inputs", "laurel_rank", "attention_hidden_size", "context_length",
+        "altup_num_inputs", "laurel_rank", "attention_hidden_size", "context_length", "lru_width", "conv1d_width",
+        "attention_window_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
     {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "residual_dropout", "attn_logit_softcapping",
      "final_logit_softcapping", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
      "activation_dropout", "embed_dropout", "resid_dropout", "clip_qkv", "rms_norm_eps",
-     "block_ffn_dim_multiplier", "expand", "swiglu_limit"}
+     "block_ffn_dim_multiplier", "expand", "swiglu_limit", "logits_soft_cap"}
 )  # fmt: skip
 FLAGS = frozenset(
     {
@@ -72,7 +73,9 @@ LISTS_OF_WHOLE_NUMBERS = frozenset(
         "cross_attention_layers",
     }
 )
-LISTS_OF_TEXTS = frozenset({"layer_types", "mlp_layer_types", "attention_layers", "layers_block_type", "indexer_types"})
+LISTS_OF_TEXTS = frozenset(
+    {"layer_types", "mlp_layer_types", "attention_layers", "layers_block_type", "indexer_types", "block_types"}
+)
 VISION_WHOLE_NUMBERS = frozenset(
     {"hidden_size", "intermediate_size", "patch_size", "image_size", "num_channels", "num_hidden_layers"}
 )

@@ -27,6 +27,7 @@ ACTIVATION = {"gpt2": ("activation_function", "gelu_new"), "gpt_neox": ("hidden_
               "gemma": ("hidden_act", "gelu_pytorch_tanh"), "gemma2": ("hidden_activation", "gelu_pytorch_tanh"),
               "gemma3_text": ("hidden_activation", "gelu_pytorch_tanh"),
               "gemma3n_text": ("hidden_activation", "gelu_pytorch_tanh"),
+              "recurrent_gemma": ("hidden_activation", "gelu_pytorch_tanh"),
               "gemma4_text": ("hidden_activation", "gelu_pytorch_tanh"),
               "gemma4_unified_text": ("hidden_activation", "gelu_pytorch_tanh"),
               "vaultgemma": ("hidden_activation", "gelu_pytorch_tanh"),

@@ -176,9 +176,9 @@ class LightningSpec(Spec):
 
 
 RWKV_COUNTED_ONLY = (
-    "RWKV-4's time and channel mixes are counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at "
-    "an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning and step-time "
-    "model do not take them yet (docs/hf-types.md)"
+    "RWKV-4's and RecurrentGemma's recurrent layers are counted by lmcalc params, lmcalc flops, lmcalc train-time "
+    "(full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, "
+    "fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
 
 
@@ -191,3 +191,21 @@ class RwkvSpec(Spec):
     inputs (two coefficients of h)."""
 
     attention_size: Dimension = Field(description="a, the time mix's width (attention_hidden_size, else h)")
+
+
+class RgLruSpec(Spec):
+    """Griffin's recurrent blocks (De et al. 2024, *Griffin*; RecurrentGemma: RecurrentGemmaRecurrentBlock) in the
+    layers that do not attend: two input projections h → w (one through GeLU, the gate y; one through a causal
+    depthwise convolution of K taps into the RG-LRU), the RG-LRU's input and recurrence gates (block-diagonal, heads
+    blocks of w/heads, with biases) and its decay a channel, and the output projection w → h, every projection with a
+    bias. The layers in attention_layer_ids attend (local MQA)."""
+
+    width: Dimension = Field(description="w, the recurrence's width (lru_width, else h)")
+    heads: Dimension = Field(description="the gates' diagonal blocks (num_attention_heads)")
+    conv_kernel: Dimension = Field(description="K, the causal depthwise convolution's taps (conv1d_width)")
+    attention_layer_ids: tuple[LayerIndex, ...] = Field(description="the layers (from 0) that attend")
+
+    @property
+    def block_width(self) -> int:
+        """A gate block's width, w // heads (RecurrentGemmaRglru floors it, and its gates' biases are heads of it)."""
+        return self.width // self.heads

@@ -49,11 +49,11 @@ def check_model(spec: Any) -> None:
     if spec.sliding_window is not None and not spec.attention_layers:
         raise ValueError("sliding_window is attention's span, and no layer attends (drop it, or name the layers that "
                          "attend)")  # fmt: skip
-    mixers = (spec.mamba, spec.mamba2, spec.deltanet, spec.short_conv, spec.lightning, spec.rwkv)
+    mixers = (spec.mamba, spec.mamba2, spec.deltanet, spec.short_conv, spec.lightning, spec.rwkv, spec.rglru)
     if sum(m is not None for m in mixers) > 1:
         raise ValueError(
             "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv, "
-            "lightning or rwkv"
+            "lightning, rwkv or rglru"
         )
     if spec.rwkv and (spec.ffn_kind != "gelu_mlp" or spec.single_blocks or spec.moe):
         raise ValueError("rwkv's channel mix is the model's FFN: a two-matrix MLP (ffn_kind gelu_mlp) in every layer")
@@ -135,7 +135,7 @@ def _check_single_blocks(spec: Any) -> None:
 
 def _check_layer_ids(spec: Any) -> None:
     """Every layer a list names is one of the model's: an index from 0 below num_layers."""
-    kind = next((name for name in ("mamba2", "deltanet", "short_conv", "lightning") if getattr(spec, name)), "")
+    kind = next((n for n in ("mamba2", "deltanet", "short_conv", "lightning", "rglru") if getattr(spec, n)), "")
     listed = {
         "global_layer_ids": spec.global_layer_ids,
         "moe.dense_layer_ids": spec.moe.dense_layer_ids if spec.moe else (),

@@ -36,6 +36,7 @@ from lmcalc.mixer_specs import (
     LightningSpec,
     Mamba2Spec,
     MambaSpec,
+    RgLruSpec,
     RwkvSpec,
     ShortConvSpec,
 )
@@ -276,6 +277,7 @@ class ModelSpec(NamedSpec):
     short_conv: ShortConvSpec | None = None
     lightning: LightningSpec | None = None
     rwkv: RwkvSpec | None = Field(None, description="RWKV-4's time and channel mixes in every layer")
+    rglru: RgLruSpec | None = Field(None, description="Griffin's recurrent blocks (RecurrentGemma)")
     global_attention: GlobalAttentionSpec | None = Field(None, description="the global layers' own widths (Gemma 4)")
     kv_sharing: KvSharingSpec | None = Field(None, description="the last layers reuse earlier K and V (Gemma 4)")
     per_layer_input: PerLayerInputSpec | None = Field(None, description="per-layer embeddings (Gemma 3n, 4's PLE)")
@@ -359,11 +361,15 @@ class ModelSpec(NamedSpec):
         return self
 
     @property
-    def hybrid(self) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | None:
+    def hybrid(
+        self,
+    ) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | RgLruSpec | None:  # noqa: E501
         """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated
-        DeltaNet (Qwen3-Next), the short convolution (LFM2), lightning attention (MiniMax-01) or RWKV-4's time mix
-        (every layer); None where every layer attends."""
-        return self.mamba or self.mamba2 or self.deltanet or self.short_conv or self.lightning or self.rwkv
+        DeltaNet (Qwen3-Next), the short convolution (LFM2), lightning attention (MiniMax-01), RWKV-4's time mix
+        (every layer) or Griffin's recurrent block (RecurrentGemma); None where every layer attends."""
+        return (
+            self.mamba or self.mamba2 or self.deltanet or self.short_conv or self.lightning or self.rwkv or self.rglru
+        )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy validated afresh: its counts of layers by kind are cached, and ``update`` may change them."""
@@ -400,7 +406,7 @@ class ModelSpec(NamedSpec):
 
     def _attends_by_pattern(self, layer: int) -> bool:
         m = self.hybrid
-        if isinstance(m, (Mamba2Spec, ShortConvSpec, LightningSpec)):
+        if isinstance(m, (Mamba2Spec, ShortConvSpec, LightningSpec, RgLruSpec)):
             return layer in m.attention_layer_ids
         if m is None:
             return True
@@ -490,7 +496,7 @@ class ModelSpec(NamedSpec):
         its training memory or step time; "" where it counts everything. Gemma 3n's and 4's layers, which differ
         from one another, and Llama 3.2 Vision's, which text does not run (``WIDTHS_COUNTED_ONLY``); RWKV-4's
         (``RWKV_COUNTED_ONLY``)."""
-        if self.rwkv:
+        if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
         moe_beside = self.moe is not None and self.moe.branch_norms
         parts = (self.global_attention, self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)

@@ -234,6 +234,8 @@ def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:
         channels_kernel = spec.mamba2.conv_channels, spec.mamba2.conv_kernel
     if spec.short_conv:  # Lfm2ShortConv's causal_conv1d_fn: F.conv1d padded by K − 1, then cut to s
         channels_kernel = spec.hidden_size, spec.short_conv.conv_kernel
+    if spec.rglru:  # RecurrentGemmaRecurrentBlock's nn.Conv1d, padded by K − 1, then cut to s
+        channels_kernel = spec.rglru.width, spec.rglru.conv_kernel
     if channels_kernel:
         channels, kernel = channels_kernel
         conv = 3 * 2 * micro_batch * channels * kernel * (kernel - 1)

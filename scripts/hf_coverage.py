@@ -93,7 +93,6 @@ NEEDS: dict[str, str] = {
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
     "phi4_multimodal": "Phi-4-multimodal: Phi-4-mini's layers with its image (SigLIP) and audio (Conformer) encoders "
     "inside the causal LM, which lmcalc does not count",
-    "recurrent_gemma": "RecurrentGemma: RG-LRU recurrent blocks (block-diagonal gates, a convolution) beside local MQA",
     "xlstm": "xLSTM: mLSTM blocks (a matrix memory with exponential gates) and their projections",
     "zamba": "Zamba: Mamba layers with one shared transformer block run at several depths (weights counted once, run "
     "many times)",
@@ -254,14 +253,14 @@ def page(cases: list[Case]) -> str:
     lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
     lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
               "Gemma 3n's and Gemma 4's text models (`gemma3n_text`, `gemma4_text`, `gemma4_unified_text`, and the "
-              "`gemma4` and `gemma4_unified` wrappers' text models), Llama 3.2 Vision's (`mllama`) and RWKV-4 "
-              "(`rwkv`) are read exactly: `lmcalc params`, `lmcalc flops`, `lmcalc train-time` (full training, at "
-              "an MFU) and `lmcalc memory --inference` take them (formulas §2.19 to §2.22 and §11: FLOPs equal to "
-              "FlopCounterMode's on transformers' own step, the KV cache or state to what transformers keeps). "
-              "Training memory, fine-tuning and the planner refuse them in one line until they count what their "
-              "layers keep for backward (K = V's two norms, the K and V the sharing layers reuse, the per-layer "
-              "inputs' gates, AltUp's streams, the WKV recurrence) and their kernels, and what a trainer keeps for "
-              "weights no text step updates."]  # fmt: skip
+              "`gemma4` and `gemma4_unified` wrappers' text models), Llama 3.2 Vision's (`mllama`), RWKV-4 (`rwkv`) "
+              "and RecurrentGemma (`recurrent_gemma`) are read exactly: `lmcalc params`, `lmcalc flops`, `lmcalc "
+              "train-time` (full training, at an MFU) and `lmcalc memory --inference` take them (formulas §2.19 to "
+              "§2.23 and §11: FLOPs equal to FlopCounterMode's on transformers' own step, the KV cache or state to "
+              "what transformers keeps). Training memory, fine-tuning and the planner refuse them in one line until "
+              "they count what their layers keep for backward (K = V's two norms, the K and V the sharing layers "
+              "reuse, the per-layer inputs' gates, AltUp's streams, the WKV and RG-LRU recurrences) and their "
+              "kernels, and what a trainer keeps for weights no text step updates."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -257,6 +257,9 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "mllama_text_model": ("MllamaConfig", dict(text_config=dict(BASE, cross_attention_layers=[1]))),
     # RWKV-4: a time mix of 48 and a channel mix of 96 in each of four layers
     "rwkv": ("RwkvConfig", dict(attention_hidden_size=48, context_length=128)),
+    # RecurrentGemma: recurrent, recurrent, attention, recurrent (Griffin's blocks of 64 in 4 gate blocks, 4 taps; MQA
+    # within a window of 24 in layer 2), a GeGLU MLP of 96 // 2
+    "recurrent_gemma": ("RecurrentGemmaConfig", dict(attention_window_size=24, num_key_value_heads=1)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -294,12 +294,14 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     cache's bytes and its recurrent state (H_v · d_k · d_v) in fp32, as transformers' Qwen3-Next cache and fla keep
     it; LFM2's short convolutions their last K inputs, as its cache keeps them; lightning attention its H × d × d
     state (K·V summed with decay) at the cache's bytes, as MiniMax's cache keeps it; RWKV-4 its five h-wide states a
-    layer, the two token shifts at the cache's bytes and WKV's three in fp32, as RwkvModel keeps them."""
+    layer, the two token shifts at the cache's bytes and WKV's three in fp32, as RwkvModel keeps them; Griffin's
+    recurrent blocks their convolution's last K − 1 inputs and the RG-LRU's state in fp32, as RecurrentGemma's
+    blocks keep them."""
     layers = spec.other_mixer_layers
-    if (
-        spec.rwkv
-    ):  # the token-shift inputs of both mixes at the cache's bytes, WKV's numerator, denominator, max in fp32
+    if spec.rwkv:  # both mixes' token-shift inputs at the cache's bytes; WKV's numerator, denominator, max in fp32
         return layers * spec.hidden_size * (2 * kv_bytes + 3 * 4)
+    if spec.rglru:  # the convolution's last K − 1 inputs (w wide after a prompt), the RG-LRU's state in fp32
+        return layers * spec.rglru.width * ((spec.rglru.conv_kernel - 1) * kv_bytes + 4)
     if spec.short_conv:  # the convolution's last K inputs of B·x (LFM2's cache)
         return layers * spec.hidden_size * spec.short_conv.conv_kernel * kv_bytes
     if spec.lightning:  # the running state, H × d × d (MiniMaxCache's linear cache)

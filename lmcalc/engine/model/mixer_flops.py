@@ -23,11 +23,15 @@ def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
     LFM2's gated short convolution: the causal depthwise convolution over B·x, 2·h·K (its two gates, B·x and C·y,
     are element-wise).
 
-    RWKV-4's WKV recurrence: element-wise (its exponentials and running sums a channel), none counted."""
+    RWKV-4's WKV recurrence: element-wise (its exponentials and running sums a channel), none counted. Griffin's
+    recurrent block: its depthwise convolution, 2·w·K (the RG-LRU's gates are matmuls of weights, its scan
+    element-wise)."""
     if spec.short_conv:
         return 2 * spec.hidden_size * spec.short_conv.conv_kernel
     if spec.rwkv:  # the WKV recurrence: element-wise, a few operations a channel and token
         return 0.0
+    if spec.rglru:  # the depthwise convolution; the RG-LRU's scan is element-wise
+        return 2 * spec.rglru.width * spec.rglru.conv_kernel
     if spec.lightning:
         return lightning_flops(spec.lightning, seq_len)
     if spec.mamba2:

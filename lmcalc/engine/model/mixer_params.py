@@ -11,7 +11,30 @@ from lmcalc.specs import ModelSpec
 
 def mixer_tensors(spec: ModelSpec) -> list[WeightTensor]:
     """The tensors of the model's other mixer, in its M − A layers that do not attend (none but in a hybrid)."""
-    return _mamba(spec) + _deltanet(spec) + _mamba2(spec) + _short_conv(spec) + _lightning(spec) + _rwkv(spec)
+    mixers = (_mamba, _deltanet, _mamba2, _short_conv, _lightning, _rwkv, _rglru)
+    return [t for mixer in mixers for t in mixer(spec)]
+
+
+def _rglru(spec: ModelSpec) -> list[WeightTensor]:
+    """Griffin's recurrent block (``RgLruSpec``; RecurrentGemmaRecurrentBlock, RecurrentGemmaRglru): linear_y and
+    linear_x (h → w), the depthwise convolution (w × K, and a bias), the RG-LRU's decay (w), its input and recurrence
+    gates (H blocks of w/H × w/H, a batched matmul each, and biases of H · w/H), and linear_out (w → h); every
+    projection with a bias."""
+    r = spec.rglru
+    if r is None:
+        return []
+    h, w, bw = Dim(spec.hidden_size, "h"), Dim(r.width, "w"), Dim(r.block_width, "w/H")
+    site = Site("ssm", spec.other_mixer_layers, "L_lin")
+    tensors = linear("rglru.linear_y", site, w, h, True) + linear("rglru.linear_x", site, w, h, True)
+    tensors += [
+        tensor("rglru.conv.weight", site, (w, Dim(r.conv_kernel, "K")), False),
+        tensor("rglru.conv.bias", site, (w,), False),
+    ]
+    tensors.append(tensor("rglru.recurrent_param", site, (w,), False))
+    for gate in ("input_gate", "recurrent_gate"):
+        tensors.append(tensor(f"rglru.{gate}_weight", site, (Dim(r.heads, "H"), bw, bw), True))
+        tensors.append(tensor(f"rglru.{gate}_bias", site, (Dim(r.heads, "H"), bw), False))
+    return tensors + linear("rglru.linear_out", site, h, w, True)
 
 
 def _rwkv(spec: ModelSpec) -> list[WeightTensor]:
