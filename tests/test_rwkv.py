@@ -70,6 +70,8 @@ def test_training_memory_is_refused_in_one_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CONFIG))
     assert api.flops(model=str(path), tokens=1e9, seq=64).model_flops > 0
+    served = api.inference(model=str(path), context=64).report  # the state is a row of its own, with its formula
+    assert served.value("kv_cache.state") == L * h * (2 * 2 + 3 * 4)
     with pytest.raises(LmcalcError) as refused:
         api.memory(model=str(path))
     assert RWKV_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)

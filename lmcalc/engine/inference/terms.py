@@ -300,6 +300,15 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
         state = ("State-space", "L_ssm · d_in · (d_conv + N) · bytes",
                  f"{layers} × {m.d_inner} × ({m.d_conv} + {m.d_state}) × {b}",
                  "Gu & Dao 2023 §3.3; transformers' Jamba cache (conv and SSM states)")  # fmt: skip
+    elif spec.rwkv:
+        state = ("RWKV time- and channel-mix", "L · h · (2 · bytes + 3 · 4 B)",
+                 f"{layers} × {spec.hidden_size} × (2 × {b} + 3 × 4 B)",
+                 "Peng et al. 2023; transformers' RwkvModel state (token shifts; WKV's three sums, fp32)")  # fmt: skip
+    elif spec.rglru:
+        g = spec.rglru
+        state = ("Recurrent-block", "L_lin · w · ((K − 1) · bytes + 4 B)",
+                 f"{layers} × {g.width} × (({g.conv_kernel} − 1) × {b} + 4 B)",
+                 "De et al. 2024 (Griffin); RecurrentGemma's blocks (conv state, fp32 RG-LRU state)")  # fmt: skip
     else:
         return ()
     kind, formula, substituted, source = state
