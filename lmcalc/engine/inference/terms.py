@@ -305,9 +305,9 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
                  f"{layers} × {spec.hidden_size} × (2 × {b} + 3 × 4 B)",
                  "Peng et al. 2023; transformers' RwkvModel state (token shifts; WKV's three sums, fp32)")  # fmt: skip
     elif spec.rglru:
-        g = spec.rglru
+        r = spec.rglru
         state = ("Recurrent-block", "L_lin · w · ((K − 1) · bytes + 4 B)",
-                 f"{layers} × {g.width} × (({g.conv_kernel} − 1) × {b} + 4 B)",
+                 f"{layers} × {r.width} × (({r.conv_kernel} − 1) × {b} + 4 B)",
                  "De et al. 2024 (Griffin); RecurrentGemma's blocks (conv state, fp32 RG-LRU state)")  # fmt: skip
     else:
         return ()
