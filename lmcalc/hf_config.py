@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
+from lmcalc.hf_attention import indexer, laguna, modernbert
 from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, recurrent_gemma, rwkv
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_fields import check_fields, rotary_fraction
@@ -278,7 +279,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             else _get(config, origin, "v_head_dim"),
         }
         if kind in ("deepseek_v32", "glm_moe_dsa", "axk2"):  # DeepSeek sparse attention: MLA with an indexer
-            fields["mla"]["indexer"] = _indexer(config, origin, layers)
+            fields["mla"]["indexer"] = indexer(config, origin, layers)
         fields["num_kv_heads"] = None
     routed = moe(config, kind, layers, origin) if kind not in GEMMA4 else None  # Gemma 4's: hf_widths
     if routed:
@@ -314,9 +315,9 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         if kind == "kimi_linear":  # KimiLinearAttention applies no RoPE (its rope-sized latent slice is built still)
             fields["position_embedding"] = "none"
     if kind == "laguna":  # LagunaAttention: a softplus gate a head on the attention's output, from g_proj
-        fields |= _laguna(config, origin, fields["num_heads"])
+        fields |= laguna(config, origin, fields["num_heads"])
     if kind == "modernbert-decoder":
-        fields |= _modernbert(config, origin)
+        fields |= modernbert(config, origin)
     if kind == "mimo_v2_flash":
         fields |= local_attention(config, origin, fields)
     if kind == "llama4_text" and fields.get("sliding_window") and _flag(config, "use_qk_norm", True, origin):
@@ -343,58 +344,6 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape
         fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]
     return fields
-
-
-def _modernbert(config: dict[str, Any], origin: str) -> dict[str, Any]:
-    """ModernBERT's decoder (ModernBertDecoderForCausalLM): LayerNorms (without biases unless ``norm_bias``), one after
-    the embedding that stands in for layer 0's attention norm, a GeGLU through one fused ``Wi``, biases on q, k, v
-    and Wo where ``attention_bias`` says, a prediction-head transform (dense, GELU, norm) before the tied decoder and
-    its bias (``decoder_bias``)."""
-    for field in ("embedding_dropout", "attention_dropout", "mlp_dropout"):
-        if config.get(field):
-            raise LmcalcError(f"{origin}: config.json {field} {config[field]}: ModernBERT's dropout is not modelled")
-    if config.get("classifier_bias") or (config.get("classifier_activation") or "gelu") != (
-        config.get("hidden_activation") or "gelu"
-    ):
-        raise LmcalcError(f"{origin}: config.json classifier_bias or a classifier_activation other than "
-                          "hidden_activation: ModernBERT's head transform is read without a bias, with the MLP's "
-                          "activation")  # fmt: skip
-    fields: dict[str, Any] = {
-        "norm_kind": "layernorm" if config.get("norm_bias") else "layernorm_nobias",
-        "num_kv_heads": None,  # ModernBertDecoderAttention: as many key-value heads as heads, whatever the config says
-        "embedding_norm": True,
-        "first_attention_norm": False,
-        "head_transform": True,
-        "head_bias": bool(config.get("decoder_bias", True)),
-        "fused_linears": ["gate_up"],
-    }
-    return fields
-
-
-def _laguna(config: dict[str, Any], origin: str, heads: int) -> dict[str, Any]:
-    """Laguna's per-head gate (``gating`` true or "per-head": g_proj h → H; a per-channel gate is not read) and its
-    heads, one count for every layer (``num_attention_heads_per_layer``: counts that differ are not read)."""
-    if config.get("gating", True) not in (True, "per-head"):
-        raise LmcalcError(f"{origin}: config.json gating {config.get('gating')!r}: lmcalc reads Laguna's per-head gate "
-                          "(gating true or \"per-head\") only")  # fmt: skip
-    per_layer = set(config.get("num_attention_heads_per_layer") or [heads])
-    if len(per_layer) > 1:
-        raise LmcalcError(f"{origin}: config.json num_attention_heads_per_layer differs between layers "
-                          f"({sorted(per_layer)}); lmcalc reads one head count for every layer")  # fmt: skip
-    return {"attention_head_gate": "fp32", "num_heads": per_layer.pop()}
-
-
-def _indexer(config: dict[str, Any], origin: str, layers: int) -> dict[str, Any]:
-    """DeepSeek-V3.2's and GLM-5's indexer (DeepseekV32Indexer, GlmMoeDsaIndexer); GLM-5's indexer_types "shared"
-    marks a layer that reuses the previous layer's selection and builds no indexer (GlmMoeDsaAttention)."""
-    shared = config.get("indexer_types") or []
-    own = layers - sum(t == "shared" for t in shared[:layers])
-    return {
-        "heads": _get(config, origin, "index_n_heads"),
-        "head_dim": _get(config, origin, "index_head_dim"),
-        "top_k": _get(config, origin, "index_topk"),
-        "own_layers": own if own < layers else None,
-    }
 
 
 def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:

@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from lmcalc.errors import as_given
 from lmcalc.hardware_specs import Cluster, HardwareSpec
+from lmcalc.layer_kinds import LayerKinds
 from lmcalc.layer_specs import (
     NO_TOP_K,
     WIDTHS_COUNTED_ONLY,
@@ -28,7 +29,6 @@ from lmcalc.layer_specs import (
     MLASpec,
     MoESpec,
     PerLayerInputSpec,
-    moe_layers_in,
 )
 from lmcalc.mixer_specs import (
     RWKV_COUNTED_ONLY,
@@ -78,7 +78,7 @@ __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", 
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
-class ModelSpec(NamedSpec):
+class ModelSpec(LayerKinds, NamedSpec):
     """A decoder-only transformer, described the way its config file and paper describe it."""
 
     display_name: str = Field("", max_length=MAX_NAME_LENGTH)
@@ -360,110 +360,10 @@ class ModelSpec(NamedSpec):
         check_model(self)  # lmcalc/model_rules.py
         return self
 
-    @property
-    def hybrid(
-        self,
-    ) -> MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | RgLruSpec | None:  # noqa: E501
-        """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated
-        DeltaNet (Qwen3-Next), the short convolution (LFM2), lightning attention (MiniMax-01), RWKV-4's time mix
-        (every layer) or Griffin's recurrent block (RecurrentGemma); None where every layer attends."""
-        return (
-            self.mamba or self.mamba2 or self.deltanet or self.short_conv or self.lightning or self.rwkv or self.rglru
-        )
-
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy validated afresh: its counts of layers by kind are cached, and ``update`` may change them."""
         del deep  # every field is immutable: a new, validated model shares nothing mutable
         return type(self).model_validate(self.model_dump() | dict(update or {}))
-
-    def has_mixer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) mixes tokens: every layer but an FFN block alone (Nemotron-H)."""
-        return layer not in self.ffn_only_layer_ids
-
-    def has_ffn(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) has an FFN: every layer but a mixer block alone (Nemotron-H)."""
-        return layer not in self.mixer_only_layer_ids
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def mixer_layers(self) -> int:
-        """Layers with a token mixer, attention or another: L less the FFN blocks alone."""
-        return self.num_layers - len(self.ffn_only_layer_ids)
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def ffn_layers(self) -> int:
-        """Layers with an FFN, dense or MoE: L less the mixer blocks alone."""
-        return self.num_layers - len(self.mixer_only_layer_ids)
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def single_blocks(self) -> bool:
-        """Whether some layers are a mixer or an FFN alone, behind one norm (Nemotron-H)."""
-        return bool(self.mixer_only_layer_ids or self.ffn_only_layer_ids)
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def parallel_mixers(self) -> bool:
-        """Whether every layer runs attention and the hybrid's other mixer side by side (Falcon-H1)."""
-        return isinstance(self.mamba2, Mamba2Spec) and self.mamba2.parallel
-
-    def _attends_by_pattern(self, layer: int) -> bool:
-        m = self.hybrid
-        if isinstance(m, (Mamba2Spec, ShortConvSpec, LightningSpec, RgLruSpec)):
-            return layer in m.attention_layer_ids
-        if m is None:
-            return True
-        if isinstance(m, RwkvSpec):  # no layer attends
-            return False
-        if isinstance(m, DeltaNetSpec) and m.attention_layer_ids:
-            return layer in m.attention_layer_ids
-        return m.attention_every is not None and layer % m.attention_every == m.attention_offset
-
-    def is_attention_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) attends: every layer with a mixer but a hybrid's state-space, linear or
-        convolution ones (every one where the mixers run side by side)."""
-        return self.has_mixer(layer) and (self.parallel_mixers or self._attends_by_pattern(layer))
-
-    def is_other_mixer_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) runs a hybrid's other mixer (state-space, linear attention or
-        convolution): its layers that do not attend, or every one where the mixers run side by side."""
-        return (
-            self.has_mixer(layer)
-            and bool(self.hybrid)
-            and (self.parallel_mixers or not self._attends_by_pattern(layer))
-        )
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def attention_layers(self) -> int:
-        return sum(self.is_attention_layer(i) for i in range(self.num_layers))
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def other_mixer_layers(self) -> int:
-        """Layers that run a hybrid's other mixer (state-space, linear attention or convolution): M − A, or M where
-        the mixers run side by side."""
-        return sum(self.is_other_mixer_layer(i) for i in range(self.num_layers))
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def attention_share(self) -> float:
-        """Of the layers, the share that attends: 1 but in a hybrid, or where some layers are an FFN alone."""
-        return self.attention_layers / self.num_layers
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def other_mixer_share(self) -> float:
-        """Of the layers, the share whose mixer is a hybrid's other one: (M − A)/L."""
-        return self.other_mixer_layers / self.num_layers
-
-    def is_local_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) attends over the sliding window (or chunk) only."""
-        if self.sliding_window is None:
-            return False
-        if self.global_layer_ids:
-            return layer not in self.global_layer_ids
-        if self.global_every is None:
-            return True
-        return (layer if self.global_from_first else layer + 1) % self.global_every != 0
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def local_layers(self) -> int:
-        """Attention layers that attend locally."""
-        return sum(self.is_local_layer(i) and self.is_attention_layer(i) for i in range(self.num_layers))
 
     def drops(self, site: DropoutSite) -> bool:
         """Whether dropout runs at ``site`` (``dropout_at``), its mask kept for backward."""
@@ -524,24 +424,6 @@ class ModelSpec(NamedSpec):
         if self.indexer is None:
             return 0
         return self.indexer.own_layers or self.num_layers
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def moe_layers(self) -> int:
-        return self.moe_layers_in(0, self.num_layers)
-
-    def is_moe_layer(self, layer: int) -> bool:
-        """Whether layer ``layer`` (from 0) routes to experts: an MoE model's layer with an FFN that MoESpec makes
-        sparse."""
-        return bool(self.moe and self.has_ffn(layer) and self.moe.is_moe_layer(layer))
-
-    def moe_layers_in(self, start: int, stop: int) -> int:
-        """MoE layers among layers ``start`` to ``stop - 1``."""
-        return moe_layers_in(self.moe, self.mixer_only_layer_ids, start, stop) if self.moe else 0
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def dense_ffn_layers(self) -> int:
-        """Layers with a dense FFN of ffn_size: every layer with an FFN that is not an MoE one."""
-        return self.ffn_layers - self.moe_layers
 
     @property
     def label(self) -> str:

@@ -1,0 +1,62 @@
+"""Reading the attention of the types whose attention is their own, for ``hf_config``'s Llama-like reader: ModernBERT's
+decoder (its norms, fused GeGLU and head transform with it), Laguna's head gate and DeepSeek sparse attention's
+indexer (DeepSeek-V3.2, GLM-5, A.X K2). Each returns ModelSpec fields, or the indexer's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcalc.errors import LmcalcError
+from lmcalc.hf_fields import get as _get
+
+
+def modernbert(config: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModernBERT's decoder (ModernBertDecoderForCausalLM): LayerNorms (without biases unless ``norm_bias``), one after
+    the embedding that stands in for layer 0's attention norm, a GeGLU through one fused ``Wi``, biases on q, k, v
+    and Wo where ``attention_bias`` says, a prediction-head transform (dense, GELU, norm) before the tied decoder and
+    its bias (``decoder_bias``)."""
+    for field in ("embedding_dropout", "attention_dropout", "mlp_dropout"):
+        if config.get(field):
+            raise LmcalcError(f"{origin}: config.json {field} {config[field]}: ModernBERT's dropout is not modelled")
+    if config.get("classifier_bias") or (config.get("classifier_activation") or "gelu") != (
+        config.get("hidden_activation") or "gelu"
+    ):
+        raise LmcalcError(f"{origin}: config.json classifier_bias or a classifier_activation other than "
+                          "hidden_activation: ModernBERT's head transform is read without a bias, with the MLP's "
+                          "activation")  # fmt: skip
+    fields: dict[str, Any] = {
+        "norm_kind": "layernorm" if config.get("norm_bias") else "layernorm_nobias",
+        "num_kv_heads": None,  # ModernBertDecoderAttention: as many key-value heads as heads, whatever the config says
+        "embedding_norm": True,
+        "first_attention_norm": False,
+        "head_transform": True,
+        "head_bias": bool(config.get("decoder_bias", True)),
+        "fused_linears": ["gate_up"],
+    }
+    return fields
+
+
+def laguna(config: dict[str, Any], origin: str, heads: int) -> dict[str, Any]:
+    """Laguna's per-head gate (``gating`` true or "per-head": g_proj h → H; a per-channel gate is not read) and its
+    heads, one count for every layer (``num_attention_heads_per_layer``: counts that differ are not read)."""
+    if config.get("gating", True) not in (True, "per-head"):
+        raise LmcalcError(f"{origin}: config.json gating {config.get('gating')!r}: lmcalc reads Laguna's per-head gate "
+                          "(gating true or \"per-head\") only")  # fmt: skip
+    per_layer = set(config.get("num_attention_heads_per_layer") or [heads])
+    if len(per_layer) > 1:
+        raise LmcalcError(f"{origin}: config.json num_attention_heads_per_layer differs between layers "
+                          f"({sorted(per_layer)}); lmcalc reads one head count for every layer")  # fmt: skip
+    return {"attention_head_gate": "fp32", "num_heads": per_layer.pop()}
+
+
+def indexer(config: dict[str, Any], origin: str, layers: int) -> dict[str, Any]:
+    """DeepSeek-V3.2's and GLM-5's indexer (DeepseekV32Indexer, GlmMoeDsaIndexer); GLM-5's indexer_types "shared"
+    marks a layer that reuses the previous layer's selection and builds no indexer (GlmMoeDsaAttention)."""
+    shared = config.get("indexer_types") or []
+    own = layers - sum(t == "shared" for t in shared[:layers])
+    return {
+        "heads": _get(config, origin, "index_n_heads"),
+        "head_dim": _get(config, origin, "index_head_dim"),
+        "top_k": _get(config, origin, "index_topk"),
+        "own_layers": own if own < layers else None,
+    }
