@@ -43,7 +43,7 @@ import time
 import warnings
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1187,11 +1187,20 @@ def _fill_weights(model: torch.nn.Module) -> None:
             flat[whole:].copy_(block[: flat.numel() - whole])
 
 
-def _exclude(model: torch.nn.Module) -> set[int]:
-    out = set()
-    for t in [*model.parameters(), *model.buffers()]:
-        out.add(t.untyped_storage().data_ptr())
-    return out
+class PinnedStorages(set):
+    """Storage pointers, with the storages held alive. A pointer alone names a storage only while it lives: a module
+    that replaces a buffer in its forward (CTRL casts ``pos_encoding`` to the input's dtype) frees the old one, and a
+    tensor allocated later at that address passed for the buffer. One CI run lost the loss's 1 MiB log-probabilities
+    that way."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
+        self.storages = [t.untyped_storage() for t in tensors]
+        super().__init__(s.data_ptr() for s in self.storages)
+
+
+def _exclude(model: torch.nn.Module) -> PinnedStorages:
+    """The parameters' and buffers' storages, as they are before the forward."""
+    return PinnedStorages([*model.parameters(), *model.buffers()])
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

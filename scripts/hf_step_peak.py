@@ -40,7 +40,7 @@ class StorageLog(TorchDispatchMode):
         ``fp32_products``: bf16 matrix products computed in fp32 (``hf_saved.fp32_product``)."""
         super().__init__()
         self.fp32_products = fp32_products
-        self._resident = {t.untyped_storage().data_ptr() for t in resident}
+        self._resident = hf_saved.PinnedStorages(resident)  # held: a buffer the forward replaces frees its address
         self.events: list[tuple[int, int]] = []  # (allocation id, +bytes or -bytes), in order
         self.phase_starts: dict[str, int] = {}  # phase -> index of its first event
         self._by_address: dict[int, tuple[int, weakref.ref]] = {}  # data_ptr -> (id, the storage's weak ref)
