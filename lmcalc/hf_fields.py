@@ -32,7 +32,7 @@ WHOLE_NUMBERS = frozenset(
         "zero_expert_num", "gated_norm_rank", "kv_channels", "global_head_dim", "num_global_key_value_heads",
         "num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "top_k_experts",
         "altup_num_inputs", "laurel_rank", "attention_hidden_size", "context_length", "lru_width", "conv1d_width",
-        "attention_window_size",
+        "attention_window_size", "o_groups", "o_lora_rank", "hc_mult", "compress_rate_csa", "compress_rate_hca",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -71,6 +71,7 @@ LISTS_OF_WHOLE_NUMBERS = frozenset(
         "attn_layer_indices",
         "full_attn_idxs",
         "cross_attention_layers",
+        "compress_ratios",
     }
 )
 LISTS_OF_TEXTS = frozenset(

@@ -37,6 +37,14 @@ WIDTHS_COUNTED_ONLY = (
 )
 
 
+COMPRESSED_COUNTED_ONLY = (
+    "DeepSeek-V4's layers (compressed sparse and heavily compressed attention beside a sliding window, the grouped "
+    "output projection, hyper-connections) are counted by lmcalc params, lmcalc flops and lmcalc train-time (full "
+    "training, at an MFU) alone: lmcalc's training memory, serving memory, fine-tuning and step-time model do not "
+    "take them yet (docs/hf-types.md)"
+)
+
+
 class MoESpec(Spec):
     """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
 
@@ -261,3 +269,45 @@ class MLASpec(Spec):
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+class CompressedAttentionSpec(Spec):
+    """DeepSeek-V4's attention (DeepSeek-AI 2026, DeepSeek-V4 §2.3; transformers' DeepseekV4Attention). One key-value
+    head of ``head_dim`` is read as both K and V; the queries pass through a rank r_q; a sink a head; the output goes
+    through g groups each projected to r_o, then r_o·g → h. Every layer attends over a sliding window. A compressed
+    sparse attention (CSA) layer also attends over one entry a window of m tokens, two overlapping series of 2·d
+    gated and summed, of which its indexer picks k_I; a heavily compressed attention (HCA) layer over one entry a
+    window of m' tokens, all of them."""
+
+    q_lora_rank: Dimension = Field(description="r_q, the queries' rank (q_lora_rank)")
+    output_groups: Dimension = Field(description="g, the output projection's head groups (o_groups)")
+    output_rank: Dimension = Field(description="r_o, each group's projected width (o_lora_rank)")
+    csa_layer_ids: tuple[LayerIndex, ...] = Field(
+        default_factory=no_items, description="the layers (from 0) of compressed sparse attention"
+    )
+    hca_layer_ids: tuple[LayerIndex, ...] = Field(
+        default_factory=no_items, description="the layers (from 0) of heavily compressed attention"
+    )
+    csa_rate: Dimension = Field(4, description="m, the tokens a CSA entry compresses")
+    hca_rate: Dimension = Field(128, description="m', the tokens an HCA entry compresses")
+    indexer: IndexerSpec = Field(description="the CSA layers' lightning indexer (index_n_heads, _head_dim, _topk)")
+
+    @model_validator(mode="after")
+    def _kinds_apart(self) -> Self:
+        both = sorted(set(self.csa_layer_ids) & set(self.hca_layer_ids))
+        if both:
+            raise ValueError(f"layer {both[0]} is in both csa_layer_ids and hca_layer_ids: a layer has one kind")
+        return self
+
+    def rate(self, layer: int) -> int:
+        """Tokens one compressed entry of layer ``layer`` holds; 0 for a layer of sliding-window attention alone."""
+        return self.csa_rate if layer in self.csa_layer_ids else self.hca_rate if layer in self.hca_layer_ids else 0
+
+
+class HyperConnectionSpec(Spec):
+    """Manifold-constrained hyper-connections (mHC; Xie et al. 2026, as DeepSeek-V4 §2.2 uses them): the residual is
+    n streams of h. Around each sub-layer, a projection of the n streams (n·h → (2+n)·n) sets how they collapse
+    into its input, how its output spreads back, and an n × n mixing of the streams, made doubly stochastic by
+    Sinkhorn-Knopp iterations; a last collapse (n·h → n) before the final norm."""
+
+    streams: Dimension = Field(description="n, the residual streams (hc_mult)")

@@ -83,6 +83,21 @@ def check_model(spec: Any) -> None:
     _check_layer_ids(spec)
     _check_single_blocks(spec)
     _check_layer_widths(spec)
+    _check_compressed(spec)
+
+
+def _check_compressed(spec: Any) -> None:
+    """DeepSeek-V4's attention: one key-value head, a sliding window in every layer, no MLA or other mixers, and
+    head groups that split the H·d output evenly."""
+    c = spec.compressed_attention
+    if c is None:
+        return
+    if spec.kv_heads != 1 or spec.sliding_window is None or spec.mla or spec.hybrid or spec.global_attention:
+        raise ValueError("compressed_attention is DeepSeek-V4's: num_kv_heads 1, a sliding_window in every layer, "
+                         "without MLA, other mixers or global_attention")  # fmt: skip
+    if (spec.num_heads * spec.head_size) % c.output_groups:
+        raise ValueError(f"compressed_attention.output_groups {c.output_groups} must divide num_heads × head_dim "
+                         f"({spec.num_heads * spec.head_size})")  # fmt: skip
 
 
 def _check_layer_widths(spec: Any) -> None:
@@ -136,10 +151,13 @@ def _check_single_blocks(spec: Any) -> None:
 def _check_layer_ids(spec: Any) -> None:
     """Every layer a list names is one of the model's: an index from 0 below num_layers."""
     kind = next((n for n in ("mamba2", "deltanet", "short_conv", "lightning", "rglru") if getattr(spec, n)), "")
+    c = spec.compressed_attention
     listed = {
         "global_layer_ids": spec.global_layer_ids,
         "moe.dense_layer_ids": spec.moe.dense_layer_ids if spec.moe else (),
         f"{kind}.attention_layer_ids": getattr(spec, kind).attention_layer_ids if kind else (),
+        "compressed_attention.csa_layer_ids": spec.compressed_attention.csa_layer_ids if c else (),
+        "compressed_attention.hca_layer_ids": spec.compressed_attention.hca_layer_ids if c else (),
     }
     for field, layers in listed.items():
         beyond = [layer for layer in layers if layer >= spec.num_layers]

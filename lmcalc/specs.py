@@ -19,11 +19,14 @@ from lmcalc.errors import as_given
 from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_kinds import LayerKinds
 from lmcalc.layer_specs import (
+    COMPRESSED_COUNTED_ONLY,
     NO_TOP_K,
     WIDTHS_COUNTED_ONLY,
     AltUpSpec,
+    CompressedAttentionSpec,
     CrossAttentionSpec,
     GlobalAttentionSpec,
+    HyperConnectionSpec,
     IndexerSpec,
     KvSharingSpec,
     MLASpec,
@@ -69,12 +72,13 @@ from lmcalc.spec_base import (
 )
 
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "ComputeDtype",
-           "CrossAttentionSpec", "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec",
-           "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec",
-           "MambaSpec", "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
-           "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
-           "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool",
-           "WholeNumber", "no_entries", "no_items"]  # fmt: skip
+           "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec", "CrossAttentionSpec",
+           "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec", "IndexerSpec",
+           "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec", "MambaSpec",
+           "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "RWKV_COUNTED_ONLY", "RwkvSpec", "WIDTHS_COUNTED_ONLY",
+           "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind",
+           "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries",
+           "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
@@ -283,6 +287,10 @@ class ModelSpec(LayerKinds, NamedSpec):
     per_layer_input: PerLayerInputSpec | None = Field(None, description="per-layer embeddings (Gemma 3n, 4's PLE)")
     altup: AltUpSpec | None = Field(None, description="alternating updates and LAuReL (Gemma 3n)")
     cross_attention: CrossAttentionSpec | None = Field(None, description="image layers, idle on text (Llama 3.2 V)")
+    compressed_attention: CompressedAttentionSpec | None = Field(
+        None, description="compressed sparse and heavily compressed attention (DeepSeek-V4)"
+    )
+    hyper_connections: HyperConnectionSpec | None = Field(None, description="n residual streams (DeepSeek-V4's mHC)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -395,12 +403,19 @@ class ModelSpec(LayerKinds, NamedSpec):
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
         its training memory or step time; "" where it counts everything. Gemma 3n's and 4's layers, which differ
         from one another, and Llama 3.2 Vision's, which text does not run (``WIDTHS_COUNTED_ONLY``); RWKV-4's
-        (``RWKV_COUNTED_ONLY``)."""
+        (``RWKV_COUNTED_ONLY``); DeepSeek-V4's, without serving memory either (``COMPRESSED_COUNTED_ONLY``)."""
         if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
+        if self.compressed_attention or self.hyper_connections:
+            return COMPRESSED_COUNTED_ONLY
         moe_beside = self.moe is not None and self.moe.branch_norms
         parts = (self.global_attention, self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)
         return WIDTHS_COUNTED_ONLY if moe_beside or any(p is not None for p in parts) else ""
+
+    @property
+    def serving_counted(self) -> bool:
+        """Whether lmcalc counts the serving memory (KV cache or state) of this model: all but DeepSeek-V4's."""
+        return self.counted_only != COMPRESSED_COUNTED_ONLY
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

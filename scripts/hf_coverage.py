@@ -72,8 +72,6 @@ NEEDS: dict[str, str] = {
     "blt": "Byte Latent Transformer: byte-level local encoder and decoder around a global transformer over patches, "
     "with hashed n-gram embeddings",
     "cpmant": "CPM-Ant: a bucketed relative-position bias and prompt (segment) embeddings in its own block layout",
-    "deepseek_v4": "DeepSeek-V4: hyper-connections around each sub-layer (`attn_hc`, `ffn_hc`), a compressor of keys "
-    "and values with its own indexer, a low-rank output projection, sinks",
     "doge": "Doge: dynamic-mask attention (a learned additive mask from the values, `A` and `dt_proj`, kept to a "
     "top-k window) and learned residual scales; its CDMoE variant",
     "dory": "Dory: a normalised transformer (nGPT: weights and states on the unit sphere, no norms, learned scales "
@@ -260,7 +258,15 @@ def page(cases: list[Case]) -> str:
               "what transformers keeps). Training memory, fine-tuning and the planner refuse them in one line until "
               "they count what their layers keep for backward (K = V's two norms, the K and V the sharing layers "
               "reuse, the per-layer inputs' gates, AltUp's streams, the WKV and RG-LRU recurrences) and their "
-              "kernels, and what a trainer keeps for weights no text step updates."]  # fmt: skip
+              "kernels, and what a trainer keeps for weights no text step updates.", "",
+              "## Read for their parameters and FLOPs alone", "",
+              "DeepSeek-V4 (`deepseek_v4`) is read exactly: `lmcalc params`, `lmcalc flops` and `lmcalc train-time` "
+              "(full training, at an MFU) take it (formulas §2.24: its compressed sparse and heavily compressed "
+              "attention, the CSA layers' indexers, the grouped output projection and the hyper-connections; FLOPs "
+              "equal to FlopCounterMode's on transformers' own step wherever a sequence closes an entry of every "
+              "compressor). Its serving memory (the window's keys, the compressed entries and the indexer's keys a "
+              "layer caches), its training memory, fine-tuning and the planner refuse it in one line until lmcalc "
+              "counts them."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -260,6 +260,17 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     # RecurrentGemma: recurrent, recurrent, attention, recurrent (Griffin's blocks of 64 in 4 gate blocks, 4 taps; MQA
     # within a window of 24 in layer 2), a GeGLU MLP of 96 // 2
     "recurrent_gemma": ("RecurrentGemmaConfig", dict(attention_window_size=24, num_key_value_heads=1)),
+    # DeepSeek-V4: a window of 8 in every layer; layers 1 and 3 compressed sparse attention (an entry per 4 tokens,
+    # the indexer's top 4 of 2 heads of 16), layer 2 heavily compressed (an entry per 8); one KV head of 32 whatever
+    # num_key_value_heads says; queries of rank 16; 2 output groups of 16; 2 hyper-connection streams
+    "deepseek_v4": ("DeepseekV4Config", dict(MOE, head_dim=32, q_lora_rank=16, o_groups=2, o_lora_rank=16,
+                                             n_routed_experts=4, index_n_heads=2, index_head_dim=16, index_topk=4,
+                                             sliding_window=8, hc_mult=2, partial_rotary_factor=0.25,
+                                             compress_rates={"compressed_sparse_attention": 4,
+                                                             "heavily_compressed_attention": 8},
+                                             layer_types=["sliding_attention", "compressed_sparse_attention",
+                                                          "heavily_compressed_attention",
+                                                          "compressed_sparse_attention"])),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

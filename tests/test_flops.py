@@ -3,6 +3,7 @@
 import pytest
 
 from lmcalc.engine.model import flops as fl
+from lmcalc.engine.model.palm import palm_flops_per_token
 from lmcalc.presets import resolve_model
 
 
@@ -63,7 +64,7 @@ def test_palm_convention_is_6n_plus_12lhqt():
     # PaLM Appendix B / nanoGPT estimate_mfu: 6N + 12·L·H·Q·T per token.
     m = resolve_model("gpt2-124m").spec
     n = 124_439_808  # HF gpt2 parameter count
-    assert fl.palm_flops_per_token(m, 1024) == 6 * n + 12 * 12 * 12 * 64 * 1024
+    assert palm_flops_per_token(m, 1024) == 6 * n + 12 * 12 * 12 * 64 * 1024
 
 
 def test_moe_counts_active_parameters_only():

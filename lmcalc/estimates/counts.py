@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from lmcalc.engine.choices import ATTN_CONVENTIONS, RECOMPUTE_MODES, AttnConvention, Recompute
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.model.numerics import FORMATS, dtype_bytes, tensor_elements
+from lmcalc.engine.model.palm import palm_section
 from lmcalc.engine.model.params import ParamCount, count_params, params_section
 from lmcalc.errors import flag
 from lmcalc.estimates.inputs import (
@@ -33,6 +34,17 @@ COUNTED_ONLY_NOTE = (
     "lmcalc counts this model's parameters, FLOPs, training time at an MFU and serving memory (params, flops, "
     "train-time, memory --inference); its training memory, fine-tuning and the planner are not modelled yet"
 )
+COUNTED_NOT_SERVED_NOTE = (
+    "lmcalc counts this model's parameters, FLOPs and training time at an MFU (params, flops, train-time); its "
+    "serving memory, training memory, fine-tuning and the planner are not modelled yet"
+)
+
+
+def counted_only_note(spec: ModelSpec) -> tuple[str, ...]:
+    """What else lmcalc estimates for a model it counts but does not fully model; nothing for one it models."""
+    if not spec.counted_only:
+        return ()
+    return (COUNTED_ONLY_NOTE if spec.serving_counted else COUNTED_NOT_SERVED_NOTE,)
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,7 @@ def params_estimate(resolved: Resolved) -> ParamsEstimate:
         (model_input(spec, resolved.note),),
         (params_section(spec),),
         # what the preset or the config.json reader says of the count, and what else lmcalc estimates of the model
-        (*model_notes(spec, resolved.note), *spec.notes, *([COUNTED_ONLY_NOTE] if spec.counted_only else [])),
+        (*model_notes(spec, resolved.note), *spec.notes, *counted_only_note(spec)),
     )
     total = report.term("params.total")
     report = replace(report, headline=(f"{spec.label}: {group(total.value)} parameters ({total.text})",))
@@ -135,7 +147,7 @@ def flops_estimate(
     model, note, seq = resolved.spec, resolved.note, int(seq_len.value)
     napkin = fl.napkin_section(model, tokens.value)
     detailed = fl.detailed_section(model, tokens.value, seq, convention, recompute)
-    palm = fl.palm_section(model, tokens.value, seq)
+    palm = palm_section(model, tokens.value, seq)
     compare = _compare_section(model, tokens.value, seq, convention, (napkin, detailed, palm))
     inputs = (
         model_input(model, note),

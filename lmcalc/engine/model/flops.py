@@ -22,6 +22,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.model.compressed_attention import (
+    CSA_INDEXER_NOTE,
+    indexer_flops,
+    indexer_keys,
+    mean_keys,
+    stream_mixing_flops,
+)
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import active_params, count_params, weight_tensors
@@ -46,10 +53,12 @@ class ForwardFlops:
     logits: float
     ssm: float = 0.0  # a hybrid's state-space layers: the causal convolution and the scan's read-out (ssm_flops)
     indexer: float = 0.0  # DeepSeek sparse attention's indexer, run forward only (indexer_scores)
+    streams: float = 0.0  # hyper-connections' projections and stream mixing (DeepSeek-V4's mHC)
 
     @property
     def layers(self) -> float:
-        return self.projections + self.mlp + self.attention_scores + self.attention_values + self.ssm + self.indexer
+        core = self.attention_scores + self.attention_values
+        return self.projections + self.mlp + core + self.ssm + self.indexer + self.streams
 
     @property
     def total(self) -> float:
@@ -78,6 +87,8 @@ def attended_keys(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> 
     convention counts every key of every layer (what ``FlopCounterMode`` counts: a masked-out score is still
     computed); the causal one counts what a causal kernel computes, over the window alone in local layers (sliding
     or chunked)."""
+    if spec.compressed_attention:  # DeepSeek-V4: a window and compressed entries, by layer kind
+        return mean_keys(spec, seq_len, convention)
     keys = effective_keys(seq_len, convention)
     if convention == "causal" and spec.indexer:  # DeepSeek sparse attention: query i attends to min(i, k_I) keys
         return local_keys(seq_len, spec.indexer.top_k, "sliding")
@@ -121,7 +132,7 @@ def forward_flops_per_token(
     or of the ``part`` a pipeline stage computes."""
     if spec.moe and spec.moe.experts_per_token is None:  # the routed experts' share is unknown
         raise LmcalcError(NO_TOP_K)
-    projections = mlp = indexer = 0.0
+    projections = mlp = indexer = streams = 0.0
     tensors = weight_tensors(spec)
     shares = part.shares if part else (1,) * len(tensors)
     for t, share in zip(tensors, shares, strict=True):
@@ -132,6 +143,8 @@ def forward_flops_per_token(
             projections += used
         elif t.group == "indexer":
             indexer += used
+        elif t.group == "hyper_connections":
+            streams += used
         else:
             mlp += used
     # a stage's layers are taken at the model's average
@@ -139,7 +152,9 @@ def forward_flops_per_token(
     L, H = spec.num_layers if part is None else part.layers, spec.num_heads
     # a hybrid's stage: its layers taken at the model's mix; differential attention runs the core twice
     attending = L * spec.attention_share * spec.attention_calls
-    mlp += altup_flops(spec) * (1 if part is None else part.layers / spec.num_layers)  # Gemma 3n's stream mixing
+    layer_share = 1 if part is None else part.layers / spec.num_layers
+    mlp += altup_flops(spec) * layer_share  # Gemma 3n's stream mixing
+    indexer += indexer_flops(spec, seq_len, convention) * layer_share  # DeepSeek-V4's CSA indexers
     return ForwardFlops(
         projections=projections,
         mlp=mlp,
@@ -148,6 +163,7 @@ def forward_flops_per_token(
         logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
         ssm=L * spec.other_mixer_share * ssm_flops(spec, seq_len),
         indexer=indexer + L * spec.indexer_layers / spec.num_layers * indexer_scores(spec, seq_len, convention),
+        streams=streams + stream_mixing_flops(spec) * layer_share,
     )
 
 
@@ -281,6 +297,18 @@ def _keys_text(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> _Ke
     keys_text = f"{seq_len}" if convention == "full" else f"({seq_len}+1)/2"
     s_sym = "s" if convention == "full" else "(s+1)/2"
     keys_note = f"{convention} convention: each query scored against {keys:g} keys on average"
+    c = spec.compressed_attention
+    if c is not None:  # DeepSeek-V4: the window and the compressed entries, by layer kind
+        kinds = f"{len(c.csa_layer_ids)} CSA layers (m = {c.csa_rate}), {len(c.hca_layer_ids)} HCA (m' = {c.hca_rate})"
+        if convention == "full":
+            keys_note += f": the s tokens and s // m compressed entries in the {kinds} (the window's mask counted too)"
+        else:
+            k_w = local_keys(seq_len, spec.sliding_window or seq_len, "sliding")
+            keys_note += (
+                f": the window's k_w = {k_w:.6g} and the entries gone by, ⌊i/m⌋ at query i, at most "
+                f"k_I = {c.indexer.top_k} in the {kinds} (DeepSeek-V4 §2.3)"
+            )
+        return _Keys("k̄", f"{keys:.6g}", keys_note)
     if spec.indexer and convention == "causal":  # DeepSeek sparse attention: min(i, k_I) keys, as a window of k_I
         k = spec.indexer.top_k
         keys_note += f": query i attends to the min(i, {k}) keys its indexer picks (DeepSeek-V3.2 §2.1)"
@@ -393,7 +421,31 @@ def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: A
                  note=f"scores every key it may pick; run without gradients, so counted once in training; the "
                  f"attention then reads min(i, {ix.top_k}) keys")
         )  # fmt: skip
-    return tuple(terms)
+    return (*terms, *_compressed_terms(spec, fwd, seq_len, convention))
+
+
+def _compressed_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: AttnConvention) -> list[Term]:
+    """DeepSeek-V4's rows: its CSA layers' indexers, and the hyper-connections' projections and stream mixing."""
+    c, hc, terms = spec.compressed_attention, spec.hyper_connections, []
+    if c is not None and c.csa_layer_ids:
+        ix, n, keys = c.indexer, len(c.csa_layer_ids), indexer_keys(spec, seq_len, convention)
+        scores = indexer_flops(spec, seq_len, convention)
+        terms.append(
+            Term("indexer", "CSA indexers (fwd only, per token)", fwd.indexer, "FLOPs",
+                 "2 · Σ indexer weight elements + 2 · L_CSA · T · H_I · d_I",
+                 f"2 × {group((fwd.indexer - scores) / 2)} + 2 × {n} × {keys:g} × {ix.heads} × {ix.head_dim}",
+                 "DeepSeek-AI 2026 (DeepSeek-V4) §2.3.1", note=f"T compressed entries a query; {CSA_INDEXER_NOTE}")
+        )  # fmt: skip
+    if hc is not None:
+        mixing = stream_mixing_flops(spec)
+        terms.append(
+            Term("streams", "Hyper-connections (fwd, per token)", fwd.streams, "FLOPs",
+                 "2 · Σ mHC projection elements + L · 2 · 2·n²·h",
+                 f"2 × {group((fwd.streams - mixing) / 2)} + {spec.num_layers} × 2 × 2 × {hc.streams}² × "
+                 f"{spec.hidden_size}", "Xie et al. 2026 (mHC); DeepSeek-AI 2026 (DeepSeek-V4) §2.2",
+                 note="each sub-layer's n × n mixing of the streams is a batched matmul")
+        )  # fmt: skip
+    return terms
 
 
 def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tuple[Term, ...]:
@@ -441,49 +493,5 @@ def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tup
             "(training per token + recompute per token) · D",
             f"({sci(per_token, 4)} + {sci(extra, 4)}) × {sci(tokens)}",
             note="what the GPUs actually execute (HFU is measured against this)",
-        ),
-    )
-
-
-def palm_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-    """Chowdhery et al. 2022 (PaLM) Appendix B, as nanoGPT's ``estimate_mfu`` computes it: 6N + 12·L·H·Q·T."""
-    return 6 * napkin_params(spec) + 12 * spec.num_layers * spec.num_heads * _palm_q(spec) * seq_len
-
-
-def _palm_q(spec: ModelSpec) -> float:
-    """PaLM's Q, a head's width: the attention layers' mean where the global ones have their own (Gemma 4)."""
-    g = spec.global_attention
-    if g is None:
-        return spec.qk_head_dim
-    local = spec.local_layers
-    return (local * spec.head_size + (spec.attention_layers - local) * g.head_dim) / spec.attention_layers
-
-
-def palm_section(spec: ModelSpec, tokens: float, seq_len: int) -> Section:
-    n = napkin_params(spec)
-    per_token = palm_flops_per_token(spec, seq_len)
-    L, H, Q = spec.num_layers, spec.num_heads, f"{_palm_q(spec):g}"
-    return Section(
-        "palm",
-        "PaLM / nanoGPT convention (6N + 12·L·H·Q·T)",
-        (
-            Term(
-                "per_token",
-                "Training per token",
-                per_token,
-                "FLOPs",
-                "6·N + 12·L·H·Q·T",
-                f"6 × {group(n)} + 12 × {L} × {H} × {Q} × {seq_len}",
-                "Chowdhery et al. 2022 Appendix B; karpathy/nanoGPT estimate_mfu",
-                note="N counts every parameter, embeddings included; attention counted non-causal",
-            ),
-            Term(
-                "total",
-                "Total training FLOPs",
-                per_token * tokens,
-                "FLOPs",
-                "per token · D",
-                f"{sci(per_token, 4)} × {sci(tokens)}",
-            ),
         ),
     )

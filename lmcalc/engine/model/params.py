@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from lmcalc.engine.model.compressed_attention import compressed_attention_tensors, hyper_connection_tensors
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
 from lmcalc.engine.model.width_params import (
@@ -36,14 +37,26 @@ and its other mixer's (Mamba's, Gated DeltaNet's, Mamba-2's and LFM2's short con
 LOCAL_SYMBOLS = ("L_global", "L_local")
 """The count symbols of attention tensors that differ between the global and the local (sliding-window) layers: the
 K and V projections where the local layers have key-value heads of their own, the sinks where only they have them."""
-AVERAGED_SYMBOLS = ("L", "(L−1)", "L_mix", "L_ffn", "L_I", *MIXER_SYMBOLS, *LOCAL_SYMBOLS, *WIDTH_SYMBOLS)
+AVERAGED_SYMBOLS = (
+    "L",
+    "(L−1)",
+    "L_mix",
+    "L_ffn",
+    "L_I",
+    "L_CSA",
+    "L_HCA",
+    *MIXER_SYMBOLS,
+    *LOCAL_SYMBOLS,
+    *WIDTH_SYMBOLS,
+)
 """The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L), the layers with
 an indexer of their own (L_I), a hybrid's mixers', the global or the local layers' attention tensors, the norm
-before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone, and Gemma 4's layers of other
-widths (``width_params``)."""
+before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone, Gemma 4's layers of other
+widths (``width_params``) and DeepSeek-V4's compressors (``compressed_attention``)."""
 GROUPS = (
-    "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "attention", "indexer", "ssm", "norm",
-    "mlp", "router", "experts", "shared_experts", "cross_attention", "head_transform", "head",
+    "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "attention", "indexer", "ssm",
+    "hyper_connections", "norm", "mlp", "router", "experts", "shared_experts", "cross_attention", "head_transform",
+    "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
@@ -54,6 +67,7 @@ GROUP_LABELS = {
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
     "indexer": "Sparse-attention indexer",
+    "hyper_connections": "Hyper-connections (mHC)",
     "ssm": "State-space, linear-attention and convolution mixers",
     "norm": "Norms",
     "mlp": "Dense MLP",
@@ -229,9 +243,11 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     tensors += per_layer_input(spec) + altup_tensors(spec)
     if spec.global_attention or spec.kv_sharing:  # Gemma 4: each kind's attention at its own widths
         tensors += widths_attention(spec)
+    elif spec.compressed_attention:  # DeepSeek-V4: its compressors and indexers beside a window in every layer
+        tensors += compressed_attention_tensors(spec)
     elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
-    tensors += mixer_tensors(spec)
+    tensors += mixer_tensors(spec) + hyper_connection_tensors(spec)
     tensors += _layer_norms(spec, h)
     moe = spec.moe
     if moe is None and spec.ffn_layers:

@@ -1,0 +1,130 @@
+"""DeepSeek-V4 (issue #31): its parameters by hand at transformers 5.24's class defaults (the V4-Flash shape) and on
+the meta device, the layer kinds as DeepseekV4Config writes them, the keys a query reads by hand, the known gap below
+one compressed entry, and what lmcalc refuses for it. FLOPs against FlopCounterMode on the tiny config run in
+tests/test_validate_hf.py (every TINY type)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lmcalc import api
+from lmcalc.engine.model import flops as fl
+from lmcalc.engine.model.compressed_attention import entries_read, layer_keys
+from lmcalc.engine.model.params import count_params
+from lmcalc.errors import LmcalcError
+from lmcalc.estimates.counts import COUNTED_NOT_SERVED_NOTE
+from lmcalc.hf_config import model_from_hf_config
+from lmcalc.specs import ModelSpec
+
+# DeepseekV4Config's defaults, as its save_pretrained writes them (no field but the type): V4-Flash's shape
+DEFAULTS = {"model_type": "deepseek_v4"}
+
+
+def spec_of(config: dict) -> ModelSpec:
+    return ModelSpec.model_validate(model_from_hf_config(config, "v4", "test"))
+
+
+def test_class_defaults_by_hand():
+    h, L, H, d, r_q, g, r_o, V = 4096, 43, 64, 512, 1024, 8, 1024, 129280
+    E, f, k, n, H_I, c, m, m2 = 256, 2048, 6, 4, 64, 128, 4, 128
+    csa, hca = 20, 23  # two HCA layers, then HCA and CSA in turn: CSA at 3, 5, …, 41
+    attention = h * r_q + r_q + r_q * H * d + h * d + d + H * d * r_o + g * r_o * h + H  # q_a…o_b, the sinks
+    csa_compressor = 2 * h * 2 * d + m * 2 * d + d  # values and gates of two series, a position bias, a norm
+    hca_compressor = 2 * h * d + m2 * d + d
+    indexer = 2 * h * 2 * c + m * 2 * c + c + r_q * H_I * c + h * H_I
+    hyper = 2 * ((2 + n) * n * n * h + (2 + n) * n + 3)  # attn_hc and ffn_hc
+    moe = E * h + E * 3 * h * f + 3 * h * f  # router, experts, one shared expert
+    layers = L * (attention + hyper + 2 * h + moe) + csa * (csa_compressor + indexer) + hca * hca_compressor
+    total = 2 * V * h + h + n * n * h + n + 1 + layers  # embedding, head, final norm, hc_head
+    counted = count_params(spec_of(DEFAULTS))
+    assert counted.total == total == 284_325_869_015  # transformers' meta-device count (test_hf_types, the coverage)
+    assert counted.active == total - L * (E - k) * 3 * h * f
+
+
+@pytest.mark.torch
+def test_the_layer_kinds_are_the_classs():
+    transformers = pytest.importorskip("transformers")
+    for layers in (1, 2, 7, 43):
+        config = transformers.DeepseekV4Config(num_hidden_layers=layers)
+        c = spec_of(config.to_diff_dict() | {"num_hidden_layers": layers}).compressed_attention
+        assert c is not None
+        kinds = ["csa" if i in c.csa_layer_ids else "hca" if i in c.hca_layer_ids else "sliding" for i in range(layers)]
+        short = {"compressed_sparse_attention": "csa", "heavily_compressed_attention": "hca"}
+        assert kinds == [short.get(t, "sliding") for t in config.layer_types]
+
+
+def test_legacy_fields_are_read_as_the_class_folds_them():
+    # older checkpoints: compress_ratios (0, 4 or 128 a layer), compress_rate_csa, qk_rope_head_dim
+    legacy = {"model_type": "deepseek_v4", "num_hidden_layers": 3, "compress_ratios": [0, 4, 128],
+              "compress_rate_csa": 8, "qk_rope_head_dim": 128}  # fmt: skip
+    spec = spec_of(legacy)
+    c = spec.compressed_attention
+    assert c is not None
+    assert (c.csa_layer_ids, c.hca_layer_ids, c.csa_rate, c.hca_rate) == ((1,), (2,), 8, 128)
+    assert spec.rotary_fraction == 128 / 512
+    with pytest.raises(LmcalcError, match="compress_ratios has 5, not 0, 4 or 128"):
+        spec_of(legacy | {"compress_ratios": [0, 5, 128]})
+    with pytest.raises(LmcalcError, match="layer_types has 'full_attention'"):
+        spec_of({"model_type": "deepseek_v4", "num_hidden_layers": 1, "layer_types": ["full_attention"]})
+
+
+@given(st.integers(1, 600), st.integers(1, 40), st.one_of(st.none(), st.integers(1, 30)))
+def test_entries_read_is_the_sum_over_queries(seq: int, rate: int, cap: int | None):
+    by_query = [j // rate if cap is None else min(cap, j // rate) for j in range(1, seq + 1)]
+    assert entries_read(seq, rate, cap) == sum(by_query)
+
+
+def test_the_keys_a_query_reads_by_hand():
+    # s 16, a window of 8; CSA: an entry per 4 tokens, the top 4; HCA: an entry per 8
+    kinds = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}
+    spec = spec_of({"model_type": "deepseek_v4", "num_hidden_layers": 3, "sliding_window": 8, "index_topk": 4,
+                    "layer_types": kinds, "compress_rates": rates})  # fmt: skip
+    window = (8 * 9 / 2 + 8 * 8) / 16  # queries 1..8 see 1..8 keys, 9..16 see 8
+    csa = (4 * 1 + 4 * 2 + 4 * 3 + 1 * 4) / 16  # ⌊j/4⌋ for j = 1..16, none above the top 4
+    hca = (8 * 1 + 1 * 2) / 16  # ⌊j/8⌋
+    assert [layer_keys(spec, i, 16, "causal") for i in range(3)] == [window, window + csa, window + hca]
+    assert [layer_keys(spec, i, 16, "full") for i in range(3)] == [16, 16 + 4, 16 + 2]
+    assert fl.attended_keys(spec, 16, "causal") == (3 * window + csa + hca) / 3
+
+
+@pytest.mark.torch
+def test_below_one_entry_transformers_trains_no_compressor():
+    # with fewer than m' tokens no HCA entry closes: transformers still projects the values and gates, but no gradient
+    # reaches them, so its step is 2 x 2 x (h·d + h·d) FLOPs a token short of lmcalc's count (docs/formulas.md §2.24)
+    pytest.importorskip("transformers")
+    from hf_tiny import tiny_config, transformers_model
+
+    from lmcalc import validate_hf
+
+    config = tiny_config("deepseek_v4")  # h 64, d 32, one HCA layer of m' 8
+    spec = spec_of(config)
+    for seq in (6, 7):
+        counted = fl.step_flops(spec, seq, convention="full").model * seq * 2
+        measured = validate_hf.training_step_flops(transformers_model(config), seq, 2)
+        assert counted - measured == 2 * 2 * (64 * 32 + 64 * 32) * seq * 2
+
+
+def test_params_flops_and_time_work_and_the_rest_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DEFAULTS))
+    counted = api.params(model=str(path))
+    assert counted.total == count_params(spec_of(DEFAULTS)).total
+    assert COUNTED_NOT_SERVED_NOTE in counted.report.notes  # it says what else lmcalc estimates
+    assert api.flops(model=str(path), tokens=1e9, seq=4096).model_flops > 0
+    assert api.train_time(model=str(path), gpus="8xH100", tokens=1e9).days > 0
+    refused = "DeepSeek-V4's layers .* serving memory"
+    for estimate, more in ((api.inference, {"context": 4096}), (api.memory, {}), (api.plan, {"gpus": "8xH100"})):
+        with pytest.raises(LmcalcError, match=refused):
+            estimate(model=str(path), **more)
+
+
+def test_a_layer_of_two_kinds_is_refused():
+    fields = model_from_hf_config(DEFAULTS, "v4", "test")
+    fields["compressed_attention"] |= {"csa_layer_ids": [3], "hca_layer_ids": [3]}
+    with pytest.raises(ValueError, match="layer 3 is in both csa_layer_ids and hca_layer_ids"):
+        ModelSpec.model_validate(fields)
