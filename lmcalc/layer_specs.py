@@ -39,9 +39,9 @@ WIDTHS_COUNTED_ONLY = (
 
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's layers (compressed sparse and heavily compressed attention beside a sliding window, the grouped "
-    "output projection, hyper-connections) are counted by lmcalc params, lmcalc flops and lmcalc train-time (full "
-    "training, at an MFU) alone: lmcalc's training memory, serving memory, fine-tuning and step-time model do not "
-    "take them yet (docs/hf-types.md)"
+    "output projection, hyper-connections) are counted by lmcalc params, lmcalc flops, lmcalc train-time (full "
+    "training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning "
+    "and step-time model do not take them yet (docs/hf-types.md)"
 )
 
 

@@ -403,7 +403,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
         its training memory or step time; "" where it counts everything. Gemma 3n's and 4's layers, which differ
         from one another, and Llama 3.2 Vision's, which text does not run (``WIDTHS_COUNTED_ONLY``); RWKV-4's
-        (``RWKV_COUNTED_ONLY``); DeepSeek-V4's, without serving memory either (``COMPRESSED_COUNTED_ONLY``)."""
+        (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
         if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
         if self.compressed_attention or self.hyper_connections:
@@ -411,11 +411,6 @@ class ModelSpec(LayerKinds, NamedSpec):
         moe_beside = self.moe is not None and self.moe.branch_norms
         parts = (self.global_attention, self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)
         return WIDTHS_COUNTED_ONLY if moe_beside or any(p is not None for p in parts) else ""
-
-    @property
-    def serving_counted(self) -> bool:
-        """Whether lmcalc counts the serving memory (KV cache or state) of this model: all but DeepSeek-V4's."""
-        return self.counted_only != COMPRESSED_COUNTED_ONLY
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

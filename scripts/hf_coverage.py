@@ -259,14 +259,13 @@ def page(cases: list[Case]) -> str:
               "they count what their layers keep for backward (K = V's two norms, the K and V the sharing layers "
               "reuse, the per-layer inputs' gates, AltUp's streams, the WKV and RG-LRU recurrences) and their "
               "kernels, and what a trainer keeps for weights no text step updates.", "",
-              "## Read for their parameters and FLOPs alone", "",
-              "DeepSeek-V4 (`deepseek_v4`) is read exactly: `lmcalc params`, `lmcalc flops` and `lmcalc train-time` "
-              "(full training, at an MFU) take it (formulas §2.24: its compressed sparse and heavily compressed "
-              "attention, the CSA layers' indexers, the grouped output projection and the hyper-connections; FLOPs "
-              "equal to FlopCounterMode's on transformers' own step wherever a sequence closes an entry of every "
-              "compressor). Its serving memory (the window's keys, the compressed entries and the indexer's keys a "
-              "layer caches), its training memory, fine-tuning and the planner refuse it in one line until lmcalc "
-              "counts them."]  # fmt: skip
+              "DeepSeek-V4 (`deepseek_v4`) is read exactly too, and taken by the same four (formulas §2.24 and §11: "
+              "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
+              "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
+              "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
+              "compressed entries and the compressors' unclosed windows, to what transformers keeps). Training memory, "
+              "fine-tuning and the planner refuse it in one line until lmcalc counts what its layers keep for "
+              "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

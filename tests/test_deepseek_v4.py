@@ -16,7 +16,7 @@ from lmcalc.engine.model import flops as fl
 from lmcalc.engine.model.compressed_attention import entries_read, layer_keys
 from lmcalc.engine.model.params import count_params
 from lmcalc.errors import LmcalcError
-from lmcalc.estimates.counts import COUNTED_NOT_SERVED_NOTE
+from lmcalc.estimates.counts import COUNTED_ONLY_NOTE
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.specs import ModelSpec
 
@@ -109,16 +109,89 @@ def test_below_one_entry_transformers_trains_no_compressor():
         assert counted - measured == 2 * 2 * (64 * 32 + 64 * 32) * seq * 2
 
 
+def cache_held(model, seq: int) -> int:  # noqa: ANN001 (a transformers model)
+    """The bytes transformers' DeepSeek-V4 cache holds after a prompt of ``seq`` tokens, tensor by tensor (a layer's
+    values are its keys; views counted at their own size: after a prompt they keep the prompt's whole projection
+    alive, which a serving engine does not)."""
+    import torch
+
+    with torch.no_grad():
+        cache = model(torch.randint(3, 120, (1, seq)), use_cache=True).past_key_values
+    held = {}
+    for layer in cache.layers:
+        tensors = [layer.keys, layer.values]
+        for name in ("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv", "overlap_gate"):
+            tensors += getattr(layer, name, {}).values()
+        held |= {(t.data_ptr(), t.numel()): t.numel() * t.element_size() for t in tensors if t is not None}
+    return sum(held.values())
+
+
+@pytest.mark.torch
+def test_the_serving_cache_is_what_transformers_keeps():
+    # the tiny model's layers: one of the window alone, two CSA, one HCA (fp32). Two differences, both transformers':
+    # its window layers keep w − 1 tokens where lmcalc counts the next step's too, and its plain sliding layer (layer
+    # 0) keeps K and V as two copies of the one head
+    transformers = pytest.importorskip("transformers")
+    from hf_tiny import tiny_config
+
+    from lmcalc.engine.inference.serving import Serving, inference_memory
+
+    config = tiny_config("deepseek_v4")
+    built = transformers.AutoConfig.for_model(**config)
+    spec, model = spec_of(config), transformers.AutoModelForCausalLM.from_config(built).eval()
+    L, d, w, element = 4, 32, 8, 4
+    for seq in (5, 8, 13, 16, 30, 33):  # before and after windows of 4 and 8 close, and tokens left over
+        counted = inference_memory(Serving(spec, context=seq, kv_dtype="fp32"), 1e12).kv_cache
+        next_token = L * d * element if seq >= w else 0
+        second_copy = min(seq, w - 1) * d * element
+        assert counted == cache_held(model, seq) + next_token - second_copy
+
+
+def test_the_serving_cache_by_hand():
+    # V4-Flash's shape at 1,048,576 tokens, bf16: the window's 128 entries of 512 in each of 43 layers; each of the 20
+    # CSA layers 262,144 entries of 512 + 128, each of the 23 HCA layers 8,192 of 512; 1,048,576 closes every window,
+    # so the CSA layers hold only the last window's first series, 2 × 4 × (512 + 128) elements
+    from lmcalc.engine.inference.serving import Serving, inference_memory
+
+    s = 1_048_576
+    memory = inference_memory(Serving(spec_of(DEFAULTS), context=s, tp=8), 141e9)
+    window = 43 * 128 * 512 * 2
+    entries = (20 * (s // 4) * (512 + 128) + 23 * (s // 128) * 512) * 2
+    overlap = 20 * 2 * 4 * (512 + 128) * 2
+    assert memory.kv_cache == memory.kv_cache_per_gpu == window + entries + overlap  # one head: whole on every rank
+    budget = memory.cache_budget
+    assert memory.max_batch == budget // (window + entries + overlap)
+
+
+def test_the_longest_context_by_hand():
+    # 64 sequences: the longest context s whose cache, the compressors' state at its fullest (3 tokens of a CSA window
+    # and 127 of an HCA window pending, a CSA window closed before), fits the budget, and s + 1 does not
+    from lmcalc.engine.inference.serving import Serving, inference_memory
+
+    memory = inference_memory(Serving(spec_of(DEFAULTS), context=4096, batch=64, tp=8), 141e9)
+
+    def most(s: int) -> int:
+        window = min(128, s) * 43 * 512
+        entries = 20 * (s // 4) * (512 + 128) + 23 * (s // 128) * 512
+        fullest = 20 * (3 * 2 * (2 * 512 + 2 * 128) + 2 * 4 * (512 + 128)) + 23 * 127 * 2 * 512
+        return 64 * (window + entries + fullest) * 2
+
+    longest = memory.max_context
+    assert 4096 < longest < 1_048_576
+    assert most(longest) <= memory.cache_budget < most(longest + 1)
+
+
 def test_params_flops_and_time_work_and_the_rest_is_refused_in_one_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(DEFAULTS))
     counted = api.params(model=str(path))
     assert counted.total == count_params(spec_of(DEFAULTS)).total
-    assert COUNTED_NOT_SERVED_NOTE in counted.report.notes  # it says what else lmcalc estimates
+    assert COUNTED_ONLY_NOTE in counted.report.notes  # it says what else lmcalc estimates
     assert api.flops(model=str(path), tokens=1e9, seq=4096).model_flops > 0
     assert api.train_time(model=str(path), gpus="8xH100", tokens=1e9).days > 0
-    refused = "DeepSeek-V4's layers .* serving memory"
-    for estimate, more in ((api.inference, {"context": 4096}), (api.memory, {}), (api.plan, {"gpus": "8xH100"})):
+    assert api.inference(model=str(path), context=4096, gpus="8xH200").memory.kv_cache > 0
+    refused = "DeepSeek-V4's layers .* training memory"
+    for estimate, more in ((api.memory, {}), (api.plan, {"gpus": "8xH100"})):
         with pytest.raises(LmcalcError, match=refused):
             estimate(model=str(path), **more)
 

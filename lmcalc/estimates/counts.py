@@ -34,17 +34,6 @@ COUNTED_ONLY_NOTE = (
     "lmcalc counts this model's parameters, FLOPs, training time at an MFU and serving memory (params, flops, "
     "train-time, memory --inference); its training memory, fine-tuning and the planner are not modelled yet"
 )
-COUNTED_NOT_SERVED_NOTE = (
-    "lmcalc counts this model's parameters, FLOPs and training time at an MFU (params, flops, train-time); its "
-    "serving memory, training memory, fine-tuning and the planner are not modelled yet"
-)
-
-
-def counted_only_note(spec: ModelSpec) -> tuple[str, ...]:
-    """What else lmcalc estimates for a model it counts but does not fully model; nothing for one it models."""
-    if not spec.counted_only:
-        return ()
-    return (COUNTED_ONLY_NOTE if spec.serving_counted else COUNTED_NOT_SERVED_NOTE,)
 
 
 @dataclass(frozen=True)
@@ -84,7 +73,7 @@ def params_estimate(resolved: Resolved) -> ParamsEstimate:
         (model_input(spec, resolved.note),),
         (params_section(spec),),
         # what the preset or the config.json reader says of the count, and what else lmcalc estimates of the model
-        (*model_notes(spec, resolved.note), *spec.notes, *counted_only_note(spec)),
+        (*model_notes(spec, resolved.note), *spec.notes, *([COUNTED_ONLY_NOTE] if spec.counted_only else [])),
     )
     total = report.term("params.total")
     report = replace(report, headline=(f"{spec.label}: {group(total.value)} parameters ({total.text})",))

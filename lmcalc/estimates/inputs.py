@@ -76,15 +76,13 @@ def resolve_model(value: ModelLike, counting: Literal["", "params", "flops", "se
     top-k is null (DeepSeek-V2's class default) is refused unless only ``counting`` its parameters; one that lmcalc
     counts but does not yet estimate the training memory of (``ModelSpec.counted_only``: Gemma 3n's and 4's layers,
     Llama 3.2 Vision's, RWKV-4's, DeepSeek-V4's), unless counting its parameters, its FLOPs (and the time they take
-    at an MFU) or, but for DeepSeek-V4's, its serving memory."""
+    at an MFU) or its serving memory."""
     resolved = pr.Resolved(value, "given") if isinstance(value, ModelSpec) else pr.resolve_model(value)
     moe = resolved.spec.moe
     if counting != "params" and moe and moe.experts_per_token is None:
         raise LmcalcError(f"{resolved.spec.name}: {NO_TOP_K}")
-    spec = resolved.spec
-    # Gemma 3n's and 4's layers, Llama 3.2 Vision's, RWKV-4's; DeepSeek-V4's, whose serving memory is not counted
-    if spec.counted_only and (not counting or (counting == "serving" and not spec.serving_counted)):
-        raise LmcalcError(f"{spec.name}: {spec.counted_only}")
+    if not counting and resolved.spec.counted_only:  # Gemma 3n's and 4's layers, Llama 3.2 Vision's, RWKV-4's, …
+        raise LmcalcError(f"{resolved.spec.name}: {resolved.spec.counted_only}")
     return resolved
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil
 
+from lmcalc.engine.inference.compressed_cache import CompressedCache, compressed_cache
 from lmcalc.engine.model.numerics import DTYPE_ALIASES, SERVING_DTYPES, dtype_bytes
 from lmcalc.engine.model.params import count_params
 from lmcalc.engine.parallel.layout import check_tp_heads
@@ -75,6 +76,8 @@ def kv_elements_per_token_per_layer(spec: ModelSpec) -> float:
     g = spec.global_attention
     if g is not None:
         return (g.kv_heads or spec.kv_heads) * 2 * g.head_dim
+    if spec.compressed_attention:  # DeepSeek-V4's one key-value head, read as both K and V: cached once
+        return spec.head_size
     if spec.mla:
         indexer_keys = spec.indexer.head_dim * spec.indexer_layers / spec.num_layers if spec.indexer else 0
         return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim + indexer_keys
@@ -113,7 +116,7 @@ def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> float:
     g = spec.global_attention
     if g is not None:  # a global layer's (Gemma 4): its own KV heads of d_g
         return kv_heads_per_gpu(spec, tp, g.kv_heads or spec.kv_heads) * 2 * g.head_dim
-    if spec.mla:
+    if spec.mla or spec.compressed_attention:  # the latent, or DeepSeek-V4's one head: whole on every rank
         return kv_elements_per_token_per_layer(spec)
     return heads * (spec.qk_head_dim + spec.v_head_dim)
 
@@ -157,6 +160,7 @@ class InferenceMemory:
     state_per_sequence: float = 0.0  # bytes a hybrid's state-space layers keep per sequence, whatever its length
     local_weight: Fraction = Fraction(1)  # a local layer's cache per token over a global one's (local_cache_weight)
     local_weight_per_gpu: Fraction = Fraction(1)  # the same on one GPU of TP
+    compressed: CompressedCache | None = None  # DeepSeek-V4's compressed layers' entries and compressor state
 
     def cached_tokens(self, context: int, per_gpu: bool = False) -> Fraction:
         """Tokens a layer keeps for one sequence of ``context`` tokens, on average over the layers: all of them in
@@ -180,16 +184,22 @@ class InferenceMemory:
     def kv_per_token_per_gpu(self) -> float:
         return self.layers * self.kv_per_token_per_layer_per_gpu
 
+    def beyond_tokens(self, context: int) -> float:
+        """What a sequence keeps beside its tokens' keys and values: a hybrid's state, and DeepSeek-V4's compressed
+        entries and compressors' state at ``context`` tokens (whole on every TP rank)."""
+        return self.state_per_sequence + (self.compressed.per_sequence(context) if self.compressed else 0.0)
+
     @property
     def kv_cache(self) -> float:
         """The whole cache of the batch, counted once (no TP replication)."""
-        return self.batch * (float(self.cached_tokens(self.context)) * self.kv_per_token + self.state_per_sequence)
+        per_sequence = float(self.cached_tokens(self.context)) * self.kv_per_token
+        return self.batch * (per_sequence + self.beyond_tokens(self.context))
 
     @property
     def kv_cache_per_gpu(self) -> float:
         """The batch's cache on one GPU; a hybrid's states whole on every rank (lmcalc does not split them)."""
         per_sequence = float(self.cached_tokens(self.context, True)) * self.kv_per_token_per_gpu
-        return self.batch * (per_sequence + self.state_per_sequence)
+        return self.batch * (per_sequence + self.beyond_tokens(self.context))
 
     @property
     def total_per_gpu(self) -> float:
@@ -204,13 +214,15 @@ class InferenceMemory:
     def max_batch(self) -> int:
         """The most sequences of ``context`` tokens whose cache fits: ⌊budget / (s·c)⌋."""
         per_sequence = self.cached_tokens(self.context, True) * Fraction(self.kv_per_token_per_gpu)
-        return _whole_fit(self.cache_budget, per_sequence + Fraction(self.state_per_sequence))
+        return _whole_fit(self.cache_budget, per_sequence + Fraction(self.beyond_tokens(self.context)))
 
     @property
     def max_context(self) -> int:
         """The most tokens per sequence at ``batch`` sequences whose cache fits: ⌊budget / (b·c)⌋; with local
         layers, past the window only the global layers' caches grow (``max_seq_len`` when there are none)."""
         budget = Fraction(self.cache_budget) - self.batch * Fraction(self.state_per_sequence)
+        if self.compressed:
+            return self._max_compressed_context(budget)
         if not self.kv_per_token_per_gpu:  # no layer attends: the states do not grow with the context
             return self.max_seq_len if budget >= 0 else 0
         tokens = max(Fraction(0), budget) / (self.batch * Fraction(self.kv_per_token_per_gpu))
@@ -223,6 +235,24 @@ class InferenceMemory:
         if not global_layers:
             return self.max_seq_len
         return int((tokens * self.layers - self.local_layers * weight * self.window) // global_layers)
+
+    def _max_compressed_context(self, budget: Fraction) -> int:
+        """DeepSeek-V4's: the longest context up to the trained one whose window and compressed cache, the
+        compressors' state at its fullest (``CompressedCache.most``, which never falls as the context grows), fit
+        ``budget`` at ``batch`` sequences; found by bisection."""
+        assert self.compressed is not None
+
+        def fits(context: int) -> bool:
+            window = self.cached_tokens(context, True) * Fraction(self.kv_per_token_per_gpu)
+            return self.batch * (window + Fraction(self.compressed.most(context))) <= budget  # type: ignore[union-attr]
+
+        low, high = 0, self.max_seq_len
+        if fits(high):
+            return high
+        while low < high - 1:  # fits(low) or low == 0; not fits(high)
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        return low if fits(low) else 0
 
 
 def _whole_fit(budget: float, bytes_each: float | Fraction) -> int:
@@ -269,6 +299,7 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
         state_per_sequence=state_bytes(spec, kv_bytes),
         local_weight=local_cache_weight(spec),
         local_weight_per_gpu=local_cache_weight(spec, tp),
+        compressed=compressed_cache(spec, kv_bytes),
     )
     if memory.cache_budget < 0:
         raise LmcalcError(

@@ -91,6 +91,8 @@ def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[st
     if spec.mla:
         m = spec.mla
         return "(d_c + d_rope) · bytes", f"({m.kv_lora_rank} + {m.qk_rope_head_dim}) × {kv_bytes:g} B"
+    if spec.compressed_attention:  # DeepSeek-V4: one key-value head, read as both K and V
+        return "d · bytes", f"{spec.head_size} × {kv_bytes:g} B"
     if spec.global_attention:  # a global layer's, at its own widths (Gemma 4): ``heads`` its KV heads
         return "2 · H_kv,g · d_g · bytes", f"2 × {heads} × {spec.global_attention.head_dim} × {kv_bytes:g} B"
     if spec.qk_head_dim == spec.v_head_dim:
@@ -105,6 +107,9 @@ def _attention_kind(spec: ModelSpec) -> str:
         both = ", K = V: both cached, K normed with a weight and rotated, V normed without one" if g.k_eq_v else ""
         return (f"a global layer's K and V: {kv} KV heads of {g.head_dim}{both}; a local layer's {spec.kv_heads} of "
                 f"{spec.head_size}")  # fmt: skip
+    if spec.compressed_attention:
+        return (f"one key-value head of {spec.head_size} read as both K and V, cached once, in every layer's window; "
+                "the compressed layers' entries below")  # fmt: skip
     if spec.mla and spec.indexer:
         return "MLA with DeepSeek sparse attention: the KV latent, the shared RoPE key and the indexer's key"
     if spec.mla:
@@ -124,6 +129,7 @@ def _kv_section(spec: ModelSpec, memory: InferenceMemory, kv_dtype: str) -> Sect
         *_kv_per_token_terms(spec, memory, kv_dtype, kv_bytes),
         *_window_terms(spec, memory),
         *_state_terms(spec, memory, kv_bytes),
+        *_compressed_terms(memory),
         *_kv_batch_terms(memory),
     ]
     if memory.tp > 1:
@@ -174,9 +180,9 @@ def _kv_batch_terms(memory: InferenceMemory) -> tuple[Term, Term]:
         Term(
             "per_sequence",
             "Per sequence",
-            float(memory.cached_tokens(s)) * memory.kv_per_token + memory.state_per_sequence,
+            float(memory.cached_tokens(s)) * memory.kv_per_token + memory.beyond_tokens(s),
             "bytes",
-            f"{_kept(memory)} · per token" + (" + state" if memory.state_per_sequence else ""),
+            f"{_kept(memory)} · per token" + (f" + {_beyond(memory)}" if memory.beyond_tokens(s) else ""),
             f"{_kept(memory, s)} × {group(memory.kv_per_token)} B" + _state_text(memory),
         ),
         Term(
@@ -222,6 +228,12 @@ def _kv_per_token_per_gpu_term(spec: ModelSpec, memory: InferenceMemory, kv_byte
 
 def _max_context_formula(memory: InferenceMemory) -> tuple[str, str]:
     budget, b, c = group(memory.cache_budget), memory.batch, group(memory.kv_per_token_per_gpu)
+    if memory.compressed:  # DeepSeek-V4: the window's cache stops at w, the compressed entries grow
+        return (
+            "the largest s ≤ s_max with batch · (min(w, s) · L · per token + entries(s) + fullest unclosed windows) ≤ "
+            "cache budget, by bisection",
+            f"budget {budget} B, batch {b}, L · per token {c} B, w = {memory.window}, s_max = {memory.max_seq_len}",
+        )
     if memory.window is None:
         return "⌊cache budget / (batch · per token on one GPU)⌋", f"⌊{budget} / ({b} × {c})⌋"
     L, local, w, r = memory.layers, memory.local_layers, memory.window, memory.local_weight_per_gpu
@@ -238,7 +250,12 @@ def _max_context_formula(memory: InferenceMemory) -> tuple[str, str]:
 
 
 def _all_local_note(memory: InferenceMemory) -> str:
-    if memory.window is None or memory.local_layers < memory.layers or memory.max_context < memory.max_seq_len:
+    if (
+        memory.compressed
+        or memory.window is None
+        or memory.local_layers < memory.layers
+        or memory.max_context < memory.max_seq_len
+    ):
         return ""
     return "every layer keeps only its window: the cache stops growing there, and the trained context bounds it"
 
@@ -262,14 +279,24 @@ def _layers_note(spec: ModelSpec) -> str:
 
 
 def _batch_formula(memory: InferenceMemory, per_token: str) -> str:
-    """``batch · context · per token``, or with local layers or a hybrid's state what stands for them."""
-    if memory.state_per_sequence:
-        return f"batch · ({_kept(memory)} · {per_token} + state)"
+    """``batch · context · per token``, or with local layers, a hybrid's state or compressed entries what stands for
+    them."""
+    if memory.beyond_tokens(memory.context):
+        return f"batch · ({_kept(memory)} · {per_token} + {_beyond(memory)})"
     return f"batch · {_kept(memory)} · {per_token}"
 
 
+def _plus_beyond(memory: InferenceMemory) -> str:
+    return f" + {_beyond(memory)}" if memory.beyond_tokens(memory.context) else ""
+
+
+def _beyond(memory: InferenceMemory) -> str:
+    return "compressed" if memory.compressed else "state"
+
+
 def _state_text(memory: InferenceMemory) -> str:
-    return f" + {group(memory.state_per_sequence)} B" if memory.state_per_sequence else ""
+    beyond = memory.beyond_tokens(memory.context)
+    return f" + {group(beyond)} B" if beyond else ""
 
 
 def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> tuple[Term, ...]:
@@ -316,6 +343,28 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
     return (
         Term("state", f"{kind} layers' state per sequence", memory.state_per_sequence, "bytes", formula, substituted,
              source, note=note),
+    )  # fmt: skip
+
+
+def _compressed_terms(memory: InferenceMemory) -> tuple[Term, ...]:
+    """DeepSeek-V4's compressed layers: their entries, and their compressors' state, for one sequence."""
+    c, s = memory.compressed, memory.context
+    if c is None:
+        return ()
+    b, m, m2, d, d_i = f"{c.kv_bytes:g} B", c.csa_rate, c.hca_rate, c.head_dim, c.indexer_dim
+    source = "DeepSeek-AI 2026 (DeepSeek-V4) §2.3; transformers' DeepseekV4CSACache and DeepseekV4HCACache"
+    return (
+        Term("compressed_entries", "Compressed entries per sequence", c.entries(s), "bytes",
+             "(L_CSA · ⌊s/m⌋ · (d + d_I) + L_HCA · ⌊s/m'⌋ · d) · bytes",
+             f"({c.csa_layers} × {s // m} × ({d} + {d_i}) + {c.hca_layers} × {s // m2} × {d}) × {b}", source,
+             note="one entry a closed window of m tokens (CSA, with its indexer's key) or m' (HCA); whole on every "
+             "TP rank"),
+        Term("compressor_state", "Compressors' unclosed windows per sequence", c.unclosed(s), "bytes",
+             "(L_CSA · ((s mod m) · 2 · (2·d + 2·d_I) + 2·m·(d + d_I)) + L_HCA · (s mod m') · 2 · d) · bytes",
+             f"({c.csa_layers} × ({s % m} × 2 × ({2 * d} + {2 * d_i}) + {2 * m * (d + d_i) if s >= m else 0}) + "
+             f"{c.hca_layers} × {s % m2} × 2 × {d}) × {b}", source,
+             note="the values and gates of the tokens whose window has not closed, and a CSA layer's last closed "
+             "window's first series, which the next entry overlaps"),
     )  # fmt: skip
 
 
@@ -386,8 +435,8 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Ca
                 f"Largest batch at {memory.context} tokens",
                 memory.max_batch,
                 "sequences",
-                f"⌊cache budget / ({_kept(memory)} · per token on one GPU)⌋",
-                f"⌊{group(budget)} / ({_kept(memory, memory.context)} × {group(c)})⌋",
+                f"⌊cache budget / ({_kept(memory)} · per token on one GPU{_plus_beyond(memory)})⌋",
+                f"⌊{group(budget)} / ({_kept(memory, memory.context)} × {group(c)}{_state_text(memory)})⌋",
                 note="not even one sequence of this context fits" if memory.max_batch == 0 else "",
             ),
             Term(
