@@ -49,10 +49,13 @@ def laguna(config: dict[str, Any], origin: str, heads: int) -> dict[str, Any]:
     return {"attention_head_gate": "fp32", "num_heads": per_layer.pop()}
 
 
-def indexer(config: dict[str, Any], origin: str, layers: int) -> dict[str, Any]:
+def indexer(config: dict[str, Any], origin: str, layers: int, kind: str = "") -> dict[str, Any]:
     """DeepSeek-V3.2's and GLM-5's indexer (DeepseekV32Indexer, GlmMoeDsaIndexer); GLM-5's indexer_types "shared"
-    marks a layer that reuses the previous layer's selection and builds no indexer (GlmMoeDsaAttention)."""
+    marks a layer that reuses the previous layer's selection and builds no indexer (GlmMoeDsaAttention). HYV4Config
+    writes its own where config.json gives none: a full indexer in layer 0 and every fourth from layer 1."""
     shared = config.get("indexer_types") or []
+    if kind == "hy_v4" and not shared:
+        shared = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(layers)]
     own = layers - sum(t == "shared" for t in shared[:layers])
     return {
         "heads": _get(config, origin, "index_n_heads"),

@@ -76,7 +76,8 @@ LLAMA_LIKE = (
     "nanochat", "apertus", "apertus1p5_text", "hunyuan_v1_moe", "cohere2_moe", "aria_text", "kolibri1", "afmoe",
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
-    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", GEMMA3N,
+    "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", "hy_v4",
+    GEMMA3N,
     *GEMMA4, MLLAMA,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
@@ -279,8 +280,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             if kind == "minicpm3"
             else _get(config, origin, "v_head_dim"),
         }
-        if kind in ("deepseek_v32", "glm_moe_dsa", "axk2"):  # DeepSeek sparse attention: MLA with an indexer
-            fields["mla"]["indexer"] = indexer(config, origin, layers)
+        if kind in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"):  # DeepSeek sparse attention: MLA, an indexer
+            fields["mla"]["indexer"] = indexer(config, origin, layers, kind)
         fields["num_kv_heads"] = None
     routed = moe(config, kind, layers, origin) if kind not in GEMMA4 else None  # Gemma 4's: hf_widths
     if routed:
@@ -330,6 +331,9 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
                    "mlp_fp32": True, "final_softcap_fp32": True}  # fmt: skip
     if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
+    if kind == "hy_v4":  # HYV4Attention: DeepSeek-V3.2's, a gate from gate_proj and sinks; iHC's streams
+        fields |= {"attention_output_gate": True, "attention_gate_proj": True, "attention_sinks": True,
+                   "hyper_connections": {"streams": _get(config, origin, "hc_mult"), "mixing": False}}  # fmt: skip
     if kind in ("bamba", "granitemoehybrid", "falcon_h1"):
         fields |= mamba2(config, kind, fields["hidden_size"], layers, origin)
     if kind == "minimax":  # lightning attention in every linear_attention layer (MiniMax-01)

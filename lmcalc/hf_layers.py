@@ -22,7 +22,7 @@ LOCAL_LAYER_TYPES = {"sliding_attention": "sliding", "chunked_attention": "chunk
 
 ROUTER_FP32 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "axk1", "dots1", "ernie4_5_moe",
                "exaone_moe", "glm4_moe", "glm4_moe_lite", "hunyuan_v1_moe", "solar_open", "kolibri1",
-               "hy_v3", "flint", "kimi_linear", "bailing_hybrid", "beam", "mimo_v2_flash", "axk2")  # fmt: skip
+               "hy_v3", "flint", "kimi_linear", "bailing_hybrid", "beam", "mimo_v2_flash", "axk2", "hy_v4")  # fmt: skip
 """Types whose transformers router multiplies an fp32 copy of its input by an fp32 weight (DeepseekV3TopkRouter:
 F.linear(hidden_states.type(torch.float32), ...); HunYuanMoEV1Gate: hidden_states.float(); HYV3TopKRouter)."""
 
@@ -153,8 +153,8 @@ def moe(config: dict[str, Any], kind: str, layers: int, origin: str) -> dict[str
     if config.get("mlp_layer_types"):  # Mellum: "dense" or "sparse", layer by layer
         dense_ids += [i for i, t in enumerate(config["mlp_layer_types"]) if t == "dense"]
     first_dense = config.get("first_k_dense_replace") or config.get("num_dense_layers") or 0
-    if kind in ("glm4_moe_lite", "hy_v3", "laguna", "mimo_v2_flash") and not config.get("mlp_layer_types"):  # 1 dense
-        first_dense = 1
+    if kind in ("glm4_moe_lite", "hy_v3", "hy_v4", "laguna", "mimo_v2_flash") and not config.get("mlp_layer_types"):
+        first_dense = 1  # their classes' one dense layer
     if kind in ("axk1", "axk2", "kimi_linear") and not config.get("mlp_layer_types"):  # their classes: a kwarg, else 1
         first_dense = config.get("first_k_dense_replace", 1)
     if kind == "beam" and not config.get("mlp_layer_types"):  # BeamConfig: the first three layers dense

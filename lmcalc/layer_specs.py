@@ -38,8 +38,8 @@ WIDTHS_COUNTED_ONLY = (
 
 
 COMPRESSED_COUNTED_ONLY = (
-    "DeepSeek-V4's layers (compressed sparse and heavily compressed attention beside a sliding window, the grouped "
-    "output projection, hyper-connections) are counted by lmcalc params, lmcalc flops, lmcalc train-time (full "
+    "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, and the "
+    "hyper-connections of DeepSeek-V4 and HY V4, are counted by lmcalc params, lmcalc flops, lmcalc train-time (full "
     "training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning "
     "and step-time model do not take them yet (docs/hf-types.md)"
 )
@@ -311,3 +311,8 @@ class HyperConnectionSpec(Spec):
     Sinkhorn-Knopp iterations; a last collapse (n·h → n) before the final norm."""
 
     streams: Dimension = Field(description="n, the residual streams (hc_mult)")
+    mixing: StrictBool = Field(
+        True,
+        description="the n × n mixing of the streams (mHC, DeepSeek-V4: a projection to (2+n)·n, three scales); "
+        "false: the streams collapse and spread only (iHC, HY V4: a projection to 2·n, two scales)",
+    )

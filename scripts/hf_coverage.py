@@ -84,8 +84,6 @@ NEEDS: dict[str, str] = {
     "git": "GIT: an image-to-text BERT-style decoder over projected image features",
     "hrm_text": "Hierarchical Reasoning Model: high- and low-level modules run for several cycles (weights used more "
     "than once a step)",
-    "hy_v4": "Hunyuan V4: hyper-connections around each sub-layer, MLA with sinks and an output gate, an indexer in "
-    "some layers",
     "inkling2_loop_text": "as inkling_text, its layers looped",
     "inkling2_text": "as inkling_text",
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
@@ -259,12 +257,14 @@ def page(cases: list[Case]) -> str:
               "they count what their layers keep for backward (K = V's two norms, the K and V the sharing layers "
               "reuse, the per-layer inputs' gates, AltUp's streams, the WKV and RG-LRU recurrences) and their "
               "kernels, and what a trainer keeps for weights no text step updates.", "",
-              "DeepSeek-V4 (`deepseek_v4`) is read exactly too, and taken by the same four (formulas §2.24 and §11: "
+              "DeepSeek-V4 (`deepseek_v4`) and HY V4 (`hy_v4`) are read exactly too, and taken by the same four "
+              "(formulas §2.24, §2.25 and §11. DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
-              "compressed entries and the compressors' unclosed windows, to what transformers keeps). Training memory, "
-              "fine-tuning and the planner refuse it in one line until lmcalc counts what its layers keep for "
+              "compressed entries and the compressors' unclosed windows, to what transformers keeps. HY V4: "
+              "DeepSeek-V3.2's attention with an output gate and sinks, and iHC hyper-connections). Training memory, "
+              "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
               "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -271,6 +271,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                              layer_types=["sliding_attention", "compressed_sparse_attention",
                                                           "heavily_compressed_attention",
                                                           "compressed_sparse_attention"])),
+    # HY V4: DeepSeek-V3.2's MLA and indexer (its own in layers 0 and 1, shared in 2 and 3), an output gate from its
+    # own projection, sinks, layer 0 dense, 2 iHC streams
+    "hy_v4": ("HYV4Config", dict(MOE | DSA, n_routed_experts=4, n_shared_experts=1, q_lora_rank=48, kv_lora_rank=32,
+                                 qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, hc_mult=2)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -190,7 +190,7 @@ def test_params_flops_and_time_work_and_the_rest_is_refused_in_one_line(tmp_path
     assert api.flops(model=str(path), tokens=1e9, seq=4096).model_flops > 0
     assert api.train_time(model=str(path), gpus="8xH100", tokens=1e9).days > 0
     assert api.inference(model=str(path), context=4096, gpus="8xH200").memory.kv_cache > 0
-    refused = "DeepSeek-V4's layers .* training memory"
+    refused = "DeepSeek-V4's compressed sparse .* training memory"
     for estimate, more in ((api.memory, {}), (api.plan, {"gpus": "8xH100"})):
         with pytest.raises(LmcalcError, match=refused):
             estimate(model=str(path), **more)

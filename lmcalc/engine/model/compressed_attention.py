@@ -68,19 +68,21 @@ def _indexer_tensors(spec: ModelSpec) -> list[WeightTensor]:
 
 def hyper_connection_tensors(spec: ModelSpec) -> list[WeightTensor]:
     """mHC's: around each of a layer's two sub-layers, the projection of the n streams n·h → (2+n)·n, its bias and
-    three scales; before the final norm, the last collapse n·h → n, its bias and a scale."""
+    three scales (iHC's, HY V4's: n·h → 2·n and two scales); before the final norm, the last collapse n·h → n, its
+    bias and a scale."""
     hc = spec.hyper_connections
     if hc is None:
         return []
     n, streams = hc.streams, Dim(hc.streams * spec.hidden_size, "n·h")
-    mixes = Dim((2 + n) * n, "(2+n)·n")
+    mixes = Dim((2 + n) * n, "(2+n)·n") if hc.mixing else Dim(2 * n, "2·n")
+    scales = Dim(3, "3") if hc.mixing else Dim(2, "2")
     layers, once = Site("hyper_connections", spec.num_layers, "L"), Site("hyper_connections", 1, "1")
     tensors = []
     for sublayer in ("attn_hc", "ffn_hc"):
         tensors += [
             tensor(f"{sublayer}.fn", layers, (mixes, streams), True),
             tensor(f"{sublayer}.base", layers, (mixes,), False),
-            tensor(f"{sublayer}.scale", layers, (Dim(3, "3"),), False),
+            tensor(f"{sublayer}.scale", layers, (scales,), False),
         ]
     return tensors + [
         tensor("hc_head.fn", once, (Dim(n, "n"), streams), True),
@@ -93,7 +95,7 @@ def stream_mixing_flops(spec: ModelSpec) -> float:
     """Forward FLOPs a token of mHC beyond its weights: each sub-layer mixes the n streams of h by an n × n matrix
     (a batched matmul, which FlopCounterMode counts), 2·n²·h, twice a layer."""
     hc = spec.hyper_connections
-    return 0.0 if hc is None else spec.num_layers * 2 * 2 * hc.streams**2 * spec.hidden_size
+    return 0.0 if hc is None or not hc.mixing else spec.num_layers * 2 * 2 * hc.streams**2 * spec.hidden_size
 
 
 def entries_read(seq_len: int, rate: int, cap: int | None = None) -> int:

@@ -88,7 +88,8 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         m = spec.mla
         tensors: list[WeightTensor] = []
         q_dim = Dim(heads * m.qk_head_dim, "H·d_qk")
-        if spec.attention_output_gate:  # A.X K2: the up-projection makes the queries and the output's gate, H·d_v
+        if spec.attention_output_gate and not spec.attention_gate_proj:  # A.X K2: the up-projection makes the
+            # queries and the output's gate, H·d_v
             q_dim = Dim(heads * (m.qk_head_dim + m.v_head_dim), "H·(d_qk+d_v)")
         if m.q_lora_rank:
             q_rank = Dim(m.q_lora_rank, "r_q")
@@ -104,6 +105,10 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
         kv_up = Dim(heads * (m.qk_nope_head_dim + m.v_head_dim), "H·(d_nope+d_v)")
         tensors += linear("attn.kv_b", site, kv_up, kv_rank, False)
         tensors += linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
+        if spec.attention_gate_proj:  # HY V4: a sigmoid gate on the output from a projection of its own, h → H·d_v
+            tensors += linear("attn.attn_gate", site, Dim(heads * m.v_head_dim, "H·d_v"), h, False)
+        if spec.attention_sinks:  # HY V4: a learned logit a head, as gpt-oss's
+            tensors.append(tensor("attn.sinks", site, (Dim(heads, "H"),), False))
         return tensors + _head_gate(spec, site, h) + _indexer(spec)
     dv = spec.v_head_dim
     q, kv_dim, v_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d"), Dim(kv * dv, "H_kv·d_v" if dv != d else "H_kv·d")
