@@ -212,3 +212,61 @@ def recurrent_gemma(config: dict[str, Any], fields: dict[str, Any], origin: str)
             "attention_layer_ids": attending,
         },
     }
+
+
+ZAMBA2_LAYERS = ("linear_attention",) + (("linear_attention",) * 5 + ("hybrid",)) * 7 + ("linear_attention",) * 4 + (
+    "hybrid",) + ("linear_attention",) * 3 + ("hybrid",) + ("linear_attention",) * 2  # fmt: skip
+"""Zamba2Config's layers where config.json gives none (Zamba2-2.7B's 54): Mamba-2 in each, a shared block first in
+the hybrid ones."""
+
+
+def zamba2(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModelSpec fields for a Zamba 2 config (Zamba2ForCausalLM): Mamba-2 in every layer behind its norm (of
+    ``mamba_expand``·h, ``n_mamba_heads`` heads, the convolution's bias always), and in the ``hybrid`` layers of
+    ``layers_block_type`` (``mamba``/``hybrid`` in older files) a shared block first (``shared_block``): attention over
+    2·h with ``num_attention_heads`` heads of 2·h/H, a gated MLP of ``intermediate_size`` (else 4·h) with
+    ``hidden_act``, ``num_mem_blocks`` blocks in turn, adapters of ``adapter_rank``; RoPE only with
+    ``use_mem_rope``. transformers shares the blocks' weights between their uses only where ``tie_word_embeddings``
+    ties the head too."""
+    hidden, heads = _get(config, origin, "hidden_size"), _get(config, origin, "num_attention_heads")
+    given = config.get("layers_block_type") or config.get("layer_types") or ZAMBA2_LAYERS
+    blocks = [LEGACY_NAMES.get(b, b) for b in given]
+    unknown = sorted(set(blocks) - {"linear_attention", "hybrid"})
+    if unknown:
+        raise LmcalcError(f"{origin}: config.json layers_block_type has {token(unknown[0])}, not mamba or hybrid")
+    inner = config.get("mamba_expand", 2) * hidden
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": len(blocks),
+        "num_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads"),
+        "head_dim": 2 * hidden // heads,  # Zamba2Config: attention_head_dim = 2·h / H
+        "ffn_size": config.get("intermediate_size") or 4 * hidden,
+        "ffn_kind": "geglu",
+        "activation": gelu(config, "zamba2", origin),
+        "norm_kind": "rmsnorm",
+        "mlp_bias": bool(config.get("add_bias_linear")),
+        "position_embedding": "rope" if config.get("use_mem_rope") else "none",
+        "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        "mixer_only_layer_ids": list(range(len(blocks))),
+        "mamba2": {
+            "inner": inner,
+            "heads": _get(config, origin, "n_mamba_heads"),
+            "groups": config.get("mamba_ngroups") or 1,
+            "state": _get(config, origin, "mamba_d_state"),
+            "conv_kernel": _get(config, origin, "mamba_d_conv"),
+            "chunk": config.get("chunk_size") or 256,
+            "conv_bias": True,  # Zamba2MambaMixer's conv1d: bias=True, whatever use_conv_bias says
+            "proj_bias": bool(config.get("add_bias_linear")),
+            "attention_layer_ids": [],
+        },
+        "shared_block": {
+            "layer_ids": [i for i, b in enumerate(blocks) if b == "hybrid"],
+            "blocks": config.get("num_mem_blocks") or 1,
+            "adapter_rank": _get(config, origin, "adapter_rank"),
+            "attention_adapters": bool(config.get("use_shared_attention_adapter")),
+            # transformers ties the uses' blocks (_tied_weights_keys) only where it ties the embedding
+            "tied": fields["tied_embeddings"],
+            "adapter_slots": len(config["hybrid_layer_ids"]) if config.get("hybrid_layer_ids") else None,
+        },
+    }

@@ -33,6 +33,7 @@ WHOLE_NUMBERS = frozenset(
         "num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "top_k_experts",
         "altup_num_inputs", "laurel_rank", "attention_hidden_size", "context_length", "lru_width", "conv1d_width",
         "attention_window_size", "o_groups", "o_lora_rank", "hc_mult", "compress_rate_csa", "compress_rate_hca",
+        "n_mamba_heads", "mamba_ngroups", "num_mem_blocks", "adapter_rank",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -48,7 +49,8 @@ FLAGS = frozenset(
         "mamba_conv_bias", "mamba_proj_bias", "lm_head_bias", "use_post_norm", "use_qkv_bias", "qk_layernorm",
         "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine", "conv_bias",
         "block_auto_adjust_ff_dim", "tie_embedding", "use_conv_bias", "projectors_bias", "mamba_rms_norm",
-        "router_bias", "attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block",
+        "router_bias", "attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block", "add_bias_linear",
+        "use_shared_attention_adapter", "use_mem_rope",
     }
 )  # fmt: skip
 TEXTS = frozenset(
@@ -72,6 +74,7 @@ LISTS_OF_WHOLE_NUMBERS = frozenset(
         "full_attn_idxs",
         "cross_attention_layers",
         "compress_ratios",
+        "hybrid_layer_ids",
     }
 )
 LISTS_OF_TEXTS = frozenset(

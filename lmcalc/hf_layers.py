@@ -429,8 +429,15 @@ def longcat_moe(config: dict[str, Any], routed: dict[str, Any], ffn_size: int) -
 def transformers_unused(spec: ModelSpec) -> int:
     """Parameters transformers 5.24 builds that the model never reads: LongcatFlashExperts' ``gate_up_proj`` holds
     E + Z experts where its ``down_proj`` holds E, so each zero-computation expert gets 2·f_e·h weights that no token
-    uses and no checkpoint fills (L_moe·Z·2·f_e·h; 0 for a model without zero-computation experts)."""
-    moe = spec.moe
+    uses and no checkpoint fills (L_moe·Z·2·f_e·h); and Zamba 2's adapters no use runs: an untied block holds those
+    of every use of its turn (n_b of turn b), though it runs its own, Σ_b n_b² − G; and a block holds adapters for
+    every layer config.json's hybrid_layer_ids lists, which may be more than run a block (0 for other models)."""
+    moe, shared = spec.moe, spec.shared_block
+    if shared is not None:  # block b holds the adapters of the uses i ≡ b (mod B) among those it builds them for
+        slots = shared.uses if shared.adapter_slots is None else shared.adapter_slots
+        turns = [sum(i % shared.blocks == b for i in range(slots)) for b in range(shared.blocks)]
+        held = sum(turns) if shared.tied else sum(turns[j % shared.blocks] for j in range(shared.uses))
+        return max(0, held - shared.uses) * shared.adapter_elements(spec.hidden_size, spec.ffn_size)
     return spec.moe_layers * moe.zero_experts * 2 * moe.expert_ffn_size * spec.hidden_size if moe else 0
 
 
@@ -439,12 +446,13 @@ def with_unused_noted(spec: ModelSpec) -> ModelSpec:
     unused = transformers_unused(spec)
     if not unused:
         return spec
-    assert spec.moe is not None
-    note = (
-        f"transformers 5.24 builds {group(unused)} more parameters than these: LongcatFlashExperts' gate_up_proj has "
-        f"rows for the {spec.moe.zero_experts} zero-computation experts too (L_moe·Z·2·f_e·h), which no token reads "
-        "and no checkpoint fills"
-    )
+    if spec.shared_block is not None:
+        why = "Zamba2's blocks hold adapters for more uses than run them (untied blocks, or hybrid_layer_ids)"
+    else:
+        assert spec.moe is not None
+        why = (f"LongcatFlashExperts' gate_up_proj has rows for the {spec.moe.zero_experts} zero-computation experts "
+               "too (L_moe·Z·2·f_e·h)")  # fmt: skip
+    note = f"transformers 5.24 builds {group(unused)} more parameters than these: {why}, which no token reads"
     return spec.model_copy(update={"notes": (*spec.notes, note)})
 
 

@@ -12,7 +12,7 @@ from lmcalc.layer_specs import moe_layers_in
 from lmcalc.mixer_specs import DeltaNetSpec, LightningSpec, Mamba2Spec, MambaSpec, RgLruSpec, RwkvSpec, ShortConvSpec
 
 if TYPE_CHECKING:
-    from lmcalc.layer_specs import MoESpec
+    from lmcalc.layer_specs import MoESpec, SharedBlockSpec
 
 OtherMixer = MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | RgLruSpec
 """The mixer of a hybrid's layers that do not attend."""
@@ -37,6 +37,7 @@ class LayerKinds:
         lightning: LightningSpec | None
         rwkv: RwkvSpec | None
         rglru: RgLruSpec | None
+        shared_block: SharedBlockSpec | None
 
     @property
     def hybrid(self) -> OtherMixer | None:
@@ -104,6 +105,11 @@ class LayerKinds:
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def attention_layers(self) -> int:
         return sum(self.is_attention_layer(i) for i in range(self.num_layers))
+
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
+    def attention_uses(self) -> int:
+        """Attention run in one forward pass: the attention layers', and each use of a shared block's (Zamba 2)."""
+        return self.attention_layers + (self.shared_block.uses if self.shared_block else 0)
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def other_mixer_layers(self) -> int:

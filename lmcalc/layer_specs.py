@@ -38,10 +38,10 @@ WIDTHS_COUNTED_ONLY = (
 
 
 COMPRESSED_COUNTED_ONLY = (
-    "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, and the "
-    "hyper-connections of DeepSeek-V4 and HY V4, are counted by lmcalc params, lmcalc flops, lmcalc train-time (full "
-    "training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning "
-    "and step-time model do not take them yet (docs/hf-types.md)"
+    "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
+    "hyper-connections of DeepSeek-V4 and HY V4, and Zamba 2's shared blocks are counted by lmcalc params, lmcalc "
+    "flops, lmcalc train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's "
+    "training memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
 
 
@@ -316,3 +316,45 @@ class HyperConnectionSpec(Spec):
         description="the n × n mixing of the streams (mHC, DeepSeek-V4: a projection to (2+n)·n, three scales); "
         "false: the streams collapse and spread only (iHC, HY V4: a projection to 2·n, two scales)",
     )
+
+
+class SharedBlockSpec(Spec):
+    """Transformer blocks whose weights are run at several depths (Zamba 2, Glorioso et al. 2024; transformers'
+    Zamba2HybridLayer). At each layer of ``layer_ids`` one of ``blocks`` blocks, taken in turn, reads the layer's
+    input beside the token embedding (2·h, normed), attends with H heads of d = 2·h/H, and runs a gated MLP of
+    ``ffn_size``; a low-rank adapter of its own at each use (``adapter_rank``) adds to the MLP's gate and up projection
+    (and, with ``attention_adapters``, to Q, K and V); a linear layer of the use's own (h → h) adds the result to the
+    input of that layer's Mamba-2 mixer. The blocks' weights are held once and computed at every use."""
+
+    layer_ids: tuple[LayerIndex, ...] = Field(description="the layers (from 0) that run a shared block first")
+    blocks: Dimension = Field(1, description="B, the distinct blocks, used in turn (num_mem_blocks)")
+    adapter_rank: Dimension = Field(description="r, each use's adapters' rank (adapter_rank)")
+    attention_adapters: StrictBool = Field(
+        False, description="adapters on Q, K and V too (use_shared_attention_adapter), 2·h → r → 2·h each"
+    )
+    adapter_slots: NonNegativeInt | None = Field(
+        None,
+        le=MAX_LAYERS,
+        description="the uses a block builds adapters for, where config.json's hybrid_layer_ids lists another number "
+        "of layers than run a block (transformers builds them; no token runs the extra ones); None: G",
+    )
+    tied: StrictBool = Field(
+        True,
+        description="the uses of a block share its weights; false: each use has a block of its own (transformers "
+        "ties them only where tie_word_embeddings is true)",
+    )
+
+    @property
+    def uses(self) -> int:
+        """G, the layers that run a block."""
+        return len(self.layer_ids)
+
+    @property
+    def held(self) -> int:
+        """The blocks whose weights the model holds: B where the uses share them, else G."""
+        return self.blocks if self.tied else self.uses
+
+    def adapter_elements(self, hidden: int, ffn: int) -> int:
+        """One use's adapters: the MLP's h → r → 2·f, and with ``attention_adapters`` Q's, K's and V's 2·h → r → 2·h."""
+        r = self.adapter_rank
+        return r * (hidden + 2 * ffn) + (3 * r * 4 * hidden if self.attention_adapters else 0)

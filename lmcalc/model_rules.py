@@ -84,6 +84,21 @@ def check_model(spec: Any) -> None:
     _check_single_blocks(spec)
     _check_layer_widths(spec)
     _check_compressed(spec)
+    _check_shared_block(spec)
+
+
+def _check_shared_block(spec: Any) -> None:
+    """Zamba 2's shared blocks: beside Mamba-2 in every layer, the block's attention over 2·h with heads of 2·h/H,
+    and Q, K and V adapters of 2·h only where K and V are as wide as Q."""
+    b = spec.shared_block
+    if b is None:
+        return
+    if spec.mamba2 is None or spec.attention_layers or spec.head_size * spec.num_heads != 2 * spec.hidden_size:
+        raise ValueError("shared_block is Zamba 2's: Mamba-2 in every layer (no attention layer of its own), and "
+                         "num_heads × head_dim = 2 × hidden_size, the block reading the layer's input beside the "
+                         "embedding")  # fmt: skip
+    if b.attention_adapters and spec.kv_heads != spec.num_heads:
+        raise ValueError("shared_block.attention_adapters add 2·h to K and V: they need num_kv_heads = num_heads")
 
 
 def _check_compressed(spec: Any) -> None:
@@ -158,6 +173,7 @@ def _check_layer_ids(spec: Any) -> None:
         f"{kind}.attention_layer_ids": getattr(spec, kind).attention_layer_ids if kind else (),
         "compressed_attention.csa_layer_ids": spec.compressed_attention.csa_layer_ids if c else (),
         "compressed_attention.hca_layer_ids": spec.compressed_attention.hca_layer_ids if c else (),
+        "shared_block.layer_ids": spec.shared_block.layer_ids if spec.shared_block else (),
     }
     for field, layers in listed.items():
         beyond = [layer for layer in layers if layer >= spec.num_layers]

@@ -32,6 +32,7 @@ from lmcalc.layer_specs import (
     MLASpec,
     MoESpec,
     PerLayerInputSpec,
+    SharedBlockSpec,
 )
 from lmcalc.mixer_specs import (
     RWKV_COUNTED_ONLY,
@@ -72,13 +73,13 @@ from lmcalc.spec_base import (
 )
 
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "ComputeDtype",
-           "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec", "CrossAttentionSpec",
-           "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec", "IndexerSpec",
-           "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec", "MambaSpec",
-           "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "RWKV_COUNTED_ONLY", "RwkvSpec", "WIDTHS_COUNTED_ONLY",
-           "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind",
-           "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries",
-           "no_items"]  # fmt: skip
+           "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec", "SharedBlockSpec",
+           "CrossAttentionSpec", "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec",
+           "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec",
+           "MambaSpec", "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
+           "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
+           "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool",
+           "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
@@ -291,6 +292,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         None, description="compressed sparse and heavily compressed attention (DeepSeek-V4)"
     )
     hyper_connections: HyperConnectionSpec | None = Field(None, description="n residual streams (DeepSeek-V4's mHC)")
+    shared_block: SharedBlockSpec | None = Field(None, description="blocks run at several depths (Zamba 2)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -406,7 +408,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
         if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
-        if self.compressed_attention or self.hyper_connections:
+        if self.compressed_attention or self.hyper_connections or self.shared_block:
             return COMPRESSED_COUNTED_ONLY
         moe_beside = self.moe is not None and self.moe.branch_norms
         parts = (self.global_attention, self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)

@@ -275,6 +275,11 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     # own projection, sinks, layer 0 dense, 2 iHC streams
     "hy_v4": ("HYV4Config", dict(MOE | DSA, n_routed_experts=4, n_shared_experts=1, q_lora_rank=48, kv_lora_rank=32,
                                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, hc_mult=2)),
+    # Zamba 2: Mamba-2 in each of four layers (8 heads of 16, 2 groups, a state of 16), a shared block first in layers
+    # 1 and 3 (two blocks in turn, attention over 2·h with 4 heads of 32, adapters of rank 8 on the MLP and Q, K, V)
+    "zamba2": ("Zamba2Config", dict(layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=8,
+                                    mamba_ngroups=2, mamba_d_state=16, chunk_size=16, num_mem_blocks=2,
+                                    adapter_rank=8, use_shared_attention_adapter=True, num_key_value_heads=4)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

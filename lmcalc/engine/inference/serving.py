@@ -312,9 +312,11 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
 
 def cache_layers(spec: ModelSpec, local: bool | None) -> int:
     """The attention layers that keep a cache (all of them, or the ``local`` ones; None: both kinds): all but those
-    that attend with an earlier layer's K and V (Gemma 4's last ``kv_sharing.layers``), which cache nothing."""
+    that attend with an earlier layer's K and V (Gemma 4's last ``kv_sharing.layers``), which cache nothing; and each
+    use of a shared block (Zamba 2's), which caches its own K and V."""
     first_shared = spec.num_layers - (spec.kv_sharing.layers if spec.kv_sharing else 0)
-    return sum(
+    uses = spec.shared_block.uses if spec.shared_block and local is not True else 0
+    return uses + sum(
         spec.is_attention_layer(i) and (local is None or spec.is_local_layer(i) == local) for i in range(first_shared)
     )
 

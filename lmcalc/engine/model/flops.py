@@ -139,7 +139,7 @@ def forward_flops_per_token(
         if not t.matmul:
             continue
         used = 2 * t.active_total * share
-        if t.group in ("attention", "ssm"):
+        if t.group in ("attention", "ssm", "shared_attention"):
             projections += used
         elif t.group == "indexer":
             indexer += used
@@ -151,7 +151,7 @@ def forward_flops_per_token(
     qk_width, v_width = attended_widths(spec, seq_len, convention)
     L, H = spec.num_layers if part is None else part.layers, spec.num_heads
     # a hybrid's stage: its layers taken at the model's mix; differential attention runs the core twice
-    attending = L * spec.attention_share * spec.attention_calls
+    attending = L / spec.num_layers * spec.attention_uses * spec.attention_calls  # Zamba 2: each shared block's use
     layer_share = 1 if part is None else part.layers / spec.num_layers
     mlp += altup_flops(spec) * layer_share  # Gemma 3n's stream mixing
     indexer += indexer_flops(spec, seq_len, convention) * layer_share  # DeepSeek-V4's CSA indexers

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from lmcalc.engine.model.compressed_attention import compressed_attention_tensors, hyper_connection_tensors
 from lmcalc.engine.model.mixer_params import mixer_tensors
+from lmcalc.engine.model.mla_params import indexer_tensors, mla_tensors
+from lmcalc.engine.model.shared_block import shared_block_tensors
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
 from lmcalc.engine.model.width_params import (
     WIDTH_SYMBOLS,
@@ -55,8 +57,8 @@ before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone
 widths (``width_params``) and DeepSeek-V4's compressors (``compressed_attention``)."""
 GROUPS = (
     "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "attention", "indexer", "ssm",
-    "hyper_connections", "norm", "mlp", "router", "experts", "shared_experts", "cross_attention", "head_transform",
-    "head",
+    "hyper_connections", "shared_attention", "norm", "mlp", "shared_mlp", "router", "experts", "shared_experts",
+    "cross_attention", "head_transform", "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
@@ -67,7 +69,9 @@ GROUP_LABELS = {
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
     "indexer": "Sparse-attention indexer",
-    "hyper_connections": "Hyper-connections (mHC)",
+    "hyper_connections": "Hyper-connections (mHC, iHC)",
+    "shared_attention": "Shared blocks' attention (held once, run G times)",
+    "shared_mlp": "Shared blocks' MLP (held once, run G times)",
     "ssm": "State-space, linear-attention and convolution mixers",
     "norm": "Norms",
     "mlp": "Dense MLP",
@@ -85,31 +89,7 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     qkv_bias = spec.attention_bias in ("qkv", "all")
     out_bias = spec.attention_bias in ("out", "all")
     if spec.mla:  # the biases on the down-projections and the output only (DeepseekV2Attention, DeepseekV3Attention)
-        m = spec.mla
-        tensors: list[WeightTensor] = []
-        q_dim = Dim(heads * m.qk_head_dim, "H·d_qk")
-        if spec.attention_output_gate and not spec.attention_gate_proj:  # A.X K2: the up-projection makes the
-            # queries and the output's gate, H·d_v
-            q_dim = Dim(heads * (m.qk_head_dim + m.v_head_dim), "H·(d_qk+d_v)")
-        if m.q_lora_rank:
-            q_rank = Dim(m.q_lora_rank, "r_q")
-            tensors += linear("attn.q_a", site, q_rank, h, qkv_bias)
-            tensors += norm("attn.q_a_norm", site, q_rank, spec)
-            q_in = Dim(2 * m.q_lora_rank, "2·r_q") if m.q_latent_concat else q_rank  # the normed latent ‖ the latent
-            tensors += linear("attn.q_b", site, q_dim, q_in, False)
-        else:
-            tensors += linear("attn.q", site, q_dim, h, False)
-        kv_rank = Dim(m.kv_lora_rank, "r_kv")
-        tensors += linear("attn.kv_a", site, Dim(m.kv_lora_rank + m.qk_rope_head_dim, "(r_kv+d_rope)"), h, qkv_bias)
-        tensors += norm("attn.kv_a_norm", site, kv_rank, spec)
-        kv_up = Dim(heads * (m.qk_nope_head_dim + m.v_head_dim), "H·(d_nope+d_v)")
-        tensors += linear("attn.kv_b", site, kv_up, kv_rank, False)
-        tensors += linear("attn.o", site, h, Dim(heads * m.v_head_dim, "H·d_v"), out_bias)
-        if spec.attention_gate_proj:  # HY V4: a sigmoid gate on the output from a projection of its own, h → H·d_v
-            tensors += linear("attn.attn_gate", site, Dim(heads * m.v_head_dim, "H·d_v"), h, False)
-        if spec.attention_sinks:  # HY V4: a learned logit a head, as gpt-oss's
-            tensors.append(tensor("attn.sinks", site, (Dim(heads, "H"),), False))
-        return tensors + _head_gate(spec, site, h) + _indexer(spec)
+        return mla_tensors(spec, site) + _head_gate(spec, site, h) + indexer_tensors(spec)
     dv = spec.v_head_dim
     q, kv_dim, v_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d"), Dim(kv * dv, "H_kv·d_v" if dv != d else "H_kv·d")
     # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide; AFMoE's gate
@@ -176,23 +156,6 @@ def _head_gate(spec: ModelSpec, site: Site, h: Dim) -> list[WeightTensor]:
     return linear("attn.g", site, Dim(spec.num_heads, "H"), h, False) if spec.attention_head_gate != "none" else []
 
 
-def _indexer(spec: ModelSpec) -> list[WeightTensor]:
-    """DeepSeek sparse attention's lightning indexer in each layer that runs one (DeepseekV32Indexer): its queries from
-    the query latent, one key from the hidden state with a LayerNorm, and a weight per head (DeepSeek-V3.2 §2.1)."""
-    ix = spec.indexer
-    if ix is None:
-        return []
-    assert spec.mla is not None and spec.mla.q_lora_rank is not None  # MLASpec requires the query latent
-    h, d = Dim(spec.hidden_size, "h"), Dim(ix.head_dim, "d_I")
-    site = Site("indexer", spec.indexer_layers, "L_I" if ix.own_layers else "L")
-    return (
-        linear("indexer.wq_b", site, Dim(ix.heads * ix.head_dim, "H_I·d_I"), Dim(spec.mla.q_lora_rank, "r_q"), False)
-        + linear("indexer.wk", site, d, h, False)
-        + [tensor("indexer.k_norm.weight", site, (d,), False), tensor("indexer.k_norm.bias", site, (d,), False)]
-        + linear("indexer.weights_proj", site, Dim(ix.heads, "H_I"), h, False)
-    )
-
-
 def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
     """The norms of each layer: one before attention and one before the MLP; only the first in a parallel block
     that feeds both from one norm; and with sandwich norms, one more after each, before the residual add. A layer
@@ -252,7 +215,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors += compressed_attention_tensors(spec)
     elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
-    tensors += mixer_tensors(spec) + hyper_connection_tensors(spec)
+    tensors += mixer_tensors(spec) + hyper_connection_tensors(spec) + shared_block_tensors(spec)
     tensors += _layer_norms(spec, h)
     moe = spec.moe
     if moe is None and spec.ffn_layers:
@@ -342,7 +305,8 @@ def count_params(spec: ModelSpec) -> ParamCount:
         by_group[t.group] = by_group.get(t.group, 0) + t.total
     total = sum(by_group.values())
     unknown = spec.moe is not None and spec.moe.experts_per_token is None
-    active = None if unknown else round(sum(t.active_total for t in tensors))
+    # a shared block's weights count once however often they run (Zamba 2: active G, count B)
+    active = None if unknown else round(sum(min(t.active, t.count) * t.numel for t in tensors))
     embedding = sum(by_group.get(g, 0) for g in ("embedding", "per_layer_embedding", "position"))
     return ParamCount(by_group=by_group, total=total, active=active, embedding=embedding)
 
