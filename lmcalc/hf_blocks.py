@@ -141,17 +141,31 @@ def mamba_stack(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
             raise LmcalcError(f"{origin}: config.json num_heads × head_dim must be expand × hidden_size ({inner})")
         fields["mamba2"] = mamba2_mixer(config, origin, inner, heads, MAMBA2_CONFIG_FIELDS)
         return fields
-    rank = config.get("time_step_rank", "auto")
-    fields["mamba"] = {
+    fields["mamba"] = mamba_mixer(config, origin, hidden, inner, MAMBA_CONFIG_FIELDS)
+    return fields
+
+
+MAMBA_CONFIG_FIELDS = ("state_size", "conv_kernel", "time_step_rank", "use_conv_bias", "use_bias")
+"""Where MambaConfig spells a Mamba mixer's state, kernel, Δ rank and biases (ZambaConfig: ``ZAMBA_MAMBA_FIELDS``)."""
+ZAMBA_MAMBA_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_dt_rank", "mamba_conv_bias", "mamba_proj_bias")
+
+
+def mamba_mixer(
+    config: dict[str, Any], origin: str, hidden: int, inner: int, names: tuple[str, str, str, str, str]
+) -> dict[str, Any]:
+    """A Mamba mixer in every layer, no layer attending (MambaSpec), each field read where ``names`` says; the Δ rank
+    ⌈h/16⌉ where it is "auto"."""
+    state, kernel, rank_field, conv_bias, proj_bias = names
+    rank = config.get(rank_field, "auto")
+    return {
         "d_inner": inner,
-        "d_state": _get(config, origin, "state_size"),
-        "d_conv": _get(config, origin, "conv_kernel"),
-        "dt_rank": -(-hidden // 16) if rank == "auto" else rank,  # MambaConfig: ceil(hidden / 16)
-        "conv_bias": bool(config.get("use_conv_bias", True)),
-        "proj_bias": bool(config.get("use_bias")),
+        "d_state": _get(config, origin, state),
+        "d_conv": _get(config, origin, kernel),
+        "dt_rank": -(-hidden // 16) if rank == "auto" else rank,  # MambaConfig, ZambaConfig: ceil(hidden / 16)
+        "conv_bias": bool(config.get(conv_bias, True)),
+        "proj_bias": bool(config.get(proj_bias)),
         "attention_every": None,
     }
-    return fields
 
 
 def rwkv(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
@@ -268,5 +282,43 @@ def zamba2(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[
             # transformers ties the uses' blocks (_tied_weights_keys) only where it ties the embedding
             "tied": fields["tied_embeddings"],
             "adapter_slots": len(config["hybrid_layer_ids"]) if config.get("hybrid_layer_ids") else None,
+        },
+    }
+
+
+def zamba(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModelSpec fields for a Zamba config (ZambaForCausalLM): Mamba in every layer behind its norm (its
+    ``n_mamba_heads`` heads each a Mamba of d_inner/heads channels, which hold and compute what one Mamba of d_inner
+    does: ZambaMambaMixer), and in the ``hybrid`` layers of ``layers_block_type`` (else two Mamba layers, a hybrid, then
+    a hybrid where i % ``attn_layer_period`` is ``attn_layer_offset``) the one shared block first: attention over 2·h
+    with ``num_attention_heads`` heads of ``attention_head_dim`` (2·h/H), no RoPE, a gated MLP of
+    ``intermediate_size`` with ``hidden_act``, no adapters; its weights shared only where the head is tied."""
+    hidden, heads, layers = (_get(config, origin, key) for key in ("hidden_size", "num_attention_heads",
+                                                                    "num_hidden_layers"))  # fmt: skip
+    period, offset = config.get("attn_layer_period", 6), config.get("attn_layer_offset", 4)
+    default = ["linear_attention", "linear_attention", "hybrid"] + [
+        "hybrid" if i % period == offset else "linear_attention" for i in range(layers - 3)
+    ]
+    blocks = [LEGACY_NAMES.get(b, b) for b in config.get("layers_block_type") or config.get("layer_types") or default]
+    unknown = sorted(set(blocks) - {"linear_attention", "hybrid"})
+    if unknown:
+        raise LmcalcError(f"{origin}: config.json layers_block_type has {token(unknown[0])}, not mamba or hybrid")
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": len(blocks),
+        "num_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads"),
+        "head_dim": config.get("attention_head_dim") or 2 * hidden // heads,
+        "ffn_size": _get(config, origin, "intermediate_size"),
+        "ffn_kind": "geglu",
+        "activation": gelu(config, "zamba", origin),
+        "norm_kind": "rmsnorm",
+        "position_embedding": "none",
+        "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        "mixer_only_layer_ids": list(range(len(blocks))),
+        "mamba": mamba_mixer(config, origin, hidden, config.get("mamba_expand", 2) * hidden, ZAMBA_MAMBA_FIELDS),
+        "shared_block": {
+            "layer_ids": [i for i, b in enumerate(blocks) if b == "hybrid"],
+            "tied": fields["tied_embeddings"],  # as Zamba 2's: transformers ties the uses only with the head
         },
     }

@@ -21,7 +21,7 @@ from typing import Any
 
 from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_attention import indexer, laguna, modernbert
-from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, recurrent_gemma, rwkv, zamba2
+from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, recurrent_gemma, rwkv, zamba, zamba2
 from lmcalc.hf_compressed import deepseek_v4
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_fields import check_fields, rotary_fraction
@@ -89,7 +89,7 @@ Hybrid's (``olmo_hybrid``) are read the same way, its attention without the gate
 GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
               "dbrx", "openai-gpt", "ctrl", "xglm", "gpt_neox_japanese")  # fmt: skip
 """The types ``hf_gpt`` reads."""
-SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS, "rwkv", "recurrent_gemma", "deepseek_v4", "zamba2")
+SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS, "rwkv", "recurrent_gemma", "deepseek_v4", "zamba", "zamba2")
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model", "gemma4": "gemma4_text",
               "gemma4_unified": "gemma4_unified_text", "gemma3n": GEMMA3N, "mllama": MLLAMA}  # fmt: skip
@@ -468,6 +468,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return deepseek_v4(text, fields, origin)
     if kind == "zamba2":
         return zamba2(text, fields, origin)
+    if kind == "zamba":
+        return zamba(text, fields, origin)
     if kind in SINGLE_BLOCKS:
         return nemotron_h(text, fields, origin)
     return _llama_like(text, kind, fields, origin)

@@ -33,7 +33,7 @@ WHOLE_NUMBERS = frozenset(
         "num_kv_shared_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "top_k_experts",
         "altup_num_inputs", "laurel_rank", "attention_hidden_size", "context_length", "lru_width", "conv1d_width",
         "attention_window_size", "o_groups", "o_lora_rank", "hc_mult", "compress_rate_csa", "compress_rate_hca",
-        "n_mamba_heads", "mamba_ngroups", "num_mem_blocks", "adapter_rank",
+        "n_mamba_heads", "mamba_ngroups", "num_mem_blocks", "adapter_rank", "attention_head_dim",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

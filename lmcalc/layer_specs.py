@@ -39,9 +39,9 @@ WIDTHS_COUNTED_ONLY = (
 
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
-    "hyper-connections of DeepSeek-V4 and HY V4, and Zamba 2's shared blocks are counted by lmcalc params, lmcalc "
-    "flops, lmcalc train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's "
-    "training memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
+    "hyper-connections of DeepSeek-V4 and HY V4, and Zamba's and Zamba 2's shared blocks are counted by lmcalc "
+    "params, lmcalc flops, lmcalc train-time (full training, at an MFU) and the serving memory (memory --inference) "
+    "alone: lmcalc's training memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
 
 
@@ -319,16 +319,17 @@ class HyperConnectionSpec(Spec):
 
 
 class SharedBlockSpec(Spec):
-    """Transformer blocks whose weights are run at several depths (Zamba 2, Glorioso et al. 2024; transformers'
-    Zamba2HybridLayer). At each layer of ``layer_ids`` one of ``blocks`` blocks, taken in turn, reads the layer's
-    input beside the token embedding (2·h, normed), attends with H heads of d = 2·h/H, and runs a gated MLP of
-    ``ffn_size``; a low-rank adapter of its own at each use (``adapter_rank``) adds to the MLP's gate and up projection
-    (and, with ``attention_adapters``, to Q, K and V); a linear layer of the use's own (h → h) adds the result to the
-    input of that layer's Mamba-2 mixer. The blocks' weights are held once and computed at every use."""
+    """Transformer blocks whose weights are run at several depths (Zamba, Glorioso et al. 2024; Zamba 2; transformers'
+    ZambaHybridLayer, Zamba2HybridLayer). At each layer of ``layer_ids`` one of ``blocks`` blocks, taken in turn, reads
+    the layer's input beside the token embedding (2·h, normed), attends with H heads of d (2·h/H by default), and runs
+    a gated MLP of ``ffn_size``; Zamba 2's low-rank adapter of its own at each use (``adapter_rank``) adds to the MLP's
+    gate and up projection (and, with ``attention_adapters``, to Q, K and V); a linear layer of the use's own (h → h)
+    adds the result to the input of that layer's Mamba mixer. The blocks' weights are held once and computed at every
+    use."""
 
     layer_ids: tuple[LayerIndex, ...] = Field(description="the layers (from 0) that run a shared block first")
     blocks: Dimension = Field(1, description="B, the distinct blocks, used in turn (num_mem_blocks)")
-    adapter_rank: Dimension = Field(description="r, each use's adapters' rank (adapter_rank)")
+    adapter_rank: Dimension | None = Field(None, description="r, each use's adapters' rank (adapter_rank); None: none")
     attention_adapters: StrictBool = Field(
         False, description="adapters on Q, K and V too (use_shared_attention_adapter), 2·h → r → 2·h each"
     )
@@ -356,5 +357,5 @@ class SharedBlockSpec(Spec):
 
     def adapter_elements(self, hidden: int, ffn: int) -> int:
         """One use's adapters: the MLP's h → r → 2·f, and with ``attention_adapters`` Q's, K's and V's 2·h → r → 2·h."""
-        r = self.adapter_rank
+        r = self.adapter_rank or 0
         return r * (hidden + 2 * ffn) + (3 * r * 4 * hidden if self.attention_adapters else 0)

@@ -88,15 +88,14 @@ def check_model(spec: Any) -> None:
 
 
 def _check_shared_block(spec: Any) -> None:
-    """Zamba 2's shared blocks: beside Mamba-2 in every layer, the block's attention over 2·h with heads of 2·h/H,
-    and Q, K and V adapters of 2·h only where K and V are as wide as Q."""
+    """Zamba's and Zamba 2's shared blocks: beside Mamba (or Mamba-2) in every layer; Q, K and V adapters of 2·h only
+    where K and V are as wide as Q."""
     b = spec.shared_block
     if b is None:
         return
-    if spec.mamba2 is None or spec.attention_layers or spec.head_size * spec.num_heads != 2 * spec.hidden_size:
-        raise ValueError("shared_block is Zamba 2's: Mamba-2 in every layer (no attention layer of its own), and "
-                         "num_heads × head_dim = 2 × hidden_size, the block reading the layer's input beside the "
-                         "embedding")  # fmt: skip
+    if spec.mamba is None and spec.mamba2 is None or spec.attention_layers:
+        raise ValueError("shared_block is Zamba's and Zamba 2's: Mamba or Mamba-2 in every layer, and no attention "
+                         "layer of its own")  # fmt: skip
     if b.attention_adapters and spec.kv_heads != spec.num_heads:
         raise ValueError("shared_block.attention_adapters add 2·h to K and V: they need num_kv_heads = num_heads")
 

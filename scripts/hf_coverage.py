@@ -90,8 +90,6 @@ NEEDS: dict[str, str] = {
     "phi4_multimodal": "Phi-4-multimodal: Phi-4-mini's layers with its image (SigLIP) and audio (Conformer) encoders "
     "inside the causal LM, which lmcalc does not count",
     "xlstm": "xLSTM: mLSTM blocks (a matrix memory with exponential gates) and their projections",
-    "zamba": "Zamba: Mamba layers with one shared transformer block run at several depths (weights counted once, run "
-    "many times)",
     "zaya": "ZAYA: CCA attention (convolved queries and keys, a delayed value), learned residual scales and biases, "
     "an MLP router",
 }
@@ -256,14 +254,15 @@ def page(cases: list[Case]) -> str:
               "they count what their layers keep for backward (K = V's two norms, the K and V the sharing layers "
               "reuse, the per-layer inputs' gates, AltUp's streams, the WKV and RG-LRU recurrences) and their "
               "kernels, and what a trainer keeps for weights no text step updates.", "",
-              "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`) and Zamba 2 (`zamba2`) are read exactly too, and "
+              "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`) and Zamba 2 (`zamba2`) are read "
+              "exactly too, and "
               "taken by the same four (formulas §2.24 to §2.26 and §11. DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
               "compressed entries and the compressors' unclosed windows, to what transformers keeps. HY V4: "
-              "DeepSeek-V3.2's attention with an output gate and sinks, and iHC hyper-connections. Zamba 2: blocks "
-              "whose weights count once and compute at every use). Training memory, "
+              "DeepSeek-V3.2's attention with an output gate and sinks, and iHC hyper-connections. Zamba, Zamba 2: "
+              "blocks whose weights count once and compute at every use). Training memory, "
               "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
               "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -280,6 +280,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "zamba2": ("Zamba2Config", dict(layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=8,
                                     mamba_ngroups=2, mamba_d_state=16, chunk_size=16, num_mem_blocks=2,
                                     adapter_rank=8, use_shared_attention_adapter=True, num_key_value_heads=4)),
+    # Zamba: Mamba in each of four layers (two heads of 64 channels, a state of 16), the one shared block first in
+    # layers 1 and 3 (attention over 2·h with 4 heads of 32, no adapters)
+    "zamba": ("ZambaConfig", dict(layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=2,
+                                  mamba_d_state=16, num_key_value_heads=4)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -1,8 +1,8 @@
-"""Zamba 2 (issue #31): Mamba-2 in every layer and transformer blocks whose weights run at several depths. Its
-parameters by hand at transformers 5.24's class defaults (Zamba2-2.7B's shape), what transformers builds when the
-head is untied (a block a use) or when hybrid_layer_ids lists more layers than run a block, its serving cache against
-transformers' own, and what lmcalc refuses. FLOPs against FlopCounterMode on the tiny config (two blocks in turn,
-adapters on Q, K and V) run in tests/test_validate_hf.py."""
+"""Zamba and Zamba 2 (issue #31): Mamba (Mamba-2) in every layer and transformer blocks whose weights run at several
+depths. Their parameters by hand at transformers 5.24's class defaults (Zamba-7B's and Zamba2-2.7B's shapes), what
+transformers builds when the head is untied (a block a use) or when hybrid_layer_ids lists more layers than run a
+block, the serving cache against transformers' own, and what lmcalc refuses. FLOPs against FlopCounterMode on the
+tiny configs (Zamba 2's: two blocks in turn, adapters on Q, K and V) run in tests/test_validate_hf.py."""
 
 from __future__ import annotations
 
@@ -38,6 +38,21 @@ def test_class_defaults_by_hand():
     assert counted.total == counted.active == total == 2_481_848_336  # transformers' meta-device count
 
 
+def test_zamba_class_defaults_by_hand():
+    # Zamba's multi-head Mamba: each of its n_mamba_heads heads a Mamba of d_inner/heads channels, whose x_proj,
+    # dt_proj, A and D hold and compute together what one Mamba of d_inner does
+    h, L, G, H, V, f = 3712, 76, 13, 16, 32000, 14848
+    d, inner, state, kernel, rank = 2 * h // H, 2 * h, 16, 4, 232  # dt_rank ⌈h/16⌉
+    mamba = (
+        h * 2 * inner + inner * kernel + inner  # in_proj, the convolution and its bias
+        + (rank + 2 * state) * inner + inner * rank + inner  # x_proj, dt_proj and its bias, over the heads
+        + inner * state + inner + inner * h  # A, D, out_proj
+    )  # fmt: skip
+    block = 2 * h + 3 * (2 * h) * (H * d) + H * d * h + h + 3 * h * f  # no adapters
+    total = L * (mamba + h) + block + G * h * h + h + V * h
+    assert count_params(spec_of({"model_type": "zamba"})).total == total == 7_232_490_496  # transformers' count
+
+
 def test_a_block_computes_at_every_use():
     # its weights count once and compute G times: the MLP's 2·(h·2f + f·h) FLOPs a token, nine times
     spec = spec_of(DEFAULTS)
@@ -51,20 +66,22 @@ def test_a_block_computes_at_every_use():
 
 @pytest.mark.torch
 @pytest.mark.parametrize(
-    "fields",
+    ("kind", "fields"),
     [
-        {"tie_word_embeddings": False},  # a block a use, each holding nine adapters
-        {"tie_word_embeddings": False, "num_mem_blocks": 2, "use_shared_attention_adapter": True},
-        {"num_mem_blocks": 2, "use_shared_attention_adapter": True},
+        ("Zamba2Config", {"tie_word_embeddings": False}),  # a block a use, each holding nine adapters
+        ("Zamba2Config", {"tie_word_embeddings": False, "num_mem_blocks": 2, "use_shared_attention_adapter": True}),
+        ("Zamba2Config", {"num_mem_blocks": 2, "use_shared_attention_adapter": True}),
+        ("ZambaConfig", {"tie_word_embeddings": False}),
+        ("ZambaConfig", {"num_hidden_layers": 13, "attn_layer_period": 3, "attn_layer_offset": 1, "n_mamba_heads": 4}),
     ],
 )
-def test_what_transformers_builds(fields: dict):
+def test_what_transformers_builds(kind: str, fields: dict):
     # transformers ties the uses' blocks only where it ties the head; untied, each use's block also holds the adapters
     # of every use of its turn, of which it runs one
     transformers = pytest.importorskip("transformers")
     import torch
 
-    config = transformers.Zamba2Config(**fields)
+    config = getattr(transformers, kind)(**fields)
     with torch.device("meta"):
         built = transformers.AutoModelForCausalLM.from_config(config)
     spec = spec_of(config.to_dict())
@@ -83,15 +100,17 @@ def test_hybrid_layer_ids_longer_than_the_uses_build_unrun_adapters():
 
 
 @pytest.mark.torch
-def test_the_serving_cache_is_what_transformers_keeps():
-    # each use caches its K and V (4 heads of 32), each Mamba-2 layer its convolution's last 4 inputs and its state
+@pytest.mark.parametrize("kind", ["zamba", "zamba2"])
+def test_the_serving_cache_is_what_transformers_keeps(kind: str):
+    # each use caches its K and V (4 heads of 32), each Mamba or Mamba-2 layer its convolution's last 4 inputs and its
+    # state
     transformers = pytest.importorskip("transformers")
     import torch
     from hf_tiny import tiny_config
 
     from lmcalc.engine.inference.serving import Serving, inference_memory
 
-    config = tiny_config("zamba2")
+    config = tiny_config(kind)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)).eval()
@@ -115,5 +134,5 @@ def test_params_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
     assert api.flops(model=str(path), tokens=1e9, seq=4096).model_flops > 0
     assert api.inference(model=str(path), context=4096).memory.kv_cache > 0
     for estimate, more in ((api.memory, {}), (api.plan, {"gpus": "8xH100"})):
-        with pytest.raises(LmcalcError, match="Zamba 2's shared blocks"):
+        with pytest.raises(LmcalcError, match="Zamba's and Zamba 2's shared blocks"):
             estimate(model=str(path), **more)
