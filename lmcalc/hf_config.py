@@ -77,7 +77,7 @@ LLAMA_LIKE = (
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
     "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", "hy_v4",
-    GEMMA3N,
+    "doge", GEMMA3N,
     *GEMMA4, MLLAMA,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
@@ -112,7 +112,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            "apertus": "per_head", "apertus1p5_text": "per_head", "kolibri1": "per_head", "afmoe": "per_head",
            "hy_v3": "per_head", "lfm2": "per_head", "lfm2_moe": "per_head", "olmo_hybrid": "full", "flint": "per_head",
            "laguna": "per_head", "lara_mini": "per_head", "lfm3": "per_head", "beam": "per_head",
-           "minimax_m3_vl_text": "per_head",
+           "minimax_m3_vl_text": "per_head", "doge": "per_head",
            **dict.fromkeys((*DELTANET, GEMMA3N, *GEMMA4), "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5,
@@ -124,7 +124,7 @@ QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "sta
 NORM_WEIGHT_FP32 = ("gemma", "gemma2", "gemma3_text", "olmo2", "gpt_oss", "cohere", "cohere2", "cohere2_moe", "afmoe",
                     "flex_olmo", "olmo3",
                     "helium", "vaultgemma", "nemotron_h", "olmo_hybrid", "flint", "lara_mini", "beam",
-                    "minimax_m3_vl_text", "recurrent_gemma",
+                    "minimax_m3_vl_text", "recurrent_gemma", "deepseek_v4",
                     *DELTANET, GEMMA3N, *GEMMA4)  # fmt: skip
 """Types whose norms multiply by their weight in fp32 before the cast back (GemmaRMSNorm, Gemma2RMSNorm,
 Gemma3RMSNorm, Olmo2RMSNorm, GptOssRMSNorm, CohereLayerNorm, NemotronHRMSNorm): ModelSpec.norm_weight_fp32."""
@@ -283,7 +283,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         if kind in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"):  # DeepSeek sparse attention: MLA, an indexer
             fields["mla"]["indexer"] = indexer(config, origin, layers, kind)
         fields["num_kv_heads"] = None
-    routed = moe(config, kind, layers, origin) if kind not in GEMMA4 else None  # Gemma 4's: hf_widths
+    # Gemma 4's: hf_widths; Doge's num_experts is its CDMoE's, read only with is_moe (refused)
+    routed = moe(config, kind, layers, origin) if kind not in (*GEMMA4, "doge") else None
     if routed:
         fields["moe"] = longcat_moe(config, routed, fields["ffn_size"]) if kind == "longcat_flash" else routed
     if kind == "longcat_flash":  # each LongcatFlashDecoderLayer: two of lmcalc's layers (hf_layers.prepared)
@@ -331,6 +332,11 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
                    "mlp_fp32": True, "final_softcap_fp32": True}  # fmt: skip
     if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
+    if kind == "doge":  # DogeAttention's dynamic mask (A, dt_proj) and DogeDecoderLayer's residual scales
+        if config.get("is_moe"):
+            raise LmcalcError(f"{origin}: config.json is_moe true: Doge's CDMoE (single-neuron experts retrieved by "
+                              "product keys) is not modelled")  # fmt: skip
+        fields |= {"dynamic_mask_window": _get(config, origin, "keep_window_size"), "residual_scales": True}
     if kind == "hy_v4":  # HYV4Attention: DeepSeek-V3.2's, a gate from gate_proj and sinks; iHC's streams
         fields |= {"attention_output_gate": True, "attention_gate_proj": True, "attention_sinks": True,
                    "hyper_connections": {"streams": _get(config, origin, "hc_mult"), "mixing": False}}  # fmt: skip

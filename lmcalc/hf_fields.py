@@ -34,6 +34,7 @@ WHOLE_NUMBERS = frozenset(
         "altup_num_inputs", "laurel_rank", "attention_hidden_size", "context_length", "lru_width", "conv1d_width",
         "attention_window_size", "o_groups", "o_lora_rank", "hc_mult", "compress_rate_csa", "compress_rate_hca",
         "n_mamba_heads", "mamba_ngroups", "num_mem_blocks", "adapter_rank", "attention_head_dim",
+        "keep_window_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -50,7 +51,7 @@ FLAGS = frozenset(
         "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine", "conv_bias",
         "block_auto_adjust_ff_dim", "tie_embedding", "use_conv_bias", "projectors_bias", "mamba_rms_norm",
         "router_bias", "attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block", "add_bias_linear",
-        "use_shared_attention_adapter", "use_mem_rope",
+        "use_shared_attention_adapter", "use_mem_rope", "is_moe",
     }
 )  # fmt: skip
 TEXTS = frozenset(

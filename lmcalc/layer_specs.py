@@ -39,9 +39,10 @@ WIDTHS_COUNTED_ONLY = (
 
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
-    "hyper-connections of DeepSeek-V4 and HY V4, and Zamba's and Zamba 2's shared blocks are counted by lmcalc "
-    "params, lmcalc flops, lmcalc train-time (full training, at an MFU) and the serving memory (memory --inference) "
-    "alone: lmcalc's training memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
+    "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, and Doge's dynamic mask "
+    "attention are counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at an MFU) and the "
+    "serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning and step-time model do not "
+    "take them yet (docs/hf-types.md)"
 )
 
 

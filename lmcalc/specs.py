@@ -293,6 +293,12 @@ class ModelSpec(LayerKinds, NamedSpec):
     )
     hyper_connections: HyperConnectionSpec | None = Field(None, description="n residual streams (DeepSeek-V4's mHC)")
     shared_block: SharedBlockSpec | None = Field(None, description="blocks run at several depths (Zamba 2)")
+    dynamic_mask_window: Dimension | None = Field(
+        None,
+        description="Doge's dynamic mask attention: a learned A a KV head and dt_proj (H_kv·d → H_kv) score each key "
+        "from its value, and a query attends to the top this many keys; None: none",
+    )
+    residual_scales: StrictBool = Field(False, description="a learned scale (h) on each residual (Doge's): 2·h a layer")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -408,7 +414,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
         if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
-        if self.compressed_attention or self.hyper_connections or self.shared_block:
+        if self.compressed_attention or self.hyper_connections or self.shared_block or self.dynamic_mask_window:
             return COMPRESSED_COUNTED_ONLY
         moe_beside = self.moe is not None and self.moe.branch_norms
         parts = (self.global_attention, self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)

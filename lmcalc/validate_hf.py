@@ -270,6 +270,15 @@ def dispatch_flops(spec: ModelSpec, tokens: int) -> float:
     return 3 * 2 * (moe.num_experts - moe.k) * expert * spec.moe_layers * tokens
 
 
+def mask_gradient_flops(spec: ModelSpec, tokens: int) -> float:
+    """What the count's stand-in for SDPA leaves out where a learned mask is added to the scores: it gives the mask no
+    gradient, so Doge's dt_proj (H_kv·d_v → H_kv, ``dynamic_mask_window``) runs forward only on transformers' side,
+    −2 · 2·H_kv·d_v·H_kv a token in each layer (a kernel that trains the mask, as Doge's own does, runs both)."""
+    if not spec.dynamic_mask_window:
+        return 0.0
+    return -2 * 2 * spec.kv_heads * spec.v_head_dim * spec.kv_heads * spec.num_layers * tokens
+
+
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -299,6 +308,7 @@ def transformers_check(
         built += ", grouped_mm experts"
     tokens = seq_len * micro_batch
     fallback = torch_path_flops(spec, seq_len, micro_batch) + dispatch_flops(spec, tokens)
+    fallback += mask_gradient_flops(spec, tokens)
     flops_note = f"causal convention: {fl.step_flops(spec, seq_len, convention='causal').model * tokens:.4e} FLOPs"
     if fallback:
         flops_note += (
@@ -306,7 +316,8 @@ def transformers_check(
             f"code spends {'beyond' if fallback > 0 else 'short of'} the model's (its PyTorch mixers: the "
             "convolution's padding, Gated DeltaNet's solve_triangular backward and first and last chunks, lightning "
             "attention's first and last blocks, validate_hf.torch_path_flops; an MoE that runs every expert on every "
-            "token, validate_hf.dispatch_flops)"
+            "token, validate_hf.dispatch_flops; a learned mask the count's SDPA gives no gradient, "
+            "validate_hf.mask_gradient_flops)"
         )
     sections = (
         _compare(

@@ -72,8 +72,6 @@ NEEDS: dict[str, str] = {
     "blt": "Byte Latent Transformer: byte-level local encoder and decoder around a global transformer over patches, "
     "with hashed n-gram embeddings",
     "cpmant": "CPM-Ant: a bucketed relative-position bias and prompt (segment) embeddings in its own block layout",
-    "doge": "Doge: dynamic-mask attention (a learned additive mask from the values, `A` and `dt_proj`, kept to a "
-    "top-k window) and learned residual scales; its CDMoE variant",
     "dory": "Dory: a normalised transformer (nGPT: weights and states on the unit sphere, no norms, learned scales "
     "`sqk`, `suv`, `lambda`) and a logit scale a token",
     "dots3_note": "dots.3 Note: MLA whose sliding-window layers have MLA of other widths, a norm on the RoPE key, a "
@@ -254,15 +252,16 @@ def page(cases: list[Case]) -> str:
               "they count what their layers keep for backward (K = V's two norms, the K and V the sharing layers "
               "reuse, the per-layer inputs' gates, AltUp's streams, the WKV and RG-LRU recurrences) and their "
               "kernels, and what a trainer keeps for weights no text step updates.", "",
-              "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`) and Zamba 2 (`zamba2`) are read "
-              "exactly too, and "
-              "taken by the same four (formulas §2.24 to §2.26 and §11. DeepSeek-V4: "
+              "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`) and Doge (`doge`) "
+              "are read exactly too, and "
+              "taken by the same four (formulas §2.24 to §2.27 and §11. DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
               "compressed entries and the compressors' unclosed windows, to what transformers keeps. HY V4: "
               "DeepSeek-V3.2's attention with an output gate and sinks, and iHC hyper-connections. Zamba, Zamba 2: "
-              "blocks whose weights count once and compute at every use). Training memory, "
+              "blocks whose weights count once and compute at every use. Doge: dynamic mask attention and residual "
+              "scales). Training memory, "
               "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
               "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"

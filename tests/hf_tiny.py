@@ -284,6 +284,8 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     # layers 1 and 3 (attention over 2·h with 4 heads of 32, no adapters)
     "zamba": ("ZambaConfig", dict(layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=2,
                                   mamba_d_state=16, num_key_value_heads=4)),
+    # Doge: its dynamic mask keeps each query's top 16 keys (fewer than the tests' 32 tokens), biases on attention
+    "doge": ("DogeConfig", dict(keep_window_size=16, attention_bias=True)),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -123,14 +123,17 @@ def test_a_types_norm_keeps_what_lmcalc_counts(kind: str):
     # the final norm in bf16: Llama's RMSNorm keeps one fp32 copy of its input (fp32_input), Gemma's, OLMo 2's and
     # gpt-oss's also the fp32 normalised value (norm_weight_fp32: fp32_normalised), Cohere's LayerNorm the centred
     # input twice and the normalised value (fp32_centred), torch.nn.LayerNorm its bf16 input (input)
-    # (the last norm of h: Gemma 4 builds its per-layer inputs' norm, of d_p, after the final one)
+    # (the last norm of h: Gemma 4 builds its per-layer inputs' norm, of d_p, after the final one; HY V4 its
+    # hyper-connections' last collapse, whose weightless norm reads the n streams, after it)
     config = tiny_config(kind)
     spec = lmcalc_spec(config, kind)
     width = spec.hidden_size
     norms = [
         m
-        for m in transformers_model(config).modules()
-        if "Norm" in type(m).__name__ and all(p.shape == (width,) for p in m.parameters(recurse=False))
+        for name, m in transformers_model(config).named_modules()
+        if "Norm" in type(m).__name__
+        and all(p.shape == (width,) for p in m.parameters(recurse=False))
+        and "hc_head" not in name
     ]
     norm = copy.deepcopy(norms[-1]).to_empty(device="cpu")
     for p in norm.parameters():

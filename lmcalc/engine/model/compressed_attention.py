@@ -1,13 +1,16 @@
 """DeepSeek-V4's layers (DeepSeek-AI 2026, DeepSeek-V4 §2.2-2.3; transformers' DeepseekV4Attention,
 DeepseekV4CSACompressor, DeepseekV4HCACompressor, DeepseekV4Indexer, DeepseekV4HyperConnection): their weight tensors,
 the keys a query reads in each kind of layer, the indexer's key scores and the hyper-connections' stream mixing.
-``engine.model.params`` lists the tensors in build order; ``engine.model.flops`` takes the rest."""
+``engine.model.params`` lists the tensors in build order; ``engine.model.flops`` takes the rest, and its rows of the
+detailed count come from ``compressed_terms``."""
 
 from __future__ import annotations
 
 from lmcalc.engine.choices import AttnConvention
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
+from lmcalc.result import Term
 from lmcalc.specs import ModelSpec
+from lmcalc.units import group
 
 CSA_INDEXER_NOTE = (
     "the CSA layers' indexers score every compressed entry a query may pick, without gradients (transformers' "
@@ -158,3 +161,33 @@ def indexer_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> 
         return 0.0
     ix = c.indexer
     return len(c.csa_layer_ids) * indexer_keys(spec, seq_len, convention) * 2 * ix.heads * ix.head_dim
+
+
+def compressed_terms(
+    spec: ModelSpec, indexer: float, streams: float, seq_len: int, convention: AttnConvention
+) -> list[Term]:
+    """DeepSeek-V4's and HY V4's rows of the detailed count: the CSA layers' indexers (``indexer``, their forward
+    FLOPs a token) and the hyper-connections' projections and stream mixing (``streams``)."""
+    c, hc, terms = spec.compressed_attention, spec.hyper_connections, []
+    if c is not None and c.csa_layer_ids:
+        ix, n, keys = c.indexer, len(c.csa_layer_ids), indexer_keys(spec, seq_len, convention)
+        scores = indexer_flops(spec, seq_len, convention)
+        terms.append(
+            Term("indexer", "CSA indexers (fwd only, per token)", indexer, "FLOPs",
+                 "2 · Σ indexer weight elements + 2 · L_CSA · T · H_I · d_I",
+                 f"2 × {group((indexer - scores) / 2)} + 2 × {n} × {keys:g} × {ix.heads} × {ix.head_dim}",
+                 "DeepSeek-AI 2026 (DeepSeek-V4) §2.3.1", note=f"T compressed entries a query; {CSA_INDEXER_NOTE}")
+        )  # fmt: skip
+    if hc is not None and not hc.mixing:  # HY V4's iHC: its projections alone
+        terms.append(Term("streams", "Hyper-connections (fwd, per token)", streams, "FLOPs",
+                          "2 · Σ iHC projection elements", f"2 × {group(streams / 2)}"))  # fmt: skip
+    elif hc is not None:
+        mixing = stream_mixing_flops(spec)
+        terms.append(
+            Term("streams", "Hyper-connections (fwd, per token)", streams, "FLOPs",
+                 "2 · Σ mHC projection elements + L · 2 · 2·n²·h",
+                 f"2 × {group((streams - mixing) / 2)} + {spec.num_layers} × 2 × 2 × {hc.streams}² × "
+                 f"{spec.hidden_size}", "Xie et al. 2026 (mHC); DeepSeek-AI 2026 (DeepSeek-V4) §2.2",
+                 note="each sub-layer's n × n mixing of the streams is a batched matmul")
+        )  # fmt: skip
+    return terms

@@ -22,13 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
-from lmcalc.engine.model.compressed_attention import (
-    CSA_INDEXER_NOTE,
-    indexer_flops,
-    indexer_keys,
-    mean_keys,
-    stream_mixing_flops,
-)
+from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_flops, mean_keys, stream_mixing_flops
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import active_params, count_params, weight_tensors
@@ -89,6 +83,8 @@ def attended_keys(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> 
     or chunked)."""
     if spec.compressed_attention:  # DeepSeek-V4: a window and compressed entries, by layer kind
         return mean_keys(spec, seq_len, convention)
+    if convention == "causal" and spec.dynamic_mask_window:  # Doge: query i attends to min(i, k) keys its mask keeps
+        return local_keys(seq_len, spec.dynamic_mask_window, "sliding")
     keys = effective_keys(seq_len, convention)
     if convention == "causal" and spec.indexer:  # DeepSeek sparse attention: query i attends to min(i, k_I) keys
         return local_keys(seq_len, spec.indexer.top_k, "sliding")
@@ -313,6 +309,9 @@ def _keys_text(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> _Ke
         k = spec.indexer.top_k
         keys_note += f": query i attends to the min(i, {k}) keys its indexer picks (DeepSeek-V3.2 §2.1)"
         return _Keys("k̄", f"{keys:.6g}", keys_note)
+    if spec.dynamic_mask_window and convention == "causal":  # Doge: the top keep_window_size keys of its mask
+        keys_note += f": query i attends to the min(i, {spec.dynamic_mask_window}) keys its dynamic mask keeps"
+        return _Keys("k̄", f"{keys:.6g}", keys_note)
     if spec.indexer:
         keys_note += f" (transformers masks all but the indexer's top {spec.indexer.top_k}; every key counted)"
     if spec.sliding_window is not None:
@@ -421,31 +420,7 @@ def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: A
                  note=f"scores every key it may pick; run without gradients, so counted once in training; the "
                  f"attention then reads min(i, {ix.top_k}) keys")
         )  # fmt: skip
-    return (*terms, *_compressed_terms(spec, fwd, seq_len, convention))
-
-
-def _compressed_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: AttnConvention) -> list[Term]:
-    """DeepSeek-V4's rows: its CSA layers' indexers, and the hyper-connections' projections and stream mixing."""
-    c, hc, terms = spec.compressed_attention, spec.hyper_connections, []
-    if c is not None and c.csa_layer_ids:
-        ix, n, keys = c.indexer, len(c.csa_layer_ids), indexer_keys(spec, seq_len, convention)
-        scores = indexer_flops(spec, seq_len, convention)
-        terms.append(
-            Term("indexer", "CSA indexers (fwd only, per token)", fwd.indexer, "FLOPs",
-                 "2 · Σ indexer weight elements + 2 · L_CSA · T · H_I · d_I",
-                 f"2 × {group((fwd.indexer - scores) / 2)} + 2 × {n} × {keys:g} × {ix.heads} × {ix.head_dim}",
-                 "DeepSeek-AI 2026 (DeepSeek-V4) §2.3.1", note=f"T compressed entries a query; {CSA_INDEXER_NOTE}")
-        )  # fmt: skip
-    if hc is not None:
-        mixing = stream_mixing_flops(spec)
-        terms.append(
-            Term("streams", "Hyper-connections (fwd, per token)", fwd.streams, "FLOPs",
-                 "2 · Σ mHC projection elements + L · 2 · 2·n²·h",
-                 f"2 × {group((fwd.streams - mixing) / 2)} + {spec.num_layers} × 2 × 2 × {hc.streams}² × "
-                 f"{spec.hidden_size}", "Xie et al. 2026 (mHC); DeepSeek-AI 2026 (DeepSeek-V4) §2.2",
-                 note="each sub-layer's n × n mixing of the streams is a batched matmul")
-        )  # fmt: skip
-    return terms
+    return (*terms, *compressed_terms(spec, fwd.indexer, fwd.streams, seq_len, convention))
 
 
 def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tuple[Term, ...]:

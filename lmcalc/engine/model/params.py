@@ -57,8 +57,8 @@ before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone
 widths (``width_params``) and DeepSeek-V4's compressors (``compressed_attention``)."""
 GROUPS = (
     "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "attention", "indexer", "ssm",
-    "hyper_connections", "shared_attention", "norm", "mlp", "shared_mlp", "router", "experts", "shared_experts",
-    "cross_attention", "head_transform", "head",
+    "hyper_connections", "shared_attention", "norm", "residual_scales", "mlp", "shared_mlp", "router", "experts",
+    "shared_experts", "cross_attention", "head_transform", "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
@@ -74,6 +74,7 @@ GROUP_LABELS = {
     "shared_mlp": "Shared blocks' MLP (held once, run G times)",
     "ssm": "State-space, linear-attention and convolution mixers",
     "norm": "Norms",
+    "residual_scales": "Residual scales",
     "mlp": "Dense MLP",
     "router": "MoE router",
     "experts": "Routed experts",
@@ -122,6 +123,9 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     elif spec.qk_norm == "per_head":
         tensors += norm("attn.q_norm", site, Dim(d, "d"), spec)
         tensors += norm("attn.k_norm", site, Dim(d, "d"), spec)
+    if spec.dynamic_mask_window:  # Doge: A a KV head, and dt_proj from the values to a score a KV head
+        tensors.append(tensor("attn.A", site, (Dim(kv, "H_kv"),), False))
+        tensors += linear("attn.dt_proj", site, Dim(kv, "H_kv"), v_dim, qkv_bias)
     if spec.differential_attention:  # λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init: four vectors of d (DiffLlama)
         lambdas = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
         tensors += [tensor(f"attn.{name}", site, (Dim(d, "d"),), False) for name in lambdas]
@@ -170,6 +174,9 @@ def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
         tensors += norm("mlp_norm", norms if spec.ffn_layers == L else Site("norm", spec.ffn_layers, "L_ffn"), h, spec)
     if spec.norms_per_layer == 4:
         tensors += norm("post_attn_norm", norms, h, spec) + norm("post_mlp_norm", norms, h, spec)
+    if spec.residual_scales:  # Doge's input_residual and post_attention_residual
+        scales = Site("residual_scales", L, "L")
+        tensors += [tensor(f"{name}_residual_scale", scales, (h,), False) for name in ("attn", "mlp")]
     if spec.gated_norm_rank:  # A.X K2: a low-rank gate on every layer's input norm and on an MoE layer's MLP norm
         r = Dim(spec.gated_norm_rank, "r_g")
         for name, site in (("attn_norm", before_mixers), ("mlp_norm", Site("norm", spec.moe_layers, "L_moe"))):
