@@ -228,8 +228,8 @@ def recurrent_gemma(config: dict[str, Any], fields: dict[str, Any], origin: str)
     }
 
 
-ZAMBA2_LAYERS = ("linear_attention",) + (("linear_attention",) * 5 + ("hybrid",)) * 7 + ("linear_attention",) * 4 + (
-    "hybrid",) + ("linear_attention",) * 3 + ("hybrid",) + ("linear_attention",) * 2  # fmt: skip
+MAMBA, HYBRID = ("linear_attention",), ("hybrid",)
+ZAMBA2_LAYERS = MAMBA + (MAMBA * 5 + HYBRID) * 7 + MAMBA * 4 + HYBRID + MAMBA * 3 + HYBRID + MAMBA * 2
 """Zamba2Config's layers where config.json gives none (Zamba2-2.7B's 54): Mamba-2 in each, a shared block first in
 the hybrid ones."""
 

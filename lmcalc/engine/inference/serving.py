@@ -240,11 +240,12 @@ class InferenceMemory:
         """DeepSeek-V4's: the longest context up to the trained one whose window and compressed cache, the
         compressors' state at its fullest (``CompressedCache.most``, which never falls as the context grows), fit
         ``budget`` at ``batch`` sequences; found by bisection."""
-        assert self.compressed is not None
+        compressed = self.compressed
+        assert compressed is not None
 
         def fits(context: int) -> bool:
             window = self.cached_tokens(context, True) * Fraction(self.kv_per_token_per_gpu)
-            return self.batch * (window + Fraction(self.compressed.most(context))) <= budget  # type: ignore[union-attr]
+            return self.batch * (window + Fraction(compressed.most(context))) <= budget
 
         low, high = 0, self.max_seq_len
         if fits(high):

@@ -272,7 +272,7 @@ def _layers_note(spec: ModelSpec) -> str:
                 "earlier layer's and cache nothing")  # fmt: skip
     if spec.shared_block:
         return (f"L: the {spec.shared_block.uses} uses of the shared blocks, each caching its own K and V; the "
-                f"{spec.other_mixer_layers} Mamba-2 layers keep a state")  # fmt: skip
+                f"{spec.other_mixer_layers} Mamba layers keep a state")  # fmt: skip
     if spec.hybrid:
         return (f"L: the {spec.attention_layers} attention layers of {spec.num_layers}; the "
                 f"{spec.other_mixer_layers} with another mixer keep a state")  # fmt: skip
