@@ -45,6 +45,19 @@ def test_class_defaults_by_hand():
     assert counted.active == total - L * (E - k) * 3 * h * f
 
 
+def test_the_flash_preset_is_the_released_layer_pattern():
+    # presets/models/deepseek-v4-flash.yaml: the class's widths, and the released compress_ratios (a window alone in
+    # layers 0 and 1, then CSA and HCA in turn); read from a config.json of those ratios it counts the same, which is
+    # transformers' meta-device count of that config too (284,332,230,231); DeepSeek publishes 284B and 13B active
+    from lmcalc.presets import resolve_model
+
+    ratios = [0, 0] + [4 if i % 2 == 0 else 128 for i in range(2, 43)]
+    flash = resolve_model("deepseek-v4-flash").spec
+    counted = count_params(flash)
+    assert counted.total == count_params(spec_of(DEFAULTS | {"compress_ratios": ratios})).total == 284_332_230_231
+    assert counted.active == counted.total - 43 * (256 - 6) * 3 * 4096 * 2048  # 6 of the 256 routed experts a token
+
+
 @pytest.mark.torch
 def test_the_layer_kinds_are_the_classs():
     transformers = pytest.importorskip("transformers")
