@@ -19,19 +19,9 @@ from lmcalc.hf_meta import MetaParams  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-CPMANT = dict(
-    model_type="cpmant",
-    vocab_size=512,
-    hidden_size=64,
-    num_attention_heads=4,
-    dim_head=16,
-    dim_ff=96,
-    num_hidden_layers=3,
-    prompt_types=2,
-    prompt_length=4,
-    segment_types=4,
-    position_bias_num_buckets=32,
-)
+CPMANT = dict(model_type="cpmant", vocab_size=512, hidden_size=64, num_attention_heads=4, dim_head=16, dim_ff=96,
+              num_hidden_layers=3, prompt_types=2, prompt_length=4, segment_types=4,
+              position_bias_num_buckets=32)  # fmt: skip
 """CPM-Ant at tiny size: a type lmcalc does not read yet (its prompt and segment embeddings and a bucketed relative
 position bias in its own block layout)."""
 
