@@ -15,6 +15,8 @@ from lmcalc.hf_fields import get as _get
 GEMMA4 = ("gemma4_text", "gemma4_unified_text")
 GEMMA3N = "gemma3n_text"
 GLOBAL_HEAD_DIM = 512  # Gemma4TextConfig.__post_init__: kwargs.pop("global_head_dim", 512)
+GEMMA_NORMS = {"norm_rms_pow": True, "value_norm": True}
+"""Gemma3nRMSNorm's and Gemma4RMSNorm's torch.pow(mean(x²) + ε, −½), and their attention's weightless v_norm."""
 LAYER_FIELDS = ("head_dim", "num_key_value_heads")
 """What a per_layer_config entry may override for lmcalc to read it."""
 
@@ -56,7 +58,7 @@ def gemma4(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
         raise LmcalcError(f"{origin}: config.json use_bidirectional_attention 'all' (no causal mask) is not modelled")
     layers = fields["num_layers"]
     types = config.get("layer_types") or []
-    fields = {**fields, "global_attention": _global_widths(config, types, origin)}
+    fields = {**fields, **GEMMA_NORMS, "global_attention": _global_widths(config, types, origin)}
     shared = config.get("num_kv_shared_layers") or 0
     if shared:
         fields["kv_sharing"] = {"layers": shared, "double_wide_mlp": bool(config.get("use_double_wide_mlp"))}
@@ -81,6 +83,7 @@ def gemma4(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
 def gemma3n(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
     """Gemma 3n's fields beside a Gemma 3-like reading: the last ``num_kv_shared_layers`` (15 by default) sharing K
     and V, per-layer embeddings, AltUp's ``altup_num_inputs`` streams and LAuReL's ``laurel_rank``."""
+    fields = {**fields, **GEMMA_NORMS}
     shared = config.get("num_kv_shared_layers") or 0
     if shared:
         fields = {**fields, "kv_sharing": {"layers": shared}}

@@ -127,6 +127,16 @@ class ModelSpec(LayerKinds, NamedSpec):
         "normalise in fp32 before the cast back (OLMo's OlmoLayerNorm, nanochat's NanoChatRMSNorm), the query and "
         "key norms too",
     )
+    norm_rms_pow: StrictBool = Field(
+        False,
+        description="the RMSNorms take 1/rms as torch.pow(mean(x²) + ε, −½), which keeps its input as well as its "
+        "output: two fp32 values a row for backward, not rsqrt's one (Gemma3nRMSNorm, Gemma4RMSNorm)",
+    )
+    value_norm: StrictBool = Field(
+        False,
+        description="a weightless RMSNorm on each head of V (Gemma 3n's and Gemma 4's v_norm): no parameters; for "
+        "backward it keeps what the model's norms keep of their input",
+    )
     eager_score_clamp: StrictBool = Field(
         False,
         description="the model's eager attention clamps its masked scores at the dtype's minimum with torch.max, "
@@ -409,15 +419,16 @@ class ModelSpec(LayerKinds, NamedSpec):
     @property
     def counted_only(self) -> str:
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
-        its training memory or step time; "" where it counts everything. Gemma 3n's and 4's layers, which differ
-        from one another, and Llama 3.2 Vision's, which text does not run (``WIDTHS_COUNTED_ONLY``); RWKV-4's
+        its training memory or step time; "" where it counts everything. Gemma 3n's and 4's shared K and V,
+        per-layer inputs and MoE block beside the MLP, and Llama 3.2 Vision's layers, which text does not run
+        (``WIDTHS_COUNTED_ONLY``: Gemma 4's global layers at their own widths are modelled); RWKV-4's
         (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
         if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
         if self.compressed_attention or self.hyper_connections or self.shared_block or self.dynamic_mask_window:
             return COMPRESSED_COUNTED_ONLY
         moe_beside = self.moe is not None and self.moe.branch_norms
-        parts = (self.global_attention, self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)
+        parts = (self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)
         return WIDTHS_COUNTED_ONLY if moe_beside or any(p is not None for p in parts) else ""
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
@@ -428,8 +439,9 @@ class ModelSpec(LayerKinds, NamedSpec):
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def local_attention_differs(self) -> bool:
-        """Whether the local layers have KV heads, sinks or a QK-norm of their own (MiMo-V2-Flash, Llama 4)."""
-        return bool(self.local_kv_heads or self.sinks_local_only or self.local_qk_l2_norm)
+        """Whether the local layers have KV heads, sinks or a QK-norm of their own (MiMo-V2-Flash, Llama 4), or the
+        global layers widths of their own (Gemma 4)."""
+        return bool(self.local_kv_heads or self.sinks_local_only or self.local_qk_l2_norm or self.global_attention)
 
     @property
     def indexer(self) -> IndexerSpec | None:

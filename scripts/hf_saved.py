@@ -564,6 +564,12 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                          "experts top-2 and an ungated shared expert, every MLP a clamped SwiGLU"),
     "minimax-small": (T.MiniMaxConfig, MOE4 | {"block_size": 64},
                       "small MiniMax-01: softmax attention, then lightning attention in blocks of 64, 4 experts top-2"),
+    "gemma4-small": (T.Gemma4TextConfig, N384 | {"sliding_window": WINDOW, "hidden_size_per_layer_input": 0,
+                                               "layer_types": ["sliding_attention", "full_attention"],
+                                               "global_head_dim": 64, "num_global_key_value_heads": 1,
+                                               "attention_k_eq_v": True},
+                     "small Gemma 4 (the 31B's layer kinds): a sliding layer with heads of 32, then a global one with "
+                     "heads of 64 and one KV head whose keys are its values (K = V), V normed too"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
                            "small DeepSeek-V3.2: MLA with a lightning indexer of 4 heads picking 64 keys a query, "
                            "a dense layer, then 4 experts top-2 and a shared one"),

@@ -50,6 +50,7 @@ TARGETS = {
     "mistral-small": ("all-linear",),
     "mixtral-small": ("q_proj,k_proj,v_proj,o_proj",),
     "gpt2-small": ("all-linear", "c_attn", "c_fc"),
+    "gemma4-small": ("all-linear", "q_proj,v_proj"),  # a global layer at its own widths, with no v_proj (K = V)
 }
 CASES = [
     (name, targets, dropout, checkpointing, attention)

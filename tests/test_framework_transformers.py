@@ -71,7 +71,7 @@ REAL_GRID = [(128, 2)]
 # are shorter than both sequences.
 STEP_MEASURED = ("deepseek-v32-small", "minimax-small", "axk1-small", "flint-small", "laguna-small", "lfm3-small",
                  "beam-small", "modernbert-decoder-small", "mimo-v2-flash-small",
-                 "minimax-m3-small", "longcat-flash-small", "axk2-small", "jetmoe-small")  # fmt: skip
+                 "minimax-m3-small", "longcat-flash-small", "axk2-small", "jetmoe-small", "gemma4-small")  # fmt: skip
 """The small models of the types read since issue #31 whose step peak tests/test_step_phases.py measures too."""
 OTHERS = (
     "gemma2-small",
@@ -320,12 +320,16 @@ def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra:
         assert abs(error(kept, forward)) < TOLERANCE, report
         assert abs(error(layer, rebuilt)) < TOLERANCE, report
     else:
-        # the first layer that attends also holds the rotary tables, first packed there: lmcalc counts them outside
-        # the layers
-        tables = sum(t.bytes for t in model_saved_tensors(w) if t.block == "tables")
-        first = next(i for i in range(m.layers * unit) if w.model.is_attention_layer(i)) // unit
+        # the first layer that attends also holds the rotary tables, first packed there, and the first global one
+        # the global layers' own (Gemma 4's): lmcalc counts them outside the layers
+        tables = [t for t in model_saved_tensors(w) if t.block == "tables"]
+        own = sum(t.bytes for t in tables if t.symbol == "s·d_g")
+        attending = [i for i in range(m.layers * unit) if w.model.is_attention_layer(i)]
+        first = attending[0] // unit
+        first_global = next((i // unit for i in attending if not w.model.is_local_layer(i)), None) if own else None
         for i in range(m.layers):
-            kept = m.per_layer_bytes[i] - (tables if i == first else 0)
+            packed = (sum(t.bytes for t in tables) - own if i == first else 0) + (own if i == first_global else 0)
+            kept = m.per_layer_bytes[i] - packed
             layer = sum(
                 sum(t.bytes for t in layer_saved_tensors(w, w.model.is_moe_layer(j), mixer_kind(w, j))) + beyond[j]
                 for j in range(i * unit, (i + 1) * unit)

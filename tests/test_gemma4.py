@@ -11,12 +11,16 @@ import json
 import pytest
 
 from lmcalc import api
+from lmcalc.engine.memory.activations import layer_saved_tensors
+from lmcalc.engine.memory.outside_layers import model_saved_tensors
 from lmcalc.engine.model.flops import attended_widths, forward_flops_per_token, local_keys
 from lmcalc.engine.model.params import count_params
+from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import COUNTED_ONLY_NOTE
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.hf_meta import UnreadType
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.specs import WIDTHS_COUNTED_ONLY, ModelSpec
 
 V, h, H, H_KV, d, f, L = 512, 64, 4, 2, 16, 96, 4
@@ -128,9 +132,29 @@ def test_attention_flops_at_each_kinds_widths_by_hand():
     assert attended_widths(spec, s, "full") == (s * (2 * d + 2 * 32) / 4,) * 2  # full: every key of every layer
 
 
+def test_a_global_layer_keeps_its_own_widths_by_hand():
+    # Gemma4TextAttention in a global layer (d_g 32, one KV head, K = V): q_norm upcasts Q (s·b·H·d_g, fp32) and
+    # keeps it, mean(x²) + ε and its −½ power (torch.pow: two fp32 values a row) and the normalised value; k_norm
+    # and v_norm each upcast the one projection's output apart (s·b·1·d_g); the kernel keeps Q, K and V at d_g. A
+    # local layer keeps the same at d and H_kv. The global layers' rotary tables are their own, s·d_g each
+    spec = spec_of(global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True)
+    w = Workload(spec, resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec, 64, 2, "flash", "none",
+                 framework=framework_profile("transformers"))  # fmt: skip
+    sb = 64 * 2
+    for kind, d_, kv in (("global", 32, 1), ("local", d, H_KV)):
+        kept = {t.label: t.elements * t.bytes_per_element for t in layer_saved_tensors(w, False, kind)}
+        assert kept["Q-norm input (fp32 copy)"] == sb * H * d_ * 4
+        assert kept["Q-norm mean(x²) + ε (fp32)"] == kept["Q-norm 1/rms (fp32)"] == sb * H * 4
+        assert kept["K-norm input (fp32 copy)"] == kept["V-norm input (fp32 copy)"] == sb * kv * d_ * 4
+        assert "V-norm normalised value (fp32, before the weight)" not in kept  # v_norm has no weight
+        assert kept["Q (after RoPE)"] == sb * H * d_ * 2 and kept["V"] == sb * kv * d_ * 2
+    tables = [t.elements for t in model_saved_tensors(w) if t.block == "tables"]
+    assert tables == [64 * d, 64 * d, 64 * 32, 64 * 32]
+
+
 def test_params_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**BASE, "global_head_dim": 32}))
+    path.write_text(json.dumps({**BASE, "global_head_dim": 32, "num_kv_shared_layers": 2}))
     counted = api.params(model=str(path))
     assert counted.total > 0 and COUNTED_ONLY_NOTE in counted.report.notes  # it says what else lmcalc estimates
     assert api.flops(model=str(path), tokens=1e9, seq=64).model_flops > 0
@@ -141,6 +165,17 @@ def test_params_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
         with pytest.raises(LmcalcError, match="training memory, fine-tuning and step-time model") as refused:
             estimate(model=str(path), **more)
         assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_dense_gemma4_is_estimated_whole(tmp_path):
+    # global layers at widths of their own and K = V, without shared K and V, per-layer inputs or the MoE block
+    # (the 31B's kinds): training memory, fine-tuning and the planner take it
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**BASE, "global_head_dim": 32, "num_global_key_value_heads": 1,
+                                "attention_k_eq_v": True}))  # fmt: skip
+    assert COUNTED_ONLY_NOTE not in api.params(model=str(path)).report.notes
+    assert api.memory(model=str(path), seq=64).total > 0
+    assert api.memory(model=str(path), seq=64, method="qlora").total > 0
 
 
 def test_gemma4_drafters_are_refused_as_unread():

@@ -40,6 +40,7 @@ from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import AttentionKind, MixerKind, average_mixer, share
+from lmcalc.engine.memory.widths import at_widths
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.model_code import fused_qkv_renewed, norm_keeps, output_renewed
 from lmcalc.engine.workload import Workload
@@ -155,6 +156,8 @@ def _qk_norm_saved_all(w: Workload, rows: Dim) -> list[SavedTensor]:
     q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
     k_width = Dim(spec.kv_heads * dqk, "H_kv·d") if full else Dim(dqk, "d")
     k_norm = [replace(t, most_tp_ranks=spec.kv_heads) for t in norm_saved(w, "K-norm", k_rows, k_width, "tp")]
+    if spec.value_norm:  # Gemma's weightless v_norm on each head of V: what a norm keeps but the normalised value
+        k_norm += [replace(t, label=t.label.replace("K-", "V-", 1)) for t in k_norm if "normalised" not in t.label]
     return [*norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
 
 
@@ -234,6 +237,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
 
 def _attention_block(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
     """What a layer's attention keeps after its norm, in a layer of ``kind`` (None: every attention layer alike)."""
+    w = at_widths(w, kind)  # a global layer at its own widths (Gemma 4)
     spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
     s, b, sb = w.seq_len, w.micro_batch, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim

@@ -15,6 +15,10 @@ from lmcalc.engine.memory.ssm import MixerKind, share
 from lmcalc.engine.model.params import LOCAL_SYMBOLS, MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
 
+KIND_SYMBOLS = (*LOCAL_SYMBOLS, "L_local,kv", "L_global,kv")
+"""A global or a local layer's own modules: every attention module's where the kinds' widths differ (Gemma 4's
+``engine.model.width_params``), the K and V projections' counted over the layers that make their own."""
+
 
 def mixer_share(spec: ModelSpec, kind: MixerKind) -> tuple[int, int]:
     """The share (n of every m layers) of the average layer's mixer half (``kind`` average) or of one real layer's."""
@@ -56,9 +60,9 @@ def module_share(spec: ModelSpec, module: LinearModule, mixer: MixerKind) -> flo
     if module.group not in ("attention", "ssm"):
         n, of = ffn_share(spec, module.count_symbol.startswith("L_moe"), mixer)
         return n / of
-    if module.count_symbol in LOCAL_SYMBOLS:  # the global or the local layers' own (MiMo-V2-Flash's K and V)
+    if module.count_symbol in KIND_SYMBOLS:  # the global or the local layers' own (MiMo-V2-Flash's K and V, Gemma 4's)
         if mixer in ("global", "local"):
-            return float(module.count_symbol == f"L_{mixer}")
+            return float(module.count_symbol.split(",")[0] == f"L_{mixer}")
         return module.count / spec.attention_layers
     if module.count_symbol not in MIXER_SYMBOLS:
         return 1.0

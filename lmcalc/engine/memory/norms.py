@@ -45,14 +45,19 @@ def norm_saved(w: Workload, label: str, rows: Dim, width: Dim, split: str = "seq
                                  for_weights=NORM)  # fmt: skip
     return [
         SavedTensor(f"{label} input (fp32 copy)", symbol, n, 4, split=split),
-        *norm_stats(w.model, label, rows, split),
+        *norm_stats(w.model, label, rows, split, written=True),
         *([normalised] if w.model.norm_weight else []),  # without a weight, no multiply keeps it
     ]
 
 
-def norm_stats(spec: ModelSpec, label: str, rows: Dim, split: str = "seq") -> list[SavedTensor]:
-    """One fp32 value per row for each statistic the norm keeps: LayerNorm's mean and 1/std, RMSNorm's 1/rms."""
+def norm_stats(spec: ModelSpec, label: str, rows: Dim, split: str = "seq", written: bool = False
+               ) -> list[SavedTensor]:  # fmt: skip
+    """One fp32 value per row for each statistic the norm keeps: LayerNorm's mean and 1/std, RMSNorm's 1/rms; an
+    RMSNorm ``written`` as the model's code (not one kernel) that takes 1/rms with torch.pow (``norm_rms_pow``)
+    keeps the power's input too, mean(x²) + ε."""
     names = ("1/rms",) if spec.norm_kind == "rmsnorm" else ("mean", "1/std")
+    if spec.norm_kind == "rmsnorm" and written and spec.norm_rms_pow:
+        names = ("mean(x²) + ε", "1/rms")
     return [SavedTensor(f"{label} {name} (fp32)", rows.symbol, rows.size, STAT_BYTES, split=split) for name in names]
 
 

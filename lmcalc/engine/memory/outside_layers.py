@@ -15,6 +15,7 @@ from lmcalc.engine.memory.activations import (
 )
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
+from lmcalc.engine.memory.widths import global_tables
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.workload import Workload
 
@@ -55,7 +56,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         d = spec.mla.qk_rope_head_dim if spec.mla else int(spec.qk_head_dim * spec.rotary_fraction)
         tables = [
             SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
-        ]
+        ] + global_tables(w)
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
         tables += [replace(t, split="none") for t in _checkpoint_arguments(w)]
     return tuple(
