@@ -29,8 +29,8 @@ NO_TOP_K = (
 )
 
 WIDTHS_COUNTED_ONLY = (
-    "Gemma 3n's and Gemma 4's K and V shared across layers, per-layer embeddings, the MoE block beside the dense "
-    "MLP, Gemma 3n's AltUp streams and LAuReL, and Llama 3.2 Vision's "
+    "Gemma 3n's and Gemma 4's K and V shared across layers and per-layer embeddings, Gemma 3n's AltUp streams and "
+    "LAuReL, and Llama 3.2 Vision's "
     "cross-attention layers, which hold weights that text does not run, are counted by lmcalc params, lmcalc flops, "
     "lmcalc train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's "
     "training memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"

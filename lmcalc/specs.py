@@ -419,17 +419,16 @@ class ModelSpec(LayerKinds, NamedSpec):
     @property
     def counted_only(self) -> str:
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
-        its training memory or step time; "" where it counts everything. Gemma 3n's and 4's shared K and V,
-        per-layer inputs and MoE block beside the MLP, and Llama 3.2 Vision's layers, which text does not run
-        (``WIDTHS_COUNTED_ONLY``: Gemma 4's global layers at their own widths are modelled); RWKV-4's
+        its training memory or step time; "" where it counts everything. Gemma 3n's and 4's shared K and V and
+        per-layer inputs, Gemma 3n's AltUp, and Llama 3.2 Vision's layers, which text does not run
+        (``WIDTHS_COUNTED_ONLY``: Gemma 4's global layers at their own widths and its MoE block are modelled); RWKV-4's
         (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
         if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
         if self.compressed_attention or self.hyper_connections or self.shared_block or self.dynamic_mask_window:
             return COMPRESSED_COUNTED_ONLY
-        moe_beside = self.moe is not None and self.moe.branch_norms
         parts = (self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)
-        return WIDTHS_COUNTED_ONLY if moe_beside or any(p is not None for p in parts) else ""
+        return WIDTHS_COUNTED_ONLY if any(p is not None for p in parts) else ""
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

@@ -570,6 +570,13 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                "attention_k_eq_v": True},
                      "small Gemma 4 (the 31B's layer kinds): a sliding layer with heads of 32, then a global one with "
                      "heads of 64 and one KV head whose keys are its values (K = V), V normed too"),
+    "gemma4-moe-small": (T.Gemma4TextConfig, N384 | {"sliding_window": WINDOW, "hidden_size_per_layer_input": 0,
+                                                   "layer_types": ["sliding_attention", "full_attention"],
+                                                   "global_head_dim": 64, "num_global_key_value_heads": 1,
+                                                   "attention_k_eq_v": True, "enable_moe_block": True,
+                                                   "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 64},
+                         "small Gemma 4 (the 26B-A4B's kinds): gemma4-small's layers, each with an MoE block of 4 "
+                         "experts top-2 beside its dense MLP, a norm before the experts and after each branch"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
                            "small DeepSeek-V3.2: MLA with a lightning indexer of 4 heads picking 64 keys a query, "
                            "a dense layer, then 4 experts top-2 and a shared one"),

@@ -152,6 +152,25 @@ def test_a_global_layer_keeps_its_own_widths_by_hand():
     assert tables == [64 * d, 64 * d, 64 * 32, 64 * 32]
 
 
+def test_the_moe_blocks_norms_and_router_by_hand():
+    # Gemma4TextDecoderLayer with enable_moe_block: beside an MoE layer's tensors (the dense MLP as its one shared
+    # expert), pre_feedforward_layernorm_2 on the residual and post_feedforward_layernorm_1 and _2 on the branches
+    # keep an fp32 copy, mean(x²) + ε, 1/rms and the fp32 normalised value each; Gemma4TextRouter's weightless
+    # norm its fp32 copy and the two statistics; the normed value cast back (the scale's product keeps it) and its
+    # scaled copy (the projection's input), s·b·h in bf16 each
+    spec = spec_of(global_head_dim=32, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=8)
+    w = Workload(spec, resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec, 64, 2, "flash", "none",
+                 framework=framework_profile("transformers"))  # fmt: skip
+    sb = 64 * 2
+    kept = {t.label: t.elements * t.bytes_per_element for t in layer_saved_tensors(w, True, "local")}
+    for norm in ("experts' norm", "dense branch's output norm", "experts' output norm"):
+        assert kept[f"{norm} input (fp32 copy)"] == kept[f"{norm} normalised value (fp32, before the weight)"]
+        assert kept[f"{norm} input (fp32 copy)"] == sb * h * 4 and kept[f"{norm} 1/rms (fp32)"] == sb * 4
+    assert kept["router norm input (fp32 copy)"] == sb * h * 4 and "router norm normalised value" not in str(kept)
+    router_inputs = (kept["router norm output (for the scale's product)"], kept["router projection input (scaled)"])
+    assert router_inputs == (sb * h * 2, sb * h * 2)
+
+
 def test_params_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**BASE, "global_head_dim": 32, "num_kv_shared_layers": 2}))

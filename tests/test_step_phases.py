@@ -174,7 +174,7 @@ def test_the_binding_phase_follows_the_widths(name: str, binds: str):
 
 ROUTED = ("mixtral-small", "qwen2-moe-small", "nemotron-h-small", "deepseek-v32-small", "minimax-small", "axk1-small",
           "flint-small", "laguna-small", "beam-small", "mimo-v2-flash-small", "minimax-m3-small",
-          "longcat-flash-small", "axk2-small", "jetmoe-small")  # fmt: skip
+          "longcat-flash-small", "axk2-small", "jetmoe-small", "gemma4-moe-small")  # fmt: skip
 """The small families with routed experts (LoRA leaves them alone: tests/test_finetune_peft.py says why)."""
 LORA_FAMILIES = tuple(name for name in FAMILIES if name.endswith("-small") and name not in ROUTED)
 """The dense small models of FAMILIES."""

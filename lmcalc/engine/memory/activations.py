@@ -40,7 +40,7 @@ from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.ssm import AttentionKind, MixerKind, average_mixer, share
-from lmcalc.engine.memory.widths import at_widths
+from lmcalc.engine.memory.widths import at_widths, branch_norms_saved
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.model_code import fused_qkv_renewed, norm_keeps, output_renewed
 from lmcalc.engine.workload import Workload
@@ -460,6 +460,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
             ]
         if moe.output_norm:  # A.X K1: a norm on the summed output of the routed and shared experts
             tensors += norm_saved(w, "MoE output norm", Dim(sb, "s·b"), Dim(h, "h"))
+        tensors += branch_norms_saved(w) if moe.branch_norms else []  # Gemma 4's, and its router's own norm
     else:
         tensors += ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
         if spec.sub_norms:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.memory.ssm import AttentionKind
+from lmcalc.engine.model.params import Dim
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
 
@@ -38,3 +40,22 @@ def global_tables(w: Workload) -> list[SavedTensor]:
         SavedTensor(f"rotary {t} table (global layers)", "s·d_g", w.seq_len * g.head_dim, act, split="none")
         for t in ("cos", "sin")
     ]
+
+
+def branch_norms_saved(w: Workload) -> list[SavedTensor]:
+    """Gemma 4's MoE block beside the dense MLP (``MoESpec.branch_norms``), beyond what an MoE layer with one shared
+    expert keeps: the experts' own norm on the residual (pre_feedforward_layernorm_2), a norm on each branch's output
+    (post_feedforward_layernorm_1 and _2), and the router's (Gemma4TextRouter): a weightless norm on the residual,
+    its output cast and kept for the learned scale's gradient, and the scaled copy the projection reads."""
+    act, sb, h = w.precision.activation_bytes, w.tokens, w.model.hidden_size
+    rows, width = Dim(sb, "s·b"), Dim(h, "h")
+    router_norm = [t for t in norm_saved(w, "router norm", rows, width) if "normalised" not in t.label]
+    return [
+        *norm_saved(w, "experts' norm", rows, width),
+        *router_norm,
+        SavedTensor("router norm output (for the scale's product)", "s·b·h", sb * h, act, split="seq",
+                    for_weights=("router",)),
+        SavedTensor("router projection input (scaled)", "s·b·h", sb * h, act, split="seq", for_weights=("router",)),
+        *norm_saved(w, "dense branch's output norm", rows, width),
+        *norm_saved(w, "experts' output norm", rows, width),
+    ]  # fmt: skip
