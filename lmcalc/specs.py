@@ -427,8 +427,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             return RWKV_COUNTED_ONLY
         if self.compressed_attention or self.hyper_connections or self.shared_block or self.dynamic_mask_window:
             return COMPRESSED_COUNTED_ONLY
-        parts = (self.kv_sharing, self.per_layer_input, self.altup, self.cross_attention)
-        return WIDTHS_COUNTED_ONLY if any(p is not None for p in parts) else ""
+        return WIDTHS_COUNTED_ONLY if self.altup is not None or self.cross_attention is not None else ""
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:
@@ -439,8 +438,15 @@ class ModelSpec(LayerKinds, NamedSpec):
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def local_attention_differs(self) -> bool:
         """Whether the local layers have KV heads, sinks or a QK-norm of their own (MiMo-V2-Flash, Llama 4), or the
-        global layers widths of their own (Gemma 4)."""
-        return bool(self.local_kv_heads or self.sinks_local_only or self.local_qk_l2_norm or self.global_attention)
+        global layers widths of their own, or the last layers reuse earlier ones' K and V (Gemma 4)."""
+        return bool(
+            self.local_kv_heads or self.sinks_local_only or self.local_qk_l2_norm or self.global_attention
+            or self.kv_sharing
+        )  # fmt: skip
+
+    def reuses_kv(self, layer: int) -> bool:
+        """Whether ``layer`` attends with an earlier layer's K and V (one of the last ``kv_sharing.layers``)."""
+        return bool(self.kv_sharing) and layer >= self.num_layers - (self.kv_sharing.layers if self.kv_sharing else 0)
 
     @property
     def indexer(self) -> IndexerSpec | None:

@@ -43,7 +43,7 @@ import time
 import warnings
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -577,6 +577,14 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                    "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 64},
                          "small Gemma 4 (the 26B-A4B's kinds): gemma4-small's layers, each with an MoE block of 4 "
                          "experts top-2 beside its dense MLP, a norm before the experts and after each branch"),
+    "gemma4-e-small": (T.Gemma4TextConfig, N384 | {"sliding_window": WINDOW, "num_hidden_layers": 4,
+                                                 "layer_types": ["sliding_attention", "full_attention"] * 2,
+                                                 "global_head_dim": 64, "num_global_key_value_heads": 1,
+                                                 "attention_k_eq_v": True, "num_kv_shared_layers": 2,
+                                                 "use_double_wide_mlp": True, "hidden_size_per_layer_input": 16,
+                                                 "vocab_size_per_layer_input": 2048},
+                       "small Gemma 4 (the E2B's and E4B's kinds): gemma4-small's two layers, then two more of the "
+                       "same kinds that attend with their K and V, with MLPs twice as wide; per-layer inputs of 16"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
                            "small DeepSeek-V3.2: MLA with a lightning indexer of 4 heads picking 64 keys a query, "
                            "a dense layer, then 4 experts top-2 and a shared one"),
@@ -1230,7 +1238,7 @@ def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, (tuple, list)):
         for item in obj:
             yield from _tensors_in(item)
-    elif isinstance(obj, dict):
+    elif isinstance(obj, Mapping):  # a dict, or Gemma 4's KVSharingDict (a UserDict) of the layers' shared K and V
         for item in obj.values():
             yield from _tensors_in(item)
 

@@ -72,7 +72,7 @@ REAL_GRID = [(128, 2)]
 STEP_MEASURED = ("deepseek-v32-small", "minimax-small", "axk1-small", "flint-small", "laguna-small", "lfm3-small",
                  "beam-small", "modernbert-decoder-small", "mimo-v2-flash-small",
                  "minimax-m3-small", "longcat-flash-small", "axk2-small", "jetmoe-small", "gemma4-small",
-                 "gemma4-moe-small")  # fmt: skip
+                 "gemma4-moe-small", "gemma4-e-small")  # fmt: skip
 """The small models of the types read since issue #31 whose step peak tests/test_step_phases.py measures too."""
 OTHERS = (
     "gemma2-small",
@@ -292,6 +292,8 @@ def layer_kinds(w: Workload, layers: int) -> list[bool]:
 def mixer_kind(w: Workload, layer: int) -> MixerKind:
     """A hybrid's layer as lmcalc counts one of its kind (LFM2's convolutions, its attention), or a single block
     (Nemotron-H's attention alone, an FFN alone); any other's: the average layer."""
+    if w.model.local_attention_differs:  # a global or a local layer, one that reuses K and V apart (Gemma 4)
+        return block_kind(w.model, layer)
     if kinds_differ(w) and not w.model.hybrid and not w.model.single_blocks:  # a global or a local layer
         return "local" if w.model.is_local_layer(layer) else "global"
     if not w.model.hybrid and not w.model.single_blocks:
@@ -323,7 +325,9 @@ def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra:
     else:
         # the first layer that attends also holds the rotary tables, first packed there, and the first global one
         # the global layers' own (Gemma 4's): lmcalc counts them outside the layers
-        tables = [t for t in model_saved_tensors(w) if t.block == "tables"]
+        # and Gemma 4's per-layer inputs, whose d_p slices each layer reads, are packed in the first
+        outside = model_saved_tensors(w)
+        tables = [t for t in outside if t.block == "tables" or t.label.startswith("per-layer inputs")]
         own = sum(t.bytes for t in tables if t.symbol == "s·d_g")
         attending = [i for i in range(m.layers * unit) if w.model.is_attention_layer(i)]
         first = attending[0] // unit

@@ -7,6 +7,7 @@ Gemma4TextModel, Gemma4TextRouter)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -171,30 +172,59 @@ def test_the_moe_blocks_norms_and_router_by_hand():
     assert router_inputs == (sb * h * 2, sb * h * 2)
 
 
-def test_params_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({**BASE, "global_head_dim": 32, "num_kv_shared_layers": 2}))
-    counted = api.params(model=str(path))
-    assert counted.total > 0 and COUNTED_ONLY_NOTE in counted.report.notes  # it says what else lmcalc estimates
-    assert api.flops(model=str(path), tokens=1e9, seq=64).model_flops > 0
-    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
-    assert api.train_time(model=str(path), gpus="8xH100", tokens=1e9).days > 0
-    fine_tune = {"method": "lora", "dataset_tokens": 1e6}
-    for estimate, more in ((api.memory, {}), (api.train_time, fine_tune), (api.plan, {"gpus": "8xH100"})):
-        with pytest.raises(LmcalcError, match="training memory, fine-tuning and step-time model") as refused:
-            estimate(model=str(path), **more)
-        assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)
+def test_layers_reusing_k_and_v_and_per_layer_inputs_by_hand():
+    # the last two layers (a local, a global) attend with layers 0's and 1's K and V: no K- or V-norm of their own,
+    # and under a fused kernel without the window's mask (the global one) no K or V either; their MLPs are 2·f wide
+    # (use_double_wide_mlp). Per-layer inputs of d_p 8: each layer keeps the gate's input (s·b·h), its output, GELU's
+    # and the product (s·b·d_p each) and its norm's; before the layers, the projection's input (s·b·h), its norm over
+    # each d_p and the s·b·L·d_p inputs. Under full recomputation the layers' arguments keep layers 0's and 1's K and V
+    spec = spec_of(
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=128,
+    )
+    w = Workload(spec, resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec, 16, 2, "flash", "none",
+                 framework=framework_profile("transformers"))  # fmt: skip
+    sb = 16 * 2  # below the window of 24: no layer is given a mask
+    own = {t.label: t.bytes for t in layer_saved_tensors(w, False, "global")}
+    reusing = {t.label: t.bytes for t in layer_saved_tensors(w, False, "global_shared")}
+    assert own["K (after RoPE)"] == own["V"] == sb * 1 * 32 * 2 and own["V-norm input (fp32 copy)"] == sb * 32 * 4
+    assert not [label for label in reusing if label.startswith(("K", "V"))]
+    assert own["gate output (GELU input)"] == sb * f * 2 and reusing["gate output (GELU input)"] == sb * 2 * f * 2
+    assert own["per-layer gate input (the layer's output so far)"] == sb * h * 2
+    for label in ("per-layer gate output (GELU input)", "per-layer projection input (the gated product)"):
+        assert own[label] == sb * 8 * 2
+    outside = {t.label: t.bytes for t in model_saved_tensors(w)}
+    assert outside["per-layer projection input (the scaled embedding)"] == sb * h * 2
+    assert outside["per-layer projection norm input (fp32 copy)"] == sb * L * 8 * 4
+    assert outside["per-layer inputs (the d_p slices each layer's product reads)"] == sb * L * 8 * 2
+    rebuilt = {t.label: t.bytes for t in model_saved_tensors(replace(w, recompute="full"))}
+    assert rebuilt["local layers' shared K (kept for the rebuilt layers)"] == sb * H_KV * d * 2
+    assert rebuilt["global layers' shared V (kept for the rebuilt layers)"] == sb * 1 * 32 * 2
 
 
-def test_a_dense_gemma4_is_estimated_whole(tmp_path):
-    # global layers at widths of their own and K = V, without shared K and V, per-layer inputs or the MoE block
-    # (the 31B's kinds): training memory, fine-tuning and the planner take it
+def test_every_estimate_takes_gemma4_and_gemma3n_is_refused(tmp_path):
+    # Gemma 4 at all its kinds (global widths, K = V, shared K and V, per-layer inputs): every command; Gemma 3n's
+    # AltUp streams are counted alone
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**BASE, "global_head_dim": 32, "num_global_key_value_heads": 1,
-                                "attention_k_eq_v": True}))  # fmt: skip
+    path.write_text(json.dumps({**BASE, "global_head_dim": 32, "num_kv_shared_layers": 2,
+                                "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128}))  # fmt: skip
     assert COUNTED_ONLY_NOTE not in api.params(model=str(path)).report.notes
     assert api.memory(model=str(path), seq=64).total > 0
     assert api.memory(model=str(path), seq=64, method="qlora").total > 0
+    assert api.train_time(model=str(path), gpus="8xH100", method="lora", dataset_tokens=1e6).days > 0
+    assert api.plan(model=str(path), gpus="8xH100", tokens=1e9, seq=64).best is not None
+    gemma3n = tmp_path / "gemma3n.json"
+    gemma3n.write_text(json.dumps({**BASE, "model_type": "gemma3n_text", "num_kv_shared_layers": 2,
+                                   "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128,
+                                   "altup_num_inputs": 4, "laurel_rank": 8}))  # fmt: skip
+    with pytest.raises(LmcalcError, match="training memory, fine-tuning and step-time model") as refused:
+        api.memory(model=str(gemma3n))
+    assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_gemma4_drafters_are_refused_as_unread():

@@ -368,7 +368,9 @@ def weight_trained(model: ModelSpec, method: Method, leaf: str) -> bool:
 
 def in_layer(module: LinearModule, moe_layer: bool) -> bool:
     """Whether a linear module belongs to a dense layer (``moe_layer`` False) or to an MoE layer."""
-    if module.group in ("attention", "ssm") or module.count_symbol == "L":  # a hybrid's mixers: at its mix
+    # a hybrid's mixers (at its mix), and Gemma 4's MLPs, of one width where a layer makes its own K and V and of
+    # another where it reuses them ((L−n_s) and n_s of the L): each layer has one
+    if module.group in ("attention", "ssm") or module.count_symbol in ("L", "(L−n_s)", "n_s"):
         return True
     if module.count_symbol == "L_dense":
         return not moe_layer

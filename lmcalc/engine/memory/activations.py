@@ -27,6 +27,7 @@ from lmcalc.engine.finetune.method import (
     in_layer,
     weight_trained,
 )
+from lmcalc.engine.memory.adapters import adapter_bytes, adapter_copies
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
 from lmcalc.engine.memory.differential import differential_saved
 from lmcalc.engine.memory.eager_scores import eager_scores_saved
@@ -39,8 +40,15 @@ from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, 
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
-from lmcalc.engine.memory.ssm import AttentionKind, MixerKind, average_mixer, share
-from lmcalc.engine.memory.widths import at_widths, branch_norms_saved
+from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind, average_mixer, share
+from lmcalc.engine.memory.widths import (
+    at_widths,
+    branch_norms_saved,
+    kind_layers,
+    kv_reused,
+    mlp_widths,
+    per_layer_input_saved,
+)
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.model_code import fused_qkv_renewed, norm_keeps, output_renewed
 from lmcalc.engine.workload import Workload
@@ -211,12 +219,13 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     tensors = norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     tensors += norm_gate_saved(w, "attention norm") if spec.gated_norm_rank else []
     kept_by_every_layer = len(tensors) + 1  # the norm's, and its output: the mixer's input in every layer
-    if kinds_differ(w) and mixer not in ("global", "local"):  # the average of A_g and A_l layers
-        A, n = spec.attention_layers, spec.local_layers
-        tensors += [share(t, A - n, A) for t in _attention_block(w, "global")]
-        tensors += [share(t, n, A) for t in _attention_block(w, "local")]
+    if kinds_differ(w) and mixer not in KINDS:  # the average of A_g and A_l layers (of those reusing K and V apart)
+        for kind, reusing, n in kind_layers(spec):
+            tensors += [share(t, n, spec.attention_layers) for t in _attention_block(w, kind, reusing)]
+    elif mixer in KINDS:
+        tensors += _attention_block(w, "local" if mixer.startswith("local") else "global", mixer.endswith("_shared"))
     else:
-        tensors += _attention_block(w, mixer if mixer in ("global", "local") else None)
+        tensors += _attention_block(w, None)
     if spec.differential_attention:
         tensors = tensors[:kept_by_every_layer] + differential_saved(w, tensors[kept_by_every_layer:])
     if spec.sub_norms:
@@ -227,7 +236,11 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         tensors += norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
-    mlp = [replace(t, block="mlp") for t in _mlp_saved(w, moe_layer and bool(spec.moe))]
+    mlp = [
+        replace(t if n == of else share(t, n, of), block="mlp")
+        for wide, n, of in mlp_widths(w, mixer)
+        for t in _mlp_saved(wide, moe_layer and bool(spec.moe)) + per_layer_input_saved(wide)
+    ]
     tensors = mixer_half(spec, tensors, mixer) + ffn_half(spec, mlp, moe_layer, mixer)
     return fp8_saved(
         w,
@@ -235,8 +248,11 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     )
 
 
-def _attention_block(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
-    """What a layer's attention keeps after its norm, in a layer of ``kind`` (None: every attention layer alike)."""
+def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False) -> list[SavedTensor]:
+    """What a layer's attention keeps after its norm, in a layer of ``kind`` (None: every attention layer alike), one
+    that attends with an earlier layer's K and V where ``reusing_kv``."""
+    if reusing_kv:
+        return kv_reused(w, kind, _attention_block(w, kind))
     w = at_widths(w, kind)  # a global layer at its own widths (Gemma 4)
     spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
     s, b, sb = w.seq_len, w.micro_batch, w.tokens
@@ -303,23 +319,6 @@ def _needed(w: Workload, tensor: SavedTensor, adapted: set[str]) -> bool:
     if any(weight_trained(w.model, w.method, leaf) for leaf in tensor.for_weights):
         return True
     return not adapter_copies(w) and any(leaf in adapted for leaf in tensor.for_weights)
-
-
-def adapter_copies(w: Workload) -> bool:
-    """Whether each adapter keeps its own copy of its input: the dropout's output when PEFT's ``lora_dropout`` is
-    on; autocast's 16-bit cast under a mixed recipe (the recipe's master copy); PEFT's cast to the adapters' fp32
-    (peft/tuners/lora/layer.py Linear.forward, ``_cast_input_dtype``) over 16-bit activations."""
-    fp32_cast = w.method.fp32_adapters and w.precision.activation_bytes < 4
-    return w.method.lora_dropout > 0 or w.precision.master_bytes > 0 or fp32_cast
-
-
-def adapter_bytes(w: Workload) -> float:
-    """Bytes per element of what an adapter computes: its input copy and A·x. fp32 adapters without autocast run in
-    fp32 (PEFT casts the input to the adapters' dtype); under autocast (a mixed recipe) or with adapters in the
-    model's dtype, in the activations' dtype."""
-    if w.method.fp32_adapters and w.precision.master_bytes == 0:
-        return 4.0
-    return w.precision.activation_bytes
 
 
 def _under_method(

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from lmcalc.engine.finetune.method import LinearModule, in_mixer
 from lmcalc.engine.memory.saved import SavedTensor
-from lmcalc.engine.memory.ssm import MixerKind, share
+from lmcalc.engine.memory.ssm import KINDS, MixerKind, share
 from lmcalc.engine.model.params import LOCAL_SYMBOLS, MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
 
 KIND_SYMBOLS = (*LOCAL_SYMBOLS, "L_local,kv", "L_global,kv")
+SHARING_SYMBOLS = ("(L−n_s)", "n_s")  # the MLPs of the layers that make their own K and V, and of those that reuse
 """A global or a local layer's own modules: every attention module's where the kinds' widths differ (Gemma 4's
 ``engine.model.width_params``), the K and V projections' counted over the layers that make their own."""
 
@@ -57,12 +58,17 @@ def module_share(spec: ModelSpec, module: LinearModule, mixer: MixerKind) -> flo
     """Of a layer, the copies of ``module`` it holds: a hybrid's attention's in A of its L layers and its other
     mixer's in the rest (the average layer), or all or none in a layer of one ``mixer``; an FFN's module at its half's
     share (``ffn_share``: less than 1 where some layers are a mixer alone); 1 for any other."""
+    if module.count_symbol in SHARING_SYMBOLS:  # Gemma 4's MLPs: twice as wide where a layer reuses K and V
+        if mixer in KINDS:
+            return float((module.count_symbol == "n_s") == mixer.endswith("_shared"))
+        return module.count / spec.num_layers
     if module.group not in ("attention", "ssm"):
         n, of = ffn_share(spec, module.count_symbol.startswith("L_moe"), mixer)
         return n / of
     if module.count_symbol in KIND_SYMBOLS:  # the global or the local layers' own (MiMo-V2-Flash's K and V, Gemma 4's)
-        if mixer in ("global", "local"):
-            return float(module.count_symbol.split(",")[0] == f"L_{mixer}")
+        if mixer in KINDS:  # a layer of one kind; one reusing K and V holds no K or V projection
+            kind, own_kv = module.count_symbol.split(",")[0], module.count_symbol.endswith(",kv")
+            return float(kind == f"L_{mixer.removesuffix('_shared')}" and not (own_kv and mixer.endswith("_shared")))
         return module.count / spec.attention_layers
     if module.count_symbol not in MIXER_SYMBOLS:
         return 1.0
@@ -80,6 +86,8 @@ def block_kind(spec: ModelSpec, layer: int) -> MixerKind:
     other mixer, one that runs both (the average layer of a hybrid whose mixers run side by side), or an FFN alone;
     for a model whose local layers attend with heads or sinks of their own, a global or a local one."""
     if spec.local_attention_differs:
+        if spec.reuses_kv(layer):  # Gemma 4's last layers, attending with earlier layers' K and V
+            return "local_shared" if spec.is_local_layer(layer) else "global_shared"
         return "local" if spec.is_local_layer(layer) else "global"
     if not spec.has_mixer(layer):
         return "none"

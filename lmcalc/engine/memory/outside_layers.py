@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import (
     TOKEN_ID_BYTES,
     SavedTensor,
@@ -15,7 +16,7 @@ from lmcalc.engine.memory.activations import (
 )
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
-from lmcalc.engine.memory.widths import global_tables
+from lmcalc.engine.memory.widths import global_tables, per_layer_inputs_outside, shared_kv_kept
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.workload import Workload
 
@@ -30,6 +31,8 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         embedding += norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
+    adapted = frozenset(m.leaf for m in adapted_modules(spec, w.method))
+    embedding += per_layer_inputs_outside(w, adapted)  # Gemma 4's per-layer inputs, made before the layers
     final = [] if spec.post_norm else norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h"))  # GPT-1 has none
     if spec.head_transform:  # ModernBERT: dense (its input the final norm's output), GELU (a kernel: its input), norm
         final += [
@@ -58,7 +61,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
             SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
         ] + global_tables(w)
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
-        tables += [replace(t, split="none") for t in _checkpoint_arguments(w)]
+        tables += [replace(t, split="none") for t in _checkpoint_arguments(w)] + shared_kv_kept(w)
     return tuple(
         [replace(t, block="embedding") for t in embedding]
         + [replace(t, block="tables") for t in tables]

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
-from lmcalc.engine.memory.activations import adapter_copies, kept_before_core
+from lmcalc.engine.memory.activations import kept_before_core
+from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.routing import weighted_outputs

@@ -175,10 +175,13 @@ def _lightning_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
-MixerKind = Literal["average", "attention", "other", "none", "global", "local"]
+MixerKind = Literal["average", "attention", "other", "none", "global", "local", "global_shared", "local_shared"]
 """A hybrid's layer: the average of its L layers, one that attends, one of its other mixer, or (where some layers are
 an FFN alone, Nemotron-H) one without a mixer; or where a model's local layers attend with heads or sinks of their own
-(MiMo-V2-Flash), one global or one local layer."""
+(MiMo-V2-Flash), one global or one local layer, and where the last layers reuse earlier layers' K and V (Gemma 4), one
+of those (``_shared``)."""
+KINDS = ("global", "local", "global_shared", "local_shared")
+"""The layers of a model whose attention layers differ by kind: global or local, making their own K and V or not."""
 AttentionKind = Literal["global", "local"] | None
 """An attention layer of a model whose local layers differ from its global ones: one global, one local; None for a
 model whose attention layers are all alike."""

@@ -1,17 +1,21 @@
-"""A layer that attends at widths of its own kind keeps what a layer of a model at those widths would: Gemma 4's
-global layers (``GlobalAttentionSpec``: global_head_dim, num_global_key_value_heads) keep Q, K and V, their norms'
-copies, the kernel's output and its log-sum-exp at d_g over H_kv,g heads, and their own rotary tables, d_g wide.
-K = V changes nothing kept: k_norm and v_norm each upcast the one projection's output apart, and the kernel keeps
-the rotated K and the normed V (transformers 5.24 modeling_gemma4.py, Gemma4TextAttention.forward)."""
+"""Gemma 4's layers that differ from one another (transformers 5.24 modeling_gemma4.py), in what they keep for
+backward. A global layer at widths of its own (``GlobalAttentionSpec``: global_head_dim, num_global_key_value_heads)
+keeps what a layer of a model at those widths would: Q, K and V, their norms' copies, the kernel's output and its
+log-sum-exp at d_g over H_kv,g heads, and its own rotary tables. K = V changes nothing kept: k_norm and v_norm each
+upcast the one projection's output apart. A layer among the last ``kv_sharing.layers`` makes no K or V of its own,
+and its MLP may be twice as wide. Per-layer inputs add a gate, a projection and a norm to every layer and a
+projection and a norm before them; the MoE block beside the dense MLP adds its norms and its router's."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import replace
 
+from lmcalc.engine.memory.adapters import adapter_bytes, adapter_copies
+from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.saved import SavedTensor
-from lmcalc.engine.memory.ssm import AttentionKind
+from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
@@ -59,3 +63,124 @@ def branch_norms_saved(w: Workload) -> list[SavedTensor]:
         *norm_saved(w, "dense branch's output norm", rows, width),
         *norm_saved(w, "experts' output norm", rows, width),
     ]  # fmt: skip
+
+
+def kind_layers(spec: ModelSpec) -> list[tuple[AttentionKind, bool, int]]:
+    """Each kind of attention layer the model has, (kind, whether it reuses an earlier layer's K and V, how many):
+    global and local, and of each those among the last ``kv_sharing.layers`` apart (Gemma 4)."""
+    out: list[tuple[AttentionKind, bool, int]] = []
+    for kind in ("global", "local"):
+        layers = [i for i in range(spec.num_layers)
+                  if spec.is_attention_layer(i) and spec.is_local_layer(i) == (kind == "local")]  # fmt: skip
+        reusing = sum(spec.reuses_kv(i) for i in layers)
+        out += [(kind, False, len(layers) - reusing), (kind, True, reusing)]
+    return [entry for entry in out if entry[2]]
+
+
+def kv_reused(w: Workload, kind: AttentionKind, tensors: list[SavedTensor]) -> list[SavedTensor]:
+    """What a layer that attends with an earlier layer's K and V keeps of the attention (Gemma4TextAttention with
+    ``is_kv_shared_layer``): no K- or V-norm of its own, and of K and V only the copy repeat_kv makes of them for every
+    head (eager attention, or a fused kernel given the window's mask); the kernel keeps the earlier layer's K and V
+    otherwise, counted in that layer."""
+    spec = at_widths(w, kind).model
+    expanded = w.attention == "eager" and not w.core_recomputed and not (spec.kv_heads == 1 and w.micro_batch == 1)
+    copied = 1.0 if expanded else window_masked_share(w, kind)
+    out = []
+    for t in tensors:
+        if t.label.startswith(("K-norm", "V-norm")):
+            continue
+        if t.label == "V" or t.label == "K" or t.label.startswith("K ("):
+            if not copied:
+                continue
+            t = replace(t, elements=t.elements * copied)
+        out.append(t)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def mlp_widths(w: Workload, mixer: MixerKind) -> tuple[tuple[Workload, int, int], ...]:
+    """The MLP a layer of ``mixer`` has, as (workload, n, of): the model's, or with double-wide MLPs (Gemma 4's
+    use_double_wide_mlp) one 2·f wide in a layer that reuses K and V; the average layer each at its share,
+    (L − n_s)/L and n_s/L."""
+    sharing = w.model.kv_sharing
+    if not sharing or not sharing.double_wide_mlp:
+        return ((w, 1, 1),)
+    wide = replace(w, model=ModelSpec.model_validate({**w.model.model_dump(), "ffn_size": 2 * w.model.ffn_size}))
+    if mixer in KINDS:
+        return ((wide if mixer.endswith("_shared") else w, 1, 1),)
+    L, n = w.model.num_layers, sharing.layers
+    return (w, L - n, L), (wide, n, L)
+
+
+def per_layer_input_saved(w: Workload) -> list[SavedTensor]:
+    """What each layer's per-layer input keeps (Gemma4TextDecoderLayer: h → d_p, GELU, times the layer's d_p slice,
+    d_p → h, a norm, added): the gate's input (the layer's output so far), its output (GELU's input), GELU's output
+    (the product's), the product (the projection's input), and the norm's; the d_p slices the products keep are
+    views of one tensor, counted outside the layers (``per_layer_inputs_outside``)."""
+    ple = w.model.per_layer_input
+    if ple is None:
+        return []
+    act, sb, h, d = w.precision.activation_bytes, w.tokens, w.model.hidden_size, ple.width
+    rows = Dim(sb, "s·b")
+    norm = norm_saved(w, "per-layer output norm", rows, Dim(h, "h"))
+    return [
+        SavedTensor("per-layer gate input (the layer's output so far)", "s·b·h", sb * h, act, split="seq",
+                    for_weights=("per_layer_input_gate",)),
+        SavedTensor("per-layer gate output (GELU input)", "s·b·d_p", sb * d, act, split="none"),
+        SavedTensor("per-layer gate, GELU output (the product's)", "s·b·d_p", sb * d, act, split="none"),
+        SavedTensor("per-layer projection input (the gated product)", "s·b·d_p", sb * d, act, split="none",
+                    for_weights=("per_layer_projection",)),
+        *norm,
+    ]  # fmt: skip
+
+
+def per_layer_inputs_outside(w: Workload, adapted: frozenset[str] = frozenset()) -> list[SavedTensor]:
+    """What the per-layer inputs keep before the layers (Gemma4TextModel.project_per_layer_inputs): the projection's
+    input (the scaled embedding, h → L·d_p), its norm over each d_p (an fp32 copy and two statistics, and the
+    normalised value for the weight), and the sum every layer's product reads its d_p slice of, s·b·L·d_p. Under a
+    fine-tuning method, the projection keeps its input and the norm keeps anything only where the projection is
+    trained or adapted (``adapted``), for its output then needs a gradient."""
+    ple = w.model.per_layer_input
+    if ple is None:
+        return []
+    act, sb, h, d, L = w.precision.activation_bytes, w.tokens, w.model.hidden_size, ple.width, w.model.num_layers
+    inputs = SavedTensor("per-layer inputs (the d_p slices each layer's product reads)", "s·b·L·d_p", sb * L * d, act,
+                         split="none")  # fmt: skip
+    if w.method.kind != "full" and "per_layer_model_projection" not in adapted:
+        return [inputs]
+    projection_input = [  # under full recomputation, the first layer's checkpointed input: counted there
+        SavedTensor("per-layer projection input (the scaled embedding)", "s·b·h", sb * h, act, split="seq")
+    ]
+    norm = norm_saved(w, "per-layer projection norm", Dim(sb * L, "s·b·L"), Dim(d, "d_p"), split="none")
+    if w.method.kind != "full":  # its weight frozen, the norm keeps no normalised value; the adapter keeps A·x
+        norm = [t for t in norm if "normalised" not in t.label]
+        label, adapter = "per_layer_model_projection adapter", adapter_bytes(w)
+        norm.append(SavedTensor(f"{label}: A·x (B's input)", "s·b·r", sb * w.method.lora_rank, adapter, split="none"))
+        if adapter_copies(w):  # its own copy of its input, and with lora_dropout the dropout's mask where the
+            # embedding's output needs a gradient: under full recomputation (enable_input_require_grads), as the
+            # lowest layer's adapters keep theirs (activations.lowest_layer_unkept)
+            norm.append(SavedTensor(f"{label}: its input copy (A's input)", "s·b·h", sb * h, adapter, split="seq"))
+            if w.method.lora_dropout > 0 and w.recompute == "full":
+                norm.append(SavedTensor(f"{label}: dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
+    return [*(projection_input if w.recompute != "full" else []), *norm, inputs]
+
+
+def shared_kv_kept(w: Workload) -> list[SavedTensor]:
+    """Under full recomputation, the K and V the last layer of each kind that makes its own stores for the layers
+    that reuse them (Gemma4TextModel's shared_kv_states, a keyword argument of every layer): the checkpoint keeps the
+    arguments until the rebuilt layers have run, so these stay alive through the backward, s·b·H_kv·d each."""
+    if w.model.kv_sharing is None or w.recompute != "full":
+        return []
+    act, sb = w.precision.activation_bytes, w.tokens
+    out = []
+    for kind, reusing, _ in kind_layers(w.model):
+        if not reusing:
+            continue
+        spec = at_widths(w, kind).model
+        d_sym = "d_g" if kind == "global" and w.model.global_attention else "d"
+        out += [
+            SavedTensor(f"{kind} layers' shared {x} (kept for the rebuilt layers)", f"s·b·H_kv·{d_sym}",
+                        sb * spec.kv_heads * spec.head_size, act, split="none")
+            for x in ("K", "V")
+        ]  # fmt: skip
+    return out
