@@ -94,7 +94,29 @@ def gemma3n(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict
             "per_layer_input": {"width": width, "vocab": _get(config, origin, "vocab_size_per_layer_input")},
         }
     laurel = config.get("laurel_rank") or None
-    return {**fields, "altup": {"streams": _get(config, origin, "altup_num_inputs"), "laurel_rank": laurel}}
+    altup = {"streams": _get(config, origin, "altup_num_inputs"), "laurel_rank": laurel,
+             "sparse_layers": _sparse_layers(config, fields["num_layers"], origin)}  # fmt: skip
+    return {**fields, "altup": altup}
+
+
+def _sparse_layers(config: dict[str, Any], layers: int, origin: str) -> int:
+    """The layers activation_sparsity_pattern cuts the MLP gate of (Gemma3nTextConfig: absent, the first 10 where
+    there are more than 10 layers, else none)."""
+    pattern = config.get("activation_sparsity_pattern")
+    if pattern is None:
+        return 10 if layers > 10 else 0
+    if isinstance(pattern, (int, float)) and not isinstance(pattern, bool):
+        return layers if pattern > 0 else 0
+    if (
+        not isinstance(pattern, list)
+        or len(pattern) != layers
+        or not all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in pattern)
+    ):
+        raise LmcalcError(
+            f"{origin}: config.json activation_sparsity_pattern must give a number for each of the {layers} layers, "
+            f"not {token(pattern)}"
+        )
+    return sum(p > 0 for p in pattern)
 
 
 MLLAMA = "mllama_text_model"

@@ -29,9 +29,8 @@ NO_TOP_K = (
 )
 
 WIDTHS_COUNTED_ONLY = (
-    "Gemma 3n's and Gemma 4's K and V shared across layers and per-layer embeddings, Gemma 3n's AltUp streams and "
-    "LAuReL, and Llama 3.2 Vision's "
-    "cross-attention layers, which hold weights that text does not run, are counted by lmcalc params, lmcalc flops, "
+    "Llama 3.2 Vision's cross-attention layers, which hold weights that text does not run, are counted by lmcalc "
+    "params, lmcalc flops, "
     "lmcalc train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's "
     "training memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
@@ -216,6 +215,13 @@ class AltUpSpec(Spec):
         None,
         description="a learned low-rank residual beside each layer's attention (LAuReL, Menghani et al. 2024): "
         "h → r → h and a norm (h); None: none",
+    )
+    sparse_layers: NonNegativeInt = Field(
+        0,
+        le=MAX_LAYERS,
+        description="the layers whose MLP gate is cut at a Gaussian quantile before its activation (the non-zero "
+        "entries of activation_sparsity_pattern: the first 10 of Gemma 3n's 35); it keeps the gate's output and its "
+        "standard deviation for backward and changes no count",
     )
 
 

@@ -419,15 +419,14 @@ class ModelSpec(LayerKinds, NamedSpec):
     @property
     def counted_only(self) -> str:
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
-        its training memory or step time; "" where it counts everything. Gemma 3n's and 4's shared K and V and
-        per-layer inputs, Gemma 3n's AltUp, and Llama 3.2 Vision's layers, which text does not run
-        (``WIDTHS_COUNTED_ONLY``: Gemma 4's global layers at their own widths and its MoE block are modelled); RWKV-4's
+        its training memory or step time; "" where it counts everything. Llama 3.2 Vision's, whose cross-attention
+        layers text does not run (``WIDTHS_COUNTED_ONLY``; Gemma 3n's and Gemma 4's layers are modelled); RWKV-4's
         (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
         if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
         if self.compressed_attention or self.hyper_connections or self.shared_block or self.dynamic_mask_window:
             return COMPRESSED_COUNTED_ONLY
-        return WIDTHS_COUNTED_ONLY if self.altup is not None or self.cross_attention is not None else ""
+        return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

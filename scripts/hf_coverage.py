@@ -243,19 +243,19 @@ def page(cases: list[Case]) -> str:
               "| type | what it needs |", "|---|---|"]  # fmt: skip
     lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
     lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
-              "Gemma 3n's text model (`gemma3n_text`, and the `gemma3n` wrapper's), Llama 3.2 Vision's (`mllama`), "
-              "RWKV-4 (`rwkv`) and RecurrentGemma (`recurrent_gemma`) are read exactly: `lmcalc params`, `lmcalc "
-              "flops`, `lmcalc train-time` (full training, at an MFU) and `lmcalc memory --inference` take them "
-              "(formulas §2.19 to §2.23 and §11: FLOPs equal to FlopCounterMode's on transformers' own step, the KV "
-              "cache or state to what transformers keeps). Training memory, fine-tuning and the planner refuse them "
-              "in one line until they count what their layers keep for backward (AltUp's streams and LAuReL, the "
-              "WKV and RG-LRU recurrences) and their kernels, and what a trainer keeps for weights no text step "
-              "updates (the cross-attention layers'). Gemma 4's text models (`gemma4_text`, `gemma4_unified_text`, "
-              "and the `gemma4` and `gemma4_unified` wrappers'), read the same way, are estimated whole by every "
-              "command since 2026-12-06, all their kinds (sliding layers, global ones at their own head size and KV "
-              "heads, K = V, the last layers reusing K and V with double-wide MLPs, per-layer inputs, the MoE block "
-              "beside the dense MLP): their saved tensors within 0.11 % of what transformers keeps, with and without "
-              "checkpointing, under LoRA too (formulas §5.4).", "",
+              "Llama 3.2 Vision's text model (`mllama`), RWKV-4 (`rwkv`) and RecurrentGemma (`recurrent_gemma`) are "
+              "read exactly: `lmcalc params`, `lmcalc flops`, `lmcalc train-time` (full training, at an MFU) and "
+              "`lmcalc memory --inference` take them (formulas §2.21 to §2.23 and §11: FLOPs equal to "
+              "FlopCounterMode's on transformers' own step, the KV cache or state to what transformers keeps). "
+              "Training memory, fine-tuning and the planner refuse them in one line until they count what their "
+              "layers keep for backward (the WKV and RG-LRU recurrences) and their kernels, and what a trainer keeps "
+              "for weights no text step updates (the cross-attention layers'). Gemma 4's text models (`gemma4_text`, "
+              "`gemma4_unified_text`, and the `gemma4` and `gemma4_unified` wrappers') and Gemma 3n's "
+              "(`gemma3n_text`, and the `gemma3n` wrapper's), read the same way, are estimated whole by every command "
+              "since 2026-12-06, all their kinds (sliding layers, global ones at their own head size and KV heads, "
+              "K = V, the last layers reusing K and V with double-wide MLPs, per-layer inputs, the MoE block beside "
+              "the dense MLP; AltUp's streams, LAuReL and the sparse gates): their saved tensors within 0.12 % of "
+              "what transformers keeps, with and without checkpointing, under LoRA within 3.8 % (formulas §5.4).", "",
               "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`) and Doge (`doge`) "
               "are read exactly too, and "
               "taken by the same four (formulas §2.24 to §2.27 and §11. DeepSeek-V4: "

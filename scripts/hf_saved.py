@@ -585,6 +585,14 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                  "vocab_size_per_layer_input": 2048},
                        "small Gemma 4 (the E2B's and E4B's kinds): gemma4-small's two layers, then two more of the "
                        "same kinds that attend with their K and V, with MLPs twice as wide; per-layer inputs of 16"),
+    "gemma3n-small": (T.Gemma3nTextConfig, N384 | {"sliding_window": WINDOW, "num_hidden_layers": 4,
+                                                 "layer_types": ["sliding_attention", "full_attention"] * 2,
+                                                 "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 16,
+                                                 "vocab_size_per_layer_input": 2048, "altup_num_inputs": 4,
+                                                 "laurel_rank": 8,
+                                                 "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0]},
+                      "small Gemma 3n: four streams (AltUp), LAuReL of rank 8, the first two layers' gates cut at a "
+                      "Gaussian quantile, the last two reusing the first two's K and V; per-layer inputs of 16"),
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
                            "small DeepSeek-V3.2: MLA with a lightning indexer of 4 heads picking 64 keys a query, "
                            "a dense layer, then 4 experts top-2 and a shared one"),

@@ -43,10 +43,21 @@ def small_config(arch: str, layers: int) -> transformers.PretrainedConfig:
             attention_k_eq_v=True,
             layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
         ),
+        # AltUp's four streams, LAuReL, per-layer inputs; no layer reusing K and V (layers of 2 make none)
+        "gemma3n_text": dict(
+            num_key_value_heads=2,
+            head_dim=32,
+            hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input=512,
+            laurel_rank=8,
+            num_kv_shared_layers=0,
+            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
+        ),
     }[arch]
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
                "olmo2": "Olmo2Config", "mixtral": "MixtralConfig", "phi3": "Phi3Config",
-               "gemma": "GemmaConfig", "gemma4_text": "Gemma4TextConfig"}  # fmt: skip
+               "gemma": "GemmaConfig", "gemma4_text": "Gemma4TextConfig",
+               "gemma3n_text": "Gemma3nTextConfig"}  # fmt: skip
     return getattr(transformers, classes[arch])(**llama_like, **extra)
 
 

@@ -40,6 +40,7 @@ TARGETS = {
     "phi3": ["all-linear", "qkv_proj", "gate_up_proj,down_proj"],  # fused weights, one adapter each
     "gemma": ["all-linear", "q_proj,v_proj"],
     "gemma4_text": ["all-linear", "q_proj,v_proj", "k_proj,o_proj"],  # its global layer has no v_proj (K = V)
+    "gemma3n_text": ["all-linear", "q_proj,v_proj"],  # all-linear: AltUp's and LAuReL's linear layers too
     "mixtral": ["q_proj,k_proj,v_proj,o_proj"],
     "deepseek_v3": ["q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "q_b_proj,kv_b_proj"],
 }

@@ -5,12 +5,18 @@ modeling_gemma3n.py: Gemma3nTextAltUp, Gemma3nTextLaurelBlock, Gemma3nTextModel.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from lmcalc.engine.memory.activations import layer_saved_tensors
+from lmcalc.engine.memory.outside_layers import layer_checkpoint
 from lmcalc.engine.model.flops import forward_flops_per_token
 from lmcalc.engine.model.params import count_params
+from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 
 V, h, H, H_KV, d, f, L = 512, 64, 4, 2, 16, 96, 5
@@ -56,3 +62,29 @@ def test_a_list_width_is_refused_for_other_types():
     config = {**BASE, "model_type": "llama", "intermediate_size": [f] * L}
     with pytest.raises(LmcalcError, match="intermediate_size are a list"):
         model_from_hf_config(config, "llama", "llama config")
+
+
+def test_what_altup_keeps_for_backward_by_hand():
+    # transformers 5.24's Gemma3nTextAltUp and Gemma3nTextDecoderLayer, s = 16, b = 2 in bf16: each of the router's
+    # two runs upcasts its input (s·b·h, fp32) and keeps the tanh of its n outputs in fp32; the prediction's batched
+    # product keeps the n streams (the layer's input, n·s·b·h) and the correction the innovation repeated n times;
+    # layer 0's gate (activation_sparsity_pattern 0.95) keeps its output before the cut, s·b·f, in a local layer
+    # (layers 0 to 3; layer 4 is global) and at 1/5 in the average one. A checkpoint keeps the n streams
+    spec = spec_of(activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0, 0.0])
+    assert spec.altup is not None and spec.altup.sparse_layers == 1 and spec_of().altup.sparse_layers == 0
+    w = Workload(spec, resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec, 16, 2, "flash", "none",
+                 framework=framework_profile("transformers"))  # fmt: skip
+    sb, n = 16 * 2, 4
+    local = {t.label: t.bytes for t in layer_saved_tensors(w, False, "local")}
+    for step in ("predict", "correct"):
+        assert local[f"AltUp router norm ({step}) input (fp32 copy)"] == sb * h * 4
+    assert local["AltUp router tanh (predict, fp32)"] == sb * n * 4
+    assert local["AltUp streams (the layer's input), the prediction's product input"] == n * sb * h * 2
+    assert local["AltUp innovation, repeated over the streams"] == n * sb * h * 2
+    assert local["LAuReL up-projection input"] == sb * 8 * 2
+    assert local["sparse gate: its output before the cut (the std's input)"] == sb * f * 2
+    average = {t.label: t.bytes for t in layer_saved_tensors(w, False)}
+    assert average["sparse gate: its output before the cut (the std's input)"] == pytest.approx(sb * f * 2 / 5)
+    glob = {t.label: t.bytes for t in layer_saved_tensors(w, False, "global")}
+    assert glob["sparse gate: its output before the cut (the std's input)"] == 0
+    assert layer_checkpoint(replace(w, recompute="full")).bytes == n * sb * h * 2

@@ -22,7 +22,7 @@ from lmcalc.estimates.counts import COUNTED_ONLY_NOTE
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.hf_meta import UnreadType
 from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
-from lmcalc.specs import WIDTHS_COUNTED_ONLY, ModelSpec
+from lmcalc.specs import ModelSpec
 
 V, h, H, H_KV, d, f, L = 512, 64, 4, 2, 16, 96, 4
 """A tiny Gemma 4: layers 1 and 3 global (full attention), 0 and 2 local (a window of 24)."""
@@ -207,9 +207,8 @@ def test_layers_reusing_k_and_v_and_per_layer_inputs_by_hand():
     assert rebuilt["global layers' shared V (kept for the rebuilt layers)"] == sb * 1 * 32 * 2
 
 
-def test_every_estimate_takes_gemma4_and_gemma3n_is_refused(tmp_path):
-    # Gemma 4 at all its kinds (global widths, K = V, shared K and V, per-layer inputs): every command; Gemma 3n's
-    # AltUp streams are counted alone
+def test_every_estimate_takes_gemma4(tmp_path):
+    # Gemma 4 at all its kinds (global widths, K = V, shared K and V, per-layer inputs): every command
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**BASE, "global_head_dim": 32, "num_kv_shared_layers": 2,
                                 "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128}))  # fmt: skip
@@ -218,13 +217,6 @@ def test_every_estimate_takes_gemma4_and_gemma3n_is_refused(tmp_path):
     assert api.memory(model=str(path), seq=64, method="qlora").total > 0
     assert api.train_time(model=str(path), gpus="8xH100", method="lora", dataset_tokens=1e6).days > 0
     assert api.plan(model=str(path), gpus="8xH100", tokens=1e9, seq=64).best is not None
-    gemma3n = tmp_path / "gemma3n.json"
-    gemma3n.write_text(json.dumps({**BASE, "model_type": "gemma3n_text", "num_kv_shared_layers": 2,
-                                   "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128,
-                                   "altup_num_inputs": 4, "laurel_rank": 8}))  # fmt: skip
-    with pytest.raises(LmcalcError, match="training memory, fine-tuning and step-time model") as refused:
-        api.memory(model=str(gemma3n))
-    assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_gemma4_drafters_are_refused_as_unread():

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 
+from lmcalc import api
 from lmcalc.engine.inference.serving import Serving, inference_memory
 from lmcalc.engine.model.flops import forward_flops_per_token
 from lmcalc.engine.model.params import count_params
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.presets import resolve_model
-from lmcalc.specs import ModelSpec
+from lmcalc.specs import WIDTHS_COUNTED_ONLY, ModelSpec
 
 LLAMA_31_8B = 8_030_261_248
 """Llama 3.1 8B's parameters: meta-llama/Llama-3.1-8B's safetensors total (its 32 layers, h 4,096, 8 KV heads,
@@ -53,3 +54,11 @@ def test_text_caches_the_self_attention_layers_alone():
 def test_every_layer_cross_attending_is_refused():
     with pytest.raises(LmcalcError, match="no layer that attends to the text"):
         spec_of({"num_hidden_layers": 2, "cross_attention_layers": [0, 1]})
+
+
+def test_training_memory_is_refused_in_one_line():
+    # the cross-attention layers' weights are held and no text step updates them: what a trainer keeps for them is
+    # not modelled yet, so training memory says so in one line
+    with pytest.raises(LmcalcError, match="training memory, fine-tuning and step-time model") as refused:
+        api.memory(model=spec_of({"num_hidden_layers": 5, "cross_attention_layers": [3]}), seq=64)
+    assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)

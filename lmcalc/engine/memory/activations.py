@@ -28,6 +28,7 @@ from lmcalc.engine.finetune.method import (
     weight_trained,
 )
 from lmcalc.engine.memory.adapters import adapter_bytes, adapter_copies
+from lmcalc.engine.memory.altup import ALTUP_PREDICTION, altup_saved
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
 from lmcalc.engine.memory.differential import differential_saved
 from lmcalc.engine.memory.eager_scores import eager_scores_saved
@@ -226,6 +227,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         tensors += _attention_block(w, "local" if mixer.startswith("local") else "global", mixer.endswith("_shared"))
     else:
         tensors += _attention_block(w, None)
+    tensors += altup_saved(w, mixer)  # Gemma 3n's streams, router and LAuReL
     if spec.differential_attention:
         tensors = tensors[:kept_by_every_layer] + differential_saved(w, tensors[kept_by_every_layer:])
     if spec.sub_norms:
@@ -379,11 +381,18 @@ def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
     if not w.method.adapters or w.recompute == "full":
         return ()
     modules = adapted_modules(w.model, w.method)
+    if any(m.leaf == "stream_projections" for m in modules):  # Gemma 3n: adapted, they make its input need gradients
+        return ()
     moe_first = w.model.is_moe_layer(0)
     first = layer_kept_tensors(w, moe_first)
     if any(m.group == "attention" for m in modules):
         reads_input = {m.name for m in modules if m.leaf in QKV}
-        return tuple(t for t in first if t.label.startswith("attention norm") or _mask_of(t, reads_input))
+        leaves = {m.leaf for m in modules}
+        # and a QK- or V-norm on a frozen projection's output (Qwen3's, Gemma's), Gemma 3n's AltUp prediction and a
+        # frozen LAuReL: their inputs need no gradient either
+        frozen = ("attention norm", *(f"{x.upper()}-norm" for x in "qkv" if x not in leaves), *ALTUP_PREDICTION)
+        frozen += ("LAuReL",) if not leaves & {"left", "right"} else ()
+        return tuple(t for t in first if t.label.startswith(frozen) or _mask_of(t, reads_input))
     reads_input = {m.name for m in modules if m.leaf in (*UP, "router")}
     return tuple(
         t for t in first if t.block == "attention" or t.label.startswith("MLP norm") or _mask_of(t, reads_input)

@@ -14,6 +14,7 @@ from lmcalc.engine.memory.activations import (
     SavedTensor,
     _needed,
 )
+from lmcalc.engine.memory.altup import altup_outside
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.widths import global_tables, per_layer_inputs_outside, shared_kv_kept
@@ -33,6 +34,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     adapted = frozenset(m.leaf for m in adapted_modules(spec, w.method))
     embedding += per_layer_inputs_outside(w, adapted)  # Gemma 4's per-layer inputs, made before the layers
+    embedding += altup_outside(w, spec.per_layer_input is not None, adapted)  # Gemma 3n's streams
     final = [] if spec.post_norm else norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h"))  # GPT-1 has none
     if spec.head_transform:  # ModernBERT: dense (its input the final norm's output), GELU (a kernel: its input), norm
         final += [
@@ -94,6 +96,10 @@ def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
 
 def layer_checkpoint(w: Workload) -> SavedTensor:
     """What full recomputation keeps of each layer: its input (Korthikanti et al. 2022 §4.2.3, Table 2)."""
+    if w.model.altup:  # Gemma 3n: n streams of h
+        n = w.model.altup.streams
+        return SavedTensor("layer input (n streams)", "n·s·b·h", n * w.tokens * w.model.hidden_size,
+                           w.precision.activation_bytes, split="seq")  # fmt: skip
     return SavedTensor(
         "layer input", "s·b·h", w.tokens * w.model.hidden_size, w.precision.activation_bytes, split="seq"
     )

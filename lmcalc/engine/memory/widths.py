@@ -162,7 +162,8 @@ def per_layer_inputs_outside(w: Workload, adapted: frozenset[str] = frozenset())
             norm.append(SavedTensor(f"{label}: its input copy (A's input)", "s·b·h", sb * h, adapter, split="seq"))
             if w.method.lora_dropout > 0 and w.recompute == "full":
                 norm.append(SavedTensor(f"{label}: dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
-    return [*(projection_input if w.recompute != "full" else []), *norm, inputs]
+    # Gemma 3n's layers take the streams, not the embedding: there the projection's input is no checkpoint's
+    return [*(projection_input if w.recompute != "full" or w.model.altup else []), *norm, inputs]
 
 
 def shared_kv_kept(w: Workload) -> list[SavedTensor]:
