@@ -255,7 +255,7 @@ def page(cases: list[Case]) -> str:
               "since 2026-12-06, all their kinds (sliding layers, global ones at their own head size and KV heads, "
               "K = V, the last layers reusing K and V with double-wide MLPs, per-layer inputs, the MoE block beside "
               "the dense MLP; AltUp's streams, LAuReL and the sparse gates): their saved tensors within 0.12 % of "
-              "what transformers keeps, with and without checkpointing, under LoRA within 3.8 % (formulas §5.4).", "",
+              "what transformers keeps, with and without checkpointing, under LoRA within 2.1 % (formulas §5.4).", "",
               "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`) and Doge (`doge`) "
               "are read exactly too, and "
               "taken by the same four (formulas §2.24 to §2.27 and §11. DeepSeek-V4: "

@@ -94,14 +94,14 @@ def altup_outside(w: Workload, embedding_counted: bool, adapted: frozenset[str] 
     magnitude is kept once a side (s·b); the embedding's output, which the first projections and its magnitude read
     (``embedding_counted``: where the per-layer inputs' projection keeps it already), and the last layer's n streams,
     which the unmaking projections and the magnitude read. Under a fine-tuning method the making side keeps nothing
-    (the frozen embedding's output needs no gradient) but its adapters' own, and each projection adapted
+    (the frozen embedding's output needs no gradient) unless its projections are adapted, and each projection adapted
     (``adapted``) keeps what an adapter keeps: A·x, and its input copy and dropout mask where it makes them."""
     a = w.model.altup
     if a is None:
         return []
     act, sb, h, n = w.precision.activation_bytes, w.tokens, w.model.hidden_size, a.streams
     # full recomputation: enable_input_require_grads makes the embedding's output need a gradient (the lowest layer's)
-    frozen = w.method.kind != "full" and w.recompute != "full"
+    frozen = w.method.kind != "full" and w.recompute != "full" and "stream_projections" not in adapted
     tensors = [] if embedding_counted or frozen else [
         SavedTensor("embedding output (the streams' source)", "s·b·h", sb * h, act, split="seq")
     ]  # fmt: skip
