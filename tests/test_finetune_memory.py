@@ -18,9 +18,11 @@ from lmcalc.engine.finetune.method import (
     Method,
     adapter_tensors,
     nf4_bytes,
+    parse_targets,
     quantised,
 )
 from lmcalc.engine.finetune.offload import Offload, offload_time
+from lmcalc.engine.memory.activations import lowest_layer_unkept
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
 from lmcalc.engine.model.params import count_params, weight_tensors
 from lmcalc.engine.parallel.layout import Layout, ModelSplit
@@ -160,3 +162,20 @@ def test_a_target_the_model_lacks_is_named():
     gpt2 = resolve_model("gpt2-124m").spec
     with pytest.raises(LmcalcError, match="fused weight: target qkv"):
         Workload(gpt2, BF16, ADAMW, 512, method=Method("lora", lora_targets=("q", "v")), framework=framework_profile())
+
+
+def test_the_lowest_layers_frozen_projections_keep_no_qk_norm():
+    # the lowest layer's input (the frozen embedding's output) needs no gradient: under LoRA on Q and V, K is made
+    # by a frozen k_proj from it and needs none either, so Qwen3's K-norm keeps nothing there (measured on Gemma 4,
+    # tests/test_finetune_activations.py); Q's norm, fed by an adapted q_proj, keeps its tensors. Where Q, K and V are
+    # one fused projection with an adapter, all three norms keep theirs
+    spec = resolve_model("qwen3-0.6b").spec
+    w = Workload(spec, resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec, 128, 1, "flash", "none",
+                 framework=framework_profile("transformers"),
+                 method=Method("lora", 8, parse_targets("q_proj,v_proj")))  # fmt: skip
+    unkept = {t.label for t in lowest_layer_unkept(w)}
+    assert {"K-norm input (fp32 copy)", "K-norm 1/rms (fp32)"} <= unkept
+    assert not any(label.startswith("Q-norm") for label in unkept)
+    fused = replace(w, model=spec.model_copy(update={"fused_linears": ("qkv",)}),
+                    method=Method("lora", 8, parse_targets("qkv")))  # fmt: skip
+    assert not any(label.startswith(("Q-norm", "K-norm")) for label in (t.label for t in lowest_layer_unkept(fused)))

@@ -387,7 +387,7 @@ def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
     first = layer_kept_tensors(w, moe_first)
     if any(m.group == "attention" for m in modules):
         reads_input = {m.name for m in modules if m.leaf in QKV}
-        leaves = {m.leaf for m in modules}
+        leaves = {m.leaf for m in modules} | ({"q", "k", "v"} if any(m.leaf == "qkv" for m in modules) else set())
         # and a QK- or V-norm on a frozen projection's output (Qwen3's, Gemma's), Gemma 3n's AltUp prediction and a
         # frozen LAuReL: their inputs need no gradient either
         frozen = ("attention norm", *(f"{x.upper()}-norm" for x in "qkv" if x not in leaves), *ALTUP_PREDICTION)
