@@ -16,9 +16,10 @@ from lmcalc.engine.model.params import LOCAL_SYMBOLS, MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
 
 KIND_SYMBOLS = (*LOCAL_SYMBOLS, "L_local,kv", "L_global,kv")
-SHARING_SYMBOLS = ("(L−n_s)", "n_s")  # the MLPs of the layers that make their own K and V, and of those that reuse
 """A global or a local layer's own modules: every attention module's where the kinds' widths differ (Gemma 4's
 ``engine.model.width_params``), the K and V projections' counted over the layers that make their own."""
+SHARING_SYMBOLS = ("(L−n_s)", "n_s")
+"""Gemma 4's MLPs, of the layers that make their own K and V and of those that reuse them (double-wide there)."""
 
 
 def mixer_share(spec: ModelSpec, kind: MixerKind) -> tuple[int, int]:
