@@ -195,6 +195,11 @@ def test_layers_reusing_k_and_v_and_per_layer_inputs_by_hand():
     assert own["K (after RoPE)"] == own["V"] == sb * 1 * 32 * 2 and own["V-norm input (fp32 copy)"] == sb * 32 * 4
     assert not [label for label in reusing if label.startswith(("K", "V"))]
     assert own["gate output (GELU input)"] == sb * f * 2 and reusing["gate output (GELU input)"] == sb * 2 * f * 2
+    # and the formulas say which widths they count in: a global layer's d_g and H_kv,g, a double-wide MLP's 2·f
+    symbols = {t.label: t.symbol for t in (*layer_saved_tensors(w, False, "global"),
+                                           *layer_saved_tensors(w, False, "global_shared"))}  # fmt: skip
+    assert symbols["V-norm input (fp32 copy)"] == "s·b·H_kv,g·d_g" and symbols["Q (after RoPE)"] == "s·b·H·d_g"
+    assert symbols["gate output (GELU input)"] == "s·b·2·f"
     assert own["per-layer gate input (the layer's output so far)"] == sb * h * 2
     for label in ("per-layer gate output (GELU input)", "per-layer projection input (the gated product)"):
         assert own[label] == sb * 8 * 2

@@ -45,10 +45,12 @@ from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind, average_mi
 from lmcalc.engine.memory.widths import (
     at_widths,
     branch_norms_saved,
+    global_symbols,
     kind_layers,
     kv_reused,
     mlp_widths,
     per_layer_input_saved,
+    renamed,
 )
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.model_code import fused_qkv_renewed, norm_keeps, output_renewed
@@ -241,7 +243,8 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     mlp = [
         replace(t if n == of else share(t, n, of), block="mlp")
         for wide, n, of in mlp_widths(w, mixer)
-        for t in _mlp_saved(wide, moe_layer and bool(spec.moe)) + per_layer_input_saved(wide)
+        for t in renamed(_mlp_saved(wide, moe_layer and bool(spec.moe)), {"f": "2·f"} if wide is not w else {})
+        + per_layer_input_saved(wide)
     ]
     tensors = mixer_half(spec, tensors, mixer) + ffn_half(spec, mlp, moe_layer, mixer)
     return fp8_saved(
@@ -255,7 +258,8 @@ def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False)
     that attends with an earlier layer's K and V where ``reusing_kv``."""
     if reusing_kv:
         return kv_reused(w, kind, _attention_block(w, kind))
-    w = at_widths(w, kind)  # a global layer at its own widths (Gemma 4)
+    if global_symbols(w, kind):  # a global layer at its own widths (Gemma 4), its formula in d_g
+        return renamed(_attention_block(at_widths(w, kind), kind), global_symbols(w, kind))
     spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
     s, b, sb = w.seq_len, w.micro_batch, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim

@@ -28,7 +28,7 @@ from lmcalc.engine.parallel.states import state_formula
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import AllocatorRule
 from lmcalc.result import Section, Term
-from lmcalc.specs import HardwareSpec
+from lmcalc.specs import HardwareSpec, ModelSpec
 from lmcalc.units import GB, group
 
 
@@ -249,7 +249,7 @@ def _activations_section(w: Workload, layout: Layout, gpu: GpuMemory) -> Section
                 "bytes",
                 _split_formula(tensors, layout),
                 f"s={w.seq_len}, b={w.micro_batch}, h={model.hidden_size}, H={model.num_heads}, "
-                f"H_kv={model.kv_heads}, f={model.ffn_size}; divided for {split_text}",
+                f"H_kv={model.kv_heads}, f={model.ffn_size}{_widths_values(model)}; divided for {split_text}",
                 "Korthikanti et al. 2022 §4.1 eq. (1)–(4), tensor by tensor",
                 note=f"{w.attention} attention; recomputation: {w.recompute}",
             )
@@ -467,3 +467,13 @@ def _split_formula(tensors: tuple[SavedTensor, ...], layout: Layout) -> str:
     return " + ".join(
         f"({saved_formula(group)})/{divisor}" if divisor else saved_formula(group) for divisor, group in groups.items()
     )
+
+
+def _widths_values(model: ModelSpec) -> str:
+    """The values of the widths Gemma's layers count in beyond Korthikanti et al.'s symbols: a head's d, a global
+    layer's d_g and H_kv,g, the per-layer inputs' d_p, AltUp's n streams and LAuReL's rank r_L."""
+    g, ple, altup = model.global_attention, model.per_layer_input, model.altup
+    values = [("d", model.head_size if g or altup else None), ("d_g", g.head_dim if g else None),
+              ("H_kv,g", g.kv_heads if g else None), ("d_p", ple.width if ple else None),
+              ("n", altup.streams if altup else None), ("r_L", altup.laurel_rank if altup else None)]  # fmt: skip
+    return "".join(f", {symbol}={value}" for symbol, value in values if value)

@@ -9,6 +9,7 @@ projection and a norm before them; the MoE block beside the dense MLP adds its n
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import replace
 
 from lmcalc.engine.memory.adapters import adapter_bytes, adapter_copies
@@ -31,6 +32,24 @@ def at_widths(w: Workload, kind: AttentionKind) -> Workload:
     fields = w.model.model_dump(exclude={"global_attention"})
     widths = {"head_dim": g.head_dim, "num_kv_heads": g.kv_heads or w.model.kv_heads, "value_head_dim": None}
     return replace(w, model=ModelSpec.model_validate({**fields, **widths}))
+
+
+def renamed(tensors: list[SavedTensor], symbols: dict[str, str]) -> list[SavedTensor]:
+    """``tensors`` with the symbols of their element counts renamed (a global layer's d as d_g, a double-wide MLP's f
+    as 2·f), so that a formula says which width it counts."""
+    if not symbols:
+        return tensors
+    pattern = re.compile(r"(?<![\w,])(" + "|".join(re.escape(k) for k in sorted(symbols, key=len, reverse=True))
+                         + r")(?![\w,])")  # fmt: skip
+    return [replace(t, symbol=pattern.sub(lambda m: symbols[m.group(1)], t.symbol)) for t in tensors]
+
+
+def global_symbols(w: Workload, kind: AttentionKind) -> dict[str, str]:
+    """The symbols a global layer at widths of its own counts in: d_g for d (and d_v), H_kv,g for H_kv where given."""
+    g = w.model.global_attention
+    if g is None or kind != "global":
+        return {}
+    return {"d": "d_g", "d_v": "d_g", **({"H_kv": "H_kv,g"} if g.kv_heads else {})}
 
 
 def global_tables(w: Workload) -> list[SavedTensor]:
