@@ -33,27 +33,14 @@ def small_config(arch: str, layers: int) -> transformers.PretrainedConfig:
         "phi3": dict(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2),
         "gemma": dict(num_key_value_heads=2, head_dim=48, pad_token_id=0, bos_token_id=1, eos_token_id=2),
         # the 31B's layer kinds: sliding layers, then a global one at heads of 64 with one KV head and K = V
-        "gemma4_text": dict(
-            num_key_value_heads=2,
-            head_dim=32,
-            sliding_window=64,
-            hidden_size_per_layer_input=0,
-            global_head_dim=64,
-            num_global_key_value_heads=1,
-            attention_k_eq_v=True,
-            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
-        ),
+        "gemma4_text": dict(num_key_value_heads=2, head_dim=32, sliding_window=64, hidden_size_per_layer_input=0,
+                            global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True,
+                            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"]),
         # AltUp's four streams, LAuReL, per-layer inputs; no layer reusing K and V (layers of 2 make none)
-        "gemma3n_text": dict(
-            num_key_value_heads=2,
-            head_dim=32,
-            hidden_size_per_layer_input=16,
-            vocab_size_per_layer_input=512,
-            laurel_rank=8,
-            num_kv_shared_layers=0,
-            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
-        ),
-    }[arch]
+        "gemma3n_text": dict(num_key_value_heads=2, head_dim=32, hidden_size_per_layer_input=16,
+                             vocab_size_per_layer_input=512, laurel_rank=8, num_kv_shared_layers=0,
+                             layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"]),
+    }[arch]  # fmt: skip
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
                "olmo2": "Olmo2Config", "mixtral": "MixtralConfig", "phi3": "Phi3Config",
                "gemma": "GemmaConfig", "gemma4_text": "Gemma4TextConfig",

@@ -178,15 +178,8 @@ def test_layers_reusing_k_and_v_and_per_layer_inputs_by_hand():
     # (use_double_wide_mlp). Per-layer inputs of d_p 8: each layer keeps the gate's input (s·b·h), its output, GELU's
     # and the product (s·b·d_p each) and its norm's; before the layers, the projection's input (s·b·h), its norm over
     # each d_p and the s·b·L·d_p inputs. Under full recomputation the layers' arguments keep layers 0's and 1's K and V
-    spec = spec_of(
-        global_head_dim=32,
-        num_global_key_value_heads=1,
-        attention_k_eq_v=True,
-        num_kv_shared_layers=2,
-        use_double_wide_mlp=True,
-        hidden_size_per_layer_input=8,
-        vocab_size_per_layer_input=128,
-    )
+    spec = spec_of(global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
+                   use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128)  # fmt: skip
     w = Workload(spec, resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec, 16, 2, "flash", "none",
                  framework=framework_profile("transformers"))  # fmt: skip
     sb = 16 * 2  # below the window of 24: no layer is given a mask
