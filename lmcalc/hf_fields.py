@@ -34,7 +34,8 @@ WHOLE_NUMBERS = frozenset(
         "altup_num_inputs", "laurel_rank", "attention_hidden_size", "context_length", "lru_width", "conv1d_width",
         "attention_window_size", "o_groups", "o_lora_rank", "hc_mult", "compress_rate_csa", "compress_rate_hca",
         "n_mamba_heads", "mamba_ngroups", "num_mem_blocks", "adapter_rank", "attention_head_dim",
-        "keep_window_size",
+        "keep_window_size", "n_input_layers", "n_recurrent_layers", "n_output_layers", "n_recurrent_loops",
+        "H_cycles", "L_cycles", "num_layers_per_stack",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -64,6 +65,7 @@ TEXTS = frozenset(
         "position_embedding_type",
         "mlp_hidden_act",
         "hybrid_override_pattern",
+        "recurrent_kv_cache_mode",
     }
 )
 LISTS_OF_WHOLE_NUMBERS = frozenset(
@@ -76,6 +78,7 @@ LISTS_OF_WHOLE_NUMBERS = frozenset(
         "cross_attention_layers",
         "compress_ratios",
         "hybrid_layer_ids",
+        "L_bp_cycles",
     }
 )
 LISTS_OF_TEXTS = frozenset(

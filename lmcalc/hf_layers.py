@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_defaults import LAYER_PATTERNS
 from lmcalc.hf_fields import get as _get
+from lmcalc.hf_loops import LOOPED, dory, hrm_text, looped_config
 from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, gemma3n, gemma4, mllama
 from lmcalc.units import group
 
@@ -391,9 +392,12 @@ def prepared(config: dict[str, Any], kind: str, origin: str) -> dict[str, Any]:
     """A config with the fields its class derives, before the common reader reads them: LongCat-Flash's layers
     counted as lmcalc counts them, two sub-layers (attention and a dense MLP each) in each of its ``num_layers``
     (LongcatFlashConfig.num_hidden_layers is 2·num_layers); JetMoE's heads, k·H_kv (JetMoeConfig sets
-    num_attention_heads so whatever config.json says); Gemma 3n's MLP width, a list of one width a layer."""
+    num_attention_heads so whatever config.json says); Gemma 3n's MLP width, a list of one width a layer; a looped
+    model's layer runs (``hf_loops``)."""
     if kind == "longcat_flash":
         return {**config, "num_hidden_layers": 2 * _get(config, origin, "num_layers")}
+    if kind in LOOPED:  # Dory's and HRM's layer runs
+        return looped_config(config, kind, origin)
     if kind == "jetmoe":
         heads = _get(config, origin, "num_key_value_heads") * _get(config, origin, "num_experts_per_tok")
         return {**config, "num_attention_heads": heads}
@@ -480,5 +484,6 @@ def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
     }  # fmt: skip
 
 
-FINISHED = {"axk2": axk2, "jetmoe": jetmoe, GEMMA3N: gemma3n, MLLAMA: mllama, **dict.fromkeys(GEMMA4, gemma4)}
+FINISHED = {"axk2": axk2, "jetmoe": jetmoe, "dory": dory, "hrm_text": hrm_text, GEMMA3N: gemma3n, MLLAMA: mllama,
+            **dict.fromkeys(GEMMA4, gemma4)}  # fmt: skip
 """Types whose fields the common reader leaves to a function of their own, which finishes them."""

@@ -5,7 +5,7 @@ and a mixture of experts, with which layers route. ``specs.ModelSpec`` holds the
 The annotations are types, not text (no ``from __future__ import annotations``), for the reason ``specs`` gives."""
 
 import functools
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -38,10 +38,10 @@ WIDTHS_COUNTED_ONLY = (
 
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
-    "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, and Doge's dynamic mask "
-    "attention are counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at an MFU) and the "
-    "serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning and step-time model do not "
-    "take them yet (docs/hf-types.md)"
+    "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, Doge's dynamic mask attention "
+    "and looped layers (Dory's, HRM's) are counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, "
+    "at an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning and "
+    "step-time model do not take them yet (docs/hf-types.md)"
 )
 
 
@@ -366,3 +366,52 @@ class SharedBlockSpec(Spec):
         """One use's adapters: the MLP's h → r → 2·f, and with ``attention_adapters`` Q's, K's and V's 2·h → r → 2·h."""
         r = self.adapter_rank or 0
         return r * (hidden + 2 * ffn) + (3 * r * 4 * hidden if self.attention_adapters else 0)
+
+
+class LayerReuseSpec(Spec):
+    """Layers whose weights run more than once in a forward pass: looped transformers (Dory's recurrent section, run
+    n_recurrent_loops times between its input and output layers; the Hierarchical Reasoning Model's low- and
+    high-level stacks, run in cycles). ``ModelSpec.num_layers`` counts the runs, L, in the order they compute;
+    ``weights`` names each run's held layer, so the model holds L_w = max + 1 layers. The FLOPs and the KV cache
+    come from the runs, the parameters from the held layers."""
+
+    weights: tuple[LayerIndex, ...] = Field(
+        min_length=1, description="for each run (a layer of the forward pass), the held layer whose weights it runs"
+    )
+    no_grad_runs: tuple[LayerIndex, ...] = Field(
+        default_factory=no_items,
+        description="the runs computed without gradients (HRM's early low-level cycles): forward only in training",
+    )
+    cache: Literal["every_run", "last_run"] = Field(
+        "every_run",
+        description="every run caches its own K and V (Dory's per_loop, HRM's); last_run: only each held layer's "
+        "last run does, the earlier ones reading it (Dory's last_loop)",
+    )
+    start_state: StrictBool = Field(
+        False, description="a learned first input of the low-level stack, h wide (HRM's z_L_init, never trained)"
+    )
+
+    @model_validator(mode="after")
+    def _every_layer_runs(self) -> Self:
+        if set(self.weights) != set(range(self.held)):
+            missing = min(set(range(self.held)) - set(self.weights))
+            raise ValueError(f"layer_reuse.weights never runs held layer {missing}: the held layers are 0 to "
+                             f"{self.held - 1}, each run at least once")  # fmt: skip
+        beyond = [run for run in self.no_grad_runs if run >= len(self.weights)]
+        if beyond:
+            raise ValueError(f"layer_reuse.no_grad_runs names run {beyond[0]}, but the runs are 0 to "
+                             f"{len(self.weights) - 1}")  # fmt: skip
+        return self
+
+    @property
+    def held(self) -> int:
+        """L_w, the layers whose weights the model holds."""
+        return max(self.weights) + 1
+
+    @functools.cached_property  # a frozen spec's
+    def cached_runs(self) -> frozenset[int]:
+        """The runs that keep a KV cache: every one, or each held layer's last."""
+        if self.cache == "every_run":
+            return frozenset(range(len(self.weights)))
+        last = {layer: run for run, layer in enumerate(self.weights)}
+        return frozenset(last.values())

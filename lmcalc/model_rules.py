@@ -85,6 +85,27 @@ def check_model(spec: Any) -> None:
     _check_layer_widths(spec)
     _check_compressed(spec)
     _check_shared_block(spec)
+    _check_layer_reuse(spec)
+
+
+def _check_layer_reuse(spec: Any) -> None:
+    """Looped layers: one run a layer of the spec, each run holding the same tensors (plain attention and a dense
+    FFN in every layer, whichever of them attend locally); runs without gradients only where every layer attends
+    alike, so that they cost the average run."""
+    r = spec.layer_reuse
+    if r is None:
+        return
+    if len(r.weights) != spec.num_layers:
+        raise ValueError(f"layer_reuse.weights names {len(r.weights)} runs, but num_layers is {spec.num_layers}: "
+                         "one run a layer")  # fmt: skip
+    others = (spec.moe, spec.mla, spec.hybrid, spec.single_blocks, spec.shared_block, spec.compressed_attention,
+              spec.hyper_connections, spec.local_attention_differs, spec.per_layer_input, spec.altup,
+              spec.cross_attention, spec.mtp_modules, spec.dynamic_mask_window)  # fmt: skip
+    if any(others):
+        raise ValueError("layer_reuse is for layers that hold the same tensors: plain attention and a dense FFN in "
+                         "every layer, without MoE, MLA, other mixers or layers of other widths")  # fmt: skip
+    if r.no_grad_runs and spec.sliding_window:
+        raise ValueError("layer_reuse.no_grad_runs needs every layer to attend alike (no sliding_window)")
 
 
 def _check_shared_block(spec: Any) -> None:

@@ -29,6 +29,7 @@ from lmcalc.layer_specs import (
     HyperConnectionSpec,
     IndexerSpec,
     KvSharingSpec,
+    LayerReuseSpec,
     MLASpec,
     MoESpec,
     PerLayerInputSpec,
@@ -308,7 +309,15 @@ class ModelSpec(LayerKinds, NamedSpec):
         description="Doge's dynamic mask attention: a learned A a KV head and dt_proj (H_kv·d → H_kv) score each key "
         "from its value, and a query attends to the top this many keys; None: none",
     )
-    residual_scales: StrictBool = Field(False, description="a learned scale (h) on each residual (Doge's): 2·h a layer")
+    residual_scales: StrictBool = Field(
+        False, description="a learned scale (h) on each residual (Doge's; nGPT's rates α_A, α_M, Dory's): 2·h a layer"
+    )
+    ngpt_scales: StrictBool = Field(
+        False,
+        description="nGPT's learned scales (Dory's): s_qk and the output gate's s (H·d each), s_u and s_v in the MLP "
+        "(f each), a logit scale a token (V)",
+    )
+    layer_reuse: LayerReuseSpec | None = Field(None, description="layers run more than once a pass (Dory, HRM)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -424,7 +433,13 @@ class ModelSpec(LayerKinds, NamedSpec):
         (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
         if self.rwkv or self.rglru:
             return RWKV_COUNTED_ONLY
-        if self.compressed_attention or self.hyper_connections or self.shared_block or self.dynamic_mask_window:
+        if (
+            self.compressed_attention
+            or self.hyper_connections
+            or self.shared_block
+            or self.dynamic_mask_window
+            or self.layer_reuse
+        ):
             return COMPRESSED_COUNTED_ONLY
         return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""
 

@@ -72,16 +72,12 @@ NEEDS: dict[str, str] = {
     "blt": "Byte Latent Transformer: byte-level local encoder and decoder around a global transformer over patches, "
     "with hashed n-gram embeddings",
     "cpmant": "CPM-Ant: a bucketed relative-position bias and prompt (segment) embeddings in its own block layout",
-    "dory": "Dory: a normalised transformer (nGPT: weights and states on the unit sphere, no norms, learned scales "
-    "`sqk`, `suv`, `lambda`) and a logit scale a token",
     "dots3_note": "dots.3 Note: MLA whose sliding-window layers have MLA of other widths, a norm on the RoPE key, a "
     "head gate, and DeepSeek sparse attention in some layers",
     "dots3_note_text": "as dots3_note",
     "gemma4_unified_assistant": "a drafter for speculative decoding: Gemma 4's text model between projections from "
     "and to its backbone's width (backbone_hidden_size), every layer attending with the backbone's K and V",
     "git": "GIT: an image-to-text BERT-style decoder over projected image features",
-    "hrm_text": "Hierarchical Reasoning Model: high- and low-level modules run for several cycles (weights used more "
-    "than once a step)",
     "inkling2_loop_text": "as inkling_text, its layers looped",
     "inkling2_text": "as inkling_text",
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
@@ -256,16 +252,17 @@ def page(cases: list[Case]) -> str:
               "K = V, the last layers reusing K and V with double-wide MLPs, per-layer inputs, the MoE block beside "
               "the dense MLP; AltUp's streams, LAuReL and the sparse gates): their saved tensors within 0.12 % of "
               "what transformers keeps, with and without checkpointing, under LoRA within 2.1 % (formulas §5.4).", "",
-              "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`) and Doge (`doge`) "
-              "are read exactly too, and "
-              "taken by the same four (formulas §2.24 to §2.27 and §11. DeepSeek-V4: "
+              "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`), Doge (`doge`), "
+              "Dory (`dory`) and HRM (`hrm_text`) are read exactly too, and "
+              "taken by the same four (formulas §2.24 to §2.28 and §11. DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
               "compressed entries and the compressors' unclosed windows, to what transformers keeps. HY V4: "
               "DeepSeek-V3.2's attention with an output gate and sinks, and iHC hyper-connections. Zamba, Zamba 2: "
               "blocks whose weights count once and compute at every use. Doge: dynamic mask attention and residual "
-              "scales). Training memory, "
+              "scales. Dory and HRM: looped layers, whose weights count once and compute at every run, each run "
+              "caching its own K and V, HRM's early runs forward alone; Dory's nGPT scales). Training memory, "
               "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
               "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -286,6 +286,12 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                   mamba_d_state=16, num_key_value_heads=4)),
     # Doge: its dynamic mask keeps each query's top 16 keys (fewer than the tests' 32 tokens), biases on attention
     "doge": ("DogeConfig", dict(keep_window_size=16, attention_bias=True)),
+    # Dory: layer 0 in, layers 1 and 2 looped three times, layer 3 out (the one full layer); windows of 16
+    "dory": ("DoryConfig", dict(head_dim=16, sliding_window=16, n_input_layers=1, n_output_layers=1,
+                                n_recurrent_loops=3)),
+    # HRM: stacks of two layers; two high-level cycles, each running the low stack twice, the first run without
+    # gradients (L_bp_cycles [1], padded to [1, 1]); every head its own K and V
+    "hrm_text": ("HrmTextConfig", dict(head_dim=16, num_hidden_layers=2, H_cycles=2, L_cycles=2, L_bp_cycles=[1])),
     # types whose causal-LM class is another type's (lmcalc.hf_defaults.BUILDS_AS)
     "exaone": ("ExaoneConfig", {}),
     "internlm3": ("InternLM3Config", dict(qkv_bias=True, bias=True)),

@@ -314,11 +314,15 @@ def inference_memory(serving: Serving, capacity_bytes: float) -> InferenceMemory
 def cache_layers(spec: ModelSpec, local: bool | None) -> int:
     """The attention layers that keep a cache (all of them, or the ``local`` ones; None: both kinds): all but those
     that attend with an earlier layer's K and V (Gemma 4's last ``kv_sharing.layers``), which cache nothing; and each
-    use of a shared block (Zamba 2's), which caches its own K and V."""
+    use of a shared block (Zamba 2's), which caches its own K and V; of a looped model's runs, those that keep a
+    cache (each, or each held layer's last: ``LayerReuseSpec.cached_runs``)."""
     first_shared = spec.num_layers - (spec.kv_sharing.layers if spec.kv_sharing else 0)
     uses = spec.shared_block.uses if spec.shared_block and local is not True else 0
+    cached = spec.layer_reuse.cached_runs if spec.layer_reuse else range(first_shared)
     return uses + sum(
-        spec.is_attention_layer(i) and (local is None or spec.is_local_layer(i) == local) for i in range(first_shared)
+        spec.is_attention_layer(i) and (local is None or spec.is_local_layer(i) == local)
+        for i in range(first_shared)
+        if i in cached
     )
 
 

@@ -270,6 +270,11 @@ def _layers_note(spec: ModelSpec) -> str:
         n = spec.kv_sharing.layers
         return (f"L: the {spec.num_layers - n} layers that make their own K and V; the last {n} attend with an "
                 "earlier layer's and cache nothing")  # fmt: skip
+    reuse = spec.layer_reuse
+    if reuse is not None:
+        kept = "each keeps its own K and V" if reuse.cache == "every_run" else "only each held layer's last keeps K, V"
+        return (f"L: the {len(reuse.cached_runs)} runs that cache, of {spec.num_layers} runs of {reuse.held} "
+                f"layers; {kept}")  # fmt: skip
     if spec.shared_block:
         return (f"L: the {spec.shared_block.uses} uses of the shared blocks, each caching its own K and V; the "
                 f"{spec.other_mixer_layers} Mamba layers keep a state")  # fmt: skip

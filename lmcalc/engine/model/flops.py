@@ -18,11 +18,12 @@ For MoE only the routed experts a token visits count (k of E), plus the router.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_flops, mean_keys, stream_mixing_flops
+from lmcalc.engine.model.layer_reuse import runs_note
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import active_params, count_params, weight_tensors
@@ -48,6 +49,12 @@ class ForwardFlops:
     ssm: float = 0.0  # a hybrid's state-space layers: the causal convolution and the scan's read-out (ssm_flops)
     indexer: float = 0.0  # DeepSeek sparse attention's indexer, run forward only (indexer_scores)
     streams: float = 0.0  # hyper-connections' projections and stream mixing (DeepSeek-V4's mHC)
+    untrained: float = 0.0  # of the layers' above, the runs without gradients (HRM's early cycles): forward only
+
+    @property
+    def forward_only(self) -> float:
+        """What training runs forward alone: a sparse-attention indexer, and layer runs without gradients."""
+        return self.indexer + self.untrained
 
     @property
     def layers(self) -> float:
@@ -151,7 +158,7 @@ def forward_flops_per_token(
     layer_share = 1 if part is None else part.layers / spec.num_layers
     mlp += altup_flops(spec) * layer_share  # Gemma 3n's stream mixing
     indexer += indexer_flops(spec, seq_len, convention) * layer_share  # DeepSeek-V4's CSA indexers
-    return ForwardFlops(
+    forward = ForwardFlops(
         projections=projections,
         mlp=mlp,
         attention_scores=2 * attending * H * qk_width,
@@ -161,6 +168,10 @@ def forward_flops_per_token(
         indexer=indexer + L * spec.indexer_layers / spec.num_layers * indexer_scores(spec, seq_len, convention),
         streams=streams + stream_mixing_flops(spec) * layer_share,
     )
+    reuse = spec.layer_reuse  # runs without gradients: the average run's share (model_rules: every run alike)
+    if reuse is None or not reuse.no_grad_runs:
+        return forward
+    return replace(forward, untrained=forward.layers * len(reuse.no_grad_runs) / spec.num_layers)
 
 
 def indexer_scores(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> float:
@@ -181,8 +192,8 @@ def recompute_flops_per_token(fwd: ForwardFlops, recompute: Recompute, redone: R
     (``op_policy.selective_redone``: Megatron-Core's modules, torchtitan's every second matmul), a share of the
     layers' weight matmuls; full recomputation redoes the whole forward pass of every layer (not the logits).
     """
-    if recompute == "full":
-        return fwd.layers
+    if recompute == "full":  # a run without gradients keeps nothing to redo
+        return fwd.layers - fwd.untrained
     if recompute == "selective":
         core = fwd.attention_scores + fwd.attention_values if redone.attention_core else 0.0
         return core + redone.matmuls * (fwd.projections + fwd.mlp)
@@ -202,10 +213,11 @@ class StepFlops:
 
     @property
     def model(self) -> float:
-        """3 · forward: forward and backward (times ``scale`` under a fine-tuning method); a sparse-attention
-        indexer's forward once, for it runs without gradients (DeepseekV32Indexer's ``torch.no_grad``)."""
-        trained = self.forward.total - self.forward.indexer
-        return ((1 + BACKWARD_TO_FORWARD) * trained + self.forward.indexer) * self.scale
+        """3 · forward: forward and backward (times ``scale`` under a fine-tuning method); what runs without
+        gradients once: a sparse-attention indexer (DeepseekV32Indexer's ``torch.no_grad``), a looped model's runs
+        under ``torch.no_grad`` (HRM's)."""
+        trained = self.forward.total - self.forward.forward_only
+        return ((1 + BACKWARD_TO_FORWARD) * trained + self.forward.forward_only) * self.scale
 
     @property
     def hardware(self) -> float:
@@ -265,6 +277,10 @@ def napkin_section(spec: ModelSpec, tokens: float) -> Section:
                 f"6·{n_name}·D",
                 f"6 × {group(n)} × {sci(tokens)}",
                 "Kaplan et al. 2020; Hoffmann et al. 2022 (C ≈ 6ND)",
+                note="each held weight once, though a looped model runs it more often: the detailed count below "
+                "counts every run"
+                if spec.layer_reuse
+                else "",
             ),
         ),
     )
@@ -339,6 +355,7 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             "FLOPs",
             "2 · Σ attention weight elements",
             f"2 × {group(fwd.projections / 2)}",
+            note=runs_note(spec),
         ),
         Term(
             "mlp",
@@ -423,6 +440,12 @@ def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: A
     return (*terms, *compressed_terms(spec, fwd.indexer, fwd.streams, seq_len, convention))
 
 
+def _forward_only_formula(fwd: ForwardFlops) -> str:
+    """What the training row takes back, 2 × its forward, for running without gradients."""
+    parts = [name for name, flops in (("indexer", fwd.indexer), ("no-grad runs", fwd.untrained)) if flops]
+    return f" − 2 · ({' + '.join(parts)})" if len(parts) > 1 else f" − 2 · {parts[0]}" if parts else ""
+
+
 def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tuple[Term, ...]:
     """Forward and backward per token and over the D tokens (model FLOPs), then with recomputation (hardware
     FLOPs)."""
@@ -435,9 +458,9 @@ def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tup
             "Training per token (fwd + bwd)",
             per_token,
             "FLOPs",
-            "3 · forward (backward = 2 × forward)" + (" − 2 · indexer" if step.forward.indexer else ""),
+            "3 · forward (backward = 2 × forward)" + _forward_only_formula(step.forward),
             f"3 × {sci(step.forward.total, 4)}"
-            + (f" − 2 × {sci(step.forward.indexer, 4)}" if step.forward.indexer else ""),
+            + (f" − 2 × {sci(step.forward.forward_only, 4)}" if step.forward.forward_only else ""),
         ),
         Term(
             "model_flops",

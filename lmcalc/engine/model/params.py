@@ -16,6 +16,7 @@ import functools
 from dataclasses import dataclass
 
 from lmcalc.engine.model.compressed_attention import compressed_attention_tensors, hyper_connection_tensors
+from lmcalc.engine.model.layer_reuse import held_once, ngpt_tensors, runs_note, start_state
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.mla_params import indexer_tensors, mla_tensors
 from lmcalc.engine.model.shared_block import shared_block_tensors
@@ -41,6 +42,7 @@ LOCAL_SYMBOLS = ("L_global", "L_local")
 K and V projections where the local layers have key-value heads of their own, the sinks where only they have them."""
 AVERAGED_SYMBOLS = (
     "L",
+    "L_w",
     "(L−1)",
     "L_mix",
     "L_ffn",
@@ -51,20 +53,21 @@ AVERAGED_SYMBOLS = (
     *LOCAL_SYMBOLS,
     *WIDTH_SYMBOLS,
 )
-"""The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L), the layers with
-an indexer of their own (L_I), a hybrid's mixers', the global or the local layers' attention tensors, the norm
-before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone, Gemma 4's layers of other
-widths (``width_params``) and DeepSeek-V4's compressors (``compressed_attention``)."""
+"""The count symbols of a layer's tensors that the average layer holds a share of: every layer's (L; a looped model's
+held layers, L_w), the layers with an indexer of their own (L_I), a hybrid's mixers', the global or the local layers'
+attention tensors, the norm before a mixer (L_mix) or an FFN (L_ffn) where some layers are one of them alone, Gemma
+4's layers of other widths (``width_params``) and DeepSeek-V4's compressors (``compressed_attention``)."""
 GROUPS = (
-    "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "attention", "indexer", "ssm",
-    "hyper_connections", "shared_attention", "norm", "residual_scales", "mlp", "shared_mlp", "router", "experts",
-    "shared_experts", "cross_attention", "head_transform", "head",
+    "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "start_state", "attention", "indexer",
+    "ssm", "hyper_connections", "shared_attention", "norm", "residual_scales", "mlp", "shared_mlp", "router",
+    "experts", "shared_experts", "cross_attention", "head_transform", "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
     "per_layer_embedding": "Per-layer embeddings (PLE table)",
     "per_layer_input": "Per-layer inputs (PLE projections)",
     "altup": "AltUp streams and LAuReL",
+    "start_state": "Low-level stack's first input (z_L)",
     "cross_attention": "Cross-attention layers (idle on text)",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
@@ -215,7 +218,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors.append(tensor("pos_embed.weight", Site("position", 1, "1"), (rows, h), False))
     if spec.embedding_norm:
         tensors += norm("embed_norm", Site("norm", 1, "1"), h, spec)
-    tensors += per_layer_input(spec) + altup_tensors(spec)
+    tensors += per_layer_input(spec) + altup_tensors(spec) + start_state(spec)
     if spec.global_attention or spec.kv_sharing:  # Gemma 4: each kind's attention at its own widths
         tensors += widths_attention(spec)
     elif spec.compressed_attention:  # DeepSeek-V4: its compressors and indexers beside a window in every layer
@@ -223,7 +226,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
     tensors += mixer_tensors(spec) + hyper_connection_tensors(spec) + shared_block_tensors(spec)
-    tensors += _layer_norms(spec, h)
+    tensors += _layer_norms(spec, h) + ngpt_tensors(spec)
     moe = spec.moe
     if moe is None and spec.ffn_layers:
         if spec.ffn_layers < L:
@@ -264,7 +267,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors.append(tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
     if spec.head_bias:  # its own tensor, tied head or not (GPTJForCausalLM, PhiForCausalLM)
         tensors.append(tensor("lm_head.bias", Site("head", 1, "1"), (vocab,), False))
-    return tuple(tensors)
+    return tuple(held_once(spec, tensors))  # a looped model's layer weights: held once, run at each pass
 
 
 def layers_averaged(spec: ModelSpec, count_symbol: str) -> int:
@@ -451,6 +454,7 @@ def _group_terms(spec: ModelSpec, counts: ParamCount) -> tuple[Term, ...]:
         "params",
         "sum of the rows above",
         " + ".join(group(counts.by_group[g]) for g in GROUPS if g in counts.by_group),
+        note=runs_note(spec),
     )
     return (*terms, total)
 

@@ -1,0 +1,102 @@
+"""Reading the looped transformers of transformers 5.24, whose layers' weights run more than once a forward pass
+(``LayerReuseSpec``): Dory (DoryModel: input layers, a recurrent section run ``n_recurrent_loops`` times, output
+layers; nGPT's unit-norm layers) and the Hierarchical Reasoning Model's text model (HrmTextModel: a low-level and a
+high-level stack of ``num_layers_per_stack`` layers each, the low one run ``L_cycles`` times before each run of the
+high one, ``H_cycles`` times). ``looped_config`` gives the common reader the runs as layers (their count and, Dory's,
+their layer types); ``dory`` and ``hrm_text`` finish the fields with which held layer each run is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcalc.errors import LmcalcError, token
+from lmcalc.hf_fields import get
+
+LOOPED = ("dory", "hrm_text")
+
+
+def _whole(config: dict[str, Any], origin: str, key: str, least: int) -> int:
+    value = get(config, origin, key)
+    if value < least:
+        raise LmcalcError(f"{origin}: config.json {key} must be at least {least}, not {token(value)}")
+    return int(value)
+
+
+def looped_config(config: dict[str, Any], kind: str, origin: str) -> dict[str, Any]:
+    """``config`` with ``num_hidden_layers`` the layer runs of a forward pass, as its class lays them out."""
+    if kind == "hrm_text":  # HrmTextConfig: num_hidden_layers is the inflated runs once num_layers_per_stack is set
+        stack = config.get("num_layers_per_stack") or _whole(config, origin, "num_hidden_layers", 1)
+        cycles = _whole(config, origin, "H_cycles", 1) * (_whole(config, origin, "L_cycles", 1) + 1)
+        return {**config, "num_layers_per_stack": stack, "num_hidden_layers": stack * cycles}
+    types, layers = config.get("layer_types"), _whole(config, origin, "num_hidden_layers", 1)
+    sections = {key: config.get(key) for key in ("n_input_layers", "n_recurrent_layers", "n_output_layers")}
+    if types and "mlp" in types:  # DoryConfig: a released file lists attention and MLP blocks, two a layer
+        types, layers = types[::2], layers // 2
+        sections = {key: n // 2 if isinstance(n, int) else n for key, n in sections.items()}
+    if not types:  # DoryConfig: every fourth layer full
+        types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
+    if len(types) != layers:
+        raise LmcalcError(f"{origin}: config.json layer_types lists {len(types)} layers for {layers}")
+    given = {**config, **sections}
+    first, last = _whole(given, origin, "n_input_layers", 0), _whole(given, origin, "n_output_layers", 0)
+    looped = given.get("n_recurrent_layers")
+    looped = layers - first - last if looped is None else _whole(given, origin, "n_recurrent_layers", 0)
+    if first + looped + last != layers or looped < 0:
+        raise LmcalcError(f"{origin}: config.json n_input_layers + n_recurrent_layers + n_output_layers "
+                          f"({first} + {looped} + {last}) must equal the {layers} layers, none below 0")  # fmt: skip
+    loops = _whole(config, origin, "n_recurrent_loops", 1)
+    runs = [*types[:first], *types[first : first + looped] * loops, *types[first + looped :]]
+    return {**config, "layer_types": runs, "num_hidden_layers": len(runs), "n_input_layers": first,
+            "n_recurrent_layers": looped}  # fmt: skip
+
+
+def dory(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Dory's layers (DoryDecoderLayer): AFMoE's attention with a sigmoid gate from gate_proj, every norm nGPT's
+    weightless L2 norm (four a layer, Q and K a head, one before o_proj and down_proj), nGPT's scales and residual
+    rates; the recurrent section's layers run once a loop, each run caching its own K and V (``per_loop``) or the
+    last loop's alone (``last_loop``)."""
+    mode = config.get("recurrent_kv_cache_mode", "per_loop")
+    if mode not in ("per_loop", "last_loop"):
+        raise LmcalcError(f"{origin}: config.json recurrent_kv_cache_mode must be per_loop or last_loop, not "
+                          f"{token(mode)}")  # fmt: skip
+    first, looped, runs = config["n_input_layers"], config["n_recurrent_layers"], config["num_hidden_layers"]
+    loops = _whole(config, origin, "n_recurrent_loops", 1)
+    held = runs - looped * (loops - 1)
+    weights = [*range(first), *list(range(first, first + looped)) * loops, *range(first + looped, held)]
+    return fields | {
+        "norm_weight": False,
+        "norms_per_layer": 4,
+        "qk_norm": "per_head",
+        "attention_output_gate": True,
+        "attention_gate_proj": True,
+        "residual_scales": True,
+        "ngpt_scales": True,
+        "layer_reuse": {"weights": weights, "cache": "every_run" if mode == "per_loop" else "last_run"},
+    }
+
+
+def hrm_text(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """HRM's layers (HrmTextDecoderLayer): Llama's, every head its own K and V, a sigmoid gate on the attention's
+    output from gate_proj, weightless RMSNorms. Each high-level cycle h runs the low-level stack L_cycles times, the
+    first L_cycles − L_bp_cycles[h] under torch.no_grad (L_bp_cycles left-padded with 1s to H_cycles), then the
+    high-level stack; every run caches its own K and V. z_L_init, the low stack's first input (h), is a parameter."""
+    if config.get("attention_bias"):
+        raise LmcalcError(f"{origin}: config.json attention_bias is true: HRM's gate_proj bias is not modelled")
+    stack, high, low = config["num_layers_per_stack"], config["H_cycles"], config["L_cycles"]
+    raw = config.get("L_bp_cycles") or [2]
+    trained = [1] * max(0, high - len(raw)) + list(raw)  # HrmTextModel.L_bp_cycles_padded
+    weights: list[int] = []
+    no_grad: list[int] = []
+    for h in range(high):
+        for cycle in range(low):
+            if cycle < low - (trained[h] if h < len(trained) else 1):
+                no_grad += range(len(weights), len(weights) + stack)
+            weights += range(stack)
+        weights += range(stack, 2 * stack)
+    return fields | {
+        "norm_weight": False,
+        "num_kv_heads": None,
+        "attention_output_gate": True,
+        "attention_gate_proj": True,
+        "layer_reuse": {"weights": weights, "no_grad_runs": no_grad, "start_state": True},
+    }
