@@ -189,6 +189,42 @@ def rwkv(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[st
     }
 
 
+def xlstm(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """ModelSpec fields for an xLSTM config (xLSTMForCausalLM, transformers' own kernels): every layer an mLSTM layer
+    of ``num_heads`` heads (queries and keys ``int(h · qk_dim_factor)`` wide, values ``int(h · v_dim_factor)``) and a
+    SwiGLU of ``h · ffn_proj_factor`` rounded up to ``ffn_round_up_to_multiple_of``, each behind an RMSNorm; a final
+    RMSNorm (built whatever ``add_out_norm`` says), no position encoding, the logits soft-capped at
+    ``output_logit_soft_cap``. ``use_bias`` (a bias on every projection and norm) is refused."""
+    hidden = _get(config, origin, "hidden_size", "embedding_dim")
+    if config.get("embedding_dim") not in (None, hidden):
+        raise LmcalcError(f"{origin}: config.json embedding_dim differs from hidden_size: xLSTM builds no projection "
+                          "between them")  # fmt: skip
+    if config.get("use_bias"):
+        raise LmcalcError(f"{origin}: config.json use_bias is true: xLSTM's biased norms and projections are not "
+                          "modelled")  # fmt: skip
+    multiple = _get(config, origin, "ffn_round_up_to_multiple_of")
+    ffn = int((hidden * _get(config, origin, "ffn_proj_factor") + multiple - 1) // multiple * multiple)
+    mode = config.get("mode", "inference")
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": _get(config, origin, "num_blocks", "num_hidden_layers"),  # the blocks xLSTMModel builds
+        "num_heads": _get(config, origin, "num_heads"),
+        "ffn_size": ffn,
+        "ffn_kind": "swiglu",
+        "norm_kind": "rmsnorm",
+        "position_embedding": "none",
+        "max_seq_len": NO_POSITION_LIMIT,
+        "final_softcap": config.get("output_logit_soft_cap"),
+        "mlstm": {
+            "heads": _get(config, origin, "num_heads"),
+            "qk_dim": int(hidden * _get(config, origin, "qk_dim_factor")),
+            "v_dim": int(hidden * _get(config, origin, "v_dim_factor")),
+            "chunk": _get(config, origin, "chunk_size"),
+            "padded": mode == "train_with_padding",
+        },
+    }
+
+
 def recurrent_gemma(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
     """ModelSpec fields for a RecurrentGemma config (RecurrentGemmaForCausalLM): ``block_types`` repeated over the
     layers (recurrent, recurrent, attention by default), Griffin's recurrent blocks of ``lru_width`` (else h) with

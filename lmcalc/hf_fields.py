@@ -35,14 +35,15 @@ WHOLE_NUMBERS = frozenset(
         "attention_window_size", "o_groups", "o_lora_rank", "hc_mult", "compress_rate_csa", "compress_rate_hca",
         "n_mamba_heads", "mamba_ngroups", "num_mem_blocks", "adapter_rank", "attention_head_dim",
         "keep_window_size", "n_input_layers", "n_recurrent_layers", "n_output_layers", "n_recurrent_loops",
-        "H_cycles", "L_cycles", "num_layers_per_stack",
+        "H_cycles", "L_cycles", "num_layers_per_stack", "num_blocks", "embedding_dim", "ffn_round_up_to_multiple_of",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
     {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "residual_dropout", "attn_logit_softcapping",
      "final_logit_softcapping", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
      "activation_dropout", "embed_dropout", "resid_dropout", "clip_qkv", "rms_norm_eps",
-     "block_ffn_dim_multiplier", "expand", "swiglu_limit", "logits_soft_cap"}
+     "block_ffn_dim_multiplier", "expand", "swiglu_limit", "logits_soft_cap", "qk_dim_factor", "v_dim_factor",
+     "ffn_proj_factor", "output_logit_soft_cap"}
 )  # fmt: skip
 FLAGS = frozenset(
     {
@@ -66,6 +67,7 @@ TEXTS = frozenset(
         "mlp_hidden_act",
         "hybrid_override_pattern",
         "recurrent_kv_cache_mode",
+        "mode",
     }
 )
 LISTS_OF_WHOLE_NUMBERS = frozenset(

@@ -9,12 +9,21 @@ import functools
 from typing import TYPE_CHECKING
 
 from lmcalc.layer_specs import moe_layers_in
-from lmcalc.mixer_specs import DeltaNetSpec, LightningSpec, Mamba2Spec, MambaSpec, RgLruSpec, RwkvSpec, ShortConvSpec
+from lmcalc.mixer_specs import (
+    DeltaNetSpec,
+    LightningSpec,
+    Mamba2Spec,
+    MambaSpec,
+    MLstmSpec,
+    RgLruSpec,
+    RwkvSpec,
+    ShortConvSpec,
+)
 
 if TYPE_CHECKING:
     from lmcalc.layer_specs import MoESpec, SharedBlockSpec
 
-OtherMixer = MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | RgLruSpec
+OtherMixer = MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | RgLruSpec | MLstmSpec
 """The mixer of a hybrid's layers that do not attend."""
 
 
@@ -37,15 +46,24 @@ class LayerKinds:
         lightning: LightningSpec | None
         rwkv: RwkvSpec | None
         rglru: RgLruSpec | None
+        mlstm: MLstmSpec | None
         shared_block: SharedBlockSpec | None
 
     @property
     def hybrid(self) -> OtherMixer | None:
         """The mixer of a hybrid's layers that do not attend: Mamba (Jamba), Mamba-2 (Bamba, Granite 4), Gated
         DeltaNet (Qwen3-Next), the short convolution (LFM2), lightning attention (MiniMax-01), RWKV-4's time mix
-        (every layer) or Griffin's recurrent block (RecurrentGemma); None where every layer attends."""
+        (every layer), Griffin's recurrent block (RecurrentGemma) or xLSTM's mLSTM (every layer); None where every
+        layer attends."""
         return (
-            self.mamba or self.mamba2 or self.deltanet or self.short_conv or self.lightning or self.rwkv or self.rglru
+            self.mamba
+            or self.mamba2
+            or self.deltanet
+            or self.short_conv
+            or self.lightning
+            or self.rwkv
+            or self.rglru
+            or self.mlstm
         )
 
     def has_mixer(self, layer: int) -> bool:
@@ -82,7 +100,7 @@ class LayerKinds:
             return layer in m.attention_layer_ids
         if m is None:
             return True
-        if isinstance(m, RwkvSpec):  # no layer attends
+        if isinstance(m, (RwkvSpec, MLstmSpec)):  # no layer attends
             return False
         if isinstance(m, DeltaNetSpec) and m.attention_layer_ids:
             return layer in m.attention_layer_ids

@@ -176,9 +176,9 @@ class LightningSpec(Spec):
 
 
 RWKV_COUNTED_ONLY = (
-    "RWKV-4's and RecurrentGemma's recurrent layers are counted by lmcalc params, lmcalc flops, lmcalc train-time "
-    "(full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, "
-    "fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
+    "RWKV-4's, RecurrentGemma's and xLSTM's recurrent layers are counted by lmcalc params, lmcalc flops, lmcalc "
+    "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
+    "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
 
 
@@ -209,3 +209,35 @@ class RgLruSpec(Spec):
     def block_width(self) -> int:
         """A gate block's width, w // heads (RecurrentGemmaRglru floors it, and its gates' biases are heads of it)."""
         return self.width // self.heads
+
+
+class MLstmSpec(Spec):
+    """xLSTM's mLSTM layers (Beck et al. 2024, *xLSTM*; xLSTM-7B, Beck et al. 2025; transformers' xLSTMLayer) in every
+    layer, none attending: queries and keys (h → d_qk each), values and the output gate (h → d_v each), input and
+    forget gates a head (h → NH, with biases), the matrix memory C (d_qk/NH × d_v/NH a head) with exponential gating,
+    a per-head norm over the values' width (a weight of d_v) and the output projection d_v → h. transformers runs it
+    chunkwise in training (``chunk``), the tokens past the last whole chunk one step at a time, unless ``padded``."""
+
+    heads: Dimension = Field(description="NH, the heads (num_heads)")
+    qk_dim: Dimension = Field(description="d_qk, the queries' and keys' width over all heads (h × qk_dim_factor)")
+    v_dim: Dimension = Field(description="d_v, the values' width over all heads (h × v_dim_factor)")
+    chunk: Dimension = Field(64, description="L, the chunkwise kernel's chunk (chunk_size)")
+    padded: StrictBool = Field(
+        False,
+        description="the sequence is padded to whole chunks (mode train_with_padding); false: the remainder "
+        "runs step by step",
+    )
+
+    @model_validator(mode="after")
+    def _heads_tile_the_widths(self) -> Self:
+        if self.qk_dim % self.heads or self.v_dim % self.heads:
+            raise ValueError(f"mlstm.heads ({self.heads}) must divide qk_dim ({self.qk_dim}) and v_dim ({self.v_dim})")
+        return self
+
+    @property
+    def key_head_dim(self) -> int:
+        return self.qk_dim // self.heads
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_dim // self.heads

@@ -49,11 +49,12 @@ def check_model(spec: Any) -> None:
     if spec.sliding_window is not None and not spec.attention_layers:
         raise ValueError("sliding_window is attention's span, and no layer attends (drop it, or name the layers that "
                          "attend)")  # fmt: skip
-    mixers = (spec.mamba, spec.mamba2, spec.deltanet, spec.short_conv, spec.lightning, spec.rwkv, spec.rglru)
+    mixers = (spec.mamba, spec.mamba2, spec.deltanet, spec.short_conv, spec.lightning, spec.rwkv, spec.rglru,
+              spec.mlstm)  # fmt: skip
     if sum(m is not None for m in mixers) > 1:
         raise ValueError(
             "a model has one kind of mixer in its layers that do not attend: mamba, mamba2, deltanet, short_conv, "
-            "lightning, rwkv or rglru"
+            "lightning, rwkv, rglru or mlstm"
         )
     if spec.rwkv and (spec.ffn_kind != "gelu_mlp" or spec.single_blocks or spec.moe):
         raise ValueError("rwkv's channel mix is the model's FFN: a two-matrix MLP (ffn_kind gelu_mlp) in every layer")

@@ -41,6 +41,7 @@ from lmcalc.mixer_specs import (
     LightningSpec,
     Mamba2Spec,
     MambaSpec,
+    MLstmSpec,
     RgLruSpec,
     RwkvSpec,
     ShortConvSpec,
@@ -294,6 +295,7 @@ class ModelSpec(LayerKinds, NamedSpec):
     lightning: LightningSpec | None = None
     rwkv: RwkvSpec | None = Field(None, description="RWKV-4's time and channel mixes in every layer")
     rglru: RgLruSpec | None = Field(None, description="Griffin's recurrent blocks (RecurrentGemma)")
+    mlstm: MLstmSpec | None = Field(None, description="xLSTM's mLSTM layers in every layer")
     global_attention: GlobalAttentionSpec | None = Field(None, description="the global layers' own widths (Gemma 4)")
     kv_sharing: KvSharingSpec | None = Field(None, description="the last layers reuse earlier K and V (Gemma 4)")
     per_layer_input: PerLayerInputSpec | None = Field(None, description="per-layer embeddings (Gemma 3n, 4's PLE)")
@@ -431,7 +433,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         its training memory or step time; "" where it counts everything. Llama 3.2 Vision's, whose cross-attention
         layers text does not run (``WIDTHS_COUNTED_ONLY``; Gemma 3n's and Gemma 4's layers are modelled); RWKV-4's
         (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
-        if self.rwkv or self.rglru:
+        if self.rwkv or self.rglru or self.mlstm:
             return RWKV_COUNTED_ONLY
         if (
             self.compressed_attention

@@ -196,22 +196,28 @@ def build_model(config: dict[str, Any]) -> PreTrainedModel:
 
 def training_step_flops(model: PreTrainedModel, seq_len: int, micro_batch: int) -> int:
     """FlopCounterMode's count of one forward and backward pass of the causal-LM loss on the meta device. The
-    model is cast to bf16 in place, and its experts (where transformers lets them be chosen) set to grouped_mm."""
+    model is cast to bf16 in place, and its experts (where transformers lets them be chosen) set to grouped_mm; a
+    model whose step cannot run in bf16 (xLSTM's native kernels mix fp32 gates with bf16 values) is counted in fp32,
+    the same matmuls."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     if type(model)._can_set_experts_implementation() and model.config._experts_implementation != "grouped_mm":
         model.set_experts_implementation("grouped_mm")
-    model.bfloat16().train()
     tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long, device="meta")
     corrected = {torch.ops.aten.convolution_backward: convolution_backward_flops}
-    with _on_meta(), FlopCounterMode(display=False, custom_mapping=corrected) as counter:
-        try:
-            model(input_ids=tokens, labels=tokens, use_cache=False).loss.backward()
-        except (RuntimeError, NotImplementedError) as error:
-            name = type(model).__name__
-            raise LmcalcError(f"transformers' {name} did not run on the meta device: {_first_line(error)}") from None
-    return counter.get_total_flops()
+    errors: list[Exception] = []
+    for cast in (model.bfloat16, model.float):
+        cast().train()
+        with _on_meta(), FlopCounterMode(display=False, custom_mapping=corrected) as counter:
+            try:
+                model(input_ids=tokens, labels=tokens, use_cache=False).loss.backward()
+            except (RuntimeError, NotImplementedError) as error:
+                errors.append(error)
+                continue
+        return counter.get_total_flops()
+    name = type(model).__name__
+    raise LmcalcError(f"transformers' {name} did not run on the meta device: {_first_line(errors[0])}") from None
 
 
 def torch_path_flops(spec: ModelSpec, seq_len: int, micro_batch: int) -> float:

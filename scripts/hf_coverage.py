@@ -83,7 +83,6 @@ NEEDS: dict[str, str] = {
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
     "phi4_multimodal": "Phi-4-multimodal: Phi-4-mini's layers with its image (SigLIP) and audio (Conformer) encoders "
     "inside the causal LM, which lmcalc does not count",
-    "xlstm": "xLSTM: mLSTM blocks (a matrix memory with exponential gates) and their projections",
     "zaya": "ZAYA: CCA attention (convolved queries and keys, a delayed value), learned residual scales and biases, "
     "an MLP router",
 }
@@ -239,12 +238,13 @@ def page(cases: list[Case]) -> str:
               "| type | what it needs |", "|---|---|"]  # fmt: skip
     lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
     lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
-              "Llama 3.2 Vision's text model (`mllama`), RWKV-4 (`rwkv`) and RecurrentGemma (`recurrent_gemma`) are "
+              "Llama 3.2 Vision's text model (`mllama`), RWKV-4 (`rwkv`), RecurrentGemma (`recurrent_gemma`) and "
+              "xLSTM (`xlstm`) are "
               "read exactly: `lmcalc params`, `lmcalc flops`, `lmcalc train-time` (full training, at an MFU) and "
-              "`lmcalc memory --inference` take them (formulas §2.21 to §2.23 and §11: FLOPs equal to "
+              "`lmcalc memory --inference` take them (formulas §2.21 to §2.23, §2.29 and §11: FLOPs equal to "
               "FlopCounterMode's on transformers' own step, the KV cache or state to what transformers keeps). "
               "Training memory, fine-tuning and the planner refuse them in one line until they count what their "
-              "layers keep for backward (the WKV and RG-LRU recurrences) and their kernels, and what a trainer keeps "
+              "layers keep for backward (the WKV, RG-LRU and mLSTM recurrences) and their kernels, and what a trainer keeps "
               "for weights no text step updates (the cross-attention layers'). Gemma 4's text models (`gemma4_text`, "
               "`gemma4_unified_text`, and the `gemma4` and `gemma4_unified` wrappers') and Gemma 3n's "
               "(`gemma3n_text`, and the `gemma3n` wrapper's), read the same way, are estimated whole by every command "

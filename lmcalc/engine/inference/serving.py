@@ -334,8 +334,12 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     state (K·V summed with decay) at the cache's bytes, as MiniMax's cache keeps it; RWKV-4 its five h-wide states a
     layer, the two token shifts at the cache's bytes and WKV's three in fp32, as RwkvModel keeps them; Griffin's
     recurrent blocks their convolution's last K − 1 inputs and the RG-LRU's state in fp32, as RecurrentGemma's
-    blocks keep them."""
+    blocks keep them; xLSTM's mLSTM a head's matrix memory (d_k × d_v), normaliser (d_k) and max at the cache's bytes,
+    as xLSTMCache keeps them."""
     layers = spec.other_mixer_layers
+    x = spec.mlstm
+    if x:  # each head's matrix memory C, its normaliser n and its max m (xLSTMCache, at the model's dtype)
+        return layers * x.heads * (x.key_head_dim * x.value_head_dim + x.key_head_dim + 1) * kv_bytes
     if spec.rwkv:  # both mixes' token-shift inputs at the cache's bytes; WKV's numerator, denominator, max in fp32
         return layers * spec.hidden_size * (2 * kv_bytes + 3 * 4)
     if spec.rglru:  # the convolution's last K − 1 inputs (w wide after a prompt), the RG-LRU's state in fp32

@@ -335,6 +335,11 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
         state = ("State-space", "L_ssm · d_in · (d_conv + N) · bytes",
                  f"{layers} × {m.d_inner} × ({m.d_conv} + {m.d_state}) × {b}",
                  "Gu & Dao 2023 §3.3; transformers' Jamba cache (conv and SSM states)")  # fmt: skip
+    elif spec.mlstm:
+        x = spec.mlstm
+        state = ("mLSTM matrix-memory", "L · NH · (d_k · d_v + d_k + 1) · bytes",
+                 f"{layers} × {x.heads} × ({x.key_head_dim} × {x.value_head_dim} + {x.key_head_dim} + 1) × {b}",
+                 "Beck et al. 2025 (xLSTM-7B); transformers' xLSTMCache (C, n, m a head)")  # fmt: skip
     elif spec.rwkv:
         state = ("RWKV time- and channel-mix", "L · h · (2 · bytes + 3 · 4 B)",
                  f"{layers} × {spec.hidden_size} × (2 × {b} + 3 × 4 B)",

@@ -4,7 +4,7 @@ DeltaNet's chunked delta rule, Mamba-2's chunked SSD, LFM2's short convolution a
 
 from __future__ import annotations
 
-from lmcalc.specs import LightningSpec, Mamba2Spec, ModelSpec
+from lmcalc.specs import LightningSpec, Mamba2Spec, MLstmSpec, ModelSpec
 
 
 def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
@@ -25,7 +25,9 @@ def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
 
     RWKV-4's WKV recurrence: element-wise (its exponentials and running sums a channel), none counted. Griffin's
     recurrent block: its depthwise convolution, 2·w·K (the RG-LRU's gates are matmuls of weights, its scan
-    element-wise)."""
+    element-wise). xLSTM's mLSTM: ``mlstm_flops``."""
+    if spec.mlstm:
+        return mlstm_flops(spec.mlstm, seq_len)
     if spec.short_conv:
         return 2 * spec.hidden_size * spec.short_conv.conv_kernel
     if spec.rwkv:  # the WKV recurrence: element-wise, a few operations a channel and token
@@ -56,6 +58,20 @@ def mixer_conv_flops(spec: ModelSpec) -> float:
         assert m is not None
         return 2 * m.conv_channels * m.conv_kernel
     return 0.0 if spec.mamba is None else 2 * spec.mamba.d_inner * spec.mamba.d_conv
+
+
+def mlstm_flops(m: MLstmSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of an mLSTM layer beyond its projections (Beck et al. 2025, the chunkwise form
+    transformers' native kernel runs, chunks of L): per head, with d_k and d_v a head's widths, each chunk's state
+    update Kᵀ·V (2·d_k·d_v a token), and within the chunk Q·Kᵀ (2·L·d_k), its gated product with V (2·L·d_v), the
+    queries' read of the state before the chunk, Q·C (2·d_k·d_v) and Q·n (2·d_k). The s mod L tokens past the last
+    whole chunk run one step at a time (the state's update k·vᵀ and its read by q, 2·d_k·d_v each, and q·n, 2·d_k),
+    unless the sequence is padded to whole chunks."""
+    d_k, d_v, L = m.key_head_dim, m.value_head_dim, m.chunk
+    chunked, rest = (L * -(-seq_len // L), 0) if m.padded else (seq_len - seq_len % L, seq_len % L)
+    per_chunked = 4 * d_k * d_v + 2 * L * (d_k + d_v) + 2 * d_k
+    per_step = 4 * d_k * d_v + 2 * d_k
+    return m.heads * (chunked * per_chunked + rest * per_step) / seq_len
 
 
 def lightning_flops(m: LightningSpec, seq_len: int) -> float:

@@ -11,7 +11,7 @@ from lmcalc.specs import ModelSpec
 
 def mixer_tensors(spec: ModelSpec) -> list[WeightTensor]:
     """The tensors of the model's other mixer, in its M − A layers that do not attend (none but in a hybrid)."""
-    mixers = (_mamba, _deltanet, _mamba2, _short_conv, _lightning, _rwkv, _rglru)
+    mixers = (_mamba, _deltanet, _mamba2, _short_conv, _lightning, _rwkv, _rglru, _mlstm)
     return [t for mixer in mixers for t in mixer(spec)]
 
 
@@ -35,6 +35,21 @@ def _rglru(spec: ModelSpec) -> list[WeightTensor]:
         tensors.append(tensor(f"rglru.{gate}_weight", site, (Dim(r.heads, "H"), bw, bw), True))
         tensors.append(tensor(f"rglru.{gate}_bias", site, (Dim(r.heads, "H"), bw), False))
     return tensors + linear("rglru.linear_out", site, h, w, True)
+
+
+def _mlstm(spec: ModelSpec) -> list[WeightTensor]:
+    """xLSTM's mLSTM layer (``MLstmSpec``; xLSTMLayer): q and k (h → d_qk), v and the output gate (h → d_v), the input
+    and forget gates (h → NH, with biases), the per-head norm's weight over d_v, and out_proj (d_v → h)."""
+    m = spec.mlstm
+    if m is None:
+        return []
+    h, qk, v, heads = Dim(spec.hidden_size, "h"), Dim(m.qk_dim, "d_qk"), Dim(m.v_dim, "d_v"), Dim(m.heads, "NH")
+    site = Site("ssm", spec.other_mixer_layers, "L_lin")
+    tensors = linear("mlstm.q", site, qk, h, False) + linear("mlstm.k", site, qk, h, False)
+    tensors += linear("mlstm.v", site, v, h, False) + linear("mlstm.ogate", site, v, h, False)
+    tensors += linear("mlstm.igate", site, heads, h, True) + linear("mlstm.fgate", site, heads, h, True)
+    tensors.append(tensor("mlstm.multihead_norm.weight", site, (v,), False))
+    return tensors + linear("mlstm.out_proj", site, h, v, False)
 
 
 def _rwkv(spec: ModelSpec) -> list[WeightTensor]:
