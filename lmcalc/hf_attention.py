@@ -1,6 +1,7 @@
 """Reading the attention of the types whose attention is their own, for ``hf_config``'s Llama-like reader: ModernBERT's
 decoder (its norms, fused GeGLU and head transform with it), Laguna's head gate and DeepSeek sparse attention's
-indexer (DeepSeek-V3.2, GLM-5, A.X K2). Each returns ModelSpec fields, or the indexer's."""
+indexer (DeepSeek-V3.2, GLM-5, A.X K2); and CPM-Ant's whole layer, its prompt and its score bias. Each returns
+ModelSpec fields, or the indexer's."""
 
 from __future__ import annotations
 
@@ -62,4 +63,29 @@ def indexer(config: dict[str, Any], origin: str, layers: int, kind: str = "") ->
         "head_dim": _get(config, origin, "index_head_dim"),
         "top_k": _get(config, origin, "index_topk"),
         "own_layers": own if own < layers else None,
+    }
+
+
+def cpmant(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """CPM-Ant (CpmAntForCausalLM): pre-norm layers of weighted RMSNorms, multi-head attention of ``dim_head`` a head
+    without biases or positions (a learned bias on the scores instead, by segment pair and bucketed relative
+    position), a GeGLU of ``dim_ff``; ``prompt_length`` prompt tokens before every sequence, from ``prompt_types``
+    prompts' rows in the embedding, and a segment embedding (``prompt``). The head is never tied."""
+    return fields | {
+        "hidden_size": _get(config, origin, "hidden_size"),
+        "num_layers": _get(config, origin, "num_hidden_layers"),
+        "num_heads": _get(config, origin, "num_attention_heads"),
+        "head_dim": _get(config, origin, "dim_head"),
+        "ffn_size": _get(config, origin, "dim_ff"),
+        "ffn_kind": "geglu",
+        "activation": "gelu",
+        "norm_kind": "rmsnorm",
+        "position_embedding": "none",
+        "max_seq_len": 1_048_576,  # no positions: the bias's buckets saturate past position_bias_max_distance
+        "prompt": {
+            "length": _get(config, origin, "prompt_length"),
+            "types": _get(config, origin, "prompt_types"),
+            "segments": _get(config, origin, "segment_types"),
+            "buckets": _get(config, origin, "position_bias_num_buckets"),
+        },
     }

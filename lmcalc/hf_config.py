@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
-from lmcalc.hf_attention import indexer, laguna, modernbert
+from lmcalc.hf_attention import cpmant, indexer, laguna, modernbert
 from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, recurrent_gemma, rwkv, xlstm, zamba, zamba2
 from lmcalc.hf_compressed import deepseek_v4
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
@@ -90,7 +90,7 @@ GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloo
               "dbrx", "openai-gpt", "ctrl", "xglm", "gpt_neox_japanese")  # fmt: skip
 """The types ``hf_gpt`` reads."""
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS, "rwkv", "recurrent_gemma", "deepseek_v4", "zamba", "zamba2",
-             "xlstm")  # fmt: skip
+             "xlstm", "cpmant")  # fmt: skip
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model", "gemma4": "gemma4_text",
               "gemma4_unified": "gemma4_unified_text", "gemma3n": GEMMA3N, "mllama": MLLAMA}  # fmt: skip
@@ -150,7 +150,7 @@ CLASS_LAYER_TYPES: dict[str, Callable[[int, int, dict[str, Any]], str]] = {
 released pattern (period 5), BeamConfig's every sixth layer and the last full, Lfm3Config's full, sliding and conv
 layers, MiMoV2FlashConfig's first layer and every sixth full, ModernBertDecoderConfig's every
 global_attn_every_n_layers-th layer full from the first."""
-NEVER_TIED = ("kimi_linear", "bailing_hybrid", MLLAMA, "xlstm")
+NEVER_TIED = ("kimi_linear", "bailing_hybrid", MLLAMA, "xlstm", "cpmant")
 """Types whose ForCausalLM ties no weights (``_tied_weights_keys = {}``, or none: xLSTMForCausalLM): an untied head
 whatever tie_word_embeddings says."""
 NO_NORM_WEIGHT = ("olmo", "nanochat")
@@ -471,6 +471,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return rwkv(text, fields, origin)
     if kind == "xlstm":
         return xlstm(text, fields, origin)
+    if kind == "cpmant":
+        return cpmant(text, fields, origin)
     if kind == "recurrent_gemma":
         return recurrent_gemma(text, fields, origin)
     if kind == "deepseek_v4":

@@ -38,10 +38,10 @@ WIDTHS_COUNTED_ONLY = (
 
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
-    "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, Doge's dynamic mask attention "
-    "and looped layers (Dory's, HRM's) are counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, "
-    "at an MFU) and the serving memory (memory --inference) alone: lmcalc's training memory, fine-tuning and "
-    "step-time model do not take them yet (docs/hf-types.md)"
+    "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, Doge's dynamic mask attention, "
+    "looped layers (Dory's, HRM's) and CPM-Ant's prompt are counted by lmcalc params, lmcalc flops, lmcalc "
+    "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
+    "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
 
 
@@ -415,3 +415,16 @@ class LayerReuseSpec(Spec):
             return frozenset(range(len(self.weights)))
         last = {layer: run for run, layer in enumerate(self.weights)}
         return frozenset(last.values())
+
+
+class PromptSpec(Spec):
+    """CPM-Ant's prompt and segments (Han et al. 2022, CPM-Ant; transformers' CpmAntModel): ``length`` prompt tokens,
+    their rows in the embedding beyond the vocabulary (``types`` prompts of ``length`` rows), are prepended to every
+    sequence, so every layer computes s + P tokens and attends over them, and the head reads the s alone; a segment
+    embedding of ``segments`` rows is added to each token's, and a bias on the scores comes from a table of
+    segments² + ``buckets`` rows a head (segment pairs, and bucketed relative positions), shared by the layers."""
+
+    length: Dimension = Field(description="P, the prompt tokens prepended to every sequence (prompt_length)")
+    types: Dimension = Field(description="the prompts the embedding holds rows for, P each (prompt_types)")
+    segments: Dimension = Field(description="the segment embedding's rows (segment_types)")
+    buckets: Dimension = Field(description="the relative positions' buckets (position_bias_num_buckets)")

@@ -33,6 +33,7 @@ from lmcalc.layer_specs import (
     MLASpec,
     MoESpec,
     PerLayerInputSpec,
+    PromptSpec,
     SharedBlockSpec,
 )
 from lmcalc.mixer_specs import (
@@ -320,6 +321,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         "(f each), a logit scale a token (V)",
     )
     layer_reuse: LayerReuseSpec | None = Field(None, description="layers run more than once a pass (Dory, HRM)")
+    prompt: PromptSpec | None = Field(None, description="prompt tokens prepended to every sequence (CPM-Ant)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -441,6 +443,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             or self.shared_block
             or self.dynamic_mask_window
             or self.layer_reuse
+            or self.prompt
         ):
             return COMPRESSED_COUNTED_ONLY
         return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""

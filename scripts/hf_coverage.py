@@ -71,7 +71,6 @@ BUILD_FIELDS: dict[str, dict[str, Any]] = {
 NEEDS: dict[str, str] = {
     "blt": "Byte Latent Transformer: byte-level local encoder and decoder around a global transformer over patches, "
     "with hashed n-gram embeddings",
-    "cpmant": "CPM-Ant: a bucketed relative-position bias and prompt (segment) embeddings in its own block layout",
     "dots3_note": "dots.3 Note: MLA whose sliding-window layers have MLA of other widths, a norm on the RoPE key, a "
     "head gate, and DeepSeek sparse attention in some layers",
     "dots3_note_text": "as dots3_note",
@@ -244,17 +243,17 @@ def page(cases: list[Case]) -> str:
               "`lmcalc memory --inference` take them (formulas §2.21 to §2.23, §2.29 and §11: FLOPs equal to "
               "FlopCounterMode's on transformers' own step, the KV cache or state to what transformers keeps). "
               "Training memory, fine-tuning and the planner refuse them in one line until they count what their "
-              "layers keep for backward (the WKV, RG-LRU and mLSTM recurrences) and their kernels, and what a trainer keeps "
-              "for weights no text step updates (the cross-attention layers'). Gemma 4's text models (`gemma4_text`, "
-              "`gemma4_unified_text`, and the `gemma4` and `gemma4_unified` wrappers') and Gemma 3n's "
+              "layers keep for backward (the WKV, RG-LRU and mLSTM recurrences) and their kernels, and what a "
+              "trainer keeps for weights no text step updates (the cross-attention layers'). Gemma 4's text models "
+              "(`gemma4_text`, `gemma4_unified_text`, and the `gemma4` and `gemma4_unified` wrappers') and Gemma 3n's "
               "(`gemma3n_text`, and the `gemma3n` wrapper's), read the same way, are estimated whole by every command "
               "since 2026-12-06, all their kinds (sliding layers, global ones at their own head size and KV heads, "
               "K = V, the last layers reusing K and V with double-wide MLPs, per-layer inputs, the MoE block beside "
               "the dense MLP; AltUp's streams, LAuReL and the sparse gates): their saved tensors within 0.12 % of "
               "what transformers keeps, with and without checkpointing, under LoRA within 2.1 % (formulas §5.4).", "",
               "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`), Doge (`doge`), "
-              "Dory (`dory`) and HRM (`hrm_text`) are read exactly too, and "
-              "taken by the same four (formulas §2.24 to §2.28 and §11. DeepSeek-V4: "
+              "Dory (`dory`), HRM (`hrm_text`) and CPM-Ant (`cpmant`) are read exactly too, and "
+              "taken by the same four (formulas §2.24 to §2.28, §2.30 and §11. DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
@@ -262,7 +261,8 @@ def page(cases: list[Case]) -> str:
               "DeepSeek-V3.2's attention with an output gate and sinks, and iHC hyper-connections. Zamba, Zamba 2: "
               "blocks whose weights count once and compute at every use. Doge: dynamic mask attention and residual "
               "scales. Dory and HRM: looped layers, whose weights count once and compute at every run, each run "
-              "caching its own K and V, HRM's early runs forward alone; Dory's nGPT scales). Training memory, "
+              "caching its own K and V, HRM's early runs forward alone; Dory's nGPT scales. CPM-Ant: a prompt every "
+              "layer computes before each sequence, segments and a learned score bias). Training memory, "
               "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
               "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"

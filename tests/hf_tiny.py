@@ -286,6 +286,9 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                   mamba_d_state=16, num_key_value_heads=4)),
     # Doge: its dynamic mask keeps each query's top 16 keys (fewer than the tests' 32 tokens), biases on attention
     "doge": ("DogeConfig", dict(keep_window_size=16, attention_bias=True)),
+    # CPM-Ant: 8 prompt tokens before every sequence (4 prompts' rows), 4 segments, 32 position buckets
+    "cpmant": ("CpmAntConfig", dict(dim_head=16, dim_ff=96, prompt_length=8, prompt_types=4, segment_types=4,
+                                    position_bias_num_buckets=32)),
     # xLSTM: mLSTM in every layer, 4 heads (queries and keys 64 wide, values 128), chunks of 16 over the 32 tokens
     "xlstm": ("xLSTMConfig", dict(hidden_size=128, num_heads=4, chunk_size=16)),
     # Dory: layer 0 in, layers 1 and 2 looped three times, layer 3 out (the one full layer); windows of 16

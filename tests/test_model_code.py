@@ -118,8 +118,17 @@ def test_a_gelu_mlp_with_another_activation_is_refused():
         lmcalc_spec(tiny_config("gpt_neox") | {"hidden_act": "relu"}, "gpt_neox")
 
 
+UNMODELLED_NORMS = {
+    "cpmant": "CpmAntLayerNorm multiplies its bf16 input by an fp32 1/rms, keeping both; lmcalc refuses CPM-Ant's "
+    "training memory (its prompt)",
+}
+"""model_type: why its norm's saved tensors are not modelled (a type whose training memory lmcalc refuses)."""
+
+
 @pytest.mark.parametrize("kind", list(TINY))
 def test_a_types_norm_keeps_what_lmcalc_counts(kind: str):
+    if kind in UNMODELLED_NORMS:
+        pytest.skip(UNMODELLED_NORMS[kind])
     # the final norm in bf16: Llama's RMSNorm keeps one fp32 copy of its input (fp32_input), Gemma's, OLMo 2's and
     # gpt-oss's also the fp32 normalised value (norm_weight_fp32: fp32_normalised), Cohere's LayerNorm the centred
     # input twice and the normalised value (fp32_centred), torch.nn.LayerNorm its bf16 input (input)

@@ -27,6 +27,7 @@ from lmcalc.engine.model.layer_reuse import runs_note
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import active_params, count_params, weight_tensors
+from lmcalc.engine.model.prompt import prefixed
 from lmcalc.engine.model.width_params import altup_flops
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
@@ -132,7 +133,11 @@ def forward_flops_per_token(
     spec: ModelSpec, seq_len: int, convention: AttnConvention = "causal", part: ModelPart | None = None
 ) -> ForwardFlops:
     """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens: of the whole model,
-    or of the ``part`` a pipeline stage computes."""
+    or of the ``part`` a pipeline stage computes; where a prompt is prepended (CPM-Ant), its tokens too."""
+    return prefixed(spec, seq_len, lambda whole: _forward_flops(spec, whole, convention, part))
+
+
+def _forward_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention, part: ModelPart | None) -> ForwardFlops:
     if spec.moe and spec.moe.experts_per_token is None:  # the routed experts' share is unknown
         raise LmcalcError(NO_TOP_K)
     projections = mlp = indexer = streams = 0.0

@@ -19,6 +19,7 @@ from lmcalc.engine.model.compressed_attention import compressed_attention_tensor
 from lmcalc.engine.model.layer_reuse import held_once, ngpt_tensors, runs_note, start_state
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.mla_params import indexer_tensors, mla_tensors
+from lmcalc.engine.model.prompt import prompt_tensors
 from lmcalc.engine.model.shared_block import shared_block_tensors
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
 from lmcalc.engine.model.width_params import (
@@ -211,7 +212,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     """Every parameter tensor of the model, in build order, with multiplicities."""
     h, L = Dim(spec.hidden_size, "h"), spec.num_layers
     vocab, once = Dim(spec.vocab_size, "V"), Site("embedding", 1, "1")
-    tensors = [tensor("embed.weight", once, (vocab, h), False)]
+    tensors = [tensor("embed.weight", once, (vocab, h), False), *prompt_tensors(spec)]
     if spec.position_embedding == "learned":
         offset = spec.position_offset  # OPT's two rows before position 0
         rows = Dim(spec.max_seq_len + offset, f"(s_max+{offset})" if offset else "s_max")
