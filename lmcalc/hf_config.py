@@ -36,6 +36,7 @@ from lmcalc.hf_gpt import (
     ctrl,
     dropout,
     gelu,
+    git,
     gpt2,
     gpt_neo,
     gpt_neox_japanese,
@@ -87,7 +88,7 @@ DELTANET = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 """Hybrids of Gated DeltaNet and gated attention (Qwen3-Next, Qwen3.5): ModelSpec.deltanet, attention_output_gate; OLMo
 Hybrid's (``olmo_hybrid``) are read the same way, its attention without the gate."""
 GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloom", "opt", "biogpt", "gpt_neo", "mpt",
-              "dbrx", "openai-gpt", "ctrl", "xglm", "gpt_neox_japanese")  # fmt: skip
+              "dbrx", "openai-gpt", "ctrl", "xglm", "gpt_neox_japanese", "git")  # fmt: skip
 """The types ``hf_gpt`` reads."""
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS, "rwkv", "recurrent_gemma", "deepseek_v4", "zamba", "zamba2",
              "xlstm", "cpmant")  # fmt: skip
@@ -451,6 +452,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
         return openai_gpt(text, kind, fields, origin)
     if kind == "ctrl":
         return ctrl(text, kind, fields, origin)
+    if kind == "git":  # its image encoder and projection apart
+        return git(text, kind, fields | _vision(config, text), origin)
     if kind == "xglm":
         return xglm(text, kind, fields, origin)
     if kind == "gpt_neox_japanese":

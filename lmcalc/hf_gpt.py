@@ -120,6 +120,49 @@ def openai_gpt(config: dict[str, Any], kind: str, fields: dict[str, Any], origin
     }
 
 
+def git(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+    """GIT's text decoder (Wang et al. 2022; GitForCausalLM): BERT's layer, each LayerNorm after its residual add
+    (GitSelfOutput, GitOutput), biases everywhere, learned positions summed with the tokens and normed
+    (GitEmbeddings), and a head with a bias (``output``), tied where tie_word_embeddings says. Its CLIP image encoder
+    and projection are counted apart (``hf_vision``); a step runs the encoder on each image and the decoder on the
+    image's tokens before the text's (``image_prefix``)."""
+    hidden, vision = _get(config, origin, "hidden_size"), config.get("vision_config") or {}
+    return fields | {
+        "hidden_size": hidden,
+        "num_layers": _get(config, origin, "num_hidden_layers"),
+        "num_heads": _get(config, origin, "num_attention_heads"),
+        "ffn_size": _get(config, origin, "intermediate_size"),
+        "ffn_kind": "gelu_mlp",
+        "activation": gelu(config, kind, origin),
+        "norm_kind": "layernorm",
+        "post_norm": True,
+        "embedding_norm": True,
+        "attention_bias": "all",
+        "mlp_bias": True,
+        "head_bias": True,
+        "position_embedding": "learned",
+        "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        **dropout(
+            config,
+            {
+                "embedding": "hidden_dropout_prob",
+                "attention": "attention_probs_dropout_prob",
+                "residual": "hidden_dropout_prob",
+            },
+            0.1,
+        ),  # fmt: skip
+        "image_prefix": {  # GitVisionConfig's defaults: ViT-B/16 at 224 pixels
+            "width": vision.get("hidden_size", 768),
+            "ffn_size": vision.get("intermediate_size", 3072),
+            "layers": vision.get("num_hidden_layers", 12),
+            "image": vision.get("image_size", 224),
+            "patch": vision.get("patch_size", 16),
+            "channels": vision.get("num_channels", 3),
+            "images": config.get("num_image_with_embedding") or 1,
+        },
+    }
+
+
 def ctrl(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) -> dict[str, Any]:
     """CTRL (Keskar et al. 2019): a pre-norm block with biases on Wq, Wk, Wv and dense, a ReLU MLP of ``dff``,
     sinusoidal positions added to the scaled embedding (no parameters), a final LayerNorm and a head tied to the

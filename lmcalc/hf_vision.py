@@ -1,7 +1,7 @@
 """The vision tower of a multimodal config.json, counted beside its text model (never in it): Gemma 3's SigLIP
-encoder and projector, Fuyu's linear patch embedding, tensor by tensor as transformers builds them. lmcalc estimates
-the language model's training; the tower is reported so that the total a model card gives can be reconciled with the
-text model's."""
+encoder and projector, GIT's CLIP encoder and projection, Fuyu's linear patch embedding, tensor by tensor as
+transformers builds them. lmcalc estimates the language model's training; the tower is reported so that the total a
+model card gives can be reconciled with the text model's."""
 
 from __future__ import annotations
 
@@ -33,12 +33,28 @@ def siglip_params(vision: dict[str, Any]) -> int:
     return total
 
 
+def clip_params(vision: dict[str, Any]) -> int:
+    """CLIP's vision transformer as GIT builds it (Radford et al. 2021; GitVisionModel): a class embedding, a patch
+    embedding (a strided convolution without a bias), one learned position per patch and for the class token, a
+    LayerNorm before the layers and one after, pre-norm layers (LayerNorms with biases; q, k, v and output projections
+    and a two-matrix MLP, all with biases). Defaults are GitVisionConfig's (ViT-B/16)."""
+    h, f = vision.get("hidden_size", 768), vision.get("intermediate_size", 3072)
+    patch, image = vision.get("patch_size", 16), vision.get("image_size", 224)
+    embeddings = h + vision.get("num_channels", 3) * patch * patch * h + ((image // patch) ** 2 + 1) * h
+    layer = 2 * h + 4 * _linear(h, h) + 2 * h + _linear(h, f) + _linear(f, h)
+    return embeddings + 2 * h + vision.get("num_hidden_layers", 12) * layer + 2 * h
+
+
 def vision_params(config: dict[str, Any], text_hidden: int) -> int | None:
     """The vision tower and projector of a multimodal ``config``, or None when lmcalc does not count its kind."""
     vision = config.get("vision_config") or {}
     if config.get("model_type") == "gemma3" and vision.get("model_type", "siglip_vision_model") in SIGLIP:
         # Gemma3MultiModalProjector: an (h_vision × h_text) projection and an RMSNorm on the vision side
         return siglip_params(vision) + vision.get("hidden_size", 768) * (text_hidden + 1)
+    if config.get("model_type") == "git":  # GitProjection: h_vision → h_text and a LayerNorm; a frame's embedding each
+        frames = config.get("num_image_with_embedding") or 0
+        width = vision.get("hidden_size", 768)
+        return clip_params(vision) + _linear(width, text_hidden) + 2 * text_hidden + frames * width
     if config.get("model_type") == "fuyu":  # FuyuModel's vision_embed_tokens: each patch's pixels, one linear layer
         patch, channels = config.get("patch_size") or 30, config.get("num_channels") or 3  # FuyuConfig's defaults
         whole = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (patch, channels, text_hidden))

@@ -39,7 +39,8 @@ WIDTHS_COUNTED_ONLY = (
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
     "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, Doge's dynamic mask attention, "
-    "looped layers (Dory's, HRM's) and CPM-Ant's prompt are counted by lmcalc params, lmcalc flops, lmcalc "
+    "looped layers (Dory's, HRM's), CPM-Ant's prompt and GIT's image tokens are counted by lmcalc params, lmcalc "
+    "flops, lmcalc "
     "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
     "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
@@ -428,3 +429,28 @@ class PromptSpec(Spec):
     types: Dimension = Field(description="the prompts the embedding holds rows for, P each (prompt_types)")
     segments: Dimension = Field(description="the segment embedding's rows (segment_types)")
     buckets: Dimension = Field(description="the relative positions' buckets (position_bias_num_buckets)")
+
+
+class ImagePrefixSpec(Spec):
+    """An image encoder whose tokens come before the text's (GIT, Wang et al. 2022; transformers' GitModel): a ViT of
+    ``layers`` pre-norm layers of ``width`` over the image's patches and a class token, each image's tokens projected
+    to the decoder's width and prepended, so every decoder layer computes them and the text attends over them; the
+    head runs on every position. Its weights are counted apart (``ModelSpec.vision_params``)."""
+
+    width: Dimension = Field(description="v, the encoder's width (vision_config.hidden_size)")
+    ffn_size: Dimension = Field(description="f_v, its MLP's width (vision_config.intermediate_size)")
+    layers: Dimension = Field(description="its layers (vision_config.num_hidden_layers)")
+    image: Dimension = Field(description="the image's side in pixels (vision_config.image_size)")
+    patch: Dimension = Field(description="a patch's side in pixels (vision_config.patch_size)")
+    channels: Dimension = Field(3, description="the image's channels (vision_config.num_channels)")
+    images: Dimension = Field(1, description="images a sequence (GIT's video frames: num_image_with_embedding)")
+
+    @property
+    def tokens(self) -> int:
+        """n, one image's tokens: a class token and (image / patch)² patches."""
+        return (self.image // self.patch) ** 2 + 1
+
+    @property
+    def prefix(self) -> int:
+        """P, the tokens the images put before the text."""
+        return self.images * self.tokens

@@ -27,6 +27,7 @@ from lmcalc.layer_specs import (
     CrossAttentionSpec,
     GlobalAttentionSpec,
     HyperConnectionSpec,
+    ImagePrefixSpec,
     IndexerSpec,
     KvSharingSpec,
     LayerReuseSpec,
@@ -78,8 +79,9 @@ from lmcalc.spec_base import (
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "ComputeDtype",
            "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec", "SharedBlockSpec",
            "CrossAttentionSpec", "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec",
-           "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LightningSpec", "MLASpec", "Mamba2Spec",
-           "MambaSpec", "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
+           "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
+           "LightningSpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
+           "PerLayerInputSpec", "PromptSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
            "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
            "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool",
            "WholeNumber", "no_entries", "no_items"]  # fmt: skip
@@ -322,6 +324,7 @@ class ModelSpec(LayerKinds, NamedSpec):
     )
     layer_reuse: LayerReuseSpec | None = Field(None, description="layers run more than once a pass (Dory, HRM)")
     prompt: PromptSpec | None = Field(None, description="prompt tokens prepended to every sequence (CPM-Ant)")
+    image_prefix: ImagePrefixSpec | None = Field(None, description="an image encoder's tokens before the text (GIT)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -444,6 +447,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             or self.dynamic_mask_window
             or self.layer_reuse
             or self.prompt
+            or self.image_prefix
         ):
             return COMPRESSED_COUNTED_ONLY
         return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""

@@ -2,7 +2,8 @@
 from the same config.json.
 
 1. Parameters: ``sum(p.numel() for p in model.parameters())`` of the ``AutoModelForCausalLM`` that transformers
-   builds on the meta device vs ``count_params(spec).total``. Tolerance: none, the count is exact.
+   builds on the meta device vs ``count_params(spec).total`` (and a vision tower's, counted apart, where the causal
+   LM builds one: GIT's). Tolerance: none, the count is exact.
 2. FLOPs of one training step, forward and backward of the causal-LM loss on micro-batch × seq tokens, counted by
    ``torch.utils.flop_counter.FlopCounterMode`` vs ``step_flops(spec, seq, convention="full").model`` × tokens.
    The counter counts matmuls only (mm, addmm, bmm, grouped mm, attention), every query against every key
@@ -30,6 +31,9 @@ have shapes but no values, and four things in transformers need values; each is 
   values: the mask code looks for packed sequences in the position ids (in a step without a KV cache, i.e.
   training), and GPT-2 and others look for padding in the token ids (to warn). No mask is passed, and during
   the count both probes answer "none": one unpadded, unpacked sequence per row, which is what is counted.
+
+GIT's step reads an image (its loss skips the image's positions): a blank one of its vision config's size is
+passed. A model whose step cannot run in bf16 (xLSTM's kernels) is counted again in fp32.
 """
 
 from __future__ import annotations
@@ -211,7 +215,7 @@ def training_step_flops(model: PreTrainedModel, seq_len: int, micro_batch: int) 
         cast().train()
         with _on_meta(), FlopCounterMode(display=False, custom_mapping=corrected) as counter:
             try:
-                model(input_ids=tokens, labels=tokens, use_cache=False).loss.backward()
+                model(input_ids=tokens, labels=tokens, use_cache=False, **_images(model, micro_batch)).loss.backward()
             except (RuntimeError, NotImplementedError) as error:
                 errors.append(error)
                 continue
@@ -285,6 +289,20 @@ def mask_gradient_flops(spec: ModelSpec, tokens: int) -> float:
     return -2 * 2 * spec.kv_heads * spec.v_head_dim * spec.kv_heads * spec.num_layers * tokens
 
 
+def _images(model: PreTrainedModel, batch: int) -> dict[str, Any]:
+    """What a step reads beside the tokens: GIT's blank image (or video frames) on the meta device, for its loss
+    skips the image's positions and runs with none; nothing for any other model."""
+    import torch
+
+    config = model.config
+    if config.model_type != "git":
+        return {}
+    vision, frames = config.vision_config, config.num_image_with_embedding
+    image = (vision.num_channels, vision.image_size, vision.image_size)
+    shape = (batch, frames, *image) if frames else (batch, *image)
+    return {"pixel_values": torch.zeros(shape, device="meta", dtype=next(model.parameters()).dtype)}
+
+
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -329,7 +347,7 @@ def transformers_check(
         _compare(
             "params",
             "Parameters (meta device)",
-            count_params(spec).total,
+            count_params(spec).total + (spec.vision_params or 0),  # GIT's image encoder, counted apart
             parameter_count(model),
             "params",
             PARAM_TOLERANCE,

@@ -76,7 +76,6 @@ NEEDS: dict[str, str] = {
     "dots3_note_text": "as dots3_note",
     "gemma4_unified_assistant": "a drafter for speculative decoding: Gemma 4's text model between projections from "
     "and to its backbone's width (backbone_hidden_size), every layer attending with the backbone's K and V",
-    "git": "GIT: an image-to-text BERT-style decoder over projected image features",
     "inkling2_loop_text": "as inkling_text, its layers looped",
     "inkling2_text": "as inkling_text",
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
@@ -252,8 +251,8 @@ def page(cases: list[Case]) -> str:
               "the dense MLP; AltUp's streams, LAuReL and the sparse gates): their saved tensors within 0.12 % of "
               "what transformers keeps, with and without checkpointing, under LoRA within 2.1 % (formulas §5.4).", "",
               "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`), Doge (`doge`), "
-              "Dory (`dory`), HRM (`hrm_text`) and CPM-Ant (`cpmant`) are read exactly too, and "
-              "taken by the same four (formulas §2.24 to §2.28, §2.30 and §11. DeepSeek-V4: "
+              "Dory (`dory`), HRM (`hrm_text`), CPM-Ant (`cpmant`) and GIT (`git`) are read exactly too, and "
+              "taken by the same four (formulas §2.24 to §2.28, §2.30, §2.31 and §11. DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
@@ -262,7 +261,8 @@ def page(cases: list[Case]) -> str:
               "blocks whose weights count once and compute at every use. Doge: dynamic mask attention and residual "
               "scales. Dory and HRM: looped layers, whose weights count once and compute at every run, each run "
               "caching its own K and V, HRM's early runs forward alone; Dory's nGPT scales. CPM-Ant: a prompt every "
-              "layer computes before each sequence, segments and a learned score bias). Training memory, "
+              "layer computes before each sequence, segments and a learned score bias. GIT: an image encoder whose "
+              "tokens every layer and the head compute before the text's). Training memory, "
               "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
               "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"

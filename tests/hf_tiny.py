@@ -289,6 +289,9 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
     # CPM-Ant: 8 prompt tokens before every sequence (4 prompts' rows), 4 segments, 32 position buckets
     "cpmant": ("CpmAntConfig", dict(dim_head=16, dim_ff=96, prompt_length=8, prompt_types=4, segment_types=4,
                                     position_bias_num_buckets=32)),
+    # GIT: the text decoder (post-norm BERT layers, dropout 0.1 by default) and a tiny CLIP image encoder, apart
+    "git": ("GitConfig", dict(vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                 num_attention_heads=2, image_size=32, patch_size=8))),
     # xLSTM: mLSTM in every layer, 4 heads (queries and keys 64 wide, values 128), chunks of 16 over the 32 tokens
     "xlstm": ("xLSTMConfig", dict(hidden_size=128, num_heads=4, chunk_size=16)),
     # Dory: layer 0 in, layers 1 and 2 looped three times, layer 3 out (the one full layer); windows of 16

@@ -3,7 +3,7 @@
 import pytest
 
 from lmcalc.engine.model import flops as fl
-from lmcalc.engine.model.palm import palm_flops_per_token
+from lmcalc.engine.model.palm import napkin_params, napkin_section, palm_flops_per_token
 from lmcalc.presets import resolve_model
 
 
@@ -13,13 +13,13 @@ def gpt3():
 
 def test_gpt3_napkin_matches_table_d1():
     # GPT-3 paper Table D.1: 175B on 300B tokens = 3.14e23 FLOPs (6·N·D, N = 174.6B).
-    total = fl.napkin_section(gpt3(), 300e9).term("total").value
+    total = napkin_section(gpt3(), 300e9).term("total").value
     assert total == pytest.approx(3.14e23, rel=0.005)
 
 
 def test_forward_backward_split_is_one_to_two():
     # Lecture: forward 2·N·D, backward 4·N·D.
-    section = fl.napkin_section(gpt3(), 1e9)
+    section = napkin_section(gpt3(), 1e9)
     assert section.term("backward").value == 2 * section.term("forward").value
 
 
@@ -71,7 +71,7 @@ def test_moe_counts_active_parameters_only():
     # Mixtral 8x7B: 2 of 8 experts per token. Active count 12,879,925,248 is the reference's derived
     # figure (published_models.yaml: embed + head + 32·(attention + 2 experts + router + norms) + norm).
     m = resolve_model("mixtral-8x7b").spec
-    assert fl.napkin_params(m) == 12_879_925_248
+    assert napkin_params(m) == 12_879_925_248
     # The router (8 × 4096 per layer) is a matmul; the unvisited 6 experts are not.
     h, f, L = 4096, 14336, 32
     fwd = fl.forward_flops_per_token(m, 4096, "full")
@@ -91,7 +91,7 @@ def test_detailed_minus_napkin_is_attention_minus_non_matmul_weights():
     m = resolve_model("llama-3.1-8b").spec
     s = 8192
     fwd = fl.forward_flops_per_token(m, s, "causal")
-    napkin = 6 * fl.napkin_params(m)
+    napkin = 6 * napkin_params(m)
     difference = 3 * fwd.total - napkin
     attention = 3 * (fwd.attention_scores + fwd.attention_values)
     norms = 2 * m.num_layers * m.hidden_size + m.hidden_size

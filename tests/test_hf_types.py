@@ -43,7 +43,8 @@ def test_parameters_equal_transformers(kind: str, drop_tie: bool):
     if drop_tie:
         config.pop("tie_word_embeddings", None)
     spec = lmcalc_spec(config, kind)  # LongCat-Flash: transformers also builds weights its model never reads
-    assert count_params(spec).total + transformers_unused(spec) == transformers_count(config)
+    apart = spec.vision_params or 0  # GIT's image encoder, counted beside its decoder
+    assert count_params(spec).total + transformers_unused(spec) + apart == transformers_count(config)
 
 
 def test_phi3_fuses_its_projections():
@@ -145,7 +146,8 @@ def test_a_field_config_json_leaves_out_takes_its_class_default(kind: str):
     assert "hidden_size" not in config and "vocab_size" not in config
     built = getattr(transformers, WRAPPED[kind])(text_config=config).to_dict() if kind in WRAPPED else config
     spec = lmcalc_spec(config, kind)
-    assert count_params(spec).total + transformers_unused(spec) == transformers_count(built)
+    apart = spec.vision_params or 0  # GIT's image encoder, counted beside its decoder
+    assert count_params(spec).total + transformers_unused(spec) + apart == transformers_count(built)
 
 
 def test_heads_that_do_not_tile_the_hidden_size_floor_the_head_dim():

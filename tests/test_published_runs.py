@@ -33,7 +33,7 @@ import pytest
 from accuracy import FAMILIES, PublishedRun, load_runs
 from test_framework_nanotron import playbook_model
 
-from lmcalc.engine.model.flops import napkin_params
+from lmcalc.engine.model.palm import napkin_params
 from lmcalc.engine.model.params import count_params
 from lmcalc.presets import read_yaml
 

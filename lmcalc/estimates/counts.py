@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from lmcalc.engine.choices import ATTN_CONVENTIONS, RECOMPUTE_MODES, AttnConvention, Recompute
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.model.numerics import FORMATS, dtype_bytes, tensor_elements
-from lmcalc.engine.model.palm import palm_section
+from lmcalc.engine.model.palm import napkin_section, palm_section
 from lmcalc.engine.model.params import ParamCount, count_params, params_section
 from lmcalc.errors import flag
 from lmcalc.estimates.inputs import (
@@ -134,7 +134,7 @@ def flops_estimate(
     recompute: Recompute = "none",
 ) -> FlopsEstimate:
     model, note, seq = resolved.spec, resolved.note, int(seq_len.value)
-    napkin = fl.napkin_section(model, tokens.value)
+    napkin = napkin_section(model, tokens.value)
     detailed = fl.detailed_section(model, tokens.value, seq, convention, recompute)
     palm = palm_section(model, tokens.value, seq)
     compare = _compare_section(model, tokens.value, seq, convention, (napkin, detailed, palm))

@@ -17,7 +17,7 @@ from lmcalc import presets as pr
 from lmcalc.engine.choices import Attention, Recompute
 from lmcalc.engine.finetune.method import METHODS, NF4_BITS_PER_WEIGHT, Method, parse_targets
 from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
-from lmcalc.engine.model.flops import napkin_params
+from lmcalc.engine.model.palm import napkin_params
 from lmcalc.engine.model.params import as_published, count_params, matches_published
 from lmcalc.engine.parallel.sharding import trained_precision
 from lmcalc.engine.run.cost import DEFAULT_MFU

@@ -13,6 +13,7 @@ from lmcalc.engine.finetune.flops import method_step_flops, napkin_method_flops,
 from lmcalc.engine.finetune.method import FULL, Method, check_method
 from lmcalc.engine.finetune.offload import NO_OFFLOAD, Offload
 from lmcalc.engine.model import flops as fl
+from lmcalc.engine.model.palm import napkin_section
 from lmcalc.engine.run import optimal as opt
 from lmcalc.engine.run.cost import RunTime, check_mfu, gpus_for_deadline, peak_for, time_terms, whole_gpus
 from lmcalc.engine.run.energy import (
@@ -229,7 +230,7 @@ def training_flops(model: ModelSpec, tokens: float, seq_len: int, basis: str, me
                     f"{sci(step.attention_backward, 4)}) × {sci(tokens)}",
                     "engine.finetune.flops; checked against FlopCounterMode on PEFT models")  # fmt: skip
     term = (
-        fl.napkin_section(model, tokens).term("total")
+        napkin_section(model, tokens).term("total")
         if basis == "6nd"
         else fl.detailed_section(model, tokens, seq_len, "causal", "none").term("model_flops")
     )

@@ -38,8 +38,9 @@ from lmcalc.engine.finetune.method import (
     linear_modules,
     trained_params,
 )
-from lmcalc.engine.model.flops import attended_widths, napkin_params
+from lmcalc.engine.model.flops import attended_widths
 from lmcalc.engine.model.mixer_flops import mixer_conv_flops, ssm_flops
+from lmcalc.engine.model.palm import napkin_params
 from lmcalc.engine.model.params import LOCAL_SYMBOLS, MIXER_SYMBOLS
 from lmcalc.specs import ModelSpec
 

@@ -45,6 +45,7 @@ from math import ceil
 from lmcalc.engine.inference.compressed_cache import CompressedCache, compressed_cache
 from lmcalc.engine.model.numerics import DTYPE_ALIASES, SERVING_DTYPES, dtype_bytes
 from lmcalc.engine.model.params import count_params
+from lmcalc.engine.model.prompt import prefix_tokens
 from lmcalc.engine.parallel.layout import check_tp_heads
 from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
@@ -335,10 +336,10 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     layer, the two token shifts at the cache's bytes and WKV's three in fp32, as RwkvModel keeps them; Griffin's
     recurrent blocks their convolution's last K − 1 inputs and the RG-LRU's state in fp32, as RecurrentGemma's
     blocks keep them; xLSTM's mLSTM a head's matrix memory (d_k × d_v), normaliser (d_k) and max at the cache's bytes,
-    as xLSTMCache keeps them; CPM-Ant's prompt, the K and V of its P tokens in every layer."""
+    as xLSTMCache keeps them; CPM-Ant's prompt and GIT's images, the K and V of their P tokens in every layer."""
     layers = spec.other_mixer_layers
-    if spec.prompt:  # CPM-Ant's P prompt tokens, cached by every layer before the sequence's own
-        return spec.prompt.length * cache_layers(spec, None) * kv_elements_per_token_per_layer(spec) * kv_bytes
+    if spec.prompt or spec.image_prefix:  # CPM-Ant's prompt, GIT's images: P tokens every layer caches first
+        return prefix_tokens(spec) * cache_layers(spec, None) * kv_elements_per_token_per_layer(spec) * kv_bytes
     x = spec.mlstm
     if x:  # each head's matrix memory C, its normaliser n and its max m (xLSTMCache, at the model's dtype)
         return layers * x.heads * (x.key_head_dim * x.value_head_dim + x.key_head_dim + 1) * kv_bytes

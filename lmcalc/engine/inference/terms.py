@@ -11,6 +11,7 @@ from lmcalc.engine.inference.serving import (
     serving_dtype_bytes,
 )
 from lmcalc.engine.memory.terms import Capacity, capacity_terms, overhead_term
+from lmcalc.engine.model.prompt import prefix_tokens
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
@@ -340,11 +341,11 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
         state = ("mLSTM matrix-memory", "L · NH · (d_k · d_v + d_k + 1) · bytes",
                  f"{layers} × {x.heads} × ({x.key_head_dim} × {x.value_head_dim} + {x.key_head_dim} + 1) × {b}",
                  "Beck et al. 2025 (xLSTM-7B); transformers' xLSTMCache (C, n, m a head)")  # fmt: skip
-    elif spec.prompt:
-        P = spec.prompt.length
-        state = ("Prompt tokens' K and V", "P · L · 2·H_kv·d · bytes",
+    elif spec.prompt or spec.image_prefix:
+        P, kind = prefix_tokens(spec), "Prompt" if spec.prompt else "Image"
+        state = (f"{kind} tokens' K and V", "P · L · 2·H_kv·d · bytes",
                  f"{P} × {spec.num_layers} × 2·{spec.kv_heads}·{spec.head_size} × {b}",
-                 "Han et al. 2022 (CPM-Ant); transformers' CpmAntModel prepends it to every sequence")  # fmt: skip
+                 "Han et al. 2022 (CPM-Ant), Wang et al. 2022 (GIT): P tokens before every sequence's")  # fmt: skip
     elif spec.rwkv:
         state = ("RWKV time- and channel-mix", "L · h · (2 · bytes + 3 · 4 B)",
                  f"{layers} × {spec.hidden_size} × (2 × {b} + 3 × 4 B)",
@@ -358,8 +359,9 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
         return ()
     kind, formula, substituted, source = state
     note = "the same at any context; whole on every TP rank (lmcalc does not split these layers)"
-    label = f"{kind} per sequence" if spec.prompt else f"{kind} layers' state per sequence"
-    if spec.prompt:
+    before = bool(spec.prompt or spec.image_prefix)
+    label = f"{kind} per sequence" if before else f"{kind} layers' state per sequence"
+    if before:
         note = "the same at any context; counted whole on every TP rank, an upper bound where TP splits the heads"
     return (
         Term("state", label, memory.state_per_sequence, "bytes", formula, substituted, source, note=note),

@@ -26,8 +26,8 @@ from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_f
 from lmcalc.engine.model.layer_reuse import runs_note
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
-from lmcalc.engine.model.params import active_params, count_params, weight_tensors
-from lmcalc.engine.model.prompt import prefixed
+from lmcalc.engine.model.params import weight_tensors
+from lmcalc.engine.model.prompt import encoder_terms, prefix_note, prefix_tokens, prefixed
 from lmcalc.engine.model.width_params import altup_flops
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term
@@ -51,6 +51,8 @@ class ForwardFlops:
     indexer: float = 0.0  # DeepSeek sparse attention's indexer, run forward only (indexer_scores)
     streams: float = 0.0  # hyper-connections' projections and stream mixing (DeepSeek-V4's mHC)
     untrained: float = 0.0  # of the layers' above, the runs without gradients (HRM's early cycles): forward only
+    encoder: float = 0.0  # an image encoder's matmuls (GIT's), per text token
+    stem: float = 0.0  # of the encoder's, its patch embedding, whose input needs no gradient
 
     @property
     def forward_only(self) -> float:
@@ -64,7 +66,7 @@ class ForwardFlops:
 
     @property
     def total(self) -> float:
-        return self.layers + self.logits
+        return self.layers + self.logits + self.encoder
 
 
 def effective_keys(seq_len: int, convention: AttnConvention) -> float:
@@ -220,9 +222,9 @@ class StepFlops:
     def model(self) -> float:
         """3 · forward: forward and backward (times ``scale`` under a fine-tuning method); what runs without
         gradients once: a sparse-attention indexer (DeepseekV32Indexer's ``torch.no_grad``), a looped model's runs
-        under ``torch.no_grad`` (HRM's)."""
+        under ``torch.no_grad`` (HRM's); an image encoder's patch embedding twice, its backward the weight's alone."""
         trained = self.forward.total - self.forward.forward_only
-        return ((1 + BACKWARD_TO_FORWARD) * trained + self.forward.forward_only) * self.scale
+        return ((1 + BACKWARD_TO_FORWARD) * trained + self.forward.forward_only - self.forward.stem) * self.scale
 
     @property
     def hardware(self) -> float:
@@ -242,53 +244,6 @@ def step_flops(
     recomputation runs again (``op_policy.selective_redone``; Megatron's attention core unless said)."""
     forward = forward_flops_per_token(spec, seq_len, convention, part)
     return StepFlops(forward, recompute_flops_per_token(forward, recompute, redone))
-
-
-def napkin_params(spec: ModelSpec) -> int:
-    """The N of 6·N·D: all parameters for a dense model, the active ones for MoE."""
-    return active_params(spec) if spec.moe else count_params(spec).total
-
-
-def napkin_section(spec: ModelSpec, tokens: float) -> Section:
-    n = napkin_params(spec)
-    n_name = "N_active" if spec.moe else "N"
-    return Section(
-        "napkin",
-        "Napkin rule (6·N·D)",
-        (
-            Term(
-                "forward",
-                "Forward",
-                2 * n * tokens,
-                "FLOPs",
-                f"2·{n_name}·D",
-                f"2 × {group(n)} × {sci(tokens)}",
-                "Kaplan et al. 2020 §2.1: 2 FLOPs per parameter per token",
-            ),
-            Term(
-                "backward",
-                "Backward",
-                4 * n * tokens,
-                "FLOPs",
-                f"4·{n_name}·D",
-                f"4 × {group(n)} × {sci(tokens)}",
-                "backward = 2 × forward (gradients w.r.t. inputs and weights)",
-            ),
-            Term(
-                "total",
-                "Total training FLOPs",
-                FLOPS_PER_PARAM_PER_TOKEN * n * tokens,
-                "FLOPs",
-                f"6·{n_name}·D",
-                f"6 × {group(n)} × {sci(tokens)}",
-                "Kaplan et al. 2020; Hoffmann et al. 2022 (C ≈ 6ND)",
-                note="each held weight once, though a looped model runs it more often: the detailed count below "
-                "counts every run"
-                if spec.layer_reuse
-                else "",
-            ),
-        ),
-    )
 
 
 def detailed_section(
@@ -351,7 +306,7 @@ def _keys_text(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> _Ke
 
 def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: AttnConvention) -> tuple[Term, ...]:
     """One forward pass per token, matmul by matmul: the projections, the MLP, the attention core, the logits."""
-    keys = _keys_text(spec, seq_len, convention)
+    keys = _keys_text(spec, seq_len + prefix_tokens(spec), convention)  # a prompt's or images' tokens first
     return (
         Term(
             "projections",
@@ -369,7 +324,7 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             "FLOPs",
             *_mlp_formula(spec, fwd),
         ),
-        *_attention_terms(spec, fwd, keys, convention),
+        *_attention_terms(spec, fwd, keys, convention, seq_len),
         *_mixer_terms(spec, fwd, seq_len, convention),
         Term(
             "logits",
@@ -379,7 +334,15 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             "2 · h · V",
             f"2 × {spec.hidden_size} × {spec.vocab_size}",
         ),
-        Term("forward_per_token", "Forward per token", fwd.total, "FLOPs", "sum of the rows above"),
+        *encoder_terms(spec, fwd.encoder, seq_len),
+        Term(
+            "forward_per_token",
+            "Forward per token",
+            fwd.total,
+            "FLOPs",
+            "sum of the rows above",
+            note=prefix_note(spec, seq_len),
+        ),  # fmt: skip
     )
 
 
@@ -399,10 +362,14 @@ def _mlp_formula(spec: ModelSpec, fwd: ForwardFlops) -> tuple[str, str]:
     )
 
 
-def _attention_terms(spec: ModelSpec, fwd: ForwardFlops, keys: _Keys, convention: AttnConvention) -> tuple[Term, ...]:
+def _attention_terms(
+    spec: ModelSpec, fwd: ForwardFlops, keys: _Keys, convention: AttnConvention, seq_len: int
+) -> tuple[Term, ...]:
     """QKᵀ and AV: 2 · L · k̄ · H · d each, or where the global layers have a head size of their own (Gemma 4), the
-    local layers' keys k_w at d and the global layers' k at d_g, averaged over the A attention layers."""
+    local layers' keys k_w at d and the global layers' k at d_g, averaged over the A attention layers; where P tokens
+    come before the s (a prompt, images), (s + P)/s of it a token."""
     L, H, dqk, dv = spec.num_layers, spec.num_heads, spec.qk_head_dim, spec.v_head_dim
+    P = prefix_tokens(spec)
     names = (("attention_scores", "Attention scores QKᵀ", "d_qk", dqk), ("attention_values", "Attention values AV",
                                                                             "d_v", dv))  # fmt: skip
     terms = []
@@ -413,6 +380,8 @@ def _attention_terms(spec: ModelSpec, fwd: ForwardFlops, keys: _Keys, convention
             local, A = spec.local_layers, spec.attention_layers
             formula = "2 · L · H · (A_local·k_w·d + A_global·k·d_g)/A"
             numbers = f"2 × {L} × {H} × ({local}·k_w·{spec.head_size} + {A - local}·k·{g.head_dim})/{A}"
+        if P:
+            formula, numbers = formula + " · (s+P)/s", numbers + f" × {seq_len + P}/{seq_len}"
         note = keys.note if name == "attention_scores" else ""
         terms.append(Term(name, f"{label} (fwd, per token, {convention})", value, "FLOPs", formula, numbers,
                           note=note))  # fmt: skip
@@ -445,10 +414,15 @@ def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: A
     return (*terms, *compressed_terms(spec, fwd.indexer, fwd.streams, seq_len, convention))
 
 
-def _forward_only_formula(fwd: ForwardFlops) -> str:
-    """What the training row takes back, 2 × its forward, for running without gradients."""
+def _taken_back(fwd: ForwardFlops) -> tuple[str, str]:
+    """What the training row takes back from 3 × forward: 2 × the forward of what runs without gradients, and an
+    image encoder's patch embedding's input gradient (its stem's forward once)."""
     parts = [name for name, flops in (("indexer", fwd.indexer), ("no-grad runs", fwd.untrained)) if flops]
-    return f" − 2 · ({' + '.join(parts)})" if len(parts) > 1 else f" − 2 · {parts[0]}" if parts else ""
+    formula = f" − 2 · ({' + '.join(parts)})" if len(parts) > 1 else f" − 2 · {parts[0]}" if parts else ""
+    numbers = f" − 2 × {sci(fwd.forward_only, 4)}" if fwd.forward_only else ""
+    if fwd.stem:
+        formula, numbers = formula + " − patch embedding", numbers + f" − {sci(fwd.stem, 4)}"
+    return formula, numbers
 
 
 def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tuple[Term, ...]:
@@ -463,9 +437,8 @@ def _training_terms(step: StepFlops, tokens: float, recompute: Recompute) -> tup
             "Training per token (fwd + bwd)",
             per_token,
             "FLOPs",
-            "3 · forward (backward = 2 × forward)" + _forward_only_formula(step.forward),
-            f"3 × {sci(step.forward.total, 4)}"
-            + (f" − 2 × {sci(step.forward.forward_only, 4)}" if step.forward.forward_only else ""),
+            "3 · forward (backward = 2 × forward)" + _taken_back(step.forward)[0],
+            f"3 × {sci(step.forward.total, 4)}" + _taken_back(step.forward)[1],
         ),
         Term(
             "model_flops",
