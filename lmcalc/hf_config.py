@@ -78,7 +78,7 @@ LLAMA_LIKE = (
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
     "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", "hy_v4",
-    "doge", "dory", "hrm_text", GEMMA3N,
+    "doge", "dory", "hrm_text", "phi4_multimodal", GEMMA3N,
     *GEMMA4, MLLAMA,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
@@ -99,7 +99,8 @@ MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mis
 DRAFTERS = ("gemma4_assistant", "gemma4_unified_assistant")
 """Wrappers whose ``text_config`` is not the whole model: Gemma 4's drafters for speculative decoding, whose causal
 LM adds projections from and to the backbone's width (and their text model reuses its K and V in every layer)."""
-FUSED = {"phi3": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"], "glm": ["gate_up"], "gpt2": ["qkv"],
+FUSED = {"phi3": ["qkv", "gate_up"], "phi4_multimodal": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"],
+         "glm": ["gate_up"], "gpt2": ["qkv"],
          "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "gpt_neox_japanese": ["qkv"],
          "falcon": ["qkv"], "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
@@ -376,13 +377,15 @@ def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], st
 
 
 def _vision(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
-    """What a multimodal config holds beside its text model: a note, and the vision tower's count where known."""
+    """What a multimodal config holds beside its text model: a note, and the vision tower's count where known
+    (Phi-4-multimodal's image and audio encoders both)."""
     kind = str(config.get("model_type", "")).lower()
     tower = vision_params(config, text.get("hidden_size", 0))
+    towers = "image and audio encoders and projections" if kind == "phi4_multimodal" else "vision tower and projector"
     if tower is None:
-        note = f"the text model of a {kind or 'multimodal'} config; its vision tower and projector are not counted"
+        note = f"the text model of a {kind or 'multimodal'} config; its {towers} are not counted"
         return {"notes": [note]}
-    note = f"the text model of a {kind} config; its vision tower and projector ({tower:,} parameters) are apart"
+    note = f"the text model of a {kind} config; its {towers} ({tower:,} parameters) are apart"
     return {"notes": [note], "vision_params": tower}
 
 
@@ -445,7 +448,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     check_fields(text, origin)  # the fields an alias spelt
     _check_layer_count(text, origin)
     kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
-    fields = _common(text, kind, name, origin) | (_vision(config, text) if multimodal else {})
+    towers = multimodal or kind == "phi4_multimodal"  # Phi-4-multimodal: its text fields at the top, encoders inside
+    fields = _common(text, kind, name, origin) | (_vision(config, text) if towers else {})
     if kind in ("gpt2", "gpt_bigcode"):
         return gpt2(text, kind, fields, origin)
     if kind == "openai-gpt":

@@ -45,12 +45,52 @@ def clip_params(vision: dict[str, Any]) -> int:
     return embeddings + 2 * h + vision.get("num_hidden_layers", 12) * layer + 2 * h
 
 
+PHI4_VISION = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "image_size": 448,
+               "patch_size": 14, "num_channels": 3}  # fmt: skip
+"""Phi4MultimodalVisionConfig's defaults, where they differ from SiglipVisionConfig's."""
+
+
+def phi4_image_params(vision: dict[str, Any], text_hidden: int) -> int:
+    """Phi-4-multimodal's image embedding (Phi4MultimodalImageEmbedding): a SigLIP encoder with its pooling head, the
+    global and sub-image separators (v each) and a two-layer projection v → h → h, with biases. Defaults are
+    Phi4MultimodalVisionConfig's."""
+    vision = {**PHI4_VISION, **vision}
+    v = vision["hidden_size"]
+    return siglip_params(vision) + 2 * v + _linear(v, text_hidden) + _linear(text_hidden, text_hidden)
+
+
+def phi4_audio_params(audio: dict[str, Any], text_hidden: int) -> int:
+    """Phi-4-multimodal's audio embedding (Phi4MultimodalAudioEmbedding, Phi4MultimodalAudioModel): NeMo's conv
+    subsampling (a 3 × 3 convolution, then log2(time_reduction) − 1 depthwise 3 × 3 and pointwise pairs, C channels,
+    and a linear layer from C × nemo_final_size), a relative attention bias table (bias_max_distance rows, twice where
+    not symmetric, a head), Conformer blocks (two macaron MLPs of a LayerNorm and a gated h → 2·f → h, attention with
+    biases, a convolution module: a LayerNorm, a GLU pointwise convolution with its two biases, a depthwise separable
+    convolution, a pointwise convolution; two LayerNorms), and the speech and vision-speech projections, each h_a → h
+    → h. Defaults are Phi4MultimodalAudioConfig's."""
+    h, f = audio.get("hidden_size", 1024), audio.get("intermediate_size", 1536)
+    channels, kernel = audio.get("nemo_conv_channels", 1024), audio.get("kernel_size", 3)
+    ext, mult = audio.get("ext_pw_out_channel", 1024), audio.get("depthwise_multiplier", 1)
+    stages = max(audio.get("time_reduction", 8).bit_length() - 1, 1)  # int(log2(time_reduction))
+    embed = (9 * channels + channels) + (stages - 1) * (10 * channels + _linear(channels, channels))
+    embed += _linear(channels * audio.get("nemo_final_size", 10), h)
+    buckets = audio.get("bias_max_distance", 1000) * (1 if audio.get("bias_symmetric", False) else 2)
+    mlp = 2 * h + _linear(h, 2 * f) + _linear(f, h)
+    conv = 2 * h + _linear(h, 2 * ext) + 2 * ext + (h * mult * kernel + h * mult)
+    conv += _linear(h * mult, audio.get("depthwise_separable_out_channel", 1024)) + _linear(h, ext)
+    block = 2 * mlp + 4 * _linear(h, h) + conv + 2 * 2 * h
+    projections = 2 * (_linear(h * audio.get("downsample_rate", 1), text_hidden) + _linear(text_hidden, text_hidden))
+    return embed + buckets * audio.get("num_attention_heads", 16) + audio.get("num_blocks", 24) * block + projections
+
+
 def vision_params(config: dict[str, Any], text_hidden: int) -> int | None:
     """The vision tower and projector of a multimodal ``config``, or None when lmcalc does not count its kind."""
     vision = config.get("vision_config") or {}
     if config.get("model_type") == "gemma3" and vision.get("model_type", "siglip_vision_model") in SIGLIP:
         # Gemma3MultiModalProjector: an (h_vision × h_text) projection and an RMSNorm on the vision side
         return siglip_params(vision) + vision.get("hidden_size", 768) * (text_hidden + 1)
+    if config.get("model_type") == "phi4_multimodal":  # its image and audio embeddings, both inside the causal LM
+        audio = config.get("audio_config") or {}
+        return phi4_image_params(vision, text_hidden) + phi4_audio_params(audio, text_hidden)
     if config.get("model_type") == "git":  # GitProjection: h_vision → h_text and a LayerNorm; a frame's embedding each
         frames = config.get("num_image_with_embedding") or 0
         width = vision.get("hidden_size", 768)

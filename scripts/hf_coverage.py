@@ -79,8 +79,6 @@ NEEDS: dict[str, str] = {
     "inkling2_loop_text": "as inkling_text, its layers looped",
     "inkling2_text": "as inkling_text",
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
-    "phi4_multimodal": "Phi-4-multimodal: Phi-4-mini's layers with its image (SigLIP) and audio (Conformer) encoders "
-    "inside the causal LM, which lmcalc does not count",
     "zaya": "ZAYA: CCA attention (convolved queries and keys, a delayed value), learned residual scales and biases, "
     "an MLP router",
 }

@@ -286,6 +286,14 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                   mamba_d_state=16, num_key_value_heads=4)),
     # Doge: its dynamic mask keeps each query's top 16 keys (fewer than the tests' 32 tokens), biases on attention
     "doge": ("DogeConfig", dict(keep_window_size=16, attention_bias=True)),
+    # Phi-4-multimodal: Phi-3's layers, and inside the causal LM a tiny SigLIP image encoder and Conformer audio
+    # encoder, counted apart (a text step runs neither)
+    "phi4_multimodal": ("Phi4MultimodalConfig", dict(
+        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        audio_config=dict(hidden_size=32, intermediate_size=48, num_blocks=2, num_attention_heads=2,
+                          nemo_conv_channels=16, ext_pw_out_channel=32, depthwise_separable_out_channel=32,
+                          bias_max_distance=16))),
     # CPM-Ant: 8 prompt tokens before every sequence (4 prompts' rows), 4 segments, 32 position buckets
     "cpmant": ("CpmAntConfig", dict(dim_head=16, dim_ff=96, prompt_length=8, prompt_types=4, segment_types=4,
                                     position_bias_num_buckets=32)),
