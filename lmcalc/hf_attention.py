@@ -1,7 +1,7 @@
 """Reading the attention of the types whose attention is their own, for ``hf_config``'s Llama-like reader: ModernBERT's
 decoder (its norms, fused GeGLU and head transform with it), Laguna's head gate and DeepSeek sparse attention's
-indexer (DeepSeek-V3.2, GLM-5, A.X K2); and CPM-Ant's whole layer, its prompt and its score bias. Each returns
-ModelSpec fields, or the indexer's."""
+indexer (DeepSeek-V3.2, GLM-5, A.X K2); CPM-Ant's whole layer, its prompt and its score bias; and ZAYA's CCA
+attention and router. Each returns ModelSpec fields, or the indexer's."""
 
 from __future__ import annotations
 
@@ -88,4 +88,18 @@ def cpmant(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[
             "segments": _get(config, origin, "segment_types"),
             "buckets": _get(config, origin, "position_bias_num_buckets"),
         },
+    }
+
+
+def zaya(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """ZAYA (ZayaForCausalLM), finishing the common reader's fields: CCA attention (``cca``: ``cca_time0`` and
+    ``cca_time1`` taps, the key scale; QK L2-normed without weights), the residual scaling, an MoE block of
+    ``num_experts`` in every layer (top ``num_experts_per_tok`` of E + 1 classes, the last a skip) behind an MLP router
+    of ``router_hidden_size``, and a head with a bias where ``lm_head_bias`` says."""
+    moe = fields.get("moe") or {}
+    return fields | {
+        "qk_norm": "none",
+        "head_bias": bool(config.get("lm_head_bias")),
+        "cca": {"depthwise": _get(config, origin, "cca_time0"), "grouped": _get(config, origin, "cca_time1")},
+        "moe": moe | {"router_rank": _get(config, origin, "router_hidden_size")},
     }

@@ -78,7 +78,7 @@ LLAMA_LIKE = (
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
     "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", "hy_v4",
-    "doge", "dory", "hrm_text", "phi4_multimodal", GEMMA3N,
+    "doge", "dory", "hrm_text", "phi4_multimodal", "zaya", GEMMA3N,
     *GEMMA4, MLLAMA,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
@@ -119,7 +119,7 @@ QK_NORM = {"olmo2": "full", "olmoe": "full", "qwen3": "per_head", "qwen3_moe": "
            **dict.fromkeys((*DELTANET, GEMMA3N, *GEMMA4), "per_head")}  # fmt: skip
 PARTIAL_ROTARY = {"glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "stablelm": 0.25, "nemotron": 0.5, "persimmon": 0.5,
                   "qwen3_next": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25, "bamba": 0.5,
-                  "mimo_v2_flash": 0.334}  # fmt: skip
+                  "mimo_v2_flash": 0.334, "zaya": 0.5}  # fmt: skip
 """The classes' partial_rotary_factor where it is below 1 (their rope_parameters' default; tests/test_hf_types.py)."""
 QK_NORM_OPTIONAL = {"glm4_moe": "per_head", "cohere": "full", "persimmon": "per_head"}  # use_qk_norm, qk_layernorm
 QKV_BIAS_ONLY = ("qwen2", "qwen2_moe", "glm4", "glm4_moe", "glm", "helium", "stablelm", "solar_open")  # fmt: skip

@@ -37,6 +37,7 @@ WHOLE_NUMBERS = frozenset(
         "keep_window_size", "n_input_layers", "n_recurrent_layers", "n_output_layers", "n_recurrent_loops",
         "H_cycles", "L_cycles", "num_layers_per_stack", "num_blocks", "embedding_dim", "ffn_round_up_to_multiple_of",
         "dim_head", "dim_ff", "prompt_length", "prompt_types", "segment_types", "position_bias_num_buckets",
+        "cca_time0", "cca_time1", "router_hidden_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

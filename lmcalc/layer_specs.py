@@ -39,8 +39,8 @@ WIDTHS_COUNTED_ONLY = (
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
     "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, Doge's dynamic mask attention, "
-    "looped layers (Dory's, HRM's), CPM-Ant's prompt and GIT's image tokens are counted by lmcalc params, lmcalc "
-    "flops, lmcalc "
+    "looped layers (Dory's, HRM's), CPM-Ant's prompt, GIT's image tokens and ZAYA's CCA attention are counted by "
+    "lmcalc params, lmcalc flops, lmcalc "
     "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
     "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
@@ -111,6 +111,12 @@ class MoESpec(Spec):
         "projections are this many experts of H_kv heads each, every token routed by a router of its own to k of "
         "them, so that it attends with H = k·H_kv heads over one shared K and V; a bias of h on their output",
     )
+    router_rank: Dimension | None = Field(
+        None,
+        description="ZAYA's router: h → r with a bias, the previous MoE layer's r-wide state added at a learned "
+        "scale (r), an RMSNorm and two r × r layers with biases, scores for E + 1 classes (the last a skip, which "
+        "transformers sends to expert 0 at weight 0); None: a linear router",
+    )
     output_bias: StrictBool = Field(
         False, description="a bias of h on the routed experts' summed output (JetMoE's MoE bias), in each MoE layer"
     )
@@ -152,8 +158,8 @@ class MoESpec(Spec):
 
     @property
     def router_outputs(self) -> int:
-        """The experts the router scores: E, and the zero-computation ones (E + Z)."""
-        return self.num_experts + self.zero_experts
+        """The experts the router scores: E, and the zero-computation ones (E + Z), or ZAYA's skip class (E + 1)."""
+        return self.num_experts + self.zero_experts + (1 if self.router_rank else 0)
 
     @property
     def shared_width(self) -> int:
@@ -454,3 +460,16 @@ class ImagePrefixSpec(Spec):
     def prefix(self) -> int:
         """P, the tokens the images put before the text."""
         return self.images * self.tokens
+
+
+class CcaSpec(Spec):
+    """ZAYA's compressed convolutional attention (Figliolia et al. 2025, CCA; transformers' ZayaCCAProjection): the
+    queries and keys, H·d ‖ H_kv·d channels, go through a causal depthwise convolution of ``depthwise`` taps and a
+    grouped one of ``grouped`` taps (a group a head, d channels), with biases, and each is added back to its mean over
+    its group of heads; half of each value head comes from the token and half from the one before (two projections of
+    H_kv·d/2); a learned key scale a KV head (QK L2-normed). The convolutions' last taps and the delayed value are the
+    layer's state in serving. Its layers also scale and shift the residual stream and each branch (4·h a site, and
+    2·h on the embedding)."""
+
+    depthwise: Dimension = Field(description="the depthwise convolution's taps (cca_time0)")
+    grouped: Dimension = Field(description="the grouped convolution's taps (cca_time1)")

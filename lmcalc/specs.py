@@ -23,6 +23,7 @@ from lmcalc.layer_specs import (
     NO_TOP_K,
     WIDTHS_COUNTED_ONLY,
     AltUpSpec,
+    CcaSpec,
     CompressedAttentionSpec,
     CrossAttentionSpec,
     GlobalAttentionSpec,
@@ -76,7 +77,7 @@ from lmcalc.spec_base import (
     whole_float_as_int,
 )
 
-__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "ComputeDtype",
+__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "CcaSpec", "ComputeDtype",
            "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec", "SharedBlockSpec",
            "CrossAttentionSpec", "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec",
            "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
@@ -325,6 +326,7 @@ class ModelSpec(LayerKinds, NamedSpec):
     layer_reuse: LayerReuseSpec | None = Field(None, description="layers run more than once a pass (Dory, HRM)")
     prompt: PromptSpec | None = Field(None, description="prompt tokens prepended to every sequence (CPM-Ant)")
     image_prefix: ImagePrefixSpec | None = Field(None, description="an image encoder's tokens before the text (GIT)")
+    cca: CcaSpec | None = Field(None, description="compressed convolutional attention and residual scaling (ZAYA)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -448,6 +450,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             or self.layer_reuse
             or self.prompt
             or self.image_prefix
+            or self.cca
         ):
             return COMPRESSED_COUNTED_ONLY
         return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""

@@ -79,8 +79,6 @@ NEEDS: dict[str, str] = {
     "inkling2_loop_text": "as inkling_text, its layers looped",
     "inkling2_text": "as inkling_text",
     "inkling_text": "Inkling: short convolutions and relative-position terms in its attention, a shared-expert sink",
-    "zaya": "ZAYA: CCA attention (convolved queries and keys, a delayed value), learned residual scales and biases, "
-    "an MLP router",
 }
 """What each type lmcalc does not read yet needs that the engine lacks (docs/hf-types.md's last section)."""
 
@@ -249,8 +247,8 @@ def page(cases: list[Case]) -> str:
               "the dense MLP; AltUp's streams, LAuReL and the sparse gates): their saved tensors within 0.12 % of "
               "what transformers keeps, with and without checkpointing, under LoRA within 2.1 % (formulas §5.4).", "",
               "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`), Doge (`doge`), "
-              "Dory (`dory`), HRM (`hrm_text`), CPM-Ant (`cpmant`) and GIT (`git`) are read exactly too, and "
-              "taken by the same four (formulas §2.24 to §2.28, §2.30, §2.31 and §11. DeepSeek-V4: "
+              "Dory (`dory`), HRM (`hrm_text`), CPM-Ant (`cpmant`), GIT (`git`) and ZAYA (`zaya`) are read exactly "
+              "too, and taken by the same four (formulas §2.24 to §2.28, §2.30 to §2.32 and §11. DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
@@ -260,7 +258,8 @@ def page(cases: list[Case]) -> str:
               "scales. Dory and HRM: looped layers, whose weights count once and compute at every run, each run "
               "caching its own K and V, HRM's early runs forward alone; Dory's nGPT scales. CPM-Ant: a prompt every "
               "layer computes before each sequence, segments and a learned score bias. GIT: an image encoder whose "
-              "tokens every layer and the head compute before the text's). Training memory, "
+              "tokens every layer and the head compute before the text's. ZAYA: convolved queries and keys, a delayed "
+              "value, residual scaling and an MLP router). Training memory, "
               "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
               "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"

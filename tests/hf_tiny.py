@@ -294,6 +294,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
         audio_config=dict(hidden_size=32, intermediate_size=48, num_blocks=2, num_attention_heads=2,
                           nemo_conv_channels=16, ext_pw_out_channel=32, depthwise_separable_out_channel=32,
                           bias_max_distance=16))),
+    # ZAYA: CCA attention (4 heads and 2 KV heads of 16, convolutions of 2 taps each), every layer an MoE of 4
+    # experts and a skip class behind an MLP router of 16, top 1
+    "zaya": ("ZayaConfig", dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=1,
+                                router_hidden_size=16)),
     # CPM-Ant: 8 prompt tokens before every sequence (4 prompts' rows), 4 segments, 32 position buckets
     "cpmant": ("CpmAntConfig", dict(dim_head=16, dim_ff=96, prompt_length=8, prompt_types=4, segment_types=4,
                                     position_bias_num_buckets=32)),

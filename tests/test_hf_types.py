@@ -240,8 +240,9 @@ def test_the_share_of_each_head_rope_rotates_is_the_classs(kind: str):
     # file with neither takes the class's default (hf_config.PARTIAL_ROTARY: GLM's 0.5, StableLM's 0.25, ...)
     config = bare_config(kind)
     rope = config.get("rope_parameters")
-    if isinstance(rope, dict) and "full_attention" in rope:  # one a layer type: their common share (MiMo-V2-Flash's
-        factors = {(r or {}).get("partial_rotary_factor", 1.0) for r in rope.values()}  # 0.334), else the whole head
+    # one a layer type (MiMo-V2-Flash's, ZAYA's): their common share (MiMo-V2-Flash's 0.334), else the whole head
+    if isinstance(rope, dict) and rope and all(isinstance(r, dict) for r in rope.values()):
+        factors = {(r or {}).get("partial_rotary_factor", 1.0) for r in rope.values()}
         rope = {"rope_type": "default", "partial_rotary_factor": factors.pop() if len(factors) == 1 else 1.0}
     factor = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) and "rope_type" in rope else 1.0
     absent = {k: v for k, v in config.items() if k not in ("rope_parameters", "partial_rotary_factor")}

@@ -336,10 +336,15 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     layer, the two token shifts at the cache's bytes and WKV's three in fp32, as RwkvModel keeps them; Griffin's
     recurrent blocks their convolution's last K − 1 inputs and the RG-LRU's state in fp32, as RecurrentGemma's
     blocks keep them; xLSTM's mLSTM a head's matrix memory (d_k × d_v), normaliser (d_k) and max at the cache's bytes,
-    as xLSTMCache keeps them; CPM-Ant's prompt and GIT's images, the K and V of their P tokens in every layer."""
+    as xLSTMCache keeps them; CPM-Ant's prompt and GIT's images, the K and V of their P tokens in every layer;
+    ZAYA's CCA its convolutions' last inputs and the delayed value a layer, beside its K and V."""
     layers = spec.other_mixer_layers
     if spec.prompt or spec.image_prefix:  # CPM-Ant's prompt, GIT's images: P tokens every layer caches first
         return prefix_tokens(spec) * cache_layers(spec, None) * kv_elements_per_token_per_layer(spec) * kv_bytes
+    if spec.cca:  # ZAYA's: the convolutions' last t0 + t1 − 2 inputs of q‖k, and the last token's delayed value
+        c, channels = spec.cca, (spec.num_heads + spec.kv_heads) * spec.head_size
+        per_layer = channels * (c.depthwise + c.grouped - 2) + spec.kv_heads * spec.head_size // 2
+        return spec.attention_layers * per_layer * kv_bytes
     x = spec.mlstm
     if x:  # each head's matrix memory C, its normaliser n and its max m (xLSTMCache, at the model's dtype)
         return layers * x.heads * (x.key_head_dim * x.value_head_dim + x.key_head_dim + 1) * kv_bytes

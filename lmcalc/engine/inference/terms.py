@@ -341,6 +341,12 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
         state = ("mLSTM matrix-memory", "L · NH · (d_k · d_v + d_k + 1) · bytes",
                  f"{layers} × {x.heads} × ({x.key_head_dim} × {x.value_head_dim} + {x.key_head_dim} + 1) × {b}",
                  "Beck et al. 2025 (xLSTM-7B); transformers' xLSTMCache (C, n, m a head)")  # fmt: skip
+    elif spec.cca:
+        cca, C = spec.cca, (spec.num_heads + spec.kv_heads) * spec.head_size
+        state = ("CCA convolution and delayed-value", "L · (C · (t0 + t1 − 2) + H_kv·d/2) · bytes",
+                 f"{spec.attention_layers} × ({C} × ({cca.depthwise} + {cca.grouped} − 2) + "
+                 f"{spec.kv_heads * spec.head_size // 2}) × {b}",
+                 "transformers' ZAYA cache (conv and recurrent states)")  # fmt: skip
     elif spec.prompt or spec.image_prefix:
         P, kind = prefix_tokens(spec), "Prompt" if spec.prompt else "Image"
         state = (f"{kind} tokens' K and V", "P · L · 2·H_kv·d · bytes",

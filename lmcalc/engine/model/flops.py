@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.model.cca import cca_flops
 from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_flops, mean_keys, stream_mixing_flops
 from lmcalc.engine.model.layer_reuse import runs_note
 from lmcalc.engine.model.mixer_flops import ssm_flops
@@ -52,7 +53,7 @@ class ForwardFlops:
     streams: float = 0.0  # hyper-connections' projections and stream mixing (DeepSeek-V4's mHC)
     untrained: float = 0.0  # of the layers' above, the runs without gradients (HRM's early cycles): forward only
     encoder: float = 0.0  # an image encoder's matmuls (GIT's), per text token
-    stem: float = 0.0  # of the encoder's, its patch embedding, whose input needs no gradient
+    stem: float = 0.0  # of the above, matmuls whose input needs no gradient (GIT's patch embedding, ZAYA's zero token)
 
     @property
     def forward_only(self) -> float:
@@ -165,8 +166,9 @@ def _forward_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention, pa
     layer_share = 1 if part is None else part.layers / spec.num_layers
     mlp += altup_flops(spec) * layer_share  # Gemma 3n's stream mixing
     indexer += indexer_flops(spec, seq_len, convention) * layer_share  # DeepSeek-V4's CSA indexers
+    convolved, stem = (f * layer_share for f in cca_flops(spec, seq_len))  # ZAYA's convolutions, its delayed value
     forward = ForwardFlops(
-        projections=projections,
+        projections=projections + convolved,
         mlp=mlp,
         attention_scores=2 * attending * H * qk_width,
         attention_values=2 * attending * H * v_width,
@@ -174,6 +176,7 @@ def _forward_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention, pa
         ssm=L * spec.other_mixer_share * ssm_flops(spec, seq_len),
         indexer=indexer + L * spec.indexer_layers / spec.num_layers * indexer_scores(spec, seq_len, convention),
         streams=streams + stream_mixing_flops(spec) * layer_share,
+        stem=stem,
     )
     reuse = spec.layer_reuse  # runs without gradients: the average run's share (model_rules: every run alike)
     if reuse is None or not reuse.no_grad_runs:
@@ -222,7 +225,8 @@ class StepFlops:
     def model(self) -> float:
         """3 · forward: forward and backward (times ``scale`` under a fine-tuning method); what runs without
         gradients once: a sparse-attention indexer (DeepseekV32Indexer's ``torch.no_grad``), a looped model's runs
-        under ``torch.no_grad`` (HRM's); an image encoder's patch embedding twice, its backward the weight's alone."""
+        under ``torch.no_grad`` (HRM's); a matmul whose input needs no gradient twice, its backward the weight's
+        alone (an image encoder's patch embedding, ZAYA's delayed value of a zero token)."""
         trained = self.forward.total - self.forward.forward_only
         return ((1 + BACKWARD_TO_FORWARD) * trained + self.forward.forward_only - self.forward.stem) * self.scale
 
@@ -415,13 +419,13 @@ def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: A
 
 
 def _taken_back(fwd: ForwardFlops) -> tuple[str, str]:
-    """What the training row takes back from 3 × forward: 2 × the forward of what runs without gradients, and an
-    image encoder's patch embedding's input gradient (its stem's forward once)."""
+    """What the training row takes back from 3 × forward: 2 × the forward of what runs without gradients, and the
+    input gradient of a matmul whose input needs none (its forward once: GIT's patch embedding, ZAYA's zero token)."""
     parts = [name for name, flops in (("indexer", fwd.indexer), ("no-grad runs", fwd.untrained)) if flops]
     formula = f" − 2 · ({' + '.join(parts)})" if len(parts) > 1 else f" − 2 · {parts[0]}" if parts else ""
     numbers = f" − 2 × {sci(fwd.forward_only, 4)}" if fwd.forward_only else ""
     if fwd.stem:
-        formula, numbers = formula + " − patch embedding", numbers + f" − {sci(fwd.stem, 4)}"
+        formula, numbers = formula + " − no input gradient", numbers + f" − {sci(fwd.stem, 4)}"
     return formula, numbers
 
 

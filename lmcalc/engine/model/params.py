@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from lmcalc.engine.model.cca import cca_tensors, mlp_router_tensors
 from lmcalc.engine.model.compressed_attention import compressed_attention_tensors, hyper_connection_tensors
 from lmcalc.engine.model.layer_reuse import held_once, ngpt_tensors, runs_note, start_state
 from lmcalc.engine.model.mixer_params import mixer_tensors
@@ -226,7 +227,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors += compressed_attention_tensors(spec)
     elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
-    tensors += mixer_tensors(spec) + hyper_connection_tensors(spec) + shared_block_tensors(spec)
+    tensors += mixer_tensors(spec) + hyper_connection_tensors(spec) + shared_block_tensors(spec) + cca_tensors(spec)
     tensors += _layer_norms(spec, h) + ngpt_tensors(spec)
     moe = spec.moe
     if moe is None and spec.ffn_layers:
@@ -241,7 +242,10 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
         router = Site("router", n_moe, "L_moe")
         scored = Dim(moe.router_outputs, "(E+Z)") if moe.zero_experts else Dim(moe.num_experts, "E")
-        tensors += linear("router", router, scored, h, moe.router_bias) + branch_norms(spec)
+        if moe.router_rank:  # ZAYA's MLP router
+            tensors += mlp_router_tensors(spec, router)
+        else:
+            tensors += linear("router", router, scored, h, moe.router_bias) + branch_norms(spec)
         # null: unknown, and count_params says no active count; a zero-computation expert computes nothing
         k = moe.computed_k if moe.experts_per_token else None
         routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * k if k else None)
