@@ -1,7 +1,8 @@
 """Reading the attention of the types whose attention is their own, for ``hf_config``'s Llama-like reader: ModernBERT's
 decoder (its norms, fused GeGLU and head transform with it), Laguna's head gate and DeepSeek sparse attention's
-indexer (DeepSeek-V3.2, GLM-5, A.X K2); CPM-Ant's whole layer, its prompt and its score bias; and ZAYA's CCA
-attention and router. Each returns ModelSpec fields, or the indexer's."""
+indexer (DeepSeek-V3.2, GLM-5, A.X K2); CPM-Ant's whole layer, its prompt and its score bias; ZAYA's CCA
+attention and router; and Inkling's branch convolutions and relative logits. Each returns ModelSpec fields, or the
+indexer's."""
 
 from __future__ import annotations
 
@@ -103,3 +104,25 @@ def zaya(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[st
         "cca": {"depthwise": _get(config, origin, "cca_time0"), "grouped": _get(config, origin, "cca_time1")},
         "moe": moe | {"router_rank": _get(config, origin, "router_hidden_size")},
     }
+
+
+def inkling(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Inkling's text model (InklingForCausalLM), finishing the common reader's fields: the local layers'
+    (``hybrid_sliding``) own KV heads, the branch convolutions and relative logits (``branch_convs``: ``d_rel``,
+    ``rel_extent``, ``conv_kernel_size``), per-head QK norms, a normed embedding, learned global scales, and a router
+    that scores the shared experts too. Local layers of other heads or head size are refused."""
+    for field, full in (("swa_num_attention_heads", "num_attention_heads"), ("swa_head_dim", "head_dim")):
+        if config.get(field, config.get(full)) != config.get(full):
+            raise LmcalcError(f"{origin}: config.json {field} differs from {full}: Inkling's local layers of other "
+                              "widths are not modelled")  # fmt: skip
+    local_kv = config.get("swa_num_key_value_heads")
+    moe = fields.get("moe")
+    return fields | {
+        "qk_norm": "per_head",
+        "embedding_norm": True,
+        "global_scales": True,
+        **({"local_kv_heads": local_kv} if local_kv and local_kv != fields["num_kv_heads"] else {}),
+        "branch_convs": {"kernel": _get(config, origin, "conv_kernel_size"),
+                         "relative_width": _get(config, origin, "d_rel"), "extent": _get(config, origin, "rel_extent")},
+        **({"moe": moe | {"router_scores_shared": True}} if moe else {}),
+    }  # fmt: skip

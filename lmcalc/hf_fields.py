@@ -37,7 +37,8 @@ WHOLE_NUMBERS = frozenset(
         "keep_window_size", "n_input_layers", "n_recurrent_layers", "n_output_layers", "n_recurrent_loops",
         "H_cycles", "L_cycles", "num_layers_per_stack", "num_blocks", "embedding_dim", "ffn_round_up_to_multiple_of",
         "dim_head", "dim_ff", "prompt_length", "prompt_types", "segment_types", "position_bias_num_buckets",
-        "cca_time0", "cca_time1", "router_hidden_size",
+        "cca_time0", "cca_time1", "router_hidden_size", "swa_num_attention_heads", "swa_num_key_value_heads",
+        "swa_head_dim", "d_rel", "rel_extent", "conv_kernel_size",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -83,6 +84,7 @@ LISTS_OF_WHOLE_NUMBERS = frozenset(
         "compress_ratios",
         "hybrid_layer_ids",
         "L_bp_cycles",
+        "local_layer_ids",
     }
 )
 LISTS_OF_TEXTS = frozenset(

@@ -39,8 +39,8 @@ WIDTHS_COUNTED_ONLY = (
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
     "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, Doge's dynamic mask attention, "
-    "looped layers (Dory's, HRM's), CPM-Ant's prompt, GIT's image tokens and ZAYA's CCA attention are counted by "
-    "lmcalc params, lmcalc flops, lmcalc "
+    "looped layers (Dory's, HRM's), CPM-Ant's prompt, GIT's image tokens, ZAYA's CCA attention and Inkling's "
+    "branch convolutions are counted by lmcalc params, lmcalc flops, lmcalc "
     "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
     "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
@@ -111,6 +111,11 @@ class MoESpec(Spec):
         "projections are this many experts of H_kv heads each, every token routed by a router of its own to k of "
         "them, so that it attends with H = k·H_kv heads over one shared K and V; a bias of h on their output",
     )
+    router_scores_shared: StrictBool = Field(
+        False,
+        description="the router scores the shared experts too (E + shared rows), their weights normalised with "
+        "the routed ones' (Inkling's shared-expert sink)",
+    )
     router_rank: Dimension | None = Field(
         None,
         description="ZAYA's router: h → r with a bias, the previous MoE layer's r-wide state added at a learned "
@@ -158,8 +163,10 @@ class MoESpec(Spec):
 
     @property
     def router_outputs(self) -> int:
-        """The experts the router scores: E, and the zero-computation ones (E + Z), or ZAYA's skip class (E + 1)."""
-        return self.num_experts + self.zero_experts + (1 if self.router_rank else 0)
+        """The experts the router scores: E, and the zero-computation ones (E + Z), ZAYA's skip class (E + 1), or
+        the shared experts too (Inkling's)."""
+        skip = 1 if self.router_rank else 0
+        return self.num_experts + self.zero_experts + skip + (self.shared_experts if self.router_scores_shared else 0)
 
     @property
     def shared_width(self) -> int:
@@ -473,3 +480,15 @@ class CcaSpec(Spec):
 
     depthwise: Dimension = Field(description="the depthwise convolution's taps (cca_time0)")
     grouped: Dimension = Field(description="the grouped convolution's taps (cca_time1)")
+
+
+class BranchConvSpec(Spec):
+    """Inkling's (Thinking Machines 2026; transformers' InklingDecoderLayer, InklingAttention): four causal depthwise
+    convolutions of ``kernel`` taps a layer, without biases, each added back to its input: on the keys and on the values
+    (H_kv·d channels, the layer kind's), on the attention's output and on the MLP's (h). Its attention also adds a
+    bias to the scores from each token's relative states: r_proj (h → H·d_rel) mixes a table of d_rel profiles over
+    the distance (d_rel × ``extent`` in the global layers, × the window in the local ones)."""
+
+    kernel: Dimension = Field(description="K, the convolutions' taps (conv_kernel_size)")
+    relative_width: Dimension = Field(description="d_rel, a head's relative states (d_rel)")
+    extent: Dimension = Field(description="the distances the global layers' bias reaches (rel_extent)")

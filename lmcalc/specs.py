@@ -23,6 +23,7 @@ from lmcalc.layer_specs import (
     NO_TOP_K,
     WIDTHS_COUNTED_ONLY,
     AltUpSpec,
+    BranchConvSpec,
     CcaSpec,
     CompressedAttentionSpec,
     CrossAttentionSpec,
@@ -77,8 +78,9 @@ from lmcalc.spec_base import (
     whole_float_as_int,
 )
 
-__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "CcaSpec", "ComputeDtype",
-           "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec", "SharedBlockSpec",
+__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "BranchConvSpec",
+           "CcaSpec", "ComputeDtype", "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec",
+           "SharedBlockSpec",
            "CrossAttentionSpec", "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec",
            "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
            "LightningSpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
@@ -327,6 +329,8 @@ class ModelSpec(LayerKinds, NamedSpec):
     prompt: PromptSpec | None = Field(None, description="prompt tokens prepended to every sequence (CPM-Ant)")
     image_prefix: ImagePrefixSpec | None = Field(None, description="an image encoder's tokens before the text (GIT)")
     cca: CcaSpec | None = Field(None, description="compressed convolutional attention and residual scaling (ZAYA)")
+    branch_convs: BranchConvSpec | None = Field(None, description="short convolutions, relative logits (Inkling)")
+    global_scales: StrictBool = Field(False, description="a learned scalar on each dense MLP and router (Inkling's)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -451,6 +455,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             or self.prompt
             or self.image_prefix
             or self.cca
+            or self.branch_convs
         ):
             return COMPRESSED_COUNTED_ONLY
         return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""

@@ -282,11 +282,18 @@ def dispatch_flops(spec: ModelSpec, tokens: int) -> float:
 
 def mask_gradient_flops(spec: ModelSpec, tokens: int) -> float:
     """What the count's stand-in for SDPA leaves out where a learned mask is added to the scores: it gives the mask no
-    gradient, so Doge's dt_proj (H_kv·d_v → H_kv, ``dynamic_mask_window``) runs forward only on transformers' side,
-    −2 · 2·H_kv·d_v·H_kv a token in each layer (a kernel that trains the mask, as Doge's own does, runs both)."""
-    if not spec.dynamic_mask_window:
+    gradient, so what makes the mask runs forward only on transformers' side (a kernel that trains the mask, as the
+    models' own do, runs its backward too): Doge's dt_proj (H_kv·d_v → H_kv, ``dynamic_mask_window``), −2 ·
+    2·H_kv·d_v·H_kv a token in each layer; Inkling's relative logits, r_proj (h → H·d_rel) and the bias table (d_rel ×
+    the layer's extent), −2 · (2·h·H·d_rel + 2·H·d_rel·extent) a token in each layer."""
+    if spec.dynamic_mask_window:
+        return -2 * 2 * spec.kv_heads * spec.v_head_dim * spec.kv_heads * spec.num_layers * tokens
+    b = spec.branch_convs
+    if b is None:
         return 0.0
-    return -2 * 2 * spec.kv_heads * spec.v_head_dim * spec.kv_heads * spec.num_layers * tokens
+    tables = b.extent * (spec.attention_layers - spec.local_layers) + (spec.sliding_window or 0) * spec.local_layers
+    relative = 2 * spec.num_layers * spec.hidden_size * spec.num_heads * b.relative_width
+    return -2 * (relative + 2 * spec.num_heads * b.relative_width * tables) * tokens
 
 
 def _images(model: PreTrainedModel, batch: int) -> dict[str, Any]:

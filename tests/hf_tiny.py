@@ -294,6 +294,14 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
         audio_config=dict(hidden_size=32, intermediate_size=48, num_blocks=2, num_attention_heads=2,
                           nemo_conv_channels=16, ext_pw_out_channel=32, depthwise_separable_out_channel=32,
                           bias_max_distance=16))),
+    # Inkling: layer 0 local (a window of 16, one KV head), layer 1 global (two), each with its four branch
+    # convolutions and relative logits (d_rel 16 over 16 and 32 distances); layer 0 dense, the rest MoE of 4
+    # experts, top 2, and a shared expert the router scores too
+    "inkling_text": ("InklingTextConfig", dict(head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=1,
+                                               swa_head_dim=16, sliding_window_size=16, rel_extent=32,
+                                               moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                                               n_shared_experts=1, local_layer_ids=[0, 2],
+                                               mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
     # ZAYA: CCA attention (4 heads and 2 KV heads of 16, convolutions of 2 taps each), every layer an MoE of 4
     # experts and a skip class behind an MLP router of 16, top 1
     "zaya": ("ZayaConfig", dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=1,

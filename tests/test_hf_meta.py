@@ -19,34 +19,34 @@ from lmcalc.hf_meta import MetaParams  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-INKLING = dict(model_type="inkling_text", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2,
-               swa_head_dim=16, sliding_window_size=16, rel_extent=32, intermediate_size=96,
-               moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-               pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
-"""Inkling's text model at tiny size: a type lmcalc does not read yet (its short convolutions, relative-position
-terms in its attention and a shared-expert sink)."""
+INKLING2 = dict(model_type="inkling2_text", vocab_size=512, unpadded_vocab_size=500, hidden_size=64,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16, sliding_window_size=16,
+                rel_extent=32, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, pad_token_id=0,
+                bos_token_id=1, eos_token_id=2)  # fmt: skip
+"""Inkling 2's text model at tiny size: a type lmcalc does not read yet (its L2-clipped, scaled queries and keys,
+dynamic short convolutions, gated output projection, sinks and block attention residuals)."""
 
 
-def inkling_count() -> int:
-    """PyTorch's own count of transformers' Inkling built from ``INKLING`` on the meta device: ``parameters()``
+def inkling2_count() -> int:
+    """PyTorch's own count of transformers' Inkling 2 built from ``INKLING2`` on the meta device: ``parameters()``
     yields each Parameter once, whatever shares it."""
-    config = {key: value for key, value in INKLING.items() if key != "model_type"}
+    config = {key: value for key, value in INKLING2.items() if key != "model_type"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.device("meta"):
-            model = transformers.InklingForCausalLM(transformers.InklingTextConfig(**config))
+            model = transformers.Inkling2ForCausalLM(transformers.Inkling2TextConfig(**config))
     return sum(p.numel() for p in model.parameters())
 
 
 def test_params_counts_an_unread_type_with_transformers_and_says_so(tmp_path, capsys):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING))
+    path.write_text(json.dumps(INKLING2))
     counted = api.params(model=str(path))
     assert isinstance(counted, MetaParams)
     # lmcalc/hf_meta.py sums transformers' tensors module by module, each shared one once; PyTorch's parameters()
     # deduplicates by Parameter: the same count by another route
-    assert counted.total == inkling_count() == 162_882
+    assert counted.total == inkling2_count() == 158_848
     with pytest.raises(SystemExit) as exit_info:
         main(["params", "--model", str(path), "--json"])
     assert exit_info.value.code == 0
@@ -57,12 +57,12 @@ def test_params_counts_an_unread_type_with_transformers_and_says_so(tmp_path, ca
 
 def test_other_commands_refuse_an_unread_type_in_one_line(tmp_path, capsys):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING))
+    path.write_text(json.dumps(INKLING2))
     with pytest.raises(SystemExit) as exit_info:
         main(["memory", "--model", str(path)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert "'inkling_text' is a transformers type lmcalc does not read yet" in err
+    assert "'inkling2_text' is a transformers type lmcalc does not read yet" in err
     assert "lmcalc params counts it" in err
 
 
@@ -70,7 +70,7 @@ def test_without_transformers_params_refuses_in_one_line(tmp_path, monkeypatch):
     import lmcalc.estimates.counts as counts
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING))
+    path.write_text(json.dumps(INKLING2))
     monkeypatch.setattr(counts, "transformers_installed", lambda: False)
     with pytest.raises(LmcalcError, match="does not read yet"):
         api.params(model=str(path))
@@ -85,6 +85,6 @@ def test_a_misspelt_type_is_told_the_close_one(tmp_path):
 
 def test_a_config_transformers_cannot_build_is_one_line(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING | {"d_rel": 1.5}))  # InklingTextConfig: an int
+    path.write_text(json.dumps(INKLING2 | {"d_rel": 1.5}))  # Inkling2TextConfig: an int
     with pytest.raises(LmcalcError, match="transformers could not build it either"):
         api.params(model=str(path))

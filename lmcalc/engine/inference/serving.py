@@ -43,6 +43,7 @@ from fractions import Fraction
 from math import ceil
 
 from lmcalc.engine.inference.compressed_cache import CompressedCache, compressed_cache
+from lmcalc.engine.model.branch_convs import branch_conv_state
 from lmcalc.engine.model.numerics import DTYPE_ALIASES, SERVING_DTYPES, dtype_bytes
 from lmcalc.engine.model.params import count_params
 from lmcalc.engine.model.prompt import prefix_tokens
@@ -337,10 +338,13 @@ def state_bytes(spec: ModelSpec, kv_bytes: float) -> float:
     recurrent blocks their convolution's last K − 1 inputs and the RG-LRU's state in fp32, as RecurrentGemma's
     blocks keep them; xLSTM's mLSTM a head's matrix memory (d_k × d_v), normaliser (d_k) and max at the cache's bytes,
     as xLSTMCache keeps them; CPM-Ant's prompt and GIT's images, the K and V of their P tokens in every layer;
-    ZAYA's CCA its convolutions' last inputs and the delayed value a layer, beside its K and V."""
+    ZAYA's CCA its convolutions' last inputs and the delayed value a layer, beside its K and V; Inkling's its four
+    convolutions' last K inputs a layer, in fp32."""
     layers = spec.other_mixer_layers
     if spec.prompt or spec.image_prefix:  # CPM-Ant's prompt, GIT's images: P tokens every layer caches first
         return prefix_tokens(spec) * cache_layers(spec, None) * kv_elements_per_token_per_layer(spec) * kv_bytes
+    if spec.branch_convs:  # Inkling's four convolutions a layer, their last K inputs in fp32
+        return branch_conv_state(spec)
     if spec.cca:  # ZAYA's: the convolutions' last t0 + t1 − 2 inputs of q‖k, and the last token's delayed value
         c, channels = spec.cca, (spec.num_heads + spec.kv_heads) * spec.head_size
         per_layer = channels * (c.depthwise + c.grouped - 2) + spec.kv_heads * spec.head_size // 2

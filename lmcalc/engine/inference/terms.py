@@ -341,6 +341,11 @@ def _state_terms(spec: ModelSpec, memory: InferenceMemory, kv_bytes: float) -> t
         state = ("mLSTM matrix-memory", "L · NH · (d_k · d_v + d_k + 1) · bytes",
                  f"{layers} × {x.heads} × ({x.key_head_dim} × {x.value_head_dim} + {x.key_head_dim} + 1) × {b}",
                  "Beck et al. 2025 (xLSTM-7B); transformers' xLSTMCache (C, n, m a head)")  # fmt: skip
+    elif spec.branch_convs:
+        K = spec.branch_convs.kernel
+        state = ("Branch-convolution", "Σ layers (2·H_kv·d + 2·h) · K · 4 B",
+                 f"{spec.num_layers} layers × (2·H_kv·d + 2×{spec.hidden_size}) × {K} × 4 B",
+                 "transformers' Inkling cache (four fp32 conv states a layer)")  # fmt: skip
     elif spec.cca:
         cca, C = spec.cca, (spec.num_heads + spec.kv_heads) * spec.head_size
         state = ("CCA convolution and delayed-value", "L · (C · (t0 + t1 − 2) + H_kv·d/2) · bytes",

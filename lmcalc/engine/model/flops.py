@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.model.branch_convs import branch_conv_flops
 from lmcalc.engine.model.cca import cca_flops
 from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_flops, mean_keys, stream_mixing_flops
 from lmcalc.engine.model.layer_reuse import runs_note
@@ -167,6 +168,7 @@ def _forward_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention, pa
     mlp += altup_flops(spec) * layer_share  # Gemma 3n's stream mixing
     indexer += indexer_flops(spec, seq_len, convention) * layer_share  # DeepSeek-V4's CSA indexers
     convolved, stem = (f * layer_share for f in cca_flops(spec, seq_len))  # ZAYA's convolutions, its delayed value
+    convolved += branch_conv_flops(spec, seq_len) * layer_share  # Inkling's convolutions and relative logits
     forward = ForwardFlops(
         projections=projections + convolved,
         mlp=mlp,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from lmcalc.engine.model.branch_convs import branch_conv_tensors
 from lmcalc.engine.model.cca import cca_tensors, mlp_router_tensors
 from lmcalc.engine.model.compressed_attention import compressed_attention_tensors, hyper_connection_tensors
 from lmcalc.engine.model.layer_reuse import held_once, ngpt_tensors, runs_note, start_state
@@ -228,6 +229,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
     tensors += mixer_tensors(spec) + hyper_connection_tensors(spec) + shared_block_tensors(spec) + cca_tensors(spec)
+    tensors += branch_conv_tensors(spec)
     tensors += _layer_norms(spec, h) + ngpt_tensors(spec)
     moe = spec.moe
     if moe is None and spec.ffn_layers:
@@ -242,6 +244,8 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             tensors += _ffn("dense_mlp", Site("mlp", spec.dense_ffn_layers, "L_dense"), spec, Dim(spec.ffn_size, "f"))
         router = Site("router", n_moe, "L_moe")
         scored = Dim(moe.router_outputs, "(E+Z)") if moe.zero_experts else Dim(moe.num_experts, "E")
+        if moe.router_scores_shared:  # Inkling's router scores the shared experts too
+            scored = Dim(moe.router_outputs, "(E+E_shared)")
         if moe.router_rank:  # ZAYA's MLP router
             tensors += mlp_router_tensors(spec, router)
         else:
