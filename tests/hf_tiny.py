@@ -410,3 +410,53 @@ def kv_cache_bytes(kind: str, seq: int) -> int:
             cache = model(torch.randint(3, 120, (1, seq)), use_cache=True).past_key_values
     tensors = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def prefill_cache_bytes(config: dict[str, Any], batch: int = 2, tokens: int = 7, **inputs: Any) -> int:
+    """Every floating-point byte transformers' cache holds after a bf16 prefill of ``batch`` sequences of ``tokens``
+    (ids from 1) to the model ``config`` builds on the CPU, ``inputs`` beside them (GIT's image): K and V, and the
+    convolution, recurrent or matrix-memory states its layers keep, each tensor once."""
+    import torch
+    import transformers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    with torch.no_grad():
+        ids = torch.randint(1, config["vocab_size"], (batch, tokens))
+        cache = model.bfloat16().eval()(input_ids=ids, use_cache=True, **inputs).cache
+    found: dict[int, Any] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                found[id(value)] = value
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    for layer in getattr(cache, "layers", None) or [cache.rnn_state]:  # xLSTMCache keeps one dict of states
+        walk(layer if isinstance(layer, dict) else vars(layer))
+    return sum(t.numel() * t.element_size() for t in found.values())
+
+
+def check_counted_alone(directory: Any, config: dict[str, Any], total: int, refusal: str) -> None:
+    """``config`` written to ``directory``: lmcalc params counts ``total``, flops and the serving memory run, and
+    training memory is refused in one line matching ``refusal`` (a type counted for those alone)."""
+    import json
+
+    import pytest
+
+    from lmcalc import api
+    from lmcalc.errors import LmcalcError
+
+    path = directory / "config.json"
+    path.write_text(json.dumps(config))
+    assert api.params(model=str(path)).total == total
+    assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
+    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
+    with pytest.raises(LmcalcError, match=refusal):
+        api.memory(model=str(path))

@@ -5,9 +5,7 @@ count and FLOPs against transformers and FlopCounterMode run in tests/test_hf_ty
 
 from __future__ import annotations
 
-import json
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,6 @@ from lmcalc import api
 from lmcalc.engine.inference.serving import cache_layers, kv_elements_per_token_per_layer, state_bytes
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.model.params import count_params
-from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.specs import ModelSpec
 
@@ -55,28 +52,18 @@ def test_the_prompt_is_cached_before_every_sequence():
 
 @pytest.mark.torch
 def test_the_cache_equals_transformers():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from hf_tiny import tiny_config
+    from hf_tiny import prefill_cache_bytes, tiny_config
 
     config, batch, tokens = tiny_config("cpmant"), 2, 7
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
-    with torch.no_grad():
-        cache = model.bfloat16().eval()(input_ids=torch.randint(1, 512, (batch, tokens)), use_cache=True).cache
-    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     spec = spec_of(config)  # the 8 prompt tokens' K and V and the 7 tokens' own, in each of 4 layers
     per_token = cache_layers(spec, None) * kv_elements_per_token_per_layer(spec) * 2
+    held = prefill_cache_bytes(config, batch, tokens)
     assert held == batch * (tokens * per_token + state_bytes(spec, 2)) == batch * (tokens + 8) * per_token
 
 
 def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(DEFAULTS))
-    assert api.params(model=str(path)).total == 9_517_453_312
-    assert api.flops(model=str(path), tokens=1e9, seq=512).model_flops > 0
-    cached = api.inference(model=str(path), context=1024).memory.kv_cache
-    assert cached == (1024 + 32) * 48 * 2 * 32 * 128 * 2  # the context and the prompt
-    with pytest.raises(LmcalcError, match="CPM-Ant's prompt"):
-        api.memory(model=str(path))
+    from hf_tiny import check_counted_alone
+
+    check_counted_alone(tmp_path, DEFAULTS, 9_517_453_312, "CPM-Ant's prompt")
+    path = tmp_path / "config.json"  # the context's cache and the prompt's
+    assert api.inference(model=str(path), context=1024).memory.kv_cache == (1024 + 32) * 48 * 2 * 32 * 128 * 2

@@ -6,18 +6,14 @@ FlopCounterMode run in tests/test_hf_types.py and tests/test_validate_hf.py."""
 
 from __future__ import annotations
 
-import json
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-from lmcalc import api
 from lmcalc.engine.inference.serving import cache_layers, kv_elements_per_token_per_layer, state_bytes
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.model.params import count_params
-from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.specs import ModelSpec
 
@@ -66,27 +62,17 @@ def test_the_images_tokens_are_cached_before_the_text():
 @pytest.mark.torch
 def test_the_cache_equals_transformers():
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from hf_tiny import tiny_config
+    from hf_tiny import prefill_cache_bytes, tiny_config
 
     config, batch, tokens = tiny_config("git"), 2, 7
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
     pixels = torch.zeros(batch, 3, 32, 32, dtype=torch.bfloat16)  # the tiny encoder's 32-pixel image: 17 tokens
-    with torch.no_grad():
-        out = model.bfloat16().eval()(input_ids=torch.randint(1, 512, (batch, tokens)), pixel_values=pixels,
-                                      use_cache=True)  # fmt: skip
-    held = sum(t.numel() * t.element_size() for layer in out.cache.layers for t in (layer.keys, layer.values))
+    held = prefill_cache_bytes(config, batch, tokens, pixel_values=pixels)
     spec = spec_of(config)
     per_token = cache_layers(spec, None) * kv_elements_per_token_per_layer(spec) * 2
     assert held == batch * (tokens * per_token + state_bytes(spec, 2)) == batch * (tokens + 17) * per_token
 
 
 def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(DEFAULTS))
-    assert api.params(model=str(path)).total == 90_227_514  # the decoder; the encoder apart
-    assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
-    with pytest.raises(LmcalcError, match="GIT's image tokens"):
-        api.memory(model=str(path))
+    from hf_tiny import check_counted_alone
+
+    check_counted_alone(tmp_path, DEFAULTS, 90_227_514, "GIT's image tokens")  # the decoder; the encoder apart

@@ -8,7 +8,8 @@ of the count's SDPA stand-in stated (validate_hf.mask_gradient_flops)."""
 from __future__ import annotations
 
 import json
-import warnings
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,8 @@ from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.specs import ModelSpec
 from lmcalc.validate_hf import mask_gradient_flops
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 TINY = dict(model_type="inkling_text", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=1,
@@ -63,17 +66,10 @@ def test_the_branch_convolutions_and_relative_logits_by_hand():
 
 @pytest.mark.torch
 def test_the_state_equals_transformers_cache(tmp_path):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    config, batch, tokens = {k: v for k, v in TINY.items() if k != "model_type"}, 2, 7
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.InklingForCausalLM(transformers.InklingTextConfig(**config))
-    with torch.no_grad():
-        cache = model.bfloat16().eval()(input_ids=torch.randint(1, 512, (batch, tokens)), use_cache=True).cache
-    held = 0
-    for layer in cache.layers:  # K and V; the four convolutions' last K inputs, fp32
-        held += sum(t.numel() * t.element_size() for t in (layer.keys, layer.values, *layer.conv_states.values()))
+    from hf_tiny import prefill_cache_bytes
+
+    batch, tokens = 2, 7
+    held = prefill_cache_bytes(TINY, batch, tokens)  # K and V; the four convolutions' last K inputs, fp32
     assert state_bytes(spec_of(TINY), 2) == ((16 + 16 + 128) + (32 + 32 + 128)) * 4 * 4  # channels × 4 taps × 4 B
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY))
@@ -89,10 +85,6 @@ def test_local_layers_of_other_widths_are_refused():
 
 
 def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
-    assert api.params(model=str(path)).total == 148_354
-    assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
-    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
-    with pytest.raises(LmcalcError, match="Inkling's branch convolutions"):
-        api.memory(model=str(path))
+    from hf_tiny import check_counted_alone
+
+    check_counted_alone(tmp_path, TINY, 148_354, "Inkling's branch convolutions")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -98,20 +97,13 @@ def test_each_run_keeps_its_own_cache_unless_only_the_last_loop_writes():
 @pytest.mark.parametrize("kind, extra", [("dory", {}), ("dory", {"recurrent_kv_cache_mode": "last_loop"}),
                                          ("hrm_text", {})])  # fmt: skip
 def test_the_cache_equals_transformers(kind, extra):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from hf_tiny import tiny_config
+    from hf_tiny import prefill_cache_bytes, tiny_config
 
     from lmcalc.engine.inference.serving import kv_elements_per_token_per_layer
 
     config, batch, tokens = tiny_config(kind) | extra, 2, 7
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
-    with torch.no_grad():
-        cache = model.bfloat16().eval()(input_ids=torch.randint(0, 512, (batch, tokens)), use_cache=True).cache
-    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     spec = spec_of(config)
+    held = prefill_cache_bytes(config, batch, tokens)
     assert held == cache_layers(spec, None) * kv_elements_per_token_per_layer(spec) * 2 * batch * tokens
 
 
@@ -123,12 +115,12 @@ def _written(config: dict) -> str:
     return str(path)
 
 
-def test_flops_time_and_serving_work_and_the_rest_is_refused():
-    path = _written(HRM)
-    assert api.flops(model=path, tokens=1e9, seq=2048).model_flops > 0
-    for estimate, more in ((api.memory, {}), (api.plan, {"gpus": "8xH100"})):
-        with pytest.raises(LmcalcError, match=r"looped layers \(Dory's, HRM's\)"):
-            estimate(model=path, **more)
+def test_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
+    from hf_tiny import check_counted_alone
+
+    check_counted_alone(tmp_path, HRM, 1_447_822_848, r"looped layers \(Dory's, HRM's\)")
+    with pytest.raises(LmcalcError, match=r"looped layers \(Dory's, HRM's\)"):
+        api.plan(model=str(tmp_path / "config.json"), gpus="8xH100")
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ sequence shorter than a chunk) and against the state transformers' cache keeps."
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -85,18 +84,10 @@ def test_the_state_by_hand():
 
 @pytest.mark.torch
 def test_the_state_equals_transformers_cache():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from hf_tiny import tiny_config
+    from hf_tiny import prefill_cache_bytes, tiny_config
 
     config, batch = tiny_config("xlstm"), 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
-    with torch.no_grad():
-        cache = model.bfloat16().eval()(input_ids=torch.randint(0, 512, (batch, 7)), use_cache=True).cache
-    held = sum(t.numel() * t.element_size() for state in cache.rnn_state.values() for t in state)
-    assert held == batch * state_bytes(spec_of(config), 2)
+    assert prefill_cache_bytes(config, batch, 7) == batch * state_bytes(spec_of(config), 2)
 
 
 @pytest.mark.parametrize(
@@ -112,11 +103,8 @@ def test_what_is_not_modelled_is_refused_in_one_line(change, message):
 
 
 def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(DEFAULTS))
-    assert api.params(model=str(path)).total == 6_865_424_896
-    assert api.flops(model=str(path), tokens=1e9, seq=4096).model_flops > 0
+    from hf_tiny import check_counted_alone
+
+    check_counted_alone(tmp_path, DEFAULTS, 6_865_424_896, "xLSTM's recurrent layers")
     for context in (4096, 65536):  # no K and V: the state alone, whatever the context
-        assert api.inference(model=str(path), context=context).memory.kv_cache == 67_240_448
-    with pytest.raises(LmcalcError, match="xLSTM's recurrent layers"):
-        api.memory(model=str(path))
+        assert api.inference(model=str(tmp_path / "config.json"), context=context).memory.kv_cache == 67_240_448

@@ -5,18 +5,14 @@ FLOPs against transformers and FlopCounterMode run in tests/test_hf_types.py and
 
 from __future__ import annotations
 
-import json
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-from lmcalc import api
 from lmcalc.engine.inference.serving import cache_layers, kv_elements_per_token_per_layer, state_bytes
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.model.params import count_params
-from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.specs import ModelSpec
 
@@ -66,29 +62,17 @@ def test_a_step_by_hand():
 
 @pytest.mark.torch
 def test_the_state_equals_transformers_cache():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    config, batch, tokens = dict(TINY), 2, 7
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
-    with torch.no_grad():
-        cache = model.bfloat16().eval()(input_ids=torch.randint(1, 512, (batch, tokens)), use_cache=True).cache
-    held = 0
-    for layer in cache.layers:  # K and V; the convolutions' last inputs and the delayed value
-        states = [layer.keys, layer.values, *layer.conv_states.values(), *layer.recurrent_states.values()]
-        held += sum(t.numel() * t.element_size() for t in states)
-    spec = spec_of(config)
+    from hf_tiny import prefill_cache_bytes
+
+    batch, tokens = 2, 7  # K and V; the convolutions' last inputs and the delayed value
+    held = prefill_cache_bytes(TINY, batch, tokens)
+    spec = spec_of(TINY)
     per_token = cache_layers(spec, None) * kv_elements_per_token_per_layer(spec) * 2
     assert state_bytes(spec, 2) == 2 * (96 * 2 + 16) * 2  # two layers: 96 channels × 2 taps, 16 delayed, bf16
     assert held == batch * (tokens * per_token + state_bytes(spec, 2))
 
 
 def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
-    assert api.params(model=str(path)).total == 118_260
-    assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
-    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
-    with pytest.raises(LmcalcError, match="ZAYA's CCA attention"):
-        api.memory(model=str(path))
+    from hf_tiny import check_counted_alone
+
+    check_counted_alone(tmp_path, TINY, 118_260, "ZAYA's CCA attention")
