@@ -46,7 +46,7 @@ from lmcalc.engine.inference.compressed_cache import CompressedCache, compressed
 from lmcalc.engine.model.branch_convs import branch_conv_state
 from lmcalc.engine.model.numerics import DTYPE_ALIASES, SERVING_DTYPES, dtype_bytes
 from lmcalc.engine.model.params import count_params
-from lmcalc.engine.model.prompt import prefix_tokens
+from lmcalc.engine.model.prefix import prefix_tokens
 from lmcalc.engine.parallel.layout import check_tp_heads
 from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError

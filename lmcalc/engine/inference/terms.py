@@ -11,7 +11,7 @@ from lmcalc.engine.inference.serving import (
     serving_dtype_bytes,
 )
 from lmcalc.engine.memory.terms import Capacity, capacity_terms, overhead_term
-from lmcalc.engine.model.prompt import prefix_tokens
+from lmcalc.engine.model.prefix import prefix_tokens
 from lmcalc.result import Section, Term
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group

@@ -29,7 +29,7 @@ from lmcalc.engine.model.layer_reuse import runs_note
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
 from lmcalc.engine.model.params import weight_tensors
-from lmcalc.engine.model.prompt import encoder_terms, prefix_note, prefix_tokens, prefixed
+from lmcalc.engine.model.prefix import encoder_terms, prefix_note, prefix_tokens, prefixed
 from lmcalc.engine.model.width_params import altup_flops
 from lmcalc.errors import LmcalcError
 from lmcalc.result import Section, Term

@@ -21,7 +21,7 @@ from lmcalc.engine.model.compressed_attention import compressed_attention_tensor
 from lmcalc.engine.model.layer_reuse import held_once, ngpt_tensors, runs_note, start_state
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.mla_params import indexer_tensors, mla_tensors
-from lmcalc.engine.model.prompt import prompt_tensors
+from lmcalc.engine.model.prefix import prompt_tensors
 from lmcalc.engine.model.shared_block import shared_block_tensors
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
 from lmcalc.engine.model.width_params import (
