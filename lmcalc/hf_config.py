@@ -63,7 +63,7 @@ from lmcalc.hf_layers import (
 )
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
-from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, gemma4_layer_types
+from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, drafter_fields, gemma4_layer_types
 from lmcalc.spec_base import MAX_LAYERS
 
 LLAMA_LIKE = (
@@ -96,7 +96,7 @@ MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mis
               "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model", "gemma4": "gemma4_text",
               "gemma4_unified": "gemma4_unified_text", "gemma3n": GEMMA3N, "mllama": MLLAMA}  # fmt: skip
 """Wrapper types whose ``text_config`` holds the language model (and the text type it defaults to)."""
-DRAFTERS = ("gemma4_assistant", "gemma4_unified_assistant")
+DRAFTERS = {"gemma4_assistant": "gemma4_text", "gemma4_unified_assistant": "gemma4_unified_text"}
 """Wrappers whose ``text_config`` is not the whole model: Gemma 4's drafters for speculative decoding, whose causal
 LM adds projections from and to the backbone's width (and their text model reuses its K and V in every layer)."""
 FUSED = {"phi3": ["qkv", "gate_up"], "phi4_multimodal": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"],
@@ -368,9 +368,11 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
 def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
     """The language model's config and its type: a multimodal config's ``text_config``, else the config itself."""
     kind = str(config.get("model_type", "")).lower()
-    if kind not in MULTIMODAL and "text_config" not in config:
+    if kind not in MULTIMODAL and kind not in DRAFTERS and "text_config" not in config:
         return config, kind
     text = config.get("text_config")
+    if text is None and kind in DRAFTERS:  # a drafter's class builds its text model at that class's defaults
+        text = {}
     if not isinstance(text, dict):
         raise LmcalcError(f"{origin}: config.json model_type {token(kind)} has no text_config to read")
     # the wrapper's tie_word_embeddings decides for the language model it builds
@@ -378,7 +380,7 @@ def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], st
         **text,
         **({"tie_word_embeddings": config["tie_word_embeddings"]} if "tie_word_embeddings" in config else {}),
     }
-    return text, str(text.get("model_type") or MULTIMODAL.get(kind, "")).lower()
+    return text, str(text.get("model_type") or MULTIMODAL.get(kind) or DRAFTERS.get(kind, "")).lower()
 
 
 def _vision(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
@@ -427,8 +429,6 @@ def _check_layer_count(config: dict[str, Any], origin: str) -> None:
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     """ModelSpec fields for a HF config; the caller validates them."""
     text, kind = _text_model(config, origin)
-    if str(config.get("model_type", "")).lower() in DRAFTERS:  # its text model between projections of its own
-        kind = str(config["model_type"]).lower()
     if BUILDS_AS.get(kind, kind) not in SUPPORTED:
         named = f"config.json model_type {token(kind) if kind else '(missing)'}"
         if kind in DECODER_TYPES:
@@ -453,8 +453,12 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     check_fields(text, origin)  # the fields an alias spelt
     _check_layer_count(text, origin)
     kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
-    towers = multimodal or kind == "phi4_multimodal"  # Phi-4-multimodal: its text fields at the top, encoders inside
+    drafter = str(config.get("model_type", "")).lower() in DRAFTERS  # its text model between projections of its own
+    towers = (multimodal and not drafter) or kind == "phi4_multimodal"  # Phi-4-multimodal's encoders are inside
     fields = _common(text, kind, name, origin) | (_vision(config, text) if towers else {})
+    if drafter:  # Gemma4AssistantConfig: every layer shares the backbone's K and V unless the file says how many
+        text = {**text, "num_kv_shared_layers": text.get("num_kv_shared_layers") or text.get("num_hidden_layers")}
+        return _llama_like(text, kind, fields, origin) | drafter_fields(config, origin)
     if kind in ("gpt2", "gpt_bigcode"):
         return gpt2(text, kind, fields, origin)
     if kind == "openai-gpt":

@@ -142,3 +142,19 @@ def gemma4_layer_types(config: dict[str, Any], layers: int) -> list[str]:
     if not types:
         types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
     return [*types[:-1], "full_attention"] if types else types
+
+
+def drafter_fields(config: dict[str, Any], origin: str) -> dict[str, Any]:
+    """A Gemma 4 drafter's own fields (Gemma4AssistantConfig, Gemma4UnifiedAssistantConfig): the backbone's width,
+    and the vocabulary's clusters where ``use_ordered_embeddings``."""
+    ordered = config.get("use_ordered_embeddings")
+    default = 3840 if str(config.get("model_type")) == "gemma4_unified_assistant" else 1536  # the classes' defaults
+    return {
+        "drafter": {
+            "backbone_width": config.get("backbone_hidden_size") or default,
+            **({"centroids": config.get("num_centroids") or 2048,
+                "top_centroids": config.get("centroid_intermediate_top_k") or 32} if ordered else {}),
+        },
+        "notes": [f"a drafter for speculative decoding ({config.get('model_type')}): every layer attends with its "
+                  "backbone's K and V; the backbone's own work is not counted here"],
+    }  # fmt: skip

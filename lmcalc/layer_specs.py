@@ -39,8 +39,8 @@ WIDTHS_COUNTED_ONLY = (
 COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
     "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, Doge's dynamic mask attention, "
-    "looped layers (Dory's, HRM's), CPM-Ant's prompt, GIT's image tokens, ZAYA's CCA attention and Inkling's "
-    "branch convolutions are counted by lmcalc params, lmcalc flops, lmcalc "
+    "looped layers (Dory's, HRM's), CPM-Ant's prompt, GIT's image tokens, ZAYA's CCA attention, Inkling's branch "
+    "convolutions and Gemma 4's drafters are counted by lmcalc params, lmcalc flops, lmcalc "
     "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
     "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
@@ -492,3 +492,18 @@ class BranchConvSpec(Spec):
     kernel: Dimension = Field(description="K, the convolutions' taps (conv_kernel_size)")
     relative_width: Dimension = Field(description="d_rel, a head's relative states (d_rel)")
     extent: Dimension = Field(description="the distances the global layers' bias reaches (rel_extent)")
+
+
+class DrafterSpec(Spec):
+    """A drafter for speculative decoding (Gemma 4's assistants; transformers' Gemma4AssistantForCausalLM): its text
+    model reads the backbone's hidden state and the token's embedding (2 × ``backbone_width``, projected to h), and
+    every layer attends with the backbone's K and V (``kv_sharing`` over all its layers: no K or V of its own, no
+    cache); its last hidden state is projected back to the backbone's width. With ``centroids``, its logits are those
+    of the ``top_centroids`` best of that many clusters of the vocabulary (h → C, then the clusters' rows of the
+    tied head) instead of the whole head."""
+
+    backbone_width: Dimension = Field(description="h_b, the backbone's width (backbone_hidden_size)")
+    centroids: Dimension | None = Field(None, description="C, the vocabulary's clusters (num_centroids), where "
+                                        "use_ordered_embeddings; None: the whole head")  # fmt: skip
+    top_centroids: Dimension = Field(32, description="the clusters each token's logits come from "
+                                     "(centroid_intermediate_top_k)")  # fmt: skip

@@ -150,10 +150,10 @@ def _check_layer_widths(spec: Any) -> None:
     if g and spec.value_head_dim is not None:
         raise ValueError("global_attention gives the global layers' head size to keys and values alike: no "
                          "value_head_dim")  # fmt: skip
-    if shared and shared.layers >= spec.num_layers:
+    if shared and shared.layers >= spec.num_layers and not spec.drafter:  # a drafter's come from its backbone
         raise ValueError(f"kv_sharing.layers ({shared.layers}) must leave a layer that makes its own K and V "
                          f"(num_layers {spec.num_layers})")  # fmt: skip
-    if shared:
+    if shared and not spec.drafter:
         first = spec.num_layers - shared.layers
         makers = {spec.is_local_layer(i) for i in range(first)}
         if any(spec.is_local_layer(i) not in makers for i in range(first, spec.num_layers)):

@@ -27,6 +27,7 @@ from lmcalc.layer_specs import (
     CcaSpec,
     CompressedAttentionSpec,
     CrossAttentionSpec,
+    DrafterSpec,
     GlobalAttentionSpec,
     HyperConnectionSpec,
     ImagePrefixSpec,
@@ -80,8 +81,8 @@ from lmcalc.spec_base import (
 
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "BranchConvSpec",
            "CcaSpec", "ComputeDtype", "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec",
-           "SharedBlockSpec",
-           "CrossAttentionSpec", "DeltaNetSpec", "Dimension", "DropoutSite", "FfnKind", "GlobalAttentionSpec",
+           "SharedBlockSpec", "CrossAttentionSpec", "DeltaNetSpec", "DrafterSpec", "Dimension", "DropoutSite",
+           "FfnKind", "GlobalAttentionSpec",
            "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
            "LightningSpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
            "PerLayerInputSpec", "PromptSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
@@ -331,6 +332,7 @@ class ModelSpec(LayerKinds, NamedSpec):
     cca: CcaSpec | None = Field(None, description="compressed convolutional attention and residual scaling (ZAYA)")
     branch_convs: BranchConvSpec | None = Field(None, description="short convolutions, relative logits (Inkling)")
     global_scales: StrictBool = Field(False, description="a learned scalar on each dense MLP and router (Inkling's)")
+    drafter: DrafterSpec | None = Field(None, description="a speculative-decoding drafter (Gemma 4's assistants)")
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "
@@ -456,6 +458,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             or self.image_prefix
             or self.cca
             or self.branch_convs
+            or self.drafter
         ):
             return COMPRESSED_COUNTED_ONLY
         return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""

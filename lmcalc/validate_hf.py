@@ -333,6 +333,10 @@ def transformers_check(
 
     if spec is None:
         spec = validate_spec(ModelSpec, model_from_hf_config(config, str(config.get("model_type")), origin), origin)
+    if spec.drafter:
+        raise LmcalcError(f"{origin}: a drafter's step reads its backbone's hidden state and K and V, not token ids: "
+                          "validate --against transformers runs models from token ids (tests/test_gemma4_drafter.py "
+                          "checks a drafter's FLOPs on the CPU)")  # fmt: skip
     model = build_model(config) if model is None else model
     built = f"{type(model).__name__}: {model.config._attn_implementation} attention"
     if spec.moe:

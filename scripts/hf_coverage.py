@@ -74,8 +74,6 @@ NEEDS: dict[str, str] = {
     "dots3_note": "dots.3 Note: MLA whose sliding-window layers have MLA of other widths, a norm on the RoPE key, a "
     "head gate, and DeepSeek sparse attention in some layers",
     "dots3_note_text": "as dots3_note",
-    "gemma4_unified_assistant": "a drafter for speculative decoding: Gemma 4's text model between projections from "
-    "and to its backbone's width (backbone_hidden_size), every layer attending with the backbone's K and V",
     "inkling2_loop_text": "as inkling2_text, its layers looped",
     "inkling2_text": "Inkling 2: L2-clipped and scaled queries and keys, dynamic short convolutions, a gated output "
     "projection, sinks, block attention residuals and a softcapped SwiGLU, beside Inkling's relative logits",
@@ -247,9 +245,10 @@ def page(cases: list[Case]) -> str:
               "the dense MLP; AltUp's streams, LAuReL and the sparse gates): their saved tensors within 0.12 % of "
               "what transformers keeps, with and without checkpointing, under LoRA within 2.1 % (formulas §5.4).", "",
               "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`), Doge (`doge`), "
-              "Dory (`dory`), HRM (`hrm_text`), CPM-Ant (`cpmant`), GIT (`git`), ZAYA (`zaya`) and Inkling's text "
-              "model (`inkling_text`) are read exactly too, and taken by the same four (formulas §2.24 to §2.28, "
-              "§2.30 to §2.33 and §11. DeepSeek-V4: "
+              "Dory (`dory`), HRM (`hrm_text`), CPM-Ant (`cpmant`), GIT (`git`), ZAYA (`zaya`), Inkling's text "
+              "model (`inkling_text`) and Gemma 4's drafters (`gemma4_unified_assistant`, `gemma4_assistant`) are "
+              "read exactly too, and taken by the same four (formulas §2.24 to §2.28, §2.30 to §2.34 and §11. "
+              "DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
@@ -261,7 +260,8 @@ def page(cases: list[Case]) -> str:
               "layer computes before each sequence, segments and a learned score bias. GIT: an image encoder whose "
               "tokens every layer and the head compute before the text's. ZAYA: convolved queries and keys, a delayed "
               "value, residual scaling and an MLP router. Inkling: four branch convolutions a layer, relative "
-              "logits, a router that scores the shared experts). Training memory, "
+              "logits, a router that scores the shared experts. Gemma 4's drafters: every layer attends with the "
+              "backbone's K and V, between projections from and to its width). Training memory, "
               "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
               "backward."]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -20,7 +20,6 @@ from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.counts import COUNTED_ONLY_NOTE
 from lmcalc.hf_config import model_from_hf_config
-from lmcalc.hf_meta import UnreadType
 from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 
@@ -217,11 +216,14 @@ def test_every_estimate_takes_gemma4(tmp_path):
     assert api.plan(model=str(path), gpus="8xH100", tokens=1e9, seq=64).best is not None
 
 
-def test_gemma4_drafters_are_refused_as_unread():
-    # Gemma4UnifiedAssistantForCausalLM: the text model between projections of its own, not the text model alone
+def test_gemma4_drafters_are_read_as_drafters():
+    # Gemma4UnifiedAssistantForCausalLM: the text model between projections of its own, every layer attending with
+    # the backbone's K and V (Gemma4AssistantConfig sets num_kv_shared_layers to every layer): more in
+    # tests/test_gemma4_drafter.py
     config = {"model_type": "gemma4_unified_assistant", "text_config": {**BASE, "model_type": "gemma4_unified_text"}}
-    with pytest.raises(UnreadType, match="gemma4_unified_assistant"):
-        model_from_hf_config(config, "drafter", "drafter config")
+    spec = ModelSpec.model_validate(model_from_hf_config(config, "drafter", "drafter config"))
+    assert spec.drafter is not None and spec.drafter.backbone_width == 3840  # its class's default
+    assert spec.kv_sharing is not None and spec.kv_sharing.layers == spec.num_layers
 
 
 def test_kv_cache_by_hand():

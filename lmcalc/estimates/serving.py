@@ -211,4 +211,6 @@ def serving_headline(
     weights, cache = (per_gpu[key].formatted(compact=True) for key in ("weights", "kv_cache"))
     parts = f"weights {weights}, KV cache {cache}"
     room = "; ".join(f"{per_gpu[key].label.lower()}: {per_gpu[key].text}" for key in ("max_batch", "max_context"))
+    if per_gpu["max_batch"].note.startswith("no cache of its own"):  # a drafter: its backbone's cache decides
+        room = per_gpu["max_batch"].note
     return (f"{spec.label} {on}: {fits}, {used} ({parts})", room)

@@ -170,6 +170,8 @@ class InferenceMemory:
         (``local_weight``; on one GPU, ``per_gpu``)."""
         if self.window is None:
             return Fraction(context)
+        if not self.layers:  # a drafter's layers all read its backbone's cache
+            return Fraction(0)
         weight = self.local_weight_per_gpu if per_gpu else self.local_weight
         local = self.local_layers * min(self.window, context) * weight
         return ((self.layers - self.local_layers) * context + local) / self.layers
@@ -213,8 +215,16 @@ class InferenceMemory:
         return self.capacity - self.weights_per_gpu - self.overhead
 
     @property
+    def keeps_nothing(self) -> bool:
+        """Whether a sequence keeps no cache or state on the model's side (a drafter reads its backbone's)."""
+        return not self.layers and not self.state_per_sequence and self.compressed is None
+
+    @property
     def max_batch(self) -> int:
-        """The most sequences of ``context`` tokens whose cache fits: ⌊budget / (s·c)⌋."""
+        """The most sequences of ``context`` tokens whose cache fits: ⌊budget / (s·c)⌋; 0 where a sequence keeps
+        nothing (``keeps_nothing``: no cache of its own bounds the batch)."""
+        if self.keeps_nothing:
+            return 0
         per_sequence = self.cached_tokens(self.context, True) * Fraction(self.kv_per_token_per_gpu)
         return _whole_fit(self.cache_budget, per_sequence + Fraction(self.beyond_tokens(self.context)))
 

@@ -267,6 +267,8 @@ def _global_kv_heads(spec: ModelSpec) -> int:
 
 
 def _layers_note(spec: ModelSpec) -> str:
+    if spec.drafter:
+        return "a drafter: every layer attends with its backbone's K and V and caches nothing of its own"
     if spec.kv_sharing:
         n = spec.kv_sharing.layers
         return (f"L: the {spec.num_layers - n} layers that make their own K and V; the last {n} attend with an "
@@ -409,8 +411,9 @@ def _kept(memory: InferenceMemory, context: int | None = None, per_gpu: bool = F
 
 
 def _window_terms(spec: ModelSpec, memory: InferenceMemory) -> tuple[Term, ...]:
-    """With local layers: the tokens a layer keeps for one sequence, on average over the layers."""
-    if memory.window is None:
+    """With local layers: the tokens a layer keeps for one sequence, on average over the layers (none where no layer
+    keeps a cache: a drafter's)."""
+    if memory.window is None or not memory.layers:
         return ()
     w, s, L, local = memory.window, memory.context, memory.layers, memory.local_layers
     note = f"the {local} {spec.local_attention}-attention layers keep only the last {w:,} tokens"
@@ -470,7 +473,13 @@ def _per_gpu_section(spec: ModelSpec, memory: InferenceMemory, capacity_spec: Ca
                 "sequences",
                 f"⌊cache budget / ({_kept(memory)} · per token on one GPU{_plus_beyond(memory)})⌋",
                 f"⌊{group(budget)} / ({_kept(memory, memory.context)} × {group(c)}{_state_text(memory)})⌋",
-                note="not even one sequence of this context fits" if memory.max_batch == 0 else "",
+                note=(
+                    "no cache of its own: its backbone's cache bounds the batch"
+                    if memory.keeps_nothing
+                    else "not even one sequence of this context fits"
+                    if memory.max_batch == 0
+                    else ""
+                ),
             ),
             Term(
                 "max_context",

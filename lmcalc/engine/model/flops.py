@@ -25,6 +25,7 @@ from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.model.branch_convs import branch_conv_flops
 from lmcalc.engine.model.cca import cca_flops
 from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_flops, mean_keys, stream_mixing_flops
+from lmcalc.engine.model.drafter import drafter_logits, forward_alone, frozen_inputs
 from lmcalc.engine.model.layer_reuse import runs_note
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import ATTENTION_CORE, Redone
@@ -52,7 +53,7 @@ class ForwardFlops:
     ssm: float = 0.0  # a hybrid's state-space layers: the causal convolution and the scan's read-out (ssm_flops)
     indexer: float = 0.0  # DeepSeek sparse attention's indexer, run forward only (indexer_scores)
     streams: float = 0.0  # hyper-connections' projections and stream mixing (DeepSeek-V4's mHC)
-    untrained: float = 0.0  # of the layers' above, the runs without gradients (HRM's early cycles): forward only
+    untrained: float = 0.0  # of the above, what runs without gradients (HRM's early runs, a drafter's post-projection)
     encoder: float = 0.0  # an image encoder's matmuls (GIT's), per text token
     stem: float = 0.0  # of the above, matmuls whose input needs no gradient (GIT's patch embedding, ZAYA's zero token)
 
@@ -169,17 +170,20 @@ def _forward_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention, pa
     indexer += indexer_flops(spec, seq_len, convention) * layer_share  # DeepSeek-V4's CSA indexers
     convolved, stem = (f * layer_share for f in cca_flops(spec, seq_len))  # ZAYA's convolutions, its delayed value
     convolved += branch_conv_flops(spec, seq_len) * layer_share  # Inkling's convolutions and relative logits
+    scores, values = 2 * attending * H * qk_width, 2 * attending * H * v_width
     forward = ForwardFlops(
         projections=projections + convolved,
         mlp=mlp,
-        attention_scores=2 * attending * H * qk_width,
-        attention_values=2 * attending * H * v_width,
-        logits=2 * spec.hidden_size * spec.vocab_size if part is None or part.logits else 0.0,
+        attention_scores=scores,
+        attention_values=values,
+        logits=drafter_logits(spec) if part is None or part.logits else 0.0,
         ssm=L * spec.other_mixer_share * ssm_flops(spec, seq_len),
         indexer=indexer + L * spec.indexer_layers / spec.num_layers * indexer_scores(spec, seq_len, convention),
         streams=streams + stream_mixing_flops(spec) * layer_share,
-        stem=stem,
+        stem=stem + frozen_inputs(spec, scores + values) * layer_share,  # a drafter's backbone inputs
     )
+    if spec.drafter:  # post_projection and the clusters' scores: no gradient reaches them from the logits
+        return replace(forward, untrained=forward_alone(spec) * layer_share)
     reuse = spec.layer_reuse  # runs without gradients: the average run's share (model_rules: every run alike)
     if reuse is None or not reuse.no_grad_runs:
         return forward
@@ -423,7 +427,7 @@ def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: A
 def _taken_back(fwd: ForwardFlops) -> tuple[str, str]:
     """What the training row takes back from 3 × forward: 2 × the forward of what runs without gradients, and the
     input gradient of a matmul whose input needs none (its forward once: GIT's patch embedding, ZAYA's zero token)."""
-    parts = [name for name, flops in (("indexer", fwd.indexer), ("no-grad runs", fwd.untrained)) if flops]
+    parts = [name for name, flops in (("indexer", fwd.indexer), ("no-gradient work", fwd.untrained)) if flops]
     formula = f" − 2 · ({' + '.join(parts)})" if len(parts) > 1 else f" − 2 · {parts[0]}" if parts else ""
     numbers = f" − 2 × {sci(fwd.forward_only, 4)}" if fwd.forward_only else ""
     if fwd.stem:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from lmcalc.engine.model.branch_convs import branch_conv_tensors
 from lmcalc.engine.model.cca import cca_tensors, mlp_router_tensors
 from lmcalc.engine.model.compressed_attention import compressed_attention_tensors, hyper_connection_tensors
+from lmcalc.engine.model.drafter import drafter_tensors
 from lmcalc.engine.model.layer_reuse import held_once, ngpt_tensors, runs_note, start_state
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.mla_params import indexer_tensors, mla_tensors
@@ -63,7 +64,7 @@ attention tensors, the norm before a mixer (L_mix) or an FFN (L_ffn) where some 
 GROUPS = (
     "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "start_state", "attention", "indexer",
     "ssm", "hyper_connections", "shared_attention", "norm", "residual_scales", "mlp", "shared_mlp", "router",
-    "experts", "shared_experts", "cross_attention", "head_transform", "head",
+    "experts", "shared_experts", "cross_attention", "head_transform", "drafter", "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
@@ -71,6 +72,7 @@ GROUP_LABELS = {
     "per_layer_input": "Per-layer inputs (PLE projections)",
     "altup": "AltUp streams and LAuReL",
     "start_state": "Low-level stack's first input (z_L)",
+    "drafter": "Drafter projections (from and to the backbone)",
     "cross_attention": "Cross-attention layers (idle on text)",
     "position": "Position embedding (learned)",
     "attention": "Attention projections",
@@ -229,7 +231,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
     tensors += mixer_tensors(spec) + hyper_connection_tensors(spec) + shared_block_tensors(spec) + cca_tensors(spec)
-    tensors += branch_conv_tensors(spec)
+    tensors += branch_conv_tensors(spec) + drafter_tensors(spec)
     tensors += _layer_norms(spec, h) + ngpt_tensors(spec)
     moe = spec.moe
     if moe is None and spec.ffn_layers:
