@@ -24,7 +24,7 @@ from lmcalc.hf_attention import cpmant, indexer, laguna, modernbert
 from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, recurrent_gemma, rwkv, xlstm, zamba, zamba2
 from lmcalc.hf_compressed import deepseek_v4
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
-from lmcalc.hf_fields import check_fields, rotary_fraction
+from lmcalc.hf_fields import check_fields, check_layer_count, rotary_fraction
 from lmcalc.hf_fields import get as _get
 from lmcalc.hf_gpt import (
     GELUS,
@@ -64,7 +64,6 @@ from lmcalc.hf_layers import (
 from lmcalc.hf_meta import UnreadType
 from lmcalc.hf_vision import vision_params
 from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, drafter_fields, gemma4_layer_types
-from lmcalc.spec_base import MAX_LAYERS
 
 LLAMA_LIKE = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo2", "olmoe", "deepseek_v2",
@@ -413,19 +412,6 @@ def _as_its_class_reads(text: dict[str, Any], kind: str) -> dict[str, Any]:
     return named
 
 
-LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
-"""The fields a config.json gives its layer count in (each type reads one of them)."""
-
-
-def _check_layer_count(config: dict[str, Any], origin: str) -> None:
-    """Refuse more layers than a model may have (``MAX_LAYERS``) before the readers build a list a layer (Gemma 3's
-    layer types, which 10⁹ layers would never finish): the spec's own bound, said before it can be checked."""
-    for key in LAYER_COUNT_FIELDS:
-        layers = config.get(key)
-        if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
-            raise LmcalcError(f"{origin}: config.json {key} must be at most {MAX_LAYERS:,}, not {token(layers)}")
-
-
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     """ModelSpec fields for a HF config; the caller validates them."""
     text, kind = _text_model(config, origin)
@@ -451,14 +437,18 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     multimodal = text is not config  # the text model of a multimodal config
     text = _as_its_class_reads(text, kind)
     check_fields(text, origin)  # the fields an alias spelt
-    _check_layer_count(text, origin)
+    check_layer_count(text, origin)
     kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
     drafter = str(config.get("model_type", "")).lower() in DRAFTERS  # its text model between projections of its own
     towers = (multimodal and not drafter) or kind == "phi4_multimodal"  # Phi-4-multimodal's encoders are inside
     fields = _common(text, kind, name, origin) | (_vision(config, text) if towers else {})
     if drafter:  # Gemma4AssistantConfig: every layer shares the backbone's K and V unless the file says how many
         text = {**text, "num_kv_shared_layers": text.get("num_kv_shared_layers") or text.get("num_hidden_layers")}
-        return _llama_like(text, kind, fields, origin) | drafter_fields(config, origin)
+        read = _llama_like(text, kind, fields, origin)
+        if read.get("per_layer_input") or read.get("moe") or read["kv_sharing"].get("double_wide_mlp"):
+            raise LmcalcError(f"{origin}: a Gemma 4 drafter's text model has no per-layer inputs, MoE block or "
+                              "double-wide MLPs (Gemma4AssistantConfig checks it): this one has")  # fmt: skip
+        return read | drafter_fields(config, origin)
     if kind in ("gpt2", "gpt_bigcode"):
         return gpt2(text, kind, fields, origin)
     if kind == "openai-gpt":

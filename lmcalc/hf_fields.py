@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
+from lmcalc.spec_base import MAX_LAYERS
 
 WHOLE_NUMBERS = frozenset(
     {
@@ -179,3 +180,16 @@ def rotary_fraction(config: dict[str, Any], default: float) -> float:
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
         raise LmcalcError(f"config.json partial_rotary_factor must be a number in (0, 1], not {token(factor)}")
     return float(factor)
+
+
+LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+"""The fields a config.json gives its layer count in (each type reads one of them)."""
+
+
+def check_layer_count(config: dict[str, Any], origin: str) -> None:
+    """Refuse more layers than a model may have (``MAX_LAYERS``) before the readers build a list a layer (Gemma 3's
+    layer types, which 10⁹ layers would never finish): the spec's own bound, said before it can be checked."""
+    for key in LAYER_COUNT_FIELDS:
+        layers = config.get(key)
+        if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
+            raise LmcalcError(f"{origin}: config.json {key} must be at most {MAX_LAYERS:,}, not {token(layers)}")

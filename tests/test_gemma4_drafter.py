@@ -83,3 +83,9 @@ def test_validate_against_transformers_refuses_a_drafter_in_one_line():
 
     with pytest.raises(LmcalcError, match="a drafter's step reads its backbone's hidden state"):
         transformers_check(DEFAULTS, 32)
+
+
+def test_a_drafter_of_a_text_model_its_class_rejects_is_refused():
+    # Gemma4AssistantConfig's own default text config (Gemma 4 E2B's, with per-layer inputs) fails its check
+    with pytest.raises(LmcalcError, match="a Gemma 4 drafter's text model has no per-layer inputs"):
+        spec_of({"model_type": "gemma4_assistant"})
