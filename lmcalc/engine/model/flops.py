@@ -59,7 +59,7 @@ class ForwardFlops:
 
     @property
     def forward_only(self) -> float:
-        """What training runs forward alone: a sparse-attention indexer, and layer runs without gradients."""
+        """What training runs forward alone: a sparse-attention indexer, and what runs without gradients."""
         return self.indexer + self.untrained
 
     @property
@@ -138,7 +138,8 @@ def forward_flops_per_token(
     spec: ModelSpec, seq_len: int, convention: AttnConvention = "causal", part: ModelPart | None = None
 ) -> ForwardFlops:
     """Every matmul of one forward pass, per token, for sequences of ``seq_len`` tokens: of the whole model,
-    or of the ``part`` a pipeline stage computes; where a prompt is prepended (CPM-Ant), its tokens too."""
+    or of the ``part`` a pipeline stage computes; where tokens come before the text (CPM-Ant's prompt, GIT's
+    images), theirs too."""
     return prefixed(spec, seq_len, lambda whole: _forward_flops(spec, whole, convention, part))
 
 
@@ -325,7 +326,12 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             "FLOPs",
             "2 · Σ attention weight elements",
             f"2 × {group(fwd.projections / 2)}",
-            note=runs_note(spec),
+            note=runs_note(spec)
+            or (
+                "with the convolutions' (and relative logits') FLOPs beside the weights' (formulas §2.32, §2.33)"
+                if spec.cca or spec.branch_convs
+                else ""
+            ),
         ),
         Term(
             "mlp",
