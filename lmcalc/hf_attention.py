@@ -106,7 +106,7 @@ def zaya(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[st
     }
 
 
-def inkling(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+def inkling(config: dict[str, Any], origin: str, fields: dict[str, Any], kind: str = "inkling_text") -> dict[str, Any]:
     """Inkling's text model (InklingForCausalLM), finishing the common reader's fields: the local layers'
     (``hybrid_sliding``) own KV heads, the branch convolutions and relative logits (``branch_convs``: ``d_rel``,
     ``rel_extent``, ``conv_kernel_size``), per-head QK norms, a normed embedding, learned global scales, and a router
@@ -117,12 +117,28 @@ def inkling(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict
                               "widths are not modelled")  # fmt: skip
     local_kv = config.get("swa_num_key_value_heads")
     moe = fields.get("moe")
+    convs = {"kernel": _get(config, origin, "conv_kernel_size"), "relative_width": _get(config, origin, "d_rel"),
+             "extent": _get(config, origin, "rel_extent")}  # fmt: skip
+    fields |= {"embedding_norm": True}
+    if local_kv and local_kv != fields["num_kv_heads"]:
+        fields["local_kv_heads"] = local_kv
+    if kind == "inkling2_text":  # Inkling 2: clipped Q, K and relative states, dynamic global convolutions, sinks,
+        # a gate on the output, block attention residuals, an unpadded head; no QK norms, global scales or shared
+        head = config.get("unpadded_vocab_size")
+        return fields | {
+            "attention_output_gate": True, "attention_gate_proj": True,
+            **({"head_vocab": head} if head and head != fields["vocab_size"] else {}),
+            "branch_convs": convs | {"dynamic_global": True, "scaled_clips": True, "sinks": True,
+                                     "block_residual": _get(config, origin, "n_layers_per_attn_res_block")},
+        }  # fmt: skip
     return fields | {
         "qk_norm": "per_head",
-        "embedding_norm": True,
         "global_scales": True,
-        **({"local_kv_heads": local_kv} if local_kv and local_kv != fields["num_kv_heads"] else {}),
-        "branch_convs": {"kernel": _get(config, origin, "conv_kernel_size"),
-                         "relative_width": _get(config, origin, "d_rel"), "extent": _get(config, origin, "rel_extent")},
+        "branch_convs": convs,
         **({"moe": moe | {"router_scores_shared": True}} if moe else {}),
-    }  # fmt: skip
+    }
+
+
+def inkling2(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Inkling 2's text model (Inkling2ForCausalLM): Inkling's layer outline with its own attention (``inkling``)."""
+    return inkling(config, origin, fields, "inkling2_text")

@@ -77,7 +77,7 @@ LLAMA_LIKE = (
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
     "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", "hy_v4",
-    "doge", "dory", "hrm_text", "phi4_multimodal", "zaya", "inkling_text", GEMMA3N,
+    "doge", "dory", "hrm_text", "phi4_multimodal", "zaya", "inkling_text", "inkling2_text", GEMMA3N,
     *GEMMA4, MLLAMA,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
@@ -148,6 +148,7 @@ CLASS_LAYER_TYPES: dict[str, Callable[[int, int, dict[str, Any]], str]] = {
         if (i in config["local_layer_ids"] if config.get("local_layer_ids") is not None else (i + 1) % 6)
         else "hybrid"
     ),
+    "inkling2_text": lambda i, _, __: "hybrid" if (i + 1) % 6 == 0 else "hybrid_sliding",
     "modernbert-decoder": lambda i, _, config: (
         "sliding_attention" if i % (config.get("global_attn_every_n_layers") or 3) else "full_attention"
     ),
@@ -155,8 +156,9 @@ CLASS_LAYER_TYPES: dict[str, Callable[[int, int, dict[str, Any]], str]] = {
 """The layer_types (layer i of n) a class's ``__post_init__`` writes where config.json gives none: LaraMiniConfig's
 released pattern (period 5), BeamConfig's every sixth layer and the last full, Lfm3Config's full, sliding and conv
 layers, MiMoV2FlashConfig's first layer and every sixth full, InklingTextConfig's ``local_layer_ids`` local (else
-all but every sixth), ModernBertDecoderConfig's every global_attn_every_n_layers-th layer full from the first."""
-NEVER_TIED = ("kimi_linear", "bailing_hybrid", MLLAMA, "xlstm", "cpmant", "inkling_text")
+all but every sixth), Inkling2TextConfig's all but every sixth, ModernBertDecoderConfig's every
+global_attn_every_n_layers-th layer full from the first."""
+NEVER_TIED = ("kimi_linear", "bailing_hybrid", MLLAMA, "xlstm", "cpmant", "inkling_text", "inkling2_text")
 """Types whose ForCausalLM ties no weights (``_tied_weights_keys = {}``, or none: xLSTMForCausalLM): an untied head
 whatever tie_word_embeddings says."""
 NO_NORM_WEIGHT = ("olmo", "nanochat")

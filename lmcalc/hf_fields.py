@@ -39,7 +39,7 @@ WHOLE_NUMBERS = frozenset(
         "H_cycles", "L_cycles", "num_layers_per_stack", "num_blocks", "embedding_dim", "ffn_round_up_to_multiple_of",
         "dim_head", "dim_ff", "prompt_length", "prompt_types", "segment_types", "position_bias_num_buckets",
         "cca_time0", "cca_time1", "router_hidden_size", "swa_num_attention_heads", "swa_num_key_value_heads",
-        "swa_head_dim", "d_rel", "rel_extent", "conv_kernel_size",
+        "swa_head_dim", "d_rel", "rel_extent", "conv_kernel_size", "unpadded_vocab_size", "n_layers_per_attn_res_block",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lmcalc.errors import LmcalcError
-from lmcalc.hf_attention import inkling, zaya
+from lmcalc.hf_attention import inkling, inkling2, zaya
 from lmcalc.hf_defaults import LAYER_PATTERNS
 from lmcalc.hf_fields import get as _get
 from lmcalc.hf_loops import LOOPED, dory, hrm_text, looped_config
@@ -486,5 +486,6 @@ def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
 
 
 FINISHED = {"axk2": axk2, "jetmoe": jetmoe, "dory": dory, "hrm_text": hrm_text, "zaya": zaya, "inkling_text": inkling,
+            "inkling2_text": inkling2,
             GEMMA3N: gemma3n, MLLAMA: mllama, **dict.fromkeys(GEMMA4, gemma4)}  # fmt: skip
 """Types whose fields the common reader leaves to a function of their own, which finishes them."""

@@ -492,6 +492,24 @@ class BranchConvSpec(Spec):
     kernel: Dimension = Field(description="K, the convolutions' taps (conv_kernel_size)")
     relative_width: Dimension = Field(description="d_rel, a head's relative states (d_rel)")
     extent: Dimension = Field(description="the distances the global layers' bias reaches (rel_extent)")
+    dynamic_global: StrictBool = Field(
+        False,
+        description="the global layers' K and V convolutions are dynamic (Inkling 2's): a static weight "
+        "(K × H_kv·d) plus one made a token by weight_proj (h → H_kv·K), applied element-wise; their K and V read "
+        "inputs of their own, each normed (two more norms of h)",
+    )
+    scaled_clips: StrictBool = Field(
+        False,
+        description="learned scales on the queries (H × d) and on the relative states (H × d_rel) before "
+        "their L2 clips (Inkling 2's), in place of QK norms",
+    )
+    sinks: StrictBool = Field(False, description="a sink logit a head and token from sink_proj, h → H (Inkling 2's)")
+    block_residual: Dimension | None = Field(
+        None,
+        description="block attention residuals every this many layers (Inkling 2's n_layers_per_attn_res_block)"
+        ": each sub-layer's input attends, with a learned query (three for a global layer's Q, K and V), over the "
+        "blocks' states so far",
+    )
 
 
 class DrafterSpec(Spec):

@@ -333,6 +333,8 @@ class ModelSpec(LayerKinds, NamedSpec):
     branch_convs: BranchConvSpec | None = Field(None, description="short convolutions, relative logits (Inkling)")
     global_scales: StrictBool = Field(False, description="a learned scalar on each dense MLP and router (Inkling's)")
     drafter: DrafterSpec | None = Field(None, description="a speculative-decoding drafter (Gemma 4's assistants)")
+    head_vocab: Dimension | None = Field(None, description="the head's rows where fewer than the embedding's "
+                                         "(Inkling 2's unpadded_vocab_size); None: vocab_size")  # fmt: skip
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
         default_factory=no_items,
         description="layers that are a token mixer alone, behind one norm and without an FFN (Nemotron-H's Mamba-2 "

@@ -280,12 +280,15 @@ def dispatch_flops(spec: ModelSpec, tokens: int) -> float:
     return 3 * 2 * (moe.num_experts - moe.k) * expert * spec.moe_layers * tokens
 
 
-def mask_gradient_flops(spec: ModelSpec, tokens: int) -> float:
+def mask_gradient_flops(spec: ModelSpec, tokens: int, through_sdpa: bool = True) -> float:
     """What the count's stand-in for SDPA leaves out where a learned mask is added to the scores: it gives the mask no
     gradient, so what makes the mask runs forward only on transformers' side (a kernel that trains the mask, as the
     models' own do, runs its backward too): Doge's dt_proj (H_kv·d_v → H_kv, ``dynamic_mask_window``), −2 ·
     2·H_kv·d_v·H_kv a token in each layer; Inkling's relative logits, r_proj (h → H·d_rel) and the bias table (d_rel ×
-    the layer's extent), −2 · (2·h·H·d_rel + 2·H·d_rel·extent) a token in each layer."""
+    the layer's extent), −2 · (2·h·H·d_rel + 2·H·d_rel·extent) a token in each layer. A model whose attention runs
+    eagerly (``through_sdpa`` false: Inkling 2's, for its sinks) trains the mask there: no gap."""
+    if not through_sdpa:
+        return 0.0
     if spec.dynamic_mask_window:
         return -2 * 2 * spec.kv_heads * spec.v_head_dim * spec.kv_heads * spec.num_layers * tokens
     b = spec.branch_convs
@@ -343,7 +346,7 @@ def transformers_check(
         built += ", grouped_mm experts"
     tokens = seq_len * micro_batch
     fallback = torch_path_flops(spec, seq_len, micro_batch) + dispatch_flops(spec, tokens)
-    fallback += mask_gradient_flops(spec, tokens)
+    fallback += mask_gradient_flops(spec, tokens, model.config._attn_implementation == "sdpa")
     flops_note = f"causal convention: {fl.step_flops(spec, seq_len, convention='causal').model * tokens:.4e} FLOPs"
     if fallback:
         flops_note += (

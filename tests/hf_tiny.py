@@ -302,6 +302,13 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                                moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
                                                n_shared_experts=1, local_layer_ids=[0, 2],
                                                mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
+    # Inkling 2: layers 0 and 2 local (a window of 16), 1 and 3 global (dynamic K and V convolutions), blocks of two
+    # layers for the attention residuals, an MoE of 4 experts, top 2, in every layer; a head of 500 of the 512 rows
+    "inkling2_text": ("Inkling2TextConfig", dict(unpadded_vocab_size=500, head_dim=16, swa_num_attention_heads=4,
+                                                 swa_num_key_value_heads=2, swa_head_dim=16, sliding_window_size=16,
+                                                 rel_extent=32, moe_intermediate_size=32, n_routed_experts=4,
+                                                 num_experts_per_tok=2, n_layers_per_attn_res_block=2,
+                                                 layer_types=["hybrid_sliding", "hybrid"] * 2)),
     # ZAYA: CCA attention (4 heads and 2 KV heads of 16, convolutions of 2 taps each), every layer an MoE of 4
     # experts and a skip class behind an MLP router of 16, top 1
     "zaya": ("ZayaConfig", dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=1,

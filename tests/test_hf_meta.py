@@ -19,23 +19,22 @@ from lmcalc.hf_meta import MetaParams  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-INKLING2 = dict(model_type="inkling2_text", vocab_size=512, unpadded_vocab_size=500, hidden_size=64,
+INKLING2 = dict(model_type="inkling2_loop_text", vocab_size=512, unpadded_vocab_size=500, hidden_size=64,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16, sliding_window_size=16,
                 rel_extent=32, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, pad_token_id=0,
                 bos_token_id=1, eos_token_id=2)  # fmt: skip
-"""Inkling 2's text model at tiny size: a type lmcalc does not read yet (its L2-clipped, scaled queries and keys,
-dynamic short convolutions, gated output projection, sinks and block attention residuals)."""
+"""Inkling 2's looped text model at tiny size: a type lmcalc does not read yet (Inkling 2's layers, run in loops)."""
 
 
 def inkling2_count() -> int:
-    """PyTorch's own count of transformers' Inkling 2 built from ``INKLING2`` on the meta device: ``parameters()``
-    yields each Parameter once, whatever shares it."""
+    """PyTorch's own count of transformers' looped Inkling 2 built from ``INKLING2`` on the meta device:
+    ``parameters()`` yields each Parameter once, whatever shares it."""
     config = {key: value for key, value in INKLING2.items() if key != "model_type"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.device("meta"):
-            model = transformers.Inkling2ForCausalLM(transformers.Inkling2TextConfig(**config))
+            model = transformers.Inkling2LoopForCausalLM(transformers.Inkling2LoopTextConfig(**config))
     return sum(p.numel() for p in model.parameters())
 
 
@@ -46,7 +45,7 @@ def test_params_counts_an_unread_type_with_transformers_and_says_so(tmp_path, ca
     assert isinstance(counted, MetaParams)
     # lmcalc/hf_meta.py sums transformers' tensors module by module, each shared one once; PyTorch's parameters()
     # deduplicates by Parameter: the same count by another route
-    assert counted.total == inkling2_count() == 158_848
+    assert counted.total == inkling2_count() == 161_920
     with pytest.raises(SystemExit) as exit_info:
         main(["params", "--model", str(path), "--json"])
     assert exit_info.value.code == 0
@@ -62,7 +61,7 @@ def test_other_commands_refuse_an_unread_type_in_one_line(tmp_path, capsys):
         main(["memory", "--model", str(path)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert "'inkling2_text' is a transformers type lmcalc does not read yet" in err
+    assert "'inkling2_loop_text' is a transformers type lmcalc does not read yet" in err
     assert "lmcalc params counts it" in err
 
 
@@ -85,6 +84,6 @@ def test_a_misspelt_type_is_told_the_close_one(tmp_path):
 
 def test_a_config_transformers_cannot_build_is_one_line(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING2 | {"d_rel": 1.5}))  # Inkling2TextConfig: an int
+    path.write_text(json.dumps(INKLING2 | {"d_rel": 1.5}))  # Inkling2LoopTextConfig: an int
     with pytest.raises(LmcalcError, match="transformers could not build it either"):
         api.params(model=str(path))

@@ -22,19 +22,32 @@ def _kinds(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
 
 def branch_conv_tensors(spec: ModelSpec) -> list[WeightTensor]:
     """Each layer's r_proj (h → H·d_rel), its bias table (d_rel × its extent), the K and V convolutions (H_kv·d × K
-    each, the kind's H_kv) and the attention-output and MLP-output ones (h × K); the global scales, one on each dense
-    MLP and one on each router."""
+    each, the kind's H_kv; Inkling 2's global ones dynamic: that weight and weight_proj, h → H_kv·K) and the
+    attention-output and MLP-output ones (h × K); Inkling 2's scales on the queries (H × d) and relative states
+    (H × d_rel), its sink_proj (h → H) and its block residuals' queries (``block_tensors``); the global scales, one on
+    each dense MLP and one on each router."""
     b = spec.branch_convs
     tensors: list[WeightTensor] = []
     if b is not None:
         L, h, K, d_rel = spec.num_layers, Dim(spec.hidden_size, "h"), Dim(b.kernel, "K"), Dim(b.relative_width, "d_rel")
-        attention = Site("attention", L, "L")
+        attention, H = Site("attention", L, "L"), Dim(spec.num_heads, "H")
         tensors += linear("attn.r_proj", attention, Dim(spec.num_heads * b.relative_width, "H·d_rel"), h, False)
         for symbol, layers, kv, extent in _kinds(spec):
             site = Site("attention", layers, symbol)
             tensors.append(tensor("attn.relative_table", site, (d_rel, Dim(extent, "extent")), False))
             tensors += [tensor(f"attn.{x}_conv", site, (Dim(kv, "H_kv·d"), K), False) for x in ("k", "v")]
+            if b.dynamic_global and symbol == "L_global":  # and K's and V's inputs their own norms
+                for x in ("k", "v"):
+                    tensors += linear(f"attn.{x}_conv_weights", site, Dim(kv // spec.head_size * b.kernel, "H_kv·K"),
+                                      h, False)  # fmt: skip
+                    tensors.append(tensor(f"attn.{x}_input_norm", Site("norm", layers, symbol), (h,), False))
         tensors += [tensor(f"{x}_conv", attention, (h, K), False) for x in ("attn_out", "mlp_out")]
+        if b.scaled_clips:
+            tensors.append(tensor("attn.q_scale", attention, (H, Dim(spec.head_size, "d")), False))
+            tensors.append(tensor("attn.relative_scale", attention, (H, d_rel), False))
+        if b.sinks:
+            tensors += linear("attn.sink_proj", attention, H, h, False)
+        tensors += block_tensors(spec)
     if spec.global_scales:
         one = (Dim(1, "1"),)
         if spec.dense_ffn_layers:
@@ -42,6 +55,44 @@ def branch_conv_tensors(spec: ModelSpec) -> list[WeightTensor]:
         if spec.moe_layers:
             tensors.append(tensor("router.global_scale", Site("router", spec.moe_layers, "L_moe"), one, False))
     return tensors
+
+
+def _block_counts(spec: ModelSpec) -> list[tuple[int, int, int]]:
+    """For each layer of a model with block attention residuals: its queries before attention (0 in the first layer,
+    1 in a local one, 3 in a global one for Q, K and V), the states they attend over (the blocks so far and the
+    partial one), and the states the MLP's input attends over (one more where the layer opens a block)."""
+    b = spec.branch_convs
+    assert b is not None and b.block_residual
+    n, counts = b.block_residual, []
+    for i in range(spec.num_layers):
+        blocks = -(-i // n)  # the layers before i that open a block: 0, n, 2n, …
+        queries = 0 if i == 0 else (1 if spec.is_local_layer(i) else 3)
+        counts.append((queries, blocks + 1, blocks + 1 + (1 if i % n == 0 else 0)))
+    return counts
+
+
+def block_tensors(spec: ModelSpec) -> list[WeightTensor]:
+    """Block attention residuals' learned queries (Inkling2BlockAttentionResidual): h before each layer's MLP; h before
+    a local layer's attention, 3·h before a global one's (Q, K and V), none in the first layer; h before the final
+    norm."""
+    b = spec.branch_convs
+    if b is None or not b.block_residual:
+        return []
+    h = spec.hidden_size
+    queries = sum(q for q, _, _ in _block_counts(spec)) + spec.num_layers + 1
+    return [tensor("block_residual.queries", Site("residual_scales", 1, "1"), (Dim(queries * h, "q·h"),), False)]
+
+
+def block_flops(spec: ModelSpec) -> float:
+    """Forward FLOPs per token of the block attention residuals: each query against the m states, QKᵀ and AV, 2·2·m·h
+    a query (unweighted norms and the softmax element-wise), before each layer's attention and MLP and the final
+    norm."""
+    b = spec.branch_convs
+    if b is None or not b.block_residual:
+        return 0.0
+    h, counts = spec.hidden_size, _block_counts(spec)
+    final = -(-spec.num_layers // b.block_residual) + 1
+    return 4 * h * (sum(q * m + m_mlp for q, m, m_mlp in counts) + final)
 
 
 def branch_conv_flops(spec: ModelSpec, seq_len: int) -> float:
@@ -52,9 +103,10 @@ def branch_conv_flops(spec: ModelSpec, seq_len: int) -> float:
     if b is None:
         return 0.0
     outputs = (seq_len + b.kernel - 1) / seq_len
-    total = 0.0
-    for _, layers, kv, extent in _kinds(spec):
-        total += layers * (2 * spec.num_heads * b.relative_width * extent + 2 * 2 * kv * b.kernel * outputs)
+    total = block_flops(spec)
+    for symbol, layers, kv, extent in _kinds(spec):
+        convs = 0 if b.dynamic_global and symbol == "L_global" else 2 * 2 * kv * b.kernel * outputs  # element-wise
+        total += layers * (2 * spec.num_heads * b.relative_width * extent + convs)
     return total + spec.num_layers * 2 * 2 * spec.hidden_size * b.kernel * outputs
 
 

@@ -28,7 +28,7 @@ def drafter_logits(spec: ModelSpec) -> float:
     2·h·k·V/C (the masked embedder's product with the gathered rows; the other logits are filled, not computed)."""
     d = spec.drafter
     if d is None or not d.centroids:
-        return 2 * spec.hidden_size * spec.vocab_size
+        return 2 * spec.hidden_size * (spec.head_vocab or spec.vocab_size)  # Inkling 2's head: its unpadded rows
     return 2 * spec.hidden_size * d.top_centroids * (spec.vocab_size // d.centroids)
 
 

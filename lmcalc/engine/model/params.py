@@ -275,7 +275,8 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         tensors += linear("head_transform.dense", transform, h, h, False)
         tensors += norm("head_transform.norm", transform, h, spec)
     if not spec.tied_embeddings:
-        tensors.append(tensor("lm_head.weight", Site("head", 1, "1"), (vocab, h), False))
+        rows = Dim(spec.head_vocab, "V_head") if spec.head_vocab else vocab  # Inkling 2's unpadded head
+        tensors.append(tensor("lm_head.weight", Site("head", 1, "1"), (rows, h), False))
     if spec.head_bias:  # its own tensor, tied head or not (GPTJForCausalLM, PhiForCausalLM)
         tensors.append(tensor("lm_head.bias", Site("head", 1, "1"), (vocab,), False))
     return tuple(held_once(spec, tensors))  # a looped model's layer weights: held once, run at each pass
