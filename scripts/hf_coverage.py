@@ -74,8 +74,9 @@ NEEDS: dict[str, str] = {
     "dots3_note": "dots.3 Note: MLA whose sliding-window layers have MLA of other widths, a norm on the RoPE key, a "
     "head gate, and DeepSeek sparse attention in some layers",
     "dots3_note_text": "as dots3_note",
-    "inkling2_loop_text": "Inkling 2's layers (read: inkling2_text) run in loops, whose layers are of two kinds (local "
-    "and global): looped layers lmcalc reads must hold the same tensors",
+    "inkling2_loop_text": "Inkling 2's layers (read: inkling2_text) with a section run in passes, message attention "
+    "residuals between the passes and gated loop layers; looped layers lmcalc reads must hold the same tensors, and "
+    "these are of two kinds (local and global)",
 }
 """What each type lmcalc does not read yet needs that the engine lacks (docs/hf-types.md's last section)."""
 
