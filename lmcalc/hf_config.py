@@ -394,6 +394,9 @@ def _vision(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
         note = f"the text model of a {kind or 'multimodal'} config; its {towers} are not counted"
         return {"notes": [note]}
     note = f"the text model of a {kind} config; its {towers} ({tower:,} parameters) are apart"
+    if kind == "phi4_multimodal":  # its encoders' modules share the text layers' names
+        note += ("; PEFT's all-linear, and the module names the encoders share (o_proj, gate_up_proj, down_proj), "
+                 "adapt their linear layers too, which lmcalc's adapter count leaves out")  # fmt: skip
     return {"notes": [note], "vision_params": tower}
 
 

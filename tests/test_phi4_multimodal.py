@@ -6,6 +6,11 @@ tests/test_hf_types.py and tests/test_validate_hf.py."""
 from __future__ import annotations
 
 import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
 
 from lmcalc import api
 from lmcalc.engine.model.params import count_params
@@ -48,6 +53,7 @@ def test_the_encoders_by_hand():
     assert spec.vision_params == image + audio
     assert count_params(spec).total + image + audio == 5_308_268_992  # transformers' Phi4MultimodalForCausalLM
     assert "image and audio encoders and projections (907,982,272 parameters) are apart" in spec.notes[0]
+    assert "all-linear" in spec.notes[0]  # what PEFT adapts beyond the text model (below)
 
 
 def test_the_text_model_is_phi3s(tmp_path):
@@ -57,3 +63,28 @@ def test_the_text_model_is_phi3s(tmp_path):
     path.write_text(json.dumps(DEFAULTS))
     served = api.inference(model=str(path), context=4096).memory
     assert served.params == count_params(spec).total  # the weights a text model serves; the encoders apart
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("targets", ["qkv_proj", "qkv_proj,gate_up_proj,down_proj,o_proj", "all-linear"])
+def test_lora_adapters_against_peft(targets):
+    # the text model's own names (qkv_proj) give PEFT's count; names the encoders share, and all-linear, give PEFT
+    # more: their linear layers too, which the note says lmcalc leaves out
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_tiny import tiny_config
+
+    from lmcalc.engine.finetune.method import Method, adapter_tensors, parse_targets
+
+    config = tiny_config("phi4_multimodal")
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+        modules = "all-linear" if targets == "all-linear" else targets.split(",")
+        trainable, _ = peft.get_peft_model(
+            model, peft.LoraConfig(r=4, target_modules=modules)
+        ).get_nb_trainable_parameters()
+    ours = sum(t.total for t in adapter_tensors(spec_of(config), Method("lora", 4, parse_targets(targets))))
+    assert ours == trainable if targets == "qkv_proj" else ours < trainable
