@@ -21,7 +21,7 @@ from lmcalc.mixer_specs import (
 )
 
 if TYPE_CHECKING:
-    from lmcalc.layer_specs import MoESpec, SharedBlockSpec
+    from lmcalc.layer_specs import GlobalAttentionSpec, KvSharingSpec, MoESpec, SharedBlockSpec
 
 OtherMixer = MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | RgLruSpec | MLstmSpec
 """The mixer of a hybrid's layers that do not attend."""
@@ -48,6 +48,11 @@ class LayerKinds:
         rglru: RgLruSpec | None
         mlstm: MLstmSpec | None
         shared_block: SharedBlockSpec | None
+        local_kv_heads: int | None
+        sinks_local_only: bool
+        local_qk_l2_norm: bool
+        global_attention: GlobalAttentionSpec | None
+        kv_sharing: KvSharingSpec | None
 
     @property
     def hybrid(self) -> OtherMixer | None:
@@ -177,3 +182,16 @@ class LayerKinds:
     def dense_ffn_layers(self) -> int:
         """Layers with a dense FFN of ffn_size: every layer with an FFN that is not an MoE one."""
         return self.ffn_layers - self.moe_layers
+
+    @functools.cached_property  # a frozen spec's; the planner asks per layout
+    def local_attention_differs(self) -> bool:
+        """Whether the local layers have KV heads, sinks or a QK-norm of their own (MiMo-V2-Flash, Llama 4), or the
+        global layers widths of their own, or the last layers reuse earlier ones' K and V (Gemma 4)."""
+        return bool(
+            self.local_kv_heads or self.sinks_local_only or self.local_qk_l2_norm or self.global_attention
+            or self.kv_sharing
+        )  # fmt: skip
+
+    def reuses_kv(self, layer: int) -> bool:
+        """Whether ``layer`` attends with an earlier layer's K and V (one of the last ``kv_sharing.layers``)."""
+        return bool(self.kv_sharing) and layer >= self.num_layers - (self.kv_sharing.layers if self.kv_sharing else 0)

@@ -27,17 +27,13 @@ from lmcalc.layer_specs import (
     CcaSpec,
     CompressedAttentionSpec,
     CrossAttentionSpec,
-    DrafterSpec,
     GlobalAttentionSpec,
     HyperConnectionSpec,
-    ImagePrefixSpec,
     IndexerSpec,
     KvSharingSpec,
-    LayerReuseSpec,
     MLASpec,
     MoESpec,
     PerLayerInputSpec,
-    PromptSpec,
     SharedBlockSpec,
 )
 from lmcalc.mixer_specs import (
@@ -52,6 +48,7 @@ from lmcalc.mixer_specs import (
     ShortConvSpec,
 )
 from lmcalc.model_rules import check_model
+from lmcalc.pass_specs import DrafterSpec, ImagePrefixSpec, LayerReuseSpec, PromptSpec
 from lmcalc.spec_base import (
     MAX_DIMENSION,
     MAX_LAYERS,
@@ -470,19 +467,6 @@ class ModelSpec(LayerKinds, NamedSpec):
         """Key-value heads averaged over the attention layers: H_kv but where the local layers have their own."""
         local = self.local_layers / self.attention_layers if self.local_kv_heads and self.attention_layers else 0.0
         return (1 - local) * self.kv_heads + local * (self.local_kv_heads or 0)
-
-    @functools.cached_property  # a frozen spec's; the planner asks per layout
-    def local_attention_differs(self) -> bool:
-        """Whether the local layers have KV heads, sinks or a QK-norm of their own (MiMo-V2-Flash, Llama 4), or the
-        global layers widths of their own, or the last layers reuse earlier ones' K and V (Gemma 4)."""
-        return bool(
-            self.local_kv_heads or self.sinks_local_only or self.local_qk_l2_norm or self.global_attention
-            or self.kv_sharing
-        )  # fmt: skip
-
-    def reuses_kv(self, layer: int) -> bool:
-        """Whether ``layer`` attends with an earlier layer's K and V (one of the last ``kv_sharing.layers``)."""
-        return bool(self.kv_sharing) and layer >= self.num_layers - (self.kv_sharing.layers if self.kv_sharing else 0)
 
     @property
     def indexer(self) -> IndexerSpec | None:
