@@ -22,7 +22,16 @@ import pytest
 import typer
 from pydantic import BaseModel
 
-from lmcalc import framework_specs, hardware_specs, layer_specs, mixer_specs, presets, recipe_specs, specs
+from lmcalc import (
+    framework_specs,
+    hardware_specs,
+    layer_specs,
+    mixer_specs,
+    pass_specs,
+    presets,
+    recipe_specs,
+    specs,
+)
 from lmcalc.cli.app import SUBCOMMANDS, LazyCommands, app, docstring
 from lmcalc.errors import LmcalcError
 from lmcalc.preset_files import read_text, read_yaml
@@ -309,7 +318,7 @@ def test_an_accounting_command_imports_no_other_family(no_user_dir, capsys):
 def spec_classes() -> list[type[BaseModel]]:
     return [
         cls
-        for module in (specs, layer_specs, mixer_specs, hardware_specs, recipe_specs, framework_specs)
+        for module in (specs, layer_specs, mixer_specs, pass_specs, hardware_specs, recipe_specs, framework_specs)
         for cls in vars(module).values()
         if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == module.__name__
     ]
