@@ -43,12 +43,13 @@ TOP_RANK = 10
 PRECISION, OPTIMIZER = "bf16-mixed", "adamw"  # what every published run trained with
 OVERHEAD_BYTES = 0.0  # the runs are judged on model states and activations alone, without lmcalc's allowance
 FAMILIES = ("korthikanti", "megatron-2021", "llama3", "mpt", "playbook")
+BLACKWELL_FAMILIES = ("nemo-25.02-b200", "nemo-25.04-gb200")  # benchmarks/blackwell_runs.yaml
 
 
 @dataclass(frozen=True)
 class PublishedRun:
     id: str
-    family: str  # one of FAMILIES: the paper or benchmark the run comes from, for results per family
+    family: str  # one of FAMILIES or BLACKWELL_FAMILIES: the paper or table the run comes from, for results per family
     source: str
     cluster: Cluster
     layout: Layout

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from accuracy import PublishedRun, load_runs
+from accuracy import BLACKWELL_FAMILIES, PublishedRun, load_runs
 
 from lmcalc.engine.time.rates import CALIBRATION, Calibration
 from lmcalc.engine.time.steptime import step_time
@@ -28,11 +28,13 @@ from lmcalc.framework_specs import FrameworkProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 FITTED = ROOT / "benchmarks" / "published_runs.yaml"
+BLACKWELL = ROOT / "benchmarks" / "blackwell_runs.yaml"
 HELDOUT = ROOT / "benchmarks" / "heldout_runs.yaml"
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "gemm:ampere": (0.5, 1.0),
     "gemm:hopper": (0.5, 1.0),
+    "gemm:blackwell": (0.5, 1.0),
     "hbm_efficiency": (0.5, 0.95),
     "kernel_overhead_s": (0.0, 20e-6),
     "attention_fraction": (0.5, 1.3),
@@ -65,6 +67,13 @@ class Constants:
             calibration = replace(self.calibration, gemm_fractions=tuple(sorted(fractions.items())), gemm_fraction=mean)
             return replace(self, calibration=calibration)
         return replace(self, calibration=replace(self.calibration, **{name: value}))
+
+
+def fitting_runs() -> list[PublishedRun]:
+    """The fitting set: every run of ../shared/reference with a layout and a speed (published_runs.yaml), and the
+    NeMo 2.0 runs on B200 and GB200 that Blackwell's GEMM fraction is fitted on (blackwell_runs.yaml), since the
+    reference holds no Blackwell run."""
+    return load_runs(FITTED) + load_runs(BLACKWELL, BLACKWELL_FAMILIES)
 
 
 def current(runs: Sequence[PublishedRun]) -> Constants:
@@ -127,11 +136,15 @@ def _determined(name: str, runs: Sequence[PublishedRun]) -> bool:
     return True
 
 
-def fit(runs: Sequence[PublishedRun], start: Constants, sweeps: int = 3) -> Constants:
-    """Coordinate descent: each constant in turn to its best value with the others held, a few sweeps. A constant
-    no run can tell apart (a framework with no runs here) keeps its starting value."""
+OWN_RUNS_ONLY = ("blackwell",)
+"""Chip generations that no run of ../shared/reference measured: their GEMM fraction alone is fitted, on their own runs
+(benchmarks/blackwell_runs.yaml), with every shared constant held at the reference runs' fit, so that adding them
+leaves the constants the older families were fitted with as they were."""
+
+
+def _descend(runs: Sequence[PublishedRun], start: Constants, names: Sequence[str], sweeps: int) -> Constants:
+    """Coordinate descent over ``names``: each constant in turn to its best value with the others held."""
     constants = start
-    names = [name for name in BOUNDS if _determined(name, runs)]
     for _ in range(sweeps):
         for name in names:
             low, high = BOUNDS[name]
@@ -139,6 +152,18 @@ def fit(runs: Sequence[PublishedRun], start: Constants, sweeps: int = 3) -> Cons
             if loss(runs, constants.set(name, best)) < loss(runs, constants):
                 constants = constants.set(name, best)
     return constants
+
+
+def fit(runs: Sequence[PublishedRun], start: Constants, sweeps: int = 3) -> Constants:
+    """Coordinate descent, a few sweeps: first every constant on the runs of the generations the reference measured,
+    then each generation of ``OWN_RUNS_ONLY`` its GEMM fraction on its own runs. A constant no run can tell apart (a
+    framework with no runs here) keeps its starting value."""
+    shared = [run for run in runs if run.cluster.hardware.architecture not in OWN_RUNS_ONLY]
+    own = [run for run in runs if run.cluster.hardware.architecture in OWN_RUNS_ONLY]
+    names = [name for name in BOUNDS if name.removeprefix("gemm:") not in OWN_RUNS_ONLY and _determined(name, shared)]
+    constants = _descend(shared, start, names, sweeps)
+    generations = [f"gemm:{arch}" for arch in OWN_RUNS_ONLY if _determined(f"gemm:{arch}", own)]
+    return _descend(own, constants, generations, sweeps)
 
 
 def summary(errors: Sequence[float]) -> str:
@@ -170,7 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loo", action="store_true", help="also leave each run out in turn (a few minutes)")
     args = parser.parse_args()
-    runs = load_runs(FITTED)
+    runs = fitting_runs()
     shipped = current(runs)
     print(f"shipped constants: {shipped}")
     print(f"  fitting set ({len(runs)} runs): {summary([log_error(r, shipped) for r in runs])}")

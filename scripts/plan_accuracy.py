@@ -4,8 +4,9 @@
                                                # without each run for the leave-one-out column)
     python scripts/plan_accuracy.py --quick    # no rank searches and no leave-one-out (seconds)
 
-The fitting set is benchmarks/published_runs.yaml (every run of ../shared/reference with a layout and a speed);
-the held-out set is benchmarks/heldout_runs.yaml, which no fit sees.
+The fitting set is benchmarks/published_runs.yaml (every run of ../shared/reference with a layout and a speed) and
+benchmarks/blackwell_runs.yaml (NeMo 2.0's B200 and GB200 runs, for Blackwell's GEMM fraction alone); the held-out
+set is benchmarks/heldout_runs.yaml, which no fit sees.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import yaml
 from accuracy import MFU_TOLERANCE, TOP_RANK, Accuracy, PublishedRun, assess, load_runs, published_step_time
 from docgen import write_generated
-from fit_time import HELDOUT, current, leave_one_family_out, leave_one_out, log_error
+from fit_time import HELDOUT, current, fitting_runs, leave_one_family_out, leave_one_out, log_error
 
 from lmcalc.engine.time.rates import CALIBRATION
 
@@ -60,7 +61,7 @@ def _quick(run: PublishedRun) -> Accuracy:
 def _heldout_lines() -> list[str]:
     runs = load_runs(HELDOUT, None)
     raw = {row["id"]: row for row in yaml.safe_load(HELDOUT.read_text())["runs"]}
-    constants = current(load_runs(ROOT / "benchmarks" / "published_runs.yaml"))
+    constants = current(fitting_runs())
     groups: dict[str, list[float]] = defaultdict(list)
     for run in runs:
         row = raw[run.id]
@@ -95,7 +96,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the rank searches and the leave-one-out fits")
     args = parser.parse_args()
     start = time.perf_counter()
-    runs = load_runs(ROOT / "benchmarks" / "published_runs.yaml")
+    runs = fitting_runs()
     rows = [_quick(run) if args.quick else assess(run) for run in runs]
     constants = current(runs)
     by_family = {k: math.exp(v) - 1 for k, v in leave_one_family_out(runs, constants).items()}

@@ -60,8 +60,8 @@ class Calibration:
 
 
 CALIBRATION = Calibration(
-    gemm_fractions=(("ampere", 0.847), ("hopper", 0.708)),
-    gemm_fraction=0.777,
+    gemm_fractions=(("ampere", 0.847), ("blackwell", 0.635), ("hopper", 0.708)),
+    gemm_fraction=0.730,
     hbm_efficiency=0.894,
     kernel_overhead_s=4.5e-6,
     attention_fraction=0.60,
@@ -118,13 +118,20 @@ ATTENTION_FRACTIONS: dict[tuple[str, str], tuple[float, float, str]] = {
         "FlashAttention-3 / cuDNN on H100: 609-638 TFLOP/s forward at 4k, head dim 128 (Shah et al. 2024 Fig. 5); "
         "backward 1.5-1.75x FlashAttention-2's (§4.1)",
     ),
+    ("flash3", "blackwell"): (
+        0.63,
+        0.50,
+        "FlashAttention-4 on B200: 1,418 TFLOP/s forward and 1,118 backward at 8k, causal, head dim 128 "
+        "(Dao-AILab/flash-attention PR #2280, 1-CTA backward); Transformer Engine calls cuDNN, which the "
+        "FlashAttention-4 paper puts up to 1.3x slower forward (Zadouri et al. 2026, arXiv:2603.05451)",
+    ),
 }
 """(forward, backward) fraction of the dense bf16 peak a fused attention kernel reaches at training sequence
 lengths (2k-8k) and head dimension 128, per kernel and chip generation."""
 
 ATTENTION_FALLBACK = (0.45, 0.38)
-"""Where no benchmark of the kernel on that chip generation is known (Blackwell, AMD, Gaudi, TPU; FlashAttention-3
-runs only on Hopper, so flash3 elsewhere falls back to FlashAttention-2's figures where they exist): the assumed
+"""Where no benchmark of the kernel on that chip generation is known (FlashAttention-2 on Blackwell; AMD, Gaudi, TPU;
+``flash3``, the chip's own fused kernel, falls back to FlashAttention-2's figures where it has no entry): the assumed
 (forward, backward) fraction of the chip's measured matmul rate, between FlashAttention-2 on H100 and on A100."""
 
 
@@ -210,8 +217,8 @@ def attention_rate(
     """The fused attention kernel's forward and backward rates on this chip: a measured fraction of its dense peak,
     else a stated fraction of its matmul rate."""
     arch = hardware.architecture or ""
-    if kernel == "flash3" and arch != "hopper":
-        kernel = "flash2"  # FlashAttention-3 is Hopper-only; elsewhere the FlashAttention-2 figures apply
+    if kernel == "flash3" and ("flash3", arch) not in ATTENTION_FRACTIONS:
+        kernel = "flash2"  # no native fused kernel measured on this chip: the FlashAttention-2 figures apply
     known = ATTENTION_FRACTIONS.get((kernel, arch))
     if known and dtype in hardware.peak_tflops_dense:
         peak = hardware.peak_flops(dtype) * hardware.clock_fraction  # the kernel runs at the clock the GPU runs at
