@@ -62,7 +62,8 @@ from lmcalc.hf_layers import (
     windows,
 )
 from lmcalc.hf_meta import UnreadType
-from lmcalc.hf_vision import vision_params
+from lmcalc.hf_moe_storage import moe_storage
+from lmcalc.hf_vision import vision_fields
 from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, drafter_fields, gemma4_layer_types
 
 LLAMA_LIKE = (
@@ -101,7 +102,8 @@ LM adds projections from and to the backbone's width (and their text model reuse
 FUSED = {"phi3": ["qkv", "gate_up"], "phi4_multimodal": ["qkv", "gate_up"], "codegen": ["qkv"], "glm4": ["gate_up"],
          "glm": ["gate_up"], "gpt2": ["qkv"],
          "gpt_bigcode": ["qkv"], "persimmon": ["qkv"], "gpt_neox": ["qkv"], "gpt_neox_japanese": ["qkv"],
-         "falcon": ["qkv"], "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"]}  # fmt: skip
+         "falcon": ["qkv"], "bloom": ["qkv"], "mpt": ["qkv"], "dbrx": ["qkv"],
+         "granitemoeshared": ["gate_up"], "granitemoehybrid": ["gate_up"]}  # fmt: skip
 """Types whose modules fuse weights (Phi-3's qkv_proj and gate_up_proj, GPT-NeoX's query_key_value): the same
 count, one LoRA adapter each."""
 SANDWICH_NORMS = ("gemma2", "gemma3_text", "glm4", "kolibri1", "afmoe", "lfm3", "beam", GEMMA3N, *GEMMA4)
@@ -384,22 +386,6 @@ def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], st
     return text, str(text.get("model_type") or MULTIMODAL.get(kind) or DRAFTERS.get(kind, "")).lower()
 
 
-def _vision(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
-    """What a multimodal config holds beside its text model: a note, and the vision tower's count where known
-    (Phi-4-multimodal's image and audio encoders both)."""
-    kind = str(config.get("model_type", "")).lower()
-    tower = vision_params(config, text.get("hidden_size", 0))
-    towers = "image and audio encoders and projections" if kind == "phi4_multimodal" else "vision tower and projector"
-    if tower is None:
-        note = f"the text model of a {kind or 'multimodal'} config; its {towers} are not counted"
-        return {"notes": [note]}
-    note = f"the text model of a {kind} config; its {towers} ({tower:,} parameters) are apart"
-    if kind == "phi4_multimodal":  # its encoders' modules share the text layers' names
-        note += ("; PEFT's all-linear, and the module names the encoders share (o_proj, gate_up_proj, down_proj), "
-                 "adapt their linear layers too, which lmcalc's adapter count leaves out")  # fmt: skip
-    return {"notes": [note], "vision_params": tower}
-
-
 def _as_its_class_reads(text: dict[str, Any], kind: str) -> dict[str, Any]:
     """``text`` as ``kind``'s configuration class reads it: a field spelt by one of the class's aliases under its own
     name (ExaoneConfig's ``num_layers`` is ``num_hidden_layers``), and a field config.json leaves out at the class's
@@ -419,6 +405,11 @@ def _as_its_class_reads(text: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     """ModelSpec fields for a HF config; the caller validates them."""
+    read = _read(config, name, origin)
+    return read | {"moe": read["moe"] | moe_storage(_text_model(config, origin)[1])} if read.get("moe") else read
+
+
+def _read(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     text, kind = _text_model(config, origin)
     if BUILDS_AS.get(kind, kind) not in SUPPORTED:
         named = f"config.json model_type {token(kind) if kind else '(missing)'}"
@@ -446,7 +437,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
     drafter = str(config.get("model_type", "")).lower() in DRAFTERS  # its text model between projections of its own
     towers = (multimodal and not drafter) or kind == "phi4_multimodal"  # Phi-4-multimodal's encoders are inside
-    fields = _common(text, kind, name, origin) | (_vision(config, text) if towers else {})
+    fields = _common(text, kind, name, origin) | (vision_fields(config, text) if towers else {})
     if drafter:  # Gemma4AssistantConfig: every layer shares the backbone's K and V unless the file says how many
         text = {**text, "num_kv_shared_layers": text.get("num_kv_shared_layers") or text.get("num_hidden_layers")}
         read = _llama_like(text, kind, fields, origin)
@@ -461,7 +452,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, origin: str) -> dict
     if kind == "ctrl":
         return ctrl(text, kind, fields, origin)
     if kind == "git":  # its image encoder and projection apart
-        return git(text, kind, fields | _vision(config, text), origin)
+        return git(text, kind, fields | vision_fields(config, text), origin)
     if kind == "xglm":
         return xglm(text, kind, fields, origin)
     if kind == "gpt_neox_japanese":

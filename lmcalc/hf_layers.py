@@ -480,6 +480,7 @@ def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
     own and a bias on its output; its experts run one at a time."""
     return fields | {
         "head_dim": _get(config, origin, "kv_channels"),
+        "fused_linears": ["kv"],
         "moe": fields["moe"] | {"attention_experts": fields["moe"]["num_experts"], "output_bias": True,
                                 "expert_loop": True},
     }  # fmt: skip

@@ -100,3 +100,19 @@ def vision_params(config: dict[str, Any], text_hidden: int) -> int | None:
         whole = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (patch, channels, text_hidden))
         return _linear(patch * patch * channels, text_hidden) if whole else None
     return None
+
+
+def vision_fields(config: dict[str, Any], text: dict[str, Any]) -> dict[str, Any]:
+    """What a multimodal config holds beside its text model: a note, and the vision tower's count where known
+    (Phi-4-multimodal's image and audio encoders both)."""
+    kind = str(config.get("model_type", "")).lower()
+    tower = vision_params(config, text.get("hidden_size", 0))
+    towers = "image and audio encoders and projections" if kind == "phi4_multimodal" else "vision tower and projector"
+    if tower is None:
+        note = f"the text model of a {kind or 'multimodal'} config; its {towers} are not counted"
+        return {"notes": [note]}
+    note = f"the text model of a {kind} config; its {towers} ({tower:,} parameters) are apart"
+    if kind == "phi4_multimodal":  # its encoders' modules share the text layers' names
+        note += ("; PEFT's all-linear, and the module names the encoders share (o_proj, gate_up_proj, down_proj), "
+                 "adapt their linear layers too, which lmcalc's adapter count leaves out")  # fmt: skip
+    return {"notes": [note], "vision_params": tower}

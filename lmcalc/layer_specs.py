@@ -5,7 +5,7 @@ and a mixture of experts, with which layers route. ``specs.ModelSpec`` holds the
 The annotations are types, not text (no ``from __future__ import annotations``), for the reason ``specs`` gives."""
 
 import functools
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -103,6 +103,20 @@ class MoESpec(Spec):
         description="the model's own code sends every token to every expert, its input scaled by the router's score "
         "(zero where the expert was not picked: transformers' Llama4TextMoe), read under a framework profile whose "
         "moe.router is model: E rows a token computed and kept, not k",
+    )
+    peft_v4_names: Literal["mixtral", "qwen2_moe"] | None = Field(
+        None,
+        description="PEFT (0.21) maps the model type's transformers-4 expert and router names onto the 3-D expert "
+        "tensors and bare router weight that transformers 5 stores, by Mixtral's names (w1, w3, w2, gate) or "
+        "Qwen2-MoE's (gate_proj, up_proj, down_proj, gate): LoRA then adapts the router at rank r and each routed "
+        "expert, gate and up as one adapter of rank 2r, down at rank r, and under Qwen2-MoE's names no nn.Linear "
+        "called gate_proj, up_proj or down_proj (dense layers, shared experts, an attention gate); None: the routed "
+        "experts and a bare router weight carry no adapter",
+    )
+    router_linear: StrictBool = Field(
+        False,
+        description="the router is an nn.Linear in the reference implementation (Llama 4, Phi-3.5-MoE, DBRX, AFMoE, "
+        "JetMoE, Gemma 4), which LoRA's all-linear adapts; else a bare weight (transformers 5's TopKRouter)",
     )
     attention_experts: NonNegativeInt = Field(
         0,

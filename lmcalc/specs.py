@@ -266,10 +266,11 @@ class ModelSpec(LayerKinds, NamedSpec):
     final_softcap_fp32: StrictBool = Field(
         False, description="that soft-capping computed on an fp32 copy of the logits (Beam): tanh keeps fp32"
     )
-    fused_linears: tuple[Literal["qkv", "gate_up"], ...] = Field(
+    fused_linears: tuple[Literal["qkv", "gate_up", "kv"], ...] = Field(
         default_factory=no_items,
         description="weights the reference implementation stores as one matrix (GPT-2's c_attn: qkv; Phi-3's "
-        "qkv_proj and gate_up_proj): the count is the same, but a LoRA adapter on it spans the fused output",
+        "qkv_proj and gate_up_proj; JetMoE's kv_proj: kv): the count is the same, but a LoRA adapter on it spans "
+        "the fused output",
     )
     tied_embeddings: StrictBool
     head_bias: StrictBool = Field(

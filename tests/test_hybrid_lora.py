@@ -21,6 +21,7 @@ peft = pytest.importorskip("peft")
 from hf_tiny import tiny_config, transformers_model  # noqa: E402
 
 from lmcalc.engine.finetune.method import Method, adapter_tensors, parse_targets  # noqa: E402
+from lmcalc.errors import LmcalcError  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
@@ -80,18 +81,23 @@ def test_lora_adapters_equal_pefts(kind: str, targets: str, rank: int):
 
 
 @pytest.mark.parametrize("rank", [4, 16])
-def test_afmoes_attention_gate_is_an_adapter_of_its_own(rank: int):
+def test_afmoes_attention_gate_goes_with_the_experts_names(rank: int):
     # AFMoE's gate on the attention's output is a projection of its own (self_attn.gate_proj, h → H·d), where
-    # Qwen3-Next's is half of q_proj: by hand, r·(h + H·d) = r·(64 + 4·16) a layer, and q_proj's adapter r·(64 + 64)
-    # whatever the gate. (PEFT's all-linear on transformers 5's AFMoE rewrites its targets for the fused experts and
-    # adapts no gate_proj at all, so it is not the reference here; the q, k, v and o case above is.)
+    # Qwen3-Next's is half of q_proj. PEFT's all-linear on transformers 5's AFMoE maps the names gate_proj, up_proj
+    # and down_proj onto the fused experts (tests/test_moe_adapters.py), so that gate, named gate_proj, keeps no
+    # adapter, while q_proj keeps r·(h + H·d) = r·(64 + 64) a layer; and gate_proj alone is refused, as PEFT refuses
+    # to adapt the experts' gate without their up.
     config = tiny_config("afmoe")
     spec = ModelSpec.model_validate(model_from_hf_config(config, "afmoe", "afmoe"))
     tensors = adapter_tensors(spec, Method("lora", rank, parse_targets("all-linear")))
-    for name in ("attn.attn_gate.", "attn.q."):
-        assert sum(t.total for t in tensors if t.name.startswith(name)) == spec.num_layers * rank * (64 + 64)
-    gates = adapter_tensors(spec, Method("lora", rank, parse_targets("gate_proj")))  # PEFT's suffix: both gates
-    assert {t.name.split(".lora")[0] for t in gates} >= {"attn.attn_gate", "dense_mlp.gate"}
+    assert not [t for t in tensors if t.name.startswith("attn.attn_gate.")]
+    assert sum(t.total for t in tensors if t.name.startswith("attn.q.")) == spec.num_layers * rank * (64 + 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="without also targeting up_proj"):
+            peft.get_peft_model(transformers_model(config), peft.LoraConfig(r=rank, target_modules=["gate_proj"]))
+    with pytest.raises(LmcalcError, match="target both or neither"):
+        adapter_tensors(spec, Method("lora", rank, parse_targets("gate_proj")))
 
 
 @pytest.mark.parametrize(

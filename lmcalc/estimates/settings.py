@@ -127,7 +127,7 @@ class MethodSettings(FineTuneSettings, OffloadSettings, total=False):
         bool,
         Setting(
             True,
-            "QLoRA: the unquantised weights (embeddings, norms, head) in fp32, as "
+            "QLoRA: the unquantised weights (embeddings, norms, head, an MoE's routed experts) in fp32, as "
             "peft.prepare_model_for_kbit_training casts them; or in the compute dtype.",
             flags=("--kbit-upcast/--no-kbit-upcast",),
         ),

@@ -276,7 +276,7 @@ def _module_flops(step: _MethodStep, m: LinearModule, reads_grad: bool, trained:
 def _adapter_flops(step: _MethodStep, m: LinearModule, mm: float, reads_grad: bool, flops: _LayerFlops) -> None:
     """A module's LoRA adapter B·A: forward, both weight gradients, B's input gradient and A's where the module's
     input needs one; with DoRA, its weight norm's forward and, under dropout, the base product (``mm``) again."""
-    r, method = step.method.lora_rank, step.method
+    r, method = step.method.lora_rank * m.rank_scale, step.method
     copies = _per_layer_copies(step.model, m.count_symbol, m.active)
     a, b = 2 * r * m.inputs * copies, 2 * r * m.outputs * copies
     flops.forward += a + b

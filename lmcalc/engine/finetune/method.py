@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from lmcalc.engine.choices import one_of, positive_integer
@@ -49,7 +49,7 @@ NF4_TENSOR_CONSTANTS = 4 + 16 * 4 + 256 * 4
 offset subtracted from the absmaxes before their 8-bit quantisation, the 16-value fp32 NF4 code and the 256-value
 fp32 code of the second-level quantisation."""
 
-LINEAR_NAMES: tuple[str, ...] = ("q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "gate_up")
+LINEAR_NAMES: tuple[str, ...] = ("q", "k", "v", "qkv", "kv", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "gate_up")
 LINEAR_NAMES += ("down", "fc", "proj", "router", "attn_gate")  # attn_gate: AFMoE's gate on the attention output
 LINEAR_NAMES += ("in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # Gated DeltaNet
 LINEAR_NAMES += ("in_proj", "x_proj", "dt_proj", "out_proj")  # Mamba's and Mamba-2's, and Gated DeltaNet's output
@@ -62,6 +62,7 @@ HF_NAMES: dict[str, tuple[str, ...]] = {
     "v_proj": ("v",),
     "o_proj": ("o",),
     "qkv_proj": ("qkv",),
+    "kv_proj": ("kv",),
     "c_attn": ("qkv",),
     "query_key_value": ("qkv",),
     "q_a_proj": ("q_a",),
@@ -197,6 +198,7 @@ class LinearModule:
     count: int
     count_symbol: str
     active: float
+    rank_scale: int = 1  # its adapter's rank in units of r: 2 for PEFT's one adapter over fused gate and up experts
 
 
 def _leaf(tensor: WeightTensor) -> str:
@@ -213,7 +215,7 @@ def linear_modules(model: ModelSpec) -> tuple[LinearModule, ...]:
             continue
         name = t.name.removesuffix(".weight")
         modules.append(LinearModule(name, _leaf(t), t.group, t.shape[1], t.shape[0], t.count, t.count_symbol, t.active))
-    for fused, parts in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up"))):
+    for fused, parts in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up")), ("kv", ("k", "v"))):
         if fused not in model.fused_linears:
             continue
         merged: list[LinearModule] = []
@@ -246,7 +248,7 @@ def adapted_modules(model: ModelSpec, method: Method) -> tuple[LinearModule, ...
         return ()
     modules = linear_modules(model)
     if method.lora_targets == (ALL_LINEAR,):
-        return tuple(m for m in modules if m.leaf != "lm_head")
+        return _as_peft_adapts(model, method, tuple(m for m in modules if m.leaf != "lm_head"))
     leaves = {m.leaf for m in modules}
     # a two-matrix MLP's matrices are fc and proj here; Nemotron, Nemotron-H, Arcee and Apertus call them up_proj and
     # down_proj, which PEFT's up_proj and down_proj match
@@ -256,6 +258,8 @@ def adapted_modules(model: ModelSpec, method: Method) -> tuple[LinearModule, ...
             hint = ""
             if target in ("q", "k", "v") and "qkv" in leaves:
                 hint = f" ({model.label} stores Q, K and V as one fused weight: target qkv)"
+            elif target in ("k", "v") and "kv" in leaves:
+                hint = f" ({model.label} stores K and V as one fused weight: target kv)"
             elif target in ("gate", "up") and "gate_up" in leaves:
                 hint = f" ({model.label} stores gate and up as one fused weight: target gate_up)"
             names = ", ".join(sorted(leaves - {"lm_head"}, key=LINEAR_NAMES.index))
@@ -266,16 +270,65 @@ def adapted_modules(model: ModelSpec, method: Method) -> tuple[LinearModule, ...
     # attention's output projection out_proj, as its convolutions' (Lfm2Attention.out_proj): PEFT's out_proj takes both
     targets = set(requested) | ({"attn_gate"} if "gate" in requested else set())
     targets |= {"o"} if "out_proj" in targets and model.short_conv else set()
-    return tuple(m for m in modules if m.leaf in targets)
+    return _as_peft_adapts(model, method, tuple(m for m in modules if m.leaf in targets))
+
+
+SWALLOWED = ("gate", "up", "down", "attn_gate")
+"""lmcalc's names for the nn.Linear layers Hugging Face calls gate_proj, up_proj and down_proj."""
+
+
+def _as_peft_adapts(model: ModelSpec, method: Method, chosen: tuple[LinearModule, ...]) -> tuple[LinearModule, ...]:
+    """The ``chosen`` modules as PEFT adapts them. transformers 5 stores an MoE layer's routed experts as 3-D tensors
+    and most routers as a bare weight, which LoRA's module targets never match: PEFT reaches them only where it maps
+    the type's transformers-4 names onto them (``MoESpec.peft_v4_names``), each expert's gate and up as one adapter
+    of rank 2r over their fused weight, down and the router at rank r; a router that is an nn.Linear
+    (``MoESpec.router_linear``) is adapted as one. JetMoE's attention experts are 3-D tensors too."""
+    moe = model.moe
+    if moe is None:
+        return chosen
+    routed = [m for m in chosen if m.group == "experts"]
+    leaves = {m.leaf for m in routed}
+    if moe.peft_v4_names and len(leaves & {"gate", "up"}) == 1:
+        raise LmcalcError(f"PEFT fuses {model.label}'s experts' gate and up into one weight (gate_up_proj) and adapts "
+                          "them together: target both or neither")  # fmt: skip
+    kept = []
+    for m in chosen:
+        if m.group == "router" or m.name == "attn.router":  # JetMoE's attention experts' router: an nn.Linear
+            if moe.peft_v4_names or moe.router_linear:
+                kept.append(m)
+        elif m.count_symbol.endswith("·E_a"):  # JetMoE's attention experts: 3-D tensors
+            continue
+        elif moe.peft_v4_names == "qwen2_moe" and m.group != "experts" and m.leaf in SWALLOWED:
+            continue  # PEFT maps the names gate_proj, up_proj and down_proj to the experts' tensors alone
+        elif m.group != "experts":
+            kept.append(m)
+        elif moe.peft_v4_names and m.leaf == "gate":  # LongCat's fused weight holds its zero experts' rows too
+            held = m.count * (moe.num_experts + moe.zero_experts) // moe.num_experts
+            symbol = m.count_symbol.replace("E", "(E+Z)")
+            fused = replace(m, name="experts.gate_up", leaf="gate_up", outputs=2 * m.outputs, rank_scale=2)
+            kept.append(replace(fused, count=held, count_symbol=symbol) if moe.zero_experts else fused)
+        elif moe.peft_v4_names and m.leaf != "up":
+            kept.append(replace(m, rank_scale=2) if m.leaf == "gate_up" else m)
+    if chosen and not kept:
+        raise LmcalcError(
+            f"LoRA targets {', '.join(method.lora_targets)} match only {model.label}'s routed experts or router, "
+            "which transformers 5 stores outside nn.Linear and PEFT's LoRA does not adapt for this model type; "
+            "target its attention or shared experts"
+        )
+    if method.dora and any(m.group in ("experts", "router") and not moe.router_linear for m in kept):
+        raise LmcalcError(f"PEFT cannot put DoRA on {model.label}'s routed experts or router, which transformers 5 "
+                          "stores outside nn.Linear (lora.ParamWrapper does not work with use_dora); target the "
+                          f"attention and shared experts alone, or leave {setting('dora')} off")  # fmt: skip
+    return tuple(kept)
 
 
 @functools.lru_cache(maxsize=1024)
 def adapter_tensors(model: ModelSpec, method: Method) -> tuple[WeightTensor, ...]:
     """The adapters' weights: for each targeted module, A (r × in) and B (out × r) (Hu et al. 2021 §4.1), and with
     DoRA a magnitude vector of ``out`` (Liu et al. 2024)."""
-    r = method.lora_rank
     tensors = []
     for m in adapted_modules(model, method):
+        r = method.lora_rank * m.rank_scale
         for part, shape, symbols in (("A", (r, m.inputs), ("r", "in")), ("B", (m.outputs, r), ("out", "r"))):
             tensors.append(
                 WeightTensor(
@@ -291,8 +344,16 @@ def adapter_tensors(model: ModelSpec, method: Method) -> tuple[WeightTensor, ...
 def quantised(tensor: WeightTensor) -> bool:
     """Whether QLoRA stores ``tensor`` in 4 bits: the weight of every linear layer of the blocks (bitsandbytes
     replaces their ``nn.Linear``), not the head (transformers leaves the output embedding unquantised), nor the
-    routers, embeddings, norms or biases."""
-    return tensor.matmul and tensor.name.endswith(".weight") and len(tensor.shape) == 2 and tensor.group != "router"
+    routers, embeddings, norms or biases, nor an MoE's routed experts (and JetMoE's attention experts), which
+    transformers 5 stores as 3-D tensors that bitsandbytes' 4-bit loading passes over and leaves in the compute
+    dtype (``hf_moe_storage``; bitsandbytes issue #1849)."""
+    return (
+        tensor.matmul
+        and tensor.name.endswith(".weight")
+        and len(tensor.shape) == 2
+        and tensor.group not in ("router", "experts")
+        and not tensor.count_symbol.endswith("·E_a")
+    )
 
 
 def dora_temporaries(model: ModelSpec, method: Method) -> int:

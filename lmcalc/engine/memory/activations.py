@@ -346,9 +346,9 @@ def _under_method(
         block = "attention" if m.group == "attention" else "mlp"
         split = "seq" if m.inputs == w.model.hidden_size else "tp"
         label = f"{m.name} adapter"
-        kept.append(
-            SavedTensor(f"{label}: A·x (B's input)", f"{rows_symbol}·r", rows * r, adapter, split="none", block=block)
-        )
+        rank, rank_symbol = r * m.rank_scale, "r" if m.rank_scale == 1 else f"{m.rank_scale}r"
+        kept.append(SavedTensor(f"{label}: A·x (B's input)", f"{rows_symbol}·{rank_symbol}", rows * rank, adapter,
+                                split="none", block=block))  # fmt: skip
         if adapter_copies(w):
             n, symbol = rows * m.inputs, f"{rows_symbol}·{m.inputs}"
             kept.append(

@@ -83,7 +83,7 @@ def _adapter_numbers(w: Workload) -> str:
         return ""
     modules = adapted_modules(w.model, w.method)
     r = w.method.lora_rank
-    return " + ".join(f"{group(m.count)}·{r}·({m.inputs} + {m.outputs})" for m in modules)
+    return " + ".join(f"{group(m.count)}·{r * m.rank_scale}·({m.inputs} + {m.outputs})" for m in modules)
 
 
 def _frozen_formula(w: Workload) -> str:
@@ -92,7 +92,7 @@ def _frozen_formula(w: Workload) -> str:
         rest = "fp32 (peft.prepare_model_for_kbit_training)" if method.kbit_upcast else f"{precision.param_bytes:g} B"
         return (
             f"linear weights of the layers in NF4: {NF4_BITS_PER_WEIGHT:.4g} bits = 4 + 8/{NF4_BLOCK} + "
-            f"32/({NF4_BLOCK}·{NF4_BLOCK2}) per weight, + 1,092 B per tensor; embeddings, norms, biases, routers and "
-            f"the head at {rest}"
+            f"32/({NF4_BLOCK}·{NF4_BLOCK2}) per weight, + 1,092 B per tensor; embeddings, norms, biases, routers, an "
+            f"MoE's routed experts (3-D tensors bitsandbytes passes over) and the head at {rest}"
         )
     return f"frozen weights · {precision.param_bytes:g} B (the recipe's weight bytes)"

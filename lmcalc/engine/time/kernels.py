@@ -152,10 +152,10 @@ def _adapter_gemms(w: Workload, s: StageShape, moe: bool) -> list[Gemm]:
     with both gradients (lmcalc keeps the adapters whole on every tensor-parallel rank); with DoRA, its weight
     norm's product and, under dropout, the base product PEFT makes again."""
     gemms = []
-    r = w.method.lora_rank
     for m in adapted_modules(w.model, w.method):
         if not in_layer(m, moe):
             continue
+        r = w.method.lora_rank * m.rank_scale
         if m.group == "experts" and w.model.moe:
             local = w.model.moe.num_experts / s.grid.ep
             rows, count = s.expert_tokens * w.routed_copies / local, local
