@@ -90,9 +90,10 @@ def _frozen_formula(w: Workload) -> str:
     method, precision = w.method, w.precision
     if method.kind == "qlora":
         rest = "fp32 (peft.prepare_model_for_kbit_training)" if method.kbit_upcast else f"{precision.param_bytes:g} B"
+        experts = ", the routed experts (3-D tensors bitsandbytes passes over)" if w.model.moe else ""
         return (
             f"linear weights of the layers in NF4: {NF4_BITS_PER_WEIGHT:.4g} bits = 4 + 8/{NF4_BLOCK} + "
-            f"32/({NF4_BLOCK}·{NF4_BLOCK2}) per weight, + 1,092 B per tensor; embeddings, norms, biases, routers, an "
-            f"MoE's routed experts (3-D tensors bitsandbytes passes over) and the head at {rest}"
+            f"32/({NF4_BLOCK}·{NF4_BLOCK2}) per weight, + 1,092 B per tensor; embeddings, norms, biases, routers"
+            f"{experts} and the head at {rest}"
         )
     return f"frozen weights · {precision.param_bytes:g} B (the recipe's weight bytes)"
