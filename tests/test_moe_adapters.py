@@ -132,12 +132,16 @@ def test_dora_on_fused_experts_is_refused_as_peft_refuses_it():
         adapted_modules(spec, Method("lora", RANK, dora=True))
 
 
-def test_qlora_leaves_fused_experts_unquantised_as_bitsandbytes_does(tmp_path):
+def test_qlora_leaves_fused_experts_unquantised_as_bitsandbytes_does(tmp_path, monkeypatch):
     """A tiny Mixtral saved in bf16 and loaded in 4 bits on the CPU: the attention's linear weights become
     Params4bit, the router and the 3-D experts stay bf16 Parameters, and peft.prepare_model_for_kbit_training casts
     them to fp32. lmcalc's ``quantised`` picks the same tensors, and its QLoRA bytes per element are 4 for the
     experts (``kbit_upcast``, the default) and the recipe's 2 without the cast."""
     pytest.importorskip("bitsandbytes")
+    tqdm = pytest.importorskip("tqdm")
+    # transformers' save and load bars would start tqdm's monitor thread, which outlives the test (and a later
+    # search refuses to fork beside other threads: tests/test_plan_workers.py)
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)
     config = transformers.AutoConfig.for_model(**tiny_config("mixtral"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
