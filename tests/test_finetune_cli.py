@@ -96,3 +96,21 @@ def test_plan_and_max_params_take_the_method(capsys):
     limits = run_json("max-params --gpus 1xRTX4090 --method qlora --seq 1024", capsys)
     full = run_json("max-params --gpus 1xRTX4090 --seq 1024", capsys)
     assert value(limits, "zero0", "with_activations") > 4 * value(full, "zero0", "with_activations")
+
+
+def test_qlora_on_an_moe_says_its_experts_stay_unquantised(capsys):
+    # Qwen3-30B-A3B's routed experts by hand: 48 layers × 128 experts × 3 matrices of 2,048 × 768 =
+    # 28,991,029,248 weights, which bitsandbytes leaves out of its 4-bit loading (transformers 5 stores them as 3-D
+    # tensors; tests/test_moe_adapters.py) and prepare_model_for_kbit_training casts to fp32: 4 B each, 115.96 GB;
+    # in NF4 they would take 4.127 bits each, 14.96 GB. The note says so in memory and in fit, and the model states
+    # hold them at 4 B.
+    experts = 48 * 128 * 3 * 2048 * 768
+    assert experts == 28_991_029_248
+    for command in ("memory", "fit"):
+        doc = run_json(f"{command} -m qwen3-30b-a3b --method qlora --gpus 1xRTX4090 --seq 1024", capsys)
+        note = next(n for n in doc["notes"] if n.startswith("QLoRA on an MoE"))
+        assert "28,991,029,248" in note and "116.0 GB" in note and "15.0 GB" in note
+    doc = run_json("memory -m qwen3-30b-a3b --method qlora --gpus 1xRTX4090 --seq 1024 --no-kbit-upcast", capsys)
+    assert "58.0 GB" in next(n for n in doc["notes"] if n.startswith("QLoRA on an MoE"))
+    dense = run_json("memory -m llama-3.1-8b --method qlora --gpus 1xRTX4090 --seq 1024", capsys)
+    assert not [n for n in dense["notes"] if n.startswith("QLoRA on an MoE")]

@@ -18,7 +18,7 @@ from lmcalc.engine.choices import Attention, Recompute
 from lmcalc.engine.finetune.method import METHODS, NF4_BITS_PER_WEIGHT, Method, parse_targets
 from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
 from lmcalc.engine.model.palm import napkin_params
-from lmcalc.engine.model.params import as_published, count_params, matches_published
+from lmcalc.engine.model.params import as_published, count_params, matches_published, weight_tensors
 from lmcalc.engine.parallel.sharding import trained_precision
 from lmcalc.engine.run.cost import DEFAULT_MFU
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
@@ -350,3 +350,18 @@ def model_notes(model: ModelSpec, note: str) -> tuple[str, ...]:
             + (f": {model.published_params_source}" if model.published_params_source else "")
         )
     return tuple(notes)
+
+
+def qlora_experts_note(w: Workload) -> tuple[str, ...]:
+    """Why QLoRA leaves an MoE's routed experts unquantised, and what they weigh (``method.quantised``)."""
+    if w.method.kind != "qlora" or w.model.moe is None:
+        return ()
+    experts = sum(t.total for t in weight_tensors(w.model) if t.group == "experts")
+    width = 4 if w.method.kbit_upcast else w.precision.param_bytes
+    cast = "cast to fp32 by peft.prepare_model_for_kbit_training" if w.method.kbit_upcast else "in the compute dtype"
+    return (
+        f"QLoRA on an MoE: transformers 5 stores the {experts:,} routed-expert weights as 3-D tensors, which "
+        f"bitsandbytes' 4-bit loading leaves unquantised (bitsandbytes issue #1849), {cast}: "
+        f"{experts * width / 1e9:,.1f} GB of frozen weights, where a loader that quantises fused experts "
+        f"(Unsloth's) holds them in NF4, {experts * NF4_BITS_PER_WEIGHT / 8 / 1e9:,.1f} GB",
+    )

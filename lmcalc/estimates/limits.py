@@ -30,6 +30,7 @@ from lmcalc.estimates.inputs import (
     model_input,
     model_notes,
     optimizer_text,
+    qlora_experts_note,
     recipe_text,
     stored_text,
 )
@@ -125,6 +126,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
     )
     notes = (
         *model_notes(model, note),
+        *qlora_experts_note(w),
         "each line changes one setting and keeps the others; the fewest GPUs keeps TP, PP and CP and grows DP",
     )
     report = checked(

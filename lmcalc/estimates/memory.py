@@ -6,11 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Unpack
 
-from lmcalc.engine.finetune.method import NF4_BITS_PER_WEIGHT
 from lmcalc.engine.memory.fp8_storage import te_fp8
 from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
 from lmcalc.engine.memory.terms import Capacity, memory_sections
-from lmcalc.engine.model.params import weight_tensors
 from lmcalc.engine.parallel.layout import Layout, check_layout
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
@@ -26,6 +24,7 @@ from lmcalc.estimates.inputs import (
     model_input,
     model_notes,
     optimizer_text,
+    qlora_experts_note,
     stored_text,
     whole_count,
 )
@@ -137,21 +136,6 @@ def unexpressed_notes(w: Workload) -> tuple[str, ...]:
     if w.framework.fp8.saved == "high_precision":
         return (FP8_HIGH_PRECISION,)
     return (FP8_TE,) if te_fp8(w) else (FP8_UNEXPRESSED,)
-
-
-def qlora_experts_note(w: Workload) -> tuple[str, ...]:
-    """Why QLoRA leaves an MoE's routed experts unquantised, and what they weigh (``method.quantised``)."""
-    if w.method.kind != "qlora" or w.model.moe is None:
-        return ()
-    experts = sum(t.total for t in weight_tensors(w.model) if t.group == "experts")
-    width = 4 if w.method.kbit_upcast else w.precision.param_bytes
-    cast = "cast to fp32 by peft.prepare_model_for_kbit_training" if w.method.kbit_upcast else "in the compute dtype"
-    return (
-        f"QLoRA on an MoE: transformers 5 stores the {experts:,} routed-expert weights as 3-D tensors, which "
-        f"bitsandbytes' 4-bit loading leaves unquantised (bitsandbytes issue #1849), {cast}: "
-        f"{experts * width / 1e9:,.1f} GB of frozen weights, where a loader that quantises fused experts "
-        f"(Unsloth's) holds them in NF4, {experts * NF4_BITS_PER_WEIGHT / 8 / 1e9:,.1f} GB",
-    )
 
 
 def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) -> MemoryEstimate:
