@@ -315,7 +315,8 @@ def _as_peft_adapts(model: ModelSpec, method: Method, chosen: tuple[LinearModule
             "which transformers 5 stores outside nn.Linear and PEFT's LoRA does not adapt for this model type; "
             "target its attention or shared experts"
         )
-    if method.dora and any(m.group in ("experts", "router") and not moe.router_linear for m in kept):
+    wrapped = [m for m in kept if m.group == "experts" or (m.group == "router" and not moe.router_linear)]
+    if method.dora and wrapped:  # PEFT's ParamWrapper, which takes no DoRA
         raise LmcalcError(f"PEFT cannot put DoRA on {model.label}'s routed experts or router, which transformers 5 "
                           "stores outside nn.Linear (lora.ParamWrapper does not work with use_dora); target the "
                           f"attention and shared experts alone, or leave {setting('dora')} off")  # fmt: skip
