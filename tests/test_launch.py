@@ -234,3 +234,16 @@ def test_what_the_frameworks_do_by_default_and_what_is_off():
 def test_a_deepspeed_config_without_a_precision_trains_in_fp32():
     # DeepSpeedExamples' pipeline config has neither bf16 nor fp16: DeepSpeed trains in fp32
     assert read(str(DATA / "deepspeed/deepspeedexamples-pipeline-parallelism.json")).keywords()["precision"] == "fp32"
+
+
+def test_lora_target_parameters_are_said_not_dropped(tmp_path):
+    # axolotl's gpt-oss recipes name the experts' 3-D tensors with lora_target_parameters (PEFT's target_parameters);
+    # lmcalc adapts the experts only as PEFT's module targets reach them (formulas §12.2), and says it leaves these out
+    config = tmp_path / "gpt-oss-lora.yml"
+    config.write_text(
+        "base_model: openai/gpt-oss-20b\nadapter: lora\nlora_r: 8\nlora_target_modules: all-linear\n"
+        'lora_target_parameters: ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]\nsequence_len: 2048\n'
+    )
+    launch = read(str(config))
+    assert launch.keywords()["lora_targets"] == "all-linear"
+    assert "lora_target_parameters" in {u.key for u in launch.unexpressed}

@@ -47,6 +47,8 @@ UNMODELLED = {
     "tiled_mlp": "the MLP computed in tiles along the sequence (ALST)",
     "activation_offloading": "activations offloaded to the CPU",
     "lora_modules_to_save": "modules trained in full beside the adapters (their weights, gradients and states)",
+    "lora_target_parameters": "adapters on parameters PEFT targets by name (an MoE's 3-D expert tensors): lmcalc "
+    "adapts the experts only as PEFT's module targets reach them for the model's type",
     "stage": "a training stage other than SFT or pre-training (DPO, PPO and KTO keep a reference model)",
 }
 LIGER_KEYS = ("use_liger_kernel", "enable_liger_kernel", "liger_rope", "liger_rms_norm", "liger_glu_activation",
