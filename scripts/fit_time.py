@@ -1,6 +1,7 @@
-"""Fit the step-time model's few constants on the published runs of ../shared/reference, and measure how it
-generalises: each run predicted by a model fitted without it (leave one out), each family by a model fitted on the
-others, and the held-out runs (benchmarks/heldout_runs.yaml), which no fit ever sees.
+"""Fit the step-time model's few constants on the published runs of ../shared/reference (and Blackwell's GEMM
+fraction on benchmarks/blackwell_runs.yaml, which the reference lacks), and measure how it generalises: each run
+predicted by a model fitted without it (leave one out), each family by a model fitted on the others, and the held-out
+runs (benchmarks/heldout_runs.yaml), which no fit ever sees.
 
     python scripts/fit_time.py            # the fit, its errors, leave-one-family-out and the held-out summary
     python scripts/fit_time.py --loo      # also leave-one-run-out (a few minutes)
