@@ -114,3 +114,14 @@ def test_qlora_on_an_moe_says_its_experts_stay_unquantised(capsys):
     assert "58.0 GB" in next(n for n in doc["notes"] if n.startswith("QLoRA on an MoE"))
     dense = run_json("memory -m llama-3.1-8b --method qlora --gpus 1xRTX4090 --seq 1024", capsys)
     assert not [n for n in dense["notes"] if n.startswith("QLoRA on an MoE")]
+
+
+def test_qlora_on_an_moe_offers_its_experts_in_the_compute_dtype(capsys):
+    # the lever --no-kbit-upcast keeps the unquantised experts at 2 B, not fp32's 4: what memory says with that flag
+    fit = run_json("fit -m qwen3-30b-a3b --method qlora --gpus 1xRTX4090 --seq 2048", capsys)
+    levers = {t["label"]: t["value"] for t in fit["results"]["levers"].values()}
+    assert "--no-kbit-upcast" in levers
+    memory = run_json("memory -m qwen3-30b-a3b --method qlora --gpus 1xRTX4090 --seq 2048 --no-kbit-upcast", capsys)
+    assert levers["--no-kbit-upcast"] == memory["results"]["total"]["total"]["value"]
+    code, out, _ = run("memory -m qwen3-30b-a3b --method qlora --gpus 1xRTX4090 --seq 2048", capsys)
+    assert "try --no-kbit-upcast" in " ".join(out.split())

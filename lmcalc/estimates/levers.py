@@ -43,13 +43,27 @@ class Lever:
     def text(self) -> str:
         """The change as the command line writes it, as the inputs table names origins: ``--zero 3``,
         ``--tp 4 --sequence-parallel`` (a setting turned on is its flag alone); ``64 GPUs with --zero 3 ...``."""
-        given = " ".join(flag(name) if value is True else f"{flag(name)} {value}" for name, value in self.changes)
+        given = " ".join(_flagged(name, value) for name, value in self.changes)
         return f"{self.gpus} GPUs with {given}" if self.gpus else given
 
     def memory(self) -> float:
         """The memory of the most loaded GPU it gives (``lmcalc memory``'s figure)."""
         assert self.layout is not None
         return most_loaded_gpu(self.workload, self.layout).total
+
+
+def _flagged(name: str, value: object) -> str:
+    """One change as the command line writes it: a setting turned on is its flag alone, one turned off its --no-."""
+    if value is True:
+        return flag(name)
+    return f"--no-{flag(name)[2:]}" if value is False else f"{flag(name)} {value}"
+
+
+def _unquantised_experts(w: Workload, layout: Layout) -> Iterator[Lever]:
+    """QLoRA on an MoE: the routed experts bitsandbytes leaves unquantised kept in the compute dtype, not cast to fp32
+    (``--no-kbit-upcast``), which halves the largest part of such a run's memory (``method.quantised``)."""
+    if w.method.kind == "qlora" and w.method.kbit_upcast and w.model.moe is not None:
+        yield Lever((("kbit_upcast", False),), replace(w, method=replace(w.method, kbit_upcast=False)), layout)
 
 
 def _run_of(w: Workload, layout: Layout, named: bool) -> tuple[tuple[tuple[str, object], ...], Workload]:
@@ -90,6 +104,7 @@ def _candidates(w: Workload, layout: Layout, cluster: Cluster, named: bool) -> I
             yield _layout_lever((("zero", zero),), w, replace(layout, zero=zero), named)
     if w.recompute != "full":
         yield Lever((("recompute", "full"),), replace(w, recompute="full"), layout)
+    yield from _unquantised_experts(w, layout)
     for tp in (2, 4, 8):
         if layout.tp < tp <= cluster.gpus_per_node:
             regrouped = _regrouped(layout, tp=tp)
@@ -197,6 +212,7 @@ def unpulled(w: Workload, layout: Layout, named: bool = True) -> list[Lever]:
         levers.append(Lever((("recompute", "full"),), replace(w, recompute="full"), layout))
     if w.micro_batch > 1:
         levers.append(Lever((("micro_batch", 1),), replace(w, micro_batch=1), layout))
+    levers += _unquantised_experts(w, layout)
     return levers
 
 
