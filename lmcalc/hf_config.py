@@ -24,6 +24,7 @@ from lmcalc.hf_attention import cpmant, indexer, laguna, modernbert
 from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, recurrent_gemma, rwkv, xlstm, zamba, zamba2
 from lmcalc.hf_compressed import deepseek_v4
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
+from lmcalc.hf_dots import KIND as DOTS3
 from lmcalc.hf_fields import check_fields, check_layer_count, rotary_fraction
 from lmcalc.hf_fields import get as _get
 from lmcalc.hf_gpt import (
@@ -78,7 +79,7 @@ LLAMA_LIKE = (
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
     "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", "hy_v4",
-    "doge", "dory", "hrm_text", "phi4_multimodal", "zaya", "inkling_text", "inkling2_text", GEMMA3N,
+    "doge", "dory", "hrm_text", "phi4_multimodal", "zaya", "inkling_text", "inkling2_text", DOTS3, GEMMA3N,
     *GEMMA4, MLLAMA,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
@@ -371,6 +372,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
 def _text_model(config: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
     """The language model's config and its type: a multimodal config's ``text_config``, else the config itself."""
     kind = str(config.get("model_type", "")).lower()
+    if kind == "dots3_note" and "text_config" not in config:  # Dots3NoteConfig: a text model written at the top
+        return config, DOTS3
     if kind not in MULTIMODAL and kind not in DRAFTERS and "text_config" not in config:
         return config, kind
     text = config.get("text_config")

@@ -40,6 +40,8 @@ WHOLE_NUMBERS = frozenset(
         "dim_head", "dim_ff", "prompt_length", "prompt_types", "segment_types", "position_bias_num_buckets",
         "cca_time0", "cca_time1", "router_hidden_size", "swa_num_attention_heads", "swa_num_key_value_heads",
         "swa_head_dim", "d_rel", "rel_extent", "conv_kernel_size", "unpadded_vocab_size", "n_layers_per_attn_res_block",
+        "shared_experts_intermediate_size", "swa_q_lora_rank", "swa_kv_lora_rank", "swa_qk_nope_head_dim",
+        "swa_qk_rope_head_dim", "swa_v_head_dim",
     }
 )  # fmt: skip
 NUMBERS = frozenset(
@@ -57,7 +59,7 @@ FLAGS = frozenset(
         "attention_out_bias", "enable_bias", "do_layer_norm_before", "layer_norm_elementwise_affine", "conv_bias",
         "block_auto_adjust_ff_dim", "tie_embedding", "use_conv_bias", "projectors_bias", "mamba_rms_norm",
         "router_bias", "attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block", "add_bias_linear",
-        "use_shared_attention_adapter", "use_mem_rope", "is_moe",
+        "use_shared_attention_adapter", "use_mem_rope", "is_moe", "use_dsa",
     }
 )  # fmt: skip
 TEXTS = frozenset(

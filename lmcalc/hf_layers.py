@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_attention import inkling, inkling2, zaya
 from lmcalc.hf_defaults import LAYER_PATTERNS
+from lmcalc.hf_dots import KIND as DOTS3
+from lmcalc.hf_dots import dots3_config, dots3_note
 from lmcalc.hf_fields import get as _get
 from lmcalc.hf_loops import LOOPED, dory, hrm_text, looped_config
 from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, gemma3n, gemma4, mllama
@@ -399,6 +401,8 @@ def prepared(config: dict[str, Any], kind: str, origin: str) -> dict[str, Any]:
         return {**config, "num_hidden_layers": 2 * _get(config, origin, "num_layers")}
     if kind in LOOPED:  # Dory's and HRM's layer runs
         return looped_config(config, kind, origin)
+    if kind == DOTS3:  # its layer kinds, MLP kinds and per-layer widths
+        return dots3_config(config, origin)
     if kind == "jetmoe":
         heads = _get(config, origin, "num_key_value_heads") * _get(config, origin, "num_experts_per_tok")
         return {**config, "num_attention_heads": heads}
@@ -487,6 +491,6 @@ def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
 
 
 FINISHED = {"axk2": axk2, "jetmoe": jetmoe, "dory": dory, "hrm_text": hrm_text, "zaya": zaya, "inkling_text": inkling,
-            "inkling2_text": inkling2,
+            "inkling2_text": inkling2, DOTS3: dots3_note,
             GEMMA3N: gemma3n, MLLAMA: mllama, **dict.fromkeys(GEMMA4, gemma4)}  # fmt: skip
 """Types whose fields the common reader leaves to a function of their own, which finishes them."""

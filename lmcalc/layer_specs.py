@@ -40,9 +40,9 @@ COMPRESSED_COUNTED_ONLY = (
     "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
     "hyper-connections of DeepSeek-V4 and HY V4, Zamba's and Zamba 2's shared blocks, Doge's dynamic mask attention, "
     "looped layers (Dory's, HRM's), CPM-Ant's prompt, GIT's image tokens, ZAYA's CCA attention, Inkling's branch "
-    "convolutions and Gemma 4's drafters are counted by lmcalc params, lmcalc flops, lmcalc "
-    "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
-    "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
+    "convolutions, dots.3 Note's MLA of two widths and Gemma 4's drafters are counted by lmcalc params, lmcalc "
+    "flops, lmcalc train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's "
+    "training memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )
 
 
@@ -276,8 +276,26 @@ class IndexerSpec(Spec):
     own_layers: LayerCount | None = Field(
         None,
         description="layers that run an indexer of their own; the others reuse the previous one's selection "
-        "(GLM-5's indexer_types 'shared'). None: every layer",
+        "(GLM-5's indexer_types 'shared'). None: every layer but the local ones, which attend their window alone "
+        "(dots.3 Note's sliding-window layers)",
     )
+
+
+class LocalMLASpec(Spec):
+    """The local (sliding-window) layers' own MLA widths, where they differ from the global layers' (dots.3 Note's
+    per_layer_config): every projection of ``MLASpec`` at these heads and ranks. Keys and values have as many heads as
+    queries, as in every MLA."""
+
+    heads: Dimension = Field(description="H_local, the local layers' query (and key-value) heads")
+    q_lora_rank: Dimension = Field(description="r_q,local, their query latent")
+    kv_lora_rank: Dimension = Field(description="r_kv,local, their joint key-value latent (what they cache)")
+    qk_nope_head_dim: Dimension
+    qk_rope_head_dim: Dimension
+    v_head_dim: Dimension
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 class MLASpec(Spec):
@@ -294,11 +312,21 @@ class MLASpec(Spec):
         description="the query up-projection reads the query latent's norm output beside the latent itself, 2·r_q "
         "wide (A.X K2's q_gate_proj); needs q_lora_rank",
     )
+    rope_key_norm: StrictBool = Field(
+        False,
+        description="an RMSNorm of d_rope on the shared RoPE key before its rotation (dots.3 Note's "
+        "k_rope_only_layernorm): d_rope weights a layer",
+    )
+    local: LocalMLASpec | None = Field(
+        None, description="the local layers' own heads and widths (dots.3 Note); None: the global layers' alike"
+    )
 
     @model_validator(mode="after")
     def _indexer_reads_query_latent(self) -> Self:
         if (self.indexer or self.q_latent_concat) and not self.q_lora_rank:
             raise ValueError("mla.indexer and mla.q_latent_concat read the query latent: they need q_lora_rank")
+        if self.local and self.q_latent_concat:
+            raise ValueError("mla.local and mla.q_latent_concat together are not modelled")
         return self
 
     @property

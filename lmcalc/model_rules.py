@@ -78,9 +78,15 @@ def check_model(spec: Any) -> None:
     if not spec.first_attention_norm and not (spec.embedding_norm and spec.norms_per_layer == 2):
         raise ValueError("first_attention_norm false needs embedding_norm (its norm stands in for layer 0's) and "
                          "norms_per_layer 2")  # fmt: skip
-    if spec.indexer and (spec.sliding_window or spec.hybrid or spec.indexer_layers > spec.num_layers):
-        raise ValueError("mla.indexer: every layer attends to its top_k keys, without sliding windows or other "
-                         "mixers, and own_layers may not exceed num_layers")  # fmt: skip
+    if spec.indexer and (
+        spec.hybrid or spec.indexer_layers > spec.num_layers or (spec.sliding_window and spec.indexer.own_layers)
+    ):
+        raise ValueError("mla.indexer: every global layer attends to its top_k keys, without other mixers; "
+                         "own_layers may not exceed num_layers, nor be given beside local layers (which run no "
+                         "indexer and attend their window)")  # fmt: skip
+    if spec.mla and spec.mla.local and (not spec.local_layers or spec.local_layers == spec.attention_layers):
+        raise ValueError("mla.local gives the local layers their own widths: it needs local layers (a "
+                         "sliding_window) and global ones")  # fmt: skip
     _check_layer_ids(spec)
     _check_single_blocks(spec)
     _check_layer_widths(spec)

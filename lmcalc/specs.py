@@ -31,6 +31,7 @@ from lmcalc.layer_specs import (
     HyperConnectionSpec,
     IndexerSpec,
     KvSharingSpec,
+    LocalMLASpec,
     MLASpec,
     MoESpec,
     PerLayerInputSpec,
@@ -81,7 +82,7 @@ __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", 
            "SharedBlockSpec", "CrossAttentionSpec", "DeltaNetSpec", "DrafterSpec", "Dimension", "DropoutSite",
            "FfnKind", "GlobalAttentionSpec",
            "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
-           "LightningSpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
+           "LightningSpec", "LocalMLASpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
            "PerLayerInputSpec", "PromptSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
            "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
            "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool",
@@ -459,6 +460,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             or self.cca
             or self.branch_convs
             or self.drafter
+            or (self.mla is not None and (self.mla.local is not None or self.mla.rope_key_norm))  # dots.3 Note's
         ):
             return COMPRESSED_COUNTED_ONLY
         return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""
@@ -476,10 +478,11 @@ class ModelSpec(LayerKinds, NamedSpec):
 
     @property
     def indexer_layers(self) -> int:
-        """Layers that run an indexer of their own (every layer unless ``own_layers`` says fewer); 0 without one."""
+        """Layers that run an indexer of their own (every layer but the local ones, unless ``own_layers`` says fewer);
+        0 without one."""
         if self.indexer is None:
             return 0
-        return self.indexer.own_layers or self.num_layers
+        return self.indexer.own_layers or self.num_layers - self.local_layers
 
     @property
     def label(self) -> str:

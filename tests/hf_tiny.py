@@ -309,6 +309,13 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                                  rel_extent=32, moe_intermediate_size=32, n_routed_experts=4,
                                                  num_experts_per_tok=2, n_layers_per_attn_res_block=2,
                                                  layer_types=["hybrid_sliding", "hybrid"] * 2)),
+    # dots.3 Note: layers 0 and 1 MLA of 4 heads with an indexer (top 8 of its 4 heads of 16), 2 and 3 sliding (a
+    # window of 16) at MLA of their own widths (2 heads, ranks 32 and 24, d_nope 24); one dense layer, then an MoE of 4
+    # experts, top 2, beside one shared MLP of 2 × 24
+    "dots3_note_text": ("Dots3NoteTextConfig", dict(DEEPSEEK | DSA, head_dim=24, sliding_window=16, n_shared_experts=2,
+                                                    shared_experts_intermediate_size=24, swa_num_attention_heads=2,
+                                                    swa_num_key_value_heads=2, swa_q_lora_rank=32, swa_kv_lora_rank=24,
+                                                    swa_head_dim=32, swa_qk_nope_head_dim=24, swa_v_head_dim=16)),
     # ZAYA: CCA attention (4 heads and 2 KV heads of 16, convolutions of 2 taps each), every layer an MoE of 4
     # experts and a skip class behind an MLP router of 16, top 1
     "zaya": ("ZayaConfig", dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=1,

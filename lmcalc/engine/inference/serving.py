@@ -80,8 +80,9 @@ def kv_elements_per_token_per_layer(spec: ModelSpec) -> float:
         return (g.kv_heads or spec.kv_heads) * 2 * g.head_dim
     if spec.compressed_attention:  # DeepSeek-V4's one key-value head, read as both K and V: cached once
         return spec.head_size
-    if spec.mla:
-        indexer_keys = spec.indexer.head_dim * spec.indexer_layers / spec.num_layers if spec.indexer else 0
+    if spec.mla:  # a global layer's: the indexer runs in none of the local ones (dots.3 Note's)
+        global_layers = spec.num_layers - spec.local_layers
+        indexer_keys = spec.indexer.head_dim * spec.indexer_layers / max(global_layers, 1) if spec.indexer else 0
         return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim + indexer_keys
     return spec.kv_heads * (spec.qk_head_dim + spec.v_head_dim)
 
@@ -97,7 +98,13 @@ def kv_heads_per_gpu(spec: ModelSpec, tp: int, heads: int | None = None) -> int:
 def local_cache_weight(spec: ModelSpec, tp: int | None = None) -> Fraction:
     """A local layer's cache per token as a share of a global layer's: H_kv,local / H_kv where the local layers have
     KV heads of their own (MiMo-V2-Flash: 2), H_kv·d / (H_kv,g·d_g) where the global ones have widths of their own
-    (Gemma 4), else 1; with ``tp``, on one GPU of TP (each at least one head)."""
+    (Gemma 4), (r_kv,local + d_rope,local) / (r_kv + d_rope + d_I) where the local layers have MLA of their own widths
+    (dots.3 Note: their latent, whole on every GPU of TP), else 1; with ``tp``, on one GPU of TP (each at least one
+    head)."""
+    local_mla = spec.mla.local if spec.mla else None
+    if local_mla is not None:
+        local = local_mla.kv_lora_rank + local_mla.qk_rope_head_dim
+        return Fraction(local) / Fraction(kv_elements_per_token_per_layer(spec))
     g = spec.global_attention
     if g is not None:
         global_heads = g.kv_heads or spec.kv_heads

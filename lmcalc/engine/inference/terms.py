@@ -83,8 +83,8 @@ def _weights_section(spec: ModelSpec, memory: InferenceMemory, weights_dtype: st
 
 def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[str, str]:
     """``2·H_kv·d·bytes`` with its numbers, or MLA's ``(d_c + d_rope)·bytes``."""
-    if spec.mla and spec.indexer:  # the indexer's key too, in the layers that run one (L_I of L)
-        m, ix, share = spec.mla, spec.indexer, f"{spec.indexer_layers}/{spec.num_layers}"
+    if spec.mla and spec.indexer:  # the indexer's key too, in the layers that run one (L_I of the global layers)
+        m, ix, share = spec.mla, spec.indexer, f"{spec.indexer_layers}/{spec.num_layers - spec.local_layers}"
         return (
             "(d_c + d_rope + d_I · L_I/L) · bytes",
             f"({m.kv_lora_rank} + {m.qk_rope_head_dim} + {ix.head_dim} × {share}) × {kv_bytes:g} B",
@@ -112,7 +112,8 @@ def _attention_kind(spec: ModelSpec) -> str:
         return (f"one key-value head of {spec.head_size} read as both K and V, cached once, in every layer's window; "
                 "the compressed layers' entries below")  # fmt: skip
     if spec.mla and spec.indexer:
-        return "MLA with DeepSeek sparse attention: the KV latent, the shared RoPE key and the indexer's key"
+        where = "; in the global layers (the local ones: their own latent and key alone)" if spec.mla.local else ""
+        return f"MLA with DeepSeek sparse attention: the KV latent, the shared RoPE key and the indexer's key{where}"
     if spec.mla:
         return "MLA: the compressed KV latent and the shared RoPE key"
     if spec.kv_heads == spec.num_heads:
@@ -352,9 +353,16 @@ def _window_terms(spec: ModelSpec, memory: InferenceMemory) -> tuple[Term, ...]:
     else:  # MiMo-V2-Flash, Gemma 4: each token of a local layer is r of a global layer's
         formula = "(L_global · context + L_local · r · min(w, context)) / L"
         numbers = f"({L - local} × {s} + {local} × {memory.local_weight} × {min(w, s)}) / {L}"
-        g = spec.global_attention
+        g, mla = spec.global_attention, spec.mla
+        m = mla.local if mla else None
         ratio = (f"H_kv · d / (H_kv,g · d_g) = {spec.kv_heads}·{spec.head_size}/({_global_kv_heads(spec)}·"
                  f"{g.head_dim})" if g else f"H_kv,local / H_kv = {spec.local_kv_heads}/{spec.kv_heads}")  # fmt: skip
+        if (
+            mla is not None and m is not None
+        ):  # dots.3 Note: the local layers' own latent and RoPE key, over a global layer's cache
+            d_i = f" + {spec.indexer.head_dim}" if spec.indexer else ""
+            ratio = (f"(d_c,local + d_rope,local) / (d_c + d_rope{' + d_I' if d_i else ''}) = ({m.kv_lora_rank} + "
+                     f"{m.qk_rope_head_dim})/({mla.kv_lora_rank} + {mla.qk_rope_head_dim}{d_i})")  # fmt: skip
         note += (f", at r = {ratio} of a global layer's cache per token (r = {memory.local_weight_per_gpu} on one "
                  f"GPU of TP={memory.tp})")  # fmt: skip
     return (Term("kept", "Tokens kept per layer (average)", float(memory.cached_tokens(s)), "tokens", formula, numbers,

@@ -22,9 +22,10 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from lmcalc.engine.choices import AttnConvention, Recompute
+from lmcalc.engine.model.attended import attended_keys, attended_widths, effective_keys, local_keys
 from lmcalc.engine.model.branch_convs import branch_conv_flops
 from lmcalc.engine.model.cca import cca_flops
-from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_flops, mean_keys, stream_mixing_flops
+from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_flops, stream_mixing_flops
 from lmcalc.engine.model.drafter import drafter_logits, forward_alone, frozen_inputs
 from lmcalc.engine.model.layer_reuse import runs_note
 from lmcalc.engine.model.mixer_flops import ssm_flops
@@ -70,58 +71,6 @@ class ForwardFlops:
     @property
     def total(self) -> float:
         return self.layers + self.logits + self.encoder
-
-
-def effective_keys(seq_len: int, convention: AttnConvention) -> float:
-    """Keys each query is scored against, averaged over positions: s (full) or (s+1)/2 (causal)."""
-    return seq_len if convention == "full" else (seq_len + 1) / 2
-
-
-def local_keys(seq_len: int, window: int, kind: str) -> float:
-    """Keys each query of a local layer sees, averaged over positions, as a causal kernel with a window computes
-    them. Sliding (Beltagy et al. 2020; Mistral): query i sees min(i, w) keys, so (s+1)/2 while s ≤ w, and
-    (w·(w+1)/2 + (s−w)·w)/s beyond. Chunked (Llama 4): query i sees the keys of its own chunk of w up to itself,
-    (w+1)/2 on average over each whole chunk, and the last, partial chunk of r tokens (r+1)/2."""
-    s, w = seq_len, window
-    if kind == "sliding":
-        return (s + 1) / 2 if s <= w else (w * (w + 1) / 2 + (s - w) * w) / s
-    whole, rest = divmod(s, w)
-    return (whole * w * (w + 1) / 2 + rest * (rest + 1) / 2) / s
-
-
-def attended_keys(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> float:
-    """Keys a query is scored against, averaged over positions and over the model's attention layers. The full
-    convention counts every key of every layer (what ``FlopCounterMode`` counts: a masked-out score is still
-    computed); the causal one counts what a causal kernel computes, over the window alone in local layers (sliding
-    or chunked)."""
-    if spec.compressed_attention:  # DeepSeek-V4: a window and compressed entries, by layer kind
-        return mean_keys(spec, seq_len, convention)
-    if convention == "causal" and spec.dynamic_mask_window:  # Doge: query i attends to min(i, k) keys its mask keeps
-        return local_keys(seq_len, spec.dynamic_mask_window, "sliding")
-    keys = effective_keys(seq_len, convention)
-    if convention == "causal" and spec.indexer:  # DeepSeek sparse attention: query i attends to min(i, k_I) keys
-        return local_keys(seq_len, spec.indexer.top_k, "sliding")
-    if convention == "full" or spec.sliding_window is None:
-        return keys
-    local, attending = spec.local_layers, spec.attention_layers
-    window = local_keys(seq_len, spec.sliding_window, spec.local_attention)
-    return ((attending - local) * keys + local * window) / attending
-
-
-def attended_widths(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> tuple[float, float]:
-    """Keys a query is scored against times the width of a query-key product, and of a value, averaged over the
-    attention layers: k̄·d_qk and k̄·d_v, or where the global layers have widths of their own (Gemma 4's d_g), the
-    average of the local layers' k_w·d and the global layers' k·d_g."""
-    keys = attended_keys(spec, seq_len, convention)
-    g = spec.global_attention
-    if g is None:
-        return keys * spec.qk_head_dim, keys * spec.v_head_dim
-    attending, local = spec.attention_layers, spec.local_layers
-    k_w = local_keys(seq_len, spec.sliding_window, spec.local_attention) if spec.sliding_window else 0.0
-    k = effective_keys(seq_len, convention)
-    k_local = k if convention == "full" else k_w
-    width = (local * k_local * spec.head_size + (attending - local) * k * g.head_dim) / attending
-    return width, width
 
 
 @dataclass(frozen=True)
@@ -295,6 +244,11 @@ def _keys_text(spec: ModelSpec, seq_len: int, convention: AttnConvention) -> _Ke
     if spec.indexer and convention == "causal":  # DeepSeek sparse attention: min(i, k_I) keys, as a window of k_I
         k = spec.indexer.top_k
         keys_note += f": query i attends to the min(i, {k}) keys its indexer picks (DeepSeek-V3.2 §2.1)"
+        if spec.sliding_window:  # dots.3 Note: the indexer in the global layers, a window in the local ones
+            w = spec.sliding_window
+            keys_note += (f" in the {spec.attention_layers - spec.local_layers} global layers, k = "
+                          f"{local_keys(seq_len, k, 'sliding'):.6g}; the {spec.local_layers} local layers' window of "
+                          f"{w}, k_w = {local_keys(seq_len, w, spec.local_attention):.6g}")  # fmt: skip
         return _Keys("k̄", f"{keys:.6g}", keys_note)
     if spec.dynamic_mask_window and convention == "causal":  # Doge: the top keep_window_size keys of its mask
         keys_note += f": query i attends to the min(i, {spec.dynamic_mask_window}) keys its dynamic mask keeps"
@@ -391,11 +345,16 @@ def _attention_terms(
     terms = []
     for (name, label, d_sym, d), value in zip(names, (fwd.attention_scores, fwd.attention_values), strict=True):
         formula, numbers = f"2 · L · {keys.symbol} · H · {d_sym}", f"2 × {L} × {keys.text} × {H} × {d}"
-        g = spec.global_attention
+        g, m = spec.global_attention, spec.mla.local if spec.mla else None
         if g is not None:
             local, A = spec.local_layers, spec.attention_layers
             formula = "2 · L · H · (A_local·k_w·d + A_global·k·d_g)/A"
             numbers = f"2 × {L} × {H} × ({local}·k_w·{spec.head_size} + {A - local}·k·{g.head_dim})/{A}"
+        if m is not None:  # dots.3 Note: the local layers' MLA at heads and widths of their own
+            local, A = spec.local_layers, spec.attention_layers
+            d_local = m.qk_head_dim if d_sym == "d_qk" else m.v_head_dim
+            formula = f"2 · L · (A_local·k_w·H_local·{d_sym},local + A_global·k·H·{d_sym})/A"
+            numbers = f"2 × {L} × ({local}·k_w·{m.heads}·{d_local} + {A - local}·k·{H}·{d})/{A}"
         if P:
             formula, numbers = formula + " · (s+P)/s", numbers + f" × {seq_len + P}/{seq_len}"
         note = keys.note if name == "attention_scores" else ""

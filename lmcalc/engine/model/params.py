@@ -98,7 +98,7 @@ def _attention(spec: ModelSpec, n: int) -> list[WeightTensor]:
     qkv_bias = spec.attention_bias in ("qkv", "all")
     out_bias = spec.attention_bias in ("out", "all")
     if spec.mla:  # the biases on the down-projections and the output only (DeepseekV2Attention, DeepseekV3Attention)
-        return mla_tensors(spec, site) + _head_gate(spec, site, h) + indexer_tensors(spec)
+        return mla_tensors(spec, site) + indexer_tensors(spec)  # its head gate too, at each kind's heads
     dv = spec.v_head_dim
     q, kv_dim, v_dim = Dim(heads * d, "H·d"), Dim(kv * d, "H_kv·d"), Dim(kv * dv, "H_kv·d_v" if dv != d else "H_kv·d")
     # Qwen3-Next's q_proj makes the queries and a sigmoid gate on the attention's output, each H·d wide; AFMoE's gate
