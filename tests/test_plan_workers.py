@@ -1,6 +1,8 @@
 """A layout search split over processes (``engine.search.workers``) finds the plan one process finds: the same
 layouts fit, in the same order, with the same figures, the same closest miss and the same refusal."""
 
+import multiprocessing
+import os
 import threading
 
 import pytest
@@ -82,3 +84,54 @@ def test_small_searches_and_threaded_callers_search_in_one_process(monkeypatch):
     finally:
         stop.set()
         thread.join()
+
+
+def _each_takes_one(barrier):
+    """A job whose first two runs wait for each other: with two processes, each takes one of the first two jobs."""
+
+    def work(job):
+        if job < 2:
+            barrier.wait(timeout=60)
+        return job, os.getpid()
+
+    return work
+
+
+def test_balanced_jobs_run_once_each_in_order_and_only_a_forked_process_sends():
+    barrier = multiprocessing.get_context("fork").Barrier(2)
+    results = workers.run_balanced(
+        _each_takes_one(barrier), 12, 2, pack=lambda r: ("sent", *r), unpack=lambda p: (*p[1:], "unpacked")
+    )
+    assert [r[0] for r in results] == list(range(12))
+    mine = [r for r in results if r[1] == os.getpid()]
+    theirs = [r for r in results if r[1] != os.getpid()]
+    assert mine and theirs
+    assert all(len(r) == 2 for r in mine) and all(r[2] == "unpacked" for r in theirs)
+
+
+def test_a_worker_that_fails_or_dies_is_reported_in_one_line():
+    parent = os.getpid()
+    context = multiprocessing.get_context("fork")
+
+    def failing(barrier):
+        def work(job):
+            _each_takes_one(barrier)(job)
+            if os.getpid() != parent:
+                raise LmcalcError("DP=3 does not divide the batch")
+            return job
+
+        return work
+
+    def dying(barrier):
+        def work(job):
+            _each_takes_one(barrier)(job)
+            if os.getpid() != parent:
+                os._exit(3)
+            return job
+
+        return work
+
+    with pytest.raises(LmcalcError, match="DP=3 does not divide the batch"):
+        workers.run_balanced(failing(context.Barrier(2)), 6, 2, pack=lambda r: r, unpack=lambda p: p)
+    with pytest.raises(LmcalcError, match=r"ended without its results \(exit code 3\)"):
+        workers.run_balanced(dying(context.Barrier(2)), 6, 2, pack=lambda r: r, unpack=lambda p: p)

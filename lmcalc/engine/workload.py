@@ -12,6 +12,7 @@ is part of every cached figure.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -187,6 +188,14 @@ class Workload:
     def tokens(self) -> int:
         """Tokens in one micro-batch: b · s."""
         return self.seq_len * self.micro_batch
+
+
+@functools.lru_cache(maxsize=1024)
+def canonical(w: Workload) -> Workload:
+    """The first workload equal to ``w`` this process asked for: a cache finds a key by identity before it compares
+    one field by field, so the workloads the engine derives anew (``states_workload``, ``kernel_workload``) are
+    given as the one first made (comparing them cost the DeepSeek-V3 search of benchmarks/plan_search.py ~0.5 s)."""
+    return w
 
 
 def _check_capacity(model: ModelSpec, capacity_factor: float | None, pad: bool) -> None:

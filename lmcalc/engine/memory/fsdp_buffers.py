@@ -85,7 +85,11 @@ class GradQueue(NamedTuple):
         """The most the buckets add to the layers' backward beyond what the top layer holds, each layer's backward
         having freed ``freed_per_layer`` saved bytes: max over j of (alive at the j-th layer from the top − j·freed),
         which, with nothing freed negative, only a layer that holds more than every layer above it can reach."""
-        return max((alive - j * freed_per_layer for j, alive in self.records), default=0.0)
+        most = 0.0  # the top layer's record, (0, alive ≥ 0), is always the first where there are any
+        for j, alive in self.records:  # a loop, not max over a generator: the planner asks this millions of times
+            if alive - j * freed_per_layer > most:
+                most = alive - j * freed_per_layer
+        return most
 
     @property
     def first_layer(self) -> float:

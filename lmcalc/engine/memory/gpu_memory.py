@@ -386,11 +386,24 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
     """The pipeline stage whose GPUs need the most memory: usually the first, which holds the most
     micro-batches in flight, or the last, which holds the head and the logits; but a lighter first stage
     (uneven stages, or DeepSeek-V3's dense layers) can leave the peak to the next (``distinct_stages``)."""
-    activation_layout = layout.activation_layout
-    peaks = _activation_peaks(w, activation_layout)
+    total, (stage, states, held, transients), buffers, context = _most_loaded(w, layout)
+    return GpuMemory(stage, states, held, transients, buffers, w.allowance, w.framework.allocator, context, total)
+
+
+def most_loaded_total(w: Workload, layout: Layout) -> float:
+    """``most_loaded_gpu(w, layout).total`` without its parts: all the planner asks of each layout it tries."""
+    return _most_loaded(w, layout)[0]
+
+
+def _most_loaded(
+    w: Workload, layout: Layout
+) -> tuple[float, tuple[int, StageStates, StageActivations, Transients], float, float]:
+    """The most loaded stage's total, the stage and its parts, the buffers and what lies outside the pool."""
+    peaks = _activation_peaks(w, layout.activation_layout)
     states_by_stage = layout_states(states_workload(w), layout.state_shards, layout.stages)
-    buffers, allocator, allowance = layout_buffers(w, layout), w.framework.allocator, w.allowance
+    buffers, allocator = layout_buffers(w, layout), w.framework.allocator
     context = outside_pool(allocator, layout)
+    fragmentation, outside = allocator.fragmentation, context + w.allowance
     most: tuple[int, StageStates, StageActivations, Transients] | None = None
     most_total = 0.0
     for (stage, held, transients, phases, backward), states in zip(peaks, states_by_stage, strict=True):
@@ -408,12 +421,11 @@ def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
                 phases.embedding_backward + queue.embedding,
                 states.step_transient,
             )
-        total = _stage_total(states, busiest, buffers, allocator.fragmentation, context + allowance)
+        total = _stage_total(states, busiest, buffers, fragmentation, outside)
         if most is None or total > most_total:  # the first of equally loaded stages
             most, most_total = (stage, states, held, transients), total
     assert most is not None  # every layout has a first stage
-    stage, states, held, transients = most
-    return GpuMemory(stage, states, held, transients, buffers, allowance, allocator, context, most_total)
+    return most_total, most, buffers, context
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the planner's layouts share them across DP, EP and ZeRO

@@ -29,7 +29,7 @@ from lmcalc.engine.finetune.method import (
 from lmcalc.engine.model.flops import ModelPart
 from lmcalc.engine.model.params import AVERAGED_SYMBOLS, WeightTensor, copies_per_layer, weight_tensors
 from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
-from lmcalc.engine.workload import Workload
+from lmcalc.engine.workload import Workload, canonical
 from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.specs import ModelSpec
 
@@ -115,7 +115,7 @@ def states_workload(w: Workload) -> Workload:
     """``w`` with one sequence per micro-batch and no recomputation. The model states and the traffic that moves
     them depend on neither, so figures of them cached under this workload serve every micro-batch and
     recomputation mode the planner tries."""
-    return replace(w, micro_batch=1, recompute="none")
+    return canonical(replace(w, micro_batch=1, recompute="none"))
 
 
 def trained_precision(w: Workload) -> PrecisionRecipe:

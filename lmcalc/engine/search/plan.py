@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from lmcalc.engine.choices import Recompute
-from lmcalc.engine.memory.gpu_memory import GpuMemory, most_loaded_gpu
+from lmcalc.engine.memory.gpu_memory import GpuMemory, most_loaded_gpu, most_loaded_total
 from lmcalc.engine.parallel.layout import Layout, check_layout
 from lmcalc.engine.search import progress
 from lmcalc.engine.search.space import (
@@ -25,13 +25,12 @@ from lmcalc.engine.search.space import (
     VIRTUAL_STAGES,
     Degrees,
     Pins,
-    layout_estimate,
+    degree_layouts,
     layouts,
-    model_degrees,
 )
-from lmcalc.engine.search.workers import run_shares, search_workers
+from lmcalc.engine.search.workers import run_balanced, search_workers
 from lmcalc.engine.time.rates import Machine
-from lmcalc.engine.time.steptime import StepTime, step_time_on
+from lmcalc.engine.time.steptime import StepTime, step_figures, step_time_on
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import Cluster
@@ -134,7 +133,9 @@ def _collector_paused() -> Iterator[None]:
     finally:
         with _PAUSE_LOCK:
             _pauses -= 1
-            if _pauses == 0 and _resume:
+            if _pauses == 0 and _resume:  # what the searches made moves to the oldest generation unwalked: the
+                gc.freeze()  # first young collection would walk all of it and free nothing (0.4 s for DeepSeek-V3)
+                gc.unfreeze()
                 gc.enable()
 
 
@@ -163,15 +164,17 @@ def plan(
         raise LmcalcError("the global batch must hold at least one sequence")
     _check_dp_pin(cluster, global_batch, pins)
     search = Search(base, cluster, global_batch, pins, efficiency)
-    degrees = model_degrees(base, cluster, global_batch, pins)
-    estimate = layout_estimate(base, cluster, global_batch, pins)
+    sizes = degree_layouts(base, cluster, global_batch, pins)  # each (TP, PP, CP) and about how many layouts it makes
+    degrees, estimate = list(sizes), sum(sizes.values())
     count = workers if workers is not None else search_workers(estimate)
     if progress.current() is not None:  # reported from one thread: forked workers could not report
         count = 1
     with _collector_paused():
         if count > 1 and len(degrees) > 1:
-            found = run_shares(_search_share, [(search, degrees[i::count]) for i in range(count)])
-            by_degrees = {d: part.rebuilt(search) for share in found for d, part in share}
+            jobs = _jobs(sizes)
+            found = run_balanced(lambda job: _search_job(search, jobs[job]), len(jobs), count, _packed,
+                                 lambda packed: _unpacked(packed, search))  # fmt: skip
+            by_degrees = {d: part for job in found for d, part in job}
             parts = [by_degrees[d] for d in degrees]
         else:
             parts = [_search_part(search, degrees, estimate)]
@@ -214,9 +217,9 @@ def _search_part(search: Search, degrees: list[Degrees], estimate: int = 0) -> _
     cluster, pins = search.cluster, search.pins
     capacity, machine, efficiency = cluster.hardware.memory_bytes, search.machine, search.efficiency
 
-    def candidate(layout: Layout, w: Workload, memory: GpuMemory) -> Candidate:  # its figures: the rest is remade
-        time = step_time_on(w, layout, machine, efficiency)  # on demand, from the caches, for the few shown
-        return Candidate(layout, w, memory.total, time.tokens_per_s, time.mfu, time.total, machine, efficiency)
+    def candidate(layout: Layout, w: Workload, memory: float) -> Candidate:  # its figures: the rest is remade
+        tokens_per_s, mfu, step = step_figures(w, layout, machine, efficiency)  # on demand, for the few shown
+        return Candidate(layout, w, memory, tokens_per_s, mfu, step, machine, efficiency)
 
     for seen, (layout, workloads) in enumerate(layouts(search.base, cluster, search.global_batch, pins, degrees), 1):
         if reporter is not None and seen % progress.EVERY == 0:
@@ -232,19 +235,38 @@ def _search_part(search: Search, degrees: list[Degrees], estimate: int = 0) -> _
             part.evaluated += 1
             if (family, w.recompute) in overflowed:  # a smaller micro-batch of it did not fit: nor does this one
                 continue
-            memory = most_loaded_gpu(w, layout)
-            if memory.total > capacity:
+            memory = most_loaded_total(w, layout)
+            if memory > capacity:
                 overflowed.add((family, w.recompute))
-                if part.closest is None or memory.total < part.closest.memory_total:
+                if part.closest is None or memory < part.closest.memory_total:
                     part.closest = candidate(layout, w, memory)
                 continue
             part.fitting.append(candidate(layout, w, memory))
     return part
 
 
-def _search_share(search: Search, degrees: list[Degrees]) -> list[tuple[Degrees, CompactPart]]:
-    """One worker's share of the search: each of its (TP, PP, CP) searched on its own, sent back as figures."""
-    return [(d, CompactPart.of(_search_part(search, [d]))) for d in degrees]
+def _jobs(sizes: dict[Degrees, int]) -> list[list[Degrees]]:
+    """The search's jobs for several processes (``workers.run_balanced``): its (TP, PP, CP) grouped by TP and CP, whose
+    layouts share the most of the engine's caches (their kernels and collectives), the groups with the most layouts
+    first, so that the processes, each taking the next as it finishes, end together."""
+    groups: dict[tuple[int, int], list[Degrees]] = {}
+    for tp, pp, cp in sizes:
+        groups.setdefault((tp, cp), []).append((tp, pp, cp))
+    return sorted(groups.values(), key=lambda group: -sum(sizes[d] for d in group))
+
+
+def _search_job(search: Search, degrees: list[Degrees]) -> list[tuple[Degrees, _Part]]:
+    """One job of a search in several processes: each of its (TP, PP, CP) searched on its own."""
+    return [(d, _search_part(search, [d])) for d in degrees]
+
+
+def _packed(job: list[tuple[Degrees, _Part]]) -> list[tuple[Degrees, CompactPart]]:
+    """A forked process's job as it sends it back: its parts as figures."""
+    return [(d, CompactPart.of(part)) for d, part in job]
+
+
+def _unpacked(packed: list[tuple[Degrees, CompactPart]], search: Search) -> list[tuple[Degrees, _Part]]:
+    return [(d, part.rebuilt(search)) for d, part in packed]
 
 
 def _merged(parts: list[_Part], cluster: Cluster) -> Plan:

@@ -8,6 +8,7 @@ them.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -131,10 +132,13 @@ class _SearchSpace:
     interleaved: dict[int, list[PipelineSplit]]  # by PP, for the micro-batches that fill its chunks
 
 
+@functools.lru_cache(maxsize=16)
 def _search_space(base: Workload, cluster: Cluster, pins: Pins) -> _SearchSpace:
     """TP in powers of two that split the heads (within a node unless told otherwise), PP that divides the GPUs,
     CP in powers of two that divide the sequence (fused attention only), every ZeRO stage and recomputation mode,
-    and the pipeline splits of each schedule; a pinned dimension takes its pin alone."""
+    and the pipeline splits of each schedule; a pinned dimension takes its pin alone. Made once for a search (its
+    parts each ask): the engine's caches are keyed by the splits, and equal splits made anew compare field by field
+    where the same ones compare by identity."""
     model = base.model
     gpus, per_node = cluster.count, cluster.gpus_per_node
     max_tp = pins.max_tp or (per_node if pins.tp_within_node else gpus)
@@ -227,7 +231,7 @@ def layouts(
             if pp > 1 and (pinned_interleaved or accum % pp == 0):  # uneven stages must split over v chunks
                 splits = splits + space.interleaved[pp]
             if mb not in workloads:
-                workloads[mb] = tuple(replace(base, micro_batch=mb, recompute=rc) for rc in space.recomputes)
+                workloads[mb] = _micro_batch_workloads(base, mb, tuple(space.recomputes))
             for split in splits:
                 layout = Layout(
                     dp=dp,
@@ -242,6 +246,14 @@ def layouts(
                     split=split,
                 )
                 yield layout, workloads[mb]
+
+
+@functools.lru_cache(maxsize=256)
+def _micro_batch_workloads(base: Workload, micro_batch: int, recomputes: tuple[Recompute, ...]) -> tuple[Workload, ...]:
+    """The workloads of a layout at ``micro_batch``, one for each recomputation mode: made once for a search, its
+    parts each asking, so that the engine's caches find them by identity (equal workloads made anew compare field
+    by field)."""
+    return tuple(replace(base, micro_batch=micro_batch, recompute=rc) for rc in recomputes)
 
 
 def _expert_tps(base: Workload, tp: int, pins: Pins) -> list[int]:
@@ -279,12 +291,18 @@ def _stage_splits(base: Workload, pp: int, pins: Pins) -> list[PipelineSplit]:
 def layout_estimate(base: Workload, cluster: Cluster, global_batch: int, pins: Pins) -> int:
     """About how many layouts ``layouts`` gives, without making them: what decides whether to search in several
     processes."""
+    return sum(degree_layouts(base, cluster, global_batch, pins).values())
+
+
+def degree_layouts(base: Workload, cluster: Cluster, global_batch: int, pins: Pins) -> dict[Degrees, int]:
+    """About how many layouts ``layouts`` gives for each (TP, PP, CP) of ``model_degrees``, in its order, without
+    making them."""
     space, gpus = _search_space(base, cluster, pins), cluster.count
     experts = base.model.moe.num_experts if base.model.moe else 1
-    total = 0
+    counts = {}
     for tp, pp, cp in model_degrees(base, cluster, global_batch, pins):
         dp = gpus // (tp * pp * cp)
         grids = sum(len(_expert_degrees(experts, dp * cp * tp, etp, pins)) for etp in _expert_tps(base, tp, pins))
         splits = len(space.splits_1f1b[pp]) + len(space.interleaved[pp])
-        total += grids * len(space.zeros) * len(_micro_batches(global_batch // dp, pins)) * splits
-    return total
+        counts[tp, pp, cp] = grids * len(space.zeros) * len(_micro_batches(global_batch // dp, pins)) * splits
+    return counts

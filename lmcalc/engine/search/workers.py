@@ -1,5 +1,6 @@
-"""A large layout search split over the machine's cores: each worker process searches its share of the (TP, PP, CP)
-and sends back figures, which the parent puts back in the search's order (``engine.search.plan``).
+"""A large layout search split over the machine's cores: this process and forked ones each take the next job of the
+search (a group of its (TP, PP, CP)) as they finish the last, and the forked ones send back figures, which the parent
+puts back in the search's order (``engine.search.plan``).
 
 The workers are forked, so they start with the parent's modules and read no file. A search in several processes finds
 the same plan as in one: the same layouts, evaluated the same way, merged in the same order.
@@ -10,9 +11,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any, TypeVar
+
+from lmcalc.errors import LmcalcError
 
 MAX_WORKERS = 8
 """The most processes a search uses where the machine has more cores."""
@@ -42,9 +45,59 @@ def search_workers(layouts: int) -> int:
     return max(1, min(cores(), MAX_WORKERS))
 
 
-def run_shares(work: Callable[..., T], shares: Sequence[tuple[Any, ...]]) -> list[T]:
-    """``work(*share)`` for each share, each in a forked process of its own; the results in the shares' order."""
+def run_balanced(
+    work: Callable[[int], T], jobs: int, processes: int, pack: Callable[[T], Any], unpack: Callable[[Any], T]
+) -> list[T]:
+    """``work(job)`` for each job below ``jobs``, in ``processes`` processes: this one and ``processes`` − 1 forked
+    ones. Each takes the next job as it finishes its last, so with the largest jobs first they finish together. A
+    forked process sends its results back as ``pack`` makes them, read here by ``unpack``; this process's own results
+    are never sent. The results come in the jobs' order."""
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=len(shares), mp_context=context) as pool:
-        futures = [pool.submit(work, *share) for share in shares]
-        return [future.result() for future in futures]
+    taken = context.Value("i", 0)  # the next job: shared, under its lock
+
+    def drain() -> list[tuple[int, T]]:
+        done: list[tuple[int, T]] = []
+        while True:
+            with taken.get_lock():
+                job = taken.value
+                taken.value = job + 1
+            if job >= jobs:
+                return done
+            done.append((job, work(job)))
+
+    def child(send: Connection) -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, [(job, pack(result)) for job, result in drain()])
+        except BaseException as exc:  # sent to the parent, which raises it as a search in one process would
+            outcome = (False, exc)
+        send.send(outcome)
+        send.close()
+
+    children: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+    try:
+        for _ in range(processes - 1):
+            receive, send = context.Pipe(duplex=False)
+            forked = context.Process(target=child, args=(send,), daemon=True)
+            forked.start()
+            send.close()
+            children.append((forked, receive))
+        results = dict(drain())
+        for process, receive in children:
+            try:
+                ok, sent = receive.recv()
+            except EOFError:
+                process.join()
+                raise LmcalcError(
+                    f"a search process ended without its results (exit code {process.exitcode}); "
+                    "the machine may be short of memory"
+                ) from None
+            if not ok:
+                raise sent
+            results.update((job, unpack(packed)) for job, packed in sent)
+            process.join()
+    finally:
+        for left, _ in children:
+            if left.is_alive():
+                left.terminate()
+                left.join()
+    return [results[job] for job in range(jobs)]

@@ -35,7 +35,7 @@ from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.parallel.sharding import tp_divisor
 from lmcalc.engine.time.memory_traffic import MemoryTraffic, StageShape, memory_bound_traffic, stage_shape
 from lmcalc.engine.time.rates import LOW_PRECISION_OPERAND_BYTES
-from lmcalc.engine.workload import Workload
+from lmcalc.engine.workload import Workload, canonical
 from lmcalc.specs import ModelSpec
 
 FLASH_BACKWARD_TO_FORWARD = 2.5
@@ -350,4 +350,4 @@ def kernel_workload(w: Workload) -> Workload:
     selective recomputation of attention's core alone, which fused attention never saved, runs no kernel again, and
     figures of the kernels cached under this workload serve both that mode and none."""
     core_only = w.recompute == "selective" and not workload_redone(w).matmuls
-    return replace(w, recompute="none") if core_only else w
+    return canonical(replace(w, recompute="none") if core_only else w)

@@ -95,8 +95,7 @@ class StepTime:
     @property
     def tokens(self) -> int:
         """Tokens per step, whole cluster: DP · m · b · s."""
-        w = self.workload
-        return self.layout.dp * self.layout.grad_accum * w.micro_batch * w.seq_len
+        return step_tokens(self.workload, self.layout)
 
     @property
     def gpus(self) -> int:
@@ -177,15 +176,37 @@ class StepTime:
 
     @property
     def mfu(self) -> float:
-        return self.model_flops / (self.total * self.gpus * self.peak)
+        return _utilisation(self.model_flops, self.total, self.gpus, self.peak)
 
     @property
     def hfu(self) -> float:
-        return self.hardware_flops / (self.total * self.gpus * self.peak)
+        return _utilisation(self.hardware_flops, self.total, self.gpus, self.peak)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.total
+
+
+def step_tokens(w: Workload, layout: Layout) -> int:
+    """Tokens per step, whole cluster: DP · m · b · s."""
+    return layout.dp * layout.grad_accum * w.micro_batch * w.seq_len
+
+
+def _utilisation(flops: float, seconds: float, gpus: int, peak: float) -> float:
+    """FLOPs per step over what the GPUs could do at their peak in the step: MFU of model FLOPs, HFU of hardware's."""
+    return flops / (seconds * gpus * peak)
+
+
+def step_figures(
+    w: Workload, layout: Layout, machine: rates.Machine, efficiency: float | None = None
+) -> tuple[float, float, float]:
+    """``step_time_on``'s tokens/s, MFU and seconds a step, without the parts: all the planner keeps of each layout
+    that fits (the same arithmetic as ``StepTime``'s, so the figures are equal to the bit)."""
+    timed = w if efficiency is not None else kernel_workload(w)
+    total = slowest_stage(timed, layout, machine, efficiency).total
+    tokens = step_tokens(w, layout)
+    peak = _chip_rates(machine, w.precision.compute_dtype).peak
+    return tokens / total, _utilisation(_whole_step_flops(w)[0] * tokens, total, layout.gpus, peak), total
 
 
 @functools.lru_cache(maxsize=1 << 14)
