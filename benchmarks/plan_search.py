@@ -11,9 +11,10 @@
 For each: the layouts evaluated, how many fit, the median wall time of a fresh search (the engine's caches cleared
 and the previous result dropped before each run, as a fresh `lmcalc plan` process starts), the fastest layout, and
 the median wall time of the command end to end, each run a new process. A search of 100,000 layouts or more runs in
-as many processes as the machine has cores (``engine.search.workers``); the same search in one process is timed
-beside it. ``--caches`` also prints every engine cache's hits and misses after one search in one process, to check
-that a change keeps them (issue #28). Targets are for the 2-core development machine.
+as many processes as the machine has cores (``engine.search.workers``), this one among them; its CPU time in the
+search, which an idle machine's wall time follows, and the same search in one process are timed beside it.
+``--caches`` also prints every engine cache's hits and misses after one search in one process, to check that a
+change keeps them (issue #28). Targets are for the 2-core development machine.
     python benchmarks/plan_search.py [--repeats 5] [--caches]
 """
 
@@ -63,20 +64,23 @@ def deepseek_v3() -> Case:
     return Case("DeepSeek-V3 on 2,048 H800 (256x8xH800)", setup.workload, setup.cluster, sequences, 8.0, command)
 
 
-def fresh_searches(case: Case, repeats: int, workers: int | None = None) -> tuple[Plan, list[float]]:
-    """Search ``repeats`` times, each from cleared caches, and return the last result and the wall times;
-    ``workers``: processes (None: as ``lmcalc plan`` chooses, ``engine.search.workers``)."""
-    seconds = []
+def fresh_searches(case: Case, repeats: int, workers: int | None = None) -> tuple[Plan, list[float], list[float]]:
+    """Search ``repeats`` times, each from cleared caches, and return the last result, the wall times and this
+    process's CPU times (its forked workers' left out); ``workers``: processes (None: as ``lmcalc plan`` chooses,
+    ``engine.search.workers``). This process searches a share itself and takes in the others' results, so on an
+    idle machine the wall time follows its CPU time; on a busy one the CPU time is the steadier figure."""
+    seconds, cpu = [], []
     found: Plan | None = None
     for _ in range(repeats):
         found = None  # a fresh process holds no earlier result for the garbage collector to walk
         clear_caches()
         gc.collect()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         found = plan(case.workload, case.cluster, case.sequences, Pins(), workers=workers)
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     assert found is not None
-    return found, seconds
+    return found, seconds, cpu
 
 
 def end_to_end(case: Case, repeats: int) -> list[float]:
@@ -109,7 +113,7 @@ def main() -> None:
     repeats = args.repeats
     for case in (llama_405b(), deepseek_v3()):
         chosen = search_workers(layout_estimate(case.workload, case.cluster, case.sequences, Pins()))
-        found, seconds = fresh_searches(case, repeats, 1 if args.caches else None)  # the caches: of one process
+        found, seconds, cpu = fresh_searches(case, repeats, 1 if args.caches else None)  # caches: of one process
         if args.caches:
             for function, (hits, misses) in cache_counts().items():
                 print(f"  cache {function}: {hits:,} hits, {misses:,} misses")
@@ -120,7 +124,8 @@ def main() -> None:
             f"over {repeats} runs (min {min(seconds):.3f}, max {max(seconds):.3f}; target < {case.target_s:g} s)"
         )
         if chosen > 1 and not args.caches:
-            _, alone = fresh_searches(case, repeats, 1)
+            print(f"  this process's CPU time in it: median {statistics.median(cpu):.3f} s")
+            _, alone, _ = fresh_searches(case, repeats, 1)
             print(f"  the same search in 1 process: median {statistics.median(alone):.3f} s")
         print(
             f"  fastest: {best.layout.label}, mb={best.micro_batch}, GA={best.layout.grad_accum}, "
