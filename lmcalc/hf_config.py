@@ -79,7 +79,8 @@ LLAMA_LIKE = (
     "hy_v3", "lfm2", "lfm2_moe", "olmo_hybrid", "falcon_h1", "bitnet", "diffllama", "emu3_text_model", "deepseek_v32",
     "glm_moe_dsa", "minimax", "axk1", "flint", "kimi_linear", "bailing_hybrid", "laguna", "lara_mini", "lfm3",
     "beam", "modernbert-decoder", "mimo_v2_flash", "minimax_m3_vl_text", "longcat_flash", "axk2", "jetmoe", "hy_v4",
-    "doge", "dory", "hrm_text", "phi4_multimodal", "zaya", "inkling_text", "inkling2_text", DOTS3, GEMMA3N,
+    "doge", "dory", "hrm_text", "phi4_multimodal", "zaya", "inkling_text", "inkling2_text", "inkling2_loop_text", DOTS3,
+    GEMMA3N,
     *GEMMA4, MLLAMA,
 )  # fmt: skip
 SINGLE_BLOCKS = ("nemotron_h", *MAMBA_STACKS)
@@ -161,7 +162,8 @@ released pattern (period 5), BeamConfig's every sixth layer and the last full, L
 layers, MiMoV2FlashConfig's first layer and every sixth full, InklingTextConfig's ``local_layer_ids`` local (else
 all but every sixth), Inkling2TextConfig's all but every sixth, ModernBertDecoderConfig's every
 global_attn_every_n_layers-th layer full from the first."""
-NEVER_TIED = ("kimi_linear", "bailing_hybrid", MLLAMA, "xlstm", "cpmant", "inkling_text", "inkling2_text")
+NEVER_TIED = ("kimi_linear", "bailing_hybrid", MLLAMA, "xlstm", "cpmant", "inkling_text", "inkling2_text",
+              "inkling2_loop_text")  # fmt: skip
 """Types whose ForCausalLM ties no weights (``_tied_weights_keys = {}``, or none: xLSTMForCausalLM): an untied head
 whatever tie_word_embeddings says."""
 NO_NORM_WEIGHT = ("olmo", "nanochat")

@@ -41,7 +41,8 @@ WHOLE_NUMBERS = frozenset(
         "cca_time0", "cca_time1", "router_hidden_size", "swa_num_attention_heads", "swa_num_key_value_heads",
         "swa_head_dim", "d_rel", "rel_extent", "conv_kernel_size", "unpadded_vocab_size", "n_layers_per_attn_res_block",
         "shared_experts_intermediate_size", "swa_q_lora_rank", "swa_kv_lora_rank", "swa_qk_nope_head_dim",
-        "swa_qk_rope_head_dim", "swa_v_head_dim",
+        "swa_qk_rope_head_dim", "swa_v_head_dim", "loop_layer_index_start", "loop_layer_index_end", "loop_num_passes",
+        "loop_gate_rank",
     }
 )  # fmt: skip
 NUMBERS = frozenset(

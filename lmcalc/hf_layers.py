@@ -13,7 +13,7 @@ from lmcalc.hf_defaults import LAYER_PATTERNS
 from lmcalc.hf_dots import KIND as DOTS3
 from lmcalc.hf_dots import dots3_config, dots3_note
 from lmcalc.hf_fields import get as _get
-from lmcalc.hf_loops import LOOPED, dory, hrm_text, looped_config
+from lmcalc.hf_loops import LOOPED, dory, hrm_text, inkling2_loop, looped_config
 from lmcalc.hf_widths import GEMMA3N, GEMMA4, MLLAMA, gemma3n, gemma4, mllama
 from lmcalc.units import group
 
@@ -491,6 +491,6 @@ def jetmoe(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[
 
 
 FINISHED = {"axk2": axk2, "jetmoe": jetmoe, "dory": dory, "hrm_text": hrm_text, "zaya": zaya, "inkling_text": inkling,
-            "inkling2_text": inkling2, DOTS3: dots3_note,
+            "inkling2_text": inkling2, "inkling2_loop_text": inkling2_loop, DOTS3: dots3_note,
             GEMMA3N: gemma3n, MLLAMA: mllama, **dict.fromkeys(GEMMA4, gemma4)}  # fmt: skip
 """Types whose fields the common reader leaves to a function of their own, which finishes them."""

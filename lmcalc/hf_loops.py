@@ -10,9 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from lmcalc.errors import LmcalcError, token
+from lmcalc.hf_attention import inkling
 from lmcalc.hf_fields import get
 
-LOOPED = ("dory", "hrm_text")
+LOOPED = ("dory", "hrm_text", "inkling2_loop_text")
+LOOP_CONFIG = {"core_start": "loop_layer_index_start", "core_end": "loop_layer_index_end",
+               "num_passes": "loop_num_passes", "gate_rank": "loop_gate_rank"}  # fmt: skip
+"""Inkling2LoopTextConfig's ``loop_config`` (a released file's), each key over the field it names."""
 
 
 def _whole(config: dict[str, Any], origin: str, key: str, least: int) -> int:
@@ -29,6 +33,8 @@ def looped_config(config: dict[str, Any], kind: str, origin: str) -> dict[str, A
         cycles = _whole(config, origin, "H_cycles", 1) * (_whole(config, origin, "L_cycles", 1) + 1)
         return {**config, "num_layers_per_stack": stack, "num_hidden_layers": stack * cycles}
     types, layers = config.get("layer_types"), _whole(config, origin, "num_hidden_layers", 1)
+    if kind == "inkling2_loop_text":
+        return _inkling2_loop_config(config, types, layers, origin)
     sections = {key: config.get(key) for key in ("n_input_layers", "n_recurrent_layers", "n_output_layers")}
     if types and "mlp" in types:  # DoryConfig: a released file lists attention and MLP blocks, two a layer
         types, layers = types[::2], layers // 2
@@ -45,9 +51,51 @@ def looped_config(config: dict[str, Any], kind: str, origin: str) -> dict[str, A
         raise LmcalcError(f"{origin}: config.json n_input_layers + n_recurrent_layers + n_output_layers "
                           f"({first} + {looped} + {last}) must equal the {layers} layers, none below 0")  # fmt: skip
     loops = _whole(config, origin, "n_recurrent_loops", 1)
-    runs = [*types[:first], *types[first : first + looped] * loops, *types[first + looped :]]
+    runs = _runs(types, first, looped, loops)
     return {**config, "layer_types": runs, "num_hidden_layers": len(runs), "n_input_layers": first,
             "n_recurrent_layers": looped}  # fmt: skip
+
+
+def _runs(types: list[str], first: int, looped: int, loops: int) -> list[str]:
+    """The layer types of each run: the first layers once, the next ``looped`` ``loops`` times, the rest once."""
+    return [*types[:first], *types[first : first + looped] * loops, *types[first + looped :]]
+
+
+def _inkling2_loop_config(config: dict[str, Any], types: Any, layers: int, origin: str) -> dict[str, Any]:
+    """Inkling2LoopTextConfig: layers loop_layer_index_start to loop_layer_index_end − 1 run loop_num_passes times
+    (``loop_config``'s core_start, core_end and num_passes over them), every sixth layer global where config.json
+    gives no layer_types; both ends multiples of n_layers_per_attn_res_block and the start above 0 (as its class
+    checks). An end past the last layer loops the layers there are, as its slice of the layers does."""
+    loop = config.get("loop_config") or {}
+    if not isinstance(loop, dict):
+        raise LmcalcError(f"{origin}: config.json loop_config must be an object, not {token(loop)}")
+    config = {**config, **{field: loop[key] for key, field in LOOP_CONFIG.items() if key in loop}}
+    start, end = _whole(config, origin, "loop_layer_index_start", 1), _whole(config, origin, "loop_layer_index_end", 0)
+    passes = _whole(config, origin, "loop_num_passes", 1)
+    block = _whole(config, origin, "n_layers_per_attn_res_block", 1)
+    if start % block or end % block or not start <= min(end, layers):
+        raise LmcalcError(f"{origin}: config.json loop_layer_index_start ({start}) and loop_layer_index_end ({end}) "
+                          f"must be multiples of n_layers_per_attn_res_block ({block}), in order, the start within "
+                          f"the {layers} layers")  # fmt: skip
+    types = types or ["hybrid" if (i + 1) % 6 == 0 else "hybrid_sliding" for i in range(layers)]
+    if len(types) != layers:
+        raise LmcalcError(f"{origin}: config.json layer_types lists {len(types)} layers for {layers}")
+    runs = _runs(types, start, min(end, layers) - start, passes)  # the layers there are loop (its slice)
+    return {**config, "layer_types": runs, "num_hidden_layers": len(runs), "n_input_layers": start,
+            "n_recurrent_layers": min(end, layers) - start, "n_recurrent_loops": passes,
+            "loop_layer_index_end": end}  # fmt: skip
+
+
+def inkling2_loop(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Inkling 2's looped text model (Inkling2LoopTextModel): Inkling 2's layers (``hf_attention.inkling``), the
+    looped ones run in each pass with caches of their own, and the loop messages (``layer_reuse.messages``)."""
+    first, looped, loops = config["n_input_layers"], config["n_recurrent_layers"], config["n_recurrent_loops"]
+    held = config["num_hidden_layers"] - looped * (loops - 1)
+    weights = [*range(first), *list(range(first, first + looped)) * loops, *range(first + looped, held)]
+    rank, section = _whole(config, origin, "loop_gate_rank", 1), config["loop_layer_index_end"] - first
+    messages = {"gate_rank": rank, "layers": looped, **({"query_layers": section} if section != looped else {})}
+    fields = inkling(config, origin, fields, "inkling2_text")
+    return fields | {"layer_reuse": {"weights": weights, "messages": messages}}
 
 
 def dory(config: dict[str, Any], origin: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -96,23 +96,33 @@ def check_model(spec: Any) -> None:
 
 
 def _check_layer_reuse(spec: Any) -> None:
-    """Looped layers: one run a layer of the spec, each run holding the same tensors (plain attention and a dense
-    FFN in every layer, whichever of them attend locally); runs without gradients only where every layer attends
-    alike, so that they cost the average run."""
+    """Looped layers: one run a layer of the spec, each held layer run as one kind every time (local or global, MoE
+    or dense: its tensors are that kind's), without MLA, other mixers or layers of other widths; runs without
+    gradients only where every layer attends alike, so that they cost the average run; loop messages only beside
+    block attention residuals."""
     r = spec.layer_reuse
     if r is None:
         return
     if len(r.weights) != spec.num_layers:
         raise ValueError(f"layer_reuse.weights names {len(r.weights)} runs, but num_layers is {spec.num_layers}: "
                          "one run a layer")  # fmt: skip
-    others = (spec.moe, spec.mla, spec.hybrid, spec.single_blocks, spec.shared_block, spec.compressed_attention,
-              spec.hyper_connections, spec.local_attention_differs, spec.per_layer_input, spec.altup,
-              spec.cross_attention, spec.mtp_modules, spec.dynamic_mask_window)  # fmt: skip
+    others = (spec.mla, spec.hybrid, spec.single_blocks, spec.shared_block, spec.compressed_attention,
+              spec.hyper_connections, spec.global_attention, spec.kv_sharing, spec.sinks_local_only,
+              spec.local_qk_l2_norm, spec.per_layer_input, spec.altup, spec.cross_attention, spec.mtp_modules,
+              spec.dynamic_mask_window)  # fmt: skip
+    kinds: dict[int, tuple[bool, bool]] = {}
+    for run, layer in enumerate(r.weights):
+        kind = kinds.setdefault(layer, (spec.is_local_layer(run), spec.is_moe_layer(run)))
+        if kind != (spec.is_local_layer(run), spec.is_moe_layer(run)):
+            raise ValueError(f"layer_reuse: held layer {layer} runs as two kinds of layer (local or global, MoE or "
+                             "dense): each held layer holds one kind's tensors")  # fmt: skip
     if any(others):
-        raise ValueError("layer_reuse is for layers that hold the same tensors: plain attention and a dense FFN in "
-                         "every layer, without MoE, MLA, other mixers or layers of other widths")  # fmt: skip
+        raise ValueError("layer_reuse is for layers that hold the same tensors in every run: attention and an FFN, "
+                         "without MLA, other mixers or layers of other widths")  # fmt: skip
     if r.no_grad_runs and spec.sliding_window:
         raise ValueError("layer_reuse.no_grad_runs needs every layer to attend alike (no sliding_window)")
+    if r.messages and not (spec.branch_convs and spec.branch_convs.block_residual):
+        raise ValueError("layer_reuse.messages are Inkling 2's: they need branch_convs.block_residual")
 
 
 def _check_shared_block(spec: Any) -> None:

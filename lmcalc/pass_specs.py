@@ -13,6 +13,24 @@ from pydantic import Field, model_validator
 from lmcalc.spec_base import Dimension, LayerIndex, Spec, StrictBool, no_items
 
 
+class LoopMessageSpec(Spec):
+    """Inkling 2's loop messages (transformers' Inkling2LoopMessageAttentionResidual and Inkling2LoopMessageGate): each
+    run of a looped layer after its first reads the previous pass, four learned queries of h attending over that
+    pass's block states and its output, and four gates (a weightless norm of both, 2·h → r, then r → h twice) mix
+    those messages into the queries', keys', values' and MLP's inputs. Every looped layer holds its queries and gates,
+    whether or not a later pass runs them."""
+
+    gate_rank: Dimension = Field(description="r, the gates' rank (loop_gate_rank)")
+    layers: LayerIndex = Field(description="the looped layers, each holding four queries and four gates "
+                               "(loop_layer_index_end − loop_layer_index_start)")  # fmt: skip
+    query_layers: LayerIndex | None = Field(
+        None,
+        description="the layers the queries are held for, where the loop section reaches past the last layer "
+        "(transformers holds queries for loop_layer_index_end − loop_layer_index_start, loops the layers there are); "
+        "None: layers",
+    )
+
+
 class LayerReuseSpec(Spec):
     """Layers whose weights run more than once in a forward pass: looped transformers (Dory's recurrent section, run
     n_recurrent_loops times between its input and output layers; the Hierarchical Reasoning Model's low- and
@@ -35,6 +53,7 @@ class LayerReuseSpec(Spec):
     start_state: StrictBool = Field(
         False, description="a learned first input of the low-level stack, h wide (HRM's z_L_init, never trained)"
     )
+    messages: LoopMessageSpec | None = Field(None, description="Inkling 2's loop messages between passes")
 
     @model_validator(mode="after")
     def _every_layer_runs(self) -> Self:
@@ -52,6 +71,12 @@ class LayerReuseSpec(Spec):
     def held(self) -> int:
         """L_w, the layers whose weights the model holds."""
         return max(self.weights) + 1
+
+    @functools.cached_property  # a frozen spec's
+    def repeats(self) -> tuple[int, ...]:
+        """The runs of a held layer after its first: those that read a previous pass's messages."""
+        first = {layer: run for run, layer in reversed(list(enumerate(self.weights)))}
+        return tuple(run for run, layer in enumerate(self.weights) if first[layer] != run)
 
     @functools.cached_property  # a frozen spec's
     def cached_runs(self) -> frozenset[int]:

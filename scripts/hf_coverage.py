@@ -71,9 +71,6 @@ BUILD_FIELDS: dict[str, dict[str, Any]] = {
 NEEDS: dict[str, str] = {
     "blt": "Byte Latent Transformer: byte-level local encoder and decoder around a global transformer over patches, "
     "with hashed n-gram embeddings",
-    "inkling2_loop_text": "Inkling 2's layers (read: inkling2_text) with a section run in passes, message attention "
-    "residuals between the passes and gated loop layers; looped layers lmcalc reads must hold the same tensors, and "
-    "these are of two kinds (local and global)",
 }
 """What each type lmcalc does not read yet needs that the engine lacks (docs/hf-types.md's last section)."""
 
@@ -243,10 +240,11 @@ def page(cases: list[Case]) -> str:
               "what transformers keeps, with and without checkpointing, under LoRA within 2.1 % (formulas §5.4).", "",
               "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`), Doge (`doge`), "
               "Dory (`dory`), HRM (`hrm_text`), CPM-Ant (`cpmant`), GIT (`git`), ZAYA (`zaya`), Inkling's and "
-              "Inkling 2's text models (`inkling_text`, `inkling2_text`), dots.3 Note's (`dots3_note_text`, and "
+              "Inkling 2's text models (`inkling_text`, `inkling2_text`, and Inkling 2's looped one, "
+              "`inkling2_loop_text`), dots.3 Note's (`dots3_note_text`, and "
               "the `dots3_note` wrapper's) and Gemma 4's drafters "
               "(`gemma4_unified_assistant`, `gemma4_assistant`) are read exactly too, and taken by the same four "
-              "(formulas §2.24 to §2.28, §2.30 to §2.35 and §11. "
+              "(formulas §2.24 to §2.28, §2.30 to §2.36 and §11. "
               "DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
@@ -259,7 +257,9 @@ def page(cases: list[Case]) -> str:
               "layer computes before each sequence, segments and a learned score bias. GIT: an image encoder whose "
               "tokens every layer and the head compute before the text's. ZAYA: convolved queries and keys, a delayed "
               "value, residual scaling and an MLP router. Inkling: four branch convolutions a layer, relative "
-              "logits, a router that scores the shared experts; Inkling 2 also block attention residuals. dots.3 "
+              "logits, a router that scores the shared experts; Inkling 2 also block attention residuals, and its "
+              "looped model a section run in passes that read the previous pass through message queries and gates. "
+              "dots.3 "
               "Note: MLA whose sliding-window layers have heads and ranks of their own, a norm on the RoPE key, a "
               "gate a head, DeepSeek sparse attention's indexer in the other layers. Gemma "
               "4's drafters: every layer attends with the backbone's K and V, between projections from and to its "

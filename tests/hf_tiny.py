@@ -309,6 +309,13 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                                  rel_extent=32, moe_intermediate_size=32, n_routed_experts=4,
                                                  num_experts_per_tok=2, n_layers_per_attn_res_block=2,
                                                  layer_types=["hybrid_sliding", "hybrid"] * 2)),
+    # Inkling 2's looped text model: Inkling 2's tiny layers, six of them, blocks of two; layers 2 (local) and 3
+    # (global) run in three passes, the later two reading the previous pass's messages through gates of rank 8
+    "inkling2_loop_text": ("Inkling2LoopTextConfig", dict(
+        unpadded_vocab_size=500, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16,
+        sliding_window_size=16, rel_extent=32, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+        n_layers_per_attn_res_block=2, num_hidden_layers=6, layer_types=["hybrid_sliding", "hybrid"] * 3,
+        loop_layer_index_start=2, loop_layer_index_end=4, loop_num_passes=3, loop_gate_rank=8)),
     # dots.3 Note: layers 0 and 1 MLA of 4 heads with an indexer (top 8 of its 4 heads of 16), 2 and 3 sliding (a
     # window of 16) at MLA of their own widths (2 heads, ranks 32 and 24, d_nope 24); one dense layer, then an MoE of 4
     # experts, top 2, beside one shared MLP of 2 × 24

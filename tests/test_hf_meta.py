@@ -19,33 +19,36 @@ from lmcalc.hf_meta import MetaParams  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-INKLING2 = dict(model_type="inkling2_loop_text", vocab_size=512, unpadded_vocab_size=500, hidden_size=64,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16, sliding_window_size=16,
-                rel_extent=32, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, pad_token_id=0,
-                bos_token_id=1, eos_token_id=2)  # fmt: skip
-"""Inkling 2's looped text model at tiny size: a type lmcalc does not read yet (Inkling 2's layers, run in loops)."""
+SMALL = dict(num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1, intermediate_size=64)
+BLT = dict(model_type="blt", vocab_size=260, encoder_hash_byte_group_vocab=1000, encoder_hash_byte_group_size=[3, 4],
+           patch_in_forward=False, cross_attn_k=2, patcher_config=SMALL | dict(hidden_size=32, head_dim=16),
+           encoder_config=SMALL | dict(hidden_size=32, hidden_size_global=64, cross_attn_k=2),
+           decoder_config=SMALL | dict(hidden_size=32, hidden_size_global=64, cross_attn_k=2),
+           global_config=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                              intermediate_size=96))  # fmt: skip
+"""The Byte Latent Transformer at tiny size: a type lmcalc does not read yet (byte-level local encoder and decoder
+around a global transformer over patches, with hashed n-gram embeddings)."""
 
 
-def inkling2_count() -> int:
-    """PyTorch's own count of transformers' looped Inkling 2 built from ``INKLING2`` on the meta device:
-    ``parameters()`` yields each Parameter once, whatever shares it."""
-    config = {key: value for key, value in INKLING2.items() if key != "model_type"}
+def blt_count() -> int:
+    """PyTorch's own count of transformers' BLT built from ``BLT`` on the meta device: ``parameters()`` yields each
+    Parameter once, whatever shares it."""
+    config = {key: value for key, value in BLT.items() if key != "model_type"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.device("meta"):
-            model = transformers.Inkling2LoopForCausalLM(transformers.Inkling2LoopTextConfig(**config))
+            model = transformers.BltForCausalLM(transformers.BltConfig(**config))
     return sum(p.numel() for p in model.parameters())
 
 
 def test_params_counts_an_unread_type_with_transformers_and_says_so(tmp_path, capsys):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING2))
+    path.write_text(json.dumps(BLT))
     counted = api.params(model=str(path))
     assert isinstance(counted, MetaParams)
     # lmcalc/hf_meta.py sums transformers' tensors module by module, each shared one once; PyTorch's parameters()
     # deduplicates by Parameter: the same count by another route
-    assert counted.total == inkling2_count() == 161_920
+    assert counted.total == blt_count() == 185_632
     with pytest.raises(SystemExit) as exit_info:
         main(["params", "--model", str(path), "--json"])
     assert exit_info.value.code == 0
@@ -56,12 +59,12 @@ def test_params_counts_an_unread_type_with_transformers_and_says_so(tmp_path, ca
 
 def test_other_commands_refuse_an_unread_type_in_one_line(tmp_path, capsys):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING2))
+    path.write_text(json.dumps(BLT))
     with pytest.raises(SystemExit) as exit_info:
         main(["memory", "--model", str(path)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert "'inkling2_loop_text' is a transformers type lmcalc does not read yet" in err
+    assert "'blt' is a transformers type lmcalc does not read yet" in err
     assert "lmcalc params counts it" in err
 
 
@@ -69,7 +72,7 @@ def test_without_transformers_params_refuses_in_one_line(tmp_path, monkeypatch):
     import lmcalc.estimates.counts as counts
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING2))
+    path.write_text(json.dumps(BLT))
     monkeypatch.setattr(counts, "transformers_installed", lambda: False)
     with pytest.raises(LmcalcError, match="does not read yet"):
         api.params(model=str(path))
@@ -84,6 +87,6 @@ def test_a_misspelt_type_is_told_the_close_one(tmp_path):
 
 def test_a_config_transformers_cannot_build_is_one_line(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(INKLING2 | {"d_rel": 1.5}))  # Inkling2LoopTextConfig: an int
+    path.write_text(json.dumps(BLT | {"vocab_size": 1.5}))  # BltConfig: an int
     with pytest.raises(LmcalcError, match="transformers could not build it either"):
         api.params(model=str(path))

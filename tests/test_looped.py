@@ -142,6 +142,8 @@ def test_a_loop_over_layers_of_other_kinds_is_refused():
         ModelSpec.model_validate(fields | {"layer_reuse": {"weights": [0, 1, 0]}})
     with pytest.raises(ValueError, match="never runs held layer 1"):
         ModelSpec.model_validate(fields | {"layer_reuse": {"weights": [0, 2] * 28}})
-    moe = {"num_experts": 4, "experts_per_token": 2, "expert_ffn_size": 64}
+    with pytest.raises(ValueError, match="held layer 0 runs as two kinds of layer"):  # every fourth run global
+        ModelSpec.model_validate(fields | {"layer_reuse": {"weights": [0] * 56}})
+    mla = {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
     with pytest.raises(ValueError, match="layer_reuse is for layers that hold the same tensors"):
-        ModelSpec.model_validate(fields | {"moe": moe})
+        ModelSpec.model_validate(fields | {"mla": mla})

@@ -4,6 +4,7 @@ InklingShortConvolution, InklingRelativeLogits) and its learned global scales: t
 
 from __future__ import annotations
 
+from lmcalc.engine.model.layer_reuse import message_flops
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, tensor
 from lmcalc.specs import ModelSpec
 
@@ -64,11 +65,17 @@ def _block_counts(spec: ModelSpec) -> list[tuple[int, int, int]]:
     b = spec.branch_convs
     assert b is not None and b.block_residual
     n, counts = b.block_residual, []
-    for i in range(spec.num_layers):
+    for run in range(spec.num_layers):  # a looped model's run: its held layer's place (each pass restarts the blocks)
+        i = spec.layer_reuse.weights[run] if spec.layer_reuse else run
         blocks = -(-i // n)  # the layers before i that open a block: 0, n, 2n, …
-        queries = 0 if i == 0 else (1 if spec.is_local_layer(i) else 3)
+        queries = 0 if i == 0 else (1 if spec.is_local_layer(run) else 3)
         counts.append((queries, blocks + 1, blocks + 1 + (1 if i % n == 0 else 0)))
     return counts
+
+
+def _held(spec: ModelSpec) -> int:
+    """The layers the model holds: a looped model's held layers, else every layer."""
+    return spec.layer_reuse.held if spec.layer_reuse else spec.num_layers
 
 
 def block_tensors(spec: ModelSpec) -> list[WeightTensor]:
@@ -78,21 +85,23 @@ def block_tensors(spec: ModelSpec) -> list[WeightTensor]:
     b = spec.branch_convs
     if b is None or not b.block_residual:
         return []
-    h = spec.hidden_size
-    queries = sum(q for q, _, _ in _block_counts(spec)) + spec.num_layers + 1
+    h, runs = spec.hidden_size, spec.layer_reuse.weights if spec.layer_reuse else range(spec.num_layers)
+    firsts = {layer: run for run, layer in reversed(list(enumerate(runs)))}  # a held layer's queries, once
+    counts = _block_counts(spec)
+    queries = sum(counts[run][0] for run in firsts.values()) + _held(spec) + 1
     return [tensor("block_residual.queries", Site("residual_scales", 1, "1"), (Dim(queries * h, "q·h"),), False)]
 
 
 def block_flops(spec: ModelSpec) -> float:
     """Forward FLOPs per token of the block attention residuals: each query against the m states, QKᵀ and AV, 2·2·m·h
     a query (unweighted norms and the softmax element-wise), before each layer's attention and MLP and the final
-    norm."""
+    norm; and Inkling 2's loop messages (``layer_reuse.message_flops``)."""
     b = spec.branch_convs
     if b is None or not b.block_residual:
         return 0.0
     h, counts = spec.hidden_size, _block_counts(spec)
-    final = -(-spec.num_layers // b.block_residual) + 1
-    return 4 * h * (sum(q * m + m_mlp for q, m, m_mlp in counts) + final)
+    final = -(-_held(spec) // b.block_residual) + 1
+    return 4 * h * (sum(q * m + m_mlp for q, m, m_mlp in counts) + final) + message_flops(spec, b.block_residual)
 
 
 def branch_conv_flops(spec: ModelSpec, seq_len: int) -> float:

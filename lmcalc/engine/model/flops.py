@@ -102,7 +102,7 @@ def _forward_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention, pa
         if not t.matmul:
             continue
         used = 2 * t.active_total * share
-        if t.group in ("attention", "ssm", "shared_attention"):
+        if t.group in ("attention", "ssm", "shared_attention", "loop_messages"):  # the loop's gates: attention's inputs
             projections += used
         elif t.group == "indexer":
             indexer += used

@@ -1,27 +1,78 @@
 """Looped transformers, whose layers' weights run more than once a forward pass (``specs.LayerReuseSpec``: Dory's
-recurrent section, the Hierarchical Reasoning Model's stacks), and nGPT's learned scales (Loshchilov et al. 2024,
-nGPT §2.6; Dory's). The spec's ``num_layers`` counts the runs, so each layer tensor is listed L times and a token
-uses it L times; ``held_once`` keeps those uses for the FLOPs and counts the weights of the L_w held layers alone, as
-``Site.active`` does for Zamba's shared blocks."""
+recurrent section, the Hierarchical Reasoning Model's stacks, Inkling 2's looped section), and nGPT's learned scales
+(Loshchilov et al. 2024, nGPT §2.6; Dory's). The spec's ``num_layers`` counts the runs, so each layer tensor is
+listed L times and a token uses it L times; ``held_once`` keeps those uses for the FLOPs and counts the weights of the
+L_w held layers alone (of each kind: global or local, MoE or dense), as ``Site.active`` does for Zamba's shared
+blocks; Inkling 2's loop messages are held once a looped layer and run in each pass after the first
+(``message_tensors``, ``message_flops``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
-from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, tensor
+from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, tensor
 from lmcalc.specs import ModelSpec
+
+LAYER_KINDS: dict[str, Callable[[ModelSpec, int], bool]] = {
+    "L": lambda spec, i: True,
+    "L_global": lambda spec, i: spec.is_attention_layer(i) and not spec.is_local_layer(i),
+    "L_local": lambda spec, i: spec.is_attention_layer(i) and spec.is_local_layer(i),
+    "L_moe": lambda spec, i: spec.is_moe_layer(i),
+    "L_dense": lambda spec, i: spec.has_ffn(i) and not spec.is_moe_layer(i),
+}
+"""The count symbols of layer tensors a looped model holds once a held layer, and which runs each counts."""
 
 
 def held_once(spec: ModelSpec, tensors: list[WeightTensor]) -> list[WeightTensor]:
-    """``tensors`` with each layer tensor (one a run, ``L``) held by the L_w layers whose weights the runs share, and
-    still used at each of the L runs."""
+    """``tensors`` with each layer tensor (one a run of its kind: ``L``, or the global, local, MoE or dense layers')
+    held by the held layers of that kind whose weights the runs share (L_w), and still used at each run."""
     reuse = spec.layer_reuse
     if reuse is None:
         return tensors
+    firsts = sorted({layer: run for run, layer in reversed(list(enumerate(reuse.weights)))}.values())
+    runs = {kind: sum(is_kind(spec, i) for i in range(spec.num_layers)) for kind, is_kind in LAYER_KINDS.items()}
+    held = {kind: sum(is_kind(spec, i) for i in firsts) for kind, is_kind in LAYER_KINDS.items()}
+    found = []
+    for t in tensors:
+        kind, _, rest = t.count_symbol.partition("·")
+        if kind not in LAYER_KINDS or not runs[kind]:
+            found.append(t)
+            continue
+        symbol = ("L_w" if kind == "L" else f"{kind}_w") + (f"·{rest}" if rest else "")
+        found.append(replace(t, count=t.count // runs[kind] * held[kind], count_symbol=symbol, active=t.active))
+    return found
+
+
+def message_tensors(spec: ModelSpec) -> list[WeightTensor]:
+    """Inkling 2's loop messages (Inkling2LoopMessageAttentionResidual, Inkling2LoopMessageGate): four learned queries
+    of h a looped layer, and its four gates (Q's, K's, V's and the MLP's input), each 2·h → r and r → h twice; held
+    once a looped layer (L_loop), run at each run after a held layer's first."""
+    reuse = spec.layer_reuse
+    if reuse is None or not reuse.messages:
+        return []
+    h, r = Dim(spec.hidden_size, "h"), Dim(reuse.messages.gate_rank, "r")
+    looped, later = reuse.messages.layers, len(reuse.repeats)
+    held = reuse.messages.query_layers or looped  # queries for the section as configured, past the last layer too
+    queries = Site("loop_messages", held, "L_loop" if held == looped else "L_q", active=later)
+    gates = Site("loop_messages", 4 * looped, "4·L_loop", active=4 * later)
     return [
-        replace(t, count=reuse.held, count_symbol="L_w", active=t.active) if t.count_symbol == "L" else t
-        for t in tensors
+        tensor("loop.message_queries", queries, (Dim(4, "4"), h), False),
+        *linear("loop.gate_down", gates, r, Dim(2 * spec.hidden_size, "2·h"), False),
+        *linear("loop.forget_gate", gates, h, r, False),
+        *linear("loop.message_gate", gates, h, r, False),
     ]
+
+
+def message_flops(spec: ModelSpec, block_layers: int) -> float:
+    """Forward FLOPs per token of the loop messages' attention: at each run after a held layer's first, four queries
+    against the m states of the previous pass (its blocks but the first, which every pass shares, and its output:
+    the looped layers over ``block_layers``, the layers of a block), QKᵀ and AV, 2·2·m·h a query."""
+    reuse = spec.layer_reuse
+    if reuse is None or not reuse.messages:
+        return 0.0
+    states = reuse.messages.layers // block_layers
+    return len(reuse.repeats) * 4 * 4 * states * spec.hidden_size
 
 
 def start_state(spec: ModelSpec) -> list[WeightTensor]:

@@ -19,7 +19,7 @@ from lmcalc.engine.model.branch_convs import branch_conv_tensors
 from lmcalc.engine.model.cca import cca_tensors, mlp_router_tensors
 from lmcalc.engine.model.compressed_attention import compressed_attention_tensors, hyper_connection_tensors
 from lmcalc.engine.model.drafter import drafter_tensors
-from lmcalc.engine.model.layer_reuse import held_once, ngpt_tensors, runs_note, start_state
+from lmcalc.engine.model.layer_reuse import held_once, message_tensors, ngpt_tensors, runs_note, start_state
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.mla_params import indexer_tensors, mla_tensors
 from lmcalc.engine.model.prefix import prompt_tensors
@@ -63,7 +63,8 @@ attention tensors, the norm before a mixer (L_mix) or an FFN (L_ffn) where some 
 4's layers of other widths (``width_params``) and DeepSeek-V4's compressors (``compressed_attention``)."""
 GROUPS = (
     "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "start_state", "attention", "indexer",
-    "ssm", "hyper_connections", "shared_attention", "norm", "residual_scales", "mlp", "shared_mlp", "router",
+    "ssm", "hyper_connections", "shared_attention", "norm", "residual_scales", "loop_messages", "mlp", "shared_mlp",
+    "router",
     "experts", "shared_experts", "cross_attention", "head_transform", "drafter", "head",
 )  # fmt: skip
 GROUP_LABELS = {
@@ -83,6 +84,7 @@ GROUP_LABELS = {
     "ssm": "State-space, linear-attention and convolution mixers",
     "norm": "Norms",
     "residual_scales": "Residual scales",
+    "loop_messages": "Loop messages (queries and gates)",
     "mlp": "Dense MLP",
     "router": "MoE router",
     "experts": "Routed experts",
@@ -231,7 +233,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
     elif spec.attention_layers:  # a hybrid's layers may all be state-space ones (Granite 4's class defaults)
         tensors += _attention(spec, spec.attention_layers)
     tensors += mixer_tensors(spec) + hyper_connection_tensors(spec) + shared_block_tensors(spec) + cca_tensors(spec)
-    tensors += branch_conv_tensors(spec) + drafter_tensors(spec)
+    tensors += branch_conv_tensors(spec) + message_tensors(spec) + drafter_tensors(spec)
     tensors += _layer_norms(spec, h) + ngpt_tensors(spec)
     moe = spec.moe
     if moe is None and spec.ffn_layers:
