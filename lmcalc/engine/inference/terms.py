@@ -85,8 +85,8 @@ def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[st
     """``2·H_kv·d·bytes`` with its numbers, or MLA's ``(d_c + d_rope)·bytes``."""
     if spec.mla and spec.indexer:  # the indexer's key too, in the layers that run one (L_I of the global layers)
         m, ix, share = spec.mla, spec.indexer, f"{spec.indexer_layers}/{spec.num_layers - spec.local_layers}"
-        return (
-            "(d_c + d_rope + d_I · L_I/L) · bytes",
+        return (  # a global layer's where the local layers have none (dots.3 Note's): L_I of the global layers
+            f"(d_c + d_rope + d_I · L_I/{'L_global' if spec.local_layers else 'L'}) · bytes",
             f"({m.kv_lora_rank} + {m.qk_rope_head_dim} + {ix.head_dim} × {share}) × {kv_bytes:g} B",
         )
     if spec.mla:
