@@ -79,6 +79,7 @@ class Workload:
     # (without recomputation only, as Megatron-Core runs it: a recomputing variant, such as a lever, offloads none)
     capacity_factor: float | None = field(default=None, kw_only=True)  # routed experts' capacity; None: dropless
     pad_to_capacity: bool = field(default=True, kw_only=True)  # each expert's input padded to its capacity
+    moe_a2a_overlap: bool = field(default=False, kw_only=True)  # Megatron-Core's EP all-to-all overlap (combined 1F1B)
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +107,8 @@ class Workload:
                 f"got {', '.join(self.recompute_modules) or 'none'}"
             )
         _check_capacity(self.model, self.capacity_factor, self.pad_to_capacity)
+        if not isinstance(self.moe_a2a_overlap, bool):
+            raise LmcalcError(f"{setting('moe_a2a_overlap')} must be true or false, got {self.moe_a2a_overlap!r}")
         if not self.mask_bytes > 0:
             raise LmcalcError(f"{setting('mask_bytes')} must be a positive number of bytes, got {self.mask_bytes}")
         if self.overhead_bytes is not None and not self.overhead_bytes >= 0:

@@ -246,10 +246,8 @@ def plan_estimate(
     sections = [_rank_section(rank, c, tied, cluster, train_tokens) for rank, (c, tied) in enumerate(rows, 1)]
     winner = found.fitting[0]
     inputs = _plan_inputs(setup, global_batch_tokens, sequences, train_tokens, efficiency, found)
-    assumptions = (
-        f"TP within a node unless allowed across; {base.framework.name}: {speed_text(base.framework.speed)} "
-        "(docs/formulas.md §8)"
-    )
+    speed = speed_text(base.framework.speed, base.moe_a2a_overlap)
+    assumptions = f"TP within a node unless allowed across; {base.framework.name}: {speed} (docs/formulas.md §8)"
     best = f"best: {layout_text(winner)}"
     ties = (TIES_NOTE,) if any(tied for _, tied in rows) else ()
     first = {t.key: t.formatted(compact=True) for t in sections[0].terms}

@@ -248,6 +248,16 @@ class WorkloadSettings(MethodSettings, total=False):
         ),
     ]
 
+    moe_a2a_overlap: Annotated[
+        bool,
+        Setting(
+            False,
+            "MoE: overlap the expert all-to-alls with another micro-batch's computation, one forward beside one "
+            "backward, layer by layer (Megatron-Core's --overlap-moe-expert-parallel-comm, combined 1F1B): EP > 1, "
+            "interleaved stages where PP > 1, no full recomputation.",
+        ),
+    ]
+
 
 class TrainingSettings(WorkloadSettings, total=False):
     """What is trained and how, as the user gives it; a setting left out takes its default (``TRAINING_DEFAULTS``)."""

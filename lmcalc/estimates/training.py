@@ -227,6 +227,7 @@ def training_setup(
         cpu_offloading_num_layers=given["cpu_offloading_num_layers"],
         capacity_factor=given["capacity_factor"],
         pad_to_capacity=given["pad_to_capacity"],
+        moe_a2a_overlap=given["moe_a2a_overlap"],
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
 

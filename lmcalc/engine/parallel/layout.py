@@ -337,6 +337,8 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"ETP={layout.expert_tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
             "(tensor parallelism needs the intra-node links)"
         )
+    if w.moe_a2a_overlap:
+        check_a2a_overlap(w, layout)
     if w.seq_len % layout.cp:
         raise LmcalcError(f"CP={layout.cp} does not divide the sequence length {w.seq_len}")
     if layout.cp > 1 and w.attention != "flash":
@@ -344,6 +346,25 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"context parallelism needs fused attention ({setting('attention')} flash): ring attention "
             "never materialises the s² scores"
         )
+
+
+def check_a2a_overlap(w: Workload, layout: Layout) -> None:
+    """Megatron-Core's all-to-all overlap (``overlap_moe_expert_parallel_comm``) runs where its config allows it
+    (megatron/core/transformer/transformer_config.py): an MoE model with EP > 1, interleaved stages where PP > 1, no
+    full recomputation and no recomputed MoE, a 16-bit model. What no layout changes is checked first."""
+    flag = setting("moe_a2a_overlap")
+    if w.framework.name != "megatron":
+        raise LmcalcError(f"{flag} is Megatron-Core's ({setting('framework')} megatron); {w.framework.label} has none")
+    if w.model.moe is None:
+        raise LmcalcError(f"{flag} overlaps the expert all-to-alls: {w.model.name} is dense")
+    if w.recompute == "full" or w.recompute == "selective" and "moe" in w.recompute_modules:
+        raise LmcalcError(f"{flag} runs without full recomputation and without the MoE layer recomputed")
+    if w.precision.param_bytes != 2:
+        raise LmcalcError(f"{flag} needs a 16-bit model (Megatron-Core's bf16 or fp16)")
+    if layout.ep == 1:
+        raise LmcalcError(f"{flag} overlaps the expert all-to-alls: it needs EP > 1")
+    if layout.pp > 1 and layout.split.chunks == 1:
+        raise LmcalcError(f"{flag} with PP={layout.pp} needs the interleaved schedule ({setting('virtual_stages')} 2+)")
 
 
 def check_expert_grid(model: ModelSpec, layout: Layout) -> None:

@@ -153,6 +153,8 @@ def _search_space(base: Workload, cluster: Cluster, pins: Pins) -> _SearchSpace:
     )
     zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_MODES)
+    if base.moe_a2a_overlap and not pins.recompute:  # Megatron-Core runs the overlap without full recomputation
+        recomputes.remove("full")
     units = model.num_layers + pins.split.units  # what the chunks share
     pinned_interleaved = pins.schedules == ("interleaved",)
     splits_1f1b = {pp: _stage_splits(base, pp, pins) if "1f1b" in pins.schedules else [] for pp in pps}

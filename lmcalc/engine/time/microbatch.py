@@ -39,6 +39,7 @@ from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import Mix, StageLayers, Stages, block_recomputed, split_stage_layers
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import collective_time, group_time, intra_link
+from lmcalc.engine.time.ep_overlap import MOE_LAYER, MoePhases, forward_share, paired_exposure, routed_work
 from lmcalc.engine.time.kernels import StageWork, stage_work
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import AttentionKernel
@@ -138,6 +139,7 @@ class MicroBatchTime(NamedTuple):
     busy: float  # compute and the exposed collectives
     total: float  # the longer of busy and the host's time to issue the micro-batch
     host: float  # host time not hidden behind the GPU's: total − busy
+    ep_alone: float  # the expert all-to-alls its passes leave exposed where no other micro-batch's run beside them
 
 
 @functools.lru_cache(maxsize=1 << 17)
@@ -203,11 +205,16 @@ def micro_batch_time(
     else:
         tp_mb = tp_forward + tp_backward
     a2a = (4 * built.moe + 2 * moe_redone) * layer.ep_one
-    ep_mb = max(0.0, a2a - compute) if speed.moe_overlap else a2a
+    if speed.moe_overlap:  # DualPipe: behind the whole of another micro-batch's compute
+        ep_mb = max(0.0, a2a - compute)
+    elif layer.moe_phases is not None:  # Megatron-Core's combined 1F1B, phase by phase (engine.time.ep_overlap)
+        ep_mb = built.moe * paired_exposure(layer.moe_phases, layer.ep_one)
+    else:
+        ep_mb = a2a
     cp_mb = max(0.0, built.layers * layer.cp_per_layer - times.attention)
     busy = compute + tp_mb + ep_mb + cp_mb
     per_micro_batch = max(busy, operations * speed.host_seconds_per_op)
-    return MicroBatchTime(times, compute, tp_mb, ep_mb, cp_mb, busy, per_micro_batch, per_micro_batch - busy)
+    return MicroBatchTime(times, compute, tp_mb, ep_mb, cp_mb, busy, per_micro_batch, per_micro_batch - busy, a2a)
 
 
 class LayerTimes(NamedTuple):
@@ -224,6 +231,7 @@ class LayerTimes(NamedTuple):
     etp_one: float  # the expert TP group's gather and reduce-scatter of a layer's routed tokens, one pass
     ep_one: float  # one expert all-to-all of a layer's routed tokens
     cp_per_layer: float  # a layer's context-parallel ring passes of K and V
+    moe_phases: MoePhases | None = None  # an MoE layer's work as the all-to-all overlap pairs it (moe_a2a_overlap)
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -242,6 +250,7 @@ def layer_times(w: Workload, grid: Grid, machine: rates.Machine) -> LayerTimes:
         unit(0, 0, False, True, without_experts),
         unit(0, 0, True, True, without_experts),
         *_layer_collectives(w, grid, machine.cluster),
+        moe_phases(w, grid, hardware, calibration) if w.moe_a2a_overlap and w.model.moe else None,
     )
 
 
@@ -287,6 +296,20 @@ def unit_kernel_times(
     kernel = w.framework.speed.attention_kernel if w.attention == "flash" else "eager"
     e = w.precision.activation_bytes
     return kernel_times(work, hardware, w.precision.compute_dtype, kernel, e, calibration), work.operations
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def moe_phases(w: Workload, grid: Grid, hardware: HardwareSpec, calibration: rates.Calibration) -> MoePhases:
+    """One MoE layer's kernels as the all-to-all overlap's phases split them (``ep_overlap.MoePhases``): timed as
+    ``unit_kernel_times`` times the layer, the memory-bound kernels shared between forward and backward by the bytes
+    each moves, and the routed experts' GEMMs timed alone."""
+    layer, _ = unit_kernel_times(w, grid, MOE_LAYER, hardware, calibration)
+    work = stage_work(w, grid, MOE_LAYER)
+    forward = layer.gemm_forward + layer.attention_forward + layer.memory * forward_share(work)
+    kernel = w.framework.speed.attention_kernel if w.attention == "flash" else "eager"
+    e, dtype = w.precision.activation_bytes, w.precision.compute_dtype
+    experts = kernel_times(routed_work(w.model, work), hardware, dtype, kernel, e, calibration)
+    return MoePhases.of(forward, layer.total, experts.gemm_forward, experts.gemm_input_grad + experts.gemm_weight_grad)
 
 
 @functools.lru_cache(maxsize=1 << 14)

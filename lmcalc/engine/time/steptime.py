@@ -48,6 +48,7 @@ from lmcalc.engine.parallel.sharding import (
 from lmcalc.engine.parallel.states import optimizer_bytes_per_param
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import group_time
+from lmcalc.engine.time.ep_overlap import unpaired_micro_batches
 from lmcalc.engine.time.kernels import kernel_workload, workload_redone
 from lmcalc.engine.time.microbatch import MicroBatchTime, block_layers, micro_batch_time, stage_micro_batches
 from lmcalc.engine.workload import Workload
@@ -129,7 +130,13 @@ class StepTime:
     memory = _OverMicroBatches("kernels.memory")
     host = _OverMicroBatches("host", "Host time not hidden behind the GPU's.")
     tp = _OverMicroBatches("tp")
-    ep = _OverMicroBatches("ep")
+
+    @property
+    def ep(self) -> float:
+        """The expert all-to-alls exposed: each micro-batch's, and where Megatron-Core's overlap pairs the passes,
+        what its unpaired ones expose beyond (``StageStep.ep_unpaired``)."""
+        return self.slowest.grad_accum * self.slowest.micro_batch.ep + self.slowest.ep_unpaired
+
     cp = _OverMicroBatches("cp")
 
     @property
@@ -304,6 +311,7 @@ class StageStep(NamedTuple):
     zero: float
     optimizer: float
     total: float  # seconds: the parts above, added in ``slowest_stage``
+    ep_unpaired: float = 0.0  # all-to-alls the overlap's unpaired passes expose beyond the paired (ep_overlap)
 
 
 @functools.lru_cache(maxsize=16)  # the planner tries a layout's recomputation modes one after the other
@@ -337,13 +345,16 @@ def slowest_stage(w: Workload, layout: Layout, machine: rates.Machine, efficienc
         bubble = bubble_share * mb.total if p > 1 else 0.0
         dp_time, zero_time = _exposed_traffic(traffic, mb, m, zero, replicas, speed)
         zero_time += m * traffic.fetch  # offloaded weights come over the host link, not overlapped (finetune.offload)
+        unpaired = unpaired_micro_batches(layout, stage) * (mb.ep_alone - mb.ep) if w.moe_a2a_overlap else 0.0
         # the step: m micro-batches (compute, host, TP, EP, CP), then pipeline sends, bubble, DP, ZeRO, optimizer
         total = (
             m * mb.compute + m * mb.host + m * mb.tp + m * mb.ep + m * mb.cp + pp_p2p + bubble + dp_time + zero_time
-            + traffic.optimizer
+            + traffic.optimizer + unpaired
         )  # fmt: skip
         if slowest is None or total > slowest_total:  # the first of equally slow stages
-            slowest = StageStep(stage, built, mb, m, pp_p2p, bubble, dp_time, zero_time, traffic.optimizer, total)
+            slowest = StageStep(
+                stage, built, mb, m, pp_p2p, bubble, dp_time, zero_time, traffic.optimizer, total, unpaired
+            )
             slowest_total = total
     assert slowest is not None  # every layout has a first stage
     return slowest

@@ -23,8 +23,9 @@ ZERO_GATHER_FORMULA = {
 }
 
 
-def speed_text(speed: SpeedRule) -> str:
-    """What the framework profile hides behind computation, in words (the plan's stated assumptions)."""
+def speed_text(speed: SpeedRule, a2a_overlap: bool = False) -> str:
+    """What the framework profile hides behind computation, in words (the plan's stated assumptions); ``a2a_overlap``:
+    the workload's Megatron-Core all-to-all overlap (``Workload.moe_a2a_overlap``)."""
     tp = {
         "none": "TP collectives exposed",
         "backward": "TP collectives of the backward pass behind its GEMMs",
@@ -41,7 +42,11 @@ def speed_text(speed: SpeedRule) -> str:
         dp,
         "ZeRO gathers prefetched" if speed.param_gather_overlap else "ZeRO gathers exposed",
         "pipeline sends overlapped" if speed.pp_overlap else "pipeline sends exposed",
-        "expert all-to-alls overlapped (DualPipe)" if speed.moe_overlap else "expert all-to-alls exposed",
+        "expert all-to-alls overlapped (DualPipe)"
+        if speed.moe_overlap
+        else "expert all-to-alls overlapped phase by phase (combined 1F1B)"
+        if a2a_overlap
+        else "expert all-to-alls exposed",
         f"host {speed.host_seconds_per_op * 1e6:g} µs per GPU operation",
     ]
     return "; ".join(parts)
@@ -164,13 +169,7 @@ def _communication_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
             "micro-batches · layers · (2 forward + 2 backward, + 1 with sequence parallelism, + 2 with full "
             "recompute) · all-reduce(s·b·h), less what hides behind the GEMMs",
         ),
-        Term(
-            "ep",
-            "Expert all-to-alls (exposed)",
-            t.ep,
-            "s",
-            "micro-batches · MoE layers · 4 · all-to-all(k copies of s·b·h), node-limited routing",
-        ),
+        _ep_term(t, layout),
         Term(
             "cp",
             "Context-parallel K/V exchange (exposed)",
@@ -201,6 +200,26 @@ def _communication_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
             "s",
             ZERO_GATHER_FORMULA[layout.zero if layout.data_replicas > 1 else 0],
         ),
+    )
+
+
+def _ep_term(t: StepTime, layout: Layout) -> Term:
+    """The expert all-to-alls: exposed whole, or as Megatron-Core's overlap leaves them (engine.time.ep_overlap)."""
+    plain = "micro-batches · MoE layers · 4 · all-to-all(k copies of s·b·h), node-limited routing"
+    if not t.workload.moe_a2a_overlap:
+        return Term("ep", "Expert all-to-alls (exposed)", t.ep, "s", plain)
+    m, step = layout.grad_accum, t.slowest
+    return Term(
+        "ep",
+        "Expert all-to-alls (exposed)",
+        t.ep,
+        "s",
+        "micro-batches · MoE layers · [max(0, a − F_o) + max(0, 2a − E_f − E_b) + max(0, a − B_o)] + unpaired "
+        "micro-batches · (4a · MoE layers − the same); a: one all-to-all, F_o, B_o: a layer's work outside the "
+        "routed experts, E_f, E_b: theirs (the overlap's three phases)",
+        f"{m} × {step.micro_batch.ep:.4g} s + {step.ep_unpaired:.4g} s; each micro-batch alone "
+        f"{step.micro_batch.ep_alone:.4g} s",
+        source="Megatron-Core combined_1f1b.py, model_chunk_schedule_plan.py (--overlap-moe-expert-parallel-comm)",
     )
 
 
