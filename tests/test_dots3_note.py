@@ -165,3 +165,13 @@ def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
     for estimate, more in ((api.plan, {"gpus": "8xH100"}), (api.memory, {"method": "lora"})):
         with pytest.raises(LmcalcError, match="dots.3 Note's MLA of two widths"):
             estimate(model=str(path), **more)
+
+
+def test_tensor_parallelism_must_split_the_sliding_window_layers_heads_too():
+    # the tiny model's global layers have 4 heads, its sliding-window layers 2: TP 4 splits the one, not the other
+    from lmcalc.engine.parallel.layout import check_tp_heads
+
+    spec = spec_of(TINY)
+    check_tp_heads(spec, 2)
+    with pytest.raises(LmcalcError, match="TP=4 does not divide the 2 heads of .* sliding-window layers"):
+        check_tp_heads(spec, 4)

@@ -41,6 +41,11 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
     if model.num_heads % tp:
         raise LmcalcError(f"TP={tp} does not divide the {model.num_heads} attention heads of {model.name}")
     if model.mla:
+        local = model.mla.local  # dots.3 Note's sliding-window layers: MLA of their own heads
+        if local is not None and local.heads % tp:
+            raise LmcalcError(
+                f"TP={tp} does not divide the {local.heads} heads of {model.name}'s sliding-window layers"
+            )
         return
     g = model.global_attention  # a local layer's own KV heads (MiMo-V2-Flash), a global one's (Gemma 4)
     for kv in sorted({model.kv_heads, model.local_kv_heads or model.kv_heads, (g and g.kv_heads) or model.kv_heads}):
