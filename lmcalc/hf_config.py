@@ -22,6 +22,8 @@ from typing import Any
 from lmcalc.errors import LmcalcError, token
 from lmcalc.hf_attention import cpmant, indexer, laguna, modernbert
 from lmcalc.hf_blocks import MAMBA_STACKS, mamba_stack, nemotron_h, recurrent_gemma, rwkv, xlstm, zamba, zamba2
+from lmcalc.hf_blt import KIND as BLT
+from lmcalc.hf_blt import blt_config
 from lmcalc.hf_compressed import deepseek_v4
 from lmcalc.hf_defaults import ATTRIBUTE_MAPS, BUILDS_AS, CLASS_DEFAULTS, DECODER_TYPES
 from lmcalc.hf_dots import KIND as DOTS3
@@ -93,7 +95,7 @@ GPT_FAMILY = ("gpt2", "gpt_bigcode", *PARALLEL_GELU, "gpt_neox", "falcon", "bloo
               "dbrx", "openai-gpt", "ctrl", "xglm", "gpt_neox_japanese", "git")  # fmt: skip
 """The types ``hf_gpt`` reads."""
 SUPPORTED = (*GPT_FAMILY, *LLAMA_LIKE, *SINGLE_BLOCKS, "rwkv", "recurrent_gemma", "deepseek_v4", "zamba", "zamba2",
-             "xlstm", "cpmant")  # fmt: skip
+             "xlstm", "cpmant", BLT)  # fmt: skip
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_5": "qwen3_5_text",
               "qwen3_5_moe": "qwen3_5_moe_text", "emu3": "emu3_text_model", "gemma4": "gemma4_text",
               "gemma4_unified": "gemma4_unified_text", "gemma3n": GEMMA3N, "mllama": MLLAMA}  # fmt: skip
@@ -441,6 +443,9 @@ def _read(config: dict[str, Any], name: str, origin: str) -> dict[str, Any]:
     check_layer_count(text, origin)
     kind = BUILDS_AS.get(kind, kind)  # exaone builds LlamaForCausalLM: read as llama from here on
     drafter = str(config.get("model_type", "")).lower() in DRAFTERS  # its text model between projections of its own
+    if kind == BLT:  # its local decoder as a Mistral-like model, beside its encoder, global transformer and patcher
+        local, byte_latent = blt_config(text, origin)
+        return _llama_like(local, "mistral", _common(local, "mistral", name, origin), origin) | byte_latent
     towers = (multimodal and not drafter) or kind == "phi4_multimodal"  # Phi-4-multimodal's encoders are inside
     fields = _common(text, kind, name, origin) | (vision_fields(config, text) if towers else {})
     if drafter:  # Gemma4AssistantConfig: every layer shares the backbone's K and V unless the file says how many

@@ -15,6 +15,7 @@ from typing import Any, Literal, Self
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
+from lmcalc.byte_specs import ByteLatentSpec, ByteStackSpec
 from lmcalc.errors import as_given
 from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_kinds import LayerKinds
@@ -80,7 +81,7 @@ from lmcalc.spec_base import (
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "BranchConvSpec",
            "CcaSpec", "ComputeDtype", "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec",
            "SharedBlockSpec", "CrossAttentionSpec", "DeltaNetSpec", "DrafterSpec", "Dimension", "DropoutSite",
-           "FfnKind", "GlobalAttentionSpec",
+           "FfnKind", "GlobalAttentionSpec", "ByteLatentSpec", "ByteStackSpec",
            "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
            "LightningSpec", "LocalMLASpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
            "PerLayerInputSpec", "PromptSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
@@ -332,6 +333,7 @@ class ModelSpec(LayerKinds, NamedSpec):
     branch_convs: BranchConvSpec | None = Field(None, description="short convolutions, relative logits (Inkling)")
     global_scales: StrictBool = Field(False, description="a learned scalar on each dense MLP and router (Inkling's)")
     drafter: DrafterSpec | None = Field(None, description="a speculative-decoding drafter (Gemma 4's assistants)")
+    byte_latent: ByteLatentSpec | None = Field(None, description="BLT's encoder, global transformer and patcher")
     head_vocab: Dimension | None = Field(None, description="the head's rows where fewer than the embedding's "
                                          "(Inkling 2's unpadded_vocab_size); None: vocab_size")  # fmt: skip
     mixer_only_layer_ids: tuple[LayerIndex, ...] = Field(
@@ -460,6 +462,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             or self.cca
             or self.branch_convs
             or self.drafter
+            or self.byte_latent
             or (self.mla is not None and (self.mla.local is not None or self.mla.rope_key_norm))  # dots.3 Note's
         ):
             return COMPRESSED_COUNTED_ONLY

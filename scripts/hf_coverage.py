@@ -68,10 +68,7 @@ BUILD_FIELDS: dict[str, dict[str, Any]] = {
 """Fields a type's class defaults leave empty and transformers needs to build the model at all."""
 
 
-NEEDS: dict[str, str] = {
-    "blt": "Byte Latent Transformer: byte-level local encoder and decoder around a global transformer over patches, "
-    "with hashed n-gram embeddings",
-}
+NEEDS: dict[str, str] = {}
 """What each type lmcalc does not read yet needs that the engine lacks (docs/hf-types.md's last section)."""
 
 
@@ -217,12 +214,17 @@ def page(cases: list[Case]) -> str:
     lines += [f"| `{c.kind}` | {c.name} | {c.outcome} | {c.detail.replace('|', '/')} |" for c in cases]
     refused = sorted({c.kind for c in cases if c.outcome == "refused"})
     lines += ["", "## What the refused types need", "",
-              "Each type above that lmcalc refuses has a mechanism the engine does not model yet. Refusing it, in one "
-              "line, is deliberate: a count or an estimate by the nearest model lmcalc knows would be wrong without "
-              "saying so. Where transformers is installed, `lmcalc params` counts these on the meta device, and says "
-              "which estimates that count can feed.", "",
-              "| type | what it needs |", "|---|---|"]  # fmt: skip
-    lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
+              "A type lmcalc cannot model yet is refused in one line, deliberately: a count or an estimate by the "
+              "nearest model lmcalc knows would be wrong without saying so. Where transformers is installed, "
+              "`lmcalc params` counts such a type on the meta device, and says which estimates that count can "
+              "feed."]  # fmt: skip
+    if refused:
+        lines += ["", "| type | what it needs |", "|---|---|"]
+        lines += [f"| `{kind}` | {NEEDS.get(kind, 'not yet described')} |" for kind in refused]
+    else:  # every type transformers builds is read: only its unbuilt ones (a config.json that builds) reach the count
+        lines += ["", "None is refused: every type transformers 5.24 builds in these cases is read. A config.json of "
+                  "a type none of whose cases transformers builds at its defaults (the unbuilt rows above) is still "
+                  "counted on the meta device where the file's own fields let transformers build it."]  # fmt: skip
     lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
               "Llama 3.2 Vision's text model (`mllama`), RWKV-4 (`rwkv`), RecurrentGemma (`recurrent_gemma`) and "
               "xLSTM (`xlstm`) are "
@@ -242,9 +244,9 @@ def page(cases: list[Case]) -> str:
               "Dory (`dory`), HRM (`hrm_text`), CPM-Ant (`cpmant`), GIT (`git`), ZAYA (`zaya`), Inkling's and "
               "Inkling 2's text models (`inkling_text`, `inkling2_text`, and Inkling 2's looped one, "
               "`inkling2_loop_text`), dots.3 Note's (`dots3_note_text`, and "
-              "the `dots3_note` wrapper's) and Gemma 4's drafters "
+              "the `dots3_note` wrapper's), the Byte Latent Transformer (`blt`) and Gemma 4's drafters "
               "(`gemma4_unified_assistant`, `gemma4_assistant`) are read exactly too, and taken by the same four "
-              "(formulas §2.24 to §2.28, §2.30 to §2.36 and §11. "
+              "(formulas §2.24 to §2.28, §2.30 to §2.37 and §11. "
               "DeepSeek-V4: "
               "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
               "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
@@ -261,7 +263,12 @@ def page(cases: list[Case]) -> str:
               "looped model a section run in passes that read the previous pass through message queries and gates. "
               "dots.3 "
               "Note: MLA whose sliding-window layers have heads and ranks of their own, a norm on the RoPE key, a "
-              "gate a head, DeepSeek sparse attention's indexer in the other layers. Gemma "
+              "gate a head, DeepSeek sparse attention's indexer in the other layers. BLT: a byte-level local "
+              "encoder (each byte's embedding plus hashed n-gram embeddings) and decoder around a global transformer "
+              "over patches, cross-attention between bytes and patches each way, and a frozen entropy model run "
+              "forward to cut the patches; FLOPs on s bytes in s + 1 patches, as transformers cuts them without a "
+              "trained entropy model; the cache, every byte's K and V in the local layers, to what transformers keeps "
+              "when given one (5.24 builds none of its own). Gemma "
               "4's drafters: every layer attends with the backbone's K and V, between projections from and to its "
               "width). Training memory, "
               "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "

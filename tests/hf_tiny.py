@@ -323,6 +323,22 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
                                                     shared_experts_intermediate_size=24, swa_num_attention_heads=2,
                                                     swa_num_key_value_heads=2, swa_q_lora_rank=32, swa_kv_lora_rank=24,
                                                     swa_head_dim=32, swa_qk_nope_head_dim=24, swa_v_head_dim=16)),
+    # BLT: bytes (260) through a local encoder of two layers (a cross-attention after each: each patch's k = 2 queries
+    # over its bytes), a global transformer of two layers at 96 over the patches (their 2 × 64 projected to 96), a
+    # local decoder of two layers (a cross-attention before the first alone); windows of 16; two hash tables of 64 rows;
+    # a frozen entropy model of one layer at 32 cutting the patches in the forward
+    "blt": ("BltConfig", dict(vocab_size=260, encoder_hash_byte_group_vocab=64, encoder_hash_byte_group_size=[3, 4],
+                              local_attention_window_len=16,
+                              patcher_config=dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=1,
+                                                  intermediate_size=48, sliding_window=16),
+                              encoder_config=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                                  num_hidden_layers=2, intermediate_size=96,
+                                                  cross_attn_all_layers=True),
+                              decoder_config=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                                  num_hidden_layers=2, intermediate_size=96, hidden_size_global=96,
+                                                  cross_attn_all_layers=False),
+                              global_config=dict(hidden_size=96, num_attention_heads=4, num_key_value_heads=2,
+                                                 num_hidden_layers=2, intermediate_size=128))),
     # ZAYA: CCA attention (4 heads and 2 KV heads of 16, convolutions of 2 taps each), every layer an MoE of 4
     # experts and a skip class behind an MLP router of 16, top 1
     "zaya": ("ZayaConfig", dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=1,

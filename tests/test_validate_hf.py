@@ -43,6 +43,8 @@ OFF_META = {
     "longcat_flash": "LongcatFlashExperts routes each expert's tokens with torch.where, which the meta device cannot "
     "run",
     "jetmoe": "JetMoeTopKGating sizes each expert's rows with tolist(), which the meta device has no values for",
+    "blt": "BltPatcher cuts the bytes into patches by its entropies, whose count (.item()) the meta device has no "
+    "values for",
 }
 """model_type: why transformers cannot count it on the meta device; test_what_meta_cannot_run_is_counted_on_the_cpu
 counts its tiny model's real step instead."""

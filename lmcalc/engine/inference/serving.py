@@ -44,6 +44,7 @@ from math import ceil
 
 from lmcalc.engine.inference.compressed_cache import CompressedCache, compressed_cache
 from lmcalc.engine.model.branch_convs import branch_conv_state
+from lmcalc.engine.model.byte_latent import byte_cache_elements, byte_cache_layers
 from lmcalc.engine.model.numerics import DTYPE_ALIASES, SERVING_DTYPES, dtype_bytes
 from lmcalc.engine.model.params import count_params
 from lmcalc.engine.model.prefix import prefix_tokens
@@ -78,6 +79,8 @@ def kv_elements_per_token_per_layer(spec: ModelSpec) -> float:
     g = spec.global_attention
     if g is not None:
         return (g.kv_heads or spec.kv_heads) * 2 * g.head_dim
+    if spec.byte_latent:  # BLT's local encoder's and decoder's layers, averaged
+        return byte_cache_elements(spec)
     if spec.compressed_attention:  # DeepSeek-V4's one key-value head, read as both K and V: cached once
         return spec.head_size
     if spec.mla:  # a global layer's: the indexer runs in none of the local ones (dots.3 Note's)
@@ -127,6 +130,8 @@ def kv_elements_per_token_per_layer_per_gpu(spec: ModelSpec, tp: int) -> float:
         return kv_heads_per_gpu(spec, tp, g.kv_heads or spec.kv_heads) * 2 * g.head_dim
     if spec.mla or spec.compressed_attention:  # the latent, or DeepSeek-V4's one head: whole on every rank
         return kv_elements_per_token_per_layer(spec)
+    if spec.byte_latent:  # BLT's encoder layers split as the decoder's
+        return kv_elements_per_token_per_layer(spec) * heads / spec.kv_heads
     return heads * (spec.qk_head_dim + spec.v_head_dim)
 
 
@@ -335,6 +340,8 @@ def cache_layers(spec: ModelSpec, local: bool | None) -> int:
     that attend with an earlier layer's K and V (Gemma 4's last ``kv_sharing.layers``), which cache nothing; and each
     use of a shared block (Zamba 2's), which caches its own K and V; of a looped model's runs, those that keep a
     cache (each, or each held layer's last: ``LayerReuseSpec.cached_runs``)."""
+    if spec.byte_latent:  # BLT's encoder and decoder layers, each keeping every byte whatever its window
+        return 0 if local else byte_cache_layers(spec)
     first_shared = spec.num_layers - (spec.kv_sharing.layers if spec.kv_sharing else 0)
     uses = spec.shared_block.uses if spec.shared_block and local is not True else 0
     cached = spec.layer_reuse.cached_runs if spec.layer_reuse else range(first_shared)

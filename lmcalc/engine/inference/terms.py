@@ -89,6 +89,12 @@ def _per_layer_formula(spec: ModelSpec, kv_bytes: float, heads: int) -> tuple[st
             f"(d_c + d_rope + d_I · L_I/{'L_global' if spec.local_layers else 'L'}) · bytes",
             f"({m.kv_lora_rank} + {m.qk_rope_head_dim} + {ix.head_dim} × {share}) × {kv_bytes:g} B",
         )
+    b = spec.byte_latent
+    if b is not None:  # BLT: the local encoder's layers and the decoder's, averaged
+        e, L = b.encoder, spec.num_layers
+        return ("(L_e · 2·H_kv,e·d_e + L_d · 2·H_kv·d)/(L_e + L_d) · bytes",
+                f"({e.layers} × 2×{e.kv_heads}×{e.head_dim} + {L} × 2×{spec.kv_heads}×{spec.head_size})/"
+                f"{e.layers + L} × {kv_bytes:g} B")  # fmt: skip
     if spec.mla:
         m = spec.mla
         return "(d_c + d_rope) · bytes", f"({m.kv_lora_rank} + {m.qk_rope_head_dim}) × {kv_bytes:g} B"
@@ -108,6 +114,11 @@ def _attention_kind(spec: ModelSpec) -> str:
         both = ", K = V: both cached, K normed with a weight and rotated, V normed without one" if g.k_eq_v else ""
         return (f"a global layer's K and V: {kv} KV heads of {g.head_dim}{both}; a local layer's {spec.kv_heads} of "
                 f"{spec.head_size}")  # fmt: skip
+    if spec.byte_latent:
+        return (
+            "BLT: K and V of every byte in the local encoder's and decoder's layers (transformers' DynamicLayer "
+            "keeps them all, past the window); the global transformer and the cross-attention cache nothing"
+        )
     if spec.compressed_attention:
         return (f"one key-value head of {spec.head_size} read as both K and V, cached once, in every layer's window; "
                 "the compressed layers' entries below")  # fmt: skip

@@ -24,6 +24,8 @@ from typing import NamedTuple
 from lmcalc.engine.choices import AttnConvention, Recompute
 from lmcalc.engine.model.attended import attended_keys, attended_widths, effective_keys, local_keys
 from lmcalc.engine.model.branch_convs import branch_conv_flops
+from lmcalc.engine.model.byte_latent import GROUPS as BYTE_LATENT_GROUPS
+from lmcalc.engine.model.byte_latent import byte_latent_flops, byte_latent_terms
 from lmcalc.engine.model.cca import cca_flops
 from lmcalc.engine.model.compressed_attention import compressed_terms, indexer_flops, stream_mixing_flops
 from lmcalc.engine.model.drafter import drafter_logits, forward_alone, frozen_inputs
@@ -57,20 +59,22 @@ class ForwardFlops:
     untrained: float = 0.0  # of the above, what runs without gradients (HRM's early runs, a drafter's post-projection)
     encoder: float = 0.0  # an image encoder's matmuls (GIT's), per text token
     stem: float = 0.0  # of the above, matmuls whose input needs no gradient (GIT's patch embedding, ZAYA's zero token)
+    byte_latent: float = 0.0  # BLT's encoder, global transformer over patches and cross-attention, per byte
+    byte_forward_only: float = 0.0  # BLT's entropy model and overwritten cross-attention: no gradients, per byte
 
     @property
     def forward_only(self) -> float:
         """What training runs forward alone: a sparse-attention indexer, and what runs without gradients."""
-        return self.indexer + self.untrained
+        return self.indexer + self.untrained + self.byte_forward_only
 
     @property
     def layers(self) -> float:
         core = self.attention_scores + self.attention_values
-        return self.projections + self.mlp + core + self.ssm + self.indexer + self.streams
+        return self.projections + self.mlp + core + self.ssm + self.indexer + self.streams + self.byte_latent
 
     @property
     def total(self) -> float:
-        return self.layers + self.logits + self.encoder
+        return self.layers + self.logits + self.encoder + self.byte_forward_only
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ def _forward_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention, pa
     tensors = weight_tensors(spec)
     shares = part.shares if part else (1,) * len(tensors)
     for t, share in zip(tensors, shares, strict=True):
-        if not t.matmul:
+        if not t.matmul or t.group in BYTE_LATENT_GROUPS:  # BLT's: by the bytes or patches each runs on (below)
             continue
         used = 2 * t.active_total * share
         if t.group in ("attention", "ssm", "shared_attention", "loop_messages"):  # the loop's gates: attention's inputs
@@ -132,6 +136,9 @@ def _forward_flops(spec: ModelSpec, seq_len: int, convention: AttnConvention, pa
         streams=streams + stream_mixing_flops(spec) * layer_share,
         stem=stem + frozen_inputs(spec, scores + values) * layer_share,  # a drafter's backbone inputs
     )
+    if spec.byte_latent:
+        trained, forward_only = byte_latent_flops(spec, seq_len, convention)
+        return replace(forward, byte_latent=trained, byte_forward_only=forward_only)
     if spec.drafter:  # post_projection and the clusters' scores: no gradient reaches them from the logits
         return replace(forward, untrained=forward_alone(spec) * layer_share)
     reuse = spec.layer_reuse  # runs without gradients: the average run's share (model_rules: every run alike)
@@ -305,6 +312,7 @@ def _forward_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention:
             f"2 × {spec.hidden_size} × {spec.vocab_size}",
         ),
         *encoder_terms(spec, fwd.encoder, seq_len),
+        *byte_latent_terms(spec, fwd.byte_latent, fwd.byte_forward_only, seq_len),
         Term(
             "forward_per_token",
             "Forward per token",
@@ -392,7 +400,8 @@ def _mixer_terms(spec: ModelSpec, fwd: ForwardFlops, seq_len: int, convention: A
 def _taken_back(fwd: ForwardFlops) -> tuple[str, str]:
     """What the training row takes back from 3 × forward: 2 × the forward of what runs without gradients, and the
     input gradient of a matmul whose input needs none (its forward once: GIT's patch embedding, ZAYA's zero token)."""
-    parts = [name for name, flops in (("indexer", fwd.indexer), ("no-gradient work", fwd.untrained)) if flops]
+    idle = fwd.untrained + fwd.byte_forward_only
+    parts = [name for name, flops in (("indexer", fwd.indexer), ("no-gradient work", idle)) if flops]
     formula = f" − 2 · ({' + '.join(parts)})" if len(parts) > 1 else f" − 2 · {parts[0]}" if parts else ""
     numbers = f" − 2 × {sci(fwd.forward_only, 4)}" if fwd.forward_only else ""
     if fwd.stem:

@@ -16,6 +16,8 @@ import functools
 from dataclasses import dataclass
 
 from lmcalc.engine.model.branch_convs import branch_conv_tensors
+from lmcalc.engine.model.byte_latent import LABELS as BYTE_LATENT_LABELS
+from lmcalc.engine.model.byte_latent import byte_latent_tensors
 from lmcalc.engine.model.cca import cca_tensors, mlp_router_tensors
 from lmcalc.engine.model.compressed_attention import compressed_attention_tensors, hyper_connection_tensors
 from lmcalc.engine.model.drafter import drafter_tensors
@@ -65,7 +67,7 @@ GROUPS = (
     "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "start_state", "attention", "indexer",
     "ssm", "hyper_connections", "shared_attention", "norm", "residual_scales", "loop_messages", "mlp", "shared_mlp",
     "router",
-    "experts", "shared_experts", "cross_attention", "head_transform", "drafter", "head",
+    "experts", "shared_experts", "cross_attention", "head_transform", "drafter", *BYTE_LATENT_LABELS, "head",
 )  # fmt: skip
 GROUP_LABELS = {
     "embedding": "Token embedding",
@@ -91,6 +93,7 @@ GROUP_LABELS = {
     "shared_experts": "Shared experts",
     "head_transform": "Head transform (dense and norm)",
     "head": "Output head (untied)",
+    **BYTE_LATENT_LABELS,
 }
 
 
@@ -269,7 +272,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
             tensors.append(tensor("router.output_bias", Site("router", n_moe, "L_moe"), (h,), False))
         if moe.output_norm:  # A.X K1: a norm on the experts' summed output, in each MoE layer
             tensors += norm("moe_output_norm", Site("norm", n_moe, "L_moe"), h, spec)
-    tensors += cross_attention_tensors(spec)
+    tensors += cross_attention_tensors(spec) + byte_latent_tensors(spec)  # BLT's beside its decoder's layers
     if not spec.post_norm:  # a post-norm model's last layer ends in its norm (GPT-1): none before the head
         tensors += norm("final_norm", Site("norm", 1, "1"), h, spec)
     if spec.head_transform:  # BERT's prediction-head transform: dense, activation, norm (ModernBERT's lm_head)
@@ -331,7 +334,7 @@ def count_params(spec: ModelSpec) -> ParamCount:
     unknown = spec.moe is not None and spec.moe.experts_per_token is None
     # a shared block's weights count once however often they run (Zamba 2: active G, count B)
     active = None if unknown else round(sum(min(t.active, t.count) * t.numel for t in tensors))
-    embedding = sum(by_group.get(g, 0) for g in ("embedding", "per_layer_embedding", "position"))
+    embedding = sum(by_group.get(g, 0) for g in ("embedding", "per_layer_embedding", "position", "hash_embedding"))
     return ParamCount(by_group=by_group, total=total, active=active, embedding=embedding)
 
 
