@@ -65,6 +65,8 @@ def test_class_defaults_equal_transformers():
     spec = spec_of({"model_type": "blt"})
     assert count_params(spec).total == 4_633_127_680
     assert count_params(spec).by_group["hash_embedding"] == 6 * 500_002 * 1_024
+    # Kaplan's N leaves out the hash tables with the byte embedding (260 × 1,024); the untied head stays in
+    assert count_params(spec).non_embedding == 4_633_127_680 - 6 * 500_002 * 1_024 - 260 * 1_024 == 1_560_849_152
     assert count_params(spec_of({"model_type": "blt", "patch_in_forward": False})).total == 4_633_127_680 - 99_512_064
 
 

@@ -430,7 +430,8 @@ def params_section(spec: ModelSpec) -> Section:
             "Non-embedding parameters",
             counts.non_embedding,
             "params",
-            f"total − token{', per-layer' if spec.per_layer_input else ''} and position embeddings",
+            f"total − token{', per-layer' if spec.per_layer_input else ''}{', hashed' if spec.byte_latent else ''} "
+            "and position embeddings",
             f"{group(counts.total)} − {group(counts.embedding)}",
             note="the N of Kaplan et al. 2020; the output head counts when untied",
         )
