@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
@@ -50,30 +51,66 @@ def run_balanced(
 ) -> list[T]:
     """``work(job)`` for each job below ``jobs``, in ``processes`` processes: this one and ``processes`` − 1 forked
     ones. Each takes the next job as it finishes its last, so with the largest jobs first they finish together. A
-    forked process sends its results back as ``pack`` makes them, read here by ``unpack``; this process's own results
-    are never sent. The results come in the jobs' order."""
+    forked process sends each job's result as ``pack`` makes it, from a thread of its own so that sending never holds
+    up its search, and this one reads them by ``unpack`` between its own jobs, so that little is left to read once
+    the last job is done; its own results are never sent. The results come in the jobs' order."""
     context = multiprocessing.get_context("fork")
     taken = context.Value("i", 0)  # the next job: shared, under its lock
 
-    def drain() -> list[tuple[int, T]]:
-        done: list[tuple[int, T]] = []
+    def drain(between: Callable[[], None]) -> Iterator[tuple[int, T]]:
         while True:
             with taken.get_lock():
                 job = taken.value
                 taken.value = job + 1
             if job >= jobs:
-                return done
-            done.append((job, work(job)))
+                return
+            yield job, work(job)
+            between()
 
     def child(send: Connection) -> None:
-        try:
-            outcome: tuple[bool, Any] = (True, [(job, pack(result)) for job, result in drain()])
-        except BaseException as exc:  # sent to the parent, which raises it as a search in one process would
-            outcome = (False, exc)
-        send.send(outcome)
-        send.close()
+        outbox: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
 
+        def post() -> None:
+            while (message := outbox.get()) is not None:
+                send.send(message)
+            send.close()
+
+        poster = threading.Thread(target=post)  # started in the child: nothing else runs in it to fork with
+        poster.start()
+        try:
+            for job, result in drain(lambda: None):
+                outbox.put(("job", (job, pack(result))))
+            outbox.put(("done", None))
+        except BaseException as exc:  # sent to the parent, which raises it as a search in one process would
+            outbox.put(("failed", exc))
+        outbox.put(None)
+        poster.join()
+
+    results: dict[int, T] = {}
     children: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+
+    def take_in(wait: bool) -> None:
+        """Read what the forked processes have sent: what has come, or (``wait``) all of it."""
+        for process, receive in list(children):
+            while wait or receive.poll():
+                try:
+                    kind, body = receive.recv()
+                except EOFError:
+                    process.join()
+                    raise LmcalcError(
+                        f"a search process ended without its results (exit code {process.exitcode}); "
+                        "the machine may be short of memory"
+                    ) from None
+                if kind == "failed":
+                    raise body
+                if kind == "done":
+                    children.remove((process, receive))
+                    process.join()
+                    break
+                job, packed = body
+                results[job] = unpack(packed)
+
+    forked_processes = []
     try:
         for _ in range(processes - 1):
             receive, send = context.Pipe(duplex=False)
@@ -81,22 +118,11 @@ def run_balanced(
             forked.start()
             send.close()
             children.append((forked, receive))
-        results = dict(drain())
-        for process, receive in children:
-            try:
-                ok, sent = receive.recv()
-            except EOFError:
-                process.join()
-                raise LmcalcError(
-                    f"a search process ended without its results (exit code {process.exitcode}); "
-                    "the machine may be short of memory"
-                ) from None
-            if not ok:
-                raise sent
-            results.update((job, unpack(packed)) for job, packed in sent)
-            process.join()
+            forked_processes.append(forked)
+        results.update(drain(lambda: take_in(wait=False)))
+        take_in(wait=True)
     finally:
-        for left, _ in children:
+        for left in forked_processes:
             if left.is_alive():
                 left.terminate()
                 left.join()
