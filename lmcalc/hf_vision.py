@@ -1,6 +1,6 @@
 """The vision tower of a multimodal config.json, counted beside its text model (never in it): Gemma 3's SigLIP
-encoder and projector, GIT's CLIP encoder and projection, Fuyu's linear patch embedding, tensor by tensor as
-transformers builds them. lmcalc estimates the language model's training; the tower is reported so that the total a
+encoder and projector, GIT's CLIP encoder and projection, GOT-OCR 2.0's SAM encoder and projector, Fuyu's linear patch
+embedding, tensor by tensor as transformers builds them. lmcalc estimates the language model's training; the tower is reported so that the total a
 model card gives can be reconciled with the text model's."""
 
 from __future__ import annotations
@@ -43,6 +43,32 @@ def clip_params(vision: dict[str, Any]) -> int:
     embeddings = h + vision.get("num_channels", 3) * patch * patch * h + ((image // patch) ** 2 + 1) * h
     layer = 2 * h + 4 * _linear(h, h) + 2 * h + _linear(h, f) + _linear(f, h)
     return embeddings + 2 * h + vision.get("num_hidden_layers", 12) * layer + 2 * h
+
+
+def sam_params(vision: dict[str, Any], text_hidden: int) -> int:
+    """GOT-OCR 2.0's image encoder and projector (GotOcr2VisionEncoder, GotOcr2MultiModalProjector; SAM's ViT, Kirillov
+    et al. 2023): a patch embedding (a strided convolution with a bias), one learned position per patch, pre-norm
+    layers (LayerNorms with biases, a fused qkv projection with biases where ``qkv_bias``, an output projection and a
+    GELU MLP with biases, and relative positions, 2·n − 1 rows of the head size for each axis, n the window or, in
+    the global layers, the patch grid), a neck (a 1 × 1 and a 3 × 3 convolution to C channels, no biases, each with a
+    LayerNorm), then the projector: two stride-2 3 × 3 convolutions, C → 2C → h_text, no biases, and an h_text linear
+    layer with a bias. Defaults are GotOcr2VisionConfig's (SAM ViT-B at 1024 pixels)."""
+    h, mlp, heads = vision.get("hidden_size", 768), vision.get("mlp_dim", 3072), vision.get("num_attention_heads", 12)
+    patch, image, c = vision.get("patch_size", 16), vision.get("image_size", 1024), vision.get("output_channels", 256)
+    grid, head = image // patch, h // heads
+    total = (
+        vision.get("num_channels", 3) * patch * patch * h
+        + h
+        + (grid * grid * h if vision.get("use_abs_pos", True) else 0)
+    )
+    globals_ = set(vision.get("global_attn_indexes", (2, 5, 8, 11)))
+    for i in range(vision.get("num_hidden_layers", 12)):
+        span = grid if i in globals_ else vision.get("window_size", 14)
+        relative = 2 * (2 * span - 1) * head if vision.get("use_rel_pos", True) else 0
+        total += 4 * h + _linear(h, 3 * h, vision.get("qkv_bias", True)) + _linear(h, h) + relative
+        total += _linear(h, mlp) + _linear(mlp, h)
+    neck = h * c + 2 * c + 9 * c * c + 2 * c
+    return total + neck + 9 * c * 2 * c + 9 * 2 * c * text_hidden + _linear(text_hidden, text_hidden)
 
 
 PHI4_VISION = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "image_size": 448,
@@ -95,6 +121,8 @@ def vision_params(config: dict[str, Any], text_hidden: int) -> int | None:
         frames = config.get("num_image_with_embedding") or 0
         width = vision.get("hidden_size", 768)
         return clip_params(vision) + _linear(width, text_hidden) + 2 * text_hidden + frames * width
+    if config.get("model_type") == "got_ocr2":
+        return sam_params(vision, text_hidden)
     if config.get("model_type") == "fuyu":  # FuyuModel's vision_embed_tokens: each patch's pixels, one linear layer
         patch, channels = config.get("patch_size") or 30, config.get("num_channels") or 3  # FuyuConfig's defaults
         whole = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (patch, channels, text_hidden))

@@ -368,11 +368,18 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
 """model_type: (transformers config class, the fields that differ from ``BASE``)."""
 VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=32,
               patch_size=8)  # fmt: skip
+SAM = dict(hidden_size=32, output_channels=16, num_hidden_layers=4, num_attention_heads=4, image_size=64, patch_size=16,
+           window_size=2, global_attn_indexes=[1, 3], mlp_dim=48)  # fmt: skip
+"""A tiny GOT-OCR 2.0 image encoder: a 4 × 4 patch grid, windows of 2 in layers 0 and 2, global attention in 1 and 3."""
+
 MULTIMODAL: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma3": ("Gemma3Config", "gemma3_text", dict(mm_tokens_per_image=4, vision_config=VISION)),
     "gemma3-no-head": ("Gemma3Config", "gemma3_text",
                        dict(mm_tokens_per_image=4, vision_config=VISION | dict(vision_use_head=False))),
     "fuyu": ("FuyuConfig", "persimmon", dict(patch_size=6, num_channels=3)),  # one linear layer of 6·6·3 pixels
+    "got_ocr2": ("GotOcr2Config", "qwen2", dict(vision_config=SAM)),  # SAM's encoder and GOT's projector
+    "got_ocr2-plain": ("GotOcr2Config", "qwen2", dict(vision_config=SAM | dict(qkv_bias=False, use_abs_pos=False,
+                                                                                use_rel_pos=False))),
 }  # fmt: skip
 """Multimodal configs: (config class, the text model's type in TINY, the wrapper's fields besides text_config)."""
 
