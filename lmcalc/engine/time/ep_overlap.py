@@ -1,6 +1,6 @@
 """Megatron-Core's expert all-to-all overlap (``--overlap-moe-expert-parallel-comm``, lmcalc's ``moe_a2a_overlap``):
 the combined 1F1B schedule, as NVIDIA/Megatron-LM runs it (megatron/core/pipeline_parallel/combined_1f1b.py,
-megatron/core/models/common/model_chunk_schedule_plan.py; docs/formulas.md §8.17).
+megatron/core/models/common/model_chunk_schedule_plan.py; docs/formulas.md §8.18).
 
 The schedule runs one micro-batch's forward pass beside another's backward pass, layer by layer: the forward of
 layer j of micro-batch i + 1 with the backward of a layer of micro-batch i. The all-to-alls run on a stream of their
@@ -19,11 +19,10 @@ phase                 compute stream                          all-to-all stream
 
 so a pair of MoE layers leaves max(0, a − F_o) + max(0, 2a − E_f − E_b) + max(0, a − B_o) of its all-to-alls
 exposed, where a is one all-to-all of the layer's routed tokens, F_o and B_o the layer's forward and backward work
-outside the routed experts, E_f and E_b the routed experts' (``paired_exposure``; ``engine.time.microbatch.moe_phases``
-times the four). The passes no other pass runs
-beside, the first forward and the last backward of each stage's step, leave theirs exposed whole
-(``unpaired_micro_batches``). What the overlap costs the computation (the SMs the communication kernels take) is
-not modelled.
+outside the routed experts, E_f and E_b the routed experts' (``paired_exposure``; ``microbatch.moe_phases`` times
+the four). The passes no other pass runs beside, the first forward and the last backward of each stage's step, leave
+theirs exposed whole (``unpaired_micro_batches``). What the overlap costs the computation (the SMs and the memory
+bandwidth the communication kernels take) is not modelled.
 """
 
 from __future__ import annotations
