@@ -1,7 +1,7 @@
 """The vision tower of a multimodal config.json, counted beside its text model (never in it): Gemma 3's SigLIP
 encoder and projector, GIT's CLIP encoder and projection, GOT-OCR 2.0's SAM encoder and projector, Fuyu's linear patch
-embedding, tensor by tensor as transformers builds them. lmcalc estimates the language model's training; the tower is reported so that the total a
-model card gives can be reconciled with the text model's."""
+embedding, tensor by tensor as transformers builds them. lmcalc estimates the language model's training; the tower is
+reported so that the total a model card gives can be reconciled with the text model's."""
 
 from __future__ import annotations
 

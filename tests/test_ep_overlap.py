@@ -121,3 +121,14 @@ def test_a_search_with_the_overlap_tries_only_what_megatron_core_runs():
         assert c.recompute != "full" and c.ep > 1 and (c.pp == 1 or c.layout.split.chunks > 1)
     with pytest.raises(LmcalcError, match="without full recomputation"):
         plan(qwen(mb=1), NODE, 64, Pins(recompute="full"))
+
+
+def test_full_recomputation_as_a_lever_turns_the_overlap_off():
+    from lmcalc.estimates.levers import fully_recomputed, unpulled
+
+    changes, w = fully_recomputed(qwen())
+    assert changes == (("recompute", "full"), ("moe_a2a_overlap", False))
+    assert w.recompute == "full" and not w.moe_a2a_overlap
+    check_layout(w, Layout(dp=8, ep=8), NODE)  # a run Megatron-Core launches
+    assert "--recompute full --no-moe-a2a-overlap" in [lever.text for lever in unpulled(qwen(), Layout(dp=8, ep=8))]
+    assert fully_recomputed(qwen(overlap=False))[0] == (("recompute", "full"),)

@@ -59,6 +59,14 @@ def _flagged(name: str, value: object) -> str:
     return f"--no-{flag(name)[2:]}" if value is False else f"{flag(name)} {value}"
 
 
+def fully_recomputed(w: Workload) -> tuple[tuple[tuple[str, object], ...], Workload]:
+    """Full recomputation as a lever: the change and the workload. Megatron-Core runs its all-to-all overlap without
+    it, so where the overlap is on the lever turns it off too."""
+    if w.moe_a2a_overlap:
+        return (("recompute", "full"), ("moe_a2a_overlap", False)), replace(w, recompute="full", moe_a2a_overlap=False)
+    return (("recompute", "full"),), replace(w, recompute="full")
+
+
 def _unquantised_experts(w: Workload, layout: Layout) -> Iterator[Lever]:
     """QLoRA on an MoE: the routed experts bitsandbytes leaves unquantised kept in the compute dtype, not cast to fp32
     (``--no-kbit-upcast``), which halves the largest part of such a run's memory (``method.quantised``)."""
@@ -103,7 +111,7 @@ def _candidates(w: Workload, layout: Layout, cluster: Cluster, named: bool) -> I
         if zero > layout.zero and layout.data_replicas > 1:
             yield _layout_lever((("zero", zero),), w, replace(layout, zero=zero), named)
     if w.recompute != "full":
-        yield Lever((("recompute", "full"),), replace(w, recompute="full"), layout)
+        yield Lever(*fully_recomputed(w), layout)
     yield from _unquantised_experts(w, layout)
     for tp in (2, 4, 8):
         if layout.tp < tp <= cluster.gpus_per_node:
@@ -126,13 +134,9 @@ def _candidates(w: Workload, layout: Layout, cluster: Cluster, named: bool) -> I
         regrouped = _regrouped(layout, tp=tp) if tp <= cluster.gpus_per_node else None
         if regrouped is not None and (tp > 1 or regrouped.data_replicas > 1):  # else: --recompute full alone
             together = replace(regrouped, zero=3, sequence_parallel=tp > 1)
-            changes = (
-                ("zero", 3),
-                ("recompute", "full"),
-                ("tp", tp),
-                *((("sequence_parallel", True),) if tp > 1 else ()),
-            )
-            yield _layout_lever(changes, replace(w, recompute="full"), together, named)
+            recomputed, full = fully_recomputed(w)
+            changes = (("zero", 3), *recomputed, ("tp", tp), *((("sequence_parallel", True),) if tp > 1 else ()))
+            yield _layout_lever(changes, full, together, named)
 
 
 def _takes(w: Workload, method: Method) -> bool:
@@ -147,15 +151,15 @@ def _takes(w: Workload, method: Method) -> bool:
 def _more_gpus(w: Workload, layout: Layout, capacity: float, named: bool) -> tuple[Lever, float] | None:
     """The fewest GPUs (DP doubled, TP, PP and CP kept) that fit under ZeRO-3 with full recomputation (more GPUs
     shard the states, not one sequence's activations), and what they need; None when the GPUs at hand do."""
-    full = replace(w, recompute="full")
-    here = _layout_lever((("zero", 3), ("recompute", "full")), full, replace(layout, zero=3), named)
+    recomputed, full = fully_recomputed(w)
+    here = _layout_lever((("zero", 3), *recomputed), full, replace(layout, zero=3), named)
     if here.memory() <= capacity:
         return None
     dp = layout.dp
     while dp * layout.tp * layout.pp * layout.cp < MOST_GPUS:
         dp *= 2
         more = replace(layout, dp=dp, zero=3)
-        lever = replace(_layout_lever((("zero", 3), ("recompute", "full")), full, more, named), gpus=more.gpus)
+        lever = replace(_layout_lever((("zero", 3), *recomputed), full, more, named), gpus=more.gpus)
         total = lever.memory()
         if total <= capacity:
             return lever, total
@@ -209,7 +213,7 @@ def unpulled(w: Workload, layout: Layout, named: bool = True) -> list[Lever]:
     if w.recompute == "none" and w.attention == "eager":
         levers.append(Lever((("recompute", "selective"),), replace(w, recompute="selective"), layout))
     if w.recompute != "full":
-        levers.append(Lever((("recompute", "full"),), replace(w, recompute="full"), layout))
+        levers.append(Lever(*fully_recomputed(w), layout))
     if w.micro_batch > 1:
         levers.append(Lever((("micro_batch", 1),), replace(w, micro_batch=1), layout))
     levers += _unquantised_experts(w, layout)

@@ -13,6 +13,7 @@ from lmcalc.engine.parallel.layout import Layout, check_layout
 from lmcalc.engine.search import maxparams as mp
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
+from lmcalc.estimates import levers as lever_rules
 from lmcalc.estimates.inputs import (
     DEFAULT_ATTENTION,
     DEFAULT_RECOMPUTE,
@@ -109,9 +110,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
     if w.recompute != "full":
         sections.append(_checkpointed(w, layout, capacity))
     if found_limits[0].value is None:  # not even one sequence fits: what would
-        from lmcalc.estimates.levers import levers_section
-
-        sections.append(levers_section(w, layout, cluster, capacity, setup.framework_named))
+        sections.append(lever_rules.levers_section(w, layout, cluster, capacity, setup.framework_named))
     inputs = (
         model_input(model, note),
         Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
@@ -229,7 +228,8 @@ def _checkpointed(w: Workload, layout: Layout, capacity: float) -> Section:
     lever fine-tuners pull first: each layer keeps only its input, and one layer is rebuilt at a time."""
     from lmcalc.engine.search import fit as fit_engine
 
-    setting_ = fit_engine.Setting(replace(w, recompute="full"), layout, capacity)
+    lever = lever_rules.Lever(*lever_rules.fully_recomputed(w), layout)  # the all-to-all overlap off with it
+    setting_ = fit_engine.Setting(lever.workload, layout, capacity)
     seq, batch = fit_engine.longest_sequence(setting_), fit_engine.largest_micro_batch(setting_)
     terms = []
     for key, label, unit, limit in (
@@ -243,12 +243,12 @@ def _checkpointed(w: Workload, layout: Layout, capacity: float) -> Section:
                 label,
                 limit.value or 0,
                 unit,
-                f"{flag('recompute')} full, every other setting as above; {where}",
+                f"{lever.text}, every other setting as above; {where}",
                 note=f"binding: {limit.binding}",
                 source=CHECKPOINTING,
             )  # fmt: skip
         )
-    return Section("checkpointed", f"With gradient checkpointing ({flag('recompute')} full)", tuple(terms))
+    return Section("checkpointed", f"With gradient checkpointing ({lever.text})", tuple(terms))
 
 
 # ------------------------------------------------------------------------------------------------- max-params
@@ -420,7 +420,8 @@ def _levers(part: str, stage: ZeroStage, workload_of: Callable[[int], Workload],
     them), then the optimizer offloaded. Each: its flags, the ZeRO stage, the workload and the cluster."""
     w = workload_of(stage)
     if part == "activations":
-        full: list[Lever] = [(f"{flag('recompute')} full", stage, replace(w, recompute="full"), cluster)]
+        recomputed = lever_rules.Lever(*lever_rules.fully_recomputed(w), None)  # and the overlap off
+        full: list[Lever] = [(recomputed.text, stage, recomputed.workload, cluster)]
         half: list[Lever] = [(f"{flag('seq')} {w.seq_len // 2}", stage, replace(w, seq_len=w.seq_len // 2), cluster)]
         return (full if w.recompute != "full" else []) + (half if w.seq_len > 1 else [])
     if part == "model states":

@@ -255,6 +255,7 @@ class WorkloadSettings(MethodSettings, total=False):
             "MoE: overlap the expert all-to-alls with another micro-batch's computation, one forward beside one "
             "backward, layer by layer (Megatron-Core's --overlap-moe-expert-parallel-comm, combined 1F1B): EP > 1, "
             "interleaved stages where PP > 1, no full recomputation.",
+            flags=("--moe-a2a-overlap/--no-moe-a2a-overlap",),
         ),
     ]
 
