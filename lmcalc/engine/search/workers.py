@@ -23,8 +23,9 @@ MAX_WORKERS = 8
 
 PARALLEL_FROM = 100_000
 """The layouts from which a search is worth splitting. In one process a search takes about 27 µs a layout (Llama
-3.1 405B on 16,384 H100: 21,060 in 0.57 s), so this size takes about 2.7 s; forking and sending back the figures
-of DeepSeek-V3's 833,964 took about 1.3 s in all (docs/performance.md), about 0.16 s at this size."""
+3.1 405B on 16,384 H100: 21,060 in 0.57 s), so this size takes about 2.7 s. Split in two, DeepSeek-V3's 833,964
+took 6.6 s where one process took 11.6 s (docs/performance.md): the fork, the figures sent back and the cache
+entries both processes make cost about 0.8 s of the 5 s saved, about 0.1 s at this size."""
 
 T = TypeVar("T")
 
