@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from lmcalc import presets as pr
-from lmcalc.engine.model.params import as_published, count_params, matches_published
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.model.published import as_published, matches_published, precision_text
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec
 from lmcalc.units import group
@@ -136,12 +137,10 @@ def _check_model(spec: ModelSpec, origin: str) -> CheckOutcome:
             origin,
             False,
             f"computed {counted} params != published {group(spec.published_params)}"
-            + (f" (to {digits} significant figures)" if digits else ""),
+            + (f" ({precision_text(spec)})" if digits else ""),
         )
     return CheckOutcome(
-        origin,
-        True,
-        f"valid; {counted} params = published" + (f" to {digits} significant figures" if digits else " exactly"),
+        origin, True, f"valid; {counted} params = published " + (precision_text(spec) if digits else "exactly")
     )
 
 

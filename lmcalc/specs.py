@@ -388,6 +388,11 @@ class ModelSpec(LayerKinds, NamedSpec):
     published_params_sig_figs: PositiveInt | None = Field(
         None, description="None: the published count is exact; else how many significant figures it has"
     )
+    published_params_rounding: Literal["nearest", "down"] = Field(
+        "nearest",
+        description="how the published figure was cut to its significant figures: rounded to the nearest, or cut "
+        "down (dots.llm1's 142B for 142.77 B, InternLM3's 8B for 8.80 B)",
+    )
     published_params_scope: Literal["total", "without_embeddings"] = Field(
         "total",
         description="what the published count counts: every parameter, or all but the token embedding and the "

@@ -14,7 +14,8 @@ import yaml
 
 from lmcalc import preset_files, presets
 from lmcalc.cli import main
-from lmcalc.engine.model.params import count_params, matches_published
+from lmcalc.engine.model.params import count_params
+from lmcalc.engine.model.published import matches_published
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec
 
@@ -328,3 +329,15 @@ def test_every_spec_reads_its_numbers_and_flags_strictly():
     # lists still read as the tuples a spec keeps, and a whole float as an int
     spec = presets.validate(ModelSpec, {**llama, "aliases": ["a"], "hidden_size": 4096.0}, "llama")
     assert spec.aliases == ("a",) and type(spec.hidden_size) is int
+
+
+def test_a_published_figure_cut_down_is_compared_cut_down():
+    # dots.llm1's report prints 142B for a count of 142,774,373,888: rounded, that is 143B; cut down, 142B
+    spec = presets.resolve_model("llama-3.1-8b").spec.model_copy(
+        update={"published_params": 142_000_000_000, "published_params_sig_figs": 3}
+    )
+    assert not matches_published(spec, 142_774_373_888)  # 1.43e11 to 3 figures, rounded
+    cut = spec.model_copy(update={"published_params_rounding": "down"})
+    assert matches_published(cut, 142_774_373_888)  # 142 | 774,373,888 cut off
+    assert matches_published(cut, 142_999_999_999) and not matches_published(cut, 143_000_000_000)
+    assert not matches_published(cut, 141_999_999_999)

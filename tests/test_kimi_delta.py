@@ -147,7 +147,7 @@ def test_a_count_published_without_the_embeddings_is_compared_so(capsys):
     # Kimi Linear's card says 48B: 49,122,675,072 less the embedding and the untied head, 2 · 163,840 · 2,304 =
     # 754,974,720, is 48,367,700,352, 48B to two figures; the whole count would be 49B
     from lmcalc.cli import main
-    from lmcalc.engine.model.params import as_published, matches_published
+    from lmcalc.engine.model.published import as_published, matches_published
 
     spec = resolve_model("kimi-linear-48b-a3b").spec
     total = count_params(spec).total

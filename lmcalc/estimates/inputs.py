@@ -18,7 +18,8 @@ from lmcalc.engine.choices import Attention, Recompute
 from lmcalc.engine.finetune.method import METHODS, NF4_BITS_PER_WEIGHT, Method, parse_targets
 from lmcalc.engine.finetune.offload import OFFLOAD_DEVICES, OFFLOAD_TARGETS, Offload
 from lmcalc.engine.model.palm import napkin_params
-from lmcalc.engine.model.params import as_published, count_params, matches_published, weight_tensors
+from lmcalc.engine.model.params import count_params, weight_tensors
+from lmcalc.engine.model.published import as_published, matches_published, precision_text
 from lmcalc.engine.parallel.sharding import trained_precision
 from lmcalc.engine.run.cost import DEFAULT_MFU
 from lmcalc.engine.run.optimal import TOKENS_PER_PARAM
@@ -346,7 +347,7 @@ def model_notes(model: ModelSpec, note: str) -> tuple[str, ...]:
         )
         notes.append(
             f"parameter count {group(total)}{scope} {verdict} the published {group(model.published_params)}"
-            f"{f' (to {digits} significant figures)' if digits else ''}"
+            f"{f' ({precision_text(model)})' if digits else ''}"
             + (f": {model.published_params_source}" if model.published_params_source else "")
         )
     return tuple(notes)

@@ -338,25 +338,6 @@ def count_params(spec: ModelSpec) -> ParamCount:
     return ParamCount(by_group=by_group, total=total, active=active, embedding=embedding)
 
 
-def as_published(spec: ModelSpec, total: int) -> int:
-    """``total`` as the published count counts: less the token embedding and an untied head, V·h each, where it
-    leaves them out (``published_params_scope``)."""
-    if spec.published_params_scope == "total":
-        return total
-    return total - spec.vocab_size * spec.hidden_size * (1 if spec.tied_embeddings else 2)
-
-
-def matches_published(spec: ModelSpec, total: int) -> bool:
-    """``total`` equals the published count, to the significant figures its source prints: both are rounded to that
-    precision, so a figure written out in full (PaLM's 540.35e9) and one written rounded (540e9) both match a
-    count of 540.35 B to 3 significant figures. A count published without the embeddings is compared with ``total``
-    less the token embedding and an untied head."""
-    digits, total = spec.published_params_sig_figs, as_published(spec, total)
-    if not digits or spec.published_params is None:
-        return total == spec.published_params
-    return f"{total:.{digits - 1}e}" == f"{spec.published_params:.{digits - 1}e}"
-
-
 def _group_formula(tensors: list[WeightTensor], active: str = "") -> tuple[str, str]:
     """The tensors' sum as a formula and with its numbers; ``active``: the symbol of the routed experts' copies one
     token uses, where the formula counts those (the active parameters)."""
