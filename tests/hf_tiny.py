@@ -489,7 +489,8 @@ def prefill_cache_bytes(config: dict[str, Any], batch: int = 2, tokens: int = 7,
 
 def check_counted_alone(directory: Any, config: dict[str, Any], total: int, refusal: str) -> None:
     """``config`` written to ``directory``: lmcalc params counts ``total``, flops and the serving memory run, and
-    training memory is refused in one line matching ``refusal`` (a type counted for those alone)."""
+    training memory, fine-tuning (LoRA) and the planner are refused in one line matching ``refusal`` (a type counted
+    for those alone)."""
     import json
 
     import pytest
@@ -502,5 +503,6 @@ def check_counted_alone(directory: Any, config: dict[str, Any], total: int, refu
     assert api.params(model=str(path)).total == total
     assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
     assert api.inference(model=str(path), context=64).memory.kv_cache > 0
-    with pytest.raises(LmcalcError, match=refusal):
-        api.memory(model=str(path))
+    for estimate, more in ((api.memory, {}), (api.memory, {"method": "lora"}), (api.plan, {"gpus": "8xH100"})):
+        with pytest.raises(LmcalcError, match=refusal):
+            estimate(model=str(path), **more)

@@ -113,14 +113,19 @@ def test_the_cache_holds_every_byte_of_the_local_layers(tmp_path):
     assert api.inference(model=str(path), context=40, batch=2, kv_dtype="fp32").memory.kv_cache == expected == 40_960
 
 
+def tiny_model(transformers, **options):  # noqa: ANN001, ANN201 (transformers and its model, imported by the test)
+    """TINY as transformers' BltForCausalLM builds it, on the CPU (``options``: ``from_config``'s)."""
+    config = {key: value for key, value in TINY.items() if key != "model_type"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.AutoModelForCausalLM.from_config(transformers.BltConfig(**config), **options)
+
+
 @pytest.mark.torch
 def test_the_cache_equals_transformers():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = {key: value for key, value in TINY.items() if key != "model_type"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.BltForCausalLM(transformers.BltConfig(**config)).eval()
+    model = tiny_model(transformers).eval()
     ids = torch.randint(1, 260, (2, 40))
     with torch.no_grad(), pytest.raises(AttributeError, match="num_hidden_layers"):
         model(input_ids=ids, use_cache=True)  # 5.24 builds no cache of its own (DynamicCache(config=BltConfig))
@@ -140,11 +145,7 @@ def test_a_step_with_the_entropy_model_equals_flop_counter_mode():
 
     # on the CPU (the meta device cannot cut patches: their count is data), eager attention (its two matmuls are the
     # fused kernel's FLOPs); the untrained entropy model's every byte exceeds the threshold: P = s + 1
-    config = {key: value for key, value in TINY.items() if key != "model_type"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(transformers.BltConfig(**config),
-                                                              attn_implementation="eager").train()  # fmt: skip
+    model = tiny_model(transformers, attn_implementation="eager").train()
     ids = torch.randint(0, 260, (1, 32))
     with FlopCounterMode(display=False) as counter:
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
@@ -178,7 +179,3 @@ def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
     from hf_tiny import check_counted_alone
 
     check_counted_alone(tmp_path, TINY, 211_712, "BLT's byte and patch transformers")
-    path = tmp_path / "config.json"
-    for estimate, more in ((api.plan, {"gpus": "8xH100"}), (api.memory, {"method": "lora"})):
-        with pytest.raises(LmcalcError, match="BLT's byte and patch transformers"):
-            estimate(model=str(path), **more)
