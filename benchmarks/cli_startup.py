@@ -1,6 +1,6 @@
 """Start-up cost of the accounting CLI against the libraries it cannot avoid, in one run.
 
-Runs three commands end to end, each in a fresh interpreter, interleaved with a bare
+Runs four commands end to end, each in a fresh interpreter, interleaved with a bare
 ``python -c "import typer, pydantic, rich, yaml"`` (the baseline), with the baseline plus pydantic's ``BaseModel``
 and rich's console and table (the floor), and with the floor plus ``pydantic.fields`` (which pydantic imports to define
 the first model with a field, and with it ``pydantic.types`` and ``annotated_types``: the floor of any command that
@@ -9,9 +9,11 @@ defines a spec and prints a table), and prints for each the median CPU time (use
 
 - ``lmcalc train-time --model llama-3-70b --gpus 1024xH100 --tokens 15T --mfu 0.5`` (an accounting command);
 - ``lmcalc --help``;
-- ``lmcalc memory -m llama-3.1-8b --gpus 8xH100`` (the memory engine and a framework profile).
+- ``lmcalc memory -m llama-3.1-8b --gpus 8xH100`` (the memory engine and a framework profile);
+- ``lmcalc params -m tests/data/hf/llama-3.1-8b/config.json`` (a Hugging Face config read and counted).
 
-Target (issue #28): CPU time <= 1.5x the baseline's for train-time and --help. CPU time is the figure compared: on a
+Targets: CPU time <= 1.5x the baseline's for train-time and --help (issue #28) and for params on a config.json
+(issue #31). CPU time is the figure compared: on a
 shared machine it moves less than wall time. The lmcalc measured is the one ``python -m lmcalc`` imports from the
 current directory. Run: python benchmarks/cli_startup.py [--repeats 21]
 """
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 LIBRARIES = "import typer, pydantic, rich, yaml"
 BASELINE = [sys.executable, "-c", LIBRARIES]
@@ -34,6 +37,7 @@ FLOOR = [sys.executable, "-c", f"{LIBRARIES}; from pydantic import BaseModel; im
 # What defining a model with a field adds to that (pydantic.fields, and through it pydantic.types and annotated_types).
 SPEC_FLOOR = [FLOOR[0], FLOOR[1], f"{FLOOR[2]}; import pydantic.fields"]
 LMCALC = [sys.executable, "-m", "lmcalc"]
+CONFIG = str(Path(__file__).resolve().parent.parent / "tests" / "data" / "hf" / "llama-3.1-8b" / "config.json")
 TRAIN_TIME = ["train-time", "--model", "llama-3-70b", "--gpus", "1024xH100", "--tokens", "15T", "--mfu", "0.5"]
 COMMANDS = {
     "baseline": BASELINE,
@@ -42,6 +46,7 @@ COMMANDS = {
     "train-time": [*LMCALC, *TRAIN_TIME],
     "--help": [*LMCALC, "--help"],
     "memory": [*LMCALC, "memory", "-m", "llama-3.1-8b", "--gpus", "8xH100"],
+    "params": [*LMCALC, "params", "-m", CONFIG],
 }
 LABELS = {
     "baseline": f"python -c '{LIBRARIES}'",
@@ -50,9 +55,10 @@ LABELS = {
     "train-time": "lmcalc train-time --model llama-3-70b --gpus 1024xH100 …",
     "--help": "lmcalc --help",
     "memory": "lmcalc memory -m llama-3.1-8b --gpus 8xH100",
+    "params": "lmcalc params -m tests/data/hf/llama-3.1-8b/config.json",
 }
 TARGET = 1.5
-TARGETED = ("train-time", "--help")
+TARGETED = ("train-time", "--help", "params")
 
 
 @dataclass(frozen=True)

@@ -421,8 +421,9 @@ class Resolved:
 
 
 def _resolve(kind: str, name: str, spec_type: type[S]) -> Resolved:
-    if spec_type is ModelSpec and "/" in name:  # org/name, and no such local file: a Hub id
-        from lmcalc import hub
+    local = name.endswith((".yaml", ".yml", ".json")) or Path(name).expanduser().exists()
+    if spec_type is ModelSpec and "/" in name and not local:  # org/name, and no such local file: a Hub id
+        from lmcalc import hub  # urllib and http.client: imported only when a name could be a Hub id
 
         if hub.is_hub_id(name):
             return Resolved(load_spec_file(hub.config_path(name), spec_type, hub_id=name), f"Hugging Face Hub: {name}")
