@@ -420,9 +420,18 @@ class Resolved:
     note: str = ""
 
 
+def _names_a_file(name: str) -> bool:
+    """Whether ``name`` is a preset file's or config.json's name, or a path that exists."""
+    if name.endswith((".yaml", ".yml", ".json")):
+        return True
+    try:
+        return Path(name).expanduser().exists()
+    except (OSError, ValueError):  # a name too long for a path, or with a NUL in it
+        return False
+
+
 def _resolve(kind: str, name: str, spec_type: type[S]) -> Resolved:
-    local = name.endswith((".yaml", ".yml", ".json")) or Path(name).expanduser().exists()
-    if spec_type is ModelSpec and "/" in name and not local:  # org/name, and no such local file: a Hub id
+    if spec_type is ModelSpec and "/" in name and not _names_a_file(name):  # org/name, and no such local file: a Hub id
         from lmcalc import hub  # urllib and http.client: imported only when a name could be a Hub id
 
         if hub.is_hub_id(name):
