@@ -3,7 +3,8 @@ GELU keeps its input (a kernel) or the intermediates of the ops it is written in
 output; ReLU keeps its output, which is the down projection's input too; squared ReLU keeps ReLU's output and the
 square. A gated MLP (SwiGLU, GeGLU) keeps the gate's and the up projection's outputs, the activation's output where
 the framework runs it unfused, and the product; gpt-oss's clamped SwiGLU, unfused, also the clamped gate, σ(α·g),
-g·σ(α·g) and up + 1. ``engine.memory.activations`` places these in a layer, dense or
+g·σ(α·g) and up + 1, and fused (Megatron-Core: the clamps and a concatenation run before the kernel, which keeps the
+clamped halves) the halves before the clamps too. ``engine.memory.activations`` places these in a layer, dense or
 routed (rows: the layer's tokens, or the experts' routed rows)."""
 
 from __future__ import annotations
@@ -68,12 +69,25 @@ def ffn_saved(w: Workload, rows: Dim, width: Dim, with_input: bool = True) -> li
             *(SavedTensor(label, inner, n, act) for label in ("clamped gate", "σ(α·gate)", "gate·σ(α·gate)", "up + 1")),
             SavedTensor("down projection input (product)", inner, n, act, for_weights=DOWN),
         ]
+    clamped = (  # Megatron-Core's fused path: the clamps before the kernel keep their input, the fc1 output
+        [
+            SavedTensor(
+                "gate and up outputs before the clamps (the clamps' inputs)",
+                f"{rows.symbol}·2·{width.symbol}",
+                2 * n,
+                act,
+            )
+        ]
+        if w.model.swiglu_limit and rule.gated == "fused"
+        else []
+    )
     if w.model.mlp_fp32 and rule.gated == "unfused" and not ops and w.model.activation not in relu:  # Beam
         return tensors + [
             *(SavedTensor(f"{label} (fp32 copy)", inner, n, 4) for label in [*labels, "up output", f"{fn}(gate)"]),
             SavedTensor("down projection input (product, cast back)", inner, n, act, for_weights=DOWN),
         ]
     return tensors + [
+        *clamped,
         *(SavedTensor(label, inner, n, act) for label in labels),
         SavedTensor("up output", inner, n, act),
         *(

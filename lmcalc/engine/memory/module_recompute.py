@@ -13,9 +13,10 @@ multi_latent_attention.py; the Transformer Engine layer specs in megatron/core/m
 * ``shared_experts``: the shared experts' MLP (and their gate) under a checkpoint whose input, the norm's output, the
   router keeps anyway;
 * ``moe_act``, ``layernorm``, ``mla_up_proj``: output-discarding checkpoints (``CheckpointWithoutOutput``): the routed
-  experts' activation output (the second linear's input), a norm's output where the norm is a module of its own (an
-  MoE layer's, and multi-head latent attention's input norm; elsewhere Transformer Engine fuses it into the next
-  linear and the module is an ``IdentityOp``), and multi-head latent attention's up-projected Q, K and V.
+  experts' activation output (the second linear's input; for a clamped SwiGLU the clamps' inputs too), a norm's
+  output where the norm is a module of its own (an MoE layer's, and multi-head latent attention's input norm;
+  elsewhere Transformer Engine fuses it into the next linear and the module is an ``IdentityOp``), and multi-head
+  latent attention's up-projected Q, K and V.
 
 What a module drops comes back in its own backward: the largest such set of a layer is held there (``rebuilt``).
 """
@@ -40,12 +41,18 @@ def module_dropped(w: Workload, tensors: tuple[SavedTensor, ...], moe_layer: boo
             or ("mlp" in modules and mlp_half and not moe_layer)
             or ("moe" in modules and mlp_half and moe_layer and not _kept_beside_moe(t))
             or ("shared_experts" in modules and moe_layer and _shared_expert(t))
-            or ("moe_act" in modules and moe_layer and t.symbol.startswith("k·s·b") and "(product)" in t.label)
+            or ("moe_act" in modules and moe_layer and t.symbol.startswith("k·s·b") and _activation_kept(t))
             or ("layernorm" in modules and _separate_norm_output(t, moe_layer, mla))
             or ("mla_up_proj" in modules and mla and t.label in MLA_UP)
         ):
             dropped.add(t)
     return dropped
+
+
+def _activation_kept(t: SavedTensor) -> bool:
+    """What the routed experts' activation checkpoint drops: its output (the second linear's input) and, for a
+    clamped SwiGLU, the clamps' inputs (the checkpoint keeps the first linear's output once, as its own input)."""
+    return "(product)" in t.label or "the clamps' inputs" in t.label
 
 
 def _kept_beside_moe(t: SavedTensor) -> bool:

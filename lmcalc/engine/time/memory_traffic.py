@@ -18,6 +18,15 @@ from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.workload import Workload
 
+CLAMP_FORWARD = 8
+"""Passes over a clamped SwiGLU's inner width (in its dtype) that the clamps add forward: Megatron-Core's
+``weighted_bias_quick_geglu_impl`` clamps the gate and the up halves and concatenates them before its fused kernel
+(read 1 write 1 each, then read 2 write 2: megatron/core/fusions/fused_bias_geglu.py); Hugging Face's
+``GptOssExperts`` clamps both and makes α·g and up + 1 op by op (the same 8)."""
+CLAMP_BACKWARD = 10
+"""And backward: each clamp's gradient reads its input and the incoming gradient and writes its own (3 + 3), and the
+two halves' gradients are concatenated (read 2 write 2)."""
+
 
 @dataclass(frozen=True)
 class StageShape:
@@ -78,6 +87,7 @@ def memory_bound_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     _rotary_traffic(s, traffic)
     _layout_copy_traffic(s, traffic)
     _mlp_activation_traffic(s, traffic)
+    _expert_bias_traffic(s, traffic)
     _moe_permute_traffic(s, traffic)
     _loss_traffic(s, traffic)
     _embedding_traffic(s, traffic)
@@ -139,25 +149,40 @@ def _layout_copy_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 
 
 def _mlp_activation_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
-    """The MLP activation, per element of its inner width on this GPU."""
+    """The MLP activation, per element of its inner width on this GPU; a clamped SwiGLU's clamps before it; and, under
+    Megatron-Core's ``moe_act`` recomputation, the routed experts' activation run again in the backward pass."""
     model, built, e, layers = s.w.model, s.built, s.act_bytes, s.built.layers
     tp, moe = s.grid.tp, model.moe
     dense_width = built.dense * s.tokens * model.ffn_size / tp
-    moe_width = 0.0
+    routed = shared = 0.0
     if moe and built.moe:  # the routed experts' rows on this GPU: its expert TP group's k·ρ copies, split by ETP
-        routed = s.expert_tokens * moe.expert_ffn_size * s.w.routed_copies / s.grid.etp
-        moe_width = built.moe * (routed + s.tokens * moe.shared_width * moe.shared_experts / tp)
-    width = dense_width + moe_width
+        routed = built.moe * s.expert_tokens * moe.expert_ffn_size * s.w.routed_copies / s.grid.etp
+        shared = built.moe * s.tokens * moe.shared_width * moe.shared_experts / tp
+    width = dense_width + routed + shared
     if model.ffn_kind == "gelu_mlp":
         fused = not gelu_ops_kept(s.w)  # one kernel, or the model's GELU written op by op (engine.model_code)
-        traffic.add(
-            (2 * e if fused else 20 * e) * width, (3 * e if fused else 30 * e) * width, layers * (2 if fused else 20)
-        )
+        forward, backward, kernels = (2 * e, 3 * e, 2) if fused else (20 * e, 30 * e, 20)
     else:
         fused = s.w.framework.mlp.gated == "fused"
-        traffic.add(
-            (3 * e if fused else 5 * e) * width, (5 * e if fused else 9 * e) * width, layers * (2 if fused else 5)
-        )
+        forward, backward, kernels = (3 * e, 5 * e, 2) if fused else (5 * e, 9 * e, 5)
+    if model.swiglu_limit:  # gpt-oss: two clamps and a concatenation (or α·g and up + 1), read 2 write 2 a width
+        forward, backward, kernels = forward + CLAMP_FORWARD * e, backward + CLAMP_BACKWARD * e, kernels + 6
+    traffic.add(forward * width, backward * width, layers * kernels)
+    if routed and "moe_act" in s.w.recompute_modules and s.w.recompute == "selective":
+        traffic.add(0.0, forward * routed, built.moe * kernels / 2)  # CheckpointWithoutOutput runs it again
+
+
+def _expert_bias_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """The routed experts' output bias where the model has one (gpt-oss): Megatron-Core adds it expert by expert,
+    t + b·p on each local expert's rows, then concatenates them (6 passes over the rows' h-wide outputs forward; the
+    bias's and the routing weights' gradients, two products and two sums, 6 backward)."""
+    model, built = s.w.model, s.built
+    if not (model.moe and model.mlp_bias and built.moe):
+        return
+    rows = s.expert_tokens * s.w.routed_copies  # this GPU's routed rows, each an h-wide output of its expert
+    local = model.moe.num_experts / s.grid.ep
+    elements = built.moe * rows * model.hidden_size
+    traffic.add(6 * s.act_bytes * elements, 6 * s.act_bytes * elements, built.moe * (6 * local + 2))
 
 
 def _moe_permute_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
