@@ -454,7 +454,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         its training memory or step time; "" where it counts everything. Llama 3.2 Vision's, whose cross-attention
         layers text does not run (``WIDTHS_COUNTED_ONLY``; Gemma 3n's and Gemma 4's layers are modelled); RWKV-4's
         (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
-        if self.rwkv or self.rglru or self.mlstm:
+        if self.rwkv or self.mlstm:
             return RWKV_COUNTED_ONLY
         if (
             self.compressed_attention

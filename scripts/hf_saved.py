@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import functools
 import gc
+import inspect
 import math
 import sys
 import time
@@ -596,6 +597,16 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "deepseek-v32-small": (T.DeepseekV32Config, N384 | DSA_SMALL,
                            "small DeepSeek-V3.2: MLA with a lightning indexer of 4 heads picking 64 keys a query, "
                            "a dense layer, then 4 experts top-2 and a shared one"),
+    "recurrent-gemma-small": (T.RecurrentGemmaConfig, N384 | {"num_key_value_heads": 1, "lru_width": 192,
+                                                             "block_types": ["recurrent", "attention"],
+                                                             "attention_window_size": WINDOW},
+                              "small RecurrentGemma: a recurrent block (RG-LRU of 192 in 4 gate blocks, the scan "
+                              "written in PyTorch, token by token), then local MQA within a window, half-rotary"),
+    "recurrent-gemma-wide": (T.RecurrentGemmaConfig, WIDE | {"num_key_value_heads": 1, "intermediate_size": 1536,
+                                                            "block_types": ["recurrent", "attention"],
+                                                            "attention_window_size": WINDOW},
+                             "RecurrentGemma with h 512 and V 256: a norm's or a layer's backward outweighs the "
+                             "loss's"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
@@ -1527,7 +1538,12 @@ def _rebuild_layer(
     for name in ("cache", "past_key_values", "layer_past"):
         if name in kwargs:
             kwargs[name] = None
-    kwargs["use_cache"] = False if "use_cache" in kwargs else kwargs.get("use_cache", False)
+    positional = list(inspect.signature(layer.forward).parameters)[: len(args)]
+    for i, name in enumerate(positional):  # RecurrentGemma's layers take use_cache and cache by position
+        if name in ("use_cache", "cache"):
+            args[i] = False if name == "use_cache" else None
+    if "use_cache" not in positional:
+        kwargs["use_cache"] = False
     already = {k for t in _tensors_in((args, kwargs)) if (k := _storage_key(t)) is not None}
     recorder = _Recorder(model, exclude)
     flag = layer.gradient_checkpointing

@@ -54,6 +54,7 @@ TARGETS = {
     "gemma4-moe-small": ("q_proj,k_proj,v_proj,o_proj",),  # the attention of a layer with the MoE block beside
     "gemma4-e-small": ("all-linear", "q_proj,v_proj"),  # layers that reuse K and V, and per-layer inputs
     "gemma3n-small": ("all-linear", "q_proj,v_proj"),  # AltUp's streams (PEFT adapts its linear layers too), LAuReL
+    "recurrent-gemma-small": ("all-linear", "linear_y,linear_x,linear_out"),  # its recurrent block's, then alone
 }
 CASES = [
     (name, targets, dropout, checkpointing, attention)

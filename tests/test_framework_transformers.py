@@ -72,7 +72,7 @@ REAL_GRID = [(128, 2)]
 STEP_MEASURED = ("deepseek-v32-small", "minimax-small", "axk1-small", "flint-small", "laguna-small", "lfm3-small",
                  "beam-small", "modernbert-decoder-small", "mimo-v2-flash-small",
                  "minimax-m3-small", "longcat-flash-small", "axk2-small", "jetmoe-small", "gemma4-small",
-                 "gemma4-moe-small", "gemma4-e-small", "gemma3n-small")  # fmt: skip
+                 "gemma4-moe-small", "gemma4-e-small", "gemma3n-small", "recurrent-gemma-small")  # fmt: skip
 """The small models of the types read since issue #31 whose step peak tests/test_step_phases.py measures too."""
 OTHERS = (
     "gemma2-small",

@@ -1,16 +1,25 @@
 """RecurrentGemma (Griffin's recurrent blocks beside local MQA): its parameters, FLOPs and state by hand against the
 shapes of transformers 5.24's modeling_recurrent_gemma.py (RecurrentGemmaRecurrentBlock, RecurrentGemmaRglru,
 RecurrentGemmaAttention, RecurrentGemmaMlp), and its state and cache against what transformers keeps. transformers'
-own counts and FLOPs are tests/test_hf_types.py's and test_validate_hf.py's (tests/hf_tiny.py)."""
+own counts and FLOPs are tests/test_hf_types.py's and test_validate_hf.py's (tests/hf_tiny.py). What a recurrent block
+keeps for backward by hand here; against what transformers' PyTorch scan keeps, tests/test_framework_transformers.py
+(recurrent-gemma-small: the bytes saved), tests/test_step_phases.py (its step's peak, and recurrent-gemma-wide's) and
+tests/test_finetune_activations.py (under PEFT's LoRA)."""
 
 from __future__ import annotations
 
 import pytest
 
+from lmcalc import api
 from lmcalc.engine.inference.serving import Serving, inference_memory
+from lmcalc.engine.memory.activations import layer_saved_tensors
+from lmcalc.engine.memory.recurrent import rglru_saved
 from lmcalc.engine.model.flops import forward_flops_per_token, local_keys
 from lmcalc.engine.model.params import count_params
+from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 
 V, h, H, H_KV, f, L, w, K, W = 512, 64, 4, 1, 96, 4, 64, 4, 24
@@ -83,3 +92,59 @@ def test_state_and_cache_are_what_transformers_keeps():
     memory = inference_memory(Serving(spec, context=50), 80e9)
     one_token = 2 * spec.kv_heads * spec.head_size * 2
     assert memory.kv_cache == sum(t.numel() * t.element_size() for t in kept) + one_token
+
+
+def workload(seq: int, batch: int) -> Workload:
+    return Workload(spec_of(), resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec, seq, batch,
+                    "flash", "none", framework=framework_profile("transformers"))  # fmt: skip
+
+
+@pytest.mark.parametrize(("seq", "batch"), [(128, 1), (128, 2)])
+def test_a_recurrent_blocks_saved_tensors_by_hand(seq, batch):
+    # RecurrentGemmaRecurrentBlock as PyTorch runs it, in bf16 (2 B), w = 64, K = 4: the y branch keeps linear_y's
+    # output (GeLU's input) and GeLU's output; the x branch linear_x's output (the convolution's input) and the
+    # convolution's output, s + K − 1 = 131 positions a sequence; the RG-LRU its two sigmoid gates, −8·r, a, a²,
+    # 1 − a², the gated input and the multiplier (8 tensors); the scan's output and linear_out's input: 13 tensors of
+    # s·b·w, and with two sequences a 14th, the gates' input regrouped into heads (a copy once b and s merge). The
+    # scan, a loop over the 128 tokens, keeps each step's a_t in fp32 and the state before it: 2·s·b·w · 4 B.
+    sbw = seq * batch * w
+    tensors = 13 + (batch > 1)
+    expected = tensors * sbw * 2 + batch * (seq + K - 1) * w * 2 + 2 * sbw * 4
+    assert sum(t.bytes for t in rglru_saved(workload(seq, batch))) == expected
+    assert expected == {1: 212_992 + 16_768 + 65_536, 2: 458_752 + 33_536 + 131_072}[batch]
+
+
+def test_the_recurrent_layer_keeps_its_norms_block_and_mlp():
+    # one recurrent layer (mixer kind "other"): the attention norm (an fp32 copy, 1/rms and the normalised value in
+    # fp32, then the bf16 output both branches read), the block, and the GeGLU MLP of f/2 = 48 behind its own norm
+    w_ = workload(128, 2)
+    sb, m = 256, f // 2
+    norm = sb * h * 4 + sb * 4 + sb * h * 4  # fp32 copy, 1/rms, normalised value (Gemma's 1 + w in fp32)
+    mlp = norm + sb * h * 2 + 4 * sb * m * 2  # its input, gate output, up output, GeLU(gate), the product
+    block = sum(t.bytes for t in rglru_saved(w_))
+    assert sum(t.bytes for t in layer_saved_tensors(w_, False, "other")) == norm + sb * h * 2 + block + mlp
+
+
+def test_training_memory_fine_tuning_and_the_planner_take_it(tmp_path):
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    full = api.memory(model=str(path), gpus="1xh100", seq=128, micro_batch=2)
+    lora = api.memory(model=str(path), gpus="1xh100", seq=128, micro_batch=2, method="lora")
+    assert 0 < lora.gpu.kept.optimizer < full.gpu.kept.optimizer and lora.gpu.activations > 0  # the adapters alone
+    assert api.plan(model=str(path), gpus="8xh100", seq=128, global_batch=8192, tokens=1e9).best is not None
+
+
+@pytest.mark.parametrize(
+    ("degree", "message"),
+    [({"tp": 2}, "TP=2 would split .* recurrent blocks"), ({"cp": 2}, "CP=2 splits the sequence")],
+)
+def test_layouts_that_split_the_recurrence_are_refused_in_one_line(tmp_path, degree, message):
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    with pytest.raises(LmcalcError, match=message) as refused:
+        api.memory(model=str(path), gpus="2xh100", seq=128, **degree)
+    assert "\n" not in str(refused.value)

@@ -83,6 +83,7 @@ FAMILIES = (
     "mixtral-wide",
     "gpt2-wide",
     "gpt-neox-wide",
+    "recurrent-gemma-wide",
 )
 POINTS = ((128, 1), (256, 2))
 ONE_POINT = ((256, 2),)  # the wide models (5 to 15 s a case on two cores) and the small families beyond these three

@@ -56,6 +56,7 @@ LINEAR_NAMES += ("in_proj", "x_proj", "dt_proj", "out_proj")  # Mamba's and Mamb
 LINEAR_NAMES += ("g", "b", "a")  # OLMo Hybrid's Gated DeltaNet: its output gate's, β's and α's own projections
 LINEAR_NAMES += ("output_gate",)  # MiniMax's lightning attention: the sigmoid gate's projection
 LINEAR_NAMES += ("f", "f_a", "f_b", "g_a", "g_b")  # Kimi Delta Attention's forget and output gates, low-rank or not
+LINEAR_NAMES += ("linear_y", "linear_x", "linear_out")  # RecurrentGemma's recurrent block: its two branches, output
 HF_NAMES: dict[str, tuple[str, ...]] = {
     "q_proj": ("q",),
     "k_proj": ("k",),
@@ -93,10 +94,10 @@ TWO_MATRIX = {"up": "fc", "down": "proj"}
 
 
 MIXER_INPUTS = ("in_proj", "in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "g", "b",
-                "a", "f", "f_a", "g_a")  # fmt: skip
-"""A hybrid's other mixers' input projections (Mamba-2's, Gated DeltaNet's, LFM2's, Kimi Delta Attention's gates):
-what read the layer's norm (OLMo Hybrid's Gated DeltaNet and KDA read it by q, k and v too, and MiniMax's lightning
-attention by q‖k‖v and its output gate)."""
+                "a", "f", "f_a", "g_a", "linear_y", "linear_x")  # fmt: skip
+"""A hybrid's other mixers' input projections (Mamba-2's, Gated DeltaNet's, LFM2's, Kimi Delta Attention's gates,
+RecurrentGemma's two branches): what read the layer's norm (OLMo Hybrid's Gated DeltaNet and KDA read it by q, k and v
+too, and MiniMax's lightning attention by q‖k‖v and its output gate)."""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ def kinds_differ(w: Workload) -> bool:
 def window_mask_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
     """What an explicit window mask adds to a layer of ``kind`` on average (``_window_masked_share``): the mask, kept
     by the kernel in the activation dtype, and K and V repeated to the H heads (repeat_kv), which the kernel keeps in
-    place of the H_kv heads (the local layers'); all of it rebuilt with the kernel under selective recomputation."""
+    place of the H_kv heads (the local layers'), copies but where one KV head repeats as a view (RecurrentGemma's MQA);
+    all of it rebuilt with the kernel under selective recomputation."""
     share = window_masked_share(w, kind)
     if not share:
         return []
@@ -46,7 +47,7 @@ def window_mask_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
         SavedTensor(f"the {'indexer' if spec.indexer else 'window'}'s mask (kept by the kernel)", f"{share:g}·b·s²",
                     b * s * s * share, act, attention_core=True, split="none")
     ]  # fmt: skip
-    if Hkv < H:
+    if 1 < Hkv < H:  # one KV head: repeat_kv's reshape merges a size-1 dimension, a view of K and V (no copy)
         tensors += [
             SavedTensor(f"{name}: the other H − H_kv heads of its repeat_kv copy", f"{share:g}·s·b·(H−H_kv)·d",
                         sb * (H - Hkv) * d * share, act, attention_core=True)

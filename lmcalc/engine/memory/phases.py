@@ -206,7 +206,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
             layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
     layer += sb * spec.hidden_size * act / cp  # the gradient of the layer's output, which the residual branch holds
     norm = 0.0
-    if norm_keeps(w) == "fp32_input":  # an RMSNorm written op by op in fp32: its backward's fp32 copies of its input
+    if norm_keeps(w) in ("fp32_input", "fp32_normalised"):  # an RMSNorm written op by op in fp32: its backward's fp32
+        # copies of its input (Gemma's, which multiplies by 1 + w in fp32, keeps one more and makes one gradient fewer)
         norm = RMSNORM_BACKWARD_COPIES * 4 * sb * spec.hidden_size / cp
     tied = 0.0
     if (

@@ -114,6 +114,10 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
             continue
         if moe and t.group == "mlp" or not moe and t.group in ("router", "experts", "shared_experts"):
             continue
+        if len(t.shape) == 3:  # block-diagonal weights (RecurrentGemma's gates): one product per block, TP 1 only
+            blocks, out, inp = t.shape
+            gemms.append(Gemm(t.name, tokens, out, inp, copies_per_layer(model, t) * blocks))
+            continue
         out, inp = t.shape
         tp = grid.etp if t.group == "experts" else grid.tp
         if tp_divisor(t, model, tp) > 1:
