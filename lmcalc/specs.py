@@ -459,7 +459,6 @@ class ModelSpec(LayerKinds, NamedSpec):
         if (
             self.compressed_attention
             or self.hyper_connections
-            or self.shared_block
             or self.dynamic_mask_window
             or self.layer_reuse
             or self.prompt

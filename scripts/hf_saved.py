@@ -849,6 +849,24 @@ TYPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 """Types lmcalc read before issue #31's measurements reached them, small (h 128, two layers), measured since
 2026-12-06: name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in TYPES.items()}
+ZAMBA = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, num_key_value_heads=4, intermediate_size=384,
+             num_hidden_layers=3, layers_block_type=["mamba", "hybrid", "hybrid"], mamba_d_state=16,
+             max_position_embeddings=1024, tie_word_embeddings=True, **TOKENS)  # fmt: skip
+"""Zamba's and Zamba 2's small layers: h 128, V 2048, a tied head (which ties the uses' blocks too), a Mamba layer and
+two that run the shared block; attention over 2·h with 4 heads of 64 (2·h/H), every head its own K and V."""
+SHARED_BLOCKS: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "zamba-small": (T.ZambaConfig, ZAMBA | {"n_mamba_heads": 2},
+                    "small Zamba: a Mamba layer (two heads of 128 channels, PyTorch's scan), then two layers that run "
+                    "the one shared block (attention over 2·h, 4 heads of 64, a gated MLP of 384) before their Mamba"),
+    "zamba2-small": (T.Zamba2Config, ZAMBA | {"n_mamba_heads": 4, "mamba_headdim": 64, "mamba_ngroups": 1,
+                                              "adapter_rank": 8, "use_shared_attention_adapter": True},
+                     "small Zamba 2: a Mamba-2 layer (4 heads of 64, PyTorch's chunked scan), then two layers that run "
+                     "the one shared block, each use with its own rank-8 adapters on Q, K, V and the MLP"),
+}  # fmt: skip
+"""Zamba's and Zamba 2's shared blocks, three layers (transformers ties a block's weights only where two layers use it):
+the uses' tensors are checked by module (``tests/test_shared_block_memory.py``); the Mamba layers run transformers'
+PyTorch scan, which lmcalc does not model (it counts mamba_ssm's fused kernels)."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in SHARED_BLOCKS.items()}
 # GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's, XGLM's and GPT-NeoX-Japanese's: no SDPA; Emu3's and
 # Seed-OSS's attention dropout: SDPA's runs the CPU's math path, which no GPU run takes
 for _name in (

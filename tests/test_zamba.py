@@ -1,7 +1,7 @@
 """Zamba and Zamba 2 (issue #31): Mamba (Mamba-2) in every layer and transformer blocks whose weights run at several
 depths. Their parameters by hand at transformers 5.24's class defaults (Zamba-7B's and Zamba2-2.7B's shapes), what
 transformers builds when the head is untied (a block a use) or when hybrid_layer_ids lists more layers than run a
-block, the serving cache against transformers' own, and what lmcalc refuses. FLOPs against FlopCounterMode on the
+block, the serving cache against transformers' own, and every estimate taking it. FLOPs against FlopCounterMode on the
 tiny configs (Zamba 2's: two blocks in turn, adapters on Q, K and V) run in tests/test_validate_hf.py."""
 
 from __future__ import annotations
@@ -127,12 +127,16 @@ def test_the_serving_cache_is_what_transformers_keeps(kind: str):
         assert inference_memory(Serving(spec, context=seq, kv_dtype="fp32"), 1e12).kv_cache == sum(held.values())
 
 
-def test_params_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
+def test_every_estimate_takes_it(tmp_path):
+    # params, FLOPs and serving, and since the uses' activations are counted (tests/test_shared_block_memory.py)
+    # training memory, fine-tuning and the planner, on one pipeline stage
     path = tmp_path / "config.json"
     path.write_text(json.dumps(DEFAULTS))
     assert api.params(model=str(path)).total == 2_481_848_336
     assert api.flops(model=str(path), tokens=1e9, seq=4096).model_flops > 0
     assert api.inference(model=str(path), context=4096).memory.kv_cache > 0
-    for estimate, more in ((api.memory, {}), (api.plan, {"gpus": "8xH100"})):
-        with pytest.raises(LmcalcError, match="Zamba's and Zamba 2's shared blocks"):
-            estimate(model=str(path), **more)
+    assert api.memory(model=str(path)).gpu.activations > 0
+    assert api.memory(model=str(path), method="lora").gpu.activations > 0
+    assert api.plan(model=str(path), gpus="8xH100").best.layout.pp == 1
+    with pytest.raises(LmcalcError, match="one pipeline stage"):
+        api.memory(model=str(path), gpus="8xH100", pp=2)

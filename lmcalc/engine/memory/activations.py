@@ -41,6 +41,7 @@ from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, 
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
+from lmcalc.engine.memory.shared_block import shared_uses_saved
 from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind, average_mixer, share
 from lmcalc.engine.memory.widths import (
     at_widths,
@@ -246,7 +247,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         for t in renamed(_mlp_saved(wide, moe_layer and bool(spec.moe)), {"f": "2·f"} if wide is not w else {})
         + per_layer_input_saved(wide)
     ]
-    tensors = mixer_half(spec, tensors, mixer) + ffn_half(spec, mlp, moe_layer, mixer)
+    tensors = mixer_half(spec, tensors, mixer) + ffn_half(spec, mlp, moe_layer, mixer) + shared_uses_saved(w, mixer)
     return fp8_saved(
         w,
         tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe), mixer)),

@@ -63,6 +63,8 @@ def module_share(spec: ModelSpec, module: LinearModule, mixer: MixerKind) -> flo
         if mixer in KINDS:
             return float((module.count_symbol == "n_s") == mixer.endswith("_shared"))
         return module.count / spec.num_layers
+    if module.group in ("shared_attention", "shared_mlp") and spec.shared_block:  # run by the G uses
+        return {"average": spec.shared_block.uses / spec.num_layers, "shared": 1.0}.get(mixer, 0.0)
     if module.group not in ("attention", "ssm"):
         n, of = ffn_share(spec, module.count_symbol.startswith("L_moe"), mixer)
         return n / of
@@ -92,6 +94,8 @@ def block_kind(spec: ModelSpec, layer: int) -> MixerKind:
         return "local" if spec.is_local_layer(layer) else "global"
     if not spec.has_mixer(layer):
         return "none"
+    if spec.shared_block and layer in spec.shared_block.layer_ids:  # Zamba's: a shared block's use, then Mamba
+        return "shared"
     if spec.is_attention_layer(layer) and spec.is_other_mixer_layer(layer):  # Falcon-H1's: both, side by side
         return "average"
     return "attention" if spec.is_attention_layer(layer) else "other"

@@ -17,6 +17,7 @@ from lmcalc.engine.memory.activations import (
 from lmcalc.engine.memory.altup import altup_outside
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
+from lmcalc.engine.memory.shared_block import shared_block_checkpointed
 from lmcalc.engine.memory.widths import global_tables, per_layer_inputs_outside, shared_kv_kept
 from lmcalc.engine.model.params import Dim
 from lmcalc.engine.workload import Workload
@@ -64,6 +65,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         ] + global_tables(w)
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
         tables += [replace(t, split="none") for t in _checkpoint_arguments(w)] + shared_kv_kept(w)
+    embedding += shared_block_checkpointed(w)  # Zamba's: the embedding every use reads, under full recomputation
     return tuple(
         [replace(t, block="embedding") for t in embedding]
         + [replace(t, block="tables") for t in tables]

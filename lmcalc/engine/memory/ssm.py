@@ -176,10 +176,13 @@ def _lightning_saved(w: Workload) -> list[SavedTensor]:
     ]
 
 
-MixerKind = Literal["average", "attention", "other", "none", "global", "local", "global_shared", "local_shared"]
-"""A hybrid's layer: the average of its L layers, one that attends, one of its other mixer, or (where some layers are
-an FFN alone, Nemotron-H) one without a mixer; or where a model's local layers attend with heads or sinks of their own
-(MiMo-V2-Flash), one global or one local layer, and where the last layers reuse earlier layers' K and V (Gemma 4), one
+MixerKind = Literal[
+    "average", "attention", "other", "none", "global", "local", "global_shared", "local_shared", "shared"
+]
+"""A hybrid's layer: the average of its L layers, one that attends, one of its other mixer, one that runs a shared
+block's use before its other mixer (Zamba's), or (where some layers are an FFN alone, Nemotron-H) one without a
+mixer; or where a model's local layers attend with heads or sinks of their own (MiMo-V2-Flash), one global or one
+local layer, and where the last layers reuse earlier layers' K and V (Gemma 4), one
 of those (``_shared``)."""
 KINDS = ("global", "local", "global_shared", "local_shared")
 """The layers of a model whose attention layers differ by kind: global or local, making their own K and V or not."""
@@ -205,7 +208,7 @@ def average_mixer(w: Workload, attention: list[SavedTensor], kind: MixerKind = "
         mixer = _kda_saved(w) if spec.deltanet.channel_decay else _deltanet_saved(w)
     else:
         mixer = _mamba2_saved(w) if spec.mamba2 else _ssm_saved(w)
-    if kind == "other":
+    if kind in ("other", "shared"):  # a shared block's use comes beside (engine.memory.shared_block)
         return mixer
     mixing = spec.mixer_layers
     return [share(t, spec.attention_layers, mixing) for t in attention] + [

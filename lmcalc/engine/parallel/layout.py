@@ -322,6 +322,11 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"{setting('cpu_offloading_num_layers')} works without pipeline parallelism (Megatron-Core refuses "
             f"PP={layout.pp} with CPU offloading)"
         )
+    if model.shared_block and layout.pp > 1:
+        raise LmcalcError(
+            f"shared blocks (Zamba's) are modelled on one pipeline stage, not PP={layout.pp}: each stage would hold "
+            "the blocks its layers use; use PP=1"
+        )
     if w.method.kind == "freeze" and layout.pp > 1:
         raise LmcalcError(
             f"the freeze method is modelled on one pipeline stage: PP={layout.pp} would give the stages unequal "

@@ -38,8 +38,11 @@ if TYPE_CHECKING:
 
 # Megatron-LM's tensor-parallel split, by module name: column-parallel modules split their output
 # dimension (weight and bias), row-parallel ones their input dimension (weight only).
-COLUMN_PARALLEL = {"q", "k", "v", "q_b", "kv_b", "fc", "gate", "up", "embed", "lm_head", "attn_gate"}
+COLUMN_PARALLEL = {"q", "k", "v", "q_b", "kv_b", "fc", "gate", "up", "embed", "lm_head", "attn_gate", "gate_up"}
 ROW_PARALLEL = {"o", "proj", "down"}
+SHARED_SYMBOLS = ("B", "G")
+"""The count symbols of Zamba's shared blocks (``engine.model.shared_block``): the blocks' weights, held B times (G
+where each use has its own), and what each of the G uses holds of its own."""
 
 ModelState = Literal["params", "grads", "master", "optimizer"]
 ZERO_SHARDS_FROM: dict[ModelState, ZeroStage] = {"params": 3, "grads": 2, "master": 1, "optimizer": 1}
@@ -90,6 +93,8 @@ def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, 
         else:  # final norm, untied head
             on_stage = built.head
         return 1.0 if on_stage else 0.0
+    if symbol.split("·")[0] in SHARED_SYMBOLS:  # a shared block's, or its uses' own: on the one stage (PP = 1,
+        return float(tensor.count)  # layout.check_layout), all of them
     if symbol in AVERAGED_SYMBOLS:  # a hybrid's stage: its layers taken at the model's mix
         return tensor.count / model.num_layers * built.layers
     if symbol == "L_dense":  # the layers that do not route, at the model's mix of dense FFNs and none

@@ -144,8 +144,8 @@ def _search_space(base: Workload, cluster: Cluster, pins: Pins) -> _SearchSpace:
     max_tp = pins.max_tp or (per_node if pins.tp_within_node else gpus)
     tps = [pins.tp] if pins.tp else [t for t in _powers_of_two(max_tp) if _splits_heads(model, t)]
     pps = [pins.pp] if pins.pp else [p for p in range(1, min(pins.max_pp, model.num_layers) + 1) if gpus % p == 0]
-    if base.method.kind == "freeze" and not pins.pp:
-        pps = [1]  # frozen layers are modelled on one stage (check_layout)
+    if (base.method.kind == "freeze" or model.shared_block) and not pins.pp:
+        pps = [1]  # frozen layers and shared blocks are modelled on one stage (check_layout)
     cps = (
         [pins.cp]
         if pins.cp

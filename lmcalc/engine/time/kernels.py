@@ -43,7 +43,7 @@ FLASH_BACKWARD_TO_FORWARD = 2.5
 the scores): 2.5 × the forward FLOPs (FlashAttention-2's benchmark convention, Dao 2023)."""
 
 FP32 = 4
-LAYER_GROUPS = ("attention", "ssm", "mlp", "router", "experts", "shared_experts")
+LAYER_GROUPS = ("attention", "ssm", "mlp", "router", "experts", "shared_experts", "shared_attention", "shared_mlp")
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,8 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
     for t in weight_tensors(model):
         if not t.matmul or t.group not in LAYER_GROUPS:
             continue
-        if moe and t.group == "mlp" or not moe and t.group in ("router", "experts", "shared_experts"):
+        dense_only = ("mlp", "shared_attention", "shared_mlp")  # an MoE layer's FFN is its experts; no use routes
+        if moe and t.group in dense_only or not moe and t.group in ("router", "experts", "shared_experts"):
             continue
         if len(t.shape) == 3:  # block-diagonal weights (RecurrentGemma's gates): one product per block, TP 1 only
             blocks, out, inp = t.shape
@@ -130,6 +131,8 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
             assert model.moe is not None
             local = model.moe.num_experts / grid.ep
             gemms.append(Gemm(t.name, expert_tokens * w.routed_copies / local, out, inp, local))
+        elif t.group in ("shared_attention", "shared_mlp"):  # a shared block's: run by its G uses, G/L a layer
+            gemms.append(Gemm(t.name, tokens, out, inp, t.active / model.num_layers))
         else:  # a hybrid's attention and state-space GEMMs in their share of the layers, each shared expert's
             gemms.append(Gemm(t.name, tokens, out, inp, copies_per_layer(model, t)))
     return gemms
@@ -281,7 +284,8 @@ def _attention_work(s: StageShape, live: float, traffic: MemoryTraffic) -> _Atte
     w, model, e = s.w, s.w.model, s.act_bytes
     cp, layers = s.grid.cp, s.built.layers
     keys = attended_keys(model, w.seq_len, "causal")  # what a causal (windowed) kernel computes
-    calls = layers * model.attention_share * model.attention_calls  # differential attention: two kernels a layer
+    # differential attention: two kernels a layer; a shared block's: one at each of its uses (attention_uses)
+    calls = layers * model.attention_uses / model.num_layers * model.attention_calls
     core = 2 * s.tokens * keys * s.heads * (model.qk_head_dim + model.v_head_dim) * calls
     if w.attention == "flash":
         return _AttentionWork(core, FLASH_BACKWARD_TO_FORWARD * core * live, ())
