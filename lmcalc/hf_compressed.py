@@ -80,6 +80,7 @@ def deepseek_v4(config: dict[str, Any], fields: dict[str, Any], origin: str) -> 
         "swiglu_limit": _get(config, origin, "swiglu_limit"),
         "rotary_fraction": rotary,
         "attention_sinks": True,
+        "sinks_fp32": True,  # DeepseekV4PreTrainedModel keeps them in fp32
         "sliding_window": _get(config, origin, "sliding_window"),
         "position_embedding": "rope",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),

@@ -355,6 +355,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields |= {"dynamic_mask_window": _get(config, origin, "keep_window_size"), "residual_scales": True}
     if kind == "hy_v4":  # HYV4Attention: DeepSeek-V3.2's, a gate from gate_proj and sinks; iHC's streams
         fields |= {"attention_output_gate": True, "attention_gate_proj": True, "attention_sinks": True,
+                   "sinks_fp32": True,  # HYV4PreTrainedModel keeps them in fp32
                    "hyper_connections": {"streams": _get(config, origin, "hc_mult"), "mixing": False}}  # fmt: skip
     if kind in ("bamba", "granitemoehybrid", "falcon_h1"):
         fields |= mamba2(config, kind, fields["hidden_size"], layers, origin)

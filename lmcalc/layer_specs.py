@@ -37,8 +37,7 @@ WIDTHS_COUNTED_ONLY = (
 
 
 COMPRESSED_COUNTED_ONLY = (
-    "DeepSeek-V4's compressed sparse and heavily compressed attention and its grouped output projection, the "
-    "hyper-connections of DeepSeek-V4 and HY V4, Doge's dynamic mask attention, "
+    "Doge's dynamic mask attention, "
     "looped layers (Dory's, HRM's), CPM-Ant's prompt, GIT's image tokens, ZAYA's CCA attention, Inkling's branch "
     "convolutions, dots.3 Note's MLA of two widths, BLT's byte and patch transformers and Gemma 4's drafters are "
     "counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at an MFU) and the serving memory "

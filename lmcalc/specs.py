@@ -231,6 +231,12 @@ class ModelSpec(LayerKinds, NamedSpec):
     )
     sinks_local_only: StrictBool = Field(False, description="with attention_sinks, sinks in the local layers alone "
                                          "(MiMo-V2-Flash)")  # fmt: skip
+    sinks_fp32: StrictBool = Field(
+        False,
+        description="with attention_sinks, the sinks held in fp32 (transformers' _keep_in_fp32_modules_strict: "
+        "DeepSeek-V4, HY V4): eager attention's concatenation with them promotes the scores, so the softmax is kept "
+        "in fp32 with the sink column and its cast without it",
+    )
     local_qk_l2_norm: StrictBool = Field(False, description="Llama 4's use_qk_norm: a weightless L2 norm on each "
                                          "head of Q and K, upcast to fp32, in its local layers alone")  # fmt: skip
     sink_scale: StrictBool = Field(
@@ -457,9 +463,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         if self.rwkv or self.mlstm:
             return RWKV_COUNTED_ONLY
         if (
-            self.compressed_attention
-            or self.hyper_connections
-            or self.dynamic_mask_window
+            self.dynamic_mask_window
             or self.layer_reuse
             or self.prompt
             or self.image_prefix

@@ -909,6 +909,29 @@ def pin_zero_expert_picks(model: torch.nn.Module) -> None:
 CASES["longcat-flash-small"] = replace(CASES["longcat-flash-small"], routing=pin_zero_expert_picks)
 
 # --------------------------------------------------------------------------------------------------------------------
+COMPRESSED_SMALL = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, head_dim=32, num_hidden_layers=3,
+                        max_position_embeddings=1024, tie_word_embeddings=False, n_routed_experts=4,
+                        num_experts_per_tok=2, moe_intermediate_size=64, hc_mult=4, **TOKENS)  # fmt: skip
+"""DeepSeek-V4's and HY V4's small layers: h 128, V 2048, three layers, 4 experts of 64 top-2 and one shared, four
+residual streams (hc_mult, as both models' class defaults)."""
+COMPRESSED: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "deepseek-v4-small": (T.DeepseekV4Config, COMPRESSED_SMALL | {
+        "q_lora_rank": 64, "o_groups": 2, "o_lora_rank": 32, "index_n_heads": 4, "index_head_dim": 16,
+        "index_topk": 8, "sliding_window": WINDOW, "partial_rotary_factor": 0.25, "mlp_layer_types": ["moe"] * 3,
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 32},
+        "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]},
+        "small DeepSeek-V4: a layer of the window alone, a CSA layer (entries of 4 tokens, an indexer of 4 heads of "
+        "16 picking 8) and an HCA layer (entries of 32), one KV head of 32 read as K and V, a sink a head, 2 output "
+        "groups of 32, mHC over 4 streams, every layer 4 experts top-2 and a shared one"),
+    "hy-v4-small": (T.HYV4Config, COMPRESSED_SMALL | DSA_SMALL | {"first_k_dense_replace": 1, "intermediate_size": 384},
+                    "small HY V4: DeepSeek-V3.2's MLA and indexer (its own in layers 0 and 1, reused in 2), an output "
+                    "gate of its own projection, sinks, a dense first layer, iHC over 4 streams"),
+}  # fmt: skip
+"""DeepSeek-V4 and HY V4, three layers, eager attention alone (their PreTrainedModels take no other): the
+hyper-connections and compressed attention of ``engine.memory.compressed`` (tests/test_compressed_memory.py)."""
+CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY) for name, (cls, kwargs, source) in
+          COMPRESSED.items()}  # fmt: skip
+
 # Records
 # --------------------------------------------------------------------------------------------------------------------
 

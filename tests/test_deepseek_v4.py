@@ -194,19 +194,21 @@ def test_the_longest_context_by_hand():
     assert most(longest) <= memory.cache_budget < most(longest + 1)
 
 
-def test_params_flops_and_time_work_and_the_rest_is_refused_in_one_line(tmp_path):
+def test_every_estimate_takes_it_and_tp_or_cp_is_refused_in_one_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(DEFAULTS))
     counted = api.params(model=str(path))
     assert counted.total == count_params(spec_of(DEFAULTS)).total
-    assert COUNTED_ONLY_NOTE in counted.report.notes  # it says what else lmcalc estimates
+    assert COUNTED_ONLY_NOTE not in counted.report.notes
     assert api.flops(model=str(path), tokens=1e9, seq=4096).model_flops > 0
     assert api.train_time(model=str(path), gpus="8xH100", tokens=1e9).days > 0
     assert api.inference(model=str(path), context=4096, gpus="8xH200").memory.kv_cache > 0
-    refused = "DeepSeek-V4's compressed sparse .* training memory"
-    for estimate, more in ((api.memory, {}), (api.plan, {"gpus": "8xH100"})):
-        with pytest.raises(LmcalcError, match=refused):
-            estimate(model=str(path), **more)
+    # training memory and LoRA take its compressed attention and mHC streams (tests/test_compressed_memory.py)
+    assert api.memory(model=str(path), gpus="8xH200").gpu.activations > 0
+    assert api.memory(model=str(path), method="lora", gpus="1xH200").gpu.activations > 0
+    for degree in ({"tp": 2}, {"cp": 2}):
+        with pytest.raises(LmcalcError, match="would split .* compressors, indexers and one K=V head"):
+            api.memory(model=str(path), gpus="8xH200", **degree)
 
 
 def test_a_layer_of_two_kinds_is_refused():

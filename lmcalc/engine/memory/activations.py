@@ -30,6 +30,7 @@ from lmcalc.engine.finetune.method import (
 from lmcalc.engine.memory.adapters import adapter_bytes, adapter_copies
 from lmcalc.engine.memory.altup import ALTUP_PREDICTION, altup_saved
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
+from lmcalc.engine.memory.compressed import compressed_attention_saved, streams_saved
 from lmcalc.engine.memory.differential import differential_saved
 from lmcalc.engine.memory.eager_scores import eager_scores_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
@@ -248,6 +249,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         + per_layer_input_saved(wide)
     ]
     tensors = mixer_half(spec, tensors, mixer) + ffn_half(spec, mlp, moe_layer, mixer) + shared_uses_saved(w, mixer)
+    tensors += streams_saved(w)  # the hyper-connections around both halves (DeepSeek-V4, HY V4)
     return fp8_saved(
         w,
         tuple(tensors if w.method.kind == "full" else _under_method(w, tensors, moe_layer and bool(spec.moe), mixer)),
@@ -257,6 +259,8 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
 def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False) -> list[SavedTensor]:
     """What a layer's attention keeps after its norm, in a layer of ``kind`` (None: every attention layer alike), one
     that attends with an earlier layer's K and V where ``reusing_kv``."""
+    if w.model.compressed_attention:  # DeepSeek-V4's, its layers of three kinds averaged (engine.memory.compressed)
+        return compressed_attention_saved(w)
     if reusing_kv:
         return kv_reused(w, kind, _attention_block(w, kind))
     if global_symbols(w, kind):  # a global layer at its own widths (Gemma 4), its formula in d_g
@@ -488,11 +492,3 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     return tensors
-
-
-def saved_formula(tensors: tuple[SavedTensor, ...] | list[SavedTensor]) -> str:
-    """``8·s·b·h + 4·b·H·s² + ...``: bytes times element count, like terms merged."""
-    counts: dict[tuple[str, float], float] = {}
-    for t in tensors:
-        counts[(t.symbol, t.bytes_per_element)] = counts.get((t.symbol, t.bytes_per_element), 0) + t.bytes_per_element
-    return " + ".join(f"{total:g}·{symbol}" for (symbol, _), total in counts.items())

@@ -33,6 +33,11 @@ def eager_scores_saved(w: Workload, sink_column: bool) -> list[SavedTensor]:
     sink_column = sink_column and sink_softmax
     symbol, n = ("b·H·s·(s+1)", b * H * s * (s + 1)) if sink_column else ("b·H·s²", b * H * s * s)
     softmax = rule.eager_sink_softmax if sink_softmax and rule.eager_sink_softmax else None
+    if sink_column and spec.sinks_fp32:  # fp32 sinks promote the concatenated logits (DeepSeek-V4, HY V4)
+        return [*tensors, SavedTensor("softmax output with the sink column (fp32 sinks)", symbol, n, 4, True),
+                SavedTensor("softmax output, cast (without the sink column)", "b·H·s²", b * H * s * s, act, True),
+                *([SavedTensor("row maxima's indices (int64)", "b·H·s", b * H * s, INDEX_BYTES, True)]
+                  if rule.sink_max_indices else [])]  # fmt: skip
     if spec.eager_fp32_scores:  # Flint, GPT-J: the softmax over fp32 scores (and Flint's sinks) kept, its cast meets V
         label = "softmax output with the sink column (fp32)" if sink_column else "softmax output (fp32)"
         return [*tensors, SavedTensor(label, symbol, n, 4, attention_core=True),

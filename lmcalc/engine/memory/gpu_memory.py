@@ -281,7 +281,7 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
         layers, rebuilt = recomputed_chunks(
             w, stage_chunk_flags(w.model, layout)[stage], checkpoint, one_layer, largest
         )
-        if norm_keeps(w) == "input":
+        if norm_keeps(w) == "input" or w.model.hyper_connections:  # the hyper-connections keep their streams too
             rebuilt -= checkpoint  # the rebuilt unit's first norm keeps the checkpointed input, already counted
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]

@@ -15,6 +15,7 @@ from lmcalc.engine.memory.activations import (
     _needed,
 )
 from lmcalc.engine.memory.altup import altup_outside
+from lmcalc.engine.memory.compressed import hyper_head_saved
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.shared_block import shared_block_checkpointed
@@ -37,6 +38,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     embedding += per_layer_inputs_outside(w, adapted)  # Gemma 4's per-layer inputs, made before the layers
     embedding += altup_outside(w, spec.per_layer_input is not None, adapted)  # Gemma 3n's streams
     final = [] if spec.post_norm else norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h"))  # GPT-1 has none
+    final = hyper_head_saved(w) + final  # the hyper-connections' last collapse (DeepSeek-V4, HY V4)
     if spec.head_transform:  # ModernBERT: dense (its input the final norm's output), GELU (a kernel: its input), norm
         final += [
             SavedTensor("head transform's dense input (final norm output)", "s·b·h", sb * h, act, split="seq"),
@@ -98,8 +100,8 @@ def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
 
 def layer_checkpoint(w: Workload) -> SavedTensor:
     """What full recomputation keeps of each layer: its input (Korthikanti et al. 2022 §4.2.3, Table 2)."""
-    if w.model.altup:  # Gemma 3n: n streams of h
-        n = w.model.altup.streams
+    if w.model.altup or w.model.hyper_connections:  # Gemma 3n's AltUp, DeepSeek-V4's and HY V4's: n streams of h
+        n = (w.model.altup or w.model.hyper_connections).streams  # type: ignore[union-attr]
         return SavedTensor("layer input (n streams)", "n·s·b·h", n * w.tokens * w.model.hidden_size,
                            w.precision.activation_bytes, split="seq")  # fmt: skip
     return SavedTensor(

@@ -35,3 +35,11 @@ class SavedTensor:
         core_v0.16.1, megatron/core/transformer/attention.py:289-293 and 1398-1411: the fused Q/K/V output is
         all-gathered over TP and each rank slices out its group's K and V; ``layout.check_tp_heads``)."""
         return min(tp, self.most_tp_ranks) if self.most_tp_ranks else tp
+
+
+def saved_formula(tensors: tuple[SavedTensor, ...] | list[SavedTensor]) -> str:
+    """``8·s·b·h + 4·b·H·s² + ...``: bytes times element count, like terms merged."""
+    counts: dict[tuple[str, float], float] = {}
+    for t in tensors:
+        counts[(t.symbol, t.bytes_per_element)] = counts.get((t.symbol, t.bytes_per_element), 0) + t.bytes_per_element
+    return " + ".join(f"{total:g}·{symbol}" for (symbol, _), total in counts.items())

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from lmcalc.engine.memory.activations import layer_kept_tensors, saved_formula
+from lmcalc.engine.memory.activations import layer_kept_tensors
 from lmcalc.engine.memory.buffer_terms import buffer_terms
 from lmcalc.engine.memory.finetune_terms import method_section
 from lmcalc.engine.memory.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
 from lmcalc.engine.memory.phases import step_phases
-from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.memory.saved import SavedTensor, saved_formula
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import interleaved_passes_held, stage_chunk_mixes, stage_layer_counts, stage_layers
 from lmcalc.engine.parallel.sharding import (

@@ -366,6 +366,12 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"TP={layout.tp} would split {model.name}'s recurrent blocks, whose weights and scan lmcalc keeps whole on "
             "each tensor-parallel rank; use TP=1"
         )
+    if (layout.tp > 1 or layout.cp > 1) and model.compressed_attention:
+        degree = f"TP={layout.tp}" if layout.tp > 1 else f"CP={layout.cp}"
+        raise LmcalcError(
+            f"{degree} would split {model.name}'s compressors, indexers and one K=V head (DeepSeek-V4's compressed "
+            "attention), which lmcalc keeps whole on each rank and over the whole sequence; use TP=1 and CP=1"
+        )
 
 
 def check_a2a_overlap(w: Workload, layout: Layout) -> None:
