@@ -28,14 +28,6 @@ NO_TOP_K = (
     "unknown, so only lmcalc params counts it; give the top-k for FLOPs, memory or time"
 )
 
-WIDTHS_COUNTED_ONLY = (
-    "Llama 3.2 Vision's cross-attention layers, which hold weights that text does not run, are counted by lmcalc "
-    "params, lmcalc flops, "
-    "lmcalc train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's "
-    "training memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
-)
-
-
 COMPRESSED_COUNTED_ONLY = (
     "Doge's dynamic mask attention, "
     "looped layers (Dory's, HRM's), CPM-Ant's prompt, GIT's image tokens, ZAYA's CCA attention, Inkling's branch "

@@ -22,7 +22,6 @@ from lmcalc.layer_kinds import LayerKinds
 from lmcalc.layer_specs import (
     COMPRESSED_COUNTED_ONLY,
     NO_TOP_K,
-    WIDTHS_COUNTED_ONLY,
     AltUpSpec,
     BranchConvSpec,
     CcaSpec,
@@ -85,7 +84,7 @@ __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", 
            "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
            "LightningSpec", "LocalMLASpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
            "PerLayerInputSpec", "PromptSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
-           "WIDTHS_COUNTED_ONLY", "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
+           "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
            "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool",
            "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
@@ -457,9 +456,9 @@ class ModelSpec(LayerKinds, NamedSpec):
     @property
     def counted_only(self) -> str:
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
-        its training memory or step time; "" where it counts everything. Llama 3.2 Vision's, whose cross-attention
-        layers text does not run (``WIDTHS_COUNTED_ONLY``; Gemma 3n's and Gemma 4's layers are modelled); RWKV-4's
-        (``RWKV_COUNTED_ONLY``); DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``)."""
+        its training memory or step time; "" where it counts everything. RWKV-4's (``RWKV_COUNTED_ONLY``);
+        DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``). Llama 3.2 Vision's text model is counted whole: a step of text
+        skips its cross-attention layers (docs/formulas.md §2.21)."""
         if self.rwkv or self.mlstm:
             return RWKV_COUNTED_ONLY
         if (
@@ -474,7 +473,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             or (self.mla is not None and (self.mla.local is not None or self.mla.rope_key_norm))  # dots.3 Note's
         ):
             return COMPRESSED_COUNTED_ONLY
-        return WIDTHS_COUNTED_ONLY if self.cross_attention is not None else ""
+        return ""
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def mean_kv_heads(self) -> float:

@@ -867,6 +867,17 @@ SHARED_BLOCKS: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 the uses' tensors are checked by module (``tests/test_shared_block_memory.py``); the Mamba layers run transformers'
 PyTorch scan, which lmcalc does not model (it counts mamba_ssm's fused kernels)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in SHARED_BLOCKS.items()}
+MLLAMA_TEXT = {k: v for k, v in N384.items() if k != "head_dim"} | TOKENS
+MLLAMA_TEXT |= {"num_hidden_layers": 3, "cross_attention_layers": [1]}
+"""Llama 3.2 Vision's small text model (head size h/H, as MllamaTextCrossAttention and MllamaTextSelfAttention take
+it): three layers, the middle one a cross-attention layer, which a step of text skips."""
+CASES["mllama-small"] = Case(
+    "mllama-small",
+    T.MllamaConfig,
+    {"text_config": MLLAMA_TEXT},
+    "small Llama 3.2 Vision text model (MllamaForCausalLM): a self-attention layer, a cross-attention layer text "
+    "skips, a self-attention layer; 8 embedding rows beyond V",
+)
 # GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's, XGLM's and GPT-NeoX-Japanese's: no SDPA; Emu3's and
 # Seed-OSS's attention dropout: SDPA's runs the CPU's math path, which no GPU run takes
 for _name in (
@@ -1532,6 +1543,8 @@ def measure(
             if fp32_adapters:
                 stack.enter_context(torch.autocast("cpu", dtype=dtype))
             for index, layer in enumerate(layers):
+                if index not in captured:  # a layer the forward skipped (Mllama's cross-attention on text alone)
+                    continue
                 kept, kept_bytes, new_bytes = _rebuild_layer(model, layer, captured[index], exclude)
                 if index == 0 or new_bytes > m.rebuild_new_bytes:
                     m.rebuild, m.rebuild_bytes, m.rebuild_new_bytes = kept, kept_bytes, new_bytes

@@ -14,7 +14,7 @@ from lmcalc.engine.model.params import count_params
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.presets import resolve_model
-from lmcalc.specs import WIDTHS_COUNTED_ONLY, ModelSpec
+from lmcalc.specs import ModelSpec
 
 LLAMA_31_8B = 8_030_261_248
 """Llama 3.1 8B's parameters: meta-llama/Llama-3.1-8B's safetensors total (its 32 layers, h 4,096, 8 KV heads,
@@ -56,9 +56,41 @@ def test_every_layer_cross_attending_is_refused():
         spec_of({"num_hidden_layers": 2, "cross_attention_layers": [0, 1]})
 
 
-def test_training_memory_is_refused_in_one_line():
-    # the cross-attention layers' weights are held and no text step updates them: what a trainer keeps for them is
-    # not modelled yet, so training memory says so in one line
-    with pytest.raises(LmcalcError, match="training memory, fine-tuning and step-time model") as refused:
-        api.memory(model=spec_of({"num_hidden_layers": 5, "cross_attention_layers": [3]}), seq=64)
-    assert WIDTHS_COUNTED_ONLY in str(refused.value) and "\n" not in str(refused.value)
+CROSS_LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 2 * 128 + 2 + 2 * 4096 + 3 * 4096 * 14336  # 218,112,258
+"""One cross-attention layer's parameters at the class defaults (test_the_class_defaults_are_llama_31_8b_...)."""
+
+
+def test_a_text_step_trains_what_it_computes():
+    # Full training under transformers, bf16 weights and AdamW's two bf16 moments (bf16-pure). Every weight is held:
+    # 9,775,192,080 × 2 B = 19,550,384,160 B. Autograd makes a gradient for what the step computed alone: the 8 idle
+    # layers' 8 × 218,112,258 = 1,744,898,064 weights get none, the embedding's 8 extra rows get theirs (they are rows
+    # of its one weight), so (9,775,192,080 − 1,744,898,064) × 2 B = 8,030,294,016 × 2 B = 16,060,588,032 B; AdamW
+    # makes states only for a gradient: 8,030,294,016 × 4 B = 32,121,176,064 B (tests/test_mllama_memory.py checks
+    # the same on a real step of a small model, to the byte)
+    spec = spec_of({})
+    kept = api.memory(model=spec, seq=2048, gpus="1xH200", framework="transformers", precision="bf16-pure").gpu.kept
+    computed = 9_775_192_080 - 8 * CROSS_LAYER
+    assert computed == LLAMA_31_8B + 8 * 4096
+    assert kept.params == 9_775_192_080 * 2 == 19_550_384_160
+    assert kept.grads == computed * 2 == 16_060_588_032
+    assert kept.optimizer == computed * 4 == 32_121_176_064
+
+
+def test_megatrons_buffers_hold_every_weights_gradient():
+    # Megatron's contiguous gradient buffer and its optimizer cover every parameter that requires a gradient, run or
+    # not (grads_lifetime: run): 9,775,192,080 × 4 B of fp32 gradients
+    w = api.memory(model=spec_of({}), seq=2048, gpus="1xH200", framework="megatron", precision="bf16-pure")
+    assert w.gpu.kept.grads == 9_775_192_080 * 4
+
+
+def test_lora_adapters_on_the_idle_layers_are_held_without_gradients():
+    # LoRA r 16 on every linear layer (lmcalc's default, PEFT's all-linear): a layer's adapters r·(in + out) each,
+    # q and o 16 × 8,192, k and v 16 × 5,120, gate, up and down 16 × 18,432: 1,310,720 a layer. PEFT adapts the cross
+    # layers' projections too (40 layers, 52,428,800 held), and a text step trains the 32 others' (41,943,040):
+    # gradients 41,943,040 × 2 B = 83,886,080 B under bf16-mixed, whose fp32 copy of every adapter is held
+    per_layer = 16 * (2 * 8192 + 2 * 5120 + 3 * 18432)
+    estimate = api.memory(model=spec_of({}), seq=2048, gpus="1xRTX4090", method="lora")
+    assert per_layer == 1_310_720
+    assert estimate.gpu.kept.grads == 32 * per_layer * 2 == 83_886_080
+    assert estimate.gpu.kept.master == 40 * per_layer * 4 == 209_715_200
+    assert any("a step of text alone" in note for note in estimate.report.notes)

@@ -189,7 +189,8 @@ def test_checkpointed_forward_keeps_what_transformers_keeps(name: str, attention
 @pytest.mark.torch
 @pytest.mark.parametrize(("name", "attention", "seq", "batch"), [c for c in CASES if c[1] == "sdpa"])
 def test_the_uses_add_to_the_step_peak_what_transformers_adds(name: str, attention: str, seq: int, batch: int):
-    _, hf_step_peak = harness()
+    hf_saved, hf_step_peak = harness()
+    hf_saved.release_models()  # built afresh: a model an earlier checkpointed measurement ran is not reused
     measured = [hf_step_peak.measure(n, seq, batch, False, attention).peak for n in (name, f"{name}-mamba")]
     ours = [hf_step_peak.lmcalc_peak(n, seq, batch, False, attention)[0] for n in (name, f"{name}-mamba")]
     added, counted = measured[0] - measured[1], ours[0] - ours[1]

@@ -129,13 +129,21 @@ FP8_HIGH_PRECISION = (
 )
 
 
+TEXT_STEP = (
+    "a step of text alone: MllamaTextModel skips the cross-attention layers without image states, so they keep no "
+    "activations and get no gradients; a step on images (the vision encoder, its projector and the cross-attention "
+    "over the image's tiles) is not modelled (docs/formulas.md §2.21)"
+)
+
+
 def unexpressed_notes(w: Workload) -> tuple[str, ...]:
     """What the workload asks for that the accounting does not express yet, said in the answer."""
+    text = (TEXT_STEP,) if w.model.cross_attention is not None else ()
     if w.precision.compute_dtype not in ("fp8", "fp4"):
-        return ()
+        return text
     if w.framework.fp8.saved == "high_precision":
-        return (FP8_HIGH_PRECISION,)
-    return (FP8_TE,) if te_fp8(w) else (FP8_UNEXPRESSED,)
+        return (*text, FP8_HIGH_PRECISION)
+    return (*text, FP8_TE if te_fp8(w) else FP8_UNEXPRESSED)
 
 
 def memory_estimate(setup: TrainingSetup, layout: Layout, stages: bool = False) -> MemoryEstimate:

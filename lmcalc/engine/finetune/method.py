@@ -34,6 +34,7 @@ from typing import Literal, get_args
 
 from lmcalc.engine.choices import one_of, positive_integer
 from lmcalc.engine.model.params import AVERAGED_SYMBOLS, MIXER_SYMBOLS, WeightTensor, weight_tensors
+from lmcalc.engine.model.width_params import CROSS_SYMBOL
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.specs import ModelSpec
 
@@ -390,9 +391,11 @@ def frozen_share(model: ModelSpec, method: Method, tensor: WeightTensor) -> floa
         return 1.0
     frozen_layers = min(method.freeze_layers, model.num_layers)
     symbol = tensor.count_symbol
-    if symbol == "1":  # the embedding (and a head tied to it) stays frozen; the final norm, an untied head train
-        return 1.0 if tensor.group in ("embedding", "position") else 0.0
-    if symbol in AVERAGED_SYMBOLS:  # a hybrid's layer tensors, at its mix of layers
+    if symbol == "1":  # the embedding (and a head tied to it, and Mllama's rows beyond the vocabulary) stays frozen;
+        # the final norm, an untied head train
+        return 1.0 if tensor.group in ("embedding", "position", "cross_attention") else 0.0
+    if symbol in AVERAGED_SYMBOLS or symbol == CROSS_SYMBOL:  # a hybrid's layer tensors, at its mix of layers;
+        # Llama 3.2 Vision's cross-attention layers, spread through the stack
         return frozen_layers / model.num_layers
     frozen_moe = model.moe_layers_in(0, frozen_layers)  # the frozen layers are the lowest ones
     if symbol == "L_dense":

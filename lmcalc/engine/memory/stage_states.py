@@ -24,6 +24,7 @@ from lmcalc.engine.parallel.sharding import (
     StageParams,
     frozen_held,
     gathered_to_backward,
+    idle_held,
     sharded_state_bytes,
     trained_held,
     trained_precision,
@@ -67,6 +68,9 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
     tp, zero, replicas, split = shards.tp, shards.zero, shards.replicas, shards.split
     held = trained_held(model, method, split, built)  # every parameter, unless the method freezes some
     frozen = frozen_held(model, method, w.precision.param_bytes, split, built)  # bytes of the frozen ones
+    updated = held  # the trained ones a step gives gradients to, and the optimizer states
+    if rules.states.grads_lifetime == "step":  # autograd's .grad: none for a weight no step computes
+        updated = StageParams(held.dense - idle_held(model, method, split, built), held.experts)
     replicated = replicas > 1
     grad_bytes = rules.states.grad_bytes or precision.grad_bytes
     zero3, fsdp = 0.0, megatron_fsdp(w, shards)
@@ -80,22 +84,22 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
         if rules.buffers.head_gathered and built.head:
             zero3 += model.vocab_size * model.hidden_size / tp * w.precision.param_bytes
     per_param = optimizer_bytes_per_param(model, precision, optimizer, method)
-    optimizer_states = sharded_state_bytes(per_param, "optimizer", held, shards)
+    optimizer_states = sharded_state_bytes(per_param, "optimizer", updated, shards)
     params = sharded_state_bytes(precision.param_bytes, "params", held, shards)
     params += sharded_state_bytes(1.0, "params", frozen, shards)
     if gathered_to_backward(w, zero):  # the 16-bit weights whole at the backward's start; a layer reduce-scattered
         zero3 = held.total / max(1, built.layers) * rules.buffers.reduce_scatter_bytes if replicated else 0.0
     elif rules.states.weights == "master_only":
         params = 0.0  # only the master copy persists; the 16-bit weights are gathered a layer at a time
-    grads = sharded_state_bytes(grad_bytes, "grads", held, shards)
+    grads = sharded_state_bytes(grad_bytes, "grads", updated, shards)
     master = sharded_state_bytes(precision.master_bytes, "master", held, shards)
     buckets = 0.0
     if rules.states.ddp_bucket_copy and zero == 0 and replicated:
         buckets = held.total * precision.grad_bytes
-    step = _step_transient(w, held, optimizer_states, shards)
+    step = _step_transient(w, updated, optimizer_states, shards)
     offloaded = 0.0
     if w.offload.optimizer:  # the optimizer step runs on the CPU, over an fp32 copy of the gradients
-        fp32_grads = sharded_state_bytes(FP32_GRAD_COPY, "optimizer", held, shards)
+        fp32_grads = sharded_state_bytes(FP32_GRAD_COPY, "optimizer", updated, shards)
         offloaded = master + optimizer_states + fp32_grads
         master = optimizer_states = step = 0.0
     if w.offload.params:

@@ -136,6 +136,19 @@ def _trained_symbol(w: Workload) -> str:
     return "N_gpu" if w.method.kind == "full" else "N_train"
 
 
+def _updated_symbol(w: Workload) -> str:
+    """What has gradients and optimizer states: ``_trained_symbol``'s, less the weights no step computes where
+    autograd makes the gradients (Llama 3.2 Vision's cross-attention layers on text: ``stage_states``)."""
+    idle = w.model.cross_attention is not None and w.framework.states.grads_lifetime == "step"
+    return f"({_trained_symbol(w)} − N_idle)" if idle else _trained_symbol(w)
+
+
+IDLE_NOTE = (
+    "N_idle: the cross-attention layers' weights (their adapters under LoRA), which a step of text skips: held, but "
+    "autograd makes them no gradient and the optimizer no state"
+)
+
+
 def _shard_text(state: ModelState, layout: Layout, held: StageParams) -> str:
     """How ZeRO divides ``state`` over the data-parallel replicas (the experts over fewer of them), if it does."""
     rep_d, rep_e = layout.data_replicas, layout.state_shards.expert_replicas
@@ -174,9 +187,10 @@ def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held
             "Gradients",
             gpu.grads,
             "bytes",
-            f"{n} · {grad_bytes:g} B{_shard_text('grads', layout, held)}"
+            f"{_updated_symbol(w)} · {grad_bytes:g} B{_shard_text('grads', layout, held)}"
             + (" (offloaded: 0 on the GPU)" if w.offload.params else ""),
             source=w.framework.states.source if w.framework.states.grad_bytes else "",
+            note=IDLE_NOTE if _updated_symbol(w) != n else "",
         ),
         *_grads_at_peak_terms(w, gpu),
     )
@@ -206,7 +220,7 @@ def _grads_at_peak_terms(w: Workload, gpu: GpuMemory) -> tuple[Term, ...]:
 def _master_and_optimizer_terms(w: Workload, layout: Layout, gpu: GpuMemory, held: StageParams) -> tuple[Term, Term]:
     """The fp32 master weights and the optimizer's states of what is trained (none on the GPU when offloaded)."""
     precision, optimizer, n = trained_precision(w), w.optimizer, _trained_symbol(w)
-    opt_formula = " + ".join(state_formula(s, precision, n) for s in optimizer.states) or "0"
+    opt_formula = " + ".join(state_formula(s, precision, _updated_symbol(w)) for s in optimizer.states) or "0"
     offloaded = " (offloaded: 0 on the GPU)" if w.offload.optimizer else ""
     optimizer_shard = _shard_text("optimizer", layout, held)
     return (

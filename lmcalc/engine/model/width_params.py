@@ -131,6 +131,17 @@ def altup_flops(spec: ModelSpec) -> float:
     return spec.num_layers * (2 * spec.hidden_size * a.streams + 2 * spec.hidden_size * a.streams**2)
 
 
+CROSS_SYMBOL = "L_x"
+"""The count symbol of Llama 3.2 Vision's cross-attention layers' tensors (and of their LoRA adapters)."""
+
+
+def idle(tensor: WeightTensor) -> bool:
+    """Whether no text step computes ``tensor``: a cross-attention layer's (or its adapter's), which MllamaTextModel
+    skips without image states, so autograd gives it no gradient. The embedding's rows beyond the vocabulary are not
+    idle in this sense: they are rows of the embedding's one weight, whose gradient is made whole."""
+    return tensor.count_symbol == CROSS_SYMBOL
+
+
 def cross_attention_tensors(spec: ModelSpec) -> list[WeightTensor]:
     """Llama 3.2 Vision's cross-attention layers (``CrossAttentionSpec``), which text alone does not run: each a query
     projection h → H·d, key and value projections h → H_kv·d (of the projected vision features), the output
@@ -141,7 +152,7 @@ def cross_attention_tensors(spec: ModelSpec) -> list[WeightTensor]:
     if x is None:
         return []
     h, heads, d = Dim(spec.hidden_size, "h"), spec.num_heads, spec.head_size
-    layers = Site("cross_attention", x.layers, "L_x", active=0)
+    layers = Site("cross_attention", x.layers, CROSS_SYMBOL, active=0)
     q, kv = Dim(heads * d, "H·d"), Dim(spec.kv_heads * d, "H_kv·d")
     tensors = (
         linear("cross_attn.q", layers, q, h, False)

@@ -28,6 +28,7 @@ from lmcalc.engine.finetune.method import (
 )
 from lmcalc.engine.model.flops import ModelPart
 from lmcalc.engine.model.params import AVERAGED_SYMBOLS, WeightTensor, copies_per_layer, weight_tensors
+from lmcalc.engine.model.width_params import CROSS_SYMBOL, idle
 from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
 from lmcalc.engine.workload import Workload, canonical
 from lmcalc.recipe_specs import PrecisionRecipe
@@ -87,15 +88,16 @@ def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, 
     """How many copies of ``tensor`` one GPU of a stage that builds ``built`` holds (before tensor-parallel
     splitting), with the routed experts spread over ``ep`` GPUs."""
     symbol = tensor.count_symbol
-    if symbol == "1":
-        if tensor.group in ("embedding", "position"):
+    if symbol == "1":  # the cross-attention's one tensor here is the embedding's rows beyond the vocabulary
+        if tensor.group in ("embedding", "position", "cross_attention"):
             on_stage = built.embedding or (built.head and tensor.group == "embedding" and model.tied_embeddings)
         else:  # final norm, untied head
             on_stage = built.head
         return 1.0 if on_stage else 0.0
     if symbol.split("·")[0] in SHARED_SYMBOLS:  # a shared block's, or its uses' own: on the one stage (PP = 1,
         return float(tensor.count)  # layout.check_layout), all of them
-    if symbol in AVERAGED_SYMBOLS:  # a hybrid's stage: its layers taken at the model's mix
+    if symbol in AVERAGED_SYMBOLS or symbol == CROSS_SYMBOL:  # a hybrid's stage: its layers taken at the model's
+        # mix; Llama 3.2 Vision's cross-attention layers, spread through the stack (every fifth), at their share
         return tensor.count / model.num_layers * built.layers
     if symbol == "L_dense":  # the layers that do not route, at the model's mix of dense FFNs and none
         return copies_per_layer(model, tensor) * built.dense
@@ -172,6 +174,22 @@ def trained_held(model: ModelSpec, method: Method, split: ModelSplit, built: Sta
         else:
             dense += held
     return StageParams(dense, experts)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def idle_held(model: ModelSpec, method: Method, split: ModelSplit, built: StageLayers) -> float:
+    """The trained parameters one GPU holds of a stage that builds ``built`` that no step computes (Llama 3.2 Vision's
+    cross-attention layers on text, and their adapters: ``width_params.idle``), all dense. They are held; where
+    autograd makes the gradients, none is made for them, and PyTorch's optimizers make states only for a gradient."""
+    trained = ((t, 1.0) for t in weight_tensors(model)) if method.kind == "full" else trained_tensors(model, method)
+    return sum(
+        copies_on_stage(t, model, built, split.ep)
+        * share
+        * t.numel
+        / (1 if t.group == "adapters" else split_divisor(t, model, split))
+        for t, share in trained
+        if idle(t)
+    )
 
 
 @functools.lru_cache(maxsize=1 << 14)
