@@ -459,7 +459,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         its training memory or step time; "" where it counts everything. RWKV-4's (``RWKV_COUNTED_ONLY``);
         DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``). Llama 3.2 Vision's text model is counted whole: a step of text
         skips its cross-attention layers (docs/formulas.md §2.21)."""
-        if self.rwkv or self.mlstm:
+        if self.mlstm:
             return RWKV_COUNTED_ONLY
         if (
             self.dynamic_mask_window

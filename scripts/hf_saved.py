@@ -607,6 +607,14 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                             "attention_window_size": WINDOW},
                              "RecurrentGemma with h 512 and V 256: a norm's or a layer's backward outweighs the "
                              "loss's"),
+    "rwkv-small": (T.RwkvConfig, {"vocab_size": 2048, "hidden_size": 128, "attention_hidden_size": 96,
+                                  "intermediate_size": 384, "num_hidden_layers": LAYERS, "context_length": 1024,
+                                  "tie_word_embeddings": False},
+                   "small RWKV-4: a time mix of 96 (the WKV recurrence a loop over the tokens off CUDA), a channel "
+                   "mix of 384"),
+    "rwkv-wide": (T.RwkvConfig, {"vocab_size": 256, "hidden_size": 512, "intermediate_size": 2048,
+                                 "num_hidden_layers": LAYERS, "context_length": 1024, "tie_word_embeddings": False},
+                  "RWKV-4 with h 512 and V 256: a layer's backward outweighs the loss's"),
 }  # fmt: skip
 """Types lmcalc reads since issue #31, small (h 128, two layers): name: (config class, its kwargs, what it is)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in NEWER.items()}
@@ -878,7 +886,7 @@ CASES["mllama-small"] = Case(
     "small Llama 3.2 Vision text model (MllamaForCausalLM): a self-attention layer, a cross-attention layer text "
     "skips, a self-attention layer; 8 embedding rows beyond V",
 )
-# GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's, XGLM's and GPT-NeoX-Japanese's: no SDPA; Emu3's and
+# GPTNeoPreTrainedModel, MptPreTrainedModel, OpenAI GPT's, XGLM's, GPT-NeoX-Japanese's and RWKV's: no SDPA; Emu3's and
 # Seed-OSS's attention dropout: SDPA's runs the CPU's math path, which no GPU run takes
 for _name in (
     "flint-small",
@@ -894,6 +902,8 @@ for _name in (
     "emu3-small",
     "seed-oss-small",
     "gpt-neox-japanese-small",
+    "rwkv-small",
+    "rwkv-wide",
 ):
     CASES[_name] = replace(CASES[_name], attentions=EAGER_ONLY)
 for _name in ("openai-gpt-small", "ctrl-small", "gpt-neox-japanese-small", "jetmoe-small"):  # no gradient checkpointing

@@ -55,6 +55,7 @@ TARGETS = {
     "gemma4-e-small": ("all-linear", "q_proj,v_proj"),  # layers that reuse K and V, and per-layer inputs
     "gemma3n-small": ("all-linear", "q_proj,v_proj"),  # AltUp's streams (PEFT adapts its linear layers too), LAuReL
     "recurrent-gemma-small": ("all-linear", "linear_y,linear_x,linear_out"),  # its recurrent block's, then alone
+    "rwkv-small": ("all-linear",),  # the time mix's four projections, the channel mix's three
 }
 CASES = [
     (name, targets, dropout, checkpointing, attention)
@@ -62,7 +63,7 @@ CASES = [
     for targets in target_sets
     for dropout in ((0.0,) if name == "mixtral-small" else (0.0, 0.1))
     for checkpointing in (False, True)
-    for attention in (("sdpa",) if name == "gpt2-small" else ("sdpa", "eager"))
+    for attention in (("sdpa",) if name == "gpt2-small" else hf_saved.CASES[name].attentions)
 ]
 
 

@@ -72,7 +72,8 @@ REAL_GRID = [(128, 2)]
 STEP_MEASURED = ("deepseek-v32-small", "minimax-small", "axk1-small", "flint-small", "laguna-small", "lfm3-small",
                  "beam-small", "modernbert-decoder-small", "mimo-v2-flash-small",
                  "minimax-m3-small", "longcat-flash-small", "axk2-small", "jetmoe-small", "gemma4-small",
-                 "gemma4-moe-small", "gemma4-e-small", "gemma3n-small", "recurrent-gemma-small")  # fmt: skip
+                 "gemma4-moe-small", "gemma4-e-small", "gemma3n-small", "recurrent-gemma-small",
+                 "rwkv-small")  # fmt: skip
 """The small models of the types read since issue #31 whose step peak tests/test_step_phases.py measures too."""
 OTHERS = (
     "gemma2-small",
@@ -330,7 +331,7 @@ def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra:
         tables = [t for t in outside if t.block == "tables" or t.label.startswith("per-layer inputs")]
         own = sum(t.bytes for t in tables if t.symbol == "s·d_g")
         attending = [i for i in range(m.layers * unit) if w.model.is_attention_layer(i)]
-        first = attending[0] // unit
+        first = attending[0] // unit if attending else None  # RWKV's layers attend nowhere: no tables
         first_global = next((i // unit for i in attending if not w.model.is_local_layer(i)), None) if own else None
         for i in range(m.layers):
             packed = (sum(t.bytes for t in tables) - own if i == first else 0) + (own if i == first_global else 0)

@@ -395,8 +395,8 @@ def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
     moe_first = w.model.is_moe_layer(0)
     first = layer_kept_tensors(w, moe_first)
     # the modules that read the lowest layer's norm: its attention's, or where it runs a hybrid's other mixer, that
-    # mixer's input projections too (RecurrentGemma's first layer is recurrent)
-    reads_norm = QKV if w.model.is_attention_layer(0) else (*QKV, *MIXER_INPUTS)
+    # mixer's input projections too (RecurrentGemma's first layer is recurrent; RWKV's time mix, through its mixes)
+    reads_norm = QKV if w.model.is_attention_layer(0) else (*QKV, *MIXER_INPUTS, "key", "value", "receptance")
     if any(m.group == "attention" or m.leaf in reads_norm for m in modules):
         reads_input = {m.name for m in modules if m.leaf in reads_norm}
         leaves = {m.leaf for m in modules} | ({"q", "k", "v"} if any(m.leaf == "qkv" for m in modules) else set())

@@ -76,6 +76,12 @@ expert output's gradient cast back to the activation dtype; read from the storag
 scripts/hf_step_peak.py on the CPU (mixtral-wide)."""
 
 
+SQUARE_BACKWARD_TENSORS = 3
+"""f-wide tensors a two-matrix squared-ReLU MLP's backward holds at once at the square (torch.square, PowBackward0:
+grad · (2 · x)): the down projection's input gradient, 2 · x and their product; read from the storages live at the
+step's peak with scripts/hf_step_peak.py on the CPU (rwkv-wide: its channel mix)."""
+
+
 class Transients(NamedTuple):
     """What a backward holds at once beyond the saved activations, where the framework profile counts it."""
 
@@ -191,6 +197,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     # beyond the MLP's saved tensors, its output projection's input freed: a GELU kernel's input gradient; a gated
     # MLP's gate and up gradients; a GELU written op by op, the gradients of its last product's two factors
     gradients = 1 if spec.ffn_kind == "gelu_mlp" and not gelu_ops_kept(w) else 2
+    if spec.ffn_kind == "gelu_mlp" and spec.activation == "relu2":  # the square's backward: grad · (2·x), op by op
+        gradients = SQUARE_BACKWARD_TENSORS
     if _output_projection_adapted(w):  # its input's gradient made twice, through W and through B·A, then summed
         gradients = max(gradients, ADAPTED_INPUT_GRADIENTS)
     fp8 = te_fp8(w)  # Transformer Engine quantises the output gradient of fc1 beside it, for its backward

@@ -52,3 +52,60 @@ def rglru_saved(w: Workload) -> list[SavedTensor]:
         SavedTensor("scan output (the product with the y branch keeps it)", "s·b·w", width, act),
         SavedTensor("linear_out input (the gated product)", "s·b·w", width, act, for_weights=("linear_out",)),
     ]
+
+
+MIX_COEFFICIENTS = ("time_mix",)
+"""What the token-shifted inputs (and the norms' outputs) are kept for: the mixing coefficients' gradients, which a
+frozen base (LoRA) does not compute, so that the mixes' products then keep nothing but the coefficients."""
+WKV_STEP_TENSORS = 12
+"""fp32 vectors of b·a one step of rwkv_linear_attention_cpu's loop leaves saved: the key cast to fp32, k + u, the two
+exponentials and the numerator and denominator of the output, the decayed maximum, the two exponentials of the state
+update and the three new states (numerator, denominator, maximum), which the next step's products keep."""
+
+
+def rwkv_saved(w: Workload) -> list[SavedTensor]:
+    """What an RWKV-4 layer (Peng et al. 2023 §4.1 and 4.2, eq. 11–17; RwkvSelfAttention, RwkvFeedForward) keeps for
+    backward beyond its two norms, their outputs and its channel mix's squared-ReLU MLP, as transformers runs it off
+    CUDA (``rwkv_linear_attention_cpu``: the WKV recurrence a Python loop over the tokens, accumulated in fp32):
+
+    * the time mix: the token-shifted norm output (the mixes' products keep it beside the norm output), the three
+      mixes (the receptance, key and value projections' inputs), the value projection's output (each step's product
+      keeps a slice of it), the receptance's sigmoid output, the scan's ``WKV_STEP_TENSORS`` fp32 vectors a step, the
+      WKV output (kept by the product with the receptance) and the output projection's input;
+    * the channel mix, beside the MLP: its token-shifted input, its two mixes (the key's and the receptance's
+      projection inputs; the key's is the MLP's own), its receptance's sigmoid output and the MLP's output, which
+      the gating product keeps.
+
+    The CUDA kernel transformers loads where ninja and CUDA are present (RwkvLinearAttention) keeps far less: its
+    inputs and output. Not counted: a vector of a a layer (−exp(w))."""
+    r, act, sb, h = w.model.rwkv, w.precision.activation_bytes, w.tokens, w.model.hidden_size
+    assert r is not None
+    a = sb * r.attention_size
+    return [
+        SavedTensor("time mix: token-shifted input", "s·b·h", sb * h, act, for_weights=MIX_COEFFICIENTS),
+        SavedTensor(
+            "time mix: key, value and receptance mixes",
+            "3·s·b·h",
+            3 * sb * h,
+            act,
+            for_weights=("key", "value", "receptance"),
+        ),  # fmt: skip
+        SavedTensor("value (each WKV step's product keeps a slice)", "s·b·a", a, act),
+        SavedTensor("receptance (sigmoid output)", "s·b·a", a, act),
+        SavedTensor("WKV scan: 12 vectors a step (fp32)", "12·s·b·a", WKV_STEP_TENSORS * a, SCAN_BYTES),
+        SavedTensor("WKV output (the receptance's product keeps it)", "s·b·a", a, act),
+        SavedTensor("output projection input (the gated product)", "s·b·a", a, act, for_weights=("output",)),
+        SavedTensor(
+            "channel mix: token-shifted input", "s·b·h", sb * h, act, block="mlp", for_weights=MIX_COEFFICIENTS
+        ),
+        SavedTensor(
+            "channel mix: key and receptance mixes",
+            "2·s·b·h",
+            2 * sb * h,
+            act,
+            block="mlp",
+            for_weights=("fc", "receptance"),
+        ),  # fmt: skip
+        SavedTensor("channel mix: receptance (sigmoid output)", "s·b·h", sb * h, act, block="mlp"),
+        SavedTensor("channel mix: the MLP's output (the gating product keeps it)", "s·b·h", sb * h, act, block="mlp"),
+    ]
