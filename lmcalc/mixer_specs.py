@@ -176,7 +176,7 @@ class LightningSpec(Spec):
 
 
 RWKV_COUNTED_ONLY = (
-    "RWKV-4's, RecurrentGemma's and xLSTM's recurrent layers are counted by lmcalc params, lmcalc flops, lmcalc "
+    "xLSTM's recurrent layers are counted by lmcalc params, lmcalc flops, lmcalc "
     "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
     "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
 )

@@ -456,9 +456,10 @@ class ModelSpec(LayerKinds, NamedSpec):
     @property
     def counted_only(self) -> str:
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
-        its training memory or step time; "" where it counts everything. RWKV-4's (``RWKV_COUNTED_ONLY``);
-        DeepSeek-V4's (``COMPRESSED_COUNTED_ONLY``). Llama 3.2 Vision's text model is counted whole: a step of text
-        skips its cross-attention layers (docs/formulas.md §2.21)."""
+        its training memory or step time; "" where it counts everything. xLSTM's (``RWKV_COUNTED_ONLY``); Doge's,
+        the looped models', BLT's and the others of ``COMPRESSED_COUNTED_ONLY``. RWKV-4, RecurrentGemma, Zamba,
+        DeepSeek-V4 and HY V4 are modelled whole; Llama 3.2 Vision's text model too, a step of text skipping its
+        cross-attention layers (docs/formulas.md §2.21)."""
         if self.mlstm:
             return RWKV_COUNTED_ONLY
         if (
