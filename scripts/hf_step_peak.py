@@ -189,6 +189,28 @@ LORA_MODES = {  # (PEFT's fp32 adapters, the Trainer's autocast, lmcalc's recipe
 }
 
 
+def harness_workload(
+    spec: Any, precision: Any, seq_len: int, micro_batch: int, checkpointing: bool, attention: str, method: Any
+) -> Any:
+    """The workload the harness's models run, as lmcalc sees it: the transformers profile, AdamW, the CPU's dropout
+    masks, ``attention`` ("sdpa" or "eager") and transformers' gradient checkpointing (full recomputation) or none."""
+    from lmcalc.engine.workload import Workload, dropout_mask_bytes
+    from lmcalc.presets import framework_profile, resolve_optimizer
+
+    return Workload(
+        spec,
+        precision,
+        resolve_optimizer("adamw").spec,
+        seq_len,
+        micro_batch,
+        "flash" if attention == "sdpa" else "eager",
+        "full" if checkpointing else "none",
+        mask_bytes=dropout_mask_bytes("cpu", precision),
+        framework=framework_profile("transformers"),
+        method=method,
+    )
+
+
 def lmcalc_peak(
     case_name: str,
     seq_len: int,
@@ -204,9 +226,8 @@ def lmcalc_peak(
     from lmcalc.engine.memory.gpu_memory import gpu_memory
     from lmcalc.engine.memory.phases import step_phases
     from lmcalc.engine.parallel.layout import Layout
-    from lmcalc.engine.workload import Workload, dropout_mask_bytes
     from lmcalc.hf_config import model_from_hf_config
-    from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
+    from lmcalc.presets import resolve_precision
     from lmcalc.specs import ModelSpec
 
     case = hf_saved.CASES[case_name]
@@ -218,18 +239,14 @@ def lmcalc_peak(
     if lora_mode is not None:
         fp32_adapters, _, recipe = LORA_MODES[lora_mode]
         method = Method("lora", LORA["r"], parse_targets(LORA["target_modules"]), fp32_adapters=fp32_adapters)
-    precision = resolve_precision(recipe).spec
-    w = Workload(
+    w = harness_workload(
         ModelSpec.model_validate(fields),
-        precision,
-        resolve_optimizer("adamw").spec,
+        resolve_precision(recipe).spec,
         seq_len,
         micro_batch,
-        "flash" if attention == "sdpa" else "eager",
-        "full" if checkpointing else "none",
-        mask_bytes=dropout_mask_bytes("cpu", precision),
-        framework=framework_profile("transformers"),
-        method=method,
+        checkpointing,
+        attention,
+        method,
     )
     gpu = gpu_memory(w, Layout(), 0)
     phases = step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)  # the gradients left out, as measured

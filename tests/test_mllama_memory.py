@@ -30,9 +30,9 @@ import torch  # noqa: E402
 from lmcalc.engine.finetune.method import FULL, Method, parse_targets  # noqa: E402
 from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
-from lmcalc.engine.workload import Workload, dropout_mask_bytes  # noqa: E402
+from lmcalc.engine.workload import Workload  # noqa: E402
 from lmcalc.hf_config import model_from_hf_config  # noqa: E402
-from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision  # noqa: E402
+from lmcalc.presets import resolve_precision  # noqa: E402
 from lmcalc.specs import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -52,18 +52,7 @@ def spec() -> ModelSpec:
 
 
 def workload(seq: int, batch: int, checkpointing: bool, attention: str = "sdpa", method: Method = FULL) -> Workload:
-    return Workload(
-        spec(),
-        PRECISION,
-        resolve_optimizer("adamw").spec,
-        seq,
-        batch,
-        "flash" if attention == "sdpa" else "eager",
-        "full" if checkpointing else "none",
-        mask_bytes=dropout_mask_bytes("cpu", PRECISION),
-        framework=framework_profile("transformers"),
-        method=method,
-    )
+    return hf_step_peak.harness_workload(spec(), PRECISION, seq, batch, checkpointing, attention, method)
 
 
 def lora(targets: str) -> dict:
