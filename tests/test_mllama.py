@@ -94,3 +94,30 @@ def test_lora_adapters_on_the_idle_layers_are_held_without_gradients():
     assert estimate.gpu.kept.grads == 32 * per_layer * 2 == 83_886_080
     assert estimate.gpu.kept.master == 40 * per_layer * 4 == 209_715_200
     assert any("a step of text alone" in note for note in estimate.report.notes)
+
+
+def test_the_optimizer_step_reads_only_what_a_text_step_trains():
+    # The optimizer's step is timed as memory traffic over the states it updates (formulas §8.12): per parameter the
+    # gradient read twice (the clip's norm, then the step), the master weights and AdamW's states read and written,
+    # the weights written. Under transformers the 1,744,898,064 idle weights have no gradient and no state, so the
+    # step covers 8,030,294,016 parameters; under Megatron, whose buffers cover every parameter, all 9,775,192,080
+    from lmcalc.engine.parallel.layout import Layout
+    from lmcalc.engine.parallel.pipeline import stage_layers
+    from lmcalc.engine.parallel.sharding import states_workload
+    from lmcalc.engine.time import rates
+    from lmcalc.engine.time.steptime import FOREACH_PASSES, state_traffic
+
+    def seconds(framework: str, params: int) -> tuple[float, float]:
+        estimate = api.memory(model=spec_of({}), seq=2048, gpus="1xH200", framework=framework, precision="bf16-pure")
+        w, layout, machine = estimate.workload, Layout(), rates.Machine(estimate.cluster)
+        timed = state_traffic(states_workload(w), layout.state_shards, 1, stage_layers(w.model, layout, 0), machine)
+        states = 2 * w.precision.optimizer_state_bytes  # AdamW's two moments
+        per_param = 2 * w.grad_bytes + 2 * (w.precision.master_bytes + states) + w.precision.param_bytes
+        passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
+        by_hand = rates.memory_seconds(machine.hardware, params * per_param * passes, 4 * passes, machine.calibration)
+        return timed.optimizer, by_hand
+
+    timed, by_hand = seconds("transformers", 9_775_192_080 - 8 * CROSS_LAYER)
+    assert timed == pytest.approx(by_hand, rel=1e-12)
+    timed, by_hand = seconds("megatron", 9_775_192_080)
+    assert timed == pytest.approx(by_hand, rel=1e-12)

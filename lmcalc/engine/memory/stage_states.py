@@ -24,10 +24,10 @@ from lmcalc.engine.parallel.sharding import (
     StageParams,
     frozen_held,
     gathered_to_backward,
-    idle_held,
     sharded_state_bytes,
     trained_held,
     trained_precision,
+    updated_held,
     zero_shards,
 )
 from lmcalc.engine.parallel.states import optimizer_bytes_per_param
@@ -68,9 +68,7 @@ def stage_states(w: Workload, shards: StateShards, built: StageLayers) -> StageS
     tp, zero, replicas, split = shards.tp, shards.zero, shards.replicas, shards.split
     held = trained_held(model, method, split, built)  # every parameter, unless the method freezes some
     frozen = frozen_held(model, method, w.precision.param_bytes, split, built)  # bytes of the frozen ones
-    updated = held  # the trained ones a step gives gradients to, and the optimizer states
-    if rules.states.grads_lifetime == "step":  # autograd's .grad: none for a weight no step computes
-        updated = StageParams(held.dense - idle_held(model, method, split, built), held.experts)
+    updated = updated_held(w, split, built)  # the trained ones a step gives gradients to, and the optimizer states
     replicated = replicas > 1
     grad_bytes = rules.states.grad_bytes or precision.grad_bytes
     zero3, fsdp = 0.0, megatron_fsdp(w, shards)

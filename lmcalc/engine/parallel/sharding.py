@@ -192,6 +192,15 @@ def idle_held(model: ModelSpec, method: Method, split: ModelSplit, built: StageL
     )
 
 
+def updated_held(w: Workload, split: ModelSplit, built: StageLayers) -> StageParams:
+    """The trained parameters one GPU holds of a stage that the optimizer steps: all of them, but where autograd
+    makes the gradients (the profile's ``grads_lifetime`` "step"), not those no step computes (``idle_held``)."""
+    held = trained_held(w.model, w.method, split, built)
+    if w.framework.states.grads_lifetime != "step":
+        return held
+    return StageParams(held.dense - idle_held(w.model, w.method, split, built), held.experts)
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def frozen_held(
     model: ModelSpec, method: Method, param_bytes: float, split: ModelSplit, built: StageLayers

@@ -43,6 +43,7 @@ from lmcalc.engine.parallel.sharding import (
     stage_part,
     states_workload,
     trained_held,
+    updated_held,
     zero_shards,
 )
 from lmcalc.engine.parallel.states import optimizer_bytes_per_param
@@ -434,7 +435,7 @@ def state_traffic(
         optimizer = offload_time(w.offload, local, grad_bytes, precision.param_bytes, gpus_per_host).total
         fetch = fetch_seconds(w.offload, shard)
     else:
-        optimizer = _optimizer_seconds(w, shards, held, machine)
+        optimizer = _optimizer_seconds(w, shards, updated_held(w, shards.split, built), machine)
     return StateTraffic(zero3, reduce, gather, optimizer, fetch)
 
 
