@@ -125,21 +125,28 @@ def run_model(run_id: str, model: dict[str, Any], shapes: dict[str, dict[str, An
 def _framework(row: dict[str, Any], precision: PrecisionRecipe) -> FrameworkProfile:
     """The run's framework profile, with the attention kernel the run used where it differs from the profile's
     (``attention_kernel``: FlashAttention-2 on runs made before FlashAttention-3 existed) and any other speed rule
-    the source states (``speed``: DeepSeek-V3's DualPipe overlaps its all-to-alls), Megatron's gradient buffer in
-    bf16 where the recipe reduces gradients in bf16 (``grad_reduce_in_bf16``), and fp8 primary weights where the
-    recipe gathers them in fp8 (``fp8_param_gather``)."""
+    the source states (``speed``: DeepSeek-V3's DualPipe overlaps its all-to-alls), the norm kernel its software ran
+    (``norm``: torchtitan's eager RMSNorm of December 2024, op by op), Megatron's gradient buffer in bf16 where the
+    recipe reduces gradients in bf16 (``grad_reduce_in_bf16``), and fp8 primary weights where the recipe gathers
+    them in fp8 (``fp8_param_gather``)."""
     profile = resolve_framework(row["framework"]).spec
-    changes = dict(row.get("speed", {}))
+    speed = dict(row.get("speed", {}))
     if "attention_kernel" in row:
-        changes["attention_kernel"] = row["attention_kernel"]
-    if changes:
-        speed = type(profile.speed).model_validate({**profile.speed.model_dump(), **changes})
-        profile = profile.model_copy(update={"speed": speed})
+        speed["attention_kernel"] = row["attention_kernel"]
+    profile = _with_rule(_with_rule(profile, "speed", speed), "norm", row.get("norm", {}))
     if row.get("grad_reduce_in_bf16"):  # Megatron's gradient buffer in bf16, as the run's recipe sets it
         profile = bf16_gradient_buffer(profile)
     if row.get("fp8_param_gather"):  # Megatron's fp8 primary weights, as the run's recipe sets them
         profile = fp8_primary_weights(profile, precision)
     return profile
+
+
+def _with_rule(profile: FrameworkProfile, name: str, changes: dict[str, Any]) -> FrameworkProfile:
+    """The profile with some fields of one of its rules changed (validated as that rule)."""
+    if not changes:
+        return profile
+    rule = getattr(profile, name)
+    return profile.model_copy(update={name: type(rule).model_validate({**rule.model_dump(), **changes})})
 
 
 def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[PublishedRun]:
