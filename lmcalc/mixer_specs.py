@@ -176,9 +176,10 @@ class LightningSpec(Spec):
 
 
 RWKV_COUNTED_ONLY = (
-    "xLSTM's recurrent layers are counted by lmcalc params, lmcalc flops, lmcalc "
-    "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: lmcalc's training "
-    "memory, fine-tuning and step-time model do not take them yet (docs/hf-types.md)"
+    "xLSTM's mode train_with_padding (mlstm.padded) is counted by lmcalc params, lmcalc flops, lmcalc "
+    "train-time (full training, at an MFU) and the serving memory (memory --inference) alone: transformers 5.24 "
+    "cannot train in it (xLSTMLayer unpacks a state its padded kernel does not return), so lmcalc's training "
+    "memory, fine-tuning and step-time model do not take it (docs/formulas.md §2.29)"
 )
 
 

@@ -953,6 +953,24 @@ hyper-connections and compressed attention of ``engine.memory.compressed`` (test
 CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY) for name, (cls, kwargs, source) in
           COMPRESSED.items()}  # fmt: skip
 
+XLSTM_SMALL = dict(vocab_size=2048, hidden_size=128, num_heads=4, num_hidden_layers=LAYERS, chunk_size=64,
+                   tie_word_embeddings=False, **TOKENS)  # fmt: skip
+"""xLSTM's small layers: h 128, 4 heads (queries and keys of 16, values of 32), a SwiGLU of 384, V 2048, two layers,
+the class's mode ("inference": whole chunks of 64 chunkwise, the rest token by token)."""
+XLSTM: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "xlstm-small": (T.xLSTMConfig, XLSTM_SMALL, "small xLSTM: mLSTM layers of 4 heads run chunkwise in chunks of 64"),
+    "xlstm-steps": (T.xLSTMConfig, XLSTM_SMALL | {"chunk_size": 48},
+                    "small xLSTM with chunks of 48: the tokens past the last whole chunk run step by step"),
+    "xlstm-train": (T.xLSTMConfig, XLSTM_SMALL | {"mode": "train"},
+                    "small xLSTM in mode train: the kernel's own reshapes copy q, k and v (not modelled)"),
+    "xlstm-wide": (T.xLSTMConfig, XLSTM_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_heads": 8},
+                   "xLSTM with h 512 and V 256: a layer's backward outweighs the loss's"),
+}  # fmt: skip
+"""xLSTM, eager (its layers attend nowhere), validated in fp32: transformers' kernels do not train in bf16
+(``engine.memory.recurrent.mlstm_saved``)."""
+CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY) for name, (cls, kwargs, source) in
+          XLSTM.items()}  # fmt: skip
+
 # Records
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -1602,11 +1620,13 @@ def _rebuild_layer(
     for name in ("cache", "past_key_values", "layer_past"):
         if name in kwargs:
             kwargs[name] = None
-    positional = list(inspect.signature(layer.forward).parameters)[: len(args)]
+    parameters = inspect.signature(layer.forward).parameters
+    positional = list(parameters)[: len(args)]
     for i, name in enumerate(positional):  # RecurrentGemma's layers take use_cache and cache by position
         if name in ("use_cache", "cache"):
             args[i] = False if name == "use_cache" else None
-    if "use_cache" not in positional:
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if "use_cache" not in positional and ("use_cache" in parameters or takes_any):  # xLSTMBlock takes x, state alone
         kwargs["use_cache"] = False
     already = {k for t in _tensors_in((args, kwargs)) if (k := _storage_key(t)) is not None}
     recorder = _Recorder(model, exclude)

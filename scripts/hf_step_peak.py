@@ -135,12 +135,13 @@ def measure(
     fp32_adapters: bool = True,
     autocast: bool = False,
     fp32_products: bool = True,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> StepPeak:
     """One Trainer-style step of ``case_name`` (with ``lora``: PEFT's LoRA, fp32 adapters as PEFT makes them),
     logged storage by storage; the peak of what is not model state. ``dropout``: GPT-2's (its config's 0.1 when
     None), as ``hf_saved.measure`` takes it; ``fp32_products``: bf16 matrix products computed in fp32 (the same
-    storages logged: ``tests/test_hf_saved_products.py``)."""
-    model = hf_saved.build_model(case_name, attention, dropout=dropout)
+    storages logged: ``tests/test_hf_saved_products.py``); ``dtype``: the model's (xLSTM trains in fp32 alone)."""
+    model = hf_saved.build_model(case_name, attention, dtype, dropout=dropout)
     if lora is not None:
         model = hf_saved._with_lora(model, lora, fp32_adapters=fp32_adapters)
     if checkpointing:

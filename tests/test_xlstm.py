@@ -1,7 +1,8 @@
 """xLSTM (issue #31): xLSTM-7B's mLSTM layers (Beck et al. 2025), as transformers 5.24 builds and runs them with its
 own kernels. Parameters and the serving state by hand at the class defaults, the chunkwise kernel's FLOPs by hand,
 and on the CPU against FlopCounterMode on transformers' fp32 step (whole chunks, a remainder run step by step, a
-sequence shorter than a chunk) and against the state transformers' cache keeps."""
+sequence shorter than a chunk) and against the state transformers' cache keeps. Its training memory:
+tests/test_xlstm_memory.py."""
 
 from __future__ import annotations
 
@@ -102,9 +103,15 @@ def test_what_is_not_modelled_is_refused_in_one_line(change, message):
         spec_of(DEFAULTS | change)
 
 
-def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    from hf_tiny import check_counted_alone
+def test_every_estimate_takes_it(tmp_path):
+    # training memory, fine-tuning and the planner since the mLSTM's saved tensors are counted (formulas §2.29;
+    # against transformers: tests/test_xlstm_memory.py); the serving state as before
+    import json
 
-    check_counted_alone(tmp_path, DEFAULTS, 6_865_424_896, "xLSTM's recurrent layers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DEFAULTS))
+    assert api.params(model=str(path)).total == 6_865_424_896
     for context in (4096, 65536):  # no K and V: the state alone, whatever the context
-        assert api.inference(model=str(tmp_path / "config.json"), context=context).memory.kv_cache == 67_240_448
+        assert api.inference(model=str(path), context=context).memory.kv_cache == 67_240_448
+    assert api.memory(model=str(path), seq=4096, precision="fp32").gpu.activations > 0
+    assert api.memory(model=str(path), seq=4096, precision="fp32", method="lora").gpu.activations > 0

@@ -281,8 +281,11 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
         layers, rebuilt = recomputed_chunks(
             w, stage_chunk_flags(w.model, layout)[stage], checkpoint, one_layer, largest
         )
-        if norm_keeps(w) == "input" or w.model.hyper_connections:  # the hyper-connections keep their streams too
-            rebuilt -= checkpoint  # the rebuilt unit's first norm keeps the checkpointed input, already counted
+        # the rebuilt unit's first norm keeps the checkpointed input, already counted: as its input, or as its fp32
+        # copy where the activations are fp32 already (x.float() is x); the hyper-connections keep their streams too
+        fp32_copy = norm_keeps(w) in ("fp32_input", "fp32_normalised") and w.precision.activation_bytes == 4
+        if norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections:
+            rebuilt -= checkpoint
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]
         if w.recompute == "selective":  # what the selective modules or operators dropped comes back in a backward

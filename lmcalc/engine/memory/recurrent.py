@@ -5,6 +5,7 @@ are every layer's (``engine.memory.activations``)."""
 
 from __future__ import annotations
 
+from lmcalc.engine.memory.norms import NORM
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
 
@@ -108,4 +109,109 @@ def rwkv_saved(w: Workload) -> list[SavedTensor]:
         ),  # fmt: skip
         SavedTensor("channel mix: receptance (sigmoid output)", "s·b·h", sb * h, act, block="mlp"),
         SavedTensor("channel mix: the MLP's output (the gating product keeps it)", "s·b·h", sb * h, act, block="mlp"),
+    ]
+
+
+MLSTM_STEP_SCALARS = 8
+"""fp32 values of b·NH one step of transformers' ``mlstm_recurrent_step_native`` leaves saved: logsigmoid(f)'s buffer,
+the sum log σ(f) + m the max keeps, the two gates' exponentials, exp(−m), q·n and its |·| (the maximum's other
+input is exp(−m)), and the denominator the division keeps."""
+
+
+def mlstm_saved(w: Workload) -> list[SavedTensor]:
+    """What an mLSTM layer (Beck et al. 2024, *xLSTM*, §2.3 eq. 19–27, its chunkwise form of Beck et al. 2025,
+    *xLSTM 7B*, §3; transformers' xLSTMLayer with its own kernels, ``mode`` "inference", the class default, which
+    its training step runs too) keeps for backward beyond its norm and the norm's output, which its six projections
+    read, element by element as PyTorch runs it:
+
+    * the gates: the soft-capped input and forget pre-activations (tanh's outputs, 2·s·b·NH);
+    * the whole chunks, s_c = L·⌊s/L⌋ tokens, run by ``mlstm_chunkwise_native_autograd`` on contiguous copies of q, k,
+      v and the gates: q, k and v; the decayed keys a chunk updates C by; logsigmoid(f)'s input and buffer; the
+      decays to the chunk's end and to each query (exp outputs); the L × L decay matrix D, the scores Q·Kᵀ and
+      their product D ∘ QKᵀ a head and chunk (3·s_c·b·NH·L); the gated queries; the states C and n each chunk
+      starts from (the running ones the update's product keeps and the copies the queries read: 2·⌊s/L⌋·b·NH·(d_k·
+      d_v + d_k)); the max's indices (int64) and both arguments, the denominator's |·|, its input, exp(−m) and the
+      divisor; the numerator; the L × L causal mask (bools) once a layer;
+    * the rest, r = s − s_c tokens, ``mlstm_recurrent_step_native`` a step at a time on copies of k, v and the gates:
+      each step's state before it (cloned), k·vᵀ and the new state (3·r·b·NH·d_k·d_v), n cloned and new, the scaled
+      query, the numerator, and ``MLSTM_STEP_SCALARS`` values a head;
+    * the output: the kernel's output (the norm's input), the per-head norm's centred input, 1/std (fp32) and
+      normalised value, the output gate's sigmoid and the norm's output (the gate's product keeps both), and
+      out_proj's input.
+
+    Checked in fp32 (tests/test_xlstm_memory.py), the one precision transformers' step trains in: in bf16 its
+    kernels multiply fp32-gated keys by bf16 values and fail. Under bf16-mixed every tensor here is counted at 2
+    bytes, a floor: autocast leaves the element-work promoted to the fp32 states. Not counted: each chunk's and
+    step's running maximum (b·NH values). The fused Triton kernels of NX-AI's mlstm_kernels keep far less (their
+    inputs, the chunk states and the maxima); the config's ``mode`` train (its own copies of q, k and v) keeps about
+    5 % more of the whole (docs/formulas.md §2.29)."""
+    m, act, sb, b = w.model.mlstm, w.precision.activation_bytes, w.tokens, w.micro_batch
+    assert m is not None
+    NH, dk, dv, L = m.heads, m.key_head_dim, m.value_head_dim, m.chunk
+    chunks, rest = divmod(w.seq_len, L)
+    whole = b * chunks * L  # the tokens the chunkwise kernel runs, over the micro-batch
+    rows = b * NH  # the (sequence, head) pairs: each a recurrence of its own
+    tensors = [SavedTensor("input and forget gates (soft cap's tanh outputs)", "2·s·b·NH", 2 * sb * NH, act)]
+    if chunks:
+        sc = "s_c·b"
+        # the products read the first ⌊s/L⌋ of the ⌊s/L⌋ + 1 states in place where the batch, the heads and the chunks
+        # merge as a view (one chunk, or one head of one sequence); else a copy of them
+        whole_store = chunks == 1 or rows == 1
+        read = "(⌊s/L⌋+1)" if whole_store else "⌊s/L⌋"
+        tensors += [
+            SavedTensor(
+                "chunks: q, k and v (contiguous copies)", f"{sc}·(2·d_qk+d_v)", whole * (2 * m.qk_dim + m.v_dim), act
+            ),
+            SavedTensor("chunks: decayed keys (C's update)", f"{sc}·d_qk", whole * m.qk_dim, act),
+            SavedTensor("chunks: gated queries (they read C and n)", f"{sc}·d_qk", whole * m.qk_dim, act),
+            SavedTensor("chunks: D, QKᵀ and D ∘ QKᵀ, L × L a head and chunk", f"3·{sc}·NH·L", 3 * whole * NH * L, act),
+            SavedTensor(
+                "chunks: forget gate and logsigmoid's buffer, the two decays, the max's two arguments, the "
+                "denominator's |·| input, output and exp(−m), the divisor",
+                f"10·{sc}·NH",
+                10 * whole * NH,
+                act,
+            ),
+            SavedTensor("chunks: the max's indices (int64)", f"{sc}·NH", whole * NH, 8),
+            SavedTensor("chunks: numerator", f"{sc}·d_v", whole * m.v_dim, act),
+            SavedTensor(
+                "chunks: C and n each chunk starts from (the update's product keeps them)",
+                "⌊s/L⌋·b·NH·(d_k·d_v+d_k)",
+                chunks * rows * (dk * dv + dk),
+                act,
+            ),
+            SavedTensor(
+                "chunks: C and n the queries read (a copy; one chunk: the states' store, the last state's too)",
+                f"{read}·b·NH·(d_k·d_v+d_k)",
+                (chunks + 1 if whole_store else chunks) * rows * (dk * dv + dk),
+                act,
+            ),
+            SavedTensor("chunks: causal mask (bool)", "L²", L * L, 1, split="none"),
+        ]
+    if rest:
+        rb = b * rest
+        tensors += [
+            SavedTensor("steps: k and v (copies)", "r·b·(d_qk+d_v)", rb * (m.qk_dim + m.v_dim), act),
+            SavedTensor("steps: input and forget gates (copies)", "2·r·b·NH", 2 * rb * NH, act),
+            SavedTensor(
+                "steps: C before (cloned), k·vᵀ and C after, a step", "3·r·b·NH·d_k·d_v", 3 * rb * NH * dk * dv, act
+            ),
+            SavedTensor("steps: n before (cloned) and after, the scaled query", "3·r·b·d_qk", 3 * rb * m.qk_dim, act),
+            SavedTensor("steps: numerator", "r·b·d_v", rb * m.v_dim, act),
+            SavedTensor(
+                "steps: the gates' and the denominator's scalars",
+                f"{MLSTM_STEP_SCALARS}·r·b·NH",
+                MLSTM_STEP_SCALARS * rb * NH,
+                act,
+            ),
+        ]
+    return tensors + [
+        SavedTensor("kernel output (the per-head norm's input)", "s·b·d_v", sb * m.v_dim, act),
+        SavedTensor("per-head norm: centred input", "s·b·d_v", sb * m.v_dim, act),
+        SavedTensor(
+            "per-head norm: normalised value (before the weight)", "s·b·d_v", sb * m.v_dim, act, for_weights=NORM
+        ),  # fmt: skip
+        SavedTensor("per-head norm: 1/std (fp32)", "s·b·NH", sb * NH, 4),
+        SavedTensor("output gate (sigmoid output) and the norm's output", "2·s·b·d_v", 2 * sb * m.v_dim, act),
+        SavedTensor("out_proj input (the gated product)", "s·b·d_v", sb * m.v_dim, act, for_weights=("out_proj",)),
     ]

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Literal
 
 from lmcalc.engine.memory.norms import norm_saved
-from lmcalc.engine.memory.recurrent import rglru_saved, rwkv_saved
+from lmcalc.engine.memory.recurrent import mlstm_saved, rglru_saved, rwkv_saved
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.model.tensors import Dim
 from lmcalc.engine.workload import Workload
@@ -206,6 +206,8 @@ def average_mixer(w: Workload, attention: list[SavedTensor], kind: MixerKind = "
         mixer = rglru_saved(w)
     elif spec.rwkv:
         mixer = rwkv_saved(w)
+    elif spec.mlstm:
+        mixer = mlstm_saved(w)
     elif spec.deltanet:
         mixer = _kda_saved(w) if spec.deltanet.channel_decay else _deltanet_saved(w)
     else:

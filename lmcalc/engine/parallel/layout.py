@@ -356,12 +356,12 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"context parallelism needs fused attention ({setting('attention')} flash): ring attention "
             "never materialises the s² scores"
         )
-    if layout.cp > 1 and (model.rglru or model.rwkv):
+    if layout.cp > 1 and (model.rglru or model.rwkv or model.mlstm):
         raise LmcalcError(
             f"CP={layout.cp} splits the sequence, which {model.name}'s recurrent layers scan token by token: lmcalc "
             "does not model handing each rank's last state to the next; use CP=1"
         )
-    if layout.tp > 1 and (model.rglru or model.rwkv):
+    if layout.tp > 1 and (model.rglru or model.rwkv or model.mlstm):
         raise LmcalcError(
             f"TP={layout.tp} would split {model.name}'s recurrent blocks, whose weights and scan lmcalc keeps whole on "
             "each tensor-parallel rank; use TP=1"
