@@ -26,7 +26,7 @@ PLANS = {
         "megatron": "-m llama-3.1-70b --gpus 64xH100 --pp 2 --framework megatron",
         "megatron-moe": "-m mixtral-8x7b --gpus 32xH100 --ep 8 --framework megatron",
         "megatron-layout": "-m deepseek-v3 --gpus 1024xH100 --pp 16 --ep 64 --pipeline-layout 'Et*3|(tt|)*29,m|L' "
-        "--framework megatron",
+        "--mtp-layers 1 --framework megatron",
         "deepspeed": "-m llama-3.1-8b --gpus 16xH100 --tp 1 --pp 1 --cp 1 --zero 2 --offload optimizer "
         "--framework deepspeed",
         "torchtitan": "-m llama-3.1-70b --gpus 64xH100 --zero 3 --framework torchtitan",
@@ -99,9 +99,10 @@ def megatron_arguments(text: str) -> dict[str, object]:
 
 
 SHAPES = {"megatron-layout": {"num_layers": 61, "hidden_size": 7168, "num_attention_heads": 128, "num_moe_experts": 256,
-                               "moe_router_topk": 8, "mtp_num_layers": 1}}  # fmt: skip
-"""The model's shape flags where the layout checks them against the model (DeepSeek-V3: 61 layers, 256 experts, top-8,
-one MTP layer; presets/models/deepseek-v3.yaml); the others: a Llama 3 8B's, with 8 experts top-2 under EP."""
+                               "moe_router_topk": 8}}  # fmt: skip
+"""The model's shape flags where the layout checks them against the model (DeepSeek-V3: 61 layers, 256 experts, top-8;
+presets/models/deepseek-v3.yaml; its one MTP layer is the plan's --mtp-num-layers, which the layout must match); the
+others: a Llama 3 8B's, with 8 experts top-2 under EP."""
 
 
 @pytest.mark.parametrize("name", ["megatron", "megatron-moe", "megatron-layout"])

@@ -72,6 +72,7 @@ SPLIT_KEYS = (  # optional: the pipeline split's settings, and the experts' TP w
     "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split",
     "pipeline_layout",
+    "mtp_layers",
 )
 
 

@@ -286,6 +286,8 @@ _SPLIT_HELP = {
     "layout": "Every pipeline part's layers, as Megatron-Core's --pipeline-model-parallel-layout spells them: E the "
     "embedding, t a decoder layer, m a multi-token-prediction layer, L the loss, parts split by |, x*n and "
     "(ab|cd)*n repeated (DeepSeek-V3: 'Et*3|(tt|)*29,m|L'). PP × virtual stages parts.",
+    "mtp": "Multi-token-prediction modules trained, on the last pipeline stage (Megatron-Core's --mtp-num-layers; "
+    "DeepSeek-V3 trains 1): each a layer like the last, a 2h→h projection and a pass through the head.",
 }
 
 
@@ -297,6 +299,7 @@ class SplitSettings(TypedDict, total=False):
     account_for_embedding_in_pipeline_split: Annotated[bool, Setting(False, _SPLIT_HELP["embedding"])]
     account_for_loss_in_pipeline_split: Annotated[bool, Setting(False, _SPLIT_HELP["loss"])]
     pipeline_layout: Annotated[str | None, Setting(None, _SPLIT_HELP["layout"])]
+    mtp_layers: Annotated[int, Setting(0, _SPLIT_HELP["mtp"])]
 
 
 class LayoutSettings(SplitSettings, total=False):

@@ -89,6 +89,9 @@ def emit(kind: str, chosen: Chosen) -> str:
     }  # fmt: skip
     if kind not in writers:
         raise LmcalcError(f"cannot emit {kind!r}; lmcalc writes {', '.join(EMIT_KINDS)}")
+    if kind != "megatron" and chosen.layout.split.mtp_layers:
+        raise LmcalcError(f"--emit {kind}: a {kind} config trains no multi-token-prediction modules; drop "
+                          "--mtp-layers or --emit megatron")  # fmt: skip
     return writers[kind](chosen)
 
 
@@ -150,6 +153,8 @@ def _megatron(chosen: Chosen) -> str:
         args.append(["--decoder-last-pipeline-num-layers", str(split.last_stage_layers)])
     if split.pipeline_layout is not None:
         args.append(["--pipeline-model-parallel-layout", split.pipeline_layout])
+    if split.mtp_layers:
+        args.append(["--mtp-num-layers", str(split.mtp_layers)])
     args += [["--account-for-embedding-in-pipeline-split"]] if split.embedding_in_split else []
     args += [["--account-for-loss-in-pipeline-split"]] if split.loss_in_split else []
     args += [

@@ -29,6 +29,7 @@ WHOLE = {
     "--decoder-first-pipeline-num-layers": "first_stage_layers",
     "--decoder-last-pipeline-num-layers": "last_stage_layers",
     "--seq-length": "seq",
+    "--mtp-num-layers": "mtp_layers",
 }
 """The flags that give one of lmcalc's whole-number settings, each by the same name in the API."""
 SWITCHES = {

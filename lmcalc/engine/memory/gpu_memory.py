@@ -32,7 +32,7 @@ from lmcalc.engine.memory.full_recompute import mixer_kinds, recomputed_chunks, 
 from lmcalc.engine.memory.masks import kinds_differ
 from lmcalc.engine.memory.module_recompute import module_rebuilt
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
-from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors
+from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors, mtp_saved_tensors
 from lmcalc.engine.memory.phases import (
     NONE_UNMADE,
     StageActivations,
@@ -337,9 +337,9 @@ def _unmade_grads(w: Workload, layout: ActivationLayout, built: StageLayers) -> 
     if w.framework.states.grads_lifetime != "step" or layout.grad_accum > 1:
         return NONE_UNMADE
 
-    def trained(dense: int, moe: int, embedding: bool, head: bool) -> float:
+    def trained(dense: int, moe: int, embedding: bool, head: bool, *mtp: int) -> float:
         split = ModelSplit(layout.tp, 1, layout.tp)  # shares: the frameworks that free gradients run no EP or ETP
-        return trained_held(w.model, w.method, split, StageLayers(dense, moe, embedding, head)).total
+        return trained_held(w.model, w.method, split, StageLayers(dense, moe, embedding, head, *mtp)).total
 
     total = trained(*built)
     if not total:
@@ -363,6 +363,11 @@ def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: i
             head += bytes_on_gpu(tensor, layout)
     if stage == 0:  # the lowest layer keeps less where its input needs no gradient (LoRA, QLoRA)
         embedding -= sum(bytes_on_gpu(t, layout) for t in lowest_layer_unkept(w))
+    built = stage_layers(w.model, layout, stage)
+    if built.mtp or built.mtp_heads:  # the MTP modules', beyond their layers (counted with the stage's)
+        module, module_head = mtp_saved_tensors(w)
+        head += built.mtp * sum(bytes_on_gpu(t, layout) for t in module)
+        head += built.mtp_heads * sum(bytes_on_gpu(t, layout) for t in module_head)
     return embedding, head
 
 

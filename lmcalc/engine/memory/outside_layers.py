@@ -75,6 +75,20 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def mtp_saved_tensors(w: Workload) -> tuple[tuple[SavedTensor, ...], tuple[SavedTensor, ...]]:
+    """What one trained multi-token-prediction module saves beyond its layer's (DeepSeek-V3 §2.2; Megatron-Core's
+    ``MultiTokenPredictionLayer``): where it is built, the norms of the next tokens' embedding and of the hidden
+    state and the projection's input (their concatenation, 2h wide); on the last stage, its final norm, the head's
+    input and the logits the loss keeps, as the model's own head keeps them."""
+    sb, h, act = w.tokens, w.model.hidden_size, w.precision.activation_bytes
+    rows, width = Dim(sb, "s·b"), Dim(h, "h")
+    module = [*norm_saved(w, "MTP embedding norm", rows, width), *norm_saved(w, "MTP hidden norm", rows, width)]
+    module.append(SavedTensor("MTP projection input (the norms' outputs)", "s·b·2h", 2 * sb * h, act, split="seq"))
+    head = [replace(t, label=f"MTP {t.label}") for t in model_saved_tensors(w) if t.block == "head"]
+    return tuple(module), tuple(head)
+
+
 def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
     """The layers' keyword arguments that gradient checkpointing keeps alive until the rebuilt layers have run
     (the profile's ``attention.checkpoint_keeps_mask``): with eager attention the additive mask of each kind of

@@ -327,6 +327,8 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"shared blocks (Zamba's) are modelled on one pipeline stage, not PP={layout.pp}: each stage would hold "
             "the blocks its layers use; use PP=1"
         )
+    if split.mtp_layers and w.method.kind != "full":  # Megatron-Core trains them in pretraining
+        raise LmcalcError(f"{setting('mtp_layers')} is for full training; a {w.method.kind} fine-tune trains none")
     if w.method.kind == "freeze" and layout.pp > 1:
         raise LmcalcError(
             f"the freeze method is modelled on one pipeline stage: PP={layout.pp} would give the stages unequal "

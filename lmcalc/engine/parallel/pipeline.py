@@ -43,6 +43,8 @@ class PipelineSplit:
     loss_in_split: bool = False
     # Megatron-Core's --pipeline-model-parallel-layout: every model part's layers, "Et*3|(tt|)*29,m|L"
     pipeline_layout: str | None = None
+    # Megatron-Core's --mtp-num-layers: multi-token-prediction modules trained with the model, on the last stage
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -52,6 +54,8 @@ class PipelineSplit:
                 raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
         if self.pipeline_layout is not None:
             layout_parts(self.pipeline_layout)  # its grammar, checked once
+        if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or self.mtp_layers < 0:
+            raise LmcalcError(f"{setting('mtp_layers')} must be 0 or a positive integer, got {self.mtp_layers!r}")
 
     def __hash__(self) -> int:
         return self._hash
@@ -94,6 +98,8 @@ class PipelineSplit:
             parts.append(f"{' and '.join(counted)} counted as a layer")
         if self.pipeline_layout is not None:
             parts.append(f"layout {self.pipeline_layout}")
+        if self.mtp_layers:
+            parts.append(f"{self.mtp_layers} MTP layer{'s' if self.mtp_layers > 1 else ''}")
         return parts
 
     def code_parts(self, pp: int) -> list[str]:
@@ -102,7 +108,8 @@ class PipelineSplit:
         split = (("f", self.first_stage_layers), ("l", self.last_stage_layers))
         parts += [f"{tag}{n}" for tag, n in split if n is not None]
         parts += [f"[{self.pipeline_layout}]"] if self.pipeline_layout is not None else []
-        return parts + [tag for tag, on in (("+emb", self.embedding_in_split), ("+loss", self.loss_in_split)) if on]
+        parts += [tag for tag, on in (("+emb", self.embedding_in_split), ("+loss", self.loss_in_split)) if on]
+        return parts + ([f"+mtp{self.mtp_layers}"] if self.mtp_layers else [])
 
 
 class Stages(NamedTuple):
@@ -147,7 +154,9 @@ def check_split(model: ModelSpec, pp: int, grad_accum: int, split: PipelineSplit
     if split.pipeline_layout is not None:  # every part named: the other ways to split are refused beside it
         units = [name for name, on in (("embedding_in_split", split.embedding_in_split),
                                        ("loss_in_split", split.loss_in_split)) if on]  # fmt: skip
-        check_layout(model, pp, split.chunks, split.pipeline_layout, [*split.stage_layers_given, *units])
+        check_layout(
+            model, pp, split.chunks, split.pipeline_layout, split.mtp_layers, [*split.stage_layers_given, *units]
+        )
     chunks = pp * split.virtual_stages
     if interleaved and model.num_layers + split.units < chunks and split.pipeline_layout is None:
         counted = f" + {split.units} counted in the split" if split.units else ""
@@ -240,12 +249,17 @@ def _check_counted_units(model: ModelSpec, pp: int, split: PipelineSplit, even: 
 
 class StageLayers(NamedTuple):
     """What one pipeline stage builds: its dense and MoE layers (over all its chunks), and whether it holds the
-    embedding (the first stage) and the output head (the last)."""
+    embedding (the first stage) and the output head (the last). The layers include those of the trained
+    multi-token-prediction modules the stage builds (``mtp``; each a decoder layer of the model's last layer's
+    kind), whose projections, norms and embedding lookups are counted apart; their passes through the head and
+    their losses run on the last stage (``mtp_heads``), where Megatron-Core's output layer is."""
 
     dense: int
     moe: int
     embedding: bool
     head: bool
+    mtp: int = 0
+    mtp_heads: int = 0
 
     @property
     def layers(self) -> int:
@@ -261,9 +275,24 @@ def stage_layers(model: ModelSpec, layout: Pipelined, stage: int) -> StageLayers
 def _stage_layers(layers: int, moe_flags: tuple[bool, ...], pp: int, split: PipelineSplit) -> tuple[StageLayers, ...]:
     mixes = _chunk_mixes(layers, moe_flags, pp, split)
     return tuple(
-        StageLayers(sum(dense for dense, _ in chunks), sum(moe for _, moe in chunks), stage == 0, stage == pp - 1)
+        StageLayers(
+            sum(dense for dense, _ in chunks),
+            sum(moe for _, moe in chunks),
+            stage == 0,
+            stage == pp - 1,
+            split.mtp_layers if stage == mtp_place(pp, split)[0] else 0,
+            split.mtp_layers if stage == pp - 1 else 0,
+        )
         for stage, chunks in enumerate(mixes)
     )
+
+
+def mtp_place(pp: int, split: PipelineSplit) -> tuple[int, int]:
+    """The (stage, chunk) that builds the trained MTP modules: the part the layout's m's are in (part g is chunk
+    g // p of stage g % p), else the last chunk of the last stage (Megatron-Core's ``mtp_on_this_rank``)."""
+    parts = layout_parts(split.pipeline_layout) if split.pipeline_layout is not None else ()
+    part = next((g for g, letters in enumerate(parts) if "m" in letters), pp * split.chunks - 1)
+    return part % pp, part // pp
 
 
 def stage_layer_counts(model: ModelSpec, layout: Pipelined) -> list[int]:
@@ -357,6 +386,8 @@ def _chunk_flags(
     for g, count in enumerate(slice_sizes(layers, pp, split)):  # slice g is chunk g // pp of stage g % pp
         flags[g % pp].append(moe_flags[start : start + count])
         start += count
+    stage, chunk = mtp_place(pp, split)  # the MTP modules' layers, of the last layer's kind
+    flags[stage][chunk] += moe_flags[-1:] * split.mtp_layers
     return tuple(tuple(chunks) for chunks in flags)
 
 
@@ -396,6 +427,11 @@ def _chunk_mixes(
         moe = sum(moe_flags[start : start + count])
         mixes[g % pp].append((count - moe, moe))
         start += count
+    if split.mtp_layers:  # the MTP modules' layers, of the last layer's kind, where they are built
+        stage, chunk = mtp_place(pp, split)
+        dense, moe = mixes[stage][chunk]
+        n, routed = split.mtp_layers, moe_flags[-1]
+        mixes[stage][chunk] = (dense + (0 if routed else n), moe + (n if routed else 0))
     return tuple(tuple(chunks) for chunks in mixes)
 
 

@@ -3,7 +3,7 @@ as ``Et*3|(tt|)*29,m|L`` for DeepSeek-V3 (megatron/core/transformer/pipeline_par
 ``engine.parallel.pipeline`` takes a layout as one more way to split the layers (``PipelineSplit.pipeline_layout``):
 part g is chunk g // p of stage g % p, and its decoder layers (``t``) are the slice's. The embedding (``E``) opens the
 first part and the loss (``L``) closes the last, where lmcalc keeps them; the multi-token-prediction layers (``m``)
-come last, and lmcalc does not count them in training (``ModelSpec.mtp_modules``: reported apart).
+come after them, in one part: as many as are trained (``PipelineSplit.mtp_layers``, Megatron-Core's --mtp-num-layers).
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ def _shown(layout: str) -> str:
     return f"{setting('pipeline_layout')} {layout[:60] + ('…' if len(layout) > 60 else '')!r}"
 
 
-def check_layout(model: ModelSpec, pp: int, chunks: int, layout: str, other: list[str]) -> None:
-    """A layout names every part of the split: PP × ``chunks`` of them, the model's layers in all, the embedding
-    first and the loss last (Megatron-Core's ``validate_layer_layout``); it replaces the other ways to split, the
+def check_layout(model: ModelSpec, pp: int, chunks: int, layout: str, mtp_layers: int, other: list[str]) -> None:
+    """A layout names every part of the split: PP × chunks of them, the model's layers in all, the embedding
+    first and the loss last, and as many multi-token-prediction layers as are trained (Megatron-Core's
+    ``validate_layer_layout``), which lmcalc places in the last part; it replaces the other ways to split, the
     ``other`` settings given beside it."""
     if other:
         others = " and ".join(map(setting, other))
@@ -86,6 +87,11 @@ def check_layout(model: ModelSpec, pp: int, chunks: int, layout: str, other: lis
     if "m" in joined and "t" in joined[joined.index("m") :]:
         raise LmcalcError(f"{_shown(layout)}: the multi-token-prediction layers (m) come "
                           "after every decoder layer")  # fmt: skip
+    if joined.count("m") != mtp_layers:
+        raise LmcalcError(f"{_shown(layout)} places {joined.count('m')} multi-token-prediction layers (m) and "
+                          f"{setting('mtp_layers')} is {mtp_layers}: Megatron-Core needs them equal")  # fmt: skip
+    if len([part for part in parts if "m" in part]) > 1:
+        raise LmcalcError(f"{_shown(layout)}: lmcalc places the multi-token-prediction layers (m) in one part")
 
 
 def layout_slices(layout: str, slices: int) -> tuple[int, ...]:

@@ -270,12 +270,15 @@ def _indexer_gemms(s: StageShape) -> list[Gemm]:
 
 def _head_gemms(s: StageShape) -> tuple[Gemm, ...]:
     """The output layer's GEMM, on the stage that holds the head: trained unless frozen (or tied to a frozen
-    embedding)."""
-    model, method = s.w.model, s.w.method
+    embedding); and each trained multi-token-prediction module's projection of [hidden; next embedding] (2h → h,
+    column-parallel) and its own pass through the shared head (DeepSeek-V3 §2.2; Megatron-Core's
+    ``MultiTokenPredictionLayer``)."""
+    model, method, built = s.w.model, s.w.method, s.built
     head_trained = method.kind == "full" or (method.kind == "freeze" and not model.tied_embeddings)
-    if not s.built.head:
-        return ()
-    return (Gemm("lm_head", s.tokens, model.vocab_size / s.grid.tp, model.hidden_size, 1, 1.0, float(head_trained)),)
+    h, logits = model.hidden_size, model.vocab_size / s.grid.tp
+    head = (Gemm("lm_head", s.tokens, logits, h, 1, 1.0, float(head_trained)),) if built.head else ()
+    projection = (Gemm("mtp.eh_proj", s.tokens, h / s.grid.tp, 2 * h, built.mtp),) if built.mtp else ()
+    return head + projection + ((Gemm("mtp.lm_head", s.tokens, logits, h, built.mtp_heads),) if built.mtp_heads else ())
 
 
 def _attention_work(s: StageShape, live: float, traffic: MemoryTraffic) -> _AttentionWork:

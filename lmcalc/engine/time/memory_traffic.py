@@ -91,6 +91,7 @@ def memory_bound_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     _moe_permute_traffic(s, traffic)
     _loss_traffic(s, traffic)
     _embedding_traffic(s, traffic)
+    _mtp_traffic(s, traffic)
 
 
 def _norm_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
@@ -197,14 +198,19 @@ def _moe_permute_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 def _loss_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     """The loss over this GPU's share of the logits, forward and backward (about five passes in its dtype), and
     the final norm, on the stage that holds the head."""
-    if not s.built.head:
-        return
+    if s.built.head:
+        _losses(s, traffic, 1)
+
+
+def _losses(s: StageShape, traffic: MemoryTraffic, losses: int) -> None:
+    """``losses`` losses over the logits with their final norms (the model's, or its MTP modules')."""
     model, e = s.w.model, s.act_bytes
     logits = s.tokens * model.vocab_size / s.grid.tp
     loss_bytes = s.w.framework.loss.saved_bytes or e
-    traffic.add((e + 3 * loss_bytes) * logits, (2 * loss_bytes + e) * logits, 8)
+    traffic.add(losses * (e + 3 * loss_bytes) * logits, losses * (2 * loss_bytes + e) * logits, 8 * losses)
     if not model.post_norm:  # a post-norm model (GPT-1) has no final norm
-        traffic.add(2 * e * s.hidden_tokens * model.hidden_size, 3 * e * s.hidden_tokens * model.hidden_size, 2)
+        norm = losses * s.hidden_tokens * model.hidden_size
+        traffic.add(2 * e * norm, 3 * e * norm, 2 * losses)
 
 
 def _embedding_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
@@ -214,3 +220,17 @@ def _embedding_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     e, h = s.act_bytes, s.w.model.hidden_size
     vocab_rows = s.w.model.vocab_size / s.grid.tp
     traffic.add(2 * e * s.hidden_tokens * h, e * vocab_rows * h + 2 * e * s.hidden_tokens * h, 3)
+
+
+def _mtp_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """Each trained multi-token-prediction module (DeepSeek-V3 §2.2; Megatron-Core's ``MultiTokenPredictionLayer``):
+    the next tokens' embedding looked up (and its gradient added into the embedding's), the norms of it and of the
+    hidden state, their concatenation (read 2 write 2 a width of h each way), and its own loss and final norm."""
+    n = s.built.mtp
+    if n:
+        e, elements = s.act_bytes, n * s.hidden_tokens * s.w.model.hidden_size
+        traffic.add(2 * e * elements, 2 * e * elements, 2 * n)  # the lookup; its gradient scattered back
+        traffic.add(2 * 2 * e * elements, 2 * 3 * e * elements, 4 * n)  # two fused norms
+        traffic.add(2 * 2 * e * elements, 2 * 2 * e * elements, 2 * n)  # the concatenation, and its gradient split
+    if s.built.mtp_heads:  # on the last stage, where the output layer is
+        _losses(s, traffic, s.built.mtp_heads)

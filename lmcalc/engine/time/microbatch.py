@@ -184,6 +184,17 @@ def micro_batch_time(
         plain, plain_operations = stage_kernel_times(stored, layer_times(replace(w, recompute="none"), grid, machine))
         times = KernelTimes(*(a + b for a, b in zip(redone, plain, strict=True)))
         operations = redone_operations + plain_operations
+    for count, unit in ((built.mtp, (1, 0)), (built.mtp_heads, (0, 1))):  # the MTP modules' projections, norms and
+        if count:  # embedding lookups where they are built; their passes through the head and losses on the last stage
+            extra, extra_operations = unit_kernel_times(
+                w,
+                grid._replace(ep=1, etp=1),
+                StageLayers(0, 0, False, False, *unit),
+                machine.hardware,
+                machine.calibration,
+            )
+            times = KernelTimes(*(a + count * b for a, b in zip(times, extra, strict=True)))
+            operations += count * extra_operations
     if compute is not None:
         times = times.scaled(compute / times.total)
     else:

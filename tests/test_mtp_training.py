@@ -1,0 +1,111 @@
+"""Multi-token-prediction modules trained with the model (DeepSeek-V3 §2.2; Megatron-Core's ``--mtp-num-layers``,
+lmcalc's ``mtp_layers``). Read from NVIDIA/Megatron-LM d98e8a64: ``megatron/core/transformer/multi_token_prediction.py``
+``MultiTokenPredictionLayer`` builds two RMSNorms (enorm, hnorm), ``eh_proj`` (a column-parallel 2h → h linear, no
+bias), one transformer layer of the decoder's spec and a final norm; ``megatron/core/models/gpt/gpt_model.py`` builds
+the word embedding on every stage that runs MTP (``pre_process or mtp_process``) and computes the MTP logits with the
+output layer on the last stage. Every figure below is counted by hand from those modules."""
+
+import pytest
+
+import lmcalc
+from lmcalc.engine.memory.gpu_memory import stage_outside_bytes
+from lmcalc.engine.parallel.layout import Grid, Layout, ModelSplit
+from lmcalc.engine.parallel.pipeline import PipelineSplit, StageLayers, stage_layers
+from lmcalc.engine.parallel.sharding import trained_held
+from lmcalc.engine.time.kernels import stage_work
+from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
+from lmcalc.specs import ModelSpec
+
+SEQ, BATCH, H, V, TP = 64, 2, 64, 256, 2
+MOE = ModelSpec(
+    name="moe-like", vocab_size=V, hidden_size=H, num_layers=4, num_heads=4, num_kv_heads=2, ffn_size=160,
+    max_seq_len=256, ffn_kind="swiglu", norm_kind="rmsnorm", position_embedding="rope", tied_embeddings=False,
+    moe=dict(num_experts=4, experts_per_token=2, expert_ffn_size=96),
+)  # fmt: skip
+FP32 = 4  # bytes an activation: the fp32 recipe
+
+
+def workload(spec: ModelSpec = MOE, **settings) -> Workload:
+    fp32, adamw = resolve_precision("fp32").spec, resolve_optimizer("adamw").spec
+    return Workload(spec, fp32, adamw, SEQ, BATCH, "flash", "none", framework=framework_profile("megatron"), **settings)
+
+
+def test_the_last_stage_builds_the_mtp_layer_and_runs_its_head():
+    # 4 MoE layers on 2 stages, 2 each; one MTP module: one more MoE layer (the last layer's kind) on stage 1, its
+    # projection there and its pass through the head on the same stage (the last)
+    layout = Layout(pp=2, grad_accum=2, split=PipelineSplit(mtp_layers=1))
+    assert stage_layers(MOE, layout, 0) == StageLayers(0, 2, True, False, 0, 0)
+    assert stage_layers(MOE, layout, 1) == StageLayers(0, 3, False, True, 1, 1)
+
+
+def test_its_gemms_are_the_projection_and_a_second_head():
+    # per MTP module on one GPU of TP 2, forward: eh_proj 2·(s·b)·(2h)·(h/TP), the head 2·(s·b)·h·(V/TP); each runs
+    # again for its input's gradient and its weight's: 3 GEMMs a weight
+    tokens = SEQ * BATCH
+    grid = Grid(TP, 1, 1, False, TP)
+    module, heads = (stage_work(workload(), grid, StageLayers(0, 0, False, False, *unit)) for unit in ((1, 0), (0, 1)))
+    assert module.gemm_flops == pytest.approx(3 * 2 * tokens * 2 * H * H / TP)
+    assert heads.gemm_flops == pytest.approx(3 * 2 * tokens * H * V / TP)
+
+
+def test_its_element_wise_work_is_counted_by_hand():
+    # where it is built: the lookup (read 2 write 2 bytes a width... in fp32: 2·4 forward, its gradient 2·4), two norms
+    # (fused: 2·4 forward, 3·4 backward each) and the concatenation (2·2h·4 each way), over s·b·h
+    elements = SEQ * BATCH * H
+    module = stage_work(workload(), Grid(), StageLayers(0, 0, False, False, 1, 0))
+    assert module.memory_forward == pytest.approx((2 + 2 * 2 + 2 * 2) * FP32 * elements)
+    assert module.memory_backward == pytest.approx((2 + 2 * 3 + 2 * 2) * FP32 * elements)
+    # on the last stage: its loss and final norm are the model's head's own
+    head = stage_work(workload(), Grid(), StageLayers(0, 0, False, True))
+    no_layers = stage_work(workload(), Grid(), StageLayers(0, 0, False, False))
+    mtp_head = stage_work(workload(), Grid(), StageLayers(0, 0, False, False, 0, 1))
+    assert mtp_head.memory_forward - no_layers.memory_forward == pytest.approx(
+        head.memory_forward - no_layers.memory_forward
+    )
+
+
+def test_its_stage_holds_its_parameters_and_a_copy_of_the_embedding():
+    # beyond its layer: enorm, hnorm and the final norm (3h), eh_proj (2h·h, split by TP) and the word embedding
+    # (V·h / TP), which Megatron-Core builds on the stage that runs MTP
+    split = ModelSplit(TP, 1, TP)
+    with_mtp, without = StageLayers(0, 3, False, True, 1, 1), StageLayers(0, 2, False, True)
+    full = workload().method
+    extra = trained_held(MOE, full, split, with_mtp).total - trained_held(MOE, full, split, without).total
+    layer = trained_held(MOE, full, split, StageLayers(0, 1, False, False)).total
+    assert extra - layer == pytest.approx(3 * H + 2 * H * H / TP + V * H / TP)
+    one_stage = StageLayers(0, 5, True, True, 1, 1)  # the embedding is already there
+    assert trained_held(MOE, full, split, one_stage).total - trained_held(
+        MOE, full, split, StageLayers(0, 4, True, True)
+    ).total == pytest.approx(layer + 3 * H + 2 * H * H / TP)
+
+
+def test_it_saves_its_norms_inputs_projection_input_and_a_second_head_side():
+    # Megatron's fused RMSNorm keeps its input and an fp32 1/rms a row; eh_proj keeps its 2h-wide input; the MTP's
+    # head side is the model's (final norm, head input, the logits the loss keeps); TP 1, fp32
+    w = workload()
+    plain = Layout(pp=2, grad_accum=2)
+    trained = Layout(pp=2, grad_accum=2, split=PipelineSplit(mtp_layers=1))
+    tokens = SEQ * BATCH
+    module = 2 * (tokens * H * FP32 + tokens * 4) + tokens * 2 * H * FP32
+    _, head = stage_outside_bytes(w, plain, 1)
+    _, with_mtp = stage_outside_bytes(w, trained, 1)
+    assert with_mtp - head == pytest.approx(module + head)
+
+
+def test_the_last_stage_holds_more_and_the_step_takes_longer():
+    # DeepSeek-V3's 61 layers on 16 stages (4 each but the last three, 3): the MTP module's MoE layer, its projection
+    # and its second pass through the head make the last stage the slowest, and only its memory grows
+    settings = dict(model="deepseek-v3", gpus="32x8xH200", pp=16, ep=8, tp=1, cp=1, seq=4096, micro_batch=1, zero=1,
+                    recompute="full")  # fmt: skip
+    plain, trained = (lmcalc.memory(stages=True, grad_accum=64, mtp_layers=n, **settings) for n in (0, 1))
+    assert trained.stages[-1].allocated > plain.stages[-1].allocated
+    assert [s.allocated for s in trained.stages[:-1]] == [s.allocated for s in plain.stages[:-1]]
+    faster, slower = (lmcalc.plan(global_batch=1024 * 4096, mtp_layers=n, **settings).layouts[0] for n in (0, 1))
+    assert slower.tokens_per_s < faster.tokens_per_s
+
+
+def test_mtp_is_refused_in_a_fine_tune():
+    with pytest.raises(LmcalcError, match="is for full training; a lora fine-tune trains none"):
+        lmcalc.memory(model="llama-3.1-8b", gpus="1xH100", method="lora", mtp_layers=1)
