@@ -61,6 +61,9 @@ def test_every_preset_matches_pytorch_params_and_flops(name):
     if spec.compressed_attention or spec.hyper_connections:
         pytest.skip("the reference model has no compressed attention or hyper-connections: DeepSeek-V4 is checked "
                     "against transformers (tests/test_deepseek_v4.py, tests/test_compressed_memory.py)")  # fmt: skip
+    if spec.attention_output_gate:
+        pytest.skip("the reference model has no gate on the attention output: Trinity's AFMoE is checked against "
+                    "transformers (tests/hf_tiny.py's afmoe, tests/test_framework_transformers.py)")  # fmt: skip
     if spec.moe and spec.moe.attention_experts:
         pytest.skip("the reference model has no mixture of attention heads: JetMoE is checked against transformers "
                     "(tests/test_validate_hf.py runs its tiny model)")  # fmt: skip
