@@ -971,6 +971,22 @@ XLSTM: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY) for name, (cls, kwargs, source) in
           XLSTM.items()}  # fmt: skip
 
+DOGE_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4,
+                  num_key_value_heads=2, num_hidden_layers=LAYERS, keep_window_size=64, tie_word_embeddings=False,
+                  **TOKENS)  # fmt: skip
+"""Doge's small layers: h 128, 4 heads of 32 over 2 KV heads, a SwiGLU of 384, V 2048, two layers; its dynamic mask
+keeps each query's top 64 keys, fewer than the measured sequences (128, 256)."""
+DOGE: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "doge-small": (T.DogeConfig, DOGE_SMALL, "small Doge: dynamic mask attention keeping 64 keys, GQA 4/2"),
+    "doge-mha": (T.DogeConfig, DOGE_SMALL | {"num_key_value_heads": 4, "keep_window_size": 2048},
+                 "small Doge without GQA, its window past the sequence (no top-k)"),
+    "doge-wide": (T.DogeConfig, DOGE_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8,
+                                              "intermediate_size": 1024},
+                  "Doge with h 512 and V 256: a layer's backward outweighs the loss's"),
+}  # fmt: skip
+"""Doge (``engine.memory.dynamic_mask``): its mask, added to eager attention's scores."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in DOGE.items()}
+
 # Records
 # --------------------------------------------------------------------------------------------------------------------
 

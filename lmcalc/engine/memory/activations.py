@@ -32,6 +32,7 @@ from lmcalc.engine.memory.altup import ALTUP_PREDICTION, altup_saved
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
 from lmcalc.engine.memory.compressed import compressed_attention_saved, streams_saved
 from lmcalc.engine.memory.differential import differential_saved
+from lmcalc.engine.memory.dynamic_mask import dynamic_mask_saved, residual_scale_saved
 from lmcalc.engine.memory.eager_scores import eager_scores_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
@@ -242,6 +243,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         tensors += norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
+    tensors += residual_scale_saved(w, "attention")  # Doge's
     mlp = [
         replace(t if n == of else share(t, n, of), block="mlp")
         for wide, n, of in mlp_widths(w, mixer)
@@ -268,7 +270,7 @@ def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False)
     spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
     s, b, sb = w.seq_len, w.micro_batch, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
-    tensors = _attention_saved(w, kind)
+    tensors = _attention_saved(w, kind) + (dynamic_mask_saved(w) if spec.dynamic_mask_window else [])
     if spec.attention_sinks and spec.sink_scale:  # Granite SWA: output · σ(lse − sink), the scale in fp32
         tensors += [SavedTensor("attention output before the sinks' scale", "s·b·H·d_v", sb * H * dv, act, True),
                     SavedTensor("the sinks' scale σ(lse − sink) (fp32)", "b·H·s", b * H * s, 4, True),
@@ -491,4 +493,4 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         tensors += norm_saved(w, "post-MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
-    return tensors
+    return tensors + residual_scale_saved(w, "mlp")

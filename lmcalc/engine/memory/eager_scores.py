@@ -48,7 +48,8 @@ def eager_scores_saved(w: Workload, sink_column: bool) -> list[SavedTensor]:
                                    attention_core=True))  # fmt: skip
     elif eager_softmax(w) == "fp32":  # softmax in fp32, kept; its cast copy meets V, unless dropout comes between
         tensors.append(SavedTensor("softmax output (fp32)", symbol, n, 4, attention_core=True))
-        if not spec.drops("attention"):  # dropout keeps its mask, not its input: V meets the dropout's output
+        # dropout keeps its mask, not its input: V meets the dropout's output; fp32 activations: the cast is a no-op
+        if not spec.drops("attention") and act != 4:
             tensors.append(SavedTensor("softmax output, cast", symbol, n, act, attention_core=True))
     else:
         tensors.append(SavedTensor("softmax output", symbol, n, act, attention_core=True))

@@ -21,6 +21,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from lmcalc.engine.finetune.method import weight_trained
 from lmcalc.engine.memory.activations import (
     SavedTensor,
     layer_kept_tensors,
@@ -282,9 +283,11 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
             w, stage_chunk_flags(w.model, layout)[stage], checkpoint, one_layer, largest
         )
         # the rebuilt unit's first norm keeps the checkpointed input, already counted: as its input, or as its fp32
-        # copy where the activations are fp32 already (x.float() is x); the hyper-connections keep their streams too
+        # copy where the activations are fp32 already (x.float() is x), or its residual scale's product (Doge's);
+        # the hyper-connections keep their streams too
         fp32_copy = norm_keeps(w) in ("fp32_input", "fp32_normalised") and w.precision.activation_bytes == 4
-        if norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections:
+        scaled = w.model.residual_scales and weight_trained(w.model, w.method, "residual_scale")  # a frozen one: none
+        if norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections or scaled:
             rebuilt -= checkpoint
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]

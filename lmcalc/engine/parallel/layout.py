@@ -363,6 +363,12 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"CP={layout.cp} splits the sequence, which {model.name}'s recurrent layers scan token by token: lmcalc "
             "does not model handing each rank's last state to the next; use CP=1"
         )
+    if (layout.tp > 1 or layout.cp > 1) and model.dynamic_mask_window:
+        raise LmcalcError(
+            f"{f'TP={layout.tp}' if layout.tp > 1 else f'CP={layout.cp}'} would split {model.name}'s dynamic mask, "
+            "which lmcalc keeps whole: dt_proj reads every KV head's values, and each query keeps its top keys over "
+            "the whole sequence; use TP=1 and CP=1"
+        )
     if layout.tp > 1 and (model.rglru or model.rwkv or model.mlstm):
         raise LmcalcError(
             f"TP={layout.tp} would split {model.name}'s recurrent blocks, whose weights and scan lmcalc keeps whole on "
