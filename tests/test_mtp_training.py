@@ -27,9 +27,9 @@ MOE = ModelSpec(
 FP32 = 4  # bytes an activation: the fp32 recipe
 
 
-def workload(spec: ModelSpec = MOE, **settings) -> Workload:
+def workload(spec: ModelSpec = MOE, recompute: str = "none") -> Workload:
     fp32, adamw = resolve_precision("fp32").spec, resolve_optimizer("adamw").spec
-    return Workload(spec, fp32, adamw, SEQ, BATCH, "flash", "none", framework=framework_profile("megatron"), **settings)
+    return Workload(spec, fp32, adamw, SEQ, BATCH, "flash", recompute, framework=framework_profile("megatron"))
 
 
 def test_the_last_stage_builds_the_mtp_layer_and_runs_its_head():
@@ -51,30 +51,41 @@ def test_its_gemms_are_the_projection_and_a_second_head():
 
 
 def test_its_element_wise_work_is_counted_by_hand():
-    # where it is built: the lookup (read 2 write 2 bytes a width... in fp32: 2·4 forward, its gradient 2·4), two norms
-    # (fused: 2·4 forward, 3·4 backward each) and the concatenation (2·2h·4 each way), over s·b·h
+    # where it is built: the lookup (read and write a row: 2·4 bytes forward, its gradient added back 2·4), two norms
+    # (fused: 2·4 forward, 3·4 backward each) and the concatenation (2·2h·4 each way), over s·b·h; and on a stage
+    # without the model's embedding, the copy's dense gradient zeroed (V·h·4)
     elements = SEQ * BATCH * H
     module = stage_work(workload(), Grid(), StageLayers(0, 0, False, False, 1, 0))
     assert module.memory_forward == pytest.approx((2 + 2 * 2 + 2 * 2) * FP32 * elements)
-    assert module.memory_backward == pytest.approx((2 + 2 * 3 + 2 * 2) * FP32 * elements)
-    # on the last stage: its loss and final norm are the model's head's own
-    head = stage_work(workload(), Grid(), StageLayers(0, 0, False, True))
-    no_layers = stage_work(workload(), Grid(), StageLayers(0, 0, False, False))
-    mtp_head = stage_work(workload(), Grid(), StageLayers(0, 0, False, False, 0, 1))
+    assert module.memory_backward == pytest.approx((2 + 2 * 3 + 2 * 2) * FP32 * elements + V * H * FP32)
+    # on the last stage, its loss over the logits (read the logits, write and read the loss's fp32 copies: e + 3·L
+    # forward, 2·L + e backward, L the bytes the profile's loss keeps a logit) and its final norm (fused: 2e, 3e)
+    w = workload()
+    loss = w.framework.loss.saved_bytes or FP32
+    no_layers = stage_work(w, Grid(), StageLayers(0, 0, False, False))
+    mtp_head = stage_work(w, Grid(), StageLayers(0, 0, False, False, 0, 1))
+    logits, rows = SEQ * BATCH * V, SEQ * BATCH * H
     assert mtp_head.memory_forward - no_layers.memory_forward == pytest.approx(
-        head.memory_forward - no_layers.memory_forward
+        (FP32 + 3 * loss) * logits + 2 * FP32 * rows
+    )
+    assert mtp_head.memory_backward - no_layers.memory_backward == pytest.approx(
+        (2 * loss + FP32) * logits + 3 * FP32 * rows
     )
 
 
 def test_its_stage_holds_its_parameters_and_a_copy_of_the_embedding():
     # beyond its layer: enorm, hnorm and the final norm (3h), eh_proj (2h·h, split by TP) and the word embedding
-    # (V·h / TP), which Megatron-Core builds on the stage that runs MTP
+    # (V·h / TP), which Megatron-Core builds on the stage that runs MTP: the last, or a stage of their own
     split = ModelSplit(TP, 1, TP)
-    with_mtp, without = StageLayers(0, 3, False, True, 1, 1), StageLayers(0, 2, False, True)
     full = workload().method
-    extra = trained_held(MOE, full, split, with_mtp).total - trained_held(MOE, full, split, without).total
     layer = trained_held(MOE, full, split, StageLayers(0, 1, False, False)).total
-    assert extra - layer == pytest.approx(3 * H + 2 * H * H / TP + V * H / TP)
+    for spec in (MOE, MOE.model_copy(update={"tied_embeddings": True})):  # tied: the output layer keeps its own too
+        for with_mtp, without in (
+            (StageLayers(0, 3, False, True, 1, 1), StageLayers(0, 2, False, True)),  # on the last stage
+            (StageLayers(0, 3, False, False, 1, 0), StageLayers(0, 2, False, False)),  # a stage of their own
+        ):
+            extra = trained_held(spec, full, split, with_mtp).total - trained_held(spec, full, split, without).total
+            assert extra - layer == pytest.approx(3 * H + 2 * H * H / TP + V * H / TP)
     one_stage = StageLayers(0, 5, True, True, 1, 1)  # the embedding is already there
     assert trained_held(MOE, full, split, one_stage).total - trained_held(
         MOE, full, split, StageLayers(0, 4, True, True)
@@ -106,6 +117,54 @@ def test_the_last_stage_holds_more_and_the_step_takes_longer():
     assert slower.tokens_per_s < faster.tokens_per_s
 
 
-def test_mtp_is_refused_in_a_fine_tune():
-    with pytest.raises(LmcalcError, match="is for full training; a lora fine-tune trains none"):
-        lmcalc.memory(model="llama-3.1-8b", gpus="1xH100", method="lora", mtp_layers=1)
+def test_under_full_recomputation_the_module_keeps_its_checkpoint():
+    # Megatron-Core checkpoints the projection and the layer whole: it keeps the hidden state (the layer's checkpoint,
+    # counted with the stage's layers) and the next tokens' embedding, s·b·h
+    w = workload(recompute="full")
+    trained = Layout(pp=2, grad_accum=2, split=PipelineSplit(mtp_layers=1))
+    _, head = stage_outside_bytes(w, Layout(pp=2, grad_accum=2), 1)
+    _, with_mtp = stage_outside_bytes(w, trained, 1)
+    assert with_mtp - head == pytest.approx(SEQ * BATCH * H * FP32 + head)
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"method": "lora"}, "is for full training; a lora fine-tune trains none"),
+        ({"framework": "torchtitan"}, "the torchtitan profile has none"),
+        ({"recompute": "full", "recompute_num_layers": 2}, "uniform method at recompute_num_layers 1"),
+        ({"model": "gpt2-124m"}, "gpt2-124m has learned positions"),
+    ],
+)
+def test_what_megatron_core_refuses_beside_mtp_is_one_line(settings, said):
+    given = {"model": "llama-3.1-8b", "gpus": "1xH100", "framework": "megatron", "mtp_layers": 1, **settings}
+    with pytest.raises(LmcalcError, match=said):
+        lmcalc.memory(**given)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("layout", "pp"),
+    [
+        ("Et*30|t*31mL", 2),
+        ("Et*30|t*31m|L", 3),
+        ("Et*30|t*31m||L", 2),
+        ("Et*3|(tt|)*29,m|L", 16),
+        ("Et*15|t*15|mt*16|t*15L", 4),
+    ],
+)
+def test_the_layouts_megatron_core_accepts_are_those_lmcalc_accepts(layout, pp):
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    try:
+        PipelineParallelLayerLayout(layout, pp).validate_layer_layout(61, 1)
+        theirs = None
+    except AssertionError as refusal:
+        theirs = refusal
+    settings = dict(model="deepseek-v3", gpus=f"{pp * 8}xH200", pp=pp, ep=8, framework="megatron", mtp_layers=1,
+                    grad_accum=2 * pp)  # fmt: skip
+    if theirs is None:
+        lmcalc.memory(pipeline_layout=layout, **settings)
+    else:
+        with pytest.raises(LmcalcError):
+            lmcalc.memory(pipeline_layout=layout, **settings)

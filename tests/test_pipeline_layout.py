@@ -84,7 +84,7 @@ def test_the_layout_makes_its_virtual_stages_and_the_plan_keeps_it():
         ("Et*30|t*30L", 2, "places 60 decoder layers (t); deepseek-v3 has 61"),
         ("t*31|Et*30L", 2, "the embedding (E) must open the first part"),
         ("t*99999999", 2, "spells out more than 100,000 units"),
-        ("Et*30|t*31mL", 2, "places 1 multi-token-prediction layers (m) and"),
+        ("Et*30|t*31mL", 2, "places 1 multi-token-prediction layer (m) and"),
         ("Et*30m|t*31mL", 2, "the multi-token-prediction layers (m) come after every decoder layer"),
     ],
 )
@@ -97,7 +97,7 @@ def test_a_layout_that_cannot_be_is_one_line(layout, pp, said):
     ("layout", "mtp", "said"),
     [
         ("Et*30|t*31L", 1, "places 0 multi-token-prediction layers (m) and"),
-        ("Et*30|t*31m|mL", 2, "places the multi-token-prediction layers (m) in one part"),
+        ("Et*30|t*31m|mL", 2, "puts the multi-token-prediction layers (m) in one part"),
         (None, -1, "must be 0 or a positive integer, got -1"),
     ],
 )

@@ -286,8 +286,8 @@ _SPLIT_HELP = {
     "layout": "Every pipeline part's layers, as Megatron-Core's --pipeline-model-parallel-layout spells them: E the "
     "embedding, t a decoder layer, m a multi-token-prediction layer, L the loss, parts split by |, x*n and "
     "(ab|cd)*n repeated (DeepSeek-V3: 'Et*3|(tt|)*29,m|L'). PP × virtual stages parts.",
-    "mtp": "Multi-token-prediction modules trained, on the last pipeline stage (Megatron-Core's --mtp-num-layers; "
-    "DeepSeek-V3 trains 1): each a layer like the last, a 2h→h projection and a pass through the head.",
+    "mtp": "Multi-token-prediction modules trained (Megatron-Core's --mtp-num-layers; DeepSeek-V3 trains 1), on the "
+    "last stage or the layout's m part: each a layer like the last, a 2h→h projection and a pass through the head.",
 }
 
 

@@ -79,12 +79,15 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
 def mtp_saved_tensors(w: Workload) -> tuple[tuple[SavedTensor, ...], tuple[SavedTensor, ...]]:
     """What one trained multi-token-prediction module saves beyond its layer's (DeepSeek-V3 §2.2; Megatron-Core's
     ``MultiTokenPredictionLayer``): where it is built, the norms of the next tokens' embedding and of the hidden
-    state and the projection's input (their concatenation, 2h wide); on the last stage, its final norm, the head's
-    input and the logits the loss keeps, as the model's own head keeps them."""
+    state and the projection's input (their concatenation, 2h wide), or under full recomputation, which checkpoints
+    the module whole, the embedding beside the hidden state; on the last stage, its final norm, the head's input and
+    the logits the loss keeps, as the model's own head keeps them (alive with the model's: its backward runs after)."""
     sb, h, act = w.tokens, w.model.hidden_size, w.precision.activation_bytes
     rows, width = Dim(sb, "s·b"), Dim(h, "h")
     module = [*norm_saved(w, "MTP embedding norm", rows, width), *norm_saved(w, "MTP hidden norm", rows, width)]
     module.append(SavedTensor("MTP projection input (the norms' outputs)", "s·b·2h", 2 * sb * h, act, split="seq"))
+    if w.recompute == "full":  # the module checkpointed whole: its two inputs, the hidden state its layer's checkpoint
+        module = [SavedTensor("MTP checkpoint: the next tokens' embedding", "s·b·h", sb * h, act, split="seq")]
     head = [replace(t, label=f"MTP {t.label}") for t in model_saved_tensors(w) if t.block == "head"]
     return tuple(module), tuple(head)
 

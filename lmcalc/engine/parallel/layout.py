@@ -327,8 +327,8 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"shared blocks (Zamba's) are modelled on one pipeline stage, not PP={layout.pp}: each stage would hold "
             "the blocks its layers use; use PP=1"
         )
-    if split.mtp_layers and w.method.kind != "full":  # Megatron-Core trains them in pretraining
-        raise LmcalcError(f"{setting('mtp_layers')} is for full training; a {w.method.kind} fine-tune trains none")
+    if split.mtp_layers:
+        check_mtp(w, split.mtp_layers)
     if w.method.kind == "freeze" and layout.pp > 1:
         raise LmcalcError(
             f"the freeze method is modelled on one pipeline stage: PP={layout.pp} would give the stages unequal "
@@ -426,3 +426,28 @@ def check_expert_grid(model: ModelSpec, layout: Layout) -> None:
             f"ETP={etp} with TP={layout.tp} needs sequence parallelism (the experts' grid gathers the tokens TP "
             "splits; Megatron-Core refuses MoE with TP > 1 and no sequence parallelism)"
         )
+
+
+MTP_FRAMEWORKS = ("megatron", "idealised")
+"""The profiles that train multi-token-prediction modules: Megatron-Core's, and lmcalc's framework-neutral one."""
+
+
+def check_mtp(w: Workload, layers: int) -> None:
+    """Multi-token-prediction modules as Megatron-Core trains them, with what it refuses beside them
+    (megatron/training/arguments.py, transformer_config.py, megatron/core/transformer/multi_token_prediction.py)."""
+    flag, model = setting("mtp_layers"), w.model
+    if w.method.kind != "full":
+        raise LmcalcError(f"{flag} is for full training; a {w.method.kind} fine-tune trains none")
+    if w.framework.name not in MTP_FRAMEWORKS:
+        raise LmcalcError(f"{flag}: Megatron-Core trains MTP modules; the {w.framework.name} profile has none "
+                          f"(use {setting('framework')} megatron)")  # fmt: skip
+    if model.position_embedding not in ("rope", "none") or model.hyper_connections:
+        raise LmcalcError(f"{flag}: Megatron-Core's MTP needs rotary or no position embeddings, and no "
+                          f"hyper-connections; {model.name} has {model.position_embedding} positions")  # fmt: skip
+    if w.recompute == "full" and (w.recompute_method == "block" or w.recompute_num_layers > 1):
+        raise LmcalcError(f"{flag} with full recomputation: Megatron-Core checkpoints each MTP module whole under "
+                          f"the uniform method at {setting('recompute_num_layers')} 1 and refuses more; lmcalc does "
+                          "not model the block method's leaving them out")  # fmt: skip
+    if w.moe_a2a_overlap and layers > 1:
+        raise LmcalcError(f"{setting('moe_a2a_overlap')} takes at most one MTP layer (Megatron-Core asserts it), "
+                          f"not {layers}")  # fmt: skip

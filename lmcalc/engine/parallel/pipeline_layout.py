@@ -62,8 +62,8 @@ def _shown(layout: str) -> str:
 
 def check_layout(model: ModelSpec, pp: int, chunks: int, layout: str, mtp_layers: int, other: list[str]) -> None:
     """A layout names every part of the split: PP × chunks of them, the model's layers in all, the embedding
-    first and the loss last, and as many multi-token-prediction layers as are trained (Megatron-Core's
-    ``validate_layer_layout``), which lmcalc places in the last part; it replaces the other ways to split, the
+    first and the loss last, and as many multi-token-prediction layers as are trained, in one part that is a
+    stage's last chunk (Megatron-Core's ``validate_layer_layout``); it replaces the other ways to split, the
     ``other`` settings given beside it."""
     if other:
         others = " and ".join(map(setting, other))
@@ -87,11 +87,14 @@ def check_layout(model: ModelSpec, pp: int, chunks: int, layout: str, mtp_layers
     if "m" in joined and "t" in joined[joined.index("m") :]:
         raise LmcalcError(f"{_shown(layout)}: the multi-token-prediction layers (m) come "
                           "after every decoder layer")  # fmt: skip
-    if joined.count("m") != mtp_layers:
-        raise LmcalcError(f"{_shown(layout)} places {joined.count('m')} multi-token-prediction layers (m) and "
-                          f"{setting('mtp_layers')} is {mtp_layers}: Megatron-Core needs them equal")  # fmt: skip
-    if len([part for part in parts if "m" in part]) > 1:
-        raise LmcalcError(f"{_shown(layout)}: lmcalc places the multi-token-prediction layers (m) in one part")
+    placed = joined.count("m")
+    if placed != mtp_layers:
+        raise LmcalcError(f"{_shown(layout)} places {placed} multi-token-prediction layer{'s' * (placed != 1)} (m) "
+                          f"and {setting('mtp_layers')} is {mtp_layers}: Megatron-Core needs them equal")  # fmt: skip
+    holding = [g for g, part in enumerate(parts) if "m" in part]
+    if len(holding) > 1 or (holding and holding[0] // pp != chunks - 1):
+        raise LmcalcError(f"{_shown(layout)}: Megatron-Core puts the multi-token-prediction layers (m) in one part, "
+                          "a stage's last virtual stage (pipeline_parallel_layer_layout.py)")  # fmt: skip
 
 
 def layout_slices(layout: str, slices: int) -> tuple[int, ...]:

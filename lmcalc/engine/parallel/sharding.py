@@ -162,11 +162,12 @@ def mtp_own_params(model: ModelSpec, tp: int, built: StageLayers) -> float:
     """What the trained multi-token-prediction modules hold on one GPU of their stage beyond their layers (counted
     with the stage's): each module's two input norms, its 2h → h projection (column-parallel) and its final norm
     (``model.params.mtp_params``), and the word embedding, which Megatron-Core builds on the stage that runs them
-    (gpt_model.py: ``pre_process or mtp_process``) unless the stage holds it already or the head is it (tied)."""
+    (gpt_model.py: ``pre_process or mtp_process``) unless the stage holds it already; with tied embeddings the last
+    stage's output layer keeps its own matrix beside it (``skip_weight_param_allocation`` on the first stage only)."""
     if not built.mtp:
         return 0.0
     h = model.hidden_size
-    embedding = 0.0 if built.embedding or (built.head and model.tied_embeddings) else model.vocab_size * h / tp
+    embedding = 0.0 if built.embedding else model.vocab_size * h / tp
     return built.mtp * (3 * h + 2 * h * h / tp) + embedding
 
 

@@ -232,5 +232,7 @@ def _mtp_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
         traffic.add(2 * e * elements, 2 * e * elements, 2 * n)  # the lookup; its gradient scattered back
         traffic.add(2 * 2 * e * elements, 2 * 3 * e * elements, 4 * n)  # two fused norms
         traffic.add(2 * 2 * e * elements, 2 * 2 * e * elements, 2 * n)  # the concatenation, and its gradient split
+        if not s.built.embedding:  # the embedding copy's dense gradient, zeroed (Megatron builds it here)
+            traffic.add(0.0, e * s.w.model.vocab_size / s.grid.tp * s.w.model.hidden_size, 1)
     if s.built.mtp_heads:  # on the last stage, where the output layer is
         _losses(s, traffic, s.built.mtp_heads)
