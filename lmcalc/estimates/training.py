@@ -117,6 +117,7 @@ def layout_origin(layout: Layout) -> str:
         + (" --first/--last-stage-layers" if split.first_stage_layers or split.last_stage_layers else "")
         + (" --account-for-embedding/loss-in-pipeline-split" if split.units else "")
         + (" --pipeline-layout" if split.pipeline_layout is not None else "")
+        + (" --mtp-layers" if split.mtp_layers else "")
     )
 
 
