@@ -22,7 +22,7 @@ PEFT_V4_NAMES = dict.fromkeys(MIXTRAL_NAMES, "mixtral") | dict.fromkeys(QWEN2_MO
 MoE conversion covers (not qwen2_moe, whose own name its table lacks, nor types that reuse another's code under a
 name of their own, as sarvam_moe)."""
 
-ROUTER_LINEAR = frozenset(("llama4_text", "phimoe", "dbrx", "afmoe", "longcat_flash", "jetmoe", "gemma4_text"))
+ROUTER_LINEAR = frozenset(("llama4_text", "phimoe", "dbrx", "afmoe", "longcat_flash", "jetmoe", "gemma4_text", "zaya"))
 """The types whose router is an ``nn.Linear`` (Llama4Router, PhimoeRouter, DbrxRouter's layer, AFMoE's and LongCat's
 gate and classifier, JetMoE's gating layer, Gemma 4's router projection)."""
 

@@ -458,7 +458,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
         its training memory or step time; "" where it counts everything. xLSTM padded (``RWKV_COUNTED_ONLY``); the
         looped models', BLT's and the others of ``COMPRESSED_COUNTED_ONLY``. RWKV-4, RecurrentGemma, Zamba, xLSTM, Doge,
-        DeepSeek-V4 and HY V4 are modelled whole; Llama 3.2 Vision's text model too, a step of text skipping its
+        ZAYA, DeepSeek-V4 and HY V4 are modelled whole; Llama 3.2 Vision's text model too, a step of text skipping its
         cross-attention layers (docs/formulas.md §2.21)."""
         if self.mlstm and self.mlstm.padded:
             return RWKV_COUNTED_ONLY
@@ -466,7 +466,6 @@ class ModelSpec(LayerKinds, NamedSpec):
             self.layer_reuse
             or self.prompt
             or self.image_prefix
-            or self.cca
             or self.branch_convs
             or self.drafter
             or self.byte_latent

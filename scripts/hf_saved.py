@@ -987,6 +987,22 @@ DOGE: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 """Doge (``engine.memory.dynamic_mask``): its mask, added to eager attention's scores."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in DOGE.items()}
 
+ZAYA_SMALL = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  num_hidden_layers=LAYERS, num_experts=4, moe_intermediate_size=256, router_hidden_size=64,
+                  tie_word_embeddings=False, **TOKENS)  # fmt: skip
+"""ZAYA's small layers: h 128, 4 heads of 32 over 2 KV heads, CCA's two convolutions of 2 taps over 192 channels,
+every layer an MoE of 4 experts of 256 (top 1, and the skip class) behind an MLP router of 64, V 2048, two layers."""
+ZAYA: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "zaya-small": (T.ZayaConfig, ZAYA_SMALL, "small ZAYA: CCA attention, GQA 4/2, 4 experts top 1, a router of 64"),
+    "zaya-mha": (T.ZayaConfig, ZAYA_SMALL | {"num_key_value_heads": 4, "cca_time0": 3, "cca_time1": 4},
+                 "small ZAYA without GQA, convolutions of 3 and 4 taps"),
+    "zaya-wide": (T.ZayaConfig, ZAYA_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8,
+                                              "head_dim": 64, "moe_intermediate_size": 512, "router_hidden_size": 128},
+                  "ZAYA with h 512 and V 256: a layer's backward outweighs the loss's"),
+}  # fmt: skip
+"""ZAYA (``engine.memory.cca``): CCA attention, its fp32 residual stream with scales, its MLP router."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in ZAYA.items()}
+
 # Records
 # --------------------------------------------------------------------------------------------------------------------
 

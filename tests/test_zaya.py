@@ -1,10 +1,12 @@
 """ZAYA (issue #31): compressed convolutional attention (CCA), residual scaling and an MLP router over experts and a
 skip class. Parameters by hand at a tiny size and at transformers 5.24's class defaults (ZAYA1-8B's shape), a step's
-FLOPs by hand, the serving state against transformers' cache, and what lmcalc refuses. The tiny config's count and
-FLOPs against transformers and FlopCounterMode run in tests/test_hf_types.py and tests/test_validate_hf.py."""
+FLOPs by hand, the serving state against transformers' cache, and that every estimate takes it (its training memory:
+tests/test_zaya_memory.py). The tiny config's count and FLOPs against transformers and FlopCounterMode run in
+tests/test_hf_types.py and tests/test_validate_hf.py."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -72,7 +74,16 @@ def test_the_state_equals_transformers_cache():
     assert held == batch * (tokens * per_token + state_bytes(spec, 2))
 
 
-def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    from hf_tiny import check_counted_alone
+def test_every_estimate_takes_it(tmp_path):
+    # training memory, LoRA and the planner since what its layers keep for backward is counted (formulas §2.32;
+    # against transformers: tests/test_zaya_memory.py); params, FLOPs and serving as before
+    from lmcalc import api
 
-    check_counted_alone(tmp_path, TINY, 118_260, "ZAYA's CCA attention")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    assert api.params(model=str(path)).total == 118_260
+    assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
+    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
+    assert api.memory(model=str(path), seq=32).gpu.activations > 0
+    assert api.memory(model=str(path), seq=32, method="lora").gpu.activations > 0
+    assert api.plan(model=str(path), gpus="8xH100", seq=32, global_batch=32 * 64, tokens=1e9).best is not None

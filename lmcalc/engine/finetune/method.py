@@ -207,6 +207,12 @@ def _leaf(tensor: WeightTensor) -> str:
     return tensor.name.removesuffix(".weight").rsplit(".", 1)[-1]
 
 
+def _value_halves(v: LinearModule) -> tuple[LinearModule, LinearModule]:
+    """ZAYA's v as ZayaCCAProjection builds it: v_proj_current and v_proj_delayed, each half of its outputs."""
+    current, delayed = (replace(v, name=f"attn.v_{half}", outputs=v.outputs // 2) for half in ("current", "delayed"))
+    return current, delayed
+
+
 @functools.lru_cache(maxsize=256)
 def linear_modules(model: ModelSpec) -> tuple[LinearModule, ...]:
     """Every linear layer of the model as its reference implementation builds it, fused weights fused, the output
@@ -217,6 +223,8 @@ def linear_modules(model: ModelSpec) -> tuple[LinearModule, ...]:
             continue
         name = t.name.removesuffix(".weight")
         modules.append(LinearModule(name, _leaf(t), t.group, t.shape[1], t.shape[0], t.count, t.count_symbol, t.active))
+    if model.cca:  # ZAYA's value: two nn.Linear of H_kv·d/2, the token's and the one before (PEFT adapts each)
+        modules = [half for m in modules for half in (_value_halves(m) if m.name == "attn.v" else (m,))]
     for fused, parts in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up")), ("kv", ("k", "v"))):
         if fused not in model.fused_linears:
             continue

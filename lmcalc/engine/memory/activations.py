@@ -30,6 +30,7 @@ from lmcalc.engine.finetune.method import (
 from lmcalc.engine.memory.adapters import adapter_bytes, adapter_copies
 from lmcalc.engine.memory.altup import ALTUP_PREDICTION, altup_saved
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
+from lmcalc.engine.memory.cca import cca_attention_saved, residual_scaling_saved
 from lmcalc.engine.memory.compressed import compressed_attention_saved, streams_saved
 from lmcalc.engine.memory.differential import differential_saved
 from lmcalc.engine.memory.dynamic_mask import dynamic_mask_saved, residual_scale_saved
@@ -41,7 +42,7 @@ from lmcalc.engine.memory.moa import attention_experts_saved
 from lmcalc.engine.memory.module_recompute import module_kept
 from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, sub_normed
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
-from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, routing_saved
+from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, router_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
 from lmcalc.engine.memory.shared_block import shared_uses_saved
 from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind, average_mixer, share
@@ -243,7 +244,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         tensors += norm_saved(w, "post-attention norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
-    tensors += residual_scale_saved(w, "attention")  # Doge's
+    tensors += residual_scale_saved(w, "attention") + residual_scaling_saved(w, "attention")  # Doge's, ZAYA's
     mlp = [
         replace(t if n == of else share(t, n, of), block="mlp")
         for wide, n, of in mlp_widths(w, mixer)
@@ -271,6 +272,7 @@ def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False)
     s, b, sb = w.seq_len, w.micro_batch, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
     tensors = _attention_saved(w, kind) + (dynamic_mask_saved(w) if spec.dynamic_mask_window else [])
+    tensors += cca_attention_saved(w)  # ZAYA's convolutions and L2 norms
     if spec.attention_sinks and spec.sink_scale:  # Granite SWA: output · σ(lse − sink), the scale in fp32
         tensors += [SavedTensor("attention output before the sinks' scale", "s·b·H·d_v", sb * H * dv, act, True),
                     SavedTensor("the sinks' scale σ(lse − sink) (fp32)", "b·H·s", b * H * s, 4, True),
@@ -460,14 +462,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
                 if moe.router_fp32 and w.framework.moe.router == "model"
                 else []
             ),
-            SavedTensor(
-                "router probabilities (fp32)",
-                "s·b·(E+Z)" if moe.zero_experts else "s·b·E",
-                sb * moe.router_outputs,
-                4,
-                split="seq",
-            ),
-            *routing_saved(w, sb, k, rows, kr),
+            *router_saved(w, sb, k, rows, kr),
             SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq", for_weights=UP),
             *ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
         ]
@@ -493,4 +488,4 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         tensors += norm_saved(w, "post-MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
-    return tensors + residual_scale_saved(w, "mlp")
+    return tensors + residual_scale_saved(w, "mlp") + residual_scaling_saved(w, "mlp")

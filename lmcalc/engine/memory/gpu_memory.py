@@ -28,6 +28,7 @@ from lmcalc.engine.memory.activations import (
     layer_saved_tensors,
     lowest_layer_unkept,
 )
+from lmcalc.engine.memory.cca import checkpoint_kept_again
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE
 from lmcalc.engine.memory.full_recompute import mixer_kinds, recomputed_chunks, trained_chunks, window_kinds
 from lmcalc.engine.memory.masks import kinds_differ
@@ -287,7 +288,9 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
         # the hyper-connections keep their streams too
         fp32_copy = norm_keeps(w) in ("fp32_input", "fp32_normalised") and w.precision.activation_bytes == 4
         scaled = w.model.residual_scales and weight_trained(w.model, w.method, "residual_scale")  # a frozen one: none
-        if norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections or scaled:
+        if w.model.cca:  # ZAYA's fp32 stream (its norm's copy in fp32) and router state (a trained scale keeps it)
+            rebuilt -= checkpoint_kept_again(w, fp32_copy, weight_trained(w.model, w.method, "router_state_scale"))
+        elif norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections or scaled:
             rebuilt -= checkpoint
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]

@@ -15,6 +15,7 @@ from lmcalc.engine.memory.activations import (
     _needed,
 )
 from lmcalc.engine.memory.altup import altup_outside
+from lmcalc.engine.memory.cca import cca_checkpoint, embedding_scaling_saved
 from lmcalc.engine.memory.compressed import hyper_head_saved
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
@@ -34,6 +35,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         embedding += norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
+    embedding += [t for t in embedding_scaling_saved(w) if _needed(w, t, set())]  # ZAYA's, frozen under LoRA
     adapted = frozenset(m.leaf for m in adapted_modules(spec, w.method))
     embedding += per_layer_inputs_outside(w, adapted)  # Gemma 4's per-layer inputs, made before the layers
     embedding += altup_outside(w, spec.per_layer_input is not None, adapted)  # Gemma 3n's streams
@@ -117,6 +119,8 @@ def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
 
 def layer_checkpoint(w: Workload) -> SavedTensor:
     """What full recomputation keeps of each layer: its input (Korthikanti et al. 2022 §4.2.3, Table 2)."""
+    if w.model.cca:  # ZAYA's: its fp32 stream and the router state
+        return cca_checkpoint(w)
     if w.model.altup or w.model.hyper_connections:  # Gemma 3n's AltUp, DeepSeek-V4's and HY V4's: n streams of h
         n = (w.model.altup or w.model.hyper_connections).streams  # type: ignore[union-attr]
         return SavedTensor("layer input (n streams)", "n·s·b·h", n * w.tokens * w.model.hidden_size,

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import kept_before_core
 from lmcalc.engine.memory.adapters import adapter_copies
+from lmcalc.engine.memory.cca import STREAM_BYTES
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.routing import weighted_outputs
@@ -212,7 +213,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         if not (weighted_outputs(w) or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
             assignments = moe.k * sb
             layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
-    layer += sb * spec.hidden_size * act / cp  # the gradient of the layer's output, which the residual branch holds
+    stream = STREAM_BYTES if spec.cca else act  # ZAYA's residual stream, and so its gradient, is fp32
+    layer += sb * spec.hidden_size * stream / cp  # the gradient of the layer's output, which the residual branch holds
     norm = 0.0
     if norm_keeps(w) in ("fp32_input", "fp32_normalised"):  # an RMSNorm written op by op in fp32: its backward's fp32
         # copies of its input (Gemma's, which multiplies by 1 + w in fp32, keeps one more and makes one gradient fewer)

@@ -9,6 +9,7 @@ where the routing weights multiply them.
 
 from __future__ import annotations
 
+from lmcalc.engine.memory.cca import mlp_router_saved
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
 
@@ -16,6 +17,18 @@ ROUTED_ROW_BYTES = 12
 """Of the routing's bytes per assignment, those a capacity carries per expert row, padding included: the row's token
 index (int64) and its routing weight (fp32), the gather's index and the weight product's factor
 (``reference_model.MoE._to_capacity``); the top-k indices and the sort order stay one per assignment."""
+
+
+def router_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[SavedTensor]:
+    """What the router keeps beyond its input: its probabilities in fp32 (over E + Z with zero-computation experts)
+    and the routing's indices and weights (``routing_saved``); ZAYA's MLP router its own (``cca.mlp_router_saved``)."""
+    moe = w.model.moe
+    assert moe is not None
+    if moe.router_rank:
+        return mlp_router_saved(w)
+    symbol = "s·b·(E+Z)" if moe.zero_experts else "s·b·E"
+    probabilities = SavedTensor("router probabilities (fp32)", symbol, sb * moe.router_outputs, 4, split="seq")
+    return [probabilities, *routing_saved(w, sb, k, rows, kr)]
 
 
 def routing_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[SavedTensor]:

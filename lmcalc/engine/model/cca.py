@@ -39,7 +39,7 @@ def mlp_router_tensors(spec: ModelSpec, router: Site) -> list[WeightTensor]:
     first = 1 if spec.is_moe_layer(0) else 0
     later = Site("router", router.count - first, "(L_moe−1)" if first else router.count_symbol)
     return [
-        *linear("router.down", router, r, h, True),
+        *linear("router", router, r, h, True),  # down_proj, named as other MoE routers: it reads the MLP input
         tensor("router.state_scale", later, (r,), False),
         tensor("router.norm.weight", router, (r,), False),
         *linear("router.fc1", router, r, r, True),

@@ -1,0 +1,167 @@
+"""Training memory of ZAYA's layer (``engine.memory.cca``): its terms derived by hand at ZayaConfig's defaults
+(ZAYA1-8B's shape), then against transformers 5.24 on the CPU (``scripts/hf_saved.py``'s zaya-small, zaya-mha and
+zaya-wide, two layers, built in bf16, which transformers trains on the CPU): the bytes saved for backward within 5 %
+(the whole, a layer above the lowest, the checkpointed forward and the rebuilt layer), with eager attention and SDPA,
+and the step's peak (``scripts/hf_step_peak.py``) within 3 %, with and without gradient checkpointing, fully trained
+and under PEFT's LoRA on every linear layer (the router's four included)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from lmcalc.engine.finetune.method import Method, parse_targets
+from lmcalc.engine.memory.cca import (
+    cca_attention_saved,
+    cca_checkpoint,
+    mlp_router_saved,
+    residual_scaling_saved,
+)
+from lmcalc.engine.workload import Workload
+from lmcalc.hf_config import model_from_hf_config
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
+from lmcalc.specs import ModelSpec
+
+DEFAULTS = {"model_type": "zaya"}  # ZayaConfig's defaults: h 2048, 8 heads and 2 KV heads of 128, r 256, 16 experts
+
+
+def spec_of(config: dict) -> ModelSpec:
+    return ModelSpec.model_validate(model_from_hf_config(config, "zaya", "test"))
+
+
+def workload(spec: ModelSpec, seq: int, micro_batch: int, checkpointing: bool = False, attention: str = "eager",
+             precision: str = "bf16-pure") -> Workload:  # fmt: skip
+    recipe, adamw = resolve_precision(precision).spec, resolve_optimizer("adamw").spec
+    return Workload(spec, recipe, adamw, seq, micro_batch, attention, "full" if checkpointing else "none",
+                    framework=framework_profile("transformers"))  # fmt: skip
+
+
+def total(tensors) -> float:
+    return sum(t.bytes for t in tensors)
+
+
+def test_a_zaya_layer_by_hand():
+    # ZayaConfig's defaults at s = 4,096, b = 1, bf16 (2 B): H 8, H_kv 2, d 128, so C = (8 + 2)·128 = 1,280 channels
+    # of q‖k; convolutions of t0 = t1 = 2 taps. The depthwise convolution keeps q‖k padded by t0 + t1 − 2 = 2 on the
+    # left (1,280 × 4,098), the grouped one the depthwise's s + t1 − 1 outputs (1,280 × 4,097); v_proj_delayed one
+    # zero token (h). The L2 norms keep Q (s·H·d) and K (s·H_kv·d) and three values a head and token each (‖x‖, its
+    # reciprocal, √d/‖x‖); the key scale the normalised K.
+    s, h, H, Hkv, d, C = 4096, 2048, 8, 2, 128, 1280
+    convs = 2 * (C * (s + 2) + C * (s + 1))
+    norms = 2 * (s * H * d + 3 * s * H + s * Hkv * d + 3 * s * Hkv + s * Hkv * d)
+    assert convs + 2 * h + norms == 20_979_200 + 4_096 + 12_828_672
+    w = workload(spec_of(DEFAULTS), s, 1)
+    assert total(cca_attention_saved(w)) == 33_811_968
+    # each residual scaling keeps its branch plus bias (bf16) and the fp32 stream plus bias: 2 × s·h·(2 + 4)
+    assert total(residual_scaling_saved(w, "attention") + residual_scaling_saved(w, "mlp")) == 2 * s * h * 6
+    # the router, r = 256: the previous layer's state (s·r), its RMSNorm written in fp32 (an fp32 copy, 1/rms, the
+    # normalised value), the inputs of fc1, both GELUs, fc2 and the output layer (5·s·r), the softmax over 17
+    # classes, the gather's int64 index and masked_fill's booleans (9 B a token), three int64 row indices and the
+    # weight a pick (26 B), the 16 experts' int32 offsets
+    r = 256
+    router = 2 * s * r + (4 * s * r + 4 * s + 2 * s * r) + 2 * 5 * s * r + 2 * s * 17 + 9 * s + 26 * s + 16 * 4
+    assert router == 19_173_440
+    assert total(mlp_router_saved(w)) == router
+    # full recomputation keeps each layer's fp32 input and the router state: s·(4h + 2r)
+    assert cca_checkpoint(w).bytes == s * (4 * h + 2 * r) == 35_651_584
+    # in fp32 the stream's and the branch's sums are both 4 B
+    fp32 = workload(spec_of(DEFAULTS), s, 1, precision="fp32")
+    assert total(residual_scaling_saved(fp32, "mlp")) == s * h * 8
+
+
+def test_lora_frozen_scales_keep_nothing():
+    # under LoRA the residual scales, the key scale and the router state's scale are frozen: their products keep
+    # nothing for them; the convolutions keep their inputs (convolution_backward keeps them for either gradient)
+    w = workload(spec_of(DEFAULTS), 4096, 1)
+    lora = replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False))
+    kept = {t.label for t in _layer(lora)}
+    assert not any("residual scale" in label or "key scale" in label or "router state" in label for label in kept)
+    assert {t.label for t in cca_attention_saved(w)[:2]} <= kept
+
+
+def _layer(w: Workload):
+    from lmcalc.engine.memory.activations import layer_saved_tensors
+
+    return layer_saved_tensors(w, True)
+
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
+import hf_step_peak  # noqa: E402
+
+from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
+from lmcalc.engine.memory.phases import step_phases  # noqa: E402
+from lmcalc.engine.parallel.layout import Layout  # noqa: E402
+
+SAVED_TOLERANCE, PEAK_TOLERANCE = 0.05, 0.03  # issue #31's targets
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+
+
+def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, lora: bool = False,
+                     attention: str = "eager") -> Workload:  # fmt: skip
+    """lmcalc's workload for the harness's model, read from the very config it builds the model from; LoRA's
+    adapters in the model's dtype, as the harness injects them."""
+    config = hf_saved.CASES[name].config().to_dict()
+    w = workload(spec_of(config), seq, micro_batch, checkpointing, "flash" if attention == "sdpa" else "eager")
+    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
+
+
+def error(predicted: float, measured: int) -> float:
+    return predicted / measured - 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def free_models():
+    yield
+    hf_saved.release_models()
+
+
+SAVED = [("zaya-small", "eager", 128, 1, ck, False) for ck in (False, True)]
+SAVED += [("zaya-small", "eager", 256, 2, ck, lora) for ck in (False, True) for lora in (False, True)]
+SAVED += [("zaya-mha", "eager", 128, 1, False, False), ("zaya-small", "sdpa", 256, 2, False, False),
+          ("zaya-mha", "sdpa", 256, 2, True, False), ("zaya-wide", "eager", 256, 2, True, True)]  # fmt: skip
+"""zaya-small: GQA 4/2, convolutions of 2 taps; zaya-mha: every head its own KV head, convolutions of 3 and 4 taps;
+zaya-wide: h 512. SDPA on the CPU runs its flash kernel (no mask: causal), which keeps its output and log-sum-exp."""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("name", "attention", "seq", "batch", "checkpointing", "lora"), SAVED)
+def test_bytes_kept_for_backward_match_transformers(name, attention, seq, batch, checkpointing, lora):  # noqa: PLR0913
+    m = hf_saved.measure(name, attention, seq, batch, checkpointing, use_cache=False, lora=LORA if lora else None)
+    w = harness_workload(name, seq, batch, checkpointing, lora, attention)
+    acts = stage_activations(w, Layout(), 0)
+    whole, ours = m.total_bytes + m.closure_bytes + m.rebuild_new_bytes, acts.total + acts.rebuilt
+    report = f"measured {whole:,} B, lmcalc {ours:,.0f} B ({error(ours, whole):+.2%})"
+    assert abs(error(ours, whole)) < SAVED_TOLERANCE, report
+    if checkpointing:
+        assert abs(error(acts.total, m.total_bytes + m.closure_bytes)) < SAVED_TOLERANCE, report
+        assert abs(error(acts.rebuilt, m.rebuild_new_bytes)) < SAVED_TOLERANCE, report
+    elif not lora:  # a layer above the lowest (the lowest has no router state from a layer before)
+        layer = sum(t.bytes for t in layer_saved_tensors(w, True))
+        assert abs(error(layer, m.per_layer_bytes[1])) < SAVED_TOLERANCE, f"layer 1 {m.per_layer_bytes[1]:,}; {report}"
+
+
+PEAKS = [pytest.param("zaya-small", False, False), pytest.param("zaya-small", True, True)]
+PEAKS += [pytest.param("zaya-wide", ck, lora) for ck, lora in ((False, False), (False, True), (True, True))]
+REBUILT_END = "+3.7 %: the end of the last layer's rebuilt forward binds (its fp32 output), not modelled"
+PEAKS += [pytest.param("zaya-wide", True, False, marks=pytest.mark.xfail(strict=True, reason=REBUILT_END))]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("name", "checkpointing", "lora"), PEAKS)
+def test_the_step_peak_matches_transformers(name, checkpointing, lora):
+    # s 256, b 2, eager: zaya-small's vocabulary binds at the loss's backward, zaya-wide's final norm or, checkpointed,
+    # the end of the last layer's rebuilt forward. Each model is built afresh: one a checkpointed measurement ran is
+    # otherwise reused
+    hf_saved.release_models()
+    m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
+    gpu = gpu_memory(harness_workload(name, 256, 2, checkpointing, lora), Layout(), 0)
+    phases = step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)  # the gradients left out, as measured
+    assert abs(error(phases.busiest, m.peak)) < PEAK_TOLERANCE, (
+        f"measured {m.peak:,} B, lmcalc {phases.busiest:,.0f} B ({error(phases.busiest, m.peak):+.2%}) at "
+        f"{phases.binding}"
+    )
