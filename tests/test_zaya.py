@@ -87,3 +87,16 @@ def test_every_estimate_takes_it(tmp_path):
     assert api.memory(model=str(path), seq=32).gpu.activations > 0
     assert api.memory(model=str(path), seq=32, method="lora").gpu.activations > 0
     assert api.plan(model=str(path), gpus="8xH100", seq=32, global_batch=32 * 64, tokens=1e9).best is not None
+
+
+@pytest.mark.parametrize(("degree", "said"), [({"tp": 2}, "TP=2 would split"), ({"cp": 2}, "CP=2 would split")])
+def test_tensor_and_context_parallelism_are_refused_in_one_line(tmp_path, degree, said):
+    # the CCA convolutions reach tokens back across a CP rank's boundary, and the router state is kept whole
+    from lmcalc import api
+    from lmcalc.errors import LmcalcError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    with pytest.raises(LmcalcError, match=said) as refused:
+        api.memory(model=str(path), gpus="2xH100", seq=32, **degree)
+    assert "CCA convolutions" in str(refused.value) and "\n" not in str(refused.value)

@@ -363,11 +363,17 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"CP={layout.cp} splits the sequence, which {model.name}'s recurrent layers scan token by token: lmcalc "
             "does not model handing each rank's last state to the next; use CP=1"
         )
-    if (layout.tp > 1 or layout.cp > 1) and model.dynamic_mask_window:
+    if (layout.tp > 1 or layout.cp > 1) and (model.dynamic_mask_window or model.cca):
+        kept = (
+            "dynamic mask, which lmcalc keeps whole: dt_proj reads every KV head's values, and each query keeps its "
+            "top keys over the whole sequence"
+            if model.dynamic_mask_window
+            else "CCA convolutions, which reach tokens back over the sequence, and the router state each layer hands "
+            "the next, which lmcalc keeps whole"
+        )
         raise LmcalcError(
-            f"{f'TP={layout.tp}' if layout.tp > 1 else f'CP={layout.cp}'} would split {model.name}'s dynamic mask, "
-            "which lmcalc keeps whole: dt_proj reads every KV head's values, and each query keeps its top keys over "
-            "the whole sequence; use TP=1 and CP=1"
+            f"{f'TP={layout.tp}' if layout.tp > 1 else f'CP={layout.cp}'} would split {model.name}'s {kept}; use TP=1 "
+            "and CP=1"
         )
     if layout.tp > 1 and (model.rglru or model.rwkv or model.mlstm):
         raise LmcalcError(
