@@ -43,7 +43,7 @@ class PipelineSplit:
     loss_in_split: bool = False
     # Megatron-Core's --pipeline-model-parallel-layout: every model part's layers, "Et*3|(tt|)*29,m|L"
     pipeline_layout: str | None = None
-    # Megatron-Core's --mtp-num-layers: multi-token-prediction modules trained with the model, on the last stage
+    # Megatron-Core's --mtp-num-layers: multi-token-prediction modules trained, on the last stage or in the m part
     mtp_layers: int = 0
 
     def __post_init__(self) -> None:

@@ -224,8 +224,9 @@ def _embedding_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 
 def _mtp_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     """Each trained multi-token-prediction module (DeepSeek-V3 §2.2; Megatron-Core's ``MultiTokenPredictionLayer``):
-    the next tokens' embedding looked up (and its gradient added into the embedding's), the norms of it and of the
-    hidden state, their concatenation (read 2 write 2 a width of h each way), and its own loss and final norm."""
+    where it is built, the next tokens' embedding looked up (its gradient added into the embedding copy's, zeroed
+    there), the norms of it and of the hidden state and their concatenation (read 2 write 2 a width of h each way);
+    on the last stage, its own final norm and loss."""
     n = s.built.mtp
     if n:
         e, elements = s.act_bytes, n * s.hidden_tokens * s.w.model.hidden_size
