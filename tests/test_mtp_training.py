@@ -5,6 +5,8 @@ bias), one transformer layer of the decoder's spec and a final norm; ``megatron/
 the word embedding on every stage that runs MTP (``pre_process or mtp_process``) and computes the MTP logits with the
 output layer on the last stage. Every figure below is counted by hand from those modules."""
 
+from dataclasses import replace
+
 import pytest
 
 import lmcalc
@@ -12,10 +14,12 @@ from lmcalc.engine.memory.gpu_memory import stage_outside_bytes
 from lmcalc.engine.parallel.layout import Grid, Layout, ModelSplit
 from lmcalc.engine.parallel.pipeline import PipelineSplit, StageLayers, stage_layers
 from lmcalc.engine.parallel.sharding import trained_held
+from lmcalc.engine.time import rates
 from lmcalc.engine.time.kernels import stage_work
+from lmcalc.engine.time.microbatch import layer_times, micro_batch_time
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
+from lmcalc.presets import framework_profile, parse_cluster, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 
 SEQ, BATCH, H, V, TP = 64, 2, 64, 256, 2
@@ -168,3 +172,21 @@ def test_the_layouts_megatron_core_accepts_are_those_lmcalc_accepts(layout, pp):
     else:
         with pytest.raises(LmcalcError):
             lmcalc.memory(pipeline_layout=layout, **settings)
+
+
+@pytest.mark.parametrize(("sequence_parallel", "forward", "backward"), [(True, 1.5, 2.5), (False, 0.5, 2.0)])
+def test_its_projection_gathers_and_reduces_over_tp(sequence_parallel, forward, backward):
+    # eh_proj is column-parallel and its h/TP-wide output is gathered (multi_token_prediction.py _concat_embeddings),
+    # counted in all-reduces of an h-wide activation (an all-gather or a reduce-scatter of it moves half one): with SP
+    # the 2h input gathered (1) and the output gathered (0.5) forward; backward the sequence scatter's gather (0.5),
+    # the input gathered again for the weight's gradient (1) and the input's gradient reduce-scattered (1); without SP
+    # the output gathered (0.5) forward and the 2h input's gradient all-reduced (2) backward. No overlap here.
+    base = workload()
+    speed = base.framework.speed.model_copy(update={"tp_overlap": "none"})
+    w = replace(base, framework=base.framework.model_copy(update={"speed": speed}))
+    machine = rates.Machine(parse_cluster("8xH100"))
+    grid = Grid(TP, 1, 1, sequence_parallel, TP)
+    tp_one = layer_times(w, grid, machine).tp_one
+    assert tp_one > 0
+    with_mtp, without = (micro_batch_time(w, grid, StageLayers(0, 0, False, False, n, 0), machine) for n in (1, 0))
+    assert with_mtp.tp - without.tp == pytest.approx((forward + backward) * tp_one)

@@ -208,6 +208,12 @@ def micro_batch_time(
     tp_backward = built.dense * 2 * regather * layer.tp_one + built.moe * (
         blocks * regather * layer.tp_one + layer.etp_one
     )
+    # an MTP module's projection (column-parallel, its h-wide output gathered: multi_token_prediction.py), in
+    # all-reduces of h: with SP its 2h input gathered and its output, 1.5, backward the scatter's gather, the input
+    # gathered again and its gradient reduce-scattered, 2.5; without SP the output gathered, 0.5, its input's
+    # gradient all-reduced, 2
+    tp_forward += built.mtp * (1.5 if sp else 0.5) * layer.tp_one
+    tp_backward += built.mtp * (2.5 if sp else 2.0) * layer.tp_one
     backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
     if speed.tp_overlap == "full":
         tp_mb = max(0.0, tp_forward - times.gemm_forward) + max(0.0, tp_backward - backward_gemms)
