@@ -987,6 +987,21 @@ DOGE: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 """Doge (``engine.memory.dynamic_mask``): its mask, added to eager attention's scores."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in DOGE.items()}
 
+HRM_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4, head_dim=32,
+                 num_layers_per_stack=LAYERS, H_cycles=2, L_cycles=2, L_bp_cycles=[1], tie_word_embeddings=False,
+                 **TOKENS)  # fmt: skip
+"""HRM's small stacks: two of LAYERS layers, h 128, 4 heads of 32 (every head its own K and V), a SwiGLU of 384,
+V 2048; two high-level cycles of two low-level runs, the first of each under torch.no_grad: 12 layer runs, 4 of them
+without gradients."""
+HRM: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "hrm-small": (T.HrmTextConfig, HRM_SMALL, "small HRM: stacks of two, 2 cycles of 2 low runs, 1 with gradients"),
+    "hrm-wide": (T.HrmTextConfig, HRM_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8,
+                                               "head_dim": 64, "intermediate_size": 1024, "L_bp_cycles": [2]},
+                 "HRM with h 512 and V 256, every low run with gradients: the runs' backward outweighs the loss's"),
+}  # fmt: skip
+"""HRM (``engine.memory.looped``): each trained run keeps its own activations, the runs under no_grad nothing."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in HRM.items()}
+
 ZAYA_SMALL = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   num_hidden_layers=LAYERS, num_experts=4, moe_intermediate_size=256, router_hidden_size=64,
                   tie_word_embeddings=False, **TOKENS)  # fmt: skip
@@ -1360,6 +1375,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     base = getattr(base, "decoder", base)
     if base is model:  # Llama4ForCausalLM is its own base model (its base_model_prefix names no module): its .model
         base = model.model
+    if hasattr(base, "L_module"):  # HRM: its low- and high-level stacks, each run several times a forward
+        return [*base.L_module.layers, *base.H_module.layers]
     return list(next(getattr(base, name) for name in ("layers", "h", "blocks") if hasattr(base, name)))
 
 

@@ -47,6 +47,7 @@ class StorageLog(TorchDispatchMode):
         self._next = 0
         self.made_by: list[str] = []  # allocation id -> the operator that made it
         self._op = ""
+        self.gradient_chain: set[int] = set()  # ids of parameters' gradients in the making (``watch_gradients``)
 
     def phase(self, name: str) -> None:
         self.phase_starts[name] = len(self.events)
@@ -56,6 +57,11 @@ class StorageLog(TorchDispatchMode):
         # copies are not dispatched here, and the log sees the one bf16 output the bf16 kernel makes
         out = hf_saved.fp32_product(func, args, kwargs or {}) if self.fp32_products else func(*args, **(kwargs or {}))
         self._op = str(func)
+        summed = self.gradient_chain and func is torch.ops.aten.add.Tensor  # a parameter's gradients summed
+        if summed and any(self.ident_of(a) in self.gradient_chain for a in args if isinstance(a, torch.Tensor)):
+            self._track(out.untyped_storage())
+            self.gradient_chain.add(self.ident_of(out))  # type: ignore[arg-type]
+            return out
         for tensor in pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.Parameter):
                 self._track(tensor.untyped_storage())
@@ -79,6 +85,29 @@ class StorageLog(TorchDispatchMode):
         """The allocation id of ``tensor``'s storage, if this log saw it made."""
         known = self._by_address.get(tensor.untyped_storage().data_ptr())
         return known[0] if known is not None and known[1]() is tensor.untyped_storage() else None
+
+    def watch_gradients(self, loss: torch.Tensor, parameters: set[torch.nn.Parameter]) -> None:
+        """Note the gradients autograd makes for ``parameters`` before it hands them to ``.grad``: a weight used more
+        than once in the graph (a looped model's layers) gets one from each use, which autograd sums in the buffer of
+        its AccumulateGrad node, out of place, before ``.grad`` takes the sum; each node that makes one (its post hook
+        runs before the sum) and each sum are the parameter's gradient, model state, not an activation."""
+        seen, stack = set(), [loss.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            slots = [i for i, (n, _) in enumerate(node.next_functions)
+                     if n is not None and getattr(n, "variable", None) in parameters]  # fmt: skip
+            if slots:
+
+                def hook(grad_inputs: tuple, _outputs: tuple, _slots: list[int] = slots) -> None:
+                    for i in _slots:
+                        if grad_inputs[i] is not None and (ident := self.ident_of(grad_inputs[i])) is not None:
+                            self.gradient_chain.add(ident)
+
+                node.register_hook(hook)
+            stack.extend(n for n, _ in node.next_functions)
 
     def live_at(self, index: int, leave_out: set[int]) -> dict[int, int]:
         """The allocations live just after event ``index``: id -> bytes."""
@@ -136,11 +165,14 @@ def measure(
     autocast: bool = False,
     fp32_products: bool = True,
     dtype: torch.dtype = torch.bfloat16,
+    every_gradient: bool = False,
 ) -> StepPeak:
     """One Trainer-style step of ``case_name`` (with ``lora``: PEFT's LoRA, fp32 adapters as PEFT makes them),
     logged storage by storage; the peak of what is not model state. ``dropout``: GPT-2's (its config's 0.1 when
     None), as ``hf_saved.measure`` takes it; ``fp32_products``: bf16 matrix products computed in fp32 (the same
-    storages logged: ``tests/test_hf_saved_products.py``); ``dtype``: the model's (xLSTM trains in fp32 alone)."""
+    storages logged: ``tests/test_hf_saved_products.py``); ``dtype``: the model's (xLSTM trains in fp32 alone);
+    ``every_gradient``: leave out each gradient autograd makes for a parameter, not only the one ``.grad`` keeps
+    (``StorageLog.watch_gradients``: a looped model's shared layers get one a run, summed before ``.grad``)."""
     model = hf_saved.build_model(case_name, attention, dtype, dropout=dropout)
     if lora is not None:
         model = hf_saved._with_lora(model, lora, fp32_adapters=fp32_adapters)
@@ -156,10 +188,12 @@ def measure(
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # the Trainer's bf16=True
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # the Trainer drops the other outputs
             log.phase("backward")
+            if every_gradient:
+                log.watch_gradients(loss, {p for p in model.parameters() if p.requires_grad})
             loss.backward()
             del loss
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        leave_out = {i for i in (log.ident_of(g) for g in grads) if i is not None}
+        leave_out = {i for i in (log.ident_of(g) for g in grads) if i is not None} | log.gradient_chain
         peak, where = log.peak(leave_out)
         phase = "backward" if where >= log.phase_starts["backward"] else "forward"
         return StepPeak(

@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable
 
 from lmcalc.engine.memory.blocks import block_kind
+from lmcalc.engine.memory.looped import trained_runs
 from lmcalc.engine.memory.ssm import MixerKind
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import ModelSpec
@@ -78,7 +79,10 @@ def recomputed_chunks(
 
 
 def _trained_flags(w: Workload, chunks: tuple[tuple[bool, ...], ...]) -> tuple[tuple[bool, ...], ...]:
-    """``trained_chunks`` in the model's order: under the freeze method, the frozen bottom layers dropped."""
+    """``trained_chunks`` in the model's order: under the freeze method, the frozen bottom layers dropped; a looped
+    model's runs without gradients dropped (one stage: ``layout.check_layout``)."""
+    if w.model.layer_reuse and w.model.layer_reuse.no_grad_runs:
+        return (tuple(flag for flag, trained in zip(chunks[0], trained_runs(w.model), strict=True) if trained),)
     if w.method.kind != "freeze":
         return chunks
     return (chunks[0][w.method.freeze_layers :],)
@@ -86,7 +90,12 @@ def _trained_flags(w: Workload, chunks: tuple[tuple[bool, ...], ...]) -> tuple[t
 
 def trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     """The (dense, MoE) layers of each chunk that keep activations: all of them, but under the freeze method (one
-    stage, ``layout.check_layout``) the frozen bottom layers, which no gradient reaches, keep nothing."""
+    stage, ``layout.check_layout``) the frozen bottom layers, which no gradient reaches, keep nothing, and so do a
+    looped model's runs without gradients (HRM's early low-level cycles, run under torch.no_grad; one stage)."""
+    if w.model.layer_reuse and w.model.layer_reuse.no_grad_runs:
+        runs = [i for i, trained in enumerate(trained_runs(w.model)) if trained]
+        moe = sum(w.model.is_moe_layer(i) for i in runs)
+        return ((len(runs) - moe, moe),)
     if w.method.kind != "freeze":
         return chunks
     (dense, moe), frozen = chunks[0], w.method.freeze_layers

@@ -339,7 +339,9 @@ def _unmade_grads(w: Workload, layout: ActivationLayout, built: StageLayers) -> 
     makes them in the backward and frees them after the step (``grads_lifetime: step``) and the step is one
     micro-batch; else none (a gradient buffer, or gradients accumulated over micro-batches, is there throughout).
     The head's are made before the final norm's backward, the top layer's (MoE where the stage builds any) by its
-    own, the embedding's last; a tied embedding's shared matrix gets its gradient in the embedding's backward."""
+    own (a looped model's: every held layer's, taken as made by the top run's backward, which a held layer's later
+    runs follow), the embedding's last; a tied embedding's shared matrix gets its gradient in the embedding's
+    backward."""
     if w.framework.states.grads_lifetime != "step" or layout.grad_accum > 1:
         return NONE_UNMADE
 
@@ -354,6 +356,8 @@ def _unmade_grads(w: Workload, layout: ActivationLayout, built: StageLayers) -> 
     if built.head and built.embedding and w.model.tied_embeddings:
         head -= head + embedding - trained(0, 0, True, True)  # the shared matrix: counted with the embedding's
     top = trained(int(not built.moe), int(built.moe), False, False)
+    if w.model.layer_reuse:  # the top run's backward is not the last to reach its weights: all taken as made by then
+        top = total - head - embedding
     return UnmadeGrads(1.0, 1.0 - head / total, max(0.0, 1.0 - (head + top) / total), embedding / total)
 
 

@@ -17,6 +17,7 @@ from lmcalc.engine.memory.activations import (
 from lmcalc.engine.memory.altup import altup_outside
 from lmcalc.engine.memory.cca import cca_checkpoint, embedding_scaling_saved
 from lmcalc.engine.memory.compressed import hyper_head_saved
+from lmcalc.engine.memory.looped import stack_norms_saved
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.shared_block import shared_block_checkpointed
@@ -70,6 +71,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
         tables += [replace(t, split="none") for t in _checkpoint_arguments(w)] + shared_kv_kept(w)
     embedding += shared_block_checkpointed(w)  # Zamba's: the embedding every use reads, under full recomputation
+    embedding += stack_norms_saved(w)  # HRM's: each trained stack run's final norm but the model's last
     return tuple(
         [replace(t, block="embedding") for t in embedding]
         + [replace(t, block="tables") for t in tables]

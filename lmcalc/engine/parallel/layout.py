@@ -327,6 +327,16 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"shared blocks (Zamba's) are modelled on one pipeline stage, not PP={layout.pp}: each stage would hold "
             "the blocks its layers use; use PP=1"
         )
+    if model.layer_reuse and layout.pp > 1:
+        raise LmcalcError(
+            f"{model.name}'s looped layers are modelled on one pipeline stage, not PP={layout.pp}: a stage would hold "
+            "the weights of every layer its runs use; use PP=1"
+        )
+    if model.layer_reuse and w.method.kind == "freeze":
+        raise LmcalcError(
+            f"the freeze method on {model.name}'s looped layers: its bottom runs share their weights with later runs, "
+            "which train them; use full training or LoRA"
+        )
     if split.mtp_layers:
         check_mtp(w, split.mtp_layers)
     if w.method.kind == "freeze" and layout.pp > 1:
