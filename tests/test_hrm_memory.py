@@ -11,7 +11,9 @@ import pytest
 
 from lmcalc import api
 from lmcalc.engine.memory.gpu_memory import layer_bytes, stage_activations
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Grid, Layout
+from lmcalc.engine.parallel.pipeline import StageLayers
+from lmcalc.engine.time.kernels import stage_work
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
@@ -73,6 +75,17 @@ def test_memory_lora_and_plan_take_it_and_pp_and_freeze_are_refused(tmp_path):
     assert "\n" not in str(refused.value)
     with pytest.raises(LmcalcError, match="the freeze method on .*'s looped layers: its bottom runs share"):
         api.memory(model=str(path), gpus="1xh100", seq=2048, method="freeze", freeze_layers=4)
+
+
+def test_the_runs_without_gradients_are_timed_forward_only():
+    # 48 of the 128 runs run under no_grad: their GEMMs run once, the other 80 three times (the input's and the
+    # weight's gradients), so the layers' GEMM FLOPs are (1 + 2 · 80/128) / 3 = 3/4 of the same layers all trained
+    hrm = spec_of(DEFAULTS)
+    one_pass = hrm.model_copy(update={"layer_reuse": None})
+    stage = StageLayers(hrm.num_layers, 0, False, False)
+    looped, plain = (stage_work(workload(spec, 2048, 1), Grid(), stage) for spec in (hrm, one_pass))
+    assert looped.gemm_flops == pytest.approx(plain.gemm_flops * (1 + 2 * 80 / 128) / 3)
+    assert looped.attention_backward == pytest.approx(plain.attention_backward * 80 / 128)
 
 
 def test_dory_stays_refused(tmp_path):

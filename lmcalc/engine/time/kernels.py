@@ -109,6 +109,8 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
     experts' for ``expert_tokens`` (the expert TP group's) at k·ρ rows a token (``Workload.routed_copies``), their
     matrices split by ETP."""
     model, gemms = w.model, []
+    # a looped model's run computes one held layer: L_w held layers' tensors over L runs, each run all of its layer's
+    runs = model.num_layers / model.layer_reuse.held if model.layer_reuse else 1.0
     for t in weight_tensors(model):
         if not t.matmul or t.group not in LAYER_GROUPS:
             continue
@@ -134,15 +136,20 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
         elif t.group in ("shared_attention", "shared_mlp"):  # a shared block's: run by its G uses, G/L a layer
             gemms.append(Gemm(t.name, tokens, out, inp, t.active / model.num_layers))
         else:  # a hybrid's attention and state-space GEMMs in their share of the layers, each shared expert's
-            gemms.append(Gemm(t.name, tokens, out, inp, copies_per_layer(model, t)))
+            gemms.append(Gemm(t.name, tokens, out, inp, copies_per_layer(model, t) * runs))
     return gemms
 
 
 def _live_shares(model: ModelSpec, method: Method) -> dict[str, float]:
     """Of the model's dense and of its MoE layers, the share a gradient flows through: all of them but under the
-    freeze method, whose frozen bottom layers (the dense ones first) run forward only. A stage is timed layer by
-    layer (``microbatch.stage_kernel_times``), so each layer carries its kind's share; the freeze method runs on one
-    stage (``layout.check_layout``), where the shares add up to the frozen layers exactly."""
+    freeze method, whose frozen bottom layers (the dense ones first) run forward only, and in a looped model whose
+    runs under ``torch.no_grad`` (HRM's) run forward only. A stage is timed layer by layer
+    (``microbatch.stage_kernel_times``), so each layer carries its kind's share; both run on one stage
+    (``layout.check_layout``), where the shares add up to the frozen layers or the runs exactly."""
+    reuse = model.layer_reuse
+    if reuse is not None and reuse.no_grad_runs:  # every run alike (model_rules), the freeze method refused
+        live = 1 - len(reuse.no_grad_runs) / model.num_layers
+        return {"dense": live, "moe": live}
     if method.kind != "freeze":
         return {"dense": 1.0, "moe": 1.0}
     dense, moe = model.dense_ffn_layers, model.moe_layers
