@@ -101,11 +101,9 @@ pytest.importorskip("transformers")
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
 import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
+from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
 
 from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
-from lmcalc.engine.memory.phases import step_phases  # noqa: E402
-
-SAVED_TOLERANCE, PEAK_TOLERANCE = 0.05, 0.03  # issue #31's targets
 
 
 def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, attention: str,
@@ -114,10 +112,6 @@ def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool,
     config = hf_saved.CASES[name].config().to_dict()
     return workload(spec_of(config), seq, micro_batch, checkpointing, "eager" if attention == "eager" else "flash",
                     "fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
-
-
-def error(predicted: float, measured: int) -> float:
-    return predicted / measured - 1
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -137,12 +131,7 @@ SAVED += [("hrm-wide", 256, 2, False, "sdpa", torch.bfloat16), ("hrm-small", 256
 def test_bytes_kept_for_backward_match_transformers(name, seq, batch, checkpointing, attention, dtype):  # noqa: PLR0913
     m = hf_saved.measure(name, attention, seq, batch, checkpointing, dtype=dtype, use_cache=False)
     acts = stage_activations(harness_workload(name, seq, batch, checkpointing, attention, dtype), Layout(), 0)
-    whole, ours = m.total_bytes + m.closure_bytes + m.rebuild_new_bytes, acts.total + acts.rebuilt
-    report = f"measured {whole:,} B, lmcalc {ours:,.0f} B ({error(ours, whole):+.2%})"
-    assert abs(error(ours, whole)) < SAVED_TOLERANCE, report
-    if checkpointing:
-        assert abs(error(acts.total, m.total_bytes + m.closure_bytes)) < SAVED_TOLERANCE, report
-        assert abs(error(acts.rebuilt, m.rebuild_new_bytes)) < SAVED_TOLERANCE, report
+    assert_saved_match(m, acts, checkpointing)
 
 
 @pytest.mark.torch
@@ -156,8 +145,4 @@ def test_the_step_peak_matches_transformers(name, checkpointing):
     hf_saved.release_models()
     m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", every_gradient=True)
     gpu = gpu_memory(harness_workload(name, 256, 2, checkpointing, "eager"), Layout(), 0)
-    phases = step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)  # the gradients left out, as measured
-    assert abs(error(phases.busiest, m.peak)) < PEAK_TOLERANCE, (
-        f"measured {m.peak:,} B, lmcalc {phases.busiest:,.0f} B ({error(phases.busiest, m.peak):+.2%}) at "
-        f"{phases.binding}"
-    )
+    assert_peak_match(m, gpu)
