@@ -1,12 +1,31 @@
 """What the comparisons of a type's training memory with transformers on the CPU share (tests/test_*_memory.py): the
-issue's tolerances, a relative error, and the bytes a step saved for backward (``scripts/hf_saved.py``'s measure)
-held against lmcalc's activations of the one stage. Imports neither torch nor transformers."""
+model read from its config, the workload transformers runs, the issue's tolerances, a relative error, and the bytes
+a step saved for backward (``scripts/hf_saved.py``'s measure) and its peak held against lmcalc's. Imports neither
+torch nor transformers."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from lmcalc.engine.workload import Workload
+from lmcalc.hf_config import model_from_hf_config
+from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
+from lmcalc.specs import ModelSpec
+
 SAVED_TOLERANCE, PEAK_TOLERANCE = 0.05, 0.03  # issue #31's targets: bytes saved within 5 %, the step's peak within 3 %
+
+
+def hf_spec(config: dict, model_type: str) -> ModelSpec:
+    """The model lmcalc reads from a transformers config of ``model_type``."""
+    return ModelSpec.model_validate(model_from_hf_config(config, model_type, "test"))
+
+
+def transformers_workload(spec: ModelSpec, seq: int, micro_batch: int, checkpointing: bool = False,
+                          attention: str = "eager", precision: str = "bf16-pure") -> Workload:  # fmt: skip
+    """A step as transformers' Trainer runs it on the CPU: AdamW, gradient checkpointing as full recomputation."""
+    recipe, adamw = resolve_precision(precision).spec, resolve_optimizer("adamw").spec
+    return Workload(spec, recipe, adamw, seq, micro_batch, attention, "full" if checkpointing else "none",
+                    framework=framework_profile("transformers"))  # fmt: skip
 
 
 def error(predicted: float, measured: int) -> float:

@@ -8,31 +8,24 @@ under PEFT's LoRA on every linear layer (dt_proj included)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
+from saved_compare import hf_spec, transformers_workload
 
 from lmcalc import api
 from lmcalc.engine.finetune.method import Method, parse_targets
 from lmcalc.engine.memory.dynamic_mask import dynamic_mask_saved, residual_scale_saved
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.hf_config import model_from_hf_config
-from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
-from lmcalc.specs import ModelSpec
+from lmcalc.presets import resolve_precision
 
 DEFAULTS = {"model_type": "doge"}  # DogeConfig's defaults: h 1024, 8 heads of 128 and 8 KV heads, k = 2,048
 BF16 = resolve_precision("bf16-pure").spec  # the harness builds the model in bf16: no fp32 copies
 
 
-def spec_of(config: dict) -> ModelSpec:
-    return ModelSpec.model_validate(model_from_hf_config(config, "doge", "test"))
-
-
-def workload(spec: ModelSpec, seq: int, micro_batch: int, checkpointing: bool = False, attention: str = "eager",
-             precision: str = "bf16-pure") -> Workload:  # fmt: skip
-    recipe, adamw = resolve_precision(precision).spec, resolve_optimizer("adamw").spec
-    return Workload(spec, recipe, adamw, seq, micro_batch, attention, "full" if checkpointing else "none",
-                    framework=framework_profile("transformers"))  # fmt: skip
+spec_of = partial(hf_spec, model_type="doge")
+workload = transformers_workload
 
 
 def test_the_mask_and_the_residual_scales_by_hand():

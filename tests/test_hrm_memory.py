@@ -7,7 +7,10 @@ layer), the step's peak (``scripts/hf_step_peak.py``) within 3 %, with and witho
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
+from saved_compare import hf_spec, transformers_workload
 
 from lmcalc import api
 from lmcalc.engine.memory.gpu_memory import layer_bytes, stage_activations
@@ -16,22 +19,12 @@ from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.time.kernels import stage_work
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
-from lmcalc.hf_config import model_from_hf_config
-from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
-from lmcalc.specs import ModelSpec
 
 DEFAULTS = {"model_type": "hrm_text"}  # N 16, h 1,536, 12 heads of 128, f 4,096; 2 cycles of 3 low runs, L_bp [2]
 
 
-def spec_of(config: dict) -> ModelSpec:
-    return ModelSpec.model_validate(model_from_hf_config(config, "hrm_text", "test"))
-
-
-def workload(spec: ModelSpec, seq: int, micro_batch: int, checkpointing: bool = False, attention: str = "flash",
-             precision: str = "bf16-pure") -> Workload:  # fmt: skip
-    recipe, adamw = resolve_precision(precision).spec, resolve_optimizer("adamw").spec
-    return Workload(spec, recipe, adamw, seq, micro_batch, attention, "full" if checkpointing else "none",
-                    framework=framework_profile("transformers"))  # fmt: skip
+spec_of = partial(hf_spec, model_type="hrm_text")
+workload = partial(transformers_workload, attention="flash")  # a fused kernel unless a test says eager
 
 
 def test_the_runs_without_gradients_and_the_stack_norms_by_hand():
@@ -110,8 +103,9 @@ def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool,
                      dtype: torch.dtype = torch.bfloat16) -> Workload:  # fmt: skip
     """lmcalc's workload for the harness's model, read from the very config it builds the model from."""
     config = hf_saved.CASES[name].config().to_dict()
-    return workload(spec_of(config), seq, micro_batch, checkpointing, "eager" if attention == "eager" else "flash",
-                    "fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
+    return transformers_workload(spec_of(config), seq, micro_batch, checkpointing,
+                                 "eager" if attention == "eager" else "flash",
+                                 "fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -8,8 +8,10 @@ and under PEFT's LoRA on every linear layer (the router's four included)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
+from saved_compare import hf_spec, transformers_workload
 
 from lmcalc.engine.finetune.method import Method, parse_targets
 from lmcalc.engine.memory.cca import (
@@ -19,22 +21,12 @@ from lmcalc.engine.memory.cca import (
     residual_scaling_saved,
 )
 from lmcalc.engine.workload import Workload
-from lmcalc.hf_config import model_from_hf_config
-from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
-from lmcalc.specs import ModelSpec
 
 DEFAULTS = {"model_type": "zaya"}  # ZayaConfig's defaults: h 2048, 8 heads and 2 KV heads of 128, r 256, 16 experts
 
 
-def spec_of(config: dict) -> ModelSpec:
-    return ModelSpec.model_validate(model_from_hf_config(config, "zaya", "test"))
-
-
-def workload(spec: ModelSpec, seq: int, micro_batch: int, checkpointing: bool = False, attention: str = "eager",
-             precision: str = "bf16-pure") -> Workload:  # fmt: skip
-    recipe, adamw = resolve_precision(precision).spec, resolve_optimizer("adamw").spec
-    return Workload(spec, recipe, adamw, seq, micro_batch, attention, "full" if checkpointing else "none",
-                    framework=framework_profile("transformers"))  # fmt: skip
+spec_of = partial(hf_spec, model_type="zaya")
+workload = transformers_workload
 
 
 def total(tensors) -> float:

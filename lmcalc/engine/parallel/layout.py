@@ -368,34 +368,7 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"context parallelism needs fused attention ({setting('attention')} flash): ring attention "
             "never materialises the s² scores"
         )
-    if layout.cp > 1 and (model.rglru or model.rwkv or model.mlstm):
-        raise LmcalcError(
-            f"CP={layout.cp} splits the sequence, which {model.name}'s recurrent layers scan token by token: lmcalc "
-            "does not model handing each rank's last state to the next; use CP=1"
-        )
-    if (layout.tp > 1 or layout.cp > 1) and (model.dynamic_mask_window or model.cca):
-        kept = (
-            "dynamic mask, which lmcalc keeps whole: dt_proj reads every KV head's values, and each query keeps its "
-            "top keys over the whole sequence"
-            if model.dynamic_mask_window
-            else "CCA convolutions, which reach tokens back over the sequence, and the router state each layer hands "
-            "the next, which lmcalc keeps whole"
-        )
-        raise LmcalcError(
-            f"{f'TP={layout.tp}' if layout.tp > 1 else f'CP={layout.cp}'} would split {model.name}'s {kept}; use TP=1 "
-            "and CP=1"
-        )
-    if layout.tp > 1 and (model.rglru or model.rwkv or model.mlstm):
-        raise LmcalcError(
-            f"TP={layout.tp} would split {model.name}'s recurrent blocks, whose weights and scan lmcalc keeps whole on "
-            "each tensor-parallel rank; use TP=1"
-        )
-    if (layout.tp > 1 or layout.cp > 1) and model.compressed_attention:
-        degree = f"TP={layout.tp}" if layout.tp > 1 else f"CP={layout.cp}"
-        raise LmcalcError(
-            f"{degree} would split {model.name}'s compressors, indexers and one K=V head (DeepSeek-V4's compressed "
-            "attention), which lmcalc keeps whole on each rank and over the whole sequence; use TP=1 and CP=1"
-        )
+    check_kept_whole(model, layout)
 
 
 def check_a2a_overlap(w: Workload, layout: Layout) -> None:
@@ -467,3 +440,27 @@ def check_mtp(w: Workload, layers: int) -> None:
     if w.moe_a2a_overlap and layers > 1:
         raise LmcalcError(f"{setting('moe_a2a_overlap')} takes at most one MTP layer (Megatron-Core asserts it), "
                           f"not {layers}")  # fmt: skip
+
+
+def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
+    """Refuse TP or CP over the layers lmcalc keeps whole on each rank, in one line naming what the split would
+    divide: a recurrence's state across the sequence, a mask or convolutions reaching over it, weights not split."""
+    recurrent = bool(model.rglru or model.rwkv or model.mlstm)
+    use = {("cp",): "use CP=1", ("tp",): "use TP=1", ("tp", "cp"): "use TP=1 and CP=1"}
+    rules = (
+        (recurrent, ("cp",), "{degree} splits the sequence, which {name}'s recurrent layers scan token by token: "
+         "lmcalc does not model handing each rank's last state to the next"),
+        (bool(model.dynamic_mask_window), ("tp", "cp"), "{degree} would split {name}'s dynamic mask, which lmcalc "
+         "keeps whole: dt_proj reads every KV head's values, and each query keeps its top keys over the sequence"),
+        (bool(model.cca), ("tp", "cp"), "{degree} would split {name}'s CCA convolutions, which reach tokens back over "
+         "the sequence, and the router state each layer hands the next, which lmcalc keeps whole"),
+        (recurrent, ("tp",), "{degree} would split {name}'s recurrent blocks, whose weights and scan lmcalc keeps "
+         "whole on each tensor-parallel rank"),
+        (bool(model.compressed_attention), ("tp", "cp"), "{degree} would split {name}'s compressors, indexers and one "
+         "K=V head (DeepSeek-V4's compressed attention), which lmcalc keeps whole on each rank and over the whole "
+         "sequence"),
+    )  # fmt: skip
+    for applies, degrees, text in rules:
+        split = [f"{d.upper()}={getattr(layout, d)}" for d in degrees if getattr(layout, d) > 1]
+        if applies and split:
+            raise LmcalcError(f"{text.format(degree=split[0], name=model.name)}; {use[degrees]}")
