@@ -5,6 +5,8 @@ torch nor transformers."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from lmcalc.engine.workload import Workload
@@ -26,6 +28,22 @@ def transformers_workload(spec: ModelSpec, seq: int, micro_batch: int, checkpoin
     recipe, adamw = resolve_precision(precision).spec, resolve_optimizer("adamw").spec
     return Workload(spec, recipe, adamw, seq, micro_batch, attention, "full" if checkpointing else "none",
                     framework=framework_profile("transformers"))  # fmt: skip
+
+
+def takes_memory_lora_and_plan(folder: Path, model_type: str, seq: int) -> tuple[str, Any]:
+    """A config of ``model_type`` at its class defaults, written to ``folder``: training memory takes it, a LoRA
+    fine-tune holds fewer optimizer states and keeps activations, and a plan finds a layout. The config's path and
+    the plan's best layout."""
+    from lmcalc import api
+
+    path = folder / "config.json"
+    path.write_text(json.dumps({"model_type": model_type}))
+    full = api.memory(model=str(path), gpus="1xh100", seq=seq, micro_batch=1)
+    lora = api.memory(model=str(path), gpus="1xh100", seq=seq, micro_batch=1, method="lora")
+    assert 0 < lora.gpu.kept.optimizer < full.gpu.kept.optimizer and lora.gpu.activations > 0
+    best = api.plan(model=str(path), gpus="8xh100", seq=seq, global_batch=seq * 64, tokens=1e9).best
+    assert best is not None
+    return str(path), best
 
 
 def error(predicted: float, measured: int) -> float:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from functools import partial
 
 import pytest
-from saved_compare import hf_spec, transformers_workload
+from saved_compare import hf_spec, takes_memory_lora_and_plan, transformers_workload
 
 from lmcalc import api
 from lmcalc.engine.finetune.method import Method, parse_targets
@@ -59,15 +59,10 @@ def test_the_mask_and_the_residual_scales_by_hand():
 
 
 def test_memory_lora_and_plan_take_it_and_tp_cp_are_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text('{"model_type": "doge"}')
-    full = api.memory(model=str(path), gpus="1xh100", seq=4096, micro_batch=1)
-    lora = api.memory(model=str(path), gpus="1xh100", seq=4096, micro_batch=1, method="lora")
-    assert 0 < lora.gpu.kept.optimizer < full.gpu.kept.optimizer and lora.gpu.activations > 0
-    assert api.plan(model=str(path), gpus="8xh100", seq=4096, global_batch=4096 * 64, tokens=1e9).best is not None
+    path, _ = takes_memory_lora_and_plan(tmp_path, "doge", 4096)
     for degree, message in (({"tp": 2}, "TP=2 would split"), ({"cp": 2}, "CP=2 would split")):
         with pytest.raises(LmcalcError, match=message) as refused:
-            api.memory(model=str(path), gpus="2xh100", seq=4096, **degree)
+            api.memory(model=path, gpus="2xh100", seq=4096, **degree)
         assert "\n" not in str(refused.value)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
-from saved_compare import hf_spec, transformers_workload
+from saved_compare import hf_spec, takes_memory_lora_and_plan, transformers_workload
 
 from lmcalc import api
 from lmcalc.engine.memory.gpu_memory import layer_bytes, stage_activations
@@ -56,18 +56,13 @@ def test_the_runs_without_gradients_and_the_stack_norms_by_hand():
 
 
 def test_memory_lora_and_plan_take_it_and_pp_and_freeze_are_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text('{"model_type": "hrm_text"}')
-    full = api.memory(model=str(path), gpus="1xh100", seq=2048, micro_batch=1)
-    lora = api.memory(model=str(path), gpus="1xh100", seq=2048, micro_batch=1, method="lora")
-    assert 0 < lora.gpu.kept.optimizer < full.gpu.kept.optimizer and lora.gpu.activations > 0
-    best = api.plan(model=str(path), gpus="8xh100", seq=2048, global_batch=2048 * 64, tokens=1e9).best
-    assert best is not None and best.layout.pp == 1
+    path, best = takes_memory_lora_and_plan(tmp_path, "hrm_text", 2048)
+    assert best.layout.pp == 1
     with pytest.raises(LmcalcError, match="looped layers are modelled on one pipeline stage, not PP=2") as refused:
-        api.memory(model=str(path), gpus="2xh100", seq=2048, pp=2)
+        api.memory(model=path, gpus="2xh100", seq=2048, pp=2)
     assert "\n" not in str(refused.value)
     with pytest.raises(LmcalcError, match="the freeze method on .*'s looped layers: its bottom runs share"):
-        api.memory(model=str(path), gpus="1xh100", seq=2048, method="freeze", freeze_layers=4)
+        api.memory(model=path, gpus="1xh100", seq=2048, method="freeze", freeze_layers=4)
 
 
 def test_the_runs_without_gradients_are_timed_forward_only():
