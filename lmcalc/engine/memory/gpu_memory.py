@@ -373,8 +373,8 @@ def stage_outside_bytes(w: Workload, layout: Layout | ActivationLayout, stage: i
             head += bytes_on_gpu(tensor, layout)
     if stage == 0:  # the lowest layer keeps less where its input needs no gradient (LoRA, QLoRA)
         embedding -= sum(bytes_on_gpu(t, layout) for t in lowest_layer_unkept(w))
-    built = stage_layers(w.model, layout, stage)
-    if built.mtp or built.mtp_heads:  # the MTP modules', beyond their layers (counted with the stage's)
+    built = stage_layers(w.model, layout, stage) if layout.split.mtp_layers else None
+    if built and (built.mtp or built.mtp_heads):  # the MTP modules', beyond their layers (counted with the stage's)
         module, module_head = mtp_saved_tensors(w)
         head += built.mtp * sum(bytes_on_gpu(t, layout) for t in module)
         head += built.mtp_heads * sum(bytes_on_gpu(t, layout) for t in module_head)

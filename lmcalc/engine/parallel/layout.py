@@ -461,6 +461,8 @@ def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
          "sequence"),
     )  # fmt: skip
     for applies, degrees, text in rules:
-        split = [f"{d.upper()}={getattr(layout, d)}" for d in degrees if getattr(layout, d) > 1]
-        if applies and split:
+        split = [f"{d.upper()}={getattr(layout, d)}" for d in degrees if applies and getattr(layout, d) > 1]
+        if split:
             raise LmcalcError(f"{text.format(degree=split[0], name=model.name)}; {use[degrees]}")
+    if layout.tp == 1 and layout.cp == 1:  # the planner asks for every layout: most split neither
+        return
