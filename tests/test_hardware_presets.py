@@ -700,7 +700,7 @@ def _collective_row(reference: dict, system: str, **match) -> dict:
 def test_only_sourced_presets_carry_a_measured_bus_bandwidth():
     specs = registry("hardware").specs.values()
     assert {s.name for s in specs if s.intra_node_busbw_gbps} == {*INTRA_NODE_RING, "h800"}
-    assert {s.name for s in specs if s.inter_node_busbw_gbps} == NDR_PER_GPU | HDR_PER_GPU
+    assert {s.name for s in specs if s.inter_node_busbw_gbps} == NDR_PER_GPU | HDR_PER_GPU | {"b300"}
 
 
 @pytest.mark.parametrize(("preset", "row"), INTRA_NODE_RING.items())
@@ -734,6 +734,16 @@ def test_inter_node_busbw_is_the_maintainers_per_nic_figure(reference, preset):
         assert spec.inter_node_gbps == 200 / 8
         per_nic = _collective_row(reference, "multi-node, HDR 200 Gb/s NICs, ring")["per_nic_GBps"]
         assert spec.inter_node_busbw_gbps == per_nic
+
+
+def test_b300_inter_node_busbw_is_the_measured_ring_over_eight_nics():
+    # NVIDIA/nccl #2035: 16 nodes of 8 B300 with a ConnectX-8 each, "Ring: 2/4/8/16 ==> 760GBps +" all_reduce
+    # busbw. A ring over 8-GPU nodes runs a channel through each GPU's NIC, so the node's ring busbw is eight NICs'
+    # worth: 760 / 8 = 95 GB/s per GPU, under its 800 Gb/s (100 GB/s) NIC.
+    b300 = _hw("b300")
+    assert b300.inter_node_gbps == 800 / 8
+    assert b300.inter_node_busbw_gbps == 760 / 8
+    assert "nccl issue #2035" in b300.sources["collectives"]
 
 
 def test_h800_network_and_fp8():
