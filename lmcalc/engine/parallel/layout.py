@@ -445,6 +445,8 @@ def check_mtp(w: Workload, layers: int) -> None:
 def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
     """Refuse TP or CP over the layers lmcalc keeps whole on each rank, in one line naming what the split would
     divide: a recurrence's state across the sequence, a mask or convolutions reaching over it, weights not split."""
+    if layout.tp == 1 and layout.cp == 1:  # the planner asks for every layout: most split neither
+        return
     recurrent = bool(model.rglru or model.rwkv or model.mlstm)
     use = {("cp",): "use CP=1", ("tp",): "use TP=1", ("tp", "cp"): "use TP=1 and CP=1"}
     rules = (
@@ -461,8 +463,8 @@ def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
          "sequence"),
     )  # fmt: skip
     for applies, degrees, text in rules:
-        split = [f"{d.upper()}={getattr(layout, d)}" for d in degrees if applies and getattr(layout, d) > 1]
+        if not applies:
+            continue
+        split = [f"{d.upper()}={getattr(layout, d)}" for d in degrees if getattr(layout, d) > 1]
         if split:
             raise LmcalcError(f"{text.format(degree=split[0], name=model.name)}; {use[degrees]}")
-    if layout.tp == 1 and layout.cp == 1:  # the planner asks for every layout: most split neither
-        return
