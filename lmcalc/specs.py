@@ -465,7 +465,6 @@ class ModelSpec(LayerKinds, NamedSpec):
         if (
             (self.layer_reuse and (self.ngpt_scales or self.layer_reuse.messages))  # Dory's, Inkling 2's
             or self.prompt
-            or self.image_prefix
             or self.branch_convs
             or self.drafter
             or self.byte_latent
