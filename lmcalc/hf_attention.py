@@ -82,6 +82,7 @@ def cpmant(config: dict[str, Any], fields: dict[str, Any], origin: str) -> dict[
         "activation": "gelu",
         "norm_kind": "rmsnorm",
         "position_embedding": "none",
+        "eager_softmax": "activation",  # CpmAntAttention's nn.Softmax, in the scores' dtype
         "max_seq_len": 1_048_576,  # no positions: the bias's buckets saturate past position_bias_max_distance
         "prompt": {
             "length": _get(config, origin, "prompt_length"),

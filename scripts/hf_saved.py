@@ -91,7 +91,6 @@ class Case:
     attentions: tuple[str, ...] = ("sdpa", "eager")  # the attn_implementations transformers runs the model with
     checkpointable: bool = True  # whether transformers runs it with gradient checkpointing (OpenAI GPT: not)
     routing: Callable[[torch.nn.Module], None] | None = None  # sets where the router sends tokens (LongCat-Flash)
-    images: bool = False  # the model reads an image a sequence beside the text (GIT's pixel_values)
 
     def config(self, dropout: float | None = None) -> PretrainedConfig:
         kwargs = dict(self.kwargs)
@@ -1019,25 +1018,37 @@ ZAYA: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 """ZAYA (``engine.memory.cca``): CCA attention, its fp32 residual stream with scales, its MLP router."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in ZAYA.items()}
 
-GIT_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4,
-                 num_hidden_layers=LAYERS, vision_config=dict(hidden_size=64, intermediate_size=256,
-                                                              num_hidden_layers=LAYERS, num_attention_heads=2,
-                                                              image_size=32, patch_size=8),
-                 **TOKENS)  # fmt: skip
-"""GIT's small decoder: h 128, 4 heads of 32, a GELU MLP of 384, V 2048, two layers, dropout 0.1 (the class's); its
-CLIP image encoder two layers of 64 (2 heads, MLP 256, quick GELU) over a 32-pixel image in patches of 8: 17 tokens
-(16 patches and the class token) before the text's."""
-GIT: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
-    "git-small": (T.GitConfig, GIT_SMALL, "small GIT: a 17-token image before the text"),
-    "git-wide": (T.GitConfig, GIT_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8,
-                                           "intermediate_size": 1024,
-                                           "vision_config": GIT_SMALL["vision_config"] | {"image_size": 64}},
-                 "GIT with h 512 and V 256, a 65-token image: the layers' backward outweighs the loss's"),
+CPMANT_SMALL = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, dim_head=32, dim_ff=384,
+                    num_hidden_layers=LAYERS, prompt_types=4, prompt_length=32, segment_types=4)  # fmt: skip
+"""CPM-Ant's small layers: h 128, 4 heads of 32, a GeGLU of 384, V 2048, two layers; 32 prompt tokens before every
+sequence (the class default), from 4 prompts' rows, and 4 segments (a sequence's tokens are segment 2)."""
+CPMANT: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "cpmant-small": (T.CpmAntConfig, CPMANT_SMALL, "small CPM-Ant: 32 prompt tokens, a learned score bias"),
+    "cpmant-wide": (T.CpmAntConfig, CPMANT_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8,
+                                                    "dim_head": 64, "dim_ff": 1024},
+                    "CPM-Ant with h 512 and V 256: a layer's backward outweighs the loss's"),
 }  # fmt: skip
-"""GIT (``engine.memory.image_prefix``): its own eager attention over the image's tokens and the text, the image
-encoder trained with it; each step reads one image a sequence (``Case.images``)."""
-CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY, images=True)
-          for name, (cls, kwargs, source) in GIT.items()}  # fmt: skip
+"""CPM-Ant (``engine.memory.prompt_prefix``): its own eager attention over the prompt and the text, a score bias
+shared by the layers; transformers gives it no SDPA."""
+
+
+def checkpointable_blocks(model: torch.nn.Module) -> None:
+    """CPM-Ant's blocks made GradientCheckpointingLayers, which transformers 5.24's CpmAntTransformerBlock is not
+    (CpmAntPreTrainedModel leaves supports_gradient_checkpointing False, so gradient_checkpointing_enable refuses
+    it): each block's forward then runs under transformers' own checkpoint wrapper, as in the models that have it,
+    its hidden state, mask and bias passed by position. What a checkpoint around each block keeps, not what
+    transformers runs."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    blocks = model.base_model.encoder.layers
+    checkpointed = type(f"Checkpointed{type(blocks[0]).__name__}", (GradientCheckpointingLayer, type(blocks[0])), {})
+    for block in blocks:
+        block.__class__ = checkpointed
+    model.supports_gradient_checkpointing = True
+
+
+CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY, routing=checkpointable_blocks)
+          for name, (cls, kwargs, source) in CPMANT.items()}  # fmt: skip
 
 # Records
 # --------------------------------------------------------------------------------------------------------------------
@@ -1398,8 +1409,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         base = model.model
     if hasattr(base, "L_module"):  # HRM: its low- and high-level stacks, each run several times a forward
         return [*base.L_module.layers, *base.H_module.layers]
-    if hasattr(base, "image_encoder"):  # GIT: GitEncoder's layers, not its image encoder's
-        return list(base.encoder.layer)
+    if hasattr(base, "position_bias"):  # CPM-Ant: CpmAntEncoder's blocks
+        base = base.encoder
     return list(next(getattr(base, name) for name in ("layers", "h", "blocks") if hasattr(base, name)))
 
 
@@ -1475,17 +1486,6 @@ def _disable_checkpointing(model: torch.nn.Module) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def image_inputs(case: Case, model: torch.nn.Module, micro_batch: int) -> dict[str, torch.Tensor]:
-    """An image a sequence where the case reads one (GIT): ``pixel_values`` in fp32, as an image processor makes
-    them, at the vision config's size."""
-    if not case.images:
-        return {}
-    vision = model.config.vision_config
-    generator = torch.Generator().manual_seed(3)
-    shape = (micro_batch, vision.num_channels, vision.image_size, vision.image_size)
-    return {"pixel_values": torch.randn(shape, generator=generator)}
-
-
 def measure(
     case_name: str,
     attention: str,
@@ -1529,7 +1529,7 @@ def measure(
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=generator)
-    kwargs: dict[str, Any] = {"input_ids": input_ids, "labels": input_ids} | image_inputs(case, model, micro_batch)
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "labels": input_ids}
     if num_items_in_batch:
         kwargs["num_items_in_batch"] = torch.tensor(micro_batch * (seq_len - 1))
     if use_cache is not None:

@@ -61,9 +61,10 @@ def test_the_cache_equals_transformers():
     assert held == batch * (tokens * per_token + state_bytes(spec, 2)) == batch * (tokens + 8) * per_token
 
 
-def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    from hf_tiny import check_counted_alone
-
-    check_counted_alone(tmp_path, DEFAULTS, 9_517_453_312, "CPM-Ant's prompt")
+def test_params_flops_and_serving_work(tmp_path):
+    # training memory, fine-tuning and the planner take it since its layers' saved tensors are counted (formulas
+    # §2.30; tests/test_cpmant_memory.py)
     path = tmp_path / "config.json"  # the context's cache and the prompt's
+    path.write_text('{"model_type": "cpmant"}')
+    assert api.params(model=str(path)).total == 9_517_453_312
     assert api.inference(model=str(path), context=1024).memory.kv_cache == (1024 + 32) * 48 * 2 * 32 * 128 * 2

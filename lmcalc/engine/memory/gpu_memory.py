@@ -284,13 +284,13 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
             w, stage_chunk_flags(w.model, layout)[stage], checkpoint, one_layer, largest
         )
         # the rebuilt unit's first norm keeps the checkpointed input, already counted: as its input, or as its fp32
-        # copy where the activations are fp32 already (x.float() is x), or its residual scale's product (Doge's);
-        # the hyper-connections keep their streams too
+        # copy where the activations are fp32 already (x.float() is x), or its residual scale's product (Doge's), or
+        # its product with 1/rms (CPM-Ant's); the hyper-connections keep their streams too
         fp32_copy = norm_keeps(w) in ("fp32_input", "fp32_normalised") and w.precision.activation_bytes == 4
         scaled = w.model.residual_scales and weight_trained(w.model, w.method, "residual_scale")  # a frozen one: none
         if w.model.cca:  # ZAYA's fp32 stream (its norm's copy in fp32) and router state (a trained scale keeps it)
             rebuilt -= checkpoint_kept_again(w, fp32_copy, weight_trained(w.model, w.method, "router_state_scale"))
-        elif norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections or scaled:
+        elif norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections or scaled or w.model.prompt:
             rebuilt -= checkpoint
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]

@@ -13,7 +13,7 @@ What each phase holds was read from every storage live in a real transformers st
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
@@ -22,7 +22,13 @@ from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.cca import STREAM_BYTES
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
-from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
+from lmcalc.engine.memory.prompt_prefix import (
+    bias_gradient,
+    forward_frame,
+    prompt_length,
+    prompt_loss_transient,
+    without_prompt,
+)
 from lmcalc.engine.memory.routing import weighted_outputs
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.pipeline import StageLayers
@@ -191,12 +197,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     parts), and then, in the embedding's backward, the embedding's part beside it; and an RMSNorm's fp32 backward."""
     if not w.framework.transients:
         return Transients(0.0, 0.0)
-    if w.model.image_prefix:  # GIT's layers over the image's tokens and the text's; its loss over the text's, beside
-        layers = backward_transients(decoder_workload(w), tp, cp, built)  # the image positions' logits
-        text = replace(w, model=decoder_workload(w).model)
-        image = image_logits_bytes(w) / (tp * cp) if built.head else 0.0
-        loss = backward_transients(text, tp, cp, built).loss + image
-        return layers._replace(loss=loss)
+    if w.model.prompt:  # CPM-Ant's layers over the prompt's tokens and the text's (engine.memory.prompt_prefix)
+        return _prompt_transients(w, backward_transients(without_prompt(w), tp, cp, built), built)
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     split = tp * cp
     loss = w.framework.loss.transient_bytes * sb * spec.vocab_size / split if built.head else 0.0
@@ -240,6 +242,19 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         return Transients(loss, layer + tied, norm, tied)
     output_gradient = sb * spec.hidden_size * act / cp  # of the layer rebuilt, alive while it runs its forward
     return Transients(loss, layer + tied, norm, tied, forward, kept_before_core(w, bool(built.moe)), output_gradient)
+
+
+def _prompt_transients(w: Workload, layers: Transients, built: StageLayers) -> Transients:
+    """CPM-Ant's: ``layers``, its layers' over s + P tokens, with its own loss's (``prompt_loss_transient``) and the
+    score bias's gradient beside each layer's backward; where the layers are not checkpointed, the forward's end, at
+    the final norm's fp32 copy, every layer's tensors kept and the forward's own bias, mask and segment embedding
+    alive (``Transients.forward`` with the whole top layer kept)."""
+    loss = prompt_loss_transient(w) if built.head else 0.0
+    layer = layers.layer + (bias_gradient(w) if w.method.kind == "full" else 0.0)  # a frozen table: no gradient
+    if w.recompute == "full" or not built.head:
+        return layers._replace(loss=loss, layer=layer)
+    return layers._replace(loss=loss, layer=layer, forward=forward_frame(w), kept_before=1.0, output_gradient=(
+        (w.seq_len + prompt_length(w)) * w.micro_batch * w.model.hidden_size * w.precision.activation_bytes))
 
 
 def indexer_peak(w: Workload, cp: int) -> float:

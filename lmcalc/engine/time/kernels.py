@@ -12,6 +12,9 @@ Three kinds of kernel, as a profiler shows them:
   (k × m)·(m × n) (Narayanan et al. 2021 §5.1). Eager attention's score and value products are batched GEMMs.
 * **Fused attention** (FlashAttention): 4·T·keys·d FLOPs per head forward (scores and values), and 2.5 times
   that backward, which recomputes the scores (FlashAttention-2's benchmark convention, Dao 2023).
+* **Scans**: a state-space or linear-attention mixer's core beyond its projections (Mamba-2's chunked SSD, Gated
+  DeltaNet's chunked delta rule: ``mixer_flops.ssm_flops``) on this GPU's tokens, its heads split by TP, and twice
+  that backward (each product's two operand gradients), as the fine-tuning FLOPs count it.
 * **Memory-bound kernels**, counted in bytes read and written per element (``engine.time.memory_traffic``, with
   the stage's shape): norms, residual adds, rotary embeddings, the MLP activation, dropout, layout copies, MoE
   permutation, the loss and the embedding's gradient; here, eager softmax, the per-micro-batch accumulation of
@@ -27,6 +30,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.flops import attended_keys
+from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import Redone, selective_redone
 from lmcalc.engine.model.params import copies_per_layer, layers_averaged, weight_tensors
 from lmcalc.engine.model_code import eager_softmax
@@ -41,6 +45,10 @@ from lmcalc.specs import ModelSpec
 FLASH_BACKWARD_TO_FORWARD = 2.5
 """A fused attention kernel's backward pass does five of the forward's two matmuls' worth of work (it recomputes
 the scores): 2.5 × the forward FLOPs (FlashAttention-2's benchmark convention, Dao 2023)."""
+
+SCAN_BACKWARD_TO_FORWARD = 2.0
+"""A scan's backward: each of its products' two operand gradients, twice the forward's FLOPs (the scan recomputes
+nothing beyond what it saved; ``engine.finetune.flops`` counts its backward alike)."""
 
 FP32 = 4
 LAYER_GROUPS = ("attention", "ssm", "mlp", "router", "experts", "shared_experts", "shared_attention", "shared_mlp")
@@ -88,6 +96,10 @@ class StageWork:
     tp_collectives: float  # activation-sized collectives per micro-batch, forward (recompute included) + backward
     tp_collective_bytes: float  # bytes of one
     layers: int
+    scan_forward: float = 0.0  # FLOPs of the state-space or linear-attention mixers' scans (chunked SSD, delta rule)
+    scan_backward: float = 0.0
+    scan_recomputed: float = 0.0  # redone by full recomputation
+    scan_layers: float = 0.0  # the stage's layers that run one (a hybrid's share of them)
 
     @property
     def gemm_flops(self) -> float:
@@ -101,7 +113,7 @@ class StageWork:
         gemms = sum(g.count * (g.passes + self.recomputed_gemms) for g in self.gemms + self.batched)
         gemms += sum(g.count * g.passes for g in self.head)
         attention = 2 * self.layers if self.attention_forward else 0
-        return gemms + attention + self.memory_kernels + self.tp_collectives
+        return gemms + attention + 2 * self.scan_layers + self.memory_kernels + self.tp_collectives
 
 
 def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, moe: bool) -> list[Gemm]:
@@ -212,6 +224,8 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
     live = (built.dense * live_share["dense"] + built.moe * live_share["moe"]) / layers if layers else 1.0
     traffic = MemoryTraffic()
     attention = _attention_work(s, live, traffic)
+    scan_layers = layers * model.other_mixer_share
+    scan = scan_layers * ssm_flops(model, w.seq_len) * s.tokens / grid.tp if scan_layers else 0.0
     memory_bound_traffic(s, traffic)
     accumulation = _accumulation_bytes(s, gemms, head, traffic)
     fp8_cast = _fp8_cast_bytes(w, gemms, head, traffic)
@@ -239,6 +253,10 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
         tp_collectives=_tp_collectives(w, grid.tp, layers),
         tp_collective_bytes=s.tokens * model.hidden_size * e,
         layers=layers,
+        scan_forward=scan,
+        scan_backward=SCAN_BACKWARD_TO_FORWARD * scan * live,
+        scan_recomputed=scan if recompute_full else 0.0,
+        scan_layers=scan_layers,
     )
 
 

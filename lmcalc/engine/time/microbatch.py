@@ -53,7 +53,7 @@ class KernelTimes(NamedTuple):
     gemm_input_grad: float
     gemm_weight_grad: float
     gemm_recompute: float
-    attention_forward: float  # recomputation included
+    attention_forward: float  # recomputation included; a state-space mixer's scans too
     attention_backward: float
     memory: float
 
@@ -121,6 +121,12 @@ def kernel_times(
         attention_backward = work.attention_backward / attn.backward
         attention_forward += work.layers * cal.kernel_overhead_s
         attention_backward += work.layers * cal.kernel_overhead_s
+    if work.scan_forward:  # a state-space or linear-attention mixer's scans, in the activation dtype
+        scan_dtype = "bf16" if dtype in rates.LOW_PRECISION_OPERAND_BYTES else dtype
+        scan = rates.SCAN_FRACTION * rates.matmul_rate(hardware, scan_dtype).flops_per_s
+        launches = work.scan_layers * cal.kernel_overhead_s
+        attention_forward += (work.scan_forward + work.scan_recomputed) / scan + launches
+        attention_backward += work.scan_backward / scan + launches
     moved = work.memory_forward + work.memory_backward + work.accumulation_bytes + work.fp8_cast_bytes
     memory = rates.memory_seconds(hardware, moved, work.memory_kernels, cal)
     return KernelTimes(forward, input_grad, weight_grad, recompute, attention_forward, attention_backward, memory)

@@ -129,6 +129,18 @@ ATTENTION_FRACTIONS: dict[tuple[str, str], tuple[float, float, str]] = {
 """(forward, backward) fraction of the dense bf16 peak a fused attention kernel reaches at training sequence
 lengths (2k-8k) and head dimension 128, per kernel and chip generation."""
 
+SCAN_TOKENS_PER_S = 1.29244e7
+SCAN_FLOPS_PER_TOKEN = 2 * 128 * (256 * 128 + 256 * 64 + 2 * 64 * 128)
+SCAN_FRACTION = SCAN_TOKENS_PER_S * SCAN_FLOPS_PER_TOKEN / 794.5e12
+"""A state-space or linear-attention mixer's chunked scan, forward and backward: this fraction (0.273) of the chip's
+measured matmul rate in the activation dtype. Measured for Mamba-2's SSD: vLLM PR 27299 (a comment of 2025-10-25,
+one H100 SXM) ran ``mamba_chunk_scan_combined`` forward at 1.29244e7 tokens/s on 16,384 tokens of granite-4.0-h-small's
+shape (128 heads of 64, one group, state 128, chunks of 256), where lmcalc's chunked count
+(``mixer_flops.mamba2_flops``: 2·H·(Q·N + Q·P + 2·P·N)) is 16,777,216 FLOPs a token: 216.8 TFLOP/s, 0.273 of H100
+SXM's measured 794.5 (presets/hardware/h100-sxm.yaml). Assumed: the backward at the same rate, other chips at the
+same fraction of theirs, and Gated DeltaNet's, Lightning attention's and mLSTM's chunked kernels (the fla family's
+Triton kernels) too."""
+
 ATTENTION_FALLBACK = (0.45, 0.38)
 """Where no benchmark of the kernel on that chip generation is known (FlashAttention-2 on Blackwell; AMD, Gaudi, TPU;
 ``flash3``, the chip's own fused kernel, falls back to FlashAttention-2's figures where it has no entry): the assumed

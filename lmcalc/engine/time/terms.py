@@ -115,6 +115,7 @@ def _kernel_terms(t: StepTime, layout: Layout, pace: str) -> tuple[Term, ...]:
     """Compute timed kernel by kernel, over the step's micro-batches: GEMMs, attention, memory-bound kernels, and
     the host time they leave exposed."""
     m, cal = layout.grad_accum, rates.CALIBRATION
+    scans = t.workload.model.other_mixer_layers > 0  # a state-space or linear-attention mixer's, timed beside attention
     return (
         Term(
             "gemm",
@@ -130,12 +131,14 @@ def _kernel_terms(t: StepTime, layout: Layout, pace: str) -> tuple[Term, ...]:
         ),
         Term(
             "attention",
-            "Attention",
+            "Attention and scans" if scans else "Attention",
             t.attention,
             "s",
-            "micro-batches · (forward FLOPs / forward rate + 2.5 · forward FLOPs / backward rate)",
+            "micro-batches · (forward FLOPs / forward rate + 2.5 · forward FLOPs / backward rate"
+            + (f" + 3 · scan FLOPs / ({rates.SCAN_FRACTION:.3f} · R_bf16))" if scans else ")"),
             f"{m} × {t.attention / m:.4g} s",
-            source="FlashAttention-2/-3 benchmarks (engine/time/rates.py ATTENTION_FRACTIONS)",
+            source="FlashAttention-2/-3 benchmarks (engine/time/rates.py ATTENTION_FRACTIONS)"
+            + ("; scans: Mamba-2's chunked SSD measured on H100 (vLLM PR 27299; rates.SCAN_FRACTION)" if scans else ""),
         ),
         Term(
             "memory",

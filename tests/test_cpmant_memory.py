@@ -1,0 +1,125 @@
+"""Training memory of CPM-Ant (``engine.memory.prompt_prefix``): every layer over the prompt's P tokens and the text's
+s, CpmAntAttention's two masked_fills and its probabilities kept twice, CpmAntLayerNorm's product with its input, the
+score bias's bucket indices and its own bf16 loss; derived by hand at CpmAntConfig's defaults, then against
+transformers 5.24 on the CPU (``scripts/hf_saved.py``'s cpmant-small and cpmant-wide, two layers, its own eager
+attention, built in bf16, which transformers trains on the CPU, and once in fp32): the bytes saved for backward
+within 5 % (the whole, a layer, the checkpointed forward and the rebuilt layer), the step's peak
+(``scripts/hf_step_peak.py``) within 3 %, with and without gradient checkpointing (a checkpoint around each block,
+which transformers' own class declines: ``hf_saved.checkpointable_blocks``), fully trained and under PEFT's LoRA."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+import pytest
+from saved_compare import hf_spec, takes_memory_lora_and_plan, transformers_workload
+
+from lmcalc import api
+from lmcalc.engine.finetune.method import Method, parse_targets
+from lmcalc.engine.memory.activations import layer_saved_tensors
+from lmcalc.engine.memory.outside_layers import model_saved_tensors
+from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError
+
+spec_of = partial(hf_spec, model_type="cpmant")
+DEFAULTS = {"model_type": "cpmant"}  # h 4,096, 32 heads of 128, f 10,240, P 32, V 30,720, 48 layers
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+
+
+def test_a_layer_and_the_rest_by_hand():
+    # CpmAntConfig's defaults at s = 992, b = 1, bf16 (2 B), eager: S = s + P = 1,024 tokens in every layer.
+    # Each CpmAntLayerNorm: pow keeps an fp32 copy (4·S·h), rsqrt's 1/rms (4·S), the product with 1/rms the bf16
+    # input (2·S·h), the weight's product the normalised value (2·S·h). Attention: the projections' input (2·S·h),
+    # Q, K and V copied by the batched matmuls (3 × 2·S·H·d, H·d = h), the softmax in bf16 (2·H·S²), the
+    # probabilities masked again, which meet V (2·H·S²), the two masked_fills' booleans (2·S²), attention_out's input
+    # (2·S·h). The GeGLU: its input (2·S·h), w_0's and w_1's outputs, GELU's output and their product (4 × 2·S·f).
+    S, s, h, f, H, V = 1024, 992, 4096, 10240, 32, 30720
+    norm = 4 * S * h + 4 * S + 2 * S * h + 2 * S * h
+    attention = 2 * S * h + 3 * 2 * S * h + 2 * H * S * S + 2 * H * S * S + 2 * S * S + 2 * S * h
+    ffn = 2 * S * h + 4 * 2 * S * f
+    assert 2 * norm + attention + ffn == 28 * S * h + 8 * S + 8 * S * f + 4 * H * S * S + 2 * S * S == 337_649_664
+    w = transformers_workload(spec_of(DEFAULTS), s, 1)
+    assert sum(t.bytes for t in layer_saved_tensors(w, False)) == 337_649_664
+    # outside: int32 token and segment ids over S (2·4·S), int64 targets over s (8·s), the bias's int32 buckets
+    # (4·S²), the final norm over S, the head's input (one sequence: a view keeping the norm's S rows, 2·S·h) and the
+    # log-probabilities in bf16 (2·s·V)
+    outside = 8 * S + 8 * s + 4 * S * S + norm + 2 * S * h + 2 * s * V
+    assert outside == 107_106_048
+    assert sum(t.bytes for t in model_saved_tensors(w)) == outside
+    # two sequences: the head reads a copy of the text's rows, 2·s·b·h, not the norm's S rows
+    w2 = transformers_workload(spec_of(DEFAULTS), s, 2)
+    head = next(t for t in model_saved_tensors(w2) if t.label == "output head input")
+    assert head.bytes == 2 * s * 2 * h
+    # in fp32 the norm's copy is its input (x.float() is x): 4·S·h + 4·S + 4·S·h a norm, no more
+    fp32 = transformers_workload(spec_of(DEFAULTS), s, 1, precision="fp32")
+    kept = [t for t in layer_saved_tensors(fp32, False) if t.label.startswith("attention norm")]
+    assert sum(t.bytes for t in kept) == 8 * S * h + 4 * S
+
+
+def test_memory_lora_and_plan_take_it_and_tp_cp_pp_are_refused(tmp_path):
+    path, best = takes_memory_lora_and_plan(tmp_path, "cpmant", 2048)
+    assert best.layout.tp == best.layout.cp == best.layout.pp == 1
+    for degree, message in (({"tp": 2}, "TP=2 would split"), ({"cp": 2}, "CP=2 would split"),
+                            ({"pp": 2}, "modelled on one pipeline stage")):  # fmt: skip
+        with pytest.raises(LmcalcError, match=message) as refused:
+            api.memory(model=path, gpus="2xh100", seq=2048, **degree)
+        assert "\n" not in str(refused.value)
+    with pytest.raises(LmcalcError, match="freeze on .*score bias"):
+        api.memory(model=path, gpus="1xh100", seq=2048, method="freeze", freeze_layers=4)
+
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
+import hf_step_peak  # noqa: E402
+import torch  # noqa: E402
+from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
+
+from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
+from lmcalc.engine.parallel.layout import Layout  # noqa: E402
+
+
+def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, lora: bool = False,
+                     dtype: torch.dtype = torch.bfloat16) -> Workload:  # fmt: skip
+    """lmcalc's workload for the harness's model, read from the very config it builds the model from; LoRA's
+    adapters in the model's dtype, as the harness injects them."""
+    config = hf_saved.CASES[name].config().to_dict()
+    w = transformers_workload(spec_of(config), seq, micro_batch, checkpointing,
+                              precision="fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
+    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
+
+
+@pytest.fixture(scope="module", autouse=True)
+def free_models():
+    yield
+    hf_saved.release_models()
+
+
+SAVED = [("cpmant-small", 128, 1, False, False, torch.bfloat16), ("cpmant-small", 256, 2, True, True, torch.bfloat16)]
+SAVED += [("cpmant-small", 256, 2, False, True, torch.bfloat16), ("cpmant-wide", 256, 2, True, False, torch.bfloat16)]
+SAVED += [("cpmant-small", 256, 2, False, False, torch.float32)]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("name", "seq", "batch", "checkpointing", "lora", "dtype"), SAVED)
+def test_bytes_kept_for_backward_match_transformers(name, seq, batch, checkpointing, lora, dtype):  # noqa: PLR0913
+    m = hf_saved.measure(name, "eager", seq, batch, checkpointing, dtype=dtype, use_cache=False,
+                         lora=LORA if lora else None)  # fmt: skip
+    w = harness_workload(name, seq, batch, checkpointing, lora, dtype)
+    layer = None if lora else sum(t.bytes for t in layer_saved_tensors(w, False))
+    assert_saved_match(m, stage_activations(w, Layout(), 0), checkpointing, layer)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("name", "checkpointing", "lora"),
+                         [("cpmant-small", False, False), ("cpmant-wide", False, False), ("cpmant-wide", True, False),
+                          ("cpmant-wide", True, True)])  # fmt: skip
+def test_the_step_peak_matches_transformers(name, checkpointing, lora):
+    # s 256, b 2. cpmant-small's vocabulary binds at the loss's backward (its bf16 log-probabilities and their two
+    # gradients); cpmant-wide's at the forward's end (measured) and the final norm's backward (lmcalc), or
+    # checkpointed, at the first layer's backward, the bias's gradient beside it
+    hf_saved.release_models()
+    m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
+    assert_peak_match(m, gpu_memory(harness_workload(name, 256, 2, checkpointing, lora), Layout(), 0))
