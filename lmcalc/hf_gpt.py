@@ -142,6 +142,7 @@ def git(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) 
         "head_bias": True,
         "position_embedding": "learned",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        "eager_softmax": "activation",  # GitSelfAttention: softmax in the scores' dtype
         **dropout(
             config,
             {
@@ -155,6 +156,7 @@ def git(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: str) 
             "width": vision.get("hidden_size", 768),
             "ffn_size": vision.get("intermediate_size", 3072),
             "layers": vision.get("num_hidden_layers", 12),
+            "heads": vision.get("num_attention_heads", 12),
             "image": vision.get("image_size", 224),
             "patch": vision.get("patch_size", 16),
             "channels": vision.get("num_channels", 3),

@@ -109,6 +109,7 @@ class ImagePrefixSpec(Spec):
     width: Dimension = Field(description="v, the encoder's width (vision_config.hidden_size)")
     ffn_size: Dimension = Field(description="f_v, its MLP's width (vision_config.intermediate_size)")
     layers: Dimension = Field(description="its layers (vision_config.num_hidden_layers)")
+    heads: Dimension = Field(12, description="H_v, its attention heads (vision_config.num_attention_heads)")
     image: Dimension = Field(description="the image's side in pixels (vision_config.image_size)")
     patch: Dimension = Field(description="a patch's side in pixels (vision_config.patch_size)")
     channels: Dimension = Field(3, description="the image's channels (vision_config.num_channels)")

@@ -97,6 +97,9 @@ PRESET_FILE_LIMIT = 1 << 20
 stray data file is refused, not read until memory runs out."""
 CONFIG_FILE_LIMIT = 4 << 20
 """The largest Hugging Face ``config.json`` read, in bytes (4 MiB; a real one is a few KiB)."""
+TABLE_FILE_LIMIT = 16 << 20
+"""The largest table of published runs read (benchmarks/*.yaml, by the scripts and tests, never by the command line),
+in bytes: 16 MiB, where the held-out runs' file is some 1 MiB."""
 MAX_NESTING = 1000
 """The deepest YAML nesting read: libyaml's composer recurses in C, and ``[[[[…`` 50,000 deep would crash Python."""
 
@@ -148,9 +151,9 @@ def _check_nesting(text: str, path: Path) -> None:
             depth -= 1
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse a YAML file; syntax errors become one line naming the file and line."""
-    text = read_text(path)
+def read_yaml(path: Path, limit: int = PRESET_FILE_LIMIT) -> Any:
+    """Parse a YAML file of at most ``limit`` bytes; syntax errors become one line naming the file and line."""
+    text = read_text(path, limit)
     try:
         _check_nesting(text, path)
         return yaml.load(text, Loader=_Loader)

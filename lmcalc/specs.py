@@ -464,7 +464,6 @@ class ModelSpec(LayerKinds, NamedSpec):
             return RWKV_COUNTED_ONLY
         if (
             (self.layer_reuse and (self.ngpt_scales or self.layer_reuse.messages))  # Dory's, Inkling 2's
-            or self.image_prefix
             or self.branch_convs
             or self.drafter
             or self.byte_latent

@@ -27,6 +27,7 @@ from lmcalc.estimates.training import (
     split_settings,
 )
 from lmcalc.framework_specs import FrameworkProfile
+from lmcalc.preset_files import TABLE_FILE_LIMIT
 from lmcalc.presets import (
     read_yaml,
     resolve_framework,
@@ -152,7 +153,7 @@ def _with_rule(profile: FrameworkProfile, name: str, changes: dict[str, Any]) ->
 def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[PublishedRun]:
     """The runs of a file in the published_runs.yaml layout; ``families`` (None: any) are the ones it may hold."""
     optimizer = resolve_optimizer(OPTIMIZER).spec
-    data = read_yaml(path)
+    data = read_yaml(path, TABLE_FILE_LIMIT)
     shapes = data.get("shapes", {})
     runs = []
     for row in data["runs"]:

@@ -91,6 +91,7 @@ class Case:
     attentions: tuple[str, ...] = ("sdpa", "eager")  # the attn_implementations transformers runs the model with
     checkpointable: bool = True  # whether transformers runs it with gradient checkpointing (OpenAI GPT: not)
     routing: Callable[[torch.nn.Module], None] | None = None  # sets where the router sends tokens (LongCat-Flash)
+    images: bool = False  # the model reads an image a sequence beside the text (GIT's pixel_values)
 
     def config(self, dropout: float | None = None) -> PretrainedConfig:
         kwargs = dict(self.kwargs)
@@ -1018,6 +1019,26 @@ ZAYA: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 """ZAYA (``engine.memory.cca``): CCA attention, its fp32 residual stream with scales, its MLP router."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in ZAYA.items()}
 
+GIT_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4,
+                 num_hidden_layers=LAYERS, vision_config=dict(hidden_size=64, intermediate_size=256,
+                                                              num_hidden_layers=LAYERS, num_attention_heads=2,
+                                                              image_size=32, patch_size=8),
+                 **TOKENS)  # fmt: skip
+"""GIT's small decoder: h 128, 4 heads of 32, a GELU MLP of 384, V 2048, two layers, dropout 0.1 (the class's); its
+CLIP image encoder two layers of 64 (2 heads, MLP 256, quick GELU) over a 32-pixel image in patches of 8: 17 tokens
+(16 patches and the class token) before the text's."""
+GIT: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "git-small": (T.GitConfig, GIT_SMALL, "small GIT: a 17-token image before the text"),
+    "git-wide": (T.GitConfig, GIT_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8,
+                                           "intermediate_size": 1024,
+                                           "vision_config": GIT_SMALL["vision_config"] | {"image_size": 64}},
+                 "GIT with h 512 and V 256, a 65-token image: the layers' backward outweighs the loss's"),
+}  # fmt: skip
+"""GIT (``engine.memory.image_prefix``): its own eager attention over the image's tokens and the text, the image
+encoder trained with it; each step reads one image a sequence (``Case.images``)."""
+CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY, images=True)
+          for name, (cls, kwargs, source) in GIT.items()}  # fmt: skip
+
 CPMANT_SMALL = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, dim_head=32, dim_ff=384,
                     num_hidden_layers=LAYERS, prompt_types=4, prompt_length=32, segment_types=4)  # fmt: skip
 """CPM-Ant's small layers: h 128, 4 heads of 32, a GeGLU of 384, V 2048, two layers; 32 prompt tokens before every
@@ -1411,6 +1432,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         return [*base.L_module.layers, *base.H_module.layers]
     if hasattr(base, "position_bias"):  # CPM-Ant: CpmAntEncoder's blocks
         base = base.encoder
+    if hasattr(base, "image_encoder"):  # GIT: GitEncoder's layers, not its image encoder's
+        return list(base.encoder.layer)
     return list(next(getattr(base, name) for name in ("layers", "h", "blocks") if hasattr(base, name)))
 
 
@@ -1486,6 +1509,17 @@ def _disable_checkpointing(model: torch.nn.Module) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def image_inputs(case: Case, model: torch.nn.Module, micro_batch: int) -> dict[str, torch.Tensor]:
+    """An image a sequence where the case reads one (GIT): ``pixel_values`` in fp32, as an image processor makes
+    them, at the vision config's size."""
+    if not case.images:
+        return {}
+    vision = model.config.vision_config
+    generator = torch.Generator().manual_seed(3)
+    shape = (micro_batch, vision.num_channels, vision.image_size, vision.image_size)
+    return {"pixel_values": torch.randn(shape, generator=generator)}
+
+
 def measure(
     case_name: str,
     attention: str,
@@ -1529,7 +1563,7 @@ def measure(
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=generator)
-    kwargs: dict[str, Any] = {"input_ids": input_ids, "labels": input_ids}
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "labels": input_ids} | image_inputs(case, model, micro_batch)
     if num_items_in_batch:
         kwargs["num_items_in_batch"] = torch.tensor(micro_batch * (seq_len - 1))
     if use_cache is not None:

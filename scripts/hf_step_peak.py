@@ -181,12 +181,13 @@ def measure(
     torch.manual_seed(1)
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (micro_batch, seq_len))
+    images = hf_saved.image_inputs(hf_saved.CASES[case_name], model, micro_batch)  # GIT's pixels, made as the ids
     try:
         log = StorageLog([*model.parameters(), *model.buffers()], fp32_products)
         with log:
             log.phase("forward")
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # the Trainer's bf16=True
-                loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # the Trainer drops the other outputs
+                loss = model(input_ids=ids, labels=ids, use_cache=False, **images).loss  # the rest dropped
             log.phase("backward")
             if every_gradient:
                 log.watch_gradients(loss, {p for p in model.parameters() if p.requires_grad})

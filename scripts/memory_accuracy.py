@@ -29,7 +29,7 @@ from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.engine.workload import Workload, dropout_mask_bytes
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.hf_config import model_from_hf_config
-from lmcalc.preset_files import read_yaml
+from lmcalc.preset_files import TABLE_FILE_LIMIT, read_yaml
 from lmcalc.presets import framework_profile, registry, resolve_model, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 from lmcalc.units import GiB
@@ -569,7 +569,7 @@ def torchtitan_section() -> list[str]:
 
 def heldout_rows(family: str, key: str) -> list[tuple[PublishedRun, float]]:
     """The held-out runs of ``family`` that print a memory figure, with it (``key``: its column)."""
-    raw = {row["id"]: row for row in read_yaml(HELDOUT)["runs"]}
+    raw = {row["id"]: row for row in read_yaml(HELDOUT, TABLE_FILE_LIMIT)["runs"]}
     return [(run, raw[run.id][key]) for run in load_runs(HELDOUT, None) if run.family == family and key in raw[run.id]]
 
 

@@ -6,11 +6,13 @@ FlopCounterMode run in tests/test_hf_types.py and tests/test_validate_hf.py."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from lmcalc import api
 from lmcalc.engine.inference.serving import cache_layers, kv_elements_per_token_per_layer, state_bytes
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.model.params import count_params
@@ -72,7 +74,14 @@ def test_the_cache_equals_transformers():
     assert held == batch * (tokens * per_token + state_bytes(spec, 2)) == batch * (tokens + 17) * per_token
 
 
-def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    from hf_tiny import check_counted_alone
-
-    check_counted_alone(tmp_path, DEFAULTS, 90_227_514, "GIT's image tokens")  # the decoder; the encoder apart
+def test_every_estimate_takes_it(tmp_path):
+    # training memory, fine-tuning and the planner since the image encoder's and the image tokens' saved tensors are
+    # counted (formulas §2.31; against transformers: tests/test_git_memory.py); params, FLOPs and serving as before
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DEFAULTS))
+    assert api.params(model=str(path)).total == 90_227_514  # the decoder; the encoder apart
+    assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
+    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
+    assert api.memory(model=str(path), seq=512).gpu.activations > 0
+    assert api.memory(model=str(path), seq=512, method="lora").gpu.activations > 0
+    assert api.plan(model=str(path), gpus="8xH100", seq=512, global_batch=512 * 64, tokens=1e9).best is not None

@@ -20,6 +20,7 @@ from accuracy import gpt_model
 from lmcalc.engine.parallel.layout import check_layout
 from lmcalc.engine.workload import Workload
 from lmcalc.estimates.training import build_layout
+from lmcalc.preset_files import TABLE_FILE_LIMIT
 from lmcalc.presets import (
     read_yaml,
     resolve_framework,
@@ -32,7 +33,7 @@ from lmcalc.specs import Cluster, ModelSpec
 
 # In the fast tier (no `data` mark): one test a check, not one a row, and the whole module runs in about a second.
 
-DATA = read_yaml(Path(__file__).resolve().parent.parent / "benchmarks" / "heldout_runs.yaml")
+DATA = read_yaml(Path(__file__).resolve().parent.parent / "benchmarks" / "heldout_runs.yaml", TABLE_FILE_LIMIT)
 RUNS = DATA["runs"]
 BY_ID = {run["id"]: run for run in RUNS}
 CURATED = [run for run in RUNS if run["family"] != "playbook-multinode"]

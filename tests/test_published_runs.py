@@ -35,6 +35,7 @@ from test_framework_nanotron import playbook_model
 
 from lmcalc.engine.model.palm import napkin_params
 from lmcalc.engine.model.params import count_params
+from lmcalc.preset_files import TABLE_FILE_LIMIT
 from lmcalc.presets import read_yaml
 
 pytestmark = pytest.mark.data
@@ -44,7 +45,9 @@ RUNS_FILE = ROOT / "benchmarks" / "published_runs.yaml"
 REFERENCE = ROOT / "tests" / "data" / "reference"  # a copy of SHARED_REFERENCE's files, README.md included
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"  # the project's reference facts, outside the repository
 RUNS = load_runs(RUNS_FILE)
-WRITTEN = {row["id"]: row for row in read_yaml(RUNS_FILE)["runs"]}  # each run as written, for its `reference`
+WRITTEN = {
+    row["id"]: row for row in read_yaml(RUNS_FILE, TABLE_FILE_LIMIT)["runs"]
+}  # each run as written, for its `reference`
 
 # The entries of the reference's published_runs.yaml that publish a layout and a throughput: every row of each
 # is a run here. (gpt3-175b-openai publishes no GPU count or time; megatron-2021-gpt3-time-estimate is an estimate.)

@@ -37,6 +37,7 @@ from lmcalc.engine.memory.dynamic_mask import dynamic_mask_saved, residual_scale
 from lmcalc.engine.memory.eager_scores import eager_scores_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
+from lmcalc.engine.memory.image_prefix import decoder_workload
 from lmcalc.engine.memory.masks import kinds_differ, selection_saved, window_mask_saved, window_masked_share
 from lmcalc.engine.memory.moa import attention_experts_saved
 from lmcalc.engine.memory.module_recompute import module_kept
@@ -222,6 +223,8 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     al. 2022 §4.1; ``layer_kept_tensors`` drops what selective recomputation rebuilds. A hybrid's layer is the
     average of its layers, or with ``mixer`` one that attends or one of its other mixer; a model whose local layers
     attend with heads or sinks of their own, the average of its global and local layers or one of them."""
+    if w.model.image_prefix:  # GIT's: its layers over the image's tokens and the text's
+        return layer_saved_tensors(decoder_workload(w), moe_layer, mixer)
     if w.model.prompt:  # CPM-Ant's: a layer over the prompt's tokens and the text's (engine.memory.prompt_prefix)
         return prompt_layer_saved(w, layer_saved_tensors(without_prompt(w), moe_layer, mixer))
     spec, mask, h, sb = w.model, w.mask_bytes, w.model.hidden_size, w.tokens
@@ -429,6 +432,7 @@ def layer_kept_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "average
     names drop (the attention core by default, Korthikanti et al. 2022 §4.2.2; ``engine.memory.module_recompute``),
     which the backward pass rebuilds, or where the framework checkpoints operator by operator, what its policy keeps
     (``engine.memory.op_checkpoint``)."""
+    w = decoder_workload(w)  # GIT's layers: over the image's tokens and the text's
     tensors = layer_saved_tensors(w, moe_layer, mixer)
     if w.recompute != "selective":
         return tensors

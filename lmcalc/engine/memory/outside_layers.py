@@ -17,6 +17,7 @@ from lmcalc.engine.memory.activations import (
 from lmcalc.engine.memory.altup import altup_outside
 from lmcalc.engine.memory.cca import cca_checkpoint, embedding_scaling_saved
 from lmcalc.engine.memory.compressed import hyper_head_saved
+from lmcalc.engine.memory.image_prefix import decoder_workload, head_rows, image_encoder_saved
 from lmcalc.engine.memory.looped import stack_norms_saved
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.norms import norm_saved
@@ -51,7 +52,10 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
             SavedTensor("head transform's activation input (dense output)", "s·b·h", sb * h, act, split="seq"),
             *norm_saved(w, "head transform norm", Dim(sb, "s·b"), Dim(h, "h")),
         ]
-    head = [*final, SavedTensor("output head input", "s·b·h", sb * h, act, split="seq", for_weights=("lm_head",))]
+    embedding += image_encoder_saved(w)  # GIT's image encoder and projection
+    rows, symbol = head_rows(w)  # GIT's head reads the image's positions too
+    head = [*final, SavedTensor("output head input", f"{symbol}·h", rows * h, act, split="seq",
+                                for_weights=("lm_head",))]  # fmt: skip
     if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
         head = [t for t in head if _needed(w, t, set())]
     if w.framework.loss.fused_linear:  # the head's gradients made in the forward: its input's kept, not its input
@@ -72,7 +76,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
             SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
         ] + global_tables(w)
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
-        tables += [replace(t, split="none") for t in _checkpoint_arguments(w)] + shared_kv_kept(w)
+        tables += [replace(t, split="none") for t in _checkpoint_arguments(decoder_workload(w))] + shared_kv_kept(w)
     embedding += shared_block_checkpointed(w)  # Zamba's: the embedding every use reads, under full recomputation
     embedding += stack_norms_saved(w)  # HRM's: each trained stack run's final norm but the model's last
     return tuple(
@@ -128,6 +132,8 @@ def layer_checkpoint(w: Workload) -> SavedTensor:
         return cca_checkpoint(w)
     if w.model.prompt:  # CPM-Ant's: over the prompt's tokens and the text's
         return prompt_checkpoint(w)
+    if w.model.image_prefix:  # GIT's: over the image's tokens and the text's
+        return layer_checkpoint(decoder_workload(w))
     if w.model.altup or w.model.hyper_connections:  # Gemma 3n's AltUp, DeepSeek-V4's and HY V4's: n streams of h
         n = (w.model.altup or w.model.hyper_connections).streams  # type: ignore[union-attr]
         return SavedTensor("layer input (n streams)", "n·s·b·h", n * w.tokens * w.model.hidden_size,

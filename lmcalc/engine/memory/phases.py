@@ -13,7 +13,7 @@ What each phase holds was read from every storage live in a real transformers st
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
@@ -22,6 +22,7 @@ from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.cca import STREAM_BYTES
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
+from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
 from lmcalc.engine.memory.prompt_prefix import (
     bias_gradient,
     forward_frame,
@@ -199,6 +200,12 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         return Transients(0.0, 0.0)
     if w.model.prompt:  # CPM-Ant's layers over the prompt's tokens and the text's (engine.memory.prompt_prefix)
         return _prompt_transients(w, backward_transients(without_prompt(w), tp, cp, built), built)
+    if w.model.image_prefix:  # GIT's layers over the image's tokens and the text's; its loss over the text's, beside
+        layers = backward_transients(decoder_workload(w), tp, cp, built)  # the image positions' logits
+        text = replace(w, model=decoder_workload(w).model)
+        image = image_logits_bytes(w) / (tp * cp) if built.head else 0.0
+        loss = backward_transients(text, tp, cp, built).loss + image
+        return layers._replace(loss=loss)
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     split = tp * cp
     loss = w.framework.loss.transient_bytes * sb * spec.vocab_size / split if built.head else 0.0

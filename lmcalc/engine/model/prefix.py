@@ -100,3 +100,19 @@ def encoder_terms(spec: ModelSpec, encoder: float, seq_len: int) -> tuple[Term, 
              note=f"{group(image_encoder_flops(spec)[0])} FLOPs an image sequence; trained with the decoder, its "
              "patch embedding's backward the weight's alone (the pixels need no gradient)"),
     )  # fmt: skip
+
+
+def image_encoder_params(spec: ModelSpec) -> int:
+    """GIT's image encoder and projection's parameters (GitVisionModel, GitProjection), held beside the decoder's
+    by the GPU that embeds: the class embedding (v), the patch convolution without a bias (C·p²·v), the positions
+    (n·v), the pre- and post-norms (2·v each), each layer's q, k, v and output projections with biases
+    (4·(v² + v)), two norms (4·v) and MLP (2·v·f_v + f_v + v), the projection to h with its bias and its norm
+    (v·h + 3·h), and a temporal embedding a frame where a sequence reads several (v each); 0 without one."""
+    m = spec.image_prefix
+    if m is None:
+        return 0
+    v, f, h = m.width, m.ffn_size, spec.hidden_size
+    layer = 4 * (v * v + v) + 4 * v + 2 * v * f + f + v
+    embeddings = v + m.channels * m.patch**2 * v + m.tokens * v
+    frames = m.images * v if m.images > 1 else 0
+    return embeddings + 4 * v + m.layers * layer + v * h + 3 * h + frames

@@ -337,6 +337,16 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"the freeze method on {model.name}'s looped layers: its bottom runs share their weights with later runs, "
             "which train them; use full training or LoRA"
         )
+    if model.image_prefix and layout.pp > 1:
+        raise LmcalcError(
+            f"{model.name}'s image encoder is modelled on one pipeline stage, not {setting('pp')} {layout.pp}: it "
+            "would load the first stage beyond its layers; use PP=1"
+        )
+    if model.image_prefix and w.method.kind in ("qlora", "freeze"):
+        raise LmcalcError(
+            f"{setting('method')} {w.method.kind} on {model.name}: lmcalc does not model how it treats the image "
+            "encoder (quantised or frozen with the bottom layers); use full training or LoRA"
+        )
     if model.prompt and layout.pp > 1:
         raise LmcalcError(
             f"{model.name}'s prompt and score bias are modelled on one pipeline stage, not {setting('pp')} "
@@ -471,6 +481,8 @@ def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
         (bool(model.compressed_attention), ("tp", "cp"), "{degree} would split {name}'s compressors, indexers and one "
          "K=V head (DeepSeek-V4's compressed attention), which lmcalc keeps whole on each rank and over the whole "
          "sequence"),
+        (bool(model.image_prefix), ("tp", "cp"), "{degree} would split {name}'s image encoder, whose weights "
+         "lmcalc keeps whole, and the image's tokens, which every text token attends to"),
         (bool(model.prompt), ("tp", "cp"), "{degree} would split {name}'s score bias and mask over the prompt and the "
          "text, which lmcalc keeps whole on each rank"),
     )  # fmt: skip

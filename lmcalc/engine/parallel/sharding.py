@@ -28,6 +28,7 @@ from lmcalc.engine.finetune.method import (
 )
 from lmcalc.engine.model.flops import ModelPart
 from lmcalc.engine.model.params import AVERAGED_SYMBOLS, WeightTensor, copies_per_layer, weight_tensors
+from lmcalc.engine.model.prefix import image_encoder_params
 from lmcalc.engine.model.width_params import CROSS_SYMBOL, idle
 from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
 from lmcalc.engine.workload import Workload, canonical
@@ -155,7 +156,8 @@ def _params_held(model: ModelSpec, split: ModelSplit, built: StageLayers) -> Sta
             experts += held
         else:
             dense += held
-    return StageParams(dense + mtp_own_params(model, split.tp, built), experts)
+    encoder = image_encoder_params(model) if built.embedding else 0  # GIT's image encoder (TP = 1: check_kept_whole)
+    return StageParams(dense + mtp_own_params(model, split.tp, built) + encoder, experts)
 
 
 def mtp_own_params(model: ModelSpec, tp: int, built: StageLayers) -> float:
@@ -240,6 +242,8 @@ def frozen_held(
             experts += held
         else:
             dense += held
+    if built.embedding:  # GIT's image encoder: frozen under LoRA (its weights whole: QLoRA refused, check_layout)
+        dense += image_encoder_params(model) * param_bytes
     return StageParams(dense, experts)
 
 
