@@ -1003,6 +1003,22 @@ HRM: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 """HRM (``engine.memory.looped``): each trained run keeps its own activations, the runs under no_grad nothing."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in HRM.items()}
 
+DORY_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, num_hidden_layers=4, n_input_layers=1, n_output_layers=1,
+                  n_recurrent_loops=2, sliding_window=64,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                  tie_word_embeddings=False, **TOKENS)  # fmt: skip
+"""Dory's small layers: h 128, 4 heads of 32 over 2 KV heads, a SwiGLU of 384, V 2048; an input layer, a recurrent
+section of two (one full, one sliding over a window of 64) run twice, an output layer: 6 layer runs of 4 held."""
+DORY: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "dory-small": (T.DoryConfig, DORY_SMALL, "small Dory: nGPT layers, a recurrent section of two run twice"),
+    "dory-wide": (T.DoryConfig, DORY_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8,
+                                              "num_key_value_heads": 4, "head_dim": 64, "intermediate_size": 1024},
+                  "Dory with h 512 and V 256: the runs' backward outweighs the loss's"),
+}  # fmt: skip
+"""Dory (``engine.memory.ngpt``): nGPT's L2 norms, scales and interpolating residual, each run keeping its own."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in DORY.items()}
+
 ZAYA_SMALL = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   num_hidden_layers=LAYERS, num_experts=4, moe_intermediate_size=256, router_hidden_size=64,
                   tie_word_embeddings=False, **TOKENS)  # fmt: skip

@@ -76,13 +76,6 @@ def test_the_runs_without_gradients_are_timed_forward_only():
     assert looped.attention_backward == pytest.approx(plain.attention_backward * 80 / 128)
 
 
-def test_dory_stays_refused(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text('{"model_type": "dory"}')
-    with pytest.raises(LmcalcError, match="Dory's and Inkling 2's looped layers"):
-        api.memory(model=str(path), gpus="1xh100", seq=2048)
-
-
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

@@ -115,13 +115,6 @@ def _written(config: dict) -> str:
     return str(path)
 
 
-def test_flops_time_and_serving_work_and_the_rest_is_refused(tmp_path):
-    # Dory's nGPT layers stay counted alone; HRM's training memory is modelled (tests/test_hrm_memory.py)
-    from hf_tiny import check_counted_alone
-
-    check_counted_alone(tmp_path, DORY, 3_975_229_440, "Dory's and Inkling 2's looped layers")
-
-
 @pytest.mark.parametrize(
     "change, message",
     [

@@ -444,9 +444,10 @@ def in_layer(module: LinearModule, moe_layer: bool) -> bool:
     """Whether a linear module belongs to a dense layer (``moe_layer`` False) or to an MoE layer."""
     # a hybrid's mixers (at its mix), and Gemma 4's MLPs, of one width where a layer makes its own K and V and of
     # another where it reuses them ((L−n_s) and n_s of the L): each layer has one
-    if module.group in ("attention", "ssm") or module.count_symbol in ("L", "(L−n_s)", "n_s"):
+    symbol = module.count_symbol.removesuffix("_w")  # a looped model's held layers (model.layer_reuse.held_once)
+    if module.group in ("attention", "ssm") or symbol in ("L", "(L−n_s)", "n_s"):
         return True
-    if module.count_symbol == "L_dense":
+    if symbol == "L_dense":
         return not moe_layer
     return moe_layer
 

@@ -41,6 +41,7 @@ from lmcalc.engine.memory.image_prefix import decoder_workload
 from lmcalc.engine.memory.masks import kinds_differ, selection_saved, window_mask_saved, window_masked_share
 from lmcalc.engine.memory.moa import attention_experts_saved
 from lmcalc.engine.memory.module_recompute import module_kept
+from lmcalc.engine.memory.ngpt import interpolation_saved, ngpt_attention_saved, ngpt_mlp_saved
 from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, sub_normed
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.prompt_prefix import prompt_layer_saved, without_prompt
@@ -251,6 +252,7 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (attention)", "s·b·h", sb * h, mask, split="seq"))
     tensors += residual_scale_saved(w, "attention") + residual_scaling_saved(w, "attention")  # Doge's, ZAYA's
+    tensors += interpolation_saved(w, "attention")  # Dory's nGPT residual
     mlp = [
         replace(t if n == of else share(t, n, of), block="mlp")
         for wide, n, of in mlp_widths(w, mixer)
@@ -316,7 +318,7 @@ def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False)
             SavedTensor("output gate, its activation's output", symbol, sb * width, gate_bytes),
             SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
         ]
-    return tensors
+    return ngpt_attention_saved(w, tensors)  # Dory's scales and sub-norm (engine.memory.ngpt)
 
 
 def kept_before_core(w: Workload, moe_layer: bool) -> float:
@@ -489,10 +491,11 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         tensors += ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
         if spec.sub_norms:
             tensors = sub_normed(w, tensors, DOWN, Dim(spec.ffn_size, "f"), "down")
+        tensors = ngpt_mlp_saved(w, tensors)  # Dory's scales and sub-norm
     if spec.norms_per_layer == 1:
         tensors = [t for t in tensors if "(norm output)" not in t.label]
     if spec.norms_per_layer == 4:  # a sandwich norm on the MLP's output
         tensors += norm_saved(w, "post-MLP norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("residual"):
         tensors.append(SavedTensor("residual dropout mask (MLP)", "s·b·h", sb * h, w.mask_bytes, split="seq"))
-    return tensors + residual_scale_saved(w, "mlp") + residual_scaling_saved(w, "mlp")
+    return tensors + residual_scale_saved(w, "mlp") + residual_scaling_saved(w, "mlp") + interpolation_saved(w, "mlp")

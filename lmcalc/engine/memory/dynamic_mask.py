@@ -68,7 +68,7 @@ def residual_scale_saved(w: Workload, half: str) -> list[SavedTensor]:
     residual, the half's input, for the scale's gradient (a frozen scale, as under LoRA, keeps none), unless its norm
     keeps that very storage (a norm that keeps its input, or an fp32 copy where the activations are fp32 already:
     x.float() is x)."""
-    if not w.model.residual_scales:
+    if not w.model.residual_scales or w.model.ngpt_scales:  # nGPT's interpolation keeps y − h (engine.memory.ngpt)
         return []
     same = norm_keeps(w) == "input" or (norm_keeps(w) != "fp32_centred" and w.precision.activation_bytes == 4)
     if same:

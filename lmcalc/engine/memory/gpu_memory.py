@@ -288,6 +288,7 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
         # its product with 1/rms (CPM-Ant's); the hyper-connections keep their streams too
         fp32_copy = norm_keeps(w) in ("fp32_input", "fp32_normalised") and w.precision.activation_bytes == 4
         scaled = w.model.residual_scales and weight_trained(w.model, w.method, "residual_scale")  # a frozen one: none
+        scaled = scaled and not w.model.ngpt_scales  # nGPT's interpolation keeps y − h, not the input (memory.ngpt)
         if w.model.cca:  # ZAYA's fp32 stream (its norm's copy in fp32) and router state (a trained scale keeps it)
             rebuilt -= checkpoint_kept_again(w, fp32_copy, weight_trained(w.model, w.method, "router_state_scale"))
         elif norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections or scaled or w.model.prompt:

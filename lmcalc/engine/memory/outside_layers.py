@@ -20,6 +20,7 @@ from lmcalc.engine.memory.compressed import hyper_head_saved
 from lmcalc.engine.memory.image_prefix import decoder_workload, head_rows, image_encoder_saved
 from lmcalc.engine.memory.looped import stack_norms_saved
 from lmcalc.engine.memory.masks import window_masked_share
+from lmcalc.engine.memory.ngpt import logit_scale_saved, loop_norms_saved, second_rotary_tables
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.prompt_prefix import prompt_checkpoint, prompt_model_saved
 from lmcalc.engine.memory.shared_block import shared_block_checkpointed
@@ -68,6 +69,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     loss = w.framework.loss
     if loss.saved_bytes:
         head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))
+    head += logit_scale_saved(w)  # Dory's
     tables = []
     if w.framework.rotary.tables and spec.position_embedding == "rope":  # [1, 1, s, d_rope]: one per position
         # the dimensions RoPE rotates: transformers' default rope parameters take int(head_dim · partial factor)
@@ -75,10 +77,12 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         tables = [
             SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
         ] + global_tables(w)
+        tables += second_rotary_tables(w, tables)  # Dory's: a pair for each kind of layer
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
         tables += [replace(t, split="none") for t in _checkpoint_arguments(decoder_workload(w))] + shared_kv_kept(w)
     embedding += shared_block_checkpointed(w)  # Zamba's: the embedding every use reads, under full recomputation
     embedding += stack_norms_saved(w)  # HRM's: each trained stack run's final norm but the model's last
+    embedding += loop_norms_saved(w)  # Dory's: the input section's output and each loop's input, normalised
     return tuple(
         [replace(t, block="embedding") for t in embedding]
         + [replace(t, block="tables") for t in tables]

@@ -17,12 +17,13 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
-from lmcalc.engine.memory.activations import kept_before_core
+from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tensors
 from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.cca import STREAM_BYTES
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
+from lmcalc.engine.memory.ngpt import sub_norm_backward
 from lmcalc.engine.memory.prompt_prefix import (
     bias_gradient,
     forward_frame,
@@ -229,6 +230,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         if not (weighted_outputs(w) or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
             assignments = moe.k * sb
             layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
+    layer = max(layer, sub_norm_backward(w, layer_saved_tensors(w, False)) / split)  # Dory's MLP sub-norm (fp32)
     stream = STREAM_BYTES if spec.cca else act  # ZAYA's residual stream, and so its gradient, is fp32
     layer += sb * spec.hidden_size * stream / cp  # the gradient of the layer's output, which the residual branch holds
     norm = 0.0

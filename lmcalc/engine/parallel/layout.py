@@ -485,6 +485,9 @@ def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
          "lmcalc keeps whole, and the image's tokens, which every text token attends to"),
         (bool(model.prompt), ("tp", "cp"), "{degree} would split {name}'s score bias and mask over the prompt and the "
          "text, which lmcalc keeps whole on each rank"),
+        (model.ngpt_scales, ("tp", "cp"), "{degree} would split {name}'s nGPT layers, which lmcalc counts as "
+         "transformers runs them, whole on one rank: their L2 sub-norms over the attention's and the MLP's whole "
+         "width, their loops over the whole sequence"),
     )  # fmt: skip
     for applies, degrees, text in rules:
         if not applies:
