@@ -21,7 +21,7 @@ from lmcalc.mixer_specs import (
 )
 
 if TYPE_CHECKING:
-    from lmcalc.layer_specs import GlobalAttentionSpec, KvSharingSpec, MoESpec, SharedBlockSpec
+    from lmcalc.layer_specs import GlobalAttentionSpec, KvSharingSpec, MLASpec, MoESpec, SharedBlockSpec
 
 OtherMixer = MambaSpec | Mamba2Spec | DeltaNetSpec | ShortConvSpec | LightningSpec | RwkvSpec | RgLruSpec | MLstmSpec
 """The mixer of a hybrid's layers that do not attend."""
@@ -53,6 +53,7 @@ class LayerKinds:
         local_qk_l2_norm: bool
         global_attention: GlobalAttentionSpec | None
         kv_sharing: KvSharingSpec | None
+        mla: MLASpec | None
 
     @property
     def hybrid(self) -> OtherMixer | None:
@@ -185,11 +186,12 @@ class LayerKinds:
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout
     def local_attention_differs(self) -> bool:
-        """Whether the local layers have KV heads, sinks or a QK-norm of their own (MiMo-V2-Flash, Llama 4), or the
-        global layers widths of their own, or the last layers reuse earlier ones' K and V (Gemma 4)."""
+        """Whether the local layers have KV heads, sinks, a QK-norm or MLA widths of their own (MiMo-V2-Flash, Llama 4,
+        dots.3 Note), or the global layers widths of their own, or the last layers reuse earlier ones' K and V (Gemma
+        4)."""
         return bool(
             self.local_kv_heads or self.sinks_local_only or self.local_qk_l2_norm or self.global_attention
-            or self.kv_sharing
+            or self.kv_sharing or (self.mla and self.mla.local)
         )  # fmt: skip
 
     def reuses_kv(self, layer: int) -> bool:

@@ -467,7 +467,6 @@ class ModelSpec(LayerKinds, NamedSpec):
             or self.branch_convs
             or self.drafter
             or self.byte_latent
-            or (self.mla is not None and (self.mla.local is not None or self.mla.rope_key_norm))  # dots.3 Note's
         ):
             return COMPRESSED_COUNTED_ONLY
         return ""

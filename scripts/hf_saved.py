@@ -1035,6 +1035,33 @@ ZAYA: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 """ZAYA (``engine.memory.cca``): CCA attention, its fp32 residual stream with scales, its MLP router."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in ZAYA.items()}
 
+DOTS3_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=3,
+                   num_attention_heads=4, num_key_value_heads=4, q_lora_rank=64, kv_lora_rank=32, head_dim=32,
+                   qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32, index_n_heads=4, index_head_dim=32,
+                   index_topk=64, sliding_window=64, n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=64,
+                   shared_experts_intermediate_size=64, num_experts_per_tok=2,
+                   layer_types=["indexed_attention", "sliding_attention", "indexed_attention"],
+                   swa_num_attention_heads=2, swa_num_key_value_heads=2, swa_q_lora_rank=48, swa_kv_lora_rank=64,
+                   swa_head_dim=48, swa_qk_nope_head_dim=40, swa_v_head_dim=48, tie_word_embeddings=False,
+                   **TOKENS)  # fmt: skip
+"""dots.3 Note's small layers: h 128, V 2048, three layers (indexed, sliding, indexed; the first dense, the others 4
+experts of 64 top-2 and a shared one of 64). The indexed layers' MLA: 4 heads, r_q 64, r_kv 32, keys 16 + 16 RoPE,
+values 32, an indexer of 4 heads of 32 picking 64 keys; the sliding layers' (a window of 64): 2 heads, r_q 48, r_kv
+64, keys 40 + 8 RoPE, values 48. Each kind's keys as wide as its values (SDPA's fused kernel on the CPU, which
+runs its math kernel in fp32 otherwise); the window and the top k shorter than the measured sequences."""
+DOTS3: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "dots3-small": (T.Dots3NoteTextConfig, DOTS3_SMALL,
+                    "small dots.3 Note: MLA of two widths, a norm on the RoPE key, a gate a head, an indexer"),
+    "dots3-wide": (T.Dots3NoteTextConfig, DOTS3_SMALL | {"vocab_size": 256, "hidden_size": 512,
+                                                        "num_attention_heads": 8, "num_key_value_heads": 8,
+                                                        "swa_num_attention_heads": 4, "swa_num_key_value_heads": 4,
+                                                        "intermediate_size": 1024, "moe_intermediate_size": 256,
+                                                        "shared_experts_intermediate_size": 256},
+                   "dots.3 Note with h 512 and V 256: a layer's backward outweighs the loss's"),
+}  # fmt: skip
+"""dots.3 Note (``engine.memory.dots_mla``): DeepSeek-V3.2's MLA and MoE, its sliding layers at widths of their own."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in DOTS3.items()}
+
 GIT_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4,
                  num_hidden_layers=LAYERS, vision_config=dict(hidden_size=64, intermediate_size=256,
                                                               num_hidden_layers=LAYERS, num_attention_heads=2,

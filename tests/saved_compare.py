@@ -30,14 +30,16 @@ def transformers_workload(spec: ModelSpec, seq: int, micro_batch: int, checkpoin
                     framework=framework_profile("transformers"))  # fmt: skip
 
 
-def takes_memory_lora_and_plan(folder: Path, model_type: str, seq: int) -> tuple[str, Any]:
-    """A config of ``model_type`` at its class defaults, written to ``folder``: training memory takes it, a LoRA
-    fine-tune holds fewer optimizer states and keeps activations, and a plan finds a layout. The config's path and
-    the plan's best layout."""
+def takes_memory_lora_and_plan(
+    folder: Path, model_type: str, seq: int, fields: dict[str, Any] | None = None
+) -> tuple[str, Any]:
+    """A config of ``model_type`` at its class defaults (but ``fields``), written to ``folder``: training memory
+    takes it, a LoRA fine-tune holds fewer optimizer states and keeps activations, and a plan finds a layout. The
+    config's path and the plan's best layout."""
     from lmcalc import api
 
     path = folder / "config.json"
-    path.write_text(json.dumps({"model_type": model_type}))
+    path.write_text(json.dumps({"model_type": model_type, **(fields or {})}))
     full = api.memory(model=str(path), gpus="1xh100", seq=seq, micro_batch=1)
     lora = api.memory(model=str(path), gpus="1xh100", seq=seq, micro_batch=1, method="lora")
     assert 0 < lora.gpu.kept.optimizer < full.gpu.kept.optimizer and lora.gpu.activations > 0

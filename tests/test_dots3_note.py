@@ -4,7 +4,7 @@ gate a head, DeepSeek sparse attention's indexer in the other layers, DeepSeek-V
 Parameters by hand at a tiny size and against transformers at the class defaults and as older config.json files
 spell them, the attention core and the indexer's FLOPs by hand, the step's FLOPs against FlopCounterMode at the class
 defaults cut to six layers (the tiny config's run in tests/test_validate_hf.py), the cache against transformers', and
-what lmcalc refuses."""
+that every estimate takes it (its training memory: tests/test_dots3_note_memory.py)."""
 
 from __future__ import annotations
 
@@ -157,10 +157,17 @@ def test_class_defaults_cut_to_six_layers_equal_flop_counter_mode():
     assert result.value("flops.lmcalc") == result.value("flops.pytorch")
 
 
-def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    from hf_tiny import check_counted_alone
-
-    check_counted_alone(tmp_path, TINY, 253_616, "dots.3 Note's MLA of two widths")
+def test_every_estimate_takes_it(tmp_path):
+    # training memory, LoRA and the planner since what its attention keeps for backward is counted (formulas §2.35;
+    # against transformers: tests/test_dots3_note_memory.py); params, FLOPs and serving as before
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    assert api.params(model=str(path)).total == 253_616
+    assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
+    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
+    assert api.memory(model=str(path), seq=32).gpu.activations > 0
+    assert api.memory(model=str(path), seq=32, method="lora").gpu.activations > 0
+    assert api.plan(model=str(path), gpus="8xH100", seq=32, global_batch=32 * 64, tokens=1e9).best is not None
 
 
 def test_tensor_parallelism_must_split_the_sliding_window_layers_heads_too():

@@ -33,6 +33,7 @@ from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
 from lmcalc.engine.memory.cca import cca_attention_saved, residual_scaling_saved
 from lmcalc.engine.memory.compressed import compressed_attention_saved, streams_saved
 from lmcalc.engine.memory.differential import differential_saved
+from lmcalc.engine.memory.dots_mla import LOCAL_SYMBOLS, local_widths, rope_key_norm_saved
 from lmcalc.engine.memory.dynamic_mask import dynamic_mask_saved, residual_scale_saved
 from lmcalc.engine.memory.eager_scores import eager_scores_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
@@ -46,7 +47,7 @@ from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, 
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.prompt_prefix import prompt_layer_saved, without_prompt
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, router_saved
-from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, SavedTensor
+from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, ROUTED, SavedTensor
 from lmcalc.engine.memory.shared_block import shared_uses_saved
 from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind, average_mixer, share
 from lmcalc.engine.memory.widths import (
@@ -141,13 +142,17 @@ def _mla_saved(w: Workload, rows: Dim) -> list[SavedTensor]:
         tensors += norm_stats(spec, "KV latent norm", rows)
     else:  # an upcast first copies the slice: the norm keeps what the query latent's does
         tensors += norm_saved(w, "KV latent norm", rows, Dim(m.kv_lora_rank, "r_kv"))
+    tensors += rope_key_norm_saved(w, rows)  # dots.3 Note's
     tensors.append(
         SavedTensor("KV up-projection input", "s·b·r_kv", sb * m.kv_lora_rank, act, split="seq", for_weights=("kv_b",))
     )
     tensors.append(SavedTensor("Q (nope ‖ rope)", "s·b·H·d_qk", sb * H * dqk, act))
     tensors.append(SavedTensor("K (nope ‖ shared rope)", "s·b·H·d_qk", sb * H * dqk, act))
     tensors.append(SavedTensor("V", "s·b·H·d_v", sb * H * dv, act))
-    if w.framework.attention.mla_value_view and w.attention == "flash":  # V, a slice, keeps its storage whole
+    # V, a slice, keeps its storage whole: in the fused kernel, and in eager attention's matmul of one sequence (its
+    # (b·H, s, d_v) a view where b is 1; a copy otherwise)
+    one_sequence = w.attention == "eager" and w.micro_batch == 1 and not w.core_recomputed
+    if w.framework.attention.mla_value_view and (w.attention == "flash" or one_sequence):
         tensors.append(
             SavedTensor("K's no-RoPE part, in V's storage", "s·b·H·d_nope", sb * H * m.qk_nope_head_dim, act)
         )
@@ -276,6 +281,8 @@ def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False)
         return kv_reused(w, kind, _attention_block(w, kind))
     if global_symbols(w, kind):  # a global layer at its own widths (Gemma 4), its formula in d_g
         return renamed(_attention_block(at_widths(w, kind), kind), global_symbols(w, kind))
+    if local := local_widths(w, kind):  # a local layer at MLA widths of its own (dots.3 Note), in H,local ...
+        return renamed(_attention_block(local, kind), LOCAL_SYMBOLS)
     spec, act, mask = w.model, w.precision.activation_bytes, w.mask_bytes
     s, b, sb = w.seq_len, w.micro_batch, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
@@ -351,9 +358,12 @@ def _under_method(
     (a frozen linear layer keeps no input, a frozen norm no normalised value); each adapter adds the rank-r
     output of A that B reads, and where it keeps a copy of its input (``_adapter_copies``) that copy and a dropout
     mask (PEFT: ``lora_B(lora_A(dropout(x)))``, Hu et al. 2021 eq. 3)."""
-    shares = {m: module_share(w.model, m, mixer) for m in adapted_modules(w.model, w.method) if in_layer(m, moe_layer)}
+    # the indexer runs under torch.no_grad (DeepSeek sparse attention's, as transformers runs it): its adapters keep
+    # nothing
+    shares = {m: module_share(w.model, m, mixer) for m in adapted_modules(w.model, w.method)
+              if in_layer(m, moe_layer) and m.group != "indexer"}  # fmt: skip
     modules = [m for m, share in shares.items() if share]
-    adapted = {m.leaf for m in modules}
+    adapted = {f"{ROUTED}{m.leaf}" if m.group == "experts" else m.leaf for m in modules}
     kept = [t for t in tensors if _needed(w, t, adapted)]
     act, adapter, r = w.precision.activation_bytes, adapter_bytes(w), w.method.lora_rank
     for m in modules:
@@ -443,6 +453,13 @@ def layer_kept_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "average
     return module_kept(w, tensors, moe_layer)  # Megatron-Core's modules: the attention core by default
 
 
+def _of_routed_experts(tensors: list[SavedTensor]) -> list[SavedTensor]:
+    """The routed experts' tensors, kept for the experts' own weights (``experts.gate`` ...): a shared expert's
+    adapter, its leaf named alike, keeps none of them where the experts are frozen (transformers 5's 3-D experts,
+    which PEFT does not adapt)."""
+    return [replace(t, for_weights=tuple(f"{ROUTED}{leaf}" for leaf in t.for_weights)) for t in tensors]
+
+
 def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
     """The MLP half of a layer: its norm, the MLP (dense or routed), the residual dropout after it."""
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
@@ -468,13 +485,16 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
             ),
             *(
                 [SavedTensor("router input (fp32 copy)", "s·b·h", sb * h, 4, split="seq", for_weights=("router",))]
-                if moe.router_fp32 and w.framework.moe.router == "model"
+                if moe.router_fp32 and w.framework.moe.router == "model" and act != 4  # in fp32 .float() is x
                 else []
             ),
             *router_saved(w, sb, k, rows, kr),
-            SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq", for_weights=UP),
-            *ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
-        ]
+            *_of_routed_experts([
+                SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq",
+                            for_weights=UP),
+                *ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
+            ]),
+        ]  # fmt: skip
         tensors += expert_outputs_saved(w, rows, kr)
         if moe.shared_experts:
             f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e

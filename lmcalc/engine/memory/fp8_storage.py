@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.memory.saved import ROUTED, SavedTensor
 from lmcalc.engine.workload import Workload
 from lmcalc.recipe_specs import Fp8Storage
 
@@ -55,7 +55,7 @@ def fp8_saved(w: Workload, tensors: tuple[SavedTensor, ...]) -> tuple[SavedTenso
     delayed = fp8.scaling == "tensor-delayed"
     out = []
     for tensor in tensors:
-        readers = set(tensor.for_weights)
+        readers = {leaf.removeprefix(ROUTED) for leaf in tensor.for_weights}  # a routed expert's as any
         if readers and readers <= LINEAR_READERS and (delayed or not readers <= ORIGINAL_KEPT):
             tensor = replace(tensor, label=f"{tensor.label}, quantised", bytes_per_element=fp8.input_bytes)
         out.append(tensor)

@@ -17,6 +17,8 @@ from lmcalc.engine.memory.activations import (
 from lmcalc.engine.memory.altup import altup_outside
 from lmcalc.engine.memory.cca import cca_checkpoint, embedding_scaling_saved
 from lmcalc.engine.memory.compressed import hyper_head_saved
+from lmcalc.engine.memory.dots_mla import checkpoint_masks_kept
+from lmcalc.engine.memory.dots_mla import rotary_tables as mla_tables
 from lmcalc.engine.memory.image_prefix import decoder_workload, head_rows, image_encoder_saved
 from lmcalc.engine.memory.looped import stack_norms_saved
 from lmcalc.engine.memory.masks import window_masked_share
@@ -77,9 +79,11 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         tables = [
             SavedTensor(f"rotary {t} table", "s·d_rope", w.seq_len * d, act, split="none") for t in ("cos", "sin")
         ] + global_tables(w)
-        tables += second_rotary_tables(w, tables)  # Dory's: a pair for each kind of layer
+        tables = mla_tables(w) or tables  # dots.3 Note's: a pair for each kind of layer
+        tables += second_rotary_tables(w, tables)  # Dory's: a pair for each kind of layer too
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
         tables += [replace(t, split="none") for t in _checkpoint_arguments(decoder_workload(w))] + shared_kv_kept(w)
+        tables += checkpoint_masks_kept(w)  # dots.3 Note's indexed layers' mask
     embedding += shared_block_checkpointed(w)  # Zamba's: the embedding every use reads, under full recomputation
     embedding += stack_norms_saved(w)  # HRM's: each trained stack run's final norm but the model's last
     embedding += loop_norms_saved(w)  # Dory's: the input section's output and each loop's input, normalised

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
+ROUTED = "experts."  # a routed expert's weight in ``SavedTensor.for_weights``, apart from a shared expert's of its leaf
 
 
 @dataclass(frozen=True)

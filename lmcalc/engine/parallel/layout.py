@@ -481,6 +481,9 @@ def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
         (bool(model.compressed_attention), ("tp", "cp"), "{degree} would split {name}'s compressors, indexers and one "
          "K=V head (DeepSeek-V4's compressed attention), which lmcalc keeps whole on each rank and over the whole "
          "sequence"),
+        (bool(model.mla and model.mla.rope_key_norm), ("tp", "cp"), "{degree} would split {name}'s attention (dots.3 "
+         "Note's MLA of two widths, its RoPE key's norm, a gate a head, an indexer over the whole sequence), which "
+         "lmcalc counts as transformers runs it, whole on one rank"),
         (bool(model.image_prefix), ("tp", "cp"), "{degree} would split {name}'s image encoder, whose weights "
          "lmcalc keeps whole, and the image's tokens, which every text token attends to"),
         (bool(model.prompt), ("tp", "cp"), "{degree} would split {name}'s score bias and mask over the prompt and the "
