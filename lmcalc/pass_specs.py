@@ -126,6 +126,16 @@ class ImagePrefixSpec(Spec):
         return self.images * self.tokens
 
 
+DRAFTER_COUNTED_ONLY = (
+    "Gemma 4's drafters are counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at an MFU) and "
+    "the serving memory (memory --inference) alone: transformers 5.24 defines no training step for them (no labels, "
+    "no loss; generation runs a drafter without gradients, one position at a time, on its backbone's last hidden "
+    "state and K and V), its forward over more than one position lets each attend to the backbone's later K and V, "
+    "and a workload cannot state the backbone run that makes those inputs, so lmcalc's training memory, fine-tuning "
+    "and step-time model do not take them (docs/hf-types.md)"
+)
+
+
 class DrafterSpec(Spec):
     """A drafter for speculative decoding (Gemma 4's assistants; transformers' Gemma4AssistantForCausalLM): its text
     model reads the backbone's hidden state and the token's embedding (2 × ``backbone_width``, projected to h), and

@@ -49,7 +49,7 @@ from lmcalc.mixer_specs import (
     ShortConvSpec,
 )
 from lmcalc.model_rules import check_model
-from lmcalc.pass_specs import DrafterSpec, ImagePrefixSpec, LayerReuseSpec, PromptSpec
+from lmcalc.pass_specs import DRAFTER_COUNTED_ONLY, DrafterSpec, ImagePrefixSpec, LayerReuseSpec, PromptSpec
 from lmcalc.spec_base import (
     MAX_DIMENSION,
     MAX_LAYERS,
@@ -79,7 +79,8 @@ from lmcalc.spec_base import (
 
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "BranchConvSpec",
            "CcaSpec", "ComputeDtype", "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec",
-           "SharedBlockSpec", "CrossAttentionSpec", "DeltaNetSpec", "DrafterSpec", "Dimension", "DropoutSite",
+           "SharedBlockSpec", "CrossAttentionSpec", "DeltaNetSpec", "DRAFTER_COUNTED_ONLY", "DrafterSpec", "Dimension",
+           "DropoutSite",
            "FfnKind", "GlobalAttentionSpec", "ByteLatentSpec", "ByteStackSpec",
            "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
            "LightningSpec", "LocalMLASpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
@@ -462,10 +463,11 @@ class ModelSpec(LayerKinds, NamedSpec):
         step of text skipping its cross-attention layers (docs/formulas.md §2.21)."""
         if self.mlstm and self.mlstm.padded:
             return RWKV_COUNTED_ONLY
+        if self.drafter:  # transformers trains none (docs/hf-types.md)
+            return DRAFTER_COUNTED_ONLY
         if (
             (self.layer_reuse and self.layer_reuse.messages)  # Inkling 2's
             or self.branch_convs
-            or self.drafter
             or self.byte_latent
         ):
             return COMPRESSED_COUNTED_ONLY
