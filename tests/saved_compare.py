@@ -6,15 +6,19 @@ torch nor transformers."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lmcalc.engine.finetune.method import Method, parse_targets
 from lmcalc.engine.workload import Workload
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
 
 SAVED_TOLERANCE, PEAK_TOLERANCE = 0.05, 0.03  # issue #31's targets: bytes saved within 5 %, the step's peak within 3 %
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+"""PEFT's LoRA as the comparisons inject it: rank 8 on every linear layer, no dropout."""
 
 
 def hf_spec(config: dict, model_type: str) -> ModelSpec:
@@ -28,6 +32,19 @@ def transformers_workload(spec: ModelSpec, seq: int, micro_batch: int, checkpoin
     recipe, adamw = resolve_precision(precision).spec, resolve_optimizer("adamw").spec
     return Workload(spec, recipe, adamw, seq, micro_batch, attention, "full" if checkpointing else "none",
                     framework=framework_profile("transformers"))  # fmt: skip
+
+
+def harness_workload(model_type: str, case: str, seq: int, micro_batch: int, checkpointing: bool = False,
+                     attention: str = "eager", lora: bool = False, fp32: bool = False) -> Workload:  # fmt: skip
+    """lmcalc's workload for ``scripts/hf_saved.py``'s ``case``, read from the very config the harness builds its model
+    from: transformers' step (``transformers_workload``; SDPA as a fused kernel) in bf16 or fp32, under ``LORA`` with
+    the adapters in the model's dtype, as the harness injects them."""
+    import hf_saved  # scripts/, on sys.path by conftest.py; imports torch and transformers
+
+    spec = hf_spec(hf_saved.CASES[case].config().to_dict(), model_type)
+    w = transformers_workload(spec, seq, micro_batch, checkpointing, "eager" if attention == "eager" else "flash",
+                              "fp32" if fp32 else "bf16-pure")  # fmt: skip
+    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
 
 
 def takes_memory_lora_and_plan(

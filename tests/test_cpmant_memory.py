@@ -9,22 +9,18 @@ which transformers' own class declines: ``hf_saved.checkpointable_blocks``), ful
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import partial
 
 import pytest
 from saved_compare import hf_spec, takes_memory_lora_and_plan, transformers_workload
 
 from lmcalc import api
-from lmcalc.engine.finetune.method import Method, parse_targets
 from lmcalc.engine.memory.activations import layer_saved_tensors
 from lmcalc.engine.memory.outside_layers import model_saved_tensors
-from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 
 spec_of = partial(hf_spec, model_type="cpmant")
 DEFAULTS = {"model_type": "cpmant"}  # h 4,096, 32 heads of 128, f 10,240, P 32, V 30,720, 48 layers
-LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 
 
 def test_a_layer_and_the_rest_by_hand():
@@ -75,20 +71,12 @@ pytest.importorskip("transformers")
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
 import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
+from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 
-
-def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, lora: bool = False,
-                     dtype: torch.dtype = torch.bfloat16) -> Workload:  # fmt: skip
-    """lmcalc's workload for the harness's model, read from the very config it builds the model from; LoRA's
-    adapters in the model's dtype, as the harness injects them."""
-    config = hf_saved.CASES[name].config().to_dict()
-    w = transformers_workload(spec_of(config), seq, micro_batch, checkpointing,
-                              precision="fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
-    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
+workload_of = partial(harness_workload, "cpmant")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -107,7 +95,7 @@ SAVED += [("cpmant-small", 256, 2, False, False, torch.float32)]
 def test_bytes_kept_for_backward_match_transformers(name, seq, batch, checkpointing, lora, dtype):  # noqa: PLR0913
     m = hf_saved.measure(name, "eager", seq, batch, checkpointing, dtype=dtype, use_cache=False,
                          lora=LORA if lora else None)  # fmt: skip
-    w = harness_workload(name, seq, batch, checkpointing, lora, dtype)
+    w = workload_of(name, seq, batch, checkpointing, lora=lora, fp32=dtype == torch.float32)
     layer = None if lora else sum(t.bytes for t in layer_saved_tensors(w, False))
     assert_saved_match(m, stage_activations(w, Layout(), 0), checkpointing, layer)
 
@@ -122,4 +110,4 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # checkpointed, at the first layer's backward, the bias's gradient beside it
     hf_saved.release_models()
     m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    assert_peak_match(m, gpu_memory(harness_workload(name, 256, 2, checkpointing, lora), Layout(), 0))
+    assert_peak_match(m, gpu_memory(workload_of(name, 256, 2, checkpointing, lora=lora), Layout(), 0))

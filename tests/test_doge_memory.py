@@ -7,16 +7,13 @@ under PEFT's LoRA on every linear layer (dt_proj included)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import partial
 
 import pytest
 from saved_compare import hf_spec, takes_memory_lora_and_plan, transformers_workload
 
 from lmcalc import api
-from lmcalc.engine.finetune.method import Method, parse_targets
 from lmcalc.engine.memory.dynamic_mask import dynamic_mask_saved, residual_scale_saved
-from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import resolve_precision
 
@@ -72,23 +69,13 @@ pytest.importorskip("transformers")
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
 import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
+from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
 from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 
-LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
-
-
-def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, lora: bool = False,
-                     dtype: torch.dtype = torch.bfloat16) -> Workload:  # fmt: skip
-    """lmcalc's workload for the harness's model, read from the very config it builds the model from; LoRA's
-    adapters in the model's dtype, as the harness injects them."""
-    config = hf_saved.CASES[name].config().to_dict()
-    w = workload(spec_of(config), seq, micro_batch, checkpointing,
-                 precision="fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
-    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
+workload_of = partial(harness_workload, "doge")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -109,7 +96,7 @@ and each head its own KV head (one sequence: dt_proj reads the V attention keeps
 def test_bytes_kept_for_backward_match_transformers(name, seq, batch, checkpointing, lora, dtype):  # noqa: PLR0913
     m = hf_saved.measure(name, "eager", seq, batch, checkpointing, dtype=dtype, use_cache=False,
                          lora=LORA if lora else None)  # fmt: skip
-    w = harness_workload(name, seq, batch, checkpointing, lora, dtype)
+    w = workload_of(name, seq, batch, checkpointing, lora=lora, fp32=dtype == torch.float32)
     acts = stage_activations(w, Layout(), 0)
     # without checkpointing a layer above the lowest too (not under LoRA: its lowest keeps less, counted outside)
     layer = None if lora else sum(t.bytes for t in layer_saved_tensors(w, False))
@@ -125,5 +112,5 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # a layer's backward. Each model is built afresh: one a checkpointed measurement ran is otherwise reused
     hf_saved.release_models()
     m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    gpu = gpu_memory(harness_workload(name, 256, 2, checkpointing, lora), Layout(), 0)
+    gpu = gpu_memory(workload_of(name, 256, 2, checkpointing, lora=lora), Layout(), 0)
     assert_peak_match(m, gpu)

@@ -20,7 +20,6 @@ from lmcalc.engine.memory.gpu_memory import layer_bytes, stage_activations
 from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.time.kernels import stage_work
-from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 
 DEFAULTS = {"model_type": "dory"}  # 36 layers: 8 input, 20 recurrent run twice, 8 output (56 runs); h 2,560, f 7,168
@@ -110,23 +109,12 @@ pytest.importorskip("transformers")
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
 import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
+from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
 from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
 
-LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
-
-
-def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, attention: str, lora: bool = False,
-                     dtype: torch.dtype = torch.bfloat16) -> Workload:  # fmt: skip
-    """lmcalc's workload for the harness's model, read from the very config it builds the model from; LoRA's
-    adapters in the model's dtype, as the harness injects them."""
-    config = hf_saved.CASES[name].config().to_dict()
-    w = transformers_workload(spec_of(config), seq, micro_batch, checkpointing,
-                              "eager" if attention == "eager" else "flash",
-                              "fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
-    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
+workload_of = partial(harness_workload, "dory")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -149,7 +137,7 @@ SAVED += [("dory-small", 128, 1, True, "sdpa", False, torch.float32)]
 def test_bytes_kept_for_backward_match_transformers(name, seq, batch, checkpointing, attention, lora, dtype):  # noqa: PLR0913
     m = hf_saved.measure(name, attention, seq, batch, checkpointing, dtype=dtype, use_cache=False,
                          lora=LORA if lora else None)  # fmt: skip
-    w = harness_workload(name, seq, batch, checkpointing, attention, lora, dtype)
+    w = workload_of(name, seq, batch, checkpointing, attention, lora, dtype == torch.float32)
     acts = stage_activations(w, Layout(), 0)
     # without checkpointing the output layer too (full attention, no rotary tables of its own): measured layer 3
     layer = None if lora or checkpointing else sum(t.bytes for t in layer_saved_tensors(w, False))
@@ -171,5 +159,5 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     hf_saved.release_models()
     m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False,
                              every_gradient=True)  # fmt: skip
-    gpu = gpu_memory(harness_workload(name, 256, 2, checkpointing, "eager", lora), Layout(), 0)
+    gpu = gpu_memory(workload_of(name, 256, 2, checkpointing, "eager", lora), Layout(), 0)
     assert_peak_match(m, gpu)

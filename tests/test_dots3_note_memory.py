@@ -18,7 +18,6 @@ from lmcalc.engine.finetune.method import Method, parse_targets
 from lmcalc.engine.memory.activations import layer_saved_tensors
 from lmcalc.engine.memory.dots_mla import checkpoint_masks_kept, rope_key_norm_saved, rotary_tables
 from lmcalc.engine.model.params import Dim
-from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 
 DEFAULTS = {"model_type": "dots3_note_text"}
@@ -101,22 +100,12 @@ pytest.importorskip("transformers")
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
 import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
+from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 
-LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
-
-
-def harness_workload(name: str, attention: str, seq: int, micro_batch: int, checkpointing: bool, lora: bool = False,
-                     dtype: torch.dtype = torch.bfloat16) -> Workload:  # fmt: skip
-    """lmcalc's workload for the harness's model, read from the very config it builds the model from; LoRA's
-    adapters in the model's dtype, as the harness injects them."""
-    config = hf_saved.CASES[name].config().to_dict()
-    w = workload(spec_of(config), seq, micro_batch, checkpointing, "eager" if attention == "eager" else "flash",
-                 "fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
-    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
+workload_of = partial(harness_workload, "dots3_note_text")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -140,7 +129,7 @@ fp32 (the RoPE key norm's input a view of the KV latent, the router's upcast the
 def test_bytes_kept_for_backward_match_transformers(name, attention, seq, batch, checkpointing, lora, dtype):  # noqa: PLR0913
     m = hf_saved.measure(name, attention, seq, batch, checkpointing, dtype=dtype, use_cache=False,
                          lora=LORA if lora else None)  # fmt: skip
-    w = harness_workload(name, attention, seq, batch, checkpointing, lora, dtype)
+    w = workload_of(name, seq, batch, checkpointing, attention, lora, dtype == torch.float32)
     acts = stage_activations(w, Layout(), 0)
     # without checkpointing the sliding MoE layer 1 too (not under LoRA: the lowest keeps less, counted outside)
     layer = None if lora else sum(t.bytes for t in layer_saved_tensors(w, True, "local"))
@@ -162,5 +151,5 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # a checkpointed measurement ran is otherwise reused
     hf_saved.release_models()
     m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    gpu = gpu_memory(harness_workload(name, "eager", 256, 2, checkpointing, lora), Layout(), 0)
+    gpu = gpu_memory(workload_of(name, 256, 2, checkpointing, "eager", lora), Layout(), 0)
     assert_peak_match(m, gpu)

@@ -111,7 +111,7 @@ pytest.importorskip("transformers")
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
 import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
+from saved_compare import assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
 
@@ -119,16 +119,12 @@ LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": ["query
 """PEFT's LoRA on the decoder's linear layers, lmcalc's all-linear for GIT (the image encoder frozen)."""
 
 
-def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, lora: bool = False,
-                     dtype: torch.dtype = torch.bfloat16) -> Workload:  # fmt: skip
-    """lmcalc's workload for the harness's model, read from the very config it builds the model from; PyTorch's CPU
-    dropout keeps its masks in the activation dtype; LoRA's adapters in the model's dtype, as the harness injects
-    them."""
-    config = hf_saved.CASES[name].config().to_dict()
-    w = workload(spec_of(config), seq, micro_batch, checkpointing,
-                 precision="fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
-    w = replace(w, mask_bytes=dropout_mask_bytes("cpu", w.precision))
-    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
+def workload_of(name: str, seq: int, micro_batch: int, checkpointing: bool, lora: bool = False,
+                fp32: bool = False) -> Workload:  # fmt: skip
+    """The harness's workload (``saved_compare.harness_workload``) with PyTorch's CPU dropout, which keeps its
+    masks in the activation dtype."""
+    w = harness_workload("git", name, seq, micro_batch, checkpointing, lora=lora, fp32=fp32)
+    return replace(w, mask_bytes=dropout_mask_bytes("cpu", w.precision))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -150,7 +146,7 @@ def test_bytes_kept_for_backward_match_transformers(name, seq, batch, checkpoint
         hf_saved.release_models()  # which GitEmbeddings' in-place position add refuses on a frozen embedding
     m = hf_saved.measure(name, "eager", seq, batch, checkpointing, dtype=dtype, use_cache=False,
                          lora=LORA if lora else None)  # fmt: skip
-    w = harness_workload(name, seq, batch, checkpointing, lora, dtype)
+    w = workload_of(name, seq, batch, checkpointing, lora, dtype == torch.float32)
     assert_saved_match(m, stage_activations(w, Layout(), 0), checkpointing)
 
 
@@ -164,7 +160,7 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # rebuilt layer's backward does
     hf_saved.release_models()
     m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    assert_peak_match(m, gpu_memory(harness_workload(name, 256, 2, checkpointing, lora), Layout(), 0))
+    assert_peak_match(m, gpu_memory(workload_of(name, 256, 2, checkpointing, lora), Layout(), 0))
 
 
 @pytest.mark.torch
@@ -174,4 +170,4 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
 def test_the_wide_lora_step_peak():
     hf_saved.release_models()
     m = hf_step_peak.measure("git-wide", 256, 2, False, "eager", lora=LORA, fp32_adapters=False)
-    assert_peak_match(m, gpu_memory(harness_workload("git-wide", 256, 2, False, True), Layout(), 0))
+    assert_peak_match(m, gpu_memory(workload_of("git-wide", 256, 2, False, True), Layout(), 0))

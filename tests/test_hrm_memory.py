@@ -17,7 +17,6 @@ from lmcalc.engine.memory.gpu_memory import layer_bytes, stage_activations
 from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.time.kernels import stage_work
-from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 
 DEFAULTS = {"model_type": "hrm_text"}  # N 16, h 1,536, 12 heads of 128, f 4,096; 2 cycles of 3 low runs, L_bp [2]
@@ -82,18 +81,11 @@ pytest.importorskip("transformers")
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
 import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
+from saved_compare import assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
 
-
-def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, attention: str,
-                     dtype: torch.dtype = torch.bfloat16) -> Workload:  # fmt: skip
-    """lmcalc's workload for the harness's model, read from the very config it builds the model from."""
-    config = hf_saved.CASES[name].config().to_dict()
-    return transformers_workload(spec_of(config), seq, micro_batch, checkpointing,
-                                 "eager" if attention == "eager" else "flash",
-                                 "fp32" if dtype == torch.float32 else "bf16-pure")  # fmt: skip
+workload_of = partial(harness_workload, "hrm_text")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -112,7 +104,9 @@ SAVED += [("hrm-wide", 256, 2, False, "sdpa", torch.bfloat16), ("hrm-small", 256
 @pytest.mark.parametrize(("name", "seq", "batch", "checkpointing", "attention", "dtype"), SAVED)
 def test_bytes_kept_for_backward_match_transformers(name, seq, batch, checkpointing, attention, dtype):  # noqa: PLR0913
     m = hf_saved.measure(name, attention, seq, batch, checkpointing, dtype=dtype, use_cache=False)
-    acts = stage_activations(harness_workload(name, seq, batch, checkpointing, attention, dtype), Layout(), 0)
+    acts = stage_activations(
+        workload_of(name, seq, batch, checkpointing, attention, fp32=dtype == torch.float32), Layout(), 0
+    )
     assert_saved_match(m, acts, checkpointing)
 
 
@@ -126,5 +120,5 @@ def test_the_step_peak_matches_transformers(name, checkpointing):
     # hrm-small's vocabulary binds at the loss's backward; hrm-wide's final norm, or checkpointed, a run's backward
     hf_saved.release_models()
     m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", every_gradient=True)
-    gpu = gpu_memory(harness_workload(name, 256, 2, checkpointing, "eager"), Layout(), 0)
+    gpu = gpu_memory(workload_of(name, 256, 2, checkpointing, "eager"), Layout(), 0)
     assert_peak_match(m, gpu)

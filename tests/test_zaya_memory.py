@@ -83,22 +83,13 @@ pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
 import hf_step_peak  # noqa: E402
-from saved_compare import assert_peak_match, assert_saved_match  # noqa: E402
+from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
 from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 
-LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
-
-
-def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool, lora: bool = False,
-                     attention: str = "eager") -> Workload:  # fmt: skip
-    """lmcalc's workload for the harness's model, read from the very config it builds the model from; LoRA's
-    adapters in the model's dtype, as the harness injects them."""
-    config = hf_saved.CASES[name].config().to_dict()
-    w = workload(spec_of(config), seq, micro_batch, checkpointing, "flash" if attention == "sdpa" else "eager")
-    return replace(w, method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=False)) if lora else w
+workload_of = partial(harness_workload, "zaya")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,7 +110,7 @@ zaya-wide: h 512. SDPA on the CPU runs its flash kernel (no mask: causal), which
 @pytest.mark.parametrize(("name", "attention", "seq", "batch", "checkpointing", "lora"), SAVED)
 def test_bytes_kept_for_backward_match_transformers(name, attention, seq, batch, checkpointing, lora):  # noqa: PLR0913
     m = hf_saved.measure(name, attention, seq, batch, checkpointing, use_cache=False, lora=LORA if lora else None)
-    w = harness_workload(name, seq, batch, checkpointing, lora, attention)
+    w = workload_of(name, seq, batch, checkpointing, attention, lora)
     acts = stage_activations(w, Layout(), 0)
     # without checkpointing a layer above the lowest too (the lowest has no router state from a layer before)
     layer = None if lora else sum(t.bytes for t in layer_saved_tensors(w, True))
@@ -140,5 +131,5 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # otherwise reused
     hf_saved.release_models()
     m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    gpu = gpu_memory(harness_workload(name, 256, 2, checkpointing, lora), Layout(), 0)
+    gpu = gpu_memory(workload_of(name, 256, 2, checkpointing, lora=lora), Layout(), 0)
     assert_peak_match(m, gpu)
