@@ -133,6 +133,7 @@ def inkling(config: dict[str, Any], origin: str, fields: dict[str, Any], kind: s
                                      "block_residual": _get(config, origin, "n_layers_per_attn_res_block")},
         }  # fmt: skip
     return fields | {
+        "position_embedding": "none",  # no RoPE: the relative logits place the tokens
         "qk_norm": "per_head",
         "global_scales": True,
         "branch_convs": convs,

@@ -1019,6 +1019,28 @@ DORY: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 """Dory (``engine.memory.ngpt``): nGPT's L2 norms, scales and interpolating residual, each run keeping its own."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in DORY.items()}
 
+INKLING_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=32, swa_num_attention_heads=4, swa_num_key_value_heads=1,
+                     swa_head_dim=32, sliding_window_size=64, d_rel=16, rel_extent=96, num_hidden_layers=LAYERS,
+                     local_layer_ids=[0], mlp_layer_types=["dense", "sparse"], moe_intermediate_size=64,
+                     n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, **TOKENS)  # fmt: skip
+"""Inkling's small layers: h 128, 4 heads of 32, V 2048; layer 0 local (a window of 64, one KV head) with a dense
+SwiGLU of 384, layer 1 global (two KV heads, relative logits over 96 distances) with 4 experts of 64 top-2 and a
+shared one the router scores too; four convolutions of 4 taps a layer; the window and the extent shorter than the
+measured sequences."""
+INKLING: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "inkling-small": (T.InklingTextConfig, INKLING_SMALL, "small Inkling: branch convolutions, relative logits"),
+    "inkling-wide": (T.InklingTextConfig, INKLING_SMALL | {"vocab_size": 256, "hidden_size": 512,
+                                                          "num_attention_heads": 8, "num_key_value_heads": 4,
+                                                          "swa_num_attention_heads": 8, "swa_num_key_value_heads": 2,
+                                                          "head_dim": 64, "swa_head_dim": 64,
+                                                          "intermediate_size": 1024, "moe_intermediate_size": 256},
+                     "Inkling with h 512 and V 256: a layer's backward outweighs the loss's"),
+}  # fmt: skip
+"""Inkling (``engine.memory.branch_convs``): fp32 branch convolutions, a dense relative bias, its own router."""
+CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY)
+          for name, (cls, kwargs, source) in INKLING.items()}  # fmt: skip
+
 ZAYA_SMALL = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   num_hidden_layers=LAYERS, num_experts=4, moe_intermediate_size=256, router_hidden_size=64,
                   tie_word_embeddings=False, **TOKENS)  # fmt: skip

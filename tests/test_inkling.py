@@ -84,7 +84,13 @@ def test_local_layers_of_other_widths_are_refused():
         spec_of(TINY | {"swa_head_dim": 32})
 
 
-def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    from hf_tiny import check_counted_alone
-
-    check_counted_alone(tmp_path, TINY, 148_354, "Inkling's branch convolutions")
+def test_params_flops_serving_and_training_memory_take_it(tmp_path):
+    # training memory, fine-tuning and the planner take it since engine.memory.branch_convs counts what its layers keep
+    # (tests/test_inkling_memory.py)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    assert api.params(model=str(path)).total == 148_354
+    full = api.memory(model=str(path), seq=32)
+    lora = api.memory(model=str(path), seq=32, method="lora")
+    assert 0 < lora.gpu.kept.optimizer < full.gpu.kept.optimizer and lora.gpu.activations > 0
+    assert api.plan(model=str(path), gpus="8xH100", seq=32, global_batch=32 * 64, tokens=1e9).best is not None

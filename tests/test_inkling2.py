@@ -83,4 +83,4 @@ def test_the_cache_equals_transformers(tmp_path):
 def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
     from hf_tiny import check_counted_alone
 
-    check_counted_alone(tmp_path, TINY, 255_872, "Inkling's branch convolutions")
+    check_counted_alone(tmp_path, TINY, 255_872, "Inkling 2's looped layers and branch convolutions")

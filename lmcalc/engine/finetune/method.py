@@ -306,8 +306,8 @@ def _as_peft_adapts(model: ModelSpec, method: Method, chosen: tuple[LinearModule
         if m.group == "router" or m.name == "attn.router":  # JetMoE's attention experts' router: an nn.Linear
             if moe.peft_v4_names or moe.router_linear:
                 kept.append(m)
-        elif m.count_symbol.endswith("·E_a"):  # JetMoE's attention experts: 3-D tensors
-            continue
+        elif m.count_symbol.endswith("·E_a") or (m.group == "shared_experts" and model.branch_convs):
+            continue  # 3-D tensors: JetMoE's attention experts, Inkling's shared experts (InklingSharedExperts)
         elif moe.peft_v4_names == "qwen2_moe" and m.group != "experts" and m.leaf in SWALLOWED:
             continue  # PEFT maps the names gate_proj, up_proj and down_proj to the experts' tensors alone
         elif m.group != "experts":

@@ -30,6 +30,7 @@ from lmcalc.engine.finetune.method import (
 from lmcalc.engine.memory.adapters import adapter_bytes, adapter_copies
 from lmcalc.engine.memory.altup import ALTUP_PREDICTION, altup_saved
 from lmcalc.engine.memory.blocks import ffn_half, mixer_half, module_share
+from lmcalc.engine.memory.branch_convs import branch_attention_saved, branch_mlp_saved
 from lmcalc.engine.memory.cca import cca_attention_saved, residual_scaling_saved
 from lmcalc.engine.memory.compressed import compressed_attention_saved, streams_saved
 from lmcalc.engine.memory.differential import differential_saved
@@ -167,18 +168,18 @@ def _qk_norm_saved(w: Workload, rows: Dim, kind: AttentionKind) -> list[SavedTen
     if spec.qk_norm == "none":
         return []
     if fused_qkv_renewed(w) and _v_view_share(w, kind) == 1 and norm_keeps(w) == "input":
-        return [t for t in _qk_norm_saved_all(w, rows) if not t.label.endswith(" input")]
-    return _qk_norm_saved_all(w, rows)
+        return [t for t in _qk_norm_saved_all(w, rows, kind) if not t.label.endswith(" input")]
+    return _qk_norm_saved_all(w, rows, kind)
 
 
-def _qk_norm_saved_all(w: Workload, rows: Dim) -> list[SavedTensor]:
+def _qk_norm_saved_all(w: Workload, rows: Dim, kind: AttentionKind = None) -> list[SavedTensor]:
     spec, sb = w.model, w.tokens
-    H, dqk = spec.num_heads, spec.qk_head_dim
+    H, dqk, kv = spec.num_heads, spec.qk_head_dim, _kv_heads(spec, kind)  # a local layer's own KV heads (Inkling's)
     full = spec.qk_norm == "full"  # a full-width QK-norm has one row per token for Q and one for K
-    q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * spec.kv_heads, "s·b·H_kv"))
+    q_rows, k_rows = (rows, rows) if full else (Dim(sb * H, "s·b·H"), Dim(sb * kv, "s·b·H_kv"))
     q_width = Dim(H * dqk, "H·d") if full else Dim(dqk, "d")
-    k_width = Dim(spec.kv_heads * dqk, "H_kv·d") if full else Dim(dqk, "d")
-    k_norm = [replace(t, most_tp_ranks=spec.kv_heads) for t in norm_saved(w, "K-norm", k_rows, k_width, "tp")]
+    k_width = Dim(kv * dqk, "H_kv·d") if full else Dim(dqk, "d")
+    k_norm = [replace(t, most_tp_ranks=kv) for t in norm_saved(w, "K-norm", k_rows, k_width, "tp")]
     if spec.value_norm:  # Gemma's weightless v_norm on each head of V: what a norm keeps but the normalised value
         k_norm += [replace(t, label=t.label.replace("K-", "V-", 1)) for t in k_norm if "normalised" not in t.label]
     return [*norm_saved(w, "Q-norm", q_rows, q_width, "tp"), *k_norm]
@@ -325,6 +326,7 @@ def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False)
             SavedTensor("output gate, its activation's output", symbol, sb * width, gate_bytes),
             SavedTensor("output projection input (the gated product)", "s·b·H·d_v", sb * H * dv, act),
         ]
+    tensors += branch_attention_saved(w, kind)  # Inkling's convolutions and relative logits
     return ngpt_attention_saved(w, tensors)  # Dory's scales and sub-norm (engine.memory.ngpt)
 
 
@@ -512,6 +514,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         if spec.sub_norms:
             tensors = sub_normed(w, tensors, DOWN, Dim(spec.ffn_size, "f"), "down")
         tensors = ngpt_mlp_saved(w, tensors)  # Dory's scales and sub-norm
+    tensors += branch_mlp_saved(w, moe_layer and bool(spec.moe))  # Inkling's scale, shared experts' γ, convolution
     if spec.norms_per_layer == 1:
         tensors = [t for t in tensors if "(norm output)" not in t.label]
     if spec.norms_per_layer == 4:  # a sandwich norm on the MLP's output

@@ -39,7 +39,8 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     spec, act, sb = w.model, w.precision.activation_bytes, w.tokens
     h = spec.hidden_size
     embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
-    if spec.embedding_norm:  # BLOOM's LayerNorm on the embedding output
+    if spec.embedding_norm and not w.method.adapters:  # BLOOM's LayerNorm on the embedding output (Inkling's RMSNorm);
+        # under LoRA it and the embedding are frozen: its input needs no gradient, and it keeps nothing
         embedding += norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tensors
 from lmcalc.engine.memory.adapters import adapter_copies
+from lmcalc.engine.memory.branch_convs import combine_gradient_bytes, shared_sum_peak
 from lmcalc.engine.memory.cca import STREAM_BYTES
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
@@ -229,7 +230,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         rule = w.framework.moe
         if not (weighted_outputs(w) or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
             assignments = moe.k * sb
-            layer = max(layer, assignments * spec.hidden_size * (MOE_COMBINE_FP32_GRADIENTS * 4 + act) / split)
+            combine = MOE_COMBINE_FP32_GRADIENTS * combine_gradient_bytes(w) + act  # Inkling's weights: act
+            layer = max(layer, assignments * spec.hidden_size * combine / split)
     layer = max(layer, sub_norm_backward(w, layer_saved_tensors(w, False)) / split)  # Dory's MLP sub-norm (fp32)
     stream = STREAM_BYTES if spec.cca else act  # ZAYA's residual stream, and so its gradient, is fp32
     layer += sb * spec.hidden_size * stream / cp  # the gradient of the layer's output, which the residual branch holds
@@ -247,6 +249,9 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     ):
         tied = spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
     forward = indexer_peak(w, cp)
+    if built.moe and (shared := shared_sum_peak(w, layer_saved_tensors(w, True))):  # Inkling's rebuilt MoE layer
+        rebuilt = shared.forward / split, shared.kept_before, shared.output_gradient / split
+        return Transients(loss, layer + tied, norm, tied, *rebuilt)
     if not forward:
         return Transients(loss, layer + tied, norm, tied)
     output_gradient = sb * spec.hidden_size * act / cp  # of the layer rebuilt, alive while it runs its forward

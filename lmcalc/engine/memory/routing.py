@@ -9,6 +9,7 @@ where the routing weights multiply them.
 
 from __future__ import annotations
 
+from lmcalc.engine.memory.branch_convs import branch_router_saved
 from lmcalc.engine.memory.cca import mlp_router_saved
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
@@ -26,6 +27,8 @@ def router_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[S
     assert moe is not None
     if moe.router_rank:
         return mlp_router_saved(w)
+    if (inkling := branch_router_saved(w, k)) is not None:  # Inkling's fp32 router, scoring the shared experts
+        return inkling
     symbol = "s·b·(E+Z)" if moe.zero_experts else "s·b·E"
     probabilities = SavedTensor("router probabilities (fp32)", symbol, sb * moe.router_outputs, 4, split="seq")
     return [probabilities, *routing_saved(w, sb, k, rows, kr)]

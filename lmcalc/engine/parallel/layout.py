@@ -491,6 +491,9 @@ def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
         (model.ngpt_scales, ("tp", "cp"), "{degree} would split {name}'s nGPT layers, which lmcalc counts as "
          "transformers runs them, whole on one rank: their L2 sub-norms over the attention's and the MLP's whole "
          "width, their loops over the whole sequence"),
+        (bool(model.branch_convs), ("tp", "cp"), "{degree} would split {name}'s branch convolutions and relative "
+         "logits, which lmcalc counts as transformers runs them, whole on one rank: fp32 convolutions over the whole "
+         "width and sequence, a dense bias over every query and key"),
     )  # fmt: skip
     for applies, degrees, text in rules:
         if not applies:
