@@ -65,6 +65,20 @@ def takes_memory_lora_and_plan(
     return str(path), best
 
 
+def assert_refused_in_one_line(model: str, seq: int, refusals: dict[str, str]) -> None:
+    """``lmcalc memory`` of ``model`` on two GPUs refuses each degree of ``refusals`` set to 2 (``tp``, ``cp``,
+    ``pp``) in one line matching its pattern."""
+    import pytest
+
+    from lmcalc import api
+    from lmcalc.errors import LmcalcError
+
+    for degree, pattern in refusals.items():
+        with pytest.raises(LmcalcError, match=pattern) as refused:
+            api.memory(model=model, gpus="2xh100", seq=seq, **{degree: 2})
+        assert "\n" not in str(refused.value), refused.value
+
+
 def error(predicted: float, measured: int) -> float:
     return predicted / measured - 1
 
