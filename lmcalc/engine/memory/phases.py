@@ -267,8 +267,15 @@ def _prompt_transients(w: Workload, layers: Transients, built: StageLayers) -> T
     layer = layers.layer + (bias_gradient(w) if w.method.kind == "full" else 0.0)  # a frozen table: no gradient
     if w.recompute == "full" or not built.head:
         return layers._replace(loss=loss, layer=layer)
-    return layers._replace(loss=loss, layer=layer, forward=forward_frame(w), kept_before=1.0, output_gradient=(
-        (w.seq_len + prompt_length(w)) * w.micro_batch * w.model.hidden_size * w.precision.activation_bytes))
+    return layers._replace(
+        loss=loss,
+        layer=layer,
+        forward=forward_frame(w),
+        kept_before=1.0,
+        output_gradient=(
+            (w.seq_len + prompt_length(w)) * w.micro_batch * w.model.hidden_size * w.precision.activation_bytes
+        ),
+    )
 
 
 def indexer_peak(w: Workload, cp: int) -> float:
