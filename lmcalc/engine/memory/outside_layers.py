@@ -9,11 +9,7 @@ import functools
 from dataclasses import replace
 
 from lmcalc.engine.finetune.method import adapted_modules
-from lmcalc.engine.memory.activations import (
-    TOKEN_ID_BYTES,
-    SavedTensor,
-    _needed,
-)
+from lmcalc.engine.memory.activations import TOKEN_ID_BYTES, SavedTensor
 from lmcalc.engine.memory.altup import altup_outside
 from lmcalc.engine.memory.cca import cca_checkpoint, embedding_scaling_saved
 from lmcalc.engine.memory.compressed import hyper_head_saved
@@ -22,6 +18,7 @@ from lmcalc.engine.memory.dots_mla import rotary_tables as mla_tables
 from lmcalc.engine.memory.image_prefix import decoder_workload, head_rows, image_encoder_saved
 from lmcalc.engine.memory.looped import stack_norms_saved
 from lmcalc.engine.memory.masks import window_masked_share
+from lmcalc.engine.memory.method_kept import needed
 from lmcalc.engine.memory.ngpt import logit_scale_saved, loop_norms_saved, second_rotary_tables
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.prompt_prefix import prompt_checkpoint, prompt_model_saved
@@ -44,7 +41,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         embedding += norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
-    embedding += [t for t in embedding_scaling_saved(w) if _needed(w, t, set())]  # ZAYA's, frozen under LoRA
+    embedding += [t for t in embedding_scaling_saved(w) if needed(w, t, set())]  # ZAYA's, frozen under LoRA
     adapted = frozenset(m.leaf for m in adapted_modules(spec, w.method))
     embedding += per_layer_inputs_outside(w, adapted)  # Gemma 4's per-layer inputs, made before the layers
     embedding += altup_outside(w, spec.per_layer_input is not None, adapted)  # Gemma 3n's streams
@@ -61,7 +58,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     head = [*final, SavedTensor("output head input", f"{symbol}·h", rows * h, act, split="seq",
                                 for_weights=("lm_head",))]  # fmt: skip
     if w.method.kind != "full":  # a frozen final norm and head keep nothing for their weights' gradients
-        head = [t for t in head if _needed(w, t, set())]
+        head = [t for t in head if needed(w, t, set())]
     if w.framework.loss.fused_linear:  # the head's gradients made in the forward: its input's kept, not its input
         head = [t for t in head if t.label != "output head input"]
         head.append(SavedTensor("head input's gradient (made in the forward)", "s·b·h", sb * h, act, split="seq"))

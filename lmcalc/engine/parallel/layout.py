@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.choices import ZERO_STAGES, ZeroStage, one_of, positive_integer
 from lmcalc.engine.finetune.offload import check_offload
+from lmcalc.engine.parallel.kept_whole import check_kept_whole
 from lmcalc.engine.parallel.pipeline import PipelineSplit, Stages, check_split
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, setting
@@ -388,7 +389,7 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"context parallelism needs fused attention ({setting('attention')} flash): ring attention "
             "never materialises the s² scores"
         )
-    check_kept_whole(model, layout)
+    check_kept_whole(model, layout.tp, layout.cp)
 
 
 def check_a2a_overlap(w: Workload, layout: Layout) -> None:
@@ -460,44 +461,3 @@ def check_mtp(w: Workload, layers: int) -> None:
     if w.moe_a2a_overlap and layers > 1:
         raise LmcalcError(f"{setting('moe_a2a_overlap')} takes at most one MTP layer (Megatron-Core asserts it), "
                           f"not {layers}")  # fmt: skip
-
-
-def check_kept_whole(model: ModelSpec, layout: Layout) -> None:
-    """Refuse TP or CP over the layers lmcalc keeps whole on each rank, in one line naming what the split would
-    divide: a recurrence's state across the sequence, a mask or convolutions reaching over it, weights not split."""
-    if layout.tp == 1 and layout.cp == 1:  # the planner asks for every layout: most split neither
-        return
-    recurrent = bool(model.rglru or model.rwkv or model.mlstm)
-    use = {("cp",): "use CP=1", ("tp",): "use TP=1", ("tp", "cp"): "use TP=1 and CP=1"}
-    rules = (
-        (recurrent, ("cp",), "{degree} splits the sequence, which {name}'s recurrent layers scan token by token: "
-         "lmcalc does not model handing each rank's last state to the next"),
-        (bool(model.dynamic_mask_window), ("tp", "cp"), "{degree} would split {name}'s dynamic mask, which lmcalc "
-         "keeps whole: dt_proj reads every KV head's values, and each query keeps its top keys over the sequence"),
-        (bool(model.cca), ("tp", "cp"), "{degree} would split {name}'s CCA convolutions, which reach tokens back over "
-         "the sequence, and the router state each layer hands the next, which lmcalc keeps whole"),
-        (recurrent, ("tp",), "{degree} would split {name}'s recurrent blocks, whose weights and scan lmcalc keeps "
-         "whole on each tensor-parallel rank"),
-        (bool(model.compressed_attention), ("tp", "cp"), "{degree} would split {name}'s compressors, indexers and one "
-         "K=V head (DeepSeek-V4's compressed attention), which lmcalc keeps whole on each rank and over the whole "
-         "sequence"),
-        (bool(model.mla and model.mla.rope_key_norm), ("tp", "cp"), "{degree} would split {name}'s attention (dots.3 "
-         "Note's MLA of two widths, its RoPE key's norm, a gate a head, an indexer over the whole sequence), which "
-         "lmcalc counts as transformers runs it, whole on one rank"),
-        (bool(model.image_prefix), ("tp", "cp"), "{degree} would split {name}'s image encoder, whose weights "
-         "lmcalc keeps whole, and the image's tokens, which every text token attends to"),
-        (bool(model.prompt), ("tp", "cp"), "{degree} would split {name}'s score bias and mask over the prompt and the "
-         "text, which lmcalc keeps whole on each rank"),
-        (model.ngpt_scales, ("tp", "cp"), "{degree} would split {name}'s nGPT layers, which lmcalc counts as "
-         "transformers runs them, whole on one rank: their L2 sub-norms over the attention's and the MLP's whole "
-         "width, their loops over the whole sequence"),
-        (bool(model.branch_convs), ("tp", "cp"), "{degree} would split {name}'s branch convolutions and relative "
-         "logits, which lmcalc counts as transformers runs them, whole on one rank: fp32 convolutions over the whole "
-         "width and sequence, a dense bias over every query and key"),
-    )  # fmt: skip
-    for applies, degrees, text in rules:
-        if not applies:
-            continue
-        split = [f"{d.upper()}={getattr(layout, d)}" for d in degrees if getattr(layout, d) > 1]
-        if split:
-            raise LmcalcError(f"{text.format(degree=split[0], name=model.name)}; {use[degrees]}")
