@@ -28,9 +28,9 @@ installed (it is not in the development environment, so it skips there).
 """
 
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -177,7 +177,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-def run(rank, world, groups, out, port):
+def run(rank, world, out, port):
     torch.cuda.current_device = lambda: "cpu"  # the all-gather allocates on the current CUDA device
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -186,47 +186,51 @@ def run(rank, world, groups, out, port):
     from megatron.core.transformer.attention import SelfAttention
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-    config = TransformerConfig(
-        num_layers=1, hidden_size=256, num_attention_heads=8, num_query_groups=groups, kv_channels=32,
-        ffn_hidden_size=688, use_cpu_initialization=True, add_bias_linear=False, tensor_model_parallel_size=world,
-        params_dtype=torch.float32,
-    )
-    spec = get_gpt_layer_local_spec().submodules.self_attention
-    attention = SelfAttention(config, spec.submodules, layer_number=1, attn_mask_type=AttnMaskType.causal)
-    q, k, v = attention.get_query_key_value_tensors(torch.randn(16, 2, 256))
-    found = {
-        "qkv_rows": attention.linear_qkv.weight.shape[0], "proj_columns": attention.linear_proj.weight.shape[1],
-        "q": list(q.shape), "k": list(k.shape), "v": list(v.shape),
-    }
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(found, f)
+    for groups in (2, 1):  # both KV-head counts in one start: torch and Megatron-Core are imported once
+        parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+        config = TransformerConfig(
+            num_layers=1, hidden_size=256, num_attention_heads=8, num_query_groups=groups, kv_channels=32,
+            ffn_hidden_size=688, use_cpu_initialization=True, add_bias_linear=False, tensor_model_parallel_size=world,
+            params_dtype=torch.float32,
+        )
+        spec = get_gpt_layer_local_spec().submodules.self_attention
+        attention = SelfAttention(config, spec.submodules, layer_number=1, attn_mask_type=AttnMaskType.causal)
+        q, k, v = attention.get_query_key_value_tensors(torch.randn(16, 2, 256))
+        found = {
+            "qkv_rows": attention.linear_qkv.weight.shape[0], "proj_columns": attention.linear_proj.weight.shape[1],
+            "q": list(q.shape), "k": list(k.shape), "v": list(v.shape),
+        }
+        with open(os.path.join(out, f"rank{rank}-kv{groups}.json"), "w") as f:
+            json.dump(found, f)
     dist.destroy_process_group()
 
 if __name__ == "__main__":
     import socket
-    groups, out = int(sys.argv[1]), sys.argv[2]
+    out = sys.argv[1]
     with socket.socket() as probe:  # a port free now, not a fixed one another run may hold
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.spawn(run, args=(4, groups, out, port), nprocs=4)
+    mp.spawn(run, args=(4, out, port), nprocs=4)
 """
+
+
+@pytest.fixture(scope="module")
+def megatron_core_measured(tmp_path_factory) -> Path:
+    """Megatron-Core's SelfAttention at TP 4 over gloo, with 2 and with 1 KV head: one rank{r}-kv{n}.json each."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    out = tmp_path_factory.mktemp("mcore")
+    script = out / "measure.py"
+    script.write_text(MEGATRON_SCRIPT)
+    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=600)
+    return out
 
 
 @pytest.mark.torch  # and it starts processes
 @pytest.mark.cli
 @pytest.mark.parametrize("kv_heads", [2, 1])
-def test_megatron_core_itself_on_the_cpu(kv_heads, tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("megatron.core")
-    script = tmp_path / "measure.py"
-    script.write_text(MEGATRON_SCRIPT)
-    subprocess.run(
-        [sys.executable, str(script), str(kv_heads), str(tmp_path)],
-        check=True,
-        capture_output=True,
-        timeout=600,
-        env=dict(os.environ),
-    )
+def test_megatron_core_itself_on_the_cpu(kv_heads, megatron_core_measured):
     for rank in range(4):
-        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == MCORE_TP4[kv_heads]
+        found = json.loads((megatron_core_measured / f"rank{rank}-kv{kv_heads}.json").read_text())
+        assert found == MCORE_TP4[kv_heads]
