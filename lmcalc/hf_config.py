@@ -299,7 +299,7 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         if kind in ("deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"):  # DeepSeek sparse attention: MLA, an indexer
             fields["mla"]["indexer"] = indexer(config, origin, layers, kind)
         fields["num_kv_heads"] = None
-    # Gemma 4's: hf_widths; Doge's num_experts is its CDMoE's, read only with is_moe (refused)
+    # Gemma 4's: hf_widths; Doge's num_experts is its CDMoE's (retrieval_experts, below)
     routed = moe(config, kind, layers, origin) if kind not in (*GEMMA4, "doge") else None
     if routed:
         fields["moe"] = longcat_moe(config, routed, fields["ffn_size"]) if kind == "longcat_flash" else routed
@@ -349,10 +349,11 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
     if kind == "afmoe":  # AfmoeAttention: a sigmoid gate on the attention's output, from gate_proj
         fields |= {"attention_output_gate": True, "attention_gate_proj": True}
     if kind == "doge":  # DogeAttention's dynamic mask (A, dt_proj) and DogeDecoderLayer's residual scales
-        if config.get("is_moe"):
-            raise LmcalcError(f"{origin}: config.json is_moe true: Doge's CDMoE (single-neuron experts retrieved by "
-                              "product keys) is not modelled")  # fmt: skip
         fields |= {"dynamic_mask_window": _get(config, origin, "keep_window_size"), "residual_scales": True}
+        if _flag(config, "is_moe", False, origin):  # DogeCDMoE in every layer, its SwiGLU the shared expert
+            fields["retrieval_experts"] = {"experts": _get(config, origin, "num_experts"),
+                                           "top_k": _get(config, origin, "num_experts_per_tok"),
+                                           "normalized": _flag(config, "norm_topk_prob", False, origin)}  # fmt: skip
     if kind == "hy_v4":  # HYV4Attention: DeepSeek-V3.2's, a gate from gate_proj and sinks; iHC's streams
         fields |= {"attention_output_gate": True, "attention_gate_proj": True, "attention_sinks": True,
                    "sinks_fp32": True,  # HYV4PreTrainedModel keeps them in fp32

@@ -5,6 +5,7 @@ and a mixture of experts, with which layers route. ``specs.ModelSpec`` holds the
 The annotations are types, not text (no ``from __future__ import annotations``), for the reason ``specs`` gives."""
 
 import functools
+import math
 from typing import Literal, Self
 
 from pydantic import Field, model_validator
@@ -34,6 +35,12 @@ COMPRESSED_COUNTED_ONLY = (
     "counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at an MFU) and the serving memory "
     "(memory --inference) alone: lmcalc's training memory, fine-tuning and step-time model do not take them yet "
     "(docs/hf-types.md)"
+)
+
+CDMOE_UNTRAINABLE = (
+    "transformers 5.24's DogeCDMoE cannot train with norm_topk_prob true (it divides softmax's output in place, which "
+    "softmax's backward needs): lmcalc params, flops and the serving memory count it; set norm_topk_prob false to "
+    "estimate a training step"
 )
 
 
@@ -456,3 +463,29 @@ class BranchConvSpec(Spec):
         ": each sub-layer's input attends, with a learned query (three for a global layer's Q, K and V), over the "
         "blocks' states so far",
     )
+
+
+class RetrievalExpertsSpec(Spec):
+    """Doge's CDMoE (Shi et al. 2024, *Cross Domain Mixture of Experts*; transformers' DogeCDMoE), beside the layer's
+    SwiGLU of ffn_size, its shared expert: E single-neuron experts, expert e a row of ``down_embed`` and of
+    ``up_embed`` (h each), retrieved by product keys (Lample et al. 2019): router_gate (h → 2·√E, no bias) scores two
+    halves of √E keys, each half's top √E, the top k of their √E² sums; a token's output gains
+    Σ_j softmax(scores)_j · act(down_embed[e_j]·x) · up_embed[e_j]."""
+
+    experts: Dimension = Field(description="E, the single-neuron experts (num_experts)")
+    top_k: Dimension = Field(description="k, the experts a token retrieves (num_experts_per_tok)")
+    normalized: StrictBool = Field(
+        False, description="norm_topk_prob: the k weights divided by their sum, in place on softmax's output"
+    )
+
+    @property
+    def keys(self) -> int:
+        """√E, the keys of each half (``math.floor(math.sqrt(num_experts))``)."""
+        return math.isqrt(self.experts)
+
+    @model_validator(mode="after")
+    def _k_within_the_products(self) -> Self:
+        if self.top_k > self.keys**2:
+            raise ValueError(f"retrieval_experts.top_k ({self.top_k}) is more than the {self.keys}² products of "
+                             f"keys that {self.experts} experts give (at most {self.keys**2})")  # fmt: skip
+        return self

@@ -20,6 +20,7 @@ from lmcalc.errors import as_given
 from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_kinds import LayerKinds
 from lmcalc.layer_specs import (
+    CDMOE_UNTRAINABLE,
     COMPRESSED_COUNTED_ONLY,
     NO_TOP_K,
     AltUpSpec,
@@ -35,6 +36,7 @@ from lmcalc.layer_specs import (
     MLASpec,
     MoESpec,
     PerLayerInputSpec,
+    RetrievalExpertsSpec,
     SharedBlockSpec,
 )
 from lmcalc.mixer_specs import (
@@ -84,7 +86,7 @@ __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", 
            "FfnKind", "GlobalAttentionSpec", "ByteLatentSpec", "ByteStackSpec",
            "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
            "LightningSpec", "LocalMLASpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
-           "PerLayerInputSpec", "PromptSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
+           "PerLayerInputSpec", "PromptSpec", "RetrievalExpertsSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
            "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
            "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool",
            "WholeNumber", "no_entries", "no_items"]  # fmt: skip
@@ -324,6 +326,7 @@ class ModelSpec(LayerKinds, NamedSpec):
         description="Doge's dynamic mask attention: a learned A a KV head and dt_proj (H_kv·d → H_kv) score each key "
         "from its value, and a query attends to the top this many keys; None: none",
     )
+    retrieval_experts: RetrievalExpertsSpec | None = Field(None, description="single-neuron experts (Doge's CDMoE)")
     residual_scales: StrictBool = Field(
         False, description="a learned scale (h) on each residual (Doge's; nGPT's rates α_A, α_M, Dory's): 2·h a layer"
     )
@@ -466,6 +469,8 @@ class ModelSpec(LayerKinds, NamedSpec):
             return RWKV_COUNTED_ONLY
         if self.drafter:  # transformers trains none (docs/hf-types.md)
             return DRAFTER_COUNTED_ONLY
+        if self.retrieval_experts and self.retrieval_experts.normalized:  # Doge's CDMoE: autograd refuses its step
+            return CDMOE_UNTRAINABLE
         if (
             (self.layer_reuse and self.layer_reuse.messages)  # Inkling 2's
             or (self.branch_convs and self.branch_convs.dynamic_global)  # Inkling 2's

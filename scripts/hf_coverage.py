@@ -11,7 +11,8 @@ device (no weights) and read by lmcalc as plain JSON:
   defaults (``to_diff_dict``): what most config.json files on the Hub hold, where every other field takes the
   class default;
 * ``variant`` and ``variant-diff``: the defaults with fields a real checkpoint changes: fewer layers, the head tied
-  the other way round.
+  the other way round;
+* for a type whose defaults leave a mechanism off, cases with it on (``MORE_CASES``: Doge's CDMoE), likewise.
 
 A case is ``exact`` when lmcalc's count (a multimodal model's vision tower included) equals transformers' (less the
 weights transformers builds that the model never reads, ``hf_layers.transformers_unused``, said in the case), ``text
@@ -68,6 +69,16 @@ BUILD_FIELDS: dict[str, dict[str, Any]] = {
 """Fields a type's class defaults leave empty and transformers needs to build the model at all."""
 
 
+MORE_CASES: dict[str, dict[str, dict[str, Any]]] = {
+    "doge": {
+        "moe": {"is_moe": True},  # DogeCDMoE at its defaults: 16,384 single-neuron experts, 64 a token
+        "moe-tied": {"is_moe": True, "num_experts": 4096, "num_experts_per_tok": 32, "tie_word_embeddings": True},
+    },
+}
+"""Further cases for a type whose class defaults leave a mechanism off (Doge's CDMoE, ``is_moe``): each the defaults
+with these fields, written in full and as ``save_pretrained`` writes it (``<name>-diff``: the fields at their
+defaults absent, the tie among them where it is the default)."""
+
 NEEDS: dict[str, str] = {}
 """What each type lmcalc does not read yet needs that the engine lacks (docs/hf-types.md's last section)."""
 
@@ -112,6 +123,9 @@ def configs(kind: str, class_name: str) -> dict[str, dict[str, Any]]:
             cases |= {"variant": variant.to_dict(), "variant-diff": variant.to_diff_dict()}
         except Exception:  # noqa: BLE001 (a class that refuses the change: the defaults still count)
             pass
+    for name, fields in MORE_CASES.get(kind, {}).items():
+        more = cls(**BUILD_FIELDS.get(kind, {}), **fields)
+        cases |= {name: more.to_dict(), f"{name}-diff": more.to_diff_dict()}
     return cases
 
 
@@ -203,8 +217,8 @@ def page(cases: list[Case]) -> str:
         f"Written by `python scripts/hf_coverage.py --write` (transformers {transformers.__version__}). Each "
         "type transformers registers as a causal LM, less encoders, decoder halves and audio models, is built on the "
         "meta device in up to four cases (its class defaults in full and as `save_pretrained` writes them, and a "
-        "variant with half the layers and the head tied the other way, likewise) and read by lmcalc from the same "
-        "JSON. See the script's docstring for the cases.",
+        "variant with half the layers and the head tied the other way, likewise; Doge also with its CDMoE, `moe` and "
+        "`moe-tied`) and read by lmcalc from the same JSON. See the script's docstring for the cases.",
         "",
         summary(cases) + ".",
         "",
@@ -255,8 +269,9 @@ def page(cases: list[Case]) -> str:
               "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
               "compressed entries and the compressors' unclosed windows, to what transformers keeps. HY V4: "
               "DeepSeek-V3.2's attention with an output gate and sinks, and iHC hyper-connections. Zamba, Zamba 2: "
-              "blocks whose weights count once and compute at every use. Doge: dynamic mask attention and residual "
-              "scales. Dory and HRM: looped layers, whose weights count once and compute at every run, each run "
+              "blocks whose weights count once and compute at every use. Doge: dynamic mask attention, residual "
+              "scales and, with `is_moe`, the CDMoE's single-neuron experts retrieved by product keys. Dory and "
+              "HRM: looped layers, whose weights count once and compute at every run, each run "
               "caching its own K and V, HRM's early runs forward alone; Dory's nGPT scales. CPM-Ant: a prompt every "
               "layer computes before each sequence, segments and a learned score bias. GIT: an image encoder whose "
               "tokens every layer and the head compute before the text's. ZAYA: convolved queries and keys, a delayed "

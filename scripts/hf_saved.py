@@ -977,6 +977,8 @@ DOGE_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_a
                   **TOKENS)  # fmt: skip
 """Doge's small layers: h 128, 4 heads of 32 over 2 KV heads, a SwiGLU of 384, V 2048, two layers; its dynamic mask
 keeps each query's top 64 keys, fewer than the measured sequences (128, 256)."""
+DOGE_MOE = dict(is_moe=True, num_experts=256, num_experts_per_tok=16)
+"""Doge's CDMoE beside the SwiGLU: 256 experts (16 keys a half), each token's top 16."""
 DOGE: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "doge-small": (T.DogeConfig, DOGE_SMALL, "small Doge: dynamic mask attention keeping 64 keys, GQA 4/2"),
     "doge-mha": (T.DogeConfig, DOGE_SMALL | {"num_key_value_heads": 4, "keep_window_size": 2048},
@@ -984,8 +986,13 @@ DOGE: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
     "doge-wide": (T.DogeConfig, DOGE_SMALL | {"vocab_size": 256, "hidden_size": 512, "num_attention_heads": 8,
                                               "intermediate_size": 1024},
                   "Doge with h 512 and V 256: a layer's backward outweighs the loss's"),
+    "doge-moe": (T.DogeConfig, DOGE_SMALL | DOGE_MOE, "small Doge with its CDMoE: 256 one-neuron experts, 16 a token"),
+    "doge-moe-wide": (T.DogeConfig, DOGE_SMALL | DOGE_MOE | {"vocab_size": 256, "hidden_size": 512,
+                                                             "num_attention_heads": 8, "intermediate_size": 1024},
+                      "Doge's CDMoE with h 512 and V 256: a layer's backward outweighs the loss's"),
 }  # fmt: skip
-"""Doge (``engine.memory.dynamic_mask``): its mask, added to eager attention's scores."""
+"""Doge (``engine.memory.dynamic_mask``): its mask, added to eager attention's scores; with ``is_moe``, its CDMoE
+(``engine.memory.retrieval_experts``)."""
 CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in DOGE.items()}
 
 HRM_SMALL = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4, head_dim=32,

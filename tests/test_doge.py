@@ -1,19 +1,16 @@
 """Doge (issue #31): Llama's layer with a dynamic mask on its attention (a learned A a KV head and dt_proj from the
 values score each key; a query keeps its top keep_window_size) and a learned scale on each residual. Its parameters
-by hand at transformers 5.24's class defaults, the keys a query reads, the one gap of the FLOP check, and what lmcalc
-refuses (its CDMoE). FLOPs against FlopCounterMode on the tiny config run in tests/test_validate_hf.py; its training
-memory in tests/test_doge_memory.py."""
+by hand at transformers 5.24's class defaults, the keys a query reads and the one gap of the FLOP check. FLOPs against
+FlopCounterMode on the tiny config run in tests/test_validate_hf.py; its training memory in tests/test_doge_memory.py;
+its CDMoE (is_moe) in tests/test_doge_moe.py."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
 from lmcalc import api
 from lmcalc.engine.model import flops as fl
 from lmcalc.engine.model.params import count_params
-from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.specs import ModelSpec
 from lmcalc.validate_hf import mask_gradient_flops
@@ -46,11 +43,6 @@ def test_the_flop_checks_one_gap():
     # the count's stand-in for SDPA gives the additive mask no gradient: dt_proj (8·128 → 8) runs forward only there
     spec = spec_of(DEFAULTS)
     assert mask_gradient_flops(spec, 100) == -2 * 2 * 8 * 128 * 8 * 32 * 100
-
-
-def test_cdmoe_is_refused_in_one_line():
-    with pytest.raises(LmcalcError, match="is_moe true: Doge's CDMoE"):
-        spec_of(DEFAULTS | {"is_moe": True})
 
 
 def test_every_estimate_takes_it(tmp_path):

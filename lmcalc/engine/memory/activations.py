@@ -44,6 +44,7 @@ from lmcalc.engine.memory.ngpt import interpolation_saved, ngpt_attention_saved,
 from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, sub_normed
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.prompt_prefix import prompt_layer_saved, without_prompt
+from lmcalc.engine.memory.retrieval_experts import retrieval_experts_saved
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, router_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, ROUTED, SavedTensor
 from lmcalc.engine.memory.shared_block import shared_uses_saved
@@ -438,7 +439,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
             tensors += norm_saved(w, "MoE output norm", Dim(sb, "s·b"), Dim(h, "h"))
         tensors += branch_norms_saved(w) if moe.branch_norms else []  # Gemma 4's, and its router's own norm
     else:
-        tensors += ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f"))
+        tensors += retrieval_experts_saved(w, ffn_saved(w, Dim(sb, "s·b"), Dim(spec.ffn_size, "f")))  # Doge's CDMoE
         if spec.sub_norms:
             tensors = sub_normed(w, tensors, DOWN, Dim(spec.ffn_size, "f"), "down")
         tensors = ngpt_mlp_saved(w, tensors)  # Dory's scales and sub-norm

@@ -32,6 +32,7 @@ from lmcalc.engine.memory.prompt_prefix import (
     prompt_loss_transient,
     without_prompt,
 )
+from lmcalc.engine.memory.retrieval_experts import retrieval_backward_peak, retrieval_forward_peak
 from lmcalc.engine.memory.routing import weighted_outputs
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.pipeline import StageLayers
@@ -114,7 +115,7 @@ class StepPhases(NamedTuple):
     first_layer_backward: float  # what the first layer and the embedding side keep, the layer's gradients
     embedding_backward: float  # a tied embedding's: both parts of the shared matrix's gradient
     optimizer_step: float  # the activations freed: the end of the step's temporaries
-    layer_forward: float = 0.0  # the top layer's forward (or its rebuild) at its indexer's scores (``indexer_peak``)
+    layer_forward: float = 0.0  # the top layer's forward (or its rebuild) at an indexer's scores or CDMoE's sums
 
     @property
     def busiest(self) -> float:
@@ -133,7 +134,7 @@ PHASE_NAMES = (
     "the first layer's backward",
     "the embedding's backward",
     "the optimizer step",
-    "a layer's forward (its indexer's scores)",
+    "a layer's forward (its indexer's scores, or its CDMoE's key sums)",
 )
 
 
@@ -233,6 +234,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
             combine = MOE_COMBINE_FP32_GRADIENTS * combine_gradient_bytes(w) + act  # Inkling's weights: act
             layer = max(layer, assignments * spec.hidden_size * combine / split)
     layer = max(layer, sub_norm_backward(w, layer_saved_tensors(w, False)) / split)  # Dory's MLP sub-norm (fp32)
+    layer = max(layer, retrieval_backward_peak(w))  # Doge's CDMoE: its second product's backward (TP = 1)
     stream = STREAM_BYTES if spec.cca else act  # ZAYA's residual stream, and so its gradient, is fp32
     layer += sb * spec.hidden_size * stream / cp  # the gradient of the layer's output, which the residual branch holds
     norm = 0.0
@@ -252,6 +254,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     if built.moe and (shared := shared_sum_peak(w, layer_saved_tensors(w, True))):  # Inkling's rebuilt MoE layer
         rebuilt = shared.forward / split, shared.kept_before, shared.output_gradient / split
         return Transients(loss, layer + tied, norm, tied, *rebuilt)
+    if built.dense and (cdmoe := retrieval_forward_peak(w)):  # Doge's CDMoE: its layer's forward at its last add,
+        return Transients(loss, layer + tied, norm, tied, cdmoe, 1.0, sb * spec.hidden_size * act / cp)  # all made
     if not forward:
         return Transients(loss, layer + tied, norm, tied)
     output_gradient = sb * spec.hidden_size * act / cp  # of the layer rebuilt, alive while it runs its forward

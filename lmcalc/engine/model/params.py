@@ -25,6 +25,7 @@ from lmcalc.engine.model.layer_reuse import held_once, message_tensors, ngpt_ten
 from lmcalc.engine.model.mixer_params import mixer_tensors
 from lmcalc.engine.model.mla_params import indexer_tensors, mla_tensors
 from lmcalc.engine.model.prefix import prompt_tensors
+from lmcalc.engine.model.retrieval_experts import retrieval_expert_tensors
 from lmcalc.engine.model.shared_block import shared_block_tensors
 from lmcalc.engine.model.tensors import Dim, Site, WeightTensor, linear, norm, tensor
 from lmcalc.engine.model.width_params import (
@@ -245,6 +246,7 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         every = widths_mlp(spec, Dim(spec.ffn_size, "f"), Site("mlp", L, "L")) if spec.ffn_layers == L else ()
         for dense, width in every:  # Gemma 4's sharing layers' at 2·f
             tensors += _ffn("mlp", dense, spec, width)
+        tensors += retrieval_expert_tensors(spec)  # Doge's CDMoE beside its SwiGLU, the shared expert
     elif moe is not None:
         n_moe, f_e = spec.moe_layers, Dim(moe.expert_ffn_size, "f_e")
         if spec.dense_ffn_layers:

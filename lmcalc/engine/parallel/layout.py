@@ -366,6 +366,9 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             "shares of frozen layers, which lmcalc does not count; use PP=1"
         )
     if layout.ep > 1:
+        if model.retrieval_experts:  # Doge's CDMoE: two embedding tables whose rows every token retrieves by key
+            raise LmcalcError(f"EP={layout.ep} would split {model.name}'s CDMoE experts, rows of two embedding tables "
+                              "that lmcalc keeps whole on each rank; use EP=1")  # fmt: skip
         if not model.moe:
             raise LmcalcError(f"EP={layout.ep} needs a mixture-of-experts model; {model.name} is dense")
         if model.moe.num_experts % layout.ep:

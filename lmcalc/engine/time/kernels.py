@@ -133,6 +133,9 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
             blocks, out, inp = t.shape
             gemms.append(Gemm(t.name, tokens, out, inp, copies_per_layer(model, t) * blocks))
             continue
+        if len(t.shape) == 1:  # Doge's CDMoE: a token's k retrieved rows of h, as a (1 × h)·(h × k) product
+            gemms.append(Gemm(t.name, tokens, t.active / model.num_layers, t.shape[0], 1.0))
+            continue
         out, inp = t.shape
         tp = grid.etp if t.group == "experts" else grid.tp
         if tp_divisor(t, model, tp) > 1:
