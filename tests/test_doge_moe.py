@@ -72,6 +72,9 @@ def test_saved_tensors_by_hand():
     # products keep only what the other operand's gradient needs)
     assert "router" in {m.leaf for m in adapted_modules(w.model, LORA)}
     assert cdmoe(replace(w, method=LORA)) == full - 8 * N * K - 2 * N * K == 1_085_800_448
+    # PEFT's name for it reads as lmcalc's router: LoRA on it alone adapts the one 2·√E × h layer a layer
+    only_router = Method("lora", 8, parse_targets("router_gate"), fp32_adapters=False)
+    assert [(m.leaf, m.outputs, m.inputs) for m in adapted_modules(w.model, only_router)] == [("router", 2 * KEYS, H)]
 
 
 def test_transients_by_hand():

@@ -88,6 +88,7 @@ HF_NAMES: dict[str, tuple[str, ...]] = {
     "f_b_proj": ("f_b",),
     "g_a_proj": ("g_a",),
     "g_b_proj": ("g_b",),
+    "router_gate": ("router",),  # Doge's CDMoE's router (DogeCDMoE.router_gate)
 }
 """Hugging Face module names, read as lmcalc's (PEFT matches a target against the end of a module's name)."""
 TWO_MATRIX = {"up": "fc", "down": "proj"}
