@@ -462,9 +462,11 @@ class ModelSpec(LayerKinds, NamedSpec):
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
         its training memory or step time; "" where it counts everything. xLSTM padded (``RWKV_COUNTED_ONLY``); Gemma 4's
         drafters, which transformers trains none of (``DRAFTER_COUNTED_ONLY``); Inkling 2's looped layers and branch
-        convolutions and BLT (``COMPRESSED_COUNTED_ONLY``). RWKV-4, RecurrentGemma, Zamba, xLSTM, Doge, ZAYA, HRM, Dory,
+        convolutions (``COMPRESSED_COUNTED_ONLY``). RWKV-4, RecurrentGemma, Zamba, xLSTM, Doge, ZAYA, HRM, Dory,
         CPM-Ant, GIT, dots.3 Note, Inkling, DeepSeek-V4 and HY V4 are modelled whole; Llama 3.2 Vision's text model
-        too, a step of text skipping its cross-attention layers (docs/formulas.md §2.21)."""
+        too, a step of text skipping its cross-attention layers (docs/formulas.md §2.21); BLT's training memory too, its
+        encoder, global transformer and cross-attention over s + 1 patches, the entropy model frozen
+        (docs/formulas.md §2.37)."""
         if self.mlstm and self.mlstm.padded:
             return RWKV_COUNTED_ONLY
         if self.drafter:  # transformers trains none (docs/hf-types.md)
@@ -474,7 +476,6 @@ class ModelSpec(LayerKinds, NamedSpec):
         if (
             (self.layer_reuse and self.layer_reuse.messages)  # Inkling 2's
             or (self.branch_convs and self.branch_convs.dynamic_global)  # Inkling 2's
-            or self.byte_latent
         ):
             return COMPRESSED_COUNTED_ONLY
         return ""

@@ -1143,6 +1143,39 @@ def checkpointable_blocks(model: torch.nn.Module) -> None:
 CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY, routing=checkpointable_blocks)
           for name, (cls, kwargs, source) in CPMANT.items()}  # fmt: skip
 
+BLT_SMALL = dict(vocab_size=260, cross_attn_k=2, local_attention_window_len=WINDOW, encoder_hash_byte_group_size=[3, 4],
+                 encoder_hash_byte_group_vocab=512,
+                 encoder_config=dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=1,
+                                     intermediate_size=384, cross_attn_k=2),
+                 decoder_config=dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=LAYERS,
+                                     intermediate_size=384, hidden_size_global=256, cross_attn_k=2),
+                 global_config=dict(hidden_size=256, num_attention_heads=4, num_hidden_layers=LAYERS,
+                                    intermediate_size=512),
+                 patcher_config=dict(hidden_size=64, num_attention_heads=2, num_hidden_layers=1,
+                                     intermediate_size=128))  # fmt: skip
+"""BLT's small stacks: the local encoder one layer of 128 (4 heads, a SwiGLU of 384) and its cross-attention, the
+global transformer two layers of 256 over the patches (k = 2 a patch, so no projection), the local decoder two layers
+of 128, each after a cross-attention; the bytes' window 64, two hash tables of 512 rows (3- and 4-byte groups); the
+frozen entropy model one layer of 64. Untrained, it finds every byte's next byte uncertain: s + 1 patches."""
+BLT: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "blt-small": (T.BltConfig, BLT_SMALL, "small BLT: a byte encoder and decoder around a global transformer"),
+    "blt-wide": (
+        T.BltConfig,
+        BLT_SMALL
+        | {
+            "encoder_config": BLT_SMALL["encoder_config"]
+            | {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 1024},
+            "decoder_config": BLT_SMALL["decoder_config"]
+            | {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 1024, "hidden_size_global": 1024},
+            "global_config": BLT_SMALL["global_config"]
+            | {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 2048},
+        },
+        "BLT with bytes 512 wide and patches 1,024: its layers outweigh its cross-attention",
+    ),
+}
+"""BLT (``engine.memory.byte_latent``): its stacks over the bytes and the patches, the cross-attention between them."""
+CASES |= {name: Case(name, cls, kwargs, source) for name, (cls, kwargs, source) in BLT.items()}
+
 # Records
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -1506,6 +1539,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         base = base.encoder
     if hasattr(base, "image_encoder"):  # GIT: GitEncoder's layers, not its image encoder's
         return list(base.encoder.layer)
+    if hasattr(base, "global_transformer"):  # BLT: its encoder's, global transformer's and decoder's, not the patcher's
+        return [*base.local_encoder.layers, *base.global_transformer.layers, *base.local_decoder.layers]
     return list(next(getattr(base, name) for name in ("layers", "h", "blocks") if hasattr(base, name)))
 
 

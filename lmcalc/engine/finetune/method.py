@@ -393,7 +393,10 @@ NF4_BITS_PER_WEIGHT = 4 + 8 / NF4_BLOCK + 32 / (NF4_BLOCK * NF4_BLOCK2)  # 4.127
 
 
 def frozen_share(model: ModelSpec, method: Method, tensor: WeightTensor) -> float:
-    """The fraction of ``tensor``'s copies that ``method`` leaves frozen (1 for the whole base under LoRA)."""
+    """The fraction of ``tensor``'s copies that ``method`` leaves frozen (1 for the whole base under LoRA; BLT's
+    entropy model always, which BltModel builds with ``requires_grad`` false)."""
+    if tensor.group == "patcher":
+        return 1.0
     if method.kind == "full":
         return 0.0
     if method.adapters:

@@ -28,6 +28,7 @@ from lmcalc.engine.memory.activations import (
     layer_saved_tensors,
     lowest_layer_unkept,
 )
+from lmcalc.engine.memory.byte_latent import rebuilt_stack_layers
 from lmcalc.engine.memory.cca import checkpoint_kept_again
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE
 from lmcalc.engine.memory.full_recompute import mixer_kinds, recomputed_chunks, trained_chunks, window_kinds
@@ -259,7 +260,25 @@ def largest_layer_bytes(w: Workload, layout: ActivationLayout, moe_layer: bool) 
     that attends, one of its other mixer: an average layer is never the one rebuilt), any other model's layer."""
     one = functools.partial(layer_bytes, w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
     kinds = mixer_kinds(w.model, moe_layer) or (window_kinds(w.model, moe_layer) if kinds_differ(w) else frozenset())
-    return max((one(kind) for kind in kinds), default=one())
+    largest = max((one(kind) for kind in kinds), default=one())
+    if w.model.byte_latent:  # BLT's encoder's and global transformer's layers, rebuilt one at a time too
+        on_gpu = functools.partial(bytes_on_gpu, layout=layout)
+        largest = max(largest, *rebuilt_stack_layers(w, on_gpu, _rebuilt_keeps_input(w)))
+    return largest
+
+
+def _fp32_copy(w: Workload) -> bool:
+    """Whether a norm's fp32 copy of its input is that input (``x.float()`` of fp32 activations is ``x``)."""
+    return norm_keeps(w) in ("fp32_input", "fp32_normalised") and w.precision.activation_bytes == 4
+
+
+def _rebuilt_keeps_input(w: Workload) -> bool:
+    """Whether the rebuilt unit keeps the checkpointed input, already counted: its first norm keeps it as its input,
+    or as its fp32 copy where the activations are fp32 already, or its residual scale's product (Doge's), or its
+    product with 1/rms (CPM-Ant's); the hyper-connections keep their streams too."""
+    scaled = w.model.residual_scales and weight_trained(w.model, w.method, "residual_scale")  # a frozen one: none
+    scaled = scaled and not w.model.ngpt_scales  # nGPT's interpolation keeps y − h, not the input (memory.ngpt)
+    return bool(norm_keeps(w) == "input" or _fp32_copy(w) or w.model.hyper_connections or scaled or w.model.prompt)
 
 
 def stage_activations(w: Workload, layout: Layout, stage: int) -> StageActivations:
@@ -283,15 +302,10 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
         layers, rebuilt = recomputed_chunks(
             w, stage_chunk_flags(w.model, layout)[stage], checkpoint, one_layer, largest
         )
-        # the rebuilt unit's first norm keeps the checkpointed input, already counted: as its input, or as its fp32
-        # copy where the activations are fp32 already (x.float() is x), or its residual scale's product (Doge's), or
-        # its product with 1/rms (CPM-Ant's); the hyper-connections keep their streams too
-        fp32_copy = norm_keeps(w) in ("fp32_input", "fp32_normalised") and w.precision.activation_bytes == 4
-        scaled = w.model.residual_scales and weight_trained(w.model, w.method, "residual_scale")  # a frozen one: none
-        scaled = scaled and not w.model.ngpt_scales  # nGPT's interpolation keeps y − h, not the input (memory.ngpt)
+        # the rebuilt unit's first norm keeps the checkpointed input, already counted (_rebuilt_keeps_input)
         if w.model.cca:  # ZAYA's fp32 stream (its norm's copy in fp32) and router state (a trained scale keeps it)
-            rebuilt -= checkpoint_kept_again(w, fp32_copy, weight_trained(w.model, w.method, "router_state_scale"))
-        elif norm_keeps(w) == "input" or fp32_copy or w.model.hyper_connections or scaled or w.model.prompt:
+            rebuilt -= checkpoint_kept_again(w, _fp32_copy(w), weight_trained(w.model, w.method, "router_state_scale"))
+        elif _rebuilt_keeps_input(w):
             rebuilt -= checkpoint
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]

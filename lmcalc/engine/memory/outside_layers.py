@@ -11,6 +11,7 @@ from dataclasses import replace
 from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import TOKEN_ID_BYTES, SavedTensor
 from lmcalc.engine.memory.altup import altup_outside
+from lmcalc.engine.memory.byte_latent import byte_latent_checkpoint_masks, byte_latent_saved, byte_latent_tables
 from lmcalc.engine.memory.cca import cca_checkpoint, embedding_scaling_saved
 from lmcalc.engine.memory.compressed import hyper_head_saved
 from lmcalc.engine.memory.dots_mla import checkpoint_masks_kept
@@ -54,6 +55,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
             *norm_saved(w, "head transform norm", Dim(sb, "s·b"), Dim(h, "h")),
         ]
     embedding += image_encoder_saved(w)  # GIT's image encoder and projection
+    embedding += byte_latent_saved(w)  # BLT's encoder, patches, global transformer and cross-attention
     rows, symbol = head_rows(w)  # GIT's head reads the image's positions too
     head = [*final, SavedTensor("output head input", f"{symbol}·h", rows * h, act, split="seq",
                                 for_weights=("lm_head",))]  # fmt: skip
@@ -79,9 +81,11 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
         ] + global_tables(w)
         tables = mla_tables(w) or tables  # dots.3 Note's: a pair for each kind of layer
         tables += second_rotary_tables(w, tables)  # Dory's: a pair for each kind of layer too
+        tables += byte_latent_tables(w)  # BLT's encoder's and global transformer's pairs
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
         tables += [replace(t, split="none") for t in _checkpoint_arguments(decoder_workload(w))] + shared_kv_kept(w)
         tables += checkpoint_masks_kept(w)  # dots.3 Note's indexed layers' mask
+        tables += byte_latent_checkpoint_masks(w)  # BLT's global transformer's
     embedding += shared_block_checkpointed(w)  # Zamba's: the embedding every use reads, under full recomputation
     embedding += stack_norms_saved(w)  # HRM's: each trained stack run's final norm but the model's last
     embedding += loop_norms_saved(w)  # Dory's: the input section's output and each loop's input, normalised

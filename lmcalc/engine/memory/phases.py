@@ -20,6 +20,7 @@ from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tensors
 from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.branch_convs import combine_gradient_bytes, shared_sum_peak
+from lmcalc.engine.memory.byte_latent import forward_frame as byte_forward_frame
 from lmcalc.engine.memory.cca import STREAM_BYTES
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
@@ -251,6 +252,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     ):
         tied = spec.vocab_size * spec.hidden_size / tp * w.precision.grad_bytes
     forward = indexer_peak(w, cp)
+    if spec.byte_latent and w.recompute != "full" and built.head:  # BLT's forward's end (memory.byte_latent)
+        return Transients(loss, layer + tied, norm, tied, byte_forward_frame(w), 1.0)
     if built.moe and (shared := shared_sum_peak(w, layer_saved_tensors(w, True))):  # Inkling's rebuilt MoE layer
         rebuilt = shared.forward / split, shared.kept_before, shared.output_gradient / split
         return Transients(loss, layer + tied, norm, tied, *rebuilt)

@@ -37,6 +37,9 @@ def check_kept_whole(model: ModelSpec, tp: int, cp: int) -> None:
         (model.ngpt_scales, ("tp", "cp"), "{degree} would split {name}'s nGPT layers, which lmcalc counts as "
          "transformers runs them, whole on one rank: their L2 sub-norms over the attention's and the MLP's whole "
          "width, their loops over the whole sequence"),
+        (bool(model.byte_latent), ("tp", "cp"), "{degree} would split {name}'s encoder, global transformer and "
+         "cross-attention between bytes and patches, which lmcalc counts as transformers runs them, whole on one rank: "
+         "each patch's maximum over its bytes, a dense mask over every byte and patch"),
         (bool(model.branch_convs), ("tp", "cp"), "{degree} would split {name}'s branch convolutions and relative "
          "logits, which lmcalc counts as transformers runs them, whole on one rank: fp32 convolutions over the whole "
          "width and sequence, a dense bias over every query and key"),

@@ -348,6 +348,17 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"{setting('method')} {w.method.kind} on {model.name}: lmcalc does not model how it treats the image "
             "encoder (quantised or frozen with the bottom layers); use full training or LoRA"
         )
+    if model.byte_latent and layout.pp > 1:
+        raise LmcalcError(
+            f"{model.name}'s encoder, global transformer and cross-attention are modelled on one pipeline stage, not "
+            f"{setting('pp')} {layout.pp}: they would load the first stage beyond its layers; use PP=1"
+        )
+    if model.byte_latent and w.method.kind in ("qlora", "freeze"):
+        raise LmcalcError(
+            f"{setting('method')} {w.method.kind} on {model.name}: lmcalc does not model how it treats the encoder, "
+            "the global transformer and the hash tables (quantised or frozen with the bottom layers); use full "
+            "training or LoRA"
+        )
     if model.prompt and layout.pp > 1:
         raise LmcalcError(
             f"{model.name}'s prompt and score bias are modelled on one pipeline stage, not {setting('pp')} "

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
+from lmcalc.engine.model.byte_latent import byte_latent_flops
 from lmcalc.engine.model.flops import attended_keys
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import Redone, selective_redone
@@ -275,7 +276,21 @@ def _stage_gemms(s: StageShape, live_share: dict[str, float]) -> list[Gemm]:
             for g in _layer_gemms(w, s.grid, s.tokens, s.expert_tokens, kind == "moe"):
                 gemms.append(Gemm(g.name, g.m, g.n, g.k, g.count * count, live, trained))
             gemms += [replace(g, count=g.count * count) for g in _adapter_gemms(w, s, kind == "moe")]
-    return gemms + _indexer_gemms(s)
+    return gemms + _indexer_gemms(s) + _byte_latent_gemms(s)
+
+
+def _byte_latent_gemms(s: StageShape) -> list[Gemm]:
+    """BLT's work beyond its decoder's layers, on the stage that embeds (one: ``layout.check_layout``), timed as
+    GEMMs of its FLOPs (``engine.model.byte_latent.byte_latent_flops``: the encoder's and the global transformer's
+    layers, the cross-attention and patch projections, differentiated; the entropy model forward only), h wide; its
+    attention cores and memory-bound kernels are not timed apart."""
+    w, model = s.w, s.w.model
+    if model.byte_latent is None or not s.built.embedding:
+        return []
+    trained, forward_only = byte_latent_flops(model, w.seq_len, "causal")
+    h, full = model.hidden_size, float(w.method.kind == "full")
+    return [Gemm("byte_latent", s.tokens, h, trained / (2 * h), 1.0, 1.0, full),
+            Gemm("byte_forward_only", s.tokens, h, forward_only / (2 * h), 1.0, 0.0, 0.0)]  # fmt: skip
 
 
 def _indexer_gemms(s: StageShape) -> list[Gemm]:
