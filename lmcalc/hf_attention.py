@@ -127,7 +127,8 @@ def inkling(config: dict[str, Any], origin: str, fields: dict[str, Any], kind: s
         # a gate on the output, block attention residuals, an unpadded head; no QK norms, global scales or shared
         head = config.get("unpadded_vocab_size")
         return fields | {
-            "attention_output_gate": True, "attention_gate_proj": True,
+            "attention_output_gate": True, "attention_gate_proj": True, "position_embedding": "none",
+            "final_softcap_fp32": True,  # no RoPE; the head's logits soft-capped in fp32
             **({"head_vocab": head} if head and head != fields["vocab_size"] else {}),
             "branch_convs": convs | {"dynamic_global": True, "scaled_clips": True, "sinks": True,
                                      "block_residual": _get(config, origin, "n_layers_per_attn_res_block")},

@@ -30,8 +30,7 @@ NO_TOP_K = (
 )
 
 COMPRESSED_COUNTED_ONLY = (
-    "Inkling 2's looped layers and branch "
-    "convolutions are "
+    "Inkling 2's looped layers are "
     "counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at an MFU) and the serving memory "
     "(memory --inference) alone: lmcalc's training memory, fine-tuning and step-time model do not take them yet "
     "(docs/hf-types.md)"

@@ -461,9 +461,9 @@ class ModelSpec(LayerKinds, NamedSpec):
     def counted_only(self) -> str:
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
         its training memory or step time; "" where it counts everything. xLSTM padded (``RWKV_COUNTED_ONLY``); Gemma 4's
-        drafters, which transformers trains none of (``DRAFTER_COUNTED_ONLY``); Inkling 2's looped layers and branch
-        convolutions (``COMPRESSED_COUNTED_ONLY``). RWKV-4, RecurrentGemma, Zamba, xLSTM, Doge, ZAYA, HRM, Dory,
-        CPM-Ant, GIT, dots.3 Note, Inkling, DeepSeek-V4 and HY V4 are modelled whole; Llama 3.2 Vision's text model
+        drafters, which transformers trains none of (``DRAFTER_COUNTED_ONLY``); Inkling 2's looped model
+        (``COMPRESSED_COUNTED_ONLY``). RWKV-4, RecurrentGemma, Zamba, xLSTM, Doge, ZAYA, HRM, Dory, CPM-Ant, GIT,
+        dots.3 Note, Inkling, Inkling 2, DeepSeek-V4 and HY V4 are modelled whole; Llama 3.2 Vision's text model
         too, a step of text skipping its cross-attention layers (docs/formulas.md §2.21); BLT's training memory too, its
         encoder, global transformer and cross-attention over s + 1 patches, the entropy model frozen
         (docs/formulas.md §2.37)."""
@@ -473,10 +473,7 @@ class ModelSpec(LayerKinds, NamedSpec):
             return DRAFTER_COUNTED_ONLY
         if self.retrieval_experts and self.retrieval_experts.normalized:  # Doge's CDMoE: autograd refuses its step
             return CDMOE_UNTRAINABLE
-        if (
-            (self.layer_reuse and self.layer_reuse.messages)  # Inkling 2's
-            or (self.branch_convs and self.branch_convs.dynamic_global)  # Inkling 2's
-        ):
+        if self.layer_reuse and self.layer_reuse.messages:  # Inkling 2's looped model
             return COMPRESSED_COUNTED_ONLY
         return ""
 

@@ -1048,6 +1048,30 @@ INKLING: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY)
           for name, (cls, kwargs, source) in INKLING.items()}  # fmt: skip
 
+INKLING2_SMALL = dict(vocab_size=2048, unpadded_vocab_size=2000, hidden_size=128, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, swa_num_attention_heads=4, swa_num_key_value_heads=1,
+                      swa_head_dim=32, sliding_window_size=64, d_rel=16, rel_extent=96, num_hidden_layers=LAYERS,
+                      layer_types=["hybrid_sliding", "hybrid"], n_layers_per_attn_res_block=6,
+                      moe_intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2, **TOKENS)  # fmt: skip
+"""Inkling 2's small layers: h 128, 4 heads of 32, V 2048 (a head of 2000 rows); layer 0 local (a window of 64, one
+KV head), layer 1 global (two KV heads, dynamic K and V convolutions, relative logits over 96 distances), each an
+MoE of 4 experts of 64 top-2 with softcapped SwiGLUs; sinks, gated outputs, clipped Q, K and relative states; layer
+0 opens the one block of attention residuals, layer 1's attention reads it with three queries."""
+INKLING2: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "inkling2-small": (T.Inkling2TextConfig, INKLING2_SMALL, "small Inkling 2: dynamic convolutions, block residuals"),
+    "inkling2-wide": (T.Inkling2TextConfig, INKLING2_SMALL | {"vocab_size": 256, "unpadded_vocab_size": 250,
+                                                            "hidden_size": 512, "num_attention_heads": 8,
+                                                            "num_key_value_heads": 4, "swa_num_attention_heads": 8,
+                                                            "swa_num_key_value_heads": 2, "head_dim": 64,
+                                                            "swa_head_dim": 64, "moe_intermediate_size": 256,
+                                                            "n_layers_per_attn_res_block": 1},
+                      "Inkling 2 with h 512 and V 250, both layers opening a block: a layer's backward binds"),
+}  # fmt: skip
+"""Inkling 2 (``engine.memory.inkling2``): Inkling's convolutions, dynamic in the global layers, sinks, clips, a gated
+output, block attention residuals and softcapped experts summed in fp32."""
+CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY)
+          for name, (cls, kwargs, source) in INKLING2.items()}  # fmt: skip
+
 ZAYA_SMALL = dict(vocab_size=2048, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   num_hidden_layers=LAYERS, num_experts=4, moe_intermediate_size=256, router_hidden_size=64,
                   tie_word_embeddings=False, **TOKENS)  # fmt: skip
@@ -1667,7 +1691,7 @@ def measure(
     if not checkpointing:
         _disable_checkpointing(model)
 
-    vocab = model.config.vocab_size
+    vocab = getattr(model.config, "unpadded_vocab_size", None) or model.config.vocab_size  # Inkling 2's head rows
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=generator)
     kwargs: dict[str, Any] = {"input_ids": input_ids, "labels": input_ids} | image_inputs(case, model, micro_batch)

@@ -179,7 +179,8 @@ def measure(
     if checkpointing:
         hf_saved._enable_checkpointing(model)
     torch.manual_seed(1)
-    vocab = model.config.get_text_config().vocab_size
+    text = model.config.get_text_config()
+    vocab = getattr(text, "unpadded_vocab_size", None) or text.vocab_size  # Inkling 2's head rows
     ids = torch.randint(0, vocab, (micro_batch, seq_len))
     images = hf_saved.image_inputs(hf_saved.CASES[case_name], model, micro_batch)  # GIT's pixels, made as the ids
     try:

@@ -80,7 +80,10 @@ def test_the_cache_equals_transformers(tmp_path):
     assert held == expected == api.inference(model=str(path), context=7, batch=2, kv_dtype="fp32").memory.kv_cache
 
 
-def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    from hf_tiny import check_counted_alone
-
-    check_counted_alone(tmp_path, TINY, 255_872, "Inkling 2's looped layers and branch convolutions")
+def test_params_flops_serving_and_training_memory_take_it(tmp_path):
+    # training memory, LoRA and the planner since engine.memory.inkling2 (tests/test_inkling2_memory.py)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    assert api.params(model=str(path)).total == 255_872
+    full, lora = api.memory(model=str(path), seq=32), api.memory(model=str(path), seq=32, method="lora")
+    assert 0 < lora.gpu.kept.optimizer < full.gpu.kept.optimizer and lora.gpu.activations > 0

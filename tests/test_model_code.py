@@ -121,10 +121,10 @@ def test_a_gelu_mlp_with_another_activation_is_refused():
 UNMODELLED_NORMS = {
     "cpmant": "CpmAntLayerNorm multiplies its bf16 input by an fp32 1/rms, keeping both; lmcalc refuses CPM-Ant's "
     "training memory (its prompt)",
-    "inkling2_text": "Inkling2RMSNorm multiplies by its weight in fp32 after normalising its fp32 copy; lmcalc refuses "
-    "Inkling 2's training memory (its branch convolutions)",
+    "inkling2_text": "Inkling2RMSNorm multiplies by its weight in fp32 after normalising its fp32 copy: "
+    "engine.memory.inkling2 counts it (fp32_norm_saved), not the profile's norm rule",
     "inkling2_loop_text": "Inkling 2's RMSNorm (Inkling2LoopRMSNorm), as inkling2_text's; lmcalc refuses its training "
-    "memory (its branch convolutions and looped layers)",
+    "memory (its looped layers)",
 }
 """model_type: why its norm's saved tensors are not modelled (a type whose training memory lmcalc refuses)."""
 

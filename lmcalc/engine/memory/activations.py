@@ -36,6 +36,7 @@ from lmcalc.engine.memory.eager_scores import eager_scores_saved
 from lmcalc.engine.memory.ffn import DOWN, UP, ffn_saved
 from lmcalc.engine.memory.fp8_storage import fp8_saved
 from lmcalc.engine.memory.image_prefix import decoder_workload
+from lmcalc.engine.memory.inkling2 import inkling2, inkling2_layer_saved
 from lmcalc.engine.memory.masks import kinds_differ, selection_saved, window_mask_saved, window_masked_share
 from lmcalc.engine.memory.method_kept import dropout_mask_of, under_method
 from lmcalc.engine.memory.moa import attention_experts_saved
@@ -232,6 +233,9 @@ def layer_saved_tensors(w: Workload, moe_layer: bool, mixer: MixerKind = "averag
         return layer_saved_tensors(decoder_workload(w), moe_layer, mixer)
     if w.model.prompt:  # CPM-Ant's: a layer over the prompt's tokens and the text's (engine.memory.prompt_prefix)
         return prompt_layer_saved(w, layer_saved_tensors(without_prompt(w), moe_layer, mixer))
+    if inkling2(w):  # Inkling 2's layers, written out whole (engine.memory.inkling2); every one routes
+        kept = inkling2_layer_saved(w, mixer)
+        return fp8_saved(w, tuple(kept if w.method.kind == "full" else under_method(w, kept, True, mixer)))
     spec, mask, h, sb = w.model, w.mask_bytes, w.model.hidden_size, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
     tensors = norm_saved(w, "attention norm", Dim(sb, "s·b"), Dim(h, "h"))
@@ -352,7 +356,8 @@ def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
     if any(m.leaf == "stream_projections" for m in modules):  # Gemma 3n: adapted, they make its input need gradients
         return ()
     moe_first = w.model.is_moe_layer(0)
-    first = layer_kept_tensors(w, moe_first)
+    kind: MixerKind = ("local" if w.model.is_local_layer(0) else "global") if inkling2(w) else "average"
+    first = layer_kept_tensors(w, moe_first, kind)  # Inkling 2's first layer: of its kind (its norms differ)
     # the modules that read the lowest layer's norm: its attention's, or where it runs a hybrid's other mixer, that
     # mixer's input projections too (RecurrentGemma's first layer is recurrent; RWKV's time mix, through its mixes)
     reads_norm = QKV if w.model.is_attention_layer(0) else (*QKV, *MIXER_INPUTS, "key", "value", "receptance")

@@ -17,6 +17,7 @@ from lmcalc.engine.memory.compressed import hyper_head_saved
 from lmcalc.engine.memory.dots_mla import checkpoint_masks_kept
 from lmcalc.engine.memory.dots_mla import rotary_tables as mla_tables
 from lmcalc.engine.memory.image_prefix import decoder_workload, head_rows, image_encoder_saved
+from lmcalc.engine.memory.inkling2 import checkpoint_kept, final_residual_saved, fp32_norm_saved, inkling2
 from lmcalc.engine.memory.looped import stack_norms_saved
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.method_kept import needed
@@ -39,7 +40,10 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     embedding = [SavedTensor("token ids and targets (int64)", "2·s·b", 2 * sb, TOKEN_ID_BYTES, split="none")]
     if spec.embedding_norm and not w.method.adapters:  # BLOOM's LayerNorm on the embedding output (Inkling's RMSNorm);
         # under LoRA it and the embedding are frozen: its input needs no gradient, and it keeps nothing
-        embedding += norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
+        if inkling2(w):  # Inkling 2's weight multiplies the fp32 normalised value
+            embedding += fp32_norm_saved(w, "embedding norm")
+        else:
+            embedding += norm_saved(w, "embedding norm", Dim(sb, "s·b"), Dim(h, "h"))
     if spec.drops("embedding"):
         embedding.append(SavedTensor("embedding dropout mask", "s·b·h", sb * h, w.mask_bytes, split="seq"))
     embedding += [t for t in embedding_scaling_saved(w) if needed(w, t, set())]  # ZAYA's, frozen under LoRA
@@ -48,6 +52,8 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     embedding += altup_outside(w, spec.per_layer_input is not None, adapted)  # Gemma 3n's streams
     final = [] if spec.post_norm else norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h"))  # GPT-1 has none
     final = hyper_head_saved(w) + final  # the hyper-connections' last collapse (DeepSeek-V4, HY V4)
+    if inkling2(w):  # Inkling 2's last block residual, and its final norm's fp32 normalised value
+        final = final_residual_saved(w) + fp32_norm_saved(w, "final norm", block="head")
     if spec.head_transform:  # ModernBERT: dense (its input the final norm's output), GELU (a kernel: its input), norm
         final += [
             SavedTensor("head transform's dense input (final norm output)", "s·b·h", sb * h, act, split="seq"),
@@ -64,13 +70,14 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     if w.framework.loss.fused_linear:  # the head's gradients made in the forward: its input's kept, not its input
         head = [t for t in head if t.label != "output head input"]
         head.append(SavedTensor("head input's gradient (made in the forward)", "s·b·h", sb * h, act, split="seq"))
+    vocab = spec.head_vocab or spec.vocab_size  # the head's rows: Inkling 2's unpadded ones
     if spec.final_softcap:  # c·tanh(logits/c) (Gemma 2): tanh keeps its output, in the activation dtype (Beam: fp32)
         fp32 = spec.final_softcap_fp32
         head.append(SavedTensor(f"soft-capped logits (tanh output{', fp32' if fp32 else ''})", "s·b·V",
-                                sb * spec.vocab_size, 4 if fp32 else act))  # fmt: skip
+                                sb * vocab, 4 if fp32 else act))  # fmt: skip
     loss = w.framework.loss
     if loss.saved_bytes:
-        head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * spec.vocab_size, loss.saved_bytes))
+        head.append(SavedTensor("logits kept by the cross-entropy", "s·b·V", sb * vocab, loss.saved_bytes))
     head += logit_scale_saved(w)  # Dory's
     tables = []
     if w.framework.rotary.tables and spec.position_embedding == "rope":  # [1, 1, s, d_rope]: one per position
@@ -85,6 +92,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     if w.framework.attention.checkpoint_keeps_mask and w.recompute == "full":
         tables += [replace(t, split="none") for t in _checkpoint_arguments(decoder_workload(w))] + shared_kv_kept(w)
         tables += checkpoint_masks_kept(w)  # dots.3 Note's indexed layers' mask
+        tables += checkpoint_kept(w)  # Inkling 2's blocks' states and relative distances
         tables += byte_latent_checkpoint_masks(w)  # BLT's global transformer's
     embedding += shared_block_checkpointed(w)  # Zamba's: the embedding every use reads, under full recomputation
     embedding += stack_norms_saved(w)  # HRM's: each trained stack run's final norm but the model's last

@@ -25,6 +25,7 @@ from lmcalc.engine.memory.cca import STREAM_BYTES
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
+from lmcalc.engine.memory.inkling2 import block_residual_backward, rebuilt_combine_peak
 from lmcalc.engine.memory.ngpt import sub_norm_backward
 from lmcalc.engine.memory.prompt_prefix import (
     bias_gradient,
@@ -235,6 +236,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
             combine = MOE_COMBINE_FP32_GRADIENTS * combine_gradient_bytes(w) + act  # Inkling's weights: act
             layer = max(layer, assignments * spec.hidden_size * combine / split)
     layer = max(layer, sub_norm_backward(w, layer_saved_tensors(w, False)) / split)  # Dory's MLP sub-norm (fp32)
+    layer = max(layer, block_residual_backward(w) / split)  # Inkling 2's widest block residual's fp32 norm
     layer = max(layer, retrieval_backward_peak(w))  # Doge's CDMoE: its second product's backward (TP = 1)
     stream = STREAM_BYTES if spec.cca else act  # ZAYA's residual stream, and so its gradient, is fp32
     layer += sb * spec.hidden_size * stream / cp  # the gradient of the layer's output, which the residual branch holds
@@ -256,6 +258,9 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         return Transients(loss, layer + tied, norm, tied, byte_forward_frame(w), 1.0)
     if built.moe and (shared := shared_sum_peak(w, layer_saved_tensors(w, True))):  # Inkling's rebuilt MoE layer
         rebuilt = shared.forward / split, shared.kept_before, shared.output_gradient / split
+        return Transients(loss, layer + tied, norm, tied, *rebuilt)
+    if built.moe and (top := rebuilt_combine_peak(w, layer_saved_tensors(w, True, "global"))):  # Inkling 2's rebuilt
+        rebuilt = top.forward / split, top.kept_before, top.output_gradient / split  # top layer at its fp32 combine
         return Transients(loss, layer + tied, norm, tied, *rebuilt)
     if built.dense and (cdmoe := retrieval_forward_peak(w)):  # Doge's CDMoE: its layer's forward at its last add,
         return Transients(loss, layer + tied, norm, tied, cdmoe, 1.0, sb * spec.hidden_size * act / cp)  # all made

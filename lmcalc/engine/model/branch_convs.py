@@ -58,7 +58,7 @@ def branch_conv_tensors(spec: ModelSpec) -> list[WeightTensor]:
     return tensors
 
 
-def _block_counts(spec: ModelSpec) -> list[tuple[int, int, int]]:
+def block_counts(spec: ModelSpec) -> list[tuple[int, int, int]]:
     """For each layer of a model with block attention residuals: its queries before attention (0 in the first layer,
     1 in a local one, 3 in a global one for Q, K and V), the states they attend over (the blocks so far and the
     partial one), and the states the MLP's input attends over (one more where the layer opens a block)."""
@@ -87,7 +87,7 @@ def block_tensors(spec: ModelSpec) -> list[WeightTensor]:
         return []
     h, runs = spec.hidden_size, spec.layer_reuse.weights if spec.layer_reuse else range(spec.num_layers)
     firsts = {layer: run for run, layer in reversed(list(enumerate(runs)))}  # a held layer's queries, once
-    counts = _block_counts(spec)
+    counts = block_counts(spec)
     queries = sum(counts[run][0] for run in firsts.values()) + _held(spec) + 1
     return [tensor("block_residual.queries", Site("residual_scales", 1, "1"), (Dim(queries * h, "q·h"),), False)]
 
@@ -99,7 +99,7 @@ def block_flops(spec: ModelSpec) -> float:
     b = spec.branch_convs
     if b is None or not b.block_residual:
         return 0.0
-    h, counts = spec.hidden_size, _block_counts(spec)
+    h, counts = spec.hidden_size, block_counts(spec)
     final = -(-_held(spec) // b.block_residual) + 1
     return 4 * h * (sum(q * m + m_mlp for q, m, m_mlp in counts) + final) + message_flops(spec, b.block_residual)
 
