@@ -136,7 +136,7 @@ PHASE_NAMES = (
     "the first layer's backward",
     "the embedding's backward",
     "the optimizer step",
-    "a layer's forward (its indexer's scores, or its CDMoE's key sums)",
+    "a layer's forward (its indexer's scores, or its CDMoE's key sums), or the forward's end (CPM-Ant's, BLT's)",
 )
 
 

@@ -388,7 +388,8 @@ def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
         f"{phases.layer_backward / GB:.4g} GB; first layer {phases.first_layer_backward / GB:.4g} GB; embedding "
         f"{phases.embedding_backward / GB:.4g} GB; optimizer step {phases.optimizer_step / GB:.4g} GB"
         + (
-            f"; a layer's forward at its indexer's scores or CDMoE's key sums (+{t.forward / GB:.4g}) "
+            f"; a layer's forward at its indexer's scores or CDMoE's key sums, or the forward's end "
+            f"(+{t.forward / GB:.4g}) "
             f"{phases.layer_forward / GB:.4g} GB"
             if phases.layer_forward
             else ""
