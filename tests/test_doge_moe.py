@@ -89,6 +89,10 @@ def test_transients_by_hand():
     # halves' top √E (2·N·√E each), the top k's values, the experts' output, the SwiGLU's and their sum
     forward = N * KEYS**2 * (act + 8) + 4 * N * KEYS * act + N * K * act + 3 * N * H * act
     assert retrieval_forward_peak(w) == forward == 700_973_056
+    # LoRA: the ids and weighted activations (N·k each), no longer kept, and the layer's residual (N·h, its scale
+    # frozen) are live still; the adapted down projection's W·x, B·A·x and scaled copy make a fourth N·h
+    lora = forward + N * K * (8 + act) + N * H * act + N * H * act
+    assert retrieval_forward_peak(replace(w, method=LORA)) == lora == 720_371_712
 
 
 def test_every_estimate_takes_it_and_refuses_what_it_cannot_split(tmp_path):
@@ -171,7 +175,8 @@ def test_bytes_kept_for_backward_match_transformers(seq, batch, checkpointing, l
 
 PEAKS = [(name, ck, lora) for name in ("doge-moe", "doge-moe-wide") for ck in (False, True) for lora in (False, True)]
 """s 256, b 2: doge-moe's vocabulary binds at the loss's backward, or checkpointed at its rebuilt layer's forward (the
-√E² sums); doge-moe-wide's final norm, or checkpointed the second product's backward (LoRA: the rebuilt forward)."""
+√E² sums); doge-moe-wide's final norm, or checkpointed the second product's backward (LoRA: the rebuilt forward). Each
+within 0.06 % (docs/formulas.md §2.27.1)."""
 
 
 @pytest.mark.torch

@@ -74,7 +74,8 @@ def retrieval_forward_peak(w: Workload) -> float:
     sums of the key scores and their int64 expert ids (N·√E² each), the router's logits and each half's top √E
     values (2·N·√E each), the top k's values (N·k), and three of h a token: the experts' output, the SwiGLU's and
     their sum; where up_embed is frozen (LoRA), the experts' ids and the weighted activations, which it then does not
-    keep (N·k each), and where the SwiGLU's down projection is adapted, its moment is before the sum, beside W·x,
+    keep (N·k each), where the residual scale is frozen the layer's residual (N·h), which DogeDecoderLayer holds for
+    the add after the MLP, and where the SwiGLU's down projection is adapted, its moment is before the sum, beside W·x,
     B·A·x and its scaled copy (four of h a token). Under full recomputation the rebuilt layer holds them beside all it
     keeps (scripts/hf_step_peak.py on the CPU: doge-moe and doge-moe-wide, checkpointed, fully trained and LoRA)."""
     r = w.model.retrieval_experts
@@ -82,5 +83,7 @@ def retrieval_forward_peak(w: Workload) -> float:
         return 0.0
     act, n, h, k = w.precision.activation_bytes, w.tokens, w.model.hidden_size, r.top_k
     unkept = 0 if weight_trained(w.model, w.method, "up_embed") else n * k * (INDEX_BYTES + act)
+    if not weight_trained(w.model, w.method, "residual_scale"):  # the layer's residual, which it then does not keep
+        unkept += n * h * act
     outputs = 4 if any(m.leaf == "down" for m in adapted_modules(w.model, w.method)) else 3
     return n * r.keys**2 * (act + INDEX_BYTES) + 4 * n * r.keys * act + n * k * act + unkept + outputs * n * h * act
