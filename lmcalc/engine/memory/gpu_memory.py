@@ -32,6 +32,7 @@ from lmcalc.engine.memory.byte_latent import rebuilt_stack_layers
 from lmcalc.engine.memory.cca import checkpoint_kept_again
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE
 from lmcalc.engine.memory.full_recompute import mixer_kinds, recomputed_chunks, trained_chunks, window_kinds
+from lmcalc.engine.memory.inkling2 import inkling2
 from lmcalc.engine.memory.masks import kinds_differ
 from lmcalc.engine.memory.module_recompute import module_rebuilt
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
@@ -275,7 +276,10 @@ def _fp32_copy(w: Workload) -> bool:
 def _rebuilt_keeps_input(w: Workload) -> bool:
     """Whether the rebuilt unit keeps the checkpointed input, already counted: its first norm keeps it as its input,
     or as its fp32 copy where the activations are fp32 already, or its residual scale's product (Doge's), or its
-    product with 1/rms (CPM-Ant's); the hyper-connections keep their streams too."""
+    product with 1/rms (CPM-Ant's); the hyper-connections keep their streams too. Not Inkling 2's: its rebuilt layer
+    stacks its input into a new fp32 block-residual stack first (``engine.memory.inkling2``)."""
+    if inkling2(w):
+        return False
     scaled = w.model.residual_scales and weight_trained(w.model, w.method, "residual_scale")  # a frozen one: none
     scaled = scaled and not w.model.ngpt_scales  # nGPT's interpolation keeps y − h, not the input (memory.ngpt)
     return bool(norm_keeps(w) == "input" or _fp32_copy(w) or w.model.hyper_connections or scaled or w.model.prompt)
