@@ -239,58 +239,20 @@ def page(cases: list[Case]) -> str:
         lines += ["", "None is refused: every type transformers 5.24 builds in these cases is read. A config.json of "
                   "a type none of whose cases transformers builds at its defaults (the unbuilt rows above) is still "
                   "counted on the meta device where the file's own fields let transformers build it."]  # fmt: skip
-    lines += ["", "## Read for their parameters, FLOPs and serving memory alone", "",
-              "RWKV-4 (`rwkv`), RecurrentGemma (`recurrent_gemma`) and xLSTM (`xlstm`) are "
-              "read exactly: `lmcalc params`, `lmcalc flops`, `lmcalc train-time` (full training, at an MFU) and "
-              "`lmcalc memory --inference` take them (formulas §2.22, §2.23, §2.29 and §11: FLOPs equal to "
-              "FlopCounterMode's on transformers' own step, the state to what transformers keeps). "
-              "Training memory, fine-tuning and the planner refuse them in one line until they count what their "
-              "layers keep for backward (the WKV, RG-LRU and mLSTM recurrences) and their kernels. Llama 3.2 "
-              "Vision's text model (`mllama`) is estimated whole by every command, for a step of text (formulas "
-              "§2.21): its cross-attention layers, which such a step skips, keep no activations and, where autograd "
-              "makes the gradients, get no gradient or optimizer state; a step on images is not modelled, and the "
-              "estimates say so. Gemma 4's text models "
-              "(`gemma4_text`, `gemma4_unified_text`, and the `gemma4` and `gemma4_unified` wrappers') and Gemma 3n's "
-              "(`gemma3n_text`, and the `gemma3n` wrapper's), read the same way, are estimated whole by every command "
-              "since 2026-12-06, all their kinds (sliding layers, global ones at their own head size and KV heads, "
-              "K = V, the last layers reusing K and V with double-wide MLPs, per-layer inputs, the MoE block beside "
-              "the dense MLP; AltUp's streams, LAuReL and the sparse gates): their saved tensors within 0.12 % of "
-              "what transformers keeps, with and without checkpointing, under LoRA within 2.1 % (formulas §5.4).", "",
-              "DeepSeek-V4 (`deepseek_v4`), HY V4 (`hy_v4`), Zamba (`zamba`), Zamba 2 (`zamba2`), Doge (`doge`), "
-              "Dory (`dory`), HRM (`hrm_text`), CPM-Ant (`cpmant`), GIT (`git`), ZAYA (`zaya`), Inkling's and "
-              "Inkling 2's text models (`inkling_text`, `inkling2_text`, and Inkling 2's looped one, "
-              "`inkling2_loop_text`), dots.3 Note's (`dots3_note_text`, and "
-              "the `dots3_note` wrapper's), the Byte Latent Transformer (`blt`) and Gemma 4's drafters "
-              "(`gemma4_unified_assistant`, `gemma4_assistant`) are read exactly too, and taken by the same four "
-              "(formulas §2.24 to §2.28, §2.30 to §2.37 and §11. "
-              "DeepSeek-V4: "
-              "its compressed sparse and heavily compressed attention, the CSA layers' indexers, the grouped output "
-              "projection and the hyper-connections; FLOPs equal to FlopCounterMode's on transformers' own step "
-              "wherever a sequence closes an entry of every compressor; the cache, the window's one head, the "
-              "compressed entries and the compressors' unclosed windows, to what transformers keeps. HY V4: "
-              "DeepSeek-V3.2's attention with an output gate and sinks, and iHC hyper-connections. Zamba, Zamba 2: "
-              "blocks whose weights count once and compute at every use. Doge: dynamic mask attention, residual "
-              "scales and, with `is_moe`, the CDMoE's single-neuron experts retrieved by product keys. Dory and "
-              "HRM: looped layers, whose weights count once and compute at every run, each run "
-              "caching its own K and V, HRM's early runs forward alone; Dory's nGPT scales. CPM-Ant: a prompt every "
-              "layer computes before each sequence, segments and a learned score bias. GIT: an image encoder whose "
-              "tokens every layer and the head compute before the text's. ZAYA: convolved queries and keys, a delayed "
-              "value, residual scaling and an MLP router. Inkling: four branch convolutions a layer, relative "
-              "logits, a router that scores the shared experts; Inkling 2 also block attention residuals, and its "
-              "looped model a section run in passes that read the previous pass through message queries and gates. "
-              "dots.3 "
-              "Note: MLA whose sliding-window layers have heads and ranks of their own, a norm on the RoPE key, a "
-              "gate a head, DeepSeek sparse attention's indexer in the other layers. BLT: a byte-level local "
-              "encoder (each byte's embedding plus hashed n-gram embeddings) and decoder around a global transformer "
-              "over patches, cross-attention between bytes and patches each way, and a frozen entropy model run "
-              "forward to cut the patches; FLOPs on s bytes in s + 1 patches, as transformers cuts them without a "
-              "trained entropy model; the cache, every byte's K and V in the local layers, to what transformers keeps "
-              "when given one (5.24 builds none of its own). Gemma "
-              "4's drafters: every layer attends with the backbone's K and V, between projections from and to its "
-              "width). Training memory, "
-              "fine-tuning and the planner refuse them in one line until lmcalc counts what their layers keep for "
-              "backward."]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + hand_written()
+
+
+HAND_WRITTEN = "## Beyond a plain decoder layer"
+"""The heading of docs/hf-types.md's last part, written by hand (what each type beyond a plain decoder adds, and how
+close its training memory is to transformers'): ``--write`` keeps it as it is."""
+
+
+def hand_written(path: Path = ROOT / "docs" / "hf-types.md") -> str:
+    """docs/hf-types.md from its hand-written heading (``HAND_WRITTEN``) to its end."""
+    text = path.read_text(encoding="utf-8")
+    if HAND_WRITTEN not in text:
+        raise SystemExit(f"{path}: no heading starting {HAND_WRITTEN!r}, the part --write keeps")
+    return text[text.index(HAND_WRITTEN) :]
 
 
 if __name__ == "__main__":

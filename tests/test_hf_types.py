@@ -204,6 +204,10 @@ def test_no_decoder_only_type_is_counted_wrong():
     assert len({case.kind for case in cases}) >= 160
     assert [case for case in cases if case.outcome == "off"] == []
     assert sum(case.outcome == "exact" for case in cases) >= 130
+    # and docs/hf-types.md is what `hf_coverage.py --write` writes: its table, counts and generated prose (the part
+    # written by hand, from hf_coverage.HAND_WRITTEN on, is kept as it is)
+    page = Path(__file__).resolve().parent.parent / "docs" / "hf-types.md"
+    assert hf_coverage.page(cases) == page.read_text(encoding="utf-8"), "run python scripts/hf_coverage.py --write"
 
 
 @pytest.mark.parametrize("kind", ["cwm", "gemma2", "gemma3_text", "cohere2", "olmo3", "gpt_oss", "vaultgemma"])
