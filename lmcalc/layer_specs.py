@@ -29,13 +29,6 @@ NO_TOP_K = (
     "unknown, so only lmcalc params counts it; give the top-k for FLOPs, memory or time"
 )
 
-COMPRESSED_COUNTED_ONLY = (
-    "Inkling 2's looped layers are "
-    "counted by lmcalc params, lmcalc flops, lmcalc train-time (full training, at an MFU) and the serving memory "
-    "(memory --inference) alone: lmcalc's training memory, fine-tuning and step-time model do not take them yet "
-    "(docs/hf-types.md)"
-)
-
 CDMOE_UNTRAINABLE = (
     "transformers 5.24's DogeCDMoE cannot train with norm_topk_prob true (it divides softmax's output in place, which "
     "softmax's backward needs): lmcalc params, flops and the serving memory count it; set norm_topk_prob false to "

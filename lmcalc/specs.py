@@ -21,7 +21,6 @@ from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_kinds import LayerKinds
 from lmcalc.layer_specs import (
     CDMOE_UNTRAINABLE,
-    COMPRESSED_COUNTED_ONLY,
     NO_TOP_K,
     AltUpSpec,
     BranchConvSpec,
@@ -80,7 +79,7 @@ from lmcalc.spec_base import (
 )
 
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "BranchConvSpec",
-           "CcaSpec", "ComputeDtype", "COMPRESSED_COUNTED_ONLY", "CompressedAttentionSpec", "HyperConnectionSpec",
+           "CcaSpec", "ComputeDtype", "CompressedAttentionSpec", "HyperConnectionSpec",
            "SharedBlockSpec", "CrossAttentionSpec", "DeltaNetSpec", "DRAFTER_COUNTED_ONLY", "DrafterSpec", "Dimension",
            "DropoutSite",
            "FfnKind", "GlobalAttentionSpec", "ByteLatentSpec", "ByteStackSpec",
@@ -461,11 +460,11 @@ class ModelSpec(LayerKinds, NamedSpec):
     def counted_only(self) -> str:
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
         its training memory or step time; "" where it counts everything. xLSTM padded (``RWKV_COUNTED_ONLY``); Gemma 4's
-        drafters, which transformers trains none of (``DRAFTER_COUNTED_ONLY``); Inkling 2's looped model
-        (``COMPRESSED_COUNTED_ONLY``). RWKV-4, RecurrentGemma, Zamba, xLSTM, Doge, ZAYA, HRM, Dory, CPM-Ant, GIT,
-        dots.3 Note, Inkling, Inkling 2, DeepSeek-V4 and HY V4 are modelled whole; Llama 3.2 Vision's text model
-        too, a step of text skipping its cross-attention layers (docs/formulas.md §2.21); BLT's training memory too, its
-        encoder, global transformer and cross-attention over s + 1 patches, the entropy model frozen
+        drafters, which transformers trains none of (``DRAFTER_COUNTED_ONLY``). RWKV-4, RecurrentGemma, Zamba, xLSTM,
+        Doge, ZAYA, HRM, Dory, CPM-Ant, GIT, dots.3 Note, Inkling, Inkling 2 and its looped model (its passes'
+        messages and gates, docs/formulas.md §2.36.1), DeepSeek-V4 and HY V4 are modelled whole; Llama 3.2 Vision's
+        text model too, a step of text skipping its cross-attention layers (docs/formulas.md §2.21); BLT's training
+        memory too, its encoder, global transformer and cross-attention over s + 1 patches, the entropy model frozen
         (docs/formulas.md §2.37)."""
         if self.mlstm and self.mlstm.padded:
             return RWKV_COUNTED_ONLY
@@ -473,8 +472,6 @@ class ModelSpec(LayerKinds, NamedSpec):
             return DRAFTER_COUNTED_ONLY
         if self.retrieval_experts and self.retrieval_experts.normalized:  # Doge's CDMoE: autograd refuses its step
             return CDMOE_UNTRAINABLE
-        if self.layer_reuse and self.layer_reuse.messages:  # Inkling 2's looped model
-            return COMPRESSED_COUNTED_ONLY
         return ""
 
     @functools.cached_property  # a frozen spec's; the planner asks per layout

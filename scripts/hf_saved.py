@@ -1069,6 +1069,19 @@ INKLING2: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
 }  # fmt: skip
 """Inkling 2 (``engine.memory.inkling2``): Inkling's convolutions, dynamic in the global layers, sinks, clips, a gated
 output, block attention residuals and softcapped experts summed in fp32."""
+INKLING2_LOOP_SMALL = INKLING2_SMALL | dict(num_hidden_layers=5, layer_types=["hybrid_sliding", "hybrid"] * 2
+                                            + ["hybrid_sliding"], n_layers_per_attn_res_block=2,
+                                            loop_layer_index_start=2, loop_layer_index_end=4, loop_num_passes=2,
+                                            loop_gate_rank=16)  # fmt: skip
+"""Inkling 2's looped model at the small layers in blocks of two: layers 0 (local) and 1 (global), a looped section of
+layers 2 (local, opening the second block) and 3 (global) run twice, the second pass reading the first's messages
+through four gates of rank 16, then layer 4 (local, opening the third block)."""
+INKLING2_LOOP: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
+    "inkling2-loop-small": (T.Inkling2LoopTextConfig, INKLING2_LOOP_SMALL,
+                            "small looped Inkling 2: a section of two layers run twice, messages between passes"),
+}  # fmt: skip
+CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY)
+          for name, (cls, kwargs, source) in INKLING2_LOOP.items()}  # fmt: skip
 CASES |= {name: Case(name, cls, kwargs, source, attentions=EAGER_ONLY)
           for name, (cls, kwargs, source) in INKLING2.items()}  # fmt: skip
 

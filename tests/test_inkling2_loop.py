@@ -3,7 +3,7 @@ of them run in several passes, each pass after the first restarting from the sec
 previous pass through learned queries and gates. Parameters and the loop's FLOPs by hand at a tiny size, the class
 defaults and a released file's loop_config against transformers, the step's FLOPs against FlopCounterMode at the
 class defaults cut to twelve layers (the tiny config's run in tests/test_validate_hf.py), the cache against
-transformers', and what lmcalc refuses."""
+transformers', what lmcalc refuses, and that training memory takes it (tests/test_inkling2_loop_memory.py)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,12 @@ def test_a_loop_its_class_refuses_is_one_line():
         spec_of(TINY | {"loop_layer_index_end": 3})
 
 
-def test_params_flops_and_serving_work_and_training_memory_is_refused(tmp_path):
-    from hf_tiny import check_counted_alone
+def test_params_flops_serving_and_training_memory_work(tmp_path):  # training memory: test_inkling2_loop_memory.py
+    from lmcalc import api
 
-    check_counted_alone(tmp_path, TINY, 368_256, "looped layers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    assert api.params(model=str(path)).total == 368_256
+    assert api.flops(model=str(path), tokens=1e9, seq=32).model_flops > 0
+    assert api.inference(model=str(path), context=64).memory.kv_cache > 0
+    assert api.memory(model=str(path), gpus="1xh100", seq=64, micro_batch=1).gpu.activations > 0

@@ -93,10 +93,6 @@ def test_memory_lora_and_plan_take_it_and_tp_cp_are_refused(tmp_path):
                                             "cp": "CP=2 would split .*'s branch convolutions"})  # fmt: skip
 
 
-def test_the_looped_model_stays_refused():
-    assert spec_of({"model_type": "inkling2_loop_text"}, model_type="inkling2_loop_text").counted_only
-
-
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

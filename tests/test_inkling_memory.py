@@ -91,11 +91,6 @@ def test_memory_lora_and_plan_take_it_and_tp_cp_are_refused(tmp_path):
     assert_refused_in_one_line(path, 2048, {"tp": f"TP=2 {split}", "cp": f"CP=2 {split}"})
 
 
-def test_inkling_2s_looped_model_stays_refused(tmp_path):  # Inkling 2's own: tests/test_inkling2_memory.py
-    model_type = "inkling2_loop_text"
-    assert spec_of({"model_type": model_type}, model_type=model_type).counted_only
-
-
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

@@ -123,8 +123,8 @@ UNMODELLED_NORMS = {
     "training memory (its prompt)",
     "inkling2_text": "Inkling2RMSNorm multiplies by its weight in fp32 after normalising its fp32 copy: "
     "engine.memory.inkling2 counts it (fp32_norm_saved), not the profile's norm rule",
-    "inkling2_loop_text": "Inkling 2's RMSNorm (Inkling2LoopRMSNorm), as inkling2_text's; lmcalc refuses its training "
-    "memory (its looped layers)",
+    "inkling2_loop_text": "Inkling 2's RMSNorm (Inkling2LoopRMSNorm), as inkling2_text's: engine.memory.inkling2 "
+    "counts it",
 }
 """model_type: why its norm's saved tensors are not modelled (a type whose training memory lmcalc refuses)."""
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lmcalc.engine.memory.branch_convs import INDEX_BYTES, SharedSum
+from lmcalc.engine.memory.inkling2_loop import Variant, block_storages, gates_saved, message_counts, run_variants
 from lmcalc.engine.memory.norms import NORM
 from lmcalc.engine.memory.saved import ROUTED, SavedTensor
 from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind, share
@@ -105,9 +106,13 @@ def _clip_saved(w: Workload, label: str, heads: int, width: int, scaled: bool, l
     return tensors
 
 
-def _attention_saved(w: Workload, kind: AttentionKind, states: float, scores: float) -> list[SavedTensor]:
+def _attention_saved(
+    w: Workload, kind: AttentionKind, states: float, scores: float, variant: Variant = "plain"
+) -> list[SavedTensor]:
     """A layer's attention half: the block residual, the norms, Q's, K's and V's projections, clips and
-    convolutions, the relative bias, the eager scores with the sink, the gate and the attention-output convolution."""
+    convolutions, the relative bias, the eager scores with the sink, the gate and the attention-output convolution.
+    A looped local layer (``variant``, ``engine.memory.inkling2_loop``) casts Q's, K's and V's inputs apart, and in a
+    later pass norms three gated inputs."""
     spec, act, s, b, sb = w.model, w.precision.activation_bytes, w.seq_len, w.micro_batch, w.tokens
     h = spec.hidden_size
     branch = spec.branch_convs
@@ -117,7 +122,16 @@ def _attention_saved(w: Workload, kind: AttentionKind, states: float, scores: fl
     kv = spec.local_kv_heads if local and spec.local_kv_heads else spec.kv_heads
     extent = (spec.sliding_window or branch.extent) if local else branch.extent
     tensors = block_residual_saved(w, "attention's block residual", states, scores, "attention")
-    if local:
+    if local and variant != "plain" and (variant == "later" or act != FP32):  # three casts (or norms)
+        later = variant == "later"
+        label = "Q, K and V input norms (gated inputs)" if later else "attention norm"
+        tensors += fp32_norm_saved(w, label, 3 if later else 1)
+        tensors += [
+            SavedTensor("Q input (the norm's output, cast)", "s·b·h", sb * h, act, split="seq", for_weights=Q_READERS),
+            SavedTensor("K input (the norm's output, cast)", "s·b·h", sb * h, act, split="seq", for_weights=("k",)),
+            SavedTensor("V input (the norm's output, cast)", "s·b·h", sb * h, act, split="seq", for_weights=("v",)),
+        ]
+    elif local:
         tensors += fp32_norm_saved(w, "attention norm")
         tensors.append(SavedTensor("Q, K, V, gate, sink and r_proj input (attention norm output)", "s·b·h", sb * h,
                                    act, split="seq", for_weights=LOCAL_READERS))  # fmt: skip
@@ -214,40 +228,74 @@ def _mlp_saved(w: Workload, states: float) -> list[SavedTensor]:
     return [replace(t, block="mlp") for t in tensors]
 
 
-def _kind_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
-    """A layer of ``kind``: the average of the kind's layers, whose block residuals read different counts of
-    states."""
-    spec = w.model
-    counts = [c for i, c in enumerate(block_counts(spec)) if spec.is_local_layer(i) == (kind == "local")]
-    n = len(counts) or 1
+def _variant_saved(
+    w: Workload, kind: AttentionKind, counts: list[tuple[int, int, int]], variant: Variant
+) -> list[SavedTensor]:
+    """A layer of ``kind`` and ``variant`` (``inkling2_loop.run_variants``): the average of those ``counts``."""
+    n = len(counts)
     attention_states = sum(m for q, m, _ in counts if q) / n
     attention_scores = sum(q * m for q, m, _ in counts) / n
     mlp_states = sum(m for _, _, m in counts) / n
-    return _attention_saved(w, kind, attention_states, attention_scores) + _mlp_saved(w, mlp_states)
+    kept = _attention_saved(w, kind, attention_states, attention_scores, variant) + _mlp_saved(w, mlp_states)
+    return kept + (gates_saved(w, kind) if variant == "later" else [])
+
+
+def _kind_saved(w: Workload, kind: AttentionKind, largest: bool = False) -> list[SavedTensor]:
+    """A layer of ``kind``: the average of the kind's layers, whose block residuals read different counts of
+    states, and of a looped model's, whose runs differ by pass (``inkling2_loop.run_variants``); with ``largest``, a
+    looped model's largest variant (the layer as the backward rebuilds it: a later pass's)."""
+    spec = w.model
+    runs = [(c, v) for i, (c, v) in enumerate(zip(block_counts(spec), run_variants(spec), strict=True))
+            if spec.is_local_layer(i) == (kind == "local")]  # fmt: skip
+    if not runs:
+        return _variant_saved(w, kind, [(0, 0, 0)], "plain")
+    variants = {v: [c for c, of in runs if of == v] for _, v in runs}
+    kept = {v: _variant_saved(w, kind, counts, v) for v, counts in variants.items()}
+    if len(kept) == 1:
+        return next(iter(kept.values()))
+    if largest:
+        return max(kept.values(), key=lambda tensors: sum(t.bytes for t in tensors))
+    return [share(t, len(variants[v]), len(runs)) for v, tensors in kept.items() for t in tensors]
 
 
 def inkling2_layer_saved(w: Workload, mixer: MixerKind) -> list[SavedTensor]:
-    """What an Inkling 2 layer keeps for backward: one of ``mixer``'s kind (global or local), or the average of
-    all."""
+    """What an Inkling 2 layer keeps for backward: one of ``mixer``'s kind (global or local; a looped model's largest
+    run of it), or the average of all."""
     spec = w.model
     if mixer in KINDS:
-        return _kind_saved(w, "local" if mixer.startswith("local") else "global")
+        return _kind_saved(w, "local" if mixer.startswith("local") else "global", largest=True)
     local = sum(spec.is_local_layer(i) for i in range(spec.num_layers))
     kinds: tuple[tuple[AttentionKind, int], ...] = (("global", spec.num_layers - local), ("local", local))
     return [share(t, n, spec.num_layers) for kind, n in kinds if n for t in _kind_saved(w, kind)]
 
 
 def _final_states(w: Workload) -> int:
-    """The states the final block residual reads: every block and the last layer's output."""
-    branch = w.model.branch_convs
+    """The states the final block residual reads: every block and the last layer's output (a looped model's blocks
+    are its held layers', each later pass restarting from the blocks before its section)."""
+    branch, reuse = w.model.branch_convs, w.model.layer_reuse
     assert branch is not None and branch.block_residual
-    return -(-w.model.num_layers // branch.block_residual) + 1
+    return -(-(reuse.held if reuse else w.model.num_layers) // branch.block_residual) + 1
 
 
 def final_residual_saved(w: Workload) -> list[SavedTensor]:
     """The block attention residual before the final norm: one query over every block and the last layer's output."""
     states = _final_states(w)
     return block_residual_saved(w, "final block residual", states, states, "head")
+
+
+def message_residual_saved(w: Workload) -> list[SavedTensor]:
+    """Inkling 2's looped model's message residuals (Inkling2LoopMessageAttentionResidual), one before each run of a
+    later pass, outside the layers: four queries over the previous pass's m_msg states (``message_states``), and the
+    four messages each makes (fp32, 4·s·b·h), which the gates or the checkpoints keep."""
+    later, states = message_counts(w.model)
+    if not later:
+        return []
+    sb, h = w.tokens, w.model.hidden_size
+    return [
+        *block_residual_saved(w, f"message residuals ({later} later runs)", later * states, later * 4 * states, "head"),
+        SavedTensor(f"messages ({later} later runs, fp32)", "n·s·b·4·h", later * 4 * sb * h, FP32, split="seq",
+                    block="head"),
+    ]  # fmt: skip
 
 
 def checkpoint_kept(w: Workload) -> list[SavedTensor]:
@@ -258,11 +306,11 @@ def checkpoint_kept(w: Workload) -> list[SavedTensor]:
     if not inkling2(w) or w.recompute != "full":
         return []
     act, sb, h, s = w.precision.activation_bytes, w.tokens, spec.hidden_size, w.seq_len
-    blocks = {m - 1 for i, (_, m, _) in enumerate(block_counts(spec)) if i and m > 1}
     local = sum(spec.is_local_layer(i) for i in range(spec.num_layers))
     kinds = (local > 0) + (local < spec.num_layers)
     return [
-        SavedTensor("the blocks' states the checkpoints hold", "Σm·s·b·h", sum(blocks) * sb * h, act, split="seq"),
+        SavedTensor("the blocks' states the checkpoints hold", "Σm·s·b·h", block_storages(spec) * sb * h, act,
+                    split="seq"),
         SavedTensor("relative distances a kind of layer (int64, the checkpoints')", "s²", kinds * s * s,
                     INDEX_BYTES, split="none"),
     ]  # fmt: skip
@@ -303,7 +351,8 @@ def rebuilt_combine_peak(w: Workload, layer: tuple[SavedTensor, ...]) -> SharedS
     branch = spec.branch_convs
     assert branch is not None and branch.block_residual
     top = spec.num_layers - 1
-    opened = block_counts(spec)[top][2] - 1 if top % branch.block_residual == 0 else 0
+    held = spec.layer_reuse.weights[top] if spec.layer_reuse else top  # the held layer it runs
+    opened = block_counts(spec)[top][2] - 1 if held % branch.block_residual == 0 else 0
     combine = 2 * FP32 * kT * h  # the weighted outputs, and their copy in the tokens' order
     variables = FP32 * sb * E + (FP32 + INDEX_BYTES + FP32) * kT + act * sb * h + FP32 * sb * h + act * opened * sb * h
     after = sum(t.bytes for t in layer if t.label.startswith("MLP-output convolution"))

@@ -17,7 +17,13 @@ from lmcalc.engine.memory.compressed import hyper_head_saved
 from lmcalc.engine.memory.dots_mla import checkpoint_masks_kept
 from lmcalc.engine.memory.dots_mla import rotary_tables as mla_tables
 from lmcalc.engine.memory.image_prefix import decoder_workload, head_rows, image_encoder_saved
-from lmcalc.engine.memory.inkling2 import checkpoint_kept, final_residual_saved, fp32_norm_saved, inkling2
+from lmcalc.engine.memory.inkling2 import (
+    checkpoint_kept,
+    final_residual_saved,
+    fp32_norm_saved,
+    inkling2,
+    message_residual_saved,
+)
 from lmcalc.engine.memory.looped import stack_norms_saved
 from lmcalc.engine.memory.masks import window_masked_share
 from lmcalc.engine.memory.method_kept import needed
@@ -53,7 +59,7 @@ def model_saved_tensors(w: Workload) -> tuple[SavedTensor, ...]:
     final = [] if spec.post_norm else norm_saved(w, "final norm", Dim(sb, "s·b"), Dim(h, "h"))  # GPT-1 has none
     final = hyper_head_saved(w) + final  # the hyper-connections' last collapse (DeepSeek-V4, HY V4)
     if inkling2(w):  # Inkling 2's last block residual, and its final norm's fp32 normalised value
-        final = final_residual_saved(w) + fp32_norm_saved(w, "final norm", block="head")
+        final = message_residual_saved(w) + final_residual_saved(w) + fp32_norm_saved(w, "final norm", block="head")
     if spec.head_transform:  # ModernBERT: dense (its input the final norm's output), GELU (a kernel: its input), norm
         final += [
             SavedTensor("head transform's dense input (final norm output)", "s·b·h", sb * h, act, split="seq"),
