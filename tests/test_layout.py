@@ -205,6 +205,20 @@ def test_impossible_layouts_name_the_constraint(model, cluster, layout, message)
     assert re.search(message, refusal(w, layout, parse_cluster(cluster)))
 
 
+def test_a_layout_that_breaks_several_constraints_is_refused_for_the_first():
+    # check_layout looks up what TP and CP must split once per (TP, CP): a layout that breaks one of those and an
+    # earlier constraint is refused for the earlier one, whether or not that (TP, CP) was looked up before
+    w, cluster = workload(resolve_model("llama-3.1-8b").spec, 4096, attention="flash"), parse_cluster("8xH100")
+    bad_tp_and_gpus, bad_tp = Layout(tp=3, dp=2), Layout(tp=3, pp=2, grad_accum=2)  # 6 GPUs of 8; 6 too
+    assert "does not equal the 8 GPUs" in refusal(w, bad_tp_and_gpus, cluster)
+    assert "does not equal the 8 GPUs" in refusal(w, bad_tp, cluster)
+    assert "TP=3 does not divide the 32 attention heads" in refusal(w, bad_tp, parse_cluster("6xH100"))
+    # PP=64 past the 32 layers comes before CP=3 not dividing the sequence, each checked alone
+    deep = Layout(pp=64, cp=3, grad_accum=64)
+    assert "PP=64 exceeds the 32 layers" in refusal(w, deep, parse_cluster("192xH100"))
+    assert "CP=3 does not divide the sequence length 4096" in refusal(w, Layout(cp=3), parse_cluster("3xH100"))
+
+
 def test_context_parallel_needs_fused_attention():
     with pytest.raises(LmcalcError, match="needs fused attention"):
         check_layout(

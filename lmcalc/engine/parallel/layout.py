@@ -13,6 +13,7 @@ front ends name the settings).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
@@ -302,14 +303,18 @@ def check_framework_runs(w: Workload, zero: int, pp: int) -> None:
 
 def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp_within_node: bool = True) -> None:
     """Refuse a layout that cannot exist for the workload (and the cluster, when given), naming the constraint
-    that fails. (What a layout can check alone, its degrees and ZeRO stage, it checked when it was made.)"""
+    that fails. (What a layout can check alone, its degrees and ZeRO stage, it checked when it was made.) What TP
+    and CP must split (``_splits_pass``) is looked up once per (TP, CP): where it passes, those checks are skipped;
+    where it fails, they run in their place, so that the first constraint that fails is the one named."""
     model, split = w.model, layout.split
+    splits_pass = _splits_pass(w, layout.tp, layout.cp)
     if cluster and layout.gpus != cluster.count:
         raise LmcalcError(
             f"DP·TP·PP·CP = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.gpus} "
             f"does not equal the {cluster.count} GPUs of {cluster.label}"
         )
-    check_tp_heads(model, layout.tp)
+    if not splits_pass:
+        check_tp_heads(model, layout.tp)
     if cluster and tp_within_node and layout.tp > cluster.gpus_per_node:
         raise LmcalcError(
             f"TP={layout.tp} spans more than the {cluster.gpus_per_node} GPUs of a node "
@@ -396,14 +401,34 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
         )
     if w.moe_a2a_overlap:
         check_a2a_overlap(w, layout)
-    if w.seq_len % layout.cp:
-        raise LmcalcError(f"CP={layout.cp} does not divide the sequence length {w.seq_len}")
-    if layout.cp > 1 and w.attention != "flash":
+    if not splits_pass:
+        _check_context(w, layout.cp)
+        check_kept_whole(model, layout.tp, layout.cp)
+
+
+@functools.lru_cache(maxsize=1024)  # the planner checks hundreds of thousands of layouts of a few (TP, CP)
+def _splits_pass(w: Workload, tp: int, cp: int) -> bool:
+    """Whether TP splits the workload's heads (``check_tp_heads``), CP its sequence (``_check_context``), and
+    neither a layer lmcalc keeps whole (``check_kept_whole``): the checks of ``check_layout`` that depend on TP and
+    CP alone."""
+    try:
+        check_tp_heads(w.model, tp)
+        _check_context(w, cp)
+        check_kept_whole(w.model, tp, cp)
+    except LmcalcError:
+        return False
+    return True
+
+
+def _check_context(w: Workload, cp: int) -> None:
+    """CP must divide the sequence, and ring attention needs a fused attention kernel."""
+    if w.seq_len % cp:
+        raise LmcalcError(f"CP={cp} does not divide the sequence length {w.seq_len}")
+    if cp > 1 and w.attention != "flash":
         raise LmcalcError(
             f"context parallelism needs fused attention ({setting('attention')} flash): ring attention "
             "never materialises the s² scores"
         )
-    check_kept_whole(model, layout.tp, layout.cp)
 
 
 def check_a2a_overlap(w: Workload, layout: Layout) -> None:
