@@ -11,7 +11,9 @@ and each Sinkhorn-Knopp division (2·T − 1 of them for T iterations) keeps its
 collapse keeps the streams (bf16) and the collapse weights; the spread keeps the sub-layer's output and the spread
 weights, and the mixing's batched matmul the mixing matrix (cast) and the streams again. iHC (HY V4) runs all of it in
 fp32 with no mixing: the flattened copy (its norm keeps only 1/rms), the projection's output and its product with
-1/rms, two sigmoids, the collapse and spread weights, the streams, and an fp32 copy of the sub-layer's output.
+1/rms, two sigmoids, the collapse and spread weights, the streams, and an fp32 copy of the sub-layer's output. A
+checkpointed HY V4 step peaks in a rebuilt layer's forward at its indexer's scores, its iHC run and the attention's
+locals alive, inside the backward of its n streams' output (``ihc_indexer_moment``).
 
 **DeepSeek-V4's attention**: the query latent's norm (fp32 weight), Q's weightless per-head norm (an fp32 copy for
 the power, Q itself and 1/rms in both dtypes), the one K=V head's norm, RoPE on the last d_rope channels of Q, K=V and
@@ -33,6 +35,7 @@ and a fused RoPE keeps no cos/sin copies. lmcalc counts transformers' path.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.saved import SavedTensor
@@ -95,6 +98,41 @@ def _ihc_saved(w: Workload) -> list[SavedTensor]:
         SavedTensor("collapse and spread weights (fp32)", "2·s·b·n", 2 * t * n, 4, split="seq"),
         SavedTensor("sub-layer output, fp32 copy (the spread's input)", "s·b·h", t * h, 4, split="seq"),
     ]
+
+
+class IndexerMoment(NamedTuple):
+    """A HY V4 layer's forward at its indexer's scores, beyond the indexer's own tensors (``ihc_indexer_moment``)."""
+
+    forward: float  # the attention's tensors alive then that the layer does not keep
+    kept_before: float  # the share of the layer's saved tensors made by then (under recomputation, of the rebuilt ones)
+    output_gradient: float  # under full recomputation, the gradient of the layer's output, n streams wide
+
+
+def ihc_indexer_moment(w: Workload, layer: tuple[SavedTensor, ...], core_share: float, tp: int) -> IndexerMoment | None:
+    """Where a HY V4 layer (``layer``, its saved tensors, of which the share ``core_share`` is made before its
+    attention core) stands when its indexer scores the keys, the moment a checkpointed step peaks at (the layer
+    rebuilt in the backward). HYV4DecoderLayer runs the attention's iHC first, so all the iHC keeps but the streams
+    (the layer's input) and the sub-layer output's fp32 copy is made by then. HYV4Attention.forward still holds as
+    locals the gate's projection (s·b·H·d_v), q_b's output (s·b·H·(d_nope+d_rope)), kv_a's output (s·b·(r_kv+d_rope)),
+    the RoPE outputs of Q and K (s·b·(H+1)·d_rope) and of the indexer's (s·b·(H_I+1)·d_rope), and the key half of
+    kv_b's output, which V's view keeps (s·b·H·d_nope), in the activation dtype. Rebuilt, the layer runs inside its
+    output's backward: the gradient of the final cast's output made fp32 (s·b·n·h·4) beside the residual's part of the
+    input's gradient, cast back (s·b·n·h in the activation dtype). Read from the storages live at the step's peak
+    with scripts/hf_step_peak.py on the CPU (hy-v4-small, checkpointed). None for a model without iHC and an
+    indexer."""
+    hc, mla = w.model.hyper_connections, w.model.mla
+    if hc is None or hc.mixing or mla is None or mla.indexer is None:
+        return None
+    act, t, n, h, heads = w.precision.activation_bytes, w.tokens, hc.streams, w.model.hidden_size, w.model.num_heads
+    by_head = heads * (mla.v_head_dim + mla.qk_head_dim + mla.qk_nope_head_dim + mla.qk_rope_head_dim) / tp
+    shared = mla.kv_lora_rank + 2 * mla.qk_rope_head_dim + (mla.indexer.heads + 1) * mla.qk_rope_head_dim
+    locals_ = t * (by_head + shared) * act
+    ihc_before = sum(x.bytes for x in _ihc_saved(w)[1:-1])  # all but the streams and the sub-layer output's copy
+    streams, total = t * n * h * act, sum(x.bytes for x in layer)
+    core_before = core_share * total
+    if w.recompute == "full":  # the streams are the checkpointed input, not rebuilt
+        return IndexerMoment(locals_, (core_before + ihc_before) / (total - streams), t * n * h * (4 + act))
+    return IndexerMoment(locals_, (core_before + ihc_before + streams) / total, 0.0)  # the input: the streams kept
 
 
 def hyper_head_saved(w: Workload) -> list[SavedTensor]:

@@ -22,6 +22,7 @@ from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.branch_convs import combine_gradient_bytes, shared_sum_peak
 from lmcalc.engine.memory.byte_latent import forward_frame as byte_forward_frame
 from lmcalc.engine.memory.cca import STREAM_BYTES
+from lmcalc.engine.memory.compressed import ihc_indexer_moment
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
@@ -266,8 +267,12 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         return Transients(loss, layer + tied, norm, tied, cdmoe, 1.0, sb * spec.hidden_size * act / cp)  # all made
     if not forward:
         return Transients(loss, layer + tied, norm, tied)
+    kept, core_share = layer_saved_tensors(w, bool(built.moe)), kept_before_core(w, bool(built.moe))
+    if ihc := ihc_indexer_moment(w, kept, core_share, tp):  # HY V4: its iHC first, n streams' gradients
+        return Transients(loss, layer + tied, norm, tied, forward + ihc.forward / cp, ihc.kept_before,
+                          ihc.output_gradient / cp)  # fmt: skip
     output_gradient = sb * spec.hidden_size * act / cp  # of the layer rebuilt, alive while it runs its forward
-    return Transients(loss, layer + tied, norm, tied, forward, kept_before_core(w, bool(built.moe)), output_gradient)
+    return Transients(loss, layer + tied, norm, tied, forward, core_share, output_gradient)
 
 
 def _prompt_transients(w: Workload, layers: Transients, built: StageLayers) -> Transients:
