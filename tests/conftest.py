@@ -109,6 +109,16 @@ def _matplotlib_font_cache():
     yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _free_transformers_models():
+    """``scripts/hf_saved.py`` keeps the last model it built (up to 3.5 GB at real width): freed after each test module
+    that built one, for the modules that follow."""
+    yield
+    hf_saved = sys.modules.get("hf_saved")
+    if hf_saved is not None:
+        hf_saved.release_models()
+
+
 @pytest.fixture(autouse=True)
 def _fast_tests_stay_fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """A fast test starts no process and loads no torch (where torch was not loaded before it)."""

@@ -150,13 +150,6 @@ from saved_compare import LORA, assert_peak_match, harness_workload  # noqa: E40
 
 from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [("blt-small", "eager", 128, 1, False, False, torch.bfloat16),
          ("blt-small", "eager", 256, 2, False, False, torch.bfloat16),
          ("blt-small", "eager", 256, 2, True, False, torch.bfloat16),

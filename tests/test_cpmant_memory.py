@@ -76,12 +76,6 @@ from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 workload_of = partial(harness_workload, "cpmant")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [("cpmant-small", 128, 1, False, False, torch.bfloat16), ("cpmant-small", 256, 2, True, True, torch.bfloat16)]
 SAVED += [("cpmant-small", 256, 2, False, True, torch.bfloat16), ("cpmant-wide", 256, 2, True, False, torch.bfloat16)]
 SAVED += [("cpmant-small", 256, 2, False, False, torch.float32)]

@@ -73,12 +73,6 @@ from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 workload_of = partial(harness_workload, "doge")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [("doge-small", 128, 1, ck, False, torch.bfloat16) for ck in (False, True)]
 SAVED += [("doge-small", 256, 2, ck, lora, torch.bfloat16) for ck in (False, True) for lora in (False, True)]
 SAVED += [("doge-mha", 128, 1, False, False, torch.bfloat16), ("doge-small", 256, 2, False, False, torch.float32)]

@@ -138,12 +138,6 @@ from lmcalc.validate import passed  # noqa: E402
 workload_of = partial(harness_workload, "doge")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 @pytest.mark.torch
 @pytest.mark.parametrize("experts", [(64, 8), (70, 5)], ids=["square", "not-square"])
 def test_parameters_and_flops_equal_transformers(experts):

@@ -115,12 +115,6 @@ from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
 workload_of = partial(harness_workload, "dory")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [
     ("dory-small", 128, 1, False, "eager", False, torch.bfloat16),
     ("dory-small", 128, 1, True, "sdpa", False, torch.bfloat16),

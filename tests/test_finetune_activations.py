@@ -99,12 +99,6 @@ def predicted(name: str, targets: str, dropout: float, checkpointing: bool, atte
     return stage_activations(w, Layout(), 0).with_rebuilt
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 @pytest.mark.parametrize(("name", "targets", "dropout", "checkpointing", "attention"), CASES)
 def test_bytes_kept_for_backward_match_a_peft_lora_model(name, targets, dropout, checkpointing, attention):
     whole = measured(name, targets, dropout, checkpointing, attention)

@@ -349,13 +349,6 @@ def within_tolerance(case: Case, profile: FrameworkProfile | None = None, extra:
     assert abs(error(total, whole)) < TOLERANCE, report
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    """The harness keeps the last model built (up to 3.5 GB at real width): free it for the tests that follow."""
-    yield
-    hf_saved.release_models()
-
-
 @pytest.mark.parametrize("case", params(CASES))
 def test_bytes_kept_for_backward_match_transformers(case: Case):
     within_tolerance(case)

@@ -127,12 +127,6 @@ def workload_of(name: str, seq: int, micro_batch: int, checkpointing: bool, lora
     return replace(w, mask_bytes=dropout_mask_bytes("cpu", w.precision))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [("git-small", 128, 1, False, False, torch.bfloat16), ("git-small", 128, 1, False, False, torch.float32)]
 SAVED += [("git-small", 256, 2, ck, lora, torch.bfloat16) for ck, lora in ((False, False), (True, False), (False, True))
           ]  # fmt: skip

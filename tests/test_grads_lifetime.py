@@ -139,12 +139,6 @@ CPU_CASES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 # Two micro-batches (10 to 16 s a case on two cores) on one checkpointing mode of each family: Llama without, GPT-2 with
 ACCUMULATED = [(case, 1) for case in CPU_CASES] + [(CPU_CASES[0], 2), (CPU_CASES[3], 2)]
 

@@ -88,12 +88,6 @@ from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
 workload_of = partial(harness_workload, "hrm_text")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [("hrm-small", 128, 1, ck, att, torch.bfloat16) for ck in (False, True) for att in ("eager", "sdpa")]
 SAVED += [("hrm-small", 256, 2, ck, "eager", torch.bfloat16) for ck in (False, True)]
 SAVED += [("hrm-wide", 256, 2, False, "sdpa", torch.bfloat16), ("hrm-small", 256, 2, False, "eager", torch.float32)]

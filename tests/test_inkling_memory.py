@@ -104,12 +104,6 @@ from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
 workload_of = partial(harness_workload, "inkling_text")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [
     ("inkling-small", 128, 1, False, False, torch.bfloat16),
     ("inkling-small", 128, 1, True, False, torch.bfloat16),

@@ -147,12 +147,6 @@ def predicted_peak(case: Case) -> tuple[float, str]:
     return phases.busiest, phases.binding
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_step_peak.hf_saved.release_models()
-
-
 pytestmark = pytest.mark.torch
 
 

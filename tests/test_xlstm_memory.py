@@ -106,12 +106,6 @@ def harness_workload(name: str, seq: int, micro_batch: int, checkpointing: bool,
     return replace(w, method=Method("lora", 8, parse_targets("all-linear"))) if lora else w
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [(name, s, b, ckpt) for name in ("xlstm-small", "xlstm-steps") for s, b in ((128, 1), (256, 2), (100, 2))
          for ckpt in (False, True)]  # fmt: skip
 """Chunks of 64 (xlstm-small: s 128 and 256 whole chunks, 100 one chunk and 36 steps) and of 48 (xlstm-steps: 32,
