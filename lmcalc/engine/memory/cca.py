@@ -4,9 +4,12 @@ ZayaRouter and ZayaDecoderLayer): the two convolutions' inputs over the queries'
 the delayed value's zero token, the weightless L2 norms of Q and K and the key scale, the residual scaling on a
 residual stream kept in fp32, and the MLP router with the state it hands the next layer. Eager attention's scores,
 Q, K, V and the output projection's input are plain attention's (``engine.memory.activations``); the experts are the
-MoE block's (transformers' grouped_mm path)."""
+MoE block's (transformers' grouped_mm path). Checkpointed, a rebuilt layer peaks at the end of its forward
+(``rebuilt_forward_end``)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.saved import SavedTensor
@@ -116,3 +119,28 @@ def checkpoint_kept_again(w: Workload, stream_kept: bool, scale_trained: bool) -
     moe, act, sb = w.model.moe, w.precision.activation_bytes, w.tokens
     r = moe.router_rank or 0 if moe else 0
     return (STREAM_BYTES * w.model.hidden_size if stream_kept else 0) * sb + (act * r * sb if scale_trained else 0)
+
+
+class RebuiltEnd(NamedTuple):
+    """A rebuilt ZAYA layer at the end of its forward, and what its backward has freed by its MLP's
+    (``rebuilt_forward_end``), in bytes."""
+
+    forward: float  # beyond the tensors the layer keeps (all made by then)
+    output_gradient: float  # the gradient of the layer's output, alive while it is rebuilt
+    freed: float  # of the layer's saved tensors, those its MLP's residual scaling frees before the MLP's backward
+
+
+def rebuilt_forward_end(w: Workload, layer: tuple[SavedTensor, ...]) -> RebuiltEnd | None:
+    """Where a ZAYA layer (``layer``, its saved tensors) rebuilt under full recomputation peaks: at the end of its
+    forward, in the MLP's residual scaling (ZayaResidualScaling), where the rebuild has made every tensor the layer
+    keeps and holds beside them the fp32 stream between the halves (s·b·h·4, the scaling's residual), the MLP's
+    output and its scaled product (2·s·b·h in the activation dtype); the rebuild runs inside the backward of the
+    layer's output, whose gradient is fp32 beside its cast for the MLP's branch (s·b·h·(4 + 2) in bf16). The
+    backward then frees the MLP scaling's sums before the MLP's own backward (the MoE combine's) runs. Read from the
+    storages live at the step's peak with scripts/hf_step_peak.py on the CPU (zaya-wide, checkpointed). None for any
+    other model or step."""
+    if w.model.cca is None or w.recompute != "full":
+        return None
+    act, sbh = w.precision.activation_bytes, w.tokens * w.model.hidden_size
+    freed = sum(x.bytes for x in layer if x.block == "mlp" and "residual scale" in x.label)
+    return RebuiltEnd(sbh * (STREAM_BYTES + 2 * act), sbh * (STREAM_BYTES + act), freed)
