@@ -37,7 +37,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lmcalc.engine.memory.branch_convs import INDEX_BYTES, SharedSum
-from lmcalc.engine.memory.inkling2_loop import Variant, block_storages, gates_saved, message_counts, run_variants
+from lmcalc.engine.memory.inkling2_loop import (
+    Variant,
+    block_storages,
+    freed_before_later_runs,
+    gates_saved,
+    last_later_run,
+    message_counts,
+    run_variants,
+)
 from lmcalc.engine.memory.norms import NORM
 from lmcalc.engine.memory.saved import ROUTED, SavedTensor
 from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind, share
@@ -298,6 +306,18 @@ def message_residual_saved(w: Workload) -> list[SavedTensor]:
     ]  # fmt: skip
 
 
+def messages_held(w: Workload) -> float:
+    """What the layers' backward holds of the head side in Inkling 2's looped model: the message residuals' tensors
+    and messages (``message_residual_saved``), made outside the layers and freed only by each later run's own
+    backward, so all alive when the backward reaches the last later run (``last_later_run``); under full
+    recomputation less what the checkpoints have freed by then (``freed_before_later_runs``: the inputs of the layers
+    after the section and the stacks of blocks only they read). 0 for any other model."""
+    held = sum(t.bytes for t in message_residual_saved(w))
+    if held and w.recompute == "full":
+        held -= freed_before_later_runs(w.model) * w.precision.activation_bytes * w.tokens * w.model.hidden_size
+    return held
+
+
 def checkpoint_kept(w: Workload) -> list[SavedTensor]:
     """What gradient checkpointing keeps of Inkling 2's layers' arguments beyond their inputs until the rebuilt layers
     have run: the blocks' states each layer reads (one storage a count of blocks, m·s·b·h in the activation dtype,
@@ -342,7 +362,10 @@ def rebuilt_combine_peak(w: Workload, layer: tuple[SavedTensor, ...]) -> SharedS
     scaled weights and the sorted expert ids with their fp32 copy for histc (4 + 8 + 4 bytes a pair), the MoE's input
     (the norm's output, cast), the fp32 residual the layer adds back at its end, and where the layer opens a block
     its blocks' states with its input (m − 1 of the MLP's m). Read from the storages live at the step's peak with
-    scripts/hf_step_peak.py on the CPU (inkling2-wide, checkpointed). None for any other model or step."""
+    scripts/hf_step_peak.py on the CPU (inkling2-wide, checkpointed). In a looped model (``inkling2_loop``) the run
+    is the last later run, rebuilt with every message residual alive (``messages_held``): the stack gradient alive
+    beside it is that of the blocks it reads (m_a − 1 states, d_a), which the layer after it reads too
+    (inkling2-loop-small, checkpointed: its layer 3's second run). None for any other model or step."""
     spec = w.model
     if not inkling2(w) or w.recompute != "full" or spec.moe is None:
         return None
@@ -351,10 +374,13 @@ def rebuilt_combine_peak(w: Workload, layer: tuple[SavedTensor, ...]) -> SharedS
     branch = spec.branch_convs
     assert branch is not None and branch.block_residual
     top = spec.num_layers - 1
-    held = spec.layer_reuse.weights[top] if spec.layer_reuse else top  # the held layer it runs
-    opened = block_counts(spec)[top][2] - 1 if held % branch.block_residual == 0 else 0
+    run = later if (later := last_later_run(spec)) is not None else top
+    held = spec.layer_reuse.weights[run] if spec.layer_reuse else run  # the held layer it runs
+    _, states, mlp_states = block_counts(spec)[run]
+    opened = mlp_states - 1 if held % branch.block_residual == 0 else 0
     combine = 2 * FP32 * kT * h  # the weighted outputs, and their copy in the tokens' order
     variables = FP32 * sb * E + (FP32 + INDEX_BYTES + FP32) * kT + act * sb * h + FP32 * sb * h + act * opened * sb * h
     after = sum(t.bytes for t in layer if t.label.startswith("MLP-output convolution"))
-    gradients = act * _final_states(w) * sb * h + 2 * FP32 * sb * h + FP32 * b * h * (s + branch.kernel - 1)
+    stack = _final_states(w) if run == top else states - 1  # the stack whose gradient holds the output's
+    gradients = act * stack * sb * h + 2 * FP32 * sb * h + FP32 * b * h * (s + branch.kernel - 1)
     return SharedSum(combine + variables, 1 - after / sum(t.bytes for t in layer), gradients)

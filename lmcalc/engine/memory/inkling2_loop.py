@@ -77,10 +77,10 @@ def gates_saved(w: Workload, kind: str | None) -> list[SavedTensor]:
     return tensors
 
 
-def block_storages(spec: ModelSpec) -> int:
+def block_storages(spec: ModelSpec, upto: int | None = None) -> int:
     """The blocks' states the checkpoints hold, in states of s·b·h: each stack of blocks a run reads is one storage
     (``torch.cat`` makes a new one after a layer that opens a block), each later pass making its own from the stack
-    before the section, which it restarts from."""
+    before the section, which it restarts from. With ``upto``, the stacks the runs up to that one read."""
     branch = spec.branch_convs
     assert branch is not None and branch.block_residual
     weights = spec.layer_reuse.weights if spec.layer_reuse else tuple(range(spec.num_layers))
@@ -88,7 +88,7 @@ def block_storages(spec: ModelSpec) -> int:
     start = min((layer for layer, v in zip(weights, variants, strict=True) if v != "plain"), default=-1)
     seen: set[int] = set()
     storage, size, total, at_start = 0, 0, 0, (0, 0)
-    for run, layer in enumerate(weights):
+    for run, layer in enumerate(weights[: None if upto is None else upto + 1]):
         if layer == start and variants[run] == "first":
             at_start = (storage, size)
         elif layer == start:
@@ -107,3 +107,18 @@ def message_counts(spec: ModelSpec) -> tuple[int, int]:
         return 0, 0
     assert spec.layer_reuse is not None
     return len(spec.layer_reuse.repeats), message_states(spec)
+
+
+def last_later_run(spec: ModelSpec) -> int | None:
+    """The run that reads messages whose layer the backward rebuilds first: the section's last layer in the last
+    pass; None where no run reads messages."""
+    return max((run for run, v in enumerate(run_variants(spec)) if v == "later"), default=None)
+
+
+def freed_before_later_runs(spec: ModelSpec) -> int:
+    """States of s·b·h the checkpoints have freed by the time the backward rebuilds the last later run: the inputs of
+    the runs after it (the layers after the section) and the stacks of blocks only those runs read."""
+    run = last_later_run(spec)
+    if run is None:
+        return 0
+    return spec.num_layers - 1 - run + block_storages(spec) - block_storages(spec, run)

@@ -21,12 +21,12 @@ from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tenso
 from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.branch_convs import combine_gradient_bytes, shared_sum_peak
 from lmcalc.engine.memory.byte_latent import forward_frame as byte_forward_frame
-from lmcalc.engine.memory.cca import STREAM_BYTES, rebuilt_forward_end
+from lmcalc.engine.memory.cca import STREAM_BYTES
 from lmcalc.engine.memory.compressed import ihc_indexer_moment
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
-from lmcalc.engine.memory.inkling2 import block_residual_backward, rebuilt_combine_peak
+from lmcalc.engine.memory.inkling2 import block_residual_backward, messages_held, rebuilt_combine_peak
 from lmcalc.engine.memory.ngpt import sub_norm_backward
 from lmcalc.engine.memory.prompt_prefix import (
     bias_gradient,
@@ -107,6 +107,7 @@ class Transients(NamedTuple):
     forward: float = 0.0  # a layer's forward beyond what it keeps: an indexer's scores (``indexer_peak``)
     kept_before: float = 0.0  # of a layer's saved tensors, the share made before that moment
     output_gradient: float = 0.0  # the gradient of a layer's output, alive while the layer is rebuilt
+    held: float = 0.0  # of the head side, what the layers' moments still hold (Inkling 2's looped message residuals)
 
 
 class StepPhases(NamedTuple):
@@ -137,8 +138,7 @@ PHASE_NAMES = (
     "the first layer's backward",
     "the embedding's backward",
     "the optimizer step",
-    "a layer's forward (its indexer's scores, its CDMoE's key sums, a rebuilt ZAYA layer's end), or the forward's end "
-    "(CPM-Ant's, BLT's)",
+    "a layer's forward (its indexer's scores, or its CDMoE's key sums), or the forward's end (CPM-Ant's, BLT's)",
 )
 
 
@@ -167,7 +167,12 @@ def step_phases(
     return StepPhases(
         held.total + transients.loss - unmade.loss * grads,
         after_head + transients.norm + queue.head - unmade.norm * grads,
-        after_head + held.rebuilt + transients.layer + queue.layer_peak(held.first_layer) - unmade.layer * grads,
+        after_head
+        + held.rebuilt
+        + transients.layer
+        + transients.held
+        + queue.layer_peak(held.first_layer)
+        - unmade.layer * grads,
         embedding_side
         + held.first_layer
         + held.rebuilt
@@ -189,7 +194,7 @@ def _layer_forward(held: StageActivations, t: Transients, unmade: float) -> floa
         return 0.0
     after_head = held.total - held.head
     if held.rebuilt:
-        return after_head + t.kept_before * held.rebuilt + t.output_gradient + t.forward - unmade
+        return after_head + t.held + t.kept_before * held.rebuilt + t.output_gradient + t.forward - unmade
     return after_head - (1 - t.kept_before) * held.first_layer + t.output_gradient + t.forward - unmade
 
 
@@ -261,14 +266,14 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     if built.moe and (shared := shared_sum_peak(w, layer_saved_tensors(w, True))):  # Inkling's rebuilt MoE layer
         rebuilt = shared.forward / split, shared.kept_before, shared.output_gradient / split
         return Transients(loss, layer + tied, norm, tied, *rebuilt)
+    messages = messages_held(w) / cp if built.head else 0.0  # Inkling 2's looped model's, until its later runs'
     if built.moe and (top := rebuilt_combine_peak(w, layer_saved_tensors(w, True, "global"))):  # Inkling 2's rebuilt
         rebuilt = top.forward / split, top.kept_before, top.output_gradient / split  # top layer at its fp32 combine
-        return Transients(loss, layer + tied, norm, tied, *rebuilt)
+        return Transients(loss, layer + tied, norm, tied, *rebuilt, held=messages)
+    if messages:  # not checkpointed: the top layer's backward holds them
+        return Transients(loss, layer + tied, norm, tied, held=messages)
     if built.dense and (cdmoe := retrieval_forward_peak(w)):  # Doge's CDMoE: its layer's forward at its last add,
         return Transients(loss, layer + tied, norm, tied, cdmoe, 1.0, sb * spec.hidden_size * act / cp)  # all made
-    if end := rebuilt_forward_end(w, layer_saved_tensors(w, bool(built.moe))):  # ZAYA's rebuilt layer (memory.cca)
-        return Transients(loss, layer + tied - end.freed / cp, norm, tied, end.forward / cp, 1.0,
-                          end.output_gradient / cp)  # fmt: skip
     if not forward:
         return Transients(loss, layer + tied, norm, tied)
     kept, core_share = layer_saved_tensors(w, bool(built.moe)), kept_before_core(w, bool(built.moe))
