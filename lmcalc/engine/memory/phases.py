@@ -21,7 +21,7 @@ from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tenso
 from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.branch_convs import combine_gradient_bytes, shared_sum_peak
 from lmcalc.engine.memory.byte_latent import forward_frame as byte_forward_frame
-from lmcalc.engine.memory.cca import STREAM_BYTES
+from lmcalc.engine.memory.cca import STREAM_BYTES, rebuilt_forward_end
 from lmcalc.engine.memory.compressed import ihc_indexer_moment
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
@@ -138,7 +138,8 @@ PHASE_NAMES = (
     "the first layer's backward",
     "the embedding's backward",
     "the optimizer step",
-    "a layer's forward (its indexer's scores, or its CDMoE's key sums), or the forward's end (CPM-Ant's, BLT's)",
+    "a layer's forward (its indexer's scores, its CDMoE's key sums, a rebuilt ZAYA layer's end), or the forward's end "
+    "(CPM-Ant's, BLT's)",
 )
 
 
@@ -274,6 +275,9 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         return Transients(loss, layer + tied, norm, tied, held=messages)
     if built.dense and (cdmoe := retrieval_forward_peak(w)):  # Doge's CDMoE: its layer's forward at its last add,
         return Transients(loss, layer + tied, norm, tied, cdmoe, 1.0, sb * spec.hidden_size * act / cp)  # all made
+    if end := rebuilt_forward_end(w, layer_saved_tensors(w, bool(built.moe))):  # ZAYA's rebuilt layer (memory.cca)
+        return Transients(loss, layer + tied - end.freed / cp, norm, tied, end.forward / cp, 1.0,
+                          end.output_gradient / cp)  # fmt: skip
     if not forward:
         return Transients(loss, layer + tied, norm, tied)
     kept, core_share = layer_saved_tensors(w, bool(built.moe)), kept_before_core(w, bool(built.moe))
