@@ -99,7 +99,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_step_peak  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
-from test_framework_transformers import Case, free_models, within_tolerance  # noqa: E402, F401
+from test_framework_transformers import Case, within_tolerance  # noqa: E402
 from test_step_phases import measured, predicted_peak  # noqa: E402
 
 NAMES = ("deepseek-v4-small", "hy-v4-small")

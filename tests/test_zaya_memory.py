@@ -123,12 +123,6 @@ from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 workload_of = partial(harness_workload, "zaya")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
-
-
 SAVED = [("zaya-small", "eager", 128, 1, ck, False) for ck in (False, True)]
 SAVED += [("zaya-small", "eager", 256, 2, ck, lora) for ck in (False, True) for lora in (False, True)]
 SAVED += [("zaya-mha", "eager", 128, 1, False, False), ("zaya-small", "sdpa", 256, 2, False, False),
