@@ -15,11 +15,13 @@ out of its runtime, so these are read here, once, from the installed transformer
   ``layer_types`` (its ``__post_init__`` writes them from the depth);
 * ``ATTRIBUTE_MAPS``: those types' ``attribute_map``, alias → field, where the reader reads either name.
 
-    python scripts/hf_class_defaults.py    # needs transformers (a dev dependency)
+    python scripts/hf_class_defaults.py            # needs transformers (a dev dependency)
+    python scripts/hf_class_defaults.py --check    # writes nothing: exit 1 if the file is stale
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import sys
@@ -103,7 +105,8 @@ def layer_pattern(kind: str) -> tuple[int, bool] | None:
     return None
 
 
-def main() -> None:
+def source() -> str:
+    """lmcalc/hf_defaults.py as this transformers reads its classes."""
     from transformers.models.auto import configuration_auto
 
     aliases = builds_as()
@@ -156,10 +159,23 @@ def main() -> None:
             pairs = ", ".join(f"{_literal(alias)}: {_literal(field)}" for alias, field in mapped.items())
             lines.append(f'    "{kind}": {{{pairs}}},')
     lines += ["}", "# fmt: on"]
-    text = "\n".join(lines) + "\n"
-    write_atomic(ROOT / "lmcalc" / "hf_defaults.py", text)
-    print(f"wrote lmcalc/hf_defaults.py ({len(kinds)} types, transformers {transformers.__version__})")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is not what it writes")
+    args = parser.parse_args()
+    text, path = source(), ROOT / "lmcalc" / "hf_defaults.py"
+    if args.check:
+        same = path.read_text(encoding="utf-8") == text
+        stale = "stale: run python scripts/hf_class_defaults.py"
+        print(f"lmcalc/hf_defaults.py is {'up to date' if same else stale}")
+        return 0 if same else 1
+    write_atomic(path, text)
+    print(f"wrote lmcalc/hf_defaults.py (transformers {transformers.__version__})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

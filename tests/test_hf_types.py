@@ -6,6 +6,7 @@ on the meta device, exactly (issue #17's target: 0 parameters off)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -187,6 +188,15 @@ def test_a_type_that_builds_another_types_model_is_read_as_that_type():
         assert models[kind] == models[home]
         assert getattr(transformers, models[kind]).config_class.__name__ == configs[home]
     assert {"exaone", "internlm3", "iquestcoder", "sarvam_mla", "sarvam_moe"} <= set(BUILDS_AS)
+
+
+def test_the_class_defaults_are_what_the_installed_transformers_gives():
+    # lmcalc/hf_defaults.py is data written by scripts/hf_class_defaults.py from transformers' configuration classes:
+    # a type added to the reader without rewriting it reads a config.json without its class's defaults
+    import hf_class_defaults
+
+    written = (Path(__file__).resolve().parent.parent / "lmcalc" / "hf_defaults.py").read_text(encoding="utf-8")
+    assert hf_class_defaults.source() == written, "run python scripts/hf_class_defaults.py"
 
 
 @pytest.mark.slow
