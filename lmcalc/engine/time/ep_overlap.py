@@ -27,14 +27,12 @@ bandwidth the communication kernels take) is not modelled.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 from typing import NamedTuple
 
-from lmcalc.engine.model.params import weight_tensors
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import StageLayers
-from lmcalc.engine.time.kernels import StageWork
+from lmcalc.engine.time.kernels import StageWork, routed_names
 from lmcalc.specs import ModelSpec
 
 MOE_LAYER = StageLayers(0, 1, False, False)
@@ -57,7 +55,7 @@ class MoePhases(NamedTuple):
 
 def routed_work(model: ModelSpec, work: StageWork) -> StageWork:
     """Of one MoE layer's work (``stage_work``), its routed experts' GEMMs alone: what ``moe_phases`` times apart."""
-    routed = _routed_names(model)
+    routed = routed_names(model)
     return replace(
         work,
         gemms=tuple(g for g in work.gemms if g.name in routed),
@@ -82,12 +80,6 @@ def forward_share(work: StageWork) -> float:
     """The share of a unit's memory-bound kernel time its forward pass takes, by the bytes each moves."""
     moved = work.memory_forward + work.memory_backward + work.accumulation_bytes + work.fp8_cast_bytes
     return work.memory_forward / moved if moved else 0.0
-
-
-@functools.lru_cache(maxsize=64)
-def _routed_names(model: ModelSpec) -> frozenset[str]:
-    """The names of the routed experts' weights, as ``stage_work``'s GEMMs carry them."""
-    return frozenset(t.name for t in weight_tensors(model) if t.group == "experts")
 
 
 def paired_exposure(phases: MoePhases, a2a: float) -> float:

@@ -361,16 +361,45 @@ def _accumulation_bytes(s: StageShape, gemms: list[Gemm], head: tuple[Gemm, ...]
 
 def _fp8_cast_bytes(w: Workload, gemms: list[Gemm], head: tuple[Gemm, ...], traffic: MemoryTraffic) -> float:
     """fp8/fp4 GEMMs: each GEMM's input, output gradient and weight cast with a transposed copy (read 2, write q + q:
-    ``LOW_PRECISION_OPERAND_BYTES``); fused into the producers, only the transposes (read q, write q) remain."""
+    ``LOW_PRECISION_OPERAND_BYTES``); fused into the producers, only the transposes (read q, write q) remain, but for
+    the routed experts' operands, which no producer casts (``_routed_quantize_bytes``)."""
     q = LOW_PRECISION_OPERAND_BYTES.get(w.precision.compute_dtype)
     if q is None:
         return 0.0
     every = gemms + list(head)
     if w.framework.speed.fp8_casts == "fused":  # the transposes of the input and of the output gradient only
         traffic.launch(2 * (sum(g.count for g in gemms) + len(head)))
-        return sum(2 * q * (g.m * g.k + g.m * g.n) * g.count for g in every)
+        transposes = sum(2 * q * (g.m * g.k + g.m * g.n) * g.count for g in every)
+        return transposes + _routed_quantize_bytes(w, gemms)
     traffic.launch(3 * (sum(g.count for g in gemms) + len(head)))
     return sum((2 + 2 * q) * (g.m * g.k + g.m * g.n + g.n * g.k) * g.count for g in every)
+
+
+def _routed_quantize_bytes(w: Workload, gemms: list[Gemm]) -> float:
+    """Where the casts are fused into their producers, what the routed experts' casts read beyond that: their inputs
+    come from the token permutation and the experts' activation, their output gradients from the combine's backward,
+    and the grouped GEMM module quantises each itself (Transformer Engine's ``GroupedLinear``: ``tex.split_quantize``
+    of its input in forward, of the output gradient in backward), reading it in the activation dtype before writing
+    what the fused casts' transposes count. One read, e bytes an element, of each tensor quantised: the experts' first
+    projections' shared input once (gate and up read one input), the down projection's input, and every output
+    gradient. docs/formulas.md §8.13.1."""
+    routed = routed_names(w.model)
+    first = down = gradients = 0.0
+    for g in gemms:
+        if g.name not in routed:
+            continue
+        if g.name.rsplit(".", 2)[-2] == "down":
+            down += g.m * g.k * g.count
+        else:
+            first = max(first, g.m * g.k * g.count)
+        gradients += g.m * g.n * g.count
+    return w.precision.activation_bytes * (first + down + gradients)
+
+
+@functools.lru_cache(maxsize=64)
+def routed_names(model: ModelSpec) -> frozenset[str]:
+    """The names of the routed experts' weights, as ``stage_work``'s GEMMs carry them."""
+    return frozenset(t.name for t in weight_tensors(model) if t.group == "experts")
 
 
 def _wgrad_accumulator_bytes(w: Workload) -> float:
