@@ -13,7 +13,8 @@ from lmcalc.engine.model.flops import forward_flops_per_token
 from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.parallel.pipeline import stage_layers
 from lmcalc.engine.time import rates
-from lmcalc.engine.time.kernels import FLASH_BACKWARD_TO_FORWARD, stage_work
+from lmcalc.engine.time.kernels import FLASH_BACKWARD_TO_FORWARD, Gemm, StageWork, stage_work
+from lmcalc.engine.time.microbatch import kernel_times
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import framework_profile, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
@@ -204,6 +205,21 @@ def test_a_skinny_gemm_is_memory_bound():
     t = rates.gemm_seconds(H100, rate, (1, 8192, 8192), 2)
     moved = 2 * (8192 + 8192 * 8192 + 8192)
     assert t == pytest.approx(moved / (3.35e12 * cal.hbm_efficiency) + cal.kernel_overhead_s)
+
+
+def test_an_fp8_gemm_reads_one_byte_operands_and_writes_bf16():
+    """The same skinny GEMM in fp8 through ``kernel_times``, the path every step takes: one-byte operands (its weight,
+    67 MB) and a bf16 output (Transformer Engine's fp8 GEMMs write the activation dtype), a frozen weight so that the
+    backward is the input gradient's GEMM alone, the transpose, read and written the same way."""
+    cal = rates.CALIBRATION
+    gemm = Gemm("w", 1, 8192, 8192, 1.0, weight_grad=0.0)
+    work = StageWork((gemm,), (), (), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1)
+    times = kernel_times(work, H100, "fp8", "flash3", 2, cal)
+    moved = 1 * (8192 + 8192 * 8192) + 2 * 8192  # x and W in fp8, y in bf16
+    one = moved / (3.35e12 * cal.hbm_efficiency) + cal.kernel_overhead_s
+    assert times.gemm_forward == pytest.approx(one)
+    assert times.gemm_input_grad == pytest.approx(one)  # dy (1 x 8192) by W^T (8192 x 8192), dx in bf16
+    assert times.gemm_weight_grad == 0.0
 
 
 def test_a_large_gemm_runs_at_the_sustained_matmul_rate():

@@ -92,8 +92,8 @@ def kernel_times(
     rate = matmul.flops_per_s
     operand = rates.LOW_PRECISION_OPERAND_BYTES.get(dtype, e)  # fp8 GEMMs read one-byte operands, fp4 half a byte
 
-    def gemm(m: float, n: float, k: float, extra: float = 0.0) -> float:
-        return rates.gemm_seconds(hardware, rate, (m, n, k), operand, extra, cal)
+    def gemm(m: float, n: float, k: float, extra: float = 0.0) -> float:  # the output in the activation dtype
+        return rates.gemm_seconds(hardware, rate, (m, n, k), (operand, e), extra, cal)
 
     forward = input_grad = weight_grad = 0.0
     for g in work.gemms + work.head:

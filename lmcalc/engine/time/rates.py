@@ -196,17 +196,20 @@ def gemm_seconds(
     hardware: HardwareSpec,
     rate: float,
     shape: tuple[float, float, float],
-    element_bytes: float,
+    element_bytes: float | tuple[float, float],
     extra_bytes: float = 0.0,
     cal: Calibration = CALIBRATION,
 ) -> float:
     """One (m × k) · (k × n) GEMM, ``shape`` = (m, n, k): max(2mnk / (φ·R·w), bytes / (B·η)) + t₀, reading both
-    operands and writing the output once (``extra_bytes``: an fp32 accumulator read and written in the epilogue)."""
+    operands and writing the output once (``extra_bytes``: an fp32 accumulator read and written in the epilogue).
+    ``element_bytes``: of the operands and the output alike, or (the operands', the output's): an fp8 or fp4 GEMM
+    reads one-byte or half-byte operands and writes its output in the activation dtype (Transformer Engine's bf16)."""
     m, n, k = shape
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2 * m * n * k
-    moved = element_bytes * (m * k + k * n + m * n) + extra_bytes
+    read, written = element_bytes if isinstance(element_bytes, tuple) else (element_bytes, element_bytes)
+    moved = read * (m * k + k * n) + written * m * n + extra_bytes
     arithmetic = flops / (cal.gemm_fraction_for(hardware) * rate * wave_efficiency(hardware, m, n))
     return max(arithmetic, moved / hbm_bandwidth(hardware, cal)) + cal.kernel_overhead_s
 
