@@ -165,3 +165,49 @@ def test_the_cache_is_what_transformers_allocates(kind: str):
     model_spec = ModelSpec.model_validate(model_from_hf_config(config, kind, kind))
     per_token = kv_elements_per_token_per_layer(model_spec) * model_spec.num_layers * 2  # bf16
     assert cached == pytest.approx(batch * tokens * per_token)
+
+
+V32_SMALL = {"model_type": "deepseek_v32", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 384,
+             "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32, "num_hidden_layers": 2,
+             "max_position_embeddings": 2048, "attention_dropout": 0.0, "tie_word_embeddings": False,
+             "q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 32,
+             "index_n_heads": 4, "index_head_dim": 32, "index_topk": 64, "first_k_dense_replace": 1,
+             "n_routed_experts": 4, "n_shared_experts": 1, "moe_intermediate_size": 64, "num_experts_per_tok": 2,
+             "n_group": 1, "topk_group": 1}  # fmt: skip
+"""scripts/hf_saved.py's deepseek-v32-small, written out: h 128, H 4, d_nope 16, d_rope 16, d_v 32, r_q 64, r_kv 32,
+an indexer of 4 heads of 32, a dense layer and an MoE one, V 2,048."""
+
+
+def test_a_checkpointed_v32_step_peaks_at_a_rebuilt_indexer_by_hand():
+    # deepseek-v32-small checkpointed at s = 256, b = 2 (t = 512 tokens, bf16, eager): the step peaks while the top
+    # layer is rebuilt in the backward, at its indexer's scores. Live then:
+    from dataclasses import replace
+
+    from lmcalc.engine.memory.gpu_memory import gpu_memory
+    from lmcalc.engine.memory.phases import step_phases
+    from lmcalc.hf_config import model_from_hf_config
+
+    t, s, h = 512, 256, 128
+    checkpointed = 2 * t * h * 2  # each layer's input
+    outside = s * s * 4 + 2 * s * 16 * 2 + s * 8 + 2 * t * 8  # the mask, RoPE's cos and sin, positions, ids and labels
+    # the attention up to its core: three norms (the input's of h, the query latent's of 64, the KV latent's of 32:
+    # an fp32 copy, 1/rms, the normalised value and the output each) and Q, K and V (4 heads of 32)
+    norms = sum(t * width * (4 + 2 + 2) + t * 4 for width in (128, 64, 32))
+    qkv = 3 * t * 4 * 32 * 2
+    # DeepseekV32Attention.forward's locals: q_b's output (H·(16 + 16)), Q's RoPE output (H·16), the key half of
+    # kv_b's output beside V's view (H·16; eager attention's matmul copies V at b = 2, so V's storage is not kept),
+    # kv_a's output (32 + 16), K's RoPE output (16) and the indexer's Q's and K's RoPE outputs (5·16)
+    attention_locals = t * (4 * (32 + 16 + 16) + 32 + 16 + 16 + 5 * 16) * 2
+    # the indexer (§2.5): its key copied for every query and the scores, b·s·s·(d_I + H_I) in fp32, its Q and K as
+    # projected, after RoPE and in fp32
+    indexer = 4 * t * s * (32 + 4) + t * 5 * 32 * (2 + 2 + 4)
+    output_gradient = t * h * 2  # the layer output's gradient, which the residual branch holds
+    by_hand = checkpointed + outside + norms + qkv + attention_locals + indexer + output_gradient
+    assert (norms + qkv, attention_locals, indexer) == (1_316_864, 409_600, 19_529_728)
+    assert by_hand == 21_938_176  # transformers' step peaks at 21,929,992 B (+0.04 %): tests/test_step_phases.py
+    spec = ModelSpec.model_validate(model_from_hf_config(V32_SMALL, "v32-small", "test"))
+    w = Workload(spec, resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec, s, 2, "eager", "none",
+                 framework=framework_profile("transformers"))  # fmt: skip
+    gpu = gpu_memory(replace(w, recompute="full"), Layout(), 0)
+    phases = step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)
+    assert phases.busiest == by_hand and phases.binding.startswith("a layer's forward")

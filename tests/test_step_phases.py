@@ -104,11 +104,6 @@ without (checkpointed, its first layer's channel mix binds, and lmcalc's top lay
 rebuilt layer saved through its MLP's backward, is +5.0 %: transformers has freed the MLP's output and the gating
 product's by then)."""
 NOT_MODELLED = {
-    ("axk2-small", True): "under checkpointing the step peaks in the rebuilt layer at A.X K2's indexer (AXK2Indexer, "
-    "under no_grad, after Q, K and V are made), 731,144 B above lmcalc's DeepSeek-V3.2 indexer moment: 22,618,120 B "
-    "measured, 21,886,976 B counted (−3.23 %) at s = 256, b = 2, while the saved tensors agree within 0.04 %. The gap "
-    "is 5.6 bytes a query-key pair, about what its boolean top-k mask and one more fp32 score tensor would hold; not "
-    "pinned down yet",
     ("mixtral-wide", True): "under checkpointing the MoE layer's busiest moment is its rebuilt forward (the fp32 "
     "sum the experts' weighted outputs are index-added into), with its expert tensors partly freed by the combine's "
     "backward, which lmcalc counts on top of the whole rebuilt layer: +3.7 % at both points (still above, within 5 %)",

@@ -26,6 +26,7 @@ from lmcalc.engine.memory.compressed import ihc_indexer_moment
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
+from lmcalc.engine.memory.indexer_moment import mla_indexer_locals
 from lmcalc.engine.memory.inkling2 import block_residual_backward, messages_held, rebuilt_combine_peak
 from lmcalc.engine.memory.ngpt import sub_norm_backward
 from lmcalc.engine.memory.prompt_prefix import (
@@ -285,6 +286,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         return Transients(loss, layer + tied, norm, tied, forward + ihc.forward / cp, ihc.kept_before,
                           ihc.output_gradient / cp)  # fmt: skip
     output_gradient = sb * spec.hidden_size * act / cp  # of the layer rebuilt, alive while it runs its forward
+    forward += mla_indexer_locals(w, kept, tp) / cp  # DeepSeek-V3.2's MLA: its forward's locals
     return Transients(loss, layer + tied, norm, tied, forward, core_share, output_gradient)
 
 

@@ -1,0 +1,50 @@
+"""What DeepSeek-V3.2's attention (transformers 5.24's DeepseekV32Attention, and the types that share its MLA and
+indexer: GLM-5's GlmMoeDsaAttention, A.X K2's AXK2Attention) holds as forward locals when its indexer scores the
+keys, beyond what the layer keeps for backward and the indexer's own tensors (``phases.indexer_peak``).
+
+The attention makes Q, K and V before it calls the indexer (under torch.no_grad), and its frame still holds: q_b's
+output, of which the no-RoPE part of Q is a view (s·b·H·d_qk); kv_a's output, of which the KV latent is a slice
+(s·b·(r_kv + d_rope)); the interleaved RoPE's outputs for Q and the shared key (s·b·(H + 1)·d_rope), which the
+concatenations into Q and K copied; and kv_b's output, whose value half V's view keeps, its key half beside it
+(s·b·H·d_nope) unless the layer already counts it kept (a fused kernel keeps V's storage whole). The indexer's own
+frame holds its RoPE outputs too (s·b·(H_I + 1)·d_rope), copied into its concatenated queries and key. dots.3
+Note's attention (Dots3NoteTextAttention) holds the same but the indexer's: it rotates Q and the RoPE key in fp32 and
+keeps their bf16 casts, and its indexer rotates in fp32 too (its indexed layers' tables are fp32), so that its
+RoPE outputs and their concatenation are fp32 with no cast after: (H_I + 1)·(d_rope + d_I)·4 bytes a token beside
+the projections, which ``indexer_peak``'s (H_I + 1)·d_I·(2·2 + 4) (a bf16 concatenation and its fp32 copy) equals
+where d_rope = d_I/2, as in every dots.3 case measured; not counted apart. A.X K2's
+q_gate_proj makes Q and the output gate in one output (s·b·H·(d_qk + d_v)), and keeps the query latent, the input of
+its norm, as a local (s·b·r_q); the gate, a strided slice, is reshaped into a copy (s·b·H·d_v) that the gate's
+upcast reads after the attention. All in the activation dtype. Read from the storages live at the step's peak with
+scripts/hf_step_peak.py on the CPU, each tagged by the module and op that made it (deepseek-v32-small, axk2-small
+and, under LoRA, dots3-wide, checkpointed: the rebuilt top layer's forward at its indexer's scores)."""
+
+from __future__ import annotations
+
+from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.workload import Workload
+
+KEY_IN_VALUE = "K's no-RoPE part, in V's storage"
+"""The label under which a layer counts kv_b's key half kept, where V's storage is kept whole
+(``activations._mla_saved``)."""
+
+
+def mla_indexer_locals(w: Workload, layer: tuple[SavedTensor, ...], tp: int) -> float:
+    """Bytes DeepSeek-V3.2's MLA holds as forward locals at its indexer's scores (the module's docstring), on one of
+    ``tp`` ranks: the heads' share split, the latents and the indexer's whole. ``layer``: the layer's saved tensors,
+    which say whether kv_b's key half is counted kept. 0 for a model without MLA and an indexer; dots.3 Note's
+    (``MLASpec.rope_key_norm``) without its indexer's RoPE outputs, counted by ``indexer_peak``."""
+    m, spec = w.model.mla, w.model
+    if m is None or m.indexer is None:
+        return 0.0
+    H, d_rope = spec.num_heads, m.qk_rope_head_dim
+    by_head = m.qk_head_dim + d_rope  # q_b's output and Q's RoPE output
+    if not any(t.label == KEY_IN_VALUE for t in layer):
+        by_head += m.qk_nope_head_dim  # kv_b's key half, beside V's view
+    shared = m.kv_lora_rank + 2 * d_rope  # kv_a's output and K's RoPE output
+    if not m.rope_key_norm:  # the indexer's RoPE outputs (dots.3 Note's: fp32, in indexer_peak)
+        shared += (m.indexer.heads + 1) * d_rope
+    if m.q_latent_concat:  # A.X K2: the latent a local, the gate in q_gate_proj's output and its reshaped copy
+        shared += m.q_lora_rank or 0
+        by_head += 2 * m.v_head_dim if spec.attention_output_gate else 0
+    return w.tokens * (H * by_head / tp + shared) * w.precision.activation_bytes
