@@ -103,6 +103,27 @@ from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 workload_of = partial(harness_workload, "dots3_note_text")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
 
+def test_a_checkpointed_wide_step_s_moments_by_hand():
+    # dots3-wide at s = 256, b = 2 (t = 512 tokens, bf16; h 512, the indexed layers 8 heads, keys 16 + 16, r_kv 32;
+    # 4 experts of 256, top 2, one shared of 256), checkpointed, eager
+    from lmcalc.engine.memory.indexer_moment import adapted_output_gradient, mla_indexer_locals, shared_expert_freed
+
+    t, h = 512, 512
+    full, lora = workload_of("dots3-wide", 256, 2, True, "eager", False), workload_of("dots3-wide", 256, 2, True,
+                                                                                      "eager", True)  # fmt: skip
+    # the MoE combine's backward: its three fp32 k·t·h gradients and the cast-back one, the layer output's gradient,
+    # less the shared expert's four f_s-wide tensors and its input, freed by its backward, which runs first
+    freed = 4 * t * 256 * 2 + t * h * 2
+    assert shared_expert_freed(full, layer_saved_tensors(full, True)) == freed == 1_572_864
+    gpu = gpu_memory(full, Layout(), 0)
+    assert gpu.transients.layer == 2 * t * h * (3 * 4 + 2) - freed + t * h * 2
+    # the rebuilt indexed layer's forward at its indexer's scores: q_b's output (H·32), Q's RoPE output cast back
+    # (H·16), kv_b's key half (H·16), kv_a's output (32 + 16) and K's RoPE output (16); under LoRA, the shared
+    # expert's scaled adapter output's gradient beside the layer output's
+    assert mla_indexer_locals(full, layer_saved_tensors(full, True), 1) == t * (8 * (32 + 16 + 16) + 48 + 16) * 2
+    assert adapted_output_gradient(lora, True) == t * h * 2 == 524_288 and adapted_output_gradient(full, True) == 0
+
+
 B16 = torch.bfloat16
 SAVED = [("dots3-small", "eager", 256, 2, ck, False, B16) for ck in (False, True)]
 SAVED += [("dots3-small", "eager", 128, 1, False, False, B16), ("dots3-small", "sdpa", 256, 2, True, False, B16),
@@ -125,19 +146,12 @@ def test_bytes_kept_for_backward_match_transformers(name, attention, seq, batch,
     assert_saved_match(m, acts, checkpointing, layer)
 
 
-PEAKS = [("dots3-wide", True, True)]  # dots3-small (its indexer's scores bind: -1.1 %) by hf_step_peak.py alone
-NOT_MET = (
-    "+7.9 %: 26,507,288 B measured at the rebuilt top layer's MoE combine backward, 28,610,560 B counted at a layer's "
-    "backward. By then the shared expert's backward has run (DeepSeek-V3's MoE adds it after the routed experts) and "
-    "freed its four tensors and its input (1,572,864 B), and the k picks' cast-back gradient (k·t·h·2) is not made "
-    "yet. Counting the shared expert freed alone gives +2.0 %, but the LoRA case, which passes at −2.5 % at that "
-    "moment, truly peaks at the rebuilt indexed layer's scores (26,036,232 B), where lmcalc counts 25,192,870 B "
-    "(−3.24 %; −5.5 % before MLA's forward locals, formulas §3.7, were counted): beyond them, a second t·h·2 gradient "
-    "the final norm's backward leaves alive under LoRA (524,288 B, a MulBackward0's output, not pinned down) and the "
-    "indexed layer's tensors before its core, 65,112 B above the average layer's share. The two want modelling "
-    "together"
-)
-PEAKS += [pytest.param("dots3-wide", True, False, marks=pytest.mark.xfail(strict=True, reason=NOT_MET))]
+PEAKS = [("dots3-wide", True, True), ("dots3-wide", True, False)]
+"""dots3-wide checkpointed: fully trained, the rebuilt top layer's MoE combine backward binds (26,507,288 B measured,
+lmcalc +2.0 %), the shared expert's tensors and input freed by its backward, which runs first (1,572,864 B); under
+LoRA the rebuilt indexed layer's scores (26,036,232 B, lmcalc -1.2 %), beside MLA's forward locals and the gradient
+of the shared expert's scaled adapter output. dots3-small (its indexer's scores bind: -1.1 %) by hf_step_peak.py
+alone."""
 
 
 @pytest.mark.torch

@@ -17,10 +17,14 @@ q_gate_proj makes Q and the output gate in one output (s·b·H·(d_qk + d_v)), a
 its norm, as a local (s·b·r_q); the gate, a strided slice, is reshaped into a copy (s·b·H·d_v) that the gate's
 upcast reads after the attention. All in the activation dtype. Read from the storages live at the step's peak with
 scripts/hf_step_peak.py on the CPU, each tagged by the module and op that made it (deepseek-v32-small, axk2-small
-and, under LoRA, dots3-wide, checkpointed: the rebuilt top layer's forward at its indexer's scores)."""
+and, under LoRA, dots3-wide, checkpointed: the rebuilt top layer's forward at its indexer's scores). The same family's
+checkpointed step holds, beside it, an adapted last module's output gradient under LoRA (``adapted_output_gradient``),
+and at its MoE combine's backward no longer the shared experts' tensors (``shared_expert_freed``)."""
 
 from __future__ import annotations
 
+from lmcalc.engine.finetune.method import adapted_modules
+from lmcalc.engine.memory.module_recompute import ROUTER_INPUT
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
 
@@ -48,3 +52,31 @@ def mla_indexer_locals(w: Workload, layer: tuple[SavedTensor, ...], tp: int) -> 
         shared += m.q_lora_rank or 0
         by_head += 2 * m.v_head_dim if spec.attention_output_gate else 0
     return w.tokens * (H * by_head / tp + shared) * w.precision.activation_bytes
+
+
+def adapted_output_gradient(w: Workload, moe_layer: bool) -> float:
+    """Under LoRA, a rebuilt layer's last module adapted (an MoE layer's shared experts' down projection, a dense
+    layer's MLP's): PEFT adds ``lora_B(lora_A(x)) · scaling``, and the backward of that product by a number, which
+    unpacks no saved tensor, runs before the layer is rebuilt; its output, the gradient of B's output (t·h in the
+    activation dtype), lives through the rebuild. Read from the storages live at the step's peak (dots3-wide,
+    checkpointed, PEFT's LoRA on every linear layer, bf16 adapters: a MulBackward0's output of 524,288 B beside the
+    layer output's gradient). 0 without full recomputation or where that module is frozen."""
+    if w.recompute != "full" or not w.method.adapters:
+        return 0.0
+    group = "shared_experts" if moe_layer else "mlp"
+    if not any(m.group == group and m.leaf == "down" for m in adapted_modules(w.model, w.method)):
+        return 0.0
+    return w.tokens * w.model.hidden_size * w.precision.activation_bytes
+
+
+def shared_expert_freed(w: Workload, layer: tuple[SavedTensor, ...]) -> float:
+    """What an MoE layer of DeepSeek-V3's code (``hidden = experts(x) + shared_experts(x)``) no longer holds when the
+    routed experts' combine runs its backward: the shared experts' tensors and their input, the norm's output (the
+    router reads an fp32 copy, the experts a gathered one), freed by the shared experts' backward, which autograd runs
+    first (their sum's operand made last). Read from the storages live at the step's peak (dots3-wide checkpointed:
+    1,572,864 B, at its rebuilt top layer's combine backward). Counted for the DeepSeek-V3.2 family alone (an MLA
+    with an indexer), where it was measured; 0 elsewhere and where a gate multiplies the shared experts' output."""
+    spec = w.model
+    if not (spec.moe and spec.moe.shared_experts and spec.mla and spec.mla.indexer) or spec.moe.shared_expert_gate:
+        return 0.0
+    return sum(t.bytes for t in layer if "E_shared" in t.symbol or t.label == ROUTER_INPUT)

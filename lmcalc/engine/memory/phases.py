@@ -26,7 +26,7 @@ from lmcalc.engine.memory.compressed import ihc_indexer_moment
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
-from lmcalc.engine.memory.indexer_moment import mla_indexer_locals
+from lmcalc.engine.memory.indexer_moment import adapted_output_gradient, mla_indexer_locals, shared_expert_freed
 from lmcalc.engine.memory.inkling2 import block_residual_backward, messages_held, rebuilt_combine_peak
 from lmcalc.engine.memory.ngpt import sub_norm_backward
 from lmcalc.engine.memory.prompt_prefix import (
@@ -243,7 +243,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         if not (weighted_outputs(w) or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
             assignments = moe.k * sb
             combine = MOE_COMBINE_FP32_GRADIENTS * combine_gradient_bytes(w) + act  # Inkling's weights: act
-            layer = max(layer, assignments * spec.hidden_size * combine / split)
+            freed = shared_expert_freed(w, layer_saved_tensors(w, True))  # DeepSeek-V3.2's: run first
+            layer = max(layer, (assignments * spec.hidden_size * combine - freed) / split)
     layer = max(layer, sub_norm_backward(w, layer_saved_tensors(w, False)) / split)  # Dory's MLP sub-norm (fp32)
     layer = max(layer, block_residual_backward(w) / split)  # Inkling 2's widest block residual's fp32 norm
     layer = max(layer, retrieval_backward_peak(w))  # Doge's CDMoE: its second product's backward (TP = 1)
@@ -287,6 +288,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
                           ihc.output_gradient / cp)  # fmt: skip
     output_gradient = sb * spec.hidden_size * act / cp  # of the layer rebuilt, alive while it runs its forward
     forward += mla_indexer_locals(w, kept, tp) / cp  # DeepSeek-V3.2's MLA: its forward's locals
+    output_gradient += adapted_output_gradient(w, bool(built.moe)) / cp  # LoRA's scaled B output's
     return Transients(loss, layer + tied, norm, tied, forward, core_share, output_gradient)
 
 
