@@ -54,16 +54,19 @@ def laguna(config: dict[str, Any], origin: str, heads: int) -> dict[str, Any]:
 def indexer(config: dict[str, Any], origin: str, layers: int, kind: str = "") -> dict[str, Any]:
     """DeepSeek-V3.2's and GLM-5's indexer (DeepseekV32Indexer, GlmMoeDsaIndexer); GLM-5's indexer_types "shared"
     marks a layer that reuses the previous layer's selection and builds no indexer (GlmMoeDsaAttention). HYV4Config
-    writes its own where config.json gives none: a full indexer in layer 0 and every fourth from layer 1."""
+    writes its own where config.json gives none: a full indexer in layer 0 and every fourth from layer 1. The layers
+    above the topmost full one (``above_last``) run no indexer when the step peaks at it (formulas §3.7)."""
     shared = config.get("indexer_types") or []
     if kind == "hy_v4" and not shared:
         shared = ["full" if i == 0 or (i - 1) % 4 == 0 else "shared" for i in range(layers)]
     own = layers - sum(t == "shared" for t in shared[:layers])
+    indexed = [i for i in range(layers) if i >= len(shared) or shared[i] != "shared"]
     return {
         "heads": _get(config, origin, "index_n_heads"),
         "head_dim": _get(config, origin, "index_head_dim"),
         "top_k": _get(config, origin, "index_topk"),
         "own_layers": own if own < layers else None,
+        "above_last": layers - 1 - indexed[-1] if indexed else 0,
     }
 
 

@@ -269,6 +269,12 @@ class IndexerSpec(Spec):
         "(GLM-5's indexer_types 'shared'). None: every layer but the local ones, which attend their window alone "
         "(dots.3 Note's sliding-window layers)",
     )
+    above_last: NonNegativeInt = Field(
+        0,
+        le=MAX_LAYERS,
+        description="layers above the topmost one that runs an indexer of its own, which reuse a lower layer's "
+        "selection (GLM-5's and HY V4's indexer_types ending in 'shared'); 0: the top layer runs one",
+    )
 
 
 class LocalMLASpec(Spec):

@@ -61,11 +61,14 @@ HY_V4_SMALL = {"model_type": "hy_v4", "vocab_size": 2048, "hidden_size": 128, "n
 indexer of 4 heads of 32 in layers 0 and 1, four streams, three layers, V 2,048."""
 
 
-def test_a_checkpointed_hy_v4_step_peaks_at_a_rebuilt_indexer_by_hand():
+@pytest.mark.parametrize("layers", [3, 5])
+def test_a_checkpointed_hy_v4_step_peaks_at_a_rebuilt_indexer_by_hand(layers: int):
     # hy-v4-small checkpointed at s = 256, b = 2 (t = 512 tokens, n·h = 512 stream channels, bf16): the step peaks
-    # while a layer is rebuilt in the backward, at its indexer's scores. Live then:
+    # while layer 1, the topmost that runs an indexer of its own (HYV4Config's: layers 0 and 1, then every fourth
+    # from 5), is rebuilt in the backward, at its indexer's scores; the layers above reuse its selection and their
+    # backward has run. Live then:
     t, s, nh = 512, 256, 4 * 128
-    checkpointed = 3 * t * nh * 2  # each layer's input, the n streams
+    checkpointed = 2 * t * nh * 2  # layers 0's and 1's inputs, the n streams (the layers above have freed theirs)
     outside = s * s * 4 + 2 * s * 16 * 2 + s * 8 + 2 * t * 8  # the mask, RoPE's cos and sin, positions, ids and labels
     # the attention's iHC, run first: the streams' fp32 copy, 1/rms, the projection's 2·n outputs and their product
     # with 1/rms, the two sigmoids and the collapse and spread weights
@@ -84,12 +87,16 @@ def test_a_checkpointed_hy_v4_step_peaks_at_a_rebuilt_indexer_by_hand():
     output_gradient = t * nh * (4 + 2)  # the layer output's gradient in fp32 (its cast's backward), the residual's bf16
     by_hand = checkpointed + outside + ihc + norms + qkv + attention_locals + indexer + output_gradient
     assert (ihc, norms + qkv, attention_locals, indexer) == (1_116_160, 1_316_864, 540_672, 19_529_728)
-    assert by_hand == 25_937_920  # transformers' step peaks at 25,536,520 B (+1.57 %): test_the_step_peak_matches_...
+    # transformers' step peaks at 25,536,520 B at 2, 3 and 5 layers (-0.48 %: 131,072 B more live, a t·h bf16
+    # storage not identified, at every depth; lmcalc counted every layer's input before, 25,937,920 B, +1.57 %, and
+    # 26,986,496 B, +5.68 %): test_the_step_peak_matches_transformers
+    assert by_hand == 25_413_632
     from lmcalc.engine.memory.gpu_memory import gpu_memory
     from lmcalc.engine.memory.phases import step_phases
     from lmcalc.engine.parallel.layout import Layout
 
-    w = replace(workload(HY_V4_SMALL, 256, 2), recompute="full")
+    w = replace(workload(HY_V4_SMALL | {"num_hidden_layers": layers}, 256, 2), recompute="full")
+    assert w.model.indexer is not None and w.model.indexer.above_last == layers - 2
     gpu = gpu_memory(w, Layout(), 0)
     phases = step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)
     assert phases.busiest == by_hand and phases.binding.startswith("a layer's forward")
@@ -116,7 +123,8 @@ def test_bytes_kept_for_backward_match_transformers(case: Case):
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in (Case(name, "eager", ckpt, 256, 2) for name in NAMES
                                                                    for ckpt in (False, True))])  # fmt: skip
 def test_the_step_peak_matches_transformers(case: Case):
-    # checkpointed, HY V4 peaks in a rebuilt layer's forward at its indexer's scores (by hand above): 25,536,520 B
+    # checkpointed, HY V4 peaks in layer 1's rebuilt forward at its indexer's scores (by hand above): 25,536,520 B,
+    # lmcalc -0.48 % (measured at 2 and 5 layers too, once: 25,536,520 B each, lmcalc 25,413,632 B at each)
     m = measured(case)
     peak, phase = predicted_peak(case)
     assert abs(peak / m.peak - 1) < 0.03, f"{case.id}: measured {m.peak:,} B, lmcalc {peak:,.0f} B at {phase}"

@@ -211,3 +211,58 @@ def test_a_checkpointed_v32_step_peaks_at_a_rebuilt_indexer_by_hand():
     gpu = gpu_memory(replace(w, recompute="full"), Layout(), 0)
     phases = step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)
     assert phases.busiest == by_hand and phases.binding.startswith("a layer's forward")
+
+
+GLM5_SMALL = V32_SMALL | {"model_type": "glm_moe_dsa", "indexer_types": ["full", "shared"]}
+"""scripts/hf_saved.py's glm-moe-dsa-small, written out: V32_SMALL's widths, the first (dense) layer running an
+indexer, the second (MoE) reusing its selection (GlmMoeDsaAttention's indexer_types "shared": no indexer built)."""
+
+
+def glm5_phases(attention: str, recompute: str) -> object:
+    from dataclasses import replace
+
+    from lmcalc.engine.memory.gpu_memory import gpu_memory
+    from lmcalc.engine.memory.phases import step_phases
+    from lmcalc.hf_config import model_from_hf_config
+
+    spec = ModelSpec.model_validate(model_from_hf_config(GLM5_SMALL, "glm5-small", "test"))
+    assert spec.indexer is not None and spec.indexer.above_last == 1 and spec.indexer_layers == 1
+    w = Workload(spec, resolve_precision("bf16-pure").spec, resolve_optimizer("adamw").spec, 256, 2, attention,
+                 "none", framework=framework_profile("transformers"))  # fmt: skip
+    gpu = gpu_memory(replace(w, recompute=recompute), Layout(), 0)
+    return step_phases(gpu.held, gpu.transients, gpu.kept.step_transient)
+
+
+def test_glm5_peaks_at_its_first_layers_indexer_by_hand():
+    # glm-moe-dsa-small at s = 256, b = 2 (t = 512 tokens, bf16, SDPA), not checkpointed: the step peaks in the
+    # forward at layer 0's indexer's scores, the one indexer it runs; layer 1, which reuses the selection, has not run
+    # (lmcalc put the moment at the top layer's indexer, every tensor of layer 0 and the embedding side saved:
+    # 25,458,349 B, +18.6 %). Live then, as lmcalc counts it:
+    t, s, h = 512, 256, 128
+    embedding_side = 2 * s * 16 * 2 + 2 * t * 8  # RoPE's cos and sin, ids and labels
+    layer_input = t * h * 2  # the embedding's output, which the residual branch holds
+    # layer 0's attention up to its core: three norms (the input's of h, the query latent's of 64, the KV latent's
+    # of 32: an fp32 copy, 1/rms, the normalised value and the output each), Q and K (4 heads of 32) and kv_b's
+    # output whole (4 heads of 16 + 32), whose value half SDPA reads as V
+    norms = sum(t * width * (4 + 2 + 2) + t * 4 for width in (128, 64, 32))
+    qkv = 2 * t * 4 * 32 * 2 + t * 4 * (16 + 32) * 2
+    # its forward's locals (§3.7): q_b's output and Q's RoPE output (H·(32 + 16)), kv_a's output (32 + 16), K's RoPE
+    # output (16) and the indexer's Q's and K's (5·16)
+    attention_locals = t * (4 * (32 + 16) + 32 + 16 + 16 + 5 * 16) * 2
+    indexer = 4 * t * s * (32 + 4) + t * 5 * 32 * (2 + 2 + 4)  # the key's copy, the scores, its Q and K (§2.5)
+    by_hand = embedding_side + layer_input + norms + qkv + attention_locals + indexer
+    assert (norms + qkv, attention_locals) == (1_382_400, 344_064)
+    assert by_hand == 21_411_840  # transformers' step peaks in the forward at 21,471,232 B (-0.28 %)
+    phases = glm5_phases("flash", "none")  # SDPA's kernel, as the harness runs it
+    assert phases.busiest == by_hand and phases.binding.startswith("a layer's forward")
+
+
+def test_a_checkpointed_glm5_step_peaks_at_its_first_layers_rebuild_by_hand():
+    # checkpointed (eager): the step peaks while layer 0 is rebuilt in the backward, at its indexer's scores; layer 1's
+    # backward has run and freed its checkpointed input. Live then what deepseek-v32-small holds at its top layer's
+    # rebuild (test_a_checkpointed_v32_step_peaks_at_a_rebuilt_indexer_by_hand: 21,938,176 B, the attention the same)
+    # but the second layer's input (t·h·2)
+    by_hand = 21_938_176 - 512 * 128 * 2
+    assert by_hand == 21_807_104  # transformers' step peaks at 21,798,920 B (+0.04 %); SDPA, tests/test_step_phases.py
+    phases = glm5_phases("eager", "full")
+    assert phases.busiest == by_hand and phases.binding.startswith("a layer's forward")

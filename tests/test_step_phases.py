@@ -79,6 +79,7 @@ FAMILIES = (
     "diffllama-small",
     "gpt-neox-japanese-small",
     *STEP_MEASURED,
+    "glm-moe-dsa-small",  # its top layer reuses the first layer's selection: the step peaks at the first's indexer
     "llama-wide",
     "mixtral-wide",
     "gpt2-wide",
@@ -169,7 +170,7 @@ def test_the_binding_phase_follows_the_widths(name: str, binds: str):
 
 ROUTED = ("mixtral-small", "qwen2-moe-small", "nemotron-h-small", "deepseek-v32-small", "minimax-small", "axk1-small",
           "flint-small", "laguna-small", "beam-small", "mimo-v2-flash-small", "minimax-m3-small",
-          "longcat-flash-small", "axk2-small", "jetmoe-small", "gemma4-moe-small")  # fmt: skip
+          "longcat-flash-small", "axk2-small", "jetmoe-small", "gemma4-moe-small", "glm-moe-dsa-small")  # fmt: skip
 """The small families with routed experts (LoRA leaves them alone: tests/test_finetune_peft.py says why)."""
 LORA_FAMILIES = tuple(name for name in FAMILIES if name.endswith("-small") and name not in ROUTED)
 """The dense small models of FAMILIES."""

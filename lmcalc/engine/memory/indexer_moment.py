@@ -24,7 +24,9 @@ and at its MoE combine's backward no longer the shared experts' tensors (``share
 from __future__ import annotations
 
 from lmcalc.engine.finetune.method import adapted_modules
+from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tensors
 from lmcalc.engine.memory.module_recompute import ROUTER_INPUT
+from lmcalc.engine.memory.outside_layers import layer_checkpoint
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
 
@@ -80,3 +82,38 @@ def shared_expert_freed(w: Workload, layer: tuple[SavedTensor, ...]) -> float:
     if not (spec.moe and spec.moe.shared_experts and spec.mla and spec.mla.indexer) or spec.moe.shared_expert_gate:
         return 0.0
     return sum(t.bytes for t in layer if "E_shared" in t.symbol or t.label == ROUTER_INPUT)
+
+
+def indexed_layer(w: Workload, moe_built: bool, last_stage: bool) -> tuple[tuple[SavedTensor, ...], float]:
+    """The topmost layer that runs an indexer of its own (``IndexerSpec.above_last`` below the top; the top layer,
+    an MoE one where the stage builds any (``moe_built``), where none is above it): what it saves, and the share of
+    them made before its attention core. Under full recomputation the step's phases count the top layer's kind
+    rebuilt, so the share is of that layer's bytes (GLM-5's: a dense layer below an MoE one, the same attention).
+    A stage without the model's top layers (``last_stage`` false): its top layer's, as if it ran an indexer."""
+    ix, moe = w.model.indexer, w.model.moe
+    indexed = moe_built
+    if ix is not None and ix.above_last and last_stage:
+        indexed = moe_built and moe is not None and moe.is_moe_layer(w.model.num_layers - 1 - ix.above_last)
+    kept, share = layer_saved_tensors(w, indexed), kept_before_core(w, indexed)
+    if w.recompute == "full" and indexed != moe_built:
+        share *= sum(t.bytes for t in kept) / sum(t.bytes for t in layer_saved_tensors(w, moe_built))
+    return kept, share
+
+
+def above_last_indexer(w: Workload, tp: int, cp: int) -> float:
+    """What the layers above the topmost layer that runs an indexer of its own (GLM-5's and HY V4's indexer_types
+    ending in "shared": they reuse its selection) hold in the step's other phases but not at that layer's indexer's
+    scores, where the step's forward moment is. Not checkpointed, they have not run: every tensor they save (split
+    over TP, CP; not over SP, which transformers does not run). Checkpointed, the layer is rebuilt after their
+    backward has freed their checkpointed inputs. Measured with scripts/hf_step_peak.py on the CPU: glm-moe-dsa-small
+    (its first layer indexes, its second reuses the selection) and hy-v4-small at 2, 3 and 5 layers, whose peak is
+    the same 25,536,520 B at each depth (layer 1's rebuild). 0 where the top layer runs one; for the stage that holds
+    the model's top layers (the others' are not modelled: no measurement)."""
+    ix, spec = w.model.indexer, w.model
+    if ix is None or not ix.above_last:
+        return 0.0
+    if w.recompute == "full":
+        return ix.above_last * layer_checkpoint(w).bytes / cp
+    top, moe = spec.num_layers, spec.moe
+    above = (layer_saved_tensors(w, moe is not None and moe.is_moe_layer(i)) for i in range(top - ix.above_last, top))
+    return sum(t.bytes / (t.tp_ways(tp) if t.split == "tp" else 1) for kept in above for t in kept) / cp

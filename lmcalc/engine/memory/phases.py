@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
-from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tensors
+from lmcalc.engine.memory.activations import layer_saved_tensors
 from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.branch_convs import combine_gradient_bytes, shared_sum_peak
 from lmcalc.engine.memory.byte_latent import forward_frame as byte_forward_frame
@@ -26,7 +26,13 @@ from lmcalc.engine.memory.compressed import ihc_indexer_moment
 from lmcalc.engine.memory.fp8_storage import grad_output_bytes, te_fp8
 from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE, GradQueue
 from lmcalc.engine.memory.image_prefix import decoder_workload, image_logits_bytes
-from lmcalc.engine.memory.indexer_moment import adapted_output_gradient, mla_indexer_locals, shared_expert_freed
+from lmcalc.engine.memory.indexer_moment import (
+    above_last_indexer,
+    adapted_output_gradient,
+    indexed_layer,
+    mla_indexer_locals,
+    shared_expert_freed,
+)
 from lmcalc.engine.memory.inkling2 import block_residual_backward, messages_held, rebuilt_combine_peak
 from lmcalc.engine.memory.ngpt import sub_norm_backward
 from lmcalc.engine.memory.prompt_prefix import (
@@ -282,7 +288,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
                           end.output_gradient / cp)  # fmt: skip
     if not forward:
         return Transients(loss, layer + tied, norm, tied)
-    kept, core_share = layer_saved_tensors(w, bool(built.moe)), kept_before_core(w, bool(built.moe))
+    kept, core_share = indexed_layer(w, bool(built.moe), built.head)  # the topmost layer with an indexer of its own;
+    forward -= above_last_indexer(w, tp, cp) if built.head else 0.0  # those above reuse its selection (not run yet)
     if ihc := ihc_indexer_moment(w, kept, core_share, tp):  # HY V4: its iHC first, n streams' gradients
         return Transients(loss, layer + tied, norm, tied, forward + ihc.forward / cp, ihc.kept_before,
                           ihc.output_gradient / cp)  # fmt: skip
