@@ -126,7 +126,8 @@ class StepPhases(NamedTuple):
     first_layer_backward: float  # what the first layer and the embedding side keep, the layer's gradients
     embedding_backward: float  # a tied embedding's: both parts of the shared matrix's gradient
     optimizer_step: float  # the activations freed: the end of the step's temporaries
-    layer_forward: float = 0.0  # the top layer's forward (or its rebuild) at an indexer's scores or CDMoE's sums
+    layer_forward: float = 0.0  # a layer's forward (or its rebuild) at an indexer's scores or CDMoE's sums: the top
+    # layer's, or the topmost that runs an indexer of its own (``indexer_moment.indexed_layer``)
 
     @property
     def busiest(self) -> float:
@@ -195,7 +196,9 @@ def step_phases(
 
 def _layer_forward(held: StageActivations, t: Transients, unmade: float) -> float:
     """The top layer's forward at its indexer's scores (``Transients.forward``), the head side not made yet: every
-    layer below it saved, the top one up to that moment and its input, which the residual branch holds; under full
+    layer below it saved, the top one up to that moment and its input, which the residual branch holds (where the
+    topmost layer that runs an indexer of its own is lower, GLM-5's and HY V4's, ``Transients.forward`` leaves out
+    what the layers above it would save, ``indexer_moment.above_last_indexer``); under full
     recomputation, the checkpointed inputs, the rebuilt layer up to that moment and its output's gradient (of the
     input's size), less the gradients not made by then (``unmade``). 0 where no forward transient is counted."""
     if not t.forward:
