@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from lmcalc.engine.model.flops import step_flops
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.search.plan import Pins, plan
 from lmcalc.engine.time.steptime import StepTime, step_time
 from lmcalc.engine.workload import Workload

@@ -46,7 +46,7 @@ def test_the_first_layers_go_dense_then_moe():
 def test_megatron_cores_refusals():
     with pytest.raises(LmcalcError, match="fewer than the model's layers"):
         workload("llama-3.1-8b", 32)
-    from lmcalc.engine.parallel.layout import check_layout
+    from lmcalc.engine.parallel.layout_checks import check_layout
 
     with pytest.raises(LmcalcError, match="without pipeline parallelism"):
         check_layout(workload("llama-3.1-8b", 4), Layout(pp=2))

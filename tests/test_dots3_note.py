@@ -172,7 +172,7 @@ def test_every_estimate_takes_it(tmp_path):
 
 def test_tensor_parallelism_must_split_the_sliding_window_layers_heads_too():
     # the tiny model's global layers have 4 heads, its sliding-window layers 2: TP 4 splits the one, not the other
-    from lmcalc.engine.parallel.layout import check_tp_heads
+    from lmcalc.engine.parallel.layout_checks import check_tp_heads
 
     spec = spec_of(TINY)
     check_tp_heads(spec, 2)

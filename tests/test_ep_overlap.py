@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit
 from lmcalc.engine.search.plan import Pins, plan
 from lmcalc.engine.time import rates

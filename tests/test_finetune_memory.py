@@ -132,7 +132,7 @@ def test_optimizer_offload_by_hand():
 
 
 def test_parameter_offload_needs_zero3_and_leaves_only_gathered_layers():
-    from lmcalc.engine.parallel.layout import check_layout
+    from lmcalc.engine.parallel.layout_checks import check_layout
 
     w = workload(offload=Offload("optimizer+params"))
     with pytest.raises(LmcalcError, match="zero"):

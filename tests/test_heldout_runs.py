@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from accuracy import gpt_model
 
-from lmcalc.engine.parallel.layout import check_layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.workload import Workload
 from lmcalc.estimates.training import build_layout
 from lmcalc.preset_files import TABLE_FILE_LIMIT

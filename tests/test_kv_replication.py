@@ -37,7 +37,8 @@ import pytest
 from lmcalc.engine.memory.activations import layer_saved_tensors
 from lmcalc.engine.memory.gpu_memory import bytes_on_gpu
 from lmcalc.engine.model.params import count_params, weight_tensors
-from lmcalc.engine.parallel.layout import Layout, check_layout, check_tp_heads
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout, check_tp_heads
 from lmcalc.engine.parallel.sharding import stage_params, tp_divisor
 from lmcalc.engine.search.plan import Pins, layouts, plan
 from lmcalc.engine.workload import Workload

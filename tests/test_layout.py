@@ -8,7 +8,8 @@ from lmcalc.cli.app import error_message
 from lmcalc.engine.memory import activations, gpu_memory
 from lmcalc.engine.memory.terms import Capacity, memory_sections
 from lmcalc.engine.parallel import sharding
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts, stage_layers
 from lmcalc.engine.parallel.sharding import stage_params
 from lmcalc.engine.search.plan import Pins

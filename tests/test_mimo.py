@@ -12,7 +12,7 @@ import pytest
 from lmcalc.engine.finetune.method import Method, parse_targets, trained_params
 from lmcalc.engine.inference.serving import Serving, inference_memory
 from lmcalc.engine.model.params import count_params
-from lmcalc.engine.parallel.layout import check_tp_heads
+from lmcalc.engine.parallel.layout_checks import check_tp_heads
 from lmcalc.errors import LmcalcError
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.presets import resolve_model

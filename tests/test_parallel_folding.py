@@ -17,7 +17,8 @@ from dataclasses import replace
 import pytest
 
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.parallel.sharding import stage_params
 from lmcalc.engine.search.plan import Pins, plan

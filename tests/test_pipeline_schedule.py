@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from lmcalc.cli.app import error_message
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu, stage_activations, stage_outside_bytes
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.parallel.pipeline import PipelineSplit, held_in_flight, stage_chunk_mixes
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError

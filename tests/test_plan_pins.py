@@ -7,7 +7,7 @@ import lmcalc
 from lmcalc.cli import main
 from lmcalc.cli.training import plan as plan_command
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
-from lmcalc.engine.parallel.layout import check_layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.search.plan import MAX_MICRO_BATCH, VIRTUAL_STAGES, Pins, layouts, plan
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 
 from lmcalc.engine.finetune.method import Method, check_method
 from lmcalc.engine.memory.gpu_memory import most_loaded_gpu
-from lmcalc.engine.parallel.layout import Layout, check_layout, framework_runs
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout, framework_runs
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag
 from lmcalc.estimates.inputs import framework_of

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Unpack
 
 from lmcalc.engine.choices import ZeroStage
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.search import maxparams as mp
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting

@@ -9,7 +9,8 @@ from typing import Unpack
 from lmcalc.engine.memory.fp8_storage import te_fp8
 from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory, most_loaded_gpu
 from lmcalc.engine.memory.terms import Capacity, memory_sections
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates import levers

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from lmcalc.engine.choices import PEAK_SOURCES, RECOMPUTE_MODES, SCHEDULES, positive_integer
 from lmcalc.engine.memory.terms import Capacity, memory_sections
-from lmcalc.engine.parallel.layout import LAYOUT_CODE_KEY, check_framework_runs
+from lmcalc.engine.parallel.layout import LAYOUT_CODE_KEY
+from lmcalc.engine.parallel.layout_checks import check_framework_runs
 from lmcalc.engine.time.terms import compute_text, speed_text, step_time_section
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError, flag, setting

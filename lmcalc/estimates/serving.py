@@ -10,7 +10,7 @@ from typing import Unpack
 from lmcalc.engine.inference import serving as inf
 from lmcalc.engine.inference import terms as inf_terms
 from lmcalc.engine.memory.terms import Capacity
-from lmcalc.engine.parallel.layout import check_tp_heads
+from lmcalc.engine.parallel.layout_checks import check_tp_heads
 from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.inputs import (
     DEFAULT_OVERHEAD,

@@ -92,7 +92,7 @@ def split_settings(settings: LayoutSettings) -> SplitSettings:
 
 def build_layout(cluster: Cluster, settings: LayoutSettings) -> Layout:
     """The layout the settings describe on ``cluster`` (checked when it is made); DP, when not given, fills the
-    GPUs the other degrees leave. Checked against a workload by ``engine.parallel.layout.check_layout``."""
+    GPUs the other degrees leave. Checked against a workload by ``engine.parallel.layout_checks.check_layout``."""
     named: Mapping[str, Any] = settings
     degrees = {
         f.name: named[f.name] for f in fields(Layout) if f.init and f.name not in ("dp", "split") and f.name in named

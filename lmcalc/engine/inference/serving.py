@@ -48,7 +48,7 @@ from lmcalc.engine.model.byte_latent import byte_cache_elements, byte_cache_laye
 from lmcalc.engine.model.numerics import DTYPE_ALIASES, SERVING_DTYPES, dtype_bytes
 from lmcalc.engine.model.params import count_params
 from lmcalc.engine.model.prefix import prefix_tokens
-from lmcalc.engine.parallel.layout import check_tp_heads
+from lmcalc.engine.parallel.layout_checks import check_tp_heads
 from lmcalc.engine.workload import OVERHEAD_ALLOWANCE_BYTES
 from lmcalc.errors import LmcalcError
 from lmcalc.specs import ModelSpec

@@ -80,7 +80,7 @@ def recomputed_chunks(
 
 def _trained_flags(w: Workload, chunks: tuple[tuple[bool, ...], ...]) -> tuple[tuple[bool, ...], ...]:
     """``trained_chunks`` in the model's order: under the freeze method, the frozen bottom layers dropped; a looped
-    model's runs without gradients dropped (one stage: ``layout.check_layout``)."""
+    model's runs without gradients dropped (one stage: ``layout_checks.check_layout``)."""
     if w.model.layer_reuse and w.model.layer_reuse.no_grad_runs:
         return (tuple(flag for flag, trained in zip(chunks[0], trained_runs(w.model), strict=True) if trained),)
     if w.method.kind != "freeze":
@@ -90,8 +90,8 @@ def _trained_flags(w: Workload, chunks: tuple[tuple[bool, ...], ...]) -> tuple[t
 
 def trained_chunks(w: Workload, chunks: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     """The (dense, MoE) layers of each chunk that keep activations: all of them, but under the freeze method (one
-    stage, ``layout.check_layout``) the frozen bottom layers, which no gradient reaches, keep nothing, and so do a
-    looped model's runs without gradients (HRM's early low-level cycles, run under torch.no_grad; one stage)."""
+    stage, ``layout_checks.check_layout``) the frozen bottom layers, which no gradient reaches, keep nothing, and so
+    do a looped model's runs without gradients (HRM's early low-level cycles, run under torch.no_grad; one stage)."""
     if w.model.layer_reuse and w.model.layer_reuse.no_grad_runs:
         runs = [i for i, trained in enumerate(trained_runs(w.model)) if trained]
         moe = sum(w.model.is_moe_layer(i) for i in runs)

@@ -34,7 +34,7 @@ class SavedTensor:
         """Over how many of ``tp`` tensor-parallel ranks the tensor is split, when TP splits it: all of them, or
         for K and V at most their H_kv heads, since past them each rank keeps one whole KV head (Megatron-Core
         core_v0.16.1, megatron/core/transformer/attention.py:289-293 and 1398-1411: the fused Q/K/V output is
-        all-gathered over TP and each rank slices out its group's K and V; ``layout.check_tp_heads``)."""
+        all-gathered over TP and each rank slices out its group's K and V; ``layout_checks.check_tp_heads``)."""
         return min(tp, self.most_tp_ranks) if self.most_tp_ranks else tp
 
 

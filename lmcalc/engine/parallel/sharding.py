@@ -96,7 +96,7 @@ def copies_on_stage(tensor: WeightTensor, model: ModelSpec, built: StageLayers, 
             on_stage = built.head
         return 1.0 if on_stage else 0.0
     if symbol.split("·")[0] in SHARED_SYMBOLS:  # a shared block's, or its uses' own: on the one stage (PP = 1,
-        return float(tensor.count)  # layout.check_layout), all of them
+        return float(tensor.count)  # layout_checks.check_layout), all of them
     if symbol in AVERAGED_SYMBOLS or symbol == CROSS_SYMBOL:  # a hybrid's stage: its layers taken at the model's
         # mix; Llama 3.2 Vision's cross-attention layers, spread through the stack (every fifth), at their share
         return tensor.count / model.num_layers * built.layers

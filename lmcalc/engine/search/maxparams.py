@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.memory.gpu_memory import GpuMemory, gpu_memory
 from lmcalc.engine.model.params import count_params
-from lmcalc.engine.parallel.layout import Layout, framework_runs
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import framework_runs
 from lmcalc.engine.workload import Workload
 from lmcalc.specs import Cluster, ModelSpec
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from lmcalc.engine.choices import Recompute
 from lmcalc.engine.memory.gpu_memory import GpuMemory, most_loaded_gpu, most_loaded_total
-from lmcalc.engine.parallel.layout import Layout, check_layout
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.search import progress
 from lmcalc.engine.search.space import (
     MAX_MICRO_BATCH,

@@ -23,7 +23,8 @@ from lmcalc.engine.choices import (
     one_of,
     positive_integer,
 )
-from lmcalc.engine.parallel.layout import Layout, check_tp_heads, framework_runs
+from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout_checks import check_tp_heads, framework_runs
 from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts
 from lmcalc.engine.parallel.pipeline_layout import layout_parts
 from lmcalc.engine.workload import Workload
@@ -111,7 +112,7 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def _splits_heads(model: ModelSpec, tp: int) -> bool:
-    """Whether TP can split the model's attention heads (``layout.check_tp_heads``)."""
+    """Whether TP can split the model's attention heads (``layout_checks.check_tp_heads``)."""
     try:
         check_tp_heads(model, tp)
     except LmcalcError:

@@ -161,7 +161,7 @@ def _live_shares(model: ModelSpec, method: Method) -> dict[str, float]:
     freeze method, whose frozen bottom layers (the dense ones first) run forward only, and in a looped model whose
     runs under ``torch.no_grad`` (HRM's) run forward only. A stage is timed layer by layer
     (``microbatch.stage_kernel_times``), so each layer carries its kind's share; both run on one stage
-    (``layout.check_layout``), where the shares add up to the frozen layers or the runs exactly."""
+    (``layout_checks.check_layout``), where the shares add up to the frozen layers or the runs exactly."""
     reuse = model.layer_reuse
     if reuse is not None and reuse.no_grad_runs:  # every run alike (model_rules), the freeze method refused
         live = 1 - len(reuse.no_grad_runs) / model.num_layers
@@ -280,7 +280,7 @@ def _stage_gemms(s: StageShape, live_share: dict[str, float]) -> list[Gemm]:
 
 
 def _byte_latent_gemms(s: StageShape) -> list[Gemm]:
-    """BLT's work beyond its decoder's layers, on the stage that embeds (one: ``layout.check_layout``), timed as
+    """BLT's work beyond its decoder's layers, on the stage that embeds (one: ``layout_checks.check_layout``), timed as
     GEMMs of its FLOPs (``engine.model.byte_latent.byte_latent_flops``: the encoder's and the global transformer's
     layers, the cross-attention and patch projections, differentiated; the entropy model forward only), h wide; its
     attention cores and memory-bound kernels are not timed apart."""
