@@ -107,3 +107,18 @@ def assert_peak_match(measured: Any, gpu: Any) -> None:
     assert abs(error(ours, measured.peak)) < PEAK_TOLERANCE, (
         f"measured {measured.peak:,} B, lmcalc {ours:,.0f} B ({error(ours, measured.peak):+.2%}) at {phases.binding}"
     )
+
+
+def assert_eager_step_peak(model_type: str, case: str, checkpointing: bool, lora: bool) -> None:
+    """``scripts/hf_saved.py``'s ``case`` (of ``model_type``) at s 256, b 2 under eager attention, built afresh (the
+    harness otherwise reuses a model a checkpointed measurement ran), with ``LORA``'s adapters in bf16 where ``lora``:
+    the step's peak (``scripts/hf_step_peak.py``) against lmcalc's on one GPU (``assert_peak_match``)."""
+    import hf_saved  # scripts/, on sys.path by conftest.py; imports torch and transformers
+    import hf_step_peak
+
+    from lmcalc.engine.memory.gpu_memory import gpu_memory
+    from lmcalc.engine.parallel.layout import Layout
+
+    hf_saved.release_models()
+    m = hf_step_peak.measure(case, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
+    assert_peak_match(m, gpu_memory(harness_workload(model_type, case, 256, 2, checkpointing, lora=lora), Layout(), 0))

@@ -12,7 +12,13 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
-from saved_compare import assert_refused_in_one_line, hf_spec, takes_memory_lora_and_plan, transformers_workload
+from saved_compare import (
+    assert_eager_step_peak,
+    assert_refused_in_one_line,
+    hf_spec,
+    takes_memory_lora_and_plan,
+    transformers_workload,
+)
 
 from lmcalc import api
 from lmcalc.engine.memory.activations import layer_saved_tensors
@@ -66,11 +72,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
-import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
+from saved_compare import LORA, assert_saved_match, harness_workload  # noqa: E402
 
-from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 
 workload_of = partial(harness_workload, "cpmant")  # scripts/hf_saved.py's cases, read as lmcalc reads them
@@ -99,6 +104,4 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # s 256, b 2. cpmant-small's vocabulary binds at the loss's backward (its bf16 log-probabilities and their two
     # gradients); cpmant-wide's at the forward's end (measured) and the final norm's backward (lmcalc), or
     # checkpointed, at the first layer's backward, the bias's gradient beside it
-    hf_saved.release_models()
-    m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    assert_peak_match(m, gpu_memory(workload_of(name, 256, 2, checkpointing, lora=lora), Layout(), 0))
+    assert_eager_step_peak("cpmant", name, checkpointing, lora)

@@ -10,7 +10,13 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
-from saved_compare import assert_refused_in_one_line, hf_spec, takes_memory_lora_and_plan, transformers_workload
+from saved_compare import (
+    assert_eager_step_peak,
+    assert_refused_in_one_line,
+    hf_spec,
+    takes_memory_lora_and_plan,
+    transformers_workload,
+)
 
 from lmcalc.engine.memory.dynamic_mask import dynamic_mask_saved, residual_scale_saved
 from lmcalc.presets import resolve_precision
@@ -62,12 +68,11 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
-import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
+from saved_compare import LORA, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
-from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 
 workload_of = partial(harness_workload, "doge")  # scripts/hf_saved.py's cases, read as lmcalc reads them
@@ -99,7 +104,4 @@ def test_bytes_kept_for_backward_match_transformers(name, seq, batch, checkpoint
 def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # s 256, b 2: doge-small's wide vocabulary binds at the loss's backward, doge-wide's final norm or, checkpointed,
     # a layer's backward. Each model is built afresh: one a checkpointed measurement ran is otherwise reused
-    hf_saved.release_models()
-    m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    gpu = gpu_memory(workload_of(name, 256, 2, checkpointing, lora=lora), Layout(), 0)
-    assert_peak_match(m, gpu)
+    assert_eager_step_peak("doge", name, checkpointing, lora)

@@ -11,7 +11,13 @@ from dataclasses import replace
 from functools import partial
 
 import pytest
-from saved_compare import assert_refused_in_one_line, hf_spec, takes_memory_lora_and_plan, transformers_workload
+from saved_compare import (
+    assert_eager_step_peak,
+    assert_refused_in_one_line,
+    hf_spec,
+    takes_memory_lora_and_plan,
+    transformers_workload,
+)
 
 from lmcalc.engine.finetune.method import Method, parse_targets
 from lmcalc.engine.memory.activations import layer_saved_tensors
@@ -93,9 +99,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
-import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
+from saved_compare import LORA, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
@@ -159,7 +164,4 @@ alone."""
 def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # s 256, b 2, eager: dots3-wide peaks at a layer's backward (the MoE combine). Each model is built afresh: one
     # a checkpointed measurement ran is otherwise reused
-    hf_saved.release_models()
-    m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    gpu = gpu_memory(workload_of(name, 256, 2, checkpointing, "eager", lora), Layout(), 0)
-    assert_peak_match(m, gpu)
+    assert_eager_step_peak("dots3_note_text", name, checkpointing, lora)

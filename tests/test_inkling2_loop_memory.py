@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
-from saved_compare import hf_spec, takes_memory_lora_and_plan, transformers_workload
+from saved_compare import assert_eager_step_peak, hf_spec, takes_memory_lora_and_plan, transformers_workload
 
 from lmcalc.engine.memory.inkling2 import final_residual_saved, message_residual_saved
 from lmcalc.engine.memory.inkling2_loop import (
@@ -72,21 +72,14 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
-import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
+from saved_compare import LORA, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
 from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 
 workload_of = partial(harness_workload, "inkling2_loop_text")  # scripts/hf_saved.py's case, read as lmcalc reads it
-
-
-@pytest.fixture(scope="module", autouse=True)
-def free_models():
-    yield
-    hf_saved.release_models()
 
 
 SAVED = [
@@ -133,9 +126,7 @@ both passes share and lmcalc counts a run); LoRA 29,202,216 B, lmcalc 29,021,968
 @pytest.mark.torch
 @pytest.mark.parametrize(("name", "checkpointing", "lora"), PEAKS)
 def test_the_step_peak_matches_transformers(name, checkpointing, lora):
-    hf_saved.release_models()
-    m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    assert_peak_match(m, gpu_memory(workload_of(name, 256, 2, checkpointing, "eager", lora), Layout(), 0))
+    assert_eager_step_peak("inkling2_loop_text", name, checkpointing, lora)
 
 
 def test_the_later_rebuild_by_hand():

@@ -13,7 +13,13 @@ from dataclasses import replace
 from functools import partial
 
 import pytest
-from saved_compare import assert_refused_in_one_line, hf_spec, takes_memory_lora_and_plan, transformers_workload
+from saved_compare import (
+    assert_eager_step_peak,
+    assert_refused_in_one_line,
+    hf_spec,
+    takes_memory_lora_and_plan,
+    transformers_workload,
+)
 
 from lmcalc.engine.finetune.method import Method, adapted_modules, parse_targets
 from lmcalc.engine.memory.activations import layer_saved_tensors
@@ -95,11 +101,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
-import hf_step_peak  # noqa: E402
 import torch  # noqa: E402
-from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
-
-from lmcalc.engine.memory.gpu_memory import gpu_memory  # noqa: E402
+from saved_compare import LORA, assert_saved_match, harness_workload  # noqa: E402
 
 workload_of = partial(harness_workload, "inkling_text")  # scripts/hf_saved.py's cases, read as lmcalc reads them
 
@@ -134,6 +137,4 @@ norm's, all within 0.1 %: docs/memory-accuracy.md)."""
 @pytest.mark.torch
 @pytest.mark.parametrize(("name", "checkpointing", "lora"), PEAKS)
 def test_the_step_peak_matches_transformers(name, checkpointing, lora):
-    hf_saved.release_models()
-    m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    assert_peak_match(m, gpu_memory(workload_of(name, 256, 2, checkpointing, "eager", lora), Layout(), 0))
+    assert_eager_step_peak("inkling_text", name, checkpointing, lora)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from functools import partial
 
 import pytest
-from saved_compare import hf_spec, transformers_workload
+from saved_compare import assert_eager_step_peak, hf_spec, transformers_workload
 
 from lmcalc.engine.finetune.method import Method, parse_targets
 from lmcalc.engine.memory.cca import (
@@ -113,11 +113,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_saved  # noqa: E402  (scripts/, on sys.path by conftest.py; imports torch and transformers)
-import hf_step_peak  # noqa: E402
-from saved_compare import LORA, assert_peak_match, assert_saved_match, harness_workload  # noqa: E402
+from saved_compare import LORA, assert_saved_match, harness_workload  # noqa: E402
 
 from lmcalc.engine.memory.activations import layer_saved_tensors  # noqa: E402
-from lmcalc.engine.memory.gpu_memory import gpu_memory, stage_activations  # noqa: E402
+from lmcalc.engine.memory.gpu_memory import stage_activations  # noqa: E402
 from lmcalc.engine.parallel.layout import Layout  # noqa: E402
 
 workload_of = partial(harness_workload, "zaya")  # scripts/hf_saved.py's cases, read as lmcalc reads them
@@ -153,7 +152,4 @@ def test_the_step_peak_matches_transformers(name, checkpointing, lora):
     # s 256, b 2, eager: zaya-small's vocabulary binds at the loss's backward, zaya-wide's final norm or, checkpointed,
     # the end of the last layer's rebuilt forward. Each model is built afresh: one a checkpointed measurement ran is
     # otherwise reused
-    hf_saved.release_models()
-    m = hf_step_peak.measure(name, 256, 2, checkpointing, "eager", lora=LORA if lora else None, fp32_adapters=False)
-    gpu = gpu_memory(workload_of(name, 256, 2, checkpointing, lora=lora), Layout(), 0)
-    assert_peak_match(m, gpu)
+    assert_eager_step_peak("zaya", name, checkpointing, lora)
