@@ -116,12 +116,13 @@ def test_a_checkpointed_wide_step_s_moments_by_hand():
     t, h = 512, 512
     full, lora = workload_of("dots3-wide", 256, 2, True, "eager", False), workload_of("dots3-wide", 256, 2, True,
                                                                                       "eager", True)  # fmt: skip
-    # the MoE combine's backward: its three fp32 k·t·h gradients and the cast-back one, the layer output's gradient,
-    # less the shared expert's four f_s-wide tensors and its input, freed by its backward, which runs first
-    freed = 4 * t * 256 * 2 + t * h * 2
-    assert shared_expert_freed(full, layer_saved_tensors(full, True)) == freed == 1_572_864
+    # the MoE combine's backward: its three fp32 k·t·h gradients (the rebuilt expert outputs freed before their
+    # gradient's cast back), the layer output's gradient, less the shared expert's four f_s-wide tensors and its
+    # input, freed by its backward, which runs first and leaves its input's gradient (t·h·2) for the routed part
+    freed = 4 * t * 256 * 2 + t * h * 2 - t * h * 2
+    assert shared_expert_freed(full, layer_saved_tensors(full, True)) == freed == 1_048_576
     gpu = gpu_memory(full, Layout(), 0)
-    assert gpu.transients.layer == 2 * t * h * (3 * 4 + 2) - freed + t * h * 2
+    assert gpu.transients.layer == 2 * t * h * 3 * 4 - freed + t * h * 2
     # the rebuilt indexed layer's forward at its indexer's scores: q_b's output (H·32), Q's RoPE output cast back
     # (H·16), kv_b's key half (H·16), kv_a's output (32 + 16) and K's RoPE output (16); under LoRA, the shared
     # expert's scaled adapter output's gradient beside the layer output's
@@ -153,7 +154,8 @@ def test_bytes_kept_for_backward_match_transformers(name, attention, seq, batch,
 
 PEAKS = [("dots3-wide", True, True), ("dots3-wide", True, False)]
 """dots3-wide checkpointed: fully trained, the rebuilt top layer's MoE combine backward binds (26,507,288 B measured,
-lmcalc +2.0 %), the shared expert's tensors and input freed by its backward, which runs first (1,572,864 B); under
+lmcalc +0.02 %), the shared expert's tensors and input freed by its backward, which runs first, its input's gradient
+left (1,048,576 B net), the rebuilt expert outputs freed before their gradient's cast back (1,048,576 B); under
 LoRA the rebuilt indexed layer's scores (26,036,232 B, lmcalc -1.2 %), beside MLA's forward locals and the gradient
 of the shared expert's scaled adapter output. dots3-small (its indexer's scores bind: -1.1 %) by hf_step_peak.py
 alone."""

@@ -96,11 +96,19 @@ def test_a_rebuilt_zaya_layer_peaks_at_its_forwards_end_by_hand():
     phases = step_phases(held, gpu.transients, gpu.kept.step_transient)
     assert phases.layer_forward == held.total - held.head + held.rebuilt + forward_end + output_gradient
     # its backward then frees the MLP scaling's sums (the branch's plus its bias in bf16, the stream's plus its bias
-    # in fp32: t·h·(2 + 4)) before the MoE combine's backward, which holds three fp32 gradients and a bf16 one a
-    # token's one pick (t·h·(3·4 + 2)) beside the output's fp32 gradient (t·h·4): the forward's end binds
+    # in fp32: t·h·(2 + 4)) before the MoE combine's backward, which holds three fp32 gradients a token's one pick
+    # (t·h·3·4; the rebuilt expert outputs are freed before their gradient's cast back) beside the output's fp32
+    # gradient (t·h·4): the forward's end binds
     mlp_scaling = t * h * (2 + 4)
-    assert gpu.transients.layer == t * h * (3 * 4 + 2) + t * h * 4 - mlp_scaling == 3_145_728
+    assert gpu.transients.layer == t * h * 3 * 4 + t * h * 4 - mlp_scaling == 2_621_440
     assert phases.binding.startswith("a layer's forward") and phases.busiest == 28_948_496  # transformers: 28,938,264
+    # under LoRA the scales are frozen and their products keep no sums, but the rebuild stops as the stream's product
+    # packs its scale, the stream plus its bias (fp32, t·h·4) just made: the forward's end binds there too
+    full = workload(spec_of(ZAYA_WIDE), 256, 2, checkpointing=True)
+    frozen = gpu_memory(replace(full, method=Method("lora", 8, parse_targets("all-linear"))), Layout(), 0)
+    assert frozen.transients.forward == forward_end + t * h * 4 == 3_145_728
+    lora_phases = step_phases(frozen.held, frozen.transients, frozen.kept.step_transient)
+    assert lora_phases.binding.startswith("a layer's forward")  # transformers: 24,555,576 B there (lmcalc -2.09 %)
 
 
 def _layer(w: Workload):

@@ -136,11 +136,14 @@ def rebuilt_forward_end(w: Workload, layer: tuple[SavedTensor, ...]) -> RebuiltE
     keeps and holds beside them the fp32 stream between the halves (s·b·h·4, the scaling's residual), the MLP's
     output and its scaled product (2·s·b·h in the activation dtype); the rebuild runs inside the backward of the
     layer's output, whose gradient is fp32 beside its cast for the MLP's branch (s·b·h·(4 + 2) in bf16). The
-    backward then frees the MLP scaling's sums before the MLP's own backward (the MoE combine's) runs. Read from the
-    storages live at the step's peak with scripts/hf_step_peak.py on the CPU (zaya-wide, checkpointed). None for any
-    other model or step."""
+    backward then frees the MLP scaling's sums before the MLP's own backward (the MoE combine's) runs. Where the
+    scales are frozen (LoRA) their products keep no sums, but the rebuild stops only as the stream's product packs
+    its scale, the stream plus its bias just made beside it: s·b·h·4 more. Read from the storages live at the step's
+    peak with scripts/hf_step_peak.py on the CPU (zaya-wide, checkpointed, fully trained and under LoRA). None for
+    any other model or step."""
     if w.model.cca is None or w.recompute != "full":
         return None
     act, sbh = w.precision.activation_bytes, w.tokens * w.model.hidden_size
     freed = sum(x.bytes for x in layer if x.block == "mlp" and "residual scale" in x.label)
-    return RebuiltEnd(sbh * (STREAM_BYTES + 2 * act), sbh * (STREAM_BYTES + act), freed)
+    stream_sum = 0.0 if freed else sbh * STREAM_BYTES  # frozen scales: the sum, not kept, alive as the rebuild stops
+    return RebuiltEnd(sbh * (STREAM_BYTES + 2 * act) + stream_sum, sbh * (STREAM_BYTES + act), freed)

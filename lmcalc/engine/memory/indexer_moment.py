@@ -75,13 +75,16 @@ def shared_expert_freed(w: Workload, layer: tuple[SavedTensor, ...]) -> float:
     """What an MoE layer of DeepSeek-V3's code (``hidden = experts(x) + shared_experts(x)``) no longer holds when the
     routed experts' combine runs its backward: the shared experts' tensors and their input, the norm's output (the
     router reads an fp32 copy, the experts a gathered one), freed by the shared experts' backward, which autograd runs
-    first (their sum's operand made last). Read from the storages live at the step's peak (dots3-wide checkpointed:
-    1,572,864 B, at its rebuilt top layer's combine backward). Counted for the DeepSeek-V3.2 family alone (an MLA
-    with an indexer), where it was measured; 0 elsewhere and where a gate multiplies the shared experts' output."""
+    first (their sum's operand made last); less the gradient of that input it leaves (s·b·h in the activation dtype),
+    which waits for the routed experts' part to be added to it. Read from the storages live at the step's peak
+    (dots3-wide checkpointed: 1,572,864 B freed, 524,288 B of gradient made, at its rebuilt top layer's combine
+    backward). Counted for the DeepSeek-V3.2 family alone (an MLA with an indexer), where it was measured; 0
+    elsewhere and where a gate multiplies the shared experts' output."""
     spec = w.model
     if not (spec.moe and spec.moe.shared_experts and spec.mla and spec.mla.indexer) or spec.moe.shared_expert_gate:
         return 0.0
-    return sum(t.bytes for t in layer if "E_shared" in t.symbol or t.label == ROUTER_INPUT)
+    input_gradient = w.tokens * spec.hidden_size * w.precision.activation_bytes
+    return sum(t.bytes for t in layer if "E_shared" in t.symbol or t.label == ROUTER_INPUT) - input_gradient
 
 
 def indexed_layer(w: Workload, moe_built: bool, last_stage: bool) -> tuple[tuple[SavedTensor, ...], float]:

@@ -98,6 +98,20 @@ expert output's gradient cast back to the activation dtype; read from the storag
 scripts/hf_step_peak.py on the CPU (mixtral-wide)."""
 
 
+def combine_cast_gradient(w: Workload) -> float:
+    """Bytes per token-expert assignment and hidden element that the MoE combine's backward holds beyond its
+    ``MOE_COMBINE_FP32_GRADIENTS`` gradients and the layer's saved tensors: the expert output's gradient cast back
+    to the activation dtype, made (autograd casts a node's outputs to its inputs' dtypes) while the product's node
+    still keeps the expert outputs it saved. Under full recomputation (torch.utils.checkpoint, non-reentrant) the
+    rebuilt layer's tensors are handed to the node that unpacks them (the checkpoint drops its own reference), so
+    the expert outputs, k·s·b·h in the activation dtype, are freed as the product's backward returns, before the
+    cast of that same size is made: nothing beyond the three gradients, which the un-permute's backward
+    (``weighted_out[inv_perm]``: the gradient it receives, its zeros and the gradient put into them) holds too, the
+    whole rebuilt layer alive. Read from the storages live at the step's peak with scripts/hf_step_peak.py on the
+    CPU (mixtral-wide, with and without checkpointing)."""
+    return 0.0 if w.recompute == "full" else w.precision.activation_bytes
+
+
 SQUARE_BACKWARD_TENSORS = 3
 """f-wide tensors a two-matrix squared-ReLU MLP's backward holds at once at the square (torch.square, PowBackward0:
 grad · (2 · x)): the down projection's input gradient, 2 · x and their product; read from the storages live at the
@@ -251,7 +265,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         rule = w.framework.moe
         if not (weighted_outputs(w) or rule.probs_in_activation):  # weighted in fp32 after the experts (grouped_mm)
             assignments = moe.k * sb
-            combine = MOE_COMBINE_FP32_GRADIENTS * combine_gradient_bytes(w) + act  # Inkling's weights: act
+            combine = MOE_COMBINE_FP32_GRADIENTS * combine_gradient_bytes(w) + combine_cast_gradient(w)
             freed = shared_expert_freed(w, layer_saved_tensors(w, True))  # DeepSeek-V3.2's: run first
             layer = max(layer, (assignments * spec.hidden_size * combine - freed) / split)
     layer = max(layer, sub_norm_backward(w, layer_saved_tensors(w, False)) / split)  # Dory's MLP sub-norm (fp32)
