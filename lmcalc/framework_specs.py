@@ -146,6 +146,17 @@ class AttentionRule(Rule):
         description="eager attention with sinks subtracts each row's maximum through autograd, which keeps the "
         "max's int64 indices (b·H·s)",
     )
+    broadcast_kv_math: StrictBool = Field(
+        False,
+        description="fused attention given K and V at fewer heads than Q and no enable_gqa (the model spec's "
+        "sdpa_broadcast_kv: Falcon-7B's own SDPA call) runs PyTorch's math path, which no fused kernel of torch 2.13 "
+        "replaces on any device: fp32 copies of Q, K and V and the fp32 softmax kept (engine.memory.sdpa_math)",
+    )
+    dropout_math: StrictBool = Field(
+        False,
+        description="attention dropout sends SDPA to PyTorch's math path, as on the CPU, whose fused kernel takes "
+        "no dropout (CUDA's flash kernel does: false for a GPU); it keeps the fp32 dropout mask and output too",
+    )
 
 
 class LossRule(Rule):

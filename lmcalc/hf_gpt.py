@@ -286,6 +286,8 @@ def neox_family(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         "norms_per_layer": norms,
         "position_embedding": "none" if config.get("alibi") else "rope",
         "max_seq_len": config.get("max_position_embeddings") or 2048,
+        # FalconAttention calls SDPA itself: the 7B layout's one K/V head as it is, the 40B's broadcast to every head
+        "sdpa_broadcast_kv": not new and (kv or heads) < heads,
     }
 
 

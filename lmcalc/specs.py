@@ -157,6 +157,8 @@ class ModelSpec(LayerKinds, NamedSpec):
         "which the product keeps, and keeps its softmax over the scores and a sink column in fp32 and its cast copy "
         "(Flint's eager_attention_forward)",
     )
+    sdpa_broadcast_kv: StrictBool = Field(False, description="the model's own SDPA call passes K and V at their "
+                                          "fewer heads without enable_gqa, broadcast (Falcon-7B's)")  # fmt: skip
     eager_softmax: Literal["fp32", "activation"] = Field(
         "fp32",
         description="the dtype the model's own eager attention runs its softmax in (read under a framework profile "

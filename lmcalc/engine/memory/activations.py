@@ -48,6 +48,7 @@ from lmcalc.engine.memory.prompt_prefix import prompt_layer_saved, without_promp
 from lmcalc.engine.memory.retrieval_experts import retrieval_experts_saved
 from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, router_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, ROUTED, SavedTensor
+from lmcalc.engine.memory.sdpa_math import math_inputs_saved, math_scores_saved, sdpa_math_path
 from lmcalc.engine.memory.shared_block import shared_uses_saved
 from lmcalc.engine.memory.ssm import KINDS, AttentionKind, MixerKind, average_mixer, share
 from lmcalc.engine.memory.widths import (
@@ -110,6 +111,8 @@ def _attention_saved(w: Workload, kind: AttentionKind) -> list[SavedTensor]:
             tensors += [SavedTensor(f"{name} L2-norm input{' (fp32 copy)' if fp32 else ''}", f"s·b·{sym}·d",
                                     sb * n * dqk, 4 if fp32 else act, most_tp_ranks=None if name == "Q" else heads),
                         SavedTensor(f"{name} L2-norm 1/rms (fp32)", f"s·b·{sym}", sb * n, 4)]  # fmt: skip
+    if sdpa_math_path(w):  # PyTorch's math path keeps fp32 copies of Q, K and V, not the model's own
+        return tensors + math_inputs_saved(w)
     rope = " (after RoPE)" if spec.position_embedding == "rope" else ""
     fp32 = w.attention == "eager" and spec.eager_fp32_scores  # Flint, GPT-J: the scores' product keeps fp32 copies
     qk, qk_bytes = (" (fp32 copy)", 4) if fp32 else (rope, act)
@@ -302,6 +305,8 @@ def _attention_block(w: Workload, kind: AttentionKind, reusing_kv: bool = False)
             tensors.append(SavedTensor("attention dropout output", "b·H·s²", b * H * s * s, act, True))
         if not (spec.moe and spec.moe.attention_experts):  # JetMoE's output experts read a gathered copy instead
             tensors.append(SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",)))
+    elif sdpa_math_path(w):  # no fused kernel takes the call (engine.memory.sdpa_math): the s × s scores in fp32
+        tensors += math_scores_saved(w)
     else:
         tensors.append(SavedTensor("log-sum-exp per row (fp32)", "b·H·s", b * H * s, LOGSUMEXP_BYTES, True))
         # The fused kernel's output, kept for its backward, is laid out (b, s, H, d): the output projection's
