@@ -85,3 +85,65 @@ def test_tensor_parallelism_splits_the_scans_heads_and_attention_alone_has_none(
     assert two.scan_forward == pytest.approx(one.scan_forward / 2, rel=1e-12)
     _, dense = _work("llama-3.1-8b")
     assert dense.scan_forward == dense.scan_layers == 0.0
+
+
+def _mixer_bytes(model: str, micro_batch: int, tp: int):
+    """The mixer's memory-bound bytes (forward, backward) and kernels on one GPU of a 40-layer stage (all layers of
+    Granite 4.0 H Tiny; 40 of Qwen3-Next's 48), alone: ``_mixer_traffic`` into an empty tally."""
+    from lmcalc.engine.time.memory_traffic import MemoryTraffic, _mixer_traffic, stage_shape
+
+    w = Workload(
+        resolve_model(model).spec,
+        resolve_precision("bf16-mixed").spec,
+        resolve_optimizer("adamw").spec,
+        4096,
+        micro_batch,
+        framework=framework_profile("megatron"),
+    )
+    tally = MemoryTraffic()
+    _mixer_traffic(stage_shape(w, Grid(tp, 1, 1, tp > 1, 1), StageLayers(0, 40, False, False)), tally)
+    return tally
+
+
+def test_a_mamba2_layers_convolution_and_norm_move_what_megatron_cores_training_path_moves():
+    # Granite 4.0 H Tiny: 36 Mamba-2 layers of 40; inner I = 3,072 (48 heads of 64), one group of state 128, so the
+    # convolution runs over C = 3,072 + 2·128 = 3,328 channels; a gated RMSNorm over I. bf16, 2 bytes an element.
+    # Forward (mamba_split_conv1d_scan_combined, then the norm): the convolution reads and writes C, the norm reads
+    # and writes I: 2·3,328 + 2·3,072 = 12,800 elements a token. Backward: the convolution again (2C), its backward
+    # (read x and the gradient, write dx: 3C), the norm's backward (read x and the gradient, write dx: 3I):
+    # 5·3,328 + 3·3,072 = 25,856. Kernels: 2 forward, 3 backward a layer.
+    one = _mixer_bytes("granite-4.0-h-tiny", 1, 1)
+    tokens = 36 * 4096
+    assert one.forward == 2 * 12_800 * tokens
+    assert one.backward == 2 * 25_856 * tokens
+    assert one.kernels == 36 * 5
+    # Two sequences a micro-batch: the in-projection's output (P = 2·3,072 + 2·128 + 48 = 6,448) laid out
+    # batch-first and the scan's output (I) back, a copy each way: 2·6,448 + 2·3,072 = 19,040 more each pass.
+    two = _mixer_bytes("granite-4.0-h-tiny", 2, 1)
+    assert two.forward == 2 * (12_800 + 19_040) * 2 * tokens
+    assert two.backward == 2 * (25_856 + 19_040) * 2 * tokens
+    assert two.kernels == 36 * 9
+    # TP 2 splits the channels, not the tokens (the mixer sees the whole sequence, gathered under SP)
+    halved = _mixer_bytes("granite-4.0-h-tiny", 1, 2)
+    assert (halved.forward, halved.backward) == (one.forward / 2, one.backward / 2)
+
+
+def test_a_gated_deltanet_layers_memory_bound_kernels_by_hand():
+    # Qwen3-Next: 3 of 4 layers run Gated DeltaNet (30 of a 40-layer stage); q and k in 16 heads of 128, v in 32 of
+    # 128: the convolution over C = 2·16·128 + 32·128 = 8,192 channels, the value width D = 4,096. Forward: the
+    # convolution (R C + W C), the compiled preparation of q, k and v (R C + W C), the gated norm (R 2D + W D):
+    # 4·8,192 + 3·4,096 = 45,056 elements a token; backward 6·8,192 + 5·4,096 = 69,632; 3 kernels each way.
+    tally = _mixer_bytes("qwen3-next-80b-a3b", 1, 1)
+    tokens = 30 * 4096
+    assert tally.forward == 2 * 45_056 * tokens
+    assert tally.backward == 2 * 69_632 * tokens
+    assert tally.kernels == 30 * 6
+    # two sequences: the norm's output copied back sequence-first, R D + W D each way
+    two = _mixer_bytes("qwen3-next-80b-a3b", 2, 1)
+    assert two.forward == 2 * (45_056 + 2 * 4096) * 2 * tokens
+    assert two.kernels == 30 * 8
+
+
+def test_a_model_without_a_chunked_mixer_moves_nothing_for_one():
+    tally = _mixer_bytes("llama-3.1-8b", 1, 1)
+    assert (tally.forward, tally.backward, tally.kernels) == (0.0, 0.0, 0.0)

@@ -1,6 +1,7 @@
 """A micro-batch of a pipeline stage as one GPU sees it (its tokens and heads under TP, CP, EP and expert TP), and
-the bytes its memory-bound kernels move: norms, residual adds, rotary embeddings, layout copies, the MLP activation,
-MoE permutation, the loss over the logits and the embedding's gradient (docs/formulas.md §8.5).
+the bytes its memory-bound kernels move: norms, residual adds, rotary embeddings, a hybrid's Mamba-2 or Gated
+DeltaNet kernels around its scan, layout copies, the MLP activation, MoE permutation, the loss over the logits and
+the embedding's gradient (docs/formulas.md §8.5).
 
 Byte counts of an element-wise kernel: it reads each input and writes each output once. A fused kernel does the
 whole operation in one pass; an unfused PyTorch form pays one pass per operation (an upcast, a square, a mean,
@@ -85,6 +86,7 @@ def memory_bound_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     _norm_traffic(s, traffic)
     _residual_traffic(s, traffic)
     _rotary_traffic(s, traffic)
+    _mixer_traffic(s, traffic)
     _layout_copy_traffic(s, traffic)
     _mlp_activation_traffic(s, traffic)
     _expert_bias_traffic(s, traffic)
@@ -133,6 +135,46 @@ def _rotary_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     rope_elements = s.tokens * (s.heads + (s.heads if model.mla else s.kv_heads)) * rope_dim * layers
     per = 9 * e if tables else 2 * e
     traffic.add(per * rope_elements, per * rope_elements, layers * (2 * 11 if tables else 4))
+
+
+def _mixer_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """A hybrid's Mamba-2 or Gated DeltaNet layers: the memory-bound kernels around the chunked scan (which is timed
+    apart, ``rates.SCAN_FRACTION``), as Megatron-Core's training paths run them (docs/formulas.md §8.21.1), in element
+    passes a token over this GPU's share of the channels.
+
+    Mamba-2 (``MambaMixer._ssm_training``): mamba_ssm's ``mamba_split_conv1d_scan_combined`` convolves x‖B‖C (C
+    channels) with its SiLU into a tensor the scan reads, R C + W C, and gates the scan's output by z inside the
+    scan; the backward runs the convolution again (R C + W C) and then its own backward (R 2C + W C). The RMSNorm
+    over the inner width I: R I + W I forward, R 2I + W I backward. Beyond one sequence a micro-batch, the mixer lays
+    the input projection's output (P = 2I + 2GN + H) out batch-first and the scan's output back sequence-first with
+    copies, R + W of each, forward and backward alike.
+
+    Gated DeltaNet (``GatedDeltaNet.forward``): the convolution over q‖k‖v with its SiLU (R C + W C; backward R 2C +
+    W C), the compiled preparation that L2-normalises q and k and lays q, k and v out for the kernel (R C + W C;
+    backward R 2C + W C) and the gated output norm over the value width D (R 2D + W D; backward R 3D + W 2D); beyond
+    one sequence a micro-batch, the copy of the norm's output back to sequence-first (R D + W D, both ways)."""
+    model = s.w.model
+    layers = s.built.layers * model.other_mixer_share
+    mamba, delta = model.mamba2, model.deltanet
+    if not layers or not (mamba or delta):
+        return
+    tp = s.grid.tp
+    if mamba:
+        conv, norm = mamba.conv_channels / tp, (mamba.inner / tp if mamba.gated_norm else 0.0)
+        forward, backward = 2 * conv + 2 * norm, 5 * conv + 3 * norm
+        kernels = 5 if mamba.gated_norm else 3
+        if s.w.micro_batch > 1:
+            projected = (2 * mamba.inner + 2 * mamba.groups * mamba.state + mamba.heads) / tp
+            copies = 2 * projected + 2 * mamba.inner / tp
+            forward, backward, kernels = forward + copies, backward + copies, kernels + 4
+    else:
+        assert delta is not None
+        conv, out = delta.conv_channels / tp, delta.value_heads * delta.value_head_dim / tp
+        forward, backward, kernels = 4 * conv + 3 * out, 6 * conv + 5 * out, 6
+        if s.w.micro_batch > 1:
+            forward, backward, kernels = forward + 2 * out, backward + 2 * out, kernels + 2
+    elements = layers * s.tokens
+    traffic.add(s.act_bytes * forward * elements, s.act_bytes * backward * elements, kernels * layers)
 
 
 def _layout_copy_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
