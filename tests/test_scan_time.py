@@ -147,3 +147,28 @@ def test_a_gated_deltanet_layers_memory_bound_kernels_by_hand():
 def test_a_model_without_a_chunked_mixer_moves_nothing_for_one():
     tally = _mixer_bytes("llama-3.1-8b", 1, 1)
     assert (tally.forward, tally.backward, tally.kernels) == (0.0, 0.0, 0.0)
+
+
+def test_rotary_and_the_qk_copies_run_in_a_hybrids_attention_layers_alone():
+    # Qwen3-Next attends in 12 of its 48 layers (every fourth), so 10 of a 40-layer stage: 16 query heads and 2 KV
+    # heads of 256. Megatron's fused RoPE (no tables) reads and writes Q and K once: 2 bytes in, 2 out, over
+    # 4,096 · (16 + 2) · 256 elements a layer. Its Q and K copies for the kernel (q_copies 2, k_copies 2 in
+    # presets/frameworks/megatron.yaml): one more Q and one more K, read and written.
+    from lmcalc.engine.time.memory_traffic import MemoryTraffic, _layout_copy_traffic, _rotary_traffic, stage_shape
+
+    w = Workload(
+        resolve_model("qwen3-next-80b-a3b").spec,
+        resolve_precision("bf16-mixed").spec,
+        resolve_optimizer("adamw").spec,
+        4096,
+        1,
+        framework=framework_profile("megatron"),
+    )
+    shape = stage_shape(w, Grid(1, 1, 1, False, 1), StageLayers(0, 40, False, False))
+    rotary, copies = MemoryTraffic(), MemoryTraffic()
+    _rotary_traffic(shape, rotary)
+    _layout_copy_traffic(shape, copies)
+    assert rotary.forward == rotary.backward == 2 * 2 * 10 * 4096 * (16 + 2) * 256
+    assert rotary.kernels == 10 * 4
+    assert copies.forward == copies.backward == 2 * 2 * 10 * 4096 * 256 * (16 + 2)
+    assert copies.kernels == 2 * 10 * 2

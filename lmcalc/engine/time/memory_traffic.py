@@ -125,9 +125,16 @@ def _residual_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
         traffic.add((2 * e + 1) * residual_elements, (2 * e + 1) * residual_elements, 4 * layers)
 
 
+def _attention_layers(s: StageShape) -> float:
+    """The stage's layers that attend (a hybrid's share of them, a shared block's uses among them: the attention
+    kernel's calls, ``kernels._attention_work``)."""
+    model = s.w.model
+    return s.built.layers * model.attention_uses / model.num_layers
+
+
 def _rotary_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
-    """Rotary embeddings on Q and K."""
-    model, e, layers = s.w.model, s.act_bytes, s.built.layers
+    """Rotary embeddings on Q and K, in the layers that attend."""
+    model, e, layers = s.w.model, s.act_bytes, _attention_layers(s)
     if not (model.position_embedding == "rope" or model.mla):
         return
     tables = s.w.framework.rotary.tables
@@ -178,8 +185,8 @@ def _mixer_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 
 
 def _layout_copy_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
-    """Copies of Q, K and V the framework makes to lay them out for the kernel."""
-    e, layers, rule = s.act_bytes, s.built.layers, s.w.framework.attention
+    """Copies of Q, K and V the framework makes to lay them out for the kernel, in the layers that attend."""
+    e, layers, rule = s.act_bytes, _attention_layers(s), s.w.framework.attention
     copy_elements = (
         s.tokens
         * s.w.model.head_size
