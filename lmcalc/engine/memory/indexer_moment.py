@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tensors
+from lmcalc.engine.memory.adapters import adapter_bytes
 from lmcalc.engine.memory.module_recompute import ROUTER_INPUT
 from lmcalc.engine.memory.outside_layers import layer_checkpoint
 from lmcalc.engine.memory.saved import SavedTensor
@@ -62,13 +63,17 @@ def adapted_output_gradient(w: Workload, moe_layer: bool) -> float:
     unpacks no saved tensor, runs before the layer is rebuilt; its output, the gradient of B's output (t·h in the
     activation dtype), lives through the rebuild. Read from the storages live at the step's peak (dots3-wide,
     checkpointed, PEFT's LoRA on every linear layer, bf16 adapters: a MulBackward0's output of 524,288 B beside the
-    layer output's gradient). 0 without full recomputation or where that module is frozen."""
+    layer output's gradient). With fp32 adapters over a 16-bit model and no autocast the sum is fp32 (cast back
+    after), so its gradient is made fp32, cast for the base output's branch (t·h in the activation dtype) and the
+    product's is fp32 (t·h·4): both live (qwen2-small and llama-wide, checkpointed, fp32 adapters). 0 without full
+    recomputation or where that module is frozen."""
     if w.recompute != "full" or not w.method.adapters:
         return 0.0
     group = "shared_experts" if moe_layer else "mlp"
     if not any(m.group == group and m.leaf == "down" for m in adapted_modules(w.model, w.method)):
         return 0.0
-    return w.tokens * w.model.hidden_size * w.precision.activation_bytes
+    act, computed = w.precision.activation_bytes, adapter_bytes(w)
+    return w.tokens * w.model.hidden_size * (act + (computed if computed > act else 0.0))
 
 
 def shared_expert_freed(w: Workload, layer: tuple[SavedTensor, ...]) -> float:

@@ -1,0 +1,61 @@
+"""A rebuilt layer's forward at its MLP's adapted up projection, under PEFT's LoRA without autocast (docs/formulas.md
+§5.10.2).
+
+PEFT's ``Linear.forward`` (peft/tuners/lora/layer.py) runs the frozen base layer, then adds
+``lora_B(lora_A(x)) · scaling``: the base output, B's output and its scaled copy are alive at once, each as wide as
+the layer's output, the last two in the adapters' dtype (fp32 where PEFT keeps the adapters in fp32 over a 16-bit
+model and casts their input to it; the sum is then fp32 too, cast back after). A gated MLP's up projection is the
+widest such module and the last before the MLP's product: under full recomputation the rebuilt top layer peaks
+there, every tensor it keeps before the up projection's output made, beside the forward's locals and the gradients
+its backward has made before the rebuild.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from lmcalc.engine.finetune.method import adapted_modules
+from lmcalc.engine.memory.adapters import adapter_bytes
+from lmcalc.engine.memory.indexer_moment import adapted_output_gradient
+from lmcalc.engine.memory.saved import SavedTensor
+from lmcalc.engine.workload import Workload
+
+MADE_AFTER_UP = ("up output", "down projection input (product)")
+"""The labels of a gated MLP's kept tensors made from the up projection's output on (``activations``): the product's
+factor, and the down projection's input where its adapter reads it uncopied; the down adapter's own follow."""
+
+
+class AdaptedUp(NamedTuple):
+    """The rebuilt layer at its MLP's adapted up projection (``adapted_up_moment``), in bytes, as the other moments of
+    a layer's forward are counted (``phases.Transients``)."""
+
+    forward: float  # beyond the kept tensors: the base output, B's and its scaled copy; the forward's locals
+    kept_before: float  # the share of the layer's saved tensors made by then
+    output_gradient: float  # the gradients alive while the layer is rebuilt
+
+
+def adapted_up_moment(w: Workload, layer: tuple[SavedTensor, ...], tp: int) -> AdaptedUp | None:
+    """Where a dense layer with a gated MLP (``layer``, its saved tensors) rebuilt under full recomputation peaks in
+    its forward under LoRA on the up projection, without autocast: at the adapter's scaled output, beside the frozen
+    base's output (s·b·f in the activation dtype) and B's output (s·b·f each in the adapters' dtype), every tensor
+    the layer keeps but those made from the up projection's output on (``MADE_AFTER_UP`` and the down adapter's);
+    the forward's locals alive then, the attention's residual sum and, where no module keeps it (fp32 adapters read
+    copies), the MLP norm's output (s·b·h each); and the gradients the backward made before the rebuild: the layer
+    output's and an adapted down projection's (``adapted_output_gradient``). Read from the storages live at the
+    step's peak with scripts/hf_step_peak.py on the CPU (qwen2-small and llama-wide, checkpointed, fp32 adapters;
+    with bf16 adapters the same moment, 0.04 % off on llama-wide, stays below the down projection's backward). The
+    s·b·f tensors split over ``tp``; the rest whole on each rank, as ``phases`` counts a layer's. None for any other
+    model or step: MoE layers, parallel blocks, fused gate and up projections, two-matrix MLPs, QLoRA, autocast."""
+    spec = w.model
+    if w.recompute != "full" or w.method.kind != "lora" or w.precision.master_bytes or spec.moe or spec.parallel_block:
+        return None
+    up_adapted = any(m.group == "mlp" and m.leaf == "up" for m in adapted_modules(spec, w.method))
+    if spec.ffn_kind == "gelu_mlp" or not up_adapted:
+        return None
+    act, t, h, f = w.precision.activation_bytes, w.tokens, spec.hidden_size, spec.ffn_size
+    after = sum(x.bytes for x in layer if x.label in MADE_AFTER_UP or x.label.startswith("mlp.down adapter"))
+    norm_output_kept = any(x.label == "MLP input (norm output)" for x in layer)
+    locals_ = t * h * act * (1 if norm_output_kept else 2)
+    forward = t * f * (act + 2 * adapter_bytes(w)) / tp + locals_
+    gradients = t * h * act + adapted_output_gradient(w, False)
+    return AdaptedUp(forward, 1 - after / sum(x.bytes for x in layer), gradients)
