@@ -172,3 +172,46 @@ def test_rotary_and_the_qk_copies_run_in_a_hybrids_attention_layers_alone():
     assert rotary.kernels == 10 * 4
     assert copies.forward == copies.backward == 2 * 2 * 10 * 4096 * 256 * (16 + 2)
     assert copies.kernels == 2 * 10 * 2
+
+
+def test_a_layer_that_is_a_mixer_alone_has_one_norm_one_residual_and_no_mlp():
+    # Codestral Mamba: 64 layers, each a Mamba-2 mixer behind one RMSNorm, no FFN (its config's ffn_size is unused).
+    # A 40-layer stage at s = 4,096, b = 1, TP 1, bf16, Megatron's fused norm: one norm a layer over h = 4,096, 2 bytes
+    # read and written forward, 3 backward, a kernel each way; one residual add a layer, 3 bytes an element each way,
+    # a kernel each way; no MLP activation at all.
+    from lmcalc.engine.time.memory_traffic import (
+        MemoryTraffic,
+        _mlp_activation_traffic,
+        _norm_traffic,
+        _residual_traffic,
+        stage_shape,
+    )
+
+    def tally(model: str, rule, moe: int = 0):  # 40 layers, ``moe`` of them MoE
+        w = Workload(
+            resolve_model(model).spec,
+            resolve_precision("bf16-mixed").spec,
+            resolve_optimizer("adamw").spec,
+            4096,
+            1,
+            framework=framework_profile("megatron"),
+        )
+        out = MemoryTraffic()
+        rule(stage_shape(w, Grid(1, 1, 1, False, 1), StageLayers(40 - moe, moe, False, False)), out)
+        return out
+
+    elements = 40 * 4096 * 4096
+    norms = tally("codestral-mamba-7b", _norm_traffic)
+    assert (norms.forward, norms.backward, norms.kernels) == (2 * 2 * elements, 3 * 2 * elements, 40 * 2)
+    residual = tally("codestral-mamba-7b", _residual_traffic)
+    assert (residual.forward, residual.backward, residual.kernels) == (3 * 2 * elements, 3 * 2 * elements, 40 * 2)
+    mlp = tally("codestral-mamba-7b", _mlp_activation_traffic)
+    assert (mlp.forward, mlp.backward, mlp.kernels) == (0.0, 0.0, 0.0)
+    # Llama 3.1 8B, for contrast: two norms and two residual adds a layer
+    assert tally("llama-3.1-8b", _norm_traffic).kernels == 40 * 2 * 2
+    assert tally("llama-3.1-8b", _residual_traffic).kernels == 40 * 2 * 2
+    # Nemotron 3 Nano: 52 blocks, each one norm and one mixer or FFN (23 Mamba-2, 6 attention, 23 MoE, no dense MLP):
+    # a stage of 40 blocks, 18 of them MoE, has 40 norms
+    assert tally("nemotron-3-nano-30b-a3b", _norm_traffic, moe=18).kernels == 40 * 2
+    # its 22 other blocks of the stage are Mamba-2 or attention alone: the activation's kernels are the MoE blocks'
+    assert tally("nemotron-3-nano-30b-a3b", _mlp_activation_traffic, moe=18).kernels == 18 * 2

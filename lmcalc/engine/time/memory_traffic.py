@@ -18,6 +18,7 @@ from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.workload import Workload
+from lmcalc.specs import ModelSpec
 
 CLAMP_FORWARD = 8
 """Passes over a clamped SwiGLU's inner width (in its dtype) that the clamps add forward: Megatron-Core's
@@ -104,7 +105,7 @@ def _norm_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     unfused_norm = norm_keeps(s.w) != "input"
     norm_forward = 28 + 4 * e if unfused_norm else 2 * e
     model = s.w.model
-    norms: int = model.norms_per_layer
+    norms = _sites_per_layer(model) if model.norms_per_layer == 2 else float(model.norms_per_layer)
     norm_elements = norms * layers * s.hidden_tokens * model.hidden_size
     if model.sub_norms:  # BitNet's: on this GPU's heads of the attention output and its share of the gated product
         norms += 2
@@ -116,13 +117,20 @@ def _norm_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     )
 
 
+def _sites_per_layer(model: ModelSpec) -> float:
+    """Norm and residual sites a layer: one before each token mixer and each FFN, 2 a layer, but 1 in a layer that is
+    a mixer or an FFN alone (Nemotron-H's blocks, a Mamba model's layers): (L_mixer + L_ffn) / L of the stage's
+    layers."""
+    return (model.mixer_layers + model.ffn_layers) / model.num_layers
+
+
 def _residual_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
-    """Residual adds (and dropout on both branches)."""
-    e, layers = s.act_bytes, s.built.layers
-    residual_elements = 2 * layers * s.hidden_tokens * s.w.model.hidden_size
-    traffic.add(3 * e * residual_elements, 3 * e * residual_elements, 4 * layers)
+    """Residual adds (and dropout on both branches), one after each mixer and each FFN."""
+    e, sites = s.act_bytes, _sites_per_layer(s.w.model) * s.built.layers
+    residual_elements = sites * s.hidden_tokens * s.w.model.hidden_size
+    traffic.add(3 * e * residual_elements, 3 * e * residual_elements, 2 * sites)
     if s.w.model.drops("residual"):
-        traffic.add((2 * e + 1) * residual_elements, (2 * e + 1) * residual_elements, 4 * layers)
+        traffic.add((2 * e + 1) * residual_elements, (2 * e + 1) * residual_elements, 2 * sites)
 
 
 def _attention_layers(s: StageShape) -> float:
@@ -201,9 +209,11 @@ def _layout_copy_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 def _mlp_activation_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     """The MLP activation, per element of its inner width on this GPU; a clamped SwiGLU's clamps before it; and, under
     Megatron-Core's ``moe_act`` recomputation, the routed experts' activation run again in the backward pass."""
-    model, built, e, layers = s.w.model, s.built, s.act_bytes, s.built.layers
+    model, built, e = s.w.model, s.built, s.act_bytes
     tp, moe = s.grid.tp, model.moe
-    dense_width = built.dense * s.tokens * model.ffn_size / tp
+    non_moe = model.num_layers - model.moe_layers  # of them, those with a dense FFN (not a mixer alone)
+    dense_layers = built.dense * model.dense_ffn_layers / non_moe if non_moe else 0.0
+    dense_width = dense_layers * s.tokens * model.ffn_size / tp
     routed = shared = 0.0
     if moe and built.moe:  # the routed experts' rows on this GPU: its expert TP group's k·ρ copies, split by ETP
         routed = built.moe * s.expert_tokens * moe.expert_ffn_size * s.w.routed_copies / s.grid.etp
@@ -217,7 +227,7 @@ def _mlp_activation_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
         forward, backward, kernels = (3 * e, 5 * e, 2) if fused else (5 * e, 9 * e, 5)
     if model.swiglu_limit:  # gpt-oss: two clamps and a concatenation (or α·g and up + 1), read 2 write 2 a width
         forward, backward, kernels = forward + CLAMP_FORWARD * e, backward + CLAMP_BACKWARD * e, kernels + 6
-    traffic.add(forward * width, backward * width, layers * kernels)
+    traffic.add(forward * width, backward * width, (dense_layers + built.moe) * kernels)
     if routed and "moe_act" in s.w.recompute_modules and s.w.recompute == "selective":
         traffic.add(0.0, forward * routed, built.moe * kernels / 2)  # CheckpointWithoutOutput runs it again
 
