@@ -215,3 +215,17 @@ def test_a_layer_that_is_a_mixer_alone_has_one_norm_one_residual_and_no_mlp():
     assert tally("nemotron-3-nano-30b-a3b", _norm_traffic, moe=18).kernels == 40 * 2
     # its 22 other blocks of the stage are Mamba-2 or attention alone: the activation's kernels are the MoE blocks'
     assert tally("nemotron-3-nano-30b-a3b", _mlp_activation_traffic, moe=18).kernels == 18 * 2
+
+
+def test_tensor_parallelism_gathers_the_blocks_a_layer_has():
+    # Megatron's TP gathers (or all-reduces) each block's activations: a dense layer's mixer and MLP (2), an MoE
+    # layer's mixer and shared experts (the routed experts are the expert TP group's). Nemotron 3 Nano's 52 blocks are
+    # each one of them alone: 23 Mamba-2 and 6 attention blocks (1 each, counted as the dense layers) and 23 MoE blocks
+    # with a shared expert and no mixer (1 each). Codestral Mamba: a Mamba-2 mixer alone in every layer.
+    from lmcalc.engine.time.microbatch import tp_blocks
+
+    assert tp_blocks(resolve_model("nemotron-3-nano-30b-a3b").spec) == (1.0, 1.0)
+    assert tp_blocks(resolve_model("codestral-mamba-7b").spec)[0] == 1.0
+    assert tp_blocks(resolve_model("llama-3.1-8b").spec)[0] == 2.0
+    assert tp_blocks(resolve_model("deepseek-v3").spec) == (2.0, 2.0)  # 3 dense layers; 58 MoE with a shared expert
+    assert tp_blocks(resolve_model("qwen3-30b-a3b").spec)[1] == 1.0  # no shared expert
