@@ -392,7 +392,7 @@ def gpt_neo(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: s
     local = {}
     if "local" in kinds:
         local = {"sliding_window": _get(config, origin, "window_size"), "local_attention": "sliding",
-                 **global_layers([k == "global" for k in kinds], origin)}  # fmt: skip
+                 "window_buffer": True, **global_layers([k == "global" for k in kinds], origin)}  # fmt: skip
     return fields | {
         "hidden_size": hidden,
         "num_layers": layers,
@@ -405,6 +405,7 @@ def gpt_neo(config: dict[str, Any], kind: str, fields: dict[str, Any], origin: s
         "mlp_bias": True,
         "position_embedding": "learned",
         "max_seq_len": _get(config, origin, "max_position_embeddings"),
+        "eager_fp32_scores": True,  # GPTNeoSelfAttention._attn: Q and K upcast, the softmax in fp32, then cast
         **local,
         **dropout(
             config, {"embedding": "embed_dropout", "attention": "attention_dropout", "residual": "resid_dropout"}

@@ -260,6 +260,8 @@ class ModelSpec(LayerKinds, NamedSpec):
         description="with a sliding_window, layer i (from 0) attends globally when (i + 1) is a multiple of this "
         "(Gemma 2: 2, Gemma 3: 6, Cohere2: 4, gpt-oss: 2, Llama 4: 4); None: every layer is local",
     )
+    window_buffer: StrictBool = Field(False, description="the local layers mask their window from a buffer of their "
+                                      "own (GPTNeoSelfAttention.bias): the model makes one eager mask")  # fmt: skip
     global_from_first: StrictBool = Field(
         False,
         description="the global layers are i where i (from 0) is a multiple of global_every: the first layer "

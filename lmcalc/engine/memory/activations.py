@@ -351,11 +351,25 @@ def kept_before_core(w: Workload, moe_layer: bool) -> float:
 
 
 def lowest_layer_unkept(w: Workload) -> tuple[SavedTensor, ...]:
-    """The tensors the lowest layer keeps less than the others under LoRA or QLoRA, without full recomputation: its
-    input (the frozen embedding's output) needs no gradient, so what lies before its first adapter keeps
-    nothing: its attention norm and the dropout masks of the adapters that read it, or, when no attention module is
-    adapted, its whole attention half, its MLP norm and the masks of the adapters that read that."""
-    if not w.method.adapters or w.recompute == "full":
+    """The tensors the lowest layer keeps less than the others, without full recomputation: the attention norm it does
+    without where the embedding's norm stands in for it (ModernBERT's: ``first_attention_norm`` false, its attention
+    reading the layer's input), and what it leaves unkept under LoRA or QLoRA (``_frozen_input_unkept``)."""
+    if w.recompute == "full":
+        return ()
+    frozen = _frozen_input_unkept(w)
+    if w.model.first_attention_norm or not w.model.is_attention_layer(0):
+        return frozen
+    first = layer_kept_tensors(w, w.model.is_moe_layer(0))
+    unnormed = tuple(t for t in first if t.label.startswith("attention norm"))
+    return unnormed + tuple(t for t in frozen if t not in unnormed)
+
+
+def _frozen_input_unkept(w: Workload) -> tuple[SavedTensor, ...]:
+    """The tensors the lowest layer keeps less than the others under LoRA or QLoRA: its input (the frozen embedding's
+    output) needs no gradient, so what lies before its first adapter keeps nothing: its attention norm and the dropout
+    masks of the adapters that read it, or, when no attention module is adapted, its whole attention half, its MLP
+    norm and the masks of the adapters that read that."""
+    if not w.method.adapters:
         return ()
     modules = adapted_modules(w.model, w.method)
     if any(m.leaf == "stream_projections" for m in modules):  # Gemma 3n: adapted, they make its input need gradients

@@ -130,13 +130,16 @@ def mtp_saved_tensors(w: Workload) -> tuple[tuple[SavedTensor, ...], tuple[Saved
 def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:
     """The layers' keyword arguments that gradient checkpointing keeps alive until the rebuilt layers have run
     (the profile's ``attention.checkpoint_keeps_mask``): with eager attention the additive mask of each kind of
-    layer the model has (global and sliding: one each, made apart) and the position ids; with fused attention the
+    layer the model has (global and sliding: one each, made apart; one where the local layers mask their window
+    from a buffer, ``window_buffer``) and the position ids; with fused attention the
     sliding layers' boolean mask where the window makes one (``masks.window_masked_share``), [1, 1, s, s] expanded over
     the batch, so s² bytes. Not counted: the position ids (8·s bytes) with fused attention, which are kept too."""
     spec, act, b, s = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len
     if w.attention == "eager":
         kinds = [kind for kind, layers in (("global", spec.attention_layers - spec.local_layers),
                                            ("sliding", spec.local_layers)) if layers]  # fmt: skip
+        if spec.window_buffer:  # GPT-Neo's local layers mask their window themselves: one mask for every layer
+            kinds = ["all"]
         return [
             *(
                 SavedTensor(f"eager attention mask, {kind} layers (kept for the rebuilt layers)", "b·s²", b * s * s,
