@@ -79,16 +79,14 @@ from lmcalc.spec_base import (
 )
 
 __all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_WHOLE_NUMBER", "ActivationKind", "AltUpSpec", "BranchConvSpec",
-           "CcaSpec", "ComputeDtype", "CompressedAttentionSpec", "HyperConnectionSpec",
-           "SharedBlockSpec", "CrossAttentionSpec", "DeltaNetSpec", "DRAFTER_COUNTED_ONLY", "DrafterSpec", "Dimension",
-           "DropoutSite",
-           "FfnKind", "GlobalAttentionSpec", "ByteLatentSpec", "ByteStackSpec",
-           "ImagePrefixSpec", "IndexerSpec", "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec",
-           "LightningSpec", "LocalMLASpec", "MLASpec", "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K",
-           "PerLayerInputSpec", "PromptSpec", "RetrievalExpertsSpec", "RWKV_COUNTED_ONLY", "RwkvSpec",
-           "Cluster", "HardwareSpec", "NamedSpec", "NonNegativeFloat", "NonNegativeInt",
-           "NormKind", "PositionKind", "PositiveFloat", "PositiveInt", "ShortConvSpec", "Spec", "StrictBool",
-           "WholeNumber", "no_entries", "no_items"]  # fmt: skip
+           "CcaSpec", "ComputeDtype", "CompressedAttentionSpec", "HyperConnectionSpec", "SharedBlockSpec",
+           "CrossAttentionSpec", "DeltaNetSpec", "DRAFTER_COUNTED_ONLY", "DrafterSpec", "Dimension", "DropoutSite",
+           "FfnKind", "GlobalAttentionSpec", "ByteLatentSpec", "ByteStackSpec", "ImagePrefixSpec", "IndexerSpec",
+           "KvSharingSpec", "LayerCount", "LayerIndex", "LayerReuseSpec", "LightningSpec", "LocalMLASpec", "MLASpec",
+           "MLstmSpec", "Mamba2Spec", "MambaSpec", "MoESpec", "NO_TOP_K", "PerLayerInputSpec", "PromptSpec",
+           "RetrievalExpertsSpec", "RWKV_COUNTED_ONLY", "RwkvSpec", "Cluster", "HardwareSpec", "NamedSpec",
+           "NonNegativeFloat", "NonNegativeInt", "NormKind", "PositionKind", "PositiveFloat", "PositiveInt",
+           "ShortConvSpec", "Spec", "StrictBool", "WholeNumber", "no_entries", "no_items"]  # fmt: skip
 """Re-exported: the rest of lmcalc takes every spec and spec type from here."""
 
 
