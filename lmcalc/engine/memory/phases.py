@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import layer_saved_tensors
-from lmcalc.engine.memory.adapter_moment import adapted_up_moment
+from lmcalc.engine.memory.adapter_moment import adapted_up_moment, autocast_down_moment
 from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.branch_convs import combine_gradient_bytes, shared_sum_peak
 from lmcalc.engine.memory.byte_latent import forward_frame as byte_forward_frame
@@ -161,8 +161,8 @@ PHASE_NAMES = (
     "the first layer's backward",
     "the embedding's backward",
     "the optimizer step",
-    "a layer's forward (its indexer's scores, its CDMoE's key sums, a rebuilt ZAYA layer's end, a rebuilt LoRA up "
-    "projection), or the forward's end (CPM-Ant's, BLT's)",
+    "a layer's forward (its indexer's scores, its CDMoE's key sums, a rebuilt ZAYA layer's end, a LoRA adapter "
+    "of its MLP), or the forward's end (CPM-Ant's, BLT's)",
 )
 
 
@@ -304,7 +304,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     if end := rebuilt_forward_end(w, layer_saved_tensors(w, bool(built.moe))):  # ZAYA's rebuilt layer (memory.cca)
         return Transients(loss, layer + tied - end.freed / cp, norm, tied, end.forward / cp, 1.0,
                           end.output_gradient / cp)  # fmt: skip
-    if built.dense and not forward and (up := adapted_up_moment(w, layer_saved_tensors(w, False), tp)):  # LoRA up
+    dense_layer = layer_saved_tensors(w, False) if built.dense and not forward else ()
+    if dense_layer and (up := adapted_up_moment(w, dense_layer, tp) or autocast_down_moment(w, dense_layer, tp)):
         return Transients(loss, layer + tied, norm, tied, up.forward / cp, up.kept_before, up.output_gradient / cp)
     if not forward:
         return Transients(loss, layer + tied, norm, tied)
