@@ -315,6 +315,40 @@ def test_a_layer_s_down_projection_adapter_under_autocast_by_hand():
         assert phases.layer_forward == peak and phases.binding.startswith("a layer's forward")
 
 
+def test_a_parallel_block_s_two_matrix_mlp_under_autocast_by_hand():
+    # gpt-neox-wide at s = 256, b = 2: t = 512 tokens, h 512, 8 heads of 64, f 2048 (GELU), V 256, RoPE on 16 of each
+    # head's dimensions, the attention and the MLP side by side (x + attn(ln1(x)) + mlp(ln2(x))), bf16, SDPA; PEFT's
+    # LoRA (r 8) on every linear layer, fp32 adapters, autocast. The same moment as Llama's: inside the adapter of the
+    # MLP's second matrix, whose input is the GELU's output (t·f)
+    t, h, f, r = 512, 512, 2048, 8
+    outside = 2 * t * 8 + 2 * 256 * 16 * 2  # token ids and targets (int64), RoPE's cos and sin tables
+    # a layer keeps: the attention (its LayerNorm's bf16 input, fp32 mean and 1/std; the fused QKV output, alive with
+    # V; Q and K after RoPE; SDPA's output and log-sum-exp), the MLP (its norm's mean and 1/std, the GELU's input),
+    # four adapters' bf16 input copies (qkv, dense and fc read t·h, the second matrix t·f) and A·x
+    attention = t * (h * 2 + 2 * 4 + 3 * h * 2 + 2 * h * 2 + h * 2) + 2 * 8 * 256 * 4
+    mlp = t * 2 * 4 + t * f * 2
+    adapters = 3 * t * h * 2 + t * f * 2 + 4 * t * r * 2
+    layer = attention + mlp + adapters
+    assert layer == 9_494_528
+    # inside the second matrix's adapter: the GELU output it reads (t·f·2), PEFT's fp32 cast of it (t·f·4), the
+    # frozen base's output, the attention's output and the MLP norm's output (t·h·2 each), the locals of the block
+    inside = t * f * (2 + 4) + 3 * t * h * 2
+    # not checkpointed: the first layer's attention norm keeps nothing (its input needs no gradient); B's output and
+    # its scaled copy; the embedding output and the top layer's input, which the model's forward holds
+    plain = outside + 2 * layer - t * (h * 2 + 2 * 4) + inside + 2 * t * h * 2 + 2 * t * h * 2
+    assert plain == 28_446_720  # transformers: 28,170,240 B (+0.98 %; lmcalc bound at a layer's backward, -24.90 %)
+    # checkpointed: the two layers' inputs, the top layer rebuilt (its attention norm keeps the checkpointed input,
+    # counted once), the layer output's and the scaled B output's gradients (t·h·2 each)
+    rebuilt = outside + 2 * t * h * 2 + layer - t * h * 2 + inside + 2 * t * h * 2
+    assert rebuilt == 18_956_288  # transformers: 19,077,128 B (-0.63 %; lmcalc bound at a layer's backward, -33.35 %)
+    for checkpointing, peak in ((False, plain), (True, rebuilt)):
+        w = replace(workload(Case("gpt-neox-wide", "sdpa", checkpointing, 256, 2, None)),
+                    method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=True),
+                    precision=resolve_precision("bf16-mixed").spec)  # fmt: skip
+        phases = beyond_states(gpu_memory(w, Layout(), 0))
+        assert phases.layer_forward == peak and phases.binding.startswith("a layer's forward")
+
+
 def test_adding_every_phase_would_be_far_off():
     # the measurement tells the two rules apart: with the loss's gradients and the rebuilt layer counted together
     # (lmcalc before issue #29), a checkpointed step is put 40 % or more above what PyTorch holds

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from lmcalc.engine.finetune.method import adapted_modules, linear_modules
+from lmcalc.engine.finetune.method import TWO_MATRIX, adapted_modules, linear_modules
 from lmcalc.engine.memory.adapters import adapter_bytes
 from lmcalc.engine.memory.indexer_moment import adapted_output_gradient
 from lmcalc.engine.memory.saved import SavedTensor
@@ -67,38 +67,39 @@ def adapted_up_moment(w: Workload, layer: tuple[SavedTensor, ...], tp: int) -> A
 
 
 def autocast_down_moment(w: Workload, layer: tuple[SavedTensor, ...], tp: int) -> AdapterMoment | None:
-    """Where a dense layer with a gated MLP (``layer``, its saved tensors) peaks in its forward under LoRA with fp32
-    adapters over a 16-bit model and autocast (a mixed recipe): inside PEFT's ``Linear.forward`` of the down
-    projection, every tensor the layer keeps made (A keeps autocast's 16-bit copy of its input and, as B is called,
-    autocast's cast of B's weight, the last), beside the forward's locals: the MLP's input to the down projection,
-    the product (s·b·f in the activation dtype, kept by no module: the adapter reads its own copy), PEFT's cast of
-    it to the adapters' dtype (s·b·f·4, a local until ``Linear.forward`` returns), the frozen base's output, the
-    attention's residual sum and, where no module keeps it, the MLP norm's output (s·b·h each). Not recomputed, the
-    forward runs on to B's output and its scaled copy (s·b·h each, autocast's dtype) and the model's forward holds
-    the embedding output (``inputs_embeds``) and the top layer's input (``output_gradient``); under full
-    recomputation (non-reentrant, stopping once the last saved tensor is made) the rebuild stops at B's weight cast,
-    and the gradients the backward made before it live: the layer output's and the scaled B output's
-    (``adapted_output_gradient``). The up projection's moment is lower wherever f > h: beyond the same kept
-    tensors it holds s·b·(f·a + 4·h + 2·h·a), the down projection's s·b·(f·a + 4·f + 5·h·a) (a the activation
-    bytes). Read from the storages live at the step's peak with scripts/hf_step_peak.py on the CPU (llama-wide,
-    fp32 adapters, autocast, with and without checkpointing). The s·b·f tensors split over ``tp``, the rest whole on
-    each rank. None for any other model or step: MoE layers, parallel blocks, fused gate and up projections,
-    two-matrix MLPs, QLoRA, LoRA dropout (its output is the copy A reads), adapters in the model's dtype, or
-    without autocast (``adapted_up_moment``)."""
+    """Where a dense layer (``layer``, its saved tensors) peaks in its forward under LoRA with fp32 adapters over a
+    16-bit model and autocast (a mixed recipe): inside PEFT's ``Linear.forward`` of the MLP's down projection (a
+    two-matrix MLP's second), every tensor the layer keeps made (A keeps autocast's 16-bit copy of its input and, as B
+    is called, autocast's cast of B's weight, the last), beside the forward's locals: the down projection's input (a
+    gated MLP's product, a two-matrix MLP's activation output; s·b·f in the activation dtype, where no module keeps
+    it: its adapter reads its own copy), PEFT's cast of it to the adapters' dtype (s·b·f·4, a local until
+    ``Linear.forward`` returns), the frozen base's output, the attention's residual sum (a parallel block's attention
+    output) and, where no module keeps it, the MLP norm's output (s·b·h each). Not recomputed, the forward runs on to
+    B's output and its scaled copy (s·b·h each, autocast's dtype) and the model's forward holds the embedding output
+    (``inputs_embeds``) and the top layer's input (``output_gradient``); under full recomputation (non-reentrant,
+    stopping once the last saved tensor is made) the rebuild stops at B's weight cast, and the gradients the
+    backward made before it live: the layer output's and the scaled B output's (s·b·h each, autocast's dtype). The
+    up projection's moment is lower wherever f > h: beyond the same kept tensors it holds s·b·(f·a + 4·h + 2·h·a),
+    the down projection's s·b·(f·a + 4·f + 5·h·a) (a the activation bytes). Read from the storages live at the
+    step's peak with scripts/hf_step_peak.py on the CPU (llama-wide, gpt-neox-wide and gpt2-wide, fp32 adapters,
+    autocast, with and without checkpointing). The s·b·f tensors split over ``tp``, the rest whole on each rank.
+    None for any other model or step: MoE layers, fused gate and up projections, QLoRA, LoRA dropout (its output is
+    the copy A reads), adapters in the model's dtype, or without autocast (``adapted_up_moment``)."""
     spec = w.model
     act, t, h, f = w.precision.activation_bytes, w.tokens, spec.hidden_size, spec.ffn_size
     pefts_cast = w.method.fp32_adapters and w.precision.master_bytes and act < 4  # PEFT's x.to(fp32), not kept
-    if w.method.kind != "lora" or not pefts_cast or w.method.lora_dropout or spec.moe or spec.parallel_block:
+    if w.method.kind != "lora" or not pefts_cast or w.method.lora_dropout or spec.moe:
         return None
     leaves = {m.leaf for m in linear_modules(spec) if m.group == "mlp"}
-    down_adapted = any(m.group == "mlp" and m.leaf == "down" for m in adapted_modules(spec, w.method))
-    if spec.ffn_kind == "gelu_mlp" or "gate_up" in leaves or not down_adapted:
+    down = TWO_MATRIX["down"] if spec.ffn_kind == "gelu_mlp" else "down"  # a two-matrix MLP's is proj
+    down_adapted = any(m.group == "mlp" and m.leaf == down for m in adapted_modules(spec, w.method))
+    if "gate_up" in leaves or not down_adapted:
         return None
     kept = {x.label for x in layer}
-    product = 0.0 if "down projection input (product)" in kept else t * f * act
+    down_input = 0.0 if any(label.startswith("down projection input") for label in kept) else t * f * act
     norm_output = 0.0 if "MLP input (norm output)" in kept else t * h * act
-    forward = (product + t * f * 4) / tp + t * h * act + t * h * act + norm_output  # base output, residual sum
-    if w.recompute == "full":
-        return AdapterMoment(forward, 1.0, t * h * act + adapted_output_gradient(w, False))
+    forward = (down_input + t * f * 4) / tp + t * h * act + t * h * act + norm_output  # base output, residual sum
+    if w.recompute == "full":  # the layer output's gradient and the scaled B output's, in autocast's dtype
+        return AdapterMoment(forward, 1.0, 2 * t * h * act)
     frame = t * h * act  # the model's forward holds the embedding output (inputs_embeds) throughout
     return AdapterMoment(forward + 2 * t * h * act + frame, 1.0, t * h * act)  # B's output and its scaled copy
