@@ -170,6 +170,19 @@ class LayerKinds:
     def moe_layers(self) -> int:
         return self.moe_layers_in(0, self.num_layers)
 
+    @functools.cached_property  # a frozen spec's; the step time asks per micro-batch
+    def tp_blocks(self) -> tuple[float, float]:
+        """The blocks a layer's tensor-parallel collectives gather, on average over the dense and over the MoE
+        layers: a mixer and an FFN in a dense layer (2), a mixer and the shared experts in an MoE layer (the routed
+        experts are the expert TP group's); a layer that is a mixer or an FFN alone (Nemotron-H's blocks, a Mamba
+        model's layers) has only its one."""
+        moe_layers = [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+        moe_ids = set(moe_layers)
+        dense = [int(self.has_mixer(i)) + int(self.has_ffn(i)) for i in range(self.num_layers) if i not in moe_ids]
+        shared = 1 if self.moe is not None and self.moe.shared_experts > 0 else 0
+        moe = [int(self.has_mixer(i)) + shared for i in moe_layers]
+        return (sum(dense) / len(dense) if dense else 2.0), (sum(moe) / len(moe) if moe else 1.0 + shared)
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (from 0) routes to experts: an MoE model's layer with an FFN that MoESpec makes
         sparse."""

@@ -222,10 +222,11 @@ def test_tensor_parallelism_gathers_the_blocks_a_layer_has():
     # layer's mixer and shared experts (the routed experts are the expert TP group's). Nemotron 3 Nano's 52 blocks are
     # each one of them alone: 23 Mamba-2 and 6 attention blocks (1 each, counted as the dense layers) and 23 MoE blocks
     # with a shared expert and no mixer (1 each). Codestral Mamba: a Mamba-2 mixer alone in every layer.
-    from lmcalc.engine.time.microbatch import tp_blocks
+    def tp_blocks(model: str) -> tuple[float, float]:
+        return resolve_model(model).spec.tp_blocks
 
-    assert tp_blocks(resolve_model("nemotron-3-nano-30b-a3b").spec) == (1.0, 1.0)
-    assert tp_blocks(resolve_model("codestral-mamba-7b").spec)[0] == 1.0
-    assert tp_blocks(resolve_model("llama-3.1-8b").spec)[0] == 2.0
-    assert tp_blocks(resolve_model("deepseek-v3").spec) == (2.0, 2.0)  # 3 dense layers; 58 MoE with a shared expert
-    assert tp_blocks(resolve_model("qwen3-30b-a3b").spec)[1] == 1.0  # no shared expert
+    assert tp_blocks("nemotron-3-nano-30b-a3b") == (1.0, 1.0)
+    assert tp_blocks("codestral-mamba-7b")[0] == 1.0
+    assert tp_blocks("llama-3.1-8b")[0] == 2.0
+    assert tp_blocks("deepseek-v3") == (2.0, 2.0)  # 3 dense layers; 58 MoE with a shared expert
+    assert tp_blocks("qwen3-30b-a3b")[1] == 1.0  # no shared expert

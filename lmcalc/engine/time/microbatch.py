@@ -43,7 +43,7 @@ from lmcalc.engine.time.ep_overlap import MOE_LAYER, MoePhases, forward_share, p
 from lmcalc.engine.time.kernels import StageWork, stage_work
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import AttentionKernel
-from lmcalc.specs import Cluster, HardwareSpec, ModelSpec
+from lmcalc.specs import Cluster, HardwareSpec
 
 
 class KernelTimes(NamedTuple):
@@ -207,7 +207,7 @@ def micro_batch_time(
         compute = times.total
     # tensor parallelism: forward collectives, and backward ones that may hide behind weight gradients; a dense
     # layer's two blocks, an MoE layer's attention, shared experts and routed experts (``LayerTimes``)
-    dense_blocks, blocks = tp_blocks(w.model)  # a dense layer's and an MoE layer's blocks gathered by TP
+    dense_blocks, blocks = w.model.tp_blocks  # a dense layer's and an MoE layer's blocks gathered by TP
     dense_forward, moe_forward = dense_blocks * layer.tp_one, blocks * layer.tp_one + layer.etp_one
     tp_forward = (built.dense + dense_redone) * dense_forward + (built.moe + moe_redone) * moe_forward
     regather = 1.5 if sp else 1.0  # with SP, each block's input gathered again for its weight gradient
@@ -238,20 +238,6 @@ def micro_batch_time(
     busy = compute + tp_mb + ep_mb + cp_mb
     per_micro_batch = max(busy, operations * speed.host_seconds_per_op)
     return MicroBatchTime(times, compute, tp_mb, ep_mb, cp_mb, busy, per_micro_batch, per_micro_batch - busy, a2a)
-
-
-@functools.lru_cache(maxsize=64)
-def tp_blocks(model: ModelSpec) -> tuple[float, float]:
-    """The blocks a layer's tensor-parallel collectives gather, on average over the model's dense and its MoE layers:
-    a mixer and an FFN in a dense layer (2), a mixer and the shared experts in an MoE layer (the routed experts are
-    the expert TP group's, ``LayerTimes.etp_one``); a layer that is a mixer or an FFN alone (Nemotron-H's blocks, a
-    Mamba model's layers) has only its one."""
-    moe_layers = [i for i in range(model.num_layers) if model.is_moe_layer(i)]
-    moe_ids = set(moe_layers)
-    dense = [int(model.has_mixer(i)) + int(model.has_ffn(i)) for i in range(model.num_layers) if i not in moe_ids]
-    shared = 1 if model.moe is not None and model.moe.shared_experts > 0 else 0
-    moe = [int(model.has_mixer(i)) + shared for i in moe_layers]
-    return (sum(dense) / len(dense) if dense else 2.0), (sum(moe) / len(moe) if moe else 1.0 + shared)
 
 
 class LayerTimes(NamedTuple):
