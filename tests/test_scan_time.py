@@ -112,17 +112,14 @@ def test_a_mamba2_layers_convolution_and_norm_move_what_megatron_cores_training_
     # and writes I: 2·3,328 + 2·3,072 = 12,800 elements a token. Backward: the convolution again (2C), its backward
     # (read x and the gradient, write dx: 3C), the norm's backward (read x and the gradient, write dx: 3I):
     # 5·3,328 + 3·3,072 = 25,856. Kernels: 2 forward, 3 backward a layer.
-    one = _mixer_bytes("granite-4.0-h-tiny", 1, 1)
     tokens = 36 * 4096
-    assert one.forward == 2 * 12_800 * tokens
-    assert one.backward == 2 * 25_856 * tokens
-    assert one.kernels == 36 * 5
+    one = _mixer_bytes("granite-4.0-h-tiny", 1, 1)
+    assert (one.forward, one.backward, one.kernels) == (2 * 12_800 * tokens, 2 * 25_856 * tokens, 36 * 5)
     # Two sequences a micro-batch: the in-projection's output (P = 2·3,072 + 2·128 + 48 = 6,448) laid out
     # batch-first and the scan's output (I) back, a copy each way: 2·6,448 + 2·3,072 = 19,040 more each pass.
     two = _mixer_bytes("granite-4.0-h-tiny", 2, 1)
-    assert two.forward == 2 * (12_800 + 19_040) * 2 * tokens
-    assert two.backward == 2 * (25_856 + 19_040) * 2 * tokens
-    assert two.kernels == 36 * 9
+    elements = (2 * (12_800 + 19_040) * 2 * tokens, 2 * (25_856 + 19_040) * 2 * tokens, 36 * 9)
+    assert (two.forward, two.backward, two.kernels) == elements
     # TP 2 splits the channels, not the tokens (the mixer sees the whole sequence, gathered under SP)
     halved = _mixer_bytes("granite-4.0-h-tiny", 1, 2)
     assert (halved.forward, halved.backward) == (one.forward / 2, one.backward / 2)
@@ -133,15 +130,12 @@ def test_a_gated_deltanet_layers_memory_bound_kernels_by_hand():
     # 128: the convolution over C = 2·16·128 + 32·128 = 8,192 channels, the value width D = 4,096. Forward: the
     # convolution (R C + W C), the compiled preparation of q, k and v (R C + W C), the gated norm (R 2D + W D):
     # 4·8,192 + 3·4,096 = 45,056 elements a token; backward 6·8,192 + 5·4,096 = 69,632; 3 kernels each way.
-    tally = _mixer_bytes("qwen3-next-80b-a3b", 1, 1)
     tokens = 30 * 4096
-    assert tally.forward == 2 * 45_056 * tokens
-    assert tally.backward == 2 * 69_632 * tokens
-    assert tally.kernels == 30 * 6
+    one = _mixer_bytes("qwen3-next-80b-a3b", 1, 1)
+    assert (one.forward, one.backward, one.kernels) == (2 * 45_056 * tokens, 2 * 69_632 * tokens, 30 * 6)
     # two sequences: the norm's output copied back sequence-first, R D + W D each way
     two = _mixer_bytes("qwen3-next-80b-a3b", 2, 1)
-    assert two.forward == 2 * (45_056 + 2 * 4096) * 2 * tokens
-    assert two.kernels == 30 * 8
+    assert (two.forward, two.kernels) == (2 * (45_056 + 2 * 4096) * 2 * tokens, 30 * 8)
 
 
 def test_a_model_without_a_chunked_mixer_moves_nothing_for_one():

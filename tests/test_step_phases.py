@@ -307,12 +307,7 @@ def test_a_layer_s_down_projection_adapter_under_autocast_by_hand():
     assert rebuilt == 21_385_216  # transformers: 21,530,632 B (-0.68 %; lmcalc bound at a layer's backward, -17.72 %)
     # what remains is autocast's cache of each adapter's A and B weights cast to bf16, r·(in + out)·2 (151,552 B a
     # layer), which A's and B's matmuls keep: not counted
-    for checkpointing, peak in ((False, plain), (True, rebuilt)):
-        w = replace(workload(Case("llama-wide", "sdpa", checkpointing, 256, 2, None)),
-                    method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=True),
-                    precision=resolve_precision("bf16-mixed").spec)  # fmt: skip
-        phases = beyond_states(gpu_memory(w, Layout(), 0))
-        assert phases.layer_forward == peak and phases.binding.startswith("a layer's forward")
+    assert_autocast_lora_forward_peaks("llama-wide", plain, rebuilt)
 
 
 def test_a_parallel_block_s_two_matrix_mlp_under_autocast_by_hand():
@@ -341,8 +336,14 @@ def test_a_parallel_block_s_two_matrix_mlp_under_autocast_by_hand():
     # counted once), the layer output's and the scaled B output's gradients (t·h·2 each)
     rebuilt = outside + 2 * t * h * 2 + layer - t * h * 2 + inside + 2 * t * h * 2
     assert rebuilt == 18_956_288  # transformers: 19,077,128 B (-0.63 %; lmcalc bound at a layer's backward, -33.35 %)
+    assert_autocast_lora_forward_peaks("gpt-neox-wide", plain, rebuilt)
+
+
+def assert_autocast_lora_forward_peaks(name: str, plain: int, rebuilt: int) -> None:
+    """lmcalc's step, under PEFT's LoRA (r 8, all-linear, fp32 adapters) and autocast (bf16-mixed), peaks in a layer's
+    forward at the figures derived by hand, without checkpointing and with it."""
     for checkpointing, peak in ((False, plain), (True, rebuilt)):
-        w = replace(workload(Case("gpt-neox-wide", "sdpa", checkpointing, 256, 2, None)),
+        w = replace(workload(Case(name, "sdpa", checkpointing, 256, 2, None)),
                     method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=True),
                     precision=resolve_precision("bf16-mixed").spec)  # fmt: skip
         phases = beyond_states(gpu_memory(w, Layout(), 0))
