@@ -10,6 +10,16 @@ from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.kernels import stage_work
+from lmcalc.engine.time.memory_traffic import (
+    MemoryTraffic,
+    _layout_copy_traffic,
+    _mixer_traffic,
+    _mlp_activation_traffic,
+    _norm_traffic,
+    _residual_traffic,
+    _rotary_traffic,
+    stage_shape,
+)
 from lmcalc.engine.time.microbatch import kernel_times
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import framework_profile, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
@@ -36,17 +46,30 @@ def test_the_scan_fraction_is_vllms_measured_ssd_over_h100s_measured_matmul_rate
     assert pytest.approx(0.2729, abs=5e-5) == rates.SCAN_FRACTION
 
 
-def _work(model: str, tp: int = 1):
-    w = Workload(
+def _workload(model: str, micro_batch: int = 1) -> Workload:
+    return Workload(
         resolve_model(model).spec,
         resolve_precision("bf16-mixed").spec,
         resolve_optimizer("adamw").spec,
         4096,
-        1,
+        micro_batch,
         framework=framework_profile("megatron"),
     )
+
+
+def _work(model: str, tp: int = 1):
+    w = _workload(model)
     grid = Grid(tp, 1, 1, False, 1)
     return w, stage_work(w, grid, StageLayers(0, 40, False, False))
+
+
+def _tally(rule, model: str, *, micro_batch: int = 1, tp: int = 1, moe: int = 40) -> MemoryTraffic:
+    """One memory-bound rule's bytes (forward, backward) and kernels alone, into an empty tally, on one GPU of a
+    40-layer stage, ``moe`` of them MoE (all of Granite 4.0 H Tiny's and Qwen3-Next's are), at s = 4,096."""
+    out = MemoryTraffic()
+    grid = Grid(tp, 1, 1, tp > 1, 1)
+    rule(stage_shape(_workload(model, micro_batch), grid, StageLayers(40 - moe, moe, False, False)), out)
+    return out
 
 
 def test_a_hybrids_stage_times_its_mamba_layers_scans_by_hand():
@@ -87,24 +110,6 @@ def test_tensor_parallelism_splits_the_scans_heads_and_attention_alone_has_none(
     assert dense.scan_forward == dense.scan_layers == 0.0
 
 
-def _mixer_bytes(model: str, micro_batch: int, tp: int):
-    """The mixer's memory-bound bytes (forward, backward) and kernels on one GPU of a 40-layer stage (all layers of
-    Granite 4.0 H Tiny; 40 of Qwen3-Next's 48), alone: ``_mixer_traffic`` into an empty tally."""
-    from lmcalc.engine.time.memory_traffic import MemoryTraffic, _mixer_traffic, stage_shape
-
-    w = Workload(
-        resolve_model(model).spec,
-        resolve_precision("bf16-mixed").spec,
-        resolve_optimizer("adamw").spec,
-        4096,
-        micro_batch,
-        framework=framework_profile("megatron"),
-    )
-    tally = MemoryTraffic()
-    _mixer_traffic(stage_shape(w, Grid(tp, 1, 1, tp > 1, 1), StageLayers(0, 40, False, False)), tally)
-    return tally
-
-
 def test_a_mamba2_layers_convolution_and_norm_move_what_megatron_cores_training_path_moves():
     # Granite 4.0 H Tiny: 36 Mamba-2 layers of 40; inner I = 3,072 (48 heads of 64), one group of state 128, so the
     # convolution runs over C = 3,072 + 2·128 = 3,328 channels; a gated RMSNorm over I. bf16, 2 bytes an element.
@@ -113,15 +118,15 @@ def test_a_mamba2_layers_convolution_and_norm_move_what_megatron_cores_training_
     # (read x and the gradient, write dx: 3C), the norm's backward (read x and the gradient, write dx: 3I):
     # 5·3,328 + 3·3,072 = 25,856. Kernels: 2 forward, 3 backward a layer.
     tokens = 36 * 4096
-    one = _mixer_bytes("granite-4.0-h-tiny", 1, 1)
+    one = _tally(_mixer_traffic, "granite-4.0-h-tiny")
     assert (one.forward, one.backward, one.kernels) == (2 * 12_800 * tokens, 2 * 25_856 * tokens, 36 * 5)
     # Two sequences a micro-batch: the in-projection's output (P = 2·3,072 + 2·128 + 48 = 6,448) laid out
     # batch-first and the scan's output (I) back, a copy each way: 2·6,448 + 2·3,072 = 19,040 more each pass.
-    two = _mixer_bytes("granite-4.0-h-tiny", 2, 1)
+    two = _tally(_mixer_traffic, "granite-4.0-h-tiny", micro_batch=2)
     elements = (2 * (12_800 + 19_040) * 2 * tokens, 2 * (25_856 + 19_040) * 2 * tokens, 36 * 9)
     assert (two.forward, two.backward, two.kernels) == elements
     # TP 2 splits the channels, not the tokens (the mixer sees the whole sequence, gathered under SP)
-    halved = _mixer_bytes("granite-4.0-h-tiny", 1, 2)
+    halved = _tally(_mixer_traffic, "granite-4.0-h-tiny", tp=2)
     assert (halved.forward, halved.backward) == (one.forward / 2, one.backward / 2)
 
 
@@ -131,15 +136,15 @@ def test_a_gated_deltanet_layers_memory_bound_kernels_by_hand():
     # convolution (R C + W C), the compiled preparation of q, k and v (R C + W C), the gated norm (R 2D + W D):
     # 4·8,192 + 3·4,096 = 45,056 elements a token; backward 6·8,192 + 5·4,096 = 69,632; 3 kernels each way.
     tokens = 30 * 4096
-    one = _mixer_bytes("qwen3-next-80b-a3b", 1, 1)
+    one = _tally(_mixer_traffic, "qwen3-next-80b-a3b")
     assert (one.forward, one.backward, one.kernels) == (2 * 45_056 * tokens, 2 * 69_632 * tokens, 30 * 6)
     # two sequences: the norm's output copied back sequence-first, R D + W D each way
-    two = _mixer_bytes("qwen3-next-80b-a3b", 2, 1)
+    two = _tally(_mixer_traffic, "qwen3-next-80b-a3b", micro_batch=2)
     assert (two.forward, two.kernels) == (2 * (45_056 + 2 * 4096) * 2 * tokens, 30 * 8)
 
 
 def test_a_model_without_a_chunked_mixer_moves_nothing_for_one():
-    tally = _mixer_bytes("llama-3.1-8b", 1, 1)
+    tally = _tally(_mixer_traffic, "llama-3.1-8b", moe=0)
     assert (tally.forward, tally.backward, tally.kernels) == (0.0, 0.0, 0.0)
 
 
@@ -148,20 +153,7 @@ def test_rotary_and_the_qk_copies_run_in_a_hybrids_attention_layers_alone():
     # heads of 256. Megatron's fused RoPE (no tables) reads and writes Q and K once: 2 bytes in, 2 out, over
     # 4,096 · (16 + 2) · 256 elements a layer. Its Q and K copies for the kernel (q_copies 2, k_copies 2 in
     # presets/frameworks/megatron.yaml): one more Q and one more K, read and written.
-    from lmcalc.engine.time.memory_traffic import MemoryTraffic, _layout_copy_traffic, _rotary_traffic, stage_shape
-
-    w = Workload(
-        resolve_model("qwen3-next-80b-a3b").spec,
-        resolve_precision("bf16-mixed").spec,
-        resolve_optimizer("adamw").spec,
-        4096,
-        1,
-        framework=framework_profile("megatron"),
-    )
-    shape = stage_shape(w, Grid(1, 1, 1, False, 1), StageLayers(0, 40, False, False))
-    rotary, copies = MemoryTraffic(), MemoryTraffic()
-    _rotary_traffic(shape, rotary)
-    _layout_copy_traffic(shape, copies)
+    rotary, copies = _tally(_rotary_traffic, "qwen3-next-80b-a3b"), _tally(_layout_copy_traffic, "qwen3-next-80b-a3b")
     assert rotary.forward == rotary.backward == 2 * 2 * 10 * 4096 * (16 + 2) * 256
     assert rotary.kernels == 10 * 4
     assert copies.forward == copies.backward == 2 * 2 * 10 * 4096 * 256 * (16 + 2)
@@ -173,26 +165,9 @@ def test_a_layer_that_is_a_mixer_alone_has_one_norm_one_residual_and_no_mlp():
     # A 40-layer stage at s = 4,096, b = 1, TP 1, bf16, Megatron's fused norm: one norm a layer over h = 4,096, 2 bytes
     # read and written forward, 3 backward, a kernel each way; one residual add a layer, 3 bytes an element each way,
     # a kernel each way; no MLP activation at all.
-    from lmcalc.engine.time.memory_traffic import (
-        MemoryTraffic,
-        _mlp_activation_traffic,
-        _norm_traffic,
-        _residual_traffic,
-        stage_shape,
-    )
 
-    def tally(model: str, rule, moe: int = 0):  # 40 layers, ``moe`` of them MoE
-        w = Workload(
-            resolve_model(model).spec,
-            resolve_precision("bf16-mixed").spec,
-            resolve_optimizer("adamw").spec,
-            4096,
-            1,
-            framework=framework_profile("megatron"),
-        )
-        out = MemoryTraffic()
-        rule(stage_shape(w, Grid(1, 1, 1, False, 1), StageLayers(40 - moe, moe, False, False)), out)
-        return out
+    def tally(model: str, rule, moe: int = 0) -> MemoryTraffic:
+        return _tally(rule, model, moe=moe)
 
     elements = 40 * 4096 * 4096
     norms = tally("codestral-mamba-7b", _norm_traffic)
