@@ -341,6 +341,29 @@ class Fp8Rule(Rule):
     )
 
 
+class RouterKernel(Spec):
+    """One memory-bound kernel an MoE layer's router launches, and the bytes it moves per (token, expert) score."""
+
+    name: str = Field(min_length=1)
+    bytes_per_score: float = Field(
+        ge=0, description="bytes it reads and writes per (token, expert) score, with the logits in bf16"
+    )
+    unpadded_only: StrictBool = Field(
+        False, description="launched only where an expert capacity drops tokens without padding to the capacity"
+    )
+
+
+class RouterRule(Rule):
+    """The memory-bound kernels of an MoE layer's router around its matmul (the matmul is timed with the GEMMs):
+    the scores and the top-k, the load-balancing loss and its logging, forward and backward, and with an expert
+    capacity the mask that drops the tokens beyond it."""
+
+    forward: tuple[RouterKernel, ...]
+    backward: tuple[RouterKernel, ...]
+    capacity_forward: tuple[RouterKernel, ...] = Field(default_factory=no_items)
+    capacity_backward: tuple[RouterKernel, ...] = Field(default_factory=no_items)
+
+
 class SpeedRule(Rule):
     """How fast a framework runs the kernels of a step, beyond what they count: which fused attention kernel it
     calls, how much host time each GPU operation costs, and which communication it hides behind computation."""
@@ -390,6 +413,10 @@ class SpeedRule(Rule):
         False,
         description="the weight-gradient GEMM accumulates into the fp32 gradients (Megatron-LM's gradient "
         "accumulation fusion); otherwise each micro-batch's gradients are added in by a separate pass",
+    )
+    router: RouterRule | None = Field(
+        None,
+        description="the router's memory-bound kernels, where the profile's router code was read; null: not counted",
     )
     fp8_casts: Literal["fused", "separate"] = Field(
         "separate",

@@ -92,6 +92,7 @@ def memory_bound_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     _mlp_activation_traffic(s, traffic)
     _expert_bias_traffic(s, traffic)
     _moe_permute_traffic(s, traffic)
+    _router_traffic(s, traffic)
     _loss_traffic(s, traffic)
     _embedding_traffic(s, traffic)
     _mtp_traffic(s, traffic)
@@ -252,6 +253,26 @@ def _moe_permute_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     if moe and s.built.moe:
         routed = s.hidden_tokens * s.w.routed_copies * s.w.model.hidden_size * s.built.moe
         traffic.add(2 * 2 * e * routed, 2 * 2 * e * routed, 12 * s.built.moe)
+
+
+def _router_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """MoE: the router's memory-bound kernels around its matmul, as the framework profile lists them
+    (``speed.router``): each moves its bytes per (token, expert) score over this GPU's tokens and the E experts'
+    scores, in each MoE layer; with an expert capacity, the drop mask's kernels too."""
+    rule, moe, layers = s.w.framework.speed.router, s.w.model.moe, s.built.moe
+    if not (rule and moe and layers):
+        return
+    forward, backward = rule.forward, rule.backward
+    if s.w.capacity_factor is not None:
+        padded = s.w.pad_to_capacity
+        forward += tuple(k for k in rule.capacity_forward if not (padded and k.unpadded_only))
+        backward += rule.capacity_backward
+    scores = s.hidden_tokens * moe.num_experts * layers
+    traffic.add(
+        scores * sum(k.bytes_per_score for k in forward),
+        scores * sum(k.bytes_per_score for k in backward),
+        layers * (len(forward) + len(backward)),
+    )
 
 
 def _loss_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
