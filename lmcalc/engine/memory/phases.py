@@ -45,6 +45,7 @@ from lmcalc.engine.memory.prompt_prefix import (
 )
 from lmcalc.engine.memory.retrieval_experts import retrieval_backward_peak, retrieval_forward_peak
 from lmcalc.engine.memory.routing import weighted_outputs
+from lmcalc.engine.memory.sdpa_math import math_backward_peak
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.workload import Workload
@@ -272,6 +273,8 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
     layer = max(layer, sub_norm_backward(w, layer_saved_tensors(w, False)) / split)  # Dory's MLP sub-norm (fp32)
     layer = max(layer, block_residual_backward(w) / split)  # Inkling 2's widest block residual's fp32 norm
     layer = max(layer, retrieval_backward_peak(w))  # Doge's CDMoE: its second product's backward (TP = 1)
+    for routed in [False] * bool(built.dense) + [True] * bool(built.moe and spec.moe):  # SDPA's math path: its
+        layer = max(layer, math_backward_peak(w, layer_saved_tensors(w, routed), tp, cp))  # fp32 b·H·s² gradients
     stream = STREAM_BYTES if spec.cca else act  # ZAYA's residual stream, and so its gradient, is fp32
     layer += sb * spec.hidden_size * stream / cp  # the gradient of the layer's output, which the residual branch holds
     norm = 0.0

@@ -18,6 +18,10 @@ memory-efficient and cuDNN kernels) refuses K and V at fewer heads than Q unless
 calls SDPA itself with its one K/V head (``ModelSpec.sdpa_broadcast_kv``) runs the math path on a GPU as on the CPU
 (``broadcast_kv_math``); the CPU's flash kernel also refuses dropout (``check_for_dropout``), CUDA's flash kernel
 takes it, so attention dropout sends only a CPU run there (``dropout_math``).
+
+Its backward (``math_backward_peak``) makes its b·H·s² gradients in fp32 too, on a GPU as on the CPU: autograd
+differentiates the composite op by op (the product with V's ``MmBackward``, ``_safe_softmax``'s
+``_softmax_backward_data`` in the softmax's dtype, the dropout's mask product), all on the fp32 copies.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import MASK_BYTES, Workload
 
 MATH_BYTES = 4  # the math path computes in fp32 (query_acc, key_acc, value_acc)
+SOFTMAX = "softmax output (fp32, math path)"
+DROPOUT_MASK = "attention dropout mask (math path)"
+DROPOUT_OUTPUT = "attention dropout output (fp32, math path)"
+VALUE = "V (fp32 copy, math path)"
 
 
 def sdpa_math_path(w: Workload) -> bool:
@@ -49,7 +57,7 @@ def math_inputs_saved(w: Workload) -> list[SavedTensor]:
     return [
         SavedTensor("Q, scaled (fp32 copy, math path)", "s·b·H·d", sb * H * dqk, fp32, True),
         SavedTensor("Kᵀ, scaled (fp32 copy, math path)", symbol, sb * heads * dqk, fp32, True, most_tp_ranks=ranks),
-        SavedTensor("V (fp32 copy, math path)", symbol, sb * heads * dv, fp32, True, most_tp_ranks=ranks),
+        SavedTensor(VALUE, symbol, sb * heads * dv, fp32, True, most_tp_ranks=ranks),
     ]
 
 
@@ -59,13 +67,55 @@ def math_scores_saved(w: Workload) -> list[SavedTensor]:
     spec, b, s, sb = w.model, w.micro_batch, w.seq_len, w.tokens
     H, dv = spec.num_heads, spec.v_head_dim
     scores = b * H * s * s
-    tensors = [SavedTensor("softmax output (fp32, math path)", "b·H·s²", scores, MATH_BYTES, True)]
+    tensors = [SavedTensor(SOFTMAX, "b·H·s²", scores, MATH_BYTES, True)]
     if spec.drops("attention"):
         # PyTorch's CPU dropout keeps its mask in its input's dtype, the fp32 scores here; CUDA's a bool
         mask = w.mask_bytes if w.mask_bytes == MASK_BYTES else MATH_BYTES
         tensors += [
-            SavedTensor("attention dropout mask (math path)", "b·H·s²", scores, mask, True),
-            SavedTensor("attention dropout output (fp32, math path)", "b·H·s²", scores, MATH_BYTES, True),
+            SavedTensor(DROPOUT_MASK, "b·H·s²", scores, mask, True),
+            SavedTensor(DROPOUT_OUTPUT, "b·H·s²", scores, MATH_BYTES, True),
         ]
     act = w.precision.activation_bytes
     return tensors + [SavedTensor("output projection input", "s·b·H·d_v", sb * H * dv, act, for_weights=("o",))]
+
+
+def math_backward_peak(w: Workload, layer: tuple[SavedTensor, ...], tp: int, cp: int) -> float:
+    """Bytes the math path's backward holds at its busiest beyond the saved tensors of its layer (``layer``, in the
+    order the forward makes them), on one of ``tp`` × ``cp`` ranks; 0 where SDPA runs a fused kernel or the layer
+    keeps no math path's scores.
+
+    Autograd runs a layer's nodes in the reverse of their making, so by the attention's backward the tensors the
+    layer saved after the product with V (the output projection's input, the MLP's, a parallel block's MLP too, run
+    after the attention) are freed. Two moments follow, each with the layer output's gradient and one more s·b·h
+    gradient in flight (a parallel block's MLP input gradient, waiting for the attention's; a sequential block's
+    residual sum), the first of which ``phases.backward_transients`` counts for every layer:
+
+    * the product's backward (``MmBackward`` of P·V): the output's gradient cast to fp32 (b·s·H·d_v), dV at H heads
+      (b·H·s·d_v) and dP (b·H·s²), all fp32, beside what the product saved;
+    * the softmax's backward (``_softmax_backward_data``), without dropout: dP and dS, 2·b·H·s² in fp32, the product
+      having freed V's fp32 copy and dV summed to the K/V heads (matmul's broadcast) beside them. With dropout its
+      mask and output are freed by then, and the product's moment is the larger.
+
+    Read from the storages live at the step's peak with scripts/hf_step_peak.py on the CPU (falcon-7b-small: the
+    softmax's moment, with and without checkpointing; gpt-bigcode-small's dropout: the product's)."""
+    scored = [i for i, t in enumerate(layer) if t.label in (SOFTMAX, DROPOUT_MASK, DROPOUT_OUTPUT)]
+    if not (sdpa_math_path(w) and scored):  # a fused kernel, or a layer that does not attend
+        return 0.0
+    spec, b, s = w.model, w.micro_batch, w.seq_len
+    H, kv_heads, dv = spec.num_heads, spec.kv_heads, spec.v_head_dim
+    scores = b * H * s * s * MATH_BYTES / (tp * cp)
+    heads_output = w.tokens * H * dv * MATH_BYTES / (tp * cp)  # b·s·H·d_v in fp32: the output's gradient, dV
+    last_scores = scored[-1]
+    made_after = sum(_on_rank(t, tp, cp) for t in layer[last_scores + 1 :])
+    residual = w.tokens * spec.hidden_size * w.precision.activation_bytes / cp
+    product = scores + 2 * heads_output
+    if spec.drops("attention"):
+        return product + residual - made_after
+    value = sum(_on_rank(t, tp, cp) for t in layer if t.label == VALUE)
+    reduced = w.tokens * kv_heads * dv * MATH_BYTES / (cp * min(tp, kv_heads))  # dV at the K/V heads
+    return max(product, 2 * scores + reduced - value) + residual - made_after
+
+
+def _on_rank(t: SavedTensor, tp: int, cp: int) -> float:
+    """A layer's saved tensor on one of ``tp`` × ``cp`` ranks (TP's split of the attention and MLP internals)."""
+    return t.bytes / (cp * (t.tp_ways(tp) if t.split == "tp" else 1))
