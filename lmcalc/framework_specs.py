@@ -172,6 +172,12 @@ class LossRule(Rule):
         description="bytes per logit element the loss holds beyond the saved ones at its busiest moment: the "
         "head's output, upcast copies, the logits' gradients",
     )
+    moved_bytes: tuple[float, float] | None = Field(
+        None,
+        description="bytes the loss's kernels read and write per logit element, forward and backward, where the "
+        "profile states them; null: an upcast and the softmax's passes, ε + 3ℓ forward and 2ℓ + ε backward (ℓ the "
+        "saved bytes, ε the logits')",
+    )
 
 
 class StatesRule(Rule):

@@ -26,6 +26,7 @@ from lmcalc.estimates.training import (
     pipeline_split,
     recipe_on,
     split_settings,
+    te_cross_entropy,
 )
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.preset_files import TABLE_FILE_LIMIT
@@ -129,8 +130,9 @@ def _framework(row: dict[str, Any], precision: PrecisionRecipe) -> FrameworkProf
     (``attention_kernel``: FlashAttention-2 on runs made before FlashAttention-3 existed) and any other speed rule
     the source states (``speed``: DeepSeek-V3's DualPipe overlaps its all-to-alls), the norm kernel its software ran
     (``norm``: torchtitan's eager RMSNorm of December 2024, op by op), Megatron's gradient buffer in bf16 where the
-    recipe reduces gradients in bf16 (``grad_reduce_in_bf16``), and fp8 primary weights where the recipe gathers
-    them in fp8 (``fp8_param_gather``)."""
+    recipe reduces gradients in bf16 (``grad_reduce_in_bf16``), fp8 primary weights where the recipe gathers them in
+    fp8 (``fp8_param_gather``), and Transformer Engine's cross-entropy where the recipe fuses the loss there
+    (``te_cross_entropy``)."""
     profile = resolve_framework(row["framework"]).spec
     speed = dict(row.get("speed", {}))
     if "attention_kernel" in row:
@@ -140,6 +142,8 @@ def _framework(row: dict[str, Any], precision: PrecisionRecipe) -> FrameworkProf
         profile = bf16_gradient_buffer(profile)
     if row.get("fp8_param_gather"):  # Megatron's fp8 primary weights, as the run's recipe sets them
         profile = fp8_primary_weights(profile, precision)
+    if row.get("te_cross_entropy"):  # Megatron-Core's loss fused in Transformer Engine, as the run's recipe sets it
+        profile = te_cross_entropy(profile)
     return profile
 
 

@@ -188,6 +188,16 @@ def test_a_kind_can_be_named_and_text_read_from_standard_input():
     assert launch.keywords()["tp"] == 4 and launch.keywords()["precision"] == "bf16-mixed"
 
 
+def test_megatrons_loss_fused_in_transformer_engine_takes_both_flags():
+    # --cross-entropy-fusion-impl chooses the fused loss's kernel (megatron/training/arguments.py: native, the
+    # default, or te); it runs only with --cross-entropy-loss-fusion, and native keeps the fp32 copy the profile counts
+    both = read("megatron:-", text="--cross-entropy-loss-fusion --cross-entropy-fusion-impl te --bf16").keywords()
+    assert both["te_cross_entropy"] is True
+    for text in ("--cross-entropy-fusion-impl te --bf16", "--cross-entropy-loss-fusion --bf16",
+                 "--cross-entropy-loss-fusion --cross-entropy-fusion-impl native --bf16"):  # fmt: skip
+        assert "te_cross_entropy" not in read("megatron:-", text=text).keywords()
+
+
 @pytest.mark.parametrize(
     ("name", "text", "said"),
     [

@@ -220,6 +220,16 @@ class WorkloadSettings(MethodSettings, total=False):
             flags=("--fp8-param-gather",),
         ),
     ]
+    te_cross_entropy: Annotated[
+        bool,
+        Setting(
+            False,
+            "Megatron-Core's cross-entropy fused in Transformer Engine (--cross-entropy-loss-fusion with "
+            "--cross-entropy-fusion-impl te, as Megatron-Bridge's performance recipes set it): the bf16 logits are "
+            "kept and their gradient written into them, with no fp32 copy (Transformer Engine before 2.18).",
+            flags=("--te-cross-entropy",),
+        ),
+    ]
     cpu_offloading_num_layers: Annotated[
         int,
         Setting(
@@ -247,7 +257,6 @@ class WorkloadSettings(MethodSettings, total=False):
             flags=("--pad-to-capacity/--no-pad-to-capacity",),
         ),
     ]
-
     moe_a2a_overlap: Annotated[
         bool,
         Setting(

@@ -202,6 +202,8 @@ def training_setup(
         framework = bf16_gradient_buffer(framework)
     if given["fp8_param_gather"]:
         framework = fp8_primary_weights(framework, recipe)
+    if given["te_cross_entropy"]:
+        framework = te_cross_entropy(framework)
     if given["cpu_offloading_num_layers"] and framework.name not in MEGATRON_LIKE:
         raise LmcalcError(
             f"{setting('cpu_offloading_num_layers')} is Megatron-Core's CPU activation offloading "
@@ -305,6 +307,36 @@ def bf16_gradient_buffer(framework: FrameworkProfile) -> FrameworkProfile:
             "display_name": f"{framework.label}, gradients reduced in bf16",
             "states": framework.states.model_copy(update={"grad_bytes": 2.0}),
             "optimizer_step": framework.optimizer_step.model_copy(update={"fp32_grad_copy": True}),
+        }
+    )
+
+
+def te_cross_entropy(framework: FrameworkProfile) -> FrameworkProfile:
+    """The megatron profile with Megatron-Core's cross-entropy fused in Transformer Engine
+    (``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``): transformer_engine/pytorch/cross_entropy.py
+    (v2.8 to v2.17) saves the logits it is given, and its Triton kernels (triton/cross_entropy.py) read them once for
+    the online softmax's maximum and sum, then read them again and write each logit's gradient into them in place;
+    the backward multiplies that gradient by the loss's in place and returns it. So the bf16 logits are kept and
+    nothing else a logit (2 B saved, none transient), and the loss moves 2 + 2 + 2 B a logit forward and 2 + 2
+    backward. From 2.18 (01bbe3e) the gradient is written to a new fp32 tensor, as the profile's own count has it."""
+    if framework.name != "megatron":
+        raise LmcalcError(
+            f"{setting('te_cross_entropy')} is Megatron-Core's fused cross-entropy ({setting('framework')} megatron); "
+            f"{framework.label} keeps its loss as its profile says"
+        )
+    return framework.model_copy(
+        update={
+            "display_name": f"{framework.label}, Transformer Engine's cross-entropy",
+            "loss": framework.loss.model_copy(
+                update={
+                    "saved_bytes": 2.0,
+                    "transient_bytes": 0.0,
+                    "moved_bytes": (6.0, 4.0),
+                    "source": "transformer_engine/pytorch/cross_entropy.py and triton/cross_entropy.py (v2.8 to "
+                    "v2.17), with Megatron-Core's --cross-entropy-fusion-impl te: the bf16 logits saved, their "
+                    "gradient written into them in place in the forward and scaled in place in the backward",
+                }
+            ),
         }
     )
 

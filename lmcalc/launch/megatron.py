@@ -112,6 +112,11 @@ def read_megatron(text: str, source: str) -> Launch:
                 reading.take("pipeline_layout", str(value), name)
         elif name == "--optimizer":
             reading.take("optimizer", OPTIMIZERS.get(str(value), str(value)), name)
+        elif name == "--cross-entropy-fusion-impl":  # with --cross-entropy-loss-fusion; native keeps the fp32 copy
+            if str(value) == "te" and "--cross-entropy-loss-fusion" in flags:
+                reading.take("te_cross_entropy", True, name)
+            else:
+                reading.leave(name)
         elif name in UNMODELLED:
             reading.cannot(name, value, UNMODELLED[name])
         elif name not in SHAPE and name not in precision and name not in _BATCH:

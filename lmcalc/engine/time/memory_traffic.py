@@ -286,8 +286,10 @@ def _losses(s: StageShape, traffic: MemoryTraffic, losses: int) -> None:
     """``losses`` losses over the logits with their final norms (the model's, or its MTP modules')."""
     model, e = s.w.model, s.act_bytes
     logits = s.tokens * model.vocab_size / s.grid.tp
-    loss_bytes = s.w.framework.loss.saved_bytes or e
-    traffic.add(losses * (e + 3 * loss_bytes) * logits, losses * (2 * loss_bytes + e) * logits, 8 * losses)
+    loss = s.w.framework.loss
+    ell = loss.saved_bytes or e
+    forward, backward = loss.moved_bytes or (e + 3 * ell, 2 * ell + e)
+    traffic.add(losses * forward * logits, losses * backward * logits, 8 * losses)
     if not model.post_norm:  # a post-norm model (GPT-1) has no final norm
         norm = losses * s.hidden_tokens * model.hidden_size
         traffic.add(2 * e * norm, 3 * e * norm, 2 * losses)
