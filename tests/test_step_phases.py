@@ -210,16 +210,26 @@ LORA_NOT_MODELLED: dict[tuple[str, str, bool], str] = {}
 
 ALL_MODES = ("qwen2-small", "gpt2-small")
 """The families run in every LoRA mode; the others with bf16 adapters alone."""
-WIDE_MODES = ("bf16-adapters", "autocast")
-"""The wide model's modes: bf16 adapters, and fp32 adapters under autocast, where its top layer's forward binds at the
-down projection's adapter (PEFT's fp32 cast of the product, ``adapter_moment.autocast_down_moment``)."""
+WIDE_MODES = {
+    "llama-wide": (("bf16-adapters", "autocast"), (False, True)),
+    "gpt-neox-wide": (("fp32-adapters",), (False, True)),
+    "gpt2-wide": (("fp32-adapters",), (True,)),
+}
+"""The wide models' modes and checkpointing: Llama's with bf16 adapters (its layer's backward binds) and fp32 adapters
+under autocast, where its top layer's forward binds at the down projection's adapter (PEFT's fp32 cast of the
+product); two-matrix MLPs with fp32 adapters and no autocast, where a rebuilt layer binds at its first matrix's
+adapter (GPT-NeoX's) or its second's (GPT-2's, whose GELU keeps four f-wide tensors), and the top layer's forward at
+its second's (``adapter_moment.mlp_adapter_moment``)."""
 
 
 def lora_cases() -> list:
     out = []
-    for name in (*LORA_FAMILIES, "llama-wide"):  # one wide model: its layer's backward binds, as GPT-2's and NeoX's
-        for mode in LORA_MODES if name in ALL_MODES else WIDE_MODES if name == "llama-wide" else ("bf16-adapters",):
-            for checkpointing in (False, True) if hf_step_peak.hf_saved.CASES[name].checkpointable else (False,):
+    for name in (*LORA_FAMILIES, *WIDE_MODES):  # the wide: a layer's backward or forward binds, not the loss's
+        checkpointable = (False, True) if hf_step_peak.hf_saved.CASES[name].checkpointable else (False,)
+        modes, checkpointings = WIDE_MODES.get(name, (LORA_MODES if name in ALL_MODES else ("bf16-adapters",),
+                                                      checkpointable))  # fmt: skip
+        for mode in modes:
+            for checkpointing in checkpointings:
                 reason = LORA_NOT_MODELLED.get((name, mode, checkpointing))
                 marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
                 out.append(pytest.param(name, mode, checkpointing, id=f"{name}-{mode}-ckpt{int(checkpointing)}",
@@ -295,19 +305,22 @@ def test_a_layer_s_down_projection_adapter_under_autocast_by_hand():
     # inside the down projection's adapter: the product it reads (t·f·2, kept by no module), PEFT's fp32 cast of it
     # (t·f·4), the frozen base's output, the attention's residual sum and the MLP norm's output (t·h·2 each)
     inside = t * f * (2 + 4) + 3 * t * h * 2
+    # autocast's cache of each adapter's A and B weights cast to bf16, r·(in + out)·2 a layer (q, k, v, o, gate, up,
+    # down), alive until the forward's autocast context exits
+    casts = r * ((h + h) + 2 * (h + 128) + (h + h) + 2 * (h + f) + (f + h)) * 2
+    assert casts == 151_552
     # not checkpointed: both layers kept but the first one's attention norm (its input, the frozen embedding's
     # output, needs no gradient); B's output and its scaled copy (bf16, autocast's); the embedding output and the top
-    # layer's input, which the model's forward holds
-    plain = outside + 2 * layer - t * (h * 4 + 4) + inside + 2 * t * h * 2 + 2 * t * h * 2
-    assert plain == 33_257_472  # transformers: 33,554,432 B (-0.89 %; lmcalc bound at the final norm backward, -7.14 %)
+    # layer's input, which the model's forward holds (the norm keeps an fp32 copy); both layers' weight casts
+    plain = outside + 2 * layer - t * (h * 4 + 4) + inside + 2 * t * h * 2 + 2 * t * h * 2 + 2 * casts
+    assert plain == 33_560_576  # transformers: 33,554,432 B (+0.02 %; -0.89 % without the casts)
     # checkpointed: the two layers' inputs kept, the top layer rebuilt whole (the checkpoint stops at the last tensor
     # it saves, B's weight cast, before B's output), and the gradients the backward made before the rebuild: the
-    # layer output's and the scaled B output's (bf16, t·h·2 each)
-    rebuilt = outside + 2 * t * h * 2 + layer + inside + 2 * t * h * 2
-    assert rebuilt == 21_385_216  # transformers: 21,530,632 B (-0.68 %; lmcalc bound at a layer's backward, -17.72 %)
-    # what remains is autocast's cache of each adapter's A and B weights cast to bf16, r·(in + out)·2 (151,552 B a
-    # layer), which A's and B's matmuls keep: not counted
-    assert_autocast_lora_forward_peaks("llama-wide", plain, rebuilt)
+    # layer output's and the scaled B output's (bf16, t·h·2 each); the rebuild's own autocast context caches the
+    # rebuilt layer's weight casts
+    rebuilt = outside + 2 * t * h * 2 + layer + inside + 2 * t * h * 2 + casts
+    assert rebuilt == 21_536_768  # transformers: 21,530,632 B (+0.03 %; -0.68 % without the casts)
+    assert_lora_forward_peaks("llama-wide", "bf16-mixed", plain, rebuilt)
 
 
 def test_a_parallel_block_s_two_matrix_mlp_under_autocast_by_hand():
@@ -328,24 +341,85 @@ def test_a_parallel_block_s_two_matrix_mlp_under_autocast_by_hand():
     # inside the second matrix's adapter: the GELU output it reads (t·f·2), PEFT's fp32 cast of it (t·f·4), the
     # frozen base's output, the attention's output and the MLP norm's output (t·h·2 each), the locals of the block
     inside = t * f * (2 + 4) + 3 * t * h * 2
+    casts = r * ((h + 3 * h) + (h + h) + (h + f) + (f + h)) * 2  # autocast's cached weight casts, a layer's
     # not checkpointed: the first layer's attention norm keeps nothing (its input needs no gradient); B's output and
-    # its scaled copy; the embedding output and the top layer's input, which the model's forward holds
-    plain = outside + 2 * layer - t * (h * 2 + 2 * 4) + inside + 2 * t * h * 2 + 2 * t * h * 2
-    assert plain == 28_446_720  # transformers: 28,170,240 B (+0.98 %; lmcalc bound at a layer's backward, -24.90 %)
+    # its scaled copy; the embedding output, which the model's forward holds (the top layer's input is its attention
+    # LayerNorm's, kept); both layers' weight casts
+    plain = outside + 2 * layer - t * (h * 2 + 2 * 4) + inside + 2 * t * h * 2 + t * h * 2 + 2 * casts
+    assert plain == 28_184_576  # transformers: 28,170,240 B (+0.05 %; +0.98 % with the top layer's input twice)
     # checkpointed: the two layers' inputs, the top layer rebuilt (its attention norm keeps the checkpointed input,
-    # counted once), the layer output's and the scaled B output's gradients (t·h·2 each)
-    rebuilt = outside + 2 * t * h * 2 + layer - t * h * 2 + inside + 2 * t * h * 2
-    assert rebuilt == 18_956_288  # transformers: 19,077,128 B (-0.63 %; lmcalc bound at a layer's backward, -33.35 %)
-    assert_autocast_lora_forward_peaks("gpt-neox-wide", plain, rebuilt)
+    # counted once), the layer output's and the scaled B output's gradients (t·h·2 each), the rebuilt layer's casts
+    rebuilt = outside + 2 * t * h * 2 + layer - t * h * 2 + inside + 2 * t * h * 2 + casts
+    assert rebuilt == 19_087_360  # transformers: 19,077,128 B (+0.05 %; -0.63 % without the casts)
+    assert_lora_forward_peaks("gpt-neox-wide", "bf16-mixed", plain, rebuilt)
 
 
-def assert_autocast_lora_forward_peaks(name: str, plain: int, rebuilt: int) -> None:
-    """lmcalc's step, under PEFT's LoRA (r 8, all-linear, fp32 adapters) and autocast (bf16-mixed), peaks in a layer's
-    forward at the figures derived by hand, without checkpointing and with it."""
+def test_two_matrix_mlps_fp32_adapters_by_hand():
+    # gpt-neox-wide at s = 256, b = 2 (t = 512 tokens, h 512, 8 heads, f 2048, a parallel block, LayerNorms), PEFT's
+    # LoRA (r 8) on every linear layer, fp32 adapters over the bf16 model, no autocast: PEFT casts each adapter's
+    # input to fp32 and A keeps that copy; B's output, its scaled copy and their sum with the base output are fp32
+    t, h, f, r = 512, 512, 2048, 8
+    tables = 2 * t * 8 + 2 * 256 * 16 * 2  # token ids and targets (int64), RoPE's cos and sin tables
+    # a layer keeps: the attention (its LayerNorm's input, mean and 1/std; the fused QKV output, Q and K after RoPE;
+    # SDPA's output and log-sum-exp), the MLP (its LayerNorm's mean and 1/std, the GELU's input), four adapters' fp32
+    # input copies (qkv, dense and fc read t·h, the second matrix t·f) and A·x (fp32)
+    attention = t * (h * 2 + 2 * 4 + 5 * h * 2 + h * 2) + 2 * 8 * 256 * 4
+    mlp = t * 2 * 4 + t * f * 2
+    adapters = 3 * t * h * 4 + t * f * 4 + 4 * t * r * 4
+    layer = attention + mlp + adapters
+    assert layer == 13_197_312
+    # checkpointed: the rebuilt top layer stops at its first matrix's adapter, B's scaled output made: its kept
+    # tensors before the fc output (not the GELU's input, nor the second matrix's adapter's; its attention norm's
+    # input is the checkpointed one, counted once), the base output (t·f·2), B's output and its scaled copy (t·f·4
+    # each), the block's attention output and the MLP norm's output (t·h·2 each, kept by no module); the gradients
+    # made before the rebuild: the layer output's, and the second matrix's sum's, fp32, cast for the base (t·h·2)
+    # and the scaled B output's (t·h·4)
+    before = layer - t * h * 2 - t * f * 2 - (t * f * 4 + t * r * 4)
+    forward = t * f * (2 + 2 * 4) + 2 * t * h * 2
+    gradients = t * h * 2 + t * h * (2 + 4)
+    rebuilt = tables + 2 * t * h * 2 + before + forward + gradients
+    assert rebuilt == 21_069_824  # transformers: 21,059,592 B (+0.05 %; lmcalc bound at a layer's backward, -22.3 %)
+    # not checkpointed: the top layer's forward at its second matrix's scaled B output: both layers kept (the first
+    # one's attention norm keeps nothing), the GELU's output (t·f·2, its adapter reads a copy), the base output, the
+    # attention output and the MLP norm's output (t·h·2 each), B's output and its scaled copy (t·h·4 each, fp32),
+    # the embedding output the model's forward holds
+    plain = tables + 2 * layer - t * (h * 2 + 2 * 4) + t * f * 2 + 3 * t * h * 2 + 2 * t * h * 4 + t * h * 2
+    assert plain == 32_182_272  # transformers: 32,167,936 B (+0.04 %; lmcalc bound at a layer's backward, -11.4 %)
+    assert_lora_forward_peaks("gpt-neox-wide", "bf16-pure", plain, rebuilt)
+
+
+def test_a_rebuilt_layer_s_second_matrix_adapter_by_hand():
+    # gpt2-wide at s = 256, b = 2, checkpointed, LoRA r 8 all-linear, fp32 adapters, no autocast. GPT-2's GELU,
+    # written op by op, keeps four f-wide tensors: the rebuilt top layer holds more at its second matrix's adapter
+    # than at its first's. The checkpoint stops at B's matmul, the last to save a tensor (A·x), before B's output
+    t, h, f, r = 512, 512, 2048, 8
+    outside = 2 * t * 8 + 2 * t * h * 2  # token ids and targets, the two layers' checkpointed inputs
+    # the rebuilt layer, whole but its attention norm's input (the checkpointed one): the norm's mean and 1/std, Q, K
+    # and V, SDPA's log-sum-exp and output; the MLP norm's input (the residual sum), mean and 1/std; the GELU's four
+    # f-wide tensors; four adapters' fp32 input copies and A·x
+    layer = t * (2 * 4 + 3 * h * 2 + h * 2 + h * 2 + 2 * 4 + 4 * f * 2) + 2 * 8 * 256 * 4
+    layer += 3 * t * h * 4 + t * f * 4 + 4 * t * r * 4
+    # beside it: the GELU's output (t·f·2, read through the adapter's copy), the base output and the MLP norm's
+    # output (t·h·2 each); the gradients: the layer output's, the fp32 sum's cast (t·h·2 each) and the scaled B
+    # output's (t·h·4); the embedding output, a leaf (enable_input_require_grads) that its AccumulateGrad holds
+    forward = t * f * 2 + 2 * t * h * 2
+    gradients = 2 * t * h * 2 + t * h * 4 + t * h * 2
+    peak = outside + layer + forward + gradients
+    assert peak == 25_264_128  # transformers: 25,782,280 B (-2.01 %; lmcalc bound at a layer's backward, -6.1 %):
+    # GPT-2's block holds its attention output beside the residual sum (attn_output + residual), not counted
+    w = replace(workload(Case("gpt2-wide", "sdpa", True, 256, 2, 0.0)),
+                method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=True))  # fmt: skip
+    phases = beyond_states(gpu_memory(w, Layout(), 0))
+    assert phases.layer_forward == peak and phases.binding.startswith("a layer's forward")
+
+
+def assert_lora_forward_peaks(name: str, recipe: str, plain: int, rebuilt: int) -> None:
+    """lmcalc's step, under PEFT's LoRA (r 8, all-linear, fp32 adapters) and ``recipe``, peaks in a layer's forward
+    at the figures derived by hand, without checkpointing and with it."""
     for checkpointing, peak in ((False, plain), (True, rebuilt)):
         w = replace(workload(Case(name, "sdpa", checkpointing, 256, 2, None)),
                     method=Method("lora", 8, parse_targets("all-linear"), fp32_adapters=True),
-                    precision=resolve_precision("bf16-mixed").spec)  # fmt: skip
+                    precision=resolve_precision(recipe).spec)  # fmt: skip
         phases = beyond_states(gpu_memory(w, Layout(), 0))
         assert phases.layer_forward == peak and phases.binding.startswith("a layer's forward")
 

@@ -23,7 +23,7 @@ and at its MoE combine's backward no longer the shared experts' tensors (``share
 
 from __future__ import annotations
 
-from lmcalc.engine.finetune.method import adapted_modules
+from lmcalc.engine.finetune.method import TWO_MATRIX, adapted_modules
 from lmcalc.engine.memory.activations import kept_before_core, layer_saved_tensors
 from lmcalc.engine.memory.adapters import adapter_bytes
 from lmcalc.engine.memory.module_recompute import ROUTER_INPUT
@@ -70,7 +70,7 @@ def adapted_output_gradient(w: Workload, moe_layer: bool) -> float:
     if w.recompute != "full" or not w.method.adapters:
         return 0.0
     group = "shared_experts" if moe_layer else "mlp"
-    if not any(m.group == group and m.leaf == "down" for m in adapted_modules(w.model, w.method)):
+    if not any(m.group == group and m.leaf in ("down", TWO_MATRIX["down"]) for m in adapted_modules(w.model, w.method)):
         return 0.0
     act, computed = w.precision.activation_bytes, adapter_bytes(w)
     return w.tokens * w.model.hidden_size * (act + (computed if computed > act else 0.0))

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import adapted_modules
 from lmcalc.engine.memory.activations import layer_saved_tensors
-from lmcalc.engine.memory.adapter_moment import adapted_up_moment, autocast_down_moment
+from lmcalc.engine.memory.adapter_moment import mlp_adapter_moment
 from lmcalc.engine.memory.adapters import adapter_copies
 from lmcalc.engine.memory.branch_convs import combine_gradient_bytes, shared_sum_peak
 from lmcalc.engine.memory.byte_latent import forward_frame as byte_forward_frame
@@ -308,7 +308,7 @@ def backward_transients(w: Workload, tp: int, cp: int, built: StageLayers) -> Tr
         return Transients(loss, layer + tied - end.freed / cp, norm, tied, end.forward / cp, 1.0,
                           end.output_gradient / cp)  # fmt: skip
     dense_layer = layer_saved_tensors(w, False) if built.dense and not forward else ()
-    if dense_layer and (up := adapted_up_moment(w, dense_layer, tp) or autocast_down_moment(w, dense_layer, tp)):
+    if dense_layer and (up := mlp_adapter_moment(w, dense_layer, tp, built.layers)):
         return Transients(loss, layer + tied, norm, tied, up.forward / cp, up.kept_before, up.output_gradient / cp)
     if not forward:
         return Transients(loss, layer + tied, norm, tied)
