@@ -27,6 +27,8 @@ PLANS = {
         "megatron-moe": "-m mixtral-8x7b --gpus 32xH100 --ep 8 --framework megatron",
         "megatron-layout": "-m deepseek-v3 --gpus 1024xH100 --pp 16 --ep 64 --pipeline-layout 'Et*3|(tt|)*29,m|L' "
         "--mtp-layers 1 --framework megatron",
+        "megatron-bridge": "-m llama-3.1-8b --gpus 16xH100 --zero 1 --framework megatron --precision fp8-current "
+        "--grad-reduce-in-bf16 --fp8-param-gather --te-cross-entropy",
         "deepspeed": "-m llama-3.1-8b --gpus 16xH100 --tp 1 --pp 1 --cp 1 --zero 2 --offload optimizer "
         "--framework deepspeed",
         "torchtitan": "-m llama-3.1-70b --gpus 64xH100 --zero 3 --framework torchtitan",
@@ -78,7 +80,8 @@ def test_reading_what_was_emitted_gives_the_same_layout_and_memory(lmcalc_run, t
 
 
 MEGATRON_LM_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "use_megatron_fsdp",
-                    "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}  # fmt: skip
+                    "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                    "grad_reduce_in_bf16"}  # fmt: skip
 """Megatron-LM's training script's own arguments (megatron/training/arguments.py), which set no Megatron-Core config
 field of the same name."""
 
@@ -105,7 +108,7 @@ presets/models/deepseek-v3.yaml; its one MTP layer is the plan's --mtp-num-layer
 others: a Llama 3 8B's, with 8 experts top-2 under EP."""
 
 
-@pytest.mark.parametrize("name", ["megatron", "megatron-moe", "megatron-layout"])
+@pytest.mark.parametrize("name", ["megatron", "megatron-moe", "megatron-layout", "megatron-bridge"])
 def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
     """Megatron-LM copies each argument into the Megatron-Core config field of the same name
     (``core_transformer_config_from_args``): each one is such a field or the training script's own, and the configs
@@ -114,8 +117,11 @@ def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     text, _ = emitted(lmcalc_run, name)
-    arguments = megatron_arguments(text)
     transformer = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    # a field whose flag is named otherwise says so in its metadata (fp8: --fp8-format)
+    renamed = {flag[2:].replace("-", "_"): f.name for f in transformer.values()
+               for flag in f.metadata.get("argparse_meta", {}).get("arg_names", [])}  # fmt: skip
+    arguments = {renamed.get(k, k): v for k, v in megatron_arguments(text).items()}
     ddp = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     unknown = set(arguments) - set(transformer) - ddp - MEGATRON_LM_ONLY
     assert not unknown, f"not Megatron-Core config fields: {sorted(unknown)}"

@@ -169,12 +169,25 @@ def _megatron(chosen: Chosen) -> str:
                  ["--recompute-num-layers", str(w.recompute_num_layers)]]  # fmt: skip
     if w.precision.name not in MEGATRON_PRECISION:
         raise LmcalcError(f"--emit megatron: no Megatron-LM flags for the {w.precision.name} recipe")
-    args += MEGATRON_PRECISION[w.precision.name]
+    args += MEGATRON_PRECISION[w.precision.name] + _megatron_profile_flags(w)
     lines = [f"# {line}" for line in notes("megatron", chosen)]
     lines += ["# Megatron-LM (pretrain_gpt.py) arguments; add the model's shape flags, your data and optimizer's:",
               "# torchrun ... pretrain_gpt.py \"${LMCALC_ARGS[@]}\" ...", "LMCALC_ARGS=("]  # fmt: skip
     lines += [f"    {' '.join(map(shlex.quote, arg))}" for arg in args]  # a layout's | and * quoted for the shell
     return "\n".join([*lines, ")"]) + "\n"
+
+
+def _megatron_profile_flags(w: Workload) -> list[list[str]]:
+    """The flags behind the megatron profile's settings (``estimates.training``): the gradient buffer in bf16, the
+    fp8 primary weights, and the loss fused in Transformer Engine, each as the profile it made reads it."""
+    f, flags = w.framework, []
+    if f.states.grad_bytes == 2:  # bf16_gradient_buffer
+        flags.append(["--grad-reduce-in-bf16"])
+    if f.fp8.primary_weights:  # fp8_primary_weights
+        flags.append(["--fp8-param-gather"])
+    if f.loss.saved_bytes == 2 and f.loss.moved_bytes is not None:  # te_cross_entropy: the bf16 logits, in place
+        flags += [["--cross-entropy-loss-fusion"], ["--cross-entropy-fusion-impl", "te"]]
+    return flags
 
 
 def _deepspeed(chosen: Chosen) -> str:
