@@ -180,7 +180,9 @@ def _megatron(chosen: Chosen) -> str:
 def _megatron_profile_flags(w: Workload) -> list[list[str]]:
     """The flags behind the megatron profile's settings (``estimates.training``): the gradient buffer in bf16, the
     fp8 primary weights, and the loss fused in Transformer Engine, each as the profile it made reads it."""
-    f, flags = w.framework, []
+    f, flags = w.framework, list[list[str]]()
+    if f.name != "megatron":  # another profile's gradient and loss rules are not Megatron's flags
+        return flags
     if f.states.grad_bytes == 2:  # bf16_gradient_buffer
         flags.append(["--grad-reduce-in-bf16"])
     if f.fp8.primary_weights:  # fp8_primary_weights
