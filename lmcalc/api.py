@@ -23,6 +23,7 @@ from lmcalc.errors import LmcalcError
 from lmcalc.estimates.compare import Comparison, side_by_side
 from lmcalc.estimates.counts import FlopsEstimate, ParamsEstimate, TensorEstimate, dtypes, flops, params, tensor
 from lmcalc.estimates.inputs import cluster_of, resolve_model
+from lmcalc.estimates.layout_settings import LayoutSettings, PinSettings, SearchSettings, SplitSettings
 from lmcalc.estimates.limits import FitEstimate, MaxParamsEstimate, fit, max_params
 from lmcalc.estimates.memory import MemoryEstimate, MemorySweepEstimate, memory, memory_sweep
 from lmcalc.estimates.plan import PlanEstimate, plan
@@ -32,17 +33,13 @@ from lmcalc.estimates.settings import (
     BatchSettings,
     EnergySettings,
     FineTuneSettings,
-    LayoutSettings,
     MemorySettings,
     MethodSettings,
     OffloadSettings,
-    PinSettings,
     PlanSettings,
     ReportSettings,
     RunSettings,
-    SearchSettings,
     ServingSettings,
-    SplitSettings,
     TrainingSettings,
     TrainTimeSettings,
     WorkloadSettings,

@@ -17,7 +17,8 @@ import lmcalc.api as api
 from lmcalc.cli import app
 from lmcalc.estimates import setting_groups, settings
 from lmcalc.estimates.inputs import TRAINING_DEFAULTS
-from lmcalc.estimates.settings import DEFAULT_PRECISION, LayoutSettings, TrainingSettings
+from lmcalc.estimates.layout_settings import LayoutSettings
+from lmcalc.estimates.settings import DEFAULT_PRECISION, TrainingSettings
 from lmcalc.estimates.training import build_layout
 
 CLI = typer.main.get_command(app)

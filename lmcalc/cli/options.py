@@ -22,21 +22,18 @@ from lmcalc.cli import completion
 from lmcalc.cli.completion import complete_model
 from lmcalc.cli.help import OUTPUT_PANEL
 from lmcalc.errors import flag
+from lmcalc.estimates.layout_settings import LayoutSettings, PinSettings, SearchSettings, SplitSettings
 from lmcalc.estimates.setting_groups import Setting, alternatives, fields_of
 from lmcalc.estimates.settings import (
     BatchSettings,
     EnergySettings,
     FineTuneSettings,
-    LayoutSettings,
     MethodSettings,
     OffloadSettings,
-    PinSettings,
     PlanSettings,
     ReportSettings,
     RunSettings,
-    SearchSettings,
     ServingSettings,
-    SplitSettings,
     TrainingSettings,
     WorkloadSettings,
 )
@@ -171,9 +168,9 @@ TrainingFrameworkOpt = option_of(TrainingSettings, "framework")
 MfuOpt = option_of(ReportSettings, "mfu")
 
 SPLIT_OPTIONS = options_of(SplitSettings)
-"""How the layers split over the pipeline stages (``estimates.settings.SplitSettings``)."""
+"""How the layers split over the pipeline stages (``estimates.layout_settings.SplitSettings``)."""
 LAYOUT_OPTIONS = options_of(LayoutSettings)
-"""A parallel layout (``estimates.settings.LayoutSettings``), as ``memory`` and ``fit`` take it (``plan`` and
+"""A parallel layout (``estimates.layout_settings.LayoutSettings``), as ``memory`` and ``fit`` take it (``plan`` and
 ``report`` search the layout: they take ``PIN_OPTIONS``)."""
 FINETUNE_OPTIONS = options_of(FineTuneSettings)
 """The fine-tuning method (``estimates.settings.FineTuneSettings``)."""
@@ -190,7 +187,7 @@ WORKLOAD_OPTIONS = options_of(WorkloadSettings, leave_out=MethodSettings.__annot
 """What is trained and how besides the method, the micro-batch and the recomputation (``WorkloadSettings``): what
 ``plan`` and ``report`` take, since their search varies the other two."""
 SEARCH_OPTIONS = options_of(SearchSettings)
-"""How far ``plan`` searches and how it times what it finds (``estimates.settings.SearchSettings``)."""
+"""How far ``plan`` searches and how it times what it finds (``estimates.layout_settings.SearchSettings``)."""
 BATCH_OPTIONS = options_of(BatchSettings)
 """The global batch a layout search fills (``estimates.settings.BatchSettings``)."""
 RUN_OPTIONS = options_of(RunSettings)

@@ -29,15 +29,9 @@ from lmcalc.estimates.inputs import (
     optimizer_text,
     stored_text,
 )
+from lmcalc.estimates.layout_settings import PinSettings, SearchSettings, SplitSettings
 from lmcalc.estimates.setting_groups import subset, with_defaults
-from lmcalc.estimates.settings import (
-    PinSettings,
-    PlanSettings,
-    SearchSettings,
-    SplitSettings,
-    TrainingSettings,
-    WorkloadSettings,
-)
+from lmcalc.estimates.settings import PlanSettings, TrainingSettings, WorkloadSettings
 from lmcalc.estimates.shown import Estimate
 from lmcalc.estimates.time import run_tokens
 from lmcalc.estimates.training import (

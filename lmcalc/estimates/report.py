@@ -14,8 +14,9 @@ from lmcalc.estimates.inputs import (
     count,
     mfu_given,
 )
+from lmcalc.estimates.layout_settings import SplitSettings
 from lmcalc.estimates.setting_groups import subset, with_defaults
-from lmcalc.estimates.settings import ReportSettings, SplitSettings, TrainingSettings, WorkloadSettings
+from lmcalc.estimates.settings import ReportSettings, TrainingSettings, WorkloadSettings
 from lmcalc.result import Input, Result, Section
 from lmcalc.units import GB, group
 

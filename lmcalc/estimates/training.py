@@ -1,6 +1,6 @@
 """What a training estimate starts from: the workload the user's values describe, on the cluster they name, and
-the parallel layout their settings give (``estimates.settings.LayoutSettings``: the same keywords for the Python API
-and, as flags, for the command line)."""
+the parallel layout their settings give (``estimates.layout_settings.LayoutSettings``: the same keywords for the
+Python API and, as flags, for the command line)."""
 
 from __future__ import annotations
 
@@ -41,14 +41,8 @@ from lmcalc.estimates.inputs import (
     resolve_model,
     seq_given,
 )
-from lmcalc.estimates.settings import (
-    DEFAULT_FRAMEWORK,
-    FINE_TUNING_FRAMEWORK,
-    LayoutSettings,
-    MethodSettings,
-    SplitSettings,
-    TrainingSettings,
-)
+from lmcalc.estimates.layout_settings import LayoutSettings, SplitSettings
+from lmcalc.estimates.settings import DEFAULT_FRAMEWORK, FINE_TUNING_FRAMEWORK, MethodSettings, TrainingSettings
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.recipe_specs import PrecisionRecipe
 from lmcalc.result import Input
