@@ -74,16 +74,28 @@ class MoeRule(Rule):
         description="the experts' outputs are kept twice: before and after the multiply by the routing weights "
         "(an index_add that keeps its source)"
     )
-    router: Literal["activation", "model"] = Field(
+    routing_token_bytes: float = Field(
+        0.0,
+        ge=0,
+        description="bytes kept per token beyond the per-assignment ones: the fp32 sum a token's k weights are "
+        "divided by, where the router normalises them",
+    )
+    router: Literal["activation", "model", "fp32"] = Field(
         "activation",
         description="the router's matmul: on the norm output in the activation dtype (kept once, with the experts' "
-        "input), or as the model's code runs it: where the model spec's moe.router_fp32 says, on an fp32 copy of "
-        "its input, which is kept too",
+        "input); as the model's code runs it: where the model spec's moe.router_fp32 says, on an fp32 copy of "
+        "its input, which is kept too; or fp32, under an fp32 autocast whatever the model: fp32 copies of its input "
+        "and of its weight are kept, and the norm output only where shared experts read it",
     )
     probs_in_activation: StrictBool = Field(
         default=False,
         description="the routing weights multiply inside the experts' fused activation, so the experts' outputs come "
         "out weighted and neither they nor a weighted copy are kept (the combine only scatters them back)",
+    )
+    outputs_fp32: StrictBool = Field(
+        default=False,
+        description="the combine casts the experts' outputs to fp32 and multiplies them by the routing weights "
+        "there: the fp32 copy is kept for the product (4 bytes an element), the weighted product is not",
     )
 
 
@@ -348,11 +360,15 @@ class Fp8Rule(Rule):
 
 
 class RouterKernel(Spec):
-    """One memory-bound kernel an MoE layer's router launches, and the bytes it moves per (token, expert) score."""
+    """One memory-bound kernel an MoE layer's router launches, and the bytes it moves per (token, expert) score and
+    per element of its input."""
 
     name: str = Field(min_length=1)
     bytes_per_score: float = Field(
-        ge=0, description="bytes it reads and writes per (token, expert) score, with the logits in bf16"
+        0.0, ge=0, description="bytes it reads and writes per (token, expert) score, with the logits in bf16"
+    )
+    bytes_per_input: float = Field(
+        0.0, ge=0, description="bytes it reads and writes per element of the router's input (h a token), in bf16"
     )
     unpadded_only: StrictBool = Field(
         False, description="launched only where an expert capacity drops tokens without padding to the capacity"

@@ -1,5 +1,5 @@
-"""The step-time model's MoE router: the memory-bound kernels Megatron-Core's fused router launches around the
-router's matmul (the megatron profile's ``speed.router``; engine.time.memory_traffic._router_traffic,
+"""The step-time model's MoE router: the memory-bound kernels Megatron-Core's fused router and torchtitan's eager
+router launch around the router's matmul (the profiles' ``speed.router``; engine.time.memory_traffic._router_traffic,
 docs/formulas.md §8.5), derived here from the kernels' inputs and outputs."""
 
 import pytest
@@ -83,8 +83,8 @@ def test_sequence_parallelism_splits_the_routers_tokens():
 
 
 def test_a_profile_that_has_not_read_its_router_counts_none_and_a_dense_model_has_none():
-    assert framework_profile("torchtitan").speed.router is None
-    assert _router(_workload("torchtitan")) == MemoryTraffic()
+    assert framework_profile("nanotron").speed.router is None
+    assert _router(_workload("nanotron")) == MemoryTraffic()
     dense = Workload(
         resolve_model("llama3-8b").spec,
         resolve_precision("bf16-mixed").spec,
@@ -117,3 +117,22 @@ def test_the_routers_kernels_reach_the_stages_memory_kernels():
     )
     assert with_router.memory_kernels - without.memory_kernels == 48 * 13
     assert with_router.memory_forward - without.memory_forward == pytest.approx(4096 * 128 * 48 * FORWARD, rel=1e-9)
+
+
+def test_torchtitans_router_by_hand():
+    # torchtitan/models/common/moe.py: the gate under an fp32 autocast casts its bf16 input (read 2, write 4 an
+    # element of h); the fp32 softmax reads and writes each score; expert_bias is added for the choice (read, write);
+    # topk reads the sum; the bool routing map's zeros are written and its column sums read. Backward: the gather's
+    # fp32 zeros are written, the softmax's backward reads its output and the gradient and writes one, and the fp32
+    # input gradient is cast back (read 4, write 2). Every other kernel works on k-wide tensors or the weight.
+    per_score = (FP32 + FP32) + (FP32 + FP32) + FP32 + BOOL + BOOL, FP32 + 3 * FP32
+    per_input = BF16 + FP32, FP32 + BF16
+    t = _router(_workload("torchtitan"))
+    tokens, layers, h, experts = 4096, 48, 2048, 128
+    assert t.forward == pytest.approx(tokens * layers * (experts * per_score[0] + h * per_input[0]), rel=1e-12)
+    assert t.backward == pytest.approx(tokens * layers * (experts * per_score[1] + h * per_input[1]), rel=1e-12)
+    # forward: the two casts, the score function, the bias's add, topk, the gather, route_norm's sum, add and
+    # division, route_scale, the map's zeros, scatter and sum, tokens_per_expert's add, the argsort, the weights'
+    # index and the token index; backward: two for the weights' index, route_scale's, three for the division, the
+    # sum's add, the gather's zeros and scatter_add, the score function's, the two casts back
+    assert t.kernels == layers * (17 + 12)

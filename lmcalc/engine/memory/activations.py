@@ -46,7 +46,7 @@ from lmcalc.engine.memory.norms import norm_gate_saved, norm_saved, norm_stats, 
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.prompt_prefix import prompt_layer_saved, without_prompt
 from lmcalc.engine.memory.retrieval_experts import retrieval_experts_saved
-from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, router_saved
+from lmcalc.engine.memory.routing import expert_outputs_saved, routed_symbol, router_input_saved, router_saved
 from lmcalc.engine.memory.saved import LOGSUMEXP_BYTES, ROUTED, SavedTensor
 from lmcalc.engine.memory.sdpa_math import math_inputs_saved, math_scores_saved, sdpa_math_path
 from lmcalc.engine.memory.shared_block import shared_uses_saved
@@ -430,19 +430,7 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
         k, f_e = moe.k, Dim(moe.expert_ffn_size, "f_e")
         rows, kr = w.routed_copies * sb, routed_symbol(w)  # the experts' rows: k·ρ a token (a capacity's padding)
         tensors += [
-            SavedTensor(
-                "router / shared-expert input (norm output)",
-                "s·b·h",
-                sb * h,
-                act,
-                split="seq",
-                for_weights=("router", *UP),
-            ),
-            *(
-                [SavedTensor("router input (fp32 copy)", "s·b·h", sb * h, 4, split="seq", for_weights=("router",))]
-                if moe.router_fp32 and w.framework.moe.router == "model" and act != 4  # in fp32 .float() is x
-                else []
-            ),
+            *router_input_saved(w, sb),
             *router_saved(w, sb, k, rows, kr),
             *_of_routed_experts([
                 SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq",

@@ -242,8 +242,9 @@ def split_by_tp(tensor: SavedTensor, layout: Layout | ActivationLayout) -> bool:
 
 def bytes_on_gpu(tensor: SavedTensor, layout: Layout | ActivationLayout) -> float:
     """Bytes of ``tensor`` on one GPU: split by TP (``split_by_tp``, over at most the KV heads for K and V:
-    ``SavedTensor.tp_ways``) and by CP over the sequence."""
-    return tensor.bytes / (layout.cp * (tensor.tp_ways(layout.tp) if split_by_tp(tensor, layout) else 1))
+    ``SavedTensor.tp_ways``) and by CP over the sequence (a weight's copy by neither: ``SavedTensor.cp_ways``)."""
+    tp_ways = tensor.tp_ways(layout.tp) if split_by_tp(tensor, layout) else 1
+    return tensor.bytes / (tensor.cp_ways(layout.cp) * tp_ways)
 
 
 @functools.lru_cache(maxsize=1 << 14)

@@ -124,4 +124,4 @@ def above_last_indexer(w: Workload, tp: int, cp: int) -> float:
         return ix.above_last * layer_checkpoint(w).bytes / cp
     top, moe = spec.num_layers, spec.moe
     above = (layer_saved_tensors(w, moe is not None and moe.is_moe_layer(i)) for i in range(top - ix.above_last, top))
-    return sum(t.bytes / (t.tp_ways(tp) if t.split == "tp" else 1) for kept in above for t in kept) / cp
+    return sum(t.bytes / (t.cp_ways(cp) * (t.tp_ways(tp) if t.split == "tp" else 1)) for kept in above for t in kept)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from lmcalc.engine.memory.branch_convs import branch_router_saved
 from lmcalc.engine.memory.cca import mlp_router_saved
+from lmcalc.engine.memory.ffn import UP
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
 
@@ -18,6 +19,27 @@ ROUTED_ROW_BYTES = 12
 """Of the routing's bytes per assignment, those a capacity carries per expert row, padding included: the row's token
 index (int64) and its routing weight (fp32), the gather's index and the weight product's factor
 (``reference_model.MoE._to_capacity``); the top-k indices and the sort order stay one per assignment."""
+
+
+def router_input_saved(w: Workload, sb: float) -> list[SavedTensor]:
+    """What the router's matmul keeps of its input (the MLP norm's output), with the experts' and the shared experts'
+    first projections that read it too: the norm output in the activation dtype; beside it an fp32 copy where the
+    model's code multiplies one (``MoeRule.router`` model and the model spec's moe.router_fp32); or, under an fp32
+    autocast (``MoeRule.router`` fp32: torchtitan's ``TokenChoiceTopKRouter``), fp32 copies of the input and of the
+    weight (E·h, the same whatever the tokens, and on every GPU of a TP or CP group), the norm output itself kept only
+    where shared experts read it (the routed experts read the tokens gathered for them)."""
+    moe, rule, act, h = w.model.moe, w.framework.moe.router, w.precision.activation_bytes, w.model.hidden_size
+    assert moe is not None
+    norm_output = SavedTensor("router / shared-expert input (norm output)", "s·b·h", sb * h, act, split="seq",
+                              for_weights=("router", *UP))  # fmt: skip
+    fp32_copy = SavedTensor("router input (fp32 copy)", "s·b·h", sb * h, 4, split="seq", for_weights=("router",))
+    if act == 4 or rule == "activation" or rule == "model" and not moe.router_fp32:  # in fp32 .float() is x
+        return [norm_output]
+    if rule == "model":
+        return [norm_output, fp32_copy]
+    weight = SavedTensor("router weight (autocast's fp32 copy)", "E·h", moe.num_experts * h, 4, split="whole",
+                         for_weights=("router",))  # fmt: skip
+    return [norm_output, fp32_copy, weight] if moe.shared_experts else [fp32_copy, weight]
 
 
 def router_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[SavedTensor]:
@@ -37,13 +59,16 @@ def router_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[S
 def routing_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[SavedTensor]:
     """The routing's index tensors and weights: ``MoeRule.routing_bytes`` per assignment (s·b·k of them), of which
     ``ROUTED_ROW_BYTES`` follow the experts' rows instead where a capacity changes them (k·ρ·s·b)."""
-    routing = w.framework.moe.routing_bytes
+    routing, per_token = w.framework.moe.routing_bytes, w.framework.moe.routing_token_bytes
+    divisors = [SavedTensor("each token's sum of its k weights (fp32)", "s·b", sb, per_token, split="seq")]
+    divisors = divisors if per_token else []
     if w.routed_share == 1:
-        return [SavedTensor("routing indices and weights", "s·b·k", sb * k, routing, split="seq")]
+        return [SavedTensor("routing indices and weights", "s·b·k", sb * k, routing, split="seq"), *divisors]
     per_row = min(routing, ROUTED_ROW_BYTES)
     return [
         SavedTensor("routing indices (top-k, sort order)", "s·b·k", sb * k, routing - per_row, split="seq"),
         SavedTensor("each expert row's token index and weight", f"{kr}·s·b", rows, per_row, split="seq"),
+        *divisors,
     ]
 
 
@@ -68,6 +93,9 @@ def expert_outputs_saved(w: Workload, rows: float, kr: str) -> list[SavedTensor]
     rule, act, h, moe = w.framework.moe, w.precision.activation_bytes, w.model.hidden_size, w.model.moe
     if rule.probs_in_activation:
         return []
+    if rule.outputs_fp32:  # torchtitan's combine: (out.float() · weight).to(act), then a scatter_add keeping its index
+        label = "expert outputs, fp32 copy (for the routing-weight product)"
+        return [SavedTensor(label, f"{kr}·s·b·h", rows * h, 4, split="seq")]
     outputs = [
         SavedTensor("expert outputs (for the routing-weight product)", f"{kr}·s·b·h", rows * h, act, split="seq")
     ]

@@ -18,7 +18,8 @@ class SavedTensor:
     elements: float
     bytes_per_element: float
     attention_core: bool = False  # recomputed under selective recomputation
-    split: str = "tp"  # "tp": split over tensor-parallel ranks; "seq": only with sequence parallelism; "none"
+    split: str = "tp"  # "tp": split over tensor-parallel ranks; "seq": only with sequence parallelism; "none": by
+    # neither, but by CP over the sequence as all are; "whole": by nothing (a weight's copy, on every GPU)
     block: str = "attention"  # what keeps it: a layer's "attention" or "mlp" half (its norm included), or
     # outside the layers, the "embedding" side, the "head" side (final norm, output head, loss), or the rotary
     # "tables" every stage makes once per micro-batch
@@ -29,6 +30,11 @@ class SavedTensor:
     @property
     def bytes(self) -> float:
         return self.elements * self.bytes_per_element
+
+    def cp_ways(self, cp: int) -> int:
+        """Over how many of ``cp`` context-parallel ranks the tensor is split: all of them, as the sequence is, but
+        for a weight's copy (``split`` whole), which every GPU keeps."""
+        return 1 if self.split == "whole" else cp
 
     def tp_ways(self, tp: int) -> int:
         """Over how many of ``tp`` tensor-parallel ranks the tensor is split, when TP splits it: all of them, or

@@ -118,4 +118,4 @@ def math_backward_peak(w: Workload, layer: tuple[SavedTensor, ...], tp: int, cp:
 
 def _on_rank(t: SavedTensor, tp: int, cp: int) -> float:
     """A layer's saved tensor on one of ``tp`` × ``cp`` ranks (TP's split of the attention and MLP internals)."""
-    return t.bytes / (cp * (t.tp_ways(tp) if t.split == "tp" else 1))
+    return t.bytes / (t.cp_ways(cp) * (t.tp_ways(tp) if t.split == "tp" else 1))

@@ -258,7 +258,8 @@ def _moe_permute_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 def _router_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     """MoE: the router's memory-bound kernels around its matmul, as the framework profile lists them
     (``speed.router``): each moves its bytes per (token, expert) score over this GPU's tokens and the E experts'
-    scores, in each MoE layer; with an expert capacity, the drop mask's kernels too."""
+    scores, and per element of the router's input (h a token), in each MoE layer; with an expert capacity, the drop
+    mask's kernels too."""
     rule, moe, layers = s.w.framework.speed.router, s.w.model.moe, s.built.moe
     if not (rule and moe and layers):
         return
@@ -267,10 +268,10 @@ def _router_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
         padded = s.w.pad_to_capacity
         forward += tuple(k for k in rule.capacity_forward if not (padded and k.unpadded_only))
         backward += rule.capacity_backward
-    scores = s.hidden_tokens * moe.num_experts * layers
+    scores, inputs = s.hidden_tokens * moe.num_experts * layers, s.hidden_tokens * s.w.model.hidden_size * layers
     traffic.add(
-        scores * sum(k.bytes_per_score for k in forward),
-        scores * sum(k.bytes_per_score for k in backward),
+        scores * sum(k.bytes_per_score for k in forward) + inputs * sum(k.bytes_per_input for k in forward),
+        scores * sum(k.bytes_per_score for k in backward) + inputs * sum(k.bytes_per_input for k in backward),
         layers * (len(forward) + len(backward)),
     )
 
