@@ -1,15 +1,20 @@
-"""torchtitan's MoE layer: what it keeps for backward, against torchtitan 0.3.0 measured on the CPU.
+"""torchtitan's MoE layer: what it keeps for backward, against torchtitan 0.3.0 measured on the CPU, and the bytes its
+fp32 combine moves.
 
 The measurement (scripts/titan_moe_saved.py, torchtitan 0.3.0 and torch 2.13.0+cpu, 2026-12-07): its ``MoE`` in bf16
 over T = 256 tokens of width D = 256, E = 8 experts of hidden width F = 128, k = 2 a token (N = T·k = 512 rows), the
 gate run as CUDA's fp32 autocast runs it, saved-tensor hooks counting each storage once, parameters excluded.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from lmcalc.engine.memory.activations import layer_saved_tensors
 from lmcalc.engine.memory.gpu_memory import bytes_on_gpu
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Grid, Layout
+from lmcalc.engine.parallel.pipeline import StageLayers
+from lmcalc.engine.time.memory_traffic import MemoryTraffic, _moe_permute_traffic, stage_shape
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import framework_profile, resolve_optimizer, resolve_precision
 from lmcalc.specs import ModelSpec
@@ -82,3 +87,21 @@ def test_in_fp32_the_router_keeps_its_input_once() -> None:
     labels = [t.label for t in moe_tensors(moe_workload(0, "fp32"))]
     assert "router / shared-expert input (norm output)" in labels
     assert not any("fp32 copy" in label and "router" in label for label in labels)
+
+
+def test_the_fp32_combine_moves_its_round_trip() -> None:
+    # torchtitan's combine, per element of the experts' k·s·b·h outputs: forward, the cast up (read 2, write 4), the
+    # product with the weights (read 4, write 4), the cast back (read 4, write 2); backward, the cast back's gradient
+    # up (read 2, write 4), the outputs' gradient (read 4, write 4), the weights' gradient (read 4 + 4, write 4, then
+    # its sum over h, read 4), the cast's gradient back (read 4, write 2). Against the same layer without it.
+    w = moe_workload(0)
+    plain = replace(w, framework=w.framework.model_copy(update={"moe": w.framework.moe.model_copy(
+        update={"outputs_fp32": False})}))  # fmt: skip
+    layers, grid = 2, Grid(1, 1, 1, False, 1)
+    titan, reference = MemoryTraffic(), MemoryTraffic()
+    _moe_permute_traffic(stage_shape(w, grid, StageLayers(0, layers, False, False)), titan)
+    _moe_permute_traffic(stage_shape(plain, grid, StageLayers(0, layers, False, False)), reference)
+    elements = N * D * layers
+    assert titan.forward - reference.forward == (2 + 4) * elements + (4 + 4) * elements + (4 + 2) * elements
+    assert titan.backward - reference.backward == (6 + 8 + 12 + 4 + 6) * elements
+    assert titan.kernels - reference.kernels == (3 + 5) * layers

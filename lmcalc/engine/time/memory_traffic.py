@@ -28,6 +28,12 @@ CLAMP_FORWARD = 8
 CLAMP_BACKWARD = 10
 """And backward: each clamp's gradient reads its input and the incoming gradient and writes its own (3 + 3), and the
 two halves' gradients are concatenated (read 2 write 2)."""
+COMBINE_FP32_FORWARD = 8
+"""Bytes an element of the experts' fp32 outputs that an fp32 combine's product with the routing weights moves forward
+(``_moe_permute_traffic``): it reads the output and writes the product, 4 bytes each."""
+COMBINE_FP32_BACKWARD = 24
+"""And backward: the outputs' gradient, the incoming gradient times the weights (read 4, write 4); the weights', the
+incoming gradient times the saved outputs (read 4 + 4, write 4), summed over h (read 4)."""
 
 
 @dataclass(frozen=True)
@@ -248,11 +254,20 @@ def _expert_bias_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 
 def _moe_permute_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     """MoE: permute the routed tokens to their experts and back, forward and backward (k·ρ rows a token: with a
-    capacity, the padded rows too)."""
+    capacity, the padded rows too); where the combine weights the experts' outputs in fp32 (``MoeRule.outputs_fp32``:
+    torchtitan's ``(out.float() · w).to(out.dtype)``), that round trip op by op too."""
     moe, e = s.w.model.moe, s.act_bytes
-    if moe and s.built.moe:
-        routed = s.hidden_tokens * s.w.routed_copies * s.w.model.hidden_size * s.built.moe
-        traffic.add(2 * 2 * e * routed, 2 * 2 * e * routed, 12 * s.built.moe)
+    if not (moe and s.built.moe):
+        return
+    routed = s.hidden_tokens * s.w.routed_copies * s.w.model.hidden_size * s.built.moe
+    traffic.add(2 * 2 * e * routed, 2 * 2 * e * routed, 12 * s.built.moe)
+    if s.w.framework.moe.outputs_fp32:
+        # forward, the product (read 4, write 4); backward, the outputs' gradient (grad · w: read 4, write 4) and the
+        # weights' (grad · out, read 4 + 4, write 4, then its sum over h, read 4); in a narrower dtype, the cast up
+        # and back each way (read e, write 4; read 4, write e)
+        casts = 0 if e == 4 else 2 * (e + 4)
+        kernels = (1 + 3 + (4 if casts else 0)) * s.built.moe
+        traffic.add((COMBINE_FP32_FORWARD + casts) * routed, (COMBINE_FP32_BACKWARD + casts) * routed, kernels)
 
 
 def _router_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
