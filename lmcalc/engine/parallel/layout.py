@@ -12,6 +12,7 @@ replicas, which reduce the experts' gradients and over which ZeRO shards their s
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
@@ -123,7 +124,7 @@ class Layout:
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         """Pickled as its fields, checked already: a copy made in another process (another hash seed) hashes anew
         and makes its views when asked."""
-        return _unpickled, tuple(getattr(self, f.name) for f in fields(self) if f.init)
+        return _unpickled, _init_values(self)
 
     def _made_views(self) -> tuple[ActivationLayout, Grid, StateShards, Stages]:
         tp, cp, split, etp = self.tp, self.cp, self.split, self.expert_tp
@@ -220,6 +221,7 @@ def _unpickled(*values: object) -> Layout:
 
 
 _INIT_FIELDS = tuple(f.name for f in fields(Layout) if f.init)
+_init_values = operator.attrgetter(*_INIT_FIELDS)  # its fields in order, at once: a search pickles 170,000
 
 
 LAYOUT_CODE_KEY = (
