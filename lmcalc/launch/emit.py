@@ -169,7 +169,7 @@ def _megatron(chosen: Chosen) -> str:
                  ["--recompute-num-layers", str(w.recompute_num_layers)]]  # fmt: skip
     if w.precision.name not in MEGATRON_PRECISION:
         raise LmcalcError(f"--emit megatron: no Megatron-LM flags for the {w.precision.name} recipe")
-    args += MEGATRON_PRECISION[w.precision.name] + _megatron_profile_flags(w)
+    args += MEGATRON_PRECISION[w.precision.name] + _megatron_profile_flags(w) + _megatron_dispatcher(w)
     lines = [f"# {line}" for line in notes("megatron", chosen)]
     lines += ["# Megatron-LM (pretrain_gpt.py) arguments; add the model's shape flags, your data and optimizer's:",
               "# torchrun ... pretrain_gpt.py \"${LMCALC_ARGS[@]}\" ...", "LMCALC_ARGS=("]  # fmt: skip
@@ -190,6 +190,16 @@ def _megatron_profile_flags(w: Workload) -> list[list[str]]:
     if f.loss.saved_bytes == 2 and f.loss.moved_bytes is not None:  # te_cross_entropy: the bf16 logits, in place
         flags += [["--cross-entropy-loss-fusion"], ["--cross-entropy-fusion-impl", "te"]]
     return flags
+
+
+def _megatron_dispatcher(w: Workload) -> list[list[str]]:
+    """An MoE model's token dispatcher as costed (Megatron-Core's default is allgather, which lmcalc does not time):
+    alltoall, or the flex dispatcher with its backend."""
+    if not w.model.moe:
+        return []
+    if w.moe_dispatcher == "alltoall":
+        return [["--moe-token-dispatcher-type", "alltoall"]]
+    return [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", w.moe_dispatcher]]
 
 
 def _deepspeed(chosen: Chosen) -> str:
