@@ -84,6 +84,9 @@ def test_the_dispatcher_costed_is_the_one_written_and_read_back(lmcalc_run, tmp_
     text, _ = emitted(lmcalc_run, "megatron-flex")
     assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend hybridep" in text
     assert "--moe-token-dispatcher-type" not in emitted(lmcalc_run, "megatron")[0]  # a dense model: none
+    assert "as costed: the megatron profile (the hybridep dispatcher)" in text  # the notes say it too
+    bridge = emitted(lmcalc_run, "megatron-bridge")[0]  # and the settings that changed the profile
+    assert "(gradients reduced in bf16, fp8 primary weights, Transformer Engine's fused loss)" in bridge
     path = tmp_path / "args.sh"
     path.write_text(text)
     from lmcalc.launch import read

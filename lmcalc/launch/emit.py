@@ -114,9 +114,20 @@ def assumptions(chosen: Chosen) -> list[str]:
         f"predicted: {chosen.tokens_per_s:,.0f} tokens/s, MFU {100 * chosen.mfu:.1f} %, "
         f"{chosen.memory_bytes / 1e9:.2f} GB on the most loaded GPU "
         f"of {chosen.cluster.hardware.memory_bytes / 1e9:.0f}",
-        f"as costed: the {w.framework.name} profile, the {w.precision.name} recipe, {w.optimizer.name}, "
-        f"{w.attention} attention, {w.seq_len} tokens a sequence",
+        f"as costed: the {w.framework.name} profile{_modifiers(w)}, the {w.precision.name} recipe, "
+        f"{w.optimizer.name}, {w.attention} attention, {w.seq_len} tokens a sequence",
     ]
+
+
+def _modifiers(w: Workload) -> str:
+    """The settings that changed the megatron profile, and an MoE model's dispatcher, as the notes name them."""
+    f, said = w.framework, []
+    if f.name == "megatron":
+        said += ["gradients reduced in bf16"] if f.states.grad_bytes == 2 else []
+        said += ["fp8 primary weights"] if f.fp8.primary_weights else []
+        said += ["Transformer Engine's fused loss"] if f.loss.saved_bytes == 2 and f.loss.moved_bytes else []
+    said += [f"the {w.moe_dispatcher} dispatcher"] if w.model.moe else []
+    return f" ({', '.join(said)})" if said else ""
 
 
 def _refuse(kind: str, chosen: Chosen, degrees: tuple[str, ...]) -> None:
