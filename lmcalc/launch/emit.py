@@ -121,12 +121,7 @@ def assumptions(chosen: Chosen) -> list[str]:
 
 def _modifiers(w: Workload) -> str:
     """The settings that changed the megatron profile, and an MoE model's dispatcher, as the notes name them."""
-    f, said = w.framework, []
-    if f.name == "megatron":
-        said += ["gradients reduced in bf16"] if f.states.grad_bytes == 2 else []
-        said += ["fp8 primary weights"] if f.fp8.primary_weights else []
-        said += ["Transformer Engine's fused loss"] if f.loss.saved_bytes == 2 and f.loss.moved_bytes else []
-    said += [f"the {w.moe_dispatcher} dispatcher"] if w.model.moe else []
+    said = [name for name, _ in _profile_settings(w)] + ([f"the {w.moe_dispatcher} dispatcher"] if w.model.moe else [])
     return f" ({', '.join(said)})" if said else ""
 
 
@@ -189,18 +184,25 @@ def _megatron(chosen: Chosen) -> str:
 
 
 def _megatron_profile_flags(w: Workload) -> list[list[str]]:
-    """The flags behind the megatron profile's settings (``estimates.training``): the gradient buffer in bf16, the
-    fp8 primary weights, and the loss fused in Transformer Engine, each as the profile it made reads it."""
-    f, flags = w.framework, list[list[str]]()
+    """The flags behind the megatron profile's settings (``_profile_settings``)."""
+    return [flag for _, flags in _profile_settings(w) for flag in flags]
+
+
+def _profile_settings(w: Workload) -> list[tuple[str, list[list[str]]]]:
+    """The settings that changed the megatron profile (``estimates.training``), each as the notes name it and as
+    Megatron-LM's flags ask for it: the gradient buffer in bf16, the fp8 primary weights, and the loss fused in
+    Transformer Engine, each as the profile it made reads it."""
+    f, settings = w.framework, list[tuple[str, list[list[str]]]]()
     if f.name != "megatron":  # another profile's gradient and loss rules are not Megatron's flags
-        return flags
+        return settings
     if f.states.grad_bytes == 2:  # bf16_gradient_buffer
-        flags.append(["--grad-reduce-in-bf16"])
+        settings.append(("gradients reduced in bf16", [["--grad-reduce-in-bf16"]]))
     if f.fp8.primary_weights:  # fp8_primary_weights
-        flags.append(["--fp8-param-gather"])
+        settings.append(("fp8 primary weights", [["--fp8-param-gather"]]))
     if f.loss.saved_bytes == 2 and f.loss.moved_bytes is not None:  # te_cross_entropy: the bf16 logits, in place
-        flags += [["--cross-entropy-loss-fusion"], ["--cross-entropy-fusion-impl", "te"]]
-    return flags
+        flags = [["--cross-entropy-loss-fusion"], ["--cross-entropy-fusion-impl", "te"]]
+        settings.append(("Transformer Engine's fused loss", flags))
+    return settings
 
 
 def _megatron_dispatcher(w: Workload) -> list[list[str]]:
