@@ -222,11 +222,15 @@ def gradient_queue(w: Workload, shards: StateShards, built: StageLayers, grad_by
         return most
 
     head = reduce(parts.head) if parts.head else 0.0
-    layers = []
+    layers: list[float] = []
     for count, _, trained, _ in reversed(parts.kinds):
         pieces = 1 if zero3 else max(1, -(-int(trained) // int(bucket)))
-        for _ in range(count):
+        for made in range(1, count + 1):
+            before = (tuple(queue), queued)
             layers.append(reduce_layer(trained / pieces, pieces) if trained else queued)
+            if (tuple(queue), queued) == before:  # the queue as it was, to the bit: every further layer of this
+                layers += [layers[-1]] * (count - made)  # kind repeats this one, and is not simulated
+                break
     embedding = reduce(parts.embedding) if parts.embedding else 0.0
     alive = tuple(alive * grad_bytes for alive in layers)
     return GradQueue(head * grad_bytes, alive, embedding * grad_bytes, records(alive))

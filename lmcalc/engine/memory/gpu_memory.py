@@ -347,6 +347,12 @@ def selective_rebuilt(w: Workload, layout: ActivationLayout, moe_layer: bool) ->
     """Under selective recomputation, what the layer being differentiated holds beyond what it kept. Per operator:
     the tensors autograd saves when the block runs again, less the kept ones that are the same storages; by
     Megatron-Core's modules: what the larger half's modules dropped (``module_rebuilt``)."""
+    return _selective_rebuilt(w, layout.tp, layout.sequence_parallel, layout.cp, moe_layer)
+
+
+@functools.lru_cache(maxsize=1 << 12)  # keyed by what it reads of a layout: the planner's share it across PP and DP
+def _selective_rebuilt(w: Workload, tp: int, sequence_parallel: bool, cp: int, moe_layer: bool) -> float:
+    layout = Layout(tp=tp, cp=cp, sequence_parallel=sequence_parallel)
     if w.framework.recompute.selective == "attention_core":
         return sum(bytes_on_gpu(t, layout) for t in module_rebuilt(w, layer_saved_tensors(w, moe_layer), moe_layer))
     saved = layer_saved_tensors(replace(w, recompute="none"), moe_layer)

@@ -203,13 +203,28 @@ class Search:
 
 @dataclass
 class _Part:
-    """What a search over some (TP, PP, CP) found: layouts evaluated, those that fit in the search's order, the
-    smallest overflow and the deepest pipeline's refusal."""
+    """What a search over some (TP, PP, CP) found: layouts evaluated, those that fit (in the search's order, then
+    ``ranked``), the smallest overflow and the deepest pipeline's refusal."""
 
     evaluated: int = 0
     fitting: list[Candidate] = field(default_factory=list)
     closest: Candidate | None = None
     refusal: tuple[int, str] | None = None  # the deepest pipeline's: PP = 1 says only that stages need PP ≥ 2
+    ranks: list[tuple[float, float]] = field(default_factory=list)  # each fitting layout's ``_rank``, once ranked
+
+    def ranked(self) -> _Part:
+        """The part with its fitting layouts in the plan's order (``_rank``; ties in the search's order) and their
+        ranks beside them: sorted in the process that searched it, so that the plan merges sorted runs."""
+        ranks = [_rank(c) for c in self.fitting]
+        order = sorted(range(len(ranks)), key=ranks.__getitem__)  # stable: ties keep the search's order
+        self.fitting, self.ranks = [self.fitting[i] for i in order], [ranks[i] for i in order]
+        return self
+
+
+def _rank(c: Candidate) -> tuple[float, float]:
+    """Where a fitting layout stands in the plan: the fastest first (tokens/s to the sixth decimal), then the most
+    headroom."""
+    return -round(c.tokens_per_s, 6), c.memory_total
 
 
 def _search_part(search: Search, degrees: list[Degrees], estimate: int = 0) -> _Part:
@@ -217,7 +232,7 @@ def _search_part(search: Search, degrees: list[Degrees], estimate: int = 0) -> _
     set (``progress``)."""
     part = _Part()
     reporter = progress.current()
-    overflowed: set[tuple[object, ...]] = set()  # (a layout but its micro-batches, recomputation) that overflowed
+    overflowed: dict[tuple[object, ...], set[Recompute]] = {}  # a layout but its micro-batch: modes that overflowed
     cluster, pins = search.cluster, search.pins
     capacity, machine, efficiency = cluster.hardware.memory_bytes, search.machine, search.efficiency
 
@@ -235,18 +250,19 @@ def _search_part(search: Search, degrees: list[Degrees], estimate: int = 0) -> _
                 part.refusal = (layout.pp, exc.args[0])
             continue
         family = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp, layout.zero, layout.split)
+        overflowed_modes = overflowed.get(family, ())  # looked up once for the layout's modes
         for w in workloads:
             part.evaluated += 1
-            if (family, w.recompute) in overflowed:  # a smaller micro-batch of it did not fit: nor does this one
+            if w.recompute in overflowed_modes:  # a smaller micro-batch of it did not fit: nor does this one
                 continue
             memory = most_loaded_total(w, layout)
             if memory > capacity:
-                overflowed.add((family, w.recompute))
+                overflowed.setdefault(family, set()).add(w.recompute)
                 if part.closest is None or memory < part.closest.memory_total:
                     part.closest = candidate(layout, w, memory)
                 continue
             part.fitting.append(candidate(layout, w, memory))
-    return part
+    return part.ranked()
 
 
 def _jobs(sizes: dict[Degrees, int]) -> list[list[Degrees]]:
@@ -275,19 +291,25 @@ def _unpacked(packed: list[tuple[Degrees, CompactPart]], search: Search) -> list
 
 def _merged(parts: list[_Part], cluster: Cluster) -> Plan:
     """The plan the parts make, in the search's order: the first of the smallest overflows, the first refusal of
-    the deepest pipeline, the fitting layouts fastest first (ties: more headroom, then the search's order)."""
+    the deepest pipeline, the fitting layouts fastest first (ties: more headroom, then the search's order). Each
+    part comes ranked (``_Part.ranked``), so the fitting layouts are sorted runs, which Timsort merges; a stable
+    sort of sorted runs is the stable sort of them all."""
     result = Plan(capacity=cluster.hardware.memory_bytes)
     refusal: tuple[int, str] | None = None
+    fitting: list[Candidate] = []
+    ranks: list[tuple[float, float]] = []
     for part in parts:
         result.evaluated += part.evaluated
-        result.fitting += part.fitting
+        fitting += part.fitting
+        ranks += part.ranks
         if part.closest and (result.closest is None or part.closest.memory_total < result.closest.memory_total):
             result.closest = part.closest
         if part.refusal and (refusal is None or part.refusal[0] > refusal[0]):
             refusal = part.refusal
     if not result.evaluated and refusal:
         raise LmcalcError(f"no layout can exist with these constraints: {refusal[1]}")
-    result.fitting.sort(key=lambda c: (-round(c.tokens_per_s, 6), c.memory_total))  # ties: more headroom
+    assert len(ranks) == len(fitting)  # every part ranked
+    result.fitting = [fitting[i] for i in sorted(range(len(ranks)), key=ranks.__getitem__)]
     return result
 
 
@@ -297,7 +319,7 @@ Compact = tuple[Layout, int, Recompute, float, float, float, float]  # a candida
 
 @dataclass(frozen=True)
 class CompactPart:
-    """A ``_Part`` as a worker sends it back: each candidate as its layout, workload settings and two figures."""
+    """A ``_Part`` as a worker sends it back, ranked: each candidate as its layout, workload settings and figures."""
 
     evaluated: int
     fitting: list[Compact]
@@ -325,7 +347,8 @@ class CompactPart:
             return Candidate(layout, workloads[mb, rc], total, tokens, mfu, step, machine, search.efficiency)
 
         closest = candidate(self.closest) if self.closest else None
-        return _Part(self.evaluated, [candidate(c) for c in self.fitting], closest, self.refusal)
+        fitting = [candidate(c) for c in self.fitting]  # ranked where it was searched: the ranks made again
+        return _Part(self.evaluated, fitting, closest, self.refusal, [_rank(c) for c in fitting])
 
 
 def _check_dp_pin(cluster: Cluster, global_batch: int, pins: Pins) -> None:

@@ -34,8 +34,8 @@ from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.finetune.flops import method_step_flops
 from lmcalc.engine.finetune.offload import fetch_seconds, offload_time
 from lmcalc.engine.model import flops as fl
-from lmcalc.engine.parallel.layout import Layout, StateShards
-from lmcalc.engine.parallel.pipeline import Mix, StageLayers, Stages, distinct_stage_layers, split_stage_layers
+from lmcalc.engine.parallel.layout import ActivationLayout, Layout, StateShards
+from lmcalc.engine.parallel.pipeline import Mix, StageLayers, Stages, split_stage_layers
 from lmcalc.engine.parallel.sharding import (
     StageParams,
     frozen_held,
@@ -210,11 +210,18 @@ def step_figures(
 ) -> tuple[float, float, float]:
     """``step_time_on``'s tokens/s, MFU and seconds a step, without the parts: all the planner keeps of each layout
     that fits (the same arithmetic as ``StepTime``'s, so the figures are equal to the bit)."""
-    timed = w if efficiency is not None else kernel_workload(w)
+    timed, model_flops, peak = _step_constants(w, machine, efficiency)
     total = slowest_stage(timed, layout, machine, efficiency).total
     tokens = step_tokens(w, layout)
-    peak = _chip_rates(machine, w.precision.compute_dtype).peak
-    return tokens / total, _utilisation(_whole_step_flops(w)[0] * tokens, total, layout.gpus, peak), total
+    return tokens / total, _utilisation(model_flops * tokens, total, layout.gpus, peak), total
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_constants(w: Workload, machine: rates.Machine, efficiency: float | None) -> tuple[Workload, float, float]:
+    """What ``step_figures`` reads that no layout changes, looked up at once: the workload its stages are timed with,
+    the model FLOPs per token and the chip's dense peak."""
+    timed = w if efficiency is not None else kernel_workload(w)
+    return timed, _whole_step_flops(w)[0], _chip_rates(machine, w.precision.compute_dtype).peak
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -323,7 +330,7 @@ def slowest_stage(w: Workload, layout: Layout, machine: rates.Machine, efficienc
     compute follows the workload's own hardware FLOPs."""
     p, m, zero, replicas, speed = layout.pp, layout.grad_accum, layout.zero, layout.data_replicas, w.framework.speed
     grid, pipeline = layout.grid, layout.stages
-    stages = distinct_stage_layers(w.model, layout)
+    stages = split_stage_layers(w.model, pipeline)  # distinct_stage_layers, its pipeline at hand
     if efficiency is None:
         micro_batches = stage_micro_batches(w, grid, pipeline, machine)
     else:  # the one-number rule: hardware FLOPs at a fraction of the peak, shared out as the kernels share it (what
@@ -337,7 +344,7 @@ def slowest_stage(w: Workload, layout: Layout, machine: rates.Machine, efficienc
             for stage, built in stages
         )  # fmt: skip
     traffics = stage_state_traffic(states_workload(w), layout.state_shards, layout.cp, pipeline, machine)
-    pp_p2p = _pipeline_sends(w, layout, machine.cluster)
+    pp_p2p = _pipeline_sends(w, layout.activation_layout, layout.dp, machine)
     bubble_share = (p - 1) / layout.split.chunks  # of a micro-batch's time, with v chunks a stage
 
     slowest: StageStep | None = None
@@ -361,15 +368,18 @@ def slowest_stage(w: Workload, layout: Layout, machine: rates.Machine, efficienc
     return slowest
 
 
-def _pipeline_sends(w: Workload, layout: Layout, cluster: Cluster) -> float:
+@functools.lru_cache(maxsize=1 << 14)  # layouts that differ in EP, ETP or ZeRO alone send the same
+def _pipeline_sends(w: Workload, layout: ActivationLayout, dp: int, machine: rates.Machine) -> float:
     """Per step: the activations each stage sends and receives, each way per micro-batch and chunk, unless the
-    framework overlaps them with compute."""
+    framework overlaps them with compute. They depend on the micro-batch's activations (TP, SP, CP), the pipeline
+    and the step's micro-batches, and on DP, which places the stages' GPUs."""
     t, p, c = layout.tp, layout.pp, layout.cp
     if p == 1 or w.framework.speed.pp_overlap:
         return 0.0
     sp = layout.sequence_parallel and t > 1
     activation = w.micro_batch * w.seq_len / c * w.model.hidden_size * w.precision.activation_bytes / (t if sp else 1)
-    return layout.grad_accum * layout.split.chunks * 2 * group_time("p2p", activation, 2, t * c * layout.dp, cluster)
+    stride = t * c * dp
+    return layout.grad_accum * layout.split.chunks * 2 * group_time("p2p", activation, 2, stride, machine.cluster)
 
 
 class StateTraffic(NamedTuple):
