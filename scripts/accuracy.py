@@ -186,7 +186,8 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
             capacity_factor=row.get("capacity_factor"),  # MoE token dropping, where the recipe sets a capacity
             pad_to_capacity=row.get("pad_to_capacity", True),
             moe_a2a_overlap=row.get("moe_a2a_overlap", False),  # Megatron-Core's overlap_moe_expert_parallel_comm
-        )
+            moe_dispatcher=row.get("moe_dispatcher", "alltoall"),  # the flex dispatcher's backend, where the recipe
+        )  # sets one
         layout = build_layout(cluster, settings)
         check_layout(workload, layout, cluster, tp_within_node=False)  # it can exist: heads, layers, split, GPUs
         toolset = row.get("toolset", {})

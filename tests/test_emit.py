@@ -25,6 +25,7 @@ PLANS = {
     for name, flags in {
         "megatron": "-m llama-3.1-70b --gpus 64xH100 --pp 2 --framework megatron",
         "megatron-moe": "-m mixtral-8x7b --gpus 32xH100 --ep 8 --framework megatron",
+        "megatron-flex": "-m mixtral-8x7b --gpus 32xH100 --ep 8 --framework megatron --moe-dispatcher hybridep",
         "megatron-layout": "-m deepseek-v3 --gpus 1024xH100 --pp 16 --ep 64 --pipeline-layout 'Et*3|(tt|)*29,m|L' "
         "--mtp-layers 1 --framework megatron",
         "megatron-bridge": "-m llama-3.1-8b --gpus 16xH100 --zero 1 --framework megatron --precision fp8-current "
@@ -76,6 +77,23 @@ def test_reading_what_was_emitted_gives_the_same_layout_and_memory(lmcalc_run, t
     assert run.json["results"]["total"]["total"]["value"] == pytest.approx(plan["memory"], rel=1e-9)
 
 
+def test_the_dispatcher_costed_is_the_one_written_and_read_back(lmcalc_run, tmp_path):
+    # Megatron-Core's default dispatcher is allgather (transformer_config.py), which lmcalc does not time: an MoE
+    # plan writes alltoall, or flex with the backend it was costed with
+    assert "--moe-token-dispatcher-type alltoall" in emitted(lmcalc_run, "megatron-moe")[0]
+    text, _ = emitted(lmcalc_run, "megatron-flex")
+    assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend hybridep" in text
+    assert "--moe-token-dispatcher-type" not in emitted(lmcalc_run, "megatron")[0]  # a dense model: none
+    assert "as costed: the megatron profile (the hybridep dispatcher)" in text  # the notes say it too
+    bridge = emitted(lmcalc_run, "megatron-bridge")[0]  # and the settings that changed the profile
+    assert "(gradients reduced in bf16, fp8 primary weights, Transformer Engine's fused loss)" in bridge
+    path = tmp_path / "args.sh"
+    path.write_text(text)
+    from lmcalc.launch import read
+
+    assert read(f"megatron:{path}").keywords()["moe_dispatcher"] == "hybridep"
+
+
 # ------------------------------------------------------------------------------------------- the parsers
 
 
@@ -108,7 +126,7 @@ presets/models/deepseek-v3.yaml; its one MTP layer is the plan's --mtp-num-layer
 others: a Llama 3 8B's, with 8 experts top-2 under EP."""
 
 
-@pytest.mark.parametrize("name", ["megatron", "megatron-moe", "megatron-layout", "megatron-bridge"])
+@pytest.mark.parametrize("name", ["megatron", "megatron-moe", "megatron-flex", "megatron-layout", "megatron-bridge"])
 def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
     """Megatron-LM copies each argument into the Megatron-Core config field of the same name
     (``core_transformer_config_from_args``): each one is such a field or the training script's own, and the configs

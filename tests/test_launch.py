@@ -31,19 +31,21 @@ EXPECTED = {
         "global_batch": 1536 * 2048, "tokens": 500_000 * 1536 * 2048,
     },
     # megatron/mixtral-8x7b-distributed.sh: TP 1, PP 4, EP 8 (l. 83-85), the distributed optimizer (l. 86), bf16,
-    # 256 sequences of 4096 a step for 500,000 steps
+    # 256 sequences of 4096 a step for 500,000 steps, the alltoall dispatcher (l. 56)
     "megatron/mixtral-8x7b-distributed.sh": {
         "framework": "megatron", "tp": 1, "pp": 4, "ep": 8, "zero": 1, "precision": "bf16-mixed", "seq": 4096,
-        "micro_batch": 1, "global_batch": 256 * 4096, "tokens": 500_000 * 256 * 4096,
+        "micro_batch": 1, "global_batch": 256 * 4096, "tokens": 500_000 * 256 * 4096, "moe_dispatcher": "alltoall",
     },
     # megatron/deepseek-v3-megatron-fsdp-sbatch.sh: TP=${TP:-1}, EP=${EP:-8}, MBS=${MBS:-4} (l. 24), GBS=${GBS:-2048}
     # (l. 25), selective recomputation of mlp moe mla_up_proj layernorm (l. 48-49), --train-samples 585937500;
     # USE_MEGATRON_FSDP=${USE_MEGATRON_FSDP:-1} (l. 17) adds --use-megatron-fsdp with the sharding strategy
-    # optim_grads_params (l. 18, 142-143): parameters, gradients and optimizer state sharded, ZeRO-3
+    # optim_grads_params (l. 18, 142-143): parameters, gradients and optimizer state sharded, ZeRO-3; the flex
+    # dispatcher with the HybridEP backend (l. 93-94)
     "megatron/deepseek-v3-megatron-fsdp-sbatch.sh": {
         "framework": "megatron", "tp": 1, "ep": 8, "cp": 1, "zero": 3, "micro_batch": 4, "seq": 4096,
         "recompute": "selective", "recompute_modules": "mlp,moe,mla_up_proj,layernorm",
         "global_batch": 2048 * 4096, "tokens": 585_937_500 * 4096, "precision": "bf16-mixed",
+        "moe_dispatcher": "hybridep",
     },
     # deepspeed/axolotl-zero3-bf16-cpuoffload-all.json: stage 3, optimizer and parameters to the CPU, bf16 enabled
     "deepspeed/axolotl-zero3-bf16-cpuoffload-all.json": {
@@ -196,6 +198,22 @@ def test_megatrons_loss_fused_in_transformer_engine_takes_both_flags():
     for text in ("--cross-entropy-fusion-impl te --bf16", "--cross-entropy-loss-fusion --bf16",
                  "--cross-entropy-loss-fusion --cross-entropy-fusion-impl native --bf16"):  # fmt: skip
         assert "te_cross_entropy" not in read("megatron:-", text=text).keywords()
+
+
+def test_megatrons_token_dispatcher_is_read_as_costed():
+    # megatron/core/transformer/transformer_config.py: moe_token_dispatcher_type allgather (the default), alltoall or
+    # flex, whose moe_flex_dispatcher_backend is deepep by default; --moe-enable-deepep, deprecated, means flex + deepep
+    def dispatcher(text: str) -> object:
+        return read("megatron:-", text=f"{text} --bf16").keywords().get("moe_dispatcher")
+
+    assert dispatcher("--moe-token-dispatcher-type alltoall") == "alltoall"
+    assert dispatcher("--moe-token-dispatcher-type flex") == "deepep"
+    assert dispatcher("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep") == "hybridep"
+    assert dispatcher("--moe-token-dispatcher-type flex --moe-enable-deepep") == "deepep"
+    assert dispatcher("--moe-flex-dispatcher-backend hybridep") is None  # the alltoall default is not its flex
+    allgather = read("megatron:-", text="--moe-token-dispatcher-type allgather --bf16")
+    assert "moe_dispatcher" not in allgather.keywords()
+    assert "--moe-token-dispatcher-type" in {u.key for u in allgather.unexpressed}
 
 
 @pytest.mark.parametrize(

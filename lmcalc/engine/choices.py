@@ -15,6 +15,10 @@ definitions (``typing.get_args``), so a new choice is one word added here.
   the next linear; ``mla_up_proj``, multi-head latent attention's up-projected Q, K and V.
 * ``Attention``: the attention kernel: ``flash`` (fused, FlashAttention: the s² scores are never stored) or
   ``eager`` (scores materialised, as reference implementations write it).
+* ``MoeDispatcher``: how an MoE layer's tokens reach their experts' GPUs: ``alltoall``, NCCL's all-to-all of each
+  token's k copies (Megatron-Core's ``MoEAlltoAllTokenDispatcher``, torchtitan's standard dispatcher); ``deepep`` and
+  ``hybridep``, one copy per GPU that holds one of its experts, and across nodes one per node, forwarded over NVLink
+  there (DeepEP's normal kernels and NVIDIA's HybridEP: Megatron-Core's flex dispatcher).
 * ``Schedule``: the pipeline schedule: 1F1B (Narayanan et al. 2021 §2.2.1) or interleaved (§2.2.2).
 * ``ZeroStage``: what ZeRO shards over the data-parallel replicas (Rajbhandari et al. 2020 §5.1): 0 nothing,
   1 the optimizer states and master weights, 2 also the gradients, 3 also the parameters.
@@ -34,6 +38,7 @@ Recompute = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 RecomputeModule = Literal["core_attn", "mlp", "moe", "shared_experts", "moe_act", "layernorm", "mla_up_proj"]
 Attention = Literal["flash", "eager"]
+MoeDispatcher = Literal["alltoall", "deepep", "hybridep"]
 Schedule = Literal["1f1b", "interleaved"]
 ZeroStage = Literal[0, 1, 2, 3]
 AttnConvention = Literal["causal", "full"]
@@ -44,6 +49,7 @@ RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
 RECOMPUTE_METHODS: tuple[RecomputeMethod, ...] = get_args(RecomputeMethod)
 RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = get_args(RecomputeModule)
 ATTENTION_KERNELS: tuple[Attention, ...] = get_args(Attention)
+MOE_DISPATCHERS: tuple[MoeDispatcher, ...] = get_args(MoeDispatcher)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 ZERO_STAGES: tuple[ZeroStage, ...] = get_args(ZeroStage)
 ATTN_CONVENTIONS: tuple[AttnConvention, ...] = get_args(AttnConvention)

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field, fields
 
 from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
+    MOE_DISPATCHERS,
     RECOMPUTE_METHODS,
     RECOMPUTE_MODES,
     RECOMPUTE_MODULES,
     Attention,
+    MoeDispatcher,
     Recompute,
     RecomputeMethod,
     RecomputeModule,
@@ -80,6 +82,7 @@ class Workload:
     capacity_factor: float | None = field(default=None, kw_only=True)  # routed experts' capacity; None: dropless
     pad_to_capacity: bool = field(default=True, kw_only=True)  # each expert's input padded to its capacity
     moe_a2a_overlap: bool = field(default=False, kw_only=True)  # Megatron-Core's EP all-to-all overlap (combined 1F1B)
+    moe_dispatcher: MoeDispatcher = field(default="alltoall", kw_only=True)  # how tokens reach their experts' GPUs
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +94,7 @@ class Workload:
             ("attention", ATTENTION_KERNELS),
             ("recompute", RECOMPUTE_MODES),
             ("recompute_method", RECOMPUTE_METHODS),
+            ("moe_dispatcher", MOE_DISPATCHERS),
         ):
             if getattr(self, name) not in options:
                 raise LmcalcError(f"{setting(name)} must be one of {', '.join(options)}; got {getattr(self, name)!r}")
@@ -107,6 +111,11 @@ class Workload:
                 f"got {', '.join(self.recompute_modules) or 'none'}"
             )
         _check_capacity(self.model, self.capacity_factor, self.pad_to_capacity)
+        if self.moe_dispatcher == "deepep" and self.capacity_factor is not None and self.pad_to_capacity:
+            raise LmcalcError(  # megatron/core/transformer/transformer_config.py: the flex dispatcher's check
+                f"{setting('moe_dispatcher')} deepep does not pad experts' input to a capacity (Megatron-Core refuses "
+                f"moe_pad_expert_input_to_capacity with it); turn {setting('pad_to_capacity')} off or use alltoall"
+            )
         if not isinstance(self.moe_a2a_overlap, bool):
             raise LmcalcError(f"{setting('moe_a2a_overlap')} must be true or false, got {self.moe_a2a_overlap!r}")
         if not self.mask_bytes > 0:

@@ -308,7 +308,7 @@ def context_note(model: ModelSpec, seq_len: int) -> tuple[str, ...]:
 
 def method_inputs(w: Workload) -> tuple[Input, ...]:
     """The fine-tuning method and offload, for an inputs table: shown when they are not full training on the GPU;
-    and an MoE model's expert capacity where one is set."""
+    and an MoE model's expert capacity where one is set, and its dispatcher where it is not NCCL's all-to-all."""
     inputs = []
     if w.capacity_factor is not None:
         padded = "padded to it" if w.pad_to_capacity else "not padded"
@@ -316,6 +316,9 @@ def method_inputs(w: Workload) -> tuple[Input, ...]:
         value += "k·s·b rows"
         origin = f"{flag('capacity_factor')}" + ("" if w.pad_to_capacity else f" {flag('pad_to_capacity')}")
         inputs.append(Input("capacity_factor", "Expert capacity", value, origin=origin))
+    if w.model.moe and w.moe_dispatcher != "alltoall":
+        value = f"{w.moe_dispatcher}: a token's copy to each GPU its experts reach, one to each node across nodes"
+        inputs.append(Input("moe_dispatcher", "MoE dispatcher", value, origin=flag("moe_dispatcher")))
     if w.method.kind != "full":
         origin = f"{flag('method')} {w.method.kind}"
         if w.method.adapters:

@@ -19,6 +19,7 @@ from typing import Annotated, TypedDict
 
 from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
+    MOE_DISPATCHERS,
     RECOMPUTE_METHODS,
     RECOMPUTE_MODES,
     RECOMPUTE_MODULES,
@@ -263,6 +264,16 @@ class WorkloadSettings(MethodSettings, total=False):
             "backward, layer by layer (Megatron-Core's --overlap-moe-expert-parallel-comm, combined 1F1B): EP > 1, "
             "interleaved stages where PP > 1, no full recomputation.",
             flags=("--moe-a2a-overlap/--no-moe-a2a-overlap",),
+        ),
+    ]
+    moe_dispatcher: Annotated[
+        str,
+        Setting(
+            "alltoall",
+            f"MoE: how tokens reach their experts' GPUs: {alternatives(MOE_DISPATCHERS)}. alltoall: NCCL's all-to-all "
+            "of each token's k copies (Megatron-Core's alltoall dispatcher, torchtitan's standard one); deepep, "
+            "hybridep: one copy per GPU its experts reach, one per node across nodes (Megatron-Core's flex "
+            "dispatcher with --moe-flex-dispatcher-backend).",
         ),
     ]
 

@@ -11,6 +11,7 @@ from typing import Any, cast
 from lmcalc import presets as pr
 from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
+    MOE_DISPATCHERS,
     RECOMPUTE_METHODS,
     RECOMPUTE_MODES,
     RECOMPUTE_MODULES,
@@ -225,6 +226,7 @@ def training_setup(
         capacity_factor=given["capacity_factor"],
         pad_to_capacity=given["pad_to_capacity"],
         moe_a2a_overlap=given["moe_a2a_overlap"],
+        moe_dispatcher=choice(given["moe_dispatcher"], MOE_DISPATCHERS, "moe_dispatcher"),
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
 

@@ -114,9 +114,15 @@ def assumptions(chosen: Chosen) -> list[str]:
         f"predicted: {chosen.tokens_per_s:,.0f} tokens/s, MFU {100 * chosen.mfu:.1f} %, "
         f"{chosen.memory_bytes / 1e9:.2f} GB on the most loaded GPU "
         f"of {chosen.cluster.hardware.memory_bytes / 1e9:.0f}",
-        f"as costed: the {w.framework.name} profile, the {w.precision.name} recipe, {w.optimizer.name}, "
-        f"{w.attention} attention, {w.seq_len} tokens a sequence",
+        f"as costed: the {w.framework.name} profile{_modifiers(w)}, the {w.precision.name} recipe, "
+        f"{w.optimizer.name}, {w.attention} attention, {w.seq_len} tokens a sequence",
     ]
+
+
+def _modifiers(w: Workload) -> str:
+    """The settings that changed the megatron profile, and an MoE model's dispatcher, as the notes name them."""
+    said = [name for name, _ in _profile_settings(w)] + ([f"the {w.moe_dispatcher} dispatcher"] if w.model.moe else [])
+    return f" ({', '.join(said)})" if said else ""
 
 
 def _refuse(kind: str, chosen: Chosen, degrees: tuple[str, ...]) -> None:
@@ -169,7 +175,7 @@ def _megatron(chosen: Chosen) -> str:
                  ["--recompute-num-layers", str(w.recompute_num_layers)]]  # fmt: skip
     if w.precision.name not in MEGATRON_PRECISION:
         raise LmcalcError(f"--emit megatron: no Megatron-LM flags for the {w.precision.name} recipe")
-    args += MEGATRON_PRECISION[w.precision.name] + _megatron_profile_flags(w)
+    args += MEGATRON_PRECISION[w.precision.name] + _megatron_profile_flags(w) + _megatron_dispatcher(w)
     lines = [f"# {line}" for line in notes("megatron", chosen)]
     lines += ["# Megatron-LM (pretrain_gpt.py) arguments; add the model's shape flags, your data and optimizer's:",
               "# torchrun ... pretrain_gpt.py \"${LMCALC_ARGS[@]}\" ...", "LMCALC_ARGS=("]  # fmt: skip
@@ -178,18 +184,35 @@ def _megatron(chosen: Chosen) -> str:
 
 
 def _megatron_profile_flags(w: Workload) -> list[list[str]]:
-    """The flags behind the megatron profile's settings (``estimates.training``): the gradient buffer in bf16, the
-    fp8 primary weights, and the loss fused in Transformer Engine, each as the profile it made reads it."""
-    f, flags = w.framework, list[list[str]]()
+    """The flags behind the megatron profile's settings (``_profile_settings``)."""
+    return [flag for _, flags in _profile_settings(w) for flag in flags]
+
+
+def _profile_settings(w: Workload) -> list[tuple[str, list[list[str]]]]:
+    """The settings that changed the megatron profile (``estimates.training``), each as the notes name it and as
+    Megatron-LM's flags ask for it: the gradient buffer in bf16, the fp8 primary weights, and the loss fused in
+    Transformer Engine, each as the profile it made reads it."""
+    f, settings = w.framework, list[tuple[str, list[list[str]]]]()
     if f.name != "megatron":  # another profile's gradient and loss rules are not Megatron's flags
-        return flags
+        return settings
     if f.states.grad_bytes == 2:  # bf16_gradient_buffer
-        flags.append(["--grad-reduce-in-bf16"])
+        settings.append(("gradients reduced in bf16", [["--grad-reduce-in-bf16"]]))
     if f.fp8.primary_weights:  # fp8_primary_weights
-        flags.append(["--fp8-param-gather"])
+        settings.append(("fp8 primary weights", [["--fp8-param-gather"]]))
     if f.loss.saved_bytes == 2 and f.loss.moved_bytes is not None:  # te_cross_entropy: the bf16 logits, in place
-        flags += [["--cross-entropy-loss-fusion"], ["--cross-entropy-fusion-impl", "te"]]
-    return flags
+        flags = [["--cross-entropy-loss-fusion"], ["--cross-entropy-fusion-impl", "te"]]
+        settings.append(("Transformer Engine's fused loss", flags))
+    return settings
+
+
+def _megatron_dispatcher(w: Workload) -> list[list[str]]:
+    """An MoE model's token dispatcher as costed (Megatron-Core's default is allgather, which lmcalc does not time):
+    alltoall, or the flex dispatcher with its backend."""
+    if not w.model.moe:
+        return []
+    if w.moe_dispatcher == "alltoall":
+        return [["--moe-token-dispatcher-type", "alltoall"]]
+    return [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", w.moe_dispatcher]]
 
 
 def _deepspeed(chosen: Chosen) -> str:

@@ -40,7 +40,11 @@ SWITCHES = {
     "--account-for-embedding-in-pipeline-split": ("account_for_embedding_in_pipeline_split", True),
     "--account-for-loss-in-pipeline-split": ("account_for_loss_in_pipeline_split", True),
     "--moe-pad-expert-input-to-capacity": ("pad_to_capacity", True),
+    "--moe-enable-deepep": ("moe_dispatcher", "deepep"),  # deprecated: the flex dispatcher's deepep backend
 }
+DISPATCHERS = {"alltoall": "alltoall", "deepep": "deepep", "hybridep": "hybridep"}
+"""``--moe-token-dispatcher-type`` alltoall, or flex with its ``--moe-flex-dispatcher-backend`` (deepep by default),
+as lmcalc's ``moe_dispatcher``; allgather (Megatron-Core's default) and the ncclep backend are not timed."""
 SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """Megatron-FSDP's ``--data-parallel-sharding-strategy`` as a ZeRO stage: what it shards over data parallelism."""
 FP8_RECIPES = {"delayed": "fp8-mixed", "tensorwise": "fp8-current", "blockwise": "fp8-blockwise", "mxfp8": "mxfp8"}
@@ -60,7 +64,6 @@ UNMODELLED = {
     "--tp-comm-overlap": "TP communication overlapped with GEMMs (userbuffers): their buffers and time",
     "--cuda-graph-impl": "CUDA graphs: their static buffers",
     "--enable-cuda-graph": "CUDA graphs: their static buffers",
-    "--moe-token-dispatcher-type": "the MoE dispatcher's buffers (lmcalc counts all-to-all's)",
     "--cpu-offloading": "activation offload to the CPU",
     "--step-batch-size-schedule": "a batch-size ramp (lmcalc takes the global batch it ends at)",
     "--rampup-batch-size": "a batch-size ramp (lmcalc takes the global batch it ends at)",
@@ -112,6 +115,20 @@ def read_megatron(text: str, source: str) -> Launch:
                 reading.take("pipeline_layout", str(value), name)
         elif name == "--optimizer":
             reading.take("optimizer", OPTIMIZERS.get(str(value), str(value)), name)
+        elif name == "--moe-token-dispatcher-type":
+            kind = "flex" if str(value) == "flex" else str(value)
+            backend = str(flags.get("--moe-flex-dispatcher-backend", "deepep")) if kind == "flex" else kind
+            if backend in DISPATCHERS:
+                reading.take("moe_dispatcher", DISPATCHERS[backend], name)
+            else:
+                reading.cannot(
+                    name,
+                    value if kind != "flex" else f"flex ({backend})",
+                    "lmcalc times the alltoall dispatcher and the flex one's deepep and hybridep backends",
+                )
+        elif name == "--moe-flex-dispatcher-backend":  # read with --moe-token-dispatcher-type flex
+            if flags.get("--moe-token-dispatcher-type") != "flex":
+                reading.leave(name)
         elif name == "--cross-entropy-fusion-impl":  # with --cross-entropy-loss-fusion; native keeps the fp32 copy
             if str(value) == "te" and "--cross-entropy-loss-fusion" in flags:
                 reading.take("te_cross_entropy", True, name)

@@ -14,11 +14,10 @@ collectives it waits for, and the host that issues it (docs/formulas.md §8).
   Megatron-Core's all-to-all dispatcher). What the framework hides: with ``tp_overlap`` backward the backward
   collectives run behind the backward GEMMs (Megatron-LM's asynchronous TP); with full, the forward ones behind
   the forward GEMMs too.
-* **Expert all-to-alls**: dispatch and combine, forward and backward, k copies of each token, over the EP group
-  (its GPUs ETP apart: Megatron-Core lays the experts' grid out ETP first, then EP); with node-limited
-  routing (DeepSeek-V3: at most ``node_limit`` nodes per token) a token crosses the network once per node it
-  visits, not once per expert. Hidden behind another micro-batch's compute when the profile overlaps them
-  (DualPipe).
+* **Expert all-to-alls**: dispatch and combine, forward and backward, over the EP group (its GPUs ETP apart:
+  Megatron-Core lays the experts' grid out ETP first, then EP): k copies of each token under NCCL's all-to-all, or
+  one per GPU its experts reach and one per node across nodes under DeepEP or HybridEP (``engine.time.dispatch``).
+  Hidden behind another micro-batch's compute when the profile overlaps them (DualPipe).
 * **Context parallelism**: K and V pass around the ring, CP − 1 hops forward and twice as many backward,
   overlapped with the attention they feed.
 * **The host**: the CPU issues every operation (``SpeedRule.host_seconds_per_op`` each); it runs ahead of the
@@ -38,7 +37,8 @@ from typing import NamedTuple
 from lmcalc.engine.parallel.layout import Grid
 from lmcalc.engine.parallel.pipeline import Mix, StageLayers, Stages, block_recomputed, split_stage_layers
 from lmcalc.engine.time import rates
-from lmcalc.engine.time.comm import collective_time, group_time, intra_link
+from lmcalc.engine.time.comm import group_time
+from lmcalc.engine.time.dispatch import EpGroup, dispatch_time
 from lmcalc.engine.time.ep_overlap import MOE_LAYER, MoePhases, forward_share, paired_exposure, routed_work
 from lmcalc.engine.time.kernels import StageWork, stage_work
 from lmcalc.engine.workload import Workload
@@ -355,25 +355,12 @@ def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float
             etp_one = group_time("all-gather", gathered, etp, 1, cluster)
             etp_one += group_time("reduce-scatter", gathered, etp, 1, cluster)
         if ep > 1:
-            ep_one = _all_to_all(routed, ep, etp, cluster, model.moe.node_limit, model.moe.k)
+            moe = model.moe
+            group = EpGroup(ep, etp, moe.num_experts, moe.num_experts + moe.zero_experts, moe.k, moe.node_limit)
+            token_bytes = hidden_tokens * model.hidden_size * e
+            ep_one = dispatch_time(w.moe_dispatcher, group, token_bytes, w.routed_copies, w.routed_share, cluster)
     cp_per_layer = 0.0
     if cp > 1:
         kv_chunk = 2 * w.seq_len / cp * w.micro_batch * model.mean_kv_heads * model.qk_head_dim * e / tp
         cp_per_layer = 3 * (cp - 1) * group_time("p2p", kv_chunk, cp, tp, cluster)
     return tp_one, etp_one, ep_one, cp_per_layer
-
-
-def _all_to_all(size: float, ep: int, stride: int, cluster: Cluster, node_limit: int | None, k: int) -> float:
-    """One all-to-all of ``size`` bytes per GPU (k copies of each token) over the EP group. With node-limited
-    routing a token goes to at most ``node_limit`` nodes, and crosses the network once per node it visits (then
-    NVLink forwards it to the experts there, DeepSeek-V3 §3.2.2): the network carries min(k, limit)/k of the
-    bytes a plain all-to-all would send off the node."""
-    per_node = max(1, cluster.gpus_per_node // stride)
-    if node_limit and ep > per_node:
-        nodes = -(-ep // per_node)
-        visited = min(k, node_limit, nodes)
-        size_remote = size * visited / k
-        remote = group_time("all-to-all", size_remote, ep, stride, cluster)
-        near = collective_time("all-to-all", size, min(ep, per_node), intra_link(cluster.hardware))
-        return max(remote, near)
-    return group_time("all-to-all", size, ep, stride, cluster)

@@ -12,6 +12,7 @@ from lmcalc.framework_specs import SpeedRule
 from lmcalc.result import Section, Term
 from lmcalc.specs import Cluster
 
+DISPATCH_SOURCE = "docs/formulas.md §8.8.1 (engine.time.dispatch: NCCL's all-to-all, DeepEP, HybridEP)"
 ZERO_GATHER_FORMULA = {
     0: "none: no ZeRO sharding over data parallelism",
     1: "all-gather of the updated parameters, behind the next step's first forward pass where the framework "
@@ -208,9 +209,13 @@ def _communication_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
 
 def _ep_term(t: StepTime, layout: Layout) -> Term:
     """The expert all-to-alls: exposed whole, or as Megatron-Core's overlap leaves them (engine.time.ep_overlap)."""
-    plain = "micro-batches · MoE layers · 4 · all-to-all(k copies of s·b·h), node-limited routing"
+    if t.workload.moe_dispatcher == "alltoall":
+        plain = "micro-batches · MoE layers · 4 · all-to-all(k copies of s·b·h)"
+    else:  # engine.time.dispatch: one copy a GPU reached over NVLink, one a node reached over the NICs
+        plain = (f"micro-batches · MoE layers · 4 · {t.workload.moe_dispatcher}(a copy of s·b·h to each GPU and "
+                 "each node its experts reach)")  # fmt: skip
     if not t.workload.moe_a2a_overlap:
-        return Term("ep", "Expert all-to-alls (exposed)", t.ep, "s", plain)
+        return Term("ep", "Expert all-to-alls (exposed)", t.ep, "s", plain, source=DISPATCH_SOURCE)
     m, step = layout.grad_accum, t.slowest
     return Term(
         "ep",
