@@ -76,6 +76,10 @@ class HardwareSpec(NamedSpec):
     def label(self) -> str:
         return self.display_name or self.name
 
+    def scale_up_domain(self, gpus_per_node: int) -> int:
+        """The GPUs one scale-up fabric joins: a node's, or an NVLink domain of several nodes (GB200 NVL72's 72)."""
+        return max(gpus_per_node, self.scale_up_gpus or 1)
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -88,6 +92,11 @@ class Cluster:
     @property
     def nodes(self) -> int:
         return -(-self.count // self.gpus_per_node)
+
+    @property
+    def scale_up(self) -> int:
+        """The GPUs one scale-up fabric joins (``HardwareSpec.scale_up_domain``)."""
+        return self.hardware.scale_up_domain(self.gpus_per_node)
 
     @property
     def label(self) -> str:

@@ -187,7 +187,8 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
             pad_to_capacity=row.get("pad_to_capacity", True),
             moe_a2a_overlap=row.get("moe_a2a_overlap", False),  # Megatron-Core's overlap_moe_expert_parallel_comm
             moe_dispatcher=row.get("moe_dispatcher", "alltoall"),  # the flex dispatcher's backend, where the recipe
-        )  # sets one
+            nvlink_domain=cluster.scale_up,  # sets one
+        )
         layout = build_layout(cluster, settings)
         check_layout(workload, layout, cluster, tp_within_node=False)  # it can exist: heads, layers, split, GPUs
         toolset = row.get("toolset", {})

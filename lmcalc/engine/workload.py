@@ -83,6 +83,7 @@ class Workload:
     pad_to_capacity: bool = field(default=True, kw_only=True)  # each expert's input padded to its capacity
     moe_a2a_overlap: bool = field(default=False, kw_only=True)  # Megatron-Core's EP all-to-all overlap (combined 1F1B)
     moe_dispatcher: MoeDispatcher = field(default="alltoall", kw_only=True)  # how tokens reach their experts' GPUs
+    nvlink_domain: int = field(default=8, kw_only=True)  # the cluster's NVLink domain: HybridEP sizes its buffers by it
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -227,6 +227,7 @@ def training_setup(
         pad_to_capacity=given["pad_to_capacity"],
         moe_a2a_overlap=given["moe_a2a_overlap"],
         moe_dispatcher=choice(given["moe_dispatcher"], MOE_DISPATCHERS, "moe_dispatcher"),
+        nvlink_domain=cluster.scale_up,
     )
     return TrainingSetup(resolved, cluster, workload, seq_in, assumed, bool(given["framework"]))
 

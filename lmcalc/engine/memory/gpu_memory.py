@@ -37,6 +37,7 @@ from lmcalc.engine.memory.masks import kinds_differ
 from lmcalc.engine.memory.module_recompute import module_rebuilt
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors, mtp_saved_tensors
+from lmcalc.engine.memory.outside_pool import outside_pool
 from lmcalc.engine.memory.phases import (
     NONE_UNMADE,
     StageActivations,
@@ -415,15 +416,9 @@ def gpu_memory(w: Workload, layout: Layout, stage: int) -> GpuMemory:
     transients = backward_transients(w, layout.tp, layout.cp, built)
     buffers, allocator, allowance = layout_buffers(w, layout), w.framework.allocator, w.allowance
     busiest = step_phases(activations, transients, states.step_transient, states.grads, states.queue).busiest
-    context = outside_pool(allocator, layout)
+    context = outside_pool(w, layout)
     total = _stage_total(states, busiest, buffers, allocator.fragmentation, context + allowance)
     return GpuMemory(stage, states, activations, transients, buffers, allowance, allocator, context, total)
-
-
-def outside_pool(allocator: AllocatorRule, layout: Layout) -> float:
-    """What a process holds outside PyTorch's pool: the CUDA context and cuBLAS's kernels, and a NCCL communicator's
-    buffers where the layout spans more than one GPU."""
-    return allocator.context_bytes + (allocator.nccl_bytes if layout.gpus > 1 else 0.0)
 
 
 def most_loaded_gpu(w: Workload, layout: Layout) -> GpuMemory:
@@ -446,7 +441,7 @@ def _most_loaded(
     peaks = _activation_peaks(w, layout.activation_layout)
     states_by_stage = layout_states(states_workload(w), layout.state_shards, layout.stages)
     buffers, allocator = layout_buffers(w, layout), w.framework.allocator
-    context = outside_pool(allocator, layout)
+    context = outside_pool(w, layout)
     fragmentation, outside = allocator.fragmentation, context + w.allowance
     most: tuple[int, StageStates, StageActivations, Transients] | None = None
     most_total = 0.0

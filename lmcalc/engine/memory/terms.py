@@ -12,6 +12,7 @@ from lmcalc.engine.memory.activations import layer_kept_tensors
 from lmcalc.engine.memory.buffer_terms import buffer_terms
 from lmcalc.engine.memory.finetune_terms import method_section
 from lmcalc.engine.memory.gpu_memory import GpuMemory, bytes_on_gpu, split_by_tp
+from lmcalc.engine.memory.outside_pool import outside_pool_terms
 from lmcalc.engine.memory.phases import step_phases
 from lmcalc.engine.memory.saved import SavedTensor, saved_formula
 from lmcalc.engine.parallel.layout import Layout
@@ -26,7 +27,6 @@ from lmcalc.engine.parallel.sharding import (
 )
 from lmcalc.engine.parallel.states import state_formula
 from lmcalc.engine.workload import Workload
-from lmcalc.framework_specs import AllocatorRule
 from lmcalc.result import Section, Term
 from lmcalc.specs import HardwareSpec, ModelSpec
 from lmcalc.units import GB, group
@@ -343,7 +343,7 @@ def _total_section(w: Workload, layout: Layout, gpu: GpuMemory, capacity: Capaci
         Term("activations", "Activations", gpu.activations, "bytes"),
         *buffer_terms(w, layout, gpu),
         _transient_term(w, gpu),
-        *_allocator_terms(w, gpu),
+        *_allocator_terms(w, layout, gpu),
         overhead_term(gpu.overhead, "a flat allowance (--overhead) beside what the profile counts"),
         Term(
             "total",
@@ -404,7 +404,7 @@ def _transient_term(w: Workload, gpu: GpuMemory) -> Term:
     )
 
 
-def _allocator_terms(w: Workload, gpu: GpuMemory) -> tuple[Term, ...]:
+def _allocator_terms(w: Workload, layout: Layout, gpu: GpuMemory) -> tuple[Term, ...]:
     """From what is allocated at the peak to what the process holds: the allocator's fragmentation, then the CUDA
     context outside PyTorch's pool."""
     rules = w.framework
@@ -429,23 +429,7 @@ def _allocator_terms(w: Workload, gpu: GpuMemory) -> tuple[Term, ...]:
             source=rules.allocator.source,
         ),
         Term("reserved", "Reserved by PyTorch", gpu.reserved, "bytes", "allocated + fragmentation"),
-        _context_term(rules.allocator, gpu),
-    )
-
-
-def _context_term(allocator: AllocatorRule, gpu: GpuMemory) -> Term:
-    """Outside PyTorch's pool: the CUDA context and cuBLAS's kernels, and NCCL's communicator where the run has
-    peers."""
-    nccl = gpu.context - allocator.context_bytes
-    return Term(
-        "context",
-        "CUDA context" + (" and NCCL" if nccl else ""),
-        gpu.context,
-        "bytes",
-        "CUDA context and cuBLAS kernels" + (" + a NCCL communicator (more than one GPU)" if nccl else ""),
-        f"{allocator.context_bytes / GB:.4g} GB" + (f" + {nccl / GB:.4g} GB" if nccl else ""),
-        source=allocator.source,
-        note="outside PyTorch's pool",
+        *outside_pool_terms(w, layout, gpu.context),
     )
 
 

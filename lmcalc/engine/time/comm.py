@@ -61,11 +61,6 @@ class Link:
     source: str
 
 
-def scale_up_domain(hardware: HardwareSpec, gpus_per_node: int) -> int:
-    """The GPUs one scale-up fabric joins: a node's, or an NVLink domain of several nodes (GB200 NVL72's 72)."""
-    return max(gpus_per_node, hardware.scale_up_gpus or 1)
-
-
 def intra_link(hardware: HardwareSpec) -> Link:
     """The scale-up link within a node (NVLink, xGMI, ICI), refused where the preset gives no bandwidth for it."""
     if not hardware.intra_node_gbps:
@@ -107,7 +102,7 @@ def _bus_bandwidth(
 def link_for(hardware: HardwareSpec, span: int, gpus_per_node: int) -> Link:
     """The link a group spanning ``span`` consecutive ranks uses: scale-up within a node (or a larger scale-up
     domain, ``scale_up_gpus``), the network beyond it."""
-    if span <= scale_up_domain(hardware, gpus_per_node):
+    if span <= hardware.scale_up_domain(gpus_per_node):
         return intra_link(hardware)
     return inter_link(hardware)
 
@@ -147,8 +142,7 @@ def group_time(op: Collective, size: float, n: int, stride: int, cluster: Cluste
     through its own NIC)."""
     if n <= 1 or size <= 0:
         return 0.0
-    hardware, per_node = cluster.hardware, cluster.gpus_per_node
-    domain = scale_up_domain(hardware, per_node)
+    hardware, domain = cluster.hardware, cluster.scale_up
     if n * stride <= domain:
         return collective_time(op, size, n, intra_link(hardware))
     local = max(1, min(n, domain // stride))  # members per node (or scale-up domain)

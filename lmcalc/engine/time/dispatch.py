@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from lmcalc.engine.choices import MoeDispatcher
-from lmcalc.engine.time.comm import group_time, intra_link, scale_up_domain
+from lmcalc.engine.time.comm import group_time, intra_link
 from lmcalc.specs import Cluster
 
 DEDUPLICATING: tuple[MoeDispatcher, ...] = ("deepep", "hybridep")
@@ -76,7 +76,7 @@ def dispatch_time(dispatcher: MoeDispatcher, group: EpGroup, token_bytes: float,
     ep, stride, hardware = group.ep, group.stride, cluster.hardware
     if dispatcher not in DEDUPLICATING:
         return group_time("all-to-all", copies * token_bytes, ep, stride, cluster)
-    per_domain = max(1, scale_up_domain(hardware, cluster.gpus_per_node) // stride)  # EP ranks one NVLink domain holds
+    per_domain = max(1, cluster.scale_up // stride)  # EP ranks one NVLink domain holds
     ranks = reached(ep, group.experts / ep, group.pool, group.k)
     link = intra_link(hardware)  # refused where the preset gives no NVLink bandwidth
     nvlink = NVLINK_EFFICIENCY[dispatcher] * (hardware.intra_node_gbps or 0.0) * 1e9
