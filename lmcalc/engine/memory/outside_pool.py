@@ -49,6 +49,7 @@ DEEPEP_TOPK, DEEPEP_SCALES, DEEPEP_META = 128, 128, 8
 """Per buffered token, room for 128 int64 expert indices, 128 fp32 weights and 128 fp32 scales, and an 8-byte
 ``SourceMeta`` (csrc/config.hpp, csrc/kernels/internode.cu)."""
 DEEPEP_WORKSPACE = 32 * 1024 * 1024
+"""DeepEP's workspace beside its buffers (csrc/kernels/configs.cuh ``NUM_WORKSPACE_BYTES``)."""
 DEEPEP_CONFIGS: dict[int, tuple[tuple[int, int, int, int], tuple[int, int, int, int]]] = {
     2: ((24, 256, 6, 128), (10, 256, 6, 128)),
     4: ((6, 256, 6, 128), (9, 256, 6, 128)),
