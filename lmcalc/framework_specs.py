@@ -78,8 +78,15 @@ class MoeRule(Rule):
         0.0,
         ge=0,
         description="bytes kept per token beyond the per-assignment ones: the fp32 sum a token's k weights are "
-        "divided by, where the router normalises them",
+        "divided by, where the router normalises them; a row map's column per token",
     )
+    score_bytes: float = Field(
+        4.0,
+        ge=0,
+        description="bytes kept per router score (a token's score for each expert): its fp32 probability, or what "
+        "the framework's fused router and permutation keep per token and expert",
+    )
+    score_label: str = Field("router probabilities (fp32)", description="what the kept scores are, in a line")
     router: Literal["activation", "model", "fp32"] = Field(
         "activation",
         description="the router's matmul: on the norm output in the activation dtype (kept once, with the experts' "

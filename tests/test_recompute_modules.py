@@ -67,11 +67,13 @@ def test_fused_norms_have_no_separate_output_to_drop():
     assert per_token("llama-3.1-8b", False, "core_attn", "layernorm") == LLAMA_ATTENTION + LLAMA_MLP
 
 
-# Mixtral 8x7B, an MoE layer's MLP half (k 2, E 8, f_e 14336): norm input 2h + 1/rms 4 + router input 2h + router
-# probabilities 4E + routing 28k + gathered tokens 2kh + gate, up, product 3·2k·f_e = 8,192 + 4 + 8,192 + 32 + 56 +
-# 16,384 + 172,032 = 204,892; no expert output, weighted or not: Megatron-Core weighs them inside the fused SwiGLU
-# (experts.py TEGroupedMLP, weighted_bias_swiglu_impl) and unpermutes them keeping only indices
-MIXTRAL_MOE = 204_892
+# Mixtral 8x7B, an MoE layer's MLP half (k 2, E 8, f_e 14336): norm input 2h + 1/rms 4 + router input 2h + the fused
+# router's and permutation's 17 bytes a score (a bool routing map, the top-k's and the aux loss's fp32 intermediates,
+# TE's int32 row map of 2E + 1 columns) 17E + 4 + 10 bytes a routed row (its bf16 weight, two int32 chunk-sort rows)
+# 10k + gathered tokens 2kh + gate, up, product 3·2k·f_e = 8,192 + 4 + 8,192 + 136 + 4 + 20 + 16,384 + 172,032 =
+# 204,964; no expert output, weighted or not: Megatron-Core weighs them inside the fused SwiGLU (experts.py
+# TEGroupedMLP, weighted_bias_swiglu_impl) and unpermutes them keeping only indices
+MIXTRAL_MOE = 204_964
 
 
 def test_moe_modules():

@@ -43,17 +43,18 @@ def router_input_saved(w: Workload, sb: float) -> list[SavedTensor]:
 
 
 def router_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[SavedTensor]:
-    """What the router keeps beyond its input: its probabilities in fp32 (over E + Z with zero-computation experts)
-    and the routing's indices and weights (``routing_saved``); ZAYA's MLP router its own (``cca.mlp_router_saved``)."""
+    """What the router keeps beyond its input: per score (over E + Z with zero-computation experts) its fp32
+    probability, or what the profile's fused router keeps (``MoeRule.score_bytes``), and the routing's indices and
+    weights (``routing_saved``); ZAYA's MLP router its own (``cca.mlp_router_saved``)."""
     moe = w.model.moe
     assert moe is not None
     if moe.router_rank:
         return mlp_router_saved(w)
     if (inkling := branch_router_saved(w, k)) is not None:  # Inkling's fp32 router, scoring the shared experts
         return inkling
-    symbol = "s·b·(E+Z)" if moe.zero_experts else "s·b·E"
-    probabilities = SavedTensor("router probabilities (fp32)", symbol, sb * moe.router_outputs, 4, split="seq")
-    return [probabilities, *routing_saved(w, sb, k, rows, kr)]
+    symbol, rule = ("s·b·(E+Z)" if moe.zero_experts else "s·b·E"), w.framework.moe
+    scores = SavedTensor(rule.score_label, symbol, sb * moe.router_outputs, rule.score_bytes, split="seq")
+    return [scores, *routing_saved(w, sb, k, rows, kr)]
 
 
 def routing_saved(w: Workload, sb: float, k: int, rows: float, kr: str) -> list[SavedTensor]:
