@@ -48,11 +48,9 @@ def nemotron_h(config: dict[str, Any], fields: dict[str, Any], origin: str) -> d
     """ModelSpec fields for a Nemotron-H config: its blocks as single-block layers (``mixer_only_layer_ids``,
     ``ffn_only_layer_ids``), Mamba-2 in the ``linear_attention`` blocks (NemotronHMamba2Mixer: heads × head_dim wide,
     biases where ``use_bias``), attention without biases or RoPE (NemotronHAttention), and in the ``moe`` blocks
-    routed experts with one ungated shared expert of its own width and an fp32 router (NemotronHMoE)."""
+    routed experts with one ungated shared expert of its own width and an fp32 router (NemotronHMoE), the experts at
+    ``moe_latent_size`` between two projections where it is set (Nemotron 3 Super's latent MoE)."""
     config = {MAMBA_ALIASES.get(key, key): value for key, value in config.items()}
-    if config.get("moe_latent_size") is not None:
-        raise LmcalcError(f"{origin}: config.json moe_latent_size is set: Nemotron-H's latent expert projections are "
-                          "not modelled")  # fmt: skip
     blocks = _blocks(config, origin)
     ids = {kind: [i for i, block in enumerate(blocks) if block == kind] for kind in BLOCK_LETTERS.values()}
     fields |= {
@@ -95,6 +93,7 @@ def nemotron_h(config: dict[str, Any], fields: dict[str, Any], origin: str) -> d
             "dense_layer_ids": ids["mlp"],
             "router_fp32": True,  # NemotronHTopkRouter: an fp32 weight, times an fp32 copy of its input
             "node_limit": config.get("topk_group") if (config.get("n_group") or 1) > 1 else None,
+            "latent_size": config.get("moe_latent_size"),  # fc1_latent_proj/fc2_latent_proj around the experts
         }
     if config.get("num_nextn_predict_layers"):  # NemotronHForCausalLM ignores its mtp.* weights
         fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]

@@ -35,6 +35,11 @@ CDMOE_UNTRAINABLE = (
     "estimate a training step"
 )
 
+LATENT_MOE_COUNTED_ONLY = (
+    "its latent MoE (config.json moe_latent_size: the routed experts work at a projected width) is counted for "
+    "lmcalc params, flops and the serving memory; its training memory and step time are not modelled yet"
+)
+
 
 class MoESpec(Spec):
     """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""
@@ -60,6 +65,11 @@ class MoESpec(Spec):
     )
     shared_expert_ffn_size: Dimension | None = Field(
         None, description="inner width of the shared experts when it differs from expert_ffn_size (Qwen2-MoE)"
+    )
+    latent_size: Dimension | None = Field(
+        None,
+        description="l: the routed experts' input and output width, where each MoE layer projects a token from h "
+        "down to it before them and back after (Nemotron 3 Super's latent MoE, NemotronHMoE's fc1/fc2_latent_proj)",
     )
     shared_expert_gate: StrictBool = Field(
         False, description="a sigmoid gate (h → 1) on the shared experts' output (Qwen2-MoE's shared_expert_gate)"

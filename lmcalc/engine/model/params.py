@@ -67,7 +67,7 @@ attention tensors, the norm before a mixer (L_mix) or an FFN (L_ffn) where some 
 GROUPS = (
     "embedding", "per_layer_embedding", "position", "per_layer_input", "altup", "start_state", "attention", "indexer",
     "ssm", "hyper_connections", "shared_attention", "norm", "residual_scales", "loop_messages", "mlp", "shared_mlp",
-    "router",
+    "router", "latent_moe",
     "experts", "shared_experts", "cross_attention", "head_transform", "drafter", *BYTE_LATENT_LABELS, "head",
 )  # fmt: skip
 GROUP_LABELS = {
@@ -90,6 +90,7 @@ GROUP_LABELS = {
     "loop_messages": "Loop messages (queries and gates)",
     "mlp": "Dense MLP",
     "router": "MoE router",
+    "latent_moe": "MoE latent projections",
     "experts": "Routed experts",
     "shared_experts": "Shared experts",
     "head_transform": "Head transform (dense and norm)",
@@ -198,9 +199,10 @@ def _layer_norms(spec: ModelSpec, h: Dim) -> list[WeightTensor]:
     return tensors
 
 
-def _ffn(prefix: str, site: Site, spec: ModelSpec, width: Dim) -> list[WeightTensor]:
-    """A feed-forward block of inner ``width``: GELU's fc and proj, or a gated MLP's gate, up and down."""
-    h, bias = Dim(spec.hidden_size, "h"), spec.mlp_bias
+def _ffn(prefix: str, site: Site, spec: ModelSpec, width: Dim, io: Dim | None = None) -> list[WeightTensor]:
+    """A feed-forward block of inner ``width`` from and to ``io`` (h unless a latent MoE's experts say): GELU's fc and
+    proj, or a gated MLP's gate, up and down."""
+    h, bias = io or Dim(spec.hidden_size, "h"), spec.mlp_bias
     if spec.ffn_kind == "gelu_mlp":
         # Apertus's xIELU learns two scalars, α_p and α_n, in every MLP (transformers' XIELUActivation)
         alphas = [tensor(f"{prefix}.act.{a}", site, (Dim(1, "1"),), False) for a in ("alpha_p", "alpha_n")]
@@ -262,7 +264,12 @@ def weight_tensors(spec: ModelSpec) -> tuple[WeightTensor, ...]:
         # null: unknown, and count_params says no active count; a zero-computation expert computes nothing
         k = moe.computed_k if moe.experts_per_token else None
         routed = Site("experts", n_moe * moe.num_experts, "L_moe·E", active=n_moe * k if k else None)
-        tensors += _ffn("experts", routed, spec, f_e)
+        latent = Dim(moe.latent_size, "l") if moe.latent_size else None  # Nemotron 3 Super's experts work at l
+        if latent:
+            site = Site("latent_moe", n_moe, "L_moe")
+            tensors += linear("latent.fc1", site, latent, h, spec.mlp_bias) + linear("latent.fc2", site, h, latent,
+                                                                                    spec.mlp_bias)  # fmt: skip
+        tensors += _ffn("experts", routed, spec, f_e, latent)
         if moe.shared_experts:
             shared = Site("shared_experts", n_moe * moe.shared_experts, "L_moe·E_shared")
             f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
