@@ -102,7 +102,8 @@ def outside_pool_terms(w: Workload, layout: Layout, outside: float) -> tuple[Ter
              (nccl, "a NCCL communicator (more than one GPU)"),
              (flex.total, f"{w.moe_dispatcher}'s buffers")]  # fmt: skip
     shown = [part for i, part in enumerate(parts) if part[0] or not i]
-    label = "CUDA context" + (" and NCCL" if nccl else "") + (f", {w.moe_dispatcher}" if flex.total else "")
+    named = ["CUDA context", *(["NCCL"] if nccl else []), *([f"{w.moe_dispatcher}'s buffers"] if flex.total else [])]
+    label = " and ".join(named) if len(named) < 3 else f"{named[0]}, {named[1]} and {named[2]}"
     context = Term("context", label, outside, "bytes", " + ".join(what for _, what in shown),
                    " + ".join(f"{b / GB:.4g} GB" for b, _ in shown), source=allocator.source,
                    note="outside PyTorch's pool")  # fmt: skip
