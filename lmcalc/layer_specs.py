@@ -35,11 +35,6 @@ CDMOE_UNTRAINABLE = (
     "estimate a training step"
 )
 
-LATENT_MOE_COUNTED_ONLY = (
-    "its latent MoE (config.json moe_latent_size: the routed experts work at a projected width) is counted for "
-    "lmcalc params, flops and the serving memory; its training memory and step time are not modelled yet"
-)
-
 
 class MoESpec(Spec):
     """Mixture-of-experts feed-forward: routed experts, always-on shared experts, leading dense layers."""

@@ -21,7 +21,6 @@ from lmcalc.hardware_specs import Cluster, HardwareSpec
 from lmcalc.layer_kinds import LayerKinds
 from lmcalc.layer_specs import (
     CDMOE_UNTRAINABLE,
-    LATENT_MOE_COUNTED_ONLY,
     NO_TOP_K,
     AltUpSpec,
     BranchConvSpec,
@@ -463,13 +462,11 @@ class ModelSpec(LayerKinds, NamedSpec):
     def counted_only(self) -> str:
         """Why lmcalc counts this model's parameters, FLOPs (and training time at an MFU) and serving memory alone, not
         its training memory or step time; "" where it counts everything: xLSTM padded, Gemma 4's drafters (transformers
-        trains none), a latent MoE. RWKV-4, RecurrentGemma, Zamba, xLSTM, Doge, ZAYA, HRM, Dory, CPM-Ant, GIT, dots.3
+        trains none). RWKV-4, RecurrentGemma, Zamba, xLSTM, Doge, ZAYA, HRM, Dory, CPM-Ant, GIT, dots.3
         Note, Inkling, Inkling 2 and its looped model, DeepSeek-V4, HY V4, Llama 3.2 Vision's text model and BLT are
         modelled whole (docs/formulas.md §2.21, §2.36.1, §2.37)."""
         if self.mlstm and self.mlstm.padded:
             return RWKV_COUNTED_ONLY
-        if self.moe and self.moe.latent_size:
-            return LATENT_MOE_COUNTED_ONLY
         if self.drafter:  # transformers trains none (docs/hf-types.md)
             return DRAFTER_COUNTED_ONLY
         if self.retrieval_experts and self.retrieval_experts.normalized:  # Doge's CDMoE: autograd refuses its step

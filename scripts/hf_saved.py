@@ -503,6 +503,12 @@ NEWER: dict[str, tuple[type[PretrainedConfig], dict[str, Any], str]] = {
                                                       "hybrid_override_pattern": "*-*E"},
                          "small Nemotron-H, single blocks: attention alone, a squared-ReLU MLP alone, attention, an "
                          "MoE of 4 experts top-2 and a shared expert"),
+    "nemotron-h-latent-small": (T.NemotronHConfig, NARROW | {"intermediate_size": 384, "n_routed_experts": 4,
+                                                             "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                                             "moe_shared_expert_intermediate_size": 96,
+                                                             "moe_latent_size": 48, "hybrid_override_pattern": "*-*E"},
+                                "small Nemotron 3 Super-style latent MoE: as nemotron-h-small, the routed experts "
+                                "working at a latent width of 48 between two projections"),
     "openai-gpt-small": (T.OpenAIGPTConfig, dict(vocab_size=2048, n_embd=128, n_head=4, n_layer=LAYERS,
                                                  n_positions=1024),
                          "small GPT-1: each LayerNorm after its residual add, none before the tied head, dropout 0.1 "

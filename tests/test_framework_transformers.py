@@ -118,6 +118,7 @@ OTHERS = (
     "lfm2-small",
     "lfm2-moe-small",
     "nemotron-h-small",
+    "nemotron-h-latent-small",
     "bitnet-small",
     "openai-gpt-small",
     "ctrl-small",

@@ -1,21 +1,27 @@
 """Nemotron 3 Super's latent MoE (transformers' NemotronHMoE with ``moe_latent_size``): each MoE block projects a token
 from h down to l (``fc1_latent_proj``), runs the routed experts at width l, and projects their sum back to h
 (``fc2_latent_proj``); the router and the shared expert stay at h. Parameters by hand and on transformers' meta device,
-a training step's FLOPs against FlopCounterMode, and what lmcalc refuses: the training memory and step time, not yet
-modelled."""
+a training step's FLOPs against FlopCounterMode, the tensors kept for backward against transformers', and the
+dispatch at width l (Megatron-Core's MoELayer and its dispatchers)."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 
 import pytest
 
 from lmcalc import api
+from lmcalc.engine.memory.activations import layer_saved_tensors
+from lmcalc.engine.memory.outside_pool import dispatcher_buffers
 from lmcalc.engine.model.params import count_params
-from lmcalc.errors import LmcalcError
+from lmcalc.engine.parallel.layout import Grid, Layout
+from lmcalc.engine.time.kernels import _layer_gemms
+from lmcalc.engine.time.microbatch import _layer_collectives
+from lmcalc.engine.workload import Workload
+from lmcalc.hardware_specs import Cluster
 from lmcalc.hf_config import model_from_hf_config
-from lmcalc.presets import resolve_model
-from lmcalc.specs import LATENT_MOE_COUNTED_ONLY, ModelSpec
+from lmcalc.presets import framework_profile, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
+from lmcalc.specs import ModelSpec
 
 # Nemotron 3 Super 120B-A12B's config.json (nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16), as public parser code
 # copies it beside the checkpoint's safetensors totals: BF16 weights 123,611,012,096, of them the MTP layer's
@@ -86,18 +92,79 @@ def test_super_on_the_meta_device():
     assert sum(p.numel() for p in model.parameters()) == count_params(spec_of(SUPER)).total
 
 
+def _super(profile: str = "megatron", seq: int = 4096, **settings: object) -> Workload:
+    spec = resolve_model("nemotron-3-super-120b-a12b").spec
+    args = (spec, resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec, seq, 1)
+    return Workload(*args, framework=framework_profile(profile), **settings)  # type: ignore[arg-type]
+
+
+def _saved(w: Workload) -> dict[str, float]:
+    return {t.label: t.bytes for t in layer_saved_tensors(w, True)}
+
+
 @pytest.mark.fast
-def test_serving_counts_it_and_training_refuses_it_in_one_line(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(SUPER))
-    assert spec_of(SUPER).counted_only == LATENT_MOE_COUNTED_ONLY
-    assert (
-        api.inference(model=str(path), context=8192, gpus="8xh100").memory.params == count_params(spec_of(SUPER)).total
-    )
-    for estimate in (
-        lambda: api.memory(model=str(path), seq=4096, gpus="64xh100"),
-        lambda: api.plan(model=str(path), gpus="64xh100", seq=4096, global_batch=4096 * 64, tokens=1e9),
-    ):
-        with pytest.raises(LmcalcError, match="latent MoE") as refused:
-            estimate()
-        assert "\n" not in str(refused.value)
+def test_the_routed_experts_keep_their_tokens_at_the_latent_width():
+    # 4,096 tokens, k = 22 rows each, l = 1,024, bf16: the experts' inputs and outputs are l wide, and the projection
+    # back to h keeps the experts' combined output (s·b·l); the router's and shared expert's input stays h wide
+    saved = _saved(_super("transformers"))
+    assert saved["tokens gathered for their experts"] == 4096 * 22 * 1024 * 2
+    assert saved["expert outputs (for the routing-weight product)"] == 4096 * 22 * 1024 * 2
+    assert saved["latent projection up input (the experts' combined output)"] == 4096 * 1024 * 2
+    assert saved["router / shared-expert input (norm output)"] == 4096 * 4096 * 2
+
+
+@pytest.mark.fast
+def test_megatron_dispatches_and_buffers_at_the_latent_width():
+    # HybridEP on a GB200 rack, EP 64 over 512 experts (8 a rank), 4,096 tokens a rank: G·t·(2l + 4·⌊l/128⌋ + 4·E_l·R)
+    # with l = 1,024 (Megatron-Core sizes the buffers by the dispatched tensor, fc1_latent_proj's output)
+    w = _super(moe_dispatcher="hybridep", nvlink_domain=72)
+    buffers = dispatcher_buffers(w, Layout(dp=64, ep=64))
+    assert buffers.nvlink == 64 * 4096 * (2 * 1024 + 4 * 8 + 4 * 8 * 64)
+    assert "2l" in buffers.formula
+    # NCCL's all-to-all sends k copies of each token at its dispatched width: 22 · 4,096 · 1,024 · 2 B, a quarter of
+    # what the same experts at h would send
+    rack = Cluster(resolve_hardware("gb200").spec, 64, 64)
+    latent = _layer_collectives(w, Grid(ep=64), rack)
+    plain = replace(w, model=w.model.model_copy(update={"moe": w.model.moe.model_copy(update={"latent_size": None})}))
+    at_h = _layer_collectives(plain, Grid(ep=64), rack)
+    assert latent[2] < at_h[2] / 2
+
+
+@pytest.mark.fast
+def test_the_latent_projections_run_on_each_ranks_own_tokens_with_whole_weights():
+    # duplicated on every TP rank (Megatron-Core: parallel_mode="duplicated"): under sequence parallelism each rank
+    # projects its s·b/TP tokens with the whole h × l weights; the experts' GEMMs are l wide
+    w = _super(seq=4096)
+    gemms = {g.name: g for g in _layer_gemms(w, Grid(tp=4, sequence_parallel=True), 4096, 4096, True)}
+    fc1, fc2 = gemms["latent.fc1.weight"], gemms["latent.fc2.weight"]
+    assert (fc1.m, fc1.n, fc1.k) == (1024, 1024, 4096)
+    assert (fc2.m, fc2.n, fc2.k) == (1024, 4096, 1024)
+    assert gemms["experts.fc.weight"].k == 1024 and gemms["experts.proj.weight"].n == 1024
+    assert not any(g.name.startswith("latent") for g in _layer_gemms(w, Grid(), 4096, 4096, False))
+
+
+@pytest.mark.fast
+def test_super_trains_and_plans(tmp_path):
+    estimate = api.memory(model="nemotron-3-super-120b-a12b", seq=4096, gpus="64xh100", tp=4, ep=16, zero=1)
+    assert estimate.report.term("total.activations").value > 0
+    plan = api.plan(model="nemotron-3-super-120b-a12b", gpus="64xh100", seq=4096, global_batch=4096 * 64, tokens=1e9)
+    assert plan.best is not None
+
+
+@pytest.mark.torch
+def test_the_latent_layer_keeps_what_transformers_keeps():
+    # measured on a two-layer-pair model (h 128, 4 experts top-2, f_e 64) with and without a latent width of 48: the
+    # MoE layer keeps k·s·b·(h − l) fewer bytes of gathered tokens and of expert outputs each (bf16), and s·b·l more,
+    # the projection back to h's input: at s·b = 128, −2·(2·128·80·2) + 128·48·2 = −69,632 B
+    hf_saved = pytest.importorskip("hf_saved")
+    kept = {}
+    for name in ("nemotron-h-small", "nemotron-h-latent-small"):
+        m = hf_saved.measure(name, "sdpa", 128, 1, False, use_cache=False)
+        config = hf_saved.CASES[name].config().to_dict()
+        spec = ModelSpec.model_validate(model_from_hf_config(config, name, "test"))
+        args = (spec, resolve_precision("bf16-mixed").spec, resolve_optimizer("adamw").spec, 128, 1)
+        w = Workload(*args, framework=framework_profile("transformers"))
+        kept[name] = (m.per_layer_bytes[3], sum(t.bytes for t in layer_saved_tensors(w, True)))
+    measured = kept["nemotron-h-latent-small"][0] - kept["nemotron-h-small"][0]
+    predicted = kept["nemotron-h-latent-small"][1] - kept["nemotron-h-small"][1]
+    assert measured == predicted == -2 * (2 * 128 * 80 * 2) + 128 * 48 * 2

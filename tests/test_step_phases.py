@@ -72,6 +72,7 @@ FAMILIES = (
     "cohere-small",
     "qwen2-moe-small",
     "nemotron-h-small",
+    "nemotron-h-latent-small",
     "bitnet-small",
     "openai-gpt-small",
     "ctrl-small",

@@ -30,6 +30,7 @@ from lmcalc.engine.choices import (
 )
 from lmcalc.engine.finetune.method import FULL, Method, check_method
 from lmcalc.engine.finetune.offload import NO_OFFLOAD, Offload
+from lmcalc.engine.model.tensors import Dim
 from lmcalc.errors import LmcalcError, setting
 from lmcalc.framework_specs import FrameworkProfile
 from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
@@ -176,6 +177,15 @@ class Workload:
         if moe.dense_dispatch and self.framework.moe.router == "model":
             return float(moe.num_experts)
         return moe.computed_k * self.routed_share
+
+    @property
+    def expert_width(self) -> Dim:
+        """A token's width as the routed experts read and write it and the dispatcher moves it: h, or the latent width
+        l where a latent MoE projects the tokens down before its experts and back after them (``MoESpec.latent_size``:
+        Nemotron 3 Super; transformers' NemotronHMoE, and Megatron-Core's MoELayer, whose dispatcher takes
+        moe_latent_size as its hidden size)."""
+        moe = self.model.moe
+        return Dim(moe.latent_size, "l") if moe and moe.latent_size else Dim(self.model.hidden_size, "h")
 
     @property
     def core_recomputed(self) -> bool:

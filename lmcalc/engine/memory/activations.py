@@ -427,18 +427,22 @@ def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:
     if moe_layer and spec.moe:
         moe = spec.moe
         tensors += norm_gate_saved(w, "MLP norm") if spec.gated_norm_rank else []
-        k, f_e = moe.k, Dim(moe.expert_ffn_size, "f_e")
+        k, f_e, io = moe.k, Dim(moe.expert_ffn_size, "f_e"), w.expert_width  # io: h, or a latent MoE's l
         rows, kr = w.routed_copies * sb, routed_symbol(w)  # the experts' rows: k·ρ a token (a capacity's padding)
         tensors += [
             *router_input_saved(w, sb),
             *router_saved(w, sb, k, rows, kr),
             *_of_routed_experts([
-                SavedTensor("tokens gathered for their experts", f"{kr}·s·b·h", rows * h, act, split="seq",
-                            for_weights=UP),
+                SavedTensor("tokens gathered for their experts", f"{kr}·s·b·{io.symbol}", rows * io.size, act,
+                            split="seq", for_weights=UP),
                 *ffn_saved(w, Dim(rows, f"{kr}·s·b"), f_e, with_input=False),
             ]),
         ]  # fmt: skip
         tensors += expert_outputs_saved(w, rows, kr)
+        if moe.latent_size:  # the projection back to h keeps its input, the experts' combined output; the one down
+            # to l reads the norm output the router keeps
+            tensors.append(SavedTensor("latent projection up input (the experts' combined output)", "s·b·l",
+                                       sb * moe.latent_size, act, split="seq", for_weights=("fc2",)))  # fmt: skip
         if moe.shared_experts:
             f_s = Dim(moe.shared_width, "f_s") if moe.shared_expert_ffn_size else f_e
             tensors += ffn_saved(w, Dim(moe.shared_experts * sb, "E_shared·s·b"), f_s, with_input=False)

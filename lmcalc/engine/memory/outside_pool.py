@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from lmcalc.engine.model.tensors import Dim
 from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.workload import Workload
 from lmcalc.result import Term
@@ -123,7 +124,7 @@ def dispatcher_buffers(w: Workload, layout: Layout) -> DispatcherBuffers:
         return NO_BUFFERS
     if w.moe_dispatcher == "hybridep":
         return _hybridep(w, layout, group)
-    return _deepep(w.model.hidden_size, group)
+    return _deepep(w.expert_width, group)  # the tokens' width as dispatched: h, or a latent MoE's l
 
 
 def rank_tokens(w: Workload, layout: Layout) -> int:
@@ -141,7 +142,7 @@ def domain_ranks(group: int, nvlink_domain: int) -> int:
 
 
 def _hybridep(w: Workload, layout: Layout, group: int) -> DispatcherBuffers:
-    moe, h = w.model.moe, w.model.hidden_size
+    moe, h, x = w.model.moe, int(w.expert_width.size), w.expert_width.symbol  # as dispatched: h, or latent l
     assert moe is not None
     t, local = rank_tokens(w, layout), moe.num_experts // layout.ep
     r = domain_ranks(group, w.nvlink_domain)
@@ -150,39 +151,42 @@ def _hybridep(w: Workload, layout: Layout, group: int) -> DispatcherBuffers:
     probs = local * r * 4  # its routing probabilities for the domain's experts, fp32
     nvlink = group * t * (token + probs)
     rdma = t * (token + local * group * 4) + t * (n - 1) * (3 * (h * TOKEN_BYTES + probs) + scales * 4) if n > 1 else 0
-    formula, numbers = "G·t·(2h + 4·⌊h/128⌋ + 4·E_l·R)", f"{group}·{t}·(2·{h} + 4·{scales} + 4·{local}·{r})"
+    formula, numbers = f"G·t·(2{x} + 4·⌊{x}/128⌋ + 4·E_l·R)", f"{group}·{t}·(2·{h} + 4·{scales} + 4·{local}·{r})"
     if n > 1:
-        formula += " + t·(2h + 4·⌊h/128⌋ + 4·E_l·G) + t·(N − 1)·(3·(2h + 4·E_l·R) + 4·⌊h/128⌋)"
+        formula += f" + t·(2{x} + 4·⌊{x}/128⌋ + 4·E_l·G) + t·(N − 1)·(3·(2{x} + 4·E_l·R) + 4·⌊{x}/128⌋)"
         numbers += (
             f" + {t}·(2·{h} + 4·{scales} + 4·{local}·{group}) + {t}·{n - 1}·(3·(2·{h} + 4·{local}·{r}) + 4·{scales})"
         )
     symbols = (
         "G: the dispatch group's ranks (ETP·EP); t: a rank's tokens a micro-batch, rounded up to 16; E_l: its experts; "
-        f"R: the group's ranks in one NVLink domain, N = G/R domains (here {n}): the NVLink buffers"
+        + ("l: the latent width the tokens are dispatched at; " if x == "l" else "")
+        + f"R: the group's ranks in one NVLink domain, N = G/R domains (here {n}): the NVLink buffers"
         + (", then the RDMA buffers" if n > 1 else "")
     )
     source = "DeepEP hybrid-ep 94a9f8f docs/Hybrid-EP_Implementation.md §4.2, csrc/hybrid_ep/buffer"
     return DispatcherBuffers(float(nvlink), float(rdma), formula, numbers, symbols, source)
 
 
-def _deepep(hidden: int, group: int) -> DispatcherBuffers:
+def _deepep(width: Dim, group: int) -> DispatcherBuffers:
+    hidden = int(width.size)
     listed = min((g for g in DEEPEP_CONFIGS if g >= group), default=max(DEEPEP_CONFIGS))
     dispatch, combine = DEEPEP_CONFIGS[listed]
     peers, rdma_ranks, c = min(group, DEEPEP_NVL_PEERS), max(group // DEEPEP_NVL_PEERS, 1), DEEPEP_CHANNELS
     slot = hidden * TOKEN_BYTES + DEEPEP_META + DEEPEP_TOPK * 8 + DEEPEP_TOPK * 4 + DEEPEP_SCALES * 4
     chunk = max(dispatch[1], combine[1])  # NVLink receive tokens (the two configs agree)
     nvlink = _align(c * peers * (2 * rdma_ranks + 3) * 4 + c * peers * chunk * slot) + DEEPEP_WORKSPACE
-    formula = "C·P·c_nvl·(2h + 2,056) + 32 MiB"
+    formula = f"C·P·c_nvl·(2{width.symbol} + 2,056) + 32 MiB"
     numbers = f"{c}·{peers}·{chunk}·(2·{hidden} + 2,056) + 32 MiB"
     rdma = 0
     if group > DEEPEP_NVL_PEERS:  # RDMA receive tokens, rounded up to a multiple of the send chunk
         rdma_chunk = max(-(-config[3] // config[2]) * config[2] for config in (dispatch, combine))
         heads = c * rdma_ranks * (2 * DEEPEP_NVL_PEERS + 2) * 2 * 4
         rdma = _align(heads + c * rdma_ranks * rdma_chunk * 2 * (slot + 16))
-        formula += " + C·(G/8)·c_rdma·2·(2h + 2,072)"
+        formula += f" + C·(G/8)·c_rdma·2·(2{width.symbol} + 2,072)"
         numbers += f" + {c}·{rdma_ranks}·{rdma_chunk}·2·(2·{hidden} + 2,072)"
     symbols = (
-        "C: 10 channels (Megatron-Core's 20 SMs); P: NVLink peers, min(G, 8); c_nvl, c_rdma: the chunks DeepEP lists "
+        ("l: the latent width the tokens are dispatched at; " if width.symbol == "l" else "")
+        + "C: 10 channels (Megatron-Core's 20 SMs); P: NVLink peers, min(G, 8); c_nvl, c_rdma: the chunks DeepEP lists "
         f"for G = {listed} ranks"
         + (f" (it lists no group of {group}: taken from the next one up)" if listed != group else "")
         + "; a token's slot holds its bf16 values, 128 int64 indices, 128 fp32 weights and scales, and its metadata"

@@ -91,18 +91,21 @@ def expert_outputs_saved(w: Workload, rows: float, kr: str) -> list[SavedTensor]
     fused activation (``MoeRule.probs_in_activation``: Megatron-Core's grouped MLP). A pick of a zero-computation
     expert does the same with the token itself: k − k·E/(E + Z) rows a token, each kept for the weight's product
     (and again weighted where the combine keeps weighted outputs)."""
-    rule, act, h, moe = w.framework.moe, w.precision.activation_bytes, w.model.hidden_size, w.model.moe
+    rule, act, moe = w.framework.moe, w.precision.activation_bytes, w.model.moe
+    h, io = w.model.hidden_size, w.expert_width  # the experts' outputs are l wide in a latent MoE
     if rule.probs_in_activation:
         return []
     if rule.outputs_fp32:  # torchtitan's combine: (out.float() · weight).to(act), then a scatter_add keeping its index
         label = "expert outputs, fp32 copy (for the routing-weight product)"
-        return [SavedTensor(label, f"{kr}·s·b·h", rows * h, 4, split="seq")]
+        return [SavedTensor(label, f"{kr}·s·b·{io.symbol}", rows * io.size, 4, split="seq")]
     outputs = [
-        SavedTensor("expert outputs (for the routing-weight product)", f"{kr}·s·b·h", rows * h, act, split="seq")
+        SavedTensor(
+            "expert outputs (for the routing-weight product)", f"{kr}·s·b·{io.symbol}", rows * io.size, act, split="seq"
+        )  # fmt: skip
     ]
     if weighted_outputs(w):
         label = "weighted expert outputs (index_add keeps its source)"
-        outputs.append(SavedTensor(label, f"{kr}·s·b·h", rows * h, act, split="seq"))
+        outputs.append(SavedTensor(label, f"{kr}·s·b·{io.symbol}", rows * io.size, act, split="seq"))
     if moe and moe.zero_experts:
         passed, symbol = (moe.k - moe.computed_k) * w.tokens * h, "(k−k·E/(E+Z))·s·b·h"
         outputs.append(SavedTensor("tokens a zero-computation expert passes (for the weight's product)", symbol,

@@ -470,10 +470,14 @@ def _split_formula(tensors: tuple[SavedTensor, ...], layout: Layout) -> str:
 
 
 def _widths_values(model: ModelSpec) -> str:
-    """The values of the widths Gemma's layers count in beyond Korthikanti et al.'s symbols: a head's d, a global
-    layer's d_g and H_kv,g, the per-layer inputs' d_p, AltUp's n streams and LAuReL's rank r_L."""
-    g, ple, altup = model.global_attention, model.per_layer_input, model.altup
+    """The values of the widths the layers count in beyond Korthikanti et al.'s symbols: an MoE's E, k and f_e (its
+    shared experts' E_shared and f_s, a latent MoE's l); Gemma's a head's d, a global layer's d_g and H_kv,g, the
+    per-layer inputs' d_p, AltUp's n streams and LAuReL's rank r_L."""
+    g, ple, altup, moe = model.global_attention, model.per_layer_input, model.altup, model.moe
     values = [("d", model.head_size if g or altup else None), ("d_g", g.head_dim if g else None),
               ("H_kv,g", g.kv_heads if g else None), ("d_p", ple.width if ple else None),
               ("n", altup.streams if altup else None), ("r_L", altup.laurel_rank if altup else None)]  # fmt: skip
+    if moe and moe.experts_per_token:
+        values += [("E", moe.num_experts), ("k", moe.k), ("f_e", moe.expert_ffn_size), ("l", moe.latent_size),
+                   ("E_shared", moe.shared_experts), ("f_s", moe.shared_expert_ffn_size)]  # fmt: skip
     return "".join(f", {symbol}={value}" for symbol, value in values if value)

@@ -16,11 +16,13 @@ from lmcalc.engine.model.params import WeightTensor, weight_tensors
 from lmcalc.framework_specs import RecomputeRule
 from lmcalc.specs import ModelSpec
 
-NOT_COUNTED = ("router", "experts")  # recomputed without counting: the forced router, the experts' grouped GEMMs
-LAYER_GROUPS = ("attention", "mlp", "router", "experts", "shared_experts")
+NOT_COUNTED = ("router", "experts", "latent_moe")
+"""Recomputed without counting: the forced router, the experts' grouped GEMMs, and a latent MoE's projections around
+them (no torchtitan model has one: lmcalc keeps none of their outputs, as it keeps none of the experts')."""
+LAYER_GROUPS = ("attention", "mlp", "router", "latent_moe", "experts", "shared_experts")
 MODULE_MATMULS = {  # the weight matmuls each Megatron-Core module runs again, by group or by name
     "mlp": ("mlp",),
-    "moe": ("router", "experts", "shared_experts"),
+    "moe": ("router", "latent_moe", "experts", "shared_experts"),
     "shared_experts": ("shared_experts",),
     "mla_up_proj": ("attn.q_b.weight", "attn.kv_b.weight"),
 }
@@ -68,7 +70,7 @@ def block_matmuls(spec: ModelSpec, moe_layer: bool, fused_qkv: bool) -> tuple[Ma
 def _layers_of(spec: ModelSpec, t: WeightTensor) -> float:
     """Over how many layers ``t``'s copies are averaged: the MoE ones, the others (a dense FFN's), or every layer (a
     hybrid's mixers, the norms of single blocks)."""
-    if t.group in ("router", "experts", "shared_experts"):
+    if t.group in ("router", "latent_moe", "experts", "shared_experts"):
         return spec.moe_layers
     return spec.num_layers - spec.moe_layers if t.count_symbol == "L_dense" else spec.num_layers
 

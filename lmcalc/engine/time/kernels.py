@@ -52,7 +52,18 @@ SCAN_BACKWARD_TO_FORWARD = 2.0
 nothing beyond what it saved; ``engine.finetune.flops`` counts its backward alike)."""
 
 FP32 = 4
-LAYER_GROUPS = ("attention", "ssm", "mlp", "router", "experts", "shared_experts", "shared_attention", "shared_mlp")
+LAYER_GROUPS = (
+    "attention",
+    "ssm",
+    "mlp",
+    "router",
+    "latent_moe",
+    "experts",
+    "shared_experts",
+    "shared_attention",
+    "shared_mlp",
+)
+MOE_ONLY = ("router", "latent_moe", "experts", "shared_experts")  # an MoE layer's
 
 
 @dataclass(frozen=True)
@@ -128,7 +139,7 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
         if not t.matmul or t.group not in LAYER_GROUPS:
             continue
         dense_only = ("mlp", "shared_attention", "shared_mlp")  # an MoE layer's FFN is its experts; no use routes
-        if moe and t.group in dense_only or not moe and t.group in ("router", "experts", "shared_experts"):
+        if moe and t.group in dense_only or not moe and t.group in MOE_ONLY:
             continue
         if len(t.shape) == 3:  # block-diagonal weights (RecurrentGemma's gates): one product per block, TP 1 only
             blocks, out, inp = t.shape
@@ -149,6 +160,9 @@ def _layer_gemms(w: Workload, grid: Grid, tokens: float, expert_tokens: float, m
             assert model.moe is not None
             local = model.moe.num_experts / grid.ep
             gemms.append(Gemm(t.name, expert_tokens * w.routed_copies / local, out, inp, local))
+        elif t.group == "latent_moe":  # duplicated on every TP rank (Megatron-Core), each its own share of the tokens
+            own = tokens / grid.tp if grid.sequence_parallel else tokens
+            gemms.append(Gemm(t.name, own, out, inp, copies_per_layer(model, t) * runs))
         elif t.group in ("shared_attention", "shared_mlp"):  # a shared block's: run by its G uses, G/L a layer
             gemms.append(Gemm(t.name, tokens, out, inp, t.active / model.num_layers))
         else:  # a hybrid's attention and state-space GEMMs in their share of the layers, each shared expert's

@@ -246,9 +246,9 @@ def _expert_bias_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     model, built = s.w.model, s.built
     if not (model.moe and model.mlp_bias and built.moe):
         return
-    rows = s.expert_tokens * s.w.routed_copies  # this GPU's routed rows, each an h-wide output of its expert
+    rows = s.expert_tokens * s.w.routed_copies  # this GPU's routed rows, each an output of its expert (h, or l)
     local = model.moe.num_experts / s.grid.ep
-    elements = built.moe * rows * model.hidden_size
+    elements = built.moe * rows * s.w.expert_width.size
     traffic.add(6 * s.act_bytes * elements, 6 * s.act_bytes * elements, built.moe * (6 * local + 2))
 
 
@@ -259,7 +259,7 @@ def _moe_permute_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     moe, e = s.w.model.moe, s.act_bytes
     if not (moe and s.built.moe):
         return
-    routed = s.hidden_tokens * s.w.routed_copies * s.w.model.hidden_size * s.built.moe
+    routed = s.hidden_tokens * s.w.routed_copies * s.w.expert_width.size * s.built.moe  # h, or a latent MoE's l
     traffic.add(2 * 2 * e * routed, 2 * 2 * e * routed, 12 * s.built.moe)
     if s.w.framework.moe.outputs_fp32:
         # forward, the product (read 4, write 4); backward, the outputs' gradient (grad · w: read 4, write 4) and the

@@ -349,7 +349,8 @@ def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float
     ep_one = 0.0
     if model.moe:
         hidden_tokens = w.micro_batch * w.seq_len / cp / (tp if sequence_parallel else 1)
-        routed = hidden_tokens * model.hidden_size * e * w.routed_copies  # k·ρ rows a token (padding is sent too)
+        width = w.expert_width.size  # h, or a latent MoE's l: its dispatcher moves the projected tokens
+        routed = hidden_tokens * width * e * w.routed_copies  # k·ρ rows a token (padding is sent too)
         if etp > 1:  # gathered: the k copies of the tokens of the group's ETP GPUs (TP's share theirs without SP)
             gathered = routed * (etp if sequence_parallel or tp == 1 else 1)
             etp_one = group_time("all-gather", gathered, etp, 1, cluster)
@@ -357,7 +358,7 @@ def _layer_collectives(w: Workload, grid: Grid, cluster: Cluster) -> tuple[float
         if ep > 1:
             moe = model.moe
             group = EpGroup(ep, etp, moe.num_experts, moe.num_experts + moe.zero_experts, moe.k, moe.node_limit)
-            token_bytes = hidden_tokens * model.hidden_size * e
+            token_bytes = hidden_tokens * width * e
             ep_one = dispatch_time(w.moe_dispatcher, group, token_bytes, w.routed_copies, w.routed_share, cluster)
     cp_per_layer = 0.0
     if cp > 1:
