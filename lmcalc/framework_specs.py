@@ -171,6 +171,12 @@ class AttentionRule(Rule):
         "sdpa_broadcast_kv: Falcon-7B's own SDPA call) runs PyTorch's math path, which no fused kernel of torch 2.13 "
         "replaces on any device: fp32 copies of Q, K and V and the fp32 softmax kept (engine.memory.sdpa_math)",
     )
+    compressed_kernels: Literal["eager", "fused"] = Field(
+        "eager",
+        description="DeepSeek-V4's compressed attention and hyper-connections: eager (transformers' PyTorch path: "
+        "every key scored, the fp32 softmax kept) or fused (Megatron-Core's sparse kernels, each query gathering its "
+        "window and its entries, keeping the log-sum-exp; its fused mHC keeping the streams once)",
+    )
     dropout_math: StrictBool = Field(
         False,
         description="attention dropout sends SDPA to PyTorch's math path, as on the CPU, whose fused kernel takes "

@@ -12,7 +12,8 @@ definitions (``typing.get_args``), so a new choice is one word added here.
   megatron/core/transformer/transformer_config.py): ``core_attn``, the attention core (its default); ``mlp``, a dense
   layer's MLP, checkpointed whole; ``moe``, an MoE layer's experts, router and shared experts; ``shared_experts``;
   ``moe_act``, the routed experts' activation output; ``layernorm``, a norm's output where the norm is not fused into
-  the next linear; ``mla_up_proj``, multi-head latent attention's up-projected Q, K and V.
+  the next linear; ``mla_up_proj``, multi-head latent attention's up-projected Q, K and V (DeepSeek-V4's Q and K = V,
+  under Megatron-Core's fused kernels).
 * ``Attention``: the attention kernel: ``flash`` (fused, FlashAttention: the s² scores are never stored) or
   ``eager`` (scores materialised, as reference implementations write it).
 * ``MoeDispatcher``: how an MoE layer's tokens reach their experts' GPUs: ``alltoall``, NCCL's all-to-all of each

@@ -283,9 +283,11 @@ def check_modules(modules: tuple[RecomputeModule, ...], framework: FrameworkProf
             "megatron); "
             f"{framework.label} recomputes {_what_selective_redoes(framework)}"
         )
-    if "mla_up_proj" in modules and not model.mla:  # transformer_config.py raises it too
+    v4 = model.compressed_attention and framework.attention.compressed_kernels == "fused"  # DeepSeek-V4's own module
+    if "mla_up_proj" in modules and not (model.mla or v4):  # transformer_config.py raises it too
         raise LmcalcError(
-            f"{setting('recompute_modules')} mla_up_proj needs multi-head latent attention; {model.label} has none"
+            f"{setting('recompute_modules')} mla_up_proj needs multi-head latent attention (or DeepSeek-V4's, under "
+            f"the fused kernels); {model.label} has neither"
         )
 
 

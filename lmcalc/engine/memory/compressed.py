@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
+from lmcalc.engine.memory.compressed_fused import fused_attention_saved, fused_head_saved, fused_streams_saved
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.model.tensors import Dim
@@ -52,7 +53,8 @@ def streams_saved(w: Workload) -> list[SavedTensor]:
     hc = w.model.hyper_connections
     if hc is None:
         return []
-    sublayer = _mhc_saved(w) if hc.mixing else _ihc_saved(w)
+    mhc = fused_streams_saved(w) if fused(w) else _mhc_saved(w)  # HY V4's iHC: no fused kernel of Megatron-Core's
+    sublayer = mhc if hc.mixing else _ihc_saved(w)
     return [replace(t, label=f"{name} {t.label}", block=block) for block, name in (("attention", "attn_hc"),
             ("mlp", "ffn_hc")) for t in sublayer]  # fmt: skip
 
@@ -142,6 +144,8 @@ def hyper_head_saved(w: Workload) -> list[SavedTensor]:
     hc = w.model.hyper_connections
     if hc is None:
         return []
+    if fused(w) and hc.mixing:
+        return fused_head_saved(w)
     act, t, h, n = w.precision.activation_bytes, w.tokens, w.model.hidden_size, hc.streams
     normed = [SavedTensor("last collapse: normed streams (fp32)", "s·b·n·h", t * n * h, 4, split="seq")]
     return [
@@ -177,7 +181,14 @@ def _share(tensor: SavedTensor, layers: int, of: int) -> SavedTensor:
     return replace(tensor, elements=tensor.elements * layers / of, symbol=f"({layers}/{of})·{tensor.symbol}")
 
 
+def fused(w: Workload) -> bool:
+    """Whether the framework runs DeepSeek-V4's attention and mHC with its fused kernels (Megatron-Core's)."""
+    return w.framework.attention.compressed_kernels == "fused"
+
+
 def _attention_saved(w: Workload, rate: int, sparse: bool) -> list[SavedTensor]:
+    if fused(w):  # Megatron-Core's sparse kernels (engine.memory.compressed_fused)
+        return fused_attention_saved(w, rate, sparse)
     spec, act, b, s, t = w.model, w.precision.activation_bytes, w.micro_batch, w.seq_len, w.tokens
     c = spec.compressed_attention
     assert c is not None

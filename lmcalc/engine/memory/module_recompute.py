@@ -16,13 +16,15 @@ multi_latent_attention.py; the Transformer Engine layer specs in megatron/core/m
   experts' activation output (the second linear's input; for a clamped SwiGLU the clamps' inputs too), a norm's
   output where the norm is a module of its own (an MoE layer's, and multi-head latent attention's input norm;
   elsewhere Transformer Engine fuses it into the next linear and the module is an ``IdentityOp``), and multi-head
-  latent attention's up-projected Q, K and V.
+  latent attention's up-projected Q, K and V (DeepSeek-V4's pre-norm Q, Q, K = V and the key norm's input, under the
+  fused kernels: engine.memory.compressed_fused).
 
 What a module drops comes back in its own backward: the largest such set of a layer is held there (``rebuilt``).
 """
 
 from __future__ import annotations
 
+from lmcalc.engine.memory.compressed_fused import UP_PROJECTED
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.workload import Workload
 
@@ -43,7 +45,7 @@ def module_dropped(w: Workload, tensors: tuple[SavedTensor, ...], moe_layer: boo
             or ("shared_experts" in modules and moe_layer and _shared_expert(t))
             or ("moe_act" in modules and moe_layer and t.symbol.startswith("k·s·b") and _activation_kept(t))
             or ("layernorm" in modules and _separate_norm_output(t, moe_layer, mla))
-            or ("mla_up_proj" in modules and mla and t.label in MLA_UP)
+            or ("mla_up_proj" in modules and (mla and t.label in MLA_UP or t.label in UP_PROJECTED))
         ):
             dropped.add(t)
     return dropped

@@ -24,7 +24,7 @@ MODULE_MATMULS = {  # the weight matmuls each Megatron-Core module runs again, b
     "mlp": ("mlp",),
     "moe": ("router", "latent_moe", "experts", "shared_experts"),
     "shared_experts": ("shared_experts",),
-    "mla_up_proj": ("attn.q_b.weight", "attn.kv_b.weight"),
+    "mla_up_proj": ("attn.q_b.weight", "attn.kv_b.weight", "attn.kv.weight"),  # MLA's; DeepSeek-V4's q_b and kv
 }
 
 
