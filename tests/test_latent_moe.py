@@ -114,6 +114,15 @@ def test_the_routed_experts_keep_their_tokens_at_the_latent_width():
 
 
 @pytest.mark.fast
+def test_under_mxfp8_the_projection_to_h_keeps_its_input_quantised():
+    # Megatron-Core's fc2_latent_proj is a TELinear (parallel_mode "duplicated"): under MXFP8 it saves its input as
+    # one byte an element and an E8M0 scale per 32, 4,096 × 1,024 × 1.03125 B
+    w = replace(_super(), precision=resolve_precision("mxfp8").spec)
+    saved = _saved(w)
+    assert saved["latent projection up input (the experts' combined output), quantised"] == 4096 * 1024 * 1.03125
+
+
+@pytest.mark.fast
 def test_megatron_dispatches_and_buffers_at_the_latent_width():
     # HybridEP on a GB200 rack, EP 64 over 512 experts (8 a rank), 4,096 tokens a rank: G·t·(2l + 4·⌊l/128⌋ + 4·E_l·R)
     # with l = 1,024 (Megatron-Core sizes the buffers by the dispatched tensor, fc1_latent_proj's output)

@@ -27,8 +27,9 @@ from lmcalc.engine.workload import Workload
 from lmcalc.recipe_specs import Fp8Storage
 
 LINEAR_READERS = frozenset({"q", "k", "v", "qkv", "q_a", "kv_a", "q_b", "kv_b", "o", "gate", "up", "gate_up", "fc",
-                            "down", "proj", "attn_gate"})  # fmt: skip
-"""The leaves of Transformer Engine's linear layers (lmcalc's names): a tensor kept only for them is their input."""
+                            "down", "proj", "attn_gate", "fc2"})  # fmt: skip
+"""The leaves of Transformer Engine's linear layers (lmcalc's names; fc2, a latent MoE's projection back to h): a tensor
+kept only for them is their input."""
 
 ORIGINAL_KEPT = frozenset({"o", "q_a", "kv_a"})
 """Linear layers Megatron-Core makes save their bf16 input under every recipe but delayed scaling
