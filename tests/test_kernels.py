@@ -11,7 +11,7 @@ import pytest
 
 from lmcalc.engine.model.flops import forward_flops_per_token
 from lmcalc.engine.parallel.layout import Grid, Layout
-from lmcalc.engine.parallel.pipeline import stage_layers
+from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.kernels import FLASH_BACKWARD_TO_FORWARD, Gemm, StageWork, stage_work
 from lmcalc.engine.time.microbatch import kernel_times
@@ -220,6 +220,21 @@ def test_an_fp8_gemm_reads_one_byte_operands_and_writes_bf16():
     assert times.gemm_forward == pytest.approx(one)
     assert times.gemm_input_grad == pytest.approx(one)  # dy (1 x 8192) by W^T (8192 x 8192), dx in bf16
     assert times.gemm_weight_grad == 0.0
+
+
+def test_deepseek_v4s_indexers_and_mhc_projections_are_timed():
+    """DeepSeek-V4 Flash, one sequence of 4,096: the 21 CSA layers' indexers run forward only (their top-k carries no
+    gradient): the projections, and the scores of H_I·d_I = 64·128 a key over the entries gone by, Σ⌊j/4⌋ / s =
+    (4·1024·1023/2 + 1024·4) / 4096 = 512.5 − 0.75 a query; each layer's two mHC projections (n·h → (2+n)·n, 16,384 →
+    24) train as any weight."""
+    spec = resolve_model("deepseek-v4-flash").spec
+    w = Workload(spec, resolve_precision("bf16-mixed").spec, ADAMW, 4096, 1, framework=framework_profile("megatron"))
+    gemms = {g.name: g for g in stage_work(w, Grid(ep=64), StageLayers(0, 43, True, True)).gemms}
+    scores = gemms["indexer.scores"]
+    assert (scores.m, scores.n, scores.k, scores.count) == (4096, 511.75, 64 * 128, 21)
+    assert scores.input_grad == scores.weight_grad == gemms["indexer.q_b.weight"].weight_grad == 0
+    mhc = gemms["attn_hc.fn"]
+    assert (mhc.n, mhc.k, mhc.count, mhc.weight_grad) == (24, 16384, 43, 1.0)
 
 
 def test_a_large_gemm_runs_at_the_sustained_matmul_rate():

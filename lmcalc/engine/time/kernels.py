@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.byte_latent import byte_latent_flops
+from lmcalc.engine.model.compressed_attention import indexer_keys
 from lmcalc.engine.model.flops import attended_keys
 from lmcalc.engine.model.mixer_flops import ssm_flops
 from lmcalc.engine.model.op_policy import Redone, selective_redone
@@ -62,6 +63,7 @@ LAYER_GROUPS = (
     "shared_experts",
     "shared_attention",
     "shared_mlp",
+    "hyper_connections",  # mHC's and iHC's projections, in every layer (hc_head's once)
 )
 MOE_ONLY = ("router", "latent_moe", "experts", "shared_experts")  # an MoE layer's
 
@@ -310,19 +312,25 @@ def _byte_latent_gemms(s: StageShape) -> list[Gemm]:
 def _indexer_gemms(s: StageShape) -> list[Gemm]:
     """A sparse-attention indexer's GEMMs in the stage's layers that run one, forward only (no gradient flows into
     it): its projections, whole on every TP rank, and its key scores over the causal keys, 2·H_I·(d_I + 1) a key
-    (flops.indexer_scores), timed as one GEMM. DeepSeek's fp8 indexer kernel is not modelled apart."""
+    (flops.indexer_scores), timed as one GEMM; DeepSeek-V4's CSA indexers over the compressed entries gone by, 2·H_I·d_I
+    a key (compressed_attention.indexer_flops). DeepSeek's fp8 indexer kernel is not modelled apart."""
     w, model = s.w, s.w.model
-    ix = model.indexer
+    c = model.compressed_attention
+    ix = c.indexer if c is not None and c.csa_layer_ids else model.indexer
     if ix is None or not s.built.layers:
         return []
-    layers = s.built.layers * model.indexer_layers / model.num_layers
+    indexed = len(c.csa_layer_ids) if c is not None else model.indexer_layers
+    layers = s.built.layers * indexed / model.num_layers
     gemms = [
         Gemm(t.name, s.tokens, t.shape[0], t.shape[1], layers, 0.0, 0.0)
         for t in weight_tensors(model)
         if t.group == "indexer" and t.matmul
     ]
-    keys = (w.seq_len + 1) / 2
-    return [*gemms, Gemm("indexer.scores", s.tokens, keys, ix.heads * (ix.head_dim + 1), layers, 0.0, 0.0)]
+    if c is not None:
+        keys, width = indexer_keys(model, w.seq_len, "causal"), ix.heads * ix.head_dim
+    else:
+        keys, width = (w.seq_len + 1) / 2, ix.heads * (ix.head_dim + 1)
+    return [*gemms, Gemm("indexer.scores", s.tokens, keys, width, layers, 0.0, 0.0)]
 
 
 def _head_gemms(s: StageShape) -> tuple[Gemm, ...]:
