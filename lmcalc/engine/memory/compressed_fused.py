@@ -20,8 +20,6 @@ projection, norm and RoPE) drops the pre-norm Q, Q itself, K = V and the key nor
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from lmcalc.engine.memory.norms import norm_saved
 from lmcalc.engine.memory.saved import SavedTensor
 from lmcalc.engine.model.tensors import Dim
@@ -100,13 +98,13 @@ def _indexer(w: Workload, rate: int) -> list[SavedTensor]:
     c = spec.compressed_attention
     assert c is not None
     ix = c.indexer
-    grads = [
-        SavedTensor("indexer: its queries' gradient", "s·b·H_I·d_I", t * ix.heads * ix.head_dim, act),
-        SavedTensor("indexer: its keys' gradient", "b·⌊s/m⌋·d_I", b * (s // rate) * ix.head_dim, act, split="none"),
-        SavedTensor("indexer: its head weights' gradient", "s·b·H_I", t * ix.heads, act),
-    ]
-    core = [replace(g, attention_core=True) for g in grads]
-    return _compressor(w, rate, True, ix.head_dim, "indexer compressor") + core
+    keys = b * (s // rate) * ix.head_dim
+    return _compressor(w, rate, True, ix.head_dim, "indexer compressor") + [
+        SavedTensor("indexer: its queries' gradient", "s·b·H_I·d_I", t * ix.heads * ix.head_dim, act,
+                    attention_core=True),
+        SavedTensor("indexer: its keys' gradient", "b·⌊s/m⌋·d_I", keys, act, split="none", attention_core=True),
+        SavedTensor("indexer: its head weights' gradient", "s·b·H_I", t * ix.heads, act, attention_core=True),
+    ]  # fmt: skip
 
 
 def fused_streams_saved(w: Workload) -> list[SavedTensor]:
