@@ -470,3 +470,26 @@ def test_a_layout_sent_to_another_process_is_the_same_layout():
             (4, split),
         )
     assert spelt_out.etp is None and made.etp == 1
+
+
+def test_a_layout_the_search_makes_is_the_layout_made_by_hand():
+    """The planner makes its layouts with ``checked_layout`` (no checks, no keyword ``__init__``): each must be the
+    layout ``Layout(...)`` makes from the same fields, field for field and to the hash (the engine's caches key on
+    both), ETP = TP spelt as None by the caller."""
+    from lmcalc.engine.parallel.layout import checked_layout
+
+    for split in (PipelineSplit(), PipelineSplit("interleaved", 3), PipelineSplit(last_stage_layers=5)):
+        for dp, tp, pp, cp, ep, etp, zero, sp, accum in (
+            (1, 1, 1, 1, 1, None, 0, False, 1),
+            (8, 4, 4, 2, 8, 1, 1, True, 16),
+            (32, 2, 8, 1, 16, None, 3, True, 60),
+        ):
+            by_hand = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=zero, sequence_parallel=sp,
+                             grad_accum=accum, split=split)  # fmt: skip
+            searched = checked_layout((dp, tp, pp, cp, ep, zero, sp, accum, etp, split))
+            assert searched == by_hand and hash(searched) == hash(by_hand)
+            assert (searched.etp, searched.expert_tp, searched.label) == (by_hand.etp, by_hand.expert_tp, by_hand.label)
+            assert (searched.activation_layout, searched.grid, searched.state_shards, searched.stages) == (
+                by_hand.activation_layout, by_hand.grid, by_hand.state_shards, by_hand.stages)  # fmt: skip
+    with pytest.raises(AttributeError):  # frozen as any layout
+        searched.dp = 2  # type: ignore[misc]

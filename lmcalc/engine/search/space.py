@@ -23,7 +23,7 @@ from lmcalc.engine.choices import (
     one_of,
     positive_integer,
 )
-from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.layout import Layout, checked_layout
 from lmcalc.engine.parallel.layout_checks import check_tp_heads, framework_runs
 from lmcalc.engine.parallel.pipeline import PipelineSplit, stage_layer_counts
 from lmcalc.engine.parallel.pipeline_layout import layout_parts
@@ -226,7 +226,9 @@ def layouts(
         grids = [
             (etp, ep) for etp in _expert_tps(base, tp, pins) for ep in _expert_degrees(experts, dp * cp * tp, etp, pins)
         ]
+        sequence_parallel = pins.sequence_parallel and tp > 1
         for (etp, ep), zero, mb in itertools.product(grids, space.zeros, micro):
+            expert_tp = None if etp == tp else etp  # as Layout spells the default
             if pins.zero is None and not framework_runs(base, zero, pp):
                 continue  # a layout its framework cannot launch (a pinned stage is tried, for check_layout to say why)
             accum = per_replica // mb
@@ -235,20 +237,11 @@ def layouts(
                 splits = splits + space.interleaved[pp]
             if mb not in workloads:
                 workloads[mb] = _micro_batch_workloads(base, mb, tuple(space.recomputes))
-            for split in splits:
-                layout = Layout(
-                    dp=dp,
-                    tp=tp,
-                    pp=pp,
-                    cp=cp,
-                    ep=ep,
-                    etp=etp,
-                    zero=zero,
-                    sequence_parallel=pins.sequence_parallel and tp > 1,
-                    grad_accum=accum,
-                    split=split,
+            for split in splits:  # degrees checked as the space was made: set without Layout's checks again
+                yield (
+                    checked_layout((dp, tp, pp, cp, ep, zero, sequence_parallel, accum, expert_tp, split)),
+                    workloads[mb],
                 )
-                yield layout, workloads[mb]
 
 
 @functools.lru_cache(maxsize=256)
