@@ -13,6 +13,7 @@ output's gradient and writes the input's gradient. Which are fused is the framew
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from lmcalc.engine.model_code import gelu_ops_kept, norm_keeps
 from lmcalc.engine.parallel.layout import Grid
@@ -132,12 +133,76 @@ def _sites_per_layer(model: ModelSpec) -> float:
 
 
 def _residual_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
-    """Residual adds (and dropout on both branches), one after each mixer and each FFN."""
+    """Residual adds (and dropout on both branches), one after each mixer and each FFN; with hyper-connections, the
+    streams' kernels in their place (``_stream_traffic``)."""
+    if s.w.model.hyper_connections:
+        _stream_traffic(s, traffic)
+        return
     e, sites = s.act_bytes, _sites_per_layer(s.w.model) * s.built.layers
     residual_elements = sites * s.hidden_tokens * s.w.model.hidden_size
     traffic.add(3 * e * residual_elements, 3 * e * residual_elements, 2 * sites)
     if s.w.model.drops("residual"):
         traffic.add((2 * e + 1) * residual_elements, (2 * e + 1) * residual_elements, 2 * sites)
+
+
+class StreamPasses(NamedTuple):
+    """One sub-layer's hyper-connection kernels, forward, in bytes a token per element of the n streams (N = n·h
+    values: ``streams`` in the activation dtype, ``streams_fp32`` in fp32) and of the sub-layer's input and output
+    (h values: ``width``, ``width_fp32``), the kernels launched forward and backward, and the backward's bytes as a
+    multiple of the forward's where they are not counted apart (``backward``, with ``backward_streams`` and
+    ``backward_width`` the backward's own passes where they are)."""
+
+    streams: float
+    streams_fp32: float
+    width: float
+    width_fp32: float
+    kernels_forward: float
+    kernels_backward: float
+    backward: float = 0.0
+    backward_streams: float = 0.0
+    backward_width: float = 0.0
+
+
+MHC_FUSED = StreamPasses(3, 0, 2, 0, 3, 4, backward_streams=9, backward_width=3)
+"""Megatron-Core's fused mHC (megatron/core/fusions/fused_mhc_kernels.py at cae55c1f09; its Triton and cuTile
+kernels, transformer_layer.py's ``fused_h_res_h_post_bda``), a sub-layer: forward, ``h_aggregate`` reads the streams
+and writes the collapse (R N, W h) and ``h_post_bda`` reads the streams and the sub-layer's output and writes the new
+streams (R N + h, W N), with the Sinkhorn kernel on n × n; backward, ``h_post_bda``'s reads the gradient, the streams
+and the output and writes both inputs' gradients (R 2N + h, W N + h), ``h_aggregate``'s reads the collapse's gradient
+and the streams and writes theirs (R h + N, W N), and ``fused_add_3`` adds the streams' three gradients (R 3N, W N),
+with Sinkhorn's backward. The projection ``fused_proj_rms_compute_h`` reads the streams as the projection's GEMM
+(timed as one, ``kernels``), its backward's gradient as that GEMM's."""
+MHC_EAGER = StreamPasses(8, 32, 2, 8, 144, 288, backward=2.0)
+"""transformers' ``DeepseekV4HyperConnection`` and its decoder layer, a sub-layer, forward: the streams cast to fp32
+(R N, W 4N), the unweighted RMSNorm's square, mean and product (R 12N, W 8N), the collapse's product with the pre
+weights in fp32 (R N, W 4N), its sum over the streams (R 4N, W 4h) and cast back (R 4h, W h), then the post weights
+times the sub-layer's output (R h, W N), the mixing matmul (R N, W N) and the add (R 2N, W N); 144 kernels, the
+Sinkhorn normalisation's 117 among them (39 passes of a sum, an add and a division: the columns, then 19 iterations of
+rows and columns, ``hc_sinkhorn_iters`` 20). The backward,
+an autograd chain of element-wise kernels, counted as twice the forward (as an unfused norm's, ``_norm_traffic``).
+Not counted: the n- and n²-wide tensors' bytes, a thousandth of the streams' at n = 4, h = 4,096."""
+IHC_EAGER = StreamPasses(4, 48, 2, 16, 23, 46, backward=2.0)
+"""transformers' ``HYV4HyperConnection`` (in fp32, autocast off) and ``HYV4DecoderLayer``'s spread, a sub-layer,
+forward: the streams cast to fp32 (R N, W 4N), the norm's square and mean (R 8N, W 4N), the collapse's product in
+fp32 (R N, W 4N), its sum (R 4N, W 4h) and cast (R 4h, W h), then the sub-layer's output cast to fp32 (R h, W 4h),
+times the post weights (R 4h, W 4N), the residual cast to fp32 (R N, W 4N), the add (R 8N, W 4N) and the cast back
+(R 4N, W N); 23 kernels. The backward as ``MHC_EAGER``'s."""
+
+
+def _stream_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
+    """Hyper-connections (DeepSeek-V4's mHC, HY V4's iHC): the kernels that collapse the n streams into each
+    sub-layer's input, spread its output back and mix or add the residual streams, two sub-layers a layer, in place of
+    the residual adds (docs/formulas.md §8.5)."""
+    hc, e = s.w.model.hyper_connections, s.act_bytes
+    assert hc is not None
+    fused = hc.mixing and s.w.framework.attention.compressed_kernels == "fused"
+    passes = MHC_FUSED if fused else MHC_EAGER if hc.mixing else IHC_EAGER
+    sublayers = 2 * s.built.layers
+    streams = sublayers * s.hidden_tokens * hc.streams * s.w.model.hidden_size  # N values, every sub-layer's
+    width = sublayers * s.hidden_tokens * s.w.model.hidden_size
+    forward = (passes.streams * e + passes.streams_fp32) * streams + (passes.width * e + passes.width_fp32) * width
+    backward = passes.backward * forward + (passes.backward_streams * streams + passes.backward_width * width) * e
+    traffic.add(forward, backward, sublayers * (passes.kernels_forward + passes.kernels_backward))
 
 
 def _attention_layers(s: StageShape) -> float:
