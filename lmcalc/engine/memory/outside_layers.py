@@ -117,14 +117,34 @@ def mtp_saved_tensors(w: Workload) -> tuple[tuple[SavedTensor, ...], tuple[Saved
     state and the projection's input (their concatenation, 2h wide), or under full recomputation, which checkpoints
     the module whole, the embedding beside the hidden state; on the last stage, its final norm, the head's input and
     the logits the loss keeps, as the model's own head keeps them (alive with the model's: its backward runs after)."""
-    sb, h, act = w.tokens, w.model.hidden_size, w.precision.activation_bytes
+    sb, h, act, hc = w.tokens, w.model.hidden_size, w.precision.activation_bytes, w.model.hyper_connections
     rows, width = Dim(sb, "s·b"), Dim(h, "h")
-    module = [*norm_saved(w, "MTP embedding norm", rows, width), *norm_saved(w, "MTP hidden norm", rows, width)]
-    module.append(SavedTensor("MTP projection input (the norms' outputs)", "s·b·2h", 2 * sb * h, act, split="seq"))
+    module = [*norm_saved(w, "MTP embedding norm", rows, width)]
+    if hc is None:
+        module += norm_saved(w, "MTP hidden norm", rows, width)
+        module.append(SavedTensor("MTP projection input (the norms' outputs)", "s·b·2h", 2 * sb * h, act, split="seq"))
+    else:  # mHC: the streams normed stream by stream, each norm's output its own projection's input
+        module += norm_saved(w, "MTP streams' norm", Dim(hc.streams * sb, "n·s·b"), width)
+        module += [SavedTensor("MTP e_proj input (the embedding's norm output)", "s·b·h", sb * h, act, split="seq"),
+                   SavedTensor("MTP h_proj input (the streams' norm output)", "n·s·b·h", hc.streams * sb * h, act,
+                               split="seq")]  # fmt: skip
     if w.recompute == "full":  # the module checkpointed whole: its two inputs, the hidden state its layer's checkpoint
         module = [SavedTensor("MTP checkpoint: the next tokens' embedding", "s·b·h", sb * h, act, split="seq")]
     head = [replace(t, label=f"MTP {t.label}") for t in model_saved_tensors(w) if t.block == "head"]
+    if hc is not None:  # its own collapse, learned_output_contract in fp32 op by op, where the model's is fused or not
+        head = [t for t in head if not t.label.startswith("MTP last collapse:")] + _mtp_collapse_saved(w, hc.streams)
     return tuple(module), tuple(head)
+
+
+def _mtp_collapse_saved(w: Workload, n: int) -> list[SavedTensor]:
+    """An MTP module's collapse of its layer's n streams (Megatron-Core's ``learned_output_contract`` at cae55c1f09):
+    the streams' fp32 copy (the square's and the weighted sum's operand), 1/rms, and the projection's n outputs, their
+    product with 1/rms, the sigmoid and the weights, each fp32."""
+    t, h = w.tokens, w.model.hidden_size
+    return [SavedTensor("MTP collapse: streams, fp32 copy", "s·b·n·h", t * n * h, 4, split="seq", block="head"),
+            SavedTensor("MTP collapse: norm 1/rms (fp32)", "s·b", t, 4, split="seq", block="head"),
+            SavedTensor("MTP collapse: projection, scaled, sigmoid and weights (fp32)", "4·s·b·n", 4 * t * n, 4,
+                        split="seq", block="head")]  # fmt: skip
 
 
 def _checkpoint_arguments(w: Workload) -> list[SavedTensor]:

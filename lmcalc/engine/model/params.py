@@ -386,23 +386,35 @@ def layer_params(spec: ModelSpec, moe_layer: bool, part: str = "all") -> int:
 def mtp_params(spec: ModelSpec) -> int:
     """One multi-token-prediction module's own parameters (DeepSeek-V3 §2.2, Figure 3): RMSNorms on the hidden state
     and on the next token's embedding (2·h), their concatenation projected back to h (2h·h), one more layer like the
-    model's last, and the norm before the shared head (h); the embedding and the head are the main model's."""
+    model's last, and the norm before the shared head (h); the embedding and the head are the main model's. With
+    mHC's n streams (DeepSeek-V4; Megatron-Core's ``MultiTokenPredictionLayer`` at cae55c1f09) the embedding and the
+    streams are projected apart (h·h each, the streams' stream by stream), and the module collapses its layer's
+    streams before its norm as the model does before its own (``mtp_collapse_params``)."""
     last = spec.num_layers - 1
     h = spec.hidden_size
-    return 2 * h + 2 * h * h + layer_params(spec, spec.is_moe_layer(last)) + h
+    return 2 * h + 2 * h * h + layer_params(spec, spec.is_moe_layer(last)) + h + mtp_collapse_params(spec)
+
+
+def mtp_collapse_params(spec: ModelSpec) -> int:
+    """An MTP module's collapse of its layer's n mHC streams (``hc_head_fn``, n × n·h; ``hc_head_base``, n;
+    ``hc_head_scale``, 1), as the model's last; none without mHC."""
+    hc = spec.hyper_connections
+    return hc.streams * hc.streams * spec.hidden_size + hc.streams + 1 if hc is not None and hc.mixing else 0
 
 
 def mtp_term(spec: ModelSpec) -> Term:
     h, n = spec.hidden_size, spec.mtp_modules
-    layer = mtp_params(spec) - 3 * h - 2 * h * h
+    collapse = mtp_collapse_params(spec)
+    layer = mtp_params(spec) - 3 * h - 2 * h * h - collapse
+    streams = " + n·n·h + n + 1" if collapse else ""
     return Term(
         "mtp",
         "MTP modules (apart)",
         n * mtp_params(spec),
         "params",
-        "n_mtp · (2·h + 2h·h + one layer + h)",
-        f"{n} × (2×{h} + 2×{h}×{h} + {group(layer)} + {h})",
-        "DeepSeek-V3 technical report §2.2",
+        f"n_mtp · (2·h + 2h·h + one layer + h{streams})",
+        f"{n} × (2×{h} + 2×{h}×{h} + {group(layer)} + {h}" + (f" + {group(collapse)})" if collapse else ")"),
+        "DeepSeek-V3 technical report §2.2" + ("; Megatron-Core's MTP layer with mHC" if collapse else ""),
         note="multi-token prediction: trained beside the model and dropped for inference, so not in the total; the "
         "embedding and head are shared",
     )

@@ -274,9 +274,12 @@ def check_mtp(w: Workload, layers: int) -> None:
     if w.framework.name not in MTP_FRAMEWORKS:
         raise LmcalcError(f"{flag}: Megatron-Core trains MTP modules; the {w.framework.name} profile has none "
                           f"(use {setting('framework')} megatron)")  # fmt: skip
-    if model.position_embedding not in ("rope", "none") or model.hyper_connections:
-        raise LmcalcError(f"{flag}: Megatron-Core's MTP needs rotary or no position embeddings, and no "
-                          f"hyper-connections; {model.name} has {model.position_embedding} positions")  # fmt: skip
+    if model.position_embedding not in ("rope", "none"):
+        raise LmcalcError(f"{flag}: Megatron-Core's MTP needs rotary or no position embeddings; {model.name} has "
+                          f"{model.position_embedding} positions")  # fmt: skip
+    if model.hyper_connections and not model.hyper_connections.mixing:
+        raise LmcalcError(f"{flag}: Megatron-Core's MTP takes mHC's streams (DeepSeek-V4's), not {model.name}'s "
+                          "hyper-connections without mixing (iHC), which it has none of")  # fmt: skip
     if w.recompute == "full" and (w.recompute_method == "block" or w.recompute_num_layers > 1):
         raise LmcalcError(f"{flag} with full recomputation: Megatron-Core checkpoints each MTP module whole under "
                           f"the uniform method at {setting('recompute_num_layers')} 1 and refuses more; lmcalc does "

@@ -27,7 +27,13 @@ from lmcalc.engine.finetune.method import (
     trained_tensors,
 )
 from lmcalc.engine.model.flops import ModelPart
-from lmcalc.engine.model.params import AVERAGED_SYMBOLS, WeightTensor, copies_per_layer, weight_tensors
+from lmcalc.engine.model.params import (
+    AVERAGED_SYMBOLS,
+    WeightTensor,
+    copies_per_layer,
+    mtp_collapse_params,
+    weight_tensors,
+)
 from lmcalc.engine.model.prefix import image_encoder_params
 from lmcalc.engine.model.width_params import CROSS_SYMBOL, idle
 from lmcalc.engine.parallel.pipeline import StageLayers, stage_layers
@@ -163,14 +169,15 @@ def _params_held(model: ModelSpec, split: ModelSplit, built: StageLayers) -> Sta
 def mtp_own_params(model: ModelSpec, tp: int, built: StageLayers) -> float:
     """What the trained multi-token-prediction modules hold on one GPU of their stage beyond their layers (counted
     with the stage's): each module's two input norms, its 2h → h projection (column-parallel) and its final norm
-    (``model.params.mtp_params``), and the word embedding, which Megatron-Core builds on the stage that runs them
-    (gpt_model.py: ``pre_process or mtp_process``) unless the stage holds it already; with tied embeddings the last
-    stage's output layer keeps its own matrix beside it (``skip_weight_param_allocation`` on the first stage only)."""
+    (``model.params.mtp_params``; with mHC its two h → h projections and its streams' collapse, whole on every TP
+    rank), and the word embedding, which Megatron-Core builds on the stage that runs them (gpt_model.py:
+    ``pre_process or mtp_process``) unless the stage holds it already; with tied embeddings the last stage's output
+    layer keeps its own matrix beside it (``skip_weight_param_allocation`` on the first stage only)."""
     if not built.mtp:
         return 0.0
     h = model.hidden_size
     embedding = 0.0 if built.embedding else model.vocab_size * h / tp
-    return built.mtp * (3 * h + 2 * h * h / tp) + embedding
+    return built.mtp * (3 * h + 2 * h * h / tp + mtp_collapse_params(model)) + embedding
 
 
 @functools.lru_cache(maxsize=1 << 14)

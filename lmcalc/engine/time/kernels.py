@@ -336,14 +336,26 @@ def _indexer_gemms(s: StageShape) -> list[Gemm]:
 def _head_gemms(s: StageShape) -> tuple[Gemm, ...]:
     """The output layer's GEMM, on the stage that holds the head: trained unless frozen (or tied to a frozen
     embedding); and each trained multi-token-prediction module's projection of [hidden; next embedding] (2h → h,
-    column-parallel) and its own pass through the shared head (DeepSeek-V3 §2.2; Megatron-Core's
+    column-parallel; with mHC, the embedding's h → h and each stream's h → h) and its own pass through the shared
+    head, after the collapse of its layer's streams with mHC (DeepSeek-V3 §2.2; Megatron-Core's
     ``MultiTokenPredictionLayer``)."""
     model, method, built = s.w.model, s.w.method, s.built
     head_trained = method.kind == "full" or (method.kind == "freeze" and not model.tied_embeddings)
     h, logits = model.hidden_size, model.vocab_size / s.grid.tp
     head = (Gemm("lm_head", s.tokens, logits, h, 1, 1.0, float(head_trained)),) if built.head else ()
-    projection = (Gemm("mtp.eh_proj", s.tokens, h / s.grid.tp, 2 * h, built.mtp),) if built.mtp else ()
-    return head + projection + ((Gemm("mtp.lm_head", s.tokens, logits, h, built.mtp_heads),) if built.mtp_heads else ())
+    hc = model.hyper_connections
+    if not built.mtp:
+        projection: tuple[Gemm, ...] = ()
+    elif hc is not None:  # mHC: the embedding's h → h and the streams' h → h, stream by stream (cae55c1f09)
+        n = hc.streams
+        projection = (Gemm("mtp.e_proj", s.tokens, h / s.grid.tp, h, built.mtp),
+                      Gemm("mtp.h_proj", n * s.tokens, h / s.grid.tp, h, built.mtp))  # fmt: skip
+    else:
+        projection = (Gemm("mtp.eh_proj", s.tokens, h / s.grid.tp, 2 * h, built.mtp),)
+    if not built.mtp_heads:
+        return head + projection
+    collapse = (Gemm("mtp.hc_head", s.hidden_tokens, hc.streams, hc.streams * h, built.mtp_heads),) if hc else ()
+    return head + projection + collapse + (Gemm("mtp.lm_head", s.tokens, logits, h, built.mtp_heads),)
 
 
 def _attention_work(s: StageShape, live: float, traffic: MemoryTraffic) -> _AttentionWork:

@@ -189,6 +189,14 @@ times the post weights (R 4h, W 4N), the residual cast to fp32 (R N, W 4N), the 
 (R 4N, W N); 23 kernels. The backward as ``MHC_EAGER``'s."""
 
 
+MTP_COLLAPSE = StreamPasses(1, 28, 1, 8, 13, 26, backward=2.0)
+"""An MTP module's collapse of its n streams before its final norm (Megatron-Core's ``learned_output_contract`` at
+cae55c1f09, in fp32 op by op), forward: the streams cast to fp32 (R N, W 4N), squared (R 4N, W 4N) and averaged
+(R 4N), the weights times the streams (R 4N, W 4N), summed (R 4N, W 4h) and cast back (R 4h, W h); 13 kernels beside
+its GEMM (the cast, the square, the mean, the ε, rsqrt, the product with 1/rms, the scale, the bias, sigmoid, the ε,
+the product, the sum, the cast back). The backward as ``MHC_EAGER``'s."""
+
+
 def _stream_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     """Hyper-connections (DeepSeek-V4's mHC, HY V4's iHC): the kernels that collapse the n streams into each
     sub-layer's input, spread its output back and mix or add the residual streams, two sub-layers a layer, in place of
@@ -390,13 +398,26 @@ def _mtp_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     where it is built, the next tokens' embedding looked up (its gradient added into the embedding copy's, zeroed
     there), the norms of it and of the hidden state and their concatenation (read 2 write 2 a width of h each way);
     on the last stage, its own final norm and loss."""
-    n = s.built.mtp
+    n, hc = s.built.mtp, s.w.model.hyper_connections
+    streams = hc.streams if hc is not None else 0
     if n:
         e, elements = s.act_bytes, n * s.hidden_tokens * s.w.model.hidden_size
         traffic.add(2 * e * elements, 2 * e * elements, 2 * n)  # the lookup; its gradient scattered back
-        traffic.add(2 * 2 * e * elements, 2 * 3 * e * elements, 4 * n)  # two fused norms
-        traffic.add(2 * 2 * e * elements, 2 * 2 * e * elements, 2 * n)  # the concatenation, and its gradient split
+        if hc is None:
+            traffic.add(2 * 2 * e * elements, 2 * 3 * e * elements, 4 * n)  # two fused norms
+            traffic.add(2 * 2 * e * elements, 2 * 2 * e * elements, 2 * n)  # the concatenation, its gradient split
+        else:  # mHC: the embedding's norm and the streams', stream by stream; the two projections' outputs added,
+            # the embedding's broadcast over the streams (R h + N, W N), its gradient summed back over them (R N, W h)
+            normed = (1 + streams) * elements
+            traffic.add(2 * e * normed, 3 * e * normed, 4 * n)
+            traffic.add(e * (1 + 2 * streams) * elements, e * (streams + 1) * elements, 2 * n)
         if not s.built.embedding:  # the embedding copy's dense gradient, zeroed (Megatron builds it here)
             traffic.add(0.0, e * s.w.model.vocab_size / s.grid.tp * s.w.model.hidden_size, 1)
     if s.built.mtp_heads:  # on the last stage, where the output layer is
+        if hc is not None:  # each module's collapse of its streams (learned_output_contract, in fp32 op by op)
+            collapse = s.built.mtp_heads * s.hidden_tokens * s.w.model.hidden_size
+            forward = (MTP_COLLAPSE.streams * s.act_bytes + MTP_COLLAPSE.streams_fp32) * streams * collapse + (
+                MTP_COLLAPSE.width * s.act_bytes + MTP_COLLAPSE.width_fp32) * collapse  # fmt: skip
+            traffic.add(forward, MTP_COLLAPSE.backward * forward,
+                        s.built.mtp_heads * (MTP_COLLAPSE.kernels_forward + MTP_COLLAPSE.kernels_backward))  # fmt: skip
         _losses(s, traffic, s.built.mtp_heads)

@@ -217,7 +217,7 @@ def micro_batch_time(
     # an MTP module's projection (column-parallel, its h-wide output gathered: multi_token_prediction.py), in
     # all-reduces of h: with SP its 2h input gathered and its output, 1.5, backward the scatter's gather, the input
     # gathered again and its gradient reduce-scattered, 2.5; without SP the output gathered, 0.5, its input's
-    # gradient all-reduced, 2
+    # gradient all-reduced, 2 (mHC's, DeepSeek-V4's, runs at TP = 1 alone: layout_checks.check_kept_whole)
     tp_forward += built.mtp * (1.5 if sp else 0.5) * layer.tp_one
     tp_backward += built.mtp * (2.5 if sp else 2.0) * layer.tp_one
     backward_gemms = times.gemm_input_grad + times.gemm_weight_grad
