@@ -48,6 +48,21 @@ def ssm_flops(spec: ModelSpec, seq_len: int) -> float:
     return 0.0 if m is None else 2 * m.d_inner * m.d_conv + 2 * m.d_inner * m.d_state
 
 
+def scan_recomputed_flops(spec: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of ``ssm_flops`` that the scan's backward runs again before its own: mamba_ssm's
+    ``_mamba_chunk_scan_combined_bwd`` (ssd_combined.py at e9594ce; what Megatron-Core's ``MambaMixer`` trains through
+    ``mamba_split_conv1d_scan_combined``, and transformers' Mamba-2 with its kernels) recomputes C·Bᵀ within each
+    chunk (``_bmm_chunk_fwd``, 2·Q·N a token and head), each chunk's state (``_chunk_state_fwd``, 2·P·N), the states'
+    passing and the cumulative decay (element-wise), rather than keep them; it does not recompute the output (2·Q·P +
+    2·P·N). Counted per head over the padded sequence, as ``mamba2_flops`` counts them. 0 for other mixers, whose
+    backward is taken to recompute nothing."""
+    m = spec.mamba2
+    if m is None:
+        return 0.0
+    padded = m.chunk * -(-seq_len // m.chunk) / seq_len
+    return padded * 2 * m.heads * (m.chunk * m.state + m.head_dim * m.state)
+
+
 def mixer_conv_flops(spec: ModelSpec) -> float:
     """Of ``ssm_flops``, the causal depthwise convolution's forward FLOPs per token, 2 · channels · K (the one part
     with a weight: a fine-tuning step's backward computes its gradient only where it trains); 0 without a mixer."""

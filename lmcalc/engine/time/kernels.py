@@ -32,7 +32,7 @@ from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.byte_latent import byte_latent_flops
 from lmcalc.engine.model.compressed_attention import indexer_keys
 from lmcalc.engine.model.flops import attended_keys
-from lmcalc.engine.model.mixer_flops import ssm_flops
+from lmcalc.engine.model.mixer_flops import scan_recomputed_flops, ssm_flops
 from lmcalc.engine.model.op_policy import Redone, selective_redone
 from lmcalc.engine.model.params import copies_per_layer, layers_averaged, weight_tensors
 from lmcalc.engine.model_code import eager_softmax
@@ -49,8 +49,9 @@ FLASH_BACKWARD_TO_FORWARD = 2.5
 the scores): 2.5 × the forward FLOPs (FlashAttention-2's benchmark convention, Dao 2023)."""
 
 SCAN_BACKWARD_TO_FORWARD = 2.0
-"""A scan's backward: each of its products' two operand gradients, twice the forward's FLOPs (the scan recomputes
-nothing beyond what it saved; ``engine.finetune.flops`` counts its backward alike)."""
+"""A scan's backward: each of its products' two operand gradients, twice the forward's FLOPs; beyond them, what it
+recomputes rather than saved (Mamba-2's chunk products and states: ``mixer_flops.scan_recomputed_flops``).
+``engine.finetune.flops`` counts its backward as twice the forward."""
 
 FP32 = 4
 LAYER_GROUPS = (
@@ -246,6 +247,7 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
     attention = _attention_work(s, live, traffic)
     scan_layers = layers * model.other_mixer_share
     scan = scan_layers * ssm_flops(model, w.seq_len) * s.tokens / grid.tp if scan_layers else 0.0
+    scan_redone = scan_layers * scan_recomputed_flops(model, w.seq_len) * s.tokens / grid.tp if scan_layers else 0.0
     memory_bound_traffic(s, traffic)
     accumulation = _accumulation_bytes(s, gemms, head, traffic)
     fp8_cast = _fp8_cast_bytes(w, gemms, head, traffic)
@@ -274,7 +276,7 @@ def stage_work(w: Workload, grid: Grid, built: StageLayers) -> StageWork:
         tp_collective_bytes=s.tokens * model.hidden_size * e,
         layers=layers,
         scan_forward=scan,
-        scan_backward=SCAN_BACKWARD_TO_FORWARD * scan * live,
+        scan_backward=(SCAN_BACKWARD_TO_FORWARD * scan + scan_redone) * live,
         scan_recomputed=scan if recompute_full else 0.0,
         scan_layers=scan_layers,
     )
