@@ -146,11 +146,11 @@ def _residual_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 
 
 class StreamPasses(NamedTuple):
-    """One sub-layer's hyper-connection kernels, forward, in bytes a token per element of the n streams (N = n·h
-    values: ``streams`` in the activation dtype, ``streams_fp32`` in fp32) and of the sub-layer's input and output
-    (h values: ``width``, ``width_fp32``), the kernels launched forward and backward, and the backward's bytes as a
-    multiple of the forward's where they are not counted apart (``backward``, with ``backward_streams`` and
-    ``backward_width`` the backward's own passes where they are)."""
+    """One sub-layer's hyper-connection kernels a token, forward: over the n streams' N = n·h values, ``streams``
+    passes in the activation dtype (ε bytes each) and ``streams_fp32`` bytes of fp32 passes (4 each); over the h
+    values of the sub-layer's input and output, ``width`` and ``width_fp32`` alike; the kernels launched forward and
+    backward; and the backward's bytes, a multiple of the forward's (``backward``) where they are not counted apart,
+    else its own passes in the activation dtype (``backward_streams``, ``backward_width``)."""
 
     streams: float
     streams_fp32: float
@@ -161,6 +161,12 @@ class StreamPasses(NamedTuple):
     backward: float = 0.0
     backward_streams: float = 0.0
     backward_width: float = 0.0
+
+    def bytes(self, e: float, streams: float, width: float) -> tuple[float, float]:
+        """(forward, backward) bytes over ``streams`` stream values and ``width`` values of the sub-layers' input and
+        output, in an activation dtype of ``e`` bytes."""
+        forward = (self.streams * e + self.streams_fp32) * streams + (self.width * e + self.width_fp32) * width
+        return forward, self.backward * forward + (self.backward_streams * streams + self.backward_width * width) * e
 
 
 MHC_FUSED = StreamPasses(3, 0, 2, 0, 3, 4, backward_streams=9, backward_width=3)
@@ -208,9 +214,7 @@ def _stream_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     sublayers = 2 * s.built.layers
     streams = sublayers * s.hidden_tokens * hc.streams * s.w.model.hidden_size  # N values, every sub-layer's
     width = sublayers * s.hidden_tokens * s.w.model.hidden_size
-    forward = (passes.streams * e + passes.streams_fp32) * streams + (passes.width * e + passes.width_fp32) * width
-    backward = passes.backward * forward + (passes.backward_streams * streams + passes.backward_width * width) * e
-    traffic.add(forward, backward, sublayers * (passes.kernels_forward + passes.kernels_backward))
+    traffic.add(*passes.bytes(e, streams, width), sublayers * (passes.kernels_forward + passes.kernels_backward))
 
 
 def _attention_layers(s: StageShape) -> float:
@@ -396,8 +400,9 @@ def _embedding_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
 def _mtp_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
     """Each trained multi-token-prediction module (DeepSeek-V3 §2.2; Megatron-Core's ``MultiTokenPredictionLayer``):
     where it is built, the next tokens' embedding looked up (its gradient added into the embedding copy's, zeroed
-    there), the norms of it and of the hidden state and their concatenation (read 2 write 2 a width of h each way);
-    on the last stage, its own final norm and loss."""
+    there), the norms of it and of the hidden state and their concatenation (read 2 write 2 a width of h each way),
+    or with mHC's n streams the streams' norm and the projections' outputs added; on the last stage, its own final
+    norm and loss, after its collapse of the streams with mHC (``MTP_COLLAPSE``)."""
     n, hc = s.built.mtp, s.w.model.hyper_connections
     streams = hc.streams if hc is not None else 0
     if n:
@@ -415,9 +420,7 @@ def _mtp_traffic(s: StageShape, traffic: MemoryTraffic) -> None:
             traffic.add(0.0, e * s.w.model.vocab_size / s.grid.tp * s.w.model.hidden_size, 1)
     if s.built.mtp_heads:  # on the last stage, where the output layer is
         if hc is not None:  # each module's collapse of its streams (learned_output_contract, in fp32 op by op)
-            collapse = s.built.mtp_heads * s.hidden_tokens * s.w.model.hidden_size
-            forward = (MTP_COLLAPSE.streams * s.act_bytes + MTP_COLLAPSE.streams_fp32) * streams * collapse + (
-                MTP_COLLAPSE.width * s.act_bytes + MTP_COLLAPSE.width_fp32) * collapse  # fmt: skip
-            traffic.add(forward, MTP_COLLAPSE.backward * forward,
-                        s.built.mtp_heads * (MTP_COLLAPSE.kernels_forward + MTP_COLLAPSE.kernels_backward))  # fmt: skip
+            width = s.built.mtp_heads * s.hidden_tokens * s.w.model.hidden_size
+            kernels = s.built.mtp_heads * (MTP_COLLAPSE.kernels_forward + MTP_COLLAPSE.kernels_backward)
+            traffic.add(*MTP_COLLAPSE.bytes(s.act_bytes, streams * width, width), kernels)
         _losses(s, traffic, s.built.mtp_heads)
