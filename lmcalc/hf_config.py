@@ -368,8 +368,8 @@ def _llama_like(config: dict[str, Any], kind: str, fields: dict[str, Any], origi
         fields["attention_head_gate"] = "activation"
     if kind == "lfm3" and not config.get("use_sandwich_norm", True):
         fields["norms_per_layer"] = 2
-    if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe"):  # not built by transformers
-        fields["mtp_modules"] = config["num_nextn_predict_layers"]
+    if config.get("num_nextn_predict_layers") and kind in ("deepseek_v3", "glm4_moe", "deepseek_v4"):  # reported apart,
+        fields["mtp_modules"] = config["num_nextn_predict_layers"]  # not built by transformers
     elif config.get("num_nextn_predict_layers"):  # Mellum: a layer transformers does not build, of no known shape
         fields["notes"] = [*fields.get("notes", []), "its multi-token-prediction layers are not counted"]
     return fields

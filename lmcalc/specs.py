@@ -385,9 +385,10 @@ class ModelSpec(LayerKinds, NamedSpec):
     )
     mtp_modules: LayerIndex = Field(
         0,
-        description="multi-token-prediction modules (DeepSeek-V3 §2.2, GLM-4.5): two norms, a (2h → h) projection "
-        "and one more layer each, sharing the embedding and head; reported apart, not in the total (transformers "
-        "does not build them, and the published totals leave them out)",
+        description="multi-token-prediction modules (DeepSeek-V3 §2.2, GLM-4.5, DeepSeek-V4): two norms, a (2h → h) "
+        "projection (with mHC two h → h and a collapse of the streams) and one more layer each, sharing the embedding "
+        "and head; reported apart, not in the total (transformers does not build them, and the published totals "
+        "leave them out)",
     )
     vision_params: NonNegativeInt | None = Field(
         None,
