@@ -223,18 +223,31 @@ def test_an_fp8_gemm_reads_one_byte_operands_and_writes_bf16():
 
 
 def test_deepseek_v4s_indexers_and_mhc_projections_are_timed():
-    """DeepSeek-V4 Flash, one sequence of 4,096: the 21 CSA layers' indexers run forward only (their top-k carries no
-    gradient): the projections, and the scores of H_I·d_I = 64·128 a key over the entries gone by, Σ⌊j/4⌋ / s =
-    (4·1024·1023/2 + 1024·4) / 4096 = 512.5 − 0.75 a query; each layer's two mHC projections (n·h → (2+n)·n, 16,384 →
-    24) train as any weight."""
+    """DeepSeek-V4 Flash, one sequence of 4,096: the 21 CSA layers' indexers score H_I·d_I = 64·128 a key over the
+    entries gone by, Σ⌊j/4⌋ / s = (4·1024·1023/2 + 1024·4) / 4096 = 512.5 − 0.75 a query; each layer's two mHC
+    projections (n·h → (2+n)·n, 16,384 → 24) train as any weight. Under transformers the indexers run forward only
+    (no loss trains them); under Megatron-Core's fused kernels they train on their KL loss over detached inputs
+    (csa.py at cae55c1f09): their projections' weight gradients and no input gradients, and the scores' gradients over
+    the top 512 entries a query keeps, Σ min(⌊j/4⌋, 512) / s: ⌊j/4⌋ = q four times for q = 1..511 (j < 2,048), then
+    512 for j = 2,048..4,096, (4·511·512/2 + 512·2,049) / 4,096 = 383.875 a query; a GEMM for its queries' gradient
+    and one for its keys'."""
     spec = resolve_model("deepseek-v4-flash").spec
-    w = Workload(spec, resolve_precision("bf16-mixed").spec, ADAMW, 4096, 1, framework=framework_profile("megatron"))
-    gemms = {g.name: g for g in stage_work(w, Grid(ep=64), StageLayers(0, 43, True, True)).gemms}
-    scores = gemms["indexer.scores"]
-    assert (scores.m, scores.n, scores.k, scores.count) == (4096, 511.75, 64 * 128, 21)
-    assert scores.input_grad == scores.weight_grad == gemms["indexer.q_b.weight"].weight_grad == 0
-    mhc = gemms["attn_hc.fn"]
-    assert (mhc.n, mhc.k, mhc.count, mhc.weight_grad) == (24, 16384, 43, 1.0)
+    for profile, trained in (("transformers", 0.0), ("megatron", 1.0)):
+        w = Workload(spec, resolve_precision("bf16-mixed").spec, ADAMW, 4096, 1, framework=framework_profile(profile))
+        gemms = {g.name: g for g in stage_work(w, Grid(ep=64), StageLayers(0, 43, True, True)).gemms}
+        scores = gemms["indexer.scores"]
+        assert (scores.m, scores.n, scores.k, scores.count) == (4096, 511.75, 64 * 128, 21)
+        assert scores.input_grad == scores.weight_grad == gemms["indexer.q_b.weight"].input_grad == 0
+        assert gemms["indexer.q_b.weight"].weight_grad == trained
+        if trained:
+            kept = (4 * 511 * 512 // 2 + 512 * 2049) / 4096
+            assert kept == 383.875
+            grad = gemms["indexer.scores_grad"]
+            assert (grad.m, grad.n, grad.k, grad.count, grad.passes) == (4096, kept, 64 * 128, 21, 2.0)
+        else:
+            assert "indexer.scores_grad" not in gemms
+        mhc = gemms["attn_hc.fn"]
+        assert (mhc.n, mhc.k, mhc.count, mhc.weight_grad) == (24, 16384, 43, 1.0)
 
 
 def test_a_large_gemm_runs_at_the_sustained_matmul_rate():

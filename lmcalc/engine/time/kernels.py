@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from lmcalc.engine.finetune.method import Method, adapted_modules, in_layer
 from lmcalc.engine.model.byte_latent import byte_latent_flops
-from lmcalc.engine.model.compressed_attention import indexer_keys
+from lmcalc.engine.model.compressed_attention import entries_read, indexer_keys
 from lmcalc.engine.model.flops import attended_keys
 from lmcalc.engine.model.mixer_flops import scan_recomputed_flops, ssm_flops
 from lmcalc.engine.model.op_policy import Redone, selective_redone
@@ -312,10 +312,14 @@ def _byte_latent_gemms(s: StageShape) -> list[Gemm]:
 
 
 def _indexer_gemms(s: StageShape) -> list[Gemm]:
-    """A sparse-attention indexer's GEMMs in the stage's layers that run one, forward only (no gradient flows into
-    it): its projections, whole on every TP rank, and its key scores over the causal keys, 2·H_I·(d_I + 1) a key
-    (flops.indexer_scores), timed as one GEMM; DeepSeek-V4's CSA indexers over the compressed entries gone by, 2·H_I·d_I
-    a key (compressed_attention.indexer_flops). DeepSeek's fp8 indexer kernel is not modelled apart."""
+    """A sparse-attention indexer's GEMMs in the stage's layers that run one: its projections, whole on every TP rank,
+    and its key scores over the causal keys, 2·H_I·(d_I + 1) a key (flops.indexer_scores), timed as one GEMM;
+    DeepSeek-V4's CSA indexers over the compressed entries gone by, 2·H_I·d_I a key (compressed_attention.
+    indexer_flops). Forward only, where no gradient flows into it (transformers: no indexer loss). Under
+    Megatron-Core's fused kernels a V4 indexer trains on its KL loss (csa.py at cae55c1f09: ``FusedDSAIndexerLoss``
+    over detached inputs): its projections' weight gradients, and the scores' gradients (its queries' and keys')
+    over the top k_I entries each query keeps (``dsa_indexer_use_sparse_loss``). DeepSeek's fp8 indexer kernel is not
+    modelled apart."""
     w, model = s.w, s.w.model
     c = model.compressed_attention
     ix = c.indexer if c is not None and c.csa_layer_ids else model.indexer
@@ -323,16 +327,21 @@ def _indexer_gemms(s: StageShape) -> list[Gemm]:
         return []
     indexed = len(c.csa_layer_ids) if c is not None else model.indexer_layers
     layers = s.built.layers * indexed / model.num_layers
+    trained = float(c is not None and w.framework.attention.compressed_kernels == "fused" and w.method.kind == "full")
     gemms = [
-        Gemm(t.name, s.tokens, t.shape[0], t.shape[1], layers, 0.0, 0.0)
+        Gemm(t.name, s.tokens, t.shape[0], t.shape[1], layers, 0.0, trained)
         for t in weight_tensors(model)
         if t.group == "indexer" and t.matmul
     ]
-    if c is not None:
-        keys, width = indexer_keys(model, w.seq_len, "causal"), ix.heads * ix.head_dim
-    else:
-        keys, width = (w.seq_len + 1) / 2, ix.heads * (ix.head_dim + 1)
-    return [*gemms, Gemm("indexer.scores", s.tokens, keys, width, layers, 0.0, 0.0)]
+    if c is None:
+        return [*gemms, Gemm("indexer.scores", s.tokens, (w.seq_len + 1) / 2, ix.heads * (ix.head_dim + 1), layers,
+                             0.0, 0.0)]  # fmt: skip
+    width = ix.heads * ix.head_dim
+    gemms.append(Gemm("indexer.scores", s.tokens, indexer_keys(model, w.seq_len, "causal"), width, layers, 0.0, 0.0))
+    if trained:  # the loss's gradient into the kept scores: its queries' (dS·K) and its keys' (dSᵀ·Q), top k_I a query
+        kept = entries_read(w.seq_len, c.csa_rate, ix.top_k) / w.seq_len
+        gemms.append(Gemm("indexer.scores_grad", s.tokens, kept, width, layers, 1.0, 0.0))
+    return gemms
 
 
 def _head_gemms(s: StageShape) -> tuple[Gemm, ...]:
