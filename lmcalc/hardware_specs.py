@@ -19,6 +19,11 @@ class HardwareSpec(NamedSpec):
     memory_bytes: PositiveInt = Field(description="device memory in bytes, stated exactly (see memory_note)")
     memory_label: str = Field(description="the spec sheet's wording, e.g. '80 GB HBM3'")
     memory_note: str = ""
+    cuda_memory_bytes: PositiveInt | None = Field(
+        None,
+        description="device memory as CUDA gives it to a process (cudaMemGetInfo's total, torch's total_memory), as "
+        "measured; source under sources['cuda_memory']. None: not measured, the label's bytes are budgeted",
+    )
     memory_bandwidth_tbps: PositiveFloat = Field(description="HBM bandwidth in TB/s (1e12 bytes/s)")
     peak_tflops_dense: dict[ComputeDtype, PositiveFloat] = Field(
         description="dense (no 2:4 sparsity) peak TFLOP/s per dtype (int8 in TOP/s)"
@@ -71,6 +76,21 @@ class HardwareSpec(NamedSpec):
     def peak_flops(self, dtype: str) -> float:
         """Dense peak in FLOP/s (not TFLOP/s) for a compute dtype."""
         return self.peak_tflops_dense[dtype] * 1e12  # type: ignore[index]
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The memory a training or serving process can fill: CUDA's total where measured, else the label's bytes.
+        An HBM GPU's label counts binary gigabytes as GB (an H100's "80 GB" is 79.19 GiB to CUDA, 85.03 x 10^9
+        bytes: 6 % above the label read as decimal); a GDDR card with ECC on gives CUDA a little less than its label
+        (a T4's "16 GB" is 14.75 GiB, 15.84 x 10^9 bytes)."""
+        return self.cuda_memory_bytes or self.memory_bytes
+
+    @property
+    def capacity_label(self) -> str:
+        """``80 GB HBM3, 79.11 GiB to CUDA``, or the label alone where CUDA's total is not measured."""
+        if self.cuda_memory_bytes is None:
+            return self.memory_label
+        return f"{self.memory_label}, {self.cuda_memory_bytes / 2**30:.2f} GiB to CUDA"
 
     @property
     def label(self) -> str:

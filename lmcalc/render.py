@@ -138,6 +138,8 @@ BAR_STYLES = (
 
 
 OVER_TEXT = " {:.0f} % of capacity: does not fit"
+TIGHT_TEXT = " {:.0f} % of capacity: tight"
+"""Past capacity only by the allocator's fragmentation (``GpuMemory.verdict``)."""
 
 
 def _bar(terms: list[Term], capacity: float, cells_wide: int = BAR_WIDTH):
@@ -156,7 +158,9 @@ def _bar(terms: list[Term], capacity: float, cells_wide: int = BAR_WIDTH):
         bar.append("·" * (cells_wide - min(round(used), cells_wide)), style="dim")
         bar.append("│", style="bold")
     else:
-        bar.append(OVER_TEXT.format(100 * used / cells_wide), style="bold red")
+        fragmentation = sum(t.value for t in terms if t.key.endswith("fragmentation"))
+        tight = used - fragmentation * scale <= cells_wide
+        bar.append((TIGHT_TEXT if tight else OVER_TEXT).format(100 * used / cells_wide), style="bold red")
     return bar
 
 

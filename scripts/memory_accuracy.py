@@ -125,10 +125,11 @@ def nanotron_section() -> list[str]:
     lines += [
         "",
         "The configurations the playbook lists as crashed or out of memory on one node, and lmcalc's verdict for "
-        "80 GB on the most loaded GPU ('mbs>=8' taken at 8; for \"all 80B configs\", the scaling script's 80-layer "
-        "shape, h 8192, 64 heads, f 28672, untied, at layouts of 8 GPUs):",
+        "an H100's 85.03 GB (79.19 GiB, as CUDA gives it) on the most loaded GPU ('mbs>=8' taken at 8; for "
+        '"all 80B configs", the scaling script\'s 80-layer shape, h 8192, 64 heads, f 28672, untied, at layouts of 8 '
+        "GPUs):",
         "",
-        "| configuration | most loaded stage | lmcalc total GiB | verdict on 80 GB |",
+        "| configuration | most loaded stage | lmcalc total GiB | verdict on 79.19 GiB |",
         "|---|---|---|---|",
     ]
     for run in nanotron.OOM:

@@ -50,7 +50,7 @@ def fits() -> list[Fit]:
     rows = []
     for path in FILES:
         for run in load_runs(path, None):
-            capacity = run.cluster.hardware.memory_bytes
+            capacity = run.cluster.hardware.capacity_bytes
             gpu = most_loaded_gpu(run.workload, run.layout)
             verdict = gpu.verdict(capacity)
             lightest = next(

@@ -116,10 +116,11 @@ def test_cost_and_throughput(capsys):
 
 
 def test_max_params_lecture_figures(capsys):
-    # Lecture: 8 × 80 GB / 16 bytes per parameter ≈ 40B fully sharded; 80 GB / 16 B = 5B replicated.
+    # Lecture: 8 × 80 GB / 16 bytes per parameter ≈ 40B fully sharded; 80 GB / 16 B = 5B replicated. An H100 gives
+    # CUDA 85,028,896,768 bytes (deviceQuery's 81090 MBytes), not the label's 80 × 10⁹: 42.5B and 5.3B.
     data = run_json("max-params --gpus 8xH100 --optimizer adamw --framework idealised", capsys)
-    assert data["results"]["zero3"]["states_only"]["value"] == pytest.approx(40e9)
-    assert data["results"]["zero0"]["states_only"]["value"] == pytest.approx(5e9)
+    assert data["results"]["zero3"]["states_only"]["value"] == pytest.approx(8 * 85_028_896_768 / 16)
+    assert data["results"]["zero0"]["states_only"]["value"] == pytest.approx(85_028_896_768 / 16)
     for key in ("zero0", "zero1", "zero2", "zero3"):
         row = data["results"][key]
         assert row["with_activations"]["value"] < row["with_overhead"]["value"] < row["states_only"]["value"]
@@ -143,7 +144,7 @@ def test_memory_zero3_shards_states(capsys):
     data = run_json(command + " --framework torchtitan", capsys)
     assert data["results"]["state"]["params"]["value"] == 0
     assert data["results"]["state"]["total"]["value"] == pytest.approx(16 * 8_030_261_248 / 8)
-    assert data["results"]["total"]["capacity"]["value"] == 80e9
+    assert data["results"]["total"]["capacity"]["value"] == 85_028_896_768  # an H100's, as CUDA gives it
 
 
 def test_tensor_json_has_units(capsys):
@@ -471,10 +472,11 @@ def test_presets_show_prints_the_file_as_written(name, file, capsys):
 
 def test_inference_memory(capsys):
     # Llama 3.1 8B in bf16: 131,072 bytes of KV cache per token (2 · 32 layers · 8 KV heads · 128 · 2 B);
-    # the largest batch at 8192 tokens is ⌊(80e9 − weights − 2 GiB) / (8192 · 131,072)⌋.
+    # the largest batch at 8192 tokens is ⌊(C − weights − 2 GiB) / (8192 · 131,072)⌋, C the H100's memory as CUDA
+    # gives it (deviceQuery's 81090 MBytes, 85,028,896,768 bytes).
     data = run_json("memory --model llama-3.1-8b --inference --batch 32 --context 8K", capsys)
     per_gpu = data["results"]["per_gpu"]
-    budget = 80e9 - 8_030_261_248 * 2 - 2 * 2**30
+    budget = 85_028_896_768 - 8_030_261_248 * 2 - 2 * 2**30
     assert per_gpu["max_batch"]["value"] == budget // (8192 * 131_072)
     assert data["results"]["kv_cache"]["per_token"]["value"] == 131_072
     code, _, err = run("memory --model llama-3.1-70b --inference --weights-dtype fp32", capsys)
@@ -531,6 +533,13 @@ def test_memory_bar_says_does_not_fit_only_when_the_bytes_overflow():
     assert "101 % of capacity: does not fit" in drawn(70.0, 10.5)
     half = drawn(40.0)  # half the capacity: 30 filled cells, 30 free
     assert half.count("█") == 30 and half.count("·") == 30
+    # over only by the allocator's fragmentation: tight, as the verdict says (GpuMemory.verdict)
+    fragmented = Text.assemble(
+        _bar([Term("part", "part", 78e9, "bytes"), Term("total.fragmentation", "fragmentation", 5e9, "bytes")], 80e9)
+    ).plain
+    assert fragmented.endswith("104 % of capacity: tight")
+    over = _bar([Term("part", "part", 81e9, "bytes"), Term("total.fragmentation", "fragmentation", 2e9, "bytes")], 80e9)
+    assert Text.assemble(over).plain.endswith("104 % of capacity: does not fit")
 
 
 def test_memory_advice_gives_what_each_lever_would_need(capsys):

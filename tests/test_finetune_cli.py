@@ -39,7 +39,8 @@ def test_qlora_on_a_24gb_card_fits_with_checkpointing(capsys):
     beyond = run_json(
         f"memory -m llama-3.1-8b --method qlora --gpus 1xRTX4090 --recompute full --seq {int(longest) + 128}", capsys
     )
-    assert value(at, "total", "total") <= 24e9 < value(beyond, "total", "total")
+    rtx_4090 = 25_250_627_584  # what CUDA gives a process on an RTX 4090 under Linux: deviceQuery's 24081 MBytes
+    assert value(at, "total", "total") <= rtx_4090 < value(beyond, "total", "total")
 
 
 def test_memory_of_lora_qlora_and_full_fine_tuning(capsys):

@@ -32,7 +32,7 @@ from lmcalc.specs import HardwareSpec
 
 HARDWARE_FILES = sorted((builtin_dir() / "hardware").glob("*.yaml"))
 TRAINING_DTYPES = ("bf16", "fp16", "fp8")
-MEASURED_SOURCE_GROUPS = ("matmul", "collectives", "compute_units")
+MEASURED_SOURCE_GROUPS = ("matmul", "collectives", "compute_units", "cuda_memory")
 
 
 def _hw(name: str) -> HardwareSpec:

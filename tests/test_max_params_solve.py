@@ -5,7 +5,7 @@ state is offloaded.
 The lecture's question, 8 H100s with AdamW counted as the papers count it (``--framework idealised``), worked by
 hand below: the widest shape of Llama 3.1 8B's proportions that fits is 10 KV groups (h = 5,120, 40 layers,
 14.95 B); before this issue that was the answer, and the 18-byte megatron profile gave the same 14.95 B. At that
-width each layer adds m ≈ 1.54 GB, so 6 more layers fit: 46 layers, 16.99 B.
+width each layer adds m ≈ 1.54 GB, so 9 more layers fit in an H100's 85.03 GB: 49 layers, 18.01 B.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from lmcalc.engine.search.maxparams import with_layers
 
 V, H, KV_HEADS, D, F = 128_256, 5_120, 10, 128, 17_920  # llama-3.1-8b's proportions at 10 KV groups
 S = 4_096  # tokens a sequence, micro-batch 1
-C = 80e9  # an H100's bytes
+C = 85_028_896_768  # an H100's bytes as CUDA gives them (deviceQuery's 81090 MBytes), not the label's 80 × 10⁹
 GPUS = 8
 
 # One layer's parameters: q and o (h·h each), k and v (h·H_kv·d each), gate, up and down (h·f each), two RMSNorms.
@@ -65,16 +65,16 @@ def test_the_depth_is_solved_to_the_layer_as_derived_by_hand():
     m = memory(41) - memory(40)
     assert m == pytest.approx(2 * LAYER_PARAMS + LAYER_ACTIVATIONS, rel=3e-3)
     assert row.solved.layer_bytes == pytest.approx(m, rel=1e-12)
-    # L = L_g + ⌊(C − M(L_g)) / m⌋ = 40 + ⌊(80 − 70.14) / 1.539⌋ = 40 + 6
+    # L = L_g + ⌊(C − M(L_g)) / m⌋ = 40 + ⌊(85.03 − 70.14) / 1.539⌋ = 40 + 9
     layers = 40 + math.floor((C - memory(40)) / m)
-    assert layers == 46 and memory(46) <= C < memory(47)
+    assert layers == 49 and memory(49) <= C < memory(50)
     assert row.activation_shape is not None
-    assert (row.activation_shape.hidden_size, row.activation_shape.num_layers) == (H, 46)
-    assert row.with_activations == params(46) == 16_990_028_800
-    assert row.memory is not None and row.memory.total == pytest.approx(memory(46), rel=1e-12)  # 79.37 GB
-    assert row.solved.beyond == pytest.approx(memory(47), rel=1e-12)  # 80.91 GB
+    assert (row.activation_shape.hidden_size, row.activation_shape.num_layers) == (H, 49)
+    assert row.with_activations == params(49) == 18_012_421_120
+    assert row.memory is not None and row.memory.total == pytest.approx(memory(49), rel=1e-12)  # 83.99 GB
+    assert row.solved.beyond == pytest.approx(memory(50), rel=1e-12)  # 85.53 GB
     assert "L_g = 40" in found.report.term("zero3.with_activations").substituted
-    assert "⌊(80 − 70.14) / 1.539⌋ = 6 more" in found.report.term("zero3.with_activations").substituted
+    assert "⌊(85.03 − 70.14) / 1.539⌋ = 9 more" in found.report.term("zero3.with_activations").substituted
 
 
 def test_every_answer_is_the_deepest_that_fits_at_its_width():
@@ -94,19 +94,21 @@ def test_the_profiles_no_longer_land_on_one_rung():
     # 16 B a parameter (idealised) and Megatron's 18 gave the same 14.95 B; now each its own depth
     idealised = lmcalc.max_params(gpus="8xH100", framework="idealised").rows[3]
     megatron = lmcalc.max_params(gpus="8xH100", framework="megatron").rows[3]
-    assert idealised.with_activations == 16_990_028_800
+    assert idealised.with_activations == params(49) == 18_012_421_120
     assert megatron.with_activations < idealised.with_activations
-    assert megatron.states_only == pytest.approx(8 * 80e9 / 18)  # 35.56 B
+    assert megatron.states_only == pytest.approx(8 * C / 18)  # 37.79 B
 
 
 def test_the_headline_names_the_profile_the_napkin_what_binds_and_the_lever():
     found = lmcalc.max_params(gpus="8xH100", framework="idealised")
     first, states, lever, others = found.report.headline
-    assert first.startswith("On 8xh100-sxm (idealised profile): up to 16.99 B params with ZeRO-3 / FSDP")
+    assert first.startswith("On 8xh100-sxm (idealised profile): up to 18.01 B params with ZeRO-3 / FSDP")
     assert "at 4,096 tokens × micro-batch 1, recomputation none" in first
-    # the lecture's napkin: 8 × 80 GB / 16 B = 40 B; at 16.99 B the activations (41.8 GB) outweigh the states (34.0)
-    assert states.startswith("states alone: 40 B params (8 × 80 GB / 16 B a parameter)")
-    assert "the states take 34.0 GB, the activations 41.8 GB of 80 GB: activations bind" in states
+    # the lecture's napkin, 8 × 80 GB / 16 B = 40 B, at the H100's 85.03 GB: 42.51 B; at 18.01 B the activations
+    # (49 layers' and the head's: 49 · 0.8605 + 2.185 = 44.4 GB) outweigh the states (2 B a parameter: 36.0 GB)
+    assert f"{(49 * LAYER_ACTIVATIONS + OUTSIDE) / 1e9:.1f}" == "44.4" and f"{2 * params(49) / 1e9:.1f}" == "36.0"
+    assert states.startswith("states alone: 42.51 B params (8 × 85.03 GB / 16 B a parameter)")
+    assert "the states take 36.0 GB, the activations 44.4 GB of 85.03 GB: activations bind" in states
     # the lever's figure is the answer with that flag given
     full = lmcalc.max_params(gpus="8xH100", framework="idealised", recompute="full").rows[3]
     assert lever == f"the lever: --recompute full lifts it to {full.with_activations / 1e9:.4g} B params"

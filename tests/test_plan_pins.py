@@ -73,7 +73,7 @@ def test_the_search_skips_only_micro_batches_that_cannot_fit():
         for one in workloads:
             evaluated += 1
             total = most_loaded_gpu(one, layout).total
-            if total <= cluster.hardware.memory_bytes:
+            if total <= cluster.hardware.capacity_bytes:  # CUDA's total, where the preset measured it
                 fits.add((layout, one))
             else:
                 misses.append(total)

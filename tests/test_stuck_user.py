@@ -35,7 +35,9 @@ def test_an_explicit_tp_is_kept_and_one_gpu_still_says_by_how_much(capsys):
         inference(model="llama-3-70b", gpus="8xH100", tp=1)
     with pytest.raises(SystemExit):
         main(["memory", "-m", "llama-3-70b", "--inference", "--gpus", "1xH100"])
-    assert "short by 63.25 GB" in capsys.readouterr().err
+    # 70,553,706,496 bf16 weights (141.11 GB) + the 2 GiB allowance − an H100's 85,028,896,768 bytes as CUDA gives them
+    short = 2 * 70_553_706_496 + 2 * 2**30 - 85_028_896_768
+    assert f"short by {short / 1e9:.2f} GB" in capsys.readouterr().err and f"{short / 1e9:.2f}" == "58.23"
 
 
 def test_sweep_over_zero_stages_equals_memory_at_each():

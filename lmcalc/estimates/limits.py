@@ -100,7 +100,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
 
     w, cluster, model, note = setup.workload, setup.cluster, setup.model, setup.resolved.note
     check_layout(w, layout, cluster)
-    capacity = cluster.hardware.memory_bytes
+    capacity = cluster.hardware.capacity_bytes
     setting_ = fit_engine.Setting(w, layout, capacity)
     found_limits = (
         fit_engine.largest_micro_batch(setting_),
@@ -114,7 +114,7 @@ def fit_estimate(setup: TrainingSetup, layout: Layout) -> FitEstimate:
         sections.append(lever_rules.levers_section(w, layout, cluster, capacity, setup.framework_named))
     inputs = (
         model_input(model, note),
-        Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
+        Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.capacity_label),
         Input("layout", "Layout", layout.label, origin="searched one setting at a time from this layout"),
         Input("precision", "Precision recipe", w.precision.name, origin=stored_text(w)),
         Input("optimizer", "Optimizer", w.optimizer.name, origin=optimizer_text(w.optimizer)),
@@ -148,7 +148,7 @@ def _limit_section(
 ) -> Section:
     """One limit: its value (or that none fits) and what binds it; for the fewest replicas, the GPUs and nodes they
     take; the memory at the limit."""
-    (key, label, unit, symbol), capacity = kind, cluster.hardware.memory_bytes
+    (key, label, unit, symbol), capacity = kind, cluster.hardware.capacity_bytes
     found = limit.value is not None
     beyond = (
         f"; at {symbol} = {limit.beyond_value}: {limit.beyond.total / GB:.2f} GB"
@@ -162,7 +162,7 @@ def _limit_section(
             label if found else f"{label}: none fits",
             limit.value or 0,
             unit if key != "dp" else "replicas",
-            f"{'smallest' if key == 'dp' else 'largest'} {symbol} with memory ≤ {capacity / GB:g} GB"
+            f"{'smallest' if key == 'dp' else 'largest'} {symbol} with memory ≤ {capacity / GB:.4g} GB"
             if found
             else f"binding: {limit.binding}",
             at_limit + beyond,
@@ -303,7 +303,7 @@ def max_params(
 def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
     w, cluster, template = setup.workload, setup.cluster, setup.model
     precision, optimizer = w.precision, w.optimizer
-    capacity = cluster.hardware.memory_bytes
+    capacity = cluster.hardware.capacity_bytes
 
     def runs(stage: int) -> Workload:  # no framework named: each ZeRO stage's own default, as memory's would be
         return replace(w, framework=framework_of(default_framework(w.method, {"zero": stage})[0]))
@@ -313,7 +313,7 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
     sections = [_zero_section(row, capacity, template.name) for row in rows]
     inputs = (
         Input("cluster", "GPUs", cluster.label, origin=f"{cluster.count} × {cluster.hardware.label}"),
-        Input("capacity", "Memory per GPU", capacity, "bytes", cluster.hardware.memory_label),
+        Input("capacity", "Memory per GPU", capacity, "bytes", cluster.hardware.capacity_label),
         Input("precision", "Precision recipe", precision.name, origin=recipe_text(precision)),
         Input("optimizer", "Optimizer", optimizer.name, origin=optimizer_text(optimizer)),
         Input("framework", "Framework", w.framework.name, origin=framework_text(w.framework)),
@@ -324,7 +324,7 @@ def max_params_estimate(setup: TrainingSetup) -> MaxParamsEstimate:
     )
     replicated, sharded = rows[0], rows[-1]
     napkin = (
-        f"N = C / bytes per parameter: {capacity / GB:g} GB / {replicated.bytes_per_param:g} B = "
+        f"N = C / bytes per parameter: {capacity / GB:.4g} GB / {replicated.bytes_per_param:g} B = "
         f"{replicated.states_only / 1e9:.3g}B replicated on every GPU; fully sharded over {cluster.count} GPUs "
         f"{sharded.states_only / 1e9:.3g}B (the lecture's napkin: 8 × 80 GB / 16 B ≈ 40B on 8 H100s)"
         if replicated.zero_stage == 0
@@ -371,9 +371,9 @@ def _states_text(row: mp.MaxParamsRow, capacity: float, gpus: int) -> str:
     if not math.isfinite(row.states_only):
         return "no limit on the GPU (every state offloaded: the host's memory limits them)"
     if row.zero_stage == 3 and gpus > 1:
-        how = f"{gpus} × {capacity / GB:g} GB / {row.bytes_per_param * gpus:.4g} B a parameter"
+        how = f"{gpus} × {capacity / GB:.4g} GB / {row.bytes_per_param * gpus:.4g} B a parameter"
     else:
-        how = f"{capacity / GB:g} GB / {row.bytes_per_param:.4g} B a parameter"
+        how = f"{capacity / GB:.4g} GB / {row.bytes_per_param:.4g} B a parameter"
     return f"{format_quantity(row.states_only, 'params')} ({how})"
 
 
@@ -382,7 +382,7 @@ def max_params_headline(
 ) -> tuple[str, ...]:
     """The answer, under which profile and workload; the states-only figure beside it and what binds between the
     two (the largest part of the memory at the answer); the lever that lifts it and how far; then the others."""
-    capacity, w = cluster.hardware.memory_bytes, workload_of(largest.zero_stage)
+    capacity, w = cluster.hardware.capacity_bytes, workload_of(largest.zero_stage)
     n = format_quantity(largest.with_activations, "params")
     lines = [
         f"On {cluster.label} ({w.framework.name} profile): up to {n} with {largest.label}, the whole memory counted "
@@ -396,7 +396,7 @@ def max_params_headline(
     host = f" (and {memory.offloaded / GB:.1f} GB of host memory a GPU)" if memory.offloaded else ""
     lines.append(
         f"states alone: {states}; at {n} the states take {memory.states_at_peak / GB:.1f} GB{host}, the activations "
-        f"{memory.activations / GB:.1f} GB of {capacity / GB:g} GB: {part} bind"
+        f"{memory.activations / GB:.1f} GB of {capacity / GB:.4g} GB: {part} bind"
     )
     for text, stage, lever_w, lever_cluster in _levers(part, largest.zero_stage, workload_of, cluster):
         lifted = mp.largest(lever_w, lever_cluster, stage)
@@ -490,7 +490,7 @@ def _solved_text(solved: mp.Solved | None, capacity: float) -> str:
     m, rung = solved.layer_bytes, solved.rung_memory
     return (
         f"{mp.shape_text(solved.shape)}: L_g = {solved.rung_layers} ({format_quantity(solved.rung_params, 'params')}"
-        f", M(L_g) = {rung / GB:.2f} GB), m = {m / GB:.3f} GB a layer, ⌊({capacity / GB:g} − {rung / GB:.2f}) / "
+        f", M(L_g) = {rung / GB:.2f} GB), m = {m / GB:.3f} GB a layer, ⌊({capacity / GB:.4g} − {rung / GB:.2f}) / "
         f"{m / GB:.3f}⌋ = {solved.added_layers} more; activations {solved.memory.activations / GiB:.2f} GiB, total "
         f"{solved.memory.total / GB:.2f} GB (one layer more: {solved.beyond / GB:.2f} GB)"
     )

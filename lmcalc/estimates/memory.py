@@ -63,7 +63,7 @@ class MemoryEstimate(Estimate):
 
     @property
     def capacity(self) -> float:
-        return self.cluster.hardware.memory_bytes
+        return self.cluster.hardware.capacity_bytes
 
     @property
     def fits(self) -> bool:

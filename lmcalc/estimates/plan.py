@@ -314,7 +314,7 @@ def _search(setup: TrainingSetup, sequences: int, pins: pl.Pins, efficiency: Giv
     part, size = m.binding
     raise LmcalcError(
         f"nothing fits on {cluster.label} ({found.evaluated} layouts tried); closest: {layout_text(closest)} "
-        f"needs {m.total / GB:,.1f} GB of {found.capacity / GB:,.0f} GB, "
+        f"needs {m.total / GB:,.1f} GB of {found.capacity / GB:,.1f} GB, "
         f"over by {(m.total - found.capacity) / GB:,.1f} GB, mostly {part} ({size / GB:,.1f} GB)"
     )
 

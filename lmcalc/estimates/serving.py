@@ -182,7 +182,7 @@ def _serving_inputs(
     tp = serving.tp
     return (
         model_input(resolved.spec, resolved.note),
-        Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.memory_label),
+        Input("gpu", "GPU", cluster.hardware.name, origin=cluster.hardware.capacity_label),
         Input(
             "tp",
             "Tensor-parallel GPUs",

@@ -113,7 +113,7 @@ def assumptions(chosen: Chosen) -> list[str]:
         f"({chosen.cluster.count} GPUs, DP {layout.dp})",
         f"predicted: {chosen.tokens_per_s:,.0f} tokens/s, MFU {100 * chosen.mfu:.1f} %, "
         f"{chosen.memory_bytes / 1e9:.2f} GB on the most loaded GPU "
-        f"of {chosen.cluster.hardware.memory_bytes / 1e9:.0f}",
+        f"of {chosen.cluster.hardware.capacity_bytes / 1e9:.1f}",
         f"as costed: the {w.framework.name} profile{_modifiers(w)}, the {w.precision.name} recipe, "
         f"{w.optimizer.name}, {w.attention} attention, {w.seq_len} tokens a sequence",
     ]

@@ -40,8 +40,9 @@ class Capacity(NamedTuple):
 
     @classmethod
     def of(cls, hardware: HardwareSpec) -> Capacity:
-        """The memory of one of ``hardware``: the spec sheet's bytes, labelled with the preset and its wording."""
-        return cls(hardware.memory_bytes, f"{hardware.name}: {hardware.memory_label}")
+        """The memory of one of ``hardware`` (CUDA's total where measured, else the label's bytes), labelled with the
+        preset and its wording."""
+        return cls(hardware.capacity_bytes, f"{hardware.name}: {hardware.capacity_label}")
 
 
 def overhead_term(value: float, what: str = "CUDA context, workspaces, fragmentation") -> Term:

@@ -173,7 +173,7 @@ def max_params(
 
 def largest(template: Workload, cluster: Cluster, stage: ZeroStage, label: str = "") -> MaxParamsRow:
     """The row of one ZeRO stage (``max_params``)."""
-    capacity = cluster.hardware.memory_bytes
+    capacity = cluster.hardware.capacity_bytes
     layout = Layout(dp=cluster.count, zero=stage)
     reference = gpu_memory(template, layout, 0)
     bpp = reference.states / count_params(template.model).total

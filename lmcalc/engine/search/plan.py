@@ -234,7 +234,7 @@ def _search_part(search: Search, degrees: list[Degrees], estimate: int = 0) -> _
     reporter = progress.current()
     overflowed: dict[tuple[object, ...], set[Recompute]] = {}  # a layout but its micro-batch: modes that overflowed
     cluster, pins = search.cluster, search.pins
-    capacity, machine, efficiency = cluster.hardware.memory_bytes, search.machine, search.efficiency
+    capacity, machine, efficiency = cluster.hardware.capacity_bytes, search.machine, search.efficiency
 
     def candidate(layout: Layout, w: Workload, memory: float) -> Candidate:  # its figures: the rest is remade
         tokens_per_s, mfu, step = step_figures(w, layout, machine, efficiency)  # on demand, for the few shown
@@ -294,7 +294,7 @@ def _merged(parts: list[_Part], cluster: Cluster) -> Plan:
     the deepest pipeline, the fitting layouts fastest first (ties: more headroom, then the search's order). Each
     part comes ranked (``_Part.ranked``), so the fitting layouts are sorted runs, which Timsort merges; a stable
     sort of sorted runs is the stable sort of them all."""
-    result = Plan(capacity=cluster.hardware.memory_bytes)
+    result = Plan(capacity=cluster.hardware.capacity_bytes)
     refusal: tuple[int, str] | None = None
     fitting: list[Candidate] = []
     ranks: list[tuple[float, float]] = []
