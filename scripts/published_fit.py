@@ -90,12 +90,12 @@ def report(rows: list[Fit]) -> str:
     for r in misfits:
         w = r.run.workload
         lines.append(
-            f"| {r.run.id} | {w.framework.name} | {w.recompute} | {r.total / GB:.1f} GB | {r.capacity / GB:.0f} GB "
+            f"| {r.run.id} | {w.framework.name} | {w.recompute} | {r.total / GB:.1f} GB | {r.capacity / GB:.1f} GB "
             f"| {r.binding} | {r.lightest or 'no setting'} | {r.run.fit_note} |"
         )
     if tight:
         lines += ["", "Tight (the allocated peak fits; the reserved total, at the median fragmentation, does not):", ""]
-        lines += [f"- {r.run.id}: {r.total / GB:.1f} GB of {r.capacity / GB:.0f} GB ({r.binding})" for r in tight]
+        lines += [f"- {r.run.id}: {r.total / GB:.1f} GB of {r.capacity / GB:.1f} GB ({r.binding})" for r in tight]
     return "\n".join(lines) + "\n"
 
 
