@@ -374,6 +374,42 @@ def test_memory_bytes_is_the_label_read_exactly(path):
 
 
 @pytest.mark.parametrize(
+    ("preset", "printed_gib"),
+    [
+        ("h100-sxm", 79.19),  # deviceQuery 81090 MBytes (driver 570); torch prints 79.11-79.20 by driver
+        ("h200", 139.80),  # torch: total capacity of 139.80 GiB
+        ("b200", 178.35),  # pytorch/ao PR 4002: 'Total Global Memory: 178.35 GB' (GiB)
+        ("gb200", 184.31),
+        ("gb300", 276.50),
+        ("b300", 267.69),
+        ("a100-80gb", 79.15),  # deviceQuery 81051 MBytes (driver 535)
+        ("rtx-4090", 23.52),  # deviceQuery 24081 MBytes under Linux
+        ("t4", 14.75),  # Colab's T4 with ECC on
+    ],
+)
+def test_cuda_memory_is_what_torch_prints(preset, printed_gib):
+    """What CUDA gives a process, as torch prints it to 0.01 GiB; the budget is that figure."""
+    spec = _hw(preset)
+    assert spec.cuda_memory_bytes is not None and round(spec.cuda_memory_bytes / 2**30, 2) == printed_gib
+    assert spec.capacity_bytes == spec.cuda_memory_bytes and "to CUDA" in spec.capacity_label
+    assert "cuda_memory" in spec.sources and f"{spec.cuda_memory_bytes:,}" in spec.memory_note
+
+
+@pytest.mark.parametrize("path", HARDWARE_FILES, ids=lambda p: p.stem)
+def test_cuda_memory_lies_below_the_label_read_in_gib(path):
+    """The driver keeps part of the physical memory, which is the label read in GiB (an H100's 80 GiB), or less on a
+    GDDR card with ECC on: CUDA's total is below it, and an HBM GPU's is above the label read in decimal GB."""
+    spec = _hw(path.stem)
+    if spec.cuda_memory_bytes is None:
+        assert spec.capacity_bytes == spec.memory_bytes and "cuda_memory" not in spec.sources
+        return
+    label_gb = float(re.match(r"\s*(\d+(?:\.\d+)?)", spec.memory_label)[1])
+    assert spec.cuda_memory_bytes < label_gb * 2**30
+    if "HBM" in spec.memory_label:
+        assert spec.cuda_memory_bytes > label_gb * 10**9
+
+
+@pytest.mark.parametrize(
     ("preset", "intra", "inter", "per_node"),
     [
         ("h100-sxm", 450, 50, 8),  # NVLink4 900 duplex; DGX H100 400 Gb/s NDR per GPU
