@@ -385,6 +385,9 @@ def test_memory_bytes_is_the_label_read_exactly(path):
         ("a100-80gb", 79.15),  # deviceQuery 81051 MBytes (driver 535)
         ("rtx-4090", 23.52),  # deviceQuery 24081 MBytes under Linux
         ("t4", 14.75),  # Colab's T4 with ECC on
+        ("l4", 22.03),  # a GCE L4: 'device visible = 22563 MiB'
+        ("rtx-5090", 31.35),  # deviceQuery 32101 MBytes (torch's message: 31.36)
+        ("mi300x", 191.98),  # ROCm's torch: 'HIP out of memory ... 191.98 GiB'
     ],
 )
 def test_cuda_memory_is_what_torch_prints(preset, printed_gib):
