@@ -145,6 +145,7 @@ def test_memory_zero3_shards_states(capsys):
     assert data["results"]["state"]["params"]["value"] == 0
     assert data["results"]["state"]["total"]["value"] == pytest.approx(16 * 8_030_261_248 / 8)
     assert data["results"]["total"]["capacity"]["value"] == 85_028_896_768  # an H100's, as CUDA gives it
+    assert "81090 MBytes" in data["results"]["total"]["capacity"]["source"]  # and where that figure comes from
 
 
 def test_tensor_json_has_units(capsys):

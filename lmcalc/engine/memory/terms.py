@@ -33,16 +33,19 @@ from lmcalc.units import GB, group
 
 
 class Capacity(NamedTuple):
-    """A GPU's memory in bytes, and how the spec sheet words it (``h100-sxm: 80 GB HBM3``)."""
+    """A GPU's memory in bytes, how the spec sheet words it (``h100-sxm: 80 GB HBM3, 79.19 GiB to CUDA``) and where
+    the figure comes from."""
 
     bytes: float
     label: str
+    source: str = ""
 
     @classmethod
     def of(cls, hardware: HardwareSpec) -> Capacity:
         """The memory of one of ``hardware`` (CUDA's total where measured, else the label's bytes), labelled with the
         preset and its wording."""
-        return cls(hardware.capacity_bytes, f"{hardware.name}: {hardware.capacity_label}")
+        source = hardware.sources.get("cuda_memory" if hardware.cuda_memory_bytes else "memory", "")
+        return cls(hardware.capacity_bytes, f"{hardware.name}: {hardware.capacity_label}", source)
 
 
 def overhead_term(value: float, what: str = "CUDA context, workspaces, fragmentation") -> Term:
@@ -59,7 +62,7 @@ def overhead_term(value: float, what: str = "CUDA context, workspaces, fragmenta
 def capacity_terms(total: float, capacity: Capacity, utilisation: bool = True) -> tuple[Term, ...]:
     """The GPU's memory, what is left of it (negative: does not fit) and, unless not wanted, the fraction used."""
     terms = (
-        Term("capacity", "GPU memory", capacity.bytes, "bytes", capacity.label),
+        Term("capacity", "GPU memory", capacity.bytes, "bytes", capacity.label, source=capacity.source),
         Term(
             "headroom",
             "Headroom",
