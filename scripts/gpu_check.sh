@@ -21,6 +21,15 @@ if ! $py -c "import torch, typer, pydantic, rich, yaml; assert torch.cuda.is_ava
   exit 2
 fi
 $py -c "import torch; p = torch.cuda.get_device_properties(0); print(f'device: {p.name}, {p.total_memory} bytes, torch {torch.__version__}, CUDA {torch.version.cuda}')" | tee -a "$summary"
+# what CUDA gives this process against the matched preset's cuda_memory_bytes (formulas.md 5.7)
+$py -c "
+import torch
+from lmcalc.bench.device import match_hardware
+p, spec = torch.cuda.get_device_properties(0), match_hardware(torch.cuda.get_device_name(0))
+have = spec.cuda_memory_bytes if spec else None
+print(f'cuda memory: {p.total_memory} bytes ({p.total_memory / 2**30:.2f} GiB); preset '
+      + (f'{spec.name}: {have} bytes, {100 * (p.total_memory / have - 1):+.2f} %' if have else 'none or no cuda_memory_bytes'))
+" 2>> "$out/errors.txt" | tee -a "$summary"
 date -u +"date: %Y-%m-%dT%H:%M:%SZ" | tee -a "$summary"
 
 time_left() {  # time_left NAME LIMIT_S: the step's limit cut to what is left of the budget; 0: skip it
