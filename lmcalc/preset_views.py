@@ -26,7 +26,7 @@ def _summary(kind: str, spec: Any) -> str:
         return f"{group(count_params(spec).total)} params"
     if kind == "hardware":
         bf16 = spec.peak_tflops_dense.get("bf16")
-        return f"{spec.memory_label}; " + (f"bf16 {bf16:g} TFLOP/s dense" if bf16 else "no bf16 peak")
+        return f"{spec.capacity_label}; " + (f"bf16 {bf16:g} TFLOP/s dense" if bf16 else "no bf16 peak")
     if kind == "precisions":
         return f"compute {spec.compute_dtype}"
     if kind == "frameworks":
