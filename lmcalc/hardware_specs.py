@@ -87,7 +87,7 @@ class HardwareSpec(NamedSpec):
 
     @property
     def capacity_label(self) -> str:
-        """``80 GB HBM3, 79.11 GiB to CUDA``, or the label alone where CUDA's total is not measured."""
+        """``80 GB HBM3, 79.19 GiB to CUDA``, or the label alone where CUDA's total is not measured."""
         if self.cuda_memory_bytes is None:
             return self.memory_label
         return f"{self.memory_label}, {self.cuda_memory_bytes / 2**30:.2f} GiB to CUDA"
