@@ -18,6 +18,7 @@ from lmcalc.engine.parallel.layout import Grid, Layout
 from lmcalc.engine.time.kernels import _layer_gemms
 from lmcalc.engine.time.microbatch import _layer_collectives
 from lmcalc.engine.workload import Workload
+from lmcalc.errors import LmcalcError
 from lmcalc.hardware_specs import Cluster
 from lmcalc.hf_config import model_from_hf_config
 from lmcalc.presets import framework_profile, resolve_hardware, resolve_model, resolve_optimizer, resolve_precision
@@ -43,6 +44,19 @@ TINY = {**SUPER, "hidden_size": 256, "num_hidden_layers": 5, "vocab_size": 512, 
         "moe_latent_size": 64, "moe_intermediate_size": 96, "moe_shared_expert_intermediate_size": 192,
         "num_nextn_predict_layers": 0, "max_position_embeddings": 4096, "intermediate_size": 512}  # fmt: skip
 
+# Nemotron 3 Ultra 550B-A55B's config.json (nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16), as public launch scripts,
+# READMEs and tests copy its fields (presets/models/nemotron-3-ultra-550b-a55b.yaml names them): 108 blocks in
+# layers_block_type, attention at these 12 and the others alternating Mamba-2 and MoE from layer 0
+ULTRA_ATTENTION = (7, 14, 23, 32, 39, 48, 57, 64, 73, 82, 89, 98)
+_others = iter(("mamba", "moe") * 48)
+ULTRA = {
+    **SUPER, "hidden_size": 8192, "num_hidden_layers": 108, "hybrid_override_pattern": None,
+    "layers_block_type": [("attention" if i in ULTRA_ATTENTION else next(_others)) for i in range(108)],
+    "mtp_layers_block_type": ["attention", "moe"], "mamba_num_heads": 256, "num_attention_heads": 64,
+    "moe_latent_size": 2048, "moe_intermediate_size": 5120, "moe_shared_expert_intermediate_size": 10240,
+    "intermediate_size": 5120,
+}  # fmt: skip
+
 
 def spec_of(config: dict) -> ModelSpec:
     return ModelSpec.model_validate(model_from_hf_config(config, "super", "test"))
@@ -62,6 +76,34 @@ def test_super_by_hand_is_its_checkpoint_less_the_mtp_layer():
     assert counted.total == total
     assert counted.active == total - 40 * E * 2 * f_e * latent + 40 * 22 * 2 * f_e * latent
     assert count_params(resolve_model("nemotron-3-super-120b-a12b").spec).total == total
+
+
+@pytest.mark.fast
+def test_ultra_by_hand_is_its_bf16_checkpoint_less_the_mtp_block():
+    h, latent, f_e, f_s, E, V, inner, groups, state, heads = 8192, 2048, 5120, 10240, 512, 131072, 16384, 8, 128, 256
+    xbc = inner + 2 * groups * state  # what the convolution runs over: x, B and C
+    mamba = h * (inner + xbc + heads) + xbc * 4 + xbc + 3 * heads + inner + inner * h  # in, conv, A D dt, norm, out
+    attention = h * (64 * 128) + 2 * h * (2 * 128) + (64 * 128) * h
+    moe = E * h + 2 * h * latent + E * 2 * f_e * latent + 2 * h * f_s
+    total = 2 * V * h + 109 * h + 48 * mamba + 12 * attention + 48 * moe
+    assert total == 549_308_968_960  # NVIDIA's "550B total"
+    # the MTP block transformers does not build: an attention and an MoE block, the 2h-to-h projection, its norms
+    mtp = attention + moe + 2 * h * h + 5 * h
+    assert round(2 * (total + mtp) / 1e9) == 1121  # GB: the BF16 checkpoint's size, as a deployment README gives it
+    counted = count_params(spec_of(ULTRA))
+    assert counted.total == total
+    assert counted.active == total - 48 * E * 2 * f_e * latent + 48 * 22 * 2 * f_e * latent
+    assert count_params(resolve_model("nemotron-3-ultra-550b-a55b").spec).total == total
+
+
+@pytest.mark.fast
+def test_mamba2s_groups_bound_tp_in_training_not_in_serving():
+    # Megatron-Core's MambaMixer asserts that TP divides its 8 groups (mamba_mixer.py at d98e8a64); vLLM's
+    # MambaMixer2 replicates the groups instead, and splits only the heads (256)
+    with pytest.raises(LmcalcError, match=r"TP=16 does not divide the 8 Mamba-2 groups of nemotron-3-ultra"):
+        api.memory(model="nemotron-3-ultra", gpus="1x64xgb200", seq=8192, tp=16, ep=4)
+    assert api.memory(model="nemotron-3-ultra", gpus="1x64xgb200", seq=8192, tp=8, ep=8).gpu.total > 0
+    assert api.inference(model="nemotron-3-ultra", gpus="16xgb200", tp=16).max_batch >= 1
 
 
 @pytest.mark.fast
@@ -90,6 +132,18 @@ def test_super_on_the_meta_device():
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(built)
     assert sum(p.numel() for p in model.parameters()) == count_params(spec_of(SUPER)).total
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_ultra_on_the_meta_device():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    built = transformers.AutoConfig.for_model(**{k: v for k, v in ULTRA.items() if v is not None})
+    assert [built.layers_block_type.count(b) for b in ("full_attention", "linear_attention", "moe")] == [12, 48, 48]
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(built)
+    assert sum(p.numel() for p in model.parameters()) == count_params(spec_of(ULTRA)).total
 
 
 def _super(profile: str = "megatron", seq: int = 4096, **settings: object) -> Workload:

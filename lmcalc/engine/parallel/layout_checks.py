@@ -30,7 +30,12 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
     1465-1475) the fused Q/K/V projection stays one column-parallel weight of (H + 2·H_kv)·d rows split evenly
     (attention.py:1264; tensor_parallel/layers.py:842 divides the rows by TP, so TP must divide them), and its
     output is all-gathered over TP, each rank slicing out its group's K and V head and its H/TP query heads. A model
-    none of whose layers attends (Mamba's) has no heads to split."""
+    none of whose layers attends (Mamba's) has no attention heads to split.
+
+    Mamba-2 mixers split their heads and their B and C groups over TP: Megatron-Core's MambaMixer asserts that TP
+    divides both (Megatron-LM@d98e8a64 megatron/core/ssm/mamba_mixer.py:262, 270). vLLM's MambaMixer2
+    (``replicate_kv``) replicates groups that TP does not divide, but still splits the heads."""
+    _check_mamba2(model, tp, replicate_kv)
     if not model.attention_layers:
         return
     if model.num_heads % tp:
@@ -45,6 +50,19 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
     g = model.global_attention  # a local layer's own KV heads (MiMo-V2-Flash), a global one's (Gemma 4)
     for kv in sorted({model.kv_heads, model.local_kv_heads or model.kv_heads, (g and g.kv_heads) or model.kv_heads}):
         _check_kv_heads(model, tp, kv, replicate_kv)
+
+
+def _check_mamba2(model: ModelSpec, tp: int, replicate_kv: bool) -> None:
+    mamba = model.mamba2
+    if mamba is None or tp == 1:
+        return
+    if mamba.heads % tp:
+        raise LmcalcError(f"TP={tp} does not divide the {mamba.heads} Mamba-2 heads of {model.name}")
+    if not replicate_kv and mamba.groups % tp:
+        raise LmcalcError(
+            f"TP={tp} does not divide the {mamba.groups} Mamba-2 groups of {model.name} (Megatron-Core splits B and C "
+            "by group)"
+        )
 
 
 def _check_kv_heads(model: ModelSpec, tp: int, kv: int, replicate_kv: bool) -> None:
