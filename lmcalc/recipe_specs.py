@@ -10,6 +10,7 @@ from lmcalc.specs import (
     ComputeDtype,
     NamedSpec,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     Spec,
@@ -60,10 +61,18 @@ class PrecisionRecipe(NamedSpec):
     sources: tuple[str, ...] = Field(default_factory=no_items)
 
 
+OptimizerParams = Literal["all", "matrices", "others"]
+
+
 class OptimizerState(Spec):
     """One tensor an optimizer keeps per parameter tensor (momentum, second moment, ...)."""
 
     name: str
+    params: OptimizerParams = Field(
+        "all",
+        description="the weights that keep this state: all; matrices, the 2-D weights other than the embedding and "
+        "the output head (those Muon orthogonalises); others, every other weight (Muon's AdamW)",
+    )
     factored: StrictBool = Field(False, description="stored as row + column statistics for matrices (Adafactor)")
     bytes: PositiveFloat | None = Field(None, description="fixed bytes per element; None: the recipe's")
     quantization_block: PositiveInt | None = Field(
@@ -83,4 +92,9 @@ class OptimizerSpec(NamedSpec):
     aliases: tuple[str, ...] = Field(default_factory=no_items)
     description: str
     states: tuple[OptimizerState, ...]
+    newton_schulz_steps: NonNegativeInt = Field(
+        0,
+        description="Newton-Schulz iterations that orthogonalise each matrix's update every step (Muon's 5: each "
+        "4·m²·n + 2·m³ FLOPs for an m × n matrix, m ≤ n); 0: none",
+    )
     sources: tuple[str, ...] = Field(default_factory=no_items)

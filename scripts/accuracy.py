@@ -43,7 +43,7 @@ from lmcalc.specs import Cluster, ModelSpec
 
 MFU_TOLERANCE = 0.20  # relative
 TOP_RANK = 10
-PRECISION, OPTIMIZER = "bf16-mixed", "adamw"  # what every published run trained with
+PRECISION, OPTIMIZER = "bf16-mixed", "adamw"  # what a published run trained with, unless it says otherwise
 OVERHEAD_BYTES = 0.0  # the runs are judged on model states and activations alone, without lmcalc's allowance
 FAMILIES = ("korthikanti", "megatron-2021", "llama3", "mpt", "playbook")
 BLACKWELL_FAMILIES = ("nemo-25.02-b200", "nemo-25.04-gb200")  # benchmarks/blackwell_runs.yaml
@@ -157,7 +157,6 @@ def _with_rule(profile: FrameworkProfile, name: str, changes: dict[str, Any]) ->
 
 def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[PublishedRun]:
     """The runs of a file in the published_runs.yaml layout; ``families`` (None: any) are the ones it may hold."""
-    optimizer = resolve_optimizer(OPTIMIZER).spec
     data = read_yaml(path, TABLE_FILE_LIMIT)
     shapes = data.get("shapes", {})
     runs = []
@@ -174,7 +173,7 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
         workload = Workload(
             spec,
             precision,
-            optimizer,
+            resolve_optimizer(row.get("optimizer", OPTIMIZER)).spec,  # AdamW, unless the run says otherwise
             row["seq"],
             micro_batch,
             attention=row.get("attention", DEFAULT_ATTENTION),

@@ -30,6 +30,7 @@ PLANS = {
         "--mtp-layers 1 --framework megatron",
         "megatron-bridge": "-m llama-3.1-8b --gpus 16xH100 --zero 1 --framework megatron --precision fp8-current "
         "--grad-reduce-in-bf16 --fp8-param-gather --te-cross-entropy",
+        "megatron-muon": "-m llama-3.1-8b --gpus 16xH100 --zero 1 --framework megatron --optimizer muon",
         "deepspeed": "-m llama-3.1-8b --gpus 16xH100 --tp 1 --pp 1 --cp 1 --zero 2 --offload optimizer "
         "--framework deepspeed",
         "torchtitan": "-m llama-3.1-70b --gpus 64xH100 --zero 3 --framework torchtitan",
@@ -126,12 +127,15 @@ presets/models/deepseek-v3.yaml; its one MTP layer is the plan's --mtp-num-layer
 others: a Llama 3 8B's, with 8 experts top-2 under EP."""
 
 
-@pytest.mark.parametrize("name", ["megatron", "megatron-moe", "megatron-flex", "megatron-layout", "megatron-bridge"])
+@pytest.mark.parametrize(
+    "name", ["megatron", "megatron-moe", "megatron-flex", "megatron-layout", "megatron-bridge", "megatron-muon"]
+)
 def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
     """Megatron-LM copies each argument into the Megatron-Core config field of the same name
     (``core_transformer_config_from_args``): each one is such a field or the training script's own, and the configs
     take them (their ``__post_init__`` checks how they combine)."""
     from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     text, _ = emitted(lmcalc_run, name)
@@ -141,7 +145,8 @@ def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
                for flag in f.metadata.get("argparse_meta", {}).get("arg_names", [])}  # fmt: skip
     arguments = {renamed.get(k, k): v for k, v in megatron_arguments(text).items()}
     ddp = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
-    unknown = set(arguments) - set(transformer) - ddp - MEGATRON_LM_ONLY
+    optimizer = {f.name for f in dataclasses.fields(OptimizerConfig)}  # --optimizer muon
+    unknown = set(arguments) - set(transformer) - ddp - optimizer - MEGATRON_LM_ONLY
     assert not unknown, f"not Megatron-Core config fields: {sorted(unknown)}"
 
     def typed(name: str, value: object) -> object:
@@ -160,6 +165,7 @@ def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
     if "pipeline_model_parallel_layout" in given:  # the layout's parts over PP: the virtual stages written beside it
         assert config.virtual_pipeline_model_parallel_size == int(given["virtual_pipeline_model_parallel_size"])
     DistributedDataParallelConfig(**{k: v for k, v in arguments.items() if k in ddp})
+    OptimizerConfig(**{k: v for k, v in arguments.items() if k in optimizer and k not in transformer})
 
 
 def test_deepspeed_accepts_the_config(lmcalc_run, monkeypatch, tmp_path):
@@ -246,3 +252,5 @@ def test_what_a_framework_cannot_run_is_refused_in_a_line(lmcalc_run):
     assert run.code == 2 and "--rank 100000" in run.err
     run = lmcalc_run(["plan", "-m", "llama-3.1-8b", "--gpus", "8xH100", "--emit", "nemo"])
     assert run.code == 2 and "megatron" in run.err
+    run = lmcalc_run(["plan", "-m", "llama-3.2-1b", "--gpus", "1xH100", "--optimizer", "muon", "--emit", "trainer"])
+    assert run.code == 2 and "Trainer names no optim for muon" in run.err  # not AdamW in its place

@@ -162,7 +162,7 @@ def load_layout(run: dict[str, Any]):
     workload = Workload(
         model,
         precision,
-        resolve_optimizer("adamw").spec,
+        resolve_optimizer(run.get("optimizer", "adamw")).spec,
         run["seq"],
         micro_batch,
         recompute=run["recompute"],

@@ -28,7 +28,7 @@ from lmcalc.errors import LmcalcError, flag, setting
 from lmcalc.estimates.setting_groups import defaults
 from lmcalc.estimates.settings import Bytes, Count, TrainingSettings
 from lmcalc.framework_specs import FrameworkProfile
-from lmcalc.recipe_specs import OptimizerSpec, PrecisionRecipe
+from lmcalc.recipe_specs import OptimizerSpec, OptimizerState, PrecisionRecipe
 from lmcalc.result import Input, Result
 from lmcalc.specs import NO_TOP_K, Cluster, HardwareSpec, ModelSpec
 from lmcalc.units import GiB, group, parse_bytes, parse_count
@@ -291,7 +291,12 @@ def how_counted(framework: FrameworkProfile) -> str:
 
 
 def optimizer_text(optimizer: OptimizerSpec) -> str:
-    return "states: " + (", ".join(s.name + (" (factored)" if s.factored else "") for s in optimizer.states) or "none")
+    def state(s: OptimizerState) -> str:
+        return s.name + (" (factored)" if s.factored else "") + ("" if s.params == "all" else f" ({s.params})")
+
+    steps = optimizer.newton_schulz_steps
+    orthogonalised = f"; {steps} Newton-Schulz iterations a matrix a step" if steps else ""
+    return "states: " + (", ".join(state(s) for s in optimizer.states) or "none") + orthogonalised
 
 
 def context_note(model: ModelSpec, seq_len: int) -> tuple[str, ...]:

@@ -146,6 +146,8 @@ def _megatron(chosen: Chosen) -> str:
         args.append(["--expert-tensor-parallel-size", str(layout.etp)])
     if layout.sequence_parallel:
         args.append(["--sequence-parallel"])
+    if w.optimizer.name == "muon":  # with --use-distributed-optimizer, Megatron-LM's layer-wise one
+        args.append(["--optimizer", "muon"])
     if layout.zero >= 1:
         args.append(["--use-distributed-optimizer"])
     if layout.zero >= 2:
@@ -292,13 +294,19 @@ def _torchtitan(chosen: Chosen) -> str:
 def _trainer(chosen: Chosen) -> str:
     _refuse("trainer", chosen, ("tp", "pp", "cp", "ep"))
     layout, w = chosen.layout, chosen.workload
+    if w.optimizer.name not in HF_OPTIM:
+        raise LmcalcError(
+            f"--emit trainer: transformers' Trainer names no optim for {w.optimizer.name} (its optim is one of "
+            f"{', '.join(sorted(set(HF_OPTIM.values())))}); pass your own to Trainer(optimizers=...) or "
+            "--emit megatron"
+        )
     settings: dict[str, object] = {
         "per_device_train_batch_size": w.micro_batch,
         "gradient_accumulation_steps": layout.grad_accum,
         "gradient_checkpointing": w.recompute == "full",
         "bf16": w.precision.name.startswith("bf16"),
         "fp16": w.precision.name.startswith("fp16"),
-        "optim": HF_OPTIM.get(w.optimizer.name, "adamw_torch"),
+        "optim": HF_OPTIM[w.optimizer.name],
     }
     if w.recompute == "selective":
         raise LmcalcError("--emit trainer: the Trainer checkpoints whole layers; pin --recompute full or none")

@@ -49,9 +49,10 @@ SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3
 """Megatron-FSDP's ``--data-parallel-sharding-strategy`` as a ZeRO stage: what it shards over data parallelism."""
 FP8_RECIPES = {"delayed": "fp8-mixed", "tensorwise": "fp8-current", "blockwise": "fp8-blockwise", "mxfp8": "mxfp8"}
 """``--fp8-recipe`` (Transformer Engine's scaling recipe; delayed by default) → lmcalc's precision recipe."""
-OPTIMIZERS = {"adam": "adamw", "sgd": "sgd-momentum"}
-"""``--optimizer``: Megatron's adam is Adam with decoupled weight decay (apex/TE FusedAdam, adam_w_mode), and its
-sgd keeps a momentum buffer (``--sgd-momentum`` 0.9)."""
+OPTIMIZERS = {"adam": "adamw", "sgd": "sgd-momentum", "muon": "muon", "dist_muon": "muon"}
+"""``--optimizer``: Megatron's adam is Adam with decoupled weight decay (apex/TE FusedAdam, adam_w_mode), its
+sgd keeps a momentum buffer (``--sgd-momentum`` 0.9), and its muon (dist_muon, deprecated: muon with the layer-wise
+distributed optimizer) gives the embedding, the head and the vectors to Adam (lmcalc's muon)."""
 SHAPE = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
          "--group-query-attention", "--kv-channels", "--max-position-embeddings", "--swiglu",
          "--untie-embeddings-and-output-weights", "--normalization", "--position-embedding-type", "--vocab-size",

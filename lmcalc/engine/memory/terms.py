@@ -25,7 +25,7 @@ from lmcalc.engine.parallel.sharding import (
     trained_precision,
     zero_shards,
 )
-from lmcalc.engine.parallel.states import state_formula
+from lmcalc.engine.parallel.states import matrix_params, state_formula, trained_params
 from lmcalc.engine.workload import Workload
 from lmcalc.result import Section, Term
 from lmcalc.specs import HardwareSpec, ModelSpec
@@ -242,7 +242,19 @@ def _master_and_optimizer_terms(w: Workload, layout: Layout, gpu: GpuMemory, hel
             "bytes",
             (f"({opt_formula}){optimizer_shard}" if optimizer_shard else opt_formula) + offloaded,
             source="; ".join(optimizer.sources),
+            note=_matrices_note(w),
         ),
+    )
+
+
+def _matrices_note(w: Workload) -> str:
+    """Where an optimizer keeps states for some weights only (Muon's matrices, AdamW's others): their share."""
+    if all(s.params == "all" for s in w.optimizer.states):
+        return ""
+    share = matrix_params(w.model, w.method) / trained_params(w.model, w.method)
+    return (
+        f"N_matrices: the 2-D weights other than the embedding and the head, {100 * share:.4g} % of the trained "
+        "weights (Muon's); the others keep AdamW's moments"
     )
 
 

@@ -125,6 +125,12 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
     check_split(model, layout.pp, layout.grad_accum, split, not w.framework.parallelism.uneven_counted_split)
     check_framework_runs(w, layout.zero, layout.pp)
     check_offload(w.offload, layout.zero)
+    if w.optimizer.newton_schulz_steps and layout.zero > 1:
+        raise LmcalcError(
+            f"{w.optimizer.name} orthogonalises each matrix whole, so lmcalc runs it with {setting('zero')} 0 or 1 "
+            f"(Megatron-Core's dist_muon keeps a matrix's states on one replica), not ZeRO-{layout.zero}, which shards "
+            "matrices element by element"
+        )
     if w.cpu_offloading_num_layers and layout.pp > 1:  # megatron/core/transformer/transformer_config.py
         raise LmcalcError(
             f"{setting('cpu_offloading_num_layers')} works without pipeline parallelism (Megatron-Core refuses "

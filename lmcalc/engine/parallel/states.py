@@ -14,6 +14,7 @@ import math
 
 from lmcalc.engine.choices import ZeroStage
 from lmcalc.engine.finetune.method import FULL, Method, trained_tensors
+from lmcalc.engine.model.tensors import WeightTensor
 from lmcalc.engine.parallel.sharding import zero_divisor
 from lmcalc.recipe_specs import OptimizerSpec, OptimizerState, PrecisionRecipe
 from lmcalc.specs import ModelSpec
@@ -30,8 +31,32 @@ def optimizer_state_bytes(
     for state in optimizer.states:
         per_element = state.bytes if state.bytes is not None else precision.optimizer_state_bytes
         for tensor, share in trained_tensors(model, method):
-            total += tensor.count * share * _state_bytes(state, tensor.shape, per_element)
+            if keeps(state, tensor):
+                total += tensor.count * share * _state_bytes(state, tensor.shape, per_element)
     return total
+
+
+def orthogonalised(tensor: WeightTensor) -> bool:
+    """Whether Muon orthogonalises ``tensor``'s update: a 2-D weight other than the embedding and the output head
+    (Megatron-Core's ``_is_nonlinear_or_embedding`` leaves them to its scalar optimizer; torch.optim.Muon takes 2-D
+    parameters alone; Jordan et al. 2024, "Muon")."""
+    return len(tensor.shape) == 2 and tensor.group not in ("embedding", "head")
+
+
+def keeps(state: OptimizerState, tensor: WeightTensor) -> bool:
+    """Whether ``tensor`` keeps ``state``: every tensor, or only Muon's matrices, or only the others."""
+    return state.params == "all" or orthogonalised(tensor) == (state.params == "matrices")
+
+
+def trained_params(model: ModelSpec, method: Method = FULL) -> float:
+    """The parameters ``method`` trains."""
+    return sum(t.total * share for t, share in trained_tensors(model, method))
+
+
+@functools.lru_cache(maxsize=256)
+def matrix_params(model: ModelSpec, method: Method = FULL) -> float:
+    """The trained parameters in the matrices Muon orthogonalises (``orthogonalised``)."""
+    return sum(t.total * share for t, share in trained_tensors(model, method) if orthogonalised(t))
 
 
 def _state_bytes(state: OptimizerState, shape: tuple[int, ...], per_element: float) -> float:
@@ -53,8 +78,7 @@ def optimizer_bytes_per_param(
     model: ModelSpec, precision: PrecisionRecipe, optimizer: OptimizerSpec, method: Method = FULL
 ) -> float:
     """Optimizer bytes per trained parameter of ``model`` (exact for unfactored optimizers)."""
-    trained = sum(t.total * share for t, share in trained_tensors(model, method))
-    return optimizer_state_bytes(model, precision, optimizer, method) / trained
+    return optimizer_state_bytes(model, precision, optimizer, method) / trained_params(model, method)
 
 
 def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes: float, zero_stage: ZeroStage, dp: int) -> float:
@@ -69,6 +93,7 @@ def bytes_per_param(precision: PrecisionRecipe, optimizer_bytes: float, zero_sta
 
 def state_formula(state: OptimizerState, precision: PrecisionRecipe, n: str = "N") -> str:
     per_element = state.bytes if state.bytes is not None else precision.optimizer_state_bytes
+    n = {"all": n, "matrices": "N_matrices", "others": f"({n} − N_matrices)"}[state.params]
     text = f"Σ_matrices (rows + cols) · {per_element:g} B" if state.factored else f"{n} · {per_element:g} B"
     if state.quantization_block:
         text += f" + ⌈{n} / {state.quantization_block}⌉ · {SCALE_BYTES} B"

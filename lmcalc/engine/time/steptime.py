@@ -52,6 +52,7 @@ from lmcalc.engine.time.comm import group_time
 from lmcalc.engine.time.ep_overlap import unpaired_micro_batches
 from lmcalc.engine.time.kernels import kernel_workload, workload_redone
 from lmcalc.engine.time.microbatch import MicroBatchTime, block_layers, micro_batch_time, stage_micro_batches
+from lmcalc.engine.time.newton_schulz import orthogonalisation_seconds
 from lmcalc.engine.workload import Workload
 from lmcalc.framework_specs import SpeedRule
 from lmcalc.specs import Cluster
@@ -471,11 +472,16 @@ def _exposed_traffic(
 
 def _optimizer_seconds(w: Workload, shards: StateShards, held: StageParams, machine: rates.Machine) -> float:
     """The optimizer step and gradient clipping over this GPU's share of the states (``held``, sharded as
-    ``shards`` says), as memory traffic."""
+    ``shards`` says), as memory traffic, and Muon's orthogonalisation of that share's matrices (``newton_schulz``)."""
     precision, replicas = w.precision, shards.replicas
     sharded = zero_shards("optimizer", shards.zero)
-    local = held.dense / replicas + held.experts / shards.expert_replicas if sharded else held.total
+    dense, experts = (
+        (held.dense / replicas, held.experts / shards.expert_replicas) if sharded else (held.dense, held.experts)
+    )
     states = optimizer_bytes_per_param(w.model, precision, w.optimizer, w.method)
     per_param = 2 * w.grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
     passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
-    return rates.memory_seconds(machine.hardware, local * per_param * passes, 4 * passes, machine.calibration)
+    traffic = rates.memory_seconds(machine.hardware, (dense + experts) * per_param * passes, 4 * passes,
+                                   machine.calibration)  # fmt: skip
+    steps = w.optimizer.newton_schulz_steps
+    return traffic + orthogonalisation_seconds(w.model, w.method, steps, machine, dense, experts)

@@ -242,12 +242,22 @@ def _optimizer_term(t: StepTime, offload: Offload) -> Term:
         "parameters / CPU optimizer rate"
         if offload.optimizer
         else "this GPU's states · (2 gradient reads + master and states read and written + weights written) "
-        "/ (η · HBM bandwidth)",
+        "/ (η · HBM bandwidth)" + _orthogonalised_text(t.workload.optimizer.newton_schulz_steps),
         f"host link {offload.host_link_gbps:g} GB/s, CPU {offload.cpu_optimizer_params_per_s:.3g} "
         "parameters/s (assumptions unless given); not overlapped"
         if offload.optimizer
         else "",
         source="Ren et al. 2021 (ZeRO-Offload) §4" if offload.optimizer else "",
+    )
+
+
+def _orthogonalised_text(steps: int) -> str:
+    """Muon's Newton-Schulz iterations, where the optimizer runs them (engine.time.newton_schulz)."""
+    if not steps:
+        return ""
+    return (
+        f" + {steps} Newton-Schulz iterations on each matrix whose states this GPU holds: (m·m·n, m·m·m, m·n·m) GEMMs "
+        "at the bf16 rate, 4·m²·n + 2·m³ FLOPs an iteration, m ≤ n"
     )
 
 
