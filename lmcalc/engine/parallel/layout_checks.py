@@ -127,9 +127,9 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
     check_offload(w.offload, layout.zero)
     if w.optimizer.newton_schulz_steps and layout.zero > 1:
         raise LmcalcError(
-            f"{w.optimizer.name} orthogonalises each matrix whole, so lmcalc runs it with {setting('zero')} 0 or 1 "
-            f"(Megatron-Core's dist_muon keeps a matrix's states on one replica), not ZeRO-{layout.zero}, which shards "
-            "matrices element by element"
+            f"{w.optimizer.name} orthogonalises each matrix whole: lmcalc models it at {setting('zero')} 0 or 1 "
+            f"(Megatron-LM's muon and dist_muon), not ZeRO-{layout.zero}, whose element shards Megatron-LM refuses "
+            "with it and DeepSpeed gathers back into matrices (not modelled)"
         )
     if w.cpu_offloading_num_layers and layout.pp > 1:  # megatron/core/transformer/transformer_config.py
         raise LmcalcError(
