@@ -31,6 +31,8 @@ PLANS = {
         "megatron-bridge": "-m llama-3.1-8b --gpus 16xH100 --zero 1 --framework megatron --precision fp8-current "
         "--grad-reduce-in-bf16 --fp8-param-gather --te-cross-entropy",
         "megatron-muon": "-m llama-3.1-8b --gpus 16xH100 --zero 1 --framework megatron --optimizer muon",
+        "megatron-hsdp": "-m llama-3.1-70b --gpus 64xH100 --tp 8 --zero 1 --hsdp 2 --framework megatron",
+        "torchtitan-hsdp": "-m llama-3.1-8b --gpus 32xH100 --tp 1 --pp 1 --zero 3 --hsdp 4 --framework torchtitan",
         "deepspeed": "-m llama-3.1-8b --gpus 16xH100 --tp 1 --pp 1 --cp 1 --zero 2 --offload optimizer "
         "--framework deepspeed",
         "torchtitan": "-m llama-3.1-70b --gpus 64xH100 --zero 3 --framework torchtitan",
@@ -128,7 +130,16 @@ others: a Llama 3 8B's, with 8 experts top-2 under EP."""
 
 
 @pytest.mark.parametrize(
-    "name", ["megatron", "megatron-moe", "megatron-flex", "megatron-layout", "megatron-bridge", "megatron-muon"]
+    "name",
+    [
+        "megatron",
+        "megatron-moe",
+        "megatron-flex",
+        "megatron-layout",
+        "megatron-bridge",
+        "megatron-muon",
+        "megatron-hsdp",
+    ],
 )
 def test_megatron_core_accepts_the_arguments(lmcalc_run, name):
     """Megatron-LM copies each argument into the Megatron-Core config field of the same name
@@ -224,7 +235,7 @@ TORCHTITAN_SCHEMA = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["torchtitan", "torchtitan-zero2", "torchtitan-pp"])
+@pytest.mark.parametrize("name", ["torchtitan", "torchtitan-zero2", "torchtitan-pp", "torchtitan-hsdp"])
 def test_torchtitan_reads_the_toml_as_its_configs_do(lmcalc_run, name):
     text, _ = emitted(lmcalc_run, name)
     written = tomllib.loads(text)
@@ -236,7 +247,9 @@ def test_torchtitan_reads_the_toml_as_its_configs_do(lmcalc_run, name):
             seen = [p[section][key] for p in published if key in p.get(section, {})]
             assert all(type(s) is type(value) for s in seen), (section, key)  # as torchtitan's own configs give it
     plan = planned(lmcalc_run, name)
-    assert written["parallelism"]["data_parallel_shard_degree"] == plan["dp"] and plan["zero"] >= 2
+    parallelism = written["parallelism"]  # FSDP within each of HSDP's replica groups (torchtitan's dp_replicate)
+    assert parallelism["data_parallel_shard_degree"] * parallelism["data_parallel_replicate_degree"] == plan["dp"]
+    assert parallelism["data_parallel_replicate_degree"] == plan.get("hsdp", 1) and plan["zero"] >= 2
     # the policy torchtitan/distributed/fsdp.py resolves: "default" reshards, but not under PP
     reshard = written["parallelism"].get("fsdp_reshard_after_forward", "default")
     assert (reshard == "never" or reshard == "default" and plan["pp"] > 1) == (plan["zero"] == 2)

@@ -87,3 +87,12 @@ def test_an_embedding_weighed_as_two_layers_is_named(tmp_path):
     (said,) = launch.unexpressed
     assert said.key == "parallelism.pipeline_parallel_first_stage_less_layers"
     assert said.why == "the embedding weighed as 2 layers in the split (lmcalc: 0 or 1)"
+
+
+def test_a_replicate_degree_is_read_as_hsdp_groups(tmp_path):
+    # torchtitan's 2-D mesh: FSDP over data_parallel_shard_degree GPUs in each of data_parallel_replicate_degree groups
+    launch = read_toml(tmp_path, "data_parallel_shard_degree = 8\ndata_parallel_replicate_degree = 2\n")
+    settings = launch.keywords()
+    assert (settings["zero"], settings["hsdp"]) == (3, 2)
+    gpu = lmcalc.memory(gpus="16xH100", **settings).gpu
+    assert gpu.master == 4 * 8_030_261_248 / 8  # fp32 master shards over a group of 8, not all 16

@@ -30,6 +30,12 @@ _SPLIT_HELP = {
     "last stage or the layout's m part: each a layer like the last, a 2h→h projection and a pass through the head.",
 }
 
+_HSDP_HELP = (
+    "HSDP's replica groups: ZeRO shards each state within DP·CP / N GPUs and the N groups keep copies, reduced "
+    "across them (torchtitan's data_parallel_replicate_degree, Megatron's --num-distributed-optimizer-instances). "
+    "Default 1: sharded over all of DP·CP."
+)
+
 
 class SplitSettings(TypedDict, total=False):
     """How the layers split over the pipeline stages (Megatron-LM's flags), as the user gives it."""
@@ -63,6 +69,7 @@ class LayoutSettings(SplitSettings, total=False):
         ZeroStage,
         Setting(0, f"ZeRO stage {ZERO_STAGES[0]}-{ZERO_STAGES[-1]} over DP·CP (3 = FSDP full sharding)."),
     ]
+    hsdp: Annotated[int, Setting(1, _HSDP_HELP)]
     sequence_parallel: Annotated[
         bool, Setting(False, "Split norms, dropout and linear inputs over TP too (Korthikanti et al.).")
     ]
@@ -87,6 +94,7 @@ class PinSettings(TypedDict, total=False):
         Setting(None, "Pin the expert tensor-parallel degree (default: TP or 1, MoE parallel folding, are tried)."),
     ]
     zero: Annotated[ZeroStage | None, Setting(None, "Pin the ZeRO stage.")]
+    hsdp: Annotated[int, Setting(1, _HSDP_HELP + " The search does not try other counts.")]
     schedule: Annotated[str | None, Setting(None, f"Pin the pipeline schedule: {alternatives(SCHEDULES)}.")]
     virtual_stages: Annotated[
         int | None,

@@ -152,6 +152,7 @@ def search_pins(given: Mapping[str, Any], limits: Mapping[str, Any] | None = Non
         max_cp=limit["max_cp"],
         tp_within_node=not limit["tp_across_nodes"],
         split=pipeline_split(cast(SplitSettings, subset(given, SplitSettings))),
+        hsdp=pinned["hsdp"],
     )
 
 
@@ -210,6 +211,7 @@ def layout_fields(candidate: pl.Candidate) -> tuple[tuple[str, Any], ...]:
         ("ep", layout.ep),
         ("etp", layout.expert_tp),
         ("zero", layout.zero),
+        ("hsdp", layout.hsdp),
         ("sequence_parallel", layout.sequence_parallel),
         ("schedule", split.schedule),
         ("virtual_stages", split.virtual_stages),

@@ -106,7 +106,9 @@ def layout_origin(layout: Layout) -> str:
     """The settings a layout in an inputs table came from."""
     split = layout.split
     folded: tuple[str, ...] = ("etp",) if layout.folded else ()
-    degrees = ("dp", "tp", "pp", "cp", "ep", *folded, "zero", "sequence_parallel", "schedule", "virtual_stages")
+    hybrid: tuple[str, ...] = ("hsdp",) if layout.hsdp > 1 else ()
+    degrees = ("dp", "tp", "pp", "cp", "ep", *folded, "zero", *hybrid, "sequence_parallel", "schedule",
+               "virtual_stages")  # fmt: skip
     return (
         " ".join(flag(name) for name in degrees)
         + (" --first/--last-stage-layers" if split.first_stage_layers or split.last_stage_layers else "")

@@ -150,6 +150,8 @@ def _megatron(chosen: Chosen) -> str:
         args.append(["--optimizer", "muon"])
     if layout.zero >= 1:
         args.append(["--use-distributed-optimizer"])
+    if layout.hsdp > 1:  # the distributed optimizer's (or Megatron-FSDP's) instances, each sharding within its group
+        args.append(["--num-distributed-optimizer-instances", str(layout.hsdp)])
     if layout.zero >= 2:
         args += [["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", MEGATRON_FSDP[layout.zero]]]
     split = layout.split
@@ -261,7 +263,7 @@ def _torchtitan(chosen: Chosen) -> str:
     if layout.tp > 1 and not layout.sequence_parallel:
         raise LmcalcError("--emit torchtitan: torchtitan's TP shards the norms too (sequence parallelism); pin "
                           "--sequence-parallel")  # fmt: skip
-    shard, replicate = (layout.dp, 1) if layout.zero >= 2 else (1, layout.dp)
+    shard, replicate = (layout.dp // layout.hsdp, layout.hsdp) if layout.zero >= 2 else (1, layout.dp)
     parallelism: dict[str, object] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,

@@ -30,6 +30,7 @@ WHOLE = {
     "--decoder-last-pipeline-num-layers": "last_stage_layers",
     "--seq-length": "seq",
     "--mtp-num-layers": "mtp_layers",
+    "--num-distributed-optimizer-instances": "hsdp",
 }
 """The flags that give one of lmcalc's whole-number settings, each by the same name in the API."""
 SWITCHES = {

@@ -97,8 +97,8 @@ def read_torchtitan(data: dict[str, Any], source: str) -> Launch:
     if whole(shard[1], shard[0], source) != 1:  # -1: every GPU the other degrees leave
         reading.take("zero", 3, shard[0])
         _read_resharding(value("fsdp_reshard_after_forward"), reading)
-        if replicate is not None and whole(replicate[1], replicate[0], source) > 1:
-            reading.cannot(replicate[0], replicate[1], "HSDP: lmcalc shards ZeRO-3 over every data-parallel GPU")
+        if replicate is not None and whole(replicate[1], replicate[0], source) > 1:  # HSDP: FSDP in each group
+            reading.take("hsdp", whole(replicate[1], replicate[0], source), replicate[0])
     _read_batch(value, reading)
     _read_precision(keys, reading, used)
     optimizer = keys.get("optimizer.name")

@@ -155,12 +155,13 @@ IDLE_NOTE = (
 
 def _shard_text(state: ModelState, layout: Layout, held: StageParams) -> str:
     """How ZeRO divides ``state`` over the data-parallel replicas (the experts over fewer of them), if it does."""
-    rep_d, rep_e = layout.data_replicas, layout.state_shards.expert_replicas
+    rep_d, rep_e = layout.state_shards.shard, layout.state_shards.expert_shard
     if not zero_shards(state, layout.zero) or rep_d == 1 and rep_e == 1:
         return ""
+    hsdp = f", within each of HSDP's {layout.hsdp} groups" if layout.hsdp > 1 else ""
     if held.experts:
-        return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero})"
-    return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP)"
+        return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero}{hsdp})"
+    return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP{hsdp})"
 
 
 def _weight_and_gradient_terms(w: Workload, layout: Layout, gpu: GpuMemory, held: StageParams) -> tuple[Term, ...]:

@@ -71,6 +71,7 @@ class StateShards(NamedTuple):
     zero: ZeroStage = 0
     replicas: int = 1
     etp: int = 1
+    groups: int = 1  # HSDP: ZeRO shards over each of these groups of the replicas and the groups hold copies
 
     @property
     def split(self) -> ModelSplit:
@@ -80,6 +81,16 @@ class StateShards(NamedTuple):
     def expert_replicas(self) -> int:
         """EDP = TP·CP·DP / (ETP·EP): the copies of each routed expert (``replicas`` / EP when ETP = TP)."""
         return max(1, self.replicas * self.tp // (self.etp * self.ep))
+
+    @property
+    def shard(self) -> int:
+        """The dense replicas ZeRO shards a state over: DP·CP, or under HSDP one group of them (DP·CP / groups)."""
+        return self.replicas // self.groups
+
+    @property
+    def expert_shard(self) -> int:
+        """The experts' replicas ZeRO shards a state over: EDP, or under HSDP one group of them (EDP / groups)."""
+        return max(1, self.expert_replicas // self.groups)
 
 
 @dataclass(frozen=True, slots=True)  # slots: the planner makes hundreds of thousands
@@ -96,6 +107,7 @@ class Layout:
     grad_accum: int = 1  # micro-batches per step
     etp: int | None = None  # the routed experts' TP (Megatron-Core's expert_tensor_parallel_size); None: TP
     split: PipelineSplit = PipelineSplit()
+    hsdp: int = 1  # HSDP's replica groups: ZeRO shards over DP·CP / hsdp GPUs, and each group holds a copy
     # its views, what each family of figures depends on (the caches' keys), made when first asked for: a layout
     # sent back from a search's worker process (``__reduce__``) may never be asked
     _views: tuple[ActivationLayout, Grid, StateShards, Stages] | None = field(
@@ -111,6 +123,8 @@ class Layout:
                     raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
         if self.zero not in ZERO_STAGES:
             raise LmcalcError(f"{setting('zero')} must be {one_of(ZERO_STAGES)}, got {self.zero}")
+        if self.hsdp != 1 and not positive_integer(self.hsdp):
+            raise LmcalcError(f"{setting('hsdp')} must be a positive integer, got {self.hsdp}")
         if self.etp is not None:
             if not positive_integer(self.etp):
                 raise LmcalcError(f"{setting('etp')} must be a positive integer, got {self.etp}")
@@ -131,7 +145,7 @@ class Layout:
         views = (
             ActivationLayout(tp, self.sequence_parallel, cp, self.pp, self.grad_accum, split),
             Grid(tp, cp, self.ep, self.sequence_parallel and tp > 1, etp),
-            StateShards(tp, self.ep, self.zero, self.dp * cp, etp),
+            StateShards(tp, self.ep, self.zero, self.dp * cp, etp, self.hsdp),
             Stages(self.pp, split),
         )
         object.__setattr__(self, "_views", views)
@@ -184,6 +198,7 @@ class Layout:
             f"EP={self.ep}",
             *([f"ETP={self.etp}"] if self.etp is not None else []),
             f"ZeRO-{self.zero}",
+            *([f"HSDP={self.hsdp}"] if self.hsdp > 1 else []),
         ]
         if self.sequence_parallel:
             parts.append("SP")
@@ -199,6 +214,7 @@ class Layout:
         ]
         parts += [f"ETP{self.etp}"] if self.etp is not None else []
         parts += [f"Z{self.zero}"] if self.zero else []
+        parts += [f"H{self.hsdp}"] if self.hsdp > 1 else []
         parts += ["SP"] if self.sequence_parallel else []
         return " ".join(parts + self.split.code_parts(self.pp))
 
@@ -206,20 +222,20 @@ class Layout:
 def _layout_hash(layout: Layout) -> int:
     return hash(
         (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.grad_accum, layout.zero,
-         layout.sequence_parallel, layout.split, layout.etp)
+         layout.sequence_parallel, layout.split, layout.etp, layout.hsdp)
     )  # fmt: skip
 
 
-LayoutFields = tuple[int, int, int, int, int, ZeroStage, bool, int, "int | None", PipelineSplit]
+LayoutFields = tuple[int, int, int, int, int, ZeroStage, bool, int, "int | None", PipelineSplit, int]
 """A layout's fields in their order: DP, TP, PP, CP, EP, ZeRO, sequence parallelism, gradient accumulation, ETP
-(None where it is TP) and the pipeline split."""
+(None where it is TP), the pipeline split and HSDP's replica groups."""
 
 
 def checked_layout(values: LayoutFields) -> Layout:
     """The layout of ``values``, fields known to be valid: made without ``__post_init__``'s checks and the dataclass's
     keyword ``__init__``, 1.3 µs against 4.7 (the planner makes 278,000 for DeepSeek-V3 on 2,048 H800, from degrees
     it has checked; a search's worker sends back 170,000). The same layout as ``Layout(...)`` makes, to the hash."""
-    dp, tp, pp, cp, ep, zero, sequence_parallel, grad_accum, etp, split = values
+    dp, tp, pp, cp, ep, zero, sequence_parallel, grad_accum, etp, split, hsdp = values
     layout, set_field = _new(Layout), _set_field
     set_field(layout, "dp", dp)
     set_field(layout, "tp", tp)
@@ -231,8 +247,9 @@ def checked_layout(values: LayoutFields) -> Layout:
     set_field(layout, "grad_accum", grad_accum)
     set_field(layout, "etp", etp)
     set_field(layout, "split", split)
+    set_field(layout, "hsdp", hsdp)
     set_field(layout, "_views", None)
-    set_field(layout, "_hash", hash((dp, tp, pp, cp, ep, grad_accum, zero, sequence_parallel, split, etp)))
+    set_field(layout, "_hash", hash((dp, tp, pp, cp, ep, grad_accum, zero, sequence_parallel, split, etp, hsdp)))
     return layout
 
 
@@ -249,7 +266,7 @@ _init_values = operator.attrgetter(*_INIT_FIELDS)  # its fields in order, at onc
 
 
 LAYOUT_CODE_KEY = (
-    "DP/TP/PP/CP/EP: the degrees (1 left out); ETP: the experts' TP where it is not TP; Z: the ZeRO stage; "
-    "SP: sequence parallel; v: virtual stages (interleaved); f/l: layers on the first/last stage; +emb/+loss: "
-    "counted as a layer"
+    "DP/TP/PP/CP/EP: the degrees (1 left out); ETP: the experts' TP where it is not TP; Z: the ZeRO stage; H: HSDP's "
+    "replica groups; SP: sequence parallel; v: virtual stages (interleaved); f/l: layers on the first/last stage; "
+    "+emb/+loss: counted as a layer"
 )

@@ -52,6 +52,20 @@ def check_tp_heads(model: ModelSpec, tp: int, replicate_kv: bool = False) -> Non
         _check_kv_heads(model, tp, kv, replicate_kv)
 
 
+def _check_hsdp(layout: Layout) -> None:
+    """HSDP's replica groups: a ZeRO stage to shard within each, DP·CP split into groups of two or more GPUs, and the
+    experts' replicas (EDP) split the same way."""
+    hsdp, replicas, experts = layout.hsdp, layout.data_replicas, layout.state_shards.expert_replicas
+    if not layout.zero:
+        raise LmcalcError(f"{setting('hsdp')} {hsdp} needs a ZeRO stage to shard within each group ({setting('zero')})")
+    if replicas % hsdp or replicas == hsdp:
+        raise LmcalcError(
+            f"{setting('hsdp')} {hsdp} must split DP·CP = {replicas} into groups of two or more GPUs to shard over"
+        )
+    if layout.ep > 1 and experts % hsdp:
+        raise LmcalcError(f"{setting('hsdp')} {hsdp} must divide the experts' data-parallel replicas (EDP = {experts})")
+
+
 def _check_mamba2(model: ModelSpec, tp: int, replicate_kv: bool) -> None:
     mamba = model.mamba2
     if mamba is None or tp == 1:
@@ -125,6 +139,8 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
     check_split(model, layout.pp, layout.grad_accum, split, not w.framework.parallelism.uneven_counted_split)
     check_framework_runs(w, layout.zero, layout.pp)
     check_offload(w.offload, layout.zero)
+    if layout.hsdp > 1:
+        _check_hsdp(layout)
     if w.optimizer.newton_schulz_steps and layout.zero > 1:
         raise LmcalcError(
             f"{w.optimizer.name} orthogonalises each matrix whole: lmcalc models it at {setting('zero')} 0 or 1 "

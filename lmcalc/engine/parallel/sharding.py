@@ -264,7 +264,8 @@ def stage_part(model: ModelSpec, built: StageLayers) -> ModelPart:
 
 def sharded_state_bytes(bytes_per_param: float, state: ModelState, held: StageParams, shards: StateShards) -> float:
     """Bytes of one model state on a GPU holding ``held``: ``bytes_per_param`` for each parameter, spread over
-    the replicas (DP·CP) for dense tensors and EDP for experts once ``shards``' ZeRO stage shards ``state``."""
+    the replicas (DP·CP) for dense tensors and EDP for experts once ``shards``' ZeRO stage shards ``state``, or
+    under HSDP over one group of them."""
     if zero_shards(state, shards.zero):
-        return bytes_per_param * (held.dense / shards.replicas + held.experts / shards.expert_replicas)
+        return bytes_per_param * (held.dense / shards.shard + held.experts / shards.expert_shard)
     return bytes_per_param * (held.dense + held.experts)

@@ -100,8 +100,13 @@ def sequence_limit(model: ModelSpec) -> int:
 
 
 def data_parallel_step(layout: Layout) -> int:
-    """The step of the DP search: the smallest DP for which EP divides DP·CP (experts spread over DP·CP)."""
-    return layout.ep // math.gcd(layout.ep, layout.cp)
+    """The step of the DP search: the smallest DP for which EP divides DP·CP (experts spread over DP·CP), and under
+    HSDP, DP·CP makes its groups of an even number of replicas each."""
+    step = layout.ep // math.gcd(layout.ep, layout.cp)
+    if layout.hsdp > 1:
+        groups = 2 * layout.hsdp
+        step = math.lcm(step, groups // math.gcd(groups, layout.cp))
+    return step
 
 
 def longest_sequence(setting: Setting) -> Limit:

@@ -65,11 +65,12 @@ class Pins:
     max_cp: int = 16
     tp_within_node: bool = True
     split: PipelineSplit = PipelineSplit()
+    hsdp: int = 1  # HSDP's replica groups, as given: the search does not try others
 
     def __post_init__(self) -> None:
         for name in (
             "tp", "pp", "cp", "ep", "etp", "dp", "micro_batch", "virtual_stages", "max_micro_batch", "max_tp", "max_pp",
-            "max_cp",
+            "max_cp", "hsdp",
         ):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not positive_integer(value):
@@ -217,7 +218,7 @@ def layouts(
     space = _search_space(base, cluster, pins)
     gpus = cluster.count
     workloads: dict[int, tuple[Workload, ...]] = {}  # by micro-batch, made once: layouts share them
-    pinned_interleaved = pins.schedules == ("interleaved",)
+    pinned_interleaved, hsdp = pins.schedules == ("interleaved",), pins.hsdp
     experts = base.model.moe.num_experts if base.model.moe else 1
     for tp, pp, cp in model_degrees(base, cluster, global_batch, pins) if degrees is None else degrees:
         dp = gpus // (tp * pp * cp)
@@ -239,7 +240,7 @@ def layouts(
                 workloads[mb] = _micro_batch_workloads(base, mb, tuple(space.recomputes))
             for split in splits:  # degrees checked as the space was made: set without Layout's checks again
                 yield (
-                    checked_layout((dp, tp, pp, cp, ep, zero, sequence_parallel, accum, expert_tp, split)),
+                    checked_layout((dp, tp, pp, cp, ep, zero, sequence_parallel, accum, expert_tp, split, hsdp)),
                     workloads[mb],
                 )
 

@@ -412,36 +412,41 @@ def state_traffic(
     spread as ``shards`` says; its replicas lie TP · CP GPUs apart. Neither the micro-batch nor recomputation
     changes them: the step time asks with ``states_workload``."""
     precision, speed, grad_bytes, cluster = w.precision, w.framework.speed, w.grad_bytes, machine.cluster
-    zero, replicas = shards.zero, shards.replicas
+    zero = shards.zero
     held = trained_held(w.model, w.method, shards.split, built)  # what has gradients and optimizer states
     frozen = frozen_held(w.model, w.method, precision.param_bytes, shards.split, built)
     params = held.total
     weights = params * precision.param_bytes + frozen.total  # every weight of the stage on this GPU, in bytes
     zero3 = reduce = gather = 0.0
-    # the dense states' replicas lie TP·CP GPUs apart, the experts' (EDP) ETP·EP apart: two groups, two collectives
+    # the dense states' replicas lie TP·CP GPUs apart, the experts' (EDP) ETP·EP apart: two groups, two collectives.
+    # Under HSDP each shards within a group of ``copies`` of them, and ``groups`` such groups, ``copies`` replicas
+    # apart, all-reduce their shards of the gradients (PyTorch's HSDP, Megatron's distributed optimizer instances)
+    groups = shards.groups
     for trained, frozen_bytes, copies, stride in (
-        (held.dense, frozen.dense, replicas, shards.tp * cp),
-        (held.experts, frozen.experts, shards.expert_replicas, shards.etp * shards.ep),
+        (held.dense, frozen.dense, shards.shard, shards.tp * cp),
+        (held.experts, frozen.experts, shards.expert_shard, shards.etp * shards.ep),
     ):
-        if copies == 1 or not trained + frozen_bytes:
+        if copies * groups == 1 or not trained + frozen_bytes:
             continue
+        across = group_time("all-reduce", trained * grad_bytes / copies, groups, stride * copies, cluster) if (
+            groups > 1 and trained) else 0.0  # fmt: skip
         if zero_shards("params", zero) or gathered_to_backward(w, zero):  # FSDP's ZeRO-2: gathered once, in forward
             flat = speed.zero3_network == "one_nic"
             gathered = group_time("all-gather", trained * precision.param_bytes + frozen_bytes, copies, stride,
                                   cluster, flat)  # fmt: skip
             gathers = 1 if gathered_to_backward(w, zero) else 2
             zero3 += gathers * gathered + group_time("reduce-scatter", trained * grad_bytes, copies, stride, cluster,
-                                                     flat)  # fmt: skip
+                                                     flat) + across  # fmt: skip
         elif trained:
             op = "reduce-scatter" if zero_shards("grads", zero) else "all-reduce"
-            reduce += group_time(op, trained * grad_bytes, copies, stride, cluster)
+            reduce += group_time(op, trained * grad_bytes, copies, stride, cluster) + across
             if zero_shards("optimizer", zero):
                 gather += group_time("all-gather", trained * precision.param_bytes, copies, stride, cluster)
     fetch = 0.0
     if w.offload.optimizer:
         sharded = zero_shards("optimizer", zero)
-        local = held.dense / replicas + held.experts / shards.expert_replicas if sharded else params
-        shard = weights / replicas if zero_shards("params", zero) else weights
+        local = held.dense / shards.shard + held.experts / shards.expert_shard if sharded else params
+        shard = weights / shards.shard if zero_shards("params", zero) else weights
         gpus_per_host = min(cluster.count, cluster.gpus_per_node)
         optimizer = offload_time(w.offload, local, grad_bytes, precision.param_bytes, gpus_per_host).total
         fetch = fetch_seconds(w.offload, shard)
@@ -473,11 +478,10 @@ def _exposed_traffic(
 def _optimizer_seconds(w: Workload, shards: StateShards, held: StageParams, machine: rates.Machine) -> float:
     """The optimizer step and gradient clipping over this GPU's share of the states (``held``, sharded as
     ``shards`` says), as memory traffic, and Muon's orthogonalisation of that share's matrices (``newton_schulz``)."""
-    precision, replicas = w.precision, shards.replicas
+    precision = w.precision
     sharded = zero_shards("optimizer", shards.zero)
-    dense, experts = (
-        (held.dense / replicas, held.experts / shards.expert_replicas) if sharded else (held.dense, held.experts)
-    )
+    dense, experts = (held.dense / shards.shard, held.experts / shards.expert_shard) if sharded else (
+        held.dense, held.experts)  # fmt: skip
     states = optimizer_bytes_per_param(w.model, precision, w.optimizer, w.method)
     per_param = 2 * w.grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
     passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1

@@ -23,6 +23,11 @@ ZERO_GATHER_FORMULA = {
     "compute where the framework prefetches",
 }
 
+_HSDP_TEXT = (
+    "; HSDP: within a group of DP·CP / {groups} replicas, then an all-reduce of each GPU's shard of the gradients "
+    "across the {groups} groups"
+)
+
 
 def speed_text(speed: SpeedRule, a2a_overlap: bool = False) -> str:
     """What the framework profile hides behind computation, in words (the plan's stated assumptions); ``a2a_overlap``:
@@ -195,14 +200,16 @@ def _communication_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
             "Gradient reduction (exposed)",
             t.dp,
             "s",
-            "all-reduce (reduce-scatter under ZeRO-2) of the gradients, less the last backward pass where bucketed",
+            "all-reduce (reduce-scatter under ZeRO-2) of the gradients, less the last backward pass where bucketed"
+            + (_HSDP_TEXT.format(groups=layout.hsdp) if layout.hsdp > 1 and layout.zero < 3 else ""),
         ),
         Term(
             "zero",
             "ZeRO parameter gathers (exposed)",
             t.zero,
             "s",
-            ZERO_GATHER_FORMULA[layout.zero if layout.data_replicas > 1 else 0],
+            ZERO_GATHER_FORMULA[layout.zero if layout.data_replicas > 1 else 0]
+            + (_HSDP_TEXT.format(groups=layout.hsdp) if layout.hsdp > 1 and layout.zero == 3 else ""),
         ),
     )
 
