@@ -62,14 +62,20 @@ def spec_of(config: dict) -> ModelSpec:
     return ModelSpec.model_validate(model_from_hf_config(config, "super", "test"))
 
 
+def _blocks_by_hand(h: int, latent: int, f_e: int, f_s: int, E: int, inner: int, heads: int, q_heads: int):
+    """A Mamba-2 block (8 groups of state 128, a width-4 convolution), an attention block (2 KV heads of 128) and a
+    latent-MoE block, each with its norm left out: Nemotron-H's three kinds, counted by hand."""
+    xbc = inner + 2 * 8 * 128  # what the convolution runs over: x, B and C
+    mamba = h * (inner + xbc + heads) + xbc * 4 + xbc + 3 * heads + inner + inner * h  # in, conv, A D dt, norm, out
+    attention = h * (q_heads * 128) + 2 * h * (2 * 128) + (q_heads * 128) * h
+    moe = E * h + 2 * h * latent + E * 2 * f_e * latent + 2 * h * f_s  # router, latent projections, experts, shared
+    return mamba, attention, moe
+
+
 @pytest.mark.fast
 def test_super_by_hand_is_its_checkpoint_less_the_mtp_layer():
     h, latent, f_e, f_s, E, V = 4096, 1024, 2688, 5376, 512, 131072
-    mamba = h * (2 * 8192 + 2 * 8 * 128 + 128) + (8192 + 2048) * 4 + (8192 + 2048) + 3 * 128 + 8192 + 8192 * h
-    attention = h * (32 * 128) + 2 * h * (2 * 128) + (32 * 128) * h
-    moe = (
-        E * h + 2 * h * latent + E * 2 * f_e * latent + 2 * h * f_s
-    )  # router, latent projections, experts at l, shared at h
+    mamba, attention, moe = _blocks_by_hand(h, latent, f_e, f_s, E, inner=8192, heads=128, q_heads=32)
     total = 2 * V * h + 89 * h + 40 * mamba + 8 * attention + 40 * moe
     assert total == 123_611_012_096 - 2_942_324_736
     counted = count_params(spec_of(SUPER))
@@ -80,11 +86,8 @@ def test_super_by_hand_is_its_checkpoint_less_the_mtp_layer():
 
 @pytest.mark.fast
 def test_ultra_by_hand_is_its_bf16_checkpoint_less_the_mtp_block():
-    h, latent, f_e, f_s, E, V, inner, groups, state, heads = 8192, 2048, 5120, 10240, 512, 131072, 16384, 8, 128, 256
-    xbc = inner + 2 * groups * state  # what the convolution runs over: x, B and C
-    mamba = h * (inner + xbc + heads) + xbc * 4 + xbc + 3 * heads + inner + inner * h  # in, conv, A D dt, norm, out
-    attention = h * (64 * 128) + 2 * h * (2 * 128) + (64 * 128) * h
-    moe = E * h + 2 * h * latent + E * 2 * f_e * latent + 2 * h * f_s
+    h, latent, f_e, f_s, E, V = 8192, 2048, 5120, 10240, 512, 131072
+    mamba, attention, moe = _blocks_by_hand(h, latent, f_e, f_s, E, inner=16384, heads=256, q_heads=64)
     total = 2 * V * h + 109 * h + 48 * mamba + 12 * attention + 48 * moe
     assert total == 549_308_968_960  # NVIDIA's "550B total"
     # the MTP block transformers does not build: an attention and an MoE block, the 2h-to-h projection, its norms
