@@ -192,3 +192,15 @@ def test_a_plans_layout_downloads_as_a_framework_config(page, lmcalc_run):
     assert found["name"] == "lmcalc-megatron.sh" and found["command"].endswith("--emit megatron")
     ran = lmcalc_run(shlex.split(found["command"])[1:])  # the same config, printed by the command the page gives
     assert ran.code == 0 and ran.out == found["text"]
+
+
+def test_hsdp_and_expert_tp_are_asked_as_the_command_line_asks_them(page, lmcalc_run):
+    browser = page(
+        "?model=qwen3-30b-a3b&gpu_count=16&ep=8&etp=1&tp=2&sequence_parallel=true&zero=3&hsdp=2&seq=4096&recompute=full"
+    )
+    found = answer(browser, "memory")
+    assert "--hsdp 2" in found["command"] and "--etp 1" in found["command"]
+    ran = lmcalc_run(shlex.split(found["command"])[1:])
+    assert ran.code == 0, ran.err
+    assert ran.json == found["json"]
+    assert "HSDP=2" in ran.json["inputs"]["layout"]["value"] and "ETP=1" in ran.json["inputs"]["layout"]["value"]

@@ -16,8 +16,8 @@ function colourOf(part) { return COLOURS[part.key] || OTHER_COLOUR; }
 const COMMON = ["model", "gpus", "precision", "optimizer", "framework", "method", "seq", "tokens",
   "price_per_gpu_hour"];
 const LORA = ["lora_rank", "lora_targets"];
-const LAYOUT = ["micro_batch", "tp", "pp", "cp", "ep", "dp", "zero", "recompute", "sequence_parallel", "grad_accum",
-  "mfu"];
+const LAYOUT = ["micro_batch", "tp", "pp", "cp", "ep", "dp", "etp", "zero", "hsdp", "recompute", "sequence_parallel",
+  "grad_accum", "mfu"];
 const PLAN = ["global_batch"];
 
 const form = document.getElementById("inputs");
