@@ -441,6 +441,12 @@ class SpeedRule(Rule):
         description="how ZeRO-3's parameter gathers and gradient scatters use the network: all_nics (NCCL's "
         "rings over every NIC of the node, hierarchical) or one_nic (each GPU's whole share over its own NIC)",
     )
+    hsdp_reduce: Literal["every_micro_batch", "last_micro_batch"] = Field(
+        "every_micro_batch",
+        description="under HSDP with ZeRO-3, when the groups all-reduce their shards of the gradients: every "
+        "micro-batch (FSDP2 in each backward, unless told otherwise) or once, in the last micro-batch's backward "
+        "(Megatron-FSDP)",
+    )
     moe_overlap: StrictBool = Field(
         False, description="expert all-to-all hidden behind another micro-batch's computation (DualPipe)"
     )

@@ -113,6 +113,23 @@ def test_megatron_instances_reduce_within_and_all_reduce_their_shard_across():
     assert traffic.zero3 == 0.0
 
 
+def test_megatron_fsdp_reduces_across_the_groups_once_a_step():
+    # megatron_fsdp.py (d98e8a64) reduce-scatters within the group in every backward and passes
+    # outer_fsdp_group_grad_reduce only when is_last_microbatch: the groups' all-reduce is a step's, not a micro-batch's
+    cluster, built = parse_cluster("16xH100"), StageLayers(LAYERS, 0, True, True)
+    w = _workload("megatron")
+    traffic = state_traffic(w, Layout(dp=16, zero=3, hsdp=2).state_shards, 1, built, Machine(cluster))
+    grads = w.grad_bytes * N
+    across = INTER_NODE_LATENCY_S + 2 * INTER_NODE_STEP_S + grads / 8 / inter_link(cluster.hardware).bandwidth
+    assert traffic.reduce == pytest.approx(across, rel=1e-12)
+    gather, scatter = group_time("all-gather", N * 2, 8, 1, cluster), group_time("reduce-scatter", grads, 8, 1, cluster)
+    assert traffic.zero3 == pytest.approx(2 * gather + scatter, rel=1e-12)
+    # torchtitan's FSDP2 all-reduces in every backward: the same bytes, charged each of the step's micro-batches
+    fsdp2 = state_traffic(_workload("torchtitan"), Layout(dp=16, zero=3, hsdp=2).state_shards, 1, built,
+                          Machine(cluster))  # fmt: skip
+    assert fsdp2.reduce == 0.0 and fsdp2.zero3 > traffic.zero3
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [

@@ -436,7 +436,11 @@ def state_traffic(
                                   cluster, flat)  # fmt: skip
             gathers = 1 if gathered_to_backward(w, zero) else 2
             zero3 += gathers * gathered + group_time("reduce-scatter", trained * grad_bytes, copies, stride, cluster,
-                                                     flat) + across  # fmt: skip
+                                                     flat)  # fmt: skip
+            if speed.hsdp_reduce == "last_micro_batch":  # Megatron-FSDP: once a step, as a bucketed reduction
+                reduce += across
+            else:
+                zero3 += across
         elif trained:
             op = "reduce-scatter" if zero_shards("grads", zero) else "all-reduce"
             reduce += group_time(op, trained * grad_bytes, copies, stride, cluster) + across
@@ -463,11 +467,11 @@ def _exposed_traffic(
     next forward pass, ZeRO-3's traffic behind each micro-batch's compute."""
     if replicas == 1:
         return 0.0, 0.0
-    if zero_shards("params", zero) or traffic.zero3 > 0:  # ZeRO-3, or FSDP's ZeRO-2: traffic each micro-batch
-        comm = traffic.zero3
-        return 0.0, grad_accum * (max(0.0, comm - mb.compute) if speed.param_gather_overlap else comm)
     hidden = speed.dp_overlap == "always" or speed.dp_overlap == "without_zero" and zero == 0
     dp_time = max(0.0, traffic.reduce - mb.kernels.backward) if hidden else traffic.reduce
+    if zero_shards("params", zero) or traffic.zero3 > 0:  # ZeRO-3, or FSDP's ZeRO-2: traffic each micro-batch
+        comm = traffic.zero3  # (and HSDP's reduction across the groups once a step, where the profile waits for it)
+        return dp_time, grad_accum * (max(0.0, comm - mb.compute) if speed.param_gather_overlap else comm)
     zero_time = 0.0
     if zero_shards("optimizer", zero):
         gather = traffic.gather

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lmcalc.engine.finetune.offload import NO_OFFLOAD, Offload
 from lmcalc.engine.parallel.layout import Layout
+from lmcalc.engine.parallel.sharding import gathered_to_backward
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.steptime import StepTime
 from lmcalc.engine.workload import Workload
@@ -169,6 +170,8 @@ def _kernel_terms(t: StepTime, layout: Layout, pace: str) -> tuple[Term, ...]:
 def _communication_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
     """What the GPUs wait for beyond compute: the collectives of each parallel dimension, the pipeline's sends and
     bubble, the gradient reduction and ZeRO's gathers, each as far as it is not hidden."""
+    hsdp, zero3 = layout.hsdp > 1, layout.zero == 3 or gathered_to_backward(t.workload, layout.zero)
+    per_micro_batch = zero3 and t.workload.framework.speed.hsdp_reduce == "every_micro_batch"  # else once a step
     return (
         Term(
             "tp",
@@ -201,7 +204,7 @@ def _communication_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
             t.dp,
             "s",
             "all-reduce (reduce-scatter under ZeRO-2) of the gradients, less the last backward pass where bucketed"
-            + (_HSDP_TEXT.format(groups=layout.hsdp) if layout.hsdp > 1 and layout.zero < 3 else ""),
+            + (_HSDP_TEXT.format(groups=layout.hsdp) if hsdp and not per_micro_batch else ""),
         ),
         Term(
             "zero",
@@ -209,7 +212,7 @@ def _communication_terms(t: StepTime, layout: Layout) -> tuple[Term, ...]:
             t.zero,
             "s",
             ZERO_GATHER_FORMULA[layout.zero if layout.data_replicas > 1 else 0]
-            + (_HSDP_TEXT.format(groups=layout.hsdp) if layout.hsdp > 1 and layout.zero == 3 else ""),
+            + (_HSDP_TEXT.format(groups=layout.hsdp) if hsdp and per_micro_batch else ""),
         ),
     )
 
