@@ -326,6 +326,11 @@ class ParallelismRule(Rule):
     )
     pipeline: StrictBool = Field(True, description="whether it trains with pipeline stages at all (PP > 1)")
     instead: str = Field("", description="what to run instead of a refused stage, for the error message")
+    hsdp_shard_optimizer: StrictBool = Field(
+        True,
+        description="whether it can shard the optimizer's states and master weights across HSDP's groups as well as "
+        "within them (HFSDP: Megatron-FSDP's outer_dp_sharding_strategy optim); PyTorch's FSDP2 cannot",
+    )
     uneven_counted_split: StrictBool = Field(
         False,
         description="whether the layers and an embedding or loss counted as a layer may divide unevenly over the "

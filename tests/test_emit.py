@@ -32,6 +32,8 @@ PLANS = {
         "--grad-reduce-in-bf16 --fp8-param-gather --te-cross-entropy",
         "megatron-muon": "-m llama-3.1-8b --gpus 16xH100 --zero 1 --framework megatron --optimizer muon",
         "megatron-hsdp": "-m llama-3.1-70b --gpus 64xH100 --tp 8 --zero 1 --hsdp 2 --framework megatron",
+        "megatron-hfsdp": "-m llama-3.1-70b --gpus 64xH100 --tp 8 --zero 3 --hsdp 2 --hsdp-shard-optimizer "
+        "--framework megatron",
         "torchtitan-hsdp": "-m llama-3.1-8b --gpus 32xH100 --tp 1 --pp 1 --zero 3 --hsdp 4 --framework torchtitan",
         "deepspeed": "-m llama-3.1-8b --gpus 16xH100 --tp 1 --pp 1 --cp 1 --zero 2 --offload optimizer "
         "--framework deepspeed",
@@ -139,6 +141,7 @@ others: a Llama 3 8B's, with 8 experts top-2 under EP."""
         "megatron-bridge",
         "megatron-muon",
         "megatron-hsdp",
+        "megatron-hfsdp",
     ],
 )
 def test_megatron_core_accepts_the_arguments(lmcalc_run, name):

@@ -148,3 +148,46 @@ def test_the_layout_says_hsdp_and_the_terms_say_within_each_group():
     estimate = lmcalc.memory(zero=3, hsdp=2, **SETTINGS)
     assert "HSDP=2" in estimate.layout.label
     assert "within each of HSDP's 2 groups" in estimate.report.term("state.master").formula
+
+
+def test_hfsdp_shards_the_optimizer_over_every_group_and_the_rest_within_one():
+    # Megatron-FSDP's outer_dp_sharding_strategy optim (param_and_grad_buffer.py at d98e8a64, the HFSDP helper
+    # buffers): the weights and gradients sharded within a group of 8, the fp32 master copy and the moments over all 16
+    megatron = {**SETTINGS, "framework": "megatron"}
+    hsdp = lmcalc.memory(zero=3, hsdp=2, **megatron)
+    hfsdp = lmcalc.memory(zero=3, hsdp=2, hsdp_shard_optimizer=True, **megatron)
+    assert (hfsdp.gpu.master, hfsdp.gpu.optimizer) == (4 * N / 16, 8 * N / 16)
+    assert (hsdp.gpu.master, hsdp.gpu.optimizer) == (4 * N / 8, 8 * N / 8)
+    assert (hfsdp.gpu.params, hfsdp.gpu.grads) == (hsdp.gpu.params, hsdp.gpu.grads)
+    assert "HSDP=2 (optimizer over all)" in hfsdp.layout.label
+    assert "across HSDP's 2 groups" in hfsdp.report.term("state.optimizer").formula
+    assert "within each of HSDP's 2 groups" in hfsdp.report.term("state.grads").formula
+
+
+def test_hfsdp_reduce_scatters_across_the_groups_and_gathers_the_weights_back():
+    # each GPU's eighth of the gradients reduce-scattered with its peer in the other node (one ring step: half of the
+    # bytes each way), and after the step the peer's half of the updated bf16 weights gathered back
+    cluster, built = parse_cluster("16xH100"), StageLayers(LAYERS, 0, True, True)
+    w = _workload("megatron")
+    shards = Layout(dp=16, zero=3, hsdp=2, hsdp_shard_optimizer=True).state_shards
+    traffic = state_traffic(w, shards, 1, built, Machine(cluster))
+    bandwidth = inter_link(cluster.hardware).bandwidth
+    one_step = INTER_NODE_LATENCY_S + 1 * INTER_NODE_STEP_S  # a ring of two: one step
+    assert traffic.reduce == pytest.approx(one_step + (1 / 2) * (w.grad_bytes * N / 8) / bandwidth, rel=1e-12)
+    assert traffic.gather == pytest.approx(one_step + (1 / 2) * (2 * N / 8) / bandwidth, rel=1e-12)
+    # the optimizer's step runs over a sixteenth of the states, where HSDP's runs over an eighth
+    plain = state_traffic(w, Layout(dp=16, zero=3, hsdp=2).state_shards, 1, built, Machine(cluster))
+    assert traffic.optimizer < plain.optimizer
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"zero": 3, "framework": "megatron"}, r"hsdp.shard.optimizer shards the optimizer across HSDP's groups"),
+        ({"zero": 1, "hsdp": 2, "framework": "megatron"}, r"needs (--)?zero 3 within each group"),
+        ({"zero": 3, "hsdp": 2}, r"torchtitan.* replicates every state across HSDP's groups"),
+    ],
+)
+def test_hfsdp_needs_groups_zero3_and_a_framework_that_has_it(settings, message):
+    with pytest.raises(LmcalcError, match=message):
+        lmcalc.memory(**{**SETTINGS, **settings, "hsdp_shard_optimizer": True})

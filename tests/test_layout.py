@@ -466,7 +466,7 @@ def test_a_layout_sent_to_another_process_is_the_same_layout():
         assert (copy.activation_layout, copy.grid, copy.state_shards, copy.stages) == (
             (4, True, 2, 4, 16, split),
             (4, 2, 8, True, layout.expert_tp),
-            (4, 8, 1, 16, layout.expert_tp, 1),
+            (4, 8, 1, 16, layout.expert_tp, 1, False),
             (4, split),
         )
     assert spelt_out.etp is None and made.etp == 1
@@ -479,15 +479,16 @@ def test_a_layout_the_search_makes_is_the_layout_made_by_hand():
     from lmcalc.engine.parallel.layout import checked_layout
 
     for split in (PipelineSplit(), PipelineSplit("interleaved", 3), PipelineSplit(last_stage_layers=5)):
-        for dp, tp, pp, cp, ep, etp, zero, sp, accum, hsdp in (
-            (1, 1, 1, 1, 1, None, 0, False, 1, 1),
-            (8, 4, 4, 2, 8, 1, 1, True, 16, 1),
-            (32, 2, 8, 1, 16, None, 3, True, 60, 1),
-            (32, 2, 8, 1, 16, None, 3, True, 60, 4),
+        for dp, tp, pp, cp, ep, etp, zero, sp, accum, hsdp, hfsdp in (
+            (1, 1, 1, 1, 1, None, 0, False, 1, 1, False),
+            (8, 4, 4, 2, 8, 1, 1, True, 16, 1, False),
+            (32, 2, 8, 1, 16, None, 3, True, 60, 1, False),
+            (32, 2, 8, 1, 16, None, 3, True, 60, 4, False),
+            (32, 2, 8, 1, 16, None, 3, True, 60, 4, True),
         ):
             by_hand = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=zero, sequence_parallel=sp,
-                             grad_accum=accum, split=split, hsdp=hsdp)  # fmt: skip
-            searched = checked_layout((dp, tp, pp, cp, ep, zero, sp, accum, etp, split, hsdp))
+                             grad_accum=accum, split=split, hsdp=hsdp, hsdp_shard_optimizer=hfsdp)  # fmt: skip
+            searched = checked_layout((dp, tp, pp, cp, ep, zero, sp, accum, etp, split, hsdp, hfsdp))
             assert searched == by_hand and hash(searched) == hash(by_hand)
             assert (searched.etp, searched.expert_tp, searched.label) == (by_hand.etp, by_hand.expert_tp, by_hand.label)
             assert (searched.activation_layout, searched.grid, searched.state_shards, searched.stages) == (

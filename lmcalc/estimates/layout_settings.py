@@ -35,6 +35,10 @@ _HSDP_HELP = (
     "across them (torchtitan's data_parallel_replicate_degree, Megatron's --num-distributed-optimizer-instances). "
     "Default 1: sharded over all of DP·CP."
 )
+_HFSDP_HELP = (
+    "Under HSDP, shard the optimizer's states and fp32 master weights across the groups too, over all of DP·CP "
+    "(HFSDP: Megatron-FSDP's --outer-dp-sharding-strategy optim); needs --zero 3."
+)
 
 
 class SplitSettings(TypedDict, total=False):
@@ -70,6 +74,7 @@ class LayoutSettings(SplitSettings, total=False):
         Setting(0, f"ZeRO stage {ZERO_STAGES[0]}-{ZERO_STAGES[-1]} over DP·CP (3 = FSDP full sharding)."),
     ]
     hsdp: Annotated[int, Setting(1, _HSDP_HELP)]
+    hsdp_shard_optimizer: Annotated[bool, Setting(False, _HFSDP_HELP)]
     sequence_parallel: Annotated[
         bool, Setting(False, "Split norms, dropout and linear inputs over TP too (Korthikanti et al.).")
     ]
@@ -95,6 +100,7 @@ class PinSettings(TypedDict, total=False):
     ]
     zero: Annotated[ZeroStage | None, Setting(None, "Pin the ZeRO stage.")]
     hsdp: Annotated[int, Setting(1, _HSDP_HELP + " The search does not try other counts.")]
+    hsdp_shard_optimizer: Annotated[bool, Setting(False, _HFSDP_HELP + " Kept as given by the search.")]
     schedule: Annotated[str | None, Setting(None, f"Pin the pipeline schedule: {alternatives(SCHEDULES)}.")]
     virtual_stages: Annotated[
         int | None,

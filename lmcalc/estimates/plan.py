@@ -153,6 +153,7 @@ def search_pins(given: Mapping[str, Any], limits: Mapping[str, Any] | None = Non
         tp_within_node=not limit["tp_across_nodes"],
         split=pipeline_split(cast(SplitSettings, subset(given, SplitSettings))),
         hsdp=pinned["hsdp"],
+        hsdp_shard_optimizer=pinned["hsdp_shard_optimizer"],
     )
 
 
@@ -212,6 +213,7 @@ def layout_fields(candidate: pl.Candidate) -> tuple[tuple[str, Any], ...]:
         ("etp", layout.expert_tp),
         ("zero", layout.zero),
         ("hsdp", layout.hsdp),
+        ("hsdp_shard_optimizer", layout.hsdp_shard_optimizer),
         ("sequence_parallel", layout.sequence_parallel),
         ("schedule", split.schedule),
         ("virtual_stages", split.virtual_stages),

@@ -107,6 +107,7 @@ def layout_origin(layout: Layout) -> str:
     split = layout.split
     folded: tuple[str, ...] = ("etp",) if layout.folded else ()
     hybrid: tuple[str, ...] = ("hsdp",) if layout.hsdp > 1 else ()
+    hybrid += ("hsdp_shard_optimizer",) if layout.hsdp_shard_optimizer else ()
     degrees = ("dp", "tp", "pp", "cp", "ep", *folded, "zero", *hybrid, "sequence_parallel", "schedule",
                "virtual_stages")  # fmt: skip
     return (

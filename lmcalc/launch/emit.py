@@ -152,6 +152,8 @@ def _megatron(chosen: Chosen) -> str:
         args.append(["--use-distributed-optimizer"])
     if layout.hsdp > 1:  # the distributed optimizer's (or Megatron-FSDP's) instances, each sharding within its group
         args.append(["--num-distributed-optimizer-instances", str(layout.hsdp)])
+    if layout.hsdp_shard_optimizer:  # HFSDP (Megatron-FSDP's optimizer sharded across the instances)
+        args.append(["--outer-dp-sharding-strategy", "optim"])
     if layout.zero >= 2:
         args += [["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", MEGATRON_FSDP[layout.zero]]]
     split = layout.split

@@ -112,6 +112,11 @@ def read_megatron(text: str, source: str) -> Launch:
                 reading.cannot(name, value, f"Megatron-FSDP's strategies are {', '.join(SHARDING)}")
             elif "--use-megatron-fsdp" in flags:
                 reading.take("zero", SHARDING[str(value)], name)
+        elif name == "--outer-dp-sharding-strategy":  # Megatron-FSDP's HSDP: the optimizer across the instances too
+            if str(value) not in ("no_shard", "optim"):
+                reading.cannot(name, value, "Megatron-FSDP's outer strategies are no_shard and optim")
+            else:
+                reading.take("hsdp_shard_optimizer", str(value) == "optim", name)
         elif name == "--pipeline-model-parallel-layout":
             if not _unresolved(value, name, reading):
                 reading.take("pipeline_layout", str(value), name)

@@ -125,14 +125,8 @@ def _params_held_term(layout: Layout, gpu: GpuMemory, n_stage: float) -> Term:
         + (f", ETP={layout.expert_tp} each expert" if layout.folded else "")
         + ")"
     )
-    return Term(
-        "params_per_gpu",
-        "Parameters held (before ZeRO)",
-        n_stage,
-        "params",
-        states_formula,
-        source="Shoeybi et al. 2019 (Megatron-LM) tensor-parallel split",
-    )
+    return Term("params_per_gpu", "Parameters held (before ZeRO)", n_stage, "params", states_formula,
+                source="Shoeybi et al. 2019 (Megatron-LM) tensor-parallel split")  # fmt: skip
 
 
 def _trained_symbol(w: Workload) -> str:
@@ -155,10 +149,11 @@ IDLE_NOTE = (
 
 def _shard_text(state: ModelState, layout: Layout, held: StageParams) -> str:
     """How ZeRO divides ``state`` over the data-parallel replicas (the experts over fewer of them), if it does."""
-    rep_d, rep_e = layout.state_shards.shard, layout.state_shards.expert_shard
+    (rep_d, rep_e), groups = layout.state_shards.shards_of(state), layout.hsdp
     if not zero_shards(state, layout.zero) or rep_d == 1 and rep_e == 1:
         return ""
-    hsdp = f", within each of HSDP's {layout.hsdp} groups" if layout.hsdp > 1 else ""
+    where = "across" if layout.hsdp_shard_optimizer and state in ("master", "optimizer") else "within each of"  # HFSDP
+    hsdp = f", {where} HSDP's {groups} groups" if groups > 1 else ""
     if held.experts:
         return f", dense / {rep_d} and experts / {rep_e} (ZeRO-{layout.zero}{hsdp})"
     return f" / {rep_d} (ZeRO-{layout.zero} over DP·CP{hsdp})"

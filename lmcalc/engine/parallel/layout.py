@@ -72,6 +72,7 @@ class StateShards(NamedTuple):
     replicas: int = 1
     etp: int = 1
     groups: int = 1  # HSDP: ZeRO shards over each of these groups of the replicas and the groups hold copies
+    outer: bool = False  # HSDP: the optimizer's states and master weights sharded across the groups too (HFSDP)
 
     @property
     def split(self) -> ModelSplit:
@@ -92,6 +93,13 @@ class StateShards(NamedTuple):
         """The experts' replicas ZeRO shards a state over: EDP, or under HSDP one group of them (EDP / groups)."""
         return max(1, self.expert_replicas // self.groups)
 
+    def shards_of(self, state: str) -> tuple[int, int]:
+        """The (dense, expert) replicas ZeRO shards ``state`` over: one HSDP group's, or all of them for the
+        optimizer's states and the master weights where HFSDP shards those across the groups too."""
+        if self.outer and state in ("master", "optimizer"):
+            return self.replicas, self.expert_replicas
+        return self.shard, self.expert_shard
+
 
 @dataclass(frozen=True, slots=True)  # slots: the planner makes hundreds of thousands
 class Layout:
@@ -108,6 +116,7 @@ class Layout:
     etp: int | None = None  # the routed experts' TP (Megatron-Core's expert_tensor_parallel_size); None: TP
     split: PipelineSplit = PipelineSplit()
     hsdp: int = 1  # HSDP's replica groups: ZeRO shards over DP·CP / hsdp GPUs, and each group holds a copy
+    hsdp_shard_optimizer: bool = False  # HFSDP: the optimizer's states and master weights over all of DP·CP
     # its views, what each family of figures depends on (the caches' keys), made when first asked for: a layout
     # sent back from a search's worker process (``__reduce__``) may never be asked
     _views: tuple[ActivationLayout, Grid, StateShards, Stages] | None = field(
@@ -125,6 +134,10 @@ class Layout:
             raise LmcalcError(f"{setting('zero')} must be {one_of(ZERO_STAGES)}, got {self.zero}")
         if self.hsdp != 1 and not positive_integer(self.hsdp):
             raise LmcalcError(f"{setting('hsdp')} must be a positive integer, got {self.hsdp}")
+        if not isinstance(self.hsdp_shard_optimizer, bool):
+            raise LmcalcError(
+                f"{setting('hsdp_shard_optimizer')} must be true or false, got {self.hsdp_shard_optimizer}"
+            )
         if self.etp is not None:
             if not positive_integer(self.etp):
                 raise LmcalcError(f"{setting('etp')} must be a positive integer, got {self.etp}")
@@ -145,7 +158,7 @@ class Layout:
         views = (
             ActivationLayout(tp, self.sequence_parallel, cp, self.pp, self.grad_accum, split),
             Grid(tp, cp, self.ep, self.sequence_parallel and tp > 1, etp),
-            StateShards(tp, self.ep, self.zero, self.dp * cp, etp, self.hsdp),
+            StateShards(tp, self.ep, self.zero, self.dp * cp, etp, self.hsdp, self.hsdp_shard_optimizer),
             Stages(self.pp, split),
         )
         object.__setattr__(self, "_views", views)
@@ -198,7 +211,11 @@ class Layout:
             f"EP={self.ep}",
             *([f"ETP={self.etp}"] if self.etp is not None else []),
             f"ZeRO-{self.zero}",
-            *([f"HSDP={self.hsdp}"] if self.hsdp > 1 else []),
+            *(
+                [f"HSDP={self.hsdp}" + (" (optimizer over all)" if self.hsdp_shard_optimizer else "")]
+                if self.hsdp > 1
+                else []
+            ),
         ]
         if self.sequence_parallel:
             parts.append("SP")
@@ -214,7 +231,7 @@ class Layout:
         ]
         parts += [f"ETP{self.etp}"] if self.etp is not None else []
         parts += [f"Z{self.zero}"] if self.zero else []
-        parts += [f"H{self.hsdp}"] if self.hsdp > 1 else []
+        parts += [f"H{self.hsdp}" + ("o" if self.hsdp_shard_optimizer else "")] if self.hsdp > 1 else []
         parts += ["SP"] if self.sequence_parallel else []
         return " ".join(parts + self.split.code_parts(self.pp))
 
@@ -222,20 +239,20 @@ class Layout:
 def _layout_hash(layout: Layout) -> int:
     return hash(
         (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.grad_accum, layout.zero,
-         layout.sequence_parallel, layout.split, layout.etp, layout.hsdp)
+         layout.sequence_parallel, layout.split, layout.etp, layout.hsdp, layout.hsdp_shard_optimizer)
     )  # fmt: skip
 
 
-LayoutFields = tuple[int, int, int, int, int, ZeroStage, bool, int, "int | None", PipelineSplit, int]
+LayoutFields = tuple[int, int, int, int, int, ZeroStage, bool, int, "int | None", PipelineSplit, int, bool]
 """A layout's fields in their order: DP, TP, PP, CP, EP, ZeRO, sequence parallelism, gradient accumulation, ETP
-(None where it is TP), the pipeline split and HSDP's replica groups."""
+(None where it is TP), the pipeline split, HSDP's replica groups and whether HFSDP shards the optimizer across them."""
 
 
 def checked_layout(values: LayoutFields) -> Layout:
     """The layout of ``values``, fields known to be valid: made without ``__post_init__``'s checks and the dataclass's
     keyword ``__init__``, 1.3 µs against 4.7 (the planner makes 278,000 for DeepSeek-V3 on 2,048 H800, from degrees
     it has checked; a search's worker sends back 170,000). The same layout as ``Layout(...)`` makes, to the hash."""
-    dp, tp, pp, cp, ep, zero, sequence_parallel, grad_accum, etp, split, hsdp = values
+    dp, tp, pp, cp, ep, zero, sequence_parallel, grad_accum, etp, split, hsdp, hsdp_optimizer = values
     layout, set_field = _new(Layout), _set_field
     set_field(layout, "dp", dp)
     set_field(layout, "tp", tp)
@@ -248,8 +265,10 @@ def checked_layout(values: LayoutFields) -> Layout:
     set_field(layout, "etp", etp)
     set_field(layout, "split", split)
     set_field(layout, "hsdp", hsdp)
+    set_field(layout, "hsdp_shard_optimizer", hsdp_optimizer)
     set_field(layout, "_views", None)
-    set_field(layout, "_hash", hash((dp, tp, pp, cp, ep, grad_accum, zero, sequence_parallel, split, etp, hsdp)))
+    set_field(layout, "_hash", hash((dp, tp, pp, cp, ep, grad_accum, zero, sequence_parallel, split, etp, hsdp,
+                                     hsdp_optimizer)))  # fmt: skip
     return layout
 
 
@@ -267,6 +286,6 @@ _init_values = operator.attrgetter(*_INIT_FIELDS)  # its fields in order, at onc
 
 LAYOUT_CODE_KEY = (
     "DP/TP/PP/CP/EP: the degrees (1 left out); ETP: the experts' TP where it is not TP; Z: the ZeRO stage; H: HSDP's "
-    "replica groups; SP: sequence parallel; v: virtual stages (interleaved); f/l: layers on the first/last stage; "
-    "+emb/+loss: counted as a layer"
+    "replica groups (o: the optimizer sharded across them); SP: sequence parallel; v: virtual stages (interleaved); "
+    "f/l: layers on the first/last stage; +emb/+loss: counted as a layer"
 )

@@ -66,6 +66,18 @@ def _check_hsdp(layout: Layout) -> None:
         raise LmcalcError(f"{setting('hsdp')} {hsdp} must divide the experts' data-parallel replicas (EDP = {experts})")
 
 
+def _check_hfsdp(w: Workload, layout: Layout) -> None:
+    """HFSDP: the optimizer sharded across HSDP's groups, over ZeRO-3 within them (Megatron-FSDP raises
+    NotImplementedError for another inner strategy, param_and_grad_buffer.py), where the framework has it."""
+    flag = setting("hsdp_shard_optimizer")
+    if layout.hsdp == 1:
+        raise LmcalcError(f"{flag} shards the optimizer across HSDP's groups: give {setting('hsdp')} 2 or more")
+    if layout.zero != 3:
+        raise LmcalcError(f"{flag} needs {setting('zero')} 3 within each group (Megatron-FSDP's optim_grads_params)")
+    if not w.framework.parallelism.hsdp_shard_optimizer:
+        raise LmcalcError(f"{w.framework.label} replicates every state across HSDP's groups: leave out {flag}")
+
+
 def _check_mamba2(model: ModelSpec, tp: int, replicate_kv: bool) -> None:
     mamba = model.mamba2
     if mamba is None or tp == 1:
@@ -141,6 +153,8 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
     check_offload(w.offload, layout.zero)
     if layout.hsdp > 1:
         _check_hsdp(layout)
+    if layout.hsdp_shard_optimizer:
+        _check_hfsdp(w, layout)
     if w.optimizer.newton_schulz_steps and layout.zero > 1:
         raise LmcalcError(
             f"{w.optimizer.name} orthogonalises each matrix whole: lmcalc models it at {setting('zero')} 0 or 1 "

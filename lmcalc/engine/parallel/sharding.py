@@ -265,7 +265,8 @@ def stage_part(model: ModelSpec, built: StageLayers) -> ModelPart:
 def sharded_state_bytes(bytes_per_param: float, state: ModelState, held: StageParams, shards: StateShards) -> float:
     """Bytes of one model state on a GPU holding ``held``: ``bytes_per_param`` for each parameter, spread over
     the replicas (DP·CP) for dense tensors and EDP for experts once ``shards``' ZeRO stage shards ``state``, or
-    under HSDP over one group of them."""
+    under HSDP over one group of them (all of them for the optimizer's states under HFSDP)."""
     if zero_shards(state, shards.zero):
-        return bytes_per_param * (held.dense / shards.shard + held.experts / shards.expert_shard)
+        dense, experts = shards.shards_of(state)
+        return bytes_per_param * (held.dense / dense + held.experts / experts)
     return bytes_per_param * (held.dense + held.experts)

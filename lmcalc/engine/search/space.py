@@ -66,6 +66,7 @@ class Pins:
     tp_within_node: bool = True
     split: PipelineSplit = PipelineSplit()
     hsdp: int = 1  # HSDP's replica groups, as given: the search does not try others
+    hsdp_shard_optimizer: bool = False  # HFSDP, as given
 
     def __post_init__(self) -> None:
         for name in (
@@ -218,7 +219,7 @@ def layouts(
     space = _search_space(base, cluster, pins)
     gpus = cluster.count
     workloads: dict[int, tuple[Workload, ...]] = {}  # by micro-batch, made once: layouts share them
-    pinned_interleaved, hsdp = pins.schedules == ("interleaved",), pins.hsdp
+    pinned_interleaved, hsdp, hfsdp = pins.schedules == ("interleaved",), pins.hsdp, pins.hsdp_shard_optimizer
     experts = base.model.moe.num_experts if base.model.moe else 1
     for tp, pp, cp in model_degrees(base, cluster, global_batch, pins) if degrees is None else degrees:
         dp = gpus // (tp * pp * cp)
@@ -240,7 +241,7 @@ def layouts(
                 workloads[mb] = _micro_batch_workloads(base, mb, tuple(space.recomputes))
             for split in splits:  # degrees checked as the space was made: set without Layout's checks again
                 yield (
-                    checked_layout((dp, tp, pp, cp, ep, zero, sequence_parallel, accum, expert_tp, split, hsdp)),
+                    checked_layout((dp, tp, pp, cp, ep, zero, sequence_parallel, accum, expert_tp, split, hsdp, hfsdp)),
                     workloads[mb],
                 )
 

@@ -428,8 +428,19 @@ def state_traffic(
     ):
         if copies * groups == 1 or not trained + frozen_bytes:
             continue
-        across = group_time("all-reduce", trained * grad_bytes / copies, groups, stride * copies, cluster) if (
-            groups > 1 and trained) else 0.0  # fmt: skip
+        across, after = (
+            _across_groups(
+                trained * grad_bytes / copies,
+                trained * precision.param_bytes / copies,
+                groups,
+                stride * copies,
+                shards.outer,
+                cluster,
+            )
+            if trained
+            else (0.0, 0.0)
+        )
+        gather += after  # HFSDP's weights, gathered back across the groups after the step
         if zero_shards("params", zero) or gathered_to_backward(w, zero):  # FSDP's ZeRO-2: gathered once, in forward
             flat = speed.zero3_network == "one_nic"
             gathered = group_time("all-gather", trained * precision.param_bytes + frozen_bytes, copies, stride,
@@ -449,7 +460,8 @@ def state_traffic(
     fetch = 0.0
     if w.offload.optimizer:
         sharded = zero_shards("optimizer", zero)
-        local = held.dense / shards.shard + held.experts / shards.expert_shard if sharded else params
+        dense_shard, expert_shard = shards.shards_of("optimizer")
+        local = held.dense / dense_shard + held.experts / expert_shard if sharded else params
         shard = weights / shards.shard if zero_shards("params", zero) else weights
         gpus_per_host = min(cluster.count, cluster.gpus_per_node)
         optimizer = offload_time(w.offload, local, grad_bytes, precision.param_bytes, gpus_per_host).total
@@ -457,6 +469,21 @@ def state_traffic(
     else:
         optimizer = _optimizer_seconds(w, shards, updated_held(w, shards.split, built), machine)
     return StateTraffic(zero3, reduce, gather, optimizer, fetch)
+
+
+def _across_groups(
+    grads: float, weights: float, groups: int, stride: int, outer: bool, cluster: Cluster
+) -> tuple[float, float]:
+    """HSDP's traffic across its ``groups`` (none for one), as (the reduction, the gather after the step): each GPU's
+    shard of the gradients (``grads`` bytes) all-reduced with its peers a group apart; under HFSDP, whose optimizer
+    updates 1/groups of that shard, reduce-scattered, and the updated weights (``weights`` bytes of the shard)
+    all-gathered back after the step (Megatron-FSDP's HFSDP helper buffers, param_and_grad_buffer.py)."""
+    if groups == 1:
+        return 0.0, 0.0
+    if not outer:
+        return group_time("all-reduce", grads, groups, stride, cluster), 0.0
+    return group_time("reduce-scatter", grads, groups, stride, cluster), group_time(
+        "all-gather", weights, groups, stride, cluster)  # fmt: skip
 
 
 def _exposed_traffic(
@@ -469,13 +496,11 @@ def _exposed_traffic(
         return 0.0, 0.0
     hidden = speed.dp_overlap == "always" or speed.dp_overlap == "without_zero" and zero == 0
     dp_time = max(0.0, traffic.reduce - mb.kernels.backward) if hidden else traffic.reduce
+    gather = traffic.gather  # once a step: ZeRO-1/2's, or HFSDP's across its groups
+    zero_time = max(0.0, gather - mb.kernels.forward) if speed.param_gather_overlap else gather
     if zero_shards("params", zero) or traffic.zero3 > 0:  # ZeRO-3, or FSDP's ZeRO-2: traffic each micro-batch
         comm = traffic.zero3  # (and HSDP's reduction across the groups once a step, where the profile waits for it)
-        return dp_time, grad_accum * (max(0.0, comm - mb.compute) if speed.param_gather_overlap else comm)
-    zero_time = 0.0
-    if zero_shards("optimizer", zero):
-        gather = traffic.gather
-        zero_time = max(0.0, gather - mb.kernels.forward) if speed.param_gather_overlap else gather
+        zero_time += grad_accum * (max(0.0, comm - mb.compute) if speed.param_gather_overlap else comm)
     return dp_time, zero_time
 
 
@@ -484,8 +509,8 @@ def _optimizer_seconds(w: Workload, shards: StateShards, held: StageParams, mach
     ``shards`` says), as memory traffic, and Muon's orthogonalisation of that share's matrices (``newton_schulz``)."""
     precision = w.precision
     sharded = zero_shards("optimizer", shards.zero)
-    dense, experts = (held.dense / shards.shard, held.experts / shards.expert_shard) if sharded else (
-        held.dense, held.experts)  # fmt: skip
+    dense_shard, expert_shard = shards.shards_of("optimizer")
+    dense, experts = (held.dense / dense_shard, held.experts / expert_shard) if sharded else (held.dense, held.experts)
     states = optimizer_bytes_per_param(w.model, precision, w.optimizer, w.method)
     per_param = 2 * w.grad_bytes + 2 * (precision.master_bytes + states) + precision.param_bytes
     passes = FOREACH_PASSES if w.framework.optimizer_step.temporaries == "foreach" else 1
