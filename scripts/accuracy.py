@@ -16,7 +16,7 @@ from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.layout_checks import check_layout
 from lmcalc.engine.search.plan import Pins, plan
 from lmcalc.engine.time.steptime import StepTime, step_time
-from lmcalc.engine.workload import Workload
+from lmcalc.engine.workload import MIN_OFFLOADED_ELEMENTS, Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.estimates.inputs import DEFAULT_ATTENTION
 from lmcalc.estimates.training import (
@@ -182,6 +182,8 @@ def load_runs(path: Path, families: tuple[str, ...] | None = FAMILIES) -> list[P
             overhead_bytes=OVERHEAD_BYTES,
             framework=_framework(row, precision),
             cpu_offloading_num_layers=row.get("cpu_offloading_num_layers", 0),  # Megatron-Core's, as the recipe sets
+            offload_modules=tuple(row.get("offload_modules", ())),  # Megatron-Core's fine-grained offloading
+            min_offloaded_tensor_size=row.get("min_offloaded_tensor_size", MIN_OFFLOADED_ELEMENTS),
             capacity_factor=row.get("capacity_factor"),  # MoE token dropping, where the recipe sets a capacity
             pad_to_capacity=row.get("pad_to_capacity", True),
             moe_a2a_overlap=row.get("moe_a2a_overlap", False),  # Megatron-Core's overlap_moe_expert_parallel_comm

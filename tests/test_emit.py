@@ -32,6 +32,8 @@ PLANS = {
         "--grad-reduce-in-bf16 --fp8-param-gather --te-cross-entropy",
         "megatron-muon": "-m llama-3.1-8b --gpus 16xH100 --zero 1 --framework megatron --optimizer muon",
         "megatron-hsdp": "-m llama-3.1-70b --gpus 64xH100 --tp 8 --zero 1 --hsdp 2 --framework megatron",
+        "megatron-offload": "-m qwen3-30b-a3b --gpus 16xH100 --ep 8 --pp 1 --framework megatron "
+        "--offload-modules expert_fc1 --min-offloaded-tensor-size 20000000",  # fused_group_mlp: after 0.16.1
         "megatron-hfsdp": "-m llama-3.1-70b --gpus 64xH100 --tp 8 --zero 3 --hsdp 2 --hsdp-shard-optimizer "
         "--framework megatron",
         "torchtitan-hsdp": "-m llama-3.1-8b --gpus 32xH100 --tp 1 --pp 1 --zero 3 --hsdp 4 --framework torchtitan",
@@ -120,7 +122,8 @@ def megatron_arguments(text: str) -> dict[str, object]:
                     break
                 values.append(following)
             name = word[2:].replace("-", "_")
-            found[name] = True if not values else values if name == "recompute_modules" else values[0]
+            listed = name in ("recompute_modules", "offload_modules")  # the flags that take a list
+            found[name] = True if not values else values if listed else values[0]
     return found
 
 
@@ -142,6 +145,7 @@ others: a Llama 3 8B's, with 8 experts top-2 under EP."""
         "megatron-muon",
         "megatron-hsdp",
         "megatron-hfsdp",
+        "megatron-offload",
     ],
 )
 def test_megatron_core_accepts_the_arguments(lmcalc_run, name):

@@ -14,6 +14,9 @@ definitions (``typing.get_args``), so a new choice is one word added here.
   ``moe_act``, the routed experts' activation output; ``layernorm``, a norm's output where the norm is not fused into
   the next linear; ``mla_up_proj``, multi-head latent attention's up-projected Q, K and V (DeepSeek-V4's Q and K = V,
   under Megatron-Core's fused kernels).
+* ``OffloadModule``: what Megatron-Core's fine-grained activation offloading moves to the host (``offload_modules``,
+  engine.memory.module_offload): ``expert_fc1``, the routed experts' first projection's input; ``fused_group_mlp``,
+  all that the fused grouped MLP keeps.
 * ``Attention``: the attention kernel: ``flash`` (fused, FlashAttention: the s² scores are never stored) or
   ``eager`` (scores materialised, as reference implementations write it).
 * ``MoeDispatcher``: how an MoE layer's tokens reach their experts' GPUs: ``alltoall``, NCCL's all-to-all of each
@@ -49,6 +52,8 @@ PeakSource = Literal["spec", "measured"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
 RECOMPUTE_METHODS: tuple[RecomputeMethod, ...] = get_args(RecomputeMethod)
 RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = get_args(RecomputeModule)
+OffloadModule = Literal["expert_fc1", "fused_group_mlp"]
+OFFLOAD_MODULES: tuple[OffloadModule, ...] = get_args(OffloadModule)
 ATTENTION_KERNELS: tuple[Attention, ...] = get_args(Attention)
 MOE_DISPATCHERS: tuple[MoeDispatcher, ...] = get_args(MoeDispatcher)
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)

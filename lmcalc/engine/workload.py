@@ -19,11 +19,13 @@ from dataclasses import dataclass, field, fields
 from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
     MOE_DISPATCHERS,
+    OFFLOAD_MODULES,
     RECOMPUTE_METHODS,
     RECOMPUTE_MODES,
     RECOMPUTE_MODULES,
     Attention,
     MoeDispatcher,
+    OffloadModule,
     Recompute,
     RecomputeMethod,
     RecomputeModule,
@@ -50,6 +52,7 @@ caller chooses the profile."""
 
 
 MASK_BYTES = 1  # dropout masks are stored as bool / uint8 (Korthikanti et al. 2022 §4.1)
+MIN_OFFLOADED_ELEMENTS = 1024 * 1024  # Megatron-Core's min_offloaded_tensor_size default (transformer_config.py)
 
 
 def dropout_mask_bytes(device_type: str, precision: PrecisionRecipe) -> float:
@@ -80,6 +83,8 @@ class Workload:
     recompute_modules: tuple[RecomputeModule, ...] = field(default=("core_attn",), kw_only=True)  # Megatron's selective
     cpu_offloading_num_layers: int = field(default=0, kw_only=True)  # layers whose activations wait in host memory
     # (without recomputation only, as Megatron-Core runs it: a recomputing variant, such as a lever, offloads none)
+    offload_modules: tuple[OffloadModule, ...] = field(default=(), kw_only=True)  # fine-grained offloading's modules
+    min_offloaded_tensor_size: int = field(default=MIN_OFFLOADED_ELEMENTS, kw_only=True)  # elements, as Megatron's
     capacity_factor: float | None = field(default=None, kw_only=True)  # routed experts' capacity; None: dropless
     pad_to_capacity: bool = field(default=True, kw_only=True)  # each expert's input padded to its capacity
     moe_a2a_overlap: bool = field(default=False, kw_only=True)  # Megatron-Core's EP all-to-all overlap (combined 1F1B)
@@ -88,7 +93,7 @@ class Workload:
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch", "recompute_num_layers"):
+        for name in ("seq_len", "micro_batch", "recompute_num_layers", "min_offloaded_tensor_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LmcalcError(f"{setting(name)} must be a positive integer, got {value}")
@@ -112,6 +117,7 @@ class Workload:
                 f"{setting('recompute_modules')} must name one or more of {', '.join(RECOMPUTE_MODULES)}, each once; "
                 f"got {', '.join(self.recompute_modules) or 'none'}"
             )
+        _check_offload_modules(self.model, self.offload_modules)
         _check_capacity(self.model, self.capacity_factor, self.pad_to_capacity)
         if self.moe_dispatcher == "deepep" and self.capacity_factor is not None and self.pad_to_capacity:
             raise LmcalcError(  # megatron/core/transformer/transformer_config.py: the flex dispatcher's check
@@ -219,6 +225,21 @@ def canonical(w: Workload) -> Workload:
     one field by field, so the workloads the engine derives anew (``states_workload``, ``kernel_workload``) are
     given as the one first made (comparing them cost the DeepSeek-V3 search of benchmarks/plan_search.py ~0.5 s)."""
     return w
+
+
+def _check_offload_modules(model: ModelSpec, modules: tuple[OffloadModule, ...]) -> None:
+    """Fine-grained offloading's modules: the routed experts' ones lmcalc models, each once, of an MoE model, and not
+    the fused grouped MLP beside a part of it (Megatron-Core refuses fused_group_mlp with expert_fc1)."""
+    unknown = [m for m in modules if m not in OFFLOAD_MODULES]
+    if unknown or len(set(modules)) < len(modules):
+        raise LmcalcError(
+            f"{setting('offload_modules')} must name {' or '.join(OFFLOAD_MODULES)}, each once (lmcalc models the "
+            f"routed experts' offloading, not the attention's or the norms'); got {', '.join(map(str, modules))}"
+        )
+    if modules and model.moe is None:
+        raise LmcalcError(f"{setting('offload_modules')} offloads the routed experts' inputs; {model.label} has none")
+    if len(modules) > 1:
+        raise LmcalcError(f"{setting('offload_modules')} fused_group_mlp covers expert_fc1: give one of them")
 
 
 def _check_capacity(model: ModelSpec, capacity_factor: float | None, pad: bool) -> None:

@@ -31,14 +31,10 @@ _SPLIT_HELP = {
 }
 
 _HSDP_HELP = (
-    "HSDP's replica groups: ZeRO shards each state within DP·CP / N GPUs and the N groups keep copies, reduced "
-    "across them (torchtitan's data_parallel_replicate_degree, Megatron's --num-distributed-optimizer-instances). "
-    "Default 1: sharded over all of DP·CP."
+    "HSDP: ZeRO shards within DP·CP / N GPUs, the N groups hold copies (torchtitan's data_parallel_replicate_degree, "
+    "Megatron's --num-distributed-optimizer-instances)."
 )
-_HFSDP_HELP = (
-    "Under HSDP, shard the optimizer's states and fp32 master weights across the groups too, over all of DP·CP "
-    "(HFSDP: Megatron-FSDP's --outer-dp-sharding-strategy optim); needs --zero 3."
-)
+_HFSDP_HELP = "HFSDP: under HSDP, the optimizer sharded over all of DP·CP (Megatron-FSDP's outer 'optim'); --zero 3."
 
 
 class SplitSettings(TypedDict, total=False):
@@ -99,8 +95,8 @@ class PinSettings(TypedDict, total=False):
         Setting(None, "Pin the expert tensor-parallel degree (default: TP or 1, MoE parallel folding, are tried)."),
     ]
     zero: Annotated[ZeroStage | None, Setting(None, "Pin the ZeRO stage.")]
-    hsdp: Annotated[int, Setting(1, _HSDP_HELP + " The search does not try other counts.")]
-    hsdp_shard_optimizer: Annotated[bool, Setting(False, _HFSDP_HELP + " Kept as given by the search.")]
+    hsdp: Annotated[int, Setting(1, _HSDP_HELP + " Kept by the search.")]
+    hsdp_shard_optimizer: Annotated[bool, Setting(False, _HFSDP_HELP)]
     schedule: Annotated[str | None, Setting(None, f"Pin the pipeline schedule: {alternatives(SCHEDULES)}.")]
     virtual_stages: Annotated[
         int | None,

@@ -20,6 +20,7 @@ from typing import Annotated, TypedDict
 from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
     MOE_DISPATCHERS,
+    OFFLOAD_MODULES,
     RECOMPUTE_METHODS,
     RECOMPUTE_MODES,
     RECOMPUTE_MODULES,
@@ -28,6 +29,7 @@ from lmcalc.engine.finetune.method import ALL_LINEAR, METHODS
 from lmcalc.engine.finetune.offload import CPU_OPTIMIZER_PARAMS_PER_S, HOST_LINK_GBPS, OFFLOAD_DEVICES, OFFLOAD_TARGETS
 from lmcalc.engine.model.numerics import SERVING_DTYPES
 from lmcalc.engine.run.energy import DEFAULT_GRID_GCO2_PER_KWH, DEFAULT_POWER_FRACTION, DEFAULT_PUE
+from lmcalc.engine.workload import MIN_OFFLOADED_ELEMENTS
 from lmcalc.estimates.layout_settings import LayoutSettings, PinSettings, SearchSettings, SplitSettings
 from lmcalc.estimates.setting_groups import Setting, alternatives
 from lmcalc.framework_specs import FrameworkProfile
@@ -235,6 +237,21 @@ class WorkloadSettings(MethodSettings, total=False):
             0,
             "Megatron-Core's CPU activation offloading (Transformer Engine's offload context): the activations of "
             "this many layers wait in host memory between their forward and backward; no PP, no recomputation.",
+        ),
+    ]
+    offload_modules: Annotated[
+        str,
+        Setting(
+            "",
+            f"Megatron-Core's fine-grained activation offloading ({alternatives(OFFLOAD_MODULES)}): routed experts' "
+            "tensors in host memory, but the last MoE layer's.",
+        ),
+    ]
+    min_offloaded_tensor_size: Annotated[
+        int,
+        Setting(
+            MIN_OFFLOADED_ELEMENTS,
+            "The smallest tensor fine-grained offloading moves, in elements.",
         ),
     ]
     capacity_factor: Annotated[

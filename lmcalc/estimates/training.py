@@ -12,10 +12,12 @@ from lmcalc import presets as pr
 from lmcalc.engine.choices import (
     ATTENTION_KERNELS,
     MOE_DISPATCHERS,
+    OFFLOAD_MODULES,
     RECOMPUTE_METHODS,
     RECOMPUTE_MODES,
     RECOMPUTE_MODULES,
     SCHEDULES,
+    OffloadModule,
     RecomputeModule,
 )
 from lmcalc.engine.finetune.method import Method
@@ -202,6 +204,10 @@ def training_setup(
         framework = fp8_primary_weights(framework, recipe)
     if given["te_cross_entropy"]:
         framework = te_cross_entropy(framework)
+    offload_modules = offload_modules_of(given["offload_modules"])
+    if offload_modules and framework.name not in MEGATRON_LIKE:
+        raise LmcalcError(f"{setting('offload_modules')} is Megatron-Core's fine-grained activation offloading "
+                          f"({setting('framework')} megatron); {framework.label} has none modelled")  # fmt: skip
     if given["cpu_offloading_num_layers"] and framework.name not in MEGATRON_LIKE:
         raise LmcalcError(
             f"{setting('cpu_offloading_num_layers')} is Megatron-Core's CPU activation offloading "
@@ -226,6 +232,8 @@ def training_setup(
         recompute_method=recompute_method,
         recompute_modules=modules,
         cpu_offloading_num_layers=given["cpu_offloading_num_layers"],
+        offload_modules=offload_modules,
+        min_offloaded_tensor_size=given["min_offloaded_tensor_size"],
         capacity_factor=given["capacity_factor"],
         pad_to_capacity=given["pad_to_capacity"],
         moe_a2a_overlap=given["moe_a2a_overlap"],
@@ -276,6 +284,12 @@ def recompute_modules_of(value: str) -> tuple[RecomputeModule, ...]:
     if len(set(modules)) < len(modules):
         raise LmcalcError(f"{setting('recompute_modules')} names a module twice: {value}")
     return modules
+
+
+def offload_modules_of(value: str) -> tuple[OffloadModule, ...]:
+    """``fused_group_mlp`` as the modules it names (none for an empty value), each one of ``OFFLOAD_MODULES``."""
+    names = [part.strip() for part in str(value).replace(" ", ",").split(",") if part.strip()]
+    return tuple(choice(name, OFFLOAD_MODULES, "offload_modules") for name in names)
 
 
 def check_modules(modules: tuple[RecomputeModule, ...], framework: FrameworkProfile, model: ModelSpec) -> None:
@@ -382,6 +396,9 @@ def recompute_input(w: Workload) -> Input:
     if w.recompute == "selective" and w.recompute_modules != DEFAULT_MODULES:
         value = f"selective: {', '.join(w.recompute_modules)}"
         origin += f" {flag('recompute_modules')}"
+    if w.offload_modules:
+        value += f"; {', '.join(w.offload_modules)} offloaded to the CPU, every MoE layer's but the last"
+        origin += f" {flag('offload_modules')}"
     if w.offloaded_layers:
         n = w.offloaded_layers
         value = f"none; the first {n} layer{'s' if n > 1 else ''}' activations offloaded to the CPU"

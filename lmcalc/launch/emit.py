@@ -179,6 +179,9 @@ def _megatron(chosen: Chosen) -> str:
     elif w.recompute == "full":
         args += [["--recompute-granularity", "full"], ["--recompute-method", w.recompute_method],
                  ["--recompute-num-layers", str(w.recompute_num_layers)]]  # fmt: skip
+    if w.offload_modules:  # Megatron-Core's fine-grained activation offloading
+        args += [["--fine-grained-activation-offloading"], ["--offload-modules", *w.offload_modules],
+                 ["--min-offloaded-tensor-size", str(w.min_offloaded_tensor_size)]]  # fmt: skip
     if w.precision.name not in MEGATRON_PRECISION:
         raise LmcalcError(f"--emit megatron: no Megatron-LM flags for the {w.precision.name} recipe")
     args += MEGATRON_PRECISION[w.precision.name] + _megatron_profile_flags(w) + _megatron_dispatcher(w)

@@ -31,6 +31,7 @@ WHOLE = {
     "--seq-length": "seq",
     "--mtp-num-layers": "mtp_layers",
     "--num-distributed-optimizer-instances": "hsdp",
+    "--min-offloaded-tensor-size": "min_offloaded_tensor_size",
 }
 """The flags that give one of lmcalc's whole-number settings, each by the same name in the API."""
 SWITCHES = {
@@ -105,6 +106,11 @@ def read_megatron(text: str, source: str) -> Launch:
             reading.take("recompute_method", _one_of(value, ("uniform", "block"), name, source), name)
         elif name == "--recompute-modules":
             reading.take("recompute_modules", ",".join(str(value).split()), name)
+        elif name in ("--offload-modules", "--fine-grained-activation-offloading"):  # read together
+            if "--offload-modules" not in flags or "--fine-grained-activation-offloading" not in flags:
+                reading.leave(name)
+            elif name == "--offload-modules":
+                reading.take("offload_modules", ",".join(str(value).split()), name)
         elif name == "--moe-expert-capacity-factor":
             reading.take("capacity_factor", float(value), name)
         elif name == "--data-parallel-sharding-strategy":  # Megatron-FSDP (--use-megatron-fsdp)
@@ -228,7 +234,7 @@ def flags_of(words: list[str]) -> dict[str, Any]:
         following = words[i + 1] if i + 1 < len(words) else None
         is_value = following is not None and not following.startswith("--") and following not in (")", "\\")
         flags[word] = following if is_value else True
-        if is_value and word in ("--recompute-modules",):  # a list: every word up to the next flag
+        if is_value and word in ("--recompute-modules", "--offload-modules"):  # a list: every word up to a flag
             values = [w for w in _until_flag(words[i + 1 :])]
             flags[word] = " ".join(values)
     return flags

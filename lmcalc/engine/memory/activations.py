@@ -412,7 +412,7 @@ def _of_routed_experts(tensors: list[SavedTensor]) -> list[SavedTensor]:
     """The routed experts' tensors, kept for the experts' own weights (``experts.gate`` ...): a shared expert's
     adapter, its leaf named alike, keeps none of them where the experts are frozen (transformers 5's 3-D experts,
     which PEFT does not adapt)."""
-    return [replace(t, for_weights=tuple(f"{ROUTED}{leaf}" for leaf in t.for_weights)) for t in tensors]
+    return [replace(t, for_weights=tuple(f"{ROUTED}{leaf}" for leaf in t.for_weights), routed=True) for t in tensors]
 
 
 def _mlp_saved(w: Workload, moe_layer: bool) -> list[SavedTensor]:

@@ -34,6 +34,7 @@ from lmcalc.engine.memory.fsdp_buffers import NO_QUEUE
 from lmcalc.engine.memory.full_recompute import mixer_kinds, recomputed_chunks, trained_chunks, window_kinds
 from lmcalc.engine.memory.inkling2 import inkling2
 from lmcalc.engine.memory.masks import kinds_differ
+from lmcalc.engine.memory.module_offload import host_held
 from lmcalc.engine.memory.module_recompute import module_rebuilt
 from lmcalc.engine.memory.op_checkpoint import op_checkpoint_kept
 from lmcalc.engine.memory.outside_layers import layer_checkpoint, model_saved_tensors, mtp_saved_tensors
@@ -244,8 +245,7 @@ def split_by_tp(tensor: SavedTensor, layout: Layout | ActivationLayout) -> bool:
 def bytes_on_gpu(tensor: SavedTensor, layout: Layout | ActivationLayout) -> float:
     """Bytes of ``tensor`` on one GPU: split by TP (``split_by_tp``, over at most the KV heads for K and V:
     ``SavedTensor.tp_ways``) and by CP over the sequence (a weight's copy by neither: ``SavedTensor.cp_ways``)."""
-    tp_ways = tensor.tp_ways(layout.tp) if split_by_tp(tensor, layout) else 1
-    return tensor.bytes / (tensor.cp_ways(layout.cp) * tp_ways)
+    return tensor.bytes / tensor.ways(layout)
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -315,6 +315,7 @@ def _stage_activations(w: Workload, layout: ActivationLayout, stage: int) -> Sta
             rebuilt -= checkpoint
     else:
         layers = [dense * one_layer(False) + (moe * one_layer(True) if moe else 0.0) for dense, moe in chunks]
+        layers[0] -= host_held(w, layout, chunks[0][1])  # fine-grained offloading: one stage, one chunk (check_layout)
         if w.recompute == "selective":  # what the selective modules or operators dropped comes back in a backward
             built_kinds = stage_layers(w.model, layout, stage)
             kinds = [kind for kind, count in ((False, built_kinds.dense), (True, built_kinds.moe)) if count]

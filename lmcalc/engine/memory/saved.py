@@ -4,6 +4,10 @@ which parallel ranks split it, and which weights' gradients need it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lmcalc.engine.parallel.layout import ActivationLayout, Layout
 
 LOGSUMEXP_BYTES = 4  # FlashAttention keeps the per-row log-sum-exp in fp32 (Dao et al. 2022 Alg. 1)
 ROUTED = "experts."  # a routed expert's weight in ``SavedTensor.for_weights``, apart from a shared expert's of its leaf
@@ -26,10 +30,17 @@ class SavedTensor:
     most_tp_ranks: int | None = None  # K and V: their H_kv heads; more TP ranks share a head (``tp_ways``)
     for_weights: tuple[str, ...] = ()  # kept only for these modules' weight gradients (a linear layer's input,
     # a norm's normalised value): a frozen module does not keep it (``engine.finetune.method``)
+    routed: bool = False  # kept by the routed experts' MLP (their grouped GEMMs and activation; module_offload)
 
     @property
     def bytes(self) -> float:
         return self.elements * self.bytes_per_element
+
+    def ways(self, layout: Layout | ActivationLayout) -> int:
+        """Over how many GPUs of ``layout`` the tensor is split: CP's ways, times TP's where TP splits it (attention and
+        MLP internals always, the rest of a layer's tensors only under sequence parallelism)."""
+        by_tp = self.split == "tp" or (self.split == "seq" and layout.sequence_parallel)
+        return self.cp_ways(layout.cp) * (self.tp_ways(layout.tp) if by_tp else 1)
 
     def cp_ways(self, cp: int) -> int:
         """Over how many of ``cp`` context-parallel ranks the tensor is split: all of them, as the sequence is, but

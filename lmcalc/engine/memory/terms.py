@@ -327,6 +327,9 @@ def _recomputed_text(w: Workload) -> str:
             f" — the first {n} layer{'s' if n > 1 else ''}' activations offloaded to host memory, (L − {n}) layers on "
             "the GPU (Transformer Engine's CPU offload context)"
         )
+    if w.offload_modules and w.recompute != "full":  # Megatron-Core's fine-grained offloading (module_offload)
+        return (f" − (L_moe − 1) · the routed experts' tensors of ≥ {w.min_offloaded_tensor_size:,} elements in "
+                f"{', '.join(w.offload_modules)}, offloaded to host memory")  # fmt: skip
     if w.recompute != "full":
         return ""
     n = w.recompute_num_layers

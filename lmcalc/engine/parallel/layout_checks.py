@@ -166,6 +166,11 @@ def check_layout(w: Workload, layout: Layout, cluster: Cluster | None = None, tp
             f"{setting('cpu_offloading_num_layers')} works without pipeline parallelism (Megatron-Core refuses "
             f"PP={layout.pp} with CPU offloading)"
         )
+    if w.offload_modules and layout.pp > 1:
+        raise LmcalcError(
+            f"{setting('offload_modules')} is modelled on one pipeline stage, not PP={layout.pp} (the groups each "
+            "stage keeps on the GPU depend on the micro-batches in flight); use PP=1"
+        )
     if model.shared_block and layout.pp > 1:
         raise LmcalcError(
             f"shared blocks (Zamba's) are modelled on one pipeline stage, not PP={layout.pp}: each stage would hold "
