@@ -66,8 +66,10 @@ LAYOUT_KEYS = (
     "schedule",
     "virtual_stages",
 )
-SPLIT_KEYS = (  # optional: the pipeline split's settings, and the experts' TP where it is not TP
+SPLIT_KEYS = (  # optional: the pipeline split's settings, the experts' TP where it is not TP, and HSDP's groups
     "etp",
+    "hsdp",
+    "hsdp_shard_optimizer",
     "first_stage_layers",
     "last_stage_layers",
     "account_for_embedding_in_pipeline_split",
