@@ -326,11 +326,8 @@ class ParallelismRule(Rule):
     )
     pipeline: StrictBool = Field(True, description="whether it trains with pipeline stages at all (PP > 1)")
     instead: str = Field("", description="what to run instead of a refused stage, for the error message")
-    hsdp_shard_optimizer: StrictBool = Field(
-        True,
-        description="whether it can shard the optimizer's states and master weights across HSDP's groups as well as "
-        "within them (HFSDP: Megatron-FSDP's outer_dp_sharding_strategy optim); PyTorch's FSDP2 cannot",
-    )
+    hsdp_shard_optimizer: StrictBool = Field(True, description="whether it can shard the optimizer across HSDP's "
+                                             "groups too (HFSDP, Megatron-FSDP's); FSDP2 cannot")  # fmt: skip
     uneven_counted_split: StrictBool = Field(
         False,
         description="whether the layers and an embedding or loss counted as a layer may divide unevenly over the "
@@ -446,12 +443,9 @@ class SpeedRule(Rule):
         description="how ZeRO-3's parameter gathers and gradient scatters use the network: all_nics (NCCL's "
         "rings over every NIC of the node, hierarchical) or one_nic (each GPU's whole share over its own NIC)",
     )
-    hsdp_reduce: Literal["every_micro_batch", "last_micro_batch"] = Field(
-        "every_micro_batch",
-        description="under HSDP with ZeRO-3, when the groups all-reduce their shards of the gradients: every "
-        "micro-batch (FSDP2 in each backward, unless told otherwise) or once, in the last micro-batch's backward "
-        "(Megatron-FSDP)",
-    )
+    hsdp_reduce: Literal["every_micro_batch", "last_micro_batch"] = Field("every_micro_batch", description="under "
+        "HSDP with ZeRO-3, when the groups all-reduce their gradient shards: each backward (FSDP2) or the last one's "
+        "(Megatron-FSDP)")  # fmt: skip
     moe_overlap: StrictBool = Field(
         False, description="expert all-to-all hidden behind another micro-batch's computation (DualPipe)"
     )

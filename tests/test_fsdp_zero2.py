@@ -19,7 +19,7 @@ from lmcalc.engine.parallel.layout import Layout
 from lmcalc.engine.parallel.pipeline import StageLayers
 from lmcalc.engine.time.comm import group_time
 from lmcalc.engine.time.rates import Machine
-from lmcalc.engine.time.steptime import state_traffic
+from lmcalc.engine.time.state_traffic import state_traffic
 from lmcalc.engine.workload import Workload
 from lmcalc.errors import LmcalcError
 from lmcalc.presets import framework_profile, parse_cluster, resolve_model, resolve_optimizer, resolve_precision

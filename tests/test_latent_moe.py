@@ -72,16 +72,21 @@ def _blocks_by_hand(h: int, latent: int, f_e: int, f_s: int, E: int, inner: int,
     return mamba, attention, moe
 
 
+def _counted_as(config: dict, preset: str, total: int, inactive: int) -> None:
+    """lmcalc's count of ``config`` and of ``preset`` is ``total``, and ``inactive`` of it (the experts a token's
+    top-22 leaves out, in every MoE block) is not active."""
+    counted = count_params(spec_of(config))
+    assert (counted.total, counted.active) == (total, total - inactive)
+    assert count_params(resolve_model(preset).spec).total == total
+
+
 @pytest.mark.fast
 def test_super_by_hand_is_its_checkpoint_less_the_mtp_layer():
     h, latent, f_e, f_s, E, V = 4096, 1024, 2688, 5376, 512, 131072
     mamba, attention, moe = _blocks_by_hand(h, latent, f_e, f_s, E, inner=8192, heads=128, q_heads=32)
     total = 2 * V * h + 89 * h + 40 * mamba + 8 * attention + 40 * moe
     assert total == 123_611_012_096 - 2_942_324_736
-    counted = count_params(spec_of(SUPER))
-    assert counted.total == total
-    assert counted.active == total - 40 * E * 2 * f_e * latent + 40 * 22 * 2 * f_e * latent
-    assert count_params(resolve_model("nemotron-3-super-120b-a12b").spec).total == total
+    _counted_as(SUPER, "nemotron-3-super-120b-a12b", total, inactive=40 * (E - 22) * 2 * f_e * latent)
 
 
 @pytest.mark.fast
@@ -93,10 +98,7 @@ def test_ultra_by_hand_is_its_bf16_checkpoint_less_the_mtp_block():
     # the MTP block transformers does not build: an attention and an MoE block, the 2h-to-h projection, its norms
     mtp = attention + moe + 2 * h * h + 5 * h
     assert round(2 * (total + mtp) / 1e9) == 1121  # GB: the BF16 checkpoint's size, as a deployment README gives it
-    counted = count_params(spec_of(ULTRA))
-    assert counted.total == total
-    assert counted.active == total - 48 * E * 2 * f_e * latent + 48 * 22 * 2 * f_e * latent
-    assert count_params(resolve_model("nemotron-3-ultra-550b-a55b").spec).total == total
+    _counted_as(ULTRA, "nemotron-3-ultra-550b-a55b", total, inactive=48 * (E - 22) * 2 * f_e * latent)
 
 
 @pytest.mark.fast

@@ -105,7 +105,7 @@ def test_the_optimizer_step_reads_only_what_a_text_step_trains():
     from lmcalc.engine.parallel.pipeline import stage_layers
     from lmcalc.engine.parallel.sharding import states_workload
     from lmcalc.engine.time import rates
-    from lmcalc.engine.time.steptime import FOREACH_PASSES, state_traffic
+    from lmcalc.engine.time.state_traffic import FOREACH_PASSES, state_traffic
 
     def seconds(framework: str, params: int) -> tuple[float, float]:
         estimate = api.memory(model=spec_of({}), seq=2048, gpus="1xH200", framework=framework, precision="bf16-pure")

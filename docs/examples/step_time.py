@@ -23,7 +23,8 @@ from lmcalc.engine.parallel.states import optimizer_bytes_per_param
 from lmcalc.engine.time import rates
 from lmcalc.engine.time.comm import collective_time, group_time, intra_link
 from lmcalc.engine.time.kernels import stage_work
-from lmcalc.engine.time.steptime import FOREACH_PASSES, step_time
+from lmcalc.engine.time.state_traffic import FOREACH_PASSES
+from lmcalc.engine.time.steptime import step_time
 from lmcalc.engine.workload import Workload
 from lmcalc.presets import parse_cluster, resolve_framework, resolve_model, resolve_optimizer, resolve_precision
 
