@@ -87,6 +87,14 @@ def test_moe_modules():
     assert per_token("mixtral-8x7b", True, "core_attn", "layernorm") == base - 8_192
 
 
+def test_moe_act_discards_a_squared_relus_square_too():
+    # Nemotron 3 Super's routed experts (k 22, f_e 2688, squared ReLU): experts.py discards the activation's output
+    # whatever activation_func is, so the square, FC2's input, 2·k·f_e a token, goes; the checkpoint keeps its input,
+    # the first linear's output, which stands where the ReLU's own output did (the same k·f_e in bf16)
+    base = per_token("nemotron-3-super-120b-a12b", True)
+    assert per_token("nemotron-3-super-120b-a12b", True, "core_attn", "moe_act") == base - 2 * 22 * 2688
+
+
 def test_shared_experts_and_mla():
     # DeepSeek-V3's MoE layer: the shared expert's gate, up and product (3 · 2 · 2048 a token) go with
     # shared_experts, and only those: the routed experts' tensors of the same names stay

@@ -52,9 +52,13 @@ def module_dropped(w: Workload, tensors: tuple[SavedTensor, ...], moe_layer: boo
 
 
 def _activation_kept(t: SavedTensor) -> bool:
-    """What the routed experts' activation checkpoint drops: its output (the second linear's input) and, for a
-    clamped SwiGLU, the clamps' inputs (the checkpoint keeps the first linear's output once, as its own input)."""
-    return "(product)" in t.label or "the clamps' inputs" in t.label
+    """What the routed experts' activation checkpoint drops: its output, the second linear's input, whatever the
+    activation (a SwiGLU's product, a squared ReLU's square, GELU's output; experts.py discards it for any
+    activation_func), and for a clamped SwiGLU the clamps' inputs. The checkpoint keeps the first linear's output
+    once, as its own input: what a gated activation or GELU keeps as its input, a squared ReLU's ReLU output of the
+    same size, and a plain ReLU's one tensor, its output, which ReLU keeps too."""
+    second_input = any(leaf.endswith((".down", ".proj")) for leaf in t.for_weights)
+    return second_input and "kept by ReLU too" not in t.label or "the clamps' inputs" in t.label
 
 
 def _kept_beside_moe(t: SavedTensor) -> bool:
